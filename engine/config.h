@@ -1,0 +1,114 @@
+/* config.h — the training job's configuration.
+ *
+ * One JSON file (DESIGN §1): DeepSpeed's names where they mean the same thing
+ * (train_micro_batch_size_per_gpu, gradient_accumulation_steps, gradient_clipping,
+ * optimizer, scheduler, bf16, steps_per_print, seed), a "model" section with
+ * Hugging Face LlamaConfig names, and fsoff's own "data" and "train" sections.
+ * Every field has a built-in default, so an empty object is the default job.
+ *
+ * Loading: fso_config_defaults(), then fso_config_load_file() and any number of
+ * fso_config_set() overrides, then fso_config_finish() which validates the whole.
+ * Each returns 0 or a negative errno; on failure the message (file:line:col or
+ * "--set ..." and the key path, what was wrong, what to do) is in cfg->err.
+ */
+#ifndef FSO_CONFIG_H
+#define FSO_CONFIG_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#define FSO_CONFIG_ERR_MAX 512
+
+typedef struct fso_model_config {
+    int vocab_size;
+    int hidden_size;
+    int intermediate_size;
+    int num_hidden_layers;
+    int num_attention_heads;
+    int num_key_value_heads;
+    int head_dim;                 /* hidden_size / num_attention_heads */
+    int max_position_embeddings;
+    double rms_norm_eps;
+    double rope_theta;
+    double initializer_range;
+    bool tie_word_embeddings;
+} fso_model_config;
+
+typedef enum fso_sched_type {
+    FSO_SCHED_CONSTANT = 0,       /* no "scheduler" section: optimizer lr throughout */
+    FSO_SCHED_WARMUP_COSINE,      /* DeepSpeed WarmupCosineLR */
+    FSO_SCHED_WARMUP,             /* DeepSpeed WarmupLR */
+    FSO_SCHED_WARMUP_DECAY,       /* DeepSpeed WarmupDecayLR */
+} fso_sched_type;
+
+typedef enum fso_warmup_type { FSO_WARMUP_LINEAR = 0, FSO_WARMUP_LOG } fso_warmup_type;
+
+typedef struct fso_sched_config {
+    fso_sched_type type;
+    fso_warmup_type warmup_type;
+    int64_t warmup_num_steps;
+    int64_t total_num_steps;      /* 0: train.steps */
+    double warmup_min_ratio;      /* WarmupCosineLR */
+    double cos_min_ratio;         /* WarmupCosineLR */
+    double warmup_min_lr;         /* WarmupLR, WarmupDecayLR */
+    double warmup_max_lr;         /* WarmupLR, WarmupDecayLR */
+} fso_sched_config;
+
+typedef struct fso_optim_config {
+    double lr;
+    double beta1, beta2;
+    double eps;
+    double weight_decay;
+    bool decay_norms;             /* train.weight_decay_norms */
+    bool decay_embeddings;        /* train.weight_decay_embeddings */
+} fso_optim_config;
+
+typedef enum fso_data_format {
+    FSO_DATA_AUTO = 0,            /* token file when the header magic matches, else text */
+    FSO_DATA_TOKENS,              /* llm.c token file (uint16 v1, uint32 v2) */
+    FSO_DATA_TEXT,                /* plain text, one token per byte */
+} fso_data_format;
+
+typedef struct fso_data_config {
+    char path[4096];              /* "" = the built-in synthetic corpus */
+    fso_data_format format;
+    int seq_len;
+} fso_data_config;
+
+typedef struct fso_config {
+    fso_model_config model;
+    fso_optim_config optim;
+    fso_sched_config sched;
+    fso_data_config data;
+
+    int micro_batch;              /* train_micro_batch_size_per_gpu */
+    int grad_accum;               /* gradient_accumulation_steps */
+    double grad_clip;             /* gradient_clipping; 0 = off */
+    int64_t steps;                /* train.steps */
+    int64_t steps_per_print;
+    uint64_t seed;
+    bool bf16;                    /* bf16.enabled */
+    int threads;                  /* train.threads; 0 = the CPUs this process may use */
+    bool activation_checkpointing;/* train.activation_checkpointing */
+
+    char source[4096];            /* config file path, "" for built-in defaults */
+    char err[FSO_CONFIG_ERR_MAX];
+    struct fso_config_doc *doc;   /* merged JSON document until fso_config_finish() */
+} fso_config;
+
+/* Built-in defaults: the tiny default job. Never fails. */
+void fso_config_defaults(fso_config *cfg);
+/* Merge a JSON file over the current document. */
+int fso_config_load_file(fso_config *cfg, const char *path);
+/* Apply one "key.path=value" override; value is JSON, or a bare string. */
+int fso_config_set(fso_config *cfg, const char *assignment);
+/* Validate the merged document and fill the struct; prints warnings for keys
+ * that are understood but ignored. Releases the document. */
+int fso_config_finish(fso_config *cfg);
+/* Release whatever fso_config_load_file/set allocated (safe after finish). */
+void fso_config_free(fso_config *cfg);
+
+/* The learning rate of optimizer step `step` (counting from 1). */
+double fso_config_lr_at(const fso_config *cfg, int64_t step);
+
+#endif

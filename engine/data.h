@@ -1,0 +1,50 @@
+/* data.h — training tokens: llm.c token files, plain text, or the built-in corpus.
+ *
+ * Token file: a header of 256 little-endian int32 — [0] magic 20240520,
+ * [1] version, [2] token count — followed by the tokens. Version 1 stores
+ * uint16 tokens (llm.c's format); version 2, fsoff's extension for
+ * vocabularies above 65,535, stores uint32 tokens. Plain text is read
+ * byte-level: each byte is one token (needs vocab_size >= 256). With no path,
+ * fsoff generates its built-in synthetic English-like corpus (byte-level).
+ *
+ * Batches: micro-batch i of the run reads B rows of T+1 consecutive tokens,
+ * advancing B*T tokens per micro-batch and wrapping at the end (llm.c's
+ * loader), so a run is fully determined by the file and the config.
+ */
+#ifndef FSO_DATA_H
+#define FSO_DATA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "config.h"
+
+#define FSO_TOKENS_MAGIC 20240520
+#define FSO_TOKENS_HEADER_INTS 256
+#define FSO_DATA_ERR_MAX 512
+
+typedef struct fso_data {
+    int32_t *tokens;         /* (n_tokens) */
+    size_t n_tokens;
+    size_t pos;              /* next batch start */
+    int B, T;
+    char desc[256];          /* "tokens v1 data/x.bin (1234567 tokens)" for the banner */
+    char err[FSO_DATA_ERR_MAX];
+} fso_data;
+
+/* Load per cfg->data and check every token < cfg->model.vocab_size and that at
+ * least one row of seq_len+1 tokens exists. Returns 0 or negative errno with
+ * data->err set ("data/x.bin: truncated: header says ... "). */
+int fso_data_init(fso_data *data, const fso_config *cfg);
+void fso_data_free(fso_data *data);
+
+/* Fill inputs (B,T) and targets (B,T) with the next micro-batch. */
+void fso_data_next(fso_data *data, int32_t *inputs, int32_t *targets);
+
+/* Write the built-in corpus (n_bytes of text, from seed) to buf. */
+void fso_corpus_generate(char *buf, size_t n_bytes, uint64_t seed);
+
+/* Write a token file (version 1 if every token fits uint16 and !force_v2). */
+int fso_data_write_tokens(const char *path, const int32_t *tokens, size_t n, int force_v2);
+
+#endif
