@@ -1,0 +1,469 @@
+/* model.c — Llama blocks, their flat buffers, and the forward/backward pass
+ * over the backend ops (see model.h). */
+#include "model.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rng.h"
+
+#define TENSOR_ALIGN_ELEMS 64
+#define SHARD_PAGE_ELEMS 1024 /* 4 KiB of fp32 */
+#define LOGITS_CHUNK_BYTES (32u << 20)
+
+static size_t round_up(size_t x, size_t m)
+{
+    return (x + m - 1) / m * m;
+}
+
+static void add_tensor(fso_block_layout *b, fso_tensor_kind kind, const char *name, int rows,
+                       int cols, bool is_norm, bool decay)
+{
+    fso_tensor_desc *t = &b->tensors[b->n_tensors++];
+    t->kind = kind;
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->rows = rows;
+    t->cols = cols;
+    t->offset_elems = round_up(b->used_elems, TENSOR_ALIGN_ELEMS);
+    t->numel = (size_t)rows * cols;
+    t->is_norm = is_norm;
+    t->decay = decay;
+    b->used_elems = t->offset_elems + t->numel;
+}
+
+int fso_model_layout(fso_block_layout *blocks, const fso_model_config *mc, int world)
+{
+    const int C = mc->hidden_size, F = mc->intermediate_size, V = mc->vocab_size;
+    const int qd = mc->num_attention_heads * mc->head_dim;
+    const int kvd = mc->num_key_value_heads * mc->head_dim;
+    const int L = mc->num_hidden_layers;
+    char name[64];
+
+    memset(blocks, 0, sizeof *blocks * (size_t)(L + 2));
+    fso_block_layout *b = &blocks[0];
+    b->kind = FSO_BLOCK_EMBED;
+    b->layer = -1;
+    add_tensor(b, FSO_T_EMBED, "model.embed_tokens.weight", V, C, false, false);
+
+    for (int l = 0; l < L; l++) {
+        b = &blocks[1 + l];
+        b->kind = FSO_BLOCK_LAYER;
+        b->layer = l;
+#define T_(kind, suffix, r, c, norm)                                                       \
+    do {                                                                                   \
+        snprintf(name, sizeof name, "model.layers.%d.%s.weight", l, suffix);               \
+        add_tensor(b, kind, name, r, c, norm, !(norm));                                    \
+    } while (0)
+        T_(FSO_T_ATTN_NORM, "input_layernorm", C, 1, true);
+        T_(FSO_T_Q, "self_attn.q_proj", qd, C, false);
+        T_(FSO_T_K, "self_attn.k_proj", kvd, C, false);
+        T_(FSO_T_V, "self_attn.v_proj", kvd, C, false);
+        T_(FSO_T_O, "self_attn.o_proj", C, qd, false);
+        T_(FSO_T_MLP_NORM, "post_attention_layernorm", C, 1, true);
+        T_(FSO_T_GATE, "mlp.gate_proj", F, C, false);
+        T_(FSO_T_UP, "mlp.up_proj", F, C, false);
+        T_(FSO_T_DOWN, "mlp.down_proj", C, F, false);
+#undef T_
+    }
+
+    b = &blocks[L + 1];
+    b->kind = FSO_BLOCK_HEAD;
+    b->layer = -1;
+    add_tensor(b, FSO_T_FINAL_NORM, "model.norm.weight", C, 1, true, false);
+    if (!mc->tie_word_embeddings)
+        add_tensor(b, FSO_T_LM_HEAD, "lm_head.weight", V, C, false, true);
+
+    for (int i = 0; i < L + 2; i++)
+        blocks[i].padded_elems = round_up(blocks[i].used_elems, (size_t)world * SHARD_PAGE_ELEMS);
+    return L + 2;
+}
+
+static const fso_tensor_desc *find_tensor(const fso_block_layout *b, fso_tensor_kind kind)
+{
+    for (int i = 0; i < b->n_tensors; i++)
+        if (b->tensors[i].kind == kind)
+            return &b->tensors[i];
+    return NULL;
+}
+
+/* Pointer to tensor `kind` of block `bi` inside the flat buffer `base`. */
+static float *tensor_ptr(const fso_model *m, float *const *base, int bi, fso_tensor_kind kind)
+{
+    const fso_tensor_desc *t = find_tensor(&m->blocks[bi], kind);
+    if (!t) {
+        fprintf(stderr, "%s:%d: block %d has no tensor of kind %d\n", __FILE__, __LINE__, bi,
+                kind);
+        abort();
+    }
+    return base[bi] + t->offset_elems;
+}
+
+static int dalloc(fso_model *m, void *out, size_t bytes)
+{
+    int rc = m->be->ops->buf_alloc(m->be, bytes, (void **)out);
+    if (rc < 0) {
+        snprintf(m->err, sizeof m->err, "%s backend: cannot allocate %.1f MiB (%.1f MiB held): %s",
+                 m->be->ops->name, bytes / 1048576.0, m->device_bytes / 1048576.0, m->be->err);
+        return rc;
+    }
+    m->device_bytes += bytes;
+    return 0;
+}
+
+int fso_model_init(fso_model *m, const fso_model_config *mc, fso_backend *be, int B, int T,
+                   int world, bool checkpointing)
+{
+    memset(m, 0, sizeof *m);
+    m->mc = *mc;
+    m->be = be;
+    m->B = B;
+    m->T = T;
+    m->world = world;
+    m->checkpointing = checkpointing;
+
+    const int L = mc->num_hidden_layers, C = mc->hidden_size, F = mc->intermediate_size;
+    const int H = mc->num_attention_heads, Hkv = mc->num_key_value_heads, D = mc->head_dim;
+    const int V = mc->vocab_size;
+    const size_t N = (size_t)B * T;
+    int rc = -ENOMEM;
+
+    m->n_blocks = L + 2;
+    m->blocks = calloc((size_t)m->n_blocks, sizeof *m->blocks);
+    m->params = calloc((size_t)m->n_blocks, sizeof *m->params);
+    m->grads = calloc((size_t)m->n_blocks, sizeof *m->grads);
+    m->layer_in = calloc((size_t)L + 1, sizeof *m->layer_in);
+    m->n_acts = checkpointing ? 1 : L;
+    m->acts = calloc((size_t)(m->n_acts > 0 ? m->n_acts : 1), sizeof *m->acts);
+    m->losses_host = malloc(sizeof(float) * N);
+    if (!m->blocks || !m->params || !m->grads || !m->layer_in || !m->acts || !m->losses_host) {
+        snprintf(m->err, sizeof m->err, "out of host memory for the model tables");
+        goto fail;
+    }
+    fso_model_layout(m->blocks, mc, world);
+
+    for (int i = 0; i < m->n_blocks; i++) {
+        size_t bytes = sizeof(float) * m->blocks[i].padded_elems;
+        if ((rc = dalloc(m, &m->params[i], bytes)) < 0 || (rc = dalloc(m, &m->grads[i], bytes)) < 0)
+            goto fail;
+        for (int t = 0; t < m->blocks[i].n_tensors; t++)
+            m->n_params += m->blocks[i].tensors[t].numel;
+    }
+
+    const size_t fN = sizeof(float) * N;
+    if ((rc = dalloc(m, &m->tokens, sizeof(int32_t) * N)) < 0 ||
+        (rc = dalloc(m, &m->targets, sizeof(int32_t) * N)) < 0 ||
+        (rc = dalloc(m, &m->rope_cos, sizeof(float) * (size_t)T * (D / 2))) < 0 ||
+        (rc = dalloc(m, &m->rope_sin, sizeof(float) * (size_t)T * (D / 2))) < 0)
+        goto fail;
+    for (int l = 0; l <= L; l++)
+        if ((rc = dalloc(m, &m->layer_in[l], fN * C)) < 0)
+            goto fail;
+    for (int a = 0; a < m->n_acts; a++) {
+        fso_layer_acts *x = &m->acts[a];
+        if ((rc = dalloc(m, &x->h1, fN * C)) < 0 || (rc = dalloc(m, &x->rstd1, fN)) < 0 ||
+            (rc = dalloc(m, &x->q, fN * H * D)) < 0 || (rc = dalloc(m, &x->k, fN * Hkv * D)) < 0 ||
+            (rc = dalloc(m, &x->v, fN * Hkv * D)) < 0 ||
+            (rc = dalloc(m, &x->probs, sizeof(float) * B * H * (size_t)T * T)) < 0 ||
+            (rc = dalloc(m, &x->att, fN * H * D)) < 0 || (rc = dalloc(m, &x->x2, fN * C)) < 0 ||
+            (rc = dalloc(m, &x->h2, fN * C)) < 0 || (rc = dalloc(m, &x->rstd2, fN)) < 0 ||
+            (rc = dalloc(m, &x->gate, fN * F)) < 0 || (rc = dalloc(m, &x->up, fN * F)) < 0 ||
+            (rc = dalloc(m, &x->act, fN * F)) < 0)
+            goto fail;
+    }
+    size_t rows = LOGITS_CHUNK_BYTES / (sizeof(float) * (size_t)V);
+    m->chunk_rows = (int)(rows < 1 ? 1 : rows > N ? N : rows);
+    if ((rc = dalloc(m, &m->xf, fN * C)) < 0 || (rc = dalloc(m, &m->rstdf, fN)) < 0 ||
+        (rc = dalloc(m, &m->logits, sizeof(float) * (size_t)m->chunk_rows * V)) < 0 ||
+        (rc = dalloc(m, &m->losses, fN)) < 0 || (rc = dalloc(m, &m->dres, fN * C)) < 0 ||
+        (rc = dalloc(m, &m->dh, fN * C)) < 0 || (rc = dalloc(m, &m->dq, fN * H * D)) < 0 ||
+        (rc = dalloc(m, &m->dk, fN * Hkv * D)) < 0 || (rc = dalloc(m, &m->dv, fN * Hkv * D)) < 0 ||
+        (rc = dalloc(m, &m->datt, fN * H * D)) < 0 || (rc = dalloc(m, &m->dgate, fN * F)) < 0 ||
+        (rc = dalloc(m, &m->dup, fN * F)) < 0 || (rc = dalloc(m, &m->dact, fN * F)) < 0)
+        goto fail;
+
+    {
+        float *cs = malloc(sizeof(float) * (size_t)T * (D / 2) * 2);
+        if (!cs) {
+            rc = -ENOMEM;
+            snprintf(m->err, sizeof m->err, "out of host memory for the RoPE tables");
+            goto fail;
+        }
+        fso_rope_tables(cs, cs + (size_t)T * (D / 2), T, D, mc->rope_theta);
+        be->ops->copy_h2d(be, m->rope_cos, cs, sizeof(float) * (size_t)T * (D / 2));
+        be->ops->copy_h2d(be, m->rope_sin, cs + (size_t)T * (D / 2),
+                          sizeof(float) * (size_t)T * (D / 2));
+        rc = be->ops->sync(be);
+        free(cs);
+        if (rc < 0) {
+            snprintf(m->err, sizeof m->err, "%s backend: %s", be->ops->name, be->err);
+            goto fail;
+        }
+    }
+    return 0;
+
+fail:
+    if (!m->err[0])
+        snprintf(m->err, sizeof m->err, "out of memory while allocating the model");
+    fso_model_free(m);
+    return rc < 0 ? rc : -ENOMEM;
+}
+
+void fso_model_free(fso_model *m)
+{
+    if (!m || !m->be)
+        return;
+    fso_backend *be = m->be;
+    void (*f)(fso_backend *, void *) = be->ops->buf_free;
+    for (int i = 0; m->params && m->grads && i < m->n_blocks; i++) {
+        f(be, m->params[i]);
+        f(be, m->grads[i]);
+    }
+    for (int l = 0; m->layer_in && l <= m->mc.num_hidden_layers; l++)
+        f(be, m->layer_in[l]);
+    for (int a = 0; m->acts && a < m->n_acts; a++) {
+        fso_layer_acts *x = &m->acts[a];
+        void *bufs[] = {x->h1, x->rstd1, x->q, x->k, x->v, x->probs, x->att,
+                        x->x2, x->h2, x->rstd2, x->gate, x->up, x->act};
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+            f(be, bufs[i]);
+    }
+    void *bufs[] = {m->tokens, m->targets, m->rope_cos, m->rope_sin, m->xf, m->rstdf,
+                    m->logits, m->losses, m->dres, m->dh, m->dq, m->dk,
+                    m->dv, m->datt, m->dgate, m->dup, m->dact};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        f(be, bufs[i]);
+    free(m->blocks);
+    free(m->params);
+    free(m->grads);
+    free(m->layer_in);
+    free(m->acts);
+    free(m->losses_host);
+    memset(m, 0, sizeof *m);
+}
+
+/* Walk every tensor in HF order, copying between a packed host array and the
+ * flat block buffers. dir 0: host -> blocks, 1: blocks -> host. */
+static void copy_hf(const fso_model *m, float *const *flat, float *hf, int dir)
+{
+    size_t off = 0;
+    fso_backend *be = m->be;
+    for (int i = 0; i < m->n_blocks; i++)
+        for (int t = 0; t < m->blocks[i].n_tensors; t++) {
+            const fso_tensor_desc *d = &m->blocks[i].tensors[t];
+            float *dev = flat[i] + d->offset_elems;
+            if (dir == 0)
+                be->ops->copy_h2d(be, dev, hf + off, sizeof(float) * d->numel);
+            else
+                be->ops->copy_d2h(be, hf + off, dev, sizeof(float) * d->numel);
+            off += d->numel;
+        }
+    be->ops->sync(be);
+}
+
+void fso_model_load_params(fso_model *m, const float *hf)
+{
+    copy_hf(m, m->params, (float *)hf, 0);
+}
+
+void fso_model_store_params(const fso_model *m, float *hf)
+{
+    copy_hf(m, m->params, hf, 1);
+}
+
+void fso_model_store_grads(const fso_model *m, float *hf)
+{
+    copy_hf(m, m->grads, hf, 1);
+}
+
+void fso_model_init_params(fso_model *m, uint64_t seed)
+{
+    fso_rng rng;
+    fso_rng_seed(&rng, seed);
+    float *hf = malloc(sizeof(float) * (m->n_params ? m->n_params : 1));
+    if (!hf) {
+        fprintf(stderr, "%s:%d: out of memory initialising %zu parameters\n", __FILE__, __LINE__,
+                m->n_params);
+        abort();
+    }
+    size_t off = 0;
+    for (int i = 0; i < m->n_blocks; i++)
+        for (int t = 0; t < m->blocks[i].n_tensors; t++) {
+            const fso_tensor_desc *d = &m->blocks[i].tensors[t];
+            for (size_t e = 0; e < d->numel; e++)
+                hf[off + e] = d->is_norm ? 1.0f
+                                         : (float)(m->mc.initializer_range * fso_rng_normal(&rng));
+            off += d->numel;
+        }
+    fso_model_load_params(m, hf);
+    free(hf);
+}
+
+void fso_model_zero_grads(fso_model *m)
+{
+    for (int i = 0; i < m->n_blocks; i++)
+        m->be->ops->memset0(m->be, m->grads[i], sizeof(float) * m->blocks[i].padded_elems);
+}
+
+/* Forward of layer l from x (N,C). y (N,C) gets the output; y == NULL stops
+ * after the MLP activation (what backward needs when recomputing). */
+static void layer_forward(fso_model *m, int l, fso_layer_acts *a, const float *x, float *y)
+{
+    fso_backend *be = m->be;
+    const fso_backend_ops *op = be->ops;
+    const fso_model_config *mc = &m->mc;
+    const int B = m->B, T = m->T, N = B * T, C = mc->hidden_size, F = mc->intermediate_size;
+    const int H = mc->num_attention_heads, Hkv = mc->num_key_value_heads, D = mc->head_dim;
+    const int bi = 1 + l;
+    float *const *P = m->params;
+
+    op->rmsnorm_fwd(be, a->h1, a->rstd1, x, tensor_ptr(m, P, bi, FSO_T_ATTN_NORM), N, C,
+                    (float)mc->rms_norm_eps);
+    op->matmul_fwd(be, a->q, a->h1, tensor_ptr(m, P, bi, FSO_T_Q), N, C, H * D);
+    op->matmul_fwd(be, a->k, a->h1, tensor_ptr(m, P, bi, FSO_T_K), N, C, Hkv * D);
+    op->matmul_fwd(be, a->v, a->h1, tensor_ptr(m, P, bi, FSO_T_V), N, C, Hkv * D);
+    op->rope(be, a->q, m->rope_cos, m->rope_sin, B, T, H, D, 0);
+    op->rope(be, a->k, m->rope_cos, m->rope_sin, B, T, Hkv, D, 0);
+    op->attention_fwd(be, a->att, a->probs, a->q, a->k, a->v, B, T, H, Hkv, D);
+    op->matmul_fwd(be, a->x2, a->att, tensor_ptr(m, P, bi, FSO_T_O), N, H * D, C);
+    op->add(be, a->x2, a->x2, x, (size_t)N * C);
+    op->rmsnorm_fwd(be, a->h2, a->rstd2, a->x2, tensor_ptr(m, P, bi, FSO_T_MLP_NORM), N, C,
+                    (float)mc->rms_norm_eps);
+    op->matmul_fwd(be, a->gate, a->h2, tensor_ptr(m, P, bi, FSO_T_GATE), N, C, F);
+    op->matmul_fwd(be, a->up, a->h2, tensor_ptr(m, P, bi, FSO_T_UP), N, C, F);
+    op->swiglu_fwd(be, a->act, a->gate, a->up, (size_t)N * F);
+    if (y) {
+        op->matmul_fwd(be, y, a->act, tensor_ptr(m, P, bi, FSO_T_DOWN), N, F, C);
+        op->add(be, y, y, a->x2, (size_t)N * C);
+    }
+}
+
+/* Backward of layer l: m->dres holds dL/dy on entry and dL/dx on return. */
+static void layer_backward(fso_model *m, int l, const fso_layer_acts *a, const float *x)
+{
+    fso_backend *be = m->be;
+    const fso_backend_ops *op = be->ops;
+    const fso_model_config *mc = &m->mc;
+    const int B = m->B, T = m->T, N = B * T, C = mc->hidden_size, F = mc->intermediate_size;
+    const int H = mc->num_attention_heads, Hkv = mc->num_key_value_heads, D = mc->head_dim;
+    const int bi = 1 + l;
+    float *const *P = m->params, *const *G = m->grads;
+#define W(kind) tensor_ptr(m, P, bi, kind)
+#define DW(kind) tensor_ptr(m, G, bi, kind)
+    /* y = x2 + down(silu(gate(h2)) * up(h2)) */
+    op->matmul_bwd(be, m->dact, DW(FSO_T_DOWN), m->dres, a->act, W(FSO_T_DOWN), N, F, C, 0.0f);
+    op->swiglu_bwd(be, m->dgate, m->dup, m->dact, a->gate, a->up, (size_t)N * F);
+    op->matmul_bwd(be, m->dh, DW(FSO_T_GATE), m->dgate, a->h2, W(FSO_T_GATE), N, C, F, 0.0f);
+    op->matmul_bwd(be, m->dh, DW(FSO_T_UP), m->dup, a->h2, W(FSO_T_UP), N, C, F, 1.0f);
+    op->rmsnorm_bwd(be, m->dres, DW(FSO_T_MLP_NORM), m->dh, a->x2, W(FSO_T_MLP_NORM), a->rstd2, N,
+                    C);
+    /* x2 = x + o(attention(rope(q(h1)), rope(k(h1)), v(h1))) */
+    op->matmul_bwd(be, m->datt, DW(FSO_T_O), m->dres, a->att, W(FSO_T_O), N, H * D, C, 0.0f);
+    op->attention_bwd(be, m->dq, m->dk, m->dv, m->datt, a->probs, a->q, a->k, a->v, B, T, H, Hkv,
+                      D);
+    op->rope(be, m->dq, m->rope_cos, m->rope_sin, B, T, H, D, 1);
+    op->rope(be, m->dk, m->rope_cos, m->rope_sin, B, T, Hkv, D, 1);
+    op->matmul_bwd(be, m->dh, DW(FSO_T_Q), m->dq, a->h1, W(FSO_T_Q), N, C, H * D, 0.0f);
+    op->matmul_bwd(be, m->dh, DW(FSO_T_K), m->dk, a->h1, W(FSO_T_K), N, C, Hkv * D, 1.0f);
+    op->matmul_bwd(be, m->dh, DW(FSO_T_V), m->dv, a->h1, W(FSO_T_V), N, C, Hkv * D, 1.0f);
+    op->rmsnorm_bwd(be, m->dres, DW(FSO_T_ATTN_NORM), m->dh, x, W(FSO_T_ATTN_NORM), a->rstd1, N, C);
+#undef W
+#undef DW
+}
+
+static void forward_blocks(fso_model *m, const int32_t *inputs)
+{
+    fso_backend *be = m->be;
+    const int N = m->B * m->T, C = m->mc.hidden_size, L = m->mc.num_hidden_layers;
+    be->ops->copy_h2d(be, m->tokens, inputs, sizeof(int32_t) * (size_t)N);
+    be->ops->embedding_fwd(be, m->layer_in[0], m->tokens,
+                           tensor_ptr(m, m->params, 0, FSO_T_EMBED), N, C);
+    for (int l = 0; l < L; l++)
+        layer_forward(m, l, &m->acts[m->checkpointing ? 0 : l], m->layer_in[l], m->layer_in[l + 1]);
+    be->ops->rmsnorm_fwd(be, m->xf, m->rstdf, m->layer_in[L],
+                         tensor_ptr(m, m->params, L + 1, FSO_T_FINAL_NORM), N, C,
+                         (float)m->mc.rms_norm_eps);
+}
+
+static float *head_weight(fso_model *m, float *const *base)
+{
+    return m->mc.tie_word_embeddings ? tensor_ptr(m, base, 0, FSO_T_EMBED)
+                                     : tensor_ptr(m, base, m->n_blocks - 1, FSO_T_LM_HEAD);
+}
+
+double fso_model_step(fso_model *m, const int32_t *inputs, const int32_t *targets,
+                      float grad_scale)
+{
+    fso_backend *be = m->be;
+    const fso_backend_ops *op = be->ops;
+    const int N = m->B * m->T, C = m->mc.hidden_size, V = m->mc.vocab_size;
+    const int L = m->mc.num_hidden_layers;
+
+    forward_blocks(m, inputs);
+    op->copy_h2d(be, m->targets, targets, sizeof(int32_t) * (size_t)N);
+
+    /* Head, chunked over rows: logits -> loss and dlogits in place -> dxf (in dh). */
+    float *Wh = head_weight(m, m->params), *dWh = head_weight(m, m->grads);
+    float dscale = grad_scale / (float)N;
+    for (int r0 = 0; r0 < N; r0 += m->chunk_rows) {
+        int rows = N - r0 < m->chunk_rows ? N - r0 : m->chunk_rows;
+        op->matmul_fwd(be, m->logits, m->xf + (size_t)r0 * C, Wh, rows, C, V);
+        op->cross_entropy(be, m->logits, m->losses + r0, m->logits, m->targets + r0, rows, V,
+                          dscale);
+        op->matmul_bwd(be, m->dh + (size_t)r0 * C, dWh, m->logits, m->xf + (size_t)r0 * C, Wh, rows,
+                       C, V, 0.0f);
+    }
+    op->memset0(be, m->dres, sizeof(float) * (size_t)N * C);
+    op->rmsnorm_bwd(be, m->dres, tensor_ptr(m, m->grads, L + 1, FSO_T_FINAL_NORM), m->dh,
+                    m->layer_in[L], tensor_ptr(m, m->params, L + 1, FSO_T_FINAL_NORM), m->rstdf, N,
+                    C);
+
+    for (int l = L - 1; l >= 0; l--) {
+        fso_layer_acts *a = &m->acts[m->checkpointing ? 0 : l];
+        if (m->checkpointing)
+            layer_forward(m, l, a, m->layer_in[l], NULL);
+        layer_backward(m, l, a, m->layer_in[l]);
+    }
+    op->embedding_bwd(be, tensor_ptr(m, m->grads, 0, FSO_T_EMBED), m->tokens, m->dres, N, C);
+
+    op->copy_d2h(be, m->losses_host, m->losses, sizeof(float) * (size_t)N);
+    op->sync(be);
+    double sum = 0;
+    for (int n = 0; n < N; n++)
+        sum += m->losses_host[n];
+    return sum / N;
+}
+
+void fso_model_forward_logits(fso_model *m, const int32_t *inputs, float *logits)
+{
+    fso_backend *be = m->be;
+    const int N = m->B * m->T, C = m->mc.hidden_size, V = m->mc.vocab_size;
+    forward_blocks(m, inputs);
+    float *Wh = head_weight(m, m->params);
+    for (int r0 = 0; r0 < N; r0 += m->chunk_rows) {
+        int rows = N - r0 < m->chunk_rows ? N - r0 : m->chunk_rows;
+        be->ops->matmul_fwd(be, m->logits, m->xf + (size_t)r0 * C, Wh, rows, C, V);
+        be->ops->copy_d2h(be, logits + (size_t)r0 * V, m->logits, sizeof(float) * (size_t)rows * V);
+    }
+    be->ops->sync(be);
+}
+
+double fso_model_grad_sqnorm(fso_model *m)
+{
+    double s = 0;
+    for (int i = 0; i < m->n_blocks; i++)
+        m->be->ops->sqnorm(m->be, &s, m->grads[i], m->blocks[i].padded_elems);
+    m->be->ops->sync(m->be);
+    return s;
+}
+
+double fso_model_flops_per_token(const fso_model_config *mc, int T)
+{
+    const double C = mc->hidden_size, F = mc->intermediate_size, V = mc->vocab_size;
+    const double qd = (double)mc->num_attention_heads * mc->head_dim;
+    const double kvd = (double)mc->num_key_value_heads * mc->head_dim;
+    double linear = mc->num_hidden_layers * (C * qd + 2 * C * kvd + qd * C + 3 * C * F) + C * V;
+    double attn = mc->num_hidden_layers * 2.0 * qd * (T + 1) / 2.0; /* QK^T and PV, causal */
+    return 2.0 * (linear + attn);
+}

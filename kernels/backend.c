@@ -1,0 +1,105 @@
+/* backend.c — backend registry, host memory for the CPU backends, RoPE tables. */
+#include "backend.h"
+
+#include <errno.h>
+#include <math.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cblas.h>
+#include <omp.h>
+
+#include "cpu_common.h"
+
+int fso_cpu_count(void)
+{
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0) {
+        int n = CPU_COUNT(&set);
+        if (n > 0)
+            return n;
+    }
+    return 1;
+}
+
+int fso_backend_create(fso_backend **out, const char *name, int threads)
+{
+    const fso_backend_ops *ops;
+    if (strcmp(name, "cpu") == 0)
+        ops = &fso_cpu_fast_ops;
+    else if (strcmp(name, "cpu-ref") == 0)
+        ops = &fso_cpu_ref_ops;
+    else
+        return -ENOENT;
+
+    fso_backend *be = calloc(1, sizeof *be);
+    if (!be)
+        return -ENOMEM;
+    be->ops = ops;
+    be->threads = threads > 0 ? threads : fso_cpu_count();
+    if (ops == &fso_cpu_ref_ops)
+        be->threads = 1;
+    /* Both thread pools are sized once here; ops never change them. */
+    omp_set_num_threads(be->threads);
+    openblas_set_num_threads(be->threads);
+    *out = be;
+    return 0;
+}
+
+void fso_backend_destroy(fso_backend *be)
+{
+    free(be);
+}
+
+int fso_cpu_buf_alloc(fso_backend *be, size_t bytes, void **out)
+{
+    void *p = NULL;
+    size_t rounded = (bytes + 63) & ~(size_t)63;
+    if (posix_memalign(&p, 64, rounded ? rounded : 64) != 0) {
+        snprintf(be->err, sizeof be->err, "out of host memory allocating %zu bytes", bytes);
+        return -ENOMEM;
+    }
+    memset(p, 0, rounded ? rounded : 64);
+    *out = p;
+    return 0;
+}
+
+void fso_cpu_buf_free(fso_backend *be, void *buf)
+{
+    (void)be;
+    free(buf);
+}
+
+void fso_cpu_memset0(fso_backend *be, void *dst, size_t bytes)
+{
+    (void)be;
+    memset(dst, 0, bytes);
+}
+
+void fso_cpu_copy(fso_backend *be, void *dst, const void *src, size_t bytes)
+{
+    (void)be;
+    if (dst != src)
+        memmove(dst, src, bytes);
+}
+
+int fso_cpu_sync(fso_backend *be)
+{
+    (void)be;
+    return 0;
+}
+
+void fso_rope_tables(float *cos_t, float *sin_t, int T, int D, double theta)
+{
+    int half = D / 2;
+    for (int i = 0; i < half; i++) {
+        double inv_freq = 1.0 / pow(theta, (2.0 * i) / D);
+        for (int t = 0; t < T; t++) {
+            double a = t * inv_freq;
+            cos_t[(size_t)t * half + i] = (float)cos(a);
+            sin_t[(size_t)t * half + i] = (float)sin(a);
+        }
+    }
+}

@@ -1,0 +1,115 @@
+/* backend.h — the compute backend interface (DESIGN §3).
+ *
+ * A backend owns device memory and runs the ops of a Llama block forward and
+ * backward. It is a table of function pointers plus a context, like
+ * ggml-backend or fio's ioengine_ops. Two implementations live here:
+ *   - "cpu-ref": plain loops, one thread, written to be read; the reference
+ *     every other implementation is tested against;
+ *   - "cpu": the fast CPU path (OpenBLAS sgemm, OpenMP threads), the default
+ *     where there is no GPU.
+ *
+ * Conventions:
+ *   - Pointers passed to ops are device pointers from buf_alloc (on the CPU
+ *     backends, host memory). Storage and math are fp32 here.
+ *   - Ops are asynchronous in principle: they return nothing and record any
+ *     failure; sync() waits for all queued work and returns 0 or the first
+ *     failure as a negative errno (the detail is in err). On the CPU backends
+ *     ops run in place and cannot fail.
+ *   - Activations are row-major with N = B*T rows. Weights follow PyTorch's
+ *     Linear layout: (out, in). "+=" in a comment means the op accumulates
+ *     into its output, so gradients add up across micro-batches.
+ */
+#ifndef FSO_BACKEND_H
+#define FSO_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define FSO_BACKEND_ERR_MAX 256
+
+typedef struct fso_backend fso_backend;
+
+typedef struct fso_backend_ops {
+    const char *name;
+
+    /* memory */
+    int  (*buf_alloc)(fso_backend *be, size_t bytes, void **out);
+    void (*buf_free)(fso_backend *be, void *buf);
+    void (*memset0)(fso_backend *be, void *dst, size_t bytes);
+    void (*copy_h2d)(fso_backend *be, void *dst, const void *src, size_t bytes);
+    void (*copy_d2h)(fso_backend *be, void *dst, const void *src, size_t bytes);
+    int  (*sync)(fso_backend *be);
+
+    /* out (N,C) = wte[tok] ; tok (N) int32, wte (V,C) */
+    void (*embedding_fwd)(fso_backend *be, float *out, const int32_t *tok, const float *wte,
+                          int N, int C);
+    /* dwte (V,C) += scatter of dout (N,C) by tok */
+    void (*embedding_bwd)(fso_backend *be, float *dwte, const int32_t *tok, const float *dout,
+                          int N, int C);
+
+    /* out (N,C) = x / rms(x) * w ; rstd (N) saved for backward */
+    void (*rmsnorm_fwd)(fso_backend *be, float *out, float *rstd, const float *x, const float *w,
+                        int N, int C, float eps);
+    /* dx (N,C) += ; dw (C) += */
+    void (*rmsnorm_bwd)(fso_backend *be, float *dx, float *dw, const float *dout, const float *x,
+                        const float *w, const float *rstd, int N, int C);
+
+    /* out (N,Cout) = x (N,Cin) · w (Cout,Cin)^T */
+    void (*matmul_fwd)(fso_backend *be, float *out, const float *x, const float *w,
+                       int N, int Cin, int Cout);
+    /* dx (N,Cin) = dx_beta*dx + dout·w ; dw (Cout,Cin) += dout^T·x. dx may be NULL. */
+    void (*matmul_bwd)(fso_backend *be, float *dx, float *dw, const float *dout, const float *x,
+                       const float *w, int N, int Cin, int Cout, float dx_beta);
+
+    /* Rotate x (B,T,nh,D) in place by RoPE (rotate-half); cos, sin (T, D/2).
+     * inverse=1 applies the transpose rotation (the backward). */
+    void (*rope)(fso_backend *be, float *x, const float *cos, const float *sin,
+                 int B, int T, int nh, int D, int inverse);
+
+    /* Causal attention with grouped-query heads. q (B,T,H,D), k and v
+     * (B,T,Hkv,D), out (B,T,H,D); probs (B,H,T,T) saved for backward. */
+    void (*attention_fwd)(fso_backend *be, float *out, float *probs, const float *q,
+                          const float *k, const float *v, int B, int T, int H, int Hkv, int D);
+    /* dq (B,T,H,D) = ; dk, dv (B,T,Hkv,D) = (overwritten) */
+    void (*attention_bwd)(fso_backend *be, float *dq, float *dk, float *dv, const float *dout,
+                          const float *probs, const float *q, const float *k, const float *v,
+                          int B, int T, int H, int Hkv, int D);
+
+    /* out (n) = silu(gate) * up */
+    void (*swiglu_fwd)(fso_backend *be, float *out, const float *gate, const float *up, size_t n);
+    /* dgate, dup (n) = (overwritten) */
+    void (*swiglu_bwd)(fso_backend *be, float *dgate, float *dup, const float *dout,
+                       const float *gate, const float *up, size_t n);
+
+    /* out (n) = a + b (out may alias a) */
+    void (*add)(fso_backend *be, float *out, const float *a, const float *b, size_t n);
+
+    /* Softmax cross-entropy over logits (N,V) against targets (N).
+     * losses (N) = -log softmax(logits)[target] ; dlogits (N,V) =
+     * (softmax - onehot) * dscale, written over logits (in place allowed). */
+    void (*cross_entropy)(fso_backend *be, float *dlogits, float *losses, const float *logits,
+                          const int32_t *targets, int N, int V, float dscale);
+
+    /* *out += sum of x[i]^2 in double (host scalar) */
+    void (*sqnorm)(fso_backend *be, double *out, const float *x, size_t n);
+} fso_backend_ops;
+
+struct fso_backend {
+    const fso_backend_ops *ops;
+    void *ctx;
+    int threads;
+    char err[FSO_BACKEND_ERR_MAX];
+};
+
+/* Create a backend by name ("cpu", "cpu-ref"); threads 0 = the CPUs this
+ * process may use. Returns 0 or -ENOENT for an unknown name. */
+int fso_backend_create(fso_backend **out, const char *name, int threads);
+void fso_backend_destroy(fso_backend *be);
+
+/* The CPUs this process may run on (sched_getaffinity), at least 1. */
+int fso_cpu_count(void);
+
+/* RoPE tables: cos, sin (T, D/2) for positions 0..T-1, HF's inv_freq. */
+void fso_rope_tables(float *cos, float *sin, int T, int D, double theta);
+
+#endif
