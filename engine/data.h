@@ -10,6 +10,11 @@
  * Batches: micro-batch i of the run reads B rows of T+1 consecutive tokens,
  * advancing B*T tokens per micro-batch and wrapping at the end (llm.c's
  * loader), so a run is fully determined by the file and the config.
+ * Row b starts at pos + b*T; when the next batch would read past the end
+ * (pos + B*T + 1 > n_tokens), pos returns to 0 first. A corpus shorter than
+ * B*T+1 tokens (but at least T+1) cannot hold a whole batch: then row b
+ * starts at (pos + b*T) mod (n_tokens - T) and pos advances by B*T modulo
+ * (n_tokens - T), so rows repeat tokens but every row stays in bounds.
  */
 #ifndef FSO_DATA_H
 #define FSO_DATA_H
@@ -23,12 +28,17 @@
 #define FSO_TOKENS_HEADER_INTS 256
 #define FSO_DATA_ERR_MAX 512
 
+/* The built-in corpus: its size and a fixed seed, independent of the training
+ * seed, so the text is the same for every run. */
+#define FSO_CORPUS_BYTES ((size_t)2 << 20)
+#define FSO_CORPUS_SEED 0x66736f6666636f72ull   /* "fsoffcor" */
+
 typedef struct fso_data {
     int32_t *tokens;         /* (n_tokens) */
     size_t n_tokens;
     size_t pos;              /* next batch start */
     int B, T;
-    char desc[256];          /* "tokens v1 data/x.bin (1234567 tokens)" for the banner */
+    char desc[256];          /* "data/x.bin (tokens v1, 1234567 tokens)" for the banner */
     char err[FSO_DATA_ERR_MAX];
 } fso_data;
 
@@ -44,7 +54,11 @@ void fso_data_next(fso_data *data, int32_t *inputs, int32_t *targets);
 /* Write the built-in corpus (n_bytes of text, from seed) to buf. */
 void fso_corpus_generate(char *buf, size_t n_bytes, uint64_t seed);
 
-/* Write a token file (version 1 if every token fits uint16 and !force_v2). */
+/* Write a token file (version 1 if every token fits uint16 and !force_v2).
+ * Writes PATH.tmp.PID.K (mode 0644 less the umask), fsyncs it and renames it
+ * over path, so a failure leaves no partial file. Returns 0 or a negative
+ * errno: -EINVAL for a negative token, -EOVERFLOW for n > INT32_MAX, else the
+ * open/write/fsync/close/rename error (-ENOSPC, -EFBIG, -EACCES, ...). */
 int fso_data_write_tokens(const char *path, const int32_t *tokens, size_t n, int force_v2);
 
 #endif

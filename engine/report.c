@@ -1,0 +1,102 @@
+/* report.c — step lines, summary and JSON-lines metrics (see report.h). */
+#include "report.h"
+
+#include <errno.h>
+#include <string.h>
+#include <sys/resource.h>
+
+uint64_t fso_peak_rss_bytes(void)
+{
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) != 0)
+        return 0;
+    return (uint64_t)ru.ru_maxrss * 1024u; /* Linux reports KiB */
+}
+
+int fso_report_init(fso_report *r, FILE *out, const char *metrics_path, int64_t total_steps,
+                    int64_t print_every, double flops_per_token, char *err, size_t errlen)
+{
+    memset(r, 0, sizeof *r);
+    r->out = out;
+    r->total_steps = total_steps;
+    r->print_every = print_every > 0 ? print_every : 1;
+    r->flops_per_token = flops_per_token;
+    if (metrics_path) {
+        r->metrics = fopen(metrics_path, "w");
+        if (!r->metrics) {
+            int e = errno;
+            snprintf(err, errlen, "--metrics %s: cannot create the file: %s", metrics_path,
+                     strerror(e));
+            return -e;
+        }
+        r->metrics_path = metrics_path;
+    }
+    return 0;
+}
+
+void fso_report_step(fso_report *r, const fso_step_stats *st)
+{
+    double tok_s = st->step_ms > 0 ? st->tokens / (st->step_ms / 1e3) : 0;
+    double gflops = tok_s * r->flops_per_token / 1e9;
+    if (r->steps == 0)
+        r->first_loss = st->loss;
+    else {
+        r->ms_sum_after_first += st->step_ms;
+        r->tokens_after_first += st->tokens;
+    }
+    r->steps++;
+    r->tokens += st->tokens;
+    r->last_loss = st->loss;
+    r->wall_ms += st->step_ms;
+
+    if (st->step % r->print_every == 0 || st->step == 1 || st->step == r->total_steps) {
+        fprintf(r->out,
+                "step %5lld/%lld | loss %.4f | lr %.3e | norm %7.4f%s | %8.1f ms | %9.0f tok/s | "
+                "%6.1f GFLOP/s\n",
+                (long long)st->step, (long long)r->total_steps, st->loss, st->lr, st->grad_norm,
+                st->clip_coef < 1.0 ? " (clipped)" : "          ", st->step_ms, tok_s, gflops);
+        fflush(r->out);
+    }
+    if (r->metrics)
+        fprintf(r->metrics,
+                "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, "
+                "\"clip_coef\": %.9g, \"step_ms\": %.6g, \"tokens\": %lld, \"tok_s\": %.6g, "
+                "\"gflops\": %.6g}\n",
+                (long long)st->step, st->loss, st->lr, st->grad_norm, st->clip_coef, st->step_ms,
+                (long long)st->tokens, tok_s, gflops);
+    if (r->metrics)
+        fflush(r->metrics); /* a plot can follow the run */
+}
+
+int fso_report_finish(fso_report *r, char *err, size_t errlen)
+{
+    double avg_tok_s = r->ms_sum_after_first > 0
+                           ? r->tokens_after_first / (r->ms_sum_after_first / 1e3)
+                           : (r->wall_ms > 0 ? r->tokens / (r->wall_ms / 1e3) : 0);
+    double avg_ms = r->steps > 1 ? r->ms_sum_after_first / (r->steps - 1) : r->wall_ms;
+    uint64_t rss = fso_peak_rss_bytes();
+    int rc = 0;
+
+    if (r->steps > 0)
+        fprintf(r->out,
+                "fsoff: done: %lld steps, %lld tokens in %.1f s | loss %.4f -> %.4f | "
+                "%.1f ms/step, %.0f tok/s (first step excluded) | peak RSS %.1f MiB\n",
+                (long long)r->steps, (long long)r->tokens, r->wall_ms / 1e3, r->first_loss,
+                r->last_loss, avg_ms, avg_tok_s, rss / 1048576.0);
+    fflush(r->out);
+    if (r->metrics) {
+        fprintf(r->metrics,
+                "{\"event\": \"summary\", \"steps\": %lld, \"tokens\": %lld, \"first_loss\": %.9g, "
+                "\"final_loss\": %.9g, \"mean_step_ms\": %.6g, \"tok_s\": %.6g, "
+                "\"wall_ms\": %.6g, \"peak_rss_bytes\": %llu}\n",
+                (long long)r->steps, (long long)r->tokens, r->first_loss, r->last_loss, avg_ms,
+                avg_tok_s, r->wall_ms, (unsigned long long)rss);
+        if (ferror(r->metrics) | (fclose(r->metrics) != 0)) {
+            int e = errno ? errno : EIO;
+            snprintf(err, errlen, "--metrics %s: write failed: %s", r->metrics_path, strerror(e));
+            rc = -e;
+        }
+        r->metrics = NULL;
+    }
+    return rc;
+}

@@ -9,7 +9,6 @@
 #include <string.h>
 
 #include <cblas.h>
-#include <omp.h>
 
 #include "cpu_common.h"
 
@@ -41,9 +40,10 @@ int fso_backend_create(fso_backend **out, const char *name, int threads)
     be->threads = threads > 0 ? threads : fso_cpu_count();
     if (ops == &fso_cpu_ref_ops)
         be->threads = 1;
-    /* Both thread pools are sized once here; ops never change them. */
-    omp_set_num_threads(be->threads);
-    openblas_set_num_threads(be->threads);
+    /* OpenMP regions name be->threads themselves; OpenBLAS's pool is
+     * process-wide, so the last backend created sizes it. */
+    if (ops != &fso_cpu_ref_ops)
+        openblas_set_num_threads(be->threads);
     *out = be;
     return 0;
 }

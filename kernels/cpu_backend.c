@@ -23,8 +23,7 @@
 static void fast_embedding_fwd(fso_backend *be, float *out, const int32_t *tok, const float *wte,
                                int N, int C)
 {
-    (void)be;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(be->threads)
     for (int n = 0; n < N; n++)
         memcpy(out + (size_t)n * C, wte + (size_t)tok[n] * C, sizeof(float) * C);
 }
@@ -33,9 +32,8 @@ static void fast_embedding_fwd(fso_backend *be, float *out, const int32_t *tok, 
 static void fast_embedding_bwd(fso_backend *be, float *dwte, const int32_t *tok, const float *dout,
                                int N, int C)
 {
-    (void)be;
     int nchunks = (C + 63) / 64;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(be->threads)
     for (int ch = 0; ch < nchunks; ch++) {
         int c0 = ch * 64, c1 = c0 + 64 < C ? c0 + 64 : C;
         for (int n = 0; n < N; n++) {
@@ -50,8 +48,7 @@ static void fast_embedding_bwd(fso_backend *be, float *dwte, const int32_t *tok,
 static void fast_rmsnorm_fwd(fso_backend *be, float *out, float *rstd, const float *x,
                              const float *w, int N, int C, float eps)
 {
-    (void)be;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(be->threads)
     for (int n = 0; n < N; n++) {
         const float *xr = x + (size_t)n * C;
         float *o = out + (size_t)n * C;
@@ -70,8 +67,7 @@ static void fast_rmsnorm_fwd(fso_backend *be, float *out, float *rstd, const flo
 static void fast_rmsnorm_bwd(fso_backend *be, float *dx, float *dw, const float *dout,
                              const float *x, const float *w, const float *rstd, int N, int C)
 {
-    (void)be;
-#pragma omp parallel
+#pragma omp parallel num_threads(be->threads)
     {
 #pragma omp for schedule(static)
         for (int n = 0; n < N; n++) {
@@ -124,10 +120,9 @@ static void fast_matmul_bwd(fso_backend *be, float *dx, float *dw, const float *
 static void fast_rope(fso_backend *be, float *x, const float *cos_t, const float *sin_t,
                       int B, int T, int nh, int D, int inverse)
 {
-    (void)be;
     int half = D / 2;
     float sgn = inverse ? -1.0f : 1.0f;
-#pragma omp parallel for schedule(static) collapse(2)
+#pragma omp parallel for schedule(static) collapse(2) num_threads(be->threads)
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++) {
             const float *ct = cos_t + (size_t)t * half, *st = sin_t + (size_t)t * half;
@@ -158,10 +153,9 @@ static void fast_attention_fwd(fso_backend *be, float *out, float *probs, const 
                                const float *k, const float *v, int B, int T, int H, int Hkv,
                                int D)
 {
-    (void)be;
     int group = H / Hkv;
     float scale = 1.0f / sqrtf((float)D);
-#pragma omp parallel for schedule(static) collapse(2)
+#pragma omp parallel for schedule(static) collapse(2) num_threads(be->threads)
     for (int b = 0; b < B; b++)
         for (int h = 0; h < H; h++) {
             int hk = h / group;
@@ -202,10 +196,9 @@ static void fast_attention_bwd(fso_backend *be, float *dq, float *dk, float *dv,
                                const float *probs, const float *q, const float *k, const float *v,
                                int B, int T, int H, int Hkv, int D)
 {
-    (void)be;
     int group = H / Hkv;
     float scale = 1.0f / sqrtf((float)D);
-#pragma omp parallel
+#pragma omp parallel num_threads(be->threads)
     {
         float dp[T]; /* T is bounded by max_position_embeddings */
 #pragma omp for schedule(static) collapse(2)
@@ -247,8 +240,7 @@ static void fast_attention_bwd(fso_backend *be, float *dq, float *dk, float *dv,
 static void fast_swiglu_fwd(fso_backend *be, float *out, const float *gate, const float *up,
                             size_t n)
 {
-    (void)be;
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) num_threads(be->threads)
     for (size_t i = 0; i < n; i++) {
         float g = gate[i];
         out[i] = g / (1.0f + expf(-g)) * up[i];
@@ -258,8 +250,7 @@ static void fast_swiglu_fwd(fso_backend *be, float *out, const float *gate, cons
 static void fast_swiglu_bwd(fso_backend *be, float *dgate, float *dup, const float *dout,
                             const float *gate, const float *up, size_t n)
 {
-    (void)be;
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) num_threads(be->threads)
     for (size_t i = 0; i < n; i++) {
         float g = gate[i], sg = 1.0f / (1.0f + expf(-g)), dy = dout[i];
         float u = up[i];
@@ -270,8 +261,7 @@ static void fast_swiglu_bwd(fso_backend *be, float *dgate, float *dup, const flo
 
 static void fast_add(fso_backend *be, float *out, const float *a, const float *b, size_t n)
 {
-    (void)be;
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) num_threads(be->threads)
     for (size_t i = 0; i < n; i++)
         out[i] = a[i] + b[i];
 }
@@ -279,8 +269,7 @@ static void fast_add(fso_backend *be, float *out, const float *a, const float *b
 static void fast_cross_entropy(fso_backend *be, float *dlogits, float *losses, const float *logits,
                                const int32_t *targets, int N, int V, float dscale)
 {
-    (void)be;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(be->threads)
     for (int n = 0; n < N; n++) {
         const float *l = logits + (size_t)n * V;
         float *dl = dlogits + (size_t)n * V;
@@ -303,7 +292,6 @@ static void fast_cross_entropy(fso_backend *be, float *dlogits, float *losses, c
 
 static void fast_sqnorm(fso_backend *be, double *out, const float *x, size_t n)
 {
-    (void)be;
     size_t nchunks = (n + SQNORM_CHUNK - 1) / SQNORM_CHUNK;
     if (nchunks <= 1) {
         double s = 0;
@@ -323,7 +311,7 @@ static void fast_sqnorm(fso_backend *be, double *out, const float *x, size_t n)
         }
         return;
     }
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(be->threads)
     for (size_t c = 0; c < nchunks; c++) {
         size_t i1 = (c + 1) * SQNORM_CHUNK < n ? (c + 1) * SQNORM_CHUNK : n;
         double s = 0;

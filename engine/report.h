@@ -1,0 +1,38 @@
+/* report.h — what a person and a plotting script see of a run: the banner,
+ * one line per step, the summary, and the same as JSON lines (--metrics). */
+#ifndef FSO_REPORT_H
+#define FSO_REPORT_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "train.h"
+
+typedef struct fso_report {
+    FILE *out;               /* human lines (stdout) */
+    FILE *metrics;           /* JSON lines, or NULL */
+    const char *metrics_path;
+    int64_t total_steps;
+    int64_t print_every;
+    double flops_per_token;  /* training FLOPs (forward + backward) per token */
+    /* running totals; the first step is excluded from the averages */
+    int64_t steps, tokens;
+    double ms_sum_after_first;
+    int64_t tokens_after_first;
+    double last_loss, first_loss;
+    double wall_ms;
+} fso_report;
+
+/* Open the metrics file (truncating) when path is not NULL. Returns 0 or
+ * negative errno with a message in err. */
+int fso_report_init(fso_report *r, FILE *out, const char *metrics_path, int64_t total_steps,
+                    int64_t print_every, double flops_per_token, char *err, size_t errlen);
+void fso_report_step(fso_report *r, const fso_step_stats *st);
+/* Summary line(s) and the "summary" JSON object; closes the metrics file.
+ * Returns 0 or negative errno if the metrics file could not be written. */
+int fso_report_finish(fso_report *r, char *err, size_t errlen);
+
+/* Peak resident set size of this process, in bytes. */
+uint64_t fso_peak_rss_bytes(void);
+
+#endif

@@ -1,0 +1,489 @@
+/* test_ops.c — every backend op: the fast CPU path against the reference
+ * (NaN/Inf check, normalized error, guard regions around outputs), and the
+ * reference's backward ops against central finite differences of
+ * L = sum(out * R) for a random R.
+ *
+ * Tolerances: fast vs reference 2e-5 normalized error (float vs
+ * double accumulation); finite differences 2e-3 of the gradient's scale
+ * (float forward, step 1e-2 of the input scale).
+ */
+#include <errno.h>
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "backend.h"
+#include "rng.h"
+
+#define GUARD 16
+#define GUARD_VAL 12345.678f
+#define FAST_TOL 2e-5
+#define FD_TOL 2e-3
+
+static fso_backend *ref, *fast;
+static fso_rng rng;
+
+/* A buffer of n floats with GUARD sentinels on both sides. */
+static float *gbuf(size_t n)
+{
+    float *p = malloc(sizeof(float) * (n + 2 * GUARD));
+    assert_non_null(p);
+    for (size_t i = 0; i < n + 2 * GUARD; i++)
+        p[i] = GUARD_VAL;
+    return p + GUARD;
+}
+
+static void gfree(float *p)
+{
+    if (p)
+        free(p - GUARD);
+}
+
+static void guard_check(const float *p, size_t n, const char *what)
+{
+    for (int i = 1; i <= GUARD; i++)
+        if (p[-i] != GUARD_VAL || p[n + i - 1] != GUARD_VAL)
+            fail_msg("%s: write outside the output (guard %d)", what, i);
+}
+
+static float *randbuf(size_t n, double scale)
+{
+    float *p = gbuf(n);
+    for (size_t i = 0; i < n; i++)
+        p[i] = (float)(scale * fso_rng_normal(&rng));
+    return p;
+}
+
+static float *copybuf(const float *src, size_t n)
+{
+    float *p = gbuf(n);
+    memcpy(p, src, sizeof(float) * n);
+    return p;
+}
+
+/* Fail with the first mismatches unless ||a-b|| / ||ref|| <= tol. */
+static void compare(const char *what, const float *got, const float *want, size_t n, double tol)
+{
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(got[i]))
+            fail_msg("%s: element %zu is %g", what, i, got[i]);
+        double d = (double)got[i] - want[i];
+        num += d * d;
+        den += (double)want[i] * want[i];
+    }
+    double err = sqrt(num / (den > 0 ? den : 1));
+    if (err > tol) {
+        int shown = 0;
+        for (size_t i = 0; i < n && shown < 5; i++)
+            if (fabs((double)got[i] - want[i]) > tol * (fabs(want[i]) + 1e-3)) {
+                fprintf(stderr, "  %s[%zu]: got %.8g want %.8g\n", what, i, got[i], want[i]);
+                shown++;
+            }
+        fail_msg("%s: normalized error %.3g > %.3g", what, err, tol);
+    }
+    guard_check(got, n, what);
+}
+
+static double dot_r(const float *out, const float *R, size_t n)
+{
+    double s = 0;
+    for (size_t i = 0; i < n; i++)
+        s += (double)out[i] * R[i];
+    return s;
+}
+
+/* Central differences of loss() w.r.t. x[idx] for a sample of indices,
+ * against the analytic gradient g. */
+typedef double (*loss_fn)(void *ctx);
+static void fd_check(const char *what, float *x, size_t n, const float *g, loss_fn loss, void *ctx)
+{
+    double gscale = 0;
+    for (size_t i = 0; i < n; i++)
+        gscale = fmax(gscale, fabs(g[i]));
+    int samples = n < 24 ? (int)n : 24;
+    for (int s = 0; s < samples; s++) {
+        size_t i = n < 24 ? (size_t)s : (size_t)(fso_rng_u64(&rng) % n);
+        float keep = x[i];
+        float h = 1e-2f * fmaxf(1.0f, fabsf(keep));
+        x[i] = keep + h;
+        double lp = loss(ctx);
+        x[i] = keep - h;
+        double lm = loss(ctx);
+        x[i] = keep;
+        double num = (lp - lm) / (2.0 * h);
+        if (fabs(num - g[i]) > FD_TOL * (gscale + 1e-6) + 1e-3 * fabs(num))
+            fail_msg("%s: d/dx[%zu]: analytic %.8g, finite difference %.8g (scale %.3g)", what, i,
+                     g[i], num, gscale);
+    }
+}
+
+/* ---------------------------------------------------------------- matmul */
+
+struct mm_ctx { float *x, *w, *out, *R; int N, Ci, Co; };
+static double mm_loss(void *c_)
+{
+    struct mm_ctx *c = c_;
+    ref->ops->matmul_fwd(ref, c->out, c->x, c->w, c->N, c->Ci, c->Co);
+    return dot_r(c->out, c->R, (size_t)c->N * c->Co);
+}
+
+static void test_matmul(void **state)
+{
+    (void)state;
+    int N = 37, Ci = 45, Co = 29;
+    float *x = randbuf((size_t)N * Ci, 1), *w = randbuf((size_t)Co * Ci, 0.3);
+    float *o1 = gbuf((size_t)N * Co), *o2 = gbuf((size_t)N * Co), *R = randbuf((size_t)N * Co, 1);
+    ref->ops->matmul_fwd(ref, o1, x, w, N, Ci, Co);
+    fast->ops->matmul_fwd(fast, o2, x, w, N, Ci, Co);
+    compare("matmul_fwd out", o2, o1, (size_t)N * Co, FAST_TOL);
+
+    float *dx0 = randbuf((size_t)N * Ci, 1), *dw0 = randbuf((size_t)Co * Ci, 1);
+    float *dx1 = copybuf(dx0, (size_t)N * Ci), *dw1 = copybuf(dw0, (size_t)Co * Ci);
+    float *dx2 = copybuf(dx0, (size_t)N * Ci), *dw2 = copybuf(dw0, (size_t)Co * Ci);
+    ref->ops->matmul_bwd(ref, dx1, dw1, R, x, w, N, Ci, Co, 1.0f);
+    fast->ops->matmul_bwd(fast, dx2, dw2, R, x, w, N, Ci, Co, 1.0f);
+    compare("matmul_bwd dx (accumulate)", dx2, dx1, (size_t)N * Ci, FAST_TOL);
+    compare("matmul_bwd dw", dw2, dw1, (size_t)Co * Ci, FAST_TOL);
+
+    /* finite differences: gradients from zero */
+    memset(dx1, 0, sizeof(float) * N * Ci);
+    memset(dw1, 0, sizeof(float) * Co * Ci);
+    ref->ops->matmul_bwd(ref, dx1, dw1, R, x, w, N, Ci, Co, 0.0f);
+    struct mm_ctx c = {x, w, o1, R, N, Ci, Co};
+    fd_check("matmul dx", x, (size_t)N * Ci, dx1, mm_loss, &c);
+    fd_check("matmul dw", w, (size_t)Co * Ci, dw1, mm_loss, &c);
+    float *bufs[] = {x, w, o1, o2, R, dx0, dw0, dx1, dw1, dx2, dw2};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
+        gfree(bufs[i]);
+}
+
+/* ---------------------------------------------------------------- rmsnorm */
+
+struct rn_ctx { float *x, *w, *out, *rstd, *R; int N, C; };
+static double rn_loss(void *c_)
+{
+    struct rn_ctx *c = c_;
+    ref->ops->rmsnorm_fwd(ref, c->out, c->rstd, c->x, c->w, c->N, c->C, 1e-5f);
+    return dot_r(c->out, c->R, (size_t)c->N * c->C);
+}
+
+static void test_rmsnorm(void **state)
+{
+    (void)state;
+    int N = 19, C = 70;
+    float *x = randbuf((size_t)N * C, 1.5), *w = randbuf(C, 1);
+    float *o1 = gbuf((size_t)N * C), *o2 = gbuf((size_t)N * C), *r1 = gbuf(N), *r2 = gbuf(N);
+    float *R = randbuf((size_t)N * C, 1);
+    ref->ops->rmsnorm_fwd(ref, o1, r1, x, w, N, C, 1e-5f);
+    fast->ops->rmsnorm_fwd(fast, o2, r2, x, w, N, C, 1e-5f);
+    compare("rmsnorm_fwd out", o2, o1, (size_t)N * C, FAST_TOL);
+    compare("rmsnorm_fwd rstd", r2, r1, N, FAST_TOL);
+
+    float *dx1 = randbuf((size_t)N * C, 1), *dx2 = copybuf(dx1, (size_t)N * C);
+    float *dw1 = randbuf(C, 1), *dw2 = copybuf(dw1, C);
+    ref->ops->rmsnorm_bwd(ref, dx1, dw1, R, x, w, r1, N, C);
+    fast->ops->rmsnorm_bwd(fast, dx2, dw2, R, x, w, r1, N, C);
+    compare("rmsnorm_bwd dx", dx2, dx1, (size_t)N * C, FAST_TOL);
+    compare("rmsnorm_bwd dw", dw2, dw1, C, FAST_TOL);
+
+    memset(dx1, 0, sizeof(float) * N * C);
+    memset(dw1, 0, sizeof(float) * C);
+    ref->ops->rmsnorm_bwd(ref, dx1, dw1, R, x, w, r1, N, C);
+    struct rn_ctx c = {x, w, o1, r1, R, N, C};
+    fd_check("rmsnorm dx", x, (size_t)N * C, dx1, rn_loss, &c);
+    fd_check("rmsnorm dw", w, C, dw1, rn_loss, &c);
+    float *bufs[] = {x, w, o1, o2, r1, r2, R, dx1, dx2, dw1, dw2};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
+        gfree(bufs[i]);
+}
+
+/* ---------------------------------------------------------------- embedding */
+
+static void test_embedding(void **state)
+{
+    (void)state;
+    int N = 50, C = 130, V = 17;
+    int32_t tok[50];
+    for (int i = 0; i < N; i++)
+        tok[i] = (int32_t)(fso_rng_u64(&rng) % V);
+    tok[3] = tok[7] = tok[11] = 5; /* repeated ids accumulate */
+    float *wte = randbuf((size_t)V * C, 1), *o1 = gbuf((size_t)N * C), *o2 = gbuf((size_t)N * C);
+    ref->ops->embedding_fwd(ref, o1, tok, wte, N, C);
+    fast->ops->embedding_fwd(fast, o2, tok, wte, N, C);
+    compare("embedding_fwd", o2, o1, (size_t)N * C, 0);
+    for (int c = 0; c < C; c++)
+        assert_true(o1[(size_t)4 * C + c] == wte[(size_t)tok[4] * C + c]);
+
+    float *dout = randbuf((size_t)N * C, 1);
+    float *d1 = randbuf((size_t)V * C, 1), *d2 = copybuf(d1, (size_t)V * C);
+    float *d0 = copybuf(d1, (size_t)V * C);
+    ref->ops->embedding_bwd(ref, d1, tok, dout, N, C);
+    fast->ops->embedding_bwd(fast, d2, tok, dout, N, C);
+    compare("embedding_bwd", d2, d1, (size_t)V * C, FAST_TOL);
+    /* dwte[5] gained the sum of the rows that used token 5 */
+    for (int c = 0; c < C; c++) {
+        double s = d0[(size_t)5 * C + c];
+        for (int n = 0; n < N; n++)
+            if (tok[n] == 5)
+                s += dout[(size_t)n * C + c];
+        assert_true(fabs(s - d1[(size_t)5 * C + c]) < 1e-4);
+    }
+    float *bufs[] = {wte, o1, o2, dout, d1, d2, d0};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
+        gfree(bufs[i]);
+}
+
+/* ---------------------------------------------------------------- rope */
+
+struct rope_ctx { float *x, *work, *R, *cs, *sn; int B, T, nh, D; };
+static double rope_loss(void *c_)
+{
+    struct rope_ctx *c = c_;
+    size_t n = (size_t)c->B * c->T * c->nh * c->D;
+    memcpy(c->work, c->x, sizeof(float) * n);
+    ref->ops->rope(ref, c->work, c->cs, c->sn, c->B, c->T, c->nh, c->D, 0);
+    return dot_r(c->work, c->R, n);
+}
+
+static void test_rope(void **state)
+{
+    (void)state;
+    int B = 2, T = 11, nh = 3, D = 10;
+    size_t n = (size_t)B * T * nh * D;
+    float *cs = gbuf((size_t)T * D / 2), *sn = gbuf((size_t)T * D / 2);
+    fso_rope_tables(cs, sn, T, D, 10000.0);
+    /* position 0 is the identity; position t, pair 0 rotates by angle t */
+    assert_true(cs[0] == 1.0f && sn[0] == 0.0f);
+    assert_true(fabsf(cs[(size_t)3 * D / 2] - cosf(3.0f)) < 1e-6f);
+    float *x = randbuf(n, 1), *a = copybuf(x, n), *b = copybuf(x, n);
+    ref->ops->rope(ref, a, cs, sn, B, T, nh, D, 0);
+    fast->ops->rope(fast, b, cs, sn, B, T, nh, D, 0);
+    compare("rope", b, a, n, FAST_TOL);
+    /* the inverse undoes it */
+    fast->ops->rope(fast, b, cs, sn, B, T, nh, D, 1);
+    compare("rope inverse", b, x, n, 1e-6);
+    /* backward: dx = R^T dy, the inverse rotation of dy */
+    float *R = randbuf(n, 1), *g = copybuf(R, n), *work = gbuf(n);
+    ref->ops->rope(ref, g, cs, sn, B, T, nh, D, 1);
+    struct rope_ctx c = {x, work, R, cs, sn, B, T, nh, D};
+    fd_check("rope dx", x, n, g, rope_loss, &c);
+    float *bufs[] = {cs, sn, x, a, b, R, g, work};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
+        gfree(bufs[i]);
+}
+
+/* ---------------------------------------------------------------- attention */
+
+struct att_ctx { float *q, *k, *v, *out, *probs, *R; int B, T, H, Hkv, D; };
+static double att_loss(void *c_)
+{
+    struct att_ctx *c = c_;
+    ref->ops->attention_fwd(ref, c->out, c->probs, c->q, c->k, c->v, c->B, c->T, c->H, c->Hkv, c->D);
+    return dot_r(c->out, c->R, (size_t)c->B * c->T * c->H * c->D);
+}
+
+static void run_attention(int B, int T, int H, int Hkv, int D)
+{
+    size_t nq = (size_t)B * T * H * D, nkv = (size_t)B * T * Hkv * D, np = (size_t)B * H * T * T;
+    float *q = randbuf(nq, 1), *k = randbuf(nkv, 1), *v = randbuf(nkv, 1);
+    float *o1 = gbuf(nq), *o2 = gbuf(nq), *p1 = gbuf(np), *p2 = gbuf(np), *R = randbuf(nq, 1);
+    ref->ops->attention_fwd(ref, o1, p1, q, k, v, B, T, H, Hkv, D);
+    fast->ops->attention_fwd(fast, o2, p2, q, k, v, B, T, H, Hkv, D);
+    compare("attention_fwd out", o2, o1, nq, FAST_TOL);
+    compare("attention_fwd probs", p2, p1, np, FAST_TOL);
+    /* causal: nothing attends to the future, rows sum to 1 */
+    for (int bh = 0; bh < B * H; bh++)
+        for (int t = 0; t < T; t++) {
+            double s = 0;
+            for (int u = 0; u < T; u++) {
+                float pv = p1[((size_t)bh * T + t) * T + u];
+                if (u > t)
+                    assert_true(pv == 0.0f);
+                s += pv;
+            }
+            assert_true(fabs(s - 1.0) < 1e-5);
+        }
+
+    float *dq1 = gbuf(nq), *dk1 = gbuf(nkv), *dv1 = gbuf(nkv);
+    float *dq2 = gbuf(nq), *dk2 = gbuf(nkv), *dv2 = gbuf(nkv);
+    ref->ops->attention_bwd(ref, dq1, dk1, dv1, R, p1, q, k, v, B, T, H, Hkv, D);
+    fast->ops->attention_bwd(fast, dq2, dk2, dv2, R, p1, q, k, v, B, T, H, Hkv, D);
+    compare("attention_bwd dq", dq2, dq1, nq, FAST_TOL);
+    compare("attention_bwd dk", dk2, dk1, nkv, FAST_TOL);
+    compare("attention_bwd dv", dv2, dv1, nkv, FAST_TOL);
+    struct att_ctx c = {q, k, v, o1, p1, R, B, T, H, Hkv, D};
+    fd_check("attention dq", q, nq, dq1, att_loss, &c);
+    fd_check("attention dk", k, nkv, dk1, att_loss, &c);
+    fd_check("attention dv", v, nkv, dv1, att_loss, &c);
+    float *bufs[] = {q, k, v, o1, o2, p1, p2, R, dq1, dk1, dv1, dq2, dk2, dv2};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
+        gfree(bufs[i]);
+}
+
+static void test_attention_gqa(void **state)
+{
+    (void)state;
+    run_attention(2, 13, 6, 2, 8); /* 3 query heads per kv head */
+}
+
+static void test_attention_mha(void **state)
+{
+    (void)state;
+    run_attention(1, 9, 4, 4, 6);
+}
+
+/* ---------------------------------------------------------------- swiglu, add */
+
+struct sw_ctx { float *g, *u, *out, *R; size_t n; };
+static double sw_loss(void *c_)
+{
+    struct sw_ctx *c = c_;
+    ref->ops->swiglu_fwd(ref, c->out, c->g, c->u, c->n);
+    return dot_r(c->out, c->R, c->n);
+}
+
+static void test_swiglu(void **state)
+{
+    (void)state;
+    size_t n = 1001;
+    float *g = randbuf(n, 2), *u = randbuf(n, 1), *o1 = gbuf(n), *o2 = gbuf(n), *R = randbuf(n, 1);
+    ref->ops->swiglu_fwd(ref, o1, g, u, n);
+    fast->ops->swiglu_fwd(fast, o2, g, u, n);
+    compare("swiglu_fwd", o2, o1, n, FAST_TOL);
+    float *dg1 = gbuf(n), *du1 = gbuf(n), *dg2 = gbuf(n), *du2 = gbuf(n);
+    ref->ops->swiglu_bwd(ref, dg1, du1, R, g, u, n);
+    fast->ops->swiglu_bwd(fast, dg2, du2, R, g, u, n);
+    compare("swiglu_bwd dgate", dg2, dg1, n, FAST_TOL);
+    compare("swiglu_bwd dup", du2, du1, n, FAST_TOL);
+    struct sw_ctx c = {g, u, o1, R, n};
+    fd_check("swiglu dgate", g, n, dg1, sw_loss, &c);
+    fd_check("swiglu dup", u, n, du1, sw_loss, &c);
+
+    float *s1 = gbuf(n), *s2 = gbuf(n);
+    ref->ops->add(ref, s1, g, u, n);
+    fast->ops->add(fast, s2, g, u, n);
+    compare("add", s2, s1, n, 0);
+    assert_true(s1[17] == g[17] + u[17]);
+    float *bufs[] = {g, u, o1, o2, R, dg1, du1, dg2, du2, s1, s2};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
+        gfree(bufs[i]);
+}
+
+/* ---------------------------------------------------------------- cross-entropy */
+
+struct ce_ctx { float *logits, *work, *losses; int32_t *tgt; int N, V; };
+static double ce_loss(void *c_)
+{
+    struct ce_ctx *c = c_;
+    ref->ops->cross_entropy(ref, c->work, c->losses, c->logits, c->tgt, c->N, c->V, 1.0f);
+    double s = 0;
+    for (int i = 0; i < c->N; i++)
+        s += c->losses[i];
+    return s;
+}
+
+static void test_cross_entropy(void **state)
+{
+    (void)state;
+    int N = 21, V = 77;
+    int32_t tgt[21];
+    for (int i = 0; i < N; i++)
+        tgt[i] = (int32_t)(fso_rng_u64(&rng) % V);
+    size_t n = (size_t)N * V;
+    float *lg = randbuf(n, 3), *d1 = gbuf(n), *d2 = gbuf(n), *l1 = gbuf(N), *l2 = gbuf(N);
+    ref->ops->cross_entropy(ref, d1, l1, lg, tgt, N, V, 0.25f);
+    fast->ops->cross_entropy(fast, d2, l2, lg, tgt, N, V, 0.25f);
+    compare("cross_entropy losses", l2, l1, N, FAST_TOL);
+    compare("cross_entropy dlogits", d2, d1, n, FAST_TOL);
+    /* uniform logits: loss is log V */
+    float *flat = gbuf(V), *fd = gbuf(V), *fl = gbuf(1);
+    for (int j = 0; j < V; j++)
+        flat[j] = 0.5f;
+    ref->ops->cross_entropy(ref, fd, fl, flat, tgt, 1, V, 1.0f);
+    assert_true(fabs(fl[0] - log((double)V)) < 1e-5);
+    /* in place: dlogits written over the logits */
+    float *inpl = copybuf(lg, n), *li = gbuf(N);
+    fast->ops->cross_entropy(fast, inpl, li, inpl, tgt, N, V, 0.25f);
+    compare("cross_entropy in place", inpl, d1, n, FAST_TOL);
+
+    float *g = gbuf(n), *work = gbuf(n);
+    ref->ops->cross_entropy(ref, g, l1, lg, tgt, N, V, 1.0f);
+    struct ce_ctx c = {lg, work, l1, tgt, N, V};
+    fd_check("cross_entropy dlogits", lg, n, g, ce_loss, &c);
+    float *bufs[] = {lg, d1, d2, l1, l2, flat, fd, fl, inpl, li, g, work};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
+        gfree(bufs[i]);
+}
+
+/* ---------------------------------------------------------------- sqnorm */
+
+static void test_sqnorm_is_exact_and_thread_independent(void **state)
+{
+    (void)state;
+    size_t n = 300000; /* several chunks */
+    float *x = randbuf(n, 1);
+    double a = 0, b = 0, exact = 0;
+    ref->ops->sqnorm(ref, &a, x, n);
+    fast->ops->sqnorm(fast, &b, x, n);
+    for (size_t i = 0; i < n; i++)
+        exact += (double)x[i] * x[i];
+    assert_true(fabs(a - exact) <= 1e-12 * exact);
+    assert_true(fabs(b - exact) <= 1e-12 * exact);
+    /* same bits with one thread */
+    fso_backend *one = NULL;
+    assert_int_equal(fso_backend_create(&one, "cpu", 1), 0);
+    double c = 0;
+    one->ops->sqnorm(one, &c, x, n);
+    assert_true(memcmp(&b, &c, sizeof b) == 0);
+    fso_backend_destroy(one);
+    gfree(x);
+}
+
+static void test_unknown_backend_is_an_error(void **state)
+{
+    (void)state;
+    fso_backend *be = NULL;
+    assert_int_equal(fso_backend_create(&be, "tpu", 0), -ENOENT);
+    assert_null(be);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    fso_rng_seed(&rng, 42);
+    if (fso_backend_create(&ref, "cpu-ref", 1) < 0 || fso_backend_create(&fast, "cpu", 2) < 0)
+        return -1;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    fso_backend_destroy(ref);
+    fso_backend_destroy(fast);
+    return 0;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_matmul),
+        cmocka_unit_test(test_rmsnorm),
+        cmocka_unit_test(test_embedding),
+        cmocka_unit_test(test_rope),
+        cmocka_unit_test(test_attention_gqa),
+        cmocka_unit_test(test_attention_mha),
+        cmocka_unit_test(test_swiglu),
+        cmocka_unit_test(test_cross_entropy),
+        cmocka_unit_test(test_sqnorm_is_exact_and_thread_independent),
+        cmocka_unit_test(test_unknown_backend_is_an_error),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
