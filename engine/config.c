@@ -1,0 +1,1528 @@
+/* config.c — load, merge and validate the job configuration (config.h).
+ *
+ * The document is built in layers: the built-in defaults (configs/tiny.json,
+ * embedded at build time), then each config file, then each --set. Files
+ * replace the "model", "optimizer" and "scheduler" sections whole and merge
+ * every other section key by key; a --set replaces the one value it names.
+ * Every layer is kept, so an error about a key can say where its value came
+ * from: the --set that wrote it, the line and column in the file, or the line
+ * and column in the built-in defaults. fso_config_finish() walks the merged
+ * document once, fills the struct and reports the first problem only.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include <jansson.h>
+
+#include "fso_default_config.h"
+#include "json_locate.h"
+
+#define CFG_MAX_DEPTH 16
+#define CFG_MAX_FILE_BYTES ((size_t)64 << 20)
+#define CFG_DEFAULTS_NAME "built-in defaults (configs/tiny.json)"
+
+/* A broken invariant is a bug in fsoff, not in the user's file: stop loudly. */
+#define CFG_CHECK(cond)                                                                   \
+    do {                                                                                  \
+        if (!(cond)) {                                                                    \
+            fprintf(stderr, "%s:%d: %s: internal error: %s\n", __FILE__, __LINE__,        \
+                    __func__, #cond);                                                     \
+            abort();                                                                      \
+        }                                                                                 \
+    } while (0)
+
+#define CFG_TRY(expr)                                                                     \
+    do {                                                                                  \
+        int rc_ = (expr);                                                                 \
+        if (rc_ < 0)                                                                      \
+            return rc_;                                                                   \
+    } while (0)
+
+/* ---------------------------------------------------------------- documents */
+
+typedef enum cfg_layer_kind { LAYER_DEFAULTS, LAYER_FILE, LAYER_SET } cfg_layer_kind;
+
+typedef struct cfg_layer {
+    cfg_layer_kind kind;
+    char *name;                 /* FILE: the path; SET: the assignment */
+    char *text;                 /* FILE: the file's text (DEFAULTS uses the embedded one) */
+    json_t *root;               /* what this layer wrote, as a document from the root */
+    int write_depth;            /* values at this depth (or shallower) were written whole */
+} cfg_layer;
+
+struct fso_config_doc {
+    json_t *merged;             /* the document fso_config_finish() validates */
+    cfg_layer *layers;          /* in the order applied; [0] is the built-in defaults */
+    int nlayers, cap;
+};
+
+/* Sections a file replaces whole; their missing keys take library defaults. */
+static bool is_replaced_section(const char *key)
+{
+    return strcmp(key, "model") == 0 || strcmp(key, "optimizer") == 0 ||
+           strcmp(key, "scheduler") == 0;
+}
+
+static void layer_free(cfg_layer *l)
+{
+    free(l->name);
+    free(l->text);
+    json_decref(l->root);
+}
+
+static void doc_destroy(struct fso_config_doc *doc)
+{
+    if (!doc)
+        return;
+    for (int i = 0; i < doc->nlayers; i++)
+        layer_free(&doc->layers[i]);
+    free(doc->layers);
+    json_decref(doc->merged);
+    free(doc);
+}
+
+/* Takes ownership of the layer's allocations, also on failure. */
+static int doc_add_layer(struct fso_config_doc *doc, cfg_layer *l)
+{
+    if (doc->nlayers == doc->cap) {
+        int cap = doc->cap ? doc->cap * 2 : 8;
+        cfg_layer *n = realloc(doc->layers, (size_t)cap * sizeof *n);
+        if (!n) {
+            layer_free(l);
+            return -ENOMEM;
+        }
+        doc->layers = n;
+        doc->cap = cap;
+    }
+    doc->layers[doc->nlayers++] = *l;
+    return 0;
+}
+
+static struct fso_config_doc *doc_create(void)
+{
+    struct fso_config_doc *doc = calloc(1, sizeof *doc);
+    if (!doc)
+        return NULL;
+    json_error_t jerr;
+    json_t *root = json_loads(fso_default_config_json, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root) {
+        /* The embedded text is configs/tiny.json; a syntax error there is a build bug. */
+        fprintf(stderr, "%s:%d:%d: %s\n", CFG_DEFAULTS_NAME, jerr.line, jerr.column, jerr.text);
+        CFG_CHECK(root != NULL);
+    }
+    CFG_CHECK(json_is_object(root));
+    doc->merged = json_deep_copy(root);
+    cfg_layer l = {.kind = LAYER_DEFAULTS, .root = root, .write_depth = 1};
+    if (!doc->merged || doc_add_layer(doc, &l) < 0) {
+        doc_destroy(doc);
+        return NULL;
+    }
+    return doc;
+}
+
+static int doc_ensure(fso_config *cfg)
+{
+    if (cfg->doc)
+        return 0;
+    cfg->doc = doc_create();
+    if (!cfg->doc) {
+        snprintf(cfg->err, sizeof cfg->err, "out of memory loading the built-in defaults");
+        return -ENOMEM;
+    }
+    return 0;
+}
+
+/* dst := src key by key, recursing into objects both sides have. */
+static int merge_objects(json_t *dst, json_t *src)
+{
+    const char *key;
+    json_t *val;
+    json_object_foreach(src, key, val) {
+        json_t *cur = json_object_get(dst, key);
+        if (cur && json_is_object(cur) && json_is_object(val)) {
+            CFG_TRY(merge_objects(cur, val));
+            continue;
+        }
+        if (json_object_set_new(dst, key, json_deep_copy(val)) < 0)
+            return -ENOMEM;
+    }
+    return 0;
+}
+
+/* A file over the merged document: replaced sections whole, the rest by key. */
+static int merge_file(json_t *merged, json_t *file)
+{
+    const char *key;
+    json_t *val;
+    json_object_foreach(file, key, val) {
+        json_t *cur = json_object_get(merged, key);
+        if (!is_replaced_section(key) && cur && json_is_object(cur) && json_is_object(val)) {
+            CFG_TRY(merge_objects(cur, val));
+            continue;
+        }
+        if (json_object_set_new(merged, key, json_deep_copy(val)) < 0)
+            return -ENOMEM;
+    }
+    return 0;
+}
+
+/* Keys a --set left out of a merged section come back from the defaults. */
+static int fill_missing(json_t *dst, json_t *defaults, bool top)
+{
+    const char *key;
+    json_t *val;
+    json_object_foreach(defaults, key, val) {
+        if (top && is_replaced_section(key))
+            continue;
+        json_t *cur = json_object_get(dst, key);
+        if (!cur) {
+            if (json_object_set_new(dst, key, json_deep_copy(val)) < 0)
+                return -ENOMEM;
+        } else if (json_is_object(cur) && json_is_object(val)) {
+            CFG_TRY(fill_missing(cur, val, false));
+        }
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- key paths */
+
+typedef struct keypath {
+    const char *k[CFG_MAX_DEPTH];
+    int n;
+} keypath;
+
+static keypath kp_child(const keypath *p, const char *key)
+{
+    keypath c = *p;
+    CFG_CHECK(c.n < CFG_MAX_DEPTH);
+    c.k[c.n++] = key;
+    return c;
+}
+
+/* "optimizer.params.betas[1]": elements written "[i]" are array indices. */
+static void kp_format(const keypath *p, char *buf, size_t size)
+{
+    size_t len = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < p->n && len < size; i++) {
+        const char *sep = (i == 0 || p->k[i][0] == '[') ? "" : ".";
+        int w = snprintf(buf + len, size - len, "%s%s", sep, p->k[i]);
+        if (w < 0)
+            break;
+        len += (size_t)w;
+    }
+}
+
+static long kp_index(const char *el)
+{
+    if (el[0] != '[')
+        return -1;
+    char *end;
+    long v = strtol(el + 1, &end, 10);
+    return (end != el + 1 && end[0] == ']' && end[1] == '\0' && v >= 0) ? v : -1;
+}
+
+/* ---------------------------------------------------------------- provenance */
+
+/* Does layer l decide the value at p? If so, *d is how many elements of p
+ * exist in what the layer wrote (the position to show is that prefix's). */
+static bool layer_provides(const cfg_layer *l, const keypath *p, int *d)
+{
+    json_t *node = l->root;
+    int depth = 0;
+    bool whole = false;
+    while (depth < p->n) {
+        json_t *child = NULL;
+        if (json_is_object(node)) {
+            child = json_object_get(node, p->k[depth]);
+        } else if (json_is_array(node)) {
+            long i = kp_index(p->k[depth]);
+            child = i >= 0 ? json_array_get(node, (size_t)i) : NULL;
+        } else {
+            whole = depth > 0; /* a scalar here replaced everything below it */
+            break;
+        }
+        if (!child)
+            break;
+        node = child;
+        depth++;
+    }
+    *d = depth;
+    if (depth == p->n || whole)
+        return true;
+    /* Inside a value written whole, a missing key takes the library default
+     * (in a replaced section), or falls through to the layers below. */
+    return depth >= l->write_depth && p->n > 0 && is_replaced_section(p->k[0]);
+}
+
+/* The layer that decided p (index), and "where" text for messages. */
+static int cfg_where(const struct fso_config_doc *doc, const keypath *p, char *buf, size_t size)
+{
+    int d = 0, li = 0;
+    for (li = doc->nlayers - 1; li > 0; li--)
+        if (layer_provides(&doc->layers[li], p, &d))
+            break;
+    const cfg_layer *l = &doc->layers[li];
+    if (li == 0)
+        layer_provides(l, p, &d);
+    if (l->kind == LAYER_SET) {
+        snprintf(buf, size, "--set %s", l->name);
+        return li;
+    }
+    const char *name = l->kind == LAYER_DEFAULTS ? CFG_DEFAULTS_NAME : l->name;
+    const char *text = l->kind == LAYER_DEFAULTS ? fso_default_config_json : l->text;
+    int line, col;
+    if (d > 0 && fso_json_locate(text, p->k, d, &line, &col) == 0)
+        snprintf(buf, size, "%s:%d:%d", name, line, col);
+    else
+        snprintf(buf, size, "%s", name);
+    return li;
+}
+
+/* ---------------------------------------------------------------- messages */
+
+typedef struct walker {
+    const struct fso_config_doc *doc;
+    fso_config *out;
+    bool warn;                  /* print "understood but ignored" warnings */
+} walker;
+
+static const char *json_type_word(const json_t *v)
+{
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: return "object";
+    case JSON_ARRAY: return "array";
+    case JSON_STRING: return "string";
+    case JSON_INTEGER:
+    case JSON_REAL: return "number";
+    case JSON_TRUE:
+    case JSON_FALSE: return "boolean";
+    case JSON_NULL: return "null";
+    }
+    return "value";
+}
+
+static void format_double(double x, char *buf, size_t size)
+{
+    for (int prec = 15; prec <= 17; prec++) {
+        snprintf(buf, size, "%.*g", prec, x);
+        if (strtod(buf, NULL) == x)
+            return;
+    }
+}
+
+/* `2.5 (number)`, `"abc" (string)`, `null`: the "got ..." of a message. */
+static void describe(const json_t *v, char *buf, size_t size)
+{
+    char val[96];
+    switch (json_typeof(v)) {
+    case JSON_INTEGER:
+        snprintf(val, sizeof val, "%" JSON_INTEGER_FORMAT, json_integer_value(v));
+        break;
+    case JSON_REAL:
+        format_double(json_real_value(v), val, sizeof val);
+        break;
+    case JSON_TRUE:
+        snprintf(buf, size, "true (boolean)");
+        return;
+    case JSON_FALSE:
+        snprintf(buf, size, "false (boolean)");
+        return;
+    case JSON_NULL:
+        snprintf(buf, size, "null");
+        return;
+    case JSON_OBJECT:
+        snprintf(buf, size, "{...} (object)");
+        return;
+    case JSON_STRING:
+    case JSON_ARRAY: {
+        char *s = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT | JSON_REAL_PRECISION(15));
+        if (!s) {
+            snprintf(val, sizeof val, "%s", json_is_string(v) ? "\"...\"" : "[...]");
+        } else if (strlen(s) >= 64) {
+            snprintf(val, sizeof val, "%.60s...", s);
+        } else {
+            snprintf(val, sizeof val, "%s", s);
+        }
+        free(s);
+        break;
+    }
+    }
+    snprintf(buf, size, "%s (%s)", val, json_type_word(v));
+}
+
+/* "<where>: <key.path>: <message>" into out->err; where follows the newest
+ * layer among p and the related keys (the one the user most likely just changed). */
+static int vfail(walker *w, const keypath *p, const keypath *const *rel, int nrel,
+                 const char *fmt, va_list ap)
+{
+    char where[280], key[200];
+    int best = cfg_where(w->doc, p, where, sizeof where);
+    for (int i = 0; i < nrel; i++) {
+        char rw[sizeof where];
+        int li = cfg_where(w->doc, rel[i], rw, sizeof rw);
+        if (li > best) {
+            best = li;
+            memcpy(where, rw, sizeof where);
+        }
+    }
+    kp_format(p, key, sizeof key);
+    int n = snprintf(w->out->err, sizeof w->out->err, "%s: %s: ", where, key);
+    if (n >= 0 && (size_t)n < sizeof w->out->err)
+        vsnprintf(w->out->err + n, sizeof w->out->err - (size_t)n, fmt, ap);
+    return -EINVAL;
+}
+
+__attribute__((format(printf, 3, 4)))
+static int cfg_fail(walker *w, const keypath *p, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int rc = vfail(w, p, NULL, 0, fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+__attribute__((format(printf, 5, 6)))
+static int cfg_fail_rel(walker *w, const keypath *p, const keypath *rel1, const keypath *rel2,
+                        const char *fmt, ...)
+{
+    const keypath *rel[2] = {rel1, rel2};
+    va_list ap;
+    va_start(ap, fmt);
+    int rc = vfail(w, p, rel, rel2 ? 2 : 1, fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+static void cfg_warn(walker *w, const keypath *p, const char *why)
+{
+    if (!w->warn)
+        return;
+    char where[280], key[200];
+    cfg_where(w->doc, p, where, sizeof where);
+    kp_format(p, key, sizeof key);
+    fprintf(stderr, "fsoff: warning: %s: %s: understood but ignored: %s\n", where, key, why);
+}
+
+/* ---------------------------------------------------------------- key tables */
+
+typedef struct key_spec {
+    const char *name;
+    const char *ignored;        /* NULL: used; else why fsoff ignores it */
+} key_spec;
+
+/* Optimal string alignment distance, ASCII case folded; capped inputs. */
+static int edit_distance(const char *a, const char *b)
+{
+    enum { MAXLEN = 64 };
+    size_t la = strlen(a), lb = strlen(b);
+    if (la >= MAXLEN || lb >= MAXLEN)
+        return INT_MAX;
+    int d[MAXLEN + 1][MAXLEN + 1];
+    for (size_t i = 0; i <= la; i++)
+        d[i][0] = (int)i;
+    for (size_t j = 0; j <= lb; j++)
+        d[0][j] = (int)j;
+    for (size_t i = 1; i <= la; i++) {
+        for (size_t j = 1; j <= lb; j++) {
+            int ca = a[i - 1] | 0x20, cb = b[j - 1] | 0x20;
+            int cost = ca != cb;
+            int v = d[i - 1][j] + 1;
+            if (d[i][j - 1] + 1 < v)
+                v = d[i][j - 1] + 1;
+            if (d[i - 1][j - 1] + cost < v)
+                v = d[i - 1][j - 1] + cost;
+            if (i > 1 && j > 1 && ca == (b[j - 2] | 0x20) && (a[i - 2] | 0x20) == cb &&
+                d[i - 2][j - 2] + 1 < v)
+                v = d[i - 2][j - 2] + 1;
+            d[i][j] = v;
+        }
+    }
+    return d[la][lb];
+}
+
+static int unknown_key(walker *w, const keypath *p, const key_spec *specs, const char *where)
+{
+    const char *key = p->k[p->n - 1];
+    const char *best = NULL;
+    int best_d = INT_MAX;
+    size_t list_len = 0;
+    for (const key_spec *s = specs; s->name; s++) {
+        int d = edit_distance(key, s->name);
+        if (d < best_d) {
+            best_d = d;
+            best = s->name;
+        }
+        list_len += strlen(s->name) + 2;
+    }
+    int limit = strlen(key) <= 4 ? 1 : strlen(key) <= 12 ? 2 : 3;
+    if (best && best_d <= limit)
+        return cfg_fail(w, p, "unknown key%s; did you mean \"%s\"?", where, best);
+    if (list_len > 240)
+        return cfg_fail(w, p, "unknown key%s; check its spelling, or remove it", where);
+    char list[256];
+    size_t len = 0;
+    list[0] = '\0';
+    for (const key_spec *s = specs; s->name; s++)
+        len += (size_t)snprintf(list + len, sizeof list - len, "%s%s", len ? ", " : "", s->name);
+    return cfg_fail(w, p, "unknown key%s; the keys here are: %s", where, list);
+}
+
+/* Every key of obj must be in specs; ignored ones get a warning. */
+static int check_keys(walker *w, json_t *obj, const keypath *sec, const key_spec *specs,
+                      const char *where)
+{
+    if (!obj)
+        return 0;
+    const char *key;
+    json_t *val;
+    json_object_foreach(obj, key, val) {
+        const key_spec *s = specs;
+        while (s->name && strcmp(s->name, key) != 0)
+            s++;
+        keypath p = kp_child(sec, key);
+        if (!s->name)
+            return unknown_key(w, &p, specs, where);
+        if (s->ignored)
+            cfg_warn(w, &p, s->ignored);
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- typed values */
+
+static int want_object(walker *w, json_t *v, const keypath *p)
+{
+    if (json_is_object(v))
+        return 0;
+    char got[128];
+    describe(v, got, sizeof got);
+    return cfg_fail(w, p, "expected an object, got %s", got);
+}
+
+static int want_int(walker *w, json_t *v, const keypath *p, int64_t lo, int64_t hi, int64_t *out)
+{
+    bool integral = false;
+    int64_t x = 0;
+    if (json_is_integer(v)) {
+        x = json_integer_value(v);
+        integral = true;
+    } else if (json_is_real(v)) {
+        double d = json_real_value(v);
+        if (d == floor(d) && d >= -9.0e18 && d <= 9.0e18) {
+            x = (int64_t)d;
+            integral = true;
+        }
+    }
+    if (integral && x >= lo && x <= hi) {
+        *out = x;
+        return 0;
+    }
+    char got[128];
+    describe(v, got, sizeof got);
+    if (integral && x > hi)
+        return cfg_fail(w, p, "expected an integer in [%" PRId64 ", %" PRId64 "], got %s", lo, hi,
+                        got);
+    return cfg_fail(w, p, "expected an integer >= %" PRId64 ", got %s", lo, got);
+}
+
+typedef struct num_range {
+    double lo, hi;              /* hi = INFINITY: no upper bound */
+    bool lo_open, hi_open;
+} num_range;
+
+static const num_range RANGE_POSITIVE = {0, INFINITY, true, true};
+static const num_range RANGE_NONNEG = {0, INFINITY, false, true};
+static const num_range RANGE_UNIT = {0, 1, false, false};
+static const num_range RANGE_UNIT_OPEN = {0, 1, false, true};
+
+static int want_number(walker *w, json_t *v, const keypath *p, num_range r, double *out)
+{
+    if (json_is_number(v)) {
+        double x = json_number_value(v);
+        bool ok = isfinite(x) && (r.lo_open ? x > r.lo : x >= r.lo) &&
+                  (r.hi_open ? x < r.hi : x <= r.hi);
+        if (ok) {
+            *out = x;
+            return 0;
+        }
+    }
+    char got[128], lo[32], hi[32];
+    describe(v, got, sizeof got);
+    format_double(r.lo, lo, sizeof lo);
+    if (isinf(r.hi))
+        return cfg_fail(w, p, "expected a number %s %s, got %s", r.lo_open ? ">" : ">=", lo, got);
+    format_double(r.hi, hi, sizeof hi);
+    return cfg_fail(w, p, "expected a number in %c%s, %s%c, got %s", r.lo_open ? '(' : '[', lo, hi,
+                    r.hi_open ? ')' : ']', got);
+}
+
+static int want_bool(walker *w, json_t *v, const keypath *p, bool *out)
+{
+    if (json_is_boolean(v)) {
+        *out = json_is_true(v);
+        return 0;
+    }
+    char got[128];
+    describe(v, got, sizeof got);
+    return cfg_fail(w, p, "expected true or false, got %s", got);
+}
+
+static int want_string(walker *w, json_t *v, const keypath *p, const char **out)
+{
+    if (json_is_string(v)) {
+        *out = json_string_value(v);
+        return 0;
+    }
+    char got[128];
+    describe(v, got, sizeof got);
+    return cfg_fail(w, p, "expected a string, got %s", got);
+}
+
+/* Index of v among names[] (exact, or case-insensitive when nocase), or -1. */
+static int find_choice(const json_t *v, const char *const *names, int n, bool nocase)
+{
+    if (!json_is_string(v))
+        return -1;
+    const char *s = json_string_value(v);
+    for (int i = 0; i < n; i++)
+        if (nocase ? strcasecmp(s, names[i]) == 0 : strcmp(s, names[i]) == 0)
+            return i;
+    return -1;
+}
+
+/* One of names[]; returns its index in *out. */
+static int want_choice(walker *w, json_t *v, const keypath *p, const char *const *names, int n,
+                       bool nocase, int *out)
+{
+    int i = find_choice(v, names, n, nocase);
+    if (i >= 0) {
+        *out = i;
+        return 0;
+    }
+    char got[128], list[256];
+    size_t len = 0;
+    list[0] = '\0';
+    for (int k = 0; k < n; k++)
+        len += (size_t)snprintf(list + len, sizeof list - len, "%s\"%s\"",
+                                k == 0 ? "" : k == n - 1 ? " or " : ", ", names[k]);
+    describe(v, got, sizeof got);
+    return cfg_fail(w, p, "expected %s, got %s", list, got);
+}
+
+/* Member `key` of section obj (which may be NULL: every key absent). A NULL
+ * def makes the key required; otherwise an absent key takes *def. */
+static int get_int(walker *w, json_t *obj, const keypath *sec, const char *key, int64_t lo,
+                   int64_t hi, const int64_t *def, int64_t *out)
+{
+    json_t *v = obj ? json_object_get(obj, key) : NULL;
+    keypath p = kp_child(sec, key);
+    if (!v) {
+        if (!def)
+            return cfg_fail(w, &p, "missing; add it (configs/tiny.json has an example)");
+        *out = *def;
+        return 0;
+    }
+    return want_int(w, v, &p, lo, hi, out);
+}
+
+static int get_int32(walker *w, json_t *obj, const keypath *sec, const char *key, int lo,
+                     const int64_t *def, int *out)
+{
+    int64_t x;
+    CFG_TRY(get_int(w, obj, sec, key, lo, INT_MAX, def, &x));
+    *out = (int)x;
+    return 0;
+}
+
+static int get_number(walker *w, json_t *obj, const keypath *sec, const char *key, num_range r,
+                      const double *def, double *out)
+{
+    json_t *v = obj ? json_object_get(obj, key) : NULL;
+    keypath p = kp_child(sec, key);
+    if (!v) {
+        if (!def)
+            return cfg_fail(w, &p, "missing; add it (configs/tiny.json has an example)");
+        *out = *def;
+        return 0;
+    }
+    return want_number(w, v, &p, r, out);
+}
+
+static int get_bool(walker *w, json_t *obj, const keypath *sec, const char *key, const bool *def,
+                    bool *out)
+{
+    json_t *v = obj ? json_object_get(obj, key) : NULL;
+    keypath p = kp_child(sec, key);
+    if (!v) {
+        if (!def)
+            return cfg_fail(w, &p, "missing; add it (configs/tiny.json has an example)");
+        *out = *def;
+        return 0;
+    }
+    return want_bool(w, v, &p, out);
+}
+
+/* Section `key` of the root: an object, or NULL when absent (or null and null_ok). */
+static int get_section(walker *w, json_t *root, const char *key, bool null_ok, json_t **out)
+{
+    json_t *v = json_object_get(root, key);
+    keypath p = {{key}, 1};
+    *out = NULL;
+    if (!v || (null_ok && json_is_null(v)))
+        return 0;
+    CFG_TRY(want_object(w, v, &p));
+    *out = v;
+    return 0;
+}
+
+#define I64(x) (&(const int64_t){(x)})
+#define DBL(x) (&(const double){(x)})
+#define BOOL(x) (&(const bool){(x)})
+
+/* ---------------------------------------------------------------- sections */
+
+static const key_spec top_keys[] = {
+    {"train_micro_batch_size_per_gpu", NULL},
+    {"gradient_accumulation_steps", NULL},
+    {"train_batch_size", NULL},
+    {"gradient_clipping", NULL},
+    {"steps_per_print", NULL},
+    {"seed", NULL},
+    {"bf16", NULL},
+    {"fp16", NULL},
+    {"optimizer", NULL},
+    {"scheduler", NULL},
+    {"model", NULL},
+    {"data", NULL},
+    {"train", NULL},
+    {"wall_clock_breakdown", "fsoff prints the time of every step anyway"},
+    {"zero_allow_untested_optimizer", "fsoff always runs its own AdamW"},
+    {"prescale_gradients", "one device: there is no all-reduce to scale around"},
+    {"gradient_predivide_factor", "one device: there is no all-reduce to scale around"},
+    {"dump_state", "fsoff does not dump engine state"},
+    {NULL, NULL},
+};
+
+static int apply_top(walker *w, json_t *root)
+{
+    fso_config *c = w->out;
+    keypath top = {{0}, 0};
+    int64_t v;
+
+    CFG_TRY(check_keys(w, root, &top, top_keys, ""));
+    CFG_TRY(get_int32(w, root, &top, "train_micro_batch_size_per_gpu", 1, NULL, &c->micro_batch));
+    CFG_TRY(get_int32(w, root, &top, "gradient_accumulation_steps", 1, NULL, &c->grad_accum));
+    if (json_object_get(root, "train_batch_size")) {
+        keypath p = {{"train_batch_size"}, 1};
+        keypath mb = {{"train_micro_batch_size_per_gpu"}, 1};
+        keypath ga = {{"gradient_accumulation_steps"}, 1};
+        int64_t product = (int64_t)c->micro_batch * c->grad_accum;
+        CFG_TRY(get_int(w, root, &top, "train_batch_size", 1, INT64_MAX, NULL, &v));
+        if (v != product)
+            return cfg_fail_rel(w, &p, &mb, &ga,
+                                "must equal train_micro_batch_size_per_gpu (%d) * "
+                                "gradient_accumulation_steps (%d) * devices (1) = %" PRId64
+                                ", got %" PRId64 "; drop it or change the factors",
+                                c->micro_batch, c->grad_accum, product, v);
+    }
+    CFG_TRY(get_number(w, root, &top, "gradient_clipping", RANGE_NONNEG, NULL, &c->grad_clip));
+    CFG_TRY(get_int(w, root, &top, "steps_per_print", 1, INT64_MAX, NULL, &c->steps_per_print));
+    CFG_TRY(get_int(w, root, &top, "seed", 0, INT64_MAX, NULL, &v));
+    c->seed = (uint64_t)v;
+    return 0;
+}
+
+static const key_spec bf16_keys[] = {{"enabled", NULL}, {NULL, NULL}};
+
+#define FP16_IGNORED "fp16 is disabled (fsoff has no fp16 loss scaling)"
+static const key_spec fp16_keys[] = {
+    {"enabled", NULL},
+    {"auto_cast", FP16_IGNORED},
+    {"loss_scale", FP16_IGNORED},
+    {"initial_scale_power", FP16_IGNORED},
+    {"loss_scale_window", FP16_IGNORED},
+    {"hysteresis", FP16_IGNORED},
+    {"consecutive_hysteresis", FP16_IGNORED},
+    {"min_loss_scale", FP16_IGNORED},
+    {"fp16_master_weights_and_grads", FP16_IGNORED},
+    {NULL, NULL},
+};
+
+static int apply_precision(walker *w, json_t *root)
+{
+    json_t *s;
+    keypath bf = {{"bf16"}, 1}, fp = {{"fp16"}, 1};
+
+    CFG_TRY(get_section(w, root, "bf16", false, &s));
+    CFG_TRY(check_keys(w, s, &bf, bf16_keys, ""));
+    CFG_TRY(get_bool(w, s, &bf, "enabled", BOOL(false), &w->out->bf16));
+
+    bool fp16 = false;
+    CFG_TRY(get_section(w, root, "fp16", false, &s));
+    CFG_TRY(get_bool(w, s, &fp, "enabled", BOOL(false), &fp16));
+    if (fp16) {
+        keypath p = {{"fp16", "enabled"}, 2};
+        return cfg_fail(w, &p, "fp16 loss scaling is not supported; use bf16.enabled");
+    }
+    return check_keys(w, s, &fp, fp16_keys, "");
+}
+
+#define HF_ONLY "fsoff builds the model from the shape keys alone"
+static const key_spec model_keys[] = {
+    {"vocab_size", NULL},
+    {"hidden_size", NULL},
+    {"intermediate_size", NULL},
+    {"num_hidden_layers", NULL},
+    {"num_attention_heads", NULL},
+    {"num_key_value_heads", NULL},
+    {"head_dim", NULL},
+    {"max_position_embeddings", NULL},
+    {"rms_norm_eps", NULL},
+    {"rope_theta", NULL},
+    {"initializer_range", NULL},
+    {"tie_word_embeddings", NULL},
+    {"hidden_act", NULL},
+    {"attention_bias", NULL},
+    {"mlp_bias", NULL},
+    {"attention_dropout", NULL},
+    {"rope_scaling", NULL},
+    {"pretraining_tp", NULL},
+    {"model_type", NULL},
+    {"architectures", HF_ONLY},
+    {"torch_dtype", "precision comes from bf16.enabled"},
+    {"bos_token_id", "fsoff trains on token streams as they are"},
+    {"eos_token_id", "fsoff trains on token streams as they are"},
+    {"pad_token_id", "fsoff trains on token streams as they are"},
+    {"transformers_version", HF_ONLY},
+    {"use_cache", "a key-value cache is for inference"},
+    {NULL, NULL},
+};
+
+/* Keys that must hold one particular value (Llama features fsoff lacks). */
+static int model_fixed_keys(walker *w, json_t *m, const keypath *sec)
+{
+    json_t *v;
+    char got[128];
+
+    if ((v = json_object_get(m, "hidden_act"))) {
+        keypath p = kp_child(sec, "hidden_act");
+        const char *s = "";
+        CFG_TRY(want_string(w, v, &p, &s));
+        if (strcmp(s, "silu") != 0)
+            return cfg_fail(w, &p, "fsoff's MLP is SwiGLU, so this must be \"silu\", got \"%s\"",
+                            s);
+    }
+    static const char *const no_bias[] = {"attention_bias", "mlp_bias"};
+    for (int i = 0; i < 2; i++) {
+        bool b = false;
+        keypath p = kp_child(sec, no_bias[i]);
+        if ((v = json_object_get(m, no_bias[i]))) {
+            CFG_TRY(want_bool(w, v, &p, &b));
+            if (b)
+                return cfg_fail(w, &p, "biases are not supported (Llama has none); set it to "
+                                       "false");
+        }
+    }
+    if ((v = json_object_get(m, "attention_dropout"))) {
+        keypath p = kp_child(sec, "attention_dropout");
+        double x;
+        CFG_TRY(want_number(w, v, &p, RANGE_UNIT, &x));
+        if (x != 0) {
+            describe(v, got, sizeof got);
+            return cfg_fail(w, &p, "must be 0 (fsoff has no dropout), got %s", got);
+        }
+    }
+    if ((v = json_object_get(m, "rope_scaling")) && !json_is_null(v)) {
+        keypath p = kp_child(sec, "rope_scaling");
+        describe(v, got, sizeof got);
+        return cfg_fail(w, &p, "RoPE scaling is not supported; set it to null, got %s", got);
+    }
+    if ((v = json_object_get(m, "pretraining_tp"))) {
+        keypath p = kp_child(sec, "pretraining_tp");
+        int64_t tp;
+        CFG_TRY(want_int(w, v, &p, 1, INT_MAX, &tp));
+        if (tp != 1)
+            return cfg_fail(w, &p, "must be 1 (fsoff does not emulate tensor-parallel "
+                                   "pretraining slices), got %" PRId64, tp);
+    }
+    if ((v = json_object_get(m, "model_type"))) {
+        keypath p = kp_child(sec, "model_type");
+        const char *s = "";
+        CFG_TRY(want_string(w, v, &p, &s));
+        if (strcmp(s, "llama") != 0)
+            return cfg_fail(w, &p, "fsoff trains Llama models, so this must be \"llama\", got "
+                                   "\"%s\"", s);
+    }
+    return 0;
+}
+
+static int apply_model(walker *w, json_t *root)
+{
+    fso_model_config *mc = &w->out->model;
+    keypath sec = {{"model"}, 1};
+    json_t *m;
+
+    /* Library defaults are Hugging Face LlamaConfig's. */
+    CFG_TRY(get_section(w, root, "model", false, &m));
+    CFG_TRY(check_keys(w, m, &sec, model_keys, ""));
+    CFG_TRY(get_int32(w, m, &sec, "vocab_size", 1, I64(32000), &mc->vocab_size));
+    CFG_TRY(get_int32(w, m, &sec, "hidden_size", 1, I64(4096), &mc->hidden_size));
+    CFG_TRY(get_int32(w, m, &sec, "intermediate_size", 1, I64(11008), &mc->intermediate_size));
+    CFG_TRY(get_int32(w, m, &sec, "num_hidden_layers", 1, I64(32), &mc->num_hidden_layers));
+    CFG_TRY(get_int32(w, m, &sec, "num_attention_heads", 1, I64(32), &mc->num_attention_heads));
+    CFG_TRY(get_int32(w, m, &sec, "num_key_value_heads", 1, I64(mc->num_attention_heads),
+                      &mc->num_key_value_heads));
+    CFG_TRY(get_int32(w, m, &sec, "max_position_embeddings", 1, I64(2048),
+                      &mc->max_position_embeddings));
+    CFG_TRY(get_number(w, m, &sec, "rms_norm_eps", RANGE_POSITIVE, DBL(1e-6), &mc->rms_norm_eps));
+    CFG_TRY(get_number(w, m, &sec, "rope_theta", RANGE_POSITIVE, DBL(10000.0), &mc->rope_theta));
+    CFG_TRY(get_number(w, m, &sec, "initializer_range", RANGE_POSITIVE, DBL(0.02),
+                       &mc->initializer_range));
+    CFG_TRY(get_bool(w, m, &sec, "tie_word_embeddings", BOOL(false), &mc->tie_word_embeddings));
+    if (m)
+        CFG_TRY(model_fixed_keys(w, m, &sec));
+
+    keypath heads = kp_child(&sec, "num_attention_heads");
+    keypath hidden = kp_child(&sec, "hidden_size");
+    keypath kv = kp_child(&sec, "num_key_value_heads");
+    int h = mc->hidden_size, nh = mc->num_attention_heads;
+    if (h % nh != 0)
+        return cfg_fail_rel(w, &heads, &hidden, NULL,
+                            "must divide model.hidden_size (%d), got %d; pick a head count that "
+                            "divides it", h, nh);
+    int hd = h / nh;
+    json_t *hdv = m ? json_object_get(m, "head_dim") : NULL;
+    if (hdv && !json_is_null(hdv)) {
+        keypath p = kp_child(&sec, "head_dim");
+        int64_t given;
+        CFG_TRY(want_int(w, hdv, &p, 1, INT_MAX, &given));
+        if (given != hd)
+            return cfg_fail_rel(w, &p, &hidden, &heads,
+                                "must equal model.hidden_size / model.num_attention_heads "
+                                "(%d / %d = %d), got %" PRId64 "; fsoff has no separate head "
+                                "size, so drop head_dim or set it to %d", h, nh, hd, given, hd);
+    }
+    if (hd % 2 != 0)
+        return cfg_fail_rel(w, &heads, &hidden, NULL,
+                            "gives an odd head_dim (model.hidden_size / num_attention_heads = "
+                            "%d / %d = %d); rotary embeddings need an even head_dim, so pick a "
+                            "head count that leaves an even quotient", h, nh, hd);
+    mc->head_dim = hd;
+    if (nh % mc->num_key_value_heads != 0)
+        return cfg_fail_rel(w, &kv, &heads, NULL,
+                            "must divide model.num_attention_heads (%d), got %d; pick a divisor "
+                            "(equal to it for multi-head attention, 1 for multi-query)",
+                            nh, mc->num_key_value_heads);
+    return 0;
+}
+
+static const key_spec optimizer_keys[] = {{"type", NULL}, {"params", NULL}, {NULL, NULL}};
+
+#define OWN_ADAMW "fsoff runs its own AdamW"
+static const key_spec adam_keys[] = {
+    {"lr", NULL},
+    {"betas", NULL},
+    {"eps", NULL},
+    {"weight_decay", NULL},
+    {"adam_w_mode", NULL},
+    {"bias_correction", NULL},
+    {"amsgrad", NULL},
+    {"torch_adam", OWN_ADAMW},
+    {"fused", OWN_ADAMW},
+    {"foreach", OWN_ADAMW},
+    {NULL, NULL},
+};
+
+static int apply_betas(walker *w, json_t *params, const keypath *sec)
+{
+    fso_optim_config *o = &w->out->optim;
+    json_t *v = params ? json_object_get(params, "betas") : NULL;
+    keypath p = kp_child(sec, "betas");
+
+    if (!v) {
+        o->beta1 = 0.9;
+        o->beta2 = 0.999;
+        return 0;
+    }
+    if (!json_is_array(v) || json_array_size(v) != 2) {
+        char got[128];
+        describe(v, got, sizeof got);
+        return cfg_fail(w, &p, "expected an array of two numbers [beta1, beta2], got %s", got);
+    }
+    static const char *const idx[] = {"[0]", "[1]"};
+    double b[2];
+    for (int i = 0; i < 2; i++) {
+        keypath e = kp_child(&p, idx[i]);
+        CFG_TRY(want_number(w, json_array_get(v, (size_t)i), &e, RANGE_UNIT_OPEN, &b[i]));
+    }
+    o->beta1 = b[0];
+    o->beta2 = b[1];
+    return 0;
+}
+
+static int apply_optimizer(walker *w, json_t *root)
+{
+    fso_optim_config *o = &w->out->optim;
+    keypath sec = {{"optimizer"}, 1};
+    keypath psec = {{"optimizer", "params"}, 2};
+    json_t *opt, *params = NULL, *v;
+
+    /* Library defaults are torch.optim.AdamW's. */
+    CFG_TRY(get_section(w, root, "optimizer", false, &opt));
+    CFG_TRY(check_keys(w, opt, &sec, optimizer_keys, ""));
+    if (opt && (v = json_object_get(opt, "type"))) {
+        static const char *const types[] = {"AdamW", "Adam"};
+        keypath p = kp_child(&sec, "type");
+        if (find_choice(v, types, 2, true) < 0) {
+            char got[128];
+            describe(v, got, sizeof got);
+            return cfg_fail(w, &p, "fsoff implements \"AdamW\" (\"Adam\" with adam_w_mode true "
+                                   "is the same), got %s", got);
+        }
+    }
+    if (opt && (v = json_object_get(opt, "params"))) {
+        CFG_TRY(want_object(w, v, &psec));
+        params = v;
+    }
+    CFG_TRY(check_keys(w, params, &psec, adam_keys, ""));
+    CFG_TRY(get_number(w, params, &psec, "lr", RANGE_POSITIVE, DBL(1e-3), &o->lr));
+    CFG_TRY(apply_betas(w, params, &psec));
+    CFG_TRY(get_number(w, params, &psec, "eps", RANGE_POSITIVE, DBL(1e-8), &o->eps));
+    CFG_TRY(get_number(w, params, &psec, "weight_decay", RANGE_NONNEG, DBL(0.01),
+                       &o->weight_decay));
+
+    bool b;
+    keypath p = kp_child(&psec, "adam_w_mode");
+    CFG_TRY(get_bool(w, params, &psec, "adam_w_mode", BOOL(true), &b));
+    if (!b)
+        return cfg_fail(w, &p, "L2-mode Adam is not supported; fsoff's AdamW decouples weight "
+                               "decay, so set it to true or drop it");
+    p = kp_child(&psec, "bias_correction");
+    CFG_TRY(get_bool(w, params, &psec, "bias_correction", BOOL(true), &b));
+    if (!b)
+        return cfg_fail(w, &p, "must be true; fsoff's AdamW always corrects the moment bias");
+    p = kp_child(&psec, "amsgrad");
+    CFG_TRY(get_bool(w, params, &psec, "amsgrad", BOOL(false), &b));
+    if (b)
+        return cfg_fail(w, &p, "AMSGrad is not supported; set it to false");
+    return 0;
+}
+
+static const key_spec data_keys[] = {
+    {"path", NULL}, {"format", NULL}, {"seq_len", NULL}, {NULL, NULL},
+};
+
+static int apply_data(walker *w, json_t *root)
+{
+    fso_data_config *d = &w->out->data;
+    keypath sec = {{"data"}, 1};
+    json_t *s, *v;
+
+    CFG_TRY(get_section(w, root, "data", false, &s));
+    CFG_TRY(check_keys(w, s, &sec, data_keys, ""));
+    d->path[0] = '\0';
+    if (s && (v = json_object_get(s, "path"))) {
+        keypath p = kp_child(&sec, "path");
+        const char *path = "";
+        CFG_TRY(want_string(w, v, &p, &path));
+        size_t len = strlen(path);
+        if (len >= sizeof d->path)
+            return cfg_fail(w, &p, "is %zu bytes long; fsoff takes paths up to %zu bytes",
+                            len, sizeof d->path - 1);
+        memcpy(d->path, path, len + 1);
+    }
+    d->format = FSO_DATA_AUTO;
+    if (s && (v = json_object_get(s, "format"))) {
+        static const char *const formats[] = {"auto", "tokens", "text"};
+        static const fso_data_format values[] = {FSO_DATA_AUTO, FSO_DATA_TOKENS, FSO_DATA_TEXT};
+        keypath p = kp_child(&sec, "format");
+        int i = 0;
+        CFG_TRY(want_choice(w, v, &p, formats, 3, false, &i));
+        d->format = values[i];
+    }
+    CFG_TRY(get_int32(w, s, &sec, "seq_len", 2, NULL, &d->seq_len));
+
+    int maxpos = w->out->model.max_position_embeddings;
+    if (d->seq_len > maxpos) {
+        keypath p = kp_child(&sec, "seq_len");
+        keypath mp = {{"model", "max_position_embeddings"}, 2};
+        return cfg_fail_rel(w, &p, &mp, NULL,
+                            "must be <= model.max_position_embeddings (%d), got %d; shorten "
+                            "data.seq_len or raise model.max_position_embeddings",
+                            maxpos, d->seq_len);
+    }
+    return 0;
+}
+
+static const key_spec train_keys[] = {
+    {"steps", NULL},
+    {"threads", NULL},
+    {"activation_checkpointing", NULL},
+    {"weight_decay_norms", NULL},
+    {"weight_decay_embeddings", NULL},
+    {NULL, NULL},
+};
+
+static int apply_train(walker *w, json_t *root)
+{
+    fso_config *c = w->out;
+    keypath sec = {{"train"}, 1};
+    json_t *s;
+
+    CFG_TRY(get_section(w, root, "train", false, &s));
+    CFG_TRY(check_keys(w, s, &sec, train_keys, ""));
+    CFG_TRY(get_int(w, s, &sec, "steps", 1, INT64_MAX, NULL, &c->steps));
+    CFG_TRY(get_int32(w, s, &sec, "threads", 0, NULL, &c->threads));
+    CFG_TRY(get_bool(w, s, &sec, "activation_checkpointing", NULL, &c->activation_checkpointing));
+    CFG_TRY(get_bool(w, s, &sec, "weight_decay_norms", NULL, &c->optim.decay_norms));
+    CFG_TRY(get_bool(w, s, &sec, "weight_decay_embeddings", NULL, &c->optim.decay_embeddings));
+    return 0;
+}
+
+static const key_spec scheduler_keys[] = {{"type", NULL}, {"params", NULL}, {NULL, NULL}};
+
+static const key_spec cosine_keys[] = {
+    {"total_num_steps", NULL}, {"warmup_num_steps", NULL}, {"warmup_min_ratio", NULL},
+    {"cos_min_ratio", NULL},   {"warmup_type", NULL},      {NULL, NULL},
+};
+static const key_spec warmup_keys[] = {
+    {"warmup_min_lr", NULL},    {"warmup_max_lr", NULL}, {"warmup_num_steps", NULL},
+    {"warmup_type", NULL},      {NULL, NULL},
+};
+static const key_spec decay_keys[] = {
+    {"total_num_steps", NULL}, {"warmup_min_lr", NULL}, {"warmup_max_lr", NULL},
+    {"warmup_num_steps", NULL}, {"warmup_type", NULL},  {NULL, NULL},
+};
+
+static int apply_scheduler(walker *w, json_t *root)
+{
+    fso_sched_config *sc = &w->out->sched;
+    keypath sec = {{"scheduler"}, 1};
+    keypath psec = {{"scheduler", "params"}, 2};
+    json_t *s, *params = NULL, *v;
+
+    memset(sc, 0, sizeof *sc);
+    sc->type = FSO_SCHED_CONSTANT;
+    CFG_TRY(get_section(w, root, "scheduler", true, &s));
+    if (!s)
+        return 0;
+    CFG_TRY(check_keys(w, s, &sec, scheduler_keys, ""));
+
+    static const char *const types[] = {"WarmupCosineLR", "WarmupLR", "WarmupDecayLR"};
+    static const fso_sched_type type_values[] = {FSO_SCHED_WARMUP_COSINE, FSO_SCHED_WARMUP,
+                                                 FSO_SCHED_WARMUP_DECAY};
+    static const key_spec *const type_keys[] = {cosine_keys, warmup_keys, decay_keys};
+    static const char *const type_where[] = {" for WarmupCosineLR", " for WarmupLR",
+                                             " for WarmupDecayLR"};
+    keypath tp = kp_child(&sec, "type");
+    int t;
+    if (!(v = json_object_get(s, "type")))
+        return cfg_fail(w, &tp, "missing; use \"WarmupCosineLR\", \"WarmupLR\" or "
+                                "\"WarmupDecayLR\", or set scheduler to null for a constant "
+                                "learning rate");
+    if ((t = find_choice(v, types, 3, true)) < 0) {
+        char got[128];
+        describe(v, got, sizeof got);
+        return cfg_fail(w, &tp, "expected \"WarmupCosineLR\", \"WarmupLR\" or \"WarmupDecayLR\" "
+                                "(or scheduler null for a constant learning rate), got %s", got);
+    }
+    sc->type = type_values[t];
+    if ((v = json_object_get(s, "params"))) {
+        CFG_TRY(want_object(w, v, &psec));
+        params = v;
+    }
+    CFG_TRY(check_keys(w, params, &psec, type_keys[t], type_where[t]));
+
+    /* Library defaults are DeepSpeed's. */
+    CFG_TRY(get_int(w, params, &psec, "warmup_num_steps", 0, INT64_MAX, I64(1000),
+                    &sc->warmup_num_steps));
+    sc->warmup_type = FSO_WARMUP_LOG;
+    if (params && (v = json_object_get(params, "warmup_type"))) {
+        static const char *const wt[] = {"log", "linear"};
+        keypath p = kp_child(&psec, "warmup_type");
+        int i = 0;
+        CFG_TRY(want_choice(w, v, &p, wt, 2, false, &i));
+        sc->warmup_type = i == 0 ? FSO_WARMUP_LOG : FSO_WARMUP_LINEAR;
+    }
+    if (sc->type == FSO_SCHED_WARMUP_COSINE) {
+        CFG_TRY(get_number(w, params, &psec, "warmup_min_ratio", RANGE_UNIT, DBL(0.0),
+                           &sc->warmup_min_ratio));
+        CFG_TRY(get_number(w, params, &psec, "cos_min_ratio", RANGE_UNIT, DBL(0.0001),
+                           &sc->cos_min_ratio));
+    } else {
+        CFG_TRY(get_number(w, params, &psec, "warmup_min_lr", RANGE_NONNEG, DBL(0.0),
+                           &sc->warmup_min_lr));
+        CFG_TRY(get_number(w, params, &psec, "warmup_max_lr", RANGE_POSITIVE, DBL(0.001),
+                           &sc->warmup_max_lr));
+    }
+    if (sc->type == FSO_SCHED_WARMUP)
+        return 0;
+
+    CFG_TRY(get_int(w, params, &psec, "total_num_steps", 1, INT64_MAX, I64(0),
+                    &sc->total_num_steps));
+    keypath wp = kp_child(&psec, "warmup_num_steps");
+    if (sc->total_num_steps > 0 && sc->warmup_num_steps >= sc->total_num_steps) {
+        keypath tn = kp_child(&psec, "total_num_steps");
+        return cfg_fail_rel(w, &wp, &tn, NULL,
+                            "must be less than scheduler.params.total_num_steps (%" PRId64
+                            "), got %" PRId64 "; shorten the warmup or raise total_num_steps",
+                            sc->total_num_steps, sc->warmup_num_steps);
+    }
+    /* A warmup as long as the run (total from train.steps) is allowed: the
+     * run is all warmup, and the trainer says so when it starts. */
+    return 0;
+}
+
+/* Validate doc->merged and fill cfg; on failure cfg keeps its values and
+ * cfg->err holds the message. */
+static int doc_apply(fso_config *cfg, const struct fso_config_doc *doc, bool warn)
+{
+    fso_config *c = malloc(sizeof *c);
+    if (!c) {
+        snprintf(cfg->err, sizeof cfg->err, "out of memory validating the configuration");
+        return -ENOMEM;
+    }
+    *c = *cfg;
+    c->err[0] = '\0';
+    walker w = {.doc = doc, .out = c, .warn = warn};
+    json_t *root = doc->merged;
+    int rc = apply_top(&w, root);
+    if (rc == 0)
+        rc = apply_precision(&w, root);
+    if (rc == 0)
+        rc = apply_model(&w, root);
+    if (rc == 0)
+        rc = apply_optimizer(&w, root);
+    if (rc == 0)
+        rc = apply_train(&w, root);
+    if (rc == 0)
+        rc = apply_data(&w, root);
+    if (rc == 0)
+        rc = apply_scheduler(&w, root);
+    if (rc == 0)
+        *cfg = *c;
+    else
+        memcpy(cfg->err, c->err, sizeof cfg->err);
+    free(c);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- public API */
+
+void fso_config_defaults(fso_config *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+    struct fso_config_doc *doc = doc_create();
+    CFG_CHECK(doc != NULL);
+    int rc = doc_apply(cfg, doc, false);
+    if (rc < 0)
+        fprintf(stderr, "%s\n", cfg->err);
+    CFG_CHECK(rc == 0);
+    doc_destroy(doc);
+}
+
+static int read_text(fso_config *cfg, const char *path, char **text, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        int e = errno;
+        snprintf(cfg->err, sizeof cfg->err, "%s: cannot open config: %s; check the --config path", path, strerror(e));
+        return -e;
+    }
+    size_t cap = 4096, n = 0;
+    char *buf = malloc(cap);
+    int rc = 0;
+    while (buf) {
+        if (n + 1 == cap) {
+            if (cap >= CFG_MAX_FILE_BYTES) {
+                snprintf(cfg->err, sizeof cfg->err,
+                         "%s: config is larger than %zu MiB; is this the right file?", path,
+                         CFG_MAX_FILE_BYTES >> 20);
+                rc = -EFBIG;
+                break;
+            }
+            char *nb = realloc(buf, cap * 2);
+            if (!nb) {
+                free(buf);
+                buf = NULL;
+                break;
+            }
+            buf = nb;
+            cap *= 2;
+        }
+        size_t got = fread(buf + n, 1, cap - 1 - n, f);
+        n += got;
+        if (got == 0) {
+            if (ferror(f)) {
+                int e = errno ? errno : EIO;
+                snprintf(cfg->err, sizeof cfg->err, "%s: cannot read config: %s", path,
+                         strerror(e));
+                rc = -e;
+            }
+            break;
+        }
+    }
+    fclose(f);
+    if (!buf) {
+        snprintf(cfg->err, sizeof cfg->err, "%s: out of memory reading config", path);
+        return -ENOMEM;
+    }
+    if (rc < 0) {
+        free(buf);
+        return rc;
+    }
+    buf[n] = '\0';
+    *text = buf;
+    *len = n;
+    return 0;
+}
+
+int fso_config_load_file(fso_config *cfg, const char *path)
+{
+    char *text = NULL;
+    size_t len = 0;
+    json_error_t jerr;
+
+    cfg->err[0] = '\0';
+    CFG_TRY(doc_ensure(cfg));
+    CFG_TRY(read_text(cfg, path, &text, &len));
+    if (strspn(text, " \t\r\n") == len) {
+        snprintf(cfg->err, sizeof cfg->err,
+                 "%s: config file is empty; write a JSON object ({} runs the built-in defaults)",
+                 path);
+        free(text);
+        return -EINVAL;
+    }
+    json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root) {
+        const char *hint = json_error_code(&jerr) == json_error_duplicate_key
+                               ? "; each key may appear once per object"
+                               : "";
+        snprintf(cfg->err, sizeof cfg->err, "%s:%d:%d: %s%s", path, jerr.line, jerr.column,
+                 jerr.text, hint);
+        free(text);
+        return -EINVAL;
+    }
+    if (!json_is_object(root)) {
+        int line = 1, col = 1;
+        fso_json_locate(text, NULL, 0, &line, &col);
+        snprintf(cfg->err, sizeof cfg->err,
+                 "%s:%d:%d: expected a JSON object at the top level, got %s; put the settings "
+                 "in { }", path, line, col, json_type_word(root));
+        json_decref(root);
+        free(text);
+        return -EINVAL;
+    }
+    int rc = merge_file(cfg->doc->merged, root);
+    cfg_layer l = {.kind = LAYER_FILE, .name = strdup(path), .text = text, .root = root,
+                   .write_depth = 1};
+    if (rc == 0 && !l.name)
+        rc = -ENOMEM;
+    if (rc < 0) {
+        layer_free(&l);
+        snprintf(cfg->err, sizeof cfg->err, "%s: out of memory merging config", path);
+        return rc;
+    }
+    CFG_TRY(doc_add_layer(cfg->doc, &l));
+    snprintf(cfg->source, sizeof cfg->source, "%s", path);
+    return 0;
+}
+
+int fso_config_set(fso_config *cfg, const char *assignment)
+{
+    const char *eq = strchr(assignment, '=');
+    const char *key[CFG_MAX_DEPTH];
+    int depth = 0;
+
+    cfg->err[0] = '\0';
+    if (!eq || eq == assignment) {
+        snprintf(cfg->err, sizeof cfg->err, "--set %s: expected key.path=value", assignment);
+        return -EINVAL;
+    }
+    char *keys = strndup(assignment, (size_t)(eq - assignment));
+    if (!keys) {
+        snprintf(cfg->err, sizeof cfg->err, "--set %s: out of memory", assignment);
+        return -ENOMEM;
+    }
+    for (char *k = keys;;) {
+        char *dot = strchr(k, '.');
+        if (dot)
+            *dot = '\0';
+        if (*k == '\0' || depth == CFG_MAX_DEPTH) {
+            if (*k == '\0')
+                snprintf(cfg->err, sizeof cfg->err,
+                         "--set %s: empty key in the path; expected key.path=value", assignment);
+            else
+                snprintf(cfg->err, sizeof cfg->err, "--set %s: key path is deeper than %d levels",
+                         assignment, CFG_MAX_DEPTH);
+            free(keys);
+            return -EINVAL;
+        }
+        key[depth++] = k;
+        if (!dot)
+            break;
+        k = dot + 1;
+    }
+
+    int rc = doc_ensure(cfg);
+    if (rc < 0) {
+        free(keys);
+        return rc;
+    }
+    /* The whole path must run through objects (absent or null ones are created). */
+    json_t *node = cfg->doc->merged;
+    for (int i = 0; i < depth - 1 && node; i++) {
+        json_t *child = json_object_get(node, key[i]);
+        if (child && !json_is_object(child) && !json_is_null(child)) {
+            keypath p = {{0}, i + 1};
+            char name[256];
+            memcpy(p.k, key, sizeof key);
+            kp_format(&p, name, sizeof name);
+            snprintf(cfg->err, sizeof cfg->err,
+                     "--set %s: %s is a%s %s, not an object, so it has no key \"%s\"", assignment,
+                     name, json_is_array(child) ? "n" : "",
+                     json_type_word(child), key[i + 1]);
+            free(keys);
+            return -EINVAL;
+        }
+        node = child && json_is_object(child) ? child : NULL;
+    }
+
+    json_error_t jerr;
+    json_t *value = json_loads(eq + 1, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES, &jerr);
+    if (!value && !(value = json_string(eq + 1))) {
+        snprintf(cfg->err, sizeof cfg->err, "--set %s: the value is not valid UTF-8",
+                 assignment);
+        free(keys);
+        return -EINVAL;
+    }
+    /* What this --set wrote, as a document from the root, for error locations. */
+    json_t *written = json_incref(value);
+    for (int i = depth - 1; i >= 0 && written; i--) {
+        json_t *o = json_object();
+        if (o && json_object_set_new(o, key[i], written) == 0) {
+            written = o;
+        } else {
+            json_decref(o);
+            written = NULL;
+        }
+    }
+    rc = written ? 0 : -ENOMEM;
+    node = cfg->doc->merged;
+    for (int i = 0; i < depth - 1 && rc == 0; i++) {
+        json_t *child = json_object_get(node, key[i]);
+        if (!child || json_is_null(child)) {
+            child = json_object();
+            if (!child || json_object_set_new(node, key[i], child) < 0)
+                rc = -ENOMEM;
+        }
+        node = child;
+    }
+    if (rc == 0 && json_object_set(node, key[depth - 1], value) < 0)
+        rc = -ENOMEM;
+    json_decref(value);
+    free(keys);
+    if (rc < 0) {
+        json_decref(written);
+        snprintf(cfg->err, sizeof cfg->err, "--set %s: out of memory", assignment);
+        return rc;
+    }
+    cfg_layer l = {.kind = LAYER_SET, .name = strdup(assignment), .root = written,
+                   .write_depth = depth};
+    if (!l.name) {
+        layer_free(&l);
+        snprintf(cfg->err, sizeof cfg->err, "--set %s: out of memory", assignment);
+        return -ENOMEM;
+    }
+    rc = doc_add_layer(cfg->doc, &l);
+    if (rc < 0)
+        snprintf(cfg->err, sizeof cfg->err, "--set %s: out of memory", assignment);
+    return rc;
+}
+
+int fso_config_finish(fso_config *cfg)
+{
+    cfg->err[0] = '\0';
+    if (!cfg->doc)
+        return 0; /* nothing loaded or set: the struct holds the built-in defaults */
+    struct fso_config_doc *doc = cfg->doc;
+    int rc = fill_missing(doc->merged, doc->layers[0].root, true);
+    if (rc < 0)
+        snprintf(cfg->err, sizeof cfg->err, "out of memory validating the configuration");
+    else
+        rc = doc_apply(cfg, doc, true);
+    cfg->doc = NULL;
+    doc_destroy(doc);
+    return rc;
+}
+
+void fso_config_free(fso_config *cfg)
+{
+    if (!cfg)
+        return;
+    doc_destroy(cfg->doc);
+    cfg->doc = NULL;
+}
+
+/* ---------------------------------------------------------------- schedule */
+
+/* Warmup fraction at iteration i of W: i/W (linear) or log(i+1)/log(W). */
+static double warmup_fraction(fso_warmup_type t, double i, double W)
+{
+    if (t == FSO_WARMUP_LINEAR)
+        return i / W;
+    return log(i + 1) / log(W > 2 ? W : 2);
+}
+
+double fso_config_lr_at(const fso_config *cfg, int64_t step)
+{
+    const fso_sched_config *s = &cfg->sched;
+    double i = (double)(step > 1 ? step - 1 : 0); /* DeepSpeed's last_batch_iteration */
+    double total = (double)(s->total_num_steps > 0 ? s->total_num_steps : cfg->steps);
+    double W = (double)s->warmup_num_steps;
+
+    switch (s->type) {
+    case FSO_SCHED_WARMUP_COSINE: {
+        double ratio;
+        if (i < W) {
+            ratio = s->warmup_min_ratio +
+                    (1 - s->warmup_min_ratio) * warmup_fraction(s->warmup_type, i, W);
+        } else {
+            double span = total - W > 1 ? total - W : 1;
+            double t = (i - W + 1) / span;
+            if (t > 1)
+                t = 1; /* past total_num_steps: stay at the floor */
+            ratio = s->cos_min_ratio + (1 - s->cos_min_ratio) * (1 + cos(M_PI * t)) / 2;
+            if (ratio < 0)
+                ratio = 0;
+        }
+        return cfg->optim.lr * ratio;
+    }
+    case FSO_SCHED_WARMUP:
+    case FSO_SCHED_WARMUP_DECAY: {
+        double Wp = W > 2 ? W : 2, gamma;
+        if (i < Wp)
+            gamma = warmup_fraction(s->warmup_type, i, Wp);
+        else if (s->type == FSO_SCHED_WARMUP)
+            gamma = 1;
+        else
+            gamma = fmax(0, (total - i) / fmax(1, total - Wp));
+        return s->warmup_min_lr + (s->warmup_max_lr - s->warmup_min_lr) * gamma;
+    }
+    case FSO_SCHED_CONSTANT:
+        break;
+    }
+    return cfg->optim.lr;
+}

@@ -159,6 +159,15 @@ static void print_banner(const fso_config *cfg, const fso_trainer *tr, const fso
     printf("fsoff: memory %.1f MiB of parameters, gradients and activations, %.1f MiB of "
            "AdamW state\n",
            m->device_bytes / 1048576.0, tr->model.n_params * 8.0 / 1048576.0);
+    const fso_sched_config *sc = &cfg->sched;
+    int64_t total = sc->total_num_steps > 0 ? sc->total_num_steps : cfg->steps;
+    if (sc->type != FSO_SCHED_CONSTANT && sc->warmup_num_steps >= total)
+        printf("fsoff: note: the scheduler warms up over %lld steps and the run has %lld: the "
+               "learning rate rises to %.3g of its peak and never decays\n",
+               (long long)sc->warmup_num_steps, (long long)total,
+               fso_config_lr_at(cfg, total) / (sc->type == FSO_SCHED_WARMUP_COSINE
+                                                   ? cfg->optim.lr
+                                                   : sc->warmup_max_lr));
     fflush(stdout);
 }
 

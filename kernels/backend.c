@@ -11,6 +11,7 @@
 #include <cblas.h>
 
 #include "cpu_common.h"
+#include "pool.h"
 
 int fso_cpu_count(void)
 {
@@ -37,19 +38,26 @@ int fso_backend_create(fso_backend **out, const char *name, int threads)
     if (!be)
         return -ENOMEM;
     be->ops = ops;
-    be->threads = threads > 0 ? threads : fso_cpu_count();
-    if (ops == &fso_cpu_ref_ops)
-        be->threads = 1;
-    /* OpenMP regions name be->threads themselves; OpenBLAS's pool is
-     * process-wide, so the last backend created sizes it. */
-    if (ops != &fso_cpu_ref_ops)
+    be->threads = ops == &fso_cpu_ref_ops ? 1 : threads > 0 ? threads : fso_cpu_count();
+    if (ops == &fso_cpu_fast_ops) {
+        int rc = fso_pool_create((fso_pool **)&be->ctx, be->threads);
+        if (rc < 0) {
+            free(be);
+            return rc;
+        }
+        /* OpenBLAS's pool is process-wide: the last backend created sizes it. */
         openblas_set_num_threads(be->threads);
+    }
     *out = be;
     return 0;
 }
 
 void fso_backend_destroy(fso_backend *be)
 {
+    if (!be)
+        return;
+    if (be->ops == &fso_cpu_fast_ops)
+        fso_pool_destroy(be->ctx);
     free(be);
 }
 

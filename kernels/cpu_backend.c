@@ -1,16 +1,16 @@
 /* cpu_backend.c — the fast CPU backend: OpenBLAS sgemm for the linear layers,
- * OpenMP threads over rows or heads for everything else.
+ * the backend's thread pool (pool.h) over rows or heads for everything else.
  *
  * Contract: the same results as cpu_ref.c within float rounding, and
- * bit-identical from run to run for a given thread count. Every parallel loop
- * partitions work statically so that no sum depends on thread timing; where
- * threads would race on an output (embedding and norm-weight gradients, the
- * key/value gradients of a head group) the partition is chosen so each
- * output element has exactly one writer. sqnorm sums fixed-size chunks in
- * order, so its result does not even depend on the thread count.
+ * bit-identical from run to run. Every loop splits its work statically;
+ * where threads could race on an output (embedding and norm-weight
+ * gradients, the key/value gradients of a head group) the split is chosen so
+ * that each output element has exactly one writer and sums run in a fixed
+ * order. No result depends on the thread count except through OpenBLAS.
  *
- * OpenBLAS runs its own threads; it is only ever called from the driving
- * thread, never inside an OpenMP region.
+ * OpenBLAS runs its own threads and is only called from the driving thread,
+ * never from a pool worker. Pool workers sleep between loops, so the two
+ * sets of threads do not fight over cores.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -19,125 +19,203 @@
 #include <cblas.h>
 
 #include "cpu_common.h"
+#include "pool.h"
+
+#define POOL(be) ((fso_pool *)(be)->ctx)
+
+/* ------------------------------------------------------------ embedding */
+
+struct emb_args {
+    float *out;
+    const int32_t *tok;
+    const float *w, *dout;
+    int N, C;
+};
+
+static void emb_fwd_range(void *a_, int64_t b, int64_t e, int worker)
+{
+    struct emb_args *a = a_;
+    (void)worker;
+    for (int64_t n = b; n < e; n++)
+        memcpy(a->out + (size_t)n * a->C, a->w + (size_t)a->tok[n] * a->C, sizeof(float) * a->C);
+}
 
 static void fast_embedding_fwd(fso_backend *be, float *out, const int32_t *tok, const float *wte,
                                int N, int C)
 {
-#pragma omp parallel for schedule(static) num_threads(be->threads)
-    for (int n = 0; n < N; n++)
-        memcpy(out + (size_t)n * C, wte + (size_t)tok[n] * C, sizeof(float) * C);
+    struct emb_args a = {.out = out, .tok = tok, .w = wte, .N = N, .C = C};
+    fso_pool_for(POOL(be), N, 64, emb_fwd_range, &a);
 }
 
-/* Threads split the columns: each dwte element has one writer, rows in order. */
+/* Ranges of columns: each dwte element has one writer, rows in order. */
+static void emb_bwd_range(void *a_, int64_t b, int64_t e, int worker)
+{
+    struct emb_args *a = a_;
+    (void)worker;
+    for (int n = 0; n < a->N; n++) {
+        float *dst = a->out + (size_t)a->tok[n] * a->C;
+        const float *src = a->dout + (size_t)n * a->C;
+        for (int64_t c = b; c < e; c++)
+            dst[c] += src[c];
+    }
+}
+
 static void fast_embedding_bwd(fso_backend *be, float *dwte, const int32_t *tok, const float *dout,
                                int N, int C)
 {
-    int nchunks = (C + 63) / 64;
-#pragma omp parallel for schedule(static) num_threads(be->threads)
-    for (int ch = 0; ch < nchunks; ch++) {
-        int c0 = ch * 64, c1 = c0 + 64 < C ? c0 + 64 : C;
-        for (int n = 0; n < N; n++) {
-            float *dst = dwte + (size_t)tok[n] * C;
-            const float *src = dout + (size_t)n * C;
-            for (int c = c0; c < c1; c++)
-                dst[c] += src[c];
-        }
+    struct emb_args a = {.out = dwte, .tok = tok, .dout = dout, .N = N, .C = C};
+    fso_pool_for(POOL(be), C, 64, emb_bwd_range, &a);
+}
+
+/* ------------------------------------------------------------ rmsnorm */
+
+struct rms_args {
+    float *out, *rstd, *dx, *dw;
+    const float *x, *w, *dout, *rstd_in;
+    int N, C;
+    float eps;
+};
+
+static void rms_fwd_range(void *a_, int64_t b, int64_t e, int worker)
+{
+    struct rms_args *a = a_;
+    const int C = a->C;
+    (void)worker;
+    for (int64_t n = b; n < e; n++) {
+        const float *xr = a->x + (size_t)n * C;
+        float *o = a->out + (size_t)n * C;
+        float ss = 0;
+#pragma omp simd reduction(+ : ss)
+        for (int c = 0; c < C; c++)
+            ss += xr[c] * xr[c];
+        float r = 1.0f / sqrtf(ss / C + a->eps);
+        a->rstd[n] = r;
+        for (int c = 0; c < C; c++)
+            o[c] = xr[c] * r * a->w[c];
     }
 }
 
 static void fast_rmsnorm_fwd(fso_backend *be, float *out, float *rstd, const float *x,
                              const float *w, int N, int C, float eps)
 {
-#pragma omp parallel for schedule(static) num_threads(be->threads)
-    for (int n = 0; n < N; n++) {
-        const float *xr = x + (size_t)n * C;
-        float *o = out + (size_t)n * C;
-        float ss = 0;
-#pragma omp simd reduction(+ : ss)
+    struct rms_args a = {.out = out, .rstd = rstd, .x = x, .w = w, .N = N, .C = C, .eps = eps};
+    fso_pool_for(POOL(be), N, 16, rms_fwd_range, &a);
+}
+
+static void rms_bwd_dx_range(void *a_, int64_t b, int64_t e, int worker)
+{
+    struct rms_args *a = a_;
+    const int C = a->C;
+    const float *w = a->w;
+    (void)worker;
+    for (int64_t n = b; n < e; n++) {
+        const float *xr = a->x + (size_t)n * C, *dy = a->dout + (size_t)n * C;
+        float *dxr = a->dx + (size_t)n * C;
+        float r = a->rstd_in[n], dot = 0;
+#pragma omp simd reduction(+ : dot)
         for (int c = 0; c < C; c++)
-            ss += xr[c] * xr[c];
-        float r = 1.0f / sqrtf(ss / C + eps);
-        rstd[n] = r;
-#pragma omp simd
+            dot += w[c] * dy[c] * xr[c];
+        float k = r * r * r * dot / C;
         for (int c = 0; c < C; c++)
-            o[c] = xr[c] * r * w[c];
+            dxr[c] += r * w[c] * dy[c] - xr[c] * k;
+    }
+}
+
+/* Ranges of columns, rows summed in order. */
+static void rms_bwd_dw_range(void *a_, int64_t b, int64_t e, int worker)
+{
+    struct rms_args *a = a_;
+    const int C = a->C;
+    (void)worker;
+    for (int64_t c0 = b; c0 < e; c0 += 64) {
+        int64_t c1 = c0 + 64 < e ? c0 + 64 : e;
+        float acc[64] = {0};
+        for (int n = 0; n < a->N; n++) {
+            const float *xr = a->x + (size_t)n * C, *dy = a->dout + (size_t)n * C;
+            float r = a->rstd_in[n];
+            for (int64_t c = c0; c < c1; c++)
+                acc[c - c0] += dy[c] * xr[c] * r;
+        }
+        for (int64_t c = c0; c < c1; c++)
+            a->dw[c] += acc[c - c0];
     }
 }
 
 static void fast_rmsnorm_bwd(fso_backend *be, float *dx, float *dw, const float *dout,
                              const float *x, const float *w, const float *rstd, int N, int C)
 {
-#pragma omp parallel num_threads(be->threads)
-    {
-#pragma omp for schedule(static)
-        for (int n = 0; n < N; n++) {
-            const float *xr = x + (size_t)n * C, *dy = dout + (size_t)n * C;
-            float *dxr = dx + (size_t)n * C;
-            float r = rstd[n], dot = 0;
-#pragma omp simd reduction(+ : dot)
-            for (int c = 0; c < C; c++)
-                dot += w[c] * dy[c] * xr[c];
-            float k = r * r * r * dot / C;
-#pragma omp simd
-            for (int c = 0; c < C; c++)
-                dxr[c] += r * w[c] * dy[c] - xr[c] * k;
-        }
-        /* dw: threads split the columns, rows summed in order */
-        int nchunks = (C + 63) / 64;
-#pragma omp for schedule(static)
-        for (int ch = 0; ch < nchunks; ch++) {
-            int c0 = ch * 64, c1 = c0 + 64 < C ? c0 + 64 : C;
-            float acc[64] = {0};
-            for (int n = 0; n < N; n++) {
-                const float *xr = x + (size_t)n * C, *dy = dout + (size_t)n * C;
-                float r = rstd[n];
-                for (int c = c0; c < c1; c++)
-                    acc[c - c0] += dy[c] * xr[c] * r;
-            }
-            for (int c = c0; c < c1; c++)
-                dw[c] += acc[c - c0];
-        }
-    }
+    struct rms_args a = {.dx = dx, .dw = dw, .x = x, .w = w, .dout = dout, .rstd_in = rstd,
+                         .N = N, .C = C};
+    fso_pool_for(POOL(be), N, 16, rms_bwd_dx_range, &a);
+    fso_pool_for(POOL(be), C, 64, rms_bwd_dw_range, &a);
 }
+
+/* ------------------------------------------------------------ matmul */
 
 static void fast_matmul_fwd(fso_backend *be, float *out, const float *x, const float *w,
                             int N, int Cin, int Cout)
 {
     (void)be;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, Cout, Cin, 1.0f, x, Cin, w, Cin, 0.0f, out, Cout);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, Cout, Cin, 1.0f, x, Cin, w, Cin, 0.0f,
+                out, Cout);
 }
 
 static void fast_matmul_bwd(fso_backend *be, float *dx, float *dw, const float *dout,
-                            const float *x, const float *w, int N, int Cin, int Cout, float dx_beta)
+                            const float *x, const float *w, int N, int Cin, int Cout,
+                            float dx_beta)
 {
     (void)be;
     if (dx)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, Cin, Cout, 1.0f, dout, Cout, w, Cin,
-                    dx_beta, dx, Cin);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Cout, Cin, N, 1.0f, dout, Cout, x, Cin, 1.0f, dw, Cin);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, Cin, Cout, 1.0f, dout, Cout, w,
+                    Cin, dx_beta, dx, Cin);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Cout, Cin, N, 1.0f, dout, Cout, x, Cin,
+                1.0f, dw, Cin);
+}
+
+/* ------------------------------------------------------------ rope */
+
+struct rope_args {
+    float *x;
+    const float *cos, *sin;
+    int T, nh, D;
+    float sgn;
+};
+
+static void rope_range(void *a_, int64_t b, int64_t e, int worker)
+{
+    struct rope_args *a = a_;
+    const int half = a->D / 2;
+    (void)worker;
+    for (int64_t bt = b; bt < e; bt++) { /* row = (batch, position) */
+        int t = (int)(bt % a->T);
+        const float *ct = a->cos + (size_t)t * half, *st = a->sin + (size_t)t * half;
+        for (int h = 0; h < a->nh; h++) {
+            float *v = a->x + ((size_t)bt * a->nh + h) * a->D;
+            for (int i = 0; i < half; i++) {
+                float c = ct[i], s = a->sgn * st[i];
+                float x1 = v[i], x2 = v[i + half];
+                v[i] = x1 * c - x2 * s;
+                v[i + half] = x2 * c + x1 * s;
+            }
+        }
+    }
 }
 
 static void fast_rope(fso_backend *be, float *x, const float *cos_t, const float *sin_t,
                       int B, int T, int nh, int D, int inverse)
 {
-    int half = D / 2;
-    float sgn = inverse ? -1.0f : 1.0f;
-#pragma omp parallel for schedule(static) collapse(2) num_threads(be->threads)
-    for (int b = 0; b < B; b++)
-        for (int t = 0; t < T; t++) {
-            const float *ct = cos_t + (size_t)t * half, *st = sin_t + (size_t)t * half;
-            for (int h = 0; h < nh; h++) {
-                float *v = x + (((size_t)b * T + t) * nh + h) * D;
-#pragma omp simd
-                for (int i = 0; i < half; i++) {
-                    float c = ct[i], s = sgn * st[i];
-                    float x1 = v[i], x2 = v[i + half];
-                    v[i] = x1 * c - x2 * s;
-                    v[i + half] = x2 * c + x1 * s;
-                }
-            }
-        }
+    struct rope_args a = {.x = x, .cos = cos_t, .sin = sin_t, .T = T, .nh = nh, .D = D,
+                          .sgn = inverse ? -1.0f : 1.0f};
+    fso_pool_for(POOL(be), (int64_t)B * T, 16, rope_range, &a);
 }
+
+/* ------------------------------------------------------------ attention */
+
+struct att_args {
+    float *out, *probs, *dq, *dk, *dv;
+    const float *q, *k, *v, *dout, *probs_in;
+    int B, T, H, Hkv, D;
+};
 
 static inline float dotf(const float *a, const float *b, int D)
 {
@@ -148,131 +226,179 @@ static inline float dotf(const float *a, const float *b, int D)
     return s;
 }
 
-/* One (batch, query head) per task; rows of probs past the diagonal are 0. */
+/* One (batch, query head) per item; rows of probs past the diagonal are 0. */
+static void att_fwd_range(void *a_, int64_t b0, int64_t e0, int worker)
+{
+    struct att_args *a = a_;
+    const int T = a->T, H = a->H, Hkv = a->Hkv, D = a->D, group = H / Hkv;
+    const float scale = 1.0f / sqrtf((float)D);
+    (void)worker;
+    for (int64_t bh = b0; bh < e0; bh++) {
+        int b = (int)(bh / H), h = (int)(bh % H), hk = h / group;
+        for (int t = 0; t < T; t++) {
+            const float *qt = a->q + (((size_t)b * T + t) * H + h) * D;
+            float *p = a->probs + (((size_t)b * H + h) * T + t) * T;
+            float mx = -INFINITY;
+            for (int s = 0; s <= t; s++) {
+                float sc = dotf(qt, a->k + (((size_t)b * T + s) * Hkv + hk) * D, D) * scale;
+                p[s] = sc;
+                mx = sc > mx ? sc : mx;
+            }
+            float sum = 0;
+            for (int s = 0; s <= t; s++) {
+                p[s] = expf(p[s] - mx);
+                sum += p[s];
+            }
+            float inv = 1.0f / sum;
+            for (int s = 0; s <= t; s++)
+                p[s] *= inv;
+            if (t + 1 < T)
+                memset(p + t + 1, 0, sizeof(float) * (size_t)(T - t - 1));
+            float *ot = a->out + (((size_t)b * T + t) * H + h) * D;
+            memset(ot, 0, sizeof(float) * D);
+            for (int s = 0; s <= t; s++) {
+                const float *vs = a->v + (((size_t)b * T + s) * Hkv + hk) * D;
+                float ps = p[s];
+                for (int d = 0; d < D; d++)
+                    ot[d] += ps * vs[d];
+            }
+        }
+    }
+}
+
 static void fast_attention_fwd(fso_backend *be, float *out, float *probs, const float *q,
                                const float *k, const float *v, int B, int T, int H, int Hkv,
                                int D)
 {
-    int group = H / Hkv;
-    float scale = 1.0f / sqrtf((float)D);
-#pragma omp parallel for schedule(static) collapse(2) num_threads(be->threads)
-    for (int b = 0; b < B; b++)
-        for (int h = 0; h < H; h++) {
-            int hk = h / group;
-            for (int t = 0; t < T; t++) {
-                const float *qt = q + (((size_t)b * T + t) * H + h) * D;
-                float *p = probs + (((size_t)b * H + h) * T + t) * T;
-                float mx = -INFINITY;
-                for (int s = 0; s <= t; s++) {
-                    float sc = dotf(qt, k + (((size_t)b * T + s) * Hkv + hk) * D, D) * scale;
-                    p[s] = sc;
-                    mx = sc > mx ? sc : mx;
-                }
-                float sum = 0;
-                for (int s = 0; s <= t; s++) {
-                    p[s] = expf(p[s] - mx);
-                    sum += p[s];
-                }
-                float inv = 1.0f / sum;
-                for (int s = 0; s <= t; s++)
-                    p[s] *= inv;
-                if (t + 1 < T)
-                    memset(p + t + 1, 0, sizeof(float) * (size_t)(T - t - 1));
-                float *ot = out + (((size_t)b * T + t) * H + h) * D;
-                memset(ot, 0, sizeof(float) * D);
-                for (int s = 0; s <= t; s++) {
-                    const float *vs = v + (((size_t)b * T + s) * Hkv + hk) * D;
-                    float ps = p[s];
-#pragma omp simd
-                    for (int d = 0; d < D; d++)
-                        ot[d] += ps * vs[d];
-                }
-            }
-        }
+    struct att_args a = {.out = out, .probs = probs, .q = q, .k = k, .v = v,
+                         .B = B, .T = T, .H = H, .Hkv = Hkv, .D = D};
+    fso_pool_for(POOL(be), (int64_t)B * H, 1, att_fwd_range, &a);
 }
 
-/* One (batch, kv head) per task, so the group's dk and dv have one writer. */
+/* One (batch, kv head) per item, so the group's dk and dv have one writer. */
+static void att_bwd_range(void *a_, int64_t b0, int64_t e0, int worker)
+{
+    struct att_args *a = a_;
+    const int T = a->T, H = a->H, Hkv = a->Hkv, D = a->D, group = H / Hkv;
+    const float scale = 1.0f / sqrtf((float)D);
+    float dp[T]; /* T is bounded by max_position_embeddings */
+    (void)worker;
+    for (int64_t bk = b0; bk < e0; bk++) {
+        int b = (int)(bk / Hkv), hk = (int)(bk % Hkv);
+        for (int s = 0; s < T; s++) {
+            memset(a->dk + (((size_t)b * T + s) * Hkv + hk) * D, 0, sizeof(float) * D);
+            memset(a->dv + (((size_t)b * T + s) * Hkv + hk) * D, 0, sizeof(float) * D);
+        }
+        for (int h = hk * group; h < (hk + 1) * group; h++)
+            for (int t = 0; t < T; t++) {
+                const float *p = a->probs_in + (((size_t)b * H + h) * T + t) * T;
+                const float *dot_ = a->dout + (((size_t)b * T + t) * H + h) * D;
+                const float *qt = a->q + (((size_t)b * T + t) * H + h) * D;
+                float *dqt = a->dq + (((size_t)b * T + t) * H + h) * D;
+                float rowsum = 0;
+                for (int s = 0; s <= t; s++) {
+                    dp[s] = dotf(dot_, a->v + (((size_t)b * T + s) * Hkv + hk) * D, D);
+                    rowsum += p[s] * dp[s];
+                }
+                memset(dqt, 0, sizeof(float) * D);
+                for (int s = 0; s <= t; s++) {
+                    float ds = p[s] * (dp[s] - rowsum) * scale, ps = p[s];
+                    const float *ks = a->k + (((size_t)b * T + s) * Hkv + hk) * D;
+                    float *dks = a->dk + (((size_t)b * T + s) * Hkv + hk) * D;
+                    float *dvs = a->dv + (((size_t)b * T + s) * Hkv + hk) * D;
+                    for (int d = 0; d < D; d++) {
+                        dqt[d] += ds * ks[d];
+                        dks[d] += ds * qt[d];
+                        dvs[d] += ps * dot_[d];
+                    }
+                }
+            }
+    }
+}
+
 static void fast_attention_bwd(fso_backend *be, float *dq, float *dk, float *dv, const float *dout,
                                const float *probs, const float *q, const float *k, const float *v,
                                int B, int T, int H, int Hkv, int D)
 {
-    int group = H / Hkv;
-    float scale = 1.0f / sqrtf((float)D);
-#pragma omp parallel num_threads(be->threads)
-    {
-        float dp[T]; /* T is bounded by max_position_embeddings */
-#pragma omp for schedule(static) collapse(2)
-        for (int b = 0; b < B; b++)
-            for (int hk = 0; hk < Hkv; hk++) {
-                for (int s = 0; s < T; s++) {
-                    memset(dk + (((size_t)b * T + s) * Hkv + hk) * D, 0, sizeof(float) * D);
-                    memset(dv + (((size_t)b * T + s) * Hkv + hk) * D, 0, sizeof(float) * D);
-                }
-                for (int h = hk * group; h < (hk + 1) * group; h++)
-                    for (int t = 0; t < T; t++) {
-                        const float *p = probs + (((size_t)b * H + h) * T + t) * T;
-                        const float *dot_ = dout + (((size_t)b * T + t) * H + h) * D;
-                        const float *qt = q + (((size_t)b * T + t) * H + h) * D;
-                        float *dqt = dq + (((size_t)b * T + t) * H + h) * D;
-                        float rowsum = 0;
-                        for (int s = 0; s <= t; s++) {
-                            dp[s] = dotf(dot_, v + (((size_t)b * T + s) * Hkv + hk) * D, D);
-                            rowsum += p[s] * dp[s];
-                        }
-                        memset(dqt, 0, sizeof(float) * D);
-                        for (int s = 0; s <= t; s++) {
-                            float ds = p[s] * (dp[s] - rowsum) * scale, ps = p[s];
-                            const float *ks = k + (((size_t)b * T + s) * Hkv + hk) * D;
-                            float *dks = dk + (((size_t)b * T + s) * Hkv + hk) * D;
-                            float *dvs = dv + (((size_t)b * T + s) * Hkv + hk) * D;
-#pragma omp simd
-                            for (int d = 0; d < D; d++) {
-                                dqt[d] += ds * ks[d];
-                                dks[d] += ds * qt[d];
-                                dvs[d] += ps * dot_[d];
-                            }
-                        }
-                    }
-            }
+    struct att_args a = {.dq = dq, .dk = dk, .dv = dv, .dout = dout, .probs_in = probs,
+                         .q = q, .k = k, .v = v, .B = B, .T = T, .H = H, .Hkv = Hkv, .D = D};
+    fso_pool_for(POOL(be), (int64_t)B * Hkv, 1, att_bwd_range, &a);
+}
+
+/* ------------------------------------------------------------ elementwise */
+
+struct ew_args {
+    float *o1, *o2;
+    const float *a, *b, *c;
+};
+
+static void swiglu_fwd_range(void *a_, int64_t b, int64_t e, int worker)
+{
+    struct ew_args *a = a_;
+    (void)worker;
+    for (int64_t i = b; i < e; i++) {
+        float g = a->a[i];
+        a->o1[i] = g / (1.0f + expf(-g)) * a->b[i];
     }
 }
 
 static void fast_swiglu_fwd(fso_backend *be, float *out, const float *gate, const float *up,
                             size_t n)
 {
-#pragma omp parallel for simd schedule(static) num_threads(be->threads)
-    for (size_t i = 0; i < n; i++) {
-        float g = gate[i];
-        out[i] = g / (1.0f + expf(-g)) * up[i];
+    struct ew_args a = {.o1 = out, .a = gate, .b = up};
+    fso_pool_for(POOL(be), (int64_t)n, 4096, swiglu_fwd_range, &a);
+}
+
+static void swiglu_bwd_range(void *a_, int64_t b, int64_t e, int worker)
+{
+    struct ew_args *a = a_;
+    (void)worker;
+    for (int64_t i = b; i < e; i++) {
+        float g = a->b[i], sg = 1.0f / (1.0f + expf(-g)), dy = a->a[i], u = a->c[i];
+        a->o2[i] = dy * g * sg;
+        a->o1[i] = dy * u * sg * (1.0f + g * (1.0f - sg));
     }
 }
 
 static void fast_swiglu_bwd(fso_backend *be, float *dgate, float *dup, const float *dout,
                             const float *gate, const float *up, size_t n)
 {
-#pragma omp parallel for simd schedule(static) num_threads(be->threads)
-    for (size_t i = 0; i < n; i++) {
-        float g = gate[i], sg = 1.0f / (1.0f + expf(-g)), dy = dout[i];
-        float u = up[i];
-        dup[i] = dy * g * sg;
-        dgate[i] = dy * u * sg * (1.0f + g * (1.0f - sg));
-    }
+    struct ew_args a = {.o1 = dgate, .o2 = dup, .a = dout, .b = gate, .c = up};
+    fso_pool_for(POOL(be), (int64_t)n, 4096, swiglu_bwd_range, &a);
 }
 
-static void fast_add(fso_backend *be, float *out, const float *a, const float *b, size_t n)
+static void add_range(void *a_, int64_t b, int64_t e, int worker)
 {
-#pragma omp parallel for simd schedule(static) num_threads(be->threads)
-    for (size_t i = 0; i < n; i++)
-        out[i] = a[i] + b[i];
+    struct ew_args *a = a_;
+    (void)worker;
+    for (int64_t i = b; i < e; i++)
+        a->o1[i] = a->a[i] + a->b[i];
 }
 
-static void fast_cross_entropy(fso_backend *be, float *dlogits, float *losses, const float *logits,
-                               const int32_t *targets, int N, int V, float dscale)
+static void fast_add(fso_backend *be, float *out, const float *x, const float *y, size_t n)
 {
-#pragma omp parallel for schedule(static) num_threads(be->threads)
-    for (int n = 0; n < N; n++) {
-        const float *l = logits + (size_t)n * V;
-        float *dl = dlogits + (size_t)n * V;
+    struct ew_args a = {.o1 = out, .a = x, .b = y};
+    fso_pool_for(POOL(be), (int64_t)n, 16384, add_range, &a);
+}
+
+/* ------------------------------------------------------------ cross-entropy */
+
+struct ce_args {
+    float *dl, *losses;
+    const float *logits;
+    const int32_t *targets;
+    int V;
+    float dscale;
+};
+
+static void ce_range(void *a_, int64_t b, int64_t e, int worker)
+{
+    struct ce_args *a = a_;
+    const int V = a->V;
+    (void)worker;
+    for (int64_t n = b; n < e; n++) {
+        const float *l = a->logits + (size_t)n * V;
+        float *dl = a->dl + (size_t)n * V;
         float mx = -INFINITY;
         for (int j = 0; j < V; j++)
             mx = l[j] > mx ? l[j] : mx;
@@ -280,48 +406,60 @@ static void fast_cross_entropy(fso_backend *be, float *dlogits, float *losses, c
         for (int j = 0; j < V; j++)
             sum += expf(l[j] - mx);
         float lse = mx + (float)log(sum);
-        int tgt = targets[n];
-        losses[n] = lse - l[tgt];
+        int tgt = a->targets[n];
+        a->losses[n] = lse - l[tgt];
         for (int j = 0; j < V; j++)
-            dl[j] = expf(l[j] - lse) * dscale;
-        dl[tgt] -= dscale;
+            dl[j] = expf(l[j] - lse) * a->dscale;
+        dl[tgt] -= a->dscale;
     }
 }
 
+static void fast_cross_entropy(fso_backend *be, float *dlogits, float *losses, const float *logits,
+                               const int32_t *targets, int N, int V, float dscale)
+{
+    struct ce_args a = {.dl = dlogits, .losses = losses, .logits = logits, .targets = targets,
+                        .V = V, .dscale = dscale};
+    fso_pool_for(POOL(be), N, 4, ce_range, &a);
+}
+
+/* ------------------------------------------------------------ sqnorm */
+
+/* Fixed 64K-element chunks summed in order: the result does not depend on
+ * the thread count. */
 #define SQNORM_CHUNK 65536
+#define SQNORM_BATCH 256 /* chunks per pass, partial sums on the stack */
+
+struct sq_args {
+    const float *x;
+    size_t n, first_chunk;
+    double *part;
+};
+
+static void sq_range(void *a_, int64_t b, int64_t e, int worker)
+{
+    struct sq_args *a = a_;
+    (void)worker;
+    for (int64_t c = b; c < e; c++) {
+        size_t i0 = (a->first_chunk + c) * SQNORM_CHUNK;
+        size_t i1 = i0 + SQNORM_CHUNK < a->n ? i0 + SQNORM_CHUNK : a->n;
+        double s = 0;
+        for (size_t i = i0; i < i1; i++)
+            s += (double)a->x[i] * a->x[i];
+        a->part[c] = s;
+    }
+}
 
 static void fast_sqnorm(fso_backend *be, double *out, const float *x, size_t n)
 {
     size_t nchunks = (n + SQNORM_CHUNK - 1) / SQNORM_CHUNK;
-    if (nchunks <= 1) {
-        double s = 0;
-        for (size_t i = 0; i < n; i++)
-            s += (double)x[i] * x[i];
-        *out += s;
-        return;
+    double part[SQNORM_BATCH];
+    for (size_t c0 = 0; c0 < nchunks; c0 += SQNORM_BATCH) {
+        size_t m = nchunks - c0 < SQNORM_BATCH ? nchunks - c0 : SQNORM_BATCH;
+        struct sq_args a = {.x = x, .n = n, .first_chunk = c0, .part = part};
+        fso_pool_for(POOL(be), (int64_t)m, 1, sq_range, &a);
+        for (size_t c = 0; c < m; c++)
+            *out += part[c];
     }
-    double *part = malloc(sizeof(double) * nchunks);
-    if (!part) { /* no memory for partials: same sums, one thread */
-        for (size_t c = 0; c < nchunks; c++) {
-            size_t i1 = (c + 1) * SQNORM_CHUNK < n ? (c + 1) * SQNORM_CHUNK : n;
-            double s = 0;
-            for (size_t i = c * SQNORM_CHUNK; i < i1; i++)
-                s += (double)x[i] * x[i];
-            *out += s;
-        }
-        return;
-    }
-#pragma omp parallel for schedule(static) num_threads(be->threads)
-    for (size_t c = 0; c < nchunks; c++) {
-        size_t i1 = (c + 1) * SQNORM_CHUNK < n ? (c + 1) * SQNORM_CHUNK : n;
-        double s = 0;
-        for (size_t i = c * SQNORM_CHUNK; i < i1; i++)
-            s += (double)x[i] * x[i];
-        part[c] = s;
-    }
-    for (size_t c = 0; c < nchunks; c++)
-        *out += part[c];
-    free(part);
 }
 
 const fso_backend_ops fso_cpu_fast_ops = {
