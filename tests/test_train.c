@@ -1,0 +1,204 @@
+/* test_train.c — properties of the training step that the golden test does
+ * not pin down: determinism, gradient accumulation, activation
+ * checkpointing, thread counts, and divergence handling. */
+#include <errno.h>
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "config.h"
+#include "data.h"
+#include "train.h"
+
+#define STEPS 3
+
+static void small_config(fso_config *cfg)
+{
+    fso_config_defaults(cfg);
+    cfg->model.hidden_size = 48;
+    cfg->model.intermediate_size = 96;
+    cfg->model.num_hidden_layers = 2;
+    cfg->model.num_attention_heads = 4;
+    cfg->model.num_key_value_heads = 2;
+    cfg->model.head_dim = 12;
+    cfg->data.seq_len = 24;
+    cfg->micro_batch = 2;
+    cfg->grad_accum = 1;
+    cfg->steps = STEPS;
+    cfg->sched.warmup_num_steps = 1;
+}
+
+typedef struct run_result {
+    double loss[STEPS], norm[STEPS];
+    float *params;
+    size_t np;
+} run_result;
+
+/* STEPS optimizer steps on the built-in corpus. */
+static void run(const fso_config *cfg, int threads, run_result *out)
+{
+    fso_backend *be = NULL;
+    fso_data data = {0};
+    fso_trainer tr;
+    assert_int_equal(fso_backend_create(&be, "cpu", threads), 0);
+    if (fso_data_init(&data, cfg) < 0)
+        fail_msg("data: %s", data.err);
+    if (fso_trainer_init(&tr, cfg, be) < 0)
+        fail_msg("trainer: %s", tr.err);
+    size_t bt = (size_t)cfg->micro_batch * cfg->data.seq_len, n = bt * cfg->grad_accum;
+    int32_t *in = malloc(sizeof(int32_t) * n), *tg = malloc(sizeof(int32_t) * n);
+    for (int s = 0; s < STEPS; s++) {
+        for (int a = 0; a < cfg->grad_accum; a++)
+            fso_data_next(&data, in + a * bt, tg + a * bt);
+        fso_step_stats st;
+        if (fso_trainer_step(&tr, in, tg, &st) < 0)
+            fail_msg("step: %s", tr.err);
+        out->loss[s] = st.loss;
+        out->norm[s] = st.grad_norm;
+    }
+    out->np = tr.model.n_params;
+    out->params = malloc(sizeof(float) * out->np);
+    fso_model_store_params(&tr.model, out->params);
+    free(in);
+    free(tg);
+    fso_trainer_free(&tr);
+    fso_data_free(&data);
+    fso_backend_destroy(be);
+}
+
+static void assert_bit_identical(const run_result *a, const run_result *b, const char *what)
+{
+    if (memcmp(a->loss, b->loss, sizeof a->loss) != 0 || memcmp(a->norm, b->norm, sizeof a->norm))
+        fail_msg("%s: losses differ: %.17g vs %.17g", what, a->loss[STEPS - 1],
+                 b->loss[STEPS - 1]);
+    assert_int_equal(a->np, b->np);
+    for (size_t i = 0; i < a->np; i++)
+        if (memcmp(&a->params[i], &b->params[i], sizeof(float)) != 0)
+            fail_msg("%s: parameter %zu differs: %.9g vs %.9g", what, i, a->params[i],
+                     b->params[i]);
+}
+
+static void test_same_seed_is_bit_identical(void **state)
+{
+    (void)state;
+    fso_config cfg;
+    small_config(&cfg);
+    run_result a, b, c;
+    run(&cfg, 2, &a);
+    run(&cfg, 2, &b);
+    assert_bit_identical(&a, &b, "two runs, same seed");
+    cfg.seed += 1;
+    run(&cfg, 2, &c);
+    assert_true(a.loss[0] != c.loss[0]); /* the seed matters */
+    free(a.params);
+    free(b.params);
+    free(c.params);
+}
+
+static void test_checkpointing_is_bit_identical(void **state)
+{
+    (void)state;
+    fso_config cfg;
+    small_config(&cfg);
+    run_result a, b;
+    cfg.activation_checkpointing = false;
+    run(&cfg, 2, &a);
+    cfg.activation_checkpointing = true;
+    run(&cfg, 2, &b);
+    assert_bit_identical(&a, &b, "checkpointing off vs on");
+    free(a.params);
+    free(b.params);
+}
+
+static void test_thread_count_changes_nothing(void **state)
+{
+    (void)state;
+    fso_config cfg;
+    small_config(&cfg);
+    run_result a, b;
+    run(&cfg, 1, &a);
+    run(&cfg, 3, &b);
+    assert_bit_identical(&a, &b, "1 thread vs 3 threads");
+    free(a.params);
+    free(b.params);
+}
+
+/* Two micro-batches of 2 rows accumulate to the gradient of one batch of 4. */
+static void test_accumulation_matches_one_large_batch(void **state)
+{
+    (void)state;
+    fso_config big, acc;
+    small_config(&big);
+    big.micro_batch = 4;
+    small_config(&acc);
+    acc.micro_batch = 2;
+    acc.grad_accum = 2;
+    run_result a, b;
+    run(&big, 2, &a);
+    run(&acc, 2, &b);
+    for (int s = 0; s < STEPS; s++) {
+        if (fabs(a.loss[s] - b.loss[s]) > 1e-6 * fabs(a.loss[s]) ||
+            fabs(a.norm[s] - b.norm[s]) > 1e-5 * fabs(a.norm[s]))
+            fail_msg("step %d: batch 4 loss %.9g norm %.9g, 2x2 accumulated loss %.9g norm %.9g",
+                     s + 1, a.loss[s], a.norm[s], b.loss[s], b.norm[s]);
+    }
+    for (size_t i = 0; i < a.np; i++)
+        if (fabs(a.params[i] - b.params[i]) > 1e-5 + 1e-4 * fabs(a.params[i]))
+            fail_msg("parameter %zu: %.9g vs %.9g", i, a.params[i], b.params[i]);
+    free(a.params);
+    free(b.params);
+}
+
+static void test_divergence_stops_without_update(void **state)
+{
+    (void)state;
+    fso_config cfg;
+    small_config(&cfg);
+    fso_backend *be = NULL;
+    fso_data data = {0};
+    fso_trainer tr;
+    assert_int_equal(fso_backend_create(&be, "cpu", 2), 0);
+    assert_int_equal(fso_data_init(&data, &cfg), 0);
+    assert_int_equal(fso_trainer_init(&tr, &cfg, be), 0);
+    size_t np = tr.model.n_params, bt = (size_t)cfg.micro_batch * cfg.data.seq_len;
+    float *p = malloc(sizeof(float) * np), *after = malloc(sizeof(float) * np);
+    fso_model_store_params(&tr.model, p);
+    p[np / 2] = INFINITY; /* one poisoned weight */
+    fso_model_load_params(&tr.model, p);
+    int32_t *in = malloc(sizeof(int32_t) * bt), *tg = malloc(sizeof(int32_t) * bt);
+    fso_data_next(&data, in, tg);
+    fso_step_stats st;
+    assert_int_equal(fso_trainer_step(&tr, in, tg, &st), -ERANGE);
+    assert_non_null(strstr(tr.err, "step 1"));
+    assert_non_null(strstr(tr.err, "not applied"));
+    fso_model_store_params(&tr.model, after);
+    for (size_t i = 0; i < np; i++)
+        if (i != np / 2)
+            assert_true(after[i] == p[i]);
+    assert_int_equal(tr.step, 0);
+    free(p);
+    free(after);
+    free(in);
+    free(tg);
+    fso_trainer_free(&tr);
+    fso_data_free(&data);
+    fso_backend_destroy(be);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_same_seed_is_bit_identical),
+        cmocka_unit_test(test_checkpointing_is_bit_identical),
+        cmocka_unit_test(test_thread_count_changes_nothing),
+        cmocka_unit_test(test_accumulation_matches_one_large_batch),
+        cmocka_unit_test(test_divergence_stops_without_update),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
