@@ -259,6 +259,7 @@ static void att_fwd_range(void *a_, int64_t b0, int64_t e0, int worker)
             for (int s = 0; s <= t; s++) {
                 const float *vs = a->v + (((size_t)b * T + s) * Hkv + hk) * D;
                 float ps = p[s];
+#pragma omp simd
                 for (int d = 0; d < D; d++)
                     ot[d] += ps * vs[d];
             }
@@ -306,6 +307,7 @@ static void att_bwd_range(void *a_, int64_t b0, int64_t e0, int worker)
                     const float *ks = a->k + (((size_t)b * T + s) * Hkv + hk) * D;
                     float *dks = a->dk + (((size_t)b * T + s) * Hkv + hk) * D;
                     float *dvs = a->dv + (((size_t)b * T + s) * Hkv + hk) * D;
+#pragma omp simd
                     for (int d = 0; d < D; d++) {
                         dqt[d] += ds * ks[d];
                         dks[d] += ds * qt[d];
