@@ -141,35 +141,20 @@ static int doc_ensure(fso_config *cfg)
     return 0;
 }
 
-/* dst := src key by key, recursing into objects both sides have. */
-static int merge_objects(json_t *dst, json_t *src)
+/* dst := src key by key, recursing into objects both sides have. At the top
+ * level of a file (top), the replaced sections are taken whole instead. */
+static int merge_objects(json_t *dst, json_t *src, bool top)
 {
     const char *key;
     json_t *val;
     json_object_foreach(src, key, val) {
         json_t *cur = json_object_get(dst, key);
-        if (cur && json_is_object(cur) && json_is_object(val)) {
-            CFG_TRY(merge_objects(cur, val));
+        if (!(top && is_replaced_section(key)) && cur && json_is_object(cur) &&
+            json_is_object(val)) {
+            CFG_TRY(merge_objects(cur, val, false));
             continue;
         }
         if (json_object_set_new(dst, key, json_deep_copy(val)) < 0)
-            return -ENOMEM;
-    }
-    return 0;
-}
-
-/* A file over the merged document: replaced sections whole, the rest by key. */
-static int merge_file(json_t *merged, json_t *file)
-{
-    const char *key;
-    json_t *val;
-    json_object_foreach(file, key, val) {
-        json_t *cur = json_object_get(merged, key);
-        if (!is_replaced_section(key) && cur && json_is_object(cur) && json_is_object(val)) {
-            CFG_TRY(merge_objects(cur, val));
-            continue;
-        }
-        if (json_object_set_new(merged, key, json_deep_copy(val)) < 0)
             return -ENOMEM;
     }
     return 0;
@@ -1325,7 +1310,7 @@ int fso_config_load_file(fso_config *cfg, const char *path)
         free(text);
         return -EINVAL;
     }
-    int rc = merge_file(cfg->doc->merged, root);
+    int rc = merge_objects(cfg->doc->merged, root, true);
     cfg_layer l = {.kind = LAYER_FILE, .name = strdup(path), .text = text, .root = root,
                    .write_depth = 1};
     if (rc == 0 && !l.name)
