@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench.h"
 #include "config.h"
 #include "fso_build.h"
 #include "train.h"
@@ -15,6 +16,7 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: fsoff [train] [options]\n"
+            "       fsoff bench nvme|adam [options]   offload bandwidth benchmarks\n"
             "\n"
             "Train a Llama-family model. With no options, trains the default job: a\n"
             "0.8M-parameter model on a built-in corpus, on the CPU.\n"
@@ -25,7 +27,13 @@ static void usage(FILE *f)
             "  -d, --data FILE        training data: an llm.c token file (.bin) or plain text\n"
             "                         (same as --set data.path=FILE)\n"
             "  -n, --steps N          optimizer steps (same as --set train.steps=N)\n"
-            "      --devices WHAT     cpu or auto (default auto: the CPU backend in this build)\n"
+            "      --devices WHAT     auto (default: the CPU backend in this build), cpu, or\n"
+            "                         cpu:N for N virtual devices sharing the work (ZeRO-3)\n"
+            "      --device-mem SIZE  memory cap per device, e.g. 2G (default: an equal share\n"
+            "                         of half the available memory)\n"
+            "      --nvme DIR[,DIR]   keep parameters and optimizer state on NVMe in these\n"
+            "                         folders, striped (= zero_optimization.offload_param and\n"
+            "                         offload_optimizer with device \"nvme\")\n"
             "  -m, --metrics FILE     write one JSON object per step, then a summary object\n"
             "  -s, --set KEY=VALUE    override one configuration key, e.g.\n"
             "                         --set model.num_hidden_layers=8 --set optimizer.params.lr=1e-3\n"
@@ -34,6 +42,32 @@ static void usage(FILE *f)
             "  -V, --version          print the version\n"
             "\n"
             "exit status: 0 done, 1 the run failed, 2 bad command line or configuration\n");
+}
+
+/* "512M", "4G", "1.5T", "1048576" into bytes; 0 or -EINVAL. */
+int fso_parse_size(const char *s, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || v < 0)
+        return -EINVAL;
+    double mul = 1;
+    switch (*end) {
+    case 'k': case 'K': mul = 1024.0; end++; break;
+    case 'm': case 'M': mul = 1024.0 * 1024; end++; break;
+    case 'g': case 'G': mul = 1024.0 * 1024 * 1024; end++; break;
+    case 't': case 'T': mul = 1024.0 * 1024 * 1024 * 1024; end++; break;
+    default: break;
+    }
+    if (*end == 'i' && end[-1] != *s)
+        end++;
+    if (*end == 'B' || *end == 'b')
+        end++;
+    if (*end)
+        return -EINVAL;
+    *out = (uint64_t)(v * mul);
+    return 0;
 }
 
 /* A JSON string literal for `s`, for --data. */
@@ -66,10 +100,11 @@ int fso_cli_main(int argc, char **argv)
         {"steps", required_argument, NULL, 'n'},   {"devices", required_argument, NULL, 'D'},
         {"metrics", required_argument, NULL, 'm'}, {"set", required_argument, NULL, 's'},
         {"help", no_argument, NULL, 'h'},          {"version", no_argument, NULL, 'V'},
+        {"device-mem", required_argument, NULL, 'M'}, {"nvme", required_argument, NULL, 'N'},
         {NULL, 0, NULL, 0},
     };
     const char *config_path = NULL, *metrics_path = NULL, *devices = "auto";
-    char **sets = calloc((size_t)argc + 1, sizeof *sets);
+    char **sets = calloc(2 * (size_t)argc + 1, sizeof *sets);
     int nsets = 0, status = 2, c;
     fso_config cfg;
 
@@ -78,11 +113,15 @@ int fso_cli_main(int argc, char **argv)
         fprintf(stderr, "fsoff: error: out of memory\n");
         return 1;
     }
-    /* A leading subcommand; `train` is the only one and the default. */
+    /* A leading subcommand: train (the default) or bench. */
+    if (argc > 1 && strcmp(argv[1], "bench") == 0) {
+        status = fso_bench_main(argc - 1, argv + 1);
+        goto out;
+    }
     if (argc > 1 && argv[1][0] != '-') {
         if (strcmp(argv[1], "train") != 0) {
-            fprintf(stderr, "fsoff: error: unknown command '%s'; the command is 'train' "
-                            "(the default); see fsoff --help\n", argv[1]);
+            fprintf(stderr, "fsoff: error: unknown command '%s'; the commands are 'train' "
+                            "(the default) and 'bench'; see fsoff --help\n", argv[1]);
             goto out;
         }
         argv[1] = argv[0];
@@ -119,14 +158,50 @@ int fso_cli_main(int argc, char **argv)
             }
             break;
         }
-        case 'D':
-            if (strcmp(optarg, "cpu") != 0 && strcmp(optarg, "auto") != 0) {
-                fprintf(stderr, "fsoff: error: --devices %s: expected cpu or auto (this build "
-                                "has the CPU backend only)\n", optarg);
+        case 'D': {
+            long n = 1;
+            char *end = NULL;
+            if (strncmp(optarg, "cpu:", 4) == 0) {
+                errno = 0;
+                n = strtol(optarg + 4, &end, 10);
+                if (errno || end == optarg + 4 || *end || n < 1 || n > 64) {
+                    fprintf(stderr, "fsoff: error: --devices %s: expected cpu:N with N from 1 "
+                                    "to 64\n", optarg);
+                    goto out;
+                }
+            } else if (strcmp(optarg, "cpu") != 0 && strcmp(optarg, "auto") != 0) {
+                fprintf(stderr, "fsoff: error: --devices %s: expected auto, cpu or cpu:N (this "
+                                "build has the CPU backend only)\n", optarg);
                 goto out;
             }
+            cfg.world = (int)n;
             devices = optarg;
             break;
+        }
+        case 'M': {
+            uint64_t bytes;
+            if (fso_parse_size(optarg, &bytes) < 0 || bytes == 0) {
+                fprintf(stderr, "fsoff: error: --device-mem %s: expected a size such as 512M, "
+                                "4G or 80G\n", optarg);
+                goto out;
+            }
+            cfg.device_mem_bytes = bytes;
+            break;
+        }
+        case 'N': {
+            char *lit = json_string(optarg);
+            if (!lit ||
+                asprintf(&sets[nsets++], "zero_optimization.offload_param={\"device\": "
+                                         "\"nvme\", \"nvme_path\": %s}", lit) < 0 ||
+                asprintf(&sets[nsets++], "zero_optimization.offload_optimizer={\"device\": "
+                                         "\"nvme\", \"nvme_path\": %s}", lit) < 0) {
+                free(lit);
+                fprintf(stderr, "fsoff: error: out of memory\n");
+                goto out;
+            }
+            free(lit);
+            break;
+        }
         case 'm':
             metrics_path = optarg;
             break;

@@ -692,10 +692,12 @@ static const key_spec top_keys[] = {
     {"model", NULL},
     {"data", NULL},
     {"train", NULL},
+    {"zero_optimization", NULL},
+    {"aio", NULL},
     {"wall_clock_breakdown", "fsoff prints the time of every step anyway"},
     {"zero_allow_untested_optimizer", "fsoff always runs its own AdamW"},
-    {"prescale_gradients", "one device: there is no all-reduce to scale around"},
-    {"gradient_predivide_factor", "one device: there is no all-reduce to scale around"},
+    {"prescale_gradients", "fsoff reduces gradients in fp32 in rank order"},
+    {"gradient_predivide_factor", "fsoff reduces gradients in fp32 in rank order"},
     {"dump_state", "fsoff does not dump engine state"},
     {NULL, NULL},
 };
@@ -713,14 +715,15 @@ static int apply_top(walker *w, json_t *root)
         keypath p = {{"train_batch_size"}, 1};
         keypath mb = {{"train_micro_batch_size_per_gpu"}, 1};
         keypath ga = {{"gradient_accumulation_steps"}, 1};
-        int64_t product = (int64_t)c->micro_batch * c->grad_accum;
+        int64_t product = (int64_t)c->micro_batch * c->grad_accum * (c->world > 0 ? c->world : 1);
         CFG_TRY(get_int(w, root, &top, "train_batch_size", 1, INT64_MAX, NULL, &v));
         if (v != product)
             return cfg_fail_rel(w, &p, &mb, &ga,
                                 "must equal train_micro_batch_size_per_gpu (%d) * "
-                                "gradient_accumulation_steps (%d) * devices (1) = %" PRId64
+                                "gradient_accumulation_steps (%d) * devices (%d) = %" PRId64
                                 ", got %" PRId64 "; drop it or change the factors",
-                                c->micro_batch, c->grad_accum, product, v);
+                                c->micro_batch, c->grad_accum, c->world > 0 ? c->world : 1,
+                                product, v);
     }
     CFG_TRY(get_number(w, root, &top, "gradient_clipping", RANGE_NONNEG, NULL, &c->grad_clip));
     CFG_TRY(get_int(w, root, &top, "steps_per_print", 1, INT64_MAX, NULL, &c->steps_per_print));
@@ -1057,6 +1060,7 @@ static const key_spec train_keys[] = {
     {"activation_checkpointing", NULL},
     {"weight_decay_norms", NULL},
     {"weight_decay_embeddings", NULL},
+    {"prefetch_blocks", NULL},
     {NULL, NULL},
 };
 
@@ -1073,6 +1077,135 @@ static int apply_train(walker *w, json_t *root)
     CFG_TRY(get_bool(w, s, &sec, "activation_checkpointing", NULL, &c->activation_checkpointing));
     CFG_TRY(get_bool(w, s, &sec, "weight_decay_norms", NULL, &c->optim.decay_norms));
     CFG_TRY(get_bool(w, s, &sec, "weight_decay_embeddings", NULL, &c->optim.decay_embeddings));
+    CFG_TRY(get_int32(w, s, &sec, "prefetch_blocks", 0, I64(2), &c->offload.prefetch_blocks));
+    return 0;
+}
+
+/* ---------------------------------------------------------------- offload */
+
+#define ZERO_SCHED "fsoff schedules gathers and prefetch per block itself"
+static const key_spec zero_keys[] = {
+    {"stage", NULL},
+    {"offload_param", NULL},
+    {"offload_optimizer", NULL},
+    {"overlap_comm", "collectives always overlap the next block's prefetch"},
+    {"contiguous_gradients", "each block's gradients are one flat buffer already"},
+    {"reduce_bucket_size", "gradients are reduce-scattered per block"},
+    {"reduce_scatter", "gradients are always reduce-scattered"},
+    {"allgather_bucket_size", "parameters are gathered per block"},
+    {"stage3_prefetch_bucket_size", ZERO_SCHED},
+    {"stage3_max_live_parameters", ZERO_SCHED},
+    {"stage3_max_reuse_distance", ZERO_SCHED},
+    {"stage3_param_persistence_threshold", ZERO_SCHED},
+    {"stage3_gather_16bit_weights_on_model_save", "fsoff has no checkpoint export yet"},
+    {"sub_group_size", "the optimizer works block by block"},
+    {"round_robin_gradients", "gradients are reduce-scattered per block"},
+    {NULL, NULL},
+};
+
+#define OFFLOAD_POOL "fsoff sizes its staging pool from train.prefetch_blocks"
+static const key_spec offload_param_keys[] = {
+    {"device", NULL}, {"nvme_path", NULL}, {"pin_memory", NULL},
+    {"buffer_count", OFFLOAD_POOL}, {"buffer_size", OFFLOAD_POOL},
+    {"max_in_cpu", "the host tier holds whole shards or none"},
+    {NULL, NULL},
+};
+
+static const key_spec offload_optimizer_keys[] = {
+    {"device", NULL}, {"nvme_path", NULL}, {"pin_memory", NULL},
+    {"buffer_count", OFFLOAD_POOL}, {"fast_init", "NVMe files are preallocated at start"},
+    {"pipeline_read", "optimizer reads are always pipelined"},
+    {"pipeline_write", "optimizer writes are always pipelined"},
+    {"pipeline", "optimizer reads and writes are always pipelined"},
+    {"ratio", "the whole optimizer step runs on the CPU"},
+    {NULL, NULL},
+};
+
+static const key_spec aio_keys[] = {
+    {"block_size", NULL}, {"queue_depth", NULL},
+    {"single_submit", "io_uring submits in batches"},
+    {"overlap_events", "io_uring completions are reaped as they come"},
+    {"thread_count", "one io_uring per device thread"},
+    {"intra_op_parallelism", "one io_uring per device thread"},
+    {"use_gds", "GPUDirect Storage is not supported"},
+    {NULL, NULL},
+};
+
+/* zero_optimization.<name>: device, nvme_path, pin_memory. */
+static int apply_offload_section(walker *w, json_t *z, const keypath *zsec, const char *name,
+                                 const key_spec *keys, fso_tier *tier, char *path,
+                                 size_t pathlen)
+{
+    json_t *s = z ? json_object_get(z, name) : NULL, *v;
+    keypath sec = kp_child(zsec, name);
+    *tier = FSO_TIER_DEVICE;
+    path[0] = '\0';
+    if (!s || json_is_null(s))
+        return 0;
+    CFG_TRY(want_object(w, s, &sec));
+    CFG_TRY(check_keys(w, s, &sec, keys, ""));
+    if ((v = json_object_get(s, "device"))) {
+        static const char *const devices[] = {"none", "cpu", "nvme"};
+        keypath p = kp_child(&sec, "device");
+        int i = 0;
+        CFG_TRY(want_choice(w, v, &p, devices, 3, false, &i));
+        *tier = (fso_tier)i;
+    }
+    if ((v = json_object_get(s, "nvme_path"))) {
+        keypath p = kp_child(&sec, "nvme_path");
+        const char *str = "";
+        CFG_TRY(want_string(w, v, &p, &str));
+        if (strlen(str) >= pathlen)
+            return cfg_fail(w, &p, "is %zu bytes long; fsoff takes paths up to %zu bytes",
+                            strlen(str), pathlen - 1);
+        strcpy(path, str);
+    }
+    if (*tier == FSO_TIER_NVME && !path[0]) {
+        keypath p = kp_child(&sec, "nvme_path");
+        keypath d = kp_child(&sec, "device");
+        return cfg_fail_rel(w, &p, &d, NULL,
+                            "missing while device is \"nvme\"; give a folder on an NVMe drive "
+                            "(or use --nvme DIR)");
+    }
+    bool pin = w->out->offload.pin_memory;
+    CFG_TRY(get_bool(w, s, &sec, "pin_memory", &pin, &w->out->offload.pin_memory));
+    return 0;
+}
+
+static int apply_offload(walker *w, json_t *root)
+{
+    fso_offload_config *o = &w->out->offload;
+    keypath zsec = {{"zero_optimization"}, 1}, asec = {{"aio"}, 1};
+    json_t *z, *a;
+    int64_t v;
+
+    CFG_TRY(get_section(w, root, "zero_optimization", true, &z));
+    CFG_TRY(check_keys(w, z, &zsec, zero_keys, ""));
+    CFG_TRY(get_int32(w, z, &zsec, "stage", 0, I64(3), &o->stage));
+    if (o->stage > 3) {
+        keypath p = kp_child(&zsec, "stage");
+        return cfg_fail(w, &p, "expected 0, 1, 2 or 3, got %d", o->stage);
+    }
+    if (o->stage != 3) {
+        keypath p = kp_child(&zsec, "stage");
+        cfg_warn(w, &p, "fsoff partitions parameters, gradients and optimizer state across "
+                        "devices as stage 3 does");
+    }
+    o->pin_memory = false;
+    CFG_TRY(apply_offload_section(w, z, &zsec, "offload_param", offload_param_keys,
+                                  &o->param_tier, o->param_nvme_path, sizeof o->param_nvme_path));
+    CFG_TRY(apply_offload_section(w, z, &zsec, "offload_optimizer", offload_optimizer_keys,
+                                  &o->optim_tier, o->optim_nvme_path, sizeof o->optim_nvme_path));
+
+    CFG_TRY(get_section(w, root, "aio", true, &a));
+    CFG_TRY(check_keys(w, a, &asec, aio_keys, ""));
+    CFG_TRY(get_int(w, a, &asec, "block_size", 4096, (int64_t)1 << 30, I64(1 << 20), &v));
+    if (v % 4096) {
+        keypath p = kp_child(&asec, "block_size");
+        return cfg_fail(w, &p, "must be a multiple of 4096 bytes (O_DIRECT), got %" PRId64, v);
+    }
+    o->aio_block_bytes = v;
+    CFG_TRY(get_int32(w, a, &asec, "queue_depth", 1, I64(32), &o->aio_queue_depth));
     return 0;
 }
 
@@ -1197,6 +1330,8 @@ static int doc_apply(fso_config *cfg, const struct fso_config_doc *doc, bool war
     if (rc == 0)
         rc = apply_scheduler(&w, root);
     if (rc == 0)
+        rc = apply_offload(&w, root);
+    if (rc == 0)
         *cfg = *c;
     else
         memcpy(cfg->err, c->err, sizeof cfg->err);
@@ -1209,6 +1344,7 @@ static int doc_apply(fso_config *cfg, const struct fso_config_doc *doc, bool war
 void fso_config_defaults(fso_config *cfg)
 {
     memset(cfg, 0, sizeof *cfg);
+    cfg->world = 1;
     struct fso_config_doc *doc = doc_create();
     CFG_CHECK(doc != NULL);
     int rc = doc_apply(cfg, doc, false);

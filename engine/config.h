@@ -75,6 +75,24 @@ typedef struct fso_data_config {
     int seq_len;
 } fso_data_config;
 
+typedef enum fso_tier {
+    FSO_TIER_DEVICE = 0,          /* "none": on the device */
+    FSO_TIER_HOST,                /* "cpu": the process's host arena */
+    FSO_TIER_NVME,                /* "nvme": the NVMe store */
+} fso_tier;
+
+typedef struct fso_offload_config {
+    int stage;                    /* zero_optimization.stage (fsoff partitions as stage 3) */
+    fso_tier param_tier;          /* zero_optimization.offload_param.device */
+    fso_tier optim_tier;          /* zero_optimization.offload_optimizer.device */
+    char param_nvme_path[4096];   /* folders, comma-separated */
+    char optim_nvme_path[4096];
+    bool pin_memory;              /* either section's pin_memory */
+    int64_t aio_block_bytes;      /* aio.block_size */
+    int aio_queue_depth;          /* aio.queue_depth */
+    int prefetch_blocks;          /* train.prefetch_blocks: blocks read ahead of compute */
+} fso_offload_config;
+
 typedef struct fso_config {
     fso_model_config model;
     fso_optim_config optim;
@@ -90,6 +108,12 @@ typedef struct fso_config {
     bool bf16;                    /* bf16.enabled */
     int threads;                  /* train.threads; 0 = the CPUs this process may use */
     bool activation_checkpointing;/* train.activation_checkpointing */
+    fso_offload_config offload;
+
+    /* From the command line only (--devices, --device-mem). */
+    int world;                    /* devices; 1 unless --devices cpu:N */
+    char backend[16];             /* "cpu" (default) or "cpu-ref" (tests) */
+    uint64_t device_mem_bytes;    /* cap per device; 0 = the default */
 
     char source[4096];            /* config file path, "" for built-in defaults */
     char err[FSO_CONFIG_ERR_MAX];

@@ -88,8 +88,7 @@ static const fso_tensor_desc *find_tensor(const fso_block_layout *b, fso_tensor_
     return NULL;
 }
 
-/* Pointer to tensor `kind` of block `bi` inside the flat buffer `base`. */
-static float *tensor_ptr(const fso_model *m, float *const *base, int bi, fso_tensor_kind kind)
+static size_t tensor_offset(const fso_model *m, int bi, fso_tensor_kind kind)
 {
     const fso_tensor_desc *t = find_tensor(&m->blocks[bi], kind);
     if (!t) {
@@ -97,7 +96,26 @@ static float *tensor_ptr(const fso_model *m, float *const *base, int bi, fso_ten
                 kind);
         abort();
     }
-    return base[bi] + t->offset_elems;
+    return t->offset_elems;
+}
+
+/* Tensor `kind` of block `bi` in the lent parameters / gradients. */
+static const float *P_(const fso_model *m, int bi, fso_tensor_kind kind)
+{
+    if (!m->params[bi]) {
+        fprintf(stderr, "%s:%d: block %d used without its parameters\n", __FILE__, __LINE__, bi);
+        abort();
+    }
+    return m->params[bi] + tensor_offset(m, bi, kind);
+}
+
+static float *G_(const fso_model *m, int bi, fso_tensor_kind kind)
+{
+    if (!m->grads[bi]) {
+        fprintf(stderr, "%s:%d: block %d used without its gradients\n", __FILE__, __LINE__, bi);
+        abort();
+    }
+    return m->grads[bi] + tensor_offset(m, bi, kind);
 }
 
 static int dalloc(fso_model *m, void *out, size_t bytes)
@@ -143,13 +161,9 @@ int fso_model_init(fso_model *m, const fso_model_config *mc, fso_backend *be, in
     }
     fso_model_layout(m->blocks, mc, world);
 
-    for (int i = 0; i < m->n_blocks; i++) {
-        size_t bytes = sizeof(float) * m->blocks[i].padded_elems;
-        if ((rc = dalloc(m, &m->params[i], bytes)) < 0 || (rc = dalloc(m, &m->grads[i], bytes)) < 0)
-            goto fail;
+    for (int i = 0; i < m->n_blocks; i++)
         for (int t = 0; t < m->blocks[i].n_tensors; t++)
             m->n_params += m->blocks[i].tensors[t].numel;
-    }
 
     const size_t fN = sizeof(float) * N;
     if ((rc = dalloc(m, &m->tokens, sizeof(int32_t) * N)) < 0 ||
@@ -216,10 +230,6 @@ void fso_model_free(fso_model *m)
         return;
     fso_backend *be = m->be;
     void (*f)(fso_backend *, void *) = be->ops->buf_free;
-    for (int i = 0; m->params && m->grads && i < m->n_blocks; i++) {
-        f(be, m->params[i]);
-        f(be, m->grads[i]);
-    }
     for (int l = 0; m->layer_in && l <= m->mc.num_hidden_layers; l++)
         f(be, m->layer_in[l]);
     for (int a = 0; m->acts && a < m->n_acts; a++) {
@@ -243,67 +253,55 @@ void fso_model_free(fso_model *m)
     memset(m, 0, sizeof *m);
 }
 
-/* Walk every tensor in HF order, copying between a packed host array and the
- * flat block buffers. dir 0: host -> blocks, 1: blocks -> host. */
+/* Walk every tensor in HF order between a packed host array and the flat
+ * block buffers (host). dir 0: hf -> flat, 1: flat -> hf. */
 static void copy_hf(const fso_model *m, float *const *flat, float *hf, int dir)
 {
     size_t off = 0;
-    fso_backend *be = m->be;
     for (int i = 0; i < m->n_blocks; i++)
         for (int t = 0; t < m->blocks[i].n_tensors; t++) {
             const fso_tensor_desc *d = &m->blocks[i].tensors[t];
-            float *dev = flat[i] + d->offset_elems;
+            float *f = flat[i] + d->offset_elems;
             if (dir == 0)
-                be->ops->copy_h2d(be, dev, hf + off, sizeof(float) * d->numel);
+                memcpy(f, hf + off, sizeof(float) * d->numel);
             else
-                be->ops->copy_d2h(be, hf + off, dev, sizeof(float) * d->numel);
+                memcpy(hf + off, f, sizeof(float) * d->numel);
             off += d->numel;
         }
-    be->ops->sync(be);
 }
 
-void fso_model_load_params(fso_model *m, const float *hf)
+void fso_model_flat_from_hf(const fso_model *m, float **flat, const float *hf)
 {
-    copy_hf(m, m->params, (float *)hf, 0);
+    copy_hf(m, flat, (float *)hf, 0);
 }
 
-void fso_model_store_params(const fso_model *m, float *hf)
+void fso_model_flat_to_hf(const fso_model *m, float *const *flat, float *hf)
 {
-    copy_hf(m, m->params, hf, 1);
+    copy_hf(m, flat, hf, 1);
 }
 
-void fso_model_store_grads(const fso_model *m, float *hf)
+void fso_model_init_block(const fso_model *m, int i, float *flat, struct fso_rng *rng)
 {
-    copy_hf(m, m->grads, hf, 1);
+    memset(flat, 0, sizeof(float) * m->blocks[i].padded_elems);
+    for (int t = 0; t < m->blocks[i].n_tensors; t++) {
+        const fso_tensor_desc *d = &m->blocks[i].tensors[t];
+        float *f = flat + d->offset_elems;
+        for (size_t e = 0; e < d->numel; e++)
+            f[e] = d->is_norm ? 1.0f : (float)(m->mc.initializer_range * fso_rng_normal(rng));
+    }
 }
 
-void fso_model_init_params(fso_model *m, uint64_t seed)
+void fso_model_init_flat(const fso_model *m, float **flat, uint64_t seed)
 {
     fso_rng rng;
     fso_rng_seed(&rng, seed);
-    float *hf = malloc(sizeof(float) * (m->n_params ? m->n_params : 1));
-    if (!hf) {
-        fprintf(stderr, "%s:%d: out of memory initialising %zu parameters\n", __FILE__, __LINE__,
-                m->n_params);
-        abort();
-    }
-    size_t off = 0;
     for (int i = 0; i < m->n_blocks; i++)
-        for (int t = 0; t < m->blocks[i].n_tensors; t++) {
-            const fso_tensor_desc *d = &m->blocks[i].tensors[t];
-            for (size_t e = 0; e < d->numel; e++)
-                hf[off + e] = d->is_norm ? 1.0f
-                                         : (float)(m->mc.initializer_range * fso_rng_normal(&rng));
-            off += d->numel;
-        }
-    fso_model_load_params(m, hf);
-    free(hf);
+        fso_model_init_block(m, i, flat[i], &rng);
 }
 
-void fso_model_zero_grads(fso_model *m)
+size_t fso_model_activation_bytes(const fso_model *m)
 {
-    for (int i = 0; i < m->n_blocks; i++)
-        m->be->ops->memset0(m->be, m->grads[i], sizeof(float) * m->blocks[i].padded_elems);
+    return m->device_bytes;
 }
 
 /* Forward of layer l from x (N,C). y (N,C) gets the output; y == NULL stops
@@ -316,25 +314,24 @@ static void layer_forward(fso_model *m, int l, fso_layer_acts *a, const float *x
     const int B = m->B, T = m->T, N = B * T, C = mc->hidden_size, F = mc->intermediate_size;
     const int H = mc->num_attention_heads, Hkv = mc->num_key_value_heads, D = mc->head_dim;
     const int bi = 1 + l;
-    float *const *P = m->params;
-
-    op->rmsnorm_fwd(be, a->h1, a->rstd1, x, tensor_ptr(m, P, bi, FSO_T_ATTN_NORM), N, C,
+    
+    op->rmsnorm_fwd(be, a->h1, a->rstd1, x, P_(m, bi, FSO_T_ATTN_NORM), N, C,
                     (float)mc->rms_norm_eps);
-    op->matmul_fwd(be, a->q, a->h1, tensor_ptr(m, P, bi, FSO_T_Q), N, C, H * D);
-    op->matmul_fwd(be, a->k, a->h1, tensor_ptr(m, P, bi, FSO_T_K), N, C, Hkv * D);
-    op->matmul_fwd(be, a->v, a->h1, tensor_ptr(m, P, bi, FSO_T_V), N, C, Hkv * D);
+    op->matmul_fwd(be, a->q, a->h1, P_(m, bi, FSO_T_Q), N, C, H * D);
+    op->matmul_fwd(be, a->k, a->h1, P_(m, bi, FSO_T_K), N, C, Hkv * D);
+    op->matmul_fwd(be, a->v, a->h1, P_(m, bi, FSO_T_V), N, C, Hkv * D);
     op->rope(be, a->q, m->rope_cos, m->rope_sin, B, T, H, D, 0);
     op->rope(be, a->k, m->rope_cos, m->rope_sin, B, T, Hkv, D, 0);
     op->attention_fwd(be, a->att, a->probs, a->q, a->k, a->v, B, T, H, Hkv, D);
-    op->matmul_fwd(be, a->x2, a->att, tensor_ptr(m, P, bi, FSO_T_O), N, H * D, C);
+    op->matmul_fwd(be, a->x2, a->att, P_(m, bi, FSO_T_O), N, H * D, C);
     op->add(be, a->x2, a->x2, x, (size_t)N * C);
-    op->rmsnorm_fwd(be, a->h2, a->rstd2, a->x2, tensor_ptr(m, P, bi, FSO_T_MLP_NORM), N, C,
+    op->rmsnorm_fwd(be, a->h2, a->rstd2, a->x2, P_(m, bi, FSO_T_MLP_NORM), N, C,
                     (float)mc->rms_norm_eps);
-    op->matmul_fwd(be, a->gate, a->h2, tensor_ptr(m, P, bi, FSO_T_GATE), N, C, F);
-    op->matmul_fwd(be, a->up, a->h2, tensor_ptr(m, P, bi, FSO_T_UP), N, C, F);
+    op->matmul_fwd(be, a->gate, a->h2, P_(m, bi, FSO_T_GATE), N, C, F);
+    op->matmul_fwd(be, a->up, a->h2, P_(m, bi, FSO_T_UP), N, C, F);
     op->swiglu_fwd(be, a->act, a->gate, a->up, (size_t)N * F);
     if (y) {
-        op->matmul_fwd(be, y, a->act, tensor_ptr(m, P, bi, FSO_T_DOWN), N, F, C);
+        op->matmul_fwd(be, y, a->act, P_(m, bi, FSO_T_DOWN), N, F, C);
         op->add(be, y, y, a->x2, (size_t)N * C);
     }
 }
@@ -348,9 +345,8 @@ static void layer_backward(fso_model *m, int l, const fso_layer_acts *a, const f
     const int B = m->B, T = m->T, N = B * T, C = mc->hidden_size, F = mc->intermediate_size;
     const int H = mc->num_attention_heads, Hkv = mc->num_key_value_heads, D = mc->head_dim;
     const int bi = 1 + l;
-    float *const *P = m->params, *const *G = m->grads;
-#define W(kind) tensor_ptr(m, P, bi, kind)
-#define DW(kind) tensor_ptr(m, G, bi, kind)
+    #define W(kind) P_(m, bi, kind)
+#define DW(kind) G_(m, bi, kind)
     /* y = x2 + down(silu(gate(h2)) * up(h2)) */
     op->matmul_bwd(be, m->dact, DW(FSO_T_DOWN), m->dres, a->act, W(FSO_T_DOWN), N, F, C, 0.0f);
     op->swiglu_bwd(be, m->dgate, m->dup, m->dact, a->gate, a->up, (size_t)N * F);
@@ -372,39 +368,85 @@ static void layer_backward(fso_model *m, int l, const fso_layer_acts *a, const f
 #undef DW
 }
 
-static void forward_blocks(fso_model *m, const int32_t *inputs)
+static void lend_params(fso_model *m, const fso_block_source *src, int b)
+{
+    m->params[b] = src->params(src->ctx, b);
+}
+
+static void return_params(fso_model *m, const fso_block_source *src, int b)
+{
+    src->release(src->ctx, b);
+    m->params[b] = NULL;
+}
+
+static void lend_grads(fso_model *m, const fso_block_source *src, int b)
+{
+    m->grads[b] = src->grads(src->ctx, b);
+}
+
+static void return_grads(fso_model *m, const fso_block_source *src, int b)
+{
+    src->grads_done(src->ctx, b);
+    m->grads[b] = NULL;
+}
+
+/* Embedding, layers, final norm; leaves the head's parameters (and the
+ * embedding's when tied) lent. */
+static void forward_blocks(fso_model *m, const fso_block_source *src, const int32_t *inputs)
 {
     fso_backend *be = m->be;
     const int N = m->B * m->T, C = m->mc.hidden_size, L = m->mc.num_hidden_layers;
     be->ops->copy_h2d(be, m->tokens, inputs, sizeof(int32_t) * (size_t)N);
-    be->ops->embedding_fwd(be, m->layer_in[0], m->tokens,
-                           tensor_ptr(m, m->params, 0, FSO_T_EMBED), N, C);
-    for (int l = 0; l < L; l++)
+    lend_params(m, src, 0);
+    be->ops->embedding_fwd(be, m->layer_in[0], m->tokens, P_(m, 0, FSO_T_EMBED), N, C);
+    return_params(m, src, 0);
+    for (int l = 0; l < L; l++) {
+        lend_params(m, src, 1 + l);
         layer_forward(m, l, &m->acts[m->checkpointing ? 0 : l], m->layer_in[l], m->layer_in[l + 1]);
-    be->ops->rmsnorm_fwd(be, m->xf, m->rstdf, m->layer_in[L],
-                         tensor_ptr(m, m->params, L + 1, FSO_T_FINAL_NORM), N, C,
-                         (float)m->mc.rms_norm_eps);
+        return_params(m, src, 1 + l);
+    }
+    lend_params(m, src, L + 1);
+    if (m->mc.tie_word_embeddings)
+        lend_params(m, src, 0);
+    be->ops->rmsnorm_fwd(be, m->xf, m->rstdf, m->layer_in[L], P_(m, L + 1, FSO_T_FINAL_NORM), N,
+                         C, (float)m->mc.rms_norm_eps);
 }
 
-static float *head_weight(fso_model *m, float *const *base)
+static void release_head(fso_model *m, const fso_block_source *src)
 {
-    return m->mc.tie_word_embeddings ? tensor_ptr(m, base, 0, FSO_T_EMBED)
-                                     : tensor_ptr(m, base, m->n_blocks - 1, FSO_T_LM_HEAD);
+    return_params(m, src, m->n_blocks - 1);
+    if (m->mc.tie_word_embeddings)
+        return_params(m, src, 0);
 }
 
-double fso_model_step(fso_model *m, const int32_t *inputs, const int32_t *targets,
-                      float grad_scale)
+static const float *head_weight(const fso_model *m)
+{
+    return m->mc.tie_word_embeddings ? P_(m, 0, FSO_T_EMBED)
+                                     : P_(m, m->n_blocks - 1, FSO_T_LM_HEAD);
+}
+
+static float *head_grad(const fso_model *m)
+{
+    return m->mc.tie_word_embeddings ? G_(m, 0, FSO_T_EMBED) : G_(m, m->n_blocks - 1, FSO_T_LM_HEAD);
+}
+
+double fso_model_step(fso_model *m, const fso_block_source *src, const int32_t *inputs,
+                      const int32_t *targets, float grad_scale)
 {
     fso_backend *be = m->be;
     const fso_backend_ops *op = be->ops;
     const int N = m->B * m->T, C = m->mc.hidden_size, V = m->mc.vocab_size;
     const int L = m->mc.num_hidden_layers;
 
-    forward_blocks(m, inputs);
+    forward_blocks(m, src, inputs);
     op->copy_h2d(be, m->targets, targets, sizeof(int32_t) * (size_t)N);
 
     /* Head, chunked over rows: logits -> loss and dlogits in place -> dxf (in dh). */
-    float *Wh = head_weight(m, m->params), *dWh = head_weight(m, m->grads);
+    lend_grads(m, src, L + 1);
+    if (m->mc.tie_word_embeddings)
+        lend_grads(m, src, 0);
+    const float *Wh = head_weight(m);
+    float *dWh = head_grad(m);
     float dscale = grad_scale / (float)N;
     for (int r0 = 0; r0 < N; r0 += m->chunk_rows) {
         int rows = N - r0 < m->chunk_rows ? N - r0 : m->chunk_rows;
@@ -415,17 +457,25 @@ double fso_model_step(fso_model *m, const int32_t *inputs, const int32_t *target
                        C, V, 0.0f);
     }
     op->memset0(be, m->dres, sizeof(float) * (size_t)N * C);
-    op->rmsnorm_bwd(be, m->dres, tensor_ptr(m, m->grads, L + 1, FSO_T_FINAL_NORM), m->dh,
-                    m->layer_in[L], tensor_ptr(m, m->params, L + 1, FSO_T_FINAL_NORM), m->rstdf, N,
-                    C);
+    op->rmsnorm_bwd(be, m->dres, G_(m, L + 1, FSO_T_FINAL_NORM), m->dh, m->layer_in[L],
+                    P_(m, L + 1, FSO_T_FINAL_NORM), m->rstdf, N, C);
+    return_grads(m, src, L + 1);
+    release_head(m, src);
 
     for (int l = L - 1; l >= 0; l--) {
         fso_layer_acts *a = &m->acts[m->checkpointing ? 0 : l];
+        lend_params(m, src, 1 + l);
         if (m->checkpointing)
             layer_forward(m, l, a, m->layer_in[l], NULL);
+        lend_grads(m, src, 1 + l);
         layer_backward(m, l, a, m->layer_in[l]);
+        return_grads(m, src, 1 + l);
+        return_params(m, src, 1 + l);
     }
-    op->embedding_bwd(be, tensor_ptr(m, m->grads, 0, FSO_T_EMBED), m->tokens, m->dres, N, C);
+    if (!m->grads[0])
+        lend_grads(m, src, 0);
+    op->embedding_bwd(be, G_(m, 0, FSO_T_EMBED), m->tokens, m->dres, N, C);
+    return_grads(m, src, 0);
 
     op->copy_d2h(be, m->losses_host, m->losses, sizeof(float) * (size_t)N);
     op->sync(be);
@@ -435,27 +485,20 @@ double fso_model_step(fso_model *m, const int32_t *inputs, const int32_t *target
     return sum / N;
 }
 
-void fso_model_forward_logits(fso_model *m, const int32_t *inputs, float *logits)
+void fso_model_forward_logits(fso_model *m, const fso_block_source *src, const int32_t *inputs,
+                              float *logits)
 {
     fso_backend *be = m->be;
     const int N = m->B * m->T, C = m->mc.hidden_size, V = m->mc.vocab_size;
-    forward_blocks(m, inputs);
-    float *Wh = head_weight(m, m->params);
+    forward_blocks(m, src, inputs);
+    const float *Wh = head_weight(m);
     for (int r0 = 0; r0 < N; r0 += m->chunk_rows) {
         int rows = N - r0 < m->chunk_rows ? N - r0 : m->chunk_rows;
         be->ops->matmul_fwd(be, m->logits, m->xf + (size_t)r0 * C, Wh, rows, C, V);
         be->ops->copy_d2h(be, logits + (size_t)r0 * V, m->logits, sizeof(float) * (size_t)rows * V);
     }
+    release_head(m, src);
     be->ops->sync(be);
-}
-
-double fso_model_grad_sqnorm(fso_model *m)
-{
-    double s = 0;
-    for (int i = 0; i < m->n_blocks; i++)
-        m->be->ops->sqnorm(m->be, &s, m->grads[i], m->blocks[i].padded_elems);
-    m->be->ops->sync(m->be);
-    return s;
 }
 
 double fso_model_flops_per_token(const fso_model_config *mc, int T)

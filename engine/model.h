@@ -9,10 +9,14 @@
  * that sharding, streaming and offload work on. Walking the blocks in order
  * and their tables in order visits the tensors in Hugging Face's order.
  *
- * One training micro-step is fso_model_step(): forward over all blocks, the
- * loss, backward, gradients accumulated into each block's flat gradient
- * buffer. With activation checkpointing only each layer's input is kept and
- * the layer is recomputed during backward.
+ * The model owns no parameters: a block source (fso_block_source) lends it
+ * each block's full parameters and gradient buffer while it works on that
+ * block, in a fixed order, so that the source can gather shards, stream them
+ * from host memory or NVMe, and prefetch ahead (engine/zero.c). One training
+ * micro-step is fso_model_step(): forward over all blocks, the loss,
+ * backward, each block's gradient handed back as soon as it is complete.
+ * With activation checkpointing only each layer's input is kept and the
+ * layer is recomputed during backward.
  */
 #ifndef FSO_MODEL_H
 #define FSO_MODEL_H
@@ -84,9 +88,10 @@ typedef struct fso_model {
 
     int n_blocks;                 /* L + 2 */
     fso_block_layout *blocks;
-    float **params;               /* per block, (padded_elems) device fp32 */
-    float **grads;                /* per block, (padded_elems) device fp32 */
     size_t n_params;              /* real parameters, padding excluded */
+    /* Lent by the block source while a block is in use, else NULL. */
+    const float **params;         /* per block, (padded_elems) device fp32 */
+    float **grads;                /* per block, (padded_elems) device fp32 */
 
     /* activations (device) */
     int32_t *tokens, *targets;    /* (N) */
@@ -106,9 +111,27 @@ typedef struct fso_model {
     char err[512];
 } fso_model;
 
-/* Lay out blocks for cfg->model and allocate parameters, gradients and
- * activations for micro-batch B x T on `be`. Returns 0 or negative errno
- * (message in model->err). */
+/* The block source: who lends the model its parameters and gradient
+ * buffers. The model calls, for every block it touches, in this order:
+ *   forward:  params(0); embed; release(0); for each layer l: params(1+l),
+ *             release(1+l); params(L+1) [and params(0) when tied]
+ *   head:     grads(L+1) [and grads(0) when tied]; grads_done(L+1);
+ *             release(L+1) [release(0)]
+ *   backward: for l = L-1..0: params(1+l), grads(1+l), grads_done(1+l),
+ *             release(1+l); grads(0) if not yet lent; grads_done(0)
+ * A gradient buffer is zero when first lent in a micro-step; the model adds
+ * into it. forward_logits uses params/release only. */
+typedef struct fso_block_source {
+    void *ctx;
+    const float *(*params)(void *ctx, int block);
+    void (*release)(void *ctx, int block);
+    float *(*grads)(void *ctx, int block);
+    void (*grads_done)(void *ctx, int block);
+} fso_block_source;
+
+/* Lay out blocks for cfg->model and allocate the activations for
+ * micro-batch B x T on `be`. world sets the shard padding. Returns 0 or
+ * negative errno (message in model->err). */
 int fso_model_init(fso_model *model, const fso_model_config *mc, fso_backend *be, int B, int T,
                    int world, bool checkpointing);
 void fso_model_free(fso_model *model);
@@ -117,30 +140,33 @@ void fso_model_free(fso_model *model);
  * need sizes. blocks must hold L+2 entries. Returns the number of blocks. */
 int fso_model_layout(fso_block_layout *blocks, const fso_model_config *mc, int world);
 
-/* Initialise parameters as Hugging Face Llama does: N(0, initializer_range)
- * for linear layers and the embedding, 1 for RMSNorm weights; the stream of
- * random numbers depends only on the seed, tensor by tensor in HF order. */
-void fso_model_init_params(fso_model *model, uint64_t seed);
+/* Fill the flat buffers of all blocks (host arrays of padded_elems, padding
+ * zero) as Hugging Face Llama initialises: N(0, initializer_range) for linear
+ * layers and the embedding, 1 for RMSNorm weights; the random stream depends
+ * only on the seed, tensor by tensor in HF order, not on the world size. */
+void fso_model_init_flat(const fso_model *model, float **flat, uint64_t seed);
+/* The same, one block at a time: call for blocks 0, 1, ... in order with one
+ * rng seeded by fso_rng_seed(rng, seed); flat (padded_elems) host. */
+struct fso_rng;
+void fso_model_init_block(const fso_model *model, int block, float *flat, struct fso_rng *rng);
 
-/* Copy all parameters (or gradients) from/to a host array in HF order
- * (n_params floats, no padding). */
-void fso_model_load_params(fso_model *model, const float *hf);
-void fso_model_store_params(const fso_model *model, float *hf);
-void fso_model_store_grads(const fso_model *model, float *hf);
-
-void fso_model_zero_grads(fso_model *model);
+/* Between HF order (n_params floats, no padding) and flat block buffers
+ * (host arrays). */
+void fso_model_flat_from_hf(const fso_model *model, float **flat, const float *hf);
+void fso_model_flat_to_hf(const fso_model *model, float *const *flat, float *hf);
 
 /* One micro-batch: forward, loss, backward. inputs and targets (B*T) host
- * int32; gradients of loss * grad_scale are added into model->grads.
+ * int32; gradients of loss * grad_scale are added into the lent buffers.
  * Returns the mean loss over the B*T positions (before grad_scale). */
-double fso_model_step(fso_model *model, const int32_t *inputs, const int32_t *targets,
-                      float grad_scale);
+double fso_model_step(fso_model *model, const fso_block_source *src, const int32_t *inputs,
+                      const int32_t *targets, float grad_scale);
 
 /* Forward only: logits (B*T, V) copied to host `logits`. */
-void fso_model_forward_logits(fso_model *model, const int32_t *inputs, float *logits);
+void fso_model_forward_logits(fso_model *model, const fso_block_source *src,
+                              const int32_t *inputs, float *logits);
 
-/* Global squared L2 norm of all gradients, accumulated in double. */
-double fso_model_grad_sqnorm(fso_model *model);
+/* Bytes of activations and scratch this model allocated on its device. */
+size_t fso_model_activation_bytes(const fso_model *model);
 
 /* Forward FLOPs per token (2 per multiply-add, attention included, causal
  * half counted): for tok/s and MFU reporting. */

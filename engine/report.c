@@ -49,21 +49,34 @@ void fso_report_step(fso_report *r, const fso_step_stats *st)
     r->last_loss = st->loss;
     r->wall_ms += st->step_ms;
 
+    r->stall_ms += st->stall_ms;
+    r->nvme_read_bytes += st->nvme_read_bytes;
+    r->nvme_write_bytes += st->nvme_write_bytes;
+    double secs = st->step_ms / 1e3;
+    double rd_gbps = secs > 0 ? st->nvme_read_bytes / secs / 1e9 : 0;
+    double wr_gbps = secs > 0 ? st->nvme_write_bytes / secs / 1e9 : 0;
+
     if (st->step % r->print_every == 0 || st->step == 1 || st->step == r->total_steps) {
+        char io[96] = "";
+        if (st->nvme_read_bytes || st->nvme_write_bytes)
+            snprintf(io, sizeof io, " | NVMe %.2f/%.2f GB/s r/w | stall %.1f ms", rd_gbps,
+                     wr_gbps, st->stall_ms);
         fprintf(r->out,
                 "step %5lld/%lld | loss %.4f | lr %.3e | norm %7.4f%s | %8.1f ms | %9.0f tok/s | "
-                "%6.1f GFLOP/s\n",
+                "%6.1f GFLOP/s%s\n",
                 (long long)st->step, (long long)r->total_steps, st->loss, st->lr, st->grad_norm,
-                st->clip_coef < 1.0 ? " (clipped)" : "          ", st->step_ms, tok_s, gflops);
+                st->clip_coef < 1.0 ? " (clipped)" : "          ", st->step_ms, tok_s, gflops, io);
         fflush(r->out);
     }
     if (r->metrics)
         fprintf(r->metrics,
                 "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, "
                 "\"clip_coef\": %.9g, \"step_ms\": %.6g, \"tokens\": %lld, \"tok_s\": %.6g, "
-                "\"gflops\": %.6g}\n",
+                "\"gflops\": %.6g, \"stall_ms\": %.6g, \"optimizer_ms\": %.6g, "
+                "\"nvme_read_bytes\": %llu, \"nvme_write_bytes\": %llu}\n",
                 (long long)st->step, st->loss, st->lr, st->grad_norm, st->clip_coef, st->step_ms,
-                (long long)st->tokens, tok_s, gflops);
+                (long long)st->tokens, tok_s, gflops, st->stall_ms, st->optimizer_ms,
+                (unsigned long long)st->nvme_read_bytes, (unsigned long long)st->nvme_write_bytes);
     if (r->metrics)
         fflush(r->metrics); /* a plot can follow the run */
 }
@@ -80,17 +93,22 @@ int fso_report_finish(fso_report *r, char *err, size_t errlen)
     if (r->steps > 0)
         fprintf(r->out,
                 "fsoff: done: %lld steps, %lld tokens in %.1f s | loss %.4f -> %.4f | "
-                "%.1f ms/step, %.0f tok/s (first step excluded) | peak RSS %.1f MiB\n",
+                "%.1f ms/step, %.0f tok/s (first step excluded) | peak RSS %.1f MiB, "
+                "device %.1f MiB\n",
                 (long long)r->steps, (long long)r->tokens, r->wall_ms / 1e3, r->first_loss,
-                r->last_loss, avg_ms, avg_tok_s, rss / 1048576.0);
+                r->last_loss, avg_ms, avg_tok_s, rss / 1048576.0, r->peak_device_bytes / 1048576.0);
     fflush(r->out);
     if (r->metrics) {
         fprintf(r->metrics,
                 "{\"event\": \"summary\", \"steps\": %lld, \"tokens\": %lld, \"first_loss\": %.9g, "
                 "\"final_loss\": %.9g, \"mean_step_ms\": %.6g, \"tok_s\": %.6g, "
-                "\"wall_ms\": %.6g, \"peak_rss_bytes\": %llu}\n",
+                "\"wall_ms\": %.6g, \"stall_ms\": %.6g, \"nvme_read_bytes\": %llu, "
+                "\"nvme_write_bytes\": %llu, \"peak_device_bytes\": %llu, "
+                "\"peak_rss_bytes\": %llu}\n",
                 (long long)r->steps, (long long)r->tokens, r->first_loss, r->last_loss, avg_ms,
-                avg_tok_s, r->wall_ms, (unsigned long long)rss);
+                avg_tok_s, r->wall_ms, r->stall_ms, (unsigned long long)r->nvme_read_bytes,
+                (unsigned long long)r->nvme_write_bytes,
+                (unsigned long long)r->peak_device_bytes, (unsigned long long)rss);
         if (ferror(r->metrics) | (fclose(r->metrics) != 0)) {
             int e = errno ? errno : EIO;
             snprintf(err, errlen, "--metrics %s: write failed: %s", r->metrics_path, strerror(e));

@@ -21,6 +21,9 @@ typedef struct fso_report {
     int64_t tokens_after_first;
     double last_loss, first_loss;
     double wall_ms;
+    double stall_ms;
+    uint64_t nvme_read_bytes, nvme_write_bytes;
+    uint64_t peak_device_bytes; /* set by the caller before finish */
 } fso_report;
 
 /* Open the metrics file (truncating) when path is not NULL. Returns 0 or

@@ -8,7 +8,6 @@
 #include <string.h>
 #include <time.h>
 
-#include "adamw.h"
 #include "data.h"
 #include "report.h"
 
@@ -19,120 +18,46 @@ static double now_ms(void)
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
-int fso_trainer_init(fso_trainer *tr, const fso_config *cfg, fso_backend *be)
+int fso_trainer_init(fso_trainer *tr, const fso_config *cfg)
 {
     memset(tr, 0, sizeof *tr);
     tr->cfg = cfg;
-    tr->be = be;
-    int rc = fso_model_init(&tr->model, &cfg->model, be, cfg->micro_batch, cfg->data.seq_len, 1,
-                            cfg->activation_checkpointing);
-    if (rc < 0) {
-        snprintf(tr->err, sizeof tr->err, "%s", tr->model.err);
-        return rc;
-    }
-    fso_model_init_params(&tr->model, cfg->seed);
-
-    int nb = tr->model.n_blocks;
-    tr->m = calloc((size_t)nb, sizeof *tr->m);
-    tr->v = calloc((size_t)nb, sizeof *tr->v);
-    if (!tr->m || !tr->v) {
-        rc = -ENOMEM;
-        snprintf(tr->err, sizeof tr->err, "out of host memory for the optimizer tables");
-        goto fail;
-    }
-    for (int i = 0; i < nb; i++) {
-        size_t bytes = sizeof(float) * tr->model.blocks[i].padded_elems;
-        if ((rc = be->ops->buf_alloc(be, bytes, (void **)&tr->m[i])) < 0 ||
-            (rc = be->ops->buf_alloc(be, bytes, (void **)&tr->v[i])) < 0) {
-            snprintf(tr->err, sizeof tr->err,
-                     "%s backend: cannot allocate AdamW state (%.1f MiB per block): %s",
-                     be->ops->name, 2 * bytes / 1048576.0, be->err);
-            goto fail;
-        }
-        be->ops->memset0(be, tr->m[i], bytes);
-        be->ops->memset0(be, tr->v[i], bytes);
-    }
-    return 0;
-fail:
-    fso_trainer_free(tr);
-    return rc;
+    return fso_zero_create(&tr->zero, cfg, tr->err, sizeof tr->err);
 }
 
 void fso_trainer_free(fso_trainer *tr)
 {
-    if (!tr || !tr->be)
+    if (!tr)
         return;
-    for (int i = 0; i < tr->model.n_blocks; i++) {
-        if (tr->m)
-            tr->be->ops->buf_free(tr->be, tr->m[i]);
-        if (tr->v)
-            tr->be->ops->buf_free(tr->be, tr->v[i]);
-    }
-    free(tr->m);
-    free(tr->v);
-    fso_model_free(&tr->model);
-    tr->m = tr->v = NULL;
-    tr->be = NULL;
+    fso_zero_destroy(tr->zero);
+    tr->zero = NULL;
 }
 
-static bool tensor_decays(const fso_optim_config *o, const fso_tensor_desc *t)
+size_t fso_trainer_step_tokens(const fso_config *cfg)
 {
-    if (t->is_norm)
-        return o->decay_norms;
-    if (t->kind == FSO_T_EMBED)
-        return o->decay_embeddings;
-    return t->decay;
+    return (size_t)(cfg->world > 0 ? cfg->world : 1) * cfg->grad_accum * cfg->micro_batch *
+           cfg->data.seq_len;
 }
 
 int fso_trainer_step(fso_trainer *tr, const int32_t *inputs, const int32_t *targets,
                      fso_step_stats *st)
 {
-    const fso_config *cfg = tr->cfg;
-    fso_model *m = &tr->model;
-    const size_t bt = (size_t)cfg->micro_batch * cfg->data.seq_len;
+    fso_zero_step zs;
     double t0 = now_ms();
-
     memset(st, 0, sizeof *st);
     st->step = tr->step + 1;
-    fso_model_zero_grads(m);
-    double loss = 0;
-    for (int a = 0; a < cfg->grad_accum; a++)
-        loss += fso_model_step(m, inputs + a * bt, targets + a * bt, 1.0f / cfg->grad_accum);
-    st->loss = loss / cfg->grad_accum;
-    st->tokens = (int64_t)(bt * cfg->grad_accum);
-
-    st->grad_norm = sqrt(fso_model_grad_sqnorm(m));
-    if (!isfinite(st->loss) || !isfinite(st->grad_norm)) {
-        snprintf(tr->err, sizeof tr->err,
-                 "step %lld: loss %g, gradient norm %g: training diverged and the update was "
-                 "not applied; lower optimizer.params.lr or set gradient_clipping",
-                 (long long)st->step, st->loss, st->grad_norm);
-        return -ERANGE;
-    }
-    st->clip_coef = 1.0;
-    if (cfg->grad_clip > 0) {
-        double coef = cfg->grad_clip / (st->grad_norm + 1e-6);
-        if (coef < 1.0)
-            st->clip_coef = coef;
-    }
-    st->lr = fso_config_lr_at(cfg, st->step);
-
-    fso_adamw_step as = {
-        .lr = st->lr,
-        .beta1 = cfg->optim.beta1,
-        .beta2 = cfg->optim.beta2,
-        .eps = cfg->optim.eps,
-        .grad_scale = st->clip_coef,
-        .t = st->step,
-    };
-    for (int i = 0; i < m->n_blocks; i++)
-        for (int t = 0; t < m->blocks[i].n_tensors; t++) {
-            const fso_tensor_desc *d = &m->blocks[i].tensors[t];
-            as.weight_decay = tensor_decays(&cfg->optim, d) ? cfg->optim.weight_decay : 0.0;
-            size_t off = d->offset_elems;
-            fso_adamw_update(m->params[i] + off, m->grads[i] + off, tr->m[i] + off,
-                             tr->v[i] + off, d->numel, &as);
-        }
+    int rc = fso_zero_step_run(tr->zero, st->step, inputs, targets, &zs, tr->err, sizeof tr->err);
+    st->loss = zs.loss;
+    st->grad_norm = zs.grad_norm;
+    if (rc < 0)
+        return rc;
+    st->lr = zs.lr;
+    st->clip_coef = zs.clip_coef;
+    st->stall_ms = zs.stall_ms;
+    st->optimizer_ms = zs.optimizer_ms;
+    st->nvme_read_bytes = zs.nvme_read_bytes;
+    st->nvme_write_bytes = zs.nvme_write_bytes;
+    st->tokens = (int64_t)fso_trainer_step_tokens(tr->cfg);
     tr->step++;
     st->step_ms = now_ms() - t0;
     return 0;
@@ -142,7 +67,8 @@ static void print_banner(const fso_config *cfg, const fso_trainer *tr, const fso
                          const char *devices_note)
 {
     const fso_model_config *mc = &cfg->model;
-    const fso_model *m = &tr->model;
+    const fso_model *m = fso_zero_model(tr->zero);
+    char placement[512];
     printf("fsoff: %s\n", devices_note);
     printf("fsoff: config %s\n", cfg->source[0] ? cfg->source : "built-in defaults (configs/tiny.json)");
     printf("fsoff: model llama %.2fM params: %d layers, hidden %d, heads %d/%d kv, ffn %d, "
@@ -151,14 +77,13 @@ static void print_banner(const fso_config *cfg, const fso_trainer *tr, const fso
            mc->num_key_value_heads, mc->intermediate_size, mc->vocab_size,
            mc->tie_word_embeddings ? ", tied head" : "");
     printf("fsoff: data %s\n", data->desc);
-    printf("fsoff: batch %d x %d tokens x %d accumulation = %d tokens/step, %lld steps, "
-           "activation checkpointing %s\n",
-           cfg->micro_batch, cfg->data.seq_len, cfg->grad_accum,
-           cfg->micro_batch * cfg->data.seq_len * cfg->grad_accum, (long long)cfg->steps,
+    printf("fsoff: batch %d x %d tokens x %d accumulation x %d devices = %zu tokens/step, "
+           "%lld steps, activation checkpointing %s\n",
+           cfg->micro_batch, cfg->data.seq_len, cfg->grad_accum, cfg->world,
+           fso_trainer_step_tokens(cfg), (long long)cfg->steps,
            cfg->activation_checkpointing ? "on" : "off");
-    printf("fsoff: memory %.1f MiB of parameters, gradients and activations, %.1f MiB of "
-           "AdamW state\n",
-           m->device_bytes / 1048576.0, tr->model.n_params * 8.0 / 1048576.0);
+    fso_zero_describe(tr->zero, placement, sizeof placement);
+    printf("fsoff: state %s\n", placement);
     const fso_sched_config *sc = &cfg->sched;
     int64_t total = sc->total_num_steps > 0 ? sc->total_num_steps : cfg->steps;
     if (sc->type != FSO_SCHED_CONSTANT && sc->warmup_num_steps >= total)
@@ -173,7 +98,6 @@ static void print_banner(const fso_config *cfg, const fso_trainer *tr, const fso
 
 int fso_train_run(const fso_config *cfg, const fso_run_opts *opts)
 {
-    fso_backend *be = NULL;
     fso_data data = {0};
     fso_trainer tr = {0};
     fso_report rep = {0};
@@ -182,17 +106,12 @@ int fso_train_run(const fso_config *cfg, const fso_run_opts *opts)
     char note[256];
     int rc;
 
-    if (strcmp(opts->devices, "cpu") != 0 && strcmp(opts->devices, "auto") != 0) {
-        fprintf(stderr, "fsoff: error: --devices %s: this build has the CPU backend only; "
-                        "use --devices cpu or auto\n", opts->devices);
-        return -EINVAL;
-    }
-    if ((rc = fso_backend_create(&be, "cpu", cfg->threads)) < 0) {
-        fprintf(stderr, "fsoff: error: cannot create the CPU backend: %s\n", strerror(-rc));
-        return rc;
-    }
-    snprintf(note, sizeof note, "devices %s: CPU backend, %d threads, fp32%s", opts->devices,
-             be->threads, strcmp(opts->devices, "auto") == 0 ? " (no GPU backend in this build)" : "");
+    int threads = cfg->threads > 0 ? cfg->threads : fso_cpu_count();
+    snprintf(note, sizeof note, "devices %s: %d CPU device%s, %d thread%s each, fp32%s",
+             opts->devices, cfg->world, cfg->world > 1 ? "s" : "",
+             threads / cfg->world > 0 ? threads / cfg->world : 1,
+             threads / cfg->world > 1 ? "s" : "",
+             strcmp(opts->devices, "auto") == 0 ? " (no GPU backend in this build)" : "");
     if (cfg->bf16)
         fprintf(stderr, "fsoff: warning: bf16.enabled: the CPU backend computes in fp32; "
                         "bf16 applies on GPUs\n");
@@ -201,11 +120,11 @@ int fso_train_run(const fso_config *cfg, const fso_run_opts *opts)
         fprintf(stderr, "fsoff: error: %s\n", data.err);
         goto out;
     }
-    if ((rc = fso_trainer_init(&tr, cfg, be)) < 0) {
+    if ((rc = fso_trainer_init(&tr, cfg)) < 0) {
         fprintf(stderr, "fsoff: error: %s\n", tr.err);
         goto out;
     }
-    size_t n = (size_t)cfg->grad_accum * cfg->micro_batch * cfg->data.seq_len;
+    size_t n = fso_trainer_step_tokens(cfg);
     inputs = malloc(sizeof(int32_t) * n);
     targets = malloc(sizeof(int32_t) * n);
     if (!inputs || !targets) {
@@ -222,17 +141,20 @@ int fso_train_run(const fso_config *cfg, const fso_run_opts *opts)
     print_banner(cfg, &tr, &data, note);
 
     size_t bt = (size_t)cfg->micro_batch * cfg->data.seq_len;
+    size_t nmb = n / bt;
     for (int64_t s = 0; s < cfg->steps; s++) {
         fso_step_stats st;
-        for (int a = 0; a < cfg->grad_accum; a++)
+        for (size_t a = 0; a < nmb; a++)
             fso_data_next(&data, inputs + a * bt, targets + a * bt);
         if ((rc = fso_trainer_step(&tr, inputs, targets, &st)) < 0) {
             fprintf(stderr, "fsoff: error: %s\n", tr.err);
+            rep.peak_device_bytes = fso_zero_peak_device_bytes(tr.zero);
             fso_report_finish(&rep, err, sizeof err);
             goto out;
         }
         fso_report_step(&rep, &st);
     }
+    rep.peak_device_bytes = fso_zero_peak_device_bytes(tr.zero);
     if ((rc = fso_report_finish(&rep, err, sizeof err)) < 0)
         fprintf(stderr, "fsoff: error: %s\n", err);
 
@@ -241,6 +163,5 @@ out:
     free(targets);
     fso_trainer_free(&tr);
     fso_data_free(&data);
-    fso_backend_destroy(be);
     return rc;
 }

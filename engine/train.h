@@ -1,20 +1,20 @@
 /* train.h — the training step and the training run.
  *
- * A trainer holds the model, the AdamW state (fp32 m and v per block, laid
- * out like the parameters) and the step counter. One optimizer step runs
- * gradient_accumulation_steps micro-batches, takes the exact global gradient
- * norm, folds the clipping factor into AdamW (torch's clip_grad_norm_:
- * coef = clip / (norm + 1e-6), applied when below 1) and updates every tensor
- * with its own weight-decay flag, the learning rate coming from the scheduler.
+ * A trainer owns the sharded training state (zero.h) across the process's
+ * devices. One optimizer step runs gradient_accumulation_steps micro-batches
+ * on every device, takes the exact global gradient norm, folds the clipping
+ * factor into AdamW (torch's clip_grad_norm_: coef = clip / (norm + 1e-6),
+ * applied when below 1) and updates every tensor with its own weight-decay
+ * flag, the learning rate coming from the scheduler.
  */
 #ifndef FSO_TRAIN_H
 #define FSO_TRAIN_H
 
 #include <stdint.h>
 
-#include "backend.h"
 #include "config.h"
 #include "model.h"
+#include "zero.h"
 
 typedef struct fso_step_stats {
     int64_t step;            /* from 1 */
@@ -23,26 +23,32 @@ typedef struct fso_step_stats {
     double grad_norm;        /* before clipping */
     double clip_coef;        /* applied factor, 1 when not clipped */
     double step_ms;
-    int64_t tokens;          /* tokens in this step */
+    double stall_ms;         /* compute waited on NVMe reads */
+    double optimizer_ms;
+    uint64_t nvme_read_bytes, nvme_write_bytes;
+    int64_t tokens;          /* tokens in this step, all devices */
 } fso_step_stats;
 
 typedef struct fso_trainer {
     const fso_config *cfg;
-    fso_backend *be;
-    fso_model model;
-    float **m, **v;          /* per block (padded_elems) */
+    fso_zero *zero;
     int64_t step;            /* optimizer steps taken */
     char err[512];
 } fso_trainer;
 
-/* Build the model for cfg on be, initialise the parameters from cfg->seed and
- * zero the optimizer state. Returns 0 or negative errno (tr->err). */
-int fso_trainer_init(fso_trainer *tr, const fso_config *cfg, fso_backend *be);
+/* Build the sharded state for cfg (cfg->world devices), initialise the
+ * parameters from cfg->seed and zero the optimizer state. Returns 0 or
+ * negative errno (tr->err). */
+int fso_trainer_init(fso_trainer *tr, const fso_config *cfg);
 void fso_trainer_free(fso_trainer *tr);
 
-/* One optimizer step over grad_accum micro-batches: inputs and targets hold
- * grad_accum * B * T tokens. Returns 0, or -ERANGE (tr->err) when the loss
- * or the gradient norm is not finite; the update is then not applied. */
+/* Tokens one step consumes: world * grad_accum micro-batches of B*T. */
+size_t fso_trainer_step_tokens(const fso_config *cfg);
+
+/* One optimizer step: inputs and targets hold fso_trainer_step_tokens()
+ * tokens, micro-batch a of device r at number a * world + r. Returns 0, or
+ * negative errno (tr->err): -ERANGE when the loss or the gradient norm is not
+ * finite, an I/O error; the update is then not applied. */
 int fso_trainer_step(fso_trainer *tr, const int32_t *inputs, const int32_t *targets,
                      fso_step_stats *st);
 

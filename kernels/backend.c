@@ -52,6 +52,17 @@ int fso_backend_create(fso_backend **out, const char *name, int threads)
     return 0;
 }
 
+int fso_backend_create_virtual(fso_backend **out, const char *name, int device, int threads,
+                               size_t mem_cap_bytes)
+{
+    int rc = fso_backend_create(out, name, threads);
+    if (rc < 0)
+        return rc;
+    (*out)->device = device;
+    (*out)->mem_cap_bytes = mem_cap_bytes;
+    return 0;
+}
+
 void fso_backend_destroy(fso_backend *be)
 {
     if (!be)
@@ -61,23 +72,40 @@ void fso_backend_destroy(fso_backend *be)
     free(be);
 }
 
+/* Each buffer carries a 64-byte header with its size, so frees are counted
+ * against the device's memory cap. */
+#define BUF_HDR 64
+
 int fso_cpu_buf_alloc(fso_backend *be, size_t bytes, void **out)
 {
     void *p = NULL;
     size_t rounded = (bytes + 63) & ~(size_t)63;
-    if (posix_memalign(&p, 64, rounded ? rounded : 64) != 0) {
+    if (be->mem_cap_bytes && be->mem_used_bytes + rounded > be->mem_cap_bytes) {
+        snprintf(be->err, sizeof be->err,
+                 "device %d: %zu bytes more would exceed its memory cap (%zu of %zu bytes in use)",
+                 be->device, rounded, be->mem_used_bytes, be->mem_cap_bytes);
+        return -ENOMEM;
+    }
+    if (posix_memalign(&p, 64, rounded + BUF_HDR) != 0) {
         snprintf(be->err, sizeof be->err, "out of host memory allocating %zu bytes", bytes);
         return -ENOMEM;
     }
-    memset(p, 0, rounded ? rounded : 64);
-    *out = p;
+    memset(p, 0, rounded + BUF_HDR);
+    *(size_t *)p = rounded;
+    be->mem_used_bytes += rounded;
+    if (be->mem_used_bytes > be->mem_peak_bytes)
+        be->mem_peak_bytes = be->mem_used_bytes;
+    *out = (char *)p + BUF_HDR;
     return 0;
 }
 
 void fso_cpu_buf_free(fso_backend *be, void *buf)
 {
-    (void)be;
-    free(buf);
+    if (!buf)
+        return;
+    void *p = (char *)buf - BUF_HDR;
+    be->mem_used_bytes -= *(size_t *)p;
+    free(p);
 }
 
 void fso_cpu_memset0(fso_backend *be, void *dst, size_t bytes)

@@ -98,12 +98,21 @@ struct fso_backend {
     const fso_backend_ops *ops;
     void *ctx;
     int threads;
+    int device;                 /* index among the process's devices */
+    size_t mem_cap_bytes;       /* 0: no cap; else buf_alloc fails past it */
+    size_t mem_used_bytes;      /* held now */
+    size_t mem_peak_bytes;      /* most held at once */
     char err[FSO_BACKEND_ERR_MAX];
 };
 
 /* Create a backend by name ("cpu", "cpu-ref"); threads 0 = the CPUs this
  * process may use. Returns 0 or -ENOENT for an unknown name. */
 int fso_backend_create(fso_backend **out, const char *name, int threads);
+/* A CPU virtual device: backend `name` ("cpu", "cpu-ref") with `threads` threads and a
+ * memory cap (0: none). OpenBLAS's pool is process-wide and sized to
+ * `threads` too, so give every device of a process the same count. */
+int fso_backend_create_virtual(fso_backend **out, const char *name, int device, int threads,
+                               size_t mem_cap_bytes);
 void fso_backend_destroy(fso_backend *be);
 
 /* The CPUs this process may run on (sched_getaffinity), at least 1. */

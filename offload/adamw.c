@@ -1,25 +1,231 @@
-/* adamw.c — scalar AdamW reference (see adamw.h for the formula). */
+/* adamw.c — the scalar AdamW reference, kernel selection and the threaded
+ * driver (see adamw.h for the formula and the contract). Compiled with
+ * -ffp-contract=off: the reference is the same bits with or without
+ * -march=native. */
 #include "adamw.h"
 
+#include <errno.h>
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define ADAMW_ABORT(...)                                                      \
+    do {                                                                      \
+        fprintf(stderr, "%s:%d: ", __FILE__, __LINE__);                       \
+        fprintf(stderr, __VA_ARGS__);                                         \
+        fprintf(stderr, "\n");                                                \
+        abort();                                                              \
+    } while (0)
+
+void fso_adamw_consts_init(fso_adamw_consts *c, const fso_adamw_step *st)
+{
+    c->scale = (float)st->grad_scale;
+    c->decay = (float)(1.0 - st->lr * st->weight_decay);
+    c->beta1 = (float)st->beta1;
+    c->beta2 = (float)st->beta2;
+    c->one_minus_beta1 = 1.0f - c->beta1;
+    c->one_minus_beta2 = 1.0f - c->beta2;
+    c->step_size = (float)(st->lr / (1.0 - pow(st->beta1, (double)st->t)));
+    c->bc2_sqrt = (float)sqrt(1.0 - pow(st->beta2, (double)st->t));
+    c->eps = (float)st->eps;
+}
+
+/* One element; returns the new master value. The SIMD kernels do exactly
+ * these operations in this order. */
+static inline float adamw_one(float p, float g, float *restrict mi, float *restrict vi,
+                              const fso_adamw_consts *c)
+{
+    g = g * c->scale;
+    p = p * c->decay;
+    float m = c->beta1 * *mi + c->one_minus_beta1 * g;
+    float v = c->beta2 * *vi + c->one_minus_beta2 * g * g;
+    float denom = sqrtf(v) / c->bc2_sqrt + c->eps;
+    *mi = m;
+    *vi = v;
+    return p - c->step_size * (m / denom);
+}
+
+void fso_adamw_fused_scalar(float *restrict master, const void *restrict grad,
+                            fso_dtype grad_dtype, float *restrict m, float *restrict v,
+                            uint16_t *restrict out, size_t n, const fso_adamw_consts *c)
+{
+    if (grad_dtype == FSO_DT_F32) {
+        const float *g = grad;
+        for (size_t i = 0; i < n; i++) {
+            float p = adamw_one(master[i], g[i], &m[i], &v[i], c);
+            master[i] = p;
+            if (out)
+                out[i] = fso_bf16_from_f32(p);
+        }
+    } else {
+        const uint16_t *g = grad;
+        for (size_t i = 0; i < n; i++) {
+            float p = adamw_one(master[i], fso_f32_from_bf16(g[i]), &m[i], &v[i], c);
+            master[i] = p;
+            if (out)
+                out[i] = fso_bf16_from_f32(p);
+        }
+    }
+}
+
+static const fso_adamw_kernel kernel_scalar = {FSO_ISA_SCALAR, "scalar", fso_adamw_fused_scalar};
+#if FSO_HAVE_AVX2
+static const fso_adamw_kernel kernel_avx2 = {FSO_ISA_AVX2, "avx2", fso_adamw_fused_avx2};
+#endif
+#if FSO_HAVE_AVX512
+static const fso_adamw_kernel kernel_avx512 = {FSO_ISA_AVX512, "avx512", fso_adamw_fused_avx512};
+#endif
+
+static const fso_adamw_kernel *cpu_kernel(fso_adamw_isa isa)
+{
+    switch (isa) {
+    case FSO_ISA_SCALAR:
+        return &kernel_scalar;
+#if FSO_HAVE_AVX2
+    case FSO_ISA_AVX2:
+        __builtin_cpu_init();
+        return __builtin_cpu_supports("avx2") ? &kernel_avx2 : NULL;
+#endif
+#if FSO_HAVE_AVX512
+    case FSO_ISA_AVX512:
+        __builtin_cpu_init();
+        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                       __builtin_cpu_supports("avx512vl")
+                   ? &kernel_avx512
+                   : NULL;
+#endif
+    default:
+        return NULL;
+    }
+}
+
+int fso_adamw_select(fso_adamw_isa want, const fso_adamw_kernel **out)
+{
+    const fso_adamw_kernel *k = NULL;
+    switch (want) {
+    case FSO_ISA_AUTO:
+        if (!(k = cpu_kernel(FSO_ISA_AVX512)) && !(k = cpu_kernel(FSO_ISA_AVX2)))
+            k = cpu_kernel(FSO_ISA_SCALAR);
+        break;
+    case FSO_ISA_SCALAR:
+    case FSO_ISA_AVX2:
+    case FSO_ISA_AVX512:
+        if (!(k = cpu_kernel(want)))
+            return -ENOTSUP;
+        break;
+    default:
+        return -EINVAL;
+    }
+    *out = k;
+    return 0;
+}
+
+static const char *const isa_names[] = {
+    [FSO_ISA_AUTO] = "auto",
+    [FSO_ISA_SCALAR] = "scalar",
+    [FSO_ISA_AVX2] = "avx2",
+    [FSO_ISA_AVX512] = "avx512",
+};
+
+const char *fso_adamw_isa_name(fso_adamw_isa isa)
+{
+    if ((unsigned)isa < sizeof isa_names / sizeof isa_names[0])
+        return isa_names[isa];
+    return "?";
+}
+
+int fso_adamw_isa_parse(const char *name, fso_adamw_isa *out)
+{
+    for (size_t i = 0; i < sizeof isa_names / sizeof isa_names[0]; i++)
+        if (strcmp(name, isa_names[i]) == 0) {
+            *out = (fso_adamw_isa)i;
+            return 0;
+        }
+    return -EINVAL;
+}
+
+static void check_args(const void *grad, fso_dtype grad_dtype)
+{
+    if (grad_dtype != FSO_DT_F32 && grad_dtype != FSO_DT_BF16)
+        ADAMW_ABORT("fso_adamw_fused: grad_dtype %d is neither FSO_DT_F32 nor FSO_DT_BF16",
+                    (int)grad_dtype);
+    if (grad_dtype == FSO_DT_BF16 && ((uintptr_t)grad & 1))
+        ADAMW_ABORT("fso_adamw_fused: bf16 gradient at %p is not 2-byte aligned", grad);
+}
+
+void fso_adamw_fused(const fso_adamw_kernel *k, float *master, const void *grad,
+                     fso_dtype grad_dtype, float *m, float *v, uint16_t *param_bf16_out,
+                     size_t n, const fso_adamw_step *st)
+{
+    check_args(grad, grad_dtype);
+    fso_adamw_consts c;
+    fso_adamw_consts_init(&c, st);
+    (k ? k->fused : fso_adamw_fused_scalar)(master, grad, grad_dtype, m, v, param_bf16_out, n,
+                                            &c);
+}
 
 void fso_adamw_update(float *param, const float *grad, float *m, float *v, size_t n,
                       const fso_adamw_step *st)
 {
-    const float beta1 = (float)st->beta1, beta2 = (float)st->beta2;
-    const float decay = (float)(1.0 - st->lr * st->weight_decay);
-    const float step_size = (float)(st->lr / (1.0 - pow(st->beta1, (double)st->t)));
-    const float bc2_sqrt = (float)sqrt(1.0 - pow(st->beta2, (double)st->t));
-    const float eps = (float)st->eps, scale = (float)st->grad_scale;
+    fso_adamw_fused(NULL, param, grad, FSO_DT_F32, m, v, NULL, n, st);
+}
 
-    for (size_t i = 0; i < n; i++) {
-        float g = grad[i] * scale;
-        float p = param[i] * decay;
-        float mi = beta1 * m[i] + (1.0f - beta1) * g;
-        float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
-        float denom = sqrtf(vi) / bc2_sqrt + eps;
-        param[i] = p - step_size * (mi / denom);
-        m[i] = mi;
-        v[i] = vi;
+/* ---- threads ---------------------------------------------------------- */
+
+/* The range is cut into units: unit 0 is [0, head + UNIT), unit u > 0 starts
+ * at head + u * UNIT, where master + head is the first 128-byte boundary;
+ * the last unit ends at n. */
+#define UNIT_ELEMS 32 /* 128 bytes of fp32, 64 of bf16 */
+
+typedef struct mt_job {
+    fso_adamw_fused_fn fn;
+    float *master, *m, *v;
+    const void *grad;
+    fso_dtype grad_dtype;
+    uint16_t *out;
+    size_t n, head;
+    int64_t units;
+    fso_adamw_consts c;
+} mt_job;
+
+static size_t unit_start(const mt_job *j, int64_t u)
+{
+    if (u <= 0)
+        return 0;
+    if (u >= j->units)
+        return j->n;
+    return j->head + (size_t)u * UNIT_ELEMS;
+}
+
+static void mt_range(void *ctx, int64_t ub, int64_t ue, int worker)
+{
+    (void)worker;
+    const mt_job *j = ctx;
+    size_t b = unit_start(j, ub), e = unit_start(j, ue);
+    size_t gsize = j->grad_dtype == FSO_DT_F32 ? 4 : 2;
+    j->fn(j->master + b, (const char *)j->grad + b * gsize, j->grad_dtype, j->m + b, j->v + b,
+          j->out ? j->out + b : NULL, e - b, &j->c);
+}
+
+void fso_adamw_fused_mt(const fso_adamw_kernel *k, fso_pool *pool, float *master,
+                        const void *grad, fso_dtype grad_dtype, float *m, float *v,
+                        uint16_t *param_bf16_out, size_t n, const fso_adamw_step *st)
+{
+    if (!pool || fso_pool_threads(pool) <= 1 || n < 2 * (size_t)FSO_ADAMW_MT_GRAIN_ELEMS) {
+        fso_adamw_fused(k, master, grad, grad_dtype, m, v, param_bf16_out, n, st);
+        return;
     }
+    check_args(grad, grad_dtype);
+    mt_job j = {
+        .fn = k ? k->fused : fso_adamw_fused_scalar,
+        .master = master, .m = m, .v = v,
+        .grad = grad, .grad_dtype = grad_dtype,
+        .out = param_bf16_out,
+        .n = n,
+    };
+    j.head = (size_t)((128 - ((uintptr_t)master & 127)) & 127) / sizeof(float);
+    j.units = (int64_t)((n - j.head + UNIT_ELEMS - 1) / UNIT_ELEMS); /* n > head here */
+    fso_adamw_consts_init(&j.c, st);
+    fso_pool_for(pool, j.units, FSO_ADAMW_MT_GRAIN_ELEMS / UNIT_ELEMS, mt_range, &j);
 }

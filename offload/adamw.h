@@ -8,14 +8,37 @@
  *   v  = beta2 * v + (1 - beta2) * g * g
  *   p -= lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
  *
- * This is the scalar reference; the optimizer issue adds vectorized paths
- * that must agree with it.
+ * Every per-element operation is a separately rounded fp32 mul, add, div or
+ * sqrt, in the order written above ((1 - beta2) * g first, then * g); the
+ * per-step constants are computed once in double and rounded to float, and
+ * 1 - beta1, 1 - beta2 are computed in float from the rounded betas. The
+ * translation units are compiled with -ffp-contract=off, so no FMA
+ * contraction changes the result with the build flags.
+ *
+ * The fused kernel (fso_adamw_fused) does the whole update in one pass over
+ * memory: it reads an fp32 or bf16 gradient, updates the fp32 master weight
+ * and moments in place and, when asked, writes the new bf16 working copy of
+ * the parameter. Kernels for several instruction sets share one contract:
+ *
+ *   scalar   the reference, plain C
+ *   avx2     8 lanes (AVX2), scalar head and tail
+ *   avx512   16 lanes (AVX-512 F + BW + VL), masked head and tail
+ *
+ * and every one produces the same bits as the scalar reference (IEEE mul,
+ * add, div and sqrt are correctly rounded in every lane; only which NaN
+ * payload survives when two NaNs meet may differ, so NaN compares as NaN).
+ *
+ * bf16 output: round to nearest even of the fp32 bits, denormals kept (no
+ * flush), overflow to +-Inf, NaN stays NaN: (bits >> 16) | 0x0040 (quiet,
+ * sign and top payload kept).
  */
 #ifndef FSO_ADAMW_H
 #define FSO_ADAMW_H
 
 #include <stddef.h>
 #include <stdint.h>
+
+#include "pool.h"
 
 typedef struct fso_adamw_step {
     double lr;
@@ -26,8 +49,106 @@ typedef struct fso_adamw_step {
     int64_t t;             /* step number, from 1 */
 } fso_adamw_step;
 
-/* param, m, v (n) fp32 updated in place; grad (n) fp32 read. */
+/* param, m, v (n) fp32 updated in place; grad (n) fp32 read. The scalar
+ * kernel below with no bf16 output; kept for the trainer. */
 void fso_adamw_update(float *param, const float *grad, float *m, float *v, size_t n,
                       const fso_adamw_step *st);
+
+/* ---- fused kernels ---------------------------------------------------- */
+
+typedef enum fso_dtype {
+    FSO_DT_F32,
+    FSO_DT_BF16,
+} fso_dtype;
+
+typedef enum fso_adamw_isa {
+    FSO_ISA_AUTO,      /* the widest the CPU supports */
+    FSO_ISA_SCALAR,
+    FSO_ISA_AVX2,
+    FSO_ISA_AVX512,
+} fso_adamw_isa;
+
+/* The per-step constants every kernel uses, from fso_adamw_consts_init. */
+typedef struct fso_adamw_consts {
+    float scale;           /* grad_scale */
+    float decay;           /* 1 - lr * weight_decay */
+    float beta1, one_minus_beta1;
+    float beta2, one_minus_beta2;
+    float step_size;       /* lr / (1 - beta1^t) */
+    float bc2_sqrt;        /* sqrt(1 - beta2^t) */
+    float eps;
+} fso_adamw_consts;
+
+/* One ISA's fused loop over [0, n): master, m, v (n) fp32 in place; grad (n)
+ * fp32 or bf16 read; out (n) bf16 written when non-NULL. No two arrays
+ * overlap. Any alignment of the element pointers is accepted. */
+typedef void (*fso_adamw_fused_fn)(float *restrict master, const void *restrict grad,
+                                   fso_dtype grad_dtype, float *restrict m, float *restrict v,
+                                   uint16_t *restrict out, size_t n, const fso_adamw_consts *c);
+
+typedef struct fso_adamw_kernel {
+    fso_adamw_isa isa;     /* never FSO_ISA_AUTO */
+    const char *name;      /* "scalar", "avx2", "avx512" */
+    fso_adamw_fused_fn fused;
+} fso_adamw_kernel;
+
+/* The kernel for `want` (AUTO: avx512, else avx2, else scalar, as the CPU
+ * and this build allow). 0, -ENOTSUP when the CPU or the compiler lacks
+ * `want` (*out is then left untouched: nothing falls back silently), or
+ * -EINVAL for an unknown value. The kernels are static and never freed. */
+int fso_adamw_select(fso_adamw_isa want, const fso_adamw_kernel **out);
+
+/* "auto", "scalar", "avx2", "avx512"; parse returns -EINVAL for others. */
+const char *fso_adamw_isa_name(fso_adamw_isa isa);
+int fso_adamw_isa_parse(const char *name, fso_adamw_isa *out);
+
+void fso_adamw_consts_init(fso_adamw_consts *c, const fso_adamw_step *st);
+
+/* One AdamW step over n elements with kernel k (NULL: the scalar reference):
+ *   master, m, v  (n) fp32, updated in place
+ *   grad          (n) fp32 or bf16 as grad_dtype, read
+ *   param_bf16_out (n) bf16, written when non-NULL
+ */
+void fso_adamw_fused(const fso_adamw_kernel *k, float *master, const void *grad,
+                     fso_dtype grad_dtype, float *m, float *v, uint16_t *param_bf16_out,
+                     size_t n, const fso_adamw_step *st);
+
+/* Same, split over the threads of `pool` (NULL: the calling thread only).
+ * Split points fall where master + i is 128-byte aligned (64-byte aligned
+ * for bf16 arrays aligned like master), so no two threads write one cache
+ * line; ranges under FSO_ADAMW_MT_GRAIN_ELEMS are not split. The result
+ * does not depend on the thread count. */
+#define FSO_ADAMW_MT_GRAIN_ELEMS 16384
+void fso_adamw_fused_mt(const fso_adamw_kernel *k, fso_pool *pool, float *master,
+                        const void *grad, fso_dtype grad_dtype, float *m, float *v,
+                        uint16_t *param_bf16_out, size_t n, const fso_adamw_step *st);
+
+/* Round one fp32 to bf16 as the kernels do (see the top of this file). */
+static inline uint16_t fso_bf16_from_f32(float f)
+{
+    union { float f; uint32_t u; } x = {.f = f};
+    if ((x.u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((x.u >> 16) | 0x0040u);
+    return (uint16_t)((x.u + 0x7fffu + ((x.u >> 16) & 1u)) >> 16);
+}
+
+static inline float fso_f32_from_bf16(uint16_t h)
+{
+    union { uint32_t u; float f; } x = {.u = (uint32_t)h << 16};
+    return x.f;
+}
+
+/* The kernels themselves, for tests and benchmarks that call one directly.
+ * The avx2 and avx512 ones exist only when the build has them and must only
+ * run on a CPU that fso_adamw_select accepts them for. */
+void fso_adamw_fused_scalar(float *restrict master, const void *restrict grad,
+                            fso_dtype grad_dtype, float *restrict m, float *restrict v,
+                            uint16_t *restrict out, size_t n, const fso_adamw_consts *c);
+void fso_adamw_fused_avx2(float *restrict master, const void *restrict grad,
+                          fso_dtype grad_dtype, float *restrict m, float *restrict v,
+                          uint16_t *restrict out, size_t n, const fso_adamw_consts *c);
+void fso_adamw_fused_avx512(float *restrict master, const void *restrict grad,
+                            fso_dtype grad_dtype, float *restrict m, float *restrict v,
+                            uint16_t *restrict out, size_t n, const fso_adamw_consts *c);
 
 #endif

@@ -28,6 +28,7 @@
 #include "config.h"
 #include "model.h"
 #include "train.h"
+#include "zero.h"
 
 #define FIX_MAGIC 0x46534F47
 #define TOL_NORM 1e-5
@@ -89,9 +90,21 @@ static void load_fixture(fixture *f, const char *name)
 #undef TAKE
 }
 
-static void fixture_config(fso_config *cfg, const fixture *f, bool checkpointing)
+typedef struct variant {
+    const char *backend;
+    bool checkpointing;
+    int world;
+    fso_tier param_tier, optim_tier;
+} variant;
+
+static void fixture_config(fso_config *cfg, const fixture *f, const variant *vr)
 {
     fso_config_defaults(cfg);
+    snprintf(cfg->backend, sizeof cfg->backend, "%s", vr->backend);
+    cfg->world = vr->world;
+    cfg->offload.param_tier = vr->param_tier;
+    cfg->offload.optim_tier = vr->optim_tier;
+    cfg->threads = 2;
     fso_model_config *mc = &cfg->model;
     mc->vocab_size = f->V;
     mc->hidden_size = f->C;
@@ -118,11 +131,11 @@ static void fixture_config(fso_config *cfg, const fixture *f, bool checkpointing
     cfg->sched.cos_min_ratio = f->hyper[9];
     cfg->sched.warmup_num_steps = f->warmup;
     cfg->sched.total_num_steps = f->total;
-    cfg->micro_batch = f->B;
+    cfg->micro_batch = f->B / vr->world; /* the same global batch on every device count */
     cfg->grad_accum = 1;
     cfg->data.seq_len = f->T;
     cfg->steps = f->nsteps;
-    cfg->activation_checkpointing = checkpointing;
+    cfg->activation_checkpointing = vr->checkpointing;
 }
 
 /* Per-tensor normalized error, reporting the first mismatching elements. */
@@ -159,39 +172,42 @@ static int check_tensors(const char *what, const fso_model *m, const float *got,
     return bad;
 }
 
-static void run_golden(const char *fixture_name, const char *backend, bool checkpointing)
+static void run_golden(const char *fixture_name, variant vr)
 {
     fixture f = {0};
     load_fixture(&f, fixture_name);
     fso_config cfg;
-    fixture_config(&cfg, &f, checkpointing);
+    fixture_config(&cfg, &f, &vr);
+    char err[512];
 
-    fso_backend *be = NULL;
-    assert_int_equal(fso_backend_create(&be, backend, 2), 0);
     fso_trainer tr;
-    if (fso_trainer_init(&tr, &cfg, be) < 0)
+    if (fso_trainer_init(&tr, &cfg) < 0)
         fail_msg("trainer: %s", tr.err);
-    assert_int_equal(tr.model.n_params, f.np);
-    fso_model_load_params(&tr.model, f.params0);
+    const fso_model *m = fso_zero_model(tr.zero);
+    assert_int_equal(m->n_params, f.np);
+    if (fso_zero_load_hf(tr.zero, f.params0, err, sizeof err) < 0)
+        fail_msg("load: %s", err);
 
     size_t bt = (size_t)f.B * f.T;
     int bad = 0;
     float *buf = malloc(sizeof(float) * (f.np > bt * f.V ? f.np : bt * f.V));
     assert_non_null(buf);
 
-    /* logits of step 1's batch */
-    fso_model_forward_logits(&tr.model, f.inputs, buf);
+    /* logits of step 1's batch (rank 0's rows) */
+    if (fso_zero_forward_logits(tr.zero, f.inputs, buf, err, sizeof err) < 0)
+        fail_msg("logits: %s", err);
     {
+        size_t n = (size_t)cfg.micro_batch * f.T * f.V;
         double num = 0, den = 0;
-        for (size_t i = 0; i < bt * f.V; i++) {
+        for (size_t i = 0; i < n; i++) {
             double d = (double)buf[i] - f.logits0[i];
             num += d * d;
             den += (double)f.logits0[i] * f.logits0[i];
         }
-        double err = sqrt(num / den);
-        if (!(err <= TOL_NORM)) {
+        double e = sqrt(num / den);
+        if (!(e <= TOL_NORM)) {
             fprintf(stderr, "logits: normalized error %.3g > %.3g (first: got %.8g want %.8g)\n",
-                    err, TOL_NORM, buf[0], f.logits0[0]);
+                    e, TOL_NORM, buf[0], f.logits0[0]);
             bad++;
         }
     }
@@ -215,16 +231,18 @@ static void run_golden(const char *fixture_name, const char *backend, bool check
             bad++;
         }
         if (s == 0) {
-            fso_model_store_grads(&tr.model, buf);
-            bad += check_tensors("step 1 gradient", &tr.model, buf, f.grads0, TOL_NORM);
+            if (fso_zero_store_grads_hf(tr.zero, buf, err, sizeof err) < 0)
+                fail_msg("grads: %s", err);
+            bad += check_tensors("step 1 gradient", m, buf, f.grads0, TOL_NORM);
         }
     }
 
-    fso_model_store_params(&tr.model, buf);
+    if (fso_zero_store_hf(tr.zero, buf, err, sizeof err) < 0)
+        fail_msg("params: %s", err);
     size_t off = 0;
-    for (int i = 0; i < tr.model.n_blocks; i++)
-        for (int t = 0; t < tr.model.blocks[i].n_tensors; t++) {
-            const fso_tensor_desc *d = &tr.model.blocks[i].tensors[t];
+    for (int i = 0; i < m->n_blocks; i++)
+        for (int t = 0; t < m->blocks[i].n_tensors; t++) {
+            const fso_tensor_desc *d = &m->blocks[i].tensors[t];
             int shown = 0;
             for (size_t e = 0; e < d->numel; e++) {
                 double got = buf[off + e], want = f.params_final[off + e];
@@ -240,19 +258,23 @@ static void run_golden(const char *fixture_name, const char *backend, bool check
 
     free(buf);
     fso_trainer_free(&tr);
-    fso_backend_destroy(be);
     fso_config_free(&cfg);
     free(f.blob);
     if (bad)
-        fail_msg("%s on %s (checkpointing %s): %d mismatches against PyTorch", fixture_name,
-                 backend, checkpointing ? "on" : "off", bad);
+        fail_msg("%s on %s x%d (checkpointing %s, tiers %d/%d): %d mismatches against PyTorch",
+                 fixture_name, vr.backend, vr.world, vr.checkpointing ? "on" : "off",
+                 vr.param_tier, vr.optim_tier, bad);
 }
 
-static void test_untied_matches_pytorch_fast(void **s) { (void)s; run_golden("llama_tiny_untied.bin", "cpu", false); }
-static void test_untied_matches_pytorch_fast_checkpointed(void **s) { (void)s; run_golden("llama_tiny_untied.bin", "cpu", true); }
-static void test_untied_matches_pytorch_ref(void **s) { (void)s; run_golden("llama_tiny_untied.bin", "cpu-ref", true); }
-static void test_tied_matches_pytorch_fast(void **s) { (void)s; run_golden("llama_tiny_tied.bin", "cpu", true); }
-static void test_tied_matches_pytorch_ref(void **s) { (void)s; run_golden("llama_tiny_tied.bin", "cpu-ref", false); }
+#define DEV FSO_TIER_DEVICE
+#define HOST FSO_TIER_HOST
+static void test_untied_matches_pytorch_fast(void **s) { (void)s; run_golden("llama_tiny_untied.bin", (variant){"cpu", false, 1, DEV, DEV}); }
+static void test_untied_matches_pytorch_fast_checkpointed(void **s) { (void)s; run_golden("llama_tiny_untied.bin", (variant){"cpu", true, 1, DEV, DEV}); }
+static void test_untied_matches_pytorch_ref(void **s) { (void)s; run_golden("llama_tiny_untied.bin", (variant){"cpu-ref", true, 1, DEV, DEV}); }
+static void test_tied_matches_pytorch_fast(void **s) { (void)s; run_golden("llama_tiny_tied.bin", (variant){"cpu", true, 1, DEV, DEV}); }
+static void test_tied_matches_pytorch_ref(void **s) { (void)s; run_golden("llama_tiny_tied.bin", (variant){"cpu-ref", false, 1, DEV, DEV}); }
+static void test_untied_matches_pytorch_two_devices(void **s) { (void)s; run_golden("llama_tiny_untied.bin", (variant){"cpu", true, 2, DEV, DEV}); }
+static void test_tied_matches_pytorch_two_devices_host_tier(void **s) { (void)s; run_golden("llama_tiny_tied.bin", (variant){"cpu", true, 2, HOST, HOST}); }
 
 int main(void)
 {
@@ -262,6 +284,8 @@ int main(void)
         cmocka_unit_test(test_untied_matches_pytorch_ref),
         cmocka_unit_test(test_tied_matches_pytorch_fast),
         cmocka_unit_test(test_tied_matches_pytorch_ref),
+        cmocka_unit_test(test_untied_matches_pytorch_two_devices),
+        cmocka_unit_test(test_tied_matches_pytorch_two_devices_host_tier),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -41,20 +41,21 @@ typedef struct run_result {
 } run_result;
 
 /* STEPS optimizer steps on the built-in corpus. */
-static void run(const fso_config *cfg, int threads, run_result *out)
+static void run(const fso_config *cfg_in, int threads, run_result *out)
 {
-    fso_backend *be = NULL;
+    fso_config c = *cfg_in;
     fso_data data = {0};
     fso_trainer tr;
-    assert_int_equal(fso_backend_create(&be, "cpu", threads), 0);
-    if (fso_data_init(&data, cfg) < 0)
+    char err[512];
+    c.threads = threads;
+    if (fso_data_init(&data, &c) < 0)
         fail_msg("data: %s", data.err);
-    if (fso_trainer_init(&tr, cfg, be) < 0)
+    if (fso_trainer_init(&tr, &c) < 0)
         fail_msg("trainer: %s", tr.err);
-    size_t bt = (size_t)cfg->micro_batch * cfg->data.seq_len, n = bt * cfg->grad_accum;
+    size_t bt = (size_t)c.micro_batch * c.data.seq_len, n = fso_trainer_step_tokens(&c);
     int32_t *in = malloc(sizeof(int32_t) * n), *tg = malloc(sizeof(int32_t) * n);
     for (int s = 0; s < STEPS; s++) {
-        for (int a = 0; a < cfg->grad_accum; a++)
+        for (size_t a = 0; a < n / bt; a++)
             fso_data_next(&data, in + a * bt, tg + a * bt);
         fso_step_stats st;
         if (fso_trainer_step(&tr, in, tg, &st) < 0)
@@ -62,14 +63,14 @@ static void run(const fso_config *cfg, int threads, run_result *out)
         out->loss[s] = st.loss;
         out->norm[s] = st.grad_norm;
     }
-    out->np = tr.model.n_params;
+    out->np = fso_zero_model(tr.zero)->n_params;
     out->params = malloc(sizeof(float) * out->np);
-    fso_model_store_params(&tr.model, out->params);
+    if (fso_zero_store_hf(tr.zero, out->params, err, sizeof err) < 0)
+        fail_msg("store: %s", err);
     free(in);
     free(tg);
     fso_trainer_free(&tr);
     fso_data_free(&data);
-    fso_backend_destroy(be);
 }
 
 static void assert_bit_identical(const run_result *a, const run_result *b, const char *what)
@@ -160,24 +161,23 @@ static void test_divergence_stops_without_update(void **state)
     (void)state;
     fso_config cfg;
     small_config(&cfg);
-    fso_backend *be = NULL;
     fso_data data = {0};
     fso_trainer tr;
-    assert_int_equal(fso_backend_create(&be, "cpu", 2), 0);
+    char err[512];
     assert_int_equal(fso_data_init(&data, &cfg), 0);
-    assert_int_equal(fso_trainer_init(&tr, &cfg, be), 0);
-    size_t np = tr.model.n_params, bt = (size_t)cfg.micro_batch * cfg.data.seq_len;
+    assert_int_equal(fso_trainer_init(&tr, &cfg), 0);
+    size_t np = fso_zero_model(tr.zero)->n_params, bt = (size_t)cfg.micro_batch * cfg.data.seq_len;
     float *p = malloc(sizeof(float) * np), *after = malloc(sizeof(float) * np);
-    fso_model_store_params(&tr.model, p);
+    assert_int_equal(fso_zero_store_hf(tr.zero, p, err, sizeof err), 0);
     p[np / 2] = INFINITY; /* one poisoned weight */
-    fso_model_load_params(&tr.model, p);
+    assert_int_equal(fso_zero_load_hf(tr.zero, p, err, sizeof err), 0);
     int32_t *in = malloc(sizeof(int32_t) * bt), *tg = malloc(sizeof(int32_t) * bt);
     fso_data_next(&data, in, tg);
     fso_step_stats st;
     assert_int_equal(fso_trainer_step(&tr, in, tg, &st), -ERANGE);
     assert_non_null(strstr(tr.err, "step 1"));
     assert_non_null(strstr(tr.err, "not applied"));
-    fso_model_store_params(&tr.model, after);
+    assert_int_equal(fso_zero_store_hf(tr.zero, after, err, sizeof err), 0);
     for (size_t i = 0; i < np; i++)
         if (i != np / 2)
             assert_true(after[i] == p[i]);
@@ -188,7 +188,6 @@ static void test_divergence_stops_without_update(void **state)
     free(tg);
     fso_trainer_free(&tr);
     fso_data_free(&data);
-    fso_backend_destroy(be);
 }
 
 int main(void)

@@ -1,0 +1,1154 @@
+/* zero.c — sharded training state on device, host and NVMe tiers (zero.h). */
+#include "zero.h"
+
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "adamw.h"
+#include "rng.h"
+
+#define STAGE_ALIGN 4096
+#define MAX_PARAM_SLOTS 18 /* prefetch ring: up to 16 blocks ahead */
+#define MIB (1024.0 * 1024.0)
+
+static const char *const kind_names[FSO_N_KINDS] = {"parameters", "master weights", "AdamW m",
+                                                    "AdamW v", "gradients"};
+static const char *const tier_names[] = {"device", "host", "nvme"};
+
+/* A host staging buffer for one shard and the I/O outstanding on it. */
+typedef struct slot {
+    float *buf;          /* (max_shard) host, 4 KiB aligned */
+    int pending;         /* requests in flight */
+    int err;             /* first failure, negative errno */
+    int block;           /* what it holds (param ring), -1 none */
+} slot;
+
+typedef struct loc {
+    fso_tier tier;
+    float *ptr;          /* DEVICE: the rank's device buffer; HOST: in the arena */
+    uint64_t off;        /* NVME: byte offset in the rank's store */
+} loc;
+
+typedef struct rank_state {
+    int rank;
+    struct fso_zero *z;
+    fso_backend *be;
+    fso_model model;
+    fso_store *store;
+    loc *locs;                   /* [block * FSO_N_KINDS + kind] */
+    /* device buffers */
+    float *gbuf[2];              /* gathered parameters (max_padded) */
+    int gbuf_block[2], gbuf_refs[2];
+    float *gradbuf[2];           /* full-block gradients (max_padded) */
+    int gradbuf_block[2];
+    /* host staging */
+    slot pslots[MAX_PARAM_SLOTS];/* parameter prefetch ring */
+    int n_pslots;
+    slot oslots[2][FSO_N_KINDS]; /* optimizer read-ahead / write-behind, two sets */
+    slot gslot;                  /* gradient shard round trips */
+    int order_pos;               /* position in z->order of the next params() */
+    int micro;                   /* micro-batch index within the step */
+    /* per-step inputs and outputs */
+    const int32_t *inputs, *targets;
+    float *logits;               /* forward_logits: where this rank's logits go */
+    fso_zero_step st;
+    double loss_sum;
+    int rc;
+    char err[512];
+} rank_state;
+
+struct fso_zero {
+    const fso_config *cfg;
+    int world, n_blocks;
+    fso_block_layout *blocks;
+    size_t max_padded, max_shard; /* elements */
+    fso_coll *coll;
+    rank_state *ranks;
+    fso_tier tier[FSO_N_KINDS];
+    bool alias_params;           /* world 1, parameters on the device: lend the shard itself */
+    void *arena;
+    size_t arena_bytes, arena_used;
+    int *order;                  /* blocks in the order params() asks for them */
+    int n_order;
+    int64_t step;                /* optimizer steps taken (AdamW t) */
+};
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static size_t shard_elems(const fso_zero *z, int b)
+{
+    return z->blocks[b].padded_elems / (size_t)z->world;
+}
+
+static loc *locate(rank_state *rk, int b, fso_kind k)
+{
+    return &rk->locs[b * FSO_N_KINDS + k];
+}
+
+static void *arena_take(fso_zero *z, size_t bytes)
+{
+    size_t off = (z->arena_used + STAGE_ALIGN - 1) & ~(size_t)(STAGE_ALIGN - 1);
+    if (off + bytes > z->arena_bytes) {
+        fprintf(stderr, "%s:%d: host arena overrun (%zu + %zu > %zu)\n", __FILE__, __LINE__, off,
+                bytes, z->arena_bytes);
+        abort();
+    }
+    z->arena_used = off + bytes;
+    return (char *)z->arena + off;
+}
+
+static size_t round_page(size_t b)
+{
+    return (b + STAGE_ALIGN - 1) & ~(size_t)(STAGE_ALIGN - 1);
+}
+
+/* ------------------------------------------------------------------ I/O */
+
+static int fail(rank_state *rk, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int fail(rank_state *rk, int rc, const char *fmt, ...)
+{
+    if (rk->rc == 0) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(rk->err, sizeof rk->err, fmt, ap);
+        va_end(ap);
+        rk->rc = rc;
+    }
+    return rc;
+}
+
+/* Reap at least one completion and account it to its slot. */
+static int reap_some(rank_state *rk)
+{
+    fso_io done[16];
+    int n = rk->store->ops->reap(rk->store, done, 16, 1);
+    if (n < 0)
+        return fail(rk, n, "device %d: NVMe store: %s", rk->rank, rk->store->err);
+    for (int i = 0; i < n; i++) {
+        slot *s = (slot *)(uintptr_t)done[i].user;
+        s->pending--;
+        if (done[i].res < 0 && s->err == 0)
+            s->err = (int)done[i].res;
+    }
+    return 0;
+}
+
+static int queue_io(rank_state *rk, slot *s, bool write, float *buf, size_t bytes, uint64_t off)
+{
+    for (;;) {
+        int rc = write ? rk->store->ops->prep_write(rk->store, buf, bytes, off, (uintptr_t)s)
+                       : rk->store->ops->prep_read(rk->store, buf, bytes, off, (uintptr_t)s);
+        if (rc == 0)
+            break;
+        if (rc != -EBUSY)
+            return fail(rk, rc, "device %d: NVMe %s of %zu bytes at %llu: %s", rk->rank,
+                        write ? "write" : "read", bytes, (unsigned long long)off,
+                        rk->store->err[0] ? rk->store->err : strerror(-rc));
+        int sr = rk->store->ops->submit(rk->store);
+        if (sr < 0)
+            return fail(rk, sr, "device %d: NVMe submit: %s", rk->rank, strerror(-sr));
+        if ((rc = reap_some(rk)) < 0)
+            return rc;
+    }
+    s->pending++;
+    int sr = rk->store->ops->submit(rk->store);
+    if (sr < 0)
+        return fail(rk, sr, "device %d: NVMe submit: %s", rk->rank, strerror(-sr));
+    return 0;
+}
+
+/* Wait for the slot's I/O; an error is final for the step: never compute
+ * from a partial or stale shard. */
+static int slot_wait(rank_state *rk, slot *s, const char *what, int block)
+{
+    while (s->pending > 0) {
+        int rc = reap_some(rk);
+        if (rc < 0)
+            return rc;
+    }
+    if (s->err) {
+        int e = s->err;
+        s->err = 0;
+        return fail(rk, e, "device %d: NVMe I/O for block %d's %s failed: %s; the step was not "
+                           "applied (check the drive and `dmesg`)",
+                    rk->rank, block, what, strerror(-e));
+    }
+    return 0;
+}
+
+/* Shard (b, k) of this rank into host buffer `dst` (asynchronously for NVMe
+ * through slot s, synchronously otherwise). */
+static int shard_fetch(rank_state *rk, int b, fso_kind k, slot *s)
+{
+    const fso_zero *z = rk->z;
+    loc *l = locate(rk, b, k);
+    size_t bytes = sizeof(float) * shard_elems(z, b);
+    switch (l->tier) {
+    case FSO_TIER_NVME:
+        rk->st.nvme_read_bytes += bytes;
+        return queue_io(rk, s, false, s->buf, round_page(bytes), l->off);
+    case FSO_TIER_HOST:
+        memcpy(s->buf, l->ptr, bytes);
+        return 0;
+    case FSO_TIER_DEVICE:
+        rk->be->ops->copy_d2h(rk->be, s->buf, l->ptr, bytes);
+        return rk->be->ops->sync(rk->be);
+    }
+    return -EINVAL;
+}
+
+/* Host buffer s->buf back into shard (b, k); NVMe writes are asynchronous. */
+static int shard_store(rank_state *rk, int b, fso_kind k, slot *s)
+{
+    const fso_zero *z = rk->z;
+    loc *l = locate(rk, b, k);
+    size_t bytes = sizeof(float) * shard_elems(z, b);
+    switch (l->tier) {
+    case FSO_TIER_NVME:
+        rk->st.nvme_write_bytes += bytes;
+        return queue_io(rk, s, true, s->buf, round_page(bytes), l->off);
+    case FSO_TIER_HOST:
+        memcpy(l->ptr, s->buf, bytes);
+        return 0;
+    case FSO_TIER_DEVICE:
+        rk->be->ops->copy_h2d(rk->be, l->ptr, s->buf, bytes);
+        return rk->be->ops->sync(rk->be);
+    }
+    return -EINVAL;
+}
+
+/* ------------------------------------------------------------------ block source */
+
+/* Start reading parameter shards of the next blocks in the order, as far
+ * as the ring allows. */
+static int prefetch_params(rank_state *rk)
+{
+    fso_zero *z = rk->z;
+    if (z->tier[FSO_KIND_PARAM] != FSO_TIER_NVME)
+        return 0;
+    int ahead = z->cfg->offload.prefetch_blocks;
+    for (int i = rk->order_pos; i < rk->order_pos + 1 + ahead && i < z->n_order; i++) {
+        int b = z->order[i];
+        bool have = false;
+        for (int j = 0; j < rk->n_pslots; j++)
+            if (rk->pslots[j].block == b)
+                have = true;
+        if (have)
+            continue;
+        /* a free slot: one whose block is not needed before position i */
+        slot *s = NULL;
+        for (int j = 0; j < rk->n_pslots && !s; j++) {
+            int held = rk->pslots[j].block;
+            bool needed = false;
+            for (int q = rk->order_pos; q < i && held >= 0; q++)
+                if (z->order[q] == held)
+                    needed = true;
+            if (!needed && rk->pslots[j].pending == 0)
+                s = &rk->pslots[j];
+        }
+        if (!s)
+            break;
+        s->block = b;
+        int rc = shard_fetch(rk, b, FSO_KIND_PARAM, s);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
+static const float *src_params(void *ctx, int b)
+{
+    rank_state *rk = ctx;
+    fso_zero *z = rk->z;
+    fso_backend *be = rk->be;
+    size_t S = shard_elems(z, b);
+
+    if (z->alias_params)
+        return locate(rk, b, FSO_KIND_PARAM)->ptr;
+    int g = rk->gbuf_refs[0] == 0 ? 0 : 1;
+    if (rk->gbuf_refs[g] != 0) {
+        fprintf(stderr, "%s:%d: more than two blocks lent at once\n", __FILE__, __LINE__);
+        abort();
+    }
+    float *mine = rk->gbuf[g] + (size_t)rk->rank * S;
+    loc *l = locate(rk, b, FSO_KIND_PARAM);
+    if (rk->rc == 0) {
+        if (l->tier == FSO_TIER_DEVICE) {
+            be->ops->copy_h2d(be, mine, l->ptr, sizeof(float) * S); /* device to device */
+        } else if (l->tier == FSO_TIER_HOST) {
+            be->ops->copy_h2d(be, mine, l->ptr, sizeof(float) * S);
+        } else {
+            /* the order must match the model's: it is the same on every rank */
+            if (rk->order_pos >= z->n_order || z->order[rk->order_pos] != b) {
+                fprintf(stderr, "%s:%d: block %d asked out of order\n", __FILE__, __LINE__, b);
+                abort();
+            }
+            prefetch_params(rk);
+            slot *s = NULL;
+            for (int j = 0; j < rk->n_pslots; j++)
+                if (rk->pslots[j].block == b)
+                    s = &rk->pslots[j];
+            double t0 = now_ms();
+            int wrc = s ? slot_wait(rk, s, "parameters", b) : -EIO;
+            rk->st.stall_ms += now_ms() - t0;
+            if (wrc == 0)
+                be->ops->copy_h2d(be, mine, s->buf, sizeof(float) * S);
+            if (s)
+                s->block = -1;
+            rk->order_pos++;
+            prefetch_params(rk);
+        }
+    }
+    /* Every rank joins the gather even after a failure, so no rank waits
+     * forever; the step is discarded afterwards. */
+    z->coll->ops->all_gather(z->coll, rk->rank, mine, rk->gbuf[g], S);
+    rk->gbuf_block[g] = b;
+    rk->gbuf_refs[g] = 1;
+    return rk->gbuf[g];
+}
+
+static void src_release(void *ctx, int b)
+{
+    rank_state *rk = ctx;
+    if (rk->z->alias_params)
+        return;
+    for (int g = 0; g < 2; g++)
+        if (rk->gbuf_refs[g] && rk->gbuf_block[g] == b) {
+            rk->gbuf_refs[g] = 0;
+            rk->gbuf_block[g] = -1;
+            return;
+        }
+}
+
+static float *src_grads(void *ctx, int b)
+{
+    rank_state *rk = ctx;
+    int g = rk->gradbuf_block[0] < 0 ? 0 : 1;
+    rk->gradbuf_block[g] = b;
+    rk->be->ops->memset0(rk->be, rk->gradbuf[g], sizeof(float) * rk->z->blocks[b].padded_elems);
+    return rk->gradbuf[g];
+}
+
+/* Reduce-scatter the block's gradients and add this rank's part into its
+ * gradient shard (the first micro-batch of a step overwrites it). */
+static void src_grads_done(void *ctx, int b)
+{
+    rank_state *rk = ctx;
+    fso_zero *z = rk->z;
+    fso_backend *be = rk->be;
+    int g = rk->gradbuf_block[0] == b ? 0 : 1;
+    size_t S = shard_elems(z, b);
+    float *mine = rk->gradbuf[g] + (size_t)rk->rank * S;
+
+    z->coll->ops->reduce_scatter(z->coll, rk->rank, rk->gradbuf[g], mine, S);
+    rk->gradbuf_block[g] = -1;
+    if (rk->rc)
+        return;
+    loc *l = locate(rk, b, FSO_KIND_GRAD);
+    if (l->tier == FSO_TIER_DEVICE) {
+        if (rk->micro == 0)
+            be->ops->copy_h2d(be, l->ptr, mine, sizeof(float) * S);
+        else
+            be->ops->add(be, l->ptr, l->ptr, mine, S);
+        return;
+    }
+    /* host or NVMe: through the host staging buffer */
+    slot *s = &rk->gslot;
+    if (rk->micro > 0) {
+        if (shard_fetch(rk, b, FSO_KIND_GRAD, s) < 0 || slot_wait(rk, s, "gradients", b) < 0)
+            return;
+        float *tmp = rk->oslots[0][FSO_KIND_GRAD].buf; /* idle during backward */
+        be->ops->copy_d2h(be, tmp, mine, sizeof(float) * S);
+        be->ops->sync(be);
+        for (size_t i = 0; i < S; i++)
+            s->buf[i] += tmp[i];
+    } else {
+        be->ops->copy_d2h(be, s->buf, mine, sizeof(float) * S);
+        be->ops->sync(be);
+    }
+    if (shard_store(rk, b, FSO_KIND_GRAD, s) == 0 && l->tier == FSO_TIER_NVME)
+        slot_wait(rk, s, "gradients", b);
+}
+
+static fso_block_source rank_source(rank_state *rk)
+{
+    fso_block_source s = {.ctx = rk, .params = src_params, .release = src_release,
+                          .grads = src_grads, .grads_done = src_grads_done};
+    return s;
+}
+
+/* ------------------------------------------------------------------ optimizer */
+
+static bool tensor_decays(const fso_optim_config *o, const fso_tensor_desc *t)
+{
+    if (t->is_norm)
+        return o->decay_norms;
+    if (t->kind == FSO_T_EMBED)
+        return o->decay_embeddings;
+    return t->decay;
+}
+
+static const fso_kind opt_reads[] = {FSO_KIND_MASTER, FSO_KIND_M, FSO_KIND_V, FSO_KIND_GRAD};
+static const fso_kind opt_writes[] = {FSO_KIND_PARAM, FSO_KIND_MASTER, FSO_KIND_M, FSO_KIND_V};
+
+static int opt_read_block(rank_state *rk, int b, int set)
+{
+    for (int i = 0; i < 4; i++) {
+        slot *s = &rk->oslots[set][opt_reads[i]];
+        int rc = slot_wait(rk, s, kind_names[opt_reads[i]], b); /* its last write */
+        if (rc < 0 || (rc = shard_fetch(rk, b, opt_reads[i], s)) < 0)
+            return rc;
+    }
+    /* the parameter slot's previous write-behind must finish before reuse */
+    return slot_wait(rk, &rk->oslots[set][FSO_KIND_PARAM], kind_names[FSO_KIND_PARAM], b);
+}
+
+/* AdamW over this rank's shard of block b, tensor by tensor. */
+static void adamw_shard(rank_state *rk, int b, float *master, const float *grad, float *m,
+                        float *v, fso_adamw_step as)
+{
+    const fso_zero *z = rk->z;
+    const fso_block_layout *bl = &z->blocks[b];
+    size_t S = shard_elems(z, b), lo = (size_t)rk->rank * S, hi = lo + S;
+    for (int t = 0; t < bl->n_tensors; t++) {
+        const fso_tensor_desc *d = &bl->tensors[t];
+        size_t a = d->offset_elems > lo ? d->offset_elems : lo;
+        size_t e = d->offset_elems + d->numel < hi ? d->offset_elems + d->numel : hi;
+        if (a >= e)
+            continue;
+        as.weight_decay = tensor_decays(&z->cfg->optim, d) ? z->cfg->optim.weight_decay : 0.0;
+        fso_adamw_update(master + (a - lo), grad + (a - lo), m + (a - lo), v + (a - lo), e - a,
+                         &as);
+    }
+}
+
+static int optimizer_step(rank_state *rk, const fso_adamw_step *as)
+{
+    fso_zero *z = rk->z;
+    int nb = z->n_blocks, rc;
+    if ((rc = opt_read_block(rk, 0, 0)) < 0)
+        return rc;
+    for (int b = 0; b < nb; b++) {
+        int set = b & 1;
+        if (b + 1 < nb && (rc = opt_read_block(rk, b + 1, set ^ 1)) < 0)
+            return rc;
+        for (int i = 0; i < 4; i++)
+            if ((rc = slot_wait(rk, &rk->oslots[set][opt_reads[i]], kind_names[opt_reads[i]],
+                                b)) < 0)
+                return rc;
+        slot *o = rk->oslots[set];
+        size_t S = shard_elems(z, b);
+        adamw_shard(rk, b, o[FSO_KIND_MASTER].buf, o[FSO_KIND_GRAD].buf, o[FSO_KIND_M].buf,
+                    o[FSO_KIND_V].buf, *as);
+        memcpy(o[FSO_KIND_PARAM].buf, o[FSO_KIND_MASTER].buf, sizeof(float) * S);
+        for (int i = 0; i < 4; i++)
+            if ((rc = shard_store(rk, b, opt_writes[i], &o[opt_writes[i]])) < 0)
+                return rc;
+    }
+    for (int set = 0; set < 2; set++)
+        for (int k = 0; k < FSO_N_KINDS; k++)
+            if ((rc = slot_wait(rk, &rk->oslots[set][k], kind_names[k], -1)) < 0)
+                return rc;
+    return 0;
+}
+
+/* ------------------------------------------------------------------ steps */
+
+static void reset_rank_step(rank_state *rk)
+{
+    rk->order_pos = 0;
+    rk->gbuf_refs[0] = rk->gbuf_refs[1] = 0;
+    rk->gbuf_block[0] = rk->gbuf_block[1] = -1;
+    rk->gradbuf_block[0] = rk->gradbuf_block[1] = -1;
+    for (int j = 0; j < rk->n_pslots; j++)
+        rk->pslots[j].block = -1;
+}
+
+/* Drain any I/O left in flight after a failure so buffers can be reused. */
+static void drain(rank_state *rk)
+{
+    if (!rk->store)
+        return;
+    slot *all[MAX_PARAM_SLOTS + 2 * FSO_N_KINDS + 1];
+    int n = 0;
+    for (int j = 0; j < rk->n_pslots; j++)
+        all[n++] = &rk->pslots[j];
+    for (int set = 0; set < 2; set++)
+        for (int k = 0; k < FSO_N_KINDS; k++)
+            all[n++] = &rk->oslots[set][k];
+    all[n++] = &rk->gslot;
+    for (int i = 0; i < n; i++) {
+        while (all[i]->pending > 0) {
+            fso_io done[16];
+            int got = rk->store->ops->reap(rk->store, done, 16, 1);
+            if (got < 0)
+                return;
+            for (int j = 0; j < got; j++)
+                ((slot *)(uintptr_t)done[j].user)->pending--;
+        }
+        all[i]->err = 0;
+    }
+}
+
+static void *rank_step(void *arg)
+{
+    rank_state *rk = arg;
+    fso_zero *z = rk->z;
+    const fso_config *cfg = z->cfg;
+    const size_t bt = (size_t)cfg->micro_batch * cfg->data.seq_len;
+    fso_block_source src = rank_source(rk);
+    float grad_scale = 1.0f / (float)(cfg->grad_accum * z->world);
+
+    memset(&rk->st, 0, sizeof rk->st);
+    rk->loss_sum = 0;
+    for (int a = 0; a < cfg->grad_accum; a++) {
+        reset_rank_step(rk);
+        rk->micro = a;
+        size_t mb = (size_t)a * z->world + rk->rank;
+        rk->loss_sum += fso_model_step(&rk->model, &src, rk->inputs + mb * bt,
+                                       rk->targets + mb * bt, grad_scale);
+    }
+
+    /* exact global norm and mean loss: one all-reduce (also carries failures) */
+    /* The same op over the same values on every tier, so the norm has the
+     * same bits wherever the gradients live. (The CPU backend reads host
+     * memory directly.) */
+    double sq = 0;
+    for (int b = 0; b < z->n_blocks && rk->rc == 0; b++) {
+        loc *l = locate(rk, b, FSO_KIND_GRAD);
+        const float *p = l->ptr;
+        if (l->tier == FSO_TIER_NVME) {
+            slot *s = &rk->gslot;
+            if (shard_fetch(rk, b, FSO_KIND_GRAD, s) < 0 || slot_wait(rk, s, "gradients", b) < 0)
+                break;
+            p = s->buf;
+        }
+        rk->be->ops->sqnorm(rk->be, &sq, p, shard_elems(z, b));
+    }
+    double red[3] = {rk->loss_sum, sq, rk->rc ? 1.0 : 0.0};
+    z->coll->ops->all_reduce_f64(z->coll, rk->rank, red, 3);
+    rk->st.loss = red[0] / (cfg->grad_accum * z->world);
+    rk->st.grad_norm = sqrt(red[1]);
+    if (red[2] != 0) { /* some rank failed: nobody updates */
+        if (rk->rc == 0)
+            fail(rk, -ECANCELED, "device %d: another device failed", rk->rank);
+        drain(rk);
+        return NULL;
+    }
+    if (!isfinite(rk->st.loss) || !isfinite(rk->st.grad_norm)) {
+        fail(rk, -ERANGE,
+             "step %lld: loss %g, gradient norm %g: training diverged and the update was not "
+             "applied; lower optimizer.params.lr or set gradient_clipping",
+             (long long)(z->step + 1), rk->st.loss, rk->st.grad_norm);
+        return NULL;
+    }
+    rk->st.clip_coef = 1.0;
+    if (cfg->grad_clip > 0) {
+        double coef = cfg->grad_clip / (rk->st.grad_norm + 1e-6);
+        if (coef < 1.0)
+            rk->st.clip_coef = coef;
+    }
+    rk->st.lr = fso_config_lr_at(cfg, z->step + 1);
+    fso_adamw_step as = {
+        .lr = rk->st.lr,
+        .beta1 = cfg->optim.beta1,
+        .beta2 = cfg->optim.beta2,
+        .eps = cfg->optim.eps,
+        .grad_scale = rk->st.clip_coef,
+        .t = z->step + 1,
+    };
+    double t0 = now_ms();
+    if (optimizer_step(rk, &as) < 0)
+        drain(rk);
+    rk->st.optimizer_ms = now_ms() - t0;
+    /* no rank starts the next forward before every shard is written */
+    z->coll->ops->barrier(z->coll, rk->rank);
+    return NULL;
+}
+
+/* Run fn on every rank, each on its own thread (rank 0 on the caller's). */
+static int run_ranks(fso_zero *z, void *(*fn)(void *))
+{
+    pthread_t tids[64];
+    int started = 0, rc = 0;
+    for (int r = 0; r < z->world; r++)
+        z->ranks[r].rc = 0;
+    for (int r = 1; r < z->world; r++) {
+        int e = pthread_create(&tids[r], NULL, fn, &z->ranks[r]);
+        if (e != 0) {
+            fprintf(stderr, "fsoff: error: cannot start the thread of device %d: %s\n", r,
+                    strerror(e));
+            abort(); /* the others would wait for it in a collective forever */
+        }
+        started++;
+    }
+    fn(&z->ranks[0]);
+    for (int r = 1; r <= started; r++)
+        pthread_join(tids[r], NULL);
+    for (int r = 0; r < z->world; r++)
+        if (z->ranks[r].rc && (rc == 0 || rc == -ECANCELED))
+            rc = z->ranks[r].rc;
+    return rc;
+}
+
+static void first_error(const fso_zero *z, char *err, size_t errlen)
+{
+    for (int r = 0; r < z->world; r++)
+        if (z->ranks[r].rc && z->ranks[r].rc != -ECANCELED) {
+            snprintf(err, errlen, "%s", z->ranks[r].err);
+            return;
+        }
+    snprintf(err, errlen, "%s", z->ranks[0].err);
+}
+
+int fso_zero_step_run(fso_zero *z, int64_t step, const int32_t *inputs, const int32_t *targets,
+                      fso_zero_step *st, char *err, size_t errlen)
+{
+    (void)step;
+    for (int r = 0; r < z->world; r++) {
+        z->ranks[r].inputs = inputs;
+        z->ranks[r].targets = targets;
+    }
+    int rc = run_ranks(z, rank_step);
+    *st = z->ranks[0].st;
+    st->nvme_read_bytes = st->nvme_write_bytes = 0;
+    for (int r = 0; r < z->world; r++) {
+        st->nvme_read_bytes += z->ranks[r].st.nvme_read_bytes;
+        st->nvme_write_bytes += z->ranks[r].st.nvme_write_bytes;
+    }
+    if (rc < 0) {
+        first_error(z, err, errlen);
+        return rc;
+    }
+    z->step++;
+    return 0;
+}
+
+/* ------------------------------------------------------------------ whole-model copies */
+
+/* Host copies of every block's flat buffer (padded_elems each). */
+static float **flat_alloc(const fso_zero *z)
+{
+    float **flat = calloc((size_t)z->n_blocks, sizeof *flat);
+    if (!flat)
+        return NULL;
+    for (int b = 0; b < z->n_blocks; b++)
+        if (!(flat[b] = calloc(z->blocks[b].padded_elems, sizeof(float)))) {
+            for (int i = 0; i < b; i++)
+                free(flat[i]);
+            free(flat);
+            return NULL;
+        }
+    return flat;
+}
+
+static void flat_free(const fso_zero *z, float **flat)
+{
+    for (int b = 0; flat && b < z->n_blocks; b++)
+        free(flat[b]);
+    free(flat);
+}
+
+/* Copy kind k of block b's shards on every rank from (dir 0) or to (dir 1)
+ * the flat host buffer. Runs on the caller's thread, synchronously. */
+static int block_xfer(fso_zero *z, int b, float *flat, fso_kind k, int dir)
+{
+    size_t S = shard_elems(z, b);
+    for (int r = 0; r < z->world; r++) {
+        rank_state *rk = &z->ranks[r];
+        slot *s = &rk->gslot;
+        bool nv = locate(rk, b, k)->tier == FSO_TIER_NVME;
+        int rc;
+        rk->rc = 0;
+        if (dir == 0) {
+            memcpy(s->buf, flat + (size_t)r * S, sizeof(float) * S);
+            rc = shard_store(rk, b, k, s);
+            if (rc == 0 && nv)
+                rc = slot_wait(rk, s, kind_names[k], b);
+        } else {
+            rc = shard_fetch(rk, b, k, s);
+            if (rc == 0 && nv)
+                rc = slot_wait(rk, s, kind_names[k], b);
+            if (rc == 0)
+                memcpy(flat + (size_t)r * S, s->buf, sizeof(float) * S);
+        }
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
+static int shards_xfer(fso_zero *z, float **flat, fso_kind k, int dir)
+{
+    for (int b = 0; b < z->n_blocks; b++) {
+        int rc = block_xfer(z, b, flat[b], k, dir);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
+static int load_flat(fso_zero *z, float **flat, char *err, size_t errlen)
+{
+    int rc;
+    if ((rc = shards_xfer(z, flat, FSO_KIND_PARAM, 0)) < 0 ||
+        (rc = shards_xfer(z, flat, FSO_KIND_MASTER, 0)) < 0)
+        first_error(z, err, errlen);
+    return rc;
+}
+
+int fso_zero_load_hf(fso_zero *z, const float *hf, char *err, size_t errlen)
+{
+    float **flat = flat_alloc(z);
+    if (!flat) {
+        snprintf(err, errlen, "out of host memory copying parameters");
+        return -ENOMEM;
+    }
+    fso_model_flat_from_hf(&z->ranks[0].model, flat, hf);
+    int rc = load_flat(z, flat, err, errlen);
+    flat_free(z, flat);
+    return rc;
+}
+
+static int store_kind_hf(fso_zero *z, fso_kind k, float *hf, char *err, size_t errlen)
+{
+    float **flat = flat_alloc(z);
+    if (!flat) {
+        snprintf(err, errlen, "out of host memory copying %s", kind_names[k]);
+        return -ENOMEM;
+    }
+    int rc = shards_xfer(z, flat, k, 1);
+    if (rc < 0)
+        first_error(z, err, errlen);
+    else
+        fso_model_flat_to_hf(&z->ranks[0].model, flat, hf);
+    flat_free(z, flat);
+    return rc;
+}
+
+int fso_zero_store_hf(fso_zero *z, float *hf, char *err, size_t errlen)
+{
+    return store_kind_hf(z, FSO_KIND_MASTER, hf, err, errlen);
+}
+
+int fso_zero_store_grads_hf(fso_zero *z, float *hf, char *err, size_t errlen)
+{
+    return store_kind_hf(z, FSO_KIND_GRAD, hf, err, errlen);
+}
+
+static void *rank_logits(void *arg)
+{
+    rank_state *rk = arg;
+    fso_block_source src = rank_source(rk);
+    reset_rank_step(rk);
+    fso_model_forward_logits(&rk->model, &src, rk->inputs, rk->logits);
+    return NULL;
+}
+
+int fso_zero_forward_logits(fso_zero *z, const int32_t *inputs, float *logits, char *err,
+                            size_t errlen)
+{
+    /* Every rank must join the gathers; ranks other than 0 write their
+     * logits to scratch. */
+    const fso_model *m = &z->ranks[0].model;
+    size_t n = (size_t)m->B * m->T * m->mc.vocab_size;
+    float *scratch = z->world > 1 ? malloc(sizeof(float) * n) : NULL;
+    if (z->world > 1 && !scratch) {
+        snprintf(err, errlen, "out of host memory for logits");
+        return -ENOMEM;
+    }
+    for (int r = 0; r < z->world; r++) {
+        z->ranks[r].inputs = inputs;
+        z->ranks[r].logits = r == 0 ? logits : scratch;
+    }
+    int rc = run_ranks(z, rank_logits);
+    free(scratch);
+    if (rc < 0)
+        first_error(z, err, errlen);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ setup */
+
+int fso_zero_inject_faults(fso_zero *z, int rank, const fso_fault_spec *spec)
+{
+    rank_state *rk = &z->ranks[rank];
+    if (!rk->store)
+        return -ENOENT;
+    fso_store *wrapped = NULL;
+    int rc = fso_store_wrap_faults(&wrapped, rk->store, spec);
+    if (rc == 0)
+        rk->store = wrapped;
+    return rc;
+}
+
+uint64_t fso_zero_host_arena_bytes(const fso_zero *z)
+{
+    return z->arena_bytes;
+}
+
+const fso_model *fso_zero_model(const fso_zero *z)
+{
+    return &z->ranks[0].model;
+}
+
+uint64_t fso_zero_peak_device_bytes(const fso_zero *z)
+{
+    uint64_t peak = 0;
+    for (int r = 0; r < z->world; r++)
+        if (z->ranks[r].be && z->ranks[r].be->mem_peak_bytes > peak)
+            peak = z->ranks[r].be->mem_peak_bytes;
+    return peak;
+}
+
+static void human(char *buf, size_t len, double bytes)
+{
+    if (bytes >= 1024.0 * MIB)
+        snprintf(buf, len, "%.2f GiB", bytes / (1024.0 * MIB));
+    else
+        snprintf(buf, len, "%.1f MiB", bytes / MIB);
+}
+
+void fso_zero_describe(const fso_zero *z, char *buf, size_t len)
+{
+    size_t per_kind[FSO_N_KINDS] = {0};
+    for (int b = 0; b < z->n_blocks; b++)
+        for (int k = 0; k < FSO_N_KINDS; k++)
+            per_kind[k] += sizeof(float) * z->blocks[b].padded_elems;
+    size_t off = 0;
+    for (int k = 0; k < FSO_N_KINDS && off < len; k++) {
+        char h[32];
+        human(h, sizeof h, (double)per_kind[k]);
+        off += (size_t)snprintf(buf + off, len - off, "%s%s %s on %s", k ? ", " : "",
+                                kind_names[k], h, tier_names[z->tier[k]]);
+    }
+}
+
+static uint64_t mem_available_bytes(void)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[256];
+    unsigned long long kb = 0;
+    if (!f)
+        return 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1)
+            break;
+    fclose(f);
+    return (uint64_t)kb * 1024;
+}
+
+/* "dir1,dir2" into an array of folders (pointers into buf). */
+static int split_dirs(char *buf, const char **dirs, int max)
+{
+    int n = 0;
+    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t && n < max;
+         t = strtok_r(NULL, ",", &save))
+        if (*t)
+            dirs[n++] = t;
+    return n;
+}
+
+int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t errlen)
+{
+    fso_zero *z = calloc(1, sizeof *z);
+    int rc = 0;
+    char h1[32], h2[32], h3[32], h4[32], h5[32];
+    if (!z) {
+        snprintf(err, errlen, "out of host memory");
+        return -ENOMEM;
+    }
+    z->cfg = cfg;
+    z->world = cfg->world > 0 ? cfg->world : 1;
+    z->tier[FSO_KIND_PARAM] = cfg->offload.param_tier;
+    for (int k = FSO_KIND_MASTER; k < FSO_N_KINDS; k++)
+        z->tier[k] = cfg->offload.optim_tier;
+    z->alias_params = z->world == 1 && z->tier[FSO_KIND_PARAM] == FSO_TIER_DEVICE;
+    if (cfg->offload.prefetch_blocks + 2 > MAX_PARAM_SLOTS) {
+        snprintf(err, errlen, "train.prefetch_blocks: at most %d, got %d", MAX_PARAM_SLOTS - 2,
+                 cfg->offload.prefetch_blocks);
+        free(z);
+        return -EINVAL;
+    }
+
+    const int L = cfg->model.num_hidden_layers;
+    z->n_blocks = L + 2;
+    z->blocks = calloc((size_t)z->n_blocks, sizeof *z->blocks);
+    z->ranks = calloc((size_t)z->world, sizeof *z->ranks);
+    z->order = calloc((size_t)(2 * L + 4), sizeof *z->order);
+    if (!z->blocks || !z->ranks || !z->order) {
+        snprintf(err, errlen, "out of host memory");
+        rc = -ENOMEM;
+        goto fail;
+    }
+    fso_model_layout(z->blocks, &cfg->model, z->world);
+    for (int b = 0; b < z->n_blocks; b++) {
+        if (z->blocks[b].padded_elems > z->max_padded)
+            z->max_padded = z->blocks[b].padded_elems;
+        if (shard_elems(z, b) > z->max_shard)
+            z->max_shard = shard_elems(z, b);
+    }
+    /* params() order of one micro-step (model.h) */
+    z->order[z->n_order++] = 0;
+    for (int l = 0; l < L; l++)
+        z->order[z->n_order++] = 1 + l;
+    z->order[z->n_order++] = L + 1;
+    if (cfg->model.tie_word_embeddings)
+        z->order[z->n_order++] = 0;
+    for (int l = L - 1; l >= 0; l--)
+        z->order[z->n_order++] = 1 + l;
+
+    /* ---- budgets, before any large allocation */
+    size_t shard_bytes_total = 0; /* one kind, one rank */
+    for (int b = 0; b < z->n_blocks; b++)
+        shard_bytes_total += round_page(sizeof(float) * shard_elems(z, b));
+    size_t per_tier[3] = {0};
+    for (int k = 0; k < FSO_N_KINDS; k++)
+        per_tier[z->tier[k]] += shard_bytes_total;
+    const size_t slot_bytes = round_page(sizeof(float) * z->max_shard);
+    const bool nvme = per_tier[FSO_TIER_NVME] > 0;
+    const int n_pslots = z->tier[FSO_KIND_PARAM] == FSO_TIER_NVME
+                             ? cfg->offload.prefetch_blocks + 2 : 0;
+    const size_t stage_per_rank = slot_bytes * (size_t)(n_pslots + 2 * FSO_N_KINDS + 1);
+    z->arena_bytes = (per_tier[FSO_TIER_HOST] + stage_per_rank) * (size_t)z->world;
+
+    uint64_t cap = cfg->device_mem_bytes;
+    if (cap == 0) { /* default: an equal share of half the available memory */
+        uint64_t avail = mem_available_bytes();
+        cap = avail ? avail / 2 / (uint64_t)z->world : (uint64_t)8 << 30;
+    }
+    const size_t window = (z->alias_params ? 0 : 2) * sizeof(float) * z->max_padded;
+    const size_t gradbufs = 2 * sizeof(float) * z->max_padded;
+
+    int threads = cfg->threads > 0 ? cfg->threads : fso_cpu_count();
+    int per_dev = threads / z->world > 0 ? threads / z->world : 1;
+    for (int r = 0; r < z->world; r++) {
+        rank_state *rk = &z->ranks[r];
+        rk->rank = r;
+        rk->z = z;
+        if ((rc = fso_backend_create_virtual(&rk->be, cfg->backend[0] ? cfg->backend : "cpu", r,
+                                             per_dev, cap)) < 0) {
+            snprintf(err, errlen, "cannot create device %d: %s", r, strerror(-rc));
+            goto fail;
+        }
+        if ((rc = fso_model_init(&rk->model, &cfg->model, rk->be, cfg->micro_batch,
+                                 cfg->data.seq_len, z->world, cfg->activation_checkpointing)) < 0) {
+            human(h1, sizeof h1, (double)cap);
+            snprintf(err, errlen, "device memory: %s; activations alone do not fit the %s cap "
+                                  "(--device-mem): shorten data.seq_len or "
+                                  "train_micro_batch_size_per_gpu, or raise --device-mem",
+                     rk->model.err, h1);
+            goto fail;
+        }
+        size_t need = rk->be->mem_used_bytes + per_tier[FSO_TIER_DEVICE] + window + gradbufs;
+        if (need > cap) {
+            human(h1, sizeof h1, (double)need);
+            human(h2, sizeof h2, (double)per_tier[FSO_TIER_DEVICE]);
+            human(h3, sizeof h3, (double)(window + gradbufs));
+            human(h4, sizeof h4, (double)rk->be->mem_used_bytes);
+            human(h5, sizeof h5, (double)cap);
+            char short_by[32];
+            human(short_by, sizeof short_by, (double)(need - cap));
+            snprintf(err, errlen,
+                     "device memory: each of the %d devices needs %s (resident shards %s, "
+                     "gather window and gradient buffers %s, activations %s) but holds %s; "
+                     "short by %s: offload state (zero_optimization.offload_param / "
+                     "offload_optimizer device \"cpu\" or \"nvme\", or --nvme DIR), add "
+                     "devices, or raise --device-mem",
+                     z->world, h1, h2, h3, h4, h5, short_by);
+            rc = -ENOMEM;
+            goto fail;
+        }
+    }
+    uint64_t avail = mem_available_bytes();
+    if (avail && z->arena_bytes > avail) {
+        human(h1, sizeof h1, (double)z->arena_bytes);
+        human(h2, sizeof h2, (double)avail);
+        human(h3, sizeof h3, (double)(z->arena_bytes - avail));
+        snprintf(err, errlen,
+                 "host memory: the host tier and staging buffers need %s but %s is available; "
+                 "short by %s: put the optimizer state on NVMe (--nvme DIR or "
+                 "zero_optimization.offload_optimizer.device \"nvme\")",
+                 h1, h2, h3);
+        rc = -ENOMEM;
+        goto fail;
+    }
+
+    /* ---- the host arena: one for all devices */
+    if (z->arena_bytes) {
+        z->arena = mmap(NULL, z->arena_bytes, PROT_READ | PROT_WRITE,
+                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (z->arena == MAP_FAILED) {
+            z->arena = NULL;
+            human(h1, sizeof h1, (double)z->arena_bytes);
+            snprintf(err, errlen, "host memory: cannot map the %s host arena: %s", h1,
+                     strerror(errno));
+            rc = -ENOMEM;
+            goto fail;
+        }
+        if (cfg->offload.pin_memory && mlock(z->arena, z->arena_bytes) != 0) {
+            struct rlimit rl = {0};
+            getrlimit(RLIMIT_MEMLOCK, &rl);
+            human(h1, sizeof h1, (double)rl.rlim_cur);
+            human(h2, sizeof h2, (double)z->arena_bytes);
+            fprintf(stderr, "fsoff: warning: pin_memory: RLIMIT_MEMLOCK is %s; pinning %s needs "
+                            "`ulimit -l unlimited` (or a larger limit); using pageable memory\n",
+                    rl.rlim_cur == RLIM_INFINITY ? "unlimited" : h1, h2);
+        }
+    }
+
+    /* ---- per rank: shards, buffers, store */
+    for (int r = 0; r < z->world; r++) {
+        rank_state *rk = &z->ranks[r];
+        fso_backend *be = rk->be;
+        rk->locs = calloc((size_t)z->n_blocks * FSO_N_KINDS, sizeof *rk->locs);
+        if (!rk->locs) {
+            snprintf(err, errlen, "out of host memory");
+            rc = -ENOMEM;
+            goto fail;
+        }
+        uint64_t nvme_off = 0;
+        for (int b = 0; b < z->n_blocks; b++)
+            for (int k = 0; k < FSO_N_KINDS; k++) {
+                loc *l = locate(rk, b, k);
+                size_t bytes = round_page(sizeof(float) * shard_elems(z, b));
+                l->tier = z->tier[k];
+                if (l->tier == FSO_TIER_DEVICE) {
+                    if ((rc = be->ops->buf_alloc(be, bytes, (void **)&l->ptr)) < 0) {
+                        snprintf(err, errlen, "device memory: %s", be->err);
+                        goto fail;
+                    }
+                } else if (l->tier == FSO_TIER_HOST) {
+                    l->ptr = arena_take(z, bytes);
+                } else {
+                    l->off = nvme_off;
+                    nvme_off += bytes;
+                }
+            }
+        if (!z->alias_params)
+            for (int g = 0; g < 2; g++)
+                if ((rc = be->ops->buf_alloc(be, sizeof(float) * z->max_padded,
+                                             (void **)&rk->gbuf[g])) < 0) {
+                    snprintf(err, errlen, "device memory: %s", be->err);
+                    goto fail;
+                }
+        for (int g = 0; g < 2; g++)
+            if ((rc = be->ops->buf_alloc(be, sizeof(float) * z->max_padded,
+                                         (void **)&rk->gradbuf[g])) < 0) {
+                snprintf(err, errlen, "device memory: %s", be->err);
+                goto fail;
+            }
+        rk->n_pslots = n_pslots;
+        for (int j = 0; j < n_pslots; j++) {
+            rk->pslots[j].buf = arena_take(z, slot_bytes);
+            rk->pslots[j].block = -1;
+        }
+        for (int set = 0; set < 2; set++)
+            for (int k = 0; k < FSO_N_KINDS; k++)
+                rk->oslots[set][k].buf = arena_take(z, slot_bytes);
+        rk->gslot.buf = arena_take(z, slot_bytes);
+
+        if (nvme) {
+            char paths[4096], prefix[64];
+            const char *src = cfg->offload.optim_tier == FSO_TIER_NVME
+                                  ? cfg->offload.optim_nvme_path : cfg->offload.param_nvme_path;
+            fso_store_opts so = {0};
+            snprintf(paths, sizeof paths, "%s", src);
+            so.ndirs = split_dirs(paths, so.dirs, FSO_STORE_MAX_DIRS);
+            so.capacity_bytes = nvme_off;
+            so.block_bytes = (size_t)cfg->offload.aio_block_bytes;
+            so.queue_depth = cfg->offload.aio_queue_depth;
+            so.direct = true;
+            snprintf(prefix, sizeof prefix, "fsoff-%d-dev%d", (int)getpid(), r);
+            so.file_prefix = prefix;
+            char serr[512] = "";
+            if ((rc = fso_store_open_uring(&rk->store, &so, serr, sizeof serr)) < 0) {
+                snprintf(err, errlen, "NVMe: %s", serr);
+                goto fail;
+            }
+            if (rk->store->ops->register_buffers && z->arena)
+                rk->store->ops->register_buffers(rk->store, z->arena, z->arena_bytes);
+        }
+    }
+    if ((rc = fso_coll_create_threads(&z->coll, z->world)) < 0) {
+        snprintf(err, errlen, "cannot create the collectives: %s", strerror(-rc));
+        goto fail;
+    }
+
+    /* ---- initial state, one block at a time (host memory stays bounded):
+     * parameters from the seed, optimizer state zero */
+    {
+        float *flat = malloc(sizeof(float) * z->max_padded);
+        fso_rng rng;
+        if (!flat) {
+            snprintf(err, errlen, "out of host memory initialising parameters");
+            rc = -ENOMEM;
+            goto fail;
+        }
+        fso_rng_seed(&rng, cfg->seed);
+        for (int b = 0; b < z->n_blocks && rc == 0; b++) {
+            fso_model_init_block(&z->ranks[0].model, b, flat, &rng);
+            for (int k = 0; k < FSO_N_KINDS && rc == 0; k++) {
+                if (k == FSO_KIND_M)
+                    memset(flat, 0, sizeof(float) * z->blocks[b].padded_elems);
+                rc = block_xfer(z, b, flat, (fso_kind)k, 0);
+            }
+        }
+        free(flat);
+        if (rc < 0) {
+            first_error(z, err, errlen);
+            goto fail;
+        }
+    }
+    *out = z;
+    return 0;
+
+fail:
+    fso_zero_destroy(z);
+    return rc < 0 ? rc : -ENOMEM;
+}
+
+void fso_zero_destroy(fso_zero *z)
+{
+    if (!z)
+        return;
+    for (int r = 0; z->ranks && r < z->world; r++) {
+        rank_state *rk = &z->ranks[r];
+        if (!rk->be)
+            continue;
+        drain(rk);
+        for (int b = 0; rk->locs && b < z->n_blocks; b++)
+            for (int k = 0; k < FSO_N_KINDS; k++)
+                if (locate(rk, b, k)->tier == FSO_TIER_DEVICE)
+                    rk->be->ops->buf_free(rk->be, locate(rk, b, k)->ptr);
+        for (int g = 0; g < 2; g++) {
+            rk->be->ops->buf_free(rk->be, rk->gbuf[g]);
+            rk->be->ops->buf_free(rk->be, rk->gradbuf[g]);
+        }
+        fso_store_destroy(rk->store);
+        fso_model_free(&rk->model);
+        free(rk->locs);
+        fso_backend_destroy(rk->be);
+    }
+    if (z->arena)
+        munmap(z->arena, z->arena_bytes);
+    fso_coll_destroy(z->coll);
+    free(z->ranks);
+    free(z->blocks);
+    free(z->order);
+    free(z);
+}

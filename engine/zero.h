@@ -1,0 +1,91 @@
+/* zero.h — ZeRO-3 training state across the devices of one process, on three
+ * tiers (DESIGN §4, §5).
+ *
+ * Every block's flat buffer is split into `world` equal shards (each a
+ * multiple of 4 KiB); rank r owns shard r. Per shard there are five kinds of
+ * state — working parameters, fp32 master, AdamW m and v, and the gradient
+ * accumulator — and each kind lives on one tier: the device, the process's
+ * host arena (one for all devices, locked in memory where allowed), or the
+ * NVMe store. Parameters follow zero_optimization.offload_param, the rest
+ * offload_optimizer.
+ *
+ * A step on rank r: for each micro-batch, the model asks for each block in a
+ * fixed order (model.h); the rank reads its parameter shard (prefetched from
+ * NVMe train.prefetch_blocks blocks ahead), all-gathers the full block,
+ * lends it, and drops it afterwards; gradients of each block are
+ * reduce-scattered as soon as the block's backward ends and added into the
+ * rank's gradient shard. Then the exact global gradient norm (one
+ * all-reduce), and AdamW over the rank's shards block by block, reading
+ * ahead and writing behind when the optimizer state is on NVMe.
+ *
+ * The sums do not depend on the tier, so a run is bit-identical on every
+ * tier for the same device count.
+ */
+#ifndef FSO_ZERO_H
+#define FSO_ZERO_H
+
+#include <stdint.h>
+
+#include "coll.h"
+#include "config.h"
+#include "model.h"
+#include "store.h"
+
+typedef enum fso_kind {
+    FSO_KIND_PARAM = 0,   /* working parameters: gathered for compute */
+    FSO_KIND_MASTER,      /* fp32 master weights */
+    FSO_KIND_M,           /* AdamW first moment */
+    FSO_KIND_V,           /* AdamW second moment */
+    FSO_KIND_GRAD,        /* gradient accumulator */
+    FSO_N_KINDS,
+} fso_kind;
+
+typedef struct fso_zero_step {
+    double loss;          /* mean over all micro-batches of all ranks */
+    double grad_norm;     /* global, before clipping */
+    double clip_coef;
+    double lr;
+    double stall_ms;      /* compute waited on NVMe reads (rank 0) */
+    double optimizer_ms;  /* rank 0 */
+    uint64_t nvme_read_bytes, nvme_write_bytes; /* all ranks, this step */
+} fso_zero_step;
+
+typedef struct fso_zero fso_zero;
+
+/* Plan memory for cfg on cfg->world virtual CPU devices, check every tier's
+ * budget (device cap, host memory, NVMe space) and fail before allocating
+ * with a message naming the short tier and by how much; then allocate,
+ * initialise the parameters from cfg->seed and zero the optimizer state.
+ * Returns 0 or negative errno with the message in err. */
+int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t errlen);
+void fso_zero_destroy(fso_zero *z);
+
+/* One optimizer step: world * grad_accum micro-batches, inputs/targets hold
+ * them in order (micro-batch a of rank r is number a * world + r).
+ * Returns 0, or negative errno with a message in err (I/O failure, or
+ * -ERANGE for a non-finite loss or norm: the update is then not applied). */
+int fso_zero_step_run(fso_zero *z, int64_t step, const int32_t *inputs, const int32_t *targets,
+                      fso_zero_step *st, char *err, size_t errlen);
+
+/* Parameters in HF order (n_params floats), from or to the sharded state
+ * (the working parameters and the master both). */
+int fso_zero_load_hf(fso_zero *z, const float *hf, char *err, size_t errlen);
+int fso_zero_store_hf(fso_zero *z, float *hf, char *err, size_t errlen);
+/* The gradient accumulators in HF order, as left by the last step. */
+int fso_zero_store_grads_hf(fso_zero *z, float *hf, char *err, size_t errlen);
+/* Forward of rank 0 on one micro-batch (B*T tokens), logits (B*T, V) to host. */
+int fso_zero_forward_logits(fso_zero *z, const int32_t *inputs, float *logits, char *err,
+                            size_t errlen);
+
+/* Wrap device `rank`'s NVMe store in a fault injector (tests). 0 or -errno;
+ * -ENOENT when that device has no store. */
+int fso_zero_inject_faults(fso_zero *z, int rank, const fso_fault_spec *spec);
+/* Bytes of the host arena (host-tier shards and staging buffers). */
+uint64_t fso_zero_host_arena_bytes(const fso_zero *z);
+
+/* What a report needs. */
+const fso_model *fso_zero_model(const fso_zero *z);
+uint64_t fso_zero_peak_device_bytes(const fso_zero *z);  /* largest across devices */
+void fso_zero_describe(const fso_zero *z, char *buf, size_t len); /* placement, one line each */
+
+#endif

@@ -1,0 +1,44 @@
+/* coll.h — the collective interface (DESIGN §3): all-gather, reduce-scatter,
+ * all-reduce and barrier among the `world` devices of one process.
+ *
+ * Called SPMD style, like NCCL: every rank calls the same collective with
+ * its own rank, from its own host thread, in the same order. Buffers are
+ * device pointers of that rank's backend. Sums run in rank order, so results
+ * are the same on every run and on every rank.
+ *
+ * Implementations: "threads" (shared memory between the host threads that
+ * drive the CPU backend's virtual devices); NCCL comes with the CUDA
+ * backend and fits the same table.
+ */
+#ifndef FSO_COLL_H
+#define FSO_COLL_H
+
+#include <stddef.h>
+
+typedef struct fso_coll fso_coll;
+
+typedef struct fso_coll_ops {
+    const char *name;
+    /* recv (world*count) = concat over ranks of send (count); send may be
+     * recv + rank*count (in place). */
+    int (*all_gather)(fso_coll *c, int rank, const float *send, float *recv, size_t count);
+    /* recv (count) = sum over ranks k of send_k[rank*count .. +count) */
+    int (*reduce_scatter)(fso_coll *c, int rank, const float *send, float *recv, size_t count);
+    /* buf (count) = sum over ranks of buf, in double: losses and norms */
+    int (*all_reduce_f64)(fso_coll *c, int rank, double *buf, size_t count);
+    int (*barrier)(fso_coll *c, int rank);
+    void (*destroy)(fso_coll *c);
+} fso_coll_ops;
+
+struct fso_coll {
+    const fso_coll_ops *ops;
+    void *ctx;
+    int world;
+    double busy_ms[64];   /* per rank: time inside collectives, for reports */
+};
+
+/* Shared-memory collectives among `world` threads of this process. */
+int fso_coll_create_threads(fso_coll **out, int world);
+void fso_coll_destroy(fso_coll *c);
+
+#endif

@@ -1,0 +1,128 @@
+/* store.h — the storage interface (DESIGN §3): where offloaded shards live
+ * when they are not in memory.
+ *
+ * A store is one linear byte address space [0, capacity_bytes) backed by
+ * files (NVMe), by memory, or by another store with faults injected. Callers
+ * queue reads and writes of whole aligned ranges, submit them in batches and
+ * reap completions, like io_uring:
+ *
+ *   prep_read / prep_write   queue one request (buf, len and off multiples of
+ *                            store->align; buf stays valid until reaped)
+ *   submit                   hand everything queued to the kernel
+ *   reap                     collect finished requests, waiting for at
+ *                            least min_complete of them
+ *
+ * A request completes whole: the implementation resubmits short transfers
+ * and -EAGAIN itself, so fso_io.res is the full length or a negative errno.
+ * Requests are independent; a caller that needs ordering (write then read of
+ * one range) waits for the first before queueing the second.
+ */
+#ifndef FSO_STORE_H
+#define FSO_STORE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define FSO_STORE_ERR_MAX 512
+#define FSO_STORE_MAX_DIRS 16
+
+typedef struct fso_store fso_store;
+
+typedef struct fso_io {
+    uint64_t user;          /* the caller's tag from prep_* */
+    int64_t res;            /* bytes transferred (the full length) or -errno */
+} fso_io;
+
+typedef struct fso_store_ops {
+    const char *name;       /* "uring", "mem", "faults" */
+    /* 0, -EBUSY when queue_depth requests are already in flight (reap
+     * first), -EINVAL for a misaligned or out-of-range request. */
+    int (*prep_read)(fso_store *s, void *buf, size_t len, uint64_t off, uint64_t user);
+    int (*prep_write)(fso_store *s, const void *buf, size_t len, uint64_t off, uint64_t user);
+    /* Number of requests handed over, or -errno. */
+    int (*submit)(fso_store *s);
+    /* Up to max completions into out; blocks until min_complete are there
+     * (requests still queued are submitted first). -EINVAL when
+     * min_complete exceeds max or the requests in flight. Returns the
+     * count, or -errno if the store itself failed. */
+    int (*reap)(fso_store *s, fso_io *out, int max, int min_complete);
+    /* Tell the store that [base, base+len) will be used for I/O buffers
+     * (io_uring registers it and uses fixed-buffer reads and writes).
+     * Optional: may be NULL. Returns 0 or -errno. */
+    int (*register_buffers)(fso_store *s, void *base, size_t len);
+    /* Test hook, optional (NULL where the store has no resubmission path):
+     * the nth read prepared from now has its first transfer cut short, so
+     * the store's own short-transfer resubmission runs. Returns 0 or -errno. */
+    int (*inject_short_read)(fso_store *s, int nth);
+    void (*destroy)(fso_store *s);
+} fso_store_ops;
+
+struct fso_store {
+    const fso_store_ops *ops;
+    void *ctx;
+    uint64_t capacity_bytes;
+    size_t align;           /* 4096 for O_DIRECT stores */
+    int queue_depth;        /* requests in flight at most */
+    int inflight;           /* requests prepared and not yet reaped */
+    bool direct;            /* O_DIRECT on every file (false after the fallback) */
+    uint64_t read_bytes, write_bytes; /* completed, for reports */
+    uint64_t resubmits;     /* short transfers and -EAGAIN retried */
+    char err[FSO_STORE_ERR_MAX];
+};
+
+typedef struct fso_store_opts {
+    const char *dirs[FSO_STORE_MAX_DIRS]; /* NVMe folders; striped in order */
+    int ndirs;
+    uint64_t capacity_bytes;  /* preallocated, split evenly over the folders */
+    size_t block_bytes;       /* stripe unit and largest single I/O (aio.block_size) */
+    int queue_depth;          /* aio.queue_depth */
+    bool direct;              /* O_DIRECT; falls back to buffered with one warning */
+    const char *file_prefix;  /* file names: <dir>/<prefix>.<n>; "fsoff-store" if NULL */
+    bool refuse_direct;       /* test hook: act as if every folder refused O_DIRECT
+                                 (tmpfs before Linux 6.6) so the fallback runs */
+} fso_store_opts;
+
+/* io_uring over preallocated files, one or more per folder. Errors name the
+ * folder and the fix (missing, not a directory, read-only, no space for
+ * capacity_bytes). Files are created 0600 with O_NOFOLLOW and removed by
+ * destroy. */
+int fso_store_open_uring(fso_store **out, const fso_store_opts *opts, char *err, size_t errlen);
+/* Memory: the host tier and tests. align is a power of two; queue_depth is
+ * FSO_STORE_MEM_QUEUE_DEPTH. Data moves at submit; requests complete at reap. */
+#define FSO_STORE_MEM_QUEUE_DEPTH 128
+int fso_store_open_mem(fso_store **out, uint64_t capacity_bytes, size_t align);
+
+/* Faults injected into another store's completions, counted per operation
+ * kind from 1 (requests prepared through the wrapper). A zero field injects
+ * nothing. An injected EIO or ENOSPC is not forwarded: a failed write leaves
+ * the range as it was, a failed read leaves the buffer as it was (callers
+ * must treat both as undefined). short_read_at uses the inner store's
+ * inject_short_read hook when it has one (io_uring: its real resubmission
+ * path runs); otherwise the wrapper reads the first half, then resubmits the
+ * rest itself. On success the wrapper owns inner: destroy destroys both. */
+typedef struct fso_fault_spec {
+    int read_eio_at;          /* the Nth read completes with -EIO */
+    int write_eio_at;         /* the Nth write completes with -EIO */
+    int write_enospc_at;      /* the Nth write completes with -ENOSPC */
+    int short_read_at;        /* the Nth read is first served short (the store must resubmit) */
+} fso_fault_spec;
+int fso_store_wrap_faults(fso_store **out, fso_store *inner, const fso_fault_spec *spec);
+
+void fso_store_destroy(fso_store *s);
+
+/* Blocking helpers over the queue: one request, submitted and reaped. The
+ * store must be idle (no requests in flight; -EBUSY otherwise).
+ * Return 0 or -errno (message in s->err). */
+int fso_store_read(fso_store *s, void *buf, size_t len, uint64_t off);
+int fso_store_write(fso_store *s, const void *buf, size_t len, uint64_t off);
+
+/* For implementations (store.c). */
+/* Formats the message into s->err and returns rc. */
+int fso_store_fail(fso_store *s, int rc, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* The checks every prep_* makes: -EINVAL for a misaligned, empty or
+ * out-of-range request, -EBUSY when queue_depth requests are in flight. */
+int fso_store_check(fso_store *s, const char *op, const void *buf, size_t len, uint64_t off);
+
+#endif

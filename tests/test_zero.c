@@ -1,0 +1,385 @@
+/* test_zero.c — ZeRO-3 sharding over virtual devices and the three tiers.
+ *
+ *  - the same run with state on the device, in host memory and on NVMe
+ *    gives bit-identical losses, norms and parameters (1 and 2 devices);
+ *  - 1, 2 and 4 devices with the same global batch agree within 1e-5
+ *    (the sums run in a different order);
+ *  - budgets fail before training, naming the tier and the shortfall;
+ *  - a model whose training state is several times the device cap and
+ *    larger than the host arena trains from NVMe within the cap;
+ *  - NVMe faults (EIO on read and write, ENOSPC, short reads) end the step
+ *    with a clear error or are retried, never computing from a bad shard;
+ *  - folder errors and the tmpfs fallback.
+ */
+#include <errno.h>
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "config.h"
+#include "data.h"
+#include "train.h"
+#include "zero.h"
+
+#define STEPS 3
+
+static char nvme_dir[256];
+
+static void small_config(fso_config *cfg, int world, int global_batch)
+{
+    fso_config_defaults(cfg);
+    cfg->model.hidden_size = 64;
+    cfg->model.intermediate_size = 128;
+    cfg->model.num_hidden_layers = 2;
+    cfg->model.num_attention_heads = 4;
+    cfg->model.num_key_value_heads = 2;
+    cfg->model.head_dim = 16;
+    cfg->data.seq_len = 32;
+    cfg->world = world;
+    cfg->micro_batch = global_batch / world;
+    cfg->grad_accum = 2;
+    cfg->steps = STEPS;
+    cfg->sched.warmup_num_steps = 1;
+    cfg->threads = 2;
+    cfg->device_mem_bytes = 256u << 20;
+}
+
+static void set_tiers(fso_config *cfg, fso_tier param, fso_tier optim)
+{
+    cfg->offload.param_tier = param;
+    cfg->offload.optim_tier = optim;
+    snprintf(cfg->offload.param_nvme_path, sizeof cfg->offload.param_nvme_path, "%s", nvme_dir);
+    snprintf(cfg->offload.optim_nvme_path, sizeof cfg->offload.optim_nvme_path, "%s", nvme_dir);
+}
+
+typedef struct run_result {
+    double loss[STEPS], norm[STEPS];
+    float *params;
+    size_t np;
+    uint64_t peak_device, arena, nvme_read;
+    int rc;
+    char err[512];
+} run_result;
+
+typedef void (*hook_fn)(fso_trainer *tr);
+
+static void run(const fso_config *cfg, hook_fn hook, run_result *out)
+{
+    fso_data data = {0};
+    fso_trainer tr;
+    memset(out, 0, sizeof *out);
+    if (fso_data_init(&data, cfg) < 0)
+        fail_msg("data: %s", data.err);
+    if ((out->rc = fso_trainer_init(&tr, cfg)) < 0) {
+        snprintf(out->err, sizeof out->err, "%s", tr.err);
+        fso_data_free(&data);
+        return;
+    }
+    if (hook)
+        hook(&tr);
+    size_t bt = (size_t)cfg->micro_batch * cfg->data.seq_len, n = fso_trainer_step_tokens(cfg);
+    int32_t *in = malloc(sizeof(int32_t) * n), *tg = malloc(sizeof(int32_t) * n);
+    for (int s = 0; s < STEPS && out->rc == 0; s++) {
+        for (size_t a = 0; a < n / bt; a++)
+            fso_data_next(&data, in + a * bt, tg + a * bt);
+        fso_step_stats st;
+        if ((out->rc = fso_trainer_step(&tr, in, tg, &st)) < 0)
+            snprintf(out->err, sizeof out->err, "%s", tr.err);
+        out->loss[s] = st.loss;
+        out->norm[s] = st.grad_norm;
+        out->nvme_read += st.nvme_read_bytes;
+    }
+    out->np = fso_zero_model(tr.zero)->n_params;
+    out->params = malloc(sizeof(float) * out->np);
+    char err[512];
+    if (fso_zero_store_hf(tr.zero, out->params, err, sizeof err) < 0 && out->rc == 0)
+        fail_msg("store: %s", err);
+    out->peak_device = fso_zero_peak_device_bytes(tr.zero);
+    out->arena = fso_zero_host_arena_bytes(tr.zero);
+    free(in);
+    free(tg);
+    fso_trainer_free(&tr);
+    fso_data_free(&data);
+}
+
+static void assert_bit_identical(const run_result *a, const run_result *b, const char *what)
+{
+    assert_int_equal(a->rc, 0);
+    assert_int_equal(b->rc, 0);
+    for (int s = 0; s < STEPS; s++)
+        if (memcmp(&a->loss[s], &b->loss[s], sizeof(double)) ||
+            memcmp(&a->norm[s], &b->norm[s], sizeof(double)))
+            fail_msg("%s: step %d: loss %.17g vs %.17g, norm %.17g vs %.17g", what, s + 1,
+                     a->loss[s], b->loss[s], a->norm[s], b->norm[s]);
+    assert_int_equal(a->np, b->np);
+    for (size_t i = 0; i < a->np; i++)
+        if (memcmp(&a->params[i], &b->params[i], sizeof(float)))
+            fail_msg("%s: parameter %zu: %.9g vs %.9g", what, i, a->params[i], b->params[i]);
+}
+
+static void tiers_for_world(int world)
+{
+    static const fso_tier tiers[][2] = {
+        {FSO_TIER_DEVICE, FSO_TIER_DEVICE}, {FSO_TIER_DEVICE, FSO_TIER_HOST},
+        {FSO_TIER_HOST, FSO_TIER_HOST},     {FSO_TIER_NVME, FSO_TIER_HOST},
+        {FSO_TIER_DEVICE, FSO_TIER_NVME},   {FSO_TIER_NVME, FSO_TIER_NVME},
+    };
+    run_result base, r;
+    fso_config cfg;
+    small_config(&cfg, world, 4);
+    set_tiers(&cfg, tiers[0][0], tiers[0][1]);
+    run(&cfg, NULL, &base);
+    if (base.rc)
+        fail_msg("all on device: %s", base.err);
+    for (size_t t = 1; t < sizeof tiers / sizeof tiers[0]; t++) {
+        char what[96];
+        set_tiers(&cfg, tiers[t][0], tiers[t][1]);
+        run(&cfg, NULL, &r);
+        if (r.rc)
+            fail_msg("tiers %d/%d: %s", tiers[t][0], tiers[t][1], r.err);
+        snprintf(what, sizeof what, "%d devices, parameters on tier %d, optimizer on tier %d",
+                 world, tiers[t][0], tiers[t][1]);
+        assert_bit_identical(&base, &r, what);
+        if (tiers[t][0] == FSO_TIER_NVME || tiers[t][1] == FSO_TIER_NVME)
+            assert_true(r.nvme_read > 0);
+        free(r.params);
+    }
+    free(base.params);
+}
+
+static void test_tiers_are_bit_identical_one_device(void **s) { (void)s; tiers_for_world(1); }
+static void test_tiers_are_bit_identical_two_devices(void **s) { (void)s; tiers_for_world(2); }
+
+static void test_device_counts_agree(void **state)
+{
+    (void)state;
+    run_result r[3];
+    int worlds[3] = {1, 2, 4};
+    for (int i = 0; i < 3; i++) {
+        fso_config cfg;
+        small_config(&cfg, worlds[i], 4);
+        run(&cfg, NULL, &r[i]);
+        if (r[i].rc)
+            fail_msg("%d devices: %s", worlds[i], r[i].err);
+    }
+    for (int i = 1; i < 3; i++) {
+        for (int s = 0; s < STEPS; s++)
+            if (fabs(r[i].loss[s] - r[0].loss[s]) > 1e-5 * fabs(r[0].loss[s]) ||
+                fabs(r[i].norm[s] - r[0].norm[s]) > 1e-5 * fabs(r[0].norm[s]))
+                fail_msg("%d devices, step %d: loss %.9g norm %.9g; 1 device: %.9g %.9g",
+                         worlds[i], s + 1, r[i].loss[s], r[i].norm[s], r[0].loss[s],
+                         r[0].norm[s]);
+        for (size_t p = 0; p < r[0].np; p++)
+            if (fabs(r[i].params[p] - r[0].params[p]) > 1e-5 + 1e-4 * fabs(r[0].params[p]))
+                fail_msg("%d devices: parameter %zu: %.9g vs %.9g", worlds[i], p,
+                         r[i].params[p], r[0].params[p]);
+        /* each device holds a smaller share */
+        assert_true(r[i].peak_device < r[0].peak_device);
+    }
+    for (int i = 0; i < 3; i++)
+        free(r[i].params);
+}
+
+static void test_device_cap_too_small_fails_before_training(void **state)
+{
+    (void)state;
+    fso_config cfg;
+    run_result r;
+    small_config(&cfg, 2, 4);
+    cfg.model.hidden_size = 128;
+    cfg.model.intermediate_size = 384;
+    cfg.model.head_dim = 32;
+    cfg.device_mem_bytes = 4u << 20; /* activations fit, the state does not */
+    run(&cfg, NULL, &r);
+    assert_int_equal(r.rc, -ENOMEM);
+    assert_non_null(strstr(r.err, "device memory"));
+    assert_non_null(strstr(r.err, "short by"));
+    assert_non_null(strstr(r.err, "--nvme"));
+    free(r.params);
+}
+
+/* Training state 20 bytes/param several times the device cap and larger
+ * than the host arena: parameters and optimizer state stream from NVMe. */
+static void test_large_model_trains_from_nvme_within_cap(void **state)
+{
+    (void)state;
+    fso_config cfg;
+    run_result r;
+    small_config(&cfg, 2, 2);
+    cfg.model.hidden_size = 256;
+    cfg.model.intermediate_size = 768;
+    cfg.model.num_hidden_layers = 6;
+    cfg.model.num_attention_heads = 4;
+    cfg.model.num_key_value_heads = 2;
+    cfg.model.head_dim = 64;
+    cfg.data.seq_len = 16;
+    cfg.grad_accum = 1;
+    cfg.device_mem_bytes = 16u << 20;
+    set_tiers(&cfg, FSO_TIER_NVME, FSO_TIER_NVME);
+    run(&cfg, NULL, &r);
+    if (r.rc)
+        fail_msg("%s", r.err);
+    uint64_t state_bytes = (uint64_t)r.np * 20;
+    fprintf(stderr, "# %zu params, state %.1f MiB, device cap %.1f MiB, peak device %.1f MiB, "
+                    "host arena %.1f MiB\n",
+            r.np, state_bytes / 1048576.0, cfg.device_mem_bytes / 1048576.0,
+            r.peak_device / 1048576.0, r.arena / 1048576.0);
+    assert_true(state_bytes > 4 * cfg.device_mem_bytes);
+    assert_true(r.peak_device <= cfg.device_mem_bytes);
+    assert_true(r.arena < state_bytes);
+    for (int s = 0; s < STEPS; s++)
+        assert_true(isfinite(r.loss[s]));
+    free(r.params);
+}
+
+/* ---- faults */
+
+static fso_fault_spec g_spec;
+static void inject(fso_trainer *tr)
+{
+    assert_int_equal(fso_zero_inject_faults(tr->zero, 0, &g_spec), 0);
+}
+
+static void fault_run(fso_fault_spec spec, run_result *r)
+{
+    fso_config cfg;
+    small_config(&cfg, 2, 4);
+    set_tiers(&cfg, FSO_TIER_NVME, FSO_TIER_NVME);
+    g_spec = spec;
+    run(&cfg, inject, r);
+}
+
+static void test_nvme_read_eio_ends_the_step(void **state)
+{
+    (void)state;
+    run_result r;
+    fault_run((fso_fault_spec){.read_eio_at = 3}, &r);
+    assert_int_equal(r.rc, -EIO);
+    assert_non_null(strstr(r.err, "NVMe"));
+    assert_non_null(strstr(r.err, "not applied"));
+    free(r.params);
+}
+
+static void test_nvme_write_eio_is_reported(void **state)
+{
+    (void)state;
+    run_result r;
+    fault_run((fso_fault_spec){.write_eio_at = 2}, &r);
+    assert_int_equal(r.rc, -EIO);
+    assert_non_null(strstr(r.err, "NVMe"));
+    free(r.params);
+}
+
+static void test_nvme_enospc_mid_run_is_reported(void **state)
+{
+    (void)state;
+    run_result r;
+    fault_run((fso_fault_spec){.write_enospc_at = 5}, &r);
+    assert_int_equal(r.rc, -ENOSPC);
+    assert_non_null(strstr(r.err, "No space left"));
+    free(r.params);
+}
+
+static void test_nvme_short_read_is_retried_exactly(void **state)
+{
+    (void)state;
+    run_result clean, shortr;
+    fault_run((fso_fault_spec){0}, &clean);
+    fault_run((fso_fault_spec){.short_read_at = 4}, &shortr);
+    assert_bit_identical(&clean, &shortr, "short read retried");
+    free(clean.params);
+    free(shortr.params);
+}
+
+static void test_nvme_folder_errors(void **state)
+{
+    (void)state;
+    fso_config cfg;
+    run_result r;
+    small_config(&cfg, 1, 2);
+    set_tiers(&cfg, FSO_TIER_NVME, FSO_TIER_NVME);
+    snprintf(cfg.offload.param_nvme_path, sizeof cfg.offload.param_nvme_path, "%s/missing",
+             nvme_dir);
+    snprintf(cfg.offload.optim_nvme_path, sizeof cfg.offload.optim_nvme_path, "%s/missing",
+             nvme_dir);
+    run(&cfg, NULL, &r);
+    assert_true(r.rc < 0);
+    assert_non_null(strstr(r.err, "missing"));
+    free(r.params);
+
+    char file[300];
+    snprintf(file, sizeof file, "%s/plainfile", nvme_dir);
+    FILE *f = fopen(file, "w");
+    assert_non_null(f);
+    fclose(f);
+    snprintf(cfg.offload.optim_nvme_path, sizeof cfg.offload.optim_nvme_path, "%s", file);
+    snprintf(cfg.offload.param_nvme_path, sizeof cfg.offload.param_nvme_path, "%s", file);
+    run(&cfg, NULL, &r);
+    assert_true(r.rc < 0);
+    assert_non_null(strstr(r.err, "plainfile"));
+    free(r.params);
+    unlink(file);
+}
+
+static void test_tmpfs_falls_back_to_buffered(void **state)
+{
+    (void)state;
+    char shm[] = "/dev/shm/fsoff-test-XXXXXX";
+    if (!mkdtemp(shm)) {
+        fprintf(stderr, "# no /dev/shm here: skipping the tmpfs case\n");
+        skip();
+    }
+    fso_config cfg;
+    run_result a, b;
+    small_config(&cfg, 1, 2);
+    set_tiers(&cfg, FSO_TIER_NVME, FSO_TIER_NVME);
+    run(&cfg, NULL, &a);
+    snprintf(cfg.offload.param_nvme_path, sizeof cfg.offload.param_nvme_path, "%s", shm);
+    snprintf(cfg.offload.optim_nvme_path, sizeof cfg.offload.optim_nvme_path, "%s", shm);
+    run(&cfg, NULL, &b);
+    rmdir(shm);
+    if (b.rc)
+        fail_msg("tmpfs: %s", b.err);
+    assert_bit_identical(&a, &b, "tmpfs vs disk");
+    free(a.params);
+    free(b.params);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    snprintf(nvme_dir, sizeof nvme_dir, "%s", "fsoff-zero-XXXXXX");
+    return mkdtemp(nvme_dir) ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    return rmdir(nvme_dir);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_tiers_are_bit_identical_one_device),
+        cmocka_unit_test(test_tiers_are_bit_identical_two_devices),
+        cmocka_unit_test(test_device_counts_agree),
+        cmocka_unit_test(test_device_cap_too_small_fails_before_training),
+        cmocka_unit_test(test_large_model_trains_from_nvme_within_cap),
+        cmocka_unit_test(test_nvme_read_eio_ends_the_step),
+        cmocka_unit_test(test_nvme_write_eio_is_reported),
+        cmocka_unit_test(test_nvme_enospc_mid_run_is_reported),
+        cmocka_unit_test(test_nvme_short_read_is_retried_exactly),
+        cmocka_unit_test(test_nvme_folder_errors),
+        cmocka_unit_test(test_tmpfs_falls_back_to_buffered),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
