@@ -220,7 +220,10 @@ int fso_model_init(fso_model *m, const fso_model_config *mc, fso_backend *be, in
 fail:
     if (!m->err[0])
         snprintf(m->err, sizeof m->err, "out of memory while allocating the model");
+    char keep[sizeof m->err];
+    memcpy(keep, m->err, sizeof keep);
     fso_model_free(m);
+    memcpy(m->err, keep, sizeof keep);
     return rc < 0 ? rc : -ENOMEM;
 }
 

@@ -948,10 +948,10 @@ int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t err
         if ((rc = fso_model_init(&rk->model, &cfg->model, rk->be, cfg->micro_batch,
                                  cfg->data.seq_len, z->world, cfg->activation_checkpointing)) < 0) {
             human(h1, sizeof h1, (double)cap);
-            snprintf(err, errlen, "device memory: %s; activations alone do not fit the %s cap "
-                                  "(--device-mem): shorten data.seq_len or "
+            snprintf(err, errlen, "device memory: the activations alone do not fit the %s cap "
+                                  "(--device-mem) of device %d (%s); shorten data.seq_len or "
                                   "train_micro_batch_size_per_gpu, or raise --device-mem",
-                     rk->model.err, h1);
+                     h1, r, rk->model.err);
             goto fail;
         }
         size_t need = rk->be->mem_used_bytes + per_tier[FSO_TIER_DEVICE] + window + gradbufs;

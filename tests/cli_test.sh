@@ -96,6 +96,26 @@ expect_error "corpus shorter than a sequence" "$TMP/short.txt" "seq_len" -- --da
 expect_error "unsupported version" "$TMP/ver.bin" "version" -- --data "$TMP/ver.bin"
 expect_error "metrics in missing folder" "$TMP/no/dir/m.jsonl" -- --steps 1 --metrics "$TMP/no/dir/m.jsonl" "${SMALL[@]}"
 
+# --- devices and tiers
+expect_error "devices cpu:0" "--devices cpu:0" -- --devices cpu:0
+expect_error "device-mem not a size" "--device-mem lots" -- --device-mem lots
+expect_error "device cap too small" "device memory" "--device-mem" -- --devices cpu:2 --device-mem 2M --steps 1
+expect_error "nvme folder missing" "$TMP/nofolder" -- --nvme "$TMP/nofolder" --steps 1 "${SMALL[@]}"
+printf '{ "zero_optimization": { "offload_param": { "device": "nvme" } } }\n' >"$TMP/nopath.json"
+expect_error "nvme without a path" "nvme_path" "--nvme" -- --config "$TMP/nopath.json"
+printf '{ "zero_optimization": { "offload_optimizer": { "device": "ssd" } } }\n' >"$TMP/ssd.json"
+expect_error "offload device unknown" "$TMP/ssd.json:1:" "offload_optimizer.device" '"ssd"' -- --config "$TMP/ssd.json"
+mkdir -p "$TMP/nv0" "$TMP/nv1"
+if "$FSOFF" --steps 3 --devices cpu:2 --nvme "$TMP/nv0,$TMP/nv1" --metrics "$TMP/nv.jsonl" "${SMALL[@]}" >"$TMP/out" 2>"$TMP/err" &&
+   grep -q '2 CPU devices' "$TMP/out" && grep -q 'on nvme' "$TMP/out" &&
+   grep -q '"nvme_read_bytes": [1-9]' <(head -1 "$TMP/nv.jsonl") &&
+   grep -q '"peak_device_bytes": [1-9]' <(tail -1 "$TMP/nv.jsonl") &&
+   [ -z "$(ls -A "$TMP/nv0" "$TMP/nv1" | grep fsoff)" ]; then
+    ok "two devices with state on NVMe, files cleaned up"
+else
+    bad "two devices with state on NVMe, files cleaned up" "$(cat "$TMP/err")" "$(ls -A "$TMP/nv0" "$TMP/nv1")"
+fi
+
 # --- good runs
 if "$FSOFF" --steps 3 --data "$TMP/good.bin" --metrics "$TMP/m1.jsonl" "${SMALL[@]}" >"$TMP/out" 2>"$TMP/err"; then
     miss=""
