@@ -2,16 +2,19 @@
  * in elements/s and GB/s, next to the memory bandwidth of a STREAM triad
  * measured in the same run with the same threads.
  *
- * For each thread count: the triad a[i] = b[i] + s * c[i] over three fp32
- * arrays, then AdamW steps over `elems` elements; each is timed `reps` times
- * and the best (shortest) time is reported, as STREAM does. Bytes are counted
- * as STREAM counts them: bytes read plus bytes written, no write-allocate
- * traffic. The correctness column counts the elements of a sample (8 windows
- * of 4096, the first and last included) where the first step's output
- * differs from the scalar reference kernel's (it must be bit-identical).
+ * For each thread count, `reps` rounds of: the triad a[i] = b[i] + s * c[i]
+ * over three fp32 arrays, a "touch" pass with AdamW's reads and writes and
+ * no arithmetic (the bound for its access pattern), and one AdamW step over
+ * `elems` elements; the best (shortest) time of each is reported, as STREAM
+ * does. Taking turns spreads a noisy neighbour over all three. Bytes are
+ * counted as STREAM counts them: bytes read plus bytes written, no
+ * write-allocate traffic. The correctness column counts the elements of a
+ * sample (8 windows of 4096, the first and last included) where the first
+ * step's output differs from the scalar reference kernel's (it must be
+ * bit-identical).
  *
  * Arrays are 2 MiB aligned (transparent huge pages requested) and first
- * touched by the benchmark's own threads with the kernel's split; threads are
+ * touched by the benchmark's own threads, split evenly like the kernel; threads are
  * bound with hwloc to the NUMA node given by --node (default 0), a quiet
  * no-op where binding is not possible.
  */
@@ -77,8 +80,8 @@ static void adam_usage(FILE *f)
             "  --isa ISA        kernel (default auto: the widest the CPU has)\n"
             "  --grad TYPE      gradient type (default bf16)\n"
             "  --out TYPE       bf16 parameter output or none (default bf16)\n"
-            "  --reps R         timed repetitions; the best is reported (default %d)\n"
-            "  --node N         bind threads to NUMA node N with hwloc, -1: no binding (default 0)\n"
+            "  --reps R         timed rounds; the best of each kernel is reported (default %d)\n"
+            "  --node N         bind threads to NUMA node N (hwloc); -1: no binding (default 0)\n"
             "  --json           one JSON object instead of the table\n",
             DEFAULT_REPS);
 }
@@ -324,17 +327,12 @@ static void triad_range(void *ctx, int64_t b, int64_t e, int worker)
         a[i] = x[i] + s * y[i];
 }
 
-static double stream_gbps(fso_pool *pool, adam_arrays *a, int reps)
+/* Seconds one pass of fn over the arrays took. */
+static double time_pass(fso_pool *pool, int64_t n, fso_pool_fn fn, void *ctx)
 {
-    triad_job j = {a->sa, a->sb, a->sc, 3.0f};
-    double best = INFINITY;
-    for (int r = 0; r < reps; r++) {
-        double t0 = now_s();
-        fso_pool_for(pool, (int64_t)a->n, INIT_GRAIN, triad_range, &j);
-        double dt = now_s() - t0;
-        best = dt < best ? dt : best;
-    }
-    return 12.0 * (double)a->n / best / 1e9;
+    double t0 = now_s();
+    fso_pool_for(pool, n, INIT_GRAIN, fn, ctx);
+    return now_s() - t0;
 }
 
 /* ---- the same streams without the arithmetic ---------------------------- */
@@ -467,32 +465,30 @@ static int run_row(const adam_opts *o, const fso_adamw_kernel *k, adam_arrays *a
         init_job ij = {a, o->grad};
         fso_pool_for(pool, (int64_t)a->n, INIT_GRAIN, init_range, &ij);
     }
-    row->stream_gbps = stream_gbps(pool, a, o->reps);
-
-    double best = INFINITY;
+    /* The three kernels take turns, rep by rep, so that a noisy neighbour
+     * slows all of them alike; each keeps its best time. */
+    triad_job trj = {a->sa, a->sb, a->sc, 3.0f};
     touch_job tj = {a, o->grad};
-    for (int r = 0; r < o->reps; r++) {
-        double t0 = now_s();
-        fso_pool_for(pool, (int64_t)a->n, INIT_GRAIN, touch_range, &tj);
-        double dt = now_s() - t0;
-        best = dt < best ? dt : best;
-    }
-    double touch_s = best;
-
-    best = INFINITY;
+    double best = INFINITY, stream_s = INFINITY, touch_s = INFINITY;
     row->wrong = 0;
     for (int r = 0; r < o->reps; r++) {
+        double dt = time_pass(pool, (int64_t)a->n, triad_range, &trj);
+        stream_s = dt < stream_s ? dt : stream_s;
+        dt = time_pass(pool, (int64_t)a->n, touch_range, &tj);
+        touch_s = dt < touch_s ? dt : touch_s;
+
         fso_adamw_step st = {.lr = 1e-4, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8,
                              .weight_decay = 0.1, .grad_scale = 0.8, .t = ++*step};
         if (r == 0)
             sample_take(smp, a);
         double t0 = now_s();
         fso_adamw_fused_mt(k, pool, a->master, a->grad, o->grad, a->m, a->v, a->out, a->n, &st);
-        double dt = now_s() - t0;
+        dt = now_s() - t0;
         best = dt < best ? dt : best;
         if (r == 0)
             row->wrong = sample_check(smp, a, o->grad, &st);
     }
+    row->stream_gbps = 12.0 * (double)a->n / stream_s / 1e9;
     double bytes = (o->grad == FSO_DT_F32 ? 4 : 2) + 24 + (o->out ? 2 : 0);
     row->ms = best * 1e3;
     row->elems_per_s = (double)a->n / best;
@@ -519,6 +515,18 @@ int fso_bench_adam(int argc, char **argv)
                 rc == -ENOTSUP ? "this CPU (or this build) does not have it" : strerror(-rc));
         return 2;
     }
+    if (o.node >= 0) { /* a node that does not exist is a usage error, found before any output */
+        fso_optpool *probe = NULL;
+        rc = fso_optpool_create(&probe, 1);
+        if (rc == 0 && fso_optpool_bind(probe, o.node, false) == -EINVAL) {
+            fprintf(stderr, "fsoff: error: bench adam --node %d: no such NUMA node (this machine "
+                            "has %d); use --node -1 for no binding\n", o.node,
+                    fso_optpool_nodes(probe));
+            fso_optpool_destroy(probe);
+            return 2;
+        }
+        fso_optpool_destroy(probe);
+    }
     int gbytes = o.grad == FSO_DT_F32 ? 4 : 2, obytes = o.out ? 2 : 0;
     int bytes = gbytes + 24 + obytes;
     double mib = (double)o.elems * (12 + gbytes + obytes + 12) / (1 << 20);
@@ -538,6 +546,7 @@ int fso_bench_adam(int argc, char **argv)
     }
 
     const char *gname = o.grad == FSO_DT_F32 ? "fp32" : "bf16";
+    size_t sampled = SAMPLE_WINDOWS * (o.elems < SAMPLE_ELEMS ? o.elems : SAMPLE_ELEMS);
     if (!o.json) {
         printf("# fsoff bench adam: fused AdamW, kernel %s, grad %s, out %s, %zu elements, "
                "best of %d\n", k->name, gname, o.out ? "bf16" : "none", o.elems, o.reps);
@@ -548,8 +557,12 @@ int fso_bench_adam(int argc, char **argv)
         printf("# touch: the same reads and writes with one add per element instead of AdamW "
                "(the bound for this access pattern), %d B/elem\n", bytes);
         printf("# fraction = bw / stream; of_touch = bw / touch; wrong: elements of a "
-               "%d-element sample that differ from the scalar kernel\n",
-               SAMPLE_WINDOWS * SAMPLE_ELEMS);
+               "%zu-element sample that differ from the scalar kernel\n", sampled);
+        if (o.node >= 0)
+            printf("# threads bound to NUMA node %d with hwloc (bound: how many; 0 where binding "
+                   "is not possible)\n", o.node);
+        else
+            printf("# threads not bound (--node -1)\n");
         printf("#\n");
         printf("# %7s %12s %9s %9s %8s %8s %8s %8s %8s %6s %6s\n", "threads", "elems", "time",
                "elems/s", "bw", "stream", "fraction", "touch", "of_touch", "bound", "wrong");
@@ -578,8 +591,9 @@ int fso_bench_adam(int argc, char **argv)
     bool ok = done == o.n_threads && wrong == 0;
     if (o.json) {
         printf("{\"bench\": \"adam\", \"kernel\": \"%s\", \"grad\": \"%s\", \"out\": \"%s\", "
-               "\"bytes_per_elem\": %d, \"reps\": %d, \"ok\": %s, \"results\": [",
-               k->name, gname, o.out ? "bf16" : "none", bytes, o.reps, ok ? "true" : "false");
+               "\"bytes_per_elem\": %d, \"reps\": %d, \"node\": %d, \"ok\": %s, \"results\": [",
+               k->name, gname, o.out ? "bf16" : "none", bytes, o.reps, o.node,
+               ok ? "true" : "false");
         for (int t = 0; t < done; t++) {
             const adam_row *r = &rows[t];
             printf("%s{\"threads\": %d, \"elems\": %zu, \"elems_per_s\": %.6g, \"gbps\": %.6g, "
@@ -595,8 +609,8 @@ int fso_bench_adam(int argc, char **argv)
             avg += rows[t].fraction, avg_touch += rows[t].of_touch;
         printf("# Avg fraction of STREAM: %.3f, of touch: %.3f\n", done ? avg / done : 0.0,
                done ? avg_touch / done : 0.0);
-        printf("# Correctness: %s (%ld wrong of %d sampled per row, bit for bit against scalar)\n",
-               ok ? "OK" : "FAILED", wrong, SAMPLE_WINDOWS * SAMPLE_ELEMS);
+        printf("# Correctness: %s (%ld wrong of %zu sampled per row, bit for bit against scalar)\n",
+               ok ? "OK" : "FAILED", wrong, sampled);
     }
     if (done < o.n_threads)
         fprintf(stderr, "fsoff: error: bench adam: %s\n", note);

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "adamw.h"
+#include "pool.h"
 #include "rng.h"
 
 #define STAGE_ALIGN 4096
@@ -80,6 +81,7 @@ struct fso_zero {
     int *order;                  /* blocks in the order params() asks for them */
     int n_order;
     int64_t step;                /* optimizer steps taken (AdamW t) */
+    const fso_adamw_kernel *adamw; /* the widest AdamW kernel this CPU runs */
 };
 
 static double now_ms(void)
@@ -431,8 +433,8 @@ static void adamw_shard(rank_state *rk, int b, float *master, const float *grad,
         if (a >= e)
             continue;
         as.weight_decay = tensor_decays(&z->cfg->optim, d) ? z->cfg->optim.weight_decay : 0.0;
-        fso_adamw_update(master + (a - lo), grad + (a - lo), m + (a - lo), v + (a - lo), e - a,
-                         &as);
+        fso_adamw_fused_mt(z->adamw, fso_backend_pool(rk->be), master + (a - lo), grad + (a - lo),
+                           FSO_DT_F32, m + (a - lo), v + (a - lo), NULL, e - a, &as);
     }
 }
 
@@ -878,6 +880,8 @@ int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t err
     for (int k = FSO_KIND_MASTER; k < FSO_N_KINDS; k++)
         z->tier[k] = cfg->offload.optim_tier;
     z->alias_params = z->world == 1 && z->tier[FSO_KIND_PARAM] == FSO_TIER_DEVICE;
+    if (fso_adamw_select(FSO_ISA_AUTO, &z->adamw) < 0)
+        z->adamw = NULL; /* the scalar reference */
     if (cfg->offload.prefetch_blocks + 2 > MAX_PARAM_SLOTS) {
         snprintf(err, errlen, "train.prefetch_blocks: at most %d, got %d", MAX_PARAM_SLOTS - 2,
                  cfg->offload.prefetch_blocks);

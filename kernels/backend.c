@@ -76,6 +76,11 @@ void fso_backend_destroy(fso_backend *be)
  * against the device's memory cap. */
 #define BUF_HDR 64
 
+struct fso_pool *fso_backend_pool(fso_backend *be)
+{
+    return be && be->ops == &fso_cpu_fast_ops ? be->ctx : NULL;
+}
+
 int fso_cpu_buf_alloc(fso_backend *be, size_t bytes, void **out)
 {
     void *p = NULL;

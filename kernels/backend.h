@@ -115,6 +115,10 @@ int fso_backend_create_virtual(fso_backend **out, const char *name, int device, 
                                size_t mem_cap_bytes);
 void fso_backend_destroy(fso_backend *be);
 
+/* The backend's thread pool (the fast CPU backend), or NULL. */
+struct fso_pool;
+struct fso_pool *fso_backend_pool(fso_backend *be);
+
 /* The CPUs this process may run on (sched_getaffinity), at least 1. */
 int fso_cpu_count(void);
 

@@ -48,8 +48,9 @@ static inline float adamw_one(float p, float g, float *restrict mi, float *restr
 
 void fso_adamw_fused_scalar(float *restrict master, const void *restrict grad,
                             fso_dtype grad_dtype, float *restrict m, float *restrict v,
-                            uint16_t *restrict out, size_t n, const fso_adamw_consts *c)
+                            uint16_t *restrict out, size_t n, const fso_adamw_consts *cp)
 {
+    const fso_adamw_consts cc = *cp, *c = &cc; /* a copy no store can alias */
     if (grad_dtype == FSO_DT_F32) {
         const float *g = grad;
         for (size_t i = 0; i < n; i++) {

@@ -378,6 +378,21 @@ static void test_uring_files_are_0600_and_removed_by_destroy(void **state)
     fso_store_destroy(NULL);
 }
 
+static void test_uring_destroy_waits_for_requests_in_flight(void **state)
+{
+    fx *f = *state;
+    fso_store_opts o = opts_for(f, 2, 2 * MiB, 64 * KiB, 8);
+    fso_store *s = open_uring(&o);
+    uint8_t *buf = xalloc(2 * MiB);
+    fill_random(buf, 2 * MiB, 1);
+    for (int i = 0; i < 8; i++)
+        assert_int_equal(s->ops->prep_write(s, buf + (size_t)i * 256 * KiB, 256 * KiB,
+                                            (uint64_t)i * 256 * KiB, (uint64_t)i), 0);
+    assert_int_equal(s->ops->submit(s), 8);
+    fso_store_destroy(s); /* no reap: destroy finishes them, then removes the files */
+    free(buf);
+}
+
 /* ---- opening: real-filesystem errors ---- */
 
 static int open_expect_error(const fso_store_opts *o, char *err, size_t errlen)
@@ -795,6 +810,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_uring_registered_buffers_round_trip, setup_dirs, teardown_dirs),
         cmocka_unit_test_setup_teardown(test_uring_read_past_truncated_file_is_eio, setup_dirs, teardown_dirs),
         cmocka_unit_test_setup_teardown(test_uring_files_are_0600_and_removed_by_destroy, setup_dirs, teardown_dirs),
+        cmocka_unit_test_setup_teardown(test_uring_destroy_waits_for_requests_in_flight, setup_dirs, teardown_dirs),
         cmocka_unit_test_setup_teardown(test_open_missing_folder_says_create_it, setup_dirs, teardown_dirs),
         cmocka_unit_test_setup_teardown(test_open_not_a_folder, setup_dirs, teardown_dirs),
         cmocka_unit_test_setup_teardown(test_open_read_only_folder, setup_dirs, teardown_dirs),
