@@ -307,6 +307,29 @@ size_t fso_model_activation_bytes(const fso_model *m)
     return m->device_bytes;
 }
 
+/* Mirrors the allocations of fso_model_init (each rounded to 64 bytes as
+ * the CPU backend does); test_train checks the two agree. */
+size_t fso_model_activation_bytes_for(const fso_model_config *mc, int B, int T,
+                                      bool checkpointing)
+{
+    const size_t L = (size_t)mc->num_hidden_layers, C = (size_t)mc->hidden_size;
+    const size_t F = (size_t)mc->intermediate_size, V = (size_t)mc->vocab_size;
+    const size_t H = (size_t)mc->num_attention_heads, Hkv = (size_t)mc->num_key_value_heads;
+    const size_t D = (size_t)mc->head_dim, N = (size_t)B * T, fN = sizeof(float) * N;
+#define R64(x) (((size_t)(x) + 63) & ~(size_t)63)
+    size_t total = 2 * R64(sizeof(int32_t) * N) + 2 * R64(sizeof(float) * (size_t)T * (D / 2));
+    total += (L + 1) * R64(fN * C);
+    size_t per_layer = 3 * R64(fN * C) + 2 * R64(fN) + 2 * R64(fN * H * D) + 2 * R64(fN * Hkv * D) +
+                       R64(sizeof(float) * (size_t)B * H * (size_t)T * T) + 3 * R64(fN * F);
+    total += (checkpointing ? 1 : L) * per_layer;
+    size_t rows = LOGITS_CHUNK_BYTES / (sizeof(float) * V);
+    rows = rows < 1 ? 1 : rows > N ? N : rows;
+    total += 3 * R64(fN * C) + 2 * R64(fN) + R64(sizeof(float) * rows * V) +
+             2 * R64(fN * H * D) + 2 * R64(fN * Hkv * D) + 3 * R64(fN * F);
+#undef R64
+    return total;
+}
+
 /* Forward of layer l from x (N,C). y (N,C) gets the output; y == NULL stops
  * after the MLP activation (what backward needs when recomputing). */
 static void layer_forward(fso_model *m, int l, fso_layer_acts *a, const float *x, float *y)

@@ -167,6 +167,9 @@ void fso_model_forward_logits(fso_model *model, const fso_block_source *src,
 
 /* Bytes of activations and scratch this model allocated on its device. */
 size_t fso_model_activation_bytes(const fso_model *model);
+/* What fso_model_init would allocate, without allocating: for planning. */
+size_t fso_model_activation_bytes_for(const fso_model_config *mc, int B, int T,
+                                      bool checkpointing);
 
 /* Forward FLOPs per token (2 per multiply-add, attention included, causal
  * half counted): for tok/s and MFU reporting. */

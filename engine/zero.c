@@ -1077,15 +1077,18 @@ int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t err
             so.block_bytes = (size_t)cfg->offload.aio_block_bytes;
             so.queue_depth = cfg->offload.aio_queue_depth;
             so.direct = true;
-            snprintf(prefix, sizeof prefix, "fsoff-%d-dev%d", (int)getpid(), r);
+            snprintf(prefix, sizeof prefix, "fsoff-dev%d", r);
             so.file_prefix = prefix;
             char serr[512] = "";
             if ((rc = fso_store_open_uring(&rk->store, &so, serr, sizeof serr)) < 0) {
                 snprintf(err, errlen, "NVMe: %s", serr);
                 goto fail;
             }
-            if (rk->store->ops->register_buffers && z->arena)
-                rk->store->ops->register_buffers(rk->store, z->arena, z->arena_bytes);
+            if (rk->store->ops->register_buffers && z->arena &&
+                rk->store->ops->register_buffers(rk->store, z->arena, z->arena_bytes) < 0 &&
+                r == 0)
+                fprintf(stderr, "fsoff: warning: NVMe: %s; continuing with unregistered "
+                                "buffers (slower)\n", rk->store->err);
         }
     }
     if ((rc = fso_coll_create_threads(&z->coll, z->world)) < 0) {

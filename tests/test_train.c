@@ -190,6 +190,24 @@ static void test_divergence_stops_without_update(void **state)
     fso_data_free(&data);
 }
 
+static void test_activation_estimate_matches_allocation(void **state)
+{
+    (void)state;
+    for (int ck = 0; ck < 2; ck++) {
+        fso_config cfg;
+        small_config(&cfg);
+        fso_backend *be = NULL;
+        fso_model m;
+        assert_int_equal(fso_backend_create(&be, "cpu", 1), 0);
+        assert_int_equal(fso_model_init(&m, &cfg.model, be, cfg.micro_batch, cfg.data.seq_len, 1,
+                                        ck), 0);
+        assert_int_equal(be->mem_used_bytes, fso_model_activation_bytes_for(
+                                                 &cfg.model, cfg.micro_batch, cfg.data.seq_len, ck));
+        fso_model_free(&m);
+        fso_backend_destroy(be);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -198,6 +216,7 @@ int main(void)
         cmocka_unit_test(test_thread_count_changes_nothing),
         cmocka_unit_test(test_accumulation_matches_one_large_batch),
         cmocka_unit_test(test_divergence_stops_without_update),
+        cmocka_unit_test(test_activation_estimate_matches_allocation),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
