@@ -1061,6 +1061,7 @@ static const key_spec train_keys[] = {
     {"weight_decay_norms", NULL},
     {"weight_decay_embeddings", NULL},
     {"prefetch_blocks", NULL},
+    {"optimizer_overlap", NULL},
     {NULL, NULL},
 };
 
@@ -1078,6 +1079,22 @@ static int apply_train(walker *w, json_t *root)
     CFG_TRY(get_bool(w, s, &sec, "weight_decay_norms", NULL, &c->optim.decay_norms));
     CFG_TRY(get_bool(w, s, &sec, "weight_decay_embeddings", NULL, &c->optim.decay_embeddings));
     CFG_TRY(get_int32(w, s, &sec, "prefetch_blocks", 0, I64(2), &c->offload.prefetch_blocks));
+    c->optimizer_overlap = FSO_OVERLAP_FORWARD;
+    json_t *v = s ? json_object_get(s, "optimizer_overlap") : NULL;
+    if (v) {
+        static const char *const modes[] = {"none", "forward", "backward"};
+        keypath p = kp_child(&sec, "optimizer_overlap");
+        int i = 0;
+        CFG_TRY(want_choice(w, v, &p, modes, 3, false, &i));
+        c->optimizer_overlap = (fso_overlap)i;
+        if (c->optimizer_overlap == FSO_OVERLAP_BACKWARD && c->grad_clip != 0) {
+            keypath gc = {{"gradient_clipping"}, 1};
+            return cfg_fail_rel(w, &p, &gc, NULL,
+                                "\"backward\" updates blocks before the global gradient norm is "
+                                "known, so it needs gradient_clipping 0 (it is %g); use "
+                                "\"forward\" to keep clipping exact", c->grad_clip);
+        }
+    }
     return 0;
 }
 

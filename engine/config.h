@@ -93,6 +93,12 @@ typedef struct fso_offload_config {
     int prefetch_blocks;          /* train.prefetch_blocks: blocks read ahead of compute */
 } fso_offload_config;
 
+typedef enum fso_overlap {
+    FSO_OVERLAP_NONE = 0,         /* update every block after backward, then forward */
+    FSO_OVERLAP_FORWARD,          /* update in forward order while the next forward runs */
+    FSO_OVERLAP_BACKWARD,         /* clipping off: update each block as its gradients land */
+} fso_overlap;
+
 typedef struct fso_config {
     fso_model_config model;
     fso_optim_config optim;
@@ -109,6 +115,7 @@ typedef struct fso_config {
     int threads;                  /* train.threads; 0 = the CPUs this process may use */
     bool activation_checkpointing;/* train.activation_checkpointing */
     fso_offload_config offload;
+    fso_overlap optimizer_overlap;/* train.optimizer_overlap */
 
     /* From the command line only (--devices, --device-mem). */
     int world;                    /* devices; 1 unless --devices cpu:N */

@@ -50,6 +50,8 @@ void fso_report_step(fso_report *r, const fso_step_stats *st)
     r->wall_ms += st->step_ms;
 
     r->stall_ms += st->stall_ms;
+    r->optimizer_ms += st->optimizer_ms;
+    r->optimizer_exposed_ms += st->optimizer_exposed_ms;
     r->nvme_read_bytes += st->nvme_read_bytes;
     r->nvme_write_bytes += st->nvme_write_bytes;
     double secs = st->step_ms / 1e3;
@@ -57,10 +59,12 @@ void fso_report_step(fso_report *r, const fso_step_stats *st)
     double wr_gbps = secs > 0 ? st->nvme_write_bytes / secs / 1e9 : 0;
 
     if (st->step % r->print_every == 0 || st->step == 1 || st->step == r->total_steps) {
-        char io[96] = "";
+        char io[160] = "";
+        int n = snprintf(io, sizeof io, " | opt %.1f ms, %.1f exposed", st->optimizer_ms,
+                         st->optimizer_exposed_ms);
         if (st->nvme_read_bytes || st->nvme_write_bytes)
-            snprintf(io, sizeof io, " | NVMe %.2f/%.2f GB/s r/w | stall %.1f ms", rd_gbps,
-                     wr_gbps, st->stall_ms);
+            snprintf(io + n, sizeof io - (size_t)n, " | NVMe %.2f/%.2f GB/s r/w | stall %.1f ms",
+                     rd_gbps, wr_gbps, st->stall_ms);
         fprintf(r->out,
                 "step %5lld/%lld | loss %.4f | lr %.3e | norm %7.4f%s | %8.1f ms | %9.0f tok/s | "
                 "%6.1f GFLOP/s%s\n",
@@ -73,9 +77,11 @@ void fso_report_step(fso_report *r, const fso_step_stats *st)
                 "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, "
                 "\"clip_coef\": %.9g, \"step_ms\": %.6g, \"tokens\": %lld, \"tok_s\": %.6g, "
                 "\"gflops\": %.6g, \"stall_ms\": %.6g, \"optimizer_ms\": %.6g, "
+                "\"optimizer_exposed_ms\": %.6g, "
                 "\"nvme_read_bytes\": %llu, \"nvme_write_bytes\": %llu}\n",
                 (long long)st->step, st->loss, st->lr, st->grad_norm, st->clip_coef, st->step_ms,
                 (long long)st->tokens, tok_s, gflops, st->stall_ms, st->optimizer_ms,
+                st->optimizer_exposed_ms,
                 (unsigned long long)st->nvme_read_bytes, (unsigned long long)st->nvme_write_bytes);
     if (r->metrics)
         fflush(r->metrics); /* a plot can follow the run */
@@ -102,11 +108,13 @@ int fso_report_finish(fso_report *r, char *err, size_t errlen)
         fprintf(r->metrics,
                 "{\"event\": \"summary\", \"steps\": %lld, \"tokens\": %lld, \"first_loss\": %.9g, "
                 "\"final_loss\": %.9g, \"mean_step_ms\": %.6g, \"tok_s\": %.6g, "
-                "\"wall_ms\": %.6g, \"stall_ms\": %.6g, \"nvme_read_bytes\": %llu, "
+                "\"wall_ms\": %.6g, \"stall_ms\": %.6g, \"optimizer_ms\": %.6g, "
+                "\"optimizer_exposed_ms\": %.6g, \"nvme_read_bytes\": %llu, "
                 "\"nvme_write_bytes\": %llu, \"peak_device_bytes\": %llu, "
                 "\"peak_rss_bytes\": %llu}\n",
                 (long long)r->steps, (long long)r->tokens, r->first_loss, r->last_loss, avg_ms,
-                avg_tok_s, r->wall_ms, r->stall_ms, (unsigned long long)r->nvme_read_bytes,
+                avg_tok_s, r->wall_ms, r->stall_ms, r->optimizer_ms, r->optimizer_exposed_ms,
+                (unsigned long long)r->nvme_read_bytes,
                 (unsigned long long)r->nvme_write_bytes,
                 (unsigned long long)r->peak_device_bytes, (unsigned long long)rss);
         if (ferror(r->metrics) | (fclose(r->metrics) != 0)) {

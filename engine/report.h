@@ -22,6 +22,7 @@ typedef struct fso_report {
     double last_loss, first_loss;
     double wall_ms;
     double stall_ms;
+    double optimizer_ms, optimizer_exposed_ms;
     uint64_t nvme_read_bytes, nvme_write_bytes;
     uint64_t peak_device_bytes; /* set by the caller before finish */
 } fso_report;

@@ -33,6 +33,11 @@ void fso_trainer_free(fso_trainer *tr)
     tr->zero = NULL;
 }
 
+int fso_trainer_finish(fso_trainer *tr, double *waited_ms)
+{
+    return fso_zero_finish(tr->zero, waited_ms, tr->err, sizeof tr->err);
+}
+
 size_t fso_trainer_step_tokens(const fso_config *cfg)
 {
     return (size_t)(cfg->world > 0 ? cfg->world : 1) * cfg->grad_accum * cfg->micro_batch *
@@ -55,6 +60,7 @@ int fso_trainer_step(fso_trainer *tr, const int32_t *inputs, const int32_t *targ
     st->clip_coef = zs.clip_coef;
     st->stall_ms = zs.stall_ms;
     st->optimizer_ms = zs.optimizer_ms;
+    st->optimizer_exposed_ms = zs.optimizer_exposed_ms;
     st->nvme_read_bytes = zs.nvme_read_bytes;
     st->nvme_write_bytes = zs.nvme_write_bytes;
     st->tokens = (int64_t)fso_trainer_step_tokens(tr->cfg);
@@ -84,6 +90,10 @@ static void print_banner(const fso_config *cfg, const fso_trainer *tr, const fso
            cfg->activation_checkpointing ? "on" : "off");
     fso_zero_describe(tr->zero, placement, sizeof placement);
     printf("fsoff: state %s\n", placement);
+    static const char *const overlap[] = {"none (serialized after backward)",
+                                          "forward (per block, during the next forward)",
+                                          "backward (per block, as gradients land)"};
+    printf("fsoff: optimizer overlap %s\n", overlap[cfg->optimizer_overlap]);
     const fso_sched_config *sc = &cfg->sched;
     int64_t total = sc->total_num_steps > 0 ? sc->total_num_steps : cfg->steps;
     if (sc->type != FSO_SCHED_CONSTANT && sc->warmup_num_steps >= total)
@@ -154,6 +164,13 @@ int fso_train_run(const fso_config *cfg, const fso_run_opts *opts)
         }
         fso_report_step(&rep, &st);
     }
+    double waited = 0;
+    if ((rc = fso_trainer_finish(&tr, &waited)) < 0) {
+        fprintf(stderr, "fsoff: error: the last update failed: %s\n", tr.err);
+        fso_report_finish(&rep, err, sizeof err);
+        goto out;
+    }
+    rep.optimizer_exposed_ms += waited;
     rep.peak_device_bytes = fso_zero_peak_device_bytes(tr.zero);
     if ((rc = fso_report_finish(&rep, err, sizeof err)) < 0)
         fprintf(stderr, "fsoff: error: %s\n", err);

@@ -24,7 +24,8 @@ typedef struct fso_step_stats {
     double clip_coef;        /* applied factor, 1 when not clipped */
     double step_ms;
     double stall_ms;         /* compute waited on NVMe reads */
-    double optimizer_ms;
+    double optimizer_ms;     /* updating during this step (overlapped: the previous update) */
+    double optimizer_exposed_ms; /* of which compute waited */
     uint64_t nvme_read_bytes, nvme_write_bytes;
     int64_t tokens;          /* tokens in this step, all devices */
 } fso_step_stats;
@@ -41,6 +42,9 @@ typedef struct fso_trainer {
  * negative errno (tr->err). */
 int fso_trainer_init(fso_trainer *tr, const fso_config *cfg);
 void fso_trainer_free(fso_trainer *tr);
+/* Wait for the last update (overlapped schedules); waited_ms is the time
+ * that update was exposed. 0 or negative errno (tr->err). */
+int fso_trainer_finish(fso_trainer *tr, double *waited_ms);
 
 /* Tokens one step consumes: world * grad_accum micro-batches of B*T. */
 size_t fso_trainer_step_tokens(const fso_config *cfg);

@@ -1,5 +1,6 @@
 /* zero.c — sharded training state on device, host and NVMe tiers (zero.h). */
 #include "zero.h"
+#include "zero_impl.h"
 
 #include <errno.h>
 #include <math.h>
@@ -14,89 +15,29 @@
 #include <unistd.h>
 
 #include "adamw.h"
+#include "optpool.h"
 #include "pool.h"
 #include "rng.h"
 
-#define STAGE_ALIGN 4096
-#define MAX_PARAM_SLOTS 18 /* prefetch ring: up to 16 blocks ahead */
 #define MIB (1024.0 * 1024.0)
 
-static const char *const kind_names[FSO_N_KINDS] = {"parameters", "master weights", "AdamW m",
+const char *const fso_zero_kind_names[FSO_N_KINDS] = {"parameters", "master weights", "AdamW m",
                                                     "AdamW v", "gradients"};
 static const char *const tier_names[] = {"device", "host", "nvme"};
 
-/* A host staging buffer for one shard and the I/O outstanding on it. */
-typedef struct slot {
-    float *buf;          /* (max_shard) host, 4 KiB aligned */
-    int pending;         /* requests in flight */
-    int err;             /* first failure, negative errno */
-    int block;           /* what it holds (param ring), -1 none */
-} slot;
-
-typedef struct loc {
-    fso_tier tier;
-    float *ptr;          /* DEVICE: the rank's device buffer; HOST: in the arena */
-    uint64_t off;        /* NVME: byte offset in the rank's store */
-} loc;
-
-typedef struct rank_state {
-    int rank;
-    struct fso_zero *z;
-    fso_backend *be;
-    fso_model model;
-    fso_store *store;
-    loc *locs;                   /* [block * FSO_N_KINDS + kind] */
-    /* device buffers */
-    float *gbuf[2];              /* gathered parameters (max_padded) */
-    int gbuf_block[2], gbuf_refs[2];
-    float *gradbuf[2];           /* full-block gradients (max_padded) */
-    int gradbuf_block[2];
-    /* host staging */
-    slot pslots[MAX_PARAM_SLOTS];/* parameter prefetch ring */
-    int n_pslots;
-    slot oslots[2][FSO_N_KINDS]; /* optimizer read-ahead / write-behind, two sets */
-    slot gslot;                  /* gradient shard round trips */
-    int order_pos;               /* position in z->order of the next params() */
-    int micro;                   /* micro-batch index within the step */
-    /* per-step inputs and outputs */
-    const int32_t *inputs, *targets;
-    float *logits;               /* forward_logits: where this rank's logits go */
-    fso_zero_step st;
-    double loss_sum;
-    int rc;
-    char err[512];
-} rank_state;
-
-struct fso_zero {
-    const fso_config *cfg;
-    int world, n_blocks;
-    fso_block_layout *blocks;
-    size_t max_padded, max_shard; /* elements */
-    fso_coll *coll;
-    rank_state *ranks;
-    fso_tier tier[FSO_N_KINDS];
-    bool alias_params;           /* world 1, parameters on the device: lend the shard itself */
-    void *arena;
-    size_t arena_bytes, arena_used;
-    int *order;                  /* blocks in the order params() asks for them */
-    int n_order;
-    int64_t step;                /* optimizer steps taken (AdamW t) */
-    const fso_adamw_kernel *adamw; /* the widest AdamW kernel this CPU runs */
-};
-
-static double now_ms(void)
+double fso_zero_now_ms(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
-static size_t shard_elems(const fso_zero *z, int b)
+size_t fso_zero_shard_elems(const fso_zero *z, int b)
 {
     return z->blocks[b].padded_elems / (size_t)z->world;
 }
 
-static loc *locate(rank_state *rk, int b, fso_kind k)
+loc *fso_zero_locate(rank_state *rk, int b, fso_kind k)
 {
     return &rk->locs[b * FSO_N_KINDS + k];
 }
@@ -120,26 +61,27 @@ static size_t round_page(size_t b)
 
 /* ------------------------------------------------------------------ I/O */
 
-static int fail(rank_state *rk, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int fail(rank_state *rk, int rc, const char *fmt, ...)
+int fso_zero_fail(errsink *es, int rc, const char *fmt, ...)
 {
-    if (rk->rc == 0) {
+    if (es->rc == 0) {
         va_list ap;
         va_start(ap, fmt);
-        vsnprintf(rk->err, sizeof rk->err, fmt, ap);
+        vsnprintf(es->msg, sizeof es->msg, fmt, ap);
         va_end(ap);
-        rk->rc = rc;
+        es->rc = rc;
     }
     return rc;
 }
 
-/* Reap at least one completion and account it to its slot. */
-static int reap_some(rank_state *rk)
+/* Reap at least one completion and account it to its slot. Called with
+ * io_mu held: the compute and optimizer threads share the store's ring, and
+ * either may reap the other's completions. */
+static int reap_some(rank_state *rk, errsink *es)
 {
     fso_io done[16];
     int n = rk->store->ops->reap(rk->store, done, 16, 1);
     if (n < 0)
-        return fail(rk, n, "device %d: NVMe store: %s", rk->rank, rk->store->err);
+        return fso_zero_fail(es, n, "device %d: NVMe store: %s", rk->rank, rk->store->err);
     for (int i = 0; i < n; i++) {
         slot *s = (slot *)(uintptr_t)done[i].user;
         s->pending--;
@@ -149,47 +91,58 @@ static int reap_some(rank_state *rk)
     return 0;
 }
 
-static int queue_io(rank_state *rk, slot *s, bool write, float *buf, size_t bytes, uint64_t off)
+int fso_zero_queue_io(rank_state *rk, errsink *es, slot *s, bool write, float *buf, size_t bytes,
+                      uint64_t off)
 {
+    int rc = 0;
+    pthread_mutex_lock(&rk->io_mu);
     for (;;) {
-        int rc = write ? rk->store->ops->prep_write(rk->store, buf, bytes, off, (uintptr_t)s)
-                       : rk->store->ops->prep_read(rk->store, buf, bytes, off, (uintptr_t)s);
+        rc = write ? rk->store->ops->prep_write(rk->store, buf, bytes, off, (uintptr_t)s)
+                   : rk->store->ops->prep_read(rk->store, buf, bytes, off, (uintptr_t)s);
         if (rc == 0)
             break;
-        if (rc != -EBUSY)
-            return fail(rk, rc, "device %d: NVMe %s of %zu bytes at %llu: %s", rk->rank,
-                        write ? "write" : "read", bytes, (unsigned long long)off,
-                        rk->store->err[0] ? rk->store->err : strerror(-rc));
+        if (rc != -EBUSY) {
+            fso_zero_fail(es, rc, "device %d: NVMe %s of %zu bytes at %llu: %s", rk->rank,
+                          write ? "write" : "read", bytes, (unsigned long long)off,
+                          rk->store->err[0] ? rk->store->err : strerror(-rc));
+            goto out;
+        }
         int sr = rk->store->ops->submit(rk->store);
-        if (sr < 0)
-            return fail(rk, sr, "device %d: NVMe submit: %s", rk->rank, strerror(-sr));
-        if ((rc = reap_some(rk)) < 0)
-            return rc;
+        if (sr < 0) {
+            rc = fso_zero_fail(es, sr, "device %d: NVMe submit: %s", rk->rank, strerror(-sr));
+            goto out;
+        }
+        if ((rc = reap_some(rk, es)) < 0)
+            goto out;
     }
     s->pending++;
     int sr = rk->store->ops->submit(rk->store);
     if (sr < 0)
-        return fail(rk, sr, "device %d: NVMe submit: %s", rk->rank, strerror(-sr));
-    return 0;
+        rc = fso_zero_fail(es, sr, "device %d: NVMe submit: %s", rk->rank, strerror(-sr));
+out:
+    pthread_mutex_unlock(&rk->io_mu);
+    return rc;
 }
 
 /* Wait for the slot's I/O; an error is final for the step: never compute
  * from a partial or stale shard. */
-static int slot_wait(rank_state *rk, slot *s, const char *what, int block)
+int fso_zero_slot_wait(rank_state *rk, errsink *es, slot *s, const char *what, int block)
 {
-    while (s->pending > 0) {
-        int rc = reap_some(rk);
-        if (rc < 0)
-            return rc;
-    }
-    if (s->err) {
+    int rc = 0;
+    if (!rk->store)
+        return 0;
+    pthread_mutex_lock(&rk->io_mu);
+    while (s->pending > 0 && rc == 0)
+        rc = reap_some(rk, es);
+    if (rc == 0 && s->err) {
         int e = s->err;
         s->err = 0;
-        return fail(rk, e, "device %d: NVMe I/O for block %d's %s failed: %s; the step was not "
-                           "applied (check the drive and `dmesg`)",
-                    rk->rank, block, what, strerror(-e));
+        rc = fso_zero_fail(es, e, "device %d: NVMe I/O for block %d's %s failed: %s; the step "
+                                  "was not applied (check the drive and `dmesg`)",
+                           rk->rank, block, what, strerror(-e));
     }
-    return 0;
+    pthread_mutex_unlock(&rk->io_mu);
+    return rc;
 }
 
 /* Shard (b, k) of this rank into host buffer `dst` (asynchronously for NVMe
@@ -197,12 +150,12 @@ static int slot_wait(rank_state *rk, slot *s, const char *what, int block)
 static int shard_fetch(rank_state *rk, int b, fso_kind k, slot *s)
 {
     const fso_zero *z = rk->z;
-    loc *l = locate(rk, b, k);
-    size_t bytes = sizeof(float) * shard_elems(z, b);
+    loc *l = fso_zero_locate(rk, b, k);
+    size_t bytes = sizeof(float) * fso_zero_shard_elems(z, b);
     switch (l->tier) {
     case FSO_TIER_NVME:
         rk->st.nvme_read_bytes += bytes;
-        return queue_io(rk, s, false, s->buf, round_page(bytes), l->off);
+        return fso_zero_queue_io(rk, &rk->ce, s, false, s->buf, round_page(bytes), l->off);
     case FSO_TIER_HOST:
         memcpy(s->buf, l->ptr, bytes);
         return 0;
@@ -217,12 +170,12 @@ static int shard_fetch(rank_state *rk, int b, fso_kind k, slot *s)
 static int shard_store(rank_state *rk, int b, fso_kind k, slot *s)
 {
     const fso_zero *z = rk->z;
-    loc *l = locate(rk, b, k);
-    size_t bytes = sizeof(float) * shard_elems(z, b);
+    loc *l = fso_zero_locate(rk, b, k);
+    size_t bytes = sizeof(float) * fso_zero_shard_elems(z, b);
     switch (l->tier) {
     case FSO_TIER_NVME:
         rk->st.nvme_write_bytes += bytes;
-        return queue_io(rk, s, true, s->buf, round_page(bytes), l->off);
+        return fso_zero_queue_io(rk, &rk->ce, s, true, s->buf, round_page(bytes), l->off);
     case FSO_TIER_HOST:
         memcpy(l->ptr, s->buf, bytes);
         return 0;
@@ -245,6 +198,12 @@ static int prefetch_params(rank_state *rk)
     int ahead = z->cfg->offload.prefetch_blocks;
     for (int i = rk->order_pos; i < rk->order_pos + 1 + ahead && i < z->n_order; i++) {
         int b = z->order[i];
+        /* never read a block the optimizer has not finished writing */
+        pthread_mutex_lock(&rk->opt_mu);
+        bool ready = rk->ready[b] >= z->step;
+        pthread_mutex_unlock(&rk->opt_mu);
+        if (!ready)
+            break;
         bool have = false;
         for (int j = 0; j < rk->n_pslots; j++)
             if (rk->pslots[j].block == b)
@@ -277,18 +236,21 @@ static const float *src_params(void *ctx, int b)
     rank_state *rk = ctx;
     fso_zero *z = rk->z;
     fso_backend *be = rk->be;
-    size_t S = shard_elems(z, b);
+    size_t S = fso_zero_shard_elems(z, b);
 
+    /* the previous step's update of this block must be in (overlapped schedules) */
+    if (rk->ce.rc == 0)
+        fso_zero_optim_wait_block(rk, b, z->step);
     if (z->alias_params)
-        return locate(rk, b, FSO_KIND_PARAM)->ptr;
+        return fso_zero_locate(rk, b, FSO_KIND_PARAM)->ptr;
     int g = rk->gbuf_refs[0] == 0 ? 0 : 1;
     if (rk->gbuf_refs[g] != 0) {
         fprintf(stderr, "%s:%d: more than two blocks lent at once\n", __FILE__, __LINE__);
         abort();
     }
     float *mine = rk->gbuf[g] + (size_t)rk->rank * S;
-    loc *l = locate(rk, b, FSO_KIND_PARAM);
-    if (rk->rc == 0) {
+    loc *l = fso_zero_locate(rk, b, FSO_KIND_PARAM);
+    if (rk->ce.rc == 0) {
         if (l->tier == FSO_TIER_DEVICE) {
             be->ops->copy_h2d(be, mine, l->ptr, sizeof(float) * S); /* device to device */
         } else if (l->tier == FSO_TIER_HOST) {
@@ -304,9 +266,9 @@ static const float *src_params(void *ctx, int b)
             for (int j = 0; j < rk->n_pslots; j++)
                 if (rk->pslots[j].block == b)
                     s = &rk->pslots[j];
-            double t0 = now_ms();
-            int wrc = s ? slot_wait(rk, s, "parameters", b) : -EIO;
-            rk->st.stall_ms += now_ms() - t0;
+            double t0 = fso_zero_now_ms();
+            int wrc = s ? fso_zero_slot_wait(rk, &rk->ce, s, "parameters", b) : -EIO;
+            rk->st.stall_ms += fso_zero_now_ms() - t0;
             if (wrc == 0)
                 be->ops->copy_h2d(be, mine, s->buf, sizeof(float) * S);
             if (s)
@@ -353,14 +315,14 @@ static void src_grads_done(void *ctx, int b)
     fso_zero *z = rk->z;
     fso_backend *be = rk->be;
     int g = rk->gradbuf_block[0] == b ? 0 : 1;
-    size_t S = shard_elems(z, b);
+    size_t S = fso_zero_shard_elems(z, b);
     float *mine = rk->gradbuf[g] + (size_t)rk->rank * S;
 
     z->coll->ops->reduce_scatter(z->coll, rk->rank, rk->gradbuf[g], mine, S);
     rk->gradbuf_block[g] = -1;
-    if (rk->rc)
+    if (rk->ce.rc)
         return;
-    loc *l = locate(rk, b, FSO_KIND_GRAD);
+    loc *l = fso_zero_locate(rk, b, FSO_KIND_GRAD);
     if (l->tier == FSO_TIER_DEVICE) {
         if (rk->micro == 0)
             be->ops->copy_h2d(be, l->ptr, mine, sizeof(float) * S);
@@ -371,9 +333,9 @@ static void src_grads_done(void *ctx, int b)
     /* host or NVMe: through the host staging buffer */
     slot *s = &rk->gslot;
     if (rk->micro > 0) {
-        if (shard_fetch(rk, b, FSO_KIND_GRAD, s) < 0 || slot_wait(rk, s, "gradients", b) < 0)
+        if (shard_fetch(rk, b, FSO_KIND_GRAD, s) < 0 || fso_zero_slot_wait(rk, &rk->ce, s, "gradients", b) < 0)
             return;
-        float *tmp = rk->oslots[0][FSO_KIND_GRAD].buf; /* idle during backward */
+        float *tmp = rk->gtmp.buf;
         be->ops->copy_d2h(be, tmp, mine, sizeof(float) * S);
         be->ops->sync(be);
         for (size_t i = 0; i < S; i++)
@@ -383,89 +345,56 @@ static void src_grads_done(void *ctx, int b)
         be->ops->sync(be);
     }
     if (shard_store(rk, b, FSO_KIND_GRAD, s) == 0 && l->tier == FSO_TIER_NVME)
-        slot_wait(rk, s, "gradients", b);
+        fso_zero_slot_wait(rk, &rk->ce, s, "gradients", b);
+}
+
+/* The gradient shard's squared norm (the same op over the same values on
+ * every tier, so the norm has the same bits wherever the gradients live;
+ * the CPU backend reads host memory directly). */
+static int grad_sqnorm(rank_state *rk, int b, double *out)
+{
+    loc *l = fso_zero_locate(rk, b, FSO_KIND_GRAD);
+    const float *p = l->ptr;
+    *out = 0;
+    if (l->tier == FSO_TIER_NVME) {
+        slot *s = &rk->gslot;
+        int rc = shard_fetch(rk, b, FSO_KIND_GRAD, s);
+        if (rc < 0 || (rc = fso_zero_slot_wait(rk, &rk->ce, s, "gradients", b)) < 0)
+            return rc;
+        p = s->buf;
+    }
+    rk->be->ops->sqnorm(rk->be, out, p, fso_zero_shard_elems(rk->z, b));
+    return 0;
+}
+
+/* grads_done, then, with the backward schedule on the last micro-batch: the
+ * block's update starts now. */
+static void src_grads_done_sched(void *ctx, int b)
+{
+    rank_state *rk = ctx;
+    fso_zero *z = rk->z;
+    src_grads_done(ctx, b);
+    if (z->cfg->optimizer_overlap != FSO_OVERLAP_BACKWARD || rk->micro != z->cfg->grad_accum - 1 ||
+        rk->ce.rc)
+        return;
+    if (grad_sqnorm(rk, b, &rk->block_sq[b]) < 0)
+        return;
+    if (!isfinite(rk->block_sq[b])) {
+        fso_zero_fail(&rk->ce, -ERANGE,
+                      "step %lld: block %d's gradients are not finite: training diverged; lower "
+                      "optimizer.params.lr (blocks after it in backward order were already "
+                      "updated: train.optimizer_overlap \"backward\" cannot hold them back)",
+                      (long long)(z->step + 1), b);
+        return;
+    }
+    fso_zero_optim_post_block(rk, &rk->bwd_as, b);
 }
 
 static fso_block_source rank_source(rank_state *rk)
 {
     fso_block_source s = {.ctx = rk, .params = src_params, .release = src_release,
-                          .grads = src_grads, .grads_done = src_grads_done};
+                          .grads = src_grads, .grads_done = src_grads_done_sched};
     return s;
-}
-
-/* ------------------------------------------------------------------ optimizer */
-
-static bool tensor_decays(const fso_optim_config *o, const fso_tensor_desc *t)
-{
-    if (t->is_norm)
-        return o->decay_norms;
-    if (t->kind == FSO_T_EMBED)
-        return o->decay_embeddings;
-    return t->decay;
-}
-
-static const fso_kind opt_reads[] = {FSO_KIND_MASTER, FSO_KIND_M, FSO_KIND_V, FSO_KIND_GRAD};
-static const fso_kind opt_writes[] = {FSO_KIND_PARAM, FSO_KIND_MASTER, FSO_KIND_M, FSO_KIND_V};
-
-static int opt_read_block(rank_state *rk, int b, int set)
-{
-    for (int i = 0; i < 4; i++) {
-        slot *s = &rk->oslots[set][opt_reads[i]];
-        int rc = slot_wait(rk, s, kind_names[opt_reads[i]], b); /* its last write */
-        if (rc < 0 || (rc = shard_fetch(rk, b, opt_reads[i], s)) < 0)
-            return rc;
-    }
-    /* the parameter slot's previous write-behind must finish before reuse */
-    return slot_wait(rk, &rk->oslots[set][FSO_KIND_PARAM], kind_names[FSO_KIND_PARAM], b);
-}
-
-/* AdamW over this rank's shard of block b, tensor by tensor. */
-static void adamw_shard(rank_state *rk, int b, float *master, const float *grad, float *m,
-                        float *v, fso_adamw_step as)
-{
-    const fso_zero *z = rk->z;
-    const fso_block_layout *bl = &z->blocks[b];
-    size_t S = shard_elems(z, b), lo = (size_t)rk->rank * S, hi = lo + S;
-    for (int t = 0; t < bl->n_tensors; t++) {
-        const fso_tensor_desc *d = &bl->tensors[t];
-        size_t a = d->offset_elems > lo ? d->offset_elems : lo;
-        size_t e = d->offset_elems + d->numel < hi ? d->offset_elems + d->numel : hi;
-        if (a >= e)
-            continue;
-        as.weight_decay = tensor_decays(&z->cfg->optim, d) ? z->cfg->optim.weight_decay : 0.0;
-        fso_adamw_fused_mt(z->adamw, fso_backend_pool(rk->be), master + (a - lo), grad + (a - lo),
-                           FSO_DT_F32, m + (a - lo), v + (a - lo), NULL, e - a, &as);
-    }
-}
-
-static int optimizer_step(rank_state *rk, const fso_adamw_step *as)
-{
-    fso_zero *z = rk->z;
-    int nb = z->n_blocks, rc;
-    if ((rc = opt_read_block(rk, 0, 0)) < 0)
-        return rc;
-    for (int b = 0; b < nb; b++) {
-        int set = b & 1;
-        if (b + 1 < nb && (rc = opt_read_block(rk, b + 1, set ^ 1)) < 0)
-            return rc;
-        for (int i = 0; i < 4; i++)
-            if ((rc = slot_wait(rk, &rk->oslots[set][opt_reads[i]], kind_names[opt_reads[i]],
-                                b)) < 0)
-                return rc;
-        slot *o = rk->oslots[set];
-        size_t S = shard_elems(z, b);
-        adamw_shard(rk, b, o[FSO_KIND_MASTER].buf, o[FSO_KIND_GRAD].buf, o[FSO_KIND_M].buf,
-                    o[FSO_KIND_V].buf, *as);
-        memcpy(o[FSO_KIND_PARAM].buf, o[FSO_KIND_MASTER].buf, sizeof(float) * S);
-        for (int i = 0; i < 4; i++)
-            if ((rc = shard_store(rk, b, opt_writes[i], &o[opt_writes[i]])) < 0)
-                return rc;
-    }
-    for (int set = 0; set < 2; set++)
-        for (int k = 0; k < FSO_N_KINDS; k++)
-            if ((rc = slot_wait(rk, &rk->oslots[set][k], kind_names[k], -1)) < 0)
-                return rc;
-    return 0;
 }
 
 /* ------------------------------------------------------------------ steps */
@@ -480,8 +409,9 @@ static void reset_rank_step(rank_state *rk)
         rk->pslots[j].block = -1;
 }
 
-/* Drain any I/O left in flight after a failure so buffers can be reused. */
-static void drain(rank_state *rk)
+/* Drain the I/O this thread left in flight after a failure so its buffers
+ * can be reused (with_optimizer: the optimizer's too, once it has stopped). */
+static void drain_slots(rank_state *rk, bool with_optimizer)
 {
     if (!rk->store)
         return;
@@ -489,21 +419,39 @@ static void drain(rank_state *rk)
     int n = 0;
     for (int j = 0; j < rk->n_pslots; j++)
         all[n++] = &rk->pslots[j];
-    for (int set = 0; set < 2; set++)
-        for (int k = 0; k < FSO_N_KINDS; k++)
-            all[n++] = &rk->oslots[set][k];
     all[n++] = &rk->gslot;
+    if (with_optimizer)
+        for (int set = 0; set < 2; set++)
+            for (int k = 0; k < FSO_N_KINDS; k++)
+                all[n++] = &rk->ochunk[set][k];
+    errsink ignore = {0};
+    pthread_mutex_lock(&rk->io_mu);
     for (int i = 0; i < n; i++) {
-        while (all[i]->pending > 0) {
-            fso_io done[16];
-            int got = rk->store->ops->reap(rk->store, done, 16, 1);
-            if (got < 0)
-                return;
-            for (int j = 0; j < got; j++)
-                ((slot *)(uintptr_t)done[j].user)->pending--;
-        }
+        while (all[i]->pending > 0)
+            if (reap_some(rk, &ignore) < 0)
+                break;
         all[i]->err = 0;
     }
+    pthread_mutex_unlock(&rk->io_mu);
+}
+
+static void drain(rank_state *rk)
+{
+    drain_slots(rk, false);
+}
+
+static fso_adamw_step step_hparams(const fso_zero *z, double clip_coef)
+{
+    const fso_config *cfg = z->cfg;
+    fso_adamw_step as = {
+        .lr = fso_config_lr_at(cfg, z->step + 1),
+        .beta1 = cfg->optim.beta1,
+        .beta2 = cfg->optim.beta2,
+        .eps = cfg->optim.eps,
+        .grad_scale = clip_coef,
+        .t = z->step + 1,
+    };
+    return as;
 }
 
 static void *rank_step(void *arg)
@@ -514,9 +462,11 @@ static void *rank_step(void *arg)
     const size_t bt = (size_t)cfg->micro_batch * cfg->data.seq_len;
     fso_block_source src = rank_source(rk);
     float grad_scale = 1.0f / (float)(cfg->grad_accum * z->world);
+    const bool bwd = cfg->optimizer_overlap == FSO_OVERLAP_BACKWARD;
 
     memset(&rk->st, 0, sizeof rk->st);
     rk->loss_sum = 0;
+    rk->bwd_as = step_hparams(z, 1.0); /* clipping is off in the backward schedule */
     for (int a = 0; a < cfg->grad_accum; a++) {
         reset_rank_step(rk);
         rk->micro = a;
@@ -525,37 +475,29 @@ static void *rank_step(void *arg)
                                        rk->targets + mb * bt, grad_scale);
     }
 
-    /* exact global norm and mean loss: one all-reduce (also carries failures) */
-    /* The same op over the same values on every tier, so the norm has the
-     * same bits wherever the gradients live. (The CPU backend reads host
-     * memory directly.) */
+    /* exact global norm and mean loss: one all-reduce (also carries
+     * failures); block norms are added in block order on every schedule */
     double sq = 0;
-    for (int b = 0; b < z->n_blocks && rk->rc == 0; b++) {
-        loc *l = locate(rk, b, FSO_KIND_GRAD);
-        const float *p = l->ptr;
-        if (l->tier == FSO_TIER_NVME) {
-            slot *s = &rk->gslot;
-            if (shard_fetch(rk, b, FSO_KIND_GRAD, s) < 0 || slot_wait(rk, s, "gradients", b) < 0)
-                break;
-            p = s->buf;
-        }
-        rk->be->ops->sqnorm(rk->be, &sq, p, shard_elems(z, b));
+    for (int b = 0; b < z->n_blocks && rk->ce.rc == 0; b++) {
+        if (!bwd && grad_sqnorm(rk, b, &rk->block_sq[b]) < 0)
+            break;
+        sq += rk->block_sq[b];
     }
-    double red[3] = {rk->loss_sum, sq, rk->rc ? 1.0 : 0.0};
+    double red[3] = {rk->loss_sum, sq, rk->ce.rc ? 1.0 : 0.0};
     z->coll->ops->all_reduce_f64(z->coll, rk->rank, red, 3);
     rk->st.loss = red[0] / (cfg->grad_accum * z->world);
     rk->st.grad_norm = sqrt(red[1]);
     if (red[2] != 0) { /* some rank failed: nobody updates */
-        if (rk->rc == 0)
-            fail(rk, -ECANCELED, "device %d: another device failed", rk->rank);
+        if (rk->ce.rc == 0)
+            fso_zero_fail(&rk->ce, -ECANCELED, "device %d: another device failed", rk->rank);
         drain(rk);
         return NULL;
     }
     if (!isfinite(rk->st.loss) || !isfinite(rk->st.grad_norm)) {
-        fail(rk, -ERANGE,
-             "step %lld: loss %g, gradient norm %g: training diverged and the update was not "
-             "applied; lower optimizer.params.lr or set gradient_clipping",
-             (long long)(z->step + 1), rk->st.loss, rk->st.grad_norm);
+        fso_zero_fail(&rk->ce, -ERANGE,
+                      "step %lld: loss %g, gradient norm %g: training diverged and the update was "
+                      "not applied; lower optimizer.params.lr or set gradient_clipping",
+                      (long long)(z->step + 1), rk->st.loss, rk->st.grad_norm);
         return NULL;
     }
     rk->st.clip_coef = 1.0;
@@ -564,22 +506,38 @@ static void *rank_step(void *arg)
         if (coef < 1.0)
             rk->st.clip_coef = coef;
     }
-    rk->st.lr = fso_config_lr_at(cfg, z->step + 1);
-    fso_adamw_step as = {
-        .lr = rk->st.lr,
-        .beta1 = cfg->optim.beta1,
-        .beta2 = cfg->optim.beta2,
-        .eps = cfg->optim.eps,
-        .grad_scale = rk->st.clip_coef,
-        .t = z->step + 1,
-    };
-    double t0 = now_ms();
-    if (optimizer_step(rk, &as) < 0)
-        drain(rk);
-    rk->st.optimizer_ms = now_ms() - t0;
-    /* no rank starts the next forward before every shard is written */
-    z->coll->ops->barrier(z->coll, rk->rank);
+    fso_adamw_step as = step_hparams(z, rk->st.clip_coef);
+    rk->st.lr = as.lr;
+    if (cfg->optimizer_overlap == FSO_OVERLAP_NONE) {
+        if (fso_zero_optim_run(rk, &as) < 0)
+            drain(rk);
+    } else if (cfg->optimizer_overlap == FSO_OVERLAP_FORWARD) {
+        fso_zero_optim_post_step(rk, &as);
+    }
+    pthread_mutex_lock(&rk->opt_mu);
+    rk->st.optimizer_ms = rk->opt_busy_ms;
+    rk->opt_busy_ms = 0;
+    pthread_mutex_unlock(&rk->opt_mu);
     return NULL;
+}
+
+int fso_zero_finish(fso_zero *z, double *waited_ms, char *err, size_t errlen)
+{
+    int rc = 0;
+    *waited_ms = 0;
+    for (int r = 0; r < z->world; r++) {
+        rank_state *rk = &z->ranks[r];
+        rk->ce.rc = 0;
+        rk->st.optimizer_exposed_ms = 0;
+        int e = fso_zero_optim_wait_all(rk);
+        if (r == 0)
+            *waited_ms = rk->st.optimizer_exposed_ms;
+        if (e < 0 && rc == 0) {
+            rc = e;
+            snprintf(err, errlen, "%s", rk->ce.msg);
+        }
+    }
+    return rc;
 }
 
 /* Run fn on every rank, each on its own thread (rank 0 on the caller's). */
@@ -588,7 +546,7 @@ static int run_ranks(fso_zero *z, void *(*fn)(void *))
     pthread_t tids[64];
     int started = 0, rc = 0;
     for (int r = 0; r < z->world; r++)
-        z->ranks[r].rc = 0;
+        z->ranks[r].ce.rc = 0;
     for (int r = 1; r < z->world; r++) {
         int e = pthread_create(&tids[r], NULL, fn, &z->ranks[r]);
         if (e != 0) {
@@ -602,19 +560,19 @@ static int run_ranks(fso_zero *z, void *(*fn)(void *))
     for (int r = 1; r <= started; r++)
         pthread_join(tids[r], NULL);
     for (int r = 0; r < z->world; r++)
-        if (z->ranks[r].rc && (rc == 0 || rc == -ECANCELED))
-            rc = z->ranks[r].rc;
+        if (z->ranks[r].ce.rc && (rc == 0 || rc == -ECANCELED))
+            rc = z->ranks[r].ce.rc;
     return rc;
 }
 
 static void first_error(const fso_zero *z, char *err, size_t errlen)
 {
     for (int r = 0; r < z->world; r++)
-        if (z->ranks[r].rc && z->ranks[r].rc != -ECANCELED) {
-            snprintf(err, errlen, "%s", z->ranks[r].err);
+        if (z->ranks[r].ce.rc && z->ranks[r].ce.rc != -ECANCELED) {
+            snprintf(err, errlen, "%s", z->ranks[r].ce.msg);
             return;
         }
-    snprintf(err, errlen, "%s", z->ranks[0].err);
+    snprintf(err, errlen, "%s", z->ranks[0].ce.msg);
 }
 
 int fso_zero_step_run(fso_zero *z, int64_t step, const int32_t *inputs, const int32_t *targets,
@@ -628,6 +586,7 @@ int fso_zero_step_run(fso_zero *z, int64_t step, const int32_t *inputs, const in
     int rc = run_ranks(z, rank_step);
     *st = z->ranks[0].st;
     st->nvme_read_bytes = st->nvme_write_bytes = 0;
+    /* the optimizer thread counts NVMe bytes into the same fields */
     for (int r = 0; r < z->world; r++) {
         st->nvme_read_bytes += z->ranks[r].st.nvme_read_bytes;
         st->nvme_write_bytes += z->ranks[r].st.nvme_write_bytes;
@@ -669,22 +628,22 @@ static void flat_free(const fso_zero *z, float **flat)
  * the flat host buffer. Runs on the caller's thread, synchronously. */
 static int block_xfer(fso_zero *z, int b, float *flat, fso_kind k, int dir)
 {
-    size_t S = shard_elems(z, b);
+    size_t S = fso_zero_shard_elems(z, b);
     for (int r = 0; r < z->world; r++) {
         rank_state *rk = &z->ranks[r];
         slot *s = &rk->gslot;
-        bool nv = locate(rk, b, k)->tier == FSO_TIER_NVME;
+        bool nv = fso_zero_locate(rk, b, k)->tier == FSO_TIER_NVME;
         int rc;
-        rk->rc = 0;
+        rk->ce.rc = 0;
         if (dir == 0) {
             memcpy(s->buf, flat + (size_t)r * S, sizeof(float) * S);
             rc = shard_store(rk, b, k, s);
             if (rc == 0 && nv)
-                rc = slot_wait(rk, s, kind_names[k], b);
+                rc = fso_zero_slot_wait(rk, &rk->ce, s, fso_zero_kind_names[k], b);
         } else {
             rc = shard_fetch(rk, b, k, s);
             if (rc == 0 && nv)
-                rc = slot_wait(rk, s, kind_names[k], b);
+                rc = fso_zero_slot_wait(rk, &rk->ce, s, fso_zero_kind_names[k], b);
             if (rc == 0)
                 memcpy(flat + (size_t)r * S, s->buf, sizeof(float) * S);
         }
@@ -715,6 +674,10 @@ static int load_flat(fso_zero *z, float **flat, char *err, size_t errlen)
 
 int fso_zero_load_hf(fso_zero *z, const float *hf, char *err, size_t errlen)
 {
+    double waited;
+    int wrc = fso_zero_finish(z, &waited, err, errlen);
+    if (wrc < 0)
+        return wrc;
     float **flat = flat_alloc(z);
     if (!flat) {
         snprintf(err, errlen, "out of host memory copying parameters");
@@ -728,9 +691,13 @@ int fso_zero_load_hf(fso_zero *z, const float *hf, char *err, size_t errlen)
 
 static int store_kind_hf(fso_zero *z, fso_kind k, float *hf, char *err, size_t errlen)
 {
+    double waited;
+    int wrc = fso_zero_finish(z, &waited, err, errlen);
+    if (wrc < 0)
+        return wrc;
     float **flat = flat_alloc(z);
     if (!flat) {
-        snprintf(err, errlen, "out of host memory copying %s", kind_names[k]);
+        snprintf(err, errlen, "out of host memory copying %s", fso_zero_kind_names[k]);
         return -ENOMEM;
     }
     int rc = shards_xfer(z, flat, k, 1);
@@ -764,6 +731,10 @@ static void *rank_logits(void *arg)
 int fso_zero_forward_logits(fso_zero *z, const int32_t *inputs, float *logits, char *err,
                             size_t errlen)
 {
+    double waited;
+    int wrc = fso_zero_finish(z, &waited, err, errlen);
+    if (wrc < 0)
+        return wrc;
     /* Every rank must join the gathers; ranks other than 0 write their
      * logits to scratch. */
     const fso_model *m = &z->ranks[0].model;
@@ -836,7 +807,7 @@ void fso_zero_describe(const fso_zero *z, char *buf, size_t len)
         char h[32];
         human(h, sizeof h, (double)per_kind[k]);
         off += (size_t)snprintf(buf + off, len - off, "%s%s %s on %s", k ? ", " : "",
-                                kind_names[k], h, tier_names[z->tier[k]]);
+                                fso_zero_kind_names[k], h, tier_names[z->tier[k]]);
     }
 }
 
@@ -903,8 +874,8 @@ int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t err
     for (int b = 0; b < z->n_blocks; b++) {
         if (z->blocks[b].padded_elems > z->max_padded)
             z->max_padded = z->blocks[b].padded_elems;
-        if (shard_elems(z, b) > z->max_shard)
-            z->max_shard = shard_elems(z, b);
+        if (fso_zero_shard_elems(z, b) > z->max_shard)
+            z->max_shard = fso_zero_shard_elems(z, b);
     }
     /* params() order of one micro-step (model.h) */
     z->order[z->n_order++] = 0;
@@ -919,7 +890,7 @@ int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t err
     /* ---- budgets, before any large allocation */
     size_t shard_bytes_total = 0; /* one kind, one rank */
     for (int b = 0; b < z->n_blocks; b++)
-        shard_bytes_total += round_page(sizeof(float) * shard_elems(z, b));
+        shard_bytes_total += round_page(sizeof(float) * fso_zero_shard_elems(z, b));
     size_t per_tier[3] = {0};
     for (int k = 0; k < FSO_N_KINDS; k++)
         per_tier[z->tier[k]] += shard_bytes_total;
@@ -927,7 +898,12 @@ int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t err
     const bool nvme = per_tier[FSO_TIER_NVME] > 0;
     const int n_pslots = z->tier[FSO_KIND_PARAM] == FSO_TIER_NVME
                              ? cfg->offload.prefetch_blocks + 2 : 0;
-    const size_t stage_per_rank = slot_bytes * (size_t)(n_pslots + 2 * FSO_N_KINDS + 1);
+    /* optimizer chunks: aio.block_size, at most a shard */
+    size_t chunk_bytes = (size_t)cfg->offload.aio_block_bytes;
+    if (chunk_bytes > slot_bytes)
+        chunk_bytes = slot_bytes;
+    const size_t stage_per_rank =
+        slot_bytes * (size_t)(n_pslots + 2) + chunk_bytes * 2 * FSO_N_KINDS;
     z->arena_bytes = (per_tier[FSO_TIER_HOST] + stage_per_rank) * (size_t)z->world;
 
     uint64_t cap = cfg->device_mem_bytes;
@@ -944,6 +920,10 @@ int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t err
         rank_state *rk = &z->ranks[r];
         rk->rank = r;
         rk->z = z;
+        pthread_mutex_init(&rk->io_mu, NULL);
+        pthread_mutex_init(&rk->opt_mu, NULL);
+        pthread_cond_init(&rk->opt_cv, NULL);
+        rk->sync_init = true;
         if ((rc = fso_backend_create_virtual(&rk->be, cfg->backend[0] ? cfg->backend : "cpu", r,
                                              per_dev, cap)) < 0) {
             snprintf(err, errlen, "cannot create device %d: %s", r, strerror(-rc));
@@ -1028,8 +1008,8 @@ int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t err
         uint64_t nvme_off = 0;
         for (int b = 0; b < z->n_blocks; b++)
             for (int k = 0; k < FSO_N_KINDS; k++) {
-                loc *l = locate(rk, b, k);
-                size_t bytes = round_page(sizeof(float) * shard_elems(z, b));
+                loc *l = fso_zero_locate(rk, b, k);
+                size_t bytes = round_page(sizeof(float) * fso_zero_shard_elems(z, b));
                 l->tier = z->tier[k];
                 if (l->tier == FSO_TIER_DEVICE) {
                     if ((rc = be->ops->buf_alloc(be, bytes, (void **)&l->ptr)) < 0) {
@@ -1063,8 +1043,23 @@ int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t err
         }
         for (int set = 0; set < 2; set++)
             for (int k = 0; k < FSO_N_KINDS; k++)
-                rk->oslots[set][k].buf = arena_take(z, slot_bytes);
+                rk->ochunk[set][k].buf = arena_take(z, chunk_bytes);
+        rk->chunk_elems = chunk_bytes / sizeof(float);
         rk->gslot.buf = arena_take(z, slot_bytes);
+        rk->gtmp.buf = arena_take(z, slot_bytes);
+        rk->block_sq = calloc((size_t)z->n_blocks, sizeof *rk->block_sq);
+        rk->ready = calloc((size_t)z->n_blocks, sizeof *rk->ready);
+        if (!rk->block_sq || !rk->ready ||
+            (rc = fso_optpool_create(&rk->opt_pool, per_dev)) < 0) {
+            snprintf(err, errlen, "out of host memory for the optimizer");
+            rc = -ENOMEM;
+            goto fail;
+        }
+        if (cfg->optimizer_overlap != FSO_OVERLAP_NONE && (rc = fso_zero_optim_start(rk)) < 0) {
+            snprintf(err, errlen, "cannot start the optimizer thread of device %d: %s", r,
+                     strerror(-rc));
+            goto fail;
+        }
 
         if (nvme) {
             char paths[4096], prefix[64];
@@ -1135,13 +1130,22 @@ void fso_zero_destroy(fso_zero *z)
         return;
     for (int r = 0; z->ranks && r < z->world; r++) {
         rank_state *rk = &z->ranks[r];
+        fso_zero_optim_stop(rk);
+        if (rk->sync_init) {
+            drain_slots(rk, true);
+            pthread_mutex_destroy(&rk->io_mu);
+            pthread_mutex_destroy(&rk->opt_mu);
+            pthread_cond_destroy(&rk->opt_cv);
+        }
+        fso_optpool_destroy(rk->opt_pool);
+        free(rk->block_sq);
+        free(rk->ready);
         if (!rk->be)
             continue;
-        drain(rk);
         for (int b = 0; rk->locs && b < z->n_blocks; b++)
             for (int k = 0; k < FSO_N_KINDS; k++)
-                if (locate(rk, b, k)->tier == FSO_TIER_DEVICE)
-                    rk->be->ops->buf_free(rk->be, locate(rk, b, k)->ptr);
+                if (fso_zero_locate(rk, b, k)->tier == FSO_TIER_DEVICE)
+                    rk->be->ops->buf_free(rk->be, fso_zero_locate(rk, b, k)->ptr);
         for (int g = 0; g < 2; g++) {
             rk->be->ops->buf_free(rk->be, rk->gbuf[g]);
             rk->be->ops->buf_free(rk->be, rk->gradbuf[g]);

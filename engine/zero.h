@@ -46,7 +46,9 @@ typedef struct fso_zero_step {
     double clip_coef;
     double lr;
     double stall_ms;      /* compute waited on NVMe reads (rank 0) */
-    double optimizer_ms;  /* rank 0 */
+    double optimizer_ms;  /* rank 0: updating, in this step's time (overlapped: the previous
+                             step's update, which ran during this one) */
+    double optimizer_exposed_ms; /* rank 0: compute waited on the optimizer */
     uint64_t nvme_read_bytes, nvme_write_bytes; /* all ranks, this step */
 } fso_zero_step;
 
@@ -66,6 +68,10 @@ void fso_zero_destroy(fso_zero *z);
  * -ERANGE for a non-finite loss or norm: the update is then not applied). */
 int fso_zero_step_run(fso_zero *z, int64_t step, const int32_t *inputs, const int32_t *targets,
                       fso_zero_step *st, char *err, size_t errlen);
+
+/* Wait for every update still running (overlapped schedules) and return
+ * the time waited (exposed optimizer time), or negative errno with err. */
+int fso_zero_finish(fso_zero *z, double *waited_ms, char *err, size_t errlen);
 
 /* Parameters in HF order (n_params floats), from or to the sharded state
  * (the working parameters and the master both). */

@@ -31,6 +31,7 @@ typedef struct fso_backend fso_backend;
 
 typedef struct fso_backend_ops {
     const char *name;
+    int host_addressable;   /* 1: device pointers are host memory the CPU may use */
 
     /* memory */
     int  (*buf_alloc)(fso_backend *be, size_t bytes, void **out);

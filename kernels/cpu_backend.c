@@ -466,6 +466,7 @@ static void fast_sqnorm(fso_backend *be, double *out, const float *x, size_t n)
 
 const fso_backend_ops fso_cpu_fast_ops = {
     .name = "cpu",
+    .host_addressable = 1,
     .buf_alloc = fso_cpu_buf_alloc,
     .buf_free = fso_cpu_buf_free,
     .memset0 = fso_cpu_memset0,

@@ -158,6 +158,64 @@ static void tiers_for_world(int world)
 static void test_tiers_are_bit_identical_one_device(void **s) { (void)s; tiers_for_world(1); }
 static void test_tiers_are_bit_identical_two_devices(void **s) { (void)s; tiers_for_world(2); }
 
+/* The overlapped optimizer schedules give the serialized schedule's bits. */
+static void schedules_for(int world, fso_tier param, fso_tier optim, double clip)
+{
+    run_result base, r;
+    fso_config cfg;
+    small_config(&cfg, world, 4);
+    set_tiers(&cfg, param, optim);
+    cfg.grad_clip = clip;
+    cfg.optimizer_overlap = FSO_OVERLAP_NONE;
+    run(&cfg, NULL, &base);
+    if (base.rc)
+        fail_msg("serialized: %s", base.err);
+    for (int mode = FSO_OVERLAP_FORWARD; mode <= FSO_OVERLAP_BACKWARD; mode++) {
+        if (mode == FSO_OVERLAP_BACKWARD && clip != 0)
+            continue;
+        char what[128];
+        cfg.optimizer_overlap = (fso_overlap)mode;
+        run(&cfg, NULL, &r);
+        if (r.rc)
+            fail_msg("schedule %d: %s", mode, r.err);
+        snprintf(what, sizeof what, "%d devices, tiers %d/%d, clip %g: schedule %d vs serialized",
+                 world, param, optim, clip, mode);
+        assert_bit_identical(&base, &r, what);
+        free(r.params);
+    }
+    free(base.params);
+}
+
+static void test_overlapped_schedules_match_serialized(void **state)
+{
+    (void)state;
+    schedules_for(1, FSO_TIER_DEVICE, FSO_TIER_DEVICE, 1.0);
+    schedules_for(1, FSO_TIER_DEVICE, FSO_TIER_DEVICE, 0.0);
+    schedules_for(2, FSO_TIER_HOST, FSO_TIER_HOST, 0.0);
+    schedules_for(2, FSO_TIER_NVME, FSO_TIER_NVME, 1.0);
+    schedules_for(2, FSO_TIER_NVME, FSO_TIER_NVME, 0.0);
+}
+
+/* Optimizer state streamed from NVMe in chunks smaller than a shard gives
+ * the in-memory bits. */
+static void test_nvme_streaming_in_chunks_matches_memory(void **state)
+{
+    (void)state;
+    run_result mem, nv;
+    fso_config cfg;
+    small_config(&cfg, 1, 4);
+    set_tiers(&cfg, FSO_TIER_DEVICE, FSO_TIER_HOST);
+    run(&cfg, NULL, &mem);
+    set_tiers(&cfg, FSO_TIER_DEVICE, FSO_TIER_NVME);
+    cfg.offload.aio_block_bytes = 8192; /* shards of this model span many chunks */
+    run(&cfg, NULL, &nv);
+    if (nv.rc)
+        fail_msg("%s", nv.err);
+    assert_bit_identical(&mem, &nv, "NVMe in 8 KiB chunks vs host memory");
+    free(mem.params);
+    free(nv.params);
+}
+
 static void test_device_counts_agree(void **state)
 {
     (void)state;
@@ -371,6 +429,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tiers_are_bit_identical_one_device),
         cmocka_unit_test(test_tiers_are_bit_identical_two_devices),
+        cmocka_unit_test(test_overlapped_schedules_match_serialized),
+        cmocka_unit_test(test_nvme_streaming_in_chunks_matches_memory),
         cmocka_unit_test(test_device_counts_agree),
         cmocka_unit_test(test_device_cap_too_small_fails_before_training),
         cmocka_unit_test(test_large_model_trains_from_nvme_within_cap),

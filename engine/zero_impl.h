@@ -1,0 +1,136 @@
+/* zero_impl.h — private to engine/zero*.c: the per-device state of the
+ * sharded trainer and the I/O helpers its parts share. */
+#ifndef FSO_ZERO_IMPL_H
+#define FSO_ZERO_IMPL_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "adamw.h"
+#include "zero.h"
+
+#define STAGE_ALIGN 4096
+#define MAX_PARAM_SLOTS 18 /* prefetch ring: up to 16 blocks ahead */
+
+/* A host staging buffer for one shard and the I/O outstanding on it. */
+typedef struct slot {
+    float *buf;          /* (max_shard) host, 4 KiB aligned */
+    int pending;         /* requests in flight */
+    int err;             /* first failure, negative errno */
+    int block;           /* what it holds (param ring), -1 none */
+} slot;
+
+typedef struct loc {
+    fso_tier tier;
+    float *ptr;          /* DEVICE: the rank's device buffer; HOST: in the arena */
+    uint64_t off;        /* NVME: byte offset in the rank's store */
+} loc;
+
+/* Where a thread records its first failure. */
+typedef struct errsink {
+    int rc;
+    char msg[512];
+} errsink;
+
+/* One job for the optimizer thread: the update of step as.t, over every
+ * block in forward order (block -1) or over one block. */
+typedef struct opt_job {
+    fso_adamw_step as;
+    int block;
+} opt_job;
+
+#define OPT_QUEUE 256
+
+typedef struct rank_state {
+    int rank;
+    struct fso_zero *z;
+    fso_backend *be;
+    fso_model model;
+    fso_store *store;
+    loc *locs;                   /* [block * FSO_N_KINDS + kind] */
+    /* device buffers */
+    float *gbuf[2];              /* gathered parameters (max_padded) */
+    int gbuf_block[2], gbuf_refs[2];
+    float *gradbuf[2];           /* full-block gradients (max_padded) */
+    int gradbuf_block[2];
+    /* host staging */
+    slot pslots[MAX_PARAM_SLOTS];/* parameter prefetch ring */
+    int n_pslots;
+    slot gslot;                  /* gradient shard round trips */
+    int order_pos;               /* position in z->order of the next params() */
+    int micro;                   /* micro-batch index within the step */
+    /* per-step inputs and outputs */
+    const int32_t *inputs, *targets;
+    float *logits;               /* forward_logits: where this rank's logits go */
+    fso_zero_step st;
+    double loss_sum;
+    errsink ce;                  /* the compute thread's failure */
+    bool sync_init;              /* the mutexes below exist */
+    pthread_mutex_t io_mu;       /* the store's ring, shared with the optimizer thread */
+    /* the optimizer (zero_optim.c) */
+    struct fso_optpool *opt_pool;
+    slot ochunk[2][FSO_N_KINDS]; /* chunk buffers: read ahead, write behind */
+    size_t chunk_elems;
+    slot gtmp;                   /* gradient accumulation scratch */
+    double *block_sq;            /* [block] squared norm of the gradient shard */
+    pthread_t opt_tid;
+    bool opt_started, opt_stop;
+    pthread_mutex_t opt_mu;
+    pthread_cond_t opt_cv;
+    opt_job queue[OPT_QUEUE];
+    int q_head, q_tail;
+    int busy;                    /* a job is running */
+    int64_t *ready;              /* [block] the step whose parameters the block holds */
+    errsink oe;                  /* the optimizer's failure */
+    double opt_busy_ms;          /* time spent updating, since the last report */
+    fso_adamw_step bwd_as;       /* this step's update, for the backward schedule */
+} rank_state;
+
+struct fso_zero {
+    const fso_config *cfg;
+    int world, n_blocks;
+    fso_block_layout *blocks;
+    size_t max_padded, max_shard; /* elements */
+    fso_coll *coll;
+    rank_state *ranks;
+    fso_tier tier[FSO_N_KINDS];
+    bool alias_params;           /* world 1, parameters on the device: lend the shard itself */
+    void *arena;
+    size_t arena_bytes, arena_used;
+    int *order;                  /* blocks in the order params() asks for them */
+    int n_order;
+    int64_t step;                /* optimizer steps taken (AdamW t) */
+    const fso_adamw_kernel *adamw; /* the widest AdamW kernel this CPU runs */
+};
+
+
+/* zero.c */
+double fso_zero_now_ms(void);
+size_t fso_zero_shard_elems(const fso_zero *z, int b);
+loc *fso_zero_locate(rank_state *rk, int b, fso_kind k);
+int fso_zero_fail(errsink *es, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Queue one read or write of `bytes` at `off` of the rank's store on slot s. */
+int fso_zero_queue_io(rank_state *rk, errsink *es, slot *s, bool write, float *buf, size_t bytes,
+                      uint64_t off);
+/* Wait for the slot's I/O; an error is final for the step. */
+int fso_zero_slot_wait(rank_state *rk, errsink *es, slot *s, const char *what, int block);
+extern const char *const fso_zero_kind_names[FSO_N_KINDS];
+
+/* zero_optim.c */
+int fso_zero_optim_start(rank_state *rk);      /* the device's optimizer thread */
+void fso_zero_optim_stop(rank_state *rk);
+/* Hand the update of step `t` to the optimizer thread: whole step (blocks in
+ * forward order), or one block (the backward schedule). */
+void fso_zero_optim_post_step(rank_state *rk, const fso_adamw_step *as);
+void fso_zero_optim_post_block(rank_state *rk, const fso_adamw_step *as, int block);
+/* Wait until block b holds the parameters of step `step` (counting from 1,
+ * 0 = initial); returns 0 or the optimizer's error. Time waited goes to
+ * rk->st.optimizer_exposed_ms. */
+int fso_zero_optim_wait_block(rank_state *rk, int b, int64_t step);
+/* Wait until every posted update is done. */
+int fso_zero_optim_wait_all(rank_state *rk);
+/* The serialized schedule: update every block now, on this thread. */
+int fso_zero_optim_run(rank_state *rk, const fso_adamw_step *as);
+
+#endif

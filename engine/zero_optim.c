@@ -1,0 +1,318 @@
+/* zero_optim.c — AdamW over one device's shards, streamed chunk by chunk
+ * from wherever they live, and the schedules that take it off the critical
+ * path (DESIGN §5).
+ *
+ * The update of a block reads master, m, v and the gradient accumulator,
+ * runs the fused AdamW kernel, and writes master, m, v and the working
+ * parameters. Shards are cut into chunks of aio.block_size; with state on
+ * NVMe the next chunk is read while this one is updated and the previous one
+ * is written (two buffer sets). Shards on the host (or on a device whose
+ * memory the CPU addresses) are updated in place.
+ *
+ * Schedules (train.optimizer_overlap):
+ *   none      the compute thread updates every block after the global norm;
+ *   forward   the device's optimizer thread updates blocks in forward order
+ *             while the next step's forward starts; block b's parameters are
+ *             used as soon as block b is updated (per-block readiness);
+ *   backward  with gradient_clipping 0, each block's update starts as soon as
+ *             its last gradients land, during backward.
+ * All three run the same kernel over the same values in the same order per
+ * element, so they give the same bits.
+ */
+#include "zero_impl.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "optpool.h"
+
+static const fso_kind reads[] = {FSO_KIND_MASTER, FSO_KIND_M, FSO_KIND_V, FSO_KIND_GRAD};
+
+typedef struct unit {
+    int b;
+    size_t c0, n; /* elements [c0, c0 + n) of the shard */
+} unit;
+
+static bool decays(const fso_optim_config *o, const fso_tensor_desc *t)
+{
+    if (t->is_norm)
+        return o->decay_norms;
+    if (t->kind == FSO_T_EMBED)
+        return o->decay_embeddings;
+    return t->decay;
+}
+
+/* Data of kind k for the unit: in place when the CPU can address the shard,
+ * else through the slot (an NVMe read, or a device copy). */
+static bool in_place(const rank_state *rk, const loc *l)
+{
+    return l->tier == FSO_TIER_HOST || (l->tier == FSO_TIER_DEVICE && rk->be->ops->host_addressable);
+}
+
+static int unit_fetch(rank_state *rk, const unit *u, fso_kind k, slot *s, float **ptr)
+{
+    loc *l = fso_zero_locate(rk, u->b, k);
+    size_t bytes = sizeof(float) * u->n;
+    if (in_place(rk, l)) {
+        *ptr = l->ptr + u->c0;
+        return 0;
+    }
+    *ptr = s->buf;
+    if (l->tier == FSO_TIER_NVME) {
+        rk->st.nvme_read_bytes += bytes;
+        return fso_zero_queue_io(rk, &rk->oe, s, false, s->buf, bytes,
+                                 l->off + sizeof(float) * u->c0);
+    }
+    rk->be->ops->copy_d2h(rk->be, s->buf, l->ptr + u->c0, bytes);
+    return rk->be->ops->sync(rk->be);
+}
+
+static int unit_store(rank_state *rk, const unit *u, fso_kind k, slot *s, float *ptr)
+{
+    loc *l = fso_zero_locate(rk, u->b, k);
+    size_t bytes = sizeof(float) * u->n;
+    if (in_place(rk, l)) {
+        if (ptr != l->ptr + u->c0)
+            memcpy(l->ptr + u->c0, ptr, bytes);
+        return 0;
+    }
+    if (ptr != s->buf)
+        memcpy(s->buf, ptr, bytes);
+    if (l->tier == FSO_TIER_NVME) {
+        rk->st.nvme_write_bytes += bytes;
+        return fso_zero_queue_io(rk, &rk->oe, s, true, s->buf, bytes,
+                                 l->off + sizeof(float) * u->c0);
+    }
+    rk->be->ops->copy_h2d(rk->be, l->ptr + u->c0, s->buf, bytes);
+    return rk->be->ops->sync(rk->be);
+}
+
+static int set_wait(rank_state *rk, slot *set, int block)
+{
+    for (int k = 0; k < FSO_N_KINDS; k++) {
+        int rc = fso_zero_slot_wait(rk, &rk->oe, &set[k], fso_zero_kind_names[k], block);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
+/* AdamW over elements [c0, c0+n) of the rank's shard of block b, tensor by
+ * tensor (each with its decay flag). */
+static void update_unit(rank_state *rk, const unit *u, float *master, const float *grad,
+                        float *m, float *v, fso_adamw_step as)
+{
+    const fso_zero *z = rk->z;
+    const fso_block_layout *bl = &z->blocks[u->b];
+    size_t lo = (size_t)rk->rank * fso_zero_shard_elems(z, u->b) + u->c0, hi = lo + u->n;
+    fso_pool *pool = fso_optpool_pool(rk->opt_pool);
+    for (int t = 0; t < bl->n_tensors; t++) {
+        const fso_tensor_desc *d = &bl->tensors[t];
+        size_t a = d->offset_elems > lo ? d->offset_elems : lo;
+        size_t e = d->offset_elems + d->numel < hi ? d->offset_elems + d->numel : hi;
+        if (a >= e)
+            continue;
+        as.weight_decay = decays(&z->cfg->optim, d) ? z->cfg->optim.weight_decay : 0.0;
+        fso_adamw_fused_mt(z->adamw, pool, master + (a - lo), grad + (a - lo), FSO_DT_F32,
+                           m + (a - lo), v + (a - lo), NULL, e - a, &as);
+    }
+}
+
+static void mark_ready(rank_state *rk, int b, int64_t step)
+{
+    pthread_mutex_lock(&rk->opt_mu);
+    rk->ready[b] = step;
+    pthread_cond_broadcast(&rk->opt_cv);
+    pthread_mutex_unlock(&rk->opt_mu);
+}
+
+/* Update blocks [b0, b1] in order; each block is marked ready for step as.t
+ * once its working parameters are written. */
+static int update_blocks(rank_state *rk, const fso_adamw_step *as, int b0, int b1)
+{
+    const fso_zero *z = rk->z;
+    const size_t ch = rk->chunk_elems;
+    unit cur, nxt;
+    int rc;
+    float *p[FSO_N_KINDS];
+
+    cur = (unit){b0, 0, 0};
+    cur.n = fso_zero_shard_elems(z, b0) < ch ? fso_zero_shard_elems(z, b0) : ch;
+    int set = 0;
+    for (int i = 0; i < 4; i++)
+        if ((rc = unit_fetch(rk, &cur, reads[i], &rk->ochunk[0][reads[i]], &p[reads[i]])) < 0)
+            return rc;
+    for (;;) {
+        /* the next unit: the rest of this shard, then the next block */
+        bool more = true;
+        nxt = cur;
+        nxt.c0 += cur.n;
+        if (nxt.c0 >= fso_zero_shard_elems(z, cur.b)) {
+            nxt.b++;
+            nxt.c0 = 0;
+            more = nxt.b <= b1;
+        }
+        float *q[FSO_N_KINDS];
+        if (more) {
+            size_t left = fso_zero_shard_elems(z, nxt.b) - nxt.c0;
+            nxt.n = left < ch ? left : ch;
+            /* the other set's writes must land before its buffers are reused */
+            if ((rc = set_wait(rk, rk->ochunk[set ^ 1], cur.b)) < 0)
+                return rc;
+            for (int i = 0; i < 4; i++)
+                if ((rc = unit_fetch(rk, &nxt, reads[i], &rk->ochunk[set ^ 1][reads[i]],
+                                     &q[reads[i]])) < 0)
+                    return rc;
+        }
+        slot *o = rk->ochunk[set];
+        for (int i = 0; i < 4; i++)
+            if ((rc = fso_zero_slot_wait(rk, &rk->oe, &o[reads[i]],
+                                         fso_zero_kind_names[reads[i]], cur.b)) < 0)
+                return rc;
+        update_unit(rk, &cur, p[FSO_KIND_MASTER], p[FSO_KIND_GRAD], p[FSO_KIND_M],
+                    p[FSO_KIND_V], *as);
+        if ((rc = unit_store(rk, &cur, FSO_KIND_PARAM, &o[FSO_KIND_PARAM], p[FSO_KIND_MASTER])) <
+                0 ||
+            (rc = unit_store(rk, &cur, FSO_KIND_MASTER, &o[FSO_KIND_MASTER],
+                             p[FSO_KIND_MASTER])) < 0 ||
+            (rc = unit_store(rk, &cur, FSO_KIND_M, &o[FSO_KIND_M], p[FSO_KIND_M])) < 0 ||
+            (rc = unit_store(rk, &cur, FSO_KIND_V, &o[FSO_KIND_V], p[FSO_KIND_V])) < 0)
+            return rc;
+        if (!more || nxt.b != cur.b) {
+            /* block done: its parameters must be written before a forward reads them */
+            if ((rc = fso_zero_slot_wait(rk, &rk->oe, &o[FSO_KIND_PARAM], "parameters", cur.b)) < 0)
+                return rc;
+            mark_ready(rk, cur.b, as->t);
+        }
+        if (!more)
+            break;
+        memcpy(p, q, sizeof p);
+        cur = nxt;
+        set ^= 1;
+    }
+    for (int s = 0; s < 2; s++)
+        if ((rc = set_wait(rk, rk->ochunk[s], -1)) < 0)
+            return rc;
+    return 0;
+}
+
+int fso_zero_optim_run(rank_state *rk, const fso_adamw_step *as)
+{
+    double t0 = fso_zero_now_ms();
+    rk->oe.rc = 0;
+    int rc = update_blocks(rk, as, 0, rk->z->n_blocks - 1);
+    double dt = fso_zero_now_ms() - t0;
+    rk->opt_busy_ms += dt;
+    rk->st.optimizer_exposed_ms += dt;
+    if (rc < 0) {
+        rk->ce = rk->oe;
+        rk->oe.rc = 0;
+    }
+    return rc;
+}
+
+static void *opt_main(void *arg)
+{
+    rank_state *rk = arg;
+    pthread_mutex_lock(&rk->opt_mu);
+    for (;;) {
+        while (rk->q_head == rk->q_tail && !rk->opt_stop)
+            pthread_cond_wait(&rk->opt_cv, &rk->opt_mu);
+        if (rk->q_head == rk->q_tail)
+            break;
+        opt_job job = rk->queue[rk->q_head % OPT_QUEUE];
+        rk->busy = 1;
+        int failed = rk->oe.rc != 0;
+        pthread_mutex_unlock(&rk->opt_mu);
+
+        double t0 = fso_zero_now_ms();
+        if (!failed) /* after a failure nothing more is applied */
+            update_blocks(rk, &job.as, job.block < 0 ? 0 : job.block,
+                          job.block < 0 ? rk->z->n_blocks - 1 : job.block);
+        double dt = fso_zero_now_ms() - t0;
+
+        pthread_mutex_lock(&rk->opt_mu);
+        rk->opt_busy_ms += dt;
+        rk->q_head++;
+        rk->busy = 0;
+        pthread_cond_broadcast(&rk->opt_cv);
+    }
+    pthread_mutex_unlock(&rk->opt_mu);
+    return NULL;
+}
+
+int fso_zero_optim_start(rank_state *rk)
+{
+    int rc = pthread_create(&rk->opt_tid, NULL, opt_main, rk);
+    if (rc != 0)
+        return -rc;
+    rk->opt_started = true;
+    return 0;
+}
+
+void fso_zero_optim_stop(rank_state *rk)
+{
+    if (!rk->opt_started)
+        return;
+    pthread_mutex_lock(&rk->opt_mu);
+    rk->opt_stop = true;
+    pthread_cond_broadcast(&rk->opt_cv);
+    pthread_mutex_unlock(&rk->opt_mu);
+    pthread_join(rk->opt_tid, NULL);
+    rk->opt_started = false;
+}
+
+static void post(rank_state *rk, const fso_adamw_step *as, int block)
+{
+    pthread_mutex_lock(&rk->opt_mu);
+    while (rk->q_tail - rk->q_head >= OPT_QUEUE)
+        pthread_cond_wait(&rk->opt_cv, &rk->opt_mu);
+    rk->queue[rk->q_tail % OPT_QUEUE] = (opt_job){.as = *as, .block = block};
+    rk->q_tail++;
+    pthread_cond_broadcast(&rk->opt_cv);
+    pthread_mutex_unlock(&rk->opt_mu);
+}
+
+void fso_zero_optim_post_step(rank_state *rk, const fso_adamw_step *as)
+{
+    post(rk, as, -1);
+}
+
+void fso_zero_optim_post_block(rank_state *rk, const fso_adamw_step *as, int block)
+{
+    post(rk, as, block);
+}
+
+int fso_zero_optim_wait_block(rank_state *rk, int b, int64_t step)
+{
+    int rc = 0;
+    double t0 = fso_zero_now_ms();
+    pthread_mutex_lock(&rk->opt_mu);
+    while (rk->ready[b] < step && rk->oe.rc == 0)
+        pthread_cond_wait(&rk->opt_cv, &rk->opt_mu);
+    if (rk->ready[b] < step)
+        rc = rk->oe.rc;
+    pthread_mutex_unlock(&rk->opt_mu);
+    rk->st.optimizer_exposed_ms += fso_zero_now_ms() - t0;
+    if (rc < 0)
+        fso_zero_fail(&rk->ce, rc, "%s", rk->oe.msg);
+    return rc;
+}
+
+int fso_zero_optim_wait_all(rank_state *rk)
+{
+    int rc;
+    double t0 = fso_zero_now_ms();
+    pthread_mutex_lock(&rk->opt_mu);
+    while (rk->q_head != rk->q_tail)
+        pthread_cond_wait(&rk->opt_cv, &rk->opt_mu);
+    rc = rk->oe.rc;
+    pthread_mutex_unlock(&rk->opt_mu);
+    rk->st.optimizer_exposed_ms += fso_zero_now_ms() - t0;
+    if (rc < 0)
+        fso_zero_fail(&rk->ce, rc, "%s", rk->oe.msg);
+    return rc;
+}
