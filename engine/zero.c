@@ -516,6 +516,8 @@ static void *rank_step(void *arg)
     }
     pthread_mutex_lock(&rk->opt_mu);
     rk->st.optimizer_ms = rk->opt_busy_ms;
+    rk->st.nvme_read_bytes += __atomic_exchange_n(&rk->opt_read_bytes, 0, __ATOMIC_RELAXED);
+    rk->st.nvme_write_bytes += __atomic_exchange_n(&rk->opt_write_bytes, 0, __ATOMIC_RELAXED);
     rk->opt_busy_ms = 0;
     pthread_mutex_unlock(&rk->opt_mu);
     return NULL;

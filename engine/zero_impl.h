@@ -84,6 +84,7 @@ typedef struct rank_state {
     int64_t *ready;              /* [block] the step whose parameters the block holds */
     errsink oe;                  /* the optimizer's failure */
     double opt_busy_ms;          /* time spent updating, since the last report */
+    uint64_t opt_read_bytes, opt_write_bytes; /* NVMe, since the last report */
     fso_adamw_step bwd_as;       /* this step's update, for the backward schedule */
 } rank_state;
 

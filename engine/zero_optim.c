@@ -62,7 +62,7 @@ static int unit_fetch(rank_state *rk, const unit *u, fso_kind k, slot *s, float 
     }
     *ptr = s->buf;
     if (l->tier == FSO_TIER_NVME) {
-        rk->st.nvme_read_bytes += bytes;
+        __atomic_fetch_add(&rk->opt_read_bytes, bytes, __ATOMIC_RELAXED);
         return fso_zero_queue_io(rk, &rk->oe, s, false, s->buf, bytes,
                                  l->off + sizeof(float) * u->c0);
     }
@@ -82,7 +82,7 @@ static int unit_store(rank_state *rk, const unit *u, fso_kind k, slot *s, float 
     if (ptr != s->buf)
         memcpy(s->buf, ptr, bytes);
     if (l->tier == FSO_TIER_NVME) {
-        rk->st.nvme_write_bytes += bytes;
+        __atomic_fetch_add(&rk->opt_write_bytes, bytes, __ATOMIC_RELAXED);
         return fso_zero_queue_io(rk, &rk->oe, s, true, s->buf, bytes,
                                  l->off + sizeof(float) * u->c0);
     }

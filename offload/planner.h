@@ -1,0 +1,225 @@
+/* planner.h — where each kind of training state lives and how it moves,
+ * chosen by predicting the step on a pipelined timeline (DESIGN §6).
+ *
+ * Inputs: the machine (devices, memory per tier, measured rates), the model
+ * as the planner sees it (bytes per block, one micro-batch as an ordered list
+ * of block visits with their FLOPs, activation bytes), the engine's schedule
+ * (which copies share a thread, how far the optimizer overlaps) and the
+ * user's pins. The planner knows nothing of transformers: engine/plan.c
+ * turns a model configuration into these numbers.
+ *
+ * The timeline: every visit of a block becomes events on streams — NVMe
+ * read, host-to-device copy, collective, compute, device-to-host copy, NVMe
+ * write, CPU optimizer. Each event starts when the previous event on its
+ * stream has finished (streams are FIFO queues, as CUDA streams and the
+ * engine's threads are) and when its inputs are ready: compute of a visit
+ * needs its gather, the gather its copy to the device, the copy its NVMe
+ * read; a read may start `prefetch` visits early, once the staging buffer of
+ * an older visit is free; the next step's use of a block waits for that
+ * block's update. Three steps are laid out and the third one's length is
+ * the prediction (steady state, first-step effects excluded). The critical
+ * path through the third step, attributed to the streams of its events, names
+ * the bottleneck.
+ *
+ * Capacities: per device the activations, the gather window, the gradient
+ * buffers and every device-tier shard; the host arena (host-tier shards of
+ * all devices and the staging buffers, prefetch ring included); NVMe free
+ * space. A placement that does not fit is never chosen; when none fits the
+ * result names the short tier and by how much.
+ *
+ * Units: bytes, milliseconds, GB/s = 1e9 bytes/s, GFLOP/s = 1e9 FLOP/s.
+ */
+#ifndef FSO_PLANNER_H
+#define FSO_PLANNER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define FSO_PLAN_MAX_BLOCKS 1024
+#define FSO_PLAN_MAX_PREFETCH 16
+
+/* The kinds of per-shard state, in the order of engine/zero.h's fso_kind. */
+typedef enum fso_plan_kind {
+    FSO_PK_PARAM = 0,  /* working parameters (gathered for compute) */
+    FSO_PK_MASTER,     /* fp32 master weights */
+    FSO_PK_M,          /* AdamW first moment */
+    FSO_PK_V,          /* AdamW second moment */
+    FSO_PK_GRAD,       /* gradient accumulator */
+    FSO_PK_N,
+} fso_plan_kind;
+
+/* Tiers, in the order of engine/config.h's fso_tier. */
+typedef enum fso_plan_tier { FSO_PT_DEVICE = 0, FSO_PT_HOST, FSO_PT_NVME, FSO_PT_N } fso_plan_tier;
+
+typedef enum fso_stream {
+    FSO_STREAM_NVME_READ = 0,
+    FSO_STREAM_H2D,
+    FSO_STREAM_COLL,
+    FSO_STREAM_COMPUTE,
+    FSO_STREAM_D2H,
+    FSO_STREAM_NVME_WRITE,
+    FSO_STREAM_OPTIM,       /* AdamW and host-side gradient accumulation (CPU) */
+    FSO_N_STREAMS,
+} fso_stream;
+
+/* When the optimizer runs (engine/config.h fso_overlap). */
+typedef enum fso_plan_overlap {
+    FSO_PLAN_OVERLAP_NONE = 0,   /* after backward; the next step waits for all of it */
+    FSO_PLAN_OVERLAP_FORWARD,    /* after backward, block by block; the next forward uses
+                                    each block once it is updated */
+    FSO_PLAN_OVERLAP_BACKWARD,   /* each block as soon as its last gradients land */
+} fso_plan_overlap;
+
+typedef struct fso_plan_machine {
+    int devices;               /* data-parallel devices (ZeRO world) */
+    bool cpu_devices;          /* CPU virtual devices: copies, collectives, compute and the
+                                  optimizer share the host's cores (one FIFO per device) */
+    uint64_t device_mem_bytes; /* usable per device */
+    uint64_t host_mem_bytes;   /* usable for the host arena (all devices together) */
+    uint64_t nvme_free_bytes;  /* free space over the NVMe folders; 0: no NVMe tier */
+    double nvme_read_gbps;     /* all folders together */
+    double nvme_write_gbps;
+    double h2d_gbps;           /* per device */
+    double d2h_gbps;
+    double coll_gbps;          /* collective bus bandwidth (nccl-tests busbw) */
+    double device_gflops;      /* achieved compute per device */
+    double adam_gelems;        /* CPU AdamW, all host cores, 1e9 elements/s */
+    double device_adam_gelems; /* AdamW on a device; 0: the optimizer never runs there */
+    double host_copy_gbps;     /* one host thread's memcpy: staging copies, accumulation */
+} fso_plan_machine;
+
+/* One use of a block's parameters and/or gradients within a micro-batch. */
+typedef struct fso_plan_visit {
+    int block;
+    double flops;              /* compute of this visit (recomputation included) */
+    bool params;               /* needs the block's gathered parameters */
+    bool grads;                /* ends with the block's gradients (reduce-scatter, to tier) */
+} fso_plan_visit;
+
+typedef struct fso_plan_model {
+    int n_blocks;
+    const uint64_t *block_elems; /* (n_blocks) padded elements, all shards */
+    int n_visits;
+    const fso_plan_visit *visits; /* one micro-batch, in order */
+    int grad_accum;              /* micro-batches per step */
+    double tokens_per_step;      /* all devices */
+    uint64_t activation_bytes;   /* per device */
+    int param_bytes;             /* working parameter: 2 (bf16 on GPUs) or 4 (fp32, CPU) */
+    int grad_bytes;              /* gradient: 2 or 4 */
+    int state_bytes;             /* master, m, v: 4 */
+} fso_plan_model;
+
+/* How the engine schedules, which the timeline must follow. */
+typedef struct fso_plan_engine {
+    fso_plan_overlap overlap;
+    bool per_block_tiers;      /* parameters of some blocks may stay on the device */
+    bool per_kind_tiers;       /* master, m, v and gradients may sit on different tiers */
+    bool whole_copy;           /* a block may be copied whole to every device (no gather) */
+    bool sync_grad_writes;     /* a gradient shard reaches its tier before the next block */
+    bool norm_pass;            /* the global norm re-reads NVMe gradient shards */
+    int gather_buffers;        /* full-block parameter buffers per device (2) */
+    int max_prefetch;          /* deepest prefetch the engine takes */
+    int stage_slots;           /* host staging buffers per device besides the prefetch ring,
+                                  each one largest shard */
+    uint64_t device_reserve_bytes; /* per device: runtime, allocator slack */
+} fso_plan_engine;
+
+/* A user's choices the planner must keep: -1 free, else the tier (every
+ * block) or the depth. */
+typedef struct fso_plan_pins {
+    int tier[FSO_PK_N];
+    int prefetch;
+} fso_plan_pins;
+
+typedef struct fso_plan_input {
+    fso_plan_machine machine;
+    fso_plan_model model;
+    fso_plan_engine engine;
+    fso_plan_pins pins;
+} fso_plan_input;
+
+typedef struct fso_placement {
+    int n_blocks;
+    uint8_t tier[FSO_PK_N][FSO_PLAN_MAX_BLOCKS]; /* fso_plan_tier per kind and block */
+    bool whole_copy[FSO_PLAN_MAX_BLOCKS];        /* copy the block whole instead of gathering */
+    int prefetch;                                /* visits read ahead of compute */
+} fso_placement;
+
+typedef struct fso_plan {
+    fso_placement pl;
+    bool fits;
+    /* memory: [tier][kind] shard bytes (device: per device; host and NVMe: all devices) */
+    uint64_t kind_bytes[FSO_PT_N][FSO_PK_N];
+    uint64_t activation_bytes;   /* per device */
+    uint64_t buffer_bytes[FSO_PT_N]; /* device: gather window + gradient buffers + reserve;
+                                        host: staging (all devices) */
+    uint64_t need_bytes[FSO_PT_N];
+    uint64_t have_bytes[FSO_PT_N];
+    int short_tier;              /* the tier furthest over its capacity, or -1 */
+    uint64_t short_bytes;
+    /* prediction (per device; all devices run the same schedule) */
+    double step_ms;
+    double tokens_per_s;
+    double busy_ms[FSO_N_STREAMS];     /* work on each stream in one step */
+    double critical_ms[FSO_N_STREAMS]; /* the step's critical path, by stream */
+    fso_stream bottleneck;
+    double stall_ms;             /* step time in which compute waits */
+    int evaluated;               /* placements the search predicted */
+    /* copies of the inputs a report needs */
+    fso_plan_machine machine;
+    fso_plan_overlap overlap;
+    int grad_accum;
+    double tokens_per_step;
+    uint64_t model_elems;
+} fso_plan;
+
+/* Measured per step (any field < 0: not measured). */
+typedef struct fso_plan_measured {
+    double step_ms;
+    double stall_ms;             /* compute waited on NVMe reads */
+    double optimizer_ms;         /* busy updating */
+    double compute_ms;           /* busy computing */
+    double nvme_read_gbps, nvme_write_gbps;
+} fso_plan_measured;
+
+const char *fso_plan_tier_name(int tier);        /* "device", "host", "nvme" */
+const char *fso_plan_kind_name(int kind);        /* "parameters", ... */
+const char *fso_stream_name(int stream);         /* "nvme-read", "h2d", ... */
+
+/* Pins that pin nothing. */
+void fso_plan_pins_none(fso_plan_pins *p);
+/* Every block of every kind on one tier, gathers, prefetch depth d. */
+void fso_placement_uniform(fso_placement *pl, int n_blocks, int param_tier, int state_tier,
+                           int grad_tier, int prefetch);
+
+/* Sizes and predicts one placement. Returns 0 when it fits, -ENOSPC when
+ * not (out->short_tier and short_bytes say where; the timeline is still
+ * predicted), -EINVAL for inputs out of range. */
+int fso_plan_evaluate(const fso_plan_input *in, const fso_placement *pl, fso_plan *out);
+
+/* Chooses the placement with the least predicted step time that fits and
+ * keeps the pins; among equal times (within 1%) the shallower prefetch and
+ * the higher tiers. Returns 0, -ENOSPC when nothing fits (out is then the
+ * placement closest to fitting, with short_tier and short_bytes), -EINVAL. */
+int fso_plan_choose(const fso_plan_input *in, fso_plan *out);
+
+/* Re-plans from a few measured steps. When the measured step time is off
+ * the prediction by more than 20%, corrects the machine's rates from what
+ * was measured, chooses again, fills *out (and *corrected) and writes a
+ * one-line message to msg; returns 1. Otherwise copies cur to out and
+ * returns 0. -EINVAL for a measurement without a step time. */
+int fso_plan_replan(const fso_plan_input *in, const fso_plan *cur, const fso_plan_measured *meas,
+                    fso_plan *out, fso_plan_machine *corrected, char *msg, size_t msglen);
+
+/* "parameters: device (12 of 34 blocks), host; master, m, v: host; gradients:
+ * host; prefetch 2; gather" — one line. */
+void fso_plan_describe(const fso_plan *p, char *buf, size_t len);
+
+/* The tier most blocks of kind k sit on. */
+int fso_plan_main_tier(const fso_plan *p, int kind);
+
+/* "1.50 GiB", "812.0 MiB", "3.20 TiB" */
+void fso_human_bytes(char *buf, size_t len, double bytes);
+
+#endif
