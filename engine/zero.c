@@ -1057,6 +1057,10 @@ int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t err
             rc = -ENOMEM;
             goto fail;
         }
+        /* the optimizer's threads near the memory they update (best effort) */
+        if (z->arena)
+            fso_optpool_bind(rk->opt_pool,
+                             fso_optpool_node_of(rk->opt_pool, z->arena, z->arena_bytes), false);
         if (cfg->optimizer_overlap != FSO_OVERLAP_NONE && (rc = fso_zero_optim_start(rk)) < 0) {
             snprintf(err, errlen, "cannot start the optimizer thread of device %d: %s", r,
                      strerror(-rc));
