@@ -145,45 +145,62 @@ int fso_zero_slot_wait(rank_state *rk, errsink *es, slot *s, const char *what, i
     return rc;
 }
 
-/* Shard (b, k) of this rank into host buffer `dst` (asynchronously for NVMe
- * through slot s, synchronously otherwise). */
-static int shard_fetch(rank_state *rk, int b, fso_kind k, slot *s)
+static bool addressable(const rank_state *rk, const loc *l)
 {
-    const fso_zero *z = rk->z;
+    return l->tier == FSO_TIER_HOST || (l->tier == FSO_TIER_DEVICE && rk->be->ops->host_addressable);
+}
+
+int fso_zero_xfer(rank_state *rk, errsink *es, uint64_t *bytes_done, int b, fso_kind k,
+                  size_t c0, size_t n, slot *s, bool write, bool in_place, float **ptr)
+{
     loc *l = fso_zero_locate(rk, b, k);
-    size_t bytes = sizeof(float) * fso_zero_shard_elems(z, b);
+    size_t bytes = sizeof(float) * n;
+    float *shard = l->ptr + c0;
+    if (in_place && addressable(rk, l)) {
+        if (!write)
+            *ptr = shard;
+        else if (*ptr != shard)
+            memcpy(shard, *ptr, bytes);
+        return 0;
+    }
+    if (!write)
+        *ptr = s->buf;
+    else if (*ptr != s->buf)
+        memcpy(s->buf, *ptr, bytes);
     switch (l->tier) {
     case FSO_TIER_NVME:
-        rk->st.nvme_read_bytes += bytes;
-        return fso_zero_queue_io(rk, &rk->ce, s, false, s->buf, round_page(bytes), l->off);
+        __atomic_fetch_add(bytes_done, bytes, __ATOMIC_RELAXED);
+        return fso_zero_queue_io(rk, es, s, write, s->buf, round_page(bytes),
+                                 l->off + sizeof(float) * c0);
     case FSO_TIER_HOST:
-        memcpy(s->buf, l->ptr, bytes);
+        if (write)
+            memcpy(shard, s->buf, bytes);
+        else
+            memcpy(s->buf, shard, bytes);
         return 0;
     case FSO_TIER_DEVICE:
-        rk->be->ops->copy_d2h(rk->be, s->buf, l->ptr, bytes);
+        if (write)
+            rk->be->ops->copy_h2d(rk->be, shard, s->buf, bytes);
+        else
+            rk->be->ops->copy_d2h(rk->be, s->buf, shard, bytes);
         return rk->be->ops->sync(rk->be);
     }
     return -EINVAL;
 }
 
-/* Host buffer s->buf back into shard (b, k); NVMe writes are asynchronous. */
+/* Whole shard (b, k) into s->buf, and back (compute thread). */
+static int shard_fetch(rank_state *rk, int b, fso_kind k, slot *s)
+{
+    float *p;
+    return fso_zero_xfer(rk, &rk->ce, &rk->st.nvme_read_bytes, b, k, 0,
+                         fso_zero_shard_elems(rk->z, b), s, false, false, &p);
+}
+
 static int shard_store(rank_state *rk, int b, fso_kind k, slot *s)
 {
-    const fso_zero *z = rk->z;
-    loc *l = fso_zero_locate(rk, b, k);
-    size_t bytes = sizeof(float) * fso_zero_shard_elems(z, b);
-    switch (l->tier) {
-    case FSO_TIER_NVME:
-        rk->st.nvme_write_bytes += bytes;
-        return fso_zero_queue_io(rk, &rk->ce, s, true, s->buf, round_page(bytes), l->off);
-    case FSO_TIER_HOST:
-        memcpy(l->ptr, s->buf, bytes);
-        return 0;
-    case FSO_TIER_DEVICE:
-        rk->be->ops->copy_h2d(rk->be, l->ptr, s->buf, bytes);
-        return rk->be->ops->sync(rk->be);
-    }
-    return -EINVAL;
+    float *p = s->buf;
+    return fso_zero_xfer(rk, &rk->ce, &rk->st.nvme_write_bytes, b, k, 0,
+                         fso_zero_shard_elems(rk->z, b), s, true, false, &p);
 }
 
 /* ------------------------------------------------------------------ block source */

@@ -114,6 +114,13 @@ int fso_zero_fail(errsink *es, int rc, const char *fmt, ...) __attribute__((form
 /* Queue one read or write of `bytes` at `off` of the rank's store on slot s. */
 int fso_zero_queue_io(rank_state *rk, errsink *es, slot *s, bool write, float *buf, size_t bytes,
                       uint64_t off);
+/* Move elements [c0, c0+n) of shard (b, k) between its tier and host
+ * memory. Reading, *ptr is set to the data: in the shard itself when
+ * in_place and the CPU can address it, else s->buf (filled; NVMe: once s's
+ * I/O is waited for). Writing, *ptr's data goes into the shard (NVMe:
+ * asynchronously on s). NVMe bytes are added to *bytes_done. */
+int fso_zero_xfer(rank_state *rk, errsink *es, uint64_t *bytes_done, int b, fso_kind k,
+                  size_t c0, size_t n, slot *s, bool write, bool in_place, float **ptr);
 /* Wait for the slot's I/O; an error is final for the step. */
 int fso_zero_slot_wait(rank_state *rk, errsink *es, slot *s, const char *what, int block);
 extern const char *const fso_zero_kind_names[FSO_N_KINDS];

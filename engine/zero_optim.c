@@ -47,47 +47,16 @@ static bool decays(const fso_optim_config *o, const fso_tensor_desc *t)
 
 /* Data of kind k for the unit: in place when the CPU can address the shard,
  * else through the slot (an NVMe read, or a device copy). */
-static bool in_place(const rank_state *rk, const loc *l)
-{
-    return l->tier == FSO_TIER_HOST || (l->tier == FSO_TIER_DEVICE && rk->be->ops->host_addressable);
-}
-
 static int unit_fetch(rank_state *rk, const unit *u, fso_kind k, slot *s, float **ptr)
 {
-    loc *l = fso_zero_locate(rk, u->b, k);
-    size_t bytes = sizeof(float) * u->n;
-    if (in_place(rk, l)) {
-        *ptr = l->ptr + u->c0;
-        return 0;
-    }
-    *ptr = s->buf;
-    if (l->tier == FSO_TIER_NVME) {
-        __atomic_fetch_add(&rk->opt_read_bytes, bytes, __ATOMIC_RELAXED);
-        return fso_zero_queue_io(rk, &rk->oe, s, false, s->buf, bytes,
-                                 l->off + sizeof(float) * u->c0);
-    }
-    rk->be->ops->copy_d2h(rk->be, s->buf, l->ptr + u->c0, bytes);
-    return rk->be->ops->sync(rk->be);
+    return fso_zero_xfer(rk, &rk->oe, &rk->opt_read_bytes, u->b, k, u->c0, u->n, s, false, true,
+                         ptr);
 }
 
 static int unit_store(rank_state *rk, const unit *u, fso_kind k, slot *s, float *ptr)
 {
-    loc *l = fso_zero_locate(rk, u->b, k);
-    size_t bytes = sizeof(float) * u->n;
-    if (in_place(rk, l)) {
-        if (ptr != l->ptr + u->c0)
-            memcpy(l->ptr + u->c0, ptr, bytes);
-        return 0;
-    }
-    if (ptr != s->buf)
-        memcpy(s->buf, ptr, bytes);
-    if (l->tier == FSO_TIER_NVME) {
-        __atomic_fetch_add(&rk->opt_write_bytes, bytes, __ATOMIC_RELAXED);
-        return fso_zero_queue_io(rk, &rk->oe, s, true, s->buf, bytes,
-                                 l->off + sizeof(float) * u->c0);
-    }
-    rk->be->ops->copy_h2d(rk->be, l->ptr + u->c0, s->buf, bytes);
-    return rk->be->ops->sync(rk->be);
+    return fso_zero_xfer(rk, &rk->oe, &rk->opt_write_bytes, u->b, k, u->c0, u->n, s, true, true,
+                         &ptr);
 }
 
 static int set_wait(rank_state *rk, slot *set, int block)

@@ -1,0 +1,1033 @@
+/* planner.c — capacities, the pipelined step timeline and the placement
+ * search (planner.h). */
+#include "planner.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define PAGE 4096u
+#define JOIN FSO_N_STREAMS  /* a zero-length event on no stream: waits for its inputs */
+#define SIM_STEPS 3         /* the prediction is the last step's length */
+#define MAX_DEPS 6
+
+static const char *const tier_names[FSO_PT_N] = {"device", "host", "nvme"};
+static const char *const kind_names[FSO_PK_N] = {"parameters", "master weights", "AdamW m",
+                                                 "AdamW v", "gradients"};
+static const char *const stream_names[FSO_N_STREAMS] = {
+    "nvme-read", "h2d", "collectives", "compute", "d2h", "nvme-write", "optimizer"};
+
+const char *fso_plan_tier_name(int tier)
+{
+    return tier >= 0 && tier < FSO_PT_N ? tier_names[tier] : "?";
+}
+
+const char *fso_plan_kind_name(int kind)
+{
+    return kind >= 0 && kind < FSO_PK_N ? kind_names[kind] : "?";
+}
+
+const char *fso_stream_name(int stream)
+{
+    return stream >= 0 && stream < FSO_N_STREAMS ? stream_names[stream] : "?";
+}
+
+void fso_human_bytes(char *buf, size_t len, double bytes)
+{
+    const double k = 1024.0;
+    if (bytes >= k * k * k * k)
+        snprintf(buf, len, "%.2f TiB", bytes / (k * k * k * k));
+    else if (bytes >= k * k * k)
+        snprintf(buf, len, "%.2f GiB", bytes / (k * k * k));
+    else if (bytes >= k * k)
+        snprintf(buf, len, "%.1f MiB", bytes / (k * k));
+    else
+        snprintf(buf, len, "%.0f KiB", bytes / k);
+}
+
+void fso_plan_pins_none(fso_plan_pins *p)
+{
+    for (int k = 0; k < FSO_PK_N; k++)
+        p->tier[k] = -1;
+    p->prefetch = -1;
+}
+
+void fso_placement_uniform(fso_placement *pl, int n_blocks, int param_tier, int state_tier,
+                           int grad_tier, int prefetch)
+{
+    memset(pl, 0, sizeof *pl);
+    pl->n_blocks = n_blocks;
+    pl->prefetch = prefetch;
+    for (int b = 0; b < n_blocks && b < FSO_PLAN_MAX_BLOCKS; b++) {
+        pl->tier[FSO_PK_PARAM][b] = (uint8_t)param_tier;
+        pl->tier[FSO_PK_MASTER][b] = pl->tier[FSO_PK_M][b] = pl->tier[FSO_PK_V][b] =
+            (uint8_t)state_tier;
+        pl->tier[FSO_PK_GRAD][b] = (uint8_t)grad_tier;
+    }
+}
+
+/* ------------------------------------------------------------------ sizes */
+
+static uint64_t round_page(uint64_t b)
+{
+    return (b + PAGE - 1) / PAGE * PAGE;
+}
+
+static int kind_bytes_per_elem(const fso_plan_model *m, int k)
+{
+    return k == FSO_PK_PARAM ? m->param_bytes : k == FSO_PK_GRAD ? m->grad_bytes : m->state_bytes;
+}
+
+static uint64_t shard_elems(const fso_plan_input *in, int b)
+{
+    uint64_t w = (uint64_t)in->machine.devices;
+    return (in->model.block_elems[b] + w - 1) / w;
+}
+
+/* Bytes of one shard of kind k of block b (what zero.c allocates per shard). */
+static uint64_t shard_bytes(const fso_plan_input *in, int b, int k)
+{
+    return round_page(shard_elems(in, b) * (uint64_t)kind_bytes_per_elem(&in->model, k));
+}
+
+static bool aliased(const fso_plan_input *in, const fso_placement *pl, int b)
+{
+    return in->machine.devices == 1 && pl->tier[FSO_PK_PARAM][b] == FSO_PT_DEVICE;
+}
+
+static bool any_param_on(const fso_placement *pl, int tier)
+{
+    for (int b = 0; b < pl->n_blocks; b++)
+        if (pl->tier[FSO_PK_PARAM][b] == tier)
+            return true;
+    return false;
+}
+
+static bool needs_window(const fso_plan_input *in, const fso_placement *pl)
+{
+    for (int b = 0; b < pl->n_blocks; b++)
+        if (!aliased(in, pl, b))
+            return true;
+    return false;
+}
+
+static uint64_t max_block_elems(const fso_plan_model *m)
+{
+    uint64_t x = 0;
+    for (int b = 0; b < m->n_blocks; b++)
+        if (m->block_elems[b] > x)
+            x = m->block_elems[b];
+    return x;
+}
+
+/* Fills the memory fields of out; returns true when everything fits. */
+static bool size_placement(const fso_plan_input *in, const fso_placement *pl, fso_plan *out)
+{
+    const fso_plan_model *m = &in->model;
+    const fso_plan_machine *mc = &in->machine;
+    const uint64_t W = (uint64_t)mc->devices;
+    memset(out->kind_bytes, 0, sizeof out->kind_bytes);
+    for (int b = 0; b < m->n_blocks; b++)
+        for (int k = 0; k < FSO_PK_N; k++) {
+            int t = pl->tier[k][b];
+            uint64_t bytes = shard_bytes(in, b, k);
+            out->kind_bytes[t][k] += t == FSO_PT_DEVICE ? bytes : bytes * W;
+        }
+    const uint64_t maxe = max_block_elems(m);
+    const uint64_t max_shard = (maxe + W - 1) / W;
+    uint64_t window = needs_window(in, pl)
+                          ? (uint64_t)in->engine.gather_buffers * round_page(maxe * m->param_bytes)
+                          : 0;
+    uint64_t gradbufs = 2 * round_page(maxe * (uint64_t)m->grad_bytes);
+    out->activation_bytes = m->activation_bytes;
+    out->buffer_bytes[FSO_PT_DEVICE] = window + gradbufs + in->engine.device_reserve_bytes;
+    uint64_t ring = any_param_on(pl, FSO_PT_NVME)
+                        ? (uint64_t)(pl->prefetch + 2) * round_page(max_shard * m->param_bytes)
+                        : 0;
+    uint64_t stage = (uint64_t)in->engine.stage_slots * round_page(max_shard * m->state_bytes);
+    out->buffer_bytes[FSO_PT_HOST] = (ring + stage) * W;
+    out->buffer_bytes[FSO_PT_NVME] = 0;
+
+    out->have_bytes[FSO_PT_DEVICE] = mc->device_mem_bytes;
+    out->have_bytes[FSO_PT_HOST] = mc->host_mem_bytes;
+    out->have_bytes[FSO_PT_NVME] = mc->nvme_free_bytes;
+    out->short_tier = -1;
+    out->short_bytes = 0;
+    for (int t = 0; t < FSO_PT_N; t++) {
+        uint64_t need = out->buffer_bytes[t] + (t == FSO_PT_DEVICE ? m->activation_bytes : 0);
+        for (int k = 0; k < FSO_PK_N; k++)
+            need += out->kind_bytes[t][k];
+        out->need_bytes[t] = need;
+        if (need > out->have_bytes[t] && need - out->have_bytes[t] > out->short_bytes) {
+            out->short_bytes = need - out->have_bytes[t];
+            out->short_tier = t;
+        }
+    }
+    out->fits = out->short_tier < 0;
+    return out->fits;
+}
+
+/* ------------------------------------------------------------------ timeline */
+
+typedef struct ev {
+    double start, end;
+    int crit;          /* the event whose end decided the start, or -1 */
+    int stream;        /* fso_stream, or JOIN */
+} ev;
+
+typedef struct tl {
+    ev *e;
+    int n, cap;
+    int last[FSO_N_STREAMS]; /* last event queued on each physical stream */
+    bool shared;             /* CPU devices: everything but NVMe on one queue */
+    double floor;            /* nothing starts before (a barrier) */
+    int floor_ev;
+    int oom;
+} tl;
+
+static int phys(const tl *t, int s)
+{
+    if (s == JOIN)
+        return -1;
+    if (t->shared && s != FSO_STREAM_NVME_READ && s != FSO_STREAM_NVME_WRITE)
+        return FSO_STREAM_COMPUTE;
+    return s;
+}
+
+/* Queue an event of `dur` ms on `stream` after the events in deps (-1: none). */
+static int tl_add(tl *t, int stream, double dur, const int *deps, int ndeps)
+{
+    if (t->n == t->cap) {
+        int cap = t->cap ? 2 * t->cap : 1024;
+        ev *e = realloc(t->e, sizeof *e * (size_t)cap);
+        if (!e) {
+            t->oom = 1;
+            return -1;
+        }
+        t->e = e;
+        t->cap = cap;
+    }
+    double start = t->floor;
+    int crit = t->floor_ev;
+    int p = phys(t, stream);
+    if (p >= 0 && t->last[p] >= 0 && t->e[t->last[p]].end > start) {
+        start = t->e[t->last[p]].end;
+        crit = t->last[p];
+    }
+    for (int i = 0; i < ndeps; i++)
+        if (deps[i] >= 0 && t->e[deps[i]].end > start) {
+            start = t->e[deps[i]].end;
+            crit = deps[i];
+        }
+    ev *x = &t->e[t->n];
+    x->start = start;
+    x->end = start + (dur > 0 ? dur : 0);
+    x->crit = crit;
+    x->stream = stream;
+    if (p >= 0)
+        t->last[p] = t->n;
+    return t->n++;
+}
+
+#define ADD(t, stream, dur, ...)                                                          \
+    tl_add((t), (stream), (dur), (const int[]){__VA_ARGS__},                               \
+           (int)(sizeof((const int[]){__VA_ARGS__}) / sizeof(int)))
+
+static double ms_for(double bytes, double gbps)
+{
+    return gbps > 0 ? bytes / (gbps * 1e6) : (bytes > 0 ? INFINITY : 0);
+}
+
+/* What a step needs to remember of the previous one. */
+typedef struct carry {
+    int *upd;        /* (n_blocks) block b's parameters are updated (at their tier) */
+    int *gread;      /* (n_blocks) the optimizer has read block b's gradients */
+    int *wr;         /* (n_blocks) the optimizer's writes of block b are done */
+    bool *opt_done;  /* (n_blocks) the previous step's update of b is laid out */
+} carry;
+
+typedef struct sim {
+    const fso_plan_input *in;
+    const fso_placement *pl;
+    tl t;
+    carry c;
+    int *grad_done;  /* (n_blocks) last micro-batch: block b's gradients are on their tier */
+    int *anchor;     /* (n_visits) where the device took visit k's parameters */
+    int *comp;       /* (n_visits) compute of visit k */
+    int last_opt;    /* the last optimizer event laid out */
+    int nb;
+} sim;
+
+static double per_rank(double gbps, int W)
+{
+    return gbps / (double)W;
+}
+
+/* One block's update: reads, AdamW, writes. */
+static void lay_optimizer(sim *s, int b, int trigger)
+{
+    const fso_plan_input *in = s->in;
+    const fso_plan_machine *mc = &in->machine;
+    const fso_plan_model *m = &in->model;
+    const fso_placement *pl = s->pl;
+    const int W = mc->devices;
+    tl *t = &s->t;
+    const double S = (double)shard_elems(in, b);
+    bool on_device = !mc->cpu_devices && mc->device_adam_gelems > 0;
+    for (int k = FSO_PK_MASTER; k < FSO_PK_N; k++)
+        if (pl->tier[k][b] != FSO_PT_DEVICE)
+            on_device = false;
+    int prev2 = b >= 2 ? s->c.wr[b - 2] : -1; /* two buffer sets */
+
+    if (on_device) {
+        int a = ADD(t, FSO_STREAM_COMPUTE, S / (mc->device_adam_gelems * 1e6), trigger);
+        s->c.upd[b] = s->c.gread[b] = s->c.wr[b] = a;
+        if (pl->tier[FSO_PK_PARAM][b] != FSO_PT_DEVICE) { /* new working copy to its tier */
+            double pb = S * m->param_bytes;
+            int d = ADD(t, FSO_STREAM_D2H, ms_for(pb, mc->d2h_gbps), a);
+            if (pl->tier[FSO_PK_PARAM][b] == FSO_PT_NVME)
+                d = ADD(t, FSO_STREAM_NVME_WRITE, ms_for(pb, per_rank(mc->nvme_write_gbps, W)), d);
+            s->c.upd[b] = s->c.wr[b] = d;
+        }
+        s->last_opt = s->c.wr[b];
+        return;
+    }
+    double rd_nvme = 0, rd_dev = 0, wr_nvme = 0, wr_dev = 0;
+    for (int k = FSO_PK_MASTER; k < FSO_PK_N; k++) {
+        double bytes = S * kind_bytes_per_elem(m, k);
+        if (pl->tier[k][b] == FSO_PT_NVME)
+            rd_nvme += bytes;
+        else if (pl->tier[k][b] == FSO_PT_DEVICE && !mc->cpu_devices)
+            rd_dev += bytes;
+    }
+    for (int k = FSO_PK_PARAM; k < FSO_PK_GRAD; k++) {
+        double bytes = S * kind_bytes_per_elem(m, k);
+        if (pl->tier[k][b] == FSO_PT_NVME)
+            wr_nvme += bytes;
+        else if (pl->tier[k][b] == FSO_PT_DEVICE && !mc->cpu_devices)
+            wr_dev += bytes;
+    }
+    int r1 = -1, r2 = -1;
+    if (rd_nvme > 0)
+        r1 = ADD(t, FSO_STREAM_NVME_READ, ms_for(rd_nvme, per_rank(mc->nvme_read_gbps, W)),
+                 trigger, prev2);
+    if (rd_dev > 0)
+        r2 = ADD(t, FSO_STREAM_D2H, ms_for(rd_dev, mc->d2h_gbps), trigger, prev2);
+    int a = ADD(t, FSO_STREAM_OPTIM, S / (per_rank(mc->adam_gelems, W) * 1e6), trigger, r1, r2,
+                prev2);
+    s->c.gread[b] = a;
+    int w1 = -1, w2 = -1;
+    if (wr_nvme > 0)
+        w1 = ADD(t, FSO_STREAM_NVME_WRITE, ms_for(wr_nvme, per_rank(mc->nvme_write_gbps, W)), a);
+    if (wr_dev > 0)
+        w2 = ADD(t, FSO_STREAM_H2D, ms_for(wr_dev, mc->h2d_gbps), a);
+    int pt = pl->tier[FSO_PK_PARAM][b];
+    s->c.upd[b] = pt == FSO_PT_NVME ? w1 : (pt == FSO_PT_DEVICE && w2 >= 0) ? w2 : a;
+    s->c.wr[b] = (w1 >= 0 || w2 >= 0) ? ADD(t, JOIN, 0, w1, w2, a) : a;
+    s->last_opt = s->c.wr[b];
+}
+
+/* Lay out the previous step's updates of blocks up to b (forward overlap). */
+static void catch_up_optimizer(sim *s, int upto, int trigger)
+{
+    for (int b = 0; b <= upto && b < s->nb; b++)
+        if (!s->c.opt_done[b]) {
+            lay_optimizer(s, b, trigger);
+            s->c.opt_done[b] = true;
+        }
+}
+
+/* One step; returns the event at which the global norm is known. */
+static int lay_step(sim *s, int step, int *prev_norm)
+{
+    const fso_plan_input *in = s->in;
+    const fso_plan_machine *mc = &in->machine;
+    const fso_plan_model *m = &in->model;
+    const fso_plan_engine *en = &in->engine;
+    const fso_placement *pl = s->pl;
+    const int W = mc->devices, G = en->gather_buffers > 0 ? en->gather_buffers : 2;
+    const double nvr = per_rank(mc->nvme_read_gbps, W), nvw = per_rank(mc->nvme_write_gbps, W);
+    tl *t = &s->t;
+    const int V = m->n_visits;
+    int last_comp = s->t.last[FSO_STREAM_COMPUTE];
+    int sync_wait = -1;
+
+    for (int a = 0; a < m->grad_accum; a++) {
+        int micro_start = t->last[phys(t, FSO_STREAM_COMPUTE)];
+        int pv = 0; /* parameter visits so far in this micro-batch */
+        int *pvis = s->anchor; /* anchor per parameter visit */
+        for (int k = 0; k < V; k++) {
+            const fso_plan_visit *v = &m->visits[k];
+            const int b = v->block;
+            const double S = (double)shard_elems(in, b), F = (double)m->block_elems[b];
+            const bool last_micro = a == m->grad_accum - 1;
+            int upd = -1;
+            if (step > 0 && a == 0) {
+                if (en->overlap == FSO_PLAN_OVERLAP_FORWARD && !s->c.opt_done[b])
+                    catch_up_optimizer(s, b, *prev_norm);
+                upd = s->c.upd[b];
+            }
+            int H = -1, R = -1, Gt = -1, C;
+            if (v->params) {
+                const int pt = pl->tier[FSO_PK_PARAM][b];
+                const bool wc = pl->whole_copy[b] && W > 1 && pt != FSO_PT_DEVICE;
+                int gfree = pv >= G ? s->comp[pvis[pv - G]] : -1;
+                if (!aliased(in, pl, b)) {
+                    if (pt == FSO_PT_NVME) {
+                        int issue = pv - pl->prefetch - 1 >= 0 ? pvis[pv - pl->prefetch - 1]
+                                                                : micro_start;
+                        R = ADD(t, FSO_STREAM_NVME_READ, ms_for(S * m->param_bytes, nvr), issue,
+                                upd);
+                    }
+                    if (pt != FSO_PT_DEVICE || mc->cpu_devices) {
+                        double bytes = (wc ? F : S) * m->param_bytes;
+                        H = ADD(t, FSO_STREAM_H2D, ms_for(bytes, mc->h2d_gbps), R, gfree, upd);
+                    }
+                    if (W > 1 && !wc)
+                        Gt = ADD(t, FSO_STREAM_COLL,
+                                 ms_for(F * m->param_bytes * (W - 1) / W, mc->coll_gbps), H,
+                                 gfree, upd);
+                }
+                C = ADD(t, FSO_STREAM_COMPUTE, v->flops / (mc->device_gflops * 1e6), Gt, H, R,
+                        upd, sync_wait);
+                pvis[pv] = H >= 0 ? H : Gt >= 0 ? Gt : C;
+                s->comp[pvis[pv]] = C; /* indexed by anchor: see below */
+                pv++;
+            } else {
+                C = ADD(t, FSO_STREAM_COMPUTE, v->flops / (mc->device_gflops * 1e6), sync_wait,
+                        upd);
+            }
+            last_comp = C;
+            sync_wait = -1;
+            if (!v->grads)
+                continue;
+            const int gt = pl->tier[FSO_PK_GRAD][b];
+            const double gb = S * m->grad_bytes;
+            int land = C;
+            if (W > 1)
+                land = ADD(t, FSO_STREAM_COLL, ms_for(F * m->grad_bytes * (W - 1) / W,
+                                                      mc->coll_gbps), C);
+            int prev_read = step > 0 && a == 0 ? s->c.gread[b] : -1;
+            if (gt == FSO_PT_DEVICE) {
+                if (mc->cpu_devices)
+                    land = ADD(t, FSO_STREAM_COMPUTE,
+                               ms_for(a == 0 ? gb : 3 * gb, mc->host_copy_gbps), land, prev_read);
+                else
+                    land = ADD(t, JOIN, 0, land, prev_read);
+            } else {
+                land = ADD(t, FSO_STREAM_D2H, ms_for(gb, mc->d2h_gbps), land, prev_read);
+                if (a > 0) {
+                    int old = -1;
+                    if (gt == FSO_PT_NVME)
+                        old = ADD(t, FSO_STREAM_NVME_READ, ms_for(gb, nvr), land);
+                    land = ADD(t, FSO_STREAM_OPTIM, ms_for(3 * gb, mc->host_copy_gbps), land, old);
+                }
+                if (gt == FSO_PT_NVME)
+                    land = ADD(t, FSO_STREAM_NVME_WRITE, ms_for(gb, nvw), land);
+                if (en->sync_grad_writes)
+                    sync_wait = land;
+            }
+            if (last_micro) {
+                s->grad_done[b] = land;
+                if (en->overlap == FSO_PLAN_OVERLAP_BACKWARD) {
+                    lay_optimizer(s, b, land);
+                    s->c.opt_done[b] = true;
+                }
+            }
+        }
+        (void)last_comp;
+    }
+
+    /* the global norm */
+    int norm = ADD(t, JOIN, 0, t->last[phys(t, FSO_STREAM_COMPUTE)], sync_wait);
+    bool nvme_grads = false;
+    for (int b = 0; b < s->nb; b++)
+        if (pl->tier[FSO_PK_GRAD][b] == FSO_PT_NVME)
+            nvme_grads = true;
+    for (int b = 0; b < s->nb; b++) {
+        const double gb = (double)shard_elems(in, b) * m->grad_bytes;
+        int d = ADD(t, JOIN, 0, s->grad_done[b], norm);
+        if (en->norm_pass && nvme_grads && pl->tier[FSO_PK_GRAD][b] == FSO_PT_NVME) {
+            int r = ADD(t, FSO_STREAM_NVME_READ, ms_for(gb, nvr), d);
+            d = ADD(t, FSO_STREAM_COMPUTE, 0, r);
+        } else if (mc->cpu_devices) {
+            d = ADD(t, FSO_STREAM_COMPUTE, ms_for(gb, mc->host_copy_gbps), d);
+        }
+        norm = ADD(t, JOIN, 0, norm, d);
+    }
+    if (W > 1)
+        norm = ADD(t, FSO_STREAM_COLL, 0, norm);
+    *prev_norm = norm;
+
+    /* the optimizer */
+    if (en->overlap == FSO_PLAN_OVERLAP_BACKWARD) {
+        /* laid out during backward; the next step waits for nothing more */
+    } else {
+        for (int b = 0; b < s->nb; b++)
+            s->c.opt_done[b] = false;
+        if (en->overlap == FSO_PLAN_OVERLAP_NONE) {
+            catch_up_optimizer(s, s->nb - 1, norm);
+            int bar = ADD(t, JOIN, 0, s->last_opt, norm);
+            for (int b = 0; b < s->nb; b++)
+                bar = ADD(t, JOIN, 0, bar, s->c.wr[b]);
+            t->floor = t->e[bar].end;
+            t->floor_ev = bar;
+        }
+    }
+    return norm;
+}
+
+/* Critical path of the window (from, to]: time by stream. */
+static void attribute(const tl *t, int last, double from, double *crit_ms)
+{
+    for (int i = last; i >= 0; i = t->e[i].crit) {
+        const ev *x = &t->e[i];
+        if (x->end <= from)
+            break;
+        double s = x->start > from ? x->start : from;
+        if (x->stream != JOIN)
+            crit_ms[x->stream] += x->end - s;
+    }
+}
+
+static int simulate(const fso_plan_input *in, const fso_placement *pl, fso_plan *out)
+{
+    const int nb = in->model.n_blocks, V = in->model.n_visits;
+    sim s = {.in = in, .pl = pl, .nb = nb, .last_opt = -1};
+    int rc = 0;
+    s.t.shared = in->machine.cpu_devices;
+    s.t.floor_ev = -1;
+    for (int i = 0; i < FSO_N_STREAMS; i++)
+        s.t.last[i] = -1;
+    s.c.upd = malloc(sizeof(int) * (size_t)nb);
+    s.c.gread = malloc(sizeof(int) * (size_t)nb);
+    s.c.wr = malloc(sizeof(int) * (size_t)nb);
+    s.c.opt_done = calloc((size_t)nb, sizeof(bool));
+    s.grad_done = malloc(sizeof(int) * (size_t)nb);
+    s.anchor = malloc(sizeof(int) * (size_t)(V + 1));
+    s.comp = NULL;
+    if (!s.c.upd || !s.c.gread || !s.c.wr || !s.c.opt_done || !s.grad_done || !s.anchor) {
+        rc = -ENOMEM;
+        goto out;
+    }
+    for (int b = 0; b < nb; b++)
+        s.c.upd[b] = s.c.gread[b] = s.c.wr[b] = s.grad_done[b] = -1;
+
+    int norm[SIM_STEPS], prev_norm = -1;
+    for (int st = 0; st < SIM_STEPS && rc == 0; st++) {
+        /* compute events by anchor index: sized to the events so far plus this step's */
+        free(s.comp);
+        s.comp = NULL;
+        norm[st] = -1;
+        /* Generous bound on the events one step adds. */
+        size_t bound = (size_t)s.t.n + (size_t)in->model.grad_accum * (size_t)V * 12 +
+                       (size_t)nb * 16 + 64;
+        s.comp = malloc(sizeof(int) * bound);
+        if (!s.comp) {
+            rc = -ENOMEM;
+            break;
+        }
+        norm[st] = lay_step(&s, st, &prev_norm);
+        if (s.t.oom)
+            rc = -ENOMEM;
+    }
+    if (rc == 0) {
+        /* updates of the last step still to lay out (forward overlap): not in the window */
+        double from = s.t.e[norm[SIM_STEPS - 2]].end, to = s.t.e[norm[SIM_STEPS - 1]].end;
+        out->step_ms = to - from;
+        memset(out->busy_ms, 0, sizeof out->busy_ms);
+        memset(out->critical_ms, 0, sizeof out->critical_ms);
+        for (int i = 0; i < s.t.n; i++) {
+            const ev *x = &s.t.e[i];
+            if (x->stream == JOIN || x->end <= from || x->start >= to)
+                continue;
+            double a = x->start > from ? x->start : from, z = x->end < to ? x->end : to;
+            out->busy_ms[x->stream] += z - a;
+        }
+        attribute(&s.t, norm[SIM_STEPS - 1], from, out->critical_ms);
+        int best = FSO_STREAM_COMPUTE;
+        for (int i = 0; i < FSO_N_STREAMS; i++)
+            if (out->critical_ms[i] > out->critical_ms[best] + 1e-9)
+                best = i;
+        out->bottleneck = (fso_stream)best;
+        double dev_busy = out->busy_ms[FSO_STREAM_COMPUTE];
+        if (in->machine.cpu_devices)
+            dev_busy += out->busy_ms[FSO_STREAM_H2D] + out->busy_ms[FSO_STREAM_COLL] +
+                        out->busy_ms[FSO_STREAM_D2H] + out->busy_ms[FSO_STREAM_OPTIM];
+        out->stall_ms = out->step_ms > dev_busy ? out->step_ms - dev_busy : 0;
+        out->tokens_per_s = out->step_ms > 0 ? in->model.tokens_per_step * 1e3 / out->step_ms : 0;
+    }
+out:
+    free(s.t.e);
+    free(s.c.upd);
+    free(s.c.gread);
+    free(s.c.wr);
+    free(s.c.opt_done);
+    free(s.grad_done);
+    free(s.anchor);
+    free(s.comp);
+    return rc;
+}
+
+static int check_input(const fso_plan_input *in)
+{
+    const fso_plan_model *m = &in->model;
+    const fso_plan_machine *mc = &in->machine;
+    if (mc->devices < 1 || m->n_blocks < 1 || m->n_blocks > FSO_PLAN_MAX_BLOCKS ||
+        m->n_visits < 1 || !m->block_elems || !m->visits || m->grad_accum < 1 ||
+        m->param_bytes < 1 || m->grad_bytes < 1 || m->state_bytes < 1 || mc->device_gflops <= 0 ||
+        mc->adam_gelems <= 0)
+        return -EINVAL;
+    for (int k = 0; k < m->n_visits; k++)
+        if (m->visits[k].block < 0 || m->visits[k].block >= m->n_blocks)
+            return -EINVAL;
+    return 0;
+}
+
+int fso_plan_evaluate(const fso_plan_input *in, const fso_placement *pl, fso_plan *out)
+{
+    int rc = check_input(in);
+    if (rc < 0)
+        return rc;
+    if (pl->n_blocks != in->model.n_blocks || pl->prefetch < 0 ||
+        pl->prefetch > FSO_PLAN_MAX_PREFETCH)
+        return -EINVAL;
+    memset(out, 0, sizeof *out);
+    out->pl = *pl;
+    out->machine = in->machine;
+    out->overlap = in->engine.overlap;
+    out->grad_accum = in->model.grad_accum;
+    out->tokens_per_step = in->model.tokens_per_step;
+    for (int b = 0; b < in->model.n_blocks; b++)
+        out->model_elems += in->model.block_elems[b];
+    bool fits = size_placement(in, pl, out);
+    if ((rc = simulate(in, pl, out)) < 0)
+        return rc;
+    out->evaluated = 1;
+    return fits ? 0 : -ENOSPC;
+}
+
+/* ------------------------------------------------------------------ search */
+
+typedef struct cand {
+    int pmode;          /* param tier for streamed blocks (or every block when !per_block) */
+    int resident;       /* parameter blocks kept on the device (per-block mode) */
+    int st[3];          /* master, m, v tiers */
+    int gt;             /* gradient tier */
+    bool wc;
+    int prefetch;
+    double ms;
+    int tiersum;
+} cand;
+
+/* Blocks in the order they are worth keeping on the device: those with the
+ * least compute to hide their copies behind first, then the rest spread
+ * evenly over the schedule so the stream gets slack at regular intervals. */
+static void residency_order(const fso_plan_input *in, int *order)
+{
+    const fso_plan_model *m = &in->model;
+    const int nb = m->n_blocks;
+    double *cost = calloc((size_t)nb, sizeof *cost);
+    int n = 0;
+    if (!cost) {
+        for (int b = 0; b < nb; b++)
+            order[b] = b;
+        return;
+    }
+    for (int k = 0; k < m->n_visits; k++)
+        cost[m->visits[k].block] += m->visits[k].flops;
+    /* flops per parameter byte; the median marks "ordinary" blocks */
+    double *ratio = malloc(sizeof(double) * (size_t)nb);
+    bool *taken = calloc((size_t)nb, sizeof(bool));
+    if (!ratio || !taken) {
+        free(cost);
+        free(ratio);
+        free(taken);
+        for (int b = 0; b < nb; b++)
+            order[b] = b;
+        return;
+    }
+    double med = 0;
+    for (int b = 0; b < nb; b++)
+        ratio[b] = cost[b] / ((double)m->block_elems[b] + 1);
+    {
+        double *tmp = malloc(sizeof(double) * (size_t)nb);
+        if (tmp) {
+            memcpy(tmp, ratio, sizeof(double) * (size_t)nb);
+            for (int i = 1; i < nb; i++) /* insertion sort: n is small */
+                for (int j = i; j > 0 && tmp[j - 1] > tmp[j]; j--) {
+                    double x = tmp[j];
+                    tmp[j] = tmp[j - 1];
+                    tmp[j - 1] = x;
+                }
+            med = tmp[nb / 2];
+            free(tmp);
+        }
+    }
+    /* first: blocks well below the median, lowest ratio first */
+    for (;;) {
+        int pick = -1;
+        for (int b = 0; b < nb; b++)
+            if (!taken[b] && ratio[b] < 0.5 * med && (pick < 0 || ratio[b] < ratio[pick]))
+                pick = b;
+        if (pick < 0)
+            break;
+        taken[pick] = true;
+        order[n++] = pick;
+    }
+    /* then the ordinary ones, spread: bit-reversed positions among them */
+    int m2 = 0, rest[FSO_PLAN_MAX_BLOCKS];
+    for (int b = 0; b < nb; b++)
+        if (!taken[b] && ratio[b] <= 2 * med)
+            rest[m2++] = b;
+    int bits = 0;
+    while ((1 << bits) < m2)
+        bits++;
+    for (int i = 0; i < (1 << bits); i++) {
+        int r = 0;
+        for (int j = 0; j < bits; j++)
+            if (i & (1 << j))
+                r |= 1 << (bits - 1 - j);
+        if (r < m2) {
+            taken[rest[r]] = true;
+            order[n++] = rest[r];
+        }
+    }
+    /* last: compute-heavy blocks, whose copies hide best */
+    for (int b = 0; b < nb; b++)
+        if (!taken[b])
+            order[n++] = b;
+    free(cost);
+    free(ratio);
+    free(taken);
+}
+
+static void build_placement(const fso_plan_input *in, const cand *c, const int *order,
+                            fso_placement *pl)
+{
+    const int nb = in->model.n_blocks;
+    fso_placement_uniform(pl, nb, c->pmode, c->st[0], c->gt, c->prefetch);
+    for (int b = 0; b < nb; b++) {
+        pl->tier[FSO_PK_M][b] = (uint8_t)c->st[1];
+        pl->tier[FSO_PK_V][b] = (uint8_t)c->st[2];
+        pl->whole_copy[b] = c->wc;
+    }
+    for (int i = 0; i < c->resident && i < nb; i++)
+        pl->tier[FSO_PK_PARAM][order[i]] = FSO_PT_DEVICE;
+}
+
+static bool tier_ok(const fso_plan_input *in, int t)
+{
+    return t != FSO_PT_NVME || in->machine.nvme_free_bytes > 0;
+}
+
+static bool pin_ok(const fso_plan_input *in, int k, int t)
+{
+    return in->pins.tier[k] < 0 || in->pins.tier[k] == t;
+}
+
+/* The most parameter blocks (in residency order) that fit on the device
+ * next to everything else. */
+static int max_resident(const fso_plan_input *in, cand *c, const int *order, fso_plan *tmp)
+{
+    const int nb = in->model.n_blocks;
+    cand x = *c;
+    x.resident = 0;
+    fso_placement pl;
+    build_placement(in, &x, order, &pl);
+    size_placement(in, &pl, tmp);
+    int64_t room = (int64_t)tmp->have_bytes[FSO_PT_DEVICE] - (int64_t)tmp->need_bytes[FSO_PT_DEVICE];
+    int r = 0;
+    while (r < nb) {
+        int64_t add = (int64_t)shard_bytes(in, order[r], FSO_PK_PARAM);
+        if (add > room)
+            break;
+        room -= add;
+        r++;
+    }
+    if (r == nb && in->machine.devices == 1) /* every block aliased: no gather window */
+        return r;
+    return r;
+}
+
+int fso_plan_choose(const fso_plan_input *in, fso_plan *out)
+{
+    int rc = check_input(in);
+    if (rc < 0)
+        return rc;
+    const fso_plan_engine *en = &in->engine;
+    const int nb = in->model.n_blocks, W = in->machine.devices;
+    int *order = malloc(sizeof(int) * (size_t)nb);
+    fso_plan *tmp = malloc(sizeof *tmp);
+    fso_placement *pl = malloc(sizeof *pl);
+    size_t ncand = 0, capc = 256;
+    cand *cands = malloc(sizeof(cand) * capc);
+    cand closest = {0};
+    uint64_t closest_short = UINT64_MAX;
+    int evaluated = 0;
+    if (!order || !tmp || !pl || !cands) {
+        rc = -ENOMEM;
+        goto out;
+    }
+    residency_order(in, order);
+
+    int max_pf = en->max_prefetch < FSO_PLAN_MAX_PREFETCH ? en->max_prefetch : FSO_PLAN_MAX_PREFETCH;
+    if (max_pf > 8)
+        max_pf = 8; /* deeper rarely pays; a pin may still ask for more */
+    int def_pf = in->pins.prefetch >= 0 ? in->pins.prefetch : 2 <= max_pf ? 2 : max_pf;
+
+    for (int pm = 0; pm < FSO_PT_N; pm++) {
+        if (!tier_ok(in, pm) || !pin_ok(in, FSO_PK_PARAM, pm))
+            continue;
+        /* per-block mode: pm is the tier of streamed blocks; device = all resident */
+        for (int s0 = 0; s0 < FSO_PT_N; s0++)
+            for (int s1 = en->per_kind_tiers ? s0 : s0; s1 < FSO_PT_N; s1++)
+                for (int s2 = en->per_kind_tiers ? s1 : s0; s2 < FSO_PT_N; s2++)
+                    for (int g = 0; g < FSO_PT_N; g++) {
+                        if (!en->per_kind_tiers && (s1 != s0 || s2 != s0 || g != s0))
+                            continue;
+                        int st[3] = {s0, s1, s2};
+                        bool ok = tier_ok(in, g) && pin_ok(in, FSO_PK_GRAD, g);
+                        for (int i = 0; i < 3; i++)
+                            ok = ok && tier_ok(in, st[i]) && pin_ok(in, FSO_PK_MASTER + i, st[i]);
+                        if (!ok)
+                            continue;
+                        for (int wc = 0; wc < 2; wc++) {
+                            if (wc && (!en->whole_copy || W == 1 || pm == FSO_PT_DEVICE))
+                                continue;
+                            bool nvme_params = pm == FSO_PT_NVME;
+                            int pf_lo = in->pins.prefetch >= 0 || !nvme_params ? def_pf : 0;
+                            int pf_hi = in->pins.prefetch >= 0 || !nvme_params ? def_pf : max_pf;
+                            for (int pf = pf_lo; pf <= pf_hi; pf++) {
+                                cand c = {.pmode = pm, .st = {s0, s1, s2}, .gt = g, .wc = wc != 0,
+                                          .prefetch = pf};
+                                c.tiersum = pm + s0 + s1 + s2 + g;
+                                if (pm == FSO_PT_DEVICE)
+                                    c.resident = nb;
+                                else if (en->per_block_tiers && in->pins.tier[FSO_PK_PARAM] < 0)
+                                    c.resident = max_resident(in, &c, order, tmp);
+                                build_placement(in, &c, order, pl);
+                                if (!size_placement(in, pl, tmp)) {
+                                    if (tmp->short_bytes < closest_short) {
+                                        closest_short = tmp->short_bytes;
+                                        closest = c;
+                                    }
+                                    continue;
+                                }
+                                if ((rc = simulate(in, pl, tmp)) < 0)
+                                    goto out;
+                                evaluated++;
+                                c.ms = tmp->step_ms;
+                                if (ncand == capc) {
+                                    cand *n2 = realloc(cands, sizeof(cand) * capc * 2);
+                                    if (!n2) {
+                                        rc = -ENOMEM;
+                                        goto out;
+                                    }
+                                    cands = n2;
+                                    capc *= 2;
+                                }
+                                cands[ncand++] = c;
+                            }
+                        }
+                    }
+    }
+    if (ncand == 0) {
+        if (closest_short == UINT64_MAX) { /* nothing even considered: pins exclude all */
+            fso_placement_uniform(pl, nb, in->pins.tier[FSO_PK_PARAM] >= 0
+                                              ? in->pins.tier[FSO_PK_PARAM] : FSO_PT_HOST,
+                                  FSO_PT_HOST, FSO_PT_HOST, def_pf);
+        } else {
+            build_placement(in, &closest, order, pl);
+        }
+        rc = fso_plan_evaluate(in, pl, out);
+        if (rc == 0) /* cannot happen: it did not fit above */
+            rc = -ENOSPC;
+        out->evaluated = evaluated;
+        goto out;
+    }
+    double best = INFINITY;
+    for (size_t i = 0; i < ncand; i++)
+        if (cands[i].ms < best)
+            best = cands[i].ms;
+    size_t pick = 0;
+    bool have = false;
+    for (size_t i = 0; i < ncand; i++) {
+        const cand *c = &cands[i];
+        if (c->ms > best * 1.01 + 1e-9)
+            continue;
+        if (!have) {
+            pick = i;
+            have = true;
+            continue;
+        }
+        const cand *p = &cands[pick];
+        /* shallower prefetch, then higher tiers, then faster */
+        if (c->prefetch < p->prefetch ||
+            (c->prefetch == p->prefetch &&
+             (c->tiersum < p->tiersum || (c->tiersum == p->tiersum && c->ms < p->ms))))
+            pick = i;
+    }
+    build_placement(in, &cands[pick], order, pl);
+    rc = fso_plan_evaluate(in, pl, out);
+    out->evaluated = evaluated;
+out:
+    free(order);
+    free(tmp);
+    free(pl);
+    free(cands);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ re-planning */
+
+int fso_plan_replan(const fso_plan_input *in, const fso_plan *cur, const fso_plan_measured *meas,
+                    fso_plan *out, fso_plan_machine *corrected, char *msg, size_t msglen)
+{
+    if (!meas || meas->step_ms <= 0 || cur->step_ms <= 0)
+        return -EINVAL;
+    double ratio = meas->step_ms / cur->step_ms;
+    if (msglen)
+        msg[0] = 0;
+    if (fabs(ratio - 1.0) <= 0.20) {
+        *out = *cur;
+        if (corrected)
+            *corrected = in->machine;
+        return 0;
+    }
+    fso_plan_input x = *in;
+    fso_plan_machine *mc = &x.machine;
+    char what[256] = "";
+    size_t wl = 0;
+#define NOTE(...)                                                                          \
+    do {                                                                                   \
+        if (wl < sizeof what)                                                              \
+            wl += (size_t)snprintf(what + wl, sizeof what - wl, __VA_ARGS__);              \
+    } while (0)
+    if (meas->nvme_read_gbps > 0 && cur->busy_ms[FSO_STREAM_NVME_READ] > 0) {
+        NOTE("%sNVMe reads ran at %.2f GB/s (assumed %.2f)", wl ? "; " : "",
+             meas->nvme_read_gbps, mc->nvme_read_gbps);
+        mc->nvme_read_gbps = meas->nvme_read_gbps;
+    }
+    if (meas->nvme_write_gbps > 0 && cur->busy_ms[FSO_STREAM_NVME_WRITE] > 0) {
+        NOTE("%sNVMe writes ran at %.2f GB/s (assumed %.2f)", wl ? "; " : "",
+             meas->nvme_write_gbps, mc->nvme_write_gbps);
+        mc->nvme_write_gbps = meas->nvme_write_gbps;
+    }
+    if (meas->optimizer_ms > 0 && cur->busy_ms[FSO_STREAM_OPTIM] > 0) {
+        double f = cur->busy_ms[FSO_STREAM_OPTIM] / meas->optimizer_ms;
+        if (fabs(f - 1) > 0.1) {
+            NOTE("%sAdamW ran at %.2f Gelem/s (assumed %.2f)", wl ? "; " : "",
+                 mc->adam_gelems * f, mc->adam_gelems);
+            mc->adam_gelems *= f;
+        }
+    }
+    if (meas->compute_ms > 0 && cur->busy_ms[FSO_STREAM_COMPUTE] > 0) {
+        double f = cur->busy_ms[FSO_STREAM_COMPUTE] / meas->compute_ms;
+        if (fabs(f - 1) > 0.1) {
+            NOTE("%scompute ran at %.0f GFLOP/s (assumed %.0f)", wl ? "; " : "",
+                 mc->device_gflops * f, mc->device_gflops);
+            mc->device_gflops *= f;
+        }
+    }
+    /* What the named corrections do not explain: scale every rate alike. */
+    fso_plan *tmp = malloc(sizeof *tmp);
+    if (!tmp)
+        return -ENOMEM;
+    int rc = fso_plan_evaluate(&x, &cur->pl, tmp);
+    if (rc < 0 && rc != -ENOSPC) {
+        free(tmp);
+        return rc;
+    }
+    double rest = meas->step_ms / tmp->step_ms;
+    if (fabs(rest - 1) > 0.05) {
+        NOTE("%sthe rest ran %.2fx %s than assumed", wl ? "; " : "", rest > 1 ? rest : 1 / rest,
+             rest > 1 ? "slower" : "faster");
+        mc->nvme_read_gbps /= rest;
+        mc->nvme_write_gbps /= rest;
+        mc->h2d_gbps /= rest;
+        mc->d2h_gbps /= rest;
+        mc->coll_gbps /= rest;
+        mc->device_gflops /= rest;
+        mc->adam_gelems /= rest;
+        mc->device_adam_gelems /= rest;
+        mc->host_copy_gbps /= rest;
+    }
+#undef NOTE
+    free(tmp);
+    rc = fso_plan_choose(&x, out);
+    if (rc < 0 && rc != -ENOSPC)
+        return rc;
+    if (corrected)
+        *corrected = x.machine;
+    char was[256], now[256];
+    fso_plan_describe(cur, was, sizeof was);
+    fso_plan_describe(out, now, sizeof now);
+    snprintf(msg, msglen,
+             "plan: measured %.0f ms/step, predicted %.0f ms (%+.0f%%): %s; re-planned: %s%s, "
+             "predicted %.0f ms/step",
+             meas->step_ms, cur->step_ms, (ratio - 1) * 100, what[0] ? what : "rates corrected",
+             strcmp(was, now) == 0 ? "placement unchanged: " : "", now, out->step_ms);
+    return 1;
+}
+
+/* ------------------------------------------------------------------ description */
+
+int fso_plan_main_tier(const fso_plan *p, int kind)
+{
+    int count[FSO_PT_N] = {0}, best = 0;
+    for (int b = 0; b < p->pl.n_blocks; b++)
+        count[p->pl.tier[kind][b]]++;
+    for (int t = 1; t < FSO_PT_N; t++)
+        if (count[t] > count[best])
+            best = t;
+    return best;
+}
+
+static size_t describe_kind(const fso_plan *p, int k, char *buf, size_t len)
+{
+    int count[FSO_PT_N] = {0};
+    size_t off = 0;
+    for (int b = 0; b < p->pl.n_blocks; b++)
+        count[p->pl.tier[k][b]]++;
+    int used = 0;
+    for (int t = 0; t < FSO_PT_N; t++)
+        if (count[t])
+            used++;
+    for (int t = 0; t < FSO_PT_N && off < len; t++) {
+        if (!count[t])
+            continue;
+        if (used == 1)
+            off += (size_t)snprintf(buf + off, len - off, "%s", tier_names[t]);
+        else
+            off += (size_t)snprintf(buf + off, len - off, "%s%s (%d of %d blocks)",
+                                    off ? " + " : "", tier_names[t], count[t], p->pl.n_blocks);
+    }
+    return off;
+}
+
+void fso_plan_describe(const fso_plan *p, char *buf, size_t len)
+{
+    char a[128], b[128], c[128], d[128], g[128];
+    describe_kind(p, FSO_PK_PARAM, a, sizeof a);
+    describe_kind(p, FSO_PK_MASTER, b, sizeof b);
+    describe_kind(p, FSO_PK_M, c, sizeof c);
+    describe_kind(p, FSO_PK_V, d, sizeof d);
+    describe_kind(p, FSO_PK_GRAD, g, sizeof g);
+    bool wc = false, nvme = false;
+    for (int i = 0; i < p->pl.n_blocks; i++) {
+        wc = wc || (p->pl.whole_copy[i] && p->pl.tier[FSO_PK_PARAM][i] != FSO_PT_DEVICE);
+        nvme = nvme || p->pl.tier[FSO_PK_PARAM][i] == FSO_PT_NVME;
+    }
+    char pf[48] = "";
+    if (nvme)
+        snprintf(pf, sizeof pf, "; prefetch %d", p->pl.prefetch);
+    const char *mv = p->machine.devices > 1 ? (wc ? "; whole-block copies" : "; gather") : "";
+    if (strcmp(b, c) == 0 && strcmp(c, d) == 0)
+        snprintf(buf, len, "parameters %s; master, m, v %s; gradients %s%s%s", a, b, g, pf, mv);
+    else
+        snprintf(buf, len, "parameters %s; master %s; m %s; v %s; gradients %s%s%s", a, b, c, d, g,
+                 pf, mv);
+}
