@@ -326,6 +326,12 @@ static float *src_grads(void *ctx, int b)
 
 /* Reduce-scatter the block's gradients and add this rank's part into its
  * gradient shard (the first micro-batch of a step overwrites it). */
+/* Reduce-scatter the block's gradients and add this rank's part into its
+ * gradient shard (the first micro-batch of a step overwrites it). After the
+ * step's last micro-batch the block's squared norm is taken from the values
+ * just produced (the same op over the same values on every tier, so the
+ * norm has the same bits wherever the gradients live), and with the
+ * backward schedule the block's update starts. */
 static void src_grads_done(void *ctx, int b)
 {
     rank_state *rk = ctx;
@@ -334,67 +340,47 @@ static void src_grads_done(void *ctx, int b)
     int g = rk->gradbuf_block[0] == b ? 0 : 1;
     size_t S = fso_zero_shard_elems(z, b);
     float *mine = rk->gradbuf[g] + (size_t)rk->rank * S;
+    const bool last = rk->micro == z->cfg->grad_accum - 1;
+    const float *final = NULL;
 
     z->coll->ops->reduce_scatter(z->coll, rk->rank, rk->gradbuf[g], mine, S);
     rk->gradbuf_block[g] = -1;
     if (rk->ce.rc)
         return;
     loc *l = fso_zero_locate(rk, b, FSO_KIND_GRAD);
+    slot *s = &rk->gslot;
     if (l->tier == FSO_TIER_DEVICE) {
         if (rk->micro == 0)
             be->ops->copy_h2d(be, l->ptr, mine, sizeof(float) * S);
         else
             be->ops->add(be, l->ptr, l->ptr, mine, S);
+        final = l->ptr;
+    } else { /* host or NVMe: through the host staging buffer */
+        if (rk->micro > 0) {
+            if (shard_fetch(rk, b, FSO_KIND_GRAD, s) < 0 ||
+                fso_zero_slot_wait(rk, &rk->ce, s, "gradients", b) < 0)
+                return;
+            float *tmp = rk->gtmp.buf;
+            be->ops->copy_d2h(be, tmp, mine, sizeof(float) * S);
+            be->ops->sync(be);
+            for (size_t i = 0; i < S; i++)
+                s->buf[i] += tmp[i];
+        } else {
+            be->ops->copy_d2h(be, s->buf, mine, sizeof(float) * S);
+            be->ops->sync(be);
+        }
+        final = s->buf;
+    }
+    if (last) { /* (the CPU backend reads host memory directly) */
+        rk->block_sq[b] = 0;
+        be->ops->sqnorm(be, &rk->block_sq[b], final, S);
+    }
+    if (l->tier != FSO_TIER_DEVICE && shard_store(rk, b, FSO_KIND_GRAD, s) == 0 &&
+        l->tier == FSO_TIER_NVME &&
+        fso_zero_slot_wait(rk, &rk->ce, s, "gradients", b) < 0)
         return;
-    }
-    /* host or NVMe: through the host staging buffer */
-    slot *s = &rk->gslot;
-    if (rk->micro > 0) {
-        if (shard_fetch(rk, b, FSO_KIND_GRAD, s) < 0 || fso_zero_slot_wait(rk, &rk->ce, s, "gradients", b) < 0)
-            return;
-        float *tmp = rk->gtmp.buf;
-        be->ops->copy_d2h(be, tmp, mine, sizeof(float) * S);
-        be->ops->sync(be);
-        for (size_t i = 0; i < S; i++)
-            s->buf[i] += tmp[i];
-    } else {
-        be->ops->copy_d2h(be, s->buf, mine, sizeof(float) * S);
-        be->ops->sync(be);
-    }
-    if (shard_store(rk, b, FSO_KIND_GRAD, s) == 0 && l->tier == FSO_TIER_NVME)
-        fso_zero_slot_wait(rk, &rk->ce, s, "gradients", b);
-}
 
-/* The gradient shard's squared norm (the same op over the same values on
- * every tier, so the norm has the same bits wherever the gradients live;
- * the CPU backend reads host memory directly). */
-static int grad_sqnorm(rank_state *rk, int b, double *out)
-{
-    loc *l = fso_zero_locate(rk, b, FSO_KIND_GRAD);
-    const float *p = l->ptr;
-    *out = 0;
-    if (l->tier == FSO_TIER_NVME) {
-        slot *s = &rk->gslot;
-        int rc = shard_fetch(rk, b, FSO_KIND_GRAD, s);
-        if (rc < 0 || (rc = fso_zero_slot_wait(rk, &rk->ce, s, "gradients", b)) < 0)
-            return rc;
-        p = s->buf;
-    }
-    rk->be->ops->sqnorm(rk->be, out, p, fso_zero_shard_elems(rk->z, b));
-    return 0;
-}
-
-/* grads_done, then, with the backward schedule on the last micro-batch: the
- * block's update starts now. */
-static void src_grads_done_sched(void *ctx, int b)
-{
-    rank_state *rk = ctx;
-    fso_zero *z = rk->z;
-    src_grads_done(ctx, b);
-    if (z->cfg->optimizer_overlap != FSO_OVERLAP_BACKWARD || rk->micro != z->cfg->grad_accum - 1 ||
-        rk->ce.rc)
-        return;
-    if (grad_sqnorm(rk, b, &rk->block_sq[b]) < 0)
+    if (z->cfg->optimizer_overlap != FSO_OVERLAP_BACKWARD || !last || rk->ce.rc)
         return;
     if (!isfinite(rk->block_sq[b])) {
         fso_zero_fail(&rk->ce, -ERANGE,
@@ -410,7 +396,7 @@ static void src_grads_done_sched(void *ctx, int b)
 static fso_block_source rank_source(rank_state *rk)
 {
     fso_block_source s = {.ctx = rk, .params = src_params, .release = src_release,
-                          .grads = src_grads, .grads_done = src_grads_done_sched};
+                          .grads = src_grads, .grads_done = src_grads_done};
     return s;
 }
 
@@ -479,7 +465,6 @@ static void *rank_step(void *arg)
     const size_t bt = (size_t)cfg->micro_batch * cfg->data.seq_len;
     fso_block_source src = rank_source(rk);
     float grad_scale = 1.0f / (float)(cfg->grad_accum * z->world);
-    const bool bwd = cfg->optimizer_overlap == FSO_OVERLAP_BACKWARD;
 
     memset(&rk->st, 0, sizeof rk->st);
     rk->loss_sum = 0;
@@ -495,11 +480,8 @@ static void *rank_step(void *arg)
     /* exact global norm and mean loss: one all-reduce (also carries
      * failures); block norms are added in block order on every schedule */
     double sq = 0;
-    for (int b = 0; b < z->n_blocks && rk->ce.rc == 0; b++) {
-        if (!bwd && grad_sqnorm(rk, b, &rk->block_sq[b]) < 0)
-            break;
+    for (int b = 0; b < z->n_blocks && rk->ce.rc == 0; b++)
         sq += rk->block_sq[b];
-    }
     double red[3] = {rk->loss_sum, sq, rk->ce.rc ? 1.0 : 0.0};
     z->coll->ops->all_reduce_f64(z->coll, rk->rank, red, 3);
     rk->st.loss = red[0] / (cfg->grad_accum * z->world);

@@ -254,8 +254,8 @@ typedef struct sim {
     tl t;
     carry c;
     int *grad_done;  /* (n_blocks) last micro-batch: block b's gradients are on their tier */
-    int *anchor;     /* (n_visits) where the device took visit k's parameters */
-    int *comp;       /* (n_visits) compute of visit k */
+    int *anchor;     /* (n_visits) where the device took the pv-th parameter visit's block */
+    int *comp;       /* (n_visits) compute of the pv-th parameter visit */
     int last_opt;    /* the last optimizer event laid out */
     int nb;
 } sim;
@@ -351,13 +351,11 @@ static int lay_step(sim *s, int step, int *prev_norm)
     const double nvr = per_rank(mc->nvme_read_gbps, W), nvw = per_rank(mc->nvme_write_gbps, W);
     tl *t = &s->t;
     const int V = m->n_visits;
-    int last_comp = s->t.last[FSO_STREAM_COMPUTE];
     int sync_wait = -1;
 
     for (int a = 0; a < m->grad_accum; a++) {
         int micro_start = t->last[phys(t, FSO_STREAM_COMPUTE)];
         int pv = 0; /* parameter visits so far in this micro-batch */
-        int *pvis = s->anchor; /* anchor per parameter visit */
         for (int k = 0; k < V; k++) {
             const fso_plan_visit *v = &m->visits[k];
             const int b = v->block;
@@ -373,10 +371,10 @@ static int lay_step(sim *s, int step, int *prev_norm)
             if (v->params) {
                 const int pt = pl->tier[FSO_PK_PARAM][b];
                 const bool wc = pl->whole_copy[b] && W > 1 && pt != FSO_PT_DEVICE;
-                int gfree = pv >= G ? s->comp[pvis[pv - G]] : -1;
+                int gfree = pv >= G ? s->comp[pv - G] : -1;
                 if (!aliased(in, pl, b)) {
                     if (pt == FSO_PT_NVME) {
-                        int issue = pv - pl->prefetch - 1 >= 0 ? pvis[pv - pl->prefetch - 1]
+                        int issue = pv - pl->prefetch - 1 >= 0 ? s->anchor[pv - pl->prefetch - 1]
                                                                 : micro_start;
                         R = ADD(t, FSO_STREAM_NVME_READ, ms_for(S * m->param_bytes, nvr), issue,
                                 upd);
@@ -392,14 +390,13 @@ static int lay_step(sim *s, int step, int *prev_norm)
                 }
                 C = ADD(t, FSO_STREAM_COMPUTE, v->flops / (mc->device_gflops * 1e6), Gt, H, R,
                         upd, sync_wait);
-                pvis[pv] = H >= 0 ? H : Gt >= 0 ? Gt : C;
-                s->comp[pvis[pv]] = C; /* indexed by anchor: see below */
+                s->anchor[pv] = H >= 0 ? H : Gt >= 0 ? Gt : C;
+                s->comp[pv] = C;
                 pv++;
             } else {
                 C = ADD(t, FSO_STREAM_COMPUTE, v->flops / (mc->device_gflops * 1e6), sync_wait,
                         upd);
             }
-            last_comp = C;
             sync_wait = -1;
             if (!v->grads)
                 continue;
@@ -409,6 +406,8 @@ static int lay_step(sim *s, int step, int *prev_norm)
             if (W > 1)
                 land = ADD(t, FSO_STREAM_COLL, ms_for(F * m->grad_bytes * (W - 1) / W,
                                                       mc->coll_gbps), C);
+            if (step > 0 && a == 0 && en->overlap == FSO_PLAN_OVERLAP_FORWARD && !s->c.opt_done[b])
+                catch_up_optimizer(s, b, *prev_norm);
             int prev_read = step > 0 && a == 0 ? s->c.gread[b] : -1;
             if (gt == FSO_PT_DEVICE) {
                 if (mc->cpu_devices)
@@ -437,7 +436,6 @@ static int lay_step(sim *s, int step, int *prev_norm)
                 }
             }
         }
-        (void)last_comp;
     }
 
     /* the global norm */
@@ -507,8 +505,9 @@ static int simulate(const fso_plan_input *in, const fso_placement *pl, fso_plan 
     s.c.opt_done = calloc((size_t)nb, sizeof(bool));
     s.grad_done = malloc(sizeof(int) * (size_t)nb);
     s.anchor = malloc(sizeof(int) * (size_t)(V + 1));
-    s.comp = NULL;
-    if (!s.c.upd || !s.c.gread || !s.c.wr || !s.c.opt_done || !s.grad_done || !s.anchor) {
+    s.comp = malloc(sizeof(int) * (size_t)(V + 1));
+    if (!s.c.upd || !s.c.gread || !s.c.wr || !s.c.opt_done || !s.grad_done || !s.anchor ||
+        !s.comp) {
         rc = -ENOMEM;
         goto out;
     }
@@ -517,18 +516,6 @@ static int simulate(const fso_plan_input *in, const fso_placement *pl, fso_plan 
 
     int norm[SIM_STEPS], prev_norm = -1;
     for (int st = 0; st < SIM_STEPS && rc == 0; st++) {
-        /* compute events by anchor index: sized to the events so far plus this step's */
-        free(s.comp);
-        s.comp = NULL;
-        norm[st] = -1;
-        /* Generous bound on the events one step adds. */
-        size_t bound = (size_t)s.t.n + (size_t)in->model.grad_accum * (size_t)V * 12 +
-                       (size_t)nb * 16 + 64;
-        s.comp = malloc(sizeof(int) * bound);
-        if (!s.comp) {
-            rc = -ENOMEM;
-            break;
-        }
         norm[st] = lay_step(&s, st, &prev_norm);
         if (s.t.oom)
             rc = -ENOMEM;
@@ -747,8 +734,6 @@ static int max_resident(const fso_plan_input *in, cand *c, const int *order, fso
         room -= add;
         r++;
     }
-    if (r == nb && in->machine.devices == 1) /* every block aliased: no gather window */
-        return r;
     return r;
 }
 

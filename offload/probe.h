@@ -1,0 +1,84 @@
+/* probe.h — short measurements of what this machine moves and computes per
+ * second, for the planner (DESIGN §6), and their cache.
+ *
+ * Each probe runs well under a second:
+ *   nvme        sequential write then read of a few MiB per folder through the
+ *               io_uring store (O_DIRECT where the filesystem allows), and of
+ *               all folders striped together
+ *   h2d, d2h    the backend's host-to-device and device-to-host copies (on
+ *               the CPU backend: memcpy on one thread)
+ *   host copy   memcpy on one thread (staging copies, accumulation)
+ *   collectives all-gather among threads (the CPU devices' collectives):
+ *               bus bandwidth as nccl-tests reports it
+ *   adam        the widest fused AdamW kernel over all cores
+ *   compute     sgemm of a transformer-block-like shape through the backend
+ *
+ * The results are cached in one JSON file, $XDG_CACHE_HOME/fsoff/probe.json
+ * (else ~/.cache/fsoff/probe.json), one entry per machine key: host name,
+ * CPU model and the NVMe folders. A later run with the same key reuses them.
+ */
+#ifndef FSO_PROBE_H
+#define FSO_PROBE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "store.h"
+
+typedef struct fso_probe_dir {
+    char path[1024];
+    double read_gbps, write_gbps;
+    uint64_t free_bytes;
+    bool direct;                 /* O_DIRECT held (false: buffered fallback, page cache) */
+} fso_probe_dir;
+
+typedef struct fso_probe {
+    char key[2048];              /* host|cpu model|folders */
+    int64_t when;                /* seconds since the epoch */
+    int threads;                 /* the cores the probes used */
+    uint64_t host_mem_bytes;     /* MemAvailable when probed */
+    int n_dirs;
+    fso_probe_dir dirs[FSO_STORE_MAX_DIRS];
+    double nvme_read_gbps, nvme_write_gbps; /* all folders striped; 0 with no folders */
+    uint64_t nvme_free_bytes;
+    double h2d_gbps, d2h_gbps;
+    double host_copy_gbps;
+    double coll_gbps;            /* all-gather bus bandwidth among `threads` threads */
+    double adam_gelems;          /* 1e9 elements/s, all threads */
+    double gflops;               /* sgemm, all threads */
+} fso_probe;
+
+typedef struct fso_probe_opts {
+    const char *dirs;            /* NVMe folders, comma-separated; NULL or "" for none */
+    int threads;                 /* 0: the CPUs this process may use */
+    uint64_t nvme_bytes;         /* per folder; 0: 32 MiB */
+    bool quiet;                  /* no progress line on stderr */
+} fso_probe_opts;
+
+/* The machine key for these folders. */
+void fso_probe_key(char *buf, size_t len, const char *dirs);
+
+/* The cache file's path ($XDG_CACHE_HOME/fsoff/probe.json, else
+ * $HOME/.cache/fsoff/probe.json). 0, or -ENOENT when neither is set. */
+int fso_probe_cache_path(char *buf, size_t len);
+
+/* Run every probe. 0, or negative errno with a message (a folder that cannot
+ * be written names the folder and the fix). */
+int fso_probe_run(fso_probe *p, const fso_probe_opts *opts, char *err, size_t errlen);
+
+/* The entry for `key` in the cache file at path: 0, -ENOENT when there is
+ * no file or no such entry, -EINVAL for a file that is not a probe cache
+ * (message in err). */
+int fso_probe_cache_load(const char *path, const char *key, fso_probe *p, char *err,
+                         size_t errlen);
+/* Add or replace p's entry (by key), creating the folder; written to a
+ * temporary file and renamed, so readers never see half a file. */
+int fso_probe_cache_save(const char *path, const fso_probe *p, char *err, size_t errlen);
+
+/* The cached entry for these folders, or a fresh probe (saved) when there is
+ * none or refresh is set. *probed tells which. */
+int fso_probe_get(fso_probe *p, const fso_probe_opts *opts, bool refresh, bool *probed,
+                  char *err, size_t errlen);
+
+#endif
