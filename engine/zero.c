@@ -371,9 +371,12 @@ static void src_grads_done(void *ctx, int b)
         }
         final = s->buf;
     }
-    if (last) { /* (the CPU backend reads host memory directly) */
+    if (last) {
         rk->block_sq[b] = 0;
-        be->ops->sqnorm(be, &rk->block_sq[b], final, S);
+        if (final == l->ptr && l->tier == FSO_TIER_DEVICE)
+            be->ops->sqnorm(be, &rk->block_sq[b], final, S);
+        else /* host values: the same chunked sum as the CPU backend's */
+            fso_host_sqnorm(fso_backend_pool(be), &rk->block_sq[b], final, S);
     }
     if (l->tier != FSO_TIER_DEVICE && shard_store(rk, b, FSO_KIND_GRAD, s) == 0 &&
         l->tier == FSO_TIER_NVME &&

@@ -120,6 +120,11 @@ void fso_backend_destroy(fso_backend *be);
 struct fso_pool;
 struct fso_pool *fso_backend_pool(fso_backend *be);
 
+/* *out += sum of x[i]^2 over host memory, in double, in fixed 64K-element
+ * chunks added in order: the fast CPU backend's sqnorm, usable on host
+ * buffers whatever the device backend (pool may be NULL). */
+void fso_host_sqnorm(struct fso_pool *pool, double *out, const float *x, size_t n);
+
 /* The CPUs this process may run on (sched_getaffinity), at least 1. */
 int fso_cpu_count(void);
 

@@ -451,17 +451,22 @@ static void sq_range(void *a_, int64_t b, int64_t e, int worker)
     }
 }
 
-static void fast_sqnorm(fso_backend *be, double *out, const float *x, size_t n)
+void fso_host_sqnorm(fso_pool *pool, double *out, const float *x, size_t n)
 {
     size_t nchunks = (n + SQNORM_CHUNK - 1) / SQNORM_CHUNK;
     double part[SQNORM_BATCH];
     for (size_t c0 = 0; c0 < nchunks; c0 += SQNORM_BATCH) {
         size_t m = nchunks - c0 < SQNORM_BATCH ? nchunks - c0 : SQNORM_BATCH;
         struct sq_args a = {.x = x, .n = n, .first_chunk = c0, .part = part};
-        fso_pool_for(POOL(be), (int64_t)m, 1, sq_range, &a);
+        fso_pool_for(pool, (int64_t)m, 1, sq_range, &a);
         for (size_t c = 0; c < m; c++)
             *out += part[c];
     }
+}
+
+static void fast_sqnorm(fso_backend *be, double *out, const float *x, size_t n)
+{
+    fso_host_sqnorm(POOL(be), out, x, n);
 }
 
 const fso_backend_ops fso_cpu_fast_ops = {
