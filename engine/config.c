@@ -25,45 +25,12 @@
 
 #include "fso_default_config.h"
 #include "json_locate.h"
+#include "config_impl.h"
 
-#define CFG_MAX_DEPTH 16
 #define CFG_MAX_FILE_BYTES ((size_t)64 << 20)
 #define CFG_DEFAULTS_NAME "built-in defaults (configs/tiny.json)"
 
-/* A broken invariant is a bug in fsoff, not in the user's file: stop loudly. */
-#define CFG_CHECK(cond)                                                                   \
-    do {                                                                                  \
-        if (!(cond)) {                                                                    \
-            fprintf(stderr, "%s:%d: %s: internal error: %s\n", __FILE__, __LINE__,        \
-                    __func__, #cond);                                                     \
-            abort();                                                                      \
-        }                                                                                 \
-    } while (0)
-
-#define CFG_TRY(expr)                                                                     \
-    do {                                                                                  \
-        int rc_ = (expr);                                                                 \
-        if (rc_ < 0)                                                                      \
-            return rc_;                                                                   \
-    } while (0)
-
 /* ---------------------------------------------------------------- documents */
-
-typedef enum cfg_layer_kind { LAYER_DEFAULTS, LAYER_FILE, LAYER_SET } cfg_layer_kind;
-
-typedef struct cfg_layer {
-    cfg_layer_kind kind;
-    char *name;                 /* FILE: the path; SET: the assignment */
-    char *text;                 /* FILE: the file's text (DEFAULTS uses the embedded one) */
-    json_t *root;               /* what this layer wrote, as a document from the root */
-    int write_depth;            /* values at this depth (or shallower) were written whole */
-} cfg_layer;
-
-struct fso_config_doc {
-    json_t *merged;             /* the document fso_config_finish() validates */
-    cfg_layer *layers;          /* in the order applied; [0] is the built-in defaults */
-    int nlayers, cap;
-};
 
 /* Sections a file replaces whole; their missing keys take library defaults. */
 static bool is_replaced_section(const char *key)
@@ -181,12 +148,7 @@ static int fill_missing(json_t *dst, json_t *defaults, bool top)
 
 /* ---------------------------------------------------------------- key paths */
 
-typedef struct keypath {
-    const char *k[CFG_MAX_DEPTH];
-    int n;
-} keypath;
-
-static keypath kp_child(const keypath *p, const char *key)
+keypath fso_cfg_kp_child(const keypath *p, const char *key)
 {
     keypath c = *p;
     CFG_CHECK(c.n < CFG_MAX_DEPTH);
@@ -276,12 +238,6 @@ static int cfg_where(const struct fso_config_doc *doc, const keypath *p, char *b
 
 /* ---------------------------------------------------------------- messages */
 
-typedef struct walker {
-    const struct fso_config_doc *doc;
-    fso_config *out;
-    bool warn;                  /* print "understood but ignored" warnings */
-} walker;
-
 static const char *json_type_word(const json_t *v)
 {
     switch (json_typeof(v)) {
@@ -297,7 +253,7 @@ static const char *json_type_word(const json_t *v)
     return "value";
 }
 
-static void format_double(double x, char *buf, size_t size)
+void fso_cfg_format_double(double x, char *buf, size_t size)
 {
     for (int prec = 15; prec <= 17; prec++) {
         snprintf(buf, size, "%.*g", prec, x);
@@ -307,7 +263,7 @@ static void format_double(double x, char *buf, size_t size)
 }
 
 /* `2.5 (number)`, `"abc" (string)`, `null`: the "got ..." of a message. */
-static void describe(const json_t *v, char *buf, size_t size)
+void fso_cfg_describe(const json_t *v, char *buf, size_t size)
 {
     char val[96];
     switch (json_typeof(v)) {
@@ -315,7 +271,7 @@ static void describe(const json_t *v, char *buf, size_t size)
         snprintf(val, sizeof val, "%" JSON_INTEGER_FORMAT, json_integer_value(v));
         break;
     case JSON_REAL:
-        format_double(json_real_value(v), val, sizeof val);
+        fso_cfg_format_double(json_real_value(v), val, sizeof val);
         break;
     case JSON_TRUE:
         snprintf(buf, size, "true (boolean)");
@@ -369,7 +325,7 @@ static int vfail(walker *w, const keypath *p, const keypath *const *rel, int nre
 }
 
 __attribute__((format(printf, 3, 4)))
-static int cfg_fail(walker *w, const keypath *p, const char *fmt, ...)
+int fso_cfg_fail(walker *w, const keypath *p, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -379,7 +335,7 @@ static int cfg_fail(walker *w, const keypath *p, const char *fmt, ...)
 }
 
 __attribute__((format(printf, 5, 6)))
-static int cfg_fail_rel(walker *w, const keypath *p, const keypath *rel1, const keypath *rel2,
+int fso_cfg_fail_rel(walker *w, const keypath *p, const keypath *rel1, const keypath *rel2,
                         const char *fmt, ...)
 {
     const keypath *rel[2] = {rel1, rel2};
@@ -390,7 +346,7 @@ static int cfg_fail_rel(walker *w, const keypath *p, const keypath *rel1, const 
     return rc;
 }
 
-static void cfg_warn(walker *w, const keypath *p, const char *why)
+void fso_cfg_warn(walker *w, const keypath *p, const char *why)
 {
     if (!w->warn)
         return;
@@ -401,11 +357,6 @@ static void cfg_warn(walker *w, const keypath *p, const char *why)
 }
 
 /* ---------------------------------------------------------------- key tables */
-
-typedef struct key_spec {
-    const char *name;
-    const char *ignored;        /* NULL: used; else why fsoff ignores it */
-} key_spec;
 
 /* Optimal string alignment distance, ASCII case folded; capped inputs. */
 static int edit_distance(const char *a, const char *b)
@@ -453,19 +404,19 @@ static int unknown_key(walker *w, const keypath *p, const key_spec *specs, const
     }
     int limit = strlen(key) <= 4 ? 1 : strlen(key) <= 12 ? 2 : 3;
     if (best && best_d <= limit)
-        return cfg_fail(w, p, "unknown key%s; did you mean \"%s\"?", where, best);
+        return fso_cfg_fail(w, p, "unknown key%s; did you mean \"%s\"?", where, best);
     if (list_len > 240)
-        return cfg_fail(w, p, "unknown key%s; check its spelling, or remove it", where);
+        return fso_cfg_fail(w, p, "unknown key%s; check its spelling, or remove it", where);
     char list[256];
     size_t len = 0;
     list[0] = '\0';
     for (const key_spec *s = specs; s->name; s++)
         len += (size_t)snprintf(list + len, sizeof list - len, "%s%s", len ? ", " : "", s->name);
-    return cfg_fail(w, p, "unknown key%s; the keys here are: %s", where, list);
+    return fso_cfg_fail(w, p, "unknown key%s; the keys here are: %s", where, list);
 }
 
 /* Every key of obj must be in specs; ignored ones get a warning. */
-static int check_keys(walker *w, json_t *obj, const keypath *sec, const key_spec *specs,
+int fso_cfg_check_keys(walker *w, json_t *obj, const keypath *sec, const key_spec *specs,
                       const char *where)
 {
     if (!obj)
@@ -476,884 +427,13 @@ static int check_keys(walker *w, json_t *obj, const keypath *sec, const key_spec
         const key_spec *s = specs;
         while (s->name && strcmp(s->name, key) != 0)
             s++;
-        keypath p = kp_child(sec, key);
+        keypath p = fso_cfg_kp_child(sec, key);
         if (!s->name)
             return unknown_key(w, &p, specs, where);
         if (s->ignored)
-            cfg_warn(w, &p, s->ignored);
+            fso_cfg_warn(w, &p, s->ignored);
     }
     return 0;
-}
-
-/* ---------------------------------------------------------------- typed values */
-
-static int want_object(walker *w, json_t *v, const keypath *p)
-{
-    if (json_is_object(v))
-        return 0;
-    char got[128];
-    describe(v, got, sizeof got);
-    return cfg_fail(w, p, "expected an object, got %s", got);
-}
-
-static int want_int(walker *w, json_t *v, const keypath *p, int64_t lo, int64_t hi, int64_t *out)
-{
-    bool integral = false;
-    int64_t x = 0;
-    if (json_is_integer(v)) {
-        x = json_integer_value(v);
-        integral = true;
-    } else if (json_is_real(v)) {
-        double d = json_real_value(v);
-        if (d == floor(d) && d >= -9.0e18 && d <= 9.0e18) {
-            x = (int64_t)d;
-            integral = true;
-        }
-    }
-    if (integral && x >= lo && x <= hi) {
-        *out = x;
-        return 0;
-    }
-    char got[128];
-    describe(v, got, sizeof got);
-    if (integral && x > hi)
-        return cfg_fail(w, p, "expected an integer in [%" PRId64 ", %" PRId64 "], got %s", lo, hi,
-                        got);
-    return cfg_fail(w, p, "expected an integer >= %" PRId64 ", got %s", lo, got);
-}
-
-typedef struct num_range {
-    double lo, hi;              /* hi = INFINITY: no upper bound */
-    bool lo_open, hi_open;
-} num_range;
-
-static const num_range RANGE_POSITIVE = {0, INFINITY, true, true};
-static const num_range RANGE_NONNEG = {0, INFINITY, false, true};
-static const num_range RANGE_UNIT = {0, 1, false, false};
-static const num_range RANGE_UNIT_OPEN = {0, 1, false, true};
-
-static int want_number(walker *w, json_t *v, const keypath *p, num_range r, double *out)
-{
-    if (json_is_number(v)) {
-        double x = json_number_value(v);
-        bool ok = isfinite(x) && (r.lo_open ? x > r.lo : x >= r.lo) &&
-                  (r.hi_open ? x < r.hi : x <= r.hi);
-        if (ok) {
-            *out = x;
-            return 0;
-        }
-    }
-    char got[128], lo[32], hi[32];
-    describe(v, got, sizeof got);
-    format_double(r.lo, lo, sizeof lo);
-    if (isinf(r.hi))
-        return cfg_fail(w, p, "expected a number %s %s, got %s", r.lo_open ? ">" : ">=", lo, got);
-    format_double(r.hi, hi, sizeof hi);
-    return cfg_fail(w, p, "expected a number in %c%s, %s%c, got %s", r.lo_open ? '(' : '[', lo, hi,
-                    r.hi_open ? ')' : ']', got);
-}
-
-static int want_bool(walker *w, json_t *v, const keypath *p, bool *out)
-{
-    if (json_is_boolean(v)) {
-        *out = json_is_true(v);
-        return 0;
-    }
-    char got[128];
-    describe(v, got, sizeof got);
-    return cfg_fail(w, p, "expected true or false, got %s", got);
-}
-
-static int want_string(walker *w, json_t *v, const keypath *p, const char **out)
-{
-    if (json_is_string(v)) {
-        *out = json_string_value(v);
-        return 0;
-    }
-    char got[128];
-    describe(v, got, sizeof got);
-    return cfg_fail(w, p, "expected a string, got %s", got);
-}
-
-/* Index of v among names[] (exact, or case-insensitive when nocase), or -1. */
-static int find_choice(const json_t *v, const char *const *names, int n, bool nocase)
-{
-    if (!json_is_string(v))
-        return -1;
-    const char *s = json_string_value(v);
-    for (int i = 0; i < n; i++)
-        if (nocase ? strcasecmp(s, names[i]) == 0 : strcmp(s, names[i]) == 0)
-            return i;
-    return -1;
-}
-
-/* One of names[]; returns its index in *out. */
-static int want_choice(walker *w, json_t *v, const keypath *p, const char *const *names, int n,
-                       bool nocase, int *out)
-{
-    int i = find_choice(v, names, n, nocase);
-    if (i >= 0) {
-        *out = i;
-        return 0;
-    }
-    char got[128], list[256];
-    size_t len = 0;
-    list[0] = '\0';
-    for (int k = 0; k < n; k++)
-        len += (size_t)snprintf(list + len, sizeof list - len, "%s\"%s\"",
-                                k == 0 ? "" : k == n - 1 ? " or " : ", ", names[k]);
-    describe(v, got, sizeof got);
-    return cfg_fail(w, p, "expected %s, got %s", list, got);
-}
-
-/* Member `key` of section obj (which may be NULL: every key absent). A NULL
- * def makes the key required; otherwise an absent key takes *def. */
-static int get_int(walker *w, json_t *obj, const keypath *sec, const char *key, int64_t lo,
-                   int64_t hi, const int64_t *def, int64_t *out)
-{
-    json_t *v = obj ? json_object_get(obj, key) : NULL;
-    keypath p = kp_child(sec, key);
-    if (!v) {
-        if (!def)
-            return cfg_fail(w, &p, "missing; add it (configs/tiny.json has an example)");
-        *out = *def;
-        return 0;
-    }
-    return want_int(w, v, &p, lo, hi, out);
-}
-
-static int get_int32(walker *w, json_t *obj, const keypath *sec, const char *key, int lo,
-                     const int64_t *def, int *out)
-{
-    int64_t x;
-    CFG_TRY(get_int(w, obj, sec, key, lo, INT_MAX, def, &x));
-    *out = (int)x;
-    return 0;
-}
-
-static int get_number(walker *w, json_t *obj, const keypath *sec, const char *key, num_range r,
-                      const double *def, double *out)
-{
-    json_t *v = obj ? json_object_get(obj, key) : NULL;
-    keypath p = kp_child(sec, key);
-    if (!v) {
-        if (!def)
-            return cfg_fail(w, &p, "missing; add it (configs/tiny.json has an example)");
-        *out = *def;
-        return 0;
-    }
-    return want_number(w, v, &p, r, out);
-}
-
-static int get_bool(walker *w, json_t *obj, const keypath *sec, const char *key, const bool *def,
-                    bool *out)
-{
-    json_t *v = obj ? json_object_get(obj, key) : NULL;
-    keypath p = kp_child(sec, key);
-    if (!v) {
-        if (!def)
-            return cfg_fail(w, &p, "missing; add it (configs/tiny.json has an example)");
-        *out = *def;
-        return 0;
-    }
-    return want_bool(w, v, &p, out);
-}
-
-/* Section `key` of the root: an object, or NULL when absent (or null and null_ok). */
-static int get_section(walker *w, json_t *root, const char *key, bool null_ok, json_t **out)
-{
-    json_t *v = json_object_get(root, key);
-    keypath p = {{key}, 1};
-    *out = NULL;
-    if (!v || (null_ok && json_is_null(v)))
-        return 0;
-    CFG_TRY(want_object(w, v, &p));
-    *out = v;
-    return 0;
-}
-
-#define I64(x) (&(const int64_t){(x)})
-#define DBL(x) (&(const double){(x)})
-#define BOOL(x) (&(const bool){(x)})
-
-/* ---------------------------------------------------------------- sections */
-
-static const key_spec top_keys[] = {
-    {"train_micro_batch_size_per_gpu", NULL},
-    {"gradient_accumulation_steps", NULL},
-    {"train_batch_size", NULL},
-    {"gradient_clipping", NULL},
-    {"steps_per_print", NULL},
-    {"seed", NULL},
-    {"bf16", NULL},
-    {"fp16", NULL},
-    {"optimizer", NULL},
-    {"scheduler", NULL},
-    {"model", NULL},
-    {"data", NULL},
-    {"train", NULL},
-    {"zero_optimization", NULL},
-    {"aio", NULL},
-    {"wall_clock_breakdown", "fsoff prints the time of every step anyway"},
-    {"zero_allow_untested_optimizer", "fsoff always runs its own AdamW"},
-    {"prescale_gradients", "fsoff reduces gradients in fp32 in rank order"},
-    {"gradient_predivide_factor", "fsoff reduces gradients in fp32 in rank order"},
-    {"dump_state", "fsoff does not dump engine state"},
-    {NULL, NULL},
-};
-
-static int apply_top(walker *w, json_t *root)
-{
-    fso_config *c = w->out;
-    keypath top = {{0}, 0};
-    int64_t v;
-
-    CFG_TRY(check_keys(w, root, &top, top_keys, ""));
-    CFG_TRY(get_int32(w, root, &top, "train_micro_batch_size_per_gpu", 1, NULL, &c->micro_batch));
-    CFG_TRY(get_int32(w, root, &top, "gradient_accumulation_steps", 1, NULL, &c->grad_accum));
-    if (json_object_get(root, "train_batch_size")) {
-        keypath p = {{"train_batch_size"}, 1};
-        keypath mb = {{"train_micro_batch_size_per_gpu"}, 1};
-        keypath ga = {{"gradient_accumulation_steps"}, 1};
-        int64_t product = (int64_t)c->micro_batch * c->grad_accum * (c->world > 0 ? c->world : 1);
-        CFG_TRY(get_int(w, root, &top, "train_batch_size", 1, INT64_MAX, NULL, &v));
-        if (v != product)
-            return cfg_fail_rel(w, &p, &mb, &ga,
-                                "must equal train_micro_batch_size_per_gpu (%d) * "
-                                "gradient_accumulation_steps (%d) * devices (%d) = %" PRId64
-                                ", got %" PRId64 "; drop it or change the factors",
-                                c->micro_batch, c->grad_accum, c->world > 0 ? c->world : 1,
-                                product, v);
-    }
-    CFG_TRY(get_number(w, root, &top, "gradient_clipping", RANGE_NONNEG, NULL, &c->grad_clip));
-    CFG_TRY(get_int(w, root, &top, "steps_per_print", 1, INT64_MAX, NULL, &c->steps_per_print));
-    CFG_TRY(get_int(w, root, &top, "seed", 0, INT64_MAX, NULL, &v));
-    c->seed = (uint64_t)v;
-    return 0;
-}
-
-static const key_spec bf16_keys[] = {{"enabled", NULL}, {NULL, NULL}};
-
-#define FP16_IGNORED "fp16 is disabled (fsoff has no fp16 loss scaling)"
-static const key_spec fp16_keys[] = {
-    {"enabled", NULL},
-    {"auto_cast", FP16_IGNORED},
-    {"loss_scale", FP16_IGNORED},
-    {"initial_scale_power", FP16_IGNORED},
-    {"loss_scale_window", FP16_IGNORED},
-    {"hysteresis", FP16_IGNORED},
-    {"consecutive_hysteresis", FP16_IGNORED},
-    {"min_loss_scale", FP16_IGNORED},
-    {"fp16_master_weights_and_grads", FP16_IGNORED},
-    {NULL, NULL},
-};
-
-static int apply_precision(walker *w, json_t *root)
-{
-    json_t *s;
-    keypath bf = {{"bf16"}, 1}, fp = {{"fp16"}, 1};
-
-    CFG_TRY(get_section(w, root, "bf16", false, &s));
-    CFG_TRY(check_keys(w, s, &bf, bf16_keys, ""));
-    CFG_TRY(get_bool(w, s, &bf, "enabled", BOOL(false), &w->out->bf16));
-
-    bool fp16 = false;
-    CFG_TRY(get_section(w, root, "fp16", false, &s));
-    CFG_TRY(get_bool(w, s, &fp, "enabled", BOOL(false), &fp16));
-    if (fp16) {
-        keypath p = {{"fp16", "enabled"}, 2};
-        return cfg_fail(w, &p, "fp16 loss scaling is not supported; use bf16.enabled");
-    }
-    return check_keys(w, s, &fp, fp16_keys, "");
-}
-
-#define HF_ONLY "fsoff builds the model from the shape keys alone"
-static const key_spec model_keys[] = {
-    {"vocab_size", NULL},
-    {"hidden_size", NULL},
-    {"intermediate_size", NULL},
-    {"num_hidden_layers", NULL},
-    {"num_attention_heads", NULL},
-    {"num_key_value_heads", NULL},
-    {"head_dim", NULL},
-    {"max_position_embeddings", NULL},
-    {"rms_norm_eps", NULL},
-    {"rope_theta", NULL},
-    {"initializer_range", NULL},
-    {"tie_word_embeddings", NULL},
-    {"hidden_act", NULL},
-    {"attention_bias", NULL},
-    {"mlp_bias", NULL},
-    {"attention_dropout", NULL},
-    {"rope_scaling", NULL},
-    {"pretraining_tp", NULL},
-    {"model_type", NULL},
-    {"architectures", HF_ONLY},
-    {"torch_dtype", "precision comes from bf16.enabled"},
-    {"bos_token_id", "fsoff trains on token streams as they are"},
-    {"eos_token_id", "fsoff trains on token streams as they are"},
-    {"pad_token_id", "fsoff trains on token streams as they are"},
-    {"transformers_version", HF_ONLY},
-    {"use_cache", "a key-value cache is for inference"},
-    {NULL, NULL},
-};
-
-/* Keys that must hold one particular value (Llama features fsoff lacks). */
-static int model_fixed_keys(walker *w, json_t *m, const keypath *sec)
-{
-    json_t *v;
-    char got[128];
-
-    if ((v = json_object_get(m, "hidden_act"))) {
-        keypath p = kp_child(sec, "hidden_act");
-        const char *s = "";
-        CFG_TRY(want_string(w, v, &p, &s));
-        if (strcmp(s, "silu") != 0)
-            return cfg_fail(w, &p, "fsoff's MLP is SwiGLU, so this must be \"silu\", got \"%s\"",
-                            s);
-    }
-    static const char *const no_bias[] = {"attention_bias", "mlp_bias"};
-    for (int i = 0; i < 2; i++) {
-        bool b = false;
-        keypath p = kp_child(sec, no_bias[i]);
-        if ((v = json_object_get(m, no_bias[i]))) {
-            CFG_TRY(want_bool(w, v, &p, &b));
-            if (b)
-                return cfg_fail(w, &p, "biases are not supported (Llama has none); set it to "
-                                       "false");
-        }
-    }
-    if ((v = json_object_get(m, "attention_dropout"))) {
-        keypath p = kp_child(sec, "attention_dropout");
-        double x;
-        CFG_TRY(want_number(w, v, &p, RANGE_UNIT, &x));
-        if (x != 0) {
-            describe(v, got, sizeof got);
-            return cfg_fail(w, &p, "must be 0 (fsoff has no dropout), got %s", got);
-        }
-    }
-    if ((v = json_object_get(m, "rope_scaling")) && !json_is_null(v)) {
-        keypath p = kp_child(sec, "rope_scaling");
-        describe(v, got, sizeof got);
-        return cfg_fail(w, &p, "RoPE scaling is not supported; set it to null, got %s", got);
-    }
-    if ((v = json_object_get(m, "pretraining_tp"))) {
-        keypath p = kp_child(sec, "pretraining_tp");
-        int64_t tp;
-        CFG_TRY(want_int(w, v, &p, 1, INT_MAX, &tp));
-        if (tp != 1)
-            return cfg_fail(w, &p, "must be 1 (fsoff does not emulate tensor-parallel "
-                                   "pretraining slices), got %" PRId64, tp);
-    }
-    if ((v = json_object_get(m, "model_type"))) {
-        keypath p = kp_child(sec, "model_type");
-        const char *s = "";
-        CFG_TRY(want_string(w, v, &p, &s));
-        if (strcmp(s, "llama") != 0)
-            return cfg_fail(w, &p, "fsoff trains Llama models, so this must be \"llama\", got "
-                                   "\"%s\"", s);
-    }
-    return 0;
-}
-
-static int apply_model(walker *w, json_t *root)
-{
-    fso_model_config *mc = &w->out->model;
-    keypath sec = {{"model"}, 1};
-    json_t *m;
-
-    /* Library defaults are Hugging Face LlamaConfig's. */
-    CFG_TRY(get_section(w, root, "model", false, &m));
-    CFG_TRY(check_keys(w, m, &sec, model_keys, ""));
-    CFG_TRY(get_int32(w, m, &sec, "vocab_size", 1, I64(32000), &mc->vocab_size));
-    CFG_TRY(get_int32(w, m, &sec, "hidden_size", 1, I64(4096), &mc->hidden_size));
-    CFG_TRY(get_int32(w, m, &sec, "intermediate_size", 1, I64(11008), &mc->intermediate_size));
-    CFG_TRY(get_int32(w, m, &sec, "num_hidden_layers", 1, I64(32), &mc->num_hidden_layers));
-    CFG_TRY(get_int32(w, m, &sec, "num_attention_heads", 1, I64(32), &mc->num_attention_heads));
-    CFG_TRY(get_int32(w, m, &sec, "num_key_value_heads", 1, I64(mc->num_attention_heads),
-                      &mc->num_key_value_heads));
-    CFG_TRY(get_int32(w, m, &sec, "max_position_embeddings", 1, I64(2048),
-                      &mc->max_position_embeddings));
-    CFG_TRY(get_number(w, m, &sec, "rms_norm_eps", RANGE_POSITIVE, DBL(1e-6), &mc->rms_norm_eps));
-    CFG_TRY(get_number(w, m, &sec, "rope_theta", RANGE_POSITIVE, DBL(10000.0), &mc->rope_theta));
-    CFG_TRY(get_number(w, m, &sec, "initializer_range", RANGE_POSITIVE, DBL(0.02),
-                       &mc->initializer_range));
-    CFG_TRY(get_bool(w, m, &sec, "tie_word_embeddings", BOOL(false), &mc->tie_word_embeddings));
-    if (m)
-        CFG_TRY(model_fixed_keys(w, m, &sec));
-
-    keypath heads = kp_child(&sec, "num_attention_heads");
-    keypath hidden = kp_child(&sec, "hidden_size");
-    keypath kv = kp_child(&sec, "num_key_value_heads");
-    int h = mc->hidden_size, nh = mc->num_attention_heads;
-    if (h % nh != 0)
-        return cfg_fail_rel(w, &heads, &hidden, NULL,
-                            "must divide model.hidden_size (%d), got %d; pick a head count that "
-                            "divides it", h, nh);
-    int hd = h / nh;
-    json_t *hdv = m ? json_object_get(m, "head_dim") : NULL;
-    if (hdv && !json_is_null(hdv)) {
-        keypath p = kp_child(&sec, "head_dim");
-        int64_t given;
-        CFG_TRY(want_int(w, hdv, &p, 1, INT_MAX, &given));
-        if (given != hd)
-            return cfg_fail_rel(w, &p, &hidden, &heads,
-                                "must equal model.hidden_size / model.num_attention_heads "
-                                "(%d / %d = %d), got %" PRId64 "; fsoff has no separate head "
-                                "size, so drop head_dim or set it to %d", h, nh, hd, given, hd);
-    }
-    if (hd % 2 != 0)
-        return cfg_fail_rel(w, &heads, &hidden, NULL,
-                            "gives an odd head_dim (model.hidden_size / num_attention_heads = "
-                            "%d / %d = %d); rotary embeddings need an even head_dim, so pick a "
-                            "head count that leaves an even quotient", h, nh, hd);
-    mc->head_dim = hd;
-    if (nh % mc->num_key_value_heads != 0)
-        return cfg_fail_rel(w, &kv, &heads, NULL,
-                            "must divide model.num_attention_heads (%d), got %d; pick a divisor "
-                            "(equal to it for multi-head attention, 1 for multi-query)",
-                            nh, mc->num_key_value_heads);
-    return 0;
-}
-
-static const key_spec optimizer_keys[] = {{"type", NULL}, {"params", NULL}, {NULL, NULL}};
-
-#define OWN_ADAMW "fsoff runs its own AdamW"
-static const key_spec adam_keys[] = {
-    {"lr", NULL},
-    {"betas", NULL},
-    {"eps", NULL},
-    {"weight_decay", NULL},
-    {"adam_w_mode", NULL},
-    {"bias_correction", NULL},
-    {"amsgrad", NULL},
-    {"torch_adam", OWN_ADAMW},
-    {"fused", OWN_ADAMW},
-    {"foreach", OWN_ADAMW},
-    {NULL, NULL},
-};
-
-static int apply_betas(walker *w, json_t *params, const keypath *sec)
-{
-    fso_optim_config *o = &w->out->optim;
-    json_t *v = params ? json_object_get(params, "betas") : NULL;
-    keypath p = kp_child(sec, "betas");
-
-    if (!v) {
-        o->beta1 = 0.9;
-        o->beta2 = 0.999;
-        return 0;
-    }
-    if (!json_is_array(v) || json_array_size(v) != 2) {
-        char got[128];
-        describe(v, got, sizeof got);
-        return cfg_fail(w, &p, "expected an array of two numbers [beta1, beta2], got %s", got);
-    }
-    static const char *const idx[] = {"[0]", "[1]"};
-    double b[2];
-    for (int i = 0; i < 2; i++) {
-        keypath e = kp_child(&p, idx[i]);
-        CFG_TRY(want_number(w, json_array_get(v, (size_t)i), &e, RANGE_UNIT_OPEN, &b[i]));
-    }
-    o->beta1 = b[0];
-    o->beta2 = b[1];
-    return 0;
-}
-
-static int apply_optimizer(walker *w, json_t *root)
-{
-    fso_optim_config *o = &w->out->optim;
-    keypath sec = {{"optimizer"}, 1};
-    keypath psec = {{"optimizer", "params"}, 2};
-    json_t *opt, *params = NULL, *v;
-
-    /* Library defaults are torch.optim.AdamW's. */
-    CFG_TRY(get_section(w, root, "optimizer", false, &opt));
-    CFG_TRY(check_keys(w, opt, &sec, optimizer_keys, ""));
-    if (opt && (v = json_object_get(opt, "type"))) {
-        static const char *const types[] = {"AdamW", "Adam"};
-        keypath p = kp_child(&sec, "type");
-        if (find_choice(v, types, 2, true) < 0) {
-            char got[128];
-            describe(v, got, sizeof got);
-            return cfg_fail(w, &p, "fsoff implements \"AdamW\" (\"Adam\" with adam_w_mode true "
-                                   "is the same), got %s", got);
-        }
-    }
-    if (opt && (v = json_object_get(opt, "params"))) {
-        CFG_TRY(want_object(w, v, &psec));
-        params = v;
-    }
-    CFG_TRY(check_keys(w, params, &psec, adam_keys, ""));
-    CFG_TRY(get_number(w, params, &psec, "lr", RANGE_POSITIVE, DBL(1e-3), &o->lr));
-    CFG_TRY(apply_betas(w, params, &psec));
-    CFG_TRY(get_number(w, params, &psec, "eps", RANGE_POSITIVE, DBL(1e-8), &o->eps));
-    CFG_TRY(get_number(w, params, &psec, "weight_decay", RANGE_NONNEG, DBL(0.01),
-                       &o->weight_decay));
-
-    bool b;
-    keypath p = kp_child(&psec, "adam_w_mode");
-    CFG_TRY(get_bool(w, params, &psec, "adam_w_mode", BOOL(true), &b));
-    if (!b)
-        return cfg_fail(w, &p, "L2-mode Adam is not supported; fsoff's AdamW decouples weight "
-                               "decay, so set it to true or drop it");
-    p = kp_child(&psec, "bias_correction");
-    CFG_TRY(get_bool(w, params, &psec, "bias_correction", BOOL(true), &b));
-    if (!b)
-        return cfg_fail(w, &p, "must be true; fsoff's AdamW always corrects the moment bias");
-    p = kp_child(&psec, "amsgrad");
-    CFG_TRY(get_bool(w, params, &psec, "amsgrad", BOOL(false), &b));
-    if (b)
-        return cfg_fail(w, &p, "AMSGrad is not supported; set it to false");
-    return 0;
-}
-
-static const key_spec data_keys[] = {
-    {"path", NULL}, {"format", NULL}, {"seq_len", NULL}, {NULL, NULL},
-};
-
-static int apply_data(walker *w, json_t *root)
-{
-    fso_data_config *d = &w->out->data;
-    keypath sec = {{"data"}, 1};
-    json_t *s, *v;
-
-    CFG_TRY(get_section(w, root, "data", false, &s));
-    CFG_TRY(check_keys(w, s, &sec, data_keys, ""));
-    d->path[0] = '\0';
-    if (s && (v = json_object_get(s, "path"))) {
-        keypath p = kp_child(&sec, "path");
-        const char *path = "";
-        CFG_TRY(want_string(w, v, &p, &path));
-        size_t len = strlen(path);
-        if (len >= sizeof d->path)
-            return cfg_fail(w, &p, "is %zu bytes long; fsoff takes paths up to %zu bytes",
-                            len, sizeof d->path - 1);
-        memcpy(d->path, path, len + 1);
-    }
-    d->format = FSO_DATA_AUTO;
-    if (s && (v = json_object_get(s, "format"))) {
-        static const char *const formats[] = {"auto", "tokens", "text"};
-        static const fso_data_format values[] = {FSO_DATA_AUTO, FSO_DATA_TOKENS, FSO_DATA_TEXT};
-        keypath p = kp_child(&sec, "format");
-        int i = 0;
-        CFG_TRY(want_choice(w, v, &p, formats, 3, false, &i));
-        d->format = values[i];
-    }
-    CFG_TRY(get_int32(w, s, &sec, "seq_len", 2, NULL, &d->seq_len));
-
-    int maxpos = w->out->model.max_position_embeddings;
-    if (d->seq_len > maxpos) {
-        keypath p = kp_child(&sec, "seq_len");
-        keypath mp = {{"model", "max_position_embeddings"}, 2};
-        return cfg_fail_rel(w, &p, &mp, NULL,
-                            "must be <= model.max_position_embeddings (%d), got %d; shorten "
-                            "data.seq_len or raise model.max_position_embeddings",
-                            maxpos, d->seq_len);
-    }
-    return 0;
-}
-
-static const key_spec train_keys[] = {
-    {"steps", NULL},
-    {"threads", NULL},
-    {"activation_checkpointing", NULL},
-    {"weight_decay_norms", NULL},
-    {"weight_decay_embeddings", NULL},
-    {"prefetch_blocks", NULL},
-    {"optimizer_overlap", NULL},
-    {NULL, NULL},
-};
-
-static int apply_train(walker *w, json_t *root)
-{
-    fso_config *c = w->out;
-    keypath sec = {{"train"}, 1};
-    json_t *s;
-
-    CFG_TRY(get_section(w, root, "train", false, &s));
-    CFG_TRY(check_keys(w, s, &sec, train_keys, ""));
-    CFG_TRY(get_int(w, s, &sec, "steps", 1, INT64_MAX, NULL, &c->steps));
-    CFG_TRY(get_int32(w, s, &sec, "threads", 0, NULL, &c->threads));
-    CFG_TRY(get_bool(w, s, &sec, "activation_checkpointing", NULL, &c->activation_checkpointing));
-    CFG_TRY(get_bool(w, s, &sec, "weight_decay_norms", NULL, &c->optim.decay_norms));
-    CFG_TRY(get_bool(w, s, &sec, "weight_decay_embeddings", NULL, &c->optim.decay_embeddings));
-    CFG_TRY(get_int32(w, s, &sec, "prefetch_blocks", 0, I64(2), &c->offload.prefetch_blocks));
-    c->optimizer_overlap = FSO_OVERLAP_FORWARD;
-    json_t *v = s ? json_object_get(s, "optimizer_overlap") : NULL;
-    if (v) {
-        static const char *const modes[] = {"none", "forward", "backward"};
-        keypath p = kp_child(&sec, "optimizer_overlap");
-        int i = 0;
-        CFG_TRY(want_choice(w, v, &p, modes, 3, false, &i));
-        c->optimizer_overlap = (fso_overlap)i;
-        if (c->optimizer_overlap == FSO_OVERLAP_BACKWARD && c->grad_clip != 0) {
-            keypath gc = {{"gradient_clipping"}, 1};
-            return cfg_fail_rel(w, &p, &gc, NULL,
-                                "\"backward\" updates blocks before the global gradient norm is "
-                                "known, so it needs gradient_clipping 0 (it is %g); use "
-                                "\"forward\" to keep clipping exact", c->grad_clip);
-        }
-    }
-    return 0;
-}
-
-/* ---------------------------------------------------------------- offload */
-
-#define ZERO_SCHED "fsoff schedules gathers and prefetch per block itself"
-static const key_spec zero_keys[] = {
-    {"stage", NULL},
-    {"offload_param", NULL},
-    {"offload_optimizer", NULL},
-    {"overlap_comm", "collectives always overlap the next block's prefetch"},
-    {"contiguous_gradients", "each block's gradients are one flat buffer already"},
-    {"reduce_bucket_size", "gradients are reduce-scattered per block"},
-    {"reduce_scatter", "gradients are always reduce-scattered"},
-    {"allgather_bucket_size", "parameters are gathered per block"},
-    {"stage3_prefetch_bucket_size", ZERO_SCHED},
-    {"stage3_max_live_parameters", ZERO_SCHED},
-    {"stage3_max_reuse_distance", ZERO_SCHED},
-    {"stage3_param_persistence_threshold", ZERO_SCHED},
-    {"stage3_gather_16bit_weights_on_model_save", "fsoff has no checkpoint export yet"},
-    {"sub_group_size", "the optimizer works block by block"},
-    {"round_robin_gradients", "gradients are reduce-scattered per block"},
-    {NULL, NULL},
-};
-
-#define OFFLOAD_POOL "fsoff sizes its staging pool from train.prefetch_blocks"
-static const key_spec offload_param_keys[] = {
-    {"device", NULL}, {"nvme_path", NULL}, {"pin_memory", NULL},
-    {"buffer_count", OFFLOAD_POOL}, {"buffer_size", OFFLOAD_POOL},
-    {"max_in_cpu", "the host tier holds whole shards or none"},
-    {NULL, NULL},
-};
-
-static const key_spec offload_optimizer_keys[] = {
-    {"device", NULL}, {"nvme_path", NULL}, {"pin_memory", NULL},
-    {"buffer_count", OFFLOAD_POOL}, {"fast_init", "NVMe files are preallocated at start"},
-    {"pipeline_read", "optimizer reads are always pipelined"},
-    {"pipeline_write", "optimizer writes are always pipelined"},
-    {"pipeline", "optimizer reads and writes are always pipelined"},
-    {"ratio", "the whole optimizer step runs on the CPU"},
-    {NULL, NULL},
-};
-
-static const key_spec aio_keys[] = {
-    {"block_size", NULL}, {"queue_depth", NULL},
-    {"single_submit", "io_uring submits in batches"},
-    {"overlap_events", "io_uring completions are reaped as they come"},
-    {"thread_count", "one io_uring per device thread"},
-    {"intra_op_parallelism", "one io_uring per device thread"},
-    {"use_gds", "GPUDirect Storage is not supported"},
-    {NULL, NULL},
-};
-
-/* zero_optimization.<name>: device, nvme_path, pin_memory. */
-static int apply_offload_section(walker *w, json_t *z, const keypath *zsec, const char *name,
-                                 const key_spec *keys, fso_tier *tier, char *path,
-                                 size_t pathlen)
-{
-    json_t *s = z ? json_object_get(z, name) : NULL, *v;
-    keypath sec = kp_child(zsec, name);
-    *tier = FSO_TIER_DEVICE;
-    path[0] = '\0';
-    if (!s || json_is_null(s))
-        return 0;
-    CFG_TRY(want_object(w, s, &sec));
-    CFG_TRY(check_keys(w, s, &sec, keys, ""));
-    if ((v = json_object_get(s, "device"))) {
-        static const char *const devices[] = {"none", "cpu", "nvme"};
-        keypath p = kp_child(&sec, "device");
-        int i = 0;
-        CFG_TRY(want_choice(w, v, &p, devices, 3, false, &i));
-        *tier = (fso_tier)i;
-    }
-    if ((v = json_object_get(s, "nvme_path"))) {
-        keypath p = kp_child(&sec, "nvme_path");
-        const char *str = "";
-        CFG_TRY(want_string(w, v, &p, &str));
-        if (strlen(str) >= pathlen)
-            return cfg_fail(w, &p, "is %zu bytes long; fsoff takes paths up to %zu bytes",
-                            strlen(str), pathlen - 1);
-        strcpy(path, str);
-    }
-    if (*tier == FSO_TIER_NVME && !path[0]) {
-        keypath p = kp_child(&sec, "nvme_path");
-        keypath d = kp_child(&sec, "device");
-        return cfg_fail_rel(w, &p, &d, NULL,
-                            "missing while device is \"nvme\"; give a folder on an NVMe drive "
-                            "(or use --nvme DIR)");
-    }
-    bool pin = w->out->offload.pin_memory;
-    CFG_TRY(get_bool(w, s, &sec, "pin_memory", &pin, &w->out->offload.pin_memory));
-    return 0;
-}
-
-static int apply_offload(walker *w, json_t *root)
-{
-    fso_offload_config *o = &w->out->offload;
-    keypath zsec = {{"zero_optimization"}, 1}, asec = {{"aio"}, 1};
-    json_t *z, *a;
-    int64_t v;
-
-    CFG_TRY(get_section(w, root, "zero_optimization", true, &z));
-    CFG_TRY(check_keys(w, z, &zsec, zero_keys, ""));
-    CFG_TRY(get_int32(w, z, &zsec, "stage", 0, I64(3), &o->stage));
-    if (o->stage > 3) {
-        keypath p = kp_child(&zsec, "stage");
-        return cfg_fail(w, &p, "expected 0, 1, 2 or 3, got %d", o->stage);
-    }
-    if (o->stage != 3) {
-        keypath p = kp_child(&zsec, "stage");
-        cfg_warn(w, &p, "fsoff partitions parameters, gradients and optimizer state across "
-                        "devices as stage 3 does");
-    }
-    o->pin_memory = false;
-    CFG_TRY(apply_offload_section(w, z, &zsec, "offload_param", offload_param_keys,
-                                  &o->param_tier, o->param_nvme_path, sizeof o->param_nvme_path));
-    CFG_TRY(apply_offload_section(w, z, &zsec, "offload_optimizer", offload_optimizer_keys,
-                                  &o->optim_tier, o->optim_nvme_path, sizeof o->optim_nvme_path));
-
-    CFG_TRY(get_section(w, root, "aio", true, &a));
-    CFG_TRY(check_keys(w, a, &asec, aio_keys, ""));
-    CFG_TRY(get_int(w, a, &asec, "block_size", 4096, (int64_t)1 << 30, I64(1 << 20), &v));
-    if (v % 4096) {
-        keypath p = kp_child(&asec, "block_size");
-        return cfg_fail(w, &p, "must be a multiple of 4096 bytes (O_DIRECT), got %" PRId64, v);
-    }
-    o->aio_block_bytes = v;
-    CFG_TRY(get_int32(w, a, &asec, "queue_depth", 1, I64(32), &o->aio_queue_depth));
-    return 0;
-}
-
-static const key_spec scheduler_keys[] = {{"type", NULL}, {"params", NULL}, {NULL, NULL}};
-
-static const key_spec cosine_keys[] = {
-    {"total_num_steps", NULL}, {"warmup_num_steps", NULL}, {"warmup_min_ratio", NULL},
-    {"cos_min_ratio", NULL},   {"warmup_type", NULL},      {NULL, NULL},
-};
-static const key_spec warmup_keys[] = {
-    {"warmup_min_lr", NULL},    {"warmup_max_lr", NULL}, {"warmup_num_steps", NULL},
-    {"warmup_type", NULL},      {NULL, NULL},
-};
-static const key_spec decay_keys[] = {
-    {"total_num_steps", NULL}, {"warmup_min_lr", NULL}, {"warmup_max_lr", NULL},
-    {"warmup_num_steps", NULL}, {"warmup_type", NULL},  {NULL, NULL},
-};
-
-static int apply_scheduler(walker *w, json_t *root)
-{
-    fso_sched_config *sc = &w->out->sched;
-    keypath sec = {{"scheduler"}, 1};
-    keypath psec = {{"scheduler", "params"}, 2};
-    json_t *s, *params = NULL, *v;
-
-    memset(sc, 0, sizeof *sc);
-    sc->type = FSO_SCHED_CONSTANT;
-    CFG_TRY(get_section(w, root, "scheduler", true, &s));
-    if (!s)
-        return 0;
-    CFG_TRY(check_keys(w, s, &sec, scheduler_keys, ""));
-
-    static const char *const types[] = {"WarmupCosineLR", "WarmupLR", "WarmupDecayLR"};
-    static const fso_sched_type type_values[] = {FSO_SCHED_WARMUP_COSINE, FSO_SCHED_WARMUP,
-                                                 FSO_SCHED_WARMUP_DECAY};
-    static const key_spec *const type_keys[] = {cosine_keys, warmup_keys, decay_keys};
-    static const char *const type_where[] = {" for WarmupCosineLR", " for WarmupLR",
-                                             " for WarmupDecayLR"};
-    keypath tp = kp_child(&sec, "type");
-    int t;
-    if (!(v = json_object_get(s, "type")))
-        return cfg_fail(w, &tp, "missing; use \"WarmupCosineLR\", \"WarmupLR\" or "
-                                "\"WarmupDecayLR\", or set scheduler to null for a constant "
-                                "learning rate");
-    if ((t = find_choice(v, types, 3, true)) < 0) {
-        char got[128];
-        describe(v, got, sizeof got);
-        return cfg_fail(w, &tp, "expected \"WarmupCosineLR\", \"WarmupLR\" or \"WarmupDecayLR\" "
-                                "(or scheduler null for a constant learning rate), got %s", got);
-    }
-    sc->type = type_values[t];
-    if ((v = json_object_get(s, "params"))) {
-        CFG_TRY(want_object(w, v, &psec));
-        params = v;
-    }
-    CFG_TRY(check_keys(w, params, &psec, type_keys[t], type_where[t]));
-
-    /* Library defaults are DeepSpeed's. */
-    CFG_TRY(get_int(w, params, &psec, "warmup_num_steps", 0, INT64_MAX, I64(1000),
-                    &sc->warmup_num_steps));
-    sc->warmup_type = FSO_WARMUP_LOG;
-    if (params && (v = json_object_get(params, "warmup_type"))) {
-        static const char *const wt[] = {"log", "linear"};
-        keypath p = kp_child(&psec, "warmup_type");
-        int i = 0;
-        CFG_TRY(want_choice(w, v, &p, wt, 2, false, &i));
-        sc->warmup_type = i == 0 ? FSO_WARMUP_LOG : FSO_WARMUP_LINEAR;
-    }
-    if (sc->type == FSO_SCHED_WARMUP_COSINE) {
-        CFG_TRY(get_number(w, params, &psec, "warmup_min_ratio", RANGE_UNIT, DBL(0.0),
-                           &sc->warmup_min_ratio));
-        CFG_TRY(get_number(w, params, &psec, "cos_min_ratio", RANGE_UNIT, DBL(0.0001),
-                           &sc->cos_min_ratio));
-    } else {
-        CFG_TRY(get_number(w, params, &psec, "warmup_min_lr", RANGE_NONNEG, DBL(0.0),
-                           &sc->warmup_min_lr));
-        CFG_TRY(get_number(w, params, &psec, "warmup_max_lr", RANGE_POSITIVE, DBL(0.001),
-                           &sc->warmup_max_lr));
-    }
-    if (sc->type == FSO_SCHED_WARMUP)
-        return 0;
-
-    CFG_TRY(get_int(w, params, &psec, "total_num_steps", 1, INT64_MAX, I64(0),
-                    &sc->total_num_steps));
-    keypath wp = kp_child(&psec, "warmup_num_steps");
-    if (sc->total_num_steps > 0 && sc->warmup_num_steps >= sc->total_num_steps) {
-        keypath tn = kp_child(&psec, "total_num_steps");
-        return cfg_fail_rel(w, &wp, &tn, NULL,
-                            "must be less than scheduler.params.total_num_steps (%" PRId64
-                            "), got %" PRId64 "; shorten the warmup or raise total_num_steps",
-                            sc->total_num_steps, sc->warmup_num_steps);
-    }
-    /* A warmup as long as the run (total from train.steps) is allowed: the
-     * run is all warmup, and the trainer says so when it starts. */
-    return 0;
-}
-
-/* Validate doc->merged and fill cfg; on failure cfg keeps its values and
- * cfg->err holds the message. */
-static int doc_apply(fso_config *cfg, const struct fso_config_doc *doc, bool warn)
-{
-    fso_config *c = malloc(sizeof *c);
-    if (!c) {
-        snprintf(cfg->err, sizeof cfg->err, "out of memory validating the configuration");
-        return -ENOMEM;
-    }
-    *c = *cfg;
-    c->err[0] = '\0';
-    walker w = {.doc = doc, .out = c, .warn = warn};
-    json_t *root = doc->merged;
-    int rc = apply_top(&w, root);
-    if (rc == 0)
-        rc = apply_precision(&w, root);
-    if (rc == 0)
-        rc = apply_model(&w, root);
-    if (rc == 0)
-        rc = apply_optimizer(&w, root);
-    if (rc == 0)
-        rc = apply_train(&w, root);
-    if (rc == 0)
-        rc = apply_data(&w, root);
-    if (rc == 0)
-        rc = apply_scheduler(&w, root);
-    if (rc == 0)
-        rc = apply_offload(&w, root);
-    if (rc == 0)
-        *cfg = *c;
-    else
-        memcpy(cfg->err, c->err, sizeof cfg->err);
-    free(c);
-    return rc;
 }
 
 /* ---------------------------------------------------------------- public API */
@@ -1364,7 +444,7 @@ void fso_config_defaults(fso_config *cfg)
     cfg->world = 1;
     struct fso_config_doc *doc = doc_create();
     CFG_CHECK(doc != NULL);
-    int rc = doc_apply(cfg, doc, false);
+    int rc = fso_cfg_apply(cfg, doc, false);
     if (rc < 0)
         fprintf(stderr, "%s\n", cfg->err);
     CFG_CHECK(rc == 0);
@@ -1600,7 +680,7 @@ int fso_config_finish(fso_config *cfg)
     if (rc < 0)
         snprintf(cfg->err, sizeof cfg->err, "out of memory validating the configuration");
     else
-        rc = doc_apply(cfg, doc, true);
+        rc = fso_cfg_apply(cfg, doc, true);
     cfg->doc = NULL;
     doc_destroy(doc);
     return rc;

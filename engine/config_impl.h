@@ -1,0 +1,93 @@
+/* config_impl.h — private to engine/config*.c: the layered document, key
+ * paths, and the helpers that turn a bad value into a located message.
+ * config.c builds and locates; config_keys.c knows every key. */
+#ifndef FSO_CONFIG_IMPL_H
+#define FSO_CONFIG_IMPL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <jansson.h>
+
+#include "config.h"
+
+#define CFG_MAX_DEPTH 16
+
+/* A broken invariant is a bug in fsoff, not in the user's file: stop loudly. */
+#define CFG_CHECK(cond)                                                                   \
+    do {                                                                                  \
+        if (!(cond)) {                                                                    \
+            fprintf(stderr, "%s:%d: %s: internal error: %s\n", __FILE__, __LINE__,        \
+                    __func__, #cond);                                                     \
+            abort();                                                                      \
+        }                                                                                 \
+    } while (0)
+
+#define CFG_TRY(expr)                                                                     \
+    do {                                                                                  \
+        int rc_ = (expr);                                                                 \
+        if (rc_ < 0)                                                                      \
+            return rc_;                                                                   \
+    } while (0)
+
+#define I64(x) (&(const int64_t){(x)})
+#define DBL(x) (&(const double){(x)})
+#define BOOL(x) (&(const bool){(x)})
+
+typedef enum cfg_layer_kind { LAYER_DEFAULTS, LAYER_FILE, LAYER_SET } cfg_layer_kind;
+
+typedef struct cfg_layer {
+    cfg_layer_kind kind;
+    char *name;                 /* FILE: the path; SET: the assignment */
+    char *text;                 /* FILE: the file's text (DEFAULTS uses the embedded one) */
+    json_t *root;               /* what this layer wrote, as a document from the root */
+    int write_depth;            /* values at this depth (or shallower) were written whole */
+} cfg_layer;
+
+struct fso_config_doc {
+    json_t *merged;             /* the document fso_config_finish() validates */
+    cfg_layer *layers;          /* in the order applied; [0] is the built-in defaults */
+    int nlayers, cap;
+};
+
+typedef struct keypath {
+    const char *k[CFG_MAX_DEPTH];
+    int n;
+} keypath;
+
+typedef struct walker {
+    const struct fso_config_doc *doc;
+    fso_config *out;
+    bool warn;                  /* print "understood but ignored" warnings */
+} walker;
+
+typedef struct key_spec {
+    const char *name;
+    const char *ignored;        /* NULL: used; else why fsoff ignores it */
+} key_spec;
+
+keypath fso_cfg_kp_child(const keypath *p, const char *key);
+/* A double as a person writes it: 0.001, 1e-08, 3. */
+void fso_cfg_format_double(double x, char *buf, size_t size);
+/* "12.5 (number)", "\"abc\" (string)": a value for a message. */
+void fso_cfg_describe(const json_t *v, char *buf, size_t size);
+/* "<where>: <key.path>: <message>" into the walker's err; -EINVAL. */
+int fso_cfg_fail(walker *w, const keypath *p, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* The same, located at whichever of p, rel1, rel2 was set most recently. */
+int fso_cfg_fail_rel(walker *w, const keypath *p, const keypath *rel1, const keypath *rel2,
+                     const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+/* "fsoff: warning: <where>: <key.path>: understood but ignored: <why>" */
+void fso_cfg_warn(walker *w, const keypath *p, const char *why);
+/* Every key of obj must be in specs (unknown: an error with a suggestion);
+ * ignored ones get a warning. */
+int fso_cfg_check_keys(walker *w, json_t *obj, const keypath *sec, const key_spec *specs,
+                       const char *where);
+
+/* config_keys.c: validate doc->merged and fill cfg; on failure cfg keeps its
+ * values and cfg->err holds the message. */
+int fso_cfg_apply(fso_config *cfg, const struct fso_config_doc *doc, bool warn);
+
+#endif
