@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "adamw.h"
+#include "cuda_backend.h"
 #include "optpool.h"
 #include "pool.h"
 #include "rng.h"
@@ -286,8 +287,13 @@ static const float *src_params(void *ctx, int b)
             double t0 = fso_zero_now_ms();
             int wrc = s ? fso_zero_slot_wait(rk, &rk->ce, s, "parameters", b) : -EIO;
             rk->st.stall_ms += fso_zero_now_ms() - t0;
-            if (wrc == 0)
+            if (wrc == 0) {
                 be->ops->copy_h2d(be, mine, s->buf, sizeof(float) * S);
+                /* the slot is reused for the next read: the copy from pinned
+                 * memory must be done first */
+                if (!be->ops->host_addressable)
+                    be->ops->sync(be);
+            }
             if (s)
                 s->block = -1;
             rk->order_pos++;
@@ -910,8 +916,9 @@ int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t err
         slot_bytes * (size_t)(n_pslots + 2) + chunk_bytes * 2 * FSO_N_KINDS;
     z->arena_bytes = (per_tier[FSO_TIER_HOST] + stage_per_rank) * (size_t)z->world;
 
+    z->cuda = strcmp(cfg->backend, "cuda") == 0;
     uint64_t cap = cfg->device_mem_bytes;
-    if (cap == 0) { /* default: an equal share of half the available memory */
+    if (cap == 0 && !z->cuda) { /* CPU default: an equal share of half the available memory */
         uint64_t avail = mem_available_bytes();
         cap = avail ? avail / 2 / (uint64_t)z->world : (uint64_t)8 << 30;
     }
@@ -928,8 +935,22 @@ int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t err
         pthread_mutex_init(&rk->opt_mu, NULL);
         pthread_cond_init(&rk->opt_cv, NULL);
         rk->sync_init = true;
-        if ((rc = fso_backend_create_virtual(&rk->be, cfg->backend[0] ? cfg->backend : "cpu", r,
-                                             per_dev, cap)) < 0) {
+        if (z->cuda) {
+#if FSO_HAVE_CUDA
+            char cerr[256] = "";
+            if ((rc = fso_backend_create_cuda(&rk->be, r, cfg->device_mem_bytes, cerr,
+                                              sizeof cerr)) < 0) {
+                snprintf(err, errlen, "cannot open CUDA device %d: %s", r, cerr);
+                goto fail;
+            }
+            if (cfg->device_mem_bytes == 0) { /* the budget: what the GPU has free */
+                fso_gpu_info gi;
+                cap = fso_gpu_info_query(r, &gi, cerr, sizeof cerr) == 0 ? gi.mem_free_bytes
+                                                                          : (uint64_t)1 << 40;
+            }
+#endif
+        } else if ((rc = fso_backend_create_virtual(&rk->be, cfg->backend[0] ? cfg->backend : "cpu",
+                                                    r, per_dev, cap)) < 0) {
             snprintf(err, errlen, "cannot create device %d: %s", r, strerror(-rc));
             goto fail;
         }
@@ -988,6 +1009,17 @@ int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t err
             rc = -ENOMEM;
             goto fail;
         }
+#if FSO_HAVE_CUDA
+        if (z->cuda) {
+            char cerr[256] = "";
+            int prc = fso_cuda_host_register(z->arena, z->arena_bytes, cerr, sizeof cerr);
+            if (prc == 0)
+                z->arena_pinned = true;
+            else
+                fprintf(stderr, "fsoff: warning: pinning the host arena: %s; using pageable "
+                                "memory (slower copies)\n", cerr);
+        } else
+#endif
         if (cfg->offload.pin_memory && mlock(z->arena, z->arena_bytes) != 0) {
             struct rlimit rl = {0};
             getrlimit(RLIMIT_MEMLOCK, &rl);
@@ -1094,7 +1126,18 @@ int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t err
                                 "buffers (slower)\n", rk->store->err);
         }
     }
-    if ((rc = fso_coll_create_threads(&z->coll, z->world)) < 0) {
+    if (z->cuda) {
+#if FSO_HAVE_CUDA
+        fso_backend *devs[64];
+        char cerr[256] = "";
+        for (int r = 0; r < z->world; r++)
+            devs[r] = z->ranks[r].be;
+        if ((rc = fso_coll_create_nccl(&z->coll, z->world, devs, cerr, sizeof cerr)) < 0) {
+            snprintf(err, errlen, "NCCL: %s", cerr);
+            goto fail;
+        }
+#endif
+    } else if ((rc = fso_coll_create_threads(&z->coll, z->world)) < 0) {
         snprintf(err, errlen, "cannot create the collectives: %s", strerror(-rc));
         goto fail;
     }
@@ -1163,6 +1206,10 @@ void fso_zero_destroy(fso_zero *z)
         free(rk->locs);
         fso_backend_destroy(rk->be);
     }
+#if FSO_HAVE_CUDA
+    if (z->arena_pinned)
+        fso_cuda_host_unregister(z->arena, z->arena_bytes);
+#endif
     if (z->arena)
         munmap(z->arena, z->arena_bytes);
     fso_coll_destroy(z->coll);

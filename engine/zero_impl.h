@@ -103,6 +103,8 @@ struct fso_zero {
     int n_order;
     int64_t step;                /* optimizer steps taken (AdamW t) */
     const fso_adamw_kernel *adamw; /* the widest AdamW kernel this CPU runs */
+    bool cuda;                   /* devices are CUDA GPUs */
+    bool arena_pinned;           /* registered with CUDA */
 };
 
 

@@ -11,6 +11,7 @@
 #include <cblas.h>
 
 #include "cpu_common.h"
+#include "cuda_backend.h"
 #include "pool.h"
 
 int fso_cpu_count(void)
@@ -67,6 +68,12 @@ void fso_backend_destroy(fso_backend *be)
 {
     if (!be)
         return;
+#if FSO_HAVE_CUDA
+    if (fso_backend_is_cuda(be)) {
+        fso_backend_destroy_cuda(be);
+        return;
+    }
+#endif
     if (be->ops == &fso_cpu_fast_ops)
         fso_pool_destroy(be->ctx);
     free(be);

@@ -1,0 +1,564 @@
+/* cuda_copy_bench.c — what the offload tiers can move on this box's GPUs:
+ * host<->device GB/s from pinned and from pageable memory (each direction
+ * and both at once), and NCCL all-gather / reduce-scatter bus bandwidth
+ * across all GPUs. Built only with CUDA; bench/gpu_check.sh runs it.
+ *
+ *   fso_cuda_bench [--bytes SIZE] [--seconds S] [--json FILE]
+ *
+ * Copies use the CUDA runtime directly on two streams, so "both" is what
+ * the hardware does with both directions busy. Pinned memory is registered
+ * the way the engine does it (fso_cuda_host_register over an mmap'd range).
+ * Collectives go through fso_coll_create_nccl and the CUDA backend, one host
+ * thread per GPU, as in training; bus bandwidth is nccl-tests' definition:
+ * algbw = bytes / time with bytes the larger buffer, busbw = algbw (n-1)/n.
+ * Exit status: 0 measured, 1 failed, 2 bad arguments, 77 no CUDA device.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+
+#include <cuda_runtime.h>
+
+#include "backend.h"
+#include "coll.h"
+#include "cuda_backend.h"
+
+#define MAX_DEV 16
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static int parse_size(const char *s, size_t *out)
+{
+    char *end;
+    double v = strtod(s, &end);
+    if (end == s || v <= 0)
+        return -EINVAL;
+    double mul = 1;
+    switch (*end) {
+    case 'k': case 'K': mul = 1024.0; end++; break;
+    case 'm': case 'M': mul = 1048576.0; end++; break;
+    case 'g': case 'G': mul = 1073741824.0; end++; break;
+    default: break;
+    }
+    if (*end == 'i')
+        end++;
+    if (*end == 'B')
+        end++;
+    if (*end)
+        return -EINVAL;
+    *out = (size_t)(v * mul);
+    return 0;
+}
+
+#define CK(call)                                                                               \
+    do {                                                                                       \
+        cudaError_t e_ = (call);                                                               \
+        if (e_ != cudaSuccess) {                                                               \
+            fprintf(stderr, "fso_cuda_bench: %s:%d: %s: %s\n", __FILE__, __LINE__, #call,     \
+                    cudaGetErrorString(e_));                                                   \
+            return -1.0;                                                                       \
+        }                                                                                      \
+    } while (0)
+
+/* ---------------------------------------------------------------- copies */
+
+enum { H2D, D2H, BOTH, N_DIRS };
+static const char *const dir_names[N_DIRS] = {"h2d", "d2h", "both"};
+
+struct copy_set {
+    int dev;
+    void *dev_in, *dev_out;   /* bytes each */
+    void *host_in, *host_out; /* bytes each */
+    cudaStream_t s[2];
+};
+
+/* GB/s (1e9 bytes) moved by `dir` copies of `bytes` for about `seconds`. */
+static double time_copies(struct copy_set *cs, int ncs, int dir, size_t bytes, double seconds)
+{
+    int reps = 1;
+    double t = 0;
+    for (int round = 0; round < 2; round++) {
+        for (int i = 0; i < ncs; i++) {
+            CK(cudaSetDevice(cs[i].dev));
+            CK(cudaDeviceSynchronize());
+        }
+        double t0 = now_s();
+        for (int r = 0; r < reps; r++)
+            for (int i = 0; i < ncs; i++) {
+                CK(cudaSetDevice(cs[i].dev));
+                if (dir == H2D || dir == BOTH)
+                    CK(cudaMemcpyAsync(cs[i].dev_in, cs[i].host_in, bytes, cudaMemcpyHostToDevice,
+                                       cs[i].s[0]));
+                if (dir == D2H || dir == BOTH)
+                    CK(cudaMemcpyAsync(cs[i].host_out, cs[i].dev_out, bytes,
+                                       cudaMemcpyDeviceToHost, cs[i].s[1]));
+            }
+        for (int i = 0; i < ncs; i++) {
+            CK(cudaSetDevice(cs[i].dev));
+            CK(cudaDeviceSynchronize());
+        }
+        t = now_s() - t0;
+        if (round == 0) { /* calibrate: the measured round lasts about `seconds` */
+            int want = (int)(seconds / (t > 1e-6 ? t : 1e-6));
+            reps = want < 2 ? 2 : want > 200 ? 200 : want;
+        }
+    }
+    double moved = (double)bytes * reps * ncs * (dir == BOTH ? 2 : 1);
+    return moved / t / 1e9;
+}
+
+struct copy_report {
+    double gbps[2][N_DIRS];      /* [pinned, pageable][dir]; < 0: not measured */
+    double all_gbps[N_DIRS];     /* pinned, every device at once */
+    char pin_note[512];
+};
+
+static int setup_copy_set(struct copy_set *cs, int dev, size_t bytes, int pinned, char *note,
+                          size_t notelen)
+{
+    memset(cs, 0, sizeof *cs);
+    cs->dev = dev;
+    if (cudaSetDevice(dev) != cudaSuccess || cudaMalloc(&cs->dev_in, bytes) != cudaSuccess ||
+        cudaMalloc(&cs->dev_out, bytes) != cudaSuccess ||
+        cudaMemset(cs->dev_out, 1, bytes) != cudaSuccess ||
+        cudaStreamCreateWithFlags(&cs->s[0], cudaStreamNonBlocking) != cudaSuccess ||
+        cudaStreamCreateWithFlags(&cs->s[1], cudaStreamNonBlocking) != cudaSuccess) {
+        snprintf(note, notelen, "device %d: cannot allocate 2 x %zu bytes", dev, bytes);
+        return -ENOMEM;
+    }
+    cs->host_in = mmap(NULL, 2 * bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (cs->host_in == MAP_FAILED) {
+        cs->host_in = NULL;
+        snprintf(note, notelen, "cannot map 2 x %zu bytes of host memory", bytes);
+        return -ENOMEM;
+    }
+    memset(cs->host_in, 1, 2 * bytes); /* fault the pages in */
+    cs->host_out = (char *)cs->host_in + bytes;
+    if (pinned) {
+        int rc = fso_cuda_host_register(cs->host_in, 2 * bytes, note, notelen);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
+static void free_copy_set(struct copy_set *cs, size_t bytes, int pinned)
+{
+    cudaSetDevice(cs->dev);
+    if (cs->host_in) {
+        if (pinned)
+            fso_cuda_host_unregister(cs->host_in, 2 * bytes);
+        munmap(cs->host_in, 2 * bytes);
+    }
+    cudaFree(cs->dev_in);
+    cudaFree(cs->dev_out);
+    for (int i = 0; i < 2; i++)
+        if (cs->s[i])
+            cudaStreamDestroy(cs->s[i]);
+}
+
+static void run_copies(struct copy_report *rep, int ndev, size_t bytes, double seconds)
+{
+    for (int p = 0; p < 2; p++)
+        for (int d = 0; d < N_DIRS; d++)
+            rep->gbps[p][d] = rep->all_gbps[d] = -1;
+    for (int pinned = 1; pinned >= 0; pinned--) {
+        struct copy_set cs;
+        char note[512] = "";
+        if (setup_copy_set(&cs, 0, bytes, pinned, note, sizeof note) == 0)
+            for (int d = 0; d < N_DIRS; d++)
+                rep->gbps[pinned ? 0 : 1][d] = time_copies(&cs, 1, d, bytes, seconds);
+        else if (pinned)
+            snprintf(rep->pin_note, sizeof rep->pin_note, "%s", note);
+        else
+            fprintf(stderr, "fso_cuda_bench: pageable copies: %s\n", note);
+        free_copy_set(&cs, bytes, pinned);
+    }
+    if (ndev > 1 && !rep->pin_note[0]) {
+        struct copy_set cs[MAX_DEV];
+        int ok = 1, n = 0;
+        char note[512] = "";
+        for (; n < ndev && ok; n++)
+            ok = setup_copy_set(&cs[n], n, bytes, 1, note, sizeof note) == 0;
+        if (ok)
+            for (int d = 0; d < N_DIRS; d++)
+                rep->all_gbps[d] = time_copies(cs, ndev, d, bytes, seconds);
+        else
+            fprintf(stderr, "fso_cuda_bench: all-device copies: %s\n", note);
+        for (int i = 0; i < n; i++)
+            free_copy_set(&cs[i], bytes, 1);
+    }
+}
+
+/* ---------------------------------------------------------------- collectives */
+
+#define N_SIZES 5
+static const size_t coll_sizes[N_SIZES] = {(size_t)1 << 20, (size_t)8 << 20, (size_t)32 << 20,
+                                           (size_t)128 << 20, (size_t)512 << 20};
+
+struct coll_shared {
+    fso_coll *coll;
+    fso_backend *be[MAX_DEV];
+    int world;
+    double seconds;
+    size_t max_bytes;
+    double time_ms[2][N_SIZES]; /* [all_gather, reduce_scatter][size], rank 0's */
+    size_t errors[2][N_SIZES];  /* wrong elements, all ranks */
+    int rc[MAX_DEV];
+};
+
+struct coll_rank {
+    struct coll_shared *sh;
+    int rank;
+};
+
+/* One op, `iters` times, timed on this rank between two barriers. */
+static double coll_round(struct coll_shared *sh, int rank, int op, float *big, float *small,
+                         size_t count, int iters, int *rc)
+{
+    fso_coll *c = sh->coll;
+    fso_backend *be = sh->be[rank];
+    c->ops->barrier(c, rank);
+    double t0 = now_s();
+    for (int i = 0; i < iters; i++) {
+        int r = op == 0 ? c->ops->all_gather(c, rank, small, big, count)
+                        : c->ops->reduce_scatter(c, rank, big, small, count);
+        if (r < 0 && *rc == 0)
+            *rc = r;
+    }
+    int r = be->ops->sync(be);
+    if (r < 0 && *rc == 0)
+        *rc = r;
+    c->ops->barrier(c, rank);
+    return now_s() - t0;
+}
+
+/* Inputs with known sums: all-gather sends rank + 1, reduce-scatter sends
+ * 1.0 everywhere. Returns the wrong elements after the op ran. */
+static size_t coll_fill(fso_backend *be, int op, int rank, int W, float *big, float *small,
+                        float *host, size_t count)
+{
+    const size_t n = op == 0 ? count : count * (size_t)W;
+    for (size_t i = 0; i < n; i++)
+        host[i] = op == 0 ? (float)(rank + 1) : 1.0f;
+    be->ops->copy_h2d(be, op == 0 ? small : big, host, sizeof(float) * n);
+    return be->ops->sync(be) < 0 ? n : 0;
+}
+
+static size_t coll_verify(fso_backend *be, int op, int W, const float *big, const float *small,
+                          float *host, size_t count)
+{
+    const size_t n = op == 0 ? count * (size_t)W : count;
+    size_t bad = 0;
+    be->ops->copy_d2h(be, host, op == 0 ? big : small, sizeof(float) * n);
+    if (be->ops->sync(be) < 0)
+        return n;
+    for (size_t i = 0; i < n; i++)
+        if (host[i] != (op == 0 ? (float)(i / count + 1) : (float)W))
+            bad++;
+    return bad;
+}
+
+static void *coll_thread(void *arg)
+{
+    struct coll_rank *cr = arg;
+    struct coll_shared *sh = cr->sh;
+    const int rank = cr->rank, W = sh->world;
+    fso_backend *be = sh->be[rank];
+    void *big = NULL, *small = NULL;
+    float *host = malloc(sh->max_bytes);
+    int rc = host ? 0 : -ENOMEM;
+    if (!host)
+        snprintf(be->err, sizeof be->err, "out of host memory");
+    if (rc == 0)
+        rc = be->ops->buf_alloc(be, sh->max_bytes, &big);
+    if (rc == 0)
+        rc = be->ops->buf_alloc(be, sh->max_bytes / (size_t)W, &small);
+    /* every rank runs the same rounds: all of them or, if any rank could
+     * not allocate, none */
+    double failed[1] = {rc < 0 ? 1.0 : 0.0};
+    sh->coll->ops->all_reduce_f64(sh->coll, rank, failed, 1);
+    for (int op = 0; op < 2 && failed[0] == 0; op++)
+        for (int si = 0; si < N_SIZES; si++) {
+            size_t count = coll_sizes[si] / sizeof(float) / (size_t)W;
+            if (coll_sizes[si] > sh->max_bytes)
+                continue;
+            size_t bad = coll_fill(be, op, rank, W, big, small, host, count);
+            coll_round(sh, rank, op, big, small, count, 2, &rc); /* warm up */
+            double t = coll_round(sh, rank, op, big, small, count, 1, &rc);
+            /* the same count on every rank: rank 0 decides, all read it */
+            int iters = (int)(sh->seconds / (t > 1e-6 ? t : 1e-6));
+            iters = iters < 3 ? 3 : iters > 100 ? 100 : iters;
+            double buf[1] = {rank == 0 ? iters : 0};
+            sh->coll->ops->all_reduce_f64(sh->coll, rank, buf, 1);
+            iters = (int)buf[0];
+            t = coll_round(sh, rank, op, big, small, count, iters, &rc);
+            bad += coll_verify(be, op, W, big, small, host, count);
+            /* wrong elements summed over ranks */
+            double nb[1] = {(double)bad};
+            sh->coll->ops->all_reduce_f64(sh->coll, rank, nb, 1);
+            if (rank == 0) {
+                sh->time_ms[op][si] = t * 1e3 / iters;
+                sh->errors[op][si] = (size_t)nb[0];
+            }
+        }
+    be->ops->buf_free(be, big);
+    be->ops->buf_free(be, small);
+    free(host);
+    sh->rc[rank] = rc;
+    return NULL;
+}
+
+static int run_collectives(struct coll_shared *sh, int ndev, double seconds, char *err,
+                           size_t errlen)
+{
+    memset(sh, 0, sizeof *sh);
+    sh->world = ndev;
+    sh->seconds = seconds;
+    sh->max_bytes = coll_sizes[N_SIZES - 1];
+    int rc = 0;
+    for (int r = 0; r < ndev && rc == 0; r++) {
+        size_t fr = 0, tot = 0;
+        cudaSetDevice(r);
+        cudaMemGetInfo(&fr, &tot);
+        while (sh->max_bytes > coll_sizes[0] && 3 * sh->max_bytes > fr)
+            sh->max_bytes /= 2;
+        rc = fso_backend_create_cuda(&sh->be[r], r, 0, err, errlen);
+    }
+    if (rc == 0)
+        rc = fso_coll_create_nccl(&sh->coll, ndev, sh->be, err, errlen);
+    if (rc == 0) {
+        pthread_t tids[MAX_DEV];
+        struct coll_rank cr[MAX_DEV];
+        for (int r = 0; r < ndev; r++) {
+            cr[r] = (struct coll_rank){sh, r};
+            if (pthread_create(&tids[r], NULL, coll_thread, &cr[r]) != 0) {
+                fprintf(stderr, "fso_cuda_bench: cannot start thread %d\n", r);
+                abort(); /* the others would wait in a collective forever */
+            }
+        }
+        for (int r = 0; r < ndev; r++)
+            pthread_join(tids[r], NULL);
+        for (int r = 0; r < ndev && rc == 0; r++)
+            if (sh->rc[r] < 0) {
+                rc = sh->rc[r];
+                snprintf(err, errlen, "rank %d: %s", r, sh->be[r]->err);
+            }
+    }
+    fso_coll_destroy(sh->coll);
+    for (int r = 0; r < ndev; r++)
+        fso_backend_destroy_cuda(sh->be[r]);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- output */
+
+static void json_str(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (; *s; s++) {
+        if (*s == '"' || *s == '\\')
+            fprintf(f, "\\%c", *s);
+        else if ((unsigned char)*s < 0x20)
+            fprintf(f, "\\u%04x", *s);
+        else
+            fputc(*s, f);
+    }
+    fputc('"', f);
+}
+
+static void json_num(FILE *f, double v)
+{
+    if (v < 0)
+        fprintf(f, "null");
+    else
+        fprintf(f, "%.4g", v);
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: fso_cuda_bench [--bytes SIZE] [--seconds S] [--json FILE]\n"
+               "  --bytes SIZE   bytes per copy (default 256M)\n"
+               "  --seconds S    time per measurement (default 0.4)\n"
+               "  --json FILE    also write the results as one JSON object\n");
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option opts[] = {{"bytes", required_argument, NULL, 'b'},
+                                         {"seconds", required_argument, NULL, 's'},
+                                         {"json", required_argument, NULL, 'j'},
+                                         {"help", no_argument, NULL, 'h'},
+                                         {NULL, 0, NULL, 0}};
+    size_t bytes = (size_t)256 << 20;
+    double seconds = 0.4;
+    const char *json = NULL;
+    int o;
+    while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        switch (o) {
+        case 'b':
+            if (parse_size(optarg, &bytes) < 0) {
+                fprintf(stderr, "fso_cuda_bench: error: --bytes %s: expected a size like 256M\n",
+                        optarg);
+                return 2;
+            }
+            break;
+        case 's':
+            seconds = atof(optarg);
+            if (seconds <= 0 || seconds > 60) {
+                fprintf(stderr, "fso_cuda_bench: error: --seconds %s: expected 0 < S <= 60\n",
+                        optarg);
+                return 2;
+            }
+            break;
+        case 'j':
+            json = optarg;
+            break;
+        case 'h':
+            usage(stdout);
+            return 0;
+        default:
+            usage(stderr);
+            return 2;
+        }
+    }
+    char err[512] = "";
+    if (fso_cuda_available(err, sizeof err) < 0) {
+        printf("fso_cuda_bench: skipped: %s\n", err);
+        return 77;
+    }
+    int ndev = fso_cuda_device_count(err, sizeof err);
+    if (ndev > MAX_DEV)
+        ndev = MAX_DEV;
+    fso_gpu_info gi;
+    if (fso_gpu_info_query(0, &gi, err, sizeof err) < 0) {
+        fprintf(stderr, "fso_cuda_bench: error: %s\n", err);
+        return 1;
+    }
+
+    struct copy_report rep;
+    memset(&rep, 0, sizeof rep);
+    run_copies(&rep, ndev, bytes, seconds);
+    printf("# host<->device copies: device 0 (%s, %s), %zu MiB per copy\n", gi.name,
+           gi.pci_bus_id, bytes >> 20);
+    printf("# %-10s %-6s %10s\n", "memory", "dir", "GB/s");
+    for (int p = 0; p < 2; p++)
+        for (int d = 0; d < N_DIRS; d++)
+            if (rep.gbps[p][d] >= 0)
+                printf("  %-10s %-6s %10.2f\n", p ? "pageable" : "pinned", dir_names[d],
+                       rep.gbps[p][d]);
+    if (rep.pin_note[0])
+        printf("# pinned: not measured: %s\n", rep.pin_note);
+    for (int d = 0; d < N_DIRS; d++)
+        if (rep.all_gbps[d] >= 0)
+            printf("  %-10s %-6s %10.2f   (all %d devices at once, total)\n", "pinned",
+                   dir_names[d], rep.all_gbps[d], ndev);
+
+    struct coll_shared *sh = calloc(1, sizeof *sh);
+    char coll_note[512] = "";
+    int coll_rc = -1, coll_wrong = 0;
+    if (!sh) {
+        snprintf(coll_note, sizeof coll_note, "out of host memory");
+    } else if (ndev < 2) {
+        snprintf(coll_note, sizeof coll_note, "not run: 1 GPU");
+    } else {
+        coll_rc = run_collectives(sh, ndev, seconds / 2, err, sizeof err);
+        if (coll_rc < 0)
+            snprintf(coll_note, sizeof coll_note, "failed: %s", err);
+    }
+    static const char *const op_names[2] = {"all_gather", "reduce_scatter"};
+    if (coll_rc == 0) {
+        const double bus = (double)(ndev - 1) / ndev;
+        printf("# collectives: %d ranks over NCCL, fp32; size = the larger buffer per rank\n",
+               ndev);
+        printf("# %12s %-15s %10s %10s %10s %8s\n", "size", "op", "time", "algbw", "busbw",
+               "#wrong");
+        printf("# %12s %-15s %10s %10s %10s %8s\n", "(B)", "", "(us)", "(GB/s)", "(GB/s)", "");
+        double sum = 0;
+        int n = 0;
+        size_t wrong = 0;
+        for (int op = 0; op < 2; op++)
+            for (int si = 0; si < N_SIZES; si++) {
+                if (coll_sizes[si] > sh->max_bytes)
+                    continue;
+                double t = sh->time_ms[op][si] / 1e3, alg = coll_sizes[si] / t / 1e9;
+                printf("  %12zu %-15s %10.1f %10.2f %10.2f %8zu\n", coll_sizes[si],
+                       op_names[op], t * 1e6, alg, alg * bus, sh->errors[op][si]);
+                sum += alg * bus;
+                wrong += sh->errors[op][si];
+                n++;
+            }
+        printf("# average bus bandwidth: %.2f GB/s  %s\n", n ? sum / n : 0.0,
+               wrong ? "FAILED" : "OK");
+        coll_wrong = wrong != 0;
+    } else {
+        printf("# collectives: %s\n", coll_note);
+    }
+
+    if (json) {
+        FILE *f = fopen(json, "w");
+        if (!f) {
+            fprintf(stderr, "fso_cuda_bench: error: --json %s: %s\n", json, strerror(errno));
+            free(sh);
+            return 1;
+        }
+        fprintf(f, "{\"device\": ");
+        json_str(f, gi.name);
+        fprintf(f, ", \"devices\": %d, \"copy_bytes\": %zu, \"copies_gbps\": {", ndev, bytes);
+        for (int p = 0; p < 2; p++) {
+            fprintf(f, "%s\"%s\": {", p ? ", " : "", p ? "pageable" : "pinned");
+            for (int d = 0; d < N_DIRS; d++) {
+                fprintf(f, "%s\"%s\": ", d ? ", " : "", dir_names[d]);
+                json_num(f, rep.gbps[p][d]);
+            }
+            fprintf(f, "}");
+        }
+        fprintf(f, ", \"pinned_all_devices\": {");
+        for (int d = 0; d < N_DIRS; d++) {
+            fprintf(f, "%s\"%s\": ", d ? ", " : "", dir_names[d]);
+            json_num(f, rep.all_gbps[d]);
+        }
+        fprintf(f, "}}, \"pinned_note\": ");
+        json_str(f, rep.pin_note);
+        fprintf(f, ", \"collectives\": ");
+        if (coll_rc == 0) {
+            fprintf(f, "{\"ranks\": %d", ndev);
+            for (int op = 0; op < 2; op++) {
+                fprintf(f, ", \"%s\": [", op_names[op]);
+                int first = 1;
+                for (int si = 0; si < N_SIZES; si++) {
+                    if (coll_sizes[si] > sh->max_bytes)
+                        continue;
+                    double t = sh->time_ms[op][si] / 1e3, alg = coll_sizes[si] / t / 1e9;
+                    fprintf(f, "%s{\"bytes\": %zu, \"time_us\": %.4g, \"algbw_gbps\": %.4g, "
+                               "\"busbw_gbps\": %.4g, \"wrong\": %zu}",
+                            first ? "" : ", ", coll_sizes[si], t * 1e6, alg,
+                            alg * (ndev - 1) / ndev, sh->errors[op][si]);
+                    first = 0;
+                }
+                fprintf(f, "]");
+            }
+            fprintf(f, "}");
+        } else {
+            json_str(f, coll_note);
+        }
+        fprintf(f, "}\n");
+        if (fclose(f) != 0) {
+            fprintf(stderr, "fso_cuda_bench: error: --json %s: %s\n", json, strerror(errno));
+            free(sh);
+            return 1;
+        }
+    }
+    free(sh);
+    return coll_wrong || (coll_rc < 0 && ndev > 1) ? 1 : 0;
+}

@@ -1,0 +1,304 @@
+#!/usr/bin/env bash
+# gpu_check.sh — fsoff on this machine's NVIDIA GPUs, in one go: build, the
+# GPU tests, host<->device and collective bandwidth, and training tok/s of a
+# ~1B-parameter model with its state on the GPU, in host memory and on NVMe.
+#
+#   bench/gpu_check.sh
+#
+# Writes one JSON report to $OUT/gpu_check.json when $OUT is set, else to
+# ./gpu_check.json, and prints a short summary. Every part has a time box and
+# the whole run fits in about 8 minutes on one H100/H200; a part that fails or
+# runs out of time is recorded as such ("not run: <reason>") and the rest go
+# on. Exit status: 0 the build and the GPU tests passed, 1 they did not,
+# 77 no NVIDIA GPU here.
+#
+# Environment:
+#   BUILD          build folder (default: build-gpu next to this script's parent)
+#   NVME_DIR       folder for the NVMe run (default: $BUILD/gpu-check-nvme)
+#   BUDGET_S       total seconds (default 470)
+#   MODEL_LAYERS   layers of the training model (default 20: ~0.97B parameters)
+#   GPU_CHECK_FORCE=1  run every part even without a GPU (to test this script)
+set -euo pipefail
+
+SRC=$(cd "$(dirname "$0")/.." && pwd)
+BUILD=${BUILD:-$SRC/build-gpu}
+REPORT=${OUT:-$PWD}/gpu_check.json
+NVME_DIR=${NVME_DIR:-$BUILD/gpu-check-nvme}
+BUDGET_S=${BUDGET_S:-470}
+MODEL_LAYERS=${MODEL_LAYERS:-20}
+export PATH=$PATH:/usr/local/cuda/bin
+START=$(date +%s)
+
+say() { echo "gpu_check: $*"; }
+left() { echo $((BUDGET_S - ($(date +%s) - START))); }
+# box WANT: seconds for the next part, at most WANT and what the budget has left
+box() {
+    local l
+    l=$(left)
+    if [ "$l" -lt "$1" ]; then echo $((l > 5 ? l : 5)); else echo "$1"; fi
+}
+
+# ---------------------------------------------------------------- a GPU?
+gpus=""
+if command -v nvidia-smi >/dev/null 2>&1; then
+    gpus=$(nvidia-smi --query-gpu=name,memory.total,pci.bus_id --format=csv,noheader 2>/dev/null || true)
+fi
+if [ -z "$gpus" ] && ! ls /dev/nvidia[0-9]* >/dev/null 2>&1 && [ "${GPU_CHECK_FORCE:-0}" != 1 ]; then
+    echo "gpu_check: skipped: no NVIDIA GPU here (nvidia-smi lists none and there is no /dev/nvidia0)"
+    exit 77
+fi
+for tool in meson ninja python3; do
+    if ! command -v "$tool" >/dev/null 2>&1; then
+        echo "gpu_check: error: $tool not found; install it (Debian: sudo apt-get install meson ninja-build python3)" >&2
+        exit 1
+    fi
+done
+if ! command -v nvcc >/dev/null 2>&1; then
+    echo "gpu_check: error: nvcc not found on PATH or in /usr/local/cuda/bin; install the CUDA toolkit" >&2
+    exit 1
+fi
+mkdir -p "$(dirname "$REPORT")"
+WORK=$(mktemp -d)
+# shellcheck disable=SC2317  # (called by the trap)
+cleanup() { rm -rf "$WORK" "$NVME_DIR/fsoff-dev"*; }
+trap cleanup EXIT
+say "GPUs: ${gpus:-(nvidia-smi unavailable)}"
+
+# Results, as files python3 assembles at the end.
+echo "$gpus" >"$WORK/gpus.txt"
+echo "not run" >"$WORK/build.status"
+echo "not run" >"$WORK/tests.status"
+
+# ---------------------------------------------------------------- build
+build_ok=0
+t=$(box 300)
+say "building in $BUILD (time box ${t}s)"
+if [ -f "$BUILD/build.ninja" ]; then
+    setup=(meson setup --reconfigure "$BUILD" "$SRC" -Dcuda=enabled)
+else
+    setup=(meson setup "$BUILD" "$SRC" -Dcuda=enabled)
+fi
+if ! timeout "$t" "${setup[@]}" >"$WORK/build.log" 2>&1; then
+    echo "failed: meson setup (see the log tail)" >"$WORK/build.status"
+elif ! timeout "$(box 300)" ninja -C "$BUILD" >>"$WORK/build.log" 2>&1; then
+    echo "failed: ninja (see the log tail)" >"$WORK/build.status"
+else
+    echo "ok" >"$WORK/build.status"
+    build_ok=1
+fi
+tail -n 30 "$WORK/build.log" >"$WORK/build.tail"
+say "build: $(cat "$WORK/build.status")"
+
+# ---------------------------------------------------------------- GPU tests
+tests_ok=0
+if [ "$build_ok" = 1 ]; then
+    t=$(box 150)
+    say "GPU tests (time box ${t}s)"
+    set +e
+    timeout "$t" meson test -C "$BUILD" test_cuda --print-errorlogs --timeout-multiplier 1 \
+        >"$WORK/tests.log" 2>&1
+    rc=$?
+    set -e
+    if [ $rc -eq 0 ] && grep -q "^Ok: *1" "$WORK/tests.log"; then
+        echo "ok" >"$WORK/tests.status"
+        tests_ok=1
+    elif grep -q "^Skipped: *1" "$WORK/tests.log"; then
+        why=$(grep -m1 'test_cuda: skipped:' "$BUILD/meson-logs/testlog.txt" 2>/dev/null || true)
+        echo "skipped: ${why#test_cuda: skipped: }" >"$WORK/tests.status"
+    elif [ $rc -eq 124 ]; then
+        echo "failed: timed out after ${t}s" >"$WORK/tests.status"
+    else
+        echo "failed (exit $rc)" >"$WORK/tests.status"
+    fi
+    # the test's own output: device line, failures
+    cp "$BUILD/meson-logs/testlog.txt" "$WORK/testlog.txt" 2>/dev/null || true
+fi
+say "GPU tests: $(cat "$WORK/tests.status")"
+
+# ---------------------------------------------------------------- bandwidth
+echo '"not run"' >"$WORK/copy.json"
+BENCH=$BUILD/kernels/fso_cuda_bench
+if [ "$build_ok" = 1 ] && [ -x "$BENCH" ]; then
+    t=$(box 90)
+    say "host<->device and collective bandwidth (time box ${t}s)"
+    set +e
+    timeout "$t" "$BENCH" --seconds 0.3 --json "$WORK/copy.json.tmp" >"$WORK/copy.txt" 2>&1
+    rc=$?
+    set -e
+    if [ $rc -eq 0 ] && [ -s "$WORK/copy.json.tmp" ]; then
+        mv "$WORK/copy.json.tmp" "$WORK/copy.json"
+    else
+        why="exit $rc"
+        [ $rc -eq 124 ] && why="timed out after ${t}s"
+        python3 -c 'import json,sys; print(json.dumps("failed: " + sys.argv[1] + ": " + sys.argv[2]))' \
+            "$why" "$(tail -n 3 "$WORK/copy.txt" | tr '\n' ' ')" >"$WORK/copy.json"
+    fi
+    cat "$WORK/copy.txt"
+fi
+
+# ---------------------------------------------------------------- training tok/s
+# A Llama of ~0.97B parameters (MODEL_LAYERS=20): hidden 2048, 16 heads
+# (4 kv), MLP 5632, vocab 32000, 8 x 1024 tokens per step and GPU.
+cat >"$WORK/model_1b.json" <<EOF
+{
+  "model": {
+    "vocab_size": 32000, "hidden_size": 2048, "intermediate_size": 5632,
+    "num_hidden_layers": $MODEL_LAYERS, "num_attention_heads": 16, "num_key_value_heads": 4,
+    "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+    "initializer_range": 0.02, "tie_word_embeddings": true
+  },
+  "train_micro_batch_size_per_gpu": 8,
+  "gradient_accumulation_steps": 1,
+  "gradient_clipping": 1.0,
+  "optimizer": { "type": "AdamW",
+                 "params": { "lr": 3e-4, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1 } },
+  "zero_optimization": { "stage": 3 },
+  "data": { "seq_len": 1024 },
+  "train": { "activation_checkpointing": true }
+}
+EOF
+
+# train_run NAME STEPS BOX ARGS...: tok/s (first step excluded) into $WORK/train_NAME.json
+train_run() {
+    local name=$1 steps=$2 want=$3
+    shift 3
+    local out=$WORK/train_$name
+    if [ "$build_ok" != 1 ]; then
+        echo '"not run: the build failed"' >"$out.json"
+        return
+    fi
+    local t
+    t=$(box "$want")
+    if [ "$t" -lt 20 ]; then
+        echo '"not run: out of time"' >"$out.json"
+        return
+    fi
+    say "training, state on $name: $steps steps (time box ${t}s)"
+    set +e
+    timeout "$t" "$BUILD/fsoff" --devices cuda --config "$WORK/model_1b.json" --steps "$steps" \
+        --metrics "$out.jsonl" "$@" >"$out.out" 2>"$out.err"
+    local rc=$?
+    set -e
+    python3 - "$out" "$rc" "$t" <<'PY'
+import json, sys
+out, rc, box = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+steps, summary = [], None
+try:
+    for line in open(out + ".jsonl"):
+        try:
+            o = json.loads(line)
+        except ValueError:
+            continue
+        if o.get("event") == "summary":
+            summary = o
+        elif "tok_s" in o:
+            steps.append(o)
+except OSError:
+    pass
+err = [l.strip() for l in open(out + ".err", errors="replace") if l.strip()]
+why = next((l for l in err if "error" in l), err[-1] if err else "")
+res = {"exit": rc}
+if summary and summary.get("tok_s"):
+    res.update(tok_s=summary["tok_s"], steps=len(steps), mean_step_ms=summary.get("mean_step_ms"),
+               peak_device_bytes=summary.get("peak_device_bytes"))
+elif len(steps) >= 2:
+    res.update(tok_s=sum(s["tok_s"] for s in steps[1:]) / (len(steps) - 1), steps=len(steps),
+               note="partial: %s" % ("timed out after %ss" % box if rc == 124 else "exit %d" % rc))
+elif steps:
+    res.update(tok_s=steps[0]["tok_s"], steps=1, note="first step only (includes warm-up)")
+elif rc == 124:
+    res = "not run: no step finished within %ss" % box
+else:
+    res = "not run: " + (why or "fsoff exited with status %d" % rc)
+json.dump(res, open(out + ".json", "w"))
+print("gpu_check:   -> %s" % (json.dumps(res)[:300]))
+PY
+}
+
+mkdir -p "$NVME_DIR"
+train_run device 8 110 \
+    --set zero_optimization.offload_param.device=none \
+    --set zero_optimization.offload_optimizer.device=none
+train_run host 6 110 \
+    --set zero_optimization.offload_param.device=cpu \
+    --set zero_optimization.offload_optimizer.device=cpu \
+    --set zero_optimization.offload_param.pin_memory=true
+train_run nvme 3 120 --nvme "$NVME_DIR"
+
+# ---------------------------------------------------------------- report
+python3 - "$WORK" "$REPORT" "$(( $(date +%s) - START ))" "$NVME_DIR" "$MODEL_LAYERS" <<'PY'
+import json, os, sys
+work, report, elapsed, nvme_dir = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+layers = int(sys.argv[5])
+rd = lambda n: open(os.path.join(work, n), errors="replace").read().strip()
+def rj(n):
+    try:
+        return json.load(open(os.path.join(work, n)))
+    except (OSError, ValueError) as e:
+        return "not run: %s" % e
+gpus = [l.strip() for l in rd("gpus.txt").splitlines() if l.strip()]
+r = {
+    "gpus": gpus,
+    "build": rd("build.status"),
+    "tests": rd("tests.status"),
+    "bandwidth": rj("copy.json"),
+    "training": {
+        "model": "Llama %.2fB (hidden 2048, %d layers, 16/4 heads, MLP 5632, vocab 32000, tied), "
+                 "8 x 1024 tokens per step and GPU" % ((65536000 + layers * 45092864) / 1e9, layers),
+        "device": rj("train_device.json"),
+        "host": rj("train_host.json"),
+        "nvme": rj("train_nvme.json"),
+        "nvme_dir": nvme_dir,
+    },
+    "elapsed_s": elapsed,
+}
+if r["build"] != "ok":
+    r["build_log_tail"] = rd("build.tail")
+if r["tests"] != "ok" and os.path.exists(os.path.join(work, "testlog.txt")):
+    lines = [l for l in rd("testlog.txt").splitlines() if not l.startswith("Inherited environment")]
+    r["tests_log_tail"] = "\n".join(lines[-40:])
+tmp = report + ".tmp"
+json.dump(r, open(tmp, "w"), indent=2)
+os.replace(tmp, report)
+
+def gb(x):
+    return "%.1f" % x if isinstance(x, (int, float)) else "-"
+print()
+print("gpu_check summary (%d s)" % elapsed)
+print("  GPUs:      %s" % ("; ".join(gpus) or "?"))
+print("  build:     %s" % r["build"])
+print("  GPU tests: %s" % r["tests"])
+b = r["bandwidth"]
+if isinstance(b, dict):
+    c = b.get("copies_gbps", {})
+    for mem in ("pinned", "pageable"):
+        d = c.get(mem, {})
+        print("  %-9s  h2d %s, d2h %s, both %s GB/s" % (mem + ":", gb(d.get("h2d")), gb(d.get("d2h")),
+                                                      gb(d.get("both"))))
+    if b.get("pinned_note"):
+        print("  pinning:   %s" % b["pinned_note"])
+    col = b.get("collectives")
+    if isinstance(col, dict):
+        for op in ("all_gather", "reduce_scatter"):
+            rows = col.get(op) or []
+            if rows:
+                top = rows[-1]
+                print("  %-15s busbw %s GB/s at %d MiB (%d ranks)" % (op, gb(top["busbw_gbps"]),
+                                                                    top["bytes"] >> 20, col["ranks"]))
+    else:
+        print("  collectives: %s" % col)
+else:
+    print("  bandwidth: %s" % b)
+for tier in ("device", "host", "nvme"):
+    t = r["training"][tier]
+    if isinstance(t, dict):
+        print("  train %-6s %8.0f tok/s%s" % (tier + ":", t["tok_s"], "  (" + t["note"] + ")" if t.get("note") else ""))
+    else:
+        print("  train %-6s %s" % (tier + ":", t))
+print("  report:    %s" % report)
+PY
+
+if [ "$build_ok" = 1 ] && [ "$tests_ok" = 1 ]; then
+    exit 0
+fi
+exit 1

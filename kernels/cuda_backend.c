@@ -1,0 +1,542 @@
+/* cuda_backend.c — the "cuda" backend: its context, device memory, copies,
+ * stream ordering, errors and sync; the ops live in cuda_ops.cu,
+ * cuda_matmul.c, cuda_attention.c and cuda_softmax.cu (contract: cuda_backend.h).
+ *
+ * Ordering: ctx->gen[s] counts what was queued on stream s. Before work is
+ * queued on stream t, every other stream s with work t has not yet been
+ * ordered after gets its tail event recorded (once per batch of work) and t
+ * waits on it on the device. So work runs in the order it was issued, the
+ * copy engines and the collectives run on their own streams, and the host
+ * never waits except where cuda_backend.h says it does.
+ */
+#include "cuda_impl.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define ALLOC_ROUND 64                    /* accounting, as the CPU backend */
+#define SCRATCH_ROUND ((size_t)2 << 20)
+
+/* ------------------------------------------------------------ errors */
+
+int fso_cuda_errno(cudaError_t e)
+{
+    switch (e) {
+    case cudaSuccess:
+        return 0;
+    case cudaErrorMemoryAllocation:
+        return -ENOMEM;
+    case cudaErrorInvalidValue:
+    case cudaErrorInvalidDevicePointer:
+    case cudaErrorInvalidConfiguration:
+    case cudaErrorInvalidResourceHandle:
+        return -EINVAL;
+    case cudaErrorNoDevice:
+    case cudaErrorInsufficientDriver:
+    case cudaErrorInvalidDevice:
+        return -ENODEV;
+    case cudaErrorNotSupported:
+        return -ENOTSUP;
+    case cudaErrorNotPermitted:
+        return -EPERM;
+    default:
+        return -EIO;
+    }
+}
+
+void fso_cuda_fail(fso_backend *be, int rc, const char *fmt, ...)
+{
+    fso_cuda_ctx *ctx = FSO_CUDA_CTX(be);
+    pthread_mutex_lock(&ctx->mu);
+    if (ctx->rc == 0) {
+        ctx->rc = rc;
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(be->err, sizeof be->err, fmt, ap);
+        va_end(ap);
+    }
+    pthread_mutex_unlock(&ctx->mu);
+}
+
+int fso_cuda_status(fso_backend *be)
+{
+    fso_cuda_ctx *ctx = FSO_CUDA_CTX(be);
+    pthread_mutex_lock(&ctx->mu);
+    int rc = ctx->rc;
+    pthread_mutex_unlock(&ctx->mu);
+    return rc;
+}
+
+int fso_cuda_check(fso_backend *be, cudaError_t e, const char *what)
+{
+    if (e == cudaSuccess)
+        return 0;
+    int rc = fso_cuda_errno(e);
+    fso_cuda_fail(be, rc, "CUDA device %d: %s: %s (%s)", FSO_CUDA_CTX(be)->ordinal, what,
+                  cudaGetErrorString(e), cudaGetErrorName(e));
+    return rc;
+}
+
+int fso_cuda_check_blas(fso_backend *be, cublasStatus_t s, const char *what)
+{
+    if (s == CUBLAS_STATUS_SUCCESS)
+        return 0;
+    int rc = s == CUBLAS_STATUS_ALLOC_FAILED     ? -ENOMEM
+             : s == CUBLAS_STATUS_INVALID_VALUE  ? -EINVAL
+             : s == CUBLAS_STATUS_NOT_SUPPORTED  ? -ENOTSUP
+             : s == CUBLAS_STATUS_ARCH_MISMATCH  ? -ENOTSUP
+                                                 : -EIO;
+    fso_cuda_fail(be, rc, "CUDA device %d: %s: %s (%s)", FSO_CUDA_CTX(be)->ordinal, what,
+                  cublasGetStatusString(s), cublasGetStatusName(s));
+    return rc;
+}
+
+/* ------------------------------------------------------------ ordering */
+
+cudaStream_t fso_cuda_begin(fso_backend *be, fso_cuda_stream t)
+{
+    fso_cuda_ctx *ctx = FSO_CUDA_CTX(be);
+    cudaError_t e = cudaSetDevice(ctx->ordinal);
+    const char *what = "cudaSetDevice";
+    pthread_mutex_lock(&ctx->mu);
+    for (int s = 0; s < FSO_CS_N && e == cudaSuccess; s++) {
+        if (s == (int)t || ctx->gen[s] <= ctx->waited[t][s])
+            continue;
+        if (ctx->recorded[s] != ctx->gen[s]) {
+            what = "cudaEventRecord";
+            if ((e = cudaEventRecord(ctx->tail[s], ctx->stream[s])) != cudaSuccess)
+                break;
+            ctx->recorded[s] = ctx->gen[s];
+        }
+        what = "cudaStreamWaitEvent";
+        if ((e = cudaStreamWaitEvent(ctx->stream[t], ctx->tail[s], 0)) != cudaSuccess)
+            break;
+        ctx->waited[t][s] = ctx->gen[s];
+    }
+    pthread_mutex_unlock(&ctx->mu);
+    fso_cuda_check(be, e, what);
+    return ctx->stream[t];
+}
+
+void fso_cuda_end(fso_backend *be, fso_cuda_stream s, const char *what)
+{
+    fso_cuda_ctx *ctx = FSO_CUDA_CTX(be);
+    pthread_mutex_lock(&ctx->mu);
+    ctx->gen[s]++;
+    pthread_mutex_unlock(&ctx->mu);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess)
+        fso_cuda_check(be, e, what);
+}
+
+/* ------------------------------------------------------------ memory */
+
+static void count_add(fso_backend *be, size_t bytes)
+{
+    be->mem_used_bytes += bytes;
+    if (be->mem_used_bytes > be->mem_peak_bytes)
+        be->mem_peak_bytes = be->mem_used_bytes;
+}
+
+void *fso_cuda_scratch(fso_backend *be, size_t bytes)
+{
+    fso_cuda_ctx *ctx = FSO_CUDA_CTX(be);
+    if (bytes <= ctx->scratch_bytes)
+        return ctx->scratch;
+    size_t want = ctx->scratch_bytes + ctx->scratch_bytes / 2;
+    if (want < bytes)
+        want = bytes;
+    want = (want + SCRATCH_ROUND - 1) / SCRATCH_ROUND * SCRATCH_ROUND;
+    cudaStream_t s = ctx->stream[FSO_CS_COMPUTE];
+    void *p = NULL;
+    cudaError_t e;
+    if (ctx->mempools) { /* stream-ordered: the old one is freed after its last use */
+        if (ctx->scratch)
+            cudaFreeAsync(ctx->scratch, s);
+        e = cudaMallocAsync(&p, want, s);
+    } else {
+        if (ctx->scratch) {
+            cudaStreamSynchronize(s);
+            cudaFree(ctx->scratch);
+        }
+        e = cudaMalloc(&p, want);
+    }
+    be->mem_used_bytes -= ctx->scratch_bytes;
+    ctx->scratch = NULL;
+    ctx->scratch_bytes = 0;
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        size_t fr = 0, tot = 0;
+        cudaMemGetInfo(&fr, &tot);
+        fso_cuda_fail(be, -ENOMEM, "CUDA device %d: cannot grow the scratch buffer to %zu MiB: %s "
+                                   "(%zu MiB free of %zu MiB); shorten data.seq_len or the micro "
+                                   "batch",
+                      ctx->ordinal, want >> 20, cudaGetErrorString(e), fr >> 20, tot >> 20);
+        return NULL;
+    }
+    ctx->scratch = p;
+    ctx->scratch_bytes = want;
+    count_add(be, want);
+    return p;
+}
+
+static int cu_buf_alloc(fso_backend *be, size_t bytes, void **out)
+{
+    fso_cuda_ctx *ctx = FSO_CUDA_CTX(be);
+    const size_t rounded = (bytes + ALLOC_ROUND - 1) & ~(size_t)(ALLOC_ROUND - 1);
+    if (be->mem_cap_bytes && be->mem_used_bytes + rounded > be->mem_cap_bytes) {
+        snprintf(be->err, sizeof be->err,
+                 "device %d: %zu bytes more would exceed its memory cap (%zu of %zu bytes in use)",
+                 be->device, rounded, be->mem_used_bytes, be->mem_cap_bytes);
+        return -ENOMEM;
+    }
+    if (ctx->n_allocs == ctx->cap_allocs) {
+        size_t cap = ctx->cap_allocs ? 2 * ctx->cap_allocs : 64;
+        fso_cuda_alloc *a = realloc(ctx->allocs, cap * sizeof *a);
+        if (!a) {
+            snprintf(be->err, sizeof be->err, "out of host memory for the allocation table");
+            return -ENOMEM;
+        }
+        ctx->allocs = a;
+        ctx->cap_allocs = cap;
+    }
+    void *p = NULL;
+    cudaSetDevice(ctx->ordinal);
+    cudaError_t e = cudaMalloc(&p, rounded ? rounded : ALLOC_ROUND);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        size_t fr = 0, tot = 0;
+        cudaMemGetInfo(&fr, &tot);
+        snprintf(be->err, sizeof be->err,
+                 "CUDA device %d: cannot allocate %zu bytes: %s (%zu MiB free of %zu MiB, %zu MiB "
+                 "held by fsoff)",
+                 ctx->ordinal, rounded, cudaGetErrorString(e), fr >> 20, tot >> 20,
+                 be->mem_used_bytes >> 20);
+        return fso_cuda_errno(e);
+    }
+    /* new buffers are zero, as on the CPU backends */
+    cudaStream_t s = fso_cuda_begin(be, FSO_CS_COMPUTE);
+    fso_cuda_check(be, cudaMemsetAsync(p, 0, rounded ? rounded : ALLOC_ROUND, s),
+                   "buf_alloc: cudaMemsetAsync");
+    fso_cuda_end(be, FSO_CS_COMPUTE, "buf_alloc");
+    ctx->allocs[ctx->n_allocs++] = (fso_cuda_alloc){p, rounded};
+    count_add(be, rounded);
+    *out = p;
+    return 0;
+}
+
+static void cu_buf_free(fso_backend *be, void *buf)
+{
+    fso_cuda_ctx *ctx = FSO_CUDA_CTX(be);
+    if (!buf)
+        return;
+    for (size_t i = 0; i < ctx->n_allocs; i++)
+        if (ctx->allocs[i].ptr == buf) {
+            be->mem_used_bytes -= ctx->allocs[i].bytes;
+            ctx->allocs[i] = ctx->allocs[--ctx->n_allocs];
+            cudaSetDevice(ctx->ordinal);
+            fso_cuda_check(be, cudaFree(buf), "cudaFree"); /* waits for the device */
+            return;
+        }
+    fprintf(stderr, "%s:%d: CUDA device %d: buf_free of %p, which buf_alloc did not return\n",
+            __FILE__, __LINE__, ctx->ordinal, buf);
+    abort();
+}
+
+static void cu_memset0(fso_backend *be, void *dst, size_t bytes)
+{
+    if (bytes == 0)
+        return;
+    cudaStream_t s = fso_cuda_begin(be, FSO_CS_COMPUTE);
+    fso_cuda_check(be, cudaMemsetAsync(dst, 0, bytes, s), "memset0");
+    fso_cuda_end(be, FSO_CS_COMPUTE, "memset0");
+}
+
+/* Either direction, and device to device: the runtime tells by the
+ * pointers (unified addressing). Pageable host memory makes the call wait
+ * until the host side is done with it; pinned memory does not. */
+static void copy_on(fso_backend *be, fso_cuda_stream which, void *dst, const void *src,
+                    size_t bytes, const char *what)
+{
+    if (bytes == 0 || dst == src)
+        return;
+    cudaStream_t s = fso_cuda_begin(be, which);
+    fso_cuda_check(be, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s), what);
+    fso_cuda_end(be, which, what);
+}
+
+static void cu_copy_h2d(fso_backend *be, void *dst, const void *src, size_t bytes)
+{
+    copy_on(be, FSO_CS_H2D, dst, src, bytes, "copy_h2d");
+}
+
+static void cu_copy_d2h(fso_backend *be, void *dst, const void *src, size_t bytes)
+{
+    copy_on(be, FSO_CS_D2H, dst, src, bytes, "copy_d2h");
+}
+
+/* Wait for every stream: the work queued before the call is done, and
+ * later work need not wait for it on the device. */
+static void drain_streams(fso_backend *be)
+{
+    fso_cuda_ctx *ctx = FSO_CUDA_CTX(be);
+    uint64_t done[FSO_CS_N];
+    pthread_mutex_lock(&ctx->mu);
+    memcpy(done, ctx->gen, sizeof done);
+    pthread_mutex_unlock(&ctx->mu);
+    for (int s = 0; s < FSO_CS_N; s++)
+        fso_cuda_check(be, cudaStreamSynchronize(ctx->stream[s]), "cudaStreamSynchronize");
+    pthread_mutex_lock(&ctx->mu);
+    for (int t = 0; t < FSO_CS_N; t++)
+        for (int s = 0; s < FSO_CS_N; s++)
+            if (ctx->waited[t][s] < done[s])
+                ctx->waited[t][s] = done[s];
+    pthread_mutex_unlock(&ctx->mu);
+}
+
+static int cu_sync(fso_backend *be)
+{
+    fso_cuda_ctx *ctx = FSO_CUDA_CTX(be);
+    cudaStream_t s = fso_cuda_begin(be, FSO_CS_COMPUTE);
+    fso_cuda_check(be, cudaMemcpyAsync(ctx->host_flags, ctx->dev_flags, sizeof(unsigned),
+                                       cudaMemcpyDeviceToHost, s),
+                   "sync: reading the error flags");
+    fso_cuda_end(be, FSO_CS_COMPUTE, "sync");
+    drain_streams(be);
+    fso_cuda_check(be, cudaGetLastError(), "sync");
+    unsigned f = __atomic_load_n(ctx->host_flags, __ATOMIC_RELAXED);
+    if (f)
+        fso_cuda_fail(be, -EINVAL,
+                      "CUDA device %d: %s; check the data against model.vocab_size", ctx->ordinal,
+                      f & FSO_CUDA_FLAG_BAD_TARGET ? "a target token id is outside [0, vocab_size) "
+                                                     "in cross_entropy"
+                                                   : "a negative token id reached embedding");
+    return fso_cuda_status(be);
+}
+
+/* *out += sum x^2. The result is a host scalar the caller reads on return,
+ * so this op waits for the compute stream. Host memory the device cannot
+ * read is summed on the CPU in the device's order: the same bits. */
+static void cu_sqnorm(fso_backend *be, double *out, const float *x, size_t n)
+{
+    fso_cuda_ctx *ctx = FSO_CUDA_CTX(be);
+    if (n == 0)
+        return;
+    fso_cuda_check(be, cudaSetDevice(ctx->ordinal), "cudaSetDevice");
+    struct cudaPointerAttributes a;
+    memset(&a, 0, sizeof a);
+    if (cudaPointerGetAttributes(&a, x) != cudaSuccess) {
+        cudaGetLastError();
+        a.type = cudaMemoryTypeUnregistered;
+    }
+    const float *dx = x;
+    if (a.type == cudaMemoryTypeHost)
+        dx = a.devicePointer;
+    if (a.type == cudaMemoryTypeUnregistered || !dx) {
+        drain_streams(be); /* copies into x are done */
+        *out += fso_cuda_sqnorm_host(x, n);
+        return;
+    }
+    cudaStream_t s = fso_cuda_begin(be, FSO_CS_COMPUTE);
+    double *scr = fso_cuda_scratch(be, sizeof(double) * fso_cuda_sqnorm_scratch_elems(n));
+    if (scr) {
+        fso_cuda_sqnorm_device(be, scr, dx, n);
+        fso_cuda_check(be, cudaMemcpyAsync(ctx->host_sq, scr, sizeof(double),
+                                           cudaMemcpyDeviceToHost, s), "sqnorm: result copy");
+    }
+    fso_cuda_end(be, FSO_CS_COMPUTE, "sqnorm");
+    if (scr && fso_cuda_check(be, cudaStreamSynchronize(s), "sqnorm") == 0)
+        *out += *ctx->host_sq;
+}
+
+static const fso_backend_ops cuda_ops = {
+    .name = "cuda",
+    .host_addressable = 0,
+    .buf_alloc = cu_buf_alloc,
+    .buf_free = cu_buf_free,
+    .memset0 = cu_memset0,
+    .copy_h2d = cu_copy_h2d,
+    .copy_d2h = cu_copy_d2h,
+    .sync = cu_sync,
+    .embedding_fwd = fso_cuda_embedding_fwd,
+    .embedding_bwd = fso_cuda_embedding_bwd,
+    .rmsnorm_fwd = fso_cuda_rmsnorm_fwd,
+    .rmsnorm_bwd = fso_cuda_rmsnorm_bwd,
+    .matmul_fwd = fso_cuda_matmul_fwd,
+    .matmul_bwd = fso_cuda_matmul_bwd,
+    .rope = fso_cuda_rope,
+    .attention_fwd = fso_cuda_attention_fwd,
+    .attention_bwd = fso_cuda_attention_bwd,
+    .swiglu_fwd = fso_cuda_swiglu_fwd,
+    .swiglu_bwd = fso_cuda_swiglu_bwd,
+    .add = fso_cuda_add,
+    .cross_entropy = fso_cuda_cross_entropy,
+    .sqnorm = cu_sqnorm,
+};
+
+/* ------------------------------------------------------------ lifetime */
+
+int fso_backend_is_cuda(const fso_backend *be)
+{
+    return be && be->ops == &cuda_ops;
+}
+
+fso_cuda_math fso_cuda_get_math(const fso_backend *be)
+{
+    return FSO_CUDA_CTX(be)->math;
+}
+
+void fso_cuda_set_math(fso_backend *be, fso_cuda_math math)
+{
+    FSO_CUDA_CTX(be)->math = math;
+}
+
+static int math_from_env(fso_cuda_math *out, char *err, size_t errlen)
+{
+    const char *m = getenv("FSO_CUDA_MATH");
+    if (!m || !*m || strcmp(m, "bf16") == 0) {
+        *out = FSO_CUDA_MATH_BF16;
+        return 0;
+    }
+    if (strcmp(m, "fp32") == 0) {
+        *out = FSO_CUDA_MATH_FP32;
+        return 0;
+    }
+    snprintf(err, errlen, "FSO_CUDA_MATH=%s: expected \"bf16\" (the default) or \"fp32\"", m);
+    return -EINVAL;
+}
+
+void fso_backend_destroy_cuda(fso_backend *be)
+{
+    if (!be)
+        return;
+    fso_cuda_ctx *ctx = be->ctx;
+    if (ctx) {
+        cudaSetDevice(ctx->ordinal);
+        if (ctx->scratch && ctx->mempools)
+            cudaFreeAsync(ctx->scratch, ctx->stream[FSO_CS_COMPUTE]);
+        else if (ctx->scratch)
+            cudaFree(ctx->scratch);
+        for (int s = 0; s < FSO_CS_N; s++)
+            if (ctx->stream[s])
+                cudaStreamSynchronize(ctx->stream[s]);
+        for (size_t i = 0; i < ctx->n_allocs; i++)
+            cudaFree(ctx->allocs[i].ptr);
+        free(ctx->allocs);
+        if (ctx->blas)
+            cublasDestroy(ctx->blas);
+        cudaFree(ctx->blas_ws);
+        cudaFree(ctx->dev_flags);
+        cudaFreeHost(ctx->host_flags);
+        cudaFreeHost(ctx->host_sq);
+        for (int s = 0; s < FSO_CS_N; s++) {
+            if (ctx->tail[s])
+                cudaEventDestroy(ctx->tail[s]);
+            if (ctx->stream[s])
+                cudaStreamDestroy(ctx->stream[s]);
+        }
+        cudaGetLastError();
+        pthread_mutex_destroy(&ctx->mu);
+        free(ctx);
+    }
+    free(be);
+}
+
+int fso_backend_create_cuda(fso_backend **out, int device, size_t mem_cap_bytes, char *err,
+                            size_t errlen)
+{
+    char why[256] = "";
+    fso_cuda_math math;
+    *out = NULL;
+    int n = fso_cuda_device_count(why, sizeof why);
+    if (n == 0) {
+        snprintf(err, errlen, "%s", why);
+        return -ENODEV;
+    }
+    if (device < 0 || device >= n) {
+        snprintf(err, errlen, "CUDA device %d: this machine has %d (0..%d; CUDA_VISIBLE_DEVICES "
+                              "renumbers them)", device, n, n - 1);
+        return -EINVAL;
+    }
+    int rc = math_from_env(&math, err, errlen);
+    if (rc < 0)
+        return rc;
+
+    fso_backend *be = calloc(1, sizeof *be);
+    fso_cuda_ctx *ctx = calloc(1, sizeof *ctx);
+    if (!be || !ctx) {
+        free(be);
+        free(ctx);
+        snprintf(err, errlen, "out of host memory");
+        return -ENOMEM;
+    }
+    pthread_mutex_init(&ctx->mu, NULL);
+    be->ops = &cuda_ops;
+    be->ctx = ctx;
+    be->threads = 1;
+    be->device = device;
+    be->mem_cap_bytes = mem_cap_bytes;
+    ctx->ordinal = device;
+    ctx->math = math;
+
+    const char *what = "cudaSetDevice";
+    cudaError_t e = cudaSetDevice(device);
+    int cc_major = 0, pools = 0;
+    if (e == cudaSuccess) {
+        what = "cudaDeviceGetAttribute";
+        e = cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, device);
+    }
+    if (e == cudaSuccess)
+        e = cudaDeviceGetAttribute(&ctx->sm_count, cudaDevAttrMultiProcessorCount, device);
+    if (e == cudaSuccess)
+        e = cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device);
+    ctx->mempools = pools;
+    for (int s = 0; s < FSO_CS_N && e == cudaSuccess; s++) {
+        what = "cudaStreamCreate";
+        e = cudaStreamCreateWithFlags(&ctx->stream[s], cudaStreamNonBlocking);
+        if (e == cudaSuccess) {
+            what = "cudaEventCreate";
+            e = cudaEventCreateWithFlags(&ctx->tail[s], cudaEventDisableTiming);
+        }
+    }
+    if (e == cudaSuccess) {
+        what = "cudaMalloc (error flags)";
+        e = cudaMalloc((void **)&ctx->dev_flags, sizeof(unsigned));
+    }
+    if (e == cudaSuccess)
+        e = cudaMemset(ctx->dev_flags, 0, sizeof(unsigned));
+    if (e == cudaSuccess) {
+        what = "cudaHostAlloc";
+        e = cudaHostAlloc((void **)&ctx->host_flags, sizeof(unsigned), cudaHostAllocPortable);
+    }
+    if (e == cudaSuccess)
+        e = cudaHostAlloc((void **)&ctx->host_sq, sizeof(double), cudaHostAllocPortable);
+    /* cuBLAS: its own workspace, so it never allocates inside an op */
+    ctx->blas_ws_bytes = cc_major >= 9 ? (size_t)32 << 20 : (size_t)4 << 20;
+    if (e == cudaSuccess) {
+        what = "cudaMalloc (cuBLAS workspace)";
+        e = cudaMalloc(&ctx->blas_ws, ctx->blas_ws_bytes);
+    }
+    if (e != cudaSuccess) {
+        snprintf(err, errlen, "CUDA device %d: %s: %s", device, what, cudaGetErrorString(e));
+        cudaGetLastError();
+        fso_backend_destroy_cuda(be);
+        return fso_cuda_errno(e);
+    }
+    count_add(be, ctx->blas_ws_bytes);
+    cublasStatus_t bs = cublasCreate(&ctx->blas);
+    if (bs == CUBLAS_STATUS_SUCCESS)
+        bs = cublasSetStream(ctx->blas, ctx->stream[FSO_CS_COMPUTE]);
+    if (bs == CUBLAS_STATUS_SUCCESS)
+        bs = cublasSetWorkspace(ctx->blas, ctx->blas_ws, ctx->blas_ws_bytes);
+    if (bs != CUBLAS_STATUS_SUCCESS) {
+        snprintf(err, errlen, "CUDA device %d: cuBLAS: %s", device, cublasGetStatusString(bs));
+        fso_backend_destroy_cuda(be);
+        return -EIO;
+    }
+    *out = be;
+    return 0;
+}

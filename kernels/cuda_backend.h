@@ -1,0 +1,129 @@
+/* cuda_backend.h — NVIDIA GPUs: the "cuda" backend (backend.h), NCCL
+ * collectives (coll.h), pinned host memory and device queries. A C header.
+ *
+ * Every build has fso_cuda_available() and the peak table (gpu_info.h).
+ * The rest exists only when fsoff was built with nvcc (FSO_HAVE_CUDA 1 in
+ * fso_build.h); callers guard with `#if FSO_HAVE_CUDA`, and a build without
+ * CUDA reports why through fso_cuda_available().
+ *
+ * Precision (a deviation from DESIGN §3, until the backend interface moves
+ * to bf16 storage): buffers are fp32 like every other backend. Matmuls,
+ * including attention's, run on the tensor cores in bf16 with fp32
+ * accumulation (cuBLAS CUBLAS_COMPUTE_32F_FAST_16BF: inputs rounded to bf16,
+ * products summed in fp32). Everything else computes in fp32 with fp32
+ * accumulation; sqnorm accumulates in double. FSO_CUDA_MATH=fp32 (read when a
+ * backend is created; default bf16) makes matmuls plain fp32 too, so tests
+ * can hold the backend to the CPU reference tightly.
+ *
+ * Streams: each backend has four, compute, host-to-device, device-to-host
+ * and collectives. Ops run on compute; copy_h2d and copy_d2h on their copy
+ * streams; NCCL on the collective stream. The interface has no explicit
+ * dependencies, so work is ordered as issued: before anything is queued on
+ * one stream it waits (cudaStreamWaitEvent, never the host) for the work
+ * already queued on the others. The host waits only in sync(), in sqnorm
+ * (its result is a host scalar read on return), in all_reduce_f64 and
+ * barrier (host buffers), in buf_free, and when a scratch buffer first
+ * grows on a device without stream-ordered allocation.
+ *
+ * Errors: ops return nothing; the first failure is kept (be->err has the
+ * detail) and every later sync() returns it as a negative errno. A negative
+ * token id (embedding: it is not told the vocabulary size) or a target
+ * outside [0, V) (cross-entropy) is such a failure, reported by the next
+ * sync() as -EINVAL.
+ *
+ * sqnorm reads device memory and registered host memory on the GPU; other
+ * host memory is summed on the CPU (one thread) in the GPU's order, so the
+ * bits are the same wherever the values live.
+ *
+ * Threads: any host thread may drive a backend, not only the one that made
+ * it. Copies and sync() may come from a second thread while the first
+ * issues ops (the engine's optimizer thread with state on the device); work
+ * is then ordered as the two threads happened to issue it, and each must
+ * sync() before reading what it copied. Ops that compute (they share one
+ * cuBLAS handle and the scratch buffer) come from one thread at a time.
+ */
+#ifndef FSO_CUDA_BACKEND_H
+#define FSO_CUDA_BACKEND_H
+
+#include <stddef.h>
+
+#include "backend.h"
+#include "coll.h"
+#include "fso_build.h"
+#include "gpu_info.h"
+
+/* 0 when this build has CUDA and at least one device is visible. Otherwise
+ * -ENOTSUP ("built without CUDA: ...") or -ENODEV ("no CUDA device: ...")
+ * with the reason in err. */
+int fso_cuda_available(char *err, size_t errlen);
+
+#if FSO_HAVE_CUDA
+
+/* Matmul math of a CUDA backend. */
+typedef enum fso_cuda_math {
+    FSO_CUDA_MATH_BF16 = 0, /* bf16 tensor cores, fp32 accumulation (default) */
+    FSO_CUDA_MATH_FP32 = 1, /* plain fp32 (no TF32) */
+} fso_cuda_math;
+
+/* Number of CUDA devices; 0 with the reason in err ("no CUDA device:
+ * CUDA driver version is insufficient for CUDA runtime version") when there
+ * is no driver or no GPU. Never negative. */
+int fso_cuda_device_count(char *err, size_t errlen);
+
+/* A backend named "cuda" on CUDA device `device` (an ordinal as
+ * CUDA_VISIBLE_DEVICES numbers them; also be->device). host_addressable 0.
+ * mem_cap_bytes 0: no cap beyond the device's memory; else buf_alloc fails
+ * past it, as on the CPU backend; mem_used/peak count buffers (rounded to
+ * 64 bytes like the CPU backend) and the backend's own scratch. The matmul
+ * math comes from FSO_CUDA_MATH ("bf16" or "fp32"). 0 or -errno with the
+ * reason in err. Destroy with fso_backend_destroy_cuda(). */
+int fso_backend_create_cuda(fso_backend **out, int device, size_t mem_cap_bytes, char *err,
+                            size_t errlen);
+/* Free everything the backend holds (buffers not yet freed included).
+ * NULL is fine. fso_backend_destroy() must not be used on a CUDA backend. */
+void fso_backend_destroy_cuda(fso_backend *be);
+/* 1 when `be` was made by fso_backend_create_cuda. */
+int fso_backend_is_cuda(const fso_backend *be);
+
+fso_cuda_math fso_cuda_get_math(const fso_backend *be);
+void fso_cuda_set_math(fso_backend *be, fso_cuda_math math);
+
+/* Facts about device `device`, bf16 peak from the table included.
+ * 0 or -errno with the reason in err. */
+int fso_gpu_info_query(int device, fso_gpu_info *out, char *err, size_t errlen);
+
+/* Page-lock [ptr, ptr + bytes) for every device of the process (portable,
+ * mapped), in registrations of at most 64 GiB: fast asynchronous copies,
+ * and kernels (sqnorm) may read it. Use few, large ranges (the host arena),
+ * not one per buffer. Returns 0, or:
+ *   -EPERM   pinning was refused (RLIMIT_MEMLOCK, the driver): err says why
+ *            and what to do, e.g. "RLIMIT_MEMLOCK is 8 MiB; pinning 64 GiB
+ *            needs `ulimit -l unlimited`"; warn once and continue with
+ *            pageable memory, which works, only slower;
+ *   -ENODEV  no CUDA device or driver;
+ *   -EINVAL  a NULL or empty range, or one that overlaps a registered one.
+ * RLIMIT_MEMLOCK is read first; the NVIDIA driver does not charge pinned
+ * pages to it on current Linux drivers, so a low limit alone does not
+ * refuse: it goes into the message when the driver refuses. */
+int fso_cuda_host_register(void *ptr, size_t bytes, char *err, size_t errlen);
+/* Undo fso_cuda_host_register on the same range. 0 or -errno. */
+int fso_cuda_host_unregister(void *ptr, size_t bytes);
+
+/* NCCL collectives among `world` CUDA backends of this process, devices[r]
+ * being rank r's (one CUDA device each, all distinct). One communicator per
+ * device (ncclCommInitAll); each rank's thread calls its collectives, as the
+ * engine does. all_gather and reduce_scatter (fp32, sum) run on each rank's
+ * collective stream, ordered after the work already queued on its backend
+ * and before the work queued after them; they return once queued. A failure
+ * is returned and also kept in the rank's backend, so its next sync() reports
+ * it. all_reduce_f64 (host buffers, at most 64 values) gathers every rank's
+ * values and sums them in rank order, so all ranks get the same bits;
+ * barrier waits for the rank's queued work and for every rank to reach it.
+ * reduce_scatter sums in NCCL's order, not rank order. busy_ms counts host
+ * time inside the calls. 0 or -errno with the reason in err. */
+int fso_coll_create_nccl(fso_coll **out, int world, fso_backend **devices, char *err,
+                         size_t errlen);
+
+#endif /* FSO_HAVE_CUDA */
+
+#endif

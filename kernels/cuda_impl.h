@@ -1,0 +1,148 @@
+/* cuda_impl.h — private to kernels/: the CUDA backend's context, its stream
+ * ordering and error recording, and the op launchers of the .cu files.
+ * C-compatible: included by cuda_backend.c, coll_nccl.c and the .cu files.
+ */
+#ifndef FSO_CUDA_IMPL_H
+#define FSO_CUDA_IMPL_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include "backend.h"
+#include "cuda_backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum fso_cuda_stream {
+    FSO_CS_COMPUTE,
+    FSO_CS_H2D,
+    FSO_CS_D2H,
+    FSO_CS_COLL,
+    FSO_CS_N
+} fso_cuda_stream;
+
+/* Bits of the device error word that kernels set (read back by sync). */
+#define FSO_CUDA_FLAG_BAD_TOKEN 1u   /* embedding: token id outside [0, V) */
+#define FSO_CUDA_FLAG_BAD_TARGET 2u  /* cross-entropy: target outside [0, V) */
+
+typedef struct fso_cuda_alloc {
+    void *ptr;
+    size_t bytes;   /* as counted in mem_used_bytes */
+} fso_cuda_alloc;
+
+typedef struct fso_cuda_ctx {
+    pthread_mutex_t mu;               /* the ordering state and rc, when two host
+                                         threads share the backend (the engine's
+                                         optimizer thread copies while its rank
+                                         thread computes) */
+    int ordinal;
+    int sm_count;
+    fso_cuda_math math;
+    cudaStream_t stream[FSO_CS_N];
+    cudaEvent_t tail[FSO_CS_N];       /* recorded at the end of a stream's queued work */
+    uint64_t gen[FSO_CS_N];           /* items queued on each stream */
+    uint64_t recorded[FSO_CS_N];      /* gen[s] when tail[s] was last recorded */
+    uint64_t waited[FSO_CS_N][FSO_CS_N]; /* [t][s]: stream t is ordered after gen s */
+    cublasHandle_t blas;
+    void *blas_ws;
+    size_t blas_ws_bytes;
+    void *scratch;                    /* compute-stream scratch, grown rarely */
+    size_t scratch_bytes;
+    int mempools;                     /* cudaMallocAsync available */
+    unsigned *dev_flags;              /* FSO_CUDA_FLAG_* set by kernels */
+    unsigned *host_flags;             /* pinned copy, read by sync */
+    double *host_sq;                  /* pinned: sqnorm's result */
+    fso_cuda_alloc *allocs;
+    size_t n_allocs, cap_allocs;
+    int rc;                           /* first failure, sticky; detail in be->err */
+} fso_cuda_ctx;
+
+#define FSO_CUDA_CTX(be) ((fso_cuda_ctx *)(be)->ctx)
+
+/* Keep the first failure: rc (negative errno) with a message. */
+void fso_cuda_fail(fso_backend *be, int rc, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* The kept failure: 0 or a negative errno. */
+int fso_cuda_status(fso_backend *be);
+/* Record a CUDA error (if any) of `what`; returns 0 or the negative errno. */
+int fso_cuda_check(fso_backend *be, cudaError_t e, const char *what);
+int fso_cuda_check_blas(fso_backend *be, cublasStatus_t s, const char *what);
+/* A CUDA error as a negative errno. */
+int fso_cuda_errno(cudaError_t e);
+
+/* Make `be`'s device current and order stream s after the work queued on
+ * the backend's other streams; returns the stream to queue on. */
+cudaStream_t fso_cuda_begin(fso_backend *be, fso_cuda_stream s);
+/* Work was queued on s: later work on other streams must wait for it.
+ * Checks for a launch error of `what`. */
+void fso_cuda_end(fso_backend *be, fso_cuda_stream s, const char *what);
+
+/* At least `bytes` of device scratch on the compute stream, valid until
+ * the next call (ops run one after another on that stream); NULL after a
+ * recorded failure. */
+void *fso_cuda_scratch(fso_backend *be, size_t bytes);
+
+/* cuBLAS: C = alpha op(A) op(B) + beta C, column-major, fp32 storage, the
+ * backend's math; batch > 1 uses the strides. */
+void fso_cuda_gemm(fso_backend *be, int trans_a, int trans_b, int m, int n, int k, float alpha,
+                   const float *A, int lda, long long stride_a, const float *B, int ldb,
+                   long long stride_b, float beta, float *C, int ldc, long long stride_c,
+                   int batch);
+
+/* The ops (backend.h), defined in cuda_ops.cu, cuda_matmul.c and
+ * cuda_attention.c. */
+void fso_cuda_embedding_fwd(fso_backend *be, float *out, const int32_t *tok, const float *wte,
+                            int N, int C);
+void fso_cuda_embedding_bwd(fso_backend *be, float *dwte, const int32_t *tok, const float *dout,
+                            int N, int C);
+void fso_cuda_rmsnorm_fwd(fso_backend *be, float *out, float *rstd, const float *x,
+                          const float *w, int N, int C, float eps);
+void fso_cuda_rmsnorm_bwd(fso_backend *be, float *dx, float *dw, const float *dout,
+                          const float *x, const float *w, const float *rstd, int N, int C);
+void fso_cuda_matmul_fwd(fso_backend *be, float *out, const float *x, const float *w, int N,
+                         int Cin, int Cout);
+void fso_cuda_matmul_bwd(fso_backend *be, float *dx, float *dw, const float *dout,
+                         const float *x, const float *w, int N, int Cin, int Cout,
+                         float dx_beta);
+void fso_cuda_rope(fso_backend *be, float *x, const float *cos_t, const float *sin_t, int B,
+                   int T, int nh, int D, int inverse);
+void fso_cuda_attention_fwd(fso_backend *be, float *out, float *probs, const float *q,
+                            const float *k, const float *v, int B, int T, int H, int Hkv, int D);
+void fso_cuda_attention_bwd(fso_backend *be, float *dq, float *dk, float *dv, const float *dout,
+                            const float *probs, const float *q, const float *k, const float *v,
+                            int B, int T, int H, int Hkv, int D);
+void fso_cuda_swiglu_fwd(fso_backend *be, float *out, const float *gate, const float *up,
+                         size_t n);
+void fso_cuda_swiglu_bwd(fso_backend *be, float *dgate, float *dup, const float *dout,
+                         const float *gate, const float *up, size_t n);
+void fso_cuda_add(fso_backend *be, float *out, const float *a, const float *b, size_t n);
+void fso_cuda_cross_entropy(fso_backend *be, float *dlogits, float *losses, const float *logits,
+                            const int32_t *targets, int N, int V, float dscale);
+
+/* Attention's row kernels (cuda_softmax.cu), queued on the compute stream
+ * inside an op: probs (rows, T) scaled scores -> causal softmax in place;
+ * dp (rows, T) -> dS = P * (dP - rowsum(P * dP)) * scale in place. Row r is
+ * position r % T. */
+void fso_cuda_causal_softmax(fso_backend *be, float *probs, size_t rows, int T);
+void fso_cuda_causal_softmax_bwd(fso_backend *be, float *dp, const float *probs, size_t rows,
+                                 int T, float scale);
+
+/* sqnorm's device part: scratch[0] = sum of x^2 over n device-readable
+ * floats, in double, in a fixed order (fixed chunks, fixed trees) that does
+ * not depend on the GPU and that fso_cuda_sqnorm_host reproduces bit for
+ * bit on the CPU. scratch holds fso_cuda_sqnorm_scratch_elems(n) doubles. */
+void fso_cuda_sqnorm_device(fso_backend *be, double *scratch, const float *x, size_t n);
+double fso_cuda_sqnorm_host(const float *x, size_t n);
+size_t fso_cuda_sqnorm_scratch_elems(size_t n);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

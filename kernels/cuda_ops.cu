@@ -1,0 +1,426 @@
+/* cuda_ops.cu — the CUDA backend's non-matmul ops: embedding, RMSNorm,
+ * RoPE, SwiGLU, residual add, cross-entropy, squared norm.
+ *
+ * Each op mirrors the formula of cpu_ref.c in fp32 with fp32 accumulation
+ * (sqnorm: double). Ops are queued on the compute stream and never wait on
+ * the host. Reductions that cross threads (RMSNorm's weight gradient, the
+ * embedding gradient, sqnorm) give every output element one writer and add
+ * in an order fixed by the sizes, so results repeat bit for bit; no atomics
+ * on floats.
+ */
+#include <math.h>
+
+#include "cuda_common.cuh"
+
+#define EW_THREADS 256
+
+/* ------------------------------------------------------------ embedding */
+
+__global__ void embedding_fwd_kernel(float *out, const int32_t *tok, const float *wte, int N,
+                                     int C, unsigned *flags)
+{
+    const size_t total = (size_t)N * C;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
+         i += (size_t)gridDim.x * blockDim.x) {
+        size_t n = i / C, c = i % C;
+        int32_t t = tok[n];
+        if (t < 0) {
+            if (c == 0)
+                atomicOr(flags, FSO_CUDA_FLAG_BAD_TOKEN);
+            out[i] = 0.0f;
+        } else {
+            out[i] = wte[(size_t)t * C + c];
+        }
+    }
+}
+
+extern "C" void fso_cuda_embedding_fwd(fso_backend *be, float *out, const int32_t *tok,
+                                       const float *wte, int N, int C)
+{
+    if (N <= 0 || C <= 0)
+        return;
+    cudaStream_t s = fso_cuda_begin(be, FSO_CS_COMPUTE);
+    embedding_fwd_kernel<<<fso_grid_for((size_t)N * C, EW_THREADS), EW_THREADS, 0, s>>>(
+        out, tok, wte, N, C, FSO_CUDA_CTX(be)->dev_flags);
+    fso_cuda_end(be, FSO_CS_COMPUTE, "embedding_fwd");
+}
+
+/* dwte[tok[n]] += dout[n] for n in order. Thread (column c, group g) owns
+ * the rows of dwte whose token id is g modulo EMB_GROUPS: one writer per
+ * element, rows added in order n = 0, 1, ... The group test depends only on
+ * the token, so a warp never diverges. */
+#define EMB_GROUPS 64
+
+__global__ void embedding_bwd_kernel(float *dwte, const int32_t *tok, const float *dout, int N,
+                                     int C, unsigned *flags)
+{
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    const int g = blockIdx.y;
+    if (c >= C)
+        return;
+    for (int n = 0; n < N; n++) {
+        int32_t t = tok[n];
+        if (t < 0) {
+            if (g == 0 && c == 0)
+                atomicOr(flags, FSO_CUDA_FLAG_BAD_TOKEN);
+            continue;
+        }
+        if (t % EMB_GROUPS != g)
+            continue;
+        dwte[(size_t)t * C + c] += dout[(size_t)n * C + c];
+    }
+}
+
+extern "C" void fso_cuda_embedding_bwd(fso_backend *be, float *dwte, const int32_t *tok,
+                                       const float *dout, int N, int C)
+{
+    if (N <= 0 || C <= 0)
+        return;
+    cudaStream_t s = fso_cuda_begin(be, FSO_CS_COMPUTE);
+    const unsigned threads = C < 128 ? 32 : 128;
+    dim3 grid((unsigned)((C + threads - 1) / threads), EMB_GROUPS);
+    embedding_bwd_kernel<<<grid, threads, 0, s>>>(dwte, tok, dout, N, C,
+                                                  FSO_CUDA_CTX(be)->dev_flags);
+    fso_cuda_end(be, FSO_CS_COMPUTE, "embedding_bwd");
+}
+
+/* ------------------------------------------------------------ rmsnorm */
+
+/* One block per row: rstd = (mean(x^2) + eps)^-1/2, out = x * rstd * w. */
+__global__ void rmsnorm_fwd_kernel(float *out, float *rstd, const float *x, const float *w,
+                                   int C, float eps)
+{
+    __shared__ float sh[32];
+    const size_t row = blockIdx.x;
+    const float *xr = x + row * C;
+    float ss = 0.0f;
+    for (int c = threadIdx.x; c < C; c += blockDim.x)
+        ss += xr[c] * xr[c];
+    ss = fso_block_sum(ss, sh);
+    const float r = 1.0f / sqrtf(ss / (float)C + eps);
+    if (threadIdx.x == 0)
+        rstd[row] = r;
+    float *o = out + row * C;
+    for (int c = threadIdx.x; c < C; c += blockDim.x)
+        o[c] = xr[c] * r * w[c];
+}
+
+extern "C" void fso_cuda_rmsnorm_fwd(fso_backend *be, float *out, float *rstd, const float *x,
+                                     const float *w, int N, int C, float eps)
+{
+    if (N <= 0 || C <= 0)
+        return;
+    cudaStream_t s = fso_cuda_begin(be, FSO_CS_COMPUTE);
+    rmsnorm_fwd_kernel<<<(unsigned)N, fso_row_threads((size_t)C, 512), 0, s>>>(out, rstd, x, w,
+                                                                              C, eps);
+    fso_cuda_end(be, FSO_CS_COMPUTE, "rmsnorm_fwd");
+}
+
+/* dx += r * w*dy - x * r^3 / C * sum(w*dy*x), one block per row. */
+__global__ void rmsnorm_bwd_dx_kernel(float *dx, const float *dout, const float *x,
+                                      const float *w, const float *rstd, int C)
+{
+    __shared__ float sh[32];
+    const size_t row = blockIdx.x;
+    const float *xr = x + row * C, *dy = dout + row * C;
+    float dot = 0.0f;
+    for (int c = threadIdx.x; c < C; c += blockDim.x)
+        dot += w[c] * dy[c] * xr[c];
+    dot = fso_block_sum(dot, sh);
+    const float r = rstd[row];
+    const float k = r * r * r * dot / (float)C;
+    float *d = dx + row * C;
+    for (int c = threadIdx.x; c < C; c += blockDim.x)
+        d[c] += r * w[c] * dy[c] - xr[c] * k;
+}
+
+/* dw partials: part[chunk][c] = sum over the chunk's rows, in order. */
+#define RN_ROWS_PER_CHUNK 64
+
+__global__ void rmsnorm_bwd_dw_partial_kernel(float *part, const float *dout, const float *x,
+                                              const float *rstd, int N, int C)
+{
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    const int chunk = blockIdx.y;
+    if (c >= C)
+        return;
+    const int n0 = chunk * RN_ROWS_PER_CHUNK;
+    const int n1 = min(N, n0 + RN_ROWS_PER_CHUNK);
+    float acc = 0.0f;
+    for (int n = n0; n < n1; n++)
+        acc += dout[(size_t)n * C + c] * x[(size_t)n * C + c] * rstd[n];
+    part[(size_t)chunk * C + c] = acc;
+}
+
+__global__ void rmsnorm_bwd_dw_sum_kernel(float *dw, const float *part, int chunks, int C)
+{
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C)
+        return;
+    float acc = 0.0f;
+    for (int k = 0; k < chunks; k++)
+        acc += part[(size_t)k * C + c];
+    dw[c] += acc;
+}
+
+extern "C" void fso_cuda_rmsnorm_bwd(fso_backend *be, float *dx, float *dw, const float *dout,
+                                     const float *x, const float *w, const float *rstd, int N,
+                                     int C)
+{
+    if (N <= 0 || C <= 0)
+        return;
+    cudaStream_t s = fso_cuda_begin(be, FSO_CS_COMPUTE);
+    const int chunks = (N + RN_ROWS_PER_CHUNK - 1) / RN_ROWS_PER_CHUNK;
+    float *part = (float *)fso_cuda_scratch(be, sizeof(float) * (size_t)chunks * C);
+    if (part) {
+        rmsnorm_bwd_dx_kernel<<<(unsigned)N, fso_row_threads((size_t)C, 512), 0, s>>>(
+            dx, dout, x, w, rstd, C);
+        const unsigned threads = C < 256 ? 32 : 256;
+        dim3 grid((unsigned)((C + threads - 1) / threads), (unsigned)chunks);
+        rmsnorm_bwd_dw_partial_kernel<<<grid, threads, 0, s>>>(part, dout, x, rstd, N, C);
+        rmsnorm_bwd_dw_sum_kernel<<<(unsigned)((C + threads - 1) / threads), threads, 0, s>>>(
+            dw, part, chunks, C);
+    }
+    fso_cuda_end(be, FSO_CS_COMPUTE, "rmsnorm_bwd");
+}
+
+/* ------------------------------------------------------------ rope */
+
+/* Rotate-half RoPE in place: one thread per (row, head, pair i < D/2). */
+__global__ void rope_kernel(float *x, const float *cos_t, const float *sin_t, int T, int nh,
+                            int D, float sgn, size_t pairs)
+{
+    const int half = D / 2;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < pairs;
+         i += (size_t)gridDim.x * blockDim.x) {
+        const int p = (int)(i % half);
+        const size_t rest = i / half; /* (b*T + t) * nh + h */
+        const int t = (int)((rest / nh) % T);
+        float *v = x + rest * D;
+        const float c = cos_t[(size_t)t * half + p], sn = sgn * sin_t[(size_t)t * half + p];
+        const float x1 = v[p], x2 = v[p + half];
+        v[p] = x1 * c - x2 * sn;
+        v[p + half] = x2 * c + x1 * sn;
+    }
+}
+
+extern "C" void fso_cuda_rope(fso_backend *be, float *x, const float *cos_t, const float *sin_t,
+                              int B, int T, int nh, int D, int inverse)
+{
+    const size_t pairs = (size_t)B * T * nh * (D / 2);
+    if (pairs == 0)
+        return;
+    cudaStream_t s = fso_cuda_begin(be, FSO_CS_COMPUTE);
+    rope_kernel<<<fso_grid_for(pairs, EW_THREADS), EW_THREADS, 0, s>>>(
+        x, cos_t, sin_t, T, nh, D, inverse ? -1.0f : 1.0f, pairs);
+    fso_cuda_end(be, FSO_CS_COMPUTE, "rope");
+}
+
+/* ------------------------------------------------------------ elementwise */
+
+__global__ void swiglu_fwd_kernel(float *out, const float *gate, const float *up, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        const float g = gate[i];
+        out[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+
+/* silu'(g) = sig(g) * (1 + g * (1 - sig(g))) */
+__global__ void swiglu_bwd_kernel(float *dgate, float *dup, const float *dout, const float *gate,
+                                  const float *up, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        const float g = gate[i], sg = 1.0f / (1.0f + expf(-g)), dy = dout[i], u = up[i];
+        dup[i] = dy * g * sg;
+        dgate[i] = dy * u * sg * (1.0f + g * (1.0f - sg));
+    }
+}
+
+__global__ void add_kernel(float *out, const float *a, const float *b, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        out[i] = a[i] + b[i];
+}
+
+extern "C" void fso_cuda_swiglu_fwd(fso_backend *be, float *out, const float *gate,
+                                    const float *up, size_t n)
+{
+    if (n == 0)
+        return;
+    cudaStream_t s = fso_cuda_begin(be, FSO_CS_COMPUTE);
+    swiglu_fwd_kernel<<<fso_grid_for(n, EW_THREADS), EW_THREADS, 0, s>>>(out, gate, up, n);
+    fso_cuda_end(be, FSO_CS_COMPUTE, "swiglu_fwd");
+}
+
+extern "C" void fso_cuda_swiglu_bwd(fso_backend *be, float *dgate, float *dup, const float *dout,
+                                    const float *gate, const float *up, size_t n)
+{
+    if (n == 0)
+        return;
+    cudaStream_t s = fso_cuda_begin(be, FSO_CS_COMPUTE);
+    swiglu_bwd_kernel<<<fso_grid_for(n, EW_THREADS), EW_THREADS, 0, s>>>(dgate, dup, dout, gate,
+                                                                         up, n);
+    fso_cuda_end(be, FSO_CS_COMPUTE, "swiglu_bwd");
+}
+
+extern "C" void fso_cuda_add(fso_backend *be, float *out, const float *a, const float *b,
+                             size_t n)
+{
+    if (n == 0)
+        return;
+    cudaStream_t s = fso_cuda_begin(be, FSO_CS_COMPUTE);
+    add_kernel<<<fso_grid_for(n, EW_THREADS), EW_THREADS, 0, s>>>(out, a, b, n);
+    fso_cuda_end(be, FSO_CS_COMPUTE, "add");
+}
+
+/* ------------------------------------------------------------ cross-entropy */
+
+/* One block per row: lse = max + log(sum exp(l - max)); loss = lse - l[tgt];
+ * dl = (softmax - onehot) * dscale, written after every read of the row's
+ * logits it depends on (dl may be the logits). */
+__global__ void cross_entropy_kernel(float *dl_all, float *losses, const float *logits,
+                                     const int32_t *targets, int V, float dscale,
+                                     unsigned *flags)
+{
+    __shared__ float shf[32];
+    __shared__ double shd[32];
+    const size_t row = blockIdx.x;
+    const float *l = logits + row * V;
+    float *dl = dl_all + row * V;
+    const int32_t tgt = targets[row];
+    const bool bad = tgt < 0 || tgt >= V;
+    const float lt = bad ? 0.0f : l[tgt]; /* read before anything is written */
+
+    float mx = -INFINITY;
+    for (int j = threadIdx.x; j < V; j += blockDim.x)
+        mx = fmaxf(mx, l[j]);
+    mx = fso_block_max(mx, shf);
+    float part = 0.0f;
+    for (int j = threadIdx.x; j < V; j += blockDim.x)
+        part += expf(l[j] - mx);
+    const double sum = fso_block_sum((double)part, shd);
+    const float lse = (float)((double)mx + log(sum));
+    if (bad) {
+        if (threadIdx.x == 0) {
+            atomicOr(flags, FSO_CUDA_FLAG_BAD_TARGET);
+            losses[row] = NAN;
+        }
+        for (int j = threadIdx.x; j < V; j += blockDim.x)
+            dl[j] = 0.0f;
+        return;
+    }
+    if (threadIdx.x == 0)
+        losses[row] = lse - lt;
+    for (int j = threadIdx.x; j < V; j += blockDim.x) {
+        const float p = expf(l[j] - lse);
+        dl[j] = (p - (j == tgt ? 1.0f : 0.0f)) * dscale;
+    }
+}
+
+extern "C" void fso_cuda_cross_entropy(fso_backend *be, float *dlogits, float *losses,
+                                       const float *logits, const int32_t *targets, int N, int V,
+                                       float dscale)
+{
+    if (N <= 0 || V <= 0)
+        return;
+    cudaStream_t s = fso_cuda_begin(be, FSO_CS_COMPUTE);
+    cross_entropy_kernel<<<(unsigned)N, fso_row_threads((size_t)V, 512), 0, s>>>(
+        dlogits, losses, logits, targets, V, dscale, FSO_CUDA_CTX(be)->dev_flags);
+    fso_cuda_end(be, FSO_CS_COMPUTE, "cross_entropy");
+}
+
+/* ------------------------------------------------------------ sqnorm */
+
+/* Fixed shape: chunks of SQ_CHUNK elements, SQ_THREADS threads each summing
+ * a strided share in double, then a halving tree; the chunk sums reduced
+ * the same way by one block. fso_cuda_sqnorm_host replays it exactly (every
+ * product of two floats is exact in double, so fused or not, the bits are
+ * the same). */
+#define SQ_THREADS 256
+#define SQ_CHUNK 65536
+
+__device__ double sq_tree(double s, double *sh)
+{
+    sh[threadIdx.x] = s;
+    for (int w = SQ_THREADS / 2; w > 0; w >>= 1) {
+        __syncthreads();
+        if (threadIdx.x < w)
+            sh[threadIdx.x] = sh[threadIdx.x] + sh[threadIdx.x + w];
+    }
+    __syncthreads();
+    return sh[0];
+}
+
+__global__ void sqnorm_chunk_kernel(double *part, const float *x, size_t n)
+{
+    __shared__ double sh[SQ_THREADS];
+    const size_t base = (size_t)blockIdx.x * SQ_CHUNK;
+    const size_t end = base + SQ_CHUNK < n ? base + SQ_CHUNK : n;
+    double s = 0.0;
+    for (size_t i = base + threadIdx.x; i < end; i += SQ_THREADS) {
+        const double v = x[i];
+        s += v * v;
+    }
+    s = sq_tree(s, sh);
+    if (threadIdx.x == 0)
+        part[blockIdx.x] = s;
+}
+
+__global__ void sqnorm_total_kernel(double *result, const double *part, size_t chunks)
+{
+    __shared__ double sh[SQ_THREADS];
+    double s = 0.0;
+    for (size_t i = threadIdx.x; i < chunks; i += SQ_THREADS)
+        s += part[i];
+    s = sq_tree(s, sh);
+    if (threadIdx.x == 0)
+        *result = s;
+}
+
+extern "C" size_t fso_cuda_sqnorm_scratch_elems(size_t n)
+{
+    return 1 + (n + SQ_CHUNK - 1) / SQ_CHUNK;
+}
+
+extern "C" void fso_cuda_sqnorm_device(fso_backend *be, double *scratch, const float *x,
+                                       size_t n)
+{
+    cudaStream_t s = FSO_CUDA_CTX(be)->stream[FSO_CS_COMPUTE];
+    const size_t chunks = (n + SQ_CHUNK - 1) / SQ_CHUNK;
+    if (chunks > 0)
+        sqnorm_chunk_kernel<<<(unsigned)chunks, SQ_THREADS, 0, s>>>(scratch + 1, x, n);
+    sqnorm_total_kernel<<<1, SQ_THREADS, 0, s>>>(scratch, scratch + 1, chunks);
+}
+
+static double sq_tree_host(double *sh)
+{
+    for (int w = SQ_THREADS / 2; w > 0; w >>= 1)
+        for (int t = 0; t < w; t++)
+            sh[t] = sh[t] + sh[t + w];
+    return sh[0];
+}
+
+extern "C" double fso_cuda_sqnorm_host(const float *x, size_t n)
+{
+    const size_t chunks = (n + SQ_CHUNK - 1) / SQ_CHUNK;
+    double sh[SQ_THREADS], tot[SQ_THREADS] = {0};
+    /* chunk sums go straight into the final pass's per-thread sums:
+     * thread t of the final pass adds chunks t, t + SQ_THREADS, ... in order */
+    for (size_t b = 0; b < chunks; b++) {
+        const size_t base = b * SQ_CHUNK, end = base + SQ_CHUNK < n ? base + SQ_CHUNK : n;
+        for (int t = 0; t < SQ_THREADS; t++) {
+            double s = 0.0;
+            for (size_t i = base + t; i < end; i += SQ_THREADS) {
+                const double v = x[i];
+                s += v * v;
+            }
+            sh[t] = s;
+        }
+        tot[b % SQ_THREADS] += sq_tree_host(sh);
+    }
+    return sq_tree_host(tot);
+}

@@ -1,0 +1,854 @@
+/* test_cuda.c — the CUDA backend op by op against the CPU reference, NCCL
+ * collectives against the thread implementation, pinned host memory.
+ *
+ * Every op runs on the reference and on the CUDA backend from the same
+ * random inputs, in both matmul maths: fp32 (normalized error 1e-5) and
+ * bf16 tensor cores (2e-2 for the ops built on matmuls; the others compute
+ * in fp32 either way and keep 1e-5). Outputs live in device buffers with
+ * sentinel guard regions on both sides, checked after each op; results are
+ * checked for NaN/Inf. Without a CUDA device (or in a build without CUDA)
+ * the program prints why and exits 77 (skipped) before CMocka starts.
+ */
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include <cmocka.h>
+
+#include "backend.h"
+#include "coll.h"
+#include "cuda_backend.h"
+#include "fso_build.h"
+#include "gpu_info.h"
+#include "rng.h"
+
+/* The peak table is plain C: checked in every build, GPU or not. */
+static int peak_table_ok(void)
+{
+    static const struct {
+        const char *name;
+        double want;
+    } cases[] = {
+        {"NVIDIA A100-SXM4-80GB", 312}, {"NVIDIA A100 80GB PCIe", 312},
+        {"NVIDIA H100 80GB HBM3", 989}, {"NVIDIA H100 PCIe", 756},
+        {"NVIDIA H100 NVL", 835},       {"NVIDIA H200", 989},
+        {"NVIDIA L40S", 362},           {"NVIDIA L4", 121},
+        {"NVIDIA GeForce RTX 4090", 165.2}, {"NVIDIA A10G", 0},
+        {"NVIDIA GeForce RTX 4090 D", 0}, {"Tesla V100-SXM2-16GB", 0},
+        {"", 0},
+    };
+    int ok = 1;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        double got = fso_gpu_bf16_peak_tflops(cases[i].name);
+        if (fabs(got - cases[i].want) > 1e-9) {
+            fprintf(stderr, "peak table: \"%s\": got %g TFLOP/s, want %g\n", cases[i].name, got,
+                    cases[i].want);
+            ok = 0;
+        }
+    }
+    return ok && fso_gpu_bf16_peak_tflops(NULL) == 0;
+}
+
+#if FSO_HAVE_CUDA
+
+#define GUARD 16
+#define GUARD_VAL 12345.678f
+#define TOL_FP32 1e-5
+#define TOL_BF16 2e-2
+
+static fso_backend *ref;
+static fso_backend *cu[2]; /* [0] fp32 math, [1] bf16 math */
+static const char *const math_name[2] = {"fp32", "bf16"};
+static fso_rng rng;
+
+/* ---------------------------------------------------------------- host buffers */
+
+static float *hbuf(size_t n)
+{
+    float *p = calloc(n ? n : 1, sizeof(float));
+    assert_non_null(p);
+    return p;
+}
+
+static float *hrand(size_t n, double scale)
+{
+    float *p = hbuf(n);
+    for (size_t i = 0; i < n; i++)
+        p[i] = (float)(scale * fso_rng_normal(&rng));
+    return p;
+}
+
+static float *hcopy(const float *src, size_t n)
+{
+    float *p = hbuf(n);
+    memcpy(p, src, sizeof(float) * n);
+    return p;
+}
+
+/* ---------------------------------------------------------------- device buffers */
+
+/* n floats on the device between two GUARD-float sentinel regions. */
+static float *dnew(fso_backend *be, size_t n)
+{
+    void *base = NULL;
+    assert_int_equal(be->ops->buf_alloc(be, sizeof(float) * (n + 2 * GUARD), &base), 0);
+    float *fill = hbuf(n + 2 * GUARD);
+    for (size_t i = 0; i < n + 2 * GUARD; i++)
+        fill[i] = GUARD_VAL;
+    be->ops->copy_h2d(be, base, fill, sizeof(float) * (n + 2 * GUARD));
+    assert_int_equal(be->ops->sync(be), 0);
+    free(fill);
+    return (float *)base + GUARD;
+}
+
+static void dfree(fso_backend *be, float *d)
+{
+    if (d)
+        be->ops->buf_free(be, d - GUARD);
+}
+
+static float *dput(fso_backend *be, const float *h, size_t n)
+{
+    float *d = dnew(be, n);
+    be->ops->copy_h2d(be, d, h, sizeof(float) * n);
+    return d;
+}
+
+static int32_t *dput_i32(fso_backend *be, const int32_t *h, size_t n)
+{
+    void *d = NULL;
+    assert_int_equal(be->ops->buf_alloc(be, sizeof(int32_t) * n, &d), 0);
+    be->ops->copy_h2d(be, d, h, sizeof(int32_t) * n);
+    return d;
+}
+
+/* Copy n floats back (after everything queued) and check the guards. */
+static float *dget(fso_backend *be, const float *d, size_t n, const char *what)
+{
+    float *h = hbuf(n + 2 * GUARD);
+    be->ops->copy_d2h(be, h, d - GUARD, sizeof(float) * (n + 2 * GUARD));
+    int rc = be->ops->sync(be);
+    if (rc != 0)
+        fail_msg("%s: sync failed: %s", what, be->err);
+    for (int i = 0; i < GUARD; i++)
+        if (h[i] != GUARD_VAL || h[GUARD + n + i] != GUARD_VAL)
+            fail_msg("%s: write outside the output (guard %d)", what, i);
+    memmove(h, h + GUARD, sizeof(float) * n);
+    return h;
+}
+
+/* Fail unless ||got - want|| / ||want|| <= tol and every value is finite. */
+static void compare(const char *what, int m, const float *got, const float *want, size_t n,
+                    double tol)
+{
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(got[i]))
+            fail_msg("%s (%s): element %zu is %g", what, math_name[m], i, got[i]);
+        double d = (double)got[i] - want[i];
+        num += d * d;
+        den += (double)want[i] * want[i];
+    }
+    double err = sqrt(num / (den > 0 ? den : 1));
+    if (err > tol || (tol == 0 && num != 0)) {
+        int shown = 0;
+        for (size_t i = 0; i < n && shown < 5; i++)
+            if (fabs((double)got[i] - want[i]) > tol * (fabs(want[i]) + 1e-3)) {
+                fprintf(stderr, "  %s[%zu]: got %.8g want %.8g\n", what, i, got[i], want[i]);
+                shown++;
+            }
+        fail_msg("%s (%s): normalized error %.3g > %.3g", what, math_name[m], err, tol);
+    }
+}
+
+/* Device result against a host reference; frees the copy. */
+static void check(fso_backend *be, int m, const char *what, const float *d, const float *want,
+                  size_t n, double tol)
+{
+    float *got = dget(be, d, n, what);
+    compare(what, m, got, want, n, tol);
+    free(got);
+}
+
+static double mm_tol(int m)
+{
+    return m == 0 ? TOL_FP32 : TOL_BF16;
+}
+
+/* ---------------------------------------------------------------- matmul */
+
+static void run_matmul(int m, int N, int Ci, int Co)
+{
+    fso_backend *be = cu[m];
+    float *x = hrand((size_t)N * Ci, 1), *w = hrand((size_t)Co * Ci, 0.3);
+    float *R = hrand((size_t)N * Co, 1), *o = hbuf((size_t)N * Co);
+    float *dx0 = hrand((size_t)N * Ci, 1), *dw0 = hrand((size_t)Co * Ci, 1);
+    float *dx = hcopy(dx0, (size_t)N * Ci), *dw = hcopy(dw0, (size_t)Co * Ci);
+    float *dx_d = dput(be, x, (size_t)N * Ci), *dw_d = dput(be, w, (size_t)Co * Ci);
+    float *dR = dput(be, R, (size_t)N * Co), *dout = dnew(be, (size_t)N * Co);
+    float *ddx = dput(be, dx0, (size_t)N * Ci), *ddw = dput(be, dw0, (size_t)Co * Ci);
+
+    ref->ops->matmul_fwd(ref, o, x, w, N, Ci, Co);
+    be->ops->matmul_fwd(be, dout, dx_d, dw_d, N, Ci, Co);
+    check(be, m, "matmul_fwd out", dout, o, (size_t)N * Co, mm_tol(m));
+
+    ref->ops->matmul_bwd(ref, dx, dw, R, x, w, N, Ci, Co, 1.0f);
+    be->ops->matmul_bwd(be, ddx, ddw, dR, dx_d, dw_d, N, Ci, Co, 1.0f);
+    check(be, m, "matmul_bwd dx (accumulate)", ddx, dx, (size_t)N * Ci, mm_tol(m));
+    check(be, m, "matmul_bwd dw", ddw, dw, (size_t)Co * Ci, mm_tol(m));
+
+    /* dx NULL: only dw, accumulated again */
+    ref->ops->matmul_bwd(ref, NULL, dw, R, x, w, N, Ci, Co, 0.0f);
+    be->ops->matmul_bwd(be, NULL, ddw, dR, dx_d, dw_d, N, Ci, Co, 0.0f);
+    check(be, m, "matmul_bwd dw (dx NULL)", ddw, dw, (size_t)Co * Ci, mm_tol(m));
+    /* beta 0 overwrites dx, even holding NaN */
+    float *nan = hbuf((size_t)N * Ci);
+    for (size_t i = 0; i < (size_t)N * Ci; i++)
+        nan[i] = NAN;
+    be->ops->copy_h2d(be, ddx, nan, sizeof(float) * (size_t)N * Ci);
+    memset(dx, 0, sizeof(float) * (size_t)N * Ci);
+    ref->ops->matmul_bwd(ref, dx, dw, R, x, w, N, Ci, Co, 0.0f);
+    be->ops->matmul_bwd(be, ddx, ddw, dR, dx_d, dw_d, N, Ci, Co, 0.0f);
+    check(be, m, "matmul_bwd dx (overwrite)", ddx, dx, (size_t)N * Ci, mm_tol(m));
+
+    float *h[] = {x, w, R, o, dx0, dw0, dx, dw, nan};
+    for (size_t i = 0; i < sizeof h / sizeof *h; i++)
+        free(h[i]);
+    float *d[] = {dx_d, dw_d, dR, dout, ddx, ddw};
+    for (size_t i = 0; i < sizeof d / sizeof *d; i++)
+        dfree(be, d[i]);
+}
+
+static void test_matmul_matches_reference(void **state)
+{
+    (void)state;
+    for (int m = 0; m < 2; m++) {
+        run_matmul(m, 37, 45, 29);
+        run_matmul(m, 130, 256, 96);
+    }
+}
+
+/* ---------------------------------------------------------------- rmsnorm */
+
+static void run_rmsnorm(int m, int N, int C)
+{
+    fso_backend *be = cu[m];
+    size_t n = (size_t)N * C;
+    float *x = hrand(n, 1.5), *w = hrand((size_t)C, 1), *R = hrand(n, 1);
+    float *o = hbuf(n), *r = hbuf((size_t)N), *dx = hrand(n, 1), *dw = hrand((size_t)C, 1);
+    float *d_x = dput(be, x, n), *d_w = dput(be, w, (size_t)C), *d_R = dput(be, R, n);
+    float *d_o = dnew(be, n), *d_r = dnew(be, (size_t)N);
+    float *d_dx = dput(be, dx, n), *d_dw = dput(be, dw, (size_t)C);
+
+    ref->ops->rmsnorm_fwd(ref, o, r, x, w, N, C, 1e-5f);
+    be->ops->rmsnorm_fwd(be, d_o, d_r, d_x, d_w, N, C, 1e-5f);
+    check(be, m, "rmsnorm_fwd out", d_o, o, n, TOL_FP32);
+    check(be, m, "rmsnorm_fwd rstd", d_r, r, (size_t)N, TOL_FP32);
+
+    ref->ops->rmsnorm_bwd(ref, dx, dw, R, x, w, r, N, C);
+    be->ops->rmsnorm_bwd(be, d_dx, d_dw, d_R, d_x, d_w, d_r, N, C);
+    check(be, m, "rmsnorm_bwd dx (accumulate)", d_dx, dx, n, TOL_FP32);
+    check(be, m, "rmsnorm_bwd dw (accumulate)", d_dw, dw, (size_t)C, TOL_FP32);
+
+    float *h[] = {x, w, R, o, r, dx, dw};
+    for (size_t i = 0; i < sizeof h / sizeof *h; i++)
+        free(h[i]);
+    float *d[] = {d_x, d_w, d_R, d_o, d_r, d_dx, d_dw};
+    for (size_t i = 0; i < sizeof d / sizeof *d; i++)
+        dfree(be, d[i]);
+}
+
+static void test_rmsnorm_matches_reference(void **state)
+{
+    (void)state;
+    for (int m = 0; m < 2; m++) {
+        run_rmsnorm(m, 19, 70);
+        run_rmsnorm(m, 150, 1000); /* several row chunks for dw, many threads per row */
+    }
+}
+
+/* ---------------------------------------------------------------- embedding */
+
+static void run_embedding(int m, int N, int C, int V)
+{
+    fso_backend *be = cu[m];
+    int32_t *tok = malloc(sizeof(int32_t) * (size_t)N);
+    assert_non_null(tok);
+    for (int i = 0; i < N; i++)
+        tok[i] = (int32_t)(fso_rng_u64(&rng) % (uint64_t)V);
+    tok[3 % N] = tok[7 % N] = tok[11 % N] = V - 1; /* repeated ids accumulate */
+    size_t n = (size_t)N * C, nv = (size_t)V * C;
+    float *wte = hrand(nv, 1), *o = hbuf(n), *dout = hrand(n, 1), *dw = hrand(nv, 1);
+    int32_t *d_tok = dput_i32(be, tok, (size_t)N);
+    float *d_wte = dput(be, wte, nv), *d_o = dnew(be, n), *d_dout = dput(be, dout, n);
+    float *d_dw = dput(be, dw, nv);
+
+    ref->ops->embedding_fwd(ref, o, tok, wte, N, C);
+    be->ops->embedding_fwd(be, d_o, d_tok, d_wte, N, C);
+    check(be, m, "embedding_fwd", d_o, o, n, 0);
+    /* rows added in order: the same bits as the reference */
+    ref->ops->embedding_bwd(ref, dw, tok, dout, N, C);
+    be->ops->embedding_bwd(be, d_dw, d_tok, d_dout, N, C);
+    check(be, m, "embedding_bwd", d_dw, dw, nv, 0);
+
+    free(tok);
+    float *h[] = {wte, o, dout, dw};
+    for (size_t i = 0; i < sizeof h / sizeof *h; i++)
+        free(h[i]);
+    be->ops->buf_free(be, d_tok);
+    float *d[] = {d_wte, d_o, d_dout, d_dw};
+    for (size_t i = 0; i < sizeof d / sizeof *d; i++)
+        dfree(be, d[i]);
+}
+
+static void test_embedding_matches_reference_bit_for_bit(void **state)
+{
+    (void)state;
+    for (int m = 0; m < 2; m++) {
+        run_embedding(m, 50, 130, 17);
+        run_embedding(m, 300, 200, 1000); /* more ids than the kernel's groups */
+    }
+}
+
+/* ---------------------------------------------------------------- rope */
+
+static void test_rope_matches_reference(void **state)
+{
+    (void)state;
+    const int B = 2, T = 11, nh = 3, D = 10;
+    const size_t n = (size_t)B * T * nh * D, nt = (size_t)T * D / 2;
+    float *cs = hbuf(nt), *sn = hbuf(nt);
+    fso_rope_tables(cs, sn, T, D, 10000.0);
+    for (int m = 0; m < 2; m++) {
+        fso_backend *be = cu[m];
+        float *x = hrand(n, 1), *a = hcopy(x, n);
+        float *d_x = dput(be, x, n), *d_cs = dput(be, cs, nt), *d_sn = dput(be, sn, nt);
+        ref->ops->rope(ref, a, cs, sn, B, T, nh, D, 0);
+        be->ops->rope(be, d_x, d_cs, d_sn, B, T, nh, D, 0);
+        check(be, m, "rope", d_x, a, n, TOL_FP32);
+        be->ops->rope(be, d_x, d_cs, d_sn, B, T, nh, D, 1);
+        check(be, m, "rope inverse", d_x, x, n, 1e-6);
+        free(x);
+        free(a);
+        dfree(be, d_x);
+        dfree(be, d_cs);
+        dfree(be, d_sn);
+    }
+    free(cs);
+    free(sn);
+}
+
+/* ---------------------------------------------------------------- attention */
+
+static void run_attention(int m, int B, int T, int H, int Hkv, int D)
+{
+    fso_backend *be = cu[m];
+    size_t nq = (size_t)B * T * H * D, nkv = (size_t)B * T * Hkv * D, np = (size_t)B * H * T * T;
+    float *q = hrand(nq, 1), *k = hrand(nkv, 1), *v = hrand(nkv, 1), *R = hrand(nq, 1);
+    float *o = hbuf(nq), *p = hbuf(np), *dq = hbuf(nq), *dk = hbuf(nkv), *dv = hbuf(nkv);
+    float *d_q = dput(be, q, nq), *d_k = dput(be, k, nkv), *d_v = dput(be, v, nkv);
+    float *d_R = dput(be, R, nq), *d_o = dnew(be, nq), *d_p = dnew(be, np);
+    float *d_dq = dnew(be, nq), *d_dk = dnew(be, nkv), *d_dv = dnew(be, nkv);
+
+    ref->ops->attention_fwd(ref, o, p, q, k, v, B, T, H, Hkv, D);
+    be->ops->attention_fwd(be, d_o, d_p, d_q, d_k, d_v, B, T, H, Hkv, D);
+    check(be, m, "attention_fwd out", d_o, o, nq, mm_tol(m));
+    float *got_p = dget(be, d_p, np, "attention_fwd probs");
+    compare("attention_fwd probs", m, got_p, p, np, mm_tol(m));
+    for (int bh = 0; bh < B * H; bh++) /* causal: exact zeros past the diagonal */
+        for (int t = 0; t < T; t++)
+            for (int s = t + 1; s < T; s++)
+                assert_true(got_p[((size_t)bh * T + t) * T + s] == 0.0f);
+    free(got_p);
+
+    /* backward from the reference's probabilities, so both see the same P */
+    be->ops->copy_h2d(be, d_p, p, sizeof(float) * np);
+    ref->ops->attention_bwd(ref, dq, dk, dv, R, p, q, k, v, B, T, H, Hkv, D);
+    be->ops->attention_bwd(be, d_dq, d_dk, d_dv, d_R, d_p, d_q, d_k, d_v, B, T, H, Hkv, D);
+    check(be, m, "attention_bwd dq", d_dq, dq, nq, mm_tol(m));
+    check(be, m, "attention_bwd dk", d_dk, dk, nkv, mm_tol(m));
+    check(be, m, "attention_bwd dv", d_dv, dv, nkv, mm_tol(m));
+
+    float *h[] = {q, k, v, R, o, p, dq, dk, dv};
+    for (size_t i = 0; i < sizeof h / sizeof *h; i++)
+        free(h[i]);
+    float *d[] = {d_q, d_k, d_v, d_R, d_o, d_p, d_dq, d_dk, d_dv};
+    for (size_t i = 0; i < sizeof d / sizeof *d; i++)
+        dfree(be, d[i]);
+}
+
+static void test_attention_gqa_matches_reference(void **state)
+{
+    (void)state;
+    for (int m = 0; m < 2; m++) {
+        run_attention(m, 2, 13, 6, 2, 8); /* 3 query heads per kv head */
+        run_attention(m, 2, 70, 8, 2, 16); /* rows longer than a warp */
+    }
+}
+
+static void test_attention_mha_matches_reference(void **state)
+{
+    (void)state;
+    for (int m = 0; m < 2; m++)
+        run_attention(m, 1, 9, 4, 4, 6);
+}
+
+/* ---------------------------------------------------------------- swiglu, add */
+
+static void test_swiglu_and_add_match_reference(void **state)
+{
+    (void)state;
+    const size_t n = 100003;
+    for (int m = 0; m < 2; m++) {
+        fso_backend *be = cu[m];
+        float *g = hrand(n, 2), *u = hrand(n, 1), *R = hrand(n, 1), *o = hbuf(n);
+        float *dg = hbuf(n), *du = hbuf(n), *s = hbuf(n);
+        float *d_g = dput(be, g, n), *d_u = dput(be, u, n), *d_R = dput(be, R, n);
+        float *d_o = dnew(be, n), *d_dg = dnew(be, n), *d_du = dnew(be, n), *d_s = dnew(be, n);
+        ref->ops->swiglu_fwd(ref, o, g, u, n);
+        be->ops->swiglu_fwd(be, d_o, d_g, d_u, n);
+        check(be, m, "swiglu_fwd", d_o, o, n, TOL_FP32);
+        ref->ops->swiglu_bwd(ref, dg, du, R, g, u, n);
+        be->ops->swiglu_bwd(be, d_dg, d_du, d_R, d_g, d_u, n);
+        check(be, m, "swiglu_bwd dgate", d_dg, dg, n, TOL_FP32);
+        check(be, m, "swiglu_bwd dup", d_du, du, n, TOL_FP32);
+        ref->ops->add(ref, s, g, u, n);
+        be->ops->add(be, d_s, d_g, d_u, n);
+        check(be, m, "add", d_s, s, n, 0);
+        be->ops->add(be, d_g, d_g, d_u, n); /* out aliases a */
+        check(be, m, "add in place", d_g, s, n, 0);
+        float *h[] = {g, u, R, o, dg, du, s};
+        for (size_t i = 0; i < sizeof h / sizeof *h; i++)
+            free(h[i]);
+        float *d[] = {d_g, d_u, d_R, d_o, d_dg, d_du, d_s};
+        for (size_t i = 0; i < sizeof d / sizeof *d; i++)
+            dfree(be, d[i]);
+    }
+}
+
+/* ---------------------------------------------------------------- cross-entropy */
+
+static void run_cross_entropy(int m, int N, int V)
+{
+    fso_backend *be = cu[m];
+    int32_t *tgt = malloc(sizeof(int32_t) * (size_t)N);
+    assert_non_null(tgt);
+    for (int i = 0; i < N; i++)
+        tgt[i] = (int32_t)(fso_rng_u64(&rng) % (uint64_t)V);
+    size_t n = (size_t)N * V;
+    float *lg = hrand(n, 3), *dl = hbuf(n), *loss = hbuf((size_t)N);
+    int32_t *d_t = dput_i32(be, tgt, (size_t)N);
+    float *d_lg = dput(be, lg, n), *d_dl = dnew(be, n), *d_loss = dnew(be, (size_t)N);
+    ref->ops->cross_entropy(ref, dl, loss, lg, tgt, N, V, 0.25f);
+    be->ops->cross_entropy(be, d_dl, d_loss, d_lg, d_t, N, V, 0.25f);
+    check(be, m, "cross_entropy losses", d_loss, loss, (size_t)N, TOL_FP32);
+    check(be, m, "cross_entropy dlogits", d_dl, dl, n, TOL_FP32);
+    /* in place: dlogits over the logits */
+    be->ops->cross_entropy(be, d_lg, d_loss, d_lg, d_t, N, V, 0.25f);
+    check(be, m, "cross_entropy in place", d_lg, dl, n, TOL_FP32);
+    free(tgt);
+    free(lg);
+    free(dl);
+    free(loss);
+    be->ops->buf_free(be, d_t);
+    dfree(be, d_lg);
+    dfree(be, d_dl);
+    dfree(be, d_loss);
+}
+
+static void test_cross_entropy_matches_reference(void **state)
+{
+    (void)state;
+    for (int m = 0; m < 2; m++) {
+        run_cross_entropy(m, 21, 77);
+        run_cross_entropy(m, 5, 50257); /* many values per thread */
+    }
+}
+
+/* ---------------------------------------------------------------- sqnorm */
+
+static void test_sqnorm_is_exact_and_the_same_bits_from_host_memory(void **state)
+{
+    (void)state;
+    fso_backend *be = cu[0];
+    const size_t n = 3000017; /* many chunks, a ragged end */
+    float *x = hrand(n, 1);
+    float *d_x = dput(be, x, n);
+    double exact = 0, dev = 0, host = 0, twice = 5.0;
+    for (size_t i = 0; i < n; i++)
+        exact += (double)x[i] * x[i];
+    be->ops->sqnorm(be, &dev, d_x, n);
+    assert_int_equal(be->ops->sync(be), 0);
+    assert_true(fabs(dev - exact) <= 1e-12 * exact);
+    be->ops->sqnorm(be, &host, x, n); /* pageable host memory: summed on the CPU */
+    assert_true(memcmp(&dev, &host, sizeof dev) == 0);
+    be->ops->sqnorm(be, &twice, d_x, n); /* += */
+    assert_true(fabs(twice - (5.0 + dev)) <= 1e-12 * exact);
+    double empty = 1.5;
+    be->ops->sqnorm(be, &empty, d_x, 0);
+    assert_true(empty == 1.5);
+    free(x);
+    dfree(be, d_x);
+}
+
+/* ---------------------------------------------------------------- streams, memory, errors */
+
+/* h2d, compute and d2h on three streams, no sync in between: each waits for
+ * the previous (and a copy into a buffer waits for the copy out of it). */
+static void test_copies_and_ops_run_in_issue_order(void **state)
+{
+    (void)state;
+    fso_backend *be = cu[1];
+    const size_t n = (size_t)16 << 20;
+    float *a = hrand(n, 1), *b = hrand(n, 1), *out1 = hbuf(n), *out2 = hbuf(n);
+    float *d = dnew(be, n), *d2 = dnew(be, n);
+    be->ops->copy_h2d(be, d, a, sizeof(float) * n);
+    be->ops->add(be, d, d, d, n);
+    be->ops->copy_d2h(be, out1, d, sizeof(float) * n);
+    be->ops->copy_h2d(be, d, b, sizeof(float) * n); /* must wait for the copy out */
+    be->ops->copy_h2d(be, d2, d, sizeof(float) * n); /* device to device */
+    be->ops->memset0(be, d, sizeof(float) * n);
+    be->ops->copy_d2h(be, out2, d2, sizeof(float) * n);
+    assert_int_equal(be->ops->sync(be), 0);
+    for (size_t i = 0; i < n; i++)
+        if (out1[i] != a[i] + a[i] || out2[i] != b[i])
+            fail_msg("element %zu: %g, %g; want %g, %g", i, out1[i], out2[i], a[i] + a[i], b[i]);
+    float *z = dget(be, d, n, "memset0");
+    for (size_t i = 0; i < n; i++)
+        assert_true(z[i] == 0.0f);
+    free(z);
+    free(a);
+    free(b);
+    free(out1);
+    free(out2);
+    dfree(be, d);
+    dfree(be, d2);
+}
+
+static void test_memory_is_counted_and_capped(void **state)
+{
+    (void)state;
+    char err[256] = "";
+    fso_backend *be = NULL;
+    assert_int_equal(fso_backend_create_cuda(&be, 0, (size_t)64 << 20, err, sizeof err), 0);
+    assert_true(fso_backend_is_cuda(be));
+    assert_string_equal(be->ops->name, "cuda");
+    assert_int_equal(be->ops->host_addressable, 0);
+    size_t base = be->mem_used_bytes; /* the backend's own workspace */
+    void *p = NULL, *q = NULL;
+    assert_int_equal(be->ops->buf_alloc(be, 1000, &p), 0);
+    assert_int_equal(be->mem_used_bytes, base + 1024);
+    float zero[250];
+    be->ops->copy_d2h(be, zero, p, sizeof zero);
+    assert_int_equal(be->ops->sync(be), 0);
+    for (int i = 0; i < 250; i++)
+        assert_true(zero[i] == 0.0f); /* new buffers are zero */
+    assert_int_equal(be->ops->buf_alloc(be, (size_t)64 << 20, &q), -ENOMEM);
+    assert_non_null(strstr(be->err, "memory cap"));
+    be->ops->buf_free(be, p);
+    assert_int_equal(be->mem_used_bytes, base);
+    assert_true(be->mem_peak_bytes >= base + 1024);
+    fso_backend_destroy_cuda(be);
+    fso_backend_destroy_cuda(NULL);
+
+    /* an unknown math is refused with the variable's name */
+    setenv("FSO_CUDA_MATH", "fp64", 1);
+    assert_int_equal(fso_backend_create_cuda(&be, 0, 0, err, sizeof err), -EINVAL);
+    assert_non_null(strstr(err, "FSO_CUDA_MATH"));
+    setenv("FSO_CUDA_MATH", "fp32", 1);
+    assert_int_equal(fso_backend_create_cuda(&be, 0, 0, err, sizeof err), 0);
+    assert_int_equal(fso_cuda_get_math(be), FSO_CUDA_MATH_FP32);
+    fso_backend_destroy_cuda(be);
+    unsetenv("FSO_CUDA_MATH");
+    assert_int_equal(fso_backend_create_cuda(&be, 1000, 0, err, sizeof err), -EINVAL);
+    assert_null(be);
+}
+
+static void test_bad_token_is_reported_by_sync(void **state)
+{
+    (void)state;
+    char err[256] = "";
+    fso_backend *be = NULL;
+    assert_int_equal(fso_backend_create_cuda(&be, 0, 0, err, sizeof err), 0);
+    int32_t tok[4] = {0, 1, 2, 3}, bad[4] = {0, 1, 9, 3};
+    float *wte = hrand(4 * 8, 1), *lg = hrand(4 * 9, 1);
+    int32_t *d_tok = dput_i32(be, tok, 4), *d_bad = dput_i32(be, bad, 4);
+    float *d_wte = dput(be, wte, 32), *d_o = dnew(be, 32), *d_lg = dput(be, lg, 36);
+    float *d_loss = dnew(be, 4);
+    be->ops->embedding_fwd(be, d_o, d_tok, d_wte, 4, 8);
+    assert_int_equal(be->ops->sync(be), 0);
+    be->ops->cross_entropy(be, d_lg, d_loss, d_lg, d_bad, 4, 9, 1.0f); /* 9 >= V */
+    assert_int_equal(be->ops->sync(be), -EINVAL);
+    assert_non_null(strstr(be->err, "vocab_size"));
+    assert_int_equal(be->ops->sync(be), -EINVAL); /* the failure stays */
+    free(wte);
+    free(lg);
+    fso_backend_destroy_cuda(be); /* frees the buffers it still holds */
+}
+
+static void test_gpu_info_describes_device_0(void **state)
+{
+    (void)state;
+    char err[256] = "";
+    fso_gpu_info gi;
+    assert_int_equal(fso_gpu_info_query(0, &gi, err, sizeof err), 0);
+    assert_true(gi.name[0] != 0 && gi.pci_bus_id[0] != 0);
+    assert_true(gi.sm_count > 0 && gi.mem_total_bytes > 0 && gi.cc_major >= 7);
+    assert_true(gi.bf16_peak_tflops == fso_gpu_bf16_peak_tflops(gi.name));
+    printf("device 0: %s, %s, sm_%d%d, %d SMs, %.1f GiB, bf16 peak %.0f TFLOP/s%s\n", gi.name,
+           gi.pci_bus_id, gi.cc_major, gi.cc_minor, gi.sm_count,
+           gi.mem_total_bytes / 1073741824.0, gi.bf16_peak_tflops,
+           gi.bf16_peak_tflops ? "" : " (not in the table)");
+    assert_int_equal(fso_gpu_info_query(-1, &gi, err, sizeof err), -EINVAL);
+}
+
+/* ---------------------------------------------------------------- pinned memory */
+
+static void test_pinned_registration_round_trip(void **state)
+{
+    (void)state;
+    char err[256] = "";
+    fso_backend *be = cu[0];
+    const size_t bytes = (size_t)64 << 20, n = bytes / sizeof(float);
+    float *h = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    assert_true(h != MAP_FAILED);
+    assert_int_equal(fso_cuda_host_register(NULL, bytes, err, sizeof err), -EINVAL);
+    int rc = fso_cuda_host_register(h, bytes, err, sizeof err);
+    if (rc == -EPERM) { /* the environment refuses: a warning, not a failure */
+        printf("pinning refused, as a caller would warn: %s\n", err);
+        munmap(h, bytes);
+        skip();
+    }
+    assert_int_equal(rc, 0);
+    assert_int_equal(fso_cuda_host_register(h, bytes, err, sizeof err), -EINVAL); /* twice */
+    for (size_t i = 0; i < n; i++)
+        h[i] = (float)(i % 1000) * 0.5f;
+    double on_device = 0;
+    be->ops->sqnorm(be, &on_device, h, n); /* registered: read by the device */
+    float *d = dnew(be, n);
+    be->ops->copy_h2d(be, d, h, bytes);
+    assert_int_equal(be->ops->sync(be), 0);
+    memset(h, 0, bytes);
+    be->ops->copy_d2h(be, h, d, bytes);
+    assert_int_equal(be->ops->sync(be), 0);
+    for (size_t i = 0; i < n; i++)
+        if (h[i] != (float)(i % 1000) * 0.5f)
+            fail_msg("pinned round trip: element %zu is %g", i, h[i]);
+    assert_int_equal(fso_cuda_host_unregister(h, bytes), 0);
+    double pageable = 0;
+    be->ops->sqnorm(be, &pageable, h, n); /* now pageable: summed on the CPU */
+    assert_true(memcmp(&on_device, &pageable, sizeof pageable) == 0);
+    dfree(be, d);
+    munmap(h, bytes);
+}
+
+/* ---------------------------------------------------------------- NCCL */
+
+#define MAXR 8
+struct rank_job {
+    int rank, world;
+    fso_coll *nccl, *threads;
+    fso_backend *be;
+    size_t count;
+    float *send, *host_gather, *host_scatter;  /* threads implementation, host memory */
+    float *dev_gather, *dev_scatter;           /* NCCL results copied back */
+    double f64[3], f64_threads[3];
+    int rc;
+    char err[FSO_BACKEND_ERR_MAX];
+};
+
+static void *rank_main(void *arg)
+{
+    struct rank_job *j = arg;
+    fso_backend *be = j->be;
+    const size_t cnt = j->count, W = (size_t)j->world;
+    int rc = 0;
+    /* the reference: threads over host memory */
+    j->threads->ops->all_gather(j->threads, j->rank, j->send, j->host_gather, cnt);
+    j->threads->ops->reduce_scatter(j->threads, j->rank, j->send, j->host_scatter, cnt / W);
+    memcpy(j->f64_threads, j->f64, sizeof j->f64);
+    j->threads->ops->all_reduce_f64(j->threads, j->rank, j->f64_threads, 3);
+
+    void *d_send = NULL, *d_gather = NULL, *d_scatter = NULL;
+    rc = be->ops->buf_alloc(be, sizeof(float) * cnt, &d_send);
+    if (rc == 0)
+        rc = be->ops->buf_alloc(be, sizeof(float) * cnt * W, &d_gather);
+    if (rc == 0)
+        rc = be->ops->buf_alloc(be, sizeof(float) * cnt, &d_scatter);
+    /* every rank joins every collective, even after a failure */
+    if (d_send)
+        be->ops->copy_h2d(be, d_send, j->send, sizeof(float) * cnt);
+    int r1 = j->nccl->ops->all_gather(j->nccl, j->rank, d_send, d_gather, cnt);
+    int r2 = j->nccl->ops->reduce_scatter(j->nccl, j->rank, d_send, d_scatter, cnt / W);
+    if (d_gather)
+        be->ops->copy_d2h(be, j->dev_gather, d_gather, sizeof(float) * cnt * W);
+    if (d_scatter)
+        be->ops->copy_d2h(be, j->dev_scatter, d_scatter, sizeof(float) * (cnt / W));
+    /* in place: rank r's part of the gather buffer is its send buffer */
+    if (d_gather)
+        be->ops->copy_h2d(be, (float *)d_gather + (size_t)j->rank * cnt, j->send,
+                          sizeof(float) * cnt);
+    int r3 = j->nccl->ops->all_gather(j->nccl, j->rank, (float *)d_gather + (size_t)j->rank * cnt,
+                                      d_gather, cnt);
+    int r4 = j->nccl->ops->all_reduce_f64(j->nccl, j->rank, j->f64, 3);
+    int r5 = j->nccl->ops->barrier(j->nccl, j->rank);
+    int rs = be->ops->sync(be);
+    if (rc == 0)
+        rc = r1 ? r1 : r2 ? r2 : r3 ? r3 : r4 ? r4 : r5 ? r5 : rs;
+    if (rc == 0 && d_gather) { /* the in-place gather equals the first */
+        float *again = malloc(sizeof(float) * cnt * W);
+        be->ops->copy_d2h(be, again, d_gather, sizeof(float) * cnt * W);
+        rc = be->ops->sync(be);
+        if (rc == 0 && memcmp(again, j->dev_gather, sizeof(float) * cnt * W) != 0)
+            rc = -EBADMSG;
+        free(again);
+    }
+    snprintf(j->err, sizeof j->err, "%s", be->err);
+    be->ops->buf_free(be, d_send);
+    be->ops->buf_free(be, d_gather);
+    be->ops->buf_free(be, d_scatter);
+    j->rc = rc;
+    return NULL;
+}
+
+static void test_nccl_matches_the_thread_collectives(void **state)
+{
+    (void)state;
+    char err[512] = "";
+    int world = fso_cuda_device_count(err, sizeof err);
+    if (world > MAXR)
+        world = MAXR;
+    if (world == 1)
+        printf("NCCL: 1 GPU: the collectives run with one rank; the comparison across devices "
+               "needs 2 or more\n");
+    fso_backend *bes[MAXR] = {0};
+    for (int r = 0; r < world; r++)
+        assert_int_equal(fso_backend_create_cuda(&bes[r], r, 0, err, sizeof err), 0);
+    fso_coll *nccl = NULL, *threads = NULL;
+    if (fso_coll_create_nccl(&nccl, world, bes, err, sizeof err) != 0)
+        fail_msg("fso_coll_create_nccl: %s", err);
+    assert_string_equal(nccl->ops->name, "nccl");
+    assert_int_equal(fso_coll_create_threads(&threads, world), 0);
+
+    const size_t count = (size_t)world * 12345;
+    struct rank_job jobs[MAXR];
+    pthread_t tids[MAXR];
+    for (int r = 0; r < world; r++) {
+        struct rank_job *j = &jobs[r];
+        memset(j, 0, sizeof *j);
+        j->rank = r;
+        j->world = world;
+        j->nccl = nccl;
+        j->threads = threads;
+        j->be = bes[r];
+        j->count = count;
+        j->send = hrand(count, 1);
+        j->host_gather = hbuf(count * world);
+        j->host_scatter = hbuf(count / world);
+        j->dev_gather = hbuf(count * world);
+        j->dev_scatter = hbuf(count / world);
+        j->f64[0] = 0.1 * (r + 1);
+        j->f64[1] = 1e16 + r; /* rank order matters at this magnitude */
+        j->f64[2] = -3.0 * r;
+    }
+    for (int r = 0; r < world; r++)
+        assert_int_equal(pthread_create(&tids[r], NULL, rank_main, &jobs[r]), 0);
+    for (int r = 0; r < world; r++)
+        pthread_join(tids[r], NULL);
+    for (int r = 0; r < world; r++) {
+        struct rank_job *j = &jobs[r];
+        if (j->rc != 0)
+            fail_msg("rank %d: %s (%s)", r, strerror(-j->rc), j->err);
+        compare("all_gather", 0, j->dev_gather, j->host_gather, count * world, 0);
+        compare("reduce_scatter", 0, j->dev_scatter, j->host_scatter, count / world, 1e-6);
+        assert_true(memcmp(j->f64, j->f64_threads, sizeof j->f64) == 0);
+        assert_true(nccl->busy_ms[r] >= 0);
+    }
+    for (int r = 0; r < world; r++) {
+        struct rank_job *j = &jobs[r];
+        float *h[] = {j->send, j->host_gather, j->host_scatter, j->dev_gather, j->dev_scatter};
+        for (size_t i = 0; i < sizeof h / sizeof *h; i++)
+            free(h[i]);
+    }
+    fso_coll_destroy(nccl);
+    fso_coll_destroy(threads);
+    for (int r = 0; r < world; r++)
+        fso_backend_destroy_cuda(bes[r]);
+}
+
+/* ---------------------------------------------------------------- setup */
+
+static int setup(void **state)
+{
+    (void)state;
+    char err[256] = "";
+    fso_rng_seed(&rng, 42);
+    unsetenv("FSO_CUDA_MATH");
+    if (fso_backend_create(&ref, "cpu-ref", 1) < 0)
+        return -1;
+    for (int m = 0; m < 2; m++) {
+        if (fso_backend_create_cuda(&cu[m], 0, 0, err, sizeof err) < 0) {
+            fprintf(stderr, "test_cuda: %s\n", err);
+            return -1;
+        }
+        fso_cuda_set_math(cu[m], m == 0 ? FSO_CUDA_MATH_FP32 : FSO_CUDA_MATH_BF16);
+    }
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    fso_backend_destroy(ref);
+    fso_backend_destroy_cuda(cu[0]);
+    fso_backend_destroy_cuda(cu[1]);
+    return 0;
+}
+
+static int run_cuda_tests(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_matmul_matches_reference),
+        cmocka_unit_test(test_rmsnorm_matches_reference),
+        cmocka_unit_test(test_embedding_matches_reference_bit_for_bit),
+        cmocka_unit_test(test_rope_matches_reference),
+        cmocka_unit_test(test_attention_gqa_matches_reference),
+        cmocka_unit_test(test_attention_mha_matches_reference),
+        cmocka_unit_test(test_swiglu_and_add_match_reference),
+        cmocka_unit_test(test_cross_entropy_matches_reference),
+        cmocka_unit_test(test_sqnorm_is_exact_and_the_same_bits_from_host_memory),
+        cmocka_unit_test(test_copies_and_ops_run_in_issue_order),
+        cmocka_unit_test(test_memory_is_counted_and_capped),
+        cmocka_unit_test(test_bad_token_is_reported_by_sync),
+        cmocka_unit_test(test_gpu_info_describes_device_0),
+        cmocka_unit_test(test_pinned_registration_round_trip),
+        cmocka_unit_test(test_nccl_matches_the_thread_collectives),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
+
+#endif /* FSO_HAVE_CUDA */
+
+int main(void)
+{
+    char why[512] = "";
+    if (!peak_table_ok())
+        return 1;
+    if (fso_cuda_available(why, sizeof why) < 0) {
+        printf("test_cuda: skipped: %s\n", why);
+        return 77;
+    }
+#if FSO_HAVE_CUDA
+    return run_cuda_tests();
+#else
+    return 77;
+#endif
+}
