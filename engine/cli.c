@@ -2,6 +2,7 @@
 #include "cli.h"
 
 #include <errno.h>
+#include <stdbool.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,7 +10,9 @@
 
 #include "bench.h"
 #include "config.h"
+#include "cuda_backend.h"
 #include "fso_build.h"
+#include "plan.h"
 #include "train.h"
 
 static void usage(FILE *f)
@@ -17,6 +20,7 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: fsoff [train] [options]\n"
             "       fsoff bench nvme|adam [options]   offload bandwidth benchmarks\n"
+            "       fsoff plan [options]              memory per tier, placement, predicted step\n"
             "\n"
             "Train a Llama-family model. With no options, trains the default job: a\n"
             "0.8M-parameter model on a built-in corpus, on the CPU.\n"
@@ -27,8 +31,9 @@ static void usage(FILE *f)
             "  -d, --data FILE        training data: an llm.c token file (.bin) or plain text\n"
             "                         (same as --set data.path=FILE)\n"
             "  -n, --steps N          optimizer steps (same as --set train.steps=N)\n"
-            "      --devices WHAT     auto (default: the CPU backend in this build), cpu, or\n"
-            "                         cpu:N for N virtual devices sharing the work (ZeRO-3)\n"
+            "      --devices WHAT     auto (default: every CUDA GPU, else the CPU), cuda,\n"
+            "                         cuda:N (the first N GPUs), cpu, or cpu:N (N virtual\n"
+            "                         CPU devices sharing the work, ZeRO-3)\n"
             "      --device-mem SIZE  memory cap per device, e.g. 2G (default: an equal share\n"
             "                         of half the available memory)\n"
             "      --nvme DIR[,DIR]   keep parameters and optimizer state on NVMe in these\n"
@@ -42,6 +47,61 @@ static void usage(FILE *f)
             "  -V, --version          print the version\n"
             "\n"
             "exit status: 0 done, 1 the run failed, 2 bad command line or configuration\n");
+}
+
+/* --devices: auto (every CUDA GPU, else the CPU), cpu, cpu:N, cuda, cuda:N.
+ * Fills cfg->backend and cfg->world; one error line and -EINVAL when the
+ * request cannot be honoured. */
+static int select_devices(fso_config *cfg, const char *arg)
+{
+    char why[256] = "";
+    long n = 0;
+    const char *colon = strchr(arg, ':');
+    size_t kind_len = colon ? (size_t)(colon - arg) : strlen(arg);
+    if (colon) {
+        char *end;
+        errno = 0;
+        n = strtol(colon + 1, &end, 10);
+        if (errno || end == colon + 1 || *end || n < 1 || n > 64) {
+            fprintf(stderr, "fsoff: error: --devices %s: expected a device count from 1 to 64 "
+                            "after the colon\n", arg);
+            return -EINVAL;
+        }
+    }
+    int gpus = 0;
+#if FSO_HAVE_CUDA
+    if (fso_cuda_available(why, sizeof why) == 0)
+        gpus = fso_cuda_device_count(why, sizeof why);
+#else
+    fso_cuda_available(why, sizeof why);
+#endif
+    if (kind_len == 4 && strncmp(arg, "auto", 4) == 0 && !colon) {
+        snprintf(cfg->backend, sizeof cfg->backend, "%s", gpus ? "cuda" : "cpu");
+        cfg->world = gpus ? gpus : 1;
+        return 0;
+    }
+    if (kind_len == 3 && strncmp(arg, "cpu", 3) == 0) {
+        snprintf(cfg->backend, sizeof cfg->backend, "cpu");
+        cfg->world = colon ? (int)n : 1;
+        return 0;
+    }
+    if (kind_len == 4 && strncmp(arg, "cuda", 4) == 0) {
+        if (gpus == 0) {
+            fprintf(stderr, "fsoff: error: --devices %s: %s; use --devices cpu (or auto)\n", arg,
+                    why);
+            return -EINVAL;
+        }
+        if (colon && n > gpus) {
+            fprintf(stderr, "fsoff: error: --devices %s: only %d CUDA GPU%s visible\n", arg, gpus,
+                    gpus == 1 ? " is" : "s are");
+            return -EINVAL;
+        }
+        snprintf(cfg->backend, sizeof cfg->backend, "cuda");
+        cfg->world = colon ? (int)n : gpus;
+        return 0;
+    }
+    fprintf(stderr, "fsoff: error: --devices %s: expected auto, cpu, cpu:N, cuda or cuda:N\n", arg);
+    return -EINVAL;
 }
 
 /* "512M", "4G", "1.5T", "1048576" into bytes; 0 or -EINVAL. */
@@ -106,6 +166,7 @@ int fso_cli_main(int argc, char **argv)
     const char *config_path = NULL, *metrics_path = NULL, *devices = "auto";
     char **sets = calloc(2 * (size_t)argc + 1, sizeof *sets);
     int nsets = 0, status = 2, c;
+    bool devices_given = false;
     fso_config cfg;
 
     fso_config_defaults(&cfg);
@@ -118,10 +179,14 @@ int fso_cli_main(int argc, char **argv)
         status = fso_bench_main(argc - 1, argv + 1);
         goto out;
     }
+    if (argc > 1 && strcmp(argv[1], "plan") == 0) {
+        status = fso_plan_main(argc - 1, argv + 1);
+        goto out;
+    }
     if (argc > 1 && argv[1][0] != '-') {
         if (strcmp(argv[1], "train") != 0) {
             fprintf(stderr, "fsoff: error: unknown command '%s'; the commands are 'train' "
-                            "(the default) and 'bench'; see fsoff --help\n", argv[1]);
+                            "(the default), 'plan' and 'bench'; see fsoff --help\n", argv[1]);
             goto out;
         }
         argv[1] = argv[0];
@@ -158,26 +223,12 @@ int fso_cli_main(int argc, char **argv)
             }
             break;
         }
-        case 'D': {
-            long n = 1;
-            char *end = NULL;
-            if (strncmp(optarg, "cpu:", 4) == 0) {
-                errno = 0;
-                n = strtol(optarg + 4, &end, 10);
-                if (errno || end == optarg + 4 || *end || n < 1 || n > 64) {
-                    fprintf(stderr, "fsoff: error: --devices %s: expected cpu:N with N from 1 "
-                                    "to 64\n", optarg);
-                    goto out;
-                }
-            } else if (strcmp(optarg, "cpu") != 0 && strcmp(optarg, "auto") != 0) {
-                fprintf(stderr, "fsoff: error: --devices %s: expected auto, cpu or cpu:N (this "
-                                "build has the CPU backend only)\n", optarg);
+        case 'D':
+            if (select_devices(&cfg, optarg) < 0)
                 goto out;
-            }
-            cfg.world = (int)n;
             devices = optarg;
+            devices_given = true;
             break;
-        }
         case 'M': {
             uint64_t bytes;
             if (fso_parse_size(optarg, &bytes) < 0 || bytes == 0) {
@@ -233,6 +284,8 @@ int fso_cli_main(int argc, char **argv)
         goto out;
     }
 
+    if (!devices_given && select_devices(&cfg, "auto") < 0)
+        goto out;
     if (config_path && fso_config_load_file(&cfg, config_path) < 0) {
         fprintf(stderr, "fsoff: error: %s\n", cfg.err);
         goto out;
@@ -247,7 +300,8 @@ int fso_cli_main(int argc, char **argv)
         goto out;
     }
 
-    fso_run_opts opts = {.metrics_path = metrics_path, .devices = devices};
+    fso_run_opts opts = {.metrics_path = metrics_path, .devices = devices,
+                         .sets = (const char *const *)sets, .nsets = nsets};
     status = fso_train_run(&cfg, &opts) < 0 ? 1 : 0;
 
 out:

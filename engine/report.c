@@ -60,8 +60,11 @@ void fso_report_step(fso_report *r, const fso_step_stats *st)
 
     if (st->step % r->print_every == 0 || st->step == 1 || st->step == r->total_steps) {
         char io[160] = "";
-        int n = snprintf(io, sizeof io, " | opt %.1f ms, %.1f exposed", st->optimizer_ms,
-                         st->optimizer_exposed_ms);
+        int n = 0;
+        if (r->peak_flops > 0) /* model FLOPs only: recomputation is not counted as useful */
+            n = snprintf(io, sizeof io, " | MFU %.1f%%", 100.0 * gflops * 1e9 / r->peak_flops);
+        n += snprintf(io + n, sizeof io - (size_t)n, " | opt %.1f ms, %.1f exposed",
+                      st->optimizer_ms, st->optimizer_exposed_ms);
         if (st->nvme_read_bytes || st->nvme_write_bytes)
             snprintf(io + n, sizeof io - (size_t)n, " | NVMe %.2f/%.2f GB/s r/w | stall %.1f ms",
                      rd_gbps, wr_gbps, st->stall_ms);
@@ -76,11 +79,13 @@ void fso_report_step(fso_report *r, const fso_step_stats *st)
         fprintf(r->metrics,
                 "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, "
                 "\"clip_coef\": %.9g, \"step_ms\": %.6g, \"tokens\": %lld, \"tok_s\": %.6g, "
-                "\"gflops\": %.6g, \"stall_ms\": %.6g, \"optimizer_ms\": %.6g, "
+                "\"gflops\": %.6g, \"mfu\": %.6g, \"stall_ms\": %.6g, \"optimizer_ms\": %.6g, "
                 "\"optimizer_exposed_ms\": %.6g, "
                 "\"nvme_read_bytes\": %llu, \"nvme_write_bytes\": %llu}\n",
                 (long long)st->step, st->loss, st->lr, st->grad_norm, st->clip_coef, st->step_ms,
-                (long long)st->tokens, tok_s, gflops, st->stall_ms, st->optimizer_ms,
+                (long long)st->tokens, tok_s, gflops,
+                r->peak_flops > 0 ? gflops * 1e9 / r->peak_flops : 0.0, st->stall_ms,
+                st->optimizer_ms,
                 st->optimizer_exposed_ms,
                 (unsigned long long)st->nvme_read_bytes, (unsigned long long)st->nvme_write_bytes);
     if (r->metrics)

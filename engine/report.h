@@ -15,6 +15,7 @@ typedef struct fso_report {
     int64_t total_steps;
     int64_t print_every;
     double flops_per_token;  /* training FLOPs (forward + backward) per token */
+    double peak_flops;       /* all devices' dense bf16 peak; 0: unknown, no MFU */
     /* running totals; the first step is excluded from the averages */
     int64_t steps, tokens;
     double ms_sum_after_first;

@@ -9,7 +9,9 @@
 #include <time.h>
 
 #include "data.h"
+#include "plan.h"
 #include "report.h"
+#include "cuda_backend.h"
 
 static double now_ms(void)
 {
@@ -116,15 +118,61 @@ int fso_train_run(const fso_config *cfg, const fso_run_opts *opts)
     char note[256];
     int rc;
 
-    int threads = cfg->threads > 0 ? cfg->threads : fso_cpu_count();
-    snprintf(note, sizeof note, "devices %s: %d CPU device%s, %d thread%s each, fp32%s",
-             opts->devices, cfg->world, cfg->world > 1 ? "s" : "",
-             threads / cfg->world > 0 ? threads / cfg->world : 1,
-             threads / cfg->world > 1 ? "s" : "",
-             strcmp(opts->devices, "auto") == 0 ? " (no GPU backend in this build)" : "");
-    if (cfg->bf16)
-        fprintf(stderr, "fsoff: warning: bf16.enabled: the CPU backend computes in fp32; "
-                        "bf16 applies on GPUs\n");
+    double peak_tflops = 0; /* all devices, dense bf16; 0: unknown (no MFU) */
+    if (strcmp(cfg->backend, "cuda") == 0) {
+        char name[256] = "GPU";
+#if FSO_HAVE_CUDA
+        fso_gpu_info gi;
+        char gerr[256];
+        if (fso_gpu_info_query(0, &gi, gerr, sizeof gerr) == 0) {
+            snprintf(name, sizeof name, "%s", gi.name);
+            peak_tflops = gi.bf16_peak_tflops * cfg->world;
+        }
+#endif
+        snprintf(note, sizeof note, "devices %s: %d CUDA GPU%s (%s), bf16 matmuls, fp32 storage",
+                 opts->devices, cfg->world, cfg->world > 1 ? "s" : "", name);
+    } else {
+        int threads = cfg->threads > 0 ? cfg->threads : fso_cpu_count();
+        char why[200] = "";
+        if (strcmp(opts->devices, "auto") == 0) {
+            char reason[160];
+            fso_cuda_available(reason, sizeof reason);
+            snprintf(why, sizeof why, " (%s)", reason);
+        }
+        snprintf(note, sizeof note, "devices %s: %d CPU device%s, %d thread%s each, fp32%s",
+                 opts->devices, cfg->world, cfg->world > 1 ? "s" : "",
+                 threads / cfg->world > 0 ? threads / cfg->world : 1,
+                 threads / cfg->world > 1 ? "s" : "", why);
+        if (cfg->bf16)
+            fprintf(stderr, "fsoff: warning: bf16.enabled: the CPU backend computes in fp32; "
+                            "bf16 applies on GPUs\n");
+    }
+
+    /* The plan: on CPU devices, the placement the configuration leaves open
+     * is chosen by predicted step time (DESIGN §6). */
+    static fso_plan plan;
+    fso_plan_pins pins;
+    bool planned = false;
+    fso_config *run_cfg = malloc(sizeof *run_cfg);
+    if (!run_cfg) {
+        fprintf(stderr, "fsoff: error: out of memory\n");
+        return -ENOMEM;
+    }
+    *run_cfg = *cfg;
+    if (strcmp(cfg->backend, "cuda") != 0) {
+        fso_plan_pins_from_config(cfg, opts->sets, opts->nsets, &pins);
+        int prc = fso_plan_for_config(cfg, &pins, &plan, err, sizeof err);
+        if (prc == 0) {
+            planned = true;
+            fso_plan_print(stdout, &plan);
+            if (fso_plan_apply(&plan, run_cfg, err, sizeof err) < 0)
+                printf("fsoff: plan not applied (%s); running the configured placement\n", err);
+        } else {
+            /* the engine's own budget check below decides; the planner's view is a note */
+            printf("fsoff: plan: %s\n", err);
+        }
+    }
+    cfg = run_cfg;
 
     if ((rc = fso_data_init(&data, cfg)) < 0) {
         fprintf(stderr, "fsoff: error: %s\n", data.err);
@@ -148,6 +196,7 @@ int fso_train_run(const fso_config *cfg, const fso_run_opts *opts)
         fprintf(stderr, "fsoff: error: %s\n", err);
         goto out;
     }
+    rep.peak_flops = peak_tflops * 1e12;
     print_banner(cfg, &tr, &data, note);
 
     size_t bt = (size_t)cfg->micro_batch * cfg->data.seq_len;
@@ -163,6 +212,16 @@ int fso_train_run(const fso_config *cfg, const fso_run_opts *opts)
             goto out;
         }
         fso_report_step(&rep, &st);
+        /* after a few steps: was the prediction right? */
+        if (planned && s + 1 == (cfg->steps < 6 ? -1 : 5)) {
+            fso_plan_measured meas = {.step_ms = rep.ms_sum_after_first / (double)(rep.steps - 1),
+                                      .stall_ms = -1, .optimizer_ms = -1, .compute_ms = -1,
+                                      .nvme_read_gbps = -1, .nvme_write_gbps = -1};
+            static fso_plan corrected;
+            char msg[512];
+            if (fso_plan_check(cfg, &pins, &plan, &meas, &corrected, msg, sizeof msg) == 1)
+                printf("fsoff: plan: %s (the placement stays for this run)\n", msg);
+        }
     }
     double waited = 0;
     if ((rc = fso_trainer_finish(&tr, &waited)) < 0) {
@@ -180,5 +239,6 @@ out:
     free(targets);
     fso_trainer_free(&tr);
     fso_data_free(&data);
+    free(run_cfg);
     return rc;
 }

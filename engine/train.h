@@ -58,10 +58,14 @@ int fso_trainer_step(fso_trainer *tr, const int32_t *inputs, const int32_t *targ
 
 typedef struct fso_run_opts {
     const char *metrics_path;   /* NULL: none */
-    const char *devices;        /* "cpu" or "auto" */
+    const char *devices;        /* as given to --devices */
+    const char *const *sets;    /* the overrides (--set, --nvme, ...), for the planner's pins */
+    int nsets;
 } fso_run_opts;
 
-/* The whole run: backend, data, trainer, step lines, metrics, summary.
+/* The whole run: the plan (CPU devices: placement chosen where the
+ * configuration does not pin it), data, trainer, step lines, metrics,
+ * summary.
  * Returns 0, or a negative errno after printing one error line. */
 int fso_train_run(const fso_config *cfg, const fso_run_opts *opts);
 

@@ -11,7 +11,6 @@
 #define PAGE 4096u
 #define JOIN FSO_N_STREAMS  /* a zero-length event on no stream: waits for its inputs */
 #define SIM_STEPS 3         /* the prediction is the last step's length */
-#define MAX_DEPS 6
 
 static const char *const tier_names[FSO_PT_N] = {"device", "host", "nvme"};
 static const char *const kind_names[FSO_PK_N] = {"parameters", "master weights", "AdamW m",
@@ -146,7 +145,8 @@ static bool size_placement(const fso_plan_input *in, const fso_placement *pl, fs
     uint64_t ring = any_param_on(pl, FSO_PT_NVME)
                         ? (uint64_t)(pl->prefetch + 2) * round_page(max_shard * m->param_bytes)
                         : 0;
-    uint64_t stage = (uint64_t)in->engine.stage_slots * round_page(max_shard * m->state_bytes);
+    uint64_t stage = (uint64_t)in->engine.stage_slots * round_page(max_shard * m->state_bytes) +
+                     in->engine.stage_fixed_bytes;
     out->buffer_bytes[FSO_PT_HOST] = (ring + stage) * W;
     out->buffer_bytes[FSO_PT_NVME] = 0;
 
@@ -175,17 +175,41 @@ typedef struct ev {
     double start, end;
     int crit;          /* the event whose end decided the start, or -1 */
     int stream;        /* fso_stream, or JOIN */
+    int block;         /* for traces */
+    const char *what;
 } ev;
+
+/* A stream's busy time: disjoint spans in time order, each remembering the
+ * event that ends it. */
+typedef struct span {
+    double s, e;
+    int last;
+} span;
+
+typedef struct lane {
+    span *v;
+    int n, cap;
+} lane;
 
 typedef struct tl {
     ev *e;
     int n, cap;
-    int last[FSO_N_STREAMS]; /* last event queued on each physical stream */
-    bool shared;             /* CPU devices: everything but NVMe on one queue */
-    double floor;            /* nothing starts before (a barrier) */
+    lane lanes[FSO_N_STREAMS]; /* per physical stream */
+    int last[FSO_N_STREAMS];   /* the last event added on each logical stream */
+    bool shared;               /* CPU devices: everything but NVMe on one lane */
+    double floor;              /* nothing starts before (a barrier) */
     int floor_ev;
+    double lat[FSO_N_STREAMS]; /* per event: completion this much after the stream frees up */
+    const char *what;          /* label of the events being added */
+    int block;
     int oom;
 } tl;
+
+#define LABEL(t, w, b)                                                                     \
+    do {                                                                                   \
+        (t)->what = (w);                                                                   \
+        (t)->block = (b);                                                                  \
+    } while (0)
 
 static int phys(const tl *t, int s)
 {
@@ -196,9 +220,70 @@ static int phys(const tl *t, int s)
     return s;
 }
 
-/* Queue an event of `dur` ms on `stream` after the events in deps (-1: none). */
+/* The earliest start >= ready at which the lane is free for dur; occupies
+ * it. *blocker: the event whose end the start waited for, or -1. */
+static int lane_place(lane *L, double ready, double dur, double *start, int *blocker, int id)
+{
+    *blocker = -1;
+    if (dur <= 0) {
+        *start = ready;
+        return 0;
+    }
+    /* first span ending after ready (ends increase: spans are disjoint) */
+    int lo = 0, hi = L->n;
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (L->v[mid].e > ready)
+            hi = mid;
+        else
+            lo = mid + 1;
+    }
+    double c = ready;
+    int i = lo;
+    for (; i < L->n; i++) {
+        if (L->v[i].s >= c + dur)
+            break;
+        if (L->v[i].e > c) {
+            c = L->v[i].e;
+            *blocker = L->v[i].last;
+        }
+    }
+    *start = c;
+    const double eps = 1e-9;
+    bool join_prev = i > 0 && fabs(L->v[i - 1].e - c) <= eps;
+    bool join_next = i < L->n && fabs(L->v[i].s - (c + dur)) <= eps;
+    if (join_prev && join_next) {
+        L->v[i - 1].e = L->v[i].e;
+        L->v[i - 1].last = L->v[i].last;
+        memmove(&L->v[i], &L->v[i + 1], sizeof(span) * (size_t)(L->n - i - 1));
+        L->n--;
+    } else if (join_prev) {
+        L->v[i - 1].e = c + dur;
+        L->v[i - 1].last = id;
+    } else if (join_next) {
+        L->v[i].s = c;
+    } else {
+        if (L->n == L->cap) {
+            int cap = L->cap ? 2 * L->cap : 64;
+            span *v = realloc(L->v, sizeof *v * (size_t)cap);
+            if (!v)
+                return -ENOMEM;
+            L->v = v;
+            L->cap = cap;
+        }
+        memmove(&L->v[i + 1], &L->v[i], sizeof(span) * (size_t)(L->n - i));
+        L->v[i] = (span){c, c + dur, id};
+        L->n++;
+    }
+    return 0;
+}
+
+/* Add an event of `dur` ms on `stream` after the events in deps (-1: none),
+ * at the earliest time its stream is free that long. */
 static int tl_add(tl *t, int stream, double dur, const int *deps, int ndeps)
 {
+    if (t->oom)
+        return -1;
     if (t->n == t->cap) {
         int cap = t->cap ? 2 * t->cap : 1024;
         ev *e = realloc(t->e, sizeof *e * (size_t)cap);
@@ -209,25 +294,30 @@ static int tl_add(tl *t, int stream, double dur, const int *deps, int ndeps)
         t->e = e;
         t->cap = cap;
     }
-    double start = t->floor;
+    double ready = t->floor;
     int crit = t->floor_ev;
-    int p = phys(t, stream);
-    if (p >= 0 && t->last[p] >= 0 && t->e[t->last[p]].end > start) {
-        start = t->e[t->last[p]].end;
-        crit = t->last[p];
-    }
     for (int i = 0; i < ndeps; i++)
-        if (deps[i] >= 0 && t->e[deps[i]].end > start) {
-            start = t->e[deps[i]].end;
+        if (deps[i] >= 0 && t->e[deps[i]].end > ready) {
+            ready = t->e[deps[i]].end;
             crit = deps[i];
         }
+    double start = ready;
+    int p = phys(t, stream), blocker = -1;
+    if (p >= 0 && lane_place(&t->lanes[p], ready, dur, &start, &blocker, t->n) < 0) {
+        t->oom = 1;
+        return -1;
+    }
+    if (blocker >= 0)
+        crit = blocker;
     ev *x = &t->e[t->n];
     x->start = start;
-    x->end = start + (dur > 0 ? dur : 0);
+    x->end = start + (dur > 0 ? dur : 0) + (p >= 0 && dur > 0 ? t->lat[stream] : 0);
     x->crit = crit;
     x->stream = stream;
-    if (p >= 0)
-        t->last[p] = t->n;
+    x->what = t->what;
+    x->block = t->block;
+    if (stream != JOIN)
+        t->last[stream] = t->n;
     return t->n++;
 }
 
@@ -257,12 +347,28 @@ typedef struct sim {
     int *anchor;     /* (n_visits) where the device took the pv-th parameter visit's block */
     int *comp;       /* (n_visits) compute of the pv-th parameter visit */
     int last_opt;    /* the last optimizer event laid out */
+    int dev;         /* the device thread's last event (CPU devices: program order) */
+    int comp_last;   /* the last compute event (the next one needs its output) */
     int nb;
 } sim;
 
 static double per_rank(double gbps, int W)
 {
     return gbps / (double)W;
+}
+
+/* The dependency that keeps the device thread's events in program order
+ * (CPU devices run copies, collectives and compute on one thread each). */
+static int dev_dep(const sim *s)
+{
+    return s->in->machine.cpu_devices ? s->dev : -1;
+}
+
+static int dev_add(sim *s, int e)
+{
+    if (s->in->machine.cpu_devices && e >= 0)
+        s->dev = e;
+    return e;
 }
 
 /* One block's update: reads, AdamW, writes. */
@@ -275,17 +381,27 @@ static void lay_optimizer(sim *s, int b, int trigger)
     const int W = mc->devices;
     tl *t = &s->t;
     const double S = (double)shard_elems(in, b);
+    /* the serialized schedule runs the update on the device's own thread */
+    const bool own_thread = in->engine.overlap == FSO_PLAN_OVERLAP_NONE;
+    const int th = own_thread ? dev_dep(s) : -1;
     bool on_device = !mc->cpu_devices && mc->device_adam_gelems > 0;
     for (int k = FSO_PK_MASTER; k < FSO_PK_N; k++)
         if (pl->tier[k][b] != FSO_PT_DEVICE)
             on_device = false;
     int prev2 = b >= 2 ? s->c.wr[b - 2] : -1; /* two buffer sets */
+    /* opt_write_lag 1: a block's new parameters are written to NVMe before the
+     * next block is updated (the forward may read them as soon as it is done) */
+    int lag = in->engine.opt_write_lag == 1 && b >= 1 &&
+                      pl->tier[FSO_PK_PARAM][b - 1] == FSO_PT_NVME
+                  ? s->c.upd[b - 1] : -1;
 
     if (on_device) {
+        LABEL(t, "adamw (device)", b);
         int a = ADD(t, FSO_STREAM_COMPUTE, S / (mc->device_adam_gelems * 1e6), trigger);
         s->c.upd[b] = s->c.gread[b] = s->c.wr[b] = a;
         if (pl->tier[FSO_PK_PARAM][b] != FSO_PT_DEVICE) { /* new working copy to its tier */
             double pb = S * m->param_bytes;
+            LABEL(t, "updated parameters out", b);
             int d = ADD(t, FSO_STREAM_D2H, ms_for(pb, mc->d2h_gbps), a);
             if (pl->tier[FSO_PK_PARAM][b] == FSO_PT_NVME)
                 d = ADD(t, FSO_STREAM_NVME_WRITE, ms_for(pb, per_rank(mc->nvme_write_gbps, W)), d);
@@ -310,13 +426,18 @@ static void lay_optimizer(sim *s, int b, int trigger)
             wr_dev += bytes;
     }
     int r1 = -1, r2 = -1;
+    LABEL(t, "optimizer state in", b);
     if (rd_nvme > 0)
         r1 = ADD(t, FSO_STREAM_NVME_READ, ms_for(rd_nvme, per_rank(mc->nvme_read_gbps, W)),
                  trigger, prev2);
     if (rd_dev > 0)
         r2 = ADD(t, FSO_STREAM_D2H, ms_for(rd_dev, mc->d2h_gbps), trigger, prev2);
+    LABEL(t, "adamw", b);
     int a = ADD(t, FSO_STREAM_OPTIM, S / (per_rank(mc->adam_gelems, W) * 1e6), trigger, r1, r2,
-                prev2);
+                prev2, lag, th);
+    if (own_thread)
+        dev_add(s, a);
+    LABEL(t, "optimizer state out", b);
     s->c.gread[b] = a;
     int w1 = -1, w2 = -1;
     if (wr_nvme > 0)
@@ -349,18 +470,20 @@ static int lay_step(sim *s, int step, int *prev_norm)
     const fso_placement *pl = s->pl;
     const int W = mc->devices, G = en->gather_buffers > 0 ? en->gather_buffers : 2;
     const double nvr = per_rank(mc->nvme_read_gbps, W), nvw = per_rank(mc->nvme_write_gbps, W);
+    const bool cpu = mc->cpu_devices;
     tl *t = &s->t;
     const int V = m->n_visits;
     int sync_wait = -1;
 
     for (int a = 0; a < m->grad_accum; a++) {
-        int micro_start = t->last[phys(t, FSO_STREAM_COMPUTE)];
+        /* reads for a micro-batch start when the device reaches it */
+        int micro_start = cpu ? s->dev : s->comp_last;
         int pv = 0; /* parameter visits so far in this micro-batch */
+        const bool last_micro = a == m->grad_accum - 1;
         for (int k = 0; k < V; k++) {
             const fso_plan_visit *v = &m->visits[k];
             const int b = v->block;
             const double S = (double)shard_elems(in, b), F = (double)m->block_elems[b];
-            const bool last_micro = a == m->grad_accum - 1;
             int upd = -1;
             if (step > 0 && a == 0) {
                 if (en->overlap == FSO_PLAN_OVERLAP_FORWARD && !s->c.opt_done[b])
@@ -373,61 +496,80 @@ static int lay_step(sim *s, int step, int *prev_norm)
                 const bool wc = pl->whole_copy[b] && W > 1 && pt != FSO_PT_DEVICE;
                 int gfree = pv >= G ? s->comp[pv - G] : -1;
                 if (!aliased(in, pl, b)) {
+                    LABEL(t, "parameters in", b);
                     if (pt == FSO_PT_NVME) {
                         int issue = pv - pl->prefetch - 1 >= 0 ? s->anchor[pv - pl->prefetch - 1]
                                                                 : micro_start;
                         R = ADD(t, FSO_STREAM_NVME_READ, ms_for(S * m->param_bytes, nvr), issue,
                                 upd);
                     }
-                    if (pt != FSO_PT_DEVICE || mc->cpu_devices) {
+                    if (pt != FSO_PT_DEVICE || cpu) {
                         double bytes = (wc ? F : S) * m->param_bytes;
-                        H = ADD(t, FSO_STREAM_H2D, ms_for(bytes, mc->h2d_gbps), R, gfree, upd);
+                        H = dev_add(s, ADD(t, FSO_STREAM_H2D, ms_for(bytes, mc->h2d_gbps), R,
+                                           gfree, upd, dev_dep(s)));
                     }
+                    LABEL(t, "all-gather", b);
                     if (W > 1 && !wc)
-                        Gt = ADD(t, FSO_STREAM_COLL,
-                                 ms_for(F * m->param_bytes * (W - 1) / W, mc->coll_gbps), H,
-                                 gfree, upd);
+                        Gt = dev_add(s, ADD(t, FSO_STREAM_COLL,
+                                            ms_for(F * m->param_bytes * (W - 1) / W, mc->coll_gbps),
+                                            H, gfree, upd, dev_dep(s)));
                 }
-                C = ADD(t, FSO_STREAM_COMPUTE, v->flops / (mc->device_gflops * 1e6), Gt, H, R,
-                        upd, sync_wait);
+                LABEL(t, v->grads ? "backward" : "forward", b);
+                C = dev_add(s, ADD(t, FSO_STREAM_COMPUTE, v->flops / (mc->device_gflops * 1e6), Gt,
+                                   H, R, upd, sync_wait, s->comp_last, dev_dep(s)));
                 s->anchor[pv] = H >= 0 ? H : Gt >= 0 ? Gt : C;
                 s->comp[pv] = C;
                 pv++;
             } else {
-                C = ADD(t, FSO_STREAM_COMPUTE, v->flops / (mc->device_gflops * 1e6), sync_wait,
-                        upd);
+                LABEL(t, v->grads ? "backward" : "forward", b);
+                C = dev_add(s, ADD(t, FSO_STREAM_COMPUTE, v->flops / (mc->device_gflops * 1e6),
+                                   sync_wait, upd, s->comp_last, dev_dep(s)));
             }
+            s->comp_last = C;
             sync_wait = -1;
             if (!v->grads)
                 continue;
             const int gt = pl->tier[FSO_PK_GRAD][b];
             const double gb = S * m->grad_bytes;
             int land = C;
-            if (W > 1)
-                land = ADD(t, FSO_STREAM_COLL, ms_for(F * m->grad_bytes * (W - 1) / W,
-                                                      mc->coll_gbps), C);
-            if (step > 0 && a == 0 && en->overlap == FSO_PLAN_OVERLAP_FORWARD && !s->c.opt_done[b])
+            if (step > 0 && a == 0 && en->overlap == FSO_PLAN_OVERLAP_FORWARD &&
+                !s->c.opt_done[b])
                 catch_up_optimizer(s, b, *prev_norm);
+            LABEL(t, "gradients out", b);
+            if (W > 1)
+                land = dev_add(s, ADD(t, FSO_STREAM_COLL,
+                                      ms_for(F * m->grad_bytes * (W - 1) / W, mc->coll_gbps), C,
+                                      dev_dep(s)));
             int prev_read = step > 0 && a == 0 ? s->c.gread[b] : -1;
             if (gt == FSO_PT_DEVICE) {
-                if (mc->cpu_devices)
-                    land = ADD(t, FSO_STREAM_COMPUTE,
-                               ms_for(a == 0 ? gb : 3 * gb, mc->host_copy_gbps), land, prev_read);
+                if (cpu)
+                    land = dev_add(s, ADD(t, FSO_STREAM_COMPUTE,
+                                          ms_for(a == 0 ? gb : 3 * gb, mc->host_copy_gbps), land,
+                                          prev_read, dev_dep(s)));
                 else
                     land = ADD(t, JOIN, 0, land, prev_read);
             } else {
-                land = ADD(t, FSO_STREAM_D2H, ms_for(gb, mc->d2h_gbps), land, prev_read);
+                land = dev_add(s, ADD(t, FSO_STREAM_D2H, ms_for(gb, mc->d2h_gbps), land,
+                                      prev_read, dev_dep(s)));
                 if (a > 0) {
                     int old = -1;
                     if (gt == FSO_PT_NVME)
                         old = ADD(t, FSO_STREAM_NVME_READ, ms_for(gb, nvr), land);
-                    land = ADD(t, FSO_STREAM_OPTIM, ms_for(3 * gb, mc->host_copy_gbps), land, old);
+                    land = dev_add(s, ADD(t, cpu ? FSO_STREAM_COMPUTE : FSO_STREAM_OPTIM,
+                                          ms_for(3 * gb, mc->host_copy_gbps), land, old,
+                                          dev_dep(s)));
                 }
                 if (gt == FSO_PT_NVME)
                     land = ADD(t, FSO_STREAM_NVME_WRITE, ms_for(gb, nvw), land);
-                if (en->sync_grad_writes)
+                if (en->sync_grad_writes) {
                     sync_wait = land;
+                    if (cpu) /* the thread waits for the write */
+                        s->dev = dev_add(s, ADD(t, JOIN, 0, land, dev_dep(s)));
+                }
             }
+            if (last_micro && !en->norm_pass && cpu) /* the block's norm */
+                land = dev_add(s, ADD(t, FSO_STREAM_COMPUTE, ms_for(gb, mc->host_copy_gbps), land,
+                                      dev_dep(s)));
             if (last_micro) {
                 s->grad_done[b] = land;
                 if (en->overlap == FSO_PLAN_OVERLAP_BACKWARD) {
@@ -439,7 +581,8 @@ static int lay_step(sim *s, int step, int *prev_norm)
     }
 
     /* the global norm */
-    int norm = ADD(t, JOIN, 0, t->last[phys(t, FSO_STREAM_COMPUTE)], sync_wait);
+    LABEL(t, "global norm", -1);
+    int norm = ADD(t, JOIN, 0, s->comp_last, dev_dep(s), sync_wait);
     bool nvme_grads = false;
     for (int b = 0; b < s->nb; b++)
         if (pl->tier[FSO_PK_GRAD][b] == FSO_PT_NVME)
@@ -448,15 +591,17 @@ static int lay_step(sim *s, int step, int *prev_norm)
         const double gb = (double)shard_elems(in, b) * m->grad_bytes;
         int d = ADD(t, JOIN, 0, s->grad_done[b], norm);
         if (en->norm_pass && nvme_grads && pl->tier[FSO_PK_GRAD][b] == FSO_PT_NVME) {
-            int r = ADD(t, FSO_STREAM_NVME_READ, ms_for(gb, nvr), d);
-            d = ADD(t, FSO_STREAM_COMPUTE, 0, r);
-        } else if (mc->cpu_devices) {
-            d = ADD(t, FSO_STREAM_COMPUTE, ms_for(gb, mc->host_copy_gbps), d);
+            int r = ADD(t, FSO_STREAM_NVME_READ, ms_for(gb, nvr), d, dev_dep(s));
+            d = dev_add(s, ADD(t, JOIN, 0, r, dev_dep(s)));
+        } else if (en->norm_pass && cpu) {
+            d = dev_add(s, ADD(t, FSO_STREAM_COMPUTE, ms_for(gb, mc->host_copy_gbps), d,
+                               dev_dep(s)));
         }
         norm = ADD(t, JOIN, 0, norm, d);
     }
     if (W > 1)
-        norm = ADD(t, FSO_STREAM_COLL, 0, norm);
+        norm = ADD(t, JOIN, 0, norm); /* the all-reduce of a few numbers */
+    norm = dev_add(s, norm);
     *prev_norm = norm;
 
     /* the optimizer */
@@ -490,13 +635,16 @@ static void attribute(const tl *t, int last, double from, double *crit_ms)
     }
 }
 
-static int simulate(const fso_plan_input *in, const fso_placement *pl, fso_plan *out)
+static int simulate(const fso_plan_input *in, const fso_placement *pl, fso_plan *out,
+                    FILE *trace)
 {
     const int nb = in->model.n_blocks, V = in->model.n_visits;
-    sim s = {.in = in, .pl = pl, .nb = nb, .last_opt = -1};
+    sim s = {.in = in, .pl = pl, .nb = nb, .last_opt = -1, .dev = -1, .comp_last = -1};
     int rc = 0;
     s.t.shared = in->machine.cpu_devices;
     s.t.floor_ev = -1;
+    s.t.lat[FSO_STREAM_NVME_READ] = in->machine.nvme_read_lat_ms;
+    s.t.lat[FSO_STREAM_NVME_WRITE] = in->machine.nvme_write_lat_ms;
     for (int i = 0; i < FSO_N_STREAMS; i++)
         s.t.last[i] = -1;
     s.c.upd = malloc(sizeof(int) * (size_t)nb);
@@ -534,6 +682,17 @@ static int simulate(const fso_plan_input *in, const fso_placement *pl, fso_plan 
             out->busy_ms[x->stream] += z - a;
         }
         attribute(&s.t, norm[SIM_STEPS - 1], from, out->critical_ms);
+        if (trace) {
+            fprintf(trace, "# %10s %10s  %-11s %-24s %s\n", "start ms", "end ms", "stream", "what",
+                    "block");
+            for (int i = 0; i < s.t.n; i++) {
+                const ev *x = &s.t.e[i];
+                if (x->stream == JOIN || x->end <= from || x->start >= to || x->end == x->start)
+                    continue;
+                fprintf(trace, "  %10.3f %10.3f  %-11s %-24s %d\n", x->start - from, x->end - from,
+                        fso_stream_name(x->stream), x->what ? x->what : "", x->block);
+            }
+        }
         int best = FSO_STREAM_COMPUTE;
         for (int i = 0; i < FSO_N_STREAMS; i++)
             if (out->critical_ms[i] > out->critical_ms[best] + 1e-9)
@@ -548,6 +707,8 @@ static int simulate(const fso_plan_input *in, const fso_placement *pl, fso_plan 
     }
 out:
     free(s.t.e);
+    for (int i = 0; i < FSO_N_STREAMS; i++)
+        free(s.t.lanes[i].v);
     free(s.c.upd);
     free(s.c.gread);
     free(s.c.wr);
@@ -590,10 +751,20 @@ int fso_plan_evaluate(const fso_plan_input *in, const fso_placement *pl, fso_pla
     for (int b = 0; b < in->model.n_blocks; b++)
         out->model_elems += in->model.block_elems[b];
     bool fits = size_placement(in, pl, out);
-    if ((rc = simulate(in, pl, out)) < 0)
+    if ((rc = simulate(in, pl, out, NULL)) < 0)
         return rc;
     out->evaluated = 1;
     return fits ? 0 : -ENOSPC;
+}
+
+int fso_plan_trace(const fso_plan_input *in, const fso_placement *pl, FILE *f)
+{
+    fso_plan *tmp = malloc(sizeof *tmp);
+    int rc = tmp ? fso_plan_evaluate(in, pl, tmp) : -ENOMEM;
+    if (rc == 0 || rc == -ENOSPC)
+        rc = simulate(in, pl, tmp, f);
+    free(tmp);
+    return rc;
 }
 
 /* ------------------------------------------------------------------ search */
@@ -601,12 +772,16 @@ int fso_plan_evaluate(const fso_plan_input *in, const fso_placement *pl, fso_pla
 typedef struct cand {
     int pmode;          /* param tier for streamed blocks (or every block when !per_block) */
     int resident;       /* parameter blocks kept on the device (per-block mode) */
+    int sresident;      /* blocks whose optimizer state and gradients stay on the device,
+                           updated there (per-block mode; see state_block) */
+    bool sfrom_first;
     int st[3];          /* master, m, v tiers */
     int gt;             /* gradient tier */
     bool wc;
     int prefetch;
     double ms;
     int tiersum;
+    int pf_key;         /* the prefetch depth where it matters (parameters on NVMe), else 0 */
 } cand;
 
 /* Blocks in the order they are worth keeping on the device: those with the
@@ -691,6 +866,15 @@ static void residency_order(const fso_plan_input *in, int *order)
     free(taken);
 }
 
+/* The i-th block to keep its optimizer state on the device, from the last
+ * block down (the CPU updates first what the next forward needs first) or
+ * from block 0 up (the device's quick updates let the forward start at
+ * once): the search tries both. */
+static int state_block(const fso_plan_input *in, const cand *c, int i)
+{
+    return c->sfrom_first ? i : in->model.n_blocks - 1 - i;
+}
+
 static void build_placement(const fso_plan_input *in, const cand *c, const int *order,
                             fso_placement *pl)
 {
@@ -703,6 +887,9 @@ static void build_placement(const fso_plan_input *in, const cand *c, const int *
     }
     for (int i = 0; i < c->resident && i < nb; i++)
         pl->tier[FSO_PK_PARAM][order[i]] = FSO_PT_DEVICE;
+    for (int i = 0; i < c->sresident && i < nb; i++)
+        for (int k = FSO_PK_MASTER; k < FSO_PK_N; k++)
+            pl->tier[k][state_block(in, c, i)] = FSO_PT_DEVICE;
 }
 
 static bool tier_ok(const fso_plan_input *in, int t)
@@ -715,26 +902,51 @@ static bool pin_ok(const fso_plan_input *in, int k, int t)
     return in->pins.tier[k] < 0 || in->pins.tier[k] == t;
 }
 
-/* The most parameter blocks (in residency order) that fit on the device
- * next to everything else. */
-static int max_resident(const fso_plan_input *in, cand *c, const int *order, fso_plan *tmp)
+/* Per-block mode: fill the device memory left after the uniform choices
+ * with parameter blocks (in residency order) and with blocks whose optimizer
+ * state and gradients stay on the device (state_block order), one kind of
+ * residency first, then the other. */
+static void fill_resident(const fso_plan_input *in, cand *c, const int *order, bool state_first,
+                          fso_plan *tmp, fso_placement *pl)
 {
     const int nb = in->model.n_blocks;
-    cand x = *c;
-    x.resident = 0;
-    fso_placement pl;
-    build_placement(in, &x, order, &pl);
-    size_placement(in, &pl, tmp);
+    const bool params_free = in->pins.tier[FSO_PK_PARAM] < 0 && c->pmode != FSO_PT_DEVICE;
+    bool state_free = c->st[0] != FSO_PT_DEVICE || c->st[1] != FSO_PT_DEVICE ||
+                      c->st[2] != FSO_PT_DEVICE || c->gt != FSO_PT_DEVICE;
+    for (int k = FSO_PK_MASTER; k < FSO_PK_N; k++)
+        state_free = state_free && in->pins.tier[k] < 0;
+    c->resident = c->pmode == FSO_PT_DEVICE ? nb : 0;
+    c->sresident = 0;
+    if (!in->engine.per_block_tiers)
+        return;
+    build_placement(in, c, order, pl);
+    size_placement(in, pl, tmp);
     int64_t room = (int64_t)tmp->have_bytes[FSO_PT_DEVICE] - (int64_t)tmp->need_bytes[FSO_PT_DEVICE];
-    int r = 0;
-    while (r < nb) {
-        int64_t add = (int64_t)shard_bytes(in, order[r], FSO_PK_PARAM);
-        if (add > room)
-            break;
-        room -= add;
-        r++;
+    for (int pass = 0; pass < 2; pass++) {
+        bool state = (pass == 0) == state_first;
+        if (state && state_free) {
+            while (c->sresident < nb) {
+                int64_t add = 0;
+                for (int k = FSO_PK_MASTER; k < FSO_PK_N; k++) {
+                    int t = k == FSO_PK_GRAD ? c->gt : c->st[k - FSO_PK_MASTER];
+                    if (t != FSO_PT_DEVICE)
+                        add += (int64_t)shard_bytes(in, state_block(in, c, c->sresident), k);
+                }
+                if (add > room)
+                    break;
+                room -= add;
+                c->sresident++;
+            }
+        } else if (!state && params_free) {
+            while (c->resident < nb) {
+                int64_t add = (int64_t)shard_bytes(in, order[c->resident], FSO_PK_PARAM);
+                if (add > room)
+                    break;
+                room -= add;
+                c->resident++;
+            }
+        }
     }
-    return r;
 }
 
 int fso_plan_choose(const fso_plan_input *in, fso_plan *out)
@@ -785,14 +997,15 @@ int fso_plan_choose(const fso_plan_input *in, fso_plan *out)
                             bool nvme_params = pm == FSO_PT_NVME;
                             int pf_lo = in->pins.prefetch >= 0 || !nvme_params ? def_pf : 0;
                             int pf_hi = in->pins.prefetch >= 0 || !nvme_params ? def_pf : max_pf;
-                            for (int pf = pf_lo; pf <= pf_hi; pf++) {
+                            for (int pf = pf_lo; pf <= pf_hi; pf++)
+                            for (int sf = 0; sf < (en->per_block_tiers ? 4 : 1); sf++) {
                                 cand c = {.pmode = pm, .st = {s0, s1, s2}, .gt = g, .wc = wc != 0,
-                                          .prefetch = pf};
+                                          .prefetch = pf, .sfrom_first = sf >= 2};
                                 c.tiersum = pm + s0 + s1 + s2 + g;
-                                if (pm == FSO_PT_DEVICE)
-                                    c.resident = nb;
-                                else if (en->per_block_tiers && in->pins.tier[FSO_PK_PARAM] < 0)
-                                    c.resident = max_resident(in, &c, order, tmp);
+                                c.pf_key = nvme_params ? pf : 0;
+                                fill_resident(in, &c, order, sf & 1, tmp, pl);
+                                if (sf >= 2 && c.sresident == 0)
+                                    continue; /* the same as sf - 2 */
                                 build_placement(in, &c, order, pl);
                                 if (!size_placement(in, pl, tmp)) {
                                     if (tmp->short_bytes < closest_short) {
@@ -801,7 +1014,7 @@ int fso_plan_choose(const fso_plan_input *in, fso_plan *out)
                                     }
                                     continue;
                                 }
-                                if ((rc = simulate(in, pl, tmp)) < 0)
+                                if ((rc = simulate(in, pl, tmp, NULL)) < 0)
                                     goto out;
                                 evaluated++;
                                 c.ms = tmp->step_ms;
@@ -850,8 +1063,8 @@ int fso_plan_choose(const fso_plan_input *in, fso_plan *out)
         }
         const cand *p = &cands[pick];
         /* shallower prefetch, then higher tiers, then faster */
-        if (c->prefetch < p->prefetch ||
-            (c->prefetch == p->prefetch &&
+        if (c->pf_key < p->pf_key ||
+            (c->pf_key == p->pf_key &&
              (c->tiersum < p->tiersum || (c->tiersum == p->tiersum && c->ms < p->ms))))
             pick = i;
     }
@@ -932,6 +1145,8 @@ int fso_plan_replan(const fso_plan_input *in, const fso_plan *cur, const fso_pla
              rest > 1 ? "slower" : "faster");
         mc->nvme_read_gbps /= rest;
         mc->nvme_write_gbps /= rest;
+        mc->nvme_read_lat_ms *= rest;
+        mc->nvme_write_lat_ms *= rest;
         mc->h2d_gbps /= rest;
         mc->d2h_gbps /= rest;
         mc->coll_gbps /= rest;

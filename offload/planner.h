@@ -35,6 +35,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #define FSO_PLAN_MAX_BLOCKS 1024
 #define FSO_PLAN_MAX_PREFETCH 16
@@ -80,6 +81,8 @@ typedef struct fso_plan_machine {
     uint64_t nvme_free_bytes;  /* free space over the NVMe folders; 0: no NVMe tier */
     double nvme_read_gbps;     /* all folders together */
     double nvme_write_gbps;
+    double nvme_read_lat_ms;   /* one request's latency beyond its transfer time */
+    double nvme_write_lat_ms;
     double h2d_gbps;           /* per device */
     double d2h_gbps;
     double coll_gbps;          /* collective bus bandwidth (nccl-tests busbw) */
@@ -117,11 +120,16 @@ typedef struct fso_plan_engine {
     bool per_kind_tiers;       /* master, m, v and gradients may sit on different tiers */
     bool whole_copy;           /* a block may be copied whole to every device (no gather) */
     bool sync_grad_writes;     /* a gradient shard reaches its tier before the next block */
-    bool norm_pass;            /* the global norm re-reads NVMe gradient shards */
+    bool norm_pass;            /* the global norm re-reads NVMe gradient shards after
+                                  backward (else: each block's norm as its gradients land) */
+    int opt_write_lag;         /* 1: a block's parameters on NVMe are written before the
+                                  next block is updated; 2: writes trail by two blocks (the
+                                  two buffer sets) only */
     int gather_buffers;        /* full-block parameter buffers per device (2) */
     int max_prefetch;          /* deepest prefetch the engine takes */
     int stage_slots;           /* host staging buffers per device besides the prefetch ring,
                                   each one largest shard */
+    uint64_t stage_fixed_bytes;/* more host staging per device (optimizer chunks) */
     uint64_t device_reserve_bytes; /* per device: runtime, allocator slack */
 } fso_plan_engine;
 
@@ -197,6 +205,10 @@ void fso_placement_uniform(fso_placement *pl, int n_blocks, int param_tier, int 
  * not (out->short_tier and short_bytes say where; the timeline is still
  * predicted), -EINVAL for inputs out of range. */
 int fso_plan_evaluate(const fso_plan_input *in, const fso_placement *pl, fso_plan *out);
+
+/* Lays out one placement like fso_plan_evaluate and prints the predicted
+ * step's events to f, one a line: start and end ms, stream, what, block. */
+int fso_plan_trace(const fso_plan_input *in, const fso_placement *pl, FILE *f);
 
 /* Chooses the placement with the least predicted step time that fits and
  * keeps the pins; among equal times (within 1%) the shallower prefetch and

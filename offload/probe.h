@@ -4,7 +4,8 @@
  * Each probe runs well under a second:
  *   nvme        sequential write then read of a few MiB per folder through the
  *               io_uring store (O_DIRECT where the filesystem allows), and of
- *               all folders striped together
+ *               all folders striped together: rate with 16 requests in flight,
+ *               and the latency of a request alone
  *   h2d, d2h    the backend's host-to-device and device-to-host copies (on
  *               the CPU backend: memcpy on one thread)
  *   host copy   memcpy on one thread (staging copies, accumulation)
@@ -29,6 +30,7 @@
 typedef struct fso_probe_dir {
     char path[1024];
     double read_gbps, write_gbps;
+    double read_lat_ms, write_lat_ms; /* one 1 MiB request alone, beyond its transfer time */
     uint64_t free_bytes;
     bool direct;                 /* O_DIRECT held (false: buffered fallback, page cache) */
 } fso_probe_dir;
@@ -41,6 +43,7 @@ typedef struct fso_probe {
     int n_dirs;
     fso_probe_dir dirs[FSO_STORE_MAX_DIRS];
     double nvme_read_gbps, nvme_write_gbps; /* all folders striped; 0 with no folders */
+    double nvme_read_lat_ms, nvme_write_lat_ms;
     uint64_t nvme_free_bytes;
     double h2d_gbps, d2h_gbps;
     double host_copy_gbps;

@@ -1,0 +1,125 @@
+/* plan.h — the planner applied to a training configuration: `fsoff plan`,
+ * and the plan table `fsoff train` prints at start (DESIGN §6).
+ *
+ * The model description the planner needs (bytes per block, the visits of a
+ * micro-batch with their FLOPs, activation bytes) comes from model.h; the
+ * machine from explicit numbers, this machine's cached probes (probe.h), or,
+ * for GPUs, a small table of conservative achieved figures. Offload choices
+ * written in the configuration are pins: the planner keeps them and chooses
+ * the rest.
+ *
+ * For the trainer:
+ *
+ *   fso_plan plan;
+ *   fso_plan_pins pins;
+ *   fso_plan_pins_from_config(cfg, sets, nsets, &pins);   (or fso_plan_pins_none)
+ *   if (fso_plan_for_config(cfg, &pins, &plan, err, sizeof err) == 0) {
+ *       fso_plan_print(stdout, &plan);
+ *       fso_plan_apply(&plan, cfg, err, sizeof err);       (optional: take its choices)
+ *   }
+ *
+ * and after a few steps fso_plan_check() with the measured step.
+ */
+#ifndef FSO_PLAN_H
+#define FSO_PLAN_H
+
+#include <stdbool.h>
+#include <stdio.h>
+
+#include "config.h"
+#include "planner.h"
+
+/* Achieved (not peak) figures per GPU model, used for numbers not given. */
+typedef struct fso_gpu_spec {
+    const char *name;          /* "h100", "h200", "a100", "l40s", "4090" */
+    const char *desc;
+    double mem_gib;
+    double peak_tflops;        /* dense bf16, data sheet */
+    double tflops;             /* assumed achieved in a training step */
+    double h2d_gbps;           /* pinned copies, one direction */
+    double coll_gbps;          /* all-gather bus bandwidth among 8 (NVLink) or over PCIe */
+    double adam_gelems;        /* AdamW on the device, 1e9 elements/s */
+} fso_gpu_spec;
+
+/* The table, NULL-terminated by name. */
+extern const fso_gpu_spec fso_gpu_specs[];
+/* By name (case-insensitive), else NULL. */
+const fso_gpu_spec *fso_gpu_spec_find(const char *name);
+
+/* The planner's inputs for cfg (its model, batch, world and offload
+ * settings) on machine m. gpu: bf16 working parameters and gradients and the
+ * GPU engine's schedule; else the CPU backend's (fp32, copies on the device
+ * thread). Arrays are owned by ctx. 0 or negative errno with err. */
+typedef struct fso_plan_ctx {
+    fso_plan_input in;
+    uint64_t *block_elems;
+    fso_plan_visit *visits;
+    double *true_flops;        /* (visits) as counted, before any calibration */
+    int *visit_part;           /* (visits) 0 embedding forward, 1 layer, 2 head, 3 embedding
+                                  backward, -1 nothing to compute */
+    double probe_gflops;       /* the machine's compute rate before calibration */
+    uint64_t n_params;         /* real parameters (padding excluded) */
+} fso_plan_ctx;
+int fso_plan_ctx_init(fso_plan_ctx *ctx, const fso_config *cfg, const fso_plan_machine *m,
+                      bool gpu, char *err, size_t errlen);
+void fso_plan_ctx_free(fso_plan_ctx *ctx);
+
+/* CPU devices: time one micro-batch of a one-layer model of cfg's shapes
+ * on the backend (a few hundred ms at most; skipped, returning -E2BIG, when
+ * the model is too large to time that quickly) and set ctx's compute from
+ * it: device_gflops to the rate a layer achieves, the embedding's and the
+ * head's visits to their measured share. 0 or negative errno. */
+int fso_plan_calibrate_cpu(fso_plan_ctx *ctx, const fso_config *cfg, char *err, size_t errlen);
+
+/* What the config pins: a kind whose offload "device" the config file or
+ * an override (--set, --nvme) sets, and train.prefetch_blocks when set. The
+ * kinds' tiers are taken from cfg. sets: the overrides as given to
+ * fso_config_set, in order (may be NULL). */
+void fso_plan_pins_from_config(const fso_config *cfg, const char *const *sets, int nsets,
+                               fso_plan_pins *pins);
+
+/* This machine's numbers for the CPU backend with cfg->world devices: the
+ * cached probes (probing first when there are none, or refresh), NVMe
+ * folders from cfg's offload sections (folders that do not exist are left
+ * out), device memory from cfg->device_mem_bytes or zero.c's default.
+ * 0 or negative errno with err. */
+int fso_plan_machine_here(const fso_config *cfg, bool refresh, fso_plan_machine *m, char *err,
+                          size_t errlen);
+
+/* The plan for cfg on this machine's CPU backend, keeping pins (NULL:
+ * none). 0; -ENOSPC when nothing fits (out holds the closest placement and
+ * err says which tier is short, by how much, and what to do); other
+ * negative errno with err. */
+int fso_plan_for_config(const fso_config *cfg, const fso_plan_pins *pins, fso_plan *out,
+                        char *err, size_t errlen);
+
+/* The plan table: memory per tier, the placement, the predicted step and
+ * its bottleneck. */
+void fso_plan_print(FILE *f, const fso_plan *p);
+/* The same as one JSON object (one line). */
+void fso_plan_print_json(FILE *f, const fso_plan *p);
+
+/* One line for an impossible plan: the short tier, need, capacity,
+ * shortfall and what to do. */
+void fso_plan_shortfall_message(const fso_plan *p, const fso_plan_pins *pins, char *buf,
+                                size_t len);
+
+/* Take the plan's choices into cfg (tiers of parameters and of the
+ * optimizer state, prefetch depth). -ENOTSUP with err when the plan uses
+ * what this engine cannot do (per-block tiers, per-kind tiers within the
+ * optimizer state, whole-block copies); -EINVAL when it puts state on NVMe
+ * and cfg names no NVMe folder. */
+int fso_plan_apply(const fso_plan *p, fso_config *cfg, char *err, size_t errlen);
+
+/* After a few steps: the measured mean step (and what else was measured;
+ * fields < 0 unknown) against the plan. Returns 1 with a one-line message
+ * and the corrected plan in *out when the prediction was off by more than
+ * 20%, 0 when it held (out = the plan), negative errno on failure. */
+int fso_plan_check(const fso_config *cfg, const fso_plan_pins *pins, const fso_plan *plan,
+                   const fso_plan_measured *meas, fso_plan *out, char *msg, size_t msglen);
+
+/* `fsoff plan ...`: argv[0] is "plan". Returns the exit status: 0, 1 when
+ * no placement fits, 2 for bad usage. */
+int fso_plan_main(int argc, char **argv);
+
+#endif

@@ -1,0 +1,633 @@
+/* probe.c — machine probes and their JSON cache (probe.h). */
+#include "probe.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "adamw.h"
+#include "backend.h"
+#include "coll.h"
+#include "pool.h"
+
+#define MIB (1024.0 * 1024.0)
+#define CACHE_VERSION 1
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* ------------------------------------------------------------------ key */
+
+static void cpu_model(char *buf, size_t len)
+{
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    char line[512];
+    snprintf(buf, len, "unknown CPU");
+    if (!f)
+        return;
+    while (fgets(line, sizeof line, f)) {
+        char *colon = strchr(line, ':');
+        if (strncmp(line, "model name", 10) == 0 && colon) {
+            colon++;
+            while (*colon == ' ' || *colon == '\t')
+                colon++;
+            colon[strcspn(colon, "\n")] = 0;
+            snprintf(buf, len, "%s", colon);
+            break;
+        }
+    }
+    fclose(f);
+}
+
+/* "a,b" into folder strings (pointers into buf). */
+static int split_dirs(char *buf, const char **dirs, int max)
+{
+    int n = 0;
+    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t && n < max;
+         t = strtok_r(NULL, ",", &save))
+        if (*t)
+            dirs[n++] = t;
+    return n;
+}
+
+void fso_probe_key(char *buf, size_t len, const char *dirs)
+{
+    char host[256] = "localhost", cpu[256], list[4096] = "", tmp[4096];
+    const char *d[FSO_STORE_MAX_DIRS];
+    gethostname(host, sizeof host - 1);
+    host[sizeof host - 1] = 0;
+    cpu_model(cpu, sizeof cpu);
+    snprintf(tmp, sizeof tmp, "%s", dirs ? dirs : "");
+    int n = split_dirs(tmp, d, FSO_STORE_MAX_DIRS);
+    size_t off = 0;
+    for (int i = 0; i < n && off < sizeof list; i++) {
+        char real[PATH_MAX];
+        const char *p = realpath(d[i], real) ? real : d[i];
+        off += (size_t)snprintf(list + off, sizeof list - off, "%s%s", i ? "," : "", p);
+    }
+    snprintf(buf, len, "%s|%s|%s", host, cpu, list);
+}
+
+int fso_probe_cache_path(char *buf, size_t len)
+{
+    const char *x = getenv("XDG_CACHE_HOME"), *h = getenv("HOME");
+    if (x && x[0] == '/')
+        snprintf(buf, len, "%s/fsoff/probe.json", x);
+    else if (h && h[0])
+        snprintf(buf, len, "%s/.cache/fsoff/probe.json", h);
+    else
+        return -ENOENT;
+    return 0;
+}
+
+/* ------------------------------------------------------------------ probes */
+
+static uint64_t mem_available(void)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[256];
+    unsigned long long kb = 0;
+    if (!f)
+        return 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1)
+            break;
+    fclose(f);
+    return (uint64_t)kb * 1024;
+}
+
+/* Stream `cap` bytes through the store in block-sized requests, qd in flight. */
+static int stream_io(fso_store *s, bool write, char *buf, size_t block, int qd, uint64_t cap,
+                     char *err, size_t errlen)
+{
+    uint64_t off = 0;
+    int inflight = 0;
+    fso_io done[64];
+    while (off < cap || inflight > 0) {
+        while (off < cap && inflight < qd) {
+            char *b = buf + (size_t)((off / block) % (uint64_t)qd) * block;
+            int rc = write ? s->ops->prep_write(s, b, block, off, off)
+                           : s->ops->prep_read(s, b, block, off, off);
+            if (rc == -EBUSY)
+                break;
+            if (rc < 0) {
+                snprintf(err, errlen, "%s", s->err[0] ? s->err : strerror(-rc));
+                return rc;
+            }
+            off += block;
+            inflight++;
+        }
+        int rc = s->ops->submit(s);
+        if (rc < 0) {
+            snprintf(err, errlen, "submit: %s", strerror(-rc));
+            return rc;
+        }
+        int n = s->ops->reap(s, done, 64, 1);
+        if (n < 0) {
+            snprintf(err, errlen, "%s", s->err[0] ? s->err : strerror(-n));
+            return n;
+        }
+        for (int i = 0; i < n; i++)
+            if (done[i].res < 0) {
+                snprintf(err, errlen, "%s at %llu: %s", write ? "write" : "read",
+                         (unsigned long long)done[i].user, strerror((int)-done[i].res));
+                return (int)done[i].res;
+            }
+        inflight -= n;
+    }
+    return 0;
+}
+
+/* Write then read `bytes` per folder of `dirs` striped together, 16
+ * requests of 1 MiB in flight; then a few requests one at a time for the
+ * latency beyond the transfer. */
+static int probe_store(const char **dirs, int n, uint64_t bytes, double *rd, double *wr,
+                       double *rd_lat, double *wr_lat, bool *direct, char *err, size_t errlen)
+{
+    const size_t block = 1 << 20;
+    const int qd = 16;
+    fso_store_opts so = {0};
+    fso_store *s = NULL;
+    char serr[512] = "";
+    for (int i = 0; i < n; i++)
+        so.dirs[i] = dirs[i];
+    so.ndirs = n;
+    so.capacity_bytes = (bytes / block) * block * (uint64_t)n;
+    so.block_bytes = block;
+    so.queue_depth = qd;
+    so.direct = true;
+    so.file_prefix = "fsoff-probe";
+    int rc = fso_store_open_uring(&s, &so, serr, sizeof serr);
+    if (rc < 0) {
+        snprintf(err, errlen, "%s", serr);
+        return rc;
+    }
+    char *buf = aligned_alloc(4096, block * (size_t)qd);
+    if (!buf) {
+        fso_store_destroy(s);
+        snprintf(err, errlen, "out of memory");
+        return -ENOMEM;
+    }
+    for (size_t i = 0; i < block * (size_t)qd; i++)
+        buf[i] = (char)(i * 2654435761u >> 13);
+    double t0 = now_s();
+    rc = stream_io(s, true, buf, block, qd, so.capacity_bytes, err, errlen);
+    double t1 = now_s();
+    if (rc == 0)
+        rc = stream_io(s, false, buf, block, qd, so.capacity_bytes, err, errlen);
+    double t2 = now_s();
+    const uint64_t one = 8 * (uint64_t)block < so.capacity_bytes ? 8 * (uint64_t)block
+                                                                 : so.capacity_bytes;
+    if (rc == 0)
+        rc = stream_io(s, true, buf, block, 1, one, err, errlen);
+    double t3 = now_s();
+    if (rc == 0)
+        rc = stream_io(s, false, buf, block, 1, one, err, errlen);
+    double t4 = now_s();
+    *direct = s->direct;
+    fso_store_destroy(s);
+    free(buf);
+    if (rc < 0)
+        return rc;
+    *wr = (double)so.capacity_bytes / (t1 - t0) / 1e9;
+    *rd = (double)so.capacity_bytes / (t2 - t1) / 1e9;
+    double reqs = (double)(one / block);
+    double wl = ((t3 - t2) / reqs - (double)block / (*wr * 1e9)) * 1e3;
+    double rl = ((t4 - t3) / reqs - (double)block / (*rd * 1e9)) * 1e3;
+    *wr_lat = wl > 0 ? wl : 0;
+    *rd_lat = rl > 0 ? rl : 0;
+    return 0;
+}
+
+/* Best of reps memcpy rates of `bytes`, in GB/s. */
+static double probe_copy(fso_backend *be, bool h2d, size_t bytes)
+{
+    void *dev = NULL;
+    char *host = malloc(bytes);
+    double best = 0;
+    if (!host || be->ops->buf_alloc(be, bytes, &dev) < 0) {
+        free(host);
+        return 0;
+    }
+    memset(host, 1, bytes);
+    be->ops->memset0(be, dev, bytes);
+    for (int r = 0; r < 4; r++) {
+        double t0 = now_s();
+        if (h2d)
+            be->ops->copy_h2d(be, dev, host, bytes);
+        else
+            be->ops->copy_d2h(be, host, dev, bytes);
+        be->ops->sync(be);
+        double g = (double)bytes / (now_s() - t0) / 1e9;
+        if (g > best)
+            best = g;
+    }
+    be->ops->buf_free(be, dev);
+    free(host);
+    return best;
+}
+
+typedef struct coll_arg {
+    fso_coll *c;
+    int rank;
+    float *send, *recv;
+    size_t count;
+    int reps;
+    double secs;
+} coll_arg;
+
+static void *coll_worker(void *p)
+{
+    coll_arg *a = p;
+    a->c->ops->all_gather(a->c, a->rank, a->send, a->recv, a->count); /* warm */
+    a->c->ops->barrier(a->c, a->rank);
+    double t0 = now_s();
+    for (int r = 0; r < a->reps; r++)
+        a->c->ops->all_gather(a->c, a->rank, a->send, a->recv, a->count);
+    a->c->ops->barrier(a->c, a->rank);
+    a->secs = now_s() - t0;
+    return NULL;
+}
+
+/* All-gather bus bandwidth among W threads (nccl-tests: (W-1)/W of the
+ * gathered bytes per unit time). */
+static double probe_coll(int W)
+{
+    const size_t count = (size_t)(4 * MIB) / sizeof(float);
+    fso_coll *c = NULL;
+    coll_arg a[64];
+    pthread_t tid[64];
+    double bw = 0;
+    if (W < 2)
+        W = 2;
+    if (W > 64)
+        W = 64;
+    if (fso_coll_create_threads(&c, W) < 0)
+        return 0;
+    int started = 0, ok = 1;
+    for (int r = 0; r < W; r++) {
+        a[r] = (coll_arg){.c = c, .rank = r, .count = count, .reps = 4};
+        a[r].send = calloc(count, sizeof(float));
+        a[r].recv = calloc(count * (size_t)W, sizeof(float));
+        if (!a[r].send || !a[r].recv)
+            ok = 0;
+    }
+    if (ok) {
+        for (int r = 1; r < W; r++)
+            if (pthread_create(&tid[r], NULL, coll_worker, &a[r]) == 0)
+                started++;
+            else
+                break;
+        if (started == W - 1) {
+            coll_worker(&a[0]);
+            bw = (double)(W - 1) * count * sizeof(float) * a[0].reps / a[0].secs / 1e9;
+        } else {
+            abort(); /* the started threads would wait in a collective forever */
+        }
+        for (int r = 1; r <= started; r++)
+            pthread_join(tid[r], NULL);
+    }
+    for (int r = 0; r < W; r++) {
+        free(a[r].send);
+        free(a[r].recv);
+    }
+    fso_coll_destroy(c);
+    return bw;
+}
+
+static double probe_adam(int threads)
+{
+    const size_t n = (size_t)4 << 20;
+    const fso_adamw_kernel *k = NULL;
+    fso_pool *pool = NULL;
+    float *buf = malloc(sizeof(float) * n * 4);
+    double best = 0;
+    if (!buf || fso_pool_create(&pool, threads) < 0) {
+        free(buf);
+        return 0;
+    }
+    if (fso_adamw_select(FSO_ISA_AUTO, &k) < 0)
+        k = NULL;
+    for (size_t i = 0; i < n * 4; i++)
+        buf[i] = 0.001f * (float)(i % 1000);
+    fso_adamw_step st = {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8,
+                         .weight_decay = 0.1, .grad_scale = 1, .t = 1};
+    for (int r = 0; r < 4; r++) {
+        double t0 = now_s();
+        fso_adamw_fused_mt(k, pool, buf, buf + n, FSO_DT_F32, buf + 2 * n, buf + 3 * n, NULL, n,
+                           &st);
+        double g = (double)n / (now_s() - t0) / 1e9;
+        if (g > best)
+            best = g;
+        st.t++;
+    }
+    fso_pool_destroy(pool);
+    free(buf);
+    return best;
+}
+
+/* sgemm (N, Cin) x (Cout, Cin)^T: a projection of a 1024-wide block over
+ * 512 tokens. */
+static double probe_gflops(fso_backend *be)
+{
+    const int N = 512, Cin = 1024, Cout = 2048;
+    float *x = NULL, *w = NULL, *y = NULL;
+    double best = 0;
+    if (be->ops->buf_alloc(be, sizeof(float) * (size_t)N * Cin, (void **)&x) < 0 ||
+        be->ops->buf_alloc(be, sizeof(float) * (size_t)Cout * Cin, (void **)&w) < 0 ||
+        be->ops->buf_alloc(be, sizeof(float) * (size_t)N * Cout, (void **)&y) < 0)
+        goto out;
+    for (size_t i = 0; i < (size_t)N * Cin; i++)
+        x[i] = 0.01f * (float)(i % 97);
+    for (size_t i = 0; i < (size_t)Cout * Cin; i++)
+        w[i] = 0.01f * (float)(i % 89);
+    for (int r = 0; r < 4; r++) {
+        double t0 = now_s();
+        be->ops->matmul_fwd(be, y, x, w, N, Cin, Cout);
+        be->ops->sync(be);
+        double g = 2.0 * N * Cin * Cout / (now_s() - t0) / 1e9;
+        if (g > best)
+            best = g;
+    }
+out:
+    be->ops->buf_free(be, x);
+    be->ops->buf_free(be, w);
+    be->ops->buf_free(be, y);
+    return best;
+}
+
+int fso_probe_run(fso_probe *p, const fso_probe_opts *opts, char *err, size_t errlen)
+{
+    char tmp[4096];
+    const char *dirs[FSO_STORE_MAX_DIRS];
+    fso_backend *be = NULL;
+    int rc;
+    memset(p, 0, sizeof *p);
+    fso_probe_key(p->key, sizeof p->key, opts->dirs);
+    p->when = (int64_t)time(NULL);
+    p->threads = opts->threads > 0 ? opts->threads : fso_cpu_count();
+    p->host_mem_bytes = mem_available();
+    snprintf(tmp, sizeof tmp, "%s", opts->dirs ? opts->dirs : "");
+    p->n_dirs = split_dirs(tmp, dirs, FSO_STORE_MAX_DIRS);
+    uint64_t bytes = opts->nvme_bytes ? opts->nvme_bytes : (uint64_t)32 << 20;
+    if (!opts->quiet)
+        fprintf(stderr, "fsoff: probing this machine (%d NVMe folder%s, %d threads)...\n",
+                p->n_dirs, p->n_dirs == 1 ? "" : "s", p->threads);
+
+    for (int i = 0; i < p->n_dirs; i++) {
+        fso_probe_dir *d = &p->dirs[i];
+        struct statvfs sv;
+        char e[512];
+        snprintf(d->path, sizeof d->path, "%s", dirs[i]);
+        if (statvfs(dirs[i], &sv) == 0)
+            d->free_bytes = (uint64_t)sv.f_bavail * sv.f_frsize;
+        p->nvme_free_bytes += d->free_bytes;
+        if ((rc = probe_store(&dirs[i], 1, bytes, &d->read_gbps, &d->write_gbps,
+                              &d->read_lat_ms, &d->write_lat_ms, &d->direct, e, sizeof e)) < 0) {
+            snprintf(err, errlen, "NVMe probe of %s: %s", dirs[i], e);
+            return rc;
+        }
+    }
+    if (p->n_dirs == 1) {
+        p->nvme_read_gbps = p->dirs[0].read_gbps;
+        p->nvme_write_gbps = p->dirs[0].write_gbps;
+        p->nvme_read_lat_ms = p->dirs[0].read_lat_ms;
+        p->nvme_write_lat_ms = p->dirs[0].write_lat_ms;
+    } else if (p->n_dirs > 1) {
+        char e[512];
+        bool direct;
+        if ((rc = probe_store(dirs, p->n_dirs, bytes, &p->nvme_read_gbps, &p->nvme_write_gbps,
+                              &p->nvme_read_lat_ms, &p->nvme_write_lat_ms, &direct, e,
+                              sizeof e)) < 0) {
+            snprintf(err, errlen, "NVMe probe of %s: %s", opts->dirs, e);
+            return rc;
+        }
+    }
+
+    if ((rc = fso_backend_create(&be, "cpu", p->threads)) < 0) {
+        snprintf(err, errlen, "cannot create the CPU backend: %s", strerror(-rc));
+        return rc;
+    }
+    const size_t copy_bytes = (size_t)(64 * MIB);
+    p->h2d_gbps = probe_copy(be, true, copy_bytes);
+    p->d2h_gbps = probe_copy(be, false, copy_bytes);
+    p->host_copy_gbps = p->h2d_gbps < p->d2h_gbps ? p->h2d_gbps : p->d2h_gbps;
+    p->gflops = probe_gflops(be);
+    fso_backend_destroy(be);
+    p->coll_gbps = probe_coll(p->threads);
+    p->adam_gelems = probe_adam(p->threads);
+    if (p->h2d_gbps <= 0 || p->gflops <= 0 || p->coll_gbps <= 0 || p->adam_gelems <= 0) {
+        snprintf(err, errlen, "probes: out of host memory");
+        return -ENOMEM;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ cache */
+
+static json_t *probe_to_json(const fso_probe *p)
+{
+    json_t *dirs = json_array();
+    for (int i = 0; i < p->n_dirs; i++)
+        json_array_append_new(
+            dirs, json_pack("{s:s, s:f, s:f, s:f, s:f, s:I, s:b}", "path", p->dirs[i].path,
+                            "read_gbps", p->dirs[i].read_gbps, "write_gbps",
+                            p->dirs[i].write_gbps, "read_lat_ms", p->dirs[i].read_lat_ms,
+                            "write_lat_ms", p->dirs[i].write_lat_ms, "free_bytes",
+                            (json_int_t)p->dirs[i].free_bytes, "direct", p->dirs[i].direct));
+    json_t *o = json_pack("{s:s, s:I, s:i, s:I, s:o, s:f, s:f, s:f, s:f, s:I}", "key", p->key,
+                          "when", (json_int_t)p->when, "threads", p->threads, "host_mem_bytes",
+                          (json_int_t)p->host_mem_bytes, "nvme", dirs, "nvme_read_gbps",
+                          p->nvme_read_gbps, "nvme_write_gbps", p->nvme_write_gbps,
+                          "nvme_read_lat_ms", p->nvme_read_lat_ms, "nvme_write_lat_ms",
+                          p->nvme_write_lat_ms, "nvme_free_bytes", (json_int_t)p->nvme_free_bytes);
+    json_t *rates = json_pack("{s:f, s:f, s:f, s:f, s:f, s:f}", "h2d_gbps", p->h2d_gbps,
+                              "d2h_gbps", p->d2h_gbps, "host_copy_gbps", p->host_copy_gbps,
+                              "coll_gbps", p->coll_gbps, "adam_gelems", p->adam_gelems, "gflops",
+                              p->gflops);
+    if (!o || !rates || json_object_update(o, rates) != 0) {
+        json_decref(o);
+        o = NULL;
+    }
+    json_decref(rates);
+    return o;
+}
+
+static double num(json_t *o, const char *k)
+{
+    json_t *v = json_object_get(o, k);
+    return json_is_number(v) ? json_number_value(v) : 0;
+}
+
+static int probe_from_json(json_t *o, fso_probe *p)
+{
+    const char *key = json_string_value(json_object_get(o, "key"));
+    json_t *dirs = json_object_get(o, "nvme");
+    if (!key || !json_is_array(dirs) || json_array_size(dirs) > FSO_STORE_MAX_DIRS)
+        return -EINVAL;
+    memset(p, 0, sizeof *p);
+    snprintf(p->key, sizeof p->key, "%s", key);
+    p->when = (int64_t)num(o, "when");
+    p->threads = (int)num(o, "threads");
+    p->host_mem_bytes = (uint64_t)num(o, "host_mem_bytes");
+    p->n_dirs = (int)json_array_size(dirs);
+    for (int i = 0; i < p->n_dirs; i++) {
+        json_t *d = json_array_get(dirs, (size_t)i);
+        const char *path = json_string_value(json_object_get(d, "path"));
+        snprintf(p->dirs[i].path, sizeof p->dirs[i].path, "%s", path ? path : "");
+        p->dirs[i].read_gbps = num(d, "read_gbps");
+        p->dirs[i].write_gbps = num(d, "write_gbps");
+        p->dirs[i].read_lat_ms = num(d, "read_lat_ms");
+        p->dirs[i].write_lat_ms = num(d, "write_lat_ms");
+        p->dirs[i].free_bytes = (uint64_t)num(d, "free_bytes");
+        p->dirs[i].direct = json_is_true(json_object_get(d, "direct"));
+    }
+    p->nvme_read_gbps = num(o, "nvme_read_gbps");
+    p->nvme_write_gbps = num(o, "nvme_write_gbps");
+    p->nvme_read_lat_ms = num(o, "nvme_read_lat_ms");
+    p->nvme_write_lat_ms = num(o, "nvme_write_lat_ms");
+    p->nvme_free_bytes = (uint64_t)num(o, "nvme_free_bytes");
+    p->h2d_gbps = num(o, "h2d_gbps");
+    p->d2h_gbps = num(o, "d2h_gbps");
+    p->host_copy_gbps = num(o, "host_copy_gbps");
+    p->coll_gbps = num(o, "coll_gbps");
+    p->adam_gelems = num(o, "adam_gelems");
+    p->gflops = num(o, "gflops");
+    if (p->threads < 1 || p->h2d_gbps <= 0 || p->gflops <= 0 || p->adam_gelems <= 0 ||
+        p->coll_gbps <= 0)
+        return -EINVAL;
+    return 0;
+}
+
+/* The cache document, or NULL with rc -ENOENT (no file) / -EINVAL. */
+static json_t *cache_read(const char *path, int *rc, char *err, size_t errlen)
+{
+    json_error_t je;
+    if (access(path, F_OK) != 0) {
+        *rc = -ENOENT;
+        return NULL;
+    }
+    json_t *root = json_load_file(path, 0, &je);
+    if (!root || !json_is_object(root) ||
+        json_integer_value(json_object_get(root, "version")) != CACHE_VERSION ||
+        !json_is_array(json_object_get(root, "machines"))) {
+        snprintf(err, errlen, "%s: not an fsoff probe cache (%s); delete it or run fsoff plan "
+                              "--probe to rewrite it", path, root ? "unexpected layout" : je.text);
+        json_decref(root);
+        *rc = -EINVAL;
+        return NULL;
+    }
+    *rc = 0;
+    return root;
+}
+
+int fso_probe_cache_load(const char *path, const char *key, fso_probe *p, char *err,
+                         size_t errlen)
+{
+    int rc;
+    json_t *root = cache_read(path, &rc, err, errlen);
+    if (!root)
+        return rc;
+    json_t *arr = json_object_get(root, "machines"), *e;
+    size_t i;
+    rc = -ENOENT;
+    json_array_foreach(arr, i, e) {
+        const char *k = json_string_value(json_object_get(e, "key"));
+        if (k && strcmp(k, key) == 0) {
+            rc = probe_from_json(e, p);
+            if (rc < 0)
+                snprintf(err, errlen, "%s: entry for this machine is incomplete; run fsoff plan "
+                                      "--probe to measure again", path);
+            break;
+        }
+    }
+    json_decref(root);
+    return rc;
+}
+
+static int mkdirs(const char *path)
+{
+    char buf[PATH_MAX];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *p = buf + 1; *p; p++)
+        if (*p == '/') {
+            *p = 0;
+            if (mkdir(buf, 0700) != 0 && errno != EEXIST)
+                return -errno;
+            *p = '/';
+        }
+    return 0;
+}
+
+int fso_probe_cache_save(const char *path, const fso_probe *p, char *err, size_t errlen)
+{
+    int rc;
+    char e2[512] = "";
+    json_t *root = cache_read(path, &rc, e2, sizeof e2);
+    if (!root) /* missing or unreadable: start afresh */
+        root = json_pack("{s:i, s:[]}", "version", CACHE_VERSION, "machines");
+    json_t *arr = json_object_get(root, "machines"), *e;
+    size_t i;
+    json_array_foreach(arr, i, e) {
+        const char *k = json_string_value(json_object_get(e, "key"));
+        if (k && strcmp(k, p->key) == 0) {
+            json_array_remove(arr, i);
+            break;
+        }
+    }
+    json_array_append_new(arr, probe_to_json(p));
+    char tmp[PATH_MAX + 16];
+    snprintf(tmp, sizeof tmp, "%s.%d.tmp", path, (int)getpid());
+    if ((rc = mkdirs(path)) < 0) {
+        snprintf(err, errlen, "%s: cannot create its folder: %s", path, strerror(-rc));
+        json_decref(root);
+        return rc;
+    }
+    if (json_dump_file(root, tmp, JSON_INDENT(1) | JSON_REAL_PRECISION(6)) != 0 ||
+        rename(tmp, path) != 0) {
+        rc = errno ? -errno : -EIO;
+        snprintf(err, errlen, "%s: cannot write the probe cache: %s", path, strerror(-rc));
+        unlink(tmp);
+        json_decref(root);
+        return rc;
+    }
+    json_decref(root);
+    return 0;
+}
+
+int fso_probe_get(fso_probe *p, const fso_probe_opts *opts, bool refresh, bool *probed,
+                  char *err, size_t errlen)
+{
+    char path[PATH_MAX], key[sizeof p->key];
+    bool have_path = fso_probe_cache_path(path, sizeof path) == 0;
+    *probed = false;
+    fso_probe_key(key, sizeof key, opts->dirs);
+    if (have_path && !refresh) {
+        char e[512];
+        if (fso_probe_cache_load(path, key, p, e, sizeof e) == 0)
+            return 0;
+    }
+    int rc = fso_probe_run(p, opts, err, errlen);
+    if (rc < 0)
+        return rc;
+    *probed = true;
+    if (have_path) {
+        char e[512];
+        if (fso_probe_cache_save(path, p, e, sizeof e) < 0)
+            fprintf(stderr, "fsoff: warning: %s; the probes will run again next time\n", e);
+    }
+    return 0;
+}

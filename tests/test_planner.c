@@ -1,0 +1,785 @@
+/* test_planner.c — the planner, the machine's topology and the probe cache.
+ *
+ *  - placement on synthetic machines: generous memory keeps everything on the
+ *    device; tight device memory streams parameters; a small host sends the
+ *    optimizer state to NVMe; pins are kept; when nothing fits, the result
+ *    names the short tier and the exact shortfall;
+ *  - the timeline against hand-computed steps (prefetch depth 1 against 2;
+ *    a CPU device where everything shares one thread);
+ *  - re-planning when a measurement is off by more than 20%;
+ *  - engine/plan.c: the model's visits and sizes, applying a plan to a
+ *    configuration, pins from a configuration, the plan for this machine as
+ *    the trainer gets it, `fsoff plan` exit statuses;
+ *  - hwloc topologies from tests/topo (NUMA nodes, cores, GPUs by bus id,
+ *    NVMe drives, a folder's drive through a fake sysfs);
+ *  - the probe cache round trip.
+ * Predicted against measured step time is a benchmark
+ * (bench/plan_vs_measured.py), not a test.
+ */
+#include <errno.h>
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "config.h"
+#include "model.h"
+#include "plan.h"
+#include "planner.h"
+#include "probe.h"
+#include "topology.h"
+
+#define MIB (1024.0 * 1024.0)
+#define GIB (1024.0 * MIB)
+
+static char tmpdir[1024];
+
+/* ------------------------------------------------------------------ synthetic inputs */
+
+/* nb blocks of `elems` elements each, a forward visit and a backward visit
+ * per block (flops each), fp32 everywhere (param/grad/state 4 bytes). */
+typedef struct synth {
+    fso_plan_input in;
+    uint64_t elems[16];
+    fso_plan_visit visits[40];
+} synth;
+
+static void synth_model(synth *s, int nb, uint64_t elems, double fwd_flops, bool with_backward)
+{
+    memset(s, 0, sizeof *s);
+    int n = 0;
+    for (int b = 0; b < nb; b++) {
+        s->elems[b] = elems;
+        s->visits[n++] = (fso_plan_visit){.block = b, .flops = fwd_flops, .params = true};
+    }
+    if (with_backward)
+        for (int b = nb - 1; b >= 0; b--)
+            s->visits[n++] = (fso_plan_visit){.block = b, .flops = 2 * fwd_flops, .params = true,
+                                              .grads = true};
+    fso_plan_model *m = &s->in.model;
+    m->n_blocks = nb;
+    m->block_elems = s->elems;
+    m->n_visits = n;
+    m->visits = s->visits;
+    m->grad_accum = 1;
+    m->tokens_per_step = 1000;
+    m->activation_bytes = (uint64_t)(1 * MIB);
+    m->param_bytes = m->grad_bytes = m->state_bytes = 4;
+    fso_plan_engine *en = &s->in.engine;
+    en->overlap = FSO_PLAN_OVERLAP_NONE;
+    en->gather_buffers = 2;
+    en->max_prefetch = 16;
+    en->stage_slots = 2;
+    en->opt_write_lag = 1;
+    fso_plan_pins_none(&s->in.pins);
+    fso_plan_machine *mc = &s->in.machine;
+    mc->devices = 1;
+    mc->device_mem_bytes = (uint64_t)(64 * GIB);
+    mc->host_mem_bytes = (uint64_t)(256 * GIB);
+    mc->nvme_free_bytes = (uint64_t)(1024 * GIB);
+    mc->nvme_read_gbps = 3;
+    mc->nvme_write_gbps = 2;
+    mc->h2d_gbps = mc->d2h_gbps = 20;
+    mc->coll_gbps = 100;
+    mc->device_gflops = 100e3;
+    mc->adam_gelems = 2;
+    mc->device_adam_gelems = 50;
+    mc->host_copy_gbps = 10;
+}
+
+/* The GPU engine's freedoms: per-block and per-kind tiers, whole copies. */
+static void gpu_engine(synth *s)
+{
+    s->in.engine.per_block_tiers = true;
+    s->in.engine.per_kind_tiers = true;
+    s->in.engine.whole_copy = true;
+    s->in.engine.opt_write_lag = 2;
+}
+
+static int count_tier(const fso_plan *p, int kind, int tier)
+{
+    int n = 0;
+    for (int b = 0; b < p->pl.n_blocks; b++)
+        n += p->pl.tier[kind][b] == tier;
+    return n;
+}
+
+/* ------------------------------------------------------------------ placement */
+
+static void test_generous_memory_keeps_everything_on_the_device(void **state)
+{
+    (void)state;
+    synth s;
+    fso_plan p;
+    for (int gpu = 0; gpu < 2; gpu++) {
+        synth_model(&s, 6, 1 << 20, 1e9, true);
+        if (gpu)
+            gpu_engine(&s);
+        assert_int_equal(fso_plan_choose(&s.in, &p), 0);
+        assert_true(p.fits);
+        for (int k = 0; k < FSO_PK_N; k++)
+            assert_int_equal(count_tier(&p, k, FSO_PT_DEVICE), 6);
+        assert_int_equal(p.kind_bytes[FSO_PT_HOST][FSO_PK_PARAM], 0);
+        assert_true(p.step_ms > 0);
+        assert_int_equal(p.bottleneck, FSO_STREAM_COMPUTE);
+    }
+}
+
+static void test_tight_device_memory_streams_parameters(void **state)
+{
+    (void)state;
+    synth s;
+    fso_plan p;
+    /* 8 blocks of 4 MiB per kind: all of it is 160 MiB; the device holds 30 MiB:
+     * activations 1 MiB, gather window 8 MiB, gradient buffers 8 MiB, so about
+     * three parameter blocks and nothing else */
+    synth_model(&s, 8, 1 << 20, 1e9, true);
+    gpu_engine(&s);
+    s.in.machine.device_mem_bytes = (uint64_t)(30 * MIB);
+    assert_int_equal(fso_plan_choose(&s.in, &p), 0);
+    assert_true(p.fits);
+    int on_dev = count_tier(&p, FSO_PK_PARAM, FSO_PT_DEVICE);
+    assert_true(on_dev > 0 && on_dev < 8); /* some resident, the rest streamed */
+    assert_int_equal(on_dev + count_tier(&p, FSO_PK_PARAM, FSO_PT_HOST), 8);
+    for (int k = FSO_PK_MASTER; k < FSO_PK_N; k++)
+        assert_int_equal(count_tier(&p, k, FSO_PT_DEVICE), 0);
+    assert_true(p.need_bytes[FSO_PT_DEVICE] <= p.have_bytes[FSO_PT_DEVICE]);
+
+    /* the CPU engine takes one tier per kind: parameters move off whole */
+    synth_model(&s, 8, 1 << 20, 1e9, true);
+    s.in.machine.device_mem_bytes = (uint64_t)(30 * MIB);
+    assert_int_equal(fso_plan_choose(&s.in, &p), 0);
+    assert_int_equal(count_tier(&p, FSO_PK_PARAM, FSO_PT_HOST), 8);
+}
+
+static void test_small_host_sends_optimizer_state_to_nvme(void **state)
+{
+    (void)state;
+    synth s;
+    fso_plan p;
+    /* 160 MiB of state; the device takes 20 MiB, the host 60 MiB */
+    synth_model(&s, 8, 1 << 20, 1e9, true);
+    gpu_engine(&s);
+    s.in.machine.device_mem_bytes = (uint64_t)(20 * MIB);
+    s.in.machine.host_mem_bytes = (uint64_t)(60 * MIB);
+    assert_int_equal(fso_plan_choose(&s.in, &p), 0);
+    assert_true(p.fits);
+    assert_true(p.kind_bytes[FSO_PT_NVME][FSO_PK_V] > 0);
+    assert_true(p.need_bytes[FSO_PT_HOST] <= (uint64_t)(60 * MIB));
+
+    /* the CPU engine: everything of the optimizer on NVMe */
+    synth_model(&s, 8, 1 << 20, 1e9, true);
+    s.in.machine.device_mem_bytes = (uint64_t)(20 * MIB);
+    s.in.machine.host_mem_bytes = (uint64_t)(60 * MIB);
+    assert_int_equal(fso_plan_choose(&s.in, &p), 0);
+    for (int k = FSO_PK_MASTER; k < FSO_PK_N; k++)
+        assert_int_equal(count_tier(&p, k, FSO_PT_NVME), 8);
+}
+
+static void test_pins_are_kept(void **state)
+{
+    (void)state;
+    synth s;
+    fso_plan p;
+    synth_model(&s, 6, 1 << 20, 1e9, true);
+    s.in.pins.tier[FSO_PK_PARAM] = FSO_PT_NVME;
+    s.in.pins.prefetch = 3;
+    assert_int_equal(fso_plan_choose(&s.in, &p), 0);
+    assert_int_equal(count_tier(&p, FSO_PK_PARAM, FSO_PT_NVME), 6);
+    assert_int_equal(count_tier(&p, FSO_PK_MASTER, FSO_PT_DEVICE), 6);
+    assert_int_equal(p.pl.prefetch, 3);
+}
+
+static void test_shortfall_names_the_tier_and_the_bytes(void **state)
+{
+    (void)state;
+    synth s;
+    fso_plan p;
+    char msg[512];
+    /* 4 blocks of 1 Mi fp32 elements: 4 MiB per block and kind, 16 MiB per kind,
+     * 80 MiB for all five kinds; no NVMe. The device (18 MiB) holds the
+     * activations (1 MiB), the gather window (2 x 4 MiB) and the gradient
+     * buffers (2 x 4 MiB) and no kind of state (+16 MiB); parameters resident
+     * need no gather window but still 1 + 8 + 16 = 25 MiB: 7 MiB short. On the
+     * host everything takes 80 MiB plus two staging buffers of one shard
+     * (8 MiB) = 88 MiB, against 84 MiB: 4 MiB short, the closest to fitting. */
+    synth_model(&s, 4, 1 << 20, 1e9, true);
+    s.in.machine.device_mem_bytes = (uint64_t)(18 * MIB);
+    s.in.machine.host_mem_bytes = (uint64_t)(84 * MIB);
+    s.in.machine.nvme_free_bytes = 0;
+    assert_int_equal(fso_plan_choose(&s.in, &p), -ENOSPC);
+    assert_false(p.fits);
+    assert_int_equal(p.short_tier, FSO_PT_HOST);
+    assert_int_equal(p.need_bytes[FSO_PT_HOST], (uint64_t)(88 * MIB));
+    assert_int_equal(p.short_bytes, (uint64_t)(4 * MIB));
+    fso_plan_shortfall_message(&p, NULL, msg, sizeof msg);
+    assert_non_null(strstr(msg, "host memory"));
+    assert_non_null(strstr(msg, "short by 4.0 MiB"));
+    assert_non_null(strstr(msg, "--nvme"));
+
+    /* activations alone over the device: the message says what to shrink */
+    synth_model(&s, 4, 1 << 20, 1e9, true);
+    s.in.model.activation_bytes = (uint64_t)(40 * MIB);
+    s.in.machine.device_mem_bytes = (uint64_t)(20 * MIB);
+    assert_int_equal(fso_plan_choose(&s.in, &p), -ENOSPC);
+    assert_int_equal(p.short_tier, FSO_PT_DEVICE);
+    fso_plan_shortfall_message(&p, NULL, msg, sizeof msg);
+    assert_non_null(strstr(msg, "device memory"));
+    assert_non_null(strstr(msg, "train_micro_batch_size_per_gpu"));
+
+    /* NVMe pinned with too little space */
+    synth_model(&s, 4, 1 << 20, 1e9, true);
+    s.in.machine.nvme_free_bytes = (uint64_t)(10 * MIB);
+    for (int k = 0; k < FSO_PK_N; k++)
+        s.in.pins.tier[k] = FSO_PT_NVME;
+    assert_int_equal(fso_plan_choose(&s.in, &p), -ENOSPC);
+    assert_int_equal(p.short_tier, FSO_PT_NVME);
+    assert_int_equal(p.short_bytes, (uint64_t)(70 * MIB));
+    fso_plan_shortfall_message(&p, &s.in.pins, msg, sizeof msg);
+    assert_non_null(strstr(msg, "NVMe"));
+    assert_non_null(strstr(msg, "--auto"));
+}
+
+/* ------------------------------------------------------------------ timeline */
+
+/* Five blocks visited once each (forward only), parameters on NVMe, W = 1,
+ * separate streams (a GPU). Per block: NVMe read 2 ms, copy to the device
+ * 1 ms; compute 30 ms for block 0 and 1 ms for the others. Two gather
+ * buffers: the copy of block k waits for block k-2's compute. The update
+ * runs on the device and writes back in no time (rates set huge).
+ *
+ * The read of visit k may start once the copy of visit k - depth - 1 is done
+ * (the first depth + 1 reads at the start). One NVMe queue.
+ *
+ * depth 1:
+ *   read0 [0,2]  read1 [2,4]  (both at the start)
+ *   copy0 [2,3]  compute0 [3,33]
+ *   read2 after copy0 (3), queue free at 4: [4,6]
+ *   copy1 [4,5]  read3 after copy1 (5), queue free at 6: [6,8]
+ *   copy2 waits compute0 (buffer): [33,34]; read4 after copy2: [34,36]
+ *   compute1 [33,34]  copy3 waits compute1: [34,35]  compute2 [34,35]
+ *   compute3 [35,36]  copy4 waits read4 (36): [36,37]  compute4 [37,38]
+ *   step = 38 ms
+ * depth 2: read4 may start after copy1 (5): [8,10]; copy4 waits compute2 (35):
+ *   [35,36]  compute4 [36,37]  step = 37 ms
+ * depth 0: each read waits for the previous copy:
+ *   read0 [0,2] copy0 [2,3] compute0 [3,33]; read1 [3,5] copy1 [5,6]; read2 [6,8];
+ *   copy2 waits compute0: [33,34]; read3 after copy2: [34,36]; compute1 [33,34];
+ *   compute2 [34,35]; copy3 [36,37]; read4 after copy3: [37,39]; compute3 [37,38];
+ *   copy4 [39,40]; compute4 [40,41]   step = 41 ms */
+static void test_timeline_prefetch_depth_hand_computed(void **state)
+{
+    (void)state;
+    synth s;
+    fso_plan p;
+    fso_placement pl;
+    const uint64_t E = 1 << 20; /* 1 Mi elements, bf16: 2 MiB per shard */
+    synth_model(&s, 5, E, 1e9, false);
+    gpu_engine(&s);
+    s.in.model.param_bytes = s.in.model.grad_bytes = 2;
+    s.visits[0].flops = 30e9;
+    fso_plan_machine *m = &s.in.machine;
+    m->device_gflops = 1000;                       /* 1e9 FLOPs per ms */
+    m->nvme_read_gbps = 2.0 * E / 2e6;             /* 2 MiB in 2 ms */
+    m->h2d_gbps = 2.0 * E / 1e6;                   /* 2 MiB in 1 ms */
+    m->d2h_gbps = m->nvme_write_gbps = 1e12;
+    m->device_adam_gelems = 1e12;
+    const double want[3] = {41, 38, 37};
+    for (int depth = 0; depth <= 2; depth++) {
+        fso_placement_uniform(&pl, 5, FSO_PT_NVME, FSO_PT_DEVICE, FSO_PT_DEVICE, depth);
+        assert_int_equal(fso_plan_evaluate(&s.in, &pl, &p), 0);
+        assert_true(fabs(p.step_ms - want[depth]) < 1e-3);
+        assert_true(fabs(p.busy_ms[FSO_STREAM_NVME_READ] - 10) < 1e-3);
+        assert_true(fabs(p.busy_ms[FSO_STREAM_H2D] - 5) < 1e-3);
+        assert_true(fabs(p.busy_ms[FSO_STREAM_COMPUTE] - 34) < 1e-3);
+    }
+    /* depth 0: compute waits 41 - 34 = 7 ms; the path runs through reads too */
+    fso_placement_uniform(&pl, 5, FSO_PT_NVME, FSO_PT_DEVICE, FSO_PT_DEVICE, 0);
+    fso_plan_evaluate(&s.in, &pl, &p);
+    assert_true(fabs(p.stall_ms - 7) < 1e-3);
+    assert_true(p.critical_ms[FSO_STREAM_NVME_READ] > 0);
+}
+
+/* A CPU device: copies, compute and the (serialized) optimizer share one
+ * thread, so the step is their sum: three blocks on the host tier, copy 1 ms,
+ * compute 5 ms, AdamW 2 ms each: 3 x (1 + 5 + 2) = 24 ms. */
+static void test_timeline_cpu_device_is_a_sum(void **state)
+{
+    (void)state;
+    synth s;
+    fso_plan p;
+    fso_placement pl;
+    const uint64_t E = 1 << 20;
+    synth_model(&s, 3, E, 5e9, false);
+    fso_plan_machine *m = &s.in.machine;
+    m->cpu_devices = true;
+    m->device_gflops = 1000;
+    m->h2d_gbps = 4.0 * E / 1e6;        /* 4 MiB in 1 ms */
+    m->adam_gelems = (double)E / 2e6;   /* 1 Mi elements in 2 ms */
+    m->host_copy_gbps = 1e12;
+    fso_placement_uniform(&pl, 3, FSO_PT_HOST, FSO_PT_HOST, FSO_PT_HOST, 2);
+    assert_int_equal(fso_plan_evaluate(&s.in, &pl, &p), 0);
+    assert_true(fabs(p.step_ms - 24) < 1e-3);
+    assert_true(fabs(p.stall_ms) < 1e-3);
+}
+
+static void test_replan_when_off_by_more_than_20_percent(void **state)
+{
+    (void)state;
+    synth s;
+    fso_plan p, q;
+    fso_plan_machine corrected;
+    char msg[512];
+    synth_model(&s, 6, 1 << 20, 1e9, true);
+    assert_int_equal(fso_plan_choose(&s.in, &p), 0);
+    fso_plan_measured close = {.step_ms = p.step_ms * 1.1, .stall_ms = -1, .optimizer_ms = -1,
+                               .compute_ms = -1};
+    assert_int_equal(fso_plan_replan(&s.in, &p, &close, &q, &corrected, msg, sizeof msg), 0);
+    assert_int_equal(msg[0], 0);
+    assert_true(fabs(q.step_ms - p.step_ms) < 1e-9);
+
+    fso_plan_measured slow = close;
+    slow.step_ms = p.step_ms * 2;
+    assert_int_equal(fso_plan_replan(&s.in, &p, &slow, &q, &corrected, msg, sizeof msg), 1);
+    assert_non_null(strstr(msg, "predicted"));
+    assert_true(corrected.device_gflops < s.in.machine.device_gflops);
+    assert_true(fabs(q.step_ms / slow.step_ms - 1) < 0.2); /* the corrected plan agrees */
+
+    fso_plan_measured bad = {.step_ms = 0};
+    assert_int_equal(fso_plan_replan(&s.in, &p, &bad, &q, NULL, msg, sizeof msg), -EINVAL);
+}
+
+/* ------------------------------------------------------------------ engine/plan.c */
+
+static void tiny_config(fso_config *cfg)
+{
+    fso_config_defaults(cfg);
+    assert_int_equal(fso_config_finish(cfg), 0);
+}
+
+static void test_plan_inputs_follow_the_model(void **state)
+{
+    (void)state;
+    fso_config cfg;
+    fso_plan_ctx ctx;
+    char err[256];
+    tiny_config(&cfg);
+    fso_plan_machine m = {.devices = 2, .cpu_devices = true, .device_gflops = 10,
+                          .adam_gelems = 1};
+    assert_int_equal(fso_plan_ctx_init(&ctx, &cfg, &m, false, err, sizeof err), 0);
+    const int L = cfg.model.num_hidden_layers;
+    assert_int_equal(ctx.in.model.n_blocks, L + 2);
+    /* tied head: embedding, layers, head (lent with the embedding, then its
+     * gradients), layers backward, embedding */
+    assert_int_equal(ctx.in.model.n_visits, 2 * L + 5);
+    fso_block_layout bl[16];
+    fso_model_layout(bl, &cfg.model, 2);
+    uint64_t n = 0;
+    for (int b = 0; b < L + 2; b++) {
+        assert_int_equal(ctx.block_elems[b], bl[b].padded_elems);
+        for (int t = 0; t < bl[b].n_tensors; t++)
+            n += bl[b].tensors[t].numel;
+    }
+    assert_int_equal(ctx.n_params, n);
+    /* the visits' FLOPs add up to fso_model_flops_per_token x 4 (forward,
+     * recomputation, backward) x tokens */
+    double f = 0, want = 4 * fso_model_flops_per_token(&cfg.model, cfg.data.seq_len) *
+                             cfg.micro_batch * cfg.data.seq_len;
+    for (int k = 0; k < ctx.in.model.n_visits; k++)
+        f += ctx.visits[k].flops;
+    /* the head is run forward and backward once (3x), not recomputed */
+    double head = 2.0 * cfg.micro_batch * cfg.data.seq_len * cfg.model.hidden_size *
+                  cfg.model.vocab_size;
+    assert_true(fabs(f - (want - head)) / want < 1e-9);
+    assert_int_equal(ctx.in.model.activation_bytes,
+                     fso_model_activation_bytes_for(&cfg.model, cfg.micro_batch,
+                                                    cfg.data.seq_len, true));
+    fso_plan_ctx_free(&ctx);
+    fso_config_free(&cfg);
+}
+
+static void test_plan_apply_and_pins_from_config(void **state)
+{
+    (void)state;
+    fso_config cfg;
+    fso_plan p;
+    fso_plan_pins pins;
+    char err[256];
+    tiny_config(&cfg);
+    memset(&p, 0, sizeof p);
+    p.machine.devices = 1;
+    fso_placement_uniform(&p.pl, 6, FSO_PT_HOST, FSO_PT_NVME, FSO_PT_NVME, 4);
+    /* NVMe without a folder */
+    assert_int_equal(fso_plan_apply(&p, &cfg, err, sizeof err), -EINVAL);
+    assert_non_null(strstr(err, "--nvme"));
+    snprintf(cfg.offload.optim_nvme_path, sizeof cfg.offload.optim_nvme_path, "/mnt/x");
+    assert_int_equal(fso_plan_apply(&p, &cfg, err, sizeof err), 0);
+    assert_int_equal(cfg.offload.param_tier, FSO_TIER_HOST);
+    assert_int_equal(cfg.offload.optim_tier, FSO_TIER_NVME);
+    assert_int_equal(cfg.offload.prefetch_blocks, 4);
+    /* per-block parameters: not for this engine */
+    p.pl.tier[FSO_PK_PARAM][2] = FSO_PT_DEVICE;
+    assert_int_equal(fso_plan_apply(&p, &cfg, err, sizeof err), -ENOTSUP);
+    fso_config_free(&cfg);
+
+    /* pins: what the overrides set */
+    fso_config_defaults(&cfg);
+    const char *sets[] = {"zero_optimization.offload_param.device=\"cpu\"",
+                          "train.prefetch_blocks=5"};
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(fso_config_set(&cfg, sets[i]), 0);
+    assert_int_equal(fso_config_finish(&cfg), 0);
+    fso_plan_pins_from_config(&cfg, sets, 2, &pins);
+    assert_int_equal(pins.tier[FSO_PK_PARAM], FSO_PT_HOST);
+    assert_int_equal(pins.tier[FSO_PK_MASTER], -1);
+    assert_int_equal(pins.prefetch, 5);
+    fso_config_free(&cfg);
+
+    /* pins: what the file sets (configs/llama-7b.json keeps both on NVMe) */
+    char path[1024];
+    const char *src = getenv("FSO_SRCDIR");
+    snprintf(path, sizeof path, "%s/configs/llama-7b.json", src ? src : "..");
+    fso_config_defaults(&cfg);
+    assert_int_equal(fso_config_load_file(&cfg, path), 0);
+    assert_int_equal(fso_config_finish(&cfg), 0);
+    fso_plan_pins_from_config(&cfg, NULL, 0, &pins);
+    for (int k = 0; k < FSO_PK_N; k++)
+        assert_int_equal(pins.tier[k], FSO_PT_NVME);
+    assert_int_equal(cfg.model.hidden_size, 4096);
+    fso_config_free(&cfg);
+}
+
+/* What the trainer calls: the plan for a loaded config on this machine
+ * (probed into a private cache), printed, applied, and checked against a
+ * measurement 50% slower. */
+static void test_plan_for_this_machine_prints_and_applies(void **state)
+{
+    (void)state;
+    fso_config cfg;
+    fso_plan_pins pins;
+    static fso_plan p, q;
+    char err[512], msg[512], cache[1100];
+    snprintf(cache, sizeof cache, "%s/cache-here", tmpdir);
+    setenv("XDG_CACHE_HOME", cache, 1);
+    tiny_config(&cfg);
+    cfg.world = 2;
+    fso_plan_pins_from_config(&cfg, NULL, 0, &pins);
+    assert_int_equal(fso_plan_for_config(&cfg, &pins, &p, err, sizeof err), 0);
+    assert_true(p.fits && p.step_ms > 0 && p.machine.cpu_devices && p.machine.devices == 2);
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    fso_plan_print(f, &p);
+    fso_plan_print_json(f, &p);
+    fclose(f);
+    assert_non_null(strstr(buf, "plan: placement:"));
+    assert_non_null(strstr(buf, "\"predicted_step_ms\""));
+    free(buf);
+    assert_int_equal(fso_plan_apply(&p, &cfg, err, sizeof err), 0);
+    fso_plan_measured m = {.step_ms = p.step_ms * 1.5, .stall_ms = -1, .optimizer_ms = -1,
+                           .compute_ms = -1, .nvme_read_gbps = -1, .nvme_write_gbps = -1};
+    assert_int_equal(fso_plan_check(&cfg, &pins, &p, &m, &q, msg, sizeof msg), 1);
+    assert_non_null(strstr(msg, "re-planned"));
+    unsetenv("XDG_CACHE_HOME");
+    fso_config_free(&cfg);
+}
+
+/* Run the fsoff binary; returns its exit status, stdout in out. */
+static int run_fsoff(char *out, size_t len, const char *args)
+{
+    const char *bd = getenv("FSO_BUILDDIR");
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "XDG_CACHE_HOME=%s %s/fsoff plan %s 2>%s/stderr", tmpdir,
+             bd ? bd : "..", args, tmpdir);
+    FILE *f = popen(cmd, "r");
+    assert_non_null(f);
+    size_t n = fread(out, 1, len - 1, f);
+    out[n] = 0;
+    int st = pclose(f);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static void test_fsoff_plan_without_the_hardware(void **state)
+{
+    (void)state;
+    static char out[1 << 16];
+    char path[1024];
+    const char *src = getenv("FSO_SRCDIR");
+    snprintf(path, sizeof path, "%s/configs", src ? src : "..");
+    char args[2048];
+    /* 70B on 8 x H200, 2 TiB of host memory, four NVMe drives: every number given */
+    snprintf(args, sizeof args,
+             "--config %s/llama-70b.json --auto --gpus 8 --gpu h200 --host-mem 2T "
+             "--nvme-free 12T --nvme-read 24 --nvme-write 16 --adam-gelems 4 --json", path);
+    assert_int_equal(run_fsoff(out, sizeof out, args), 0);
+    assert_non_null(strstr(out, "\"predicted_step_ms\""));
+    assert_non_null(strstr(out, "\"bottleneck\""));
+    assert_non_null(strstr(out, "\"bytes\""));
+    /* the same with too little of everything: exit 1, the short tier named */
+    snprintf(args, sizeof args,
+             "--config %s/llama-70b.json --auto --gpus 2 --gpu 4090 --host-mem 64G "
+             "--adam-gelems 4", path);
+    assert_int_equal(run_fsoff(out, sizeof out, args), 1);
+    /* bad usage: exit 2 */
+    assert_int_equal(run_fsoff(out, sizeof out, "--gpus zero"), 2);
+    assert_int_equal(run_fsoff(out, sizeof out, "--gpu v100 --gpus 1"), 2);
+    assert_int_equal(run_fsoff(out, sizeof out, "--nvme-read"), 2);
+}
+
+/* ------------------------------------------------------------------ topology */
+
+static void topo_path(char *buf, size_t len, const char *name)
+{
+    const char *src = getenv("FSO_SRCDIR");
+    snprintf(buf, len, "%s/tests/topo/%s", src ? src : "..", name);
+}
+
+static void test_topology_two_sockets_eight_gpus(void **state)
+{
+    (void)state;
+    char path[1024], err[512];
+    fso_topo *t = NULL;
+    topo_path(path, sizeof path, "two_socket_8gpu_4nvme.xml");
+    assert_int_equal(fso_topo_create(&t, path, err, sizeof err), 0);
+    assert_int_equal(t->packages, 2);
+    assert_int_equal(t->cores, 32);
+    assert_int_equal(t->n_numa, 2);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(t->numa[i].os_index, i);
+        assert_int_equal(t->numa[i].cores, 16);
+        assert_int_equal(t->numa[i].mem_bytes, (uint64_t)256 << 30);
+    }
+    assert_int_equal(t->n_gpus, 8);
+    int g = fso_topo_gpu_by_busid(t, "0000:9a:00.0");
+    assert_int_equal(g, 4);
+    assert_int_equal(t->gpus[g].numa, 1);
+    g = fso_topo_gpu_by_busid(t, "18:00.0"); /* domain left out, as some tools print */
+    assert_int_equal(g, 0);
+    assert_int_equal(t->gpus[g].numa, 0);
+    assert_int_equal(fso_topo_gpu_by_busid(t, "0000:9A:00.0"), 4);
+    assert_int_equal(fso_topo_gpu_by_busid(t, "0000:01:00.0"), -ENOENT);
+    assert_int_equal(fso_topo_gpu_by_busid(t, "nonsense"), -EINVAL);
+    assert_int_equal(t->n_nvme, 4);
+    assert_string_equal(t->nvme[2].osdev, "nvme2n1");
+    assert_string_equal(t->nvme[2].devid, "259:2");
+    assert_int_equal(t->nvme[2].numa, 1);
+    assert_int_equal(t->nvme[0].numa, 0);
+    /* binding applies only to this machine */
+    assert_int_equal(fso_topo_bind_thread(t, 0), -ENOTSUP);
+    assert_int_equal(fso_topo_bind_thread(t, 7), -EINVAL);
+    fso_topo_destroy(t);
+
+    topo_path(path, sizeof path, "desktop_1gpu.xml");
+    assert_int_equal(fso_topo_create(&t, path, err, sizeof err), 0);
+    assert_int_equal(t->n_numa, 1);
+    assert_int_equal(t->cores, 8);
+    assert_int_equal(t->n_gpus, 1);
+    assert_string_equal(t->gpus[0].busid, "0000:01:00.0");
+    fso_topo_destroy(t);
+
+    assert_true(fso_topo_create(&t, "/nonexistent/topo.xml", err, sizeof err) < 0);
+    assert_non_null(strstr(err, "/nonexistent/topo.xml"));
+}
+
+static void mkfile(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+static void test_folder_resolves_to_its_drive(void **state)
+{
+    (void)state;
+    char path[1024], err[512], sys[1100], d[1400];
+    fso_topo *t = NULL;
+    fso_topo_disk disk;
+    topo_path(path, sizeof path, "two_socket_8gpu_4nvme.xml");
+    assert_int_equal(fso_topo_create(&t, path, err, sizeof err), 0);
+    /* a fake sysfs: partition 259:5 of nvme2n1 (259:2) behind 0000:c1:00.0, and a
+     * SATA disk 8:0 the topology does not list */
+    snprintf(sys, sizeof sys, "%s/sys", tmpdir);
+    const char *dirs[] = {"", "/dev", "/dev/block", "/devices", "/devices/pci0000:c0",
+                          "/devices/pci0000:c0/0000:c0:01.0",
+                          "/devices/pci0000:c0/0000:c0:01.0/0000:c1:00.0",
+                          "/devices/pci0000:c0/0000:c0:01.0/0000:c1:00.0/nvme",
+                          "/devices/pci0000:c0/0000:c0:01.0/0000:c1:00.0/nvme/nvme2",
+                          "/devices/pci0000:c0/0000:c0:01.0/0000:c1:00.0/nvme/nvme2/nvme2n1",
+                          "/devices/pci0000:c0/0000:c0:01.0/0000:c1:00.0/nvme/nvme2/nvme2n1/"
+                          "nvme2n1p1",
+                          "/devices/pci0000:00", "/devices/pci0000:00/0000:00:17.0",
+                          "/devices/pci0000:00/0000:00:17.0/ata1",
+                          "/devices/pci0000:00/0000:00:17.0/ata1/block",
+                          "/devices/pci0000:00/0000:00:17.0/ata1/block/sda"};
+    for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++) {
+        snprintf(d, sizeof d, "%s%s", sys, dirs[i]);
+        assert_true(mkdir(d, 0700) == 0 || errno == EEXIST);
+    }
+    const char *disk_dir = "/devices/pci0000:c0/0000:c0:01.0/0000:c1:00.0/nvme/nvme2/nvme2n1";
+    snprintf(d, sizeof d, "%s%s/dev", sys, disk_dir);
+    mkfile(d, "259:2\n");
+    snprintf(d, sizeof d, "%s%s/nvme2n1p1/partition", sys, disk_dir);
+    mkfile(d, "1\n");
+    snprintf(d, sizeof d, "%s%s/nvme2n1p1/dev", sys, disk_dir);
+    mkfile(d, "259:5\n");
+    snprintf(d, sizeof d, "%s/dev/block/259:5", sys);
+    char target[1024];
+    snprintf(target, sizeof target, "../..%s/nvme2n1p1", disk_dir);
+    assert_int_equal(symlink(target, d), 0);
+    snprintf(d, sizeof d, "%s/dev/block/8:0", sys);
+    assert_int_equal(symlink("../../devices/pci0000:00/0000:00:17.0/ata1/block/sda", d), 0);
+
+    assert_int_equal(fso_topo_disk_of_devnum(t, sys, 259, 5, &disk), 0);
+    assert_string_equal(disk.name, "nvme2n1");
+    assert_string_equal(disk.devid, "259:2");
+    assert_string_equal(disk.busid, "0000:c1:00.0");
+    assert_int_equal(disk.numa, 1);
+
+    assert_int_equal(fso_topo_disk_of_devnum(t, sys, 8, 0, &disk), 0);
+    assert_string_equal(disk.name, "sda");
+    assert_string_equal(disk.busid, "0000:00:17.0");
+    assert_int_equal(disk.numa, -1); /* not in this topology */
+
+    /* not in sysfs, but the topology knows the number */
+    assert_int_equal(fso_topo_disk_of_devnum(t, sys, 259, 3, &disk), 0);
+    assert_string_equal(disk.name, "nvme3n1");
+    assert_int_equal(disk.numa, 1);
+    assert_int_equal(fso_topo_disk_of_devnum(t, sys, 7, 7, &disk), -ENOENT);
+
+    /* a real folder on this machine: whatever it is, an answer or a clear error */
+    int rc = fso_topo_disk_of_path(t, tmpdir, &disk, err, sizeof err);
+    assert_true(rc == 0 || rc == -ENODEV);
+    assert_true(fso_topo_disk_of_path(t, "/nonexistent/dir", &disk, err, sizeof err) < 0);
+    assert_non_null(strstr(err, "/nonexistent/dir"));
+    fso_topo_destroy(t);
+}
+
+/* ------------------------------------------------------------------ probe cache */
+
+static void test_probe_cache_round_trip(void **state)
+{
+    (void)state;
+    char path[1200], err[512];
+    fso_probe a, b, c;
+    snprintf(path, sizeof path, "%s/cache/fsoff/probe.json", tmpdir);
+    memset(&a, 0, sizeof a);
+    snprintf(a.key, sizeof a.key, "host|cpu|/mnt/a");
+    a.when = 1700000000;
+    a.threads = 16;
+    a.host_mem_bytes = (uint64_t)512 << 30;
+    a.n_dirs = 1;
+    snprintf(a.dirs[0].path, sizeof a.dirs[0].path, "/mnt/a");
+    a.dirs[0].read_gbps = 6.5;
+    a.dirs[0].write_gbps = 4.25;
+    a.dirs[0].read_lat_ms = 0.125;
+    a.dirs[0].free_bytes = (uint64_t)3 << 40;
+    a.dirs[0].direct = true;
+    a.nvme_read_gbps = 6.5;
+    a.nvme_write_gbps = 4.25;
+    a.nvme_free_bytes = (uint64_t)3 << 40;
+    a.h2d_gbps = 25;
+    a.d2h_gbps = 24.5;
+    a.host_copy_gbps = 10;
+    a.coll_gbps = 150;
+    a.adam_gelems = 3.5;
+    a.gflops = 1234.5;
+    assert_int_equal(fso_probe_cache_save(path, &a, err, sizeof err), 0);
+    b = a;
+    snprintf(b.key, sizeof b.key, "host|cpu|/mnt/b");
+    b.gflops = 99;
+    assert_int_equal(fso_probe_cache_save(path, &b, err, sizeof err), 0);
+    a.adam_gelems = 4.5; /* replacing an entry keeps one per key */
+    assert_int_equal(fso_probe_cache_save(path, &a, err, sizeof err), 0);
+
+    assert_int_equal(fso_probe_cache_load(path, "host|cpu|/mnt/a", &c, err, sizeof err), 0);
+    assert_string_equal(c.key, a.key);
+    assert_int_equal(c.threads, 16);
+    assert_int_equal(c.host_mem_bytes, a.host_mem_bytes);
+    assert_int_equal(c.n_dirs, 1);
+    assert_string_equal(c.dirs[0].path, "/mnt/a");
+    assert_true(c.dirs[0].direct);
+    assert_int_equal(c.dirs[0].free_bytes, a.dirs[0].free_bytes);
+    assert_true(fabs(c.dirs[0].read_lat_ms - 0.125) < 1e-9);
+    assert_true(fabs(c.nvme_write_gbps - 4.25) < 1e-9);
+    assert_true(fabs(c.adam_gelems - 4.5) < 1e-9);
+    assert_true(fabs(c.gflops - 1234.5) < 1e-9);
+    assert_int_equal(fso_probe_cache_load(path, "host|cpu|/mnt/b", &c, err, sizeof err), 0);
+    assert_true(fabs(c.gflops - 99) < 1e-9);
+    assert_int_equal(fso_probe_cache_load(path, "other|cpu|", &c, err, sizeof err), -ENOENT);
+
+    /* the path follows XDG_CACHE_HOME, then HOME */
+    char want[1024], got[1024];
+    setenv("XDG_CACHE_HOME", "/x/cache", 1);
+    assert_int_equal(fso_probe_cache_path(got, sizeof got), 0);
+    assert_string_equal(got, "/x/cache/fsoff/probe.json");
+    unsetenv("XDG_CACHE_HOME");
+    setenv("HOME", "/home/u", 1);
+    assert_int_equal(fso_probe_cache_path(got, sizeof got), 0);
+    snprintf(want, sizeof want, "/home/u/.cache/fsoff/probe.json");
+    assert_string_equal(got, want);
+
+    /* a file that is not a cache: a clear error, and saving starts afresh */
+    mkfile(path, "{\"version\": 99}");
+    assert_int_equal(fso_probe_cache_load(path, "host|cpu|/mnt/a", &c, err, sizeof err),
+                     -EINVAL);
+    assert_non_null(strstr(err, "probe cache"));
+    assert_int_equal(fso_probe_cache_save(path, &a, err, sizeof err), 0);
+    assert_int_equal(fso_probe_cache_load(path, "host|cpu|/mnt/a", &c, err, sizeof err), 0);
+
+    /* the key names this machine and the folders, resolved */
+    char key[2048];
+    fso_probe_key(key, sizeof key, tmpdir);
+    assert_non_null(strchr(key, '|'));
+    assert_non_null(strstr(key, "fsoff-planner-"));
+}
+
+/* ------------------------------------------------------------------ main */
+
+static int setup(void **state)
+{
+    (void)state;
+    char cwd[800];
+    if (!getcwd(cwd, sizeof cwd))
+        return -1;
+    snprintf(tmpdir, sizeof tmpdir, "%s/fsoff-planner-XXXXXX", cwd);
+    return mkdtemp(tmpdir) ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    char cmd[1100];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_generous_memory_keeps_everything_on_the_device),
+        cmocka_unit_test(test_tight_device_memory_streams_parameters),
+        cmocka_unit_test(test_small_host_sends_optimizer_state_to_nvme),
+        cmocka_unit_test(test_pins_are_kept),
+        cmocka_unit_test(test_shortfall_names_the_tier_and_the_bytes),
+        cmocka_unit_test(test_timeline_prefetch_depth_hand_computed),
+        cmocka_unit_test(test_timeline_cpu_device_is_a_sum),
+        cmocka_unit_test(test_replan_when_off_by_more_than_20_percent),
+        cmocka_unit_test(test_plan_inputs_follow_the_model),
+        cmocka_unit_test(test_plan_apply_and_pins_from_config),
+        cmocka_unit_test(test_plan_for_this_machine_prints_and_applies),
+        cmocka_unit_test(test_fsoff_plan_without_the_hardware),
+        cmocka_unit_test(test_topology_two_sockets_eight_gpus),
+        cmocka_unit_test(test_folder_resolves_to_its_drive),
+        cmocka_unit_test(test_probe_cache_round_trip),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
