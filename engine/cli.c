@@ -286,16 +286,7 @@ int fso_cli_main(int argc, char **argv)
 
     if (!devices_given && select_devices(&cfg, "auto") < 0)
         goto out;
-    if (config_path && fso_config_load_file(&cfg, config_path) < 0) {
-        fprintf(stderr, "fsoff: error: %s\n", cfg.err);
-        goto out;
-    }
-    for (int i = 0; i < nsets; i++)
-        if (fso_config_set(&cfg, sets[i]) < 0) {
-            fprintf(stderr, "fsoff: error: %s\n", cfg.err);
-            goto out;
-        }
-    if (fso_config_finish(&cfg) < 0) {
+    if (fso_config_load_all(&cfg, config_path, sets, nsets) < 0) {
         fprintf(stderr, "fsoff: error: %s\n", cfg.err);
         goto out;
     }

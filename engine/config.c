@@ -686,6 +686,17 @@ int fso_config_finish(fso_config *cfg)
     return rc;
 }
 
+int fso_config_load_all(fso_config *cfg, const char *path, char *const *sets, int nsets)
+{
+    int rc;
+    if (path && (rc = fso_config_load_file(cfg, path)) < 0)
+        return rc;
+    for (int i = 0; i < nsets; i++)
+        if ((rc = fso_config_set(cfg, sets[i])) < 0)
+            return rc;
+    return fso_config_finish(cfg);
+}
+
 void fso_config_free(fso_config *cfg)
 {
     if (!cfg)

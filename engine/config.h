@@ -136,6 +136,9 @@ int fso_config_set(fso_config *cfg, const char *assignment);
 /* Validate the merged document and fill the struct; prints warnings for keys
  * that are understood but ignored. Releases the document. */
 int fso_config_finish(fso_config *cfg);
+/* The whole sequence: the file (path may be NULL), the overrides in order,
+ * finish. 0 or negative errno with the message in cfg->err. */
+int fso_config_load_all(fso_config *cfg, const char *path, char *const *sets, int nsets);
 /* Release whatever fso_config_load_file/set allocated (safe after finish). */
 void fso_config_free(fso_config *cfg);
 

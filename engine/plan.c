@@ -384,19 +384,6 @@ void fso_plan_pins_from_config(const fso_config *cfg, const char *const *sets, i
 
 /* ------------------------------------------------------------------ this machine */
 
-static uint64_t mem_available(void)
-{
-    FILE *f = fopen("/proc/meminfo", "r");
-    char line[256];
-    unsigned long long kb = 0;
-    if (!f)
-        return 0;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1)
-            break;
-    fclose(f);
-    return (uint64_t)kb * 1024;
-}
 
 /* The configured NVMe folders (both offload sections, each once) that exist
  * here, comma-separated into buf; the missing ones into missing. */
@@ -472,7 +459,7 @@ int fso_plan_machine_here(const fso_config *cfg, bool refresh, fso_plan_machine 
     memset(m, 0, sizeof *m);
     m->devices = W;
     m->cpu_devices = true;
-    m->host_mem_bytes = mem_available();
+    m->host_mem_bytes = fso_mem_available_bytes();
     if (!m->host_mem_bytes)
         m->host_mem_bytes = p.host_mem_bytes;
     m->device_mem_bytes = cfg->device_mem_bytes
@@ -1072,16 +1059,7 @@ int fso_plan_main(int argc, char **argv)
     }
     if (!g.gpus && (g.gpu || g.gpu_mem || g.gpu_tflops > 0))
         g.gpus = 1;
-    if (config_path && fso_config_load_file(&cfg, config_path) < 0) {
-        fprintf(stderr, "fsoff: error: %s\n", cfg.err);
-        goto out;
-    }
-    for (int i = 0; i < nsets; i++)
-        if (fso_config_set(&cfg, sets[i]) < 0) {
-            fprintf(stderr, "fsoff: error: %s\n", cfg.err);
-            goto out;
-        }
-    if (fso_config_finish(&cfg) < 0) {
+    if (fso_config_load_all(&cfg, config_path, sets, nsets) < 0) {
         fprintf(stderr, "fsoff: error: %s\n", cfg.err);
         goto out;
     }
@@ -1125,7 +1103,7 @@ int fso_plan_main(int argc, char **argv)
         m.h2d_gbps = m.d2h_gbps = g.h2d > 0 ? g.h2d : spec->h2d_gbps;
         m.coll_gbps = g.coll > 0 ? g.coll : spec->coll_gbps;
         m.device_adam_gelems = spec->adam_gelems;
-        m.host_mem_bytes = g.host_mem ? g.host_mem : mem_available();
+        m.host_mem_bytes = g.host_mem ? g.host_mem : fso_mem_available_bytes();
         m.adam_gelems = g.adam > 0 ? g.adam : pr.adam_gelems;
         m.host_copy_gbps = pr.host_copy_gbps > 0 ? pr.host_copy_gbps : 10;
     } else {
@@ -1134,7 +1112,7 @@ int fso_plan_main(int argc, char **argv)
         const int W = cfg.world > 0 ? cfg.world : 1;
         m.devices = W;
         m.cpu_devices = true;
-        m.host_mem_bytes = g.host_mem ? g.host_mem : mem_available();
+        m.host_mem_bytes = g.host_mem ? g.host_mem : fso_mem_available_bytes();
         m.device_mem_bytes = cfg.device_mem_bytes ? cfg.device_mem_bytes
                                                   : m.host_mem_bytes / 2 / (uint64_t)W;
         m.device_gflops = g.gpu_tflops > 0 ? g.gpu_tflops * 1e3 : pr.gflops * scale / W;

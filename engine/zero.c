@@ -821,19 +821,6 @@ void fso_zero_describe(const fso_zero *z, char *buf, size_t len)
     }
 }
 
-static uint64_t mem_available_bytes(void)
-{
-    FILE *f = fopen("/proc/meminfo", "r");
-    char line[256];
-    unsigned long long kb = 0;
-    if (!f)
-        return 0;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1)
-            break;
-    fclose(f);
-    return (uint64_t)kb * 1024;
-}
 
 /* "dir1,dir2" into an array of folders (pointers into buf). */
 static int split_dirs(char *buf, const char **dirs, int max)
@@ -919,7 +906,7 @@ int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t err
     z->cuda = strcmp(cfg->backend, "cuda") == 0;
     uint64_t cap = cfg->device_mem_bytes;
     if (cap == 0 && !z->cuda) { /* CPU default: an equal share of half the available memory */
-        uint64_t avail = mem_available_bytes();
+        uint64_t avail = fso_mem_available_bytes();
         cap = avail ? avail / 2 / (uint64_t)z->world : (uint64_t)8 << 30;
     }
     const size_t window = (z->alias_params ? 0 : 2) * sizeof(float) * z->max_padded;
@@ -983,7 +970,7 @@ int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t err
             goto fail;
         }
     }
-    uint64_t avail = mem_available_bytes();
+    uint64_t avail = fso_mem_available_bytes();
     if (avail && z->arena_bytes > avail) {
         human(h1, sizeof h1, (double)z->arena_bytes);
         human(h2, sizeof h2, (double)avail);

@@ -95,19 +95,6 @@ int fso_probe_cache_path(char *buf, size_t len)
 
 /* ------------------------------------------------------------------ probes */
 
-static uint64_t mem_available(void)
-{
-    FILE *f = fopen("/proc/meminfo", "r");
-    char line[256];
-    unsigned long long kb = 0;
-    if (!f)
-        return 0;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1)
-            break;
-    fclose(f);
-    return (uint64_t)kb * 1024;
-}
 
 /* Stream `cap` bytes through the store in block-sized requests, qd in flight. */
 static int stream_io(fso_store *s, bool write, char *buf, size_t block, int qd, uint64_t cap,
@@ -379,7 +366,7 @@ int fso_probe_run(fso_probe *p, const fso_probe_opts *opts, char *err, size_t er
     fso_probe_key(p->key, sizeof p->key, opts->dirs);
     p->when = (int64_t)time(NULL);
     p->threads = opts->threads > 0 ? opts->threads : fso_cpu_count();
-    p->host_mem_bytes = mem_available();
+    p->host_mem_bytes = fso_mem_available_bytes();
     snprintf(tmp, sizeof tmp, "%s", opts->dirs ? opts->dirs : "");
     p->n_dirs = split_dirs(tmp, dirs, FSO_STORE_MAX_DIRS);
     uint64_t bytes = opts->nvme_bytes ? opts->nvme_bytes : (uint64_t)32 << 20;
