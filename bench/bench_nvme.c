@@ -10,6 +10,7 @@
  * misplaced, stale, zero or torn pages. GB are 1e9 bytes, like fio. */
 #include "bench.h"
 #include "store.h"
+#include "util.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -74,40 +75,10 @@ static int nv_bad(const char *fmt, const char *arg)
 /* "4K", "1M", "256MiB", "1G", "4096" -> bytes; 0 on error. */
 static uint64_t nv_parse_bytes(const char *s)
 {
-    char *end;
-    errno = 0;
-    if (!s || !*s || *s == '-')
-        return 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno || end == s)
-        return 0;
-    unsigned shift = 0;
-    switch (*end) {
-    case 'k': case 'K': shift = 10; end++; break;
-    case 'm': case 'M': shift = 20; end++; break;
-    case 'g': case 'G': shift = 30; end++; break;
-    case 't': case 'T': shift = 40; end++; break;
-    default: break;
-    }
-    if (shift && (strcmp(end, "iB") == 0 || strcmp(end, "B") == 0))
-        end += strlen(end);
-    else if (!shift && strcmp(end, "B") == 0)
-        end++;
-    if (*end || v > (UINT64_MAX >> shift))
-        return 0;
-    return (uint64_t)v << shift;
+    uint64_t v;
+    return fso_parse_size(s, &v) == 0 ? v : 0;
 }
 
-static void nv_fmt_bytes(char *b, size_t n, uint64_t v)
-{
-    static const char *unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    int u = 0;
-    while (u < 4 && v >= 1024 && v % 1024 == 0) {
-        v /= 1024;
-        u++;
-    }
-    snprintf(b, n, "%" PRIu64 " %s", v, unit[u]);
-}
 
 static int nv_parse_args(nv_args *a, int argc, char **argv)
 {
@@ -131,13 +102,9 @@ static int nv_parse_args(nv_args *a, int argc, char **argv)
             if (strlen(optarg) >= sizeof a->dirbuf)
                 return nv_bad("--nvme %s: too long", optarg);
             strcpy(a->dirbuf, optarg);
-            a->ndirs = 0;
-            for (char *save = NULL, *d = strtok_r(a->dirbuf, ",", &save); d;
-                 d = strtok_r(NULL, ",", &save)) {
-                if (a->ndirs == FSO_STORE_MAX_DIRS)
-                    return nv_bad("--nvme %s: more than 16 folders", optarg);
-                a->dirs[a->ndirs++] = d;
-            }
+            a->ndirs = fso_split_list(a->dirbuf, ',', a->dirs, FSO_STORE_MAX_DIRS);
+            if (a->ndirs < 0)
+                return nv_bad("--nvme %s: more than 16 folders", optarg);
             if (a->ndirs == 0)
                 return nv_bad("--nvme '%s': no folder given", optarg);
             break;
@@ -218,12 +185,6 @@ static uint64_t nv_check(const char *buf, size_t len, uint64_t addr, uint64_t se
     return bad;
 }
 
-static double nv_now(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
 
 /* One sequential pass over the store; 0 or -errno (message in s->err). */
 static int nv_pass(fso_store *s, nv_result *r, char *area, uint64_t seed, uint64_t *bad_pages)
@@ -235,7 +196,7 @@ static int nv_pass(fso_store *s, nv_result *r, char *area, uint64_t seed, uint64
     fso_io io[NV_MAX_QD];
     for (int i = qd - 1; i >= 0; i--)
         free_slots[nfree++] = i;
-    double t0 = nv_now();
+    double t0 = (fso_now_ms() / 1e3);
     while (done < n) {
         while (nfree > 0 && next < n) {
             int slot = free_slots[--nfree];
@@ -274,7 +235,7 @@ static int nv_pass(fso_store *s, nv_result *r, char *area, uint64_t seed, uint64
             done++;
         }
     }
-    r->seconds = nv_now() - t0;
+    r->seconds = (fso_now_ms() / 1e3) - t0;
     return 0;
 }
 
@@ -311,7 +272,7 @@ int fso_bench_nvme(int argc, char **argv)
     char *area = mmap(NULL, area_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (area == MAP_FAILED) {
         char b[32];
-        nv_fmt_bytes(b, sizeof b, area_bytes);
+        fso_human_bytes(b, sizeof b, (double)area_bytes);
         fprintf(stderr, "fsoff: error: bench nvme: cannot map %s of I/O buffers; lower "
                 "--block-sizes or --queue-depths\n", b);
         return 1;
@@ -334,7 +295,7 @@ int fso_bench_nvme(int argc, char **argv)
     bool direct = true, registered = true, header = false;
     uint64_t total_bad = 0;
     char sz[32];
-    nv_fmt_bytes(sz, sizeof sz, a.size_bytes);
+    fso_human_bytes(sz, sizeof sz, (double)a.size_bytes);
 
     for (int bi = 0; bi < a.nblocks && status == 0; bi++) {
         fso_store_opts o;

@@ -27,36 +27,17 @@
 #include "backend.h"
 #include "coll.h"
 #include "cuda_backend.h"
+#include "util.h"
 
 #define MAX_DEV 16
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec / 1e9;
-}
 
 static int parse_size(const char *s, size_t *out)
 {
-    char *end;
-    double v = strtod(s, &end);
-    if (end == s || v <= 0)
+    uint64_t v;
+    if (fso_parse_size(s, &v) < 0 || v == 0)
         return -EINVAL;
-    double mul = 1;
-    switch (*end) {
-    case 'k': case 'K': mul = 1024.0; end++; break;
-    case 'm': case 'M': mul = 1048576.0; end++; break;
-    case 'g': case 'G': mul = 1073741824.0; end++; break;
-    default: break;
-    }
-    if (*end == 'i')
-        end++;
-    if (*end == 'B')
-        end++;
-    if (*end)
-        return -EINVAL;
-    *out = (size_t)(v * mul);
+    *out = (size_t)v;
     return 0;
 }
 
@@ -92,7 +73,7 @@ static double time_copies(struct copy_set *cs, int ncs, int dir, size_t bytes, d
             CK(cudaSetDevice(cs[i].dev));
             CK(cudaDeviceSynchronize());
         }
-        double t0 = now_s();
+        double t0 = (fso_now_ms() / 1e3);
         for (int r = 0; r < reps; r++)
             for (int i = 0; i < ncs; i++) {
                 CK(cudaSetDevice(cs[i].dev));
@@ -107,7 +88,7 @@ static double time_copies(struct copy_set *cs, int ncs, int dir, size_t bytes, d
             CK(cudaSetDevice(cs[i].dev));
             CK(cudaDeviceSynchronize());
         }
-        t = now_s() - t0;
+        t = (fso_now_ms() / 1e3) - t0;
         if (round == 0) { /* calibrate: the measured round lasts about `seconds` */
             int want = (int)(seconds / (t > 1e-6 ? t : 1e-6));
             reps = want < 2 ? 2 : want > 200 ? 200 : want;
@@ -229,7 +210,7 @@ static double coll_round(struct coll_shared *sh, int rank, int op, float *big, f
     fso_coll *c = sh->coll;
     fso_backend *be = sh->be[rank];
     c->ops->barrier(c, rank);
-    double t0 = now_s();
+    double t0 = (fso_now_ms() / 1e3);
     for (int i = 0; i < iters; i++) {
         int r = op == 0 ? c->ops->all_gather(c, rank, small, big, count)
                         : c->ops->reduce_scatter(c, rank, big, small, count);
@@ -240,7 +221,7 @@ static double coll_round(struct coll_shared *sh, int rank, int op, float *big, f
     if (r < 0 && *rc == 0)
         *rc = r;
     c->ops->barrier(c, rank);
-    return now_s() - t0;
+    return (fso_now_ms() / 1e3) - t0;
 }
 
 /* Inputs with known sums: all-gather sends rank + 1, reduce-scatter sends

@@ -117,7 +117,7 @@ say "GPU tests: $(cat "$WORK/tests.status")"
 
 # ---------------------------------------------------------------- bandwidth
 echo '"not run"' >"$WORK/copy.json"
-BENCH=$BUILD/kernels/fso_cuda_bench
+BENCH=$BUILD/bench/fso_cuda_bench
 if [ "$build_ok" = 1 ] && [ -x "$BENCH" ]; then
     t=$(box 90)
     say "host<->device and collective bandwidth (time box ${t}s)"

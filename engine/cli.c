@@ -14,6 +14,7 @@
 #include "fso_build.h"
 #include "plan.h"
 #include "train.h"
+#include "util.h"
 
 static void usage(FILE *f)
 {
@@ -104,31 +105,6 @@ static int select_devices(fso_config *cfg, const char *arg)
     return -EINVAL;
 }
 
-/* "512M", "4G", "1.5T", "1048576" into bytes; 0 or -EINVAL. */
-int fso_parse_size(const char *s, uint64_t *out)
-{
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || v < 0)
-        return -EINVAL;
-    double mul = 1;
-    switch (*end) {
-    case 'k': case 'K': mul = 1024.0; end++; break;
-    case 'm': case 'M': mul = 1024.0 * 1024; end++; break;
-    case 'g': case 'G': mul = 1024.0 * 1024 * 1024; end++; break;
-    case 't': case 'T': mul = 1024.0 * 1024 * 1024 * 1024; end++; break;
-    default: break;
-    }
-    if (*end == 'i' && end[-1] != *s)
-        end++;
-    if (*end == 'B' || *end == 'b')
-        end++;
-    if (*end)
-        return -EINVAL;
-    *out = (uint64_t)(v * mul);
-    return 0;
-}
 
 /* A JSON string literal for `s`, for --data. */
 static char *json_string(const char *s)

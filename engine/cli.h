@@ -2,13 +2,9 @@
 #ifndef FSO_CLI_H
 #define FSO_CLI_H
 
-#include <stdint.h>
-
 /* Parse argv, run the command, return the process exit status:
  * 0 success, 1 the run failed, 2 bad command line or configuration. */
 int fso_cli_main(int argc, char **argv);
 
-/* "512M", "4G", "1.5T" or plain bytes; 0 or -EINVAL. */
-int fso_parse_size(const char *s, uint64_t *out);
 
 #endif

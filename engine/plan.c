@@ -18,6 +18,7 @@
 #include "model.h"
 #include "probe.h"
 #include "topology.h"
+#include "util.h"
 
 #define GIB (1024.0 * 1024.0 * 1024.0)
 
@@ -184,25 +185,19 @@ typedef struct calib {
     double t_last_release;
 } calib;
 
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
 
 static const float *calib_params(void *ctx, int b)
 {
     calib *c = ctx;
-    c->t_open[b] = now_ms();
+    c->t_open[b] = fso_now_ms();
     return c->flat[b];
 }
 
 static void calib_release(void *ctx, int b)
 {
     calib *c = ctx;
-    double dt = now_ms() - c->t_open[b];
-    c->t_last_release = now_ms();
+    double dt = fso_now_ms() - c->t_open[b];
+    c->t_last_release = fso_now_ms();
     if (b == 0 && c->ms[0] == 0)
         c->ms[0] = dt;
     else if (b == 1)
@@ -222,7 +217,7 @@ static void calib_grads_done(void *ctx, int b)
 {
     calib *c = ctx;
     if (b == 0 && c->ms[4] == 0) /* the embedding's backward follows the last release */
-        c->ms[4] = now_ms() - c->t_last_release;
+        c->ms[4] = fso_now_ms() - c->t_last_release;
 }
 
 int fso_plan_calibrate_cpu(fso_plan_ctx *ctx, const fso_config *cfg, char *err, size_t errlen)

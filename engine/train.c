@@ -12,13 +12,8 @@
 #include "plan.h"
 #include "report.h"
 #include "cuda_backend.h"
+#include "util.h"
 
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
 
 int fso_trainer_init(fso_trainer *tr, const fso_config *cfg)
 {
@@ -50,7 +45,7 @@ int fso_trainer_step(fso_trainer *tr, const int32_t *inputs, const int32_t *targ
                      fso_step_stats *st)
 {
     fso_zero_step zs;
-    double t0 = now_ms();
+    double t0 = fso_now_ms();
     memset(st, 0, sizeof *st);
     st->step = tr->step + 1;
     int rc = fso_zero_step_run(tr->zero, st->step, inputs, targets, &zs, tr->err, sizeof tr->err);
@@ -67,7 +62,7 @@ int fso_trainer_step(fso_trainer *tr, const int32_t *inputs, const int32_t *targ
     st->nvme_write_bytes = zs.nvme_write_bytes;
     st->tokens = (int64_t)fso_trainer_step_tokens(tr->cfg);
     tr->step++;
-    st->step_ms = now_ms() - t0;
+    st->step_ms = fso_now_ms() - t0;
     return 0;
 }
 

@@ -19,6 +19,7 @@
 #include "optpool.h"
 #include "pool.h"
 #include "rng.h"
+#include "util.h"
 
 #define MIB (1024.0 * 1024.0)
 
@@ -26,12 +27,6 @@ const char *const fso_zero_kind_names[FSO_N_KINDS] = {"parameters", "master weig
                                                     "AdamW v", "gradients"};
 static const char *const tier_names[] = {"device", "host", "nvme"};
 
-double fso_zero_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
 
 size_t fso_zero_shard_elems(const fso_zero *z, int b)
 {
@@ -284,9 +279,9 @@ static const float *src_params(void *ctx, int b)
             for (int j = 0; j < rk->n_pslots; j++)
                 if (rk->pslots[j].block == b)
                     s = &rk->pslots[j];
-            double t0 = fso_zero_now_ms();
+            double t0 = fso_now_ms();
             int wrc = s ? fso_zero_slot_wait(rk, &rk->ce, s, "parameters", b) : -EIO;
-            rk->st.stall_ms += fso_zero_now_ms() - t0;
+            rk->st.stall_ms += fso_now_ms() - t0;
             if (wrc == 0) {
                 be->ops->copy_h2d(be, mine, s->buf, sizeof(float) * S);
                 /* the slot is reused for the next read: the copy from pinned
@@ -682,35 +677,40 @@ static int load_flat(fso_zero *z, float **flat, char *err, size_t errlen)
     return rc;
 }
 
-int fso_zero_load_hf(fso_zero *z, const float *hf, char *err, size_t errlen)
+/* Before a whole-model copy: every update in, and host buffers for all
+ * blocks. NULL with err set on failure (*rc says why). */
+static float **whole_copy_begin(fso_zero *z, const char *what, int *rc, char *err, size_t errlen)
 {
     double waited;
-    int wrc = fso_zero_finish(z, &waited, err, errlen);
-    if (wrc < 0)
-        return wrc;
+    if ((*rc = fso_zero_finish(z, &waited, err, errlen)) < 0)
+        return NULL;
     float **flat = flat_alloc(z);
     if (!flat) {
-        snprintf(err, errlen, "out of host memory copying parameters");
-        return -ENOMEM;
+        snprintf(err, errlen, "out of host memory copying %s", what);
+        *rc = -ENOMEM;
     }
+    return flat;
+}
+
+int fso_zero_load_hf(fso_zero *z, const float *hf, char *err, size_t errlen)
+{
+    int rc;
+    float **flat = whole_copy_begin(z, "parameters", &rc, err, errlen);
+    if (!flat)
+        return rc;
     fso_model_flat_from_hf(&z->ranks[0].model, flat, hf);
-    int rc = load_flat(z, flat, err, errlen);
+    rc = load_flat(z, flat, err, errlen);
     flat_free(z, flat);
     return rc;
 }
 
 static int store_kind_hf(fso_zero *z, fso_kind k, float *hf, char *err, size_t errlen)
 {
-    double waited;
-    int wrc = fso_zero_finish(z, &waited, err, errlen);
-    if (wrc < 0)
-        return wrc;
-    float **flat = flat_alloc(z);
-    if (!flat) {
-        snprintf(err, errlen, "out of host memory copying %s", fso_zero_kind_names[k]);
-        return -ENOMEM;
-    }
-    int rc = shards_xfer(z, flat, k, 1);
+    int rc;
+    float **flat = whole_copy_begin(z, fso_zero_kind_names[k], &rc, err, errlen);
+    if (!flat)
+        return rc;
+    rc = shards_xfer(z, flat, k, 1);
     if (rc < 0)
         first_error(z, err, errlen);
     else
@@ -798,13 +798,6 @@ uint64_t fso_zero_peak_device_bytes(const fso_zero *z)
     return peak;
 }
 
-static void human(char *buf, size_t len, double bytes)
-{
-    if (bytes >= 1024.0 * MIB)
-        snprintf(buf, len, "%.2f GiB", bytes / (1024.0 * MIB));
-    else
-        snprintf(buf, len, "%.1f MiB", bytes / MIB);
-}
 
 void fso_zero_describe(const fso_zero *z, char *buf, size_t len)
 {
@@ -815,23 +808,13 @@ void fso_zero_describe(const fso_zero *z, char *buf, size_t len)
     size_t off = 0;
     for (int k = 0; k < FSO_N_KINDS && off < len; k++) {
         char h[32];
-        human(h, sizeof h, (double)per_kind[k]);
+        fso_human_bytes(h, sizeof h, (double)per_kind[k]);
         off += (size_t)snprintf(buf + off, len - off, "%s%s %s on %s", k ? ", " : "",
                                 fso_zero_kind_names[k], h, tier_names[z->tier[k]]);
     }
 }
 
 
-/* "dir1,dir2" into an array of folders (pointers into buf). */
-static int split_dirs(char *buf, const char **dirs, int max)
-{
-    int n = 0;
-    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t && n < max;
-         t = strtok_r(NULL, ",", &save))
-        if (*t)
-            dirs[n++] = t;
-    return n;
-}
 
 int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t errlen)
 {
@@ -943,7 +926,7 @@ int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t err
         }
         if ((rc = fso_model_init(&rk->model, &cfg->model, rk->be, cfg->micro_batch,
                                  cfg->data.seq_len, z->world, cfg->activation_checkpointing)) < 0) {
-            human(h1, sizeof h1, (double)cap);
+            fso_human_bytes(h1, sizeof h1, (double)cap);
             snprintf(err, errlen, "device memory: the activations alone do not fit the %s cap "
                                   "(--device-mem) of device %d (%s); shorten data.seq_len or "
                                   "train_micro_batch_size_per_gpu, or raise --device-mem",
@@ -952,13 +935,13 @@ int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t err
         }
         size_t need = rk->be->mem_used_bytes + per_tier[FSO_TIER_DEVICE] + window + gradbufs;
         if (need > cap) {
-            human(h1, sizeof h1, (double)need);
-            human(h2, sizeof h2, (double)per_tier[FSO_TIER_DEVICE]);
-            human(h3, sizeof h3, (double)(window + gradbufs));
-            human(h4, sizeof h4, (double)rk->be->mem_used_bytes);
-            human(h5, sizeof h5, (double)cap);
+            fso_human_bytes(h1, sizeof h1, (double)need);
+            fso_human_bytes(h2, sizeof h2, (double)per_tier[FSO_TIER_DEVICE]);
+            fso_human_bytes(h3, sizeof h3, (double)(window + gradbufs));
+            fso_human_bytes(h4, sizeof h4, (double)rk->be->mem_used_bytes);
+            fso_human_bytes(h5, sizeof h5, (double)cap);
             char short_by[32];
-            human(short_by, sizeof short_by, (double)(need - cap));
+            fso_human_bytes(short_by, sizeof short_by, (double)(need - cap));
             snprintf(err, errlen,
                      "device memory: each of the %d devices needs %s (resident shards %s, "
                      "gather window and gradient buffers %s, activations %s) but holds %s; "
@@ -972,9 +955,9 @@ int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t err
     }
     uint64_t avail = fso_mem_available_bytes();
     if (avail && z->arena_bytes > avail) {
-        human(h1, sizeof h1, (double)z->arena_bytes);
-        human(h2, sizeof h2, (double)avail);
-        human(h3, sizeof h3, (double)(z->arena_bytes - avail));
+        fso_human_bytes(h1, sizeof h1, (double)z->arena_bytes);
+        fso_human_bytes(h2, sizeof h2, (double)avail);
+        fso_human_bytes(h3, sizeof h3, (double)(z->arena_bytes - avail));
         snprintf(err, errlen,
                  "host memory: the host tier and staging buffers need %s but %s is available; "
                  "short by %s: put the optimizer state on NVMe (--nvme DIR or "
@@ -990,7 +973,7 @@ int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t err
                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
         if (z->arena == MAP_FAILED) {
             z->arena = NULL;
-            human(h1, sizeof h1, (double)z->arena_bytes);
+            fso_human_bytes(h1, sizeof h1, (double)z->arena_bytes);
             snprintf(err, errlen, "host memory: cannot map the %s host arena: %s", h1,
                      strerror(errno));
             rc = -ENOMEM;
@@ -1010,8 +993,8 @@ int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t err
         if (cfg->offload.pin_memory && mlock(z->arena, z->arena_bytes) != 0) {
             struct rlimit rl = {0};
             getrlimit(RLIMIT_MEMLOCK, &rl);
-            human(h1, sizeof h1, (double)rl.rlim_cur);
-            human(h2, sizeof h2, (double)z->arena_bytes);
+            fso_human_bytes(h1, sizeof h1, (double)rl.rlim_cur);
+            fso_human_bytes(h2, sizeof h2, (double)z->arena_bytes);
             fprintf(stderr, "fsoff: warning: pin_memory: RLIMIT_MEMLOCK is %s; pinning %s needs "
                             "`ulimit -l unlimited` (or a larger limit); using pageable memory\n",
                     rl.rlim_cur == RLIM_INFINITY ? "unlimited" : h1, h2);
@@ -1094,7 +1077,13 @@ int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t err
                                   ? cfg->offload.optim_nvme_path : cfg->offload.param_nvme_path;
             fso_store_opts so = {0};
             snprintf(paths, sizeof paths, "%s", src);
-            so.ndirs = split_dirs(paths, so.dirs, FSO_STORE_MAX_DIRS);
+            so.ndirs = fso_split_list(paths, ',', so.dirs, FSO_STORE_MAX_DIRS);
+            if (so.ndirs < 0) {
+                snprintf(err, errlen, "NVMe: %s: more than %d folders; stripe over at most %d",
+                         src, FSO_STORE_MAX_DIRS, FSO_STORE_MAX_DIRS);
+                rc = -E2BIG;
+                goto fail;
+            }
             so.capacity_bytes = nvme_off;
             so.block_bytes = (size_t)cfg->offload.aio_block_bytes;
             so.queue_depth = cfg->offload.aio_queue_depth;

@@ -109,7 +109,6 @@ struct fso_zero {
 
 
 /* zero.c */
-double fso_zero_now_ms(void);
 size_t fso_zero_shard_elems(const fso_zero *z, int b);
 loc *fso_zero_locate(rank_state *rk, int b, fso_kind k);
 int fso_zero_fail(errsink *es, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));

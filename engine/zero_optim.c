@@ -28,6 +28,7 @@
 #include <string.h>
 
 #include "optpool.h"
+#include "util.h"
 
 static const fso_kind reads[] = {FSO_KIND_MASTER, FSO_KIND_M, FSO_KIND_V, FSO_KIND_GRAD};
 
@@ -170,10 +171,10 @@ static int update_blocks(rank_state *rk, const fso_adamw_step *as, int b0, int b
 
 int fso_zero_optim_run(rank_state *rk, const fso_adamw_step *as)
 {
-    double t0 = fso_zero_now_ms();
+    double t0 = fso_now_ms();
     rk->oe.rc = 0;
     int rc = update_blocks(rk, as, 0, rk->z->n_blocks - 1);
-    double dt = fso_zero_now_ms() - t0;
+    double dt = fso_now_ms() - t0;
     rk->opt_busy_ms += dt;
     rk->st.optimizer_exposed_ms += dt;
     if (rc < 0) {
@@ -197,11 +198,11 @@ static void *opt_main(void *arg)
         int failed = rk->oe.rc != 0;
         pthread_mutex_unlock(&rk->opt_mu);
 
-        double t0 = fso_zero_now_ms();
+        double t0 = fso_now_ms();
         if (!failed) /* after a failure nothing more is applied */
             update_blocks(rk, &job.as, job.block < 0 ? 0 : job.block,
                           job.block < 0 ? rk->z->n_blocks - 1 : job.block);
-        double dt = fso_zero_now_ms() - t0;
+        double dt = fso_now_ms() - t0;
 
         pthread_mutex_lock(&rk->opt_mu);
         rk->opt_busy_ms += dt;
@@ -258,14 +259,14 @@ void fso_zero_optim_post_block(rank_state *rk, const fso_adamw_step *as, int blo
 int fso_zero_optim_wait_block(rank_state *rk, int b, int64_t step)
 {
     int rc = 0;
-    double t0 = fso_zero_now_ms();
+    double t0 = fso_now_ms();
     pthread_mutex_lock(&rk->opt_mu);
     while (rk->ready[b] < step && rk->oe.rc == 0)
         pthread_cond_wait(&rk->opt_cv, &rk->opt_mu);
     if (rk->ready[b] < step)
         rc = rk->oe.rc;
     pthread_mutex_unlock(&rk->opt_mu);
-    rk->st.optimizer_exposed_ms += fso_zero_now_ms() - t0;
+    rk->st.optimizer_exposed_ms += fso_now_ms() - t0;
     if (rc < 0)
         fso_zero_fail(&rk->ce, rc, "%s", rk->oe.msg);
     return rc;
@@ -274,13 +275,13 @@ int fso_zero_optim_wait_block(rank_state *rk, int b, int64_t step)
 int fso_zero_optim_wait_all(rank_state *rk)
 {
     int rc;
-    double t0 = fso_zero_now_ms();
+    double t0 = fso_now_ms();
     pthread_mutex_lock(&rk->opt_mu);
     while (rk->q_head != rk->q_tail)
         pthread_cond_wait(&rk->opt_cv, &rk->opt_mu);
     rc = rk->oe.rc;
     pthread_mutex_unlock(&rk->opt_mu);
-    rk->st.optimizer_exposed_ms += fso_zero_now_ms() - t0;
+    rk->st.optimizer_exposed_ms += fso_now_ms() - t0;
     if (rc < 0)
         fso_zero_fail(&rk->ce, rc, "%s", rk->oe.msg);
     return rc;

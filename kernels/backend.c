@@ -14,19 +14,6 @@
 #include "cuda_backend.h"
 #include "pool.h"
 
-uint64_t fso_mem_available_bytes(void)
-{
-    FILE *f = fopen("/proc/meminfo", "r");
-    char line[256];
-    unsigned long long kb = 0;
-    if (!f)
-        return 0;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1)
-            break;
-    fclose(f);
-    return (uint64_t)kb * 1024;
-}
 
 int fso_cpu_count(void)
 {

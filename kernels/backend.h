@@ -125,9 +125,6 @@ struct fso_pool *fso_backend_pool(fso_backend *be);
  * buffers whatever the device backend (pool may be NULL). */
 void fso_host_sqnorm(struct fso_pool *pool, double *out, const float *x, size_t n);
 
-/* MemAvailable from /proc/meminfo in bytes, 0 when unknown. */
-uint64_t fso_mem_available_bytes(void);
-
 /* The CPUs this process may run on (sched_getaffinity), at least 1. */
 int fso_cpu_count(void);
 

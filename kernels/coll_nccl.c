@@ -12,6 +12,7 @@
 #include <nccl.h>
 
 #include "cuda_impl.h"
+#include "util.h"
 
 #define MAX_WORLD 64
 #define MAX_F64 64
@@ -24,12 +25,6 @@ struct nccl_ctx {
     float *dev_one[MAX_WORLD];    /* barrier */
 };
 
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
 
 static int nccl_errno(ncclResult_t r)
 {
@@ -68,12 +63,12 @@ static int nc_all_gather(fso_coll *c, int rank, const float *send, float *recv, 
 {
     struct nccl_ctx *x = c->ctx;
     fso_backend *be = x->be[rank];
-    double t0 = now_ms();
+    double t0 = fso_now_ms();
     cudaStream_t s = fso_cuda_begin(be, FSO_CS_COLL);
     ncclResult_t r = ncclAllGather(send, recv, count, ncclFloat, x->comm[rank], s);
     fso_cuda_end(be, FSO_CS_COLL, "all_gather");
     int rc = nccl_fail(x, rank, r, "all_gather");
-    c->busy_ms[rank] += now_ms() - t0;
+    c->busy_ms[rank] += fso_now_ms() - t0;
     return rc ? rc : rank_status(x, rank);
 }
 
@@ -81,12 +76,12 @@ static int nc_reduce_scatter(fso_coll *c, int rank, const float *send, float *re
 {
     struct nccl_ctx *x = c->ctx;
     fso_backend *be = x->be[rank];
-    double t0 = now_ms();
+    double t0 = fso_now_ms();
     cudaStream_t s = fso_cuda_begin(be, FSO_CS_COLL);
     ncclResult_t r = ncclReduceScatter(send, recv, count, ncclFloat, ncclSum, x->comm[rank], s);
     fso_cuda_end(be, FSO_CS_COLL, "reduce_scatter");
     int rc = nccl_fail(x, rank, r, "reduce_scatter");
-    c->busy_ms[rank] += now_ms() - t0;
+    c->busy_ms[rank] += fso_now_ms() - t0;
     return rc ? rc : rank_status(x, rank);
 }
 
@@ -98,7 +93,7 @@ static int nc_all_reduce_f64(fso_coll *c, int rank, double *buf, size_t count)
     fso_backend *be = x->be[rank];
     if (count > MAX_F64)
         return -EINVAL;
-    double t0 = now_ms();
+    double t0 = fso_now_ms();
     double *h = x->host_f64[rank], *d = x->dev_f64[rank];
     memcpy(h, buf, sizeof(double) * count);
     cudaStream_t s = fso_cuda_begin(be, FSO_CS_COLL);
@@ -120,7 +115,7 @@ static int nc_all_reduce_f64(fso_coll *c, int rank, double *buf, size_t count)
                 sum += h[MAX_F64 + (size_t)k * MAX_F64 + i];
             buf[i] = sum;
         }
-    c->busy_ms[rank] += now_ms() - t0;
+    c->busy_ms[rank] += fso_now_ms() - t0;
     return rc;
 }
 
@@ -130,7 +125,7 @@ static int nc_barrier(fso_coll *c, int rank)
 {
     struct nccl_ctx *x = c->ctx;
     fso_backend *be = x->be[rank];
-    double t0 = now_ms();
+    double t0 = fso_now_ms();
     cudaStream_t s = fso_cuda_begin(be, FSO_CS_COLL);
     ncclResult_t r = ncclAllReduce(x->dev_one[rank], x->dev_one[rank], 1, ncclFloat, ncclSum,
                                    x->comm[rank], s);
@@ -138,7 +133,7 @@ static int nc_barrier(fso_coll *c, int rank)
     int rc = nccl_fail(x, rank, r, "barrier");
     if (fso_cuda_check(be, cudaStreamSynchronize(s), "barrier") < 0 && rc == 0)
         rc = rank_status(x, rank);
-    c->busy_ms[rank] += now_ms() - t0;
+    c->busy_ms[rank] += fso_now_ms() - t0;
     return rc;
 }
 

@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "coll.h"
+#include "util.h"
 
 #define MAX_WORLD 64
 
@@ -27,12 +28,6 @@ struct ctx {
     double scratch[MAX_WORLD][16]; /* all-reduce of small double vectors */
 };
 
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
 
 static void wait_all(struct ctx *x)
 {
@@ -42,7 +37,7 @@ static void wait_all(struct ctx *x)
 static int th_all_gather(fso_coll *c, int rank, const float *send, float *recv, size_t count)
 {
     struct ctx *x = c->ctx;
-    double t0 = now_ms();
+    double t0 = fso_now_ms();
     x->slots[rank].send = send;
     wait_all(x);
     for (int k = 0; k < c->world; k++) {
@@ -51,14 +46,14 @@ static int th_all_gather(fso_coll *c, int rank, const float *send, float *recv, 
             memcpy(dst, x->slots[k].send, sizeof(float) * count);
     }
     wait_all(x);
-    c->busy_ms[rank] += now_ms() - t0;
+    c->busy_ms[rank] += fso_now_ms() - t0;
     return 0;
 }
 
 static int th_reduce_scatter(fso_coll *c, int rank, const float *send, float *recv, size_t count)
 {
     struct ctx *x = c->ctx;
-    double t0 = now_ms();
+    double t0 = fso_now_ms();
     x->slots[rank].send = send;
     wait_all(x);
     const size_t off = (size_t)rank * count;
@@ -71,7 +66,7 @@ static int th_reduce_scatter(fso_coll *c, int rank, const float *send, float *re
         recv[i] = s;
     }
     wait_all(x);
-    c->busy_ms[rank] += now_ms() - t0;
+    c->busy_ms[rank] += fso_now_ms() - t0;
     return 0;
 }
 
@@ -80,7 +75,7 @@ static int th_all_reduce_f64(fso_coll *c, int rank, double *buf, size_t count)
     struct ctx *x = c->ctx;
     if (count > 16)
         return -EINVAL;
-    double t0 = now_ms();
+    double t0 = fso_now_ms();
     memcpy(x->scratch[rank], buf, sizeof(double) * count);
     wait_all(x);
     for (size_t i = 0; i < count; i++) {
@@ -90,7 +85,7 @@ static int th_all_reduce_f64(fso_coll *c, int rank, double *buf, size_t count)
         buf[i] = s;
     }
     wait_all(x);
-    c->busy_ms[rank] += now_ms() - t0;
+    c->busy_ms[rank] += fso_now_ms() - t0;
     return 0;
 }
 

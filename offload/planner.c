@@ -33,18 +33,6 @@ const char *fso_stream_name(int stream)
     return stream >= 0 && stream < FSO_N_STREAMS ? stream_names[stream] : "?";
 }
 
-void fso_human_bytes(char *buf, size_t len, double bytes)
-{
-    const double k = 1024.0;
-    if (bytes >= k * k * k * k)
-        snprintf(buf, len, "%.2f TiB", bytes / (k * k * k * k));
-    else if (bytes >= k * k * k)
-        snprintf(buf, len, "%.2f GiB", bytes / (k * k * k));
-    else if (bytes >= k * k)
-        snprintf(buf, len, "%.1f MiB", bytes / (k * k));
-    else
-        snprintf(buf, len, "%.0f KiB", bytes / k);
-}
 
 void fso_plan_pins_none(fso_plan_pins *p)
 {

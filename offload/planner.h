@@ -37,6 +37,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "util.h"
+
 #define FSO_PLAN_MAX_BLOCKS 1024
 #define FSO_PLAN_MAX_PREFETCH 16
 
@@ -231,7 +233,5 @@ void fso_plan_describe(const fso_plan *p, char *buf, size_t len);
 /* The tier most blocks of kind k sit on. */
 int fso_plan_main_tier(const fso_plan *p, int kind);
 
-/* "1.50 GiB", "812.0 MiB", "3.20 TiB" */
-void fso_human_bytes(char *buf, size_t len, double bytes);
 
 #endif

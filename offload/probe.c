@@ -18,16 +18,11 @@
 #include "backend.h"
 #include "coll.h"
 #include "pool.h"
+#include "util.h"
 
 #define MIB (1024.0 * 1024.0)
 #define CACHE_VERSION 1
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* ------------------------------------------------------------------ key */
 
@@ -52,16 +47,6 @@ static void cpu_model(char *buf, size_t len)
     fclose(f);
 }
 
-/* "a,b" into folder strings (pointers into buf). */
-static int split_dirs(char *buf, const char **dirs, int max)
-{
-    int n = 0;
-    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t && n < max;
-         t = strtok_r(NULL, ",", &save))
-        if (*t)
-            dirs[n++] = t;
-    return n;
-}
 
 void fso_probe_key(char *buf, size_t len, const char *dirs)
 {
@@ -71,7 +56,9 @@ void fso_probe_key(char *buf, size_t len, const char *dirs)
     host[sizeof host - 1] = 0;
     cpu_model(cpu, sizeof cpu);
     snprintf(tmp, sizeof tmp, "%s", dirs ? dirs : "");
-    int n = split_dirs(tmp, d, FSO_STORE_MAX_DIRS);
+    int n = fso_split_list(tmp, ',', d, FSO_STORE_MAX_DIRS);
+    if (n < 0) /* the first FSO_STORE_MAX_DIRS name the machine well enough */
+        n = FSO_STORE_MAX_DIRS;
     size_t off = 0;
     for (int i = 0; i < n && off < sizeof list; i++) {
         char real[PATH_MAX];
@@ -170,20 +157,20 @@ static int probe_store(const char **dirs, int n, uint64_t bytes, double *rd, dou
     }
     for (size_t i = 0; i < block * (size_t)qd; i++)
         buf[i] = (char)(i * 2654435761u >> 13);
-    double t0 = now_s();
+    double t0 = (fso_now_ms() / 1e3);
     rc = stream_io(s, true, buf, block, qd, so.capacity_bytes, err, errlen);
-    double t1 = now_s();
+    double t1 = (fso_now_ms() / 1e3);
     if (rc == 0)
         rc = stream_io(s, false, buf, block, qd, so.capacity_bytes, err, errlen);
-    double t2 = now_s();
+    double t2 = (fso_now_ms() / 1e3);
     const uint64_t one = 8 * (uint64_t)block < so.capacity_bytes ? 8 * (uint64_t)block
                                                                  : so.capacity_bytes;
     if (rc == 0)
         rc = stream_io(s, true, buf, block, 1, one, err, errlen);
-    double t3 = now_s();
+    double t3 = (fso_now_ms() / 1e3);
     if (rc == 0)
         rc = stream_io(s, false, buf, block, 1, one, err, errlen);
-    double t4 = now_s();
+    double t4 = (fso_now_ms() / 1e3);
     *direct = s->direct;
     fso_store_destroy(s);
     free(buf);
@@ -212,13 +199,13 @@ static double probe_copy(fso_backend *be, bool h2d, size_t bytes)
     memset(host, 1, bytes);
     be->ops->memset0(be, dev, bytes);
     for (int r = 0; r < 4; r++) {
-        double t0 = now_s();
+        double t0 = (fso_now_ms() / 1e3);
         if (h2d)
             be->ops->copy_h2d(be, dev, host, bytes);
         else
             be->ops->copy_d2h(be, host, dev, bytes);
         be->ops->sync(be);
-        double g = (double)bytes / (now_s() - t0) / 1e9;
+        double g = (double)bytes / ((fso_now_ms() / 1e3) - t0) / 1e9;
         if (g > best)
             best = g;
     }
@@ -241,11 +228,11 @@ static void *coll_worker(void *p)
     coll_arg *a = p;
     a->c->ops->all_gather(a->c, a->rank, a->send, a->recv, a->count); /* warm */
     a->c->ops->barrier(a->c, a->rank);
-    double t0 = now_s();
+    double t0 = (fso_now_ms() / 1e3);
     for (int r = 0; r < a->reps; r++)
         a->c->ops->all_gather(a->c, a->rank, a->send, a->recv, a->count);
     a->c->ops->barrier(a->c, a->rank);
-    a->secs = now_s() - t0;
+    a->secs = (fso_now_ms() / 1e3) - t0;
     return NULL;
 }
 
@@ -313,10 +300,10 @@ static double probe_adam(int threads)
     fso_adamw_step st = {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8,
                          .weight_decay = 0.1, .grad_scale = 1, .t = 1};
     for (int r = 0; r < 4; r++) {
-        double t0 = now_s();
+        double t0 = (fso_now_ms() / 1e3);
         fso_adamw_fused_mt(k, pool, buf, buf + n, FSO_DT_F32, buf + 2 * n, buf + 3 * n, NULL, n,
                            &st);
-        double g = (double)n / (now_s() - t0) / 1e9;
+        double g = (double)n / ((fso_now_ms() / 1e3) - t0) / 1e9;
         if (g > best)
             best = g;
         st.t++;
@@ -342,10 +329,10 @@ static double probe_gflops(fso_backend *be)
     for (size_t i = 0; i < (size_t)Cout * Cin; i++)
         w[i] = 0.01f * (float)(i % 89);
     for (int r = 0; r < 4; r++) {
-        double t0 = now_s();
+        double t0 = (fso_now_ms() / 1e3);
         be->ops->matmul_fwd(be, y, x, w, N, Cin, Cout);
         be->ops->sync(be);
-        double g = 2.0 * N * Cin * Cout / (now_s() - t0) / 1e9;
+        double g = 2.0 * N * Cin * Cout / ((fso_now_ms() / 1e3) - t0) / 1e9;
         if (g > best)
             best = g;
     }
@@ -368,7 +355,9 @@ int fso_probe_run(fso_probe *p, const fso_probe_opts *opts, char *err, size_t er
     p->threads = opts->threads > 0 ? opts->threads : fso_cpu_count();
     p->host_mem_bytes = fso_mem_available_bytes();
     snprintf(tmp, sizeof tmp, "%s", opts->dirs ? opts->dirs : "");
-    p->n_dirs = split_dirs(tmp, dirs, FSO_STORE_MAX_DIRS);
+    p->n_dirs = fso_split_list(tmp, ',', dirs, FSO_STORE_MAX_DIRS);
+    if (p->n_dirs < 0) /* the engine refuses more; probe the first ones */
+        p->n_dirs = FSO_STORE_MAX_DIRS;
     uint64_t bytes = opts->nvme_bytes ? opts->nvme_bytes : (uint64_t)32 << 20;
     if (!opts->quiet)
         fprintf(stderr, "fsoff: probing this machine (%d NVMe folder%s, %d threads)...\n",

@@ -17,6 +17,7 @@
  * that hits end of file fails with -EIO. A request completes, whole, when all
  * of its parts have, with the first error of any. */
 #include "store.h"
+#include "util.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -94,20 +95,6 @@ typedef struct uring_ctx {
     int short_countdown;
 } uring_ctx;
 
-static void fmt_bytes(char *b, size_t n, uint64_t v)
-{
-    static const char *unit[] = {"bytes", "KiB", "MiB", "GiB", "TiB", "PiB"};
-    double x = (double)v;
-    int u = 0;
-    while (x >= 1024 && u < 5) {
-        x /= 1024;
-        u++;
-    }
-    if (u == 0)
-        snprintf(b, n, "%" PRIu64 " bytes", v);
-    else
-        snprintf(b, n, "%.1f %s", x, unit[u]);
-}
 
 /* ---- the hot path ---- */
 
@@ -367,9 +354,9 @@ static int uring_register_buffers(fso_store *s, void *base, size_t len)
     if (rc < 0) {
         char want[32], lim[32];
         struct rlimit rl;
-        fmt_bytes(want, sizeof want, len);
+        fso_human_bytes(want, sizeof want, (double)(len));
         if (rc == -ENOMEM && getrlimit(RLIMIT_MEMLOCK, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
-            fmt_bytes(lim, sizeof lim, rl.rlim_cur);
+            fso_human_bytes(lim, sizeof lim, (double)(rl.rlim_cur));
             return fso_store_fail(s, rc, "uring store: registering %s of I/O buffers: RLIMIT_MEMLOCK "
                                   "is %s; raise it (ulimit -l unlimited) for fixed-buffer I/O", want, lim);
         }
@@ -453,13 +440,13 @@ static int space_error(char *err, size_t errlen, const char *dir, uint64_t need,
                        int ndirs)
 {
     char n[32], f[32], cap[32];
-    fmt_bytes(n, sizeof n, need);
-    fmt_bytes(cap, sizeof cap, capacity);
+    fso_human_bytes(n, sizeof n, (double)(need));
+    fso_human_bytes(cap, sizeof cap, (double)(capacity));
     uint64_t avail = dir_free_bytes(dir);
     if (avail == UINT64_MAX)
         snprintf(f, sizeof f, "unknown");
     else
-        fmt_bytes(f, sizeof f, avail);
+        fso_human_bytes(f, sizeof f, (double)(avail));
     OPEN_FAIL(-ENOSPC, "%s: not enough space: the store needs %s here (%s over %d folder%s), %s is "
               "free; free some space, lower the capacity or add folders to --nvme",
               dir, n, cap, ndirs, ndirs == 1 ? "" : "s", f);

@@ -1,0 +1,85 @@
+/* util.c — see util.h. */
+#include "util.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+double fso_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+uint64_t fso_mem_available_bytes(void)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[256];
+    unsigned long long kb = 0;
+    if (!f)
+        return 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1)
+            break;
+    fclose(f);
+    return (uint64_t)kb * 1024;
+}
+
+void fso_human_bytes(char *buf, size_t len, double bytes)
+{
+    const double k = 1024.0;
+    if (bytes >= k * k * k * k)
+        snprintf(buf, len, "%.2f TiB", bytes / (k * k * k * k));
+    else if (bytes >= k * k * k)
+        snprintf(buf, len, "%.2f GiB", bytes / (k * k * k));
+    else if (bytes >= k * k)
+        snprintf(buf, len, "%.1f MiB", bytes / (k * k));
+    else
+        snprintf(buf, len, "%.0f KiB", bytes / k);
+}
+
+int fso_parse_size(const char *s, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || v < 0)
+        return -EINVAL;
+    double mul = 1;
+    switch (*end) {
+    case 'k': case 'K': mul = 1024.0; end++; break;
+    case 'm': case 'M': mul = 1024.0 * 1024; end++; break;
+    case 'g': case 'G': mul = 1024.0 * 1024 * 1024; end++; break;
+    case 't': case 'T': mul = 1024.0 * 1024 * 1024 * 1024; end++; break;
+    default: break;
+    }
+    if (*end == 'i' && mul > 1)
+        end++;
+    if (*end == 'B' || *end == 'b')
+        end++;
+    if (*end || v * mul > 1.8e19)
+        return -EINVAL;
+    *out = (uint64_t)(v * mul);
+    return 0;
+}
+
+int fso_split_list(char *buf, char sep, const char **items, int max)
+{
+    int n = 0;
+    char *p = buf;
+    while (p) {
+        char *next = strchr(p, sep);
+        if (next)
+            *next++ = '\0';
+        if (*p) {
+            if (n == max)
+                return -E2BIG;
+            items[n++] = p;
+        }
+        p = next;
+    }
+    return n;
+}

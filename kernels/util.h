@@ -1,0 +1,28 @@
+/* util.h — small process-wide helpers every layer uses: the monotonic clock,
+ * memory available, byte counts for people, sizes and lists on the command
+ * line. kernels/ is the lowest layer, so they live here. */
+#ifndef FSO_UTIL_H
+#define FSO_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Milliseconds on the monotonic clock (differences only). */
+double fso_now_ms(void);
+
+/* MemAvailable from /proc/meminfo in bytes, 0 when unknown. */
+uint64_t fso_mem_available_bytes(void);
+
+/* "812 KiB", "812.0 MiB", "1.50 GiB", "3.20 TiB" */
+void fso_human_bytes(char *buf, size_t len, double bytes);
+
+/* "512M", "4G", "1.5T", "64KiB", "1048576" into bytes (powers of 1024).
+ * 0 or -EINVAL. */
+int fso_parse_size(const char *s, uint64_t *out);
+
+/* Split buf in place at sep into at most max non-empty items (pointers
+ * into buf). The count, or -E2BIG when there are more than max (items then
+ * holds the first max). */
+int fso_split_list(char *buf, char sep, const char **items, int max);
+
+#endif
