@@ -188,6 +188,21 @@ static int read_line(const char *path, char *buf, size_t len)
     return 0;
 }
 
+
+/* The PCI bus id and NUMA node of the disk behind hwloc OS device o. */
+static void fill_from_osdev(hwloc_topology_t hw, hwloc_obj_t o, fso_topo_disk *out)
+{
+    hwloc_obj_t pci = o->parent;
+    while (pci && pci->type != HWLOC_OBJ_PCI_DEVICE)
+        pci = pci->parent;
+    if (pci) {
+        fso_topo_pci p;
+        fill_pci(hw, pci, &p);
+        snprintf(out->busid, sizeof out->busid, "%s", p.busid);
+    }
+    out->numa = numa_of(hw, o);
+}
+
 int fso_topo_disk_of_devnum(const fso_topo *t, const char *sysfs_root, unsigned major,
                             unsigned minor, fso_topo_disk *out)
 {
@@ -204,15 +219,7 @@ int fso_topo_disk_of_devnum(const fso_topo *t, const char *sysfs_root, unsigned 
             return -ENOENT;
         snprintf(out->devid, sizeof out->devid, "%s", devid);
         snprintf(out->name, sizeof out->name, "%s", o->name ? o->name : "");
-        hwloc_obj_t pci = o->parent;
-        while (pci && pci->type != HWLOC_OBJ_PCI_DEVICE)
-            pci = pci->parent;
-        if (pci) {
-            fso_topo_pci p;
-            fill_pci(hw, pci, &p);
-            snprintf(out->busid, sizeof out->busid, "%s", p.busid);
-        }
-        out->numa = numa_of(hw, o);
+        fill_from_osdev(hw, o, out);
         return 0;
     }
     /* a partition: its disk is the parent folder */
@@ -246,15 +253,7 @@ int fso_topo_disk_of_devnum(const fso_topo *t, const char *sysfs_root, unsigned 
     snprintf(out->devid, sizeof out->devid, "%s", devid);
     hwloc_obj_t o = osdev_by_devid(hw, devid);
     if (o) {
-        hwloc_obj_t pci = o->parent;
-        while (pci && pci->type != HWLOC_OBJ_PCI_DEVICE)
-            pci = pci->parent;
-        if (pci) {
-            fso_topo_pci p;
-            fill_pci(hw, pci, &p);
-            snprintf(out->busid, sizeof out->busid, "%s", p.busid);
-        }
-        out->numa = numa_of(hw, o);
+        fill_from_osdev(hw, o, out);
         return 0;
     }
     if (last_busid(real, out->busid, sizeof out->busid)) {
