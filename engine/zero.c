@@ -263,9 +263,11 @@ static const float *src_params(void *ctx, int b)
     }
     float *mine = rk->gbuf[g] + (size_t)rk->rank * S;
     loc *l = fso_zero_locate(rk, b, FSO_KIND_PARAM);
+    const float *send = mine; /* this rank's shard, where the gather reads it */
     if (rk->ce.rc == 0) {
-        if (l->tier == FSO_TIER_DEVICE) {
-            be->ops->copy_h2d(be, mine, l->ptr, sizeof(float) * S); /* device to device */
+        if (l->tier == FSO_TIER_DEVICE ||
+            (l->tier == FSO_TIER_HOST && be->ops->host_addressable)) {
+            send = l->ptr; /* gathered straight from where it lives */
         } else if (l->tier == FSO_TIER_HOST) {
             be->ops->copy_h2d(be, mine, l->ptr, sizeof(float) * S);
         } else {
@@ -297,7 +299,7 @@ static const float *src_params(void *ctx, int b)
     }
     /* Every rank joins the gather even after a failure, so no rank waits
      * forever; the step is discarded afterwards. */
-    z->coll->ops->all_gather(z->coll, rk->rank, mine, rk->gbuf[g], S);
+    z->coll->ops->all_gather(z->coll, rk->rank, send, rk->gbuf[g], S);
     rk->gbuf_block[g] = b;
     rk->gbuf_refs[g] = 1;
     return rk->gbuf[g];
