@@ -22,6 +22,7 @@
 #include "util.h"
 
 #define MIB (1024.0 * 1024.0)
+#define ARENA_ROUND ((size_t)2 << 20)
 
 const char *const fso_zero_kind_names[FSO_N_KINDS] = {"parameters", "master weights", "AdamW m",
                                                     "AdamW v", "gradients"};
@@ -53,6 +54,83 @@ static void *arena_take(fso_zero *z, size_t bytes)
 static size_t round_page(size_t b)
 {
     return (b + STAGE_ALIGN - 1) & ~(size_t)(STAGE_ALIGN - 1);
+}
+
+/* Make [0, bytes) of the arena usable: commit the new part, lock or
+ * register it with CUDA as the configuration asks (a refusal is one warning
+ * and pageable memory), and tell the NVMe stores, whose registered buffers
+ * cover the arena. */
+static int arena_grow(fso_zero *z, size_t bytes, char *err, size_t errlen)
+{
+    char h1[32], h2[32];
+    bytes = (bytes + ARENA_ROUND - 1) / ARENA_ROUND * ARENA_ROUND;
+    if (bytes <= z->arena_bytes)
+        return 0;
+    if (bytes > z->arena_reserve) {
+        fso_human_bytes(h1, sizeof h1, (double)bytes);
+        fso_human_bytes(h2, sizeof h2, (double)z->arena_reserve);
+        snprintf(err, errlen, "host memory: the host arena would need %s, more than the %s "
+                              "reserved at start; restart with the new placement set in the "
+                              "configuration", h1, h2);
+        return -ENOMEM;
+    }
+    char *from = (char *)z->arena + z->arena_bytes;
+    size_t len = bytes - z->arena_bytes;
+    if (mprotect(from, len, PROT_READ | PROT_WRITE) != 0) {
+        fso_human_bytes(h1, sizeof h1, (double)len);
+        snprintf(err, errlen, "host memory: cannot commit %s more of the host arena: %s", h1,
+                 strerror(errno));
+        return -ENOMEM;
+    }
+    const bool first = z->arena_bytes == 0;
+#if FSO_HAVE_CUDA
+    if (z->cuda) {
+        char cerr[256] = "";
+        if (z->n_pinned + 1 < (int)(sizeof z->pinned_at / sizeof z->pinned_at[0]) &&
+            (first || z->pinned_at[z->n_pinned] == z->arena_bytes) &&
+            fso_cuda_host_register(from, len, cerr, sizeof cerr) == 0) {
+            z->pinned_at[z->n_pinned] = z->arena_bytes;
+            z->pinned_at[++z->n_pinned] = bytes;
+        } else if (first || z->pinned_at[z->n_pinned] == z->arena_bytes) {
+            fprintf(stderr, "fsoff: warning: pinning the host arena: %s; using pageable memory "
+                            "(slower copies)\n", cerr[0] ? cerr : "too many registrations");
+        }
+    } else
+#endif
+    if (z->cfg->offload.pin_memory && (first || z->arena_locked)) {
+        z->arena_locked = mlock(from, len) == 0;
+        if (!z->arena_locked) {
+            struct rlimit rl = {0};
+            getrlimit(RLIMIT_MEMLOCK, &rl);
+            fso_human_bytes(h1, sizeof h1, (double)rl.rlim_cur);
+            fso_human_bytes(h2, sizeof h2, (double)bytes);
+            fprintf(stderr, "fsoff: warning: pin_memory: RLIMIT_MEMLOCK is %s; pinning %s needs "
+                            "`ulimit -l unlimited` (or a larger limit); using pageable memory\n",
+                    rl.rlim_cur == RLIM_INFINITY ? "unlimited" : h1, h2);
+            if (!first)
+                munlock(z->arena, z->arena_bytes);
+        }
+    }
+    z->arena_bytes = bytes;
+    for (int r = 0; r < z->world && z->ranks; r++) {
+        fso_store *st = z->ranks[r].store;
+        if (st && st->ops->register_buffers &&
+            st->ops->register_buffers(st, z->arena, z->arena_bytes) < 0 && r == 0)
+            fprintf(stderr, "fsoff: warning: NVMe: %s; continuing with unregistered buffers "
+                            "(slower)\n", st->err);
+    }
+    return 0;
+}
+
+/* Give back the pages of [p, p+bytes) of the arena (state that moved
+ * elsewhere); CUDA-registered memory stays as it is. */
+static void arena_release(fso_zero *z, void *p, size_t bytes)
+{
+    if (z->n_pinned)
+        return;
+    if (z->arena_locked)
+        munlock(p, bytes);
+    madvise(p, bytes, MADV_DONTNEED);
 }
 
 /* ------------------------------------------------------------------ I/O */
@@ -208,7 +286,7 @@ static int prefetch_params(rank_state *rk)
     fso_zero *z = rk->z;
     if (z->tier[FSO_KIND_PARAM] != FSO_TIER_NVME)
         return 0;
-    int ahead = z->cfg->offload.prefetch_blocks;
+    int ahead = z->prefetch;
     for (int i = rk->order_pos; i < rk->order_pos + 1 + ahead && i < z->n_order; i++) {
         int b = z->order[i];
         /* never read a block the optimizer has not finished writing */
@@ -818,6 +896,46 @@ void fso_zero_describe(const fso_zero *z, char *buf, size_t len)
 
 
 
+/* Device rk's NVMe store over the folders the offload settings name,
+ * `capacity` bytes, its buffers registered over the arena. */
+static int open_store(fso_zero *z, rank_state *rk, const fso_offload_config *o,
+                      uint64_t capacity, char *err, size_t errlen)
+{
+    char paths[4096], prefix[64], serr[512] = "";
+    const char *src = o->optim_tier == FSO_TIER_NVME ? o->optim_nvme_path : o->param_nvme_path;
+    if (!src[0])
+        src = o->optim_nvme_path[0] ? o->optim_nvme_path : o->param_nvme_path;
+    fso_store_opts so = {0};
+    snprintf(paths, sizeof paths, "%s", src);
+    so.ndirs = fso_split_list(paths, ',', so.dirs, FSO_STORE_MAX_DIRS);
+    if (so.ndirs < 0) {
+        snprintf(err, errlen, "NVMe: %s: more than %d folders; stripe over at most %d", src,
+                 FSO_STORE_MAX_DIRS, FSO_STORE_MAX_DIRS);
+        return -E2BIG;
+    }
+    if (so.ndirs == 0) {
+        snprintf(err, errlen, "NVMe: state goes to NVMe but no folder is named; give --nvme DIR");
+        return -EINVAL;
+    }
+    so.capacity_bytes = capacity;
+    so.block_bytes = (size_t)o->aio_block_bytes;
+    so.queue_depth = o->aio_queue_depth;
+    so.direct = true;
+    snprintf(prefix, sizeof prefix, "fsoff-dev%d", rk->rank);
+    so.file_prefix = prefix;
+    int rc = fso_store_open_uring(&rk->store, &so, serr, sizeof serr);
+    if (rc < 0) {
+        snprintf(err, errlen, "NVMe: %s", serr);
+        return rc;
+    }
+    if (rk->store->ops->register_buffers && z->arena_bytes &&
+        rk->store->ops->register_buffers(rk->store, z->arena, z->arena_bytes) < 0 &&
+        rk->rank == 0)
+        fprintf(stderr, "fsoff: warning: NVMe: %s; continuing with unregistered buffers "
+                        "(slower)\n", rk->store->err);
+    return 0;
+}
+
 int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t errlen)
 {
     fso_zero *z = calloc(1, sizeof *z);
@@ -833,6 +951,7 @@ int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t err
     for (int k = FSO_KIND_MASTER; k < FSO_N_KINDS; k++)
         z->tier[k] = cfg->offload.optim_tier;
     z->alias_params = z->world == 1 && z->tier[FSO_KIND_PARAM] == FSO_TIER_DEVICE;
+    z->prefetch = cfg->offload.prefetch_blocks;
     if (fso_adamw_select(FSO_ISA_AUTO, &z->adamw) < 0)
         z->adamw = NULL; /* the scalar reference */
     if (cfg->offload.prefetch_blocks + 2 > MAX_PARAM_SLOTS) {
@@ -969,38 +1088,27 @@ int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t err
         goto fail;
     }
 
-    /* ---- the host arena: one for all devices */
-    if (z->arena_bytes) {
-        z->arena = mmap(NULL, z->arena_bytes, PROT_READ | PROT_WRITE,
-                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-        if (z->arena == MAP_FAILED) {
-            z->arena = NULL;
-            fso_human_bytes(h1, sizeof h1, (double)z->arena_bytes);
-            snprintf(err, errlen, "host memory: cannot map the %s host arena: %s", h1,
-                     strerror(errno));
-            rc = -ENOMEM;
+    /* ---- the host arena: one for all devices. Twice what every kind on
+     * the host would need is reserved (address space only), so that
+     * re-plans can grow it in place. */
+    z->arena_reserve = 2 * ((5 * shard_bytes_total + slot_bytes * (MAX_PARAM_SLOTS + 2) +
+                             chunk_bytes * 2 * FSO_N_KINDS) * (size_t)z->world) + ARENA_ROUND;
+    z->arena_reserve = (z->arena_reserve + ARENA_ROUND - 1) / ARENA_ROUND * ARENA_ROUND;
+    z->arena = mmap(NULL, z->arena_reserve, PROT_NONE,
+                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (z->arena == MAP_FAILED) {
+        z->arena = NULL;
+        fso_human_bytes(h1, sizeof h1, (double)z->arena_reserve);
+        snprintf(err, errlen, "host memory: cannot reserve %s of address space for the host "
+                              "arena: %s; check ulimit -v", h1, strerror(errno));
+        rc = -ENOMEM;
+        goto fail;
+    }
+    {
+        size_t want = z->arena_bytes;
+        z->arena_bytes = 0;
+        if ((rc = arena_grow(z, want, err, errlen)) < 0)
             goto fail;
-        }
-#if FSO_HAVE_CUDA
-        if (z->cuda) {
-            char cerr[256] = "";
-            int prc = fso_cuda_host_register(z->arena, z->arena_bytes, cerr, sizeof cerr);
-            if (prc == 0)
-                z->arena_pinned = true;
-            else
-                fprintf(stderr, "fsoff: warning: pinning the host arena: %s; using pageable "
-                                "memory (slower copies)\n", cerr);
-        } else
-#endif
-        if (cfg->offload.pin_memory && mlock(z->arena, z->arena_bytes) != 0) {
-            struct rlimit rl = {0};
-            getrlimit(RLIMIT_MEMLOCK, &rl);
-            fso_human_bytes(h1, sizeof h1, (double)rl.rlim_cur);
-            fso_human_bytes(h2, sizeof h2, (double)z->arena_bytes);
-            fprintf(stderr, "fsoff: warning: pin_memory: RLIMIT_MEMLOCK is %s; pinning %s needs "
-                            "`ulimit -l unlimited` (or a larger limit); using pageable memory\n",
-                    rl.rlim_cur == RLIM_INFINITY ? "unlimited" : h1, h2);
-        }
     }
 
     /* ---- per rank: shards, buffers, store */
@@ -1044,7 +1152,7 @@ int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t err
                 snprintf(err, errlen, "device memory: %s", be->err);
                 goto fail;
             }
-        rk->n_pslots = n_pslots;
+        rk->n_pslots = rk->n_pslots_buf = n_pslots;
         for (int j = 0; j < n_pslots; j++) {
             rk->pslots[j].buf = arena_take(z, slot_bytes);
             rk->pslots[j].block = -1;
@@ -1064,7 +1172,7 @@ int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t err
             goto fail;
         }
         /* the optimizer's threads near the memory they update (best effort) */
-        if (z->arena)
+        if (z->arena_bytes)
             fso_optpool_bind(rk->opt_pool,
                              fso_optpool_node_of(rk->opt_pool, z->arena, z->arena_bytes), false);
         if (cfg->optimizer_overlap != FSO_OVERLAP_NONE && (rc = fso_zero_optim_start(rk)) < 0) {
@@ -1073,36 +1181,9 @@ int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t err
             goto fail;
         }
 
-        if (nvme) {
-            char paths[4096], prefix[64];
-            const char *src = cfg->offload.optim_tier == FSO_TIER_NVME
-                                  ? cfg->offload.optim_nvme_path : cfg->offload.param_nvme_path;
-            fso_store_opts so = {0};
-            snprintf(paths, sizeof paths, "%s", src);
-            so.ndirs = fso_split_list(paths, ',', so.dirs, FSO_STORE_MAX_DIRS);
-            if (so.ndirs < 0) {
-                snprintf(err, errlen, "NVMe: %s: more than %d folders; stripe over at most %d",
-                         src, FSO_STORE_MAX_DIRS, FSO_STORE_MAX_DIRS);
-                rc = -E2BIG;
-                goto fail;
-            }
-            so.capacity_bytes = nvme_off;
-            so.block_bytes = (size_t)cfg->offload.aio_block_bytes;
-            so.queue_depth = cfg->offload.aio_queue_depth;
-            so.direct = true;
-            snprintf(prefix, sizeof prefix, "fsoff-dev%d", r);
-            so.file_prefix = prefix;
-            char serr[512] = "";
-            if ((rc = fso_store_open_uring(&rk->store, &so, serr, sizeof serr)) < 0) {
-                snprintf(err, errlen, "NVMe: %s", serr);
-                goto fail;
-            }
-            if (rk->store->ops->register_buffers && z->arena &&
-                rk->store->ops->register_buffers(rk->store, z->arena, z->arena_bytes) < 0 &&
-                r == 0)
-                fprintf(stderr, "fsoff: warning: NVMe: %s; continuing with unregistered "
-                                "buffers (slower)\n", rk->store->err);
-        }
+        rk->nvme_end = nvme_off;
+        if (nvme && (rc = open_store(z, rk, &cfg->offload, nvme_off, err, errlen)) < 0)
+            goto fail;
     }
     if (z->cuda) {
 #if FSO_HAVE_CUDA
@@ -1153,6 +1234,258 @@ fail:
     return rc < 0 ? rc : -ENOMEM;
 }
 
+/* ------------------------------------------------------------------ re-plan */
+
+typedef struct retier_job {
+    loc *fresh[FSO_N_KINDS];     /* per moved kind: the new place of every block */
+    float *gbuf[2];              /* gather window allocated for leaving the alias */
+    bool opened_store;
+} retier_job;
+
+/* What phase 1 took, given back when it fails. */
+static void retier_undo(rank_state *rk, retier_job *j)
+{
+    fso_backend *be = rk->be;
+    for (int k = 0; k < FSO_N_KINDS; k++) {
+        for (int b = 0; j->fresh[k] && b < rk->z->n_blocks; b++) {
+            loc *l = &j->fresh[k][b];
+            if (l->tier == FSO_TIER_DEVICE)
+                be->ops->buf_free(be, l->ptr);
+            else if (l->tier == FSO_TIER_HOST && l->ptr)
+                arena_release(rk->z, l->ptr,
+                              round_page(sizeof(float) * fso_zero_shard_elems(rk->z, b)));
+        }
+        free(j->fresh[k]);
+        j->fresh[k] = NULL;
+    }
+    for (int g = 0; g < 2; g++)
+        be->ops->buf_free(be, j->gbuf[g]);
+    if (j->opened_store) {
+        fso_store_destroy(rk->store);
+        rk->store = NULL;
+    }
+}
+
+/* Copy shard (b, k) from where it is to `to` through the rank's staging
+ * buffer; its bytes are added to *moved. */
+static int retier_copy(rank_state *rk, int b, fso_kind k, const loc *to, uint64_t *moved)
+{
+    uint64_t io = 0;
+    loc *l = fso_zero_locate(rk, b, k);
+    slot *s = &rk->gslot;
+    size_t S = fso_zero_shard_elems(rk->z, b);
+    float *p;
+    int rc = fso_zero_xfer(rk, &rk->ce, &io, b, k, 0, S, s, false, false, &p);
+    if (rc == 0)
+        rc = fso_zero_slot_wait(rk, &rk->ce, s, fso_zero_kind_names[k], b);
+    if (rc < 0)
+        return rc;
+    loc old = *l;
+    *l = *to;
+    p = s->buf;
+    rc = fso_zero_xfer(rk, &rk->ce, &io, b, k, 0, S, s, true, false, &p);
+    if (rc == 0)
+        rc = fso_zero_slot_wait(rk, &rk->ce, s, fso_zero_kind_names[k], b);
+    *l = old;
+    if (rc == 0)
+        *moved += sizeof(float) * S;
+    return rc;
+}
+
+int fso_zero_retier(fso_zero *z, const fso_offload_config *o, uint64_t *bytes_moved, char *err,
+                    size_t errlen)
+{
+    char h1[32], h2[32];
+    fso_tier want[FSO_N_KINDS];
+    want[FSO_KIND_PARAM] = o->param_tier;
+    for (int k = FSO_KIND_MASTER; k < FSO_N_KINDS; k++)
+        want[k] = o->optim_tier;
+    *bytes_moved = 0;
+    if (o->prefetch_blocks < 0 || o->prefetch_blocks + 2 > MAX_PARAM_SLOTS) {
+        snprintf(err, errlen, "re-plan: prefetch depth %d: must be 0 to %d", o->prefetch_blocks,
+                 MAX_PARAM_SLOTS - 2);
+        return -EINVAL;
+    }
+    const bool alias = z->world == 1 && want[FSO_KIND_PARAM] == FSO_TIER_DEVICE;
+    const int n_ps = want[FSO_KIND_PARAM] == FSO_TIER_NVME ? o->prefetch_blocks + 2 : 0;
+    const size_t slot_bytes = round_page(sizeof(float) * z->max_shard);
+
+    /* between steps: no update running, no I/O in flight */
+    for (int r = 0; r < z->world; r++) {
+        rank_state *rk = &z->ranks[r];
+        rk->ce.rc = 0;
+        if (fso_zero_optim_wait_all(rk) < 0) {
+            snprintf(err, errlen, "re-plan: %s", rk->ce.msg);
+            return rk->ce.rc;
+        }
+        drain_slots(rk, true);
+    }
+
+    /* what each device gains on each tier (the same on every device) */
+    size_t add[3] = {0};
+    for (int k = 0; k < FSO_N_KINDS; k++)
+        if (want[k] != z->tier[k])
+            for (int b = 0; b < z->n_blocks; b++)
+                add[want[k]] += round_page(sizeof(float) * fso_zero_shard_elems(z, b));
+    if (z->alias_params && !alias)
+        add[FSO_TIER_DEVICE] += 2 * sizeof(float) * z->max_padded;
+    int more_slots = n_ps - z->ranks[0].n_pslots_buf;
+    if (more_slots > 0)
+        add[FSO_TIER_HOST] += slot_bytes * (size_t)more_slots;
+    if (add[FSO_TIER_DEVICE] == 0 && add[FSO_TIER_HOST] == 0 && add[FSO_TIER_NVME] == 0 &&
+        memcmp(want, z->tier, sizeof want) == 0) {
+        z->prefetch = o->prefetch_blocks;
+        for (int r = 0; r < z->world; r++)
+            z->ranks[r].n_pslots = n_ps;
+        return 0;
+    }
+    for (int r = 0; r < z->world; r++) {
+        fso_backend *be = z->ranks[r].be;
+        if (be->mem_cap_bytes && be->mem_used_bytes + add[FSO_TIER_DEVICE] > be->mem_cap_bytes) {
+            fso_human_bytes(h1, sizeof h1, (double)add[FSO_TIER_DEVICE]);
+            fso_human_bytes(h2, sizeof h2, (double)(be->mem_cap_bytes - be->mem_used_bytes));
+            snprintf(err, errlen, "re-plan: device memory: device %d would need %s more and has "
+                                  "%s free", r, h1, h2);
+            return -ENOMEM;
+        }
+    }
+    if (add[FSO_TIER_HOST]) {
+        size_t host = add[FSO_TIER_HOST] * (size_t)z->world;
+        uint64_t avail = fso_mem_available_bytes();
+        if (avail && host > avail) {
+            fso_human_bytes(h1, sizeof h1, (double)host);
+            fso_human_bytes(h2, sizeof h2, (double)avail);
+            snprintf(err, errlen, "re-plan: host memory: the move needs %s and %s is available",
+                     h1, h2);
+            return -ENOMEM;
+        }
+        size_t used = (z->arena_used + STAGE_ALIGN - 1) & ~(size_t)(STAGE_ALIGN - 1);
+        int rc = arena_grow(z, used + host, err, errlen);
+        if (rc < 0)
+            return rc;
+    }
+
+    /* phase 1: every moved shard copied to its new place; nothing let go */
+    retier_job *jobs = calloc((size_t)(z->world > 0 ? z->world : 1), sizeof *jobs);
+    if (!jobs) {
+        snprintf(err, errlen, "re-plan: out of host memory");
+        return -ENOMEM;
+    }
+    int rc = 0;
+    for (int r = 0; r < z->world && rc == 0; r++) {
+        rank_state *rk = &z->ranks[r];
+        fso_backend *be = rk->be;
+        retier_job *j = &jobs[r];
+        if (add[FSO_TIER_NVME]) {
+            if (rk->store)
+                rc = fso_store_grow(rk->store, rk->nvme_end + add[FSO_TIER_NVME]);
+            else if ((rc = open_store(z, rk, o, add[FSO_TIER_NVME], err, errlen)) == 0)
+                j->opened_store = true;
+            if (rc < 0) {
+                if (!j->opened_store && rk->store && rk->store->err[0])
+                    snprintf(err, errlen, "NVMe: %s", rk->store->err);
+                j->opened_store = false;
+                break;
+            }
+        }
+        for (int g = 0; g < 2 && z->alias_params && !alias && rc == 0; g++)
+            if ((rc = be->ops->buf_alloc(be, sizeof(float) * z->max_padded,
+                                         (void **)&j->gbuf[g])) < 0)
+                snprintf(err, errlen, "device memory: %s", be->err);
+        uint64_t nvme_off = rk->nvme_end;
+        for (int k = 0; k < FSO_N_KINDS && rc == 0; k++) {
+            if (want[k] == z->tier[k])
+                continue;
+            if (!(j->fresh[k] = calloc((size_t)z->n_blocks, sizeof(loc)))) {
+                snprintf(err, errlen, "out of host memory");
+                rc = -ENOMEM;
+                break;
+            }
+            for (int b = 0; b < z->n_blocks && rc == 0; b++) {
+                loc *to = &j->fresh[k][b];
+                size_t bytes = round_page(sizeof(float) * fso_zero_shard_elems(z, b));
+                to->tier = want[k];
+                if (to->tier == FSO_TIER_DEVICE) {
+                    if ((rc = be->ops->buf_alloc(be, bytes, (void **)&to->ptr)) < 0) {
+                        snprintf(err, errlen, "device memory: %s", be->err);
+                        break;
+                    }
+                } else if (to->tier == FSO_TIER_HOST) {
+                    to->ptr = arena_take(z, bytes);
+                } else {
+                    to->off = nvme_off;
+                    nvme_off += bytes;
+                }
+                if ((rc = retier_copy(rk, b, (fso_kind)k, to, bytes_moved)) < 0)
+                    snprintf(err, errlen, "%s", rk->ce.msg);
+            }
+        }
+    }
+    if (rc < 0) {
+        for (int r = 0; r < z->world; r++) {
+            drain_slots(&z->ranks[r], true);
+            retier_undo(&z->ranks[r], &jobs[r]);
+            z->ranks[r].ce.rc = 0;
+        }
+        free(jobs);
+        char why[512];
+        snprintf(why, sizeof why, "%s", err);
+        snprintf(err, errlen, "re-plan: the placement stays as it was: %s", why);
+        return rc;
+    }
+
+    /* phase 2: switch every device to the new places, let the old ones go */
+    for (int r = 0; r < z->world; r++) {
+        rank_state *rk = &z->ranks[r];
+        fso_backend *be = rk->be;
+        retier_job *j = &jobs[r];
+        for (int k = 0; k < FSO_N_KINDS; k++) {
+            if (!j->fresh[k])
+                continue;
+            for (int b = 0; b < z->n_blocks; b++) {
+                loc *l = fso_zero_locate(rk, b, k);
+                size_t bytes = round_page(sizeof(float) * fso_zero_shard_elems(z, b));
+                if (l->tier == FSO_TIER_DEVICE)
+                    be->ops->buf_free(be, l->ptr);
+                else if (l->tier == FSO_TIER_HOST)
+                    arena_release(z, l->ptr, bytes);
+                *l = j->fresh[k][b];
+            }
+            free(j->fresh[k]);
+        }
+        rk->nvme_end += add[FSO_TIER_NVME];
+        if (z->alias_params && !alias) {
+            rk->gbuf[0] = j->gbuf[0];
+            rk->gbuf[1] = j->gbuf[1];
+        } else if (!z->alias_params && alias) {
+            for (int g = 0; g < 2; g++) {
+                be->ops->buf_free(be, rk->gbuf[g]);
+                rk->gbuf[g] = NULL;
+            }
+        }
+        for (int q = rk->n_pslots_buf; q < n_ps; q++) {
+            rk->pslots[q].buf = arena_take(z, slot_bytes);
+            rk->pslots[q].block = -1;
+        }
+        if (n_ps > rk->n_pslots_buf)
+            rk->n_pslots_buf = n_ps;
+        rk->n_pslots = n_ps;
+        bool on_nvme = false;
+        for (int k = 0; k < FSO_N_KINDS; k++)
+            on_nvme |= want[k] == FSO_TIER_NVME;
+        if (!on_nvme && rk->store) { /* nothing left there: give the space back */
+            fso_store_destroy(rk->store);
+            rk->store = NULL;
+            rk->nvme_end = 0;
+        }
+    }
+    free(jobs);
+    memcpy(z->tier, want, sizeof want);
+    z->alias_params = alias;
+    z->prefetch = o->prefetch_blocks;
+    return 0;
+}
+
 void fso_zero_destroy(fso_zero *z)
 {
     if (!z)
@@ -1185,11 +1518,12 @@ void fso_zero_destroy(fso_zero *z)
         fso_backend_destroy(rk->be);
     }
 #if FSO_HAVE_CUDA
-    if (z->arena_pinned)
-        fso_cuda_host_unregister(z->arena, z->arena_bytes);
+    for (int i = 0; i < z->n_pinned; i++)
+        fso_cuda_host_unregister((char *)z->arena + z->pinned_at[i],
+                                 z->pinned_at[i + 1] - z->pinned_at[i]);
 #endif
     if (z->arena)
-        munmap(z->arena, z->arena_bytes);
+        munmap(z->arena, z->arena_reserve);
     fso_coll_destroy(z->coll);
     free(z->ranks);
     free(z->blocks);

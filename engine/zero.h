@@ -73,6 +73,19 @@ int fso_zero_step_run(fso_zero *z, int64_t step, const int32_t *inputs, const in
  * the time waited (exposed optimizer time), or negative errno with err. */
 int fso_zero_finish(fso_zero *z, double *waited_ms, char *err, size_t errlen);
 
+/* A new placement while training (the re-plan, DESIGN §6): parameters on
+ * o->param_tier, the optimizer state (master, m, v, gradients) on
+ * o->optim_tier, o->prefetch_blocks read ahead; NVMe folders from o when
+ * state moves to NVMe and none was open. Call between steps, after
+ * fso_zero_finish. Every moved shard is copied to its new place before any
+ * old one is let go, so on failure (a tier too small, an I/O error) the
+ * placement is as it was and training can go on; err says why. Training
+ * continues with the same bits as on the old placement (same device
+ * count). *bytes_moved: the bytes of state that changed tier (all devices).
+ * 0 or negative errno with err. */
+int fso_zero_retier(fso_zero *z, const fso_offload_config *o, uint64_t *bytes_moved, char *err,
+                    size_t errlen);
+
 /* Parameters in HF order (n_params floats), from or to the sharded state
  * (the working parameters and the master both). */
 int fso_zero_load_hf(fso_zero *z, const float *hf, char *err, size_t errlen);

@@ -48,6 +48,7 @@ typedef struct rank_state {
     fso_backend *be;
     fso_model model;
     fso_store *store;
+    uint64_t nvme_end;           /* end of the store's extents in use */
     loc *locs;                   /* [block * FSO_N_KINDS + kind] */
     /* device buffers */
     float *gbuf[2];              /* gathered parameters (max_padded) */
@@ -56,7 +57,8 @@ typedef struct rank_state {
     int gradbuf_block[2];
     /* host staging */
     slot pslots[MAX_PARAM_SLOTS];/* parameter prefetch ring */
-    int n_pslots;
+    int n_pslots;                /* in use: prefetch + 2 when parameters are on NVMe */
+    int n_pslots_buf;            /* with a buffer (a re-plan may use fewer) */
     slot gslot;                  /* gradient shard round trips */
     int order_pos;               /* position in z->order of the next params() */
     int micro;                   /* micro-batch index within the step */
@@ -97,14 +99,22 @@ struct fso_zero {
     rank_state *ranks;
     fso_tier tier[FSO_N_KINDS];
     bool alias_params;           /* world 1, parameters on the device: lend the shard itself */
+    /* The host arena: `arena_reserve` bytes of address space reserved at
+     * start (nothing committed), of which [0, arena_bytes) is usable
+     * (committed, locked or registered with CUDA as asked) and
+     * [0, arena_used) handed out. A re-plan that moves state to the host
+     * grows arena_bytes in place, so pointers into it stay valid. */
     void *arena;
-    size_t arena_bytes, arena_used;
+    size_t arena_reserve, arena_bytes, arena_used;
+    int n_pinned;                /* CUDA registrations: [pinned_at[i], pinned_at[i+1]) */
+    size_t pinned_at[17];
+    bool arena_locked;           /* [0, arena_bytes) mlock'ed */
     int *order;                  /* blocks in the order params() asks for them */
     int n_order;
     int64_t step;                /* optimizer steps taken (AdamW t) */
+    int prefetch;                /* blocks read ahead (train.prefetch_blocks, or the plan's) */
     const fso_adamw_kernel *adamw; /* the widest AdamW kernel this CPU runs */
     bool cuda;                   /* devices are CUDA GPUs */
-    bool arena_pinned;           /* registered with CUDA */
 };
 
 

@@ -74,3 +74,13 @@ int fso_store_write(fso_store *s, const void *buf, size_t len, uint64_t off)
 {
     return store_wait_one(s, "write", (void *)buf, len, off);
 }
+
+int fso_store_grow(fso_store *s, uint64_t capacity_bytes)
+{
+    if (capacity_bytes <= s->capacity_bytes)
+        return 0;
+    if (s->inflight)
+        return fso_store_fail(s, -EBUSY, "%s store: growing while %d requests are in flight; "
+                              "reap them first", s->ops->name, s->inflight);
+    return s->ops->grow(s, capacity_bytes);
+}

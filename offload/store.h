@@ -51,6 +51,11 @@ typedef struct fso_store_ops {
      * (io_uring registers it and uses fixed-buffer reads and writes).
      * Optional: may be NULL. Returns 0 or -errno. */
     int (*register_buffers)(fso_store *s, void *base, size_t len);
+    /* Make [0, capacity_bytes) usable, keeping what [0, old capacity) holds
+     * (a re-plan that moves more state here). The store must be idle.
+     * 0, or -errno with the message in s->err (-ENOSPC names the folder and
+     * what is free). */
+    int (*grow)(fso_store *s, uint64_t capacity_bytes);
     /* Test hook, optional (NULL where the store has no resubmission path):
      * the nth read prepared from now has its first transfer cut short, so
      * the store's own short-transfer resubmission runs. Returns 0 or -errno. */
@@ -115,6 +120,9 @@ void fso_store_destroy(fso_store *s);
  * store must be idle (no requests in flight; -EBUSY otherwise).
  * Return 0 or -errno (message in s->err). */
 int fso_store_read(fso_store *s, void *buf, size_t len, uint64_t off);
+/* Grow to capacity_bytes (no-op when already that large); the store must
+ * be idle. 0 or -errno (message in s->err). */
+int fso_store_grow(fso_store *s, uint64_t capacity_bytes);
 int fso_store_write(fso_store *s, const void *buf, size_t len, uint64_t off);
 
 /* For implementations (store.c). */

@@ -211,6 +211,16 @@ static int fault_register_buffers(fso_store *s, void *base, size_t len)
     return rc < 0 ? fault_inner_error(s, rc) : 0;
 }
 
+static int fault_grow(fso_store *s, uint64_t capacity_bytes)
+{
+    fault_ctx *c = s->ctx;
+    int rc = fso_store_grow(c->inner, capacity_bytes);
+    if (rc < 0)
+        return fault_inner_error(s, rc);
+    s->capacity_bytes = c->inner->capacity_bytes;
+    return 0;
+}
+
 static void fault_destroy(fso_store *s)
 {
     fault_ctx *c = s->ctx;
@@ -233,6 +243,7 @@ static const fso_store_ops fault_ops = {
     .reap = fault_reap,
     .register_buffers = fault_register_buffers,
     .inject_short_read = NULL,
+    .grow = fault_grow,
     .destroy = fault_destroy,
 };
 

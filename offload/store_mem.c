@@ -91,6 +91,25 @@ static int mem_reap(fso_store *s, fso_io *out, int max, int min_complete)
     return n;
 }
 
+static int mem_grow(fso_store *s, uint64_t capacity_bytes)
+{
+    mem_ctx *c = s->ctx;
+    if (capacity_bytes > SIZE_MAX - 4096)
+        return fso_store_fail(s, -EINVAL, "mem store: capacity %llu is too large",
+                              (unsigned long long)capacity_bytes);
+    size_t bytes = ((size_t)capacity_bytes + 4095) & ~(size_t)4095;
+    if (bytes > c->map_bytes) {
+        void *p = mremap(c->base, c->map_bytes, bytes, MREMAP_MAYMOVE);
+        if (p == MAP_FAILED)
+            return fso_store_fail(s, -ENOMEM, "mem store: growing to %zu bytes: %s", bytes,
+                                  strerror(errno));
+        c->base = p;
+        c->map_bytes = bytes;
+    }
+    s->capacity_bytes = capacity_bytes;
+    return 0;
+}
+
 static void mem_destroy(fso_store *s)
 {
     mem_ctx *c = s->ctx;
@@ -108,6 +127,7 @@ static const fso_store_ops mem_ops = {
     .reap = mem_reap,
     .register_buffers = NULL,
     .inject_short_read = NULL,
+    .grow = mem_grow,
     .destroy = mem_destroy,
 };
 

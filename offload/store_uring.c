@@ -410,6 +410,8 @@ static void uring_destroy(fso_store *s)
     free(s);
 }
 
+static int uring_grow(fso_store *s, uint64_t capacity_bytes);
+
 static const fso_store_ops uring_ops = {
     .name = "uring",
     .prep_read = uring_prep_read,
@@ -418,6 +420,7 @@ static const fso_store_ops uring_ops = {
     .reap = uring_reap,
     .register_buffers = uring_register_buffers,
     .inject_short_read = uring_inject_short_read,
+    .grow = uring_grow,
     .destroy = uring_destroy,
 };
 
@@ -450,6 +453,24 @@ static int space_error(char *err, size_t errlen, const char *dir, uint64_t need,
     OPEN_FAIL(-ENOSPC, "%s: not enough space: the store needs %s here (%s over %d folder%s), %s is "
               "free; free some space, lower the capacity or add folders to --nvme",
               dir, n, cap, ndirs, ndirs == 1 ? "" : "s", f);
+}
+
+/* Preallocate [0, bytes) of folder i's file (it holds file_bytes now). */
+static int uring_extend(uring_ctx *c, int i, const char *dir, uint64_t bytes, uint64_t capacity,
+                        char *err, size_t errlen)
+{
+    uint64_t avail = dir_free_bytes(dir);
+    uint64_t more = bytes > c->file_bytes ? bytes - c->file_bytes : 0;
+    if ((avail != UINT64_MAX && more > avail) || bytes > (uint64_t)INT64_MAX)
+        return space_error(err, errlen, dir, bytes, capacity, c->ndirs);
+    int e = fallocate(c->fds[i], 0, 0, (off_t)bytes) == 0 ? 0 : errno;
+    if (e == EOPNOTSUPP || e == ENOSYS)
+        e = posix_fallocate(c->fds[i], 0, (off_t)bytes);
+    if (e == ENOSPC || e == EDQUOT || e == EFBIG)
+        return space_error(err, errlen, dir, bytes, capacity, c->ndirs);
+    if (e)
+        OPEN_FAIL(-e, "%s: preallocating %s: %s", dir, c->path[i], strerror(e));
+    return 0;
 }
 
 static int uring_open_file(fso_store *s, uring_ctx *c, int i, const fso_store_opts *o,
@@ -499,19 +520,11 @@ static int uring_open_file(fso_store *s, uring_ctx *c, int i, const fso_store_op
         }
     }
 
-    uint64_t avail = dir_free_bytes(dir);
-    if (avail != UINT64_MAX && c->file_bytes > avail)
-        return space_error(err, errlen, dir, c->file_bytes, s->capacity_bytes, c->ndirs);
-    if (c->file_bytes > (uint64_t)INT64_MAX)
-        return space_error(err, errlen, dir, c->file_bytes, s->capacity_bytes, c->ndirs);
-    int e = fallocate(fd, 0, 0, (off_t)c->file_bytes) == 0 ? 0 : errno;
-    if (e == EOPNOTSUPP || e == ENOSYS)
-        e = posix_fallocate(fd, 0, (off_t)c->file_bytes);
-    if (e == ENOSPC || e == EDQUOT || e == EFBIG)
-        return space_error(err, errlen, dir, c->file_bytes, s->capacity_bytes, c->ndirs);
-    if (e)
-        OPEN_FAIL(-e, "%s: preallocating %s: %s", dir, c->path[i], strerror(e));
-    return 0;
+    uint64_t want = c->file_bytes;
+    c->file_bytes = 0; /* nothing preallocated yet */
+    int rc = uring_extend(c, i, dir, want, s->capacity_bytes, err, errlen);
+    c->file_bytes = want;
+    return rc;
 }
 
 static int uring_alloc_queues(uring_ctx *c)
@@ -629,5 +642,32 @@ int fso_store_open_uring(fso_store **out, const fso_store_opts *opts, char *err,
         return rc;
     }
     *out = s;
+    return 0;
+}
+
+/* Files grow in place: the layout (stripe k in folder k % ndirs at
+ * (k / ndirs) * block_bytes) does not depend on the capacity, so every
+ * address keeps its bytes. */
+static int uring_grow(fso_store *s, uint64_t capacity_bytes)
+{
+    uring_ctx *c = s->ctx;
+    uint64_t stripes = (capacity_bytes + c->block_bytes - 1) / c->block_bytes;
+    uint64_t per_dir = (stripes + (uint64_t)c->ndirs - 1) / (uint64_t)c->ndirs;
+    uint64_t bytes = per_dir * c->block_bytes;
+    char err[2 * PATH_MAX + 128];
+    if (bytes > c->file_bytes) {
+        for (int i = 0; i < c->ndirs; i++) {
+            char dir[PATH_MAX];
+            snprintf(dir, sizeof dir, "%s", c->path[i]);
+            char *slash = strrchr(dir, '/');
+            if (slash)
+                *slash = 0;
+            int rc = uring_extend(c, i, dir, bytes, capacity_bytes, err, sizeof err);
+            if (rc < 0)
+                return fso_store_fail(s, rc, "%s", err);
+        }
+        c->file_bytes = bytes;
+    }
+    s->capacity_bytes = capacity_bytes;
     return 0;
 }

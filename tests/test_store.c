@@ -231,6 +231,51 @@ static void test_uring_stripes_over_three_folders(void **state)
     fso_store_destroy(s);
 }
 
+/* Growing keeps every byte where it was and makes the new range usable;
+ * a capacity the folders cannot hold fails naming the folder, and the
+ * store goes on as it was. */
+static void check_grow(fso_store *s, const char *dir)
+{
+    const size_t n = s->capacity_bytes;
+    uint8_t *src = xalloc(3 * n), *dst = xalloc(3 * n);
+    fill_random(src, 3 * n, 5);
+    size_t sizes[] = {64 * KiB};
+    transfer(s, true, src, n, sizes, 1);
+    assert_int_equal(fso_store_grow(s, 3 * n), 0);
+    assert_int_equal(s->capacity_bytes, 3 * n);
+    transfer(s, true, src + n, 2 * n, sizes, 1); /* written as [0, 2n) ... */
+    transfer(s, false, dst, n, sizes, 1);        /* ... so [0, n) is the second part */
+    assert_memory_equal(dst, src + n, n);
+    /* the new range, at its own addresses */
+    assert_int_equal(fso_store_write(s, src, 64 * KiB, 2 * n), 0);
+    assert_int_equal(fso_store_read(s, dst, 64 * KiB, 2 * n), 0);
+    assert_memory_equal(dst, src, 64 * KiB);
+    assert_int_equal(fso_store_grow(s, n), 0); /* never shrinks */
+    assert_int_equal(s->capacity_bytes, 3 * n);
+    if (dir) {
+        struct statvfs v;
+        assert_int_equal(statvfs(dir, &v), 0);
+        uint64_t avail = (uint64_t)v.f_bavail * v.f_frsize;
+        assert_int_equal(fso_store_grow(s, avail + ((uint64_t)1 << 40)), -ENOSPC);
+        assert_non_null(strstr(s->err, dir));
+        assert_non_null(strstr(s->err, "not enough space"));
+        assert_int_equal(s->capacity_bytes, 3 * n);
+        assert_int_equal(fso_store_read(s, dst, 64 * KiB, 2 * n), 0);
+        assert_memory_equal(dst, src, 64 * KiB);
+    }
+    free(src);
+    free(dst);
+}
+
+static void test_uring_grows_in_place(void **state)
+{
+    fx *f = *state;
+    fso_store_opts o = opts_for(f, 2, 1 * MiB, 64 * KiB, 8);
+    fso_store *s = open_uring(&o);
+    check_grow(s, f->dirs[0]);
+    fso_store_destroy(s);
+}
+
 /* The checks every store makes, whatever it is. */
 static void check_rejects_bad_requests(fso_store *s)
 {
@@ -642,6 +687,15 @@ static void test_mem_round_trip(void **state)
     fso_store_destroy(s);
 }
 
+static void test_mem_grows_in_place(void **state)
+{
+    (void)state;
+    fso_store *s = NULL;
+    assert_int_equal(fso_store_open_mem(&s, 1 * MiB, 4096), 0);
+    check_grow(s, NULL);
+    fso_store_destroy(s);
+}
+
 static void test_mem_rejects_like_uring(void **state)
 {
     (void)state;
@@ -819,6 +873,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_open_rejects_bad_options, setup_dirs, teardown_dirs),
         cmocka_unit_test(test_tmpfs_falls_back_to_buffered_with_one_warning),
         cmocka_unit_test(test_mem_round_trip),
+        cmocka_unit_test(test_mem_grows_in_place),
+        cmocka_unit_test_setup_teardown(test_uring_grows_in_place, setup_dirs, teardown_dirs),
         cmocka_unit_test(test_mem_rejects_like_uring),
         cmocka_unit_test(test_mem_completes_at_reap_not_before),
         cmocka_unit_test_setup_teardown(test_faults_read_eio, setup_dirs, teardown_dirs),

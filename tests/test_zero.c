@@ -70,6 +70,8 @@ typedef struct run_result {
 } run_result;
 
 typedef void (*hook_fn)(fso_trainer *tr);
+/* Called after each step s (from 1) of run(), when set. */
+static void (*g_between)(fso_trainer *tr, int s);
 
 static void run(const fso_config *cfg, hook_fn hook, run_result *out)
 {
@@ -96,6 +98,8 @@ static void run(const fso_config *cfg, hook_fn hook, run_result *out)
         out->loss[s] = st.loss;
         out->norm[s] = st.grad_norm;
         out->nvme_read += st.nvme_read_bytes;
+        if (g_between && out->rc == 0)
+            g_between(&tr, s + 1);
     }
     out->np = fso_zero_model(tr.zero)->n_params;
     out->params = malloc(sizeof(float) * out->np);
@@ -411,6 +415,137 @@ static void test_tmpfs_falls_back_to_buffered(void **state)
     free(b.params);
 }
 
+/* Re-plans while training: every move of parameters and optimizer state
+ * between the tiers, and prefetch depth changes, keep the run's bits. */
+typedef struct move {
+    int after_step;
+    fso_tier param, optim;
+    int prefetch;
+    const char *nvme;       /* folder; NULL: the test's */
+    uint64_t device_cap;    /* 0: as configured */
+    int want_rc;            /* 0, or the failure expected */
+    const char *want_err;   /* a part of the message */
+} move;
+static const move *g_moves;
+static int g_nmoves;
+
+static void do_moves(fso_trainer *tr, int s)
+{
+    for (int i = 0; i < g_nmoves; i++) {
+        const move *m = &g_moves[i];
+        if (m->after_step != s)
+            continue;
+        fso_offload_config o = tr->cfg->offload;
+        o.param_tier = m->param;
+        o.optim_tier = m->optim;
+        o.prefetch_blocks = m->prefetch;
+        const char *dir = m->nvme ? m->nvme : nvme_dir;
+        snprintf(o.param_nvme_path, sizeof o.param_nvme_path, "%s", dir);
+        snprintf(o.optim_nvme_path, sizeof o.optim_nvme_path, "%s", dir);
+        double waited;
+        char err[512] = "";
+        uint64_t moved = 0;
+        assert_int_equal(fso_trainer_finish(tr, &waited), 0);
+        int rc = fso_zero_retier(tr->zero, &o, &moved, err, sizeof err);
+        if (rc != m->want_rc)
+            fail_msg("move %d after step %d: rc %d (%s), expected %d", i, s, rc, err,
+                     m->want_rc);
+        if (m->want_err && !strstr(err, m->want_err))
+            fail_msg("move %d: message \"%s\" lacks \"%s\"", i, err, m->want_err);
+        if (rc == 0)
+            assert_true(moved > 0);
+    }
+}
+
+static void moves_keep_bits(int world, fso_tier p0, fso_tier o0, const move *moves, int n)
+{
+    run_result base, r;
+    fso_config cfg;
+    small_config(&cfg, world, 4);
+    set_tiers(&cfg, FSO_TIER_DEVICE, FSO_TIER_DEVICE);
+    run(&cfg, NULL, &base);
+    assert_int_equal(base.rc, 0);
+    set_tiers(&cfg, p0, o0);
+    g_moves = moves;
+    g_nmoves = n;
+    g_between = do_moves;
+    run(&cfg, NULL, &r);
+    g_between = NULL;
+    if (r.rc)
+        fail_msg("%s", r.err);
+    assert_bit_identical(&base, &r, "re-planned run");
+    free(base.params);
+    free(r.params);
+}
+
+static void test_replan_moves_keep_bits_one_device(void **state)
+{
+    (void)state;
+    const move moves[] = {
+        {1, FSO_TIER_NVME, FSO_TIER_HOST, 1, NULL, 0, 0, NULL},
+        {2, FSO_TIER_HOST, FSO_TIER_NVME, 3, NULL, 0, 0, NULL},
+    };
+    moves_keep_bits(1, FSO_TIER_DEVICE, FSO_TIER_DEVICE, moves, 2);
+    /* and back up from NVMe, the store's files removed once unused */
+    const move up[] = {
+        {1, FSO_TIER_NVME, FSO_TIER_NVME, 2, NULL, 0, 0, NULL},
+        {2, FSO_TIER_DEVICE, FSO_TIER_DEVICE, 0, NULL, 0, 0, NULL},
+    };
+    moves_keep_bits(1, FSO_TIER_HOST, FSO_TIER_NVME, up, 2);
+    char path[512];
+    snprintf(path, sizeof path, "%s/fsoff-dev0.0", nvme_dir);
+    assert_int_equal(access(path, F_OK), -1);
+}
+
+static void test_replan_moves_keep_bits_two_devices(void **state)
+{
+    (void)state;
+    const move moves[] = {
+        {1, FSO_TIER_DEVICE, FSO_TIER_NVME, 0, NULL, 0, 0, NULL},
+        {2, FSO_TIER_NVME, FSO_TIER_DEVICE, 4, NULL, 0, 0, NULL},
+    };
+    moves_keep_bits(2, FSO_TIER_HOST, FSO_TIER_HOST, moves, 2);
+}
+
+/* A move that cannot be made leaves the placement as it was, says why, and
+ * the run goes on with the same bits. */
+static void test_replan_failures_change_nothing(void **state)
+{
+    (void)state;
+    const move moves[] = {
+        {1, FSO_TIER_NVME, FSO_TIER_NVME, 2, "/nonexistent/fsoff", 0, -ENOENT, "no such folder"},
+        {1, FSO_TIER_HOST, FSO_TIER_HOST, 40, NULL, 0, -EINVAL, "prefetch depth 40"},
+        {2, FSO_TIER_NVME, FSO_TIER_HOST, 1, NULL, 0, 0, NULL},
+    };
+    moves_keep_bits(2, FSO_TIER_DEVICE, FSO_TIER_HOST, moves, 3);
+}
+
+static void test_replan_over_the_device_cap_changes_nothing(void **state)
+{
+    (void)state;
+    fso_config cfg;
+    run_result base, r;
+    small_config(&cfg, 1, 4);
+    set_tiers(&cfg, FSO_TIER_HOST, FSO_TIER_HOST);
+    run(&cfg, NULL, &base);
+    assert_int_equal(base.rc, 0);
+    /* room for the activations and the gather window, not for the state */
+    cfg.device_mem_bytes = base.peak_device + (64u << 10);
+    const move moves[] = {
+        {1, FSO_TIER_DEVICE, FSO_TIER_DEVICE, 0, NULL, 0, -ENOMEM, "device memory: device 0"},
+    };
+    g_moves = moves;
+    g_nmoves = 1;
+    g_between = do_moves;
+    run(&cfg, NULL, &r);
+    g_between = NULL;
+    if (r.rc)
+        fail_msg("%s", r.err);
+    assert_bit_identical(&base, &r, "after a refused move");
+    free(base.params);
+    free(r.params);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -440,6 +575,10 @@ int main(void)
         cmocka_unit_test(test_nvme_short_read_is_retried_exactly),
         cmocka_unit_test(test_nvme_folder_errors),
         cmocka_unit_test(test_tmpfs_falls_back_to_buffered),
+        cmocka_unit_test(test_replan_moves_keep_bits_one_device),
+        cmocka_unit_test(test_replan_moves_keep_bits_two_devices),
+        cmocka_unit_test(test_replan_failures_change_nothing),
+        cmocka_unit_test(test_replan_over_the_device_cap_changes_nothing),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
