@@ -753,6 +753,38 @@ int fso_plan_check(const fso_config *cfg, const fso_plan_pins *pins, const fso_p
     return rc;
 }
 
+/* GB/s at which tier t gives up (read) or takes (write) state when a
+ * re-plan moves it, at the machine's rates. */
+static double tier_gbps(const fso_plan_machine *m, int t, bool write)
+{
+    double g = t == FSO_PT_NVME   ? (write ? m->nvme_write_gbps : m->nvme_read_gbps)
+               : t == FSO_PT_HOST ? m->host_copy_gbps
+                                  : (write ? m->h2d_gbps : m->d2h_gbps);
+    return g > 0 ? g : 1.0;
+}
+
+int fso_plan_revision(const fso_plan *cur, const fso_plan *next, double measured_ms,
+                      int64_t steps_left, fso_plan_move *mv)
+{
+    memset(mv, 0, sizeof *mv);
+    const fso_plan_machine *m = &next->machine;
+    const int devs = m->devices > 0 ? m->devices : 1;
+    for (int k = 0; k < FSO_PK_N; k++) {
+        int from = fso_plan_main_tier(cur, k), to = fso_plan_main_tier(next, k);
+        if (from == to)
+            continue;
+        uint64_t bytes = cur->kind_bytes[from][k] * (from == FSO_PT_DEVICE ? (uint64_t)devs : 1);
+        mv->bytes += bytes;
+        mv->move_ms += bytes / 1e6 / tier_gbps(m, from, false) + bytes / 1e6 / tier_gbps(m, to, true);
+    }
+    mv->changes = mv->bytes > 0 || cur->pl.prefetch != next->pl.prefetch;
+    mv->saving_ms = measured_ms - next->step_ms;
+    /* worth it: 5% faster at least, and the steps left pay for the move */
+    mv->pays = mv->changes && mv->saving_ms > 0.05 * measured_ms &&
+               mv->saving_ms * (double)steps_left > mv->move_ms;
+    return mv->pays;
+}
+
 /* ------------------------------------------------------------------ fsoff plan */
 
 static void plan_usage(FILE *f)

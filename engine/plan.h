@@ -118,6 +118,22 @@ int fso_plan_apply(const fso_plan *p, fso_config *cfg, char *err, size_t errlen)
 int fso_plan_check(const fso_config *cfg, const fso_plan_pins *pins, const fso_plan *plan,
                    const fso_plan_measured *meas, fso_plan *out, char *msg, size_t msglen);
 
+/* Whether a running job should move to a corrected plan: the bytes of
+ * state that change tier, the predicted time to move them (read at the old
+ * tier's rate, written at the new one's, with next's corrected machine),
+ * and the predicted saving per step against the measured step. It pays
+ * when the placement changes, the saving is at least 5% of the step and
+ * the steps left repay the move. Returns mv->pays. */
+typedef struct fso_plan_move {
+    bool changes;              /* tiers or prefetch depth differ */
+    uint64_t bytes;            /* state that changes tier, all devices */
+    double move_ms;            /* predicted time to move it */
+    double saving_ms;          /* per step */
+    bool pays;
+} fso_plan_move;
+int fso_plan_revision(const fso_plan *cur, const fso_plan *next, double measured_ms,
+                      int64_t steps_left, fso_plan_move *mv);
+
 /* `fsoff plan ...`: argv[0] is "plan". Returns the exit status: 0, 1 when
  * no placement fits, 2 for bad usage. */
 int fso_plan_main(int argc, char **argv);

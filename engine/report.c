@@ -79,13 +79,13 @@ void fso_report_step(fso_report *r, const fso_step_stats *st)
         fprintf(r->metrics,
                 "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, "
                 "\"clip_coef\": %.9g, \"step_ms\": %.6g, \"tokens\": %lld, \"tok_s\": %.6g, "
-                "\"gflops\": %.6g, \"mfu\": %.6g, \"stall_ms\": %.6g, \"optimizer_ms\": %.6g, "
-                "\"optimizer_exposed_ms\": %.6g, "
+                "\"gflops\": %.6g, \"mfu\": %.6g, \"stall_ms\": %.6g, \"compute_ms\": %.6g, "
+                "\"optimizer_ms\": %.6g, \"optimizer_exposed_ms\": %.6g, "
                 "\"nvme_read_bytes\": %llu, \"nvme_write_bytes\": %llu}\n",
                 (long long)st->step, st->loss, st->lr, st->grad_norm, st->clip_coef, st->step_ms,
                 (long long)st->tokens, tok_s, gflops,
                 r->peak_flops > 0 ? gflops * 1e9 / r->peak_flops : 0.0, st->stall_ms,
-                st->optimizer_ms,
+                st->compute_ms, st->optimizer_ms,
                 st->optimizer_exposed_ms,
                 (unsigned long long)st->nvme_read_bytes, (unsigned long long)st->nvme_write_bytes);
     if (r->metrics)

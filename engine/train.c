@@ -56,6 +56,7 @@ int fso_trainer_step(fso_trainer *tr, const int32_t *inputs, const int32_t *targ
     st->lr = zs.lr;
     st->clip_coef = zs.clip_coef;
     st->stall_ms = zs.stall_ms;
+    st->compute_ms = zs.compute_ms;
     st->optimizer_ms = zs.optimizer_ms;
     st->optimizer_exposed_ms = zs.optimizer_exposed_ms;
     st->nvme_read_bytes = zs.nvme_read_bytes;
@@ -103,6 +104,74 @@ static void print_banner(const fso_config *cfg, const fso_trainer *tr, const fso
     fflush(stdout);
 }
 
+/* The re-plan (DESIGN §6), once, after a few steps: the mean of the
+ * measured steps (the first excluded) against the plan. When the prediction
+ * was off by more than 20% the planner chooses again with corrected rates;
+ * a different placement is taken, moving the state between tiers, when the
+ * saving repays the move within the steps left. */
+static void replan(fso_config *cfg, const fso_plan_pins *pins, fso_plan *plan, bool applied,
+                   const fso_plan_measured *sums, uint64_t nvme_rd, uint64_t nvme_wr,
+                   int64_t nsteps, double ms_sum, int64_t steps_left, fso_trainer *tr,
+                   fso_report *rep)
+{
+    if (nsteps < 1)
+        return;
+    double n = (double)nsteps;
+    fso_plan_measured meas = {.step_ms = ms_sum / n, .stall_ms = sums->stall_ms / n,
+                              .optimizer_ms = -1, .compute_ms = sums->compute_ms / n,
+                              .nvme_read_gbps = -1, .nvme_write_gbps = -1};
+    /* the optimizer's busy time is AdamW's only when it waits on no reads */
+    if (cfg->offload.optim_tier != FSO_TIER_NVME)
+        meas.optimizer_ms = sums->optimizer_ms / n;
+    /* NVMe rates only when the reads held compute up: otherwise bytes over
+     * the step would understate what the drive can do */
+    if (meas.stall_ms > 0.1 * meas.step_ms && nvme_rd)
+        meas.nvme_read_gbps = nvme_rd / (ms_sum * 1e6);
+    if (meas.stall_ms > 0.1 * meas.step_ms && nvme_wr)
+        meas.nvme_write_gbps = nvme_wr / (ms_sum * 1e6);
+    static fso_plan corrected;
+    char msg[512], err[512], h[32];
+    if (fso_plan_check(cfg, pins, plan, &meas, &corrected, msg, sizeof msg) != 1)
+        return;
+    printf("fsoff: %s\n", msg);
+    fso_plan_move mv;
+    fso_plan_revision(plan, &corrected, meas.step_ms, steps_left, &mv);
+    if (!mv.changes || !applied) {
+        if (mv.changes)
+            printf("fsoff: plan: the running placement is the configured one, not the plan's; "
+                   "it stays\n");
+        return;
+    }
+    fso_human_bytes(h, sizeof h, (double)mv.bytes);
+    if (!mv.pays) {
+        printf("fsoff: plan: the placement stays: %.0f ms/step saved over %lld steps left does "
+               "not repay moving %s (about %.0f ms)\n",
+               mv.saving_ms, (long long)steps_left, h, mv.move_ms);
+        return;
+    }
+    fso_config next = *cfg;
+    if (fso_plan_apply(&corrected, &next, err, sizeof err) < 0) {
+        printf("fsoff: plan: the placement stays (%s)\n", err);
+        return;
+    }
+    double waited = 0, t0 = fso_now_ms();
+    uint64_t moved = 0;
+    if (fso_trainer_finish(tr, &waited) < 0) {
+        printf("fsoff: plan: the placement stays (%s)\n", tr->err);
+        return;
+    }
+    rep->optimizer_exposed_ms += waited;
+    if (fso_zero_retier(tr->zero, &next.offload, &moved, err, sizeof err) < 0) {
+        printf("fsoff: plan: %s\n", err);
+        return;
+    }
+    cfg->offload = next.offload;
+    *plan = corrected;
+    fso_human_bytes(h, sizeof h, (double)moved);
+    fso_zero_describe(tr->zero, msg, sizeof msg);
+    printf("fsoff: plan: moved %s in %.0f ms; state %s\n", h, fso_now_ms() - t0, msg);
+}
+
 int fso_train_run(const fso_config *cfg, const fso_run_opts *opts)
 {
     fso_data data = {0};
@@ -147,7 +216,9 @@ int fso_train_run(const fso_config *cfg, const fso_run_opts *opts)
      * is chosen by predicted step time (DESIGN §6). */
     static fso_plan plan;
     fso_plan_pins pins;
-    bool planned = false;
+    bool planned = false, applied = false;
+    fso_plan_measured measured = {0};
+    uint64_t nvme_rd = 0, nvme_wr = 0;
     fso_config *run_cfg = malloc(sizeof *run_cfg);
     if (!run_cfg) {
         fprintf(stderr, "fsoff: error: out of memory\n");
@@ -162,6 +233,8 @@ int fso_train_run(const fso_config *cfg, const fso_run_opts *opts)
             fso_plan_print(stdout, &plan);
             if (fso_plan_apply(&plan, run_cfg, err, sizeof err) < 0)
                 printf("fsoff: plan not applied (%s); running the configured placement\n", err);
+            else
+                applied = true;
         } else {
             /* the engine's own budget check below decides; the planner's view is a note */
             printf("fsoff: plan: %s\n", err);
@@ -207,16 +280,18 @@ int fso_train_run(const fso_config *cfg, const fso_run_opts *opts)
             goto out;
         }
         fso_report_step(&rep, &st);
-        /* after a few steps: was the prediction right? */
-        if (planned && s + 1 == (cfg->steps < 6 ? -1 : 5)) {
-            fso_plan_measured meas = {.step_ms = rep.ms_sum_after_first / (double)(rep.steps - 1),
-                                      .stall_ms = -1, .optimizer_ms = -1, .compute_ms = -1,
-                                      .nvme_read_gbps = -1, .nvme_write_gbps = -1};
-            static fso_plan corrected;
-            char msg[512];
-            if (fso_plan_check(cfg, &pins, &plan, &meas, &corrected, msg, sizeof msg) == 1)
-                printf("fsoff: plan: %s (the placement stays for this run)\n", msg);
+        if (s > 0) { /* the first step is excluded, as in the report */
+            measured.stall_ms += st.stall_ms;
+            measured.optimizer_ms += st.optimizer_ms;
+            measured.compute_ms += st.compute_ms;
+            nvme_rd += st.nvme_read_bytes;
+            nvme_wr += st.nvme_write_bytes;
         }
+        /* after a few steps: was the prediction right? If not, plan again
+         * from what was measured, and move the state when that pays. */
+        if (planned && s + 1 == (cfg->steps < 6 ? -1 : 5))
+            replan(run_cfg, &pins, &plan, applied, &measured, nvme_rd, nvme_wr, rep.steps - 1,
+                   rep.ms_sum_after_first, cfg->steps - (s + 1), &tr, &rep);
     }
     double waited = 0;
     if ((rc = fso_trainer_finish(&tr, &waited)) < 0) {

@@ -24,6 +24,7 @@ typedef struct fso_step_stats {
     double clip_coef;        /* applied factor, 1 when not clipped */
     double step_ms;
     double stall_ms;         /* compute waited on NVMe reads */
+    double compute_ms;       /* computing, waits for parameters and gradients excluded */
     double optimizer_ms;     /* updating during this step (overlapped: the previous update) */
     double optimizer_exposed_ms; /* of which compute waited */
     uint64_t nvme_read_bytes, nvme_write_bytes;

@@ -46,6 +46,8 @@ typedef struct fso_zero_step {
     double clip_coef;
     double lr;
     double stall_ms;      /* compute waited on NVMe reads (rank 0) */
+    double compute_ms;    /* rank 0: forward and backward less the waits for parameters
+                             (reads, copies, gathers) and for gradients to be stored */
     double optimizer_ms;  /* rank 0: updating, in this step's time (overlapped: the previous
                              step's update, which ran during this one) */
     double optimizer_exposed_ms; /* rank 0: compute waited on the optimizer */

@@ -67,6 +67,7 @@ typedef struct rank_state {
     float *logits;               /* forward_logits: where this rank's logits go */
     fso_zero_step st;
     double loss_sum;
+    double wait_ms;              /* this step: compute inside params() and grads_done() */
     errsink ce;                  /* the compute thread's failure */
     bool sync_init;              /* the mutexes below exist */
     pthread_mutex_t io_mu;       /* the store's ring, shared with the optimizer thread */

@@ -357,6 +357,73 @@ static void test_replan_when_off_by_more_than_20_percent(void **state)
     assert_int_equal(fso_plan_replan(&s.in, &p, &bad, &q, NULL, msg, sizeof msg), -EINVAL);
 }
 
+/* NVMe assumed fast: no prefetch needed. Measured slow: the re-plan reads
+ * ahead, and the revision says the change costs nothing to make. */
+static void test_replan_reads_ahead_when_nvme_is_slower(void **state)
+{
+    (void)state;
+    synth s;
+    fso_plan p, q, truth;
+    fso_plan_machine corrected;
+    char msg[512];
+    synth_model(&s, 6, 1 << 20, 20e9, true);
+    s.in.pins.tier[FSO_PK_PARAM] = FSO_PT_NVME;
+    s.in.machine.nvme_read_gbps = 1000;
+    assert_int_equal(fso_plan_choose(&s.in, &p), 0);
+    assert_int_equal(p.pl.prefetch, 0);
+
+    synth real = s;
+    real.in.model.block_elems = real.elems;
+    real.in.model.visits = real.visits;
+    real.in.machine.nvme_read_gbps = 2;
+    assert_int_equal(fso_plan_evaluate(&real.in, &p.pl, &truth), 0);
+    fso_plan_measured meas = {.step_ms = truth.step_ms, .stall_ms = truth.stall_ms,
+                              .optimizer_ms = -1, .compute_ms = -1,
+                              .nvme_read_gbps = 2, .nvme_write_gbps = -1};
+    assert_true(meas.step_ms > 1.2 * p.step_ms);
+    assert_int_equal(fso_plan_replan(&s.in, &p, &meas, &q, &corrected, msg, sizeof msg), 1);
+    assert_non_null(strstr(msg, "NVMe reads ran at 2.00 GB/s"));
+    assert_true(q.pl.prefetch > 0);
+    assert_true(q.step_ms < 0.95 * meas.step_ms);
+
+    fso_plan_move mv;
+    assert_true(fso_plan_revision(&p, &q, meas.step_ms, 10, &mv));
+    assert_true(mv.changes);
+    assert_int_equal(mv.bytes, 0); /* only the depth changes */
+    assert_true(mv.saving_ms > 0);
+    assert_false(fso_plan_revision(&p, &p, meas.step_ms, 10, &mv)); /* nothing to change */
+    assert_false(mv.changes);
+}
+
+/* Moving state costs its bytes at the slower tier's rate, and pays only
+ * when enough steps are left. */
+static void test_revision_weighs_the_move_against_the_steps_left(void **state)
+{
+    (void)state;
+    synth s;
+    fso_plan a, b;
+    synth_model(&s, 8, 1 << 20, 1e9, true);
+    s.in.machine.nvme_read_gbps = 1;
+    s.in.machine.nvme_write_gbps = 1;
+    fso_placement pl;
+    fso_placement_uniform(&pl, 8, FSO_PT_DEVICE, FSO_PT_NVME, FSO_PT_NVME, 0);
+    fso_plan_evaluate(&s.in, &pl, &a);
+    fso_placement_uniform(&pl, 8, FSO_PT_DEVICE, FSO_PT_HOST, FSO_PT_HOST, 0);
+    assert_int_equal(fso_plan_evaluate(&s.in, &pl, &b), 0);
+    assert_true(b.step_ms < a.step_ms);
+    fso_plan_move mv;
+    /* master, m, v and gradients: 4 kinds x 8 blocks x 4 MiB leave NVMe at 1 GB/s */
+    fso_plan_revision(&a, &b, a.step_ms, 1, &mv);
+    assert_true(mv.changes);
+    assert_int_equal(mv.bytes, (uint64_t)(4 * 8 * 4 * MIB));
+    assert_true(mv.move_ms >= mv.bytes / 1e6);
+    bool pays_now = mv.saving_ms * 1 > mv.move_ms;
+    assert_int_equal(mv.pays, pays_now);
+    int64_t enough = (int64_t)(mv.move_ms / mv.saving_ms) + 1;
+    assert_true(fso_plan_revision(&a, &b, a.step_ms, enough, &mv));
+    assert_false(fso_plan_revision(&a, &b, a.step_ms, 0, &mv));
+}
+
 /* ------------------------------------------------------------------ engine/plan.c */
 
 static void tiny_config(fso_config *cfg)
@@ -773,6 +840,8 @@ int main(void)
         cmocka_unit_test(test_timeline_prefetch_depth_hand_computed),
         cmocka_unit_test(test_timeline_cpu_device_is_a_sum),
         cmocka_unit_test(test_replan_when_off_by_more_than_20_percent),
+        cmocka_unit_test(test_replan_reads_ahead_when_nvme_is_slower),
+        cmocka_unit_test(test_revision_weighs_the_move_against_the_steps_left),
         cmocka_unit_test(test_plan_inputs_follow_the_model),
         cmocka_unit_test(test_plan_apply_and_pins_from_config),
         cmocka_unit_test(test_plan_for_this_machine_prints_and_applies),
