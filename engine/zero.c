@@ -19,6 +19,7 @@
 #include "optpool.h"
 #include "pool.h"
 #include "rng.h"
+#include "topology.h"
 #include "util.h"
 
 #define MIB (1024.0 * 1024.0)
@@ -131,6 +132,16 @@ static void arena_release(fso_zero *z, void *p, size_t bytes)
     if (z->arena_locked)
         munlock(p, bytes);
     madvise(p, bytes, MADV_DONTNEED);
+}
+
+/* Host memory for device rk's state, on its NUMA node when the machine has
+ * several (best effort). */
+static void *rank_take(rank_state *rk, size_t bytes)
+{
+    void *p = arena_take(rk->z, bytes);
+    if (rk->z->topo && rk->numa >= 0)
+        fso_topo_bind_memory(rk->z->topo, p, bytes, rk->numa);
+    return p;
 }
 
 /* ------------------------------------------------------------------ I/O */
@@ -570,6 +581,8 @@ static void *rank_step(void *arg)
     fso_block_source src = rank_source(rk);
     float grad_scale = 1.0f / (float)(cfg->grad_accum * z->world);
 
+    if (z->topo && rk->numa >= 0) /* the device's thread near it */
+        fso_topo_bind_thread(z->topo, rk->numa);
     memset(&rk->st, 0, sizeof rk->st);
     rk->loss_sum = 0;
     rk->wait_ms = 0;
@@ -915,9 +928,42 @@ void fso_zero_describe(const fso_zero *z, char *buf, size_t len)
         off += (size_t)snprintf(buf + off, len - off, "%s%s %s on %s", k ? ", " : "",
                                 fso_zero_kind_names[k], h, tier_names[z->tier[k]]);
     }
+    if (z->tier[FSO_KIND_PARAM] == FSO_TIER_NVME && off < len)
+        off += (size_t)snprintf(buf + off, len - off, ", %d block%s read ahead", z->prefetch,
+                                z->prefetch == 1 ? "" : "s");
+    for (int r = 0; z->topo && r < z->world && off < len; r++)
+        off += (size_t)snprintf(buf + off, len - off, "%s%d", r ? "," : "; NUMA node per device ",
+                                z->ranks[r].numa);
 }
 
 
+
+/* On a machine with several NUMA nodes, the node of each device (a GPU's
+ * by its PCI bus id, CPU devices spread over the nodes): its thread, its
+ * optimizer threads and its share of the host arena go there. */
+static void place_near_devices(fso_zero *z)
+{
+    fso_topo *t = NULL;
+    char terr[256];
+    if (z->world > 64 || fso_topo_create(&t, NULL, terr, sizeof terr) < 0)
+        return;
+    if (t->n_numa > 1) {
+        int nodes[64];
+        const char *bus[64] = {NULL};
+#if FSO_HAVE_CUDA
+        fso_gpu_info gi[64];
+        for (int r = 0; z->cuda && r < z->world; r++)
+            if (fso_gpu_info_query(r, &gi[r], terr, sizeof terr) == 0)
+                bus[r] = gi[r].pci_bus_id;
+#endif
+        fso_topo_home_nodes(t, z->world, z->cuda ? bus : NULL, nodes);
+        for (int r = 0; r < z->world; r++)
+            z->ranks[r].numa = nodes[r];
+        z->topo = t;
+        t = NULL;
+    }
+    fso_topo_destroy(t);
+}
 
 /* Device rk's NVMe store over the folders the offload settings name,
  * `capacity` bytes, its buffers registered over the arena. */
@@ -940,6 +986,12 @@ static int open_store(fso_zero *z, rank_state *rk, const fso_offload_config *o,
         snprintf(err, errlen, "NVMe: state goes to NVMe but no folder is named; give --nvme DIR");
         return -EINVAL;
     }
+    cpu_set_t near; /* the I/O workers near the first folder's drive */
+    fso_topo_disk disk;
+    char derr[256];
+    if (z->topo && fso_topo_disk_of_path(z->topo, so.dirs[0], &disk, derr, sizeof derr) == 0 &&
+        disk.numa >= 0 && fso_topo_node_cpus(z->topo, disk.numa, &near) > 0)
+        so.iowq_cpus = &near;
     so.capacity_bytes = capacity;
     so.block_bytes = (size_t)o->aio_block_bytes;
     so.queue_depth = o->aio_queue_depth;
@@ -1044,6 +1096,7 @@ int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t err
     for (int r = 0; r < z->world; r++) {
         rank_state *rk = &z->ranks[r];
         rk->rank = r;
+        rk->numa = -1;
         rk->z = z;
         pthread_mutex_init(&rk->io_mu, NULL);
         pthread_mutex_init(&rk->opt_mu, NULL);
@@ -1097,6 +1150,7 @@ int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t err
             goto fail;
         }
     }
+    place_near_devices(z);
     uint64_t avail = fso_mem_available_bytes();
     if (avail && z->arena_bytes > avail) {
         fso_human_bytes(h1, sizeof h1, (double)z->arena_bytes);
@@ -1156,7 +1210,7 @@ int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t err
                         goto fail;
                     }
                 } else if (l->tier == FSO_TIER_HOST) {
-                    l->ptr = arena_take(z, bytes);
+                    l->ptr = rank_take(rk, bytes);
                 } else {
                     l->off = nvme_off;
                     nvme_off += bytes;
@@ -1177,15 +1231,15 @@ int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t err
             }
         rk->n_pslots = rk->n_pslots_buf = n_pslots;
         for (int j = 0; j < n_pslots; j++) {
-            rk->pslots[j].buf = arena_take(z, slot_bytes);
+            rk->pslots[j].buf = rank_take(rk, slot_bytes);
             rk->pslots[j].block = -1;
         }
         for (int set = 0; set < 2; set++)
             for (int k = 0; k < FSO_N_KINDS; k++)
-                rk->ochunk[set][k].buf = arena_take(z, chunk_bytes);
+                rk->ochunk[set][k].buf = rank_take(rk, chunk_bytes);
         rk->chunk_elems = chunk_bytes / sizeof(float);
-        rk->gslot.buf = arena_take(z, slot_bytes);
-        rk->gtmp.buf = arena_take(z, slot_bytes);
+        rk->gslot.buf = rank_take(rk, slot_bytes);
+        rk->gtmp.buf = rank_take(rk, slot_bytes);
         rk->block_sq = calloc((size_t)z->n_blocks, sizeof *rk->block_sq);
         rk->ready = calloc((size_t)z->n_blocks, sizeof *rk->ready);
         if (!rk->block_sq || !rk->ready ||
@@ -1194,8 +1248,11 @@ int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t err
             rc = -ENOMEM;
             goto fail;
         }
-        /* the optimizer's threads near the memory they update (best effort) */
-        if (z->arena_bytes)
+        /* the optimizer's threads near the memory they update (best effort):
+         * the device's node, where its host state is */
+        if (rk->numa >= 0)
+            fso_optpool_bind(rk->opt_pool, rk->numa, false);
+        else if (z->arena_bytes)
             fso_optpool_bind(rk->opt_pool,
                              fso_optpool_node_of(rk->opt_pool, z->arena, z->arena_bytes), false);
         if (cfg->optimizer_overlap != FSO_OVERLAP_NONE && (rc = fso_zero_optim_start(rk)) < 0) {
@@ -1434,7 +1491,7 @@ int fso_zero_retier(fso_zero *z, const fso_offload_config *o, uint64_t *bytes_mo
                         break;
                     }
                 } else if (to->tier == FSO_TIER_HOST) {
-                    to->ptr = arena_take(z, bytes);
+                    to->ptr = rank_take(rk, bytes);
                 } else {
                     to->off = nvme_off;
                     nvme_off += bytes;
@@ -1487,7 +1544,7 @@ int fso_zero_retier(fso_zero *z, const fso_offload_config *o, uint64_t *bytes_mo
             }
         }
         for (int q = rk->n_pslots_buf; q < n_ps; q++) {
-            rk->pslots[q].buf = arena_take(z, slot_bytes);
+            rk->pslots[q].buf = rank_take(rk, slot_bytes);
             rk->pslots[q].block = -1;
         }
         if (n_ps > rk->n_pslots_buf)
@@ -1547,6 +1604,7 @@ void fso_zero_destroy(fso_zero *z)
 #endif
     if (z->arena)
         munmap(z->arena, z->arena_reserve);
+    fso_topo_destroy(z->topo);
     fso_coll_destroy(z->coll);
     free(z->ranks);
     free(z->blocks);

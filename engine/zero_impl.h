@@ -44,6 +44,7 @@ typedef struct opt_job {
 
 typedef struct rank_state {
     int rank;
+    int numa;                    /* the node this device's threads and host state use, -1 any */
     struct fso_zero *z;
     fso_backend *be;
     fso_model model;
@@ -110,6 +111,7 @@ struct fso_zero {
     int n_pinned;                /* CUDA registrations: [pinned_at[i], pinned_at[i+1]) */
     size_t pinned_at[17];
     bool arena_locked;           /* [0, arena_bytes) mlock'ed */
+    struct fso_topo *topo;       /* this machine, when it has more than one NUMA node */
     int *order;                  /* blocks in the order params() asks for them */
     int n_order;
     int64_t step;                /* optimizer steps taken (AdamW t) */

@@ -20,6 +20,7 @@
 #ifndef FSO_STORE_H
 #define FSO_STORE_H
 
+#include <sched.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -84,6 +85,8 @@ typedef struct fso_store_opts {
     int queue_depth;          /* aio.queue_depth */
     bool direct;              /* O_DIRECT; falls back to buffered with one warning */
     const char *file_prefix;  /* file names: <dir>/<prefix>.<n>; "fsoff-store" if NULL */
+    const cpu_set_t *iowq_cpus; /* where the kernel's I/O workers for this store run (the
+                                 drives' NUMA node); NULL: anywhere. Best effort. */
     bool refuse_direct;       /* test hook: act as if every folder refused O_DIRECT
                                  (tmpfs before Linux 6.6) so the fallback runs */
 } fso_store_opts;

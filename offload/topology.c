@@ -316,9 +316,43 @@ int fso_topo_bind_memory(const fso_topo *t, void *addr, size_t len, int numa)
     if (!t->this_system)
         return -ENOTSUP;
     if (hwloc_set_area_membind((hwloc_topology_t)t->hw, addr, len, o->nodeset,
-                               HWLOC_MEMBIND_BIND, HWLOC_MEMBIND_BYNODESET) < 0)
+                               HWLOC_MEMBIND_BIND,
+                               HWLOC_MEMBIND_BYNODESET | HWLOC_MEMBIND_MIGRATE) < 0)
         return errno == ENOSYS || errno == EXDEV ? -ENOTSUP : -errno;
     return 0;
+}
+
+void fso_topo_home_nodes(const fso_topo *t, int world, const char *const *busids, int *nodes)
+{
+    for (int r = 0; r < world; r++) {
+        nodes[r] = -1;
+        if (busids) {
+            int g = busids[r] ? fso_topo_gpu_by_busid(t, busids[r]) : -ENOENT;
+            if (g >= 0)
+                nodes[r] = t->gpus[g].numa;
+        } else if (t->n_numa > 0) { /* CPU devices: node by node, in order */
+            nodes[r] = t->numa[(int)((long)r * t->n_numa / world)].os_index;
+        }
+    }
+}
+
+int fso_topo_node_cpus(const fso_topo *t, int numa, cpu_set_t *out)
+{
+    hwloc_obj_t o = numa_obj(t, numa);
+    if (!o)
+        return -EINVAL;
+    CPU_ZERO(out);
+    int n = 0;
+    unsigned i;
+    hwloc_bitmap_foreach_begin(i, o->cpuset)
+    {
+        if (i < CPU_SETSIZE) {
+            CPU_SET(i, out);
+            n++;
+        }
+    }
+    hwloc_bitmap_foreach_end();
+    return n;
 }
 
 void fso_topo_describe(const fso_topo *t, char *buf, size_t len)

@@ -14,6 +14,7 @@
 #ifndef FSO_TOPOLOGY_H
 #define FSO_TOPOLOGY_H
 
+#include <sched.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -78,10 +79,22 @@ int fso_topo_disk_of_path(const fso_topo *t, const char *dir, fso_topo_disk *out
                           size_t errlen);
 
 /* Bind the calling thread to the cores of NUMA node `numa` (os index), or
- * allocate [addr, addr+len) on it. Returns 0, -ENOTSUP for a topology that
- * is not this machine's or a system that refuses, -EINVAL for no such node. */
+ * place [addr, addr+len) on it (pages already touched move there).
+ * Returns 0, -ENOTSUP for a topology that is not this machine's or a system
+ * that refuses, -EINVAL for no such node. */
 int fso_topo_bind_thread(const fso_topo *t, int numa);
 int fso_topo_bind_memory(const fso_topo *t, void *addr, size_t len, int numa);
+
+/* The NUMA node (os index) each of `world` devices is nearest: a GPU by its
+ * PCI bus id (busids[r]), CPU virtual devices (busids NULL) spread over the
+ * nodes in order (device r on node r * nodes / world). -1: unknown (a
+ * NULL bus id, a GPU not in the topology). The
+ * engine runs a device's thread, its optimizer threads and its part of the
+ * host arena there. */
+void fso_topo_home_nodes(const fso_topo *t, int world, const char *const *busids, int *nodes);
+/* The CPUs of NUMA node `numa` (os index) into *out: their count, or
+ * -EINVAL for no such node. */
+int fso_topo_node_cpus(const fso_topo *t, int numa, cpu_set_t *out);
 
 /* "2 packages, 64 cores, 2 NUMA nodes (512 GiB), 8 GPUs, 4 NVMe" */
 void fso_topo_describe(const fso_topo *t, char *buf, size_t len);

@@ -642,6 +642,32 @@ static void test_topology_two_sockets_eight_gpus(void **state)
     /* binding applies only to this machine */
     assert_int_equal(fso_topo_bind_thread(t, 0), -ENOTSUP);
     assert_int_equal(fso_topo_bind_thread(t, 7), -EINVAL);
+    /* where each device's threads and host memory go: GPUs by bus id ... */
+    const char *bus[8];
+    for (int i = 0; i < 8; i++)
+        bus[i] = t->gpus[i].busid;
+    int nodes[8];
+    fso_topo_home_nodes(t, 8, bus, nodes);
+    for (int i = 0; i < 8; i++)
+        assert_int_equal(nodes[i], i < 4 ? 0 : 1);
+    const char *odd[2] = {t->gpus[6].busid, "0000:01:00.0"}; /* not in this box */
+    fso_topo_home_nodes(t, 2, odd, nodes);
+    assert_int_equal(nodes[0], 1);
+    assert_int_equal(nodes[1], -1);
+    /* ... CPU devices spread over the sockets in order */
+    fso_topo_home_nodes(t, 4, NULL, nodes);
+    assert_int_equal(nodes[0], 0);
+    assert_int_equal(nodes[1], 0);
+    assert_int_equal(nodes[2], 1);
+    assert_int_equal(nodes[3], 1);
+    fso_topo_home_nodes(t, 3, NULL, nodes);
+    assert_int_equal(nodes[0], 0);
+    assert_int_equal(nodes[1], 0);
+    assert_int_equal(nodes[2], 1);
+    cpu_set_t cpus;
+    assert_int_equal(fso_topo_node_cpus(t, 1, &cpus), t->numa[1].pus);
+    assert_int_equal(CPU_COUNT(&cpus), t->numa[1].pus);
+    assert_int_equal(fso_topo_node_cpus(t, 5, &cpus), -EINVAL);
     fso_topo_destroy(t);
 
     topo_path(path, sizeof path, "desktop_1gpu.xml");

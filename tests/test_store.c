@@ -200,6 +200,20 @@ static void test_uring_round_trip_one_folder(void **state)
     fso_store_destroy(s);
 }
 
+/* The I/O workers may be kept near the drives: a store with a worker CPU
+ * set works the same. */
+static void test_uring_with_io_workers_bound(void **state)
+{
+    fx *f = *state;
+    cpu_set_t cpus;
+    assert_int_equal(sched_getaffinity(0, sizeof cpus, &cpus), 0);
+    fso_store_opts o = opts_for(f, 1, 2 * MiB, 64 * KiB, 8);
+    o.iowq_cpus = &cpus;
+    fso_store *s = open_uring(&o);
+    check_round_trip(s, 2 * MiB);
+    fso_store_destroy(s);
+}
+
 static void test_uring_stripes_over_three_folders(void **state)
 {
     fx *f = *state;
@@ -859,6 +873,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_uring_round_trip_one_folder, setup_dirs, teardown_dirs),
         cmocka_unit_test_setup_teardown(test_uring_stripes_over_three_folders, setup_dirs, teardown_dirs),
+        cmocka_unit_test_setup_teardown(test_uring_with_io_workers_bound, setup_dirs, teardown_dirs),
         cmocka_unit_test_setup_teardown(test_uring_rejects_misaligned_and_out_of_range, setup_dirs, teardown_dirs),
         cmocka_unit_test_setup_teardown(test_uring_queue_depth_bounds_requests_in_flight, setup_dirs, teardown_dirs),
         cmocka_unit_test_setup_teardown(test_uring_registered_buffers_round_trip, setup_dirs, teardown_dirs),
