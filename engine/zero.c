@@ -945,7 +945,8 @@ static void place_near_devices(fso_zero *z)
 {
     fso_topo *t = NULL;
     char terr[256];
-    if (z->world > 64 || fso_topo_create(&t, NULL, terr, sizeof terr) < 0)
+    if (z->world > 64 || fso_topo_node_count() < 2 ||
+        fso_topo_create(&t, NULL, terr, sizeof terr) < 0)
         return;
     if (t->n_numa > 1) {
         int nodes[64];

@@ -322,6 +322,20 @@ int fso_topo_bind_memory(const fso_topo *t, void *addr, size_t len, int numa)
     return 0;
 }
 
+int fso_topo_node_count(void)
+{
+    DIR *d = opendir("/sys/devices/system/node");
+    if (!d)
+        return 1;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (strncmp(e->d_name, "node", 4) == 0 && e->d_name[4] >= '0' && e->d_name[4] <= '9')
+            n++;
+    closedir(d);
+    return n > 0 ? n : 1;
+}
+
 void fso_topo_home_nodes(const fso_topo *t, int world, const char *const *busids, int *nodes)
 {
     for (int r = 0; r < world; r++) {

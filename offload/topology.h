@@ -85,6 +85,10 @@ int fso_topo_disk_of_path(const fso_topo *t, const char *dir, fso_topo_disk *out
 int fso_topo_bind_thread(const fso_topo *t, int numa);
 int fso_topo_bind_memory(const fso_topo *t, void *addr, size_t len, int numa);
 
+/* NUMA nodes of this machine from sysfs, without discovering the rest
+ * (cheap; 1 when unknown): whether placing by node matters at all. */
+int fso_topo_node_count(void);
+
 /* The NUMA node (os index) each of `world` devices is nearest: a GPU by its
  * PCI bus id (busids[r]), CPU virtual devices (busids NULL) spread over the
  * nodes in order (device r on node r * nodes / world). -1: unknown (a
