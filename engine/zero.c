@@ -581,8 +581,6 @@ static void *rank_step(void *arg)
     fso_block_source src = rank_source(rk);
     float grad_scale = 1.0f / (float)(cfg->grad_accum * z->world);
 
-    if (z->topo && rk->numa >= 0) /* the device's thread near it */
-        fso_topo_bind_thread(z->topo, rk->numa);
     memset(&rk->st, 0, sizeof rk->st);
     rk->loss_sum = 0;
     rk->wait_ms = 0;
@@ -661,25 +659,99 @@ int fso_zero_finish(fso_zero *z, double *waited_ms, char *err, size_t errlen)
     return rc;
 }
 
-/* Run fn on every rank, each on its own thread (rank 0 on the caller's). */
+/* A device's thread: bound near its device once, then one job per call of
+ * run_ranks until the trainer goes away. */
+typedef struct worker_arg {
+    fso_zero *z;
+    int rank;
+} worker_arg;
+
+static void *worker_main(void *arg)
+{
+    fso_zero *z = ((worker_arg *)arg)->z;
+    rank_state *rk = &z->ranks[((worker_arg *)arg)->rank];
+    free(arg);
+    if (z->topo && rk->numa >= 0)
+        fso_topo_bind_thread(z->topo, rk->numa);
+    uint64_t seen = 0;
+    pthread_mutex_lock(&z->run_mu);
+    for (;;) {
+        while (!z->quit && z->job_gen == seen)
+            pthread_cond_wait(&z->run_cv, &z->run_mu);
+        if (z->quit)
+            break;
+        seen = z->job_gen;
+        void *(*fn)(void *) = z->job;
+        pthread_mutex_unlock(&z->run_mu);
+        fn(rk);
+        pthread_mutex_lock(&z->run_mu);
+        if (--z->job_left == 0)
+            pthread_cond_signal(&z->done_cv);
+    }
+    pthread_mutex_unlock(&z->run_mu);
+    return NULL;
+}
+
+static int start_workers(fso_zero *z, char *err, size_t errlen)
+{
+    pthread_mutex_init(&z->run_mu, NULL);
+    pthread_cond_init(&z->run_cv, NULL);
+    pthread_cond_init(&z->done_cv, NULL);
+    z->run_init = true;
+    for (int r = 1; r < z->world; r++) {
+        worker_arg *a = malloc(sizeof *a);
+        int e = a ? 0 : ENOMEM;
+        if (a) {
+            *a = (worker_arg){z, r};
+            e = pthread_create(&z->workers[r], NULL, worker_main, a);
+            if (e)
+                free(a);
+        }
+        if (e) {
+            snprintf(err, errlen, "cannot start the thread of device %d: %s", r, strerror(e));
+            return -e;
+        }
+        z->n_workers = r;
+    }
+    return 0;
+}
+
+static void stop_workers(fso_zero *z)
+{
+    if (!z->run_init)
+        return;
+    pthread_mutex_lock(&z->run_mu);
+    z->quit = true;
+    pthread_cond_broadcast(&z->run_cv);
+    pthread_mutex_unlock(&z->run_mu);
+    for (int r = 1; r <= z->n_workers; r++)
+        pthread_join(z->workers[r], NULL);
+    pthread_cond_destroy(&z->run_cv);
+    pthread_cond_destroy(&z->done_cv);
+    pthread_mutex_destroy(&z->run_mu);
+    z->run_init = false;
+}
+
+/* Run fn on every device, device 0 on the caller's thread, and wait. */
 static int run_ranks(fso_zero *z, void *(*fn)(void *))
 {
-    pthread_t tids[64];
-    int started = 0, rc = 0;
+    int rc = 0;
     for (int r = 0; r < z->world; r++)
         z->ranks[r].ce.rc = 0;
-    for (int r = 1; r < z->world; r++) {
-        int e = pthread_create(&tids[r], NULL, fn, &z->ranks[r]);
-        if (e != 0) {
-            fprintf(stderr, "fsoff: error: cannot start the thread of device %d: %s\n", r,
-                    strerror(e));
-            abort(); /* the others would wait for it in a collective forever */
-        }
-        started++;
-    }
+    if (!z->caller_bound && z->topo && z->ranks[0].numa >= 0)
+        fso_topo_bind_thread(z->topo, z->ranks[0].numa);
+    z->caller_bound = true;
+    pthread_mutex_lock(&z->run_mu);
+    z->job = fn;
+    z->job_left = z->world - 1;
+    z->job_gen++;
+    pthread_cond_broadcast(&z->run_cv);
+    pthread_mutex_unlock(&z->run_mu);
     fn(&z->ranks[0]);
-    for (int r = 1; r <= started; r++)
-        pthread_join(tids[r], NULL);
+    pthread_mutex_lock(&z->run_mu);
+    while (z->job_left > 0)
+        pthread_cond_wait(&z->done_cv, &z->run_mu);
+    pthread_mutex_unlock(&z->run_mu);
     for (int r = 0; r < z->world; r++)
         if (z->ranks[r].ce.rc && (rc == 0 || rc == -ECANCELED))
             rc = z->ranks[r].ce.rc;
@@ -1281,6 +1353,8 @@ int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t err
         snprintf(err, errlen, "cannot create the collectives: %s", strerror(-rc));
         goto fail;
     }
+    if ((rc = start_workers(z, err, errlen)) < 0)
+        goto fail;
 
     /* ---- initial state, one block at a time (host memory stays bounded):
      * parameters from the seed, optimizer state zero */
@@ -1571,6 +1645,7 @@ void fso_zero_destroy(fso_zero *z)
 {
     if (!z)
         return;
+    stop_workers(z);
     for (int r = 0; z->ranks && r < z->world; r++) {
         rank_state *rk = &z->ranks[r];
         fso_zero_optim_stop(rk);

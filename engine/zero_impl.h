@@ -112,6 +112,18 @@ struct fso_zero {
     size_t pinned_at[17];
     bool arena_locked;           /* [0, arena_bytes) mlock'ed */
     struct fso_topo *topo;       /* this machine, when it has more than one NUMA node */
+    /* The threads of devices 1..world-1, started once (device 0 runs on the
+     * caller's thread): run_ranks hands each the same job and waits. */
+    pthread_t workers[64];
+    int n_workers;
+    pthread_mutex_t run_mu;
+    pthread_cond_t run_cv, done_cv;
+    bool run_init;
+    void *(*job)(void *);
+    uint64_t job_gen;
+    int job_left;
+    bool quit;
+    bool caller_bound;           /* device 0's node applied to the caller's thread */
     int *order;                  /* blocks in the order params() asks for them */
     int n_order;
     int64_t step;                /* optimizer steps taken (AdamW t) */
