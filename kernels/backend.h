@@ -10,7 +10,10 @@
  *
  * Conventions:
  *   - Pointers passed to ops are device pointers from buf_alloc (on the CPU
- *     backends, host memory). Storage and math are fp32 here.
+ *     backends, host memory). Math is fp32 and so are the ops' buffers; the
+ *     one exception is cast_bf16_f32, which widens bf16 working parameters
+ *     (stored and gathered at 2 bytes each) into the fp32 buffer the ops
+ *     compute from.
  *   - Ops are asynchronous in principle: they return nothing and record any
  *     failure; sync() waits for all queued work and returns 0 or the first
  *     failure as a negative errno (the detail is in err). On the CPU backends
@@ -93,6 +96,11 @@ typedef struct fso_backend_ops {
 
     /* *out += sum of x[i]^2 in double (host scalar) */
     void (*sqnorm)(fso_backend *be, double *out, const float *x, size_t n);
+
+    /* dst (n) fp32 = src (n) bf16, exactly: the bf16 bits become the top
+     * half of the fp32 bits, so ±0, denormals, Inf and NaN (payload and
+     * sign) come through unchanged. dst and src do not overlap. */
+    void (*cast_bf16_f32)(fso_backend *be, float *dst, const uint16_t *src, size_t n);
 } fso_backend_ops;
 
 struct fso_backend {

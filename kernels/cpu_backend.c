@@ -469,6 +469,31 @@ static void fast_sqnorm(fso_backend *be, double *out, const float *x, size_t n)
     fso_host_sqnorm(POOL(be), out, x, n);
 }
 
+/* ------------------------------------------------------------ casts */
+
+struct cast_args {
+    float *dst;
+    const uint16_t *src;
+};
+
+static void cast_range(void *a_, int64_t b, int64_t e, int worker)
+{
+    struct cast_args *a = a_;
+    (void)worker;
+#pragma omp simd
+    for (int64_t i = b; i < e; i++) {
+        uint32_t bits = (uint32_t)a->src[i] << 16;
+        memcpy(&a->dst[i], &bits, sizeof bits);
+    }
+}
+
+/* A whole block's parameters per call: worth the pool above a few pages. */
+static void fast_cast_bf16_f32(fso_backend *be, float *dst, const uint16_t *src, size_t n)
+{
+    struct cast_args a = {.dst = dst, .src = src};
+    fso_pool_for(POOL(be), (int64_t)n, 32768, cast_range, &a);
+}
+
 const fso_backend_ops fso_cpu_fast_ops = {
     .name = "cpu",
     .host_addressable = 1,
@@ -492,4 +517,5 @@ const fso_backend_ops fso_cpu_fast_ops = {
     .add = fast_add,
     .cross_entropy = fast_cross_entropy,
     .sqnorm = fast_sqnorm,
+    .cast_bf16_f32 = fast_cast_bf16_f32,
 };

@@ -261,6 +261,17 @@ static void ref_sqnorm(fso_backend *be, double *out, const float *x, size_t n)
     *out += s;
 }
 
+/* bf16 is the top half of an fp32: widening is a shift, exact for every
+ * value (no rounding, no flush, NaN payloads kept). */
+static void ref_cast_bf16_f32(fso_backend *be, float *dst, const uint16_t *src, size_t n)
+{
+    (void)be;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t bits = (uint32_t)src[i] << 16;
+        memcpy(&dst[i], &bits, sizeof bits);
+    }
+}
+
 const fso_backend_ops fso_cpu_ref_ops = {
     .name = "cpu-ref",
     .host_addressable = 1,
@@ -284,4 +295,5 @@ const fso_backend_ops fso_cpu_ref_ops = {
     .add = ref_add,
     .cross_entropy = ref_cross_entropy,
     .sqnorm = ref_sqnorm,
+    .cast_bf16_f32 = ref_cast_bf16_f32,
 };

@@ -124,6 +124,7 @@ void fso_cuda_swiglu_bwd(fso_backend *be, float *dgate, float *dup, const float 
 void fso_cuda_add(fso_backend *be, float *out, const float *a, const float *b, size_t n);
 void fso_cuda_cross_entropy(fso_backend *be, float *dlogits, float *losses, const float *logits,
                             const int32_t *targets, int N, int V, float dscale);
+void fso_cuda_cast_bf16_f32(fso_backend *be, float *dst, const uint16_t *src, size_t n);
 
 /* Attention's row kernels (cuda_softmax.cu), queued on the compute stream
  * inside an op: probs (rows, T) scaled scores -> causal softmax in place;

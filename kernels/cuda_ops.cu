@@ -1,5 +1,6 @@
 /* cuda_ops.cu — the CUDA backend's non-matmul ops: embedding, RMSNorm,
- * RoPE, SwiGLU, residual add, cross-entropy, squared norm.
+ * RoPE, SwiGLU, residual add, cross-entropy, squared norm, and the bf16 to
+ * fp32 cast of gathered working parameters.
  *
  * Each op mirrors the formula of cpu_ref.c in fp32 with fp32 accumulation
  * (sqnorm: double). Ops are queued on the compute stream and never wait on
@@ -275,6 +276,27 @@ extern "C" void fso_cuda_add(fso_backend *be, float *out, const float *a, const 
     cudaStream_t s = fso_cuda_begin(be, FSO_CS_COMPUTE);
     add_kernel<<<fso_grid_for(n, EW_THREADS), EW_THREADS, 0, s>>>(out, a, b, n);
     fso_cuda_end(be, FSO_CS_COMPUTE, "add");
+}
+
+/* ------------------------------------------------------------ casts */
+
+/* One element per thread and step: a warp reads 64 contiguous bytes and
+ * writes 128, both coalesced. A shift, as cpu_ref.c: exact for every value. */
+__global__ void cast_bf16_f32_kernel(float *dst, const uint16_t *src, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = __uint_as_float((unsigned)src[i] << 16);
+}
+
+extern "C" void fso_cuda_cast_bf16_f32(fso_backend *be, float *dst, const uint16_t *src,
+                                       size_t n)
+{
+    if (n == 0)
+        return;
+    cudaStream_t s = fso_cuda_begin(be, FSO_CS_COMPUTE);
+    cast_bf16_f32_kernel<<<fso_grid_for(n, EW_THREADS), EW_THREADS, 0, s>>>(dst, src, n);
+    fso_cuda_end(be, FSO_CS_COMPUTE, "cast_bf16_f32");
 }
 
 /* ------------------------------------------------------------ cross-entropy */

@@ -6,8 +6,9 @@
  * bf16 tensor cores (2e-2 for the ops built on matmuls; the others compute
  * in fp32 either way and keep 1e-5). Outputs live in device buffers with
  * sentinel guard regions on both sides, checked after each op; results are
- * checked for NaN/Inf. Without a CUDA device (or in a build without CUDA)
- * the program prints why and exits 77 (skipped) before CMocka starts.
+ * checked for NaN/Inf (except the bf16 cast, which must keep them: it is
+ * compared bit for bit). Without a CUDA device (or in a build without
+ * CUDA) the program prints why and exits 77 (skipped) before CMocka starts.
  */
 #include <errno.h>
 #include <math.h>
@@ -434,6 +435,40 @@ static void test_swiglu_and_add_match_reference(void **state)
     }
 }
 
+/* ---------------------------------------------------------------- casts */
+
+/* Every bf16 value (±0, denormals, Inf, NaNs) and a random odd-length tail,
+ * read from an odd element offset: the same bits as the reference. */
+static void test_cast_bf16_f32_matches_reference_bit_for_bit(void **state)
+{
+    (void)state;
+    const size_t n = 65536 + 4099;
+    uint16_t *src = malloc(sizeof(uint16_t) * (n + 1));
+    assert_non_null(src);
+    for (size_t i = 0; i < n + 1; i++)
+        src[i] = i <= 65536 ? (uint16_t)(i - 1) : (uint16_t)(fso_rng_u64(&rng) >> 48);
+    float *want = hbuf(n);
+    ref->ops->cast_bf16_f32(ref, want, src + 1, n);
+    for (int m = 0; m < 2; m++) {
+        fso_backend *be = cu[m];
+        void *d_src = NULL;
+        assert_int_equal(be->ops->buf_alloc(be, sizeof(uint16_t) * (n + 1), &d_src), 0);
+        be->ops->copy_h2d(be, d_src, src, sizeof(uint16_t) * (n + 1));
+        float *d_dst = dnew(be, n);
+        be->ops->cast_bf16_f32(be, d_dst, (const uint16_t *)d_src + 1, n);
+        float *got = dget(be, d_dst, n, "cast_bf16_f32");
+        for (size_t i = 0; i < n; i++)
+            if (memcmp(&got[i], &want[i], sizeof(float)))
+                fail_msg("cast_bf16_f32 (%s): element %zu (bf16 0x%04x): %a, want %a",
+                         math_name[m], i, src[i + 1], got[i], want[i]);
+        free(got);
+        dfree(be, d_dst);
+        be->ops->buf_free(be, d_src);
+    }
+    free(want);
+    free(src);
+}
+
 /* ---------------------------------------------------------------- cross-entropy */
 
 static void run_cross_entropy(int m, int N, int V)
@@ -823,6 +858,7 @@ static int run_cuda_tests(void)
         cmocka_unit_test(test_attention_gqa_matches_reference),
         cmocka_unit_test(test_attention_mha_matches_reference),
         cmocka_unit_test(test_swiglu_and_add_match_reference),
+        cmocka_unit_test(test_cast_bf16_f32_matches_reference_bit_for_bit),
         cmocka_unit_test(test_cross_entropy_matches_reference),
         cmocka_unit_test(test_sqnorm_is_exact_and_the_same_bits_from_host_memory),
         cmocka_unit_test(test_copies_and_ops_run_in_issue_order),

@@ -446,6 +446,62 @@ static void test_sqnorm_is_exact_and_thread_independent(void **state)
     gfree(x);
 }
 
+/* ---------------------------------------------------------------- casts */
+
+/* The plain reference: bf16 is the top half of an fp32. */
+static float bf16_widened(uint16_t h)
+{
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* cast_bf16_f32 on backend be over src (n): bit-exact against the plain
+ * reference (NaN included: payload and sign kept), nothing written past n. */
+static void check_cast(fso_backend *be, const uint16_t *src, size_t n, const char *what)
+{
+    float *dst = gbuf(n);
+    be->ops->cast_bf16_f32(be, dst, src, n);
+    guard_check(dst, n, what);
+    for (size_t i = 0; i < n; i++) {
+        float want = bf16_widened(src[i]);
+        if (memcmp(&dst[i], &want, sizeof want))
+            fail_msg("%s (%s), n %zu: element %zu (bf16 0x%04x): %a, want %a", what,
+                     be->ops->name, n, i, src[i], dst[i], want);
+    }
+    gfree(dst);
+}
+
+static void test_cast_bf16_f32_is_exact(void **state)
+{
+    (void)state;
+    /* every bf16 value: ±0, denormals, normals, ±Inf, quiet and signalling NaNs */
+    size_t n_all = 65536;
+    uint16_t *all = malloc(sizeof(uint16_t) * n_all);
+    assert_non_null(all);
+    for (size_t i = 0; i < n_all; i++)
+        all[i] = (uint16_t)i;
+    assert_true(bf16_widened(0x0001) > 0 && bf16_widened(0x0001) < 1.2e-38f); /* a denormal */
+    assert_true(isinf(bf16_widened(0xff80)) && bf16_widened(0xff80) < 0);
+    assert_true(isnan(bf16_widened(0x7fc1)));
+    check_cast(ref, all, n_all, "all bf16 values");
+    check_cast(fast, all, n_all, "all bf16 values");
+    /* odd lengths and offsets, and one long enough to split over threads */
+    static const size_t lens[] = {0, 1, 3, 7, 1023, 32769, 100003};
+    for (size_t l = 0; l < sizeof lens / sizeof *lens; l++) {
+        size_t n = lens[l];
+        uint16_t *src = malloc(sizeof(uint16_t) * (n + 1));
+        assert_non_null(src);
+        for (size_t i = 0; i <= n; i++)
+            src[i] = (uint16_t)(fso_rng_u64(&rng) >> 48);
+        check_cast(ref, src + 1, n, "random bits, odd offset");
+        check_cast(fast, src + 1, n, "random bits, odd offset");
+        free(src);
+    }
+    free(all);
+}
+
 static void test_unknown_backend_is_an_error(void **state)
 {
     (void)state;
@@ -483,6 +539,7 @@ int main(void)
         cmocka_unit_test(test_swiglu),
         cmocka_unit_test(test_cross_entropy),
         cmocka_unit_test(test_sqnorm_is_exact_and_thread_independent),
+        cmocka_unit_test(test_cast_bf16_f32_is_exact),
         cmocka_unit_test(test_unknown_backend_is_an_error),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
