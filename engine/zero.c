@@ -388,7 +388,7 @@ static const float *src_params(void *ctx, int b)
     }
     /* Every rank joins the gather even after a failure, so no rank waits
      * forever; the step is discarded afterwards. */
-    z->coll->ops->all_gather(z->coll, rk->rank, send, rk->gbuf[g], S);
+    z->coll->ops->all_gather(z->coll, rk->rank, send, rk->gbuf[g], S, FSO_COLL_F32);
     rk->gbuf_block[g] = b;
     rk->gbuf_refs[g] = 1;
     return rk->gbuf[g];

@@ -17,11 +17,25 @@
 
 typedef struct fso_coll fso_coll;
 
+/* What an all-gather moves. It copies bits and converts nothing, so the
+ * type only sets the element size (and tells NCCL what it carries): bf16
+ * working parameters move at half the bytes of fp32 ones. */
+typedef enum fso_coll_dtype {
+    FSO_COLL_F32 = 0,
+    FSO_COLL_BF16,
+} fso_coll_dtype;
+
+static inline size_t fso_coll_dtype_bytes(fso_coll_dtype dt)
+{
+    return dt == FSO_COLL_BF16 ? 2 : 4;
+}
+
 typedef struct fso_coll_ops {
     const char *name;
-    /* recv (world*count) = concat over ranks of send (count); send may be
-     * recv + rank*count (in place). */
-    int (*all_gather)(fso_coll *c, int rank, const float *send, float *recv, size_t count);
+    /* recv (world*count) = concat over ranks of send (count), elements of
+     * type dt; send may be recv + rank*count elements (in place). */
+    int (*all_gather)(fso_coll *c, int rank, const void *send, void *recv, size_t count,
+                      fso_coll_dtype dt);
     /* recv (count) = sum over ranks k of send_k[rank*count .. +count) */
     int (*reduce_scatter)(fso_coll *c, int rank, const float *send, float *recv, size_t count);
     /* buf (count) = sum over ranks of buf, in double: losses and norms */

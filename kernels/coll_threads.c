@@ -17,7 +17,8 @@
 #define MAX_WORLD 64
 
 struct slot {
-    const float *send;
+    const void *gather;   /* all-gather's send, any element type */
+    const float *send;    /* reduce-scatter's */
     float *recv;
     double *dbuf;
 };
@@ -34,16 +35,18 @@ static void wait_all(struct ctx *x)
     pthread_barrier_wait(&x->bar);
 }
 
-static int th_all_gather(fso_coll *c, int rank, const float *send, float *recv, size_t count)
+static int th_all_gather(fso_coll *c, int rank, const void *send, void *recv, size_t count,
+                         fso_coll_dtype dt)
 {
     struct ctx *x = c->ctx;
+    const size_t bytes = fso_coll_dtype_bytes(dt) * count;
     double t0 = fso_now_ms();
-    x->slots[rank].send = send;
+    x->slots[rank].gather = send;
     wait_all(x);
     for (int k = 0; k < c->world; k++) {
-        float *dst = recv + (size_t)k * count;
-        if (dst != x->slots[k].send)
-            memcpy(dst, x->slots[k].send, sizeof(float) * count);
+        char *dst = (char *)recv + (size_t)k * bytes;
+        if (dst != x->slots[k].gather)
+            memcpy(dst, x->slots[k].gather, bytes);
     }
     wait_all(x);
     c->busy_ms[rank] += fso_now_ms() - t0;

@@ -112,9 +112,10 @@ int fso_cuda_host_unregister(void *ptr, size_t bytes);
 /* NCCL collectives among `world` CUDA backends of this process, devices[r]
  * being rank r's (one CUDA device each, all distinct). One communicator per
  * device (ncclCommInitAll); each rank's thread calls its collectives, as the
- * engine does. all_gather and reduce_scatter (fp32, sum) run on each rank's
- * collective stream, ordered after the work already queued on its backend
- * and before the work queued after them; they return once queued. A failure
+ * engine does. all_gather (fp32 or bf16) and reduce_scatter (fp32, sum) run
+ * on each rank's collective stream, ordered after the work already queued on
+ * its backend and before the work queued after them; they return once
+ * queued. A failure
  * is returned and also kept in the rank's backend, so its next sync() reports
  * it. all_reduce_f64 (host buffers, at most 64 values) gathers every rank's
  * values and sums them in rank order, so all ranks get the same bits;

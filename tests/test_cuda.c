@@ -695,6 +695,7 @@ struct rank_job {
     size_t count;
     float *send, *host_gather, *host_scatter;  /* threads implementation, host memory */
     float *dev_gather, *dev_scatter;           /* NCCL results copied back */
+    uint16_t *host_gather16, *dev_gather16;    /* bf16 gathers of send's first 2*count bytes */
     double f64[3], f64_threads[3];
     int rc;
     char err[FSO_BACKEND_ERR_MAX];
@@ -707,21 +708,25 @@ static void *rank_main(void *arg)
     const size_t cnt = j->count, W = (size_t)j->world;
     int rc = 0;
     /* the reference: threads over host memory */
-    j->threads->ops->all_gather(j->threads, j->rank, j->send, j->host_gather, cnt);
+    j->threads->ops->all_gather(j->threads, j->rank, j->send, j->host_gather, cnt, FSO_COLL_F32);
     j->threads->ops->reduce_scatter(j->threads, j->rank, j->send, j->host_scatter, cnt / W);
+    j->threads->ops->all_gather(j->threads, j->rank, j->send, j->host_gather16, cnt,
+                                FSO_COLL_BF16);
     memcpy(j->f64_threads, j->f64, sizeof j->f64);
     j->threads->ops->all_reduce_f64(j->threads, j->rank, j->f64_threads, 3);
 
-    void *d_send = NULL, *d_gather = NULL, *d_scatter = NULL;
+    void *d_send = NULL, *d_gather = NULL, *d_scatter = NULL, *d_gather16 = NULL;
     rc = be->ops->buf_alloc(be, sizeof(float) * cnt, &d_send);
     if (rc == 0)
         rc = be->ops->buf_alloc(be, sizeof(float) * cnt * W, &d_gather);
     if (rc == 0)
         rc = be->ops->buf_alloc(be, sizeof(float) * cnt, &d_scatter);
+    if (rc == 0)
+        rc = be->ops->buf_alloc(be, sizeof(uint16_t) * cnt * W, &d_gather16);
     /* every rank joins every collective, even after a failure */
     if (d_send)
         be->ops->copy_h2d(be, d_send, j->send, sizeof(float) * cnt);
-    int r1 = j->nccl->ops->all_gather(j->nccl, j->rank, d_send, d_gather, cnt);
+    int r1 = j->nccl->ops->all_gather(j->nccl, j->rank, d_send, d_gather, cnt, FSO_COLL_F32);
     int r2 = j->nccl->ops->reduce_scatter(j->nccl, j->rank, d_send, d_scatter, cnt / W);
     if (d_gather)
         be->ops->copy_d2h(be, j->dev_gather, d_gather, sizeof(float) * cnt * W);
@@ -732,12 +737,15 @@ static void *rank_main(void *arg)
         be->ops->copy_h2d(be, (float *)d_gather + (size_t)j->rank * cnt, j->send,
                           sizeof(float) * cnt);
     int r3 = j->nccl->ops->all_gather(j->nccl, j->rank, (float *)d_gather + (size_t)j->rank * cnt,
-                                      d_gather, cnt);
+                                      d_gather, cnt, FSO_COLL_F32);
+    int r6 = j->nccl->ops->all_gather(j->nccl, j->rank, d_send, d_gather16, cnt, FSO_COLL_BF16);
+    if (d_gather16)
+        be->ops->copy_d2h(be, j->dev_gather16, d_gather16, sizeof(uint16_t) * cnt * W);
     int r4 = j->nccl->ops->all_reduce_f64(j->nccl, j->rank, j->f64, 3);
     int r5 = j->nccl->ops->barrier(j->nccl, j->rank);
     int rs = be->ops->sync(be);
     if (rc == 0)
-        rc = r1 ? r1 : r2 ? r2 : r3 ? r3 : r4 ? r4 : r5 ? r5 : rs;
+        rc = r1 ? r1 : r2 ? r2 : r3 ? r3 : r4 ? r4 : r5 ? r5 : r6 ? r6 : rs;
     if (rc == 0 && d_gather) { /* the in-place gather equals the first */
         float *again = malloc(sizeof(float) * cnt * W);
         be->ops->copy_d2h(be, again, d_gather, sizeof(float) * cnt * W);
@@ -750,6 +758,7 @@ static void *rank_main(void *arg)
     be->ops->buf_free(be, d_send);
     be->ops->buf_free(be, d_gather);
     be->ops->buf_free(be, d_scatter);
+    be->ops->buf_free(be, d_gather16);
     j->rc = rc;
     return NULL;
 }
@@ -790,6 +799,8 @@ static void test_nccl_matches_the_thread_collectives(void **state)
         j->host_scatter = hbuf(count / world);
         j->dev_gather = hbuf(count * world);
         j->dev_scatter = hbuf(count / world);
+        j->host_gather16 = calloc(count * world, sizeof(uint16_t));
+        j->dev_gather16 = calloc(count * world, sizeof(uint16_t));
         j->f64[0] = 0.1 * (r + 1);
         j->f64[1] = 1e16 + r; /* rank order matters at this magnitude */
         j->f64[2] = -3.0 * r;
@@ -804,6 +815,8 @@ static void test_nccl_matches_the_thread_collectives(void **state)
             fail_msg("rank %d: %s (%s)", r, strerror(-j->rc), j->err);
         compare("all_gather", 0, j->dev_gather, j->host_gather, count * world, 0);
         compare("reduce_scatter", 0, j->dev_scatter, j->host_scatter, count / world, 1e-6);
+        if (memcmp(j->dev_gather16, j->host_gather16, sizeof(uint16_t) * count * world))
+            fail_msg("rank %d: bf16 all_gather: NCCL and the thread collectives differ", r);
         assert_true(memcmp(j->f64, j->f64_threads, sizeof j->f64) == 0);
         assert_true(nccl->busy_ms[r] >= 0);
     }
@@ -812,6 +825,8 @@ static void test_nccl_matches_the_thread_collectives(void **state)
         float *h[] = {j->send, j->host_gather, j->host_scatter, j->dev_gather, j->dev_scatter};
         for (size_t i = 0; i < sizeof h / sizeof *h; i++)
             free(h[i]);
+        free(j->host_gather16);
+        free(j->dev_gather16);
     }
     fso_coll_destroy(nccl);
     fso_coll_destroy(threads);
