@@ -176,7 +176,7 @@ static int reap_some(rank_state *rk, errsink *es)
     return 0;
 }
 
-int fso_zero_queue_io(rank_state *rk, errsink *es, slot *s, bool write, float *buf, size_t bytes,
+int fso_zero_queue_io(rank_state *rk, errsink *es, slot *s, bool write, void *buf, size_t bytes,
                       uint64_t off)
 {
     int rc = 0;
@@ -235,12 +235,21 @@ static bool addressable(const rank_state *rk, const loc *l)
     return l->tier == FSO_TIER_HOST || (l->tier == FSO_TIER_DEVICE && rk->be->ops->host_addressable);
 }
 
-int fso_zero_xfer(rank_state *rk, errsink *es, uint64_t *bytes_done, int b, fso_kind k,
-                  size_t c0, size_t n, slot *s, bool write, bool in_place, float **ptr)
+void *fso_zero_xfer_dest(rank_state *rk, int b, fso_kind k, size_t c0, slot *s, bool in_place)
 {
     loc *l = fso_zero_locate(rk, b, k);
-    size_t bytes = sizeof(float) * n;
-    float *shard = l->ptr + c0;
+    if (in_place && addressable(rk, l))
+        return (char *)l->ptr + rk->z->elem_bytes[k] * c0;
+    return s->buf;
+}
+
+int fso_zero_xfer(rank_state *rk, errsink *es, uint64_t *bytes_done, int b, fso_kind k,
+                  size_t c0, size_t n, slot *s, bool write, bool in_place, void **ptr)
+{
+    loc *l = fso_zero_locate(rk, b, k);
+    const size_t eb = rk->z->elem_bytes[k];
+    size_t bytes = eb * n;
+    void *shard = l->ptr ? (char *)l->ptr + eb * c0 : NULL;
     if (in_place && addressable(rk, l)) {
         if (!write)
             *ptr = shard;
@@ -254,9 +263,12 @@ int fso_zero_xfer(rank_state *rk, errsink *es, uint64_t *bytes_done, int b, fso_
         memcpy(s->buf, *ptr, bytes);
     switch (l->tier) {
     case FSO_TIER_NVME:
-        __atomic_fetch_add(bytes_done, bytes, __ATOMIC_RELAXED);
-        return fso_zero_queue_io(rk, es, s, write, s->buf, round_page(bytes),
-                                 l->off + sizeof(float) * c0);
+        /* O_DIRECT: whole pages at page offsets. Chunks start at a multiple
+         * of 4 KiB of the kind's bytes (see chunk_bytes in fso_zero_create);
+         * a shard's last page may be part padding (bf16 shards are 2 KiB
+         * multiples), and what the drive moves is what is counted */
+        __atomic_fetch_add(bytes_done, round_page(bytes), __ATOMIC_RELAXED);
+        return fso_zero_queue_io(rk, es, s, write, s->buf, round_page(bytes), l->off + eb * c0);
     case FSO_TIER_HOST:
         if (write)
             memcpy(shard, s->buf, bytes);
@@ -276,14 +288,14 @@ int fso_zero_xfer(rank_state *rk, errsink *es, uint64_t *bytes_done, int b, fso_
 /* Whole shard (b, k) into s->buf, and back (compute thread). */
 static int shard_fetch(rank_state *rk, int b, fso_kind k, slot *s)
 {
-    float *p;
+    void *p;
     return fso_zero_xfer(rk, &rk->ce, &rk->st.nvme_read_bytes, b, k, 0,
                          fso_zero_shard_elems(rk->z, b), s, false, false, &p);
 }
 
 static int shard_store(rank_state *rk, int b, fso_kind k, slot *s)
 {
-    float *p = s->buf;
+    void *p = s->buf;
     return fso_zero_xfer(rk, &rk->ce, &rk->st.nvme_write_bytes, b, k, 0,
                          fso_zero_shard_elems(rk->z, b), s, true, false, &p);
 }
@@ -333,12 +345,20 @@ static int prefetch_params(rank_state *rk)
     return 0;
 }
 
+/* Lend block b's full fp32 parameters. The rank's shard is gathered from
+ * where it lives when the collective can read it there, else staged on the
+ * device first. fp32 working parameters are gathered into the fp32 window
+ * the model reads (world 1 on the device: the shard itself is lent); bf16
+ * ones are gathered at half the bytes into pgbuf and widened into the
+ * window by one cast (world 1: straight from the shard). */
 static const float *src_params(void *ctx, int b)
 {
     rank_state *rk = ctx;
     fso_zero *z = rk->z;
     fso_backend *be = rk->be;
     size_t S = fso_zero_shard_elems(z, b);
+    const size_t eb = z->elem_bytes[FSO_KIND_PARAM], shard_bytes = eb * S;
+    const bool bf16 = rk->pgbuf != NULL;
 
     /* the previous step's update of this block must be in (overlapped schedules) */
     if (rk->ce.rc == 0)
@@ -350,15 +370,17 @@ static const float *src_params(void *ctx, int b)
         fprintf(stderr, "%s:%d: more than two blocks lent at once\n", __FILE__, __LINE__);
         abort();
     }
-    float *mine = rk->gbuf[g] + (size_t)rk->rank * S;
+    /* the gather's target, in the working parameters' type */
+    void *recv = bf16 ? (void *)rk->pgbuf : (void *)rk->gbuf[g];
+    void *mine = (char *)recv + (size_t)rk->rank * shard_bytes;
+    const void *send = mine; /* this rank's shard, where the gather reads it */
     loc *l = fso_zero_locate(rk, b, FSO_KIND_PARAM);
-    const float *send = mine; /* this rank's shard, where the gather reads it */
     if (rk->ce.rc == 0) {
         if (l->tier == FSO_TIER_DEVICE ||
             (l->tier == FSO_TIER_HOST && be->ops->host_addressable)) {
             send = l->ptr; /* gathered straight from where it lives */
         } else if (l->tier == FSO_TIER_HOST) {
-            be->ops->copy_h2d(be, mine, l->ptr, sizeof(float) * S);
+            be->ops->copy_h2d(be, mine, l->ptr, shard_bytes);
         } else {
             /* the order must match the model's: it is the same on every rank */
             if (rk->order_pos >= z->n_order || z->order[rk->order_pos] != b) {
@@ -374,7 +396,7 @@ static const float *src_params(void *ctx, int b)
             int wrc = s ? fso_zero_slot_wait(rk, &rk->ce, s, "parameters", b) : -EIO;
             rk->st.stall_ms += fso_now_ms() - t0;
             if (wrc == 0) {
-                be->ops->copy_h2d(be, mine, s->buf, sizeof(float) * S);
+                be->ops->copy_h2d(be, mine, s->buf, shard_bytes);
                 /* the slot is reused for the next read: the copy from pinned
                  * memory must be done first */
                 if (!be->ops->host_addressable)
@@ -388,7 +410,16 @@ static const float *src_params(void *ctx, int b)
     }
     /* Every rank joins the gather even after a failure, so no rank waits
      * forever; the step is discarded afterwards. */
-    z->coll->ops->all_gather(z->coll, rk->rank, send, rk->gbuf[g], S, FSO_COLL_F32);
+    if (!bf16) {
+        z->coll->ops->all_gather(z->coll, rk->rank, send, recv, S, FSO_COLL_F32);
+    } else {
+        const uint16_t *full = send; /* world 1: the shard is the whole block */
+        if (z->world > 1) {
+            z->coll->ops->all_gather(z->coll, rk->rank, send, recv, S, FSO_COLL_BF16);
+            full = recv;
+        }
+        be->ops->cast_bf16_f32(be, rk->gbuf[g], full, (size_t)z->world * S);
+    }
     rk->gbuf_block[g] = b;
     rk->gbuf_refs[g] = 1;
     return rk->gbuf[g];
@@ -416,8 +447,6 @@ static float *src_grads(void *ctx, int b)
     return rk->gradbuf[g];
 }
 
-/* Reduce-scatter the block's gradients and add this rank's part into its
- * gradient shard (the first micro-batch of a step overwrites it). */
 /* Reduce-scatter the block's gradients and add this rank's part into its
  * gradient shard (the first micro-batch of a step overwrites it). After the
  * step's last micro-batch the block's squared norm is taken from the values
@@ -452,11 +481,11 @@ static void src_grads_done(void *ctx, int b)
             if (shard_fetch(rk, b, FSO_KIND_GRAD, s) < 0 ||
                 fso_zero_slot_wait(rk, &rk->ce, s, "gradients", b) < 0)
                 return;
-            float *tmp = rk->gtmp.buf;
+            float *acc = s->buf, *tmp = rk->gtmp.buf;
             be->ops->copy_d2h(be, tmp, mine, sizeof(float) * S);
             be->ops->sync(be);
             for (size_t i = 0; i < S; i++)
-                s->buf[i] += tmp[i];
+                acc[i] += tmp[i];
         } else {
             be->ops->copy_d2h(be, s->buf, mine, sizeof(float) * S);
             be->ops->sync(be);
@@ -817,8 +846,33 @@ static void flat_free(const fso_zero *z, float **flat)
     free(flat);
 }
 
+/* n fp32 values into elements of elem_bytes (4: fp32, 2: bf16 rounded to
+ * nearest even, as the optimizer writes them), and back (exact). */
+static void narrow(void *dst, size_t elem_bytes, const float *src, size_t n)
+{
+    if (elem_bytes == sizeof(float)) {
+        memcpy(dst, src, sizeof(float) * n);
+        return;
+    }
+    uint16_t *d = dst;
+    for (size_t i = 0; i < n; i++)
+        d[i] = fso_bf16_from_f32(src[i]);
+}
+
+static void widen(float *dst, const void *src, size_t elem_bytes, size_t n)
+{
+    if (elem_bytes == sizeof(float)) {
+        memcpy(dst, src, sizeof(float) * n);
+        return;
+    }
+    const uint16_t *h = src;
+    for (size_t i = 0; i < n; i++)
+        dst[i] = fso_f32_from_bf16(h[i]);
+}
+
 /* Copy kind k of block b's shards on every rank from (dir 0) or to (dir 1)
- * the flat host buffer. Runs on the caller's thread, synchronously. */
+ * the flat fp32 host buffer, converting to and from the kind's element
+ * type. Runs on the caller's thread, synchronously. */
 static int block_xfer(fso_zero *z, int b, float *flat, fso_kind k, int dir)
 {
     size_t S = fso_zero_shard_elems(z, b);
@@ -829,7 +883,7 @@ static int block_xfer(fso_zero *z, int b, float *flat, fso_kind k, int dir)
         int rc;
         rk->ce.rc = 0;
         if (dir == 0) {
-            memcpy(s->buf, flat + (size_t)r * S, sizeof(float) * S);
+            narrow(s->buf, z->elem_bytes[k], flat + (size_t)r * S, S);
             rc = shard_store(rk, b, k, s);
             if (rc == 0 && nv)
                 rc = fso_zero_slot_wait(rk, &rk->ce, s, fso_zero_kind_names[k], b);
@@ -838,7 +892,7 @@ static int block_xfer(fso_zero *z, int b, float *flat, fso_kind k, int dir)
             if (rc == 0 && nv)
                 rc = fso_zero_slot_wait(rk, &rk->ce, s, fso_zero_kind_names[k], b);
             if (rc == 0)
-                memcpy(flat + (size_t)r * S, s->buf, sizeof(float) * S);
+                widen(flat + (size_t)r * S, s->buf, z->elem_bytes[k], S);
         }
         if (rc < 0)
             return rc;
@@ -917,6 +971,11 @@ int fso_zero_store_grads_hf(fso_zero *z, float *hf, char *err, size_t errlen)
     return store_kind_hf(z, FSO_KIND_GRAD, hf, err, errlen);
 }
 
+int fso_zero_store_working_hf(fso_zero *z, float *hf, char *err, size_t errlen)
+{
+    return store_kind_hf(z, FSO_KIND_PARAM, hf, err, errlen);
+}
+
 static void *rank_logits(void *arg)
 {
     rank_state *rk = arg;
@@ -992,7 +1051,7 @@ void fso_zero_describe(const fso_zero *z, char *buf, size_t len)
     size_t per_kind[FSO_N_KINDS] = {0};
     for (int b = 0; b < z->n_blocks; b++)
         for (int k = 0; k < FSO_N_KINDS; k++)
-            per_kind[k] += sizeof(float) * z->blocks[b].padded_elems;
+            per_kind[k] += z->elem_bytes[k] * z->blocks[b].padded_elems;
     size_t off = 0;
     for (int k = 0; k < FSO_N_KINDS && off < len; k++) {
         char h[32];
@@ -1098,7 +1157,12 @@ int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t err
     z->tier[FSO_KIND_PARAM] = cfg->offload.param_tier;
     for (int k = FSO_KIND_MASTER; k < FSO_N_KINDS; k++)
         z->tier[k] = cfg->offload.optim_tier;
-    z->alias_params = z->world == 1 && z->tier[FSO_KIND_PARAM] == FSO_TIER_DEVICE;
+    for (int k = 0; k < FSO_N_KINDS; k++)
+        z->elem_bytes[k] = sizeof(float);
+    if (cfg->bf16)
+        z->elem_bytes[FSO_KIND_PARAM] = sizeof(uint16_t);
+    /* a bf16 shard cannot be lent as the fp32 block the model reads */
+    z->alias_params = z->world == 1 && z->tier[FSO_KIND_PARAM] == FSO_TIER_DEVICE && !cfg->bf16;
     z->prefetch = cfg->offload.prefetch_blocks;
     if (fso_adamw_select(FSO_ISA_AUTO, &z->adamw) < 0)
         z->adamw = NULL; /* the scalar reference */
@@ -1137,22 +1201,29 @@ int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t err
         z->order[z->n_order++] = 1 + l;
 
     /* ---- budgets, before any large allocation */
-    size_t shard_bytes_total = 0; /* one kind, one rank */
+    size_t per_tier[3] = {0}, all_kinds_bytes = 0; /* one rank */
     for (int b = 0; b < z->n_blocks; b++)
-        shard_bytes_total += round_page(sizeof(float) * fso_zero_shard_elems(z, b));
-    size_t per_tier[3] = {0};
-    for (int k = 0; k < FSO_N_KINDS; k++)
-        per_tier[z->tier[k]] += shard_bytes_total;
-    const size_t slot_bytes = round_page(sizeof(float) * z->max_shard);
+        for (int k = 0; k < FSO_N_KINDS; k++) {
+            size_t bytes = round_page(z->elem_bytes[k] * fso_zero_shard_elems(z, b));
+            per_tier[z->tier[k]] += bytes;
+            all_kinds_bytes += bytes;
+        }
+    const size_t slot_bytes = round_page(sizeof(float) * z->max_shard); /* any kind */
+    const size_t pslot_bytes = round_page(z->elem_bytes[FSO_KIND_PARAM] * z->max_shard);
     const bool nvme = per_tier[FSO_TIER_NVME] > 0;
     const int n_pslots = z->tier[FSO_KIND_PARAM] == FSO_TIER_NVME
                              ? cfg->offload.prefetch_blocks + 2 : 0;
-    /* optimizer chunks: aio.block_size, at most a shard */
+    /* optimizer chunks: aio.block_size, at most a shard. A chunk of bf16
+     * parameters takes half a chunk's bytes and must start 4 KiB aligned in
+     * the file (O_DIRECT), so with bf16 a chunk that splits a shard is a
+     * multiple of 8 KiB. */
     size_t chunk_bytes = (size_t)cfg->offload.aio_block_bytes;
+    if (z->elem_bytes[FSO_KIND_PARAM] < sizeof(float))
+        chunk_bytes = (chunk_bytes + 2 * STAGE_ALIGN - 1) & ~(size_t)(2 * STAGE_ALIGN - 1);
     if (chunk_bytes > slot_bytes)
         chunk_bytes = slot_bytes;
-    const size_t stage_per_rank =
-        slot_bytes * (size_t)(n_pslots + 2) + chunk_bytes * 2 * FSO_N_KINDS;
+    const size_t stage_per_rank = pslot_bytes * (size_t)n_pslots + slot_bytes * 2 +
+                                  chunk_bytes * 2 * FSO_N_KINDS;
     z->arena_bytes = (per_tier[FSO_TIER_HOST] + stage_per_rank) * (size_t)z->world;
 
     z->cuda = strcmp(cfg->backend, "cuda") == 0;
@@ -1161,7 +1232,8 @@ int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t err
         uint64_t avail = fso_mem_available_bytes();
         cap = avail ? avail / 2 / (uint64_t)z->world : (uint64_t)8 << 30;
     }
-    const size_t window = (z->alias_params ? 0 : 2) * sizeof(float) * z->max_padded;
+    const size_t window = (z->alias_params ? 0 : 2) * sizeof(float) * z->max_padded +
+                          (cfg->bf16 ? sizeof(uint16_t) * z->max_padded : 0);
     const size_t gradbufs = 2 * sizeof(float) * z->max_padded;
 
     int threads = cfg->threads > 0 ? cfg->threads : fso_cpu_count();
@@ -1241,7 +1313,7 @@ int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t err
     /* ---- the host arena: one for all devices. Twice what every kind on
      * the host would need is reserved (address space only), so that
      * re-plans can grow it in place. */
-    z->arena_reserve = 2 * ((5 * shard_bytes_total + slot_bytes * (MAX_PARAM_SLOTS + 2) +
+    z->arena_reserve = 2 * ((all_kinds_bytes + slot_bytes * (MAX_PARAM_SLOTS + 2) +
                              chunk_bytes * 2 * FSO_N_KINDS) * (size_t)z->world) + ARENA_ROUND;
     z->arena_reserve = (z->arena_reserve + ARENA_ROUND - 1) / ARENA_ROUND * ARENA_ROUND;
     z->arena = mmap(NULL, z->arena_reserve, PROT_NONE,
@@ -1275,7 +1347,7 @@ int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t err
         for (int b = 0; b < z->n_blocks; b++)
             for (int k = 0; k < FSO_N_KINDS; k++) {
                 loc *l = fso_zero_locate(rk, b, k);
-                size_t bytes = round_page(sizeof(float) * fso_zero_shard_elems(z, b));
+                size_t bytes = round_page(z->elem_bytes[k] * fso_zero_shard_elems(z, b));
                 l->tier = z->tier[k];
                 if (l->tier == FSO_TIER_DEVICE) {
                     if ((rc = be->ops->buf_alloc(be, bytes, (void **)&l->ptr)) < 0) {
@@ -1296,6 +1368,11 @@ int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t err
                     snprintf(err, errlen, "device memory: %s", be->err);
                     goto fail;
                 }
+        if (cfg->bf16 && (rc = be->ops->buf_alloc(be, sizeof(uint16_t) * z->max_padded,
+                                                  (void **)&rk->pgbuf)) < 0) {
+            snprintf(err, errlen, "device memory: %s", be->err);
+            goto fail;
+        }
         for (int g = 0; g < 2; g++)
             if ((rc = be->ops->buf_alloc(be, sizeof(float) * z->max_padded,
                                          (void **)&rk->gradbuf[g])) < 0) {
@@ -1304,7 +1381,7 @@ int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t err
             }
         rk->n_pslots = rk->n_pslots_buf = n_pslots;
         for (int j = 0; j < n_pslots; j++) {
-            rk->pslots[j].buf = rank_take(rk, slot_bytes);
+            rk->pslots[j].buf = rank_take(rk, pslot_bytes);
             rk->pslots[j].block = -1;
         }
         for (int set = 0; set < 2; set++)
@@ -1408,7 +1485,7 @@ static void retier_undo(rank_state *rk, retier_job *j)
                 be->ops->buf_free(be, l->ptr);
             else if (l->tier == FSO_TIER_HOST && l->ptr)
                 arena_release(rk->z, l->ptr,
-                              round_page(sizeof(float) * fso_zero_shard_elems(rk->z, b)));
+                              round_page(rk->z->elem_bytes[k] * fso_zero_shard_elems(rk->z, b)));
         }
         free(j->fresh[k]);
         j->fresh[k] = NULL;
@@ -1429,7 +1506,7 @@ static int retier_copy(rank_state *rk, int b, fso_kind k, const loc *to, uint64_
     loc *l = fso_zero_locate(rk, b, k);
     slot *s = &rk->gslot;
     size_t S = fso_zero_shard_elems(rk->z, b);
-    float *p;
+    void *p;
     int rc = fso_zero_xfer(rk, &rk->ce, &io, b, k, 0, S, s, false, false, &p);
     if (rc == 0)
         rc = fso_zero_slot_wait(rk, &rk->ce, s, fso_zero_kind_names[k], b);
@@ -1443,7 +1520,7 @@ static int retier_copy(rank_state *rk, int b, fso_kind k, const loc *to, uint64_
         rc = fso_zero_slot_wait(rk, &rk->ce, s, fso_zero_kind_names[k], b);
     *l = old;
     if (rc == 0)
-        *moved += sizeof(float) * S;
+        *moved += rk->z->elem_bytes[k] * S;
     return rc;
 }
 
@@ -1461,9 +1538,10 @@ int fso_zero_retier(fso_zero *z, const fso_offload_config *o, uint64_t *bytes_mo
                  MAX_PARAM_SLOTS - 2);
         return -EINVAL;
     }
-    const bool alias = z->world == 1 && want[FSO_KIND_PARAM] == FSO_TIER_DEVICE;
+    const bool alias = z->world == 1 && want[FSO_KIND_PARAM] == FSO_TIER_DEVICE &&
+                       z->elem_bytes[FSO_KIND_PARAM] == sizeof(float);
     const int n_ps = want[FSO_KIND_PARAM] == FSO_TIER_NVME ? o->prefetch_blocks + 2 : 0;
-    const size_t slot_bytes = round_page(sizeof(float) * z->max_shard);
+    const size_t pslot_bytes = round_page(z->elem_bytes[FSO_KIND_PARAM] * z->max_shard);
 
     /* between steps: no update running, no I/O in flight */
     for (int r = 0; r < z->world; r++) {
@@ -1481,12 +1559,12 @@ int fso_zero_retier(fso_zero *z, const fso_offload_config *o, uint64_t *bytes_mo
     for (int k = 0; k < FSO_N_KINDS; k++)
         if (want[k] != z->tier[k])
             for (int b = 0; b < z->n_blocks; b++)
-                add[want[k]] += round_page(sizeof(float) * fso_zero_shard_elems(z, b));
+                add[want[k]] += round_page(z->elem_bytes[k] * fso_zero_shard_elems(z, b));
     if (z->alias_params && !alias)
         add[FSO_TIER_DEVICE] += 2 * sizeof(float) * z->max_padded;
     int more_slots = n_ps - z->ranks[0].n_pslots_buf;
     if (more_slots > 0)
-        add[FSO_TIER_HOST] += slot_bytes * (size_t)more_slots;
+        add[FSO_TIER_HOST] += pslot_bytes * (size_t)more_slots;
     if (add[FSO_TIER_DEVICE] == 0 && add[FSO_TIER_HOST] == 0 && add[FSO_TIER_NVME] == 0 &&
         memcmp(want, z->tier, sizeof want) == 0) {
         z->prefetch = o->prefetch_blocks;
@@ -1558,7 +1636,7 @@ int fso_zero_retier(fso_zero *z, const fso_offload_config *o, uint64_t *bytes_mo
             }
             for (int b = 0; b < z->n_blocks && rc == 0; b++) {
                 loc *to = &j->fresh[k][b];
-                size_t bytes = round_page(sizeof(float) * fso_zero_shard_elems(z, b));
+                size_t bytes = round_page(z->elem_bytes[k] * fso_zero_shard_elems(z, b));
                 to->tier = want[k];
                 if (to->tier == FSO_TIER_DEVICE) {
                     if ((rc = be->ops->buf_alloc(be, bytes, (void **)&to->ptr)) < 0) {
@@ -1599,7 +1677,7 @@ int fso_zero_retier(fso_zero *z, const fso_offload_config *o, uint64_t *bytes_mo
                 continue;
             for (int b = 0; b < z->n_blocks; b++) {
                 loc *l = fso_zero_locate(rk, b, k);
-                size_t bytes = round_page(sizeof(float) * fso_zero_shard_elems(z, b));
+                size_t bytes = round_page(z->elem_bytes[k] * fso_zero_shard_elems(z, b));
                 if (l->tier == FSO_TIER_DEVICE)
                     be->ops->buf_free(be, l->ptr);
                 else if (l->tier == FSO_TIER_HOST)
@@ -1619,7 +1697,7 @@ int fso_zero_retier(fso_zero *z, const fso_offload_config *o, uint64_t *bytes_mo
             }
         }
         for (int q = rk->n_pslots_buf; q < n_ps; q++) {
-            rk->pslots[q].buf = rank_take(rk, slot_bytes);
+            rk->pslots[q].buf = rank_take(rk, pslot_bytes);
             rk->pslots[q].block = -1;
         }
         if (n_ps > rk->n_pslots_buf)
@@ -1668,6 +1746,7 @@ void fso_zero_destroy(fso_zero *z)
             rk->be->ops->buf_free(rk->be, rk->gbuf[g]);
             rk->be->ops->buf_free(rk->be, rk->gradbuf[g]);
         }
+        rk->be->ops->buf_free(rk->be, rk->pgbuf);
         fso_store_destroy(rk->store);
         fso_model_free(&rk->model);
         free(rk->locs);

@@ -9,10 +9,18 @@
  * NVMe store. Parameters follow zero_optimization.offload_param, the rest
  * offload_optimizer.
  *
+ * Working parameters are fp32, or bf16 (2 bytes) with bf16.enabled: then
+ * they are stored, read from NVMe and all-gathered at half the bytes, and
+ * one cast widens each gathered block to the fp32 the model computes in.
+ * AdamW writes them as bf16 of the new fp32 master (round to nearest even)
+ * in the same pass as the update, so they always equal bf16(master). Master,
+ * m, v and gradients stay fp32. A bf16 shard takes 2 KiB multiples; on NVMe
+ * each is rounded up to 4 KiB so every offset and I/O stays aligned.
+ *
  * A step on rank r: for each micro-batch, the model asks for each block in a
  * fixed order (model.h); the rank reads its parameter shard (prefetched from
- * NVMe train.prefetch_blocks blocks ahead), all-gathers the full block,
- * lends it, and drops it afterwards; gradients of each block are
+ * NVMe train.prefetch_blocks blocks ahead), all-gathers the full block
+ * (widening bf16 to fp32), lends it, and drops it afterwards; gradients of each block are
  * reduce-scattered as soon as the block's backward ends and added into the
  * rank's gradient shard. Then the exact global gradient norm (one
  * all-reduce), and AdamW over the rank's shards block by block, reading
@@ -32,7 +40,7 @@
 #include "store.h"
 
 typedef enum fso_kind {
-    FSO_KIND_PARAM = 0,   /* working parameters: gathered for compute */
+    FSO_KIND_PARAM = 0,   /* working parameters: gathered for compute; fp32, or bf16 */
     FSO_KIND_MASTER,      /* fp32 master weights */
     FSO_KIND_M,           /* AdamW first moment */
     FSO_KIND_V,           /* AdamW second moment */
@@ -88,10 +96,14 @@ int fso_zero_finish(fso_zero *z, double *waited_ms, char *err, size_t errlen);
 int fso_zero_retier(fso_zero *z, const fso_offload_config *o, uint64_t *bytes_moved, char *err,
                     size_t errlen);
 
-/* Parameters in HF order (n_params floats), from or to the sharded state
- * (the working parameters and the master both). */
+/* Parameters in HF order (n_params floats). load_hf sets the master to hf
+ * and the working parameters to hf (bf16: rounded to nearest even);
+ * store_hf returns the fp32 master. */
 int fso_zero_load_hf(fso_zero *z, const float *hf, char *err, size_t errlen);
 int fso_zero_store_hf(fso_zero *z, float *hf, char *err, size_t errlen);
+/* The working parameters in HF order, as the model computes from them:
+ * fp32, or bf16 widened exactly. */
+int fso_zero_store_working_hf(fso_zero *z, float *hf, char *err, size_t errlen);
 /* The gradient accumulators in HF order, as left by the last step. */
 int fso_zero_store_grads_hf(fso_zero *z, float *hf, char *err, size_t errlen);
 /* Forward of rank 0 on one micro-batch (B*T tokens), logits (B*T, V) to host. */

@@ -15,7 +15,8 @@
 
 /* A host staging buffer for one shard and the I/O outstanding on it. */
 typedef struct slot {
-    float *buf;          /* (max_shard) host, 4 KiB aligned */
+    void *buf;           /* host, 4 KiB aligned: a shard or a chunk of one, in its kind's
+                            element type (fso_zero.elem_bytes) */
     int pending;         /* requests in flight */
     int err;             /* first failure, negative errno */
     int block;           /* what it holds (param ring), -1 none */
@@ -23,7 +24,7 @@ typedef struct slot {
 
 typedef struct loc {
     fso_tier tier;
-    float *ptr;          /* DEVICE: the rank's device buffer; HOST: in the arena */
+    void *ptr;           /* DEVICE: the rank's device buffer; HOST: in the arena */
     uint64_t off;        /* NVME: byte offset in the rank's store */
 } loc;
 
@@ -52,7 +53,9 @@ typedef struct rank_state {
     uint64_t nvme_end;           /* end of the store's extents in use */
     loc *locs;                   /* [block * FSO_N_KINDS + kind] */
     /* device buffers */
-    float *gbuf[2];              /* gathered parameters (max_padded) */
+    float *gbuf[2];              /* gathered parameters (max_padded) fp32, what the model reads */
+    uint16_t *pgbuf;             /* bf16 working parameters: the gather lands here (max_padded),
+                                    then one cast fills gbuf; NULL with fp32 ones */
     int gbuf_block[2], gbuf_refs[2];
     float *gradbuf[2];           /* full-block gradients (max_padded) */
     int gradbuf_block[2];
@@ -97,10 +100,12 @@ struct fso_zero {
     int world, n_blocks;
     fso_block_layout *blocks;
     size_t max_padded, max_shard; /* elements */
+    size_t elem_bytes[FSO_N_KINDS]; /* per kind: 2 for bf16 working parameters
+                                     (bf16.enabled), else 4 (fp32) */
     fso_coll *coll;
     rank_state *ranks;
     fso_tier tier[FSO_N_KINDS];
-    bool alias_params;           /* world 1, parameters on the device: lend the shard itself */
+    bool alias_params;           /* world 1, fp32 parameters on the device: lend the shard itself */
     /* The host arena: `arena_reserve` bytes of address space reserved at
      * start (nothing committed), of which [0, arena_bytes) is usable
      * (committed, locked or registered with CUDA as asked) and
@@ -138,15 +143,20 @@ size_t fso_zero_shard_elems(const fso_zero *z, int b);
 loc *fso_zero_locate(rank_state *rk, int b, fso_kind k);
 int fso_zero_fail(errsink *es, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* Queue one read or write of `bytes` at `off` of the rank's store on slot s. */
-int fso_zero_queue_io(rank_state *rk, errsink *es, slot *s, bool write, float *buf, size_t bytes,
+int fso_zero_queue_io(rank_state *rk, errsink *es, slot *s, bool write, void *buf, size_t bytes,
                       uint64_t off);
 /* Move elements [c0, c0+n) of shard (b, k) between its tier and host
- * memory. Reading, *ptr is set to the data: in the shard itself when
- * in_place and the CPU can address it, else s->buf (filled; NVMe: once s's
- * I/O is waited for). Writing, *ptr's data goes into the shard (NVMe:
- * asynchronously on s). NVMe bytes are added to *bytes_done. */
+ * memory, in the kind's element type (elem_bytes[k] each). Reading, *ptr is
+ * set to the data: in the shard itself when in_place and the CPU can
+ * address it, else s->buf (filled; NVMe: once s's I/O is waited for).
+ * Writing, *ptr's data goes into the shard (NVMe: asynchronously on s).
+ * NVMe bytes are added to *bytes_done. */
 int fso_zero_xfer(rank_state *rk, errsink *es, uint64_t *bytes_done, int b, fso_kind k,
-                  size_t c0, size_t n, slot *s, bool write, bool in_place, float **ptr);
+                  size_t c0, size_t n, slot *s, bool write, bool in_place, void **ptr);
+/* Where a writer of elements [c0, ...) of shard (b, k) should put them so
+ * that fso_zero_xfer(write) moves them once: the shard itself when in_place
+ * and the CPU can address it, else s->buf. */
+void *fso_zero_xfer_dest(rank_state *rk, int b, fso_kind k, size_t c0, slot *s, bool in_place);
 /* Wait for the slot's I/O; an error is final for the step. */
 int fso_zero_slot_wait(rank_state *rk, errsink *es, slot *s, const char *what, int block);
 extern const char *const fso_zero_kind_names[FSO_N_KINDS];

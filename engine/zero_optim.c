@@ -4,7 +4,9 @@
  *
  * The update of a block reads master, m, v and the gradient accumulator,
  * runs the fused AdamW kernel, and writes master, m, v and the working
- * parameters. Shards are cut into chunks of aio.block_size; with state on
+ * parameters: a copy of the master when they are fp32; with bf16 ones the
+ * kernel rounds the new master to bf16 in the same pass, straight into the
+ * shard when the CPU addresses it. Shards are cut into chunks of aio.block_size; with state on
  * NVMe the next chunk is read while this one is updated and the previous one
  * is written (two buffer sets). Shards on the host (or on a device whose
  * memory the CPU addresses) are updated in place.
@@ -50,11 +52,14 @@ static bool decays(const fso_optim_config *o, const fso_tensor_desc *t)
  * else through the slot (an NVMe read, or a device copy). */
 static int unit_fetch(rank_state *rk, const unit *u, fso_kind k, slot *s, float **ptr)
 {
-    return fso_zero_xfer(rk, &rk->oe, &rk->opt_read_bytes, u->b, k, u->c0, u->n, s, false, true,
-                         ptr);
+    void *p;
+    int rc = fso_zero_xfer(rk, &rk->oe, &rk->opt_read_bytes, u->b, k, u->c0, u->n, s, false,
+                           true, &p);
+    *ptr = p;
+    return rc;
 }
 
-static int unit_store(rank_state *rk, const unit *u, fso_kind k, slot *s, float *ptr)
+static int unit_store(rank_state *rk, const unit *u, fso_kind k, slot *s, void *ptr)
 {
     return fso_zero_xfer(rk, &rk->oe, &rk->opt_write_bytes, u->b, k, u->c0, u->n, s, true, true,
                          &ptr);
@@ -70,14 +75,24 @@ static int set_wait(rank_state *rk, slot *set, int block)
     return 0;
 }
 
+/* bf16 of the master over [a, e) of the unit: the padding between and
+ * after tensors, which no update touches (it stays 0). */
+static void round_padding(uint16_t *out, const float *master, size_t a, size_t e)
+{
+    for (size_t i = a; i < e; i++)
+        out[i] = fso_bf16_from_f32(master[i]);
+}
+
 /* AdamW over elements [c0, c0+n) of the rank's shard of block b, tensor by
- * tensor (each with its decay flag). */
+ * tensor (each with its decay flag). With bf16 working parameters, out (n)
+ * receives bf16 of the whole updated master, padding included. */
 static void update_unit(rank_state *rk, const unit *u, float *master, const float *grad,
-                        float *m, float *v, fso_adamw_step as)
+                        float *m, float *v, uint16_t *out, fso_adamw_step as)
 {
     const fso_zero *z = rk->z;
     const fso_block_layout *bl = &z->blocks[u->b];
     size_t lo = (size_t)rk->rank * fso_zero_shard_elems(z, u->b) + u->c0, hi = lo + u->n;
+    size_t done = lo; /* out is written up to here (tensors are in offset order) */
     fso_pool *pool = fso_optpool_pool(rk->opt_pool);
     for (int t = 0; t < bl->n_tensors; t++) {
         const fso_tensor_desc *d = &bl->tensors[t];
@@ -85,10 +100,15 @@ static void update_unit(rank_state *rk, const unit *u, float *master, const floa
         size_t e = d->offset_elems + d->numel < hi ? d->offset_elems + d->numel : hi;
         if (a >= e)
             continue;
+        if (out && a > done)
+            round_padding(out, master, done - lo, a - lo);
         as.weight_decay = decays(&z->cfg->optim, d) ? z->cfg->optim.weight_decay : 0.0;
         fso_adamw_fused_mt(z->adamw, pool, master + (a - lo), grad + (a - lo), FSO_DT_F32,
-                           m + (a - lo), v + (a - lo), NULL, e - a, &as);
+                           m + (a - lo), v + (a - lo), out ? out + (a - lo) : NULL, e - a, &as);
+        done = e;
     }
+    if (out && hi > done)
+        round_padding(out, master, done - lo, hi - lo);
 }
 
 static void mark_ready(rank_state *rk, int b, int64_t step)
@@ -142,10 +162,17 @@ static int update_blocks(rank_state *rk, const fso_adamw_step *as, int b0, int b
             if ((rc = fso_zero_slot_wait(rk, &rk->oe, &o[reads[i]],
                                          fso_zero_kind_names[reads[i]], cur.b)) < 0)
                 return rc;
+        /* working parameters: fp32 ones are the master copied; bf16 ones
+         * come out of the update, in the shard itself when the CPU
+         * addresses it, else in the chunk buffer that carries them there */
+        void *param = p[FSO_KIND_MASTER];
+        uint16_t *param_bf16 = NULL;
+        if (z->elem_bytes[FSO_KIND_PARAM] == sizeof(uint16_t))
+            param = param_bf16 = fso_zero_xfer_dest(rk, cur.b, FSO_KIND_PARAM, cur.c0,
+                                                    &o[FSO_KIND_PARAM], true);
         update_unit(rk, &cur, p[FSO_KIND_MASTER], p[FSO_KIND_GRAD], p[FSO_KIND_M],
-                    p[FSO_KIND_V], *as);
-        if ((rc = unit_store(rk, &cur, FSO_KIND_PARAM, &o[FSO_KIND_PARAM], p[FSO_KIND_MASTER])) <
-                0 ||
+                    p[FSO_KIND_V], param_bf16, *as);
+        if ((rc = unit_store(rk, &cur, FSO_KIND_PARAM, &o[FSO_KIND_PARAM], param)) < 0 ||
             (rc = unit_store(rk, &cur, FSO_KIND_MASTER, &o[FSO_KIND_MASTER],
                              p[FSO_KIND_MASTER])) < 0 ||
             (rc = unit_store(rk, &cur, FSO_KIND_M, &o[FSO_KIND_M], p[FSO_KIND_M])) < 0 ||
