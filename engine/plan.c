@@ -126,7 +126,7 @@ int fso_plan_ctx_init(fso_plan_ctx *ctx, const fso_config *cfg, const fso_plan_m
     in->model.visits = ctx->visits;
     in->model.grad_accum = cfg->grad_accum;
     in->model.tokens_per_step = (double)W * cfg->grad_accum * cfg->micro_batch * cfg->data.seq_len;
-    in->model.param_bytes = gpu ? 2 : 4;
+    in->model.param_bytes = gpu || cfg->bf16 ? 2 : 4; /* CPU: bf16 working parameters */
     in->model.grad_bytes = gpu ? 2 : 4;
     in->model.state_bytes = 4;
     size_t act = fso_model_activation_bytes_for(mc, cfg->micro_batch, cfg->data.seq_len,
@@ -157,6 +157,8 @@ int fso_plan_ctx_init(fso_plan_ctx *ctx, const fso_config *cfg, const fso_plan_m
     } else { /* engine/zero.c on the CPU backend */
         en->sync_grad_writes = true;
         en->opt_write_lag = 1;
+        if (cfg->bf16) /* the two fp32 windows the bf16 gather is widened into */
+            en->device_reserve_bytes = 2 * ((maxe * 4 + 4095) / 4096 * 4096);
     }
     fso_plan_pins_none(&in->pins);
     return 0;

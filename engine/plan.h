@@ -48,8 +48,9 @@ const fso_gpu_spec *fso_gpu_spec_find(const char *name);
 
 /* The planner's inputs for cfg (its model, batch, world and offload
  * settings) on machine m. gpu: bf16 working parameters and gradients and the
- * GPU engine's schedule; else the CPU backend's (fp32, copies on the device
- * thread). Arrays are owned by ctx. 0 or negative errno with err. */
+ * GPU engine's schedule; else the CPU backend's (fp32 compute and gradients,
+ * working parameters bf16 with bf16.enabled, copies on the device thread).
+ * Arrays are owned by ctx. 0 or negative errno with err. */
 typedef struct fso_plan_ctx {
     fso_plan_input in;
     uint64_t *block_elems;

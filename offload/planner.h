@@ -110,7 +110,7 @@ typedef struct fso_plan_model {
     int grad_accum;              /* micro-batches per step */
     double tokens_per_step;      /* all devices */
     uint64_t activation_bytes;   /* per device */
-    int param_bytes;             /* working parameter: 2 (bf16 on GPUs) or 4 (fp32, CPU) */
+    int param_bytes;             /* working parameter: 2 (bf16) or 4 (fp32) */
     int grad_bytes;              /* gradient: 2 or 4 */
     int state_bytes;             /* master, m, v: 4 */
 } fso_plan_model;
