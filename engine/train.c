@@ -193,8 +193,10 @@ int fso_train_run(const fso_config *cfg, const fso_run_opts *opts)
             peak_tflops = gi.bf16_peak_tflops * cfg->world;
         }
 #endif
-        snprintf(note, sizeof note, "devices %s: %d CUDA GPU%s (%s), bf16 matmuls, fp32 storage",
-                 opts->devices, cfg->world, cfg->world > 1 ? "s" : "", name);
+        snprintf(note, sizeof note, "devices %s: %d CUDA GPU%s (%s), bf16 matmuls, %s",
+                 opts->devices, cfg->world, cfg->world > 1 ? "s" : "", name,
+                 cfg->bf16 ? "bf16 working parameters, fp32 master, activations and gradients"
+                           : "fp32 storage");
     } else {
         int threads = cfg->threads > 0 ? cfg->threads : fso_cpu_count();
         char why[200] = "";
@@ -203,13 +205,15 @@ int fso_train_run(const fso_config *cfg, const fso_run_opts *opts)
             fso_cuda_available(reason, sizeof reason);
             snprintf(why, sizeof why, " (%s)", reason);
         }
-        snprintf(note, sizeof note, "devices %s: %d CPU device%s, %d thread%s each, fp32%s",
+        snprintf(note, sizeof note, "devices %s: %d CPU device%s, %d thread%s each, fp32%s%s",
                  opts->devices, cfg->world, cfg->world > 1 ? "s" : "",
                  threads / cfg->world > 0 ? threads / cfg->world : 1,
-                 threads / cfg->world > 1 ? "s" : "", why);
+                 threads / cfg->world > 1 ? "s" : "",
+                 cfg->bf16 ? " compute, bf16 working parameters" : "", why);
         if (cfg->bf16)
-            fprintf(stderr, "fsoff: warning: bf16.enabled: the CPU backend computes in fp32; "
-                            "bf16 applies on GPUs\n");
+            fprintf(stderr, "fsoff: warning: bf16.enabled: working parameters are stored, read "
+                            "and gathered as bf16 (fp32 master); the CPU backend computes in "
+                            "fp32\n");
     }
 
     /* The plan: on CPU devices, the placement the configuration leaves open
