@@ -7,10 +7,12 @@
  * CUDA reports why through fso_cuda_available().
  *
  * Precision (a deviation from DESIGN §3, until the backend interface moves
- * to bf16 storage): buffers are fp32 like every other backend. Matmuls,
- * including attention's, run on the tensor cores in bf16 with fp32
- * accumulation (cuBLAS CUBLAS_COMPUTE_32F_FAST_16BF: inputs rounded to bf16,
- * products summed in fp32). Everything else computes in fp32 with fp32
+ * to bf16 activations): the ops' buffers are fp32 like every other
+ * backend's. bf16 working parameters (bf16.enabled) are stored and gathered
+ * as bf16 and widened by cast_bf16_f32 (exact) into the fp32 buffer the ops
+ * read. Matmuls, including attention's, run on the tensor cores in bf16 with
+ * fp32 accumulation (cuBLAS CUBLAS_COMPUTE_32F_FAST_16BF: inputs rounded to
+ * bf16, products summed in fp32). Everything else computes in fp32 with fp32
  * accumulation; sqnorm accumulates in double. FSO_CUDA_MATH=fp32 (read when a
  * backend is created; default bf16) makes matmuls plain fp32 too, so tests
  * can hold the backend to the CPU reference tightly.
