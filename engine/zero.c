@@ -337,6 +337,10 @@ static int prefetch_params(rank_state *rk)
         }
         if (!s)
             break;
+        if (s->copied) { /* its last copy to the device is done (long since, as a rule) */
+            rk->be->ops->wait_mark(rk->be, s->copied);
+            s->copied = 0;
+        }
         s->block = b;
         int rc = shard_fetch(rk, b, FSO_KIND_PARAM, s);
         if (rc < 0)
@@ -397,10 +401,9 @@ static const float *src_params(void *ctx, int b)
             rk->st.stall_ms += fso_now_ms() - t0;
             if (wrc == 0) {
                 be->ops->copy_h2d(be, mine, s->buf, shard_bytes);
-                /* the slot is reused for the next read: the copy from pinned
-                 * memory must be done first */
-                if (!be->ops->host_addressable)
-                    be->ops->sync(be);
+                /* the slot may be read into again once this copy is done:
+                 * prefetch_params waits for its mark, not the device */
+                s->copied = be->ops->mark ? be->ops->mark(be) : 0;
             }
             if (s)
                 s->block = -1;
@@ -506,6 +509,7 @@ static void src_grads_done(void *ctx, int b)
 
     if (z->cfg->optimizer_overlap != FSO_OVERLAP_BACKWARD || !last || rk->ce.rc)
         return;
+    be->ops->sync(be); /* the norm (backend.h), and the shard the update reads */
     if (!isfinite(rk->block_sq[b])) {
         fso_zero_fail(&rk->ce, -ERANGE,
                       "step %lld: block %d's gradients are not finite: training diverged; lower "
@@ -625,7 +629,12 @@ static void *rank_step(void *arg)
     rk->st.compute_ms = fso_now_ms() - t0 - rk->wait_ms;
 
     /* exact global norm and mean loss: one all-reduce (also carries
-     * failures); block norms are added in block order on every schedule */
+     * failures); block norms are added in block order on every schedule.
+     * The norms taken on the device are in once the backend has synced:
+     * the step's one wait for the device. */
+    int drc = rk->ce.rc == 0 ? rk->be->ops->sync(rk->be) : 0;
+    if (drc < 0)
+        fso_zero_fail(&rk->ce, drc, "device %d: %s", rk->rank, rk->be->err);
     double sq = 0;
     for (int b = 0; b < z->n_blocks && rk->ce.rc == 0; b++)
         sq += rk->block_sq[b];

@@ -20,6 +20,7 @@ typedef struct slot {
     int pending;         /* requests in flight */
     int err;             /* first failure, negative errno */
     int block;           /* what it holds (param ring), -1 none */
+    uint64_t copied;     /* the backend's mark after the last copy out of it, 0 none */
 } slot;
 
 typedef struct loc {

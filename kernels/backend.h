@@ -94,8 +94,19 @@ typedef struct fso_backend_ops {
     void (*cross_entropy)(fso_backend *be, float *dlogits, float *losses, const float *logits,
                           const int32_t *targets, int N, int V, float dscale);
 
-    /* *out += sum of x[i]^2 in double (host scalar) */
+    /* *out += sum of x[i]^2 in double (host scalar). The sum is taken in
+     * order with the other ops; *out holds it once sync() has returned (the
+     * CPU backends add it at once; the CUDA backend copies it back
+     * asynchronously, so a step takes its norms without waiting per block). */
     void (*sqnorm)(fso_backend *be, double *out, const float *x, size_t n);
+
+    /* Marks, optional (NULL: the backend's work is done when an op returns,
+     * as on the CPU backends). mark() returns a ticket for everything
+     * queued so far on every stream; wait_mark() blocks the calling thread
+     * until that work is done. A host buffer a copy reads can be reused
+     * after its mark, without draining the device. */
+    uint64_t (*mark)(fso_backend *be);
+    void (*wait_mark)(fso_backend *be, uint64_t ticket);
 
     /* dst (n) fp32 = src (n) bf16, exactly: the bf16 bits become the top
      * half of the fp32 bits, so ±0, denormals, Inf and NaN (payload and

@@ -297,6 +297,26 @@ static void drain_streams(fso_backend *be)
     pthread_mutex_unlock(&ctx->mu);
 }
 
+/* The sqnorm results queued before `upto` are back (the streams were
+ * drained after reading it): add them where they go. */
+static void fold_sqnorms(fso_cuda_ctx *ctx, uint64_t upto)
+{
+    pthread_mutex_lock(&ctx->mu);
+    for (; ctx->sq_tail < upto; ctx->sq_tail++) {
+        size_t i = ctx->sq_tail % FSO_CUDA_SQ_MAX;
+        *ctx->sq_out[i] += ctx->host_sq[i];
+    }
+    pthread_mutex_unlock(&ctx->mu);
+}
+
+static uint64_t sq_queued(fso_cuda_ctx *ctx)
+{
+    pthread_mutex_lock(&ctx->mu);
+    uint64_t h = ctx->sq_head;
+    pthread_mutex_unlock(&ctx->mu);
+    return h;
+}
+
 static int cu_sync(fso_backend *be)
 {
     fso_cuda_ctx *ctx = FSO_CUDA_CTX(be);
@@ -305,7 +325,9 @@ static int cu_sync(fso_backend *be)
                                        cudaMemcpyDeviceToHost, s),
                    "sync: reading the error flags");
     fso_cuda_end(be, FSO_CS_COMPUTE, "sync");
+    uint64_t upto = sq_queued(ctx);
     drain_streams(be);
+    fold_sqnorms(ctx, upto);
     fso_cuda_check(be, cudaGetLastError(), "sync");
     unsigned f = __atomic_load_n(ctx->host_flags, __ATOMIC_RELAXED);
     if (f)
@@ -317,9 +339,10 @@ static int cu_sync(fso_backend *be)
     return fso_cuda_status(be);
 }
 
-/* *out += sum x^2. The result is a host scalar the caller reads on return,
- * so this op waits for the compute stream. Host memory the device cannot
- * read is summed on the CPU in the device's order: the same bits. */
+/* *out += sum x^2, in order on the compute stream; the double comes back
+ * to pinned memory asynchronously and is added at the next sync, so taking
+ * a block's norm never stalls the host. Host memory the device cannot read
+ * is summed on the CPU in the device's order: the same bits, at once. */
 static void cu_sqnorm(fso_backend *be, double *out, const float *x, size_t n)
 {
     fso_cuda_ctx *ctx = FSO_CUDA_CTX(be);
@@ -340,16 +363,63 @@ static void cu_sqnorm(fso_backend *be, double *out, const float *x, size_t n)
         *out += fso_cuda_sqnorm_host(x, n);
         return;
     }
+    pthread_mutex_lock(&ctx->mu);
+    bool full = ctx->sq_head - ctx->sq_tail == FSO_CUDA_SQ_MAX;
+    pthread_mutex_unlock(&ctx->mu);
+    if (full) { /* rare: that many norms without a sync */
+        uint64_t upto = sq_queued(ctx);
+        drain_streams(be);
+        fold_sqnorms(ctx, upto);
+    }
     cudaStream_t s = fso_cuda_begin(be, FSO_CS_COMPUTE);
     double *scr = fso_cuda_scratch(be, sizeof(double) * fso_cuda_sqnorm_scratch_elems(n));
     if (scr) {
         fso_cuda_sqnorm_device(be, scr, dx, n);
-        fso_cuda_check(be, cudaMemcpyAsync(ctx->host_sq, scr, sizeof(double),
-                                           cudaMemcpyDeviceToHost, s), "sqnorm: result copy");
+        /* the slot is taken and its copy queued (before the scratch's next
+         * use on this stream) under the lock, so a sync on another thread
+         * either waits for the copy or leaves the slot for later */
+        pthread_mutex_lock(&ctx->mu);
+        size_t slot = ctx->sq_head % FSO_CUDA_SQ_MAX;
+        ctx->sq_out[slot] = out;
+        cudaError_t e = cudaMemcpyAsync(&ctx->host_sq[slot], scr, sizeof(double),
+                                        cudaMemcpyDeviceToHost, s);
+        if (e == cudaSuccess)
+            ctx->sq_head++;
+        pthread_mutex_unlock(&ctx->mu);
+        fso_cuda_check(be, e, "sqnorm: result copy");
     }
     fso_cuda_end(be, FSO_CS_COMPUTE, "sqnorm");
-    if (scr && fso_cuda_check(be, cudaStreamSynchronize(s), "sqnorm") == 0)
-        *out += *ctx->host_sq;
+}
+
+static uint64_t cu_mark(fso_backend *be)
+{
+    fso_cuda_ctx *ctx = FSO_CUDA_CTX(be);
+    fso_cuda_check(be, cudaSetDevice(ctx->ordinal), "cudaSetDevice");
+    pthread_mutex_lock(&ctx->mu);
+    uint64_t t = ++ctx->n_marks;
+    int i = (int)(t % FSO_CUDA_MARKS);
+    cudaError_t e = cudaSuccess;
+    for (int s = 0; s < FSO_CS_N && e == cudaSuccess; s++) {
+        ctx->mark_set[i][s] = ctx->gen[s] > 0;
+        if (ctx->mark_set[i][s])
+            e = cudaEventRecord(ctx->mark_ev[i][s], ctx->stream[s]);
+    }
+    pthread_mutex_unlock(&ctx->mu);
+    fso_cuda_check(be, e, "mark: cudaEventRecord");
+    return t;
+}
+
+static void cu_wait_mark(fso_backend *be, uint64_t ticket)
+{
+    fso_cuda_ctx *ctx = FSO_CUDA_CTX(be);
+    int i = (int)(ticket % FSO_CUDA_MARKS);
+    for (int s = 0; s < FSO_CS_N; s++) {
+        pthread_mutex_lock(&ctx->mu);
+        bool set = ctx->mark_set[i][s];
+        pthread_mutex_unlock(&ctx->mu);
+        if (set)
+            fso_cuda_check(be, cudaEventSynchronize(ctx->mark_ev[i][s]), "wait_mark");
+    }
 }
 
 static const fso_backend_ops cuda_ops = {
@@ -361,6 +431,8 @@ static const fso_backend_ops cuda_ops = {
     .copy_h2d = cu_copy_h2d,
     .copy_d2h = cu_copy_d2h,
     .sync = cu_sync,
+    .mark = cu_mark,
+    .wait_mark = cu_wait_mark,
     .embedding_fwd = fso_cuda_embedding_fwd,
     .embedding_bwd = fso_cuda_embedding_bwd,
     .rmsnorm_fwd = fso_cuda_rmsnorm_fwd,
@@ -433,6 +505,10 @@ void fso_backend_destroy_cuda(fso_backend *be)
         cudaFree(ctx->dev_flags);
         cudaFreeHost(ctx->host_flags);
         cudaFreeHost(ctx->host_sq);
+        for (int i = 0; i < FSO_CUDA_MARKS; i++)
+            for (int s = 0; s < FSO_CS_N; s++)
+                if (ctx->mark_ev[i][s])
+                    cudaEventDestroy(ctx->mark_ev[i][s]);
         for (int s = 0; s < FSO_CS_N; s++) {
             if (ctx->tail[s])
                 cudaEventDestroy(ctx->tail[s]);
@@ -514,7 +590,13 @@ int fso_backend_create_cuda(fso_backend **out, int device, size_t mem_cap_bytes,
         e = cudaHostAlloc((void **)&ctx->host_flags, sizeof(unsigned), cudaHostAllocPortable);
     }
     if (e == cudaSuccess)
-        e = cudaHostAlloc((void **)&ctx->host_sq, sizeof(double), cudaHostAllocPortable);
+        e = cudaHostAlloc((void **)&ctx->host_sq, sizeof(double) * FSO_CUDA_SQ_MAX,
+                          cudaHostAllocPortable);
+    for (int i = 0; i < FSO_CUDA_MARKS && e == cudaSuccess; i++)
+        for (int s = 0; s < FSO_CS_N && e == cudaSuccess; s++) {
+            what = "cudaEventCreate (marks)";
+            e = cudaEventCreateWithFlags(&ctx->mark_ev[i][s], cudaEventDisableTiming);
+        }
     /* cuBLAS: its own workspace, so it never allocates inside an op */
     ctx->blas_ws_bytes = cc_major >= 9 ? (size_t)32 << 20 : (size_t)4 << 20;
     if (e == cudaSuccess) {

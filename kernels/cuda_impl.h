@@ -6,6 +6,7 @@
 #define FSO_CUDA_IMPL_H
 
 #include <pthread.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -30,6 +31,10 @@ typedef enum fso_cuda_stream {
 /* Bits of the device error word that kernels set (read back by sync). */
 #define FSO_CUDA_FLAG_BAD_TOKEN 1u   /* embedding: token id outside [0, V) */
 #define FSO_CUDA_FLAG_BAD_TARGET 2u  /* cross-entropy: target outside [0, V) */
+
+#define FSO_CUDA_SQ_MAX 1024  /* sqnorm results awaiting a sync; more forces one */
+#define FSO_CUDA_MARKS 64     /* marks kept; waiting on an overwritten one waits for a later
+                                 point of the same streams, which is only stricter */
 
 typedef struct fso_cuda_alloc {
     void *ptr;
@@ -57,7 +62,12 @@ typedef struct fso_cuda_ctx {
     int mempools;                     /* cudaMallocAsync available */
     unsigned *dev_flags;              /* FSO_CUDA_FLAG_* set by kernels */
     unsigned *host_flags;             /* pinned copy, read by sync */
-    double *host_sq;                  /* pinned: sqnorm's result */
+    double *host_sq;                  /* pinned ring: sqnorm results, FSO_CUDA_SQ_MAX */
+    double *sq_out[FSO_CUDA_SQ_MAX];  /* where each goes */
+    uint64_t sq_head, sq_tail;        /* results queued / added to their outputs */
+    cudaEvent_t mark_ev[FSO_CUDA_MARKS][FSO_CS_N]; /* a ring of marks, per stream */
+    bool mark_set[FSO_CUDA_MARKS][FSO_CS_N];
+    uint64_t n_marks;                 /* tickets handed out */
     fso_cuda_alloc *allocs;
     size_t n_allocs, cap_allocs;
     int rc;                           /* first failure, sticky; detail in be->err */

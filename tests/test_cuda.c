@@ -525,8 +525,23 @@ static void test_sqnorm_is_exact_and_the_same_bits_from_host_memory(void **state
     assert_true(fabs(dev - exact) <= 1e-12 * exact);
     be->ops->sqnorm(be, &host, x, n); /* pageable host memory: summed on the CPU */
     assert_true(memcmp(&dev, &host, sizeof dev) == 0);
-    be->ops->sqnorm(be, &twice, d_x, n); /* += */
+    be->ops->sqnorm(be, &twice, d_x, n); /* += , there once sync() returns */
+    assert_int_equal(be->ops->sync(be), 0);
     assert_true(fabs(twice - (5.0 + dev)) <= 1e-12 * exact);
+    /* many norms queued before one sync: each lands where it belongs */
+    double many[1500];
+    for (int i = 0; i < 1500; i++) {
+        many[i] = i;
+        be->ops->sqnorm(be, &many[i], d_x, 1000 + (size_t)i);
+    }
+    assert_int_equal(be->ops->sync(be), 0);
+    for (int i = 0; i < 1500; i++) { /* against one norm at a time */
+        double want = i;
+        be->ops->sqnorm(be, &want, d_x, 1000 + (size_t)i);
+        assert_int_equal(be->ops->sync(be), 0);
+        if (memcmp(&want, &many[i], sizeof want) != 0)
+            fail_msg("norm %d: %.17g, expected %.17g", i, many[i], want);
+    }
     double empty = 1.5;
     be->ops->sqnorm(be, &empty, d_x, 0);
     assert_true(empty == 1.5);
@@ -535,6 +550,46 @@ static void test_sqnorm_is_exact_and_the_same_bits_from_host_memory(void **state
 }
 
 /* ---------------------------------------------------------------- streams, memory, errors */
+
+/* A host buffer a copy reads may be reused once the copy's mark is
+ * reached, without a sync. */
+static void test_mark_frees_a_copy_source(void **state)
+{
+    (void)state;
+    fso_backend *be = cu[0];
+    const size_t n = 1 << 22, bytes = sizeof(float) * n;
+    char err[256];
+    float *h = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    assert_true(h != MAP_FAILED);
+    if (fso_cuda_host_register(h, bytes, err, sizeof err) < 0) { /* pinned, or the test means nothing */
+        printf("pinning refused: %s\n", err);
+        munmap(h, bytes);
+        skip();
+    }
+    float *d = dnew(be, n);
+    for (size_t i = 0; i < n; i++)
+        h[i] = (float)i;
+    be->ops->copy_h2d(be, d, h, sizeof(float) * n);
+    uint64_t t = be->ops->mark(be);
+    assert_true(t > 0);
+    be->ops->wait_mark(be, t);
+    memset(h, 0xff, sizeof(float) * n); /* reused: the copy must have read it already */
+    float *back = malloc(sizeof(float) * n);
+    be->ops->copy_d2h(be, back, d, sizeof(float) * n);
+    assert_int_equal(be->ops->sync(be), 0);
+    for (size_t i = 0; i < n; i++)
+        if (back[i] != (float)i)
+            fail_msg("element %zu: %g", i, back[i]);
+    /* marks far older than the ring still wait correctly (for later work) */
+    uint64_t first = be->ops->mark(be);
+    for (int i = 0; i < 200; i++)
+        be->ops->mark(be);
+    be->ops->wait_mark(be, first);
+    free(back);
+    dfree(be, d);
+    assert_int_equal(fso_cuda_host_unregister(h, bytes), 0);
+    munmap(h, bytes);
+}
 
 /* h2d, compute and d2h on three streams, no sync in between: each waits for
  * the previous (and a copy into a buffer waits for the copy out of it). */
@@ -876,6 +931,7 @@ static int run_cuda_tests(void)
         cmocka_unit_test(test_cast_bf16_f32_matches_reference_bit_for_bit),
         cmocka_unit_test(test_cross_entropy_matches_reference),
         cmocka_unit_test(test_sqnorm_is_exact_and_the_same_bits_from_host_memory),
+        cmocka_unit_test(test_mark_frees_a_copy_source),
         cmocka_unit_test(test_copies_and_ops_run_in_issue_order),
         cmocka_unit_test(test_memory_is_counted_and_capped),
         cmocka_unit_test(test_bad_token_is_reported_by_sync),
