@@ -349,6 +349,21 @@ static int prefetch_params(rank_state *rk)
     return 0;
 }
 
+/* A mark of everything queued on be so far (0 where ops finish as they
+ * return), and a staging copy ordered after mark `after` (backend.h). */
+static uint64_t mark(fso_backend *be)
+{
+    return be->ops->mark ? be->ops->mark(be) : 0;
+}
+
+static void copy_in(fso_backend *be, void *dst, const void *src, size_t bytes, uint64_t after)
+{
+    if (be->ops->copy_h2d_after)
+        be->ops->copy_h2d_after(be, dst, src, bytes, after);
+    else
+        be->ops->copy_h2d(be, dst, src, bytes);
+}
+
 /* Lend block b's full fp32 parameters. The rank's shard is gathered from
  * where it lives when the collective can read it there, else staged on the
  * device first. fp32 working parameters are gathered into the fp32 window
@@ -374,8 +389,12 @@ static const float *src_params(void *ctx, int b)
         fprintf(stderr, "%s:%d: more than two blocks lent at once\n", __FILE__, __LINE__);
         abort();
     }
-    /* the gather's target, in the working parameters' type */
+    /* the gather's target, in the working parameters' type, and the mark
+     * after which compute is done with it: the staging copy and the gather
+     * wait for that only, so on a GPU they run while the previous block
+     * computes */
     void *recv = bf16 ? (void *)rk->pgbuf : (void *)rk->gbuf[g];
+    const uint64_t after = bf16 ? rk->pgbuf_free : rk->gbuf_free[g];
     void *mine = (char *)recv + (size_t)rk->rank * shard_bytes;
     const void *send = mine; /* this rank's shard, where the gather reads it */
     loc *l = fso_zero_locate(rk, b, FSO_KIND_PARAM);
@@ -384,7 +403,7 @@ static const float *src_params(void *ctx, int b)
             (l->tier == FSO_TIER_HOST && be->ops->host_addressable)) {
             send = l->ptr; /* gathered straight from where it lives */
         } else if (l->tier == FSO_TIER_HOST) {
-            be->ops->copy_h2d(be, mine, l->ptr, shard_bytes);
+            copy_in(be, mine, l->ptr, shard_bytes, after);
         } else {
             /* the order must match the model's: it is the same on every rank */
             if (rk->order_pos >= z->n_order || z->order[rk->order_pos] != b) {
@@ -400,10 +419,10 @@ static const float *src_params(void *ctx, int b)
             int wrc = s ? fso_zero_slot_wait(rk, &rk->ce, s, "parameters", b) : -EIO;
             rk->st.stall_ms += fso_now_ms() - t0;
             if (wrc == 0) {
-                be->ops->copy_h2d(be, mine, s->buf, shard_bytes);
+                copy_in(be, mine, s->buf, shard_bytes, after);
                 /* the slot may be read into again once this copy is done:
                  * prefetch_params waits for its mark, not the device */
-                s->copied = be->ops->mark ? be->ops->mark(be) : 0;
+                s->copied = mark(be);
             }
             if (s)
                 s->block = -1;
@@ -414,14 +433,15 @@ static const float *src_params(void *ctx, int b)
     /* Every rank joins the gather even after a failure, so no rank waits
      * forever; the step is discarded afterwards. */
     if (!bf16) {
-        z->coll->ops->all_gather(z->coll, rk->rank, send, recv, S, FSO_COLL_F32);
+        z->coll->ops->all_gather(z->coll, rk->rank, send, recv, S, FSO_COLL_F32, after);
     } else {
         const uint16_t *full = send; /* world 1: the shard is the whole block */
         if (z->world > 1) {
-            z->coll->ops->all_gather(z->coll, rk->rank, send, recv, S, FSO_COLL_BF16);
+            z->coll->ops->all_gather(z->coll, rk->rank, send, recv, S, FSO_COLL_BF16, after);
             full = recv;
         }
         be->ops->cast_bf16_f32(be, rk->gbuf[g], full, (size_t)z->world * S);
+        rk->pgbuf_free = mark(be); /* the cast has read it */
     }
     rk->gbuf_block[g] = b;
     rk->gbuf_refs[g] = 1;
@@ -437,6 +457,7 @@ static void src_release(void *ctx, int b)
         if (rk->gbuf_refs[g] && rk->gbuf_block[g] == b) {
             rk->gbuf_refs[g] = 0;
             rk->gbuf_block[g] = -1;
+            rk->gbuf_free[g] = mark(rk->be); /* compute with it is all queued */
             return;
         }
 }

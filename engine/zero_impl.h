@@ -58,6 +58,8 @@ typedef struct rank_state {
     uint16_t *pgbuf;             /* bf16 working parameters: the gather lands here (max_padded),
                                     then one cast fills gbuf; NULL with fp32 ones */
     int gbuf_block[2], gbuf_refs[2];
+    uint64_t gbuf_free[2];       /* backend mark: compute done with gbuf[g] (0: assume not) */
+    uint64_t pgbuf_free;         /* backend mark: the last cast has read pgbuf */
     float *gradbuf[2];           /* full-block gradients (max_padded) */
     int gradbuf_block[2];
     /* host staging */

@@ -107,6 +107,12 @@ typedef struct fso_backend_ops {
      * after its mark, without draining the device. */
     uint64_t (*mark)(fso_backend *be);
     void (*wait_mark)(fso_backend *be, uint64_t ticket);
+    /* copy_h2d ordered after the work before mark `after` only (0: after
+     * everything queued so far, as copy_h2d): a copy into a buffer that
+     * compute finished with at that mark runs while later compute does.
+     * Optional (NULL: copy_h2d). */
+    void (*copy_h2d_after)(fso_backend *be, void *dst, const void *src, size_t bytes,
+                           uint64_t after);
 
     /* dst (n) fp32 = src (n) bf16, exactly: the bf16 bits become the top
      * half of the fp32 bits, so ±0, denormals, Inf and NaN (payload and

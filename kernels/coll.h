@@ -14,6 +14,7 @@
 #define FSO_COLL_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 typedef struct fso_coll fso_coll;
 
@@ -33,9 +34,12 @@ static inline size_t fso_coll_dtype_bytes(fso_coll_dtype dt)
 typedef struct fso_coll_ops {
     const char *name;
     /* recv (world*count) = concat over ranks of send (count), elements of
-     * type dt; send may be recv + rank*count elements (in place). */
+     * type dt; send may be recv + rank*count elements (in place). On a
+     * device with streams it is ordered after the rank backend's work before
+     * mark `after` (backend.h), 0: after all of it: a gather into a buffer
+     * compute finished with then overlaps later compute. */
     int (*all_gather)(fso_coll *c, int rank, const void *send, void *recv, size_t count,
-                      fso_coll_dtype dt);
+                      fso_coll_dtype dt, uint64_t after);
     /* recv (count) = sum over ranks k of send_k[rank*count .. +count) */
     int (*reduce_scatter)(fso_coll *c, int rank, const float *send, float *recv, size_t count);
     /* buf (count) = sum over ranks of buf, in double: losses and norms */

@@ -60,13 +60,13 @@ static int rank_status(struct nccl_ctx *x, int rank)
 }
 
 static int nc_all_gather(fso_coll *c, int rank, const void *send, void *recv, size_t count,
-                         fso_coll_dtype dt)
+                         fso_coll_dtype dt, uint64_t after)
 {
     struct nccl_ctx *x = c->ctx;
     fso_backend *be = x->be[rank];
     const ncclDataType_t type = dt == FSO_COLL_BF16 ? ncclBfloat16 : ncclFloat;
     double t0 = fso_now_ms();
-    cudaStream_t s = fso_cuda_begin(be, FSO_CS_COLL);
+    cudaStream_t s = fso_cuda_begin_after(be, FSO_CS_COLL, after);
     ncclResult_t r = ncclAllGather(send, recv, count, type, x->comm[rank], s);
     fso_cuda_end(be, FSO_CS_COLL, "all_gather");
     int rc = nccl_fail(x, rank, r, "all_gather");

@@ -8,6 +8,13 @@
  * waits on it on the device. So work runs in the order it was issued, the
  * copy engines and the collectives run on their own streams, and the host
  * never waits except where cuda_backend.h says it does.
+ *
+ * The exception that makes offload overlap: a copy or a gather issued with
+ * an `after` mark (copy_h2d_after, the collectives' all_gather) waits only
+ * for the work queued before that mark. The engine marks when compute is
+ * done with a gather buffer (its release), so the next block's staging copy
+ * and gather run on their streams while the current block computes; compute
+ * itself still waits for everything issued before it.
  */
 #include "cuda_impl.h"
 
@@ -115,6 +122,31 @@ cudaStream_t fso_cuda_begin(fso_backend *be, fso_cuda_stream t)
         if ((e = cudaStreamWaitEvent(ctx->stream[t], ctx->tail[s], 0)) != cudaSuccess)
             break;
         ctx->waited[t][s] = ctx->gen[s];
+    }
+    pthread_mutex_unlock(&ctx->mu);
+    fso_cuda_check(be, e, what);
+    return ctx->stream[t];
+}
+
+cudaStream_t fso_cuda_begin_after(fso_backend *be, fso_cuda_stream t, uint64_t after)
+{
+    fso_cuda_ctx *ctx = FSO_CUDA_CTX(be);
+    int i = (int)(after % FSO_CUDA_MARKS);
+    pthread_mutex_lock(&ctx->mu);
+    bool have = after != 0 && ctx->mark_ticket[i] == after;
+    pthread_mutex_unlock(&ctx->mu);
+    if (!have)
+        return fso_cuda_begin(be, t);
+    cudaError_t e = cudaSetDevice(ctx->ordinal);
+    const char *what = "cudaSetDevice";
+    pthread_mutex_lock(&ctx->mu);
+    for (int s = 0; s < FSO_CS_N && e == cudaSuccess; s++) {
+        if (s == (int)t || !ctx->mark_set[i][s] || ctx->mark_gen[i][s] <= ctx->waited[t][s])
+            continue;
+        what = "cudaStreamWaitEvent";
+        if ((e = cudaStreamWaitEvent(ctx->stream[t], ctx->mark_ev[i][s], 0)) != cudaSuccess)
+            break;
+        ctx->waited[t][s] = ctx->mark_gen[i][s];
     }
     pthread_mutex_unlock(&ctx->mu);
     fso_cuda_check(be, e, what);
@@ -259,23 +291,29 @@ static void cu_memset0(fso_backend *be, void *dst, size_t bytes)
  * pointers (unified addressing). Pageable host memory makes the call wait
  * until the host side is done with it; pinned memory does not. */
 static void copy_on(fso_backend *be, fso_cuda_stream which, void *dst, const void *src,
-                    size_t bytes, const char *what)
+                    size_t bytes, uint64_t after, const char *what)
 {
     if (bytes == 0 || dst == src)
         return;
-    cudaStream_t s = fso_cuda_begin(be, which);
+    cudaStream_t s = fso_cuda_begin_after(be, which, after);
     fso_cuda_check(be, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s), what);
     fso_cuda_end(be, which, what);
 }
 
 static void cu_copy_h2d(fso_backend *be, void *dst, const void *src, size_t bytes)
 {
-    copy_on(be, FSO_CS_H2D, dst, src, bytes, "copy_h2d");
+    copy_on(be, FSO_CS_H2D, dst, src, bytes, 0, "copy_h2d");
+}
+
+static void cu_copy_h2d_after(fso_backend *be, void *dst, const void *src, size_t bytes,
+                              uint64_t after)
+{
+    copy_on(be, FSO_CS_H2D, dst, src, bytes, after, "copy_h2d");
 }
 
 static void cu_copy_d2h(fso_backend *be, void *dst, const void *src, size_t bytes)
 {
-    copy_on(be, FSO_CS_D2H, dst, src, bytes, "copy_d2h");
+    copy_on(be, FSO_CS_D2H, dst, src, bytes, 0, "copy_d2h");
 }
 
 /* Wait for every stream: the work queued before the call is done, and
@@ -399,8 +437,10 @@ static uint64_t cu_mark(fso_backend *be)
     uint64_t t = ++ctx->n_marks;
     int i = (int)(t % FSO_CUDA_MARKS);
     cudaError_t e = cudaSuccess;
+    ctx->mark_ticket[i] = t;
     for (int s = 0; s < FSO_CS_N && e == cudaSuccess; s++) {
         ctx->mark_set[i][s] = ctx->gen[s] > 0;
+        ctx->mark_gen[i][s] = ctx->gen[s];
         if (ctx->mark_set[i][s])
             e = cudaEventRecord(ctx->mark_ev[i][s], ctx->stream[s]);
     }
@@ -433,6 +473,7 @@ static const fso_backend_ops cuda_ops = {
     .sync = cu_sync,
     .mark = cu_mark,
     .wait_mark = cu_wait_mark,
+    .copy_h2d_after = cu_copy_h2d_after,
     .embedding_fwd = fso_cuda_embedding_fwd,
     .embedding_bwd = fso_cuda_embedding_bwd,
     .rmsnorm_fwd = fso_cuda_rmsnorm_fwd,

@@ -67,6 +67,8 @@ typedef struct fso_cuda_ctx {
     uint64_t sq_head, sq_tail;        /* results queued / added to their outputs */
     cudaEvent_t mark_ev[FSO_CUDA_MARKS][FSO_CS_N]; /* a ring of marks, per stream */
     bool mark_set[FSO_CUDA_MARKS][FSO_CS_N];
+    uint64_t mark_gen[FSO_CUDA_MARKS][FSO_CS_N]; /* gen[s] when recorded */
+    uint64_t mark_ticket[FSO_CUDA_MARKS];
     uint64_t n_marks;                 /* tickets handed out */
     fso_cuda_alloc *allocs;
     size_t n_allocs, cap_allocs;
@@ -89,6 +91,10 @@ int fso_cuda_errno(cudaError_t e);
 /* Make `be`'s device current and order stream s after the work queued on
  * the backend's other streams; returns the stream to queue on. */
 cudaStream_t fso_cuda_begin(fso_backend *be, fso_cuda_stream s);
+/* The same, ordered only after the work queued before mark `after` on the
+ * other streams (0, or a mark gone from the ring: after all of it, as
+ * fso_cuda_begin). */
+cudaStream_t fso_cuda_begin_after(fso_backend *be, fso_cuda_stream s, uint64_t after);
 /* Work was queued on s: later work on other streams must wait for it.
  * Checks for a launch error of `what`. */
 void fso_cuda_end(fso_backend *be, fso_cuda_stream s, const char *what);

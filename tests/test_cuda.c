@@ -551,6 +551,46 @@ static void test_sqnorm_is_exact_and_the_same_bits_from_host_memory(void **state
 
 /* ---------------------------------------------------------------- streams, memory, errors */
 
+/* A copy ordered after a mark waits for the compute before it (so it never
+ * overwrites what compute still reads) and compute after it sees the copy. */
+static void test_copy_after_a_mark_keeps_the_order(void **state)
+{
+    (void)state;
+    fso_backend *be = cu[0];
+    const size_t n = 1 << 22;
+    float *x = hrand(n, 3), *y = hrand(n, 4), *z = hrand(n, 5);
+    float *d_a = dput(be, x, n), *d_b = dput(be, y, n);
+    float *d_c = dnew(be, n), *d_d = dnew(be, n);
+    assert_int_equal(be->ops->sync(be), 0);
+    be->ops->add(be, d_c, d_a, d_b, n);       /* reads a (old) */
+    uint64_t m = be->ops->mark(be);
+    be->ops->copy_h2d_after(be, d_a, z, sizeof(float) * n, m); /* a := z, after the add */
+    be->ops->add(be, d_d, d_a, d_b, n);       /* reads a (new) */
+    float *c = malloc(sizeof(float) * n), *d = malloc(sizeof(float) * n);
+    be->ops->copy_d2h(be, c, d_c, sizeof(float) * n);
+    be->ops->copy_d2h(be, d, d_d, sizeof(float) * n);
+    assert_int_equal(be->ops->sync(be), 0);
+    for (size_t i = 0; i < n; i++) {
+        if (c[i] != x[i] + y[i])
+            fail_msg("element %zu: the copy overtook the add that read the old value", i);
+        if (d[i] != z[i] + y[i])
+            fail_msg("element %zu: the add after the copy did not see it", i);
+    }
+    /* 0, and a mark long gone from the ring: ordered after everything */
+    be->ops->copy_h2d_after(be, d_a, x, sizeof(float) * n, 0);
+    be->ops->copy_h2d_after(be, d_a, x, sizeof(float) * n, 1);
+    assert_int_equal(be->ops->sync(be), 0);
+    free(c);
+    free(d);
+    free(x);
+    free(y);
+    free(z);
+    dfree(be, d_a);
+    dfree(be, d_b);
+    dfree(be, d_c);
+    dfree(be, d_d);
+}
+
 /* A host buffer a copy reads may be reused once the copy's mark is
  * reached, without a sync. */
 static void test_mark_frees_a_copy_source(void **state)
@@ -763,10 +803,10 @@ static void *rank_main(void *arg)
     const size_t cnt = j->count, W = (size_t)j->world;
     int rc = 0;
     /* the reference: threads over host memory */
-    j->threads->ops->all_gather(j->threads, j->rank, j->send, j->host_gather, cnt, FSO_COLL_F32);
+    j->threads->ops->all_gather(j->threads, j->rank, j->send, j->host_gather, cnt, FSO_COLL_F32, 0);
     j->threads->ops->reduce_scatter(j->threads, j->rank, j->send, j->host_scatter, cnt / W);
     j->threads->ops->all_gather(j->threads, j->rank, j->send, j->host_gather16, cnt,
-                                FSO_COLL_BF16);
+                                FSO_COLL_BF16, 0);
     memcpy(j->f64_threads, j->f64, sizeof j->f64);
     j->threads->ops->all_reduce_f64(j->threads, j->rank, j->f64_threads, 3);
 
@@ -781,7 +821,7 @@ static void *rank_main(void *arg)
     /* every rank joins every collective, even after a failure */
     if (d_send)
         be->ops->copy_h2d(be, d_send, j->send, sizeof(float) * cnt);
-    int r1 = j->nccl->ops->all_gather(j->nccl, j->rank, d_send, d_gather, cnt, FSO_COLL_F32);
+    int r1 = j->nccl->ops->all_gather(j->nccl, j->rank, d_send, d_gather, cnt, FSO_COLL_F32, 0);
     int r2 = j->nccl->ops->reduce_scatter(j->nccl, j->rank, d_send, d_scatter, cnt / W);
     if (d_gather)
         be->ops->copy_d2h(be, j->dev_gather, d_gather, sizeof(float) * cnt * W);
@@ -792,8 +832,8 @@ static void *rank_main(void *arg)
         be->ops->copy_h2d(be, (float *)d_gather + (size_t)j->rank * cnt, j->send,
                           sizeof(float) * cnt);
     int r3 = j->nccl->ops->all_gather(j->nccl, j->rank, (float *)d_gather + (size_t)j->rank * cnt,
-                                      d_gather, cnt, FSO_COLL_F32);
-    int r6 = j->nccl->ops->all_gather(j->nccl, j->rank, d_send, d_gather16, cnt, FSO_COLL_BF16);
+                                      d_gather, cnt, FSO_COLL_F32, 0);
+    int r6 = j->nccl->ops->all_gather(j->nccl, j->rank, d_send, d_gather16, cnt, FSO_COLL_BF16, 0);
     if (d_gather16)
         be->ops->copy_d2h(be, j->dev_gather16, d_gather16, sizeof(uint16_t) * cnt * W);
     int r4 = j->nccl->ops->all_reduce_f64(j->nccl, j->rank, j->f64, 3);
@@ -932,6 +972,7 @@ static int run_cuda_tests(void)
         cmocka_unit_test(test_cross_entropy_matches_reference),
         cmocka_unit_test(test_sqnorm_is_exact_and_the_same_bits_from_host_memory),
         cmocka_unit_test(test_mark_frees_a_copy_source),
+        cmocka_unit_test(test_copy_after_a_mark_keeps_the_order),
         cmocka_unit_test(test_copies_and_ops_run_in_issue_order),
         cmocka_unit_test(test_memory_is_counted_and_capped),
         cmocka_unit_test(test_bad_token_is_reported_by_sync),
