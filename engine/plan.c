@@ -139,7 +139,7 @@ int fso_plan_ctx_init(fso_plan_ctx *ctx, const fso_config *cfg, const fso_plan_m
                                                                    : FSO_PLAN_OVERLAP_NONE;
     en->gather_buffers = 2;
     en->max_prefetch = 16;
-    en->stage_slots = 2;
+    en->stage_slots = 3;
     uint64_t maxe = 0;
     for (int b = 0; b < nb; b++)
         if (ctx->block_elems[b] > maxe)

@@ -471,12 +471,70 @@ static float *src_grads(void *ctx, int b)
     return rk->gradbuf[g];
 }
 
-/* Reduce-scatter the block's gradients and add this rank's part into its
- * gradient shard (the first micro-batch of a step overwrites it). After the
- * step's last micro-batch the block's squared norm is taken from the values
- * just produced (the same op over the same values on every tier, so the
- * norm has the same bits wherever the gradients live), and with the
- * backward schedule the block's update starts. */
+static void start_block_update(rank_state *rk, int b);
+
+/* A block's gradient shard, copied down from the device, lands in its tier:
+ * added to what earlier micro-batches left there (the first micro-batch of
+ * a step overwrites it), its squared norm taken after the step's last
+ * micro-batch (the same chunked host sum on every tier, so the norm has the
+ * same bits wherever the gradients live), stored, and with the backward
+ * schedule the block's update started. Runs one block behind the copies,
+ * so the host works while the device copies the next block's shard. */
+static void grads_land(rank_state *rk)
+{
+    grad_pending gp = rk->gpend;
+    if (gp.block < 0)
+        return;
+    rk->gpend.block = -1;
+    if (rk->ce.rc)
+        return;
+    fso_zero *z = rk->z;
+    fso_backend *be = rk->be;
+    const int b = gp.block;
+    const size_t S = fso_zero_shard_elems(z, b);
+    loc *l = fso_zero_locate(rk, b, FSO_KIND_GRAD);
+    slot *in = &rk->gdown[gp.buf], *s = in;
+    if (gp.mark)
+        be->ops->wait_mark(be, gp.mark); /* that copy only, not the device */
+    if (gp.micro > 0) {
+        s = &rk->gslot;
+        if (shard_fetch(rk, b, FSO_KIND_GRAD, s) < 0 ||
+            fso_zero_slot_wait(rk, &rk->ce, s, "gradients", b) < 0)
+            return;
+        float *acc = s->buf;
+        const float *add = in->buf;
+        for (size_t i = 0; i < S; i++)
+            acc[i] += add[i];
+    }
+    if (gp.last) {
+        rk->block_sq[b] = 0;
+        fso_host_sqnorm(fso_backend_pool(be), &rk->block_sq[b], s->buf, S);
+    }
+    if (shard_store(rk, b, FSO_KIND_GRAD, s) < 0 ||
+        (l->tier == FSO_TIER_NVME && fso_zero_slot_wait(rk, &rk->ce, s, "gradients", b) < 0))
+        return;
+    if (z->cfg->optimizer_overlap == FSO_OVERLAP_BACKWARD && gp.last)
+        start_block_update(rk, b);
+}
+
+/* The backward schedule: block b's update starts as soon as its gradients
+ * are in, unless they are not finite. */
+static void start_block_update(rank_state *rk, int b)
+{
+    if (!isfinite(rk->block_sq[b])) {
+        fso_zero_fail(&rk->ce, -ERANGE,
+                      "step %lld: block %d's gradients are not finite: training diverged; lower "
+                      "optimizer.params.lr (blocks after it in backward order were already "
+                      "updated: train.optimizer_overlap \"backward\" cannot hold them back)",
+                      (long long)(rk->z->step + 1), b);
+        return;
+    }
+    fso_zero_optim_post_block(rk, &rk->bwd_as, b);
+}
+
+/* Reduce-scatter the block's gradients so this rank keeps its shard; on
+ * the device tier add it there at once, else copy it down and let it land
+ * (grads_land) while the next block computes. */
 static void src_grads_done(void *ctx, int b)
 {
     rank_state *rk = ctx;
@@ -486,60 +544,34 @@ static void src_grads_done(void *ctx, int b)
     size_t S = fso_zero_shard_elems(z, b);
     float *mine = rk->gradbuf[g] + (size_t)rk->rank * S;
     const bool last = rk->micro == z->cfg->grad_accum - 1;
-    const float *final = NULL;
 
     z->coll->ops->reduce_scatter(z->coll, rk->rank, rk->gradbuf[g], mine, S);
     rk->gradbuf_block[g] = -1;
     if (rk->ce.rc)
         return;
     loc *l = fso_zero_locate(rk, b, FSO_KIND_GRAD);
-    slot *s = &rk->gslot;
-    if (l->tier == FSO_TIER_DEVICE) {
-        if (rk->micro == 0)
-            be->ops->copy_h2d(be, l->ptr, mine, sizeof(float) * S);
-        else
-            be->ops->add(be, l->ptr, l->ptr, mine, S);
-        final = l->ptr;
-    } else { /* host or NVMe: through the host staging buffer */
-        if (rk->micro > 0) {
-            if (shard_fetch(rk, b, FSO_KIND_GRAD, s) < 0 ||
-                fso_zero_slot_wait(rk, &rk->ce, s, "gradients", b) < 0)
-                return;
-            float *acc = s->buf, *tmp = rk->gtmp.buf;
-            be->ops->copy_d2h(be, tmp, mine, sizeof(float) * S);
-            be->ops->sync(be);
-            for (size_t i = 0; i < S; i++)
-                acc[i] += tmp[i];
-        } else {
-            be->ops->copy_d2h(be, s->buf, mine, sizeof(float) * S);
-            be->ops->sync(be);
-        }
-        final = s->buf;
+    if (l->tier != FSO_TIER_DEVICE) {
+        /* the staging buffer the pending block does not hold */
+        int i = rk->gpend.block >= 0 ? 1 - rk->gpend.buf : 0;
+        be->ops->copy_d2h(be, rk->gdown[i].buf, mine, sizeof(float) * S);
+        uint64_t m = mark(be);
+        grads_land(rk);
+        rk->gpend = (grad_pending){.block = b, .buf = i, .mark = m, .micro = rk->micro,
+                                   .last = last};
+        return;
     }
+    if (rk->micro == 0)
+        be->ops->copy_h2d(be, l->ptr, mine, sizeof(float) * S);
+    else
+        be->ops->add(be, l->ptr, l->ptr, mine, S);
     if (last) {
         rk->block_sq[b] = 0;
-        if (final == l->ptr && l->tier == FSO_TIER_DEVICE)
-            be->ops->sqnorm(be, &rk->block_sq[b], final, S);
-        else /* host values: the same chunked sum as the CPU backend's */
-            fso_host_sqnorm(fso_backend_pool(be), &rk->block_sq[b], final, S);
+        be->ops->sqnorm(be, &rk->block_sq[b], l->ptr, S);
     }
-    if (l->tier != FSO_TIER_DEVICE && shard_store(rk, b, FSO_KIND_GRAD, s) == 0 &&
-        l->tier == FSO_TIER_NVME &&
-        fso_zero_slot_wait(rk, &rk->ce, s, "gradients", b) < 0)
-        return;
-
-    if (z->cfg->optimizer_overlap != FSO_OVERLAP_BACKWARD || !last || rk->ce.rc)
-        return;
-    be->ops->sync(be); /* the norm (backend.h), and the shard the update reads */
-    if (!isfinite(rk->block_sq[b])) {
-        fso_zero_fail(&rk->ce, -ERANGE,
-                      "step %lld: block %d's gradients are not finite: training diverged; lower "
-                      "optimizer.params.lr (blocks after it in backward order were already "
-                      "updated: train.optimizer_overlap \"backward\" cannot hold them back)",
-                      (long long)(z->step + 1), b);
-        return;
+    if (z->cfg->optimizer_overlap == FSO_OVERLAP_BACKWARD && last && rk->ce.rc == 0) {
+        be->ops->sync(be); /* the norm (backend.h), and the shard the update reads */
+        start_block_update(rk, b);
     }
-    fso_zero_optim_post_block(rk, &rk->bwd_as, b);
 }
 
 /* The time compute spends inside the two callbacks that wait (on reads,
@@ -646,6 +678,7 @@ static void *rank_step(void *arg)
         size_t mb = (size_t)a * z->world + rk->rank;
         rk->loss_sum += fso_model_step(&rk->model, &src, rk->inputs + mb * bt,
                                        rk->targets + mb * bt, grad_scale);
+        grads_land(rk); /* the micro-batch's last block */
     }
     rk->st.compute_ms = fso_now_ms() - t0 - rk->wait_ms;
 
@@ -1252,7 +1285,7 @@ int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t err
         chunk_bytes = (chunk_bytes + 2 * STAGE_ALIGN - 1) & ~(size_t)(2 * STAGE_ALIGN - 1);
     if (chunk_bytes > slot_bytes)
         chunk_bytes = slot_bytes;
-    const size_t stage_per_rank = pslot_bytes * (size_t)n_pslots + slot_bytes * 2 +
+    const size_t stage_per_rank = pslot_bytes * (size_t)n_pslots + slot_bytes * 3 +
                                   chunk_bytes * 2 * FSO_N_KINDS;
     z->arena_bytes = (per_tier[FSO_TIER_HOST] + stage_per_rank) * (size_t)z->world;
 
@@ -1343,7 +1376,7 @@ int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t err
     /* ---- the host arena: one for all devices. Twice what every kind on
      * the host would need is reserved (address space only), so that
      * re-plans can grow it in place. */
-    z->arena_reserve = 2 * ((all_kinds_bytes + slot_bytes * (MAX_PARAM_SLOTS + 2) +
+    z->arena_reserve = 2 * ((all_kinds_bytes + slot_bytes * (MAX_PARAM_SLOTS + 3) +
                              chunk_bytes * 2 * FSO_N_KINDS) * (size_t)z->world) + ARENA_ROUND;
     z->arena_reserve = (z->arena_reserve + ARENA_ROUND - 1) / ARENA_ROUND * ARENA_ROUND;
     z->arena = mmap(NULL, z->arena_reserve, PROT_NONE,
@@ -1419,7 +1452,9 @@ int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t err
                 rk->ochunk[set][k].buf = rank_take(rk, chunk_bytes);
         rk->chunk_elems = chunk_bytes / sizeof(float);
         rk->gslot.buf = rank_take(rk, slot_bytes);
-        rk->gtmp.buf = rank_take(rk, slot_bytes);
+        rk->gdown[0].buf = rank_take(rk, slot_bytes);
+        rk->gdown[1].buf = rank_take(rk, slot_bytes);
+        rk->gpend.block = -1;
         rk->block_sq = calloc((size_t)z->n_blocks, sizeof *rk->block_sq);
         rk->ready = calloc((size_t)z->n_blocks, sizeof *rk->ready);
         if (!rk->block_sq || !rk->ready ||

@@ -29,6 +29,15 @@ typedef struct loc {
     uint64_t off;        /* NVME: byte offset in the rank's store */
 } loc;
 
+/* A gradient shard on its way from the device to its host or NVMe tier. */
+typedef struct grad_pending {
+    int block;           /* -1: none */
+    int buf;             /* rank_state.gdown[buf] */
+    uint64_t mark;       /* the backend's mark after the copy, 0 none */
+    int micro;
+    bool last;           /* the step's last micro-batch */
+} grad_pending;
+
 /* Where a thread records its first failure. */
 typedef struct errsink {
     int rc;
@@ -82,7 +91,8 @@ typedef struct rank_state {
     struct fso_optpool *opt_pool;
     slot ochunk[2][FSO_N_KINDS]; /* chunk buffers: read ahead, write behind */
     size_t chunk_elems;
-    slot gtmp;                   /* gradient accumulation scratch */
+    slot gdown[2];               /* gradient shards copied down from the device */
+    grad_pending gpend;          /* the block whose shard is on its way down (block -1 none) */
     double *block_sq;            /* [block] squared norm of the gradient shard */
     pthread_t opt_tid;
     bool opt_started, opt_stop;
