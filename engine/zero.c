@@ -394,7 +394,9 @@ static const float *src_params(void *ctx, int b)
      * wait for that only, so on a GPU they run while the previous block
      * computes */
     void *recv = bf16 ? (void *)rk->pgbuf : (void *)rk->gbuf[g];
-    const uint64_t after = bf16 ? rk->pgbuf_free : rk->gbuf_free[g];
+    uint64_t after = bf16 ? rk->pgbuf_free : rk->gbuf_free[g];
+    if (rk->ready_mark[b] > after) /* an update of the shard queued on the device */
+        after = rk->ready_mark[b];
     void *mine = (char *)recv + (size_t)rk->rank * shard_bytes;
     const void *send = mine; /* this rank's shard, where the gather reads it */
     loc *l = fso_zero_locate(rk, b, FSO_KIND_PARAM);
@@ -1457,7 +1459,8 @@ int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t err
         rk->gpend.block = -1;
         rk->block_sq = calloc((size_t)z->n_blocks, sizeof *rk->block_sq);
         rk->ready = calloc((size_t)z->n_blocks, sizeof *rk->ready);
-        if (!rk->block_sq || !rk->ready ||
+        rk->ready_mark = calloc((size_t)z->n_blocks, sizeof *rk->ready_mark);
+        if (!rk->block_sq || !rk->ready || !rk->ready_mark ||
             (rc = fso_optpool_create(&rk->opt_pool, per_dev)) < 0) {
             snprintf(err, errlen, "out of host memory for the optimizer");
             rc = -ENOMEM;
@@ -1801,6 +1804,7 @@ void fso_zero_destroy(fso_zero *z)
         fso_optpool_destroy(rk->opt_pool);
         free(rk->block_sq);
         free(rk->ready);
+        free(rk->ready_mark);
         if (!rk->be)
             continue;
         for (int b = 0; rk->locs && b < z->n_blocks; b++)

@@ -102,6 +102,8 @@ typedef struct rank_state {
     int q_head, q_tail;
     int busy;                    /* a job is running */
     int64_t *ready;              /* [block] the step whose parameters the block holds */
+    uint64_t *ready_mark;        /* [block] the backend's mark after its update was queued
+                                    (a device-side update; 0: done when ready) */
     errsink oe;                  /* the optimizer's failure */
     double opt_busy_ms;          /* time spent updating, since the last report */
     uint64_t opt_read_bytes, opt_write_bytes; /* NVMe, since the last report */

@@ -119,10 +119,89 @@ static void mark_ready(rank_state *rk, int b, int64_t step)
     pthread_mutex_unlock(&rk->opt_mu);
 }
 
+/* The optimizer state on a GPU: the update runs there, one kernel per
+ * tensor range queued on the device (the same bits as on the CPU), instead
+ * of the state crossing PCIe twice. Working parameters on the device are
+ * written by the same kernel; elsewhere they are copied out of the new
+ * master chunk by chunk (bf16: rounded on the way). A block is ready once
+ * its update is queued: the backend's mark after it orders the gathers
+ * that read the block behind it. */
+static bool device_update(const rank_state *rk)
+{
+    const fso_backend *be = rk->be;
+    return rk->z->tier[FSO_KIND_MASTER] == FSO_TIER_DEVICE && !be->ops->host_addressable &&
+           be->ops->adamw && be->ops->mark;
+}
+
+static int params_from_master(rank_state *rk, int b)
+{
+    const fso_zero *z = rk->z;
+    const size_t S = fso_zero_shard_elems(z, b), ch = rk->chunk_elems;
+    slot *o = rk->ochunk[0];
+    for (size_t c0 = 0; c0 < S; c0 += ch) {
+        unit u = {b, c0, S - c0 < ch ? S - c0 : ch};
+        float *master;
+        int rc = unit_fetch(rk, &u, FSO_KIND_MASTER, &o[FSO_KIND_MASTER], &master);
+        if (rc == 0)
+            rc = fso_zero_slot_wait(rk, &rk->oe, &o[FSO_KIND_MASTER], "master weights", b);
+        void *param = master;
+        if (rc == 0 && z->elem_bytes[FSO_KIND_PARAM] == sizeof(uint16_t)) {
+            param = fso_zero_xfer_dest(rk, b, FSO_KIND_PARAM, c0, &o[FSO_KIND_PARAM], true);
+            round_padding(param, master, 0, u.n);
+        }
+        if (rc == 0)
+            rc = unit_store(rk, &u, FSO_KIND_PARAM, &o[FSO_KIND_PARAM], param);
+        if (rc == 0)
+            rc = fso_zero_slot_wait(rk, &rk->oe, &o[FSO_KIND_PARAM], "parameters", b);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
+static int update_blocks_on_device(rank_state *rk, const fso_adamw_step *as, int b0, int b1)
+{
+    const fso_zero *z = rk->z;
+    fso_backend *be = rk->be;
+    for (int b = b0; b <= b1; b++) {
+        const fso_block_layout *bl = &z->blocks[b];
+        const size_t S = fso_zero_shard_elems(z, b), lo = (size_t)rk->rank * S, hi = lo + S;
+        float *master = fso_zero_locate(rk, b, FSO_KIND_MASTER)->ptr;
+        float *m = fso_zero_locate(rk, b, FSO_KIND_M)->ptr;
+        float *v = fso_zero_locate(rk, b, FSO_KIND_V)->ptr;
+        const float *grad = fso_zero_locate(rk, b, FSO_KIND_GRAD)->ptr;
+        const loc *pl = fso_zero_locate(rk, b, FSO_KIND_PARAM);
+        const size_t eb = z->elem_bytes[FSO_KIND_PARAM];
+        for (int t = 0; t < bl->n_tensors; t++) {
+            const fso_tensor_desc *d = &bl->tensors[t];
+            size_t a = d->offset_elems > lo ? d->offset_elems : lo;
+            size_t e = d->offset_elems + d->numel < hi ? d->offset_elems + d->numel : hi;
+            if (a >= e)
+                continue;
+            fso_adamw_step st = *as;
+            st.weight_decay = decays(&z->cfg->optim, d) ? z->cfg->optim.weight_decay : 0.0;
+            fso_adamw_consts c;
+            fso_adamw_consts_init(&c, &st);
+            /* padding between tensors stays 0 in the master and so in the parameters */
+            void *out = pl->tier == FSO_TIER_DEVICE ? (char *)pl->ptr + eb * (a - lo) : NULL;
+            be->ops->adamw(be, master + (a - lo), grad + (a - lo), m + (a - lo), v + (a - lo),
+                           out, eb == sizeof(uint16_t), e - a, &c);
+        }
+        int rc = pl->tier == FSO_TIER_DEVICE ? 0 : params_from_master(rk, b);
+        if (rc < 0)
+            return rc;
+        rk->ready_mark[b] = be->ops->mark(be);
+        mark_ready(rk, b, as->t);
+    }
+    return 0;
+}
+
 /* Update blocks [b0, b1] in order; each block is marked ready for step as.t
  * once its working parameters are written. */
 static int update_blocks(rank_state *rk, const fso_adamw_step *as, int b0, int b1)
 {
+    if (device_update(rk))
+        return update_blocks_on_device(rk, as, b0, b1);
     const fso_zero *z = rk->z;
     const size_t ch = rk->chunk_elems;
     unit cur, nxt;

@@ -32,6 +32,18 @@
 
 typedef struct fso_backend fso_backend;
 
+/* AdamW's per-step constants, as offload/adamw.h computes them
+ * (fso_adamw_consts_init) for its CPU kernels and a device's. */
+typedef struct fso_adamw_consts {
+    float scale;           /* grad_scale */
+    float decay;           /* 1 - lr * weight_decay */
+    float beta1, one_minus_beta1;
+    float beta2, one_minus_beta2;
+    float step_size;       /* lr / (1 - beta1^t) */
+    float bc2_sqrt;        /* sqrt(1 - beta2^t) */
+    float eps;
+} fso_adamw_consts;
+
 typedef struct fso_backend_ops {
     const char *name;
     int host_addressable;   /* 1: device pointers are host memory the CPU may use */
@@ -107,6 +119,15 @@ typedef struct fso_backend_ops {
      * after its mark, without draining the device. */
     uint64_t (*mark)(fso_backend *be);
     void (*wait_mark)(fso_backend *be, uint64_t ticket);
+    /* AdamW on the device, in place: master, m, v (n) fp32 updated from
+     * grad (n) fp32, each element exactly as offload/adamw.h's scalar
+     * reference computes it (the same bits); out (n), when not NULL,
+     * receives the new master as bf16 (out_bf16, round to nearest even) or
+     * fp32. Optional: NULL where the CPU updates device memory in place
+     * (host_addressable backends). */
+    void (*adamw)(fso_backend *be, float *master, const float *grad, float *m, float *v,
+                  void *out, int out_bf16, size_t n, const fso_adamw_consts *c);
+
     /* copy_h2d ordered after the work before mark `after` only (0: after
      * everything queued so far, as copy_h2d): a copy into a buffer that
      * compute finished with at that mark runs while later compute does.

@@ -141,6 +141,8 @@ void fso_cuda_add(fso_backend *be, float *out, const float *a, const float *b, s
 void fso_cuda_cross_entropy(fso_backend *be, float *dlogits, float *losses, const float *logits,
                             const int32_t *targets, int N, int V, float dscale);
 void fso_cuda_cast_bf16_f32(fso_backend *be, float *dst, const uint16_t *src, size_t n);
+void fso_cuda_adamw(fso_backend *be, float *master, const float *grad, float *m, float *v,
+                    void *out, int out_bf16, size_t n, const fso_adamw_consts *c);
 
 /* Attention's row kernels (cuda_softmax.cu), queued on the compute stream
  * inside an op: probs (rows, T) scaled scores -> causal softmax in place;

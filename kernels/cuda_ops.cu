@@ -299,6 +299,51 @@ extern "C" void fso_cuda_cast_bf16_f32(fso_backend *be, float *dst, const uint16
     fso_cuda_end(be, FSO_CS_COMPUTE, "cast_bf16_f32");
 }
 
+/* ------------------------------------------------------------ AdamW */
+
+/* One element per thread step, in offload/adamw.c's order with IEEE
+ * round-to-nearest intrinsics (no contraction into FMAs, correctly rounded
+ * sqrt and division): the CPU reference's bits. */
+__global__ void adamw_kernel(float *master, const float *grad, float *m, float *v, void *out,
+                             int out_bf16, size_t n, fso_adamw_consts c)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        float g = __fmul_rn(grad[i], c.scale);
+        float p = __fmul_rn(master[i], c.decay);
+        float mi = __fadd_rn(__fmul_rn(c.beta1, m[i]), __fmul_rn(c.one_minus_beta1, g));
+        float vi = __fadd_rn(__fmul_rn(c.beta2, v[i]),
+                             __fmul_rn(__fmul_rn(c.one_minus_beta2, g), g));
+        float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), c.bc2_sqrt), c.eps);
+        p = __fsub_rn(p, __fmul_rn(c.step_size, __fdiv_rn(mi, denom)));
+        m[i] = mi;
+        v[i] = vi;
+        master[i] = p;
+        if (!out)
+            continue;
+        if (!out_bf16) {
+            ((float *)out)[i] = p;
+        } else {
+            unsigned u = __float_as_uint(p);
+            ((uint16_t *)out)[i] = (u & 0x7fffffffu) > 0x7f800000u
+                                       ? (uint16_t)((u >> 16) | 0x0040u)
+                                       : (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+        }
+    }
+}
+
+extern "C" void fso_cuda_adamw(fso_backend *be, float *master, const float *grad, float *m,
+                               float *v, void *out, int out_bf16, size_t n,
+                               const fso_adamw_consts *c)
+{
+    if (n == 0)
+        return;
+    cudaStream_t s = fso_cuda_begin(be, FSO_CS_COMPUTE);
+    adamw_kernel<<<fso_grid_for(n, EW_THREADS), EW_THREADS, 0, s>>>(master, grad, m, v, out,
+                                                                     out_bf16, n, *c);
+    fso_cuda_end(be, FSO_CS_COMPUTE, "adamw");
+}
+
 /* ------------------------------------------------------------ cross-entropy */
 
 /* One block per row: lse = max + log(sum exp(l - max)); loss = lse - l[tgt];

@@ -38,6 +38,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "backend.h"
 #include "pool.h"
 
 typedef struct fso_adamw_step {
@@ -68,16 +69,9 @@ typedef enum fso_adamw_isa {
     FSO_ISA_AVX512,
 } fso_adamw_isa;
 
-/* The per-step constants every kernel uses, from fso_adamw_consts_init. */
-typedef struct fso_adamw_consts {
-    float scale;           /* grad_scale */
-    float decay;           /* 1 - lr * weight_decay */
-    float beta1, one_minus_beta1;
-    float beta2, one_minus_beta2;
-    float step_size;       /* lr / (1 - beta1^t) */
-    float bc2_sqrt;        /* sqrt(1 - beta2^t) */
-    float eps;
-} fso_adamw_consts;
+/* The per-step constants every kernel uses (fso_adamw_consts, in
+ * backend.h: the CUDA backend's kernel takes them too), from
+ * fso_adamw_consts_init. */
 
 /* One ISA's fused loop over [0, n): master, m, v (n) fp32 in place; grad (n)
  * fp32 or bf16 read; out (n) bf16 written when non-NULL. No two arrays

@@ -28,6 +28,7 @@
 #include "coll.h"
 #include "cuda_backend.h"
 #include "fso_build.h"
+#include "adamw.h"
 #include "gpu_info.h"
 #include "rng.h"
 
@@ -467,6 +468,66 @@ static void test_cast_bf16_f32_matches_reference_bit_for_bit(void **state)
     }
     free(want);
     free(src);
+}
+
+/* ---------------------------------------------------------------- AdamW */
+
+/* The device update is the CPU scalar reference, bit for bit: master, m, v
+ * and the bf16, fp32 or no parameter output, including a clipped gradient
+ * and weight decay, over steps where the bias corrections still matter. */
+static void test_adamw_matches_the_cpu_reference_bit_for_bit(void **state)
+{
+    (void)state;
+    fso_backend *be = cu[0];
+    const size_t n = 300007;
+    float *master = hrand(n, 0.5), *grad = hrand(n, 2.0), *m = hbuf(n), *v = hbuf(n);
+    memset(m, 0, sizeof(float) * n);
+    memset(v, 0, sizeof(float) * n);
+    float *d_master = dput(be, master, n), *d_grad = dput(be, grad, n);
+    float *d_m = dput(be, m, n), *d_v = dput(be, v, n), *d_out32 = dnew(be, n);
+    void *d_out16 = NULL;
+    assert_int_equal(be->ops->buf_alloc(be, sizeof(uint16_t) * n, &d_out16), 0);
+    uint16_t *want16 = malloc(sizeof(uint16_t) * n), *got16 = malloc(sizeof(uint16_t) * n);
+    for (int t = 1; t <= 3; t++) {
+        fso_adamw_step st = {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8,
+                             .weight_decay = 0.1, .grad_scale = 0.37, .t = t};
+        fso_adamw_consts c;
+        fso_adamw_consts_init(&c, &st);
+        fso_adamw_fused_scalar(master, grad, FSO_DT_F32, m, v, want16, n, &c);
+        be->ops->adamw(be, d_master, d_grad, d_m, d_v, t == 1 ? NULL : t == 2 ? d_out16 : d_out32,
+                       t == 2, n, &c);
+        float *gm = dget(be, d_master, n, "adamw master");
+        float *gmm = dget(be, d_m, n, "adamw m"), *gv = dget(be, d_v, n, "adamw v");
+        for (size_t i = 0; i < n; i++)
+            if (memcmp(&gm[i], &master[i], 4) || memcmp(&gmm[i], &m[i], 4) ||
+                memcmp(&gv[i], &v[i], 4))
+                fail_msg("adamw step %d, element %zu: master %a/%a m %a/%a v %a/%a", t, i,
+                         gm[i], master[i], gmm[i], m[i], gv[i], v[i]);
+        if (t == 2) {
+            be->ops->copy_d2h(be, got16, d_out16, sizeof(uint16_t) * n);
+            assert_int_equal(be->ops->sync(be), 0);
+            assert_memory_equal(got16, want16, sizeof(uint16_t) * n);
+        } else if (t == 3) {
+            float *g32 = dget(be, d_out32, n, "adamw fp32 out");
+            assert_memory_equal(g32, master, sizeof(float) * n);
+            free(g32);
+        }
+        free(gm);
+        free(gmm);
+        free(gv);
+    }
+    free(want16);
+    free(got16);
+    be->ops->buf_free(be, d_out16);
+    dfree(be, d_out32);
+    dfree(be, d_master);
+    dfree(be, d_grad);
+    dfree(be, d_m);
+    dfree(be, d_v);
+    free(master);
+    free(grad);
+    free(m);
+    free(v);
 }
 
 /* ---------------------------------------------------------------- cross-entropy */
@@ -972,6 +1033,7 @@ static int run_cuda_tests(void)
         cmocka_unit_test(test_cross_entropy_matches_reference),
         cmocka_unit_test(test_sqnorm_is_exact_and_the_same_bits_from_host_memory),
         cmocka_unit_test(test_mark_frees_a_copy_source),
+        cmocka_unit_test(test_adamw_matches_the_cpu_reference_bit_for_bit),
         cmocka_unit_test(test_copy_after_a_mark_keeps_the_order),
         cmocka_unit_test(test_copies_and_ops_run_in_issue_order),
         cmocka_unit_test(test_memory_is_counted_and_capped),
