@@ -11,6 +11,10 @@
  * is written (two buffer sets). Shards on the host (or on a device whose
  * memory the CPU addresses) are updated in place.
  *
+ * With the optimizer state on a GPU (memory the CPU cannot address) the
+ * update runs on the GPU instead (update_blocks_on_device), with the same
+ * operations and so the same bits.
+ *
  * Schedules (train.optimizer_overlap):
  *   none      the compute thread updates every block after the global norm;
  *   forward   the device's optimizer thread updates blocks in forward order
