@@ -131,7 +131,7 @@ static int dalloc(fso_model *m, void *out, size_t bytes)
 }
 
 int fso_model_init(fso_model *m, const fso_model_config *mc, fso_backend *be, int B, int T,
-                   int world, bool checkpointing)
+                   int world, bool checkpointing, bool bf16_acts)
 {
     memset(m, 0, sizeof *m);
     m->mc = *mc;
@@ -140,6 +140,7 @@ int fso_model_init(fso_model *m, const fso_model_config *mc, fso_backend *be, in
     m->T = T;
     m->world = world;
     m->checkpointing = checkpointing;
+    m->bf16_acts = bf16_acts && checkpointing;
 
     const int L = mc->num_hidden_layers, C = mc->hidden_size, F = mc->intermediate_size;
     const int H = mc->num_attention_heads, Hkv = mc->num_key_value_heads, D = mc->head_dim;
@@ -152,10 +153,12 @@ int fso_model_init(fso_model *m, const fso_model_config *mc, fso_backend *be, in
     m->params = calloc((size_t)m->n_blocks, sizeof *m->params);
     m->grads = calloc((size_t)m->n_blocks, sizeof *m->grads);
     m->layer_in = calloc((size_t)L + 1, sizeof *m->layer_in);
+    m->kept16 = calloc((size_t)L + 1, sizeof *m->kept16);
     m->n_acts = checkpointing ? 1 : L;
     m->acts = calloc((size_t)(m->n_acts > 0 ? m->n_acts : 1), sizeof *m->acts);
     m->losses_host = malloc(sizeof(float) * N);
-    if (!m->blocks || !m->params || !m->grads || !m->layer_in || !m->acts || !m->losses_host) {
+    if (!m->blocks || !m->params || !m->grads || !m->layer_in || !m->kept16 || !m->acts ||
+        !m->losses_host) {
         snprintf(m->err, sizeof m->err, "out of host memory for the model tables");
         goto fail;
     }
@@ -172,8 +175,11 @@ int fso_model_init(fso_model *m, const fso_model_config *mc, fso_backend *be, in
         (rc = dalloc(m, &m->rope_sin, sizeof(float) * (size_t)T * (D / 2))) < 0)
         goto fail;
     for (int l = 0; l <= L; l++)
-        if ((rc = dalloc(m, &m->layer_in[l], fN * C)) < 0)
+        if ((rc = m->bf16_acts ? dalloc(m, &m->kept16[l], sizeof(uint16_t) * N * C)
+                               : dalloc(m, &m->layer_in[l], fN * C)) < 0)
             goto fail;
+    if (m->bf16_acts && ((rc = dalloc(m, &m->xa, fN * C)) < 0 || (rc = dalloc(m, &m->xb, fN * C)) < 0))
+        goto fail;
     for (int a = 0; a < m->n_acts; a++) {
         fso_layer_acts *x = &m->acts[a];
         if ((rc = dalloc(m, &x->h1, fN * C)) < 0 || (rc = dalloc(m, &x->rstd1, fN)) < 0 ||
@@ -235,6 +241,10 @@ void fso_model_free(fso_model *m)
     void (*f)(fso_backend *, void *) = be->ops->buf_free;
     for (int l = 0; m->layer_in && l <= m->mc.num_hidden_layers; l++)
         f(be, m->layer_in[l]);
+    for (int l = 0; m->kept16 && l <= m->mc.num_hidden_layers; l++)
+        f(be, m->kept16[l]);
+    f(be, m->xa);
+    f(be, m->xb);
     for (int a = 0; m->acts && a < m->n_acts; a++) {
         fso_layer_acts *x = &m->acts[a];
         void *bufs[] = {x->h1, x->rstd1, x->q, x->k, x->v, x->probs, x->att,
@@ -251,6 +261,7 @@ void fso_model_free(fso_model *m)
     free(m->params);
     free(m->grads);
     free(m->layer_in);
+    free(m->kept16);
     free(m->acts);
     free(m->losses_host);
     memset(m, 0, sizeof *m);
@@ -310,7 +321,7 @@ size_t fso_model_activation_bytes(const fso_model *m)
 /* Mirrors the allocations of fso_model_init (each rounded to 64 bytes as
  * the CPU backend does); test_train checks the two agree. */
 size_t fso_model_activation_bytes_for(const fso_model_config *mc, int B, int T,
-                                      bool checkpointing)
+                                      bool checkpointing, bool bf16_acts)
 {
     const size_t L = (size_t)mc->num_hidden_layers, C = (size_t)mc->hidden_size;
     const size_t F = (size_t)mc->intermediate_size, V = (size_t)mc->vocab_size;
@@ -318,7 +329,10 @@ size_t fso_model_activation_bytes_for(const fso_model_config *mc, int B, int T,
     const size_t D = (size_t)mc->head_dim, N = (size_t)B * T, fN = sizeof(float) * N;
 #define R64(x) (((size_t)(x) + 63) & ~(size_t)63)
     size_t total = 2 * R64(sizeof(int32_t) * N) + 2 * R64(sizeof(float) * (size_t)T * (D / 2));
-    total += (L + 1) * R64(fN * C);
+    if (bf16_acts && checkpointing)
+        total += (L + 1) * R64(sizeof(uint16_t) * N * C) + 2 * R64(fN * C);
+    else
+        total += (L + 1) * R64(fN * C);
     size_t per_layer = 3 * R64(fN * C) + 2 * R64(fN) + 2 * R64(fN * H * D) + 2 * R64(fN * Hkv * D) +
                        R64(sizeof(float) * (size_t)B * H * (size_t)T * T) + 3 * R64(fN * F);
     total += (checkpointing ? 1 : L) * per_layer;
@@ -416,6 +430,36 @@ static void return_grads(fso_model *m, const fso_block_source *src, int b)
     m->grads[b] = NULL;
 }
 
+/* Where the forward writes layer l's input (l = L: the final x): its kept
+ * buffer, or with bf16_acts the work buffer the previous one is not. */
+static float *layer_out(fso_model *m, int l)
+{
+    if (!m->bf16_acts)
+        return m->layer_in[l];
+    return l % 2 ? m->xb : m->xa;
+}
+
+/* Keep x, layer l's input, for backward: with bf16_acts round it to bf16
+ * and go on from the rounded value, so the recomputation sees the same. */
+static void keep(fso_model *m, int l, float *x)
+{
+    if (!m->bf16_acts)
+        return;
+    size_t n = (size_t)m->B * m->T * m->mc.hidden_size;
+    m->be->ops->cast_f32_bf16(m->be, m->kept16[l], x, n);
+    m->be->ops->cast_bf16_f32(m->be, x, m->kept16[l], n);
+}
+
+/* Layer l's kept input, as fp32 (bf16_acts: widened into xa). */
+static const float *layer_input(fso_model *m, int l)
+{
+    if (!m->bf16_acts)
+        return m->layer_in[l];
+    m->be->ops->cast_bf16_f32(m->be, m->xa, m->kept16[l],
+                              (size_t)m->B * m->T * m->mc.hidden_size);
+    return m->xa;
+}
+
 /* Embedding, layers, final norm; leaves the head's parameters (and the
  * embedding's when tied) lent. */
 static void forward_blocks(fso_model *m, const fso_block_source *src, const int32_t *inputs)
@@ -424,18 +468,23 @@ static void forward_blocks(fso_model *m, const fso_block_source *src, const int3
     const int N = m->B * m->T, C = m->mc.hidden_size, L = m->mc.num_hidden_layers;
     be->ops->copy_h2d(be, m->tokens, inputs, sizeof(int32_t) * (size_t)N);
     lend_params(m, src, 0);
-    be->ops->embedding_fwd(be, m->layer_in[0], m->tokens, P_(m, 0, FSO_T_EMBED), N, C);
+    float *x = layer_out(m, 0);
+    be->ops->embedding_fwd(be, x, m->tokens, P_(m, 0, FSO_T_EMBED), N, C);
+    keep(m, 0, x);
     return_params(m, src, 0);
     for (int l = 0; l < L; l++) {
         lend_params(m, src, 1 + l);
-        layer_forward(m, l, &m->acts[m->checkpointing ? 0 : l], m->layer_in[l], m->layer_in[l + 1]);
+        float *y = layer_out(m, l + 1);
+        layer_forward(m, l, &m->acts[m->checkpointing ? 0 : l], x, y);
+        keep(m, l + 1, y);
+        x = y;
         return_params(m, src, 1 + l);
     }
     lend_params(m, src, L + 1);
     if (m->mc.tie_word_embeddings)
         lend_params(m, src, 0);
-    be->ops->rmsnorm_fwd(be, m->xf, m->rstdf, m->layer_in[L], P_(m, L + 1, FSO_T_FINAL_NORM), N,
-                         C, (float)m->mc.rms_norm_eps);
+    be->ops->rmsnorm_fwd(be, m->xf, m->rstdf, x, P_(m, L + 1, FSO_T_FINAL_NORM), N, C,
+                         (float)m->mc.rms_norm_eps);
 }
 
 static void release_head(fso_model *m, const fso_block_source *src)
@@ -483,7 +532,7 @@ double fso_model_step(fso_model *m, const fso_block_source *src, const int32_t *
                        C, V, 0.0f);
     }
     op->memset0(be, m->dres, sizeof(float) * (size_t)N * C);
-    op->rmsnorm_bwd(be, m->dres, G_(m, L + 1, FSO_T_FINAL_NORM), m->dh, m->layer_in[L],
+    op->rmsnorm_bwd(be, m->dres, G_(m, L + 1, FSO_T_FINAL_NORM), m->dh, layer_input(m, L),
                     P_(m, L + 1, FSO_T_FINAL_NORM), m->rstdf, N, C);
     return_grads(m, src, L + 1);
     release_head(m, src);
@@ -491,10 +540,11 @@ double fso_model_step(fso_model *m, const fso_block_source *src, const int32_t *
     for (int l = L - 1; l >= 0; l--) {
         fso_layer_acts *a = &m->acts[m->checkpointing ? 0 : l];
         lend_params(m, src, 1 + l);
+        const float *x = layer_input(m, l);
         if (m->checkpointing)
-            layer_forward(m, l, a, m->layer_in[l], NULL);
+            layer_forward(m, l, a, x, NULL);
         lend_grads(m, src, 1 + l);
-        layer_backward(m, l, a, m->layer_in[l]);
+        layer_backward(m, l, a, x);
         return_grads(m, src, 1 + l);
         return_params(m, src, 1 + l);
     }

@@ -95,7 +95,12 @@ typedef struct fso_model {
 
     /* activations (device) */
     int32_t *tokens, *targets;    /* (N) */
-    float **layer_in;             /* L+1 pointers (N,C): input of each layer, then the final x */
+    float **layer_in;             /* L+1 pointers (N,C): input of each layer, then the final x
+                                     (NULL with bf16_acts) */
+    bool bf16_acts;               /* the kept layer inputs are bf16 (kept16), widened into the
+                                     fp32 work buffers xa, xb when used */
+    uint16_t **kept16;            /* L+1 (N,C) with bf16_acts */
+    float *xa, *xb;               /* (N,C) with bf16_acts */
     fso_layer_acts *acts;         /* L sets, or 1 scratch set with checkpointing */
     int n_acts;
     float *rope_cos, *rope_sin;   /* (T, D/2) */
@@ -130,10 +135,13 @@ typedef struct fso_block_source {
 } fso_block_source;
 
 /* Lay out blocks for cfg->model and allocate the activations for
- * micro-batch B x T on `be`. world sets the shard padding. Returns 0 or
- * negative errno (message in model->err). */
+ * micro-batch B x T on `be`. world sets the shard padding. bf16_acts (with
+ * checkpointing; bf16.enabled) keeps each layer's input for backward as
+ * bf16: the forward goes on from the rounded value, so the recomputation in
+ * backward sees exactly what the forward saw. Returns 0 or negative errno
+ * (message in model->err). */
 int fso_model_init(fso_model *model, const fso_model_config *mc, fso_backend *be, int B, int T,
-                   int world, bool checkpointing);
+                   int world, bool checkpointing, bool bf16_acts);
 void fso_model_free(fso_model *model);
 
 /* Lay out blocks only (no allocation): used by init and by tools that only
@@ -169,7 +177,7 @@ void fso_model_forward_logits(fso_model *model, const fso_block_source *src,
 size_t fso_model_activation_bytes(const fso_model *model);
 /* What fso_model_init would allocate, without allocating: for planning. */
 size_t fso_model_activation_bytes_for(const fso_model_config *mc, int B, int T,
-                                      bool checkpointing);
+                                      bool checkpointing, bool bf16_acts);
 
 /* Forward FLOPs per token (2 per multiply-add, attention included, causal
  * half counted): for tok/s and MFU reporting. */

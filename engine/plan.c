@@ -130,8 +130,8 @@ int fso_plan_ctx_init(fso_plan_ctx *ctx, const fso_config *cfg, const fso_plan_m
     in->model.grad_bytes = gpu ? 2 : 4;
     in->model.state_bytes = 4;
     size_t act = fso_model_activation_bytes_for(mc, cfg->micro_batch, cfg->data.seq_len,
-                                                cfg->activation_checkpointing);
-    in->model.activation_bytes = gpu ? act / 2 : act; /* the same buffers in bf16 */
+                                                cfg->activation_checkpointing, !gpu && cfg->bf16);
+    in->model.activation_bytes = gpu ? act / 2 : act; /* GPUs: the same buffers in bf16 */
 
     fso_plan_engine *en = &in->engine;
     en->overlap = cfg->optimizer_overlap == FSO_OVERLAP_FORWARD    ? FSO_PLAN_OVERLAP_FORWARD
@@ -259,7 +259,8 @@ int fso_plan_calibrate_cpu(fso_plan_ctx *ctx, const fso_config *cfg, char *err, 
         snprintf(err, errlen, "cannot create the CPU backend: %s", strerror(-rc));
         return rc;
     }
-    if ((rc = fso_model_init(&m, &one, be, B, T, 1, cfg->activation_checkpointing)) < 0) {
+    if ((rc = fso_model_init(&m, &one, be, B, T, 1, cfg->activation_checkpointing, cfg->bf16)) <
+        0) {
         snprintf(err, errlen, "%s", m.err);
         fso_backend_destroy(be);
         return rc;

@@ -195,7 +195,11 @@ int fso_train_run(const fso_config *cfg, const fso_run_opts *opts)
 #endif
         snprintf(note, sizeof note, "devices %s: %d CUDA GPU%s (%s), bf16 matmuls, %s",
                  opts->devices, cfg->world, cfg->world > 1 ? "s" : "", name,
-                 cfg->bf16 ? "bf16 working parameters, fp32 master, activations and gradients"
+                 cfg->bf16 ? (cfg->activation_checkpointing
+                                  ? "bf16 working parameters and kept layer inputs, fp32 master, "
+                                    "gradients and scratch"
+                                  : "bf16 working parameters, fp32 master, activations and "
+                                    "gradients")
                            : "fp32 storage");
     } else {
         int threads = cfg->threads > 0 ? cfg->threads : fso_cpu_count();
@@ -209,11 +213,15 @@ int fso_train_run(const fso_config *cfg, const fso_run_opts *opts)
                  opts->devices, cfg->world, cfg->world > 1 ? "s" : "",
                  threads / cfg->world > 0 ? threads / cfg->world : 1,
                  threads / cfg->world > 1 ? "s" : "",
-                 cfg->bf16 ? " compute, bf16 working parameters" : "", why);
+                 cfg->bf16 ? (cfg->activation_checkpointing
+                                  ? " compute, bf16 working parameters and kept layer inputs"
+                                  : " compute, bf16 working parameters")
+                           : "",
+                 why);
         if (cfg->bf16)
-            fprintf(stderr, "fsoff: warning: bf16.enabled: working parameters are stored, read "
-                            "and gathered as bf16 (fp32 master); the CPU backend computes in "
-                            "fp32\n");
+            fprintf(stderr, "fsoff: warning: bf16.enabled: working parameters%s are stored as "
+                            "bf16 (fp32 master); the CPU backend computes in fp32\n",
+                    cfg->activation_checkpointing ? " and the layer inputs kept for backward" : "");
     }
 
     /* The plan: on CPU devices, the placement the configuration leaves open

@@ -1332,7 +1332,8 @@ int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t err
             goto fail;
         }
         if ((rc = fso_model_init(&rk->model, &cfg->model, rk->be, cfg->micro_batch,
-                                 cfg->data.seq_len, z->world, cfg->activation_checkpointing)) < 0) {
+                                 cfg->data.seq_len, z->world, cfg->activation_checkpointing,
+                                 cfg->bf16)) < 0) {
             fso_human_bytes(h1, sizeof h1, (double)cap);
             snprintf(err, errlen, "device memory: the activations alone do not fit the %s cap "
                                   "(--device-mem) of device %d (%s); shorten data.seq_len or "

@@ -11,9 +11,10 @@
  * Conventions:
  *   - Pointers passed to ops are device pointers from buf_alloc (on the CPU
  *     backends, host memory). Math is fp32 and so are the ops' buffers; the
- *     one exception is cast_bf16_f32, which widens bf16 working parameters
- *     (stored and gathered at 2 bytes each) into the fp32 buffer the ops
- *     compute from.
+ *     exceptions are the casts: cast_bf16_f32 widens bf16 working parameters
+ *     (stored and gathered at 2 bytes each) and kept activations into the
+ *     fp32 buffers the ops compute from, cast_f32_bf16 narrows activations
+ *     kept for backward.
  *   - Ops are asynchronous in principle: they return nothing and record any
  *     failure; sync() waits for all queued work and returns 0 or the first
  *     failure as a negative errno (the detail is in err). On the CPU backends
@@ -139,6 +140,10 @@ typedef struct fso_backend_ops {
      * half of the fp32 bits, so ±0, denormals, Inf and NaN (payload and
      * sign) come through unchanged. dst and src do not overlap. */
     void (*cast_bf16_f32)(fso_backend *be, float *dst, const uint16_t *src, size_t n);
+    /* dst (n) bf16 = src (n) fp32 rounded to nearest even (NaNs stay NaN,
+     * quiet), as offload/adamw.h rounds: how activations kept for backward
+     * are stored with bf16.enabled. dst and src do not overlap. */
+    void (*cast_f32_bf16)(fso_backend *be, uint16_t *dst, const float *src, size_t n);
 } fso_backend_ops;
 
 struct fso_backend {

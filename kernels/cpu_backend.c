@@ -494,6 +494,31 @@ static void fast_cast_bf16_f32(fso_backend *be, float *dst, const uint16_t *src,
     fso_pool_for(POOL(be), (int64_t)n, 32768, cast_range, &a);
 }
 
+struct narrow_args {
+    uint16_t *dst;
+    const float *src;
+};
+
+/* Round to nearest even, NaNs kept and made quiet (as the reference). */
+static void narrow_range(void *a_, int64_t b, int64_t e, int worker)
+{
+    struct narrow_args *a = a_;
+    (void)worker;
+#pragma omp simd
+    for (int64_t i = b; i < e; i++) {
+        uint32_t u;
+        memcpy(&u, &a->src[i], sizeof u);
+        uint32_t rne = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, nan = (u >> 16) | 0x0040u;
+        a->dst[i] = (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? nan : rne);
+    }
+}
+
+static void fast_cast_f32_bf16(fso_backend *be, uint16_t *dst, const float *src, size_t n)
+{
+    struct narrow_args a = {.dst = dst, .src = src};
+    fso_pool_for(POOL(be), (int64_t)n, 32768, narrow_range, &a);
+}
+
 const fso_backend_ops fso_cpu_fast_ops = {
     .name = "cpu",
     .host_addressable = 1,
@@ -518,4 +543,5 @@ const fso_backend_ops fso_cpu_fast_ops = {
     .cross_entropy = fast_cross_entropy,
     .sqnorm = fast_sqnorm,
     .cast_bf16_f32 = fast_cast_bf16_f32,
+    .cast_f32_bf16 = fast_cast_f32_bf16,
 };

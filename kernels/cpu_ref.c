@@ -272,6 +272,24 @@ static void ref_cast_bf16_f32(fso_backend *be, float *dst, const uint16_t *src, 
     }
 }
 
+/* Round to nearest even on the fp32 bits; a NaN keeps its sign and top
+ * payload bits and is made quiet. */
+static uint16_t ref_bf16_of(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((u >> 16) | 0x0040u);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+static void ref_cast_f32_bf16(fso_backend *be, uint16_t *dst, const float *src, size_t n)
+{
+    (void)be;
+    for (size_t i = 0; i < n; i++)
+        dst[i] = ref_bf16_of(src[i]);
+}
+
 const fso_backend_ops fso_cpu_ref_ops = {
     .name = "cpu-ref",
     .host_addressable = 1,
@@ -296,4 +314,5 @@ const fso_backend_ops fso_cpu_ref_ops = {
     .cross_entropy = ref_cross_entropy,
     .sqnorm = ref_sqnorm,
     .cast_bf16_f32 = ref_cast_bf16_f32,
+    .cast_f32_bf16 = ref_cast_f32_bf16,
 };

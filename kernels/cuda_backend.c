@@ -489,6 +489,7 @@ static const fso_backend_ops cuda_ops = {
     .cross_entropy = fso_cuda_cross_entropy,
     .sqnorm = cu_sqnorm,
     .cast_bf16_f32 = fso_cuda_cast_bf16_f32,
+    .cast_f32_bf16 = fso_cuda_cast_f32_bf16,
     .adamw = fso_cuda_adamw,
 };
 

@@ -141,6 +141,7 @@ void fso_cuda_add(fso_backend *be, float *out, const float *a, const float *b, s
 void fso_cuda_cross_entropy(fso_backend *be, float *dlogits, float *losses, const float *logits,
                             const int32_t *targets, int N, int V, float dscale);
 void fso_cuda_cast_bf16_f32(fso_backend *be, float *dst, const uint16_t *src, size_t n);
+void fso_cuda_cast_f32_bf16(fso_backend *be, uint16_t *dst, const float *src, size_t n);
 void fso_cuda_adamw(fso_backend *be, float *master, const float *grad, float *m, float *v,
                     void *out, int out_bf16, size_t n, const fso_adamw_consts *c);
 

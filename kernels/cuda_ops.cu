@@ -299,6 +299,30 @@ extern "C" void fso_cuda_cast_bf16_f32(fso_backend *be, float *dst, const uint16
     fso_cuda_end(be, FSO_CS_COMPUTE, "cast_bf16_f32");
 }
 
+__device__ __forceinline__ uint16_t bf16_of(float f)
+{
+    unsigned u = __float_as_uint(f);
+    return (u & 0x7fffffffu) > 0x7f800000u ? (uint16_t)((u >> 16) | 0x0040u)
+                                           : (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+__global__ void cast_f32_bf16_kernel(uint16_t *dst, const float *src, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = bf16_of(src[i]);
+}
+
+extern "C" void fso_cuda_cast_f32_bf16(fso_backend *be, uint16_t *dst, const float *src,
+                                       size_t n)
+{
+    if (n == 0)
+        return;
+    cudaStream_t s = fso_cuda_begin(be, FSO_CS_COMPUTE);
+    cast_f32_bf16_kernel<<<fso_grid_for(n, EW_THREADS), EW_THREADS, 0, s>>>(dst, src, n);
+    fso_cuda_end(be, FSO_CS_COMPUTE, "cast_f32_bf16");
+}
+
 /* ------------------------------------------------------------ AdamW */
 
 /* One element per thread step, in offload/adamw.c's order with IEEE
@@ -321,14 +345,10 @@ __global__ void adamw_kernel(float *master, const float *grad, float *m, float *
         master[i] = p;
         if (!out)
             continue;
-        if (!out_bf16) {
+        if (!out_bf16)
             ((float *)out)[i] = p;
-        } else {
-            unsigned u = __float_as_uint(p);
-            ((uint16_t *)out)[i] = (u & 0x7fffffffu) > 0x7f800000u
-                                       ? (uint16_t)((u >> 16) | 0x0040u)
-                                       : (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-        }
+        else
+            ((uint16_t *)out)[i] = bf16_of(p);
     }
 }
 

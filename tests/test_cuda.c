@@ -470,6 +470,39 @@ static void test_cast_bf16_f32_matches_reference_bit_for_bit(void **state)
     free(src);
 }
 
+/* fp32 to bf16 on the device: the CPU reference's bits (round to nearest
+ * even, NaNs quiet), over every bf16 value with the low halves that decide
+ * the rounding. */
+static void test_cast_f32_bf16_matches_reference_bit_for_bit(void **state)
+{
+    (void)state;
+    static const uint32_t lows[] = {0x0000, 0x7fff, 0x8000, 0x8001, 0xffff};
+    const size_t n = 65536 * 5;
+    float *src = hbuf(n);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t bits = ((uint32_t)(i / 5) << 16) | lows[i % 5];
+        memcpy(&src[i], &bits, sizeof bits);
+    }
+    uint16_t *want = malloc(sizeof(uint16_t) * n), *got = malloc(sizeof(uint16_t) * n);
+    ref->ops->cast_f32_bf16(ref, want, src, n);
+    fso_backend *be = cu[0];
+    float *d_src = dput(be, src, n);
+    void *d_dst = NULL;
+    assert_int_equal(be->ops->buf_alloc(be, sizeof(uint16_t) * n, &d_dst), 0);
+    be->ops->cast_f32_bf16(be, d_dst, d_src, n);
+    be->ops->copy_d2h(be, got, d_dst, sizeof(uint16_t) * n);
+    assert_int_equal(be->ops->sync(be), 0);
+    for (size_t i = 0; i < n; i++)
+        if (got[i] != want[i])
+            fail_msg("cast_f32_bf16: element %zu (%a): 0x%04x, want 0x%04x", i, src[i], got[i],
+                     want[i]);
+    be->ops->buf_free(be, d_dst);
+    dfree(be, d_src);
+    free(want);
+    free(got);
+    free(src);
+}
+
 /* ---------------------------------------------------------------- AdamW */
 
 /* The device update is the CPU scalar reference, bit for bit: master, m, v
@@ -1034,6 +1067,7 @@ static int run_cuda_tests(void)
         cmocka_unit_test(test_sqnorm_is_exact_and_the_same_bits_from_host_memory),
         cmocka_unit_test(test_mark_frees_a_copy_source),
         cmocka_unit_test(test_adamw_matches_the_cpu_reference_bit_for_bit),
+        cmocka_unit_test(test_cast_f32_bf16_matches_reference_bit_for_bit),
         cmocka_unit_test(test_copy_after_a_mark_keeps_the_order),
         cmocka_unit_test(test_copies_and_ops_run_in_issue_order),
         cmocka_unit_test(test_memory_is_counted_and_capped),

@@ -18,6 +18,7 @@
 
 #include <cmocka.h>
 
+#include "adamw.h"
 #include "backend.h"
 #include "rng.h"
 
@@ -502,6 +503,52 @@ static void test_cast_bf16_f32_is_exact(void **state)
     free(all);
 }
 
+/* cast_f32_bf16: round to nearest even, as the AdamW kernels round
+ * (fso_bf16_from_f32), on both backends, over the bf16 rounding edges, the
+ * specials and random bits; nothing written past n. */
+static void check_narrow(fso_backend *be, const float *src, size_t n, const char *what)
+{
+    uint16_t *dst = malloc(sizeof(uint16_t) * (n + 8));
+    assert_non_null(dst);
+    for (size_t i = 0; i < n + 8; i++)
+        dst[i] = 0xA5A5;
+    be->ops->cast_f32_bf16(be, dst, src, n);
+    for (size_t i = 0; i < n; i++)
+        if (dst[i] != fso_bf16_from_f32(src[i]))
+            fail_msg("%s (%s): element %zu (%a): 0x%04x, want 0x%04x", what, be->ops->name, i,
+                     src[i], dst[i], fso_bf16_from_f32(src[i]));
+    for (size_t i = n; i < n + 8; i++)
+        if (dst[i] != 0xA5A5)
+            fail_msg("%s (%s): written past the end at %zu", what, be->ops->name, i);
+    free(dst);
+}
+
+static void test_cast_f32_bf16_rounds_to_nearest_even(void **state)
+{
+    (void)state;
+    /* every bf16 value with each low half that decides the rounding: exact,
+     * just below, at (ties to even) and just above the halfway point */
+    static const uint32_t lows[] = {0x0000, 0x7fff, 0x8000, 0x8001, 0xffff};
+    const size_t n = 65536 * 5;
+    float *src = malloc(sizeof(float) * n);
+    assert_non_null(src);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t bits = ((uint32_t)(i / 5) << 16) | lows[i % 5];
+        memcpy(&src[i], &bits, sizeof bits);
+    }
+    uint32_t half_up = 0x3f808000u; /* 1.00390625: a tie, rounds to the even 0x3f80 */
+    float tie;
+    memcpy(&tie, &half_up, sizeof tie);
+    assert_int_equal(fso_bf16_from_f32(tie), 0x3f80);
+    check_narrow(ref, src, n, "rounding edges");
+    check_narrow(fast, src, n, "rounding edges");
+    for (size_t len = 0; len < 40; len += 13) {
+        check_narrow(ref, src + 1, len, "short, odd offset");
+        check_narrow(fast, src + 1, len, "short, odd offset");
+    }
+    free(src);
+}
+
 static void test_unknown_backend_is_an_error(void **state)
 {
     (void)state;
@@ -540,6 +587,7 @@ int main(void)
         cmocka_unit_test(test_cross_entropy),
         cmocka_unit_test(test_sqnorm_is_exact_and_thread_independent),
         cmocka_unit_test(test_cast_bf16_f32_is_exact),
+        cmocka_unit_test(test_cast_f32_bf16_rounds_to_nearest_even),
         cmocka_unit_test(test_unknown_backend_is_an_error),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -468,7 +468,7 @@ static void test_plan_inputs_follow_the_model(void **state)
     assert_true(fabs(f - (want - head)) / want < 1e-9);
     assert_int_equal(ctx.in.model.activation_bytes,
                      fso_model_activation_bytes_for(&cfg.model, cfg.micro_batch,
-                                                    cfg.data.seq_len, true));
+                                                    cfg.data.seq_len, true, cfg.bf16));
     fso_plan_ctx_free(&ctx);
     fso_config_free(&cfg);
 }

@@ -193,16 +193,18 @@ static void test_divergence_stops_without_update(void **state)
 static void test_activation_estimate_matches_allocation(void **state)
 {
     (void)state;
-    for (int ck = 0; ck < 2; ck++) {
+    for (int v = 0; v < 4; v++) {
+        const bool ck = v & 1, bf16 = v & 2;
         fso_config cfg;
         small_config(&cfg);
         fso_backend *be = NULL;
         fso_model m;
         assert_int_equal(fso_backend_create(&be, "cpu", 1), 0);
         assert_int_equal(fso_model_init(&m, &cfg.model, be, cfg.micro_batch, cfg.data.seq_len, 1,
-                                        ck), 0);
-        assert_int_equal(be->mem_used_bytes, fso_model_activation_bytes_for(
-                                                 &cfg.model, cfg.micro_batch, cfg.data.seq_len, ck));
+                                        ck, bf16), 0);
+        assert_int_equal(be->mem_used_bytes,
+                         fso_model_activation_bytes_for(&cfg.model, cfg.micro_batch,
+                                                        cfg.data.seq_len, ck, bf16));
         fso_model_free(&m);
         fso_backend_destroy(be);
     }

@@ -482,6 +482,48 @@ static void test_bf16_run_is_close_to_fp32_and_device_counts_agree(void **state)
     result_free(&two);
 }
 
+/* With activation checkpointing, bf16 keeps each layer's input for
+ * backward as bf16: half the bytes of what is kept, results within the bf16
+ * tolerance of keeping fp32 (checkpointing off keeps every activation in
+ * fp32), and not the same bits (the rounding is really there). */
+static void test_bf16_keeps_layer_inputs_in_bf16(void **state)
+{
+    (void)state;
+    fso_config cfg;
+    run_result kept16, kept32;
+    small_config(&cfg, 1, 4);
+    cfg.bf16 = true;
+    fso_trainer tr;
+    assert_int_equal(fso_trainer_init(&tr, &cfg), 0);
+    const fso_model *m = fso_zero_model(tr.zero);
+    assert_true(m->bf16_acts);
+    assert_non_null(m->kept16);
+    fso_trainer_free(&tr);
+    const fso_model_config *mc = &cfg.model;
+    const size_t N = (size_t)cfg.micro_batch * cfg.data.seq_len, C = (size_t)mc->hidden_size;
+    const size_t L = (size_t)mc->num_hidden_layers;
+    size_t b16 = fso_model_activation_bytes_for(mc, cfg.micro_batch, cfg.data.seq_len, true, true);
+    size_t b32 = fso_model_activation_bytes_for(mc, cfg.micro_batch, cfg.data.seq_len, true, false);
+    /* (L+1) kept inputs at 2 bytes instead of 4, plus two fp32 work buffers */
+    assert_int_equal(b32 - b16 + 2 * 4 * N * C, (L + 1) * 2 * N * C);
+
+    run(&cfg, NULL, &kept16);
+    cfg.activation_checkpointing = false;
+    run(&cfg, NULL, &kept32);
+    if (kept16.rc || kept32.rc)
+        fail_msg("%s%s", kept16.err, kept32.err);
+    bool differ = false;
+    for (int s = 0; s < STEPS; s++) {
+        if (fabs(kept16.loss[s] - kept32.loss[s]) > BF16_LOSS_TOL * fabs(kept32.loss[s]))
+            fail_msg("step %d: bf16-kept inputs loss %.6f, fp32-kept %.6f", s + 1, kept16.loss[s],
+                     kept32.loss[s]);
+        differ |= kept16.norm[s] != kept32.norm[s];
+    }
+    assert_true(differ);
+    result_free(&kept16);
+    result_free(&kept32);
+}
+
 /* Parameters on NVMe, the optimizer state in memory: every NVMe read is a
  * parameter shard, and bf16 reads half the bytes, plus the page rounding of
  * shards that are odd multiples of 2 KiB in bf16 (O_DIRECT reads whole
@@ -795,6 +837,7 @@ int main(void)
         cmocka_unit_test(test_bf16_working_parameters_are_bf16_of_master),
         cmocka_unit_test(test_bf16_load_hf_keeps_the_master_exact),
         cmocka_unit_test(test_bf16_run_is_close_to_fp32_and_device_counts_agree),
+        cmocka_unit_test(test_bf16_keeps_layer_inputs_in_bf16),
         cmocka_unit_test(test_bf16_halves_parameter_nvme_reads),
         cmocka_unit_test(test_overlapped_schedules_match_serialized),
         cmocka_unit_test(test_nvme_streaming_in_chunks_matches_memory),
