@@ -110,16 +110,20 @@ static void print_banner(const fso_config *cfg, const fso_trainer *tr, const fso
  * a different placement is taken, moving the state between tiers, when the
  * saving repays the move within the steps left. */
 static void replan(fso_config *cfg, const fso_plan_pins *pins, fso_plan *plan, bool applied,
-                   const fso_plan_measured *sums, uint64_t nvme_rd, uint64_t nvme_wr,
-                   int64_t nsteps, double ms_sum, int64_t steps_left, fso_trainer *tr,
-                   fso_report *rep)
+                   const fso_plan_measured *sums, double *block_ms, uint64_t nvme_rd,
+                   uint64_t nvme_wr, int64_t nsteps, double ms_sum, int64_t steps_left,
+                   fso_trainer *tr, fso_report *rep)
 {
     if (nsteps < 1)
         return;
     double n = (double)nsteps;
+    const int nb = cfg->model.num_hidden_layers + 2;
+    for (int b = 0; b < nb; b++)
+        block_ms[b] /= n;
     fso_plan_measured meas = {.step_ms = ms_sum / n, .stall_ms = sums->stall_ms / n,
                               .optimizer_ms = -1, .compute_ms = sums->compute_ms / n,
-                              .nvme_read_gbps = -1, .nvme_write_gbps = -1};
+                              .nvme_read_gbps = -1, .nvme_write_gbps = -1,
+                              .block_compute_ms = block_ms, .n_blocks = nb};
     /* the optimizer's busy time is AdamW's only when it waits on no reads */
     if (cfg->offload.optim_tier != FSO_TIER_NVME)
         meas.optimizer_ms = sums->optimizer_ms / n;
@@ -231,6 +235,7 @@ int fso_train_run(const fso_config *cfg, const fso_run_opts *opts)
     bool planned = false, applied = false;
     fso_plan_measured measured = {0};
     uint64_t nvme_rd = 0, nvme_wr = 0;
+    double *block_ms = NULL; /* per block, summed over the measured steps */
     fso_config *run_cfg = malloc(sizeof *run_cfg);
     if (!run_cfg) {
         fprintf(stderr, "fsoff: error: out of memory\n");
@@ -265,7 +270,8 @@ int fso_train_run(const fso_config *cfg, const fso_run_opts *opts)
     size_t n = fso_trainer_step_tokens(cfg);
     inputs = malloc(sizeof(int32_t) * n);
     targets = malloc(sizeof(int32_t) * n);
-    if (!inputs || !targets) {
+    block_ms = calloc((size_t)cfg->model.num_hidden_layers + 2, sizeof *block_ms);
+    if (!inputs || !targets || !block_ms) {
         rc = -ENOMEM;
         fprintf(stderr, "fsoff: error: out of host memory for %zu batch tokens\n", n);
         goto out;
@@ -298,12 +304,15 @@ int fso_train_run(const fso_config *cfg, const fso_run_opts *opts)
             measured.compute_ms += st.compute_ms;
             nvme_rd += st.nvme_read_bytes;
             nvme_wr += st.nvme_write_bytes;
+            const double *ms = fso_zero_block_compute_ms(tr.zero);
+            for (int b = 0; b < cfg->model.num_hidden_layers + 2; b++)
+                block_ms[b] += ms[b];
         }
         /* after a few steps: was the prediction right? If not, plan again
          * from what was measured, and move the state when that pays. */
         if (planned && s + 1 == (cfg->steps < 6 ? -1 : 5))
-            replan(run_cfg, &pins, &plan, applied, &measured, nvme_rd, nvme_wr, rep.steps - 1,
-                   rep.ms_sum_after_first, cfg->steps - (s + 1), &tr, &rep);
+            replan(run_cfg, &pins, &plan, applied, &measured, block_ms, nvme_rd, nvme_wr,
+                   rep.steps - 1, rep.ms_sum_after_first, cfg->steps - (s + 1), &tr, &rep);
     }
     double waited = 0;
     if ((rc = fso_trainer_finish(&tr, &waited)) < 0) {
@@ -319,6 +328,7 @@ int fso_train_run(const fso_config *cfg, const fso_run_opts *opts)
 out:
     free(inputs);
     free(targets);
+    free(block_ms);
     fso_trainer_free(&tr);
     fso_data_free(&data);
     free(run_cfg);

@@ -576,30 +576,71 @@ static void src_grads_done(void *ctx, int b)
     }
 }
 
-/* The time compute spends inside the two callbacks that wait (on reads,
- * copies and collectives) is not compute: it is counted apart, so that the
- * step reports what computing alone took (the planner's compute stream). */
+/* Timing for the step report and the re-plan. The time inside params()
+ * and grads_done() (reads, copies, gathers, gradients on their way) is
+ * waiting, not compute. Compute between two callbacks belongs to the block
+ * lent last, except that the head's visit also lends the embedding (tied
+ * heads): that compute is the head's. */
+static void clock_in(rank_state *rk, double now)
+{
+    if (rk->cur_block >= 0)
+        rk->block_ms[rk->cur_block] += now - rk->t_mark;
+}
+
+static void clock_out(rank_state *rk, double now, int lent)
+{
+    const int head = rk->z->n_blocks - 1;
+    if (lent >= 0 && !(lent == 0 && rk->cur_block == head))
+        rk->cur_block = lent;
+    rk->t_mark = now;
+}
+
 static const float *timed_params(void *ctx, int b)
 {
     rank_state *rk = ctx;
     double t0 = fso_now_ms();
+    clock_in(rk, t0);
     const float *p = src_params(ctx, b);
-    rk->wait_ms += fso_now_ms() - t0;
+    double t1 = fso_now_ms();
+    rk->wait_ms += t1 - t0;
+    clock_out(rk, t1, b);
     return p;
+}
+
+static void timed_release(void *ctx, int b)
+{
+    rank_state *rk = ctx;
+    double t0 = fso_now_ms();
+    clock_in(rk, t0);
+    src_release(ctx, b);
+    clock_out(rk, fso_now_ms(), -1);
+}
+
+static float *timed_grads(void *ctx, int b)
+{
+    rank_state *rk = ctx;
+    double t0 = fso_now_ms();
+    clock_in(rk, t0);
+    float *g = src_grads(ctx, b);
+    clock_out(rk, fso_now_ms(), b);
+    return g;
 }
 
 static void timed_grads_done(void *ctx, int b)
 {
     rank_state *rk = ctx;
     double t0 = fso_now_ms();
+    clock_in(rk, t0);
     src_grads_done(ctx, b);
-    rk->wait_ms += fso_now_ms() - t0;
+    double t1 = fso_now_ms();
+    rk->wait_ms += t1 - t0;
+    clock_out(rk, t1, -1);
 }
 
 static fso_block_source rank_source(rank_state *rk)
 {
-    fso_block_source s = {.ctx = rk, .params = timed_params, .release = src_release,
-                          .grads = src_grads, .grads_done = timed_grads_done};
+    fso_block_source s = {.ctx = rk, .params = timed_params, .release = timed_release,
+                          .grads = timed_grads, .grads_done = timed_grads_done};
     return s;
 }
 
@@ -673,13 +714,17 @@ static void *rank_step(void *arg)
     rk->loss_sum = 0;
     rk->wait_ms = 0;
     rk->bwd_as = step_hparams(z, 1.0); /* clipping is off in the backward schedule */
+    memset(rk->block_ms, 0, sizeof *rk->block_ms * (size_t)z->n_blocks);
     double t0 = fso_now_ms();
     for (int a = 0; a < cfg->grad_accum; a++) {
         reset_rank_step(rk);
         rk->micro = a;
+        rk->cur_block = -1;
+        rk->t_mark = fso_now_ms();
         size_t mb = (size_t)a * z->world + rk->rank;
         rk->loss_sum += fso_model_step(&rk->model, &src, rk->inputs + mb * bt,
                                        rk->targets + mb * bt, grad_scale);
+        clock_in(rk, fso_now_ms()); /* the last block's compute, up to the loss */
         grads_land(rk); /* the micro-batch's last block */
     }
     rk->st.compute_ms = fso_now_ms() - t0 - rk->wait_ms;
@@ -1096,6 +1141,11 @@ uint64_t fso_zero_host_arena_bytes(const fso_zero *z)
     return z->arena_bytes;
 }
 
+const double *fso_zero_block_compute_ms(const fso_zero *z)
+{
+    return z->ranks[0].block_ms;
+}
+
 const fso_model *fso_zero_model(const fso_zero *z)
 {
     return &z->ranks[0].model;
@@ -1461,7 +1511,8 @@ int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t err
         rk->block_sq = calloc((size_t)z->n_blocks, sizeof *rk->block_sq);
         rk->ready = calloc((size_t)z->n_blocks, sizeof *rk->ready);
         rk->ready_mark = calloc((size_t)z->n_blocks, sizeof *rk->ready_mark);
-        if (!rk->block_sq || !rk->ready || !rk->ready_mark ||
+        rk->block_ms = calloc((size_t)z->n_blocks, sizeof *rk->block_ms);
+        if (!rk->block_sq || !rk->ready || !rk->ready_mark || !rk->block_ms ||
             (rc = fso_optpool_create(&rk->opt_pool, per_dev)) < 0) {
             snprintf(err, errlen, "out of host memory for the optimizer");
             rc = -ENOMEM;
@@ -1806,6 +1857,7 @@ void fso_zero_destroy(fso_zero *z)
         free(rk->block_sq);
         free(rk->ready);
         free(rk->ready_mark);
+        free(rk->block_ms);
         if (!rk->be)
             continue;
         for (int b = 0; rk->locs && b < z->n_blocks; b++)

@@ -118,6 +118,10 @@ uint64_t fso_zero_host_arena_bytes(const fso_zero *z);
 
 /* What a report needs. */
 const fso_model *fso_zero_model(const fso_zero *z);
+/* Device 0's time computing on each block in the last step (n_blocks
+ * entries, ms; waits for parameters and gradients excluded): the per-block
+ * timings the re-plan corrects the planner's compute with. */
+const double *fso_zero_block_compute_ms(const fso_zero *z);
 uint64_t fso_zero_peak_device_bytes(const fso_zero *z);  /* largest across devices */
 void fso_zero_describe(const fso_zero *z, char *buf, size_t len); /* placement, one line each */
 

@@ -84,6 +84,9 @@ typedef struct rank_state {
     fso_zero_step st;
     double loss_sum;
     double wait_ms;              /* this step: compute inside params() and grads_done() */
+    double *block_ms;            /* [block] this step: computing on the block (zero.c timing) */
+    int cur_block;               /* the block compute is on now, -1 none */
+    double t_mark;               /* when the last callback returned */
     errsink ce;                  /* the compute thread's failure */
     bool sync_init;              /* the mutexes below exist */
     pthread_mutex_t io_mu;       /* the store's ring, shared with the optimizer thread */

@@ -1110,7 +1110,38 @@ int fso_plan_replan(const fso_plan_input *in, const fso_plan *cur, const fso_pla
             mc->adam_gelems *= f;
         }
     }
-    if (meas->compute_ms > 0 && cur->busy_ms[FSO_STREAM_COMPUTE] > 0) {
+    /* Per block: each block's visits take the compute time measured on
+     * them (what a visit costs differs between the embedding, the layers
+     * and the head, and from what FLOPs alone say). */
+    fso_plan_visit *visits = NULL;
+    bool per_block = false;
+    if (meas->block_compute_ms && meas->n_blocks == in->model.n_blocks &&
+        (visits = malloc(sizeof *visits * (size_t)in->model.n_visits))) {
+        memcpy(visits, in->model.visits, sizeof *visits * (size_t)in->model.n_visits);
+        double pred_all = 0, meas_all = 0;
+        for (int b = 0; b < in->model.n_blocks; b++) {
+            double pred = 0;
+            for (int k = 0; k < in->model.n_visits; k++)
+                if (visits[k].block == b)
+                    pred += visits[k].flops / (mc->device_gflops * 1e6) * in->model.grad_accum;
+            double got = meas->block_compute_ms[b];
+            if (pred <= 0 || got <= 0)
+                continue;
+            for (int k = 0; k < in->model.n_visits; k++)
+                if (visits[k].block == b)
+                    visits[k].flops *= got / pred;
+            pred_all += pred;
+            meas_all += got;
+            per_block = true;
+        }
+        if (per_block) {
+            x.model.visits = visits;
+            if (fabs(meas_all / pred_all - 1) > 0.1)
+                NOTE("%scompute took %.0f ms per step over the blocks (assumed %.0f)",
+                     wl ? "; " : "", meas_all, pred_all);
+        }
+    }
+    if (!per_block && meas->compute_ms > 0 && cur->busy_ms[FSO_STREAM_COMPUTE] > 0) {
         double f = cur->busy_ms[FSO_STREAM_COMPUTE] / meas->compute_ms;
         if (fabs(f - 1) > 0.1) {
             NOTE("%scompute ran at %.0f GFLOP/s (assumed %.0f)", wl ? "; " : "",
@@ -1120,11 +1151,14 @@ int fso_plan_replan(const fso_plan_input *in, const fso_plan *cur, const fso_pla
     }
     /* What the named corrections do not explain: scale every rate alike. */
     fso_plan *tmp = malloc(sizeof *tmp);
-    if (!tmp)
+    if (!tmp) {
+        free(visits);
         return -ENOMEM;
+    }
     int rc = fso_plan_evaluate(&x, &cur->pl, tmp);
     if (rc < 0 && rc != -ENOSPC) {
         free(tmp);
+        free(visits);
         return rc;
     }
     double rest = meas->step_ms / tmp->step_ms;
@@ -1146,6 +1180,7 @@ int fso_plan_replan(const fso_plan_input *in, const fso_plan *cur, const fso_pla
 #undef NOTE
     free(tmp);
     rc = fso_plan_choose(&x, out);
+    free(visits);
     if (rc < 0 && rc != -ENOSPC)
         return rc;
     if (corrected)

@@ -191,6 +191,8 @@ typedef struct fso_plan_measured {
     double optimizer_ms;         /* busy updating */
     double compute_ms;           /* busy computing */
     double nvme_read_gbps, nvme_write_gbps;
+    const double *block_compute_ms; /* (n_blocks) per step and device, or NULL */
+    int n_blocks;
 } fso_plan_measured;
 
 const char *fso_plan_tier_name(int tier);        /* "device", "host", "nvme" */

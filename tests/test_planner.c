@@ -395,6 +395,43 @@ static void test_replan_reads_ahead_when_nvme_is_slower(void **state)
     assert_false(mv.changes);
 }
 
+/* Measured per-block compute corrects each block's visits: one block that
+ * computes four times slower than its FLOPs say moves the prediction to the
+ * measured step, with the compute stream's time as it really is. */
+static void test_replan_from_per_block_timings(void **state)
+{
+    (void)state;
+    synth s;
+    fso_plan p, q, truth;
+    char msg[512];
+    synth_model(&s, 6, 1 << 20, 20e9, true);
+    assert_int_equal(fso_plan_choose(&s.in, &p), 0);
+    /* the truth: block 2's visits cost 4x */
+    synth real = s;
+    real.in.model.block_elems = real.elems;
+    real.in.model.visits = real.visits;
+    double blocks[6] = {0};
+    for (int k = 0; k < real.in.model.n_visits; k++) {
+        if (real.visits[k].block == 2)
+            real.visits[k].flops *= 4;
+        blocks[real.visits[k].block] +=
+            real.visits[k].flops / (real.in.machine.device_gflops * 1e6);
+    }
+    assert_int_equal(fso_plan_evaluate(&real.in, &p.pl, &truth), 0);
+    fso_plan_measured meas = {.step_ms = truth.step_ms, .stall_ms = -1, .optimizer_ms = -1,
+                              .compute_ms = -1, .nvme_read_gbps = -1, .nvme_write_gbps = -1,
+                              .block_compute_ms = blocks, .n_blocks = 6};
+    assert_true(meas.step_ms > 1.2 * p.step_ms);
+    assert_int_equal(fso_plan_replan(&s.in, &p, &meas, &q, NULL, msg, sizeof msg), 1);
+    assert_non_null(strstr(msg, "compute took"));
+    assert_true(fabs(q.step_ms / truth.step_ms - 1) < 0.02);
+    /* the compute stream (the visits, and the update on the device) as in truth */
+    assert_true(fabs(q.busy_ms[FSO_STREAM_COMPUTE] / truth.busy_ms[FSO_STREAM_COMPUTE] - 1) < 1e-6);
+    /* the input's visits are left as they were */
+    for (int k = 0; k < s.in.model.n_visits; k++)
+        assert_true(s.visits[k].flops == (k < 6 ? 20e9 : 40e9));
+}
+
 /* Moving state costs its bytes at the slower tier's rate, and pays only
  * when enough steps are left. */
 static void test_revision_weighs_the_move_against_the_steps_left(void **state)
@@ -867,6 +904,7 @@ int main(void)
         cmocka_unit_test(test_timeline_cpu_device_is_a_sum),
         cmocka_unit_test(test_replan_when_off_by_more_than_20_percent),
         cmocka_unit_test(test_replan_reads_ahead_when_nvme_is_slower),
+        cmocka_unit_test(test_replan_from_per_block_timings),
         cmocka_unit_test(test_revision_weighs_the_move_against_the_steps_left),
         cmocka_unit_test(test_plan_inputs_follow_the_model),
         cmocka_unit_test(test_plan_apply_and_pins_from_config),

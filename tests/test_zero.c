@@ -482,6 +482,38 @@ static void test_bf16_run_is_close_to_fp32_and_device_counts_agree(void **state)
     result_free(&two);
 }
 
+/* The per-block compute times the re-plan uses: every block has some, and
+ * together they are the step's compute (less the little spent lending). */
+static void test_per_block_compute_times_add_up(void **state)
+{
+    (void)state;
+    fso_config cfg;
+    fso_data data = {0};
+    fso_trainer tr;
+    small_config(&cfg, 2, 4);
+    assert_int_equal(fso_data_init(&data, &cfg), 0);
+    assert_int_equal(fso_trainer_init(&tr, &cfg), 0);
+    size_t bt = (size_t)cfg.micro_batch * cfg.data.seq_len, n = fso_trainer_step_tokens(&cfg);
+    int32_t *in = malloc(sizeof(int32_t) * n), *tg = malloc(sizeof(int32_t) * n);
+    for (size_t a = 0; a < n / bt; a++)
+        fso_data_next(&data, in + a * bt, tg + a * bt);
+    fso_step_stats st;
+    assert_int_equal(fso_trainer_step(&tr, in, tg, &st), 0);
+    const double *ms = fso_zero_block_compute_ms(tr.zero);
+    double sum = 0;
+    for (int b = 0; b < cfg.model.num_hidden_layers + 2; b++) {
+        assert_true(ms[b] > 0);
+        sum += ms[b];
+    }
+    fprintf(stderr, "# blocks %.3f ms, compute %.3f ms\n", sum, st.compute_ms);
+    assert_true(sum <= st.compute_ms * 1.001 + 0.01);
+    assert_true(sum >= 0.5 * st.compute_ms);
+    free(in);
+    free(tg);
+    fso_trainer_free(&tr);
+    fso_data_free(&data);
+}
+
 /* With activation checkpointing, bf16 keeps each layer's input for
  * backward as bf16: half the bytes of what is kept, results within the bf16
  * tolerance of keeping fp32 (checkpointing off keeps every activation in
@@ -838,6 +870,7 @@ int main(void)
         cmocka_unit_test(test_bf16_load_hf_keeps_the_master_exact),
         cmocka_unit_test(test_bf16_run_is_close_to_fp32_and_device_counts_agree),
         cmocka_unit_test(test_bf16_keeps_layer_inputs_in_bf16),
+        cmocka_unit_test(test_per_block_compute_times_add_up),
         cmocka_unit_test(test_bf16_halves_parameter_nvme_reads),
         cmocka_unit_test(test_overlapped_schedules_match_serialized),
         cmocka_unit_test(test_nvme_streaming_in_chunks_matches_memory),
