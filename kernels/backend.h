@@ -129,10 +129,10 @@ typedef struct fso_backend_ops {
     void (*adamw)(fso_backend *be, float *master, const float *grad, float *m, float *v,
                   void *out, int out_bf16, size_t n, const fso_adamw_consts *c);
 
-    /* copy_h2d ordered after the work before mark `after` only (0: after
-     * everything queued so far, as copy_h2d): a copy into a buffer that
-     * compute finished with at that mark runs while later compute does.
-     * Optional (NULL: copy_h2d). */
+    /* copy_h2d ordered after the work before mark `after` only, besides the
+     * earlier copies of its own kind (0: after everything queued so far, as
+     * copy_h2d): a copy into a buffer that compute finished with at that
+     * mark runs while later compute does. Optional (NULL: copy_h2d). */
     void (*copy_h2d_after)(fso_backend *be, void *dst, const void *src, size_t bytes,
                            uint64_t after);
 

@@ -36,8 +36,10 @@ typedef struct fso_coll_ops {
     /* recv (world*count) = concat over ranks of send (count), elements of
      * type dt; send may be recv + rank*count elements (in place). On a
      * device with streams it is ordered after the rank backend's work before
-     * mark `after` (backend.h), 0: after all of it: a gather into a buffer
-     * compute finished with then overlaps later compute. */
+     * mark `after` (backend.h) and after every host-to-device copy queued so
+     * far (send may have just been copied in); 0: after all of its work. A
+     * gather into a buffer compute finished with then overlaps later
+     * compute. */
     int (*all_gather)(fso_coll *c, int rank, const void *send, void *recv, size_t count,
                       fso_coll_dtype dt, uint64_t after);
     /* recv (count) = sum over ranks k of send_k[rank*count .. +count) */

@@ -141,12 +141,33 @@ cudaStream_t fso_cuda_begin_after(fso_backend *be, fso_cuda_stream t, uint64_t a
     const char *what = "cudaSetDevice";
     pthread_mutex_lock(&ctx->mu);
     for (int s = 0; s < FSO_CS_N && e == cudaSuccess; s++) {
-        if (s == (int)t || !ctx->mark_set[i][s] || ctx->mark_gen[i][s] <= ctx->waited[t][s])
+        if (s == (int)t)
             continue;
+        cudaEvent_t ev;
+        uint64_t upto;
+        if (s == FSO_CS_H2D) {
+            /* staging copies feed what follows them (a gather reads the
+             * shard just copied in): all of them, as fso_cuda_begin */
+            if (ctx->gen[s] <= ctx->waited[t][s])
+                continue;
+            if (ctx->recorded[s] != ctx->gen[s]) {
+                what = "cudaEventRecord";
+                if ((e = cudaEventRecord(ctx->tail[s], ctx->stream[s])) != cudaSuccess)
+                    break;
+                ctx->recorded[s] = ctx->gen[s];
+            }
+            ev = ctx->tail[s];
+            upto = ctx->gen[s];
+        } else {
+            if (!ctx->mark_set[i][s] || ctx->mark_gen[i][s] <= ctx->waited[t][s])
+                continue;
+            ev = ctx->mark_ev[i][s];
+            upto = ctx->mark_gen[i][s];
+        }
         what = "cudaStreamWaitEvent";
-        if ((e = cudaStreamWaitEvent(ctx->stream[t], ctx->mark_ev[i][s], 0)) != cudaSuccess)
+        if ((e = cudaStreamWaitEvent(ctx->stream[t], ev, 0)) != cudaSuccess)
             break;
-        ctx->waited[t][s] = ctx->mark_gen[i][s];
+        ctx->waited[t][s] = upto;
     }
     pthread_mutex_unlock(&ctx->mu);
     fso_cuda_check(be, e, what);

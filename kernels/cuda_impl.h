@@ -92,8 +92,9 @@ int fso_cuda_errno(cudaError_t e);
  * the backend's other streams; returns the stream to queue on. */
 cudaStream_t fso_cuda_begin(fso_backend *be, fso_cuda_stream s);
 /* The same, ordered only after the work queued before mark `after` on the
- * other streams (0, or a mark gone from the ring: after all of it, as
- * fso_cuda_begin). */
+ * other streams, and after every host-to-device copy queued so far (what a
+ * gather sends may have just been copied in). 0, or a mark gone from the
+ * ring: after all of it, as fso_cuda_begin. */
 cudaStream_t fso_cuda_begin_after(fso_backend *be, fso_cuda_stream s, uint64_t after);
 /* Work was queued on s: later work on other streams must wait for it.
  * Checks for a launch error of `what`. */

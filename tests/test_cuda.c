@@ -674,6 +674,22 @@ static void test_copy_after_a_mark_keeps_the_order(void **state)
     be->ops->copy_h2d_after(be, d_a, x, sizeof(float) * n, 0);
     be->ops->copy_h2d_after(be, d_a, x, sizeof(float) * n, 1);
     assert_int_equal(be->ops->sync(be), 0);
+
+    /* a gather after a mark still sees the staging copy queued after that
+     * mark (as the engine stages a shard, then gathers it) */
+    fso_coll *coll = NULL;
+    char err[256];
+    fso_backend *one[1] = {be};
+    if (fso_coll_create_nccl(&coll, 1, one, err, sizeof err) != 0)
+        fail_msg("fso_coll_create_nccl: %s", err);
+    be->ops->add(be, d_c, d_b, d_b, n);      /* compute before the mark, on other buffers */
+    uint64_t m2 = be->ops->mark(be);
+    be->ops->copy_h2d_after(be, d_a, z, sizeof(float) * n, m2);
+    assert_int_equal(coll->ops->all_gather(coll, 0, d_a, d_d, n, FSO_COLL_F32, m2), 0);
+    be->ops->copy_d2h(be, d, d_d, sizeof(float) * n);
+    assert_int_equal(be->ops->sync(be), 0);
+    assert_memory_equal(d, z, sizeof(float) * n);
+    fso_coll_destroy(coll);
     free(c);
     free(d);
     free(x);
