@@ -11,13 +11,15 @@ static const struct {
 } benches[] = {
     {"nvme", fso_bench_nvme, "sequential read/write GB/s of the NVMe store over block sizes and queue depths"},
     {"adam", fso_bench_adam, "fused CPU AdamW elements/s and GB/s against measured memory bandwidth"},
+    {"h2d", fso_bench_h2d, "host<->device GB/s on the GPUs, pinned and pageable, each direction and both"},
+    {"allgather", fso_bench_allgather, "NCCL all-gather and reduce-scatter bus bandwidth across the GPUs"},
 };
 
 static void bench_usage(FILE *f)
 {
     fprintf(f, "usage: fsoff bench WHAT [options]   (fsoff bench WHAT --help for its options)\n\n");
     for (size_t i = 0; i < sizeof benches / sizeof benches[0]; i++)
-        fprintf(f, "  %-6s %s\n", benches[i].name, benches[i].what);
+        fprintf(f, "  %-9s %s\n", benches[i].name, benches[i].what);
 }
 
 int fso_bench_main(int argc, char **argv)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # gpu_check.sh — fsoff on this machine's NVIDIA GPUs, in one go: build, the
-# GPU tests, host<->device and collective bandwidth, and training tok/s of a
-# ~1B-parameter model with its state on the GPU, in host memory and on NVMe.
+# GPU tests, host<->device and collective bandwidth (fsoff bench h2d and
+# allgather), and training tok/s of a ~1B-parameter model with its state on
+# the GPU, in host memory and on NVMe.
 #
 #   bench/gpu_check.sh
 #
@@ -116,25 +117,42 @@ fi
 say "GPU tests: $(cat "$WORK/tests.status")"
 
 # ---------------------------------------------------------------- bandwidth
-echo '"not run"' >"$WORK/copy.json"
-BENCH=$BUILD/bench/fso_cuda_bench
-if [ "$build_ok" = 1 ] && [ -x "$BENCH" ]; then
-    t=$(box 90)
-    say "host<->device and collective bandwidth (time box ${t}s)"
+# fsoff bench h2d and allgather, each in its time box, into one object
+bench_part() { # NAME BOX: $WORK/NAME.json (the bench's object, or why not)
+    local name=$1 t rc why
+    echo '"not run"' >"$WORK/$name.json"
+    [ "$build_ok" = 1 ] || return 0
+    t=$(box "$2")
+    say "fsoff bench $name (time box ${t}s)"
     set +e
-    timeout "$t" "$BENCH" --seconds 0.3 --json "$WORK/copy.json.tmp" >"$WORK/copy.txt" 2>&1
+    timeout "$t" "$BUILD/fsoff" bench "$name" --seconds 0.3 --json "$WORK/$name.json.tmp" \
+        >"$WORK/$name.txt" 2>&1
     rc=$?
     set -e
-    if [ $rc -eq 0 ] && [ -s "$WORK/copy.json.tmp" ]; then
-        mv "$WORK/copy.json.tmp" "$WORK/copy.json"
+    if [ $rc -eq 0 ] && [ -s "$WORK/$name.json.tmp" ]; then
+        mv "$WORK/$name.json.tmp" "$WORK/$name.json"
     else
         why="exit $rc"
         [ $rc -eq 124 ] && why="timed out after ${t}s"
         python3 -c 'import json,sys; print(json.dumps("failed: " + sys.argv[1] + ": " + sys.argv[2]))' \
-            "$why" "$(tail -n 3 "$WORK/copy.txt" | tr '\n' ' ')" >"$WORK/copy.json"
+            "$why" "$(tail -n 3 "$WORK/$name.txt" | tr '\n' ' ')" >"$WORK/$name.json"
     fi
-    cat "$WORK/copy.txt"
-fi
+    cat "$WORK/$name.txt"
+}
+bench_part h2d 45
+bench_part allgather 50
+python3 - "$WORK" <<'PY'
+import json, os, sys
+w = sys.argv[1]
+h = json.load(open(os.path.join(w, "h2d.json")))
+a = json.load(open(os.path.join(w, "allgather.json")))
+if isinstance(h, dict):
+    h["collectives"] = a.get("collectives") if isinstance(a, dict) else a
+    out = h
+else:
+    out = {"copies": h, "collectives": a.get("collectives") if isinstance(a, dict) else a}
+json.dump(out, open(os.path.join(w, "copy.json"), "w"))
+PY
 
 # ---------------------------------------------------------------- training tok/s
 # A Llama of ~0.97B parameters (MODEL_LAYERS=20): hidden 2048, 16 heads
@@ -271,7 +289,9 @@ print("  GPU tests: %s" % r["tests"])
 b = r["bandwidth"]
 if isinstance(b, dict):
     c = b.get("copies_gbps", {})
-    for mem in ("pinned", "pageable"):
+    if "copies" in b:
+        print("  copies:    %s" % b["copies"])
+    for mem in ("pinned", "pageable") if c else ():
         d = c.get(mem, {})
         print("  %-9s  h2d %s, d2h %s, both %s GB/s" % (mem + ":", gb(d.get("h2d")), gb(d.get("d2h")),
                                                       gb(d.get("both"))))

@@ -20,7 +20,7 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: fsoff [train] [options]\n"
-            "       fsoff bench nvme|adam [options]   offload bandwidth benchmarks\n"
+            "       fsoff bench nvme|adam|h2d|allgather [options]   offload bandwidth benchmarks\n"
             "       fsoff plan [options]              memory per tier, placement, predicted step\n"
             "\n"
             "Train a Llama-family model. With no options, trains the default job: a\n"

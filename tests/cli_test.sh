@@ -153,6 +153,21 @@ else
     bad "loss falls" "first ${first:-?} last ${last:-?}" "$(cat "$TMP/err")"
 fi
 
+# --- benchmarks: the list, bad usage, and the GPU ones skip cleanly without a GPU
+expect_error "bench unknown" "bench nope" "nvme adam h2d allgather" -- bench nope
+expect_error "bench allgather --bytes" "--bytes" -- bench allgather --bytes 1M
+expect_error "bench h2d bad size" "--bytes 12Q" -- bench h2d --bytes 12Q
+for b in h2d allgather; do
+    "$FSOFF" bench $b --seconds 0.05 --json "$TMP/$b.json" >"$TMP/out" 2>"$TMP/err"
+    rc=$?
+    if { [ $rc -eq 77 ] && grep -q "fsoff bench $b: skipped: " "$TMP/out"; } ||
+       { [ $rc -eq 0 ] && [ -s "$TMP/$b.json" ]; }; then
+        ok "bench $b: measured, or skipped with the reason (status $rc)"
+    else
+        bad "bench $b" "status $rc" "$(head -c 400 "$TMP/out") $(head -c 400 "$TMP/err")"
+    fi
+done
+
 expect_help=$("$FSOFF" --help)
 if echo "$expect_help" | grep -q -- '--metrics FILE' && "$FSOFF" --version | grep -q '^fsoff '; then
     ok "help and version"

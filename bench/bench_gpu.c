@@ -1,9 +1,12 @@
-/* cuda_copy_bench.c — what the offload tiers can move on this box's GPUs:
- * host<->device GB/s from pinned and from pageable memory (each direction
- * and both at once), and NCCL all-gather / reduce-scatter bus bandwidth
- * across all GPUs. Built only with CUDA; bench/gpu_check.sh runs it.
+/* bench_gpu.c — `fsoff bench h2d` and `fsoff bench allgather`: what the
+ * offload tiers can move on this box's GPUs.
  *
- *   fso_cuda_bench [--bytes SIZE] [--seconds S] [--json FILE]
+ *   fsoff bench h2d [--bytes SIZE] [--seconds S] [--json FILE]
+ *       host<->device GB/s from pinned and from pageable memory, each
+ *       direction and both at once, on device 0 and on all devices at once
+ *   fsoff bench allgather [--seconds S] [--json FILE]
+ *       NCCL all-gather and reduce-scatter bus bandwidth across all GPUs,
+ *       1 MiB to 512 MiB, each result checked
  *
  * Copies use the CUDA runtime directly on two streams, so "both" is what
  * the hardware does with both directions busy. Pinned memory is registered
@@ -11,17 +14,23 @@
  * Collectives go through fso_coll_create_nccl and the CUDA backend, one host
  * thread per GPU, as in training; bus bandwidth is nccl-tests' definition:
  * algbw = bytes / time with bytes the larger buffer, busbw = algbw (n-1)/n.
- * Exit status: 0 measured, 1 failed, 2 bad arguments, 77 no CUDA device.
+ * Exit status: 0 measured, 1 failed, 2 bad arguments, 77 no CUDA device (or
+ * a build without CUDA). bench/gpu_check.sh runs both.
  */
+#include "bench.h"
+#include "fso_build.h"
+
 #include <errno.h>
 #include <getopt.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <time.h>
 
+#if FSO_HAVE_CUDA
 #include <cuda_runtime.h>
 
 #include "backend.h"
@@ -45,7 +54,7 @@ static int parse_size(const char *s, size_t *out)
     do {                                                                                       \
         cudaError_t e_ = (call);                                                               \
         if (e_ != cudaSuccess) {                                                               \
-            fprintf(stderr, "fso_cuda_bench: %s:%d: %s: %s\n", __FILE__, __LINE__, #call,     \
+            fprintf(stderr, "fsoff bench: %s:%d: %s: %s\n", __FILE__, __LINE__, #call,        \
                     cudaGetErrorString(e_));                                                   \
             return -1.0;                                                                       \
         }                                                                                      \
@@ -162,7 +171,7 @@ static void run_copies(struct copy_report *rep, int ndev, size_t bytes, double s
         else if (pinned)
             snprintf(rep->pin_note, sizeof rep->pin_note, "%s", note);
         else
-            fprintf(stderr, "fso_cuda_bench: pageable copies: %s\n", note);
+            fprintf(stderr, "fsoff bench h2d: pageable copies: %s\n", note);
         free_copy_set(&cs, bytes, pinned);
     }
     if (ndev > 1 && !rep->pin_note[0]) {
@@ -175,7 +184,7 @@ static void run_copies(struct copy_report *rep, int ndev, size_t bytes, double s
             for (int d = 0; d < N_DIRS; d++)
                 rep->all_gbps[d] = time_copies(cs, ndev, d, bytes, seconds);
         else
-            fprintf(stderr, "fso_cuda_bench: all-device copies: %s\n", note);
+            fprintf(stderr, "fsoff bench h2d: all-device copies: %s\n", note);
         for (int i = 0; i < n; i++)
             free_copy_set(&cs[i], bytes, 1);
     }
@@ -324,7 +333,7 @@ static int run_collectives(struct coll_shared *sh, int ndev, double seconds, cha
         for (int r = 0; r < ndev; r++) {
             cr[r] = (struct coll_rank){sh, r};
             if (pthread_create(&tids[r], NULL, coll_thread, &cr[r]) != 0) {
-                fprintf(stderr, "fso_cuda_bench: cannot start thread %d\n", r);
+                fprintf(stderr, "fsoff bench allgather: cannot start thread %d\n", r);
                 abort(); /* the others would wait in a collective forever */
             }
         }
@@ -366,66 +375,117 @@ static void json_num(FILE *f, double v)
         fprintf(f, "%.4g", v);
 }
 
-static void usage(FILE *f)
+static void usage(FILE *f, bool h2d)
 {
-    fprintf(f, "usage: fso_cuda_bench [--bytes SIZE] [--seconds S] [--json FILE]\n"
-               "  --bytes SIZE   bytes per copy (default 256M)\n"
-               "  --seconds S    time per measurement (default 0.4)\n"
+    if (h2d)
+        fprintf(f, "usage: fsoff bench h2d [--bytes SIZE] [--seconds S] [--json FILE]\n"
+                   "  host<->device GB/s, pinned and pageable, each direction and both\n"
+                   "  --bytes SIZE   bytes per copy (default 256M)\n");
+    else
+        fprintf(f, "usage: fsoff bench allgather [--seconds S] [--json FILE]\n"
+                   "  NCCL all-gather and reduce-scatter bus bandwidth across all GPUs\n");
+    fprintf(f, "  --seconds S    time per measurement (default 0.4)\n"
                "  --json FILE    also write the results as one JSON object\n");
 }
 
-int main(int argc, char **argv)
+static int parse_args(int argc, char **argv, bool h2d, size_t *bytes, double *seconds,
+                      const char **json)
 {
     static const struct option opts[] = {{"bytes", required_argument, NULL, 'b'},
                                          {"seconds", required_argument, NULL, 's'},
                                          {"json", required_argument, NULL, 'j'},
                                          {"help", no_argument, NULL, 'h'},
                                          {NULL, 0, NULL, 0}};
-    size_t bytes = (size_t)256 << 20;
-    double seconds = 0.4;
-    const char *json = NULL;
+    const char *me = h2d ? "h2d" : "allgather";
     int o;
+    optind = 1;
     while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (o) {
         case 'b':
-            if (parse_size(optarg, &bytes) < 0) {
-                fprintf(stderr, "fso_cuda_bench: error: --bytes %s: expected a size like 256M\n",
-                        optarg);
+            if (!h2d) {
+                fprintf(stderr, "fsoff: error: bench allgather: --bytes: not an option here "
+                                "(the sizes are fixed: 1M to 512M)\n");
+                return 2;
+            }
+            if (parse_size(optarg, bytes) < 0) {
+                fprintf(stderr, "fsoff: error: bench h2d: --bytes %s: expected a size like "
+                                "256M\n", optarg);
                 return 2;
             }
             break;
         case 's':
-            seconds = atof(optarg);
-            if (seconds <= 0 || seconds > 60) {
-                fprintf(stderr, "fso_cuda_bench: error: --seconds %s: expected 0 < S <= 60\n",
-                        optarg);
+            *seconds = atof(optarg);
+            if (*seconds <= 0 || *seconds > 60) {
+                fprintf(stderr, "fsoff: error: bench %s: --seconds %s: expected 0 < S <= 60\n",
+                        me, optarg);
                 return 2;
             }
             break;
         case 'j':
-            json = optarg;
+            *json = optarg;
             break;
         case 'h':
-            usage(stdout);
+            usage(stdout, h2d);
             return 0;
         default:
-            usage(stderr);
+            usage(stderr, h2d);
             return 2;
         }
     }
+    if (optind < argc) {
+        fprintf(stderr, "fsoff: error: bench %s: unexpected argument \"%s\"\n", me, argv[optind]);
+        return 2;
+    }
+    return -1; /* go on */
+}
+
+/* Device 0's name and the device count, or 77 (no device) / 1. */
+static int gpus_here(const char *me, fso_gpu_info *gi, int *ndev)
+{
     char err[512] = "";
     if (fso_cuda_available(err, sizeof err) < 0) {
-        printf("fso_cuda_bench: skipped: %s\n", err);
+        printf("fsoff bench %s: skipped: %s\n", me, err);
         return 77;
     }
-    int ndev = fso_cuda_device_count(err, sizeof err);
-    if (ndev > MAX_DEV)
-        ndev = MAX_DEV;
-    fso_gpu_info gi;
-    if (fso_gpu_info_query(0, &gi, err, sizeof err) < 0) {
-        fprintf(stderr, "fso_cuda_bench: error: %s\n", err);
+    *ndev = fso_cuda_device_count(err, sizeof err);
+    if (*ndev > MAX_DEV)
+        *ndev = MAX_DEV;
+    if (fso_gpu_info_query(0, gi, err, sizeof err) < 0) {
+        fprintf(stderr, "fsoff: error: bench %s: %s\n", me, err);
         return 1;
     }
+    return 0;
+}
+
+static FILE *json_open(const char *me, const char *path)
+{
+    FILE *f = fopen(path, "w");
+    if (!f)
+        fprintf(stderr, "fsoff: error: bench %s: --json %s: %s\n", me, path, strerror(errno));
+    return f;
+}
+
+static int json_close(const char *me, const char *path, FILE *f)
+{
+    if (fclose(f) != 0) {
+        fprintf(stderr, "fsoff: error: bench %s: --json %s: %s\n", me, path, strerror(errno));
+        return 1;
+    }
+    return 0;
+}
+
+int fso_bench_h2d(int argc, char **argv)
+{
+    size_t bytes = (size_t)256 << 20;
+    double seconds = 0.4;
+    const char *json = NULL;
+    int rc = parse_args(argc, argv, true, &bytes, &seconds, &json);
+    if (rc >= 0)
+        return rc;
+    fso_gpu_info gi;
+    int ndev = 0;
+    if ((rc = gpus_here("h2d", &gi, &ndev)) != 0)
+        return rc;
 
     struct copy_report rep;
     memset(&rep, 0, sizeof rep);
@@ -444,9 +504,48 @@ int main(int argc, char **argv)
         if (rep.all_gbps[d] >= 0)
             printf("  %-10s %-6s %10.2f   (all %d devices at once, total)\n", "pinned",
                    dir_names[d], rep.all_gbps[d], ndev);
+    if (!json)
+        return 0;
+    FILE *f = json_open("h2d", json);
+    if (!f)
+        return 1;
+    fprintf(f, "{\"device\": ");
+    json_str(f, gi.name);
+    fprintf(f, ", \"devices\": %d, \"copy_bytes\": %zu, \"copies_gbps\": {", ndev, bytes);
+    for (int p = 0; p < 2; p++) {
+        fprintf(f, "%s\"%s\": {", p ? ", " : "", p ? "pageable" : "pinned");
+        for (int d = 0; d < N_DIRS; d++) {
+            fprintf(f, "%s\"%s\": ", d ? ", " : "", dir_names[d]);
+            json_num(f, rep.gbps[p][d]);
+        }
+        fprintf(f, "}");
+    }
+    fprintf(f, ", \"pinned_all_devices\": {");
+    for (int d = 0; d < N_DIRS; d++) {
+        fprintf(f, "%s\"%s\": ", d ? ", " : "", dir_names[d]);
+        json_num(f, rep.all_gbps[d]);
+    }
+    fprintf(f, "}}, \"pinned_note\": ");
+    json_str(f, rep.pin_note);
+    fprintf(f, "}\n");
+    return json_close("h2d", json, f);
+}
+
+int fso_bench_allgather(int argc, char **argv)
+{
+    size_t bytes = 0;
+    double seconds = 0.4;
+    const char *json = NULL;
+    int rc = parse_args(argc, argv, false, &bytes, &seconds, &json);
+    if (rc >= 0)
+        return rc;
+    fso_gpu_info gi;
+    int ndev = 0;
+    if ((rc = gpus_here("allgather", &gi, &ndev)) != 0)
+        return rc;
 
     struct coll_shared *sh = calloc(1, sizeof *sh);
-    char coll_note[512] = "";
+    char coll_note[512] = "", err[512] = "";
     int coll_rc = -1, coll_wrong = 0;
     if (!sh) {
         snprintf(coll_note, sizeof coll_note, "out of host memory");
@@ -485,33 +584,16 @@ int main(int argc, char **argv)
     } else {
         printf("# collectives: %s\n", coll_note);
     }
-
+    int out = coll_wrong || (coll_rc < 0 && ndev > 1) ? 1 : 0;
     if (json) {
-        FILE *f = fopen(json, "w");
+        FILE *f = json_open("allgather", json);
         if (!f) {
-            fprintf(stderr, "fso_cuda_bench: error: --json %s: %s\n", json, strerror(errno));
             free(sh);
             return 1;
         }
         fprintf(f, "{\"device\": ");
         json_str(f, gi.name);
-        fprintf(f, ", \"devices\": %d, \"copy_bytes\": %zu, \"copies_gbps\": {", ndev, bytes);
-        for (int p = 0; p < 2; p++) {
-            fprintf(f, "%s\"%s\": {", p ? ", " : "", p ? "pageable" : "pinned");
-            for (int d = 0; d < N_DIRS; d++) {
-                fprintf(f, "%s\"%s\": ", d ? ", " : "", dir_names[d]);
-                json_num(f, rep.gbps[p][d]);
-            }
-            fprintf(f, "}");
-        }
-        fprintf(f, ", \"pinned_all_devices\": {");
-        for (int d = 0; d < N_DIRS; d++) {
-            fprintf(f, "%s\"%s\": ", d ? ", " : "", dir_names[d]);
-            json_num(f, rep.all_gbps[d]);
-        }
-        fprintf(f, "}}, \"pinned_note\": ");
-        json_str(f, rep.pin_note);
-        fprintf(f, ", \"collectives\": ");
+        fprintf(f, ", \"devices\": %d, \"collectives\": ", ndev);
         if (coll_rc == 0) {
             fprintf(f, "{\"ranks\": %d", ndev);
             for (int op = 0; op < 2; op++) {
@@ -534,12 +616,35 @@ int main(int argc, char **argv)
             json_str(f, coll_note);
         }
         fprintf(f, "}\n");
-        if (fclose(f) != 0) {
-            fprintf(stderr, "fso_cuda_bench: error: --json %s: %s\n", json, strerror(errno));
-            free(sh);
-            return 1;
-        }
+        if (json_close("allgather", json, f))
+            out = 1;
     }
     free(sh);
-    return coll_wrong || (coll_rc < 0 && ndev > 1) ? 1 : 0;
+    return out;
 }
+
+#else /* no CUDA in this build */
+
+static int no_cuda(const char *me)
+{
+    printf("fsoff bench %s: skipped: this fsoff was built without CUDA (nvcc was not on PATH "
+           "when the build was set up); with the CUDA toolkit installed, set up the build again\n",
+           me);
+    return 77;
+}
+
+int fso_bench_h2d(int argc, char **argv)
+{
+    (void)argc;
+    (void)argv;
+    return no_cuda("h2d");
+}
+
+int fso_bench_allgather(int argc, char **argv)
+{
+    (void)argc;
+    (void)argv;
+    return no_cuda("allgather");
+}
+
+#endif
