@@ -129,9 +129,10 @@ int fso_plan_ctx_init(fso_plan_ctx *ctx, const fso_config *cfg, const fso_plan_m
     in->model.param_bytes = gpu || cfg->bf16 ? 2 : 4; /* CPU: bf16 working parameters */
     in->model.grad_bytes = gpu ? 2 : 4;
     in->model.state_bytes = 4;
-    size_t act = fso_model_activation_bytes_for(mc, cfg->micro_batch, cfg->data.seq_len,
-                                                cfg->activation_checkpointing, !gpu && cfg->bf16);
-    in->model.activation_bytes = gpu ? act / 2 : act; /* GPUs: the same buffers in bf16 */
+    /* what the engine allocates, on GPUs as on the CPU: fp32 buffers, the
+     * kept layer inputs bf16 with bf16.enabled and checkpointing */
+    in->model.activation_bytes = fso_model_activation_bytes_for(
+        mc, cfg->micro_batch, cfg->data.seq_len, cfg->activation_checkpointing, cfg->bf16);
 
     fso_plan_engine *en = &in->engine;
     en->overlap = cfg->optimizer_overlap == FSO_OVERLAP_FORWARD    ? FSO_PLAN_OVERLAP_FORWARD
