@@ -30,16 +30,7 @@
 #include <sys/mman.h>
 #include <time.h>
 
-#if FSO_HAVE_CUDA
-#include <cuda_runtime.h>
-
-#include "backend.h"
-#include "coll.h"
-#include "cuda_backend.h"
 #include "util.h"
-
-#define MAX_DEV 16
-
 
 static int parse_size(const char *s, size_t *out)
 {
@@ -49,6 +40,81 @@ static int parse_size(const char *s, size_t *out)
     *out = (size_t)v;
     return 0;
 }
+
+static void usage(FILE *f, bool h2d)
+{
+    if (h2d)
+        fprintf(f, "usage: fsoff bench h2d [--bytes SIZE] [--seconds S] [--json FILE]\n"
+                   "  host<->device GB/s, pinned and pageable, each direction and both\n"
+                   "  --bytes SIZE   bytes per copy (default 256M)\n");
+    else
+        fprintf(f, "usage: fsoff bench allgather [--seconds S] [--json FILE]\n"
+                   "  NCCL all-gather and reduce-scatter bus bandwidth across all GPUs\n");
+    fprintf(f, "  --seconds S    time per measurement (default 0.4)\n"
+               "  --json FILE    also write the results as one JSON object\n");
+}
+
+static int parse_args(int argc, char **argv, bool h2d, size_t *bytes, double *seconds,
+                      const char **json)
+{
+    static const struct option opts[] = {{"bytes", required_argument, NULL, 'b'},
+                                         {"seconds", required_argument, NULL, 's'},
+                                         {"json", required_argument, NULL, 'j'},
+                                         {"help", no_argument, NULL, 'h'},
+                                         {NULL, 0, NULL, 0}};
+    const char *me = h2d ? "h2d" : "allgather";
+    int o;
+    optind = 1;
+    while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        switch (o) {
+        case 'b':
+            if (!h2d) {
+                fprintf(stderr, "fsoff: error: bench allgather: --bytes: not an option here "
+                                "(the sizes are fixed: 1M to 512M)\n");
+                return 2;
+            }
+            if (parse_size(optarg, bytes) < 0) {
+                fprintf(stderr, "fsoff: error: bench h2d: --bytes %s: expected a size like "
+                                "256M\n", optarg);
+                return 2;
+            }
+            break;
+        case 's':
+            *seconds = atof(optarg);
+            if (*seconds <= 0 || *seconds > 60) {
+                fprintf(stderr, "fsoff: error: bench %s: --seconds %s: expected 0 < S <= 60\n",
+                        me, optarg);
+                return 2;
+            }
+            break;
+        case 'j':
+            *json = optarg;
+            break;
+        case 'h':
+            usage(stdout, h2d);
+            return 0;
+        default:
+            usage(stderr, h2d);
+            return 2;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "fsoff: error: bench %s: unexpected argument \"%s\"\n", me, argv[optind]);
+        return 2;
+    }
+    return -1; /* go on */
+}
+
+#if FSO_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "backend.h"
+#include "coll.h"
+#include "cuda_backend.h"
+
+#define MAX_DEV 16
+
+
 
 #define CK(call)                                                                               \
     do {                                                                                       \
@@ -375,70 +441,6 @@ static void json_num(FILE *f, double v)
         fprintf(f, "%.4g", v);
 }
 
-static void usage(FILE *f, bool h2d)
-{
-    if (h2d)
-        fprintf(f, "usage: fsoff bench h2d [--bytes SIZE] [--seconds S] [--json FILE]\n"
-                   "  host<->device GB/s, pinned and pageable, each direction and both\n"
-                   "  --bytes SIZE   bytes per copy (default 256M)\n");
-    else
-        fprintf(f, "usage: fsoff bench allgather [--seconds S] [--json FILE]\n"
-                   "  NCCL all-gather and reduce-scatter bus bandwidth across all GPUs\n");
-    fprintf(f, "  --seconds S    time per measurement (default 0.4)\n"
-               "  --json FILE    also write the results as one JSON object\n");
-}
-
-static int parse_args(int argc, char **argv, bool h2d, size_t *bytes, double *seconds,
-                      const char **json)
-{
-    static const struct option opts[] = {{"bytes", required_argument, NULL, 'b'},
-                                         {"seconds", required_argument, NULL, 's'},
-                                         {"json", required_argument, NULL, 'j'},
-                                         {"help", no_argument, NULL, 'h'},
-                                         {NULL, 0, NULL, 0}};
-    const char *me = h2d ? "h2d" : "allgather";
-    int o;
-    optind = 1;
-    while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        switch (o) {
-        case 'b':
-            if (!h2d) {
-                fprintf(stderr, "fsoff: error: bench allgather: --bytes: not an option here "
-                                "(the sizes are fixed: 1M to 512M)\n");
-                return 2;
-            }
-            if (parse_size(optarg, bytes) < 0) {
-                fprintf(stderr, "fsoff: error: bench h2d: --bytes %s: expected a size like "
-                                "256M\n", optarg);
-                return 2;
-            }
-            break;
-        case 's':
-            *seconds = atof(optarg);
-            if (*seconds <= 0 || *seconds > 60) {
-                fprintf(stderr, "fsoff: error: bench %s: --seconds %s: expected 0 < S <= 60\n",
-                        me, optarg);
-                return 2;
-            }
-            break;
-        case 'j':
-            *json = optarg;
-            break;
-        case 'h':
-            usage(stdout, h2d);
-            return 0;
-        default:
-            usage(stderr, h2d);
-            return 2;
-        }
-    }
-    if (optind < argc) {
-        fprintf(stderr, "fsoff: error: bench %s: unexpected argument \"%s\"\n", me, argv[optind]);
-        return 2;
-    }
-    return -1; /* go on */
-}
-
 /* Device 0's name and the device count, or 77 (no device) / 1. */
 static int gpus_here(const char *me, fso_gpu_info *gi, int *ndev)
 {
@@ -635,16 +637,20 @@ static int no_cuda(const char *me)
 
 int fso_bench_h2d(int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
-    return no_cuda("h2d");
+    size_t bytes = 0;
+    double seconds = 0;
+    const char *json = NULL;
+    int rc = parse_args(argc, argv, true, &bytes, &seconds, &json);
+    return rc >= 0 ? rc : no_cuda("h2d");
 }
 
 int fso_bench_allgather(int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
-    return no_cuda("allgather");
+    size_t bytes = 0;
+    double seconds = 0;
+    const char *json = NULL;
+    int rc = parse_args(argc, argv, false, &bytes, &seconds, &json);
+    return rc >= 0 ? rc : no_cuda("allgather");
 }
 
 #endif
