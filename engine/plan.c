@@ -46,6 +46,28 @@ const fso_gpu_spec *fso_gpu_spec_find(const char *name)
     return NULL;
 }
 
+const fso_gpu_spec *fso_gpu_spec_for_device(const char *device_name, uint64_t mem_bytes)
+{
+    for (const fso_gpu_spec *s = fso_gpu_specs; s->name; s++)
+        if (strcasestr(device_name, s->name))
+            return s;
+    const fso_gpu_spec *best = fso_gpu_specs;
+    for (const fso_gpu_spec *s = fso_gpu_specs; s->name; s++)
+        if (fabs(s->mem_gib * GIB - (double)mem_bytes) < fabs(best->mem_gib * GIB - (double)mem_bytes))
+            best = s;
+    return best;
+}
+
+/* A GPU's achieved figures from the table into m. */
+static void machine_gpu_figures(fso_plan_machine *m, const fso_gpu_spec *spec)
+{
+    m->cpu_devices = false;
+    m->device_gflops = spec->tflops * 1e3;
+    m->h2d_gbps = m->d2h_gbps = spec->h2d_gbps;
+    m->coll_gbps = spec->coll_gbps;
+    m->device_adam_gelems = spec->adam_gelems;
+}
+
 /* ------------------------------------------------------------------ inputs */
 
 int fso_plan_ctx_init(fso_plan_ctx *ctx, const fso_config *cfg, const fso_plan_machine *m,
@@ -699,6 +721,51 @@ int fso_plan_for_config(const fso_config *cfg, const fso_plan_pins *pins, fso_pl
     return rc;
 }
 
+/* GPUs, the engine as it is (engine/zero.c) rather than DESIGN §5's: one
+ * tier per kind, gathers, fp32 gradients, working parameters bf16 only with
+ * bf16.enabled, and with them the two fp32 windows they are widened into. */
+static void gpu_engine_as_built(fso_plan_ctx *ctx, const fso_config *cfg)
+{
+    fso_plan_engine *en = &ctx->in.engine;
+    en->per_block_tiers = en->per_kind_tiers = en->whole_copy = false;
+    ctx->in.model.grad_bytes = 4;
+    ctx->in.model.param_bytes = cfg->bf16 ? 2 : 4;
+    uint64_t maxe = 0;
+    for (int b = 0; b < ctx->in.model.n_blocks; b++)
+        if (ctx->block_elems[b] > maxe)
+            maxe = ctx->block_elems[b];
+    if (cfg->bf16)
+        en->device_reserve_bytes += 2 * ((maxe * 4 + 4095) / 4096 * 4096);
+}
+
+int fso_plan_for_config_gpus(const fso_config *cfg, const fso_plan_pins *pins,
+                             const char *gpu_name, uint64_t gpu_free_bytes, fso_plan *out,
+                             const fso_gpu_spec **spec_used, char *err, size_t errlen)
+{
+    fso_plan_machine m;
+    fso_plan_ctx ctx;
+    int rc = fso_plan_machine_here(cfg, false, &m, err, errlen); /* host, NVMe, CPU AdamW */
+    if (rc < 0)
+        return rc;
+    const fso_gpu_spec *spec = fso_gpu_spec_for_device(gpu_name, gpu_free_bytes);
+    if (spec_used)
+        *spec_used = spec;
+    machine_gpu_figures(&m, spec);
+    m.device_mem_bytes = cfg->device_mem_bytes ? cfg->device_mem_bytes : gpu_free_bytes;
+    if ((rc = fso_plan_ctx_init(&ctx, cfg, &m, true, err, errlen)) < 0)
+        return rc;
+    gpu_engine_as_built(&ctx, cfg);
+    if (pins)
+        ctx.in.pins = *pins;
+    rc = fso_plan_choose(&ctx.in, out);
+    if (rc == -ENOSPC)
+        fso_plan_shortfall_message(out, pins, err, errlen);
+    else if (rc < 0)
+        snprintf(err, errlen, "planner: %s", strerror(-rc));
+    fso_plan_ctx_free(&ctx);
+    return rc;
+}
+
 int fso_plan_apply(const fso_plan *p, fso_config *cfg, char *err, size_t errlen)
 {
     const int nb = p->pl.n_blocks;
@@ -750,6 +817,8 @@ int fso_plan_check(const fso_config *cfg, const fso_plan_pins *pins, const fso_p
         snprintf(msg, msglen, "%s", err);
         return rc;
     }
+    if (!plan->machine.cpu_devices) /* a running engine: as built */
+        gpu_engine_as_built(&ctx, cfg);
     if (pins)
         ctx.in.pins = *pins;
     rc = fso_plan_replan(&ctx.in, plan, meas, out, NULL, msg, msglen);
@@ -1128,12 +1197,14 @@ int fso_plan_main(int argc, char **argv)
             spec = fso_gpu_spec_find("h100");
         }
         m.devices = g.gpus;
-        m.cpu_devices = false;
+        machine_gpu_figures(&m, spec);
         m.device_mem_bytes = g.gpu_mem ? g.gpu_mem : (uint64_t)(spec->mem_gib * GIB);
-        m.device_gflops = (g.gpu_tflops > 0 ? g.gpu_tflops : spec->tflops) * 1e3;
-        m.h2d_gbps = m.d2h_gbps = g.h2d > 0 ? g.h2d : spec->h2d_gbps;
-        m.coll_gbps = g.coll > 0 ? g.coll : spec->coll_gbps;
-        m.device_adam_gelems = spec->adam_gelems;
+        if (g.gpu_tflops > 0)
+            m.device_gflops = g.gpu_tflops * 1e3;
+        if (g.h2d > 0)
+            m.h2d_gbps = m.d2h_gbps = g.h2d;
+        if (g.coll > 0)
+            m.coll_gbps = g.coll;
         m.host_mem_bytes = g.host_mem ? g.host_mem : fso_mem_available_bytes();
         m.adam_gelems = g.adam > 0 ? g.adam : pr.adam_gelems;
         m.host_copy_gbps = pr.host_copy_gbps > 0 ? pr.host_copy_gbps : 10;

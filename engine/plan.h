@@ -45,6 +45,10 @@ typedef struct fso_gpu_spec {
 extern const fso_gpu_spec fso_gpu_specs[];
 /* By name (case-insensitive), else NULL. */
 const fso_gpu_spec *fso_gpu_spec_find(const char *name);
+/* The entry for a device as the driver names it ("NVIDIA H200", "NVIDIA
+ * GeForce RTX 4090"): the one whose short name it contains, else the one
+ * whose memory is closest to mem_bytes. Never NULL. */
+const fso_gpu_spec *fso_gpu_spec_for_device(const char *device_name, uint64_t mem_bytes);
 
 /* The planner's inputs for cfg (its model, batch, world and offload
  * settings) on machine m. gpu: bf16 working parameters and gradients and the
@@ -93,6 +97,15 @@ int fso_plan_machine_here(const fso_config *cfg, bool refresh, fso_plan_machine 
  * negative errno with err. */
 int fso_plan_for_config(const fso_config *cfg, const fso_plan_pins *pins, fso_plan *out,
                         char *err, size_t errlen);
+
+/* The same on this machine's CUDA GPUs for the engine as it is (one tier
+ * per kind, gathers): GPU 0's figures from the table (fso_gpu_spec_for_device;
+ * *spec_used says which), each GPU's memory gpu_free_bytes (or
+ * --device-mem), host memory, NVMe and the CPU AdamW rate from this
+ * machine's probes. Returns as fso_plan_for_config. */
+int fso_plan_for_config_gpus(const fso_config *cfg, const fso_plan_pins *pins,
+                             const char *gpu_name, uint64_t gpu_free_bytes, fso_plan *out,
+                             const fso_gpu_spec **spec_used, char *err, size_t errlen);
 
 /* The plan table: memory per tier, the placement, the predicted step and
  * its bottleneck. */

@@ -124,6 +124,10 @@ static void replan(fso_config *cfg, const fso_plan_pins *pins, fso_plan *plan, b
                               .optimizer_ms = -1, .compute_ms = sums->compute_ms / n,
                               .nvme_read_gbps = -1, .nvme_write_gbps = -1,
                               .block_compute_ms = block_ms, .n_blocks = nb};
+    if (!plan->machine.cpu_devices) { /* on GPUs the host's clock sees launches, not compute */
+        meas.compute_ms = -1;
+        meas.block_compute_ms = NULL;
+    }
     /* the optimizer's busy time is AdamW's only when it waits on no reads */
     if (cfg->offload.optim_tier != FSO_TIER_NVME)
         meas.optimizer_ms = sums->optimizer_ms / n;
@@ -187,15 +191,21 @@ int fso_train_run(const fso_config *cfg, const fso_run_opts *opts)
     int rc;
 
     double peak_tflops = 0; /* all devices, dense bf16; 0: unknown (no MFU) */
-    if (strcmp(cfg->backend, "cuda") == 0) {
-        char name[256] = "GPU";
+    const bool cuda = strcmp(cfg->backend, "cuda") == 0;
+    char name[256] = "GPU";
+    uint64_t gpu_free = 0; /* the least any of the GPUs has free */
+    if (cuda) {
 #if FSO_HAVE_CUDA
         fso_gpu_info gi;
         char gerr[256];
         if (fso_gpu_info_query(0, &gi, gerr, sizeof gerr) == 0) {
             snprintf(name, sizeof name, "%s", gi.name);
             peak_tflops = gi.bf16_peak_tflops * cfg->world;
+            gpu_free = gi.mem_free_bytes;
         }
+        for (int r = 1; r < cfg->world; r++)
+            if (fso_gpu_info_query(r, &gi, gerr, sizeof gerr) == 0 && gi.mem_free_bytes < gpu_free)
+                gpu_free = gi.mem_free_bytes;
 #endif
         snprintf(note, sizeof note, "devices %s: %d CUDA GPU%s (%s), bf16 matmuls, %s",
                  opts->devices, cfg->world, cfg->world > 1 ? "s" : "", name,
@@ -228,8 +238,9 @@ int fso_train_run(const fso_config *cfg, const fso_run_opts *opts)
                     cfg->activation_checkpointing ? " and the layer inputs kept for backward" : "");
     }
 
-    /* The plan: on CPU devices, the placement the configuration leaves open
-     * is chosen by predicted step time (DESIGN §6). */
+    /* The plan: the placement the configuration leaves open is chosen by
+     * predicted step time (DESIGN §6); on GPUs from the table of achieved
+     * figures for their model, on CPU devices from one layer timed here. */
     static fso_plan plan;
     fso_plan_pins pins;
     bool planned = false, applied = false;
@@ -242,9 +253,16 @@ int fso_train_run(const fso_config *cfg, const fso_run_opts *opts)
         return -ENOMEM;
     }
     *run_cfg = *cfg;
-    if (strcmp(cfg->backend, "cuda") != 0) {
+    if (!cuda || gpu_free) {
         fso_plan_pins_from_config(cfg, opts->sets, opts->nsets, &pins);
-        int prc = fso_plan_for_config(cfg, &pins, &plan, err, sizeof err);
+        const fso_gpu_spec *spec = NULL;
+        int prc = cuda ? fso_plan_for_config_gpus(cfg, &pins, name, gpu_free, &plan, &spec, err,
+                                                  sizeof err)
+                       : fso_plan_for_config(cfg, &pins, &plan, err, sizeof err);
+        if (spec)
+            printf("plan: GPU figures assumed for %s: %s, %.0f TFLOP/s achieved, copies %.0f GB/s, "
+                   "collectives %.0f GB/s (fsoff plan --help lists the table)\n",
+                   name, spec->desc, spec->tflops, spec->h2d_gbps, spec->coll_gbps);
         if (prc == 0) {
             planned = true;
             fso_plan_print(stdout, &plan);

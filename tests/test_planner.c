@@ -596,6 +596,70 @@ static void test_plan_for_this_machine_prints_and_applies(void **state)
     fso_config_free(&cfg);
 }
 
+/* fsoff train's plan on CUDA GPUs, without them: the table entry found by
+ * the driver's device name (else the nearest memory), each GPU's free
+ * memory, and the engine as built, so whatever it chooses can be applied. */
+static void test_plan_for_gpus_here_fits_the_engine_as_built(void **state)
+{
+    (void)state;
+    fso_config cfg;
+    fso_plan_pins pins;
+    static fso_plan p, q;
+    const fso_gpu_spec *spec = NULL;
+    char err[512], msg[512], cache[1100], path[1024];
+    snprintf(cache, sizeof cache, "%s/cache-here", tmpdir);
+    setenv("XDG_CACHE_HOME", cache, 1);
+
+    assert_string_equal(fso_gpu_spec_for_device("NVIDIA H200", 0)->name, "h200");
+    assert_string_equal(fso_gpu_spec_for_device("NVIDIA GeForce RTX 4090", 0)->name, "4090");
+    assert_string_equal(fso_gpu_spec_for_device("Some GPU", (uint64_t)(46 * GIB))->name, "l40s");
+
+    tiny_config(&cfg);
+    cfg.world = 2;
+    fso_plan_pins_from_config(&cfg, NULL, 0, &pins);
+    assert_int_equal(fso_plan_for_config_gpus(&cfg, &pins, "NVIDIA H200", (uint64_t)(139 * GIB),
+                                              &p, &spec, err, sizeof err), 0);
+    assert_string_equal(spec->name, "h200");
+    assert_true(p.fits && !p.machine.cpu_devices && p.machine.devices == 2);
+    assert_int_equal(count_tier(&p, FSO_PK_PARAM, FSO_PT_DEVICE), p.pl.n_blocks);
+    assert_int_equal(fso_plan_apply(&p, &cfg, err, sizeof err), 0);
+    fso_plan_measured m = {.step_ms = p.step_ms * 3, .stall_ms = -1, .optimizer_ms = -1,
+                           .compute_ms = -1, .nvme_read_gbps = -1, .nvme_write_gbps = -1};
+    assert_int_equal(fso_plan_check(&cfg, &pins, &p, &m, &q, msg, sizeof msg), 1);
+    assert_int_equal(fso_plan_apply(&q, &cfg, err, sizeof err), 0);
+    fso_config_free(&cfg);
+
+    /* small.json on GPUs too small for all of its state: whatever is chosen
+     * keeps one tier per kind and no whole-block copies, so it applies */
+    const char *src = getenv("FSO_SRCDIR");
+    snprintf(path, sizeof path, "%s/configs/small.json", src ? src : "..");
+    fso_config_defaults(&cfg);
+    assert_int_equal(fso_config_load_file(&cfg, path), 0);
+    assert_int_equal(fso_config_finish(&cfg), 0);
+    cfg.world = 1;
+    fso_plan_pins_none(&pins);
+    bool offloaded = false;
+    /* 2 GiB of each GPU are the runtime's; then activations, buffers, state */
+    for (uint64_t mib = 2176; mib <= 4096; mib += 128) {
+        if (fso_plan_for_config_gpus(&cfg, &pins, "NVIDIA GeForce RTX 4090", mib << 20, &p, &spec,
+                                     err, sizeof err) != 0) {
+            assert_non_null(strstr(err, "short by"));
+            continue;
+        }
+        for (int k = 0; k < FSO_PK_N; k++) {
+            assert_int_equal(count_tier(&p, k, p.pl.tier[k][0]), p.pl.n_blocks);
+            offloaded |= p.pl.tier[k][0] != FSO_PT_DEVICE;
+        }
+        for (int b = 0; b < p.pl.n_blocks; b++)
+            assert_false(p.pl.whole_copy[b]);
+        fso_config applied = cfg;
+        assert_int_equal(fso_plan_apply(&p, &applied, err, sizeof err), 0);
+    }
+    assert_true(offloaded);
+    unsetenv("XDG_CACHE_HOME");
+    fso_config_free(&cfg);
+}
+
 /* Run the fsoff binary; returns its exit status, stdout in out. */
 static int run_fsoff(char *out, size_t len, const char *args)
 {
@@ -909,6 +973,7 @@ int main(void)
         cmocka_unit_test(test_plan_inputs_follow_the_model),
         cmocka_unit_test(test_plan_apply_and_pins_from_config),
         cmocka_unit_test(test_plan_for_this_machine_prints_and_applies),
+        cmocka_unit_test(test_plan_for_gpus_here_fits_the_engine_as_built),
         cmocka_unit_test(test_fsoff_plan_without_the_hardware),
         cmocka_unit_test(test_topology_two_sockets_eight_gpus),
         cmocka_unit_test(test_folder_resolves_to_its_drive),
