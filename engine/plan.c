@@ -698,6 +698,22 @@ void fso_plan_print_json(FILE *f, const fso_plan *p)
 
 /* ------------------------------------------------------------------ for train */
 
+/* The choice for ctx keeping pins (NULL: none), the shortfall named when
+ * nothing fits; ctx is freed. */
+static int choose_and_free(fso_plan_ctx *ctx, const fso_plan_pins *pins, fso_plan *out,
+                           char *err, size_t errlen)
+{
+    if (pins)
+        ctx->in.pins = *pins;
+    int rc = fso_plan_choose(&ctx->in, out);
+    if (rc == -ENOSPC)
+        fso_plan_shortfall_message(out, pins, err, errlen);
+    else if (rc < 0)
+        snprintf(err, errlen, "planner: %s", strerror(-rc));
+    fso_plan_ctx_free(ctx);
+    return rc;
+}
+
 int fso_plan_for_config(const fso_config *cfg, const fso_plan_pins *pins, fso_plan *out,
                         char *err, size_t errlen)
 {
@@ -710,15 +726,7 @@ int fso_plan_for_config(const fso_config *cfg, const fso_plan_pins *pins, fso_pl
         return rc;
     char cerr[256];
     fso_plan_calibrate_cpu(&ctx, cfg, cerr, sizeof cerr); /* else the sgemm rate stands */
-    if (pins)
-        ctx.in.pins = *pins;
-    rc = fso_plan_choose(&ctx.in, out);
-    if (rc == -ENOSPC)
-        fso_plan_shortfall_message(out, pins, err, errlen);
-    else if (rc < 0)
-        snprintf(err, errlen, "planner: %s", strerror(-rc));
-    fso_plan_ctx_free(&ctx);
-    return rc;
+    return choose_and_free(&ctx, pins, out, err, errlen);
 }
 
 /* GPUs, the engine as it is (engine/zero.c) rather than DESIGN §5's: one
@@ -755,15 +763,7 @@ int fso_plan_for_config_gpus(const fso_config *cfg, const fso_plan_pins *pins,
     if ((rc = fso_plan_ctx_init(&ctx, cfg, &m, true, err, errlen)) < 0)
         return rc;
     gpu_engine_as_built(&ctx, cfg);
-    if (pins)
-        ctx.in.pins = *pins;
-    rc = fso_plan_choose(&ctx.in, out);
-    if (rc == -ENOSPC)
-        fso_plan_shortfall_message(out, pins, err, errlen);
-    else if (rc < 0)
-        snprintf(err, errlen, "planner: %s", strerror(-rc));
-    fso_plan_ctx_free(&ctx);
-    return rc;
+    return choose_and_free(&ctx, pins, out, err, errlen);
 }
 
 int fso_plan_apply(const fso_plan *p, fso_config *cfg, char *err, size_t errlen)
