@@ -52,6 +52,17 @@ static bool decays(const fso_optim_config *o, const fso_tensor_desc *t)
     return t->decay;
 }
 
+/* The part [*a, *e) of tensor d within elements [lo, hi) of its block, and
+ * its weight decay into as; false when they do not meet. */
+static bool tensor_part(const fso_zero *z, const fso_tensor_desc *d, size_t lo, size_t hi,
+                        size_t *a, size_t *e, fso_adamw_step *as)
+{
+    *a = d->offset_elems > lo ? d->offset_elems : lo;
+    *e = d->offset_elems + d->numel < hi ? d->offset_elems + d->numel : hi;
+    as->weight_decay = decays(&z->cfg->optim, d) ? z->cfg->optim.weight_decay : 0.0;
+    return *a < *e;
+}
+
 /* Data of kind k for the unit: in place when the CPU can address the shard,
  * else through the slot (an NVMe read, or a device copy). */
 static int unit_fetch(rank_state *rk, const unit *u, fso_kind k, slot *s, float **ptr)
@@ -100,13 +111,11 @@ static void update_unit(rank_state *rk, const unit *u, float *master, const floa
     fso_pool *pool = fso_optpool_pool(rk->opt_pool);
     for (int t = 0; t < bl->n_tensors; t++) {
         const fso_tensor_desc *d = &bl->tensors[t];
-        size_t a = d->offset_elems > lo ? d->offset_elems : lo;
-        size_t e = d->offset_elems + d->numel < hi ? d->offset_elems + d->numel : hi;
-        if (a >= e)
+        size_t a, e;
+        if (!tensor_part(z, d, lo, hi, &a, &e, &as))
             continue;
         if (out && a > done)
             round_padding(out, master, done - lo, a - lo);
-        as.weight_decay = decays(&z->cfg->optim, d) ? z->cfg->optim.weight_decay : 0.0;
         fso_adamw_fused_mt(z->adamw, pool, master + (a - lo), grad + (a - lo), FSO_DT_F32,
                            m + (a - lo), v + (a - lo), out ? out + (a - lo) : NULL, e - a, &as);
         done = e;
@@ -177,13 +186,10 @@ static int update_blocks_on_device(rank_state *rk, const fso_adamw_step *as, int
         const loc *pl = fso_zero_locate(rk, b, FSO_KIND_PARAM);
         const size_t eb = z->elem_bytes[FSO_KIND_PARAM];
         for (int t = 0; t < bl->n_tensors; t++) {
-            const fso_tensor_desc *d = &bl->tensors[t];
-            size_t a = d->offset_elems > lo ? d->offset_elems : lo;
-            size_t e = d->offset_elems + d->numel < hi ? d->offset_elems + d->numel : hi;
-            if (a >= e)
-                continue;
             fso_adamw_step st = *as;
-            st.weight_decay = decays(&z->cfg->optim, d) ? z->cfg->optim.weight_decay : 0.0;
+            size_t a, e;
+            if (!tensor_part(z, &bl->tensors[t], lo, hi, &a, &e, &st))
+                continue;
             fso_adamw_consts c;
             fso_adamw_consts_init(&c, &st);
             /* padding between tensors stays 0 in the master and so in the parameters */

@@ -105,52 +105,33 @@ int fso_cuda_check_blas(fso_backend *be, cublasStatus_t s, const char *what)
 
 cudaStream_t fso_cuda_begin(fso_backend *be, fso_cuda_stream t)
 {
-    fso_cuda_ctx *ctx = FSO_CUDA_CTX(be);
-    cudaError_t e = cudaSetDevice(ctx->ordinal);
-    const char *what = "cudaSetDevice";
-    pthread_mutex_lock(&ctx->mu);
-    for (int s = 0; s < FSO_CS_N && e == cudaSuccess; s++) {
-        if (s == (int)t || ctx->gen[s] <= ctx->waited[t][s])
-            continue;
-        if (ctx->recorded[s] != ctx->gen[s]) {
-            what = "cudaEventRecord";
-            if ((e = cudaEventRecord(ctx->tail[s], ctx->stream[s])) != cudaSuccess)
-                break;
-            ctx->recorded[s] = ctx->gen[s];
-        }
-        what = "cudaStreamWaitEvent";
-        if ((e = cudaStreamWaitEvent(ctx->stream[t], ctx->tail[s], 0)) != cudaSuccess)
-            break;
-        ctx->waited[t][s] = ctx->gen[s];
-    }
-    pthread_mutex_unlock(&ctx->mu);
-    fso_cuda_check(be, e, what);
-    return ctx->stream[t];
+    return fso_cuda_begin_after(be, t, 0);
 }
 
+/* Stream t waits for stream s: for all its queued work (its tail event,
+ * recorded once per batch), or with a mark only up to that mark. Host-to-
+ * device copies are always waited for whole: staging copies feed what
+ * follows them (a gather sends the shard just copied in). */
 cudaStream_t fso_cuda_begin_after(fso_backend *be, fso_cuda_stream t, uint64_t after)
 {
     fso_cuda_ctx *ctx = FSO_CUDA_CTX(be);
-    int i = (int)(after % FSO_CUDA_MARKS);
-    pthread_mutex_lock(&ctx->mu);
-    bool have = after != 0 && ctx->mark_ticket[i] == after;
-    pthread_mutex_unlock(&ctx->mu);
-    if (!have)
-        return fso_cuda_begin(be, t);
     cudaError_t e = cudaSetDevice(ctx->ordinal);
     const char *what = "cudaSetDevice";
+    const int i = (int)(after % FSO_CUDA_MARKS);
     pthread_mutex_lock(&ctx->mu);
+    const bool marked = after != 0 && ctx->mark_ticket[i] == after; /* still in the ring */
     for (int s = 0; s < FSO_CS_N && e == cudaSuccess; s++) {
         if (s == (int)t)
             continue;
         cudaEvent_t ev;
         uint64_t upto;
-        if (s == FSO_CS_H2D) {
-            /* staging copies feed what follows them (a gather reads the
-             * shard just copied in): all of them, as fso_cuda_begin */
-            if (ctx->gen[s] <= ctx->waited[t][s])
+        if (marked && s != FSO_CS_H2D) {
+            if (!ctx->mark_set[i][s])
                 continue;
-            if (ctx->recorded[s] != ctx->gen[s]) {
+            ev = ctx->mark_ev[i][s];
+            upto = ctx->mark_gen[i][s];
+        } else {
+            if (ctx->recorded[s] != ctx->gen[s] && ctx->gen[s] > ctx->waited[t][s]) {
                 what = "cudaEventRecord";
                 if ((e = cudaEventRecord(ctx->tail[s], ctx->stream[s])) != cudaSuccess)
                     break;
@@ -158,12 +139,9 @@ cudaStream_t fso_cuda_begin_after(fso_backend *be, fso_cuda_stream t, uint64_t a
             }
             ev = ctx->tail[s];
             upto = ctx->gen[s];
-        } else {
-            if (!ctx->mark_set[i][s] || ctx->mark_gen[i][s] <= ctx->waited[t][s])
-                continue;
-            ev = ctx->mark_ev[i][s];
-            upto = ctx->mark_gen[i][s];
         }
+        if (upto <= ctx->waited[t][s])
+            continue;
         what = "cudaStreamWaitEvent";
         if ((e = cudaStreamWaitEvent(ctx->stream[t], ev, 0)) != cudaSuccess)
             break;
