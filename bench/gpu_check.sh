@@ -131,6 +131,9 @@ bench_part() { # NAME BOX: $WORK/NAME.json (the bench's object, or why not)
     set -e
     if [ $rc -eq 0 ] && [ -s "$WORK/$name.json.tmp" ]; then
         mv "$WORK/$name.json.tmp" "$WORK/$name.json"
+    elif [ $rc -eq 77 ]; then # the bench says why it skipped
+        python3 -c 'import json,sys; print(json.dumps("not run: " + sys.argv[1]))' \
+            "$(tail -n 1 "$WORK/$name.txt")" >"$WORK/$name.json"
     else
         why="exit $rc"
         [ $rc -eq 124 ] && why="timed out after ${t}s"
