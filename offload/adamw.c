@@ -3,6 +3,7 @@
  * -ffp-contract=off: the reference is the same bits with or without
  * -march=native. */
 #include "adamw.h"
+#include "adamw_elem.h"
 
 #include <errno.h>
 #include <math.h>
@@ -31,21 +32,6 @@ void fso_adamw_consts_init(fso_adamw_consts *c, const fso_adamw_step *st)
     c->eps = (float)st->eps;
 }
 
-/* One element; returns the new master value. The SIMD kernels do exactly
- * these operations in this order. */
-static inline float adamw_one(float p, float g, float *restrict mi, float *restrict vi,
-                              const fso_adamw_consts *c)
-{
-    g = g * c->scale;
-    p = p * c->decay;
-    float m = c->beta1 * *mi + c->one_minus_beta1 * g;
-    float v = c->beta2 * *vi + c->one_minus_beta2 * g * g;
-    float denom = sqrtf(v) / c->bc2_sqrt + c->eps;
-    *mi = m;
-    *vi = v;
-    return p - c->step_size * (m / denom);
-}
-
 void fso_adamw_fused_scalar(float *restrict master, const void *restrict grad,
                             fso_dtype grad_dtype, float *restrict m, float *restrict v,
                             uint16_t *restrict out, size_t n, const fso_adamw_consts *cp)
@@ -54,7 +40,7 @@ void fso_adamw_fused_scalar(float *restrict master, const void *restrict grad,
     if (grad_dtype == FSO_DT_F32) {
         const float *g = grad;
         for (size_t i = 0; i < n; i++) {
-            float p = adamw_one(master[i], g[i], &m[i], &v[i], c);
+            float p = fso_adamw_elem(master[i], g[i], &m[i], &v[i], c);
             master[i] = p;
             if (out)
                 out[i] = fso_bf16_from_f32(p);
@@ -62,7 +48,7 @@ void fso_adamw_fused_scalar(float *restrict master, const void *restrict grad,
     } else {
         const uint16_t *g = grad;
         for (size_t i = 0; i < n; i++) {
-            float p = adamw_one(master[i], fso_f32_from_bf16(g[i]), &m[i], &v[i], c);
+            float p = fso_adamw_elem(master[i], fso_f32_from_bf16(g[i]), &m[i], &v[i], c);
             master[i] = p;
             if (out)
                 out[i] = fso_bf16_from_f32(p);
