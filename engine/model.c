@@ -156,9 +156,7 @@ int fso_model_init(fso_model *m, const fso_model_config *mc, fso_backend *be, in
     m->kept16 = calloc((size_t)L + 1, sizeof *m->kept16);
     m->n_acts = checkpointing ? 1 : L;
     m->acts = calloc((size_t)(m->n_acts > 0 ? m->n_acts : 1), sizeof *m->acts);
-    m->losses_host = malloc(sizeof(float) * N);
-    if (!m->blocks || !m->params || !m->grads || !m->layer_in || !m->kept16 || !m->acts ||
-        !m->losses_host) {
+    if (!m->blocks || !m->params || !m->grads || !m->layer_in || !m->kept16 || !m->acts) {
         snprintf(m->err, sizeof m->err, "out of host memory for the model tables");
         goto fail;
     }
@@ -263,7 +261,6 @@ void fso_model_free(fso_model *m)
     free(m->layer_in);
     free(m->kept16);
     free(m->acts);
-    free(m->losses_host);
     memset(m, 0, sizeof *m);
 }
 
@@ -505,8 +502,8 @@ static float *head_grad(const fso_model *m)
     return m->mc.tie_word_embeddings ? G_(m, 0, FSO_T_EMBED) : G_(m, m->n_blocks - 1, FSO_T_LM_HEAD);
 }
 
-double fso_model_step(fso_model *m, const fso_block_source *src, const int32_t *inputs,
-                      const int32_t *targets, float grad_scale)
+void fso_model_step(fso_model *m, const fso_block_source *src, const int32_t *inputs,
+                    const int32_t *targets, float grad_scale, double *loss_sum)
 {
     fso_backend *be = m->be;
     const fso_backend_ops *op = be->ops;
@@ -553,12 +550,7 @@ double fso_model_step(fso_model *m, const fso_block_source *src, const int32_t *
     op->embedding_bwd(be, G_(m, 0, FSO_T_EMBED), m->tokens, m->dres, N, C);
     return_grads(m, src, 0);
 
-    op->copy_d2h(be, m->losses_host, m->losses, sizeof(float) * (size_t)N);
-    op->sync(be);
-    double sum = 0;
-    for (int n = 0; n < N; n++)
-        sum += m->losses_host[n];
-    return sum / N;
+    op->sum(be, loss_sum, m->losses, (size_t)N); /* no wait: it arrives with the next sync */
 }
 
 void fso_model_forward_logits(fso_model *m, const fso_block_source *src, const int32_t *inputs,

@@ -110,7 +110,6 @@ typedef struct fso_model {
     int chunk_rows;
     /* backward scratch */
     float *dres, *dh, *dq, *dk, *dv, *datt, *dgate, *dup, *dact;
-    float *losses_host;           /* (N) host */
 
     size_t device_bytes;          /* everything allocated on the backend */
     char err[512];
@@ -163,11 +162,13 @@ void fso_model_init_block(const fso_model *model, int block, float *flat, struct
 void fso_model_flat_from_hf(const fso_model *model, float **flat, const float *hf);
 void fso_model_flat_to_hf(const fso_model *model, float *const *flat, float *hf);
 
-/* One micro-batch: forward, loss, backward. inputs and targets (B*T) host
- * int32; gradients of loss * grad_scale are added into the lent buffers.
- * Returns the mean loss over the B*T positions (before grad_scale). */
-double fso_model_step(fso_model *model, const fso_block_source *src, const int32_t *inputs,
-                      const int32_t *targets, float grad_scale);
+/* One micro-batch: forward, loss, backward, queued on the backend without
+ * waiting for it. inputs and targets (B*T) host int32, read before the
+ * next sync; gradients of loss * grad_scale are added into the lent
+ * buffers. *loss_sum += the loss summed over the B*T positions (before
+ * grad_scale), in place once the backend has synced (backend.h sum). */
+void fso_model_step(fso_model *model, const fso_block_source *src, const int32_t *inputs,
+                    const int32_t *targets, float grad_scale, double *loss_sum);
 
 /* Forward only: logits (B*T, V) copied to host `logits`. */
 void fso_model_forward_logits(fso_model *model, const fso_block_source *src,

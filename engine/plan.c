@@ -311,7 +311,9 @@ int fso_plan_calibrate_cpu(fso_plan_ctx *ctx, const fso_config *cfg, char *err, 
         for (int rep = 0; rep < 4; rep++) {
             memset(c.ms, 0, sizeof c.ms);
             c.layer_visits = 0;
-            fso_model_step(&m, &src, tok, tok + (size_t)B * T, 1.0f);
+            double loss = 0;
+            fso_model_step(&m, &src, tok, tok + (size_t)B * T, 1.0f, &loss);
+            m.be->ops->sync(m.be);
             if (rep > 0)
                 memcpy(runs[rep - 1], c.ms, sizeof runs[0]);
         }

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "adamw.h"
+#include "cpu_async.h"
 #include "cuda_backend.h"
 #include "optpool.h"
 #include "pool.h"
@@ -722,11 +723,13 @@ static void *rank_step(void *arg)
         rk->cur_block = -1;
         rk->t_mark = fso_now_ms();
         size_t mb = (size_t)a * z->world + rk->rank;
-        rk->loss_sum += fso_model_step(&rk->model, &src, rk->inputs + mb * bt,
-                                       rk->targets + mb * bt, grad_scale);
-        clock_in(rk, fso_now_ms()); /* the last block's compute, up to the loss */
-        grads_land(rk); /* the micro-batch's last block */
+        fso_model_step(&rk->model, &src, rk->inputs + mb * bt, rk->targets + mb * bt,
+                       grad_scale, &rk->loss_sum);
+        clock_in(rk, fso_now_ms()); /* the last block's compute */
+        /* the micro-batch's last gradients land while the next one's
+         * forward runs (the next landing comes first), or now at the end */
     }
+    grads_land(rk);
     rk->st.compute_ms = fso_now_ms() - t0 - rk->wait_ms;
 
     /* exact global norm and mean loss: one all-reduce (also carries
@@ -741,7 +744,7 @@ static void *rank_step(void *arg)
         sq += rk->block_sq[b];
     double red[3] = {rk->loss_sum, sq, rk->ce.rc ? 1.0 : 0.0};
     z->coll->ops->all_reduce_f64(z->coll, rk->rank, red, 3);
-    rk->st.loss = red[0] / (cfg->grad_accum * z->world);
+    rk->st.loss = red[0] / ((double)bt * cfg->grad_accum * z->world);
     rk->st.grad_norm = sqrt(red[1]);
     if (red[2] != 0) { /* some rank failed: nobody updates */
         if (rk->ce.rc == 0)
@@ -1546,9 +1549,16 @@ int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t err
             goto fail;
         }
 #endif
-    } else if ((rc = fso_coll_create_threads(&z->coll, z->world)) < 0) {
-        snprintf(err, errlen, "cannot create the collectives: %s", strerror(-rc));
-        goto fail;
+    } else {
+        fso_backend *devs[64];
+        for (int r = 0; r < z->world && r < 64; r++)
+            devs[r] = z->ranks[r].be;
+        rc = fso_backend_is_async(devs[0]) ? fso_coll_create_async(&z->coll, z->world, devs)
+                                           : fso_coll_create_threads(&z->coll, z->world);
+        if (rc < 0) {
+            snprintf(err, errlen, "cannot create the collectives: %s", strerror(-rc));
+            goto fail;
+        }
     }
     if ((rc = start_workers(z, err, errlen)) < 0)
         goto fail;

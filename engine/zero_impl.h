@@ -82,7 +82,7 @@ typedef struct rank_state {
     const int32_t *inputs, *targets;
     float *logits;               /* forward_logits: where this rank's logits go */
     fso_zero_step st;
-    double loss_sum;
+    double loss_sum;              /* the step's summed per-position losses (after sync) */
     double wait_ms;              /* this step: compute inside params() and grads_done() */
     double *block_ms;            /* [block] this step: computing on the block (zero.c timing) */
     int cur_block;               /* the block compute is on now, -1 none */

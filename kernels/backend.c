@@ -10,6 +10,7 @@
 
 #include <cblas.h>
 
+#include "cpu_async.h"
 #include "cpu_common.h"
 #include "cuda_backend.h"
 #include "pool.h"
@@ -57,6 +58,8 @@ int fso_backend_create(fso_backend **out, const char *name, int threads)
 int fso_backend_create_virtual(fso_backend **out, const char *name, int device, int threads,
                                size_t mem_cap_bytes)
 {
+    if (strcmp(name, "cpu-async") == 0)
+        return fso_backend_create_async(out, device, threads, mem_cap_bytes);
     int rc = fso_backend_create(out, name, threads);
     if (rc < 0)
         return rc;
@@ -69,6 +72,10 @@ void fso_backend_destroy(fso_backend *be)
 {
     if (!be)
         return;
+    if (fso_backend_is_async(be)) {
+        fso_backend_destroy_async(be);
+        return;
+    }
 #if FSO_HAVE_CUDA
     if (fso_backend_is_cuda(be)) {
         fso_backend_destroy_cuda(be);
@@ -86,6 +93,8 @@ void fso_backend_destroy(fso_backend *be)
 
 struct fso_pool *fso_backend_pool(fso_backend *be)
 {
+    if (fso_backend_is_async(be))
+        return fso_async_pool(be);
     return be && be->ops == &fso_cpu_fast_ops ? be->ctx : NULL;
 }
 
@@ -138,6 +147,15 @@ int fso_cpu_sync(fso_backend *be)
 {
     (void)be;
     return 0;
+}
+
+void fso_cpu_sum(fso_backend *be, double *out, const float *x, size_t n)
+{
+    (void)be;
+    double s = 0;
+    for (size_t i = 0; i < n; i++)
+        s += x[i];
+    *out += s;
 }
 
 void fso_rope_tables(float *cos_t, float *sin_t, int T, int D, double theta)

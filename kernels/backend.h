@@ -108,10 +108,14 @@ typedef struct fso_backend_ops {
                           const int32_t *targets, int N, int V, float dscale);
 
     /* *out += sum of x[i]^2 in double (host scalar). The sum is taken in
-     * order with the other ops; *out holds it once sync() has returned (the
-     * CPU backends add it at once; the CUDA backend copies it back
-     * asynchronously, so a step takes its norms without waiting per block). */
+     * order with the other ops; *out holds it once sync() has returned, or
+     * wait_mark() of a mark taken after the call (the CPU backends add it at
+     * once; the CUDA backend copies it back asynchronously, so a step takes
+     * its norms without waiting per block). */
     void (*sqnorm)(fso_backend *be, double *out, const float *x, size_t n);
+    /* *out += sum of x[i] in double, delivered as sqnorm's: the losses of a
+     * micro-batch reach the host without a wait. */
+    void (*sum)(fso_backend *be, double *out, const float *x, size_t n);
 
     /* Marks, optional (NULL: the backend's work is done when an op returns,
      * as on the CPU backends). mark() returns a ticket for everything
@@ -135,6 +139,16 @@ typedef struct fso_backend_ops {
      * mark runs while later compute does. Optional (NULL: copy_h2d). */
     void (*copy_h2d_after)(fso_backend *be, void *dst, const void *src, size_t bytes,
                            uint64_t after);
+    /* copy_d2h ordered the same way (after the work before mark `after`,
+     * and the host-to-device copies queued so far). Optional (NULL:
+     * copy_d2h). */
+    void (*copy_d2h_after)(fso_backend *be, void *dst, const void *src, size_t bytes,
+                           uint64_t after);
+    /* A mark of the copies queued so far in both directions, not of
+     * compute: wait_mark() on it returns once those copies are done, which
+     * is how a host staging buffer is reused without waiting for the
+     * compute queued meanwhile. Optional (NULL: use mark). */
+    uint64_t (*mark_copies)(fso_backend *be);
 
     /* dst (n) fp32 = src (n) bf16, exactly: the bf16 bits become the top
      * half of the fp32 bits, so ±0, denormals, Inf and NaN (payload and
@@ -160,7 +174,8 @@ struct fso_backend {
 /* Create a backend by name ("cpu", "cpu-ref"); threads 0 = the CPUs this
  * process may use. Returns 0 or -ENOENT for an unknown name. */
 int fso_backend_create(fso_backend **out, const char *name, int threads);
-/* A CPU virtual device: backend `name` ("cpu", "cpu-ref") with `threads` threads and a
+/* A CPU virtual device: backend `name` ("cpu", "cpu-ref", or "cpu-async":
+ * a CPU device with a discrete GPU's rules, cpu_async.h) with `threads` threads and a
  * memory cap (0: none). OpenBLAS's pool is process-wide and sized to
  * `threads` too, so give every device of a process the same count. */
 int fso_backend_create_virtual(fso_backend **out, const char *name, int device, int threads,

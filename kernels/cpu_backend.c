@@ -542,6 +542,7 @@ const fso_backend_ops fso_cpu_fast_ops = {
     .add = fast_add,
     .cross_entropy = fast_cross_entropy,
     .sqnorm = fast_sqnorm,
+    .sum = fso_cpu_sum,
     .cast_bf16_f32 = fast_cast_bf16_f32,
     .cast_f32_bf16 = fast_cast_f32_bf16,
 };

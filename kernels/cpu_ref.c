@@ -313,6 +313,7 @@ const fso_backend_ops fso_cpu_ref_ops = {
     .add = ref_add,
     .cross_entropy = ref_cross_entropy,
     .sqnorm = ref_sqnorm,
+    .sum = fso_cpu_sum,
     .cast_bf16_f32 = ref_cast_bf16_f32,
     .cast_f32_bf16 = ref_cast_f32_bf16,
 };

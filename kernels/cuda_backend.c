@@ -117,7 +117,7 @@ cudaStream_t fso_cuda_begin_after(fso_backend *be, fso_cuda_stream t, uint64_t a
     fso_cuda_ctx *ctx = FSO_CUDA_CTX(be);
     cudaError_t e = cudaSetDevice(ctx->ordinal);
     const char *what = "cudaSetDevice";
-    const int i = (int)(after % FSO_CUDA_MARKS);
+    const int i = (int)((after >> 1) % FSO_CUDA_MARKS);
     pthread_mutex_lock(&ctx->mu);
     const bool marked = after != 0 && ctx->mark_ticket[i] == after; /* still in the ring */
     for (int s = 0; s < FSO_CS_N && e == cudaSuccess; s++) {
@@ -315,6 +315,12 @@ static void cu_copy_d2h(fso_backend *be, void *dst, const void *src, size_t byte
     copy_on(be, FSO_CS_D2H, dst, src, bytes, 0, "copy_d2h");
 }
 
+static void cu_copy_d2h_after(fso_backend *be, void *dst, const void *src, size_t bytes,
+                              uint64_t after)
+{
+    copy_on(be, FSO_CS_D2H, dst, src, bytes, after, "copy_d2h");
+}
+
 /* Wait for every stream: the work queued before the call is done, and
  * later work need not wait for it on the device. */
 static void drain_streams(fso_backend *be)
@@ -376,11 +382,14 @@ static int cu_sync(fso_backend *be)
     return fso_cuda_status(be);
 }
 
-/* *out += sum x^2, in order on the compute stream; the double comes back
- * to pinned memory asynchronously and is added at the next sync, so taking
- * a block's norm never stalls the host. Host memory the device cannot read
- * is summed on the CPU in the device's order: the same bits, at once. */
-static void cu_sqnorm(fso_backend *be, double *out, const float *x, size_t n)
+/* *out += sum of x^2 (square) or of x, in order on the compute stream; the
+ * double comes back to pinned memory asynchronously and is added at the
+ * next sync (or wait_mark of a later full mark), so taking a block's norm
+ * or a micro-batch's loss never stalls the host. Host memory the device
+ * cannot read is summed on the CPU in the device's order: the same bits,
+ * at once. */
+static void reduce_to_host(fso_backend *be, double *out, const float *x, size_t n, int square,
+                           const char *what)
 {
     fso_cuda_ctx *ctx = FSO_CUDA_CTX(be);
     if (n == 0)
@@ -397,21 +406,21 @@ static void cu_sqnorm(fso_backend *be, double *out, const float *x, size_t n)
         dx = a.devicePointer;
     if (a.type == cudaMemoryTypeUnregistered || !dx) {
         drain_streams(be); /* copies into x are done */
-        *out += fso_cuda_sqnorm_host(x, n);
+        *out += fso_cuda_reduce_host(x, n, square);
         return;
     }
     pthread_mutex_lock(&ctx->mu);
     bool full = ctx->sq_head - ctx->sq_tail == FSO_CUDA_SQ_MAX;
     pthread_mutex_unlock(&ctx->mu);
-    if (full) { /* rare: that many norms without a sync */
+    if (full) { /* rare: that many results without a sync */
         uint64_t upto = sq_queued(ctx);
         drain_streams(be);
         fold_sqnorms(ctx, upto);
     }
     cudaStream_t s = fso_cuda_begin(be, FSO_CS_COMPUTE);
-    double *scr = fso_cuda_scratch(be, sizeof(double) * fso_cuda_sqnorm_scratch_elems(n));
+    double *scr = fso_cuda_scratch(be, sizeof(double) * fso_cuda_reduce_scratch_elems(n));
     if (scr) {
-        fso_cuda_sqnorm_device(be, scr, dx, n);
+        fso_cuda_reduce_device(be, scr, dx, n, square);
         /* the slot is taken and its copy queued (before the scratch's next
          * use on this stream) under the lock, so a sync on another thread
          * either waits for the copy or leaves the slot for later */
@@ -423,22 +432,37 @@ static void cu_sqnorm(fso_backend *be, double *out, const float *x, size_t n)
         if (e == cudaSuccess)
             ctx->sq_head++;
         pthread_mutex_unlock(&ctx->mu);
-        fso_cuda_check(be, e, "sqnorm: result copy");
+        fso_cuda_check(be, e, what);
     }
-    fso_cuda_end(be, FSO_CS_COMPUTE, "sqnorm");
+    fso_cuda_end(be, FSO_CS_COMPUTE, what);
 }
 
-static uint64_t cu_mark(fso_backend *be)
+static void cu_sqnorm(fso_backend *be, double *out, const float *x, size_t n)
+{
+    reduce_to_host(be, out, x, n, 1, "sqnorm");
+}
+
+static void cu_sum(fso_backend *be, double *out, const float *x, size_t n)
+{
+    reduce_to_host(be, out, x, n, 0, "sum");
+}
+
+/* A mark: events recorded on every stream with work (copies_only: on the
+ * two copy streams). A full mark also notes the sqnorm and sum results
+ * queued before it, which wait_mark then adds to their outputs. */
+static uint64_t take_mark(fso_backend *be, bool copies_only)
 {
     fso_cuda_ctx *ctx = FSO_CUDA_CTX(be);
     fso_cuda_check(be, cudaSetDevice(ctx->ordinal), "cudaSetDevice");
     pthread_mutex_lock(&ctx->mu);
-    uint64_t t = ++ctx->n_marks;
-    int i = (int)(t % FSO_CUDA_MARKS);
+    uint64_t n = ++ctx->n_marks, t = n << 1 | (copies_only ? 1 : 0);
+    int i = (int)(n % FSO_CUDA_MARKS);
     cudaError_t e = cudaSuccess;
     ctx->mark_ticket[i] = t;
+    ctx->mark_sq[i] = copies_only ? 0 : ctx->sq_head;
     for (int s = 0; s < FSO_CS_N && e == cudaSuccess; s++) {
-        ctx->mark_set[i][s] = ctx->gen[s] > 0;
+        bool copy = s == FSO_CS_H2D || s == FSO_CS_D2H;
+        ctx->mark_set[i][s] = ctx->gen[s] > 0 && (copy || !copies_only);
         ctx->mark_gen[i][s] = ctx->gen[s];
         if (ctx->mark_set[i][s])
             e = cudaEventRecord(ctx->mark_ev[i][s], ctx->stream[s]);
@@ -448,17 +472,41 @@ static uint64_t cu_mark(fso_backend *be)
     return t;
 }
 
+static uint64_t cu_mark(fso_backend *be)
+{
+    return take_mark(be, false);
+}
+
+static uint64_t cu_mark_copies(fso_backend *be)
+{
+    return take_mark(be, true);
+}
+
 static void cu_wait_mark(fso_backend *be, uint64_t ticket)
 {
     fso_cuda_ctx *ctx = FSO_CUDA_CTX(be);
-    int i = (int)(ticket % FSO_CUDA_MARKS);
-    for (int s = 0; s < FSO_CS_N; s++) {
-        pthread_mutex_lock(&ctx->mu);
-        bool set = ctx->mark_set[i][s];
-        pthread_mutex_unlock(&ctx->mu);
-        if (set)
-            fso_cuda_check(be, cudaEventSynchronize(ctx->mark_ev[i][s]), "wait_mark");
+    if (ticket == 0)
+        return;
+    int i = (int)((ticket >> 1) % FSO_CUDA_MARKS);
+    pthread_mutex_lock(&ctx->mu);
+    uint64_t held = ctx->mark_ticket[i], sq = ctx->mark_sq[i];
+    bool set[FSO_CS_N];
+    memcpy(set, ctx->mark_set[i], sizeof set);
+    pthread_mutex_unlock(&ctx->mu);
+    if (held != ticket && (held & 1) && !(ticket & 1)) {
+        /* a copies-only mark took the slot of this full one: wait for all */
+        uint64_t upto = sq_queued(ctx);
+        drain_streams(be);
+        fold_sqnorms(ctx, upto);
+        return;
     }
+    /* this mark, or a later one of at least its streams (a re-record in
+     * between only moves the events later) */
+    for (int s = 0; s < FSO_CS_N; s++)
+        if (set[s])
+            fso_cuda_check(be, cudaEventSynchronize(ctx->mark_ev[i][s]), "wait_mark");
+    if (!(held & 1))
+        fold_sqnorms(ctx, sq);
 }
 
 static const fso_backend_ops cuda_ops = {
@@ -471,8 +519,10 @@ static const fso_backend_ops cuda_ops = {
     .copy_d2h = cu_copy_d2h,
     .sync = cu_sync,
     .mark = cu_mark,
+    .mark_copies = cu_mark_copies,
     .wait_mark = cu_wait_mark,
     .copy_h2d_after = cu_copy_h2d_after,
+    .copy_d2h_after = cu_copy_d2h_after,
     .embedding_fwd = fso_cuda_embedding_fwd,
     .embedding_bwd = fso_cuda_embedding_bwd,
     .rmsnorm_fwd = fso_cuda_rmsnorm_fwd,
@@ -487,6 +537,7 @@ static const fso_backend_ops cuda_ops = {
     .add = fso_cuda_add,
     .cross_entropy = fso_cuda_cross_entropy,
     .sqnorm = cu_sqnorm,
+    .sum = cu_sum,
     .cast_bf16_f32 = fso_cuda_cast_bf16_f32,
     .cast_f32_bf16 = fso_cuda_cast_f32_bf16,
     .adamw = fso_cuda_adamw,

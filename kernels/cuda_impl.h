@@ -33,8 +33,9 @@ typedef enum fso_cuda_stream {
 #define FSO_CUDA_FLAG_BAD_TARGET 2u  /* cross-entropy: target outside [0, V) */
 
 #define FSO_CUDA_SQ_MAX 1024  /* sqnorm results awaiting a sync; more forces one */
-#define FSO_CUDA_MARKS 64     /* marks kept; waiting on an overwritten one waits for a later
-                                 point of the same streams, which is only stricter */
+#define FSO_CUDA_MARKS 256    /* marks kept; waiting on an overwritten one waits for a later
+                                 mark of the same or more streams, which is only stricter (or,
+                                 if a copies-only mark took the slot of a full one, drains) */
 
 typedef struct fso_cuda_alloc {
     void *ptr;
@@ -68,8 +69,9 @@ typedef struct fso_cuda_ctx {
     cudaEvent_t mark_ev[FSO_CUDA_MARKS][FSO_CS_N]; /* a ring of marks, per stream */
     bool mark_set[FSO_CUDA_MARKS][FSO_CS_N];
     uint64_t mark_gen[FSO_CUDA_MARKS][FSO_CS_N]; /* gen[s] when recorded */
-    uint64_t mark_ticket[FSO_CUDA_MARKS];
-    uint64_t n_marks;                 /* tickets handed out */
+    uint64_t mark_ticket[FSO_CUDA_MARKS]; /* (n << 1) | 1 for a copies-only mark */
+    uint64_t mark_sq[FSO_CUDA_MARKS]; /* sq_head when a full mark was taken */
+    uint64_t n_marks;                 /* marks handed out */
     fso_cuda_alloc *allocs;
     size_t n_allocs, cap_allocs;
     int rc;                           /* first failure, sticky; detail in be->err */
@@ -154,13 +156,15 @@ void fso_cuda_causal_softmax(fso_backend *be, float *probs, size_t rows, int T);
 void fso_cuda_causal_softmax_bwd(fso_backend *be, float *dp, const float *probs, size_t rows,
                                  int T, float scale);
 
-/* sqnorm's device part: scratch[0] = sum of x^2 over n device-readable
- * floats, in double, in a fixed order (fixed chunks, fixed trees) that does
- * not depend on the GPU and that fso_cuda_sqnorm_host reproduces bit for
- * bit on the CPU. scratch holds fso_cuda_sqnorm_scratch_elems(n) doubles. */
-void fso_cuda_sqnorm_device(fso_backend *be, double *scratch, const float *x, size_t n);
-double fso_cuda_sqnorm_host(const float *x, size_t n);
-size_t fso_cuda_sqnorm_scratch_elems(size_t n);
+/* sqnorm's and sum's device part: scratch[0] = sum of x^2 (square) or of x
+ * over n device-readable floats, in double, in a fixed order (fixed chunks,
+ * fixed trees) that does not depend on the GPU and that
+ * fso_cuda_reduce_host reproduces bit for bit on the CPU. scratch holds
+ * fso_cuda_reduce_scratch_elems(n) doubles. */
+void fso_cuda_reduce_device(fso_backend *be, double *scratch, const float *x, size_t n,
+                            int square);
+double fso_cuda_reduce_host(const float *x, size_t n, int square);
+size_t fso_cuda_reduce_scratch_elems(size_t n);
 
 #ifdef __cplusplus
 }

@@ -1,9 +1,9 @@
 /* cuda_ops.cu — the CUDA backend's non-matmul ops: embedding, RMSNorm,
- * RoPE, SwiGLU, residual add, cross-entropy, squared norm, and the bf16 to
- * fp32 cast of gathered working parameters.
+ * RoPE, SwiGLU, residual add, cross-entropy, squared norm and sum, the bf16
+ * casts and AdamW.
  *
  * Each op mirrors the formula of cpu_ref.c in fp32 with fp32 accumulation
- * (sqnorm: double). Ops are queued on the compute stream and never wait on
+ * (sqnorm and sum: double). Ops are queued on the compute stream and never wait on
  * the host. Reductions that cross threads (RMSNorm's weight gradient, the
  * embedding gradient, sqnorm) give every output element one writer and add
  * in an order fixed by the sizes, so results repeat bit for bit; no atomics
@@ -420,13 +420,13 @@ extern "C" void fso_cuda_cross_entropy(fso_backend *be, float *dlogits, float *l
     fso_cuda_end(be, FSO_CS_COMPUTE, "cross_entropy");
 }
 
-/* ------------------------------------------------------------ sqnorm */
+/* ------------------------------------------------------------ sqnorm, sum */
 
 /* Fixed shape: chunks of SQ_CHUNK elements, SQ_THREADS threads each summing
- * a strided share in double, then a halving tree; the chunk sums reduced
- * the same way by one block. fso_cuda_sqnorm_host replays it exactly (every
- * product of two floats is exact in double, so fused or not, the bits are
- * the same). */
+ * a strided share (of x^2, or of x) in double, then a halving tree; the
+ * chunk sums reduced the same way by one block. fso_cuda_reduce_host
+ * replays it exactly (every product of two floats is exact in double, so
+ * fused or not, the bits are the same). */
 #define SQ_THREADS 256
 #define SQ_CHUNK 65536
 
@@ -442,7 +442,8 @@ __device__ double sq_tree(double s, double *sh)
     return sh[0];
 }
 
-__global__ void sqnorm_chunk_kernel(double *part, const float *x, size_t n)
+template <bool SQUARE>
+__global__ void reduce_chunk_kernel(double *part, const float *x, size_t n)
 {
     __shared__ double sh[SQ_THREADS];
     const size_t base = (size_t)blockIdx.x * SQ_CHUNK;
@@ -450,14 +451,14 @@ __global__ void sqnorm_chunk_kernel(double *part, const float *x, size_t n)
     double s = 0.0;
     for (size_t i = base + threadIdx.x; i < end; i += SQ_THREADS) {
         const double v = x[i];
-        s += v * v;
+        s += SQUARE ? v * v : v;
     }
     s = sq_tree(s, sh);
     if (threadIdx.x == 0)
         part[blockIdx.x] = s;
 }
 
-__global__ void sqnorm_total_kernel(double *result, const double *part, size_t chunks)
+__global__ void reduce_total_kernel(double *result, const double *part, size_t chunks)
 {
     __shared__ double sh[SQ_THREADS];
     double s = 0.0;
@@ -468,19 +469,23 @@ __global__ void sqnorm_total_kernel(double *result, const double *part, size_t c
         *result = s;
 }
 
-extern "C" size_t fso_cuda_sqnorm_scratch_elems(size_t n)
+extern "C" size_t fso_cuda_reduce_scratch_elems(size_t n)
 {
     return 1 + (n + SQ_CHUNK - 1) / SQ_CHUNK;
 }
 
-extern "C" void fso_cuda_sqnorm_device(fso_backend *be, double *scratch, const float *x,
-                                       size_t n)
+extern "C" void fso_cuda_reduce_device(fso_backend *be, double *scratch, const float *x, size_t n,
+                                       int square)
 {
     cudaStream_t s = FSO_CUDA_CTX(be)->stream[FSO_CS_COMPUTE];
     const size_t chunks = (n + SQ_CHUNK - 1) / SQ_CHUNK;
-    if (chunks > 0)
-        sqnorm_chunk_kernel<<<(unsigned)chunks, SQ_THREADS, 0, s>>>(scratch + 1, x, n);
-    sqnorm_total_kernel<<<1, SQ_THREADS, 0, s>>>(scratch, scratch + 1, chunks);
+    if (chunks > 0) {
+        if (square)
+            reduce_chunk_kernel<true><<<(unsigned)chunks, SQ_THREADS, 0, s>>>(scratch + 1, x, n);
+        else
+            reduce_chunk_kernel<false><<<(unsigned)chunks, SQ_THREADS, 0, s>>>(scratch + 1, x, n);
+    }
+    reduce_total_kernel<<<1, SQ_THREADS, 0, s>>>(scratch, scratch + 1, chunks);
 }
 
 static double sq_tree_host(double *sh)
@@ -491,7 +496,7 @@ static double sq_tree_host(double *sh)
     return sh[0];
 }
 
-extern "C" double fso_cuda_sqnorm_host(const float *x, size_t n)
+extern "C" double fso_cuda_reduce_host(const float *x, size_t n, int square)
 {
     const size_t chunks = (n + SQ_CHUNK - 1) / SQ_CHUNK;
     double sh[SQ_THREADS], tot[SQ_THREADS] = {0};
@@ -503,7 +508,7 @@ extern "C" double fso_cuda_sqnorm_host(const float *x, size_t n)
             double s = 0.0;
             for (size_t i = base + t; i < end; i += SQ_THREADS) {
                 const double v = x[i];
-                s += v * v;
+                s += square ? v * v : v;
             }
             sh[t] = s;
         }

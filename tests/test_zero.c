@@ -234,6 +234,55 @@ static void test_overlapped_schedules_match_serialized(void **state)
     schedules_for(2, FSO_TIER_NVME, FSO_TIER_NVME, 0.0, true);
 }
 
+/* The engine's GPU paths (staging copies, marks, AdamW on the device,
+ * norms and losses that arrive late) on "cpu-async", a CPU device with a
+ * discrete GPU's rules (kernels/cpu_async.h), give the "cpu" backend's
+ * bits at every placement and schedule: the host never touches device
+ * memory, never reads a copy's destination or refills its source before
+ * waiting for it, and never reads a norm or loss before it is delivered. */
+static void gpu_rules_for(int world, bool bf16)
+{
+    static const fso_tier tiers[][2] = {
+        {FSO_TIER_DEVICE, FSO_TIER_DEVICE}, {FSO_TIER_DEVICE, FSO_TIER_HOST},
+        {FSO_TIER_HOST, FSO_TIER_HOST},     {FSO_TIER_NVME, FSO_TIER_HOST},
+        {FSO_TIER_DEVICE, FSO_TIER_NVME},   {FSO_TIER_NVME, FSO_TIER_NVME},
+        {FSO_TIER_HOST, FSO_TIER_DEVICE},   {FSO_TIER_NVME, FSO_TIER_DEVICE},
+    };
+    for (size_t t = 0; t < sizeof tiers / sizeof tiers[0]; t++)
+        for (int mode = FSO_OVERLAP_NONE; mode <= FSO_OVERLAP_BACKWARD; mode++) {
+            run_result base, r;
+            fso_config cfg;
+            small_config(&cfg, world, 4);
+            cfg.bf16 = bf16;
+            cfg.grad_clip = mode == FSO_OVERLAP_BACKWARD ? 0.0 : 1.0;
+            cfg.optimizer_overlap = (fso_overlap)mode;
+            set_tiers(&cfg, tiers[t][0], tiers[t][1]);
+            char what[160];
+            snprintf(what, sizeof what,
+                     "%d devices, %s, parameters on tier %d, optimizer on tier %d, schedule %d",
+                     world, bf16 ? "bf16" : "fp32", tiers[t][0], tiers[t][1], mode);
+            run(&cfg, NULL, &base);
+            if (base.rc)
+                fail_msg("%s, cpu: %s", what, base.err);
+            snprintf(cfg.backend, sizeof cfg.backend, "cpu-async");
+            run(&cfg, NULL, &r);
+            if (r.rc)
+                fail_msg("%s, cpu-async: %s", what, r.err);
+            assert_bit_identical(&base, &r, what);
+            result_free(&r);
+            result_free(&base);
+        }
+}
+
+static void test_gpu_paths_give_cpu_bits_one_device(void **s) { (void)s; gpu_rules_for(1, false); }
+static void test_gpu_paths_give_cpu_bits_two_devices(void **s) { (void)s; gpu_rules_for(2, false); }
+static void test_gpu_paths_give_cpu_bits_bf16(void **s)
+{
+    (void)s;
+    gpu_rules_for(1, true);
+    gpu_rules_for(2, true);
+}
+
 /* Optimizer state streamed from NVMe in chunks smaller than a shard gives
  * the in-memory bits. */
 static void test_nvme_streaming_in_chunks_matches_memory(void **state)
@@ -873,6 +922,9 @@ int main(void)
         cmocka_unit_test(test_per_block_compute_times_add_up),
         cmocka_unit_test(test_bf16_halves_parameter_nvme_reads),
         cmocka_unit_test(test_overlapped_schedules_match_serialized),
+        cmocka_unit_test(test_gpu_paths_give_cpu_bits_one_device),
+        cmocka_unit_test(test_gpu_paths_give_cpu_bits_two_devices),
+        cmocka_unit_test(test_gpu_paths_give_cpu_bits_bf16),
         cmocka_unit_test(test_nvme_streaming_in_chunks_matches_memory),
         cmocka_unit_test(test_device_counts_agree),
         cmocka_unit_test(test_device_cap_too_small_fails_before_training),

@@ -1,0 +1,27 @@
+/* cpu_async.h — the "cpu-async" backend (cpu_async.c): a CPU device with a
+ * discrete GPU's rules (device memory the host cannot touch, copies and
+ * reductions that complete late), for running the engine's GPU paths
+ * without a GPU. fso_backend_create_virtual("cpu-async", ...) makes one;
+ * fso_backend_destroy frees it.
+ */
+#ifndef FSO_CPU_ASYNC_H
+#define FSO_CPU_ASYNC_H
+
+#include <stddef.h>
+
+#include "backend.h"
+#include "coll.h"
+
+int fso_backend_create_async(fso_backend **out, int device, int threads, size_t mem_cap_bytes);
+void fso_backend_destroy_async(fso_backend *be);
+/* 1 when `be` is a cpu-async device. */
+int fso_backend_is_async(const fso_backend *be);
+/* The thread pool its math runs on. */
+struct fso_pool *fso_async_pool(fso_backend *be);
+
+/* The threads collectives (coll.h) among `world` cpu-async devices, bes[r]
+ * being rank r's: each call first completes the rank's queued copies, as a
+ * gather on a GPU is ordered after them. */
+int fso_coll_create_async(fso_coll **out, int world, fso_backend *const *bes);
+
+#endif
