@@ -210,11 +210,15 @@ out:
     return rc;
 }
 
-/* Wait for the slot's I/O; an error is final for the step: never compute
- * from a partial or stale shard. */
+/* Wait for the slot's I/O and device copies; an error is final for the
+ * step: never compute from a partial or stale shard. */
 int fso_zero_slot_wait(rank_state *rk, errsink *es, slot *s, const char *what, int block)
 {
     int rc = 0;
+    if (s->copied) {
+        rk->be->ops->wait_mark(rk->be, s->copied);
+        s->copied = 0;
+    }
     if (!rk->store)
         return 0;
     pthread_mutex_lock(&rk->io_mu);
@@ -276,12 +280,29 @@ int fso_zero_xfer(rank_state *rk, errsink *es, uint64_t *bytes_done, int b, fso_
         else
             memcpy(s->buf, shard, bytes);
         return 0;
-    case FSO_TIER_DEVICE:
-        if (write)
-            rk->be->ops->copy_h2d(rk->be, shard, s->buf, bytes);
+    case FSO_TIER_DEVICE: {
+        fso_backend *be = rk->be;
+        if (!be->ops->mark) { /* copies are done when they return */
+            if (write)
+                be->ops->copy_h2d(be, shard, s->buf, bytes);
+            else
+                be->ops->copy_d2h(be, s->buf, shard, bytes);
+            return be->ops->sync(be);
+        }
+        /* ordered after the optimizer job's work only, and waited for by
+         * fso_zero_slot_wait before the host touches s->buf again */
+        const uint64_t after = es == &rk->oe ? rk->opt_after : 0;
+        if (write && be->ops->copy_h2d_after)
+            be->ops->copy_h2d_after(be, shard, s->buf, bytes, after);
+        else if (write)
+            be->ops->copy_h2d(be, shard, s->buf, bytes);
+        else if (be->ops->copy_d2h_after)
+            be->ops->copy_d2h_after(be, s->buf, shard, bytes, after);
         else
-            rk->be->ops->copy_d2h(rk->be, s->buf, shard, bytes);
-        return rk->be->ops->sync(rk->be);
+            be->ops->copy_d2h(be, s->buf, shard, bytes);
+        s->copied = be->ops->mark_copies ? be->ops->mark_copies(be) : be->ops->mark(be);
+        return 0;
+    }
     }
     return -EINVAL;
 }
@@ -325,16 +346,18 @@ static int prefetch_params(rank_state *rk)
                 have = true;
         if (have)
             continue;
-        /* a free slot: one whose block is not needed before position i */
+        /* a free slot: one whose block is not needed before position i;
+         * of those, the one whose copy to the device is oldest (or done),
+         * so that reusing it rarely waits */
         slot *s = NULL;
-        for (int j = 0; j < rk->n_pslots && !s; j++) {
-            int held = rk->pslots[j].block;
+        for (int j = 0; j < rk->n_pslots; j++) {
+            slot *c = &rk->pslots[j];
             bool needed = false;
-            for (int q = rk->order_pos; q < i && held >= 0; q++)
-                if (z->order[q] == held)
+            for (int q = rk->order_pos; q < i && c->block >= 0; q++)
+                if (z->order[q] == c->block)
                     needed = true;
-            if (!needed && rk->pslots[j].pending == 0)
-                s = &rk->pslots[j];
+            if (!needed && c->pending == 0 && (!s || c->copied < s->copied))
+                s = c;
         }
         if (!s)
             break;
@@ -424,8 +447,8 @@ static const float *src_params(void *ctx, int b)
             if (wrc == 0) {
                 copy_in(be, mine, s->buf, shard_bytes, after);
                 /* the slot may be read into again once this copy is done:
-                 * prefetch_params waits for its mark, not the device */
-                s->copied = mark(be);
+                 * prefetch_params waits for that, not for compute */
+                s->copied = be->ops->mark_copies ? be->ops->mark_copies(be) : mark(be);
             }
             if (s)
                 s->block = -1;
@@ -474,8 +497,6 @@ static float *src_grads(void *ctx, int b)
     return rk->gradbuf[g];
 }
 
-static void start_block_update(rank_state *rk, int b);
-
 /* A block's gradient shard, copied down from the device, lands in its tier:
  * added to what earlier micro-batches left there (the first micro-batch of
  * a step overwrites it), its squared norm taken after the step's last
@@ -495,7 +516,6 @@ static void grads_land(rank_state *rk)
     fso_backend *be = rk->be;
     const int b = gp.block;
     const size_t S = fso_zero_shard_elems(z, b);
-    loc *l = fso_zero_locate(rk, b, FSO_KIND_GRAD);
     slot *in = &rk->gdown[gp.buf], *s = in;
     if (gp.mark)
         be->ops->wait_mark(be, gp.mark); /* that copy only, not the device */
@@ -514,25 +534,10 @@ static void grads_land(rank_state *rk)
         fso_host_sqnorm(fso_backend_pool(be), &rk->block_sq[b], s->buf, S);
     }
     if (shard_store(rk, b, FSO_KIND_GRAD, s) < 0 ||
-        (l->tier == FSO_TIER_NVME && fso_zero_slot_wait(rk, &rk->ce, s, "gradients", b) < 0))
+        fso_zero_slot_wait(rk, &rk->ce, s, "gradients", b) < 0)
         return;
     if (z->cfg->optimizer_overlap == FSO_OVERLAP_BACKWARD && gp.last)
-        start_block_update(rk, b);
-}
-
-/* The backward schedule: block b's update starts as soon as its gradients
- * are in, unless they are not finite. */
-static void start_block_update(rank_state *rk, int b)
-{
-    if (!isfinite(rk->block_sq[b])) {
-        fso_zero_fail(&rk->ce, -ERANGE,
-                      "step %lld: block %d's gradients are not finite: training diverged; lower "
-                      "optimizer.params.lr (blocks after it in backward order were already "
-                      "updated: train.optimizer_overlap \"backward\" cannot hold them back)",
-                      (long long)(rk->z->step + 1), b);
-        return;
-    }
-    fso_zero_optim_post_block(rk, &rk->bwd_as, b);
+        fso_zero_optim_post_block(rk, &rk->bwd_as, b);
 }
 
 /* Reduce-scatter the block's gradients so this rank keeps its shard; on
@@ -571,10 +576,11 @@ static void src_grads_done(void *ctx, int b)
         rk->block_sq[b] = 0;
         be->ops->sqnorm(be, &rk->block_sq[b], l->ptr, S);
     }
-    if (z->cfg->optimizer_overlap == FSO_OVERLAP_BACKWARD && last && rk->ce.rc == 0) {
-        be->ops->sync(be); /* the norm (backend.h), and the shard the update reads */
-        start_block_update(rk, b);
-    }
+    /* the backward schedule: the update starts once the norm and the shard
+     * are in, which the optimizer thread waits for (the job's mark), not
+     * this one */
+    if (z->cfg->optimizer_overlap == FSO_OVERLAP_BACKWARD && last && rk->ce.rc == 0)
+        fso_zero_optim_post_block(rk, &rk->bwd_as, b);
 }
 
 /* Timing for the step report and the re-plan. The time inside params()
@@ -753,6 +759,17 @@ static void *rank_step(void *arg)
         return NULL;
     }
     if (!isfinite(rk->st.loss) || !isfinite(rk->st.grad_norm)) {
+        if (cfg->optimizer_overlap == FSO_OVERLAP_BACKWARD) {
+            /* blocks were updated as their gradients came in: say which
+             * was not, as the optimizer thread found it */
+            if (fso_zero_optim_wait_all(rk) == 0)
+                fso_zero_fail(&rk->ce, -ERANGE,
+                              "step %lld: loss %g, gradient norm %g: training diverged; "
+                              "train.optimizer_overlap \"backward\" had already updated every "
+                              "block; lower optimizer.params.lr",
+                              (long long)(z->step + 1), rk->st.loss, rk->st.grad_norm);
+            return NULL;
+        }
         fso_zero_fail(&rk->ce, -ERANGE,
                       "step %lld: loss %g, gradient norm %g: training diverged and the update was "
                       "not applied; lower optimizer.params.lr or set gradient_clipping",
@@ -992,17 +1009,16 @@ static int block_xfer(fso_zero *z, int b, float *flat, fso_kind k, int dir)
     for (int r = 0; r < z->world; r++) {
         rank_state *rk = &z->ranks[r];
         slot *s = &rk->gslot;
-        bool nv = fso_zero_locate(rk, b, k)->tier == FSO_TIER_NVME;
         int rc;
         rk->ce.rc = 0;
         if (dir == 0) {
             narrow(s->buf, z->elem_bytes[k], flat + (size_t)r * S, S);
             rc = shard_store(rk, b, k, s);
-            if (rc == 0 && nv)
+            if (rc == 0)
                 rc = fso_zero_slot_wait(rk, &rk->ce, s, fso_zero_kind_names[k], b);
         } else {
             rc = shard_fetch(rk, b, k, s);
-            if (rc == 0 && nv)
+            if (rc == 0)
                 rc = fso_zero_slot_wait(rk, &rk->ce, s, fso_zero_kind_names[k], b);
             if (rc == 0)
                 widen(flat + (size_t)r * S, s->buf, z->elem_bytes[k], S);

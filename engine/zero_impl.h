@@ -48,7 +48,9 @@ typedef struct errsink {
  * block in forward order (block -1) or over one block. */
 typedef struct opt_job {
     fso_adamw_step as;
-    int block;
+    int block;           /* -1: every block */
+    uint64_t after;      /* the backend's mark when posted: the gradients (and a block's
+                            norm) are complete at it; 0 none */
 } opt_job;
 
 #define OPT_QUEUE 256
@@ -93,6 +95,8 @@ typedef struct rank_state {
     /* the optimizer (zero_optim.c) */
     struct fso_optpool *opt_pool;
     slot ochunk[2][FSO_N_KINDS]; /* chunk buffers: read ahead, write behind */
+    uint64_t opt_after;          /* the running job's mark: its device copies wait for that
+                                    work only, not for compute queued since */
     size_t chunk_elems;
     slot gdown[2];               /* gradient shards copied down from the device */
     grad_pending gpend;          /* the block whose shard is on its way down (block -1 none) */

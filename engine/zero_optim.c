@@ -289,6 +289,7 @@ int fso_zero_optim_run(rank_state *rk, const fso_adamw_step *as)
 {
     double t0 = fso_now_ms();
     rk->oe.rc = 0;
+    rk->opt_after = 0; /* after the step's sync: the device is idle */
     int rc = update_blocks(rk, as, 0, rk->z->n_blocks - 1);
     double dt = fso_now_ms() - t0;
     rk->opt_busy_ms += dt;
@@ -298,6 +299,25 @@ int fso_zero_optim_run(rank_state *rk, const fso_adamw_step *as)
         rk->oe.rc = 0;
     }
     return rc;
+}
+
+/* The backward schedule updates a block as soon as its gradients are in,
+ * before the global norm is known: only if they are finite. A norm taken
+ * on the device arrives with the job's mark; waiting for it here keeps the
+ * compute thread from waiting. */
+static int block_finite(rank_state *rk, const opt_job *job)
+{
+    const int b = job->block;
+    if (job->after)
+        rk->be->ops->wait_mark(rk->be, job->after);
+    if (isfinite(rk->block_sq[b]))
+        return 0;
+    return fso_zero_fail(&rk->oe, -ERANGE,
+                         "step %lld: block %d's gradients are not finite: training diverged; "
+                         "lower optimizer.params.lr (blocks after it in backward order were "
+                         "already updated: train.optimizer_overlap \"backward\" cannot hold "
+                         "them back)",
+                         (long long)job->as.t, b);
 }
 
 static void *opt_main(void *arg)
@@ -315,6 +335,9 @@ static void *opt_main(void *arg)
         pthread_mutex_unlock(&rk->opt_mu);
 
         double t0 = fso_now_ms();
+        rk->opt_after = job.after;
+        if (!failed && job.block >= 0) /* the backward schedule: one block, if finite */
+            failed = block_finite(rk, &job) < 0;
         if (!failed) /* after a failure nothing more is applied */
             update_blocks(rk, &job.as, job.block < 0 ? 0 : job.block,
                           job.block < 0 ? rk->z->n_blocks - 1 : job.block);
@@ -353,10 +376,12 @@ void fso_zero_optim_stop(rank_state *rk)
 
 static void post(rank_state *rk, const fso_adamw_step *as, int block)
 {
+    fso_backend *be = rk->be;
+    const uint64_t after = be->ops->mark ? be->ops->mark(be) : 0;
     pthread_mutex_lock(&rk->opt_mu);
     while (rk->q_tail - rk->q_head >= OPT_QUEUE)
         pthread_cond_wait(&rk->opt_cv, &rk->opt_mu);
-    rk->queue[rk->q_tail % OPT_QUEUE] = (opt_job){.as = *as, .block = block};
+    rk->queue[rk->q_tail % OPT_QUEUE] = (opt_job){.as = *as, .block = block, .after = after};
     rk->q_tail++;
     pthread_cond_broadcast(&rk->opt_cv);
     pthread_mutex_unlock(&rk->opt_mu);

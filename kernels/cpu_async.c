@@ -83,6 +83,8 @@ struct async_ctx {
     async_mark marks[MARKS];
     uint64_t n_marks;
     int rank;                /* in its collectives */
+    uint64_t drains;         /* host waits that found work queued and left none */
+    uint64_t syncs;          /* sync() calls */
 };
 
 #define CTX(be) ((async_ctx *)(be)->ctx)
@@ -112,7 +114,8 @@ static void *grow(void *p, size_t *cap, size_t used, size_t elem)
     return q;
 }
 
-/* Run the work numbered below upto, in order (lock held). */
+/* Run the work numbered below upto, in order (lock held), for a host
+ * that waits for it. */
 static void run_work(async_ctx *x, uint64_t upto)
 {
     size_t n = 0;
@@ -122,6 +125,8 @@ static void run_work(async_ctx *x, uint64_t upto)
         x->done++;
     }
     memmove(x->queue, x->queue + n, sizeof *x->queue * (size_t)(x->queued - x->done));
+    if (n > 0 && x->done == x->queued)
+        x->drains++;
 }
 
 /* Deliver the results computed by work numbered below upto. */
@@ -209,7 +214,11 @@ static void as_memset0(fso_backend *be, void *dst, size_t bytes)
 
 static int as_sync(fso_backend *be)
 {
-    catch_up(CTX(be));
+    async_ctx *x = CTX(be);
+    catch_up(x);
+    pthread_mutex_lock(&x->mu);
+    x->syncs++;
+    pthread_mutex_unlock(&x->mu);
     return 0;
 }
 
@@ -533,6 +542,15 @@ int fso_backend_create_async(fso_backend **out, int device, int threads, size_t 
 int fso_backend_is_async(const fso_backend *be)
 {
     return be && be->ops == &async_ops;
+}
+
+void fso_async_waits(fso_backend *be, uint64_t *syncs, uint64_t *drains)
+{
+    async_ctx *x = CTX(be);
+    pthread_mutex_lock(&x->mu);
+    *syncs = x->syncs;
+    *drains = x->drains;
+    pthread_mutex_unlock(&x->mu);
 }
 
 struct fso_pool *fso_async_pool(fso_backend *be)

@@ -30,6 +30,7 @@
 #include <cmocka.h>
 
 #include "config.h"
+#include "cpu_async.h"
 #include "data.h"
 #include "train.h"
 #include "zero.h"
@@ -71,6 +72,7 @@ typedef struct run_result {
     float *working;       /* the working parameters, widened to fp32 */
     size_t np;
     uint64_t peak_device, arena, nvme_read;
+    uint64_t syncs, drains; /* cpu-async: rank 0's waits for its device during the steps */
     int rc;
     char err[512];
 } run_result;
@@ -93,6 +95,10 @@ static void run(const fso_config *cfg, hook_fn hook, run_result *out)
     }
     if (hook)
         hook(&tr);
+    fso_backend *be0 = fso_zero_model(tr.zero)->be;
+    uint64_t syncs0 = 0, drains0 = 0;
+    if (fso_backend_is_async(be0))
+        fso_async_waits(be0, &syncs0, &drains0);
     size_t bt = (size_t)cfg->micro_batch * cfg->data.seq_len, n = fso_trainer_step_tokens(cfg);
     int32_t *in = malloc(sizeof(int32_t) * n), *tg = malloc(sizeof(int32_t) * n);
     for (int s = 0; s < STEPS && out->rc == 0; s++) {
@@ -106,6 +112,11 @@ static void run(const fso_config *cfg, hook_fn hook, run_result *out)
         out->nvme_read += st.nvme_read_bytes;
         if (g_between && out->rc == 0)
             g_between(&tr, s + 1);
+    }
+    if (fso_backend_is_async(be0)) {
+        fso_async_waits(be0, &out->syncs, &out->drains);
+        out->syncs -= syncs0;
+        out->drains -= drains0;
     }
     out->np = fso_zero_model(tr.zero)->n_params;
     out->params = malloc(sizeof(float) * out->np);
@@ -281,6 +292,71 @@ static void test_gpu_paths_give_cpu_bits_bf16(void **s)
     (void)s;
     gpu_rules_for(1, true);
     gpu_rules_for(2, true);
+}
+
+/* A step synchronises with its device once, at its end (gradient norms,
+ * losses, failures): not per micro-batch, not per block on the backward
+ * schedule, not per chunk when the CPU updates parameters that live on the
+ * device. Counted on cpu-async, over every placement and schedule. */
+static void test_a_step_waits_for_the_device_only_at_its_end(void **state)
+{
+    (void)state;
+    static const fso_tier tiers[][2] = {
+        {FSO_TIER_DEVICE, FSO_TIER_DEVICE}, {FSO_TIER_DEVICE, FSO_TIER_HOST},
+        {FSO_TIER_HOST, FSO_TIER_HOST},     {FSO_TIER_NVME, FSO_TIER_NVME},
+        {FSO_TIER_HOST, FSO_TIER_DEVICE},   {FSO_TIER_NVME, FSO_TIER_HOST},
+    };
+    for (size_t t = 0; t < sizeof tiers / sizeof tiers[0]; t++)
+        for (int mode = FSO_OVERLAP_NONE; mode <= FSO_OVERLAP_BACKWARD; mode++) {
+            fso_config cfg;
+            run_result r;
+            small_config(&cfg, 1, 4);
+            cfg.grad_accum = 4;
+            snprintf(cfg.backend, sizeof cfg.backend, "cpu-async");
+            set_tiers(&cfg, tiers[t][0], tiers[t][1]);
+            cfg.optimizer_overlap = (fso_overlap)mode;
+            cfg.grad_clip = mode == FSO_OVERLAP_BACKWARD ? 0.0 : 1.0;
+            run(&cfg, NULL, &r);
+            if (r.rc)
+                fail_msg("%s", r.err);
+            print_message("# tiers %d/%d, schedule %d: %llu syncs, %llu drains in %d steps\n",
+                          tiers[t][0], tiers[t][1], mode, (unsigned long long)r.syncs,
+                          (unsigned long long)r.drains, STEPS);
+            if (r.syncs != STEPS)
+                fail_msg("tiers %d/%d, schedule %d: %llu syncs in %d steps", tiers[t][0],
+                         tiers[t][1], mode, (unsigned long long)r.syncs, STEPS);
+            result_free(&r);
+        }
+}
+
+/* Gradients that are not finite stop the run with a clear error on every
+ * schedule, whether the norm is taken on the host or arrives late from the
+ * device (the backward schedule checks each block before updating it). */
+static void test_non_finite_gradients_stop_every_schedule(void **state)
+{
+    (void)state;
+    static const char *backends[] = {"cpu", "cpu-async"};
+    for (int be = 0; be < 2; be++)
+        for (int mode = FSO_OVERLAP_NONE; mode <= FSO_OVERLAP_BACKWARD; mode++)
+            for (int grads_on_device = 0; grads_on_device < 2; grads_on_device++) {
+                fso_config cfg;
+                run_result r;
+                small_config(&cfg, 1, 4);
+                snprintf(cfg.backend, sizeof cfg.backend, "%s", backends[be]);
+                set_tiers(&cfg, FSO_TIER_DEVICE,
+                          grads_on_device ? FSO_TIER_DEVICE : FSO_TIER_HOST);
+                cfg.optimizer_overlap = (fso_overlap)mode;
+                cfg.grad_clip = 0;
+                cfg.sched.type = FSO_SCHED_CONSTANT;
+                cfg.optim.lr = 1e30; /* the first update throws the weights to ~1e30 */
+                run(&cfg, NULL, &r);
+                const char *says = mode == FSO_OVERLAP_BACKWARD ? "gradients are not finite"
+                                                                : "update was not applied";
+                if (r.rc != -ERANGE || !strstr(r.err, "diverged") || !strstr(r.err, says))
+                    fail_msg("%s, schedule %d, optimizer state on tier %d: rc %d, \"%s\"",
+                             backends[be], mode, cfg.offload.optim_tier, r.rc, r.err);
+                result_free(&r);
+            }
 }
 
 /* Optimizer state streamed from NVMe in chunks smaller than a shard gives
@@ -925,6 +1001,8 @@ int main(void)
         cmocka_unit_test(test_gpu_paths_give_cpu_bits_one_device),
         cmocka_unit_test(test_gpu_paths_give_cpu_bits_two_devices),
         cmocka_unit_test(test_gpu_paths_give_cpu_bits_bf16),
+        cmocka_unit_test(test_non_finite_gradients_stop_every_schedule),
+        cmocka_unit_test(test_a_step_waits_for_the_device_only_at_its_end),
         cmocka_unit_test(test_nvme_streaming_in_chunks_matches_memory),
         cmocka_unit_test(test_device_counts_agree),
         cmocka_unit_test(test_device_cap_too_small_fails_before_training),
