@@ -643,6 +643,77 @@ static void test_sqnorm_is_exact_and_the_same_bits_from_host_memory(void **state
     dfree(be, d_x);
 }
 
+/* sum: a micro-batch's losses reach the host without a wait, in double,
+ * the same bits from device and host memory, delivered by sync() or by
+ * wait_mark() of a later mark. */
+static void test_sum_is_exact_and_delivered_by_a_later_mark(void **state)
+{
+    (void)state;
+    fso_backend *be = cu[0];
+    const size_t n = 1000003;
+    float *x = hrand(n, 9);
+    float *d_x = dput(be, x, n);
+    double exact = 0, dev = 0, host = 0, marked = 0.25;
+    for (size_t i = 0; i < n; i++)
+        exact += x[i];
+    be->ops->sum(be, &dev, d_x, n);
+    assert_int_equal(be->ops->sync(be), 0);
+    assert_true(fabs(dev - exact) <= 1e-9 * fabs(exact) + 1e-9);
+    be->ops->sum(be, &host, x, n); /* pageable host memory: summed on the CPU */
+    assert_true(memcmp(&dev, &host, sizeof dev) == 0);
+    be->ops->sum(be, &marked, d_x, n);
+    be->ops->add(be, d_x, d_x, d_x, n); /* later work: the mark below is after the sum */
+    be->ops->wait_mark(be, be->ops->mark(be));
+    assert_true(marked == 0.25 + dev);
+    assert_int_equal(be->ops->sync(be), 0);
+    free(x);
+    dfree(be, d_x);
+}
+
+/* copy_d2h_after waits for the compute before its mark, and a copies-only
+ * mark tells the host when that copy (not later compute) is done; a full
+ * mark overwritten in the ring by copies-only ones still waits for all. */
+static void test_copy_marks_wait_for_copies(void **state)
+{
+    (void)state;
+    fso_backend *be = cu[0];
+    const size_t n = 1 << 22, bytes = sizeof(float) * n;
+    char err[256];
+    float *h = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    assert_true(h != MAP_FAILED);
+    if (fso_cuda_host_register(h, bytes, err, sizeof err) < 0) {
+        printf("pinning refused: %s\n", err);
+        munmap(h, bytes);
+        skip();
+    }
+    float *x = hrand(n, 11);
+    float *d_a = dput(be, x, n), *d_b = dnew(be, n);
+    assert_int_equal(be->ops->sync(be), 0);
+    be->ops->add(be, d_b, d_a, d_a, n); /* b = 2x */
+    uint64_t m = be->ops->mark(be);
+    be->ops->copy_d2h_after(be, h, d_b, bytes, m);
+    uint64_t c = be->ops->mark_copies(be);
+    for (int i = 0; i < 8; i++)
+        be->ops->add(be, d_a, d_a, d_a, n); /* later compute the wait need not cover */
+    be->ops->wait_mark(be, c);
+    for (size_t i = 0; i < n; i++)
+        if (h[i] != x[i] + x[i])
+            fail_msg("element %zu: %g, want %g", i, h[i], x[i] + x[i]);
+    double norm = 0;
+    be->ops->sqnorm(be, &norm, d_b, n);
+    uint64_t full = be->ops->mark(be);
+    for (int i = 0; i < 600; i++)
+        be->ops->mark_copies(be);
+    be->ops->wait_mark(be, full); /* its slot now holds a copies-only mark */
+    assert_true(norm > 0);
+    assert_int_equal(be->ops->sync(be), 0);
+    free(x);
+    dfree(be, d_a);
+    dfree(be, d_b);
+    assert_int_equal(fso_cuda_host_unregister(h, bytes), 0);
+    munmap(h, bytes);
+}
+
 /* ---------------------------------------------------------------- streams, memory, errors */
 
 /* A copy ordered after a mark waits for the compute before it (so it never
@@ -1081,6 +1152,8 @@ static int run_cuda_tests(void)
         cmocka_unit_test(test_cast_bf16_f32_matches_reference_bit_for_bit),
         cmocka_unit_test(test_cross_entropy_matches_reference),
         cmocka_unit_test(test_sqnorm_is_exact_and_the_same_bits_from_host_memory),
+        cmocka_unit_test(test_sum_is_exact_and_delivered_by_a_later_mark),
+        cmocka_unit_test(test_copy_marks_wait_for_copies),
         cmocka_unit_test(test_mark_frees_a_copy_source),
         cmocka_unit_test(test_adamw_matches_the_cpu_reference_bit_for_bit),
         cmocka_unit_test(test_cast_f32_bf16_matches_reference_bit_for_bit),

@@ -10,11 +10,14 @@
 #include <errno.h>
 #include <math.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -447,6 +450,84 @@ static void test_sqnorm_is_exact_and_thread_independent(void **state)
     gfree(x);
 }
 
+/* ---------------------------------------------------------------- sum */
+
+static void test_sum_is_exact_in_double(void **state)
+{
+    (void)state;
+    size_t n = 300001;
+    float *x = randbuf(n, 1);
+    double a = 1, b = 1, exact = 1;
+    ref->ops->sum(ref, &a, x, n);
+    fast->ops->sum(fast, &b, x, n);
+    for (size_t i = 0; i < n; i++)
+        exact += x[i];
+    assert_true(memcmp(&a, &exact, sizeof a) == 0);
+    assert_true(memcmp(&b, &exact, sizeof b) == 0);
+    gfree(x);
+}
+
+/* ---------------------------------------------------------------- cpu-async */
+
+/* The simulated discrete device keeps a GPU's rules: its memory is not the
+ * host's (a host store through a device pointer faults), and copies,
+ * ops and results happen only when the host waits for them. */
+static void test_async_device_keeps_a_gpus_rules(void **state)
+{
+    (void)state;
+    fso_backend *be = NULL;
+    assert_int_equal(fso_backend_create_virtual(&be, "cpu-async", 0, 2, 0), 0);
+    assert_int_equal(be->ops->host_addressable, 0);
+    const size_t n = 1000;
+    float *d = NULL, *d2 = NULL;
+    assert_int_equal(be->ops->buf_alloc(be, sizeof(float) * n, (void **)&d), 0);
+    assert_int_equal(be->ops->buf_alloc(be, sizeof(float) * n, (void **)&d2), 0);
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) { /* the host touching device memory must fault */
+        signal(SIGSEGV, SIG_DFL); /* not CMocka's handler */
+        signal(SIGBUS, SIG_DFL);
+        d[0] = 1.0f;
+        _exit(0);
+    }
+    int st = 0;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    assert_false(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+
+    float *x = randbuf(n, 1), *back = gbuf(n);
+    float src[4] = {1, 2, 3, 4}, out[4] = {0};
+    be->ops->copy_h2d(be, d, src, sizeof src);
+    src[0] = 10; /* refilled before any wait: the copy takes the new value */
+    be->ops->copy_d2h(be, out, d, sizeof out);
+    assert_true(out[0] == 0 && out[3] == 0); /* not there before a wait */
+    uint64_t copies = be->ops->mark_copies(be);
+    be->ops->wait_mark(be, copies);
+    assert_true(out[0] == 10 && out[3] == 4);
+
+    double total = 0, exact = 0;
+    be->ops->copy_h2d(be, d2, x, sizeof(float) * n);
+    be->ops->sum(be, &total, d2, n);
+    uint64_t after_sum = be->ops->mark_copies(be);
+    be->ops->add(be, d2, d2, d2, n);
+    be->ops->wait_mark(be, after_sum);
+    assert_true(total == 0); /* a copies-only mark does not deliver results */
+    be->ops->wait_mark(be, be->ops->mark(be));
+    for (size_t i = 0; i < n; i++)
+        exact += x[i];
+    assert_true(memcmp(&total, &exact, sizeof total) == 0);
+    be->ops->copy_d2h(be, back, d2, sizeof(float) * n);
+    assert_int_equal(be->ops->sync(be), 0);
+    for (size_t i = 0; i < n; i++)
+        assert_true(back[i] == x[i] + x[i]);
+    be->ops->buf_free(be, d);
+    be->ops->buf_free(be, d2);
+    assert_int_equal(be->mem_used_bytes, 0);
+    fso_backend_destroy(be);
+    gfree(x);
+    gfree(back);
+}
+
 /* ---------------------------------------------------------------- casts */
 
 /* The plain reference: bf16 is the top half of an fp32. */
@@ -586,6 +667,8 @@ int main(void)
         cmocka_unit_test(test_swiglu),
         cmocka_unit_test(test_cross_entropy),
         cmocka_unit_test(test_sqnorm_is_exact_and_thread_independent),
+        cmocka_unit_test(test_sum_is_exact_in_double),
+        cmocka_unit_test(test_async_device_keeps_a_gpus_rules),
         cmocka_unit_test(test_cast_bf16_f32_is_exact),
         cmocka_unit_test(test_cast_f32_bf16_rounds_to_nearest_even),
         cmocka_unit_test(test_unknown_backend_is_an_error),
