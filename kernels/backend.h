@@ -2,11 +2,16 @@
  *
  * A backend owns device memory and runs the ops of a Llama block forward and
  * backward. It is a table of function pointers plus a context, like
- * ggml-backend or fio's ioengine_ops. Two implementations live here:
+ * ggml-backend or fio's ioengine_ops. Implementations:
  *   - "cpu-ref": plain loops, one thread, written to be read; the reference
  *     every other implementation is tested against;
  *   - "cpu": the fast CPU path (OpenBLAS sgemm, OpenMP threads), the default
- *     where there is no GPU.
+ *     where there is no GPU;
+ *   - "cuda" (cuda_backend.h): NVIDIA GPUs;
+ *   - "cpu-async" (cpu_async.h): "cpu"'s math with a discrete GPU's rules
+ *     (device memory the host cannot touch, work that completes only when
+ *     the host waits), so tests hold the engine's GPU paths to "cpu"'s bits
+ *     on machines without a GPU.
  *
  * Conventions:
  *   - Pointers passed to ops are device pointers from buf_alloc (on the CPU

@@ -19,13 +19,23 @@
  *
  * Streams: each backend has four, compute, host-to-device, device-to-host
  * and collectives. Ops run on compute; copy_h2d and copy_d2h on their copy
- * streams; NCCL on the collective stream. The interface has no explicit
- * dependencies, so work is ordered as issued: before anything is queued on
- * one stream it waits (cudaStreamWaitEvent, never the host) for the work
- * already queued on the others. The host waits only in sync(), in sqnorm
- * (its result is a host scalar read on return), in all_reduce_f64 and
- * barrier (host buffers), in buf_free, and when a scratch buffer first
- * grows on a device without stream-ordered allocation.
+ * streams; NCCL on the collective stream. Work is ordered as issued: before
+ * anything is queued on one stream it waits (cudaStreamWaitEvent, never the
+ * host) for the work already queued on the others, except that the _after
+ * forms of copies and gathers wait only for the work before a mark (and for
+ * the host-to-device copies queued so far), which is how a staging copy
+ * runs while earlier compute does. Marks are events on every stream with
+ * work (mark) or on the two copy streams (mark_copies), kept in a ring of
+ * FSO_CUDA_MARKS.
+ *
+ * The host waits only in sync(), in wait_mark() (for that mark's events),
+ * in sqnorm and sum over host memory the device cannot read (summed on the
+ * CPU once the copies into it are done), in all_reduce_f64 and barrier
+ * (host buffers), in buf_free, and when a scratch buffer first grows on a
+ * device without stream-ordered allocation. sqnorm and sum results come
+ * back to pinned memory asynchronously and are added to their outputs by
+ * sync() or by wait_mark() of a later full mark, so a training step
+ * synchronises with the device once, at its end.
  *
  * Errors: ops return nothing; the first failure is kept (be->err has the
  * detail) and every later sync() returns it as a negative errno. A negative
