@@ -197,7 +197,13 @@ static int update_blocks_on_device(rank_state *rk, const fso_adamw_step *as, int
             be->ops->adamw(be, master + (a - lo), grad + (a - lo), m + (a - lo), v + (a - lo),
                            out, eb == sizeof(uint16_t), e - a, &c);
         }
-        int rc = pl->tier == FSO_TIER_DEVICE ? 0 : params_from_master(rk, b);
+        /* the master's copies down wait for these kernels, not for the
+         * compute queued meanwhile */
+        int rc = 0;
+        if (pl->tier != FSO_TIER_DEVICE) {
+            rk->opt_after = be->ops->mark(be);
+            rc = params_from_master(rk, b);
+        }
         if (rc < 0)
             return rc;
         rk->ready_mark[b] = be->ops->mark(be);

@@ -9,20 +9,24 @@
  *     one faults at once. Ops and copies clear the bit. (Under AArch64's
  *     top-byte-ignore such an address would not fault; there only the rules
  *     below check.)
- *   - Copies complete late. copy_h2d, copy_d2h and their _after forms are
- *     queued and run, in order, only when they must: before an op that
- *     computes (ops are ordered after every queued copy, as on the CUDA
- *     backend, where compute waits for the copy streams), at sync(), at
- *     wait_mark() of a mark taken after them, and when one of the device's
- *     collectives starts (fso_coll_create_async). A host that reads a copy's
- *     destination, or refills its source, before waiting sees stale or new
- *     data, and a run compared with the "cpu" backend's bits differs.
+ *   - Work completes late. Ops, copies and the device's collectives
+ *     (fso_coll_create_async) are queued and run only when the host waits:
+ *     at sync(), at wait_mark() for the work before that mark, and when
+ *     memory is freed. A host that reads a copy's destination, or refills
+ *     its source, before waiting sees stale or new data, and a run compared
+ *     with the "cpu" backend's bits differs. Ranks' collectives meet when
+ *     each rank's host waits past them.
  *   - sqnorm and sum results reach *out only at sync() or wait_mark() of a
- *     later mark.
- * What it cannot check: device-side ordering. Ops run at once, in the order
- * they are queued, so a copy or gather ordered after too early a mark (a
- * race between streams on a GPU) goes unnoticed here; test_cuda covers that
- * on a GPU.
+ *     later full mark (not of a mark_copies one).
+ *   - Work ordered after a mark only (copy_h2d_after, copy_d2h_after, a
+ *     gather with `after`) runs as early as the contract allows: right
+ *     after the work before that mark, its own stream's earlier work and
+ *     the host-to-device copies queued so far, ahead of compute queued in
+ *     between. A mark too early for what that compute still reads or
+ *     writes shows up as wrong bits, as it would as a race on a GPU.
+ * What it cannot check: the CUDA backend's own stream code (events, waits,
+ * the order it gives); test_cuda covers that on a GPU. And a race shows
+ * only in the interleavings a test's run produces.
  *
  * The math is the fast CPU backend's ("cpu"), so results have its bits;
  * AdamW is adamw_elem.h's. One mutex serialises everything: any host thread
@@ -49,6 +53,9 @@ typedef struct async_ctx async_ctx;
 
 /* One queued piece of work: a copy, an op with its arguments as the CUDA
  * backend would capture them at launch, or a collective. */
+/* The streams of the CUDA backend: the order rules follow them. */
+enum { S_COMPUTE, S_H2D, S_D2H, S_COLL, S_N };
+
 typedef struct work {
     void (*run)(async_ctx *x, const struct work *w);
     void *p[9];
@@ -82,6 +89,7 @@ struct async_ctx {
     uint64_t sums_made, sums_given;
     async_mark marks[MARKS];
     uint64_t n_marks;
+    uint64_t last[S_N];      /* 1 + the queue position of each stream's last work, 0 none */
     int rank;                /* in its collectives */
     uint64_t drains;         /* host waits that found work queued and left none */
     uint64_t syncs;          /* sync() calls */
@@ -141,15 +149,48 @@ static void deliver_sums(async_ctx *x, uint64_t upto)
     memmove(x->sums, x->sums + n, sizeof *x->sums * (size_t)(x->sums_made - x->sums_given));
 }
 
-static void push(fso_backend *be, const work *w)
+/* Queue w on stream s. Work ordered after everything (after 0) goes at
+ * the end. Work ordered after mark `after` only (the _after copies and
+ * gathers) goes as early as its contract allows: after the work before
+ * that mark, after its own stream's earlier work, and after every
+ * host-to-device copy queued so far. So it runs before compute queued
+ * between the mark and it, as it may on a GPU: a mark too early for what
+ * that compute still reads shows up as wrong bits. */
+static void push_after(fso_backend *be, const work *w, int s, uint64_t after)
 {
     async_ctx *x = CTX(be);
     pthread_mutex_lock(&x->mu);
-    size_t used = (size_t)(x->queued - x->done);
+    uint64_t at = x->queued;
+    const async_mark *m = &x->marks[after % MARKS];
+    if (after != 0 && m->ticket == after) {
+        at = m->work;
+        if (at < x->last[s])
+            at = x->last[s];
+        if (at < x->last[S_H2D])
+            at = x->last[S_H2D];
+        if (at < x->done)
+            at = x->done;
+    }
+    size_t used = (size_t)(x->queued - x->done), i = (size_t)(at - x->done);
     x->queue = grow(x->queue, &x->cap, used, sizeof *x->queue);
-    x->queue[used] = *w;
+    memmove(x->queue + i + 1, x->queue + i, sizeof *x->queue * (used - i));
+    x->queue[i] = *w;
     x->queued++;
+    /* positions after the insertion move up by one: marks taken after
+     * that point now also cover w (only stricter) */
+    for (int k = 0; k < MARKS; k++)
+        if (x->marks[k].work > at)
+            x->marks[k].work++;
+    for (int t = 0; t < S_N; t++)
+        if (x->last[t] > at)
+            x->last[t]++;
+    x->last[s] = at + 1;
     pthread_mutex_unlock(&x->mu);
+}
+
+static void push(fso_backend *be, const work *w)
+{
+    push_after(be, w, S_COMPUTE, 0);
 }
 
 /* Everything queued so far has run and its results are delivered. */
@@ -187,17 +228,28 @@ static void run_copy(async_ctx *x, const work *w)
         memmove(w->p[0], w->p[1], w->n);
 }
 
-static void as_copy(fso_backend *be, void *dst, const void *src, size_t bytes)
+static void as_copy_h2d_after(fso_backend *be, void *dst, const void *src, size_t bytes,
+                              uint64_t after)
 {
     if (bytes)
-        push(be, &(work){.run = run_copy, .p = {H(dst), H(src)}, .n = bytes});
+        push_after(be, &(work){.run = run_copy, .p = {H(dst), H(src)}, .n = bytes}, S_H2D, after);
 }
 
-static void as_copy_after(fso_backend *be, void *dst, const void *src, size_t bytes,
-                          uint64_t after)
+static void as_copy_d2h_after(fso_backend *be, void *dst, const void *src, size_t bytes,
+                              uint64_t after)
 {
-    (void)after; /* in order with everything: later than a GPU could be, never earlier */
-    as_copy(be, dst, src, bytes);
+    if (bytes)
+        push_after(be, &(work){.run = run_copy, .p = {H(dst), H(src)}, .n = bytes}, S_D2H, after);
+}
+
+static void as_copy_h2d(fso_backend *be, void *dst, const void *src, size_t bytes)
+{
+    as_copy_h2d_after(be, dst, src, bytes, 0);
+}
+
+static void as_copy_d2h(fso_backend *be, void *dst, const void *src, size_t bytes)
+{
+    as_copy_d2h_after(be, dst, src, bytes, 0);
 }
 
 static void run_memset0(async_ctx *x, const work *w)
@@ -486,8 +538,8 @@ static const fso_backend_ops async_ops = {
     .buf_alloc = as_buf_alloc,
     .buf_free = as_buf_free,
     .memset0 = as_memset0,
-    .copy_h2d = as_copy,
-    .copy_d2h = as_copy,
+    .copy_h2d = as_copy_h2d,
+    .copy_d2h = as_copy_d2h,
     .sync = as_sync,
     .embedding_fwd = as_embedding_fwd,
     .embedding_bwd = as_embedding_bwd,
@@ -507,10 +559,10 @@ static const fso_backend_ops async_ops = {
     .mark = as_mark,
     .wait_mark = as_wait_mark,
     .adamw = as_adamw,
-    .copy_h2d_after = as_copy_after,
+    .copy_h2d_after = as_copy_h2d_after,
     .cast_bf16_f32 = as_cast_bf16_f32,
     .cast_f32_bf16 = as_cast_f32_bf16,
-    .copy_d2h_after = as_copy_after,
+    .copy_d2h_after = as_copy_d2h_after,
     .mark_copies = as_mark_copies,
 };
 
@@ -593,9 +645,9 @@ static int ac_all_gather(fso_coll *c, int rank, const void *send, void *recv, si
                          fso_coll_dtype dt, uint64_t after)
 {
     async_coll *ac = c->ctx;
-    (void)after;
-    push(ac->bes[rank], &(work){.run = run_all_gather, .p = {H(send), H(recv)}, .n = count,
-                                .i = {(int)dt}, .coll = c});
+    push_after(ac->bes[rank], &(work){.run = run_all_gather, .p = {H(send), H(recv)}, .n = count,
+                                      .i = {(int)dt}, .coll = c},
+               S_COLL, after);
     return 0;
 }
 
@@ -609,8 +661,9 @@ static void run_reduce_scatter(async_ctx *x, const work *w)
 static int ac_reduce_scatter(fso_coll *c, int rank, const float *send, float *recv, size_t count)
 {
     async_coll *ac = c->ctx;
-    push(ac->bes[rank], &(work){.run = run_reduce_scatter, .p = {H(send), H(recv)}, .n = count,
-                                .coll = c});
+    push_after(ac->bes[rank], &(work){.run = run_reduce_scatter, .p = {H(send), H(recv)},
+                                      .n = count, .coll = c},
+               S_COLL, 0);
     return 0;
 }
 

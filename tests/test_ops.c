@@ -470,8 +470,9 @@ static void test_sum_is_exact_in_double(void **state)
 /* ---------------------------------------------------------------- cpu-async */
 
 /* The simulated discrete device keeps a GPU's rules: its memory is not the
- * host's (a host store through a device pointer faults), and copies,
- * ops and results happen only when the host waits for them. */
+ * host's (a host store through a device pointer faults); copies, ops and
+ * results happen only when the host waits for them; work ordered after a
+ * mark runs as early as the mark allows. */
 static void test_async_device_keeps_a_gpus_rules(void **state)
 {
     (void)state;
@@ -520,6 +521,16 @@ static void test_async_device_keeps_a_gpus_rules(void **state)
     assert_int_equal(be->ops->sync(be), 0);
     for (size_t i = 0; i < n; i++)
         assert_true(back[i] == x[i] + x[i]);
+    /* a copy ordered after a mark runs ahead of compute queued after the
+     * mark: that compute sees the copy, as it may on a GPU */
+    float one[4] = {1, 1, 1, 1}, two[4] = {2, 2, 2, 2}, seen[4];
+    be->ops->copy_h2d(be, d, one, sizeof one);
+    uint64_t m = be->ops->mark(be);
+    be->ops->add(be, d2, d, d, 4); /* queued after the mark: not protected by it */
+    be->ops->copy_h2d_after(be, d, two, sizeof two, m);
+    be->ops->copy_d2h(be, seen, d2, sizeof seen);
+    assert_int_equal(be->ops->sync(be), 0);
+    assert_true(seen[0] == 4 && seen[3] == 4);
     be->ops->buf_free(be, d);
     be->ops->buf_free(be, d2);
     assert_int_equal(be->mem_used_bytes, 0);
