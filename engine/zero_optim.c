@@ -274,8 +274,11 @@ static int update_blocks(rank_state *rk, const fso_adamw_step *as, int b0, int b
             (rc = unit_store(rk, &cur, FSO_KIND_V, &o[FSO_KIND_V], p[FSO_KIND_V])) < 0)
             return rc;
         if (!more || nxt.b != cur.b) {
-            /* block done: its parameters must be written before a forward reads them */
-            if ((rc = fso_zero_slot_wait(rk, &rk->oe, &o[FSO_KIND_PARAM], "parameters", cur.b)) < 0)
+            /* block done: its parameters must be written before a forward
+             * reads them (on a device, the copies in are ordered before any
+             * use there, so the host need not wait for them) */
+            if (fso_zero_locate(rk, cur.b, FSO_KIND_PARAM)->tier != FSO_TIER_DEVICE &&
+                (rc = fso_zero_slot_wait(rk, &rk->oe, &o[FSO_KIND_PARAM], "parameters", cur.b)) < 0)
                 return rc;
             mark_ready(rk, cur.b, as->t);
         }

@@ -91,8 +91,7 @@ struct async_ctx {
     uint64_t n_marks;
     uint64_t last[S_N];      /* 1 + the queue position of each stream's last work, 0 none */
     int rank;                /* in its collectives */
-    uint64_t drains;         /* host waits that found work queued and left none */
-    uint64_t syncs;          /* sync() calls */
+    fso_async_counts counts;
 };
 
 #define CTX(be) ((async_ctx *)(be)->ctx)
@@ -134,7 +133,7 @@ static void run_work(async_ctx *x, uint64_t upto)
     }
     memmove(x->queue, x->queue + n, sizeof *x->queue * (size_t)(x->queued - x->done));
     if (n > 0 && x->done == x->queued)
-        x->drains++;
+        x->counts.drains++;
 }
 
 /* Deliver the results computed by work numbered below upto. */
@@ -206,10 +205,14 @@ static void catch_up(async_ctx *x)
 
 static int as_buf_alloc(fso_backend *be, size_t bytes, void **out)
 {
+    async_ctx *x = CTX(be);
     void *p;
     int rc = fso_cpu_buf_alloc(be, bytes, &p);
     if (rc == 0)
         *out = device_of(p);
+    pthread_mutex_lock(&x->mu);
+    x->counts.allocs++;
+    pthread_mutex_unlock(&x->mu);
     return rc;
 }
 
@@ -269,7 +272,7 @@ static int as_sync(fso_backend *be)
     async_ctx *x = CTX(be);
     catch_up(x);
     pthread_mutex_lock(&x->mu);
-    x->syncs++;
+    x->counts.syncs++;
     pthread_mutex_unlock(&x->mu);
     return 0;
 }
@@ -596,13 +599,13 @@ int fso_backend_is_async(const fso_backend *be)
     return be && be->ops == &async_ops;
 }
 
-void fso_async_waits(fso_backend *be, uint64_t *syncs, uint64_t *drains)
+fso_async_counts fso_async_counts_of(fso_backend *be)
 {
     async_ctx *x = CTX(be);
     pthread_mutex_lock(&x->mu);
-    *syncs = x->syncs;
-    *drains = x->drains;
+    fso_async_counts c = x->counts;
     pthread_mutex_unlock(&x->mu);
+    return c;
 }
 
 struct fso_pool *fso_async_pool(fso_backend *be)

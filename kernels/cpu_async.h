@@ -16,12 +16,15 @@ int fso_backend_create_async(fso_backend **out, int device, int threads, size_t 
 void fso_backend_destroy_async(fso_backend *be);
 /* 1 when `be` is a cpu-async device. */
 int fso_backend_is_async(const fso_backend *be);
-/* How often host threads waited for the device so far: sync() calls, and
- * drains, waits of any kind that ran the device dry (on a GPU, the host and
- * the device taking turns). The simulation runs work in one queue, so a wait
- * for a copy counts as a drain when nothing was queued after it, where a GPU
- * would wait for the copy stream alone. */
-void fso_async_waits(fso_backend *be, uint64_t *syncs, uint64_t *drains);
+/* What a cpu-async device saw so far: sync() calls; drains, waits of any
+ * kind that ran the device dry (on a GPU, the host and the device taking
+ * turns; the simulation runs work in one queue, so a wait for a copy counts
+ * as one when nothing was queued after it, where a GPU would wait for the
+ * copy stream alone); and buffer allocations. */
+typedef struct fso_async_counts {
+    uint64_t syncs, drains, allocs;
+} fso_async_counts;
+fso_async_counts fso_async_counts_of(fso_backend *be);
 /* The thread pool its math runs on. */
 struct fso_pool *fso_async_pool(fso_backend *be);
 

@@ -72,7 +72,7 @@ typedef struct run_result {
     float *working;       /* the working parameters, widened to fp32 */
     size_t np;
     uint64_t peak_device, arena, nvme_read;
-    uint64_t syncs, drains; /* cpu-async: rank 0's waits for its device during the steps */
+    fso_async_counts dev; /* cpu-async: what rank 0's device saw during the steps */
     int rc;
     char err[512];
 } run_result;
@@ -96,9 +96,9 @@ static void run(const fso_config *cfg, hook_fn hook, run_result *out)
     if (hook)
         hook(&tr);
     fso_backend *be0 = fso_zero_model(tr.zero)->be;
-    uint64_t syncs0 = 0, drains0 = 0;
+    fso_async_counts dev0 = {0};
     if (fso_backend_is_async(be0))
-        fso_async_waits(be0, &syncs0, &drains0);
+        dev0 = fso_async_counts_of(be0);
     size_t bt = (size_t)cfg->micro_batch * cfg->data.seq_len, n = fso_trainer_step_tokens(cfg);
     int32_t *in = malloc(sizeof(int32_t) * n), *tg = malloc(sizeof(int32_t) * n);
     for (int s = 0; s < STEPS && out->rc == 0; s++) {
@@ -114,9 +114,10 @@ static void run(const fso_config *cfg, hook_fn hook, run_result *out)
             g_between(&tr, s + 1);
     }
     if (fso_backend_is_async(be0)) {
-        fso_async_waits(be0, &out->syncs, &out->drains);
-        out->syncs -= syncs0;
-        out->drains -= drains0;
+        out->dev = fso_async_counts_of(be0);
+        out->dev.syncs -= dev0.syncs;
+        out->dev.drains -= dev0.drains;
+        out->dev.allocs -= dev0.allocs;
     }
     out->np = fso_zero_model(tr.zero)->n_params;
     out->params = malloc(sizeof(float) * out->np);
@@ -307,8 +308,9 @@ static void test_gpu_paths_give_cpu_bits_bf16(void **s)
 /* A step synchronises with its device once, at its end (gradient norms,
  * losses, failures): not per micro-batch, not per block on the backward
  * schedule, not per chunk when the CPU updates parameters that live on the
- * device. Counted on cpu-async, over every placement and schedule. */
-static void test_a_step_waits_for_the_device_only_at_its_end(void **state)
+ * device; and it allocates no device memory. Counted on cpu-async, over
+ * every placement and schedule. */
+static void test_a_step_syncs_once_and_allocates_nothing(void **state)
 {
     (void)state;
     static const fso_tier tiers[][2] = {
@@ -329,12 +331,16 @@ static void test_a_step_waits_for_the_device_only_at_its_end(void **state)
             run(&cfg, NULL, &r);
             if (r.rc)
                 fail_msg("%s", r.err);
-            print_message("# tiers %d/%d, schedule %d: %llu syncs, %llu drains in %d steps\n",
-                          tiers[t][0], tiers[t][1], mode, (unsigned long long)r.syncs,
-                          (unsigned long long)r.drains, STEPS);
-            if (r.syncs != STEPS)
-                fail_msg("tiers %d/%d, schedule %d: %llu syncs in %d steps", tiers[t][0],
-                         tiers[t][1], mode, (unsigned long long)r.syncs, STEPS);
+            print_message("# tiers %d/%d, schedule %d: %llu syncs, %llu drains, %llu device "
+                          "allocations in %d steps\n",
+                          tiers[t][0], tiers[t][1], mode, (unsigned long long)r.dev.syncs,
+                          (unsigned long long)r.dev.drains, (unsigned long long)r.dev.allocs,
+                          STEPS);
+            if (r.dev.syncs != STEPS || r.dev.allocs != 0)
+                fail_msg("tiers %d/%d, schedule %d: %llu syncs and %llu device allocations in %d "
+                         "steps",
+                         tiers[t][0], tiers[t][1], mode, (unsigned long long)r.dev.syncs,
+                         (unsigned long long)r.dev.allocs, STEPS);
             result_free(&r);
         }
 }
@@ -1012,7 +1018,7 @@ int main(void)
         cmocka_unit_test(test_gpu_paths_give_cpu_bits_two_devices),
         cmocka_unit_test(test_gpu_paths_give_cpu_bits_bf16),
         cmocka_unit_test(test_non_finite_gradients_stop_every_schedule),
-        cmocka_unit_test(test_a_step_waits_for_the_device_only_at_its_end),
+        cmocka_unit_test(test_a_step_syncs_once_and_allocates_nothing),
         cmocka_unit_test(test_nvme_streaming_in_chunks_matches_memory),
         cmocka_unit_test(test_device_counts_agree),
         cmocka_unit_test(test_device_cap_too_small_fails_before_training),
