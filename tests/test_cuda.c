@@ -602,6 +602,27 @@ static void test_cross_entropy_matches_reference(void **state)
     }
 }
 
+/* Pinned host memory for a test whose point is asynchronous copies: the
+ * test is skipped when pinning is refused, as it would mean nothing. */
+static float *pinned_or_skip(size_t bytes)
+{
+    char err[256];
+    float *h = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    assert_true(h != MAP_FAILED);
+    if (fso_cuda_host_register(h, bytes, err, sizeof err) < 0) {
+        printf("pinning refused: %s\n", err);
+        munmap(h, bytes);
+        skip();
+    }
+    return h;
+}
+
+static void pinned_free(float *h, size_t bytes)
+{
+    assert_int_equal(fso_cuda_host_unregister(h, bytes), 0);
+    munmap(h, bytes);
+}
+
 /* ---------------------------------------------------------------- sqnorm */
 
 static void test_sqnorm_is_exact_and_the_same_bits_from_host_memory(void **state)
@@ -678,14 +699,7 @@ static void test_copy_marks_wait_for_copies(void **state)
     (void)state;
     fso_backend *be = cu[0];
     const size_t n = 1 << 22, bytes = sizeof(float) * n;
-    char err[256];
-    float *h = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    assert_true(h != MAP_FAILED);
-    if (fso_cuda_host_register(h, bytes, err, sizeof err) < 0) {
-        printf("pinning refused: %s\n", err);
-        munmap(h, bytes);
-        skip();
-    }
+    float *h = pinned_or_skip(bytes);
     float *x = hrand(n, 11);
     float *d_a = dput(be, x, n), *d_b = dnew(be, n);
     assert_int_equal(be->ops->sync(be), 0);
@@ -710,8 +724,7 @@ static void test_copy_marks_wait_for_copies(void **state)
     free(x);
     dfree(be, d_a);
     dfree(be, d_b);
-    assert_int_equal(fso_cuda_host_unregister(h, bytes), 0);
-    munmap(h, bytes);
+    pinned_free(h, bytes);
 }
 
 /* ---------------------------------------------------------------- streams, memory, errors */
@@ -779,14 +792,7 @@ static void test_mark_frees_a_copy_source(void **state)
     (void)state;
     fso_backend *be = cu[0];
     const size_t n = 1 << 22, bytes = sizeof(float) * n;
-    char err[256];
-    float *h = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    assert_true(h != MAP_FAILED);
-    if (fso_cuda_host_register(h, bytes, err, sizeof err) < 0) { /* pinned, or the test means nothing */
-        printf("pinning refused: %s\n", err);
-        munmap(h, bytes);
-        skip();
-    }
+    float *h = pinned_or_skip(bytes);
     float *d = dnew(be, n);
     for (size_t i = 0; i < n; i++)
         h[i] = (float)i;
@@ -808,8 +814,7 @@ static void test_mark_frees_a_copy_source(void **state)
     be->ops->wait_mark(be, first);
     free(back);
     dfree(be, d);
-    assert_int_equal(fso_cuda_host_unregister(h, bytes), 0);
-    munmap(h, bytes);
+    pinned_free(h, bytes);
 }
 
 /* h2d, compute and d2h on three streams, no sync in between: each waits for
