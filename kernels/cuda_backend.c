@@ -382,6 +382,18 @@ static int cu_sync(fso_backend *be)
     return fso_cuda_status(be);
 }
 
+/* [p, p + bytes) lies in a buffer of this backend. */
+static bool owned(fso_cuda_ctx *ctx, const void *p, size_t bytes)
+{
+    const char *c = p;
+    for (size_t i = 0; i < ctx->n_allocs; i++) {
+        const char *b = ctx->allocs[i].ptr;
+        if (c >= b && c + bytes <= b + ctx->allocs[i].bytes)
+            return true;
+    }
+    return false;
+}
+
 /* *out += sum of x^2 (square) or of x, in order on the compute stream; the
  * double comes back to pinned memory asynchronously and is added at the
  * next sync (or wait_mark of a later full mark), so taking a block's norm
@@ -397,7 +409,10 @@ static void reduce_to_host(fso_backend *be, double *out, const float *x, size_t 
     fso_cuda_check(be, cudaSetDevice(ctx->ordinal), "cudaSetDevice");
     struct cudaPointerAttributes a;
     memset(&a, 0, sizeof a);
-    if (cudaPointerGetAttributes(&a, x) != cudaSuccess) {
+    a.type = cudaMemoryTypeDevice;
+    /* the backend's own buffers without asking the driver (the hot path:
+     * a norm per block, a loss per micro-batch) */
+    if (!owned(ctx, x, n * sizeof *x) && cudaPointerGetAttributes(&a, x) != cudaSuccess) {
         cudaGetLastError();
         a.type = cudaMemoryTypeUnregistered;
     }
