@@ -131,8 +131,10 @@ static void run_work(async_ctx *x, uint64_t upto)
         n++;
         x->done++;
     }
+    if (n == 0)
+        return;
     memmove(x->queue, x->queue + n, sizeof *x->queue * (size_t)(x->queued - x->done));
-    if (n > 0 && x->done == x->queued)
+    if (x->done == x->queued)
         x->counts.drains++;
 }
 
@@ -145,7 +147,8 @@ static void deliver_sums(async_ctx *x, uint64_t upto)
         n++;
         x->sums_given++;
     }
-    memmove(x->sums, x->sums + n, sizeof *x->sums * (size_t)(x->sums_made - x->sums_given));
+    if (n > 0)
+        memmove(x->sums, x->sums + n, sizeof *x->sums * (size_t)(x->sums_made - x->sums_given));
 }
 
 /* Queue w on stream s. Work ordered after everything (after 0) goes at
