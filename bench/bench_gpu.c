@@ -9,8 +9,10 @@
  *       1 MiB to 512 MiB, each result checked
  *
  * Copies use the CUDA runtime directly on two streams, so "both" is what
- * the hardware does with both directions busy. Pinned memory is registered
- * the way the engine does it (fso_cuda_host_register over an mmap'd range).
+ * the hardware does with both directions busy; that part is bench_gpu_copy.c,
+ * built into the CUDA module (cuda_module.h) and called through its table.
+ * Pinned memory is registered the way the engine does it
+ * (fso_cuda_host_register over an mmap'd range).
  * Collectives go through fso_coll_create_nccl and the CUDA backend, one host
  * thread per GPU, as in training; bus bandwidth is nccl-tests' definition:
  * algbw = bytes / time with bytes the larger buffer, busbw = algbw (n-1)/n.
@@ -27,8 +29,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <time.h>
 
 #include "util.h"
 
@@ -106,155 +106,15 @@ static int parse_args(int argc, char **argv, bool h2d, size_t *bytes, double *se
 }
 
 #if FSO_HAVE_CUDA
-#include <cuda_runtime.h>
-
 #include "backend.h"
 #include "coll.h"
 #include "cuda_backend.h"
+#include "cuda_module.h"
 
 #define MAX_DEV 16
 
-
-
-#define CK(call)                                                                               \
-    do {                                                                                       \
-        cudaError_t e_ = (call);                                                               \
-        if (e_ != cudaSuccess) {                                                               \
-            fprintf(stderr, "fsoff bench: %s:%d: %s: %s\n", __FILE__, __LINE__, #call,        \
-                    cudaGetErrorString(e_));                                                   \
-            return -1.0;                                                                       \
-        }                                                                                      \
-    } while (0)
-
-/* ---------------------------------------------------------------- copies */
-
-enum { H2D, D2H, BOTH, N_DIRS };
-static const char *const dir_names[N_DIRS] = {"h2d", "d2h", "both"};
-
-struct copy_set {
-    int dev;
-    void *dev_in, *dev_out;   /* bytes each */
-    void *host_in, *host_out; /* bytes each */
-    cudaStream_t s[2];
-};
-
-/* GB/s (1e9 bytes) moved by `dir` copies of `bytes` for about `seconds`. */
-static double time_copies(struct copy_set *cs, int ncs, int dir, size_t bytes, double seconds)
-{
-    int reps = 1;
-    double t = 0;
-    for (int round = 0; round < 2; round++) {
-        for (int i = 0; i < ncs; i++) {
-            CK(cudaSetDevice(cs[i].dev));
-            CK(cudaDeviceSynchronize());
-        }
-        double t0 = (fso_now_ms() / 1e3);
-        for (int r = 0; r < reps; r++)
-            for (int i = 0; i < ncs; i++) {
-                CK(cudaSetDevice(cs[i].dev));
-                if (dir == H2D || dir == BOTH)
-                    CK(cudaMemcpyAsync(cs[i].dev_in, cs[i].host_in, bytes, cudaMemcpyHostToDevice,
-                                       cs[i].s[0]));
-                if (dir == D2H || dir == BOTH)
-                    CK(cudaMemcpyAsync(cs[i].host_out, cs[i].dev_out, bytes,
-                                       cudaMemcpyDeviceToHost, cs[i].s[1]));
-            }
-        for (int i = 0; i < ncs; i++) {
-            CK(cudaSetDevice(cs[i].dev));
-            CK(cudaDeviceSynchronize());
-        }
-        t = (fso_now_ms() / 1e3) - t0;
-        if (round == 0) { /* calibrate: the measured round lasts about `seconds` */
-            int want = (int)(seconds / (t > 1e-6 ? t : 1e-6));
-            reps = want < 2 ? 2 : want > 200 ? 200 : want;
-        }
-    }
-    double moved = (double)bytes * reps * ncs * (dir == BOTH ? 2 : 1);
-    return moved / t / 1e9;
-}
-
-struct copy_report {
-    double gbps[2][N_DIRS];      /* [pinned, pageable][dir]; < 0: not measured */
-    double all_gbps[N_DIRS];     /* pinned, every device at once */
-    char pin_note[512];
-};
-
-static int setup_copy_set(struct copy_set *cs, int dev, size_t bytes, int pinned, char *note,
-                          size_t notelen)
-{
-    memset(cs, 0, sizeof *cs);
-    cs->dev = dev;
-    if (cudaSetDevice(dev) != cudaSuccess || cudaMalloc(&cs->dev_in, bytes) != cudaSuccess ||
-        cudaMalloc(&cs->dev_out, bytes) != cudaSuccess ||
-        cudaMemset(cs->dev_out, 1, bytes) != cudaSuccess ||
-        cudaStreamCreateWithFlags(&cs->s[0], cudaStreamNonBlocking) != cudaSuccess ||
-        cudaStreamCreateWithFlags(&cs->s[1], cudaStreamNonBlocking) != cudaSuccess) {
-        snprintf(note, notelen, "device %d: cannot allocate 2 x %zu bytes", dev, bytes);
-        return -ENOMEM;
-    }
-    cs->host_in = mmap(NULL, 2 * bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (cs->host_in == MAP_FAILED) {
-        cs->host_in = NULL;
-        snprintf(note, notelen, "cannot map 2 x %zu bytes of host memory", bytes);
-        return -ENOMEM;
-    }
-    memset(cs->host_in, 1, 2 * bytes); /* fault the pages in */
-    cs->host_out = (char *)cs->host_in + bytes;
-    if (pinned) {
-        int rc = fso_cuda_host_register(cs->host_in, 2 * bytes, note, notelen);
-        if (rc < 0)
-            return rc;
-    }
-    return 0;
-}
-
-static void free_copy_set(struct copy_set *cs, size_t bytes, int pinned)
-{
-    cudaSetDevice(cs->dev);
-    if (cs->host_in) {
-        if (pinned)
-            fso_cuda_host_unregister(cs->host_in, 2 * bytes);
-        munmap(cs->host_in, 2 * bytes);
-    }
-    cudaFree(cs->dev_in);
-    cudaFree(cs->dev_out);
-    for (int i = 0; i < 2; i++)
-        if (cs->s[i])
-            cudaStreamDestroy(cs->s[i]);
-}
-
-static void run_copies(struct copy_report *rep, int ndev, size_t bytes, double seconds)
-{
-    for (int p = 0; p < 2; p++)
-        for (int d = 0; d < N_DIRS; d++)
-            rep->gbps[p][d] = rep->all_gbps[d] = -1;
-    for (int pinned = 1; pinned >= 0; pinned--) {
-        struct copy_set cs;
-        char note[512] = "";
-        if (setup_copy_set(&cs, 0, bytes, pinned, note, sizeof note) == 0)
-            for (int d = 0; d < N_DIRS; d++)
-                rep->gbps[pinned ? 0 : 1][d] = time_copies(&cs, 1, d, bytes, seconds);
-        else if (pinned)
-            snprintf(rep->pin_note, sizeof rep->pin_note, "%s", note);
-        else
-            fprintf(stderr, "fsoff bench h2d: pageable copies: %s\n", note);
-        free_copy_set(&cs, bytes, pinned);
-    }
-    if (ndev > 1 && !rep->pin_note[0]) {
-        struct copy_set cs[MAX_DEV];
-        int ok = 1, n = 0;
-        char note[512] = "";
-        for (; n < ndev && ok; n++)
-            ok = setup_copy_set(&cs[n], n, bytes, 1, note, sizeof note) == 0;
-        if (ok)
-            for (int d = 0; d < N_DIRS; d++)
-                rep->all_gbps[d] = time_copies(cs, ndev, d, bytes, seconds);
-        else
-            fprintf(stderr, "fsoff bench h2d: all-device copies: %s\n", note);
-        for (int i = 0; i < n; i++)
-            free_copy_set(&cs[i], bytes, 1);
-    }
-}
+#define N_DIRS FSO_CUDA_COPY_DIRS
+static const char *const dir_names[N_DIRS] = {"h2d", "d2h", "both"}; /* FSO_CUDA_COPY_* */
 
 /* ---------------------------------------------------------------- collectives */
 
@@ -384,9 +244,8 @@ static int run_collectives(struct coll_shared *sh, int ndev, double seconds, cha
     sh->max_bytes = coll_sizes[N_SIZES - 1];
     int rc = 0;
     for (int r = 0; r < ndev && rc == 0; r++) {
-        size_t fr = 0, tot = 0;
-        cudaSetDevice(r);
-        cudaMemGetInfo(&fr, &tot);
+        fso_gpu_info gi;
+        size_t fr = fso_gpu_info_query(r, &gi, err, errlen) == 0 ? gi.mem_free_bytes : 0;
         while (sh->max_bytes > coll_sizes[0] && 3 * sh->max_bytes > fr)
             sh->max_bytes /= 2;
         rc = fso_backend_create_cuda(&sh->be[r], r, 0, err, errlen);
@@ -489,9 +348,15 @@ int fso_bench_h2d(int argc, char **argv)
     if ((rc = gpus_here("h2d", &gi, &ndev)) != 0)
         return rc;
 
-    struct copy_report rep;
+    const fso_cuda_module_api *api;
+    char err[512] = "";
+    if (fso_cuda_module_load(&api, err, sizeof err) < 0) { /* gpus_here loaded it already */
+        fprintf(stderr, "fsoff: error: bench h2d: %s\n", err);
+        return 1;
+    }
+    fso_cuda_copy_report rep;
     memset(&rep, 0, sizeof rep);
-    run_copies(&rep, ndev, bytes, seconds);
+    api->bench_copies(&rep, ndev, bytes, seconds);
     printf("# host<->device copies: device 0 (%s, %s), %zu MiB per copy\n", gi.name,
            gi.pci_bus_id, bytes >> 20);
     printf("# %-10s %-6s %10s\n", "memory", "dir", "GB/s");

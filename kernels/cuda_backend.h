@@ -6,6 +6,19 @@
  * fso_build.h); callers guard with `#if FSO_HAVE_CUDA`, and a build without
  * CUDA reports why through fso_cuda_available().
  *
+ * Loading: the implementation is the CUDA module, libfso_cuda.so, the only
+ * part of fsoff linked with the CUDA runtime, cuBLAS and NCCL. These
+ * functions forward to it (cuda_loader.c) and load it with dlopen() on the
+ * first call that needs it: fso_cuda_available, fso_cuda_device_count,
+ * fso_gpu_info_query, creating a backend or an NCCL communicator, and
+ * pinning. Nothing else does, so a CPU run maps no CUDA library, and fsoff
+ * starts where they are absent. Where the module is looked for is
+ * cuda_loader.c's header ($FSO_CUDA_MODULE first). When it cannot be loaded
+ * (no NVIDIA driver, the module or a library it needs missing, a module from
+ * another build), each of them fails as "no device" does (-ENODEV, 0
+ * devices) with that reason and its fix in err. fso_backend_is_cuda never
+ * loads it.
+ *
  * Precision (a deviation from DESIGN §3, until the backend interface moves
  * to bf16 activations): the ops' buffers are fp32 like every other
  * backend's. bf16 working parameters (bf16.enabled) are stored and gathered
@@ -65,8 +78,8 @@
 #include "gpu_info.h"
 
 /* 0 when this build has CUDA and at least one device is visible. Otherwise
- * -ENOTSUP ("built without CUDA: ...") or -ENODEV ("no CUDA device: ...")
- * with the reason in err. */
+ * -ENOTSUP ("built without CUDA: ...") or -ENODEV ("no CUDA device: ...",
+ * or why the CUDA module cannot be loaded) with the reason in err. */
 int fso_cuda_available(char *err, size_t errlen);
 
 #if FSO_HAVE_CUDA
@@ -77,9 +90,9 @@ typedef enum fso_cuda_math {
     FSO_CUDA_MATH_FP32 = 1, /* plain fp32 (no TF32) */
 } fso_cuda_math;
 
-/* Number of CUDA devices; 0 with the reason in err ("no CUDA device:
- * CUDA driver version is insufficient for CUDA runtime version") when there
- * is no driver or no GPU. Never negative. */
+/* Number of CUDA devices; 0 with the reason in err ("no CUDA device: no
+ * NVIDIA driver: libcuda.so.1: cannot open shared object file ...") when
+ * there is no driver, no GPU or no loadable CUDA module. Never negative. */
 int fso_cuda_device_count(char *err, size_t errlen);
 
 /* A backend named "cuda" on CUDA device `device` (an ordinal as

@@ -1,5 +1,8 @@
 /* cuda_device.c — CUDA devices as the rest of fsoff sees them: how many,
- * what each is (gpu_info.h), and pinning host memory (cuda_backend.h). */
+ * what each is (gpu_info.h), and pinning host memory (cuda_backend.h). In
+ * the CUDA module: fso_gpu_info_query here leaves bf16_peak_tflops 0, and
+ * the main program's forwarder looks the name up in the peak table
+ * (cuda_module.h). */
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -64,7 +67,6 @@ int fso_gpu_info_query(int device, fso_gpu_info *out, char *err, size_t errlen)
     out->cc_minor = p.minor;
     if (out->mem_total_bytes == 0)
         out->mem_total_bytes = p.totalGlobalMem;
-    out->bf16_peak_tflops = fso_gpu_bf16_peak_tflops(p.name);
     return 0;
 }
 

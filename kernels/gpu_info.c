@@ -1,4 +1,4 @@
-/* gpu_info.c — the bf16 peak table and fso_cuda_available(), in every build.
+/* gpu_info.c — the bf16 peak table, in every build.
  *
  * The table holds dense (no 2:4 sparsity) bf16 tensor-core peaks with fp32
  * accumulation, the math fsoff's matmuls use. Source: vendor datasheets,
@@ -10,13 +10,8 @@
  */
 #include "gpu_info.h"
 
-#include <errno.h>
-#include <stdio.h>
 #include <string.h>
 #include <strings.h>
-
-#include "cuda_backend.h"
-#include "fso_build.h"
 
 struct peak {
     const char *need[3];   /* every one of these words is in the name */
@@ -78,21 +73,4 @@ double fso_gpu_bf16_peak_tflops(const char *name)
             return pk->tflops;
     }
     return 0;
-}
-
-int fso_cuda_available(char *err, size_t errlen)
-{
-#if FSO_HAVE_CUDA
-    char why[256] = "";
-    int n = fso_cuda_device_count(why, sizeof why);
-    if (n > 0)
-        return 0;
-    snprintf(err, errlen, "%s", why);
-    return -ENODEV;
-#else
-    snprintf(err, errlen, "built without CUDA: nvcc was not found or -Dcuda=disabled when fsoff "
-                          "was configured; install the CUDA toolkit, put nvcc on PATH and run "
-                          "meson setup --reconfigure -Dcuda=enabled");
-    return -ENOTSUP;
-#endif
 }

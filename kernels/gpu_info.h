@@ -3,8 +3,8 @@
  *
  * fso_gpu_bf16_peak_tflops() is plain C and exists in every build (the
  * planner uses it for machines it is not running on); fso_gpu_info_query()
- * asks the CUDA runtime and exists only where FSO_HAVE_CUDA is 1
- * (cuda_backend.h).
+ * asks the CUDA runtime, through the CUDA module, and exists only where
+ * FSO_HAVE_CUDA is 1 (cuda_backend.h).
  */
 #ifndef FSO_GPU_INFO_H
 #define FSO_GPU_INFO_H

@@ -1,0 +1,298 @@
+/* cuda_loader.c — cuda_backend.h as the main program has it: every function
+ * forwards to the CUDA module, libfso_cuda.so (cuda_module.h), which is
+ * loaded with dlopen() on the first call that needs a GPU, so fsoff starts,
+ * and runs on the CPU, where the CUDA libraries are absent, and maps none of
+ * them unless it uses a GPU.
+ *
+ * Loading, once: the module is looked for in
+ *   1. $FSO_CUDA_MODULE, when set (and then only there);
+ *   2. the executable's folder;
+ *   3. where `meson install` puts it, relative to the executable
+ *      (<bindir>/../<libdir>/fsoff; absolute when bindir or libdir is);
+ *   4. the build folder it was built in (build/fsoff and build/tests/
+ *      run uninstalled).
+ * The first file that exists is the one: if it cannot be loaded the
+ * reason is reported, and no other is tried. Before the module (and its
+ * cuBLAS, ~150 MB mapped) is loaded, the NVIDIA driver's libcuda.so.1 must
+ * load: without it there is no CUDA device, and the CUDA runtime would say
+ * only "driver version is insufficient".
+ *
+ * State: the one process-wide record below, written once under
+ * pthread_once and never unloaded. It is global because what it stands for
+ * is: a dlopen() handle, the libraries it mapped and the CUDA runtime's
+ * state behind them belong to the process, not to a caller, and a second
+ * copy could not be a second module. fso_backend_is_cuda peeks at it
+ * without loading (it is asked about every backend, CPU ones included).
+ */
+#include "cuda_backend.h"
+#include "cuda_module.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "fso_build.h"
+
+#if !FSO_HAVE_CUDA
+
+int fso_cuda_available(char *err, size_t errlen)
+{
+    snprintf(err, errlen, "built without CUDA: nvcc was not found or -Dcuda=disabled when fsoff "
+                          "was configured; install the CUDA toolkit, put nvcc on PATH and run "
+                          "meson setup --reconfigure -Dcuda=enabled");
+    return -ENOTSUP;
+}
+
+#else
+
+#include <dlfcn.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#define DRIVER_LIB "libcuda.so.1"
+
+static struct {
+    pthread_once_t once;
+    void *driver;                           /* libcuda.so.1, kept open */
+    void *handle;                           /* the module */
+    _Atomic(const fso_cuda_module_api *) api; /* NULL until loaded, and after a failure */
+    int rc;                                 /* 0 or -errno of the load */
+    char why[1024];                         /* its reason */
+} mod = {.once = PTHREAD_ONCE_INIT};
+
+int fso_cuda_module_open(const char *path, const fso_cuda_module_api **out, char *err,
+                         size_t errlen)
+{
+    *out = NULL;
+    if (access(path, R_OK) != 0) {
+        snprintf(err, errlen, "%s: %s", path, strerror(errno));
+        return -ENOENT;
+    }
+    dlerror();
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        const char *e = dlerror();
+        snprintf(err, errlen, "cannot load the CUDA module %s: %s; install the CUDA %s runtime, "
+                              "cuBLAS and NCCL it was built with, or add their folder to "
+                              "LD_LIBRARY_PATH", path, e ? e : "(no reason given)",
+                 FSO_CUDA_VERSION);
+        return -ENOEXEC;
+    }
+    fso_cuda_module_get_api_fn get;
+    *(void **)&get = dlsym(h, FSO_CUDA_MODULE_SYMBOL);
+    const fso_cuda_module_api *api = get ? get() : NULL;
+    const fso_cuda_module_layout here = FSO_CUDA_MODULE_LAYOUT_HERE;
+    if (!api) {
+        snprintf(err, errlen, "%s is not an fsoff CUDA module (it has no %s); point "
+                              "FSO_CUDA_MODULE at the " FSO_CUDA_MODULE_FILE " built with this "
+                              "fsoff", path, FSO_CUDA_MODULE_SYMBOL);
+    } else if (api->abi != FSO_CUDA_MODULE_ABI || strcmp(api->version, FSO_VERSION) != 0 ||
+               memcmp(&api->layout, &here, sizeof here) != 0) {
+        snprintf(err, errlen, "%s is from another fsoff build (fsoff %s, module interface %u, "
+                              "%s struct sizes; this fsoff is %s, interface %u); rebuild or "
+                              "reinstall fsoff, or point FSO_CUDA_MODULE at the module built "
+                              "with it", path, api->version, api->abi,
+                 memcmp(&api->layout, &here, sizeof here) ? "different" : "the same",
+                 FSO_VERSION, FSO_CUDA_MODULE_ABI);
+        api = NULL;
+    }
+    if (!api) {
+        dlclose(h);
+        return -ENOEXEC;
+    }
+    *out = api;
+    return 0;
+}
+
+/* Append to buf (size len, holding a string) what fits of `s`. */
+static void append(char *buf, size_t len, const char *s)
+{
+    size_t at = strlen(buf);
+    if (at + 1 < len)
+        snprintf(buf + at, len - at, "%s", s);
+}
+
+/* The module's file into path (PATH_MAX bytes): $FSO_CUDA_MODULE, or the
+ * first candidate that exists; else -ENOENT with where it looked and the
+ * fix. */
+static int find_module(char *path, char *err, size_t errlen)
+{
+    const char *env = getenv("FSO_CUDA_MODULE");
+    if (env && *env) {
+        /* dlopen() searches the library path for a name without a slash */
+        int w = snprintf(path, PATH_MAX, "%s%s", strchr(env, '/') ? "" : "./", env);
+        if (w >= PATH_MAX || access(path, R_OK) != 0) {
+            snprintf(err, errlen, "FSO_CUDA_MODULE=%s: %s; point it at the " FSO_CUDA_MODULE_FILE
+                                  " built with this fsoff, or unset it", env,
+                     w >= PATH_MAX ? strerror(ENAMETOOLONG) : strerror(errno));
+            return -ENOENT;
+        }
+        return 0;
+    }
+    char exe[PATH_MAX] = "", up[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    exe[n > 0 ? n : 0] = 0;
+    char *slash = strrchr(exe, '/');
+    const char *dirs[3];
+    int nd = 0;
+    if (slash) {
+        *slash = 0;
+        dirs[nd++] = exe;
+        if (FSO_CUDA_MODULE_INSTALL_DIR[0] == '/')
+            dirs[nd++] = FSO_CUDA_MODULE_INSTALL_DIR;
+        else if (snprintf(up, sizeof up, "%s/%s", exe, FSO_CUDA_MODULE_INSTALL_DIR) <
+                 (int)sizeof up)
+            dirs[nd++] = up;
+    }
+    dirs[nd++] = FSO_CUDA_MODULE_BUILD_DIR;
+    char looked[1024] = "";
+    for (int i = 0; i < nd; i++) {
+        int w = snprintf(path, PATH_MAX, "%s/" FSO_CUDA_MODULE_FILE, dirs[i]);
+        if (w < PATH_MAX && access(path, R_OK) == 0)
+            return 0;
+        append(looked, sizeof looked, i == 0 ? "" : i + 1 < nd ? ", " : " or ");
+        append(looked, sizeof looked, dirs[i]);
+    }
+    snprintf(err, errlen, "the CUDA module " FSO_CUDA_MODULE_FILE " is not in %s; reinstall fsoff "
+                          "(meson install puts it in <libdir>/fsoff) or set FSO_CUDA_MODULE=/path/"
+                          "to/" FSO_CUDA_MODULE_FILE, looked);
+    return -ENOENT;
+}
+
+static void load_once(void)
+{
+    char path[PATH_MAX];
+    mod.rc = find_module(path, mod.why, sizeof mod.why);
+    if (mod.rc < 0)
+        return;
+    dlerror();
+    mod.driver = dlopen(DRIVER_LIB, RTLD_LAZY | RTLD_LOCAL);
+    if (!mod.driver) {
+        const char *e = dlerror();
+        snprintf(mod.why, sizeof mod.why, "no CUDA device: no NVIDIA driver: %s",
+                 e ? e : DRIVER_LIB " cannot be loaded");
+        mod.rc = -ENODEV;
+        return;
+    }
+    const fso_cuda_module_api *api;
+    mod.rc = fso_cuda_module_open(path, &api, mod.why, sizeof mod.why);
+    if (mod.rc < 0)
+        return;
+    atomic_store_explicit(&mod.api, api, memory_order_release);
+}
+
+int fso_cuda_module_load(const fso_cuda_module_api **out, char *err, size_t errlen)
+{
+    pthread_once(&mod.once, load_once);
+    *out = atomic_load_explicit(&mod.api, memory_order_acquire);
+    if (*out)
+        return 0;
+    snprintf(err, errlen, "%s", mod.why);
+    return -ENODEV;
+}
+
+/* The table of a module that must already be loaded: a CUDA backend exists. */
+static const fso_cuda_module_api *loaded(const char *fn)
+{
+    const fso_cuda_module_api *api = atomic_load_explicit(&mod.api, memory_order_acquire);
+    if (!api) {
+        fprintf(stderr, "%s:%d: %s: not a CUDA backend (the CUDA module was never loaded)\n",
+                __FILE__, __LINE__, fn);
+        abort();
+    }
+    return api;
+}
+
+/* ------------------------------------------------------------ cuda_backend.h */
+
+int fso_cuda_available(char *err, size_t errlen)
+{
+    const fso_cuda_module_api *api;
+    if (fso_cuda_module_load(&api, err, errlen) < 0)
+        return -ENODEV;
+    return api->device_count(err, errlen) > 0 ? 0 : -ENODEV;
+}
+
+int fso_cuda_device_count(char *err, size_t errlen)
+{
+    const fso_cuda_module_api *api;
+    if (fso_cuda_module_load(&api, err, errlen) < 0)
+        return 0;
+    return api->device_count(err, errlen);
+}
+
+int fso_gpu_info_query(int device, fso_gpu_info *out, char *err, size_t errlen)
+{
+    const fso_cuda_module_api *api;
+    memset(out, 0, sizeof *out);
+    if (fso_cuda_module_load(&api, err, errlen) < 0)
+        return -ENODEV;
+    int rc = api->gpu_info_query(device, out, err, errlen);
+    if (rc == 0)
+        out->bf16_peak_tflops = fso_gpu_bf16_peak_tflops(out->name);
+    return rc;
+}
+
+int fso_backend_create_cuda(fso_backend **out, int device, size_t mem_cap_bytes, char *err,
+                            size_t errlen)
+{
+    const fso_cuda_module_api *api;
+    *out = NULL;
+    if (fso_cuda_module_load(&api, err, errlen) < 0)
+        return -ENODEV;
+    return api->backend_create(out, device, mem_cap_bytes, err, errlen);
+}
+
+void fso_backend_destroy_cuda(fso_backend *be)
+{
+    if (be)
+        loaded(__func__)->backend_destroy(be);
+}
+
+int fso_backend_is_cuda(const fso_backend *be)
+{
+    const fso_cuda_module_api *api = atomic_load_explicit(&mod.api, memory_order_acquire);
+    return be && api && api->backend_is_cuda(be);
+}
+
+fso_cuda_math fso_cuda_get_math(const fso_backend *be)
+{
+    return loaded(__func__)->get_math(be);
+}
+
+void fso_cuda_set_math(fso_backend *be, fso_cuda_math math)
+{
+    loaded(__func__)->set_math(be, math);
+}
+
+int fso_cuda_host_register(void *ptr, size_t bytes, char *err, size_t errlen)
+{
+    const fso_cuda_module_api *api;
+    if (fso_cuda_module_load(&api, err, errlen) < 0)
+        return -ENODEV;
+    return api->host_register(ptr, bytes, err, errlen);
+}
+
+int fso_cuda_host_unregister(void *ptr, size_t bytes)
+{
+    char why[8];
+    const fso_cuda_module_api *api;
+    if (fso_cuda_module_load(&api, why, sizeof why) < 0)
+        return -ENODEV;
+    return api->host_unregister(ptr, bytes);
+}
+
+int fso_coll_create_nccl(fso_coll **out, int world, fso_backend **devices, char *err,
+                         size_t errlen)
+{
+    const fso_cuda_module_api *api;
+    *out = NULL;
+    if (fso_cuda_module_load(&api, err, errlen) < 0)
+        return -ENODEV;
+    return api->coll_create_nccl(out, world, devices, err, errlen);
+}
+
+#endif /* FSO_HAVE_CUDA */
