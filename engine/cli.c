@@ -55,7 +55,7 @@ static void usage(FILE *f)
  * request cannot be honoured. */
 static int select_devices(fso_config *cfg, const char *arg)
 {
-    char why[256] = "";
+    char why[1024] = "";
     long n = 0;
     const char *colon = strchr(arg, ':');
     size_t kind_len = colon ? (size_t)(colon - arg) : strlen(arg);
@@ -69,14 +69,18 @@ static int select_devices(fso_config *cfg, const char *arg)
             return -EINVAL;
         }
     }
+    const bool is_auto = kind_len == 4 && strncmp(arg, "auto", 4) == 0 && !colon;
+    const bool is_cuda = kind_len == 4 && strncmp(arg, "cuda", 4) == 0;
     int gpus = 0;
+    if (is_auto || is_cuda) { /* only these ask: that loads the CUDA module */
 #if FSO_HAVE_CUDA
-    if (fso_cuda_available(why, sizeof why) == 0)
-        gpus = fso_cuda_device_count(why, sizeof why);
+        if (fso_cuda_available(why, sizeof why) == 0)
+            gpus = fso_cuda_device_count(why, sizeof why);
 #else
-    fso_cuda_available(why, sizeof why);
+        fso_cuda_available(why, sizeof why);
 #endif
-    if (kind_len == 4 && strncmp(arg, "auto", 4) == 0 && !colon) {
+    }
+    if (is_auto) {
         snprintf(cfg->backend, sizeof cfg->backend, "%s", gpus ? "cuda" : "cpu");
         cfg->world = gpus ? gpus : 1;
         return 0;
@@ -86,7 +90,7 @@ static int select_devices(fso_config *cfg, const char *arg)
         cfg->world = colon ? (int)n : 1;
         return 0;
     }
-    if (kind_len == 4 && strncmp(arg, "cuda", 4) == 0) {
+    if (is_cuda) {
         if (gpus == 0) {
             fprintf(stderr, "fsoff: error: --devices %s: %s; use --devices cpu (or auto)\n", arg,
                     why);

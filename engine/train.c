@@ -187,7 +187,7 @@ int fso_train_run(const fso_config *cfg, const fso_run_opts *opts)
     fso_report rep = {0};
     int32_t *inputs = NULL, *targets = NULL;
     char err[512] = "";
-    char note[256];
+    char note[1536];
     int rc;
 
     double peak_tflops = 0; /* all devices, dense bf16; 0: unknown (no MFU) */
@@ -217,9 +217,9 @@ int fso_train_run(const fso_config *cfg, const fso_run_opts *opts)
                            : "fp32 storage");
     } else {
         int threads = cfg->threads > 0 ? cfg->threads : fso_cpu_count();
-        char why[200] = "";
+        char why[1040] = "";
         if (strcmp(opts->devices, "auto") == 0) {
-            char reason[160];
+            char reason[1024];
             fso_cuda_available(reason, sizeof reason);
             snprintf(why, sizeof why, " (%s)", reason);
         }
