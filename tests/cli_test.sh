@@ -168,6 +168,33 @@ for b in h2d allgather; do
     fi
 done
 
+# --- without a GPU or the CUDA libraries: help and a CPU run map no CUDA
+# library; FSO_CUDA_MODULE at a missing file stands for a CUDA build whose
+# module or libraries are absent: auto trains on the CPU saying why in its
+# one devices line, --devices cuda fails saying why (in a build without CUDA
+# the reason is that)
+cuda_libs='file=lib(cudart|cublas|cublasLt|nccl)\.so'
+if LD_DEBUG=files "$FSOFF" --help >/dev/null 2>"$TMP/ld1" &&
+   LD_DEBUG=files "$FSOFF" --devices cpu --steps 1 "${SMALL[@]}" >/dev/null 2>"$TMP/ld2" &&
+   ! grep -qE "$cuda_libs" "$TMP/ld1" "$TMP/ld2"; then
+    ok "help and a CPU run load no CUDA library"
+else
+    bad "help and a CPU run load no CUDA library" "$(grep -hE "$cuda_libs" "$TMP/ld1" "$TMP/ld2" | head -3)"
+fi
+nomod="$TMP/none/libfso_cuda.so"
+if FSO_CUDA_MODULE=$nomod "$FSOFF" --steps 1 "${SMALL[@]}" >"$TMP/out" 2>"$TMP/err" &&
+   grep 'devices auto: 1 CPU device' "$TMP/out" |
+       grep -qE "FSO_CUDA_MODULE=$nomod: No such file|built without CUDA"; then
+    ok "devices auto without the CUDA module: the CPU, and why"
+else
+    bad "devices auto without the CUDA module" "$(cat "$TMP/out" "$TMP/err" | head -5)"
+fi
+FSO_CUDA_MODULE=$nomod expect_error "devices cuda without the CUDA module" \
+    "--devices cuda: " "use --devices cpu" -- --devices cuda --steps 1
+if ! grep -qE "FSO_CUDA_MODULE=$nomod: No such file|built without CUDA" "$TMP/err"; then
+    bad "devices cuda without the CUDA module: the reason" "$(cat "$TMP/err")"
+fi
+
 expect_help=$("$FSOFF" --help)
 if echo "$expect_help" | grep -q -- '--metrics FILE' && "$FSOFF" --version | grep -q '^fsoff '; then
     ok "help and version"
