@@ -1,8 +1,7 @@
 /* cuda_loader.c — cuda_backend.h as the main program has it: every function
  * forwards to the CUDA module, libfso_cuda.so (cuda_module.h), which is
- * loaded with dlopen() on the first call that needs a GPU, so fsoff starts,
- * and runs on the CPU, where the CUDA libraries are absent, and maps none of
- * them unless it uses a GPU.
+ * loaded with dlopen() on the first call that needs a GPU, so fsoff starts
+ * where the CUDA libraries are absent and a CPU run maps none of them.
  *
  * Loading, once: the module is looked for in
  *   1. $FSO_CUDA_MODULE, when set (and then only there);
@@ -12,17 +11,18 @@
  *   4. the build folder it was built in (build/fsoff and build/tests/
  *      run uninstalled).
  * The first file that exists is the one: if it cannot be loaded the
- * reason is reported, and no other is tried. Before the module (and its
- * cuBLAS, ~150 MB mapped) is loaded, the NVIDIA driver's libcuda.so.1 must
- * load: without it there is no CUDA device, and the CUDA runtime would say
- * only "driver version is insufficient".
+ * reason is reported, and no other is tried. Before the module is loaded
+ * (with cuBLAS, ~150 MB of RSS), the NVIDIA driver's libcuda.so.1 must load:
+ * without it there is no CUDA device, and the CUDA runtime would say only
+ * "driver version is insufficient".
  *
  * State: the one process-wide record below, written once under
- * pthread_once and never unloaded. It is global because what it stands for
- * is: a dlopen() handle, the libraries it mapped and the CUDA runtime's
- * state behind them belong to the process, not to a caller, and a second
- * copy could not be a second module. fso_backend_is_cuda peeks at it
- * without loading (it is asked about every backend, CPU ones included).
+ * pthread_once. It is global because what it stands for is: a dlopen()ed
+ * library, the libraries it mapped and the CUDA runtime's state behind them
+ * belong to the process, not to a caller, and a second copy could not be a
+ * second module. The driver and the module stay loaded until the process
+ * ends (fsoff never unloads them), so their handles are not kept. fso_backend_is_cuda peeks at the table without loading (it is asked
+ * about every backend, CPU ones included).
  */
 #include "cuda_backend.h"
 #include "cuda_module.h"
@@ -56,11 +56,9 @@ int fso_cuda_available(char *err, size_t errlen)
 
 static struct {
     pthread_once_t once;
-    void *driver;                           /* libcuda.so.1, kept open */
-    void *handle;                           /* the module */
     _Atomic(const fso_cuda_module_api *) api; /* NULL until loaded, and after a failure */
-    int rc;                                 /* 0 or -errno of the load */
-    char why[1024];                         /* its reason */
+    int rc;                                   /* 0 or -errno of the load */
+    char why[1024];                           /* its reason */
 } mod = {.once = PTHREAD_ONCE_INIT};
 
 int fso_cuda_module_open(const char *path, const fso_cuda_module_api **out, char *err,
@@ -169,8 +167,7 @@ static void load_once(void)
     if (mod.rc < 0)
         return;
     dlerror();
-    mod.driver = dlopen(DRIVER_LIB, RTLD_LAZY | RTLD_LOCAL);
-    if (!mod.driver) {
+    if (!dlopen(DRIVER_LIB, RTLD_LAZY | RTLD_LOCAL)) {
         const char *e = dlerror();
         snprintf(mod.why, sizeof mod.why, "no CUDA device: no NVIDIA driver: %s",
                  e ? e : DRIVER_LIB " cannot be loaded");
