@@ -21,7 +21,8 @@
  * library, the libraries it mapped and the CUDA runtime's state behind them
  * belong to the process, not to a caller, and a second copy could not be a
  * second module. The driver and the module stay loaded until the process
- * ends (fsoff never unloads them), so their handles are not kept. fso_backend_is_cuda peeks at the table without loading (it is asked
+ * ends (fsoff never unloads them), so their handles are not kept.
+ * fso_backend_is_cuda peeks at the table without loading (it is asked
  * about every backend, CPU ones included).
  */
 #include "cuda_backend.h"
