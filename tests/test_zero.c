@@ -878,6 +878,10 @@ static void do_moves(fso_trainer *tr, int s)
     }
 }
 
+/* The backend of the moving run ("cpu" when NULL); the unmoved run it is
+ * compared with is always on "cpu". */
+static const char *g_move_backend;
+
 static void moves_keep_bits(int world, fso_tier p0, fso_tier o0, const move *moves, int n,
                             bool bf16)
 {
@@ -889,6 +893,8 @@ static void moves_keep_bits(int world, fso_tier p0, fso_tier o0, const move *mov
     run(&cfg, NULL, &base);
     assert_int_equal(base.rc, 0);
     set_tiers(&cfg, p0, o0);
+    if (g_move_backend)
+        snprintf(cfg.backend, sizeof cfg.backend, "%s", g_move_backend);
     g_moves = moves;
     g_nmoves = n;
     g_between = do_moves;
@@ -959,6 +965,19 @@ static void test_replan_failures_change_nothing(void **state)
         {2, FSO_TIER_NVME, FSO_TIER_HOST, 1, NULL, 0, 0, NULL},
     };
     moves_keep_bits(2, FSO_TIER_DEVICE, FSO_TIER_HOST, moves, 3, false);
+}
+
+/* Moving state between tiers mid-run on a device with a GPU's rules
+ * (cpu-async): the copies between device memory and the host keep the
+ * bits, and refused moves still change nothing. */
+static void test_replan_moves_keep_bits_on_a_gpu_like_device(void **state)
+{
+    g_move_backend = "cpu-async";
+    test_replan_moves_keep_bits_one_device(state);
+    test_replan_moves_keep_bits_two_devices(state);
+    test_replan_moves_keep_bits_bf16(state);
+    test_replan_failures_change_nothing(state);
+    g_move_backend = NULL;
 }
 
 static void test_replan_over_the_device_cap_changes_nothing(void **state)
@@ -1033,6 +1052,7 @@ int main(void)
         cmocka_unit_test(test_replan_moves_keep_bits_two_devices),
         cmocka_unit_test(test_replan_moves_keep_bits_bf16),
         cmocka_unit_test(test_replan_failures_change_nothing),
+        cmocka_unit_test(test_replan_moves_keep_bits_on_a_gpu_like_device),
         cmocka_unit_test(test_replan_over_the_device_cap_changes_nothing),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
