@@ -412,7 +412,7 @@ int fso_bench_allgather(int argc, char **argv)
         return rc;
 
     struct coll_shared *sh = calloc(1, sizeof *sh);
-    char coll_note[512] = "", err[512] = "";
+    char err[512] = "", coll_note[sizeof err + 16] = "";
     int coll_rc = -1, coll_wrong = 0;
     if (!sh) {
         snprintf(coll_note, sizeof coll_note, "out of host memory");
