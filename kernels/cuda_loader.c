@@ -12,9 +12,11 @@
  *      run uninstalled).
  * The first file that exists is the one: if it cannot be loaded the
  * reason is reported, and no other is tried. Before the module is loaded
- * (with cuBLAS, ~150 MB of RSS), the NVIDIA driver's libcuda.so.1 must load:
- * without it there is no CUDA device, and the CUDA runtime would say only
- * "driver version is insufficient".
+ * (with cuBLAS, ~150 MB of RSS), the NVIDIA driver's libcuda.so.1 must load
+ * and show this process at least one device: without a driver the CUDA
+ * runtime would say only "driver version is insufficient", and without a
+ * device (none installed, or CUDA_VISIBLE_DEVICES empty) the module would be
+ * mapped for nothing.
  *
  * State: the one process-wide record below, written once under
  * pthread_once. It is global because what it stands for is: a dlopen()ed
@@ -161,6 +163,38 @@ static int find_module(char *path, char *err, size_t errlen)
     return -ENOENT;
 }
 
+/* How many devices the driver shows this process (CUDA_VISIBLE_DEVICES
+ * applies), asked before the module is loaded: with none, the CUDA runtime
+ * and cuBLAS would be mapped for nothing. 0 when there is one or more (or
+ * the driver lacks the two calls: the runtime will say), else -ENODEV with
+ * the reason in why. */
+static int driver_devices(void *drv, char *why, size_t len)
+{
+    int (*init)(unsigned) = NULL, (*count)(int *) = NULL, (*name)(int, const char **) = NULL;
+    *(void **)&init = dlsym(drv, "cuInit");
+    *(void **)&count = dlsym(drv, "cuDeviceGetCount");
+    *(void **)&name = dlsym(drv, "cuGetErrorString");
+    if (!init || !count)
+        return 0;
+    int n = 0, e = init(0);
+    if (e == 0)
+        e = count(&n);
+    if (e == 0 && n > 0)
+        return 0;
+    const char *s = NULL;
+    if (e != 0 && name && name(e, &s) != 0)
+        s = NULL;
+    char detail[160];
+    if (e == 0)
+        snprintf(detail, sizeof detail, "it reports 0 devices");
+    else
+        snprintf(detail, sizeof detail, "cuInit: %s (error %d)", s ? s : "no description", e);
+    snprintf(why, len, "no CUDA device: the NVIDIA driver shows none to this process (%s); check "
+                       "nvidia-smi and CUDA_VISIBLE_DEVICES",
+             detail);
+    return -ENODEV;
+}
+
 static void load_once(void)
 {
     char path[PATH_MAX];
@@ -168,13 +202,16 @@ static void load_once(void)
     if (mod.rc < 0)
         return;
     dlerror();
-    if (!dlopen(DRIVER_LIB, RTLD_LAZY | RTLD_LOCAL)) {
+    void *drv = dlopen(DRIVER_LIB, RTLD_LAZY | RTLD_LOCAL);
+    if (!drv) {
         const char *e = dlerror();
         snprintf(mod.why, sizeof mod.why, "no CUDA device: no NVIDIA driver: %s",
                  e ? e : DRIVER_LIB " cannot be loaded");
         mod.rc = -ENODEV;
         return;
     }
+    if ((mod.rc = driver_devices(drv, mod.why, sizeof mod.why)) < 0)
+        return;
     const fso_cuda_module_api *api;
     mod.rc = fso_cuda_module_open(path, &api, mod.why, sizeof mod.why);
     if (mod.rc < 0)

@@ -195,6 +195,23 @@ if ! grep -qE "FSO_CUDA_MODULE=$nomod: No such file|built without CUDA" "$TMP/er
     bad "devices cuda without the CUDA module: the reason" "$(cat "$TMP/err")"
 fi
 
+# with the NVIDIA driver but no device it may use (a stand-in driver, built
+# in CUDA builds): the CPU, the driver's reason, and no CUDA module loaded
+stub="${FSO_BUILDDIR:-}/tests/driver_stub"
+if [ -e "$stub/libcuda.so.1" ]; then
+    if LD_LIBRARY_PATH="$stub${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" LD_DEBUG=files \
+           "$FSOFF" --steps 1 "${SMALL[@]}" >"$TMP/out" 2>"$TMP/ld3" &&
+       grep 'devices auto: 1 CPU device' "$TMP/out" |
+           grep -q "the NVIDIA driver shows none to this process (cuInit: no CUDA-capable" &&
+       grep -q "file=libcuda.so.1" "$TMP/ld3" &&
+       ! grep -qE "$cuda_libs|libfso_cuda" "$TMP/ld3"; then
+        ok "devices auto with a driver but no device: the CPU, why, and no CUDA module loaded"
+    else
+        bad "devices auto with a driver but no device" \
+            "$(grep 'devices' "$TMP/out" | head -2) $(grep -hE "$cuda_libs|libfso_cuda" "$TMP/ld3" | head -2)"
+    fi
+fi
+
 expect_help=$("$FSOFF" --help)
 if echo "$expect_help" | grep -q -- '--metrics FILE' && "$FSOFF" --version | grep -q '^fsoff '; then
     ok "help and version"
