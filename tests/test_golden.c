@@ -275,6 +275,9 @@ static void test_tied_matches_pytorch_fast(void **s) { (void)s; run_golden("llam
 static void test_tied_matches_pytorch_ref(void **s) { (void)s; run_golden("llama_tiny_tied.bin", (variant){"cpu-ref", false, 1, DEV, DEV}); }
 static void test_untied_matches_pytorch_two_devices(void **s) { (void)s; run_golden("llama_tiny_untied.bin", (variant){"cpu", true, 2, DEV, DEV}); }
 static void test_tied_matches_pytorch_two_devices_host_tier(void **s) { (void)s; run_golden("llama_tiny_tied.bin", (variant){"cpu", true, 2, HOST, HOST}); }
+/* the GPU paths on a device with a GPU's rules (kernels/cpu_async.h) */
+static void test_untied_matches_pytorch_gpu_rules(void **s) { (void)s; run_golden("llama_tiny_untied.bin", (variant){"cpu-async", true, 2, DEV, DEV}); }
+static void test_tied_matches_pytorch_gpu_rules_host_tier(void **s) { (void)s; run_golden("llama_tiny_tied.bin", (variant){"cpu-async", false, 1, HOST, HOST}); }
 
 int main(void)
 {
@@ -286,6 +289,8 @@ int main(void)
         cmocka_unit_test(test_tied_matches_pytorch_ref),
         cmocka_unit_test(test_untied_matches_pytorch_two_devices),
         cmocka_unit_test(test_tied_matches_pytorch_two_devices_host_tier),
+        cmocka_unit_test(test_untied_matches_pytorch_gpu_rules),
+        cmocka_unit_test(test_tied_matches_pytorch_gpu_rules_host_tier),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
