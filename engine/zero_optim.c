@@ -146,67 +146,88 @@ static bool device_update(const rank_state *rk)
            be->ops->adamw && be->ops->mark;
 }
 
+/* The working parameters of block b from its new master on the device:
+ * chunk by chunk, copied down and written where the parameters live (bf16:
+ * rounded), the next chunk's copy in flight while this one is written. */
 static int params_from_master(rank_state *rk, int b)
 {
     const fso_zero *z = rk->z;
     const size_t S = fso_zero_shard_elems(z, b), ch = rk->chunk_elems;
-    slot *o = rk->ochunk[0];
-    for (size_t c0 = 0; c0 < S; c0 += ch) {
-        unit u = {b, c0, S - c0 < ch ? S - c0 : ch};
-        float *master;
-        int rc = unit_fetch(rk, &u, FSO_KIND_MASTER, &o[FSO_KIND_MASTER], &master);
-        if (rc == 0)
-            rc = fso_zero_slot_wait(rk, &rk->oe, &o[FSO_KIND_MASTER], "master weights", b);
-        void *param = master;
-        if (rc == 0 && z->elem_bytes[FSO_KIND_PARAM] == sizeof(uint16_t)) {
-            param = fso_zero_xfer_dest(rk, b, FSO_KIND_PARAM, c0, &o[FSO_KIND_PARAM], true);
-            round_padding(param, master, 0, u.n);
+    const bool bf16 = z->elem_bytes[FSO_KIND_PARAM] == sizeof(uint16_t);
+    unit u[2] = {{b, 0, S < ch ? S : ch}};
+    float *master[2];
+    int k = 0;
+    int rc = unit_fetch(rk, &u[0], FSO_KIND_MASTER, &rk->ochunk[0][FSO_KIND_MASTER], &master[0]);
+    for (size_t c0 = 0; rc == 0 && c0 < S; c0 += ch, k ^= 1) {
+        slot *o = rk->ochunk[k], *next = rk->ochunk[k ^ 1];
+        if (c0 + ch < S) {
+            /* the other set's last write must be done before it is reused */
+            u[k ^ 1] = (unit){b, c0 + ch, S - (c0 + ch) < ch ? S - (c0 + ch) : ch};
+            if ((rc = set_wait(rk, next, b)) < 0 ||
+                (rc = unit_fetch(rk, &u[k ^ 1], FSO_KIND_MASTER, &next[FSO_KIND_MASTER],
+                                 &master[k ^ 1])) < 0)
+                break;
         }
-        if (rc == 0)
-            rc = unit_store(rk, &u, FSO_KIND_PARAM, &o[FSO_KIND_PARAM], param);
-        if (rc == 0)
-            rc = fso_zero_slot_wait(rk, &rk->oe, &o[FSO_KIND_PARAM], "parameters", b);
-        if (rc < 0)
-            return rc;
+        if ((rc = fso_zero_slot_wait(rk, &rk->oe, &o[FSO_KIND_MASTER], "master weights", b)) < 0)
+            break;
+        void *param = master[k];
+        if (bf16) {
+            param = fso_zero_xfer_dest(rk, b, FSO_KIND_PARAM, c0, &o[FSO_KIND_PARAM], true);
+            round_padding(param, master[k], 0, u[k].n);
+        }
+        rc = unit_store(rk, &u[k], FSO_KIND_PARAM, &o[FSO_KIND_PARAM], param);
     }
-    return 0;
+    for (int set = 0; set < 2 && rc == 0; set++)
+        rc = set_wait(rk, rk->ochunk[set], b);
+    return rc;
 }
 
-static int update_blocks_on_device(rank_state *rk, const fso_adamw_step *as, int b0, int b1)
+/* Block b's AdamW kernels, one per tensor range, queued on the device;
+ * parameters on the device are written by the same kernels. */
+static void launch_block_update(rank_state *rk, const fso_adamw_step *as, int b)
 {
     const fso_zero *z = rk->z;
     fso_backend *be = rk->be;
+    const fso_block_layout *bl = &z->blocks[b];
+    const size_t S = fso_zero_shard_elems(z, b), lo = (size_t)rk->rank * S, hi = lo + S;
+    float *master = fso_zero_locate(rk, b, FSO_KIND_MASTER)->ptr;
+    float *m = fso_zero_locate(rk, b, FSO_KIND_M)->ptr;
+    float *v = fso_zero_locate(rk, b, FSO_KIND_V)->ptr;
+    const float *grad = fso_zero_locate(rk, b, FSO_KIND_GRAD)->ptr;
+    const loc *pl = fso_zero_locate(rk, b, FSO_KIND_PARAM);
+    const size_t eb = z->elem_bytes[FSO_KIND_PARAM];
+    for (int t = 0; t < bl->n_tensors; t++) {
+        fso_adamw_step st = *as;
+        size_t a, e;
+        if (!tensor_part(z, &bl->tensors[t], lo, hi, &a, &e, &st))
+            continue;
+        fso_adamw_consts c;
+        fso_adamw_consts_init(&c, &st);
+        /* padding between tensors stays 0 in the master and so in the parameters */
+        void *out = pl->tier == FSO_TIER_DEVICE ? (char *)pl->ptr + eb * (a - lo) : NULL;
+        be->ops->adamw(be, master + (a - lo), grad + (a - lo), m + (a - lo), v + (a - lo), out,
+                       eb == sizeof(uint16_t), e - a, &c);
+    }
+}
+
+/* Blocks b0..b1 on the device, one ahead: block b+1's kernels are queued
+ * before block b's new master is copied down (parameters off the device),
+ * so the device computes while the host writes parameters. */
+static int update_blocks_on_device(rank_state *rk, const fso_adamw_step *as, int b0, int b1)
+{
+    fso_backend *be = rk->be;
+    launch_block_update(rk, as, b0);
     for (int b = b0; b <= b1; b++) {
-        const fso_block_layout *bl = &z->blocks[b];
-        const size_t S = fso_zero_shard_elems(z, b), lo = (size_t)rk->rank * S, hi = lo + S;
-        float *master = fso_zero_locate(rk, b, FSO_KIND_MASTER)->ptr;
-        float *m = fso_zero_locate(rk, b, FSO_KIND_M)->ptr;
-        float *v = fso_zero_locate(rk, b, FSO_KIND_V)->ptr;
-        const float *grad = fso_zero_locate(rk, b, FSO_KIND_GRAD)->ptr;
-        const loc *pl = fso_zero_locate(rk, b, FSO_KIND_PARAM);
-        const size_t eb = z->elem_bytes[FSO_KIND_PARAM];
-        for (int t = 0; t < bl->n_tensors; t++) {
-            fso_adamw_step st = *as;
-            size_t a, e;
-            if (!tensor_part(z, &bl->tensors[t], lo, hi, &a, &e, &st))
-                continue;
-            fso_adamw_consts c;
-            fso_adamw_consts_init(&c, &st);
-            /* padding between tensors stays 0 in the master and so in the parameters */
-            void *out = pl->tier == FSO_TIER_DEVICE ? (char *)pl->ptr + eb * (a - lo) : NULL;
-            be->ops->adamw(be, master + (a - lo), grad + (a - lo), m + (a - lo), v + (a - lo),
-                           out, eb == sizeof(uint16_t), e - a, &c);
+        const uint64_t updated = be->ops->mark(be); /* block b's kernels are before it */
+        if (b < b1)
+            launch_block_update(rk, as, b + 1);
+        if (fso_zero_locate(rk, b, FSO_KIND_PARAM)->tier != FSO_TIER_DEVICE) {
+            rk->opt_after = updated; /* the copies down wait for b's kernels only */
+            int rc = params_from_master(rk, b);
+            if (rc < 0)
+                return rc;
         }
-        /* the master's copies down wait for these kernels, not for the
-         * compute queued meanwhile */
-        int rc = 0;
-        if (pl->tier != FSO_TIER_DEVICE) {
-            rk->opt_after = be->ops->mark(be);
-            rc = params_from_master(rk, b);
-        }
-        if (rc < 0)
-            return rc;
-        rk->ready_mark[b] = be->ops->mark(be);
+        rk->ready_mark[b] = updated;
         mark_ready(rk, b, as->t);
     }
     return 0;

@@ -285,7 +285,12 @@ static uint64_t take_mark(fso_backend *be, bool copies_only)
     async_ctx *x = CTX(be);
     pthread_mutex_lock(&x->mu);
     uint64_t t = ++x->n_marks;
-    x->marks[t % MARKS] = (async_mark){t, x->queued, !copies_only};
+    /* a copies-only mark ends at the last copy queued (in either direction),
+     * not at the compute queued after it */
+    uint64_t end = x->queued;
+    if (copies_only)
+        end = x->last[S_H2D] > x->last[S_D2H] ? x->last[S_H2D] : x->last[S_D2H];
+    x->marks[t % MARKS] = (async_mark){t, end, !copies_only};
     pthread_mutex_unlock(&x->mu);
     return t;
 }
