@@ -36,6 +36,7 @@
 #include "adamw.h"
 #include "gpu_info.h"
 #include "rng.h"
+#include "small_model.h"
 #include "train.h"
 #include "zero.h"
 
@@ -1124,8 +1125,7 @@ static void test_nccl_matches_the_thread_collectives(void **state)
 
 /* ---------------------------------------------------------------- training end to end */
 
-/* Three steps of a small model (2 layers, hidden 64, 4 heads over 2 KV
- * heads, 2 micro-batches per step) on GPU `world` devices against the CPU
+/* Three steps of the small job (small_model.h) on `world` GPUs against the CPU
  * backend: same seed, data and placement. Declared tolerances on each
  * step's loss and gradient norm, relative: 1e-4 with fp32 matmuls, 3e-2 with
  * bf16 tensor cores. */
@@ -1137,28 +1137,15 @@ static void train_small(const char *backend, int world, fso_tier param, fso_tier
                         bool bf16, const char *nvme, train_trace *out)
 {
     fso_config cfg;
-    fso_config_defaults(&cfg);
-    cfg.model.hidden_size = 64;
-    cfg.model.intermediate_size = 128;
-    cfg.model.num_hidden_layers = 2;
-    cfg.model.num_attention_heads = 4;
-    cfg.model.num_key_value_heads = 2;
-    cfg.model.head_dim = 16;
-    cfg.data.seq_len = 32;
-    cfg.world = world;
-    cfg.micro_batch = 4 / world;
-    cfg.grad_accum = 2;
-    cfg.steps = 3;
-    cfg.sched.warmup_num_steps = 1;
-    cfg.threads = 2;
+    fso_test_small_model(&cfg, world, 4);
     cfg.bf16 = bf16;
     cfg.offload.param_tier = param;
     cfg.offload.optim_tier = optim;
     snprintf(cfg.offload.param_nvme_path, sizeof cfg.offload.param_nvme_path, "%s", nvme);
     snprintf(cfg.offload.optim_nvme_path, sizeof cfg.offload.optim_nvme_path, "%s", nvme);
     snprintf(cfg.backend, sizeof cfg.backend, "%s", backend);
-    if (strcmp(backend, "cpu") == 0)
-        cfg.device_mem_bytes = 256u << 20;
+    if (strcmp(backend, "cuda") == 0)
+        cfg.device_mem_bytes = 0; /* the GPU's free memory */
     fso_data data = {0};
     fso_trainer tr;
     if (fso_data_init(&data, &cfg) < 0)

@@ -32,30 +32,17 @@
 #include "config.h"
 #include "cpu_async.h"
 #include "data.h"
+#include "small_model.h"
 #include "train.h"
 #include "zero.h"
 
-#define STEPS 3
+#define STEPS FSO_TEST_STEPS
 
 static char nvme_dir[256];
 
 static void small_config(fso_config *cfg, int world, int global_batch)
 {
-    fso_config_defaults(cfg);
-    cfg->model.hidden_size = 64;
-    cfg->model.intermediate_size = 128;
-    cfg->model.num_hidden_layers = 2;
-    cfg->model.num_attention_heads = 4;
-    cfg->model.num_key_value_heads = 2;
-    cfg->model.head_dim = 16;
-    cfg->data.seq_len = 32;
-    cfg->world = world;
-    cfg->micro_batch = global_batch / world;
-    cfg->grad_accum = 2;
-    cfg->steps = STEPS;
-    cfg->sched.warmup_num_steps = 1;
-    cfg->threads = 2;
-    cfg->device_mem_bytes = 256u << 20;
+    fso_test_small_model(cfg, world, global_batch);
 }
 
 static void set_tiers(fso_config *cfg, fso_tier param, fso_tier optim)
