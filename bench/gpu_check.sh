@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # gpu_check.sh — fsoff on this machine's NVIDIA GPUs, in one go: build, the
-# GPU tests, host<->device and collective bandwidth (fsoff bench h2d and
+# GPU tests (a failure run again, synchronised and under memcheck, to name
+# its cause), host<->device and collective bandwidth (fsoff bench h2d and
 # allgather), and training tok/s of a ~1B-parameter model with its state on
 # the GPU, in host memory and on NVMe.
 #
@@ -115,6 +116,25 @@ if [ "$build_ok" = 1 ]; then
     cp "$BUILD/meson-logs/testlog.txt" "$WORK/testlog.txt" 2>/dev/null || true
 fi
 say "GPU tests: $(cat "$WORK/tests.status")"
+
+# A failure is run again to name its cause: every CUDA call waited for and
+# checked (FSO_CUDA_SYNC=1), under compute-sanitizer's memcheck when the
+# toolkit has it (out-of-bounds and misaligned accesses, with the kernel).
+echo "not run: the GPU tests did not fail" >"$WORK/rerun.status"
+if [ "$build_ok" = 1 ] && [ "$tests_ok" = 0 ] && ! grep -q '^skipped' "$WORK/tests.status"; then
+    t=$(box 120)
+    sanitizer=$(command -v compute-sanitizer || true)
+    say "GPU tests again, synchronised${sanitizer:+, under memcheck} (time box ${t}s)"
+    set +e
+    FSO_CUDA_SYNC=1 FSO_SRCDIR="$SRC" timeout "$t" \
+        ${sanitizer:+"$sanitizer" --tool memcheck --print-limit 20} "$BUILD/tests/test_cuda" \
+        >"$WORK/rerun.log" 2>&1
+    rc=$?
+    set -e
+    echo "exit $rc${sanitizer:+ under memcheck}$([ $rc -eq 124 ] && echo ", timed out after ${t}s")" \
+        >"$WORK/rerun.status"
+    say "GPU tests again: $(cat "$WORK/rerun.status")"
+fi
 
 # ---------------------------------------------------------------- bandwidth
 # fsoff bench h2d and allgather, each in its time box, into one object
@@ -278,6 +298,9 @@ if r["build"] != "ok":
 if r["tests"] != "ok" and os.path.exists(os.path.join(work, "testlog.txt")):
     lines = [l for l in rd("testlog.txt").splitlines() if not l.startswith("Inherited environment")]
     r["tests_log_tail"] = "\n".join(lines[-40:])
+r["tests_rerun"] = rd("rerun.status")
+if os.path.exists(os.path.join(work, "rerun.log")):
+    r["tests_rerun_log_tail"] = "\n".join(rd("rerun.log").splitlines()[-60:])
 tmp = report + ".tmp"
 json.dump(r, open(tmp, "w"), indent=2)
 os.replace(tmp, report)
@@ -289,6 +312,8 @@ print("gpu_check summary (%d s)" % elapsed)
 print("  GPUs:      %s" % ("; ".join(gpus) or "?"))
 print("  build:     %s" % r["build"])
 print("  GPU tests: %s" % r["tests"])
+if not r["tests_rerun"].startswith("not run"):
+    print("  rerun:     %s (tail in the report)" % r["tests_rerun"])
 b = r["bandwidth"]
 if isinstance(b, dict):
     c = b.get("copies_gbps", {})

@@ -159,6 +159,8 @@ void fso_cuda_end(fso_backend *be, fso_cuda_stream s, const char *what)
     ctx->gen[s]++;
     pthread_mutex_unlock(&ctx->mu);
     cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess && ctx->sync_each)
+        e = cudaStreamSynchronize(ctx->stream[s]);
     if (e != cudaSuccess)
         fso_cuda_check(be, e, what);
 }
@@ -666,6 +668,10 @@ int fso_backend_create_cuda(fso_backend **out, int device, size_t mem_cap_bytes,
     be->mem_cap_bytes = mem_cap_bytes;
     ctx->ordinal = device;
     ctx->math = math;
+    /* FSO_CUDA_SYNC=1: wait after every queued item and check it, so a
+     * failing kernel or copy is named (for debugging; slow) */
+    const char *sync_each = getenv("FSO_CUDA_SYNC");
+    ctx->sync_each = sync_each && strcmp(sync_each, "1") == 0;
 
     const char *what = "cudaSetDevice";
     cudaError_t e = cudaSetDevice(device);

@@ -50,6 +50,10 @@
  * sync() or by wait_mark() of a later full mark, so a training step
  * synchronises with the device once, at its end.
  *
+ * Debugging: FSO_CUDA_SYNC=1 (read when a backend is created) makes every
+ * op and copy wait for its stream and check it, so the first failing one
+ * is named in be->err; everything is then serialised and slow.
+ *
  * Errors: ops return nothing; the first failure is kept (be->err has the
  * detail) and every later sync() returns it as a negative errno. A negative
  * token id (embedding: it is not told the vocabulary size) or a target

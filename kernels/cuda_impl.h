@@ -50,6 +50,7 @@ typedef struct fso_cuda_ctx {
     int ordinal;
     int sm_count;
     fso_cuda_math math;
+    bool sync_each;                   /* FSO_CUDA_SYNC=1: wait and check after every item */
     cudaStream_t stream[FSO_CS_N];
     cudaEvent_t tail[FSO_CS_N];       /* recorded at the end of a stream's queued work */
     uint64_t gen[FSO_CS_N];           /* items queued on each stream */
