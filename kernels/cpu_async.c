@@ -25,8 +25,11 @@
  *     between. A mark too early for what that compute still reads or
  *     writes shows up as wrong bits, as it would as a race on a GPU.
  * What it cannot check: the CUDA backend's own stream code (events, waits,
- * the order it gives); test_cuda covers that on a GPU. And a race shows
- * only in the interleavings a test's run produces.
+ * the order it gives); test_cuda covers that on a GPU. A race shows only in
+ * the interleavings a test's run produces. And a mark taken between `after`
+ * and the work placed early covers that work here (it now runs before the
+ * mark's point), so a host that wrongly waits for such a mark to see that
+ * work is not caught.
  *
  * The math is the fast CPU backend's ("cpu"), so results have its bits;
  * AdamW is adamw_elem.h's. One mutex serialises everything: any host thread
