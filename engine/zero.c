@@ -210,15 +210,50 @@ out:
     return rc;
 }
 
+/* A mark of everything queued on be so far (0 where ops finish as they
+ * return); a mark of the copies only (backend.h mark_copies, else a full
+ * one); staging copies either way ordered after mark `after`. */
+static uint64_t mark(fso_backend *be)
+{
+    return be->ops->mark ? be->ops->mark(be) : 0;
+}
+
+static uint64_t mark_copies(fso_backend *be)
+{
+    return be->ops->mark_copies ? be->ops->mark_copies(be) : mark(be);
+}
+
+static void copy_in(fso_backend *be, void *dst, const void *src, size_t bytes, uint64_t after)
+{
+    if (be->ops->copy_h2d_after)
+        be->ops->copy_h2d_after(be, dst, src, bytes, after);
+    else
+        be->ops->copy_h2d(be, dst, src, bytes);
+}
+
+static void copy_out(fso_backend *be, void *dst, const void *src, size_t bytes, uint64_t after)
+{
+    if (be->ops->copy_d2h_after)
+        be->ops->copy_d2h_after(be, dst, src, bytes, after);
+    else
+        be->ops->copy_d2h(be, dst, src, bytes);
+}
+
+/* The slot's last device copy is done (its buffer may be reused). */
+static void copies_wait(rank_state *rk, slot *s)
+{
+    if (s->copied) {
+        rk->be->ops->wait_mark(rk->be, s->copied);
+        s->copied = 0;
+    }
+}
+
 /* Wait for the slot's I/O and device copies; an error is final for the
  * step: never compute from a partial or stale shard. */
 int fso_zero_slot_wait(rank_state *rk, errsink *es, slot *s, const char *what, int block)
 {
     int rc = 0;
-    if (s->copied) {
-        rk->be->ops->wait_mark(rk->be, s->copied);
-        s->copied = 0;
-    }
+    copies_wait(rk, s);
     if (!rk->store)
         return 0;
     pthread_mutex_lock(&rk->io_mu);
@@ -292,15 +327,11 @@ int fso_zero_xfer(rank_state *rk, errsink *es, uint64_t *bytes_done, int b, fso_
         /* ordered after the optimizer job's work only, and waited for by
          * fso_zero_slot_wait before the host touches s->buf again */
         const uint64_t after = es == &rk->oe ? rk->opt_after : 0;
-        if (write && be->ops->copy_h2d_after)
-            be->ops->copy_h2d_after(be, shard, s->buf, bytes, after);
-        else if (write)
-            be->ops->copy_h2d(be, shard, s->buf, bytes);
-        else if (be->ops->copy_d2h_after)
-            be->ops->copy_d2h_after(be, s->buf, shard, bytes, after);
+        if (write)
+            copy_in(be, shard, s->buf, bytes, after);
         else
-            be->ops->copy_d2h(be, s->buf, shard, bytes);
-        s->copied = be->ops->mark_copies ? be->ops->mark_copies(be) : be->ops->mark(be);
+            copy_out(be, s->buf, shard, bytes, after);
+        s->copied = mark_copies(be);
         return 0;
     }
     }
@@ -361,10 +392,7 @@ static int prefetch_params(rank_state *rk)
         }
         if (!s)
             break;
-        if (s->copied) { /* its last copy to the device is done (long since, as a rule) */
-            rk->be->ops->wait_mark(rk->be, s->copied);
-            s->copied = 0;
-        }
+        copies_wait(rk, s); /* its last copy to the device is done (long since, as a rule) */
         s->block = b;
         int rc = shard_fetch(rk, b, FSO_KIND_PARAM, s);
         if (rc < 0)
@@ -373,20 +401,6 @@ static int prefetch_params(rank_state *rk)
     return 0;
 }
 
-/* A mark of everything queued on be so far (0 where ops finish as they
- * return), and a staging copy ordered after mark `after` (backend.h). */
-static uint64_t mark(fso_backend *be)
-{
-    return be->ops->mark ? be->ops->mark(be) : 0;
-}
-
-static void copy_in(fso_backend *be, void *dst, const void *src, size_t bytes, uint64_t after)
-{
-    if (be->ops->copy_h2d_after)
-        be->ops->copy_h2d_after(be, dst, src, bytes, after);
-    else
-        be->ops->copy_h2d(be, dst, src, bytes);
-}
 
 /* Lend block b's full fp32 parameters. The rank's shard is gathered from
  * where it lives when the collective can read it there, else staged on the
@@ -448,7 +462,7 @@ static const float *src_params(void *ctx, int b)
                 copy_in(be, mine, s->buf, shard_bytes, after);
                 /* the slot may be read into again once this copy is done:
                  * prefetch_params waits for that, not for compute */
-                s->copied = be->ops->mark_copies ? be->ops->mark_copies(be) : mark(be);
+                s->copied = mark_copies(be);
             }
             if (s)
                 s->block = -1;

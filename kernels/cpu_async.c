@@ -100,6 +100,7 @@ struct async_ctx {
 #define CTX(be) ((async_ctx *)(be)->ctx)
 #define H(p) host_of(p)
 
+/* The host address of a device pointer; host pointers and NULL pass. */
 static void *host_of(const void *p)
 {
     return (void *)((uintptr_t)p & ~TAG);
@@ -393,7 +394,7 @@ static void run_matmul_bwd(async_ctx *x, const work *w)
 static void as_matmul_bwd(fso_backend *be, float *dx, float *dw, const float *dout,
                           const float *x, const float *w, int N, int Cin, int Cout, float beta)
 {
-    push(be, &(work){.run = run_matmul_bwd, .p = {dx ? H(dx) : NULL, H(dw), H(dout), H(x), H(w)},
+    push(be, &(work){.run = run_matmul_bwd, .p = {H(dx), H(dw), H(dout), H(x), H(w)},
                      .i = {N, Cin, Cout}, .f = beta});
 }
 
@@ -542,7 +543,7 @@ static void run_adamw(async_ctx *x, const work *w)
 static void as_adamw(fso_backend *be, float *master, const float *grad, float *m, float *v,
                      void *out, int out_bf16, size_t n, const fso_adamw_consts *c)
 {
-    push(be, &(work){.run = run_adamw, .p = {H(master), H(grad), H(m), H(v), out ? H(out) : NULL},
+    push(be, &(work){.run = run_adamw, .p = {H(master), H(grad), H(m), H(v), H(out)},
                      .i = {out_bf16}, .n = n, .c = *c});
 }
 

@@ -362,6 +362,15 @@ static uint64_t sq_queued(fso_cuda_ctx *ctx)
     return h;
 }
 
+/* Every stream drained and the results queued before it delivered. */
+static void drain_and_fold(fso_backend *be)
+{
+    fso_cuda_ctx *ctx = FSO_CUDA_CTX(be);
+    uint64_t upto = sq_queued(ctx);
+    drain_streams(be);
+    fold_sqnorms(ctx, upto);
+}
+
 static int cu_sync(fso_backend *be)
 {
     fso_cuda_ctx *ctx = FSO_CUDA_CTX(be);
@@ -370,9 +379,7 @@ static int cu_sync(fso_backend *be)
                                        cudaMemcpyDeviceToHost, s),
                    "sync: reading the error flags");
     fso_cuda_end(be, FSO_CS_COMPUTE, "sync");
-    uint64_t upto = sq_queued(ctx);
-    drain_streams(be);
-    fold_sqnorms(ctx, upto);
+    drain_and_fold(be);
     fso_cuda_check(be, cudaGetLastError(), "sync");
     unsigned f = __atomic_load_n(ctx->host_flags, __ATOMIC_RELAXED);
     if (f)
@@ -429,11 +436,8 @@ static void reduce_to_host(fso_backend *be, double *out, const float *x, size_t 
     pthread_mutex_lock(&ctx->mu);
     bool full = ctx->sq_head - ctx->sq_tail == FSO_CUDA_SQ_MAX;
     pthread_mutex_unlock(&ctx->mu);
-    if (full) { /* rare: that many results without a sync */
-        uint64_t upto = sq_queued(ctx);
-        drain_streams(be);
-        fold_sqnorms(ctx, upto);
-    }
+    if (full) /* rare: that many results without a sync */
+        drain_and_fold(be);
     cudaStream_t s = fso_cuda_begin(be, FSO_CS_COMPUTE);
     double *scr = fso_cuda_scratch(be, sizeof(double) * fso_cuda_reduce_scratch_elems(n));
     if (scr) {
@@ -511,10 +515,7 @@ static void cu_wait_mark(fso_backend *be, uint64_t ticket)
     memcpy(set, ctx->mark_set[i], sizeof set);
     pthread_mutex_unlock(&ctx->mu);
     if (held != ticket && (held & 1) && !(ticket & 1)) {
-        /* a copies-only mark took the slot of this full one: wait for all */
-        uint64_t upto = sq_queued(ctx);
-        drain_streams(be);
-        fold_sqnorms(ctx, upto);
+        drain_and_fold(be); /* a copies-only mark took this full one's slot: wait for all */
         return;
     }
     /* this mark, or a later one of at least its streams (a re-record in
