@@ -181,15 +181,17 @@ static void push_after(fso_backend *be, const work *w, int s, uint64_t after)
     x->queue = grow(x->queue, &x->cap, used, sizeof *x->queue);
     memmove(x->queue + i + 1, x->queue + i, sizeof *x->queue * (used - i));
     x->queue[i] = *w;
-    x->queued++;
-    /* positions after the insertion move up by one: marks taken after
+    /* placed early, positions after it move up by one: marks taken after
      * that point now also cover w (only stricter) */
-    for (int k = 0; k < MARKS; k++)
-        if (x->marks[k].work > at)
-            x->marks[k].work++;
-    for (int t = 0; t < S_N; t++)
-        if (x->last[t] > at)
-            x->last[t]++;
+    if (at < x->queued) {
+        for (int k = 0; k < MARKS; k++)
+            if (x->marks[k].work > at)
+                x->marks[k].work++;
+        for (int t = 0; t < S_N; t++)
+            if (x->last[t] > at)
+                x->last[t]++;
+    }
+    x->queued++;
     x->last[s] = at + 1;
     pthread_mutex_unlock(&x->mu);
 }
