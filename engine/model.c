@@ -99,14 +99,14 @@ static size_t tensor_offset(const fso_model *m, int bi, fso_tensor_kind kind)
     return t->offset_elems;
 }
 
-/* Tensor `kind` of block `bi` in the lent parameters / gradients. */
-static const float *P_(const fso_model *m, int bi, fso_tensor_kind kind)
+/* Tensor `kind` of block `bi` in the lent parameters [wt] / gradients. */
+static const void *P_(const fso_model *m, int bi, fso_tensor_kind kind)
 {
     if (!m->params[bi]) {
         fprintf(stderr, "%s:%d: block %d used without its parameters\n", __FILE__, __LINE__, bi);
         abort();
     }
-    return m->params[bi] + tensor_offset(m, bi, kind);
+    return (const char *)m->params[bi] + fso_dtype_size(m->wt) * tensor_offset(m, bi, kind);
 }
 
 static float *G_(const fso_model *m, int bi, fso_tensor_kind kind)
@@ -131,7 +131,7 @@ static int dalloc(fso_model *m, void *out, size_t bytes)
 }
 
 int fso_model_init(fso_model *m, const fso_model_config *mc, fso_backend *be, int B, int T,
-                   int world, bool checkpointing, bool bf16_acts)
+                   int world, bool checkpointing, bool bf16)
 {
     memset(m, 0, sizeof *m);
     m->mc = *mc;
@@ -140,7 +140,8 @@ int fso_model_init(fso_model *m, const fso_model_config *mc, fso_backend *be, in
     m->T = T;
     m->world = world;
     m->checkpointing = checkpointing;
-    m->bf16_acts = bf16_acts && checkpointing;
+    m->bf16_acts = bf16 && checkpointing;
+    m->wt = bf16 ? FSO_DT_BF16 : FSO_DT_F32;
 
     const int L = mc->num_hidden_layers, C = mc->hidden_size, F = mc->intermediate_size;
     const int H = mc->num_attention_heads, Hkv = mc->num_key_value_heads, D = mc->head_dim;
@@ -166,7 +167,7 @@ int fso_model_init(fso_model *m, const fso_model_config *mc, fso_backend *be, in
         for (int t = 0; t < m->blocks[i].n_tensors; t++)
             m->n_params += m->blocks[i].tensors[t].numel;
 
-    const size_t fN = sizeof(float) * N;
+    const size_t fN = sizeof(float) * N, wN = fso_dtype_size(m->wt) * N;
     if ((rc = dalloc(m, &m->tokens, sizeof(int32_t) * N)) < 0 ||
         (rc = dalloc(m, &m->targets, sizeof(int32_t) * N)) < 0 ||
         (rc = dalloc(m, &m->rope_cos, sizeof(float) * (size_t)T * (D / 2))) < 0 ||
@@ -180,25 +181,25 @@ int fso_model_init(fso_model *m, const fso_model_config *mc, fso_backend *be, in
         goto fail;
     for (int a = 0; a < m->n_acts; a++) {
         fso_layer_acts *x = &m->acts[a];
-        if ((rc = dalloc(m, &x->h1, fN * C)) < 0 || (rc = dalloc(m, &x->rstd1, fN)) < 0 ||
-            (rc = dalloc(m, &x->q, fN * H * D)) < 0 || (rc = dalloc(m, &x->k, fN * Hkv * D)) < 0 ||
-            (rc = dalloc(m, &x->v, fN * Hkv * D)) < 0 ||
-            (rc = dalloc(m, &x->probs, sizeof(float) * B * H * (size_t)T * T)) < 0 ||
-            (rc = dalloc(m, &x->att, fN * H * D)) < 0 || (rc = dalloc(m, &x->x2, fN * C)) < 0 ||
-            (rc = dalloc(m, &x->h2, fN * C)) < 0 || (rc = dalloc(m, &x->rstd2, fN)) < 0 ||
-            (rc = dalloc(m, &x->gate, fN * F)) < 0 || (rc = dalloc(m, &x->up, fN * F)) < 0 ||
-            (rc = dalloc(m, &x->act, fN * F)) < 0)
+        if ((rc = dalloc(m, &x->h1, wN * C)) < 0 || (rc = dalloc(m, &x->rstd1, fN)) < 0 ||
+            (rc = dalloc(m, &x->q, wN * H * D)) < 0 || (rc = dalloc(m, &x->k, wN * Hkv * D)) < 0 ||
+            (rc = dalloc(m, &x->v, wN * Hkv * D)) < 0 ||
+            (rc = dalloc(m, &x->probs, fso_dtype_size(m->wt) * B * H * (size_t)T * T)) < 0 ||
+            (rc = dalloc(m, &x->att, wN * H * D)) < 0 || (rc = dalloc(m, &x->x2, fN * C)) < 0 ||
+            (rc = dalloc(m, &x->h2, wN * C)) < 0 || (rc = dalloc(m, &x->rstd2, fN)) < 0 ||
+            (rc = dalloc(m, &x->gate, wN * F)) < 0 || (rc = dalloc(m, &x->up, wN * F)) < 0 ||
+            (rc = dalloc(m, &x->act, wN * F)) < 0)
             goto fail;
     }
     size_t rows = LOGITS_CHUNK_BYTES / (sizeof(float) * (size_t)V);
     m->chunk_rows = (int)(rows < 1 ? 1 : rows > N ? N : rows);
-    if ((rc = dalloc(m, &m->xf, fN * C)) < 0 || (rc = dalloc(m, &m->rstdf, fN)) < 0 ||
+    if ((rc = dalloc(m, &m->xf, wN * C)) < 0 || (rc = dalloc(m, &m->rstdf, fN)) < 0 ||
         (rc = dalloc(m, &m->logits, sizeof(float) * (size_t)m->chunk_rows * V)) < 0 ||
         (rc = dalloc(m, &m->losses, fN)) < 0 || (rc = dalloc(m, &m->dres, fN * C)) < 0 ||
-        (rc = dalloc(m, &m->dh, fN * C)) < 0 || (rc = dalloc(m, &m->dq, fN * H * D)) < 0 ||
-        (rc = dalloc(m, &m->dk, fN * Hkv * D)) < 0 || (rc = dalloc(m, &m->dv, fN * Hkv * D)) < 0 ||
-        (rc = dalloc(m, &m->datt, fN * H * D)) < 0 || (rc = dalloc(m, &m->dgate, fN * F)) < 0 ||
-        (rc = dalloc(m, &m->dup, fN * F)) < 0 || (rc = dalloc(m, &m->dact, fN * F)) < 0)
+        (rc = dalloc(m, &m->dh, fN * C)) < 0 || (rc = dalloc(m, &m->dq, wN * H * D)) < 0 ||
+        (rc = dalloc(m, &m->dk, wN * Hkv * D)) < 0 || (rc = dalloc(m, &m->dv, wN * Hkv * D)) < 0 ||
+        (rc = dalloc(m, &m->datt, wN * H * D)) < 0 || (rc = dalloc(m, &m->dgate, wN * F)) < 0 ||
+        (rc = dalloc(m, &m->dup, wN * F)) < 0 || (rc = dalloc(m, &m->dact, wN * F)) < 0)
         goto fail;
 
     {
@@ -318,57 +319,89 @@ size_t fso_model_activation_bytes(const fso_model *m)
 /* Mirrors the allocations of fso_model_init (each rounded to 64 bytes as
  * the CPU backend does); test_train checks the two agree. */
 size_t fso_model_activation_bytes_for(const fso_model_config *mc, int B, int T,
-                                      bool checkpointing, bool bf16_acts)
+                                      bool checkpointing, bool bf16)
 {
     const size_t L = (size_t)mc->num_hidden_layers, C = (size_t)mc->hidden_size;
     const size_t F = (size_t)mc->intermediate_size, V = (size_t)mc->vocab_size;
     const size_t H = (size_t)mc->num_attention_heads, Hkv = (size_t)mc->num_key_value_heads;
     const size_t D = (size_t)mc->head_dim, N = (size_t)B * T, fN = sizeof(float) * N;
+    const size_t wN = (bf16 ? sizeof(uint16_t) : sizeof(float)) * N;
 #define R64(x) (((size_t)(x) + 63) & ~(size_t)63)
     size_t total = 2 * R64(sizeof(int32_t) * N) + 2 * R64(sizeof(float) * (size_t)T * (D / 2));
-    if (bf16_acts && checkpointing)
+    if (bf16 && checkpointing)
         total += (L + 1) * R64(sizeof(uint16_t) * N * C) + 2 * R64(fN * C);
     else
         total += (L + 1) * R64(fN * C);
-    size_t per_layer = 3 * R64(fN * C) + 2 * R64(fN) + 2 * R64(fN * H * D) + 2 * R64(fN * Hkv * D) +
-                       R64(sizeof(float) * (size_t)B * H * (size_t)T * T) + 3 * R64(fN * F);
+    size_t per_layer = 2 * R64(wN * C) + R64(fN * C) + 2 * R64(fN) + 2 * R64(wN * H * D) +
+                       2 * R64(wN * Hkv * D) + R64(wN / N * (size_t)B * H * (size_t)T * T) +
+                       3 * R64(wN * F);
     total += (checkpointing ? 1 : L) * per_layer;
     size_t rows = LOGITS_CHUNK_BYTES / (sizeof(float) * V);
     rows = rows < 1 ? 1 : rows > N ? N : rows;
-    total += 3 * R64(fN * C) + 2 * R64(fN) + R64(sizeof(float) * rows * V) +
-             2 * R64(fN * H * D) + 2 * R64(fN * Hkv * D) + 3 * R64(fN * F);
+    total += R64(wN * C) + 2 * R64(fN * C) + 2 * R64(fN) + R64(sizeof(float) * rows * V) +
+             2 * R64(wN * H * D) + 2 * R64(wN * Hkv * D) + 3 * R64(wN * F);
 #undef R64
     return total;
 }
 
+static size_t max2(size_t a, size_t b)
+{
+    return a > b ? a : b;
+}
+
+/* The widest op in floats, argument by argument as cpu_dtype.c widens them
+ * (bf16 ones only; outputs that are fp32 need no space). */
+size_t fso_model_cpu_widen_bytes_for(const fso_model_config *mc, int B, int T)
+{
+    const size_t C = (size_t)mc->hidden_size, F = (size_t)mc->intermediate_size;
+    const size_t V = (size_t)mc->vocab_size, N = (size_t)B * T;
+    const size_t qd = (size_t)mc->num_attention_heads * mc->head_dim;
+    const size_t kvd = (size_t)mc->num_key_value_heads * mc->head_dim;
+    const size_t probs = (size_t)B * mc->num_attention_heads * (size_t)T * T;
+    size_t rows = LOGITS_CHUNK_BYTES / (sizeof(float) * V);
+    rows = rows < 1 ? 1 : rows > N ? N : rows;
+    size_t w = N * C + C;                                   /* rmsnorm_fwd */
+    w = max2(w, N * qd + N * C + qd * C);                   /* q (k, v are smaller) */
+    w = max2(w, N * qd + C * qd);                           /* o */
+    w = max2(w, N * F + N * C + F * C);                     /* gate, up (fwd and bwd) */
+    w = max2(w, 2 * N * F + C * F);                         /* down bwd */
+    w = max2(w, 2 * N * qd + C * qd);                       /* o bwd */
+    w = max2(w, rows * C + V * C);                          /* head */
+    w = max2(w, 3 * N * qd + 4 * N * kvd + probs);          /* attention bwd (fwd is less) */
+    w = max2(w, 5 * N * F);                                 /* swiglu bwd */
+    return sizeof(float) * w;
+}
+
 /* Forward of layer l from x (N,C). y (N,C) gets the output; y == NULL stops
- * after the MLP activation (what backward needs when recomputing). */
+ * after the MLP activation (what backward needs when recomputing). The
+ * branches' last matmuls write fp32 straight into the residual stream. */
 static void layer_forward(fso_model *m, int l, fso_layer_acts *a, const float *x, float *y)
 {
     fso_backend *be = m->be;
     const fso_backend_ops *op = be->ops;
     const fso_model_config *mc = &m->mc;
+    const fso_dtype wt = m->wt, f32 = FSO_DT_F32;
     const int B = m->B, T = m->T, N = B * T, C = mc->hidden_size, F = mc->intermediate_size;
     const int H = mc->num_attention_heads, Hkv = mc->num_key_value_heads, D = mc->head_dim;
     const int bi = 1 + l;
-    
-    op->rmsnorm_fwd(be, a->h1, a->rstd1, x, P_(m, bi, FSO_T_ATTN_NORM), N, C,
+
+    op->rmsnorm_fwd(be, a->h1, a->rstd1, x, P_(m, bi, FSO_T_ATTN_NORM), wt, N, C,
                     (float)mc->rms_norm_eps);
-    op->matmul_fwd(be, a->q, a->h1, P_(m, bi, FSO_T_Q), N, C, H * D);
-    op->matmul_fwd(be, a->k, a->h1, P_(m, bi, FSO_T_K), N, C, Hkv * D);
-    op->matmul_fwd(be, a->v, a->h1, P_(m, bi, FSO_T_V), N, C, Hkv * D);
-    op->rope(be, a->q, m->rope_cos, m->rope_sin, B, T, H, D, 0);
-    op->rope(be, a->k, m->rope_cos, m->rope_sin, B, T, Hkv, D, 0);
-    op->attention_fwd(be, a->att, a->probs, a->q, a->k, a->v, B, T, H, Hkv, D);
-    op->matmul_fwd(be, a->x2, a->att, P_(m, bi, FSO_T_O), N, H * D, C);
+    op->matmul_fwd(be, a->q, wt, a->h1, P_(m, bi, FSO_T_Q), wt, N, C, H * D);
+    op->matmul_fwd(be, a->k, wt, a->h1, P_(m, bi, FSO_T_K), wt, N, C, Hkv * D);
+    op->matmul_fwd(be, a->v, wt, a->h1, P_(m, bi, FSO_T_V), wt, N, C, Hkv * D);
+    op->rope(be, a->q, wt, m->rope_cos, m->rope_sin, B, T, H, D, 0);
+    op->rope(be, a->k, wt, m->rope_cos, m->rope_sin, B, T, Hkv, D, 0);
+    op->attention_fwd(be, a->att, a->probs, a->q, a->k, a->v, wt, B, T, H, Hkv, D);
+    op->matmul_fwd(be, a->x2, f32, a->att, P_(m, bi, FSO_T_O), wt, N, H * D, C);
     op->add(be, a->x2, a->x2, x, (size_t)N * C);
-    op->rmsnorm_fwd(be, a->h2, a->rstd2, a->x2, P_(m, bi, FSO_T_MLP_NORM), N, C,
+    op->rmsnorm_fwd(be, a->h2, a->rstd2, a->x2, P_(m, bi, FSO_T_MLP_NORM), wt, N, C,
                     (float)mc->rms_norm_eps);
-    op->matmul_fwd(be, a->gate, a->h2, P_(m, bi, FSO_T_GATE), N, C, F);
-    op->matmul_fwd(be, a->up, a->h2, P_(m, bi, FSO_T_UP), N, C, F);
-    op->swiglu_fwd(be, a->act, a->gate, a->up, (size_t)N * F);
+    op->matmul_fwd(be, a->gate, wt, a->h2, P_(m, bi, FSO_T_GATE), wt, N, C, F);
+    op->matmul_fwd(be, a->up, wt, a->h2, P_(m, bi, FSO_T_UP), wt, N, C, F);
+    op->swiglu_fwd(be, a->act, a->gate, a->up, wt, (size_t)N * F);
     if (y) {
-        op->matmul_fwd(be, y, a->act, P_(m, bi, FSO_T_DOWN), N, F, C);
+        op->matmul_fwd(be, y, f32, a->act, P_(m, bi, FSO_T_DOWN), wt, N, F, C);
         op->add(be, y, y, a->x2, (size_t)N * C);
     }
 }
@@ -379,28 +412,37 @@ static void layer_backward(fso_model *m, int l, const fso_layer_acts *a, const f
     fso_backend *be = m->be;
     const fso_backend_ops *op = be->ops;
     const fso_model_config *mc = &m->mc;
+    const fso_dtype wt = m->wt, f32 = FSO_DT_F32;
     const int B = m->B, T = m->T, N = B * T, C = mc->hidden_size, F = mc->intermediate_size;
     const int H = mc->num_attention_heads, Hkv = mc->num_key_value_heads, D = mc->head_dim;
     const int bi = 1 + l;
-    #define W(kind) P_(m, bi, kind)
+#define W(kind) P_(m, bi, kind)
 #define DW(kind) G_(m, bi, kind)
     /* y = x2 + down(silu(gate(h2)) * up(h2)) */
-    op->matmul_bwd(be, m->dact, DW(FSO_T_DOWN), m->dres, a->act, W(FSO_T_DOWN), N, F, C, 0.0f);
-    op->swiglu_bwd(be, m->dgate, m->dup, m->dact, a->gate, a->up, (size_t)N * F);
-    op->matmul_bwd(be, m->dh, DW(FSO_T_GATE), m->dgate, a->h2, W(FSO_T_GATE), N, C, F, 0.0f);
-    op->matmul_bwd(be, m->dh, DW(FSO_T_UP), m->dup, a->h2, W(FSO_T_UP), N, C, F, 1.0f);
-    op->rmsnorm_bwd(be, m->dres, DW(FSO_T_MLP_NORM), m->dh, a->x2, W(FSO_T_MLP_NORM), a->rstd2, N,
-                    C);
+    op->matmul_bwd(be, m->dact, wt, DW(FSO_T_DOWN), m->dres, f32, a->act, W(FSO_T_DOWN), wt, N, F,
+                   C, 0.0f);
+    op->swiglu_bwd(be, m->dgate, m->dup, m->dact, a->gate, a->up, wt, (size_t)N * F);
+    op->matmul_bwd(be, m->dh, f32, DW(FSO_T_GATE), m->dgate, wt, a->h2, W(FSO_T_GATE), wt, N, C,
+                   F, 0.0f);
+    op->matmul_bwd(be, m->dh, f32, DW(FSO_T_UP), m->dup, wt, a->h2, W(FSO_T_UP), wt, N, C, F,
+                   1.0f);
+    op->rmsnorm_bwd(be, m->dres, DW(FSO_T_MLP_NORM), m->dh, a->x2, W(FSO_T_MLP_NORM), wt, a->rstd2,
+                    N, C);
     /* x2 = x + o(attention(rope(q(h1)), rope(k(h1)), v(h1))) */
-    op->matmul_bwd(be, m->datt, DW(FSO_T_O), m->dres, a->att, W(FSO_T_O), N, H * D, C, 0.0f);
-    op->attention_bwd(be, m->dq, m->dk, m->dv, m->datt, a->probs, a->q, a->k, a->v, B, T, H, Hkv,
-                      D);
-    op->rope(be, m->dq, m->rope_cos, m->rope_sin, B, T, H, D, 1);
-    op->rope(be, m->dk, m->rope_cos, m->rope_sin, B, T, Hkv, D, 1);
-    op->matmul_bwd(be, m->dh, DW(FSO_T_Q), m->dq, a->h1, W(FSO_T_Q), N, C, H * D, 0.0f);
-    op->matmul_bwd(be, m->dh, DW(FSO_T_K), m->dk, a->h1, W(FSO_T_K), N, C, Hkv * D, 1.0f);
-    op->matmul_bwd(be, m->dh, DW(FSO_T_V), m->dv, a->h1, W(FSO_T_V), N, C, Hkv * D, 1.0f);
-    op->rmsnorm_bwd(be, m->dres, DW(FSO_T_ATTN_NORM), m->dh, x, W(FSO_T_ATTN_NORM), a->rstd1, N, C);
+    op->matmul_bwd(be, m->datt, wt, DW(FSO_T_O), m->dres, f32, a->att, W(FSO_T_O), wt, N, H * D,
+                   C, 0.0f);
+    op->attention_bwd(be, m->dq, m->dk, m->dv, m->datt, a->probs, a->q, a->k, a->v, wt, B, T, H,
+                      Hkv, D);
+    op->rope(be, m->dq, wt, m->rope_cos, m->rope_sin, B, T, H, D, 1);
+    op->rope(be, m->dk, wt, m->rope_cos, m->rope_sin, B, T, Hkv, D, 1);
+    op->matmul_bwd(be, m->dh, f32, DW(FSO_T_Q), m->dq, wt, a->h1, W(FSO_T_Q), wt, N, C, H * D,
+                   0.0f);
+    op->matmul_bwd(be, m->dh, f32, DW(FSO_T_K), m->dk, wt, a->h1, W(FSO_T_K), wt, N, C, Hkv * D,
+                   1.0f);
+    op->matmul_bwd(be, m->dh, f32, DW(FSO_T_V), m->dv, wt, a->h1, W(FSO_T_V), wt, N, C, Hkv * D,
+                   1.0f);
+    op->rmsnorm_bwd(be, m->dres, DW(FSO_T_ATTN_NORM), m->dh, x, W(FSO_T_ATTN_NORM), wt, a->rstd1,
+                    N, C);
 #undef W
 #undef DW
 }
@@ -466,7 +508,7 @@ static void forward_blocks(fso_model *m, const fso_block_source *src, const int3
     be->ops->copy_h2d(be, m->tokens, inputs, sizeof(int32_t) * (size_t)N);
     lend_params(m, src, 0);
     float *x = layer_out(m, 0);
-    be->ops->embedding_fwd(be, x, m->tokens, P_(m, 0, FSO_T_EMBED), N, C);
+    be->ops->embedding_fwd(be, x, m->tokens, P_(m, 0, FSO_T_EMBED), m->wt, N, C);
     keep(m, 0, x);
     return_params(m, src, 0);
     for (int l = 0; l < L; l++) {
@@ -480,7 +522,7 @@ static void forward_blocks(fso_model *m, const fso_block_source *src, const int3
     lend_params(m, src, L + 1);
     if (m->mc.tie_word_embeddings)
         lend_params(m, src, 0);
-    be->ops->rmsnorm_fwd(be, m->xf, m->rstdf, x, P_(m, L + 1, FSO_T_FINAL_NORM), N, C,
+    be->ops->rmsnorm_fwd(be, m->xf, m->rstdf, x, P_(m, L + 1, FSO_T_FINAL_NORM), m->wt, N, C,
                          (float)m->mc.rms_norm_eps);
 }
 
@@ -491,10 +533,16 @@ static void release_head(fso_model *m, const fso_block_source *src)
         return_params(m, src, 0);
 }
 
-static const float *head_weight(const fso_model *m)
+static const void *head_weight(const fso_model *m)
 {
     return m->mc.tie_word_embeddings ? P_(m, 0, FSO_T_EMBED)
                                      : P_(m, m->n_blocks - 1, FSO_T_LM_HEAD);
+}
+
+/* The final norm's output from row r0 on. */
+static const void *xf_rows(const fso_model *m, int r0)
+{
+    return (const char *)m->xf + fso_dtype_size(m->wt) * (size_t)r0 * m->mc.hidden_size;
 }
 
 static float *head_grad(const fso_model *m)
@@ -517,20 +565,22 @@ void fso_model_step(fso_model *m, const fso_block_source *src, const int32_t *in
     lend_grads(m, src, L + 1);
     if (m->mc.tie_word_embeddings)
         lend_grads(m, src, 0);
-    const float *Wh = head_weight(m);
+    const void *Wh = head_weight(m);
     float *dWh = head_grad(m);
     float dscale = grad_scale / (float)N;
+    const fso_dtype wt = m->wt, f32 = FSO_DT_F32;
     for (int r0 = 0; r0 < N; r0 += m->chunk_rows) {
         int rows = N - r0 < m->chunk_rows ? N - r0 : m->chunk_rows;
-        op->matmul_fwd(be, m->logits, m->xf + (size_t)r0 * C, Wh, rows, C, V);
+        const void *xf = xf_rows(m, r0);
+        op->matmul_fwd(be, m->logits, f32, xf, Wh, wt, rows, C, V);
         op->cross_entropy(be, m->logits, m->losses + r0, m->logits, m->targets + r0, rows, V,
                           dscale);
-        op->matmul_bwd(be, m->dh + (size_t)r0 * C, dWh, m->logits, m->xf + (size_t)r0 * C, Wh, rows,
-                       C, V, 0.0f);
+        op->matmul_bwd(be, m->dh + (size_t)r0 * C, f32, dWh, m->logits, f32, xf, Wh, wt, rows, C,
+                       V, 0.0f);
     }
     op->memset0(be, m->dres, sizeof(float) * (size_t)N * C);
     op->rmsnorm_bwd(be, m->dres, G_(m, L + 1, FSO_T_FINAL_NORM), m->dh, layer_input(m, L),
-                    P_(m, L + 1, FSO_T_FINAL_NORM), m->rstdf, N, C);
+                    P_(m, L + 1, FSO_T_FINAL_NORM), wt, m->rstdf, N, C);
     return_grads(m, src, L + 1);
     release_head(m, src);
 
@@ -559,10 +609,10 @@ void fso_model_forward_logits(fso_model *m, const fso_block_source *src, const i
     fso_backend *be = m->be;
     const int N = m->B * m->T, C = m->mc.hidden_size, V = m->mc.vocab_size;
     forward_blocks(m, src, inputs);
-    const float *Wh = head_weight(m);
+    const void *Wh = head_weight(m);
     for (int r0 = 0; r0 < N; r0 += m->chunk_rows) {
         int rows = N - r0 < m->chunk_rows ? N - r0 : m->chunk_rows;
-        be->ops->matmul_fwd(be, m->logits, m->xf + (size_t)r0 * C, Wh, rows, C, V);
+        be->ops->matmul_fwd(be, m->logits, FSO_DT_F32, xf_rows(m, r0), Wh, m->wt, rows, C, V);
         be->ops->copy_d2h(be, logits + (size_t)r0 * V, m->logits, sizeof(float) * (size_t)rows * V);
     }
     release_head(m, src);

@@ -66,18 +66,19 @@ typedef struct fso_block_layout {
     size_t padded_elems;    /* multiple of world * 1024 */
 } fso_block_layout;
 
-/* Activations of one layer (N = B*T rows). */
+/* Activations of one layer (N = B*T rows); [wt] ones are stored in the
+ * model's working type, the rest in fp32 (backend.h, "Types"). */
 typedef struct fso_layer_acts {
-    float *h1;       /* (N,C) attention RMSNorm output */
+    void *h1;        /* (N,C) [wt] attention RMSNorm output */
     float *rstd1;    /* (N) */
-    float *q;        /* (N,H*D) after RoPE */
-    float *k, *v;    /* (N,Hkv*D), k after RoPE */
-    float *probs;    /* (B,H,T,T) */
-    float *att;      /* (N,H*D) */
+    void *q;         /* (N,H*D) [wt] after RoPE */
+    void *k, *v;     /* (N,Hkv*D) [wt], k after RoPE */
+    void *probs;     /* (B,H,T,T) [wt] */
+    void *att;       /* (N,H*D) [wt] */
     float *x2;       /* (N,C) residual after attention */
-    float *h2;       /* (N,C) MLP RMSNorm output */
+    void *h2;        /* (N,C) [wt] MLP RMSNorm output */
     float *rstd2;    /* (N) */
-    float *gate, *up, *act; /* (N,F) */
+    void *gate, *up, *act; /* (N,F) [wt] */
 } fso_layer_acts;
 
 typedef struct fso_model {
@@ -85,12 +86,13 @@ typedef struct fso_model {
     fso_backend *be;
     int B, T, world;
     bool checkpointing;
+    fso_dtype wt;                 /* working type: the lent weights and [wt] activations */
 
     int n_blocks;                 /* L + 2 */
     fso_block_layout *blocks;
     size_t n_params;              /* real parameters, padding excluded */
     /* Lent by the block source while a block is in use, else NULL. */
-    const float **params;         /* per block, (padded_elems) device fp32 */
+    const void **params;          /* per block, (padded_elems) device [wt] */
     float **grads;                /* per block, (padded_elems) device fp32 */
 
     /* activations (device) */
@@ -104,12 +106,15 @@ typedef struct fso_model {
     fso_layer_acts *acts;         /* L sets, or 1 scratch set with checkpointing */
     int n_acts;
     float *rope_cos, *rope_sin;   /* (T, D/2) */
-    float *xf, *rstdf;            /* (N,C), (N) final norm */
+    void *xf;                     /* (N,C) [wt] final norm */
+    float *rstdf;                 /* (N) */
     float *logits;                /* (chunk_rows, V) */
     float *losses;                /* (N) */
     int chunk_rows;
-    /* backward scratch */
-    float *dres, *dh, *dq, *dk, *dv, *datt, *dgate, *dup, *dact;
+    /* backward scratch: the residual's gradient dres and dh (the sum of a
+     * norm's output gradients) fp32, the rest [wt] */
+    float *dres, *dh;
+    void *dq, *dk, *dv, *datt, *dgate, *dup, *dact;
 
     size_t device_bytes;          /* everything allocated on the backend */
     char err[512];
@@ -127,20 +132,23 @@ typedef struct fso_model {
  * into it. forward_logits uses params/release only. */
 typedef struct fso_block_source {
     void *ctx;
-    const float *(*params)(void *ctx, int block);
+    /* block's full parameters, (padded_elems) in the model's working type */
+    const void *(*params)(void *ctx, int block);
     void (*release)(void *ctx, int block);
     float *(*grads)(void *ctx, int block);
     void (*grads_done)(void *ctx, int block);
 } fso_block_source;
 
 /* Lay out blocks for cfg->model and allocate the activations for
- * micro-batch B x T on `be`. world sets the shard padding. bf16_acts (with
- * checkpointing; bf16.enabled) keeps each layer's input for backward as
- * bf16: the forward goes on from the rounded value, so the recomputation in
- * backward sees exactly what the forward saw. Returns 0 or negative errno
- * (message in model->err). */
+ * micro-batch B x T on `be`. world sets the shard padding. bf16
+ * (bf16.enabled) makes bf16 the working type: the block source lends bf16
+ * weights and the activations inside a layer are stored in bf16 (backend.h,
+ * "Types"); with checkpointing each layer's input is kept for backward as
+ * bf16 too, and the forward goes on from the rounded value, so the
+ * recomputation in backward sees exactly what the forward saw. Returns 0 or
+ * negative errno (message in model->err). */
 int fso_model_init(fso_model *model, const fso_model_config *mc, fso_backend *be, int B, int T,
-                   int world, bool checkpointing, bool bf16_acts);
+                   int world, bool checkpointing, bool bf16);
 void fso_model_free(fso_model *model);
 
 /* Lay out blocks only (no allocation): used by init and by tools that only
@@ -178,7 +186,12 @@ void fso_model_forward_logits(fso_model *model, const fso_block_source *src,
 size_t fso_model_activation_bytes(const fso_model *model);
 /* What fso_model_init would allocate, without allocating: for planning. */
 size_t fso_model_activation_bytes_for(const fso_model_config *mc, int B, int T,
-                                      bool checkpointing, bool bf16_acts);
+                                      bool checkpointing, bool bf16);
+
+/* The fp32 working space the CPU backends hold for this model's bf16
+ * tensors (kernels/cpu_dtype.c widens an op's bf16 arguments into it): the
+ * most any one op of a step needs. 0 without bf16. */
+size_t fso_model_cpu_widen_bytes_for(const fso_model_config *mc, int B, int T);
 
 /* Forward FLOPs per token (2 per multiply-add, attention included, causal
  * half counted): for tok/s and MFU reporting. */

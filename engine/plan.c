@@ -15,6 +15,7 @@
 #include <time.h>
 
 #include "cli.h"
+#include "adamw.h"
 #include "model.h"
 #include "probe.h"
 #include "topology.h"
@@ -151,8 +152,8 @@ int fso_plan_ctx_init(fso_plan_ctx *ctx, const fso_config *cfg, const fso_plan_m
     in->model.param_bytes = gpu || cfg->bf16 ? 2 : 4; /* CPU: bf16 working parameters */
     in->model.grad_bytes = gpu ? 2 : 4;
     in->model.state_bytes = 4;
-    /* what the engine allocates, on GPUs as on the CPU: fp32 buffers, the
-     * kept layer inputs bf16 with bf16.enabled and checkpointing */
+    /* what the engine allocates, on GPUs as on the CPU: with bf16.enabled
+     * the activations inside a layer and the kept layer inputs in bf16 */
     in->model.activation_bytes = fso_model_activation_bytes_for(
         mc, cfg->micro_batch, cfg->data.seq_len, cfg->activation_checkpointing, cfg->bf16);
 
@@ -180,8 +181,9 @@ int fso_plan_ctx_init(fso_plan_ctx *ctx, const fso_config *cfg, const fso_plan_m
     } else { /* engine/zero.c on the CPU backend */
         en->sync_grad_writes = true;
         en->opt_write_lag = 1;
-        if (cfg->bf16) /* the two fp32 windows the bf16 gather is widened into */
-            en->device_reserve_bytes = 2 * ((maxe * 4 + 4095) / 4096 * 4096);
+        if (cfg->bf16) /* the CPU backend's fp32 working space for bf16 tensors */
+            en->device_reserve_bytes = fso_model_cpu_widen_bytes_for(
+                mc, cfg->micro_batch, cfg->data.seq_len);
     }
     fso_plan_pins_none(&in->pins);
     return 0;
@@ -211,7 +213,7 @@ typedef struct calib {
 } calib;
 
 
-static const float *calib_params(void *ctx, int b)
+static const void *calib_params(void *ctx, int b)
 {
     calib *c = ctx;
     c->t_open[b] = fso_now_ms();
@@ -301,6 +303,10 @@ int fso_plan_calibrate_cpu(fso_plan_ctx *ctx, const fso_config *cfg, char *err, 
     }
     if (rc == 0) {
         fso_model_init_flat(&m, c.flat, 1);
+        if (m.wt == FSO_DT_BF16) /* lent as bf16: narrowed in place, front to back */
+            for (int b = 0; b < 3; b++)
+                for (size_t i = 0; i < m.blocks[b].padded_elems; i++)
+                    ((uint16_t *)c.flat[b])[i] = fso_bf16_from_f32(c.flat[b][i]);
         for (size_t i = 0; i < (size_t)B * T * 2; i++)
             tok[i] = (int32_t)((i * 2654435761u) % (uint32_t)one.vocab_size);
         fso_block_source src = {.ctx = &c, .params = calib_params, .release = calib_release,
@@ -733,19 +739,13 @@ int fso_plan_for_config(const fso_config *cfg, const fso_plan_pins *pins, fso_pl
 
 /* GPUs, the engine as it is (engine/zero.c) rather than DESIGN §5's: one
  * tier per kind, gathers, fp32 gradients, working parameters bf16 only with
- * bf16.enabled, and with them the two fp32 windows they are widened into. */
+ * bf16.enabled. */
 static void gpu_engine_as_built(fso_plan_ctx *ctx, const fso_config *cfg)
 {
     fso_plan_engine *en = &ctx->in.engine;
     en->per_block_tiers = en->per_kind_tiers = en->whole_copy = false;
     ctx->in.model.grad_bytes = 4;
     ctx->in.model.param_bytes = cfg->bf16 ? 2 : 4;
-    uint64_t maxe = 0;
-    for (int b = 0; b < ctx->in.model.n_blocks; b++)
-        if (ctx->block_elems[b] > maxe)
-            maxe = ctx->block_elems[b];
-    if (cfg->bf16)
-        en->device_reserve_bytes += 2 * ((maxe * 4 + 4095) / 4096 * 4096);
 }
 
 int fso_plan_for_config_gpus(const fso_config *cfg, const fso_plan_pins *pins,

@@ -402,20 +402,18 @@ static int prefetch_params(rank_state *rk)
 }
 
 
-/* Lend block b's full fp32 parameters. The rank's shard is gathered from
- * where it lives when the collective can read it there, else staged on the
- * device first. fp32 working parameters are gathered into the fp32 window
- * the model reads (world 1 on the device: the shard itself is lent); bf16
- * ones are gathered at half the bytes into pgbuf and widened into the
- * window by one cast (world 1: straight from the shard). */
-static const float *src_params(void *ctx, int b)
+/* Lend block b's full parameters, in their working type (bf16 or fp32: the
+ * model's). The rank's shard is gathered from where it lives when the
+ * collective can read it there, else staged on the device first, into the
+ * window the model reads (world 1 on the device: the shard itself is
+ * lent). */
+static const void *src_params(void *ctx, int b)
 {
     rank_state *rk = ctx;
     fso_zero *z = rk->z;
     fso_backend *be = rk->be;
     size_t S = fso_zero_shard_elems(z, b);
     const size_t eb = z->elem_bytes[FSO_KIND_PARAM], shard_bytes = eb * S;
-    const bool bf16 = rk->pgbuf != NULL;
 
     /* the previous step's update of this block must be in (overlapped schedules) */
     if (rk->ce.rc == 0)
@@ -427,12 +425,11 @@ static const float *src_params(void *ctx, int b)
         fprintf(stderr, "%s:%d: more than two blocks lent at once\n", __FILE__, __LINE__);
         abort();
     }
-    /* the gather's target, in the working parameters' type, and the mark
-     * after which compute is done with it: the staging copy and the gather
-     * wait for that only, so on a GPU they run while the previous block
-     * computes */
-    void *recv = bf16 ? (void *)rk->pgbuf : (void *)rk->gbuf[g];
-    uint64_t after = bf16 ? rk->pgbuf_free : rk->gbuf_free[g];
+    /* the gather's target and the mark after which compute is done with
+     * it: the staging copy and the gather wait for that only, so on a GPU
+     * they run while the previous block computes */
+    void *recv = rk->gbuf[g];
+    uint64_t after = rk->gbuf_free[g];
     if (rk->ready_mark[b] > after) /* an update of the shard queued on the device */
         after = rk->ready_mark[b];
     void *mine = (char *)recv + (size_t)rk->rank * shard_bytes;
@@ -472,17 +469,8 @@ static const float *src_params(void *ctx, int b)
     }
     /* Every rank joins the gather even after a failure, so no rank waits
      * forever; the step is discarded afterwards. */
-    if (!bf16) {
-        z->coll->ops->all_gather(z->coll, rk->rank, send, recv, S, FSO_COLL_F32, after);
-    } else {
-        const uint16_t *full = send; /* world 1: the shard is the whole block */
-        if (z->world > 1) {
-            z->coll->ops->all_gather(z->coll, rk->rank, send, recv, S, FSO_COLL_BF16, after);
-            full = recv;
-        }
-        be->ops->cast_bf16_f32(be, rk->gbuf[g], full, (size_t)z->world * S);
-        rk->pgbuf_free = mark(be); /* the cast has read it */
-    }
+    z->coll->ops->all_gather(z->coll, rk->rank, send, recv, S,
+                             eb == sizeof(float) ? FSO_COLL_F32 : FSO_COLL_BF16, after);
     rk->gbuf_block[g] = b;
     rk->gbuf_refs[g] = 1;
     return rk->gbuf[g];
@@ -616,12 +604,12 @@ static void clock_out(rank_state *rk, double now, int lent)
     rk->t_mark = now;
 }
 
-static const float *timed_params(void *ctx, int b)
+static const void *timed_params(void *ctx, int b)
 {
     rank_state *rk = ctx;
     double t0 = fso_now_ms();
     clock_in(rk, t0);
-    const float *p = src_params(ctx, b);
+    const void *p = src_params(ctx, b);
     double t1 = fso_now_ms();
     rk->wait_ms += t1 - t0;
     clock_out(rk, t1, b);
@@ -1309,8 +1297,7 @@ int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t err
         z->elem_bytes[k] = sizeof(float);
     if (cfg->bf16)
         z->elem_bytes[FSO_KIND_PARAM] = sizeof(uint16_t);
-    /* a bf16 shard cannot be lent as the fp32 block the model reads */
-    z->alias_params = z->world == 1 && z->tier[FSO_KIND_PARAM] == FSO_TIER_DEVICE && !cfg->bf16;
+    z->alias_params = z->world == 1 && z->tier[FSO_KIND_PARAM] == FSO_TIER_DEVICE;
     z->prefetch = cfg->offload.prefetch_blocks;
     if (fso_adamw_select(FSO_ISA_AUTO, &z->adamw) < 0)
         z->adamw = NULL; /* the scalar reference */
@@ -1380,8 +1367,7 @@ int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t err
         uint64_t avail = fso_mem_available_bytes();
         cap = avail ? avail / 2 / (uint64_t)z->world : (uint64_t)8 << 30;
     }
-    const size_t window = (z->alias_params ? 0 : 2) * sizeof(float) * z->max_padded +
-                          (cfg->bf16 ? sizeof(uint16_t) * z->max_padded : 0);
+    const size_t window = (z->alias_params ? 0 : 2) * z->elem_bytes[FSO_KIND_PARAM] * z->max_padded;
     const size_t gradbufs = 2 * sizeof(float) * z->max_padded;
 
     int threads = cfg->threads > 0 ? cfg->threads : fso_cpu_count();
@@ -1512,16 +1498,11 @@ int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t err
             }
         if (!z->alias_params)
             for (int g = 0; g < 2; g++)
-                if ((rc = be->ops->buf_alloc(be, sizeof(float) * z->max_padded,
-                                             (void **)&rk->gbuf[g])) < 0) {
+                if ((rc = be->ops->buf_alloc(be, z->elem_bytes[FSO_KIND_PARAM] * z->max_padded,
+                                             &rk->gbuf[g])) < 0) {
                     snprintf(err, errlen, "device memory: %s", be->err);
                     goto fail;
                 }
-        if (cfg->bf16 && (rc = be->ops->buf_alloc(be, sizeof(uint16_t) * z->max_padded,
-                                                  (void **)&rk->pgbuf)) < 0) {
-            snprintf(err, errlen, "device memory: %s", be->err);
-            goto fail;
-        }
         for (int g = 0; g < 2; g++)
             if ((rc = be->ops->buf_alloc(be, sizeof(float) * z->max_padded,
                                          (void **)&rk->gradbuf[g])) < 0) {
@@ -1630,7 +1611,7 @@ fail:
 
 typedef struct retier_job {
     loc *fresh[FSO_N_KINDS];     /* per moved kind: the new place of every block */
-    float *gbuf[2];              /* gather window allocated for leaving the alias */
+    void *gbuf[2];               /* gather window allocated for leaving the alias */
     bool opened_store;
 } retier_job;
 
@@ -1721,7 +1702,7 @@ int fso_zero_retier(fso_zero *z, const fso_offload_config *o, uint64_t *bytes_mo
             for (int b = 0; b < z->n_blocks; b++)
                 add[want[k]] += round_page(z->elem_bytes[k] * fso_zero_shard_elems(z, b));
     if (z->alias_params && !alias)
-        add[FSO_TIER_DEVICE] += 2 * sizeof(float) * z->max_padded;
+        add[FSO_TIER_DEVICE] += 2 * z->elem_bytes[FSO_KIND_PARAM] * z->max_padded;
     int more_slots = n_ps - z->ranks[0].n_pslots_buf;
     if (more_slots > 0)
         add[FSO_TIER_HOST] += pslot_bytes * (size_t)more_slots;
@@ -1782,8 +1763,8 @@ int fso_zero_retier(fso_zero *z, const fso_offload_config *o, uint64_t *bytes_mo
             }
         }
         for (int g = 0; g < 2 && z->alias_params && !alias && rc == 0; g++)
-            if ((rc = be->ops->buf_alloc(be, sizeof(float) * z->max_padded,
-                                         (void **)&j->gbuf[g])) < 0)
+            if ((rc = be->ops->buf_alloc(be, z->elem_bytes[FSO_KIND_PARAM] * z->max_padded,
+                                         &j->gbuf[g])) < 0)
                 snprintf(err, errlen, "device memory: %s", be->err);
         uint64_t nvme_off = rk->nvme_end;
         for (int k = 0; k < FSO_N_KINDS && rc == 0; k++) {
@@ -1908,7 +1889,6 @@ void fso_zero_destroy(fso_zero *z)
             rk->be->ops->buf_free(rk->be, rk->gbuf[g]);
             rk->be->ops->buf_free(rk->be, rk->gradbuf[g]);
         }
-        rk->be->ops->buf_free(rk->be, rk->pgbuf);
         fso_store_destroy(rk->store);
         fso_model_free(&rk->model);
         free(rk->locs);

@@ -65,12 +65,10 @@ typedef struct rank_state {
     uint64_t nvme_end;           /* end of the store's extents in use */
     loc *locs;                   /* [block * FSO_N_KINDS + kind] */
     /* device buffers */
-    float *gbuf[2];              /* gathered parameters (max_padded) fp32, what the model reads */
-    uint16_t *pgbuf;             /* bf16 working parameters: the gather lands here (max_padded),
-                                    then one cast fills gbuf; NULL with fp32 ones */
+    void *gbuf[2];               /* gathered parameters (max_padded) in their working type
+                                    (bf16 or fp32), what the model reads */
     int gbuf_block[2], gbuf_refs[2];
     uint64_t gbuf_free[2];       /* backend mark: compute done with gbuf[g] (0: assume not) */
-    uint64_t pgbuf_free;         /* backend mark: the last cast has read pgbuf */
     float *gradbuf[2];           /* full-block gradients (max_padded) */
     int gradbuf_block[2];
     /* host staging */
@@ -127,7 +125,7 @@ struct fso_zero {
     fso_coll *coll;
     rank_state *ranks;
     fso_tier tier[FSO_N_KINDS];
-    bool alias_params;           /* world 1, fp32 parameters on the device: lend the shard itself */
+    bool alias_params;           /* world 1, parameters on the device: lend the shard itself */
     /* The host arena: `arena_reserve` bytes of address space reserved at
      * start (nothing committed), of which [0, arena_bytes) is usable
      * (committed, locked or registered with CUDA as asked) and

@@ -38,13 +38,20 @@ int fso_backend_create(fso_backend **out, const char *name, int threads)
         return -ENOENT;
 
     fso_backend *be = calloc(1, sizeof *be);
-    if (!be)
+    fso_cpu_ctx *ctx = calloc(1, sizeof *ctx);
+    if (!be || !ctx) {
+        free(be);
+        free(ctx);
         return -ENOMEM;
+    }
     be->ops = ops;
+    be->ctx = ctx;
+    ctx->k = ops == &fso_cpu_ref_ops ? &fso_cpu_ref_kernels : &fso_cpu_fast_kernels;
     be->threads = ops == &fso_cpu_ref_ops ? 1 : threads > 0 ? threads : fso_cpu_count();
     if (ops == &fso_cpu_fast_ops) {
-        int rc = fso_pool_create((fso_pool **)&be->ctx, be->threads);
+        int rc = fso_pool_create(&ctx->pool, be->threads);
         if (rc < 0) {
+            free(ctx);
             free(be);
             return rc;
         }
@@ -82,8 +89,10 @@ void fso_backend_destroy(fso_backend *be)
         return;
     }
 #endif
-    if (be->ops == &fso_cpu_fast_ops)
-        fso_pool_destroy(be->ctx);
+    fso_cpu_ctx *ctx = be->ctx;
+    fso_pool_destroy(ctx->pool);
+    free(ctx->scratch);
+    free(ctx);
     free(be);
 }
 
@@ -95,7 +104,7 @@ struct fso_pool *fso_backend_pool(fso_backend *be)
 {
     if (fso_backend_is_async(be))
         return fso_async_pool(be);
-    return be && be->ops == &fso_cpu_fast_ops ? be->ctx : NULL;
+    return be && be->ops == &fso_cpu_fast_ops ? ((fso_cpu_ctx *)be->ctx)->pool : NULL;
 }
 
 int fso_cpu_buf_alloc(fso_backend *be, size_t bytes, void **out)
@@ -143,10 +152,10 @@ void fso_cpu_copy(fso_backend *be, void *dst, const void *src, size_t bytes)
         memmove(dst, src, bytes);
 }
 
+/* Ops run in place; the only failure is growing the scratch (cpu_dtype.c). */
 int fso_cpu_sync(fso_backend *be)
 {
-    (void)be;
-    return 0;
+    return ((fso_cpu_ctx *)be->ctx)->rc;
 }
 
 void fso_cpu_sum(fso_backend *be, double *out, const float *x, size_t n)

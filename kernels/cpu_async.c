@@ -63,6 +63,7 @@ typedef struct work {
     void (*run)(async_ctx *x, const struct work *w);
     void *p[9];
     int i[5];
+    fso_dtype dt[3];
     size_t n;
     float f;
     fso_adamw_consts c;
@@ -282,8 +283,11 @@ static int as_sync(fso_backend *be)
     catch_up(x);
     pthread_mutex_lock(&x->mu);
     x->counts.syncs++;
+    int rc = x->inner->ops->sync(x->inner); /* the math's own failure: its working space */
+    if (rc < 0)
+        memcpy(be->err, x->inner->err, sizeof be->err);
     pthread_mutex_unlock(&x->mu);
-    return 0;
+    return rc;
 }
 
 static uint64_t take_mark(fso_backend *be, bool copies_only)
@@ -331,15 +335,18 @@ static void as_wait_mark(fso_backend *be, uint64_t ticket)
 #define R(i) w->p[i]
 #define FAST(op) fso_cpu_fast_ops.op
 
+#define DT(i) w->dt[i]
+
 static void run_embedding_fwd(async_ctx *x, const work *w)
 {
-    FAST(embedding_fwd)(x->inner, R(0), R(1), R(2), w->i[0], w->i[1]);
+    FAST(embedding_fwd)(x->inner, R(0), R(1), R(2), DT(0), w->i[0], w->i[1]);
 }
 
-static void as_embedding_fwd(fso_backend *be, float *out, const int32_t *tok, const float *wte,
-                             int N, int C)
+static void as_embedding_fwd(fso_backend *be, float *out, const int32_t *tok, const void *wte,
+                             fso_dtype dt, int N, int C)
 {
-    push(be, &(work){.run = run_embedding_fwd, .p = {H(out), H(tok), H(wte)}, .i = {N, C}});
+    push(be, &(work){.run = run_embedding_fwd, .p = {H(out), H(tok), H(wte)}, .dt = {dt},
+                     .i = {N, C}});
 }
 
 static void run_embedding_bwd(async_ctx *x, const work *w)
@@ -355,112 +362,117 @@ static void as_embedding_bwd(fso_backend *be, float *dwte, const int32_t *tok, c
 
 static void run_rmsnorm_fwd(async_ctx *x, const work *w)
 {
-    FAST(rmsnorm_fwd)(x->inner, R(0), R(1), R(2), R(3), w->i[0], w->i[1], w->f);
+    FAST(rmsnorm_fwd)(x->inner, R(0), R(1), R(2), R(3), DT(0), w->i[0], w->i[1], w->f);
 }
 
-static void as_rmsnorm_fwd(fso_backend *be, float *out, float *rstd, const float *x,
-                           const float *w, int N, int C, float eps)
+static void as_rmsnorm_fwd(fso_backend *be, void *out, float *rstd, const float *x,
+                           const void *w, fso_dtype dt, int N, int C, float eps)
 {
-    push(be, &(work){.run = run_rmsnorm_fwd, .p = {H(out), H(rstd), H(x), H(w)}, .i = {N, C},
-                     .f = eps});
+    push(be, &(work){.run = run_rmsnorm_fwd, .p = {H(out), H(rstd), H(x), H(w)}, .dt = {dt},
+                     .i = {N, C}, .f = eps});
 }
 
 static void run_rmsnorm_bwd(async_ctx *x, const work *w)
 {
-    FAST(rmsnorm_bwd)(x->inner, R(0), R(1), R(2), R(3), R(4), R(5), w->i[0], w->i[1]);
+    FAST(rmsnorm_bwd)(x->inner, R(0), R(1), R(2), R(3), R(4), DT(0), R(5), w->i[0], w->i[1]);
 }
 
 static void as_rmsnorm_bwd(fso_backend *be, float *dx, float *dw, const float *dout,
-                           const float *x, const float *w, const float *rstd, int N, int C)
+                           const float *x, const void *w, fso_dtype dt, const float *rstd, int N,
+                           int C)
 {
     push(be, &(work){.run = run_rmsnorm_bwd, .p = {H(dx), H(dw), H(dout), H(x), H(w), H(rstd)},
-                     .i = {N, C}});
+                     .dt = {dt}, .i = {N, C}});
 }
 
 static void run_matmul_fwd(async_ctx *x, const work *w)
 {
-    FAST(matmul_fwd)(x->inner, R(0), R(1), R(2), w->i[0], w->i[1], w->i[2]);
+    FAST(matmul_fwd)(x->inner, R(0), DT(1), R(1), R(2), DT(0), w->i[0], w->i[1], w->i[2]);
 }
 
-static void as_matmul_fwd(fso_backend *be, float *out, const float *x, const float *w, int N,
-                          int Cin, int Cout)
+static void as_matmul_fwd(fso_backend *be, void *out, fso_dtype out_dt, const void *x,
+                          const void *w, fso_dtype dt, int N, int Cin, int Cout)
 {
-    push(be, &(work){.run = run_matmul_fwd, .p = {H(out), H(x), H(w)}, .i = {N, Cin, Cout}});
+    push(be, &(work){.run = run_matmul_fwd, .p = {H(out), H(x), H(w)}, .dt = {dt, out_dt},
+                     .i = {N, Cin, Cout}});
 }
 
 static void run_matmul_bwd(async_ctx *x, const work *w)
 {
-    FAST(matmul_bwd)(x->inner, R(0), R(1), R(2), R(3), R(4), w->i[0], w->i[1], w->i[2], w->f);
+    FAST(matmul_bwd)(x->inner, R(0), DT(1), R(1), R(2), DT(2), R(3), R(4), DT(0), w->i[0],
+                     w->i[1], w->i[2], w->f);
 }
 
-static void as_matmul_bwd(fso_backend *be, float *dx, float *dw, const float *dout,
-                          const float *x, const float *w, int N, int Cin, int Cout, float beta)
+static void as_matmul_bwd(fso_backend *be, void *dx, fso_dtype dx_dt, float *dw, const void *dout,
+                          fso_dtype dout_dt, const void *x, const void *w, fso_dtype dt, int N,
+                          int Cin, int Cout, float beta)
 {
     push(be, &(work){.run = run_matmul_bwd, .p = {H(dx), H(dw), H(dout), H(x), H(w)},
-                     .i = {N, Cin, Cout}, .f = beta});
+                     .dt = {dt, dx_dt, dout_dt}, .i = {N, Cin, Cout}, .f = beta});
 }
 
 static void run_rope(async_ctx *x, const work *w)
 {
-    FAST(rope)(x->inner, R(0), R(1), R(2), w->i[0], w->i[1], w->i[2], w->i[3], w->i[4]);
+    FAST(rope)(x->inner, R(0), DT(0), R(1), R(2), w->i[0], w->i[1], w->i[2], w->i[3], w->i[4]);
 }
 
-static void as_rope(fso_backend *be, float *x, const float *cos_t, const float *sin_t, int B,
-                    int T, int nh, int D, int inverse)
+static void as_rope(fso_backend *be, void *x, fso_dtype dt, const float *cos_t,
+                    const float *sin_t, int B, int T, int nh, int D, int inverse)
 {
-    push(be, &(work){.run = run_rope, .p = {H(x), H(cos_t), H(sin_t)},
+    push(be, &(work){.run = run_rope, .p = {H(x), H(cos_t), H(sin_t)}, .dt = {dt},
                      .i = {B, T, nh, D, inverse}});
 }
 
 static void run_attention_fwd(async_ctx *x, const work *w)
 {
-    FAST(attention_fwd)(x->inner, R(0), R(1), R(2), R(3), R(4), w->i[0], w->i[1], w->i[2],
-                        w->i[3], w->i[4]);
+    FAST(attention_fwd)(x->inner, R(0), R(1), R(2), R(3), R(4), DT(0), w->i[0], w->i[1],
+                        w->i[2], w->i[3], w->i[4]);
 }
 
-static void as_attention_fwd(fso_backend *be, float *out, float *probs, const float *q,
-                             const float *k, const float *v, int B, int T, int H, int Hkv, int D)
+static void as_attention_fwd(fso_backend *be, void *out, void *probs, const void *q,
+                             const void *k, const void *v, fso_dtype dt, int B, int T, int H,
+                             int Hkv, int D)
 {
     push(be, &(work){.run = run_attention_fwd, .p = {H(out), H(probs), H(q), H(k), H(v)},
-                     .i = {B, T, H, Hkv, D}});
+                     .dt = {dt}, .i = {B, T, H, Hkv, D}});
 }
 
 static void run_attention_bwd(async_ctx *x, const work *w)
 {
-    FAST(attention_bwd)(x->inner, R(0), R(1), R(2), R(3), R(4), R(5), R(6), R(7), w->i[0],
-                        w->i[1], w->i[2], w->i[3], w->i[4]);
+    FAST(attention_bwd)(x->inner, R(0), R(1), R(2), R(3), R(4), R(5), R(6), R(7), DT(0),
+                        w->i[0], w->i[1], w->i[2], w->i[3], w->i[4]);
 }
 
-static void as_attention_bwd(fso_backend *be, float *dq, float *dk, float *dv, const float *dout,
-                             const float *probs, const float *q, const float *k, const float *v,
-                             int B, int T, int H, int Hkv, int D)
+static void as_attention_bwd(fso_backend *be, void *dq, void *dk, void *dv, const void *dout,
+                             const void *probs, const void *q, const void *k, const void *v,
+                             fso_dtype dt, int B, int T, int H, int Hkv, int D)
 {
     push(be, &(work){.run = run_attention_bwd,
                      .p = {H(dq), H(dk), H(dv), H(dout), H(probs), H(q), H(k), H(v)},
-                     .i = {B, T, H, Hkv, D}});
+                     .dt = {dt}, .i = {B, T, H, Hkv, D}});
 }
 
 static void run_swiglu_fwd(async_ctx *x, const work *w)
 {
-    FAST(swiglu_fwd)(x->inner, R(0), R(1), R(2), w->n);
+    FAST(swiglu_fwd)(x->inner, R(0), R(1), R(2), DT(0), w->n);
 }
 
-static void as_swiglu_fwd(fso_backend *be, float *out, const float *gate, const float *up,
-                          size_t n)
+static void as_swiglu_fwd(fso_backend *be, void *out, const void *gate, const void *up,
+                          fso_dtype dt, size_t n)
 {
-    push(be, &(work){.run = run_swiglu_fwd, .p = {H(out), H(gate), H(up)}, .n = n});
+    push(be, &(work){.run = run_swiglu_fwd, .p = {H(out), H(gate), H(up)}, .dt = {dt}, .n = n});
 }
 
 static void run_swiglu_bwd(async_ctx *x, const work *w)
 {
-    FAST(swiglu_bwd)(x->inner, R(0), R(1), R(2), R(3), R(4), w->n);
+    FAST(swiglu_bwd)(x->inner, R(0), R(1), R(2), R(3), R(4), DT(0), w->n);
 }
 
-static void as_swiglu_bwd(fso_backend *be, float *dgate, float *dup, const float *dout,
-                          const float *gate, const float *up, size_t n)
+static void as_swiglu_bwd(fso_backend *be, void *dgate, void *dup, const void *dout,
+                          const void *gate, const void *up, fso_dtype dt, size_t n)
 {
     push(be, &(work){.run = run_swiglu_bwd, .p = {H(dgate), H(dup), H(dout), H(gate), H(up)},
-                     .n = n});
+                     .dt = {dt}, .n = n});
 }
 
 static void run_add(async_ctx *x, const work *w)

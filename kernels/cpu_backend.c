@@ -21,7 +21,7 @@
 #include "cpu_common.h"
 #include "pool.h"
 
-#define POOL(be) ((fso_pool *)(be)->ctx)
+#define POOL(be) (((fso_cpu_ctx *)(be)->ctx)->pool)
 
 /* ------------------------------------------------------------ embedding */
 
@@ -519,17 +519,8 @@ static void fast_cast_f32_bf16(fso_backend *be, uint16_t *dst, const float *src,
     fso_pool_for(POOL(be), (int64_t)n, 32768, narrow_range, &a);
 }
 
-const fso_backend_ops fso_cpu_fast_ops = {
-    .name = "cpu",
-    .host_addressable = 1,
-    .buf_alloc = fso_cpu_buf_alloc,
-    .buf_free = fso_cpu_buf_free,
-    .memset0 = fso_cpu_memset0,
-    .copy_h2d = fso_cpu_copy,
-    .copy_d2h = fso_cpu_copy,
-    .sync = fso_cpu_sync,
+const fso_cpu_kernels fso_cpu_fast_kernels = {
     .embedding_fwd = fast_embedding_fwd,
-    .embedding_bwd = fast_embedding_bwd,
     .rmsnorm_fwd = fast_rmsnorm_fwd,
     .rmsnorm_bwd = fast_rmsnorm_bwd,
     .matmul_fwd = fast_matmul_fwd,
@@ -539,6 +530,19 @@ const fso_backend_ops fso_cpu_fast_ops = {
     .attention_bwd = fast_attention_bwd,
     .swiglu_fwd = fast_swiglu_fwd,
     .swiglu_bwd = fast_swiglu_bwd,
+};
+
+const fso_backend_ops fso_cpu_fast_ops = {
+    .name = "cpu",
+    .host_addressable = 1,
+    .buf_alloc = fso_cpu_buf_alloc,
+    .buf_free = fso_cpu_buf_free,
+    .memset0 = fso_cpu_memset0,
+    .copy_h2d = fso_cpu_copy,
+    .copy_d2h = fso_cpu_copy,
+    .sync = fso_cpu_sync,
+    FSO_CPU_TYPED_OPS,
+    .embedding_bwd = fast_embedding_bwd,
     .add = fast_add,
     .cross_entropy = fast_cross_entropy,
     .sqnorm = fast_sqnorm,

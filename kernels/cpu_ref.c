@@ -290,17 +290,8 @@ static void ref_cast_f32_bf16(fso_backend *be, uint16_t *dst, const float *src, 
         dst[i] = ref_bf16_of(src[i]);
 }
 
-const fso_backend_ops fso_cpu_ref_ops = {
-    .name = "cpu-ref",
-    .host_addressable = 1,
-    .buf_alloc = fso_cpu_buf_alloc,
-    .buf_free = fso_cpu_buf_free,
-    .memset0 = fso_cpu_memset0,
-    .copy_h2d = fso_cpu_copy,
-    .copy_d2h = fso_cpu_copy,
-    .sync = fso_cpu_sync,
+const fso_cpu_kernels fso_cpu_ref_kernels = {
     .embedding_fwd = ref_embedding_fwd,
-    .embedding_bwd = ref_embedding_bwd,
     .rmsnorm_fwd = ref_rmsnorm_fwd,
     .rmsnorm_bwd = ref_rmsnorm_bwd,
     .matmul_fwd = ref_matmul_fwd,
@@ -310,6 +301,19 @@ const fso_backend_ops fso_cpu_ref_ops = {
     .attention_bwd = ref_attention_bwd,
     .swiglu_fwd = ref_swiglu_fwd,
     .swiglu_bwd = ref_swiglu_bwd,
+};
+
+const fso_backend_ops fso_cpu_ref_ops = {
+    .name = "cpu-ref",
+    .host_addressable = 1,
+    .buf_alloc = fso_cpu_buf_alloc,
+    .buf_free = fso_cpu_buf_free,
+    .memset0 = fso_cpu_memset0,
+    .copy_h2d = fso_cpu_copy,
+    .copy_d2h = fso_cpu_copy,
+    .sync = fso_cpu_sync,
+    FSO_CPU_TYPED_OPS,
+    .embedding_bwd = ref_embedding_bwd,
     .add = ref_add,
     .cross_entropy = ref_cross_entropy,
     .sqnorm = ref_sqnorm,

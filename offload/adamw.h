@@ -57,11 +57,6 @@ void fso_adamw_update(float *param, const float *grad, float *m, float *v, size_
 
 /* ---- fused kernels ---------------------------------------------------- */
 
-typedef enum fso_dtype {
-    FSO_DT_F32,
-    FSO_DT_BF16,
-} fso_dtype;
-
 typedef enum fso_adamw_isa {
     FSO_ISA_AUTO,      /* the widest the CPU supports */
     FSO_ISA_SCALAR,

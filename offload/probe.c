@@ -330,7 +330,7 @@ static double probe_gflops(fso_backend *be)
         w[i] = 0.01f * (float)(i % 89);
     for (int r = 0; r < 4; r++) {
         double t0 = (fso_now_ms() / 1e3);
-        be->ops->matmul_fwd(be, y, x, w, N, Cin, Cout);
+        be->ops->matmul_fwd(be, y, FSO_DT_F32, x, w, FSO_DT_F32, N, Cin, Cout);
         be->ops->sync(be);
         double g = 2.0 * N * Cin * Cout / ((fso_now_ms() / 1e3) - t0) / 1e9;
         if (g > best)

@@ -206,18 +206,18 @@ static void run_matmul(int m, int N, int Ci, int Co)
     float *dR = dput(be, R, (size_t)N * Co), *dout = dnew(be, (size_t)N * Co);
     float *ddx = dput(be, dx0, (size_t)N * Ci), *ddw = dput(be, dw0, (size_t)Co * Ci);
 
-    ref->ops->matmul_fwd(ref, o, x, w, N, Ci, Co);
-    be->ops->matmul_fwd(be, dout, dx_d, dw_d, N, Ci, Co);
+    ref->ops->matmul_fwd(ref, o, FSO_DT_F32, x, w, FSO_DT_F32, N, Ci, Co);
+    be->ops->matmul_fwd(be, dout, FSO_DT_F32, dx_d, dw_d, FSO_DT_F32, N, Ci, Co);
     check(be, m, "matmul_fwd out", dout, o, (size_t)N * Co, mm_tol(m));
 
-    ref->ops->matmul_bwd(ref, dx, dw, R, x, w, N, Ci, Co, 1.0f);
-    be->ops->matmul_bwd(be, ddx, ddw, dR, dx_d, dw_d, N, Ci, Co, 1.0f);
+    ref->ops->matmul_bwd(ref, dx, FSO_DT_F32, dw, R, FSO_DT_F32, x, w, FSO_DT_F32, N, Ci, Co, 1.0f);
+    be->ops->matmul_bwd(be, ddx, FSO_DT_F32, ddw, dR, FSO_DT_F32, dx_d, dw_d, FSO_DT_F32, N, Ci, Co, 1.0f);
     check(be, m, "matmul_bwd dx (accumulate)", ddx, dx, (size_t)N * Ci, mm_tol(m));
     check(be, m, "matmul_bwd dw", ddw, dw, (size_t)Co * Ci, mm_tol(m));
 
     /* dx NULL: only dw, accumulated again */
-    ref->ops->matmul_bwd(ref, NULL, dw, R, x, w, N, Ci, Co, 0.0f);
-    be->ops->matmul_bwd(be, NULL, ddw, dR, dx_d, dw_d, N, Ci, Co, 0.0f);
+    ref->ops->matmul_bwd(ref, NULL, FSO_DT_F32, dw, R, FSO_DT_F32, x, w, FSO_DT_F32, N, Ci, Co, 0.0f);
+    be->ops->matmul_bwd(be, NULL, FSO_DT_F32, ddw, dR, FSO_DT_F32, dx_d, dw_d, FSO_DT_F32, N, Ci, Co, 0.0f);
     check(be, m, "matmul_bwd dw (dx NULL)", ddw, dw, (size_t)Co * Ci, mm_tol(m));
     /* beta 0 overwrites dx, even holding NaN */
     float *nan = hbuf((size_t)N * Ci);
@@ -225,8 +225,8 @@ static void run_matmul(int m, int N, int Ci, int Co)
         nan[i] = NAN;
     be->ops->copy_h2d(be, ddx, nan, sizeof(float) * (size_t)N * Ci);
     memset(dx, 0, sizeof(float) * (size_t)N * Ci);
-    ref->ops->matmul_bwd(ref, dx, dw, R, x, w, N, Ci, Co, 0.0f);
-    be->ops->matmul_bwd(be, ddx, ddw, dR, dx_d, dw_d, N, Ci, Co, 0.0f);
+    ref->ops->matmul_bwd(ref, dx, FSO_DT_F32, dw, R, FSO_DT_F32, x, w, FSO_DT_F32, N, Ci, Co, 0.0f);
+    be->ops->matmul_bwd(be, ddx, FSO_DT_F32, ddw, dR, FSO_DT_F32, dx_d, dw_d, FSO_DT_F32, N, Ci, Co, 0.0f);
     check(be, m, "matmul_bwd dx (overwrite)", ddx, dx, (size_t)N * Ci, mm_tol(m));
 
     float *h[] = {x, w, R, o, dx0, dw0, dx, dw, nan};
@@ -258,13 +258,13 @@ static void run_rmsnorm(int m, int N, int C)
     float *d_o = dnew(be, n), *d_r = dnew(be, (size_t)N);
     float *d_dx = dput(be, dx, n), *d_dw = dput(be, dw, (size_t)C);
 
-    ref->ops->rmsnorm_fwd(ref, o, r, x, w, N, C, 1e-5f);
-    be->ops->rmsnorm_fwd(be, d_o, d_r, d_x, d_w, N, C, 1e-5f);
+    ref->ops->rmsnorm_fwd(ref, o, r, x, w, FSO_DT_F32, N, C, 1e-5f);
+    be->ops->rmsnorm_fwd(be, d_o, d_r, d_x, d_w, FSO_DT_F32, N, C, 1e-5f);
     check(be, m, "rmsnorm_fwd out", d_o, o, n, TOL_FP32);
     check(be, m, "rmsnorm_fwd rstd", d_r, r, (size_t)N, TOL_FP32);
 
-    ref->ops->rmsnorm_bwd(ref, dx, dw, R, x, w, r, N, C);
-    be->ops->rmsnorm_bwd(be, d_dx, d_dw, d_R, d_x, d_w, d_r, N, C);
+    ref->ops->rmsnorm_bwd(ref, dx, dw, R, x, w, FSO_DT_F32, r, N, C);
+    be->ops->rmsnorm_bwd(be, d_dx, d_dw, d_R, d_x, d_w, FSO_DT_F32, d_r, N, C);
     check(be, m, "rmsnorm_bwd dx (accumulate)", d_dx, dx, n, TOL_FP32);
     check(be, m, "rmsnorm_bwd dw (accumulate)", d_dw, dw, (size_t)C, TOL_FP32);
 
@@ -301,8 +301,8 @@ static void run_embedding(int m, int N, int C, int V)
     float *d_wte = dput(be, wte, nv), *d_o = dnew(be, n), *d_dout = dput(be, dout, n);
     float *d_dw = dput(be, dw, nv);
 
-    ref->ops->embedding_fwd(ref, o, tok, wte, N, C);
-    be->ops->embedding_fwd(be, d_o, d_tok, d_wte, N, C);
+    ref->ops->embedding_fwd(ref, o, tok, wte, FSO_DT_F32, N, C);
+    be->ops->embedding_fwd(be, d_o, d_tok, d_wte, FSO_DT_F32, N, C);
     check(be, m, "embedding_fwd", d_o, o, n, 0);
     /* rows added in order: the same bits as the reference */
     ref->ops->embedding_bwd(ref, dw, tok, dout, N, C);
@@ -341,10 +341,10 @@ static void test_rope_matches_reference(void **state)
         fso_backend *be = cu[m];
         float *x = hrand(n, 1), *a = hcopy(x, n);
         float *d_x = dput(be, x, n), *d_cs = dput(be, cs, nt), *d_sn = dput(be, sn, nt);
-        ref->ops->rope(ref, a, cs, sn, B, T, nh, D, 0);
-        be->ops->rope(be, d_x, d_cs, d_sn, B, T, nh, D, 0);
+        ref->ops->rope(ref, a, FSO_DT_F32, cs, sn, B, T, nh, D, 0);
+        be->ops->rope(be, d_x, FSO_DT_F32, d_cs, d_sn, B, T, nh, D, 0);
         check(be, m, "rope", d_x, a, n, TOL_FP32);
-        be->ops->rope(be, d_x, d_cs, d_sn, B, T, nh, D, 1);
+        be->ops->rope(be, d_x, FSO_DT_F32, d_cs, d_sn, B, T, nh, D, 1);
         check(be, m, "rope inverse", d_x, x, n, 1e-6);
         free(x);
         free(a);
@@ -368,8 +368,8 @@ static void run_attention(int m, int B, int T, int H, int Hkv, int D)
     float *d_R = dput(be, R, nq), *d_o = dnew(be, nq), *d_p = dnew(be, np);
     float *d_dq = dnew(be, nq), *d_dk = dnew(be, nkv), *d_dv = dnew(be, nkv);
 
-    ref->ops->attention_fwd(ref, o, p, q, k, v, B, T, H, Hkv, D);
-    be->ops->attention_fwd(be, d_o, d_p, d_q, d_k, d_v, B, T, H, Hkv, D);
+    ref->ops->attention_fwd(ref, o, p, q, k, v, FSO_DT_F32, B, T, H, Hkv, D);
+    be->ops->attention_fwd(be, d_o, d_p, d_q, d_k, d_v, FSO_DT_F32, B, T, H, Hkv, D);
     check(be, m, "attention_fwd out", d_o, o, nq, mm_tol(m));
     float *got_p = dget(be, d_p, np, "attention_fwd probs");
     compare("attention_fwd probs", m, got_p, p, np, mm_tol(m));
@@ -381,8 +381,8 @@ static void run_attention(int m, int B, int T, int H, int Hkv, int D)
 
     /* backward from the reference's probabilities, so both see the same P */
     be->ops->copy_h2d(be, d_p, p, sizeof(float) * np);
-    ref->ops->attention_bwd(ref, dq, dk, dv, R, p, q, k, v, B, T, H, Hkv, D);
-    be->ops->attention_bwd(be, d_dq, d_dk, d_dv, d_R, d_p, d_q, d_k, d_v, B, T, H, Hkv, D);
+    ref->ops->attention_bwd(ref, dq, dk, dv, R, p, q, k, v, FSO_DT_F32, B, T, H, Hkv, D);
+    be->ops->attention_bwd(be, d_dq, d_dk, d_dv, d_R, d_p, d_q, d_k, d_v, FSO_DT_F32, B, T, H, Hkv, D);
     check(be, m, "attention_bwd dq", d_dq, dq, nq, mm_tol(m));
     check(be, m, "attention_bwd dk", d_dk, dk, nkv, mm_tol(m));
     check(be, m, "attention_bwd dv", d_dv, dv, nkv, mm_tol(m));
@@ -423,11 +423,11 @@ static void test_swiglu_and_add_match_reference(void **state)
         float *dg = hbuf(n), *du = hbuf(n), *s = hbuf(n);
         float *d_g = dput(be, g, n), *d_u = dput(be, u, n), *d_R = dput(be, R, n);
         float *d_o = dnew(be, n), *d_dg = dnew(be, n), *d_du = dnew(be, n), *d_s = dnew(be, n);
-        ref->ops->swiglu_fwd(ref, o, g, u, n);
-        be->ops->swiglu_fwd(be, d_o, d_g, d_u, n);
+        ref->ops->swiglu_fwd(ref, o, g, u, FSO_DT_F32, n);
+        be->ops->swiglu_fwd(be, d_o, d_g, d_u, FSO_DT_F32, n);
         check(be, m, "swiglu_fwd", d_o, o, n, TOL_FP32);
-        ref->ops->swiglu_bwd(ref, dg, du, R, g, u, n);
-        be->ops->swiglu_bwd(be, d_dg, d_du, d_R, d_g, d_u, n);
+        ref->ops->swiglu_bwd(ref, dg, du, R, g, u, FSO_DT_F32, n);
+        be->ops->swiglu_bwd(be, d_dg, d_du, d_R, d_g, d_u, FSO_DT_F32, n);
         check(be, m, "swiglu_bwd dgate", d_dg, dg, n, TOL_FP32);
         check(be, m, "swiglu_bwd dup", d_du, du, n, TOL_FP32);
         ref->ops->add(ref, s, g, u, n);
@@ -907,7 +907,7 @@ static void test_bad_token_is_reported_by_sync(void **state)
     int32_t *d_tok = dput_i32(be, tok, 4), *d_bad = dput_i32(be, bad, 4);
     float *d_wte = dput(be, wte, 32), *d_o = dnew(be, 32), *d_lg = dput(be, lg, 36);
     float *d_loss = dnew(be, 4);
-    be->ops->embedding_fwd(be, d_o, d_tok, d_wte, 4, 8);
+    be->ops->embedding_fwd(be, d_o, d_tok, d_wte, FSO_DT_F32, 4, 8);
     assert_int_equal(be->ops->sync(be), 0);
     be->ops->cross_entropy(be, d_lg, d_loss, d_lg, d_bad, 4, 9, 1.0f); /* 9 >= V */
     assert_int_equal(be->ops->sync(be), -EINVAL);

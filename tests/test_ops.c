@@ -12,6 +12,7 @@
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -134,7 +135,7 @@ struct mm_ctx { float *x, *w, *out, *R; int N, Ci, Co; };
 static double mm_loss(void *c_)
 {
     struct mm_ctx *c = c_;
-    ref->ops->matmul_fwd(ref, c->out, c->x, c->w, c->N, c->Ci, c->Co);
+    ref->ops->matmul_fwd(ref, c->out, FSO_DT_F32, c->x, c->w, FSO_DT_F32, c->N, c->Ci, c->Co);
     return dot_r(c->out, c->R, (size_t)c->N * c->Co);
 }
 
@@ -144,22 +145,22 @@ static void test_matmul(void **state)
     int N = 37, Ci = 45, Co = 29;
     float *x = randbuf((size_t)N * Ci, 1), *w = randbuf((size_t)Co * Ci, 0.3);
     float *o1 = gbuf((size_t)N * Co), *o2 = gbuf((size_t)N * Co), *R = randbuf((size_t)N * Co, 1);
-    ref->ops->matmul_fwd(ref, o1, x, w, N, Ci, Co);
-    fast->ops->matmul_fwd(fast, o2, x, w, N, Ci, Co);
+    ref->ops->matmul_fwd(ref, o1, FSO_DT_F32, x, w, FSO_DT_F32, N, Ci, Co);
+    fast->ops->matmul_fwd(fast, o2, FSO_DT_F32, x, w, FSO_DT_F32, N, Ci, Co);
     compare("matmul_fwd out", o2, o1, (size_t)N * Co, FAST_TOL);
 
     float *dx0 = randbuf((size_t)N * Ci, 1), *dw0 = randbuf((size_t)Co * Ci, 1);
     float *dx1 = copybuf(dx0, (size_t)N * Ci), *dw1 = copybuf(dw0, (size_t)Co * Ci);
     float *dx2 = copybuf(dx0, (size_t)N * Ci), *dw2 = copybuf(dw0, (size_t)Co * Ci);
-    ref->ops->matmul_bwd(ref, dx1, dw1, R, x, w, N, Ci, Co, 1.0f);
-    fast->ops->matmul_bwd(fast, dx2, dw2, R, x, w, N, Ci, Co, 1.0f);
+    ref->ops->matmul_bwd(ref, dx1, FSO_DT_F32, dw1, R, FSO_DT_F32, x, w, FSO_DT_F32, N, Ci, Co, 1.0f);
+    fast->ops->matmul_bwd(fast, dx2, FSO_DT_F32, dw2, R, FSO_DT_F32, x, w, FSO_DT_F32, N, Ci, Co, 1.0f);
     compare("matmul_bwd dx (accumulate)", dx2, dx1, (size_t)N * Ci, FAST_TOL);
     compare("matmul_bwd dw", dw2, dw1, (size_t)Co * Ci, FAST_TOL);
 
     /* finite differences: gradients from zero */
     memset(dx1, 0, sizeof(float) * N * Ci);
     memset(dw1, 0, sizeof(float) * Co * Ci);
-    ref->ops->matmul_bwd(ref, dx1, dw1, R, x, w, N, Ci, Co, 0.0f);
+    ref->ops->matmul_bwd(ref, dx1, FSO_DT_F32, dw1, R, FSO_DT_F32, x, w, FSO_DT_F32, N, Ci, Co, 0.0f);
     struct mm_ctx c = {x, w, o1, R, N, Ci, Co};
     fd_check("matmul dx", x, (size_t)N * Ci, dx1, mm_loss, &c);
     fd_check("matmul dw", w, (size_t)Co * Ci, dw1, mm_loss, &c);
@@ -174,7 +175,7 @@ struct rn_ctx { float *x, *w, *out, *rstd, *R; int N, C; };
 static double rn_loss(void *c_)
 {
     struct rn_ctx *c = c_;
-    ref->ops->rmsnorm_fwd(ref, c->out, c->rstd, c->x, c->w, c->N, c->C, 1e-5f);
+    ref->ops->rmsnorm_fwd(ref, c->out, c->rstd, c->x, c->w, FSO_DT_F32, c->N, c->C, 1e-5f);
     return dot_r(c->out, c->R, (size_t)c->N * c->C);
 }
 
@@ -185,21 +186,21 @@ static void test_rmsnorm(void **state)
     float *x = randbuf((size_t)N * C, 1.5), *w = randbuf(C, 1);
     float *o1 = gbuf((size_t)N * C), *o2 = gbuf((size_t)N * C), *r1 = gbuf(N), *r2 = gbuf(N);
     float *R = randbuf((size_t)N * C, 1);
-    ref->ops->rmsnorm_fwd(ref, o1, r1, x, w, N, C, 1e-5f);
-    fast->ops->rmsnorm_fwd(fast, o2, r2, x, w, N, C, 1e-5f);
+    ref->ops->rmsnorm_fwd(ref, o1, r1, x, w, FSO_DT_F32, N, C, 1e-5f);
+    fast->ops->rmsnorm_fwd(fast, o2, r2, x, w, FSO_DT_F32, N, C, 1e-5f);
     compare("rmsnorm_fwd out", o2, o1, (size_t)N * C, FAST_TOL);
     compare("rmsnorm_fwd rstd", r2, r1, N, FAST_TOL);
 
     float *dx1 = randbuf((size_t)N * C, 1), *dx2 = copybuf(dx1, (size_t)N * C);
     float *dw1 = randbuf(C, 1), *dw2 = copybuf(dw1, C);
-    ref->ops->rmsnorm_bwd(ref, dx1, dw1, R, x, w, r1, N, C);
-    fast->ops->rmsnorm_bwd(fast, dx2, dw2, R, x, w, r1, N, C);
+    ref->ops->rmsnorm_bwd(ref, dx1, dw1, R, x, w, FSO_DT_F32, r1, N, C);
+    fast->ops->rmsnorm_bwd(fast, dx2, dw2, R, x, w, FSO_DT_F32, r1, N, C);
     compare("rmsnorm_bwd dx", dx2, dx1, (size_t)N * C, FAST_TOL);
     compare("rmsnorm_bwd dw", dw2, dw1, C, FAST_TOL);
 
     memset(dx1, 0, sizeof(float) * N * C);
     memset(dw1, 0, sizeof(float) * C);
-    ref->ops->rmsnorm_bwd(ref, dx1, dw1, R, x, w, r1, N, C);
+    ref->ops->rmsnorm_bwd(ref, dx1, dw1, R, x, w, FSO_DT_F32, r1, N, C);
     struct rn_ctx c = {x, w, o1, r1, R, N, C};
     fd_check("rmsnorm dx", x, (size_t)N * C, dx1, rn_loss, &c);
     fd_check("rmsnorm dw", w, C, dw1, rn_loss, &c);
@@ -219,8 +220,8 @@ static void test_embedding(void **state)
         tok[i] = (int32_t)(fso_rng_u64(&rng) % V);
     tok[3] = tok[7] = tok[11] = 5; /* repeated ids accumulate */
     float *wte = randbuf((size_t)V * C, 1), *o1 = gbuf((size_t)N * C), *o2 = gbuf((size_t)N * C);
-    ref->ops->embedding_fwd(ref, o1, tok, wte, N, C);
-    fast->ops->embedding_fwd(fast, o2, tok, wte, N, C);
+    ref->ops->embedding_fwd(ref, o1, tok, wte, FSO_DT_F32, N, C);
+    fast->ops->embedding_fwd(fast, o2, tok, wte, FSO_DT_F32, N, C);
     compare("embedding_fwd", o2, o1, (size_t)N * C, 0);
     for (int c = 0; c < C; c++)
         assert_true(o1[(size_t)4 * C + c] == wte[(size_t)tok[4] * C + c]);
@@ -252,7 +253,7 @@ static double rope_loss(void *c_)
     struct rope_ctx *c = c_;
     size_t n = (size_t)c->B * c->T * c->nh * c->D;
     memcpy(c->work, c->x, sizeof(float) * n);
-    ref->ops->rope(ref, c->work, c->cs, c->sn, c->B, c->T, c->nh, c->D, 0);
+    ref->ops->rope(ref, c->work, FSO_DT_F32, c->cs, c->sn, c->B, c->T, c->nh, c->D, 0);
     return dot_r(c->work, c->R, n);
 }
 
@@ -267,15 +268,15 @@ static void test_rope(void **state)
     assert_true(cs[0] == 1.0f && sn[0] == 0.0f);
     assert_true(fabsf(cs[(size_t)3 * D / 2] - cosf(3.0f)) < 1e-6f);
     float *x = randbuf(n, 1), *a = copybuf(x, n), *b = copybuf(x, n);
-    ref->ops->rope(ref, a, cs, sn, B, T, nh, D, 0);
-    fast->ops->rope(fast, b, cs, sn, B, T, nh, D, 0);
+    ref->ops->rope(ref, a, FSO_DT_F32, cs, sn, B, T, nh, D, 0);
+    fast->ops->rope(fast, b, FSO_DT_F32, cs, sn, B, T, nh, D, 0);
     compare("rope", b, a, n, FAST_TOL);
     /* the inverse undoes it */
-    fast->ops->rope(fast, b, cs, sn, B, T, nh, D, 1);
+    fast->ops->rope(fast, b, FSO_DT_F32, cs, sn, B, T, nh, D, 1);
     compare("rope inverse", b, x, n, 1e-6);
     /* backward: dx = R^T dy, the inverse rotation of dy */
     float *R = randbuf(n, 1), *g = copybuf(R, n), *work = gbuf(n);
-    ref->ops->rope(ref, g, cs, sn, B, T, nh, D, 1);
+    ref->ops->rope(ref, g, FSO_DT_F32, cs, sn, B, T, nh, D, 1);
     struct rope_ctx c = {x, work, R, cs, sn, B, T, nh, D};
     fd_check("rope dx", x, n, g, rope_loss, &c);
     float *bufs[] = {cs, sn, x, a, b, R, g, work};
@@ -289,7 +290,7 @@ struct att_ctx { float *q, *k, *v, *out, *probs, *R; int B, T, H, Hkv, D; };
 static double att_loss(void *c_)
 {
     struct att_ctx *c = c_;
-    ref->ops->attention_fwd(ref, c->out, c->probs, c->q, c->k, c->v, c->B, c->T, c->H, c->Hkv, c->D);
+    ref->ops->attention_fwd(ref, c->out, c->probs, c->q, c->k, c->v, FSO_DT_F32, c->B, c->T, c->H, c->Hkv, c->D);
     return dot_r(c->out, c->R, (size_t)c->B * c->T * c->H * c->D);
 }
 
@@ -298,8 +299,8 @@ static void run_attention(int B, int T, int H, int Hkv, int D)
     size_t nq = (size_t)B * T * H * D, nkv = (size_t)B * T * Hkv * D, np = (size_t)B * H * T * T;
     float *q = randbuf(nq, 1), *k = randbuf(nkv, 1), *v = randbuf(nkv, 1);
     float *o1 = gbuf(nq), *o2 = gbuf(nq), *p1 = gbuf(np), *p2 = gbuf(np), *R = randbuf(nq, 1);
-    ref->ops->attention_fwd(ref, o1, p1, q, k, v, B, T, H, Hkv, D);
-    fast->ops->attention_fwd(fast, o2, p2, q, k, v, B, T, H, Hkv, D);
+    ref->ops->attention_fwd(ref, o1, p1, q, k, v, FSO_DT_F32, B, T, H, Hkv, D);
+    fast->ops->attention_fwd(fast, o2, p2, q, k, v, FSO_DT_F32, B, T, H, Hkv, D);
     compare("attention_fwd out", o2, o1, nq, FAST_TOL);
     compare("attention_fwd probs", p2, p1, np, FAST_TOL);
     /* causal: nothing attends to the future, rows sum to 1 */
@@ -317,8 +318,8 @@ static void run_attention(int B, int T, int H, int Hkv, int D)
 
     float *dq1 = gbuf(nq), *dk1 = gbuf(nkv), *dv1 = gbuf(nkv);
     float *dq2 = gbuf(nq), *dk2 = gbuf(nkv), *dv2 = gbuf(nkv);
-    ref->ops->attention_bwd(ref, dq1, dk1, dv1, R, p1, q, k, v, B, T, H, Hkv, D);
-    fast->ops->attention_bwd(fast, dq2, dk2, dv2, R, p1, q, k, v, B, T, H, Hkv, D);
+    ref->ops->attention_bwd(ref, dq1, dk1, dv1, R, p1, q, k, v, FSO_DT_F32, B, T, H, Hkv, D);
+    fast->ops->attention_bwd(fast, dq2, dk2, dv2, R, p1, q, k, v, FSO_DT_F32, B, T, H, Hkv, D);
     compare("attention_bwd dq", dq2, dq1, nq, FAST_TOL);
     compare("attention_bwd dk", dk2, dk1, nkv, FAST_TOL);
     compare("attention_bwd dv", dv2, dv1, nkv, FAST_TOL);
@@ -349,7 +350,7 @@ struct sw_ctx { float *g, *u, *out, *R; size_t n; };
 static double sw_loss(void *c_)
 {
     struct sw_ctx *c = c_;
-    ref->ops->swiglu_fwd(ref, c->out, c->g, c->u, c->n);
+    ref->ops->swiglu_fwd(ref, c->out, c->g, c->u, FSO_DT_F32, c->n);
     return dot_r(c->out, c->R, c->n);
 }
 
@@ -358,12 +359,12 @@ static void test_swiglu(void **state)
     (void)state;
     size_t n = 1001;
     float *g = randbuf(n, 2), *u = randbuf(n, 1), *o1 = gbuf(n), *o2 = gbuf(n), *R = randbuf(n, 1);
-    ref->ops->swiglu_fwd(ref, o1, g, u, n);
-    fast->ops->swiglu_fwd(fast, o2, g, u, n);
+    ref->ops->swiglu_fwd(ref, o1, g, u, FSO_DT_F32, n);
+    fast->ops->swiglu_fwd(fast, o2, g, u, FSO_DT_F32, n);
     compare("swiglu_fwd", o2, o1, n, FAST_TOL);
     float *dg1 = gbuf(n), *du1 = gbuf(n), *dg2 = gbuf(n), *du2 = gbuf(n);
-    ref->ops->swiglu_bwd(ref, dg1, du1, R, g, u, n);
-    fast->ops->swiglu_bwd(fast, dg2, du2, R, g, u, n);
+    ref->ops->swiglu_bwd(ref, dg1, du1, R, g, u, FSO_DT_F32, n);
+    fast->ops->swiglu_bwd(fast, dg2, du2, R, g, u, FSO_DT_F32, n);
     compare("swiglu_bwd dgate", dg2, dg1, n, FAST_TOL);
     compare("swiglu_bwd dup", du2, du1, n, FAST_TOL);
     struct sw_ctx c = {g, u, o1, R, n};
@@ -641,6 +642,225 @@ static void test_cast_f32_bf16_rounds_to_nearest_even(void **state)
     free(src);
 }
 
+/* ---------------------------------------------------------------- bf16 tensors */
+
+/* One typed op call (backend.h, "Types"), its float tensors in order: what
+ * each is to the op and whether it is stored [dt]. */
+enum { T_IN, T_OUT, T_INOUT };
+#define TMAX 9
+typedef struct tcase {
+    const char *name;
+    int n;
+    size_t len[TMAX];
+    int role[TMAX];
+    bool typed[TMAX];
+    int d[5];                 /* the op's sizes */
+    float beta;
+    /* call the op on be with tensors t (fp32 or bf16 as typed and dt say) */
+    void (*call)(fso_backend *be, void **t, fso_dtype dt, const struct tcase *c);
+    /* optional: make the fp32 inputs what the op expects (probabilities) */
+    void (*init)(float **t, const struct tcase *c);
+} tcase;
+
+static int32_t emb_tok[8] = {3, 0, 7, 7, 1, 6, 2, 5};
+
+static void call_mm_fwd(fso_backend *be, void **t, fso_dtype dt, const tcase *c)
+{
+    be->ops->matmul_fwd(be, t[0], c->typed[0] ? dt : FSO_DT_F32, t[1], t[2], dt, c->d[0],
+                        c->d[1], c->d[2]);
+}
+static void call_mm_bwd(fso_backend *be, void **t, fso_dtype dt, const tcase *c)
+{
+    be->ops->matmul_bwd(be, t[0], c->typed[0] ? dt : FSO_DT_F32, t[1], t[2],
+                        c->typed[2] ? dt : FSO_DT_F32, t[3], t[4], dt, c->d[0], c->d[1], c->d[2],
+                        c->beta);
+}
+static void call_rms_fwd(fso_backend *be, void **t, fso_dtype dt, const tcase *c)
+{
+    be->ops->rmsnorm_fwd(be, t[0], t[1], t[2], t[3], dt, c->d[0], c->d[1], 1e-5f);
+}
+static void call_rms_bwd(fso_backend *be, void **t, fso_dtype dt, const tcase *c)
+{
+    be->ops->rmsnorm_bwd(be, t[0], t[1], t[2], t[3], t[4], dt, t[5], c->d[0], c->d[1]);
+}
+static void call_emb_fwd(fso_backend *be, void **t, fso_dtype dt, const tcase *c)
+{
+    be->ops->embedding_fwd(be, t[0], emb_tok, t[1], dt, c->d[0], c->d[1]);
+}
+static void call_rope(fso_backend *be, void **t, fso_dtype dt, const tcase *c)
+{
+    be->ops->rope(be, t[0], dt, t[1], t[2], c->d[0], c->d[1], c->d[2], c->d[3], c->d[4]);
+}
+static void call_att_fwd(fso_backend *be, void **t, fso_dtype dt, const tcase *c)
+{
+    be->ops->attention_fwd(be, t[0], t[1], t[2], t[3], t[4], dt, c->d[0], c->d[1], c->d[2],
+                           c->d[3], c->d[4]);
+}
+static void call_att_bwd(fso_backend *be, void **t, fso_dtype dt, const tcase *c)
+{
+    be->ops->attention_bwd(be, t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], dt, c->d[0],
+                           c->d[1], c->d[2], c->d[3], c->d[4]);
+}
+static void call_swiglu_fwd(fso_backend *be, void **t, fso_dtype dt, const tcase *c)
+{
+    be->ops->swiglu_fwd(be, t[0], t[1], t[2], dt, (size_t)c->d[0]);
+}
+static void call_swiglu_bwd(fso_backend *be, void **t, fso_dtype dt, const tcase *c)
+{
+    be->ops->swiglu_bwd(be, t[0], t[1], t[2], t[3], t[4], dt, (size_t)c->d[0]);
+}
+/* attention_bwd reads the probabilities of q, k, v (tensors 5..7 -> 4) */
+static void init_probs(float **t, const tcase *c)
+{
+    size_t nq = (size_t)c->d[0] * c->d[1] * c->d[2] * c->d[4];
+    float *out = gbuf(nq);
+    ref->ops->attention_fwd(ref, out, t[4], t[5], t[6], t[7], FSO_DT_F32, c->d[0], c->d[1],
+                            c->d[2], c->d[3], c->d[4]);
+    gfree(out);
+}
+/* rope's tables */
+static void init_rope(float **t, const tcase *c)
+{
+    fso_rope_tables(t[1], t[2], c->d[1], c->d[3], 10000.0);
+}
+
+/* A bf16 buffer of n elements with GUARD sentinels on both sides. */
+#define GUARD16 0x7f7fu
+static uint16_t *gbuf16(size_t n)
+{
+    uint16_t *p = malloc(sizeof(uint16_t) * (n + 2 * GUARD));
+    assert_non_null(p);
+    for (size_t i = 0; i < n + 2 * GUARD; i++)
+        p[i] = GUARD16;
+    return p + GUARD;
+}
+
+/* Run case c on be with dt bf16 against the cpu-ref backend in fp32 on the
+ * same (bf16-exact) values: each [dt] output must be the fp32 result
+ * rounded once (exactly for cpu-ref, within tol for the others: they differ
+ * from cpu-ref in fp32 rounding, which may move a value across a bf16
+ * rounding boundary), each fp32 output the fp32 result. */
+static void run_typed(fso_backend *be, const tcase *c, double tol)
+{
+    float *f[TMAX], *want[TMAX];
+    void *t[TMAX], *r[TMAX];
+    for (int i = 0; i < c->n; i++) {
+        f[i] = randbuf(c->len[i], c->role[i] == T_OUT ? 0 : 1);
+        if (c->role[i] == T_OUT)
+            for (size_t e = 0; e < c->len[i]; e++)
+                f[i][e] = NAN; /* outputs are written, not read */
+    }
+    if (c->init)
+        c->init(f, c);
+    for (int i = 0; i < c->n; i++) {
+        if (c->typed[i]) /* the values as bf16 holds them */
+            for (size_t e = 0; e < c->len[i]; e++)
+                f[i][e] = fso_f32_from_bf16(fso_bf16_from_f32(f[i][e]));
+        want[i] = copybuf(f[i], c->len[i]);
+        r[i] = want[i];
+        if (c->typed[i]) {
+            uint16_t *h = gbuf16(c->len[i]);
+            for (size_t e = 0; e < c->len[i]; e++)
+                h[e] = fso_bf16_from_f32(f[i][e]);
+            t[i] = h;
+        } else {
+            t[i] = copybuf(f[i], c->len[i]);
+        }
+    }
+    c->call(ref, r, FSO_DT_F32, c);
+    c->call(be, t, FSO_DT_BF16, c);
+    assert_int_equal(be->ops->sync(be), 0);
+    for (int i = 0; i < c->n; i++) {
+        char what[96];
+        snprintf(what, sizeof what, "%s (%s) tensor %d", c->name, be->ops->name, i);
+        if (c->role[i] == T_IN) {
+            /* inputs are left as they were */
+            if (c->typed[i]) {
+                for (size_t e = 0; e < c->len[i]; e++)
+                    if (((uint16_t *)t[i])[e] != fso_bf16_from_f32(f[i][e]))
+                        fail_msg("%s: input element %zu changed", what, e);
+            } else if (memcmp(t[i], f[i], sizeof(float) * c->len[i]) != 0) {
+                fail_msg("%s: input changed", what);
+            }
+        } else if (c->typed[i]) {
+            const uint16_t *h = t[i];
+            float *got = gbuf(c->len[i]), *exp = gbuf(c->len[i]);
+            for (size_t e = 0; e < c->len[i]; e++) {
+                got[e] = fso_f32_from_bf16(h[e]);
+                exp[e] = fso_f32_from_bf16(fso_bf16_from_f32(want[i][e]));
+                if (tol == 0 && h[e] != fso_bf16_from_f32(want[i][e]))
+                    fail_msg("%s[%zu]: 0x%04x, want 0x%04x (fp32 %.8g rounded once)", what, e,
+                             h[e], fso_bf16_from_f32(want[i][e]), want[i][e]);
+            }
+            compare(what, got, exp, c->len[i], tol);
+            for (int g = 1; g <= GUARD; g++)
+                if (h[-g] != GUARD16 || h[c->len[i] + g - 1] != GUARD16)
+                    fail_msg("%s: write outside the output (guard %d)", what, g);
+            gfree(got);
+            gfree(exp);
+        } else {
+            compare(what, t[i], want[i], c->len[i], tol == 0 ? 0 : FAST_TOL);
+        }
+    }
+    for (int i = 0; i < c->n; i++) {
+        gfree(f[i]);
+        gfree(want[i]);
+        if (c->typed[i])
+            free((uint16_t *)t[i] - GUARD);
+        else
+            gfree(t[i]);
+    }
+}
+
+static void test_bf16_tensors_round_once(void **state)
+{
+    (void)state;
+    enum { N = 13, Ci = 24, Co = 17, B = 2, T = 7, H = 4, Hkv = 2, D = 8, V = 8, F = 45 };
+    const size_t nq = (size_t)B * T * H * D, nk = (size_t)B * T * Hkv * D;
+    const size_t np = (size_t)B * H * T * T, half = (size_t)T * D / 2;
+    const tcase cases[] = {
+        {"matmul_fwd, bf16 out", 3, {N * Co, N * Ci, Co * Ci}, {T_OUT, T_IN, T_IN},
+         {true, true, true}, {N, Ci, Co}, 0, call_mm_fwd, NULL},
+        {"matmul_fwd, fp32 out", 3, {N * Co, N * Ci, Co * Ci}, {T_OUT, T_IN, T_IN},
+         {false, true, true}, {N, Ci, Co}, 0, call_mm_fwd, NULL},
+        {"matmul_bwd, bf16 dx, fp32 dout", 5, {N * Ci, Co * Ci, N * Co, N * Ci, Co * Ci},
+         {T_OUT, T_INOUT, T_IN, T_IN, T_IN}, {true, false, false, true, true}, {N, Ci, Co}, 0,
+         call_mm_bwd, NULL},
+        {"matmul_bwd, fp32 dx accumulated, bf16 dout", 5,
+         {N * Ci, Co * Ci, N * Co, N * Ci, Co * Ci}, {T_INOUT, T_INOUT, T_IN, T_IN, T_IN},
+         {false, false, true, true, true}, {N, Ci, Co}, 1.0f, call_mm_bwd, NULL},
+        {"matmul_bwd, bf16 dx accumulated", 5, {N * Ci, Co * Ci, N * Co, N * Ci, Co * Ci},
+         {T_INOUT, T_INOUT, T_IN, T_IN, T_IN}, {true, false, true, true, true}, {N, Ci, Co},
+         0.5f, call_mm_bwd, NULL},
+        {"rmsnorm_fwd", 4, {N * Ci, N, N * Ci, Ci}, {T_OUT, T_OUT, T_IN, T_IN},
+         {true, false, false, true}, {N, Ci}, 0, call_rms_fwd, NULL},
+        {"rmsnorm_bwd", 6, {N * Ci, Ci, N * Ci, N * Ci, Ci, N},
+         {T_INOUT, T_INOUT, T_IN, T_IN, T_IN, T_IN}, {false, false, false, false, true, false},
+         {N, Ci}, 0, call_rms_bwd, NULL},
+        {"embedding_fwd", 2, {8 * Ci, V * Ci}, {T_OUT, T_IN}, {false, true}, {8, Ci}, 0,
+         call_emb_fwd, NULL},
+        {"rope", 3, {nq, half, half}, {T_INOUT, T_IN, T_IN}, {true, false, false},
+         {B, T, H, D, 0}, 0, call_rope, init_rope},
+        {"rope inverse", 3, {nq, half, half}, {T_INOUT, T_IN, T_IN}, {true, false, false},
+         {B, T, H, D, 1}, 0, call_rope, init_rope},
+        {"attention_fwd", 5, {nq, np, nq, nk, nk}, {T_OUT, T_OUT, T_IN, T_IN, T_IN},
+         {true, true, true, true, true}, {B, T, H, Hkv, D}, 0, call_att_fwd, NULL},
+        {"attention_bwd", 8, {nq, nk, nk, nq, np, nq, nk, nk},
+         {T_OUT, T_OUT, T_OUT, T_IN, T_IN, T_IN, T_IN, T_IN},
+         {true, true, true, true, true, true, true, true}, {B, T, H, Hkv, D}, 0, call_att_bwd,
+         init_probs},
+        {"swiglu_fwd", 3, {N * F, N * F, N * F}, {T_OUT, T_IN, T_IN}, {true, true, true},
+         {N * F}, 0, call_swiglu_fwd, NULL},
+        {"swiglu_bwd", 5, {N * F, N * F, N * F, N * F, N * F},
+         {T_OUT, T_OUT, T_IN, T_IN, T_IN}, {true, true, true, true, true}, {N * F}, 0,
+         call_swiglu_bwd, NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        run_typed(ref, &cases[i], 0);
+        run_typed(fast, &cases[i], 4e-3);
+    }
+}
+
 static void test_unknown_backend_is_an_error(void **state)
 {
     (void)state;
@@ -682,6 +902,7 @@ int main(void)
         cmocka_unit_test(test_async_device_keeps_a_gpus_rules),
         cmocka_unit_test(test_cast_bf16_f32_is_exact),
         cmocka_unit_test(test_cast_f32_bf16_rounds_to_nearest_even),
+        cmocka_unit_test(test_bf16_tensors_round_once),
         cmocka_unit_test(test_unknown_backend_is_an_error),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -190,9 +190,60 @@ static void test_divergence_stops_without_update(void **state)
     fso_data_free(&data);
 }
 
+/* A block source over zeroed host buffers, in the model's working type. */
+#define MAX_TEST_BLOCKS 16
+typedef struct lender {
+    const fso_model *m;
+    void *params[MAX_TEST_BLOCKS];
+    float *grads[MAX_TEST_BLOCKS];
+} lender;
+
+static const void *lend_params(void *ctx, int b)
+{
+    lender *l = ctx;
+    if (!l->params[b])
+        l->params[b] = calloc(l->m->blocks[b].padded_elems, fso_dtype_size(l->m->wt));
+    assert_non_null(l->params[b]);
+    return l->params[b];
+}
+
+static void lend_release(void *ctx, int b)
+{
+    (void)ctx;
+    (void)b;
+}
+
+static float *lend_grads(void *ctx, int b)
+{
+    lender *l = ctx;
+    if (!l->grads[b])
+        l->grads[b] = calloc(l->m->blocks[b].padded_elems, sizeof(float));
+    assert_non_null(l->grads[b]);
+    return l->grads[b];
+}
+
+static void lend_grads_done(void *ctx, int b)
+{
+    (void)ctx;
+    (void)b;
+}
+
+static void lender_free(lender *l)
+{
+    for (int b = 0; b < MAX_TEST_BLOCKS; b++) {
+        free(l->params[b]);
+        free(l->grads[b]);
+    }
+}
+
 static void test_activation_estimate_matches_allocation(void **state)
 {
     (void)state;
+    {
+        fso_config cfg;
+        small_config(&cfg);
+        assert_true(cfg.model.num_hidden_layers + 2 <= MAX_TEST_BLOCKS);
+    }
     for (int v = 0; v < 4; v++) {
         const bool ck = v & 1, bf16 = v & 2;
         fso_config cfg;
@@ -202,9 +253,27 @@ static void test_activation_estimate_matches_allocation(void **state)
         assert_int_equal(fso_backend_create(&be, "cpu", 1), 0);
         assert_int_equal(fso_model_init(&m, &cfg.model, be, cfg.micro_batch, cfg.data.seq_len, 1,
                                         ck, bf16), 0);
-        assert_int_equal(be->mem_used_bytes,
-                         fso_model_activation_bytes_for(&cfg.model, cfg.micro_batch,
-                                                        cfg.data.seq_len, ck, bf16));
+        const size_t act = fso_model_activation_bytes_for(&cfg.model, cfg.micro_batch,
+                                                          cfg.data.seq_len, ck, bf16);
+        assert_int_equal(be->mem_used_bytes, act);
+        /* a step adds the CPU backend's fp32 working space for bf16 tensors, as
+         * the planner reserves it, and nothing else */
+        lender l = {.m = &m};
+        fso_block_source src = {.ctx = &l, .params = lend_params, .release = lend_release,
+                                .grads = lend_grads, .grads_done = lend_grads_done};
+        const size_t N = (size_t)cfg.micro_batch * cfg.data.seq_len;
+        int32_t *tok = calloc(N, sizeof *tok);
+        assert_non_null(tok);
+        double loss = 0;
+        fso_model_step(&m, &src, tok, tok, 1.0f, &loss);
+        assert_int_equal(be->ops->sync(be), 0);
+        assert_true(loss > 0);
+        assert_int_equal(be->mem_peak_bytes,
+                         act + (bf16 ? fso_model_cpu_widen_bytes_for(&cfg.model, cfg.micro_batch,
+                                                                     cfg.data.seq_len)
+                                     : 0));
+        free(tok);
+        lender_free(&l);
         fso_model_free(&m);
         fso_backend_destroy(be);
     }

@@ -664,8 +664,17 @@ static void test_bf16_keeps_layer_inputs_in_bf16(void **state)
     const size_t L = (size_t)mc->num_hidden_layers;
     size_t b16 = fso_model_activation_bytes_for(mc, cfg.micro_batch, cfg.data.seq_len, true, true);
     size_t b32 = fso_model_activation_bytes_for(mc, cfg.micro_batch, cfg.data.seq_len, true, false);
-    /* (L+1) kept inputs at 2 bytes instead of 4, plus two fp32 work buffers */
-    assert_int_equal(b32 - b16 + 2 * 4 * N * C, (L + 1) * 2 * N * C);
+    /* (L+1) kept inputs at 2 bytes instead of 4, plus two fp32 work buffers;
+     * and 2 bytes saved on each element of the [wt] activations: one layer's
+     * set (checkpointing), the final norm's output and the backward scratch */
+    const size_t F = (size_t)mc->intermediate_size, P = (size_t)cfg.micro_batch *
+                                                          mc->num_attention_heads *
+                                                          cfg.data.seq_len * cfg.data.seq_len;
+    const size_t qd = (size_t)mc->num_attention_heads * mc->head_dim;
+    const size_t kvd = (size_t)mc->num_key_value_heads * mc->head_dim;
+    const size_t wt_elems = (2 * N * C + 2 * N * qd + 2 * N * kvd + P + 3 * N * F) + N * C +
+                            (2 * N * qd + 2 * N * kvd + 3 * N * F);
+    assert_int_equal(b32 - b16 + 2 * 4 * N * C, (L + 1) * 2 * N * C + 2 * wt_elems);
 
     run(&cfg, NULL, &kept16);
     cfg.activation_checkpointing = false;
