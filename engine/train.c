@@ -210,10 +210,10 @@ int fso_train_run(const fso_config *cfg, const fso_run_opts *opts)
         snprintf(note, sizeof note, "devices %s: %d CUDA GPU%s (%s), bf16 matmuls, %s",
                  opts->devices, cfg->world, cfg->world > 1 ? "s" : "", name,
                  cfg->bf16 ? (cfg->activation_checkpointing
-                                  ? "bf16 working parameters and kept layer inputs, fp32 master, "
-                                    "gradients and scratch"
-                                  : "bf16 working parameters, fp32 master, activations and "
-                                    "gradients")
+                                  ? "bf16 weights, activations and kept layer inputs, fp32 "
+                                    "residual stream, master and gradients"
+                                  : "bf16 weights and activations, fp32 residual stream, master "
+                                    "and gradients")
                            : "fp32 storage");
     } else {
         int threads = cfg->threads > 0 ? cfg->threads : fso_cpu_count();
@@ -228,14 +228,16 @@ int fso_train_run(const fso_config *cfg, const fso_run_opts *opts)
                  threads / cfg->world > 0 ? threads / cfg->world : 1,
                  threads / cfg->world > 1 ? "s" : "",
                  cfg->bf16 ? (cfg->activation_checkpointing
-                                  ? " compute, bf16 working parameters and kept layer inputs"
-                                  : " compute, bf16 working parameters")
+                                  ? " compute, bf16 weights, activations and kept layer inputs"
+                                  : " compute, bf16 weights and activations")
                            : "",
                  why);
         if (cfg->bf16)
-            fprintf(stderr, "fsoff: warning: bf16.enabled: working parameters%s are stored as "
-                            "bf16 (fp32 master); the CPU backend computes in fp32\n",
-                    cfg->activation_checkpointing ? " and the layer inputs kept for backward" : "");
+            fprintf(stderr, "fsoff: warning: bf16.enabled: working parameters and the activations "
+                            "inside layers%s are stored as bf16 (fp32 master and residual "
+                            "stream); the CPU backend computes in fp32 from them\n",
+                    cfg->activation_checkpointing ? ", and the layer inputs kept for backward,"
+                                                  : "");
     }
 
     /* The plan: the placement the configuration leaves open is chosen by
