@@ -15,18 +15,27 @@
  *
  * Conventions:
  *   - Pointers passed to ops are device pointers from buf_alloc (on the CPU
- *     backends, host memory). Math is fp32 and so are the ops' buffers; the
- *     exceptions are the casts: cast_bf16_f32 widens bf16 working parameters
- *     (stored and gathered at 2 bytes each) and kept activations into the
- *     fp32 buffers the ops compute from, cast_f32_bf16 narrows activations
- *     kept for backward.
+ *     backends, host memory). Activations are row-major with N = B*T rows.
+ *     Weights follow PyTorch's Linear layout: (out, in). "+=" in a comment
+ *     means the op accumulates into its output, so gradients add up across
+ *     micro-batches.
+ *   - Types. Math is fp32 (accumulation included). What is stored is fp32
+ *     or bf16 (fso_dtype): an op taking a `dt` reads and writes the tensors
+ *     its comment marks [dt] in that type, the rest in fp32. A model runs
+ *     with one working type: its weights as lent and the activations inside
+ *     a layer (norm outputs, q/k/v, attention probabilities and output, MLP
+ *     activations, and their gradients) are [dt]; the residual stream, its
+ *     gradient, weight gradients, rstd, logits and losses stay fp32. Values
+ *     read in bf16 widen exactly; an output stored in bf16 is rounded once,
+ *     to nearest even. The CPU backends compute everything else in fp32 on
+ *     the widened values, so they agree with each other to fp32 rounding.
+ *     The CUDA backend's products run on tensor cores, which round their
+ *     fp32 operands to bf16 (an fp32 dout, attention probabilities and
+ *     their gradient inside attention); test_cuda's tolerances cover that.
  *   - Ops are asynchronous in principle: they return nothing and record any
  *     failure; sync() waits for all queued work and returns 0 or the first
  *     failure as a negative errno (the detail is in err). On the CPU backends
  *     ops run in place and cannot fail.
- *   - Activations are row-major with N = B*T rows. Weights follow PyTorch's
- *     Linear layout: (out, in). "+=" in a comment means the op accumulates
- *     into its output, so gradients add up across micro-batches.
  */
 #ifndef FSO_BACKEND_H
 #define FSO_BACKEND_H
@@ -35,6 +44,15 @@
 #include <stdint.h>
 
 #define FSO_BACKEND_ERR_MAX 256
+
+/* How a tensor is stored. */
+typedef enum fso_dtype { FSO_F32 = 0, FSO_BF16 = 1 } fso_dtype;
+
+/* Bytes per element of dt. */
+static inline size_t fso_dtype_size(fso_dtype dt)
+{
+    return dt == FSO_BF16 ? 2 : 4;
+}
 
 typedef struct fso_backend fso_backend;
 
@@ -62,46 +80,51 @@ typedef struct fso_backend_ops {
     void (*copy_d2h)(fso_backend *be, void *dst, const void *src, size_t bytes);
     int  (*sync)(fso_backend *be);
 
-    /* out (N,C) = wte[tok] ; tok (N) int32, wte (V,C) */
-    void (*embedding_fwd)(fso_backend *be, float *out, const int32_t *tok, const float *wte,
-                          int N, int C);
+    /* out (N,C) = wte[tok] ; tok (N) int32, wte (V,C) [dt] */
+    void (*embedding_fwd)(fso_backend *be, float *out, const int32_t *tok, const void *wte,
+                          fso_dtype dt, int N, int C);
     /* dwte (V,C) += scatter of dout (N,C) by tok */
     void (*embedding_bwd)(fso_backend *be, float *dwte, const int32_t *tok, const float *dout,
                           int N, int C);
 
-    /* out (N,C) = x / rms(x) * w ; rstd (N) saved for backward */
-    void (*rmsnorm_fwd)(fso_backend *be, float *out, float *rstd, const float *x, const float *w,
-                        int N, int C, float eps);
-    /* dx (N,C) += ; dw (C) += */
+    /* out (N,C) [dt] = x / rms(x) * w [dt] ; rstd (N) saved for backward */
+    void (*rmsnorm_fwd)(fso_backend *be, void *out, float *rstd, const float *x, const void *w,
+                        fso_dtype dt, int N, int C, float eps);
+    /* dx (N,C) += ; dw (C) += ; w [dt] */
     void (*rmsnorm_bwd)(fso_backend *be, float *dx, float *dw, const float *dout, const float *x,
-                        const float *w, const float *rstd, int N, int C);
+                        const void *w, fso_dtype dt, const float *rstd, int N, int C);
 
-    /* out (N,Cout) = x (N,Cin) · w (Cout,Cin)^T */
-    void (*matmul_fwd)(fso_backend *be, float *out, const float *x, const float *w,
-                       int N, int Cin, int Cout);
-    /* dx (N,Cin) = dx_beta*dx + dout·w ; dw (Cout,Cin) += dout^T·x. dx may be NULL. */
-    void (*matmul_bwd)(fso_backend *be, float *dx, float *dw, const float *dout, const float *x,
-                       const float *w, int N, int Cin, int Cout, float dx_beta);
+    /* out (N,Cout) [out_dt] = x (N,Cin) [dt] · w (Cout,Cin) [dt]^T */
+    void (*matmul_fwd)(fso_backend *be, void *out, fso_dtype out_dt, const void *x, const void *w,
+                       fso_dtype dt, int N, int Cin, int Cout);
+    /* dx (N,Cin) [dx_dt] = dx_beta*dx + dout·w ; dw (Cout,Cin) += dout^T·x.
+     * dout (N,Cout) [dout_dt]; x, w [dt]. dx may be NULL; its old value is
+     * added in fp32 before the sum is stored. */
+    void (*matmul_bwd)(fso_backend *be, void *dx, fso_dtype dx_dt, float *dw, const void *dout,
+                       fso_dtype dout_dt, const void *x, const void *w, fso_dtype dt, int N,
+                       int Cin, int Cout, float dx_beta);
 
-    /* Rotate x (B,T,nh,D) in place by RoPE (rotate-half); cos, sin (T, D/2).
-     * inverse=1 applies the transpose rotation (the backward). */
-    void (*rope)(fso_backend *be, float *x, const float *cos, const float *sin,
+    /* Rotate x (B,T,nh,D) [dt] in place by RoPE (rotate-half); cos, sin
+     * (T, D/2). inverse=1 applies the transpose rotation (the backward). */
+    void (*rope)(fso_backend *be, void *x, fso_dtype dt, const float *cos, const float *sin,
                  int B, int T, int nh, int D, int inverse);
 
-    /* Causal attention with grouped-query heads. q (B,T,H,D), k and v
-     * (B,T,Hkv,D), out (B,T,H,D); probs (B,H,T,T) saved for backward. */
-    void (*attention_fwd)(fso_backend *be, float *out, float *probs, const float *q,
-                          const float *k, const float *v, int B, int T, int H, int Hkv, int D);
-    /* dq (B,T,H,D) = ; dk, dv (B,T,Hkv,D) = (overwritten) */
-    void (*attention_bwd)(fso_backend *be, float *dq, float *dk, float *dv, const float *dout,
-                          const float *probs, const float *q, const float *k, const float *v,
-                          int B, int T, int H, int Hkv, int D);
+    /* Causal attention with grouped-query heads, every tensor [dt]. q
+     * (B,T,H,D), k and v (B,T,Hkv,D), out (B,T,H,D); probs (B,H,T,T) saved
+     * for backward. Scores and softmax are computed in fp32. */
+    void (*attention_fwd)(fso_backend *be, void *out, void *probs, const void *q, const void *k,
+                          const void *v, fso_dtype dt, int B, int T, int H, int Hkv, int D);
+    /* dq (B,T,H,D) = ; dk, dv (B,T,Hkv,D) = (overwritten); every tensor [dt] */
+    void (*attention_bwd)(fso_backend *be, void *dq, void *dk, void *dv, const void *dout,
+                          const void *probs, const void *q, const void *k, const void *v,
+                          fso_dtype dt, int B, int T, int H, int Hkv, int D);
 
-    /* out (n) = silu(gate) * up */
-    void (*swiglu_fwd)(fso_backend *be, float *out, const float *gate, const float *up, size_t n);
-    /* dgate, dup (n) = (overwritten) */
-    void (*swiglu_bwd)(fso_backend *be, float *dgate, float *dup, const float *dout,
-                       const float *gate, const float *up, size_t n);
+    /* out (n) = silu(gate) * up, every tensor [dt] */
+    void (*swiglu_fwd)(fso_backend *be, void *out, const void *gate, const void *up,
+                       fso_dtype dt, size_t n);
+    /* dgate, dup (n) = (overwritten), every tensor [dt] */
+    void (*swiglu_bwd)(fso_backend *be, void *dgate, void *dup, const void *dout,
+                       const void *gate, const void *up, fso_dtype dt, size_t n);
 
     /* out (n) = a + b (out may alias a) */
     void (*add)(fso_backend *be, float *out, const float *a, const float *b, size_t n);
