@@ -46,12 +46,12 @@
 #define FSO_BACKEND_ERR_MAX 256
 
 /* How a tensor is stored. */
-typedef enum fso_dtype { FSO_F32 = 0, FSO_BF16 = 1 } fso_dtype;
+typedef enum fso_dtype { FSO_DT_F32 = 0, FSO_DT_BF16 = 1 } fso_dtype;
 
 /* Bytes per element of dt. */
 static inline size_t fso_dtype_size(fso_dtype dt)
 {
-    return dt == FSO_BF16 ? 2 : 4;
+    return dt == FSO_DT_BF16 ? 2 : 4;
 }
 
 typedef struct fso_backend fso_backend;
