@@ -49,18 +49,18 @@ static void attention_fwd_f32(fso_backend *be, float *out, float *probs, const f
             const float *kb = k + (size_t)b * T * ks;
             float *pb = probs + ((size_t)b * H + j) * TT;
             /* S^T (s, t) = k_hk (s, :) . q_h (t, :) */
-            fso_cuda_gemm(be, FSO_F32, FSO_F32, 1, 0, T, T, D, scale, kb, ks, D, qb, qs,
+            fso_cuda_gemm(be, FSO_DT_F32, FSO_DT_F32, 1, 0, T, T, D, scale, kb, ks, D, qb, qs,
                           (long long)group * D, 0.0f, pb, T, group * TT, Hkv);
         }
-    fso_cuda_causal_softmax(be, probs, FSO_F32, (size_t)TT, probs, (size_t)B * H * T, T);
+    fso_cuda_causal_softmax(be, probs, FSO_DT_F32, (size_t)TT, probs, (size_t)B * H * T, T);
     for (int b = 0; b < B; b++)
         for (int j = 0; j < group; j++) {
             const float *vb = v + (size_t)b * T * ks;
             const float *pb = probs + ((size_t)b * H + j) * TT;
             float *ob = out + (size_t)b * T * qs + (size_t)j * D;
             /* out^T (d, t) = sum_s v (s, d) P (t, s) */
-            fso_cuda_gemm(be, FSO_F32, FSO_F32, 0, 0, D, T, T, 1.0f, vb, ks, D, pb, T, group * TT,
-                          0.0f, ob, qs, (long long)group * D, Hkv);
+            fso_cuda_gemm(be, FSO_DT_F32, FSO_DT_F32, 0, 0, D, T, T, 1.0f, vb, ks, D, pb, T,
+                          group * TT, 0.0f, ob, qs, (long long)group * D, Hkv);
         }
 }
 
@@ -83,12 +83,12 @@ static void attention_fwd_bf16(fso_backend *be, uint16_t *out, uint16_t *probs, 
             uint16_t *pb = probs + ((size_t)b * H + j) * TT;
             uint16_t *ob = out + (size_t)b * T * qs + (size_t)j * D;
             /* S_hk^T (s, t) = k_hk (s, :) . q_h (t, :), fp32 */
-            fso_cuda_gemm(be, FSO_BF16, FSO_F32, 1, 0, T, T, D, scale, kb, ks, D, qb, qs,
+            fso_cuda_gemm(be, FSO_DT_BF16, FSO_DT_F32, 1, 0, T, T, D, scale, kb, ks, D, qb, qs,
                           (long long)group * D, 0.0f, S, T, TT, Hkv);
             /* S's head hk is query head hk*group + j: group*T*T apart in probs */
-            fso_cuda_causal_softmax(be, pb, FSO_BF16, (size_t)group * TT, S, (size_t)Hkv * T, T);
+            fso_cuda_causal_softmax(be, pb, FSO_DT_BF16, (size_t)group * TT, S, (size_t)Hkv * T, T);
             /* out^T (d, t) = sum_s v (s, d) P (t, s) */
-            fso_cuda_gemm(be, FSO_BF16, FSO_BF16, 0, 0, D, T, T, 1.0f, vb, ks, D, pb, T,
+            fso_cuda_gemm(be, FSO_DT_BF16, FSO_DT_BF16, 0, 0, D, T, T, 1.0f, vb, ks, D, pb, T,
                           group * TT, 0.0f, ob, qs, (long long)group * D, Hkv);
         }
 }
@@ -100,7 +100,7 @@ void fso_cuda_attention_fwd(fso_backend *be, void *out, void *probs, const void 
     if (B <= 0 || T <= 0 || H <= 0 || Hkv <= 0 || D <= 0)
         return;
     fso_cuda_begin(be, FSO_CS_COMPUTE);
-    if (dt == FSO_BF16)
+    if (dt == FSO_DT_BF16)
         attention_fwd_bf16(be, out, probs, q, k, v, B, T, H, Hkv, D);
     else
         attention_fwd_f32(be, out, probs, q, k, v, B, T, H, Hkv, D);
@@ -126,23 +126,24 @@ static void attention_bwd_f32(fso_backend *be, float *dq, float *dk, float *dv, 
         float *dkb = dk + (size_t)b * T * ks, *dvb = dv + (size_t)b * T * ks;
         /* dP^T (s, t) = v (s, :) . dO (t, :) */
         for (int j = 0; j < group; j++)
-            fso_cuda_gemm(be, FSO_F32, FSO_F32, 1, 0, T, T, D, 1.0f, vb, ks, D,
+            fso_cuda_gemm(be, FSO_DT_F32, FSO_DT_F32, 1, 0, T, T, D, 1.0f, vb, ks, D,
                           dob + (size_t)j * D, qs, (long long)group * D, 0.0f,
                           dp + (size_t)j * TT, T, group * TT, Hkv);
-        fso_cuda_causal_softmax_bwd(be, dp, FSO_F32, dp, pb, (size_t)TT, (size_t)H * T, T, scale);
+        fso_cuda_causal_softmax_bwd(be, dp, FSO_DT_F32, dp, pb, (size_t)TT, (size_t)H * T, T,
+                                    scale);
         for (int j = 0; j < group; j++) {
             const float beta = j == 0 ? 0.0f : 1.0f;
             const long long gD = (long long)group * D;
             /* dq^T (d, t) = sum_s k (s, d) dS (t, s) */
-            fso_cuda_gemm(be, FSO_F32, FSO_F32, 0, 0, D, T, T, 1.0f, kb, ks, D,
+            fso_cuda_gemm(be, FSO_DT_F32, FSO_DT_F32, 0, 0, D, T, T, 1.0f, kb, ks, D,
                           dp + (size_t)j * TT, T, group * TT, 0.0f, dqb + (size_t)j * D, qs, gD,
                           Hkv);
             /* dk^T (d, s) += sum_t q (t, d) dS (t, s) */
-            fso_cuda_gemm(be, FSO_F32, FSO_F32, 0, 1, D, T, T, 1.0f, qb + (size_t)j * D, qs, gD,
-                          dp + (size_t)j * TT, T, group * TT, beta, dkb, ks, D, Hkv);
+            fso_cuda_gemm(be, FSO_DT_F32, FSO_DT_F32, 0, 1, D, T, T, 1.0f, qb + (size_t)j * D, qs,
+                          gD, dp + (size_t)j * TT, T, group * TT, beta, dkb, ks, D, Hkv);
             /* dv^T (d, s) += sum_t dO (t, d) P (t, s) */
-            fso_cuda_gemm(be, FSO_F32, FSO_F32, 0, 1, D, T, T, 1.0f, dob + (size_t)j * D, qs, gD,
-                          pb + (size_t)j * TT, T, group * TT, beta, dvb, ks, D, Hkv);
+            fso_cuda_gemm(be, FSO_DT_F32, FSO_DT_F32, 0, 1, D, T, T, 1.0f, dob + (size_t)j * D, qs,
+                          gD, pb + (size_t)j * TT, T, group * TT, beta, dvb, ks, D, Hkv);
         }
     }
 }
@@ -168,7 +169,7 @@ static void attention_bwd_bf16(fso_backend *be, uint16_t *dq, uint16_t *dk, uint
     float *dk_acc = fso_cuda_scratch_part(&cur, acc_bytes);
     float *dv_acc = fso_cuda_scratch_part(&cur, acc_bytes);
     /* where the group's dk, dv sums go: fp32 accumulators, or the outputs */
-    const fso_dtype acc_dt = group > 1 ? FSO_F32 : FSO_BF16;
+    const fso_dtype acc_dt = group > 1 ? FSO_DT_F32 : FSO_DT_BF16;
     for (int b = 0; b < B; b++) {
         const uint16_t *qb = q + (size_t)b * T * qs, *dob = dout + (size_t)b * T * qs;
         const uint16_t *kb = k + (size_t)b * T * ks, *vb = v + (size_t)b * T * ks;
@@ -180,18 +181,18 @@ static void attention_bwd_bf16(fso_backend *be, uint16_t *dq, uint16_t *dk, uint
             const uint16_t *pb = probs + ((size_t)b * H + j) * TT; /* head j; hk group*TT apart */
             const float beta = j == 0 ? 0.0f : 1.0f;
             /* dP_hk^T (s, t) = v (s, :) . dO (t, :), fp32 */
-            fso_cuda_gemm(be, FSO_BF16, FSO_F32, 1, 0, T, T, D, 1.0f, vb, ks, D,
+            fso_cuda_gemm(be, FSO_DT_BF16, FSO_DT_F32, 1, 0, T, T, D, 1.0f, vb, ks, D,
                           dob + (size_t)j * D, qs, gD, 0.0f, dp, T, TT, Hkv);
-            fso_cuda_causal_softmax_bwd(be, ds, FSO_BF16, dp, pb, (size_t)group * TT,
+            fso_cuda_causal_softmax_bwd(be, ds, FSO_DT_BF16, dp, pb, (size_t)group * TT,
                                         (size_t)Hkv * T, T, scale);
             /* dq^T (d, t) = sum_s k (s, d) dS (t, s) */
-            fso_cuda_gemm(be, FSO_BF16, FSO_BF16, 0, 0, D, T, T, 1.0f, kb, ks, D, ds, T, TT, 0.0f,
-                          dqb + (size_t)j * D, qs, gD, Hkv);
+            fso_cuda_gemm(be, FSO_DT_BF16, FSO_DT_BF16, 0, 0, D, T, T, 1.0f, kb, ks, D, ds, T, TT,
+                          0.0f, dqb + (size_t)j * D, qs, gD, Hkv);
             /* dk^T (d, s) += sum_t q (t, d) dS (t, s) */
-            fso_cuda_gemm(be, FSO_BF16, acc_dt, 0, 1, D, T, T, 1.0f, qb + (size_t)j * D, qs, gD,
+            fso_cuda_gemm(be, FSO_DT_BF16, acc_dt, 0, 1, D, T, T, 1.0f, qb + (size_t)j * D, qs, gD,
                           ds, T, TT, beta, dk_to, ks, D, Hkv);
             /* dv^T (d, s) += sum_t dO (t, d) P (t, s) */
-            fso_cuda_gemm(be, FSO_BF16, acc_dt, 0, 1, D, T, T, 1.0f, dob + (size_t)j * D, qs, gD,
+            fso_cuda_gemm(be, FSO_DT_BF16, acc_dt, 0, 1, D, T, T, 1.0f, dob + (size_t)j * D, qs, gD,
                           pb, T, group * TT, beta, dv_to, ks, D, Hkv);
         }
         if (group > 1) {
@@ -208,7 +209,7 @@ void fso_cuda_attention_bwd(fso_backend *be, void *dq, void *dk, void *dv, const
     if (B <= 0 || T <= 0 || H <= 0 || Hkv <= 0 || D <= 0)
         return;
     fso_cuda_begin(be, FSO_CS_COMPUTE);
-    if (dt == FSO_BF16)
+    if (dt == FSO_DT_BF16)
         attention_bwd_bf16(be, dq, dk, dv, dout, probs, q, k, v, B, T, H, Hkv, D);
     else
         attention_bwd_f32(be, dq, dk, dv, dout, probs, q, k, v, B, T, H, Hkv, D);

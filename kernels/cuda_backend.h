@@ -19,7 +19,7 @@
  * devices) with that reason and its fix in err. fso_backend_is_cuda never
  * loads it.
  *
- * Precision: the ops store what backend.h's types say: with dt = FSO_BF16
+ * Precision: the ops store what backend.h's types say: with dt = FSO_DT_BF16
  * the weights as lent and the activations inside a layer are bf16 in
  * device memory (read widened exactly, written rounded once to nearest
  * even, NaNs kept), with fp32 math inside every op. Matmuls with bf16
@@ -31,7 +31,7 @@
  * multiplies the stored bf16 probabilities and a bf16 rounding of dS
  * (cuda_attention.c). The rest (norms, RoPE, SwiGLU, cross-entropy, AdamW)
  * computes in fp32 with fp32 accumulation; sqnorm accumulates in double.
- * With dt = FSO_F32 every buffer is fp32 and matmuls use the backend's
+ * With dt = FSO_DT_F32 every buffer is fp32 and matmuls use the backend's
  * math: bf16 tensor cores with fp32 accumulation (cuBLAS
  * CUBLAS_COMPUTE_32F_FAST_16BF: inputs rounded to bf16, products summed in
  * fp32), or with FSO_CUDA_MATH=fp32 (read when a backend is created;
@@ -99,7 +99,7 @@ int fso_cuda_available(char *err, size_t errlen);
 
 #if FSO_HAVE_CUDA
 
-/* Matmul math of a CUDA backend for fp32 operands (dt = FSO_F32); bf16
+/* Matmul math of a CUDA backend for fp32 operands (dt = FSO_DT_F32); bf16
  * operands always multiply on the tensor cores with fp32 sums. */
 typedef enum fso_cuda_math {
     FSO_CUDA_MATH_BF16 = 0, /* bf16 tensor cores, fp32 accumulation (default) */

@@ -25,7 +25,7 @@
 
 static cudaDataType_t blas_type(fso_dtype dt)
 {
-    return dt == FSO_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+    return dt == FSO_DT_BF16 ? CUDA_R_16BF : CUDA_R_32F;
 }
 
 void fso_cuda_gemm(fso_backend *be, fso_dtype ab_dt, fso_dtype c_dt, int trans_a, int trans_b,
@@ -34,7 +34,7 @@ void fso_cuda_gemm(fso_backend *be, fso_dtype ab_dt, fso_dtype c_dt, int trans_a
                    long long stride_c, int batch)
 {
     fso_cuda_ctx *ctx = FSO_CUDA_CTX(be);
-    if (ab_dt != FSO_BF16 && c_dt == FSO_BF16) {
+    if (ab_dt != FSO_DT_BF16 && c_dt == FSO_DT_BF16) {
         fprintf(stderr, "%s:%d: fso_cuda_gemm: fp32 operands with a bf16 C (cuBLAS has no such "
                         "GEMM; narrow an fp32 result instead)\n", __FILE__, __LINE__);
         abort();
@@ -42,7 +42,7 @@ void fso_cuda_gemm(fso_backend *be, fso_dtype ab_dt, fso_dtype c_dt, int trans_a
     const cublasOperation_t ta = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
     const cublasOperation_t tb = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
     /* bf16 operands: exact in fp32, so either math is plain fp32 sums */
-    const cublasComputeType_t ct = ab_dt == FSO_BF16 || ctx->math == FSO_CUDA_MATH_FP32
+    const cublasComputeType_t ct = ab_dt == FSO_DT_BF16 || ctx->math == FSO_CUDA_MATH_FP32
                                        ? CUBLAS_COMPUTE_32F
                                        : CUBLAS_COMPUTE_32F_FAST_16BF;
     const cudaDataType_t abt = blas_type(ab_dt), ctt = blas_type(c_dt);
@@ -63,14 +63,14 @@ void fso_cuda_matmul_fwd(fso_backend *be, void *out, fso_dtype out_dt, const voi
     if (N <= 0 || Cout <= 0)
         return;
     fso_cuda_begin(be, FSO_CS_COMPUTE);
-    if (dt == FSO_BF16 || out_dt != FSO_BF16) {
+    if (dt == FSO_DT_BF16 || out_dt != FSO_DT_BF16) {
         fso_cuda_gemm(be, dt, out_dt, 1, 0, Cout, N, Cin, 1.0f, w, Cin, 0, x, Cin, 0, 0.0f, out,
                       Cout, 0, 1);
     } else { /* fp32 operands, bf16 out: an fp32 result rounded once */
         const size_t n = (size_t)N * Cout;
         float *tmp = fso_cuda_scratch(be, sizeof(float) * n);
         if (tmp) {
-            fso_cuda_gemm(be, dt, FSO_F32, 1, 0, Cout, N, Cin, 1.0f, w, Cin, 0, x, Cin, 0, 0.0f,
+            fso_cuda_gemm(be, dt, FSO_DT_F32, 1, 0, Cout, N, Cin, 1.0f, w, Cin, 0, x, Cin, 0, 0.0f,
                           tmp, Cout, 0, 1);
             fso_cuda_narrow(be, out, tmp, n);
         }
@@ -89,7 +89,7 @@ void fso_cuda_matmul_bwd(fso_backend *be, void *dx, fso_dtype dx_dt, float *dw, 
     /* scratch: dout in dt when it comes in the other type; an fp32 dx when
      * fp32 operands must give a bf16 one */
     const bool conv_dout = dout_dt != dt;
-    const bool dx_via_f32 = dx && dt != FSO_BF16 && dx_dt == FSO_BF16;
+    const bool dx_via_f32 = dx && dt != FSO_DT_BF16 && dx_dt == FSO_DT_BF16;
     const size_t dout_bytes = conv_dout ? fso_dtype_size(dt) * n_out : 0;
     const size_t dx_bytes = dx_via_f32 ? sizeof(float) * n_in : 0;
     const void *g = dout;
@@ -103,7 +103,7 @@ void fso_cuda_matmul_bwd(fso_backend *be, void *dx, fso_dtype dx_dt, float *dw, 
         }
         void *gconv = fso_cuda_scratch_part(&cur, dout_bytes);
         dx32 = fso_cuda_scratch_part(&cur, dx_bytes);
-        if (conv_dout && dt == FSO_BF16)
+        if (conv_dout && dt == FSO_DT_BF16)
             fso_cuda_narrow(be, gconv, dout, n_out);
         else if (conv_dout)
             fso_cuda_widen(be, gconv, dout, n_out);
@@ -116,11 +116,11 @@ void fso_cuda_matmul_bwd(fso_backend *be, void *dx, fso_dtype dx_dt, float *dw, 
     } else if (dx) { /* dx = round(dx_beta * widen(dx) + dout w), the sum in fp32 */
         if (dx_beta != 0.0f)
             fso_cuda_widen(be, dx32, dx, n_in);
-        fso_cuda_gemm(be, dt, FSO_F32, 0, 0, Cin, N, Cout, 1.0f, w, Cin, 0, g, Cout, 0, dx_beta,
+        fso_cuda_gemm(be, dt, FSO_DT_F32, 0, 0, Cin, N, Cout, 1.0f, w, Cin, 0, g, Cout, 0, dx_beta,
                       dx32, Cin, 0, 1);
         fso_cuda_narrow(be, dx, dx32, n_in);
     }
-    fso_cuda_gemm(be, dt, FSO_F32, 0, 1, Cin, Cout, N, 1.0f, x, Cin, 0, g, Cout, 0, 1.0f, dw, Cin,
-                  0, 1);
+    fso_cuda_gemm(be, dt, FSO_DT_F32, 0, 1, Cin, Cout, N, 1.0f, x, Cin, 0, g, Cout, 0, 1.0f, dw,
+                  Cin, 0, 1);
     fso_cuda_end(be, FSO_CS_COMPUTE, "matmul_bwd");
 }

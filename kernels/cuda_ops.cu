@@ -7,10 +7,10 @@
  * SwiGLU) are templates over the element type their [dt] tensors are stored
  * in (cuda_common.cuh): bf16 values widen exactly on load, the math is the
  * fp32 path's, and a bf16 output is rounded once, when stored. Ops are
- * queued on the compute stream and never wait on the host. Reductions that cross threads (RMSNorm's weight gradient, the
- * embedding gradient, sqnorm) give every output element one writer and add
- * in an order fixed by the sizes, so results repeat bit for bit; no atomics
- * on floats.
+ * queued on the compute stream and never wait on the host. Reductions that
+ * cross threads (RMSNorm's weight gradient, the embedding gradient, sqnorm)
+ * give every output element one writer and add in an order fixed by the
+ * sizes, so results repeat bit for bit; no atomics on floats.
  */
 #include <math.h>
 
@@ -47,7 +47,7 @@ extern "C" void fso_cuda_embedding_fwd(fso_backend *be, float *out, const int32_
     cudaStream_t s = fso_cuda_begin(be, FSO_CS_COMPUTE);
     const unsigned grid = fso_grid_for((size_t)N * C, EW_THREADS);
     unsigned *flags = FSO_CUDA_CTX(be)->dev_flags;
-    if (dt == FSO_BF16)
+    if (dt == FSO_DT_BF16)
         embedding_fwd_kernel<<<grid, EW_THREADS, 0, s>>>(out, tok, (const uint16_t *)wte, N, C,
                                                          flags);
     else
@@ -125,7 +125,7 @@ extern "C" void fso_cuda_rmsnorm_fwd(fso_backend *be, void *out, float *rstd, co
         return;
     cudaStream_t s = fso_cuda_begin(be, FSO_CS_COMPUTE);
     const unsigned threads = fso_row_threads((size_t)C, 512);
-    if (dt == FSO_BF16)
+    if (dt == FSO_DT_BF16)
         rmsnorm_fwd_kernel<<<(unsigned)N, threads, 0, s>>>((uint16_t *)out, rstd, x,
                                                            (const uint16_t *)w, C, eps);
     else
@@ -194,7 +194,7 @@ extern "C" void fso_cuda_rmsnorm_bwd(fso_backend *be, float *dx, float *dw, cons
     float *part = (float *)fso_cuda_scratch(be, sizeof(float) * (size_t)chunks * C);
     if (part) {
         const unsigned row_threads = fso_row_threads((size_t)C, 512);
-        if (dt == FSO_BF16)
+        if (dt == FSO_DT_BF16)
             rmsnorm_bwd_dx_kernel<<<(unsigned)N, row_threads, 0, s>>>(
                 dx, dout, x, (const uint16_t *)w, rstd, C);
         else
@@ -240,7 +240,7 @@ extern "C" void fso_cuda_rope(fso_backend *be, void *x, fso_dtype dt, const floa
     cudaStream_t s = fso_cuda_begin(be, FSO_CS_COMPUTE);
     const unsigned grid = fso_grid_for(pairs, EW_THREADS);
     const float sgn = inverse ? -1.0f : 1.0f;
-    if (dt == FSO_BF16)
+    if (dt == FSO_DT_BF16)
         rope_kernel<<<grid, EW_THREADS, 0, s>>>((uint16_t *)x, cos_t, sin_t, T, nh, D, sgn, pairs);
     else
         rope_kernel<<<grid, EW_THREADS, 0, s>>>((float *)x, cos_t, sin_t, T, nh, D, sgn, pairs);
@@ -332,7 +332,7 @@ extern "C" void fso_cuda_swiglu_fwd(fso_backend *be, void *out, const void *gate
     cudaStream_t s = fso_cuda_begin(be, FSO_CS_COMPUTE);
     const size_t n4 = quads(n, fso_dtype_size(dt), out, gate, up, NULL, NULL);
     const unsigned grid = fso_grid_for(n4 ? n4 : n, EW_THREADS);
-    if (dt == FSO_BF16)
+    if (dt == FSO_DT_BF16)
         swiglu_fwd_kernel<<<grid, EW_THREADS, 0, s>>>((uint16_t *)out, (const uint16_t *)gate,
                                                       (const uint16_t *)up, n, n4);
     else
@@ -349,7 +349,7 @@ extern "C" void fso_cuda_swiglu_bwd(fso_backend *be, void *dgate, void *dup, con
     cudaStream_t s = fso_cuda_begin(be, FSO_CS_COMPUTE);
     const size_t n4 = quads(n, fso_dtype_size(dt), dgate, dup, dout, gate, up);
     const unsigned grid = fso_grid_for(n4 ? n4 : n, EW_THREADS);
-    if (dt == FSO_BF16)
+    if (dt == FSO_DT_BF16)
         swiglu_bwd_kernel<<<grid, EW_THREADS, 0, s>>>(
             (uint16_t *)dgate, (uint16_t *)dup, (const uint16_t *)dout, (const uint16_t *)gate,
             (const uint16_t *)up, n, n4);

@@ -59,7 +59,7 @@ extern "C" void fso_cuda_causal_softmax(fso_backend *be, void *out, fso_dtype dt
 {
     cudaStream_t s = FSO_CUDA_CTX(be)->stream[FSO_CS_COMPUTE];
     const unsigned threads = fso_row_threads((size_t)T, 256);
-    if (dt == FSO_BF16)
+    if (dt == FSO_DT_BF16)
         causal_softmax_kernel<<<(unsigned)rows, threads, 0, s>>>((uint16_t *)out, out_head_elems,
                                                                  in, T);
     else
@@ -74,7 +74,7 @@ extern "C" void fso_cuda_causal_softmax_bwd(fso_backend *be, void *ds, fso_dtype
 {
     cudaStream_t s = FSO_CUDA_CTX(be)->stream[FSO_CS_COMPUTE];
     const unsigned threads = fso_row_threads((size_t)T, 256);
-    if (dt == FSO_BF16)
+    if (dt == FSO_DT_BF16)
         causal_softmax_bwd_kernel<<<(unsigned)rows, threads, 0, s>>>(
             (uint16_t *)ds, dp, (const uint16_t *)probs, probs_head_elems, T, scale);
     else
