@@ -19,16 +19,24 @@
  * devices) with that reason and its fix in err. fso_backend_is_cuda never
  * loads it.
  *
- * Precision (a deviation from DESIGN §3, until the backend interface moves
- * to bf16 activations): the ops' buffers are fp32 like every other
- * backend's. bf16 working parameters (bf16.enabled) are stored and gathered
- * as bf16 and widened by cast_bf16_f32 (exact) into the fp32 buffer the ops
- * read. Matmuls, including attention's, run on the tensor cores in bf16 with
- * fp32 accumulation (cuBLAS CUBLAS_COMPUTE_32F_FAST_16BF: inputs rounded to
- * bf16, products summed in fp32). Everything else computes in fp32 with fp32
- * accumulation; sqnorm accumulates in double. FSO_CUDA_MATH=fp32 (read when a
- * backend is created; default bf16) makes matmuls plain fp32 too, so tests
- * can hold the backend to the CPU reference tightly.
+ * Precision: the ops store what backend.h's types say: with dt = FSO_DT_BF16
+ * the weights as lent and the activations inside a layer are bf16 in
+ * device memory (read widened exactly, written rounded once to nearest
+ * even, NaNs kept), with fp32 math inside every op. Matmuls with bf16
+ * operands run on the tensor cores with fp32 accumulation
+ * (CUBLAS_COMPUTE_32F) into fp32 or bf16 results; an fp32 operand meeting
+ * bf16 ones (the fp32 gradient of a residual branch or of the logits) is
+ * rounded to bf16 first, in the backend's scratch. Attention computes its
+ * scores and their gradient in fp32 (a scratch slice of Hkv heads) and
+ * multiplies the stored bf16 probabilities and a bf16 rounding of dS
+ * (cuda_attention.c). The rest (norms, RoPE, SwiGLU, cross-entropy, AdamW)
+ * computes in fp32 with fp32 accumulation; sqnorm accumulates in double.
+ * With dt = FSO_DT_F32 every buffer is fp32 and matmuls use the backend's
+ * math: bf16 tensor cores with fp32 accumulation (cuBLAS
+ * CUBLAS_COMPUTE_32F_FAST_16BF: inputs rounded to bf16, products summed in
+ * fp32), or with FSO_CUDA_MATH=fp32 (read when a backend is created;
+ * default bf16) plain fp32, so tests can hold the backend to the CPU
+ * reference tightly.
  *
  * Streams: each backend has four, compute, host-to-device, device-to-host
  * and collectives. Ops run on compute; copy_h2d and copy_d2h on their copy
@@ -45,10 +53,13 @@
  * in sqnorm and sum over host memory the device cannot read (summed on the
  * CPU once the copies into it are done), in all_reduce_f64 and barrier
  * (host buffers), in buf_free, and when a scratch buffer first grows on a
- * device without stream-ordered allocation. sqnorm and sum results come
- * back to pinned memory asynchronously and are added to their outputs by
- * sync() or by wait_mark() of a later full mark, so a training step
- * synchronises with the device once, at its end.
+ * device without stream-ordered allocation. The scratch only grows, to the
+ * largest need of an op (attention's score slices, a matmul's bf16 copy
+ * of an fp32 gradient), so once a step has run, later steps allocate
+ * nothing. sqnorm and sum results come back to pinned memory
+ * asynchronously and are added to their outputs by sync() or by
+ * wait_mark() of a later full mark, so a training step synchronises with
+ * the device once, at its end.
  *
  * Debugging: FSO_CUDA_SYNC=1 (read when a backend is created) makes every
  * op and copy wait for its stream and check it, so the first failing one
@@ -88,7 +99,8 @@ int fso_cuda_available(char *err, size_t errlen);
 
 #if FSO_HAVE_CUDA
 
-/* Matmul math of a CUDA backend. */
+/* Matmul math of a CUDA backend for fp32 operands (dt = FSO_DT_F32); bf16
+ * operands always multiply on the tensor cores with fp32 sums. */
 typedef enum fso_cuda_math {
     FSO_CUDA_MATH_BF16 = 0, /* bf16 tensor cores, fp32 accumulation (default) */
     FSO_CUDA_MATH_FP32 = 1, /* plain fp32 (no TF32) */

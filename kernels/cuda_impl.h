@@ -105,42 +105,66 @@ void fso_cuda_end(fso_backend *be, fso_cuda_stream s, const char *what);
 
 /* At least `bytes` of device scratch on the compute stream, valid until
  * the next call (ops run one after another on that stream); NULL after a
- * recorded failure. */
+ * recorded failure. It only grows (by half again at least), so a training
+ * step's ops stop growing it after the first step. An op that needs
+ * several regions asks once for their total and splits it
+ * (fso_cuda_scratch_part), never twice: a second call may move the first
+ * region. */
 void *fso_cuda_scratch(fso_backend *be, size_t bytes);
 
-/* cuBLAS: C = alpha op(A) op(B) + beta C, column-major, fp32 storage, the
- * backend's math; batch > 1 uses the strides. */
-void fso_cuda_gemm(fso_backend *be, int trans_a, int trans_b, int m, int n, int k, float alpha,
-                   const float *A, int lda, long long stride_a, const float *B, int ldb,
-                   long long stride_b, float beta, float *C, int ldc, long long stride_c,
-                   int batch);
+/* Splitting one scratch request: each part starts on a 256-byte boundary.
+ * Add up the sizes with fso_cuda_scratch_round, then take the parts in the
+ * same order from the base with fso_cuda_scratch_part. */
+static inline size_t fso_cuda_scratch_round(size_t bytes)
+{
+    return (bytes + 255) & ~(size_t)255;
+}
+
+static inline void *fso_cuda_scratch_part(char **cursor, size_t bytes)
+{
+    void *p = *cursor;
+    *cursor += fso_cuda_scratch_round(bytes);
+    return p;
+}
+
+/* cuBLAS: C = alpha op(A) op(B) + beta C, column-major; batch > 1 uses the
+ * strides (in elements). A and B are stored in ab_dt, C in c_dt. fp32
+ * operands use the backend's math (fp32 C only); bf16 operands run on the
+ * tensor cores with fp32 accumulation (CUBLAS_COMPUTE_32F) into an fp32 C,
+ * or a bf16 C rounded once (beta != 0 adds its widened value first). */
+void fso_cuda_gemm(fso_backend *be, fso_dtype ab_dt, fso_dtype c_dt, int trans_a, int trans_b,
+                   int m, int n, int k, float alpha, const void *A, int lda, long long stride_a,
+                   const void *B, int ldb, long long stride_b, float beta, void *C, int ldc,
+                   long long stride_c, int batch);
 
 /* The ops (backend.h), defined in cuda_ops.cu, cuda_matmul.c and
  * cuda_attention.c. */
-void fso_cuda_embedding_fwd(fso_backend *be, float *out, const int32_t *tok, const float *wte,
-                            int N, int C);
+void fso_cuda_embedding_fwd(fso_backend *be, float *out, const int32_t *tok, const void *wte,
+                            fso_dtype dt, int N, int C);
 void fso_cuda_embedding_bwd(fso_backend *be, float *dwte, const int32_t *tok, const float *dout,
                             int N, int C);
-void fso_cuda_rmsnorm_fwd(fso_backend *be, float *out, float *rstd, const float *x,
-                          const float *w, int N, int C, float eps);
+void fso_cuda_rmsnorm_fwd(fso_backend *be, void *out, float *rstd, const float *x, const void *w,
+                          fso_dtype dt, int N, int C, float eps);
 void fso_cuda_rmsnorm_bwd(fso_backend *be, float *dx, float *dw, const float *dout,
-                          const float *x, const float *w, const float *rstd, int N, int C);
-void fso_cuda_matmul_fwd(fso_backend *be, float *out, const float *x, const float *w, int N,
-                         int Cin, int Cout);
-void fso_cuda_matmul_bwd(fso_backend *be, float *dx, float *dw, const float *dout,
-                         const float *x, const float *w, int N, int Cin, int Cout,
-                         float dx_beta);
-void fso_cuda_rope(fso_backend *be, float *x, const float *cos_t, const float *sin_t, int B,
-                   int T, int nh, int D, int inverse);
-void fso_cuda_attention_fwd(fso_backend *be, float *out, float *probs, const float *q,
-                            const float *k, const float *v, int B, int T, int H, int Hkv, int D);
-void fso_cuda_attention_bwd(fso_backend *be, float *dq, float *dk, float *dv, const float *dout,
-                            const float *probs, const float *q, const float *k, const float *v,
-                            int B, int T, int H, int Hkv, int D);
-void fso_cuda_swiglu_fwd(fso_backend *be, float *out, const float *gate, const float *up,
-                         size_t n);
-void fso_cuda_swiglu_bwd(fso_backend *be, float *dgate, float *dup, const float *dout,
-                         const float *gate, const float *up, size_t n);
+                          const float *x, const void *w, fso_dtype dt, const float *rstd, int N,
+                          int C);
+void fso_cuda_matmul_fwd(fso_backend *be, void *out, fso_dtype out_dt, const void *x,
+                         const void *w, fso_dtype dt, int N, int Cin, int Cout);
+void fso_cuda_matmul_bwd(fso_backend *be, void *dx, fso_dtype dx_dt, float *dw, const void *dout,
+                         fso_dtype dout_dt, const void *x, const void *w, fso_dtype dt, int N,
+                         int Cin, int Cout, float dx_beta);
+void fso_cuda_rope(fso_backend *be, void *x, fso_dtype dt, const float *cos_t,
+                   const float *sin_t, int B, int T, int nh, int D, int inverse);
+void fso_cuda_attention_fwd(fso_backend *be, void *out, void *probs, const void *q,
+                            const void *k, const void *v, fso_dtype dt, int B, int T, int H,
+                            int Hkv, int D);
+void fso_cuda_attention_bwd(fso_backend *be, void *dq, void *dk, void *dv, const void *dout,
+                            const void *probs, const void *q, const void *k, const void *v,
+                            fso_dtype dt, int B, int T, int H, int Hkv, int D);
+void fso_cuda_swiglu_fwd(fso_backend *be, void *out, const void *gate, const void *up,
+                         fso_dtype dt, size_t n);
+void fso_cuda_swiglu_bwd(fso_backend *be, void *dgate, void *dup, const void *dout,
+                         const void *gate, const void *up, fso_dtype dt, size_t n);
 void fso_cuda_add(fso_backend *be, float *out, const float *a, const float *b, size_t n);
 void fso_cuda_cross_entropy(fso_backend *be, float *dlogits, float *losses, const float *logits,
                             const int32_t *targets, int N, int V, float dscale);
@@ -149,13 +173,27 @@ void fso_cuda_cast_f32_bf16(fso_backend *be, uint16_t *dst, const float *src, si
 void fso_cuda_adamw(fso_backend *be, float *master, const float *grad, float *m, float *v,
                     void *out, int out_bf16, size_t n, const fso_adamw_consts *c);
 
+/* The casts' kernels queued on the compute stream inside an op (no
+ * ordering of their own): narrow rounds to nearest even as cast_f32_bf16,
+ * widen is exact. */
+void fso_cuda_narrow(fso_backend *be, uint16_t *dst, const float *src, size_t n);
+void fso_cuda_widen(fso_backend *be, float *dst, const uint16_t *src, size_t n);
+
 /* Attention's row kernels (cuda_softmax.cu), queued on the compute stream
- * inside an op: probs (rows, T) scaled scores -> causal softmax in place;
- * dp (rows, T) -> dS = P * (dP - rowsum(P * dP)) * scale in place. Row r is
- * position r % T. */
-void fso_cuda_causal_softmax(fso_backend *be, float *probs, size_t rows, int T);
-void fso_cuda_causal_softmax_bwd(fso_backend *be, float *dp, const float *probs, size_t rows,
-                                 int T, float scale);
+ * inside an op. Both take `rows` rows of T fp32 values, contiguous, row r
+ * being position r % T of head r / T; probabilities and their gradient
+ * are stored in dt, zero above the diagonal.
+ *   causal_softmax: in (rows, T) scaled scores -> out = causal softmax,
+ *     out's row r at out + (r / T) * out_head_elems + (r % T) * T; out may
+ *     be in (fp32, out_head_elems T*T).
+ *   causal_softmax_bwd: dp (rows, T) = dP -> ds (rows, T) = P * (dP -
+ *     rowsum(P * dP)) * scale, P's row r at probs + (r / T) *
+ *     probs_head_elems + (r % T) * T; ds may be dp (fp32). */
+void fso_cuda_causal_softmax(fso_backend *be, void *out, fso_dtype dt, size_t out_head_elems,
+                             const float *in, size_t rows, int T);
+void fso_cuda_causal_softmax_bwd(fso_backend *be, void *ds, fso_dtype dt, const float *dp,
+                                 const void *probs, size_t probs_head_elems, size_t rows, int T,
+                                 float scale);
 
 /* sqnorm's and sum's device part: scratch[0] = sum of x^2 (square) or of x
  * over n device-readable floats, in double, in a fixed order (fixed chunks,

@@ -29,7 +29,7 @@
 
 #if FSO_HAVE_CUDA
 
-#define FSO_CUDA_MODULE_ABI 1
+#define FSO_CUDA_MODULE_ABI 2
 #define FSO_CUDA_MODULE_FILE "libfso_cuda.so"
 #define FSO_CUDA_MODULE_SYMBOL "fso_cuda_module_get_api"
 

@@ -3,11 +3,14 @@
  * casts and AdamW.
  *
  * Each op mirrors the formula of cpu_ref.c in fp32 with fp32 accumulation
- * (sqnorm and sum: double). Ops are queued on the compute stream and never wait on
- * the host. Reductions that cross threads (RMSNorm's weight gradient, the
- * embedding gradient, sqnorm) give every output element one writer and add
- * in an order fixed by the sizes, so results repeat bit for bit; no atomics
- * on floats.
+ * (sqnorm and sum: double). The typed ops (embedding_fwd, RMSNorm, RoPE,
+ * SwiGLU) are templates over the element type their [dt] tensors are stored
+ * in (cuda_common.cuh): bf16 values widen exactly on load, the math is the
+ * fp32 path's, and a bf16 output is rounded once, when stored. Ops are
+ * queued on the compute stream and never wait on the host. Reductions that
+ * cross threads (RMSNorm's weight gradient, the embedding gradient, sqnorm)
+ * give every output element one writer and add in an order fixed by the
+ * sizes, so results repeat bit for bit; no atomics on floats.
  */
 #include <math.h>
 
@@ -17,8 +20,9 @@
 
 /* ------------------------------------------------------------ embedding */
 
-__global__ void embedding_fwd_kernel(float *out, const int32_t *tok, const float *wte, int N,
-                                     int C, unsigned *flags)
+template <typename W>
+__global__ void embedding_fwd_kernel(float *out, const int32_t *tok, const W *wte, int N, int C,
+                                     unsigned *flags)
 {
     const size_t total = (size_t)N * C;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
@@ -30,19 +34,25 @@ __global__ void embedding_fwd_kernel(float *out, const int32_t *tok, const float
                 atomicOr(flags, FSO_CUDA_FLAG_BAD_TOKEN);
             out[i] = 0.0f;
         } else {
-            out[i] = wte[(size_t)t * C + c];
+            out[i] = fso_load(wte + (size_t)t * C + c);
         }
     }
 }
 
 extern "C" void fso_cuda_embedding_fwd(fso_backend *be, float *out, const int32_t *tok,
-                                       const float *wte, int N, int C)
+                                       const void *wte, fso_dtype dt, int N, int C)
 {
     if (N <= 0 || C <= 0)
         return;
     cudaStream_t s = fso_cuda_begin(be, FSO_CS_COMPUTE);
-    embedding_fwd_kernel<<<fso_grid_for((size_t)N * C, EW_THREADS), EW_THREADS, 0, s>>>(
-        out, tok, wte, N, C, FSO_CUDA_CTX(be)->dev_flags);
+    const unsigned grid = fso_grid_for((size_t)N * C, EW_THREADS);
+    unsigned *flags = FSO_CUDA_CTX(be)->dev_flags;
+    if (dt == FSO_DT_BF16)
+        embedding_fwd_kernel<<<grid, EW_THREADS, 0, s>>>(out, tok, (const uint16_t *)wte, N, C,
+                                                         flags);
+    else
+        embedding_fwd_kernel<<<grid, EW_THREADS, 0, s>>>(out, tok, (const float *)wte, N, C,
+                                                         flags);
     fso_cuda_end(be, FSO_CS_COMPUTE, "embedding_fwd");
 }
 
@@ -87,9 +97,11 @@ extern "C" void fso_cuda_embedding_bwd(fso_backend *be, float *dwte, const int32
 
 /* ------------------------------------------------------------ rmsnorm */
 
-/* One block per row: rstd = (mean(x^2) + eps)^-1/2, out = x * rstd * w. */
-__global__ void rmsnorm_fwd_kernel(float *out, float *rstd, const float *x, const float *w,
-                                   int C, float eps)
+/* One block per row: rstd = (mean(x^2) + eps)^-1/2, out = x * rstd * w,
+ * out and w stored as E. */
+template <typename E>
+__global__ void rmsnorm_fwd_kernel(E *out, float *rstd, const float *x, const E *w, int C,
+                                   float eps)
 {
     __shared__ float sh[32];
     const size_t row = blockIdx.x;
@@ -101,38 +113,45 @@ __global__ void rmsnorm_fwd_kernel(float *out, float *rstd, const float *x, cons
     const float r = 1.0f / sqrtf(ss / (float)C + eps);
     if (threadIdx.x == 0)
         rstd[row] = r;
-    float *o = out + row * C;
+    E *o = out + row * C;
     for (int c = threadIdx.x; c < C; c += blockDim.x)
-        o[c] = xr[c] * r * w[c];
+        fso_store(o + c, xr[c] * r * fso_load(w + c));
 }
 
-extern "C" void fso_cuda_rmsnorm_fwd(fso_backend *be, float *out, float *rstd, const float *x,
-                                     const float *w, int N, int C, float eps)
+extern "C" void fso_cuda_rmsnorm_fwd(fso_backend *be, void *out, float *rstd, const float *x,
+                                     const void *w, fso_dtype dt, int N, int C, float eps)
 {
     if (N <= 0 || C <= 0)
         return;
     cudaStream_t s = fso_cuda_begin(be, FSO_CS_COMPUTE);
-    rmsnorm_fwd_kernel<<<(unsigned)N, fso_row_threads((size_t)C, 512), 0, s>>>(out, rstd, x, w,
-                                                                              C, eps);
+    const unsigned threads = fso_row_threads((size_t)C, 512);
+    if (dt == FSO_DT_BF16)
+        rmsnorm_fwd_kernel<<<(unsigned)N, threads, 0, s>>>((uint16_t *)out, rstd, x,
+                                                           (const uint16_t *)w, C, eps);
+    else
+        rmsnorm_fwd_kernel<<<(unsigned)N, threads, 0, s>>>((float *)out, rstd, x,
+                                                           (const float *)w, C, eps);
     fso_cuda_end(be, FSO_CS_COMPUTE, "rmsnorm_fwd");
 }
 
-/* dx += r * w*dy - x * r^3 / C * sum(w*dy*x), one block per row. */
-__global__ void rmsnorm_bwd_dx_kernel(float *dx, const float *dout, const float *x,
-                                      const float *w, const float *rstd, int C)
+/* dx += r * w*dy - x * r^3 / C * sum(w*dy*x), one block per row; w stored
+ * as E. */
+template <typename E>
+__global__ void rmsnorm_bwd_dx_kernel(float *dx, const float *dout, const float *x, const E *w,
+                                      const float *rstd, int C)
 {
     __shared__ float sh[32];
     const size_t row = blockIdx.x;
     const float *xr = x + row * C, *dy = dout + row * C;
     float dot = 0.0f;
     for (int c = threadIdx.x; c < C; c += blockDim.x)
-        dot += w[c] * dy[c] * xr[c];
+        dot += fso_load(w + c) * dy[c] * xr[c];
     dot = fso_block_sum(dot, sh);
     const float r = rstd[row];
     const float k = r * r * r * dot / (float)C;
     float *d = dx + row * C;
     for (int c = threadIdx.x; c < C; c += blockDim.x)
-        d[c] += r * w[c] * dy[c] - xr[c] * k;
+        d[c] += r * fso_load(w + c) * dy[c] - xr[c] * k;
 }
 
 /* dw partials: part[chunk][c] = sum over the chunk's rows, in order. */
@@ -165,8 +184,8 @@ __global__ void rmsnorm_bwd_dw_sum_kernel(float *dw, const float *part, int chun
 }
 
 extern "C" void fso_cuda_rmsnorm_bwd(fso_backend *be, float *dx, float *dw, const float *dout,
-                                     const float *x, const float *w, const float *rstd, int N,
-                                     int C)
+                                     const float *x, const void *w, fso_dtype dt,
+                                     const float *rstd, int N, int C)
 {
     if (N <= 0 || C <= 0)
         return;
@@ -174,8 +193,13 @@ extern "C" void fso_cuda_rmsnorm_bwd(fso_backend *be, float *dx, float *dw, cons
     const int chunks = (N + RN_ROWS_PER_CHUNK - 1) / RN_ROWS_PER_CHUNK;
     float *part = (float *)fso_cuda_scratch(be, sizeof(float) * (size_t)chunks * C);
     if (part) {
-        rmsnorm_bwd_dx_kernel<<<(unsigned)N, fso_row_threads((size_t)C, 512), 0, s>>>(
-            dx, dout, x, w, rstd, C);
+        const unsigned row_threads = fso_row_threads((size_t)C, 512);
+        if (dt == FSO_DT_BF16)
+            rmsnorm_bwd_dx_kernel<<<(unsigned)N, row_threads, 0, s>>>(
+                dx, dout, x, (const uint16_t *)w, rstd, C);
+        else
+            rmsnorm_bwd_dx_kernel<<<(unsigned)N, row_threads, 0, s>>>(dx, dout, x,
+                                                                      (const float *)w, rstd, C);
         const unsigned threads = C < 256 ? 32 : 256;
         dim3 grid((unsigned)((C + threads - 1) / threads), (unsigned)chunks);
         rmsnorm_bwd_dw_partial_kernel<<<grid, threads, 0, s>>>(part, dout, x, rstd, N, C);
@@ -187,9 +211,11 @@ extern "C" void fso_cuda_rmsnorm_bwd(fso_backend *be, float *dx, float *dw, cons
 
 /* ------------------------------------------------------------ rope */
 
-/* Rotate-half RoPE in place: one thread per (row, head, pair i < D/2). */
-__global__ void rope_kernel(float *x, const float *cos_t, const float *sin_t, int T, int nh,
-                            int D, float sgn, size_t pairs)
+/* Rotate-half RoPE in place: one thread per (row, head, pair i < D/2), x
+ * stored as E. */
+template <typename E>
+__global__ void rope_kernel(E *x, const float *cos_t, const float *sin_t, int T, int nh, int D,
+                            float sgn, size_t pairs)
 {
     const int half = D / 2;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < pairs;
@@ -197,46 +223,87 @@ __global__ void rope_kernel(float *x, const float *cos_t, const float *sin_t, in
         const int p = (int)(i % half);
         const size_t rest = i / half; /* (b*T + t) * nh + h */
         const int t = (int)((rest / nh) % T);
-        float *v = x + rest * D;
+        E *v = x + rest * D;
         const float c = cos_t[(size_t)t * half + p], sn = sgn * sin_t[(size_t)t * half + p];
-        const float x1 = v[p], x2 = v[p + half];
-        v[p] = x1 * c - x2 * sn;
-        v[p + half] = x2 * c + x1 * sn;
+        const float x1 = fso_load(v + p), x2 = fso_load(v + p + half);
+        fso_store(v + p, x1 * c - x2 * sn);
+        fso_store(v + p + half, x2 * c + x1 * sn);
     }
 }
 
-extern "C" void fso_cuda_rope(fso_backend *be, float *x, const float *cos_t, const float *sin_t,
-                              int B, int T, int nh, int D, int inverse)
+extern "C" void fso_cuda_rope(fso_backend *be, void *x, fso_dtype dt, const float *cos_t,
+                              const float *sin_t, int B, int T, int nh, int D, int inverse)
 {
     const size_t pairs = (size_t)B * T * nh * (D / 2);
     if (pairs == 0)
         return;
     cudaStream_t s = fso_cuda_begin(be, FSO_CS_COMPUTE);
-    rope_kernel<<<fso_grid_for(pairs, EW_THREADS), EW_THREADS, 0, s>>>(
-        x, cos_t, sin_t, T, nh, D, inverse ? -1.0f : 1.0f, pairs);
+    const unsigned grid = fso_grid_for(pairs, EW_THREADS);
+    const float sgn = inverse ? -1.0f : 1.0f;
+    if (dt == FSO_DT_BF16)
+        rope_kernel<<<grid, EW_THREADS, 0, s>>>((uint16_t *)x, cos_t, sin_t, T, nh, D, sgn, pairs);
+    else
+        rope_kernel<<<grid, EW_THREADS, 0, s>>>((float *)x, cos_t, sin_t, T, nh, D, sgn, pairs);
     fso_cuda_end(be, FSO_CS_COMPUTE, "rope");
 }
 
 /* ------------------------------------------------------------ elementwise */
 
-__global__ void swiglu_fwd_kernel(float *out, const float *gate, const float *up, size_t n)
+/* The SwiGLU kernels visit quads of elements with one vector load per
+ * tensor where every pointer is aligned to four elements (n4 = n / 4
+ * quads), the rest one at a time; each element's inputs are read before
+ * its outputs are written, so an output may alias an input. */
+__device__ __forceinline__ float swiglu_of(float g, float u)
 {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x) {
-        const float g = gate[i];
-        out[i] = g / (1.0f + expf(-g)) * up[i];
-    }
+    return g / (1.0f + expf(-g)) * u;
 }
 
 /* silu'(g) = sig(g) * (1 + g * (1 - sig(g))) */
-__global__ void swiglu_bwd_kernel(float *dgate, float *dup, const float *dout, const float *gate,
-                                  const float *up, size_t n)
+__device__ __forceinline__ void swiglu_grad(float dy, float g, float u, float *dg, float *du)
 {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x) {
-        const float g = gate[i], sg = 1.0f / (1.0f + expf(-g)), dy = dout[i], u = up[i];
-        dup[i] = dy * g * sg;
-        dgate[i] = dy * u * sg * (1.0f + g * (1.0f - sg));
+    const float sg = 1.0f / (1.0f + expf(-g));
+    *du = dy * g * sg;
+    *dg = dy * u * sg * (1.0f + g * (1.0f - sg));
+}
+
+template <typename E>
+__global__ void swiglu_fwd_kernel(E *out, const E *gate, const E *up, size_t n, size_t n4)
+{
+    const size_t first = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = first; i < n4; i += stride) {
+        float g[4], u[4], o[4];
+        fso_load4(gate + 4 * i, g);
+        fso_load4(up + 4 * i, u);
+        for (int j = 0; j < 4; j++)
+            o[j] = swiglu_of(g[j], u[j]);
+        fso_store4(out + 4 * i, o);
+    }
+    for (size_t i = 4 * n4 + first; i < n; i += stride)
+        fso_store(out + i, swiglu_of(fso_load(gate + i), fso_load(up + i)));
+}
+
+template <typename E>
+__global__ void swiglu_bwd_kernel(E *dgate, E *dup, const E *dout, const E *gate, const E *up,
+                                  size_t n, size_t n4)
+{
+    const size_t first = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = first; i < n4; i += stride) {
+        float dy[4], g[4], u[4], dg[4], du[4];
+        fso_load4(dout + 4 * i, dy);
+        fso_load4(gate + 4 * i, g);
+        fso_load4(up + 4 * i, u);
+        for (int j = 0; j < 4; j++)
+            swiglu_grad(dy[j], g[j], u[j], &dg[j], &du[j]);
+        fso_store4(dgate + 4 * i, dg);
+        fso_store4(dup + 4 * i, du);
+    }
+    for (size_t i = 4 * n4 + first; i < n; i += stride) {
+        float dg, du;
+        swiglu_grad(fso_load(dout + i), fso_load(gate + i), fso_load(up + i), &dg, &du);
+        fso_store(dgate + i, dg);
+        fso_store(dup + i, du);
     }
 }
 
@@ -247,24 +314,49 @@ __global__ void add_kernel(float *out, const float *a, const float *b, size_t n)
         out[i] = a[i] + b[i];
 }
 
-extern "C" void fso_cuda_swiglu_fwd(fso_backend *be, float *out, const float *gate,
-                                    const float *up, size_t n)
+/* Quads when every pointer is aligned to four elements of es bytes. */
+static size_t quads(size_t n, size_t es, const void *a, const void *b, const void *c,
+                    const void *d, const void *e)
+{
+    const size_t al = 4 * es;
+    const bool ok = fso_aligned(a, al) && fso_aligned(b, al) && fso_aligned(c, al) &&
+                    (!d || fso_aligned(d, al)) && (!e || fso_aligned(e, al));
+    return ok ? n / 4 : 0;
+}
+
+extern "C" void fso_cuda_swiglu_fwd(fso_backend *be, void *out, const void *gate, const void *up,
+                                    fso_dtype dt, size_t n)
 {
     if (n == 0)
         return;
     cudaStream_t s = fso_cuda_begin(be, FSO_CS_COMPUTE);
-    swiglu_fwd_kernel<<<fso_grid_for(n, EW_THREADS), EW_THREADS, 0, s>>>(out, gate, up, n);
+    const size_t n4 = quads(n, fso_dtype_size(dt), out, gate, up, NULL, NULL);
+    const unsigned grid = fso_grid_for(n4 ? n4 : n, EW_THREADS);
+    if (dt == FSO_DT_BF16)
+        swiglu_fwd_kernel<<<grid, EW_THREADS, 0, s>>>((uint16_t *)out, (const uint16_t *)gate,
+                                                      (const uint16_t *)up, n, n4);
+    else
+        swiglu_fwd_kernel<<<grid, EW_THREADS, 0, s>>>((float *)out, (const float *)gate,
+                                                      (const float *)up, n, n4);
     fso_cuda_end(be, FSO_CS_COMPUTE, "swiglu_fwd");
 }
 
-extern "C" void fso_cuda_swiglu_bwd(fso_backend *be, float *dgate, float *dup, const float *dout,
-                                    const float *gate, const float *up, size_t n)
+extern "C" void fso_cuda_swiglu_bwd(fso_backend *be, void *dgate, void *dup, const void *dout,
+                                    const void *gate, const void *up, fso_dtype dt, size_t n)
 {
     if (n == 0)
         return;
     cudaStream_t s = fso_cuda_begin(be, FSO_CS_COMPUTE);
-    swiglu_bwd_kernel<<<fso_grid_for(n, EW_THREADS), EW_THREADS, 0, s>>>(dgate, dup, dout, gate,
-                                                                         up, n);
+    const size_t n4 = quads(n, fso_dtype_size(dt), dgate, dup, dout, gate, up);
+    const unsigned grid = fso_grid_for(n4 ? n4 : n, EW_THREADS);
+    if (dt == FSO_DT_BF16)
+        swiglu_bwd_kernel<<<grid, EW_THREADS, 0, s>>>(
+            (uint16_t *)dgate, (uint16_t *)dup, (const uint16_t *)dout, (const uint16_t *)gate,
+            (const uint16_t *)up, n, n4);
+    else
+        swiglu_bwd_kernel<<<grid, EW_THREADS, 0, s>>>((float *)dgate, (float *)dup,
+                                                      (const float *)dout, (const float *)gate,
+                                                      (const float *)up, n, n4);
     fso_cuda_end(be, FSO_CS_COMPUTE, "swiglu_bwd");
 }
 
@@ -286,7 +378,30 @@ __global__ void cast_bf16_f32_kernel(float *dst, const uint16_t *src, size_t n)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x)
-        dst[i] = __uint_as_float((unsigned)src[i] << 16);
+        dst[i] = fso_f32_of(src[i]);
+}
+
+__global__ void cast_f32_bf16_kernel(uint16_t *dst, const float *src, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = fso_bf16_of(src[i]);
+}
+
+extern "C" void fso_cuda_widen(fso_backend *be, float *dst, const uint16_t *src, size_t n)
+{
+    if (n == 0)
+        return;
+    cudaStream_t s = FSO_CUDA_CTX(be)->stream[FSO_CS_COMPUTE];
+    cast_bf16_f32_kernel<<<fso_grid_for(n, EW_THREADS), EW_THREADS, 0, s>>>(dst, src, n);
+}
+
+extern "C" void fso_cuda_narrow(fso_backend *be, uint16_t *dst, const float *src, size_t n)
+{
+    if (n == 0)
+        return;
+    cudaStream_t s = FSO_CUDA_CTX(be)->stream[FSO_CS_COMPUTE];
+    cast_f32_bf16_kernel<<<fso_grid_for(n, EW_THREADS), EW_THREADS, 0, s>>>(dst, src, n);
 }
 
 extern "C" void fso_cuda_cast_bf16_f32(fso_backend *be, float *dst, const uint16_t *src,
@@ -294,23 +409,9 @@ extern "C" void fso_cuda_cast_bf16_f32(fso_backend *be, float *dst, const uint16
 {
     if (n == 0)
         return;
-    cudaStream_t s = fso_cuda_begin(be, FSO_CS_COMPUTE);
-    cast_bf16_f32_kernel<<<fso_grid_for(n, EW_THREADS), EW_THREADS, 0, s>>>(dst, src, n);
+    fso_cuda_begin(be, FSO_CS_COMPUTE);
+    fso_cuda_widen(be, dst, src, n);
     fso_cuda_end(be, FSO_CS_COMPUTE, "cast_bf16_f32");
-}
-
-__device__ __forceinline__ uint16_t bf16_of(float f)
-{
-    unsigned u = __float_as_uint(f);
-    return (u & 0x7fffffffu) > 0x7f800000u ? (uint16_t)((u >> 16) | 0x0040u)
-                                           : (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
-__global__ void cast_f32_bf16_kernel(uint16_t *dst, const float *src, size_t n)
-{
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x)
-        dst[i] = bf16_of(src[i]);
 }
 
 extern "C" void fso_cuda_cast_f32_bf16(fso_backend *be, uint16_t *dst, const float *src,
@@ -318,8 +419,8 @@ extern "C" void fso_cuda_cast_f32_bf16(fso_backend *be, uint16_t *dst, const flo
 {
     if (n == 0)
         return;
-    cudaStream_t s = fso_cuda_begin(be, FSO_CS_COMPUTE);
-    cast_f32_bf16_kernel<<<fso_grid_for(n, EW_THREADS), EW_THREADS, 0, s>>>(dst, src, n);
+    fso_cuda_begin(be, FSO_CS_COMPUTE);
+    fso_cuda_narrow(be, dst, src, n);
     fso_cuda_end(be, FSO_CS_COMPUTE, "cast_f32_bf16");
 }
 
@@ -348,7 +449,7 @@ __global__ void adamw_kernel(float *master, const float *grad, float *m, float *
         if (!out_bf16)
             ((float *)out)[i] = p;
         else
-            ((uint16_t *)out)[i] = bf16_of(p);
+            ((uint16_t *)out)[i] = fso_bf16_of(p);
     }
 }
 

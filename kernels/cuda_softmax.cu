@@ -1,57 +1,83 @@
 /* cuda_softmax.cu — attention's row kernels: the causal softmax over the
  * scaled scores and its backward (cuda_attention.c runs the GEMMs around
- * them). One block per row of T; rows past the diagonal come out exactly 0.
+ * them). One block per row of T; the scores and their gradient come in
+ * fp32, probabilities and their gradient go out stored as the op's type
+ * (float or bf16 bits, cuda_common.cuh), zeros above the diagonal included.
+ * In place when both are fp32: every thread reads an element before it
+ * writes it, and no other thread touches it.
  */
 #include <math.h>
 
 #include "cuda_common.cuh"
 
-/* One block per row (b, h, t) of probs, holding scaled scores on entry. */
-__global__ void causal_softmax_kernel(float *probs, int T)
+/* Block r: the scaled scores in row r of `in`, its probabilities to row
+ * (r / T) * out_head + (r % T) * T of out (in elements). */
+template <typename E>
+__global__ void causal_softmax_kernel(E *out, size_t out_head, const float *in, int T)
 {
     __shared__ float sh[32];
     const size_t row = blockIdx.x;
     const int t = (int)(row % T);
-    float *p = probs + row * T;
+    const float *x = in + row * T;
+    E *p = out + (row / T) * out_head + (size_t)t * T;
     float mx = -INFINITY;
     for (int s = threadIdx.x; s <= t; s += blockDim.x)
-        mx = fmaxf(mx, p[s]);
+        mx = fmaxf(mx, x[s]);
     mx = fso_block_max(mx, sh);
     float part = 0.0f;
     for (int s = threadIdx.x; s <= t; s += blockDim.x)
-        part += expf(p[s] - mx);
+        part += expf(x[s] - mx);
     const float sum = fso_block_sum(part, sh);
     for (int s = threadIdx.x; s < T; s += blockDim.x)
-        p[s] = s <= t ? expf(p[s] - mx) / sum : 0.0f;
+        fso_store(p + s, s <= t ? expf(x[s] - mx) / sum : 0.0f);
 }
 
-/* dS = P * (dP - rowsum(P * dP)) * scale over one batch's H*T rows; dS
- * written over dP, zero above the diagonal. */
-__global__ void causal_softmax_bwd_kernel(float *dp, const float *probs, int T, float scale)
+/* Block r: dS = P * (dP - rowsum(P * dP)) * scale from row r of dp and the
+ * probabilities at row (r / T) * probs_head + (r % T) * T, to row r of ds;
+ * zero above the diagonal. */
+template <typename E>
+__global__ void causal_softmax_bwd_kernel(E *ds, const float *dp, const E *probs,
+                                          size_t probs_head, int T, float scale)
 {
     __shared__ float sh[32];
     const size_t row = blockIdx.x;
     const int t = (int)(row % T);
-    const float *p = probs + row * T;
-    float *d = dp + row * T;
+    const E *p = probs + (row / T) * probs_head + (size_t)t * T;
+    const float *d = dp + row * T;
+    E *o = ds + row * T;
     float part = 0.0f;
     for (int s = threadIdx.x; s <= t; s += blockDim.x)
-        part += p[s] * d[s];
+        part += fso_load(p + s) * d[s];
     const float rowsum = fso_block_sum(part, sh);
     for (int s = threadIdx.x; s < T; s += blockDim.x)
-        d[s] = s <= t ? p[s] * (d[s] - rowsum) * scale : 0.0f;
+        fso_store(o + s, s <= t ? fso_load(p + s) * (d[s] - rowsum) * scale : 0.0f);
 }
 
-extern "C" void fso_cuda_causal_softmax(fso_backend *be, float *probs, size_t rows, int T)
+extern "C" void fso_cuda_causal_softmax(fso_backend *be, void *out, fso_dtype dt,
+                                        size_t out_head_elems, const float *in, size_t rows,
+                                        int T)
 {
     cudaStream_t s = FSO_CUDA_CTX(be)->stream[FSO_CS_COMPUTE];
-    causal_softmax_kernel<<<(unsigned)rows, fso_row_threads((size_t)T, 256), 0, s>>>(probs, T);
+    const unsigned threads = fso_row_threads((size_t)T, 256);
+    if (dt == FSO_DT_BF16)
+        causal_softmax_kernel<<<(unsigned)rows, threads, 0, s>>>((uint16_t *)out, out_head_elems,
+                                                                 in, T);
+    else
+        causal_softmax_kernel<<<(unsigned)rows, threads, 0, s>>>((float *)out, out_head_elems, in,
+                                                                 T);
 }
 
-extern "C" void fso_cuda_causal_softmax_bwd(fso_backend *be, float *dp, const float *probs,
-                                            size_t rows, int T, float scale)
+extern "C" void fso_cuda_causal_softmax_bwd(fso_backend *be, void *ds, fso_dtype dt,
+                                            const float *dp, const void *probs,
+                                            size_t probs_head_elems, size_t rows, int T,
+                                            float scale)
 {
     cudaStream_t s = FSO_CUDA_CTX(be)->stream[FSO_CS_COMPUTE];
-    causal_softmax_bwd_kernel<<<(unsigned)rows, fso_row_threads((size_t)T, 256), 0, s>>>(
-        dp, probs, T, scale);
+    const unsigned threads = fso_row_threads((size_t)T, 256);
+    if (dt == FSO_DT_BF16)
+        causal_softmax_bwd_kernel<<<(unsigned)rows, threads, 0, s>>>(
+            (uint16_t *)ds, dp, (const uint16_t *)probs, probs_head_elems, T, scale);
+    else
+        causal_softmax_bwd_kernel<<<(unsigned)rows, threads, 0, s>>>(
+            (float *)ds, dp, (const float *)probs, probs_head_elems, T, scale);
 }

@@ -7,7 +7,10 @@
  * in fp32 either way and keep 1e-5). Outputs live in device buffers with
  * sentinel guard regions on both sides, checked after each op; results are
  * checked for NaN/Inf (except the bf16 cast, which must keep them: it is
- * compared bit for bit). Without a CUDA device (or in a build without
+ * compared bit for bit). The typed ops run again with bf16 storage (dt =
+ * FSO_DT_BF16) against the reference's bf16 path on the same bf16 inputs,
+ * with bf16 guard regions and the tolerances declared with them. Without a
+ * CUDA device (or in a build without
  * CUDA) the program prints why and exits 77 (skipped) before CMocka starts.
  * Last, a few training steps end to end on the GPUs against the CPU
  * backend, at several placements, within declared tolerances.
@@ -191,6 +194,111 @@ static void check(fso_backend *be, int m, const char *what, const float *d, cons
 static double mm_tol(int m)
 {
     return m == 0 ? TOL_FP32 : TOL_BF16;
+}
+
+/* ---------------------------------------------------------------- bf16 buffers */
+
+/* The typed ops with dt = FSO_DT_BF16 run on the reference and on the CUDA
+ * backend from the same bf16 inputs. Declared tolerances (normalized
+ * error), besides TOL_FP32 for fp32 results of identical operands:
+ *   TOL_BF16_STORE: a bf16 output both compute in fp32 from the same
+ *     values and round once. They differ only where fp32 rounding noise
+ *     crosses a rounding boundary (rare); truncating instead of rounding
+ *     to nearest would give about 4e-3, rounding a group's partial sums
+ *     (attention's dk, dv) about 2e-3.
+ *   TOL_BF16_OPERAND: the CUDA backend's products round an fp32 operand
+ *     to bf16 (an fp32 dout, attention's probabilities and dS; backend.h),
+ *     half an ulp of bf16 (2^-9) per element at most. */
+#define GUARD16 0x4640u  /* bf16 sentinel (12288) */
+#define TOL_BF16_STORE 1e-3
+#define TOL_BF16_OPERAND 1e-2
+/* fp32 results of the same bf16 operands: fp32 sums on the tensor cores
+ * against the reference's (operand rounding would show as 1e-3) */
+#define TOL_BF16_SUM 1e-4
+
+/* Host bf16 from fp32 and back, by the reference's casts (host memory). */
+static uint16_t *hround(const float *src, size_t n)
+{
+    uint16_t *p = calloc(n ? n : 1, sizeof(uint16_t));
+    assert_non_null(p);
+    ref->ops->cast_f32_bf16(ref, p, src, n);
+    return p;
+}
+
+static float *hwiden(const uint16_t *src, size_t n)
+{
+    float *p = hbuf(n);
+    ref->ops->cast_bf16_f32(ref, p, src, n);
+    return p;
+}
+
+static uint16_t *hrand16(size_t n, double scale)
+{
+    float *f = hrand(n, scale);
+    uint16_t *p = hround(f, n);
+    free(f);
+    return p;
+}
+
+static uint16_t *hbuf16(size_t n)
+{
+    uint16_t *p = calloc(n ? n : 1, sizeof(uint16_t));
+    assert_non_null(p);
+    return p;
+}
+
+/* n bf16 values on the device between two GUARD-element sentinel regions. */
+static uint16_t *dnew16(fso_backend *be, size_t n)
+{
+    void *base = NULL;
+    assert_int_equal(be->ops->buf_alloc(be, sizeof(uint16_t) * (n + 2 * GUARD), &base), 0);
+    uint16_t *fill = hbuf16(n + 2 * GUARD);
+    for (size_t i = 0; i < n + 2 * GUARD; i++)
+        fill[i] = GUARD16;
+    be->ops->copy_h2d(be, base, fill, sizeof(uint16_t) * (n + 2 * GUARD));
+    assert_int_equal(be->ops->sync(be), 0);
+    free(fill);
+    return (uint16_t *)base + GUARD;
+}
+
+static void dfree16(fso_backend *be, uint16_t *d)
+{
+    if (d)
+        be->ops->buf_free(be, d - GUARD);
+}
+
+static uint16_t *dput16(fso_backend *be, const uint16_t *h, size_t n)
+{
+    uint16_t *d = dnew16(be, n);
+    be->ops->copy_h2d(be, d, h, sizeof(uint16_t) * n);
+    return d;
+}
+
+/* Copy n bf16 values back (after everything queued), check the guards and
+ * return them widened. */
+static float *dget16(fso_backend *be, const uint16_t *d, size_t n, const char *what)
+{
+    uint16_t *h = hbuf16(n + 2 * GUARD);
+    be->ops->copy_d2h(be, h, d - GUARD, sizeof(uint16_t) * (n + 2 * GUARD));
+    int rc = be->ops->sync(be);
+    if (rc != 0)
+        fail_msg("%s: sync failed: %s", what, be->err);
+    for (int i = 0; i < GUARD; i++)
+        if (h[i] != GUARD16 || h[GUARD + n + i] != GUARD16)
+            fail_msg("%s: write outside the output (guard %d)", what, i);
+    float *f = hwiden(h + GUARD, n);
+    free(h);
+    return f;
+}
+
+/* A bf16 device result against the reference's bf16 host result. */
+static void check16(fso_backend *be, int m, const char *what, const uint16_t *d,
+                    const uint16_t *want, size_t n, double tol)
+{
+    float *got = dget16(be, d, n, what), *w = hwiden(want, n);
+    compare(what, m, got, w, n, tol);
+    free(got);
+    free(w);
 }
 
 /* ---------------------------------------------------------------- matmul */
@@ -442,6 +550,312 @@ static void test_swiglu_and_add_match_reference(void **state)
         for (size_t i = 0; i < sizeof d / sizeof *d; i++)
             dfree(be, d[i]);
     }
+}
+
+/* ---------------------------------------------------------------- bf16 storage */
+
+static const uint16_t bf16_nan = 0x7fc0;
+
+/* Fill n bf16 values at d with NaN: an output that must not be read. */
+static void dnan16(fso_backend *be, uint16_t *d, size_t n)
+{
+    uint16_t *h = hbuf16(n);
+    for (size_t i = 0; i < n; i++)
+        h[i] = bf16_nan;
+    be->ops->copy_h2d(be, d, h, sizeof(uint16_t) * n);
+    assert_int_equal(be->ops->sync(be), 0);
+    free(h);
+}
+
+/* bf16 operands with fp32 and bf16 outputs, from an fp32 dout (rounded by
+ * the backend: the residual gradient, dlogits) and from a bf16 one; dx
+ * accumulated in fp32 or overwritten in bf16 (its old NaNs unread). dx and
+ * dw start from the same values on both sides before each backward. */
+static void run_matmul_bf16(int m, int N, int Ci, int Co)
+{
+    fso_backend *be = cu[m];
+    const size_t nx = (size_t)N * Ci, nw = (size_t)Co * Ci, no = (size_t)N * Co;
+    uint16_t *x = hrand16(nx, 1), *w = hrand16(nw, 0.3), *R16 = hrand16(no, 1);
+    float *R = hrand(no, 1), *o = hbuf(no), *dx0 = hrand(nx, 1), *dw0 = hrand(nw, 1);
+    float *dx = hbuf(nx), *dw = hbuf(nw);
+    uint16_t *o16 = hbuf16(no), *dx16 = hbuf16(nx);
+    uint16_t *d_x = dput16(be, x, nx), *d_w = dput16(be, w, nw), *d_R16 = dput16(be, R16, no);
+    uint16_t *d_o16 = dnew16(be, no), *d_dx16 = dnew16(be, nx);
+    float *d_R = dput(be, R, no), *d_o = dnew(be, no), *d_dx = dnew(be, nx), *d_dw = dnew(be, nw);
+#define RESET_GRADS()                                                                          \
+    do {                                                                                       \
+        memcpy(dx, dx0, sizeof(float) * nx);                                                   \
+        memcpy(dw, dw0, sizeof(float) * nw);                                                   \
+        be->ops->copy_h2d(be, d_dx, dx0, sizeof(float) * nx);                                  \
+        be->ops->copy_h2d(be, d_dw, dw0, sizeof(float) * nw);                                  \
+        dnan16(be, d_dx16, nx);                                                                \
+    } while (0)
+
+    ref->ops->matmul_fwd(ref, o, FSO_DT_F32, x, w, FSO_DT_BF16, N, Ci, Co);
+    be->ops->matmul_fwd(be, d_o, FSO_DT_F32, d_x, d_w, FSO_DT_BF16, N, Ci, Co);
+    check(be, m, "matmul_fwd bf16 -> fp32 out", d_o, o, no, TOL_BF16_SUM);
+    ref->ops->matmul_fwd(ref, o16, FSO_DT_BF16, x, w, FSO_DT_BF16, N, Ci, Co);
+    be->ops->matmul_fwd(be, d_o16, FSO_DT_BF16, d_x, d_w, FSO_DT_BF16, N, Ci, Co);
+    check16(be, m, "matmul_fwd bf16 -> bf16 out", d_o16, o16, no, TOL_BF16_STORE);
+
+    /* fp32 dout, fp32 dx accumulated (a residual branch's input gradient) */
+    RESET_GRADS();
+    ref->ops->matmul_bwd(ref, dx, FSO_DT_F32, dw, R, FSO_DT_F32, x, w, FSO_DT_BF16, N, Ci, Co,
+                         1.0f);
+    be->ops->matmul_bwd(be, d_dx, FSO_DT_F32, d_dw, d_R, FSO_DT_F32, d_x, d_w, FSO_DT_BF16, N, Ci,
+                        Co, 1.0f);
+    check(be, m, "matmul_bwd bf16, fp32 dout: dx (accumulate)", d_dx, dx, nx, TOL_BF16_OPERAND);
+    check(be, m, "matmul_bwd bf16, fp32 dout: dw", d_dw, dw, nw, TOL_BF16_OPERAND);
+
+    /* fp32 dout, bf16 dx overwritten (down_proj's input gradient) */
+    RESET_GRADS();
+    ref->ops->matmul_bwd(ref, dx16, FSO_DT_BF16, dw, R, FSO_DT_F32, x, w, FSO_DT_BF16, N, Ci, Co,
+                         0.0f);
+    be->ops->matmul_bwd(be, d_dx16, FSO_DT_BF16, d_dw, d_R, FSO_DT_F32, d_x, d_w, FSO_DT_BF16, N,
+                        Ci, Co, 0.0f);
+    check16(be, m, "matmul_bwd bf16, fp32 dout: bf16 dx", d_dx16, dx16, nx, TOL_BF16_OPERAND);
+    check(be, m, "matmul_bwd bf16, fp32 dout: dw (bf16 dx)", d_dw, dw, nw, TOL_BF16_OPERAND);
+
+    /* bf16 dout, bf16 dx overwritten */
+    RESET_GRADS();
+    ref->ops->matmul_bwd(ref, dx16, FSO_DT_BF16, dw, R16, FSO_DT_BF16, x, w, FSO_DT_BF16, N, Ci, Co,
+                         0.0f);
+    be->ops->matmul_bwd(be, d_dx16, FSO_DT_BF16, d_dw, d_R16, FSO_DT_BF16, d_x, d_w, FSO_DT_BF16, N,
+                        Ci, Co, 0.0f);
+    check16(be, m, "matmul_bwd bf16, bf16 dout: bf16 dx", d_dx16, dx16, nx, TOL_BF16_STORE);
+    check(be, m, "matmul_bwd bf16, bf16 dout: dw", d_dw, dw, nw, TOL_BF16_SUM);
+
+    /* bf16 dout, fp32 dx accumulated; then dx NULL, dw accumulated again */
+    RESET_GRADS();
+    ref->ops->matmul_bwd(ref, dx, FSO_DT_F32, dw, R16, FSO_DT_BF16, x, w, FSO_DT_BF16, N, Ci, Co,
+                         1.0f);
+    be->ops->matmul_bwd(be, d_dx, FSO_DT_F32, d_dw, d_R16, FSO_DT_BF16, d_x, d_w, FSO_DT_BF16, N,
+                        Ci, Co, 1.0f);
+    check(be, m, "matmul_bwd bf16, bf16 dout: dx (accumulate)", d_dx, dx, nx, TOL_BF16_SUM);
+    ref->ops->matmul_bwd(ref, NULL, FSO_DT_F32, dw, R16, FSO_DT_BF16, x, w, FSO_DT_BF16, N, Ci, Co,
+                         0.0f);
+    be->ops->matmul_bwd(be, NULL, FSO_DT_F32, d_dw, d_R16, FSO_DT_BF16, d_x, d_w, FSO_DT_BF16, N,
+                        Ci, Co, 0.0f);
+    check(be, m, "matmul_bwd bf16, bf16 dout: dw (twice, dx NULL)", d_dw, dw, nw, TOL_BF16_SUM);
+#undef RESET_GRADS
+
+    void *h[] = {x, w, R16, R, o, dx0, dw0, dx, dw, o16, dx16};
+    for (size_t i = 0; i < sizeof h / sizeof *h; i++)
+        free(h[i]);
+    uint16_t *d16[] = {d_x, d_w, d_R16, d_o16, d_dx16};
+    for (size_t i = 0; i < sizeof d16 / sizeof *d16; i++)
+        dfree16(be, d16[i]);
+    float *d[] = {d_R, d_o, d_dx, d_dw};
+    for (size_t i = 0; i < sizeof d / sizeof *d; i++)
+        dfree(be, d[i]);
+}
+
+static void test_matmul_bf16_matches_reference(void **state)
+{
+    (void)state;
+    for (int m = 0; m < 2; m++) {
+        run_matmul_bf16(m, 37, 45, 29); /* odd sizes: unaligned rows of bf16 */
+        run_matmul_bf16(m, 130, 256, 96);
+    }
+}
+
+/* bf16 w and out; x, dout, dx, dw and rstd fp32. */
+static void run_rmsnorm_bf16(int m, int N, int C)
+{
+    fso_backend *be = cu[m];
+    const size_t n = (size_t)N * C;
+    float *x = hrand(n, 1.5), *R = hrand(n, 1), *r = hbuf((size_t)N);
+    float *dx = hrand(n, 1), *dw = hrand((size_t)C, 1);
+    uint16_t *w = hrand16((size_t)C, 1), *o = hbuf16(n);
+    float *d_x = dput(be, x, n), *d_R = dput(be, R, n), *d_r = dnew(be, (size_t)N);
+    float *d_dx = dput(be, dx, n), *d_dw = dput(be, dw, (size_t)C);
+    uint16_t *d_w = dput16(be, w, (size_t)C), *d_o = dnew16(be, n);
+
+    ref->ops->rmsnorm_fwd(ref, o, r, x, w, FSO_DT_BF16, N, C, 1e-5f);
+    be->ops->rmsnorm_fwd(be, d_o, d_r, d_x, d_w, FSO_DT_BF16, N, C, 1e-5f);
+    check16(be, m, "rmsnorm_fwd bf16 out", d_o, o, n, TOL_BF16_STORE);
+    check(be, m, "rmsnorm_fwd bf16 rstd", d_r, r, (size_t)N, TOL_FP32);
+
+    ref->ops->rmsnorm_bwd(ref, dx, dw, R, x, w, FSO_DT_BF16, r, N, C);
+    be->ops->rmsnorm_bwd(be, d_dx, d_dw, d_R, d_x, d_w, FSO_DT_BF16, d_r, N, C);
+    check(be, m, "rmsnorm_bwd bf16 w: dx (accumulate)", d_dx, dx, n, TOL_FP32);
+    check(be, m, "rmsnorm_bwd bf16 w: dw (accumulate)", d_dw, dw, (size_t)C, TOL_FP32);
+
+    void *h[] = {x, R, r, dx, dw, w, o};
+    for (size_t i = 0; i < sizeof h / sizeof *h; i++)
+        free(h[i]);
+    float *d[] = {d_x, d_R, d_r, d_dx, d_dw};
+    for (size_t i = 0; i < sizeof d / sizeof *d; i++)
+        dfree(be, d[i]);
+    dfree16(be, d_w);
+    dfree16(be, d_o);
+}
+
+static void test_rmsnorm_bf16_matches_reference(void **state)
+{
+    (void)state;
+    for (int m = 0; m < 2; m++) {
+        run_rmsnorm_bf16(m, 19, 70);
+        run_rmsnorm_bf16(m, 150, 1000);
+    }
+}
+
+/* A bf16 table gathered into fp32 rows: exact, so bit for bit. */
+static void test_embedding_bf16_matches_reference_bit_for_bit(void **state)
+{
+    (void)state;
+    const int N = 300, C = 200, V = 1000;
+    int32_t *tok = malloc(sizeof(int32_t) * N);
+    assert_non_null(tok);
+    for (int i = 0; i < N; i++)
+        tok[i] = (int32_t)(fso_rng_u64(&rng) % (uint64_t)V);
+    const size_t n = (size_t)N * C, nv = (size_t)V * C;
+    uint16_t *wte = hrand16(nv, 1);
+    float *o = hbuf(n);
+    ref->ops->embedding_fwd(ref, o, tok, wte, FSO_DT_BF16, N, C);
+    for (int m = 0; m < 2; m++) {
+        fso_backend *be = cu[m];
+        int32_t *d_tok = dput_i32(be, tok, (size_t)N);
+        uint16_t *d_wte = dput16(be, wte, nv);
+        float *d_o = dnew(be, n);
+        be->ops->embedding_fwd(be, d_o, d_tok, d_wte, FSO_DT_BF16, N, C);
+        check(be, m, "embedding_fwd bf16 table", d_o, o, n, 0);
+        be->ops->buf_free(be, d_tok);
+        dfree16(be, d_wte);
+        dfree(be, d_o);
+    }
+    free(tok);
+    free(wte);
+    free(o);
+}
+
+/* RoPE over bf16 in place, forward and inverse. */
+static void test_rope_bf16_matches_reference(void **state)
+{
+    (void)state;
+    const int B = 2, T = 11, nh = 3, D = 10;
+    const size_t n = (size_t)B * T * nh * D, nt = (size_t)T * D / 2;
+    float *cs = hbuf(nt), *sn = hbuf(nt);
+    fso_rope_tables(cs, sn, T, D, 10000.0);
+    for (int m = 0; m < 2; m++) {
+        fso_backend *be = cu[m];
+        uint16_t *x = hrand16(n, 1), *a = hbuf16(n);
+        memcpy(a, x, sizeof(uint16_t) * n);
+        uint16_t *d_x = dput16(be, x, n);
+        float *d_cs = dput(be, cs, nt), *d_sn = dput(be, sn, nt);
+        ref->ops->rope(ref, a, FSO_DT_BF16, cs, sn, B, T, nh, D, 0);
+        be->ops->rope(be, d_x, FSO_DT_BF16, d_cs, d_sn, B, T, nh, D, 0);
+        check16(be, m, "rope bf16", d_x, a, n, TOL_BF16_STORE);
+        ref->ops->rope(ref, a, FSO_DT_BF16, cs, sn, B, T, nh, D, 1);
+        be->ops->rope(be, d_x, FSO_DT_BF16, d_cs, d_sn, B, T, nh, D, 1);
+        check16(be, m, "rope bf16 inverse", d_x, a, n, TOL_BF16_STORE);
+        /* back to the start within two roundings of bf16 */
+        check16(be, m, "rope bf16 round trip", d_x, x, n, TOL_BF16_OPERAND);
+        free(x);
+        free(a);
+        dfree16(be, d_x);
+        dfree(be, d_cs);
+        dfree(be, d_sn);
+    }
+    free(cs);
+    free(sn);
+}
+
+/* Every tensor bf16; the backward starts from the reference's probs. */
+static void run_attention_bf16(int m, int B, int T, int H, int Hkv, int D)
+{
+    fso_backend *be = cu[m];
+    size_t nq = (size_t)B * T * H * D, nkv = (size_t)B * T * Hkv * D, np = (size_t)B * H * T * T;
+    uint16_t *q = hrand16(nq, 1), *k = hrand16(nkv, 1), *v = hrand16(nkv, 1), *R = hrand16(nq, 1);
+    uint16_t *o = hbuf16(nq), *p = hbuf16(np), *dq = hbuf16(nq), *dk = hbuf16(nkv);
+    uint16_t *dv = hbuf16(nkv);
+    uint16_t *d_q = dput16(be, q, nq), *d_k = dput16(be, k, nkv), *d_v = dput16(be, v, nkv);
+    uint16_t *d_R = dput16(be, R, nq), *d_o = dnew16(be, nq), *d_p = dnew16(be, np);
+    uint16_t *d_dq = dnew16(be, nq), *d_dk = dnew16(be, nkv), *d_dv = dnew16(be, nkv);
+
+    ref->ops->attention_fwd(ref, o, p, q, k, v, FSO_DT_BF16, B, T, H, Hkv, D);
+    be->ops->attention_fwd(be, d_o, d_p, d_q, d_k, d_v, FSO_DT_BF16, B, T, H, Hkv, D);
+    check16(be, m, "attention_fwd bf16 out", d_o, o, nq, TOL_BF16_OPERAND);
+    /* fp32 scores and softmax on both sides: P differs by its rounding only */
+    float *got_p = dget16(be, d_p, np, "attention_fwd bf16 probs"), *want_p = hwiden(p, np);
+    compare("attention_fwd bf16 probs", m, got_p, want_p, np, TOL_BF16_STORE);
+    for (int bh = 0; bh < B * H; bh++)
+        for (int t = 0; t < T; t++)
+            for (int s = t + 1; s < T; s++)
+                assert_true(got_p[((size_t)bh * T + t) * T + s] == 0.0f);
+    free(got_p);
+    free(want_p);
+
+    be->ops->copy_h2d(be, d_p, p, sizeof(uint16_t) * np);
+    ref->ops->attention_bwd(ref, dq, dk, dv, R, p, q, k, v, FSO_DT_BF16, B, T, H, Hkv, D);
+    be->ops->attention_bwd(be, d_dq, d_dk, d_dv, d_R, d_p, d_q, d_k, d_v, FSO_DT_BF16, B, T, H,
+                           Hkv, D);
+    check16(be, m, "attention_bwd bf16 dq", d_dq, dq, nq, TOL_BF16_OPERAND);
+    check16(be, m, "attention_bwd bf16 dk", d_dk, dk, nkv, TOL_BF16_OPERAND);
+    /* P^T dO from the same bf16 values, the group summed in fp32, rounded once */
+    check16(be, m, "attention_bwd bf16 dv", d_dv, dv, nkv, TOL_BF16_STORE);
+
+    uint16_t *h[] = {q, k, v, R, o, p, dq, dk, dv};
+    for (size_t i = 0; i < sizeof h / sizeof *h; i++)
+        free(h[i]);
+    uint16_t *d[] = {d_q, d_k, d_v, d_R, d_o, d_p, d_dq, d_dk, d_dv};
+    for (size_t i = 0; i < sizeof d / sizeof *d; i++)
+        dfree16(be, d[i]);
+}
+
+static void test_attention_bf16_matches_reference(void **state)
+{
+    (void)state;
+    for (int m = 0; m < 2; m++) {
+        run_attention_bf16(m, 2, 13, 6, 2, 8);  /* 3 query heads per kv head */
+        run_attention_bf16(m, 2, 70, 8, 2, 16); /* rows longer than a warp */
+        run_attention_bf16(m, 1, 9, 4, 4, 6);   /* no groups: dk, dv stored directly */
+    }
+}
+
+/* SwiGLU over bf16: aligned (vector loads) and from an odd element offset. */
+static void run_swiglu_bf16(int m, const uint16_t *g, const uint16_t *u, const uint16_t *R,
+                            size_t n)
+{
+    fso_backend *be = cu[m];
+    uint16_t *o = hbuf16(n), *dg = hbuf16(n), *du = hbuf16(n);
+    uint16_t *d_g = dput16(be, g, n + 1), *d_u = dput16(be, u, n + 1), *d_R = dput16(be, R, n + 1);
+    uint16_t *d_o = dnew16(be, n), *d_dg = dnew16(be, n), *d_du = dnew16(be, n);
+    /* inputs from element 1 of their buffers, not four-aligned: the
+     * kernels' one-at-a-time path */
+    ref->ops->swiglu_fwd(ref, o, g + 1, u + 1, FSO_DT_BF16, n);
+    be->ops->swiglu_fwd(be, d_o, d_g + 1, d_u + 1, FSO_DT_BF16, n);
+    check16(be, m, "swiglu_fwd bf16 (unaligned)", d_o, o, n, TOL_BF16_STORE);
+    ref->ops->swiglu_bwd(ref, dg, du, R + 1, g + 1, u + 1, FSO_DT_BF16, n);
+    be->ops->swiglu_bwd(be, d_dg, d_du, d_R + 1, d_g + 1, d_u + 1, FSO_DT_BF16, n);
+    check16(be, m, "swiglu_bwd bf16 dgate (unaligned)", d_dg, dg, n, TOL_BF16_STORE);
+    check16(be, m, "swiglu_bwd bf16 dup (unaligned)", d_du, du, n, TOL_BF16_STORE);
+    /* again from element 0, four-aligned: vector loads */
+    ref->ops->swiglu_fwd(ref, o, g, u, FSO_DT_BF16, n);
+    be->ops->swiglu_fwd(be, d_o, d_g, d_u, FSO_DT_BF16, n);
+    check16(be, m, "swiglu_fwd bf16", d_o, o, n, TOL_BF16_STORE);
+    ref->ops->swiglu_bwd(ref, dg, du, R, g, u, FSO_DT_BF16, n);
+    be->ops->swiglu_bwd(be, d_dg, d_du, d_R, d_g, d_u, FSO_DT_BF16, n);
+    check16(be, m, "swiglu_bwd bf16 dgate", d_dg, dg, n, TOL_BF16_STORE);
+    check16(be, m, "swiglu_bwd bf16 dup", d_du, du, n, TOL_BF16_STORE);
+    free(o);
+    free(dg);
+    free(du);
+    uint16_t *d[] = {d_g, d_u, d_R, d_o, d_dg, d_du};
+    for (size_t i = 0; i < sizeof d / sizeof *d; i++)
+        dfree16(be, d[i]);
+}
+
+static void test_swiglu_bf16_matches_reference(void **state)
+{
+    (void)state;
+    const size_t n = 100003;
+    uint16_t *g = hrand16(n + 1, 2), *u = hrand16(n + 1, 1), *R = hrand16(n + 1, 1);
+    for (int m = 0; m < 2; m++)
+        run_swiglu_bf16(m, g, u, R, n);
+    free(g);
+    free(u);
+    free(R);
 }
 
 /* ---------------------------------------------------------------- casts */
@@ -1245,6 +1659,12 @@ static int run_cuda_tests(void)
         cmocka_unit_test(test_attention_gqa_matches_reference),
         cmocka_unit_test(test_attention_mha_matches_reference),
         cmocka_unit_test(test_swiglu_and_add_match_reference),
+        cmocka_unit_test(test_matmul_bf16_matches_reference),
+        cmocka_unit_test(test_rmsnorm_bf16_matches_reference),
+        cmocka_unit_test(test_embedding_bf16_matches_reference_bit_for_bit),
+        cmocka_unit_test(test_rope_bf16_matches_reference),
+        cmocka_unit_test(test_attention_bf16_matches_reference),
+        cmocka_unit_test(test_swiglu_bf16_matches_reference),
         cmocka_unit_test(test_cast_bf16_f32_matches_reference_bit_for_bit),
         cmocka_unit_test(test_cross_entropy_matches_reference),
         cmocka_unit_test(test_sqnorm_is_exact_and_the_same_bits_from_host_memory),
