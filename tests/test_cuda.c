@@ -108,24 +108,57 @@ static float *hcopy(const float *src, size_t n)
 
 /* ---------------------------------------------------------------- device buffers */
 
+/* n elements of es bytes on the device between two sentinel regions of
+ * GUARD elements, each `guard`. */
+static void *dnew_es(fso_backend *be, size_t n, size_t es, const void *guard)
+{
+    void *base = NULL;
+    assert_int_equal(be->ops->buf_alloc(be, es * (n + 2 * GUARD), &base), 0);
+    char *fill = malloc(es * (n + 2 * GUARD));
+    assert_non_null(fill);
+    for (size_t i = 0; i < n + 2 * GUARD; i++)
+        memcpy(fill + i * es, guard, es);
+    be->ops->copy_h2d(be, base, fill, es * (n + 2 * GUARD));
+    assert_int_equal(be->ops->sync(be), 0);
+    free(fill);
+    return (char *)base + es * GUARD;
+}
+
+static void dfree_es(fso_backend *be, const void *d, size_t es)
+{
+    if (d)
+        be->ops->buf_free(be, (char *)d - es * GUARD);
+}
+
+/* Copy n elements of es bytes back (after everything queued), check the
+ * guards and return the elements (host, malloc'd). */
+static void *dget_es(fso_backend *be, const void *d, size_t n, size_t es, const void *guard,
+                     const char *what)
+{
+    char *h = malloc(es * (n + 2 * GUARD));
+    assert_non_null(h);
+    be->ops->copy_d2h(be, h, (const char *)d - es * GUARD, es * (n + 2 * GUARD));
+    int rc = be->ops->sync(be);
+    if (rc != 0)
+        fail_msg("%s: sync failed: %s", what, be->err);
+    for (int i = 0; i < GUARD; i++)
+        if (memcmp(h + es * i, guard, es) != 0 || memcmp(h + es * (GUARD + n + i), guard, es) != 0)
+            fail_msg("%s: write outside the output (guard %d)", what, i);
+    memmove(h, h + es * GUARD, es * n);
+    return h;
+}
+
+static const float guard_f32 = GUARD_VAL;
+
 /* n floats on the device between two GUARD-float sentinel regions. */
 static float *dnew(fso_backend *be, size_t n)
 {
-    void *base = NULL;
-    assert_int_equal(be->ops->buf_alloc(be, sizeof(float) * (n + 2 * GUARD), &base), 0);
-    float *fill = hbuf(n + 2 * GUARD);
-    for (size_t i = 0; i < n + 2 * GUARD; i++)
-        fill[i] = GUARD_VAL;
-    be->ops->copy_h2d(be, base, fill, sizeof(float) * (n + 2 * GUARD));
-    assert_int_equal(be->ops->sync(be), 0);
-    free(fill);
-    return (float *)base + GUARD;
+    return dnew_es(be, n, sizeof(float), &guard_f32);
 }
 
 static void dfree(fso_backend *be, float *d)
 {
-    if (d)
-        be->ops->buf_free(be, d - GUARD);
+    dfree_es(be, d, sizeof(float));
 }
 
 static float *dput(fso_backend *be, const float *h, size_t n)
@@ -146,16 +179,7 @@ static int32_t *dput_i32(fso_backend *be, const int32_t *h, size_t n)
 /* Copy n floats back (after everything queued) and check the guards. */
 static float *dget(fso_backend *be, const float *d, size_t n, const char *what)
 {
-    float *h = hbuf(n + 2 * GUARD);
-    be->ops->copy_d2h(be, h, d - GUARD, sizeof(float) * (n + 2 * GUARD));
-    int rc = be->ops->sync(be);
-    if (rc != 0)
-        fail_msg("%s: sync failed: %s", what, be->err);
-    for (int i = 0; i < GUARD; i++)
-        if (h[i] != GUARD_VAL || h[GUARD + n + i] != GUARD_VAL)
-            fail_msg("%s: write outside the output (guard %d)", what, i);
-    memmove(h, h + GUARD, sizeof(float) * n);
-    return h;
+    return dget_es(be, d, n, sizeof(float), &guard_f32, what);
 }
 
 /* Fail unless ||got - want|| / ||want|| <= tol and every value is finite. */
@@ -247,24 +271,17 @@ static uint16_t *hbuf16(size_t n)
     return p;
 }
 
+static const uint16_t guard_bf16 = GUARD16;
+
 /* n bf16 values on the device between two GUARD-element sentinel regions. */
 static uint16_t *dnew16(fso_backend *be, size_t n)
 {
-    void *base = NULL;
-    assert_int_equal(be->ops->buf_alloc(be, sizeof(uint16_t) * (n + 2 * GUARD), &base), 0);
-    uint16_t *fill = hbuf16(n + 2 * GUARD);
-    for (size_t i = 0; i < n + 2 * GUARD; i++)
-        fill[i] = GUARD16;
-    be->ops->copy_h2d(be, base, fill, sizeof(uint16_t) * (n + 2 * GUARD));
-    assert_int_equal(be->ops->sync(be), 0);
-    free(fill);
-    return (uint16_t *)base + GUARD;
+    return dnew_es(be, n, sizeof(uint16_t), &guard_bf16);
 }
 
 static void dfree16(fso_backend *be, uint16_t *d)
 {
-    if (d)
-        be->ops->buf_free(be, d - GUARD);
+    dfree_es(be, d, sizeof(uint16_t));
 }
 
 static uint16_t *dput16(fso_backend *be, const uint16_t *h, size_t n)
@@ -278,15 +295,8 @@ static uint16_t *dput16(fso_backend *be, const uint16_t *h, size_t n)
  * return them widened. */
 static float *dget16(fso_backend *be, const uint16_t *d, size_t n, const char *what)
 {
-    uint16_t *h = hbuf16(n + 2 * GUARD);
-    be->ops->copy_d2h(be, h, d - GUARD, sizeof(uint16_t) * (n + 2 * GUARD));
-    int rc = be->ops->sync(be);
-    if (rc != 0)
-        fail_msg("%s: sync failed: %s", what, be->err);
-    for (int i = 0; i < GUARD; i++)
-        if (h[i] != GUARD16 || h[GUARD + n + i] != GUARD16)
-            fail_msg("%s: write outside the output (guard %d)", what, i);
-    float *f = hwiden(h + GUARD, n);
+    uint16_t *h = dget_es(be, d, n, sizeof(uint16_t), &guard_bf16, what);
+    float *f = hwiden(h, n);
     free(h);
     return f;
 }
@@ -319,13 +329,16 @@ static void run_matmul(int m, int N, int Ci, int Co)
     check(be, m, "matmul_fwd out", dout, o, (size_t)N * Co, mm_tol(m));
 
     ref->ops->matmul_bwd(ref, dx, FSO_DT_F32, dw, R, FSO_DT_F32, x, w, FSO_DT_F32, N, Ci, Co, 1.0f);
-    be->ops->matmul_bwd(be, ddx, FSO_DT_F32, ddw, dR, FSO_DT_F32, dx_d, dw_d, FSO_DT_F32, N, Ci, Co, 1.0f);
+    be->ops->matmul_bwd(be, ddx, FSO_DT_F32, ddw, dR, FSO_DT_F32, dx_d, dw_d, FSO_DT_F32, N, Ci,
+                        Co, 1.0f);
     check(be, m, "matmul_bwd dx (accumulate)", ddx, dx, (size_t)N * Ci, mm_tol(m));
     check(be, m, "matmul_bwd dw", ddw, dw, (size_t)Co * Ci, mm_tol(m));
 
     /* dx NULL: only dw, accumulated again */
-    ref->ops->matmul_bwd(ref, NULL, FSO_DT_F32, dw, R, FSO_DT_F32, x, w, FSO_DT_F32, N, Ci, Co, 0.0f);
-    be->ops->matmul_bwd(be, NULL, FSO_DT_F32, ddw, dR, FSO_DT_F32, dx_d, dw_d, FSO_DT_F32, N, Ci, Co, 0.0f);
+    ref->ops->matmul_bwd(ref, NULL, FSO_DT_F32, dw, R, FSO_DT_F32, x, w, FSO_DT_F32, N, Ci, Co,
+                         0.0f);
+    be->ops->matmul_bwd(be, NULL, FSO_DT_F32, ddw, dR, FSO_DT_F32, dx_d, dw_d, FSO_DT_F32, N, Ci,
+                        Co, 0.0f);
     check(be, m, "matmul_bwd dw (dx NULL)", ddw, dw, (size_t)Co * Ci, mm_tol(m));
     /* beta 0 overwrites dx, even holding NaN */
     float *nan = hbuf((size_t)N * Ci);
@@ -334,7 +347,8 @@ static void run_matmul(int m, int N, int Ci, int Co)
     be->ops->copy_h2d(be, ddx, nan, sizeof(float) * (size_t)N * Ci);
     memset(dx, 0, sizeof(float) * (size_t)N * Ci);
     ref->ops->matmul_bwd(ref, dx, FSO_DT_F32, dw, R, FSO_DT_F32, x, w, FSO_DT_F32, N, Ci, Co, 0.0f);
-    be->ops->matmul_bwd(be, ddx, FSO_DT_F32, ddw, dR, FSO_DT_F32, dx_d, dw_d, FSO_DT_F32, N, Ci, Co, 0.0f);
+    be->ops->matmul_bwd(be, ddx, FSO_DT_F32, ddw, dR, FSO_DT_F32, dx_d, dw_d, FSO_DT_F32, N, Ci,
+                        Co, 0.0f);
     check(be, m, "matmul_bwd dx (overwrite)", ddx, dx, (size_t)N * Ci, mm_tol(m));
 
     float *h[] = {x, w, R, o, dx0, dw0, dx, dw, nan};
@@ -490,7 +504,8 @@ static void run_attention(int m, int B, int T, int H, int Hkv, int D)
     /* backward from the reference's probabilities, so both see the same P */
     be->ops->copy_h2d(be, d_p, p, sizeof(float) * np);
     ref->ops->attention_bwd(ref, dq, dk, dv, R, p, q, k, v, FSO_DT_F32, B, T, H, Hkv, D);
-    be->ops->attention_bwd(be, d_dq, d_dk, d_dv, d_R, d_p, d_q, d_k, d_v, FSO_DT_F32, B, T, H, Hkv, D);
+    be->ops->attention_bwd(be, d_dq, d_dk, d_dv, d_R, d_p, d_q, d_k, d_v, FSO_DT_F32, B, T, H, Hkv,
+                           D);
     check(be, m, "attention_bwd dq", d_dq, dq, nq, mm_tol(m));
     check(be, m, "attention_bwd dk", d_dk, dk, nkv, mm_tol(m));
     check(be, m, "attention_bwd dv", d_dv, dv, nkv, mm_tol(m));

@@ -152,15 +152,18 @@ static void test_matmul(void **state)
     float *dx0 = randbuf((size_t)N * Ci, 1), *dw0 = randbuf((size_t)Co * Ci, 1);
     float *dx1 = copybuf(dx0, (size_t)N * Ci), *dw1 = copybuf(dw0, (size_t)Co * Ci);
     float *dx2 = copybuf(dx0, (size_t)N * Ci), *dw2 = copybuf(dw0, (size_t)Co * Ci);
-    ref->ops->matmul_bwd(ref, dx1, FSO_DT_F32, dw1, R, FSO_DT_F32, x, w, FSO_DT_F32, N, Ci, Co, 1.0f);
-    fast->ops->matmul_bwd(fast, dx2, FSO_DT_F32, dw2, R, FSO_DT_F32, x, w, FSO_DT_F32, N, Ci, Co, 1.0f);
+    ref->ops->matmul_bwd(ref, dx1, FSO_DT_F32, dw1, R, FSO_DT_F32, x, w, FSO_DT_F32, N, Ci, Co,
+                         1.0f);
+    fast->ops->matmul_bwd(fast, dx2, FSO_DT_F32, dw2, R, FSO_DT_F32, x, w, FSO_DT_F32, N, Ci, Co,
+                          1.0f);
     compare("matmul_bwd dx (accumulate)", dx2, dx1, (size_t)N * Ci, FAST_TOL);
     compare("matmul_bwd dw", dw2, dw1, (size_t)Co * Ci, FAST_TOL);
 
     /* finite differences: gradients from zero */
     memset(dx1, 0, sizeof(float) * N * Ci);
     memset(dw1, 0, sizeof(float) * Co * Ci);
-    ref->ops->matmul_bwd(ref, dx1, FSO_DT_F32, dw1, R, FSO_DT_F32, x, w, FSO_DT_F32, N, Ci, Co, 0.0f);
+    ref->ops->matmul_bwd(ref, dx1, FSO_DT_F32, dw1, R, FSO_DT_F32, x, w, FSO_DT_F32, N, Ci, Co,
+                         0.0f);
     struct mm_ctx c = {x, w, o1, R, N, Ci, Co};
     fd_check("matmul dx", x, (size_t)N * Ci, dx1, mm_loss, &c);
     fd_check("matmul dw", w, (size_t)Co * Ci, dw1, mm_loss, &c);
@@ -290,7 +293,8 @@ struct att_ctx { float *q, *k, *v, *out, *probs, *R; int B, T, H, Hkv, D; };
 static double att_loss(void *c_)
 {
     struct att_ctx *c = c_;
-    ref->ops->attention_fwd(ref, c->out, c->probs, c->q, c->k, c->v, FSO_DT_F32, c->B, c->T, c->H, c->Hkv, c->D);
+    ref->ops->attention_fwd(ref, c->out, c->probs, c->q, c->k, c->v, FSO_DT_F32, c->B, c->T, c->H,
+                            c->Hkv, c->D);
     return dot_r(c->out, c->R, (size_t)c->B * c->T * c->H * c->D);
 }
 
