@@ -372,6 +372,33 @@ size_t fso_model_cpu_widen_bytes_for(const fso_model_config *mc, int B, int T)
     return sizeof(float) * w;
 }
 
+/* The CUDA backend's widest scratch request over a step (one buffer, grown
+ * to it: kernels/cuda_backend.c), in 2 MiB: attention's backward per batch
+ * element (cuda_attention.c), a matmul's fp32 dout rounded to bf16
+ * (cuda_matmul.c: the residual gradient, a chunk of the logits' gradient),
+ * RMSNorm's weight-gradient partials (cuda_ops.cu; the norms' are smaller). */
+size_t fso_model_cuda_scratch_bytes_for(const fso_model_config *mc, int B, int T, bool bf16)
+{
+    const size_t C = (size_t)mc->hidden_size, V = (size_t)mc->vocab_size, N = (size_t)B * T;
+    const size_t H = (size_t)mc->num_attention_heads, Hkv = (size_t)mc->num_key_value_heads;
+    const size_t D = (size_t)mc->head_dim, TT = (size_t)T * T;
+#define R256(x) (((size_t)(x) + 255) & ~(size_t)255)
+    size_t w;
+    if (bf16) {
+        w = R256(4 * Hkv * TT) + R256(2 * Hkv * TT) + (H > Hkv ? 2 * R256(4 * T * Hkv * D) : 0);
+        size_t rows = LOGITS_CHUNK_BYTES / (sizeof(float) * V);
+        rows = rows < 1 ? 1 : rows > N ? N : rows;
+        w = max2(w, R256(2 * N * C));
+        w = max2(w, R256(2 * rows * V));
+    } else {
+        w = 4 * H * TT;
+    }
+#undef R256
+    w = max2(w, 4 * ((N + 63) / 64) * C); /* RMSNorm: 64 rows a chunk */
+    const size_t round = (size_t)2 << 20;
+    return (w + round - 1) / round * round;
+}
+
 /* Forward of layer l from x (N,C). y (N,C) gets the output; y == NULL stops
  * after the MLP activation (what backward needs when recomputing). The
  * branches' last matmuls write fp32 straight into the residual stream. */

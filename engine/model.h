@@ -193,6 +193,10 @@ size_t fso_model_activation_bytes_for(const fso_model_config *mc, int B, int T,
  * most any one op of a step needs. 0 without bf16. */
 size_t fso_model_cpu_widen_bytes_for(const fso_model_config *mc, int B, int T);
 
+/* The scratch the CUDA backend grows to for this model's widest op, in
+ * its 2 MiB steps (kernels/cuda_backend.c): for the planner. */
+size_t fso_model_cuda_scratch_bytes_for(const fso_model_config *mc, int B, int T, bool bf16);
+
 /* Forward FLOPs per token (2 per multiply-add, attention included, causal
  * half counted): for tok/s and MFU reporting. */
 double fso_model_flops_per_token(const fso_model_config *mc, int T);

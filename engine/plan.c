@@ -177,7 +177,9 @@ int fso_plan_ctx_init(fso_plan_ctx *ctx, const fso_config *cfg, const fso_plan_m
         en->whole_copy = true;
         en->sync_grad_writes = false;
         en->opt_write_lag = 2;
-        en->device_reserve_bytes = (uint64_t)2 << 30; /* CUDA context, cuBLAS, NCCL */
+        /* CUDA context, cuBLAS, NCCL; the backend's scratch */
+        en->device_reserve_bytes = ((uint64_t)2 << 30) + fso_model_cuda_scratch_bytes_for(
+            mc, cfg->micro_batch, cfg->data.seq_len, cfg->bf16);
     } else { /* engine/zero.c on the CPU backend */
         en->sync_grad_writes = true;
         en->opt_write_lag = 1;

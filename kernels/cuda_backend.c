@@ -179,10 +179,10 @@ void *fso_cuda_scratch(fso_backend *be, size_t bytes)
     fso_cuda_ctx *ctx = FSO_CUDA_CTX(be);
     if (bytes <= ctx->scratch_bytes)
         return ctx->scratch;
-    size_t want = ctx->scratch_bytes + ctx->scratch_bytes / 2;
-    if (want < bytes)
-        want = bytes;
-    want = (want + SCRATCH_ROUND - 1) / SCRATCH_ROUND * SCRATCH_ROUND;
+    /* exactly the need, rounded: the planner counts the widest op's
+     * (fso_model_cuda_scratch_bytes_for); the few sizes a step asks for
+     * grow it during the first step only */
+    const size_t want = (bytes + SCRATCH_ROUND - 1) / SCRATCH_ROUND * SCRATCH_ROUND;
     cudaStream_t s = ctx->stream[FSO_CS_COMPUTE];
     void *p = NULL;
     cudaError_t e;
