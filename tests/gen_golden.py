@@ -1,13 +1,21 @@
 """Generate the golden training fixtures for fsoff's CPU tests.
 
 Run from the repo root:   /usr/bin/python3 tests/gen_golden.py
-Writes tests/fixtures/llama_tiny_untied.bin and tests/fixtures/llama_tiny_tied.bin
-(format: tests/fixtures/README.md) and prints a summary.
+Writes tests/fixtures/llama_tiny_{untied,tied}.bin and, for bf16.enabled,
+tests/fixtures/llama_tiny_{untied,tied}_bf16.bin (format: tests/fixtures/README.md)
+and prints a summary.
 
 Everything is computed in float64 and stored as float32. The float64 run starts
 from the float32-rounded initial parameters and uses the float32-rounded
 hyperparameters, i.e. exactly the values written to the file, so a consumer
 reading the file sees a self-consistent problem.
+
+The bf16 fixtures replay fsoff's bf16 storage (kernels/backend.h, "Types") with
+float64 math: the weights are bf16 of the float64 master, and a value is rounded
+to bf16 exactly where fsoff stores it in bf16 (the activations inside a layer
+and their gradients; with checkpointing the layer inputs kept for backward),
+attention's backward using the probabilities as stored. Written independently
+of fsoff's code, from that contract.
 """
 
 import argparse
@@ -98,6 +106,157 @@ def run(tie, clip):
                 losses=losses, norms=norms, clipped=clipped, lrs=lrs)
 
 
+# ---- bf16 storage, replayed in float64 ------------------------------------------------
+
+def rb(x):
+    """The bf16 value fsoff stores for x: rounded to float32, then to bf16 (nearest even)."""
+    return x.to(torch.float32).to(torch.bfloat16).to(torch.float64)
+
+
+class Store(torch.autograd.Function):
+    """A value stored in bf16: rounded going forward; its gradient passes unchanged."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return rb(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+class StoreGrad(torch.autograd.Function):
+    """A value whose gradient is stored in bf16: unchanged going forward, the gradient rounded."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        return rb(g)
+
+
+def both(x):
+    """An activation stored in bf16 whose gradient is stored in bf16 too."""
+    return StoreGrad.apply(Store.apply(x))
+
+
+class Attention16(torch.autograd.Function):
+    """Causal GQA attention as fsoff's backends compute it with bf16 storage: scores and
+    softmax in full precision, probabilities stored in bf16 (and used as stored by the
+    backward), the output rounded once. q (B,T,H,D), k, v (B,T,Hkv,D)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v):
+        B, T, H, D = q.shape
+        rep = H // k.shape[2]
+        kk = k.repeat_interleave(rep, dim=2)
+        vv = v.repeat_interleave(rep, dim=2)
+        s = torch.einsum("bthd,bshd->bhts", q, kk) / math.sqrt(D)
+        mask = torch.ones(T, T, dtype=torch.bool).triu(1)
+        p = torch.softmax(s.masked_fill(mask, float("-inf")), dim=-1)
+        out = torch.einsum("bhts,bshd->bthd", p, vv)
+        ctx.save_for_backward(q, k, v, rb(p))
+        return rb(out)
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, p = ctx.saved_tensors
+        B, T, H, D = q.shape
+        Hkv = k.shape[2]
+        rep = H // Hkv
+        kk = k.repeat_interleave(rep, dim=2)
+        vv = v.repeat_interleave(rep, dim=2)
+        dp = torch.einsum("bthd,bshd->bhts", do, vv)
+        rowsum = (p * dp).sum(-1, keepdim=True)
+        ds = p * (dp - rowsum) / math.sqrt(D)
+        dq = torch.einsum("bhts,bshd->bthd", ds, kk)
+        dk = torch.einsum("bhts,bthd->bshd", ds, q).reshape(B, T, Hkv, rep, D).sum(3)
+        dv = torch.einsum("bhts,bthd->bshd", p, do).reshape(B, T, Hkv, rep, D).sum(3)
+        return dq, dk, dv
+
+
+def forward_bf16(cfg, W, idx, targets=None, kept=False):
+    """fsoff's forward with bf16 storage; W: HF name -> bf16-valued weight (float64).
+    kept: activation checkpointing, whose kept layer inputs are bf16."""
+    B, T = idx.shape
+    H, Hkv, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    eps = cfg.rms_norm_eps
+    cos, sin = tl.rope_tables(T, D, cfg.rope_theta, torch.float32)
+    cos, sin = cos.to(torch.float64), sin.to(torch.float64)   # fsoff's tables are float32
+
+    def rms(x, w):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+    def rope(x):  # (B, T, heads, D)
+        return x * cos[None, :, None, :] + tl.rotate_half(x) * sin[None, :, None, :]
+
+    def keep(x):
+        return Store.apply(x) if kept else x
+
+    x = keep(F.embedding(idx, W["model.embed_tokens.weight"]))
+    for l in range(cfg.num_hidden_layers):
+        p = f"model.layers.{l}."
+        h = Store.apply(rms(x, W[p + "input_layernorm.weight"]))
+        q = both(F.linear(h, W[p + "self_attn.q_proj.weight"])).view(B, T, H, D)
+        k = both(F.linear(h, W[p + "self_attn.k_proj.weight"])).view(B, T, Hkv, D)
+        v = both(F.linear(h, W[p + "self_attn.v_proj.weight"])).view(B, T, Hkv, D)
+        q, k = both(rope(q)), both(rope(k))
+        att = StoreGrad.apply(Attention16.apply(q, k, v)).reshape(B, T, H * D)
+        x = x + F.linear(att, W[p + "self_attn.o_proj.weight"])
+        h2 = Store.apply(rms(x, W[p + "post_attention_layernorm.weight"]))
+        g = both(F.linear(h2, W[p + "mlp.gate_proj.weight"]))
+        u = both(F.linear(h2, W[p + "mlp.up_proj.weight"]))
+        a = both(F.silu(g) * u)
+        x = keep(x + F.linear(a, W[p + "mlp.down_proj.weight"]))
+    xf = Store.apply(rms(x, W["model.norm.weight"]))
+    head = W["lm_head.weight"] if "lm_head.weight" in W else W["model.embed_tokens.weight"]
+    logits = F.linear(xf, head)
+    if targets is None:
+        return logits
+    return logits, F.cross_entropy(logits.reshape(B * T, -1), targets.reshape(B * T))
+
+
+def run_bf16(tie, clip, kept):
+    """N_STEPS steps of fsoff's bf16 training: a float64 master (AdamW's), bf16 weights."""
+    model, inputs, targets = build(tie)
+    cfg = model.cfg
+    named = model.hf_tensors()
+    params0 = flat([p for _, p in named]).clone()
+    opt = torch.optim.AdamW(model.param_groups(HYPER["weight_decay"]), lr=HYPER["lr_max"],
+                            betas=(HYPER["beta1"], HYPER["beta2"]), eps=HYPER["adam_eps"],
+                            foreach=False)
+
+    def working():
+        return dict((n, rb(p.detach()).requires_grad_(True)) for n, p in named)
+
+    with torch.no_grad():
+        logits0 = forward_bf16(cfg, working(), inputs[0], kept=kept).clone()
+    losses, norms, clipped, lrs, grads0 = [], [], [], [], None
+    for s in range(1, N_STEPS + 1):
+        W = working()
+        _, loss = forward_bf16(cfg, W, inputs[s - 1], targets[s - 1], kept=kept)
+        loss.backward()
+        for n, p in named:
+            p.grad = W[n].grad.clone()
+        if grads0 is None:
+            grads0 = flat([p.grad for _, p in named]).clone()
+        norm = torch.nn.utils.clip_grad_norm_([p for _, p in named], clip)
+        lr = lr_at(s)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        opt.step()
+        losses.append(float(loss))
+        norms.append(float(norm))
+        clipped.append(clip / (float(norm) + 1e-6) < 1.0)
+        lrs.append(lr)
+    return dict(model=model, names=[n for n, _ in named], inputs=inputs, targets=targets,
+                params0=params0, logits0=logits0, grads0=grads0,
+                params_final=flat([p for _, p in named]).clone(), losses=losses, norms=norms,
+                clipped=clipped, lrs=lrs)
+
+
 # ---- independent cross-checks (catch mistakes in the reference itself) ----------
 
 def naive_logits(model, idx):
@@ -185,13 +344,14 @@ def manual_adamw_final(tie, clip):
 
 # ---- file writing ---------------------------------------------------------------------
 
-def write_fixture(path, tie, r, clip):
+def write_fixture(path, tie, r, clip, bf16=0, kept=0):
     cfg = r["model"].cfg
     nparam = r["params0"].numel()
     hdr = [0] * 64
-    hdr[:16] = [MAGIC, VERSION, cfg.vocab_size, cfg.hidden_size, cfg.intermediate_size,
+    hdr[:18] = [MAGIC, VERSION, cfg.vocab_size, cfg.hidden_size, cfg.intermediate_size,
                 cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads,
-                cfg.max_position_embeddings, int(tie), B, T, N_STEPS, WARMUP, TOTAL, nparam]
+                cfg.max_position_embeddings, int(tie), B, T, N_STEPS, WARMUP, TOTAL, nparam,
+                int(bf16), int(kept)]
     hyp = [0.0] * 32
     hyp[:10] = [HYPER["rms_eps"], HYPER["rope_theta"], HYPER["lr_max"], HYPER["beta1"],
                 HYPER["beta2"], HYPER["adam_eps"], HYPER["weight_decay"], clip,
@@ -277,6 +437,21 @@ def main():
         for s in range(N_STEPS):
             print(f"  step {s + 1}: loss {r['losses'][s]:.9f}  grad_norm {r['norms'][s]:.9f}  "
                   f"clipped {'yes' if r['clipped'][s] else 'no'}  lr {r['lrs'][s]:.6g}")
+
+    # bf16 storage: untied without checkpointing, tied with it (kept inputs in bf16)
+    for tie, kept, fname in ((0, 0, "llama_tiny_untied_bf16.bin"),
+                             (1, 1, "llama_tiny_tied_bf16.bin")):
+        r = run_bf16(tie, clip, kept)
+        assert all(r["clipped"]), ("clipping not active on every step", r["norms"], clip)
+        f = run(tie, clip)
+        dl = float((r["logits0"] - f["logits0"]).norm() / f["logits0"].norm())
+        dg = float((r["grads0"] - f["grads0"]).norm() / f["grads0"].norm())
+        path = os.path.join(a.outdir, fname)
+        size = write_fixture(path, tie, r, clip, bf16=1, kept=kept)
+        print(f"{path}: {size} bytes, tie={tie}, bf16 storage, kept inputs bf16={kept}; "
+              f"against float64 storage: logits {dl:.2e}, step-1 gradients {dg:.2e}")
+        for s in range(N_STEPS):
+            print(f"  step {s + 1}: loss {r['losses'][s]:.9f}  grad_norm {r['norms'][s]:.9f}")
 
 
 if __name__ == "__main__":
