@@ -179,7 +179,8 @@ PY
 
 # ---------------------------------------------------------------- training tok/s
 # A Llama of ~0.97B parameters (MODEL_LAYERS=20): hidden 2048, 16 heads
-# (4 kv), MLP 5632, vocab 32000, 8 x 1024 tokens per step and GPU.
+# (4 kv), MLP 5632, vocab 32000, 8 x 1024 tokens per step and GPU; bf16
+# storage (weights and activations), as one trains on GPUs.
 cat >"$WORK/model_1b.json" <<EOF
 {
   "model": {
@@ -194,6 +195,7 @@ cat >"$WORK/model_1b.json" <<EOF
   "optimizer": { "type": "AdamW",
                  "params": { "lr": 3e-4, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1 } },
   "zero_optimization": { "stage": 3 },
+  "bf16": { "enabled": true },
   "data": { "seq_len": 1024 },
   "train": { "activation_checkpointing": true }
 }
