@@ -18,6 +18,14 @@ static size_t round_up(size_t x, size_t m)
     return (x + m - 1) / m * m;
 }
 
+/* Rows of the logits the head computes at once: LOGITS_CHUNK_BYTES of fp32
+ * logits, at least 1 and at most the N rows there are. */
+static size_t logit_rows(size_t V, size_t N)
+{
+    size_t rows = LOGITS_CHUNK_BYTES / (sizeof(float) * V);
+    return rows < 1 ? 1 : rows > N ? N : rows;
+}
+
 static void add_tensor(fso_block_layout *b, fso_tensor_kind kind, const char *name, int rows,
                        int cols, bool is_norm, bool decay)
 {
@@ -191,8 +199,7 @@ int fso_model_init(fso_model *m, const fso_model_config *mc, fso_backend *be, in
             (rc = dalloc(m, &x->act, wN * F)) < 0)
             goto fail;
     }
-    size_t rows = LOGITS_CHUNK_BYTES / (sizeof(float) * (size_t)V);
-    m->chunk_rows = (int)(rows < 1 ? 1 : rows > N ? N : rows);
+    m->chunk_rows = (int)logit_rows((size_t)V, N);
     if ((rc = dalloc(m, &m->xf, wN * C)) < 0 || (rc = dalloc(m, &m->rstdf, fN)) < 0 ||
         (rc = dalloc(m, &m->logits, sizeof(float) * (size_t)m->chunk_rows * V)) < 0 ||
         (rc = dalloc(m, &m->losses, fN)) < 0 || (rc = dalloc(m, &m->dres, fN * C)) < 0 ||
@@ -336,8 +343,7 @@ size_t fso_model_activation_bytes_for(const fso_model_config *mc, int B, int T,
                        2 * R64(wN * Hkv * D) + R64(wN / N * (size_t)B * H * (size_t)T * T) +
                        3 * R64(wN * F);
     total += (checkpointing ? 1 : L) * per_layer;
-    size_t rows = LOGITS_CHUNK_BYTES / (sizeof(float) * V);
-    rows = rows < 1 ? 1 : rows > N ? N : rows;
+    const size_t rows = logit_rows(V, N);
     total += R64(wN * C) + 2 * R64(fN * C) + 2 * R64(fN) + R64(sizeof(float) * rows * V) +
              2 * R64(wN * H * D) + 2 * R64(wN * Hkv * D) + 3 * R64(wN * F);
 #undef R64
@@ -358,8 +364,7 @@ size_t fso_model_cpu_widen_bytes_for(const fso_model_config *mc, int B, int T)
     const size_t qd = (size_t)mc->num_attention_heads * mc->head_dim;
     const size_t kvd = (size_t)mc->num_key_value_heads * mc->head_dim;
     const size_t probs = (size_t)B * mc->num_attention_heads * (size_t)T * T;
-    size_t rows = LOGITS_CHUNK_BYTES / (sizeof(float) * V);
-    rows = rows < 1 ? 1 : rows > N ? N : rows;
+    const size_t rows = logit_rows(V, N);
     size_t w = N * C + C;                                   /* rmsnorm_fwd */
     w = max2(w, N * qd + N * C + qd * C);                   /* q (k, v are smaller) */
     w = max2(w, N * qd + C * qd);                           /* o */
@@ -386,10 +391,8 @@ size_t fso_model_cuda_scratch_bytes_for(const fso_model_config *mc, int B, int T
     size_t w;
     if (bf16) {
         w = R256(4 * Hkv * TT) + R256(2 * Hkv * TT) + (H > Hkv ? 2 * R256(4 * T * Hkv * D) : 0);
-        size_t rows = LOGITS_CHUNK_BYTES / (sizeof(float) * V);
-        rows = rows < 1 ? 1 : rows > N ? N : rows;
         w = max2(w, R256(2 * N * C));
-        w = max2(w, R256(2 * rows * V));
+        w = max2(w, R256(2 * logit_rows(V, N) * V));
     } else {
         w = 4 * H * TT;
     }
