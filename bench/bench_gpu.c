@@ -278,18 +278,12 @@ static int run_collectives(struct coll_shared *sh, int ndev, double seconds, cha
 
 /* ---------------------------------------------------------------- output */
 
+/* s as a JSON string literal (util.h). */
 static void json_str(FILE *f, const char *s)
 {
-    fputc('"', f);
-    for (; *s; s++) {
-        if (*s == '"' || *s == '\\')
-            fprintf(f, "\\%c", *s);
-        else if ((unsigned char)*s < 0x20)
-            fprintf(f, "\\u%04x", *s);
-        else
-            fputc(*s, f);
-    }
-    fputc('"', f);
+    char *q = fso_json_quote(s);
+    fputs(q ? q : "null", f);
+    free(q);
 }
 
 static void json_num(FILE *f, double v)

@@ -110,29 +110,6 @@ static int select_devices(fso_config *cfg, const char *arg)
 }
 
 
-/* A JSON string literal for `s`, for --data. */
-static char *json_string(const char *s)
-{
-    size_t n = strlen(s);
-    char *out = malloc(n * 6 + 3), *o = out;
-    if (!out)
-        return NULL;
-    *o++ = '"';
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p == '"' || *p == '\\') {
-            *o++ = '\\';
-            *o++ = (char)*p;
-        } else if (*p < 0x20) {
-            o += sprintf(o, "\\u%04x", *p);
-        } else {
-            *o++ = (char)*p;
-        }
-    }
-    *o++ = '"';
-    *o = 0;
-    return out;
-}
-
 int fso_cli_main(int argc, char **argv)
 {
     static const struct option longopts[] = {
@@ -180,7 +157,7 @@ int fso_cli_main(int argc, char **argv)
             config_path = optarg;
             break;
         case 'd': {
-            char *lit = json_string(optarg);
+            char *lit = fso_json_quote(optarg);
             if (!lit || asprintf(&sets[nsets++], "data.path=%s", lit) < 0) {
                 free(lit);
                 fprintf(stderr, "fsoff: error: out of memory\n");
@@ -220,7 +197,7 @@ int fso_cli_main(int argc, char **argv)
             break;
         }
         case 'N': {
-            char *lit = json_string(optarg);
+            char *lit = fso_json_quote(optarg);
             if (!lit ||
                 asprintf(&sets[nsets++], "zero_optimization.offload_param={\"device\": "
                                          "\"nvme\", \"nvme_path\": %s}", lit) < 0 ||

@@ -935,14 +935,6 @@ static int parse_bytes(const char *opt, const char *s, uint64_t *out, bool zero_
     return 0;
 }
 
-static char *json_str(const char *s)
-{
-    json_t *j = json_string(s);
-    char *out = j ? json_dumps(j, JSON_ENCODE_ANY) : NULL;
-    json_decref(j);
-    return out;
-}
-
 typedef struct given {
     int gpus;
     const char *gpu;
@@ -1034,7 +1026,7 @@ int fso_plan_main(int argc, char **argv)
                 goto oom;
             break;
         case 'N': {
-            char *lit = json_str(optarg);
+            char *lit = fso_json_quote(optarg);
             if (!lit || asprintf(&sets[nsets++], "zero_optimization.offload_param.nvme_path=%s",
                                  lit) < 0 ||
                 asprintf(&sets[nsets++], "zero_optimization.offload_optimizer.nvme_path=%s",

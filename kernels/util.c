@@ -83,3 +83,24 @@ int fso_split_list(char *buf, char sep, const char **items, int max)
     }
     return n;
 }
+
+char *fso_json_quote(const char *s)
+{
+    char *out = malloc(strlen(s) * 6 + 3), *o = out;
+    if (!out)
+        return NULL;
+    *o++ = '"';
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '"' || *p == '\\') {
+            *o++ = '\\';
+            *o++ = (char)*p;
+        } else if (*p < 0x20) {
+            o += sprintf(o, "\\u%04x", *p);
+        } else {
+            *o++ = (char)*p;
+        }
+    }
+    *o++ = '"';
+    *o = 0;
+    return out;
+}

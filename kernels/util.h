@@ -1,6 +1,6 @@
 /* util.h — small process-wide helpers every layer uses: the monotonic clock,
  * memory available, byte counts for people, sizes and lists on the command
- * line. kernels/ is the lowest layer, so they live here. */
+ * line, JSON string literals. kernels/ is the lowest layer, so they live here. */
 #ifndef FSO_UTIL_H
 #define FSO_UTIL_H
 
@@ -24,5 +24,10 @@ int fso_parse_size(const char *s, uint64_t *out);
  * into buf). The count, or -E2BIG when there are more than max (items then
  * holds the first max). */
 int fso_split_list(char *buf, char sep, const char **items, int max);
+
+/* `s` as a JSON string literal, quotes included ("a\"b"): '"' and '\\'
+ * escaped, control characters as \u00XX, every other byte as it is.
+ * Malloc'ed; NULL when out of memory. */
+char *fso_json_quote(const char *s);
 
 #endif
