@@ -147,7 +147,7 @@ static double coll_round(struct coll_shared *sh, int rank, int op, float *big, f
     c->ops->barrier(c, rank);
     double t0 = (fso_now_ms() / 1e3);
     for (int i = 0; i < iters; i++) {
-        int r = op == 0 ? c->ops->all_gather(c, rank, small, big, count, FSO_COLL_F32, 0)
+        int r = op == 0 ? c->ops->all_gather(c, rank, small, big, count, FSO_DT_F32, 0)
                         : c->ops->reduce_scatter(c, rank, big, small, count);
         if (r < 0 && *rc == 0)
             *rc = r;

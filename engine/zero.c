@@ -470,7 +470,7 @@ static const void *src_params(void *ctx, int b)
     /* Every rank joins the gather even after a failure, so no rank waits
      * forever; the step is discarded afterwards. */
     z->coll->ops->all_gather(z->coll, rk->rank, send, recv, S,
-                             eb == sizeof(float) ? FSO_COLL_F32 : FSO_COLL_BF16, after);
+                             eb == sizeof(float) ? FSO_DT_F32 : FSO_DT_BF16, after);
     rk->gbuf_block[g] = b;
     rk->gbuf_refs[g] = 1;
     return rk->gbuf[g];

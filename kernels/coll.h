@@ -16,32 +16,22 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "backend.h"
+
 typedef struct fso_coll fso_coll;
-
-/* What an all-gather moves. It copies bits and converts nothing, so the
- * type only sets the element size (and tells NCCL what it carries): bf16
- * working parameters move at half the bytes of fp32 ones. */
-typedef enum fso_coll_dtype {
-    FSO_COLL_F32 = 0,
-    FSO_COLL_BF16,
-} fso_coll_dtype;
-
-static inline size_t fso_coll_dtype_bytes(fso_coll_dtype dt)
-{
-    return dt == FSO_COLL_BF16 ? 2 : 4;
-}
 
 typedef struct fso_coll_ops {
     const char *name;
     /* recv (world*count) = concat over ranks of send (count), elements of
-     * type dt; send may be recv + rank*count elements (in place). On a
-     * device with streams it is ordered after the rank backend's work before
-     * mark `after` (backend.h) and after every host-to-device copy queued so
-     * far (send may have just been copied in); 0: after all of its work. A
-     * gather into a buffer compute finished with then overlaps later
-     * compute. */
+     * type dt (backend.h: it copies bits and converts nothing, so bf16
+     * working parameters move at half the bytes of fp32 ones); send may be
+     * recv + rank*count elements (in place). On a device with streams it
+     * is ordered after the rank backend's work before mark `after` and
+     * after every host-to-device copy queued so far (send may have just been
+     * copied in); 0: after all of its work. A gather into a buffer compute
+     * finished with then overlaps later compute. */
     int (*all_gather)(fso_coll *c, int rank, const void *send, void *recv, size_t count,
-                      fso_coll_dtype dt, uint64_t after);
+                      fso_dtype dt, uint64_t after);
     /* recv (count) = sum over ranks k of send_k[rank*count .. +count) */
     int (*reduce_scatter)(fso_coll *c, int rank, const float *send, float *recv, size_t count);
     /* buf (count) = sum over ranks of buf, in double: losses and norms */

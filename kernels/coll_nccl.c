@@ -60,11 +60,11 @@ static int rank_status(struct nccl_ctx *x, int rank)
 }
 
 static int nc_all_gather(fso_coll *c, int rank, const void *send, void *recv, size_t count,
-                         fso_coll_dtype dt, uint64_t after)
+                         fso_dtype dt, uint64_t after)
 {
     struct nccl_ctx *x = c->ctx;
     fso_backend *be = x->be[rank];
-    const ncclDataType_t type = dt == FSO_COLL_BF16 ? ncclBfloat16 : ncclFloat;
+    const ncclDataType_t type = dt == FSO_DT_BF16 ? ncclBfloat16 : ncclFloat;
     double t0 = fso_now_ms();
     cudaStream_t s = fso_cuda_begin_after(be, FSO_CS_COLL, after);
     ncclResult_t r = ncclAllGather(send, recv, count, type, x->comm[rank], s);

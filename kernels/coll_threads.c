@@ -36,11 +36,11 @@ static void wait_all(struct ctx *x)
 }
 
 static int th_all_gather(fso_coll *c, int rank, const void *send, void *recv, size_t count,
-                         fso_coll_dtype dt, uint64_t after)
+                         fso_dtype dt, uint64_t after)
 {
     (void)after; /* threads on the host: done in order already */
     struct ctx *x = c->ctx;
-    const size_t bytes = fso_coll_dtype_bytes(dt) * count;
+    const size_t bytes = fso_dtype_size(dt) * count;
     double t0 = fso_now_ms();
     x->slots[rank].gather = send;
     wait_all(x);

@@ -666,12 +666,12 @@ typedef struct async_coll {
 static void run_all_gather(async_ctx *x, const work *w)
 {
     async_coll *ac = w->coll->ctx;
-    ac->inner->ops->all_gather(ac->inner, x->rank, R(0), R(1), w->n, (fso_coll_dtype)w->i[0], 0);
+    ac->inner->ops->all_gather(ac->inner, x->rank, R(0), R(1), w->n, (fso_dtype)w->i[0], 0);
     w->coll->busy_ms[x->rank] = ac->inner->busy_ms[x->rank];
 }
 
 static int ac_all_gather(fso_coll *c, int rank, const void *send, void *recv, size_t count,
-                         fso_coll_dtype dt, uint64_t after)
+                         fso_dtype dt, uint64_t after)
 {
     async_coll *ac = c->ctx;
     push_after(ac->bes[rank], &(work){.run = run_all_gather, .p = {H(send), H(recv)}, .n = count,

@@ -226,11 +226,11 @@ typedef struct coll_arg {
 static void *coll_worker(void *p)
 {
     coll_arg *a = p;
-    a->c->ops->all_gather(a->c, a->rank, a->send, a->recv, a->count, FSO_COLL_F32, 0); /* warm */
+    a->c->ops->all_gather(a->c, a->rank, a->send, a->recv, a->count, FSO_DT_F32, 0); /* warm */
     a->c->ops->barrier(a->c, a->rank);
     double t0 = (fso_now_ms() / 1e3);
     for (int r = 0; r < a->reps; r++)
-        a->c->ops->all_gather(a->c, a->rank, a->send, a->recv, a->count, FSO_COLL_F32, 0);
+        a->c->ops->all_gather(a->c, a->rank, a->send, a->recv, a->count, FSO_DT_F32, 0);
     a->c->ops->barrier(a->c, a->rank);
     a->secs = (fso_now_ms() / 1e3) - t0;
     return NULL;

@@ -1206,7 +1206,7 @@ static void test_copy_after_a_mark_keeps_the_order(void **state)
     be->ops->add(be, d_c, d_b, d_b, n);      /* compute before the mark, on other buffers */
     uint64_t m2 = be->ops->mark(be);
     be->ops->copy_h2d_after(be, d_a, z, sizeof(float) * n, m2);
-    assert_int_equal(coll->ops->all_gather(coll, 0, d_a, d_d, n, FSO_COLL_F32, m2), 0);
+    assert_int_equal(coll->ops->all_gather(coll, 0, d_a, d_d, n, FSO_DT_F32, m2), 0);
     be->ops->copy_d2h(be, d, d_d, sizeof(float) * n);
     assert_int_equal(be->ops->sync(be), 0);
     assert_memory_equal(d, z, sizeof(float) * n);
@@ -1426,10 +1426,10 @@ static void *rank_main(void *arg)
     const size_t cnt = j->count, W = (size_t)j->world;
     int rc = 0;
     /* the reference: threads over host memory */
-    j->threads->ops->all_gather(j->threads, j->rank, j->send, j->host_gather, cnt, FSO_COLL_F32, 0);
+    j->threads->ops->all_gather(j->threads, j->rank, j->send, j->host_gather, cnt, FSO_DT_F32, 0);
     j->threads->ops->reduce_scatter(j->threads, j->rank, j->send, j->host_scatter, cnt / W);
     j->threads->ops->all_gather(j->threads, j->rank, j->send, j->host_gather16, cnt,
-                                FSO_COLL_BF16, 0);
+                                FSO_DT_BF16, 0);
     memcpy(j->f64_threads, j->f64, sizeof j->f64);
     j->threads->ops->all_reduce_f64(j->threads, j->rank, j->f64_threads, 3);
 
@@ -1444,7 +1444,7 @@ static void *rank_main(void *arg)
     /* every rank joins every collective, even after a failure */
     if (d_send)
         be->ops->copy_h2d(be, d_send, j->send, sizeof(float) * cnt);
-    int r1 = j->nccl->ops->all_gather(j->nccl, j->rank, d_send, d_gather, cnt, FSO_COLL_F32, 0);
+    int r1 = j->nccl->ops->all_gather(j->nccl, j->rank, d_send, d_gather, cnt, FSO_DT_F32, 0);
     int r2 = j->nccl->ops->reduce_scatter(j->nccl, j->rank, d_send, d_scatter, cnt / W);
     if (d_gather)
         be->ops->copy_d2h(be, j->dev_gather, d_gather, sizeof(float) * cnt * W);
@@ -1455,8 +1455,8 @@ static void *rank_main(void *arg)
         be->ops->copy_h2d(be, (float *)d_gather + (size_t)j->rank * cnt, j->send,
                           sizeof(float) * cnt);
     int r3 = j->nccl->ops->all_gather(j->nccl, j->rank, (float *)d_gather + (size_t)j->rank * cnt,
-                                      d_gather, cnt, FSO_COLL_F32, 0);
-    int r6 = j->nccl->ops->all_gather(j->nccl, j->rank, d_send, d_gather16, cnt, FSO_COLL_BF16, 0);
+                                      d_gather, cnt, FSO_DT_F32, 0);
+    int r6 = j->nccl->ops->all_gather(j->nccl, j->rank, d_send, d_gather16, cnt, FSO_DT_BF16, 0);
     if (d_gather16)
         be->ops->copy_d2h(be, j->dev_gather16, d_gather16, sizeof(uint16_t) * cnt * W);
     int r4 = j->nccl->ops->all_reduce_f64(j->nccl, j->rank, j->f64, 3);
