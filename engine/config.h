@@ -17,6 +17,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "state.h"
+
 #define FSO_CONFIG_ERR_MAX 512
 
 typedef struct fso_model_config {
@@ -75,12 +77,6 @@ typedef struct fso_data_config {
     int seq_len;
 } fso_data_config;
 
-typedef enum fso_tier {
-    FSO_TIER_DEVICE = 0,          /* "none": on the device */
-    FSO_TIER_HOST,                /* "cpu": the process's host arena */
-    FSO_TIER_NVME,                /* "nvme": the NVMe store */
-} fso_tier;
-
 typedef struct fso_offload_config {
     int stage;                    /* zero_optimization.stage (fsoff partitions as stage 3) */
     fso_tier param_tier;          /* zero_optimization.offload_param.device */
@@ -92,12 +88,6 @@ typedef struct fso_offload_config {
     int aio_queue_depth;          /* aio.queue_depth */
     int prefetch_blocks;          /* train.prefetch_blocks: blocks read ahead of compute */
 } fso_offload_config;
-
-typedef enum fso_overlap {
-    FSO_OVERLAP_NONE = 0,         /* update every block after backward, then forward */
-    FSO_OVERLAP_FORWARD,          /* update in forward order while the next forward runs */
-    FSO_OVERLAP_BACKWARD,         /* clipping off: update each block as its gradients land */
-} fso_overlap;
 
 typedef struct fso_config {
     fso_model_config model;

@@ -23,10 +23,6 @@
 
 #define GIB (1024.0 * 1024.0 * 1024.0)
 
-_Static_assert((int)FSO_PT_DEVICE == (int)FSO_TIER_DEVICE && (int)FSO_PT_HOST == (int)FSO_TIER_HOST &&
-                   (int)FSO_PT_NVME == (int)FSO_TIER_NVME,
-               "planner tiers follow fso_tier");
-
 /* Conservative achieved figures: a training step reaches about 40% of the
  * dense bf16 peak on these parts; copies and collectives as measured on
  * typical boxes, rounded down. */
@@ -158,9 +154,7 @@ int fso_plan_ctx_init(fso_plan_ctx *ctx, const fso_config *cfg, const fso_plan_m
         mc, cfg->micro_batch, cfg->data.seq_len, cfg->activation_checkpointing, cfg->bf16);
 
     fso_plan_engine *en = &in->engine;
-    en->overlap = cfg->optimizer_overlap == FSO_OVERLAP_FORWARD    ? FSO_PLAN_OVERLAP_FORWARD
-                  : cfg->optimizer_overlap == FSO_OVERLAP_BACKWARD ? FSO_PLAN_OVERLAP_BACKWARD
-                                                                   : FSO_PLAN_OVERLAP_NONE;
+    en->overlap = cfg->optimizer_overlap;
     en->gather_buffers = 2;
     en->max_prefetch = 16;
     en->stage_slots = 3;
@@ -170,7 +164,7 @@ int fso_plan_ctx_init(fso_plan_ctx *ctx, const fso_config *cfg, const fso_plan_m
             maxe = ctx->block_elems[b];
     uint64_t slot = ((maxe / (uint64_t)W) * 4 + 4095) / 4096 * 4096;
     uint64_t chunk = (uint64_t)cfg->offload.aio_block_bytes;
-    en->stage_fixed_bytes = 2 * FSO_PK_N * (chunk < slot ? chunk : slot);
+    en->stage_fixed_bytes = 2 * FSO_N_KINDS * (chunk < slot ? chunk : slot);
     if (gpu) { /* the GPU engine as DESIGN §5 lays it out */
         en->per_block_tiers = true;
         en->per_kind_tiers = true;
@@ -405,9 +399,9 @@ void fso_plan_pins_from_config(const fso_config *cfg, const char *const *sets, i
             ppf = true;
     }
     if (pparam)
-        pins->tier[FSO_PK_PARAM] = (int)cfg->offload.param_tier;
+        pins->tier[FSO_KIND_PARAM] = (int)cfg->offload.param_tier;
     if (poptim)
-        for (int k = FSO_PK_MASTER; k < FSO_PK_N; k++)
+        for (int k = FSO_KIND_MASTER; k < FSO_N_KINDS; k++)
             pins->tier[k] = (int)cfg->offload.optim_tier;
     if (ppf)
         pins->prefetch = cfg->offload.prefetch_blocks;
@@ -519,10 +513,10 @@ int fso_plan_machine_here(const fso_config *cfg, bool refresh, fso_plan_machine 
 static const char *fix_for(int tier)
 {
     switch (tier) {
-    case FSO_PT_DEVICE:
+    case FSO_TIER_DEVICE:
         return "move state off the devices (host or NVMe), add devices, or give each more "
                "memory (--device-mem / --gpu-mem)";
-    case FSO_PT_HOST:
+    case FSO_TIER_HOST:
         return "add NVMe folders for the state (--nvme DIR), or more host memory (--host-mem)";
     default:
         return "free space on the NVMe folders or add folders (--nvme DIR1,DIR2)";
@@ -533,26 +527,26 @@ void fso_plan_shortfall_message(const fso_plan *p, const fso_plan_pins *pins, ch
                                 size_t len)
 {
     char need[32], have[32], by[32], act[32], pinned[256] = "";
-    const int t = p->short_tier < 0 ? FSO_PT_HOST : p->short_tier;
+    const int t = p->short_tier < 0 ? FSO_TIER_HOST : p->short_tier;
     fso_human_bytes(need, sizeof need, (double)p->need_bytes[t]);
     fso_human_bytes(have, sizeof have, (double)p->have_bytes[t]);
     fso_human_bytes(by, sizeof by, (double)p->short_bytes);
     fso_human_bytes(act, sizeof act, (double)p->activation_bytes);
     if (pins) {
         size_t off = 0;
-        for (int k = 0; k < FSO_PK_N; k++)
+        for (int k = 0; k < FSO_N_KINDS; k++)
             if (pins->tier[k] >= 0 && off < sizeof pinned &&
-                (k == FSO_PK_PARAM || k == FSO_PK_MASTER))
+                (k == FSO_KIND_PARAM || k == FSO_KIND_MASTER))
                 off += (size_t)snprintf(pinned + off, sizeof pinned - off, "%s%s on %s",
                                         off ? ", " : " (the config pins ",
-                                        k == FSO_PK_PARAM ? "parameters" : "optimizer state",
-                                        fso_plan_tier_name(pins->tier[k]));
+                                        k == FSO_KIND_PARAM ? "parameters" : "optimizer state",
+                                        fso_tier_name(pins->tier[k]));
         if (off && off < sizeof pinned)
             snprintf(pinned + off, sizeof pinned - off, "; --auto lets fsoff choose)");
     }
-    if (t == FSO_PT_DEVICE) {
-        uint64_t fixed = p->activation_bytes + p->buffer_bytes[FSO_PT_DEVICE];
-        if (fixed > p->have_bytes[FSO_PT_DEVICE]) {
+    if (t == FSO_TIER_DEVICE) {
+        uint64_t fixed = p->activation_bytes + p->buffer_bytes[FSO_TIER_DEVICE];
+        if (fixed > p->have_bytes[FSO_TIER_DEVICE]) {
             char fx[32];
             fso_human_bytes(fx, sizeof fx, (double)fixed);
             snprintf(buf, len,
@@ -565,12 +559,12 @@ void fso_plan_shortfall_message(const fso_plan *p, const fso_plan_pins *pins, ch
         }
         snprintf(buf, len, "device memory: each device needs %s but holds %s; short by %s: %s%s",
                  need, have, by, fix_for(t), pinned);
-    } else if (t == FSO_PT_HOST) {
+    } else if (t == FSO_TIER_HOST) {
         snprintf(buf, len, "host memory: the host tier and staging need %s but %s is usable; "
                            "short by %s: %s%s", need, have, by, fix_for(t), pinned);
     } else {
         snprintf(buf, len, "NVMe: the NVMe tier needs %s but %s is free; short by %s: %s%s", need,
-                 have, by, p->have_bytes[FSO_PT_NVME] ? fix_for(t)
+                 have, by, p->have_bytes[FSO_TIER_NVME] ? fix_for(t)
                  : "give NVMe folders (--nvme DIR) or, to plan for drives elsewhere, "
                    "--nvme-free, --nvme-read and --nvme-write",
                  pinned);
@@ -587,18 +581,18 @@ static void cell(char *buf, size_t len, uint64_t bytes)
 
 void fso_plan_print(FILE *f, const fso_plan *p)
 {
-    static const char *const rows[FSO_PT_N] = {"device (each)", "host (all)", "nvme (all)"};
+    static const char *const rows[FSO_N_TIERS] = {"device (each)", "host (all)", "nvme (all)"};
     char desc[512];
     fprintf(f, "plan: %-14s %11s %11s %11s %11s %11s %11s %11s\n", "memory", "parameters",
             "gradients", "optimizer", "activations", "buffers", "need", "capacity");
-    for (int t = 0; t < FSO_PT_N; t++) {
+    for (int t = 0; t < FSO_N_TIERS; t++) {
         char c[7][32];
-        uint64_t opt = p->kind_bytes[t][FSO_PK_MASTER] + p->kind_bytes[t][FSO_PK_M] +
-                       p->kind_bytes[t][FSO_PK_V];
-        cell(c[0], 32, p->kind_bytes[t][FSO_PK_PARAM]);
-        cell(c[1], 32, p->kind_bytes[t][FSO_PK_GRAD]);
+        uint64_t opt = p->kind_bytes[t][FSO_KIND_MASTER] + p->kind_bytes[t][FSO_KIND_M] +
+                       p->kind_bytes[t][FSO_KIND_V];
+        cell(c[0], 32, p->kind_bytes[t][FSO_KIND_PARAM]);
+        cell(c[1], 32, p->kind_bytes[t][FSO_KIND_GRAD]);
         cell(c[2], 32, opt);
-        cell(c[3], 32, t == FSO_PT_DEVICE ? p->activation_bytes : 0);
+        cell(c[3], 32, t == FSO_TIER_DEVICE ? p->activation_bytes : 0);
         cell(c[4], 32, p->buffer_bytes[t]);
         cell(c[5], 32, p->need_bytes[t]);
         cell(c[6], 32, p->have_bytes[t]);
@@ -641,28 +635,28 @@ void fso_plan_print(FILE *f, const fso_plan *p)
 
 static json_t *tier_json(const fso_plan *p, int t)
 {
-    uint64_t opt = p->kind_bytes[t][FSO_PK_MASTER] + p->kind_bytes[t][FSO_PK_M] +
-                   p->kind_bytes[t][FSO_PK_V];
+    uint64_t opt = p->kind_bytes[t][FSO_KIND_MASTER] + p->kind_bytes[t][FSO_KIND_M] +
+                   p->kind_bytes[t][FSO_KIND_V];
     return json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:b}", "bytes",
                      (json_int_t)p->need_bytes[t], "capacity_bytes", (json_int_t)p->have_bytes[t],
-                     "parameters", (json_int_t)p->kind_bytes[t][FSO_PK_PARAM], "gradients",
-                     (json_int_t)p->kind_bytes[t][FSO_PK_GRAD], "optimizer_state",
+                     "parameters", (json_int_t)p->kind_bytes[t][FSO_KIND_PARAM], "gradients",
+                     (json_int_t)p->kind_bytes[t][FSO_KIND_GRAD], "optimizer_state",
                      (json_int_t)opt, "activations",
-                     (json_int_t)(t == FSO_PT_DEVICE ? p->activation_bytes : 0), "buffers",
+                     (json_int_t)(t == FSO_TIER_DEVICE ? p->activation_bytes : 0), "buffers",
                      (json_int_t)p->buffer_bytes[t], "fits",
                      p->need_bytes[t] <= p->have_bytes[t]);
 }
 
 static json_t *plan_json(const fso_plan *p)
 {
-    static const char *const keys[FSO_PK_N] = {"parameters", "master", "m", "v", "gradients"};
+    static const char *const keys[FSO_N_KINDS] = {"parameters", "master", "m", "v", "gradients"};
     char desc[512];
     json_t *tiers = json_object(), *placement = json_object(), *busy = json_object(),
            *crit = json_object();
-    for (int t = 0; t < FSO_PT_N; t++)
-        json_object_set_new(tiers, fso_plan_tier_name(t), tier_json(p, t));
-    for (int k = 0; k < FSO_PK_N; k++) {
-        int count[FSO_PT_N] = {0};
+    for (int t = 0; t < FSO_N_TIERS; t++)
+        json_object_set_new(tiers, fso_tier_name(t), tier_json(p, t));
+    for (int k = 0; k < FSO_N_KINDS; k++) {
+        int count[FSO_N_TIERS] = {0};
         for (int b = 0; b < p->pl.n_blocks; b++)
             count[p->pl.tier[k][b]]++;
         json_object_set_new(placement, keys[k],
@@ -675,7 +669,7 @@ static json_t *plan_json(const fso_plan *p)
     }
     bool wc = false;
     for (int b = 0; b < p->pl.n_blocks; b++)
-        wc = wc || (p->pl.whole_copy[b] && p->pl.tier[FSO_PK_PARAM][b] != FSO_PT_DEVICE);
+        wc = wc || (p->pl.whole_copy[b] && p->pl.tier[FSO_KIND_PARAM][b] != FSO_TIER_DEVICE);
     fso_plan_describe(p, desc, sizeof desc);
     const fso_plan_machine *m = &p->machine;
     json_t *mj = json_pack(
@@ -773,26 +767,26 @@ int fso_plan_for_config_gpus(const fso_config *cfg, const fso_plan_pins *pins,
 int fso_plan_apply(const fso_plan *p, fso_config *cfg, char *err, size_t errlen)
 {
     const int nb = p->pl.n_blocks;
-    int pt = p->pl.tier[FSO_PK_PARAM][0], st = p->pl.tier[FSO_PK_MASTER][0];
+    int pt = p->pl.tier[FSO_KIND_PARAM][0], st = p->pl.tier[FSO_KIND_MASTER][0];
     for (int b = 0; b < nb; b++) {
-        if (p->pl.tier[FSO_PK_PARAM][b] != pt) {
+        if (p->pl.tier[FSO_KIND_PARAM][b] != pt) {
             snprintf(err, errlen, "the plan keeps some blocks' parameters on the device and "
                                   "streams others; this engine takes one tier per kind");
             return -ENOTSUP;
         }
-        for (int k = FSO_PK_MASTER; k < FSO_PK_N; k++)
+        for (int k = FSO_KIND_MASTER; k < FSO_N_KINDS; k++)
             if (p->pl.tier[k][b] != st) {
                 snprintf(err, errlen, "the plan splits the optimizer state over tiers; this "
                                       "engine keeps master, m, v and gradients on one tier");
                 return -ENOTSUP;
             }
-        if (p->pl.whole_copy[b] && pt != FSO_PT_DEVICE && p->machine.devices > 1) {
+        if (p->pl.whole_copy[b] && pt != FSO_TIER_DEVICE && p->machine.devices > 1) {
             snprintf(err, errlen, "the plan copies blocks whole; this engine gathers shards");
             return -ENOTSUP;
         }
     }
     fso_offload_config *o = &cfg->offload;
-    if (pt == FSO_PT_NVME || st == FSO_PT_NVME) {
+    if (pt == FSO_TIER_NVME || st == FSO_TIER_NVME) {
         const char *any = o->optim_nvme_path[0] ? o->optim_nvme_path : o->param_nvme_path;
         if (!any[0]) {
             snprintf(err, errlen, "the plan puts state on NVMe but the configuration names no "
@@ -834,8 +828,8 @@ int fso_plan_check(const fso_config *cfg, const fso_plan_pins *pins, const fso_p
  * re-plan moves it, at the machine's rates. */
 static double tier_gbps(const fso_plan_machine *m, int t, bool write)
 {
-    double g = t == FSO_PT_NVME   ? (write ? m->nvme_write_gbps : m->nvme_read_gbps)
-               : t == FSO_PT_HOST ? m->host_copy_gbps
+    double g = t == FSO_TIER_NVME   ? (write ? m->nvme_write_gbps : m->nvme_read_gbps)
+               : t == FSO_TIER_HOST ? m->host_copy_gbps
                                   : (write ? m->h2d_gbps : m->d2h_gbps);
     return g > 0 ? g : 1.0;
 }
@@ -846,11 +840,11 @@ int fso_plan_revision(const fso_plan *cur, const fso_plan *next, double measured
     memset(mv, 0, sizeof *mv);
     const fso_plan_machine *m = &next->machine;
     const int devs = m->devices > 0 ? m->devices : 1;
-    for (int k = 0; k < FSO_PK_N; k++) {
+    for (int k = 0; k < FSO_N_KINDS; k++) {
         int from = fso_plan_main_tier(cur, k), to = fso_plan_main_tier(next, k);
         if (from == to)
             continue;
-        uint64_t bytes = cur->kind_bytes[from][k] * (from == FSO_PT_DEVICE ? (uint64_t)devs : 1);
+        uint64_t bytes = cur->kind_bytes[from][k] * (from == FSO_TIER_DEVICE ? (uint64_t)devs : 1);
         mv->bytes += bytes;
         mv->move_ms += bytes / 1e6 / tier_gbps(m, from, false) + bytes / 1e6 / tier_gbps(m, to, true);
     }
@@ -950,11 +944,11 @@ static void print_alternatives(FILE *f, const fso_plan_input *in)
         int p, s;
         const char *what;
     } alts[] = {
-        {FSO_PT_DEVICE, FSO_PT_DEVICE, "everything on the devices"},
-        {FSO_PT_DEVICE, FSO_PT_HOST, "parameters on the devices, optimizer state on the host"},
-        {FSO_PT_HOST, FSO_PT_HOST, "parameters and optimizer state on the host"},
-        {FSO_PT_HOST, FSO_PT_NVME, "parameters on the host, optimizer state on NVMe"},
-        {FSO_PT_NVME, FSO_PT_NVME, "everything on NVMe"},
+        {FSO_TIER_DEVICE, FSO_TIER_DEVICE, "everything on the devices"},
+        {FSO_TIER_DEVICE, FSO_TIER_HOST, "parameters on the devices, optimizer state on the host"},
+        {FSO_TIER_HOST, FSO_TIER_HOST, "parameters and optimizer state on the host"},
+        {FSO_TIER_HOST, FSO_TIER_NVME, "parameters on the host, optimizer state on NVMe"},
+        {FSO_TIER_NVME, FSO_TIER_NVME, "everything on NVMe"},
     };
     fso_plan *alt = malloc(sizeof *alt);
     fso_placement *pl = malloc(sizeof *pl);
@@ -976,7 +970,7 @@ static void print_alternatives(FILE *f, const fso_plan_input *in)
             char by[32];
             fso_human_bytes(by, sizeof by, (double)alt->short_bytes);
             fprintf(f, "plan:   %-58s %10s (%s short by %s)\n", alts[i].what, "no fit",
-                    fso_plan_tier_name(alt->short_tier), by);
+                    fso_tier_name(alt->short_tier), by);
         }
     }
     free(alt);
@@ -1250,8 +1244,8 @@ int fso_plan_main(int argc, char **argv)
         fso_plan_pins_from_config(&cfg, (const char *const *)sets, nsets, &pins);
     ctx.in.pins = pins;
     bool nvme_pinned = false;
-    for (int k = 0; k < FSO_PK_N; k++)
-        nvme_pinned = nvme_pinned || pins.tier[k] == FSO_PT_NVME;
+    for (int k = 0; k < FSO_N_KINDS; k++)
+        nvme_pinned = nvme_pinned || pins.tier[k] == FSO_TIER_NVME;
     if (nvme_pinned && m.nvme_free_bytes == 0) {
         if (missing[0])
             fprintf(stderr, "fsoff: error: the config keeps state on NVMe in %s, which does not "
@@ -1276,7 +1270,7 @@ int fso_plan_main(int argc, char **argv)
         goto out;
     }
     bool pinned_any = pins.prefetch >= 0;
-    for (int k = 0; k < FSO_PK_N; k++)
+    for (int k = 0; k < FSO_N_KINDS; k++)
         pinned_any = pinned_any || pins.tier[k] >= 0;
     bool have_free = false;
     if (pinned_any) {
@@ -1309,8 +1303,8 @@ int fso_plan_main(int argc, char **argv)
                "activation checkpointing %s; optimizer overlap %s\n",
                cfg.micro_batch, cfg.data.seq_len, cfg.grad_accum, m.devices,
                ctx.in.model.tokens_per_step, cfg.activation_checkpointing ? "on" : "off",
-               ctx.in.engine.overlap == FSO_PLAN_OVERLAP_FORWARD    ? "forward"
-               : ctx.in.engine.overlap == FSO_PLAN_OVERLAP_BACKWARD ? "backward"
+               ctx.in.engine.overlap == FSO_OVERLAP_FORWARD    ? "forward"
+               : ctx.in.engine.overlap == FSO_OVERLAP_BACKWARD ? "backward"
                                                                     : "none");
         fso_human_bytes(h1, sizeof h1, (double)m.device_mem_bytes);
         fso_human_bytes(h2, sizeof h2, (double)m.host_mem_bytes);

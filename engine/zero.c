@@ -26,10 +26,6 @@
 #define MIB (1024.0 * 1024.0)
 #define ARENA_ROUND ((size_t)2 << 20)
 
-const char *const fso_zero_kind_names[FSO_N_KINDS] = {"parameters", "master weights", "AdamW m",
-                                                    "AdamW v", "gradients"};
-static const char *const tier_names[] = {"device", "host", "nvme"};
-
 
 size_t fso_zero_shard_elems(const fso_zero *z, int b)
 {
@@ -334,8 +330,9 @@ int fso_zero_xfer(rank_state *rk, errsink *es, uint64_t *bytes_done, int b, fso_
         s->copied = mark_copies(be);
         return 0;
     }
+    default:
+        return -EINVAL;
     }
-    return -EINVAL;
 }
 
 /* Whole shard (b, k) into s->buf, and back (compute thread). */
@@ -1017,11 +1014,11 @@ static int block_xfer(fso_zero *z, int b, float *flat, fso_kind k, int dir)
             narrow(s->buf, z->elem_bytes[k], flat + (size_t)r * S, S);
             rc = shard_store(rk, b, k, s);
             if (rc == 0)
-                rc = fso_zero_slot_wait(rk, &rk->ce, s, fso_zero_kind_names[k], b);
+                rc = fso_zero_slot_wait(rk, &rk->ce, s, fso_kind_name(k), b);
         } else {
             rc = shard_fetch(rk, b, k, s);
             if (rc == 0)
-                rc = fso_zero_slot_wait(rk, &rk->ce, s, fso_zero_kind_names[k], b);
+                rc = fso_zero_slot_wait(rk, &rk->ce, s, fso_kind_name(k), b);
             if (rc == 0)
                 widen(flat + (size_t)r * S, s->buf, z->elem_bytes[k], S);
         }
@@ -1080,7 +1077,7 @@ int fso_zero_load_hf(fso_zero *z, const float *hf, char *err, size_t errlen)
 static int store_kind_hf(fso_zero *z, fso_kind k, float *hf, char *err, size_t errlen)
 {
     int rc;
-    float **flat = whole_copy_begin(z, fso_zero_kind_names[k], &rc, err, errlen);
+    float **flat = whole_copy_begin(z, fso_kind_name(k), &rc, err, errlen);
     if (!flat)
         return rc;
     rc = shards_xfer(z, flat, k, 1);
@@ -1193,7 +1190,7 @@ void fso_zero_describe(const fso_zero *z, char *buf, size_t len)
         char h[32];
         fso_human_bytes(h, sizeof h, (double)per_kind[k]);
         off += (size_t)snprintf(buf + off, len - off, "%s%s %s on %s", k ? ", " : "",
-                                fso_zero_kind_names[k], h, tier_names[z->tier[k]]);
+                                fso_kind_name(k), h, fso_tier_name(z->tier[k]));
     }
     if (z->tier[FSO_KIND_PARAM] == FSO_TIER_NVME && off < len)
         off += (size_t)snprintf(buf + off, len - off, ", %d block%s read ahead", z->prefetch,
@@ -1650,7 +1647,7 @@ static int retier_copy(rank_state *rk, int b, fso_kind k, const loc *to, uint64_
     void *p;
     int rc = fso_zero_xfer(rk, &rk->ce, &io, b, k, 0, S, s, false, false, &p);
     if (rc == 0)
-        rc = fso_zero_slot_wait(rk, &rk->ce, s, fso_zero_kind_names[k], b);
+        rc = fso_zero_slot_wait(rk, &rk->ce, s, fso_kind_name(k), b);
     if (rc < 0)
         return rc;
     loc old = *l;
@@ -1658,7 +1655,7 @@ static int retier_copy(rank_state *rk, int b, fso_kind k, const loc *to, uint64_
     p = s->buf;
     rc = fso_zero_xfer(rk, &rk->ce, &io, b, k, 0, S, s, true, false, &p);
     if (rc == 0)
-        rc = fso_zero_slot_wait(rk, &rk->ce, s, fso_zero_kind_names[k], b);
+        rc = fso_zero_slot_wait(rk, &rk->ce, s, fso_kind_name(k), b);
     *l = old;
     if (rc == 0)
         *moved += rk->z->elem_bytes[k] * S;

@@ -39,15 +39,6 @@
 #include "model.h"
 #include "store.h"
 
-typedef enum fso_kind {
-    FSO_KIND_PARAM = 0,   /* working parameters: gathered for compute; fp32, or bf16 */
-    FSO_KIND_MASTER,      /* fp32 master weights */
-    FSO_KIND_M,           /* AdamW first moment */
-    FSO_KIND_V,           /* AdamW second moment */
-    FSO_KIND_GRAD,        /* gradient accumulator */
-    FSO_N_KINDS,
-} fso_kind;
-
 typedef struct fso_zero_step {
     double loss;          /* mean over all micro-batches of all ranks */
     double grad_norm;     /* global, before clipping */

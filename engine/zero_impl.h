@@ -179,7 +179,6 @@ int fso_zero_xfer(rank_state *rk, errsink *es, uint64_t *bytes_done, int b, fso_
 void *fso_zero_xfer_dest(rank_state *rk, int b, fso_kind k, size_t c0, slot *s, bool in_place);
 /* Wait for the slot's I/O; an error is final for the step. */
 int fso_zero_slot_wait(rank_state *rk, errsink *es, slot *s, const char *what, int block);
-extern const char *const fso_zero_kind_names[FSO_N_KINDS];
 
 /* zero_optim.c */
 int fso_zero_optim_start(rank_state *rk);      /* the device's optimizer thread */

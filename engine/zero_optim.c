@@ -83,7 +83,7 @@ static int unit_store(rank_state *rk, const unit *u, fso_kind k, slot *s, void *
 static int set_wait(rank_state *rk, slot *set, int block)
 {
     for (int k = 0; k < FSO_N_KINDS; k++) {
-        int rc = fso_zero_slot_wait(rk, &rk->oe, &set[k], fso_zero_kind_names[k], block);
+        int rc = fso_zero_slot_wait(rk, &rk->oe, &set[k], fso_kind_name(k), block);
         if (rc < 0)
             return rc;
     }
@@ -276,7 +276,7 @@ static int update_blocks(rank_state *rk, const fso_adamw_step *as, int b0, int b
         slot *o = rk->ochunk[set];
         for (int i = 0; i < 4; i++)
             if ((rc = fso_zero_slot_wait(rk, &rk->oe, &o[reads[i]],
-                                         fso_zero_kind_names[reads[i]], cur.b)) < 0)
+                                         fso_kind_name(reads[i]), cur.b)) < 0)
                 return rc;
         /* working parameters: fp32 ones are the master copied; bf16 ones
          * come out of the update, in the shard itself when the CPU

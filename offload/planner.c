@@ -12,21 +12,8 @@
 #define JOIN FSO_N_STREAMS  /* a zero-length event on no stream: waits for its inputs */
 #define SIM_STEPS 3         /* the prediction is the last step's length */
 
-static const char *const tier_names[FSO_PT_N] = {"device", "host", "nvme"};
-static const char *const kind_names[FSO_PK_N] = {"parameters", "master weights", "AdamW m",
-                                                 "AdamW v", "gradients"};
 static const char *const stream_names[FSO_N_STREAMS] = {
     "nvme-read", "h2d", "collectives", "compute", "d2h", "nvme-write", "optimizer"};
-
-const char *fso_plan_tier_name(int tier)
-{
-    return tier >= 0 && tier < FSO_PT_N ? tier_names[tier] : "?";
-}
-
-const char *fso_plan_kind_name(int kind)
-{
-    return kind >= 0 && kind < FSO_PK_N ? kind_names[kind] : "?";
-}
 
 const char *fso_stream_name(int stream)
 {
@@ -36,7 +23,7 @@ const char *fso_stream_name(int stream)
 
 void fso_plan_pins_none(fso_plan_pins *p)
 {
-    for (int k = 0; k < FSO_PK_N; k++)
+    for (int k = 0; k < FSO_N_KINDS; k++)
         p->tier[k] = -1;
     p->prefetch = -1;
 }
@@ -48,10 +35,10 @@ void fso_placement_uniform(fso_placement *pl, int n_blocks, int param_tier, int 
     pl->n_blocks = n_blocks;
     pl->prefetch = prefetch;
     for (int b = 0; b < n_blocks && b < FSO_PLAN_MAX_BLOCKS; b++) {
-        pl->tier[FSO_PK_PARAM][b] = (uint8_t)param_tier;
-        pl->tier[FSO_PK_MASTER][b] = pl->tier[FSO_PK_M][b] = pl->tier[FSO_PK_V][b] =
+        pl->tier[FSO_KIND_PARAM][b] = (uint8_t)param_tier;
+        pl->tier[FSO_KIND_MASTER][b] = pl->tier[FSO_KIND_M][b] = pl->tier[FSO_KIND_V][b] =
             (uint8_t)state_tier;
-        pl->tier[FSO_PK_GRAD][b] = (uint8_t)grad_tier;
+        pl->tier[FSO_KIND_GRAD][b] = (uint8_t)grad_tier;
     }
 }
 
@@ -64,7 +51,7 @@ static uint64_t round_page(uint64_t b)
 
 static int kind_bytes_per_elem(const fso_plan_model *m, int k)
 {
-    return k == FSO_PK_PARAM ? m->param_bytes : k == FSO_PK_GRAD ? m->grad_bytes : m->state_bytes;
+    return k == FSO_KIND_PARAM ? m->param_bytes : k == FSO_KIND_GRAD ? m->grad_bytes : m->state_bytes;
 }
 
 static uint64_t shard_elems(const fso_plan_input *in, int b)
@@ -81,13 +68,13 @@ static uint64_t shard_bytes(const fso_plan_input *in, int b, int k)
 
 static bool aliased(const fso_plan_input *in, const fso_placement *pl, int b)
 {
-    return in->machine.devices == 1 && pl->tier[FSO_PK_PARAM][b] == FSO_PT_DEVICE;
+    return in->machine.devices == 1 && pl->tier[FSO_KIND_PARAM][b] == FSO_TIER_DEVICE;
 }
 
 static bool any_param_on(const fso_placement *pl, int tier)
 {
     for (int b = 0; b < pl->n_blocks; b++)
-        if (pl->tier[FSO_PK_PARAM][b] == tier)
+        if (pl->tier[FSO_KIND_PARAM][b] == tier)
             return true;
     return false;
 }
@@ -117,10 +104,10 @@ static bool size_placement(const fso_plan_input *in, const fso_placement *pl, fs
     const uint64_t W = (uint64_t)mc->devices;
     memset(out->kind_bytes, 0, sizeof out->kind_bytes);
     for (int b = 0; b < m->n_blocks; b++)
-        for (int k = 0; k < FSO_PK_N; k++) {
+        for (int k = 0; k < FSO_N_KINDS; k++) {
             int t = pl->tier[k][b];
             uint64_t bytes = shard_bytes(in, b, k);
-            out->kind_bytes[t][k] += t == FSO_PT_DEVICE ? bytes : bytes * W;
+            out->kind_bytes[t][k] += t == FSO_TIER_DEVICE ? bytes : bytes * W;
         }
     const uint64_t maxe = max_block_elems(m);
     const uint64_t max_shard = (maxe + W - 1) / W;
@@ -129,23 +116,23 @@ static bool size_placement(const fso_plan_input *in, const fso_placement *pl, fs
                           : 0;
     uint64_t gradbufs = 2 * round_page(maxe * (uint64_t)m->grad_bytes);
     out->activation_bytes = m->activation_bytes;
-    out->buffer_bytes[FSO_PT_DEVICE] = window + gradbufs + in->engine.device_reserve_bytes;
-    uint64_t ring = any_param_on(pl, FSO_PT_NVME)
+    out->buffer_bytes[FSO_TIER_DEVICE] = window + gradbufs + in->engine.device_reserve_bytes;
+    uint64_t ring = any_param_on(pl, FSO_TIER_NVME)
                         ? (uint64_t)(pl->prefetch + 2) * round_page(max_shard * m->param_bytes)
                         : 0;
     uint64_t stage = (uint64_t)in->engine.stage_slots * round_page(max_shard * m->state_bytes) +
                      in->engine.stage_fixed_bytes;
-    out->buffer_bytes[FSO_PT_HOST] = (ring + stage) * W;
-    out->buffer_bytes[FSO_PT_NVME] = 0;
+    out->buffer_bytes[FSO_TIER_HOST] = (ring + stage) * W;
+    out->buffer_bytes[FSO_TIER_NVME] = 0;
 
-    out->have_bytes[FSO_PT_DEVICE] = mc->device_mem_bytes;
-    out->have_bytes[FSO_PT_HOST] = mc->host_mem_bytes;
-    out->have_bytes[FSO_PT_NVME] = mc->nvme_free_bytes;
+    out->have_bytes[FSO_TIER_DEVICE] = mc->device_mem_bytes;
+    out->have_bytes[FSO_TIER_HOST] = mc->host_mem_bytes;
+    out->have_bytes[FSO_TIER_NVME] = mc->nvme_free_bytes;
     out->short_tier = -1;
     out->short_bytes = 0;
-    for (int t = 0; t < FSO_PT_N; t++) {
-        uint64_t need = out->buffer_bytes[t] + (t == FSO_PT_DEVICE ? m->activation_bytes : 0);
-        for (int k = 0; k < FSO_PK_N; k++)
+    for (int t = 0; t < FSO_N_TIERS; t++) {
+        uint64_t need = out->buffer_bytes[t] + (t == FSO_TIER_DEVICE ? m->activation_bytes : 0);
+        for (int k = 0; k < FSO_N_KINDS; k++)
             need += out->kind_bytes[t][k];
         out->need_bytes[t] = need;
         if (need > out->have_bytes[t] && need - out->have_bytes[t] > out->short_bytes) {
@@ -370,28 +357,28 @@ static void lay_optimizer(sim *s, int b, int trigger)
     tl *t = &s->t;
     const double S = (double)shard_elems(in, b);
     /* the serialized schedule runs the update on the device's own thread */
-    const bool own_thread = in->engine.overlap == FSO_PLAN_OVERLAP_NONE;
+    const bool own_thread = in->engine.overlap == FSO_OVERLAP_NONE;
     const int th = own_thread ? dev_dep(s) : -1;
     bool on_device = !mc->cpu_devices && mc->device_adam_gelems > 0;
-    for (int k = FSO_PK_MASTER; k < FSO_PK_N; k++)
-        if (pl->tier[k][b] != FSO_PT_DEVICE)
+    for (int k = FSO_KIND_MASTER; k < FSO_N_KINDS; k++)
+        if (pl->tier[k][b] != FSO_TIER_DEVICE)
             on_device = false;
     int prev2 = b >= 2 ? s->c.wr[b - 2] : -1; /* two buffer sets */
     /* opt_write_lag 1: a block's new parameters are written to NVMe before the
      * next block is updated (the forward may read them as soon as it is done) */
     int lag = in->engine.opt_write_lag == 1 && b >= 1 &&
-                      pl->tier[FSO_PK_PARAM][b - 1] == FSO_PT_NVME
+                      pl->tier[FSO_KIND_PARAM][b - 1] == FSO_TIER_NVME
                   ? s->c.upd[b - 1] : -1;
 
     if (on_device) {
         LABEL(t, "adamw (device)", b);
         int a = ADD(t, FSO_STREAM_COMPUTE, S / (mc->device_adam_gelems * 1e6), trigger);
         s->c.upd[b] = s->c.gread[b] = s->c.wr[b] = a;
-        if (pl->tier[FSO_PK_PARAM][b] != FSO_PT_DEVICE) { /* new working copy to its tier */
+        if (pl->tier[FSO_KIND_PARAM][b] != FSO_TIER_DEVICE) { /* new working copy to its tier */
             double pb = S * m->param_bytes;
             LABEL(t, "updated parameters out", b);
             int d = ADD(t, FSO_STREAM_D2H, ms_for(pb, mc->d2h_gbps), a);
-            if (pl->tier[FSO_PK_PARAM][b] == FSO_PT_NVME)
+            if (pl->tier[FSO_KIND_PARAM][b] == FSO_TIER_NVME)
                 d = ADD(t, FSO_STREAM_NVME_WRITE, ms_for(pb, per_rank(mc->nvme_write_gbps, W)), d);
             s->c.upd[b] = s->c.wr[b] = d;
         }
@@ -399,18 +386,18 @@ static void lay_optimizer(sim *s, int b, int trigger)
         return;
     }
     double rd_nvme = 0, rd_dev = 0, wr_nvme = 0, wr_dev = 0;
-    for (int k = FSO_PK_MASTER; k < FSO_PK_N; k++) {
+    for (int k = FSO_KIND_MASTER; k < FSO_N_KINDS; k++) {
         double bytes = S * kind_bytes_per_elem(m, k);
-        if (pl->tier[k][b] == FSO_PT_NVME)
+        if (pl->tier[k][b] == FSO_TIER_NVME)
             rd_nvme += bytes;
-        else if (pl->tier[k][b] == FSO_PT_DEVICE && !mc->cpu_devices)
+        else if (pl->tier[k][b] == FSO_TIER_DEVICE && !mc->cpu_devices)
             rd_dev += bytes;
     }
-    for (int k = FSO_PK_PARAM; k < FSO_PK_GRAD; k++) {
+    for (int k = FSO_KIND_PARAM; k < FSO_KIND_GRAD; k++) {
         double bytes = S * kind_bytes_per_elem(m, k);
-        if (pl->tier[k][b] == FSO_PT_NVME)
+        if (pl->tier[k][b] == FSO_TIER_NVME)
             wr_nvme += bytes;
-        else if (pl->tier[k][b] == FSO_PT_DEVICE && !mc->cpu_devices)
+        else if (pl->tier[k][b] == FSO_TIER_DEVICE && !mc->cpu_devices)
             wr_dev += bytes;
     }
     int r1 = -1, r2 = -1;
@@ -432,8 +419,8 @@ static void lay_optimizer(sim *s, int b, int trigger)
         w1 = ADD(t, FSO_STREAM_NVME_WRITE, ms_for(wr_nvme, per_rank(mc->nvme_write_gbps, W)), a);
     if (wr_dev > 0)
         w2 = ADD(t, FSO_STREAM_H2D, ms_for(wr_dev, mc->h2d_gbps), a);
-    int pt = pl->tier[FSO_PK_PARAM][b];
-    s->c.upd[b] = pt == FSO_PT_NVME ? w1 : (pt == FSO_PT_DEVICE && w2 >= 0) ? w2 : a;
+    int pt = pl->tier[FSO_KIND_PARAM][b];
+    s->c.upd[b] = pt == FSO_TIER_NVME ? w1 : (pt == FSO_TIER_DEVICE && w2 >= 0) ? w2 : a;
     s->c.wr[b] = (w1 >= 0 || w2 >= 0) ? ADD(t, JOIN, 0, w1, w2, a) : a;
     s->last_opt = s->c.wr[b];
 }
@@ -474,24 +461,24 @@ static int lay_step(sim *s, int step, int *prev_norm)
             const double S = (double)shard_elems(in, b), F = (double)m->block_elems[b];
             int upd = -1;
             if (step > 0 && a == 0) {
-                if (en->overlap == FSO_PLAN_OVERLAP_FORWARD && !s->c.opt_done[b])
+                if (en->overlap == FSO_OVERLAP_FORWARD && !s->c.opt_done[b])
                     catch_up_optimizer(s, b, *prev_norm);
                 upd = s->c.upd[b];
             }
             int H = -1, R = -1, Gt = -1, C;
             if (v->params) {
-                const int pt = pl->tier[FSO_PK_PARAM][b];
-                const bool wc = pl->whole_copy[b] && W > 1 && pt != FSO_PT_DEVICE;
+                const int pt = pl->tier[FSO_KIND_PARAM][b];
+                const bool wc = pl->whole_copy[b] && W > 1 && pt != FSO_TIER_DEVICE;
                 int gfree = pv >= G ? s->comp[pv - G] : -1;
                 if (!aliased(in, pl, b)) {
                     LABEL(t, "parameters in", b);
-                    if (pt == FSO_PT_NVME) {
+                    if (pt == FSO_TIER_NVME) {
                         int issue = pv - pl->prefetch - 1 >= 0 ? s->anchor[pv - pl->prefetch - 1]
                                                                 : micro_start;
                         R = ADD(t, FSO_STREAM_NVME_READ, ms_for(S * m->param_bytes, nvr), issue,
                                 upd);
                     }
-                    if (pt != FSO_PT_DEVICE || cpu) {
+                    if (pt != FSO_TIER_DEVICE || cpu) {
                         double bytes = (wc ? F : S) * m->param_bytes;
                         H = dev_add(s, ADD(t, FSO_STREAM_H2D, ms_for(bytes, mc->h2d_gbps), R,
                                            gfree, upd, dev_dep(s)));
@@ -517,10 +504,10 @@ static int lay_step(sim *s, int step, int *prev_norm)
             sync_wait = -1;
             if (!v->grads)
                 continue;
-            const int gt = pl->tier[FSO_PK_GRAD][b];
+            const int gt = pl->tier[FSO_KIND_GRAD][b];
             const double gb = S * m->grad_bytes;
             int land = C;
-            if (step > 0 && a == 0 && en->overlap == FSO_PLAN_OVERLAP_FORWARD &&
+            if (step > 0 && a == 0 && en->overlap == FSO_OVERLAP_FORWARD &&
                 !s->c.opt_done[b])
                 catch_up_optimizer(s, b, *prev_norm);
             LABEL(t, "gradients out", b);
@@ -529,7 +516,7 @@ static int lay_step(sim *s, int step, int *prev_norm)
                                       ms_for(F * m->grad_bytes * (W - 1) / W, mc->coll_gbps), C,
                                       dev_dep(s)));
             int prev_read = step > 0 && a == 0 ? s->c.gread[b] : -1;
-            if (gt == FSO_PT_DEVICE) {
+            if (gt == FSO_TIER_DEVICE) {
                 if (cpu)
                     land = dev_add(s, ADD(t, FSO_STREAM_COMPUTE,
                                           ms_for(a == 0 ? gb : 3 * gb, mc->host_copy_gbps), land,
@@ -541,13 +528,13 @@ static int lay_step(sim *s, int step, int *prev_norm)
                                       prev_read, dev_dep(s)));
                 if (a > 0) {
                     int old = -1;
-                    if (gt == FSO_PT_NVME)
+                    if (gt == FSO_TIER_NVME)
                         old = ADD(t, FSO_STREAM_NVME_READ, ms_for(gb, nvr), land);
                     land = dev_add(s, ADD(t, cpu ? FSO_STREAM_COMPUTE : FSO_STREAM_OPTIM,
                                           ms_for(3 * gb, mc->host_copy_gbps), land, old,
                                           dev_dep(s)));
                 }
-                if (gt == FSO_PT_NVME)
+                if (gt == FSO_TIER_NVME)
                     land = ADD(t, FSO_STREAM_NVME_WRITE, ms_for(gb, nvw), land);
                 if (en->sync_grad_writes) {
                     sync_wait = land;
@@ -560,7 +547,7 @@ static int lay_step(sim *s, int step, int *prev_norm)
                                       dev_dep(s)));
             if (last_micro) {
                 s->grad_done[b] = land;
-                if (en->overlap == FSO_PLAN_OVERLAP_BACKWARD) {
+                if (en->overlap == FSO_OVERLAP_BACKWARD) {
                     lay_optimizer(s, b, land);
                     s->c.opt_done[b] = true;
                 }
@@ -573,12 +560,12 @@ static int lay_step(sim *s, int step, int *prev_norm)
     int norm = ADD(t, JOIN, 0, s->comp_last, dev_dep(s), sync_wait);
     bool nvme_grads = false;
     for (int b = 0; b < s->nb; b++)
-        if (pl->tier[FSO_PK_GRAD][b] == FSO_PT_NVME)
+        if (pl->tier[FSO_KIND_GRAD][b] == FSO_TIER_NVME)
             nvme_grads = true;
     for (int b = 0; b < s->nb; b++) {
         const double gb = (double)shard_elems(in, b) * m->grad_bytes;
         int d = ADD(t, JOIN, 0, s->grad_done[b], norm);
-        if (en->norm_pass && nvme_grads && pl->tier[FSO_PK_GRAD][b] == FSO_PT_NVME) {
+        if (en->norm_pass && nvme_grads && pl->tier[FSO_KIND_GRAD][b] == FSO_TIER_NVME) {
             int r = ADD(t, FSO_STREAM_NVME_READ, ms_for(gb, nvr), d, dev_dep(s));
             d = dev_add(s, ADD(t, JOIN, 0, r, dev_dep(s)));
         } else if (en->norm_pass && cpu) {
@@ -593,12 +580,12 @@ static int lay_step(sim *s, int step, int *prev_norm)
     *prev_norm = norm;
 
     /* the optimizer */
-    if (en->overlap == FSO_PLAN_OVERLAP_BACKWARD) {
+    if (en->overlap == FSO_OVERLAP_BACKWARD) {
         /* laid out during backward; the next step waits for nothing more */
     } else {
         for (int b = 0; b < s->nb; b++)
             s->c.opt_done[b] = false;
-        if (en->overlap == FSO_PLAN_OVERLAP_NONE) {
+        if (en->overlap == FSO_OVERLAP_NONE) {
             catch_up_optimizer(s, s->nb - 1, norm);
             int bar = ADD(t, JOIN, 0, s->last_opt, norm);
             for (int b = 0; b < s->nb; b++)
@@ -869,20 +856,20 @@ static void build_placement(const fso_plan_input *in, const cand *c, const int *
     const int nb = in->model.n_blocks;
     fso_placement_uniform(pl, nb, c->pmode, c->st[0], c->gt, c->prefetch);
     for (int b = 0; b < nb; b++) {
-        pl->tier[FSO_PK_M][b] = (uint8_t)c->st[1];
-        pl->tier[FSO_PK_V][b] = (uint8_t)c->st[2];
+        pl->tier[FSO_KIND_M][b] = (uint8_t)c->st[1];
+        pl->tier[FSO_KIND_V][b] = (uint8_t)c->st[2];
         pl->whole_copy[b] = c->wc;
     }
     for (int i = 0; i < c->resident && i < nb; i++)
-        pl->tier[FSO_PK_PARAM][order[i]] = FSO_PT_DEVICE;
+        pl->tier[FSO_KIND_PARAM][order[i]] = FSO_TIER_DEVICE;
     for (int i = 0; i < c->sresident && i < nb; i++)
-        for (int k = FSO_PK_MASTER; k < FSO_PK_N; k++)
-            pl->tier[k][state_block(in, c, i)] = FSO_PT_DEVICE;
+        for (int k = FSO_KIND_MASTER; k < FSO_N_KINDS; k++)
+            pl->tier[k][state_block(in, c, i)] = FSO_TIER_DEVICE;
 }
 
 static bool tier_ok(const fso_plan_input *in, int t)
 {
-    return t != FSO_PT_NVME || in->machine.nvme_free_bytes > 0;
+    return t != FSO_TIER_NVME || in->machine.nvme_free_bytes > 0;
 }
 
 static bool pin_ok(const fso_plan_input *in, int k, int t)
@@ -898,26 +885,26 @@ static void fill_resident(const fso_plan_input *in, cand *c, const int *order, b
                           fso_plan *tmp, fso_placement *pl)
 {
     const int nb = in->model.n_blocks;
-    const bool params_free = in->pins.tier[FSO_PK_PARAM] < 0 && c->pmode != FSO_PT_DEVICE;
-    bool state_free = c->st[0] != FSO_PT_DEVICE || c->st[1] != FSO_PT_DEVICE ||
-                      c->st[2] != FSO_PT_DEVICE || c->gt != FSO_PT_DEVICE;
-    for (int k = FSO_PK_MASTER; k < FSO_PK_N; k++)
+    const bool params_free = in->pins.tier[FSO_KIND_PARAM] < 0 && c->pmode != FSO_TIER_DEVICE;
+    bool state_free = c->st[0] != FSO_TIER_DEVICE || c->st[1] != FSO_TIER_DEVICE ||
+                      c->st[2] != FSO_TIER_DEVICE || c->gt != FSO_TIER_DEVICE;
+    for (int k = FSO_KIND_MASTER; k < FSO_N_KINDS; k++)
         state_free = state_free && in->pins.tier[k] < 0;
-    c->resident = c->pmode == FSO_PT_DEVICE ? nb : 0;
+    c->resident = c->pmode == FSO_TIER_DEVICE ? nb : 0;
     c->sresident = 0;
     if (!in->engine.per_block_tiers)
         return;
     build_placement(in, c, order, pl);
     size_placement(in, pl, tmp);
-    int64_t room = (int64_t)tmp->have_bytes[FSO_PT_DEVICE] - (int64_t)tmp->need_bytes[FSO_PT_DEVICE];
+    int64_t room = (int64_t)tmp->have_bytes[FSO_TIER_DEVICE] - (int64_t)tmp->need_bytes[FSO_TIER_DEVICE];
     for (int pass = 0; pass < 2; pass++) {
         bool state = (pass == 0) == state_first;
         if (state && state_free) {
             while (c->sresident < nb) {
                 int64_t add = 0;
-                for (int k = FSO_PK_MASTER; k < FSO_PK_N; k++) {
-                    int t = k == FSO_PK_GRAD ? c->gt : c->st[k - FSO_PK_MASTER];
-                    if (t != FSO_PT_DEVICE)
+                for (int k = FSO_KIND_MASTER; k < FSO_N_KINDS; k++) {
+                    int t = k == FSO_KIND_GRAD ? c->gt : c->st[k - FSO_KIND_MASTER];
+                    if (t != FSO_TIER_DEVICE)
                         add += (int64_t)shard_bytes(in, state_block(in, c, c->sresident), k);
                 }
                 if (add > room)
@@ -927,7 +914,7 @@ static void fill_resident(const fso_plan_input *in, cand *c, const int *order, b
             }
         } else if (!state && params_free) {
             while (c->resident < nb) {
-                int64_t add = (int64_t)shard_bytes(in, order[c->resident], FSO_PK_PARAM);
+                int64_t add = (int64_t)shard_bytes(in, order[c->resident], FSO_KIND_PARAM);
                 if (add > room)
                     break;
                 room -= add;
@@ -963,26 +950,26 @@ int fso_plan_choose(const fso_plan_input *in, fso_plan *out)
         max_pf = 8; /* deeper rarely pays; a pin may still ask for more */
     int def_pf = in->pins.prefetch >= 0 ? in->pins.prefetch : 2 <= max_pf ? 2 : max_pf;
 
-    for (int pm = 0; pm < FSO_PT_N; pm++) {
-        if (!tier_ok(in, pm) || !pin_ok(in, FSO_PK_PARAM, pm))
+    for (int pm = 0; pm < FSO_N_TIERS; pm++) {
+        if (!tier_ok(in, pm) || !pin_ok(in, FSO_KIND_PARAM, pm))
             continue;
         /* per-block mode: pm is the tier of streamed blocks; device = all resident */
-        for (int s0 = 0; s0 < FSO_PT_N; s0++)
-            for (int s1 = en->per_kind_tiers ? s0 : s0; s1 < FSO_PT_N; s1++)
-                for (int s2 = en->per_kind_tiers ? s1 : s0; s2 < FSO_PT_N; s2++)
-                    for (int g = 0; g < FSO_PT_N; g++) {
+        for (int s0 = 0; s0 < FSO_N_TIERS; s0++)
+            for (int s1 = en->per_kind_tiers ? s0 : s0; s1 < FSO_N_TIERS; s1++)
+                for (int s2 = en->per_kind_tiers ? s1 : s0; s2 < FSO_N_TIERS; s2++)
+                    for (int g = 0; g < FSO_N_TIERS; g++) {
                         if (!en->per_kind_tiers && (s1 != s0 || s2 != s0 || g != s0))
                             continue;
                         int st[3] = {s0, s1, s2};
-                        bool ok = tier_ok(in, g) && pin_ok(in, FSO_PK_GRAD, g);
+                        bool ok = tier_ok(in, g) && pin_ok(in, FSO_KIND_GRAD, g);
                         for (int i = 0; i < 3; i++)
-                            ok = ok && tier_ok(in, st[i]) && pin_ok(in, FSO_PK_MASTER + i, st[i]);
+                            ok = ok && tier_ok(in, st[i]) && pin_ok(in, FSO_KIND_MASTER + i, st[i]);
                         if (!ok)
                             continue;
                         for (int wc = 0; wc < 2; wc++) {
-                            if (wc && (!en->whole_copy || W == 1 || pm == FSO_PT_DEVICE))
+                            if (wc && (!en->whole_copy || W == 1 || pm == FSO_TIER_DEVICE))
                                 continue;
-                            bool nvme_params = pm == FSO_PT_NVME;
+                            bool nvme_params = pm == FSO_TIER_NVME;
                             int pf_lo = in->pins.prefetch >= 0 || !nvme_params ? def_pf : 0;
                             int pf_hi = in->pins.prefetch >= 0 || !nvme_params ? def_pf : max_pf;
                             for (int pf = pf_lo; pf <= pf_hi; pf++)
@@ -1022,9 +1009,9 @@ int fso_plan_choose(const fso_plan_input *in, fso_plan *out)
     }
     if (ncand == 0) {
         if (closest_short == UINT64_MAX) { /* nothing even considered: pins exclude all */
-            fso_placement_uniform(pl, nb, in->pins.tier[FSO_PK_PARAM] >= 0
-                                              ? in->pins.tier[FSO_PK_PARAM] : FSO_PT_HOST,
-                                  FSO_PT_HOST, FSO_PT_HOST, def_pf);
+            fso_placement_uniform(pl, nb, in->pins.tier[FSO_KIND_PARAM] >= 0
+                                              ? in->pins.tier[FSO_KIND_PARAM] : FSO_TIER_HOST,
+                                  FSO_TIER_HOST, FSO_TIER_HOST, def_pf);
         } else {
             build_placement(in, &closest, order, pl);
         }
@@ -1200,10 +1187,10 @@ int fso_plan_replan(const fso_plan_input *in, const fso_plan *cur, const fso_pla
 
 int fso_plan_main_tier(const fso_plan *p, int kind)
 {
-    int count[FSO_PT_N] = {0}, best = 0;
+    int count[FSO_N_TIERS] = {0}, best = 0;
     for (int b = 0; b < p->pl.n_blocks; b++)
         count[p->pl.tier[kind][b]]++;
-    for (int t = 1; t < FSO_PT_N; t++)
+    for (int t = 1; t < FSO_N_TIERS; t++)
         if (count[t] > count[best])
             best = t;
     return best;
@@ -1211,22 +1198,22 @@ int fso_plan_main_tier(const fso_plan *p, int kind)
 
 static size_t describe_kind(const fso_plan *p, int k, char *buf, size_t len)
 {
-    int count[FSO_PT_N] = {0};
+    int count[FSO_N_TIERS] = {0};
     size_t off = 0;
     for (int b = 0; b < p->pl.n_blocks; b++)
         count[p->pl.tier[k][b]]++;
     int used = 0;
-    for (int t = 0; t < FSO_PT_N; t++)
+    for (int t = 0; t < FSO_N_TIERS; t++)
         if (count[t])
             used++;
-    for (int t = 0; t < FSO_PT_N && off < len; t++) {
+    for (int t = 0; t < FSO_N_TIERS && off < len; t++) {
         if (!count[t])
             continue;
         if (used == 1)
-            off += (size_t)snprintf(buf + off, len - off, "%s", tier_names[t]);
+            off += (size_t)snprintf(buf + off, len - off, "%s", fso_tier_name(t));
         else
             off += (size_t)snprintf(buf + off, len - off, "%s%s (%d of %d blocks)",
-                                    off ? " + " : "", tier_names[t], count[t], p->pl.n_blocks);
+                                    off ? " + " : "", fso_tier_name(t), count[t], p->pl.n_blocks);
     }
     return off;
 }
@@ -1234,15 +1221,15 @@ static size_t describe_kind(const fso_plan *p, int k, char *buf, size_t len)
 void fso_plan_describe(const fso_plan *p, char *buf, size_t len)
 {
     char a[128], b[128], c[128], d[128], g[128];
-    describe_kind(p, FSO_PK_PARAM, a, sizeof a);
-    describe_kind(p, FSO_PK_MASTER, b, sizeof b);
-    describe_kind(p, FSO_PK_M, c, sizeof c);
-    describe_kind(p, FSO_PK_V, d, sizeof d);
-    describe_kind(p, FSO_PK_GRAD, g, sizeof g);
+    describe_kind(p, FSO_KIND_PARAM, a, sizeof a);
+    describe_kind(p, FSO_KIND_MASTER, b, sizeof b);
+    describe_kind(p, FSO_KIND_M, c, sizeof c);
+    describe_kind(p, FSO_KIND_V, d, sizeof d);
+    describe_kind(p, FSO_KIND_GRAD, g, sizeof g);
     bool wc = false, nvme = false;
     for (int i = 0; i < p->pl.n_blocks; i++) {
-        wc = wc || (p->pl.whole_copy[i] && p->pl.tier[FSO_PK_PARAM][i] != FSO_PT_DEVICE);
-        nvme = nvme || p->pl.tier[FSO_PK_PARAM][i] == FSO_PT_NVME;
+        wc = wc || (p->pl.whole_copy[i] && p->pl.tier[FSO_KIND_PARAM][i] != FSO_TIER_DEVICE);
+        nvme = nvme || p->pl.tier[FSO_KIND_PARAM][i] == FSO_TIER_NVME;
     }
     char pf[48] = "";
     if (nvme)

@@ -37,23 +37,11 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "state.h"
 #include "util.h"
 
 #define FSO_PLAN_MAX_BLOCKS 1024
 #define FSO_PLAN_MAX_PREFETCH 16
-
-/* The kinds of per-shard state, in the order of engine/zero.h's fso_kind. */
-typedef enum fso_plan_kind {
-    FSO_PK_PARAM = 0,  /* working parameters (gathered for compute) */
-    FSO_PK_MASTER,     /* fp32 master weights */
-    FSO_PK_M,          /* AdamW first moment */
-    FSO_PK_V,          /* AdamW second moment */
-    FSO_PK_GRAD,       /* gradient accumulator */
-    FSO_PK_N,
-} fso_plan_kind;
-
-/* Tiers, in the order of engine/config.h's fso_tier. */
-typedef enum fso_plan_tier { FSO_PT_DEVICE = 0, FSO_PT_HOST, FSO_PT_NVME, FSO_PT_N } fso_plan_tier;
 
 typedef enum fso_stream {
     FSO_STREAM_NVME_READ = 0,
@@ -65,14 +53,6 @@ typedef enum fso_stream {
     FSO_STREAM_OPTIM,       /* AdamW and host-side gradient accumulation (CPU) */
     FSO_N_STREAMS,
 } fso_stream;
-
-/* When the optimizer runs (engine/config.h fso_overlap). */
-typedef enum fso_plan_overlap {
-    FSO_PLAN_OVERLAP_NONE = 0,   /* after backward; the next step waits for all of it */
-    FSO_PLAN_OVERLAP_FORWARD,    /* after backward, block by block; the next forward uses
-                                    each block once it is updated */
-    FSO_PLAN_OVERLAP_BACKWARD,   /* each block as soon as its last gradients land */
-} fso_plan_overlap;
 
 typedef struct fso_plan_machine {
     int devices;               /* data-parallel devices (ZeRO world) */
@@ -117,7 +97,7 @@ typedef struct fso_plan_model {
 
 /* How the engine schedules, which the timeline must follow. */
 typedef struct fso_plan_engine {
-    fso_plan_overlap overlap;
+    fso_overlap overlap;
     bool per_block_tiers;      /* parameters of some blocks may stay on the device */
     bool per_kind_tiers;       /* master, m, v and gradients may sit on different tiers */
     bool whole_copy;           /* a block may be copied whole to every device (no gather) */
@@ -138,7 +118,7 @@ typedef struct fso_plan_engine {
 /* A user's choices the planner must keep: -1 free, else the tier (every
  * block) or the depth. */
 typedef struct fso_plan_pins {
-    int tier[FSO_PK_N];
+    int tier[FSO_N_KINDS];
     int prefetch;
 } fso_plan_pins;
 
@@ -151,7 +131,7 @@ typedef struct fso_plan_input {
 
 typedef struct fso_placement {
     int n_blocks;
-    uint8_t tier[FSO_PK_N][FSO_PLAN_MAX_BLOCKS]; /* fso_plan_tier per kind and block */
+    uint8_t tier[FSO_N_KINDS][FSO_PLAN_MAX_BLOCKS]; /* fso_tier per kind and block */
     bool whole_copy[FSO_PLAN_MAX_BLOCKS];        /* copy the block whole instead of gathering */
     int prefetch;                                /* visits read ahead of compute */
 } fso_placement;
@@ -160,12 +140,12 @@ typedef struct fso_plan {
     fso_placement pl;
     bool fits;
     /* memory: [tier][kind] shard bytes (device: per device; host and NVMe: all devices) */
-    uint64_t kind_bytes[FSO_PT_N][FSO_PK_N];
+    uint64_t kind_bytes[FSO_N_TIERS][FSO_N_KINDS];
     uint64_t activation_bytes;   /* per device */
-    uint64_t buffer_bytes[FSO_PT_N]; /* device: gather window + gradient buffers + reserve;
+    uint64_t buffer_bytes[FSO_N_TIERS]; /* device: gather window + gradient buffers + reserve;
                                         host: staging (all devices) */
-    uint64_t need_bytes[FSO_PT_N];
-    uint64_t have_bytes[FSO_PT_N];
+    uint64_t need_bytes[FSO_N_TIERS];
+    uint64_t have_bytes[FSO_N_TIERS];
     int short_tier;              /* the tier furthest over its capacity, or -1 */
     uint64_t short_bytes;
     /* prediction (per device; all devices run the same schedule) */
@@ -178,7 +158,7 @@ typedef struct fso_plan {
     int evaluated;               /* placements the search predicted */
     /* copies of the inputs a report needs */
     fso_plan_machine machine;
-    fso_plan_overlap overlap;
+    fso_overlap overlap;
     int grad_accum;
     double tokens_per_step;
     uint64_t model_elems;
@@ -195,8 +175,6 @@ typedef struct fso_plan_measured {
     int n_blocks;
 } fso_plan_measured;
 
-const char *fso_plan_tier_name(int tier);        /* "device", "host", "nvme" */
-const char *fso_plan_kind_name(int kind);        /* "parameters", ... */
 const char *fso_stream_name(int stream);         /* "nvme-read", "h2d", ... */
 
 /* Pins that pin nothing. */

@@ -74,7 +74,7 @@ static void synth_model(synth *s, int nb, uint64_t elems, double fwd_flops, bool
     m->activation_bytes = (uint64_t)(1 * MIB);
     m->param_bytes = m->grad_bytes = m->state_bytes = 4;
     fso_plan_engine *en = &s->in.engine;
-    en->overlap = FSO_PLAN_OVERLAP_NONE;
+    en->overlap = FSO_OVERLAP_NONE;
     en->gather_buffers = 2;
     en->max_prefetch = 16;
     en->stage_slots = 2;
@@ -125,9 +125,9 @@ static void test_generous_memory_keeps_everything_on_the_device(void **state)
             gpu_engine(&s);
         assert_int_equal(fso_plan_choose(&s.in, &p), 0);
         assert_true(p.fits);
-        for (int k = 0; k < FSO_PK_N; k++)
-            assert_int_equal(count_tier(&p, k, FSO_PT_DEVICE), 6);
-        assert_int_equal(p.kind_bytes[FSO_PT_HOST][FSO_PK_PARAM], 0);
+        for (int k = 0; k < FSO_N_KINDS; k++)
+            assert_int_equal(count_tier(&p, k, FSO_TIER_DEVICE), 6);
+        assert_int_equal(p.kind_bytes[FSO_TIER_HOST][FSO_KIND_PARAM], 0);
         assert_true(p.step_ms > 0);
         assert_int_equal(p.bottleneck, FSO_STREAM_COMPUTE);
     }
@@ -146,18 +146,18 @@ static void test_tight_device_memory_streams_parameters(void **state)
     s.in.machine.device_mem_bytes = (uint64_t)(30 * MIB);
     assert_int_equal(fso_plan_choose(&s.in, &p), 0);
     assert_true(p.fits);
-    int on_dev = count_tier(&p, FSO_PK_PARAM, FSO_PT_DEVICE);
+    int on_dev = count_tier(&p, FSO_KIND_PARAM, FSO_TIER_DEVICE);
     assert_true(on_dev > 0 && on_dev < 8); /* some resident, the rest streamed */
-    assert_int_equal(on_dev + count_tier(&p, FSO_PK_PARAM, FSO_PT_HOST), 8);
-    for (int k = FSO_PK_MASTER; k < FSO_PK_N; k++)
-        assert_int_equal(count_tier(&p, k, FSO_PT_DEVICE), 0);
-    assert_true(p.need_bytes[FSO_PT_DEVICE] <= p.have_bytes[FSO_PT_DEVICE]);
+    assert_int_equal(on_dev + count_tier(&p, FSO_KIND_PARAM, FSO_TIER_HOST), 8);
+    for (int k = FSO_KIND_MASTER; k < FSO_N_KINDS; k++)
+        assert_int_equal(count_tier(&p, k, FSO_TIER_DEVICE), 0);
+    assert_true(p.need_bytes[FSO_TIER_DEVICE] <= p.have_bytes[FSO_TIER_DEVICE]);
 
     /* the CPU engine takes one tier per kind: parameters move off whole */
     synth_model(&s, 8, 1 << 20, 1e9, true);
     s.in.machine.device_mem_bytes = (uint64_t)(30 * MIB);
     assert_int_equal(fso_plan_choose(&s.in, &p), 0);
-    assert_int_equal(count_tier(&p, FSO_PK_PARAM, FSO_PT_HOST), 8);
+    assert_int_equal(count_tier(&p, FSO_KIND_PARAM, FSO_TIER_HOST), 8);
 }
 
 static void test_small_host_sends_optimizer_state_to_nvme(void **state)
@@ -172,16 +172,16 @@ static void test_small_host_sends_optimizer_state_to_nvme(void **state)
     s.in.machine.host_mem_bytes = (uint64_t)(60 * MIB);
     assert_int_equal(fso_plan_choose(&s.in, &p), 0);
     assert_true(p.fits);
-    assert_true(p.kind_bytes[FSO_PT_NVME][FSO_PK_V] > 0);
-    assert_true(p.need_bytes[FSO_PT_HOST] <= (uint64_t)(60 * MIB));
+    assert_true(p.kind_bytes[FSO_TIER_NVME][FSO_KIND_V] > 0);
+    assert_true(p.need_bytes[FSO_TIER_HOST] <= (uint64_t)(60 * MIB));
 
     /* the CPU engine: everything of the optimizer on NVMe */
     synth_model(&s, 8, 1 << 20, 1e9, true);
     s.in.machine.device_mem_bytes = (uint64_t)(20 * MIB);
     s.in.machine.host_mem_bytes = (uint64_t)(60 * MIB);
     assert_int_equal(fso_plan_choose(&s.in, &p), 0);
-    for (int k = FSO_PK_MASTER; k < FSO_PK_N; k++)
-        assert_int_equal(count_tier(&p, k, FSO_PT_NVME), 8);
+    for (int k = FSO_KIND_MASTER; k < FSO_N_KINDS; k++)
+        assert_int_equal(count_tier(&p, k, FSO_TIER_NVME), 8);
 }
 
 static void test_pins_are_kept(void **state)
@@ -190,11 +190,11 @@ static void test_pins_are_kept(void **state)
     synth s;
     fso_plan p;
     synth_model(&s, 6, 1 << 20, 1e9, true);
-    s.in.pins.tier[FSO_PK_PARAM] = FSO_PT_NVME;
+    s.in.pins.tier[FSO_KIND_PARAM] = FSO_TIER_NVME;
     s.in.pins.prefetch = 3;
     assert_int_equal(fso_plan_choose(&s.in, &p), 0);
-    assert_int_equal(count_tier(&p, FSO_PK_PARAM, FSO_PT_NVME), 6);
-    assert_int_equal(count_tier(&p, FSO_PK_MASTER, FSO_PT_DEVICE), 6);
+    assert_int_equal(count_tier(&p, FSO_KIND_PARAM, FSO_TIER_NVME), 6);
+    assert_int_equal(count_tier(&p, FSO_KIND_MASTER, FSO_TIER_DEVICE), 6);
     assert_int_equal(p.pl.prefetch, 3);
 }
 
@@ -217,8 +217,8 @@ static void test_shortfall_names_the_tier_and_the_bytes(void **state)
     s.in.machine.nvme_free_bytes = 0;
     assert_int_equal(fso_plan_choose(&s.in, &p), -ENOSPC);
     assert_false(p.fits);
-    assert_int_equal(p.short_tier, FSO_PT_HOST);
-    assert_int_equal(p.need_bytes[FSO_PT_HOST], (uint64_t)(88 * MIB));
+    assert_int_equal(p.short_tier, FSO_TIER_HOST);
+    assert_int_equal(p.need_bytes[FSO_TIER_HOST], (uint64_t)(88 * MIB));
     assert_int_equal(p.short_bytes, (uint64_t)(4 * MIB));
     fso_plan_shortfall_message(&p, NULL, msg, sizeof msg);
     assert_non_null(strstr(msg, "host memory"));
@@ -230,7 +230,7 @@ static void test_shortfall_names_the_tier_and_the_bytes(void **state)
     s.in.model.activation_bytes = (uint64_t)(40 * MIB);
     s.in.machine.device_mem_bytes = (uint64_t)(20 * MIB);
     assert_int_equal(fso_plan_choose(&s.in, &p), -ENOSPC);
-    assert_int_equal(p.short_tier, FSO_PT_DEVICE);
+    assert_int_equal(p.short_tier, FSO_TIER_DEVICE);
     fso_plan_shortfall_message(&p, NULL, msg, sizeof msg);
     assert_non_null(strstr(msg, "device memory"));
     assert_non_null(strstr(msg, "train_micro_batch_size_per_gpu"));
@@ -238,10 +238,10 @@ static void test_shortfall_names_the_tier_and_the_bytes(void **state)
     /* NVMe pinned with too little space */
     synth_model(&s, 4, 1 << 20, 1e9, true);
     s.in.machine.nvme_free_bytes = (uint64_t)(10 * MIB);
-    for (int k = 0; k < FSO_PK_N; k++)
-        s.in.pins.tier[k] = FSO_PT_NVME;
+    for (int k = 0; k < FSO_N_KINDS; k++)
+        s.in.pins.tier[k] = FSO_TIER_NVME;
     assert_int_equal(fso_plan_choose(&s.in, &p), -ENOSPC);
-    assert_int_equal(p.short_tier, FSO_PT_NVME);
+    assert_int_equal(p.short_tier, FSO_TIER_NVME);
     assert_int_equal(p.short_bytes, (uint64_t)(70 * MIB));
     fso_plan_shortfall_message(&p, &s.in.pins, msg, sizeof msg);
     assert_non_null(strstr(msg, "NVMe"));
@@ -294,7 +294,7 @@ static void test_timeline_prefetch_depth_hand_computed(void **state)
     m->device_adam_gelems = 1e12;
     const double want[3] = {41, 38, 37};
     for (int depth = 0; depth <= 2; depth++) {
-        fso_placement_uniform(&pl, 5, FSO_PT_NVME, FSO_PT_DEVICE, FSO_PT_DEVICE, depth);
+        fso_placement_uniform(&pl, 5, FSO_TIER_NVME, FSO_TIER_DEVICE, FSO_TIER_DEVICE, depth);
         assert_int_equal(fso_plan_evaluate(&s.in, &pl, &p), 0);
         assert_true(fabs(p.step_ms - want[depth]) < 1e-3);
         assert_true(fabs(p.busy_ms[FSO_STREAM_NVME_READ] - 10) < 1e-3);
@@ -302,7 +302,7 @@ static void test_timeline_prefetch_depth_hand_computed(void **state)
         assert_true(fabs(p.busy_ms[FSO_STREAM_COMPUTE] - 34) < 1e-3);
     }
     /* depth 0: compute waits 41 - 34 = 7 ms; the path runs through reads too */
-    fso_placement_uniform(&pl, 5, FSO_PT_NVME, FSO_PT_DEVICE, FSO_PT_DEVICE, 0);
+    fso_placement_uniform(&pl, 5, FSO_TIER_NVME, FSO_TIER_DEVICE, FSO_TIER_DEVICE, 0);
     fso_plan_evaluate(&s.in, &pl, &p);
     assert_true(fabs(p.stall_ms - 7) < 1e-3);
     assert_true(p.critical_ms[FSO_STREAM_NVME_READ] > 0);
@@ -325,7 +325,7 @@ static void test_timeline_cpu_device_is_a_sum(void **state)
     m->h2d_gbps = 4.0 * E / 1e6;        /* 4 MiB in 1 ms */
     m->adam_gelems = (double)E / 2e6;   /* 1 Mi elements in 2 ms */
     m->host_copy_gbps = 1e12;
-    fso_placement_uniform(&pl, 3, FSO_PT_HOST, FSO_PT_HOST, FSO_PT_HOST, 2);
+    fso_placement_uniform(&pl, 3, FSO_TIER_HOST, FSO_TIER_HOST, FSO_TIER_HOST, 2);
     assert_int_equal(fso_plan_evaluate(&s.in, &pl, &p), 0);
     assert_true(fabs(p.step_ms - 24) < 1e-3);
     assert_true(fabs(p.stall_ms) < 1e-3);
@@ -367,7 +367,7 @@ static void test_replan_reads_ahead_when_nvme_is_slower(void **state)
     fso_plan_machine corrected;
     char msg[512];
     synth_model(&s, 6, 1 << 20, 20e9, true);
-    s.in.pins.tier[FSO_PK_PARAM] = FSO_PT_NVME;
+    s.in.pins.tier[FSO_KIND_PARAM] = FSO_TIER_NVME;
     s.in.machine.nvme_read_gbps = 1000;
     assert_int_equal(fso_plan_choose(&s.in, &p), 0);
     assert_int_equal(p.pl.prefetch, 0);
@@ -443,9 +443,9 @@ static void test_revision_weighs_the_move_against_the_steps_left(void **state)
     s.in.machine.nvme_read_gbps = 1;
     s.in.machine.nvme_write_gbps = 1;
     fso_placement pl;
-    fso_placement_uniform(&pl, 8, FSO_PT_DEVICE, FSO_PT_NVME, FSO_PT_NVME, 0);
+    fso_placement_uniform(&pl, 8, FSO_TIER_DEVICE, FSO_TIER_NVME, FSO_TIER_NVME, 0);
     fso_plan_evaluate(&s.in, &pl, &a);
-    fso_placement_uniform(&pl, 8, FSO_PT_DEVICE, FSO_PT_HOST, FSO_PT_HOST, 0);
+    fso_placement_uniform(&pl, 8, FSO_TIER_DEVICE, FSO_TIER_HOST, FSO_TIER_HOST, 0);
     assert_int_equal(fso_plan_evaluate(&s.in, &pl, &b), 0);
     assert_true(b.step_ms < a.step_ms);
     fso_plan_move mv;
@@ -520,7 +520,7 @@ static void test_plan_apply_and_pins_from_config(void **state)
     tiny_config(&cfg);
     memset(&p, 0, sizeof p);
     p.machine.devices = 1;
-    fso_placement_uniform(&p.pl, 6, FSO_PT_HOST, FSO_PT_NVME, FSO_PT_NVME, 4);
+    fso_placement_uniform(&p.pl, 6, FSO_TIER_HOST, FSO_TIER_NVME, FSO_TIER_NVME, 4);
     /* NVMe without a folder */
     assert_int_equal(fso_plan_apply(&p, &cfg, err, sizeof err), -EINVAL);
     assert_non_null(strstr(err, "--nvme"));
@@ -530,7 +530,7 @@ static void test_plan_apply_and_pins_from_config(void **state)
     assert_int_equal(cfg.offload.optim_tier, FSO_TIER_NVME);
     assert_int_equal(cfg.offload.prefetch_blocks, 4);
     /* per-block parameters: not for this engine */
-    p.pl.tier[FSO_PK_PARAM][2] = FSO_PT_DEVICE;
+    p.pl.tier[FSO_KIND_PARAM][2] = FSO_TIER_DEVICE;
     assert_int_equal(fso_plan_apply(&p, &cfg, err, sizeof err), -ENOTSUP);
     fso_config_free(&cfg);
 
@@ -542,8 +542,8 @@ static void test_plan_apply_and_pins_from_config(void **state)
         assert_int_equal(fso_config_set(&cfg, sets[i]), 0);
     assert_int_equal(fso_config_finish(&cfg), 0);
     fso_plan_pins_from_config(&cfg, sets, 2, &pins);
-    assert_int_equal(pins.tier[FSO_PK_PARAM], FSO_PT_HOST);
-    assert_int_equal(pins.tier[FSO_PK_MASTER], -1);
+    assert_int_equal(pins.tier[FSO_KIND_PARAM], FSO_TIER_HOST);
+    assert_int_equal(pins.tier[FSO_KIND_MASTER], -1);
     assert_int_equal(pins.prefetch, 5);
     fso_config_free(&cfg);
 
@@ -555,8 +555,8 @@ static void test_plan_apply_and_pins_from_config(void **state)
     assert_int_equal(fso_config_load_file(&cfg, path), 0);
     assert_int_equal(fso_config_finish(&cfg), 0);
     fso_plan_pins_from_config(&cfg, NULL, 0, &pins);
-    for (int k = 0; k < FSO_PK_N; k++)
-        assert_int_equal(pins.tier[k], FSO_PT_NVME);
+    for (int k = 0; k < FSO_N_KINDS; k++)
+        assert_int_equal(pins.tier[k], FSO_TIER_NVME);
     assert_int_equal(cfg.model.hidden_size, 4096);
     fso_config_free(&cfg);
 }
@@ -621,7 +621,7 @@ static void test_plan_for_gpus_here_fits_the_engine_as_built(void **state)
                                               &p, &spec, err, sizeof err), 0);
     assert_string_equal(spec->name, "h200");
     assert_true(p.fits && !p.machine.cpu_devices && p.machine.devices == 2);
-    assert_int_equal(count_tier(&p, FSO_PK_PARAM, FSO_PT_DEVICE), p.pl.n_blocks);
+    assert_int_equal(count_tier(&p, FSO_KIND_PARAM, FSO_TIER_DEVICE), p.pl.n_blocks);
     assert_int_equal(fso_plan_apply(&p, &cfg, err, sizeof err), 0);
     fso_plan_measured m = {.step_ms = p.step_ms * 3, .stall_ms = -1, .optimizer_ms = -1,
                            .compute_ms = -1, .nvme_read_gbps = -1, .nvme_write_gbps = -1};
@@ -646,9 +646,9 @@ static void test_plan_for_gpus_here_fits_the_engine_as_built(void **state)
             assert_non_null(strstr(err, "short by"));
             continue;
         }
-        for (int k = 0; k < FSO_PK_N; k++) {
+        for (int k = 0; k < FSO_N_KINDS; k++) {
             assert_int_equal(count_tier(&p, k, p.pl.tier[k][0]), p.pl.n_blocks);
-            offloaded |= p.pl.tier[k][0] != FSO_PT_DEVICE;
+            offloaded |= p.pl.tier[k][0] != FSO_TIER_DEVICE;
         }
         for (int b = 0; b < p.pl.n_blocks; b++)
             assert_false(p.pl.whole_copy[b]);
