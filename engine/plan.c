@@ -23,38 +23,6 @@
 
 #define GIB (1024.0 * 1024.0 * 1024.0)
 
-/* Conservative achieved figures: a training step reaches about 40% of the
- * dense bf16 peak on these parts; copies and collectives as measured on
- * typical boxes, rounded down. */
-const fso_gpu_spec fso_gpu_specs[] = {
-    {"h100", "NVIDIA H100 SXM 80 GB", 79.6, 989, 400, 45, 300, 60},
-    {"h200", "NVIDIA H200 SXM 141 GB", 140.4, 989, 400, 45, 300, 85},
-    {"a100", "NVIDIA A100 SXM 80 GB", 80, 312, 125, 22, 180, 35},
-    {"l40s", "NVIDIA L40S 48 GB (PCIe, no NVLink)", 45, 362, 145, 22, 12, 15},
-    {"4090", "NVIDIA GeForce RTX 4090 24 GB (PCIe, no NVLink)", 24, 165, 66, 22, 12, 15},
-    {NULL, NULL, 0, 0, 0, 0, 0, 0},
-};
-
-const fso_gpu_spec *fso_gpu_spec_find(const char *name)
-{
-    for (const fso_gpu_spec *s = fso_gpu_specs; s->name; s++)
-        if (strcasecmp(s->name, name) == 0)
-            return s;
-    return NULL;
-}
-
-const fso_gpu_spec *fso_gpu_spec_for_device(const char *device_name, uint64_t mem_bytes)
-{
-    for (const fso_gpu_spec *s = fso_gpu_specs; s->name; s++)
-        if (strcasestr(device_name, s->name))
-            return s;
-    const fso_gpu_spec *best = fso_gpu_specs;
-    for (const fso_gpu_spec *s = fso_gpu_specs; s->name; s++)
-        if (fabs(s->mem_gib * GIB - (double)mem_bytes) < fabs(best->mem_gib * GIB - (double)mem_bytes))
-            best = s;
-    return best;
-}
-
 /* A GPU's achieved figures from the table into m. */
 static void machine_gpu_figures(fso_plan_machine *m, const fso_gpu_spec *spec)
 {
@@ -898,11 +866,12 @@ static void plan_usage(FILE *f)
             "GPU figures assumed when not given (achieved, not peak: a training step reaches\n"
             "about 40%% of the dense bf16 peak; copies and all-gathers rounded down from\n"
             "typical measurements):\n");
-    for (const fso_gpu_spec *s = fso_gpu_specs; s->name; s++)
-        fprintf(f, "  %-5s %-48s %4.0f TFLOP/s (peak %4.0f), %3.0f GiB, h2d %2.0f GB/s, "
-                   "all-gather %3.0f GB/s\n",
-                s->name, s->desc, s->tflops, s->peak_tflops, s->mem_gib, s->h2d_gbps,
-                s->coll_gbps);
+    for (const fso_gpu_spec *s = fso_gpu_specs; s->words[0]; s++)
+        if (s->name)
+            fprintf(f, "  %-5s %-48s %4.0f TFLOP/s (peak %4.0f), %3.0f GiB, h2d %2.0f GB/s, "
+                       "all-gather %3.0f GB/s\n",
+                    s->name, s->desc, s->tflops, s->peak_tflops, s->mem_gib, s->h2d_gbps,
+                    s->coll_gbps);
     fprintf(f, "\nexit status: 0 a plan fits, 1 no placement fits (the short tier and by how much),\n"
                "2 bad command line or configuration\n");
 }
@@ -1067,8 +1036,9 @@ int fso_plan_main(int argc, char **argv)
         case 'G':
             if (!fso_gpu_spec_find(optarg)) {
                 fprintf(stderr, "fsoff: error: --gpu %s: unknown GPU; choose one of", optarg);
-                for (const fso_gpu_spec *s = fso_gpu_specs; s->name; s++)
-                    fprintf(stderr, " %s", s->name);
+                for (const fso_gpu_spec *s = fso_gpu_specs; s->words[0]; s++)
+                    if (s->name)
+                        fprintf(stderr, " %s", s->name);
                 fprintf(stderr, ", or give --gpu-mem, --gpu-tflops, --h2d and --coll-gbps\n");
                 goto out;
             }
@@ -1176,16 +1146,10 @@ int fso_plan_main(int argc, char **argv)
     if (g.gpus) {
         if (g.gpu)
             spec = fso_gpu_spec_find(g.gpu);
-        else if (g.gpu_mem) {
-            double best = INFINITY;
-            for (const fso_gpu_spec *s = fso_gpu_specs; s->name; s++)
-                if (fabs(s->mem_gib - g.gpu_mem / GIB) < best) {
-                    best = fabs(s->mem_gib - g.gpu_mem / GIB);
-                    spec = s;
-                }
-        } else {
+        else if (g.gpu_mem)
+            spec = fso_gpu_spec_nearest_mem(g.gpu_mem);
+        else
             spec = fso_gpu_spec_find("h100");
-        }
         m.devices = g.gpus;
         machine_gpu_figures(&m, spec);
         m.device_mem_bytes = g.gpu_mem ? g.gpu_mem : (uint64_t)(spec->mem_gib * GIB);

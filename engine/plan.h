@@ -27,28 +27,8 @@
 #include <stdio.h>
 
 #include "config.h"
+#include "gpu_info.h"
 #include "planner.h"
-
-/* Achieved (not peak) figures per GPU model, used for numbers not given. */
-typedef struct fso_gpu_spec {
-    const char *name;          /* "h100", "h200", "a100", "l40s", "4090" */
-    const char *desc;
-    double mem_gib;
-    double peak_tflops;        /* dense bf16, data sheet */
-    double tflops;             /* assumed achieved in a training step */
-    double h2d_gbps;           /* pinned copies, one direction */
-    double coll_gbps;          /* all-gather bus bandwidth among 8 (NVLink) or over PCIe */
-    double adam_gelems;        /* AdamW on the device, 1e9 elements/s */
-} fso_gpu_spec;
-
-/* The table, NULL-terminated by name. */
-extern const fso_gpu_spec fso_gpu_specs[];
-/* By name (case-insensitive), else NULL. */
-const fso_gpu_spec *fso_gpu_spec_find(const char *name);
-/* The entry for a device as the driver names it ("NVIDIA H200", "NVIDIA
- * GeForce RTX 4090"): the one whose short name it contains, else the one
- * whose memory is closest to mem_bytes. Never NULL. */
-const fso_gpu_spec *fso_gpu_spec_for_device(const char *device_name, uint64_t mem_bytes);
 
 /* The planner's inputs for cfg (its model, batch, world and offload
  * settings) on machine m. gpu: bf16 working parameters and gradients and the

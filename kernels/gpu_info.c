@@ -1,47 +1,59 @@
-/* gpu_info.c — the bf16 peak table, in every build.
+/* gpu_info.c — the table of GPU models, in every build (gpu_info.h).
  *
- * The table holds dense (no 2:4 sparsity) bf16 tensor-core peaks with fp32
+ * Peaks are dense (no 2:4 sparsity) bf16 tensor-core rates with fp32
  * accumulation, the math fsoff's matmuls use. Source: vendor datasheets,
  * dense bf16 (NVIDIA A100/A800, H100/H800 SXM, PCIe and NVL, H200 and
  * H200 NVL, GH200, L40S, L40, L4, A10, A30, A40 datasheets; the Ada and
  * Ampere GA102 whitepapers for the GeForce parts, whose fp32-accumulate rate
  * is half their fp16-accumulate rate). Datasheets quote the sparse figure
  * first; the dense one is half of it.
+ *
+ * The planner's figures are conservative achieved ones: a training step
+ * reaches about 40% of the dense bf16 peak on these parts; copies and
+ * collectives as measured on typical boxes, rounded down.
  */
 #include "gpu_info.h"
 
+#include <math.h>
 #include <string.h>
 #include <strings.h>
 
-struct peak {
-    const char *need[3];   /* every one of these words is in the name */
-    const char *avoid;     /* and this one is not (NULL: none) */
-    double tflops;
+#define GIB (1024.0 * 1024.0 * 1024.0)
+
+/* Planner figures: name, description, memory (GiB), achieved TFLOP/s, pinned
+ * copies GB/s, all-gather GB/s, device AdamW Gelem/s. */
+#define FIGURES(n, d, mem, tf, h2d, coll, adam)                                               \
+    .name = (n), .desc = (d), .mem_gib = (mem), .tflops = (tf), .h2d_gbps = (h2d),           \
+    .coll_gbps = (coll), .adam_gelems = (adam)
+
+const fso_gpu_spec fso_gpu_specs[] = {
+    {.words = {"H100", "NVL"}, .peak_tflops = 835.0},
+    {.words = {"H100", "PCIe"}, .peak_tflops = 756.0},
+    {.words = {"H100"}, .peak_tflops = 989.0, /* SXM5: "H100 80GB HBM3", "H100 SXM5 80GB" */
+     FIGURES("h100", "NVIDIA H100 SXM 80 GB", 79.6, 400, 45, 300, 60)},
+    {.words = {"H200", "NVL"}, .peak_tflops = 835.0},
+    {.words = {"H200"}, .peak_tflops = 989.0,
+     FIGURES("h200", "NVIDIA H200 SXM 141 GB", 140.4, 400, 45, 300, 85)},
+    {.words = {"GH200"}, .peak_tflops = 989.0},
+    {.words = {"H800", "PCIe"}, .peak_tflops = 756.0},
+    {.words = {"H800"}, .peak_tflops = 989.0},
+    {.words = {"A100"}, .peak_tflops = 312.0,
+     FIGURES("a100", "NVIDIA A100 SXM 80 GB", 80, 125, 22, 180, 35)},
+    {.words = {"A800"}, .peak_tflops = 312.0},
+    {.words = {"L40S"}, .peak_tflops = 362.0,
+     FIGURES("l40s", "NVIDIA L40S 48 GB (PCIe, no NVLink)", 45, 145, 22, 12, 15)},
+    {.words = {"L40"}, .peak_tflops = 181.0},
+    {.words = {"L4"}, .peak_tflops = 121.0},
+    {.words = {"A10"}, .peak_tflops = 125.0}, /* not "A10G", a different part */
+    {.words = {"A30"}, .peak_tflops = 165.0},
+    {.words = {"A40"}, .peak_tflops = 149.7},
+    {.words = {"RTX", "4090"}, .avoid = "D", .peak_tflops = 165.2,
+     FIGURES("4090", "NVIDIA GeForce RTX 4090 24 GB (PCIe, no NVLink)", 24, 66, 22, 12, 15)},
+    {.words = {"RTX", "3090"}, .avoid = "Ti", .peak_tflops = 71.0},
+    {.words = {NULL}},
 };
 
-/* First match wins: the more specific rows come first. */
-static const struct peak peaks[] = {
-    {{"GH200"}, NULL, 989.0},
-    {{"H200", "NVL"}, NULL, 835.0},
-    {{"H200"}, NULL, 989.0},
-    {{"H100", "NVL"}, NULL, 835.0},
-    {{"H100", "PCIe"}, NULL, 756.0},
-    {{"H100"}, NULL, 989.0},          /* SXM5: "H100 80GB HBM3", "H100 SXM5 80GB" */
-    {{"H800", "PCIe"}, NULL, 756.0},
-    {{"H800"}, NULL, 989.0},
-    {{"A100"}, NULL, 312.0},
-    {{"A800"}, NULL, 312.0},
-    {{"L40S"}, NULL, 362.0},
-    {{"L40"}, NULL, 181.0},
-    {{"L4"}, NULL, 121.0},
-    {{"A10"}, NULL, 125.0},           /* not "A10G", a different part */
-    {{"A30"}, NULL, 165.0},
-    {{"A40"}, NULL, 149.7},
-    {{"RTX", "4090"}, "D", 165.2},
-    {{"RTX", "3090"}, "Ti", 71.0},
-};
-
-/* Is `word` one of the words of `name` (separated by space, '-', '_', '/')? */
+/* Is `word` one of the words of `name` (separated by space, '-', '_', '/', parentheses)? */
 static int has_word(const char *name, const char *word)
 {
     size_t wl = strlen(word);
@@ -58,19 +70,48 @@ static int has_word(const char *name, const char *word)
     return 0;
 }
 
-double fso_gpu_bf16_peak_tflops(const char *name)
+const fso_gpu_spec *fso_gpu_spec_match(const char *name)
 {
     if (!name)
-        return 0;
-    for (size_t i = 0; i < sizeof peaks / sizeof peaks[0]; i++) {
-        const struct peak *pk = &peaks[i];
+        return NULL;
+    for (const fso_gpu_spec *s = fso_gpu_specs; s->words[0]; s++) {
         int ok = 1;
-        for (int w = 0; w < 3 && pk->need[w] && ok; w++)
-            ok = has_word(name, pk->need[w]);
-        if (ok && pk->avoid && has_word(name, pk->avoid))
+        for (int w = 0; w < 3 && s->words[w] && ok; w++)
+            ok = has_word(name, s->words[w]);
+        if (ok && s->avoid && has_word(name, s->avoid))
             ok = 0;
         if (ok)
-            return pk->tflops;
+            return s;
     }
-    return 0;
+    return NULL;
+}
+
+double fso_gpu_bf16_peak_tflops(const char *name)
+{
+    const fso_gpu_spec *s = fso_gpu_spec_match(name);
+    return s ? s->peak_tflops : 0;
+}
+
+const fso_gpu_spec *fso_gpu_spec_find(const char *name)
+{
+    for (const fso_gpu_spec *s = fso_gpu_specs; s->words[0]; s++)
+        if (s->name && strcasecmp(s->name, name) == 0)
+            return s;
+    return NULL;
+}
+
+const fso_gpu_spec *fso_gpu_spec_nearest_mem(uint64_t mem_bytes)
+{
+    const fso_gpu_spec *best = NULL;
+    for (const fso_gpu_spec *s = fso_gpu_specs; s->words[0]; s++)
+        if (s->name && (!best || fabs(s->mem_gib * GIB - (double)mem_bytes) <
+                                     fabs(best->mem_gib * GIB - (double)mem_bytes)))
+            best = s;
+    return best;
+}
+
+const fso_gpu_spec *fso_gpu_spec_for_device(const char *device_name, uint64_t mem_bytes)
+{
+    const fso_gpu_spec *s = fso_gpu_spec_match(device_name);
+    return s && s->name ? s : fso_gpu_spec_nearest_mem(mem_bytes);
 }
