@@ -20,6 +20,7 @@
 #include "probe.h"
 #include "topology.h"
 #include "util.h"
+#include "zero.h"
 
 #define GIB (1024.0 * 1024.0 * 1024.0)
 
@@ -455,10 +456,7 @@ int fso_plan_machine_here(const fso_config *cfg, bool refresh, fso_plan_machine 
     m->host_mem_bytes = fso_mem_available_bytes();
     if (!m->host_mem_bytes)
         m->host_mem_bytes = p.host_mem_bytes;
-    m->device_mem_bytes = cfg->device_mem_bytes
-                              ? cfg->device_mem_bytes
-                              : (m->host_mem_bytes ? m->host_mem_bytes / 2 / (uint64_t)W
-                                                   : (uint64_t)8 << 30);
+    m->device_mem_bytes = fso_zero_cpu_device_mem(cfg, m->host_mem_bytes);
     m->nvme_free_bytes = dirs[0] ? folders_free(dirs) : 0;
     m->nvme_read_gbps = p.nvme_read_gbps;
     m->nvme_write_gbps = p.nvme_write_gbps;
@@ -1169,8 +1167,7 @@ int fso_plan_main(int argc, char **argv)
         m.devices = W;
         m.cpu_devices = true;
         m.host_mem_bytes = g.host_mem ? g.host_mem : fso_mem_available_bytes();
-        m.device_mem_bytes = cfg.device_mem_bytes ? cfg.device_mem_bytes
-                                                  : m.host_mem_bytes / 2 / (uint64_t)W;
+        m.device_mem_bytes = fso_zero_cpu_device_mem(&cfg, m.host_mem_bytes);
         m.device_gflops = g.gpu_tflops > 0 ? g.gpu_tflops * 1e3 : pr.gflops * scale / W;
         m.h2d_gbps = m.d2h_gbps = g.h2d > 0 ? g.h2d : pr.h2d_gbps;
         m.coll_gbps = g.coll > 0 ? g.coll : pr.coll_gbps;

@@ -1154,6 +1154,14 @@ int fso_zero_inject_faults(fso_zero *z, int rank, const fso_fault_spec *spec)
     return rc;
 }
 
+uint64_t fso_zero_cpu_device_mem(const fso_config *cfg, uint64_t host_bytes)
+{
+    const int world = cfg->world > 0 ? cfg->world : 1;
+    if (cfg->device_mem_bytes)
+        return cfg->device_mem_bytes;
+    return host_bytes ? host_bytes / 2 / (uint64_t)world : (uint64_t)8 << 30;
+}
+
 uint64_t fso_zero_host_arena_bytes(const fso_zero *z)
 {
     return z->arena_bytes;
@@ -1359,11 +1367,8 @@ int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t err
     z->arena_bytes = (per_tier[FSO_TIER_HOST] + stage_per_rank) * (size_t)z->world;
 
     z->cuda = strcmp(cfg->backend, "cuda") == 0;
-    uint64_t cap = cfg->device_mem_bytes;
-    if (cap == 0 && !z->cuda) { /* CPU default: an equal share of half the available memory */
-        uint64_t avail = fso_mem_available_bytes();
-        cap = avail ? avail / 2 / (uint64_t)z->world : (uint64_t)8 << 30;
-    }
+    uint64_t cap = z->cuda ? cfg->device_mem_bytes
+                           : fso_zero_cpu_device_mem(cfg, fso_mem_available_bytes());
     const size_t window = (z->alias_params ? 0 : 2) * z->elem_bytes[FSO_KIND_PARAM] * z->max_padded;
     const size_t gradbufs = 2 * sizeof(float) * z->max_padded;
 

@@ -101,6 +101,12 @@ int fso_zero_store_grads_hf(fso_zero *z, float *hf, char *err, size_t errlen);
 int fso_zero_forward_logits(fso_zero *z, const int32_t *inputs, float *logits, char *err,
                             size_t errlen);
 
+/* What each CPU virtual device may hold: cfg->device_mem_bytes (--device-mem)
+ * when given, else an equal share of half of host_bytes (the host memory
+ * available), or 8 GiB when that is unknown (0). GPUs hold what they have
+ * free unless --device-mem says less. */
+uint64_t fso_zero_cpu_device_mem(const fso_config *cfg, uint64_t host_bytes);
+
 /* Wrap device `rank`'s NVMe store in a fault injector (tests). 0 or -errno;
  * -ENOENT when that device has no store. */
 int fso_zero_inject_faults(fso_zero *z, int rank, const fso_fault_spec *spec);
