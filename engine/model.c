@@ -41,6 +41,36 @@ static void add_tensor(fso_block_layout *b, fso_tensor_kind kind, const char *na
     b->used_elems = t->offset_elems + t->numel;
 }
 
+int fso_model_n_blocks(const fso_model_config *mc)
+{
+    return mc->num_hidden_layers + 2;
+}
+
+int fso_model_max_visits(const fso_model_config *mc)
+{
+    return 2 * mc->num_hidden_layers + 5; /* tied: the head takes three */
+}
+
+int fso_model_visits(const fso_model_config *mc, fso_block_visit *out)
+{
+    const int L = mc->num_hidden_layers, head = L + 1;
+    int n = 0;
+    out[n++] = (fso_block_visit){0, FSO_PART_EMBED_FWD, true, false};
+    for (int l = 0; l < L; l++)
+        out[n++] = (fso_block_visit){1 + l, FSO_PART_LAYER_FWD, true, false};
+    if (mc->tie_word_embeddings) { /* the head computes with its block and the embedding lent */
+        out[n++] = (fso_block_visit){head, FSO_PART_NONE, true, false};
+        out[n++] = (fso_block_visit){0, FSO_PART_HEAD, true, false};
+        out[n++] = (fso_block_visit){head, FSO_PART_NONE, false, true};
+    } else {
+        out[n++] = (fso_block_visit){head, FSO_PART_HEAD, true, true};
+    }
+    for (int l = L - 1; l >= 0; l--)
+        out[n++] = (fso_block_visit){1 + l, FSO_PART_LAYER_BWD, true, true};
+    out[n++] = (fso_block_visit){0, FSO_PART_EMBED_BWD, false, true};
+    return n;
+}
+
 int fso_model_layout(fso_block_layout *blocks, const fso_model_config *mc, int world)
 {
     const int C = mc->hidden_size, F = mc->intermediate_size, V = mc->vocab_size;
@@ -49,7 +79,7 @@ int fso_model_layout(fso_block_layout *blocks, const fso_model_config *mc, int w
     const int L = mc->num_hidden_layers;
     char name[64];
 
-    memset(blocks, 0, sizeof *blocks * (size_t)(L + 2));
+    memset(blocks, 0, sizeof *blocks * (size_t)fso_model_n_blocks(mc));
     fso_block_layout *b = &blocks[0];
     b->kind = FSO_BLOCK_EMBED;
     b->layer = -1;
@@ -83,9 +113,9 @@ int fso_model_layout(fso_block_layout *blocks, const fso_model_config *mc, int w
     if (!mc->tie_word_embeddings)
         add_tensor(b, FSO_T_LM_HEAD, "lm_head.weight", V, C, false, true);
 
-    for (int i = 0; i < L + 2; i++)
+    for (int i = 0; i < fso_model_n_blocks(mc); i++)
         blocks[i].padded_elems = round_up(blocks[i].used_elems, (size_t)world * SHARD_PAGE_ELEMS);
-    return L + 2;
+    return fso_model_n_blocks(mc);
 }
 
 static const fso_tensor_desc *find_tensor(const fso_block_layout *b, fso_tensor_kind kind)
@@ -157,7 +187,7 @@ int fso_model_init(fso_model *m, const fso_model_config *mc, fso_backend *be, in
     const size_t N = (size_t)B * T;
     int rc = -ENOMEM;
 
-    m->n_blocks = L + 2;
+    m->n_blocks = fso_model_n_blocks(mc);
     m->blocks = calloc((size_t)m->n_blocks, sizeof *m->blocks);
     m->params = calloc((size_t)m->n_blocks, sizeof *m->params);
     m->grads = calloc((size_t)m->n_blocks, sizeof *m->grads);

@@ -1,9 +1,10 @@
 /* model.h — a Llama-family decoder (Hugging Face LlamaConfig semantics) over
  * the backend interface.
  *
- * Parameters are grouped in blocks (DESIGN §4): block 0 is the token
- * embedding, blocks 1..L the transformer layers, block L+1 the head (final
- * RMSNorm and, unless tied, the LM head). Each block's parameters are one flat
+ * Parameters are grouped in blocks: block 0 is the token embedding, blocks
+ * 1..L the transformer layers, block L+1 the head (final RMSNorm and, unless
+ * tied, the LM head); fso_model_n_blocks() counts them and
+ * fso_model_visits() lists the order a micro-step uses them in. Each block's parameters are one flat
  * fp32 buffer with a table of named tensors at 64-element aligned offsets,
  * padded so it splits into `world` equal shards of whole 4 KiB pages: the unit
  * that sharding, streaming and offload work on. Walking the blocks in order
@@ -129,7 +130,8 @@ typedef struct fso_model {
  *   backward: for l = L-1..0: params(1+l), grads(1+l), grads_done(1+l),
  *             release(1+l); grads(0) if not yet lent; grads_done(0)
  * A gradient buffer is zero when first lent in a micro-step; the model adds
- * into it. forward_logits uses params/release only. */
+ * into it. forward_logits uses params/release only. fso_model_visits()
+ * lists this order. */
 typedef struct fso_block_source {
     void *ctx;
     /* block's full parameters, (padded_elems) in the model's working type */
@@ -138,6 +140,34 @@ typedef struct fso_block_source {
     float *(*grads)(void *ctx, int block);
     void (*grads_done)(void *ctx, int block);
 } fso_block_source;
+
+/* Blocks of a model: the embedding, the L layers, the head (L + 2). */
+int fso_model_n_blocks(const fso_model_config *mc);
+
+/* What a visit of a block computes. */
+typedef enum fso_visit_part {
+    FSO_PART_NONE = -1,   /* nothing: the head lends its block while the embedding computes */
+    FSO_PART_EMBED_FWD,   /* the embedding's lookup */
+    FSO_PART_LAYER_FWD,   /* a layer's forward */
+    FSO_PART_HEAD,        /* the head: final norm, logits, loss and their backward */
+    FSO_PART_LAYER_BWD,   /* a layer's backward (and its recomputation with checkpointing) */
+    FSO_PART_EMBED_BWD,   /* the embedding's backward */
+} fso_visit_part;
+
+/* One use of a block within a micro-step. */
+typedef struct fso_block_visit {
+    int block;
+    fso_visit_part part;
+    bool params;          /* the block's parameters are lent (params() ... release()) */
+    bool grads;           /* ends with the block's gradients complete (grads_done()) */
+} fso_block_visit;
+
+/* The visits of one fso_model_step, in order: the block source's calls
+ * above, as the planner times them and the trainer prefetches them (the
+ * visits with params are the order of params()). out holds
+ * fso_model_max_visits() entries; returns the count. */
+int fso_model_max_visits(const fso_model_config *mc);
+int fso_model_visits(const fso_model_config *mc, fso_block_visit *out);
 
 /* Lay out blocks for cfg->model and allocate the activations for
  * micro-batch B x T on `be`. world sets the shard padding. bf16

@@ -40,7 +40,8 @@ int fso_plan_ctx_init(fso_plan_ctx *ctx, const fso_config *cfg, const fso_plan_m
                       bool gpu, char *err, size_t errlen)
 {
     const fso_model_config *mc = &cfg->model;
-    const int L = mc->num_hidden_layers, nb = L + 2, W = m->devices > 0 ? m->devices : 1;
+    const int L = mc->num_hidden_layers, nb = fso_model_n_blocks(mc);
+    const int nv = fso_model_max_visits(mc), W = m->devices > 0 ? m->devices : 1;
     memset(ctx, 0, sizeof *ctx);
     if (nb > FSO_PLAN_MAX_BLOCKS) {
         snprintf(err, errlen, "model.num_hidden_layers: the planner takes at most %d layers, got %d",
@@ -49,9 +50,9 @@ int fso_plan_ctx_init(fso_plan_ctx *ctx, const fso_config *cfg, const fso_plan_m
     }
     fso_block_layout *bl = calloc((size_t)nb, sizeof *bl);
     ctx->block_elems = calloc((size_t)nb, sizeof *ctx->block_elems);
-    ctx->visits = calloc((size_t)(2 * L + 6), sizeof *ctx->visits);
-    ctx->true_flops = calloc((size_t)(2 * L + 6), sizeof *ctx->true_flops);
-    ctx->visit_part = calloc((size_t)(2 * L + 6), sizeof *ctx->visit_part);
+    ctx->visits = calloc((size_t)nv, sizeof *ctx->visits);
+    ctx->true_flops = calloc((size_t)nv, sizeof *ctx->true_flops);
+    ctx->visit_part = calloc((size_t)nv, sizeof *ctx->visit_part);
     if (!bl || !ctx->block_elems || !ctx->visits || !ctx->true_flops || !ctx->visit_part) {
         free(bl);
         fso_plan_ctx_free(ctx);
@@ -74,35 +75,27 @@ int fso_plan_ctx_init(fso_plan_ctx *ctx, const fso_config *cfg, const fso_plan_m
     const double layer_fwd = N * (2 * (C * qd + 2 * C * kvd + qd * C + 3 * C * F) + 2 * qd * (T + 1));
     const double head_fwd = N * 2 * C * V;
     const double layer_bwd = (cfg->activation_checkpointing ? 3 : 2) * layer_fwd;
-    fso_plan_visit *v = ctx->visits;
-    int n = 0, *part = ctx->visit_part;
-    part[n] = 0;
-    v[n++] = (fso_plan_visit){.block = 0, .flops = 0, .params = true};
-    for (int l = 0; l < L; l++) {
-        part[n] = 1;
-        v[n++] = (fso_plan_visit){.block = 1 + l, .flops = layer_fwd, .params = true};
+    /* the model's visits of a micro-batch, each with its compute */
+    fso_block_visit *mv = calloc((size_t)fso_model_max_visits(mc), sizeof *mv);
+    if (!mv) {
+        fso_plan_ctx_free(ctx);
+        snprintf(err, errlen, "out of memory");
+        return -ENOMEM;
     }
-    if (mc->tie_word_embeddings) { /* the head lends its block and the embedding */
-        part[n] = -1;
-        v[n++] = (fso_plan_visit){.block = L + 1, .flops = 0, .params = true};
-        part[n] = 2;
-        v[n++] = (fso_plan_visit){.block = 0, .flops = 3 * head_fwd, .params = true};
-        part[n] = -1;
-        v[n++] = (fso_plan_visit){.block = L + 1, .flops = 0, .grads = true};
-    } else {
-        part[n] = 2;
-        v[n++] = (fso_plan_visit){.block = L + 1, .flops = 3 * head_fwd, .params = true,
-                                  .grads = true};
+    const int n = fso_model_visits(mc, mv);
+    for (int k = 0; k < n; k++) {
+        const fso_visit_part p = mv[k].part;
+        ctx->visit_part[k] = p;
+        ctx->visits[k] = (fso_plan_visit){
+            .block = mv[k].block, .params = mv[k].params, .grads = mv[k].grads,
+            .flops = p == FSO_PART_LAYER_FWD ? layer_fwd
+                     : p == FSO_PART_LAYER_BWD ? layer_bwd
+                     : p == FSO_PART_HEAD      ? 3 * head_fwd
+                                               : 0};
     }
-    for (int l = L - 1; l >= 0; l--) {
-        part[n] = 1;
-        v[n++] = (fso_plan_visit){.block = 1 + l, .flops = layer_bwd, .params = true,
-                                  .grads = true};
-    }
-    part[n] = 3;
-    v[n++] = (fso_plan_visit){.block = 0, .flops = 0, .grads = true};
+    free(mv);
     for (int k = 0; k < n; k++)
-        ctx->true_flops[k] = v[k].flops;
+        ctx->true_flops[k] = ctx->visits[k].flops;
 
     fso_plan_input *in = &ctx->in;
     in->machine = *m;
@@ -221,9 +214,10 @@ int fso_plan_calibrate_cpu(fso_plan_ctx *ctx, const fso_config *cfg, char *err, 
     const int T = cfg->data.seq_len;
     double layer_flops = 0, head_flops = 0; /* one layer's forward and backward; the head */
     for (int k = 0; k < ctx->in.model.n_visits; k++) {
-        if (ctx->visit_part[k] == 1 && ctx->visits[k].block == 1)
+        const fso_visit_part p = ctx->visit_part[k];
+        if ((p == FSO_PART_LAYER_FWD || p == FSO_PART_LAYER_BWD) && ctx->visits[k].block == 1)
             layer_flops += ctx->true_flops[k];
-        else if (ctx->visit_part[k] == 2)
+        else if (p == FSO_PART_HEAD)
             head_flops += ctx->true_flops[k];
     }
     /* time at the configured micro-batch if it is quick, else one sequence */
@@ -300,12 +294,13 @@ int fso_plan_calibrate_cpu(fso_plan_ctx *ctx, const fso_config *cfg, char *err, 
              * take their measured time at that rate. */
             double rate = layer_flops / layer_ms / 1e6; /* GFLOP/s */
             ctx->in.machine.device_gflops = rate;
-            static const int part_ms[4] = {0, -1, 2, 4};
             for (int k = 0; k < ctx->in.model.n_visits; k++) {
-                int p = ctx->visit_part[k];
-                ctx->visits[k].flops = p < 0    ? 0
-                                       : p == 1 ? ctx->true_flops[k]
-                                                : c.ms[part_ms[p]] * scale * rate * 1e6;
+                const fso_visit_part p = ctx->visit_part[k];
+                const int ms = p == FSO_PART_EMBED_FWD ? 0 : p == FSO_PART_HEAD ? 2 : 4;
+                ctx->visits[k].flops = p == FSO_PART_NONE ? 0
+                                       : p == FSO_PART_LAYER_FWD || p == FSO_PART_LAYER_BWD
+                                           ? ctx->true_flops[k]
+                                           : c.ms[ms] * scale * rate * 1e6;
             }
         }
     }

@@ -28,6 +28,7 @@
 
 #include "config.h"
 #include "gpu_info.h"
+#include "model.h"
 #include "planner.h"
 
 /* The planner's inputs for cfg (its model, batch, world and offload
@@ -40,8 +41,7 @@ typedef struct fso_plan_ctx {
     uint64_t *block_elems;
     fso_plan_visit *visits;
     double *true_flops;        /* (visits) as counted, before any calibration */
-    int *visit_part;           /* (visits) 0 embedding forward, 1 layer, 2 head, 3 embedding
-                                  backward, -1 nothing to compute */
+    fso_visit_part *visit_part; /* (visits) what each computes (model.h) */
     double probe_gflops;       /* the machine's compute rate before calibration */
     uint64_t n_params;         /* real parameters (padding excluded) */
 } fso_plan_ctx;

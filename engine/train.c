@@ -117,7 +117,7 @@ static void replan(fso_config *cfg, const fso_plan_pins *pins, fso_plan *plan, b
     if (nsteps < 1)
         return;
     double n = (double)nsteps;
-    const int nb = cfg->model.num_hidden_layers + 2;
+    const int nb = fso_model_n_blocks(&cfg->model);
     for (int b = 0; b < nb; b++)
         block_ms[b] /= n;
     fso_plan_measured meas = {.step_ms = ms_sum / n, .stall_ms = sums->stall_ms / n,
@@ -290,7 +290,7 @@ int fso_train_run(const fso_config *cfg, const fso_run_opts *opts)
     size_t n = fso_trainer_step_tokens(cfg);
     inputs = malloc(sizeof(int32_t) * n);
     targets = malloc(sizeof(int32_t) * n);
-    block_ms = calloc((size_t)cfg->model.num_hidden_layers + 2, sizeof *block_ms);
+    block_ms = calloc((size_t)fso_model_n_blocks(&cfg->model), sizeof *block_ms);
     if (!inputs || !targets || !block_ms) {
         rc = -ENOMEM;
         fprintf(stderr, "fsoff: error: out of host memory for %zu batch tokens\n", n);
@@ -325,7 +325,7 @@ int fso_train_run(const fso_config *cfg, const fso_run_opts *opts)
             nvme_rd += st.nvme_read_bytes;
             nvme_wr += st.nvme_write_bytes;
             const double *ms = fso_zero_block_compute_ms(tr.zero);
-            for (int b = 0; b < cfg->model.num_hidden_layers + 2; b++)
+            for (int b = 0; b < fso_model_n_blocks(&cfg->model); b++)
                 block_ms[b] += ms[b];
         }
         /* after a few steps: was the prediction right? If not, plan again

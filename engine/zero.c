@@ -1313,12 +1313,14 @@ int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t err
         return -EINVAL;
     }
 
-    const int L = cfg->model.num_hidden_layers;
-    z->n_blocks = L + 2;
+    const int max_visits = fso_model_max_visits(&cfg->model);
+    z->n_blocks = fso_model_n_blocks(&cfg->model);
     z->blocks = calloc((size_t)z->n_blocks, sizeof *z->blocks);
     z->ranks = calloc((size_t)z->world, sizeof *z->ranks);
-    z->order = calloc((size_t)(2 * L + 4), sizeof *z->order);
-    if (!z->blocks || !z->ranks || !z->order) {
+    z->order = calloc((size_t)max_visits, sizeof *z->order);
+    fso_block_visit *visits = calloc((size_t)max_visits, sizeof *visits);
+    if (!z->blocks || !z->ranks || !z->order || !visits) {
+        free(visits);
         snprintf(err, errlen, "out of host memory");
         rc = -ENOMEM;
         goto fail;
@@ -1330,15 +1332,12 @@ int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t err
         if (fso_zero_shard_elems(z, b) > z->max_shard)
             z->max_shard = fso_zero_shard_elems(z, b);
     }
-    /* params() order of one micro-step (model.h) */
-    z->order[z->n_order++] = 0;
-    for (int l = 0; l < L; l++)
-        z->order[z->n_order++] = 1 + l;
-    z->order[z->n_order++] = L + 1;
-    if (cfg->model.tie_word_embeddings)
-        z->order[z->n_order++] = 0;
-    for (int l = L - 1; l >= 0; l--)
-        z->order[z->n_order++] = 1 + l;
+    /* params() order of one micro-step: the model's visits that lend parameters */
+    for (int i = 0, n = fso_model_visits(&cfg->model, visits); i < n; i++)
+        if (visits[i].params)
+            z->order[z->n_order++] = visits[i].block;
+    free(visits);
+    visits = NULL;
 
     /* ---- budgets, before any large allocation */
     size_t per_tier[3] = {0}, all_kinds_bytes = 0; /* one rank */
