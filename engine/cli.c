@@ -248,8 +248,7 @@ int fso_cli_main(int argc, char **argv)
         goto out;
     }
 
-    fso_run_opts opts = {.metrics_path = metrics_path, .devices = devices,
-                         .sets = (const char *const *)sets, .nsets = nsets};
+    fso_run_opts opts = {.metrics_path = metrics_path, .devices = devices};
     status = fso_train_run(&cfg, &opts) < 0 ? 1 : 0;
 
 out:

@@ -670,6 +670,50 @@ int fso_config_set(fso_config *cfg, const char *assignment)
     return rc;
 }
 
+/* ---------------------------------------------------------------- origins */
+
+static uint64_t key_hash(const char *key)
+{
+    uint64_t h = 14695981039346656037ull; /* FNV-1a */
+    for (const unsigned char *p = (const unsigned char *)key; *p; p++)
+        h = (h ^ *p) * 1099511628211ull;
+    return h;
+}
+
+/* Record the origin of every leaf below node (at path p) that a file or a
+ * --set gave. */
+static void record_given(const struct fso_config_doc *doc, json_t *node, keypath *p,
+                         fso_config_given *given)
+{
+    if (json_is_object(node) && json_object_size(node) > 0 && p->n < CFG_MAX_DEPTH) {
+        const char *key;
+        json_t *v;
+        json_object_foreach(node, key, v) {
+            keypath c = fso_cfg_kp_child(p, key);
+            record_given(doc, v, &c, given);
+        }
+        return;
+    }
+    char where[64], name[1024];
+    int li = cfg_where(doc, p, where, sizeof where);
+    if (doc->layers[li].kind == LAYER_DEFAULTS)
+        return;
+    CFG_CHECK(given->n < FSO_CONFIG_MAX_GIVEN);
+    kp_format(p, name, sizeof name);
+    given->key_hash[given->n] = key_hash(name);
+    given->origin[given->n++] =
+        (uint8_t)(doc->layers[li].kind == LAYER_FILE ? FSO_ORIGIN_FILE : FSO_ORIGIN_SET);
+}
+
+fso_config_origin fso_config_origin_of(const fso_config *cfg, const char *key)
+{
+    const uint64_t h = key_hash(key);
+    for (int i = 0; i < cfg->given.n; i++)
+        if (cfg->given.key_hash[i] == h)
+            return (fso_config_origin)cfg->given.origin[i];
+    return FSO_ORIGIN_DEFAULT;
+}
+
 int fso_config_finish(fso_config *cfg)
 {
     cfg->err[0] = '\0';
@@ -681,6 +725,11 @@ int fso_config_finish(fso_config *cfg)
         snprintf(cfg->err, sizeof cfg->err, "out of memory validating the configuration");
     else
         rc = fso_cfg_apply(cfg, doc, true);
+    if (rc == 0) {
+        keypath root = {{0}, 0};
+        memset(&cfg->given, 0, sizeof cfg->given);
+        record_given(doc, doc->merged, &root, &cfg->given);
+    }
     cfg->doc = NULL;
     doc_destroy(doc);
     return rc;

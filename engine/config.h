@@ -20,6 +20,24 @@
 #include "state.h"
 
 #define FSO_CONFIG_ERR_MAX 512
+#define FSO_CONFIG_MAX_GIVEN 256  /* more than fsoff has keys */
+
+/* Where a key's value came from. */
+typedef enum fso_config_origin {
+    FSO_ORIGIN_DEFAULT = 0,       /* the built-in defaults or a library default */
+    FSO_ORIGIN_FILE,              /* the config file */
+    FSO_ORIGIN_SET,               /* a --set (or an option that is one: --data, --steps, --nvme) */
+} fso_config_origin;
+
+/* The keys the user gave a value, as fso_config_finish() found them; every
+ * other key holds its default. Keys are leaves of the document (an array is
+ * one key), named by their dotted path, stored as a 64-bit FNV-1a hash of it
+ * so the struct copies by value. */
+typedef struct fso_config_given {
+    int n;
+    uint64_t key_hash[FSO_CONFIG_MAX_GIVEN];
+    uint8_t origin[FSO_CONFIG_MAX_GIVEN];   /* fso_config_origin */
+} fso_config_given;
 
 typedef struct fso_model_config {
     int vocab_size;
@@ -113,6 +131,7 @@ typedef struct fso_config {
     uint64_t device_mem_bytes;    /* cap per device; 0 = the default */
 
     char source[4096];            /* config file path, "" for built-in defaults */
+    fso_config_given given;       /* which keys the file or a --set gave */
     char err[FSO_CONFIG_ERR_MAX];
     struct fso_config_doc *doc;   /* merged JSON document until fso_config_finish() */
 } fso_config;
@@ -131,6 +150,11 @@ int fso_config_finish(fso_config *cfg);
 int fso_config_load_all(fso_config *cfg, const char *path, char *const *sets, int nsets);
 /* Release whatever fso_config_load_file/set allocated (safe after finish). */
 void fso_config_free(fso_config *cfg);
+
+/* Where the value of `key` ("train.prefetch_blocks",
+ * "zero_optimization.offload_param.device") came from: what the planner
+ * keeps as the user's choice and what it may choose itself. */
+fso_config_origin fso_config_origin_of(const fso_config *cfg, const char *key);
 
 /* The learning rate of optimizer step `step` (counting from 1). */
 double fso_config_lr_at(const fso_config *cfg, int64_t step);

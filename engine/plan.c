@@ -324,44 +324,14 @@ int fso_plan_calibrate_cpu(fso_plan_ctx *ctx, const fso_config *cfg, char *err, 
 
 /* ------------------------------------------------------------------ pins */
 
-static bool has_device_key(json_t *root, const char *section)
+void fso_plan_pins_from_config(const fso_config *cfg, fso_plan_pins *pins)
 {
-    json_t *z = json_object_get(root, "zero_optimization");
-    json_t *s = z ? json_object_get(z, section) : NULL;
-    return s && json_is_object(s) && json_object_get(s, "device");
-}
-
-void fso_plan_pins_from_config(const fso_config *cfg, const char *const *sets, int nsets,
-                               fso_plan_pins *pins)
-{
-    bool pparam = false, poptim = false, ppf = false;
+    const bool pparam =
+        fso_config_origin_of(cfg, "zero_optimization.offload_param.device") != FSO_ORIGIN_DEFAULT;
+    const bool poptim = fso_config_origin_of(cfg, "zero_optimization.offload_optimizer.device") !=
+                        FSO_ORIGIN_DEFAULT;
+    const bool ppf = fso_config_origin_of(cfg, "train.prefetch_blocks") != FSO_ORIGIN_DEFAULT;
     fso_plan_pins_none(pins);
-    if (cfg->source[0]) {
-        json_error_t je;
-        json_t *root = json_load_file(cfg->source, 0, &je);
-        if (root) {
-            pparam = has_device_key(root, "offload_param");
-            poptim = has_device_key(root, "offload_optimizer");
-            json_t *tr = json_object_get(root, "train");
-            ppf = tr && json_object_get(tr, "prefetch_blocks");
-            json_decref(root);
-        }
-    }
-    for (int i = 0; i < nsets && sets; i++) {
-        const char *s = sets[i], *eq = strchr(s, '=');
-        size_t kl = eq ? (size_t)(eq - s) : strlen(s);
-        const char *val = eq ? eq + 1 : "";
-        static const char zp[] = "zero_optimization.offload_param";
-        static const char zo[] = "zero_optimization.offload_optimizer";
-        if (kl >= sizeof zp - 1 && strncmp(s, zp, sizeof zp - 1) == 0 &&
-            (strstr(val, "\"device\"") || (kl == sizeof zp - 1 + 7 && strncmp(s + kl - 7, ".device", 7) == 0)))
-            pparam = true;
-        if (kl >= sizeof zo - 1 && strncmp(s, zo, sizeof zo - 1) == 0 &&
-            (strstr(val, "\"device\"") || (kl == sizeof zo - 1 + 7 && strncmp(s + kl - 7, ".device", 7) == 0)))
-            poptim = true;
-        if (kl == strlen("train.prefetch_blocks") && strncmp(s, "train.prefetch_blocks", kl) == 0)
-            ppf = true;
-    }
     if (pparam)
         pins->tier[FSO_KIND_PARAM] = (int)cfg->offload.param_tier;
     if (poptim)
@@ -1197,7 +1167,7 @@ int fso_plan_main(int argc, char **argv)
     if (autoplace)
         fso_plan_pins_none(&pins);
     else
-        fso_plan_pins_from_config(&cfg, (const char *const *)sets, nsets, &pins);
+        fso_plan_pins_from_config(&cfg, &pins);
     ctx.in.pins = pins;
     bool nvme_pinned = false;
     for (int k = 0; k < FSO_N_KINDS; k++)

@@ -12,7 +12,7 @@
  *
  *   fso_plan plan;
  *   fso_plan_pins pins;
- *   fso_plan_pins_from_config(cfg, sets, nsets, &pins);   (or fso_plan_pins_none)
+ *   fso_plan_pins_from_config(cfg, &pins);   (or fso_plan_pins_none)
  *   if (fso_plan_for_config(cfg, &pins, &plan, err, sizeof err) == 0) {
  *       fso_plan_print(stdout, &plan);
  *       fso_plan_apply(&plan, cfg, err, sizeof err);       (optional: take its choices)
@@ -57,11 +57,9 @@ void fso_plan_ctx_free(fso_plan_ctx *ctx);
 int fso_plan_calibrate_cpu(fso_plan_ctx *ctx, const fso_config *cfg, char *err, size_t errlen);
 
 /* What the config pins: a kind whose offload "device" the config file or
- * an override (--set, --nvme) sets, and train.prefetch_blocks when set. The
- * kinds' tiers are taken from cfg. sets: the overrides as given to
- * fso_config_set, in order (may be NULL). */
-void fso_plan_pins_from_config(const fso_config *cfg, const char *const *sets, int nsets,
-                               fso_plan_pins *pins);
+ * an override (--set, --nvme) gave (fso_config_origin_of), and
+ * train.prefetch_blocks when given. The kinds' tiers are taken from cfg. */
+void fso_plan_pins_from_config(const fso_config *cfg, fso_plan_pins *pins);
 
 /* This machine's numbers for the CPU backend with cfg->world devices: the
  * cached probes (probing first when there are none, or refresh), NVMe

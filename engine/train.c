@@ -256,7 +256,7 @@ int fso_train_run(const fso_config *cfg, const fso_run_opts *opts)
     }
     *run_cfg = *cfg;
     if (!cuda || gpu_free) {
-        fso_plan_pins_from_config(cfg, opts->sets, opts->nsets, &pins);
+        fso_plan_pins_from_config(cfg, &pins);
         const fso_gpu_spec *spec = NULL;
         int prc = cuda ? fso_plan_for_config_gpus(cfg, &pins, name, gpu_free, &plan, &spec, err,
                                                   sizeof err)

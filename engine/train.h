@@ -60,8 +60,6 @@ int fso_trainer_step(fso_trainer *tr, const int32_t *inputs, const int32_t *targ
 typedef struct fso_run_opts {
     const char *metrics_path;   /* NULL: none */
     const char *devices;        /* as given to --devices */
-    const char *const *sets;    /* the overrides (--set, --nvme, ...), for the planner's pins */
-    int nsets;
 } fso_run_opts;
 
 /* The whole run: the plan (CPU devices: placement chosen where the

@@ -676,6 +676,61 @@ static void test_other_sections_merge_key_by_key(void **state)
     assert_close(c.optim.lr, 3e-3); /* untouched sections keep the tiny job */
 }
 
+/* ---------------------------------------------------------------- origins */
+
+/* Every key says whether the file, a --set or the defaults gave it: what
+ * the planner keeps as the user's choice. */
+static void test_origin_of_every_key(void **state)
+{
+    tdir *t = *state;
+    fso_config c;
+    const char *sets[] = {
+        "train.prefetch_blocks=3",
+        "zero_optimization.offload_optimizer={\"device\": \"cpu\"}",
+        "data.seq_len=32",                 /* over the file's value */
+    };
+    write_cfg(t, "job.json", "{\"data\": {\"seq_len\": 64}, \"train\": {\"steps\": 10},"
+                             " \"model\": {\"hidden_size\": 64, \"num_attention_heads\": 4,"
+                             " \"num_key_value_heads\": 4},"
+                             " \"zero_optimization\": {\"offload_param\": {\"device\": \"cpu\"}}}");
+    if (load(&c, t->file, sets, 3) != 0)
+        fail_msg("%s", c.err);
+    assert_int_equal(fso_config_origin_of(&c, "train.steps"), FSO_ORIGIN_FILE);
+    assert_int_equal(fso_config_origin_of(&c, "model.hidden_size"), FSO_ORIGIN_FILE);
+    assert_int_equal(fso_config_origin_of(&c, "zero_optimization.offload_param.device"),
+                     FSO_ORIGIN_FILE);
+    assert_int_equal(fso_config_origin_of(&c, "train.prefetch_blocks"), FSO_ORIGIN_SET);
+    assert_int_equal(fso_config_origin_of(&c, "zero_optimization.offload_optimizer.device"),
+                     FSO_ORIGIN_SET);
+    assert_int_equal(fso_config_origin_of(&c, "data.seq_len"), FSO_ORIGIN_SET);
+    assert_int_equal(c.data.seq_len, 32);
+    /* the defaults, the file's replaced section's library defaults, keys no one wrote */
+    assert_int_equal(fso_config_origin_of(&c, "train.activation_checkpointing"),
+                     FSO_ORIGIN_DEFAULT);
+    assert_int_equal(fso_config_origin_of(&c, "seed"), FSO_ORIGIN_DEFAULT);
+    assert_int_equal(fso_config_origin_of(&c, "model.vocab_size"), FSO_ORIGIN_DEFAULT);
+    assert_int_equal(c.model.vocab_size, 32000);
+    assert_int_equal(fso_config_origin_of(&c, "aio.block_size"), FSO_ORIGIN_DEFAULT);
+    assert_int_equal(fso_config_origin_of(&c, "train"), FSO_ORIGIN_DEFAULT); /* not a leaf */
+
+    /* a --set that replaces a section leaves what it did not write at its default */
+    const char *more[] = {"zero_optimization={\"offload_param\": {\"nvme_path\": \"/x\"}}"};
+    if (load(&c, t->file, more, 1) != 0)
+        fail_msg("%s", c.err);
+    assert_int_equal(fso_config_origin_of(&c, "zero_optimization.offload_param.device"),
+                     FSO_ORIGIN_DEFAULT);
+    assert_int_equal(c.offload.param_tier, FSO_TIER_DEVICE);
+    assert_int_equal(fso_config_origin_of(&c, "zero_optimization.offload_param.nvme_path"),
+                     FSO_ORIGIN_SET);
+    assert_int_equal(fso_config_origin_of(&c, "train.steps"), FSO_ORIGIN_FILE);
+
+    /* nothing given: every key is a default */
+    fso_config_defaults(&c);
+    assert_int_equal(fso_config_finish(&c), 0);
+    assert_int_equal(c.given.n, 0);
+    assert_int_equal(fso_config_origin_of(&c, "train.steps"), FSO_ORIGIN_DEFAULT);
+}
+
 /* ---------------------------------------------------------------- --set */
 
 static void test_set_overrides(void **state)
@@ -1005,6 +1060,7 @@ int main(void)
         T(test_model_section_takes_llama_defaults),
         T(test_scheduler_section_is_replaced),
         T(test_other_sections_merge_key_by_key),
+        T(test_origin_of_every_key),
         T(test_set_overrides),
         T(test_data_path_and_format),
         T(test_set_creates_sections),

@@ -541,10 +541,22 @@ static void test_plan_apply_and_pins_from_config(void **state)
     for (int i = 0; i < 2; i++)
         assert_int_equal(fso_config_set(&cfg, sets[i]), 0);
     assert_int_equal(fso_config_finish(&cfg), 0);
-    fso_plan_pins_from_config(&cfg, sets, 2, &pins);
+    fso_plan_pins_from_config(&cfg, &pins);
     assert_int_equal(pins.tier[FSO_KIND_PARAM], FSO_TIER_HOST);
     assert_int_equal(pins.tier[FSO_KIND_MASTER], -1);
     assert_int_equal(pins.prefetch, 5);
+    fso_config_free(&cfg);
+
+    /* pins: a section given whole (the key inside it is given, not its default) */
+    fso_config_defaults(&cfg);
+    assert_int_equal(fso_config_set(&cfg, "zero_optimization={\"offload_optimizer\": "
+                                          "{\"device\": \"cpu\"}}"), 0);
+    assert_int_equal(fso_config_finish(&cfg), 0);
+    fso_plan_pins_from_config(&cfg, &pins);
+    assert_int_equal(pins.tier[FSO_KIND_PARAM], -1);
+    for (int k = FSO_KIND_MASTER; k < FSO_N_KINDS; k++)
+        assert_int_equal(pins.tier[k], FSO_TIER_HOST);
+    assert_int_equal(pins.prefetch, -1);
     fso_config_free(&cfg);
 
     /* pins: what the file sets (configs/llama-7b.json keeps both on NVMe) */
@@ -554,7 +566,7 @@ static void test_plan_apply_and_pins_from_config(void **state)
     fso_config_defaults(&cfg);
     assert_int_equal(fso_config_load_file(&cfg, path), 0);
     assert_int_equal(fso_config_finish(&cfg), 0);
-    fso_plan_pins_from_config(&cfg, NULL, 0, &pins);
+    fso_plan_pins_from_config(&cfg, &pins);
     for (int k = 0; k < FSO_N_KINDS; k++)
         assert_int_equal(pins.tier[k], FSO_TIER_NVME);
     assert_int_equal(cfg.model.hidden_size, 4096);
@@ -575,7 +587,7 @@ static void test_plan_for_this_machine_prints_and_applies(void **state)
     setenv("XDG_CACHE_HOME", cache, 1);
     tiny_config(&cfg);
     cfg.world = 2;
-    fso_plan_pins_from_config(&cfg, NULL, 0, &pins);
+    fso_plan_pins_from_config(&cfg, &pins);
     assert_int_equal(fso_plan_for_config(&cfg, &pins, &p, err, sizeof err), 0);
     assert_true(p.fits && p.step_ms > 0 && p.machine.cpu_devices && p.machine.devices == 2);
     char *buf = NULL;
@@ -616,7 +628,7 @@ static void test_plan_for_gpus_here_fits_the_engine_as_built(void **state)
 
     tiny_config(&cfg);
     cfg.world = 2;
-    fso_plan_pins_from_config(&cfg, NULL, 0, &pins);
+    fso_plan_pins_from_config(&cfg, &pins);
     assert_int_equal(fso_plan_for_config_gpus(&cfg, &pins, "NVIDIA H200", (uint64_t)(139 * GIB),
                                               &p, &spec, err, sizeof err), 0);
     assert_string_equal(spec->name, "h200");
