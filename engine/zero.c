@@ -1550,25 +1550,13 @@ int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t err
         if (nvme && (rc = open_store(z, rk, &cfg->offload, nvme_off, err, errlen)) < 0)
             goto fail;
     }
-    if (z->cuda) {
-#if FSO_HAVE_CUDA
+    {
         fso_backend *devs[64];
         char cerr[256] = "";
         for (int r = 0; r < z->world; r++)
             devs[r] = z->ranks[r].be;
-        if ((rc = fso_coll_create_nccl(&z->coll, z->world, devs, cerr, sizeof cerr)) < 0) {
-            snprintf(err, errlen, "NCCL: %s", cerr);
-            goto fail;
-        }
-#endif
-    } else {
-        fso_backend *devs[64];
-        for (int r = 0; r < z->world && r < 64; r++)
-            devs[r] = z->ranks[r].be;
-        rc = fso_backend_is_async(devs[0]) ? fso_coll_create_async(&z->coll, z->world, devs)
-                                           : fso_coll_create_threads(&z->coll, z->world);
-        if (rc < 0) {
-            snprintf(err, errlen, "cannot create the collectives: %s", strerror(-rc));
+        if ((rc = fso_backend_coll_create(&z->coll, z->world, devs, cerr, sizeof cerr)) < 0) {
+            snprintf(err, errlen, "cannot create the collectives: %s", cerr);
             goto fail;
         }
     }

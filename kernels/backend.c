@@ -1,4 +1,5 @@
-/* backend.c — backend registry, host memory for the CPU backends, RoPE tables. */
+/* backend.c — backend registry, what the CPU backends share (memory, lifetime,
+ * collectives), RoPE tables. */
 #include "backend.h"
 
 #include <errno.h>
@@ -10,9 +11,9 @@
 
 #include <cblas.h>
 
+#include "coll.h"
 #include "cpu_async.h"
 #include "cpu_common.h"
-#include "cuda_backend.h"
 #include "pool.h"
 
 
@@ -77,18 +78,25 @@ int fso_backend_create_virtual(fso_backend **out, const char *name, int device, 
 
 void fso_backend_destroy(fso_backend *be)
 {
-    if (!be)
-        return;
-    if (fso_backend_is_async(be)) {
-        fso_backend_destroy_async(be);
-        return;
-    }
-#if FSO_HAVE_CUDA
-    if (fso_backend_is_cuda(be)) {
-        fso_backend_destroy_cuda(be);
-        return;
-    }
-#endif
+    if (be)
+        be->ops->destroy(be);
+}
+
+struct fso_pool *fso_backend_pool(fso_backend *be)
+{
+    return be && be->ops->pool ? be->ops->pool(be) : NULL;
+}
+
+int fso_backend_coll_create(fso_coll **out, int world, fso_backend **devs, char *err,
+                            size_t errlen)
+{
+    return devs[0]->ops->coll_create(out, world, devs, err, errlen);
+}
+
+/* ------------------------------------------------------------ the CPU backends */
+
+void fso_cpu_destroy(fso_backend *be)
+{
     fso_cpu_ctx *ctx = be->ctx;
     fso_pool_destroy(ctx->pool);
     free(ctx->scratch);
@@ -96,16 +104,23 @@ void fso_backend_destroy(fso_backend *be)
     free(be);
 }
 
+struct fso_pool *fso_cpu_pool(fso_backend *be)
+{
+    return ((fso_cpu_ctx *)be->ctx)->pool;
+}
+
+int fso_cpu_coll_create(fso_coll **out, int world, fso_backend **devs, char *err, size_t errlen)
+{
+    (void)devs;
+    int rc = fso_coll_create_threads(out, world);
+    if (rc < 0)
+        snprintf(err, errlen, "%s", strerror(-rc));
+    return rc;
+}
+
 /* Each buffer carries a 64-byte header with its size, so frees are counted
  * against the device's memory cap. */
 #define BUF_HDR 64
-
-struct fso_pool *fso_backend_pool(fso_backend *be)
-{
-    if (fso_backend_is_async(be))
-        return fso_async_pool(be);
-    return be && be->ops == &fso_cpu_fast_ops ? ((fso_cpu_ctx *)be->ctx)->pool : NULL;
-}
 
 int fso_cpu_buf_alloc(fso_backend *be, size_t bytes, void **out)
 {

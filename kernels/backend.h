@@ -5,7 +5,8 @@
  * ggml-backend or fio's ioengine_ops. Implementations:
  *   - "cpu-ref": plain loops, one thread, written to be read; the reference
  *     every other implementation is tested against;
- *   - "cpu": the fast CPU path (OpenBLAS sgemm, OpenMP threads), the default
+ *   - "cpu": the fast CPU path (OpenBLAS sgemm and fsoff's own thread pool,
+ *     kernels/pool.h), the default
  *     where there is no GPU;
  *   - "cuda" (cuda_backend.h): NVIDIA GPUs;
  *   - "cpu-async" (cpu_async.h): "cpu"'s math with a discrete GPU's rules
@@ -55,6 +56,8 @@ static inline size_t fso_dtype_size(fso_dtype dt)
 }
 
 typedef struct fso_backend fso_backend;
+struct fso_coll;
+struct fso_pool;
 
 /* AdamW's per-step constants, as offload/adamw.h computes them
  * (fso_adamw_consts_init) for its CPU kernels and a device's. */
@@ -186,6 +189,19 @@ typedef struct fso_backend_ops {
      * quiet), as offload/adamw.h rounds: how activations kept for backward
      * are stored with bf16.enabled. dst and src do not overlap. */
     void (*cast_f32_bf16)(fso_backend *be, uint16_t *dst, const float *src, size_t n);
+
+    /* Lifetime, and what comes with a device of this kind. */
+    /* Free everything the backend holds, buffers not yet freed included
+     * (fso_backend_destroy calls it). */
+    void (*destroy)(fso_backend *be);
+    /* The thread pool the backend's CPU math runs on, which host work on
+     * its buffers may share; NULL (the op, or what it returns): none. */
+    struct fso_pool *(*pool)(fso_backend *be);
+    /* The collectives (coll.h) among `world` backends of this kind, devs[r]
+     * being rank r's: shared memory among host threads for the CPU
+     * backends, NCCL for CUDA. 0 or -errno with the reason in err. */
+    int (*coll_create)(struct fso_coll **out, int world, fso_backend **devs, char *err,
+                       size_t errlen);
 } fso_backend_ops;
 
 struct fso_backend {
@@ -208,11 +224,17 @@ int fso_backend_create(fso_backend **out, const char *name, int threads);
  * `threads` too, so give every device of a process the same count. */
 int fso_backend_create_virtual(fso_backend **out, const char *name, int device, int threads,
                                size_t mem_cap_bytes);
+/* ops->destroy; NULL is fine. */
 void fso_backend_destroy(fso_backend *be);
 
-/* The backend's thread pool (the fast CPU backend), or NULL. */
-struct fso_pool;
+/* ops->pool: the backend's thread pool (the fast CPU backend and
+ * cpu-async's), or NULL. */
 struct fso_pool *fso_backend_pool(fso_backend *be);
+
+/* The collectives among `world` devices, devs[r] being rank r's, all of
+ * one kind: devs[0]'s ops->coll_create. 0 or -errno with the reason in err. */
+int fso_backend_coll_create(struct fso_coll **out, int world, fso_backend **devs, char *err,
+                            size_t errlen);
 
 /* *out += sum of x[i]^2 over host memory, in double, in fixed 64K-element
  * chunks added in order: the fast CPU backend's sqnorm, usable on host

@@ -40,6 +40,7 @@
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -561,6 +562,11 @@ static void as_adamw(fso_backend *be, float *master, const float *grad, float *m
                      .i = {out_bf16}, .n = n, .c = *c});
 }
 
+static void as_destroy(fso_backend *be);
+static struct fso_pool *as_pool(fso_backend *be);
+static int as_coll_create(fso_coll **out, int world, fso_backend **devs, char *err,
+                          size_t errlen);
+
 static const fso_backend_ops async_ops = {
     .name = "cpu-async",
     .host_addressable = 0,
@@ -593,6 +599,9 @@ static const fso_backend_ops async_ops = {
     .cast_f32_bf16 = as_cast_f32_bf16,
     .copy_d2h_after = as_copy_d2h_after,
     .mark_copies = as_mark_copies,
+    .destroy = as_destroy,
+    .pool = as_pool,
+    .coll_create = as_coll_create,
 };
 
 int fso_backend_create_async(fso_backend **out, int device, int threads, size_t mem_cap_bytes)
@@ -634,15 +643,13 @@ fso_async_counts fso_async_counts_of(fso_backend *be)
     return c;
 }
 
-struct fso_pool *fso_async_pool(fso_backend *be)
+static struct fso_pool *as_pool(fso_backend *be)
 {
     return fso_backend_pool(CTX(be)->inner);
 }
 
-void fso_backend_destroy_async(fso_backend *be)
+static void as_destroy(fso_backend *be)
 {
-    if (!be)
-        return;
     async_ctx *x = CTX(be);
     fso_backend_destroy(x->inner);
     pthread_mutex_destroy(&x->mu);
@@ -749,4 +756,13 @@ int fso_coll_create_async(fso_coll **out, int world, fso_backend *const *bes)
     c->world = world;
     *out = c;
     return 0;
+}
+
+static int as_coll_create(fso_coll **out, int world, fso_backend **devs, char *err,
+                          size_t errlen)
+{
+    int rc = fso_coll_create_async(out, world, devs);
+    if (rc < 0)
+        snprintf(err, errlen, "%s", strerror(-rc));
+    return rc;
 }

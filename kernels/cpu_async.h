@@ -2,7 +2,8 @@
  * discrete GPU's rules (device memory the host cannot touch, copies and
  * reductions that complete late), for running the engine's GPU paths
  * without a GPU. fso_backend_create_virtual("cpu-async", ...) makes one;
- * fso_backend_destroy frees it.
+ * fso_backend_destroy frees it, fso_backend_coll_create makes its
+ * collectives (fso_coll_create_async).
  */
 #ifndef FSO_CPU_ASYNC_H
 #define FSO_CPU_ASYNC_H
@@ -13,8 +14,7 @@
 #include "coll.h"
 
 int fso_backend_create_async(fso_backend **out, int device, int threads, size_t mem_cap_bytes);
-void fso_backend_destroy_async(fso_backend *be);
-/* 1 when `be` is a cpu-async device. */
+/* 1 when `be` is a cpu-async device (tests). */
 int fso_backend_is_async(const fso_backend *be);
 /* What a cpu-async device saw so far: sync() calls; drains, waits of any
  * kind that ran the device dry (on a GPU, the host and the device taking
@@ -25,8 +25,6 @@ typedef struct fso_async_counts {
     uint64_t syncs, drains, allocs;
 } fso_async_counts;
 fso_async_counts fso_async_counts_of(fso_backend *be);
-/* The thread pool its math runs on. */
-struct fso_pool *fso_async_pool(fso_backend *be);
 
 /* The threads collectives (coll.h) among `world` cpu-async devices, bes[r]
  * being rank r's: each call first completes the rank's queued copies, as a

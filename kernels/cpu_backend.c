@@ -542,6 +542,7 @@ const fso_backend_ops fso_cpu_fast_ops = {
     .copy_d2h = fso_cpu_copy,
     .sync = fso_cpu_sync,
     FSO_CPU_TYPED_OPS,
+    FSO_CPU_LIFETIME_OPS,
     .embedding_bwd = fast_embedding_bwd,
     .add = fast_add,
     .cross_entropy = fast_cross_entropy,

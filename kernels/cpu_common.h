@@ -46,6 +46,13 @@ void fso_cpu_buf_free(fso_backend *be, void *buf);
 void fso_cpu_memset0(fso_backend *be, void *dst, size_t bytes);
 void fso_cpu_copy(fso_backend *be, void *dst, const void *src, size_t bytes);
 int  fso_cpu_sync(fso_backend *be);
+/* destroy, pool and coll_create of both CPU backends (threads collectives) */
+void fso_cpu_destroy(fso_backend *be);
+struct fso_pool *fso_cpu_pool(fso_backend *be);
+int  fso_cpu_coll_create(struct fso_coll **out, int world, fso_backend **devs, char *err,
+                         size_t errlen);
+#define FSO_CPU_LIFETIME_OPS                                                               \
+    .destroy = fso_cpu_destroy, .pool = fso_cpu_pool, .coll_create = fso_cpu_coll_create
 /* *out += sum of x (n) in double, in order: both CPU backends' sum op */
 void fso_cpu_sum(fso_backend *be, double *out, const float *x, size_t n);
 

@@ -313,6 +313,7 @@ const fso_backend_ops fso_cpu_ref_ops = {
     .copy_d2h = fso_cpu_copy,
     .sync = fso_cpu_sync,
     FSO_CPU_TYPED_OPS,
+    FSO_CPU_LIFETIME_OPS,
     .embedding_bwd = ref_embedding_bwd,
     .add = ref_add,
     .cross_entropy = ref_cross_entropy,

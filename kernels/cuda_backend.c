@@ -559,6 +559,8 @@ static const fso_backend_ops cuda_ops = {
     .cast_bf16_f32 = fso_cuda_cast_bf16_f32,
     .cast_f32_bf16 = fso_cuda_cast_f32_bf16,
     .adamw = fso_cuda_adamw,
+    .destroy = fso_backend_destroy_cuda,
+    .coll_create = fso_coll_create_nccl,
 };
 
 /* ------------------------------------------------------------ lifetime */

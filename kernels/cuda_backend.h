@@ -117,11 +117,13 @@ int fso_cuda_device_count(char *err, size_t errlen);
  * past it, as on the CPU backend; mem_used/peak count buffers (rounded to
  * 64 bytes like the CPU backend) and the backend's own scratch. The matmul
  * math comes from FSO_CUDA_MATH ("bf16" or "fp32"). 0 or -errno with the
- * reason in err. Destroy with fso_backend_destroy_cuda(). */
+ * reason in err. fso_backend_destroy() frees it (its ops->destroy is
+ * fso_backend_destroy_cuda), and fso_backend_coll_create() makes its
+ * collectives (fso_coll_create_nccl). */
 int fso_backend_create_cuda(fso_backend **out, int device, size_t mem_cap_bytes, char *err,
                             size_t errlen);
 /* Free everything the backend holds (buffers not yet freed included).
- * NULL is fine. fso_backend_destroy() must not be used on a CUDA backend. */
+ * NULL is fine. The same as fso_backend_destroy() on a CUDA backend. */
 void fso_backend_destroy_cuda(fso_backend *be);
 /* 1 when `be` was made by fso_backend_create_cuda. */
 int fso_backend_is_cuda(const fso_backend *be);
