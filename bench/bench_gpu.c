@@ -9,8 +9,9 @@
  *       1 MiB to 512 MiB, each result checked
  *
  * Copies use the CUDA runtime directly on two streams, so "both" is what
- * the hardware does with both directions busy; that part is bench_gpu_copy.c,
- * built into the CUDA module (cuda_module.h) and called through its table.
+ * the hardware does with both directions busy; that part is
+ * kernels/cuda_copy_rates.c, built into the CUDA module (cuda_module.h) and
+ * called through its table.
  * Pinned memory is registered the way the engine does it
  * (fso_cuda_host_register over an mmap'd range).
  * Collectives go through fso_coll_create_nccl and the CUDA backend, one host
@@ -350,7 +351,7 @@ int fso_bench_h2d(int argc, char **argv)
     }
     fso_cuda_copy_report rep;
     memset(&rep, 0, sizeof rep);
-    api->bench_copies(&rep, ndev, bytes, seconds);
+    api->copy_rates(&rep, ndev, bytes, seconds);
     printf("# host<->device copies: device 0 (%s, %s), %zu MiB per copy\n", gi.name,
            gi.pci_bus_id, bytes >> 20);
     printf("# %-10s %-6s %10s\n", "memory", "dir", "GB/s");

@@ -1,4 +1,5 @@
-/* cli.c — `fsoff [train] [options]`: options, configuration, the run. */
+/* cli.c — `fsoff [train] [options]`: options, configuration, the run.
+ * Part of the fsoff executable (cli.h). */
 #include "cli.h"
 
 #include <errno.h>
@@ -8,11 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "bench.h"
 #include "config.h"
 #include "cuda_backend.h"
 #include "fso_build.h"
-#include "plan.h"
 #include "train.h"
 #include "util.h"
 
@@ -131,15 +130,7 @@ int fso_cli_main(int argc, char **argv)
         fprintf(stderr, "fsoff: error: out of memory\n");
         return 1;
     }
-    /* A leading subcommand: train (the default) or bench. */
-    if (argc > 1 && strcmp(argv[1], "bench") == 0) {
-        status = fso_bench_main(argc - 1, argv + 1);
-        goto out;
-    }
-    if (argc > 1 && strcmp(argv[1], "plan") == 0) {
-        status = fso_plan_main(argc - 1, argv + 1);
-        goto out;
-    }
+    /* A leading command other than plan and bench (main.c): train, the default. */
     if (argc > 1 && argv[1][0] != '-') {
         if (strcmp(argv[1], "train") != 0) {
             fprintf(stderr, "fsoff: error: unknown command '%s'; the commands are 'train' "

@@ -1,10 +1,12 @@
-/* cli.h — the fsoff command line: `fsoff [train] [options]`. */
+/* cli.h — the fsoff command line: `fsoff [train] [options]`. Part of the
+ * fsoff executable (engine/main.c), not of the engine library. */
 #ifndef FSO_CLI_H
 #define FSO_CLI_H
 
-/* Parse argv, run the command, return the process exit status:
- * 0 success, 1 the run failed, 2 bad command line or configuration. */
+/* Parse argv (argv[1] may be "train", or another command, which is an
+ * error naming the commands), run the training job, return the process
+ * exit status: 0 success, 1 the run failed, 2 bad command line or
+ * configuration. */
 int fso_cli_main(int argc, char **argv);
-
 
 #endif

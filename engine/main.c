@@ -1,7 +1,16 @@
-/* main.c — the fsoff executable. */
+/* main.c — the fsoff executable: `fsoff plan` (plan_cli.h), `fsoff bench`
+ * (bench/bench.h), and otherwise training (cli.h). */
+#include <string.h>
+
+#include "bench.h"
 #include "cli.h"
+#include "plan_cli.h"
 
 int main(int argc, char **argv)
 {
+    if (argc > 1 && strcmp(argv[1], "bench") == 0)
+        return fso_bench_main(argc - 1, argv + 1);
+    if (argc > 1 && strcmp(argv[1], "plan") == 0)
+        return fso_plan_main(argc - 1, argv + 1);
     return fso_cli_main(argc, argv);
 }

@@ -1,20 +1,16 @@
-/* plan.c — the planner applied to a configuration; `fsoff plan` (plan.h). */
+/* plan.c — the planner applied to a configuration (plan.h). */
 #include "plan.h"
 
-#include <ctype.h>
 #include <errno.h>
-#include <getopt.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <time.h>
 
-#include "cli.h"
 #include "adamw.h"
 #include "model.h"
 #include "probe.h"
@@ -24,8 +20,7 @@
 
 #define GIB (1024.0 * 1024.0 * 1024.0)
 
-/* A GPU's achieved figures from the table into m. */
-static void machine_gpu_figures(fso_plan_machine *m, const fso_gpu_spec *spec)
+void fso_plan_machine_gpu(fso_plan_machine *m, const fso_gpu_spec *spec)
 {
     m->cpu_devices = false;
     m->device_gflops = spec->tflops * 1e3;
@@ -344,10 +339,8 @@ void fso_plan_pins_from_config(const fso_config *cfg, fso_plan_pins *pins)
 /* ------------------------------------------------------------------ this machine */
 
 
-/* The configured NVMe folders (both offload sections, each once) that exist
- * here, comma-separated into buf; the missing ones into missing. */
-static void nvme_folders(const fso_config *cfg, char *buf, size_t len, char *missing,
-                         size_t mlen)
+void fso_plan_nvme_folders(const fso_config *cfg, char *buf, size_t len, char *missing,
+                           size_t mlen)
 {
     char all[8192], *save = NULL;
     size_t off = 0, moff = 0;
@@ -382,7 +375,7 @@ static void nvme_folders(const fso_config *cfg, char *buf, size_t len, char *mis
     }
 }
 
-static uint64_t folders_free(const char *dirs)
+uint64_t fso_plan_folders_free(const char *dirs)
 {
     char tmp[8192], *save = NULL;
     uint64_t sum = 0;
@@ -395,12 +388,36 @@ static uint64_t folders_free(const char *dirs)
     return sum;
 }
 
-static int probe_here(const fso_config *cfg, const char *dirs, bool refresh, fso_probe *p,
-                      char *err, size_t errlen)
+int fso_plan_probe(const fso_config *cfg, const char *dirs, bool refresh, fso_probe *p,
+                   char *err, size_t errlen)
 {
     fso_probe_opts po = {.dirs = dirs, .threads = cfg->threads};
     bool probed = false;
     return fso_probe_get(p, &po, refresh, &probed, err, errlen);
+}
+
+void fso_plan_machine_cpu(const fso_config *cfg, const fso_probe *p, uint64_t host_mem_bytes,
+                          fso_plan_machine *m)
+{
+    const int W = cfg->world > 0 ? cfg->world : 1;
+    const int threads = cfg->threads > 0 ? cfg->threads : fso_cpu_count();
+    const double scale = p->threads > 0 ? (double)threads / p->threads : 1.0;
+    memset(m, 0, sizeof *m);
+    m->devices = W;
+    m->cpu_devices = true;
+    m->host_mem_bytes = host_mem_bytes;
+    m->device_mem_bytes = fso_zero_cpu_device_mem(cfg, host_mem_bytes);
+    m->nvme_read_gbps = p->nvme_read_gbps;
+    m->nvme_write_gbps = p->nvme_write_gbps;
+    m->nvme_read_lat_ms = p->nvme_read_lat_ms;
+    m->nvme_write_lat_ms = p->nvme_write_lat_ms;
+    m->h2d_gbps = p->h2d_gbps;
+    m->d2h_gbps = p->d2h_gbps;
+    m->host_copy_gbps = p->host_copy_gbps;
+    m->coll_gbps = p->coll_gbps;
+    m->device_gflops = p->gflops * scale / W;
+    m->adam_gelems = p->adam_gelems * scale;
+    m->device_adam_gelems = 0;
 }
 
 int fso_plan_machine_here(const fso_config *cfg, bool refresh, fso_plan_machine *m, char *err,
@@ -408,34 +425,15 @@ int fso_plan_machine_here(const fso_config *cfg, bool refresh, fso_plan_machine 
 {
     char dirs[8192], missing[8192];
     fso_probe p;
-    nvme_folders(cfg, dirs, sizeof dirs, missing, sizeof missing);
-    int rc = probe_here(cfg, dirs, refresh, &p, err, errlen);
+    fso_plan_nvme_folders(cfg, dirs, sizeof dirs, missing, sizeof missing);
+    int rc = fso_plan_probe(cfg, dirs, refresh, &p, err, errlen);
     if (rc < 0)
         return rc;
-    const int W = cfg->world > 0 ? cfg->world : 1;
-    const int threads = cfg->threads > 0 ? cfg->threads : fso_cpu_count();
-    const double scale = p.threads > 0 ? (double)threads / p.threads : 1.0;
-    memset(m, 0, sizeof *m);
-    m->devices = W;
-    m->cpu_devices = true;
-    m->host_mem_bytes = fso_mem_available_bytes();
-    if (!m->host_mem_bytes)
-        m->host_mem_bytes = p.host_mem_bytes;
-    m->device_mem_bytes = fso_zero_cpu_device_mem(cfg, m->host_mem_bytes);
-    m->nvme_free_bytes = dirs[0] ? folders_free(dirs) : 0;
-    m->nvme_read_gbps = p.nvme_read_gbps;
-    m->nvme_write_gbps = p.nvme_write_gbps;
-    m->nvme_read_lat_ms = p.nvme_read_lat_ms;
-    m->nvme_write_lat_ms = p.nvme_write_lat_ms;
+    uint64_t host = fso_mem_available_bytes();
+    fso_plan_machine_cpu(cfg, &p, host ? host : p.host_mem_bytes, m);
+    m->nvme_free_bytes = dirs[0] ? fso_plan_folders_free(dirs) : 0;
     if (m->nvme_read_gbps <= 0 || m->nvme_write_gbps <= 0)
         m->nvme_free_bytes = 0;
-    m->h2d_gbps = p.h2d_gbps;
-    m->d2h_gbps = p.d2h_gbps;
-    m->host_copy_gbps = p.host_copy_gbps;
-    m->coll_gbps = p.coll_gbps;
-    m->device_gflops = p.gflops * scale / W;
-    m->adam_gelems = p.adam_gelems * scale;
-    m->device_adam_gelems = 0;
     return 0;
 }
 
@@ -578,7 +576,7 @@ static json_t *tier_json(const fso_plan *p, int t)
                      p->need_bytes[t] <= p->have_bytes[t]);
 }
 
-static json_t *plan_json(const fso_plan *p)
+json_t *fso_plan_json(const fso_plan *p)
 {
     static const char *const keys[FSO_N_KINDS] = {"parameters", "master", "m", "v", "gradients"};
     char desc[512];
@@ -623,7 +621,7 @@ static json_t *plan_json(const fso_plan *p)
 
 void fso_plan_print_json(FILE *f, const fso_plan *p)
 {
-    json_t *j = plan_json(p);
+    json_t *j = fso_plan_json(p);
     char *s = json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(6));
     if (s)
         fprintf(f, "%s\n", s);
@@ -687,7 +685,7 @@ int fso_plan_for_config_gpus(const fso_config *cfg, const fso_plan_pins *pins,
     const fso_gpu_spec *spec = fso_gpu_spec_for_device(gpu_name, gpu_free_bytes);
     if (spec_used)
         *spec_used = spec;
-    machine_gpu_figures(&m, spec);
+    fso_plan_machine_gpu(&m, spec);
     m.device_mem_bytes = cfg->device_mem_bytes ? cfg->device_mem_bytes : gpu_free_bytes;
     if ((rc = fso_plan_ctx_init(&ctx, cfg, &m, true, err, errlen)) < 0)
         return rc;
@@ -785,510 +783,4 @@ int fso_plan_revision(const fso_plan *cur, const fso_plan *next, double measured
     mv->pays = mv->changes && mv->saving_ms > 0.05 * measured_ms &&
                mv->saving_ms * (double)steps_left > mv->move_ms;
     return mv->pays;
-}
-
-/* ------------------------------------------------------------------ fsoff plan */
-
-static void plan_usage(FILE *f)
-{
-    fprintf(f,
-            "usage: fsoff plan [--config FILE] [options]\n"
-            "\n"
-            "Print the memory each tier needs (parameters, gradients, optimizer state,\n"
-            "activations with checkpointing), where fsoff would keep each kind of state, the\n"
-            "predicted step time and tokens/s, and the bottleneck. Needs no GPU: describe the\n"
-            "machine with the options below; numbers not given come from this machine's cached\n"
-            "probes (measured once, in under a few seconds) or, with --gpus, from a table of\n"
-            "conservative achieved GPU figures. Offload devices written in the config are kept\n"
-            "(pinned); the planner chooses the rest.\n"
-            "\n"
-            "options:\n"
-            "  -c, --config FILE     JSON configuration, as for fsoff train\n"
-            "  -s, --set KEY=VALUE   override a configuration key (repeatable)\n"
-            "      --nvme DIR[,DIR]  NVMe folders (probed for speed and free space)\n"
-            "      --devices cpu:N   plan N CPU virtual devices (default: the config's, 1)\n"
-            "      --device-mem SIZE memory per CPU virtual device\n"
-            "      --gpus N          plan N GPUs of the kind --gpu names\n"
-            "      --gpu KIND        h100, h200, a100, l40s, 4090 (default: the one whose memory\n"
-            "                        is nearest --gpu-mem, else h100)\n"
-            "      --gpu-mem SIZE    memory per GPU, e.g. 140G (binary units: G = GiB)\n"
-            "      --gpu-tflops X    achieved compute per device, TFLOP/s\n"
-            "      --host-mem SIZE   host memory fsoff may use, e.g. 2T\n"
-            "      --nvme-free SIZE  free NVMe space over all folders\n"
-            "      --nvme-read GBPS  NVMe read rate over all folders, GB/s\n"
-            "      --nvme-write GBPS NVMe write rate over all folders, GB/s\n"
-            "      --h2d GBPS        host-to-device copy rate per device (and device-to-host)\n"
-            "      --coll-gbps GBPS  all-gather bus bandwidth among the devices\n"
-            "      --adam-gelems X   CPU AdamW rate of the whole host, 1e9 elements/s\n"
-            "      --probe           measure this machine again (refresh the probe cache)\n"
-            "      --auto            ignore the config's offload devices: choose every tier\n"
-            "      --json            one JSON object instead of the table\n"
-            "      --trace           also print the predicted step's events, stream by stream\n"
-            "  -h, --help            this help\n"
-            "\n"
-            "GPU figures assumed when not given (achieved, not peak: a training step reaches\n"
-            "about 40%% of the dense bf16 peak; copies and all-gathers rounded down from\n"
-            "typical measurements):\n");
-    for (const fso_gpu_spec *s = fso_gpu_specs; s->words[0]; s++)
-        if (s->name)
-            fprintf(f, "  %-5s %-48s %4.0f TFLOP/s (peak %4.0f), %3.0f GiB, h2d %2.0f GB/s, "
-                       "all-gather %3.0f GB/s\n",
-                    s->name, s->desc, s->tflops, s->peak_tflops, s->mem_gib, s->h2d_gbps,
-                    s->coll_gbps);
-    fprintf(f, "\nexit status: 0 a plan fits, 1 no placement fits (the short tier and by how much),\n"
-               "2 bad command line or configuration\n");
-}
-
-static int parse_pos(const char *opt, const char *s, double *out)
-{
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || *end || !(v > 0) || !isfinite(v)) {
-        fprintf(stderr, "fsoff: error: %s %s: expected a positive number\n", opt, s);
-        return -EINVAL;
-    }
-    *out = v;
-    return 0;
-}
-
-static int parse_bytes(const char *opt, const char *s, uint64_t *out, bool zero_ok)
-{
-    if (fso_parse_size(s, out) < 0 || (!zero_ok && *out == 0)) {
-        fprintf(stderr, "fsoff: error: %s %s: expected a size such as 512M, 80G or 2T\n", opt, s);
-        return -EINVAL;
-    }
-    return 0;
-}
-
-typedef struct given {
-    int gpus;
-    const char *gpu;
-    uint64_t gpu_mem, host_mem, nvme_free, device_mem;
-    double gpu_tflops, nvme_read, nvme_write, h2d, coll, adam;
-    bool has_nvme_free;
-} given;
-
-/* Print the alternatives the planner weighed, as uniform placements. */
-static void print_alternatives(FILE *f, const fso_plan_input *in)
-{
-    static const struct {
-        int p, s;
-        const char *what;
-    } alts[] = {
-        {FSO_TIER_DEVICE, FSO_TIER_DEVICE, "everything on the devices"},
-        {FSO_TIER_DEVICE, FSO_TIER_HOST, "parameters on the devices, optimizer state on the host"},
-        {FSO_TIER_HOST, FSO_TIER_HOST, "parameters and optimizer state on the host"},
-        {FSO_TIER_HOST, FSO_TIER_NVME, "parameters on the host, optimizer state on NVMe"},
-        {FSO_TIER_NVME, FSO_TIER_NVME, "everything on NVMe"},
-    };
-    fso_plan *alt = malloc(sizeof *alt);
-    fso_placement *pl = malloc(sizeof *pl);
-    if (!alt || !pl) {
-        free(alt);
-        free(pl);
-        return;
-    }
-    fprintf(f, "plan: alternatives (one tier per kind, prefetch %d):\n",
-            in->pins.prefetch >= 0 ? in->pins.prefetch : 2);
-    for (size_t i = 0; i < sizeof alts / sizeof alts[0]; i++) {
-        fso_placement_uniform(pl, in->model.n_blocks, alts[i].p, alts[i].s, alts[i].s,
-                              in->pins.prefetch >= 0 ? in->pins.prefetch : 2);
-        int rc = fso_plan_evaluate(in, pl, alt);
-        if (rc == 0) {
-            fprintf(f, "plan:   %-58s %10.1f ms/step, bottleneck %s\n", alts[i].what,
-                    alt->step_ms, fso_stream_name(alt->bottleneck));
-        } else if (rc == -ENOSPC) {
-            char by[32];
-            fso_human_bytes(by, sizeof by, (double)alt->short_bytes);
-            fprintf(f, "plan:   %-58s %10s (%s short by %s)\n", alts[i].what, "no fit",
-                    fso_tier_name(alt->short_tier), by);
-        }
-    }
-    free(alt);
-    free(pl);
-}
-
-int fso_plan_main(int argc, char **argv)
-{
-    static const struct option longopts[] = {
-        {"config", required_argument, NULL, 'c'},     {"set", required_argument, NULL, 's'},
-        {"nvme", required_argument, NULL, 'N'},       {"devices", required_argument, NULL, 'D'},
-        {"device-mem", required_argument, NULL, 'M'}, {"gpus", required_argument, NULL, 'g'},
-        {"gpu", required_argument, NULL, 'G'},        {"gpu-mem", required_argument, NULL, 'm'},
-        {"gpu-tflops", required_argument, NULL, 't'}, {"host-mem", required_argument, NULL, 'H'},
-        {"nvme-free", required_argument, NULL, 'f'},  {"nvme-read", required_argument, NULL, 'r'},
-        {"nvme-write", required_argument, NULL, 'w'}, {"h2d", required_argument, NULL, 'x'},
-        {"coll-gbps", required_argument, NULL, 'C'},  {"adam-gelems", required_argument, NULL, 'a'},
-        {"probe", no_argument, NULL, 'P'},            {"auto", no_argument, NULL, 'A'},
-        {"json", no_argument, NULL, 'J'},             {"help", no_argument, NULL, 'h'},
-        {"trace", no_argument, NULL, 'T'},
-        {NULL, 0, NULL, 0},
-    };
-    const char *config_path = NULL;
-    char **sets = calloc(2 * (size_t)argc + 1, sizeof *sets);
-    int nsets = 0, status = 2, c;
-    bool refresh = false, autoplace = false, json = false, trace = false;
-    given g = {0};
-    fso_config cfg;
-    fso_plan_ctx ctx = {0};
-    fso_plan *plan = NULL, *freeplan = NULL;
-    char err[1024];
-
-    fso_config_defaults(&cfg);
-    if (!sets) {
-        fprintf(stderr, "fsoff: error: out of memory\n");
-        return 1;
-    }
-    optind = 1;
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, ":c:s:h", longopts, NULL)) != -1) {
-        switch (c) {
-        case 'c':
-            config_path = optarg;
-            break;
-        case 's':
-            if (!(sets[nsets++] = strdup(optarg)))
-                goto oom;
-            break;
-        case 'N': {
-            char *lit = fso_json_quote(optarg);
-            if (!lit || asprintf(&sets[nsets++], "zero_optimization.offload_param.nvme_path=%s",
-                                 lit) < 0 ||
-                asprintf(&sets[nsets++], "zero_optimization.offload_optimizer.nvme_path=%s",
-                         lit) < 0) {
-                free(lit);
-                goto oom;
-            }
-            free(lit);
-            break;
-        }
-        case 'D': {
-            char *end = NULL;
-            long n = 1;
-            if (strncmp(optarg, "cpu:", 4) == 0) {
-                errno = 0;
-                n = strtol(optarg + 4, &end, 10);
-            }
-            if ((strncmp(optarg, "cpu:", 4) == 0 && (errno || end == optarg + 4 || *end)) ||
-                (strncmp(optarg, "cpu:", 4) != 0 && strcmp(optarg, "cpu") != 0) || n < 1 ||
-                n > 64) {
-                fprintf(stderr, "fsoff: error: --devices %s: expected cpu or cpu:N with N from 1 "
-                                "to 64 (for GPUs use --gpus N)\n", optarg);
-                goto out;
-            }
-            cfg.world = (int)n;
-            break;
-        }
-        case 'M':
-            if (parse_bytes("--device-mem", optarg, &g.device_mem, false) < 0)
-                goto out;
-            break;
-        case 'g': {
-            char *end;
-            errno = 0;
-            long n = strtol(optarg, &end, 10);
-            if (errno || end == optarg || *end || n < 1 || n > 64) {
-                fprintf(stderr, "fsoff: error: --gpus %s: expected a GPU count from 1 to 64\n",
-                        optarg);
-                goto out;
-            }
-            g.gpus = (int)n;
-            break;
-        }
-        case 'G':
-            if (!fso_gpu_spec_find(optarg)) {
-                fprintf(stderr, "fsoff: error: --gpu %s: unknown GPU; choose one of", optarg);
-                for (const fso_gpu_spec *s = fso_gpu_specs; s->words[0]; s++)
-                    if (s->name)
-                        fprintf(stderr, " %s", s->name);
-                fprintf(stderr, ", or give --gpu-mem, --gpu-tflops, --h2d and --coll-gbps\n");
-                goto out;
-            }
-            g.gpu = optarg;
-            break;
-        case 'm':
-            if (parse_bytes("--gpu-mem", optarg, &g.gpu_mem, false) < 0)
-                goto out;
-            break;
-        case 't':
-            if (parse_pos("--gpu-tflops", optarg, &g.gpu_tflops) < 0)
-                goto out;
-            break;
-        case 'H':
-            if (parse_bytes("--host-mem", optarg, &g.host_mem, false) < 0)
-                goto out;
-            break;
-        case 'f':
-            if (parse_bytes("--nvme-free", optarg, &g.nvme_free, true) < 0)
-                goto out;
-            g.has_nvme_free = true;
-            break;
-        case 'r':
-            if (parse_pos("--nvme-read", optarg, &g.nvme_read) < 0)
-                goto out;
-            break;
-        case 'w':
-            if (parse_pos("--nvme-write", optarg, &g.nvme_write) < 0)
-                goto out;
-            break;
-        case 'x':
-            if (parse_pos("--h2d", optarg, &g.h2d) < 0)
-                goto out;
-            break;
-        case 'C':
-            if (parse_pos("--coll-gbps", optarg, &g.coll) < 0)
-                goto out;
-            break;
-        case 'a':
-            if (parse_pos("--adam-gelems", optarg, &g.adam) < 0)
-                goto out;
-            break;
-        case 'P':
-            refresh = true;
-            break;
-        case 'A':
-            autoplace = true;
-            break;
-        case 'J':
-            json = true;
-            break;
-        case 'T':
-            trace = true;
-            break;
-        case 'h':
-            plan_usage(stdout);
-            status = 0;
-            goto out;
-        case ':':
-            fprintf(stderr, "fsoff: error: plan: %s needs a value; see fsoff plan --help\n",
-                    argv[optind - 1]);
-            goto out;
-        default:
-            fprintf(stderr, "fsoff: error: plan: unknown option '%s'; see fsoff plan --help\n",
-                    argv[optind - 1]);
-            goto out;
-        }
-    }
-    if (optind < argc) {
-        fprintf(stderr, "fsoff: error: plan: unexpected argument '%s'; see fsoff plan --help\n",
-                argv[optind]);
-        goto out;
-    }
-    if (g.gpus && cfg.world > 1) {
-        fprintf(stderr, "fsoff: error: --gpus and --devices cpu:N both give the device count; "
-                        "use one\n");
-        goto out;
-    }
-    if (!g.gpus && (g.gpu || g.gpu_mem || g.gpu_tflops > 0))
-        g.gpus = 1;
-    if (fso_config_load_all(&cfg, config_path, sets, nsets) < 0) {
-        fprintf(stderr, "fsoff: error: %s\n", cfg.err);
-        goto out;
-    }
-    if (g.gpus)
-        cfg.world = g.gpus;
-    if (g.device_mem)
-        cfg.device_mem_bytes = g.device_mem;
-
-    /* ---- the machine */
-    fso_plan_machine m = {0};
-    const fso_gpu_spec *spec = NULL;
-    char dirs[8192], missing[8192];
-    nvme_folders(&cfg, dirs, sizeof dirs, missing, sizeof missing);
-    bool need_probe = !g.gpus || !g.host_mem || !(g.adam > 0) ||
-                      (dirs[0] && (!(g.nvme_read > 0) || !(g.nvme_write > 0)));
-    fso_probe pr = {0};
-    if (refresh || need_probe) {
-        if (probe_here(&cfg, dirs, refresh, &pr, err, sizeof err) < 0) {
-            fprintf(stderr, "fsoff: error: %s\n", err);
-            status = 1;
-            goto out;
-        }
-    }
-    if (g.gpus) {
-        if (g.gpu)
-            spec = fso_gpu_spec_find(g.gpu);
-        else if (g.gpu_mem)
-            spec = fso_gpu_spec_nearest_mem(g.gpu_mem);
-        else
-            spec = fso_gpu_spec_find("h100");
-        m.devices = g.gpus;
-        machine_gpu_figures(&m, spec);
-        m.device_mem_bytes = g.gpu_mem ? g.gpu_mem : (uint64_t)(spec->mem_gib * GIB);
-        if (g.gpu_tflops > 0)
-            m.device_gflops = g.gpu_tflops * 1e3;
-        if (g.h2d > 0)
-            m.h2d_gbps = m.d2h_gbps = g.h2d;
-        if (g.coll > 0)
-            m.coll_gbps = g.coll;
-        m.host_mem_bytes = g.host_mem ? g.host_mem : fso_mem_available_bytes();
-        m.adam_gelems = g.adam > 0 ? g.adam : pr.adam_gelems;
-        m.host_copy_gbps = pr.host_copy_gbps > 0 ? pr.host_copy_gbps : 10;
-    } else {
-        int threads = cfg.threads > 0 ? cfg.threads : fso_cpu_count();
-        double scale = pr.threads > 0 ? (double)threads / pr.threads : 1.0;
-        const int W = cfg.world > 0 ? cfg.world : 1;
-        m.devices = W;
-        m.cpu_devices = true;
-        m.host_mem_bytes = g.host_mem ? g.host_mem : fso_mem_available_bytes();
-        m.device_mem_bytes = fso_zero_cpu_device_mem(&cfg, m.host_mem_bytes);
-        m.device_gflops = g.gpu_tflops > 0 ? g.gpu_tflops * 1e3 : pr.gflops * scale / W;
-        m.h2d_gbps = m.d2h_gbps = g.h2d > 0 ? g.h2d : pr.h2d_gbps;
-        m.coll_gbps = g.coll > 0 ? g.coll : pr.coll_gbps;
-        m.adam_gelems = g.adam > 0 ? g.adam : pr.adam_gelems * scale;
-        m.host_copy_gbps = pr.host_copy_gbps;
-    }
-    /* a drive described by its rates: 0.1 ms per request beyond the transfer, as
-     * datacenter NVMe drives take for 1 MiB */
-    m.nvme_read_gbps = g.nvme_read > 0 ? g.nvme_read : pr.nvme_read_gbps;
-    m.nvme_write_gbps = g.nvme_write > 0 ? g.nvme_write : pr.nvme_write_gbps;
-    m.nvme_read_lat_ms = g.nvme_read > 0 ? 0.1 : pr.nvme_read_lat_ms;
-    m.nvme_write_lat_ms = g.nvme_write > 0 ? 0.1 : pr.nvme_write_lat_ms;
-    m.nvme_free_bytes = g.has_nvme_free ? g.nvme_free : dirs[0] ? folders_free(dirs) : 0;
-    if (m.nvme_free_bytes && (!(m.nvme_read_gbps > 0) || !(m.nvme_write_gbps > 0))) {
-        fprintf(stderr, "fsoff: error: --nvme-free without NVMe rates: give --nvme-read and "
-                        "--nvme-write (GB/s), or --nvme DIR to measure a folder\n");
-        goto out;
-    }
-
-    /* ---- inputs, pins */
-    if (fso_plan_ctx_init(&ctx, &cfg, &m, g.gpus > 0, err, sizeof err) < 0) {
-        fprintf(stderr, "fsoff: error: %s\n", err);
-        goto out;
-    }
-    bool calibrated = false;
-    if (!g.gpus && !(g.gpu_tflops > 0)) {
-        char cerr[256];
-        calibrated = fso_plan_calibrate_cpu(&ctx, &cfg, cerr, sizeof cerr) == 0;
-        m.device_gflops = ctx.in.machine.device_gflops;
-    }
-    fso_plan_pins pins;
-    if (autoplace)
-        fso_plan_pins_none(&pins);
-    else
-        fso_plan_pins_from_config(&cfg, &pins);
-    ctx.in.pins = pins;
-    bool nvme_pinned = false;
-    for (int k = 0; k < FSO_N_KINDS; k++)
-        nvme_pinned = nvme_pinned || pins.tier[k] == FSO_TIER_NVME;
-    if (nvme_pinned && m.nvme_free_bytes == 0) {
-        if (missing[0])
-            fprintf(stderr, "fsoff: error: the config keeps state on NVMe in %s, which does not "
-                            "exist here; give --nvme DIR, or --nvme-free, --nvme-read and "
-                            "--nvme-write to plan for drives elsewhere (or --auto to let fsoff "
-                            "choose the tiers)\n", missing);
-        else
-            fprintf(stderr, "fsoff: error: the config keeps state on NVMe but no NVMe space is "
-                            "known; give --nvme DIR, or --nvme-free, --nvme-read and "
-                            "--nvme-write\n");
-        goto out;
-    }
-
-    plan = malloc(sizeof *plan);
-    freeplan = malloc(sizeof *freeplan);
-    if (!plan || !freeplan)
-        goto oom;
-    int rc = fso_plan_choose(&ctx.in, plan);
-    if (rc < 0 && rc != -ENOSPC) {
-        fprintf(stderr, "fsoff: error: planner: %s\n", strerror(-rc));
-        status = 1;
-        goto out;
-    }
-    bool pinned_any = pins.prefetch >= 0;
-    for (int k = 0; k < FSO_N_KINDS; k++)
-        pinned_any = pinned_any || pins.tier[k] >= 0;
-    bool have_free = false;
-    if (pinned_any) {
-        fso_plan_input fin = ctx.in;
-        fso_plan_pins_none(&fin.pins);
-        have_free = fso_plan_choose(&fin, freeplan) == 0;
-    }
-
-    if (json) {
-        json_t *j = plan_json(plan);
-        json_object_set_new(j, "n_params", json_integer((json_int_t)ctx.n_params));
-        json_object_set_new(j, "gpu", json_string(spec ? spec->name : "cpu"));
-        if (have_free && freeplan->step_ms < plan->step_ms * 0.95)
-            json_object_set_new(j, "unpinned_step_ms", json_real(freeplan->step_ms));
-        char *s = json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(6));
-        if (s)
-            printf("%s\n", s);
-        free(s);
-        json_decref(j);
-    } else {
-        const fso_model_config *mc = &cfg.model;
-        char h1[32], h2[32], h3[32];
-        printf("plan: model llama %.*f%s parameters: %d layers, hidden %d, ffn %d, heads %d/%d kv, "
-               "vocab %d%s\n", ctx.n_params >= 1e9 ? 2 : 1,
-               ctx.n_params >= 1e9 ? ctx.n_params / 1e9 : ctx.n_params / 1e6,
-               ctx.n_params >= 1e9 ? "B" : "M", mc->num_hidden_layers, mc->hidden_size,
-               mc->intermediate_size, mc->num_attention_heads, mc->num_key_value_heads,
-               mc->vocab_size, mc->tie_word_embeddings ? ", tied head" : "");
-        printf("plan: batch %d x %d tokens x %d accumulation x %d devices = %.0f tokens/step; "
-               "activation checkpointing %s; optimizer overlap %s\n",
-               cfg.micro_batch, cfg.data.seq_len, cfg.grad_accum, m.devices,
-               ctx.in.model.tokens_per_step, cfg.activation_checkpointing ? "on" : "off",
-               ctx.in.engine.overlap == FSO_OVERLAP_FORWARD    ? "forward"
-               : ctx.in.engine.overlap == FSO_OVERLAP_BACKWARD ? "backward"
-                                                                    : "none");
-        fso_human_bytes(h1, sizeof h1, (double)m.device_mem_bytes);
-        fso_human_bytes(h2, sizeof h2, (double)m.host_mem_bytes);
-        fso_human_bytes(h3, sizeof h3, (double)m.nvme_free_bytes);
-        if (spec)
-            printf("plan: machine %d x GPU (%s figures%s): %s each, %.0f TFLOP/s achieved, h2d "
-                   "%.0f GB/s, all-gather %.0f GB/s; working parameters and gradients bf16\n",
-                   m.devices, spec->name, g.gpu_mem || g.gpu_tflops > 0 || g.h2d > 0 || g.coll > 0
-                                             ? " where not given" : "",
-                   h1, m.device_gflops / 1e3, m.h2d_gbps, m.coll_gbps);
-        else
-            printf("plan: machine %d CPU device%s (this machine's probes): %s each, %.0f GFLOP/s "
-                   "each (%s), copies %.1f GB/s, collectives %.1f GB/s; fp32\n",
-                   m.devices, m.devices == 1 ? "" : "s", h1, m.device_gflops,
-                   g.gpu_tflops > 0 ? "given" : calibrated ? "one layer timed" : "sgemm probe",
-                   m.h2d_gbps, m.coll_gbps);
-        printf("plan: host %s%s, CPU AdamW %.2f Gelem/s%s; NVMe %s free%s, read %.2f GB/s, "
-               "write %.2f GB/s%s\n",
-               h2, g.host_mem ? "" : " (available now)", m.adam_gelems,
-               g.adam > 0 ? "" : " (this machine's probe)", h3,
-               g.has_nvme_free ? "" : dirs[0] ? " (statvfs)" : "", m.nvme_read_gbps,
-               m.nvme_write_gbps, g.nvme_read > 0 ? "" : dirs[0] ? " (probed)" : "");
-        if (missing[0])
-            printf("plan: note: NVMe folder %s does not exist here; %s\n", missing,
-                   g.has_nvme_free ? "NVMe as given by --nvme-free, --nvme-read, --nvme-write"
-                                   : "planned without it");
-        fso_plan_print(stdout, plan);
-        if (plan->fits && have_free && freeplan->step_ms < plan->step_ms * 0.95) {
-            char d[512];
-            fso_plan_describe(freeplan, d, sizeof d);
-            printf("plan: note: the config pins offload devices; left to choose, fsoff would "
-                   "take %s: %.1f ms/step (%.2fx faster); see --auto\n",
-                   d, freeplan->step_ms, plan->step_ms / freeplan->step_ms);
-        }
-        print_alternatives(stdout, &ctx.in);
-        printf("plan: %d placements predicted\n", plan->evaluated);
-        if (trace)
-            fso_plan_trace(&ctx.in, &plan->pl, stdout);
-    }
-    fflush(stdout);
-    if (rc == -ENOSPC) {
-        fso_plan_shortfall_message(plan, &pins, err, sizeof err);
-        fprintf(stderr, "fsoff: error: no placement fits: %s\n", err);
-        status = 1;
-        goto out;
-    }
-    status = 0;
-    goto out;
-oom:
-    fprintf(stderr, "fsoff: error: out of memory\n");
-    status = 1;
-out:
-    for (int i = 0; i < nsets; i++)
-        free(sets[i]);
-    free(sets);
-    free(plan);
-    free(freeplan);
-    fso_plan_ctx_free(&ctx);
-    fso_config_free(&cfg);
-    return status;
 }

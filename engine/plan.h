@@ -1,5 +1,6 @@
-/* plan.h — the planner applied to a training configuration: `fsoff plan`,
- * and the plan table `fsoff train` prints at start (DESIGN §6).
+/* plan.h — the planner (offload/planner.h) applied to a training
+ * configuration: the plan `fsoff train` takes and prints at start, and what
+ * `fsoff plan` (plan_cli.h) prints.
  *
  * The model description the planner needs (bytes per block, the visits of a
  * micro-batch with their FLOPs, activation bytes) comes from model.h; the
@@ -26,10 +27,13 @@
 #include <stdbool.h>
 #include <stdio.h>
 
+#include <jansson.h>
+
 #include "config.h"
 #include "gpu_info.h"
 #include "model.h"
 #include "planner.h"
+#include "probe.h"
 
 /* The planner's inputs for cfg (its model, batch, world and offload
  * settings) on machine m. gpu: bf16 working parameters and gradients and the
@@ -69,6 +73,24 @@ void fso_plan_pins_from_config(const fso_config *cfg, fso_plan_pins *pins);
 int fso_plan_machine_here(const fso_config *cfg, bool refresh, fso_plan_machine *m, char *err,
                           size_t errlen);
 
+/* The parts of it, for machines described in part (`fsoff plan`):
+ * the configured NVMe folders (both offload sections, each once) that exist
+ * here, comma-separated into dirs, the missing ones into missing; */
+void fso_plan_nvme_folders(const fso_config *cfg, char *dirs, size_t len, char *missing,
+                           size_t mlen);
+/* the free bytes over comma-separated folders (statvfs); */
+uint64_t fso_plan_folders_free(const char *dirs);
+/* this machine's probes with cfg->threads threads and the NVMe folders
+ * dirs, cached (refresh: measured again); 0 or negative errno with err; */
+int fso_plan_probe(const fso_config *cfg, const char *dirs, bool refresh, fso_probe *p,
+                   char *err, size_t errlen);
+/* cfg->world CPU devices sharing host_mem_bytes, rates from probe p (NVMe
+ * rates, not free space); */
+void fso_plan_machine_cpu(const fso_config *cfg, const fso_probe *p, uint64_t host_mem_bytes,
+                          fso_plan_machine *m);
+/* a GPU's achieved figures from the table (gpu_info.h) into m. */
+void fso_plan_machine_gpu(fso_plan_machine *m, const fso_gpu_spec *spec);
+
 /* The plan for cfg on this machine's CPU backend, keeping pins (NULL:
  * none). 0; -ENOSPC when nothing fits (out holds the closest placement and
  * err says which tier is short, by how much, and what to do); other
@@ -88,8 +110,10 @@ int fso_plan_for_config_gpus(const fso_config *cfg, const fso_plan_pins *pins,
 /* The plan table: memory per tier, the placement, the predicted step and
  * its bottleneck. */
 void fso_plan_print(FILE *f, const fso_plan *p);
-/* The same as one JSON object (one line). */
+/* The same as one JSON object (one line); fso_plan_json builds it (the
+ * caller owns the reference). */
 void fso_plan_print_json(FILE *f, const fso_plan *p);
+json_t *fso_plan_json(const fso_plan *p);
 
 /* One line for an impossible plan: the short tier, need, capacity,
  * shortfall and what to do. */
@@ -125,9 +149,5 @@ typedef struct fso_plan_move {
 } fso_plan_move;
 int fso_plan_revision(const fso_plan *cur, const fso_plan *next, double measured_ms,
                       int64_t steps_left, fso_plan_move *mv);
-
-/* `fsoff plan ...`: argv[0] is "plan". Returns the exit status: 0, 1 when
- * no placement fits, 2 for bad usage. */
-int fso_plan_main(int argc, char **argv);
 
 #endif

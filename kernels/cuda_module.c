@@ -1,7 +1,7 @@
 /* cuda_module.c — the one export of libfso_cuda.so: its table of entry
  * points (contract: cuda_module.h). Built into the module only; the
  * functions it lists are the real ones of cuda_backend.c, cuda_device.c,
- * coll_nccl.c and bench/bench_gpu_copy.c, which keep the public names of
+ * coll_nccl.c and cuda_copy_rates.c, which keep the public names of
  * cuda_backend.h inside the module (its other symbols are local: the
  * version script, cuda_module.map, exports this one alone). */
 #include "cuda_module.h"
@@ -22,7 +22,7 @@ static const fso_cuda_module_api api = {
     .host_register = fso_cuda_host_register,
     .host_unregister = fso_cuda_host_unregister,
     .coll_create_nccl = fso_coll_create_nccl,
-    .bench_copies = fso_bench_gpu_copies,
+    .copy_rates = fso_cuda_copy_rates,
 };
 
 const fso_cuda_module_api *fso_cuda_module_get_api(void);

@@ -2,9 +2,10 @@
  * Private to fsoff (kernels/, bench/, tests/); only in builds with CUDA.
  *
  * Everything that needs the CUDA runtime, cuBLAS or NCCL (the "cuda"
- * backend, NCCL collectives, device queries, pinning, the copies of `fsoff
- * bench h2d`) is built into a shared module that the main program loads
- * with dlopen() the first time a GPU path is taken (cuda_loader.c), so
+ * backend, NCCL collectives, device queries, pinning, the copy rates that
+ * `fsoff bench h2d` reports) is built into a shared module that the main
+ * program loads with dlopen() the first time a GPU path is taken
+ * (cuda_loader.c), so
  * fsoff itself needs none of those libraries to start, and a CPU-only run
  * never maps them. The module exports one symbol, FSO_CUDA_MODULE_SYMBOL,
  * which returns its table of entry points; the public functions of
@@ -33,10 +34,11 @@
 #define FSO_CUDA_MODULE_FILE "libfso_cuda.so"
 #define FSO_CUDA_MODULE_SYMBOL "fso_cuda_module_get_api"
 
-/* Directions of a copy benchmark. */
+/* Directions of a copy-rate measurement. */
 enum { FSO_CUDA_COPY_H2D, FSO_CUDA_COPY_D2H, FSO_CUDA_COPY_BOTH, FSO_CUDA_COPY_DIRS };
 
-/* What `fsoff bench h2d` measures on the GPUs (bench/bench_gpu_copy.c). */
+/* Host<->device copy rates on the GPUs (cuda_copy_rates.c), what `fsoff
+ * bench h2d` reports. */
 typedef struct fso_cuda_copy_report {
     double gbps[2][FSO_CUDA_COPY_DIRS]; /* [pinned, pageable][dir] on device 0; < 0: not run */
     double all_gbps[FSO_CUDA_COPY_DIRS]; /* pinned, every device at once; < 0: not run */
@@ -69,9 +71,9 @@ typedef struct fso_cuda_module_api {
     int (*host_unregister)(void *ptr, size_t bytes);
     int (*coll_create_nccl)(fso_coll **out, int world, fso_backend **devices, char *err,
                             size_t errlen);
-    /* `fsoff bench h2d`: host<->device copies of `bytes` for about `seconds`
-     * each, pinned and pageable on device 0, pinned on all `ndev` at once. */
-    void (*bench_copies)(fso_cuda_copy_report *rep, int ndev, size_t bytes, double seconds);
+    /* Host<->device copies of `bytes` for about `seconds` each, pinned and
+     * pageable on device 0, pinned on all `ndev` at once. */
+    void (*copy_rates)(fso_cuda_copy_report *rep, int ndev, size_t bytes, double seconds);
 } fso_cuda_module_api;
 
 /* The layout as the including file sees it: an initializer for
@@ -87,8 +89,8 @@ typedef struct fso_cuda_module_api {
 /* The module's one export (FSO_CUDA_MODULE_SYMBOL). */
 typedef const fso_cuda_module_api *(*fso_cuda_module_get_api_fn)(void);
 
-/* Inside the module: the copies of `fsoff bench h2d` (bench/bench_gpu_copy.c). */
-void fso_bench_gpu_copies(fso_cuda_copy_report *rep, int ndev, size_t bytes, double seconds);
+/* Inside the module: the copy_rates entry (cuda_copy_rates.c). */
+void fso_cuda_copy_rates(fso_cuda_copy_report *rep, int ndev, size_t bytes, double seconds);
 
 /* The loaded module's table, loading it on the first call (process-wide,
  * once; later calls return the first outcome). 0, or -ENODEV with the

@@ -1,9 +1,9 @@
-/* bench_gpu_copy.c — the copies of `fsoff bench h2d` (bench_gpu.c): host
- * to device, device to host and both at once, from pinned and from pageable
- * memory, timed with the CUDA runtime directly on two streams per device.
- * Built into the CUDA module, libfso_cuda.so, and called through its table
- * (cuda_module.h: fso_cuda_copy_report), so the main program needs no CUDA
- * library for it.
+/* cuda_copy_rates.c — host<->device copy rates: host to device, device to
+ * host and both at once, from pinned and from pageable memory, timed with
+ * the CUDA runtime directly on two streams per device. Built into the CUDA
+ * module, libfso_cuda.so, and called through its table (cuda_module.h:
+ * copy_rates, fso_cuda_copy_report) by `fsoff bench h2d` (bench/bench_gpu.c),
+ * so the main program needs no CUDA library for it.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -118,7 +118,7 @@ static void free_copy_set(struct copy_set *cs, size_t bytes, int pinned)
             cudaStreamDestroy(cs->s[i]);
 }
 
-void fso_bench_gpu_copies(fso_cuda_copy_report *rep, int ndev, size_t bytes, double seconds)
+void fso_cuda_copy_rates(fso_cuda_copy_report *rep, int ndev, size_t bytes, double seconds)
 {
     if (ndev > MAX_DEV)
         ndev = MAX_DEV;
