@@ -39,14 +39,14 @@ loc *fso_zero_locate(rank_state *rk, int b, fso_kind k)
 
 static void *arena_take(fso_zero *z, size_t bytes)
 {
-    size_t off = (z->arena_used + STAGE_ALIGN - 1) & ~(size_t)(STAGE_ALIGN - 1);
-    if (off + bytes > z->arena_bytes) {
+    size_t off = (z->arena.used + STAGE_ALIGN - 1) & ~(size_t)(STAGE_ALIGN - 1);
+    if (off + bytes > z->arena.bytes) {
         fprintf(stderr, "%s:%d: host arena overrun (%zu + %zu > %zu)\n", __FILE__, __LINE__, off,
-                bytes, z->arena_bytes);
+                bytes, z->arena.bytes);
         abort();
     }
-    z->arena_used = off + bytes;
-    return (char *)z->arena + off;
+    z->arena.used = off + bytes;
+    return (char *)z->arena.base + off;
 }
 
 static size_t round_page(size_t b)
@@ -62,42 +62,42 @@ static int arena_grow(fso_zero *z, size_t bytes, char *err, size_t errlen)
 {
     char h1[32], h2[32];
     bytes = (bytes + ARENA_ROUND - 1) / ARENA_ROUND * ARENA_ROUND;
-    if (bytes <= z->arena_bytes)
+    if (bytes <= z->arena.bytes)
         return 0;
-    if (bytes > z->arena_reserve) {
+    if (bytes > z->arena.reserve) {
         fso_human_bytes(h1, sizeof h1, (double)bytes);
-        fso_human_bytes(h2, sizeof h2, (double)z->arena_reserve);
+        fso_human_bytes(h2, sizeof h2, (double)z->arena.reserve);
         snprintf(err, errlen, "host memory: the host arena would need %s, more than the %s "
                               "reserved at start; restart with the new placement set in the "
                               "configuration", h1, h2);
         return -ENOMEM;
     }
-    char *from = (char *)z->arena + z->arena_bytes;
-    size_t len = bytes - z->arena_bytes;
+    char *from = (char *)z->arena.base + z->arena.bytes;
+    size_t len = bytes - z->arena.bytes;
     if (mprotect(from, len, PROT_READ | PROT_WRITE) != 0) {
         fso_human_bytes(h1, sizeof h1, (double)len);
         snprintf(err, errlen, "host memory: cannot commit %s more of the host arena: %s", h1,
                  strerror(errno));
         return -ENOMEM;
     }
-    const bool first = z->arena_bytes == 0;
+    const bool first = z->arena.bytes == 0;
 #if FSO_HAVE_CUDA
     if (z->cuda) {
         char cerr[256] = "";
-        if (z->n_pinned + 1 < (int)(sizeof z->pinned_at / sizeof z->pinned_at[0]) &&
-            (first || z->pinned_at[z->n_pinned] == z->arena_bytes) &&
+        if (z->arena.n_pinned + 1 < (int)(sizeof z->arena.pinned_at / sizeof z->arena.pinned_at[0]) &&
+            (first || z->arena.pinned_at[z->arena.n_pinned] == z->arena.bytes) &&
             fso_cuda_host_register(from, len, cerr, sizeof cerr) == 0) {
-            z->pinned_at[z->n_pinned] = z->arena_bytes;
-            z->pinned_at[++z->n_pinned] = bytes;
-        } else if (first || z->pinned_at[z->n_pinned] == z->arena_bytes) {
+            z->arena.pinned_at[z->arena.n_pinned] = z->arena.bytes;
+            z->arena.pinned_at[++z->arena.n_pinned] = bytes;
+        } else if (first || z->arena.pinned_at[z->arena.n_pinned] == z->arena.bytes) {
             fprintf(stderr, "fsoff: warning: pinning the host arena: %s; using pageable memory "
                             "(slower copies)\n", cerr[0] ? cerr : "too many registrations");
         }
     } else
 #endif
-    if (z->cfg->offload.pin_memory && (first || z->arena_locked)) {
-        z->arena_locked = mlock(from, len) == 0;
-        if (!z->arena_locked) {
+    if (z->cfg->offload.pin_memory && (first || z->arena.locked)) {
+        z->arena.locked = mlock(from, len) == 0;
+        if (!z->arena.locked) {
             struct rlimit rl = {0};
             getrlimit(RLIMIT_MEMLOCK, &rl);
             fso_human_bytes(h1, sizeof h1, (double)rl.rlim_cur);
@@ -106,14 +106,14 @@ static int arena_grow(fso_zero *z, size_t bytes, char *err, size_t errlen)
                             "`ulimit -l unlimited` (or a larger limit); using pageable memory\n",
                     rl.rlim_cur == RLIM_INFINITY ? "unlimited" : h1, h2);
             if (!first)
-                munlock(z->arena, z->arena_bytes);
+                munlock(z->arena.base, z->arena.bytes);
         }
     }
-    z->arena_bytes = bytes;
+    z->arena.bytes = bytes;
     for (int r = 0; r < z->world && z->ranks; r++) {
-        fso_store *st = z->ranks[r].store;
+        fso_store *st = z->ranks[r].io.store;
         if (st && st->ops->register_buffers &&
-            st->ops->register_buffers(st, z->arena, z->arena_bytes) < 0 && r == 0)
+            st->ops->register_buffers(st, z->arena.base, z->arena.bytes) < 0 && r == 0)
             fprintf(stderr, "fsoff: warning: NVMe: %s; continuing with unregistered buffers "
                             "(slower)\n", st->err);
     }
@@ -124,9 +124,9 @@ static int arena_grow(fso_zero *z, size_t bytes, char *err, size_t errlen)
  * elsewhere); CUDA-registered memory stays as it is. */
 static void arena_release(fso_zero *z, void *p, size_t bytes)
 {
-    if (z->n_pinned)
+    if (z->arena.n_pinned)
         return;
-    if (z->arena_locked)
+    if (z->arena.locked)
         munlock(p, bytes);
     madvise(p, bytes, MADV_DONTNEED);
 }
@@ -156,14 +156,14 @@ int fso_zero_fail(errsink *es, int rc, const char *fmt, ...)
 }
 
 /* Reap at least one completion and account it to its slot. Called with
- * io_mu held: the compute and optimizer threads share the store's ring, and
+ * io.mu held: the compute and optimizer threads share the store's ring, and
  * either may reap the other's completions. */
 static int reap_some(rank_state *rk, errsink *es)
 {
     fso_io done[16];
-    int n = rk->store->ops->reap(rk->store, done, 16, 1);
+    int n = rk->io.store->ops->reap(rk->io.store, done, 16, 1);
     if (n < 0)
-        return fso_zero_fail(es, n, "device %d: NVMe store: %s", rk->rank, rk->store->err);
+        return fso_zero_fail(es, n, "device %d: NVMe store: %s", rk->rank, rk->io.store->err);
     for (int i = 0; i < n; i++) {
         slot *s = (slot *)(uintptr_t)done[i].user;
         s->pending--;
@@ -177,19 +177,19 @@ int fso_zero_queue_io(rank_state *rk, errsink *es, slot *s, bool write, void *bu
                       uint64_t off)
 {
     int rc = 0;
-    pthread_mutex_lock(&rk->io_mu);
+    pthread_mutex_lock(&rk->io.mu);
     for (;;) {
-        rc = write ? rk->store->ops->prep_write(rk->store, buf, bytes, off, (uintptr_t)s)
-                   : rk->store->ops->prep_read(rk->store, buf, bytes, off, (uintptr_t)s);
+        rc = write ? rk->io.store->ops->prep_write(rk->io.store, buf, bytes, off, (uintptr_t)s)
+                   : rk->io.store->ops->prep_read(rk->io.store, buf, bytes, off, (uintptr_t)s);
         if (rc == 0)
             break;
         if (rc != -EBUSY) {
             fso_zero_fail(es, rc, "device %d: NVMe %s of %zu bytes at %llu: %s", rk->rank,
                           write ? "write" : "read", bytes, (unsigned long long)off,
-                          rk->store->err[0] ? rk->store->err : strerror(-rc));
+                          rk->io.store->err[0] ? rk->io.store->err : strerror(-rc));
             goto out;
         }
-        int sr = rk->store->ops->submit(rk->store);
+        int sr = rk->io.store->ops->submit(rk->io.store);
         if (sr < 0) {
             rc = fso_zero_fail(es, sr, "device %d: NVMe submit: %s", rk->rank, strerror(-sr));
             goto out;
@@ -198,11 +198,11 @@ int fso_zero_queue_io(rank_state *rk, errsink *es, slot *s, bool write, void *bu
             goto out;
     }
     s->pending++;
-    int sr = rk->store->ops->submit(rk->store);
+    int sr = rk->io.store->ops->submit(rk->io.store);
     if (sr < 0)
         rc = fso_zero_fail(es, sr, "device %d: NVMe submit: %s", rk->rank, strerror(-sr));
 out:
-    pthread_mutex_unlock(&rk->io_mu);
+    pthread_mutex_unlock(&rk->io.mu);
     return rc;
 }
 
@@ -250,9 +250,9 @@ int fso_zero_slot_wait(rank_state *rk, errsink *es, slot *s, const char *what, i
 {
     int rc = 0;
     copies_wait(rk, s);
-    if (!rk->store)
+    if (!rk->io.store)
         return 0;
-    pthread_mutex_lock(&rk->io_mu);
+    pthread_mutex_lock(&rk->io.mu);
     while (s->pending > 0 && rc == 0)
         rc = reap_some(rk, es);
     if (rc == 0 && s->err) {
@@ -262,7 +262,7 @@ int fso_zero_slot_wait(rank_state *rk, errsink *es, slot *s, const char *what, i
                                   "was not applied (check the drive and `dmesg`)",
                            rk->rank, block, what, strerror(-e));
     }
-    pthread_mutex_unlock(&rk->io_mu);
+    pthread_mutex_unlock(&rk->io.mu);
     return rc;
 }
 
@@ -322,7 +322,7 @@ int fso_zero_xfer(rank_state *rk, errsink *es, uint64_t *bytes_done, int b, fso_
         }
         /* ordered after the optimizer job's work only, and waited for by
          * fso_zero_slot_wait before the host touches s->buf again */
-        const uint64_t after = es == &rk->oe ? rk->opt_after : 0;
+        const uint64_t after = es == &rk->opt.err ? rk->opt.after : 0;
         if (write)
             copy_in(be, shard, s->buf, bytes, after);
         else
@@ -339,14 +339,14 @@ int fso_zero_xfer(rank_state *rk, errsink *es, uint64_t *bytes_done, int b, fso_
 static int shard_fetch(rank_state *rk, int b, fso_kind k, slot *s)
 {
     void *p;
-    return fso_zero_xfer(rk, &rk->ce, &rk->st.nvme_read_bytes, b, k, 0,
+    return fso_zero_xfer(rk, &rk->compute.err, &rk->compute.st.nvme_read_bytes, b, k, 0,
                          fso_zero_shard_elems(rk->z, b), s, false, false, &p);
 }
 
 static int shard_store(rank_state *rk, int b, fso_kind k, slot *s)
 {
     void *p = s->buf;
-    return fso_zero_xfer(rk, &rk->ce, &rk->st.nvme_write_bytes, b, k, 0,
+    return fso_zero_xfer(rk, &rk->compute.err, &rk->compute.st.nvme_write_bytes, b, k, 0,
                          fso_zero_shard_elems(rk->z, b), s, true, false, &p);
 }
 
@@ -360,17 +360,17 @@ static int prefetch_params(rank_state *rk)
     if (z->tier[FSO_KIND_PARAM] != FSO_TIER_NVME)
         return 0;
     int ahead = z->prefetch;
-    for (int i = rk->order_pos; i < rk->order_pos + 1 + ahead && i < z->n_order; i++) {
+    for (int i = rk->compute.order_pos; i < rk->compute.order_pos + 1 + ahead && i < z->n_order; i++) {
         int b = z->order[i];
         /* never read a block the optimizer has not finished writing */
-        pthread_mutex_lock(&rk->opt_mu);
-        bool ready = rk->ready[b] >= z->step;
-        pthread_mutex_unlock(&rk->opt_mu);
+        pthread_mutex_lock(&rk->opt.mu);
+        bool ready = rk->opt.ready[b] >= z->step;
+        pthread_mutex_unlock(&rk->opt.mu);
         if (!ready)
             break;
         bool have = false;
-        for (int j = 0; j < rk->n_pslots; j++)
-            if (rk->pslots[j].block == b)
+        for (int j = 0; j < rk->io.n_prefetch; j++)
+            if (rk->io.prefetch[j].block == b)
                 have = true;
         if (have)
             continue;
@@ -378,10 +378,10 @@ static int prefetch_params(rank_state *rk)
          * of those, the one whose copy to the device is oldest (or done),
          * so that reusing it rarely waits */
         slot *s = NULL;
-        for (int j = 0; j < rk->n_pslots; j++) {
-            slot *c = &rk->pslots[j];
+        for (int j = 0; j < rk->io.n_prefetch; j++) {
+            slot *c = &rk->io.prefetch[j];
             bool needed = false;
-            for (int q = rk->order_pos; q < i && c->block >= 0; q++)
+            for (int q = rk->compute.order_pos; q < i && c->block >= 0; q++)
                 if (z->order[q] == c->block)
                     needed = true;
             if (!needed && c->pending == 0 && (!s || c->copied < s->copied))
@@ -413,26 +413,26 @@ static const void *src_params(void *ctx, int b)
     const size_t eb = z->elem_bytes[FSO_KIND_PARAM], shard_bytes = eb * S;
 
     /* the previous step's update of this block must be in (overlapped schedules) */
-    if (rk->ce.rc == 0)
+    if (rk->compute.err.rc == 0)
         fso_zero_optim_wait_block(rk, b, z->step);
-    if (z->alias_params)
+    if (z->lend_shard)
         return fso_zero_locate(rk, b, FSO_KIND_PARAM)->ptr;
-    int g = rk->gbuf_refs[0] == 0 ? 0 : 1;
-    if (rk->gbuf_refs[g] != 0) {
+    int g = rk->compute.gather_refs[0] == 0 ? 0 : 1;
+    if (rk->compute.gather_refs[g] != 0) {
         fprintf(stderr, "%s:%d: more than two blocks lent at once\n", __FILE__, __LINE__);
         abort();
     }
     /* the gather's target and the mark after which compute is done with
      * it: the staging copy and the gather wait for that only, so on a GPU
      * they run while the previous block computes */
-    void *recv = rk->gbuf[g];
-    uint64_t after = rk->gbuf_free[g];
-    if (rk->ready_mark[b] > after) /* an update of the shard queued on the device */
-        after = rk->ready_mark[b];
+    void *recv = rk->compute.gather[g];
+    uint64_t after = rk->compute.gather_free[g];
+    if (rk->opt.ready_mark[b] > after) /* an update of the shard queued on the device */
+        after = rk->opt.ready_mark[b];
     void *mine = (char *)recv + (size_t)rk->rank * shard_bytes;
     const void *send = mine; /* this rank's shard, where the gather reads it */
     loc *l = fso_zero_locate(rk, b, FSO_KIND_PARAM);
-    if (rk->ce.rc == 0) {
+    if (rk->compute.err.rc == 0) {
         if (l->tier == FSO_TIER_DEVICE ||
             (l->tier == FSO_TIER_HOST && be->ops->host_addressable)) {
             send = l->ptr; /* gathered straight from where it lives */
@@ -440,18 +440,18 @@ static const void *src_params(void *ctx, int b)
             copy_in(be, mine, l->ptr, shard_bytes, after);
         } else {
             /* the order must match the model's: it is the same on every rank */
-            if (rk->order_pos >= z->n_order || z->order[rk->order_pos] != b) {
+            if (rk->compute.order_pos >= z->n_order || z->order[rk->compute.order_pos] != b) {
                 fprintf(stderr, "%s:%d: block %d asked out of order\n", __FILE__, __LINE__, b);
                 abort();
             }
             prefetch_params(rk);
             slot *s = NULL;
-            for (int j = 0; j < rk->n_pslots; j++)
-                if (rk->pslots[j].block == b)
-                    s = &rk->pslots[j];
+            for (int j = 0; j < rk->io.n_prefetch; j++)
+                if (rk->io.prefetch[j].block == b)
+                    s = &rk->io.prefetch[j];
             double t0 = fso_now_ms();
-            int wrc = s ? fso_zero_slot_wait(rk, &rk->ce, s, "parameters", b) : -EIO;
-            rk->st.stall_ms += fso_now_ms() - t0;
+            int wrc = s ? fso_zero_slot_wait(rk, &rk->compute.err, s, "parameters", b) : -EIO;
+            rk->compute.st.stall_ms += fso_now_ms() - t0;
             if (wrc == 0) {
                 copy_in(be, mine, s->buf, shard_bytes, after);
                 /* the slot may be read into again once this copy is done:
@@ -460,7 +460,7 @@ static const void *src_params(void *ctx, int b)
             }
             if (s)
                 s->block = -1;
-            rk->order_pos++;
+            rk->compute.order_pos++;
             prefetch_params(rk);
         }
     }
@@ -468,21 +468,21 @@ static const void *src_params(void *ctx, int b)
      * forever; the step is discarded afterwards. */
     z->coll->ops->all_gather(z->coll, rk->rank, send, recv, S,
                              eb == sizeof(float) ? FSO_DT_F32 : FSO_DT_BF16, after);
-    rk->gbuf_block[g] = b;
-    rk->gbuf_refs[g] = 1;
-    return rk->gbuf[g];
+    rk->compute.gather_block[g] = b;
+    rk->compute.gather_refs[g] = 1;
+    return rk->compute.gather[g];
 }
 
 static void src_release(void *ctx, int b)
 {
     rank_state *rk = ctx;
-    if (rk->z->alias_params)
+    if (rk->z->lend_shard)
         return;
     for (int g = 0; g < 2; g++)
-        if (rk->gbuf_refs[g] && rk->gbuf_block[g] == b) {
-            rk->gbuf_refs[g] = 0;
-            rk->gbuf_block[g] = -1;
-            rk->gbuf_free[g] = mark(rk->be); /* compute with it is all queued */
+        if (rk->compute.gather_refs[g] && rk->compute.gather_block[g] == b) {
+            rk->compute.gather_refs[g] = 0;
+            rk->compute.gather_block[g] = -1;
+            rk->compute.gather_free[g] = mark(rk->be); /* compute with it is all queued */
             return;
         }
 }
@@ -490,10 +490,10 @@ static void src_release(void *ctx, int b)
 static float *src_grads(void *ctx, int b)
 {
     rank_state *rk = ctx;
-    int g = rk->gradbuf_block[0] < 0 ? 0 : 1;
-    rk->gradbuf_block[g] = b;
-    rk->be->ops->memset0(rk->be, rk->gradbuf[g], sizeof(float) * rk->z->blocks[b].padded_elems);
-    return rk->gradbuf[g];
+    int g = rk->compute.grad_full_block[0] < 0 ? 0 : 1;
+    rk->compute.grad_full_block[g] = b;
+    rk->be->ops->memset0(rk->be, rk->compute.grad_full[g], sizeof(float) * rk->z->blocks[b].padded_elems);
+    return rk->compute.grad_full[g];
 }
 
 /* A block's gradient shard, copied down from the device, lands in its tier:
@@ -505,23 +505,23 @@ static float *src_grads(void *ctx, int b)
  * so the host works while the device copies the next block's shard. */
 static void grads_land(rank_state *rk)
 {
-    grad_pending gp = rk->gpend;
+    grad_pending gp = rk->io.landing;
     if (gp.block < 0)
         return;
-    rk->gpend.block = -1;
-    if (rk->ce.rc)
+    rk->io.landing.block = -1;
+    if (rk->compute.err.rc)
         return;
     fso_zero *z = rk->z;
     fso_backend *be = rk->be;
     const int b = gp.block;
     const size_t S = fso_zero_shard_elems(z, b);
-    slot *in = &rk->gdown[gp.buf], *s = in;
+    slot *in = &rk->io.grad_down[gp.buf], *s = in;
     if (gp.mark)
         be->ops->wait_mark(be, gp.mark); /* that copy only, not the device */
     if (gp.micro > 0) {
-        s = &rk->gslot;
+        s = &rk->io.grad_trip;
         if (shard_fetch(rk, b, FSO_KIND_GRAD, s) < 0 ||
-            fso_zero_slot_wait(rk, &rk->ce, s, "gradients", b) < 0)
+            fso_zero_slot_wait(rk, &rk->compute.err, s, "gradients", b) < 0)
             return;
         float *acc = s->buf;
         const float *add = in->buf;
@@ -529,14 +529,14 @@ static void grads_land(rank_state *rk)
             acc[i] += add[i];
     }
     if (gp.last) {
-        rk->block_sq[b] = 0;
-        fso_host_sqnorm(fso_backend_pool(be), &rk->block_sq[b], s->buf, S);
+        rk->compute.grad_sq[b] = 0;
+        fso_host_sqnorm(fso_backend_pool(be), &rk->compute.grad_sq[b], s->buf, S);
     }
     if (shard_store(rk, b, FSO_KIND_GRAD, s) < 0 ||
-        fso_zero_slot_wait(rk, &rk->ce, s, "gradients", b) < 0)
+        fso_zero_slot_wait(rk, &rk->compute.err, s, "gradients", b) < 0)
         return;
     if (z->cfg->optimizer_overlap == FSO_OVERLAP_BACKWARD && gp.last)
-        fso_zero_optim_post_block(rk, &rk->bwd_as, b);
+        fso_zero_optim_post_block(rk, &rk->opt.bwd_step, b);
 }
 
 /* Reduce-scatter the block's gradients so this rank keeps its shard; on
@@ -547,39 +547,39 @@ static void src_grads_done(void *ctx, int b)
     rank_state *rk = ctx;
     fso_zero *z = rk->z;
     fso_backend *be = rk->be;
-    int g = rk->gradbuf_block[0] == b ? 0 : 1;
+    int g = rk->compute.grad_full_block[0] == b ? 0 : 1;
     size_t S = fso_zero_shard_elems(z, b);
-    float *mine = rk->gradbuf[g] + (size_t)rk->rank * S;
-    const bool last = rk->micro == z->cfg->grad_accum - 1;
+    float *mine = rk->compute.grad_full[g] + (size_t)rk->rank * S;
+    const bool last = rk->compute.micro == z->cfg->grad_accum - 1;
 
-    z->coll->ops->reduce_scatter(z->coll, rk->rank, rk->gradbuf[g], mine, S);
-    rk->gradbuf_block[g] = -1;
-    if (rk->ce.rc)
+    z->coll->ops->reduce_scatter(z->coll, rk->rank, rk->compute.grad_full[g], mine, S);
+    rk->compute.grad_full_block[g] = -1;
+    if (rk->compute.err.rc)
         return;
     loc *l = fso_zero_locate(rk, b, FSO_KIND_GRAD);
     if (l->tier != FSO_TIER_DEVICE) {
         /* the staging buffer the pending block does not hold */
-        int i = rk->gpend.block >= 0 ? 1 - rk->gpend.buf : 0;
-        be->ops->copy_d2h(be, rk->gdown[i].buf, mine, sizeof(float) * S);
+        int i = rk->io.landing.block >= 0 ? 1 - rk->io.landing.buf : 0;
+        be->ops->copy_d2h(be, rk->io.grad_down[i].buf, mine, sizeof(float) * S);
         uint64_t m = mark(be);
         grads_land(rk);
-        rk->gpend = (grad_pending){.block = b, .buf = i, .mark = m, .micro = rk->micro,
+        rk->io.landing = (grad_pending){.block = b, .buf = i, .mark = m, .micro = rk->compute.micro,
                                    .last = last};
         return;
     }
-    if (rk->micro == 0)
+    if (rk->compute.micro == 0)
         be->ops->copy_h2d(be, l->ptr, mine, sizeof(float) * S);
     else
         be->ops->add(be, l->ptr, l->ptr, mine, S);
     if (last) {
-        rk->block_sq[b] = 0;
-        be->ops->sqnorm(be, &rk->block_sq[b], l->ptr, S);
+        rk->compute.grad_sq[b] = 0;
+        be->ops->sqnorm(be, &rk->compute.grad_sq[b], l->ptr, S);
     }
     /* the backward schedule: the update starts once the norm and the shard
      * are in, which the optimizer thread waits for (the job's mark), not
      * this one */
-    if (z->cfg->optimizer_overlap == FSO_OVERLAP_BACKWARD && last && rk->ce.rc == 0)
-        fso_zero_optim_post_block(rk, &rk->bwd_as, b);
+    if (z->cfg->optimizer_overlap == FSO_OVERLAP_BACKWARD && last && rk->compute.err.rc == 0)
+        fso_zero_optim_post_block(rk, &rk->opt.bwd_step, b);
 }
 
 /* Timing for the step report and the re-plan. The time inside params()
@@ -589,16 +589,16 @@ static void src_grads_done(void *ctx, int b)
  * heads): that compute is the head's. */
 static void clock_in(rank_state *rk, double now)
 {
-    if (rk->cur_block >= 0)
-        rk->block_ms[rk->cur_block] += now - rk->t_mark;
+    if (rk->clock.cur_block >= 0)
+        rk->clock.block_ms[rk->clock.cur_block] += now - rk->clock.t_mark;
 }
 
 static void clock_out(rank_state *rk, double now, int lent)
 {
     const int head = rk->z->n_blocks - 1;
-    if (lent >= 0 && !(lent == 0 && rk->cur_block == head))
-        rk->cur_block = lent;
-    rk->t_mark = now;
+    if (lent >= 0 && !(lent == 0 && rk->clock.cur_block == head))
+        rk->clock.cur_block = lent;
+    rk->clock.t_mark = now;
 }
 
 static const void *timed_params(void *ctx, int b)
@@ -608,7 +608,7 @@ static const void *timed_params(void *ctx, int b)
     clock_in(rk, t0);
     const void *p = src_params(ctx, b);
     double t1 = fso_now_ms();
-    rk->wait_ms += t1 - t0;
+    rk->clock.wait_ms += t1 - t0;
     clock_out(rk, t1, b);
     return p;
 }
@@ -639,7 +639,7 @@ static void timed_grads_done(void *ctx, int b)
     clock_in(rk, t0);
     src_grads_done(ctx, b);
     double t1 = fso_now_ms();
-    rk->wait_ms += t1 - t0;
+    rk->clock.wait_ms += t1 - t0;
     clock_out(rk, t1, -1);
 }
 
@@ -654,38 +654,38 @@ static fso_block_source rank_source(rank_state *rk)
 
 static void reset_rank_step(rank_state *rk)
 {
-    rk->order_pos = 0;
-    rk->gbuf_refs[0] = rk->gbuf_refs[1] = 0;
-    rk->gbuf_block[0] = rk->gbuf_block[1] = -1;
-    rk->gradbuf_block[0] = rk->gradbuf_block[1] = -1;
-    for (int j = 0; j < rk->n_pslots; j++)
-        rk->pslots[j].block = -1;
+    rk->compute.order_pos = 0;
+    rk->compute.gather_refs[0] = rk->compute.gather_refs[1] = 0;
+    rk->compute.gather_block[0] = rk->compute.gather_block[1] = -1;
+    rk->compute.grad_full_block[0] = rk->compute.grad_full_block[1] = -1;
+    for (int j = 0; j < rk->io.n_prefetch; j++)
+        rk->io.prefetch[j].block = -1;
 }
 
 /* Drain the I/O this thread left in flight after a failure so its buffers
  * can be reused (with_optimizer: the optimizer's too, once it has stopped). */
 static void drain_slots(rank_state *rk, bool with_optimizer)
 {
-    if (!rk->store)
+    if (!rk->io.store)
         return;
     slot *all[MAX_PARAM_SLOTS + 2 * FSO_N_KINDS + 1];
     int n = 0;
-    for (int j = 0; j < rk->n_pslots; j++)
-        all[n++] = &rk->pslots[j];
-    all[n++] = &rk->gslot;
+    for (int j = 0; j < rk->io.n_prefetch; j++)
+        all[n++] = &rk->io.prefetch[j];
+    all[n++] = &rk->io.grad_trip;
     if (with_optimizer)
         for (int set = 0; set < 2; set++)
             for (int k = 0; k < FSO_N_KINDS; k++)
-                all[n++] = &rk->ochunk[set][k];
+                all[n++] = &rk->opt.chunk[set][k];
     errsink ignore = {0};
-    pthread_mutex_lock(&rk->io_mu);
+    pthread_mutex_lock(&rk->io.mu);
     for (int i = 0; i < n; i++) {
         while (all[i]->pending > 0)
             if (reap_some(rk, &ignore) < 0)
                 break;
         all[i]->err = 0;
     }
-    pthread_mutex_unlock(&rk->io_mu);
+    pthread_mutex_unlock(&rk->io.mu);
 }
 
 static void drain(rank_state *rk)
@@ -716,85 +716,85 @@ static void *rank_step(void *arg)
     fso_block_source src = rank_source(rk);
     float grad_scale = 1.0f / (float)(cfg->grad_accum * z->world);
 
-    memset(&rk->st, 0, sizeof rk->st);
-    rk->loss_sum = 0;
-    rk->wait_ms = 0;
-    rk->bwd_as = step_hparams(z, 1.0); /* clipping is off in the backward schedule */
-    memset(rk->block_ms, 0, sizeof *rk->block_ms * (size_t)z->n_blocks);
+    memset(&rk->compute.st, 0, sizeof rk->compute.st);
+    rk->compute.loss_sum = 0;
+    rk->clock.wait_ms = 0;
+    rk->opt.bwd_step = step_hparams(z, 1.0); /* clipping is off in the backward schedule */
+    memset(rk->clock.block_ms, 0, sizeof *rk->clock.block_ms * (size_t)z->n_blocks);
     double t0 = fso_now_ms();
     for (int a = 0; a < cfg->grad_accum; a++) {
         reset_rank_step(rk);
-        rk->micro = a;
-        rk->cur_block = -1;
-        rk->t_mark = fso_now_ms();
+        rk->compute.micro = a;
+        rk->clock.cur_block = -1;
+        rk->clock.t_mark = fso_now_ms();
         size_t mb = (size_t)a * z->world + rk->rank;
-        fso_model_step(&rk->model, &src, rk->inputs + mb * bt, rk->targets + mb * bt,
-                       grad_scale, &rk->loss_sum);
+        fso_model_step(&rk->model, &src, rk->compute.inputs + mb * bt, rk->compute.targets + mb * bt,
+                       grad_scale, &rk->compute.loss_sum);
         clock_in(rk, fso_now_ms()); /* the last block's compute */
         /* the micro-batch's last gradients land while the next one's
          * forward runs (the next landing comes first), or now at the end */
     }
     grads_land(rk);
-    rk->st.compute_ms = fso_now_ms() - t0 - rk->wait_ms;
+    rk->compute.st.compute_ms = fso_now_ms() - t0 - rk->clock.wait_ms;
 
     /* exact global norm and mean loss: one all-reduce (also carries
      * failures); block norms are added in block order on every schedule.
      * The norms taken on the device are in once the backend has synced:
      * the step's one wait for the device. */
-    int drc = rk->ce.rc == 0 ? rk->be->ops->sync(rk->be) : 0;
+    int drc = rk->compute.err.rc == 0 ? rk->be->ops->sync(rk->be) : 0;
     if (drc < 0)
-        fso_zero_fail(&rk->ce, drc, "device %d: %s", rk->rank, rk->be->err);
+        fso_zero_fail(&rk->compute.err, drc, "device %d: %s", rk->rank, rk->be->err);
     double sq = 0;
-    for (int b = 0; b < z->n_blocks && rk->ce.rc == 0; b++)
-        sq += rk->block_sq[b];
-    double red[3] = {rk->loss_sum, sq, rk->ce.rc ? 1.0 : 0.0};
+    for (int b = 0; b < z->n_blocks && rk->compute.err.rc == 0; b++)
+        sq += rk->compute.grad_sq[b];
+    double red[3] = {rk->compute.loss_sum, sq, rk->compute.err.rc ? 1.0 : 0.0};
     z->coll->ops->all_reduce_f64(z->coll, rk->rank, red, 3);
-    rk->st.loss = red[0] / ((double)bt * cfg->grad_accum * z->world);
-    rk->st.grad_norm = sqrt(red[1]);
+    rk->compute.st.loss = red[0] / ((double)bt * cfg->grad_accum * z->world);
+    rk->compute.st.grad_norm = sqrt(red[1]);
     if (red[2] != 0) { /* some rank failed: nobody updates */
-        if (rk->ce.rc == 0)
-            fso_zero_fail(&rk->ce, -ECANCELED, "device %d: another device failed", rk->rank);
+        if (rk->compute.err.rc == 0)
+            fso_zero_fail(&rk->compute.err, -ECANCELED, "device %d: another device failed", rk->rank);
         drain(rk);
         return NULL;
     }
-    if (!isfinite(rk->st.loss) || !isfinite(rk->st.grad_norm)) {
+    if (!isfinite(rk->compute.st.loss) || !isfinite(rk->compute.st.grad_norm)) {
         if (cfg->optimizer_overlap == FSO_OVERLAP_BACKWARD) {
             /* blocks were updated as their gradients came in: say which
              * was not, as the optimizer thread found it */
             if (fso_zero_optim_wait_all(rk) == 0)
-                fso_zero_fail(&rk->ce, -ERANGE,
+                fso_zero_fail(&rk->compute.err, -ERANGE,
                               "step %lld: loss %g, gradient norm %g: training diverged; "
                               "train.optimizer_overlap \"backward\" had already updated every "
                               "block; lower optimizer.params.lr",
-                              (long long)(z->step + 1), rk->st.loss, rk->st.grad_norm);
+                              (long long)(z->step + 1), rk->compute.st.loss, rk->compute.st.grad_norm);
             return NULL;
         }
-        fso_zero_fail(&rk->ce, -ERANGE,
+        fso_zero_fail(&rk->compute.err, -ERANGE,
                       "step %lld: loss %g, gradient norm %g: training diverged and the update was "
                       "not applied; lower optimizer.params.lr or set gradient_clipping",
-                      (long long)(z->step + 1), rk->st.loss, rk->st.grad_norm);
+                      (long long)(z->step + 1), rk->compute.st.loss, rk->compute.st.grad_norm);
         return NULL;
     }
-    rk->st.clip_coef = 1.0;
+    rk->compute.st.clip_coef = 1.0;
     if (cfg->grad_clip > 0) {
-        double coef = cfg->grad_clip / (rk->st.grad_norm + 1e-6);
+        double coef = cfg->grad_clip / (rk->compute.st.grad_norm + 1e-6);
         if (coef < 1.0)
-            rk->st.clip_coef = coef;
+            rk->compute.st.clip_coef = coef;
     }
-    fso_adamw_step as = step_hparams(z, rk->st.clip_coef);
-    rk->st.lr = as.lr;
+    fso_adamw_step as = step_hparams(z, rk->compute.st.clip_coef);
+    rk->compute.st.lr = as.lr;
     if (cfg->optimizer_overlap == FSO_OVERLAP_NONE) {
         if (fso_zero_optim_run(rk, &as) < 0)
             drain(rk);
     } else if (cfg->optimizer_overlap == FSO_OVERLAP_FORWARD) {
         fso_zero_optim_post_step(rk, &as);
     }
-    pthread_mutex_lock(&rk->opt_mu);
-    rk->st.optimizer_ms = rk->opt_busy_ms;
-    rk->st.nvme_read_bytes += __atomic_exchange_n(&rk->opt_read_bytes, 0, __ATOMIC_RELAXED);
-    rk->st.nvme_write_bytes += __atomic_exchange_n(&rk->opt_write_bytes, 0, __ATOMIC_RELAXED);
-    rk->opt_busy_ms = 0;
-    pthread_mutex_unlock(&rk->opt_mu);
+    pthread_mutex_lock(&rk->opt.mu);
+    rk->compute.st.optimizer_ms = rk->opt.busy_ms;
+    rk->compute.st.nvme_read_bytes += __atomic_exchange_n(&rk->opt.read_bytes, 0, __ATOMIC_RELAXED);
+    rk->compute.st.nvme_write_bytes += __atomic_exchange_n(&rk->opt.write_bytes, 0, __ATOMIC_RELAXED);
+    rk->opt.busy_ms = 0;
+    pthread_mutex_unlock(&rk->opt.mu);
     return NULL;
 }
 
@@ -804,14 +804,14 @@ int fso_zero_finish(fso_zero *z, double *waited_ms, char *err, size_t errlen)
     *waited_ms = 0;
     for (int r = 0; r < z->world; r++) {
         rank_state *rk = &z->ranks[r];
-        rk->ce.rc = 0;
-        rk->st.optimizer_exposed_ms = 0;
+        rk->compute.err.rc = 0;
+        rk->compute.st.optimizer_exposed_ms = 0;
         int e = fso_zero_optim_wait_all(rk);
         if (r == 0)
-            *waited_ms = rk->st.optimizer_exposed_ms;
+            *waited_ms = rk->compute.st.optimizer_exposed_ms;
         if (e < 0 && rc == 0) {
             rc = e;
-            snprintf(err, errlen, "%s", rk->ce.msg);
+            snprintf(err, errlen, "%s", rk->compute.err.msg);
         }
     }
     return rc;
@@ -832,36 +832,36 @@ static void *worker_main(void *arg)
     if (z->topo && rk->numa >= 0)
         fso_topo_bind_thread(z->topo, rk->numa);
     uint64_t seen = 0;
-    pthread_mutex_lock(&z->run_mu);
+    pthread_mutex_lock(&z->threads.mu);
     for (;;) {
-        while (!z->quit && z->job_gen == seen)
-            pthread_cond_wait(&z->run_cv, &z->run_mu);
-        if (z->quit)
+        while (!z->threads.quit && z->threads.gen == seen)
+            pthread_cond_wait(&z->threads.run_cv, &z->threads.mu);
+        if (z->threads.quit)
             break;
-        seen = z->job_gen;
-        void *(*fn)(void *) = z->job;
-        pthread_mutex_unlock(&z->run_mu);
+        seen = z->threads.gen;
+        void *(*fn)(void *) = z->threads.job;
+        pthread_mutex_unlock(&z->threads.mu);
         fn(rk);
-        pthread_mutex_lock(&z->run_mu);
-        if (--z->job_left == 0)
-            pthread_cond_signal(&z->done_cv);
+        pthread_mutex_lock(&z->threads.mu);
+        if (--z->threads.left == 0)
+            pthread_cond_signal(&z->threads.done_cv);
     }
-    pthread_mutex_unlock(&z->run_mu);
+    pthread_mutex_unlock(&z->threads.mu);
     return NULL;
 }
 
 static int start_workers(fso_zero *z, char *err, size_t errlen)
 {
-    pthread_mutex_init(&z->run_mu, NULL);
-    pthread_cond_init(&z->run_cv, NULL);
-    pthread_cond_init(&z->done_cv, NULL);
-    z->run_init = true;
+    pthread_mutex_init(&z->threads.mu, NULL);
+    pthread_cond_init(&z->threads.run_cv, NULL);
+    pthread_cond_init(&z->threads.done_cv, NULL);
+    z->threads.init = true;
     for (int r = 1; r < z->world; r++) {
         worker_arg *a = malloc(sizeof *a);
         int e = a ? 0 : ENOMEM;
         if (a) {
             *a = (worker_arg){z, r};
-            e = pthread_create(&z->workers[r], NULL, worker_main, a);
+            e = pthread_create(&z->threads.workers[r], NULL, worker_main, a);
             if (e)
                 free(a);
         }
@@ -869,25 +869,25 @@ static int start_workers(fso_zero *z, char *err, size_t errlen)
             snprintf(err, errlen, "cannot start the thread of device %d: %s", r, strerror(e));
             return -e;
         }
-        z->n_workers = r;
+        z->threads.n_workers = r;
     }
     return 0;
 }
 
 static void stop_workers(fso_zero *z)
 {
-    if (!z->run_init)
+    if (!z->threads.init)
         return;
-    pthread_mutex_lock(&z->run_mu);
-    z->quit = true;
-    pthread_cond_broadcast(&z->run_cv);
-    pthread_mutex_unlock(&z->run_mu);
-    for (int r = 1; r <= z->n_workers; r++)
-        pthread_join(z->workers[r], NULL);
-    pthread_cond_destroy(&z->run_cv);
-    pthread_cond_destroy(&z->done_cv);
-    pthread_mutex_destroy(&z->run_mu);
-    z->run_init = false;
+    pthread_mutex_lock(&z->threads.mu);
+    z->threads.quit = true;
+    pthread_cond_broadcast(&z->threads.run_cv);
+    pthread_mutex_unlock(&z->threads.mu);
+    for (int r = 1; r <= z->threads.n_workers; r++)
+        pthread_join(z->threads.workers[r], NULL);
+    pthread_cond_destroy(&z->threads.run_cv);
+    pthread_cond_destroy(&z->threads.done_cv);
+    pthread_mutex_destroy(&z->threads.mu);
+    z->threads.init = false;
 }
 
 /* Run fn on every device, device 0 on the caller's thread, and wait. */
@@ -895,35 +895,35 @@ static int run_ranks(fso_zero *z, void *(*fn)(void *))
 {
     int rc = 0;
     for (int r = 0; r < z->world; r++)
-        z->ranks[r].ce.rc = 0;
-    if (!z->caller_bound && z->topo && z->ranks[0].numa >= 0)
+        z->ranks[r].compute.err.rc = 0;
+    if (!z->threads.caller_bound && z->topo && z->ranks[0].numa >= 0)
         fso_topo_bind_thread(z->topo, z->ranks[0].numa);
-    z->caller_bound = true;
-    pthread_mutex_lock(&z->run_mu);
-    z->job = fn;
-    z->job_left = z->world - 1;
-    z->job_gen++;
-    pthread_cond_broadcast(&z->run_cv);
-    pthread_mutex_unlock(&z->run_mu);
+    z->threads.caller_bound = true;
+    pthread_mutex_lock(&z->threads.mu);
+    z->threads.job = fn;
+    z->threads.left = z->world - 1;
+    z->threads.gen++;
+    pthread_cond_broadcast(&z->threads.run_cv);
+    pthread_mutex_unlock(&z->threads.mu);
     fn(&z->ranks[0]);
-    pthread_mutex_lock(&z->run_mu);
-    while (z->job_left > 0)
-        pthread_cond_wait(&z->done_cv, &z->run_mu);
-    pthread_mutex_unlock(&z->run_mu);
+    pthread_mutex_lock(&z->threads.mu);
+    while (z->threads.left > 0)
+        pthread_cond_wait(&z->threads.done_cv, &z->threads.mu);
+    pthread_mutex_unlock(&z->threads.mu);
     for (int r = 0; r < z->world; r++)
-        if (z->ranks[r].ce.rc && (rc == 0 || rc == -ECANCELED))
-            rc = z->ranks[r].ce.rc;
+        if (z->ranks[r].compute.err.rc && (rc == 0 || rc == -ECANCELED))
+            rc = z->ranks[r].compute.err.rc;
     return rc;
 }
 
 static void first_error(const fso_zero *z, char *err, size_t errlen)
 {
     for (int r = 0; r < z->world; r++)
-        if (z->ranks[r].ce.rc && z->ranks[r].ce.rc != -ECANCELED) {
-            snprintf(err, errlen, "%s", z->ranks[r].ce.msg);
+        if (z->ranks[r].compute.err.rc && z->ranks[r].compute.err.rc != -ECANCELED) {
+            snprintf(err, errlen, "%s", z->ranks[r].compute.err.msg);
             return;
         }
-    snprintf(err, errlen, "%s", z->ranks[0].ce.msg);
+    snprintf(err, errlen, "%s", z->ranks[0].compute.err.msg);
 }
 
 int fso_zero_step_run(fso_zero *z, int64_t step, const int32_t *inputs, const int32_t *targets,
@@ -931,16 +931,16 @@ int fso_zero_step_run(fso_zero *z, int64_t step, const int32_t *inputs, const in
 {
     (void)step;
     for (int r = 0; r < z->world; r++) {
-        z->ranks[r].inputs = inputs;
-        z->ranks[r].targets = targets;
+        z->ranks[r].compute.inputs = inputs;
+        z->ranks[r].compute.targets = targets;
     }
     int rc = run_ranks(z, rank_step);
-    *st = z->ranks[0].st;
+    *st = z->ranks[0].compute.st;
     st->nvme_read_bytes = st->nvme_write_bytes = 0;
     /* the optimizer thread counts NVMe bytes into the same fields */
     for (int r = 0; r < z->world; r++) {
-        st->nvme_read_bytes += z->ranks[r].st.nvme_read_bytes;
-        st->nvme_write_bytes += z->ranks[r].st.nvme_write_bytes;
+        st->nvme_read_bytes += z->ranks[r].compute.st.nvme_read_bytes;
+        st->nvme_write_bytes += z->ranks[r].compute.st.nvme_write_bytes;
     }
     if (rc < 0) {
         first_error(z, err, errlen);
@@ -1007,18 +1007,18 @@ static int block_xfer(fso_zero *z, int b, float *flat, fso_kind k, int dir)
     size_t S = fso_zero_shard_elems(z, b);
     for (int r = 0; r < z->world; r++) {
         rank_state *rk = &z->ranks[r];
-        slot *s = &rk->gslot;
+        slot *s = &rk->io.grad_trip;
         int rc;
-        rk->ce.rc = 0;
+        rk->compute.err.rc = 0;
         if (dir == 0) {
             narrow(s->buf, z->elem_bytes[k], flat + (size_t)r * S, S);
             rc = shard_store(rk, b, k, s);
             if (rc == 0)
-                rc = fso_zero_slot_wait(rk, &rk->ce, s, fso_kind_name(k), b);
+                rc = fso_zero_slot_wait(rk, &rk->compute.err, s, fso_kind_name(k), b);
         } else {
             rc = shard_fetch(rk, b, k, s);
             if (rc == 0)
-                rc = fso_zero_slot_wait(rk, &rk->ce, s, fso_kind_name(k), b);
+                rc = fso_zero_slot_wait(rk, &rk->compute.err, s, fso_kind_name(k), b);
             if (rc == 0)
                 widen(flat + (size_t)r * S, s->buf, z->elem_bytes[k], S);
         }
@@ -1109,7 +1109,7 @@ static void *rank_logits(void *arg)
     rank_state *rk = arg;
     fso_block_source src = rank_source(rk);
     reset_rank_step(rk);
-    fso_model_forward_logits(&rk->model, &src, rk->inputs, rk->logits);
+    fso_model_forward_logits(&rk->model, &src, rk->compute.inputs, rk->compute.logits);
     return NULL;
 }
 
@@ -1130,8 +1130,8 @@ int fso_zero_forward_logits(fso_zero *z, const int32_t *inputs, float *logits, c
         return -ENOMEM;
     }
     for (int r = 0; r < z->world; r++) {
-        z->ranks[r].inputs = inputs;
-        z->ranks[r].logits = r == 0 ? logits : scratch;
+        z->ranks[r].compute.inputs = inputs;
+        z->ranks[r].compute.logits = r == 0 ? logits : scratch;
     }
     int rc = run_ranks(z, rank_logits);
     free(scratch);
@@ -1145,12 +1145,12 @@ int fso_zero_forward_logits(fso_zero *z, const int32_t *inputs, float *logits, c
 int fso_zero_inject_faults(fso_zero *z, int rank, const fso_fault_spec *spec)
 {
     rank_state *rk = &z->ranks[rank];
-    if (!rk->store)
+    if (!rk->io.store)
         return -ENOENT;
     fso_store *wrapped = NULL;
-    int rc = fso_store_wrap_faults(&wrapped, rk->store, spec);
+    int rc = fso_store_wrap_faults(&wrapped, rk->io.store, spec);
     if (rc == 0)
-        rk->store = wrapped;
+        rk->io.store = wrapped;
     return rc;
 }
 
@@ -1164,12 +1164,12 @@ uint64_t fso_zero_cpu_device_mem(const fso_config *cfg, uint64_t host_bytes)
 
 uint64_t fso_zero_host_arena_bytes(const fso_zero *z)
 {
-    return z->arena_bytes;
+    return z->arena.bytes;
 }
 
 const double *fso_zero_block_compute_ms(const fso_zero *z)
 {
-    return z->ranks[0].block_ms;
+    return z->ranks[0].clock.block_ms;
 }
 
 const fso_model *fso_zero_model(const fso_zero *z)
@@ -1271,16 +1271,16 @@ static int open_store(fso_zero *z, rank_state *rk, const fso_offload_config *o,
     so.direct = true;
     snprintf(prefix, sizeof prefix, "fsoff-dev%d", rk->rank);
     so.file_prefix = prefix;
-    int rc = fso_store_open_uring(&rk->store, &so, serr, sizeof serr);
+    int rc = fso_store_open_uring(&rk->io.store, &so, serr, sizeof serr);
     if (rc < 0) {
         snprintf(err, errlen, "NVMe: %s", serr);
         return rc;
     }
-    if (rk->store->ops->register_buffers && z->arena_bytes &&
-        rk->store->ops->register_buffers(rk->store, z->arena, z->arena_bytes) < 0 &&
+    if (rk->io.store->ops->register_buffers && z->arena.bytes &&
+        rk->io.store->ops->register_buffers(rk->io.store, z->arena.base, z->arena.bytes) < 0 &&
         rk->rank == 0)
         fprintf(stderr, "fsoff: warning: NVMe: %s; continuing with unregistered buffers "
-                        "(slower)\n", rk->store->err);
+                        "(slower)\n", rk->io.store->err);
     return 0;
 }
 
@@ -1302,7 +1302,7 @@ int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t err
         z->elem_bytes[k] = sizeof(float);
     if (cfg->bf16)
         z->elem_bytes[FSO_KIND_PARAM] = sizeof(uint16_t);
-    z->alias_params = z->world == 1 && z->tier[FSO_KIND_PARAM] == FSO_TIER_DEVICE;
+    z->lend_shard = z->world == 1 && z->tier[FSO_KIND_PARAM] == FSO_TIER_DEVICE;
     z->prefetch = cfg->offload.prefetch_blocks;
     if (fso_adamw_select(FSO_ISA_AUTO, &z->adamw) < 0)
         z->adamw = NULL; /* the scalar reference */
@@ -1363,12 +1363,12 @@ int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t err
         chunk_bytes = slot_bytes;
     const size_t stage_per_rank = pslot_bytes * (size_t)n_pslots + slot_bytes * 3 +
                                   chunk_bytes * 2 * FSO_N_KINDS;
-    z->arena_bytes = (per_tier[FSO_TIER_HOST] + stage_per_rank) * (size_t)z->world;
+    z->arena.bytes = (per_tier[FSO_TIER_HOST] + stage_per_rank) * (size_t)z->world;
 
     z->cuda = strcmp(cfg->backend, "cuda") == 0;
     uint64_t cap = z->cuda ? cfg->device_mem_bytes
                            : fso_zero_cpu_device_mem(cfg, fso_mem_available_bytes());
-    const size_t window = (z->alias_params ? 0 : 2) * z->elem_bytes[FSO_KIND_PARAM] * z->max_padded;
+    const size_t window = (z->lend_shard ? 0 : 2) * z->elem_bytes[FSO_KIND_PARAM] * z->max_padded;
     const size_t gradbufs = 2 * sizeof(float) * z->max_padded;
 
     int threads = cfg->threads > 0 ? cfg->threads : fso_cpu_count();
@@ -1378,9 +1378,9 @@ int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t err
         rk->rank = r;
         rk->numa = -1;
         rk->z = z;
-        pthread_mutex_init(&rk->io_mu, NULL);
-        pthread_mutex_init(&rk->opt_mu, NULL);
-        pthread_cond_init(&rk->opt_cv, NULL);
+        pthread_mutex_init(&rk->io.mu, NULL);
+        pthread_mutex_init(&rk->opt.mu, NULL);
+        pthread_cond_init(&rk->opt.cv, NULL);
         rk->sync_init = true;
         if (z->cuda) {
 #if FSO_HAVE_CUDA
@@ -1433,10 +1433,10 @@ int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t err
     }
     place_near_devices(z);
     uint64_t avail = fso_mem_available_bytes();
-    if (avail && z->arena_bytes > avail) {
-        fso_human_bytes(h1, sizeof h1, (double)z->arena_bytes);
+    if (avail && z->arena.bytes > avail) {
+        fso_human_bytes(h1, sizeof h1, (double)z->arena.bytes);
         fso_human_bytes(h2, sizeof h2, (double)avail);
-        fso_human_bytes(h3, sizeof h3, (double)(z->arena_bytes - avail));
+        fso_human_bytes(h3, sizeof h3, (double)(z->arena.bytes - avail));
         snprintf(err, errlen,
                  "host memory: the host tier and staging buffers need %s but %s is available; "
                  "short by %s: put the optimizer state on NVMe (--nvme DIR or "
@@ -1449,22 +1449,22 @@ int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t err
     /* ---- the host arena: one for all devices. Twice what every kind on
      * the host would need is reserved (address space only), so that
      * re-plans can grow it in place. */
-    z->arena_reserve = 2 * ((all_kinds_bytes + slot_bytes * (MAX_PARAM_SLOTS + 3) +
+    z->arena.reserve = 2 * ((all_kinds_bytes + slot_bytes * (MAX_PARAM_SLOTS + 3) +
                              chunk_bytes * 2 * FSO_N_KINDS) * (size_t)z->world) + ARENA_ROUND;
-    z->arena_reserve = (z->arena_reserve + ARENA_ROUND - 1) / ARENA_ROUND * ARENA_ROUND;
-    z->arena = mmap(NULL, z->arena_reserve, PROT_NONE,
+    z->arena.reserve = (z->arena.reserve + ARENA_ROUND - 1) / ARENA_ROUND * ARENA_ROUND;
+    z->arena.base = mmap(NULL, z->arena.reserve, PROT_NONE,
                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (z->arena == MAP_FAILED) {
-        z->arena = NULL;
-        fso_human_bytes(h1, sizeof h1, (double)z->arena_reserve);
+    if (z->arena.base == MAP_FAILED) {
+        z->arena.base = NULL;
+        fso_human_bytes(h1, sizeof h1, (double)z->arena.reserve);
         snprintf(err, errlen, "host memory: cannot reserve %s of address space for the host "
                               "arena: %s; check ulimit -v", h1, strerror(errno));
         rc = -ENOMEM;
         goto fail;
     }
     {
-        size_t want = z->arena_bytes;
-        z->arena_bytes = 0;
+        size_t want = z->arena.bytes;
+        z->arena.bytes = 0;
         if ((rc = arena_grow(z, want, err, errlen)) < 0)
             goto fail;
     }
@@ -1497,38 +1497,38 @@ int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t err
                     nvme_off += bytes;
                 }
             }
-        if (!z->alias_params)
+        if (!z->lend_shard)
             for (int g = 0; g < 2; g++)
                 if ((rc = be->ops->buf_alloc(be, z->elem_bytes[FSO_KIND_PARAM] * z->max_padded,
-                                             &rk->gbuf[g])) < 0) {
+                                             &rk->compute.gather[g])) < 0) {
                     snprintf(err, errlen, "device memory: %s", be->err);
                     goto fail;
                 }
         for (int g = 0; g < 2; g++)
             if ((rc = be->ops->buf_alloc(be, sizeof(float) * z->max_padded,
-                                         (void **)&rk->gradbuf[g])) < 0) {
+                                         (void **)&rk->compute.grad_full[g])) < 0) {
                 snprintf(err, errlen, "device memory: %s", be->err);
                 goto fail;
             }
-        rk->n_pslots = rk->n_pslots_buf = n_pslots;
+        rk->io.n_prefetch = rk->io.n_prefetch_bufs = n_pslots;
         for (int j = 0; j < n_pslots; j++) {
-            rk->pslots[j].buf = rank_take(rk, pslot_bytes);
-            rk->pslots[j].block = -1;
+            rk->io.prefetch[j].buf = rank_take(rk, pslot_bytes);
+            rk->io.prefetch[j].block = -1;
         }
         for (int set = 0; set < 2; set++)
             for (int k = 0; k < FSO_N_KINDS; k++)
-                rk->ochunk[set][k].buf = rank_take(rk, chunk_bytes);
-        rk->chunk_elems = chunk_bytes / sizeof(float);
-        rk->gslot.buf = rank_take(rk, slot_bytes);
-        rk->gdown[0].buf = rank_take(rk, slot_bytes);
-        rk->gdown[1].buf = rank_take(rk, slot_bytes);
-        rk->gpend.block = -1;
-        rk->block_sq = calloc((size_t)z->n_blocks, sizeof *rk->block_sq);
-        rk->ready = calloc((size_t)z->n_blocks, sizeof *rk->ready);
-        rk->ready_mark = calloc((size_t)z->n_blocks, sizeof *rk->ready_mark);
-        rk->block_ms = calloc((size_t)z->n_blocks, sizeof *rk->block_ms);
-        if (!rk->block_sq || !rk->ready || !rk->ready_mark || !rk->block_ms ||
-            (rc = fso_optpool_create(&rk->opt_pool, per_dev)) < 0) {
+                rk->opt.chunk[set][k].buf = rank_take(rk, chunk_bytes);
+        rk->opt.chunk_elems = chunk_bytes / sizeof(float);
+        rk->io.grad_trip.buf = rank_take(rk, slot_bytes);
+        rk->io.grad_down[0].buf = rank_take(rk, slot_bytes);
+        rk->io.grad_down[1].buf = rank_take(rk, slot_bytes);
+        rk->io.landing.block = -1;
+        rk->compute.grad_sq = calloc((size_t)z->n_blocks, sizeof *rk->compute.grad_sq);
+        rk->opt.ready = calloc((size_t)z->n_blocks, sizeof *rk->opt.ready);
+        rk->opt.ready_mark = calloc((size_t)z->n_blocks, sizeof *rk->opt.ready_mark);
+        rk->clock.block_ms = calloc((size_t)z->n_blocks, sizeof *rk->clock.block_ms);
+        if (!rk->compute.grad_sq || !rk->opt.ready || !rk->opt.ready_mark || !rk->clock.block_ms ||
+            (rc = fso_optpool_create(&rk->opt.pool, per_dev)) < 0) {
             snprintf(err, errlen, "out of host memory for the optimizer");
             rc = -ENOMEM;
             goto fail;
@@ -1536,17 +1536,17 @@ int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t err
         /* the optimizer's threads near the memory they update (best effort):
          * the device's node, where its host state is */
         if (rk->numa >= 0)
-            fso_optpool_bind(rk->opt_pool, rk->numa, false);
-        else if (z->arena_bytes)
-            fso_optpool_bind(rk->opt_pool,
-                             fso_optpool_node_of(rk->opt_pool, z->arena, z->arena_bytes), false);
+            fso_optpool_bind(rk->opt.pool, rk->numa, false);
+        else if (z->arena.bytes)
+            fso_optpool_bind(rk->opt.pool,
+                             fso_optpool_node_of(rk->opt.pool, z->arena.base, z->arena.bytes), false);
         if (cfg->optimizer_overlap != FSO_OVERLAP_NONE && (rc = fso_zero_optim_start(rk)) < 0) {
             snprintf(err, errlen, "cannot start the optimizer thread of device %d: %s", r,
                      strerror(-rc));
             goto fail;
         }
 
-        rk->nvme_end = nvme_off;
+        rk->io.nvme_end = nvme_off;
         if (nvme && (rc = open_store(z, rk, &cfg->offload, nvme_off, err, errlen)) < 0)
             goto fail;
     }
@@ -1623,8 +1623,8 @@ static void retier_undo(rank_state *rk, retier_job *j)
     for (int g = 0; g < 2; g++)
         be->ops->buf_free(be, j->gbuf[g]);
     if (j->opened_store) {
-        fso_store_destroy(rk->store);
-        rk->store = NULL;
+        fso_store_destroy(rk->io.store);
+        rk->io.store = NULL;
     }
 }
 
@@ -1634,20 +1634,20 @@ static int retier_copy(rank_state *rk, int b, fso_kind k, const loc *to, uint64_
 {
     uint64_t io = 0;
     loc *l = fso_zero_locate(rk, b, k);
-    slot *s = &rk->gslot;
+    slot *s = &rk->io.grad_trip;
     size_t S = fso_zero_shard_elems(rk->z, b);
     void *p;
-    int rc = fso_zero_xfer(rk, &rk->ce, &io, b, k, 0, S, s, false, false, &p);
+    int rc = fso_zero_xfer(rk, &rk->compute.err, &io, b, k, 0, S, s, false, false, &p);
     if (rc == 0)
-        rc = fso_zero_slot_wait(rk, &rk->ce, s, fso_kind_name(k), b);
+        rc = fso_zero_slot_wait(rk, &rk->compute.err, s, fso_kind_name(k), b);
     if (rc < 0)
         return rc;
     loc old = *l;
     *l = *to;
     p = s->buf;
-    rc = fso_zero_xfer(rk, &rk->ce, &io, b, k, 0, S, s, true, false, &p);
+    rc = fso_zero_xfer(rk, &rk->compute.err, &io, b, k, 0, S, s, true, false, &p);
     if (rc == 0)
-        rc = fso_zero_slot_wait(rk, &rk->ce, s, fso_kind_name(k), b);
+        rc = fso_zero_slot_wait(rk, &rk->compute.err, s, fso_kind_name(k), b);
     *l = old;
     if (rc == 0)
         *moved += rk->z->elem_bytes[k] * S;
@@ -1676,10 +1676,10 @@ int fso_zero_retier(fso_zero *z, const fso_offload_config *o, uint64_t *bytes_mo
     /* between steps: no update running, no I/O in flight */
     for (int r = 0; r < z->world; r++) {
         rank_state *rk = &z->ranks[r];
-        rk->ce.rc = 0;
+        rk->compute.err.rc = 0;
         if (fso_zero_optim_wait_all(rk) < 0) {
-            snprintf(err, errlen, "re-plan: %s", rk->ce.msg);
-            return rk->ce.rc;
+            snprintf(err, errlen, "re-plan: %s", rk->compute.err.msg);
+            return rk->compute.err.rc;
         }
         drain_slots(rk, true);
     }
@@ -1690,16 +1690,16 @@ int fso_zero_retier(fso_zero *z, const fso_offload_config *o, uint64_t *bytes_mo
         if (want[k] != z->tier[k])
             for (int b = 0; b < z->n_blocks; b++)
                 add[want[k]] += round_page(z->elem_bytes[k] * fso_zero_shard_elems(z, b));
-    if (z->alias_params && !alias)
+    if (z->lend_shard && !alias)
         add[FSO_TIER_DEVICE] += 2 * z->elem_bytes[FSO_KIND_PARAM] * z->max_padded;
-    int more_slots = n_ps - z->ranks[0].n_pslots_buf;
+    int more_slots = n_ps - z->ranks[0].io.n_prefetch_bufs;
     if (more_slots > 0)
         add[FSO_TIER_HOST] += pslot_bytes * (size_t)more_slots;
     if (add[FSO_TIER_DEVICE] == 0 && add[FSO_TIER_HOST] == 0 && add[FSO_TIER_NVME] == 0 &&
         memcmp(want, z->tier, sizeof want) == 0) {
         z->prefetch = o->prefetch_blocks;
         for (int r = 0; r < z->world; r++)
-            z->ranks[r].n_pslots = n_ps;
+            z->ranks[r].io.n_prefetch = n_ps;
         return 0;
     }
     for (int r = 0; r < z->world; r++) {
@@ -1722,7 +1722,7 @@ int fso_zero_retier(fso_zero *z, const fso_offload_config *o, uint64_t *bytes_mo
                      h1, h2);
             return -ENOMEM;
         }
-        size_t used = (z->arena_used + STAGE_ALIGN - 1) & ~(size_t)(STAGE_ALIGN - 1);
+        size_t used = (z->arena.used + STAGE_ALIGN - 1) & ~(size_t)(STAGE_ALIGN - 1);
         int rc = arena_grow(z, used + host, err, errlen);
         if (rc < 0)
             return rc;
@@ -1740,22 +1740,22 @@ int fso_zero_retier(fso_zero *z, const fso_offload_config *o, uint64_t *bytes_mo
         fso_backend *be = rk->be;
         retier_job *j = &jobs[r];
         if (add[FSO_TIER_NVME]) {
-            if (rk->store)
-                rc = fso_store_grow(rk->store, rk->nvme_end + add[FSO_TIER_NVME]);
+            if (rk->io.store)
+                rc = fso_store_grow(rk->io.store, rk->io.nvme_end + add[FSO_TIER_NVME]);
             else if ((rc = open_store(z, rk, o, add[FSO_TIER_NVME], err, errlen)) == 0)
                 j->opened_store = true;
             if (rc < 0) {
-                if (!j->opened_store && rk->store && rk->store->err[0])
-                    snprintf(err, errlen, "NVMe: %s", rk->store->err);
+                if (!j->opened_store && rk->io.store && rk->io.store->err[0])
+                    snprintf(err, errlen, "NVMe: %s", rk->io.store->err);
                 j->opened_store = false;
                 break;
             }
         }
-        for (int g = 0; g < 2 && z->alias_params && !alias && rc == 0; g++)
+        for (int g = 0; g < 2 && z->lend_shard && !alias && rc == 0; g++)
             if ((rc = be->ops->buf_alloc(be, z->elem_bytes[FSO_KIND_PARAM] * z->max_padded,
                                          &j->gbuf[g])) < 0)
                 snprintf(err, errlen, "device memory: %s", be->err);
-        uint64_t nvme_off = rk->nvme_end;
+        uint64_t nvme_off = rk->io.nvme_end;
         for (int k = 0; k < FSO_N_KINDS && rc == 0; k++) {
             if (want[k] == z->tier[k])
                 continue;
@@ -1780,7 +1780,7 @@ int fso_zero_retier(fso_zero *z, const fso_offload_config *o, uint64_t *bytes_mo
                     nvme_off += bytes;
                 }
                 if ((rc = retier_copy(rk, b, (fso_kind)k, to, bytes_moved)) < 0)
-                    snprintf(err, errlen, "%s", rk->ce.msg);
+                    snprintf(err, errlen, "%s", rk->compute.err.msg);
             }
         }
     }
@@ -1788,7 +1788,7 @@ int fso_zero_retier(fso_zero *z, const fso_offload_config *o, uint64_t *bytes_mo
         for (int r = 0; r < z->world; r++) {
             drain_slots(&z->ranks[r], true);
             retier_undo(&z->ranks[r], &jobs[r]);
-            z->ranks[r].ce.rc = 0;
+            z->ranks[r].compute.err.rc = 0;
         }
         free(jobs);
         char why[512];
@@ -1816,35 +1816,35 @@ int fso_zero_retier(fso_zero *z, const fso_offload_config *o, uint64_t *bytes_mo
             }
             free(j->fresh[k]);
         }
-        rk->nvme_end += add[FSO_TIER_NVME];
-        if (z->alias_params && !alias) {
-            rk->gbuf[0] = j->gbuf[0];
-            rk->gbuf[1] = j->gbuf[1];
-        } else if (!z->alias_params && alias) {
+        rk->io.nvme_end += add[FSO_TIER_NVME];
+        if (z->lend_shard && !alias) {
+            rk->compute.gather[0] = j->gbuf[0];
+            rk->compute.gather[1] = j->gbuf[1];
+        } else if (!z->lend_shard && alias) {
             for (int g = 0; g < 2; g++) {
-                be->ops->buf_free(be, rk->gbuf[g]);
-                rk->gbuf[g] = NULL;
+                be->ops->buf_free(be, rk->compute.gather[g]);
+                rk->compute.gather[g] = NULL;
             }
         }
-        for (int q = rk->n_pslots_buf; q < n_ps; q++) {
-            rk->pslots[q].buf = rank_take(rk, pslot_bytes);
-            rk->pslots[q].block = -1;
+        for (int q = rk->io.n_prefetch_bufs; q < n_ps; q++) {
+            rk->io.prefetch[q].buf = rank_take(rk, pslot_bytes);
+            rk->io.prefetch[q].block = -1;
         }
-        if (n_ps > rk->n_pslots_buf)
-            rk->n_pslots_buf = n_ps;
-        rk->n_pslots = n_ps;
+        if (n_ps > rk->io.n_prefetch_bufs)
+            rk->io.n_prefetch_bufs = n_ps;
+        rk->io.n_prefetch = n_ps;
         bool on_nvme = false;
         for (int k = 0; k < FSO_N_KINDS; k++)
             on_nvme |= want[k] == FSO_TIER_NVME;
-        if (!on_nvme && rk->store) { /* nothing left there: give the space back */
-            fso_store_destroy(rk->store);
-            rk->store = NULL;
-            rk->nvme_end = 0;
+        if (!on_nvme && rk->io.store) { /* nothing left there: give the space back */
+            fso_store_destroy(rk->io.store);
+            rk->io.store = NULL;
+            rk->io.nvme_end = 0;
         }
     }
     free(jobs);
     memcpy(z->tier, want, sizeof want);
-    z->alias_params = alias;
+    z->lend_shard = alias;
     z->prefetch = o->prefetch_blocks;
     return 0;
 }
@@ -1859,15 +1859,15 @@ void fso_zero_destroy(fso_zero *z)
         fso_zero_optim_stop(rk);
         if (rk->sync_init) {
             drain_slots(rk, true);
-            pthread_mutex_destroy(&rk->io_mu);
-            pthread_mutex_destroy(&rk->opt_mu);
-            pthread_cond_destroy(&rk->opt_cv);
+            pthread_mutex_destroy(&rk->io.mu);
+            pthread_mutex_destroy(&rk->opt.mu);
+            pthread_cond_destroy(&rk->opt.cv);
         }
-        fso_optpool_destroy(rk->opt_pool);
-        free(rk->block_sq);
-        free(rk->ready);
-        free(rk->ready_mark);
-        free(rk->block_ms);
+        fso_optpool_destroy(rk->opt.pool);
+        free(rk->compute.grad_sq);
+        free(rk->opt.ready);
+        free(rk->opt.ready_mark);
+        free(rk->clock.block_ms);
         if (!rk->be)
             continue;
         for (int b = 0; rk->locs && b < z->n_blocks; b++)
@@ -1875,21 +1875,21 @@ void fso_zero_destroy(fso_zero *z)
                 if (fso_zero_locate(rk, b, k)->tier == FSO_TIER_DEVICE)
                     rk->be->ops->buf_free(rk->be, fso_zero_locate(rk, b, k)->ptr);
         for (int g = 0; g < 2; g++) {
-            rk->be->ops->buf_free(rk->be, rk->gbuf[g]);
-            rk->be->ops->buf_free(rk->be, rk->gradbuf[g]);
+            rk->be->ops->buf_free(rk->be, rk->compute.gather[g]);
+            rk->be->ops->buf_free(rk->be, rk->compute.grad_full[g]);
         }
-        fso_store_destroy(rk->store);
+        fso_store_destroy(rk->io.store);
         fso_model_free(&rk->model);
         free(rk->locs);
         fso_backend_destroy(rk->be);
     }
 #if FSO_HAVE_CUDA
-    for (int i = 0; i < z->n_pinned; i++)
-        fso_cuda_host_unregister((char *)z->arena + z->pinned_at[i],
-                                 z->pinned_at[i + 1] - z->pinned_at[i]);
+    for (int i = 0; i < z->arena.n_pinned; i++)
+        fso_cuda_host_unregister((char *)z->arena.base + z->arena.pinned_at[i],
+                                 z->arena.pinned_at[i + 1] - z->arena.pinned_at[i]);
 #endif
-    if (z->arena)
-        munmap(z->arena, z->arena_reserve);
+    if (z->arena.base)
+        munmap(z->arena.base, z->arena.reserve);
     fso_topo_destroy(z->topo);
     fso_coll_destroy(z->coll);
     free(z->ranks);

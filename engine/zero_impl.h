@@ -55,65 +55,114 @@ typedef struct opt_job {
 
 #define OPT_QUEUE 256
 
+/* A device's compute side (zero_source.c, zero_step.c): the full-block
+ * buffers the model reads and writes on the device, where the micro-step
+ * is, and the step's inputs and results. */
+typedef struct rank_compute {
+    void *gather[2];             /* gathered parameters (max_padded) in their working type
+                                    (bf16 or fp32), what the model reads */
+    int gather_block[2], gather_refs[2];
+    uint64_t gather_free[2];     /* backend mark: compute done with gather[g] (0: assume not) */
+    float *grad_full[2];         /* full-block gradients (max_padded), reduce-scattered */
+    int grad_full_block[2];
+    int order_pos;               /* position in z->order of the next params() */
+    int micro;                   /* micro-batch index within the step */
+    const int32_t *inputs, *targets;
+    float *logits;               /* forward_logits: where this rank's logits go */
+    fso_zero_step st;
+    double loss_sum;             /* the step's summed per-position losses (after sync) */
+    double *grad_sq;             /* [block] squared norm of the rank's gradient shard */
+    errsink err;                 /* the compute thread's failure */
+} rank_compute;
+
+/* A device's host staging and NVMe store (zero_io.c, zero_source.c). */
+typedef struct rank_io {
+    fso_store *store;            /* NULL: no state on NVMe */
+    uint64_t nvme_end;           /* end of the store's extents in use */
+    pthread_mutex_t mu;          /* the store's ring, shared with the optimizer thread */
+    slot prefetch[MAX_PARAM_SLOTS]; /* parameter prefetch ring */
+    int n_prefetch;              /* in use: prefetch + 2 when parameters are on NVMe */
+    int n_prefetch_bufs;         /* with a buffer (a re-plan may use fewer) */
+    slot grad_trip;              /* a gradient shard's round trip; whole-model copies */
+    slot grad_down[2];           /* gradient shards copied down from the device */
+    grad_pending landing;        /* the block whose shard is on its way down (block -1 none) */
+} rank_io;
+
+/* A device's optimizer (zero_optim.c): its thread and job queue, the chunk
+ * buffers it streams state through, and what it measured. */
+typedef struct rank_optim {
+    struct fso_optpool *pool;
+    slot chunk[2][FSO_N_KINDS];  /* chunk buffers: read ahead, write behind */
+    size_t chunk_elems;
+    uint64_t after;              /* the running job's mark: its device copies wait for that
+                                    work only, not for compute queued since */
+    pthread_t tid;
+    bool started, stop;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    opt_job queue[OPT_QUEUE];
+    int head, tail;
+    int busy;                    /* a job is running */
+    int64_t *ready;              /* [block] the step whose parameters the block holds */
+    uint64_t *ready_mark;        /* [block] the backend's mark after its update was queued
+                                    (a device-side update; 0: done when ready) */
+    errsink err;                 /* the optimizer's failure */
+    double busy_ms;              /* time spent updating, since the last report */
+    uint64_t read_bytes, write_bytes; /* NVMe, since the last report */
+    fso_adamw_step bwd_step;     /* this step's update, for the backward schedule */
+} rank_optim;
+
+/* Where a device's step time went (zero_source.c): the step line's compute
+ * and the re-plan's per-block timings. */
+typedef struct rank_clock {
+    double wait_ms;              /* this step: compute inside params() and grads_done() */
+    double *block_ms;            /* [block] this step: computing on the block */
+    int cur_block;               /* the block compute is on now, -1 none */
+    double t_mark;               /* when the last callback returned */
+} rank_clock;
+
+/* One device of the trainer. */
 typedef struct rank_state {
     int rank;
     int numa;                    /* the node this device's threads and host state use, -1 any */
     struct fso_zero *z;
     fso_backend *be;
     fso_model model;
-    fso_store *store;
-    uint64_t nvme_end;           /* end of the store's extents in use */
-    loc *locs;                   /* [block * FSO_N_KINDS + kind] */
-    /* device buffers */
-    void *gbuf[2];               /* gathered parameters (max_padded) in their working type
-                                    (bf16 or fp32), what the model reads */
-    int gbuf_block[2], gbuf_refs[2];
-    uint64_t gbuf_free[2];       /* backend mark: compute done with gbuf[g] (0: assume not) */
-    float *gradbuf[2];           /* full-block gradients (max_padded) */
-    int gradbuf_block[2];
-    /* host staging */
-    slot pslots[MAX_PARAM_SLOTS];/* parameter prefetch ring */
-    int n_pslots;                /* in use: prefetch + 2 when parameters are on NVMe */
-    int n_pslots_buf;            /* with a buffer (a re-plan may use fewer) */
-    slot gslot;                  /* gradient shard round trips */
-    int order_pos;               /* position in z->order of the next params() */
-    int micro;                   /* micro-batch index within the step */
-    /* per-step inputs and outputs */
-    const int32_t *inputs, *targets;
-    float *logits;               /* forward_logits: where this rank's logits go */
-    fso_zero_step st;
-    double loss_sum;              /* the step's summed per-position losses (after sync) */
-    double wait_ms;              /* this step: compute inside params() and grads_done() */
-    double *block_ms;            /* [block] this step: computing on the block (zero.c timing) */
-    int cur_block;               /* the block compute is on now, -1 none */
-    double t_mark;               /* when the last callback returned */
-    errsink ce;                  /* the compute thread's failure */
-    bool sync_init;              /* the mutexes below exist */
-    pthread_mutex_t io_mu;       /* the store's ring, shared with the optimizer thread */
-    /* the optimizer (zero_optim.c) */
-    struct fso_optpool *opt_pool;
-    slot ochunk[2][FSO_N_KINDS]; /* chunk buffers: read ahead, write behind */
-    uint64_t opt_after;          /* the running job's mark: its device copies wait for that
-                                    work only, not for compute queued since */
-    size_t chunk_elems;
-    slot gdown[2];               /* gradient shards copied down from the device */
-    grad_pending gpend;          /* the block whose shard is on its way down (block -1 none) */
-    double *block_sq;            /* [block] squared norm of the gradient shard */
-    pthread_t opt_tid;
-    bool opt_started, opt_stop;
-    pthread_mutex_t opt_mu;
-    pthread_cond_t opt_cv;
-    opt_job queue[OPT_QUEUE];
-    int q_head, q_tail;
-    int busy;                    /* a job is running */
-    int64_t *ready;              /* [block] the step whose parameters the block holds */
-    uint64_t *ready_mark;        /* [block] the backend's mark after its update was queued
-                                    (a device-side update; 0: done when ready) */
-    errsink oe;                  /* the optimizer's failure */
-    double opt_busy_ms;          /* time spent updating, since the last report */
-    uint64_t opt_read_bytes, opt_write_bytes; /* NVMe, since the last report */
-    fso_adamw_step bwd_as;       /* this step's update, for the backward schedule */
+    loc *locs;                   /* [block * FSO_N_KINDS + kind]: where each shard lives */
+    bool sync_init;              /* the mutexes of io and opt exist */
+    rank_compute compute;
+    rank_io io;
+    rank_optim opt;
+    rank_clock clock;
 } rank_state;
+
+/* The host arena (zero_arena.c): `reserve` bytes of address space reserved
+ * at start (nothing committed), of which [0, bytes) is usable (committed,
+ * locked or registered with CUDA as asked) and [0, used) handed out. A
+ * re-plan that moves state to the host grows `bytes` in place, so pointers
+ * into it stay valid. */
+typedef struct host_arena {
+    void *base;
+    size_t reserve, bytes, used;
+    int n_pinned;                /* CUDA registrations: [pinned_at[i], pinned_at[i+1]) */
+    size_t pinned_at[17];
+    bool locked;                 /* [0, bytes) mlock'ed */
+} host_arena;
+
+/* The threads of devices 1..world-1, started once (device 0 runs on the
+ * caller's thread): run_ranks hands each the same job and waits (zero_step.c). */
+typedef struct rank_threads {
+    pthread_t workers[64];
+    int n_workers;
+    pthread_mutex_t mu;
+    pthread_cond_t run_cv, done_cv;
+    bool init;
+    void *(*job)(void *);
+    uint64_t gen;
+    int left;
+    bool quit;
+    bool caller_bound;           /* device 0's node applied to the caller's thread */
+} rank_threads;
 
 struct fso_zero {
     const fso_config *cfg;
@@ -122,39 +171,20 @@ struct fso_zero {
     size_t max_padded, max_shard; /* elements */
     size_t elem_bytes[FSO_N_KINDS]; /* per kind: 2 for bf16 working parameters
                                      (bf16.enabled), else 4 (fp32) */
-    fso_coll *coll;
-    rank_state *ranks;
     fso_tier tier[FSO_N_KINDS];
-    bool alias_params;           /* world 1, parameters on the device: lend the shard itself */
-    /* The host arena: `arena_reserve` bytes of address space reserved at
-     * start (nothing committed), of which [0, arena_bytes) is usable
-     * (committed, locked or registered with CUDA as asked) and
-     * [0, arena_used) handed out. A re-plan that moves state to the host
-     * grows arena_bytes in place, so pointers into it stay valid. */
-    void *arena;
-    size_t arena_reserve, arena_bytes, arena_used;
-    int n_pinned;                /* CUDA registrations: [pinned_at[i], pinned_at[i+1]) */
-    size_t pinned_at[17];
-    bool arena_locked;           /* [0, arena_bytes) mlock'ed */
-    struct fso_topo *topo;       /* this machine, when it has more than one NUMA node */
-    /* The threads of devices 1..world-1, started once (device 0 runs on the
-     * caller's thread): run_ranks hands each the same job and waits. */
-    pthread_t workers[64];
-    int n_workers;
-    pthread_mutex_t run_mu;
-    pthread_cond_t run_cv, done_cv;
-    bool run_init;
-    void *(*job)(void *);
-    uint64_t job_gen;
-    int job_left;
-    bool quit;
-    bool caller_bound;           /* device 0's node applied to the caller's thread */
+    bool lend_shard;             /* world 1, parameters on the device: the shard itself is lent
+                                    to the model, no gather */
+    int prefetch;                /* blocks read ahead (train.prefetch_blocks, or the plan's) */
     int *order;                  /* blocks in the order params() asks for them */
     int n_order;
     int64_t step;                /* optimizer steps taken (AdamW t) */
-    int prefetch;                /* blocks read ahead (train.prefetch_blocks, or the plan's) */
     const fso_adamw_kernel *adamw; /* the widest AdamW kernel this CPU runs */
     bool cuda;                   /* devices are CUDA GPUs */
+    fso_coll *coll;
+    rank_state *ranks;
+    host_arena arena;
+    struct fso_topo *topo;       /* this machine, when it has more than one NUMA node */
+    rank_threads threads;
 };
 
 

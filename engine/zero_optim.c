@@ -68,7 +68,7 @@ static bool tensor_part(const fso_zero *z, const fso_tensor_desc *d, size_t lo, 
 static int unit_fetch(rank_state *rk, const unit *u, fso_kind k, slot *s, float **ptr)
 {
     void *p;
-    int rc = fso_zero_xfer(rk, &rk->oe, &rk->opt_read_bytes, u->b, k, u->c0, u->n, s, false,
+    int rc = fso_zero_xfer(rk, &rk->opt.err, &rk->opt.read_bytes, u->b, k, u->c0, u->n, s, false,
                            true, &p);
     *ptr = p;
     return rc;
@@ -76,14 +76,14 @@ static int unit_fetch(rank_state *rk, const unit *u, fso_kind k, slot *s, float 
 
 static int unit_store(rank_state *rk, const unit *u, fso_kind k, slot *s, void *ptr)
 {
-    return fso_zero_xfer(rk, &rk->oe, &rk->opt_write_bytes, u->b, k, u->c0, u->n, s, true, true,
+    return fso_zero_xfer(rk, &rk->opt.err, &rk->opt.write_bytes, u->b, k, u->c0, u->n, s, true, true,
                          &ptr);
 }
 
 static int set_wait(rank_state *rk, slot *set, int block)
 {
     for (int k = 0; k < FSO_N_KINDS; k++) {
-        int rc = fso_zero_slot_wait(rk, &rk->oe, &set[k], fso_kind_name(k), block);
+        int rc = fso_zero_slot_wait(rk, &rk->opt.err, &set[k], fso_kind_name(k), block);
         if (rc < 0)
             return rc;
     }
@@ -108,7 +108,7 @@ static void update_unit(rank_state *rk, const unit *u, float *master, const floa
     const fso_block_layout *bl = &z->blocks[u->b];
     size_t lo = (size_t)rk->rank * fso_zero_shard_elems(z, u->b) + u->c0, hi = lo + u->n;
     size_t done = lo; /* out is written up to here (tensors are in offset order) */
-    fso_pool *pool = fso_optpool_pool(rk->opt_pool);
+    fso_pool *pool = fso_optpool_pool(rk->opt.pool);
     for (int t = 0; t < bl->n_tensors; t++) {
         const fso_tensor_desc *d = &bl->tensors[t];
         size_t a, e;
@@ -126,10 +126,10 @@ static void update_unit(rank_state *rk, const unit *u, float *master, const floa
 
 static void mark_ready(rank_state *rk, int b, int64_t step)
 {
-    pthread_mutex_lock(&rk->opt_mu);
-    rk->ready[b] = step;
-    pthread_cond_broadcast(&rk->opt_cv);
-    pthread_mutex_unlock(&rk->opt_mu);
+    pthread_mutex_lock(&rk->opt.mu);
+    rk->opt.ready[b] = step;
+    pthread_cond_broadcast(&rk->opt.cv);
+    pthread_mutex_unlock(&rk->opt.mu);
 }
 
 /* The optimizer state on a GPU: the update runs there, one kernel per
@@ -152,14 +152,14 @@ static bool device_update(const rank_state *rk)
 static int params_from_master(rank_state *rk, int b)
 {
     const fso_zero *z = rk->z;
-    const size_t S = fso_zero_shard_elems(z, b), ch = rk->chunk_elems;
+    const size_t S = fso_zero_shard_elems(z, b), ch = rk->opt.chunk_elems;
     const bool bf16 = z->elem_bytes[FSO_KIND_PARAM] == sizeof(uint16_t);
     unit u[2] = {{b, 0, S < ch ? S : ch}};
     float *master[2];
     int k = 0;
-    int rc = unit_fetch(rk, &u[0], FSO_KIND_MASTER, &rk->ochunk[0][FSO_KIND_MASTER], &master[0]);
+    int rc = unit_fetch(rk, &u[0], FSO_KIND_MASTER, &rk->opt.chunk[0][FSO_KIND_MASTER], &master[0]);
     for (size_t c0 = 0; rc == 0 && c0 < S; c0 += ch, k ^= 1) {
-        slot *o = rk->ochunk[k], *next = rk->ochunk[k ^ 1];
+        slot *o = rk->opt.chunk[k], *next = rk->opt.chunk[k ^ 1];
         if (c0 + ch < S) {
             /* the other set's last write must be done before it is reused */
             u[k ^ 1] = (unit){b, c0 + ch, S - (c0 + ch) < ch ? S - (c0 + ch) : ch};
@@ -168,7 +168,7 @@ static int params_from_master(rank_state *rk, int b)
                                  &master[k ^ 1])) < 0)
                 break;
         }
-        if ((rc = fso_zero_slot_wait(rk, &rk->oe, &o[FSO_KIND_MASTER], "master weights", b)) < 0)
+        if ((rc = fso_zero_slot_wait(rk, &rk->opt.err, &o[FSO_KIND_MASTER], "master weights", b)) < 0)
             break;
         void *param = master[k];
         if (bf16) {
@@ -178,7 +178,7 @@ static int params_from_master(rank_state *rk, int b)
         rc = unit_store(rk, &u[k], FSO_KIND_PARAM, &o[FSO_KIND_PARAM], param);
     }
     for (int set = 0; set < 2 && rc == 0; set++)
-        rc = set_wait(rk, rk->ochunk[set], b);
+        rc = set_wait(rk, rk->opt.chunk[set], b);
     return rc;
 }
 
@@ -222,12 +222,12 @@ static int update_blocks_on_device(rank_state *rk, const fso_adamw_step *as, int
         if (b < b1)
             launch_block_update(rk, as, b + 1);
         if (fso_zero_locate(rk, b, FSO_KIND_PARAM)->tier != FSO_TIER_DEVICE) {
-            rk->opt_after = updated; /* the copies down wait for b's kernels only */
+            rk->opt.after = updated; /* the copies down wait for b's kernels only */
             int rc = params_from_master(rk, b);
             if (rc < 0)
                 return rc;
         }
-        rk->ready_mark[b] = updated;
+        rk->opt.ready_mark[b] = updated;
         mark_ready(rk, b, as->t);
     }
     return 0;
@@ -240,7 +240,7 @@ static int update_blocks(rank_state *rk, const fso_adamw_step *as, int b0, int b
     if (device_update(rk))
         return update_blocks_on_device(rk, as, b0, b1);
     const fso_zero *z = rk->z;
-    const size_t ch = rk->chunk_elems;
+    const size_t ch = rk->opt.chunk_elems;
     unit cur, nxt;
     int rc;
     float *p[FSO_N_KINDS];
@@ -249,7 +249,7 @@ static int update_blocks(rank_state *rk, const fso_adamw_step *as, int b0, int b
     cur.n = fso_zero_shard_elems(z, b0) < ch ? fso_zero_shard_elems(z, b0) : ch;
     int set = 0;
     for (int i = 0; i < 4; i++)
-        if ((rc = unit_fetch(rk, &cur, reads[i], &rk->ochunk[0][reads[i]], &p[reads[i]])) < 0)
+        if ((rc = unit_fetch(rk, &cur, reads[i], &rk->opt.chunk[0][reads[i]], &p[reads[i]])) < 0)
             return rc;
     for (;;) {
         /* the next unit: the rest of this shard, then the next block */
@@ -266,16 +266,16 @@ static int update_blocks(rank_state *rk, const fso_adamw_step *as, int b0, int b
             size_t left = fso_zero_shard_elems(z, nxt.b) - nxt.c0;
             nxt.n = left < ch ? left : ch;
             /* the other set's writes must land before its buffers are reused */
-            if ((rc = set_wait(rk, rk->ochunk[set ^ 1], cur.b)) < 0)
+            if ((rc = set_wait(rk, rk->opt.chunk[set ^ 1], cur.b)) < 0)
                 return rc;
             for (int i = 0; i < 4; i++)
-                if ((rc = unit_fetch(rk, &nxt, reads[i], &rk->ochunk[set ^ 1][reads[i]],
+                if ((rc = unit_fetch(rk, &nxt, reads[i], &rk->opt.chunk[set ^ 1][reads[i]],
                                      &q[reads[i]])) < 0)
                     return rc;
         }
-        slot *o = rk->ochunk[set];
+        slot *o = rk->opt.chunk[set];
         for (int i = 0; i < 4; i++)
-            if ((rc = fso_zero_slot_wait(rk, &rk->oe, &o[reads[i]],
+            if ((rc = fso_zero_slot_wait(rk, &rk->opt.err, &o[reads[i]],
                                          fso_kind_name(reads[i]), cur.b)) < 0)
                 return rc;
         /* working parameters: fp32 ones are the master copied; bf16 ones
@@ -299,7 +299,7 @@ static int update_blocks(rank_state *rk, const fso_adamw_step *as, int b0, int b
              * reads them (on a device, the copies in are ordered before any
              * use there, so the host need not wait for them) */
             if (fso_zero_locate(rk, cur.b, FSO_KIND_PARAM)->tier != FSO_TIER_DEVICE &&
-                (rc = fso_zero_slot_wait(rk, &rk->oe, &o[FSO_KIND_PARAM], "parameters", cur.b)) < 0)
+                (rc = fso_zero_slot_wait(rk, &rk->opt.err, &o[FSO_KIND_PARAM], "parameters", cur.b)) < 0)
                 return rc;
             mark_ready(rk, cur.b, as->t);
         }
@@ -310,7 +310,7 @@ static int update_blocks(rank_state *rk, const fso_adamw_step *as, int b0, int b
         set ^= 1;
     }
     for (int s = 0; s < 2; s++)
-        if ((rc = set_wait(rk, rk->ochunk[s], -1)) < 0)
+        if ((rc = set_wait(rk, rk->opt.chunk[s], -1)) < 0)
             return rc;
     return 0;
 }
@@ -318,15 +318,15 @@ static int update_blocks(rank_state *rk, const fso_adamw_step *as, int b0, int b
 int fso_zero_optim_run(rank_state *rk, const fso_adamw_step *as)
 {
     double t0 = fso_now_ms();
-    rk->oe.rc = 0;
-    rk->opt_after = 0; /* after the step's sync: the device is idle */
+    rk->opt.err.rc = 0;
+    rk->opt.after = 0; /* after the step's sync: the device is idle */
     int rc = update_blocks(rk, as, 0, rk->z->n_blocks - 1);
     double dt = fso_now_ms() - t0;
-    rk->opt_busy_ms += dt;
-    rk->st.optimizer_exposed_ms += dt;
+    rk->opt.busy_ms += dt;
+    rk->compute.st.optimizer_exposed_ms += dt;
     if (rc < 0) {
-        rk->ce = rk->oe;
-        rk->oe.rc = 0;
+        rk->compute.err = rk->opt.err;
+        rk->opt.err.rc = 0;
     }
     return rc;
 }
@@ -340,9 +340,9 @@ static int block_finite(rank_state *rk, const opt_job *job)
     const int b = job->block;
     if (job->after)
         rk->be->ops->wait_mark(rk->be, job->after);
-    if (isfinite(rk->block_sq[b]))
+    if (isfinite(rk->compute.grad_sq[b]))
         return 0;
-    return fso_zero_fail(&rk->oe, -ERANGE,
+    return fso_zero_fail(&rk->opt.err, -ERANGE,
                          "step %lld: block %d's gradients are not finite: training diverged; "
                          "lower optimizer.params.lr (blocks after it in backward order were "
                          "already updated: train.optimizer_overlap \"backward\" cannot hold "
@@ -353,19 +353,19 @@ static int block_finite(rank_state *rk, const opt_job *job)
 static void *opt_main(void *arg)
 {
     rank_state *rk = arg;
-    pthread_mutex_lock(&rk->opt_mu);
+    pthread_mutex_lock(&rk->opt.mu);
     for (;;) {
-        while (rk->q_head == rk->q_tail && !rk->opt_stop)
-            pthread_cond_wait(&rk->opt_cv, &rk->opt_mu);
-        if (rk->q_head == rk->q_tail)
+        while (rk->opt.head == rk->opt.tail && !rk->opt.stop)
+            pthread_cond_wait(&rk->opt.cv, &rk->opt.mu);
+        if (rk->opt.head == rk->opt.tail)
             break;
-        opt_job job = rk->queue[rk->q_head % OPT_QUEUE];
-        rk->busy = 1;
-        int failed = rk->oe.rc != 0;
-        pthread_mutex_unlock(&rk->opt_mu);
+        opt_job job = rk->opt.queue[rk->opt.head % OPT_QUEUE];
+        rk->opt.busy = 1;
+        int failed = rk->opt.err.rc != 0;
+        pthread_mutex_unlock(&rk->opt.mu);
 
         double t0 = fso_now_ms();
-        rk->opt_after = job.after;
+        rk->opt.after = job.after;
         if (!failed && job.block >= 0) /* the backward schedule: one block, if finite */
             failed = block_finite(rk, &job) < 0;
         if (!failed) /* after a failure nothing more is applied */
@@ -373,48 +373,48 @@ static void *opt_main(void *arg)
                           job.block < 0 ? rk->z->n_blocks - 1 : job.block);
         double dt = fso_now_ms() - t0;
 
-        pthread_mutex_lock(&rk->opt_mu);
-        rk->opt_busy_ms += dt;
-        rk->q_head++;
-        rk->busy = 0;
-        pthread_cond_broadcast(&rk->opt_cv);
+        pthread_mutex_lock(&rk->opt.mu);
+        rk->opt.busy_ms += dt;
+        rk->opt.head++;
+        rk->opt.busy = 0;
+        pthread_cond_broadcast(&rk->opt.cv);
     }
-    pthread_mutex_unlock(&rk->opt_mu);
+    pthread_mutex_unlock(&rk->opt.mu);
     return NULL;
 }
 
 int fso_zero_optim_start(rank_state *rk)
 {
-    int rc = pthread_create(&rk->opt_tid, NULL, opt_main, rk);
+    int rc = pthread_create(&rk->opt.tid, NULL, opt_main, rk);
     if (rc != 0)
         return -rc;
-    rk->opt_started = true;
+    rk->opt.started = true;
     return 0;
 }
 
 void fso_zero_optim_stop(rank_state *rk)
 {
-    if (!rk->opt_started)
+    if (!rk->opt.started)
         return;
-    pthread_mutex_lock(&rk->opt_mu);
-    rk->opt_stop = true;
-    pthread_cond_broadcast(&rk->opt_cv);
-    pthread_mutex_unlock(&rk->opt_mu);
-    pthread_join(rk->opt_tid, NULL);
-    rk->opt_started = false;
+    pthread_mutex_lock(&rk->opt.mu);
+    rk->opt.stop = true;
+    pthread_cond_broadcast(&rk->opt.cv);
+    pthread_mutex_unlock(&rk->opt.mu);
+    pthread_join(rk->opt.tid, NULL);
+    rk->opt.started = false;
 }
 
 static void post(rank_state *rk, const fso_adamw_step *as, int block)
 {
     fso_backend *be = rk->be;
     const uint64_t after = be->ops->mark ? be->ops->mark(be) : 0;
-    pthread_mutex_lock(&rk->opt_mu);
-    while (rk->q_tail - rk->q_head >= OPT_QUEUE)
-        pthread_cond_wait(&rk->opt_cv, &rk->opt_mu);
-    rk->queue[rk->q_tail % OPT_QUEUE] = (opt_job){.as = *as, .block = block, .after = after};
-    rk->q_tail++;
-    pthread_cond_broadcast(&rk->opt_cv);
-    pthread_mutex_unlock(&rk->opt_mu);
+    pthread_mutex_lock(&rk->opt.mu);
+    while (rk->opt.tail - rk->opt.head >= OPT_QUEUE)
+        pthread_cond_wait(&rk->opt.cv, &rk->opt.mu);
+    rk->opt.queue[rk->opt.tail % OPT_QUEUE] = (opt_job){.as = *as, .block = block, .after = after};
+    rk->opt.tail++;
+    pthread_cond_broadcast(&rk->opt.cv);
+    pthread_mutex_unlock(&rk->opt.mu);
 }
 
 void fso_zero_optim_post_step(rank_state *rk, const fso_adamw_step *as)
@@ -431,15 +431,15 @@ int fso_zero_optim_wait_block(rank_state *rk, int b, int64_t step)
 {
     int rc = 0;
     double t0 = fso_now_ms();
-    pthread_mutex_lock(&rk->opt_mu);
-    while (rk->ready[b] < step && rk->oe.rc == 0)
-        pthread_cond_wait(&rk->opt_cv, &rk->opt_mu);
-    if (rk->ready[b] < step)
-        rc = rk->oe.rc;
-    pthread_mutex_unlock(&rk->opt_mu);
-    rk->st.optimizer_exposed_ms += fso_now_ms() - t0;
+    pthread_mutex_lock(&rk->opt.mu);
+    while (rk->opt.ready[b] < step && rk->opt.err.rc == 0)
+        pthread_cond_wait(&rk->opt.cv, &rk->opt.mu);
+    if (rk->opt.ready[b] < step)
+        rc = rk->opt.err.rc;
+    pthread_mutex_unlock(&rk->opt.mu);
+    rk->compute.st.optimizer_exposed_ms += fso_now_ms() - t0;
     if (rc < 0)
-        fso_zero_fail(&rk->ce, rc, "%s", rk->oe.msg);
+        fso_zero_fail(&rk->compute.err, rc, "%s", rk->opt.err.msg);
     return rc;
 }
 
@@ -447,13 +447,13 @@ int fso_zero_optim_wait_all(rank_state *rk)
 {
     int rc;
     double t0 = fso_now_ms();
-    pthread_mutex_lock(&rk->opt_mu);
-    while (rk->q_head != rk->q_tail)
-        pthread_cond_wait(&rk->opt_cv, &rk->opt_mu);
-    rc = rk->oe.rc;
-    pthread_mutex_unlock(&rk->opt_mu);
-    rk->st.optimizer_exposed_ms += fso_now_ms() - t0;
+    pthread_mutex_lock(&rk->opt.mu);
+    while (rk->opt.head != rk->opt.tail)
+        pthread_cond_wait(&rk->opt.cv, &rk->opt.mu);
+    rc = rk->opt.err.rc;
+    pthread_mutex_unlock(&rk->opt.mu);
+    rk->compute.st.optimizer_exposed_ms += fso_now_ms() - t0;
     if (rc < 0)
-        fso_zero_fail(&rk->ce, rc, "%s", rk->oe.msg);
+        fso_zero_fail(&rk->compute.err, rc, "%s", rk->opt.err.msg);
     return rc;
 }
