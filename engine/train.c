@@ -47,8 +47,8 @@ int fso_trainer_step(fso_trainer *tr, const int32_t *inputs, const int32_t *targ
     fso_zero_step zs;
     double t0 = fso_now_ms();
     memset(st, 0, sizeof *st);
-    st->step = tr->step + 1;
-    int rc = fso_zero_step_run(tr->zero, st->step, inputs, targets, &zs, tr->err, sizeof tr->err);
+    st->step = fso_zero_steps(tr->zero) + 1;
+    int rc = fso_zero_step_run(tr->zero, inputs, targets, &zs, tr->err, sizeof tr->err);
     st->loss = zs.loss;
     st->grad_norm = zs.grad_norm;
     if (rc < 0)
@@ -62,7 +62,6 @@ int fso_trainer_step(fso_trainer *tr, const int32_t *inputs, const int32_t *targ
     st->nvme_read_bytes = zs.nvme_read_bytes;
     st->nvme_write_bytes = zs.nvme_write_bytes;
     st->tokens = (int64_t)fso_trainer_step_tokens(tr->cfg);
-    tr->step++;
     st->step_ms = fso_now_ms() - t0;
     return 0;
 }

@@ -33,8 +33,7 @@ typedef struct fso_step_stats {
 
 typedef struct fso_trainer {
     const fso_config *cfg;
-    fso_zero *zero;
-    int64_t step;            /* optimizer steps taken */
+    fso_zero *zero;          /* the state; fso_zero_steps() counts the steps taken */
     char err[512];
 } fso_trainer;
 

@@ -63,12 +63,15 @@ typedef struct fso_zero fso_zero;
 int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t errlen);
 void fso_zero_destroy(fso_zero *z);
 
-/* One optimizer step: world * grad_accum micro-batches, inputs/targets hold
- * them in order (micro-batch a of rank r is number a * world + r).
- * Returns 0, or negative errno with a message in err (I/O failure, or
- * -ERANGE for a non-finite loss or norm: the update is then not applied). */
-int fso_zero_step_run(fso_zero *z, int64_t step, const int32_t *inputs, const int32_t *targets,
+/* One optimizer step, number fso_zero_steps(z) + 1: world * grad_accum
+ * micro-batches, inputs/targets hold them in order (micro-batch a of rank r
+ * is number a * world + r). Returns 0, or negative errno with a message in
+ * err (I/O failure, or -ERANGE for a non-finite loss or norm: the update is
+ * then not applied and the step not counted). */
+int fso_zero_step_run(fso_zero *z, const int32_t *inputs, const int32_t *targets,
                       fso_zero_step *st, char *err, size_t errlen);
+/* Optimizer steps taken (AdamW's t of the last update). */
+int64_t fso_zero_steps(const fso_zero *z);
 
 /* Wait for every update still running (overlapped schedules) and return
  * the time waited (exposed optimizer time), or negative errno with err. */
@@ -100,6 +103,32 @@ int fso_zero_store_grads_hf(fso_zero *z, float *hf, char *err, size_t errlen);
 /* Forward of rank 0 on one micro-batch (B*T tokens), logits (B*T, V) to host. */
 int fso_zero_forward_logits(fso_zero *z, const int32_t *inputs, float *logits, char *err,
                             size_t errlen);
+
+/* What one device allocates besides its shards and activations, for cfg
+ * (its world, model, bf16, aio.block_size) with parameters on param_tier
+ * read `prefetch` blocks ahead: fso_zero_create and fso_zero_retier
+ * allocate these, and the planner (plan.c) predicts with these counts. */
+typedef struct fso_zero_buffers {
+    /* on the device */
+    int gather;                  /* full-block parameter buffers: 2, or 0 when the shard is lent
+                                    as it is (one device, parameters on it) */
+    size_t gather_bytes;         /* each: the largest block in the working type */
+    int grad_full;               /* full-block gradient buffers (2) */
+    size_t grad_full_bytes;      /* each: the largest block, fp32 */
+    /* host staging, in the host arena */
+    int prefetch_slots;          /* parameter ring: prefetch + prefetch_spare when parameters
+                                    are on NVMe, else 0 */
+    int prefetch_spare;          /* slots beyond the prefetch depth */
+    int max_prefetch;            /* the deepest prefetch the engine takes */
+    size_t prefetch_slot_bytes;  /* each: the largest shard in the working type, whole pages */
+    int stage_slots;             /* a gradient shard's round trip and its two landings */
+    size_t stage_slot_bytes;     /* each: the largest shard, fp32, whole pages */
+    int chunks;                  /* optimizer chunk buffers: two sets, one per kind */
+    size_t chunk_bytes;          /* each: aio.block_size (bf16: a multiple of 8 KiB), at most a
+                                    stage slot */
+} fso_zero_buffers;
+void fso_zero_buffers_for(const fso_config *cfg, fso_tier param_tier, int prefetch,
+                          fso_zero_buffers *b);
 
 /* What each CPU virtual device may hold: cfg->device_mem_bytes (--device-mem)
  * when given, else an equal share of half of host_bytes (the host memory

@@ -1,5 +1,15 @@
 /* zero_impl.h — private to engine/zero*.c: the per-device state of the
- * sharded trainer and the I/O helpers its parts share. */
+ * sharded trainer and what its parts share. Each part is one file:
+ *   zero.c         setup: budgets, per-device allocation, stores, collectives,
+ *                  initial values; teardown; what reports read
+ *   zero_arena.c   the host arena
+ *   zero_io.c      staging slots, the NVMe store, device copies
+ *   zero_shard.c   where each shard lives, and moving its data
+ *   zero_source.c  the block source lent to the model
+ *   zero_step.c    the step, the devices' threads
+ *   zero_optim.c   the optimizer and its schedules
+ *   zero_hf.c      whole-model copies in Hugging Face's layout
+ *   zero_retier.c  moving state between tiers while training */
 #ifndef FSO_ZERO_IMPL_H
 #define FSO_ZERO_IMPL_H
 
@@ -188,13 +198,64 @@ struct fso_zero {
 };
 
 
-/* zero.c */
-size_t fso_zero_shard_elems(const fso_zero *z, int b);
-loc *fso_zero_locate(rank_state *rk, int b, fso_kind k);
+static inline size_t round_page(size_t b)
+{
+    return (b + STAGE_ALIGN - 1) & ~(size_t)(STAGE_ALIGN - 1);
+}
+
+/* zero_arena.c: the host arena */
+/* Reserve `reserve` bytes of address space and make [0, bytes) usable.
+ * 0 or -ENOMEM with err. */
+int fso_zero_arena_init(fso_zero *z, size_t reserve, size_t bytes, char *err, size_t errlen);
+/* Make [0, bytes) usable: commit the new part, lock or register it with
+ * CUDA as the configuration asks (a refusal is one warning and pageable
+ * memory), and tell the NVMe stores. 0 or -ENOMEM with err. */
+int fso_zero_arena_grow(fso_zero *z, size_t bytes, char *err, size_t errlen);
+/* Give back the pages of [p, p+bytes) (state that moved elsewhere). */
+void fso_zero_arena_release(fso_zero *z, void *p, size_t bytes);
+/* Host memory for device rk's state, on its NUMA node when the machine has
+ * several (best effort); aborts past the usable part (a sizing bug). */
+void *fso_zero_rank_take(rank_state *rk, size_t bytes);
+/* Unregister and unmap the whole arena. */
+void fso_zero_arena_free(fso_zero *z);
+
+/* zero_io.c: staging slots, the NVMe store, device copies */
+/* Record the thread's first failure in es (printf-style); returns rc. */
 int fso_zero_fail(errsink *es, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* Queue one read or write of `bytes` at `off` of the rank's store on slot s. */
 int fso_zero_queue_io(rank_state *rk, errsink *es, slot *s, bool write, void *buf, size_t bytes,
                       uint64_t off);
+/* A mark of everything queued on be so far (0 where ops finish as they
+ * return); a mark of the copies only (backend.h mark_copies, else a full
+ * one); staging copies either way, ordered after mark `after`. */
+uint64_t fso_zero_mark(fso_backend *be);
+uint64_t fso_zero_mark_copies(fso_backend *be);
+void fso_zero_copy_in(fso_backend *be, void *dst, const void *src, size_t bytes, uint64_t after);
+void fso_zero_copy_out(fso_backend *be, void *dst, const void *src, size_t bytes, uint64_t after);
+/* The slot's last device copy is done (its buffer may be reused). */
+void fso_zero_copies_wait(rank_state *rk, slot *s);
+/* Wait for the slot's I/O and device copies; an error is final for the step. */
+int fso_zero_slot_wait(rank_state *rk, errsink *es, slot *s, const char *what, int block);
+/* Drain the I/O this thread left in flight after a failure so its buffers
+ * can be reused (with_optimizer: the optimizer's too, once it has stopped). */
+void fso_zero_drain_slots(rank_state *rk, bool with_optimizer);
+/* Device rk's NVMe store over the folders o names, `capacity` bytes, its
+ * buffers registered over the arena. 0 or negative errno with err. */
+int fso_zero_open_store(fso_zero *z, rank_state *rk, const fso_offload_config *o,
+                        uint64_t capacity, char *err, size_t errlen);
+
+/* zero_shard.c: where each shard lives */
+size_t fso_zero_shard_elems(const fso_zero *z, int b);
+/* Bytes a shard of kind k of block b takes on its tier: whole pages. */
+size_t fso_zero_shard_bytes(const fso_zero *z, int b, fso_kind k);
+loc *fso_zero_locate(rank_state *rk, int b, fso_kind k);
+/* A place for shard (b, k) of device rk on `tier`: device memory, host
+ * memory from the arena, or the extent at *nvme_off of its store (*nvme_off
+ * advances). 0, or negative errno with err (device memory short). */
+int fso_zero_place_shard(rank_state *rk, int b, fso_kind k, fso_tier tier, uint64_t *nvme_off,
+                         loc *out, char *err, size_t errlen);
+/* Let go of the place l of shard (b, k); an NVMe extent stays the store's. */
+void fso_zero_release_shard(rank_state *rk, int b, fso_kind k, loc *l);
 /* Move elements [c0, c0+n) of shard (b, k) between its tier and host
  * memory, in the kind's element type (elem_bytes[k] each). Reading, *ptr is
  * set to the data: in the shard itself when in_place and the CPU can
@@ -207,8 +268,31 @@ int fso_zero_xfer(rank_state *rk, errsink *es, uint64_t *bytes_done, int b, fso_
  * that fso_zero_xfer(write) moves them once: the shard itself when in_place
  * and the CPU can address it, else s->buf. */
 void *fso_zero_xfer_dest(rank_state *rk, int b, fso_kind k, size_t c0, slot *s, bool in_place);
-/* Wait for the slot's I/O; an error is final for the step. */
-int fso_zero_slot_wait(rank_state *rk, errsink *es, slot *s, const char *what, int block);
+/* Whole shard (b, k) into s->buf, and back (the compute thread). */
+int fso_zero_shard_fetch(rank_state *rk, int b, fso_kind k, slot *s);
+int fso_zero_shard_store(rank_state *rk, int b, fso_kind k, slot *s);
+/* Kind k of block b on every device from (dir 0) or to (dir 1) the flat
+ * fp32 host buffer (padded_elems), converting to and from the kind's
+ * element type; on the caller's thread, synchronously. */
+int fso_zero_block_xfer(fso_zero *z, int b, float *flat, fso_kind k, int dir);
+
+/* zero_source.c: the block source */
+fso_block_source fso_zero_rank_source(rank_state *rk);
+/* Before a micro-batch: nothing lent, the prefetch order from its start. */
+void fso_zero_source_reset(rank_state *rk);
+/* The gradient shard on its way down lands in its tier (if any). */
+void fso_zero_grads_land(rank_state *rk);
+/* Compute since the last callback belongs to the block lent last. */
+void fso_zero_clock_in(rank_state *rk, double now);
+
+/* zero_step.c: the devices' threads */
+/* Run fn on every device, device 0 on the caller's thread, and wait; the
+ * first failure (another device's before -ECANCELED). */
+int fso_zero_run_ranks(fso_zero *z, void *(*fn)(void *));
+int fso_zero_start_workers(fso_zero *z, char *err, size_t errlen);
+void fso_zero_stop_workers(fso_zero *z);
+/* The first device's failure message into err (one that caused the others'). */
+void fso_zero_first_error(const fso_zero *z, char *err, size_t errlen);
 
 /* zero_optim.c */
 int fso_zero_optim_start(rank_state *rk);      /* the device's optimizer thread */
@@ -219,7 +303,7 @@ void fso_zero_optim_post_step(rank_state *rk, const fso_adamw_step *as);
 void fso_zero_optim_post_block(rank_state *rk, const fso_adamw_step *as, int block);
 /* Wait until block b holds the parameters of step `step` (counting from 1,
  * 0 = initial); returns 0 or the optimizer's error. Time waited goes to
- * rk->st.optimizer_exposed_ms. */
+ * rk->compute.st.optimizer_exposed_ms. */
 int fso_zero_optim_wait_block(rank_state *rk, int b, int64_t step);
 /* Wait until every posted update is done. */
 int fso_zero_optim_wait_all(rank_state *rk);

@@ -181,7 +181,7 @@ static void test_divergence_stops_without_update(void **state)
     for (size_t i = 0; i < np; i++)
         if (i != np / 2)
             assert_true(after[i] == p[i]);
-    assert_int_equal(tr.step, 0);
+    assert_int_equal(fso_zero_steps(tr.zero), 0);
     free(p);
     free(after);
     free(in);

@@ -1,0 +1,146 @@
+/* zero_arena.c — the host arena: one block of host memory for every device's
+ * host-tier shards and staging buffers, reserved once as address space and
+ * committed (locked, or registered with CUDA) as it grows (zero_impl.h,
+ * host_arena). */
+#include "zero_impl.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+
+#include "cuda_backend.h"
+#include "topology.h"
+#include "util.h"
+
+#define ARENA_ROUND ((size_t)2 << 20)
+
+int fso_zero_arena_init(fso_zero *z, size_t reserve, size_t bytes, char *err, size_t errlen)
+{
+    z->arena.reserve = (reserve + 2 * ARENA_ROUND - 1) / ARENA_ROUND * ARENA_ROUND;
+    z->arena.base = mmap(NULL, z->arena.reserve, PROT_NONE,
+                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (z->arena.base == MAP_FAILED) {
+        char h[32];
+        z->arena.base = NULL;
+        fso_human_bytes(h, sizeof h, (double)z->arena.reserve);
+        snprintf(err, errlen, "host memory: cannot reserve %s of address space for the host "
+                              "arena: %s; check ulimit -v", h, strerror(errno));
+        return -ENOMEM;
+    }
+    z->arena.bytes = 0;
+    return fso_zero_arena_grow(z, bytes, err, errlen);
+}
+
+void fso_zero_arena_free(fso_zero *z)
+{
+#if FSO_HAVE_CUDA
+    for (int i = 0; i < z->arena.n_pinned; i++)
+        fso_cuda_host_unregister((char *)z->arena.base + z->arena.pinned_at[i],
+                                 z->arena.pinned_at[i + 1] - z->arena.pinned_at[i]);
+#endif
+    if (z->arena.base)
+        munmap(z->arena.base, z->arena.reserve);
+    z->arena.base = NULL;
+}
+
+static void *arena_take(fso_zero *z, size_t bytes)
+{
+    size_t off = round_page(z->arena.used);
+    if (off + bytes > z->arena.bytes) {
+        fprintf(stderr, "%s:%d: host arena overrun (%zu + %zu > %zu)\n", __FILE__, __LINE__, off,
+                bytes, z->arena.bytes);
+        abort();
+    }
+    z->arena.used = off + bytes;
+    return (char *)z->arena.base + off;
+}
+
+/* Make [0, bytes) of the arena usable: commit the new part, lock or
+ * register it with CUDA as the configuration asks (a refusal is one warning
+ * and pageable memory), and tell the NVMe stores, whose registered buffers
+ * cover the arena. */
+int fso_zero_arena_grow(fso_zero *z, size_t bytes, char *err, size_t errlen)
+{
+    char h1[32], h2[32];
+    bytes = (bytes + ARENA_ROUND - 1) / ARENA_ROUND * ARENA_ROUND;
+    if (bytes <= z->arena.bytes)
+        return 0;
+    if (bytes > z->arena.reserve) {
+        fso_human_bytes(h1, sizeof h1, (double)bytes);
+        fso_human_bytes(h2, sizeof h2, (double)z->arena.reserve);
+        snprintf(err, errlen, "host memory: the host arena would need %s, more than the %s "
+                              "reserved at start; restart with the new placement set in the "
+                              "configuration", h1, h2);
+        return -ENOMEM;
+    }
+    char *from = (char *)z->arena.base + z->arena.bytes;
+    size_t len = bytes - z->arena.bytes;
+    if (mprotect(from, len, PROT_READ | PROT_WRITE) != 0) {
+        fso_human_bytes(h1, sizeof h1, (double)len);
+        snprintf(err, errlen, "host memory: cannot commit %s more of the host arena: %s", h1,
+                 strerror(errno));
+        return -ENOMEM;
+    }
+    const bool first = z->arena.bytes == 0;
+#if FSO_HAVE_CUDA
+    if (z->cuda) {
+        char cerr[256] = "";
+        if (z->arena.n_pinned + 1 < (int)(sizeof z->arena.pinned_at / sizeof z->arena.pinned_at[0]) &&
+            (first || z->arena.pinned_at[z->arena.n_pinned] == z->arena.bytes) &&
+            fso_cuda_host_register(from, len, cerr, sizeof cerr) == 0) {
+            z->arena.pinned_at[z->arena.n_pinned] = z->arena.bytes;
+            z->arena.pinned_at[++z->arena.n_pinned] = bytes;
+        } else if (first || z->arena.pinned_at[z->arena.n_pinned] == z->arena.bytes) {
+            fprintf(stderr, "fsoff: warning: pinning the host arena: %s; using pageable memory "
+                            "(slower copies)\n", cerr[0] ? cerr : "too many registrations");
+        }
+    } else
+#endif
+    if (z->cfg->offload.pin_memory && (first || z->arena.locked)) {
+        z->arena.locked = mlock(from, len) == 0;
+        if (!z->arena.locked) {
+            struct rlimit rl = {0};
+            getrlimit(RLIMIT_MEMLOCK, &rl);
+            fso_human_bytes(h1, sizeof h1, (double)rl.rlim_cur);
+            fso_human_bytes(h2, sizeof h2, (double)bytes);
+            fprintf(stderr, "fsoff: warning: pin_memory: RLIMIT_MEMLOCK is %s; pinning %s needs "
+                            "`ulimit -l unlimited` (or a larger limit); using pageable memory\n",
+                    rl.rlim_cur == RLIM_INFINITY ? "unlimited" : h1, h2);
+            if (!first)
+                munlock(z->arena.base, z->arena.bytes);
+        }
+    }
+    z->arena.bytes = bytes;
+    for (int r = 0; r < z->world && z->ranks; r++) {
+        fso_store *st = z->ranks[r].io.store;
+        if (st && st->ops->register_buffers &&
+            st->ops->register_buffers(st, z->arena.base, z->arena.bytes) < 0 && r == 0)
+            fprintf(stderr, "fsoff: warning: NVMe: %s; continuing with unregistered buffers "
+                            "(slower)\n", st->err);
+    }
+    return 0;
+}
+
+/* Give back the pages of [p, p+bytes) of the arena (state that moved
+ * elsewhere); CUDA-registered memory stays as it is. */
+void fso_zero_arena_release(fso_zero *z, void *p, size_t bytes)
+{
+    if (z->arena.n_pinned)
+        return;
+    if (z->arena.locked)
+        munlock(p, bytes);
+    madvise(p, bytes, MADV_DONTNEED);
+}
+
+/* Host memory for device rk's state, on its NUMA node when the machine has
+ * several (best effort). */
+void *fso_zero_rank_take(rank_state *rk, size_t bytes)
+{
+    void *p = arena_take(rk->z, bytes);
+    if (rk->z->topo && rk->numa >= 0)
+        fso_topo_bind_memory(rk->z->topo, p, bytes, rk->numa);
+    return p;
+}

@@ -1,0 +1,196 @@
+/* zero_shard.c — where each shard lives: placing a shard of a kind on a
+ * tier (device memory, the host arena, an extent of the NVMe store),
+ * letting it go, and moving its data to and from host memory, a chunk, a
+ * whole shard, or a whole block across every device. Everything that reads
+ * or writes a shard where it lives goes through here. */
+#include "zero_impl.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "adamw.h"
+#include "util.h"
+
+size_t fso_zero_shard_elems(const fso_zero *z, int b)
+{
+    return z->blocks[b].padded_elems / (size_t)z->world;
+}
+
+loc *fso_zero_locate(rank_state *rk, int b, fso_kind k)
+{
+    return &rk->locs[b * FSO_N_KINDS + k];
+}
+
+size_t fso_zero_shard_bytes(const fso_zero *z, int b, fso_kind k)
+{
+    return round_page(z->elem_bytes[k] * fso_zero_shard_elems(z, b));
+}
+
+int fso_zero_place_shard(rank_state *rk, int b, fso_kind k, fso_tier tier, uint64_t *nvme_off,
+                         loc *out, char *err, size_t errlen)
+{
+    const size_t bytes = fso_zero_shard_bytes(rk->z, b, k);
+    memset(out, 0, sizeof *out);
+    out->tier = tier;
+    if (tier == FSO_TIER_DEVICE) {
+        int rc = rk->be->ops->buf_alloc(rk->be, bytes, &out->ptr);
+        if (rc < 0)
+            snprintf(err, errlen, "device memory: %s", rk->be->err);
+        return rc;
+    }
+    if (tier == FSO_TIER_HOST) {
+        out->ptr = fso_zero_rank_take(rk, bytes);
+    } else {
+        out->off = *nvme_off;
+        *nvme_off += bytes;
+    }
+    return 0;
+}
+
+void fso_zero_release_shard(rank_state *rk, int b, fso_kind k, loc *l)
+{
+    if (l->tier == FSO_TIER_DEVICE)
+        rk->be->ops->buf_free(rk->be, l->ptr);
+    else if (l->tier == FSO_TIER_HOST && l->ptr)
+        fso_zero_arena_release(rk->z, l->ptr, fso_zero_shard_bytes(rk->z, b, k));
+    l->ptr = NULL;
+}
+
+static bool addressable(const rank_state *rk, const loc *l)
+{
+    return l->tier == FSO_TIER_HOST || (l->tier == FSO_TIER_DEVICE && rk->be->ops->host_addressable);
+}
+
+void *fso_zero_xfer_dest(rank_state *rk, int b, fso_kind k, size_t c0, slot *s, bool in_place)
+{
+    loc *l = fso_zero_locate(rk, b, k);
+    if (in_place && addressable(rk, l))
+        return (char *)l->ptr + rk->z->elem_bytes[k] * c0;
+    return s->buf;
+}
+
+int fso_zero_xfer(rank_state *rk, errsink *es, uint64_t *bytes_done, int b, fso_kind k,
+                  size_t c0, size_t n, slot *s, bool write, bool in_place, void **ptr)
+{
+    loc *l = fso_zero_locate(rk, b, k);
+    const size_t eb = rk->z->elem_bytes[k];
+    size_t bytes = eb * n;
+    void *shard = l->ptr ? (char *)l->ptr + eb * c0 : NULL;
+    if (in_place && addressable(rk, l)) {
+        if (!write)
+            *ptr = shard;
+        else if (*ptr != shard)
+            memcpy(shard, *ptr, bytes);
+        return 0;
+    }
+    if (!write)
+        *ptr = s->buf;
+    else if (*ptr != s->buf)
+        memcpy(s->buf, *ptr, bytes);
+    switch (l->tier) {
+    case FSO_TIER_NVME:
+        /* O_DIRECT: whole pages at page offsets. Chunks start at a multiple
+         * of 4 KiB of the kind's bytes (fso_zero_buffers chunk_bytes);
+         * a shard's last page may be part padding (bf16 shards are 2 KiB
+         * multiples), and what the drive moves is what is counted */
+        __atomic_fetch_add(bytes_done, round_page(bytes), __ATOMIC_RELAXED);
+        return fso_zero_queue_io(rk, es, s, write, s->buf, round_page(bytes), l->off + eb * c0);
+    case FSO_TIER_HOST:
+        if (write)
+            memcpy(shard, s->buf, bytes);
+        else
+            memcpy(s->buf, shard, bytes);
+        return 0;
+    case FSO_TIER_DEVICE: {
+        fso_backend *be = rk->be;
+        if (!be->ops->mark) { /* copies are done when they return */
+            if (write)
+                be->ops->copy_h2d(be, shard, s->buf, bytes);
+            else
+                be->ops->copy_d2h(be, s->buf, shard, bytes);
+            return be->ops->sync(be);
+        }
+        /* ordered after the optimizer job's work only, and waited for by
+         * fso_zero_slot_wait before the host touches s->buf again */
+        const uint64_t after = es == &rk->opt.err ? rk->opt.after : 0;
+        if (write)
+            fso_zero_copy_in(be, shard, s->buf, bytes, after);
+        else
+            fso_zero_copy_out(be, s->buf, shard, bytes, after);
+        s->copied = fso_zero_mark_copies(be);
+        return 0;
+    }
+    default:
+        return -EINVAL;
+    }
+}
+
+/* Whole shard (b, k) into s->buf, and back (compute thread). */
+int fso_zero_shard_fetch(rank_state *rk, int b, fso_kind k, slot *s)
+{
+    void *p;
+    return fso_zero_xfer(rk, &rk->compute.err, &rk->compute.st.nvme_read_bytes, b, k, 0,
+                         fso_zero_shard_elems(rk->z, b), s, false, false, &p);
+}
+
+int fso_zero_shard_store(rank_state *rk, int b, fso_kind k, slot *s)
+{
+    void *p = s->buf;
+    return fso_zero_xfer(rk, &rk->compute.err, &rk->compute.st.nvme_write_bytes, b, k, 0,
+                         fso_zero_shard_elems(rk->z, b), s, true, false, &p);
+}
+
+/* n fp32 values into elements of elem_bytes (4: fp32, 2: bf16 rounded to
+ * nearest even, as the optimizer writes them), and back (exact). */
+static void narrow(void *dst, size_t elem_bytes, const float *src, size_t n)
+{
+    if (elem_bytes == sizeof(float)) {
+        memcpy(dst, src, sizeof(float) * n);
+        return;
+    }
+    uint16_t *d = dst;
+    for (size_t i = 0; i < n; i++)
+        d[i] = fso_bf16_from_f32(src[i]);
+}
+
+static void widen(float *dst, const void *src, size_t elem_bytes, size_t n)
+{
+    if (elem_bytes == sizeof(float)) {
+        memcpy(dst, src, sizeof(float) * n);
+        return;
+    }
+    const uint16_t *h = src;
+    for (size_t i = 0; i < n; i++)
+        dst[i] = fso_f32_from_bf16(h[i]);
+}
+
+/* Copy kind k of block b's shards on every rank from (dir 0) or to (dir 1)
+ * the flat fp32 host buffer, converting to and from the kind's element
+ * type. Runs on the caller's thread, synchronously. */
+int fso_zero_block_xfer(fso_zero *z, int b, float *flat, fso_kind k, int dir)
+{
+    size_t S = fso_zero_shard_elems(z, b);
+    for (int r = 0; r < z->world; r++) {
+        rank_state *rk = &z->ranks[r];
+        slot *s = &rk->io.grad_trip;
+        int rc;
+        rk->compute.err.rc = 0;
+        if (dir == 0) {
+            narrow(s->buf, z->elem_bytes[k], flat + (size_t)r * S, S);
+            rc = fso_zero_shard_store(rk, b, k, s);
+            if (rc == 0)
+                rc = fso_zero_slot_wait(rk, &rk->compute.err, s, fso_kind_name(k), b);
+        } else {
+            rc = fso_zero_shard_fetch(rk, b, k, s);
+            if (rc == 0)
+                rc = fso_zero_slot_wait(rk, &rk->compute.err, s, fso_kind_name(k), b);
+            if (rc == 0)
+                widen(flat + (size_t)r * S, s->buf, z->elem_bytes[k], S);
+        }
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}

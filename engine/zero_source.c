@@ -1,0 +1,321 @@
+/* zero_source.c — the block source lent to the model (model.h): each
+ * block's parameters gathered from the devices' shards (read ahead from
+ * NVMe, staged onto the device) into a window the model reads, and each
+ * block's gradients reduce-scattered back into the shards, landing on
+ * their tier one block behind; with the time spent in each. */
+#include "zero_impl.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util.h"
+
+/* Start reading parameter shards of the next blocks in the order, as far
+ * as the ring allows. */
+static int prefetch_params(rank_state *rk)
+{
+    fso_zero *z = rk->z;
+    if (z->tier[FSO_KIND_PARAM] != FSO_TIER_NVME)
+        return 0;
+    int ahead = z->prefetch;
+    for (int i = rk->compute.order_pos; i < rk->compute.order_pos + 1 + ahead && i < z->n_order; i++) {
+        int b = z->order[i];
+        /* never read a block the optimizer has not finished writing */
+        pthread_mutex_lock(&rk->opt.mu);
+        bool ready = rk->opt.ready[b] >= z->step;
+        pthread_mutex_unlock(&rk->opt.mu);
+        if (!ready)
+            break;
+        bool have = false;
+        for (int j = 0; j < rk->io.n_prefetch; j++)
+            if (rk->io.prefetch[j].block == b)
+                have = true;
+        if (have)
+            continue;
+        /* a free slot: one whose block is not needed before position i;
+         * of those, the one whose copy to the device is oldest (or done),
+         * so that reusing it rarely waits */
+        slot *s = NULL;
+        for (int j = 0; j < rk->io.n_prefetch; j++) {
+            slot *c = &rk->io.prefetch[j];
+            bool needed = false;
+            for (int q = rk->compute.order_pos; q < i && c->block >= 0; q++)
+                if (z->order[q] == c->block)
+                    needed = true;
+            if (!needed && c->pending == 0 && (!s || c->copied < s->copied))
+                s = c;
+        }
+        if (!s)
+            break;
+        fso_zero_copies_wait(rk, s); /* its last copy to the device is done (long since, as a rule) */
+        s->block = b;
+        int rc = fso_zero_shard_fetch(rk, b, FSO_KIND_PARAM, s);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
+/* Lend block b's full parameters, in their working type (bf16 or fp32: the
+ * model's). The rank's shard is gathered from where it lives when the
+ * collective can read it there, else staged on the device first, into the
+ * window the model reads (world 1 on the device: the shard itself is
+ * lent). */
+static const void *src_params(void *ctx, int b)
+{
+    rank_state *rk = ctx;
+    fso_zero *z = rk->z;
+    fso_backend *be = rk->be;
+    size_t S = fso_zero_shard_elems(z, b);
+    const size_t eb = z->elem_bytes[FSO_KIND_PARAM], shard_bytes = eb * S;
+
+    /* the previous step's update of this block must be in (overlapped schedules) */
+    if (rk->compute.err.rc == 0)
+        fso_zero_optim_wait_block(rk, b, z->step);
+    if (z->lend_shard)
+        return fso_zero_locate(rk, b, FSO_KIND_PARAM)->ptr;
+    int g = rk->compute.gather_refs[0] == 0 ? 0 : 1;
+    if (rk->compute.gather_refs[g] != 0) {
+        fprintf(stderr, "%s:%d: more than two blocks lent at once\n", __FILE__, __LINE__);
+        abort();
+    }
+    /* the gather's target and the mark after which compute is done with
+     * it: the staging copy and the gather wait for that only, so on a GPU
+     * they run while the previous block computes */
+    void *recv = rk->compute.gather[g];
+    uint64_t after = rk->compute.gather_free[g];
+    if (rk->opt.ready_mark[b] > after) /* an update of the shard queued on the device */
+        after = rk->opt.ready_mark[b];
+    void *mine = (char *)recv + (size_t)rk->rank * shard_bytes;
+    const void *send = mine; /* this rank's shard, where the gather reads it */
+    loc *l = fso_zero_locate(rk, b, FSO_KIND_PARAM);
+    if (rk->compute.err.rc == 0) {
+        if (l->tier == FSO_TIER_DEVICE ||
+            (l->tier == FSO_TIER_HOST && be->ops->host_addressable)) {
+            send = l->ptr; /* gathered straight from where it lives */
+        } else if (l->tier == FSO_TIER_HOST) {
+            fso_zero_copy_in(be, mine, l->ptr, shard_bytes, after);
+        } else {
+            /* the order must match the model's: it is the same on every rank */
+            if (rk->compute.order_pos >= z->n_order || z->order[rk->compute.order_pos] != b) {
+                fprintf(stderr, "%s:%d: block %d asked out of order\n", __FILE__, __LINE__, b);
+                abort();
+            }
+            prefetch_params(rk);
+            slot *s = NULL;
+            for (int j = 0; j < rk->io.n_prefetch; j++)
+                if (rk->io.prefetch[j].block == b)
+                    s = &rk->io.prefetch[j];
+            double t0 = fso_now_ms();
+            int wrc = s ? fso_zero_slot_wait(rk, &rk->compute.err, s, "parameters", b) : -EIO;
+            rk->compute.st.stall_ms += fso_now_ms() - t0;
+            if (wrc == 0) {
+                fso_zero_copy_in(be, mine, s->buf, shard_bytes, after);
+                /* the slot may be read into again once this copy is done:
+                 * prefetch_params waits for that, not for compute */
+                s->copied = fso_zero_mark_copies(be);
+            }
+            if (s)
+                s->block = -1;
+            rk->compute.order_pos++;
+            prefetch_params(rk);
+        }
+    }
+    /* Every rank joins the gather even after a failure, so no rank waits
+     * forever; the step is discarded afterwards. */
+    z->coll->ops->all_gather(z->coll, rk->rank, send, recv, S,
+                             eb == sizeof(float) ? FSO_DT_F32 : FSO_DT_BF16, after);
+    rk->compute.gather_block[g] = b;
+    rk->compute.gather_refs[g] = 1;
+    return rk->compute.gather[g];
+}
+
+static void src_release(void *ctx, int b)
+{
+    rank_state *rk = ctx;
+    if (rk->z->lend_shard)
+        return;
+    for (int g = 0; g < 2; g++)
+        if (rk->compute.gather_refs[g] && rk->compute.gather_block[g] == b) {
+            rk->compute.gather_refs[g] = 0;
+            rk->compute.gather_block[g] = -1;
+            rk->compute.gather_free[g] = fso_zero_mark(rk->be); /* compute with it is all queued */
+            return;
+        }
+}
+
+static float *src_grads(void *ctx, int b)
+{
+    rank_state *rk = ctx;
+    int g = rk->compute.grad_full_block[0] < 0 ? 0 : 1;
+    rk->compute.grad_full_block[g] = b;
+    rk->be->ops->memset0(rk->be, rk->compute.grad_full[g], sizeof(float) * rk->z->blocks[b].padded_elems);
+    return rk->compute.grad_full[g];
+}
+
+/* A block's gradient shard, copied down from the device, lands in its tier:
+ * added to what earlier micro-batches left there (the first micro-batch of
+ * a step overwrites it), its squared norm taken after the step's last
+ * micro-batch (the same chunked host sum on every tier, so the norm has the
+ * same bits wherever the gradients live), stored, and with the backward
+ * schedule the block's update started. Runs one block behind the copies,
+ * so the host works while the device copies the next block's shard. */
+void fso_zero_grads_land(rank_state *rk)
+{
+    grad_pending gp = rk->io.landing;
+    if (gp.block < 0)
+        return;
+    rk->io.landing.block = -1;
+    if (rk->compute.err.rc)
+        return;
+    fso_zero *z = rk->z;
+    fso_backend *be = rk->be;
+    const int b = gp.block;
+    const size_t S = fso_zero_shard_elems(z, b);
+    slot *in = &rk->io.grad_down[gp.buf], *s = in;
+    if (gp.mark)
+        be->ops->wait_mark(be, gp.mark); /* that copy only, not the device */
+    if (gp.micro > 0) {
+        s = &rk->io.grad_trip;
+        if (fso_zero_shard_fetch(rk, b, FSO_KIND_GRAD, s) < 0 ||
+            fso_zero_slot_wait(rk, &rk->compute.err, s, "gradients", b) < 0)
+            return;
+        float *acc = s->buf;
+        const float *add = in->buf;
+        for (size_t i = 0; i < S; i++)
+            acc[i] += add[i];
+    }
+    if (gp.last) {
+        rk->compute.grad_sq[b] = 0;
+        fso_host_sqnorm(fso_backend_pool(be), &rk->compute.grad_sq[b], s->buf, S);
+    }
+    if (fso_zero_shard_store(rk, b, FSO_KIND_GRAD, s) < 0 ||
+        fso_zero_slot_wait(rk, &rk->compute.err, s, "gradients", b) < 0)
+        return;
+    if (z->cfg->optimizer_overlap == FSO_OVERLAP_BACKWARD && gp.last)
+        fso_zero_optim_post_block(rk, &rk->opt.bwd_step, b);
+}
+
+/* Reduce-scatter the block's gradients so this rank keeps its shard; on
+ * the device tier add it there at once, else copy it down and let it land
+ * (grads_land) while the next block computes. */
+static void src_grads_done(void *ctx, int b)
+{
+    rank_state *rk = ctx;
+    fso_zero *z = rk->z;
+    fso_backend *be = rk->be;
+    int g = rk->compute.grad_full_block[0] == b ? 0 : 1;
+    size_t S = fso_zero_shard_elems(z, b);
+    float *mine = rk->compute.grad_full[g] + (size_t)rk->rank * S;
+    const bool last = rk->compute.micro == z->cfg->grad_accum - 1;
+
+    z->coll->ops->reduce_scatter(z->coll, rk->rank, rk->compute.grad_full[g], mine, S);
+    rk->compute.grad_full_block[g] = -1;
+    if (rk->compute.err.rc)
+        return;
+    loc *l = fso_zero_locate(rk, b, FSO_KIND_GRAD);
+    if (l->tier != FSO_TIER_DEVICE) {
+        /* the staging buffer the pending block does not hold */
+        int i = rk->io.landing.block >= 0 ? 1 - rk->io.landing.buf : 0;
+        be->ops->copy_d2h(be, rk->io.grad_down[i].buf, mine, sizeof(float) * S);
+        uint64_t m = fso_zero_mark(be);
+        fso_zero_grads_land(rk);
+        rk->io.landing = (grad_pending){.block = b, .buf = i, .mark = m, .micro = rk->compute.micro,
+                                   .last = last};
+        return;
+    }
+    if (rk->compute.micro == 0)
+        be->ops->copy_h2d(be, l->ptr, mine, sizeof(float) * S);
+    else
+        be->ops->add(be, l->ptr, l->ptr, mine, S);
+    if (last) {
+        rk->compute.grad_sq[b] = 0;
+        be->ops->sqnorm(be, &rk->compute.grad_sq[b], l->ptr, S);
+    }
+    /* the backward schedule: the update starts once the norm and the shard
+     * are in, which the optimizer thread waits for (the job's mark), not
+     * this one */
+    if (z->cfg->optimizer_overlap == FSO_OVERLAP_BACKWARD && last && rk->compute.err.rc == 0)
+        fso_zero_optim_post_block(rk, &rk->opt.bwd_step, b);
+}
+
+/* Timing for the step report and the re-plan. The time inside params()
+ * and grads_done() (reads, copies, gathers, gradients on their way) is
+ * waiting, not compute. Compute between two callbacks belongs to the block
+ * lent last, except that the head's visit also lends the embedding (tied
+ * heads): that compute is the head's. */
+void fso_zero_clock_in(rank_state *rk, double now)
+{
+    if (rk->clock.cur_block >= 0)
+        rk->clock.block_ms[rk->clock.cur_block] += now - rk->clock.t_mark;
+}
+
+static void clock_out(rank_state *rk, double now, int lent)
+{
+    const int head = rk->z->n_blocks - 1;
+    if (lent >= 0 && !(lent == 0 && rk->clock.cur_block == head))
+        rk->clock.cur_block = lent;
+    rk->clock.t_mark = now;
+}
+
+static const void *timed_params(void *ctx, int b)
+{
+    rank_state *rk = ctx;
+    double t0 = fso_now_ms();
+    fso_zero_clock_in(rk, t0);
+    const void *p = src_params(ctx, b);
+    double t1 = fso_now_ms();
+    rk->clock.wait_ms += t1 - t0;
+    clock_out(rk, t1, b);
+    return p;
+}
+
+static void timed_release(void *ctx, int b)
+{
+    rank_state *rk = ctx;
+    double t0 = fso_now_ms();
+    fso_zero_clock_in(rk, t0);
+    src_release(ctx, b);
+    clock_out(rk, fso_now_ms(), -1);
+}
+
+static float *timed_grads(void *ctx, int b)
+{
+    rank_state *rk = ctx;
+    double t0 = fso_now_ms();
+    fso_zero_clock_in(rk, t0);
+    float *g = src_grads(ctx, b);
+    clock_out(rk, fso_now_ms(), b);
+    return g;
+}
+
+static void timed_grads_done(void *ctx, int b)
+{
+    rank_state *rk = ctx;
+    double t0 = fso_now_ms();
+    fso_zero_clock_in(rk, t0);
+    src_grads_done(ctx, b);
+    double t1 = fso_now_ms();
+    rk->clock.wait_ms += t1 - t0;
+    clock_out(rk, t1, -1);
+}
+
+fso_block_source fso_zero_rank_source(rank_state *rk)
+{
+    fso_block_source s = {.ctx = rk, .params = timed_params, .release = timed_release,
+                          .grads = timed_grads, .grads_done = timed_grads_done};
+    return s;
+}
+
+void fso_zero_source_reset(rank_state *rk)
+{
+    rk->compute.order_pos = 0;
+    rk->compute.gather_refs[0] = rk->compute.gather_refs[1] = 0;
+    rk->compute.gather_block[0] = rk->compute.gather_block[1] = -1;
+    rk->compute.grad_full_block[0] = rk->compute.grad_full_block[1] = -1;
+    for (int j = 0; j < rk->io.n_prefetch; j++)
+        rk->io.prefetch[j].block = -1;
+}

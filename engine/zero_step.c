@@ -1,0 +1,317 @@
+/* zero_step.c — one optimizer step on every device: the micro-batches
+ * through the model, the exact global norm and mean loss, clipping, and the
+ * update on the schedule train.optimizer_overlap asks for (zero_optim.c);
+ * the devices' threads that run it; the forward for logits. */
+#include "zero_impl.h"
+
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "topology.h"
+#include "util.h"
+
+static void drain(rank_state *rk)
+{
+    fso_zero_drain_slots(rk, false);
+}
+
+static fso_adamw_step step_hparams(const fso_zero *z, double clip_coef)
+{
+    const fso_config *cfg = z->cfg;
+    fso_adamw_step as = {
+        .lr = fso_config_lr_at(cfg, z->step + 1),
+        .beta1 = cfg->optim.beta1,
+        .beta2 = cfg->optim.beta2,
+        .eps = cfg->optim.eps,
+        .grad_scale = clip_coef,
+        .t = z->step + 1,
+    };
+    return as;
+}
+
+static void *rank_step(void *arg)
+{
+    rank_state *rk = arg;
+    fso_zero *z = rk->z;
+    const fso_config *cfg = z->cfg;
+    const size_t bt = (size_t)cfg->micro_batch * cfg->data.seq_len;
+    fso_block_source src = fso_zero_rank_source(rk);
+    float grad_scale = 1.0f / (float)(cfg->grad_accum * z->world);
+
+    memset(&rk->compute.st, 0, sizeof rk->compute.st);
+    rk->compute.loss_sum = 0;
+    rk->clock.wait_ms = 0;
+    rk->opt.bwd_step = step_hparams(z, 1.0); /* clipping is off in the backward schedule */
+    memset(rk->clock.block_ms, 0, sizeof *rk->clock.block_ms * (size_t)z->n_blocks);
+    double t0 = fso_now_ms();
+    for (int a = 0; a < cfg->grad_accum; a++) {
+        fso_zero_source_reset(rk);
+        rk->compute.micro = a;
+        rk->clock.cur_block = -1;
+        rk->clock.t_mark = fso_now_ms();
+        size_t mb = (size_t)a * z->world + rk->rank;
+        fso_model_step(&rk->model, &src, rk->compute.inputs + mb * bt, rk->compute.targets + mb * bt,
+                       grad_scale, &rk->compute.loss_sum);
+        fso_zero_clock_in(rk, fso_now_ms()); /* the last block's compute */
+        /* the micro-batch's last gradients land while the next one's
+         * forward runs (the next landing comes first), or now at the end */
+    }
+    fso_zero_grads_land(rk);
+    rk->compute.st.compute_ms = fso_now_ms() - t0 - rk->clock.wait_ms;
+
+    /* exact global norm and mean loss: one all-reduce (also carries
+     * failures); block norms are added in block order on every schedule.
+     * The norms taken on the device are in once the backend has synced:
+     * the step's one wait for the device. */
+    int drc = rk->compute.err.rc == 0 ? rk->be->ops->sync(rk->be) : 0;
+    if (drc < 0)
+        fso_zero_fail(&rk->compute.err, drc, "device %d: %s", rk->rank, rk->be->err);
+    double sq = 0;
+    for (int b = 0; b < z->n_blocks && rk->compute.err.rc == 0; b++)
+        sq += rk->compute.grad_sq[b];
+    double red[3] = {rk->compute.loss_sum, sq, rk->compute.err.rc ? 1.0 : 0.0};
+    z->coll->ops->all_reduce_f64(z->coll, rk->rank, red, 3);
+    rk->compute.st.loss = red[0] / ((double)bt * cfg->grad_accum * z->world);
+    rk->compute.st.grad_norm = sqrt(red[1]);
+    if (red[2] != 0) { /* some rank failed: nobody updates */
+        if (rk->compute.err.rc == 0)
+            fso_zero_fail(&rk->compute.err, -ECANCELED, "device %d: another device failed", rk->rank);
+        drain(rk);
+        return NULL;
+    }
+    if (!isfinite(rk->compute.st.loss) || !isfinite(rk->compute.st.grad_norm)) {
+        if (cfg->optimizer_overlap == FSO_OVERLAP_BACKWARD) {
+            /* blocks were updated as their gradients came in: say which
+             * was not, as the optimizer thread found it */
+            if (fso_zero_optim_wait_all(rk) == 0)
+                fso_zero_fail(&rk->compute.err, -ERANGE,
+                              "step %lld: loss %g, gradient norm %g: training diverged; "
+                              "train.optimizer_overlap \"backward\" had already updated every "
+                              "block; lower optimizer.params.lr",
+                              (long long)(z->step + 1), rk->compute.st.loss, rk->compute.st.grad_norm);
+            return NULL;
+        }
+        fso_zero_fail(&rk->compute.err, -ERANGE,
+                      "step %lld: loss %g, gradient norm %g: training diverged and the update was "
+                      "not applied; lower optimizer.params.lr or set gradient_clipping",
+                      (long long)(z->step + 1), rk->compute.st.loss, rk->compute.st.grad_norm);
+        return NULL;
+    }
+    rk->compute.st.clip_coef = 1.0;
+    if (cfg->grad_clip > 0) {
+        double coef = cfg->grad_clip / (rk->compute.st.grad_norm + 1e-6);
+        if (coef < 1.0)
+            rk->compute.st.clip_coef = coef;
+    }
+    fso_adamw_step as = step_hparams(z, rk->compute.st.clip_coef);
+    rk->compute.st.lr = as.lr;
+    if (cfg->optimizer_overlap == FSO_OVERLAP_NONE) {
+        if (fso_zero_optim_run(rk, &as) < 0)
+            drain(rk);
+    } else if (cfg->optimizer_overlap == FSO_OVERLAP_FORWARD) {
+        fso_zero_optim_post_step(rk, &as);
+    }
+    pthread_mutex_lock(&rk->opt.mu);
+    rk->compute.st.optimizer_ms = rk->opt.busy_ms;
+    rk->compute.st.nvme_read_bytes += __atomic_exchange_n(&rk->opt.read_bytes, 0, __ATOMIC_RELAXED);
+    rk->compute.st.nvme_write_bytes += __atomic_exchange_n(&rk->opt.write_bytes, 0, __ATOMIC_RELAXED);
+    rk->opt.busy_ms = 0;
+    pthread_mutex_unlock(&rk->opt.mu);
+    return NULL;
+}
+
+int fso_zero_finish(fso_zero *z, double *waited_ms, char *err, size_t errlen)
+{
+    int rc = 0;
+    *waited_ms = 0;
+    for (int r = 0; r < z->world; r++) {
+        rank_state *rk = &z->ranks[r];
+        rk->compute.err.rc = 0;
+        rk->compute.st.optimizer_exposed_ms = 0;
+        int e = fso_zero_optim_wait_all(rk);
+        if (r == 0)
+            *waited_ms = rk->compute.st.optimizer_exposed_ms;
+        if (e < 0 && rc == 0) {
+            rc = e;
+            snprintf(err, errlen, "%s", rk->compute.err.msg);
+        }
+    }
+    return rc;
+}
+
+/* A device's thread: bound near its device once, then one job per call of
+ * run_ranks until the trainer goes away. */
+typedef struct worker_arg {
+    fso_zero *z;
+    int rank;
+} worker_arg;
+
+static void *worker_main(void *arg)
+{
+    fso_zero *z = ((worker_arg *)arg)->z;
+    rank_state *rk = &z->ranks[((worker_arg *)arg)->rank];
+    free(arg);
+    if (z->topo && rk->numa >= 0)
+        fso_topo_bind_thread(z->topo, rk->numa);
+    uint64_t seen = 0;
+    pthread_mutex_lock(&z->threads.mu);
+    for (;;) {
+        while (!z->threads.quit && z->threads.gen == seen)
+            pthread_cond_wait(&z->threads.run_cv, &z->threads.mu);
+        if (z->threads.quit)
+            break;
+        seen = z->threads.gen;
+        void *(*fn)(void *) = z->threads.job;
+        pthread_mutex_unlock(&z->threads.mu);
+        fn(rk);
+        pthread_mutex_lock(&z->threads.mu);
+        if (--z->threads.left == 0)
+            pthread_cond_signal(&z->threads.done_cv);
+    }
+    pthread_mutex_unlock(&z->threads.mu);
+    return NULL;
+}
+
+int fso_zero_start_workers(fso_zero *z, char *err, size_t errlen)
+{
+    pthread_mutex_init(&z->threads.mu, NULL);
+    pthread_cond_init(&z->threads.run_cv, NULL);
+    pthread_cond_init(&z->threads.done_cv, NULL);
+    z->threads.init = true;
+    for (int r = 1; r < z->world; r++) {
+        worker_arg *a = malloc(sizeof *a);
+        int e = a ? 0 : ENOMEM;
+        if (a) {
+            *a = (worker_arg){z, r};
+            e = pthread_create(&z->threads.workers[r], NULL, worker_main, a);
+            if (e)
+                free(a);
+        }
+        if (e) {
+            snprintf(err, errlen, "cannot start the thread of device %d: %s", r, strerror(e));
+            return -e;
+        }
+        z->threads.n_workers = r;
+    }
+    return 0;
+}
+
+void fso_zero_stop_workers(fso_zero *z)
+{
+    if (!z->threads.init)
+        return;
+    pthread_mutex_lock(&z->threads.mu);
+    z->threads.quit = true;
+    pthread_cond_broadcast(&z->threads.run_cv);
+    pthread_mutex_unlock(&z->threads.mu);
+    for (int r = 1; r <= z->threads.n_workers; r++)
+        pthread_join(z->threads.workers[r], NULL);
+    pthread_cond_destroy(&z->threads.run_cv);
+    pthread_cond_destroy(&z->threads.done_cv);
+    pthread_mutex_destroy(&z->threads.mu);
+    z->threads.init = false;
+}
+
+/* Run fn on every device, device 0 on the caller's thread, and wait. */
+int fso_zero_run_ranks(fso_zero *z, void *(*fn)(void *))
+{
+    int rc = 0;
+    for (int r = 0; r < z->world; r++)
+        z->ranks[r].compute.err.rc = 0;
+    if (!z->threads.caller_bound && z->topo && z->ranks[0].numa >= 0)
+        fso_topo_bind_thread(z->topo, z->ranks[0].numa);
+    z->threads.caller_bound = true;
+    pthread_mutex_lock(&z->threads.mu);
+    z->threads.job = fn;
+    z->threads.left = z->world - 1;
+    z->threads.gen++;
+    pthread_cond_broadcast(&z->threads.run_cv);
+    pthread_mutex_unlock(&z->threads.mu);
+    fn(&z->ranks[0]);
+    pthread_mutex_lock(&z->threads.mu);
+    while (z->threads.left > 0)
+        pthread_cond_wait(&z->threads.done_cv, &z->threads.mu);
+    pthread_mutex_unlock(&z->threads.mu);
+    for (int r = 0; r < z->world; r++)
+        if (z->ranks[r].compute.err.rc && (rc == 0 || rc == -ECANCELED))
+            rc = z->ranks[r].compute.err.rc;
+    return rc;
+}
+
+void fso_zero_first_error(const fso_zero *z, char *err, size_t errlen)
+{
+    for (int r = 0; r < z->world; r++)
+        if (z->ranks[r].compute.err.rc && z->ranks[r].compute.err.rc != -ECANCELED) {
+            snprintf(err, errlen, "%s", z->ranks[r].compute.err.msg);
+            return;
+        }
+    snprintf(err, errlen, "%s", z->ranks[0].compute.err.msg);
+}
+
+int fso_zero_step_run(fso_zero *z, const int32_t *inputs, const int32_t *targets,
+                      fso_zero_step *st, char *err, size_t errlen)
+{
+    for (int r = 0; r < z->world; r++) {
+        z->ranks[r].compute.inputs = inputs;
+        z->ranks[r].compute.targets = targets;
+    }
+    int rc = fso_zero_run_ranks(z, rank_step);
+    *st = z->ranks[0].compute.st;
+    st->nvme_read_bytes = st->nvme_write_bytes = 0;
+    /* the optimizer thread counts NVMe bytes into the same fields */
+    for (int r = 0; r < z->world; r++) {
+        st->nvme_read_bytes += z->ranks[r].compute.st.nvme_read_bytes;
+        st->nvme_write_bytes += z->ranks[r].compute.st.nvme_write_bytes;
+    }
+    if (rc < 0) {
+        fso_zero_first_error(z, err, errlen);
+        return rc;
+    }
+    z->step++;
+    return 0;
+}
+
+int64_t fso_zero_steps(const fso_zero *z)
+{
+    return z->step;
+}
+
+static void *rank_logits(void *arg)
+{
+    rank_state *rk = arg;
+    fso_block_source src = fso_zero_rank_source(rk);
+    fso_zero_source_reset(rk);
+    fso_model_forward_logits(&rk->model, &src, rk->compute.inputs, rk->compute.logits);
+    return NULL;
+}
+
+int fso_zero_forward_logits(fso_zero *z, const int32_t *inputs, float *logits, char *err,
+                            size_t errlen)
+{
+    double waited;
+    int wrc = fso_zero_finish(z, &waited, err, errlen);
+    if (wrc < 0)
+        return wrc;
+    /* Every rank must join the gathers; ranks other than 0 write their
+     * logits to scratch. */
+    const fso_model *m = &z->ranks[0].model;
+    size_t n = (size_t)m->B * m->T * m->mc.vocab_size;
+    float *scratch = z->world > 1 ? malloc(sizeof(float) * n) : NULL;
+    if (z->world > 1 && !scratch) {
+        snprintf(err, errlen, "out of host memory for logits");
+        return -ENOMEM;
+    }
+    for (int r = 0; r < z->world; r++) {
+        z->ranks[r].compute.inputs = inputs;
+        z->ranks[r].compute.logits = r == 0 ? logits : scratch;
+    }
+    int rc = fso_zero_run_ranks(z, rank_logits);
+    free(scratch);
+    if (rc < 0)
+        fso_zero_first_error(z, err, errlen);
+    return rc;
+}
