@@ -112,16 +112,27 @@ int fso_plan_ctx_init(fso_plan_ctx *ctx, const fso_config *cfg, const fso_plan_m
 
     fso_plan_engine *en = &in->engine;
     en->overlap = cfg->optimizer_overlap;
-    en->gather_buffers = 2;
-    en->max_prefetch = 16;
-    en->stage_slots = 3;
-    uint64_t maxe = 0;
-    for (int b = 0; b < nb; b++)
-        if (ctx->block_elems[b] > maxe)
-            maxe = ctx->block_elems[b];
-    uint64_t slot = ((maxe / (uint64_t)W) * 4 + 4095) / 4096 * 4096;
-    uint64_t chunk = (uint64_t)cfg->offload.aio_block_bytes;
-    en->stage_fixed_bytes = 2 * FSO_N_KINDS * (chunk < slot ? chunk : slot);
+    /* the engine's buffers for this job: gathered (parameters on NVMe, the
+     * deepest ring), and whether a shard on the only device is lent as is */
+    fso_config *wcfg = malloc(sizeof *wcfg);
+    if (!wcfg) {
+        fso_plan_ctx_free(ctx);
+        snprintf(err, errlen, "out of memory");
+        return -ENOMEM;
+    }
+    *wcfg = *cfg;
+    wcfg->world = W;
+    fso_zero_buffers zb, zb_dev;
+    fso_zero_buffers_for(wcfg, FSO_TIER_NVME, 0, &zb);
+    fso_zero_buffers_for(wcfg, FSO_TIER_DEVICE, 0, &zb_dev);
+    free(wcfg);
+    en->gather_buffers = zb.gather;
+    en->lend_device_shard = zb_dev.gather == 0;
+    en->grad_buffers = zb.grad_full;
+    en->max_prefetch = zb.max_prefetch;
+    en->prefetch_spare = zb.prefetch_spare;
+    en->stage_slots = zb.stage_slots;
+    en->stage_fixed_bytes = (uint64_t)zb.chunks * zb.chunk_bytes;
     if (gpu) { /* the GPU engine as DESIGN §5 lays it out */
         en->per_block_tiers = true;
         en->per_kind_tiers = true;

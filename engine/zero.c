@@ -525,7 +525,7 @@ uint64_t fso_zero_cpu_device_mem(const fso_config *cfg, uint64_t host_bytes)
 
 uint64_t fso_zero_host_arena_bytes(const fso_zero *z)
 {
-    return z->arena.bytes;
+    return z->arena.used;
 }
 
 const double *fso_zero_block_compute_ms(const fso_zero *z)

@@ -139,7 +139,8 @@ uint64_t fso_zero_cpu_device_mem(const fso_config *cfg, uint64_t host_bytes);
 /* Wrap device `rank`'s NVMe store in a fault injector (tests). 0 or -errno;
  * -ENOENT when that device has no store. */
 int fso_zero_inject_faults(fso_zero *z, int rank, const fso_fault_spec *spec);
-/* Bytes of the host arena (host-tier shards and staging buffers). */
+/* Bytes of the host arena in use: host-tier shards and staging buffers of
+ * every device. */
 uint64_t fso_zero_host_arena_bytes(const fso_zero *z);
 
 /* What a report needs. */

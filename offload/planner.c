@@ -68,7 +68,7 @@ static uint64_t shard_bytes(const fso_plan_input *in, int b, int k)
 
 static bool aliased(const fso_plan_input *in, const fso_placement *pl, int b)
 {
-    return in->machine.devices == 1 && pl->tier[FSO_KIND_PARAM][b] == FSO_TIER_DEVICE;
+    return in->engine.lend_device_shard && pl->tier[FSO_KIND_PARAM][b] == FSO_TIER_DEVICE;
 }
 
 static bool any_param_on(const fso_placement *pl, int tier)
@@ -111,14 +111,15 @@ static bool size_placement(const fso_plan_input *in, const fso_placement *pl, fs
         }
     const uint64_t maxe = max_block_elems(m);
     const uint64_t max_shard = (maxe + W - 1) / W;
-    uint64_t window = needs_window(in, pl)
-                          ? (uint64_t)in->engine.gather_buffers * round_page(maxe * m->param_bytes)
-                          : 0;
-    uint64_t gradbufs = 2 * round_page(maxe * (uint64_t)m->grad_bytes);
+    /* full-block buffers, as the engine allocates them (whole blocks, no page rounding) */
+    uint64_t window =
+        needs_window(in, pl) ? (uint64_t)in->engine.gather_buffers * maxe * m->param_bytes : 0;
+    uint64_t gradbufs = (uint64_t)in->engine.grad_buffers * maxe * (uint64_t)m->grad_bytes;
     out->activation_bytes = m->activation_bytes;
     out->buffer_bytes[FSO_TIER_DEVICE] = window + gradbufs + in->engine.device_reserve_bytes;
     uint64_t ring = any_param_on(pl, FSO_TIER_NVME)
-                        ? (uint64_t)(pl->prefetch + 2) * round_page(max_shard * m->param_bytes)
+                        ? (uint64_t)(pl->prefetch + in->engine.prefetch_spare) *
+                              round_page(max_shard * m->param_bytes)
                         : 0;
     uint64_t stage = (uint64_t)in->engine.stage_slots * round_page(max_shard * m->state_bytes) +
                      in->engine.stage_fixed_bytes;

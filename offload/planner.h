@@ -107,8 +107,14 @@ typedef struct fso_plan_engine {
     int opt_write_lag;         /* 1: a block's parameters on NVMe are written before the
                                   next block is updated; 2: writes trail by two blocks (the
                                   two buffer sets) only */
-    int gather_buffers;        /* full-block parameter buffers per device (2) */
+    /* The engine's buffers (engine/zero.h fso_zero_buffers): how many of each,
+     * their sizes following from the model's widths. */
+    int gather_buffers;        /* full-block parameter buffers per device */
+    bool lend_device_shard;    /* a block whose parameters live on the only device is lent
+                                  as it is: no gather, no gather window */
+    int grad_buffers;          /* full-block gradient buffers per device */
     int max_prefetch;          /* deepest prefetch the engine takes */
+    int prefetch_spare;        /* parameter ring slots beyond the prefetch depth */
     int stage_slots;           /* host staging buffers per device besides the prefetch ring,
                                   each one largest shard */
     uint64_t stage_fixed_bytes;/* more host staging per device (optimizer chunks) */

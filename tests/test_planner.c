@@ -76,7 +76,10 @@ static void synth_model(synth *s, int nb, uint64_t elems, double fwd_flops, bool
     fso_plan_engine *en = &s->in.engine;
     en->overlap = FSO_OVERLAP_NONE;
     en->gather_buffers = 2;
+    en->lend_device_shard = true;
+    en->grad_buffers = 2;
     en->max_prefetch = 16;
+    en->prefetch_spare = 2;
     en->stage_slots = 2;
     en->opt_write_lag = 1;
     fso_plan_pins_none(&s->in.pins);

@@ -12,7 +12,8 @@
  *  - folder errors and the tmpfs fallback;
  *  - bf16 working parameters (bf16.enabled): bit-identical across tiers and
  *    schedules, close to the fp32 run, always bf16 of the master, and half
- *    the parameter bytes on NVMe.
+ *    the parameter bytes on NVMe;
+ *  - the planner's memory per tier is what the engine allocates.
  */
 #include <errno.h>
 #include <math.h>
@@ -32,6 +33,7 @@
 #include "config.h"
 #include "cpu_async.h"
 #include "data.h"
+#include "plan.h"
 #include "small_model.h"
 #include "train.h"
 #include "zero.h"
@@ -1002,6 +1004,68 @@ static void test_replan_over_the_device_cap_changes_nothing(void **state)
     result_free(&r);
 }
 
+/* The planner's memory for a placement is what the engine allocates for
+ * it: on each device the activations, the resident shards, the gather
+ * window and the gradient buffers; in the host arena every device's
+ * host-tier shards and staging buffers (the parameter ring, the gradient
+ * slots, the optimizer's chunks). */
+static void test_planner_predicts_what_the_engine_allocates(void **state)
+{
+    (void)state;
+    static const struct {
+        int world;
+        fso_tier param, optim;
+        bool bf16;
+        int prefetch;
+        int64_t aio;
+    } cases[] = {
+        {1, FSO_TIER_DEVICE, FSO_TIER_DEVICE, false, 2, 1 << 20}, /* the shard lent as is */
+        {1, FSO_TIER_DEVICE, FSO_TIER_HOST, true, 2, 1 << 20},
+        {2, FSO_TIER_HOST, FSO_TIER_HOST, true, 2, 1 << 20},
+        {2, FSO_TIER_NVME, FSO_TIER_NVME, true, 3, 4096}, /* bf16 chunks of 8 KiB */
+        {2, FSO_TIER_DEVICE, FSO_TIER_NVME, false, 2, 8192},
+        {1, FSO_TIER_NVME, FSO_TIER_HOST, false, 5, 1 << 20},
+        {1, FSO_TIER_HOST, FSO_TIER_DEVICE, true, 2, 1 << 20}, /* bf16 blocks, 2 KiB multiples */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        fso_config cfg;
+        fso_trainer tr;
+        fso_plan_ctx ctx;
+        static fso_plan p;
+        static fso_placement pl;
+        char err[512];
+        small_config(&cfg, cases[i].world, 4);
+        set_tiers(&cfg, cases[i].param, cases[i].optim);
+        cfg.bf16 = cases[i].bf16;
+        cfg.offload.prefetch_blocks = cases[i].prefetch;
+        cfg.offload.aio_block_bytes = cases[i].aio;
+        if (fso_trainer_init(&tr, &cfg) < 0)
+            fail_msg("case %zu: %s", i, tr.err);
+        fso_plan_machine m = {.devices = cases[i].world, .cpu_devices = true,
+                              .device_mem_bytes = (uint64_t)1 << 40,
+                              .host_mem_bytes = (uint64_t)1 << 40,
+                              .nvme_free_bytes = (uint64_t)1 << 40, .nvme_read_gbps = 1,
+                              .nvme_write_gbps = 1, .h2d_gbps = 1, .d2h_gbps = 1,
+                              .coll_gbps = 1, .device_gflops = 1, .adam_gelems = 1,
+                              .host_copy_gbps = 1};
+        assert_int_equal(fso_plan_ctx_init(&ctx, &cfg, &m, false, err, sizeof err), 0);
+        fso_placement_uniform(&pl, ctx.in.model.n_blocks, cases[i].param, cases[i].optim,
+                              cases[i].optim, cases[i].prefetch);
+        assert_int_equal(fso_plan_evaluate(&ctx.in, &pl, &p), 0);
+        const fso_backend *be = fso_zero_model(tr.zero)->be;
+        /* the CPU backend's working space for bf16 tensors grows during a step */
+        uint64_t device = p.need_bytes[FSO_TIER_DEVICE] - ctx.in.engine.device_reserve_bytes;
+        if (be->mem_used_bytes != device || fso_zero_host_arena_bytes(tr.zero) !=
+                                                p.need_bytes[FSO_TIER_HOST])
+            fail_msg("case %zu: device %zu allocated, %llu predicted; host %llu allocated, "
+                     "%llu predicted", i, be->mem_used_bytes, (unsigned long long)device,
+                     (unsigned long long)fso_zero_host_arena_bytes(tr.zero),
+                     (unsigned long long)p.need_bytes[FSO_TIER_HOST]);
+        fso_plan_ctx_free(&ctx);
+        fso_trainer_free(&tr);
+    }
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -1018,6 +1082,7 @@ static int teardown(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_planner_predicts_what_the_engine_allocates),
         cmocka_unit_test(test_tiers_are_bit_identical_one_device),
         cmocka_unit_test(test_tiers_are_bit_identical_two_devices),
         cmocka_unit_test(test_bf16_tiers_are_bit_identical_one_device),
