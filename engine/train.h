@@ -11,6 +11,7 @@
 #define FSO_TRAIN_H
 
 #include <stdint.h>
+#include <stdio.h>
 
 #include "config.h"
 #include "model.h"
@@ -59,12 +60,15 @@ int fso_trainer_step(fso_trainer *tr, const int32_t *inputs, const int32_t *targ
 typedef struct fso_run_opts {
     const char *metrics_path;   /* NULL: none */
     const char *devices;        /* as given to --devices */
+    FILE *out;                  /* the plan, banner, step lines and summary; NULL: stdout
+                                   (errors and warnings go to stderr) */
 } fso_run_opts;
 
-/* The whole run: the plan (CPU devices: placement chosen where the
- * configuration does not pin it), data, trainer, step lines, metrics,
- * summary.
- * Returns 0, or a negative errno after printing one error line. */
+/* The whole run: the plan (the placement chosen where the configuration
+ * does not pin it, checked against the measured steps after five), data,
+ * trainer, step lines, metrics, summary. Holds no state between calls:
+ * several runs may go on at once in one process. Returns 0, or a negative
+ * errno after printing one error line. */
 int fso_train_run(const fso_config *cfg, const fso_run_opts *opts);
 
 #endif

@@ -1,14 +1,18 @@
 /* test_train.c — properties of the training step that the golden test does
  * not pin down: determinism, gradient accumulation, activation
- * checkpointing, thread counts, and divergence handling. */
+ * checkpointing, thread counts, divergence handling, and two training runs
+ * at once in one process. */
 #include <errno.h>
+#include <pthread.h>
 #include <math.h>
 #include <setjmp.h>
+#include <stdbool.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -279,6 +283,164 @@ static void test_activation_estimate_matches_allocation(void **state)
     }
 }
 
+/* ---------------------------------------------------------------- two runs */
+
+/* One whole run (fso_train_run) of a small job whose placement the config
+ * pins, its output and metrics captured. With `meet` set, the run's
+ * output stream waits there, when the plan table starts, for the other
+ * run to reach its plan table too: both have chosen their plans before
+ * either prints one. */
+typedef struct whole_run {
+    const char *sets[8];
+    int nsets, world;
+    char metrics[64];
+    char *out;
+    size_t out_len;
+    pthread_barrier_t *meet;
+    bool met;
+    int rc;
+} whole_run;
+
+static ssize_t capture_write(void *cookie, const char *buf, size_t size)
+{
+    whole_run *w = cookie;
+    if (w->meet && !w->met && memmem(buf, size, "plan: memory", 12)) {
+        w->met = true;
+        pthread_barrier_wait(w->meet);
+    }
+    char *grown = realloc(w->out, w->out_len + size + 1);
+    if (!grown)
+        return -1;
+    memcpy(grown + w->out_len, buf, size);
+    w->out = grown;
+    w->out_len += size;
+    w->out[w->out_len] = 0;
+    return (ssize_t)size;
+}
+
+static void *whole_run_main(void *arg)
+{
+    whole_run *w = arg;
+    fso_config cfg;
+    fso_config_defaults(&cfg);
+    for (int i = 0; i < w->nsets; i++)
+        if (fso_config_set(&cfg, w->sets[i]) < 0)
+            fail_msg("%s", cfg.err);
+    if (fso_config_finish(&cfg) < 0)
+        fail_msg("%s", cfg.err);
+    cfg.world = w->world;
+    cfg.device_mem_bytes = 256u << 20;
+    cfg.threads = 1;
+    FILE *f = fopencookie(w, "w", (cookie_io_functions_t){.write = capture_write});
+    assert_non_null(f);
+    setvbuf(f, NULL, _IONBF, 0);
+    fso_run_opts opts = {.metrics_path = w->metrics, .devices = "cpu", .out = f};
+    w->rc = fso_train_run(&cfg, &opts);
+    fclose(f);
+    return NULL;
+}
+
+/* The lines of s that start with `prefix`, in order, into buf. */
+static void lines_with(const char *s, const char *prefix, char *buf, size_t len)
+{
+    size_t off = 0;
+    buf[0] = 0;
+    for (const char *l = s; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
+        const char *e = strchr(l, '\n');
+        size_t n = e ? (size_t)(e - l) : strlen(l);
+        if (strncmp(l, prefix, strlen(prefix)) == 0 && off + n + 2 < len) {
+            memcpy(buf + off, l, n);
+            off += n;
+            buf[off++] = '\n';
+            buf[off] = 0;
+        }
+    }
+}
+
+/* The "loss" values of a metrics file, as written. */
+static void losses_of(const char *path, char *buf, size_t len)
+{
+    FILE *f = fopen(path, "r");
+    char line[4096];
+    size_t off = 0;
+    buf[0] = 0;
+    assert_non_null(f);
+    while (fgets(line, sizeof line, f)) {
+        const char *l = strstr(line, "\"loss\":");
+        if (l && off + 32 < len)
+            off += (size_t)snprintf(buf + off, len - off, "%.24s;", l);
+    }
+    fclose(f);
+}
+
+/* Two different jobs run at the same time in one process (two threads)
+ * give what each gives alone: the same plan, placement and losses. The run
+ * keeps nothing between calls, so nothing of one leaks into the other. */
+static void test_two_runs_at_once_in_one_process(void **state)
+{
+    (void)state;
+    char cache[] = "fsoff-train-cache-XXXXXX";
+    assert_non_null(mkdtemp(cache));
+    setenv("XDG_CACHE_HOME", cache, 1);
+    whole_run jobs[2][2] = {{{
+        .sets = {"model.num_hidden_layers=2", "model.hidden_size=64", "train.steps=6",
+                 "data.seq_len=32", "train_micro_batch_size_per_gpu=2",
+                 "zero_optimization.offload_param.device=\"cpu\"",
+                 "zero_optimization.offload_optimizer.device=\"none\""},
+        .nsets = 7, .world = 1}, {
+        .sets = {"model.num_hidden_layers=3", "model.hidden_size=32", "train.steps=7",
+                 "data.seq_len=16", "train_micro_batch_size_per_gpu=2", "seed=7",
+                 "zero_optimization.offload_param.device=\"none\"",
+                 "zero_optimization.offload_optimizer.device=\"cpu\""},
+        .nsets = 8, .world = 2}}};
+    pthread_barrier_t meet;
+    pthread_barrier_init(&meet, NULL, 2);
+    for (int j = 0; j < 2; j++) {
+        jobs[1][j] = jobs[0][j];
+        jobs[1][j].meet = &meet;
+        for (int k = 0; k < 2; k++)
+            snprintf(jobs[k][j].metrics, sizeof jobs[k][j].metrics, "%s/m%d%d.jsonl", cache, k, j);
+    }
+    /* each alone (the first one probes this machine into the cache), then both at once */
+    for (int j = 0; j < 2; j++)
+        whole_run_main(&jobs[0][j]);
+    pthread_t t[2];
+    for (int j = 0; j < 2; j++)
+        assert_int_equal(pthread_create(&t[j], NULL, whole_run_main, &jobs[1][j]), 0);
+    for (int j = 0; j < 2; j++)
+        pthread_join(t[j], NULL);
+    pthread_barrier_destroy(&meet);
+    static const char *const kept[] = {"plan:   device", "plan: placement", "fsoff: model",
+                                       "fsoff: state"};
+    for (int j = 0; j < 2; j++) {
+        static char a[8192], b[8192];
+        assert_int_equal(jobs[0][j].rc, 0);
+        assert_int_equal(jobs[1][j].rc, 0);
+        for (size_t k = 0; k < sizeof kept / sizeof kept[0]; k++) {
+            lines_with(jobs[0][j].out, kept[k], a, sizeof a);
+            lines_with(jobs[1][j].out, kept[k], b, sizeof b);
+            assert_true(a[0] != 0);
+            assert_string_equal(a, b);
+        }
+        losses_of(jobs[0][j].metrics, a, sizeof a);
+        losses_of(jobs[1][j].metrics, b, sizeof b);
+        assert_true(strlen(a) > 100);
+        assert_string_equal(a, b);
+    }
+    for (int k = 0; k < 2; k++)
+        for (int j = 0; j < 2; j++) {
+            unlink(jobs[k][j].metrics);
+            free(jobs[k][j].out);
+        }
+    char probe[256];
+    snprintf(probe, sizeof probe, "%s/fsoff/probe.json", cache);
+    unlink(probe);
+    snprintf(probe, sizeof probe, "%s/fsoff", cache);
+    rmdir(probe);
+    rmdir(cache);
+    unsetenv("XDG_CACHE_HOME");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -288,6 +450,7 @@ int main(void)
         cmocka_unit_test(test_accumulation_matches_one_large_batch),
         cmocka_unit_test(test_divergence_stops_without_update),
         cmocka_unit_test(test_activation_estimate_matches_allocation),
+        cmocka_unit_test(test_two_runs_at_once_in_one_process),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
