@@ -436,6 +436,131 @@ static void catch_up_optimizer(sim *s, int upto, int trigger)
         }
 }
 
+/* A visit's gradients, computed by event C: reduce-scattered, landed on
+ * their tier (accumulated after the first micro-batch), their norm, and on
+ * the backward schedule the block's update. Returns the event the next
+ * compute waits for (the engine's synchronous gradient writes), or -1. */
+static int lay_grads(sim *s, int step, int a, int b, int C, bool last_micro, int *prev_norm)
+{
+    const fso_plan_input *in = s->in;
+    const fso_plan_machine *mc = &in->machine;
+    const fso_plan_model *m = &in->model;
+    const fso_plan_engine *en = &in->engine;
+    const fso_placement *pl = s->pl;
+    const int W = mc->devices;
+    const double nvr = per_rank(mc->nvme_read_gbps, W), nvw = per_rank(mc->nvme_write_gbps, W);
+    const bool cpu = mc->cpu_devices;
+    const double S = (double)shard_elems(in, b), F = (double)m->block_elems[b];
+    tl *t = &s->t;
+    int sync_wait = -1;
+    const int gt = pl->tier[FSO_KIND_GRAD][b];
+    const double gb = S * m->grad_bytes;
+    int land = C;
+    if (step > 0 && a == 0 && en->overlap == FSO_OVERLAP_FORWARD &&
+        !s->c.opt_done[b])
+        catch_up_optimizer(s, b, *prev_norm);
+    LABEL(t, "gradients out", b);
+    if (W > 1)
+        land = dev_add(s, ADD(t, FSO_STREAM_COLL,
+                              ms_for(F * m->grad_bytes * (W - 1) / W, mc->coll_gbps), C,
+                              dev_dep(s)));
+    int prev_read = step > 0 && a == 0 ? s->c.gread[b] : -1;
+    if (gt == FSO_TIER_DEVICE) {
+        if (cpu)
+            land = dev_add(s, ADD(t, FSO_STREAM_COMPUTE,
+                                  ms_for(a == 0 ? gb : 3 * gb, mc->host_copy_gbps), land,
+                                  prev_read, dev_dep(s)));
+        else
+            land = ADD(t, JOIN, 0, land, prev_read);
+    } else {
+        land = dev_add(s, ADD(t, FSO_STREAM_D2H, ms_for(gb, mc->d2h_gbps), land,
+                              prev_read, dev_dep(s)));
+        if (a > 0) {
+            int old = -1;
+            if (gt == FSO_TIER_NVME)
+                old = ADD(t, FSO_STREAM_NVME_READ, ms_for(gb, nvr), land);
+            land = dev_add(s, ADD(t, cpu ? FSO_STREAM_COMPUTE : FSO_STREAM_OPTIM,
+                                  ms_for(3 * gb, mc->host_copy_gbps), land, old,
+                                  dev_dep(s)));
+        }
+        if (gt == FSO_TIER_NVME)
+            land = ADD(t, FSO_STREAM_NVME_WRITE, ms_for(gb, nvw), land);
+        if (en->sync_grad_writes) {
+            sync_wait = land;
+            if (cpu) /* the thread waits for the write */
+                s->dev = dev_add(s, ADD(t, JOIN, 0, land, dev_dep(s)));
+        }
+    }
+    if (last_micro && !en->norm_pass && cpu) /* the block's norm */
+        land = dev_add(s, ADD(t, FSO_STREAM_COMPUTE, ms_for(gb, mc->host_copy_gbps), land,
+                              dev_dep(s)));
+    if (last_micro) {
+        s->grad_done[b] = land;
+        if (en->overlap == FSO_OVERLAP_BACKWARD) {
+            lay_optimizer(s, b, land);
+            s->c.opt_done[b] = true;
+        }
+    }
+    return sync_wait;
+}
+
+/* The global norm once every block's gradients are in (an NVMe pass over
+ * them where the engine takes one), then the optimizer as the schedule
+ * lays it: returns the norm's event. */
+static int lay_norm(sim *s, int sync_wait, int *prev_norm)
+{
+    const fso_plan_input *in = s->in;
+    const fso_plan_machine *mc = &in->machine;
+    const fso_plan_model *m = &in->model;
+    const fso_plan_engine *en = &in->engine;
+    const fso_placement *pl = s->pl;
+    const int W = mc->devices;
+    const double nvr = per_rank(mc->nvme_read_gbps, W);
+    const bool cpu = mc->cpu_devices;
+    tl *t = &s->t;
+
+    /* the global norm */
+    LABEL(t, "global norm", -1);
+    int norm = ADD(t, JOIN, 0, s->comp_last, dev_dep(s), sync_wait);
+    bool nvme_grads = false;
+    for (int b = 0; b < s->nb; b++)
+        if (pl->tier[FSO_KIND_GRAD][b] == FSO_TIER_NVME)
+            nvme_grads = true;
+    for (int b = 0; b < s->nb; b++) {
+        const double gb = (double)shard_elems(in, b) * m->grad_bytes;
+        int d = ADD(t, JOIN, 0, s->grad_done[b], norm);
+        if (en->norm_pass && nvme_grads && pl->tier[FSO_KIND_GRAD][b] == FSO_TIER_NVME) {
+            int r = ADD(t, FSO_STREAM_NVME_READ, ms_for(gb, nvr), d, dev_dep(s));
+            d = dev_add(s, ADD(t, JOIN, 0, r, dev_dep(s)));
+        } else if (en->norm_pass && cpu) {
+            d = dev_add(s, ADD(t, FSO_STREAM_COMPUTE, ms_for(gb, mc->host_copy_gbps), d,
+                               dev_dep(s)));
+        }
+        norm = ADD(t, JOIN, 0, norm, d);
+    }
+    if (W > 1)
+        norm = ADD(t, JOIN, 0, norm); /* the all-reduce of a few numbers */
+    norm = dev_add(s, norm);
+    *prev_norm = norm;
+
+    /* the optimizer */
+    if (en->overlap == FSO_OVERLAP_BACKWARD) {
+        /* laid out during backward; the next step waits for nothing more */
+    } else {
+        for (int b = 0; b < s->nb; b++)
+            s->c.opt_done[b] = false;
+        if (en->overlap == FSO_OVERLAP_NONE) {
+            catch_up_optimizer(s, s->nb - 1, norm);
+            int bar = ADD(t, JOIN, 0, s->last_opt, norm);
+            for (int b = 0; b < s->nb; b++)
+                bar = ADD(t, JOIN, 0, bar, s->c.wr[b]);
+            t->floor = t->e[bar].end;
+            t->floor_ev = bar;
+        }
+    }
+    return norm;
+}
+
 /* One step; returns the event at which the global norm is known. */
 static int lay_step(sim *s, int step, int *prev_norm)
 {
@@ -445,7 +570,7 @@ static int lay_step(sim *s, int step, int *prev_norm)
     const fso_plan_engine *en = &in->engine;
     const fso_placement *pl = s->pl;
     const int W = mc->devices, G = en->gather_buffers > 0 ? en->gather_buffers : 2;
-    const double nvr = per_rank(mc->nvme_read_gbps, W), nvw = per_rank(mc->nvme_write_gbps, W);
+    const double nvr = per_rank(mc->nvme_read_gbps, W);
     const bool cpu = mc->cpu_devices;
     tl *t = &s->t;
     const int V = m->n_visits;
@@ -505,97 +630,11 @@ static int lay_step(sim *s, int step, int *prev_norm)
             sync_wait = -1;
             if (!v->grads)
                 continue;
-            const int gt = pl->tier[FSO_KIND_GRAD][b];
-            const double gb = S * m->grad_bytes;
-            int land = C;
-            if (step > 0 && a == 0 && en->overlap == FSO_OVERLAP_FORWARD &&
-                !s->c.opt_done[b])
-                catch_up_optimizer(s, b, *prev_norm);
-            LABEL(t, "gradients out", b);
-            if (W > 1)
-                land = dev_add(s, ADD(t, FSO_STREAM_COLL,
-                                      ms_for(F * m->grad_bytes * (W - 1) / W, mc->coll_gbps), C,
-                                      dev_dep(s)));
-            int prev_read = step > 0 && a == 0 ? s->c.gread[b] : -1;
-            if (gt == FSO_TIER_DEVICE) {
-                if (cpu)
-                    land = dev_add(s, ADD(t, FSO_STREAM_COMPUTE,
-                                          ms_for(a == 0 ? gb : 3 * gb, mc->host_copy_gbps), land,
-                                          prev_read, dev_dep(s)));
-                else
-                    land = ADD(t, JOIN, 0, land, prev_read);
-            } else {
-                land = dev_add(s, ADD(t, FSO_STREAM_D2H, ms_for(gb, mc->d2h_gbps), land,
-                                      prev_read, dev_dep(s)));
-                if (a > 0) {
-                    int old = -1;
-                    if (gt == FSO_TIER_NVME)
-                        old = ADD(t, FSO_STREAM_NVME_READ, ms_for(gb, nvr), land);
-                    land = dev_add(s, ADD(t, cpu ? FSO_STREAM_COMPUTE : FSO_STREAM_OPTIM,
-                                          ms_for(3 * gb, mc->host_copy_gbps), land, old,
-                                          dev_dep(s)));
-                }
-                if (gt == FSO_TIER_NVME)
-                    land = ADD(t, FSO_STREAM_NVME_WRITE, ms_for(gb, nvw), land);
-                if (en->sync_grad_writes) {
-                    sync_wait = land;
-                    if (cpu) /* the thread waits for the write */
-                        s->dev = dev_add(s, ADD(t, JOIN, 0, land, dev_dep(s)));
-                }
-            }
-            if (last_micro && !en->norm_pass && cpu) /* the block's norm */
-                land = dev_add(s, ADD(t, FSO_STREAM_COMPUTE, ms_for(gb, mc->host_copy_gbps), land,
-                                      dev_dep(s)));
-            if (last_micro) {
-                s->grad_done[b] = land;
-                if (en->overlap == FSO_OVERLAP_BACKWARD) {
-                    lay_optimizer(s, b, land);
-                    s->c.opt_done[b] = true;
-                }
-            }
+            sync_wait = lay_grads(s, step, a, b, C, last_micro, prev_norm);
         }
     }
 
-    /* the global norm */
-    LABEL(t, "global norm", -1);
-    int norm = ADD(t, JOIN, 0, s->comp_last, dev_dep(s), sync_wait);
-    bool nvme_grads = false;
-    for (int b = 0; b < s->nb; b++)
-        if (pl->tier[FSO_KIND_GRAD][b] == FSO_TIER_NVME)
-            nvme_grads = true;
-    for (int b = 0; b < s->nb; b++) {
-        const double gb = (double)shard_elems(in, b) * m->grad_bytes;
-        int d = ADD(t, JOIN, 0, s->grad_done[b], norm);
-        if (en->norm_pass && nvme_grads && pl->tier[FSO_KIND_GRAD][b] == FSO_TIER_NVME) {
-            int r = ADD(t, FSO_STREAM_NVME_READ, ms_for(gb, nvr), d, dev_dep(s));
-            d = dev_add(s, ADD(t, JOIN, 0, r, dev_dep(s)));
-        } else if (en->norm_pass && cpu) {
-            d = dev_add(s, ADD(t, FSO_STREAM_COMPUTE, ms_for(gb, mc->host_copy_gbps), d,
-                               dev_dep(s)));
-        }
-        norm = ADD(t, JOIN, 0, norm, d);
-    }
-    if (W > 1)
-        norm = ADD(t, JOIN, 0, norm); /* the all-reduce of a few numbers */
-    norm = dev_add(s, norm);
-    *prev_norm = norm;
-
-    /* the optimizer */
-    if (en->overlap == FSO_OVERLAP_BACKWARD) {
-        /* laid out during backward; the next step waits for nothing more */
-    } else {
-        for (int b = 0; b < s->nb; b++)
-            s->c.opt_done[b] = false;
-        if (en->overlap == FSO_OVERLAP_NONE) {
-            catch_up_optimizer(s, s->nb - 1, norm);
-            int bar = ADD(t, JOIN, 0, s->last_opt, norm);
-            for (int b = 0; b < s->nb; b++)
-                bar = ADD(t, JOIN, 0, bar, s->c.wr[b]);
-            t->floor = t->e[bar].end;
-            t->floor_ev = bar;
-        }
-    }
-    return norm;
+    return lay_norm(s, sync_wait, prev_norm);
 }
 
 /* Critical path of the window (from, to]: time by stream. */
