@@ -133,7 +133,7 @@ int fso_plan_ctx_init(fso_plan_ctx *ctx, const fso_config *cfg, const fso_plan_m
     en->prefetch_spare = zb.prefetch_spare;
     en->stage_slots = zb.stage_slots;
     en->stage_fixed_bytes = (uint64_t)zb.chunks * zb.chunk_bytes;
-    if (gpu) { /* the GPU engine as DESIGN §5 lays it out */
+    if (gpu) { /* the GPU schedule `fsoff plan --gpus` predicts (ARCHITECTURE.md, The planner) */
         en->per_block_tiers = true;
         en->per_kind_tiers = true;
         en->whole_copy = true;
@@ -673,7 +673,7 @@ int fso_plan_for_config(const fso_config *cfg, const fso_plan_pins *pins, fso_pl
     return choose_and_free(&ctx, pins, out, err, errlen);
 }
 
-/* GPUs, the engine as it is (engine/zero.c) rather than DESIGN §5's: one
+/* GPUs, the engine as it is (engine/zero*.c) rather than the GPU schedule: one
  * tier per kind, gathers, fp32 gradients, working parameters bf16 only with
  * bf16.enabled. */
 static void gpu_engine_as_built(fso_plan_ctx *ctx, const fso_config *cfg)

@@ -130,7 +130,8 @@ static void describe_devices(const fso_config *cfg, const fso_run_opts *opts, ru
             d->gpu_free = gi.mem_free_bytes;
         }
         for (int r = 1; r < cfg->world; r++)
-            if (fso_gpu_info_query(r, &gi, gerr, sizeof gerr) == 0 && gi.mem_free_bytes < d->gpu_free)
+            if (fso_gpu_info_query(r, &gi, gerr, sizeof gerr) == 0 &&
+                gi.mem_free_bytes < d->gpu_free)
                 d->gpu_free = gi.mem_free_bytes;
 #endif
         snprintf(d->note, sizeof d->note, "devices %s: %d CUDA GPU%s (%s), bf16 matmuls, %s",
@@ -336,7 +337,8 @@ out:
 static int run_steps(fso_config *cfg, fso_data *data, fso_trainer *tr, fso_report *rep,
                      run_plan *rp, FILE *out)
 {
-    const size_t n = fso_trainer_step_tokens(cfg), bt = (size_t)cfg->micro_batch * cfg->data.seq_len;
+    const size_t n = fso_trainer_step_tokens(cfg);
+    const size_t bt = (size_t)cfg->micro_batch * cfg->data.seq_len;
     int32_t *inputs = malloc(sizeof(int32_t) * n), *targets = malloc(sizeof(int32_t) * n);
     int rc = 0;
     if (!inputs || !targets) {

@@ -1,5 +1,5 @@
 /* zero.h — ZeRO-3 training state across the devices of one process, on three
- * tiers (DESIGN §4, §5).
+ * tiers (ARCHITECTURE.md: the sharded trainer, one step).
  *
  * Every block's flat buffer is split into `world` equal shards (each a
  * multiple of 4 KiB); rank r owns shard r. Per shard there are five kinds of
@@ -77,7 +77,7 @@ int64_t fso_zero_steps(const fso_zero *z);
  * the time waited (exposed optimizer time), or negative errno with err. */
 int fso_zero_finish(fso_zero *z, double *waited_ms, char *err, size_t errlen);
 
-/* A new placement while training (the re-plan, DESIGN §6): parameters on
+/* A new placement while training (the re-plan, train.c): parameters on
  * o->param_tier, the optimizer state (master, m, v, gradients) on
  * o->optim_tier, o->prefetch_blocks read ahead; NVMe folders from o when
  * state moves to NVMe and none was open. Call between steps, after

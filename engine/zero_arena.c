@@ -88,7 +88,8 @@ int fso_zero_arena_grow(fso_zero *z, size_t bytes, char *err, size_t errlen)
 #if FSO_HAVE_CUDA
     if (z->cuda) {
         char cerr[256] = "";
-        if (z->arena.n_pinned + 1 < (int)(sizeof z->arena.pinned_at / sizeof z->arena.pinned_at[0]) &&
+        const int max_pinned = (int)(sizeof z->arena.pinned_at / sizeof z->arena.pinned_at[0]);
+        if (z->arena.n_pinned + 1 < max_pinned &&
             (first || z->arena.pinned_at[z->arena.n_pinned] == z->arena.bytes) &&
             fso_cuda_host_register(from, len, cerr, sizeof cerr) == 0) {
             z->arena.pinned_at[z->arena.n_pinned] = z->arena.bytes;

@@ -1,6 +1,6 @@
 /* zero_optim.c — AdamW over one device's shards, streamed chunk by chunk
  * from wherever they live, and the schedules that take it off the critical
- * path (DESIGN §5).
+ * path (ARCHITECTURE.md, One step).
  *
  * The update of a block reads master, m, v and the gradient accumulator,
  * runs the fused AdamW kernel, and writes master, m, v and the working
@@ -76,7 +76,8 @@ static int unit_fetch(rank_state *rk, const unit *u, fso_kind k, slot *s, float 
 
 static int unit_store(rank_state *rk, const unit *u, fso_kind k, slot *s, void *ptr)
 {
-    return fso_zero_xfer(rk, &rk->opt.err, &rk->opt.write_bytes, u->b, k, u->c0, u->n, s, true, true,
+    return fso_zero_xfer(rk, &rk->opt.err, &rk->opt.write_bytes, u->b, k, u->c0, u->n, s, true,
+                         true,
                          &ptr);
 }
 
@@ -168,7 +169,8 @@ static int params_from_master(rank_state *rk, int b)
                                  &master[k ^ 1])) < 0)
                 break;
         }
-        if ((rc = fso_zero_slot_wait(rk, &rk->opt.err, &o[FSO_KIND_MASTER], "master weights", b)) < 0)
+        if ((rc = fso_zero_slot_wait(rk, &rk->opt.err, &o[FSO_KIND_MASTER], "master weights",
+                                     b)) < 0)
             break;
         void *param = master[k];
         if (bf16) {
@@ -299,7 +301,8 @@ static int update_blocks(rank_state *rk, const fso_adamw_step *as, int b0, int b
              * reads them (on a device, the copies in are ordered before any
              * use there, so the host need not wait for them) */
             if (fso_zero_locate(rk, cur.b, FSO_KIND_PARAM)->tier != FSO_TIER_DEVICE &&
-                (rc = fso_zero_slot_wait(rk, &rk->opt.err, &o[FSO_KIND_PARAM], "parameters", cur.b)) < 0)
+                (rc = fso_zero_slot_wait(rk, &rk->opt.err, &o[FSO_KIND_PARAM], "parameters",
+                                         cur.b)) < 0)
                 return rc;
             mark_ready(rk, cur.b, as->t);
         }

@@ -60,7 +60,8 @@ void fso_zero_release_shard(rank_state *rk, int b, fso_kind k, loc *l)
 
 static bool addressable(const rank_state *rk, const loc *l)
 {
-    return l->tier == FSO_TIER_HOST || (l->tier == FSO_TIER_DEVICE && rk->be->ops->host_addressable);
+    return l->tier == FSO_TIER_HOST ||
+           (l->tier == FSO_TIER_DEVICE && rk->be->ops->host_addressable);
 }
 
 void *fso_zero_xfer_dest(rank_state *rk, int b, fso_kind k, size_t c0, slot *s, bool in_place)

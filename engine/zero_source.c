@@ -21,7 +21,8 @@ static int prefetch_params(rank_state *rk)
     if (z->tier[FSO_KIND_PARAM] != FSO_TIER_NVME)
         return 0;
     int ahead = z->prefetch;
-    for (int i = rk->compute.order_pos; i < rk->compute.order_pos + 1 + ahead && i < z->n_order; i++) {
+    const int from = rk->compute.order_pos;
+    for (int i = from; i < from + 1 + ahead && i < z->n_order; i++) {
         int b = z->order[i];
         /* never read a block the optimizer has not finished writing */
         pthread_mutex_lock(&rk->opt.mu);
@@ -50,7 +51,8 @@ static int prefetch_params(rank_state *rk)
         }
         if (!s)
             break;
-        fso_zero_copies_wait(rk, s); /* its last copy to the device is done (long since, as a rule) */
+        /* its last copy to the device is done (long since, as a rule) */
+        fso_zero_copies_wait(rk, s);
         s->block = b;
         int rc = fso_zero_shard_fetch(rk, b, FSO_KIND_PARAM, s);
         if (rc < 0)
@@ -152,7 +154,8 @@ static float *src_grads(void *ctx, int b)
     rank_state *rk = ctx;
     int g = rk->compute.grad_full_block[0] < 0 ? 0 : 1;
     rk->compute.grad_full_block[g] = b;
-    rk->be->ops->memset0(rk->be, rk->compute.grad_full[g], sizeof(float) * rk->z->blocks[b].padded_elems);
+    rk->be->ops->memset0(rk->be, rk->compute.grad_full[g],
+                         sizeof(float) * rk->z->blocks[b].padded_elems);
     return rk->compute.grad_full[g];
 }
 

@@ -54,8 +54,8 @@ static void *rank_step(void *arg)
         rk->clock.cur_block = -1;
         rk->clock.t_mark = fso_now_ms();
         size_t mb = (size_t)a * z->world + rk->rank;
-        fso_model_step(&rk->model, &src, rk->compute.inputs + mb * bt, rk->compute.targets + mb * bt,
-                       grad_scale, &rk->compute.loss_sum);
+        fso_model_step(&rk->model, &src, rk->compute.inputs + mb * bt,
+                       rk->compute.targets + mb * bt, grad_scale, &rk->compute.loss_sum);
         fso_zero_clock_in(rk, fso_now_ms()); /* the last block's compute */
         /* the micro-batch's last gradients land while the next one's
          * forward runs (the next landing comes first), or now at the end */
@@ -79,7 +79,8 @@ static void *rank_step(void *arg)
     rk->compute.st.grad_norm = sqrt(red[1]);
     if (red[2] != 0) { /* some rank failed: nobody updates */
         if (rk->compute.err.rc == 0)
-            fso_zero_fail(&rk->compute.err, -ECANCELED, "device %d: another device failed", rk->rank);
+            fso_zero_fail(&rk->compute.err, -ECANCELED, "device %d: another device failed",
+                          rk->rank);
         drain(rk);
         return NULL;
     }
@@ -92,7 +93,8 @@ static void *rank_step(void *arg)
                               "step %lld: loss %g, gradient norm %g: training diverged; "
                               "train.optimizer_overlap \"backward\" had already updated every "
                               "block; lower optimizer.params.lr",
-                              (long long)(z->step + 1), rk->compute.st.loss, rk->compute.st.grad_norm);
+                              (long long)(z->step + 1), rk->compute.st.loss,
+                              rk->compute.st.grad_norm);
             return NULL;
         }
         fso_zero_fail(&rk->compute.err, -ERANGE,
@@ -117,8 +119,10 @@ static void *rank_step(void *arg)
     }
     pthread_mutex_lock(&rk->opt.mu);
     rk->compute.st.optimizer_ms = rk->opt.busy_ms;
-    rk->compute.st.nvme_read_bytes += __atomic_exchange_n(&rk->opt.read_bytes, 0, __ATOMIC_RELAXED);
-    rk->compute.st.nvme_write_bytes += __atomic_exchange_n(&rk->opt.write_bytes, 0, __ATOMIC_RELAXED);
+    rk->compute.st.nvme_read_bytes +=
+        __atomic_exchange_n(&rk->opt.read_bytes, 0, __ATOMIC_RELAXED);
+    rk->compute.st.nvme_write_bytes +=
+        __atomic_exchange_n(&rk->opt.write_bytes, 0, __ATOMIC_RELAXED);
     rk->opt.busy_ms = 0;
     pthread_mutex_unlock(&rk->opt.mu);
     return NULL;

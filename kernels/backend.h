@@ -1,4 +1,4 @@
-/* backend.h — the compute backend interface (DESIGN §3).
+/* backend.h — the compute backend interface (ARCHITECTURE.md, The seams).
  *
  * A backend owns device memory and runs the ops of a Llama block forward and
  * backward. It is a table of function pointers plus a context, like

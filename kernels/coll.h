@@ -1,4 +1,4 @@
-/* coll.h — the collective interface (DESIGN §3): all-gather, reduce-scatter,
+/* coll.h — the collective interface (ARCHITECTURE.md, The seams): all-gather, reduce-scatter,
  * all-reduce and barrier among the `world` devices of one process.
  *
  * Called SPMD style, like NCCL: every rank calls the same collective with

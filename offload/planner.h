@@ -1,5 +1,5 @@
 /* planner.h — where each kind of training state lives and how it moves,
- * chosen by predicting the step on a pipelined timeline (DESIGN §6).
+ * chosen by predicting the step on a pipelined timeline (ARCHITECTURE.md, The planner).
  *
  * Inputs: the machine (devices, memory per tier, measured rates), the model
  * as the planner sees it (bytes per block, one micro-batch as an ordered list

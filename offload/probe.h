@@ -1,5 +1,5 @@
 /* probe.h — short measurements of what this machine moves and computes per
- * second, for the planner (DESIGN §6), and their cache.
+ * second, for the planner (planner.h), and their cache.
  *
  * Each probe runs well under a second:
  *   nvme        sequential write then read of a few MiB per folder through the

@@ -1,4 +1,4 @@
-/* store.h — the storage interface (DESIGN §3): where offloaded shards live
+/* store.h — the storage interface (ARCHITECTURE.md, The seams): where offloaded shards live
  * when they are not in memory.
  *
  * A store is one linear byte address space [0, capacity_bytes) backed by

@@ -1,5 +1,5 @@
 /* store_faults.c — a store that forwards to another and injects faults, so
- * I/O errors, a full disk and short reads are testable (DESIGN §7).
+ * I/O errors, a full disk and short reads are testable (tests/test_store.c, test_zero.c).
  *
  * Reads and writes are counted from 1 as they are prepared here. The Nth
  * read or write named by fso_fault_spec is not forwarded: it completes at the

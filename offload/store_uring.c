@@ -1,5 +1,5 @@
 /* store_uring.c — the NVMe store: io_uring over preallocated files, O_DIRECT,
- * fixed files and (when asked) registered buffers (DESIGN §3, §4).
+ * fixed files and (when asked) registered buffers (store.h).
  *
  * Layout. One linear address space striped over the folders with stripe
  * unit block_bytes: address a lies in stripe k = a / block_bytes, in folder
