@@ -135,18 +135,31 @@ static int want_choice(walker *w, json_t *v, const keypath *p, const char *const
 
 /* Member `key` of section obj (which may be NULL: every key absent). A NULL
  * def makes the key required; otherwise an absent key takes *def. */
+/* Member `key` of section obj (NULL: every key absent) into *v, its path
+ * into *p. Absent: 1 when there is a default, an error naming the key when
+ * it is required; present: 0. */
+static int member(walker *w, json_t *obj, const keypath *sec, const char *key, bool has_default,
+                  json_t **v, keypath *p)
+{
+    *v = obj ? json_object_get(obj, key) : NULL;
+    *p = fso_cfg_kp_child(sec, key);
+    if (*v)
+        return 0;
+    if (!has_default)
+        return fso_cfg_fail(w, p, "missing; add it (configs/tiny.json has an example)");
+    return 1;
+}
+
 static int get_int(walker *w, json_t *obj, const keypath *sec, const char *key, int64_t lo,
                    int64_t hi, const int64_t *def, int64_t *out)
 {
-    json_t *v = obj ? json_object_get(obj, key) : NULL;
-    keypath p = fso_cfg_kp_child(sec, key);
-    if (!v) {
-        if (!def)
-            return fso_cfg_fail(w, &p, "missing; add it (configs/tiny.json has an example)");
-        *out = *def;
-        return 0;
-    }
-    return want_int(w, v, &p, lo, hi, out);
+    json_t *v;
+    keypath p;
+    int rc = member(w, obj, sec, key, def != NULL, &v, &p);
+    if (rc != 1)
+        return rc < 0 ? rc : want_int(w, v, &p, lo, hi, out);
+    *out = *def;
+    return 0;
 }
 
 static int get_int32(walker *w, json_t *obj, const keypath *sec, const char *key, int lo,
@@ -161,29 +174,25 @@ static int get_int32(walker *w, json_t *obj, const keypath *sec, const char *key
 static int get_number(walker *w, json_t *obj, const keypath *sec, const char *key, num_range r,
                       const double *def, double *out)
 {
-    json_t *v = obj ? json_object_get(obj, key) : NULL;
-    keypath p = fso_cfg_kp_child(sec, key);
-    if (!v) {
-        if (!def)
-            return fso_cfg_fail(w, &p, "missing; add it (configs/tiny.json has an example)");
-        *out = *def;
-        return 0;
-    }
-    return want_number(w, v, &p, r, out);
+    json_t *v;
+    keypath p;
+    int rc = member(w, obj, sec, key, def != NULL, &v, &p);
+    if (rc != 1)
+        return rc < 0 ? rc : want_number(w, v, &p, r, out);
+    *out = *def;
+    return 0;
 }
 
 static int get_bool(walker *w, json_t *obj, const keypath *sec, const char *key, const bool *def,
                     bool *out)
 {
-    json_t *v = obj ? json_object_get(obj, key) : NULL;
-    keypath p = fso_cfg_kp_child(sec, key);
-    if (!v) {
-        if (!def)
-            return fso_cfg_fail(w, &p, "missing; add it (configs/tiny.json has an example)");
-        *out = *def;
-        return 0;
-    }
-    return want_bool(w, v, &p, out);
+    json_t *v;
+    keypath p;
+    int rc = member(w, obj, sec, key, def != NULL, &v, &p);
+    if (rc != 1)
+        return rc < 0 ? rc : want_bool(w, v, &p, out);
+    *out = *def;
+    return 0;
 }
 
 /* Section `key` of the root: an object, or NULL when absent (or null and null_ok). */

@@ -185,6 +185,28 @@ static long path_index(const char *el)
 
 static int scan_value(scanner *s, int matched, int nest);
 
+#define MORE 2 /* scan_item: a ',' came, another item follows */
+
+/* One member's or element's value, then what follows it: MORE after ',',
+ * 0 after `close` (the container ends), 1 when the path was found inside
+ * the value, -EINVAL for anything else. */
+static int scan_item(scanner *s, int sub, int nest, char close)
+{
+    int rc = scan_value(s, sub, nest + 1);
+    if (rc != 0)
+        return rc;
+    skip_ws(s);
+    if (*s->p == ',') {
+        adv(s);
+        return MORE;
+    }
+    if (*s->p == close) {
+        adv(s);
+        return 0;
+    }
+    return -EINVAL;
+}
+
 /* matched: how many path elements the value being scanned equals (it is
  * path[0..matched)), or -1 when it is off the path. Returns 1 when found,
  * 0 when the value ended without a match, or -EINVAL. */
@@ -220,19 +242,9 @@ static int scan_object(scanner *s, int matched, int nest)
             }
             sub = matched + 1;
         }
-        rc = scan_value(s, sub, nest + 1);
-        if (rc != 0)
+        rc = scan_item(s, sub, nest, '}');
+        if (rc != MORE)
             return rc;
-        skip_ws(s);
-        if (*s->p == ',') {
-            adv(s);
-            continue;
-        }
-        if (*s->p == '}') {
-            adv(s);
-            return 0;
-        }
-        return -EINVAL;
     }
 }
 
@@ -258,19 +270,9 @@ static int scan_array(scanner *s, int matched, int nest)
             }
             sub = matched + 1;
         }
-        int rc = scan_value(s, sub, nest + 1);
-        if (rc != 0)
+        int rc = scan_item(s, sub, nest, ']');
+        if (rc != MORE)
             return rc;
-        skip_ws(s);
-        if (*s->p == ',') {
-            adv(s);
-            continue;
-        }
-        if (*s->p == ']') {
-            adv(s);
-            return 0;
-        }
-        return -EINVAL;
     }
 }
 

@@ -432,6 +432,23 @@ size_t fso_model_cuda_scratch_bytes_for(const fso_model_config *mc, int B, int T
     return (w + round - 1) / round * round;
 }
 
+/* A layer's dimensions, as its ops take them. */
+typedef struct layer_dims {
+    int B, T, N;          /* micro-batch, sequence, rows (B*T) */
+    int C, F;             /* hidden, MLP width */
+    int H, Hkv, D;        /* query heads, key-value heads, head size */
+    float eps;            /* RMSNorm's */
+} layer_dims;
+
+static layer_dims dims_of(const fso_model *m)
+{
+    const fso_model_config *mc = &m->mc;
+    return (layer_dims){.B = m->B, .T = m->T, .N = m->B * m->T, .C = mc->hidden_size,
+                        .F = mc->intermediate_size, .H = mc->num_attention_heads,
+                        .Hkv = mc->num_key_value_heads, .D = mc->head_dim,
+                        .eps = (float)mc->rms_norm_eps};
+}
+
 /* Forward of layer l from x (N,C). y (N,C) gets the output; y == NULL stops
  * after the MLP activation (what backward needs when recomputing). The
  * branches' last matmuls write fp32 straight into the residual stream. */
@@ -439,29 +456,25 @@ static void layer_forward(fso_model *m, int l, fso_layer_acts *a, const float *x
 {
     fso_backend *be = m->be;
     const fso_backend_ops *op = be->ops;
-    const fso_model_config *mc = &m->mc;
     const fso_dtype wt = m->wt, f32 = FSO_DT_F32;
-    const int B = m->B, T = m->T, N = B * T, C = mc->hidden_size, F = mc->intermediate_size;
-    const int H = mc->num_attention_heads, Hkv = mc->num_key_value_heads, D = mc->head_dim;
-    const int bi = 1 + l;
+    const layer_dims d = dims_of(m);
+    const int bi = 1 + l, N = d.N, C = d.C, qd = d.H * d.D, kvd = d.Hkv * d.D;
 
-    op->rmsnorm_fwd(be, a->h1, a->rstd1, x, P_(m, bi, FSO_T_ATTN_NORM), wt, N, C,
-                    (float)mc->rms_norm_eps);
-    op->matmul_fwd(be, a->q, wt, a->h1, P_(m, bi, FSO_T_Q), wt, N, C, H * D);
-    op->matmul_fwd(be, a->k, wt, a->h1, P_(m, bi, FSO_T_K), wt, N, C, Hkv * D);
-    op->matmul_fwd(be, a->v, wt, a->h1, P_(m, bi, FSO_T_V), wt, N, C, Hkv * D);
-    op->rope(be, a->q, wt, m->rope_cos, m->rope_sin, B, T, H, D, 0);
-    op->rope(be, a->k, wt, m->rope_cos, m->rope_sin, B, T, Hkv, D, 0);
-    op->attention_fwd(be, a->att, a->probs, a->q, a->k, a->v, wt, B, T, H, Hkv, D);
-    op->matmul_fwd(be, a->x2, f32, a->att, P_(m, bi, FSO_T_O), wt, N, H * D, C);
+    op->rmsnorm_fwd(be, a->h1, a->rstd1, x, P_(m, bi, FSO_T_ATTN_NORM), wt, N, C, d.eps);
+    op->matmul_fwd(be, a->q, wt, a->h1, P_(m, bi, FSO_T_Q), wt, N, C, qd);
+    op->matmul_fwd(be, a->k, wt, a->h1, P_(m, bi, FSO_T_K), wt, N, C, kvd);
+    op->matmul_fwd(be, a->v, wt, a->h1, P_(m, bi, FSO_T_V), wt, N, C, kvd);
+    op->rope(be, a->q, wt, m->rope_cos, m->rope_sin, d.B, d.T, d.H, d.D, 0);
+    op->rope(be, a->k, wt, m->rope_cos, m->rope_sin, d.B, d.T, d.Hkv, d.D, 0);
+    op->attention_fwd(be, a->att, a->probs, a->q, a->k, a->v, wt, d.B, d.T, d.H, d.Hkv, d.D);
+    op->matmul_fwd(be, a->x2, f32, a->att, P_(m, bi, FSO_T_O), wt, N, qd, C);
     op->add(be, a->x2, a->x2, x, (size_t)N * C);
-    op->rmsnorm_fwd(be, a->h2, a->rstd2, a->x2, P_(m, bi, FSO_T_MLP_NORM), wt, N, C,
-                    (float)mc->rms_norm_eps);
-    op->matmul_fwd(be, a->gate, wt, a->h2, P_(m, bi, FSO_T_GATE), wt, N, C, F);
-    op->matmul_fwd(be, a->up, wt, a->h2, P_(m, bi, FSO_T_UP), wt, N, C, F);
-    op->swiglu_fwd(be, a->act, a->gate, a->up, wt, (size_t)N * F);
+    op->rmsnorm_fwd(be, a->h2, a->rstd2, a->x2, P_(m, bi, FSO_T_MLP_NORM), wt, N, C, d.eps);
+    op->matmul_fwd(be, a->gate, wt, a->h2, P_(m, bi, FSO_T_GATE), wt, N, C, d.F);
+    op->matmul_fwd(be, a->up, wt, a->h2, P_(m, bi, FSO_T_UP), wt, N, C, d.F);
+    op->swiglu_fwd(be, a->act, a->gate, a->up, wt, (size_t)N * d.F);
     if (y) {
-        op->matmul_fwd(be, y, f32, a->act, P_(m, bi, FSO_T_DOWN), wt, N, F, C);
+        op->matmul_fwd(be, y, f32, a->act, P_(m, bi, FSO_T_DOWN), wt, N, d.F, C);
         op->add(be, y, y, a->x2, (size_t)N * C);
     }
 }
@@ -471,11 +484,9 @@ static void layer_backward(fso_model *m, int l, const fso_layer_acts *a, const f
 {
     fso_backend *be = m->be;
     const fso_backend_ops *op = be->ops;
-    const fso_model_config *mc = &m->mc;
     const fso_dtype wt = m->wt, f32 = FSO_DT_F32;
-    const int B = m->B, T = m->T, N = B * T, C = mc->hidden_size, F = mc->intermediate_size;
-    const int H = mc->num_attention_heads, Hkv = mc->num_key_value_heads, D = mc->head_dim;
-    const int bi = 1 + l;
+    const layer_dims d = dims_of(m);
+    const int bi = 1 + l, N = d.N, C = d.C, F = d.F, qd = d.H * d.D, kvd = d.Hkv * d.D;
 #define W(kind) P_(m, bi, kind)
 #define DW(kind) G_(m, bi, kind)
     /* y = x2 + down(silu(gate(h2)) * up(h2)) */
@@ -489,18 +500,15 @@ static void layer_backward(fso_model *m, int l, const fso_layer_acts *a, const f
     op->rmsnorm_bwd(be, m->dres, DW(FSO_T_MLP_NORM), m->dh, a->x2, W(FSO_T_MLP_NORM), wt, a->rstd2,
                     N, C);
     /* x2 = x + o(attention(rope(q(h1)), rope(k(h1)), v(h1))) */
-    op->matmul_bwd(be, m->datt, wt, DW(FSO_T_O), m->dres, f32, a->att, W(FSO_T_O), wt, N, H * D,
-                   C, 0.0f);
-    op->attention_bwd(be, m->dq, m->dk, m->dv, m->datt, a->probs, a->q, a->k, a->v, wt, B, T, H,
-                      Hkv, D);
-    op->rope(be, m->dq, wt, m->rope_cos, m->rope_sin, B, T, H, D, 1);
-    op->rope(be, m->dk, wt, m->rope_cos, m->rope_sin, B, T, Hkv, D, 1);
-    op->matmul_bwd(be, m->dh, f32, DW(FSO_T_Q), m->dq, wt, a->h1, W(FSO_T_Q), wt, N, C, H * D,
+    op->matmul_bwd(be, m->datt, wt, DW(FSO_T_O), m->dres, f32, a->att, W(FSO_T_O), wt, N, qd, C,
                    0.0f);
-    op->matmul_bwd(be, m->dh, f32, DW(FSO_T_K), m->dk, wt, a->h1, W(FSO_T_K), wt, N, C, Hkv * D,
-                   1.0f);
-    op->matmul_bwd(be, m->dh, f32, DW(FSO_T_V), m->dv, wt, a->h1, W(FSO_T_V), wt, N, C, Hkv * D,
-                   1.0f);
+    op->attention_bwd(be, m->dq, m->dk, m->dv, m->datt, a->probs, a->q, a->k, a->v, wt, d.B, d.T,
+                      d.H, d.Hkv, d.D);
+    op->rope(be, m->dq, wt, m->rope_cos, m->rope_sin, d.B, d.T, d.H, d.D, 1);
+    op->rope(be, m->dk, wt, m->rope_cos, m->rope_sin, d.B, d.T, d.Hkv, d.D, 1);
+    op->matmul_bwd(be, m->dh, f32, DW(FSO_T_Q), m->dq, wt, a->h1, W(FSO_T_Q), wt, N, C, qd, 0.0f);
+    op->matmul_bwd(be, m->dh, f32, DW(FSO_T_K), m->dk, wt, a->h1, W(FSO_T_K), wt, N, C, kvd, 1.0f);
+    op->matmul_bwd(be, m->dh, f32, DW(FSO_T_V), m->dv, wt, a->h1, W(FSO_T_V), wt, N, C, kvd, 1.0f);
     op->rmsnorm_bwd(be, m->dres, DW(FSO_T_ATTN_NORM), m->dh, x, W(FSO_T_ATTN_NORM), wt, a->rstd1,
                     N, C);
 #undef W

@@ -430,15 +430,25 @@ void fso_zero_optim_post_block(rank_state *rk, const fso_adamw_step *as, int blo
     post(rk, as, block);
 }
 
-int fso_zero_optim_wait_block(rank_state *rk, int b, int64_t step)
+/* Wait until block b holds the parameters of `step` (b >= 0), or until
+ * every posted update is done (b < 0); the time waited is exposed
+ * optimizer time. 0, or the optimizer's error, recorded for the compute
+ * thread too. */
+static int opt_wait(rank_state *rk, int b, int64_t step)
 {
     int rc = 0;
     double t0 = fso_now_ms();
     pthread_mutex_lock(&rk->opt.mu);
-    while (rk->opt.ready[b] < step && rk->opt.err.rc == 0)
-        pthread_cond_wait(&rk->opt.cv, &rk->opt.mu);
-    if (rk->opt.ready[b] < step)
+    if (b >= 0) {
+        while (rk->opt.ready[b] < step && rk->opt.err.rc == 0)
+            pthread_cond_wait(&rk->opt.cv, &rk->opt.mu);
+        if (rk->opt.ready[b] < step)
+            rc = rk->opt.err.rc;
+    } else {
+        while (rk->opt.head != rk->opt.tail)
+            pthread_cond_wait(&rk->opt.cv, &rk->opt.mu);
         rc = rk->opt.err.rc;
+    }
     pthread_mutex_unlock(&rk->opt.mu);
     rk->compute.st.optimizer_exposed_ms += fso_now_ms() - t0;
     if (rc < 0)
@@ -446,17 +456,12 @@ int fso_zero_optim_wait_block(rank_state *rk, int b, int64_t step)
     return rc;
 }
 
+int fso_zero_optim_wait_block(rank_state *rk, int b, int64_t step)
+{
+    return opt_wait(rk, b, step);
+}
+
 int fso_zero_optim_wait_all(rank_state *rk)
 {
-    int rc;
-    double t0 = fso_now_ms();
-    pthread_mutex_lock(&rk->opt.mu);
-    while (rk->opt.head != rk->opt.tail)
-        pthread_cond_wait(&rk->opt.cv, &rk->opt.mu);
-    rc = rk->opt.err.rc;
-    pthread_mutex_unlock(&rk->opt.mu);
-    rk->compute.st.optimizer_exposed_ms += fso_now_ms() - t0;
-    if (rc < 0)
-        fso_zero_fail(&rk->compute.err, rc, "%s", rk->opt.err.msg);
-    return rc;
+    return opt_wait(rk, -1, 0);
 }

@@ -51,8 +51,7 @@ void fso_cpu_destroy(fso_backend *be);
 struct fso_pool *fso_cpu_pool(fso_backend *be);
 int  fso_cpu_coll_create(struct fso_coll **out, int world, fso_backend **devs, char *err,
                          size_t errlen);
-#define FSO_CPU_LIFETIME_OPS                                                               \
-    .destroy = fso_cpu_destroy, .pool = fso_cpu_pool, .coll_create = fso_cpu_coll_create
+
 /* *out += sum of x (n) in double, in order: both CPU backends' sum op */
 void fso_cpu_sum(fso_backend *be, double *out, const float *x, size_t n);
 
@@ -80,7 +79,14 @@ void fso_cpu_swiglu_fwd(fso_backend *be, void *out, const void *gate, const void
 void fso_cpu_swiglu_bwd(fso_backend *be, void *dgate, void *dup, const void *dout,
                         const void *gate, const void *up, fso_dtype dt, size_t n);
 
-#define FSO_CPU_TYPED_OPS                                                                  \
+/* What the two CPU backends' tables share: host memory, copies that are
+ * done when they return, the typed ops over their fso_cpu_kernels, the sum,
+ * and their lifetime and collectives. */
+#define FSO_CPU_SHARED_OPS                                                                 \
+    .host_addressable = 1, .buf_alloc = fso_cpu_buf_alloc, .buf_free = fso_cpu_buf_free,   \
+    .memset0 = fso_cpu_memset0, .copy_h2d = fso_cpu_copy, .copy_d2h = fso_cpu_copy,        \
+    .sync = fso_cpu_sync, .sum = fso_cpu_sum, .destroy = fso_cpu_destroy,                  \
+    .pool = fso_cpu_pool, .coll_create = fso_cpu_coll_create,                              \
     .embedding_fwd = fso_cpu_embedding_fwd, .rmsnorm_fwd = fso_cpu_rmsnorm_fwd,            \
     .rmsnorm_bwd = fso_cpu_rmsnorm_bwd, .matmul_fwd = fso_cpu_matmul_fwd,                  \
     .matmul_bwd = fso_cpu_matmul_bwd, .rope = fso_cpu_rope,                                \

@@ -305,20 +305,11 @@ const fso_cpu_kernels fso_cpu_ref_kernels = {
 
 const fso_backend_ops fso_cpu_ref_ops = {
     .name = "cpu-ref",
-    .host_addressable = 1,
-    .buf_alloc = fso_cpu_buf_alloc,
-    .buf_free = fso_cpu_buf_free,
-    .memset0 = fso_cpu_memset0,
-    .copy_h2d = fso_cpu_copy,
-    .copy_d2h = fso_cpu_copy,
-    .sync = fso_cpu_sync,
-    FSO_CPU_TYPED_OPS,
-    FSO_CPU_LIFETIME_OPS,
+    FSO_CPU_SHARED_OPS,
     .embedding_bwd = ref_embedding_bwd,
     .add = ref_add,
     .cross_entropy = ref_cross_entropy,
     .sqnorm = ref_sqnorm,
-    .sum = fso_cpu_sum,
     .cast_bf16_f32 = ref_cast_bf16_f32,
     .cast_f32_bf16 = ref_cast_f32_bf16,
 };

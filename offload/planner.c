@@ -509,14 +509,9 @@ static int lay_grads(sim *s, int step, int a, int b, int C, bool last_micro, int
  * lays it: returns the norm's event. */
 static int lay_norm(sim *s, int sync_wait, int *prev_norm)
 {
-    const fso_plan_input *in = s->in;
-    const fso_plan_machine *mc = &in->machine;
-    const fso_plan_model *m = &in->model;
-    const fso_plan_engine *en = &in->engine;
+    const fso_plan_engine *en = &s->in->engine;
+    const fso_plan_machine *mc = &s->in->machine;
     const fso_placement *pl = s->pl;
-    const int W = mc->devices;
-    const double nvr = per_rank(mc->nvme_read_gbps, W);
-    const bool cpu = mc->cpu_devices;
     tl *t = &s->t;
 
     /* the global norm */
@@ -527,18 +522,19 @@ static int lay_norm(sim *s, int sync_wait, int *prev_norm)
         if (pl->tier[FSO_KIND_GRAD][b] == FSO_TIER_NVME)
             nvme_grads = true;
     for (int b = 0; b < s->nb; b++) {
-        const double gb = (double)shard_elems(in, b) * m->grad_bytes;
+        const double gb = (double)shard_elems(s->in, b) * s->in->model.grad_bytes;
         int d = ADD(t, JOIN, 0, s->grad_done[b], norm);
         if (en->norm_pass && nvme_grads && pl->tier[FSO_KIND_GRAD][b] == FSO_TIER_NVME) {
-            int r = ADD(t, FSO_STREAM_NVME_READ, ms_for(gb, nvr), d, dev_dep(s));
+            int r = ADD(t, FSO_STREAM_NVME_READ,
+                        ms_for(gb, per_rank(mc->nvme_read_gbps, mc->devices)), d, dev_dep(s));
             d = dev_add(s, ADD(t, JOIN, 0, r, dev_dep(s)));
-        } else if (en->norm_pass && cpu) {
+        } else if (en->norm_pass && mc->cpu_devices) {
             d = dev_add(s, ADD(t, FSO_STREAM_COMPUTE, ms_for(gb, mc->host_copy_gbps), d,
                                dev_dep(s)));
         }
         norm = ADD(t, JOIN, 0, norm, d);
     }
-    if (W > 1)
+    if (mc->devices > 1)
         norm = ADD(t, JOIN, 0, norm); /* the all-reduce of a few numbers */
     norm = dev_add(s, norm);
     *prev_norm = norm;

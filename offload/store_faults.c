@@ -221,17 +221,24 @@ static int fault_grow(fso_store *s, uint64_t capacity_bytes)
     return 0;
 }
 
+/* The context's own arrays (the inner store is the caller's to close). */
+static void fault_ctx_free(fault_ctx *c)
+{
+    if (!c)
+        return;
+    free(c->slots);
+    free(c->free_slots);
+    free(c->synth);
+    free(c->tmp);
+    free(c);
+}
+
 static void fault_destroy(fso_store *s)
 {
     fault_ctx *c = s->ctx;
-    if (c) {
+    if (c)
         fso_store_destroy(c->inner);
-        free(c->slots);
-        free(c->free_slots);
-        free(c->synth);
-        free(c->tmp);
-        free(c);
-    }
+    fault_ctx_free(c);
     free(s);
 }
 
@@ -262,13 +269,7 @@ int fso_store_wrap_faults(fso_store **out, fso_store *inner, const fso_fault_spe
         c->tmp = calloc((size_t)qd, sizeof *c->tmp);
     }
     if (!s || !c || !c->slots || !c->free_slots || !c->synth || !c->tmp) {
-        if (c) {
-            free(c->slots);
-            free(c->free_slots);
-            free(c->synth);
-            free(c->tmp);
-        }
-        free(c);
+        fault_ctx_free(c);
         free(s);
         return -ENOMEM;
     }

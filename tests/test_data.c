@@ -115,6 +115,17 @@ static void cfg_for(fso_config *cfg, const char *path, fso_data_format format, i
     cfg->seed = 1234;
 }
 
+/* The data of cfg_for's configuration, or the test fails saying why. */
+static void open_data(fso_data *d, const char *path, fso_data_format format, int vocab, int T,
+                      int B)
+{
+    fso_config cfg;
+    cfg_for(&cfg, path, format, vocab, T, B);
+    int rc = fso_data_init(d, &cfg);
+    if (rc)
+        fail_msg("%s: init: %d %s", path, rc, d->err);
+}
+
 #define assert_has(hay, needle)                                                 \
     do {                                                                        \
         if (!strstr((hay), (needle)))                                           \
@@ -200,12 +211,8 @@ static void test_v1_round_trip_and_batches_wrap(void **state)
     assert_int_equal(header_int(path, 2), n);
     assert_int_equal(count_entries(td->path), 1);   /* no temp file left */
 
-    fso_config cfg;
-    cfg_for(&cfg, path, FSO_DATA_AUTO, 1000, T, B);
     fso_data d;
-    int rc = fso_data_init(&d, &cfg);
-    if (rc)
-        fail_msg("init: %d %s", rc, d.err);
+    open_data(&d, path, FSO_DATA_AUTO, 1000, T, B);
     assert_int_equal(d.n_tokens, n);
     assert_memory_equal(d.tokens, tok, n * sizeof(int32_t));
     assert_has(d.desc, path);
@@ -249,10 +256,8 @@ static void test_wrap_boundary_is_exact(void **state)
     for (int k = 0; k < 2; k++) {
         size_t n = 64 + (size_t)k;
         assert_int_equal(fso_data_write_tokens(path, tok, n, 0), 0);
-        fso_config cfg;
-        cfg_for(&cfg, path, FSO_DATA_TOKENS, 100, T, B);
         fso_data d;
-        assert_int_equal(fso_data_init(&d, &cfg), 0);
+        open_data(&d, path, FSO_DATA_TOKENS, 100, T, B);
         size_t s0[4] = {0, 8, 16, 24}, s1[4];
         for (int b = 0; b < B; b++)
             s1[b] = second_start[k] + (size_t)b * T;
@@ -276,12 +281,8 @@ static void test_v2_round_trip_large_vocab(void **state)
     assert_int_equal(header_int(path, 1), 2);
     assert_int_equal(file_size(path), 1024 + 4 * n);
 
-    fso_config cfg;
-    cfg_for(&cfg, path, FSO_DATA_TOKENS, 128000, 16, 3);
     fso_data d;
-    int rc = fso_data_init(&d, &cfg);
-    if (rc)
-        fail_msg("init: %d %s", rc, d.err);
+    open_data(&d, path, FSO_DATA_TOKENS, 128000, 16, 3);
     assert_int_equal(d.n_tokens, n);
     assert_memory_equal(d.tokens, tok, n * sizeof(int32_t));
     assert_has(d.desc, "tokens v2");
@@ -305,10 +306,8 @@ static void test_force_v2_with_small_ids(void **state)
     assert_int_equal(fso_data_write_tokens(path, tok, n, 1), 0);
     assert_int_equal(header_int(path, 1), 2);
     assert_int_equal(file_size(path), 1024 + 4 * n);
-    fso_config cfg;
-    cfg_for(&cfg, path, FSO_DATA_AUTO, 256, 16, 2);
     fso_data d;
-    assert_int_equal(fso_data_init(&d, &cfg), 0);
+    open_data(&d, path, FSO_DATA_AUTO, 256, 16, 2);
     assert_memory_equal(d.tokens, tok, n * sizeof(int32_t));
     fso_data_free(&d);
 
@@ -361,10 +360,8 @@ static void test_short_corpus_rows_wrap_in_bounds(void **state)
         tok[i] = (int32_t)i;
     assert_int_equal(fso_data_write_tokens(path, tok, n, 0), 0);
 
-    fso_config cfg;
-    cfg_for(&cfg, path, FSO_DATA_TOKENS, 100, T, B);
     fso_data d;
-    assert_int_equal(fso_data_init(&d, &cfg), 0);
+    open_data(&d, path, FSO_DATA_TOKENS, 100, T, B);
     int32_t in[32], tg[32];
     size_t pos = 0, m = n - T;
     for (int k = 0; k < 20; k++) {
@@ -381,7 +378,7 @@ static void test_short_corpus_rows_wrap_in_bounds(void **state)
 
     /* Exactly T+1 tokens: every row is the whole corpus. */
     assert_int_equal(fso_data_write_tokens(path, tok, (size_t)T + 1, 0), 0);
-    assert_int_equal(fso_data_init(&d, &cfg), 0);
+    open_data(&d, path, FSO_DATA_TOKENS, 100, T, B);
     fso_data_next(&d, in, tg);
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++) {
@@ -405,12 +402,8 @@ static void test_text_file_is_byte_level(void **state)
     write_file(path, text, sizeof(text));
 
     for (int f = 0; f < 2; f++) {
-        fso_config cfg;
-        cfg_for(&cfg, path, f ? FSO_DATA_TEXT : FSO_DATA_AUTO, 256, 32, 2);
         fso_data d;
-        int rc = fso_data_init(&d, &cfg);
-        if (rc)
-            fail_msg("init: %d %s", rc, d.err);
+        open_data(&d, path, f ? FSO_DATA_TEXT : FSO_DATA_AUTO, 256, 32, 2);
         assert_int_equal(d.n_tokens, sizeof(text));
         for (size_t i = 0; i < sizeof(text); i++)
             assert_int_equal(d.tokens[i], text[i]);
