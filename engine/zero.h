@@ -1,5 +1,5 @@
 /* zero.h — ZeRO-3 training state across the devices of one process, on three
- * tiers (ARCHITECTURE.md: the sharded trainer, one step).
+ * tiers (ARCHITECTURE.md: the sharded trainer, One step).
  *
  * Every block's flat buffer is split into `world` equal shards (each a
  * multiple of 4 KiB); rank r owns shard r. Per shard there are five kinds of
@@ -10,8 +10,8 @@
  * offload_optimizer.
  *
  * Working parameters are fp32, or bf16 (2 bytes) with bf16.enabled: then
- * they are stored, read from NVMe and all-gathered at half the bytes, and
- * one cast widens each gathered block to the fp32 the model computes in.
+ * they are stored, read from NVMe, all-gathered and lent to the model at
+ * half the bytes (the model's ops take bf16 weights; backend.h, "Types").
  * AdamW writes them as bf16 of the new fp32 master (round to nearest even)
  * in the same pass as the update, so they always equal bf16(master). Master,
  * m, v and gradients stay fp32. A bf16 shard takes 2 KiB multiples; on NVMe
@@ -19,8 +19,8 @@
  *
  * A step on rank r: for each micro-batch, the model asks for each block in a
  * fixed order (model.h); the rank reads its parameter shard (prefetched from
- * NVMe train.prefetch_blocks blocks ahead), all-gathers the full block
- * (widening bf16 to fp32), lends it, and drops it afterwards; gradients of each block are
+ * NVMe train.prefetch_blocks blocks ahead), all-gathers the full block,
+ * lends it, and drops it afterwards; gradients of each block are
  * reduce-scattered as soon as the block's backward ends and added into the
  * rank's gradient shard. Then the exact global gradient norm (one
  * all-reduce), and AdamW over the rank's shards block by block, reading
