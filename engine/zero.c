@@ -1892,8 +1892,13 @@ void fso_zero_destroy(fso_zero *z)
         fso_store_destroy(rk->store);
         fso_model_free(&rk->model);
         free(rk->locs);
-        fso_backend_destroy(rk->be);
     }
+    /* the collectives use the backends (NCCL's their devices and streams):
+     * they go first, the backends after */
+    fso_coll_destroy(z->coll);
+    z->coll = NULL;
+    for (int r = 0; z->ranks && r < z->world; r++)
+        fso_backend_destroy(z->ranks[r].be);
 #if FSO_HAVE_CUDA
     for (int i = 0; i < z->n_pinned; i++)
         fso_cuda_host_unregister((char *)z->arena + z->pinned_at[i],
@@ -1902,7 +1907,6 @@ void fso_zero_destroy(fso_zero *z)
     if (z->arena)
         munmap(z->arena, z->arena_reserve);
     fso_topo_destroy(z->topo);
-    fso_coll_destroy(z->coll);
     free(z->ranks);
     free(z->blocks);
     free(z->order);

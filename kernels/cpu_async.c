@@ -16,6 +16,11 @@
  *     its source, before waiting sees stale or new data, and a run compared
  *     with the "cpu" backend's bits differs. Ranks' collectives meet when
  *     each rank's host waits past them.
+ *   - Collectives go before their devices. Destroying them checks that
+ *     none of their work is still queued on any device, which reads every
+ *     device: a teardown that frees a device first (on a GPU, NCCL's
+ *     communicators outliving the streams they run on) reads freed memory
+ *     here, which AddressSanitizer, in CI's sanitizer build, names.
  *   - sqnorm and sum results reach *out only at sync() or wait_mark() of a
  *     later full mark (not of a mark_copies one).
  *   - Work ordered after a mark only (copy_h2d_after, copy_d2h_after, a
@@ -40,6 +45,7 @@
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -708,9 +714,29 @@ static int ac_barrier(fso_coll *c, int rank)
     return ac->inner->ops->barrier(ac->inner, rank);
 }
 
+/* The collectives go before the devices they run on (coll.h), and none of
+ * their work may still be queued on one: it would run later through the
+ * freed collectives. Checking that reads every device, so destroying them
+ * in the wrong order (the devices first) is a read of freed memory, which
+ * AddressSanitizer reports wherever it happens, as it would be on a GPU
+ * (NCCL's destroy making each device current). */
 static void ac_destroy(fso_coll *c)
 {
     async_coll *ac = c->ctx;
+    for (int r = 0; r < c->world; r++) {
+        async_ctx *x = CTX(ac->bes[r]);
+        pthread_mutex_lock(&x->mu);
+        size_t queued = 0;
+        for (uint64_t i = 0; i < x->queued - x->done; i++)
+            queued += x->queue[i].coll == c;
+        pthread_mutex_unlock(&x->mu);
+        if (queued) {
+            fprintf(stderr, "%s:%d: collectives destroyed with %zu of their calls still queued on "
+                            "device %d; sync every device first\n",
+                    __FILE__, __LINE__, queued, r);
+            abort();
+        }
+    }
     fso_coll_destroy(ac->inner);
     free(ac->bes);
     free(ac);

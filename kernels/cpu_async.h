@@ -30,7 +30,8 @@ struct fso_pool *fso_async_pool(fso_backend *be);
 
 /* The threads collectives (coll.h) among `world` cpu-async devices, bes[r]
  * being rank r's: each call first completes the rank's queued copies, as a
- * gather on a GPU is ordered after them. */
+ * gather on a GPU is ordered after them. Destroy them before the devices,
+ * with none of their calls still queued (it aborts, naming the device). */
 int fso_coll_create_async(fso_coll **out, int world, fso_backend *const *bes);
 
 #endif
