@@ -7,9 +7,11 @@
 #include "cuda_module.h"
 
 #include "fso_build.h"
+#include "fso_cuda_module_id.h"
 
 static const fso_cuda_module_api api = {
     .abi = FSO_CUDA_MODULE_ABI,
+    .build_id = FSO_CUDA_MODULE_ID,
     .version = FSO_VERSION,
     .layout = FSO_CUDA_MODULE_LAYOUT_HERE,
     .device_count = fso_cuda_device_count,
