@@ -370,7 +370,7 @@ static void test_matmul_matches_reference(void **state)
 
 /* ---------------------------------------------------------------- rmsnorm */
 
-static void run_rmsnorm(int m, int N, int C)
+static void run_rmsnorm(int m, int N, int C, double dw_tol)
 {
     fso_backend *be = cu[m];
     size_t n = (size_t)N * C;
@@ -388,7 +388,7 @@ static void run_rmsnorm(int m, int N, int C)
     ref->ops->rmsnorm_bwd(ref, dx, dw, R, x, w, FSO_DT_F32, r, N, C);
     be->ops->rmsnorm_bwd(be, d_dx, d_dw, d_R, d_x, d_w, FSO_DT_F32, d_r, N, C);
     check(be, m, "rmsnorm_bwd dx (accumulate)", d_dx, dx, n, TOL_FP32);
-    check(be, m, "rmsnorm_bwd dw (accumulate)", d_dw, dw, (size_t)C, TOL_FP32);
+    check(be, m, "rmsnorm_bwd dw (accumulate)", d_dw, dw, (size_t)C, dw_tol);
 
     float *h[] = {x, w, R, o, r, dx, dw};
     for (size_t i = 0; i < sizeof h / sizeof *h; i++)
@@ -402,9 +402,13 @@ static void test_rmsnorm_matches_reference(void **state)
 {
     (void)state;
     for (int m = 0; m < 2; m++) {
-        run_rmsnorm(m, 19, 70);
-        run_rmsnorm(m, 150, 1000); /* several row chunks for dw, many threads per row */
+        run_rmsnorm(m, 19, 70, TOL_FP32);
+        run_rmsnorm(m, 150, 1000, TOL_FP32); /* several row chunks for dw, many threads per row */
     }
+    /* 8.4M rows: dw's 131070 row chunks are twice what one grid.y holds.
+     * The reference sums the rows one by one in fp32, so dw agrees to about
+     * 1e-4 only; rows left out would miss by far more. */
+    run_rmsnorm(0, 2 * 65535 * 64, 2, 2e-3);
 }
 
 /* ---------------------------------------------------------------- embedding */
