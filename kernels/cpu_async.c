@@ -56,7 +56,8 @@
 #include "cpu_common.h"
 
 #define TAG ((uintptr_t)1 << 62)
-#define MARKS 1024 /* marks kept; an older one waits for everything */
+#define MARKS 1024 /* marks kept, as the CUDA backend keeps; an older one is stale (counted)
+                      and waits for everything */
 
 typedef struct async_ctx async_ctx;
 
@@ -175,6 +176,8 @@ static void push_after(fso_backend *be, const work *w, int s, uint64_t after)
     pthread_mutex_lock(&x->mu);
     uint64_t at = x->queued;
     const async_mark *m = &x->marks[after % MARKS];
+    if (after != 0 && m->ticket != after)
+        x->counts.stale_marks++; /* gone from the ring: after everything */
     if (after != 0 && m->ticket == after) {
         at = m->work;
         if (at < x->last[s])
@@ -328,8 +331,10 @@ static void as_wait_mark(fso_backend *be, uint64_t ticket)
         return;
     pthread_mutex_lock(&x->mu);
     async_mark m = x->marks[ticket % MARKS];
-    if (m.ticket != ticket) /* gone from the ring: wait for everything */
+    if (m.ticket != ticket) { /* gone from the ring: wait for everything */
         m = (async_mark){ticket, x->queued, true};
+        x->counts.stale_marks++;
+    }
     run_work(x, m.work);
     if (m.full)
         deliver_sums(x, m.work);
