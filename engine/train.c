@@ -62,6 +62,7 @@ int fso_trainer_step(fso_trainer *tr, const int32_t *inputs, const int32_t *targ
     st->nvme_read_bytes = zs.nvme_read_bytes;
     st->nvme_write_bytes = zs.nvme_write_bytes;
     st->tokens = (int64_t)fso_trainer_step_tokens(tr->cfg);
+    st->stale_marks = fso_zero_stale_marks(tr->zero);
     tr->step++;
     st->step_ms = fso_now_ms() - t0;
     return 0;
@@ -88,6 +89,11 @@ static void print_banner(const fso_config *cfg, const fso_trainer *tr, const fso
            cfg->activation_checkpointing ? "on" : "off");
     fso_zero_describe(tr->zero, placement, sizeof placement);
     printf("fsoff: state %s\n", placement);
+    const char *pin = fso_zero_pin_refused(tr->zero);
+    if (pin) {
+        fflush(stdout);
+        fprintf(stderr, "fsoff: warning: %s\n", pin);
+    }
     static const char *const overlap[] = {"none (serialized after backward)",
                                           "forward (per block, during the next forward)",
                                           "backward (per block, as gradients land)"};
@@ -303,6 +309,7 @@ int fso_train_run(const fso_config *cfg, const fso_run_opts *opts)
         goto out;
     }
     rep.peak_flops = peak_tflops * 1e12;
+    rep.pin_refused = fso_zero_pin_refused(tr.zero) != NULL;
     print_banner(cfg, &tr, &data, note);
 
     size_t bt = (size_t)cfg->micro_batch * cfg->data.seq_len;

@@ -58,6 +58,24 @@ static size_t round_page(size_t b)
     return (b + STAGE_ALIGN - 1) & ~(size_t)(STAGE_ALIGN - 1);
 }
 
+/* Pinning the arena was refused: keep the first reason (with its fix) for
+ * the run's banner (fso_zero_pin_refused); a refusal while training, once
+ * the banner is out, is a warning at once. */
+static void pin_refused(fso_zero *z, bool first, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void pin_refused(fso_zero *z, bool first, const char *fmt, ...)
+{
+    char msg[sizeof z->pin_refused];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (!z->pin_refused[0])
+        memcpy(z->pin_refused, msg, sizeof msg);
+    if (!first)
+        fprintf(stderr, "fsoff: warning: %s\n", msg);
+}
+
 /* Make [0, bytes) of the arena usable: commit the new part, lock or
  * register it with CUDA as the configuration asks (a refusal is one warning
  * and pageable memory), and tell the NVMe stores, whose registered buffers
@@ -94,8 +112,9 @@ static int arena_grow(fso_zero *z, size_t bytes, char *err, size_t errlen)
             z->pinned_at[z->n_pinned] = z->arena_bytes;
             z->pinned_at[++z->n_pinned] = bytes;
         } else if (first || z->pinned_at[z->n_pinned] == z->arena_bytes) {
-            fprintf(stderr, "fsoff: warning: pinning the host arena: %s; using pageable memory "
-                            "(slower copies)\n", cerr[0] ? cerr : "too many registrations");
+            pin_refused(z, first, "host memory is pageable, not pinned: %s; copies between it "
+                                  "and the GPUs wait for the host and do not overlap compute",
+                        cerr[0] ? cerr : "too many registrations");
         }
     } else
 #endif
@@ -106,9 +125,10 @@ static int arena_grow(fso_zero *z, size_t bytes, char *err, size_t errlen)
             getrlimit(RLIMIT_MEMLOCK, &rl);
             fso_human_bytes(h1, sizeof h1, (double)rl.rlim_cur);
             fso_human_bytes(h2, sizeof h2, (double)bytes);
-            fprintf(stderr, "fsoff: warning: pin_memory: RLIMIT_MEMLOCK is %s; pinning %s needs "
-                            "`ulimit -l unlimited` (or a larger limit); using pageable memory\n",
-                    rl.rlim_cur == RLIM_INFINITY ? "unlimited" : h1, h2);
+            pin_refused(z, first, "pin_memory: host memory is pageable, not locked: "
+                                  "RLIMIT_MEMLOCK is %s; locking %s needs `ulimit -l unlimited` "
+                                  "(in a container: docker run --ulimit memlock=-1)",
+                        rl.rlim_cur == RLIM_INFINITY ? "unlimited" : h1, h2);
             if (!first)
                 munlock(z->arena, z->arena_bytes);
         }
@@ -1170,6 +1190,26 @@ const double *fso_zero_block_compute_ms(const fso_zero *z)
 const fso_model *fso_zero_model(const fso_zero *z)
 {
     return &z->ranks[0].model;
+}
+
+const char *fso_zero_pin_refused(const fso_zero *z)
+{
+    return z->pin_refused[0] ? z->pin_refused : NULL;
+}
+
+uint64_t fso_zero_stale_marks(const fso_zero *z)
+{
+    uint64_t n = 0;
+    for (int r = 0; r < z->world; r++) {
+        fso_backend *be = z->ranks[r].be;
+        if (fso_backend_is_async(be))
+            n += fso_async_counts_of(be).stale_marks;
+#if FSO_HAVE_CUDA
+        else if (fso_backend_is_cuda(be))
+            n += fso_cuda_stale_marks(be);
+#endif
+    }
+    return n;
 }
 
 uint64_t fso_zero_peak_device_bytes(const fso_zero *z)

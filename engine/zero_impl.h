@@ -136,6 +136,7 @@ struct fso_zero {
     int n_pinned;                /* CUDA registrations: [pinned_at[i], pinned_at[i+1]) */
     size_t pinned_at[17];
     bool arena_locked;           /* [0, arena_bytes) mlock'ed */
+    char pin_refused[512];       /* why pinning the arena was refused, and the fix; "" not */
     struct fso_topo *topo;       /* this machine, when it has more than one NUMA node */
     /* The threads of devices 1..world-1, started once (device 0 runs on the
      * caller's thread): run_ranks hands each the same job and waits. */
