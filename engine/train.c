@@ -349,6 +349,7 @@ int fso_train_run(const fso_config *cfg, const fso_run_opts *opts)
     }
     rep.optimizer_exposed_ms += waited;
     rep.peak_device_bytes = fso_zero_peak_device_bytes(tr.zero);
+    rep.pin_refused = fso_zero_pin_refused(tr.zero) != NULL; /* a re-plan may have grown it */
     if ((rc = fso_report_finish(&rep, err, sizeof err)) < 0)
         fprintf(stderr, "fsoff: error: %s\n", err);
 
