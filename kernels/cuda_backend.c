@@ -594,7 +594,7 @@ uint64_t fso_cuda_stale_marks(fso_backend *be)
 /* FSO_CUDA_WAIT: how the host waits for the device. "block" (the default):
  * on an OS primitive, leaving the core to the CPU AdamW, the NVMe reaper and
  * the other ranks' threads; "spin": busy-polling, the runtime's choice for a
- * process with few contexts, a few microseconds sooner per wait. */
+ * process with few contexts: each wait returns sooner, holding a core. */
 static int wait_from_env(bool *spin, char *err, size_t errlen)
 {
     const char *w = getenv("FSO_CUDA_WAIT");

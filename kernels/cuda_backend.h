@@ -71,7 +71,7 @@
  * waits: the CPU AdamW's threads, NVMe I/O, the other ranks' threads. With
  * a context or two per process the runtime's default would spin, holding a
  * core each. FSO_CUDA_WAIT=spin (read when a backend is created; "block" is
- * the default) makes the waits spin, a few microseconds sooner each, to
+ * the default) makes the waits spin (sooner back, a core held) to
  * compare the two.
  *
  * Debugging: FSO_CUDA_SYNC=1 (read when a backend is created) makes every
