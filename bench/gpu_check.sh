@@ -2,8 +2,8 @@
 # gpu_check.sh — fsoff on this machine's NVIDIA GPUs, in one go: build, the
 # GPU tests (a failure run again, synchronised and under memcheck, to name
 # its cause), host<->device and collective bandwidth (fsoff bench h2d and
-# allgather), and training tok/s of a ~1B-parameter model with its state on
-# the GPU, in host memory and on NVMe.
+# allgather), and training tok/s and MFU of a 1.01B-parameter model with its
+# state on the GPU, in host memory and on NVMe.
 #
 #   bench/gpu_check.sh
 #
@@ -18,7 +18,9 @@
 #   BUILD          build folder (default: build-gpu next to this script's parent)
 #   NVME_DIR       folder for the NVMe run (default: $BUILD/gpu-check-nvme)
 #   BUDGET_S       total seconds (default 470)
-#   MODEL_LAYERS   layers of the training model (default 20: ~0.97B parameters)
+#   MODEL_LAYERS   layers of the training model (default 21: 1.01B parameters)
+#   FSO_CUDA_WAIT  how fsoff's host waits for the GPU: block (default) or spin;
+#                  recorded in the report, so two runs compare the two
 #   GPU_CHECK_FORCE=1  run every part even without a GPU (to test this script)
 set -euo pipefail
 
@@ -27,7 +29,7 @@ BUILD=${BUILD:-$SRC/build-gpu}
 REPORT=${OUT:-$PWD}/gpu_check.json
 NVME_DIR=${NVME_DIR:-$BUILD/gpu-check-nvme}
 BUDGET_S=${BUDGET_S:-470}
-MODEL_LAYERS=${MODEL_LAYERS:-20}
+MODEL_LAYERS=${MODEL_LAYERS:-21}
 export PATH=$PATH:/usr/local/cuda/bin
 START=$(date +%s)
 
@@ -178,7 +180,7 @@ json.dump(out, open(os.path.join(w, "copy.json"), "w"))
 PY
 
 # ---------------------------------------------------------------- training tok/s
-# A Llama of ~0.97B parameters (MODEL_LAYERS=20): hidden 2048, 16 heads
+# A Llama of 1.01B parameters (MODEL_LAYERS=21): hidden 2048, 16 heads
 # (4 kv), MLP 5632, vocab 32000, 8 x 1024 tokens per step and GPU; bf16
 # storage (weights and activations), as one trains on GPUs.
 cat >"$WORK/model_1b.json" <<EOF
@@ -201,7 +203,8 @@ cat >"$WORK/model_1b.json" <<EOF
 }
 EOF
 
-# train_run NAME STEPS BOX ARGS...: tok/s (first step excluded) into $WORK/train_NAME.json
+# train_run NAME STEPS BOX ARGS...: tok/s and MFU (first step excluded), whether
+# pinning was refused and how many marks went stale, into $WORK/train_NAME.json
 train_run() {
     local name=$1 steps=$2 want=$3
     shift 3
@@ -241,6 +244,13 @@ except OSError:
 err = [l.strip() for l in open(out + ".err", errors="replace") if l.strip()]
 why = next((l for l in err if "error" in l), err[-1] if err else "")
 res = {"exit": rc}
+timed = steps[1:] if len(steps) >= 2 else steps
+if timed and any(s.get("mfu") for s in timed):
+    res["mfu"] = sum(s.get("mfu", 0) for s in timed) / len(timed)
+if steps:
+    res["stale_marks"] = steps[-1].get("stale_marks")
+if summary:
+    res["pin_refused"] = summary.get("pin_refused")
 if summary and summary.get("tok_s"):
     res.update(tok_s=summary["tok_s"], steps=len(steps), mean_step_ms=summary.get("mean_step_ms"),
                peak_device_bytes=summary.get("peak_device_bytes"))
@@ -269,10 +279,11 @@ train_run host 6 110 \
 train_run nvme 3 120 --nvme "$NVME_DIR"
 
 # ---------------------------------------------------------------- report
-python3 - "$WORK" "$REPORT" "$(( $(date +%s) - START ))" "$NVME_DIR" "$MODEL_LAYERS" <<'PY'
+python3 - "$WORK" "$REPORT" "$(( $(date +%s) - START ))" "$NVME_DIR" "$MODEL_LAYERS" \
+    "${FSO_CUDA_WAIT:-block}" <<'PY'
 import json, os, sys
 work, report, elapsed, nvme_dir = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
-layers = int(sys.argv[5])
+layers, wait = int(sys.argv[5]), sys.argv[6]
 rd = lambda n: open(os.path.join(work, n), errors="replace").read().strip()
 def rj(n):
     try:
@@ -292,6 +303,7 @@ r = {
         "host": rj("train_host.json"),
         "nvme": rj("train_nvme.json"),
         "nvme_dir": nvme_dir,
+        "host_waits": wait,
     },
     "elapsed_s": elapsed,
 }
@@ -339,10 +351,18 @@ if isinstance(b, dict):
         print("  collectives: %s" % col)
 else:
     print("  bandwidth: %s" % b)
+print("  waits:     %s (FSO_CUDA_WAIT)" % wait)
 for tier in ("device", "host", "nvme"):
     t = r["training"][tier]
-    if isinstance(t, dict):
-        print("  train %-6s %8.0f tok/s%s" % (tier + ":", t["tok_s"], "  (" + t["note"] + ")" if t.get("note") else ""))
+    if isinstance(t, dict) and "tok_s" in t:
+        flags = [t["note"]] if t.get("note") else []
+        if t.get("pin_refused"):
+            flags.append("pinning refused")
+        if t.get("stale_marks"):
+            flags.append("%d stale marks" % t["stale_marks"])
+        mfu = " MFU %4.1f%%" % (100 * t["mfu"]) if t.get("mfu") else ""
+        print("  train %-6s %8.0f tok/s%s%s" % (tier + ":", t["tok_s"], mfu,
+                                              "  (" + "; ".join(flags) + ")" if flags else ""))
     else:
         print("  train %-6s %s" % (tier + ":", t))
 print("  report:    %s" % report)

@@ -54,20 +54,25 @@ void fso_report_step(fso_report *r, const fso_step_stats *st)
     r->optimizer_exposed_ms += st->optimizer_exposed_ms;
     r->nvme_read_bytes += st->nvme_read_bytes;
     r->nvme_write_bytes += st->nvme_write_bytes;
+    r->stale_marks = st->stale_marks;
     double secs = st->step_ms / 1e3;
     double rd_gbps = secs > 0 ? st->nvme_read_bytes / secs / 1e9 : 0;
     double wr_gbps = secs > 0 ? st->nvme_write_bytes / secs / 1e9 : 0;
 
     if (st->step % r->print_every == 0 || st->step == 1 || st->step == r->total_steps) {
-        char io[160] = "";
+        char io[192] = "";
         int n = 0;
         if (r->peak_flops > 0) /* model FLOPs only: recomputation is not counted as useful */
             n = snprintf(io, sizeof io, " | MFU %.1f%%", 100.0 * gflops * 1e9 / r->peak_flops);
         n += snprintf(io + n, sizeof io - (size_t)n, " | opt %.1f ms, %.1f exposed",
                       st->optimizer_ms, st->optimizer_exposed_ms);
         if (st->nvme_read_bytes || st->nvme_write_bytes)
-            snprintf(io + n, sizeof io - (size_t)n, " | NVMe %.2f/%.2f GB/s r/w | stall %.1f ms",
-                     rd_gbps, wr_gbps, st->stall_ms);
+            n += snprintf(io + n, sizeof io - (size_t)n,
+                          " | NVMe %.2f/%.2f GB/s r/w | stall %.1f ms", rd_gbps, wr_gbps,
+                          st->stall_ms);
+        if (st->stale_marks) /* waits that were stricter than asked (cuda_backend.h) */
+            snprintf(io + n, sizeof io - (size_t)n, " | stale marks %llu",
+                     (unsigned long long)st->stale_marks);
         fprintf(r->out,
                 "step %5lld/%lld | loss %.4f | lr %.3e | norm %7.4f%s | %8.1f ms | %9.0f tok/s | "
                 "%6.1f GFLOP/s%s\n",
@@ -81,13 +86,14 @@ void fso_report_step(fso_report *r, const fso_step_stats *st)
                 "\"clip_coef\": %.9g, \"step_ms\": %.6g, \"tokens\": %lld, \"tok_s\": %.6g, "
                 "\"gflops\": %.6g, \"mfu\": %.6g, \"stall_ms\": %.6g, \"compute_ms\": %.6g, "
                 "\"optimizer_ms\": %.6g, \"optimizer_exposed_ms\": %.6g, "
-                "\"nvme_read_bytes\": %llu, \"nvme_write_bytes\": %llu}\n",
+                "\"nvme_read_bytes\": %llu, \"nvme_write_bytes\": %llu, \"stale_marks\": %llu}\n",
                 (long long)st->step, st->loss, st->lr, st->grad_norm, st->clip_coef, st->step_ms,
                 (long long)st->tokens, tok_s, gflops,
                 r->peak_flops > 0 ? gflops * 1e9 / r->peak_flops : 0.0, st->stall_ms,
                 st->compute_ms, st->optimizer_ms,
                 st->optimizer_exposed_ms,
-                (unsigned long long)st->nvme_read_bytes, (unsigned long long)st->nvme_write_bytes);
+                (unsigned long long)st->nvme_read_bytes, (unsigned long long)st->nvme_write_bytes,
+                (unsigned long long)st->stale_marks);
     if (r->metrics)
         fflush(r->metrics); /* a plot can follow the run */
 }
@@ -116,12 +122,13 @@ int fso_report_finish(fso_report *r, char *err, size_t errlen)
                 "\"wall_ms\": %.6g, \"stall_ms\": %.6g, \"optimizer_ms\": %.6g, "
                 "\"optimizer_exposed_ms\": %.6g, \"nvme_read_bytes\": %llu, "
                 "\"nvme_write_bytes\": %llu, \"peak_device_bytes\": %llu, "
-                "\"peak_rss_bytes\": %llu}\n",
+                "\"peak_rss_bytes\": %llu, \"pin_refused\": %s, \"stale_marks\": %llu}\n",
                 (long long)r->steps, (long long)r->tokens, r->first_loss, r->last_loss, avg_ms,
                 avg_tok_s, r->wall_ms, r->stall_ms, r->optimizer_ms, r->optimizer_exposed_ms,
                 (unsigned long long)r->nvme_read_bytes,
                 (unsigned long long)r->nvme_write_bytes,
-                (unsigned long long)r->peak_device_bytes, (unsigned long long)rss);
+                (unsigned long long)r->peak_device_bytes, (unsigned long long)rss,
+                r->pin_refused ? "true" : "false", (unsigned long long)r->stale_marks);
         if (ferror(r->metrics) | (fclose(r->metrics) != 0)) {
             int e = errno ? errno : EIO;
             snprintf(err, errlen, "--metrics %s: write failed: %s", r->metrics_path, strerror(e));

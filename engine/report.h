@@ -3,6 +3,7 @@
 #ifndef FSO_REPORT_H
 #define FSO_REPORT_H
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -26,6 +27,8 @@ typedef struct fso_report {
     double optimizer_ms, optimizer_exposed_ms;
     uint64_t nvme_read_bytes, nvme_write_bytes;
     uint64_t peak_device_bytes; /* set by the caller before finish */
+    bool pin_refused;        /* host memory could not be pinned (set by the caller) */
+    uint64_t stale_marks;    /* the last step's count */
 } fso_report;
 
 /* Open the metrics file (truncating) when path is not NULL. Returns 0 or

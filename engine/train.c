@@ -62,6 +62,7 @@ int fso_trainer_step(fso_trainer *tr, const int32_t *inputs, const int32_t *targ
     st->nvme_read_bytes = zs.nvme_read_bytes;
     st->nvme_write_bytes = zs.nvme_write_bytes;
     st->tokens = (int64_t)fso_trainer_step_tokens(tr->cfg);
+    st->stale_marks = fso_zero_stale_marks(tr->zero);
     st->step_ms = fso_now_ms() - t0;
     return 0;
 }
@@ -88,6 +89,11 @@ static void print_banner(FILE *out, const fso_config *cfg, const fso_trainer *tr
             cfg->activation_checkpointing ? "on" : "off");
     fso_zero_describe(tr->zero, placement, sizeof placement);
     fprintf(out, "fsoff: state %s\n", placement);
+    const char *pin = fso_zero_pin_refused(tr->zero);
+    if (pin) {
+        fflush(out);
+        fprintf(stderr, "fsoff: warning: %s\n", pin);
+    }
     static const char *const overlap[] = {"none (serialized after backward)",
                                           "forward (per block, during the next forward)",
                                           "backward (per block, as gradients land)"};
@@ -409,6 +415,7 @@ int fso_train_run(const fso_config *cfg, const fso_run_opts *opts)
         goto out;
     }
     rep.peak_flops = dev.peak_tflops * 1e12;
+    rep.pin_refused = fso_zero_pin_refused(tr.zero) != NULL;
     print_banner(out, cfg, &tr, &data, dev.note);
 
     rc = run_steps(run_cfg, &data, &tr, &rep, &rp, out);
@@ -418,6 +425,7 @@ int fso_train_run(const fso_config *cfg, const fso_run_opts *opts)
     else if (rc == 0)
         rep.optimizer_exposed_ms += waited;
     rep.peak_device_bytes = fso_zero_peak_device_bytes(tr.zero);
+    rep.pin_refused = fso_zero_pin_refused(tr.zero) != NULL; /* a re-plan may have grown it */
     int frc = fso_report_finish(&rep, err, sizeof err);
     if (rc == 0 && (rc = frc) < 0)
         fprintf(stderr, "fsoff: error: %s\n", err);

@@ -30,6 +30,7 @@ typedef struct fso_step_stats {
     double optimizer_exposed_ms; /* of which compute waited */
     uint64_t nvme_read_bytes, nvme_write_bytes;
     int64_t tokens;          /* tokens in this step, all devices */
+    uint64_t stale_marks;    /* since the start, all devices (fso_zero_stale_marks) */
 } fso_step_stats;
 
 typedef struct fso_trainer {

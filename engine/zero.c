@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "adamw.h"
+#include "cpu_async.h"
 #include "cuda_backend.h"
 #include "optpool.h"
 #include "rng.h"
@@ -453,7 +454,9 @@ fail:
     return rc < 0 ? rc : -ENOMEM;
 }
 
-/* Collectives go before the backends they run on. */
+/* Collectives go before the backends they run on (coll.h): NCCL's use their
+ * devices and streams, and cpu-async's read every device at destroy to check
+ * that none of their calls is still queued. */
 void fso_zero_destroy(fso_zero *z)
 {
     if (!z)
@@ -536,6 +539,26 @@ const double *fso_zero_block_compute_ms(const fso_zero *z)
 const fso_model *fso_zero_model(const fso_zero *z)
 {
     return &z->ranks[0].model;
+}
+
+const char *fso_zero_pin_refused(const fso_zero *z)
+{
+    return z->arena.pin_refused[0] ? z->arena.pin_refused : NULL;
+}
+
+uint64_t fso_zero_stale_marks(const fso_zero *z)
+{
+    uint64_t n = 0;
+    for (int r = 0; r < z->world; r++) {
+        fso_backend *be = z->ranks[r].be;
+        if (fso_backend_is_async(be))
+            n += fso_async_counts_of(be).stale_marks;
+#if FSO_HAVE_CUDA
+        else if (fso_backend_is_cuda(be))
+            n += fso_cuda_stale_marks(be);
+#endif
+    }
+    return n;
 }
 
 uint64_t fso_zero_peak_device_bytes(const fso_zero *z)

@@ -150,6 +150,14 @@ const fso_model *fso_zero_model(const fso_zero *z);
  * timings the re-plan corrects the planner's compute with. */
 const double *fso_zero_block_compute_ms(const fso_zero *z);
 uint64_t fso_zero_peak_device_bytes(const fso_zero *z);  /* largest across devices */
+/* Why pinning (CUDA registration, or mlock with pin_memory) of the host
+ * arena was refused, with the fix, when it was at creation (the caller
+ * reports it; a later refusal is a warning at once); NULL when not. */
+const char *fso_zero_pin_refused(const fso_zero *z);
+/* Marks used after they left a device's window (cuda_backend.h: "stale",
+ * each a lost overlap), all devices, since creation; 0 on plain CPU
+ * devices. */
+uint64_t fso_zero_stale_marks(const fso_zero *z);
 void fso_zero_describe(const fso_zero *z, char *buf, size_t len); /* placement, one line each */
 
 #endif

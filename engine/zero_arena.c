@@ -5,6 +5,7 @@
 #include "zero_impl.h"
 
 #include <errno.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,6 +59,24 @@ static void *arena_take(fso_zero *z, size_t bytes)
     return (char *)z->arena.base + off;
 }
 
+/* Pinning the arena was refused: keep the first reason (with its fix) for
+ * the run's banner (fso_zero_pin_refused); a refusal while training, once
+ * the banner is out, is a warning at once. */
+static void pin_refused(fso_zero *z, bool first, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void pin_refused(fso_zero *z, bool first, const char *fmt, ...)
+{
+    char msg[sizeof z->arena.pin_refused];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (!z->arena.pin_refused[0])
+        memcpy(z->arena.pin_refused, msg, sizeof msg);
+    if (!first)
+        fprintf(stderr, "fsoff: warning: %s\n", msg);
+}
+
 /* Make [0, bytes) of the arena usable: commit the new part, lock or
  * register it with CUDA as the configuration asks (a refusal is one warning
  * and pageable memory), and tell the NVMe stores, whose registered buffers
@@ -95,8 +114,9 @@ int fso_zero_arena_grow(fso_zero *z, size_t bytes, char *err, size_t errlen)
             z->arena.pinned_at[z->arena.n_pinned] = z->arena.bytes;
             z->arena.pinned_at[++z->arena.n_pinned] = bytes;
         } else if (first || z->arena.pinned_at[z->arena.n_pinned] == z->arena.bytes) {
-            fprintf(stderr, "fsoff: warning: pinning the host arena: %s; using pageable memory "
-                            "(slower copies)\n", cerr[0] ? cerr : "too many registrations");
+            pin_refused(z, first, "host memory is pageable, not pinned: %s; copies between it "
+                                  "and the GPUs wait for the host and do not overlap compute",
+                        cerr[0] ? cerr : "too many registrations");
         }
     } else
 #endif
@@ -107,9 +127,10 @@ int fso_zero_arena_grow(fso_zero *z, size_t bytes, char *err, size_t errlen)
             getrlimit(RLIMIT_MEMLOCK, &rl);
             fso_human_bytes(h1, sizeof h1, (double)rl.rlim_cur);
             fso_human_bytes(h2, sizeof h2, (double)bytes);
-            fprintf(stderr, "fsoff: warning: pin_memory: RLIMIT_MEMLOCK is %s; pinning %s needs "
-                            "`ulimit -l unlimited` (or a larger limit); using pageable memory\n",
-                    rl.rlim_cur == RLIM_INFINITY ? "unlimited" : h1, h2);
+            pin_refused(z, first, "pin_memory: host memory is pageable, not locked: "
+                                  "RLIMIT_MEMLOCK is %s; locking %s needs `ulimit -l unlimited` "
+                                  "(in a container: docker run --ulimit memlock=-1)",
+                        rl.rlim_cur == RLIM_INFINITY ? "unlimited" : h1, h2);
             if (!first)
                 munlock(z->arena.base, z->arena.bytes);
         }

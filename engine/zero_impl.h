@@ -157,6 +157,7 @@ typedef struct host_arena {
     int n_pinned;                /* CUDA registrations: [pinned_at[i], pinned_at[i+1]) */
     size_t pinned_at[17];
     bool locked;                 /* [0, bytes) mlock'ed */
+    char pin_refused[512];       /* why pinning was refused, and the fix; "" when it was not */
 } host_arena;
 
 /* The threads of devices 1..world-1, started once (device 0 runs on the

@@ -49,6 +49,10 @@ struct fso_coll {
 
 /* Shared-memory collectives among `world` threads of this process. */
 int fso_coll_create_threads(fso_coll **out, int world);
+/* Free the collectives (NULL is fine). Collectives made over devices
+ * (NCCL's over CUDA backends, cpu-async's) use those backends: destroy them
+ * first, once no rank has a collective still queued, and the backends
+ * after. */
 void fso_coll_destroy(fso_coll *c);
 
 #endif

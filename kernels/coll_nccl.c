@@ -2,6 +2,12 @@
  * backends of one process: one communicator per device from
  * ncclCommInitAll, each rank's collectives issued by that rank's thread on
  * its backend's collective stream (contract: cuda_backend.h).
+ *
+ * Lifetime: the collectives use the backends and must be destroyed before
+ * them (coll.h). Destroying needs only what the collectives own (the
+ * devices' ordinals, saved at creation, and their own buffers), never a
+ * backend, so a wrong order elsewhere cannot turn into a read of freed
+ * memory here.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -19,7 +25,8 @@
 
 struct nccl_ctx {
     ncclComm_t comm[MAX_WORLD];
-    fso_backend *be[MAX_WORLD];
+    fso_backend *be[MAX_WORLD];   /* for issuing work only; not touched by nc_destroy */
+    int ordinal[MAX_WORLD];       /* each rank's CUDA device, saved at creation */
     double *dev_f64[MAX_WORLD];   /* per rank: MAX_F64 in, world * MAX_F64 gathered */
     double *host_f64[MAX_WORLD];  /* pinned, the same layout */
     float *dev_one[MAX_WORLD];    /* barrier */
@@ -49,7 +56,7 @@ static int nccl_fail(struct nccl_ctx *x, int rank, ncclResult_t r, const char *w
     int rc = nccl_errno(r);
     const char *last = x->comm[rank] ? ncclGetLastError(x->comm[rank]) : NULL;
     fso_cuda_fail(x->be[rank], rc, "NCCL %s on rank %d (CUDA device %d): %s%s%s", what, rank,
-                  FSO_CUDA_CTX(x->be[rank])->ordinal, ncclGetErrorString(r),
+                  x->ordinal[rank], ncclGetErrorString(r),
                   last && *last ? ": " : "", last ? last : "");
     return rc;
 }
@@ -143,8 +150,7 @@ static void nc_destroy(fso_coll *c)
 {
     struct nccl_ctx *x = c->ctx;
     for (int r = 0; x && r < c->world; r++) {
-        if (x->be[r])
-            cudaSetDevice(FSO_CUDA_CTX(x->be[r])->ordinal);
+        cudaSetDevice(x->ordinal[r]);
         if (x->comm[r])
             ncclCommDestroy(x->comm[r]);
         cudaFree(x->dev_f64[r]);
@@ -199,8 +205,10 @@ int fso_coll_create_nccl(fso_coll **out, int world, fso_backend **devices, char 
     c->ops = &nccl_ops;
     c->ctx = x;
     c->world = world;
-    for (int r = 0; r < world; r++)
+    for (int r = 0; r < world; r++) {
         x->be[r] = devices[r];
+        x->ordinal[r] = devs[r];
+    }
 
     ncclResult_t nr = ncclCommInitAll(x->comm, world, devs);
     if (nr != ncclSuccess) {

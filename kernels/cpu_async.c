@@ -16,6 +16,11 @@
  *     its source, before waiting sees stale or new data, and a run compared
  *     with the "cpu" backend's bits differs. Ranks' collectives meet when
  *     each rank's host waits past them.
+ *   - Collectives go before their devices. Destroying them checks that
+ *     none of their work is still queued on any device, which reads every
+ *     device: a teardown that frees a device first (on a GPU, NCCL's
+ *     communicators outliving the streams they run on) reads freed memory
+ *     here, which AddressSanitizer, in CI's sanitizer build, names.
  *   - sqnorm and sum results reach *out only at sync() or wait_mark() of a
  *     later full mark (not of a mark_copies one).
  *   - Work ordered after a mark only (copy_h2d_after, copy_d2h_after, a
@@ -51,7 +56,8 @@
 #include "cpu_common.h"
 
 #define TAG ((uintptr_t)1 << 62)
-#define MARKS 1024 /* marks kept; an older one waits for everything */
+#define MARKS 1024 /* marks kept, as the CUDA backend keeps; an older one is stale (counted)
+                      and waits for everything */
 
 typedef struct async_ctx async_ctx;
 
@@ -170,6 +176,8 @@ static void push_after(fso_backend *be, const work *w, int s, uint64_t after)
     pthread_mutex_lock(&x->mu);
     uint64_t at = x->queued;
     const async_mark *m = &x->marks[after % MARKS];
+    if (after != 0 && m->ticket != after)
+        x->counts.stale_marks++; /* gone from the ring: after everything */
     if (after != 0 && m->ticket == after) {
         at = m->work;
         if (at < x->last[s])
@@ -323,8 +331,10 @@ static void as_wait_mark(fso_backend *be, uint64_t ticket)
         return;
     pthread_mutex_lock(&x->mu);
     async_mark m = x->marks[ticket % MARKS];
-    if (m.ticket != ticket) /* gone from the ring: wait for everything */
+    if (m.ticket != ticket) { /* gone from the ring: wait for everything */
         m = (async_mark){ticket, x->queued, true};
+        x->counts.stale_marks++;
+    }
     run_work(x, m.work);
     if (m.full)
         deliver_sums(x, m.work);
@@ -715,9 +725,29 @@ static int ac_barrier(fso_coll *c, int rank)
     return ac->inner->ops->barrier(ac->inner, rank);
 }
 
+/* The collectives go before the devices they run on (coll.h), and none of
+ * their work may still be queued on one: it would run later through the
+ * freed collectives. Checking that reads every device, so destroying them
+ * in the wrong order (the devices first) is a read of freed memory, which
+ * AddressSanitizer reports wherever it happens, as it would be on a GPU
+ * (NCCL's destroy making each device current). */
 static void ac_destroy(fso_coll *c)
 {
     async_coll *ac = c->ctx;
+    for (int r = 0; r < c->world; r++) {
+        async_ctx *x = CTX(ac->bes[r]);
+        pthread_mutex_lock(&x->mu);
+        size_t queued = 0;
+        for (uint64_t i = 0; i < x->queued - x->done; i++)
+            queued += x->queue[i].coll == c;
+        pthread_mutex_unlock(&x->mu);
+        if (queued) {
+            fprintf(stderr, "%s:%d: collectives destroyed with %zu of their calls still queued on "
+                            "device %d; sync every device first\n",
+                    __FILE__, __LINE__, queued, r);
+            abort();
+        }
+    }
     fso_coll_destroy(ac->inner);
     free(ac->bes);
     free(ac);

@@ -20,15 +20,19 @@ int fso_backend_is_async(const fso_backend *be);
  * kind that ran the device dry (on a GPU, the host and the device taking
  * turns; the simulation runs work in one queue, so a wait for a copy counts
  * as one when nothing was queued after it, where a GPU would wait for the
- * copy stream alone); and buffer allocations. */
+ * copy stream alone); buffer allocations; and stale marks, marks waited for
+ * or given as `after` once they had left the ring of the last 1024 (the
+ * CUDA backend's window too): the wait or the order is then for everything
+ * queued. */
 typedef struct fso_async_counts {
-    uint64_t syncs, drains, allocs;
+    uint64_t syncs, drains, allocs, stale_marks;
 } fso_async_counts;
 fso_async_counts fso_async_counts_of(fso_backend *be);
 
 /* The threads collectives (coll.h) among `world` cpu-async devices, bes[r]
  * being rank r's: each call first completes the rank's queued copies, as a
- * gather on a GPU is ordered after them. */
+ * gather on a GPU is ordered after them. Destroy them before the devices,
+ * with none of their calls still queued (it aborts, naming the device). */
 int fso_coll_create_async(fso_coll **out, int world, fso_backend *const *bes);
 
 #endif

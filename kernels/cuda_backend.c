@@ -120,6 +120,8 @@ cudaStream_t fso_cuda_begin_after(fso_backend *be, fso_cuda_stream t, uint64_t a
     const int i = (int)((after >> 1) % FSO_CUDA_MARKS);
     pthread_mutex_lock(&ctx->mu);
     const bool marked = after != 0 && ctx->mark_ticket[i] == after; /* still in the ring */
+    if (after != 0 && !marked)
+        ctx->stale_marks++; /* after everything instead */
     for (int s = 0; s < FSO_CS_N && e == cudaSuccess; s++) {
         if (s == (int)t)
             continue;
@@ -513,6 +515,8 @@ static void cu_wait_mark(fso_backend *be, uint64_t ticket)
     uint64_t held = ctx->mark_ticket[i], sq = ctx->mark_sq[i];
     bool set[FSO_CS_N];
     memcpy(set, ctx->mark_set[i], sizeof set);
+    if (held != ticket)
+        ctx->stale_marks++; /* a later mark's events, or all of the work */
     pthread_mutex_unlock(&ctx->mu);
     if (held != ticket && (held & 1) && !(ticket & 1)) {
         drain_and_fold(be); /* a copies-only mark took this full one's slot: wait for all */
@@ -578,6 +582,33 @@ fso_cuda_math fso_cuda_get_math(const fso_backend *be)
 void fso_cuda_set_math(fso_backend *be, fso_cuda_math math)
 {
     FSO_CUDA_CTX(be)->math = math;
+}
+
+uint64_t fso_cuda_stale_marks(fso_backend *be)
+{
+    fso_cuda_ctx *ctx = FSO_CUDA_CTX(be);
+    pthread_mutex_lock(&ctx->mu);
+    uint64_t n = ctx->stale_marks;
+    pthread_mutex_unlock(&ctx->mu);
+    return n;
+}
+
+/* FSO_CUDA_WAIT: how the host waits for the device. "block" (the default):
+ * on an OS primitive, leaving the core to the CPU AdamW, the NVMe reaper and
+ * the other ranks' threads; "spin": busy-polling, the runtime's choice for a
+ * process with few contexts: each wait returns sooner, holding a core. */
+static int wait_from_env(bool *spin, char *err, size_t errlen)
+{
+    const char *w = getenv("FSO_CUDA_WAIT");
+    *spin = false;
+    if (!w || !*w || strcmp(w, "block") == 0)
+        return 0;
+    if (strcmp(w, "spin") == 0) {
+        *spin = true;
+        return 0;
+    }
+    snprintf(err, errlen, "FSO_CUDA_WAIT=%s: expected \"block\" (the default) or \"spin\"", w);
+    return -EINVAL;
 }
 
 static int math_from_env(fso_cuda_math *out, char *err, size_t errlen)
@@ -651,7 +682,10 @@ int fso_backend_create_cuda(fso_backend **out, int device, size_t mem_cap_bytes,
                               "renumbers them)", device, n, n - 1);
         return -EINVAL;
     }
+    bool spin;
     int rc = math_from_env(&math, err, errlen);
+    if (rc == 0)
+        rc = wait_from_env(&spin, err, errlen);
     if (rc < 0)
         return rc;
 
@@ -671,6 +705,7 @@ int fso_backend_create_cuda(fso_backend **out, int device, size_t mem_cap_bytes,
     be->mem_cap_bytes = mem_cap_bytes;
     ctx->ordinal = device;
     ctx->math = math;
+    ctx->spin = spin;
     /* FSO_CUDA_SYNC=1: wait after every queued item and check it, so a
      * failing kernel or copy is named (for debugging; slow) */
     const char *sync_each = getenv("FSO_CUDA_SYNC");
@@ -678,6 +713,25 @@ int fso_backend_create_cuda(fso_backend **out, int device, size_t mem_cap_bytes,
 
     const char *what = "cudaSetDevice";
     cudaError_t e = cudaSetDevice(device);
+    /* The host's waits (sync, wait_mark, NCCL's barrier) block rather than
+     * spin: with a context or two per process the runtime would otherwise
+     * poll, holding a core the optimizer's threads need. The device's
+     * schedule flag covers stream waits; the mark events carry their own. */
+    if (e == cudaSuccess) {
+        unsigned f = 0;
+        cudaError_t fe = cudaGetDeviceFlags(&f);
+        if (fe == cudaSuccess)
+            fe = cudaSetDeviceFlags((f & cudaDeviceMask & ~(unsigned)cudaDeviceScheduleMask) |
+                                    (spin ? cudaDeviceScheduleSpin
+                                          : cudaDeviceScheduleBlockingSync));
+        if (fe != cudaSuccess) { /* not fatal: the waits spin, as they did by default */
+            cudaGetLastError();
+            fprintf(stderr, "fsoff: warning: CUDA device %d: cannot set how the host waits "
+                            "(cudaSetDeviceFlags: %s); stream waits keep the runtime's default\n",
+                    device, cudaGetErrorString(fe));
+        }
+    }
+    const unsigned mark_flags = cudaEventDisableTiming | (spin ? 0 : cudaEventBlockingSync);
     int cc_major = 0, pools = 0;
     if (e == cudaSuccess) {
         what = "cudaDeviceGetAttribute";
@@ -712,7 +766,7 @@ int fso_backend_create_cuda(fso_backend **out, int device, size_t mem_cap_bytes,
     for (int i = 0; i < FSO_CUDA_MARKS && e == cudaSuccess; i++)
         for (int s = 0; s < FSO_CS_N && e == cudaSuccess; s++) {
             what = "cudaEventCreate (marks)";
-            e = cudaEventCreateWithFlags(&ctx->mark_ev[i][s], cudaEventDisableTiming);
+            e = cudaEventCreateWithFlags(&ctx->mark_ev[i][s], mark_flags);
         }
     /* cuBLAS: its own workspace, so it never allocates inside an op */
     ctx->blas_ws_bytes = cc_major >= 9 ? (size_t)32 << 20 : (size_t)4 << 20;

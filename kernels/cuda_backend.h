@@ -47,7 +47,11 @@
  * the host-to-device copies queued so far), which is how a staging copy
  * runs while earlier compute does. Marks are events on every stream with
  * work (mark) or on the two copy streams (mark_copies), kept in a ring of
- * FSO_CUDA_MARKS.
+ * FSO_CUDA_MARKS (1024). A mark used after it left the ring (waited for, or
+ * given as `after`) is "stale": the wait or the order is then stricter than
+ * asked (a later mark, or all queued work), never wrong, but overlap is
+ * lost; fso_cuda_stale_marks() counts them, and the step line shows the
+ * count when it is not 0.
  *
  * The host waits only in sync(), in wait_mark() (for that mark's events),
  * in sqnorm and sum over host memory the device cannot read (summed on the
@@ -60,6 +64,15 @@
  * asynchronously and are added to their outputs by sync() or by
  * wait_mark() of a later full mark, so a training step synchronises with
  * the device once, at its end.
+ *
+ * How the host waits: blocking, on an OS primitive (the device's
+ * cudaDeviceScheduleBlockingSync for stream waits, cudaEventBlockingSync
+ * for the marks' events), because fsoff's host has other work while it
+ * waits: the CPU AdamW's threads, NVMe I/O, the other ranks' threads. With
+ * a context or two per process the runtime's default would spin, holding a
+ * core each. FSO_CUDA_WAIT=spin (read when a backend is created; "block" is
+ * the default) makes the waits spin (sooner back, a core held) to
+ * compare the two.
  *
  * Debugging: FSO_CUDA_SYNC=1 (read when a backend is created) makes every
  * op and copy wait for its stream and check it, so the first failing one
@@ -86,6 +99,7 @@
 #define FSO_CUDA_BACKEND_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "backend.h"
 #include "coll.h"
@@ -130,6 +144,9 @@ int fso_backend_is_cuda(const fso_backend *be);
 
 fso_cuda_math fso_cuda_get_math(const fso_backend *be);
 void fso_cuda_set_math(fso_backend *be, fso_cuda_math math);
+/* Marks used after they left the ring (stale; see Streams above), since
+ * the backend was made. */
+uint64_t fso_cuda_stale_marks(fso_backend *be);
 
 /* Facts about device `device`, bf16 peak from the table included.
  * 0 or -errno with the reason in err. */

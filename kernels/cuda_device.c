@@ -135,10 +135,12 @@ int fso_cuda_host_register(void *ptr, size_t bytes, char *err, size_t errlen)
         }
         if (low)
             snprintf(err, errlen, "RLIMIT_MEMLOCK is %s; pinning %s needs `ulimit -l unlimited` "
-                                  "(the driver said: %s)", lim, want, cudaGetErrorString(e));
+                                  "(in a container: docker run --ulimit memlock=-1; the driver "
+                                  "said: %s)", lim, want, cudaGetErrorString(e));
         else
             snprintf(err, errlen, "pinning %s was refused by the CUDA driver: %s (RLIMIT_MEMLOCK "
-                                  "is %s; check free memory and the container's limits)",
+                                  "is %s; check free memory, `ulimit -l` and, in a container, "
+                                  "docker run --ulimit memlock=-1)",
                      want, cudaGetErrorString(e), lim);
         return -EPERM;
     }

@@ -33,9 +33,13 @@ typedef enum fso_cuda_stream {
 #define FSO_CUDA_FLAG_BAD_TARGET 2u  /* cross-entropy: target outside [0, V) */
 
 #define FSO_CUDA_SQ_MAX 1024  /* sqnorm results awaiting a sync; more forces one */
-#define FSO_CUDA_MARKS 256    /* marks kept; waiting on an overwritten one waits for a later
-                                 mark of the same or more streams, which is only stricter (or,
-                                 if a copies-only mark took the slot of a full one, drains) */
+#define FSO_CUDA_MARKS 1024   /* marks kept (as many as cpu-async keeps); a mark older than
+                                 that is "stale": waiting on it waits for a later mark of the
+                                 same or more streams (or, if a copies-only mark took the slot
+                                 of a full one, drains), and work ordered after it waits for
+                                 everything queued. Only stricter, never wrong, but it costs
+                                 overlap: each is counted (stale_marks) and the step line shows
+                                 the count when it is not 0 */
 
 typedef struct fso_cuda_alloc {
     void *ptr;
@@ -51,6 +55,7 @@ typedef struct fso_cuda_ctx {
     int sm_count;
     fso_cuda_math math;
     bool sync_each;                   /* FSO_CUDA_SYNC=1: wait and check after every item */
+    bool spin;                        /* FSO_CUDA_WAIT=spin: host waits spin (else block) */
     cudaStream_t stream[FSO_CS_N];
     cudaEvent_t tail[FSO_CS_N];       /* recorded at the end of a stream's queued work */
     uint64_t gen[FSO_CS_N];           /* items queued on each stream */
@@ -73,6 +78,7 @@ typedef struct fso_cuda_ctx {
     uint64_t mark_ticket[FSO_CUDA_MARKS]; /* (n << 1) | 1 for a copies-only mark */
     uint64_t mark_sq[FSO_CUDA_MARKS]; /* sq_head when a full mark was taken */
     uint64_t n_marks;                 /* marks handed out */
+    uint64_t stale_marks;             /* marks used after they left the ring */
     fso_cuda_alloc *allocs;
     size_t n_allocs, cap_allocs;
     int rc;                           /* first failure, sticky; detail in be->err */
@@ -105,8 +111,9 @@ void fso_cuda_end(fso_backend *be, fso_cuda_stream s, const char *what);
 
 /* At least `bytes` of device scratch on the compute stream, valid until
  * the next call (ops run one after another on that stream); NULL after a
- * recorded failure. It only grows (by half again at least), so a training
- * step's ops stop growing it after the first step. An op that needs
+ * recorded failure. It only grows, to exactly the request rounded up to
+ * 2 MiB (the planner reserves the widest op's need), so a training step's
+ * ops stop growing it after the first step. An op that needs
  * several regions asks once for their total and splits it
  * (fso_cuda_scratch_part), never twice: a second call may move the first
  * region. */

@@ -52,8 +52,11 @@ int fso_cuda_available(char *err, size_t errlen)
 #include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <unistd.h>
+
+#include "fso_cuda_module_id.h"
 
 #define DRIVER_LIB "libcuda.so.1"
 
@@ -63,6 +66,14 @@ static struct {
     int rc;                                   /* 0 or -errno of the load */
     char why[1024];                           /* its reason */
 } mod = {.once = PTHREAD_ONCE_INIT};
+
+/* This program's file, for messages and for finding the module beside it
+ * ("" when /proc is not mounted). */
+static void self_path(char *buf, size_t len)
+{
+    ssize_t n = readlink("/proc/self/exe", buf, len - 1);
+    buf[n > 0 ? n : 0] = 0;
+}
 
 int fso_cuda_module_open(const char *path, const fso_cuda_module_api **out, char *err,
                          size_t errlen)
@@ -86,19 +97,36 @@ int fso_cuda_module_open(const char *path, const fso_cuda_module_api **out, char
     *(void **)&get = dlsym(h, FSO_CUDA_MODULE_SYMBOL);
     const fso_cuda_module_api *api = get ? get() : NULL;
     const fso_cuda_module_layout here = FSO_CUDA_MODULE_LAYOUT_HERE;
+    char self[PATH_MAX];
+    self_path(self, sizeof self);
+    const char *me = self[0] ? self : "this fsoff";
     if (!api) {
         snprintf(err, errlen, "%s is not an fsoff CUDA module (it has no %s); point "
                               "FSO_CUDA_MODULE at the " FSO_CUDA_MODULE_FILE " built with this "
                               "fsoff", path, FSO_CUDA_MODULE_SYMBOL);
-    } else if (api->abi != FSO_CUDA_MODULE_ABI || strcmp(api->version, FSO_VERSION) != 0 ||
-               memcmp(&api->layout, &here, sizeof here) != 0) {
-        snprintf(err, errlen, "%s is from another fsoff build (fsoff %s, module interface %u, "
-                              "%s struct sizes; this fsoff is %s, interface %u); rebuild or "
-                              "reinstall fsoff, or point FSO_CUDA_MODULE at the module built "
-                              "with it", path, api->version, api->abi,
-                 memcmp(&api->layout, &here, sizeof here) ? "different" : "the same",
-                 FSO_VERSION, FSO_CUDA_MODULE_ABI);
+    } else if (api->abi != FSO_CUDA_MODULE_ABI) {
+        /* a table of another shape: nothing past `abi` means what it says here */
+        snprintf(err, errlen, "%s is from another fsoff build: its module interface is number "
+                              "%u, %s's is %u; rebuild or reinstall fsoff, or point "
+                              "FSO_CUDA_MODULE at the " FSO_CUDA_MODULE_FILE " built with it",
+                 path, api->abi, me, FSO_CUDA_MODULE_ABI);
         api = NULL;
+    } else {
+        const bool same_id = api->build_id && strcmp(api->build_id, FSO_CUDA_MODULE_ID) == 0;
+        const bool same_version = api->version && strcmp(api->version, FSO_VERSION) == 0;
+        const bool same_layout = memcmp(&api->layout, &here, sizeof here) == 0;
+        if (!same_id || !same_version || !same_layout) {
+            snprintf(err, errlen, "%s is from another fsoff build: its interface is %s (fsoff %s), "
+                                  "%s's is %s (fsoff %s): %s; rebuild or reinstall fsoff, or point "
+                                  "FSO_CUDA_MODULE at the " FSO_CUDA_MODULE_FILE " built with it",
+                     path, api->build_id ? api->build_id : "(none)",
+                     api->version ? api->version : "(none)", me, FSO_CUDA_MODULE_ID, FSO_VERSION,
+                     !same_id        ? "the headers that define the module interface differ"
+                     : !same_version ? "another version of fsoff"
+                                     : "the structs that cross it differ in size (another "
+                                       "compiler or other flags)");
+            api = NULL;
+        }
     }
     if (!api) {
         dlclose(h);
@@ -133,9 +161,8 @@ static int find_module(char *path, char *err, size_t errlen)
         }
         return 0;
     }
-    char exe[PATH_MAX] = "", up[PATH_MAX];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    exe[n > 0 ? n : 0] = 0;
+    char exe[PATH_MAX], up[PATH_MAX];
+    self_path(exe, sizeof exe);
     char *slash = strrchr(exe, '/');
     const char *dirs[3];
     int nd = 0;
@@ -301,6 +328,11 @@ fso_cuda_math fso_cuda_get_math(const fso_backend *be)
 void fso_cuda_set_math(fso_backend *be, fso_cuda_math math)
 {
     loaded(__func__)->set_math(be, math);
+}
+
+uint64_t fso_cuda_stale_marks(fso_backend *be)
+{
+    return loaded(__func__)->stale_marks(be);
 }
 
 int fso_cuda_host_register(void *ptr, size_t bytes, char *err, size_t errlen)

@@ -7,9 +7,11 @@
 #include "cuda_module.h"
 
 #include "fso_build.h"
+#include "fso_cuda_module_id.h"
 
 static const fso_cuda_module_api api = {
     .abi = FSO_CUDA_MODULE_ABI,
+    .build_id = FSO_CUDA_MODULE_ID,
     .version = FSO_VERSION,
     .layout = FSO_CUDA_MODULE_LAYOUT_HERE,
     .device_count = fso_cuda_device_count,
@@ -19,6 +21,7 @@ static const fso_cuda_module_api api = {
     .backend_is_cuda = fso_backend_is_cuda,
     .get_math = fso_cuda_get_math,
     .set_math = fso_cuda_set_math,
+    .stale_marks = fso_cuda_stale_marks,
     .host_register = fso_cuda_host_register,
     .host_unregister = fso_cuda_host_unregister,
     .coll_create_nccl = fso_coll_create_nccl,

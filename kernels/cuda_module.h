@@ -11,11 +11,20 @@
  * which returns its table of entry points; the public functions of
  * cuda_backend.h in the main program forward through that table.
  *
- * Compatibility: the loader accepts a module only if its `abi` is
- * FSO_CUDA_MODULE_ABI, its version is this fsoff's and the sizes of the
- * structs that cross the seam are the ones this program was built with.
- * Bump FSO_CUDA_MODULE_ABI when the table or a struct passed across changes
- * in a way its size does not show (a reordered field, a changed meaning).
+ * Compatibility: the loader accepts a module only if
+ *   1. its `abi` is FSO_CUDA_MODULE_ABI. It is read first and alone: the
+ *      rest of a table of another shape is not read at all;
+ *   2. its build identity is this program's: FSO_CUDA_MODULE_ID, a hash of
+ *      this header and of every header of fsoff it includes (backend.h,
+ *      coll.h, ...), generated at build time by cuda_module_id.py from the
+ *      compiler's own list, and compiled into both. Any edit to them, a
+ *      reordered backend table or a changed fso_adamw_consts (passed by
+ *      pointer, so no size shows it), makes a module built before it
+ *      refused, the message naming both identities and both files;
+ *   3. its fsoff version and the sizes of the structs that cross the seam
+ *      are this program's (a check that costs nothing).
+ * Bump FSO_CUDA_MODULE_ABI when `abi` or `build_id` move or change
+ * meaning; any other change to the table shows in the identity.
  */
 #ifndef FSO_CUDA_MODULE_H
 #define FSO_CUDA_MODULE_H
@@ -30,7 +39,7 @@
 
 #if FSO_HAVE_CUDA
 
-#define FSO_CUDA_MODULE_ABI 2
+#define FSO_CUDA_MODULE_ABI 3
 #define FSO_CUDA_MODULE_FILE "libfso_cuda.so"
 #define FSO_CUDA_MODULE_SYMBOL "fso_cuda_module_get_api"
 
@@ -52,8 +61,9 @@ typedef struct fso_cuda_module_layout {
 } fso_cuda_module_layout;
 
 typedef struct fso_cuda_module_api {
-    uint32_t abi;                  /* FSO_CUDA_MODULE_ABI */
-    const char *version;           /* FSO_VERSION of the build that made the module */
+    uint32_t abi;                  /* FSO_CUDA_MODULE_ABI; nothing below is read when it differs */
+    const char *build_id;          /* FSO_CUDA_MODULE_ID of the build that made the module */
+    const char *version;           /* FSO_VERSION of that build */
     fso_cuda_module_layout layout; /* FSO_CUDA_MODULE_LAYOUT_HERE, in the module */
 
     /* The functions of cuda_backend.h, same contracts, except that
@@ -67,6 +77,7 @@ typedef struct fso_cuda_module_api {
     int (*backend_is_cuda)(const fso_backend *be);
     fso_cuda_math (*get_math)(const fso_backend *be);
     void (*set_math)(fso_backend *be, fso_cuda_math math);
+    uint64_t (*stale_marks)(fso_backend *be);
     int (*host_register)(void *ptr, size_t bytes, char *err, size_t errlen);
     int (*host_unregister)(void *ptr, size_t bytes);
     int (*coll_create_nccl)(fso_coll **out, int world, fso_backend **devices, char *err,

@@ -154,22 +154,26 @@ __global__ void rmsnorm_bwd_dx_kernel(float *dx, const float *dout, const float 
         d[c] += r * fso_load(w + c) * dy[c] - xr[c] * k;
 }
 
-/* dw partials: part[chunk][c] = sum over the chunk's rows, in order. */
+/* dw partials: part[chunk][c] = sum over the chunk's rows, in order. The
+ * chunks are spread over grid.y, which stops at 65535 (past 4.19M rows):
+ * each block row takes every gridDim.y-th chunk. */
 #define RN_ROWS_PER_CHUNK 64
+#define RN_GRID_Y_MAX 65535
 
 __global__ void rmsnorm_bwd_dw_partial_kernel(float *part, const float *dout, const float *x,
-                                              const float *rstd, int N, int C)
+                                              const float *rstd, int N, int C, int chunks)
 {
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
-    const int chunk = blockIdx.y;
     if (c >= C)
         return;
-    const int n0 = chunk * RN_ROWS_PER_CHUNK;
-    const int n1 = min(N, n0 + RN_ROWS_PER_CHUNK);
-    float acc = 0.0f;
-    for (int n = n0; n < n1; n++)
-        acc += dout[(size_t)n * C + c] * x[(size_t)n * C + c] * rstd[n];
-    part[(size_t)chunk * C + c] = acc;
+    for (int chunk = blockIdx.y; chunk < chunks; chunk += gridDim.y) {
+        const int n0 = chunk * RN_ROWS_PER_CHUNK;
+        const int n1 = min(N, n0 + RN_ROWS_PER_CHUNK);
+        float acc = 0.0f;
+        for (int n = n0; n < n1; n++)
+            acc += dout[(size_t)n * C + c] * x[(size_t)n * C + c] * rstd[n];
+        part[(size_t)chunk * C + c] = acc;
+    }
 }
 
 __global__ void rmsnorm_bwd_dw_sum_kernel(float *dw, const float *part, int chunks, int C)
@@ -201,8 +205,10 @@ extern "C" void fso_cuda_rmsnorm_bwd(fso_backend *be, float *dx, float *dw, cons
             rmsnorm_bwd_dx_kernel<<<(unsigned)N, row_threads, 0, s>>>(dx, dout, x,
                                                                       (const float *)w, rstd, C);
         const unsigned threads = C < 256 ? 32 : 256;
-        dim3 grid((unsigned)((C + threads - 1) / threads), (unsigned)chunks);
-        rmsnorm_bwd_dw_partial_kernel<<<grid, threads, 0, s>>>(part, dout, x, rstd, N, C);
+        dim3 grid((unsigned)((C + threads - 1) / threads),
+                  (unsigned)(chunks < RN_GRID_Y_MAX ? chunks : RN_GRID_Y_MAX));
+        rmsnorm_bwd_dw_partial_kernel<<<grid, threads, 0, s>>>(part, dout, x, rstd, N, C,
+                                                               chunks);
         rmsnorm_bwd_dw_sum_kernel<<<(unsigned)((C + threads - 1) / threads), threads, 0, s>>>(
             dw, part, chunks, C);
     }

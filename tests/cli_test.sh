@@ -119,10 +119,11 @@ fi
 # --- good runs
 if "$FSOFF" --steps 3 --data "$TMP/good.bin" --metrics "$TMP/m1.jsonl" "${SMALL[@]}" >"$TMP/out" 2>"$TMP/err"; then
     miss=""
-    for k in '"step"' '"loss"' '"lr"' '"grad_norm"' '"step_ms"' '"tok_s"'; do
+    for k in '"step"' '"loss"' '"lr"' '"grad_norm"' '"step_ms"' '"tok_s"' '"stale_marks": 0'; do
         grep -q "$k" <(head -1 "$TMP/m1.jsonl") || miss="$miss $k"
     done
-    for k in '"event": "summary"' '"steps": 3' '"tokens"' '"final_loss"' '"peak_rss_bytes"'; do
+    for k in '"event": "summary"' '"steps": 3' '"tokens"' '"final_loss"' '"peak_rss_bytes"' \
+             '"pin_refused": false'; do
         grep -qF "$k" <(tail -1 "$TMP/m1.jsonl") || miss="$miss $k"
     done
     [ "$(wc -l <"$TMP/m1.jsonl")" -eq 4 ] || miss="$miss (want 4 lines)"
@@ -130,6 +131,37 @@ if "$FSOFF" --steps 3 --data "$TMP/good.bin" --metrics "$TMP/m1.jsonl" "${SMALL[
     if [ -z "$miss" ]; then ok "token file run writes metrics"; else bad "token file run writes metrics" "missing:$miss"; fi
 else
     bad "token file run writes metrics" "$(cat "$TMP/err")"
+fi
+
+# --- pinning refused: pin_memory under a 64 KiB RLIMIT_MEMLOCK trains on
+# pageable memory, with one warning at the start that gives the fix, and the
+# metrics say so. Root's mlock ignores the limit (CAP_IPC_LOCK), so as root
+# the capability is dropped first (setpriv, util-linux). The sanitizers'
+# runtimes replace mlock with one that always succeeds: no refusal there.
+lowlock=(bash -c 'ulimit -l 64 && exec "$@"' lowlock)
+why_not=""
+if grep -qaE '__(asan|tsan|msan)_init' "$FSOFF"; then
+    why_not="fsoff is built with a sanitizer, whose mlock always succeeds"
+elif [ "$(id -u)" = 0 ]; then
+    if command -v setpriv >/dev/null 2>&1 && setpriv --bounding-set -ipc_lock true 2>/dev/null; then
+        lowlock=(setpriv --bounding-set -ipc_lock "${lowlock[@]}")
+    else
+        why_not="running as root without setpriv to drop CAP_IPC_LOCK"
+    fi
+fi
+if [ -n "$why_not" ]; then
+    echo "skip pinning refused: $why_not"
+elif "${lowlock[@]}" "$FSOFF" --steps 2 "${SMALL[@]}" --metrics "$TMP/pin.jsonl" \
+         --set zero_optimization.offload_param.device=cpu \
+         --set zero_optimization.offload_param.pin_memory=true >"$TMP/out" 2>"$TMP/err" &&
+     [ "$(grep -c 'warning: pin_memory: host memory is pageable' "$TMP/err")" -eq 1 ] &&
+     grep -qF 'RLIMIT_MEMLOCK is 64 KiB' "$TMP/err" && grep -qF 'ulimit -l unlimited' "$TMP/err" &&
+     grep -qF 'docker run --ulimit memlock=-1' "$TMP/err" &&
+     grep -q '^step     2/2 | loss' "$TMP/out" &&
+     grep -qF '"pin_refused": true' <(tail -1 "$TMP/pin.jsonl"); then
+    ok "pinning refused: pageable memory, one warning with the fix, in the metrics"
+else
+    bad "pinning refused" "$(cat "$TMP/err")" "$(tail -1 "$TMP/pin.jsonl" 2>/dev/null)"
 fi
 
 losses() { grep -o '"loss": [^,]*' "$1"; }

@@ -4,10 +4,14 @@
  * failing to start or crashing.
  *
  *  - the module built with this fsoff loads and its table matches this
- *    program (ABI, version, struct sizes); asked for devices without a
- *    driver it answers 0 with a reason;
+ *    program (ABI, build identity, version, struct sizes); asked for
+ *    devices without a driver it answers 0 with a reason;
  *  - a missing file and a library that is not a module are refused, the
  *    message naming the file;
+ *  - modules from another build are refused: one with another build
+ *    identity (its interface headers differed) with both identities and
+ *    both files named, one with another interface number without reading
+ *    its table past that number (module_stub/other_module.c);
  *  - with FSO_CUDA_MODULE at a missing file (a CUDA build on a machine
  *    without its module or libraries), availability, device count and
  *    queries give -ENODEV and the reason naming the file and the fix;
@@ -35,7 +39,13 @@
 
 #if FSO_HAVE_CUDA
 
+#include <limits.h>
+#include <unistd.h>
+
+#include "fso_cuda_module_id.h"
+
 #define MISSING "/nonexistent/fsoff-test/" FSO_CUDA_MODULE_FILE
+#define STUBS FSO_CUDA_MODULE_BUILD_DIR "/tests/module_stub/"
 
 static void test_the_built_module_loads_and_matches_this_program(void **state)
 {
@@ -48,6 +58,8 @@ static void test_the_built_module_loads_and_matches_this_program(void **state)
         fail_msg("%s", err);
     assert_non_null(api);
     assert_int_equal(api->abi, FSO_CUDA_MODULE_ABI);
+    assert_string_equal(api->build_id, FSO_CUDA_MODULE_ID);
+    assert_int_equal(strlen(FSO_CUDA_MODULE_ID), 16);
     assert_string_equal(api->version, FSO_VERSION);
     err[0] = 0;
     int n = api->device_count(err, sizeof err);
@@ -78,6 +90,53 @@ static void test_a_library_that_is_not_the_module_is_refused(void **state)
     assert_null(api);
     assert_non_null(strstr(err, info.dli_fname));
     assert_non_null(strstr(err, "not an fsoff CUDA module"));
+}
+
+/* err has `want` in it, else the test fails showing err */
+static void assert_says(const char *err, const char *want)
+{
+    if (!strstr(err, want))
+        fail_msg("the reason does not say \"%s\": \"%s\"", want, err);
+}
+
+static void test_a_module_with_another_build_identity_is_refused_naming_both(void **state)
+{
+    (void)state;
+    const char *path = STUBS "libfso_cuda_other_id.so";
+    char self[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    assert_true(n > 0);
+    self[n] = 0;
+    const fso_cuda_module_api *api = (const void *)1;
+    char err[1024] = "";
+    assert_int_equal(fso_cuda_module_open(path, &api, err, sizeof err), -ENOEXEC);
+    fprintf(stderr, "# %s\n", err);
+    assert_null(api);
+    assert_says(err, path);
+    assert_says(err, self);
+    assert_says(err, "0123456789abcdef"); /* the stand-in's identity */
+    assert_says(err, FSO_CUDA_MODULE_ID);  /* this program's */
+    assert_says(err, "headers that define the module interface differ");
+    assert_says(err, "rebuild or reinstall fsoff");
+}
+
+/* The stand-in's table is its interface number alone: reading any field
+ * after it would read past the stand-in's data (AddressSanitizer builds
+ * report that; other builds read whatever follows). */
+static void test_a_module_with_another_interface_is_refused_from_its_number_alone(void **state)
+{
+    (void)state;
+    const char *path = STUBS "libfso_cuda_other_abi.so";
+    const fso_cuda_module_api *api = (const void *)1;
+    char err[1024] = "";
+    char other[32];
+    snprintf(other, sizeof other, "interface is number %u", FSO_CUDA_MODULE_ABI + 1);
+    assert_int_equal(fso_cuda_module_open(path, &api, err, sizeof err), -ENOEXEC);
+    fprintf(stderr, "# %s\n", err);
+    assert_null(api);
+    assert_says(err, path);
+    assert_says(err, other);
+    assert_says(err, "another fsoff build");
 }
 
 /* err names the variable and its file, and says what to do */
@@ -135,6 +194,8 @@ int main(void)
         cmocka_unit_test(test_the_built_module_loads_and_matches_this_program),
         cmocka_unit_test(test_a_missing_file_is_named),
         cmocka_unit_test(test_a_library_that_is_not_the_module_is_refused),
+        cmocka_unit_test(test_a_module_with_another_build_identity_is_refused_naming_both),
+        cmocka_unit_test(test_a_module_with_another_interface_is_refused_from_its_number_alone),
         cmocka_unit_test(test_without_its_module_every_entry_point_says_why),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

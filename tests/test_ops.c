@@ -24,6 +24,7 @@
 
 #include "adamw.h"
 #include "backend.h"
+#include "cpu_async.h"
 #include "rng.h"
 
 #define GUARD 16
@@ -544,6 +545,37 @@ static void test_async_device_keeps_a_gpus_rules(void **state)
     gfree(back);
 }
 
+/* A mark used after 1024 later ones (the CUDA backend's window too) is
+ * stale: waiting for it, or ordering a copy after it, then waits for all
+ * the device's work, which is still right but loses overlap, and each such
+ * use is counted for the step line. A recent mark is not. */
+static void test_async_stale_marks_are_counted_and_still_right(void **state)
+{
+    (void)state;
+    fso_backend *be = NULL;
+    assert_int_equal(fso_backend_create_virtual(&be, "cpu-async", 0, 1, 0), 0);
+    float *d = NULL, src[4] = {1, 2, 3, 4}, two[4] = {2, 2, 2, 2}, back[4] = {0};
+    assert_int_equal(be->ops->buf_alloc(be, sizeof src, (void **)&d), 0);
+    be->ops->copy_h2d(be, d, src, sizeof src);
+    const uint64_t old = be->ops->mark(be);
+    be->ops->wait_mark(be, old);
+    assert_int_equal(fso_async_counts_of(be).stale_marks, 0);
+    for (int i = 0; i < 1024; i++)
+        be->ops->mark(be);
+    be->ops->add(be, d, d, d, 4); /* queued after the old mark */
+    be->ops->wait_mark(be, old);   /* stale: waits for the add too */
+    assert_int_equal(fso_async_counts_of(be).stale_marks, 1);
+    be->ops->copy_h2d_after(be, d, two, sizeof two, old); /* stale: after the add */
+    be->ops->copy_d2h(be, back, d, sizeof back);
+    assert_int_equal(be->ops->sync(be), 0);
+    assert_int_equal(fso_async_counts_of(be).stale_marks, 2);
+    assert_true(back[0] == 2 && back[3] == 2);
+    be->ops->wait_mark(be, be->ops->mark(be));
+    assert_int_equal(fso_async_counts_of(be).stale_marks, 2);
+    be->ops->buf_free(be, d);
+    fso_backend_destroy(be);
+}
+
 /* ---------------------------------------------------------------- casts */
 
 /* The plain reference: bf16 is the top half of an fp32. */
@@ -904,6 +936,7 @@ int main(void)
         cmocka_unit_test(test_sqnorm_is_exact_and_thread_independent),
         cmocka_unit_test(test_sum_is_exact_in_double),
         cmocka_unit_test(test_async_device_keeps_a_gpus_rules),
+        cmocka_unit_test(test_async_stale_marks_are_counted_and_still_right),
         cmocka_unit_test(test_cast_bf16_f32_is_exact),
         cmocka_unit_test(test_cast_f32_bf16_rounds_to_nearest_even),
         cmocka_unit_test(test_bf16_tensors_round_once),

@@ -1,7 +1,8 @@
 /* test_train.c — properties of the training step that the golden test does
  * not pin down: determinism, gradient accumulation, activation
- * checkpointing, thread counts, divergence handling, and two training runs
- * at once in one process. */
+ * checkpointing, thread counts, divergence handling, two training runs at
+ * once in one process, and what the report says of stale marks and refused
+ * pinning. */
 #include <errno.h>
 #include <pthread.h>
 #include <math.h>
@@ -18,6 +19,7 @@
 
 #include "config.h"
 #include "data.h"
+#include "report.h"
 #include "train.h"
 
 #define STEPS 3
@@ -441,6 +443,48 @@ static void test_two_runs_at_once_in_one_process(void **state)
     unsetenv("XDG_CACHE_HOME");
 }
 
+/* The report: stale marks (waits stricter than asked, each a lost overlap)
+ * show on the step line only once there are some, and every metrics line
+ * carries the count; the summary says whether pinning was refused. */
+static void test_report_shows_stale_marks_and_refused_pinning(void **state)
+{
+    (void)state;
+    char *text = NULL, path[] = "/tmp/fsoff-report-XXXXXX", err[256];
+    size_t len = 0;
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    FILE *out = open_memstream(&text, &len);
+    assert_non_null(out);
+    fso_report rep;
+    assert_int_equal(fso_report_init(&rep, out, path, 2, 1, 1e6, err, sizeof err), 0);
+    rep.pin_refused = true;
+    fso_step_stats st = {.step = 1, .loss = 5, .lr = 1e-3, .grad_norm = 1, .clip_coef = 1,
+                         .step_ms = 10, .tokens = 64};
+    fso_report_step(&rep, &st);
+    st.step = 2;
+    st.stale_marks = 3;
+    fso_report_step(&rep, &st);
+    assert_int_equal(fso_report_finish(&rep, err, sizeof err), 0);
+    fclose(out);
+    char *second = strstr(text, "step     2/2");
+    assert_non_null(second);
+    assert_null(memmem(text, (size_t)(second - text), "stale marks", 11)); /* step 1: none */
+    assert_non_null(strstr(second, "| stale marks 3"));
+
+    char metrics[4096] = "";
+    FILE *m = fopen(path, "r");
+    assert_non_null(m);
+    size_t got = fread(metrics, 1, sizeof metrics - 1, m);
+    metrics[got] = 0;
+    fclose(m);
+    unlink(path);
+    assert_non_null(strstr(metrics, "\"stale_marks\": 0}"));
+    assert_non_null(strstr(metrics, "\"stale_marks\": 3}"));
+    assert_non_null(strstr(metrics, "\"pin_refused\": true"));
+    free(text);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -451,6 +495,7 @@ int main(void)
         cmocka_unit_test(test_divergence_stops_without_update),
         cmocka_unit_test(test_activation_estimate_matches_allocation),
         cmocka_unit_test(test_two_runs_at_once_in_one_process),
+        cmocka_unit_test(test_report_shows_stale_marks_and_refused_pinning),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
