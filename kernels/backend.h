@@ -5,7 +5,7 @@
  * ggml-backend or fio's ioengine_ops. Implementations:
  *   - "cpu-ref": plain loops, one thread, written to be read; the reference
  *     every other implementation is tested against;
- *   - "cpu": the fast CPU path (OpenBLAS sgemm, OpenMP threads), the default
+ *   - "cpu": the fast CPU path (OpenBLAS sgemm in tiles on its thread pool), the default
  *     where there is no GPU;
  *   - "cuda" (cuda_backend.h): NVIDIA GPUs;
  *   - "cpu-async" (cpu_async.h): "cpu"'s math with a discrete GPU's rules

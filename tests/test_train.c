@@ -5,6 +5,7 @@
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -73,16 +74,39 @@ static void run(const fso_config *cfg_in, int threads, run_result *out)
     fso_data_free(&data);
 }
 
-static void assert_bit_identical(const run_result *a, const run_result *b, const char *what)
+/* Whether a and b are the same bits; if not, why, in *why. */
+static bool bit_identical(const run_result *a, const run_result *b, const char *what, char *why,
+                          size_t whylen)
 {
-    if (memcmp(a->loss, b->loss, sizeof a->loss) != 0 || memcmp(a->norm, b->norm, sizeof a->norm))
-        fail_msg("%s: losses differ: %.17g vs %.17g", what, a->loss[STEPS - 1],
+    if (memcmp(a->loss, b->loss, sizeof a->loss) != 0 || memcmp(a->norm, b->norm, sizeof a->norm)) {
+        snprintf(why, whylen, "%s: losses differ: %.17g vs %.17g", what, a->loss[STEPS - 1],
                  b->loss[STEPS - 1]);
-    assert_int_equal(a->np, b->np);
+        return false;
+    }
+    if (a->np != b->np) {
+        snprintf(why, whylen, "%s: %zu vs %zu parameters", what, a->np, b->np);
+        return false;
+    }
     for (size_t i = 0; i < a->np; i++)
-        if (memcmp(&a->params[i], &b->params[i], sizeof(float)) != 0)
-            fail_msg("%s: parameter %zu differs: %.9g vs %.9g", what, i, a->params[i],
-                     b->params[i]);
+        if (memcmp(&a->params[i], &b->params[i], sizeof(float)) != 0) {
+            snprintf(why, whylen, "%s: parameter %zu differs: %.9g vs %.9g", what, i,
+                     a->params[i], b->params[i]);
+            return false;
+        }
+    return true;
+}
+
+/* Fails unless a and b are the same bits; frees both either way, so a
+ * failing test leaks nothing. */
+static void assert_bit_identical(run_result *a, run_result *b, const char *what)
+{
+    char why[256];
+    bool same = bit_identical(a, b, what, why, sizeof why);
+    free(a->params);
+    free(b->params);
+    a->params = b->params = NULL;
+    if (!same)
+        fail_msg("%s", why);
 }
 
 static void test_same_seed_is_bit_identical(void **state)
@@ -96,10 +120,8 @@ static void test_same_seed_is_bit_identical(void **state)
     assert_bit_identical(&a, &b, "two runs, same seed");
     cfg.seed += 1;
     run(&cfg, 2, &c);
-    assert_true(a.loss[0] != c.loss[0]); /* the seed matters */
-    free(a.params);
-    free(b.params);
     free(c.params);
+    assert_true(a.loss[0] != c.loss[0]); /* the seed matters */
 }
 
 static void test_checkpointing_is_bit_identical(void **state)
@@ -113,21 +135,27 @@ static void test_checkpointing_is_bit_identical(void **state)
     cfg.activation_checkpointing = true;
     run(&cfg, 2, &b);
     assert_bit_identical(&a, &b, "checkpointing off vs on");
-    free(a.params);
-    free(b.params);
 }
 
+/* Thread counts change no bit: 1 vs 3 threads on one device, 1 vs 3
+ * threads per device on two (the devices' matmuls then run at once), fp32
+ * and bf16. */
 static void test_thread_count_changes_nothing(void **state)
 {
     (void)state;
-    fso_config cfg;
-    small_config(&cfg);
-    run_result a, b;
-    run(&cfg, 1, &a);
-    run(&cfg, 3, &b);
-    assert_bit_identical(&a, &b, "1 thread vs 3 threads");
-    free(a.params);
-    free(b.params);
+    for (int v = 0; v < 4; v++) {
+        fso_config cfg;
+        small_config(&cfg);
+        cfg.world = v & 1 ? 2 : 1;
+        cfg.bf16 = v & 2;
+        run_result a, b;
+        char what[128];
+        run(&cfg, cfg.world, &a);
+        run(&cfg, 3 * cfg.world, &b);
+        snprintf(what, sizeof what, "%d device%s, %s: 1 thread vs 3 threads per device",
+                 cfg.world, cfg.world > 1 ? "s" : "", cfg.bf16 ? "bf16" : "fp32");
+        assert_bit_identical(&a, &b, what);
+    }
 }
 
 /* Two micro-batches of 2 rows accumulate to the gradient of one batch of 4. */
