@@ -1299,8 +1299,12 @@ int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t err
         z->elem_bytes[FSO_KIND_PARAM] = sizeof(uint16_t);
     z->alias_params = z->world == 1 && z->tier[FSO_KIND_PARAM] == FSO_TIER_DEVICE;
     z->prefetch = cfg->offload.prefetch_blocks;
-    if (fso_adamw_select(FSO_ISA_AUTO, &z->adamw) < 0)
-        z->adamw = NULL; /* the scalar reference */
+    fso_isa isa; /* FSO_ISA, else the widest the CPU has */
+    if ((rc = fso_isa_from_env(&isa, err, errlen)) < 0 ||
+        (rc = fso_adamw_select(isa, &z->adamw)) < 0) {
+        free(z);
+        return rc;
+    }
     if (cfg->offload.prefetch_blocks + 2 > MAX_PARAM_SLOTS) {
         snprintf(err, errlen, "train.prefetch_blocks: at most %d, got %d", MAX_PARAM_SLOTS - 2,
                  cfg->offload.prefetch_blocks);

@@ -116,6 +116,29 @@ else
     bad "two devices with state on NVMe, files cleaned up" "$(cat "$TMP/err")" "$(ls -A "$TMP/nv0" "$TMP/nv1")"
 fi
 
+# --- instruction sets: FSO_ISA picks AdamW's kernel; what the CPU lacks is an error
+FSO_ISA=sse4 expect_error "FSO_ISA unknown" "FSO_ISA=sse4: unknown instruction set" \
+    "scalar" -- --steps 1 "${SMALL[@]}"
+for isa in avx2 avx512; do
+    case $isa in
+    avx2) flags="avx2" ;;
+    avx512) flags="avx512f avx512bw avx512vl" ;;
+    esac
+    has=1
+    for f in $flags; do grep -qw "$f" /proc/cpuinfo || has=0; done
+    if [ $has -eq 0 ]; then
+        FSO_ISA=$isa expect_error "FSO_ISA=$isa on a CPU without it" "FSO_ISA=$isa: this CPU lacks" \
+            "unset FSO_ISA" -- --steps 1 "${SMALL[@]}"
+    else
+        echo "skip FSO_ISA=$isa on a CPU without it: this CPU has $isa"
+    fi
+done
+if FSO_ISA=scalar "$FSOFF" --steps 1 "${SMALL[@]}" >/dev/null 2>"$TMP/err"; then
+    ok "FSO_ISA=scalar trains"
+else
+    bad "FSO_ISA=scalar trains" "$(cat "$TMP/err")"
+fi
+
 # --- good runs
 if "$FSOFF" --steps 3 --data "$TMP/good.bin" --metrics "$TMP/m1.jsonl" "${SMALL[@]}" >"$TMP/out" 2>"$TMP/err"; then
     miss=""

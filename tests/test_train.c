@@ -1,6 +1,7 @@
 /* test_train.c — properties of the training step that the golden test does
  * not pin down: determinism, gradient accumulation, activation
- * checkpointing, thread counts, and divergence handling. */
+ * checkpointing, thread counts, AdamW's instruction set (FSO_ISA), and
+ * divergence handling. */
 #include <errno.h>
 #include <math.h>
 #include <setjmp.h>
@@ -14,6 +15,7 @@
 #include <cmocka.h>
 
 #include "config.h"
+#include "cpu_isa.h"
 #include "data.h"
 #include "train.h"
 
@@ -156,6 +158,47 @@ static void test_thread_count_changes_nothing(void **state)
                  cfg.world, cfg.world > 1 ? "s" : "", cfg.bf16 ? "bf16" : "fp32");
         assert_bit_identical(&a, &b, what);
     }
+}
+
+/* Every AdamW path (FSO_ISA) trains to the scalar path's bits, with bf16
+ * working parameters (the kernels' bf16 output too) on two devices. A set
+ * this CPU or build lacks is skipped, saying so. */
+static void test_isa_changes_nothing(void **state)
+{
+    (void)state;
+    const char *saved = getenv("FSO_ISA");
+    char *keep = saved ? strdup(saved) : NULL;
+    fso_config cfg;
+    small_config(&cfg);
+    cfg.world = 2;
+    cfg.bf16 = true;
+    run_result scalar;
+    setenv("FSO_ISA", "scalar", 1);
+    run(&cfg, 2, &scalar);
+    for (int i = FSO_ISA_AVX2; i < FSO_ISA_COUNT; i++) {
+        const char *name = fso_isa_name((fso_isa)i);
+        if (!fso_isa_supported((fso_isa)i)) {
+            print_message("FSO_ISA=%s: skipped, this %s lacks it\n", name,
+                          fso_isa_built((fso_isa)i) ? "CPU" : "build");
+            continue;
+        }
+        run_result r, s = scalar;
+        char what[64];
+        setenv("FSO_ISA", name, 1);
+        run(&cfg, 2, &r);
+        s.params = malloc(sizeof(float) * scalar.np);
+        assert_non_null(s.params);
+        memcpy(s.params, scalar.params, sizeof(float) * scalar.np);
+        snprintf(what, sizeof what, "FSO_ISA=scalar vs %s", name);
+        assert_bit_identical(&s, &r, what);
+        print_message("FSO_ISA=%s: the scalar path's bits\n", name);
+    }
+    free(scalar.params);
+    if (keep)
+        setenv("FSO_ISA", keep, 1);
+    else
+        unsetenv("FSO_ISA");
+    free(keep);
 }
 
 /* Two micro-batches of 2 rows accumulate to the gradient of one batch of 4. */
@@ -313,6 +356,7 @@ int main(void)
         cmocka_unit_test(test_same_seed_is_bit_identical),
         cmocka_unit_test(test_checkpointing_is_bit_identical),
         cmocka_unit_test(test_thread_count_changes_nothing),
+        cmocka_unit_test(test_isa_changes_nothing),
         cmocka_unit_test(test_accumulation_matches_one_large_batch),
         cmocka_unit_test(test_divergence_stops_without_update),
         cmocka_unit_test(test_activation_estimate_matches_allocation),
