@@ -94,6 +94,16 @@ printf 'short text' >"$TMP/short.txt"
 expect_error "corpus shorter than a sequence" "$TMP/short.txt" "seq_len" -- --data "$TMP/short.txt"
 { printf '\x88\xd8\x34\x01\x07\x00\x00\x00'; head -c 1100 /dev/zero; } >"$TMP/ver.bin"
 expect_error "unsupported version" "$TMP/ver.bin" "version" -- --data "$TMP/ver.bin"
+{ printf '\x39\x30\x00\x00'; head -c 3000 /dev/zero | tr '\0' 'a'; } >"$TMP/notok.bin"
+expect_error "bin without the magic" \
+    "fsoff: error: $TMP/notok.bin: not a token file (magic 12345, expected 20240520); use data.format=text to train on its bytes" \
+    -- --data "$TMP/notok.bin" --steps 1 "${SMALL[@]}"
+if "$FSOFF" --data "$TMP/notok.bin" --set data.format=text --steps 1 "${SMALL[@]}" >"$TMP/out" 2>"$TMP/err" &&
+   grep -q "notok.bin (text" "$TMP/out"; then
+    ok "bin without the magic trains on its bytes with data.format=text"
+else
+    bad "bin without the magic trains on its bytes with data.format=text" "$(cat "$TMP/out" "$TMP/err" | head -5)"
+fi
 expect_error "metrics in missing folder" "$TMP/no/dir/m.jsonl" -- --steps 1 --metrics "$TMP/no/dir/m.jsonl" "${SMALL[@]}"
 
 # --- devices and tiers
