@@ -166,8 +166,8 @@ static const fso_adamw_kernel *kernel_or_skip(fso_isa isa)
     const fso_adamw_kernel *k = NULL;
     int rc = fso_adamw_select(isa, &k);
     if (rc == -ENOTSUP) {
-        print_message("[  SKIP    ] %s kernel: not supported by this CPU or build\n",
-                      fso_isa_name(isa));
+        print_message("[  SKIP    ] %s kernel: this %s lacks it\n", fso_isa_name(isa),
+                      fso_isa_built(isa) ? "CPU" : "build");
         skip();
     }
     assert_int_equal(rc, 0);
@@ -367,8 +367,8 @@ static void test_bf16_out_rounds_to_nearest_even(void **unused)
     for (size_t ii = 0; ii < sizeof isas / sizeof isas[0]; ii++) {
         const fso_adamw_kernel *k;
         if (fso_adamw_select(isas[ii], &k) == -ENOTSUP) {
-            print_message("bf16 rounding: %s kernel not supported here, skipped\n",
-                          fso_isa_name(isas[ii]));
+            print_message("bf16 rounding: %s kernel skipped, this %s lacks it\n",
+                          fso_isa_name(isas[ii]), fso_isa_built(isas[ii]) ? "CPU" : "build");
             continue;
         }
         for (size_t off = 0; off < 3; off++) {
@@ -457,8 +457,8 @@ static void test_matches_torch_adamw_fixture(void **unused)
     for (size_t ii = 0; ii < sizeof isas / sizeof isas[0]; ii++) {
         const fso_adamw_kernel *k;
         if (fso_adamw_select(isas[ii], &k) == -ENOTSUP) {
-            print_message("torch fixture: %s kernel not supported here, skipped\n",
-                          fso_isa_name(isas[ii]));
+            print_message("torch fixture: %s kernel skipped, this %s lacks it\n",
+                          fso_isa_name(isas[ii]), fso_isa_built(isas[ii]) ? "CPU" : "build");
             continue;
         }
         for (size_t r = 0; r < runs; r++) {
