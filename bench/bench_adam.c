@@ -46,7 +46,7 @@ typedef struct adam_opts {
     size_t elems;
     int threads[MAX_THREAD_COUNTS];
     int n_threads;
-    fso_adamw_isa isa;
+    fso_isa isa;
     fso_dtype grad;
     bool out;
     int reps;
@@ -153,7 +153,7 @@ static int parse_opts(int argc, char **argv, adam_opts *o)
             }
             break;
         case 'i':
-            if (fso_adamw_isa_parse(optarg, &o->isa) < 0) {
+            if (fso_isa_parse(optarg, &o->isa) < 0) {
                 fprintf(stderr, "fsoff: error: bench adam --isa %s: expected auto, scalar, avx2 "
                                 "or avx512\n", optarg);
                 return 2;
@@ -496,7 +496,7 @@ int fso_bench_adam(int argc, char **argv)
     rc = fso_adamw_select(o.isa, &k);
     if (rc < 0) {
         fprintf(stderr, "fsoff: error: bench adam --isa %s: %s; choose --isa auto\n",
-                fso_adamw_isa_name(o.isa),
+                fso_isa_name(o.isa),
                 rc == -ENOTSUP ? "this CPU (or this build) does not have it" : strerror(-rc));
         return 2;
     }

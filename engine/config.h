@@ -84,7 +84,7 @@ typedef struct fso_optim_config {
 } fso_optim_config;
 
 typedef enum fso_data_format {
-    FSO_DATA_AUTO = 0,            /* token file when the header magic matches, else text */
+    FSO_DATA_AUTO = 0,            /* token file if the magic matches or the name ends .bin */
     FSO_DATA_TOKENS,              /* llm.c token file (uint16 v1, uint32 v2) */
     FSO_DATA_TEXT,                /* plain text, one token per byte */
 } fso_data_format;

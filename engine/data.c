@@ -14,10 +14,12 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -132,15 +134,14 @@ static int load_token_file(fso_data *d, const fso_config *cfg, int fd, const cha
     int rc = 0;
 
     if (hdr_bytes >= 4 && get_u32le(hdr) != FSO_TOKENS_MAGIC) {
-        data_err(d, "%s: not an fsoff/llm.c token file: magic %d, expected %d; for plain "
-                 "text set data.format to \"text\" or \"auto\"", path,
-                 (int32_t)get_u32le(hdr), FSO_TOKENS_MAGIC);
+        data_err(d, "%s: not a token file (magic %d, expected %d); use data.format=text to "
+                 "train on its bytes", path, (int32_t)get_u32le(hdr), FSO_TOKENS_MAGIC);
         return -EINVAL;
     }
     if (hdr_bytes < HEADER_BYTES) {
         data_err(d, "%s: truncated header: the file holds %zu bytes, fewer than the "
-                 "%zu-byte token file header; re-create the file", path, hdr_bytes,
-                 HEADER_BYTES);
+                 "%zu-byte token file header; re-create the file, or use data.format=text "
+                 "to train on its bytes", path, hdr_bytes, HEADER_BYTES);
         return -EINVAL;
     }
     int32_t version = (int32_t)get_u32le(hdr + 4);
@@ -341,6 +342,14 @@ static int load_builtin(fso_data *d, const fso_config *cfg)
 
 /* ---- public --------------------------------------------------------------- */
 
+/* Whether path's name ends in ".bin" (any case): under data.format auto such
+ * a file must be a token file; it is never read as text. */
+static bool named_bin(const char *path)
+{
+    size_t n = strlen(path);
+    return n >= 4 && strcasecmp(path + n - 4, ".bin") == 0;
+}
+
 int fso_data_init(fso_data *data, const fso_config *cfg)
 {
     const char *path = cfg->data.path;
@@ -397,8 +406,9 @@ int fso_data_init(fso_data *data, const fso_config *cfg)
     case FSO_DATA_TEXT:
         is_tokens = 0;
         break;
-    default:
-        is_tokens = hdr_bytes == HEADER_BYTES && get_u32le(hdr) == FSO_TOKENS_MAGIC;
+    default: /* auto: a whole header with the magic, or a name that says token file */
+        is_tokens = (hdr_bytes == HEADER_BYTES && get_u32le(hdr) == FSO_TOKENS_MAGIC) ||
+                    named_bin(path);
         break;
     }
     if (is_tokens)

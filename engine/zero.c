@@ -100,8 +100,11 @@ static int setup_layout(fso_zero *z, const fso_config *cfg, fso_zero_buffers *zb
     z->lend_shard = zb->gather == 0;
     z->prefetch = cfg->offload.prefetch_blocks;
     z->cuda = strcmp(cfg->backend, "cuda") == 0;
-    if (fso_adamw_select(FSO_ISA_AUTO, &z->adamw) < 0)
-        z->adamw = NULL; /* the scalar reference */
+    fso_isa isa; /* FSO_ISA, else the widest the CPU has */
+    int rc;
+    if ((rc = fso_isa_from_env(&isa, err, errlen)) < 0 ||
+        (rc = fso_adamw_select(isa, &z->adamw)) < 0)
+        return rc;
     if (cfg->offload.prefetch_blocks > zb->max_prefetch) {
         snprintf(err, errlen, "train.prefetch_blocks: at most %d, got %d", zb->max_prefetch,
                  cfg->offload.prefetch_blocks);

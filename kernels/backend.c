@@ -56,8 +56,11 @@ int fso_backend_create(fso_backend **out, const char *name, int threads)
             free(be);
             return rc;
         }
-        /* OpenBLAS's pool is process-wide: the last backend created sizes it. */
-        openblas_set_num_threads(be->threads);
+        /* The backend's pool splits every matmul into tiles and calls
+         * OpenBLAS on each from its own threads (cpu_backend.c): OpenBLAS
+         * itself runs single-threaded, in whichever thread calls it. The
+         * setting is process-wide and the same for every backend. */
+        openblas_set_num_threads(1);
     }
     *out = be;
     return 0;

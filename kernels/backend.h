@@ -5,9 +5,8 @@
  * ggml-backend or fio's ioengine_ops. Implementations:
  *   - "cpu-ref": plain loops, one thread, written to be read; the reference
  *     every other implementation is tested against;
- *   - "cpu": the fast CPU path (OpenBLAS sgemm and fsoff's own thread pool,
- *     kernels/pool.h), the default
- *     where there is no GPU;
+ *   - "cpu": the fast CPU path (OpenBLAS sgemm in tiles on fsoff's own
+ *     thread pool, kernels/pool.h), the default where there is no GPU;
  *   - "cuda" (cuda_backend.h): NVIDIA GPUs;
  *   - "cpu-async" (cpu_async.h): "cpu"'s math with a discrete GPU's rules
  *     (device memory the host cannot touch, work that completes only when
@@ -220,8 +219,7 @@ struct fso_backend {
 int fso_backend_create(fso_backend **out, const char *name, int threads);
 /* A CPU virtual device: backend `name` ("cpu", "cpu-ref", or "cpu-async":
  * a CPU device with a discrete GPU's rules, cpu_async.h) with `threads` threads and a
- * memory cap (0: none). OpenBLAS's pool is process-wide and sized to
- * `threads` too, so give every device of a process the same count. */
+ * memory cap (0: none). */
 int fso_backend_create_virtual(fso_backend **out, const char *name, int device, int threads,
                                size_t mem_cap_bytes);
 /* ops->destroy; NULL is fine. */

@@ -11,6 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fso_build.h"
+
 #define ADAMW_ABORT(...)                                                      \
     do {                                                                      \
         fprintf(stderr, "%s:%d: ", __FILE__, __LINE__);                       \
@@ -64,72 +66,28 @@ static const fso_adamw_kernel kernel_avx2 = {FSO_ISA_AVX2, "avx2", fso_adamw_fus
 static const fso_adamw_kernel kernel_avx512 = {FSO_ISA_AVX512, "avx512", fso_adamw_fused_avx512};
 #endif
 
-static const fso_adamw_kernel *cpu_kernel(fso_adamw_isa isa)
+int fso_adamw_select(fso_isa want, const fso_adamw_kernel **out)
 {
+    if ((unsigned)want >= FSO_ISA_COUNT)
+        return -EINVAL;
+    fso_isa isa = want == FSO_ISA_AUTO ? fso_isa_best() : want;
+    if (!fso_isa_supported(isa))
+        return -ENOTSUP;
     switch (isa) {
-    case FSO_ISA_SCALAR:
-        return &kernel_scalar;
 #if FSO_HAVE_AVX2
     case FSO_ISA_AVX2:
-        __builtin_cpu_init();
-        return __builtin_cpu_supports("avx2") ? &kernel_avx2 : NULL;
+        *out = &kernel_avx2;
+        return 0;
 #endif
 #if FSO_HAVE_AVX512
     case FSO_ISA_AVX512:
-        __builtin_cpu_init();
-        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                       __builtin_cpu_supports("avx512vl")
-                   ? &kernel_avx512
-                   : NULL;
+        *out = &kernel_avx512;
+        return 0;
 #endif
     default:
-        return NULL;
+        *out = &kernel_scalar;
+        return 0;
     }
-}
-
-int fso_adamw_select(fso_adamw_isa want, const fso_adamw_kernel **out)
-{
-    const fso_adamw_kernel *k = NULL;
-    switch (want) {
-    case FSO_ISA_AUTO:
-        if (!(k = cpu_kernel(FSO_ISA_AVX512)) && !(k = cpu_kernel(FSO_ISA_AVX2)))
-            k = cpu_kernel(FSO_ISA_SCALAR);
-        break;
-    case FSO_ISA_SCALAR:
-    case FSO_ISA_AVX2:
-    case FSO_ISA_AVX512:
-        if (!(k = cpu_kernel(want)))
-            return -ENOTSUP;
-        break;
-    default:
-        return -EINVAL;
-    }
-    *out = k;
-    return 0;
-}
-
-static const char *const isa_names[] = {
-    [FSO_ISA_AUTO] = "auto",
-    [FSO_ISA_SCALAR] = "scalar",
-    [FSO_ISA_AVX2] = "avx2",
-    [FSO_ISA_AVX512] = "avx512",
-};
-
-const char *fso_adamw_isa_name(fso_adamw_isa isa)
-{
-    if ((unsigned)isa < sizeof isa_names / sizeof isa_names[0])
-        return isa_names[isa];
-    return "?";
-}
-
-int fso_adamw_isa_parse(const char *name, fso_adamw_isa *out)
-{
-    for (size_t i = 0; i < sizeof isa_names / sizeof isa_names[0]; i++)
-        if (strcmp(name, isa_names[i]) == 0) {
-            *out = (fso_adamw_isa)i;
-            return 0;
-        }
-    return -EINVAL;
 }
 
 static void check_args(const void *grad, fso_dtype grad_dtype)

@@ -24,7 +24,8 @@
  *   avx2     8 lanes (AVX2), scalar head and tail
  *   avx512   16 lanes (AVX-512 F + BW + VL), masked head and tail
  *
- * and every one produces the same bits as the scalar reference (IEEE mul,
+ * (cpu_isa.h: the widest the CPU has runs, or the one FSO_ISA names), and
+ * every one produces the same bits as the scalar reference (IEEE mul,
  * add, div and sqrt are correctly rounded in every lane; only which NaN
  * payload survives when two NaNs meet may differ, so NaN compares as NaN).
  *
@@ -39,6 +40,7 @@
 #include <stdint.h>
 
 #include "backend.h"
+#include "cpu_isa.h"
 #include "pool.h"
 
 typedef struct fso_adamw_step {
@@ -58,13 +60,6 @@ void fso_adamw_update(float *param, const float *grad, float *m, float *v, size_
 
 /* ---- fused kernels ---------------------------------------------------- */
 
-typedef enum fso_adamw_isa {
-    FSO_ISA_AUTO,      /* the widest the CPU supports */
-    FSO_ISA_SCALAR,
-    FSO_ISA_AVX2,
-    FSO_ISA_AVX512,
-} fso_adamw_isa;
-
 /* The per-step constants every kernel uses (fso_adamw_consts, in
  * backend.h: the CUDA backend's kernel takes them too), from
  * fso_adamw_consts_init. */
@@ -77,20 +72,17 @@ typedef void (*fso_adamw_fused_fn)(float *restrict master, const void *restrict 
                                    uint16_t *restrict out, size_t n, const fso_adamw_consts *c);
 
 typedef struct fso_adamw_kernel {
-    fso_adamw_isa isa;     /* never FSO_ISA_AUTO */
+    fso_isa isa;           /* never FSO_ISA_AUTO */
     const char *name;      /* "scalar", "avx2", "avx512" */
     fso_adamw_fused_fn fused;
 } fso_adamw_kernel;
 
-/* The kernel for `want` (AUTO: avx512, else avx2, else scalar, as the CPU
- * and this build allow). 0, -ENOTSUP when the CPU or the compiler lacks
- * `want` (*out is then left untouched: nothing falls back silently), or
- * -EINVAL for an unknown value. The kernels are static and never freed. */
-int fso_adamw_select(fso_adamw_isa want, const fso_adamw_kernel **out);
-
-/* "auto", "scalar", "avx2", "avx512"; parse returns -EINVAL for others. */
-const char *fso_adamw_isa_name(fso_adamw_isa isa);
-int fso_adamw_isa_parse(const char *name, fso_adamw_isa *out);
+/* The kernel for `want` (AUTO: the widest this CPU and build support,
+ * fso_isa_best(); FSO_ISA is read by fso_isa_from_env, not here). 0,
+ * -ENOTSUP when the CPU or the build lacks `want` (*out is then left
+ * untouched: nothing falls back silently), or -EINVAL for an unknown value.
+ * The kernels are static and never freed. */
+int fso_adamw_select(fso_isa want, const fso_adamw_kernel **out);
 
 void fso_adamw_consts_init(fso_adamw_consts *c, const fso_adamw_step *st);
 

@@ -448,6 +448,26 @@ static double num(json_t *o, const char *k)
     return json_is_number(v) ? json_number_value(v) : 0;
 }
 
+/* The same as an integer type; 0 when out of its range (converting it would
+ * be undefined), which the checks below treat as missing. */
+static int num_int(json_t *o, const char *k)
+{
+    double v = num(o, k);
+    return v > (double)INT_MIN - 1 && v < (double)INT_MAX + 1 ? (int)v : 0;
+}
+
+static int64_t num_i64(json_t *o, const char *k)
+{
+    double v = num(o, k);
+    return v >= -0x1p63 && v < 0x1p63 ? (int64_t)v : 0;
+}
+
+static uint64_t num_u64(json_t *o, const char *k)
+{
+    double v = num(o, k);
+    return v >= 0 && v < 0x1p64 ? (uint64_t)v : 0;
+}
+
 static int probe_from_json(json_t *o, fso_probe *p)
 {
     const char *key = json_string_value(json_object_get(o, "key"));
@@ -456,9 +476,9 @@ static int probe_from_json(json_t *o, fso_probe *p)
         return -EINVAL;
     memset(p, 0, sizeof *p);
     snprintf(p->key, sizeof p->key, "%s", key);
-    p->when = (int64_t)num(o, "when");
-    p->threads = (int)num(o, "threads");
-    p->host_mem_bytes = (uint64_t)num(o, "host_mem_bytes");
+    p->when = num_i64(o, "when");
+    p->threads = num_int(o, "threads");
+    p->host_mem_bytes = num_u64(o, "host_mem_bytes");
     p->n_dirs = (int)json_array_size(dirs);
     for (int i = 0; i < p->n_dirs; i++) {
         json_t *d = json_array_get(dirs, (size_t)i);
@@ -468,14 +488,14 @@ static int probe_from_json(json_t *o, fso_probe *p)
         p->dirs[i].write_gbps = num(d, "write_gbps");
         p->dirs[i].read_lat_ms = num(d, "read_lat_ms");
         p->dirs[i].write_lat_ms = num(d, "write_lat_ms");
-        p->dirs[i].free_bytes = (uint64_t)num(d, "free_bytes");
+        p->dirs[i].free_bytes = num_u64(d, "free_bytes");
         p->dirs[i].direct = json_is_true(json_object_get(d, "direct"));
     }
     p->nvme_read_gbps = num(o, "nvme_read_gbps");
     p->nvme_write_gbps = num(o, "nvme_write_gbps");
     p->nvme_read_lat_ms = num(o, "nvme_read_lat_ms");
     p->nvme_write_lat_ms = num(o, "nvme_write_lat_ms");
-    p->nvme_free_bytes = (uint64_t)num(o, "nvme_free_bytes");
+    p->nvme_free_bytes = num_u64(o, "nvme_free_bytes");
     p->h2d_gbps = num(o, "h2d_gbps");
     p->d2h_gbps = num(o, "d2h_gbps");
     p->host_copy_gbps = num(o, "host_copy_gbps");
@@ -485,6 +505,16 @@ static int probe_from_json(json_t *o, fso_probe *p)
     if (p->threads < 1 || p->h2d_gbps <= 0 || p->gflops <= 0 || p->adam_gelems <= 0 ||
         p->coll_gbps <= 0)
         return -EINVAL;
+    /* no rate or latency below 0: the planner divides by them */
+    const double nonneg[] = {p->nvme_read_gbps, p->nvme_write_gbps, p->nvme_read_lat_ms,
+                             p->nvme_write_lat_ms, p->d2h_gbps, p->host_copy_gbps};
+    for (size_t i = 0; i < sizeof nonneg / sizeof *nonneg; i++)
+        if (nonneg[i] < 0)
+            return -EINVAL;
+    for (int i = 0; i < p->n_dirs; i++)
+        if (p->dirs[i].read_gbps < 0 || p->dirs[i].write_gbps < 0 ||
+            p->dirs[i].read_lat_ms < 0 || p->dirs[i].write_lat_ms < 0)
+            return -EINVAL;
     return 0;
 }
 

@@ -94,6 +94,16 @@ printf 'short text' >"$TMP/short.txt"
 expect_error "corpus shorter than a sequence" "$TMP/short.txt" "seq_len" -- --data "$TMP/short.txt"
 { printf '\x88\xd8\x34\x01\x07\x00\x00\x00'; head -c 1100 /dev/zero; } >"$TMP/ver.bin"
 expect_error "unsupported version" "$TMP/ver.bin" "version" -- --data "$TMP/ver.bin"
+{ printf '\x39\x30\x00\x00'; head -c 3000 /dev/zero | tr '\0' 'a'; } >"$TMP/notok.bin"
+expect_error "bin without the magic" \
+    "fsoff: error: $TMP/notok.bin: not a token file (magic 12345, expected 20240520); use data.format=text to train on its bytes" \
+    -- --data "$TMP/notok.bin" --steps 1 "${SMALL[@]}"
+if "$FSOFF" --data "$TMP/notok.bin" --set data.format=text --steps 1 "${SMALL[@]}" >"$TMP/out" 2>"$TMP/err" &&
+   grep -q "notok.bin (text" "$TMP/out"; then
+    ok "bin without the magic trains on its bytes with data.format=text"
+else
+    bad "bin without the magic trains on its bytes with data.format=text" "$(cat "$TMP/out" "$TMP/err" | head -5)"
+fi
 expect_error "metrics in missing folder" "$TMP/no/dir/m.jsonl" -- --steps 1 --metrics "$TMP/no/dir/m.jsonl" "${SMALL[@]}"
 
 # --- devices and tiers
@@ -114,6 +124,29 @@ if "$FSOFF" --steps 3 --devices cpu:2 --nvme "$TMP/nv0,$TMP/nv1" --metrics "$TMP
     ok "two devices with state on NVMe, files cleaned up"
 else
     bad "two devices with state on NVMe, files cleaned up" "$(cat "$TMP/err")" "$(ls -A "$TMP/nv0" "$TMP/nv1")"
+fi
+
+# --- instruction sets: FSO_ISA picks AdamW's kernel; what the CPU lacks is an error
+FSO_ISA=sse4 expect_error "FSO_ISA unknown" "FSO_ISA=sse4: unknown instruction set" \
+    "scalar" -- --steps 1 "${SMALL[@]}"
+for isa in avx2 avx512; do
+    case $isa in
+    avx2) flags="avx2" ;;
+    avx512) flags="avx512f avx512bw avx512vl" ;;
+    esac
+    has=1
+    for f in $flags; do grep -qw "$f" /proc/cpuinfo || has=0; done
+    if [ $has -eq 0 ]; then
+        FSO_ISA=$isa expect_error "FSO_ISA=$isa on a CPU without it" "FSO_ISA=$isa: this CPU lacks" \
+            "unset FSO_ISA" -- --steps 1 "${SMALL[@]}"
+    else
+        echo "skip FSO_ISA=$isa on a CPU without it: this CPU has $isa"
+    fi
+done
+if FSO_ISA=scalar "$FSOFF" --steps 1 "${SMALL[@]}" >/dev/null 2>"$TMP/err"; then
+    ok "FSO_ISA=scalar trains"
+else
+    bad "FSO_ISA=scalar trains" "$(cat "$TMP/err")"
 fi
 
 # --- good runs

@@ -18,6 +18,7 @@
  *     exp_avg, its square for exp_avg_sq (the moments cancel, so a plain
  *     relative error means nothing where they pass near zero).
  *   - the threaded driver gives the same bits with 1, 2 and 3 threads.
+ *   - FSO_ISA: what it accepts and how it refuses.
  * Kernels the CPU lacks are skipped with a message.
  */
 #include <errno.h>
@@ -160,13 +161,13 @@ static bool same_bf16(uint16_t a, uint16_t b)
     return a == b || (bf16_isnan(a) && bf16_isnan(b));
 }
 
-static const fso_adamw_kernel *kernel_or_skip(fso_adamw_isa isa)
+static const fso_adamw_kernel *kernel_or_skip(fso_isa isa)
 {
     const fso_adamw_kernel *k = NULL;
     int rc = fso_adamw_select(isa, &k);
     if (rc == -ENOTSUP) {
-        print_message("[  SKIP    ] %s kernel: not supported by this CPU or build\n",
-                      fso_adamw_isa_name(isa));
+        print_message("[  SKIP    ] %s kernel: this %s lacks it\n", fso_isa_name(isa),
+                      fso_isa_built(isa) ? "CPU" : "build");
         skip();
     }
     assert_int_equal(rc, 0);
@@ -359,15 +360,15 @@ static void test_bf16_out_rounds_to_nearest_even(void **unused)
     };
     const size_t nc = sizeof cases / sizeof cases[0];
     const size_t n = 101; /* each value at several positions: head, body, tail */
-    fso_adamw_isa isas[] = {FSO_ISA_SCALAR, FSO_ISA_AVX2, FSO_ISA_AVX512};
+    fso_isa isas[] = {FSO_ISA_SCALAR, FSO_ISA_AVX2, FSO_ISA_AVX512};
     fso_adamw_step st = {.lr = 0.0, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8,
                          .weight_decay = 0.0, .grad_scale = 1.0, .t = 1};
     int ran = 0;
     for (size_t ii = 0; ii < sizeof isas / sizeof isas[0]; ii++) {
         const fso_adamw_kernel *k;
         if (fso_adamw_select(isas[ii], &k) == -ENOTSUP) {
-            print_message("bf16 rounding: %s kernel not supported here, skipped\n",
-                          fso_adamw_isa_name(isas[ii]));
+            print_message("bf16 rounding: %s kernel skipped, this %s lacks it\n",
+                          fso_isa_name(isas[ii]), fso_isa_built(isas[ii]) ? "CPU" : "build");
             continue;
         }
         for (size_t off = 0; off < 3; off++) {
@@ -452,12 +453,12 @@ static void test_matches_torch_adamw_fixture(void **unused)
     float *master = malloc(n * 4), *m = malloc(n * 4), *v = malloc(n * 4);
     uint16_t *out = malloc(n * 2);
     assert_true(master && m && v && out);
-    fso_adamw_isa isas[] = {FSO_ISA_SCALAR, FSO_ISA_AVX2, FSO_ISA_AVX512};
+    fso_isa isas[] = {FSO_ISA_SCALAR, FSO_ISA_AVX2, FSO_ISA_AVX512};
     for (size_t ii = 0; ii < sizeof isas / sizeof isas[0]; ii++) {
         const fso_adamw_kernel *k;
         if (fso_adamw_select(isas[ii], &k) == -ENOTSUP) {
-            print_message("torch fixture: %s kernel not supported here, skipped\n",
-                          fso_adamw_isa_name(isas[ii]));
+            print_message("torch fixture: %s kernel skipped, this %s lacks it\n",
+                          fso_isa_name(isas[ii]), fso_isa_built(isas[ii]) ? "CPU" : "build");
             continue;
         }
         for (size_t r = 0; r < runs; r++) {
@@ -591,19 +592,22 @@ static void test_select_reports_what_the_cpu_lacks(void **unused)
     assert_int_equal(fso_adamw_select(FSO_ISA_SCALAR, &k), 0);
     assert_string_equal(k->name, "scalar");
     assert_int_equal(fso_adamw_select(FSO_ISA_AUTO, &best), 0);
-    assert_int_not_equal(best->isa, FSO_ISA_AUTO);
-    assert_int_equal(fso_adamw_select((fso_adamw_isa)42, &k), -EINVAL);
-    for (int isa = FSO_ISA_AUTO; isa <= FSO_ISA_AVX512; isa++) {
-        fso_adamw_isa parsed;
-        assert_int_equal(fso_adamw_isa_parse(fso_adamw_isa_name((fso_adamw_isa)isa), &parsed), 0);
+    assert_int_equal(best->isa, fso_isa_best());
+    assert_int_equal(fso_adamw_select((fso_isa)42, &k), -EINVAL);
+    for (int isa = FSO_ISA_AUTO; isa < FSO_ISA_COUNT; isa++) {
+        fso_isa parsed;
+        assert_int_equal(fso_isa_parse(fso_isa_name((fso_isa)isa), &parsed), 0);
         assert_int_equal(parsed, isa);
     }
-    fso_adamw_isa parsed;
-    assert_int_equal(fso_adamw_isa_parse("sse", &parsed), -EINVAL);
+    fso_isa parsed;
+    assert_int_equal(fso_isa_parse("sse", &parsed), -EINVAL);
 #if defined(__x86_64__)
     __builtin_cpu_init();
     bool has512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                   __builtin_cpu_supports("avx512vl");
+    bool has2 = __builtin_cpu_supports("avx2");
+    assert_int_equal(fso_isa_cpu_has(FSO_ISA_AVX512), has512);
+    assert_int_equal(fso_isa_cpu_has(FSO_ISA_AVX2), has2);
     int rc = fso_adamw_select(FSO_ISA_AVX512, &k);
     if (!has512)
         assert_int_equal(rc, -ENOTSUP);
@@ -611,6 +615,51 @@ static void test_select_reports_what_the_cpu_lacks(void **unused)
         assert_int_equal(best->isa, FSO_ISA_AVX512);
 #endif
     print_message("auto selects %s\n", best->name);
+}
+
+/* FSO_ISA, as the trainer reads it: unset, empty and "auto" mean the widest;
+ * a set the machine runs is taken; an unknown name or a set the CPU or build
+ * lacks is an error naming the value and what the machine runs. */
+static void test_fso_isa_chooses_or_fails_clearly(void **unused)
+{
+    (void)unused;
+    const char *saved = getenv("FSO_ISA");
+    char *keep = saved ? strdup(saved) : NULL, err[256];
+    fso_isa isa;
+    unsetenv("FSO_ISA");
+    assert_int_equal(fso_isa_from_env(&isa, err, sizeof err), 0);
+    assert_int_equal(isa, fso_isa_best());
+    setenv("FSO_ISA", "", 1);
+    assert_int_equal(fso_isa_from_env(&isa, err, sizeof err), 0);
+    assert_int_equal(isa, fso_isa_best());
+    setenv("FSO_ISA", "auto", 1);
+    assert_int_equal(fso_isa_from_env(&isa, err, sizeof err), 0);
+    assert_int_equal(isa, fso_isa_best());
+    setenv("FSO_ISA", "sse4", 1);
+    assert_int_equal(fso_isa_from_env(&isa, err, sizeof err), -EINVAL);
+    assert_non_null(strstr(err, "FSO_ISA=sse4: unknown instruction set"));
+    assert_non_null(strstr(err, "scalar"));
+    for (int i = FSO_ISA_SCALAR; i < FSO_ISA_COUNT; i++) {
+        const char *name = fso_isa_name((fso_isa)i);
+        setenv("FSO_ISA", name, 1);
+        int rc = fso_isa_from_env(&isa, err, sizeof err);
+        if (fso_isa_supported((fso_isa)i)) {
+            assert_int_equal(rc, 0);
+            assert_int_equal(isa, i);
+            print_message("FSO_ISA=%s: taken\n", name);
+        } else {
+            assert_int_equal(rc, -ENOTSUP);
+            assert_non_null(strstr(err, name));
+            assert_non_null(strstr(err, "lack"));
+            assert_non_null(strstr(err, "scalar")); /* what it runs instead */
+            print_message("FSO_ISA=%s: refused here: %s\n", name, err);
+        }
+    }
+    if (keep)
+        setenv("FSO_ISA", keep, 1);
+    else
+        unsetenv("FSO_ISA");
+    free(keep);
 }
 
 static void test_update_is_the_scalar_fused_kernel(void **unused)
@@ -637,6 +686,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_select_reports_what_the_cpu_lacks),
+        cmocka_unit_test(test_fso_isa_chooses_or_fails_clearly),
         cmocka_unit_test(test_update_is_the_scalar_fused_kernel),
         cmocka_unit_test(test_avx2_matches_scalar_bit_for_bit),
         cmocka_unit_test(test_avx512_matches_scalar_bit_for_bit),

@@ -568,6 +568,55 @@ static void test_missing_file_is_an_error(void **state)
     expect_init_error(&cfg, td->path, "is a directory", NULL);
 }
 
+/* Under data.format auto a file named .bin is a token file: without the
+ * magic it is refused with the message users see, never trained on as text;
+ * data.format text trains on its bytes. */
+static void test_bin_without_magic_is_an_error(void **state)
+{
+    tdir *td = *state;
+    char bin[512], upper[512], tiny[512], half[512];
+    tpath(td, "x.bin", bin, sizeof(bin));
+    tpath(td, "X.BIN", upper, sizeof(upper));
+    tpath(td, "tiny.bin", tiny, sizeof(tiny));
+    tpath(td, "half.bin", half, sizeof(half));
+    unsigned char buf[3000];
+    for (size_t i = 0; i < sizeof(buf); i++)
+        buf[i] = (unsigned char)('a' + i % 26);
+    buf[0] = 0x39, buf[1] = 0x30, buf[2] = 0, buf[3] = 0; /* magic 12345 */
+    write_file(bin, buf, sizeof(buf));
+    write_file(upper, buf, sizeof(buf));
+    write_file(tiny, "ab", 2);
+
+    fso_config cfg;
+    fso_data d;
+    char want[640];
+    cfg_for(&cfg, bin, FSO_DATA_AUTO, 256, 16, 2);
+    assert_true(fso_data_init(&d, &cfg) < 0);
+    snprintf(want, sizeof want, "%s: not a token file (magic 12345, expected 20240520); use "
+             "data.format=text to train on its bytes", bin);
+    assert_string_equal(d.err, want);
+    assert_null(d.tokens);
+    cfg_for(&cfg, upper, FSO_DATA_AUTO, 256, 16, 2);
+    expect_init_error(&cfg, upper, "not a token file (magic 12345", "data.format=text");
+
+    /* shorter than the magic; the magic, then the end inside the header */
+    cfg_for(&cfg, tiny, FSO_DATA_AUTO, 256, 16, 2);
+    expect_init_error(&cfg, tiny, "truncated header: the file holds 2 bytes", "data.format=text");
+    int32_t *tok = make_tokens(500, 5, 256);
+    assert_int_equal(fso_data_write_tokens(half, tok, 500, 0), 0);
+    assert_int_equal(truncate(half, 600), 0);
+    cfg_for(&cfg, half, FSO_DATA_AUTO, 256, 16, 2);
+    expect_init_error(&cfg, half, "truncated header", "600 bytes");
+    free(tok);
+
+    /* what the message says to do */
+    open_data(&d, bin, FSO_DATA_TEXT, 256, 16, 2);
+    assert_int_equal(d.n_tokens, sizeof(buf));
+    assert_int_equal(d.tokens[0], 0x39);
+    assert_has(d.desc, "text");
+    fso_data_free(&d);
+}
+
 static void test_token_header_errors(void **state)
 {
     tdir *td = *state;
@@ -583,7 +632,8 @@ static void test_token_header_errors(void **state)
     memset(text, 'q', sizeof(text));
     write_file(txt, text, sizeof(text));
     cfg_for(&cfg, txt, FSO_DATA_TOKENS, 50257, 8, 1);
-    expect_init_error(&cfg, txt, "not an fsoff/llm.c token file", "expected 20240520");
+    expect_init_error(&cfg, txt, "not a token file (magic 1903260017, expected 20240520)",
+                      "use data.format=text to train on its bytes");
 
     /* The magic, then the file ends inside the header. */
     assert_int_equal(fso_data_write_tokens(half, tok, 500, 0), 0);
@@ -764,6 +814,7 @@ int main(void)
         T(test_corpus_is_deterministic_printable_exact),
         T(test_builtin_corpus_ignores_training_seed),
         T(test_missing_file_is_an_error),
+        T(test_bin_without_magic_is_an_error),
         T(test_token_header_errors),
         T(test_truncated_and_overlong_token_files),
         T(test_token_beyond_vocab_is_an_error),

@@ -12,7 +12,31 @@
  *   losses, gradient norms: relative 1e-5
  *   parameters after 3 steps: |diff| <= 1e-5 + 1e-4 * |value| per element (seen:
  *   4e-6 where a gradient element is near zero, so that AdamW's m / sqrt(v)
- *   amplifies the last bits of the gradient)
+ *   amplifies the last bits of the gradient), except for a few elements,
+ *   which stay within AdamW's bound:
+ *
+ *   AdamW moves a parameter by lr_t * u_t, u_t = m^_t / (sqrt(v^_t) + eps): the
+ *   gradient's size is normalized away. Where a gradient element is near the
+ *   size of its rounding (its terms cancel; seen: -4.1e-8 in a tensor of RMS
+ *   6.9e-3, model.layers.1.mlp.gate_proj.weight[1184] of the tied model on
+ *   two devices), u_t follows that rounding, in fp32 as in float64, and one
+ *   correct implementation parts from another by up to the whole update
+ *   (seen: 3.1e-5 in a build without FMA contraction, -O0). Any gradients
+ *   give |u_t| <= B_t: by Cauchy-Schwarz
+ *     |m_t| = (1 - b1) |sum_i b1^(t-i) g_i| <= (1 - b1) sqrt(S_t) sqrt(v_t / (1 - b2)),
+ *     S_t = sum_{j<t} (b1^2 / b2)^j, so
+ *     B_t = (1 - b1) sqrt(S_t (1 - b2^t)) / ((1 - b1^t) sqrt(1 - b2))
+ *   (1.0009 at t = 3 for betas 0.9, 0.95), and weight decay multiplies a
+ *   difference by 1 - lr wd <= 1: two runs that differ only in their
+ *   gradients end at most sum_t 2 lr_t B_t apart, plus the tolerance above
+ *   for the rest of the arithmetic. How many elements may need it: u_t moves
+ *   by about |dg| / |g| for a gradient error dg, so step t can push an
+ *   element past param_abs only where |g| < lr_t |dg| / param_abs. With dg at
+ *   the gradients' measured rounding noise (eta: the step-1 gradients'
+ *   normalized error against float64, times their RMS sigma) and gradients
+ *   spread like a normal of RMS sigma, P(|g| < x) ~ 0.8 x / sigma: so at most
+ *   0.8 (eta / sigma) sum_t lr_t / param_abs of the elements, allowed 4 times
+ *   over (seen: 2 of 26272 elements, 22.6 allowed).
  *
  * The *_bf16 fixtures replay bf16 storage (kernels/backend.h, "Types") in
  * float64: a value rounded to bf16 exactly where fsoff stores it. fp32 math
@@ -33,6 +57,7 @@
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -55,6 +80,29 @@ typedef struct tolerances {
 } tolerances;
 
 static const tolerances tol_fp32 = {1e-5, 1e-5, 1e-5, true, 1e-5, 1e-4};
+
+/* sum_t 2 lr_t B_t over the run's steps (the derivation at the top). */
+static double adamw_bound(const fso_config *cfg)
+{
+    const double b1 = cfg->optim.beta1, b2 = cfg->optim.beta2;
+    double bound = 0, S = 0;
+    for (int t = 1; t <= cfg->steps; t++) {
+        S += pow(b1 * b1 / b2, t - 1);
+        double B = (1 - b1) * sqrt(S * (1 - pow(b2, t))) / ((1 - pow(b1, t)) * sqrt(1 - b2));
+        bound += 2 * fso_config_lr_at(cfg, t) * B;
+    }
+    return bound;
+}
+
+/* How many of n elements may leave param_abs, for gradients whose rounding
+ * noise is `noise` of their RMS (the derivation at the top). */
+static double loose_allowed(const fso_config *cfg, double noise, double param_abs, size_t n)
+{
+    double lr_sum = 0;
+    for (int t = 1; t <= cfg->steps; t++)
+        lr_sum += fso_config_lr_at(cfg, t);
+    return 4 * 0.8 * noise * lr_sum / param_abs * (double)n;
+}
 static const tolerances tol_bf16 = {2e-4, 3e-3, 2e-3, false, 0, 0};
 
 typedef struct fixture {
@@ -219,6 +267,7 @@ static void run_golden(const char *fixture_name, variant vr)
 
     size_t bt = (size_t)f.B * f.T;
     int bad = 0;
+    double grad_noise = 0; /* the step-1 gradients' normalized error */
     float *buf = malloc(sizeof(float) * (f.np > bt * f.V ? f.np : bt * f.V));
     assert_non_null(buf);
 
@@ -263,27 +312,53 @@ static void run_golden(const char *fixture_name, variant vr)
             if (fso_zero_store_grads_hf(tr.zero, buf, err, sizeof err) < 0)
                 fail_msg("grads: %s", err);
             bad += check_tensors("step 1 gradient", m, buf, f.grads0, tol.grads);
+            double num = 0, den = 0;
+            for (size_t i = 0; i < f.np; i++) {
+                double d = (double)buf[i] - f.grads0[i];
+                num += d * d;
+                den += f.grads0[i] * f.grads0[i];
+            }
+            grad_noise = den > 0 ? sqrt(num / den) : 0;
         }
     }
 
     if (fso_zero_store_hf(tr.zero, buf, err, sizeof err) < 0)
         fail_msg("params: %s", err);
-    size_t off = 0;
+    size_t off = 0, loose = 0;
+    const double adam = tol.params ? adamw_bound(&cfg) : 0;
     for (int i = 0; i < m->n_blocks && tol.params; i++)
         for (int t = 0; t < m->blocks[i].n_tensors; t++) {
             const fso_tensor_desc *d = &m->blocks[i].tensors[t];
             int shown = 0;
             for (size_t e = 0; e < d->numel; e++) {
                 double got = buf[off + e], want = f.params_final[off + e];
-                if (!(fabs(got - want) <= tol.param_abs + tol.param_rel * fabs(want))) {
-                    if (shown++ < 3)
-                        fprintf(stderr, "params after %d steps %s[%zu]: got %.8g want %.8g\n",
-                                f.nsteps, d->name, e, got, want);
-                }
+                double tight = tol.param_abs + tol.param_rel * fabs(want);
+                if (fabs(got - want) <= tight)
+                    continue;
+                bool within = fabs(got - want) <= tight + adam;
+                loose += within;
+                if (!within && shown++ < 3)
+                    fprintf(stderr, "params after %d steps %s[%zu]: got %.8g want %.8g, beyond "
+                            "AdamW's bound %.3g\n", f.nsteps, d->name, e, got, want, adam);
+                else if (within && loose <= 3)
+                    fprintf(stderr, "# params after %d steps %s[%zu]: got %.8g want %.8g (within "
+                            "AdamW's bound %.3g)\n", f.nsteps, d->name, e, got, want, adam);
             }
             bad += shown > 0;
             off += d->numel;
         }
+    const double allowed =
+        tol.params ? loose_allowed(&cfg, grad_noise, tol.param_abs, f.np) : 0;
+    if (loose > allowed) {
+        fprintf(stderr, "params after %d steps: %zu of %zu elements beyond %g + %g |value|, more "
+                "than the %.1f allowed for gradient noise %.3g\n", f.nsteps, loose, f.np,
+                tol.param_abs, tol.param_rel, allowed, grad_noise);
+        bad++;
+    } else if (loose) {
+        fprintf(stderr, "# params after %d steps: %zu of %zu elements within AdamW's bound only "
+                "(%.1f allowed for gradient noise %.3g)\n", f.nsteps, loose, f.np, allowed,
+                grad_noise);
+    }
 
     free(buf);
     fso_trainer_free(&tr);

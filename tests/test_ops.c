@@ -9,6 +9,7 @@
  */
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -169,6 +170,144 @@ static void test_matmul(void **state)
     fd_check("matmul dx", x, (size_t)N * Ci, dx1, mm_loss, &c);
     fd_check("matmul dw", w, (size_t)Co * Ci, dw1, mm_loss, &c);
     float *bufs[] = {x, w, o1, o2, R, dx0, dw0, dx1, dw1, dx2, dw2};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
+        gfree(bufs[i]);
+}
+
+/* The fast backend's matmuls are tiles of single-threaded sgemm whose shapes
+ * depend only on the matrices: forward and both backward products give the
+ * same bits on 1 to 7 threads, and on two backends running them at once
+ * from two threads (two devices), as on one alone. The shapes are chosen to
+ * cut into many tiles with partial ones at both edges. */
+#define MMT_N 300
+#define MMT_CI 200
+#define MMT_CO 330
+
+typedef struct mm_outs {
+    float *out, *dx, *dx0, *dw; /* fwd; bwd with dx_beta 1, with dx_beta 0; dw accumulated */
+} mm_outs;
+
+static const float *mmt_x, *mmt_w, *mmt_dout, *mmt_dx_init, *mmt_dw_init;
+
+static void mm_outs_alloc(mm_outs *o)
+{
+    o->out = gbuf((size_t)MMT_N * MMT_CO);
+    o->dx = copybuf(mmt_dx_init, (size_t)MMT_N * MMT_CI);
+    o->dx0 = gbuf((size_t)MMT_N * MMT_CI);
+    o->dw = copybuf(mmt_dw_init, (size_t)MMT_CO * MMT_CI);
+}
+
+static void mm_outs_free(mm_outs *o)
+{
+    gfree(o->out);
+    gfree(o->dx);
+    gfree(o->dx0);
+    gfree(o->dw);
+}
+
+static void mm_run(fso_backend *be, mm_outs *o)
+{
+    be->ops->matmul_fwd(be, o->out, FSO_DT_F32, mmt_x, mmt_w, FSO_DT_F32, MMT_N, MMT_CI, MMT_CO);
+    be->ops->matmul_bwd(be, o->dx, FSO_DT_F32, o->dw, mmt_dout, FSO_DT_F32, mmt_x, mmt_w,
+                        FSO_DT_F32, MMT_N, MMT_CI, MMT_CO, 1.0f);
+    be->ops->matmul_bwd(be, o->dx0, FSO_DT_F32, o->dw, mmt_dout, FSO_DT_F32, mmt_x, mmt_w,
+                        FSO_DT_F32, MMT_N, MMT_CI, MMT_CO, 0.0f);
+}
+
+/* The first element where a and b differ, or -1. */
+static long mm_first_diff(const float *a, const float *b, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (memcmp(&a[i], &b[i], sizeof(float)) != 0)
+            return (long)i;
+    return -1;
+}
+
+static void mm_same_bits(const mm_outs *a, const mm_outs *b, const char *what)
+{
+    const struct { const char *name; const float *x, *y; size_t n; } t[] = {
+        {"matmul_fwd out", a->out, b->out, (size_t)MMT_N * MMT_CO},
+        {"matmul_bwd dx (accumulate)", a->dx, b->dx, (size_t)MMT_N * MMT_CI},
+        {"matmul_bwd dx (beta 0)", a->dx0, b->dx0, (size_t)MMT_N * MMT_CI},
+        {"matmul_bwd dw", a->dw, b->dw, (size_t)MMT_CO * MMT_CI},
+    };
+    for (size_t i = 0; i < sizeof t / sizeof *t; i++) {
+        long d = mm_first_diff(t[i].x, t[i].y, t[i].n);
+        if (d >= 0)
+            fail_msg("%s: %s[%ld] differs: %.9g vs %.9g", what, t[i].name, d, t[i].x[d],
+                     t[i].y[d]);
+        guard_check(t[i].y, t[i].n, t[i].name);
+    }
+}
+
+typedef struct mm_thread {
+    fso_backend *be;
+    mm_outs o;
+} mm_thread;
+
+static void *mm_thread_main(void *arg)
+{
+    mm_thread *t = arg;
+    mm_run(t->be, &t->o);
+    return NULL;
+}
+
+static void test_matmul_bits_do_not_depend_on_threads_or_devices(void **state)
+{
+    (void)state;
+    float *x = randbuf((size_t)MMT_N * MMT_CI, 1), *w = randbuf((size_t)MMT_CO * MMT_CI, 0.3);
+    float *dout = randbuf((size_t)MMT_N * MMT_CO, 1);
+    float *dx_init = randbuf((size_t)MMT_N * MMT_CI, 1), *dw_init = randbuf((size_t)MMT_CO * MMT_CI, 1);
+    mmt_x = x, mmt_w = w, mmt_dout = dout, mmt_dx_init = dx_init, mmt_dw_init = dw_init;
+
+    /* one thread, checked against the reference */
+    fso_backend *one = NULL;
+    assert_int_equal(fso_backend_create(&one, "cpu", 1), 0);
+    mm_outs base, want;
+    mm_outs_alloc(&base);
+    mm_outs_alloc(&want);
+    mm_run(one, &base);
+    mm_run(ref, &want);
+    compare("matmul_fwd out", base.out, want.out, (size_t)MMT_N * MMT_CO, FAST_TOL);
+    compare("matmul_bwd dx (accumulate)", base.dx, want.dx, (size_t)MMT_N * MMT_CI, FAST_TOL);
+    compare("matmul_bwd dx (beta 0)", base.dx0, want.dx0, (size_t)MMT_N * MMT_CI, FAST_TOL);
+    compare("matmul_bwd dw", base.dw, want.dw, (size_t)MMT_CO * MMT_CI, FAST_TOL);
+    mm_outs_free(&want);
+
+    for (int threads = 2; threads <= 7; threads++) {
+        fso_backend *be = NULL;
+        char what[64];
+        assert_int_equal(fso_backend_create(&be, "cpu", threads), 0);
+        mm_outs o;
+        mm_outs_alloc(&o);
+        mm_run(be, &o);
+        snprintf(what, sizeof what, "1 thread vs %d threads", threads);
+        mm_same_bits(&base, &o, what);
+        mm_outs_free(&o);
+        fso_backend_destroy(be);
+    }
+
+    /* two devices of 3 threads each at once, several times over */
+    for (int round = 0; round < 4; round++) {
+        mm_thread t[2];
+        pthread_t tid[2];
+        for (int i = 0; i < 2; i++) {
+            assert_int_equal(fso_backend_create(&t[i].be, "cpu", 3), 0);
+            mm_outs_alloc(&t[i].o);
+        }
+        for (int i = 0; i < 2; i++)
+            assert_int_equal(pthread_create(&tid[i], NULL, mm_thread_main, &t[i]), 0);
+        for (int i = 0; i < 2; i++)
+            pthread_join(tid[i], NULL);
+        for (int i = 0; i < 2; i++) {
+            mm_same_bits(&base, &t[i].o, "1 thread vs two devices at once");
+            mm_outs_free(&t[i].o);
+            fso_backend_destroy(t[i].be);
+        }
+    }
+    mm_outs_free(&base);
+    fso_backend_destroy(one);
+    float *bufs[] = {x, w, dout, dx_init, dw_init};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
         gfree(bufs[i]);
 }
@@ -926,6 +1065,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_matmul),
+        cmocka_unit_test(test_matmul_bits_do_not_depend_on_threads_or_devices),
         cmocka_unit_test(test_rmsnorm),
         cmocka_unit_test(test_embedding),
         cmocka_unit_test(test_rope),

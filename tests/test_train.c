@@ -1,14 +1,14 @@
 /* test_train.c — properties of the training step that the golden test does
  * not pin down: determinism, gradient accumulation, activation
- * checkpointing, thread counts, divergence handling, two training runs at
- * once in one process, and what the report says of stale marks and refused
- * pinning. */
+ * checkpointing, thread counts, AdamW's instruction set (FSO_ISA),
+ * divergence handling, two training runs at once in one process, and what
+ * the report says of stale marks and refused pinning. */
 #include <errno.h>
 #include <pthread.h>
 #include <math.h>
 #include <setjmp.h>
-#include <stdbool.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +18,7 @@
 #include <cmocka.h>
 
 #include "config.h"
+#include "cpu_isa.h"
 #include "data.h"
 #include "report.h"
 #include "train.h"
@@ -79,16 +80,39 @@ static void run(const fso_config *cfg_in, int threads, run_result *out)
     fso_data_free(&data);
 }
 
-static void assert_bit_identical(const run_result *a, const run_result *b, const char *what)
+/* Whether a and b are the same bits; if not, why, in *why. */
+static bool bit_identical(const run_result *a, const run_result *b, const char *what, char *why,
+                          size_t whylen)
 {
-    if (memcmp(a->loss, b->loss, sizeof a->loss) != 0 || memcmp(a->norm, b->norm, sizeof a->norm))
-        fail_msg("%s: losses differ: %.17g vs %.17g", what, a->loss[STEPS - 1],
+    if (memcmp(a->loss, b->loss, sizeof a->loss) != 0 || memcmp(a->norm, b->norm, sizeof a->norm)) {
+        snprintf(why, whylen, "%s: losses differ: %.17g vs %.17g", what, a->loss[STEPS - 1],
                  b->loss[STEPS - 1]);
-    assert_int_equal(a->np, b->np);
+        return false;
+    }
+    if (a->np != b->np) {
+        snprintf(why, whylen, "%s: %zu vs %zu parameters", what, a->np, b->np);
+        return false;
+    }
     for (size_t i = 0; i < a->np; i++)
-        if (memcmp(&a->params[i], &b->params[i], sizeof(float)) != 0)
-            fail_msg("%s: parameter %zu differs: %.9g vs %.9g", what, i, a->params[i],
-                     b->params[i]);
+        if (memcmp(&a->params[i], &b->params[i], sizeof(float)) != 0) {
+            snprintf(why, whylen, "%s: parameter %zu differs: %.9g vs %.9g", what, i,
+                     a->params[i], b->params[i]);
+            return false;
+        }
+    return true;
+}
+
+/* Fails unless a and b are the same bits; frees both either way, so a
+ * failing test leaks nothing. */
+static void assert_bit_identical(run_result *a, run_result *b, const char *what)
+{
+    char why[256];
+    bool same = bit_identical(a, b, what, why, sizeof why);
+    free(a->params);
+    free(b->params);
+    a->params = b->params = NULL;
+    if (!same)
+        fail_msg("%s", why);
 }
 
 static void test_same_seed_is_bit_identical(void **state)
@@ -102,10 +126,8 @@ static void test_same_seed_is_bit_identical(void **state)
     assert_bit_identical(&a, &b, "two runs, same seed");
     cfg.seed += 1;
     run(&cfg, 2, &c);
-    assert_true(a.loss[0] != c.loss[0]); /* the seed matters */
-    free(a.params);
-    free(b.params);
     free(c.params);
+    assert_true(a.loss[0] != c.loss[0]); /* the seed matters */
 }
 
 static void test_checkpointing_is_bit_identical(void **state)
@@ -119,21 +141,68 @@ static void test_checkpointing_is_bit_identical(void **state)
     cfg.activation_checkpointing = true;
     run(&cfg, 2, &b);
     assert_bit_identical(&a, &b, "checkpointing off vs on");
-    free(a.params);
-    free(b.params);
 }
 
+/* Thread counts change no bit: 1 vs 3 threads on one device, 1 vs 3
+ * threads per device on two (the devices' matmuls then run at once), fp32
+ * and bf16. */
 static void test_thread_count_changes_nothing(void **state)
 {
     (void)state;
+    for (int v = 0; v < 4; v++) {
+        fso_config cfg;
+        small_config(&cfg);
+        cfg.world = v & 1 ? 2 : 1;
+        cfg.bf16 = v & 2;
+        run_result a, b;
+        char what[128];
+        run(&cfg, cfg.world, &a);
+        run(&cfg, 3 * cfg.world, &b);
+        snprintf(what, sizeof what, "%d device%s, %s: 1 thread vs 3 threads per device",
+                 cfg.world, cfg.world > 1 ? "s" : "", cfg.bf16 ? "bf16" : "fp32");
+        assert_bit_identical(&a, &b, what);
+    }
+}
+
+/* Every AdamW path (FSO_ISA) trains to the scalar path's bits, with bf16
+ * working parameters (the kernels' bf16 output too) on two devices. A set
+ * this CPU or build lacks is skipped, saying so. */
+static void test_isa_changes_nothing(void **state)
+{
+    (void)state;
+    const char *saved = getenv("FSO_ISA");
+    char *keep = saved ? strdup(saved) : NULL;
     fso_config cfg;
     small_config(&cfg);
-    run_result a, b;
-    run(&cfg, 1, &a);
-    run(&cfg, 3, &b);
-    assert_bit_identical(&a, &b, "1 thread vs 3 threads");
-    free(a.params);
-    free(b.params);
+    cfg.world = 2;
+    cfg.bf16 = true;
+    run_result scalar;
+    setenv("FSO_ISA", "scalar", 1);
+    run(&cfg, 2, &scalar);
+    for (int i = FSO_ISA_AVX2; i < FSO_ISA_COUNT; i++) {
+        const char *name = fso_isa_name((fso_isa)i);
+        if (!fso_isa_supported((fso_isa)i)) {
+            print_message("FSO_ISA=%s: skipped, this %s lacks it\n", name,
+                          fso_isa_built((fso_isa)i) ? "CPU" : "build");
+            continue;
+        }
+        run_result r, s = scalar;
+        char what[64];
+        setenv("FSO_ISA", name, 1);
+        run(&cfg, 2, &r);
+        s.params = malloc(sizeof(float) * scalar.np);
+        assert_non_null(s.params);
+        memcpy(s.params, scalar.params, sizeof(float) * scalar.np);
+        snprintf(what, sizeof what, "FSO_ISA=scalar vs %s", name);
+        assert_bit_identical(&s, &r, what);
+        print_message("FSO_ISA=%s: the scalar path's bits\n", name);
+    }
+    free(scalar.params);
+    if (keep)
+        setenv("FSO_ISA", keep, 1);
+    else
+        unsetenv("FSO_ISA");
+    free(keep);
 }
 
 /* Two micro-batches of 2 rows accumulate to the gradient of one batch of 4. */
@@ -491,6 +560,7 @@ int main(void)
         cmocka_unit_test(test_same_seed_is_bit_identical),
         cmocka_unit_test(test_checkpointing_is_bit_identical),
         cmocka_unit_test(test_thread_count_changes_nothing),
+        cmocka_unit_test(test_isa_changes_nothing),
         cmocka_unit_test(test_accumulation_matches_one_large_batch),
         cmocka_unit_test(test_divergence_stops_without_update),
         cmocka_unit_test(test_activation_estimate_matches_allocation),
