@@ -14,7 +14,6 @@
 #include <string.h>
 
 #include "adamw.h"
-#include "cpu_async.h"
 #include "cuda_backend.h"
 #include "optpool.h"
 #include "rng.h"
@@ -552,15 +551,8 @@ const char *fso_zero_pin_refused(const fso_zero *z)
 uint64_t fso_zero_stale_marks(const fso_zero *z)
 {
     uint64_t n = 0;
-    for (int r = 0; r < z->world; r++) {
-        fso_backend *be = z->ranks[r].be;
-        if (fso_backend_is_async(be))
-            n += fso_async_counts_of(be).stale_marks;
-#if FSO_HAVE_CUDA
-        else if (fso_backend_is_cuda(be))
-            n += fso_cuda_stale_marks(be);
-#endif
-    }
+    for (int r = 0; r < z->world; r++)
+        n += fso_backend_stale_marks(z->ranks[r].be);
     return n;
 }
 

@@ -154,9 +154,9 @@ uint64_t fso_zero_peak_device_bytes(const fso_zero *z);  /* largest across devic
  * arena was refused, with the fix, when it was at creation (the caller
  * reports it; a later refusal is a warning at once); NULL when not. */
 const char *fso_zero_pin_refused(const fso_zero *z);
-/* Marks used after they left a device's window (cuda_backend.h: "stale",
- * each a lost overlap), all devices, since creation; 0 on plain CPU
- * devices. */
+/* Marks used after they left a device's window ("stale", each a lost
+ * overlap: the backend's stale_marks op, backend.h), all devices, since
+ * creation; 0 on devices that keep no window (the plain CPU backends). */
 uint64_t fso_zero_stale_marks(const fso_zero *z);
 void fso_zero_describe(const fso_zero *z, char *buf, size_t len); /* placement, one line each */
 

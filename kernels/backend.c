@@ -90,6 +90,11 @@ struct fso_pool *fso_backend_pool(fso_backend *be)
     return be && be->ops->pool ? be->ops->pool(be) : NULL;
 }
 
+uint64_t fso_backend_stale_marks(fso_backend *be)
+{
+    return be->ops->stale_marks ? be->ops->stale_marks(be) : 0;
+}
+
 int fso_backend_coll_create(fso_coll **out, int world, fso_backend **devs, char *err,
                             size_t errlen)
 {

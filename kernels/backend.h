@@ -179,6 +179,12 @@ typedef struct fso_backend_ops {
      * is how a host staging buffer is reused without waiting for the
      * compute queued meanwhile. Optional (NULL: use mark). */
     uint64_t (*mark_copies)(fso_backend *be);
+    /* How many marks were used, waited for or given as `after`, once they
+     * had left the backend's window of recent marks, since it was made:
+     * such a "stale" mark is still honoured, more strictly (a later mark,
+     * or all queued work), so the overlap it was for is lost. Optional
+     * (NULL: the backend keeps no window, so no mark goes stale). */
+    uint64_t (*stale_marks)(fso_backend *be);
 
     /* dst (n) fp32 = src (n) bf16, exactly: the bf16 bits become the top
      * half of the fp32 bits, so ±0, denormals, Inf and NaN (payload and
@@ -228,6 +234,10 @@ void fso_backend_destroy(fso_backend *be);
 /* ops->pool: the backend's thread pool (the fast CPU backend and
  * cpu-async's), or NULL. */
 struct fso_pool *fso_backend_pool(fso_backend *be);
+
+/* ops->stale_marks: the stale marks of `be` so far; 0 when it keeps no
+ * window of marks. */
+uint64_t fso_backend_stale_marks(fso_backend *be);
 
 /* The collectives among `world` devices, devs[r] being rank r's, all of
  * one kind: devs[0]'s ops->coll_create. 0 or -errno with the reason in err. */

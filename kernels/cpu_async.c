@@ -573,6 +573,7 @@ static void as_adamw(fso_backend *be, float *master, const float *grad, float *m
 }
 
 static void as_destroy(fso_backend *be);
+static uint64_t as_stale_marks(fso_backend *be);
 static struct fso_pool *as_pool(fso_backend *be);
 static int as_coll_create(fso_coll **out, int world, fso_backend **devs, char *err,
                           size_t errlen);
@@ -609,6 +610,7 @@ static const fso_backend_ops async_ops = {
     .cast_f32_bf16 = as_cast_f32_bf16,
     .copy_d2h_after = as_copy_d2h_after,
     .mark_copies = as_mark_copies,
+    .stale_marks = as_stale_marks,
     .destroy = as_destroy,
     .pool = as_pool,
     .coll_create = as_coll_create,
@@ -651,6 +653,11 @@ fso_async_counts fso_async_counts_of(fso_backend *be)
     fso_async_counts c = x->counts;
     pthread_mutex_unlock(&x->mu);
     return c;
+}
+
+static uint64_t as_stale_marks(fso_backend *be)
+{
+    return fso_async_counts_of(be).stale_marks;
 }
 
 static struct fso_pool *as_pool(fso_backend *be)

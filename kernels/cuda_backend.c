@@ -531,6 +531,15 @@ static void cu_wait_mark(fso_backend *be, uint64_t ticket)
         fold_sqnorms(ctx, sq);
 }
 
+static uint64_t cu_stale_marks(fso_backend *be)
+{
+    fso_cuda_ctx *ctx = FSO_CUDA_CTX(be);
+    pthread_mutex_lock(&ctx->mu);
+    uint64_t n = ctx->stale_marks;
+    pthread_mutex_unlock(&ctx->mu);
+    return n;
+}
+
 static const fso_backend_ops cuda_ops = {
     .name = "cuda",
     .host_addressable = 0,
@@ -543,6 +552,7 @@ static const fso_backend_ops cuda_ops = {
     .mark = cu_mark,
     .mark_copies = cu_mark_copies,
     .wait_mark = cu_wait_mark,
+    .stale_marks = cu_stale_marks,
     .copy_h2d_after = cu_copy_h2d_after,
     .copy_d2h_after = cu_copy_d2h_after,
     .embedding_fwd = fso_cuda_embedding_fwd,
@@ -584,14 +594,6 @@ void fso_cuda_set_math(fso_backend *be, fso_cuda_math math)
     FSO_CUDA_CTX(be)->math = math;
 }
 
-uint64_t fso_cuda_stale_marks(fso_backend *be)
-{
-    fso_cuda_ctx *ctx = FSO_CUDA_CTX(be);
-    pthread_mutex_lock(&ctx->mu);
-    uint64_t n = ctx->stale_marks;
-    pthread_mutex_unlock(&ctx->mu);
-    return n;
-}
 
 /* FSO_CUDA_WAIT: how the host waits for the device. "block" (the default):
  * on an OS primitive, leaving the core to the CPU AdamW, the NVMe reaper and

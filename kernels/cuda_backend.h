@@ -50,8 +50,8 @@
  * FSO_CUDA_MARKS (1024). A mark used after it left the ring (waited for, or
  * given as `after`) is "stale": the wait or the order is then stricter than
  * asked (a later mark, or all queued work), never wrong, but overlap is
- * lost; fso_cuda_stale_marks() counts them, and the step line shows the
- * count when it is not 0.
+ * lost; the backend's stale_marks op (fso_backend_stale_marks) counts them,
+ * and the step line shows the count when it is not 0.
  *
  * The host waits only in sync(), in wait_mark() (for that mark's events),
  * in sqnorm and sum over host memory the device cannot read (summed on the
@@ -144,9 +144,6 @@ int fso_backend_is_cuda(const fso_backend *be);
 
 fso_cuda_math fso_cuda_get_math(const fso_backend *be);
 void fso_cuda_set_math(fso_backend *be, fso_cuda_math math);
-/* Marks used after they left the ring (stale; see Streams above), since
- * the backend was made. */
-uint64_t fso_cuda_stale_marks(fso_backend *be);
 
 /* Facts about device `device`, bf16 peak from the table included.
  * 0 or -errno with the reason in err. */

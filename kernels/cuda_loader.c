@@ -330,11 +330,6 @@ void fso_cuda_set_math(fso_backend *be, fso_cuda_math math)
     loaded(__func__)->set_math(be, math);
 }
 
-uint64_t fso_cuda_stale_marks(fso_backend *be)
-{
-    return loaded(__func__)->stale_marks(be);
-}
-
 int fso_cuda_host_register(void *ptr, size_t bytes, char *err, size_t errlen)
 {
     const fso_cuda_module_api *api;

@@ -21,7 +21,6 @@ static const fso_cuda_module_api api = {
     .backend_is_cuda = fso_backend_is_cuda,
     .get_math = fso_cuda_get_math,
     .set_math = fso_cuda_set_math,
-    .stale_marks = fso_cuda_stale_marks,
     .host_register = fso_cuda_host_register,
     .host_unregister = fso_cuda_host_unregister,
     .coll_create_nccl = fso_coll_create_nccl,

@@ -77,7 +77,6 @@ typedef struct fso_cuda_module_api {
     int (*backend_is_cuda)(const fso_backend *be);
     fso_cuda_math (*get_math)(const fso_backend *be);
     void (*set_math)(fso_backend *be, fso_cuda_math math);
-    uint64_t (*stale_marks)(fso_backend *be);
     int (*host_register)(void *ptr, size_t bytes, char *err, size_t errlen);
     int (*host_unregister)(void *ptr, size_t bytes);
     int (*coll_create_nccl)(fso_coll **out, int world, fso_backend **devices, char *err,

@@ -1249,7 +1249,7 @@ static void test_stale_marks_are_counted_in_both_wait_modes(void **state)
         assert_int_equal(be->ops->sync(be), 0);
         const uint64_t old = be->ops->mark(be);
         be->ops->wait_mark(be, old);
-        assert_int_equal(fso_cuda_stale_marks(be), 0);
+        assert_int_equal(fso_backend_stale_marks(be), 0);
         for (int i = 0; i < 1024; i++)
             be->ops->mark(be);
         be->ops->add(be, d_c, d_a, d_b, n);   /* reads a */
@@ -1257,12 +1257,12 @@ static void test_stale_marks_are_counted_in_both_wait_modes(void **state)
         be->ops->copy_h2d_after(be, d_a, z, sizeof(float) * n, old); /* stale: after the add */
         be->ops->copy_d2h(be, c, d_c, sizeof(float) * n);
         assert_int_equal(be->ops->sync(be), 0);
-        assert_int_equal(fso_cuda_stale_marks(be), 2);
+        assert_int_equal(fso_backend_stale_marks(be), 2);
         for (size_t i = 0; i < n; i++)
             if (c[i] != x[i] + y[i])
                 fail_msg("element %zu: a copy after a stale mark overtook the add before it", i);
         be->ops->wait_mark(be, be->ops->mark(be));
-        assert_int_equal(fso_cuda_stale_marks(be), 2);
+        assert_int_equal(fso_backend_stale_marks(be), 2);
         dfree(be, d_a);
         dfree(be, d_b);
         dfree(be, d_c);
