@@ -110,12 +110,6 @@ void fso_adamw_fused(const fso_adamw_kernel *k, float *master, const void *grad,
                                             &c);
 }
 
-void fso_adamw_update(float *param, const float *grad, float *m, float *v, size_t n,
-                      const fso_adamw_step *st)
-{
-    fso_adamw_fused(NULL, param, grad, FSO_DT_F32, m, v, NULL, n, st);
-}
-
 /* ---- threads ---------------------------------------------------------- */
 
 /* The range is cut into units: unit 0 is [0, head + UNIT), unit u > 0 starts

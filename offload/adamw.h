@@ -52,12 +52,6 @@ typedef struct fso_adamw_step {
     int64_t t;             /* step number, from 1 */
 } fso_adamw_step;
 
-/* param, m, v (n) fp32 updated in place; grad (n) fp32 read: the scalar
- * kernel below with no bf16 output, fso_adamw_fused(NULL, ...). Nothing in
- * fsoff calls it; test_adamw does. */
-void fso_adamw_update(float *param, const float *grad, float *m, float *v, size_t n,
-                      const fso_adamw_step *st);
-
 /* ---- fused kernels ---------------------------------------------------- */
 
 /* The per-step constants every kernel uses (fso_adamw_consts, in

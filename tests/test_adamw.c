@@ -662,32 +662,11 @@ static void test_fso_isa_chooses_or_fails_clearly(void **unused)
     free(keep);
 }
 
-static void test_update_is_the_scalar_fused_kernel(void **unused)
-{
-    (void)unused;
-    const size_t n = 777;
-    state s;
-    state_random(&s, n);
-    float *p2 = malloc(n * 4), *m2 = malloc(n * 4), *v2 = malloc(n * 4);
-    assert_true(p2 && m2 && v2);
-    memcpy(p2, s.master, n * 4), memcpy(m2, s.m, n * 4), memcpy(v2, s.v, n * 4);
-    fso_adamw_step st = {.lr = 3e-4, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8,
-                         .weight_decay = 0.1, .grad_scale = 0.7, .t = 7};
-    fso_adamw_update(s.master, s.grad, s.m, s.v, n, &st);
-    fso_adamw_fused(NULL, p2, s.grad, FSO_DT_F32, m2, v2, NULL, n, &st);
-    for (size_t i = 0; i < n; i++)
-        assert_true(same_f32(s.master[i], p2[i]) && same_f32(s.m[i], m2[i]) &&
-                    same_f32(s.v[i], v2[i]));
-    free(p2), free(m2), free(v2);
-    state_free(&s);
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_select_reports_what_the_cpu_lacks),
         cmocka_unit_test(test_fso_isa_chooses_or_fails_clearly),
-        cmocka_unit_test(test_update_is_the_scalar_fused_kernel),
         cmocka_unit_test(test_avx2_matches_scalar_bit_for_bit),
         cmocka_unit_test(test_avx512_matches_scalar_bit_for_bit),
         cmocka_unit_test(test_bf16_out_rounds_to_nearest_even),
