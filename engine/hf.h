@@ -26,6 +26,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "config.h"
 #include "model.h"
@@ -83,6 +84,10 @@ typedef struct fso_hf_export_opts {
 int fso_hf_export(const char *outdir, const fso_model_config *mc, const fso_hf_export_opts *o,
                   const fso_hf_source *src, char *err, size_t errlen);
 
+/* config.json for model mc whose shards hold dtype (config_hf.c): LlamaConfig's
+ * keys, rope_scaling, tie_word_embeddings, torch_dtype. 0 or -EIO. */
+int fso_hf_config_write(FILE *f, const fso_model_config *mc, fso_hf_dtype dtype);
+
 /* ------------------------------------------------------------------ import */
 
 typedef struct fso_hf_folder fso_hf_folder;
@@ -101,9 +106,10 @@ int fso_hf_open(fso_hf_folder **out, const char *dir, const fso_model_config *mc
                 size_t errlen);
 void fso_hf_close(fso_hf_folder *h);
 
-/* Block b's tensors as fp32 into flat (the block's padded_elems; padding
- * zero), read straight from the files. 0 or a negative errno with err
- * (a short read names the file and offset). */
+/* Block b's tensors as fp32 into flat at their offsets (fso_model_layout's,
+ * the same for every world size), zeros between them; flat's padding after
+ * the last tensor is left as it is. Read straight from the files: 0 or a
+ * negative errno with err (a short read names the file and offset). */
 int fso_hf_read_block(fso_hf_folder *h, int block, float *flat, char *err, size_t errlen);
 
 #endif
