@@ -39,6 +39,9 @@ static void usage(FILE *f)
             "      --nvme DIR[,DIR]   keep parameters and optimizer state on NVMe in these\n"
             "                         folders, striped (= zero_optimization.offload_param and\n"
             "                         offload_optimizer with device \"nvme\")\n"
+            "      --init-from DIR    start from a Hugging Face Llama folder: config.json and\n"
+            "                         model.safetensors or shards with their index (same as\n"
+            "                         --set model.init_from=DIR)\n"
             "  -m, --metrics FILE     write one JSON object per step, then a summary object\n"
             "  -s, --set KEY=VALUE    override one configuration key, e.g.\n"
             "                         --set model.num_hidden_layers=8 --set optimizer.params.lr=1e-3\n"
@@ -117,7 +120,7 @@ int fso_cli_main(int argc, char **argv)
         {"metrics", required_argument, NULL, 'm'}, {"set", required_argument, NULL, 's'},
         {"help", no_argument, NULL, 'h'},          {"version", no_argument, NULL, 'V'},
         {"device-mem", required_argument, NULL, 'M'}, {"nvme", required_argument, NULL, 'N'},
-        {NULL, 0, NULL, 0},
+        {"init-from", required_argument, NULL, 'I'},  {NULL, 0, NULL, 0},
     };
     const char *config_path = NULL, *metrics_path = NULL, *devices = "auto";
     char **sets = calloc(2 * (size_t)argc + 1, sizeof *sets);
@@ -147,9 +150,11 @@ int fso_cli_main(int argc, char **argv)
         case 'c':
             config_path = optarg;
             break;
-        case 'd': {
+        case 'd':
+        case 'I': {
             char *lit = fso_json_quote(optarg);
-            if (!lit || asprintf(&sets[nsets++], "data.path=%s", lit) < 0) {
+            if (!lit || asprintf(&sets[nsets++], "%s=%s",
+                                 c == 'd' ? "data.path" : "model.init_from", lit) < 0) {
                 free(lit);
                 fprintf(stderr, "fsoff: error: out of memory\n");
                 goto out;

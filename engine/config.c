@@ -228,12 +228,22 @@ static int cfg_where(const struct fso_config_doc *doc, const keypath *p, char *b
     }
     const char *name = l->kind == LAYER_DEFAULTS ? CFG_DEFAULTS_NAME : l->name;
     const char *text = l->kind == LAYER_DEFAULTS ? fso_default_config_json : l->text;
-    int line, col;
-    if (d > 0 && fso_json_locate(text, p->k, d, &line, &col) == 0)
+    int line, col, skip = l->text_skip;
+    if (d > skip && fso_json_locate(text, p->k + skip, d - skip, &line, &col) == 0)
         snprintf(buf, size, "%s:%d:%d", name, line, col);
     else
         snprintf(buf, size, "%s", name);
     return li;
+}
+
+int fso_cfg_where(const struct fso_config_doc *doc, const keypath *p, char *buf, size_t size)
+{
+    return cfg_where(doc, p, buf, size);
+}
+
+int fso_cfg_doc_add_layer(struct fso_config_doc *doc, cfg_layer *l)
+{
+    return doc_add_layer(doc, l);
 }
 
 /* ---------------------------------------------------------------- messages */
@@ -451,23 +461,17 @@ void fso_config_defaults(fso_config *cfg)
     doc_destroy(doc);
 }
 
-static int read_text(fso_config *cfg, const char *path, char **text, size_t *len)
+int fso_cfg_read_file(const char *path, char **text, size_t *len)
 {
     FILE *f = fopen(path, "rb");
-    if (!f) {
-        int e = errno;
-        snprintf(cfg->err, sizeof cfg->err, "%s: cannot open config: %s; check the --config path", path, strerror(e));
-        return -e;
-    }
+    if (!f)
+        return -errno;
     size_t cap = 4096, n = 0;
     char *buf = malloc(cap);
     int rc = 0;
     while (buf) {
         if (n + 1 == cap) {
             if (cap >= CFG_MAX_FILE_BYTES) {
-                snprintf(cfg->err, sizeof cfg->err,
-                         "%s: config is larger than %zu MiB; is this the right file?", path,
-                         CFG_MAX_FILE_BYTES >> 20);
                 rc = -EFBIG;
                 break;
             }
@@ -483,20 +487,14 @@ static int read_text(fso_config *cfg, const char *path, char **text, size_t *len
         size_t got = fread(buf + n, 1, cap - 1 - n, f);
         n += got;
         if (got == 0) {
-            if (ferror(f)) {
-                int e = errno ? errno : EIO;
-                snprintf(cfg->err, sizeof cfg->err, "%s: cannot read config: %s", path,
-                         strerror(e));
-                rc = -e;
-            }
+            if (ferror(f))
+                rc = errno ? -errno : -EIO;
             break;
         }
     }
     fclose(f);
-    if (!buf) {
-        snprintf(cfg->err, sizeof cfg->err, "%s: out of memory reading config", path);
+    if (!buf)
         return -ENOMEM;
-    }
     if (rc < 0) {
         free(buf);
         return rc;
@@ -505,6 +503,22 @@ static int read_text(fso_config *cfg, const char *path, char **text, size_t *len
     *text = buf;
     *len = n;
     return 0;
+}
+
+static int read_text(fso_config *cfg, const char *path, char **text, size_t *len)
+{
+    int rc = fso_cfg_read_file(path, text, len);
+    if (rc == -EFBIG)
+        snprintf(cfg->err, sizeof cfg->err,
+                 "%s: config is larger than %zu MiB; is this the right file?", path,
+                 CFG_MAX_FILE_BYTES >> 20);
+    else if (rc == -ENOMEM)
+        snprintf(cfg->err, sizeof cfg->err, "%s: out of memory reading config", path);
+    else if (rc < 0)
+        snprintf(cfg->err, sizeof cfg->err, "%s: cannot %s config: %s%s", path,
+                 rc == -ENOENT || rc == -EACCES ? "open" : "read", strerror(-rc),
+                 rc == -ENOENT || rc == -EACCES ? "; check the --config path" : "");
+    return rc;
 }
 
 int fso_config_load_file(fso_config *cfg, const char *path)
@@ -723,7 +737,7 @@ int fso_config_finish(fso_config *cfg)
     int rc = fill_missing(doc->merged, doc->layers[0].root, true);
     if (rc < 0)
         snprintf(cfg->err, sizeof cfg->err, "out of memory validating the configuration");
-    else
+    else if ((rc = fso_cfg_hf_merge(cfg, doc)) == 0)
         rc = fso_cfg_apply(cfg, doc, true);
     if (rc == 0) {
         keypath root = {{0}, 0};
