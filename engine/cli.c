@@ -13,6 +13,7 @@
 #include "cuda_backend.h"
 #include "fso_build.h"
 #include "plan.h"
+#include "plot.h"
 #include "train.h"
 #include "util.h"
 
@@ -22,6 +23,7 @@ static void usage(FILE *f)
             "usage: fsoff [train] [options]\n"
             "       fsoff bench nvme|adam|h2d|allgather [options]   offload bandwidth benchmarks\n"
             "       fsoff plan [options]              memory per tier, placement, predicted step\n"
+            "       fsoff plot FILE -o FILE.png       draw a --metrics file or a bench --json result\n"
             "\n"
             "Train a Llama-family model. With no options, trains the default job: a\n"
             "0.8M-parameter model on a built-in corpus, on the CPU.\n"
@@ -163,10 +165,14 @@ int fso_cli_main(int argc, char **argv)
         status = fso_plan_main(argc - 1, argv + 1);
         goto out;
     }
+    if (argc > 1 && strcmp(argv[1], "plot") == 0) {
+        status = fso_plot_main(argc - 1, argv + 1);
+        goto out;
+    }
     if (argc > 1 && argv[1][0] != '-') {
         if (strcmp(argv[1], "train") != 0) {
             fprintf(stderr, "fsoff: error: unknown command '%s'; the commands are 'train' "
-                            "(the default), 'plan' and 'bench'; see fsoff --help\n", argv[1]);
+                            "(the default), 'plan', 'bench' and 'plot'; see fsoff --help\n", argv[1]);
             goto out;
         }
         argv[1] = argv[0];
