@@ -20,10 +20,10 @@ static const struct {
     const char *what;
 } benches[] = {
     {"nvme", fso_bench_nvme, "sequential read/write GB/s of the NVMe store over request sizes and queue depths"},
-    {"tune", fso_bench_tune, "the NVMe store's best request size, queue depth and rings here; the aio section to use"},
     {"adam", fso_bench_adam, "fused CPU AdamW elements/s and GB/s against measured memory bandwidth"},
     {"h2d", fso_bench_h2d, "host<->device GB/s on the GPUs, pinned and pageable, each direction and both"},
     {"allgather", fso_bench_allgather, "NCCL all-gather and reduce-scatter bus bandwidth across the GPUs"},
+    {"tune", fso_bench_tune, "the NVMe store's best request size, queue depth and rings; the aio section"},
 };
 
 static void bench_usage(FILE *f)
