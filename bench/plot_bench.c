@@ -260,11 +260,11 @@ static int plot_adam(const json_t *rec, fso_plot *p, char *err, size_t errlen)
     fso_plot_quote(p->f, "fsoff bench adam: fused AdamW (%s kernel, %s gradients), %.0f bytes "
                    "per element", str(rec, "kernel", "?"), str(rec, "grad", "?"), bpe);
     fprintf(p->f, "\nset xlabel 'threads'\nset ylabel 'elements/s (1e9)'\nset yrange [0:*]\n"
-                  "set xtics 1\nset offsets graph 0.05, graph 0.05, 0, 0\nset key top left\n"
+                  "set xtics 1\nset offsets graph 0.05, graph 0.05, graph 0.1, 0\nset key below\n"
                   "plot $adam using 1:2 with linespoints lw 2 pt 7 lc 1 title 'fused AdamW', "
                   "$adam using 1:3 with linespoints lw 2 dt 2 pt 6 lc 7 title "
                   "'memory roof: STREAM triad GB/s / bytes per element', "
-                  "$adam using 1:4 with linespoints lw 1 dt 3 pt 4 lc 3 title "
+                  "$adam using 1:4 with linespoints lw 2 dt 3 pt 4 lc 3 title "
                   "'roof of AdamW''s reads and writes (touch pass)'\n");
     return 0;
 }
