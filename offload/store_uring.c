@@ -14,10 +14,10 @@
  * request whose parts do not all fit waits in a FIFO and is issued as parts
  * come back. submit hands the batch over two SQEs per io_uring_enter: with
  * three or more the kernel plugs the batch and the block layer merges
- * neighbouring parts into one device request, so qd requests of 128 KiB
- * reach the drive as one of qd * 128 KiB; they then complete together and
- * are resubmitted together, and the drive sees one request at a time (fio
- * submits one per call and keeps qd in flight). A
+ * neighbouring parts into one device request (up to the device's limit), so
+ * 4 requests of 128 KiB reach the drive as one of 512 KiB; the merged ones
+ * complete together and are resubmitted together, and the drive sees one
+ * request at a time (fio submits one per call and keeps qd in flight). A
  * part that completes short or with -EAGAIN is reissued for the rest; a read
  * that hits end of file fails with -EIO. A request completes, whole, when all
  * of its parts have, with the first error of any. */
