@@ -231,15 +231,20 @@ double fso_tune_score(const fso_tune_point *p, fso_tune_rank k)
 
 
 /* One sample of every point, in order (backwards when reverse), reads or
- * writes first as asked; only the points marked in `only` when given. */
+ * writes first as asked; only the points marked in `only` when given, and
+ * those only until the budget (ms on the monotonic clock) is spent. */
 static int tn_pass(fso_tune_sweep *sw, tn_ring *ring, const bool *only, bool reverse,
-                   bool read_first)
+                   bool read_first, double deadline_ms)
 {
     for (int j = 0; j < sw->npts; j++) {
         int i = reverse ? sw->npts - 1 - j : j;
         fso_tune_point *p = &sw->pts[i];
         if (only && !only[i])
             continue;
+        if (only && deadline_ms > 0 && fso_now_ms() > deadline_ms) {
+            sw->over_budget = true;
+            return 0;
+        }
         for (int o = 0; o < 2; o++) {
             int w = read_first ? o : 1 - o;
             double g = tn_point_run(ring, p, w, sw->seconds);
@@ -271,6 +276,8 @@ int fso_tune_run(fso_tune_sweep *sw)
     tn_ring ring[FSO_TUNE_MAX_RINGS];
     size_t max_block = 0;
     int status = 0;
+    const double deadline = sw->budget_s > 0 ? fso_now_ms() + sw->budget_s * 1e3 : 0;
+    sw->over_budget = false;
     memset(ring, 0, sizeof ring);
     sw->direct = sw->registered = true;
     for (int b = 0; b < sw->nblocks; b++)
@@ -300,13 +307,13 @@ int fso_tune_run(fso_tune_sweep *sw)
     if (status == 0)
         status = tn_open(sw, ring, sw->max_rings);
     if (status == 0) /* every point, writes first */
-        status = tn_pass(sw, ring, NULL, false, false);
+        status = tn_pass(sw, ring, NULL, false, false, 0);
     if (status == 0) {
         tn_contenders(sw, contender);
-        status = tn_pass(sw, ring, contender, true, true);
+        status = tn_pass(sw, ring, contender, true, true, deadline);
     }
     if (status == 0)
-        status = tn_pass(sw, ring, contender, false, true);
+        status = tn_pass(sw, ring, contender, false, true, deadline);
     free(contender);
     tn_close(ring, sw->max_rings);
     for (int i = 0; i < sw->max_rings; i++)

@@ -19,7 +19,8 @@
  * The passes. The first visits every point. Shared disks stall and burst,
  * so the contenders (points within FSO_TUNE_CONTEND of their ring count's
  * best read, write or read-plus-write rate) are measured twice more, in
- * other orders; every rate reported is the median of a point's samples.
+ * other orders, as long as the time budget lasts; every rate reported is
+ * the median of a point's samples.
  */
 #ifndef FSO_TUNE_SWEEP_H
 #define FSO_TUNE_SWEEP_H
@@ -57,11 +58,13 @@ typedef struct fso_tune_sweep {
     int max_rings;
     uint64_t region_bytes;      /* per ring and size; >= block x qd of every point */
     double seconds;             /* per point */
+    double budget_s;            /* no more contender samples after this long; 0: none */
     fso_tune_point *pts;        /* the points to measure (bi, block, qd, rings set) */
     int npts;
     /* out */
     bool direct;                /* O_DIRECT held on every store */
     bool registered;            /* registered buffers on every store */
+    bool over_budget;           /* some contenders have fewer samples */
 } fso_tune_sweep;
 
 /* Measures every point (samples into pts). 0, or 1 with one error line
