@@ -3,12 +3,12 @@
 Run from the repo root with Debian's python3-torch:
 
     /usr/bin/python3 bench/adam_vs_torch.py [--elems 32M] [--threads 1,2] [--tensors 4]
-        [--reps 5] [--isa auto] [--json]
+        [--reps 5] [--isa auto] [--json FILE]
 
 For each thread count, torch.optim.AdamW(foreach=True) steps fp32 parameters (the elements
 split over --tensors equal tensors, fp32 gradients, weight decay) under
 torch.set_num_threads(T); the first step is a warm-up and the best of --reps steps is kept.
-Then `$FSOFF bench adam --json --grad fp32 --elems N --threads LIST` (FSOFF defaults to
+Then `$FSOFF bench adam --json - --grad fp32 --elems N --threads LIST` (FSOFF defaults to
 build/fsoff) times fsoff's fused pass, which also writes the bf16 copy of the parameters that
 torch does not, with the same best-of rule. Printed: elements/s of both, the ratio
 fsoff/torch, and fsoff's fraction of the STREAM triad bandwidth it measured in the same run.
@@ -53,7 +53,7 @@ def bench_torch(elems, threads, tensors, reps):
 
 
 def bench_fsoff(fsoff, elems, threads, reps, isa):
-    cmd = [fsoff, "bench", "adam", "--json", "--grad", "fp32", "--elems", str(elems),
+    cmd = [fsoff, "bench", "adam", "--json", "-", "--grad", "fp32", "--elems", str(elems),
            "--threads", ",".join(str(t) for t in threads), "--reps", str(reps), "--isa", isa]
     out = subprocess.run(cmd, check=False, capture_output=True, text=True)
     if out.returncode != 0 and not out.stdout.strip():
@@ -71,7 +71,8 @@ def main():
     ap.add_argument("--tensors", type=int, default=4, help="torch tensors the elements span")
     ap.add_argument("--reps", type=int, default=5, help="timed steps; the best is kept")
     ap.add_argument("--isa", default="auto", help="fsoff kernel: auto, scalar, avx2, avx512")
-    ap.add_argument("--json", action="store_true", help="one JSON object instead of the table")
+    ap.add_argument("--json", metavar="FILE",
+                    help='also write the results as one JSON object ("-": to stdout instead of the table)')
     args = ap.parse_args()
     elems = parse_count(args.elems)
     threads = [int(t) for t in args.threads.split(",")]
@@ -89,10 +90,14 @@ def main():
                          ratio=r["elems_per_s"] / torch_eps[t], fsoff_gbps=r["gbps"],
                          stream_gbps=r["stream_gbps"], fraction=r["fraction"],
                          of_touch=r.get("of_touch")))
-    if args.json:
-        print(json.dumps(dict(torch=torch.__version__, kernel=fs["kernel"], command=cmd,
-                              results=rows)))
+    rec = dict(bench="adam_vs_torch", torch=torch.__version__, kernel=fs["kernel"], command=cmd,
+               results=rows)
+    if args.json == "-":
+        print(json.dumps(rec))
         return
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rec, f, indent=1)
     print(f"# adam_vs_torch: {elems} elements, fp32 gradients, weight decay; best of {args.reps}")
     print(f"# torch {torch.__version__}: AdamW(foreach=True) over {args.tensors} tensors, "
           f"torch.set_num_threads(T)")

@@ -1,18 +1,29 @@
-/* bench.c — `fsoff bench WHAT` dispatch. */
+/* bench.c — `fsoff bench WHAT` dispatch and the output options every
+ * benchmark shares (bench.h). */
 #include "bench.h"
 
+#include <errno.h>
+#include <jansson.h>
+#include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+
+#include "plot.h"
+#include "store.h"
+#include "util.h"
 
 static const struct {
     const char *name;
     int (*run)(int argc, char **argv);
     const char *what;
 } benches[] = {
-    {"nvme", fso_bench_nvme, "sequential read/write GB/s of the NVMe store over block sizes and queue depths"},
+    {"nvme", fso_bench_nvme, "sequential read/write GB/s of the NVMe store over request sizes and queue depths"},
     {"adam", fso_bench_adam, "fused CPU AdamW elements/s and GB/s against measured memory bandwidth"},
     {"h2d", fso_bench_h2d, "host<->device GB/s on the GPUs, pinned and pageable, each direction and both"},
     {"allgather", fso_bench_allgather, "NCCL all-gather and reduce-scatter bus bandwidth across the GPUs"},
+    {"tune", fso_bench_tune, "the NVMe store's best request size, queue depth and rings; the aio section"},
 };
 
 static void bench_usage(FILE *f)
@@ -20,6 +31,9 @@ static void bench_usage(FILE *f)
     fprintf(f, "usage: fsoff bench WHAT [options]   (fsoff bench WHAT --help for its options)\n\n");
     for (size_t i = 0; i < sizeof benches / sizeof benches[0]; i++)
         fprintf(f, "  %-9s %s\n", benches[i].name, benches[i].what);
+    fprintf(f, "\nEvery benchmark prints a table and takes --json FILE (one JSON object;\n"
+               "\"-\" for stdout instead of the table) and --plot FILE.png (a chart, drawn by\n"
+               "gnuplot).\n");
 }
 
 int fso_bench_main(int argc, char **argv)
@@ -36,4 +50,95 @@ int fso_bench_main(int argc, char **argv)
         fprintf(stderr, " %s", benches[i].name);
     fprintf(stderr, "\n");
     return 2;
+}
+
+int fso_bench_output(const char *me, json_t *rec, const char *json_path, const char *plot_path)
+{
+    int status = 0;
+    if (!rec) {
+        fprintf(stderr, "fsoff: error: bench %s: out of memory for the results\n", me);
+        return 1;
+    }
+    if (json_path) {
+        bool out = !fso_bench_table(json_path);
+        FILE *f = out ? stdout : fopen(json_path, "w");
+        bool bad = !f;
+        if (f) {
+            bad = json_dumpf(rec, f, JSON_INDENT(1) | JSON_REAL_PRECISION(6)) != 0 ||
+                  fputc('\n', f) == EOF;
+            bad = (out ? fflush(f) : fclose(f)) != 0 || bad;
+        }
+        if (bad) {
+            fprintf(stderr, "fsoff: error: bench %s: --json %s: %s\n", me, json_path,
+                    strerror(errno ? errno : EIO));
+            status = 1;
+        }
+    }
+    if (plot_path) {
+        char err[4200];
+        if (fso_plot_bench(rec, plot_path, 0, 0, err, sizeof err) < 0) {
+            fprintf(stderr, "fsoff: error: bench %s: --plot: %s\n", me, err);
+            status = 1;
+        } else if (fso_bench_table(json_path)) {
+            printf("# chart: %s\n", plot_path);
+        }
+    }
+    json_decref(rec);
+    return status;
+}
+
+int fso_bench_bad(const char *me, const char *fmt, ...)
+{
+    va_list ap;
+    fprintf(stderr, "fsoff: error: bench %s: ", me);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "; see fsoff bench %s --help\n", me);
+    return 2;
+}
+
+int fso_bench_dirs(const char *me, const char *arg, char *buf, size_t buflen, const char **dirs)
+{
+    if (strlen(arg) >= buflen) {
+        fso_bench_bad(me, "--nvme %s: too long", arg);
+        return -2;
+    }
+    snprintf(buf, buflen, "%s", arg);
+    int n = fso_split_list(buf, ',', dirs, FSO_STORE_MAX_DIRS);
+    if (n < 0) {
+        fso_bench_bad(me, "--nvme %s: more than %d folders", arg, FSO_STORE_MAX_DIRS);
+        return -2;
+    }
+    if (n == 0) {
+        fso_bench_bad(me, "--nvme '%s': no folder given", arg);
+        return -2;
+    }
+    for (int i = 0; i < n; i++) {
+        struct stat st;
+        if (stat(dirs[i], &st) != 0 || !S_ISDIR(st.st_mode)) {
+            fso_bench_bad(me, "--nvme: %s: no such folder; create it or fix --nvme", dirs[i]);
+            return -2;
+        }
+    }
+    return n;
+}
+
+int fso_bench_list(const char *s, bool bytes, uint64_t lo, uint64_t hi, uint64_t *out, int max)
+{
+    char buf[256];
+    int n = 0;
+    if (strlen(s) >= sizeof buf)
+        return -1;
+    snprintf(buf, sizeof buf, "%s", s);
+    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        uint64_t v = 0;
+        char *end = NULL;
+        if (bytes ? fso_parse_size(t, &v) < 0 : ((v = strtoull(t, &end, 10)), *end != '\0'))
+            return -1;
+        if (v < lo || v > hi || (bytes && v % 4096) || n == max)
+            return -1;
+        out[n++] = v;
+    }
+    return n > 0 ? n : -1;
 }

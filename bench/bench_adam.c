@@ -20,6 +20,7 @@
  */
 #include <errno.h>
 #include <getopt.h>
+#include <jansson.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -51,7 +52,7 @@ typedef struct adam_opts {
     bool out;
     int reps;
     int node;
-    bool json;
+    const char *json, *plot;
 } adam_opts;
 
 typedef struct adam_arrays {
@@ -73,7 +74,7 @@ static void adam_usage(FILE *f)
     fprintf(f,
             "usage: fsoff bench adam [--elems N] [--threads LIST] [--isa auto|scalar|avx2|avx512]\n"
             "                        [--grad bf16|fp32] [--out bf16|none] [--reps R] [--node N]\n"
-            "                        [--json] [--help]\n\n"
+            "                        [--json FILE] [--plot FILE.png] [--help]\n\n"
             "Times one fused AdamW pass (gradient in, fp32 master, m and v updated, bf16\n"
             "parameter out) over N elements, and a STREAM triad with the same threads.\n\n"
             "  --elems N        elements (suffix k, M, G: powers of 2; default 32M)\n"
@@ -83,7 +84,9 @@ static void adam_usage(FILE *f)
             "  --out TYPE       bf16 parameter output or none (default bf16)\n"
             "  --reps R         timed rounds; the best of each kernel is reported (default %d)\n"
             "  --node N         bind threads to NUMA node N (hwloc); -1: no binding (default 0)\n"
-            "  --json           one JSON object instead of the table\n",
+            "  --json FILE      also write the results as one JSON object (\"-\": to stdout\n"
+            "                   instead of the table)\n"
+            "  --plot FILE.png  draw elements/s against threads, with the memory roof\n",
             DEFAULT_REPS);
 }
 
@@ -121,8 +124,9 @@ static int parse_opts(int argc, char **argv, adam_opts *o)
         {"elems", required_argument, NULL, 'n'}, {"threads", required_argument, NULL, 't'},
         {"isa", required_argument, NULL, 'i'},   {"grad", required_argument, NULL, 'g'},
         {"out", required_argument, NULL, 'o'},   {"reps", required_argument, NULL, 'r'},
-        {"node", required_argument, NULL, 'N'},  {"json", no_argument, NULL, 'j'},
-        {"help", no_argument, NULL, 'h'},        {NULL, 0, NULL, 0},
+        {"node", required_argument, NULL, 'N'},  {"json", required_argument, NULL, 'j'},
+        {"plot", required_argument, NULL, 'p'},  {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
     };
     *o = (adam_opts){.elems = DEFAULT_ELEMS, .isa = FSO_ISA_AUTO, .grad = FSO_DT_BF16,
                      .out = true, .reps = DEFAULT_REPS, .node = 0};
@@ -197,7 +201,10 @@ static int parse_opts(int argc, char **argv, adam_opts *o)
             }
             break;
         case 'j':
-            o->json = true;
+            o->json = optarg;
+            break;
+        case 'p':
+            o->plot = optarg;
             break;
         case 'h':
             adam_usage(stdout);
@@ -532,7 +539,8 @@ int fso_bench_adam(int argc, char **argv)
 
     const char *gname = o.grad == FSO_DT_F32 ? "fp32" : "bf16";
     size_t sampled = SAMPLE_WINDOWS * (o.elems < SAMPLE_ELEMS ? o.elems : SAMPLE_ELEMS);
-    if (!o.json) {
+    const bool table = fso_bench_table(o.json);
+    if (table) {
         printf("# fsoff bench adam: fused AdamW, kernel %s, grad %s, out %s, %zu elements, "
                "best of %d\n", k->name, gname, o.out ? "bf16" : "none", o.elems, o.reps);
         printf("# bytes/elem %d = grad %d + master 4+4 + m 4+4 + v 4+4%s (read + written, no "
@@ -566,7 +574,7 @@ int fso_bench_adam(int argc, char **argv)
             break;
         done++;
         wrong += r->wrong;
-        if (!o.json) {
+        if (table) {
             printf("  %7d %12zu %9.2f %9.3f %8.2f %8.2f %8.3f %8.2f %8.3f %6d %6ld\n", r->threads,
                    o.elems, r->ms, r->elems_per_s / 1e9, r->gbps, r->stream_gbps, r->fraction,
                    r->touch_gbps, r->of_touch, r->bound, r->wrong);
@@ -574,21 +582,7 @@ int fso_bench_adam(int argc, char **argv)
         }
     }
     bool ok = done == o.n_threads && wrong == 0;
-    if (o.json) {
-        printf("{\"bench\": \"adam\", \"kernel\": \"%s\", \"grad\": \"%s\", \"out\": \"%s\", "
-               "\"bytes_per_elem\": %d, \"reps\": %d, \"node\": %d, \"ok\": %s, \"results\": [",
-               k->name, gname, o.out ? "bf16" : "none", bytes, o.reps, o.node,
-               ok ? "true" : "false");
-        for (int t = 0; t < done; t++) {
-            const adam_row *r = &rows[t];
-            printf("%s{\"threads\": %d, \"elems\": %zu, \"elems_per_s\": %.6g, \"gbps\": %.6g, "
-                   "\"stream_gbps\": %.6g, \"fraction\": %.4f, \"touch_gbps\": %.6g, "
-                   "\"of_touch\": %.4f, \"ms\": %.4f, \"bound\": %d, \"wrong\": %ld}",
-                   t ? ", " : "", r->threads, o.elems, r->elems_per_s, r->gbps, r->stream_gbps,
-                   r->fraction, r->touch_gbps, r->of_touch, r->ms, r->bound, r->wrong);
-        }
-        printf("]}\n");
-    } else {
+    if (table) {
         double avg = 0.0, avg_touch = 0.0;
         for (int t = 0; t < done; t++)
             avg += rows[t].fraction, avg_touch += rows[t].of_touch;
@@ -597,10 +591,30 @@ int fso_bench_adam(int argc, char **argv)
         printf("# Correctness: %s (%ld wrong of %zu sampled per row, bit for bit against scalar)\n",
                ok ? "OK" : "FAILED", wrong, sampled);
     }
+    int out = 0;
+    if (o.json || o.plot) {
+        json_t *res = json_array();
+        for (int t = 0; t < done; t++) {
+            const adam_row *r = &rows[t];
+            json_array_append_new(res, json_pack("{s:i, s:I, s:f, s:f, s:f, s:f, s:f, s:f, s:f, "
+                                                 "s:i, s:I}", "threads", r->threads, "elems",
+                                                 (json_int_t)o.elems, "elems_per_s",
+                                                 r->elems_per_s, "gbps", r->gbps, "stream_gbps",
+                                                 r->stream_gbps, "fraction", r->fraction,
+                                                 "touch_gbps", r->touch_gbps, "of_touch",
+                                                 r->of_touch, "ms", r->ms, "bound", r->bound,
+                                                 "wrong", (json_int_t)r->wrong));
+        }
+        json_t *rec = json_pack("{s:s, s:s, s:s, s:s, s:i, s:i, s:i, s:b, s:o}", "bench", "adam",
+                                "kernel", k->name, "grad", gname, "out", o.out ? "bf16" : "none",
+                                "bytes_per_elem", bytes, "reps", o.reps, "node", o.node, "ok", ok,
+                                "results", res);
+        out = fso_bench_output("adam", rec, o.json, o.plot);
+    }
     if (done < o.n_threads)
         fprintf(stderr, "fsoff: error: bench adam: %s\n", note);
     free(smp);
     free(rows);
     arrays_free(&a);
-    return ok ? 0 : 1;
+    return ok ? out : 1;
 }

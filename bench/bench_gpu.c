@@ -1,10 +1,10 @@
 /* bench_gpu.c — `fsoff bench h2d` and `fsoff bench allgather`: what the
  * offload tiers can move on this box's GPUs.
  *
- *   fsoff bench h2d [--bytes SIZE] [--seconds S] [--json FILE]
+ *   fsoff bench h2d [--bytes SIZE] [--seconds S] [--json FILE] [--plot FILE.png]
  *       host<->device GB/s from pinned and from pageable memory, each
  *       direction and both at once, on device 0 and on all devices at once
- *   fsoff bench allgather [--seconds S] [--json FILE]
+ *   fsoff bench allgather [--seconds S] [--json FILE] [--plot FILE.png]
  *       NCCL all-gather and reduce-scatter bus bandwidth across all GPUs,
  *       1 MiB to 512 MiB, each result checked
  *
@@ -17,6 +17,8 @@
  * Collectives go through fso_coll_create_nccl and the CUDA backend, one host
  * thread per GPU, as in training; bus bandwidth is nccl-tests' definition:
  * algbw = bytes / time with bytes the larger buffer, busbw = algbw (n-1)/n.
+ * --json and --plot as every benchmark (bench.h); plot_bench.c draws the
+ * JSON these write.
  * Exit status: 0 measured, 1 failed, 2 bad arguments, 77 no CUDA device (or
  * a build without CUDA). bench/gpu_check.sh runs both.
  */
@@ -25,6 +27,7 @@
 
 #include <errno.h>
 #include <getopt.h>
+#include <jansson.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -46,21 +49,26 @@ static void usage(FILE *f, bool h2d)
 {
     if (h2d)
         fprintf(f, "usage: fsoff bench h2d [--bytes SIZE] [--seconds S] [--json FILE]\n"
+                   "                       [--plot FILE.png]\n"
                    "  host<->device GB/s, pinned and pageable, each direction and both\n"
                    "  --bytes SIZE   bytes per copy (default 256M)\n");
     else
-        fprintf(f, "usage: fsoff bench allgather [--seconds S] [--json FILE]\n"
+        fprintf(f, "usage: fsoff bench allgather [--seconds S] [--json FILE] [--plot FILE.png]\n"
                    "  NCCL all-gather and reduce-scatter bus bandwidth across all GPUs\n");
-    fprintf(f, "  --seconds S    time per measurement (default 0.4)\n"
-               "  --json FILE    also write the results as one JSON object\n");
+    fprintf(f, "  --seconds S      time per measurement (default 0.4)\n"
+               "  --json FILE      also write the results as one JSON object (\"-\": to stdout\n"
+               "                   instead of the table)\n"
+               "  --plot FILE.png  draw %s\n", h2d ? "GB/s per direction, pinned and pageable"
+                                                    : "bus bandwidth against size");
 }
 
 static int parse_args(int argc, char **argv, bool h2d, size_t *bytes, double *seconds,
-                      const char **json)
+                      const char **json, const char **plot)
 {
     static const struct option opts[] = {{"bytes", required_argument, NULL, 'b'},
                                          {"seconds", required_argument, NULL, 's'},
                                          {"json", required_argument, NULL, 'j'},
+                                         {"plot", required_argument, NULL, 'p'},
                                          {"help", no_argument, NULL, 'h'},
                                          {NULL, 0, NULL, 0}};
     const char *me = h2d ? "h2d" : "allgather";
@@ -90,6 +98,9 @@ static int parse_args(int argc, char **argv, bool h2d, size_t *bytes, double *se
             break;
         case 'j':
             *json = optarg;
+            break;
+        case 'p':
+            *plot = optarg;
             break;
         case 'h':
             usage(stdout, h2d);
@@ -279,20 +290,10 @@ static int run_collectives(struct coll_shared *sh, int ndev, double seconds, cha
 
 /* ---------------------------------------------------------------- output */
 
-/* s as a JSON string literal (util.h). */
-static void json_str(FILE *f, const char *s)
+/* A rate, or null where it was not measured (negative). */
+static json_t *rate_json(double v)
 {
-    char *q = fso_json_quote(s);
-    fputs(q ? q : "null", f);
-    free(q);
-}
-
-static void json_num(FILE *f, double v)
-{
-    if (v < 0)
-        fprintf(f, "null");
-    else
-        fprintf(f, "%.4g", v);
+    return v < 0 ? json_null() : json_real(v);
 }
 
 /* Device 0's name and the device count, or 77 (no device) / 1. */
@@ -313,29 +314,12 @@ static int gpus_here(const char *me, fso_gpu_info *gi, int *ndev)
     return 0;
 }
 
-static FILE *json_open(const char *me, const char *path)
-{
-    FILE *f = fopen(path, "w");
-    if (!f)
-        fprintf(stderr, "fsoff: error: bench %s: --json %s: %s\n", me, path, strerror(errno));
-    return f;
-}
-
-static int json_close(const char *me, const char *path, FILE *f)
-{
-    if (fclose(f) != 0) {
-        fprintf(stderr, "fsoff: error: bench %s: --json %s: %s\n", me, path, strerror(errno));
-        return 1;
-    }
-    return 0;
-}
-
 int fso_bench_h2d(int argc, char **argv)
 {
     size_t bytes = (size_t)256 << 20;
     double seconds = 0.4;
-    const char *json = NULL;
-    int rc = parse_args(argc, argv, true, &bytes, &seconds, &json);
+    const char *json = NULL, *plot = NULL;
+    int rc = parse_args(argc, argv, true, &bytes, &seconds, &json, &plot);
     if (rc >= 0)
         return rc;
     fso_gpu_info gi;
@@ -352,53 +336,46 @@ int fso_bench_h2d(int argc, char **argv)
     fso_cuda_copy_report rep;
     memset(&rep, 0, sizeof rep);
     api->copy_rates(&rep, ndev, bytes, seconds);
-    printf("# host<->device copies: device 0 (%s, %s), %zu MiB per copy\n", gi.name,
-           gi.pci_bus_id, bytes >> 20);
-    printf("# %-10s %-6s %10s\n", "memory", "dir", "GB/s");
-    for (int p = 0; p < 2; p++)
+    if (fso_bench_table(json)) {
+        printf("# host<->device copies: device 0 (%s, %s), %zu MiB per copy\n", gi.name,
+               gi.pci_bus_id, bytes >> 20);
+        printf("# %-10s %-6s %10s\n", "memory", "dir", "GB/s");
+        for (int p = 0; p < 2; p++)
+            for (int d = 0; d < N_DIRS; d++)
+                if (rep.gbps[p][d] >= 0)
+                    printf("  %-10s %-6s %10.2f\n", p ? "pageable" : "pinned", dir_names[d],
+                           rep.gbps[p][d]);
+        if (rep.pin_note[0])
+            printf("# pinned: not measured: %s\n", rep.pin_note);
         for (int d = 0; d < N_DIRS; d++)
-            if (rep.gbps[p][d] >= 0)
-                printf("  %-10s %-6s %10.2f\n", p ? "pageable" : "pinned", dir_names[d],
-                       rep.gbps[p][d]);
-    if (rep.pin_note[0])
-        printf("# pinned: not measured: %s\n", rep.pin_note);
-    for (int d = 0; d < N_DIRS; d++)
-        if (rep.all_gbps[d] >= 0)
-            printf("  %-10s %-6s %10.2f   (all %d devices at once, total)\n", "pinned",
-                   dir_names[d], rep.all_gbps[d], ndev);
-    if (!json)
+            if (rep.all_gbps[d] >= 0)
+                printf("  %-10s %-6s %10.2f   (all %d devices at once, total)\n", "pinned",
+                       dir_names[d], rep.all_gbps[d], ndev);
+    }
+    if (!json && !plot)
         return 0;
-    FILE *f = json_open("h2d", json);
-    if (!f)
-        return 1;
-    fprintf(f, "{\"device\": ");
-    json_str(f, gi.name);
-    fprintf(f, ", \"devices\": %d, \"copy_bytes\": %zu, \"copies_gbps\": {", ndev, bytes);
+    json_t *copies = json_object(), *all = json_object();
     for (int p = 0; p < 2; p++) {
-        fprintf(f, "%s\"%s\": {", p ? ", " : "", p ? "pageable" : "pinned");
-        for (int d = 0; d < N_DIRS; d++) {
-            fprintf(f, "%s\"%s\": ", d ? ", " : "", dir_names[d]);
-            json_num(f, rep.gbps[p][d]);
-        }
-        fprintf(f, "}");
+        json_t *o = json_object();
+        for (int d = 0; d < N_DIRS; d++)
+            json_object_set_new(o, dir_names[d], rate_json(rep.gbps[p][d]));
+        json_object_set_new(copies, p ? "pageable" : "pinned", o);
     }
-    fprintf(f, ", \"pinned_all_devices\": {");
-    for (int d = 0; d < N_DIRS; d++) {
-        fprintf(f, "%s\"%s\": ", d ? ", " : "", dir_names[d]);
-        json_num(f, rep.all_gbps[d]);
-    }
-    fprintf(f, "}}, \"pinned_note\": ");
-    json_str(f, rep.pin_note);
-    fprintf(f, "}\n");
-    return json_close("h2d", json, f);
+    for (int d = 0; d < N_DIRS; d++)
+        json_object_set_new(all, dir_names[d], rate_json(rep.all_gbps[d]));
+    json_t *rec = json_pack("{s:s, s:s, s:i, s:I, s:o, s:o, s:s}", "bench", "h2d", "device",
+                            gi.name, "devices", ndev, "copy_bytes", (json_int_t)bytes,
+                            "copies_gbps", copies, "pinned_all_devices", all, "pinned_note",
+                            rep.pin_note);
+    return fso_bench_output("h2d", rec, json, plot);
 }
 
 int fso_bench_allgather(int argc, char **argv)
 {
     size_t bytes = 0;
     double seconds = 0.4;
-    const char *json = NULL;
-    int rc = parse_args(argc, argv, false, &bytes, &seconds, &json);
+    const char *json = NULL, *plot = NULL;
+    int rc = parse_args(argc, argv, false, &bytes, &seconds, &json, &plot);
     if (rc >= 0)
         return rc;
     fso_gpu_info gi;
@@ -419,13 +396,17 @@ int fso_bench_allgather(int argc, char **argv)
             snprintf(coll_note, sizeof coll_note, "failed: %s", err);
     }
     static const char *const op_names[2] = {"all_gather", "reduce_scatter"};
+    const bool table = fso_bench_table(json);
     if (coll_rc == 0) {
         const double bus = (double)(ndev - 1) / ndev;
-        printf("# collectives: %d ranks over NCCL, fp32; size = the larger buffer per rank\n",
-               ndev);
-        printf("# %12s %-15s %10s %10s %10s %8s\n", "size", "op", "time", "algbw", "busbw",
-               "#wrong");
-        printf("# %12s %-15s %10s %10s %10s %8s\n", "(B)", "", "(us)", "(GB/s)", "(GB/s)", "");
+        if (table) {
+            printf("# collectives: %d ranks over NCCL, fp32; size = the larger buffer per rank\n",
+                   ndev);
+            printf("# %12s %-15s %10s %10s %10s %8s\n", "size", "op", "time", "algbw", "busbw",
+                   "#wrong");
+            printf("# %12s %-15s %10s %10s %10s %8s\n", "(B)", "", "(us)", "(GB/s)", "(GB/s)",
+                   "");
+        }
         double sum = 0;
         int n = 0;
         size_t wrong = 0;
@@ -434,51 +415,45 @@ int fso_bench_allgather(int argc, char **argv)
                 if (coll_sizes[si] > sh->max_bytes)
                     continue;
                 double t = sh->time_ms[op][si] / 1e3, alg = coll_sizes[si] / t / 1e9;
-                printf("  %12zu %-15s %10.1f %10.2f %10.2f %8zu\n", coll_sizes[si],
-                       op_names[op], t * 1e6, alg, alg * bus, sh->errors[op][si]);
+                if (table)
+                    printf("  %12zu %-15s %10.1f %10.2f %10.2f %8zu\n", coll_sizes[si],
+                           op_names[op], t * 1e6, alg, alg * bus, sh->errors[op][si]);
                 sum += alg * bus;
                 wrong += sh->errors[op][si];
                 n++;
             }
-        printf("# average bus bandwidth: %.2f GB/s  %s\n", n ? sum / n : 0.0,
-               wrong ? "FAILED" : "OK");
+        if (table)
+            printf("# average bus bandwidth: %.2f GB/s  %s\n", n ? sum / n : 0.0,
+                   wrong ? "FAILED" : "OK");
         coll_wrong = wrong != 0;
-    } else {
+    } else if (table) {
         printf("# collectives: %s\n", coll_note);
     }
     int out = coll_wrong || (coll_rc < 0 && ndev > 1) ? 1 : 0;
-    if (json) {
-        FILE *f = json_open("allgather", json);
-        if (!f) {
-            free(sh);
-            return 1;
-        }
-        fprintf(f, "{\"device\": ");
-        json_str(f, gi.name);
-        fprintf(f, ", \"devices\": %d, \"collectives\": ", ndev);
+    if (json || plot) {
+        json_t *coll;
         if (coll_rc == 0) {
-            fprintf(f, "{\"ranks\": %d", ndev);
+            coll = json_pack("{s:i}", "ranks", ndev);
             for (int op = 0; op < 2; op++) {
-                fprintf(f, ", \"%s\": [", op_names[op]);
-                int first = 1;
+                json_t *arr = json_array();
                 for (int si = 0; si < N_SIZES; si++) {
                     if (coll_sizes[si] > sh->max_bytes)
                         continue;
                     double t = sh->time_ms[op][si] / 1e3, alg = coll_sizes[si] / t / 1e9;
-                    fprintf(f, "%s{\"bytes\": %zu, \"time_us\": %.4g, \"algbw_gbps\": %.4g, "
-                               "\"busbw_gbps\": %.4g, \"wrong\": %zu}",
-                            first ? "" : ", ", coll_sizes[si], t * 1e6, alg,
-                            alg * (ndev - 1) / ndev, sh->errors[op][si]);
-                    first = 0;
+                    json_array_append_new(arr, json_pack("{s:I, s:f, s:f, s:f, s:I}", "bytes",
+                                                         (json_int_t)coll_sizes[si], "time_us",
+                                                         t * 1e6, "algbw_gbps", alg,
+                                                         "busbw_gbps", alg * (ndev - 1) / ndev,
+                                                         "wrong", (json_int_t)sh->errors[op][si]));
                 }
-                fprintf(f, "]");
+                json_object_set_new(coll, op_names[op], arr);
             }
-            fprintf(f, "}");
         } else {
-            json_str(f, coll_note);
+            coll = json_string(coll_note);
         }
-        fprintf(f, "}\n");
-        if (json_close("allgather", json, f))
+        json_t *rec = json_pack("{s:s, s:s, s:i, s:o}", "bench", "allgather", "device", gi.name,
+                                "devices", ndev, "collectives", coll);
+        if (fso_bench_output("allgather", rec, json, plot))
             out = 1;
     }
     free(sh);
@@ -499,8 +474,8 @@ int fso_bench_h2d(int argc, char **argv)
 {
     size_t bytes = 0;
     double seconds = 0;
-    const char *json = NULL;
-    int rc = parse_args(argc, argv, true, &bytes, &seconds, &json);
+    const char *json = NULL, *plot = NULL;
+    int rc = parse_args(argc, argv, true, &bytes, &seconds, &json, &plot);
     return rc >= 0 ? rc : no_cuda("h2d");
 }
 
@@ -508,8 +483,8 @@ int fso_bench_allgather(int argc, char **argv)
 {
     size_t bytes = 0;
     double seconds = 0;
-    const char *json = NULL;
-    int rc = parse_args(argc, argv, false, &bytes, &seconds, &json);
+    const char *json = NULL, *plot = NULL;
+    int rc = parse_args(argc, argv, false, &bytes, &seconds, &json, &plot);
     return rc >= 0 ? rc : no_cuda("allgather");
 }
 

@@ -3,11 +3,17 @@
  *
  * For each block size a store of --size bytes is created over the folders
  * (O_DIRECT, stripe unit = block size) with one registered buffer area of
- * max(qd) blocks. For each queue depth the whole store is written, keeping
- * qd requests of one block in flight, then read back the same way. Every
+ * max(qd) blocks. The store is first written whole, untimed: a new file's
+ * extents are "unwritten" to the filesystem, and a first write into them
+ * also converts them, which a training step's writes (into state written at
+ * start) never pay. Then, for each queue depth, the whole store is written,
+ * keeping qd requests of one block in flight, and read back the same way. Every
  * 4 KiB page written carries its address and a hash of it (mixed with a
  * per-run seed); the read pass checks both, so the "correct" column catches
- * misplaced, stale, zero or torn pages. GB are 1e9 bytes, like fio. */
+ * misplaced, stale, zero or torn pages. GB are 1e9 bytes, like fio.
+ * --json and --plot as every benchmark (bench.h): the object has "results":
+ * [{"op", "block_bytes", "queue_depth", "gbps", ...}], which
+ * bench/nvme_vs_fio.sh and `fsoff plot` read. */
 #include "bench.h"
 #include "store.h"
 #include "util.h"
@@ -15,6 +21,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,7 +41,7 @@ typedef struct nv_args {
     int nblocks;
     int qds[NV_MAX_LIST];
     int nqds;
-    bool json;
+    const char *json, *plot;
     char dirbuf[4096];
 } nv_args;
 
@@ -60,25 +67,11 @@ static void nv_usage(FILE *f)
             "  --size BYTES           bytes written and read per point (default 256M; K/M/G/T)\n"
             "  --block-sizes LIST     request sizes, also the stripe unit (default 128K,1M,4M)\n"
             "  --queue-depths LIST    requests in flight (default 1,4,16,32)\n"
-            "  --json                 one JSON object instead of the table\n"
+            "  --json FILE            also write the results as one JSON object (\"-\": to\n"
+            "                         stdout instead of the table)\n"
+            "  --plot FILE.png        draw GB/s against request size, a line per queue depth\n"
             "  -h, --help             this help\n");
 }
-
-static int nv_bad(const char *fmt, const char *arg)
-{
-    fprintf(stderr, "fsoff: error: bench nvme: ");
-    fprintf(stderr, fmt, arg);
-    fprintf(stderr, "; see fsoff bench nvme --help\n");
-    return 2;
-}
-
-/* "4K", "1M", "256MiB", "1G", "4096" -> bytes; 0 on error. */
-static uint64_t nv_parse_bytes(const char *s)
-{
-    uint64_t v;
-    return fso_parse_size(s, &v) == 0 ? v : 0;
-}
-
 
 static int nv_parse_args(nv_args *a, int argc, char **argv)
 {
@@ -87,71 +80,59 @@ static int nv_parse_args(nv_args *a, int argc, char **argv)
         {"size", required_argument, NULL, 's'},
         {"block-sizes", required_argument, NULL, 'b'},
         {"queue-depths", required_argument, NULL, 'q'},
-        {"json", no_argument, NULL, 'j'},
+        {"json", required_argument, NULL, 'j'},
+        {"plot", required_argument, NULL, 'p'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     const char *blocks = "128K,1M,4M", *qds = "1,4,16,32";
+    uint64_t v[NV_MAX_LIST];
     a->size_bytes = (uint64_t)256 << 20;
     optind = 0; /* glibc: start over, whoever parsed before */
     opterr = 0;
     int c;
-    while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
         switch (c) {
         case 'n':
-            if (strlen(optarg) >= sizeof a->dirbuf)
-                return nv_bad("--nvme %s: too long", optarg);
-            strcpy(a->dirbuf, optarg);
-            a->ndirs = fso_split_list(a->dirbuf, ',', a->dirs, FSO_STORE_MAX_DIRS);
+            a->ndirs = fso_bench_dirs("nvme", optarg, a->dirbuf, sizeof a->dirbuf, a->dirs);
             if (a->ndirs < 0)
-                return nv_bad("--nvme %s: more than 16 folders", optarg);
-            if (a->ndirs == 0)
-                return nv_bad("--nvme '%s': no folder given", optarg);
+                return 2;
             break;
         case 's':
-            a->size_bytes = nv_parse_bytes(optarg);
-            if (a->size_bytes == 0 || a->size_bytes % NV_PAGE)
-                return nv_bad("--size %s: expected a positive multiple of 4K (e.g. 256M, 1G)", optarg);
+            if (fso_parse_size(optarg, &a->size_bytes) < 0 || a->size_bytes == 0 ||
+                a->size_bytes % NV_PAGE)
+                return fso_bench_bad("nvme", "--size %s: expected a positive multiple of 4K "
+                                     "(e.g. 256M, 1G)", optarg);
             break;
         case 'b': blocks = optarg; break;
         case 'q': qds = optarg; break;
-        case 'j': a->json = true; break;
+        case 'j': a->json = optarg; break;
+        case 'p': a->plot = optarg; break;
         case 'h': nv_usage(stdout); return 0;
-        default:
-            return nv_bad("unknown option or missing value: %s", argv[optind - 1]);
+        case ':': return fso_bench_bad("nvme", "%s needs a value", argv[optind - 1]);
+        default: return fso_bench_bad("nvme", "unknown option %s", argv[optind - 1]);
         }
     }
     if (optind < argc)
-        return nv_bad("unexpected argument '%s'", argv[optind]);
+        return fso_bench_bad("nvme", "unexpected argument '%s'", argv[optind]);
     if (a->ndirs == 0)
-        return nv_bad("%s", "--nvme DIR is required");
-
-    char list[256];
-    snprintf(list, sizeof list, "%s", blocks);
-    a->nblocks = 0;
-    for (char *save = NULL, *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-        uint64_t b = nv_parse_bytes(t);
-        if (b == 0 || b % NV_PAGE || b > ((uint64_t)1 << 30))
-            return nv_bad("--block-sizes: %s: expected a multiple of 4K up to 1G", t);
-        if (b > a->size_bytes)
-            return nv_bad("--block-sizes: %s: larger than --size", t);
-        if (a->nblocks == NV_MAX_LIST)
-            return nv_bad("--block-sizes %s: at most 16", blocks);
-        a->blocks[a->nblocks++] = (size_t)b;
+        return fso_bench_bad("nvme", "--nvme DIR is required");
+    a->nblocks = fso_bench_list(blocks, true, NV_PAGE, (uint64_t)1 << 30, v, NV_MAX_LIST);
+    if (a->nblocks < 0)
+        return fso_bench_bad("nvme", "--block-sizes %s: expected up to %d multiples of 4K up to "
+                             "1G", blocks, NV_MAX_LIST);
+    for (int i = 0; i < a->nblocks; i++) {
+        if (v[i] > a->size_bytes)
+            return fso_bench_bad("nvme", "--block-sizes %s: %" PRIu64 " is larger than --size",
+                                 blocks, v[i]);
+        a->blocks[i] = (size_t)v[i];
     }
-    snprintf(list, sizeof list, "%s", qds);
-    a->nqds = 0;
-    for (char *save = NULL, *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-        char *end;
-        long q = strtol(t, &end, 10);
-        if (*end || q < 1 || q > NV_MAX_QD)
-            return nv_bad("--queue-depths: %s: expected 1 to 1024", t);
-        if (a->nqds == NV_MAX_LIST)
-            return nv_bad("--queue-depths %s: at most 16", qds);
-        a->qds[a->nqds++] = (int)q;
-    }
-    if (a->nblocks == 0 || a->nqds == 0)
-        return nv_bad("%s", "--block-sizes and --queue-depths need at least one value");
+    a->nqds = fso_bench_list(qds, false, 1, NV_MAX_QD, v, NV_MAX_LIST);
+    if (a->nqds < 0)
+        return fso_bench_bad("nvme", "--queue-depths %s: expected up to %d numbers from 1 to %d",
+                             qds, NV_MAX_LIST, NV_MAX_QD);
+    for (int i = 0; i < a->nqds; i++)
+        a->qds[i] = (int)v[i];
     return -1; /* go on */
 }
 
@@ -322,12 +303,23 @@ int fso_bench_nvme(int argc, char **argv)
                     "buffers\n", s->err);
             registered = false;
         }
-        if (!header && !a.json) {
+        nv_result fill = {true, a.blocks[bi], max_qd, a.size_bytes / a.blocks[bi] * a.blocks[bi],
+                          0, true};
+        uint64_t unused = 0;
+        if (nv_pass(s, &fill, area, seed, &unused) < 0) {
+            fprintf(stderr, "fsoff: error: bench nvme: %s\n", s->err);
+            fso_store_destroy(s);
+            status = 1;
+            break;
+        }
+        if (!header && fso_bench_table(a.json)) {
             printf("# fsoff bench nvme: %s per point over %d folder%s:", sz, a.ndirs,
                    a.ndirs == 1 ? "" : "s");
             for (int i = 0; i < a.ndirs; i++)
                 printf("%s%s", i ? "," : " ", a.dirs[i]);
-            printf("\n# io_uring, O_DIRECT: %s, registered buffers: %s, fixed files, stripe unit = block\n",
+            printf("\n# io_uring, O_DIRECT: %s, registered buffers: %s, fixed files, stripe unit = "
+                   "block;\n"
+                   "# each store written once before the timed passes\n",
                    direct ? "yes" : "NO (buffered: the page cache flatters these numbers)",
                    registered ? "yes" : "no");
             printf("#\n#    op       block    qd         bytes       time     speed  correct\n");
@@ -352,7 +344,7 @@ int fso_bench_nvme(int argc, char **argv)
             w->correct = r->correct = bad == 0;
             total_bad += bad;
             nres += 2;
-            if (!a.json) {
+            if (fso_bench_table(a.json)) {
                 nv_print_row(w);
                 nv_print_row(r);
             }
@@ -372,23 +364,31 @@ int fso_bench_nvme(int argc, char **argv)
         cnt[res[i].write]++;
     }
     bool ok = total_bad == 0;
-    if (a.json) {
-        printf("{\"size_bytes\": %" PRIu64 ", \"direct\": %s, \"registered_buffers\": %s, "
-               "\"correct\": %s, \"results\": [", a.size_bytes, direct ? "true" : "false",
-               registered ? "true" : "false", ok ? "true" : "false");
-        for (int i = 0; i < nres; i++)
-            printf("%s{\"op\": \"%s\", \"block_bytes\": %zu, \"queue_depth\": %d, \"gbps\": %.4f, "
-                   "\"bytes\": %" PRIu64 ", \"seconds\": %.6f, \"correct\": %s}", i ? ", " : "",
-                   res[i].write ? "write" : "read", res[i].block_bytes, res[i].queue_depth,
-                   nv_gbps(&res[i]), res[i].bytes, res[i].seconds, res[i].correct ? "true" : "false");
-        printf("]}\n");
-    } else {
+    if (fso_bench_table(a.json)) {
         printf("# Pages read back wrong: %" PRIu64 "\n", total_bad);
         printf("# Avg bandwidth: write %.3f GB/s, read %.3f GB/s%s\n",
                cnt[1] ? sum[1] / cnt[1] : 0.0, cnt[0] ? sum[0] / cnt[0] : 0.0,
                direct ? "" : " (buffered I/O: not disk speed)");
         printf("# %s\n", ok ? "OK" : "FAILED");
     }
+    int out = 0;
+    if (a.json || a.plot) {
+        json_t *dirs = json_array(), *rows = json_array();
+        for (int i = 0; i < a.ndirs; i++)
+            json_array_append_new(dirs, json_string(a.dirs[i]));
+        for (int i = 0; i < nres; i++)
+            json_array_append_new(rows, json_pack("{s:s, s:I, s:i, s:f, s:I, s:f, s:b}", "op",
+                                                  res[i].write ? "write" : "read", "block_bytes",
+                                                  (json_int_t)res[i].block_bytes, "queue_depth",
+                                                  res[i].queue_depth, "gbps", nv_gbps(&res[i]),
+                                                  "bytes", (json_int_t)res[i].bytes, "seconds",
+                                                  res[i].seconds, "correct", res[i].correct));
+        json_t *rec = json_pack("{s:s, s:s, s:o, s:I, s:b, s:b, s:b, s:o}", "bench", "nvme",
+                                "tool", "fsoff", "folders", dirs, "size_bytes",
+                                (json_int_t)a.size_bytes, "direct", direct, "registered_buffers",
+                                registered, "correct", ok, "results", rows);
+        out = fso_bench_output("nvme", rec, a.json, a.plot);
+    }
     free(res);
-    return ok ? 0 : 1;
+    return ok ? out : 1;
 }

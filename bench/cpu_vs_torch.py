@@ -3,7 +3,7 @@
 Run from the repo root with Debian's python3-torch:
 
     /usr/bin/python3 bench/cpu_vs_torch.py [--fsoff build/fsoff] [--config configs/tiny.json]
-        [--steps 30] [--threads N] [--checkpointing 0|1] [--json] [--torch-only]
+        [--steps 30] [--threads N] [--checkpointing 0|1] [--json FILE] [--torch-only]
 
 Both sides train `steps` steps on random tokens of shape (B, T) taken from the config
 (train_micro_batch_size_per_gpu, data.seq_len, gradient_accumulation_steps); the first
@@ -142,7 +142,8 @@ def main():
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     ap.add_argument("--checkpointing", type=int, choices=(0, 1), default=0)
-    ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    ap.add_argument("--json", metavar="FILE",
+                    help='also write the results as one JSON object ("-": to stdout instead of the table)')
     ap.add_argument("--torch-only", action="store_true", help="skip running fsoff")
     a = ap.parse_args()
     if a.steps <= WARMUP_STEPS:
@@ -161,10 +162,14 @@ def main():
     torch_tok_s = bench_torch(cfg, a.steps, a.threads, bool(a.checkpointing))
     ratio = fsoff_tok_s / torch_tok_s if fsoff_tok_s is not None else None
 
-    if a.json:
-        print(json.dumps({"fsoff_tok_s": fsoff_tok_s, "torch_tok_s": torch_tok_s,
-                          "ratio": ratio, "threads": a.threads}))
+    rec = {"bench": "cpu_vs_torch", "fsoff_tok_s": fsoff_tok_s, "torch_tok_s": torch_tok_s,
+           "ratio": ratio, "threads": a.threads}
+    if a.json == "-":
+        print(json.dumps(rec))
         return
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rec, f, indent=1)
     name = os.path.splitext(os.path.basename(a.config))[0]
     fs = f"{fsoff_tok_s:13.1f}" if fsoff_tok_s is not None else f"{'-':>13}"
     rs = f"{ratio:7.2f}" if ratio is not None else f"{'-':>7}"

@@ -19,8 +19,9 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: fsoff [train] [options]\n"
-            "       fsoff bench nvme|adam|h2d|allgather [options]   offload bandwidth benchmarks\n"
+            "       fsoff bench nvme|adam|h2d|allgather|tune [options]   offload bandwidth benchmarks\n"
             "       fsoff plan [options]              memory per tier, placement, predicted step\n"
+            "       fsoff plot FILE -o FILE.png       draw a --metrics file or a bench --json result\n"
             "\n"
             "Train a Llama-family model. With no options, trains the default job: a\n"
             "0.8M-parameter model on a built-in corpus, on the CPU.\n"
@@ -133,11 +134,11 @@ int fso_cli_main(int argc, char **argv)
         fprintf(stderr, "fsoff: error: out of memory\n");
         return 1;
     }
-    /* A leading command other than plan and bench (main.c): train, the default. */
+    /* A leading command other than plan, bench and plot (main.c): train, the default. */
     if (argc > 1 && argv[1][0] != '-') {
         if (strcmp(argv[1], "train") != 0) {
             fprintf(stderr, "fsoff: error: unknown command '%s'; the commands are 'train' "
-                            "(the default), 'plan' and 'bench'; see fsoff --help\n", argv[1]);
+                            "(the default), 'plan', 'bench' and 'plot'; see fsoff --help\n", argv[1]);
             goto out;
         }
         argv[1] = argv[0];

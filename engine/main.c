@@ -1,10 +1,12 @@
 /* main.c — the fsoff executable: `fsoff plan` (plan_cli.h), `fsoff bench`
- * (bench/bench.h), and otherwise training (cli.h). */
+ * (bench/bench.h), `fsoff plot` (bench/plot.h), and otherwise training
+ * (cli.h). */
 #include <string.h>
 
 #include "bench.h"
 #include "cli.h"
 #include "plan_cli.h"
+#include "plot.h"
 
 int main(int argc, char **argv)
 {
@@ -12,5 +14,7 @@ int main(int argc, char **argv)
         return fso_bench_main(argc - 1, argv + 1);
     if (argc > 1 && strcmp(argv[1], "plan") == 0)
         return fso_plan_main(argc - 1, argv + 1);
+    if (argc > 1 && strcmp(argv[1], "plot") == 0)
+        return fso_plot_main(argc - 1, argv + 1);
     return fso_cli_main(argc, argv);
 }

@@ -468,8 +468,9 @@ static uint64_t num_u64(json_t *o, const char *k)
     return v >= 0 && v < 0x1p64 ? (uint64_t)v : 0;
 }
 
-static int probe_from_json(json_t *o, fso_probe *p)
+static int probe_from_json(json_t *o, void *out)
 {
+    fso_probe *p = out;
     const char *key = json_string_value(json_object_get(o, "key"));
     json_t *dirs = json_object_get(o, "nvme");
     if (!key || !json_is_array(dirs) || json_array_size(dirs) > FSO_STORE_MAX_DIRS)
@@ -540,28 +541,46 @@ static json_t *cache_read(const char *path, int *rc, char *err, size_t errlen)
     return root;
 }
 
-int fso_probe_cache_load(const char *path, const char *key, fso_probe *p, char *err,
-                         size_t errlen)
+/* The entry of arr whose "key" is key, or NULL; *index is its place. */
+static json_t *find_entry(json_t *arr, const char *key, size_t *index)
+{
+    json_t *e;
+    size_t i;
+    json_array_foreach(arr, i, e) {
+        const char *k = json_string_value(json_object_get(e, "key"));
+        if (k && strcmp(k, key) == 0) {
+            *index = i;
+            return e;
+        }
+    }
+    return NULL;
+}
+
+/* key's entry in the array `section` of the cache at path, parsed by from:
+ * 0, -ENOENT (no file, no entry), -EINVAL (not a probe cache, or an
+ * incomplete entry: the message ends with `fix`). */
+static int cache_get(const char *path, const char *section, const char *key,
+                     int (*from)(json_t *o, void *out), void *out, const char *fix, char *err,
+                     size_t errlen)
 {
     int rc;
     json_t *root = cache_read(path, &rc, err, errlen);
     if (!root)
         return rc;
-    json_t *arr = json_object_get(root, "machines"), *e;
     size_t i;
-    rc = -ENOENT;
-    json_array_foreach(arr, i, e) {
-        const char *k = json_string_value(json_object_get(e, "key"));
-        if (k && strcmp(k, key) == 0) {
-            rc = probe_from_json(e, p);
-            if (rc < 0)
-                snprintf(err, errlen, "%s: entry for this machine is incomplete; run fsoff plan "
-                                      "--probe to measure again", path);
-            break;
-        }
-    }
+    json_t *e = find_entry(json_object_get(root, section), key, &i);
+    rc = e ? from(e, out) : -ENOENT;
+    if (rc == -EINVAL)
+        snprintf(err, errlen, "%s: the entry for %s is incomplete; %s", path, key, fix);
     json_decref(root);
     return rc;
+}
+
+int fso_probe_cache_load(const char *path, const char *key, fso_probe *p, char *err,
+                         size_t errlen)
+{
+    return cache_get(path, "machines", key, probe_from_json, p,
+                     "run fsoff plan --probe to measure again", err, errlen);
 }
 
 static int mkdirs(const char *path)
@@ -578,40 +597,114 @@ static int mkdirs(const char *path)
     return 0;
 }
 
-int fso_probe_cache_save(const char *path, const fso_probe *p, char *err, size_t errlen)
+/* Writes root to path through a temporary file and a rename. */
+static int cache_write(const char *path, json_t *root, char *err, size_t errlen)
 {
-    int rc;
-    char e2[512] = "";
-    json_t *root = cache_read(path, &rc, e2, sizeof e2);
-    if (!root) /* missing or unreadable: start afresh */
-        root = json_pack("{s:i, s:[]}", "version", CACHE_VERSION, "machines");
-    json_t *arr = json_object_get(root, "machines"), *e;
-    size_t i;
-    json_array_foreach(arr, i, e) {
-        const char *k = json_string_value(json_object_get(e, "key"));
-        if (k && strcmp(k, p->key) == 0) {
-            json_array_remove(arr, i);
-            break;
-        }
-    }
-    json_array_append_new(arr, probe_to_json(p));
     char tmp[PATH_MAX + 16];
+    int rc;
     snprintf(tmp, sizeof tmp, "%s.%d.tmp", path, (int)getpid());
     if ((rc = mkdirs(path)) < 0) {
         snprintf(err, errlen, "%s: cannot create its folder: %s", path, strerror(-rc));
-        json_decref(root);
         return rc;
     }
+    errno = 0;
     if (json_dump_file(root, tmp, JSON_INDENT(1) | JSON_REAL_PRECISION(6)) != 0 ||
         rename(tmp, path) != 0) {
         rc = errno ? -errno : -EIO;
         snprintf(err, errlen, "%s: cannot write the probe cache: %s", path, strerror(-rc));
         unlink(tmp);
-        json_decref(root);
         return rc;
     }
-    json_decref(root);
     return 0;
+}
+
+/* Adds entry (stolen) to the array `section` of the cache at path, in place
+ * of the one with the same "key"; a missing or unreadable file starts
+ * afresh. 0 or -errno. */
+static int cache_put(const char *path, const char *section, json_t *entry, char *err,
+                     size_t errlen)
+{
+    int rc;
+    char e2[512] = "";
+    json_t *root = cache_read(path, &rc, e2, sizeof e2);
+    if (!root)
+        root = json_pack("{s:i, s:[]}", "version", CACHE_VERSION, "machines");
+    json_t *arr = json_object_get(root, section);
+    if (!json_is_array(arr)) {
+        arr = json_array();
+        json_object_set_new(root, section, arr);
+    }
+    size_t i;
+    if (find_entry(arr, json_string_value(json_object_get(entry, "key")), &i))
+        json_array_remove(arr, i);
+    json_array_append_new(arr, entry);
+    rc = cache_write(path, root, err, errlen);
+    json_decref(root);
+    return rc;
+}
+
+int fso_probe_cache_save(const char *path, const fso_probe *p, char *err, size_t errlen)
+{
+    return cache_put(path, "machines", probe_to_json(p), err, errlen);
+}
+
+static json_t *tuned_to_json(const fso_probe_tuned *t)
+{
+    return json_pack("{s:s, s:I, s:i, s:I, s:i, s:f, s:f, s:f, s:f}", "key", t->key, "when",
+                     (json_int_t)t->when, "devices", t->devices, "block_bytes",
+                     (json_int_t)t->block_bytes, "queue_depth", t->queue_depth, "read_gbps",
+                     t->read_gbps, "write_gbps", t->write_gbps, "read_lat_ms", t->read_lat_ms,
+                     "write_lat_ms", t->write_lat_ms);
+}
+
+static int tuned_from_json(json_t *o, void *out)
+{
+    fso_probe_tuned *t = out;
+    const char *key = json_string_value(json_object_get(o, "key"));
+    if (!key)
+        return -EINVAL;
+    memset(t, 0, sizeof *t);
+    snprintf(t->key, sizeof t->key, "%s", key);
+    t->when = num_i64(o, "when");
+    t->devices = num_int(o, "devices");
+    t->block_bytes = num_u64(o, "block_bytes");
+    t->queue_depth = num_int(o, "queue_depth");
+    t->read_gbps = num(o, "read_gbps");
+    t->write_gbps = num(o, "write_gbps");
+    t->read_lat_ms = num(o, "read_lat_ms");
+    t->write_lat_ms = num(o, "write_lat_ms");
+    /* the planner divides by the rates and adds the latencies; the request
+     * size is an aio.block_size (at most 1 GiB) */
+    if (t->read_gbps <= 0 || t->write_gbps <= 0 || t->read_lat_ms < 0 || t->write_lat_ms < 0 ||
+        t->block_bytes == 0 || t->block_bytes > ((uint64_t)1 << 30) || t->queue_depth < 1)
+        return -EINVAL;
+    return 0;
+}
+
+int fso_probe_tuned_load(const char *path, const char *key, fso_probe_tuned *t, char *err,
+                         size_t errlen)
+{
+    return cache_get(path, "tuned", key, tuned_from_json, t, "run fsoff bench tune again", err,
+                     errlen);
+}
+
+int fso_probe_tuned_save(const char *path, const fso_probe_tuned *t, char *err, size_t errlen)
+{
+    return cache_put(path, "tuned", tuned_to_json(t), err, errlen);
+}
+
+/* The tuned figures for p's folders, if `fsoff bench tune` left any. */
+static void apply_tuned(fso_probe *p, const char *path)
+{
+    fso_probe_tuned t;
+    char e[512];
+    if (p->n_dirs == 0 || fso_probe_tuned_load(path, p->key, &t, e, sizeof e) < 0)
+        return;
+    p->nvme_read_gbps = t.read_gbps;
+    p->nvme_write_gbps = t.write_gbps;
+    p->nvme_read_lat_ms = t.read_lat_ms;
+    p->nvme_write_lat_ms = t.write_lat_ms;
+    p->nvme_tuned = true;
 }
 
 int fso_probe_get(fso_probe *p, const fso_probe_opts *opts, bool refresh, bool *probed,
@@ -623,8 +716,10 @@ int fso_probe_get(fso_probe *p, const fso_probe_opts *opts, bool refresh, bool *
     fso_probe_key(key, sizeof key, opts->dirs);
     if (have_path && !refresh) {
         char e[512];
-        if (fso_probe_cache_load(path, key, p, e, sizeof e) == 0)
+        if (fso_probe_cache_load(path, key, p, e, sizeof e) == 0) {
+            apply_tuned(p, path);
             return 0;
+        }
     }
     int rc = fso_probe_run(p, opts, err, errlen);
     if (rc < 0)
@@ -634,6 +729,7 @@ int fso_probe_get(fso_probe *p, const fso_probe_opts *opts, bool refresh, bool *
         char e[512];
         if (fso_probe_cache_save(path, p, e, sizeof e) < 0)
             fprintf(stderr, "fsoff: warning: %s; the probes will run again next time\n", e);
+        apply_tuned(p, path);
     }
     return 0;
 }

@@ -17,6 +17,13 @@
  * The results are cached in one JSON file, $XDG_CACHE_HOME/fsoff/probe.json
  * (else ~/.cache/fsoff/probe.json), one entry per machine key: host name,
  * CPU model and the NVMe folders. A later run with the same key reuses them.
+ *
+ * `fsoff bench tune` sweeps the store's request size, queue depth and rings
+ * over a set of folders and records what it found in the same file, under
+ * "tuned", one entry per folder key. fso_probe_get takes the NVMe rates and
+ * latencies from that entry when there is one (they are the rates at the
+ * aio settings tune recommends, measured more thoroughly than the probe's
+ * one point), so the planner plans with the tuned figures.
  */
 #ifndef FSO_PROBE_H
 #define FSO_PROBE_H
@@ -50,7 +57,19 @@ typedef struct fso_probe {
     double coll_gbps;            /* all-gather bus bandwidth among `threads` threads */
     double adam_gelems;          /* 1e9 elements/s, all threads */
     double gflops;               /* sgemm, all threads */
+    bool nvme_tuned;             /* the nvme_* rates above come from `fsoff bench tune` */
 } fso_probe;
+
+/* What `fsoff bench tune` found for one set of folders. */
+typedef struct fso_probe_tuned {
+    char key[2048];              /* fso_probe_key of the folders */
+    int64_t when;                /* seconds since the epoch */
+    int devices;                 /* rings (one per device) the figures are for */
+    uint64_t block_bytes;        /* the recommended aio.block_size */
+    int queue_depth;             /* the recommended aio.queue_depth */
+    double read_gbps, write_gbps; /* all rings together, at those settings */
+    double read_lat_ms, write_lat_ms; /* one request alone, beyond its transfer time */
+} fso_probe_tuned;
 
 typedef struct fso_probe_opts {
     const char *dirs;            /* NVMe folders, comma-separated; NULL or "" for none */
@@ -79,8 +98,17 @@ int fso_probe_cache_load(const char *path, const char *key, fso_probe *p, char *
  * temporary file and renamed, so readers never see half a file. */
 int fso_probe_cache_save(const char *path, const fso_probe *p, char *err, size_t errlen);
 
+/* Add or replace t's entry (by key) under "tuned" in the cache file at
+ * path, creating it if need be; the machine entries stay. 0 or -errno. */
+int fso_probe_tuned_save(const char *path, const fso_probe_tuned *t, char *err, size_t errlen);
+/* The tuned entry for `key`: 0, -ENOENT when there is none, -EINVAL for a
+ * file that is not a probe cache. */
+int fso_probe_tuned_load(const char *path, const char *key, fso_probe_tuned *t, char *err,
+                         size_t errlen);
+
 /* The cached entry for these folders, or a fresh probe (saved) when there is
- * none or refresh is set. *probed tells which. */
+ * none or refresh is set. *probed tells which. Either way, a tuned entry for
+ * the same folders replaces the NVMe rates and latencies (nvme_tuned set). */
 int fso_probe_get(fso_probe *p, const fso_probe_opts *opts, bool refresh, bool *probed,
                   char *err, size_t errlen);
 

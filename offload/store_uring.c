@@ -12,7 +12,12 @@
  * the hot path) and splits the request at stripe boundaries into parts,
  * one SQE each, drawn from a pool of as many parts as the ring has SQEs; a
  * request whose parts do not all fit waits in a FIFO and is issued as parts
- * come back. submit hands the whole batch over in one io_uring_submit. A
+ * come back. submit hands the batch over two SQEs per io_uring_enter: with
+ * three or more the kernel plugs the batch and the block layer merges
+ * neighbouring parts into one device request (up to the device's limit), so
+ * 4 requests of 128 KiB reach the drive as one of 512 KiB; the merged ones
+ * complete together and are resubmitted together, and the drive sees one
+ * request at a time (fio submits one per call and keeps qd in flight). A
  * part that completes short or with -EAGAIN is reissued for the rest; a read
  * that hits end of file fails with -EIO. A request completes, whole, when all
  * of its parts have, with the first error of any. */
@@ -38,6 +43,7 @@
 #define URING_MAX_BLOCK ((size_t)1 << 30)
 #define URING_REG_CHUNK ((size_t)1 << 30) /* largest buffer io_uring registers */
 #define URING_CQE_BATCH 64
+#define URING_SUBMIT_GROUP 2 /* SQEs per io_uring_enter; the kernel plugs above 2 */
 
 #define URING_BUG_ON(cond)                                                              \
     do {                                                                                \
@@ -133,9 +139,22 @@ static void uring_push_done(uring_ctx *c, int ri)
     c->done[(c->done_head + c->done_n++) % c->qd] = ri;
 }
 
-/* Cuts queued requests into parts while parts are free. */
-static void uring_fill(uring_ctx *c)
+static int uring_ring_submit(fso_store *s)
 {
+    uring_ctx *c = s->ctx;
+    for (;;) {
+        int rc = io_uring_submit(&c->ring);
+        if (rc >= 0 || (rc != -EINTR && rc != -EAGAIN))
+            return rc < 0 ? fso_store_fail(s, rc, "uring store: io_uring_submit: %s", strerror(-rc)) : 0;
+    }
+}
+
+/* Cuts queued requests into parts while parts are free and hands them,
+ * with any reissued parts, to the kernel URING_SUBMIT_GROUP at a time.
+ * 0 or -errno. */
+static int uring_fill(fso_store *s)
+{
+    uring_ctx *c = s->ctx;
     uint64_t b = c->block_bytes;
     while (c->pend_n > 0 && c->nfree_parts > 0) {
         int ri = c->pending[c->pend_head];
@@ -167,6 +186,11 @@ static void uring_fill(uring_ctx *c)
             r->issued += n;
             r->parts++;
             uring_issue(c, pi);
+            if (io_uring_sq_ready(&c->ring) >= URING_SUBMIT_GROUP) {
+                int rc = uring_ring_submit(s);
+                if (rc < 0)
+                    return rc;
+            }
         }
         if (r->issued == r->len) {
             c->pend_head = (c->pend_head + 1) % c->qd;
@@ -175,6 +199,7 @@ static void uring_fill(uring_ctx *c)
                 uring_push_done(c, ri);
         }
     }
+    return io_uring_sq_ready(&c->ring) ? uring_ring_submit(s) : 0;
 }
 
 static void uring_fail_req(fso_store *s, uring_req *r, const uring_part *p, int rc, const char *why)
@@ -237,7 +262,6 @@ static int uring_prep(fso_store *s, bool write, void *buf, size_t len, uint64_t 
     c->pending[(c->pend_head + c->pend_n++) % c->qd] = ri;
     s->inflight++;
     c->prepped++;
-    uring_fill(c);
     return 0;
 }
 
@@ -251,25 +275,12 @@ static int uring_prep_write(fso_store *s, const void *buf, size_t len, uint64_t 
     return uring_prep(s, true, (void *)buf, len, off, user);
 }
 
-static int uring_ring_submit(fso_store *s)
-{
-    uring_ctx *c = s->ctx;
-    for (;;) {
-        int rc = io_uring_submit(&c->ring);
-        if (rc >= 0 || (rc != -EINTR && rc != -EAGAIN))
-            return rc < 0 ? fso_store_fail(s, rc, "uring store: io_uring_submit: %s", strerror(-rc)) : 0;
-    }
-}
-
 static int uring_submit(fso_store *s)
 {
     uring_ctx *c = s->ctx;
-    uring_fill(c);
-    if (io_uring_sq_ready(&c->ring)) {
-        int rc = uring_ring_submit(s);
-        if (rc < 0)
-            return rc;
-    }
+    int rc = uring_fill(s);
+    if (rc < 0)
+        return rc;
     int n = c->prepped;
     c->prepped = 0;
     return n;
@@ -307,16 +318,13 @@ static int uring_reap(fso_store *s, fso_io *out, int max, int min_complete)
             continue;
         }
         /* Nothing ready: start what waits (retries, queued parts), then wait. */
-        uring_fill(c);
-        if (io_uring_sq_ready(&c->ring)) {
-            int rc = uring_ring_submit(s);
-            if (rc < 0)
-                return rc;
-        }
+        int rc = uring_fill(s);
+        if (rc < 0)
+            return rc;
         if (n >= min_complete)
             break;
         struct io_uring_cqe *cqe;
-        int rc = io_uring_wait_cqe(&c->ring, &cqe);
+        rc = io_uring_wait_cqe(&c->ring, &cqe);
         if (rc < 0 && rc != -EINTR && rc != -EAGAIN)
             return fso_store_fail(s, rc, "uring store: io_uring_wait_cqe: %s", strerror(-rc));
     }

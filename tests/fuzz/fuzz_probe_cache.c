@@ -1,11 +1,13 @@
 /* fuzz_probe_cache.c — the probe cache file that fsoff plan and the planner
  * read back ($XDG_CACHE_HOME/fsoff/probe.json; offload/probe.c).
  *
- * Input: the file's bytes, read for the machine key "k". A read gives 0 with
- * an entry that holds what the planner divides by (threads, positive rates,
+ * Input: the file's bytes, read for the key "k", as a machine entry and as
+ * a "tuned" entry (what `fsoff bench tune` left). A read gives 0 with an
+ * entry that holds what the planner divides by (threads, positive rates,
  * no negative rate or latency; integers in range, with no undefined cast),
  * -ENOENT (no such entry), or -EINVAL with a message. An entry read is then
- * saved to a fresh cache and read back: the same key, folders and threads.
+ * saved to a fresh cache and read back: the same key, folders and threads,
+ * or the same request size and queue depth.
  */
 #include <errno.h>
 #include <string.h>
@@ -13,11 +15,31 @@
 #include "fuzz.h"
 #include "probe.h"
 
+static void tuned(const char *path)
+{
+    static fso_probe_tuned t, u;
+    char err[512] = "";
+    int rc = fso_probe_tuned_load(path, "k", &t, err, sizeof err);
+    if (rc < 0) {
+        FUZZ_CHECK(rc == -ENOENT || (rc == -EINVAL && err[0] != '\0'));
+        return;
+    }
+    FUZZ_CHECK(strcmp(t.key, "k") == 0);
+    FUZZ_CHECK(t.read_gbps > 0 && t.write_gbps > 0 && t.read_lat_ms >= 0 && t.write_lat_ms >= 0);
+    FUZZ_CHECK(t.block_bytes > 0 && t.queue_depth >= 1);
+
+    const char *saved = fuzz_file("tuned.json", (const uint8_t *)"", 0);
+    FUZZ_CHECK(fso_probe_tuned_save(saved, &t, err, sizeof err) == 0);
+    FUZZ_CHECK(fso_probe_tuned_load(saved, "k", &u, err, sizeof err) == 0);
+    FUZZ_CHECK(u.block_bytes == t.block_bytes && u.queue_depth == t.queue_depth);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     static fso_probe p, q; /* 20 KiB each: off the stack */
     char err[512] = "";
     const char *path = fuzz_file("probe.json", data, size);
+    tuned(path);
     int rc = fso_probe_cache_load(path, "k", &p, err, sizeof err);
     if (rc < 0) {
         FUZZ_CHECK(rc == -ENOENT || (rc == -EINVAL && err[0] != '\0'));

@@ -1,0 +1,207 @@
+#!/usr/bin/env bash
+# bench_test.sh FSOFF — the benchmarks' shared output options, their charts,
+# `fsoff plot`, and `fsoff bench tune` as a user meets them.
+#
+# Charts: each must be a PNG whose IHDR says the expected width and height.
+# The GPU benchmarks' charts are drawn from saved results (tests/fixtures),
+# so their plot code runs without a GPU. tune: a small sweep must leave its
+# aio section in a config without losing the config's other keys, refuse a
+# malformed config before sweeping, and give the planner its rates. Without
+# gnuplot the chart checks are skipped (exit 77) after checking that fsoff
+# says how to install it.
+set -u
+FSOFF=${1:?usage: bench_test.sh path/to/fsoff}
+SRC=${FSO_SRCDIR:-$(cd "$(dirname "$0")/.." && pwd)}
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+export XDG_CACHE_HOME="$TMP/cache" # the probe cache of this test alone
+pass=0
+fail=0
+
+ok() { pass=$((pass + 1)); echo "ok   $1"; }
+bad() { fail=$((fail + 1)); echo "FAIL $1"; shift; for l in "$@"; do echo "     $l"; done; }
+
+# png_size FILE -> "WIDTHxHEIGHT" from the IHDR chunk, or "not a PNG"
+png_size() {
+    local head
+    head=$(od -An -tx1 -N24 "$1" 2>/dev/null | tr -d ' \n')
+    if [ "${head:0:16}" != "89504e470d0a1a0a" ] || [ "${head:24:8}" != "49484452" ]; then
+        echo "not a PNG"
+        return
+    fi
+    echo "$((16#${head:32:8}))x$((16#${head:40:8}))"
+}
+
+# expect_png NAME FILE WxH -- fsoff args...
+expect_png() {
+    local name=$1 file=$2 size=$3
+    shift 4
+    rm -f "$file"
+    "$FSOFF" "$@" >"$TMP/out" 2>"$TMP/err"
+    local rc=$? got
+    got=$(png_size "$file")
+    if [ $rc -eq 0 ] && [ "$got" = "$size" ]; then
+        ok "$name ($size)"
+    else
+        bad "$name" "status $rc, $file: $got (want $size)" "$(head -c 600 "$TMP/err")"
+    fi
+}
+
+# expect_fail NAME STATUS 'substring' -- fsoff args...
+expect_fail() {
+    local name=$1 want=$2 pat=$3
+    shift 4
+    "$FSOFF" "$@" >"$TMP/out" 2>"$TMP/err"
+    local rc=$?
+    if [ $rc -eq "$want" ] && grep -qF -- "$pat" "$TMP/err" && [ "$(grep -c error "$TMP/err")" -eq 1 ]; then
+        ok "$name"
+    else
+        bad "$name" "status $rc (want $want), stderr lacks '$pat' or has more than one error" \
+            "$(head -c 600 "$TMP/err")"
+    fi
+}
+
+# --- without gnuplot: the error names the fix
+PATH=/nonexistent "$FSOFF" plot "$SRC/tests/fixtures/bench_h2d.json" -o "$TMP/x.png" \
+    >"$TMP/out" 2>"$TMP/err"
+rc=$?
+if [ $rc -eq 1 ] && grep -q "gnuplot is not installed" "$TMP/err" &&
+   grep -q "apt-get install gnuplot-nox" "$TMP/err" && [ ! -e "$TMP/x.png" ]; then
+    ok "plot without gnuplot says how to install it"
+else
+    bad "plot without gnuplot says how to install it" "status $rc" "$(head -c 400 "$TMP/err")"
+fi
+
+# --- fsoff plot: usage and bad input
+expect_fail "plot without -o" 2 "-o FILE.png" -- plot "$SRC/tests/fixtures/bench_h2d.json"
+expect_fail "plot of a missing file" 2 "$TMP/none.jsonl" -- plot "$TMP/none.jsonl" -o "$TMP/x.png"
+printf 'step 1 loss 2.3\n' >"$TMP/text.log"
+expect_fail "plot of a file that is no metrics file" 2 "$TMP/text.log:1:" -- \
+    plot "$TMP/text.log" -o "$TMP/x.png"
+printf '{"bench": "nope"}\n' >"$TMP/nope.json"
+expect_fail "plot of an unknown bench result" 2 '"bench": "nope"' -- \
+    plot "$TMP/nope.json" -o "$TMP/x.png"
+expect_fail "plot --size malformed" 2 "--size 12" -- \
+    plot "$SRC/tests/fixtures/bench_h2d.json" -o "$TMP/x.png" --size 12
+
+# --- one --json convention: FILE, or "-" for the object alone on stdout
+"$FSOFF" bench nvme --nvme "$TMP" --size 4M --block-sizes 128K --queue-depths 2 --json - \
+    >"$TMP/nv.out" 2>"$TMP/err"
+rc=$?
+if [ $rc -eq 0 ] && [ "$(head -c 1 "$TMP/nv.out")" = "{" ] && ! grep -q '^#' "$TMP/nv.out" &&
+   grep -q '"bench": "nvme"' "$TMP/nv.out"; then
+    ok "bench nvme --json -: the object alone on stdout"
+else
+    bad "bench nvme --json -" "status $rc" "$(head -c 300 "$TMP/nv.out") $(head -c 300 "$TMP/err")"
+fi
+"$FSOFF" bench nvme --nvme "$TMP" --size 4M --block-sizes 128K --queue-depths 2 \
+    --json "$TMP/nv.json" >"$TMP/out" 2>"$TMP/err"
+if [ $? -eq 0 ] && grep -q '^# OK' "$TMP/out" && grep -q '"gbps"' "$TMP/nv.json"; then
+    ok "bench nvme --json FILE: the table on stdout, the object in FILE"
+else
+    bad "bench nvme --json FILE" "$(head -c 300 "$TMP/out") $(head -c 300 "$TMP/err")"
+fi
+expect_fail "bench adam --json needs a value" 2 "--json" -- bench adam --json
+expect_fail "bench tune --json needs a value" 2 "--json" -- bench tune --nvme "$TMP" --json
+expect_fail "bench tune without --nvme" 2 "--nvme DIR is required" -- bench tune
+expect_fail "bench tune on a missing folder" 2 "$TMP/none: no such folder" -- \
+    bench tune --nvme "$TMP/none"
+expect_fail "bench tune --queue-depths beyond aio's range" 2 "--queue-depths 64" -- \
+    bench tune --nvme "$TMP" --queue-depths 64
+
+# --- tune: --write-config refuses what it cannot merge into, before sweeping
+printf '{\n  "train": {"steps": 5},\n  "aio": [1, 2\n}\n' >"$TMP/broken.json"
+cp "$TMP/broken.json" "$TMP/broken.orig"
+expect_fail "tune --write-config refuses a malformed file" 2 "$TMP/broken.json:4:" -- \
+    bench tune --nvme "$TMP" --write-config "$TMP/broken.json"
+if ! cmp -s "$TMP/broken.json" "$TMP/broken.orig"; then
+    bad "tune leaves a malformed config as it was" "$(cat "$TMP/broken.json")"
+fi
+printf '{"aio": 4}\n' >"$TMP/aio4.json"
+expect_fail "tune --write-config refuses a non-object aio" 2 '"aio" is not a JSON object' -- \
+    bench tune --nvme "$TMP" --write-config "$TMP/aio4.json"
+
+if ! command -v gnuplot >/dev/null; then
+    echo "bench: $pass passed, $fail failed; gnuplot not installed: charts skipped (sudo apt-get install gnuplot-nox)"
+    [ $fail -eq 0 ] || exit 1
+    exit 77
+fi
+
+# --- tune: a small sweep, merged into a config, recorded for the planner
+printf '{\n  "train": {"steps": 5},\n  "aio": {"single_submit": false, "queue_depth": 2}\n}\n' \
+    >"$TMP/cfg.json"
+mkdir -p "$TMP/nvme"
+"$FSOFF" bench tune --nvme "$TMP/nvme" --block-sizes 128K,512K --queue-depths 1,4 --rings 1 \
+    --seconds 0.02 --size 4M --write-config "$TMP/cfg.json" --json "$TMP/tune.json" \
+    --plot "$TMP/tune.png" >"$TMP/tune.out" 2>"$TMP/err"
+rc=$?
+if [ $rc -eq 0 ] && grep -q '^"aio": {"block_size": [0-9]*, "queue_depth": [0-9]*}$' "$TMP/tune.out" &&
+   grep -q '^# done in' "$TMP/tune.out"; then
+    ok "bench tune: the best settings and the aio section"
+else
+    bad "bench tune" "status $rc" "$(cat "$TMP/tune.out" "$TMP/err" | head -20)"
+fi
+if [ "$(png_size "$TMP/tune.png")" = "1200x520" ]; then
+    ok "bench tune --plot (1200x520)"
+else
+    bad "bench tune --plot" "$(png_size "$TMP/tune.png")"
+fi
+aio=$(grep '^"aio"' "$TMP/tune.out")
+bs=$(echo "$aio" | sed 's/.*"block_size": \([0-9]*\).*/\1/')
+qd=$(echo "$aio" | sed 's/.*"queue_depth": \([0-9]*\).*/\1/')
+if grep -q '"steps": 5' "$TMP/cfg.json" && grep -q '"single_submit": false' "$TMP/cfg.json" &&
+   grep -q "\"block_size\": $bs" "$TMP/cfg.json" && grep -q "\"queue_depth\": $qd" "$TMP/cfg.json" &&
+   "$FSOFF" plan --config "$TMP/cfg.json" --json >/dev/null 2>"$TMP/err"; then
+    ok "tune --write-config: the aio section merged, the other keys kept, fsoff takes the file"
+else
+    bad "tune --write-config" "$(cat "$TMP/cfg.json")" "$(head -c 300 "$TMP/err")"
+fi
+tuned=$(grep -o '"read_gbps": *[0-9.e+-]*' "$XDG_CACHE_HOME/fsoff/probe.json" 2>/dev/null | head -1 | sed 's/.*: *//')
+planned=$("$FSOFF" plan --nvme "$TMP/nvme" --json 2>"$TMP/err" | grep -o '"nvme_read_gbps": *[0-9.e+-]*' | sed 's/.*: *//')
+if [ -n "$tuned" ] && [ -n "$planned" ] &&
+   awk -v a="$tuned" -v b="$planned" 'BEGIN { exit !(a > 0 && (a - b) ^ 2 < (a * 1e-4) ^ 2) }'; then
+    ok "the planner plans with the tuned read rate ($tuned GB/s)"
+else
+    bad "the planner plans with the tuned read rate" "tuned ${tuned:-none}, planned ${planned:-none}" \
+        "$(head -c 300 "$TMP/err")"
+fi
+
+# --- charts of every bench, from a run or from saved results
+expect_png "bench nvme --plot" "$TMP/nv.png" 1200x520 -- bench nvme --nvme "$TMP" --size 4M \
+    --block-sizes 128K,512K --queue-depths 1,2 --plot "$TMP/nv.png"
+expect_png "plot of a saved bench nvme result" "$TMP/nv2.png" 1200x520 -- \
+    plot "$TMP/nv.json" -o "$TMP/nv2.png"
+expect_png "bench adam --plot" "$TMP/adam.png" 900x540 -- bench adam --elems 64K --threads 1,2 \
+    --reps 1 --json "$TMP/adam.json" --plot "$TMP/adam.png"
+expect_png "plot of a saved bench h2d result" "$TMP/h2d.png" 900x540 -- \
+    plot "$SRC/tests/fixtures/bench_h2d.json" -o "$TMP/h2d.png"
+expect_png "plot of a saved bench allgather result" "$TMP/ag.png" 900x540 -- \
+    plot "$SRC/tests/fixtures/bench_allgather.json" -o "$TMP/ag.png"
+expect_png "plot --size" "$TMP/ag2.png" 640x400 -- \
+    plot "$SRC/tests/fixtures/bench_allgather.json" -o "$TMP/ag2.png" --size 640x400
+printf '{"bench": "allgather", "device": "x", "devices": 1, "collectives": "not run: 1 GPU"}\n' \
+    >"$TMP/ag1.json"
+expect_fail "plot of an allgather result without measurements" 2 "not run: 1 GPU" -- \
+    plot "$TMP/ag1.json" -o "$TMP/x.png"
+
+# --- a training run
+SMALL=(--set model.hidden_size=32 --set model.intermediate_size=64 --set model.num_hidden_layers=2
+       --set data.seq_len=32 --set train_micro_batch_size_per_gpu=4)
+if "$FSOFF" --steps 4 --nvme "$TMP/nvme" --metrics "$TMP/run.jsonl" "${SMALL[@]}" \
+       >"$TMP/out" 2>"$TMP/err"; then
+    expect_png "plot of a training run" "$TMP/run.png" 1200x960 -- \
+        plot "$TMP/run.jsonl" -o "$TMP/run.png"
+else
+    bad "a short training run for the plot" "$(tail -3 "$TMP/err")"
+fi
+# a run that diverged wrote its loss as nan; the chart shows a gap there
+{
+    echo '{"step": 1, "loss": 5.5, "lr": 0.001, "tok_s": 900, "step_ms": 20, "stall_ms": 0, "compute_ms": 19, "nvme_read_bytes": 0, "nvme_write_bytes": 0}'
+    echo '{"step": 2, "loss": -nan, "lr": 0.001, "tok_s": 950, "step_ms": 19, "stall_ms": 0, "compute_ms": 18, "nvme_read_bytes": 0, "nvme_write_bytes": 0}'
+    echo '{"event": "summary", "steps": 2}'
+} >"$TMP/nan.jsonl"
+expect_png "plot of a run that diverged" "$TMP/nan.png" 1200x960 -- \
+    plot "$TMP/nan.jsonl" -o "$TMP/nan.png"
+
+echo "bench: $pass passed, $fail failed"
+[ $fail -eq 0 ]
