@@ -307,9 +307,11 @@ oom:
 
 /* The machine: what the options give, the rest from the GPU table (--gpus)
  * or this machine's probes; dirs and missing: the configured NVMe folders
- * here and not here. -1 to go on, else the exit status. */
+ * here and not here; *nvme_tuned: the probed NVMe rates are those of
+ * `fsoff bench tune`. -1 to go on, else the exit status. */
 static int describe_machine(const plan_args *a, const fso_config *cfg, fso_plan_machine *m,
-                            const fso_gpu_spec **spec, char *dirs, char *missing)
+                            const fso_gpu_spec **spec, char *dirs, char *missing,
+                            bool *nvme_tuned)
 {
     const given *g = &a->g;
     char err[1024];
@@ -322,6 +324,7 @@ static int describe_machine(const plan_args *a, const fso_config *cfg, fso_plan_
         fprintf(stderr, "fsoff: error: %s\n", err);
         return 1;
     }
+    *nvme_tuned = pr.nvme_tuned;
     memset(m, 0, sizeof *m);
     if (g->gpus) {
         *spec = g->gpu       ? fso_gpu_spec_find(g->gpu)
@@ -393,6 +396,7 @@ typedef struct plan_report {
     const fso_gpu_spec *spec;
     const char *dirs, *missing;
     bool calibrated;
+    bool nvme_tuned;           /* the NVMe rates not given come from `fsoff bench tune` */
     const fso_plan *plan;
     const fso_plan *unpinned;  /* the plan with no pins, when it is 5% faster; else NULL */
 } plan_report;
@@ -453,7 +457,10 @@ static void print_heading(const plan_report *r)
            h2, g->host_mem ? "" : " (available now)", m->adam_gelems,
            g->adam > 0 ? "" : " (this machine's probe)", h3,
            g->has_nvme_free ? "" : r->dirs[0] ? " (statvfs)" : "", m->nvme_read_gbps,
-           m->nvme_write_gbps, g->nvme_read > 0 ? "" : r->dirs[0] ? " (probed)" : "");
+           m->nvme_write_gbps, g->nvme_read > 0 ? ""
+                               : !r->dirs[0]  ? ""
+                               : r->nvme_tuned ? " (tuned: fsoff bench tune)"
+                                               : " (probed)");
     if (r->missing[0])
         printf("plan: note: NVMe folder %s does not exist here; %s\n", r->missing,
                g->has_nvme_free ? "NVMe as given by --nvme-free, --nvme-read, --nvme-write"
@@ -545,7 +552,8 @@ int fso_plan_main(int argc, char **argv)
         cfg.world = a.g.gpus;
     if (a.g.device_mem)
         cfg.device_mem_bytes = a.g.device_mem;
-    if ((status = describe_machine(&a, &cfg, &m, &spec, dirs, missing)) >= 0)
+    bool nvme_tuned = false;
+    if ((status = describe_machine(&a, &cfg, &m, &spec, dirs, missing, &nvme_tuned)) >= 0)
         goto out;
     status = 2;
     if (fso_plan_ctx_init(&ctx, &cfg, &m, a.g.gpus > 0, err, sizeof err) < 0) {
@@ -567,7 +575,7 @@ int fso_plan_main(int argc, char **argv)
     if (!nvme_pins_have_space(&pins, &m, missing))
         goto out;
     plan_report r = {.a = &a, .cfg = &cfg, .ctx = &ctx, .m = &m, .spec = spec, .dirs = dirs,
-                     .missing = missing, .calibrated = calibrated};
+                     .missing = missing, .calibrated = calibrated, .nvme_tuned = nvme_tuned};
     status = plan_and_report(&r, &pins);
 out:
     for (int i = 0; i < a.nsets; i++)

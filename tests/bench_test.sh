@@ -6,7 +6,8 @@
 # The GPU benchmarks' charts are drawn from saved results (tests/fixtures),
 # so their plot code runs without a GPU. tune: a small sweep must leave its
 # aio section in a config without losing the config's other keys, refuse a
-# malformed config before sweeping, and give the planner its rates. Without
+# malformed config before sweeping, and give the planner its rates, which
+# `fsoff plan` labels as tuned (probed before the sweep). Without
 # gnuplot the chart checks are skipped (exit 77) after checking that fsoff
 # says how to install it.
 set -u
@@ -131,6 +132,15 @@ fi
 printf '{\n  "train": {"steps": 5},\n  "aio": {"single_submit": false, "queue_depth": 2}\n}\n' \
     >"$TMP/cfg.json"
 mkdir -p "$TMP/nvme"
+# plan_label: `fsoff plan`'s NVMe line for $TMP/nvme
+plan_label() { "$FSOFF" plan --nvme "$TMP/nvme" 2>"$TMP/err" | grep '^plan: host .* NVMe '; }
+# (before the sweep, in a cache of its own, so the one tune writes holds tune's entry alone)
+if XDG_CACHE_HOME="$TMP/cache-untuned" plan_label | grep -q 'write [0-9.]* GB/s (probed)$'; then
+    ok "plan labels untuned NVMe rates (probed)"
+else
+    bad "plan labels untuned NVMe rates (probed)" "$(XDG_CACHE_HOME="$TMP/cache-untuned" plan_label)" \
+        "$(head -c 300 "$TMP/err")"
+fi
 "$FSOFF" bench tune --nvme "$TMP/nvme" --block-sizes 128K,512K --queue-depths 1,4 --rings 1 \
     --seconds 0.02 --size 4M --write-config "$TMP/cfg.json" --json "$TMP/tune.json" \
     --plot "$TMP/tune.png" >"$TMP/tune.out" 2>"$TMP/err"
@@ -164,6 +174,12 @@ if [ -n "$tuned" ] && [ -n "$planned" ] &&
 else
     bad "the planner plans with the tuned read rate" "tuned ${tuned:-none}, planned ${planned:-none}" \
         "$(head -c 300 "$TMP/err")"
+fi
+
+if plan_label | grep -q 'write [0-9.]* GB/s (tuned: fsoff bench tune)$'; then
+    ok "plan labels tuned NVMe rates (tuned: fsoff bench tune)"
+else
+    bad "plan labels tuned NVMe rates" "$(plan_label)" "$(head -c 300 "$TMP/err")"
 fi
 
 # --- charts of every bench, from a run or from saved results
