@@ -223,7 +223,7 @@ static void test_shortfall_names_the_tier_and_the_bytes(void **state)
     assert_int_equal(p.short_tier, FSO_TIER_HOST);
     assert_int_equal(p.need_bytes[FSO_TIER_HOST], (uint64_t)(88 * MIB));
     assert_int_equal(p.short_bytes, (uint64_t)(4 * MIB));
-    fso_plan_shortfall_message(&p, NULL, msg, sizeof msg);
+    fso_plan_shortfall_message(&p, NULL, false, msg, sizeof msg);
     assert_non_null(strstr(msg, "host memory"));
     assert_non_null(strstr(msg, "short by 4.0 MiB"));
     assert_non_null(strstr(msg, "--nvme"));
@@ -234,7 +234,7 @@ static void test_shortfall_names_the_tier_and_the_bytes(void **state)
     s.in.machine.device_mem_bytes = (uint64_t)(20 * MIB);
     assert_int_equal(fso_plan_choose(&s.in, &p), -ENOSPC);
     assert_int_equal(p.short_tier, FSO_TIER_DEVICE);
-    fso_plan_shortfall_message(&p, NULL, msg, sizeof msg);
+    fso_plan_shortfall_message(&p, NULL, false, msg, sizeof msg);
     assert_non_null(strstr(msg, "device memory"));
     assert_non_null(strstr(msg, "train_micro_batch_size_per_gpu"));
 
@@ -246,9 +246,84 @@ static void test_shortfall_names_the_tier_and_the_bytes(void **state)
     assert_int_equal(fso_plan_choose(&s.in, &p), -ENOSPC);
     assert_int_equal(p.short_tier, FSO_TIER_NVME);
     assert_int_equal(p.short_bytes, (uint64_t)(70 * MIB));
-    fso_plan_shortfall_message(&p, &s.in.pins, msg, sizeof msg);
+    fso_plan_shortfall_message(&p, &s.in.pins, false, msg, sizeof msg);
     assert_non_null(strstr(msg, "NVMe"));
     assert_non_null(strstr(msg, "--auto"));
+    /* fsoff train's words: its own options, and the keys that pin */
+    fso_plan_shortfall_message(&p, &s.in.pins, true, msg, sizeof msg);
+    assert_null(strstr(msg, "--auto"));
+    assert_null(strstr(msg, "--nvme-free"));
+    assert_non_null(strstr(msg, "leave zero_optimization's offload devices out"));
+    synth_model(&s, 4, 1 << 20, 1e9, true);
+    s.in.machine.device_mem_bytes = (uint64_t)(18 * MIB);
+    s.in.machine.host_mem_bytes = (uint64_t)(84 * MIB);
+    s.in.machine.nvme_free_bytes = 0;
+    s.in.pins.tier[FSO_KIND_MASTER] = FSO_TIER_HOST;
+    assert_int_equal(fso_plan_choose(&s.in, &p), -ENOSPC);
+    fso_plan_shortfall_message(&p, &s.in.pins, true, msg, sizeof msg);
+    assert_non_null(strstr(msg, "host memory"));
+    assert_null(strstr(msg, "--host-mem"));
+    assert_non_null(strstr(msg, "leave zero_optimization.offload_optimizer.device out"));
+}
+
+/* Models the planner cannot lay out (more blocks than it takes, byte
+ * counts past 64 bits) are sized by arithmetic before it runs: each tier's
+ * need against what it holds, in the options of the command asking. */
+static void expect_size_error(const fso_config *cfg, const fso_plan_pins *pins,
+                              const fso_plan_machine *m, bool train, const char *const *want)
+{
+    char err[1024];
+    assert_int_equal(fso_plan_check_size(cfg, pins, m, false, train, err, sizeof err), -ENOSPC);
+    for (int i = 0; want[i]; i++)
+        if (!strstr(err, want[i]))
+            fail_msg("lacks \"%s\": %s", want[i], err);
+    if (train && strstr(err, "--nvme-free"))
+        fail_msg("fsoff train has no --nvme-free: %s", err);
+}
+
+static void test_sizes_beyond_the_planner_are_checked_by_arithmetic(void **state)
+{
+    (void)state;
+    fso_config cfg;
+    fso_plan_pins pins;
+    char err[1024];
+    const fso_plan_machine m = {.devices = 1, .device_mem_bytes = (uint64_t)16 << 30,
+                                .host_mem_bytes = (uint64_t)64 << 30};
+    fso_config_defaults(&cfg);
+    fso_plan_pins_none(&pins);
+    /* what the planner takes: the planner decides */
+    assert_int_equal(fso_plan_check_size(&cfg, &pins, &m, false, true, err, sizeof err), 0);
+    /* 2000 small layers: more than the planner takes, and they fit */
+    cfg.model.num_hidden_layers = 2000;
+    assert_int_equal(fso_plan_check_size(&cfg, &pins, &m, false, true, err, sizeof err), 0);
+    /* a million layers of width 8192: every tier and the state, in TiB */
+    cfg.model.num_hidden_layers = 1000000;
+    cfg.model.hidden_size = 8192;
+    cfg.model.intermediate_size = 28672;
+    cfg.model.num_attention_heads = 64;
+    cfg.model.num_key_value_heads = 8;
+    cfg.model.head_dim = 128;
+    static const char *const big[] = {"each device needs 30.52 TiB (activations and buffers) "
+                                      "and holds 16.00 GiB", "the host needs ",
+                                      "and 64.00 GiB is available", "NVMe needs 0 KiB",
+                                      "the training state, ", " TiB (parameters ",
+                                      "short by ", "--nvme DIR", NULL};
+    expect_size_error(&cfg, &pins, &m, true, big);
+    expect_size_error(&cfg, &pins, &m, false, big);
+    /* a pinned tier's share is named */
+    pins.tier[FSO_KIND_MASTER] = pins.tier[FSO_KIND_M] = pins.tier[FSO_KIND_V] = FSO_TIER_HOST;
+    pins.tier[FSO_KIND_GRAD] = FSO_TIER_HOST;
+    static const char *const pinned[] = {"state pinned there", "is not pinned to a tier", NULL};
+    expect_size_error(&cfg, &pins, &m, true, pinned);
+    /* 2^30 wide: byte counts past 64 bits are not wrapped around */
+    fso_plan_pins_none(&pins);
+    cfg.model.num_hidden_layers = 4;
+    cfg.model.hidden_size = cfg.model.intermediate_size = cfg.model.vocab_size = 1 << 30;
+    cfg.model.num_attention_heads = cfg.model.num_key_value_heads = 1 << 20;
+    cfg.model.head_dim = 1 << 10;
+    static const char *const overflow[] = {"each device needs more than 16777216 TiB",
+                                           "short by more than 16777216 TiB", NULL};
+    expect_size_error(&cfg, &pins, &m, true, overflow);
 }
 
 /* ------------------------------------------------------------------ timeline */
@@ -979,6 +1054,7 @@ int main(void)
         cmocka_unit_test(test_small_host_sends_optimizer_state_to_nvme),
         cmocka_unit_test(test_pins_are_kept),
         cmocka_unit_test(test_shortfall_names_the_tier_and_the_bytes),
+        cmocka_unit_test(test_sizes_beyond_the_planner_are_checked_by_arithmetic),
         cmocka_unit_test(test_timeline_prefetch_depth_hand_computed),
         cmocka_unit_test(test_timeline_cpu_device_is_a_sum),
         cmocka_unit_test(test_replan_when_off_by_more_than_20_percent),
