@@ -236,6 +236,12 @@ static int cfg_where(const struct fso_config_doc *doc, const keypath *p, char *b
     return li;
 }
 
+bool fso_cfg_from_defaults(const struct fso_config_doc *doc, const keypath *p)
+{
+    char where[16];
+    return doc->layers[cfg_where(doc, p, where, sizeof where)].kind == LAYER_DEFAULTS;
+}
+
 /* ---------------------------------------------------------------- messages */
 
 static const char *json_type_word(const json_t *v)

@@ -86,6 +86,9 @@ void fso_cfg_warn(walker *w, const keypath *p, const char *why);
 int fso_cfg_check_keys(walker *w, json_t *obj, const keypath *sec, const key_spec *specs,
                        const char *where);
 
+/* Whether the value at p is the built-in defaults' (no file or --set gave it). */
+bool fso_cfg_from_defaults(const struct fso_config_doc *doc, const keypath *p);
+
 /* config_keys.c: validate doc->merged and fill cfg; on failure cfg keeps its
  * values and cfg->err holds the message. */
 int fso_cfg_apply(fso_config *cfg, const struct fso_config_doc *doc, bool warn);
