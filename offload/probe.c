@@ -21,7 +21,7 @@
 #include "util.h"
 
 #define MIB (1024.0 * 1024.0)
-#define CACHE_VERSION 1
+#define CACHE_VERSION 2
 
 
 /* ------------------------------------------------------------------ key */
@@ -343,30 +343,24 @@ out:
     return best;
 }
 
-int fso_probe_run(fso_probe *p, const fso_probe_opts *opts, char *err, size_t errlen)
+/* The NVMe probes of opts->dirs into p (its key, folders and NVMe rates). */
+static int probe_folders(fso_probe *p, const fso_probe_opts *opts, char *err, size_t errlen)
 {
     char tmp[4096];
     const char *dirs[FSO_STORE_MAX_DIRS];
-    fso_backend *be = NULL;
     int rc;
-    memset(p, 0, sizeof *p);
-    fso_probe_key(p->key, sizeof p->key, opts->dirs);
-    p->when = (int64_t)time(NULL);
-    p->threads = opts->threads > 0 ? opts->threads : fso_cpu_count();
-    p->host_mem_bytes = fso_mem_available_bytes();
     snprintf(tmp, sizeof tmp, "%s", opts->dirs ? opts->dirs : "");
     p->n_dirs = fso_split_list(tmp, ',', dirs, FSO_STORE_MAX_DIRS);
     if (p->n_dirs < 0) /* the engine refuses more; probe the first ones */
         p->n_dirs = FSO_STORE_MAX_DIRS;
     uint64_t bytes = opts->nvme_bytes ? opts->nvme_bytes : (uint64_t)32 << 20;
-    if (!opts->quiet)
-        fprintf(stderr, "fsoff: probing this machine (%d NVMe folder%s, %d threads)...\n",
-                p->n_dirs, p->n_dirs == 1 ? "" : "s", p->threads);
-
+    p->nvme_free_bytes = 0;
+    p->nvme_read_gbps = p->nvme_write_gbps = p->nvme_read_lat_ms = p->nvme_write_lat_ms = 0;
     for (int i = 0; i < p->n_dirs; i++) {
         fso_probe_dir *d = &p->dirs[i];
         struct statvfs sv;
         char e[512];
+        memset(d, 0, sizeof *d);
         snprintf(d->path, sizeof d->path, "%s", dirs[i]);
         if (statvfs(dirs[i], &sv) == 0)
             d->free_bytes = (uint64_t)sv.f_bavail * sv.f_frsize;
@@ -392,7 +386,17 @@ int fso_probe_run(fso_probe *p, const fso_probe_opts *opts, char *err, size_t er
             return rc;
         }
     }
+    return 0;
+}
 
+/* The probes of the machine itself into p: copies, compute, collectives,
+ * AdamW, and the memory available. */
+static int probe_machine(fso_probe *p, const fso_probe_opts *opts, char *err, size_t errlen)
+{
+    fso_backend *be = NULL;
+    int rc;
+    p->threads = opts->threads > 0 ? opts->threads : fso_cpu_count();
+    p->host_mem_bytes = fso_mem_available_bytes();
     if ((rc = fso_backend_create(&be, "cpu", p->threads)) < 0) {
         snprintf(err, errlen, "cannot create the CPU backend: %s", strerror(-rc));
         return rc;
@@ -412,9 +416,67 @@ int fso_probe_run(fso_probe *p, const fso_probe_opts *opts, char *err, size_t er
     return 0;
 }
 
+/* What a probe of these folders with these threads would say first. */
+static void probe_announce(const fso_probe_opts *opts, bool machine, bool folders)
+{
+    char tmp[4096];
+    const char *dirs[FSO_STORE_MAX_DIRS];
+    snprintf(tmp, sizeof tmp, "%s", opts->dirs ? opts->dirs : "");
+    int n = fso_split_list(tmp, ',', dirs, FSO_STORE_MAX_DIRS);
+    if (opts->quiet)
+        return;
+    if (machine)
+        fprintf(stderr, "fsoff: probing this machine (%d NVMe folder%s, %d threads)...\n",
+                folders ? n : 0, n == 1 && folders ? "" : "s",
+                opts->threads > 0 ? opts->threads : fso_cpu_count());
+    else if (folders)
+        fprintf(stderr, "fsoff: probing %d NVMe folder%s...\n", n, n == 1 ? "" : "s");
+}
+
+int fso_probe_run(fso_probe *p, const fso_probe_opts *opts, char *err, size_t errlen)
+{
+    int rc;
+    memset(p, 0, sizeof *p);
+    fso_probe_key(p->key, sizeof p->key, opts->dirs);
+    p->when = (int64_t)time(NULL);
+    probe_announce(opts, true, true);
+    if ((rc = probe_folders(p, opts, err, errlen)) < 0)
+        return rc;
+    return probe_machine(p, opts, err, errlen);
+}
+
 /* ------------------------------------------------------------------ cache */
 
-static json_t *probe_to_json(const fso_probe *p)
+/* The cache keeps what each probe measures under what it depends on: one
+ * "machines" entry per host and CPU model (copies, compute, collectives,
+ * AdamW), one "nvme" entry per host, CPU model and set of folders (their
+ * rates and free space). A new folder is probed alone; the compute figures
+ * stay one per machine. NVMe entries of this host whose folders are gone
+ * are dropped when the cache is written. */
+
+/* key = "host|cpu|folders": the machine part "host|cpu" into m; the
+ * folders (after the second '|'), "" when none. */
+static const char *split_key(const char *key, char *m, size_t mlen)
+{
+    const char *bar = strchr(key, '|');
+    bar = bar ? strchr(bar + 1, '|') : NULL;
+    size_t n = bar ? (size_t)(bar - key) : strlen(key);
+    snprintf(m, mlen, "%.*s", (int)n, key);
+    return bar ? bar + 1 : "";
+}
+
+static json_t *machine_to_json(const fso_probe *p)
+{
+    char mkey[sizeof p->key];
+    split_key(p->key, mkey, sizeof mkey);
+    return json_pack("{s:s, s:I, s:i, s:I, s:f, s:f, s:f, s:f, s:f, s:f}", "key", mkey, "when",
+                     (json_int_t)p->when, "threads", p->threads, "host_mem_bytes",
+                     (json_int_t)p->host_mem_bytes, "h2d_gbps", p->h2d_gbps, "d2h_gbps",
+                     p->d2h_gbps, "host_copy_gbps", p->host_copy_gbps, "coll_gbps",
+                     p->coll_gbps, "adam_gelems", p->adam_gelems, "gflops", p->gflops);
+}
+
+static json_t *nvme_to_json(const fso_probe *p)
 {
     json_t *dirs = json_array();
     for (int i = 0; i < p->n_dirs; i++)
@@ -424,22 +486,11 @@ static json_t *probe_to_json(const fso_probe *p)
                             p->dirs[i].write_gbps, "read_lat_ms", p->dirs[i].read_lat_ms,
                             "write_lat_ms", p->dirs[i].write_lat_ms, "free_bytes",
                             (json_int_t)p->dirs[i].free_bytes, "direct", p->dirs[i].direct));
-    json_t *o = json_pack("{s:s, s:I, s:i, s:I, s:o, s:f, s:f, s:f, s:f, s:I}", "key", p->key,
-                          "when", (json_int_t)p->when, "threads", p->threads, "host_mem_bytes",
-                          (json_int_t)p->host_mem_bytes, "nvme", dirs, "nvme_read_gbps",
-                          p->nvme_read_gbps, "nvme_write_gbps", p->nvme_write_gbps,
-                          "nvme_read_lat_ms", p->nvme_read_lat_ms, "nvme_write_lat_ms",
-                          p->nvme_write_lat_ms, "nvme_free_bytes", (json_int_t)p->nvme_free_bytes);
-    json_t *rates = json_pack("{s:f, s:f, s:f, s:f, s:f, s:f}", "h2d_gbps", p->h2d_gbps,
-                              "d2h_gbps", p->d2h_gbps, "host_copy_gbps", p->host_copy_gbps,
-                              "coll_gbps", p->coll_gbps, "adam_gelems", p->adam_gelems, "gflops",
-                              p->gflops);
-    if (!o || !rates || json_object_update(o, rates) != 0) {
-        json_decref(o);
-        o = NULL;
-    }
-    json_decref(rates);
-    return o;
+    return json_pack("{s:s, s:I, s:o, s:f, s:f, s:f, s:f, s:I}", "key", p->key, "when",
+                     (json_int_t)p->when, "dirs", dirs, "read_gbps", p->nvme_read_gbps,
+                     "write_gbps", p->nvme_write_gbps, "read_lat_ms", p->nvme_read_lat_ms,
+                     "write_lat_ms", p->nvme_write_lat_ms, "free_bytes",
+                     (json_int_t)p->nvme_free_bytes);
 }
 
 static double num(json_t *o, const char *k)
@@ -448,34 +499,11 @@ static double num(json_t *o, const char *k)
     return json_is_number(v) ? json_number_value(v) : 0;
 }
 
-static int probe_from_json(json_t *o, fso_probe *p)
+static int machine_from_json(json_t *o, fso_probe *p)
 {
-    const char *key = json_string_value(json_object_get(o, "key"));
-    json_t *dirs = json_object_get(o, "nvme");
-    if (!key || !json_is_array(dirs) || json_array_size(dirs) > FSO_STORE_MAX_DIRS)
-        return -EINVAL;
-    memset(p, 0, sizeof *p);
-    snprintf(p->key, sizeof p->key, "%s", key);
     p->when = (int64_t)num(o, "when");
     p->threads = (int)num(o, "threads");
     p->host_mem_bytes = (uint64_t)num(o, "host_mem_bytes");
-    p->n_dirs = (int)json_array_size(dirs);
-    for (int i = 0; i < p->n_dirs; i++) {
-        json_t *d = json_array_get(dirs, (size_t)i);
-        const char *path = json_string_value(json_object_get(d, "path"));
-        snprintf(p->dirs[i].path, sizeof p->dirs[i].path, "%s", path ? path : "");
-        p->dirs[i].read_gbps = num(d, "read_gbps");
-        p->dirs[i].write_gbps = num(d, "write_gbps");
-        p->dirs[i].read_lat_ms = num(d, "read_lat_ms");
-        p->dirs[i].write_lat_ms = num(d, "write_lat_ms");
-        p->dirs[i].free_bytes = (uint64_t)num(d, "free_bytes");
-        p->dirs[i].direct = json_is_true(json_object_get(d, "direct"));
-    }
-    p->nvme_read_gbps = num(o, "nvme_read_gbps");
-    p->nvme_write_gbps = num(o, "nvme_write_gbps");
-    p->nvme_read_lat_ms = num(o, "nvme_read_lat_ms");
-    p->nvme_write_lat_ms = num(o, "nvme_write_lat_ms");
-    p->nvme_free_bytes = (uint64_t)num(o, "nvme_free_bytes");
     p->h2d_gbps = num(o, "h2d_gbps");
     p->d2h_gbps = num(o, "d2h_gbps");
     p->host_copy_gbps = num(o, "host_copy_gbps");
@@ -488,7 +516,34 @@ static int probe_from_json(json_t *o, fso_probe *p)
     return 0;
 }
 
-/* The cache document, or NULL with rc -ENOENT (no file) / -EINVAL. */
+static int nvme_from_json(json_t *o, fso_probe *p)
+{
+    json_t *dirs = json_object_get(o, "dirs");
+    if (!json_is_array(dirs) || json_array_size(dirs) > FSO_STORE_MAX_DIRS ||
+        json_array_size(dirs) == 0)
+        return -EINVAL;
+    p->n_dirs = (int)json_array_size(dirs);
+    for (int i = 0; i < p->n_dirs; i++) {
+        json_t *d = json_array_get(dirs, (size_t)i);
+        const char *path = json_string_value(json_object_get(d, "path"));
+        snprintf(p->dirs[i].path, sizeof p->dirs[i].path, "%s", path ? path : "");
+        p->dirs[i].read_gbps = num(d, "read_gbps");
+        p->dirs[i].write_gbps = num(d, "write_gbps");
+        p->dirs[i].read_lat_ms = num(d, "read_lat_ms");
+        p->dirs[i].write_lat_ms = num(d, "write_lat_ms");
+        p->dirs[i].free_bytes = (uint64_t)num(d, "free_bytes");
+        p->dirs[i].direct = json_is_true(json_object_get(d, "direct"));
+    }
+    p->nvme_read_gbps = num(o, "read_gbps");
+    p->nvme_write_gbps = num(o, "write_gbps");
+    p->nvme_read_lat_ms = num(o, "read_lat_ms");
+    p->nvme_write_lat_ms = num(o, "write_lat_ms");
+    p->nvme_free_bytes = (uint64_t)num(o, "free_bytes");
+    return p->nvme_read_gbps > 0 && p->nvme_write_gbps > 0 ? 0 : -EINVAL;
+}
+
+/* The cache document, or NULL with rc -ENOENT (no file, or one an older
+ * fsoff wrote: measured again and rewritten) / -EINVAL. */
 static json_t *cache_read(const char *path, int *rc, char *err, size_t errlen)
 {
     json_error_t je;
@@ -497,9 +552,15 @@ static json_t *cache_read(const char *path, int *rc, char *err, size_t errlen)
         return NULL;
     }
     json_t *root = json_load_file(path, 0, &je);
-    if (!root || !json_is_object(root) ||
-        json_integer_value(json_object_get(root, "version")) != CACHE_VERSION ||
-        !json_is_array(json_object_get(root, "machines"))) {
+    json_t *version = root ? json_object_get(root, "version") : NULL;
+    if (json_is_integer(version) && json_integer_value(version) < CACHE_VERSION) {
+        json_decref(root);
+        *rc = -ENOENT;
+        return NULL;
+    }
+    if (!root || !json_is_object(root) || json_integer_value(version) != CACHE_VERSION ||
+        !json_is_array(json_object_get(root, "machines")) ||
+        !json_is_array(json_object_get(root, "nvme"))) {
         snprintf(err, errlen, "%s: not an fsoff probe cache (%s); delete it or run fsoff plan "
                               "--probe to rewrite it", path, root ? "unexpected layout" : je.text);
         json_decref(root);
@@ -510,28 +571,64 @@ static json_t *cache_read(const char *path, int *rc, char *err, size_t errlen)
     return root;
 }
 
+static json_t *find_entry(json_t *arr, const char *key, size_t *index)
+{
+    size_t i;
+    json_t *e;
+    json_array_foreach(arr, i, e) {
+        const char *k = json_string_value(json_object_get(e, "key"));
+        if (k && strcmp(k, key) == 0) {
+            if (index)
+                *index = i;
+            return e;
+        }
+    }
+    return NULL;
+}
+
+/* The parts of key's entry that the cache holds: the machine's figures
+ * (*machine) and, for a key with folders, theirs (*folders). 0, or
+ * -EINVAL for an entry that is there but incomplete. */
+static int cache_find(json_t *root, const char *key, fso_probe *p, bool *machine,
+                      bool *folders)
+{
+    char mkey[sizeof p->key];
+    const char *dirs = split_key(key, mkey, sizeof mkey);
+    json_t *m = find_entry(json_object_get(root, "machines"), mkey, NULL);
+    json_t *n = dirs[0] ? find_entry(json_object_get(root, "nvme"), key, NULL) : NULL;
+    *machine = *folders = false;
+    snprintf(p->key, sizeof p->key, "%s", key);
+    if (m) {
+        if (machine_from_json(m, p) < 0)
+            return -EINVAL;
+        *machine = true;
+    }
+    if (n) {
+        if (nvme_from_json(n, p) < 0)
+            return -EINVAL;
+        *folders = true;
+    }
+    *folders = *folders || !dirs[0];
+    return 0;
+}
+
 int fso_probe_cache_load(const char *path, const char *key, fso_probe *p, char *err,
                          size_t errlen)
 {
     int rc;
+    bool machine, folders;
     json_t *root = cache_read(path, &rc, err, errlen);
     if (!root)
         return rc;
-    json_t *arr = json_object_get(root, "machines"), *e;
-    size_t i;
-    rc = -ENOENT;
-    json_array_foreach(arr, i, e) {
-        const char *k = json_string_value(json_object_get(e, "key"));
-        if (k && strcmp(k, key) == 0) {
-            rc = probe_from_json(e, p);
-            if (rc < 0)
-                snprintf(err, errlen, "%s: entry for this machine is incomplete; run fsoff plan "
-                                      "--probe to measure again", path);
-            break;
-        }
-    }
+    memset(p, 0, sizeof *p);
+    rc = cache_find(root, key, p, &machine, &folders);
     json_decref(root);
-    return rc;
+    if (rc < 0) {
+        snprintf(err, errlen, "%s: entry for this machine is incomplete; run fsoff plan "
+                              "--probe to measure again", path);
+        return rc;
+    }
+    return machine && folders ? 0 : -ENOENT;
 }
 
 static int mkdirs(const char *path)
@@ -548,23 +645,50 @@ static int mkdirs(const char *path)
     return 0;
 }
 
+/* An NVMe entry of this host one of whose folders no longer exists: a
+ * temporary folder, a drive unmounted. */
+static bool stale(json_t *e, const char *host)
+{
+    const char *key = json_string_value(json_object_get(e, "key"));
+    size_t hl = strlen(host);
+    if (!key || strncmp(key, host, hl) != 0 || key[hl] != '|')
+        return false; /* another host's, sharing this home folder */
+    size_t i;
+    json_t *d;
+    json_array_foreach(json_object_get(e, "dirs"), i, d) {
+        const char *dir = json_string_value(json_object_get(d, "path"));
+        struct stat st;
+        if (!dir || stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
+            return true;
+    }
+    return false;
+}
+
+/* Replace (or add) the entry with entry's key in arr; takes entry. */
+static void put_entry(json_t *arr, json_t *entry)
+{
+    size_t i;
+    if (find_entry(arr, json_string_value(json_object_get(entry, "key")), &i))
+        json_array_remove(arr, i);
+    json_array_append_new(arr, entry);
+}
+
 int fso_probe_cache_save(const char *path, const fso_probe *p, char *err, size_t errlen)
 {
     int rc;
-    char e2[512] = "";
+    char e2[512] = "", host[256] = "localhost";
     json_t *root = cache_read(path, &rc, e2, sizeof e2);
-    if (!root) /* missing or unreadable: start afresh */
-        root = json_pack("{s:i, s:[]}", "version", CACHE_VERSION, "machines");
-    json_t *arr = json_object_get(root, "machines"), *e;
-    size_t i;
-    json_array_foreach(arr, i, e) {
-        const char *k = json_string_value(json_object_get(e, "key"));
-        if (k && strcmp(k, p->key) == 0) {
-            json_array_remove(arr, i);
-            break;
-        }
-    }
-    json_array_append_new(arr, probe_to_json(p));
+    if (!root) /* missing, unreadable or older: start afresh */
+        root = json_pack("{s:i, s:[], s:[]}", "version", CACHE_VERSION, "machines", "nvme");
+    json_t *nvme = json_object_get(root, "nvme");
+    gethostname(host, sizeof host - 1);
+    host[sizeof host - 1] = 0;
+    for (size_t i = json_array_size(nvme); i-- > 0;)
+        if (stale(json_array_get(nvme, i), host))
+            json_array_remove(nvme, i);
+    put_entry(json_object_get(root, "machines"), machine_to_json(p));
+    if (p->n_dirs > 0)
+        put_entry(nvme, nvme_to_json(p));
     char tmp[PATH_MAX + 16];
     snprintf(tmp, sizeof tmp, "%s.%d.tmp", path, (int)getpid());
     if ((rc = mkdirs(path)) < 0) {
@@ -587,23 +711,32 @@ int fso_probe_cache_save(const char *path, const fso_probe *p, char *err, size_t
 int fso_probe_get(fso_probe *p, const fso_probe_opts *opts, bool refresh, bool *probed,
                   char *err, size_t errlen)
 {
-    char path[PATH_MAX], key[sizeof p->key];
+    char path[PATH_MAX], e[512];
     bool have_path = fso_probe_cache_path(path, sizeof path) == 0;
+    bool machine = false, folders = false;
+    int rc;
     *probed = false;
-    fso_probe_key(key, sizeof key, opts->dirs);
+    memset(p, 0, sizeof *p);
+    fso_probe_key(p->key, sizeof p->key, opts->dirs);
     if (have_path && !refresh) {
-        char e[512];
-        if (fso_probe_cache_load(path, key, p, e, sizeof e) == 0)
+        json_t *root = cache_read(path, &rc, e, sizeof e);
+        char key[sizeof p->key];
+        snprintf(key, sizeof key, "%s", p->key);
+        if (root && cache_find(root, key, p, &machine, &folders) < 0)
+            machine = folders = false;
+        json_decref(root);
+        if (machine && folders)
             return 0;
     }
-    int rc = fso_probe_run(p, opts, err, errlen);
-    if (rc < 0)
+    /* measure what the cache lacks: the folders alone when the machine is known */
+    probe_announce(opts, !machine, !folders);
+    if (!folders && (rc = probe_folders(p, opts, err, errlen)) < 0)
         return rc;
+    if (!machine && (rc = probe_machine(p, opts, err, errlen)) < 0)
+        return rc;
+    p->when = (int64_t)time(NULL);
     *probed = true;
-    if (have_path) {
-        char e[512];
-        if (fso_probe_cache_save(path, p, e, sizeof e) < 0)
-            fprintf(stderr, "fsoff: warning: %s; the probes will run again next time\n", e);
-    }
+    if (have_path && fso_probe_cache_save(path, p, e, sizeof e) < 0)
+        fprintf(stderr, "fsoff: warning: %s; the probes will run again next time\n", e);
     return 0;
 }

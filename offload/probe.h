@@ -15,8 +15,12 @@
  *   compute     sgemm of a transformer-block-like shape through the backend
  *
  * The results are cached in one JSON file, $XDG_CACHE_HOME/fsoff/probe.json
- * (else ~/.cache/fsoff/probe.json), one entry per machine key: host name,
- * CPU model and the NVMe folders. A later run with the same key reuses them.
+ * (else ~/.cache/fsoff/probe.json), keyed by what each measures: the
+ * machine's figures (copies, compute, collectives, AdamW) once per host
+ * name and CPU model, the NVMe figures once per host, CPU model and set of
+ * folders. A later run reuses what the cache has and measures only what it
+ * lacks (a new folder: the folder alone). Entries for this host's folders
+ * that no longer exist are dropped whenever the cache is written.
  */
 #ifndef FSO_PROBE_H
 #define FSO_PROBE_H
@@ -36,7 +40,7 @@ typedef struct fso_probe_dir {
 } fso_probe_dir;
 
 typedef struct fso_probe {
-    char key[2048];              /* host|cpu model|folders */
+    char key[2048];              /* host|cpu model|folders; the machine's part: host|cpu model */
     int64_t when;                /* seconds since the epoch */
     int threads;                 /* the cores the probes used */
     uint64_t host_mem_bytes;     /* MemAvailable when probed */
@@ -70,17 +74,22 @@ int fso_probe_cache_path(char *buf, size_t len);
  * be written names the folder and the fix). */
 int fso_probe_run(fso_probe *p, const fso_probe_opts *opts, char *err, size_t errlen);
 
-/* The entry for `key` in the cache file at path: 0, -ENOENT when there is
- * no file or no such entry, -EINVAL for a file that is not a probe cache
+/* The figures for `key` in the cache file at path, the machine's and the
+ * folders': 0, -ENOENT when there is no file (or one an older fsoff wrote)
+ * or either part is missing, -EINVAL for a file that is not a probe cache
  * (message in err). */
 int fso_probe_cache_load(const char *path, const char *key, fso_probe *p, char *err,
                          size_t errlen);
-/* Add or replace p's entry (by key), creating the folder; written to a
- * temporary file and renamed, so readers never see half a file. */
+/* Add or replace p's entries (the machine's by host|cpu, the folders' by
+ * the whole key), dropping this host's entries for folders that no longer
+ * exist; the folder is created, the file written to a temporary file and
+ * renamed, so readers never see half a file. */
 int fso_probe_cache_save(const char *path, const fso_probe *p, char *err, size_t errlen);
 
-/* The cached entry for these folders, or a fresh probe (saved) when there is
- * none or refresh is set. *probed tells which. */
+/* The cached figures for this machine and these folders; what the cache
+ * lacks is measured (a new folder alone, when the machine is known) and
+ * saved; refresh measures everything. *probed tells whether anything was
+ * measured. */
 int fso_probe_get(fso_probe *p, const fso_probe_opts *opts, bool refresh, bool *probed,
                   char *err, size_t errlen);
 

@@ -977,11 +977,16 @@ static void test_probe_cache_round_trip(void **state)
     a.adam_gelems = 3.5;
     a.gflops = 1234.5;
     assert_int_equal(fso_probe_cache_save(path, &a, err, sizeof err), 0);
+    /* the same machine with other folders: the folders are an entry of their
+     * own; the machine's figures stay one entry, the latest */
     b = a;
     snprintf(b.key, sizeof b.key, "host|cpu|/mnt/b");
+    snprintf(b.dirs[0].path, sizeof b.dirs[0].path, "/mnt/b");
+    b.nvme_read_gbps = 1.5;
     b.gflops = 99;
     assert_int_equal(fso_probe_cache_save(path, &b, err, sizeof err), 0);
     a.adam_gelems = 4.5; /* replacing an entry keeps one per key */
+    a.gflops = 1234.5;
     assert_int_equal(fso_probe_cache_save(path, &a, err, sizeof err), 0);
 
     assert_int_equal(fso_probe_cache_load(path, "host|cpu|/mnt/a", &c, err, sizeof err), 0);
@@ -994,11 +999,47 @@ static void test_probe_cache_round_trip(void **state)
     assert_int_equal(c.dirs[0].free_bytes, a.dirs[0].free_bytes);
     assert_true(fabs(c.dirs[0].read_lat_ms - 0.125) < 1e-9);
     assert_true(fabs(c.nvme_write_gbps - 4.25) < 1e-9);
+    assert_true(fabs(c.nvme_read_gbps - 6.5) < 1e-9);
     assert_true(fabs(c.adam_gelems - 4.5) < 1e-9);
     assert_true(fabs(c.gflops - 1234.5) < 1e-9);
     assert_int_equal(fso_probe_cache_load(path, "host|cpu|/mnt/b", &c, err, sizeof err), 0);
-    assert_true(fabs(c.gflops - 99) < 1e-9);
+    assert_true(fabs(c.nvme_read_gbps - 1.5) < 1e-9);
+    assert_true(fabs(c.gflops - 1234.5) < 1e-9); /* one compute figure per machine */
+    assert_int_equal(fso_probe_cache_load(path, "host|cpu|", &c, err, sizeof err), 0);
+    assert_int_equal(c.n_dirs, 0);
+    assert_int_equal(fso_probe_cache_load(path, "host|cpu|/mnt/c", &c, err, sizeof err),
+                     -ENOENT);
     assert_int_equal(fso_probe_cache_load(path, "other|cpu|", &c, err, sizeof err), -ENOENT);
+    FILE *f = fopen(path, "r");
+    char doc[8192] = "";
+    assert_non_null(f);
+    doc[fread(doc, 1, sizeof doc - 1, f)] = 0;
+    fclose(f);
+    const char *g = strstr(doc, "\"gflops\"");
+    assert_non_null(g);
+    assert_null(strstr(g + 1, "\"gflops\"")); /* one compute entry in the file */
+
+    /* this host's folders that are gone are dropped when the cache is written */
+    char key[2048];
+    const char *gone = b.dirs[0].path;
+    snprintf(b.dirs[0].path, sizeof b.dirs[0].path, "%.900s/tmp-folder", tmpdir);
+    assert_int_equal(mkdir(gone, 0700), 0);
+    fso_probe_key(key, sizeof key, gone);
+    b.n_dirs = 1;
+    snprintf(b.key, sizeof b.key, "%s", key);
+    assert_int_equal(fso_probe_cache_save(path, &b, err, sizeof err), 0);
+    assert_int_equal(fso_probe_cache_load(path, key, &c, err, sizeof err), 0);
+    assert_int_equal(rmdir(gone), 0);
+    assert_int_equal(fso_probe_cache_save(path, &a, err, sizeof err), 0);
+    assert_int_equal(fso_probe_cache_load(path, key, &c, err, sizeof err), -ENOENT);
+    assert_int_equal(fso_probe_cache_load(path, "host|cpu|/mnt/a", &c, err, sizeof err), 0);
+
+    /* a cache an older fsoff wrote is measured again, not an error */
+    mkfile(path, "{\"version\": 1, \"machines\": []}");
+    assert_int_equal(fso_probe_cache_load(path, "host|cpu|/mnt/a", &c, err, sizeof err),
+                     -ENOENT);
+    assert_int_equal(fso_probe_cache_save(path, &a, err, sizeof err), 0);
+    assert_int_equal(fso_probe_cache_load(path, "host|cpu|/mnt/a", &c, err, sizeof err), 0);
 
     /* the path follows XDG_CACHE_HOME, then HOME */
     char want[1024], got[1024];
@@ -1020,10 +1061,31 @@ static void test_probe_cache_round_trip(void **state)
     assert_int_equal(fso_probe_cache_load(path, "host|cpu|/mnt/a", &c, err, sizeof err), 0);
 
     /* the key names this machine and the folders, resolved */
-    char key[2048];
     fso_probe_key(key, sizeof key, tmpdir);
     assert_non_null(strchr(key, '|'));
     assert_non_null(strstr(key, "fsoff-planner-"));
+
+    /* a new folder on a machine the cache knows: the folder alone is
+     * measured, the machine's figures are the cached ones */
+    char xdg[1100];
+    snprintf(xdg, sizeof xdg, "%s/xdg", tmpdir);
+    setenv("XDG_CACHE_HOME", xdg, 1);
+    assert_int_equal(fso_probe_cache_path(path, sizeof path), 0);
+    b = a;
+    b.n_dirs = 0;
+    b.gflops = 777;
+    fso_probe_key(b.key, sizeof b.key, "");
+    assert_int_equal(fso_probe_cache_save(path, &b, err, sizeof err), 0);
+    fso_probe_opts po = {.dirs = tmpdir, .threads = 1, .nvme_bytes = 1 << 20, .quiet = true};
+    bool probed = false;
+    assert_int_equal(fso_probe_get(&c, &po, false, &probed, err, sizeof err), 0);
+    assert_true(probed);
+    assert_true(fabs(c.gflops - 777) < 1e-9);
+    assert_int_equal(c.n_dirs, 1);
+    assert_true(c.nvme_read_gbps > 0 && c.nvme_write_gbps > 0);
+    assert_int_equal(fso_probe_get(&c, &po, false, &probed, err, sizeof err), 0);
+    assert_false(probed); /* both now cached */
+    unsetenv("XDG_CACHE_HOME");
 }
 
 /* ------------------------------------------------------------------ main */
