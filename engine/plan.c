@@ -647,9 +647,11 @@ void fso_plan_shortfall_message(const fso_plan *p, const fso_plan_pins *pins, bo
             snprintf(buf, len,
                      "device memory: the activations (%s with checkpointing) and buffers alone "
                      "need %s per device, which holds %s; short by %s: lower "
-                     "train_micro_batch_size_per_gpu or data.seq_len, or use devices with more "
-                     "memory%s",
-                     act, fx, have, by, pinned);
+                     "train_micro_batch_size_per_gpu or data.seq_len, or %s%s",
+                     act, fx, have, by,
+                     train ? "raise --device-mem"
+                           : "give each device more memory (--device-mem / --gpu-mem)",
+                     pinned);
             return;
         }
         snprintf(buf, len, "device memory: each device needs %s but holds %s; short by %s: %s%s",
