@@ -816,26 +816,6 @@ static int choose_and_free(fso_plan_ctx *ctx, const fso_plan_pins *pins, fso_pla
     return rc;
 }
 
-int fso_plan_for_config(const fso_config *cfg, const fso_plan_pins *pins, fso_plan *out,
-                        char *err, size_t errlen)
-{
-    fso_plan_machine m;
-    fso_plan_ctx ctx;
-    int rc = fso_plan_machine_here(cfg, false, &m, err, errlen);
-    if (rc < 0)
-        return rc;
-    if ((rc = fso_plan_ctx_init(&ctx, cfg, &m, false, err, errlen)) < 0)
-        return rc;
-    /* whether anything fits is arithmetic: known before one layer is timed */
-    if (pins)
-        ctx.in.pins = *pins;
-    if ((rc = fso_plan_choose(&ctx.in, out)) == -ENOSPC)
-        return choose_and_free(&ctx, pins, out, err, errlen);
-    char cerr[256];
-    fso_plan_calibrate_cpu(&ctx, cfg, cerr, sizeof cerr); /* else the sgemm rate stands */
-    return choose_and_free(&ctx, pins, out, err, errlen);
-}
-
 /* GPUs, the engine as it is (engine/zero*.c) rather than the GPU schedule: one
  * tier per kind, gathers, fp32 gradients, working parameters bf16 only with
  * bf16.enabled. */
@@ -847,14 +827,52 @@ static void gpu_engine_as_built(fso_plan_ctx *ctx, const fso_config *cfg)
     ctx->in.model.param_bytes = cfg->bf16 ? 2 : 4;
 }
 
+/* Whether any placement fits is a question of capacities alone, asked
+ * before this machine is probed (seconds, the first time) or a layer is
+ * timed: -ENOSPC with the shortfall, else 0. The rates are placeholders;
+ * they rank placements and decide nothing here. */
+static int fits_here(const fso_config *cfg, const fso_plan_pins *pins, bool gpu,
+                     uint64_t gpu_free_bytes, fso_plan *out, char *err, size_t errlen)
+{
+    fso_plan_machine m;
+    fso_plan_ctx ctx;
+    fso_plan_capacities_here(cfg, gpu_free_bytes, &m);
+    m.cpu_devices = !gpu;
+    m.nvme_read_gbps = m.nvme_write_gbps = m.h2d_gbps = m.d2h_gbps = m.coll_gbps = 1;
+    m.host_copy_gbps = m.device_gflops = m.adam_gelems = 1;
+    int rc = fso_plan_ctx_init(&ctx, cfg, &m, gpu, err, errlen);
+    if (rc < 0)
+        return 0; /* the full plan reports it */
+    if (gpu)
+        gpu_engine_as_built(&ctx, cfg);
+    rc = choose_and_free(&ctx, pins, out, err, errlen);
+    return rc == -ENOSPC ? rc : 0;
+}
+
+int fso_plan_for_config(const fso_config *cfg, const fso_plan_pins *pins, fso_plan *out,
+                        char *err, size_t errlen)
+{
+    fso_plan_machine m;
+    fso_plan_ctx ctx;
+    int rc;
+    if ((rc = fits_here(cfg, pins, false, 0, out, err, errlen)) < 0 ||
+        (rc = fso_plan_machine_here(cfg, false, &m, err, errlen)) < 0 ||
+        (rc = fso_plan_ctx_init(&ctx, cfg, &m, false, err, errlen)) < 0)
+        return rc;
+    char cerr[256];
+    fso_plan_calibrate_cpu(&ctx, cfg, cerr, sizeof cerr); /* else the sgemm rate stands */
+    return choose_and_free(&ctx, pins, out, err, errlen);
+}
+
 int fso_plan_for_config_gpus(const fso_config *cfg, const fso_plan_pins *pins,
                              const char *gpu_name, uint64_t gpu_free_bytes, fso_plan *out,
                              const fso_gpu_spec **spec_used, char *err, size_t errlen)
 {
     fso_plan_machine m;
     fso_plan_ctx ctx;
-    int rc = fso_plan_machine_here(cfg, false, &m, err, errlen); /* host, NVMe, CPU AdamW */
-    if (rc < 0)
+    int rc;
+    if ((rc = fits_here(cfg, pins, true, gpu_free_bytes, out, err, errlen)) < 0 ||
+        (rc = fso_plan_machine_here(cfg, false, &m, err, errlen)) < 0) /* host, NVMe, AdamW */
         return rc;
     const fso_gpu_spec *spec = fso_gpu_spec_for_device(gpu_name, gpu_free_bytes);
     if (spec_used)

@@ -105,13 +105,16 @@ if grep -qE -- '--auto|--host-mem|--gpu-mem' "$TMP/err" || grep -q 'short by' "$
 else
     ok "budget: train's own options, no second line"
 fi
-expect_error "budget: host, before allocating" "host memory" "short by" "--nvme DIR" -- \
-    --config "$SRC/configs/llama-7b.json" --set zero_optimization.offload_param.device=cpu \
+mkdir -p "$TMP/xdg-budget"
+XDG_CACHE_HOME="$TMP/xdg-budget" expect_error "budget: host, before allocating" "host memory" \
+    "short by" "--nvme DIR" -- --config "$SRC/configs/llama-7b.json" \
+    --set zero_optimization.offload_param.device=cpu \
     --set zero_optimization.offload_optimizer.device=cpu --steps 1
-if grep -q '^fsoff: model\|^plan:' "$TMP/out"; then
-    bad "budget: host refused before the banner" "$(head -3 "$TMP/out")"
+if grep -q '^fsoff: model\|^plan:' "$TMP/out" || grep -q 'probing' "$TMP/err" ||
+   [ -e "$TMP/xdg-budget/fsoff/probe.json" ]; then
+    bad "budget: host refused before the probes and the banner" "$(head -3 "$TMP/out" "$TMP/err")"
 else
-    ok "budget: host refused before the banner"
+    ok "budget: host refused before the probes and the banner"
 fi
 # absurd models: refused at once by train and plan, each tier named
 HUGE=(--set model.num_hidden_layers=1000000 --set model.hidden_size=8192

@@ -664,9 +664,21 @@ static void test_plan_for_this_machine_prints_and_applies(void **state)
     snprintf(cache, sizeof cache, "%s/cache-here", tmpdir);
     setenv("XDG_CACHE_HOME", cache, 1);
     tiny_config(&cfg);
+    /* nothing fits: said from the capacities alone, before any probe */
+    cfg.device_mem_bytes = 1u << 20;
+    cfg.offload.optim_tier = FSO_TIER_DEVICE;
+    fso_plan_pins_none(&pins);
+    pins.tier[FSO_KIND_MASTER] = FSO_TIER_DEVICE;
+    assert_int_equal(fso_plan_for_config(&cfg, &pins, &p, err, sizeof err), -ENOSPC);
+    assert_non_null(strstr(err, "device memory"));
+    char probe_file[1200];
+    snprintf(probe_file, sizeof probe_file, "%s/fsoff/probe.json", cache);
+    assert_int_equal(access(probe_file, F_OK), -1); /* not probed */
+    tiny_config(&cfg);
     cfg.world = 2;
     fso_plan_pins_from_config(&cfg, &pins);
     assert_int_equal(fso_plan_for_config(&cfg, &pins, &p, err, sizeof err), 0);
+    assert_int_equal(access(probe_file, F_OK), 0);
     assert_true(p.fits && p.step_ms > 0 && p.machine.cpu_devices && p.machine.devices == 2);
     char *buf = NULL;
     size_t len = 0;
