@@ -801,6 +801,12 @@ static void test_data_path_and_format(void **state)
         fail_msg("%s", c.err);
     assert_int_equal(c.data.format, FSO_DATA_TOKENS);
     assert_string_equal(c.data.path, "/data/fineweb_train_000001.bin");
+    /* tokens without a file is a configuration error, located */
+    const char *nopath[] = {"data.format=tokens"};
+    assert_int_equal(load_sets(&c, nopath, 1), -EINVAL);
+    expect_err(&c, "--set data.format=tokens: data.format: is \"tokens\" but data.path is empty "
+                   "(the built-in corpus is text); give a token file with --data FILE, or set "
+                   "data.format to \"auto\"");
 
     /* The longest path that fits, then one byte more. */
     size_t room = sizeof(c.data.path) - 1;
