@@ -274,7 +274,7 @@ static fso_plan_measured measured_mean(run_plan *rp, const fso_config *cfg,
 /* Move the running state to the corrected plan's placement; cfg and the
  * plan follow when it moved. */
 static void move_to(run_plan *rp, const fso_plan *corrected, fso_config *cfg, fso_trainer *tr,
-                    fso_report *rep, FILE *out)
+                    FILE *out)
 {
     char msg[512], err[512], h[32];
     fso_config *next = malloc(sizeof *next);
@@ -339,7 +339,7 @@ static void replan(run_plan *rp, fso_config *cfg, int64_t steps_left, fso_traine
                 mv.saving_ms, (long long)steps_left, h, mv.move_ms);
         goto out;
     }
-    move_to(rp, corrected, cfg, tr, rep, out);
+    move_to(rp, corrected, cfg, tr, out);
 out:
     free(corrected);
 }
