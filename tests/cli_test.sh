@@ -210,7 +210,7 @@ fi
 mkdir -p "$TMP/nvk"
 "$FSOFF" --steps 100000 --nvme "$TMP/nvk" "${SMALL[@]}" >/dev/null 2>&1 &
 pid=$!
-for _ in $(seq 300); do [ -e "$TMP/nvk/fsoff-dev0.0" ] && break; sleep 0.1; done
+for _ in $(seq 1200); do [ -e "$TMP/nvk/fsoff-dev0.0" ] && break; sleep 0.1; done
 kill -9 $pid 2>/dev/null
 wait $pid 2>/dev/null
 if [ -e "$TMP/nvk/fsoff-dev0.0" ] &&
@@ -221,7 +221,7 @@ if [ -e "$TMP/nvk/fsoff-dev0.0" ] &&
 else
     bad "a killed run's NVMe files: reclaimed with one notice" "$(ls -A "$TMP/nvk")" "$(cat "$TMP/err")"
 fi
-flock "$TMP/nvk/fsoff-dev0.lock" sleep 60 &
+flock --no-fork "$TMP/nvk/fsoff-dev0.lock" sleep 60 &
 lockpid=$!
 for _ in $(seq 50); do [ -e "$TMP/nvk/fsoff-dev0.lock" ] && break; sleep 0.1; done
 expect_error "a running fsoff's folder is refused" "in use by an fsoff that is running" -- \
