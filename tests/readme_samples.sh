@@ -7,9 +7,9 @@
 # (the default job's plan, a step and the summary; the errors of three bad
 # inputs) and, with --write, puts the output there. Without it, it checks
 # that the README's samples are what fsoff prints now: every word and number
-# the same, except timings (ms, tok/s, GFLOP/s, seconds, percentages of the
-# critical path), which are masked, and the peak RSS, which must be within
-# a factor of 1.5. A sample that drifted fails, with the fix: run this
+# the same, except timings (ms, tok/s, GFLOP/s, seconds, the critical path's
+# shares), which are masked, and the peak RSS, which must be within a factor
+# of 1.5. A sample that drifted fails, with the fix: run this
 # script with --write and commit README.md.
 set -u
 FSOFF=$(realpath "${1:?usage: readme_samples.sh path/to/fsoff [--write]}")
@@ -50,9 +50,10 @@ block() { # NAME FILE: the sample's block in FILE (without the fences)
         f && /^<!-- end sample -->/ { f = 0 }
         f && !/^```/ { print }' "$2"
 }
-mask() { # timings out, runs of spaces squeezed
+mask() { # timings out (the critical path's shares too), runs of spaces squeezed
     sed -E -e 's/[0-9][0-9.]* (ms\/step|ms|tok\/s|GFLOP\/s|s |exposed)/# \1/g' \
-           -e 's/[0-9][0-9.]*%/#%/g' -e 's/peak RSS [0-9.]+ MiB/peak RSS # MiB/' -e 's/ +/ /g'
+           -e 's/\(critical path: [^)]*\)/(critical path: #)/' \
+           -e 's/peak RSS [0-9.]+ MiB/peak RSS # MiB/' -e 's/ +/ /g'
 }
 rss() { grep -o 'peak RSS [0-9.]*' | awk '{ print $3 }'; }
 
