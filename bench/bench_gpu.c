@@ -34,6 +34,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cuda_backend.h"
 #include "util.h"
 
 static int parse_size(const char *s, size_t *out)
@@ -464,9 +465,9 @@ int fso_bench_allgather(int argc, char **argv)
 
 static int no_cuda(const char *me)
 {
-    printf("fsoff bench %s: skipped: this fsoff was built without CUDA (nvcc was not on PATH "
-           "when the build was set up); with the CUDA toolkit installed, set up the build again\n",
-           me);
+    char why[512];
+    fso_cuda_available(why, sizeof why);
+    printf("fsoff bench %s: skipped: this fsoff was %s\n", me, why);
     return 77;
 }
 

@@ -8,10 +8,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "config.h"
 #include "cuda_backend.h"
 #include "fso_build.h"
+#include "store.h"
 #include "train.h"
 #include "util.h"
 
@@ -112,6 +114,59 @@ static int select_devices(fso_config *cfg, const char *arg)
     return -EINVAL;
 }
 
+/* A list of NVMe folders, as `what` names it (--nvme, or a configuration
+ * key): one or more, comma-separated, each an existing folder. 0, or
+ * -EINVAL after one error line: a bad command line or configuration. */
+static int check_folders(const char *what, const char *list)
+{
+    char buf[4096];
+    const char *dirs[FSO_STORE_MAX_DIRS];
+    int n = snprintf(buf, sizeof buf, "%s", list);
+    bool empty_item = list[0] == ',' || (n > 0 && list[n - 1] == ',') || strstr(list, ",,");
+    if (n >= (int)sizeof buf) {
+        fprintf(stderr, "fsoff: error: %s: the list of folders is longer than %zu bytes\n",
+                what, sizeof buf - 1);
+        return -EINVAL;
+    }
+    n = fso_split_list(buf, ',', dirs, FSO_STORE_MAX_DIRS);
+    if (n == 0 || empty_item) {
+        fprintf(stderr, "fsoff: error: %s \"%s\": expected one or more folders, "
+                        "comma-separated, e.g. /mnt/nvme0,/mnt/nvme1\n", what, list);
+        return -EINVAL;
+    }
+    if (n < 0) {
+        fprintf(stderr, "fsoff: error: %s %s: more than %d folders; stripe over at most %d\n",
+                what, list, FSO_STORE_MAX_DIRS, FSO_STORE_MAX_DIRS);
+        return -EINVAL;
+    }
+    for (int i = 0; i < n; i++) {
+        struct stat st;
+        if (stat(dirs[i], &st) != 0) {
+            fprintf(stderr, "fsoff: error: %s %s: %s: no such folder; create it or name "
+                            "another\n", what, list, dirs[i]);
+            return -EINVAL;
+        }
+        if (!S_ISDIR(st.st_mode)) {
+            fprintf(stderr, "fsoff: error: %s %s: %s is not a folder; name folders, "
+                            "comma-separated\n", what, list, dirs[i]);
+            return -EINVAL;
+        }
+    }
+    return 0;
+}
+
+/* The configuration's NVMe folders for the state it keeps on NVMe. */
+static int check_config_folders(const fso_config *cfg)
+{
+    const fso_offload_config *o = &cfg->offload;
+    if (o->param_tier == FSO_TIER_NVME && o->param_nvme_path[0] &&
+        check_folders("zero_optimization.offload_param.nvme_path", o->param_nvme_path) < 0)
+        return -EINVAL;
+    if (o->optim_tier == FSO_TIER_NVME && o->optim_nvme_path[0] &&
+        check_folders("zero_optimization.offload_optimizer.nvme_path", o->optim_nvme_path) < 0)
+        return -EINVAL;
+    return 0;
+}
 
 int fso_cli_main(int argc, char **argv)
 {
@@ -194,6 +249,8 @@ int fso_cli_main(int argc, char **argv)
             break;
         }
         case 'N': {
+            if (check_folders("--nvme", optarg) < 0)
+                goto out;
             char *lit = fso_json_quote(optarg);
             if (!lit ||
                 asprintf(&sets[nsets++], "zero_optimization.offload_param={\"device\": "
@@ -244,6 +301,8 @@ int fso_cli_main(int argc, char **argv)
         fprintf(stderr, "fsoff: error: %s\n", cfg.err);
         goto out;
     }
+    if (check_config_folders(&cfg) < 0)
+        goto out;
 
     fso_run_opts opts = {.metrics_path = metrics_path, .devices = devices};
     status = fso_train_run(&cfg, &opts) < 0 ? 1 : 0;

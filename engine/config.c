@@ -241,6 +241,12 @@ int fso_cfg_where(const struct fso_config_doc *doc, const keypath *p, char *buf,
     return cfg_where(doc, p, buf, size);
 }
 
+bool fso_cfg_from_defaults(const struct fso_config_doc *doc, const keypath *p)
+{
+    char where[16];
+    return doc->layers[cfg_where(doc, p, where, sizeof where)].kind == LAYER_DEFAULTS;
+}
+
 int fso_cfg_doc_add_layer(struct fso_config_doc *doc, cfg_layer *l)
 {
     return doc_add_layer(doc, l);

@@ -229,9 +229,7 @@ static int replace_model_section(struct fso_config_doc *doc, json_t *model, json
         return -ENOMEM;
     json_object_foreach(model, key, v) {
         keypath p = {{"model", key}, 2};
-        char where[300];
-        if (doc->layers[fso_cfg_where(doc, &p, where, sizeof where)].kind == LAYER_DEFAULTS ||
-            json_object_get(merged, key))
+        if (fso_cfg_from_defaults(doc, &p) || json_object_get(merged, key))
             continue;
         if (json_object_set(merged, key, v) < 0) {
             json_decref(merged);

@@ -76,6 +76,8 @@ keypath fso_cfg_kp_child(const keypath *p, const char *key);
  * in buf. */
 int fso_cfg_doc_add_layer(struct fso_config_doc *doc, cfg_layer *l);
 int fso_cfg_where(const struct fso_config_doc *doc, const keypath *p, char *buf, size_t size);
+/* Whether the value at p is the built-in defaults' (no file or --set gave it). */
+bool fso_cfg_from_defaults(const struct fso_config_doc *doc, const keypath *p);
 /* config.c: the whole file at path (at most 64 MiB), NUL-terminated, into
  * *text (the caller frees). 0, or -errno (-EFBIG when larger). */
 int fso_cfg_read_file(const char *path, char **text, size_t *len);

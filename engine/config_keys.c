@@ -658,6 +658,13 @@ static int apply_data(walker *w, json_t *root)
         int i = 0;
         CFG_TRY(want_choice(w, v, &p, formats, 3, false, &i));
         d->format = values[i];
+        if (d->format == FSO_DATA_TOKENS && !d->path[0]) {
+            keypath dp = fso_cfg_kp_child(&sec, "path");
+            return fso_cfg_fail_rel(w, &p, &dp, NULL,
+                                    "is \"tokens\" but data.path is empty (the built-in "
+                                    "corpus is text); give a token file with --data FILE, or "
+                                    "set data.format to \"auto\"");
+        }
     }
     CFG_TRY(get_int32(w, s, &sec, "seq_len", 2, NULL, &d->seq_len));
 
@@ -896,6 +903,19 @@ static int apply_scheduler(walker *w, json_t *root)
     if ((v = json_object_get(s, "params"))) {
         CFG_TRY(want_object(w, v, &psec));
         params = v;
+    }
+    /* The built-in defaults' parameters belong to their type, WarmupCosineLR:
+     * a type set over them keeps those it takes and drops the others. What a
+     * file or a --set gave is the user's and is checked. */
+    const char *key;
+    json_t *tmp;
+    json_object_foreach_safe(params, tmp, key, v) {
+        keypath kp = fso_cfg_kp_child(&psec, key);
+        bool taken = false;
+        for (const key_spec *k = type_keys[t]; k->name && !taken; k++)
+            taken = strcmp(k->name, key) == 0;
+        if (!taken && fso_cfg_from_defaults(w->doc, &kp))
+            json_object_del(params, key);
     }
     CFG_TRY(fso_cfg_check_keys(w, params, &psec, type_keys[t], type_where[t]));
 

@@ -185,7 +185,9 @@ static int load_token_file(fso_data *d, const fso_config *cfg, int fd, const cha
     }
 
     uint64_t done_bytes = 0;
-    size_t idx = 0;
+    size_t idx = 0, bad_idx = 0;
+    uint32_t max_token = 0, bad_token = 0;
+    bool bad = false;
     while (done_bytes < want_bytes) {
         size_t want = (size_t)(want_bytes - done_bytes < CHUNK_BYTES ? want_bytes - done_bytes
                                                                      : CHUNK_BYTES);
@@ -206,15 +208,36 @@ static int load_token_file(fso_data *d, const fso_config *cfg, int fd, const cha
         for (size_t off = 0; off < want; off += elem_bytes, idx++) {
             uint32_t v = elem_bytes == 2 ? (uint32_t)stage[off] | (uint32_t)stage[off + 1] << 8
                                          : get_u32le(stage + off);
-            if (vocab <= 0 || v >= (uint32_t)vocab) {
-                data_err(d, "%s: token %u at index %zu is >= model.vocab_size (%d); set "
-                         "model.vocab_size to the tokenizer's vocabulary size", path, v,
-                         idx, vocab);
-                rc = -EINVAL;
-                goto out;
+            if ((vocab <= 0 || v >= (uint32_t)vocab) && !bad) {
+                bad = true;
+                bad_token = v;
+                bad_idx = idx;
             }
+            if (v > max_token)
+                max_token = v;
             d->tokens[idx] = (int32_t)v;
         }
+    }
+    if (bad) { /* the whole file read: the vocabulary it needs */
+        const uint64_t need = (uint64_t)max_token + 1;
+        static const struct {
+            uint64_t size;
+            const char *name;
+        } tokenizers[] = {{32000, "Llama 2"}, {50257, "GPT-2"}, {128256, "Llama 3"}};
+        char hint[160];
+        snprintf(hint, sizeof hint, "--set model.vocab_size=%llu", (unsigned long long)need);
+        for (size_t i = 0; i < sizeof tokenizers / sizeof tokenizers[0]; i++)
+            if (tokenizers[i].size >= need) {
+                snprintf(hint, sizeof hint, "for %s tokens, --set model.vocab_size=%llu",
+                         tokenizers[i].name, (unsigned long long)tokenizers[i].size);
+                break;
+            }
+        data_err(d, "%s: token %u at index %zu is >= model.vocab_size (%d); the file's "
+                 "largest token is %u, so the model needs a vocabulary of at least %llu: %s "
+                 "(the tokenizer's vocabulary size)", path, bad_token, bad_idx, vocab,
+                 max_token, (unsigned long long)need, hint);
+        rc = -EINVAL;
+        goto out;
     }
     /* Anything after the tokens (a file that grew, or a pipe) is an error too. */
     ssize_t extra = read_full(fd, stage, CHUNK_BYTES);

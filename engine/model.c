@@ -8,14 +8,17 @@
 #include <string.h>
 
 #include "rng.h"
+#include "util.h"
 
 #define TENSOR_ALIGN_ELEMS 64
 #define SHARD_PAGE_ELEMS 1024 /* 4 KiB of fp32 */
 #define LOGITS_CHUNK_BYTES (32u << 20)
 
+/* Checked (util.h): a layout whose element counts overflow saturates, and
+ * the budgets built on it refuse it. */
 static size_t round_up(size_t x, size_t m)
 {
-    return (x + m - 1) / m * m;
+    return fso_sat_round_up(x, m);
 }
 
 /* Rows of the logits the head computes at once: LOGITS_CHUNK_BYTES of fp32
@@ -38,7 +41,7 @@ static void add_tensor(fso_block_layout *b, fso_tensor_kind kind, const char *na
     t->numel = (size_t)rows * cols;
     t->is_norm = is_norm;
     t->decay = decay;
-    b->used_elems = t->offset_elems + t->numel;
+    b->used_elems = fso_sat_add(t->offset_elems, t->numel);
 }
 
 int fso_model_n_blocks(const fso_model_config *mc)
@@ -355,28 +358,36 @@ size_t fso_model_activation_bytes(const fso_model *m)
 }
 
 /* Mirrors the allocations of fso_model_init (each rounded to 64 bytes as
- * the CPU backend does); test_train checks the two agree. */
+ * the CPU backend does); test_train checks the two agree. Checked: sizes
+ * that overflow 64 bits give FSO_BYTES_OVERFLOW. */
 size_t fso_model_activation_bytes_for(const fso_model_config *mc, int B, int T,
                                       bool checkpointing, bool bf16)
 {
     const size_t L = (size_t)mc->num_hidden_layers, C = (size_t)mc->hidden_size;
     const size_t F = (size_t)mc->intermediate_size, V = (size_t)mc->vocab_size;
     const size_t H = (size_t)mc->num_attention_heads, Hkv = (size_t)mc->num_key_value_heads;
-    const size_t D = (size_t)mc->head_dim, N = (size_t)B * T, fN = sizeof(float) * N;
-    const size_t wN = (bf16 ? sizeof(uint16_t) : sizeof(float)) * N;
-#define R64(x) (((size_t)(x) + 63) & ~(size_t)63)
-    size_t total = 2 * R64(sizeof(int32_t) * N) + 2 * R64(sizeof(float) * (size_t)T * (D / 2));
+#define M(a, b) fso_sat_mul(a, b)
+#define A(a, b) fso_sat_add(a, b)
+#define R64(x) fso_sat_round_up(x, 64)
+    const size_t D = (size_t)mc->head_dim, N = (size_t)B * T, fN = M(sizeof(float), N);
+    const size_t wb = bf16 ? sizeof(uint16_t) : sizeof(float), wN = M(wb, N);
+    size_t total = A(M(2, R64(M(sizeof(int32_t), N))),
+                     M(2, R64(M(sizeof(float) * (size_t)T, D / 2))));
     if (bf16 && checkpointing)
-        total += (L + 1) * R64(sizeof(uint16_t) * N * C) + 2 * R64(fN * C);
+        total = A(total, A(M(L + 1, R64(M(M(sizeof(uint16_t), N), C))), M(2, R64(M(fN, C)))));
     else
-        total += (L + 1) * R64(fN * C);
-    size_t per_layer = 2 * R64(wN * C) + R64(fN * C) + 2 * R64(fN) + 2 * R64(wN * H * D) +
-                       2 * R64(wN * Hkv * D) + R64(wN / N * (size_t)B * H * (size_t)T * T) +
-                       3 * R64(wN * F);
-    total += (checkpointing ? 1 : L) * per_layer;
+        total = A(total, M(L + 1, R64(M(fN, C))));
+    /* the attention probabilities and the rest inside a layer */
+    const size_t probs = R64(M(M(M(wb * (size_t)B, H), T), T));
+    size_t inner = A(A(M(2, R64(M(M(wN, H), D))), M(2, R64(M(M(wN, Hkv), D)))),
+                     M(3, R64(M(wN, F))));
+    size_t per_layer = A(A(A(M(2, R64(M(wN, C))), R64(M(fN, C))), M(2, R64(fN))), A(inner, probs));
+    total = A(total, M(checkpointing ? 1 : L, per_layer));
     const size_t rows = logit_rows(V, N);
-    total += R64(wN * C) + 2 * R64(fN * C) + 2 * R64(fN) + R64(sizeof(float) * rows * V) +
-             2 * R64(wN * H * D) + 2 * R64(wN * Hkv * D) + 3 * R64(wN * F);
+    total = A(total, A(A(A(R64(M(wN, C)), M(2, R64(M(fN, C)))), M(2, R64(fN))),
+                       A(R64(M(M(sizeof(float), rows), V)), inner)));
+#undef M
+#undef A
 #undef R64
     return total;
 }
@@ -390,22 +401,27 @@ static size_t max2(size_t a, size_t b)
  * (bf16 ones only; outputs that are fp32 need no space). */
 size_t fso_model_cpu_widen_bytes_for(const fso_model_config *mc, int B, int T)
 {
+#define M(a, b) fso_sat_mul(a, b)
+#define A(a, b) fso_sat_add(a, b)
     const size_t C = (size_t)mc->hidden_size, F = (size_t)mc->intermediate_size;
     const size_t V = (size_t)mc->vocab_size, N = (size_t)B * T;
     const size_t qd = (size_t)mc->num_attention_heads * mc->head_dim;
     const size_t kvd = (size_t)mc->num_key_value_heads * mc->head_dim;
-    const size_t probs = (size_t)B * mc->num_attention_heads * (size_t)T * T;
+    const size_t probs = M(M((size_t)B * mc->num_attention_heads, T), T);
     const size_t rows = logit_rows(V, N);
-    size_t w = N * C + C;                                   /* rmsnorm_fwd */
-    w = max2(w, N * qd + N * C + qd * C);                   /* q (k, v are smaller) */
-    w = max2(w, N * qd + C * qd);                           /* o */
-    w = max2(w, N * F + N * C + F * C);                     /* gate, up (fwd and bwd) */
-    w = max2(w, 2 * N * F + C * F);                         /* down bwd */
-    w = max2(w, 2 * N * qd + C * qd);                       /* o bwd */
-    w = max2(w, rows * C + V * C);                          /* head */
-    w = max2(w, 3 * N * qd + 4 * N * kvd + probs);          /* attention bwd (fwd is less) */
-    w = max2(w, 5 * N * F);                                 /* swiglu bwd */
-    return sizeof(float) * w;
+    const size_t NC = M(N, C), Nqd = M(N, qd), NF = M(N, F);
+    size_t w = A(NC, C);                                    /* rmsnorm_fwd */
+    w = max2(w, A(A(Nqd, NC), M(qd, C)));                   /* q (k, v are smaller) */
+    w = max2(w, A(Nqd, M(C, qd)));                          /* o */
+    w = max2(w, A(A(NF, NC), M(F, C)));                     /* gate, up (fwd and bwd) */
+    w = max2(w, A(M(2, NF), M(C, F)));                      /* down bwd */
+    w = max2(w, A(M(2, Nqd), M(C, qd)));                    /* o bwd */
+    w = max2(w, A(M(rows, C), M(V, C)));                    /* head */
+    w = max2(w, A(A(M(3, Nqd), M(4, M(N, kvd))), probs));   /* attention bwd (fwd is less) */
+    w = max2(w, M(5, NF));                                  /* swiglu bwd */
+    return M(sizeof(float), w);
+#undef M
+#undef A
 }
 
 /* The CUDA backend's widest scratch request over a step (one buffer, grown
@@ -415,22 +431,26 @@ size_t fso_model_cpu_widen_bytes_for(const fso_model_config *mc, int B, int T)
  * RMSNorm's weight-gradient partials (cuda_ops.cu; the norms' are smaller). */
 size_t fso_model_cuda_scratch_bytes_for(const fso_model_config *mc, int B, int T, bool bf16)
 {
+#define M(a, b) fso_sat_mul(a, b)
+#define A(a, b) fso_sat_add(a, b)
+#define R256(x) fso_sat_round_up(x, 256)
     const size_t C = (size_t)mc->hidden_size, V = (size_t)mc->vocab_size, N = (size_t)B * T;
     const size_t H = (size_t)mc->num_attention_heads, Hkv = (size_t)mc->num_key_value_heads;
     const size_t D = (size_t)mc->head_dim, TT = (size_t)T * T;
-#define R256(x) (((size_t)(x) + 255) & ~(size_t)255)
     size_t w;
     if (bf16) {
-        w = R256(4 * Hkv * TT) + R256(2 * Hkv * TT) + (H > Hkv ? 2 * R256(4 * T * Hkv * D) : 0);
-        w = max2(w, R256(2 * N * C));
-        w = max2(w, R256(2 * logit_rows(V, N) * V));
+        w = A(A(R256(M(4 * Hkv, TT)), R256(M(2 * Hkv, TT))),
+              H > Hkv ? M(2, R256(M(M(4 * (size_t)T, Hkv), D))) : 0);
+        w = max2(w, R256(M(2, M(N, C))));
+        w = max2(w, R256(M(2 * logit_rows(V, N), V)));
     } else {
-        w = 4 * H * TT;
+        w = M(4 * H, TT);
     }
+    w = max2(w, M(4 * ((N + 63) / 64), C)); /* RMSNorm: 64 rows a chunk */
+    return fso_sat_round_up(w, (size_t)2 << 20);
+#undef M
+#undef A
 #undef R256
-    w = max2(w, 4 * ((N + 63) / 64) * C); /* RMSNorm: 64 rows a chunk */
-    const size_t round = (size_t)2 << 20;
-    return (w + round - 1) / round * round;
 }
 
 /* A layer's dimensions, as its ops take them. */

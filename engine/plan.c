@@ -439,6 +439,21 @@ void fso_plan_machine_cpu(const fso_config *cfg, const fso_probe *p, uint64_t ho
     m->device_adam_gelems = 0;
 }
 
+void fso_plan_capacities_here(const fso_config *cfg, uint64_t gpu_free_bytes,
+                              fso_plan_machine *m)
+{
+    char dirs[8192], missing[8192];
+    memset(m, 0, sizeof *m);
+    fso_plan_nvme_folders(cfg, dirs, sizeof dirs, missing, sizeof missing);
+    m->devices = cfg->world > 0 ? cfg->world : 1;
+    m->host_mem_bytes = fso_mem_available_bytes();
+    m->device_mem_bytes = strcmp(cfg->backend, "cuda") != 0
+                              ? fso_zero_cpu_device_mem(cfg, m->host_mem_bytes)
+                          : cfg->device_mem_bytes ? cfg->device_mem_bytes
+                                                  : gpu_free_bytes;
+    m->nvme_free_bytes = dirs[0] ? fso_plan_folders_free(dirs) : 0;
+}
+
 int fso_plan_machine_here(const fso_config *cfg, bool refresh, fso_plan_machine *m, char *err,
                           size_t errlen)
 {
@@ -456,65 +471,200 @@ int fso_plan_machine_here(const fso_config *cfg, bool refresh, fso_plan_machine 
     return 0;
 }
 
-/* ------------------------------------------------------------------ reports */
+/* ------------------------------------------------------------------ sizes */
 
-static const char *fix_for(int tier)
+/* What to do about a short tier, in the options of the command that reads
+ * it: fsoff train's or fsoff plan's. */
+static const char *fix_for(int tier, bool train)
 {
     switch (tier) {
     case FSO_TIER_DEVICE:
-        return "move state off the devices (host or NVMe), add devices, or give each more "
-               "memory (--device-mem / --gpu-mem)";
+        return train ? "move state off the devices (host or NVMe), add devices (--devices), or "
+                       "raise --device-mem"
+                     : "move state off the devices (host or NVMe), add devices, or give each "
+                       "more memory (--device-mem / --gpu-mem)";
     case FSO_TIER_HOST:
-        return "add NVMe folders for the state (--nvme DIR), or more host memory (--host-mem)";
+        return train ? "add NVMe folders for the state (--nvme DIR)"
+                     : "add NVMe folders for the state (--nvme DIR), or more host memory "
+                       "(--host-mem)";
     default:
         return "free space on the NVMe folders or add folders (--nvme DIR1,DIR2)";
     }
 }
 
-void fso_plan_shortfall_message(const fso_plan *p, const fso_plan_pins *pins, char *buf,
-                                size_t len)
+
+int fso_plan_check_size(const fso_config *cfg, const fso_plan_pins *pins,
+                        const fso_plan_machine *m, bool gpu, bool train, char *err,
+                        size_t errlen)
 {
-    char need[32], have[32], by[32], act[32], pinned[256] = "";
+    const uint64_t W = (uint64_t)(m->devices > 0 ? m->devices : 1);
+    fso_config *c = malloc(sizeof *c);
+    if (!c) {
+        snprintf(err, errlen, "out of memory");
+        return -ENOMEM;
+    }
+    /* the least the devices and the host hold whatever the placement: with
+     * the parameters on the devices (one device lends its shard, no gather
+     * window) or elsewhere (no parameter ring in the host arena) */
+    fso_zero_need lend, gather;
+    *c = *cfg;
+    c->world = (int)W;
+    if (gpu)
+        snprintf(c->backend, sizeof c->backend, "cuda");
+    c->offload.param_tier = FSO_TIER_DEVICE;
+    fso_zero_need_for(c, &lend);
+    c->offload.param_tier = FSO_TIER_HOST;
+    fso_zero_need_for(c, &gather);
+    free(c);
+    uint64_t state = 0, pinned[FSO_N_TIERS] = {0};
+    for (int k = 0; k < FSO_N_KINDS; k++) {
+        state = fso_sat_add(state, gather.kind_bytes[k]);
+        if (pins && pins->tier[k] >= 0)
+            pinned[pins->tier[k]] = fso_sat_add(pinned[pins->tier[k]], gather.kind_bytes[k]);
+    }
+    const uint64_t buffers = lend.device_buffers < gather.device_buffers ? lend.device_buffers
+                                                                         : gather.device_buffers;
+    const uint64_t fixed[FSO_N_TIERS] = {fso_sat_add(gather.activations, buffers),
+                                         fso_sat_mul(gather.staging, W), 0};
+    if (state != FSO_BYTES_OVERFLOW && fixed[0] != FSO_BYTES_OVERFLOW &&
+        fixed[1] != FSO_BYTES_OVERFLOW && fso_model_n_blocks(&cfg->model) <= FSO_PLAN_MAX_BLOCKS)
+        return 0; /* the planner sizes it placement by placement */
+
+    /* each tier: what it holds whatever the placement (device: per device),
+     * and what is left for the state no configuration key pins */
+    const uint64_t have[FSO_N_TIERS] = {m->device_mem_bytes, m->host_mem_bytes,
+                                        m->nvme_free_bytes};
+    const uint64_t times[FSO_N_TIERS] = {W, 1, 1};
+    uint64_t least[FSO_N_TIERS], room = 0, deficit = 0;
+    bool known = true;
+    for (int t = 0; t < FSO_N_TIERS; t++) {
+        least[t] = fso_sat_add(fixed[t], t == FSO_TIER_DEVICE ? fso_sat_div(pinned[t], W)
+                                                               : pinned[t]);
+        if (have[t] == 0 && t != FSO_TIER_NVME) /* not known here: not counted */
+            known = false;
+        else if (least[t] <= have[t])
+            room = fso_sat_add(room, fso_sat_mul(have[t] - least[t], times[t]));
+        else
+            deficit = fso_sat_add(deficit, fso_sat_mul(least[t] == FSO_BYTES_OVERFLOW
+                                                           ? least[t]
+                                                           : least[t] - have[t],
+                                                       times[t]));
+    }
+    const uint64_t loose =
+        state == FSO_BYTES_OVERFLOW
+            ? state
+            : state - fso_sat_add(fso_sat_add(pinned[0], pinned[1]), pinned[2]);
+    if (loose == FSO_BYTES_OVERFLOW || (known && loose > room))
+        deficit = fso_sat_add(deficit, loose == FSO_BYTES_OVERFLOW ? loose : loose - room);
+    if (deficit == 0)
+        return 0;
+
+    /* one line: every tier's need against what it holds, the state, the total short */
+    static const char *const what[FSO_N_TIERS] = {"activations and buffers", "staging", ""};
+    char tiers[3][256], n[48], h[48], pn[48], hs[48], hp[48], hg[48], ho[48], by[48];
+    static const char *const who[FSO_N_TIERS] = {"each device", "the host", "NVMe"};
+    static const char *const holds[FSO_N_TIERS] = {"holds %s", "%s is available",
+                                                   "has %s free"};
+    for (int t = 0; t < FSO_N_TIERS; t++) {
+        fso_human_bytes(n, sizeof n, (double)least[t]);
+        fso_human_bytes(h, sizeof h, (double)have[t]);
+        fso_human_bytes(pn, sizeof pn, (double)(least[t] - fixed[t]));
+        int o = snprintf(tiers[t], sizeof tiers[t], "%s needs %s", who[t], n);
+        if (least[t] && fixed[t])
+            o += snprintf(tiers[t] + o, sizeof tiers[t] - (size_t)o, " (%s%s", what[t],
+                          least[t] > fixed[t] ? ", " : ")");
+        if (least[t] > fixed[t])
+            o += snprintf(tiers[t] + o, sizeof tiers[t] - (size_t)o, "%sstate pinned there %s)",
+                          fixed[t] ? "" : " (", pn);
+        if (!have[t] && t != FSO_TIER_NVME)
+            snprintf(h, sizeof h, "an unknown amount");
+        o += snprintf(tiers[t] + o, sizeof tiers[t] - (size_t)o, " and ");
+        snprintf(tiers[t] + o, sizeof tiers[t] - (size_t)o, holds[t], h);
+    }
+    const uint64_t opt = fso_sat_add(fso_sat_add(gather.kind_bytes[FSO_KIND_MASTER],
+                                                 gather.kind_bytes[FSO_KIND_M]),
+                                     gather.kind_bytes[FSO_KIND_V]);
+    char loose_part[128] = "";
+    fso_human_bytes(hs, sizeof hs, (double)state);
+    fso_human_bytes(hp, sizeof hp, (double)gather.kind_bytes[FSO_KIND_PARAM]);
+    fso_human_bytes(hg, sizeof hg, (double)gather.kind_bytes[FSO_KIND_GRAD]);
+    fso_human_bytes(ho, sizeof ho, (double)opt);
+    fso_human_bytes(h, sizeof h, (double)room);
+    fso_human_bytes(by, sizeof by, (double)deficit);
+    if (loose < state) {
+        fso_human_bytes(n, sizeof n, (double)loose);
+        snprintf(loose_part, sizeof loose_part, ", of which %s is not pinned to a tier", n);
+    }
+    snprintf(err, errlen,
+             "too large for this machine: %s; %s; %s; and the training state, %s (parameters "
+             "%s, gradients %s, master, m and v %s)%s, has %s left for it; short by %s: shrink "
+             "the model (model.num_hidden_layers, model.hidden_size), lower "
+             "train_micro_batch_size_per_gpu or data.seq_len, or give NVMe folders with room "
+             "(--nvme DIR%s)",
+             tiers[0], tiers[1], tiers[2], hs, hp, hg, ho, loose_part,
+             known ? h : "an unknown amount", by, train ? "" : ", or --nvme-free");
+    return -ENOSPC;
+}
+
+/* ------------------------------------------------------------------ reports */
+
+void fso_plan_shortfall_message(const fso_plan *p, const fso_plan_pins *pins, bool train,
+                                char *buf, size_t len)
+{
+    char need[48], have[48], by[48], act[48], pinned[384] = "";
     const int t = p->short_tier < 0 ? FSO_TIER_HOST : p->short_tier;
     fso_human_bytes(need, sizeof need, (double)p->need_bytes[t]);
     fso_human_bytes(have, sizeof have, (double)p->have_bytes[t]);
     fso_human_bytes(by, sizeof by, (double)p->short_bytes);
     fso_human_bytes(act, sizeof act, (double)p->activation_bytes);
     if (pins) {
+        static const char *const keys[] = {"zero_optimization.offload_param.device",
+                                           "zero_optimization.offload_optimizer.device"};
         size_t off = 0;
+        int npinned = 0;
+        const char *key = NULL;
         for (int k = 0; k < FSO_N_KINDS; k++)
             if (pins->tier[k] >= 0 && off < sizeof pinned &&
-                (k == FSO_KIND_PARAM || k == FSO_KIND_MASTER))
+                (k == FSO_KIND_PARAM || k == FSO_KIND_MASTER)) {
                 off += (size_t)snprintf(pinned + off, sizeof pinned - off, "%s%s on %s",
-                                        off ? ", " : " (the config pins ",
+                                        off ? ", " : " (the configuration pins ",
                                         k == FSO_KIND_PARAM ? "parameters" : "optimizer state",
                                         fso_tier_name(pins->tier[k]));
-        if (off && off < sizeof pinned)
+                key = keys[k != FSO_KIND_PARAM];
+                npinned++;
+            }
+        if (off && off < sizeof pinned && !train)
             snprintf(pinned + off, sizeof pinned - off, "; --auto lets fsoff choose)");
+        else if (off && off < sizeof pinned)
+            snprintf(pinned + off, sizeof pinned - off, "; leave %s out to let fsoff choose)",
+                     npinned > 1 ? "zero_optimization's offload devices" : key);
     }
     if (t == FSO_TIER_DEVICE) {
         uint64_t fixed = p->activation_bytes + p->buffer_bytes[FSO_TIER_DEVICE];
         if (fixed > p->have_bytes[FSO_TIER_DEVICE]) {
-            char fx[32];
+            char fx[48];
             fso_human_bytes(fx, sizeof fx, (double)fixed);
             snprintf(buf, len,
                      "device memory: the activations (%s with checkpointing) and buffers alone "
                      "need %s per device, which holds %s; short by %s: lower "
-                     "train_micro_batch_size_per_gpu or data.seq_len, or use devices with more "
-                     "memory%s",
-                     act, fx, have, by, pinned);
+                     "train_micro_batch_size_per_gpu or data.seq_len, or %s%s",
+                     act, fx, have, by,
+                     train ? "raise --device-mem"
+                           : "give each device more memory (--device-mem / --gpu-mem)",
+                     pinned);
             return;
         }
         snprintf(buf, len, "device memory: each device needs %s but holds %s; short by %s: %s%s",
-                 need, have, by, fix_for(t), pinned);
+                 need, have, by, fix_for(t, train), pinned);
     } else if (t == FSO_TIER_HOST) {
-        snprintf(buf, len, "host memory: the host tier and staging need %s but %s is usable; "
-                           "short by %s: %s%s", need, have, by, fix_for(t), pinned);
+        snprintf(buf, len, "host memory: the host tier and staging need %s but %s is available; "
+                           "short by %s: %s%s", need, have, by, fix_for(t, train), pinned);
     } else {
         snprintf(buf, len, "NVMe: the NVMe tier needs %s but %s is free; short by %s: %s%s", need,
-                 have, by, p->have_bytes[FSO_TIER_NVME] ? fix_for(t)
-                 : "give NVMe folders (--nvme DIR) or, to plan for drives elsewhere, "
-                   "--nvme-free, --nvme-read and --nvme-write",
+                 have, by, p->have_bytes[FSO_TIER_NVME] ? fix_for(t, train)
+                 : train ? "give NVMe folders (--nvme DIR)"
+                         : "give NVMe folders (--nvme DIR) or, to plan for drives elsewhere, "
+                           "--nvme-free, --nvme-read and --nvme-write",
                  pinned);
     }
 }
@@ -659,26 +809,11 @@ static int choose_and_free(fso_plan_ctx *ctx, const fso_plan_pins *pins, fso_pla
         ctx->in.pins = *pins;
     int rc = fso_plan_choose(&ctx->in, out);
     if (rc == -ENOSPC)
-        fso_plan_shortfall_message(out, pins, err, errlen);
+        fso_plan_shortfall_message(out, pins, true, err, errlen);
     else if (rc < 0)
         snprintf(err, errlen, "planner: %s", strerror(-rc));
     fso_plan_ctx_free(ctx);
     return rc;
-}
-
-int fso_plan_for_config(const fso_config *cfg, const fso_plan_pins *pins, fso_plan *out,
-                        char *err, size_t errlen)
-{
-    fso_plan_machine m;
-    fso_plan_ctx ctx;
-    int rc = fso_plan_machine_here(cfg, false, &m, err, errlen);
-    if (rc < 0)
-        return rc;
-    if ((rc = fso_plan_ctx_init(&ctx, cfg, &m, false, err, errlen)) < 0)
-        return rc;
-    char cerr[256];
-    fso_plan_calibrate_cpu(&ctx, cfg, cerr, sizeof cerr); /* else the sgemm rate stands */
-    return choose_and_free(&ctx, pins, out, err, errlen);
 }
 
 /* GPUs, the engine as it is (engine/zero*.c) rather than the GPU schedule: one
@@ -692,14 +827,52 @@ static void gpu_engine_as_built(fso_plan_ctx *ctx, const fso_config *cfg)
     ctx->in.model.param_bytes = cfg->bf16 ? 2 : 4;
 }
 
+/* Whether any placement fits is a question of capacities alone, asked
+ * before this machine is probed (seconds, the first time) or a layer is
+ * timed: -ENOSPC with the shortfall, else 0. The rates are placeholders;
+ * they rank placements and decide nothing here. */
+static int fits_here(const fso_config *cfg, const fso_plan_pins *pins, bool gpu,
+                     uint64_t gpu_free_bytes, fso_plan *out, char *err, size_t errlen)
+{
+    fso_plan_machine m;
+    fso_plan_ctx ctx;
+    fso_plan_capacities_here(cfg, gpu_free_bytes, &m);
+    m.cpu_devices = !gpu;
+    m.nvme_read_gbps = m.nvme_write_gbps = m.h2d_gbps = m.d2h_gbps = m.coll_gbps = 1;
+    m.host_copy_gbps = m.device_gflops = m.adam_gelems = 1;
+    int rc = fso_plan_ctx_init(&ctx, cfg, &m, gpu, err, errlen);
+    if (rc < 0)
+        return 0; /* the full plan reports it */
+    if (gpu)
+        gpu_engine_as_built(&ctx, cfg);
+    rc = choose_and_free(&ctx, pins, out, err, errlen);
+    return rc == -ENOSPC ? rc : 0;
+}
+
+int fso_plan_for_config(const fso_config *cfg, const fso_plan_pins *pins, fso_plan *out,
+                        char *err, size_t errlen)
+{
+    fso_plan_machine m;
+    fso_plan_ctx ctx;
+    int rc;
+    if ((rc = fits_here(cfg, pins, false, 0, out, err, errlen)) < 0 ||
+        (rc = fso_plan_machine_here(cfg, false, &m, err, errlen)) < 0 ||
+        (rc = fso_plan_ctx_init(&ctx, cfg, &m, false, err, errlen)) < 0)
+        return rc;
+    char cerr[256];
+    fso_plan_calibrate_cpu(&ctx, cfg, cerr, sizeof cerr); /* else the sgemm rate stands */
+    return choose_and_free(&ctx, pins, out, err, errlen);
+}
+
 int fso_plan_for_config_gpus(const fso_config *cfg, const fso_plan_pins *pins,
                              const char *gpu_name, uint64_t gpu_free_bytes, fso_plan *out,
                              const fso_gpu_spec **spec_used, char *err, size_t errlen)
 {
     fso_plan_machine m;
     fso_plan_ctx ctx;
-    int rc = fso_plan_machine_here(cfg, false, &m, err, errlen); /* host, NVMe, CPU AdamW */
-    if (rc < 0)
+    int rc;
+    if ((rc = fits_here(cfg, pins, true, gpu_free_bytes, out, err, errlen)) < 0 ||
+        (rc = fso_plan_machine_here(cfg, false, &m, err, errlen)) < 0) /* host, NVMe, AdamW */
         return rc;
     const fso_gpu_spec *spec = fso_gpu_spec_for_device(gpu_name, gpu_free_bytes);
     if (spec_used)

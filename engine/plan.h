@@ -73,6 +73,26 @@ void fso_plan_pins_from_config(const fso_config *cfg, fso_plan_pins *pins);
 int fso_plan_machine_here(const fso_config *cfg, bool refresh, fso_plan_machine *m, char *err,
                           size_t errlen);
 
+/* What this machine holds for cfg, without probing: cfg->world devices
+ * of cfg->device_mem_bytes, or on the CPU backend zero.c's default share,
+ * or on GPUs gpu_free_bytes (0: unknown); the host memory available; the
+ * free space of the configured NVMe folders that exist. */
+void fso_plan_capacities_here(const fso_config *cfg, uint64_t gpu_free_bytes,
+                              fso_plan_machine *m);
+
+/* Before the planner, by arithmetic alone: a model the planner cannot lay
+ * out (more layers than FSO_PLAN_MAX_BLOCKS takes, or byte counts that
+ * overflow 64 bits) against the capacities of m (0: unknown, except NVMe)
+ * and the pins: what each tier must hold whatever the placement, and
+ * whether the whole training state fits in what is left. 0 when it may
+ * fit (or the planner decides); -ENOSPC with one line in err naming each
+ * tier's need, the shortfall and the fix in the options of fsoff train
+ * (train) or fsoff plan. gpu: the devices are GPUs. Allocates nothing of
+ * the model's size and takes microseconds whatever the model. */
+int fso_plan_check_size(const fso_config *cfg, const fso_plan_pins *pins,
+                        const fso_plan_machine *m, bool gpu, bool train, char *err,
+                        size_t errlen);
+
 /* The parts of it, for machines described in part (`fsoff plan`):
  * the configured NVMe folders (both offload sections, each once) that exist
  * here, comma-separated into dirs, the missing ones into missing; */
@@ -116,9 +136,10 @@ void fso_plan_print_json(FILE *f, const fso_plan *p);
 json_t *fso_plan_json(const fso_plan *p);
 
 /* One line for an impossible plan: the short tier, need, capacity,
- * shortfall and what to do. */
-void fso_plan_shortfall_message(const fso_plan *p, const fso_plan_pins *pins, char *buf,
-                                size_t len);
+ * shortfall and what to do, in the options of fsoff train (train) or of
+ * fsoff plan. */
+void fso_plan_shortfall_message(const fso_plan *p, const fso_plan_pins *pins, bool train,
+                                char *buf, size_t len);
 
 /* Take the plan's choices into cfg (tiers of parameters and of the
  * optimizer state, prefetch depth). -ENOTSUP with err when the plan uses

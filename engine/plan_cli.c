@@ -14,6 +14,7 @@
 #include "plan.h"
 #include "probe.h"
 #include "util.h"
+#include "zero.h"
 
 #define GIB (1024.0 * 1024.0 * 1024.0)
 
@@ -305,6 +306,31 @@ oom:
     return 1;
 }
 
+/* The GPU table's entry the options name (--gpu, else the one nearest
+ * --gpu-mem, else h100). */
+static const fso_gpu_spec *given_gpu(const given *g)
+{
+    return g->gpu ? fso_gpu_spec_find(g->gpu)
+           : g->gpu_mem ? fso_gpu_spec_nearest_mem(g->gpu_mem)
+                        : fso_gpu_spec_find("h100");
+}
+
+/* What the machine holds, from the options and, for what they leave out,
+ * this machine without probing it: devices, memory per device, host
+ * memory, NVMe free space. */
+static void given_capacities(const given *g, const fso_config *cfg, const char *dirs,
+                             fso_plan_machine *m)
+{
+    m->devices = g->gpus ? g->gpus : cfg->world > 0 ? cfg->world : 1;
+    m->host_mem_bytes = g->host_mem ? g->host_mem : fso_mem_available_bytes();
+    m->device_mem_bytes = !g->gpus     ? fso_zero_cpu_device_mem(cfg, m->host_mem_bytes)
+                          : g->gpu_mem ? g->gpu_mem
+                                       : (uint64_t)(given_gpu(g)->mem_gib * GIB);
+    m->nvme_free_bytes = g->has_nvme_free ? g->nvme_free
+                         : dirs[0]        ? fso_plan_folders_free(dirs)
+                                          : 0;
+}
+
 /* The machine: what the options give, the rest from the GPU table (--gpus)
  * or this machine's probes; dirs and missing: the configured NVMe folders
  * here and not here; *nvme_tuned: the probed NVMe rates are those of
@@ -327,17 +353,13 @@ static int describe_machine(const plan_args *a, const fso_config *cfg, fso_plan_
     *nvme_tuned = pr.nvme_tuned;
     memset(m, 0, sizeof *m);
     if (g->gpus) {
-        *spec = g->gpu       ? fso_gpu_spec_find(g->gpu)
-                : g->gpu_mem ? fso_gpu_spec_nearest_mem(g->gpu_mem)
-                             : fso_gpu_spec_find("h100");
-        m->devices = g->gpus;
+        *spec = given_gpu(g);
+        given_capacities(g, cfg, dirs, m);
         fso_plan_machine_gpu(m, *spec);
-        m->device_mem_bytes = g->gpu_mem ? g->gpu_mem : (uint64_t)((*spec)->mem_gib * GIB);
         if (g->gpu_tflops > 0)
             m->device_gflops = g->gpu_tflops * 1e3;
         if (g->coll > 0)
             m->coll_gbps = g->coll;
-        m->host_mem_bytes = g->host_mem ? g->host_mem : fso_mem_available_bytes();
         m->adam_gelems = g->adam > 0 ? g->adam : pr.adam_gelems;
         m->host_copy_gbps = pr.host_copy_gbps > 0 ? pr.host_copy_gbps : 10;
     } else {
@@ -516,7 +538,7 @@ static int plan_and_report(plan_report *r, const fso_plan_pins *pins)
     status = 0;
     if (rc == -ENOSPC) {
         char err[1024];
-        fso_plan_shortfall_message(plan, pins, err, sizeof err);
+        fso_plan_shortfall_message(plan, pins, false, err, sizeof err);
         fprintf(stderr, "fsoff: error: no placement fits: %s\n", err);
         status = 1;
     }
@@ -552,6 +574,19 @@ int fso_plan_main(int argc, char **argv)
         cfg.world = a.g.gpus;
     if (a.g.device_mem)
         cfg.device_mem_bytes = a.g.device_mem;
+    fso_plan_pins pins;
+    if (a.autoplace)
+        fso_plan_pins_none(&pins);
+    else
+        fso_plan_pins_from_config(&cfg, &pins);
+    /* by arithmetic, before any probe: a model too large for the planner */
+    fso_plan_nvme_folders(&cfg, dirs, sizeof dirs, missing, sizeof missing);
+    given_capacities(&a.g, &cfg, dirs, &m);
+    if (fso_plan_check_size(&cfg, &pins, &m, a.g.gpus > 0, false, err, sizeof err) < 0) {
+        fprintf(stderr, "fsoff: error: no placement fits: %s\n", err);
+        status = 1;
+        goto out;
+    }
     bool nvme_tuned = false;
     if ((status = describe_machine(&a, &cfg, &m, &spec, dirs, missing, &nvme_tuned)) >= 0)
         goto out;
@@ -566,11 +601,6 @@ int fso_plan_main(int argc, char **argv)
         calibrated = fso_plan_calibrate_cpu(&ctx, &cfg, cerr, sizeof cerr) == 0;
         m.device_gflops = ctx.in.machine.device_gflops;
     }
-    fso_plan_pins pins;
-    if (a.autoplace)
-        fso_plan_pins_none(&pins);
-    else
-        fso_plan_pins_from_config(&cfg, &pins);
     ctx.in.pins = pins;
     if (!nvme_pins_have_space(&pins, &m, missing))
         goto out;

@@ -38,20 +38,23 @@ void fso_report_step(fso_report *r, const fso_step_stats *st)
 {
     double tok_s = st->step_ms > 0 ? st->tokens / (st->step_ms / 1e3) : 0;
     double gflops = tok_s * r->flops_per_token / 1e9;
-    if (r->steps == 0)
+    if (r->steps == 0) {
         r->first_loss = st->loss;
-    else {
+        r->first_stall_ms = st->stall_ms;
+        r->first_optimizer_ms = st->optimizer_ms;
+        r->first_optimizer_exposed_ms = st->optimizer_exposed_ms;
+    } else {
         r->ms_sum_after_first += st->step_ms;
         r->tokens_after_first += st->tokens;
+        r->stall_ms += st->stall_ms;
+        r->optimizer_ms += st->optimizer_ms;
+        r->optimizer_exposed_ms += st->optimizer_exposed_ms;
     }
     r->steps++;
     r->tokens += st->tokens;
     r->last_loss = st->loss;
     r->wall_ms += st->step_ms;
 
-    r->stall_ms += st->stall_ms;
-    r->optimizer_ms += st->optimizer_ms;
-    r->optimizer_exposed_ms += st->optimizer_exposed_ms;
     r->nvme_read_bytes += st->nvme_read_bytes;
     r->nvme_write_bytes += st->nvme_write_bytes;
     r->stale_marks = st->stale_marks;
@@ -100,32 +103,46 @@ void fso_report_step(fso_report *r, const fso_step_stats *st)
 
 int fso_report_finish(fso_report *r, char *err, size_t errlen)
 {
-    double avg_tok_s = r->ms_sum_after_first > 0
-                           ? r->tokens_after_first / (r->ms_sum_after_first / 1e3)
-                           : (r->wall_ms > 0 ? r->tokens / (r->wall_ms / 1e3) : 0);
-    double avg_ms = r->steps > 1 ? r->ms_sum_after_first / (r->steps - 1) : r->wall_ms;
+    /* averages over the steps after the first, or the one step there is */
+    const bool one = r->steps <= 1;
+    const double n = one ? 1.0 : (double)(r->steps - 1);
+    const double ms = one ? r->wall_ms : r->ms_sum_after_first;
+    const double tokens = one ? (double)r->tokens : (double)r->tokens_after_first;
+    const double avg_ms = r->steps > 0 ? ms / n : 0;
+    const double avg_tok_s = ms > 0 ? tokens / (ms / 1e3) : 0;
+    const double stall = (one ? r->first_stall_ms : r->stall_ms) / n;
+    const double opt = (one ? r->first_optimizer_ms : r->optimizer_ms) / n;
+    const double exposed = (one ? r->first_optimizer_exposed_ms : r->optimizer_exposed_ms) / n;
     uint64_t rss = fso_peak_rss_bytes();
     int rc = 0;
 
-    if (r->steps > 0)
+    if (r->steps > 0) {
+        if (r->failed)
+            fprintf(r->out, "fsoff: failed after %lld of %lld steps (the error above) | ",
+                    (long long)r->steps, (long long)r->total_steps);
+        else
+            fprintf(r->out, "fsoff: done: ");
         fprintf(r->out,
-                "fsoff: done: %lld steps, %lld tokens in %.1f s | loss %.4f -> %.4f | "
-                "%.1f ms/step, %.0f tok/s (first step excluded) | peak RSS %.1f MiB, "
-                "device %.1f MiB\n",
-                (long long)r->steps, (long long)r->tokens, r->wall_ms / 1e3, r->first_loss,
-                r->last_loss, avg_ms, avg_tok_s, rss / 1048576.0, r->peak_device_bytes / 1048576.0);
+                "%lld step%s, %lld tokens in %.1f s | loss %.4f -> %.4f | %.1f ms/step, %.0f "
+                "tok/s %s | peak RSS %.1f MiB, device %.1f MiB\n",
+                (long long)r->steps, r->steps == 1 ? "" : "s", (long long)r->tokens,
+                r->wall_ms / 1e3, r->first_loss, r->last_loss, avg_ms, avg_tok_s,
+                one ? "(one step: its warm-up included)" : "(first step excluded)",
+                rss / 1048576.0, r->peak_device_bytes / 1048576.0);
+    }
     fflush(r->out);
     if (r->metrics) {
         fprintf(r->metrics,
-                "{\"event\": \"summary\", \"steps\": %lld, \"tokens\": %lld, \"first_loss\": %.9g, "
-                "\"final_loss\": %.9g, \"mean_step_ms\": %.6g, \"tok_s\": %.6g, "
-                "\"wall_ms\": %.6g, \"stall_ms\": %.6g, \"optimizer_ms\": %.6g, "
-                "\"optimizer_exposed_ms\": %.6g, \"nvme_read_bytes\": %llu, "
+                "{\"event\": \"summary\", \"status\": \"%s\", \"steps\": %lld, "
+                "\"tokens\": %lld, \"first_loss\": %.9g, \"final_loss\": %.9g, "
+                "\"mean_step_ms\": %.6g, \"tok_s\": %.6g, \"wall_ms\": %.6g, "
+                "\"stall_ms\": %.6g, \"optimizer_ms\": %.6g, \"optimizer_exposed_ms\": %.6g, "
+                "\"final_update_ms\": %.6g, \"nvme_read_bytes\": %llu, "
                 "\"nvme_write_bytes\": %llu, \"peak_device_bytes\": %llu, "
                 "\"peak_rss_bytes\": %llu, \"pin_refused\": %s, \"stale_marks\": %llu}\n",
-                (long long)r->steps, (long long)r->tokens, r->first_loss, r->last_loss, avg_ms,
-                avg_tok_s, r->wall_ms, r->stall_ms, r->optimizer_ms, r->optimizer_exposed_ms,
-                (unsigned long long)r->nvme_read_bytes,
+                r->failed ? "failed" : "done", (long long)r->steps, (long long)r->tokens,
+                r->first_loss, r->last_loss, avg_ms, avg_tok_s, r->wall_ms, stall, opt, exposed,
+                r->final_update_ms, (unsigned long long)r->nvme_read_bytes,
                 (unsigned long long)r->nvme_write_bytes,
                 (unsigned long long)r->peak_device_bytes, (unsigned long long)rss,
                 r->pin_refused ? "true" : "false", (unsigned long long)r->stale_marks);

@@ -17,18 +17,22 @@ typedef struct fso_report {
     int64_t print_every;
     double flops_per_token;  /* training FLOPs (forward + backward) per token */
     double peak_flops;       /* all devices' dense bf16 peak; 0: unknown, no MFU */
-    /* running totals; the first step is excluded from the averages */
+    /* running totals; the first step is excluded from the averages (when
+     * there is more than one) */
     int64_t steps, tokens;
     double ms_sum_after_first;
     int64_t tokens_after_first;
     double last_loss, first_loss;
     double wall_ms;
-    double stall_ms;
-    double optimizer_ms, optimizer_exposed_ms;
+    double stall_ms, optimizer_ms, optimizer_exposed_ms;             /* steps after the first */
+    double first_stall_ms, first_optimizer_ms, first_optimizer_exposed_ms;
     uint64_t nvme_read_bytes, nvme_write_bytes;
-    uint64_t peak_device_bytes; /* set by the caller before finish */
-    bool pin_refused;        /* host memory could not be pinned (set by the caller) */
-    uint64_t stale_marks;    /* the last step's count */
+    /* set by the caller before finish */
+    uint64_t peak_device_bytes;
+    double final_update_ms;    /* after the last step, waiting for its update (no step's) */
+    bool failed;               /* the run stopped on an error: the summary says so */
+    bool pin_refused;          /* host memory could not be pinned */
+    uint64_t stale_marks;      /* the last step's count (set by fso_report_step) */
 } fso_report;
 
 /* Open the metrics file (truncating) when path is not NULL. Returns 0 or
@@ -36,8 +40,9 @@ typedef struct fso_report {
 int fso_report_init(fso_report *r, FILE *out, const char *metrics_path, int64_t total_steps,
                     int64_t print_every, double flops_per_token, char *err, size_t errlen);
 void fso_report_step(fso_report *r, const fso_step_stats *st);
-/* Summary line(s) and the "summary" JSON object; closes the metrics file.
- * Returns 0 or negative errno if the metrics file could not be written. */
+/* Summary line(s) and the "summary" JSON object ("status" "done", or
+ * "failed" with r->failed); closes the metrics file. Returns 0 or negative
+ * errno if the metrics file could not be written. */
 int fso_report_finish(fso_report *r, char *err, size_t errlen);
 
 /* Peak resident set size of this process, in bytes. */

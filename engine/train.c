@@ -190,18 +190,30 @@ typedef struct run_plan {
     uint64_t nvme_rd, nvme_wr;
 } run_plan;
 
-/* The placement the configuration leaves open is chosen by predicted step
- * time (plan.h); on GPUs from the table of achieved figures for their
- * model, on CPU devices from one layer timed here. The plan goes into
- * run_cfg when the engine can take it. */
-static void plan_run(const fso_config *cfg, const run_devices *d, fso_config *run_cfg,
-                     run_plan *rp, FILE *out)
+/* The budget, before anything is allocated: what the model needs on each
+ * tier against what this machine holds, by arithmetic. The placement the
+ * configuration leaves open is then chosen by predicted step time
+ * (plan.h); on GPUs from the table of achieved figures for their model, on
+ * CPU devices from one layer timed here. The plan goes into run_cfg when
+ * the engine can take it. A budget that no placement meets is the run's
+ * one error line (-ENOSPC); a plan the planner cannot make is a note, and
+ * the engine's own budget decides. */
+static int plan_run(const fso_config *cfg, const run_devices *d, fso_config *run_cfg,
+                    run_plan *rp, FILE *out)
 {
-    char err[512];
+    char err[1024];
+    fso_plan_machine caps;
+    fso_plan_pins_from_config(cfg, &rp->pins);
+    fso_plan_capacities_here(cfg, d->gpu_free, &caps);
+    if (fso_plan_check_size(cfg, &rp->pins, &caps, d->cuda, true, err, sizeof err) < 0) {
+        fprintf(stderr, "fsoff: error: %s\n", err);
+        return -ENOSPC;
+    }
+    if (d->cuda && !d->gpu_free)
+        return 0; /* nothing to plan with: the engine reads each GPU's free memory */
     rp->plan = malloc(sizeof *rp->plan);
     if (!rp->plan)
-        return;
-    fso_plan_pins_from_config(cfg, &rp->pins);
+        return 0;
     const fso_gpu_spec *spec = NULL;
     int prc = d->cuda ? fso_plan_for_config_gpus(cfg, &rp->pins, d->name, d->gpu_free, rp->plan,
                                                  &spec, err, sizeof err)
@@ -211,17 +223,20 @@ static void plan_run(const fso_config *cfg, const run_devices *d, fso_config *ru
                      "GB/s, collectives %.0f GB/s (fsoff plan --help lists the table)\n",
                 d->name, spec->desc, spec->tflops, spec->h2d_gbps, spec->coll_gbps);
     if (prc < 0) {
-        /* the engine's own budget check decides; the planner's view is a note */
-        fprintf(out, "fsoff: plan: %s\n", err);
+        if (prc == -ENOSPC) /* no placement fits: the budget fails */
+            fprintf(stderr, "fsoff: error: %s\n", err);
+        else /* the engine's own budget check decides; the planner's view is a note */
+            fprintf(out, "fsoff: plan: %s\n", err);
         free(rp->plan);
         rp->plan = NULL;
-        return;
+        return prc == -ENOSPC ? prc : 0;
     }
     fso_plan_print(out, rp->plan);
     if (fso_plan_apply(rp->plan, run_cfg, err, sizeof err) < 0)
         fprintf(out, "fsoff: plan not applied (%s); running the configured placement\n", err);
     else
         rp->applied = true;
+    return 0;
 }
 
 /* A step's measurements into the sums (the first step is excluded, as in
@@ -269,7 +284,7 @@ static fso_plan_measured measured_mean(run_plan *rp, const fso_config *cfg,
 /* Move the running state to the corrected plan's placement; cfg and the
  * plan follow when it moved. */
 static void move_to(run_plan *rp, const fso_plan *corrected, fso_config *cfg, fso_trainer *tr,
-                    fso_report *rep, FILE *out)
+                    FILE *out)
 {
     char msg[512], err[512], h[32];
     fso_config *next = malloc(sizeof *next);
@@ -288,7 +303,6 @@ static void move_to(run_plan *rp, const fso_plan *corrected, fso_config *cfg, fs
         fprintf(out, "fsoff: plan: the placement stays (%s)\n", tr->err);
         goto out;
     }
-    rep->optimizer_exposed_ms += waited;
     if (fso_zero_retier(tr->zero, &next->offload, &moved, err, sizeof err) < 0) {
         fprintf(out, "fsoff: plan: %s\n", err);
         goto out;
@@ -335,7 +349,7 @@ static void replan(run_plan *rp, fso_config *cfg, int64_t steps_left, fso_traine
                 mv.saving_ms, (long long)steps_left, h, mv.move_ms);
         goto out;
     }
-    move_to(rp, corrected, cfg, tr, rep, out);
+    move_to(rp, corrected, cfg, tr, out);
 out:
     free(corrected);
 }
@@ -396,20 +410,9 @@ int fso_train_run(const fso_config *cfg, const fso_run_opts *opts)
         return -ENOMEM;
     }
     *run_cfg = *cfg;
-    if (!dev.cuda || dev.gpu_free)
-        plan_run(cfg, &dev, run_cfg, &rp, out);
-    cfg = run_cfg;
-    if (rp.plan && !(rp.block_ms = calloc((size_t)fso_model_n_blocks(&cfg->model),
-                                          sizeof *rp.block_ms))) {
-        fprintf(stderr, "fsoff: error: out of memory\n");
-        goto out;
-    }
+    /* what can be checked before planning: the data and the metrics file */
     if ((rc = fso_data_init(&data, cfg)) < 0) {
         fprintf(stderr, "fsoff: error: %s\n", data.err);
-        goto out;
-    }
-    if ((rc = fso_trainer_init(&tr, cfg)) < 0) {
-        fprintf(stderr, "fsoff: error: %s\n", tr.err);
         goto out;
     }
     double fpt = 3.0 * fso_model_flops_per_token(&cfg->model, cfg->data.seq_len);
@@ -419,6 +422,19 @@ int fso_train_run(const fso_config *cfg, const fso_run_opts *opts)
         goto out;
     }
     rep.peak_flops = dev.peak_tflops * 1e12;
+    if ((rc = plan_run(cfg, &dev, run_cfg, &rp, out)) < 0)
+        goto out;
+    cfg = run_cfg;
+    if (rp.plan && !(rp.block_ms = calloc((size_t)fso_model_n_blocks(&cfg->model),
+                                          sizeof *rp.block_ms))) {
+        fprintf(stderr, "fsoff: error: out of memory\n");
+        rc = -ENOMEM;
+        goto out;
+    }
+    if ((rc = fso_trainer_init(&tr, cfg)) < 0) {
+        fprintf(stderr, "fsoff: error: %s\n", tr.err);
+        goto out;
+    }
     rep.pin_refused = fso_zero_pin_refused(tr.zero) != NULL;
     print_banner(out, cfg, &tr, &data, dev.note);
 
@@ -426,8 +442,8 @@ int fso_train_run(const fso_config *cfg, const fso_run_opts *opts)
     double waited = 0;
     if (rc == 0 && (rc = fso_trainer_finish(&tr, &waited)) < 0)
         fprintf(stderr, "fsoff: error: the last update failed: %s\n", tr.err);
-    else if (rc == 0)
-        rep.optimizer_exposed_ms += waited;
+    rep.final_update_ms = waited;
+    rep.failed = rc < 0;
     rep.peak_device_bytes = fso_zero_peak_device_bytes(tr.zero);
     rep.pin_refused = fso_zero_pin_refused(tr.zero) != NULL; /* a re-plan may have grown it */
     int frc = fso_report_finish(&rep, err, sizeof err);
@@ -435,6 +451,8 @@ int fso_train_run(const fso_config *cfg, const fso_run_opts *opts)
         fprintf(stderr, "fsoff: error: %s\n", err);
 
 out:
+    if (rep.metrics) /* refused before the first step */
+        fclose(rep.metrics);
     free(rp.plan);
     free(rp.block_ms);
     fso_trainer_free(&tr);

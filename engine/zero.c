@@ -49,19 +49,19 @@ void fso_zero_buffers_for(const fso_config *cfg, fso_tier param_tier, int prefet
     for (int i = 0; i < 3; i++)
         if (bl[i].padded_elems > max_padded)
             max_padded = bl[i].padded_elems;
-    const size_t max_shard = max_padded / (size_t)world;
+    const size_t max_shard = fso_sat_div(max_padded, (size_t)world);
 
     memset(b, 0, sizeof *b);
     b->gather = lends_shard(world, param_tier) ? 0 : 2;
-    b->gather_bytes = param_bytes * max_padded;
+    b->gather_bytes = fso_sat_mul(param_bytes, max_padded);
     b->grad_full = 2;
-    b->grad_full_bytes = sizeof(float) * max_padded;
+    b->grad_full_bytes = fso_sat_mul(sizeof(float), max_padded);
     b->prefetch_spare = MAX_SPARE_SLOTS;
     b->max_prefetch = MAX_PARAM_SLOTS - MAX_SPARE_SLOTS;
     b->prefetch_slots = param_tier == FSO_TIER_NVME ? prefetch + MAX_SPARE_SLOTS : 0;
-    b->prefetch_slot_bytes = round_page(param_bytes * max_shard);
+    b->prefetch_slot_bytes = fso_sat_round_up(fso_sat_mul(param_bytes, max_shard), STAGE_ALIGN);
     b->stage_slots = 3; /* grad_trip, grad_down[2] */
-    b->stage_slot_bytes = round_page(sizeof(float) * max_shard); /* any kind */
+    b->stage_slot_bytes = fso_sat_round_up(fso_sat_mul(sizeof(float), max_shard), STAGE_ALIGN);
     /* optimizer chunks: aio.block_size, at most a shard. A chunk of bf16
      * parameters takes half a chunk's bytes and must start 4 KiB aligned in
      * the file (O_DIRECT), so with bf16 a chunk that splits a shard is a
@@ -77,8 +77,50 @@ void fso_zero_buffers_for(const fso_config *cfg, fso_tier param_tier, int prefet
 /* Host staging of one device, in the arena. */
 static size_t staging_bytes(const fso_zero_buffers *b)
 {
-    return b->prefetch_slot_bytes * (size_t)b->prefetch_slots +
-           b->stage_slot_bytes * (size_t)b->stage_slots + b->chunk_bytes * (size_t)b->chunks;
+    return fso_sat_add(fso_sat_add(fso_sat_mul(b->prefetch_slot_bytes, (size_t)b->prefetch_slots),
+                                   fso_sat_mul(b->stage_slot_bytes, (size_t)b->stage_slots)),
+                       fso_sat_mul(b->chunk_bytes, (size_t)b->chunks));
+}
+
+void fso_zero_need_for(const fso_config *cfg, fso_zero_need *n)
+{
+    const int world = cfg->world > 0 ? cfg->world : 1;
+    const fso_offload_config *o = &cfg->offload;
+    fso_zero_buffers zb;
+    fso_zero_buffers_for(cfg, o->param_tier, o->prefetch_blocks, &zb);
+    /* every layer is alike: the embedding, one layer times L, the head */
+    fso_model_config one = cfg->model;
+    fso_block_layout bl[3];
+    one.num_hidden_layers = 1;
+    fso_model_layout(bl, &one, world);
+    const uint64_t count[3] = {1, (uint64_t)cfg->model.num_hidden_layers, 1};
+
+    memset(n, 0, sizeof *n);
+    for (int k = 0; k < FSO_N_KINDS; k++) {
+        const uint64_t eb = k == FSO_KIND_PARAM && cfg->bf16 ? sizeof(uint16_t) : sizeof(float);
+        const fso_tier t = k == FSO_KIND_PARAM ? o->param_tier : o->optim_tier;
+        uint64_t shard = 0; /* one device's shards of kind k, whole pages each */
+        for (int i = 0; i < 3; i++)
+            shard = fso_sat_add(shard, fso_sat_mul(count[i], fso_sat_round_up(fso_sat_mul(
+                                        eb, fso_sat_div(bl[i].padded_elems, (uint64_t)world)),
+                                                                      STAGE_ALIGN)));
+        n->kind_bytes[k] = fso_sat_mul(shard, (uint64_t)world);
+        n->tier[t] = fso_sat_add(n->tier[t], t == FSO_TIER_DEVICE ? shard : n->kind_bytes[k]);
+    }
+    n->activations = fso_model_activation_bytes_for(&cfg->model, cfg->micro_batch,
+                                                    cfg->data.seq_len,
+                                                    cfg->activation_checkpointing, cfg->bf16);
+    if (cfg->bf16 && strcmp(cfg->backend, "cuda") != 0) /* the CPU's fp32 working space */
+        n->activations = fso_sat_add(n->activations, fso_model_cpu_widen_bytes_for(
+                                                         &cfg->model, cfg->micro_batch,
+                                                         cfg->data.seq_len));
+    n->device_buffers = fso_sat_add(fso_sat_mul(zb.gather_bytes, (uint64_t)zb.gather),
+                                    fso_sat_mul(zb.grad_full_bytes, (uint64_t)zb.grad_full));
+    n->staging = staging_bytes(&zb);
+    n->tier[FSO_TIER_DEVICE] =
+        fso_sat_add(n->tier[FSO_TIER_DEVICE], fso_sat_add(n->activations, n->device_buffers));
+    n->tier[FSO_TIER_HOST] =
+        fso_sat_add(n->tier[FSO_TIER_HOST], fso_sat_mul(n->staging, (uint64_t)world));
 }
 
 /* ------------------------------------------------------------------ layout */
@@ -156,6 +198,46 @@ static void shard_budget(const fso_zero *z, budget *bud)
         }
 }
 
+int fso_zero_check_device(const fso_config *cfg, const fso_zero_need *n, uint64_t cap,
+                          char *err, size_t errlen)
+{
+    const int world = cfg->world > 0 ? cfg->world : 1;
+    const uint64_t need = n->tier[FSO_TIER_DEVICE];
+    if (need <= cap)
+        return 0;
+    char h1[48], h2[48], h3[48], h4[48], h5[48], by[48];
+    fso_human_bytes(h1, sizeof h1, (double)need);
+    fso_human_bytes(h2, sizeof h2, (double)(need - n->activations - n->device_buffers));
+    fso_human_bytes(h3, sizeof h3, (double)n->device_buffers);
+    fso_human_bytes(h4, sizeof h4, (double)n->activations);
+    fso_human_bytes(h5, sizeof h5, (double)cap);
+    fso_human_bytes(by, sizeof by, (double)(need - cap));
+    snprintf(err, errlen,
+             "device memory: each of the %d device%s needs %s (resident shards %s, gather "
+             "window and gradient buffers %s, activations %s) but holds %s; short by %s: "
+             "offload state (zero_optimization.offload_param / offload_optimizer device "
+             "\"cpu\" or \"nvme\", or --nvme DIR), add devices, or raise --device-mem",
+             world, world == 1 ? "" : "s", h1, h2, h3, h4, h5, by);
+    return -ENOMEM;
+}
+
+int fso_zero_check_host(const fso_zero_need *n, uint64_t avail, char *err, size_t errlen)
+{
+    const uint64_t need = n->tier[FSO_TIER_HOST];
+    if (!avail || need <= avail)
+        return 0;
+    char h1[48], h2[48], by[48];
+    fso_human_bytes(h1, sizeof h1, (double)need);
+    fso_human_bytes(h2, sizeof h2, (double)avail);
+    fso_human_bytes(by, sizeof by, (double)(need - avail));
+    snprintf(err, errlen,
+             "host memory: the host tier and staging buffers need %s but %s is available; "
+             "short by %s: put the optimizer state on NVMe (--nvme DIR or "
+             "zero_optimization.offload_optimizer.device \"nvme\")",
+             h1, h2, by);
+    return -ENOMEM;
+}
+
 /* Device rk's backend: a CUDA GPU, or a CPU virtual device capped at cap
  * bytes; *cap becomes a GPU's free memory when --device-mem is not given. */
 static int open_backend(fso_zero *z, rank_state *rk, int threads, uint64_t *cap, char *err,
@@ -184,18 +266,25 @@ static int open_backend(fso_zero *z, rank_state *rk, int threads, uint64_t *cap,
     return rc;
 }
 
+/* The cap of each device: --device-mem, on CPU devices an equal share of
+ * half the available memory; 0 for GPUs whose free memory is read when
+ * they are opened. */
+static uint64_t device_cap(const fso_zero *z)
+{
+    return z->cuda ? z->cfg->device_mem_bytes
+                   : fso_zero_cpu_device_mem(z->cfg, fso_mem_available_bytes());
+}
+
 /* Every device's backend and model (its activations), each device's memory
- * checked against what it will hold: the activations, the device-tier
- * shards, the gather window and the gradient buffers. */
-static int open_devices(fso_zero *z, const fso_zero_buffers *zb, const budget *bud,
-                        int threads_per_dev, char *err, size_t errlen)
+ * checked, before the model allocates, against what it will hold: the
+ * activations, the device-tier shards, the gather window and the gradient
+ * buffers. */
+static int open_devices(fso_zero *z, const fso_zero_need *need, int threads_per_dev, char *err,
+                        size_t errlen)
 {
     const fso_config *cfg = z->cfg;
-    const size_t buffers = zb->gather_bytes * (size_t)zb->gather +
-                           zb->grad_full_bytes * (size_t)zb->grad_full;
-    uint64_t cap = z->cuda ? cfg->device_mem_bytes
-                           : fso_zero_cpu_device_mem(cfg, fso_mem_available_bytes());
-    char h1[32], h2[32], h3[32], h4[32], h5[32], short_by[32];
+    uint64_t cap = device_cap(z);
+    char h1[48];
     int rc;
     for (int r = 0; r < z->world; r++) {
         rank_state *rk = &z->ranks[r];
@@ -206,7 +295,8 @@ static int open_devices(fso_zero *z, const fso_zero_buffers *zb, const budget *b
         pthread_mutex_init(&rk->opt.mu, NULL);
         pthread_cond_init(&rk->opt.cv, NULL);
         rk->sync_init = true;
-        if ((rc = open_backend(z, rk, threads_per_dev, &cap, err, errlen)) < 0)
+        if ((rc = open_backend(z, rk, threads_per_dev, &cap, err, errlen)) < 0 ||
+            (rc = fso_zero_check_device(cfg, need, cap, err, errlen)) < 0)
             return rc;
         if ((rc = fso_model_init(&rk->model, &cfg->model, rk->be, cfg->micro_batch,
                                  cfg->data.seq_len, z->world, cfg->activation_checkpointing,
@@ -217,23 +307,6 @@ static int open_devices(fso_zero *z, const fso_zero_buffers *zb, const budget *b
                                   "train_micro_batch_size_per_gpu, or raise --device-mem",
                      h1, r, rk->model.err);
             return rc;
-        }
-        size_t need = rk->be->mem_used_bytes + bud->per_tier[FSO_TIER_DEVICE] + buffers;
-        if (need > cap) {
-            fso_human_bytes(h1, sizeof h1, (double)need);
-            fso_human_bytes(h2, sizeof h2, (double)bud->per_tier[FSO_TIER_DEVICE]);
-            fso_human_bytes(h3, sizeof h3, (double)buffers);
-            fso_human_bytes(h4, sizeof h4, (double)rk->be->mem_used_bytes);
-            fso_human_bytes(h5, sizeof h5, (double)cap);
-            fso_human_bytes(short_by, sizeof short_by, (double)(need - cap));
-            snprintf(err, errlen,
-                     "device memory: each of the %d devices needs %s (resident shards %s, "
-                     "gather window and gradient buffers %s, activations %s) but holds %s; "
-                     "short by %s: offload state (zero_optimization.offload_param / "
-                     "offload_optimizer device \"cpu\" or \"nvme\", or --nvme DIR), add "
-                     "devices, or raise --device-mem",
-                     z->world, h1, h2, h3, h4, h5, short_by);
-            return -ENOMEM;
         }
     }
     return 0;
@@ -248,19 +321,6 @@ static int open_arena(fso_zero *z, const fso_zero_buffers *zb, const budget *bud
 {
     const size_t world = (size_t)z->world;
     const size_t bytes = (bud->per_tier[FSO_TIER_HOST] + staging_bytes(zb)) * world;
-    uint64_t avail = fso_mem_available_bytes();
-    if (avail && bytes > avail) {
-        char h1[32], h2[32], h3[32];
-        fso_human_bytes(h1, sizeof h1, (double)bytes);
-        fso_human_bytes(h2, sizeof h2, (double)avail);
-        fso_human_bytes(h3, sizeof h3, (double)(bytes - avail));
-        snprintf(err, errlen,
-                 "host memory: the host tier and staging buffers need %s but %s is available; "
-                 "short by %s: put the optimizer state on NVMe (--nvme DIR or "
-                 "zero_optimization.offload_optimizer.device \"nvme\")",
-                 h1, h2, h3);
-        return -ENOMEM;
-    }
     const size_t most_staging = zb->stage_slot_bytes * (size_t)(MAX_PARAM_SLOTS + zb->stage_slots) +
                                 zb->chunk_bytes * (size_t)zb->chunks;
     return fso_zero_arena_init(z, 2 * ((bud->all_kinds + most_staging) * world), bytes, err,
@@ -433,14 +493,22 @@ int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t err
         snprintf(err, errlen, "out of host memory");
         return -ENOMEM;
     }
-    if ((rc = setup_layout(z, cfg, &zb, err, errlen)) < 0 ||
+    /* budgets by arithmetic, before anything is allocated: the host's, and
+     * the devices' when their memory is known before they are opened */
+    fso_zero_need need;
+    fso_zero_need_for(cfg, &need);
+    z->cfg = cfg;
+    z->cuda = strcmp(cfg->backend, "cuda") == 0;
+    if ((rc = fso_zero_check_host(&need, fso_mem_available_bytes(), err, errlen)) < 0 ||
+        (device_cap(z) && (rc = fso_zero_check_device(cfg, &need, device_cap(z), err,
+                                                      errlen)) < 0) ||
+        (rc = setup_layout(z, cfg, &zb, err, errlen)) < 0 ||
         (cfg->init_from[0] && (rc = fso_hf_open(&hf, cfg->init_from, &cfg->model, err, errlen)) < 0))
         goto fail;
-    /* budgets, before any large allocation */
     shard_budget(z, &bud);
     const int threads = cfg->threads > 0 ? cfg->threads : fso_cpu_count();
     const int per_dev = threads / z->world > 0 ? threads / z->world : 1;
-    if ((rc = open_devices(z, &zb, &bud, per_dev, err, errlen)) < 0)
+    if ((rc = open_devices(z, &need, per_dev, err, errlen)) < 0)
         goto fail;
     place_near_devices(z);
     if ((rc = open_arena(z, &zb, &bud, err, errlen)) < 0)

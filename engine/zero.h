@@ -137,6 +137,28 @@ typedef struct fso_zero_buffers {
 void fso_zero_buffers_for(const fso_config *cfg, fso_tier param_tier, int prefetch,
                           fso_zero_buffers *b);
 
+/* What a configuration needs on each tier for its placement
+ * (cfg->offload's tiers and prefetch depth), by arithmetic alone: nothing
+ * is allocated and no layout is built, so a model of any size is sized in
+ * microseconds. The counts are checked: one that overflows 64 bits is
+ * FSO_BYTES_OVERFLOW (util.h). This is what fso_zero_create allocates and
+ * the planner counts. */
+typedef struct fso_zero_need {
+    uint64_t kind_bytes[FSO_N_KINDS]; /* each kind's shards, all devices together */
+    uint64_t activations;        /* per device: activations and scratch (fso_model_init), and
+                                    on CPU devices with bf16 their fp32 working space */
+    uint64_t device_buffers;     /* per device: the gather window and gradient buffers */
+    uint64_t staging;            /* per device, in the host arena */
+    uint64_t tier[FSO_N_TIERS];  /* device: each device's total; host and NVMe: all devices' */
+} fso_zero_need;
+void fso_zero_need_for(const fso_config *cfg, fso_zero_need *n);
+/* The need against each device's cap and the host memory available (0:
+ * unknown, not checked): 0, or -ENOMEM with one line in err naming the
+ * tier, the need and its parts, the capacity, the shortfall and the fix. */
+int fso_zero_check_device(const fso_config *cfg, const fso_zero_need *n, uint64_t cap,
+                          char *err, size_t errlen);
+int fso_zero_check_host(const fso_zero_need *n, uint64_t avail, char *err, size_t errlen);
+
 /* What each CPU virtual device may hold: cfg->device_mem_bytes (--device-mem)
  * when given, else an equal share of half of host_bytes (the host memory
  * available), or 8 GiB when that is unknown (0). GPUs hold what they have

@@ -40,9 +40,7 @@
 
 int fso_cuda_available(char *err, size_t errlen)
 {
-    snprintf(err, errlen, "built without CUDA: nvcc was not found or -Dcuda=disabled when fsoff "
-                          "was configured; install the CUDA toolkit, put nvcc on PATH and run "
-                          "meson setup --reconfigure -Dcuda=enabled");
+    snprintf(err, errlen, "built without CUDA: %s", FSO_NO_CUDA_WHY);
     return -ENOTSUP;
 }
 

@@ -31,7 +31,9 @@ uint64_t fso_mem_available_bytes(void)
 void fso_human_bytes(char *buf, size_t len, double bytes)
 {
     const double k = 1024.0;
-    if (bytes >= k * k * k * k)
+    if (bytes >= (double)FSO_BYTES_OVERFLOW)
+        snprintf(buf, len, "more than %.0f TiB", (double)FSO_BYTES_OVERFLOW / (k * k * k * k));
+    else if (bytes >= k * k * k * k)
         snprintf(buf, len, "%.2f TiB", bytes / (k * k * k * k));
     else if (bytes >= k * k * k)
         snprintf(buf, len, "%.2f GiB", bytes / (k * k * k));

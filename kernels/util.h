@@ -13,8 +13,38 @@ double fso_now_ms(void);
 /* MemAvailable from /proc/meminfo in bytes, 0 when unknown. */
 uint64_t fso_mem_available_bytes(void);
 
-/* "812 KiB", "812.0 MiB", "1.50 GiB", "3.20 TiB" */
+/* "812 KiB", "812.0 MiB", "1.50 GiB", "3.20 TiB"; FSO_BYTES_OVERFLOW (and
+ * anything as large) "more than 16777216 TiB". */
 void fso_human_bytes(char *buf, size_t len, double bytes);
+
+/* Byte counts computed from a configuration are checked: a sum or product
+ * that does not fit in 64 bits saturates at FSO_BYTES_OVERFLOW, which is
+ * more than any capacity, stays saturated through later sums and products,
+ * and prints as such. */
+#define FSO_BYTES_OVERFLOW UINT64_MAX
+static inline uint64_t fso_sat_add(uint64_t a, uint64_t b)
+{
+    uint64_t r;
+    return __builtin_add_overflow(a, b, &r) ? FSO_BYTES_OVERFLOW : r;
+}
+static inline uint64_t fso_sat_mul(uint64_t a, uint64_t b)
+{
+    uint64_t r;
+    if (a == FSO_BYTES_OVERFLOW || b == FSO_BYTES_OVERFLOW)
+        return a && b ? FSO_BYTES_OVERFLOW : 0;
+    return __builtin_mul_overflow(a, b, &r) ? FSO_BYTES_OVERFLOW : r;
+}
+/* x rounded up to a multiple of m (m > 0); x / m. Both keep an overflow. */
+static inline uint64_t fso_sat_round_up(uint64_t x, uint64_t m)
+{
+    if (x == FSO_BYTES_OVERFLOW || x > FSO_BYTES_OVERFLOW - (m - 1))
+        return FSO_BYTES_OVERFLOW;
+    return (x + m - 1) / m * m;
+}
+static inline uint64_t fso_sat_div(uint64_t x, uint64_t m)
+{
+    return x == FSO_BYTES_OVERFLOW ? x : x / m;
+}
 
 /* "512M", "4G", "1.5T", "64KiB", "1048576" into bytes (powers of 1024).
  * 0 or -EINVAL. */

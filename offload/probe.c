@@ -21,7 +21,7 @@
 #include "util.h"
 
 #define MIB (1024.0 * 1024.0)
-#define CACHE_VERSION 1
+#define CACHE_VERSION 2
 
 
 /* ------------------------------------------------------------------ key */
@@ -343,30 +343,24 @@ out:
     return best;
 }
 
-int fso_probe_run(fso_probe *p, const fso_probe_opts *opts, char *err, size_t errlen)
+/* The NVMe probes of opts->dirs into p (its key, folders and NVMe rates). */
+static int probe_folders(fso_probe *p, const fso_probe_opts *opts, char *err, size_t errlen)
 {
     char tmp[4096];
     const char *dirs[FSO_STORE_MAX_DIRS];
-    fso_backend *be = NULL;
     int rc;
-    memset(p, 0, sizeof *p);
-    fso_probe_key(p->key, sizeof p->key, opts->dirs);
-    p->when = (int64_t)time(NULL);
-    p->threads = opts->threads > 0 ? opts->threads : fso_cpu_count();
-    p->host_mem_bytes = fso_mem_available_bytes();
     snprintf(tmp, sizeof tmp, "%s", opts->dirs ? opts->dirs : "");
     p->n_dirs = fso_split_list(tmp, ',', dirs, FSO_STORE_MAX_DIRS);
     if (p->n_dirs < 0) /* the engine refuses more; probe the first ones */
         p->n_dirs = FSO_STORE_MAX_DIRS;
     uint64_t bytes = opts->nvme_bytes ? opts->nvme_bytes : (uint64_t)32 << 20;
-    if (!opts->quiet)
-        fprintf(stderr, "fsoff: probing this machine (%d NVMe folder%s, %d threads)...\n",
-                p->n_dirs, p->n_dirs == 1 ? "" : "s", p->threads);
-
+    p->nvme_free_bytes = 0;
+    p->nvme_read_gbps = p->nvme_write_gbps = p->nvme_read_lat_ms = p->nvme_write_lat_ms = 0;
     for (int i = 0; i < p->n_dirs; i++) {
         fso_probe_dir *d = &p->dirs[i];
         struct statvfs sv;
         char e[512];
+        memset(d, 0, sizeof *d);
         snprintf(d->path, sizeof d->path, "%s", dirs[i]);
         if (statvfs(dirs[i], &sv) == 0)
             d->free_bytes = (uint64_t)sv.f_bavail * sv.f_frsize;
@@ -392,7 +386,17 @@ int fso_probe_run(fso_probe *p, const fso_probe_opts *opts, char *err, size_t er
             return rc;
         }
     }
+    return 0;
+}
 
+/* The probes of the machine itself into p: copies, compute, collectives,
+ * AdamW, and the memory available. */
+static int probe_machine(fso_probe *p, const fso_probe_opts *opts, char *err, size_t errlen)
+{
+    fso_backend *be = NULL;
+    int rc;
+    p->threads = opts->threads > 0 ? opts->threads : fso_cpu_count();
+    p->host_mem_bytes = fso_mem_available_bytes();
     if ((rc = fso_backend_create(&be, "cpu", p->threads)) < 0) {
         snprintf(err, errlen, "cannot create the CPU backend: %s", strerror(-rc));
         return rc;
@@ -412,9 +416,62 @@ int fso_probe_run(fso_probe *p, const fso_probe_opts *opts, char *err, size_t er
     return 0;
 }
 
+/* What a probe of these folders with these threads would say first. */
+static void probe_announce(const fso_probe_opts *opts, bool machine, bool folders)
+{
+    char tmp[4096];
+    const char *dirs[FSO_STORE_MAX_DIRS];
+    snprintf(tmp, sizeof tmp, "%s", opts->dirs ? opts->dirs : "");
+    int n = fso_split_list(tmp, ',', dirs, FSO_STORE_MAX_DIRS);
+    if (opts->quiet)
+        return;
+    if (machine)
+        fprintf(stderr, "fsoff: probing this machine (%d NVMe folder%s, %d threads)...\n",
+                folders ? n : 0, n == 1 && folders ? "" : "s",
+                opts->threads > 0 ? opts->threads : fso_cpu_count());
+    else if (folders)
+        fprintf(stderr, "fsoff: probing %d NVMe folder%s...\n", n, n == 1 ? "" : "s");
+}
+
 /* ------------------------------------------------------------------ cache */
 
-static json_t *probe_to_json(const fso_probe *p)
+/* The cache (version 2) keeps each figure under what it depends on:
+ *   "machines"  one entry per host and CPU model, keyed "host|cpu": copies,
+ *               compute, collectives, AdamW, the memory available;
+ *   "nvme"      one entry per host, CPU model and set of folders, keyed as
+ *               fso_probe_key: the probe's rates and free space;
+ *   "tuned"     one entry per the same key: what `fsoff bench tune` found
+ *               for those folders.
+ * A new folder is probed alone; the compute figures stay one per machine.
+ * When the cache is written, this host's nvme and tuned entries whose
+ * folders no longer exist are dropped. Every number read is checked
+ * against its range: an integer its type cannot hold reads as missing, no
+ * rate or latency is negative, and what the planner divides by is
+ * positive; an entry that fails is incomplete, and measured again. */
+
+/* key = "host|cpu|folders": the machine part "host|cpu" into m; the
+ * folders (after the second '|'), "" when none. */
+static const char *split_key(const char *key, char *m, size_t mlen)
+{
+    const char *bar = strchr(key, '|');
+    bar = bar ? strchr(bar + 1, '|') : NULL;
+    size_t n = bar ? (size_t)(bar - key) : strlen(key);
+    snprintf(m, mlen, "%.*s", (int)n, key);
+    return bar ? bar + 1 : "";
+}
+
+static json_t *machine_to_json(const fso_probe *p)
+{
+    char mkey[sizeof p->key];
+    split_key(p->key, mkey, sizeof mkey);
+    return json_pack("{s:s, s:I, s:i, s:I, s:f, s:f, s:f, s:f, s:f, s:f}", "key", mkey, "when",
+                     (json_int_t)p->when, "threads", p->threads, "host_mem_bytes",
+                     (json_int_t)p->host_mem_bytes, "h2d_gbps", p->h2d_gbps, "d2h_gbps",
+                     p->d2h_gbps, "host_copy_gbps", p->host_copy_gbps, "coll_gbps",
+                     p->coll_gbps, "adam_gelems", p->adam_gelems, "gflops", p->gflops);
+}
+
+static json_t *nvme_to_json(const fso_probe *p)
 {
     json_t *dirs = json_array();
     for (int i = 0; i < p->n_dirs; i++)
@@ -424,22 +481,24 @@ static json_t *probe_to_json(const fso_probe *p)
                             p->dirs[i].write_gbps, "read_lat_ms", p->dirs[i].read_lat_ms,
                             "write_lat_ms", p->dirs[i].write_lat_ms, "free_bytes",
                             (json_int_t)p->dirs[i].free_bytes, "direct", p->dirs[i].direct));
-    json_t *o = json_pack("{s:s, s:I, s:i, s:I, s:o, s:f, s:f, s:f, s:f, s:I}", "key", p->key,
-                          "when", (json_int_t)p->when, "threads", p->threads, "host_mem_bytes",
-                          (json_int_t)p->host_mem_bytes, "nvme", dirs, "nvme_read_gbps",
-                          p->nvme_read_gbps, "nvme_write_gbps", p->nvme_write_gbps,
-                          "nvme_read_lat_ms", p->nvme_read_lat_ms, "nvme_write_lat_ms",
-                          p->nvme_write_lat_ms, "nvme_free_bytes", (json_int_t)p->nvme_free_bytes);
-    json_t *rates = json_pack("{s:f, s:f, s:f, s:f, s:f, s:f}", "h2d_gbps", p->h2d_gbps,
-                              "d2h_gbps", p->d2h_gbps, "host_copy_gbps", p->host_copy_gbps,
-                              "coll_gbps", p->coll_gbps, "adam_gelems", p->adam_gelems, "gflops",
-                              p->gflops);
-    if (!o || !rates || json_object_update(o, rates) != 0) {
-        json_decref(o);
-        o = NULL;
+    if (json_array_size(dirs) != (size_t)p->n_dirs) { /* a path that is not UTF-8 */
+        json_decref(dirs);
+        return NULL;
     }
-    json_decref(rates);
-    return o;
+    return json_pack("{s:s, s:I, s:o, s:f, s:f, s:f, s:f, s:I}", "key", p->key, "when",
+                     (json_int_t)p->when, "dirs", dirs, "read_gbps", p->nvme_read_gbps,
+                     "write_gbps", p->nvme_write_gbps, "read_lat_ms", p->nvme_read_lat_ms,
+                     "write_lat_ms", p->nvme_write_lat_ms, "free_bytes",
+                     (json_int_t)p->nvme_free_bytes);
+}
+
+static json_t *tuned_to_json(const fso_probe_tuned *t)
+{
+    return json_pack("{s:s, s:I, s:i, s:I, s:i, s:f, s:f, s:f, s:f}", "key", t->key, "when",
+                     (json_int_t)t->when, "devices", t->devices, "block_bytes",
+                     (json_int_t)t->block_bytes, "queue_depth", t->queue_depth, "read_gbps",
+                     t->read_gbps, "write_gbps", t->write_gbps, "read_lat_ms", t->read_lat_ms,
+                     "write_lat_ms", t->write_lat_ms);
 }
 
 static double num(json_t *o, const char *k)
@@ -468,203 +527,70 @@ static uint64_t num_u64(json_t *o, const char *k)
     return v >= 0 && v < 0x1p64 ? (uint64_t)v : 0;
 }
 
-static int probe_from_json(json_t *o, void *out)
+/* A machine entry into p's machine figures: 0, or -EINVAL when one is
+ * missing or out of range. */
+static int machine_from_json(json_t *o, void *out)
 {
     fso_probe *p = out;
-    const char *key = json_string_value(json_object_get(o, "key"));
-    json_t *dirs = json_object_get(o, "nvme");
-    if (!key || !json_is_array(dirs) || json_array_size(dirs) > FSO_STORE_MAX_DIRS)
-        return -EINVAL;
-    memset(p, 0, sizeof *p);
-    snprintf(p->key, sizeof p->key, "%s", key);
     p->when = num_i64(o, "when");
     p->threads = num_int(o, "threads");
     p->host_mem_bytes = num_u64(o, "host_mem_bytes");
-    p->n_dirs = (int)json_array_size(dirs);
-    for (int i = 0; i < p->n_dirs; i++) {
-        json_t *d = json_array_get(dirs, (size_t)i);
-        const char *path = json_string_value(json_object_get(d, "path"));
-        snprintf(p->dirs[i].path, sizeof p->dirs[i].path, "%s", path ? path : "");
-        p->dirs[i].read_gbps = num(d, "read_gbps");
-        p->dirs[i].write_gbps = num(d, "write_gbps");
-        p->dirs[i].read_lat_ms = num(d, "read_lat_ms");
-        p->dirs[i].write_lat_ms = num(d, "write_lat_ms");
-        p->dirs[i].free_bytes = num_u64(d, "free_bytes");
-        p->dirs[i].direct = json_is_true(json_object_get(d, "direct"));
-    }
-    p->nvme_read_gbps = num(o, "nvme_read_gbps");
-    p->nvme_write_gbps = num(o, "nvme_write_gbps");
-    p->nvme_read_lat_ms = num(o, "nvme_read_lat_ms");
-    p->nvme_write_lat_ms = num(o, "nvme_write_lat_ms");
-    p->nvme_free_bytes = num_u64(o, "nvme_free_bytes");
     p->h2d_gbps = num(o, "h2d_gbps");
     p->d2h_gbps = num(o, "d2h_gbps");
     p->host_copy_gbps = num(o, "host_copy_gbps");
     p->coll_gbps = num(o, "coll_gbps");
     p->adam_gelems = num(o, "adam_gelems");
     p->gflops = num(o, "gflops");
+    /* the planner divides by these; no rate below 0 */
     if (p->threads < 1 || p->h2d_gbps <= 0 || p->gflops <= 0 || p->adam_gelems <= 0 ||
-        p->coll_gbps <= 0)
+        p->coll_gbps <= 0 || p->d2h_gbps < 0 || p->host_copy_gbps < 0)
         return -EINVAL;
-    /* no rate or latency below 0: the planner divides by them */
-    const double nonneg[] = {p->nvme_read_gbps, p->nvme_write_gbps, p->nvme_read_lat_ms,
-                             p->nvme_write_lat_ms, p->d2h_gbps, p->host_copy_gbps};
-    for (size_t i = 0; i < sizeof nonneg / sizeof *nonneg; i++)
-        if (nonneg[i] < 0)
+    return 0;
+}
+
+/* An nvme entry into p's folders and NVMe figures: 0, or -EINVAL. */
+static int nvme_from_json(json_t *o, void *out)
+{
+    fso_probe *p = out;
+    json_t *dirs = json_object_get(o, "dirs");
+    if (!json_is_array(dirs) || json_array_size(dirs) == 0 ||
+        json_array_size(dirs) > FSO_STORE_MAX_DIRS)
+        return -EINVAL;
+    p->n_dirs = (int)json_array_size(dirs);
+    for (int i = 0; i < p->n_dirs; i++) {
+        json_t *d = json_array_get(dirs, (size_t)i);
+        fso_probe_dir *pd = &p->dirs[i];
+        const char *path = json_string_value(json_object_get(d, "path"));
+        if (!path || snprintf(pd->path, sizeof pd->path, "%s", path) >= (int)sizeof pd->path)
+            return -EINVAL; /* a path fsoff cannot have written */
+        pd->read_gbps = num(d, "read_gbps");
+        pd->write_gbps = num(d, "write_gbps");
+        pd->read_lat_ms = num(d, "read_lat_ms");
+        pd->write_lat_ms = num(d, "write_lat_ms");
+        pd->free_bytes = num_u64(d, "free_bytes");
+        pd->direct = json_is_true(json_object_get(d, "direct"));
+        if (pd->read_gbps < 0 || pd->write_gbps < 0 || pd->read_lat_ms < 0 ||
+            pd->write_lat_ms < 0)
             return -EINVAL;
-    for (int i = 0; i < p->n_dirs; i++)
-        if (p->dirs[i].read_gbps < 0 || p->dirs[i].write_gbps < 0 ||
-            p->dirs[i].read_lat_ms < 0 || p->dirs[i].write_lat_ms < 0)
-            return -EINVAL;
+    }
+    p->nvme_read_gbps = num(o, "read_gbps");
+    p->nvme_write_gbps = num(o, "write_gbps");
+    p->nvme_read_lat_ms = num(o, "read_lat_ms");
+    p->nvme_write_lat_ms = num(o, "write_lat_ms");
+    p->nvme_free_bytes = num_u64(o, "free_bytes");
+    /* the planner divides by the rates and adds the latencies */
+    if (p->nvme_read_gbps <= 0 || p->nvme_write_gbps <= 0 || p->nvme_read_lat_ms < 0 ||
+        p->nvme_write_lat_ms < 0)
+        return -EINVAL;
     return 0;
-}
-
-/* The cache document, or NULL with rc -ENOENT (no file) / -EINVAL. */
-static json_t *cache_read(const char *path, int *rc, char *err, size_t errlen)
-{
-    json_error_t je;
-    if (access(path, F_OK) != 0) {
-        *rc = -ENOENT;
-        return NULL;
-    }
-    json_t *root = json_load_file(path, 0, &je);
-    if (!root || !json_is_object(root) ||
-        json_integer_value(json_object_get(root, "version")) != CACHE_VERSION ||
-        !json_is_array(json_object_get(root, "machines"))) {
-        snprintf(err, errlen, "%s: not an fsoff probe cache (%s); delete it or run fsoff plan "
-                              "--probe to rewrite it", path, root ? "unexpected layout" : je.text);
-        json_decref(root);
-        *rc = -EINVAL;
-        return NULL;
-    }
-    *rc = 0;
-    return root;
-}
-
-/* The entry of arr whose "key" is key, or NULL; *index is its place. */
-static json_t *find_entry(json_t *arr, const char *key, size_t *index)
-{
-    json_t *e;
-    size_t i;
-    json_array_foreach(arr, i, e) {
-        const char *k = json_string_value(json_object_get(e, "key"));
-        if (k && strcmp(k, key) == 0) {
-            *index = i;
-            return e;
-        }
-    }
-    return NULL;
-}
-
-/* key's entry in the array `section` of the cache at path, parsed by from:
- * 0, -ENOENT (no file, no entry), -EINVAL (not a probe cache, or an
- * incomplete entry: the message ends with `fix`). */
-static int cache_get(const char *path, const char *section, const char *key,
-                     int (*from)(json_t *o, void *out), void *out, const char *fix, char *err,
-                     size_t errlen)
-{
-    int rc;
-    json_t *root = cache_read(path, &rc, err, errlen);
-    if (!root)
-        return rc;
-    size_t i;
-    json_t *e = find_entry(json_object_get(root, section), key, &i);
-    rc = e ? from(e, out) : -ENOENT;
-    if (rc == -EINVAL)
-        snprintf(err, errlen, "%s: the entry for %s is incomplete; %s", path, key, fix);
-    json_decref(root);
-    return rc;
-}
-
-int fso_probe_cache_load(const char *path, const char *key, fso_probe *p, char *err,
-                         size_t errlen)
-{
-    return cache_get(path, "machines", key, probe_from_json, p,
-                     "run fsoff plan --probe to measure again", err, errlen);
-}
-
-static int mkdirs(const char *path)
-{
-    char buf[PATH_MAX];
-    snprintf(buf, sizeof buf, "%s", path);
-    for (char *p = buf + 1; *p; p++)
-        if (*p == '/') {
-            *p = 0;
-            if (mkdir(buf, 0700) != 0 && errno != EEXIST)
-                return -errno;
-            *p = '/';
-        }
-    return 0;
-}
-
-/* Writes root to path through a temporary file and a rename. */
-static int cache_write(const char *path, json_t *root, char *err, size_t errlen)
-{
-    char tmp[PATH_MAX + 16];
-    int rc;
-    snprintf(tmp, sizeof tmp, "%s.%d.tmp", path, (int)getpid());
-    if ((rc = mkdirs(path)) < 0) {
-        snprintf(err, errlen, "%s: cannot create its folder: %s", path, strerror(-rc));
-        return rc;
-    }
-    errno = 0;
-    if (json_dump_file(root, tmp, JSON_INDENT(1) | JSON_REAL_PRECISION(6)) != 0 ||
-        rename(tmp, path) != 0) {
-        rc = errno ? -errno : -EIO;
-        snprintf(err, errlen, "%s: cannot write the probe cache: %s", path, strerror(-rc));
-        unlink(tmp);
-        return rc;
-    }
-    return 0;
-}
-
-/* Adds entry (stolen) to the array `section` of the cache at path, in place
- * of the one with the same "key"; a missing or unreadable file starts
- * afresh. 0 or -errno. */
-static int cache_put(const char *path, const char *section, json_t *entry, char *err,
-                     size_t errlen)
-{
-    int rc;
-    char e2[512] = "";
-    json_t *root = cache_read(path, &rc, e2, sizeof e2);
-    if (!root)
-        root = json_pack("{s:i, s:[]}", "version", CACHE_VERSION, "machines");
-    json_t *arr = json_object_get(root, section);
-    if (!json_is_array(arr)) {
-        arr = json_array();
-        json_object_set_new(root, section, arr);
-    }
-    size_t i;
-    if (find_entry(arr, json_string_value(json_object_get(entry, "key")), &i))
-        json_array_remove(arr, i);
-    json_array_append_new(arr, entry);
-    rc = cache_write(path, root, err, errlen);
-    json_decref(root);
-    return rc;
-}
-
-int fso_probe_cache_save(const char *path, const fso_probe *p, char *err, size_t errlen)
-{
-    return cache_put(path, "machines", probe_to_json(p), err, errlen);
-}
-
-static json_t *tuned_to_json(const fso_probe_tuned *t)
-{
-    return json_pack("{s:s, s:I, s:i, s:I, s:i, s:f, s:f, s:f, s:f}", "key", t->key, "when",
-                     (json_int_t)t->when, "devices", t->devices, "block_bytes",
-                     (json_int_t)t->block_bytes, "queue_depth", t->queue_depth, "read_gbps",
-                     t->read_gbps, "write_gbps", t->write_gbps, "read_lat_ms", t->read_lat_ms,
-                     "write_lat_ms", t->write_lat_ms);
 }
 
 static int tuned_from_json(json_t *o, void *out)
 {
     fso_probe_tuned *t = out;
     const char *key = json_string_value(json_object_get(o, "key"));
-    if (!key)
-        return -EINVAL;
     memset(t, 0, sizeof *t);
-    snprintf(t->key, sizeof t->key, "%s", key);
+    snprintf(t->key, sizeof t->key, "%s", key ? key : "");
     t->when = num_i64(o, "when");
     t->devices = num_int(o, "devices");
     t->block_bytes = num_u64(o, "block_bytes");
@@ -681,16 +607,233 @@ static int tuned_from_json(json_t *o, void *out)
     return 0;
 }
 
+/* The cache document, or NULL with rc -ENOENT (no file, or one an older
+ * fsoff wrote: measured again and rewritten) / -EINVAL. */
+static json_t *cache_read(const char *path, int *rc, char *err, size_t errlen)
+{
+    json_error_t je;
+    if (access(path, F_OK) != 0) {
+        *rc = -ENOENT;
+        return NULL;
+    }
+    json_t *root = json_load_file(path, 0, &je);
+    json_t *version = root ? json_object_get(root, "version") : NULL;
+    if (json_is_integer(version) && json_integer_value(version) < CACHE_VERSION) {
+        json_decref(root);
+        *rc = -ENOENT;
+        return NULL;
+    }
+    json_t *tuned = root ? json_object_get(root, "tuned") : NULL;
+    if (!root || !json_is_object(root) || json_integer_value(version) != CACHE_VERSION ||
+        !json_is_array(json_object_get(root, "machines")) ||
+        !json_is_array(json_object_get(root, "nvme")) || (tuned && !json_is_array(tuned))) {
+        snprintf(err, errlen, "%s: not an fsoff probe cache (%s); delete it or run fsoff plan "
+                              "--probe to rewrite it", path, root ? "unexpected layout" : je.text);
+        json_decref(root);
+        *rc = -EINVAL;
+        return NULL;
+    }
+    *rc = 0;
+    return root;
+}
+
+/* The entry of arr whose "key" is key, or NULL; *index (when not NULL) is
+ * its place. */
+static json_t *find_entry(json_t *arr, const char *key, size_t *index)
+{
+    json_t *e;
+    size_t i;
+    json_array_foreach(arr, i, e) {
+        const char *k = json_string_value(json_object_get(e, "key"));
+        if (k && strcmp(k, key) == 0) {
+            if (index)
+                *index = i;
+            return e;
+        }
+    }
+    return NULL;
+}
+
+/* key's entry in the array `section` of root (read from path), parsed by
+ * from into out: 0, -ENOENT (no such entry), -EINVAL (an incomplete entry:
+ * the message names it and ends with `fix`). */
+static int entry_get(json_t *root, const char *path, const char *section, const char *key,
+                     int (*from)(json_t *o, void *out), void *out, const char *fix, char *err,
+                     size_t errlen)
+{
+    json_t *e = find_entry(json_object_get(root, section), key, NULL);
+    int rc = e ? from(e, out) : -ENOENT;
+    if (rc == -EINVAL)
+        snprintf(err, errlen, "%s: the %s entry for %s is incomplete or out of range; %s", path,
+                 section, key, fix);
+    return rc;
+}
+
+static const char probe_again[] = "run fsoff plan --probe to measure again";
+
+/* What root holds for key: the machine's figures (*machine) and, for a key
+ * with folders, theirs (*folders; true for a key without). 0, or -EINVAL
+ * for an entry that is there but incomplete (message in err). */
+static int cache_find(json_t *root, const char *path, const char *key, fso_probe *p,
+                      bool *machine, bool *folders, char *err, size_t errlen)
+{
+    char mkey[sizeof p->key];
+    const char *dirs = split_key(key, mkey, sizeof mkey);
+    int rc = entry_get(root, path, "machines", mkey, machine_from_json, p, probe_again, err,
+                       errlen);
+    *machine = rc == 0;
+    *folders = false;
+    if (rc == -EINVAL)
+        return rc;
+    rc = dirs[0] ? entry_get(root, path, "nvme", key, nvme_from_json, p, probe_again, err, errlen)
+                 : 0;
+    *folders = rc == 0;
+    return rc == -EINVAL ? rc : 0;
+}
+
+int fso_probe_cache_load(const char *path, const char *key, fso_probe *p, char *err,
+                         size_t errlen)
+{
+    int rc;
+    bool machine, folders;
+    json_t *root = cache_read(path, &rc, err, errlen);
+    if (!root)
+        return rc;
+    memset(p, 0, sizeof *p);
+    snprintf(p->key, sizeof p->key, "%s", key);
+    rc = cache_find(root, path, key, p, &machine, &folders, err, errlen);
+    json_decref(root);
+    return rc < 0 ? rc : machine && folders ? 0 : -ENOENT;
+}
+
 int fso_probe_tuned_load(const char *path, const char *key, fso_probe_tuned *t, char *err,
                          size_t errlen)
 {
-    return cache_get(path, "tuned", key, tuned_from_json, t, "run fsoff bench tune again", err,
-                     errlen);
+    int rc;
+    json_t *root = cache_read(path, &rc, err, errlen);
+    if (!root)
+        return rc;
+    rc = entry_get(root, path, "tuned", key, tuned_from_json, t, "run fsoff bench tune again",
+                   err, errlen);
+    json_decref(root);
+    return rc;
+}
+
+static int mkdirs(const char *path)
+{
+    char buf[PATH_MAX];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *p = buf + 1; *p; p++)
+        if (*p == '/') {
+            *p = 0;
+            if (mkdir(buf, 0700) != 0 && errno != EEXIST)
+                return -errno;
+            *p = '/';
+        }
+    return 0;
+}
+
+/* An nvme or tuned entry of this host one of whose folders (its key's, as
+ * fso_probe_key resolved them) no longer exists: a temporary folder, a
+ * drive unmounted. */
+static bool stale(json_t *e, const char *host)
+{
+    const char *key = json_string_value(json_object_get(e, "key"));
+    char mkey[2048], list[4096];
+    const char *dirs[FSO_STORE_MAX_DIRS];
+    size_t hl = strlen(host);
+    if (!key || strncmp(key, host, hl) != 0 || key[hl] != '|')
+        return false; /* another host's, sharing this home folder */
+    snprintf(list, sizeof list, "%s", split_key(key, mkey, sizeof mkey));
+    int n = fso_split_list(list, ',', dirs, FSO_STORE_MAX_DIRS);
+    for (int i = 0; i < n; i++) {
+        struct stat st;
+        if (stat(dirs[i], &st) != 0 || !S_ISDIR(st.st_mode))
+            return true;
+    }
+    return false;
+}
+
+/* The array `name` of root, created when missing. */
+static json_t *section(json_t *root, const char *name)
+{
+    json_t *arr = json_object_get(root, name);
+    if (!json_is_array(arr)) {
+        arr = json_array();
+        json_object_set_new(root, name, arr);
+    }
+    return arr;
+}
+
+/* Puts each of the n entries (stolen) into its section of the cache at
+ * path, in place of the one with the same "key", and drops this host's
+ * stale nvme and tuned entries; a missing, unreadable or older file starts
+ * afresh. Written to a temporary file and renamed, so readers never see
+ * half a file. 0 or -errno. */
+static int cache_put(const char *path, const char *const *sections, json_t **entries, int n,
+                     char *err, size_t errlen)
+{
+    char e2[512] = "", host[256] = "localhost", tmp[PATH_MAX + 16];
+    int rc = 0;
+    for (int i = 0; i < n; i++)
+        if (!entries[i])
+            rc = -EINVAL;
+    if (rc < 0) {
+        snprintf(err, errlen, "%s: cannot record the figures: a folder or this machine's "
+                              "name is not UTF-8 text", path);
+        for (int i = 0; i < n; i++)
+            json_decref(entries[i]);
+        return rc;
+    }
+    json_t *root = cache_read(path, &rc, e2, sizeof e2);
+    if (!root)
+        root = json_pack("{s:i}", "version", CACHE_VERSION);
+    const char *all[] = {"machines", "nvme", "tuned"};
+    for (size_t s = 0; s < sizeof all / sizeof *all; s++)
+        section(root, all[s]);
+    gethostname(host, sizeof host - 1);
+    host[sizeof host - 1] = 0;
+    for (size_t s = 1; s < sizeof all / sizeof *all; s++) {
+        json_t *arr = section(root, all[s]);
+        for (size_t i = json_array_size(arr); i-- > 0;)
+            if (stale(json_array_get(arr, i), host))
+                json_array_remove(arr, i);
+    }
+    for (int i = 0; i < n; i++) {
+        json_t *arr = section(root, sections[i]);
+        size_t at;
+        if (find_entry(arr, json_string_value(json_object_get(entries[i], "key")), &at))
+            json_array_remove(arr, at);
+        json_array_append_new(arr, entries[i]);
+    }
+    snprintf(tmp, sizeof tmp, "%s.%d.tmp", path, (int)getpid());
+    if ((rc = mkdirs(path)) < 0) {
+        snprintf(err, errlen, "%s: cannot create its folder: %s", path, strerror(-rc));
+    } else {
+        errno = 0;
+        if (json_dump_file(root, tmp, JSON_INDENT(1) | JSON_REAL_PRECISION(6)) != 0 ||
+            rename(tmp, path) != 0) {
+            rc = errno ? -errno : -EIO;
+            snprintf(err, errlen, "%s: cannot write the probe cache: %s", path, strerror(-rc));
+            unlink(tmp);
+        }
+    }
+    json_decref(root);
+    return rc;
+}
+
+int fso_probe_cache_save(const char *path, const fso_probe *p, char *err, size_t errlen)
+{
+    const char *sections[] = {"machines", "nvme"};
+    json_t *entries[] = {machine_to_json(p), p->n_dirs > 0 ? nvme_to_json(p) : NULL};
+    return cache_put(path, sections, entries, p->n_dirs > 0 ? 2 : 1, err, errlen);
 }
 
 int fso_probe_tuned_save(const char *path, const fso_probe_tuned *t, char *err, size_t errlen)
 {
-    return cache_put(path, "tuned", tuned_to_json(t), err, errlen);
+    const char *sections[] = {"tuned"};
+    json_t *entries[] = {tuned_to_json(t)};
+    return cache_put(path, sections, entries, 1, err, errlen);
 }
 
 /* The tuned figures for p's folders, if `fsoff bench tune` left any. */
@@ -710,26 +853,32 @@ static void apply_tuned(fso_probe *p, const char *path)
 int fso_probe_get(fso_probe *p, const fso_probe_opts *opts, bool refresh, bool *probed,
                   char *err, size_t errlen)
 {
-    char path[PATH_MAX], key[sizeof p->key];
+    char path[PATH_MAX], e[512];
     bool have_path = fso_probe_cache_path(path, sizeof path) == 0;
+    bool machine = false, folders = false;
+    int rc;
     *probed = false;
-    fso_probe_key(key, sizeof key, opts->dirs);
+    memset(p, 0, sizeof *p);
+    fso_probe_key(p->key, sizeof p->key, opts->dirs);
     if (have_path && !refresh) {
-        char e[512];
-        if (fso_probe_cache_load(path, key, p, e, sizeof e) == 0) {
-            apply_tuned(p, path);
-            return 0;
-        }
+        json_t *root = cache_read(path, &rc, e, sizeof e);
+        if (root) /* an entry that is missing or incomplete is measured again */
+            cache_find(root, path, p->key, p, &machine, &folders, e, sizeof e);
+        json_decref(root);
     }
-    int rc = fso_probe_run(p, opts, err, errlen);
-    if (rc < 0)
-        return rc;
-    *probed = true;
-    if (have_path) {
-        char e[512];
-        if (fso_probe_cache_save(path, p, e, sizeof e) < 0)
+    if (!machine || !folders) {
+        /* measure what the cache lacks: the folders alone when the machine is known */
+        probe_announce(opts, !machine, !folders);
+        if (!folders && (rc = probe_folders(p, opts, err, errlen)) < 0)
+            return rc;
+        if (!machine && (rc = probe_machine(p, opts, err, errlen)) < 0)
+            return rc;
+        p->when = (int64_t)time(NULL);
+        *probed = true;
+        if (have_path && fso_probe_cache_save(path, p, e, sizeof e) < 0)
             fprintf(stderr, "fsoff: warning: %s; the probes will run again next time\n", e);
-        apply_tuned(p, path);
     }
+    if (have_path)
+        apply_tuned(p, path);
     return 0;
 }

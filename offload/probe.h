@@ -15,15 +15,21 @@
  *   compute     sgemm of a transformer-block-like shape through the backend
  *
  * The results are cached in one JSON file, $XDG_CACHE_HOME/fsoff/probe.json
- * (else ~/.cache/fsoff/probe.json), one entry per machine key: host name,
- * CPU model and the NVMe folders. A later run with the same key reuses them.
+ * (else ~/.cache/fsoff/probe.json), keyed by what each measures: the
+ * machine's figures (copies, compute, collectives, AdamW) once per host
+ * name and CPU model, the NVMe figures once per host, CPU model and set of
+ * folders. A later run reuses what the cache has and measures only what it
+ * lacks (a new folder: the folder alone).
  *
  * `fsoff bench tune` sweeps the store's request size, queue depth and rings
  * over a set of folders and records what it found in the same file, under
- * "tuned", one entry per folder key. fso_probe_get takes the NVMe rates and
- * latencies from that entry when there is one (they are the rates at the
- * aio settings tune recommends, measured more thoroughly than the probe's
- * one point), so the planner plans with the tuned figures.
+ * "tuned", one entry per host, CPU model and set of folders (the NVMe
+ * entries' key). fso_probe_get takes the NVMe rates and latencies from that
+ * entry when there is one (they are the rates at the aio settings tune
+ * recommends, measured more thoroughly than the probe's one point), so the
+ * planner plans with the tuned figures. NVMe and tuned entries for this
+ * host's folders that no longer exist are dropped whenever the cache is
+ * written.
  */
 #ifndef FSO_PROBE_H
 #define FSO_PROBE_H
@@ -43,7 +49,7 @@ typedef struct fso_probe_dir {
 } fso_probe_dir;
 
 typedef struct fso_probe {
-    char key[2048];              /* host|cpu model|folders */
+    char key[2048];              /* host|cpu model|folders; the machine's part: host|cpu model */
     int64_t when;                /* seconds since the epoch */
     int threads;                 /* the cores the probes used */
     uint64_t host_mem_bytes;     /* MemAvailable when probed */
@@ -85,30 +91,34 @@ void fso_probe_key(char *buf, size_t len, const char *dirs);
  * $HOME/.cache/fsoff/probe.json). 0, or -ENOENT when neither is set. */
 int fso_probe_cache_path(char *buf, size_t len);
 
-/* Run every probe. 0, or negative errno with a message (a folder that cannot
- * be written names the folder and the fix). */
-int fso_probe_run(fso_probe *p, const fso_probe_opts *opts, char *err, size_t errlen);
-
-/* The entry for `key` in the cache file at path: 0, -ENOENT when there is
- * no file or no such entry, -EINVAL for a file that is not a probe cache
- * (message in err). */
+/* The figures for `key` in the cache file at path, the machine's and the
+ * folders': 0, -ENOENT when there is no file (or one an older fsoff wrote)
+ * or either part is missing, -EINVAL for a file that is not a probe cache
+ * or an entry that is incomplete or out of range (message in err). */
 int fso_probe_cache_load(const char *path, const char *key, fso_probe *p, char *err,
                          size_t errlen);
-/* Add or replace p's entry (by key), creating the folder; written to a
- * temporary file and renamed, so readers never see half a file. */
+/* Add or replace p's entries (the machine's by host|cpu, the folders' by
+ * the whole key), dropping this host's entries for folders that no longer
+ * exist; the folder is created, the file written to a temporary file and
+ * renamed, so readers never see half a file. */
 int fso_probe_cache_save(const char *path, const fso_probe *p, char *err, size_t errlen);
 
 /* Add or replace t's entry (by key) under "tuned" in the cache file at
- * path, creating it if need be; the machine entries stay. 0 or -errno. */
+ * path, creating it if need be; the machine and NVMe entries stay, this
+ * host's entries for folders that no longer exist go. 0 or -errno. */
 int fso_probe_tuned_save(const char *path, const fso_probe_tuned *t, char *err, size_t errlen);
-/* The tuned entry for `key`: 0, -ENOENT when there is none, -EINVAL for a
- * file that is not a probe cache. */
+/* The tuned entry for `key`: 0, -ENOENT when there is none (or no file, or
+ * one an older fsoff wrote), -EINVAL for a file that is not a probe cache
+ * or an entry out of range (message in err). */
 int fso_probe_tuned_load(const char *path, const char *key, fso_probe_tuned *t, char *err,
                          size_t errlen);
 
-/* The cached entry for these folders, or a fresh probe (saved) when there is
- * none or refresh is set. *probed tells which. Either way, a tuned entry for
- * the same folders replaces the NVMe rates and latencies (nvme_tuned set). */
+/* The cached figures for this machine and these folders; what the cache
+ * lacks is measured (a new folder alone, when the machine is known) and
+ * saved; refresh measures everything. *probed tells whether anything was
+ * measured. Either way, a tuned entry for the same folders replaces the
+ * NVMe rates and latencies (nvme_tuned set). 0, or negative errno with a
+ * message (a folder that cannot be written names the folder and the fix). */
 int fso_probe_get(fso_probe *p, const fso_probe_opts *opts, bool refresh, bool *probed,
                   char *err, size_t errlen);
 

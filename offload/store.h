@@ -93,8 +93,11 @@ typedef struct fso_store_opts {
 
 /* io_uring over preallocated files, one or more per folder. Errors name the
  * folder and the fix (missing, not a directory, read-only, no space for
- * capacity_bytes). Files are created 0600 with O_NOFOLLOW and removed by
- * destroy. */
+ * capacity_bytes, in use by a running fsoff: -EBUSY). Files are created 0600
+ * with O_NOFOLLOW and removed by destroy. While open, the store holds a lock
+ * file per folder, <prefix>.lock (flock); files <prefix>.<n> of this user
+ * found under a lock nobody holds are a finished run's and are removed, with
+ * one notice on stderr. */
 int fso_store_open_uring(fso_store **out, const fso_store_opts *opts, char *err, size_t errlen);
 /* Memory: the host tier and tests. align is a power of two; queue_depth is
  * FSO_STORE_MEM_QUEUE_DEPTH. Data moves at submit; requests complete at reap. */

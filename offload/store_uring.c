@@ -5,8 +5,12 @@
  * unit block_bytes: address a lies in stripe k = a / block_bytes, in folder
  * k % ndirs, at offset (k / ndirs) * block_bytes + a % block_bytes of that
  * folder's file <dir>/<prefix>.<n>. Each file is created 0600 with
- * O_EXCL|O_NOFOLLOW (never through a symlink, never over a leftover),
+ * O_EXCL|O_NOFOLLOW (never through a symlink, never over another file),
  * preallocated to ceil(stripes / ndirs) * block_bytes, and removed by destroy.
+ * Each folder's <prefix>.lock is held (flock) while the store is open: a
+ * second store with the prefix is refused while the first runs, and files
+ * left by a run that ended without removing them (killed) are removed when
+ * the next one takes the lock.
  *
  * Requests. prep_* takes one of queue_depth request slots (no allocation on
  * the hot path) and splits the request at stripe boundaries into parts,
@@ -32,6 +36,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <sys/file.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -83,6 +89,8 @@ typedef struct uring_ctx {
     int fds[FSO_STORE_MAX_DIRS];
     bool created[FSO_STORE_MAX_DIRS];
     char path[FSO_STORE_MAX_DIRS][PATH_MAX];
+    int lock_fds[FSO_STORE_MAX_DIRS];   /* each folder's <prefix>.lock, held while open */
+    char lock_path[FSO_STORE_MAX_DIRS][PATH_MAX];
     size_t block_bytes;
     uint64_t file_bytes;
 
@@ -398,6 +406,10 @@ static void uring_teardown(uring_ctx *c)
             close(c->fds[i]);
         if (c->created[i])
             unlink(c->path[i]);
+        if (c->lock_fds[i] >= 0) { /* unlinked while held: a waiter re-checks the path */
+            unlink(c->lock_path[i]);
+            close(c->lock_fds[i]);
+        }
     }
     free(c->reqs);
     free(c->free_reqs);
@@ -481,6 +493,76 @@ static int uring_extend(uring_ctx *c, int i, const char *dir, uint64_t bytes, ui
     return 0;
 }
 
+/* The store's lock in folder i: <dir>/<prefix>.lock, created if need be
+ * and held (flock) for the store's life, so one running fsoff tells
+ * another that its files are in use. The kernel lets go of it when the
+ * process ends however it ends; so with the lock taken, files <prefix>.<n>
+ * in the folder are a run's that is not running any more: they are
+ * removed, with one notice. A lock held by a live run is a refusal. */
+static int lock_folder(uring_ctx *c, int i, const char *dir, const char *prefix, char *err,
+                       size_t errlen)
+{
+    char *lp = c->lock_path[i];
+    int len = snprintf(lp, sizeof c->lock_path[i], "%s/%s.lock", dir, prefix);
+    if (len < 0 || (size_t)len >= sizeof c->lock_path[i])
+        OPEN_FAIL(-ENAMETOOLONG, "%s: folder name too long", dir);
+    for (;;) {
+        int fd = open(lp, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+        if (fd < 0) {
+            int e = errno;
+            if (e == EACCES || e == EPERM || e == EROFS)
+                OPEN_FAIL(-e, "%s: folder not writable (%s); fix its permissions or choose "
+                          "another --nvme folder", dir, strerror(e));
+            OPEN_FAIL(-e, "%s: cannot create %s: %s", dir, lp, strerror(e));
+        }
+        if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+            int e = errno;
+            close(fd);
+            if (e == EWOULDBLOCK)
+                OPEN_FAIL(-EBUSY, "%s: in use by an fsoff that is running (it holds %s); "
+                          "let it finish, or give this run another --nvme folder", dir, lp);
+            OPEN_FAIL(-e, "%s: cannot lock %s: %s", dir, lp, strerror(e));
+        }
+        /* the previous holder may have removed the file as it let go: the
+         * lock counts only on the file that is still there */
+        struct stat held, now;
+        if (fstat(fd, &held) == 0 && stat(lp, &now) == 0 && held.st_dev == now.st_dev &&
+            held.st_ino == now.st_ino) {
+            c->lock_fds[i] = fd;
+            break;
+        }
+        close(fd);
+    }
+    /* what a run that is gone left behind */
+    DIR *d = opendir(dir);
+    char removed[512] = "";
+    size_t off = 0, plen = strlen(prefix);
+    int n = 0;
+    for (struct dirent *de; d && (de = readdir(d));) {
+        const char *name = de->d_name;
+        struct stat st;
+        if (strncmp(name, prefix, plen) != 0 || name[plen] != '.' || !name[plen + 1] ||
+            strspn(name + plen + 1, "0123456789") != strlen(name + plen + 1))
+            continue;
+        /* only what fsoff makes: a regular file of this user (never a link) */
+        if (fstatat(dirfd(d), name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode) ||
+            st.st_uid != geteuid())
+            continue;
+        if (unlinkat(dirfd(d), name, 0) == 0) {
+            n++;
+            if (off < sizeof removed)
+                off += (size_t)snprintf(removed + off, sizeof removed - off, "%s%s",
+                                        off ? ", " : "", name);
+        }
+    }
+    if (d)
+        closedir(d);
+    if (n)
+        fprintf(stderr, "fsoff: notice: %s: removed %s, left by an fsoff run that is no longer "
+                        "running\n", dir, removed);
+    return 0;
+}
+
 static int uring_open_file(fso_store *s, uring_ctx *c, int i, const fso_store_opts *o,
                            char *err, size_t errlen)
 {
@@ -498,14 +580,16 @@ static int uring_open_file(fso_store *s, uring_ctx *c, int i, const fso_store_op
     int len = snprintf(c->path[i], sizeof c->path[i], "%s/%s.%d", dir, prefix, i);
     if (len < 0 || (size_t)len >= sizeof c->path[i])
         OPEN_FAIL(-ENAMETOOLONG, "%s: folder name too long", dir);
+    int rc = lock_folder(c, i, dir, prefix, err, errlen);
+    if (rc < 0)
+        return rc;
 
     int fd = open(c->path[i], O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (fd < 0) {
         int e = errno;
-        if (e == EEXIST)
-            OPEN_FAIL(-EEXIST, "%s: %s already exists, left over from an earlier run or in use by "
-                      "another fsoff; if no fsoff is running, remove it (rm %s)",
-                      dir, c->path[i], c->path[i]);
+        if (e == EEXIST) /* not ours: the lock keeps fsoff's own away */
+            OPEN_FAIL(-EEXIST, "%s: %s already exists and is not fsoff's; move it away or "
+                      "choose another --nvme folder", dir, c->path[i]);
         if (e == EACCES || e == EPERM || e == EROFS)
             OPEN_FAIL(-e, "%s: folder not writable (%s); fix its permissions or choose another "
                       "--nvme folder", dir, strerror(e));
@@ -518,7 +602,7 @@ static int uring_open_file(fso_store *s, uring_ctx *c, int i, const fso_store_op
 
     if (o->direct) {
         /* Set after creating, so a refusal leaves nothing to clean up. */
-        int rc = o->refuse_direct ? -1 : fcntl(fd, F_SETFL, O_DIRECT);
+        rc = o->refuse_direct ? -1 : fcntl(fd, F_SETFL, O_DIRECT);
         if (rc != 0 && (o->refuse_direct || errno == EINVAL)) {
             fprintf(stderr, "fsoff: warning: %s: the filesystem does not support O_DIRECT; using "
                     "buffered I/O (slower, uses page cache)\n", dir);
@@ -530,7 +614,7 @@ static int uring_open_file(fso_store *s, uring_ctx *c, int i, const fso_store_op
 
     uint64_t want = c->file_bytes;
     c->file_bytes = 0; /* nothing preallocated yet */
-    int rc = uring_extend(c, i, dir, want, s->capacity_bytes, err, errlen);
+    rc = uring_extend(c, i, dir, want, s->capacity_bytes, err, errlen);
     c->file_bytes = want;
     return rc;
 }
@@ -641,7 +725,7 @@ int fso_store_open_uring(fso_store **out, const fso_store_opts *opts, char *err,
         return -ENOMEM;
     }
     for (int i = 0; i < FSO_STORE_MAX_DIRS; i++)
-        c->fds[i] = -1;
+        c->fds[i] = c->lock_fds[i] = -1;
     s->ops = &uring_ops;
     s->ctx = c;
     s->capacity_bytes = opts->capacity_bytes;

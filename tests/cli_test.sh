@@ -7,14 +7,7 @@
 # losses, and a short run of a small model makes the loss fall.
 set -u
 FSOFF=${1:?usage: cli_test.sh path/to/fsoff}
-SRC=${FSO_SRCDIR:-$(cd "$(dirname "$0")/.." && pwd)}
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
-pass=0
-fail=0
-
-ok() { pass=$((pass + 1)); echo "ok   $1"; }
-bad() { fail=$((fail + 1)); echo "FAIL $1"; shift; for l in "$@"; do echo "     $l"; done; }
+. "$(dirname "$0")/lib.sh"
 
 # expect_error NAME 'substring' 'substring' ... -- fsoff args...
 expect_error() {
@@ -72,23 +65,10 @@ expect_error "missing data" "$TMP/none.bin" -- --data "$TMP/none.bin"
 printf 'M\x17\x35\x01' >"$TMP/short.bin"
 expect_error "truncated header" "$TMP/short.bin" -- --data "$TMP/short.bin" --set data.format=tokens
 # a valid v1 file of 600 tokens, then truncated
-python_free_tokens() { # N MAX: header + N uint16 tokens i % MAX
-    local n=$1 max=$2
-    {
-        printf '\x88\xd8\x34\x01\x01\x00\x00\x00'
-        printf "$(printf '\\x%02x\\x%02x\\x%02x\\x%02x' $((n & 255)) $(((n >> 8) & 255)) $(((n >> 16) & 255)) $(((n >> 24) & 255)))"
-        head -c $((1024 - 12)) /dev/zero
-        local i
-        for ((i = 0; i < n; i++)); do
-            local t=$((i % max))
-            printf "$(printf '\\x%02x\\x%02x' $((t & 255)) $((t >> 8)))"
-        done
-    }
-}
-python_free_tokens 600 200 >"$TMP/good.bin"
+write_tokens 600 1 200 >"$TMP/good.bin"
 head -c $((1024 + 1000)) "$TMP/good.bin" >"$TMP/trunc.bin"
 expect_error "truncated tokens" "$TMP/trunc.bin" "truncated" -- --data "$TMP/trunc.bin"
-python_free_tokens 600 300 >"$TMP/big.bin"
+write_tokens 600 1 300 >"$TMP/big.bin"
 expect_error "token beyond vocab" "$TMP/big.bin" ">= model.vocab_size" -- --data "$TMP/big.bin"
 printf 'short text' >"$TMP/short.txt"
 expect_error "corpus shorter than a sequence" "$TMP/short.txt" "seq_len" -- --data "$TMP/short.txt"
@@ -151,7 +131,7 @@ fi
 
 # --- Hugging Face folders (--init-from)
 HF="$SRC/tests/fixtures/hf/llama3_tied_f16"
-python_free_tokens 600 64 >"$TMP/tok64.bin"
+write_tokens 600 1 64 >"$TMP/tok64.bin"
 mkdir -p "$TMP/hfnv"
 if "$FSOFF" --init-from "$HF" --data "$TMP/tok64.bin" --steps 2 --devices cpu:2 --nvme "$TMP/hfnv" \
        --set data.seq_len=16 >"$TMP/out" 2>"$TMP/err" &&
@@ -169,6 +149,163 @@ expect_error "init-from a missing folder" "--set model.init_from=" "$TMP/nohf/co
 mkdir -p "$TMP/noweights" && cp "$HF/config.json" "$TMP/noweights/"
 expect_error "init-from a folder without weights" "$TMP/noweights: has no model.safetensors" -- \
     --init-from "$TMP/noweights" --data "$TMP/tok64.bin" --set data.seq_len=16 --steps 1
+
+# --- budgets: one line, one number, only options the command has, before anything else
+expect_error "budget: one line" "device memory: each device needs" "short by" "--device-mem" \
+    -- --device-mem 30M --set zero_optimization.offload_optimizer.device=none --steps 1
+if grep -qE -- '--auto|--host-mem|--gpu-mem' "$TMP/err" || grep -q 'short by' "$TMP/out" ||
+   grep -q '^plan:' "$TMP/out"; then
+    bad "budget: train's own options, no second line" "$(cat "$TMP/err" "$TMP/out")"
+else
+    ok "budget: train's own options, no second line"
+fi
+mkdir -p "$TMP/xdg-budget"
+XDG_CACHE_HOME="$TMP/xdg-budget" expect_error "budget: host, before allocating" "host memory" \
+    "short by" "--nvme DIR" -- --config "$SRC/configs/llama-7b.json" \
+    --set zero_optimization.offload_param.device=cpu \
+    --set zero_optimization.offload_optimizer.device=cpu --steps 1
+if grep -q '^fsoff: model\|^plan:' "$TMP/out" || grep -q 'probing' "$TMP/err" ||
+   [ -e "$TMP/xdg-budget/fsoff/probe.json" ]; then
+    bad "budget: host refused before the probes and the banner" "$(head -3 "$TMP/out" "$TMP/err")"
+else
+    ok "budget: host refused before the probes and the banner"
+fi
+# absurd models: refused at once by train and plan, each tier named
+HUGE=(--set model.num_hidden_layers=1000000 --set model.hidden_size=8192
+      --set model.intermediate_size=28672 --set model.num_attention_heads=64
+      --set model.num_key_value_heads=8)
+expect_error "a million layers: train" "too large for this machine" "each device needs" \
+    "the host needs" "NVMe needs" " TiB" -- "${HUGE[@]}"
+expect_error "a million layers: plan" "too large for this machine" " TiB" -- plan "${HUGE[@]}"
+WIDE=(--set model.hidden_size=1073741824 --set model.intermediate_size=1073741824
+      --set model.vocab_size=1073741824 --set model.num_attention_heads=1048576
+      --set model.num_key_value_heads=1048576)
+expect_error "sizes past 64 bits: train" "more than 16777216 TiB" -- "${WIDE[@]}"
+expect_error "sizes past 64 bits: plan" "more than 16777216 TiB" -- plan "${WIDE[@]}"
+
+# --- what can be checked before planning is: nothing else printed
+for c in "data:--data $TMP/nope.txt" "metrics:--metrics $TMP/no/dir/m.jsonl"; do
+    # shellcheck disable=SC2086
+    "$FSOFF" --steps 1 ${c#*:} "${SMALL[@]}" >"$TMP/out" 2>"$TMP/err"
+    if [ $? -eq 1 ] && [ ! -s "$TMP/out" ] && [ "$(grep -c error "$TMP/err")" -eq 1 ]; then
+        ok "bad ${c%%:*} path: the error alone, before the plan"
+    else
+        bad "bad ${c%%:*} path: the error alone, before the plan" "$(head -3 "$TMP/out")"
+    fi
+done
+
+# --- exit status 2 for bad command lines, in the words the user wrote
+expect_status() { # NAME STATUS -- args
+    local name=$1 want=$2
+    shift 3
+    "$FSOFF" "$@" >"$TMP/out" 2>"$TMP/err"
+    local rc=$?
+    if [ $rc -eq "$want" ]; then ok "$name (status $rc)"; else bad "$name" "status $rc, want $want" "$(cat "$TMP/err")"; fi
+}
+expect_status "missing --nvme folder is a bad command line" 2 -- --nvme "$TMP/nofolder" --steps 1
+expect_status "data.format tokens without a path is a bad configuration" 2 -- --set data.format=tokens
+expect_error "--nvme empty names --nvme" '--nvme ""' "one or more folders" -- --nvme "" --steps 1
+if grep -q -- '--set' "$TMP/err"; then bad "--nvme empty: no --set the user never typed" "$(cat "$TMP/err")"; fi
+printf '{ "zero_optimization": { "offload_param": { "device": "nvme", "nvme_path": "%s" } } }\n' \
+    "$TMP/gone" >"$TMP/gone.json"
+expect_status "config's missing NVMe folder is a bad configuration" 2 -- --config "$TMP/gone.json"
+grep -q 'zero_optimization.offload_param.nvme_path' "$TMP/err" ||
+    bad "config's missing NVMe folder names the key" "$(cat "$TMP/err")"
+
+# --- a run that fails does not say done
+"$FSOFF" --steps 5 --set optimizer.params.lr=1e30 --set gradient_clipping=0 \
+    --metrics "$TMP/div.jsonl" "${SMALL[@]}" >"$TMP/out" 2>"$TMP/err"
+rc=$?
+if [ $rc -eq 1 ] && grep -q 'diverged' "$TMP/err" && ! grep -q 'fsoff: done' "$TMP/out" &&
+   tail -1 "$TMP/out" | grep -q '^fsoff: failed after 1 of 5 steps' &&
+   tail -1 "$TMP/div.jsonl" | grep -q '"status": "failed"'; then
+    ok "a diverged run ends failed, not done"
+else
+    bad "a diverged run ends failed, not done" "status $rc" "$(tail -2 "$TMP/out")" "$(tail -1 "$TMP/div.jsonl")"
+fi
+
+# --- the built-in defaults' scheduler parameters follow a new type
+expect_status "scheduler.type=WarmupLR alone" 0 -- --set scheduler.type=WarmupLR --steps 2 "${SMALL[@]}"
+
+# --- GPT-2 tokens against the byte-level default: the size to set
+write_tokens 600 97 50257 >"$TMP/gpt2.bin"
+expect_error "token file beyond the vocabulary names the size" "--set model.vocab_size=50257" \
+    "largest token" -- --data "$TMP/gpt2.bin" --steps 1
+
+# --- the summary agrees with the step lines; one step says it includes the warm-up
+if "$FSOFF" --steps 4 --metrics "$TMP/sum.jsonl" "${SMALL[@]}" >"$TMP/out" 2>"$TMP/err" &&
+   awk '/"event": "summary"/ { next }
+        { for (k in want) if (match($0, "\"" k "\": [-0-9.e+]+")) {
+              v = substr($0, RSTART + length(k) + 4, RLENGTH - length(k) - 4)
+              if (NR > 1) { sum[k] += v; n[k]++ } } }
+        END { for (k in want) printf "%s %.6g\n", k, sum[k] / n[k] }
+        BEGIN { want["step_ms"]; want["stall_ms"]; want["optimizer_ms"]; want["optimizer_exposed_ms"] }' \
+       "$TMP/sum.jsonl" | sort >"$TMP/means" &&
+   tail -1 "$TMP/sum.jsonl" | tr ',{}' '\n\n\n' | sed -E 's/^ *"([a-z_]+)": (.*)$/\1 \2/' |
+       grep -E '^(mean_step_ms|stall_ms|optimizer_ms|optimizer_exposed_ms) ' |
+       sed 's/^mean_step_ms/step_ms/' | sort >"$TMP/summary" &&
+   awk 'NR == FNR { a[$1] = $2; next }
+        { if (!($1 in a) || (a[$1] - $2 > 1e-3 + 1e-4 * $2) || ($2 - a[$1] > 1e-3 + 1e-4 * $2)) bad = 1 }
+        END { exit bad }' "$TMP/means" "$TMP/summary" &&
+   [ "$(wc -l <"$TMP/summary")" -eq 4 ] && tail -1 "$TMP/sum.jsonl" | grep -q '"final_update_ms": '; then
+    ok "summary means agree with the step lines"
+else
+    bad "summary means agree with the step lines" "$(cat "$TMP/means")" "$(cat "$TMP/summary")"
+fi
+if "$FSOFF" --steps 1 "${SMALL[@]}" >"$TMP/out" 2>"$TMP/err" &&
+   tail -1 "$TMP/out" | grep -q 'one step: its warm-up included' &&
+   ! grep -q 'first step excluded' "$TMP/out"; then
+    ok "one step: its time includes the warm-up, and says so"
+else
+    bad "one step: its time includes the warm-up" "$(tail -1 "$TMP/out")"
+fi
+
+# --- NVMe folders: a killed run's files are reclaimed, a running one's refused
+mkdir -p "$TMP/nvk"
+"$FSOFF" --steps 100000 --nvme "$TMP/nvk" "${SMALL[@]}" >/dev/null 2>&1 &
+pid=$!
+for _ in $(seq 1200); do [ -e "$TMP/nvk/fsoff-dev0.0" ] && break; sleep 0.1; done
+kill -9 $pid 2>/dev/null
+wait $pid 2>/dev/null
+if [ -e "$TMP/nvk/fsoff-dev0.0" ] &&
+   "$FSOFF" --steps 1 --nvme "$TMP/nvk" "${SMALL[@]}" >"$TMP/out" 2>"$TMP/err" &&
+   [ "$(grep -c 'notice: .*removed fsoff-dev0.0, left by an fsoff run that is no longer running' "$TMP/err")" -eq 1 ] &&
+   [ -z "$(ls -A "$TMP/nvk")" ]; then
+    ok "a killed run's NVMe files: reclaimed with one notice"
+else
+    bad "a killed run's NVMe files: reclaimed with one notice" "$(ls -A "$TMP/nvk")" "$(cat "$TMP/err")"
+fi
+flock --no-fork "$TMP/nvk/fsoff-dev0.lock" sleep 60 &
+lockpid=$!
+for _ in $(seq 50); do [ -e "$TMP/nvk/fsoff-dev0.lock" ] && break; sleep 0.1; done
+expect_error "a running fsoff's folder is refused" "in use by an fsoff that is running" -- \
+    --steps 1 --nvme "$TMP/nvk" "${SMALL[@]}"
+kill $lockpid 2>/dev/null
+wait $lockpid 2>/dev/null
+
+# --- the probe cache: one compute entry per machine, gone folders dropped
+mkdir -p "$TMP/xdg" "$TMP/pa" "$TMP/pb"
+XDG_CACHE_HOME="$TMP/xdg" "$FSOFF" plan --nvme "$TMP/pa" "${SMALL[@]}" >/dev/null 2>&1
+XDG_CACHE_HOME="$TMP/xdg" "$FSOFF" plan --nvme "$TMP/pb" "${SMALL[@]}" >/dev/null 2>"$TMP/err"
+rmdir "$TMP/pa"
+XDG_CACHE_HOME="$TMP/xdg" "$FSOFF" plan "${SMALL[@]}" --probe >/dev/null 2>&1
+cache="$TMP/xdg/fsoff/probe.json"
+if [ "$(grep -c '"gflops"' "$cache")" -eq 1 ] && grep -q 'probing 1 NVMe folder\.\.\.' "$TMP/err" &&
+   ! grep -q "$TMP/pa" "$cache" && grep -q "$TMP/pb" "$cache"; then
+    ok "probe cache: one compute entry, a new folder probed alone, a gone folder dropped"
+else
+    bad "probe cache" "$(cat "$TMP/err")" "$(head -c 600 "$cache")"
+fi
+
+# --- a build without CUDA says why
+if [ "${FSO_CUDA_OPTION:-}" = disabled ]; then
+    "$FSOFF" bench h2d >"$TMP/out" 2>&1
+    if grep -q -- '-Dcuda=disabled' "$TMP/out" && ! grep -q 'nvcc was not on PATH' "$TMP/out"; then
+        ok "bench h2d in a -Dcuda=disabled build says so"
+    else
+        bad "bench h2d in a -Dcuda=disabled build says so" "$(cat "$TMP/out")"
+    fi
+fi
 
 # --- good runs
 if "$FSOFF" --steps 3 --data "$TMP/good.bin" --metrics "$TMP/m1.jsonl" "${SMALL[@]}" >"$TMP/out" 2>"$TMP/err"; then

@@ -675,6 +675,40 @@ static void test_scheduler_section_is_replaced(void **state)
     assert_int_equal(c.sched.type, FSO_SCHED_CONSTANT);
 }
 
+/* Setting only the scheduler's type over the built-in defaults keeps the
+ * defaults' parameters the new type takes and drops the WarmupCosineLR
+ * ones; parameters the user gave for another type stay errors, in their
+ * own file. */
+static void test_scheduler_type_set_over_the_defaults(void **state)
+{
+    fso_config c;
+    const char *lr[] = {"scheduler.type=WarmupLR"};
+    if (load_sets(&c, lr, 1) != 0)
+        fail_msg("%s", c.err);
+    assert_int_equal(c.sched.type, FSO_SCHED_WARMUP);
+    assert_int_equal(c.sched.warmup_num_steps, 30);           /* the defaults' */
+    assert_int_equal(c.sched.warmup_type, FSO_WARMUP_LINEAR); /* the defaults' */
+    assert_close(c.sched.warmup_max_lr, 0.001);               /* DeepSpeed's */
+    const char *decay[] = {"scheduler.type=WarmupDecayLR", "scheduler.params.total_num_steps=500"};
+    if (load_sets(&c, decay, 2) != 0)
+        fail_msg("%s", c.err);
+    assert_int_equal(c.sched.type, FSO_SCHED_WARMUP_DECAY);
+    assert_int_equal(c.sched.total_num_steps, 500);
+    /* a WarmupCosineLR parameter the user set is checked against the type */
+    const char *mine[] = {"scheduler.params.cos_min_ratio=0.2", "scheduler.type=WarmupLR"};
+    assert_int_equal(load_sets(&c, mine, 2), -EINVAL);
+    expect_err(&c, "--set scheduler.params.cos_min_ratio=0.2: scheduler.params.cos_min_ratio: "
+                   "unknown key for WarmupLR; the keys here are: warmup_min_lr, warmup_max_lr, "
+                   "warmup_num_steps, warmup_type");
+    tdir *t = *state;
+    const char *file = write_cfg(t, "job.json", "{\"scheduler\": {\"type\": \"WarmupCosineLR\",\n"
+                                                " \"params\": {\"warmup_min_ratio\": 0.2}}}");
+    assert_int_equal(load(&c, file, lr, 1), -EINVAL);
+    expect_err(&c, "%s:2:13: scheduler.params.warmup_min_ratio: unknown key for WarmupLR; the "
+                   "keys here are: warmup_min_lr, warmup_max_lr, warmup_num_steps, warmup_type",
+               t->file);
+}
+
 static void test_other_sections_merge_key_by_key(void **state)
 {
     fso_config c;
@@ -781,6 +815,12 @@ static void test_data_path_and_format(void **state)
         fail_msg("%s", c.err);
     assert_int_equal(c.data.format, FSO_DATA_TOKENS);
     assert_string_equal(c.data.path, "/data/fineweb_train_000001.bin");
+    /* tokens without a file is a configuration error, located */
+    const char *nopath[] = {"data.format=tokens"};
+    assert_int_equal(load_sets(&c, nopath, 1), -EINVAL);
+    expect_err(&c, "--set data.format=tokens: data.format: is \"tokens\" but data.path is empty "
+                   "(the built-in corpus is text); give a token file with --data FILE, or set "
+                   "data.format to \"auto\"");
 
     /* The longest path that fits, then one byte more. */
     size_t room = sizeof(c.data.path) - 1;
@@ -1073,6 +1113,7 @@ int main(void)
         T(test_optimizer_section_is_replaced),
         T(test_model_section_takes_llama_defaults),
         T(test_scheduler_section_is_replaced),
+        T(test_scheduler_type_set_over_the_defaults),
         T(test_other_sections_merge_key_by_key),
         T(test_origin_of_every_key),
         T(test_set_overrides),

@@ -693,7 +693,8 @@ static void test_token_beyond_vocab_is_an_error(void **state)
     cfg_for(&cfg, path, FSO_DATA_AUTO, 50257, 8, 1);
     assert_int_equal(fso_data_write_tokens(path, tok, 1000, 0), 0);
     expect_init_error(&cfg, path, "token 70000 at index 123 is >= model.vocab_size (50257)",
-                      NULL);
+                      "largest token is 70000, so the model needs a vocabulary of at least "
+                      "70001: for Llama 3 tokens, --set model.vocab_size=128256");
 
     /* v1: the limit is the vocabulary, not uint16. */
     tok[123] = 3;
@@ -702,6 +703,15 @@ static void test_token_beyond_vocab_is_an_error(void **state)
     assert_int_equal(header_int(path, 1), 1);
     expect_init_error(&cfg, path, "token 50257 at index 999 is >= model.vocab_size (50257)",
                       NULL);
+
+    /* GPT-2 tokens against the byte-level default: the size to set, named */
+    tok[999] = 3;
+    tok[5] = 50256;
+    cfg_for(&cfg, path, FSO_DATA_AUTO, 256, 8, 1);
+    assert_int_equal(fso_data_write_tokens(path, tok, 1000, 0), 0);
+    expect_init_error(&cfg, path, "token 50256 at index 5 is >= model.vocab_size (256)",
+                      "largest token is 50256, so the model needs a vocabulary of at least "
+                      "50257: for GPT-2 tokens, --set model.vocab_size=50257");
     free(tok);
 }
 

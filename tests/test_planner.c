@@ -223,7 +223,7 @@ static void test_shortfall_names_the_tier_and_the_bytes(void **state)
     assert_int_equal(p.short_tier, FSO_TIER_HOST);
     assert_int_equal(p.need_bytes[FSO_TIER_HOST], (uint64_t)(88 * MIB));
     assert_int_equal(p.short_bytes, (uint64_t)(4 * MIB));
-    fso_plan_shortfall_message(&p, NULL, msg, sizeof msg);
+    fso_plan_shortfall_message(&p, NULL, false, msg, sizeof msg);
     assert_non_null(strstr(msg, "host memory"));
     assert_non_null(strstr(msg, "short by 4.0 MiB"));
     assert_non_null(strstr(msg, "--nvme"));
@@ -234,7 +234,7 @@ static void test_shortfall_names_the_tier_and_the_bytes(void **state)
     s.in.machine.device_mem_bytes = (uint64_t)(20 * MIB);
     assert_int_equal(fso_plan_choose(&s.in, &p), -ENOSPC);
     assert_int_equal(p.short_tier, FSO_TIER_DEVICE);
-    fso_plan_shortfall_message(&p, NULL, msg, sizeof msg);
+    fso_plan_shortfall_message(&p, NULL, false, msg, sizeof msg);
     assert_non_null(strstr(msg, "device memory"));
     assert_non_null(strstr(msg, "train_micro_batch_size_per_gpu"));
 
@@ -246,9 +246,84 @@ static void test_shortfall_names_the_tier_and_the_bytes(void **state)
     assert_int_equal(fso_plan_choose(&s.in, &p), -ENOSPC);
     assert_int_equal(p.short_tier, FSO_TIER_NVME);
     assert_int_equal(p.short_bytes, (uint64_t)(70 * MIB));
-    fso_plan_shortfall_message(&p, &s.in.pins, msg, sizeof msg);
+    fso_plan_shortfall_message(&p, &s.in.pins, false, msg, sizeof msg);
     assert_non_null(strstr(msg, "NVMe"));
     assert_non_null(strstr(msg, "--auto"));
+    /* fsoff train's words: its own options, and the keys that pin */
+    fso_plan_shortfall_message(&p, &s.in.pins, true, msg, sizeof msg);
+    assert_null(strstr(msg, "--auto"));
+    assert_null(strstr(msg, "--nvme-free"));
+    assert_non_null(strstr(msg, "leave zero_optimization's offload devices out"));
+    synth_model(&s, 4, 1 << 20, 1e9, true);
+    s.in.machine.device_mem_bytes = (uint64_t)(18 * MIB);
+    s.in.machine.host_mem_bytes = (uint64_t)(84 * MIB);
+    s.in.machine.nvme_free_bytes = 0;
+    s.in.pins.tier[FSO_KIND_MASTER] = FSO_TIER_HOST;
+    assert_int_equal(fso_plan_choose(&s.in, &p), -ENOSPC);
+    fso_plan_shortfall_message(&p, &s.in.pins, true, msg, sizeof msg);
+    assert_non_null(strstr(msg, "host memory"));
+    assert_null(strstr(msg, "--host-mem"));
+    assert_non_null(strstr(msg, "leave zero_optimization.offload_optimizer.device out"));
+}
+
+/* Models the planner cannot lay out (more blocks than it takes, byte
+ * counts past 64 bits) are sized by arithmetic before it runs: each tier's
+ * need against what it holds, in the options of the command asking. */
+static void expect_size_error(const fso_config *cfg, const fso_plan_pins *pins,
+                              const fso_plan_machine *m, bool train, const char *const *want)
+{
+    char err[1024];
+    assert_int_equal(fso_plan_check_size(cfg, pins, m, false, train, err, sizeof err), -ENOSPC);
+    for (int i = 0; want[i]; i++)
+        if (!strstr(err, want[i]))
+            fail_msg("lacks \"%s\": %s", want[i], err);
+    if (train && strstr(err, "--nvme-free"))
+        fail_msg("fsoff train has no --nvme-free: %s", err);
+}
+
+static void test_sizes_beyond_the_planner_are_checked_by_arithmetic(void **state)
+{
+    (void)state;
+    fso_config cfg;
+    fso_plan_pins pins;
+    char err[1024];
+    const fso_plan_machine m = {.devices = 1, .device_mem_bytes = (uint64_t)16 << 30,
+                                .host_mem_bytes = (uint64_t)64 << 30};
+    fso_config_defaults(&cfg);
+    fso_plan_pins_none(&pins);
+    /* what the planner takes: the planner decides */
+    assert_int_equal(fso_plan_check_size(&cfg, &pins, &m, false, true, err, sizeof err), 0);
+    /* 2000 small layers: more than the planner takes, and they fit */
+    cfg.model.num_hidden_layers = 2000;
+    assert_int_equal(fso_plan_check_size(&cfg, &pins, &m, false, true, err, sizeof err), 0);
+    /* a million layers of width 8192: every tier and the state, in TiB */
+    cfg.model.num_hidden_layers = 1000000;
+    cfg.model.hidden_size = 8192;
+    cfg.model.intermediate_size = 28672;
+    cfg.model.num_attention_heads = 64;
+    cfg.model.num_key_value_heads = 8;
+    cfg.model.head_dim = 128;
+    static const char *const big[] = {"each device needs 30.52 TiB (activations and buffers) "
+                                      "and holds 16.00 GiB", "the host needs ",
+                                      "and 64.00 GiB is available", "NVMe needs 0 KiB",
+                                      "the training state, ", " TiB (parameters ",
+                                      "short by ", "--nvme DIR", NULL};
+    expect_size_error(&cfg, &pins, &m, true, big);
+    expect_size_error(&cfg, &pins, &m, false, big);
+    /* a pinned tier's share is named */
+    pins.tier[FSO_KIND_MASTER] = pins.tier[FSO_KIND_M] = pins.tier[FSO_KIND_V] = FSO_TIER_HOST;
+    pins.tier[FSO_KIND_GRAD] = FSO_TIER_HOST;
+    static const char *const pinned[] = {"state pinned there", "is not pinned to a tier", NULL};
+    expect_size_error(&cfg, &pins, &m, true, pinned);
+    /* 2^30 wide: byte counts past 64 bits are not wrapped around */
+    fso_plan_pins_none(&pins);
+    cfg.model.num_hidden_layers = 4;
+    cfg.model.hidden_size = cfg.model.intermediate_size = cfg.model.vocab_size = 1 << 30;
+    cfg.model.num_attention_heads = cfg.model.num_key_value_heads = 1 << 20;
+    cfg.model.head_dim = 1 << 10;
+    static const char *const overflow[] = {"each device needs more than 16777216 TiB",
+                                           "short by more than 16777216 TiB", NULL};
+    expect_size_error(&cfg, &pins, &m, true, overflow);
 }
 
 /* ------------------------------------------------------------------ timeline */
@@ -589,9 +664,21 @@ static void test_plan_for_this_machine_prints_and_applies(void **state)
     snprintf(cache, sizeof cache, "%s/cache-here", tmpdir);
     setenv("XDG_CACHE_HOME", cache, 1);
     tiny_config(&cfg);
+    /* nothing fits: said from the capacities alone, before any probe */
+    cfg.device_mem_bytes = 1u << 20;
+    cfg.offload.optim_tier = FSO_TIER_DEVICE;
+    fso_plan_pins_none(&pins);
+    pins.tier[FSO_KIND_MASTER] = FSO_TIER_DEVICE;
+    assert_int_equal(fso_plan_for_config(&cfg, &pins, &p, err, sizeof err), -ENOSPC);
+    assert_non_null(strstr(err, "device memory"));
+    char probe_file[1200];
+    snprintf(probe_file, sizeof probe_file, "%s/fsoff/probe.json", cache);
+    assert_int_equal(access(probe_file, F_OK), -1); /* not probed */
+    tiny_config(&cfg);
     cfg.world = 2;
     fso_plan_pins_from_config(&cfg, &pins);
     assert_int_equal(fso_plan_for_config(&cfg, &pins, &p, err, sizeof err), 0);
+    assert_int_equal(access(probe_file, F_OK), 0);
     assert_true(p.fits && p.step_ms > 0 && p.machine.cpu_devices && p.machine.devices == 2);
     char *buf = NULL;
     size_t len = 0;
@@ -902,11 +989,16 @@ static void test_probe_cache_round_trip(void **state)
     a.adam_gelems = 3.5;
     a.gflops = 1234.5;
     assert_int_equal(fso_probe_cache_save(path, &a, err, sizeof err), 0);
+    /* the same machine with other folders: the folders are an entry of their
+     * own; the machine's figures stay one entry, the latest */
     b = a;
     snprintf(b.key, sizeof b.key, "host|cpu|/mnt/b");
+    snprintf(b.dirs[0].path, sizeof b.dirs[0].path, "/mnt/b");
+    b.nvme_read_gbps = 1.5;
     b.gflops = 99;
     assert_int_equal(fso_probe_cache_save(path, &b, err, sizeof err), 0);
     a.adam_gelems = 4.5; /* replacing an entry keeps one per key */
+    a.gflops = 1234.5;
     assert_int_equal(fso_probe_cache_save(path, &a, err, sizeof err), 0);
 
     assert_int_equal(fso_probe_cache_load(path, "host|cpu|/mnt/a", &c, err, sizeof err), 0);
@@ -919,11 +1011,47 @@ static void test_probe_cache_round_trip(void **state)
     assert_int_equal(c.dirs[0].free_bytes, a.dirs[0].free_bytes);
     assert_true(fabs(c.dirs[0].read_lat_ms - 0.125) < 1e-9);
     assert_true(fabs(c.nvme_write_gbps - 4.25) < 1e-9);
+    assert_true(fabs(c.nvme_read_gbps - 6.5) < 1e-9);
     assert_true(fabs(c.adam_gelems - 4.5) < 1e-9);
     assert_true(fabs(c.gflops - 1234.5) < 1e-9);
     assert_int_equal(fso_probe_cache_load(path, "host|cpu|/mnt/b", &c, err, sizeof err), 0);
-    assert_true(fabs(c.gflops - 99) < 1e-9);
+    assert_true(fabs(c.nvme_read_gbps - 1.5) < 1e-9);
+    assert_true(fabs(c.gflops - 1234.5) < 1e-9); /* one compute figure per machine */
+    assert_int_equal(fso_probe_cache_load(path, "host|cpu|", &c, err, sizeof err), 0);
+    assert_int_equal(c.n_dirs, 0);
+    assert_int_equal(fso_probe_cache_load(path, "host|cpu|/mnt/c", &c, err, sizeof err),
+                     -ENOENT);
     assert_int_equal(fso_probe_cache_load(path, "other|cpu|", &c, err, sizeof err), -ENOENT);
+    FILE *f = fopen(path, "r");
+    char doc[8192] = "";
+    assert_non_null(f);
+    doc[fread(doc, 1, sizeof doc - 1, f)] = 0;
+    fclose(f);
+    const char *g = strstr(doc, "\"gflops\"");
+    assert_non_null(g);
+    assert_null(strstr(g + 1, "\"gflops\"")); /* one compute entry in the file */
+
+    /* this host's folders that are gone are dropped when the cache is written */
+    char key[2048];
+    const char *gone = b.dirs[0].path;
+    snprintf(b.dirs[0].path, sizeof b.dirs[0].path, "%.900s/tmp-folder", tmpdir);
+    assert_int_equal(mkdir(gone, 0700), 0);
+    fso_probe_key(key, sizeof key, gone);
+    b.n_dirs = 1;
+    snprintf(b.key, sizeof b.key, "%s", key);
+    assert_int_equal(fso_probe_cache_save(path, &b, err, sizeof err), 0);
+    assert_int_equal(fso_probe_cache_load(path, key, &c, err, sizeof err), 0);
+    assert_int_equal(rmdir(gone), 0);
+    assert_int_equal(fso_probe_cache_save(path, &a, err, sizeof err), 0);
+    assert_int_equal(fso_probe_cache_load(path, key, &c, err, sizeof err), -ENOENT);
+    assert_int_equal(fso_probe_cache_load(path, "host|cpu|/mnt/a", &c, err, sizeof err), 0);
+
+    /* a cache an older fsoff wrote is measured again, not an error */
+    mkfile(path, "{\"version\": 1, \"machines\": []}");
+    assert_int_equal(fso_probe_cache_load(path, "host|cpu|/mnt/a", &c, err, sizeof err),
+                     -ENOENT);
+    assert_int_equal(fso_probe_cache_save(path, &a, err, sizeof err), 0);
+    assert_int_equal(fso_probe_cache_load(path, "host|cpu|/mnt/a", &c, err, sizeof err), 0);
 
     /* the path follows XDG_CACHE_HOME, then HOME */
     char want[1024], got[1024];
@@ -945,10 +1073,156 @@ static void test_probe_cache_round_trip(void **state)
     assert_int_equal(fso_probe_cache_load(path, "host|cpu|/mnt/a", &c, err, sizeof err), 0);
 
     /* the key names this machine and the folders, resolved */
-    char key[2048];
     fso_probe_key(key, sizeof key, tmpdir);
     assert_non_null(strchr(key, '|'));
     assert_non_null(strstr(key, "fsoff-planner-"));
+
+    /* a new folder on a machine the cache knows: the folder alone is
+     * measured, the machine's figures are the cached ones */
+    char xdg[1100];
+    snprintf(xdg, sizeof xdg, "%s/xdg", tmpdir);
+    setenv("XDG_CACHE_HOME", xdg, 1);
+    assert_int_equal(fso_probe_cache_path(path, sizeof path), 0);
+    b = a;
+    b.n_dirs = 0;
+    b.gflops = 777;
+    fso_probe_key(b.key, sizeof b.key, "");
+    assert_int_equal(fso_probe_cache_save(path, &b, err, sizeof err), 0);
+    fso_probe_opts po = {.dirs = tmpdir, .threads = 1, .nvme_bytes = 1 << 20, .quiet = true};
+    bool probed = false;
+    assert_int_equal(fso_probe_get(&c, &po, false, &probed, err, sizeof err), 0);
+    assert_true(probed);
+    assert_true(fabs(c.gflops - 777) < 1e-9);
+    assert_int_equal(c.n_dirs, 1);
+    assert_true(c.nvme_read_gbps > 0 && c.nvme_write_gbps > 0);
+    assert_int_equal(fso_probe_get(&c, &po, false, &probed, err, sizeof err), 0);
+    assert_false(probed); /* both now cached */
+    unsetenv("XDG_CACHE_HOME");
+}
+
+/* `fsoff bench tune`'s entries live beside the probe's, one per set of
+ * folders: each kind of save keeps the other's, a gone folder's go with
+ * its NVMe entry, and fso_probe_get takes the tuned rates for those
+ * folders alone. */
+static void test_probe_cache_tuned_entries(void **state)
+{
+    (void)state;
+    char path[1200], err[512], key[2048], gone[1100], xdg[1100];
+    fso_probe a, c;
+    fso_probe_tuned t, u;
+    snprintf(path, sizeof path, "%s/tuned/fsoff/probe.json", tmpdir);
+    memset(&a, 0, sizeof a);
+    snprintf(a.key, sizeof a.key, "host|cpu|/mnt/a");
+    a.threads = 4;
+    a.n_dirs = 1;
+    snprintf(a.dirs[0].path, sizeof a.dirs[0].path, "/mnt/a");
+    a.nvme_read_gbps = a.dirs[0].read_gbps = 2;
+    a.nvme_write_gbps = a.dirs[0].write_gbps = 1;
+    a.h2d_gbps = a.coll_gbps = a.adam_gelems = a.gflops = 1;
+    memset(&t, 0, sizeof t);
+    snprintf(t.key, sizeof t.key, "host|cpu|/mnt/a");
+    t.when = 1700000000;
+    t.devices = 2;
+    t.block_bytes = 4 << 20;
+    t.queue_depth = 8;
+    t.read_gbps = 7.5;
+    t.write_gbps = 3.25;
+    t.read_lat_ms = 0.5;
+    t.write_lat_ms = 0.25;
+
+    /* no file, no entry */
+    assert_int_equal(fso_probe_tuned_load(path, t.key, &u, err, sizeof err), -ENOENT);
+    assert_int_equal(fso_probe_tuned_save(path, &t, err, sizeof err), 0);
+    assert_int_equal(fso_probe_cache_save(path, &a, err, sizeof err), 0);
+    assert_int_equal(fso_probe_tuned_load(path, t.key, &u, err, sizeof err), 0);
+    assert_int_equal(u.devices, 2);
+    assert_int_equal(u.block_bytes, 4 << 20);
+    assert_int_equal(u.queue_depth, 8);
+    assert_true(fabs(u.read_gbps - 7.5) < 1e-9 && fabs(u.write_lat_ms - 0.25) < 1e-9);
+    t.queue_depth = 16; /* saving again replaces the entry */
+    assert_int_equal(fso_probe_tuned_save(path, &t, err, sizeof err), 0);
+    assert_int_equal(fso_probe_cache_load(path, "host|cpu|/mnt/a", &c, err, sizeof err), 0);
+    assert_true(fabs(c.nvme_read_gbps - 2) < 1e-9); /* the probe's rates, as probed */
+    assert_false(c.nvme_tuned);
+    assert_int_equal(fso_probe_tuned_load(path, t.key, &u, err, sizeof err), 0);
+    assert_int_equal(u.queue_depth, 16);
+    assert_int_equal(fso_probe_tuned_load(path, "host|cpu|/mnt/b", &u, err, sizeof err),
+                     -ENOENT);
+
+    /* out of range: refused by name, with the fix */
+    t.block_bytes = ((uint64_t)1 << 30) + 4096;
+    assert_int_equal(fso_probe_tuned_save(path, &t, err, sizeof err), 0);
+    assert_int_equal(fso_probe_tuned_load(path, t.key, &u, err, sizeof err), -EINVAL);
+    assert_non_null(strstr(err, "host|cpu|/mnt/a"));
+    assert_non_null(strstr(err, "fsoff bench tune"));
+    t.block_bytes = 4 << 20;
+    t.read_lat_ms = -1;
+    assert_int_equal(fso_probe_tuned_save(path, &t, err, sizeof err), 0);
+    assert_int_equal(fso_probe_tuned_load(path, t.key, &u, err, sizeof err), -EINVAL);
+    t.read_lat_ms = 0.5;
+
+    /* this host's folder gone: its tuned entry goes with its NVMe entry;
+     * another host's stays */
+    snprintf(gone, sizeof gone, "%s/tuned-gone", tmpdir);
+    assert_int_equal(mkdir(gone, 0700), 0);
+    fso_probe_key(key, sizeof key, gone);
+    fso_probe_tuned g = t;
+    snprintf(g.key, sizeof g.key, "%s", key);
+    assert_int_equal(fso_probe_tuned_save(path, &g, err, sizeof err), 0);
+    assert_int_equal(fso_probe_tuned_save(path, &t, err, sizeof err), 0);
+    assert_int_equal(fso_probe_tuned_load(path, key, &u, err, sizeof err), 0);
+    assert_int_equal(rmdir(gone), 0);
+    assert_int_equal(fso_probe_cache_save(path, &a, err, sizeof err), 0);
+    assert_int_equal(fso_probe_tuned_load(path, key, &u, err, sizeof err), -ENOENT);
+    assert_int_equal(fso_probe_tuned_load(path, t.key, &u, err, sizeof err), 0);
+
+    /* an older cache (a version 1 file with "tuned") is measured again */
+    mkfile(path, "{\"version\": 1, \"machines\": [], \"tuned\": []}");
+    assert_int_equal(fso_probe_tuned_load(path, t.key, &u, err, sizeof err), -ENOENT);
+    /* "tuned" that is not an array: not a probe cache */
+    mkfile(path, "{\"version\": 2, \"machines\": [], \"nvme\": [], \"tuned\": {}}");
+    assert_int_equal(fso_probe_tuned_load(path, t.key, &u, err, sizeof err), -EINVAL);
+    assert_non_null(strstr(err, "not an fsoff probe cache"));
+
+    /* fso_probe_get: the tuned rates replace the probe's for their folders */
+    snprintf(xdg, sizeof xdg, "%s/xdg-tuned", tmpdir);
+    setenv("XDG_CACHE_HOME", xdg, 1);
+    assert_int_equal(fso_probe_cache_path(path, sizeof path), 0);
+    fso_probe m = a;
+    m.n_dirs = 0;
+    fso_probe_key(m.key, sizeof m.key, ""); /* this machine known: only folders are probed */
+    assert_int_equal(fso_probe_cache_save(path, &m, err, sizeof err), 0);
+    fso_probe_opts po = {.dirs = tmpdir, .threads = 1, .nvme_bytes = 1 << 20, .quiet = true};
+    bool probed = false;
+    assert_int_equal(fso_probe_get(&c, &po, false, &probed, err, sizeof err), 0);
+    assert_true(probed);
+    assert_false(c.nvme_tuned);
+    const double probed_read = c.nvme_read_gbps;
+    snprintf(t.key, sizeof t.key, "%s", c.key);
+    assert_int_equal(fso_probe_tuned_save(path, &t, err, sizeof err), 0);
+    assert_int_equal(fso_probe_get(&c, &po, false, &probed, err, sizeof err), 0);
+    assert_false(probed);
+    assert_true(c.nvme_tuned);
+    assert_true(fabs(c.nvme_read_gbps - 7.5) < 1e-9 && fabs(c.nvme_write_gbps - 3.25) < 1e-9);
+    assert_true(fabs(c.nvme_read_lat_ms - 0.5) < 1e-9 && fabs(c.nvme_write_lat_ms - 0.25) < 1e-9);
+    /* the cache keeps the probe's figures: tuning again or not, they stay */
+    assert_int_equal(fso_probe_cache_load(path, c.key, &a, err, sizeof err), 0);
+    assert_true(fabs(a.nvme_read_gbps - probed_read) < 1e-6 * probed_read);
+    /* refresh measures again and the tuned figures still apply */
+    assert_int_equal(fso_probe_get(&c, &po, true, &probed, err, sizeof err), 0);
+    assert_true(probed && c.nvme_tuned);
+    /* no folders: nothing tuned applies */
+    po.dirs = "";
+    assert_int_equal(fso_probe_get(&c, &po, false, &probed, err, sizeof err), 0);
+    assert_false(c.nvme_tuned);
+    assert_true(c.nvme_read_gbps == 0);
+    /* an entry out of range is not applied */
+    po.dirs = tmpdir;
+    t.write_gbps = 0;
+    assert_int_equal(fso_probe_tuned_save(path, &t, err, sizeof err), 0);
+    assert_int_equal(fso_probe_get(&c, &po, false, &probed, err, sizeof err), 0);
+    assert_false(c.nvme_tuned);
+    unsetenv("XDG_CACHE_HOME");
 }
 
 /* ------------------------------------------------------------------ main */
@@ -979,6 +1253,7 @@ int main(void)
         cmocka_unit_test(test_small_host_sends_optimizer_state_to_nvme),
         cmocka_unit_test(test_pins_are_kept),
         cmocka_unit_test(test_shortfall_names_the_tier_and_the_bytes),
+        cmocka_unit_test(test_sizes_beyond_the_planner_are_checked_by_arithmetic),
         cmocka_unit_test(test_timeline_prefetch_depth_hand_computed),
         cmocka_unit_test(test_timeline_cpu_device_is_a_sum),
         cmocka_unit_test(test_replan_when_off_by_more_than_20_percent),
@@ -993,6 +1268,7 @@ int main(void)
         cmocka_unit_test(test_topology_two_sockets_eight_gpus),
         cmocka_unit_test(test_folder_resolves_to_its_drive),
         cmocka_unit_test(test_probe_cache_round_trip),
+        cmocka_unit_test(test_probe_cache_tuned_entries),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -537,32 +537,46 @@ static void test_open_without_space_fails_cleanly(void **state)
     /* teardown checks that no file is left */
 }
 
-static void test_open_refuses_leftover_file(void **state)
+/* A run's files are locked while it runs: a second store in the same
+ * folders is refused, and files a run left when it was killed (no lock
+ * held any more) are removed by the next one. */
+static void test_open_reclaims_a_dead_runs_files(void **state)
 {
     fx *f = *state;
     char left[300], err[FSO_STORE_ERR_MAX];
     snprintf(left, sizeof left, "%s/fsoff-store.1", f->dirs[1]);
     int fd = open(left, O_CREAT | O_WRONLY, 0600);
     assert_true(fd >= 0);
-    assert_int_equal(write(fd, "keep", 4), 4);
+    assert_int_equal(write(fd, "left", 4), 4);
     close(fd);
     fso_store_opts o = opts_for(f, 2, 1 * MiB, 64 * KiB, 4);
-    assert_int_equal(open_expect_error(&o, err, sizeof err), -EEXIST);
-    assert_non_null(strstr(err, left));
-    assert_non_null(strstr(err, "left over"));
-    assert_non_null(strstr(err, "rm "));
+    fso_store *a = NULL, *b = NULL;
+    if (fso_store_open_uring(&a, &o, err, sizeof err) < 0)
+        fail_msg("a leftover with no lock held is reclaimed: %s", err);
     struct stat st;
     assert_int_equal(stat(left, &st), 0);
-    assert_int_equal(st.st_size, 4); /* untouched */
-    unlink(left);
+    assert_true(st.st_size > 4); /* the new store's file, not the leftover */
 
-    /* A symlink in the file's place is never followed. */
+    /* a live run's files: refused, untouched */
+    assert_int_equal(fso_store_open_uring(&b, &o, err, sizeof err), -EBUSY);
+    assert_null(b);
+    assert_non_null(strstr(err, "in use by an fsoff that is running"));
+    assert_non_null(strstr(err, f->dirs[0]));
+    assert_int_equal(stat(left, &st), 0);
+    assert_true(st.st_size > 4);
+    fso_store_destroy(a);
+    assert_int_equal(fso_store_open_uring(&b, &o, err, sizeof err), 0);
+    fso_store_destroy(b);
+
+    /* A symlink in the file's place is neither followed nor removed. */
     char link[300], target[300];
     snprintf(link, sizeof link, "%s/fsoff-store.0", f->dirs[0]);
     snprintf(target, sizeof target, "%s/target", f->dirs[2]);
     assert_int_equal(symlink(target, link), 0);
     assert_int_equal(open_expect_error(&o, err, sizeof err), -EEXIST);
+    assert_non_null(strstr(err, link));
     assert_int_equal(access(target, F_OK), -1);
+    assert_int_equal(lstat(link, &st), 0);
     unlink(link);
 }
 
@@ -884,7 +898,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_open_not_a_folder, setup_dirs, teardown_dirs),
         cmocka_unit_test_setup_teardown(test_open_read_only_folder, setup_dirs, teardown_dirs),
         cmocka_unit_test_setup_teardown(test_open_without_space_fails_cleanly, setup_dirs, teardown_dirs),
-        cmocka_unit_test_setup_teardown(test_open_refuses_leftover_file, setup_dirs, teardown_dirs),
+        cmocka_unit_test_setup_teardown(test_open_reclaims_a_dead_runs_files, setup_dirs, teardown_dirs),
         cmocka_unit_test_setup_teardown(test_open_rejects_bad_options, setup_dirs, teardown_dirs),
         cmocka_unit_test(test_tmpfs_falls_back_to_buffered_with_one_warning),
         cmocka_unit_test(test_mem_round_trip),

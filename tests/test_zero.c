@@ -34,8 +34,10 @@
 #include "cpu_async.h"
 #include "data.h"
 #include "plan.h"
+#include "report.h"
 #include "small_model.h"
 #include "train.h"
+#include "util.h"
 #include "zero.h"
 
 #define STEPS FSO_TEST_STEPS
@@ -430,6 +432,55 @@ static void test_device_cap_too_small_fails_before_training(void **state)
     assert_non_null(strstr(r.err, "short by"));
     assert_non_null(strstr(r.err, "--nvme"));
     result_free(&r);
+}
+
+/* Budgets are arithmetic: a model of a million layers of width 8192, or
+ * one whose byte counts overflow 64 bits, is refused before anything is
+ * allocated for it (a layout of a million blocks alone would be a GiB),
+ * naming what each tier would need. */
+static void test_absurd_models_are_refused_before_allocating(void **state)
+{
+    (void)state;
+    static const struct {
+        int layers, hidden, ffn, heads, vocab;
+        fso_tier param, optim;
+        const char *want;
+    } cases[] = {
+        {1000000, 8192, 28672, 64, 32000, FSO_TIER_DEVICE, FSO_TIER_DEVICE, "TiB"},
+        {1000000, 8192, 28672, 64, 32000, FSO_TIER_HOST, FSO_TIER_HOST, "TiB"},
+        /* 2^30 wide: every weight matrix alone is 2^62 bytes */
+        {4, 1 << 30, 1 << 30, 1 << 20, 1 << 30, FSO_TIER_DEVICE, FSO_TIER_DEVICE,
+         "more than 16777216 TiB"},
+        {4, 1 << 30, 1 << 30, 1 << 20, 1 << 30, FSO_TIER_HOST, FSO_TIER_NVME,
+         "more than 16777216 TiB"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        fso_config cfg;
+        fso_zero *z = NULL;
+        char err[512] = "";
+        small_config(&cfg, 1, 1);
+        cfg.model.num_hidden_layers = cases[i].layers;
+        cfg.model.hidden_size = cases[i].hidden;
+        cfg.model.intermediate_size = cases[i].ffn;
+        cfg.model.num_attention_heads = cfg.model.num_key_value_heads = cases[i].heads;
+        cfg.model.head_dim = cases[i].hidden / cases[i].heads;
+        cfg.model.vocab_size = cases[i].vocab;
+        set_tiers(&cfg, cases[i].param, cases[i].optim);
+        cfg.device_mem_bytes = (uint64_t)1 << 30;
+        fso_zero_need need;
+        fso_zero_need_for(&cfg, &need);
+        const uint64_t rss = fso_peak_rss_bytes();
+        assert_int_equal(fso_zero_create(&z, &cfg, err, sizeof err), -ENOMEM);
+        assert_null(z);
+        if (!strstr(err, cases[i].want) || !strstr(err, "short by"))
+            fail_msg("case %zu: %s", i, err);
+        if (fso_peak_rss_bytes() > rss + (64u << 20))
+            fail_msg("case %zu: peak RSS grew by %llu bytes before the refusal", i,
+                     (unsigned long long)(fso_peak_rss_bytes() - rss));
+        if (cases[i].hidden == 1 << 30)
+            assert_true(need.kind_bytes[FSO_KIND_MASTER] == FSO_BYTES_OVERFLOW &&
+                        need.tier[cases[i].optim] == FSO_BYTES_OVERFLOW);
+    }
 }
 
 /* Training state 20 bytes/param several times the device cap and larger
@@ -1061,6 +1112,15 @@ static void test_planner_predicts_what_the_engine_allocates(void **state)
                      "%llu predicted", i, be->mem_used_bytes, (unsigned long long)device,
                      (unsigned long long)fso_zero_host_arena_bytes(tr.zero),
                      (unsigned long long)p.need_bytes[FSO_TIER_HOST]);
+        /* the engine's own budget, by arithmetic before it allocates, is the
+         * planner's to the byte on every tier */
+        fso_zero_need need;
+        fso_zero_need_for(&cfg, &need);
+        for (int t = 0; t < FSO_N_TIERS; t++)
+            if (need.tier[t] != p.need_bytes[t])
+                fail_msg("case %zu: %s: the engine's budget %llu, the planner's %llu", i,
+                         fso_tier_name(t), (unsigned long long)need.tier[t],
+                         (unsigned long long)p.need_bytes[t]);
         fso_plan_ctx_free(&ctx);
         fso_trainer_free(&tr);
     }
@@ -1083,6 +1143,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_planner_predicts_what_the_engine_allocates),
+        cmocka_unit_test(test_absurd_models_are_refused_before_allocating),
         cmocka_unit_test(test_tiers_are_bit_identical_one_device),
         cmocka_unit_test(test_tiers_are_bit_identical_two_devices),
         cmocka_unit_test(test_bf16_tiers_are_bit_identical_one_device),

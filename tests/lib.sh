@@ -1,0 +1,25 @@
+# lib.sh — sourced by the shell tests (cli_test.sh, readme_*.sh): the source
+# folder, a temporary folder removed on exit, pass/fail counts, and llm.c
+# token files without Python.
+SRC=${FSO_SRCDIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+pass=0
+fail=0
+
+ok() { pass=$((pass + 1)); echo "ok   $1"; }
+bad() { fail=$((fail + 1)); echo "FAIL $1"; shift; for l in "$@"; do echo "     $l"; done; }
+
+# write_tokens N MUL MOD: a version 1 file (uint16 tokens) of N tokens,
+# token i being (i * MUL + 3) % MOD, on stdout.
+write_tokens() {
+    local n=$1 mul=$2 mod=$3 i t
+    printf '\x88\xd8\x34\x01\x01\x00\x00\x00'
+    printf "$(printf '\\x%02x\\x%02x\\x%02x\\x%02x' $((n & 255)) $(((n >> 8) & 255)) \
+        $(((n >> 16) & 255)) $(((n >> 24) & 255)))"
+    head -c $((1024 - 12)) /dev/zero
+    for ((i = 0; i < n; i++)); do
+        t=$(((i * mul + 3) % mod))
+        printf "$(printf '\\x%02x\\x%02x' $((t & 255)) $((t >> 8)))"
+    done
+}

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# readme_examples.sh FSOFF — every `build/fsoff` example in README.md, run.
+#
+# The examples are read from the README's ```sh blocks, so a changed example
+# is tested as it now reads. Short versions: training runs 2 steps, benchmark
+# sizes are small; placeholders become real files and folders: /mnt/nvme*
+# folders here, tokens.bin GPT-2-range tokens, book.txt text, FILE and F
+# temporary files, charts (*.png) and configs written (*.json without a
+# folder) here, the probe cache here too; a Hugging Face folder given
+# to --init-from becomes the small fixture tests/fixtures/hf/llama3_tied_f16,
+# and that command's tokens.bin tokens in its vocabulary (64). Each must
+# exit 0: 77 is also right for the GPU benchmarks without a GPU, 1 for a
+# plan that answers "no placement fits" for this machine (its documented
+# status: a folder here may hold less than the drive the example means), and
+# 1 for a chart on a machine without gnuplot when the error says to install
+# it. Examples that need PyTorch or fio (python3 and bench/*.sh lines) are
+# not run here.
+set -u
+FSOFF=$(realpath "${1:?usage: readme_examples.sh path/to/fsoff}")
+. "$(dirname "$0")/lib.sh"
+
+export XDG_CACHE_HOME="$TMP/cache" # the probes and tune's figures: not the user's cache
+write_tokens 1200 97 50257 >"$TMP/tokens.bin"
+write_tokens 1200 1 64 >"$TMP/tokens64.bin"
+HF="$SRC/tests/fixtures/hf/llama3_tied_f16"
+for i in $(seq 40); do echo "The quick brown fox jumps over the lazy dog, line $i."; done >"$TMP/book.txt"
+mkdir -p "$TMP/nvme" "$TMP/nvme0" "$TMP/nvme1"
+
+# The README's commands: ```sh blocks, continuation lines joined, comments cut.
+examples=$(awk '/^```sh/ { f = 1; next } /^```/ { f = 0 } f' "$SRC/README.md" |
+           sed -e ':a' -e '/\\$/N; s/\\\n[[:space:]]*/ /; ta' |
+           sed -E 's/[[:space:]]+#.*$//' | grep -E '(^|&& )build/fsoff( |$)' |
+           sed -E 's/^.*&& (build\/fsoff)/\1/')
+[ -n "$examples" ] || { echo "FAIL no build/fsoff examples found in README.md"; exit 1; }
+
+cd "$SRC" || exit 1
+n=0
+while IFS= read -r ex; do
+    n=$((n + 1))
+    # [--opt a|b] -> --opt a; placeholders; short versions
+    cmd=$(echo "$ex" | sed -E \
+        -e 's/\[([^]|]*)\|[^]]*\]/\1/g' -e 's/\[([^]]*)\]/\1/g' \
+        -e "s#^build/fsoff#$FSOFF#" \
+        -e "/--init-from /{s#--init-from [^ ]*#--init-from $HF#; s#(^| )tokens\\.bin#\\1tokens64.bin#g}" \
+        -e "s#/mnt/nvme([0-9]*)#$TMP/nvme\\1#g" \
+        -e "s#(^| )tokens(64)?\\.bin#\\1$TMP/tokens\\2.bin#g" -e "s#(^| )book\\.txt#\\1$TMP/book.txt#g" \
+        -e "s#(^| )([A-Za-z0-9_-]+\\.(png|json))( |$)#\\1$TMP/\\2\\4#g" \
+        -e "s#(^| )run\\.jsonl#\\1$TMP/run.jsonl#g" \
+        -e "s#--json (F|FILE)( |$)#--json $TMP/ex$n.json\\2#g" \
+        -e 's#--seconds S#--seconds 0.05#g' -e 's#--size [0-9]+[KMGT]#--size 16M#g')
+    sub=$(echo "$cmd" | awk '{ print $2 }')
+    if [ "$sub" != plan ] && [ "$sub" != bench ] && [ "$sub" != plot ]; then
+        if echo "$cmd" | grep -qE -- '--steps [0-9]+'; then
+            cmd=$(echo "$cmd" | sed -E 's/--steps [0-9]+/--steps 2/')
+        else
+            cmd="$cmd --steps 2"
+        fi
+    fi
+    eval "$cmd" >"$TMP/out" 2>"$TMP/err"
+    rc=$?
+    if [ $rc -eq 0 ] || { [ $rc -eq 77 ] && echo "$ex" | grep -qE 'bench (h2d|allgather)'; } ||
+       { [ $rc -eq 1 ] && [ "$sub" = plan ] && [ -s "$TMP/out" ] &&
+         [ "$(grep -c 'error' "$TMP/err")" -eq 1 ] && grep -q 'no placement fits' "$TMP/err"; } ||
+       { [ $rc -eq 1 ] && ! command -v gnuplot >/dev/null &&
+         grep -q 'gnuplot is not installed' "$TMP/err"; }; then
+        ok "$ex"
+    else
+        bad "$ex" "ran: $cmd" "exit status $rc: $(tail -c 600 "$TMP/err")"
+    fi
+done <<<"$examples"
+
+echo "readme examples: $pass passed, $fail failed"
+[ $fail -eq 0 ]
