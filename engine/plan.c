@@ -439,7 +439,7 @@ void fso_plan_machine_cpu(const fso_config *cfg, const fso_probe *p, uint64_t ho
     m->device_adam_gelems = 0;
 }
 
-void fso_plan_capacities_here(const fso_config *cfg, uint64_t gpu_free_bytes,
+void fso_plan_capacities_here(const fso_config *cfg, bool gpu, uint64_t gpu_free_bytes,
                               fso_plan_machine *m)
 {
     char dirs[8192], missing[8192];
@@ -447,8 +447,7 @@ void fso_plan_capacities_here(const fso_config *cfg, uint64_t gpu_free_bytes,
     fso_plan_nvme_folders(cfg, dirs, sizeof dirs, missing, sizeof missing);
     m->devices = cfg->world > 0 ? cfg->world : 1;
     m->host_mem_bytes = fso_mem_available_bytes();
-    m->device_mem_bytes = strcmp(cfg->backend, "cuda") != 0
-                              ? fso_zero_cpu_device_mem(cfg, m->host_mem_bytes)
+    m->device_mem_bytes = !gpu                  ? fso_zero_cpu_device_mem(cfg, m->host_mem_bytes)
                           : cfg->device_mem_bytes ? cfg->device_mem_bytes
                                                   : gpu_free_bytes;
     m->nvme_free_bytes = dirs[0] ? fso_plan_folders_free(dirs) : 0;
@@ -836,7 +835,7 @@ static int fits_here(const fso_config *cfg, const fso_plan_pins *pins, bool gpu,
 {
     fso_plan_machine m;
     fso_plan_ctx ctx;
-    fso_plan_capacities_here(cfg, gpu_free_bytes, &m);
+    fso_plan_capacities_here(cfg, gpu, gpu_free_bytes, &m);
     m.cpu_devices = !gpu;
     m.nvme_read_gbps = m.nvme_write_gbps = m.h2d_gbps = m.d2h_gbps = m.coll_gbps = 1;
     m.host_copy_gbps = m.device_gflops = m.adam_gelems = 1;

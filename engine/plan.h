@@ -74,10 +74,10 @@ int fso_plan_machine_here(const fso_config *cfg, bool refresh, fso_plan_machine 
                           size_t errlen);
 
 /* What this machine holds for cfg, without probing: cfg->world devices
- * of cfg->device_mem_bytes, or on the CPU backend zero.c's default share,
- * or on GPUs gpu_free_bytes (0: unknown); the host memory available; the
- * free space of the configured NVMe folders that exist. */
-void fso_plan_capacities_here(const fso_config *cfg, uint64_t gpu_free_bytes,
+ * of cfg->device_mem_bytes, or on CPU devices (gpu false) zero.c's default
+ * share, or on GPUs gpu_free_bytes (0: unknown); the host memory
+ * available; the free space of the configured NVMe folders that exist. */
+void fso_plan_capacities_here(const fso_config *cfg, bool gpu, uint64_t gpu_free_bytes,
                               fso_plan_machine *m);
 
 /* Before the planner, by arithmetic alone: a model the planner cannot lay

@@ -204,7 +204,7 @@ static int plan_run(const fso_config *cfg, const run_devices *d, fso_config *run
     char err[1024];
     fso_plan_machine caps;
     fso_plan_pins_from_config(cfg, &rp->pins);
-    fso_plan_capacities_here(cfg, d->gpu_free, &caps);
+    fso_plan_capacities_here(cfg, d->cuda, d->gpu_free, &caps);
     if (fso_plan_check_size(cfg, &rp->pins, &caps, d->cuda, true, err, sizeof err) < 0) {
         fprintf(stderr, "fsoff: error: %s\n", err);
         return -ENOSPC;

@@ -718,6 +718,11 @@ static void test_plan_for_gpus_here_fits_the_engine_as_built(void **state)
 
     tiny_config(&cfg);
     cfg.world = 2;
+    /* the GPUs' memory, whatever cfg's backend says and the host holds */
+    fso_plan_machine caps;
+    fso_plan_capacities_here(&cfg, true, (uint64_t)(139 * GIB), &caps);
+    assert_int_equal(caps.device_mem_bytes, (uint64_t)(139 * GIB));
+    assert_int_equal(caps.devices, 2);
     fso_plan_pins_from_config(&cfg, &pins);
     assert_int_equal(fso_plan_for_config_gpus(&cfg, &pins, "NVIDIA H200", (uint64_t)(139 * GIB),
                                               &p, &spec, err, sizeof err), 0);
