@@ -275,6 +275,24 @@ static uint64_t device_cap(const fso_zero *z)
                    : fso_zero_cpu_device_mem(z->cfg, fso_mem_available_bytes());
 }
 
+/* The budgets by arithmetic, before anything is allocated: the host's, and
+ * the devices' when their memory is known before they are opened. When
+ * both fall short, the one line is the larger shortfall's: the tier to fix
+ * first (the other is named once it is fixed), and the same line however
+ * much memory the host happens to have free. */
+static int check_budgets(const fso_zero *z, const fso_zero_need *need, char *err,
+                         size_t errlen)
+{
+    const uint64_t avail = fso_mem_available_bytes(), cap = device_cap(z);
+    char derr[1024];
+    int hrc = fso_zero_check_host(need, avail, err, errlen);
+    int drc = cap ? fso_zero_check_device(z->cfg, need, cap, derr, sizeof derr) : 0;
+    if (drc < 0 && (hrc == 0 || need->tier[FSO_TIER_DEVICE] - cap >
+                                    need->tier[FSO_TIER_HOST] - avail))
+        snprintf(err, errlen, "%s", derr);
+    return hrc < 0 ? hrc : drc;
+}
+
 /* Every device's backend and model (its activations), each device's memory
  * checked, before the model allocates, against what it will hold: the
  * activations, the device-tier shards, the gather window and the gradient
@@ -493,15 +511,11 @@ int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t err
         snprintf(err, errlen, "out of host memory");
         return -ENOMEM;
     }
-    /* budgets by arithmetic, before anything is allocated: the host's, and
-     * the devices' when their memory is known before they are opened */
     fso_zero_need need;
     fso_zero_need_for(cfg, &need);
     z->cfg = cfg;
     z->cuda = strcmp(cfg->backend, "cuda") == 0;
-    if ((rc = fso_zero_check_host(&need, fso_mem_available_bytes(), err, errlen)) < 0 ||
-        (device_cap(z) && (rc = fso_zero_check_device(cfg, &need, device_cap(z), err,
-                                                      errlen)) < 0) ||
+    if ((rc = check_budgets(z, &need, err, errlen)) < 0 ||
         (rc = setup_layout(z, cfg, &zb, err, errlen)) < 0 ||
         (cfg->init_from[0] && (rc = fso_hf_open(&hf, cfg->init_from, &cfg->model, err, errlen)) < 0))
         goto fail;
