@@ -6,7 +6,8 @@
  * k % ndirs, at offset (k / ndirs) * block_bytes + a % block_bytes of that
  * folder's file <dir>/<prefix>.<n>. Each file is created 0600 with
  * O_EXCL|O_NOFOLLOW (never through a symlink, never over a leftover),
- * preallocated to ceil(stripes / ndirs) * block_bytes, and removed by destroy.
+ * preallocated to ceil(stripes / ndirs) * block_bytes, and removed by destroy
+ * (kept with keep_files: a checkpoint's data file, one folder, its own name).
  *
  * Requests. prep_* takes one of queue_depth request slots (no allocation on
  * the hot path) and splits the request at stripe boundaries into parts,
@@ -76,6 +77,7 @@ typedef struct uring_ctx {
     int ndirs;
     int fds[FSO_STORE_MAX_DIRS];
     bool created[FSO_STORE_MAX_DIRS];
+    bool keep;         /* the files stay at destroy */
     char path[FSO_STORE_MAX_DIRS][PATH_MAX];
     size_t block_bytes;
     uint64_t file_bytes;
@@ -377,6 +379,56 @@ static int uring_inject_short_read(fso_store *s, int nth)
     return 0;
 }
 
+static int uring_file_extent(fso_store *s, uint64_t off, size_t len, int *fd, uint64_t *file_off,
+                             size_t *contig)
+{
+    uring_ctx *c = s->ctx;
+    if (off > s->capacity_bytes || len > s->capacity_bytes - off)
+        return -EINVAL;
+    uint64_t k = off / c->block_bytes, within = off % c->block_bytes;
+    *fd = c->fds[k % (uint64_t)c->ndirs];
+    *file_off = (k / (uint64_t)c->ndirs) * c->block_bytes + within;
+    /* one folder: the stripes follow each other in its file */
+    uint64_t run = c->ndirs == 1 ? len : c->block_bytes - within;
+    *contig = run < len ? (size_t)run : len;
+    return 0;
+}
+
+/* ---- the files to remove when the process ends at once ---- */
+
+/* Pointers to the paths (in their store's context) of the files created to
+ * be removed; NULL entries are free. A signal handler reads them. */
+static char *tracked[FSO_STORE_MAX_TRACKED];
+
+static void track(char *path)
+{
+    for (int i = 0; i < FSO_STORE_MAX_TRACKED; i++) {
+        char *none = NULL;
+        if (__atomic_compare_exchange_n(&tracked[i], &none, path, false, __ATOMIC_RELEASE,
+                                        __ATOMIC_RELAXED))
+            return;
+    }
+}
+
+static void untrack(const char *path)
+{
+    for (int i = 0; i < FSO_STORE_MAX_TRACKED; i++) {
+        char *p = (char *)path;
+        if (__atomic_compare_exchange_n(&tracked[i], &p, NULL, false, __ATOMIC_RELEASE,
+                                        __ATOMIC_RELAXED))
+            return;
+    }
+}
+
+void fso_store_unlink_created(void)
+{
+    for (int i = 0; i < FSO_STORE_MAX_TRACKED; i++) {
+        char *p = __atomic_load_n(&tracked[i], __ATOMIC_ACQUIRE);
+        if (p)
+            unlink(p);
+    }
+}
+
 /* ---- open and destroy ---- */
 
 static void uring_teardown(uring_ctx *c)
@@ -388,8 +440,10 @@ static void uring_teardown(uring_ctx *c)
     for (int i = 0; i < c->ndirs; i++) {
         if (c->fds[i] >= 0)
             close(c->fds[i]);
-        if (c->created[i])
+        if (c->created[i] && !c->keep) {
+            untrack(c->path[i]);
             unlink(c->path[i]);
+        }
     }
     free(c->reqs);
     free(c->free_reqs);
@@ -420,6 +474,7 @@ static const fso_store_ops uring_ops = {
     .reap = uring_reap,
     .register_buffers = uring_register_buffers,
     .inject_short_read = uring_inject_short_read,
+    .file_extent = uring_file_extent,
     .grow = uring_grow,
     .destroy = uring_destroy,
 };
@@ -487,7 +542,8 @@ static int uring_open_file(fso_store *s, uring_ctx *c, int i, const fso_store_op
     }
     if (!S_ISDIR(st.st_mode))
         OPEN_FAIL(-ENOTDIR, "%s: not a folder; --nvme takes folders (comma-separated)", dir);
-    int len = snprintf(c->path[i], sizeof c->path[i], "%s/%s.%d", dir, prefix, i);
+    int len = o->file_name ? snprintf(c->path[i], sizeof c->path[i], "%s/%s", dir, o->file_name)
+                           : snprintf(c->path[i], sizeof c->path[i], "%s/%s.%d", dir, prefix, i);
     if (len < 0 || (size_t)len >= sizeof c->path[i])
         OPEN_FAIL(-ENAMETOOLONG, "%s: folder name too long", dir);
 
@@ -507,6 +563,8 @@ static int uring_open_file(fso_store *s, uring_ctx *c, int i, const fso_store_op
     }
     c->fds[i] = fd;
     c->created[i] = true;
+    if (!c->keep)
+        track(c->path[i]);
 
     if (o->direct) {
         /* Set after creating, so a refusal leaves nothing to clean up. */
@@ -593,6 +651,9 @@ static int uring_open(fso_store *s, uring_ctx *c, const fso_store_opts *o, char 
     if (o->file_prefix && (!o->file_prefix[0] || strchr(o->file_prefix, '/')))
         OPEN_FAIL(-EINVAL, "nvme store: file prefix \"%s\": must be a plain non-empty name",
                   o->file_prefix);
+    if (o->file_name && (!o->file_name[0] || strchr(o->file_name, '/') || o->ndirs != 1))
+        OPEN_FAIL(-EINVAL, "nvme store: file name \"%s\": must be a plain non-empty name, in "
+                  "one folder", o->file_name);
     for (int i = 0; i < o->ndirs; i++)
         for (int j = 0; j < i; j++)
             if (strcmp(o->dirs[i], o->dirs[j]) == 0)
@@ -601,6 +662,7 @@ static int uring_open(fso_store *s, uring_ctx *c, const fso_store_opts *o, char 
     uint64_t stripes = (o->capacity_bytes + o->block_bytes - 1) / o->block_bytes;
     uint64_t per_dir = (stripes + (uint64_t)o->ndirs - 1) / (uint64_t)o->ndirs;
     c->ndirs = o->ndirs;
+    c->keep = o->keep_files;
     c->block_bytes = o->block_bytes;
     c->file_bytes = per_dir * o->block_bytes;
     c->qd = o->queue_depth;
