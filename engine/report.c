@@ -2,8 +2,11 @@
 #include "report.h"
 
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+
+#include "util.h"
 
 uint64_t fso_peak_rss_bytes(void)
 {
@@ -77,7 +80,7 @@ void fso_report_step(fso_report *r, const fso_step_stats *st)
     }
     if (r->metrics)
         fprintf(r->metrics,
-                "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, "
+                "{\"step\": %lld, \"loss\": %.17g, \"lr\": %.9g, \"grad_norm\": %.17g, "
                 "\"clip_coef\": %.9g, \"step_ms\": %.6g, \"tokens\": %lld, \"tok_s\": %.6g, "
                 "\"gflops\": %.6g, \"mfu\": %.6g, \"stall_ms\": %.6g, \"compute_ms\": %.6g, "
                 "\"optimizer_ms\": %.6g, \"optimizer_exposed_ms\": %.6g, "
@@ -90,6 +93,40 @@ void fso_report_step(fso_report *r, const fso_step_stats *st)
                 (unsigned long long)st->nvme_read_bytes, (unsigned long long)st->nvme_write_bytes);
     if (r->metrics)
         fflush(r->metrics); /* a plot can follow the run */
+}
+
+void fso_report_checkpoint(fso_report *r, int64_t step, const char *path, uint64_t bytes,
+                           uint64_t cloned_bytes, double seconds, double exposed_ms,
+                           const char *error)
+{
+    char *qpath = fso_json_quote(path), *qerr = error ? fso_json_quote(error) : NULL;
+    if (!error) {
+        char h[32], c[64] = "";
+        fso_human_bytes(h, sizeof h, (double)bytes);
+        if (cloned_bytes) {
+            char hc[32];
+            fso_human_bytes(hc, sizeof hc, (double)cloned_bytes);
+            snprintf(c, sizeof c, " (%s by reflink)", hc);
+        }
+        fprintf(r->out, "checkpoint step %lld | %s | %s%s in %.2f s, %.1f MB/s | exposed %.1f ms\n",
+                (long long)step, path, h, c, seconds, seconds > 0 ? bytes / seconds / 1e6 : 0.0,
+                exposed_ms);
+        fflush(r->out);
+    }
+    if (r->metrics && qpath && (!error || qerr)) {
+        if (error)
+            fprintf(r->metrics, "{\"event\": \"checkpoint_failed\", \"step\": %lld, \"path\": %s, "
+                                "\"error\": %s}\n", (long long)step, qpath, qerr);
+        else
+            fprintf(r->metrics, "{\"event\": \"checkpoint\", \"step\": %lld, \"path\": %s, "
+                                "\"bytes\": %llu, \"seconds\": %.6g, \"exposed_ms\": %.6g, "
+                                "\"cloned_bytes\": %llu}\n",
+                    (long long)step, qpath, (unsigned long long)bytes, seconds, exposed_ms,
+                    (unsigned long long)cloned_bytes);
+        fflush(r->metrics);
+    }
+    free(qpath);
+    free(qerr);
 }
 
 int fso_report_finish(fso_report *r, char *err, size_t errlen)

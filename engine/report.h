@@ -33,6 +33,15 @@ typedef struct fso_report {
 int fso_report_init(fso_report *r, FILE *out, const char *metrics_path, int64_t total_steps,
                     int64_t print_every, double flops_per_token, char *err, size_t errlen);
 void fso_report_step(fso_report *r, const fso_step_stats *st);
+/* A save that finished: a line in the step lines ("checkpoint step N |
+ * path | size in seconds, rate | exposed ms") and a {"event": "checkpoint",
+ * "step", "path", "bytes", "seconds", "exposed_ms", "cloned_bytes"}
+ * object; a failed one (error not NULL) only the {"event":
+ * "checkpoint_failed", "step", "path", "error"} object (the run prints the
+ * error). */
+void fso_report_checkpoint(fso_report *r, int64_t step, const char *path, uint64_t bytes,
+                           uint64_t cloned_bytes, double seconds, double exposed_ms,
+                           const char *error);
 /* Summary line(s) and the "summary" JSON object; closes the metrics file.
  * Returns 0 or negative errno if the metrics file could not be written. */
 int fso_report_finish(fso_report *r, char *err, size_t errlen);
