@@ -18,7 +18,8 @@ struct fso_ckpt_run {
     fso_ckpt_saver *saver;    /* NULL: no checkpoint.dir */
     fso_trainer *tr;
     fso_data *data;
-    int64_t last_begun;       /* the step of the last save started (or resumed from), -1 */
+    int64_t last_begun;       /* the step of the last save started, or the one the run
+                                 started from */
     bool stop_said;
 };
 
@@ -39,7 +40,6 @@ int fso_ckpt_run_start(fso_ckpt_run **out, const fso_config *cfg, const fso_run_
     r->cfg = cfg;
     r->opts = opts;
     r->out = o;
-    r->last_begun = -1;
     int rc = 0;
     if (opts->resume) {
         const char *from = opts->resume[0] ? opts->resume : cfg->checkpoint.dir;
@@ -52,7 +52,6 @@ int fso_ckpt_run_start(fso_ckpt_run **out, const fso_config *cfg, const fso_run_
             (rc = fso_ckpt_check_config(r->resume, cfg, r->said, sizeof r->said, err,
                                         errlen)) < 0)
             return rc;
-        r->last_begun = fso_ckpt_step(r->resume);
     }
     if (cfg->checkpoint.dir[0])
         rc = fso_ckpt_saver_create(&r->saver, cfg->checkpoint.dir, cfg->checkpoint.keep, err,
@@ -65,6 +64,7 @@ int fso_ckpt_run_resume(fso_ckpt_run *r, fso_trainer *tr, fso_data *data, char *
 {
     r->tr = tr;
     r->data = data;
+    r->last_begun = fso_zero_steps(tr->zero); /* step 0 is the seed's: nothing to save */
     if (!r->resume)
         return 0;
     double t0 = fso_now_ms();
@@ -93,10 +93,11 @@ bool fso_ckpt_run_stopping(fso_ckpt_run *r)
     if (!sig)
         return false;
     if (!r->stop_said) {
+        const int64_t step = fso_zero_steps(r->tr->zero);
         fprintf(r->out, "fsoff: %s: stopping after step %lld of %lld%s; a second one stops at "
                         "once\n",
-                signal_name(sig), (long long)fso_zero_steps(r->tr->zero),
-                (long long)r->cfg->steps, r->saver ? ", saving it first" : "");
+                signal_name(sig), (long long)step, (long long)r->cfg->steps,
+                r->saver && step != r->last_begun ? ", saving it first" : "");
         fflush(r->out);
         r->stop_said = true;
     }
