@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <jansson.h>
+#include <liburing.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +22,7 @@
 #include "model.h"
 
 #define ALIGN 4096
+#define READ_DEPTH 8
 
 typedef struct chunk {
     uint64_t off, bytes;
@@ -47,6 +49,8 @@ struct fso_ckpt {
     chunk *chunks;            /* sorted by offset, tiling the file */
     size_t n_chunks;
     int fd;
+    struct io_uring ring;     /* reads, READ_DEPTH in flight */
+    bool ring_up;
 };
 
 /* ------------------------------------------------------------------ finding it */
@@ -334,6 +338,8 @@ int fso_ckpt_open(fso_ckpt **out, const char *path, char *err, size_t errlen)
         fso_ckpt_close(ck);
         return rc;
     }
+    /* without io_uring (a container may forbid it) reads go one at a time */
+    ck->ring_up = io_uring_queue_init(2 * READ_DEPTH, &ck->ring, 0) == 0;
     *out = ck;
     return 0;
 }
@@ -342,6 +348,8 @@ void fso_ckpt_close(fso_ckpt *ck)
 {
     if (!ck)
         return;
+    if (ck->ring_up)
+        io_uring_queue_exit(&ck->ring);
     if (ck->fd >= 0)
         close(ck->fd);
     fso_ckpt_layout_free(&ck->layout);
@@ -401,42 +409,116 @@ static size_t chunk_holding(const fso_ckpt *ck, uint64_t off)
     return lo;
 }
 
+static int check_chunk(const fso_ckpt *ck, const chunk *c, const void *data, char *err,
+                       size_t errlen)
+{
+    uint32_t crc = fso_crc32c(0, data, c->bytes);
+    if (crc == c->crc)
+        return 0;
+    snprintf(err, errlen, "%s: offset %" PRIu64 ": checksum mismatch in the %" PRIu64 " bytes "
+                          "from there (crc32c %08x, the manifest says %08x): the checkpoint is "
+                          "corrupted; resume from an earlier one",
+             ck->data_path, c->off, c->bytes, crc, c->crc);
+    return -EIO;
+}
+
+static int read_error(const fso_ckpt *ck, uint64_t off, int e, char *err, size_t errlen)
+{
+    snprintf(err, errlen, "%s: offset %" PRIu64 ": %s; the checkpoint is damaged, resume from "
+                          "an earlier one", ck->data_path, off,
+             e ? strerror(e) : "unexpected end of file");
+    return -(e ? e : EIO);
+}
+
+/* The chunks [i, j) into dst, several reads in flight (io_uring), each
+ * chunk checked as it arrives. */
+static int read_ring(fso_ckpt *ck, size_t i, size_t j, char *dst, char *err, size_t errlen)
+{
+    struct { size_t c; uint64_t got; } slot[READ_DEPTH];
+    int free_slots[READ_DEPTH], n_free = READ_DEPTH, rc = 0, inflight = 0;
+    const uint64_t base = ck->chunks[i].off;
+    for (int k = 0; k < READ_DEPTH; k++)
+        free_slots[k] = k;
+    size_t next = i;
+    while ((next < j || inflight) && rc == 0) {
+        for (; next < j && n_free; next++) { /* whole chunks, one read each */
+            int k = free_slots[--n_free];
+            struct io_uring_sqe *sqe = io_uring_get_sqe(&ck->ring);
+            slot[k].c = next;
+            slot[k].got = 0;
+            io_uring_prep_read(sqe, ck->fd, dst + (ck->chunks[next].off - base),
+                               (unsigned)ck->chunks[next].bytes, ck->chunks[next].off);
+            io_uring_sqe_set_data64(sqe, (uint64_t)k);
+            inflight++;
+        }
+        io_uring_submit(&ck->ring);
+        struct io_uring_cqe *cqe;
+        int w = io_uring_wait_cqe(&ck->ring, &cqe);
+        if (w == -EINTR)
+            continue;
+        if (w < 0) {
+            rc = read_error(ck, base, -w, err, errlen);
+            break;
+        }
+        int k = (int)io_uring_cqe_get_data64(cqe), res = cqe->res;
+        io_uring_cqe_seen(&ck->ring, cqe);
+        const chunk *c = &ck->chunks[slot[k].c];
+        char *p = dst + (c->off - base);
+        if (res == -EINTR || res == -EAGAIN || (res > 0 && slot[k].got + (uint64_t)res < c->bytes)) {
+            slot[k].got += res > 0 ? (uint64_t)res : 0; /* the rest, again */
+            struct io_uring_sqe *sqe = io_uring_get_sqe(&ck->ring);
+            io_uring_prep_read(sqe, ck->fd, p + slot[k].got, (unsigned)(c->bytes - slot[k].got),
+                               c->off + slot[k].got);
+            io_uring_sqe_set_data64(sqe, (uint64_t)k);
+            continue;
+        }
+        inflight--;
+        free_slots[n_free++] = k;
+        if (res <= 0)
+            rc = read_error(ck, c->off + slot[k].got, -res, err, errlen);
+        else
+            rc = check_chunk(ck, c, p, err, errlen);
+    }
+    while (inflight > 0) { /* after a failure: the reads land before dst may go */
+        struct io_uring_cqe *cqe;
+        if (io_uring_wait_cqe(&ck->ring, &cqe) < 0)
+            break;
+        io_uring_cqe_seen(&ck->ring, cqe);
+        inflight--;
+    }
+    return rc;
+}
+
 /* [off, off+len) of state.bin into dst (4 KiB aligned): whole chunks, each
  * checked. */
 static int read_checked(fso_ckpt *ck, uint64_t off, uint64_t len, void *dst, char *err,
                         size_t errlen)
 {
-    ssize_t i = chunk_at(ck, off);
-    if (i < 0) {
+    ssize_t first = chunk_at(ck, off);
+    if (first < 0) {
         snprintf(err, errlen, "%s: offset %" PRIu64 " is not where a chunk starts (fsoff bug)",
                  ck->data_path, off);
         return -EINVAL;
     }
-    for (uint64_t at = off; at < off + len; i++) {
+    size_t end = (size_t)first;
+    while (end < ck->n_chunks && ck->chunks[end].off < off + len)
+        end++;
+    if (ck->ring_up)
+        return read_ring(ck, (size_t)first, end, dst, err, errlen);
+    for (size_t i = (size_t)first; i < end; i++) { /* no io_uring here: one read at a time */
         const chunk *c = &ck->chunks[i];
-        char *p = (char *)dst + (at - off);
+        char *p = (char *)dst + (c->off - off);
         for (uint64_t got = 0; got < c->bytes;) {
             ssize_t n = pread(ck->fd, p + got, c->bytes - got, (off_t)(c->off + got));
             if (n < 0 && errno == EINTR)
                 continue;
-            if (n <= 0) {
-                int e = n < 0 ? errno : EIO;
-                snprintf(err, errlen, "%s: offset %" PRIu64 ": %s; the checkpoint is damaged, "
-                                      "resume from an earlier one", ck->data_path, c->off + got,
-                         n < 0 ? strerror(e) : "unexpected end of file");
-                return -e;
-            }
+            if (n <= 0)
+                return read_error(ck, c->off + got, n < 0 ? errno : 0, err, errlen);
             got += (uint64_t)n;
         }
-        uint32_t crc = fso_crc32c(0, p, c->bytes);
-        if (crc != c->crc) {
-            snprintf(err, errlen, "%s: offset %" PRIu64 ": checksum mismatch in the %" PRIu64
-                                  " bytes from there (crc32c %08x, the manifest says %08x): the "
-                                  "checkpoint is corrupted; resume from an earlier one",
-                     ck->data_path, c->off, c->bytes, crc, c->crc);
-            return -EIO;
-        }
-        at += c->bytes;
+        int rc = check_chunk(ck, c, p, err, errlen);
+        if (rc < 0)
+            return rc;
     }
     return 0;
 }

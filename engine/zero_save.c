@@ -34,7 +34,7 @@
 #include "crc32c.h"
 #include "util.h"
 
-#define STAGES 4
+#define STAGES 8
 #define DIRECT_TAG ((uint64_t)STAGES) /* a write straight from the shard */
 
 /* ------------------------------------------------------------------ the gate */
