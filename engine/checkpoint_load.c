@@ -124,38 +124,43 @@ static int get_i64(const json_t *obj, const char *key, int64_t lo, int64_t *out)
     return 0;
 }
 
+/* The model the checkpoint holds: its configuration read back by fsoff's
+ * own parser, section by section (the folder a run started from is not
+ * read again). */
 static int read_model(fso_ckpt *ck, char *err, size_t errlen)
 {
-    json_t *m = json_object_get(ck->config, "model");
-    static const char *const ints[] = {"vocab_size", "hidden_size", "intermediate_size",
-                                       "num_hidden_layers", "num_attention_heads",
-                                       "num_key_value_heads", "head_dim",
-                                       "max_position_embeddings"};
-    int *dst[] = {&ck->mc.vocab_size, &ck->mc.hidden_size, &ck->mc.intermediate_size,
-                  &ck->mc.num_hidden_layers, &ck->mc.num_attention_heads,
-                  &ck->mc.num_key_value_heads, &ck->mc.head_dim,
-                  &ck->mc.max_position_embeddings};
-    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
-        int64_t v;
-        if (get_i64(m, ints[i], 1, &v) < 0 || v > INT32_MAX)
-            BAD("config.model.%s: missing or not a positive integer", ints[i]);
-        *dst[i] = (int)v;
+    fso_config c;
+    const char *key;
+    json_t *v;
+    int rc = 0;
+    fso_config_defaults(&c);
+    json_object_foreach(ck->config, key, v) {
+        json_t *copy = json_deep_copy(v);
+        if (copy && json_is_object(copy) && strcmp(key, "model") == 0)
+            json_object_del(copy, "init_from");
+        char *text = copy ? json_dumps(copy, JSON_ENCODE_ANY | JSON_COMPACT) : NULL;
+        char *set = NULL;
+        json_decref(copy);
+        if (!text || asprintf(&set, "%s=%s", key, text) < 0) {
+            free(text);
+            fso_config_free(&c);
+            snprintf(err, errlen, "out of memory");
+            return -ENOMEM;
+        }
+        free(text);
+        rc = fso_config_set(&c, set);
+        free(set);
+        if (rc < 0)
+            break;
     }
-    json_t *eps = json_object_get(m, "rms_norm_eps"), *theta = json_object_get(m, "rope_theta");
-    json_t *init = json_object_get(m, "initializer_range");
-    json_t *tie = json_object_get(m, "tie_word_embeddings");
-    if (!json_is_number(eps) || !json_is_number(theta) || !json_is_number(init) ||
-        !json_is_boolean(tie))
-        BAD("config.model: rms_norm_eps, rope_theta, initializer_range or tie_word_embeddings "
-            "missing");
-    ck->mc.rms_norm_eps = json_number_value(eps);
-    ck->mc.rope_theta = json_number_value(theta);
-    ck->mc.initializer_range = json_number_value(init);
-    ck->mc.tie_word_embeddings = json_is_true(tie);
-    if (ck->mc.num_hidden_layers > 1 << 20 || ck->mc.hidden_size % ck->mc.num_attention_heads ||
-        ck->mc.hidden_size / ck->mc.num_attention_heads != ck->mc.head_dim)
-        BAD("config.model: the shape does not add up (hidden_size %d, %d heads of %d)",
-            ck->mc.hidden_size, ck->mc.num_attention_heads, ck->mc.head_dim);
+    if (rc == 0)
+        rc = fso_config_finish(&c);
+    if (rc < 0) {
+        fso_config_free(&c);
+        BAD("config: %s", c.err);
+    }
+    ck->mc = c.model;
+    fso_config_free(&c);
     return 0;
 }
 

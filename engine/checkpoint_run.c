@@ -28,8 +28,8 @@ static const char *signal_name(int sig)
     return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "a signal";
 }
 
-int fso_ckpt_run_start(fso_ckpt_run **out, const fso_config *cfg, const fso_run_opts *opts,
-                       FILE *o, char *err, size_t errlen)
+int fso_ckpt_run_start(fso_ckpt_run **out, fso_config *cfg, const fso_run_opts *opts, FILE *o,
+                       char *err, size_t errlen)
 {
     fso_ckpt_run *r = calloc(1, sizeof *r);
     *out = r;
@@ -52,6 +52,7 @@ int fso_ckpt_run_start(fso_ckpt_run **out, const fso_config *cfg, const fso_run_
             (rc = fso_ckpt_check_config(r->resume, cfg, r->said, sizeof r->said, err,
                                         errlen)) < 0)
             return rc;
+        cfg->init_from[0] = '\0'; /* the checkpoint's parameters, not the folder's */
     }
     if (cfg->checkpoint.dir[0])
         rc = fso_ckpt_saver_create(&r->saver, cfg->checkpoint.dir, cfg->checkpoint.keep, err,

@@ -16,10 +16,11 @@ typedef struct fso_ckpt_run fso_ckpt_run;
 /* Before the trainer is built: the checkpoint to resume from, opened and
  * its configuration compared with cfg (a change of the model's shape is
  * refused here, before anything large is allocated), and the save dir
- * locked. cfg is the run's own (it may change as the run re-plans). 0 or
- * negative errno with err. */
-int fso_ckpt_run_start(fso_ckpt_run **out, const fso_config *cfg, const fso_run_opts *opts,
-                       FILE *o, char *err, size_t errlen);
+ * locked. cfg is the run's own (it may change as the run re-plans); when
+ * resuming, its model.init_from is cleared: the checkpoint holds the
+ * parameters. 0 or negative errno with err. */
+int fso_ckpt_run_start(fso_ckpt_run **out, fso_config *cfg, const fso_run_opts *opts, FILE *o,
+                       char *err, size_t errlen);
 /* After the trainer and the data: load the checkpoint (when resuming) and
  * say so in one line with what changed. 0 or negative errno with err. */
 int fso_ckpt_run_resume(fso_ckpt_run *r, fso_trainer *tr, fso_data *data, char *err,

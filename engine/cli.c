@@ -22,6 +22,7 @@ static void usage(FILE *f)
             "usage: fsoff [train] [options]\n"
             "       fsoff bench nvme|adam|h2d|allgather [options]   offload bandwidth benchmarks\n"
             "       fsoff plan [options]              memory per tier, placement, predicted step\n"
+
             "\n"
             "Train a Llama-family model. With no options, trains the default job: a\n"
             "0.8M-parameter model on a built-in corpus, on the CPU.\n"
@@ -40,6 +41,9 @@ static void usage(FILE *f)
             "      --nvme DIR[,DIR]   keep parameters and optimizer state on NVMe in these\n"
             "                         folders, striped (= zero_optimization.offload_param and\n"
             "                         offload_optimizer with device \"nvme\")\n"
+            "      --init-from DIR    start from a Hugging Face Llama folder: config.json and\n"
+            "                         model.safetensors or shards with their index (same as\n"
+            "                         --set model.init_from=DIR)\n"
             "  -m, --metrics FILE     write one JSON object per step, then a summary object\n"
             "      --save DIR         write checkpoints into DIR, at the end of the run and\n"
             "                         on the first SIGINT or SIGTERM (= --set checkpoint.dir=DIR)\n"
@@ -161,7 +165,7 @@ int fso_cli_main(int argc, char **argv)
         {"device-mem", required_argument, NULL, 'M'}, {"nvme", required_argument, NULL, 'N'},
         {"save", required_argument, NULL, 'S'},    {"save-every", required_argument, NULL, 'E'},
         {"keep", required_argument, NULL, 'K'},    {"resume", optional_argument, NULL, 'R'},
-        {NULL, 0, NULL, 0},
+        {"init-from", required_argument, NULL, 'I'},  {NULL, 0, NULL, 0},
     };
     const char *resume = NULL;
     static volatile sig_atomic_t stop;
@@ -193,9 +197,11 @@ int fso_cli_main(int argc, char **argv)
         case 'c':
             config_path = optarg;
             break;
-        case 'd': {
+        case 'd':
+        case 'I': {
             char *lit = fso_json_quote(optarg);
-            if (!lit || asprintf(&sets[nsets++], "data.path=%s", lit) < 0) {
+            if (!lit || asprintf(&sets[nsets++], "%s=%s",
+                                 c == 'd' ? "data.path" : "model.init_from", lit) < 0) {
                 free(lit);
                 fprintf(stderr, "fsoff: error: out of memory\n");
                 goto out;

@@ -228,12 +228,22 @@ static int cfg_where(const struct fso_config_doc *doc, const keypath *p, char *b
     }
     const char *name = l->kind == LAYER_DEFAULTS ? CFG_DEFAULTS_NAME : l->name;
     const char *text = l->kind == LAYER_DEFAULTS ? fso_default_config_json : l->text;
-    int line, col;
-    if (d > 0 && fso_json_locate(text, p->k, d, &line, &col) == 0)
+    int line, col, skip = l->text_skip;
+    if (d > skip && fso_json_locate(text, p->k + skip, d - skip, &line, &col) == 0)
         snprintf(buf, size, "%s:%d:%d", name, line, col);
     else
         snprintf(buf, size, "%s", name);
     return li;
+}
+
+int fso_cfg_where(const struct fso_config_doc *doc, const keypath *p, char *buf, size_t size)
+{
+    return cfg_where(doc, p, buf, size);
+}
+
+int fso_cfg_doc_add_layer(struct fso_config_doc *doc, cfg_layer *l)
+{
+    return doc_add_layer(doc, l);
 }
 
 /* ---------------------------------------------------------------- messages */
@@ -723,7 +733,7 @@ int fso_config_finish(fso_config *cfg)
     int rc = fill_missing(doc->merged, doc->layers[0].root, true);
     if (rc < 0)
         snprintf(cfg->err, sizeof cfg->err, "out of memory validating the configuration");
-    else
+    else if ((rc = fso_cfg_hf_merge(cfg, doc)) == 0)
         rc = fso_cfg_apply(cfg, doc, true);
     if (rc == 0) {
         keypath root = {{0}, 0};

@@ -17,6 +17,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "rope.h"
 #include "state.h"
 
 #define FSO_CONFIG_ERR_MAX 512
@@ -46,10 +47,11 @@ typedef struct fso_model_config {
     int num_hidden_layers;
     int num_attention_heads;
     int num_key_value_heads;
-    int head_dim;                 /* hidden_size / num_attention_heads */
+    int head_dim;                 /* head_dim, else hidden_size / num_attention_heads */
     int max_position_embeddings;
     double rms_norm_eps;
     double rope_theta;
+    fso_rope_scaling rope_scaling; /* rope_scaling: none, linear or llama3 */
     double initializer_range;
     bool tie_word_embeddings;
 } fso_model_config;
@@ -131,6 +133,8 @@ typedef struct fso_config {
     fso_offload_config offload;
     fso_overlap optimizer_overlap;/* train.optimizer_overlap */
     fso_checkpoint_config checkpoint;
+    char init_from[4096];         /* model.init_from (--init-from): a Hugging Face folder the
+                                     parameters start from, "" for the seed (hf.h) */
 
     /* From the command line only (--devices, --device-mem). */
     int world;                    /* devices; 1 unless --devices cpu:N */

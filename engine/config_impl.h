@@ -44,6 +44,8 @@ typedef struct cfg_layer {
     char *text;                 /* FILE: the file's text (DEFAULTS uses the embedded one) */
     json_t *root;               /* what this layer wrote, as a document from the root */
     int write_depth;            /* values at this depth (or shallower) were written whole */
+    int text_skip;              /* leading keys of a path that text does not hold (a Hugging
+                                   Face config.json is the "model" section: 1) */
 } cfg_layer;
 
 struct fso_config_doc {
@@ -69,6 +71,11 @@ typedef struct key_spec {
 } key_spec;
 
 keypath fso_cfg_kp_child(const keypath *p, const char *key);
+/* config.c: add a layer on top (takes its allocations, also on failure);
+ * the layer that decided p (its index) with "file:line:col" or "--set ..."
+ * in buf. */
+int fso_cfg_doc_add_layer(struct fso_config_doc *doc, cfg_layer *l);
+int fso_cfg_where(const struct fso_config_doc *doc, const keypath *p, char *buf, size_t size);
 /* A double as a person writes it: 0.001, 1e-08, 3. */
 void fso_cfg_format_double(double x, char *buf, size_t size);
 /* "12.5 (number)", "\"abc\" (string)": a value for a message. */
@@ -85,6 +92,17 @@ void fso_cfg_warn(walker *w, const keypath *p, const char *why);
  * ignored ones get a warning. */
 int fso_cfg_check_keys(walker *w, json_t *obj, const keypath *sec, const key_spec *specs,
                        const char *where);
+
+/* config_keys.c: the "model" section's keys (LlamaConfig's names), and
+ * the section applied to root's "model" alone (config_hf.c compares a
+ * Hugging Face folder's config.json with the user's section through it). */
+extern const key_spec fso_cfg_model_keys[];
+int fso_cfg_apply_model(walker *w, json_t *root);
+
+/* config_hf.c: when the merged "model" names model.init_from, its
+ * config.json becomes the model section (a layer of its own), checked
+ * against the model keys the user gave. 0, or -errno with cfg->err. */
+int fso_cfg_hf_merge(fso_config *cfg, struct fso_config_doc *doc);
 
 /* config_keys.c: validate doc->merged and fill cfg; on failure cfg keeps its
  * values and cfg->err holds the message. */

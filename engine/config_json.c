@@ -10,7 +10,19 @@ static int set(json_t *obj, const char *key, json_t *v)
     return v ? json_object_set_new(obj, key, v) : -1;
 }
 
-static json_t *model_json(const fso_model_config *m)
+static json_t *rope_scaling_json(const fso_rope_scaling *r)
+{
+    if (r->type == FSO_ROPE_LINEAR)
+        return json_pack("{s:s, s:f}", "rope_type", "linear", "factor", r->factor);
+    if (r->type == FSO_ROPE_LLAMA3)
+        return json_pack("{s:s, s:f, s:f, s:f, s:i}", "rope_type", "llama3", "factor", r->factor,
+                         "low_freq_factor", r->low_freq_factor, "high_freq_factor",
+                         r->high_freq_factor, "original_max_position_embeddings",
+                         r->original_max_position_embeddings);
+    return json_null();
+}
+
+static json_t *model_json(const fso_model_config *m, const char *init_from)
 {
     json_t *o = json_object();
     int bad = !o;
@@ -24,6 +36,9 @@ static json_t *model_json(const fso_model_config *m)
     bad |= set(o, "max_position_embeddings", json_integer(m->max_position_embeddings));
     bad |= set(o, "rms_norm_eps", json_real(m->rms_norm_eps));
     bad |= set(o, "rope_theta", json_real(m->rope_theta));
+    bad |= set(o, "rope_scaling", rope_scaling_json(&m->rope_scaling));
+    if (init_from[0])
+        bad |= set(o, "init_from", json_string(init_from));
     bad |= set(o, "initializer_range", json_real(m->initializer_range));
     bad |= set(o, "tie_word_embeddings", json_boolean(m->tie_word_embeddings));
     if (bad && o) {
@@ -73,7 +88,7 @@ json_t *fso_config_to_json(const fso_config *c)
     static const char *const formats[] = {"auto", "tokens", "text"};
     static const char *const overlaps[] = {"none", "forward", "backward"};
     const fso_offload_config *o = &c->offload;
-    json_t *model = model_json(&c->model);
+    json_t *model = model_json(&c->model, c->init_from);
     json_t *sched = scheduler_json(&c->sched);
     json_t *op = offload_json(o->param_tier, o->param_nvme_path, o->pin_memory);
     json_t *oo = offload_json(o->optim_tier, o->optim_nvme_path, o->pin_memory);

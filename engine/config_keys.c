@@ -195,6 +195,25 @@ static int get_bool(walker *w, json_t *obj, const keypath *sec, const char *key,
     return 0;
 }
 
+/* A path: absent is "", else a string that fits dst. */
+static int get_path(walker *w, json_t *obj, const keypath *sec, const char *key, char *dst,
+                    size_t cap)
+{
+    json_t *v = obj ? json_object_get(obj, key) : NULL;
+    keypath p = fso_cfg_kp_child(sec, key);
+    const char *path = "";
+    dst[0] = '\0';
+    if (!v)
+        return 0;
+    CFG_TRY(want_string(w, v, &p, &path));
+    size_t len = strlen(path);
+    if (len >= cap)
+        return fso_cfg_fail(w, &p, "is %zu bytes long; fsoff takes paths up to %zu bytes", len,
+                            cap - 1);
+    memcpy(dst, path, len + 1);
+    return 0;
+}
+
 /* Section `key` of the root: an object, or NULL when absent (or null and null_ok). */
 static int get_section(walker *w, json_t *root, const char *key, bool null_ok, json_t **out)
 {
@@ -301,7 +320,8 @@ static int apply_precision(walker *w, json_t *root)
 }
 
 #define HF_ONLY "fsoff builds the model from the shape keys alone"
-static const key_spec model_keys[] = {
+const key_spec fso_cfg_model_keys[] = {
+    {"init_from", NULL},
     {"vocab_size", NULL},
     {"hidden_size", NULL},
     {"intermediate_size", NULL},
@@ -365,11 +385,6 @@ static int model_fixed_keys(walker *w, json_t *m, const keypath *sec)
             return fso_cfg_fail(w, &p, "must be 0 (fsoff has no dropout), got %s", got);
         }
     }
-    if ((v = json_object_get(m, "rope_scaling")) && !json_is_null(v)) {
-        keypath p = fso_cfg_kp_child(sec, "rope_scaling");
-        fso_cfg_describe(v, got, sizeof got);
-        return fso_cfg_fail(w, &p, "RoPE scaling is not supported; set it to null, got %s", got);
-    }
     if ((v = json_object_get(m, "pretraining_tp"))) {
         keypath p = fso_cfg_kp_child(sec, "pretraining_tp");
         int64_t tp;
@@ -389,7 +404,87 @@ static int model_fixed_keys(walker *w, json_t *m, const keypath *sec)
     return 0;
 }
 
-static int apply_model(walker *w, json_t *root)
+static const key_spec rope_default_keys[] = {{"rope_type", NULL}, {"type", NULL}, {NULL, NULL}};
+static const key_spec rope_linear_keys[] = {
+    {"rope_type", NULL}, {"type", NULL}, {"factor", NULL}, {NULL, NULL},
+};
+static const key_spec rope_llama3_keys[] = {
+    {"rope_type", NULL}, {"type", NULL}, {"factor", NULL}, {"low_freq_factor", NULL},
+    {"high_freq_factor", NULL}, {"original_max_position_embeddings", NULL}, {NULL, NULL},
+};
+
+/* A key rope_scaling of this type needs. */
+static int rope_member(walker *w, json_t *rs, const keypath *p, const char *type, const char *key,
+                       json_t **v, keypath *vp)
+{
+    *vp = fso_cfg_kp_child(p, key);
+    if ((*v = json_object_get(rs, key)))
+        return 0;
+    return fso_cfg_fail(w, vp, "missing; rope_scaling of type \"%s\" needs %s", type,
+                        strcmp(type, "linear") == 0
+                            ? "factor"
+                            : "factor, low_freq_factor, high_freq_factor and "
+                              "original_max_position_embeddings");
+}
+
+/* model.rope_scaling (rope.h): null or absent, or of type linear or llama3,
+ * named by "rope_type" or, as older configs do, "type". */
+static int apply_rope_scaling(walker *w, json_t *m, const keypath *sec, fso_rope_scaling *rs)
+{
+    json_t *v = m ? json_object_get(m, "rope_scaling") : NULL, *x;
+    keypath p = fso_cfg_kp_child(sec, "rope_scaling"), xp;
+    memset(rs, 0, sizeof *rs);
+    if (!v || json_is_null(v))
+        return 0;
+    CFG_TRY(want_object(w, v, &p));
+    json_t *t = json_object_get(v, "rope_type"), *t_old = json_object_get(v, "type");
+    keypath tp = fso_cfg_kp_child(&p, t ? "rope_type" : "type");
+    const char *type = NULL, *type_old = NULL;
+    if (!t && !t_old)
+        return fso_cfg_fail(w, &p, "has no \"rope_type\"; fsoff implements \"linear\" and "
+                                   "\"llama3\"");
+    CFG_TRY(want_string(w, t ? t : t_old, &tp, &type));
+    if (t && t_old) {
+        keypath op = fso_cfg_kp_child(&p, "type");
+        CFG_TRY(want_string(w, t_old, &op, &type_old));
+        if (strcmp(type, type_old) != 0)
+            return fso_cfg_fail(w, &op, "is \"%s\" but rope_type is \"%s\"; keep one of them",
+                                type_old, type);
+    }
+    if (strcmp(type, "default") == 0)
+        return fso_cfg_check_keys(w, v, &p, rope_default_keys, " for rope_scaling of type default");
+    if (strcmp(type, "linear") == 0) {
+        rs->type = FSO_ROPE_LINEAR;
+        CFG_TRY(fso_cfg_check_keys(w, v, &p, rope_linear_keys, " for rope_scaling of type linear"));
+    } else if (strcmp(type, "llama3") == 0) {
+        rs->type = FSO_ROPE_LLAMA3;
+        CFG_TRY(fso_cfg_check_keys(w, v, &p, rope_llama3_keys, " for rope_scaling of type llama3"));
+    } else {
+        return fso_cfg_fail(w, &tp, "RoPE scaling of type \"%s\" is not supported; fsoff "
+                                    "implements \"linear\" and \"llama3\"", type);
+    }
+    CFG_TRY(rope_member(w, v, &p, type, "factor", &x, &xp));
+    CFG_TRY(want_number(w, x, &xp, RANGE_POSITIVE, &rs->factor));
+    if (rs->type == FSO_ROPE_LINEAR)
+        return 0;
+    CFG_TRY(rope_member(w, v, &p, type, "low_freq_factor", &x, &xp));
+    CFG_TRY(want_number(w, x, &xp, RANGE_POSITIVE, &rs->low_freq_factor));
+    CFG_TRY(rope_member(w, v, &p, type, "high_freq_factor", &x, &xp));
+    CFG_TRY(want_number(w, x, &xp, RANGE_POSITIVE, &rs->high_freq_factor));
+    if (rs->high_freq_factor <= rs->low_freq_factor) {
+        char lo[32], hi[32];
+        fso_cfg_format_double(rs->low_freq_factor, lo, sizeof lo);
+        fso_cfg_format_double(rs->high_freq_factor, hi, sizeof hi);
+        return fso_cfg_fail(w, &xp, "must be greater than low_freq_factor (%s), got %s", lo, hi);
+    }
+    int64_t n;
+    CFG_TRY(rope_member(w, v, &p, type, "original_max_position_embeddings", &x, &xp));
+    CFG_TRY(want_int(w, x, &xp, 1, INT_MAX, &n));
+    rs->original_max_position_embeddings = (int)n;
+    return 0;
+}
+
+int fso_cfg_apply_model(walker *w, json_t *root)
 {
     fso_model_config *mc = &w->out->model;
     keypath sec = {{"model"}, 1};
@@ -397,7 +492,7 @@ static int apply_model(walker *w, json_t *root)
 
     /* Library defaults are Hugging Face LlamaConfig's. */
     CFG_TRY(get_section(w, root, "model", false, &m));
-    CFG_TRY(fso_cfg_check_keys(w, m, &sec, model_keys, ""));
+    CFG_TRY(fso_cfg_check_keys(w, m, &sec, fso_cfg_model_keys, ""));
     CFG_TRY(get_int32(w, m, &sec, "vocab_size", 1, I64(32000), &mc->vocab_size));
     CFG_TRY(get_int32(w, m, &sec, "hidden_size", 1, I64(4096), &mc->hidden_size));
     CFG_TRY(get_int32(w, m, &sec, "intermediate_size", 1, I64(11008), &mc->intermediate_size));
@@ -414,32 +509,34 @@ static int apply_model(walker *w, json_t *root)
     CFG_TRY(get_bool(w, m, &sec, "tie_word_embeddings", BOOL(false), &mc->tie_word_embeddings));
     if (m)
         CFG_TRY(model_fixed_keys(w, m, &sec));
+    CFG_TRY(apply_rope_scaling(w, m, &sec, &mc->rope_scaling));
+    CFG_TRY(get_path(w, m, &sec, "init_from", w->out->init_from, sizeof w->out->init_from));
 
     keypath heads = fso_cfg_kp_child(&sec, "num_attention_heads");
     keypath hidden = fso_cfg_kp_child(&sec, "hidden_size");
     keypath kv = fso_cfg_kp_child(&sec, "num_key_value_heads");
-    int h = mc->hidden_size, nh = mc->num_attention_heads;
-    if (h % nh != 0)
-        return fso_cfg_fail_rel(w, &heads, &hidden, NULL,
-                            "must divide model.hidden_size (%d), got %d; pick a head count that "
-                            "divides it", h, nh);
-    int hd = h / nh;
+    int h = mc->hidden_size, nh = mc->num_attention_heads, hd;
     json_t *hdv = m ? json_object_get(m, "head_dim") : NULL;
     if (hdv && !json_is_null(hdv)) {
         keypath p = fso_cfg_kp_child(&sec, "head_dim");
         int64_t given;
-        CFG_TRY(want_int(w, hdv, &p, 1, INT_MAX, &given));
-        if (given != hd)
-            return fso_cfg_fail_rel(w, &p, &hidden, &heads,
-                                "must equal model.hidden_size / model.num_attention_heads "
-                                "(%d / %d = %d), got %" PRId64 "; fsoff has no separate head "
-                                "size, so drop head_dim or set it to %d", h, nh, hd, given, hd);
+        CFG_TRY(want_int(w, hdv, &p, 2, INT_MAX, &given));
+        if (given % 2 != 0)
+            return fso_cfg_fail(w, &p, "must be even (rotary embeddings turn pairs of "
+                                       "elements), got %" PRId64, given);
+        hd = (int)given;
+    } else {
+        if (h % nh != 0)
+            return fso_cfg_fail_rel(w, &heads, &hidden, NULL,
+                                "must divide model.hidden_size (%d), got %d; pick a head count "
+                                "that divides it, or give model.head_dim", h, nh);
+        hd = h / nh;
+        if (hd % 2 != 0)
+            return fso_cfg_fail_rel(w, &heads, &hidden, NULL,
+                                "gives an odd head_dim (model.hidden_size / num_attention_heads "
+                                "= %d / %d = %d); rotary embeddings need an even head_dim, so "
+                                "pick a head count that leaves an even quotient", h, nh, hd);
     }
-    if (hd % 2 != 0)
-        return fso_cfg_fail_rel(w, &heads, &hidden, NULL,
-                            "gives an odd head_dim (model.hidden_size / num_attention_heads = "
-                            "%d / %d = %d); rotary embeddings need an even head_dim, so pick a "
-                            "head count that leaves an even quotient", h, nh, hd);
     mc->head_dim = hd;
     if (nh % mc->num_key_value_heads != 0)
         return fso_cfg_fail_rel(w, &kv, &heads, NULL,
@@ -553,17 +650,7 @@ static int apply_data(walker *w, json_t *root)
 
     CFG_TRY(get_section(w, root, "data", false, &s));
     CFG_TRY(fso_cfg_check_keys(w, s, &sec, data_keys, ""));
-    d->path[0] = '\0';
-    if (s && (v = json_object_get(s, "path"))) {
-        keypath p = fso_cfg_kp_child(&sec, "path");
-        const char *path = "";
-        CFG_TRY(want_string(w, v, &p, &path));
-        size_t len = strlen(path);
-        if (len >= sizeof d->path)
-            return fso_cfg_fail(w, &p, "is %zu bytes long; fsoff takes paths up to %zu bytes",
-                            len, sizeof d->path - 1);
-        memcpy(d->path, path, len + 1);
-    }
+    CFG_TRY(get_path(w, s, &sec, "path", d->path, sizeof d->path));
     d->format = FSO_DATA_AUTO;
     if (s && (v = json_object_get(s, "format"))) {
         static const char *const formats[] = {"auto", "tokens", "text"};
@@ -907,7 +994,7 @@ int fso_cfg_apply(fso_config *cfg, const struct fso_config_doc *doc, bool warn)
     if (rc == 0)
         rc = apply_precision(&w, root);
     if (rc == 0)
-        rc = apply_model(&w, root);
+        rc = fso_cfg_apply_model(&w, root);
     if (rc == 0)
         rc = apply_optimizer(&w, root);
     if (rc == 0)

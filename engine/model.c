@@ -246,7 +246,8 @@ int fso_model_init(fso_model *m, const fso_model_config *mc, fso_backend *be, in
             snprintf(m->err, sizeof m->err, "out of host memory for the RoPE tables");
             goto fail;
         }
-        fso_rope_tables(cs, cs + (size_t)T * (D / 2), T, D, mc->rope_theta);
+        fso_rope_tables_scaled(cs, cs + (size_t)T * (D / 2), T, D, mc->rope_theta,
+                               &mc->rope_scaling);
         be->ops->copy_h2d(be, m->rope_cos, cs, sizeof(float) * (size_t)T * (D / 2));
         be->ops->copy_h2d(be, m->rope_sin, cs + (size_t)T * (D / 2),
                           sizeof(float) * (size_t)T * (D / 2));

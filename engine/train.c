@@ -81,6 +81,10 @@ static void print_banner(FILE *out, const fso_config *cfg, const fso_trainer *tr
             m->n_params / 1e6, mc->num_hidden_layers, mc->hidden_size, mc->num_attention_heads,
             mc->num_key_value_heads, mc->intermediate_size, mc->vocab_size,
             mc->tie_word_embeddings ? ", tied head" : "");
+    if (cfg->init_from[0])
+        fprintf(out, "fsoff: parameters from Hugging Face folder %s%s%s\n", cfg->init_from,
+                mc->rope_scaling.type ? ", rope_scaling " : "",
+                mc->rope_scaling.type ? fso_rope_type_name(mc->rope_scaling.type) : "");
     fprintf(out, "fsoff: data %s\n", data->desc);
     fprintf(out, "fsoff: batch %d x %d tokens x %d accumulation x %d devices = %zu tokens/step, "
                  "%lld steps, activation checkpointing %s\n",
@@ -402,7 +406,7 @@ int fso_train_run(const fso_config *cfg, const fso_run_opts *opts)
         fprintf(stderr, "fsoff: error: %s\n", data.err);
         goto out;
     }
-    if ((rc = fso_ckpt_run_start(&ck, cfg, opts, out, err, sizeof err)) < 0) {
+    if ((rc = fso_ckpt_run_start(&ck, run_cfg, opts, out, err, sizeof err)) < 0) {
         fprintf(stderr, "fsoff: error: %s\n", err);
         goto out;
     }

@@ -15,6 +15,7 @@
 
 #include "adamw.h"
 #include "cuda_backend.h"
+#include "hf.h"
 #include "optpool.h"
 #include "rng.h"
 #include "topology.h"
@@ -386,8 +387,9 @@ static int open_collectives(fso_zero *z, char *err, size_t errlen)
 }
 
 /* The initial state, one block at a time (host memory stays bounded):
- * parameters from the seed, optimizer state zero. */
-static int initial_values(fso_zero *z, char *err, size_t errlen)
+ * parameters from the seed or the Hugging Face folder hf, optimizer state
+ * zero. */
+static int initial_values(fso_zero *z, fso_hf_folder *hf, char *err, size_t errlen)
 {
     float *flat = malloc(sizeof(float) * z->max_padded);
     fso_rng rng;
@@ -398,7 +400,15 @@ static int initial_values(fso_zero *z, char *err, size_t errlen)
     }
     fso_rng_seed(&rng, z->cfg->seed);
     for (int b = 0; b < z->n_blocks && rc == 0; b++) {
-        fso_model_init_block(&z->ranks[0].model, b, flat, &rng);
+        if (hf) {
+            memset(flat, 0, sizeof(float) * z->blocks[b].padded_elems);
+            if ((rc = fso_hf_read_block(hf, b, flat, err, errlen)) < 0) {
+                free(flat);
+                return rc;
+            }
+        } else {
+            fso_model_init_block(&z->ranks[0].model, b, flat, &rng);
+        }
         for (int k = 0; k < FSO_N_KINDS && rc == 0; k++) {
             if (k == FSO_KIND_M)
                 memset(flat, 0, sizeof(float) * z->blocks[b].padded_elems);
@@ -415,13 +425,15 @@ int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t err
 {
     fso_zero *z = calloc(1, sizeof *z);
     fso_zero_buffers zb;
+    fso_hf_folder *hf = NULL;
     budget bud;
     int rc;
     if (!z) {
         snprintf(err, errlen, "out of host memory");
         return -ENOMEM;
     }
-    if ((rc = setup_layout(z, cfg, &zb, err, errlen)) < 0)
+    if ((rc = setup_layout(z, cfg, &zb, err, errlen)) < 0 ||
+        (cfg->init_from[0] && (rc = fso_hf_open(&hf, cfg->init_from, &cfg->model, err, errlen)) < 0))
         goto fail;
     if ((rc = fso_zero_save_init(z)) < 0) {
         snprintf(err, errlen, "out of host memory");
@@ -449,12 +461,14 @@ int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t err
     }
     if ((rc = open_collectives(z, err, errlen)) < 0 ||
         (rc = fso_zero_start_workers(z, err, errlen)) < 0 ||
-        (rc = initial_values(z, err, errlen)) < 0)
+        (rc = initial_values(z, hf, err, errlen)) < 0)
         goto fail;
+    fso_hf_close(hf);
     *out = z;
     return 0;
 
 fail:
+    fso_hf_close(hf);
     fso_zero_destroy(z);
     return rc < 0 ? rc : -ENOMEM;
 }

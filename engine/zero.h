@@ -58,7 +58,9 @@ typedef struct fso_zero fso_zero;
 /* Plan memory for cfg on cfg->world virtual CPU devices, check every tier's
  * budget (device cap, host memory, NVMe space) and fail before allocating
  * with a message naming the short tier and by how much; then allocate,
- * initialise the parameters from cfg->seed and zero the optimizer state.
+ * initialise the parameters from cfg->seed, or from the Hugging Face folder
+ * cfg->init_from (hf.h; checked before anything large is allocated, then
+ * read block by block into each block's tier), and zero the optimizer state.
  * Returns 0 or negative errno with the message in err. */
 int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t errlen);
 void fso_zero_destroy(fso_zero *z);
@@ -90,9 +92,9 @@ int fso_zero_finish(fso_zero *z, double *waited_ms, char *err, size_t errlen);
 int fso_zero_retier(fso_zero *z, const fso_offload_config *o, uint64_t *bytes_moved, char *err,
                     size_t errlen);
 
-/* Parameters in HF order (n_params floats). load_hf sets the master to hf
- * and the working parameters to hf (bf16: rounded to nearest even);
- * store_hf returns the fp32 master. */
+/* Parameters in HF order (n_params floats), moved one block at a time.
+ * load_hf sets the master to hf and the working parameters to hf (bf16:
+ * rounded to nearest even); store_hf returns the fp32 master. */
 int fso_zero_load_hf(fso_zero *z, const float *hf, char *err, size_t errlen);
 int fso_zero_store_hf(fso_zero *z, float *hf, char *err, size_t errlen);
 /* The working parameters in HF order, as the model computes from them:
@@ -100,6 +102,11 @@ int fso_zero_store_hf(fso_zero *z, float *hf, char *err, size_t errlen);
 int fso_zero_store_working_hf(fso_zero *z, float *hf, char *err, size_t errlen);
 /* The gradient accumulators in HF order, as left by the last step. */
 int fso_zero_store_grads_hf(fso_zero *z, float *hf, char *err, size_t errlen);
+/* Write the fp32 master as a Hugging Face folder (hf.h: fso_hf_export),
+ * one block at a time from wherever its shards live. Call between steps. */
+struct fso_hf_export_opts;
+int fso_zero_export_hf(fso_zero *z, const char *outdir, const struct fso_hf_export_opts *o,
+                       char *err, size_t errlen);
 /* Forward of rank 0 on one micro-batch (B*T tokens), logits (B*T, V) to host. */
 int fso_zero_forward_logits(fso_zero *z, const int32_t *inputs, float *logits, char *err,
                             size_t errlen);

@@ -1,6 +1,8 @@
-/* zero_hf.c — whole-model copies in Hugging Face's layout: loading
- * parameters, reading back the master, the working parameters and the
- * gradients, one block at a time through zero_shard.c. */
+/* zero_hf.c — the trainer's parameters in Hugging Face's order: set from a
+ * host array, read back into one (the master, the working parameters, the
+ * gradients), or written as a Hugging Face folder (hf.h). Each goes one
+ * block at a time through zero_shard.c, so host memory holds one block's
+ * flat buffer besides the caller's, never a copy of the model. */
 #include "zero_impl.h"
 
 #include <errno.h>
@@ -8,87 +10,80 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Host copies of every block's flat buffer (padded_elems each). */
-static float **flat_alloc(const fso_zero *z)
-{
-    float **flat = calloc((size_t)z->n_blocks, sizeof *flat);
-    if (!flat)
-        return NULL;
-    for (int b = 0; b < z->n_blocks; b++)
-        if (!(flat[b] = calloc(z->blocks[b].padded_elems, sizeof(float)))) {
-            for (int i = 0; i < b; i++)
-                free(flat[i]);
-            free(flat);
-            return NULL;
-        }
-    return flat;
-}
+#include "hf.h"
 
-static void flat_free(const fso_zero *z, float **flat)
-{
-    for (int b = 0; flat && b < z->n_blocks; b++)
-        free(flat[b]);
-    free(flat);
-}
+/* An fso_hf_source over kind k of the trainer's state: the block asked for
+ * is fetched from every device's shard into flat, then served from there. */
+typedef struct kind_source {
+    fso_zero *z;
+    fso_kind k;
+    int block;                   /* in flat, or -1 */
+    float *flat;                 /* (max_padded) */
+} kind_source;
 
-static int shards_xfer(fso_zero *z, float **flat, fso_kind k, int dir)
+static int kind_read(void *ctx, int block, const fso_tensor_desc *t, size_t first, size_t n,
+                     float *dst, char *err, size_t errlen)
 {
-    for (int b = 0; b < z->n_blocks; b++) {
-        int rc = fso_zero_block_xfer(z, b, flat[b], k, dir);
-        if (rc < 0)
+    kind_source *s = ctx;
+    if (s->block != block) {
+        s->block = -1;
+        int rc = fso_zero_block_xfer(s->z, block, s->flat, s->k, 1);
+        if (rc < 0) {
+            fso_zero_first_error(s->z, err, errlen);
             return rc;
+        }
+        s->block = block;
+    }
+    memcpy(dst, s->flat + t->offset_elems + first, sizeof(float) * n);
+    return 0;
+}
+
+/* Every update in, and a source over kind k. */
+static int kind_source_open(fso_zero *z, fso_kind k, kind_source *s, char *err, size_t errlen)
+{
+    double waited;
+    *s = (kind_source){.z = z, .k = k, .block = -1};
+    int rc = fso_zero_finish(z, &waited, err, errlen);
+    if (rc < 0)
+        return rc;
+    if (!(s->flat = malloc(sizeof(float) * z->max_padded))) {
+        snprintf(err, errlen, "out of host memory copying %s", fso_kind_name(k));
+        return -ENOMEM;
     }
     return 0;
 }
 
-static int load_flat(fso_zero *z, float **flat, char *err, size_t errlen)
-{
-    int rc;
-    if ((rc = shards_xfer(z, flat, FSO_KIND_PARAM, 0)) < 0 ||
-        (rc = shards_xfer(z, flat, FSO_KIND_MASTER, 0)) < 0)
-        fso_zero_first_error(z, err, errlen);
-    return rc;
-}
-
-/* Before a whole-model copy: every update in, and host buffers for all
- * blocks. NULL with err set on failure (*rc says why). */
-static float **whole_copy_begin(fso_zero *z, const char *what, int *rc, char *err, size_t errlen)
-{
-    double waited;
-    if ((*rc = fso_zero_finish(z, &waited, err, errlen)) < 0)
-        return NULL;
-    float **flat = flat_alloc(z);
-    if (!flat) {
-        snprintf(err, errlen, "out of host memory copying %s", what);
-        *rc = -ENOMEM;
-    }
-    return flat;
-}
-
 int fso_zero_load_hf(fso_zero *z, const float *hf, char *err, size_t errlen)
 {
-    int rc;
-    float **flat = whole_copy_begin(z, "parameters", &rc, err, errlen);
-    if (!flat)
-        return rc;
-    fso_model_flat_from_hf(&z->ranks[0].model, flat, hf);
-    rc = load_flat(z, flat, err, errlen);
-    flat_free(z, flat);
+    kind_source s;
+    int rc = kind_source_open(z, FSO_KIND_MASTER, &s, err, errlen);
+    const fso_block_layout *blocks = z->blocks;
+    for (int b = 0; rc == 0 && b < z->n_blocks; b++) {
+        memset(s.flat, 0, sizeof(float) * blocks[b].padded_elems);
+        for (int i = 0; i < blocks[b].n_tensors; i++) {
+            const fso_tensor_desc *d = &blocks[b].tensors[i];
+            memcpy(s.flat + d->offset_elems, hf, sizeof(float) * d->numel);
+            hf += d->numel;
+        }
+        if ((rc = fso_zero_block_xfer(z, b, s.flat, FSO_KIND_PARAM, 0)) < 0 ||
+            (rc = fso_zero_block_xfer(z, b, s.flat, FSO_KIND_MASTER, 0)) < 0)
+            fso_zero_first_error(z, err, errlen);
+    }
+    free(s.flat);
     return rc;
 }
 
 static int store_kind_hf(fso_zero *z, fso_kind k, float *hf, char *err, size_t errlen)
 {
-    int rc;
-    float **flat = whole_copy_begin(z, fso_kind_name(k), &rc, err, errlen);
-    if (!flat)
-        return rc;
-    rc = shards_xfer(z, flat, k, 1);
-    if (rc < 0)
-        fso_zero_first_error(z, err, errlen);
-    else
-        fso_model_flat_to_hf(&z->ranks[0].model, flat, hf);
-    flat_free(z, flat);
+    kind_source s;
+    int rc = kind_source_open(z, k, &s, err, errlen);
+    for (int b = 0; rc == 0 && b < z->n_blocks; b++)
+        for (int i = 0; rc == 0 && i < z->blocks[b].n_tensors; i++) {
+            const fso_tensor_desc *d = &z->blocks[b].tensors[i];
+            rc = kind_read(&s, b, d, 0, d->numel, hf, err, errlen);
+            hf += d->numel;
+        }
+    free(s.flat);
     return rc;
 }
 
@@ -105,4 +100,17 @@ int fso_zero_store_grads_hf(fso_zero *z, float *hf, char *err, size_t errlen)
 int fso_zero_store_working_hf(fso_zero *z, float *hf, char *err, size_t errlen)
 {
     return store_kind_hf(z, FSO_KIND_PARAM, hf, err, errlen);
+}
+
+int fso_zero_export_hf(fso_zero *z, const char *outdir, const fso_hf_export_opts *o, char *err,
+                       size_t errlen)
+{
+    kind_source s;
+    int rc = kind_source_open(z, FSO_KIND_MASTER, &s, err, errlen);
+    if (rc < 0)
+        return rc;
+    fso_hf_source src = {.ctx = &s, .read = kind_read};
+    rc = fso_hf_export(outdir, &z->cfg->model, o, &src, err, errlen);
+    free(s.flat);
+    return rc;
 }

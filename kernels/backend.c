@@ -13,6 +13,7 @@
 
 #include "coll.h"
 #include "cpu_async.h"
+#include "rope.h"
 #include "cpu_common.h"
 #include "pool.h"
 
@@ -184,13 +185,5 @@ void fso_cpu_sum(fso_backend *be, double *out, const float *x, size_t n)
 
 void fso_rope_tables(float *cos_t, float *sin_t, int T, int D, double theta)
 {
-    int half = D / 2;
-    for (int i = 0; i < half; i++) {
-        double inv_freq = 1.0 / pow(theta, (2.0 * i) / D);
-        for (int t = 0; t < T; t++) {
-            double a = t * inv_freq;
-            cos_t[(size_t)t * half + i] = (float)cos(a);
-            sin_t[(size_t)t * half + i] = (float)sin(a);
-        }
-    }
+    fso_rope_tables_scaled(cos_t, sin_t, T, D, theta, NULL);
 }

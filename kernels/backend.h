@@ -244,7 +244,8 @@ void fso_host_sqnorm(struct fso_pool *pool, double *out, const float *x, size_t 
 /* The CPUs this process may run on (sched_getaffinity), at least 1. */
 int fso_cpu_count(void);
 
-/* RoPE tables: cos, sin (T, D/2) for positions 0..T-1, HF's inv_freq. */
+/* RoPE tables: cos, sin (T, D/2) for positions 0..T-1, HF's inv_freq unscaled
+ * (rope.h builds them with rope_scaling). */
 void fso_rope_tables(float *cos, float *sin, int T, int D, double theta);
 
 #endif

@@ -116,6 +116,27 @@ else
     bad "two devices with state on NVMe, files cleaned up" "$(cat "$TMP/err")" "$(ls -A "$TMP/nv0" "$TMP/nv1")"
 fi
 
+# --- Hugging Face folders (--init-from)
+HF="$SRC/tests/fixtures/hf/llama3_tied_f16"
+python_free_tokens 600 64 >"$TMP/tok64.bin"
+mkdir -p "$TMP/hfnv"
+if "$FSOFF" --init-from "$HF" --data "$TMP/tok64.bin" --steps 2 --devices cpu:2 --nvme "$TMP/hfnv" \
+       --set data.seq_len=16 >"$TMP/out" 2>"$TMP/err" &&
+   grep -q "parameters from Hugging Face folder $HF, rope_scaling llama3" "$TMP/out" &&
+   grep -q 'vocab 64, tied head' "$TMP/out" && grep -q '^step     2/2 | loss' "$TMP/out"; then
+    ok "init-from a sharded F16 folder on two devices with state on NVMe"
+else
+    bad "init-from a sharded F16 folder on two devices with state on NVMe" "$(cat "$TMP/err")" "$(head -5 "$TMP/out")"
+fi
+expect_error "init-from a disagreeing key" "--set model.num_hidden_layers=3" \
+    "model.num_hidden_layers: 3 (number) disagrees with $HF/config.json:" -- \
+    --init-from "$HF" --set model.num_hidden_layers=3
+expect_error "init-from a missing folder" "--set model.init_from=" "$TMP/nohf/config.json: cannot read" -- \
+    --init-from "$TMP/nohf"
+mkdir -p "$TMP/noweights" && cp "$HF/config.json" "$TMP/noweights/"
+expect_error "init-from a folder without weights" "$TMP/noweights: has no model.safetensors" -- \
+    --init-from "$TMP/noweights" --data "$TMP/tok64.bin" --set data.seq_len=16 --steps 1
+
 # --- good runs
 if "$FSOFF" --steps 3 --data "$TMP/good.bin" --metrics "$TMP/m1.jsonl" "${SMALL[@]}" >"$TMP/out" 2>"$TMP/err"; then
     miss=""

@@ -424,7 +424,7 @@ static void test_heads_must_divide_hidden(void **state)
                                "}\n"),
                      -EINVAL);
     expect_err(&c, "%s:4:5: model.num_attention_heads: must divide model.hidden_size (128), got "
-                   "5; pick a head count that divides it", t->file);
+                   "5; pick a head count that divides it, or give model.head_dim", t->file);
 }
 
 static void test_kv_heads_must_divide_heads(void **state)
@@ -452,13 +452,19 @@ static void test_head_dim_rules(void **state)
                    "need an even head_dim, so pick a head count that leaves an even quotient",
                t->file);
 
+    /* A head_dim of its own (q, k, v project to heads x head_dim), as LlamaConfig allows;
+     * then hidden_size need not divide by the heads. */
+    if (load_text(t, &c,
+                  "{\"model\": {\"hidden_size\": 128, \"num_attention_heads\": 3, "
+                  "\"num_key_value_heads\": 1, \"head_dim\": 64}}") != 0)
+        fail_msg("%s", c.err);
+    assert_int_equal(c.model.head_dim, 64);
     assert_int_equal(load_text(t, &c,
                                "{\"model\": {\"hidden_size\": 128, \"num_attention_heads\": 4, "
-                               "\"head_dim\": 64}}"),
+                               "\"head_dim\": 15}}"),
                      -EINVAL);
-    expect_err(&c, "%s:1:58: model.head_dim: must equal model.hidden_size / "
-                   "model.num_attention_heads (128 / 4 = 32), got 64; fsoff has no separate head "
-                   "size, so drop head_dim or set it to 32", t->file);
+    expect_err(&c, "%s:1:58: model.head_dim: must be even (rotary embeddings turn pairs of "
+                   "elements), got 15", t->file);
 
     if (load_text(t, &c,
                   "{\"model\": {\"hidden_size\": 128, \"num_attention_heads\": 4, "
@@ -491,8 +497,16 @@ static void test_unsupported_llama_features_fail(void **state)
     expect_err(&c, "%s:1:12: model.hidden_act: fsoff's MLP is SwiGLU, so this must be \"silu\", "
                    "got \"gelu\"", t->file);
     assert_int_equal(load_text(t, &c, "{\"model\": {\"rope_scaling\": {\"factor\": 8}}}"), -EINVAL);
-    expect_err(&c, "%s:1:12: model.rope_scaling: RoPE scaling is not supported; set it to null, "
-                   "got {...} (object)", t->file);
+    expect_err(&c, "%s:1:12: model.rope_scaling: has no \"rope_type\"; fsoff implements "
+                   "\"linear\" and \"llama3\"", t->file);
+    assert_int_equal(load_text(t, &c, "{\"model\": {\"rope_scaling\": {\"rope_type\": \"yarn\", "
+                                      "\"factor\": 4}}}"), -EINVAL);
+    expect_err(&c, "%s:1:29: model.rope_scaling.rope_type: RoPE scaling of type \"yarn\" is not "
+                   "supported; fsoff implements \"linear\" and \"llama3\"", t->file);
+    assert_int_equal(load_text(t, &c, "{\"model\": {\"rope_scaling\": {\"type\": \"dynamic\", "
+                                      "\"factor\": 4}}}"), -EINVAL);
+    expect_err(&c, "%s:1:29: model.rope_scaling.type: RoPE scaling of type \"dynamic\" is not "
+                   "supported; fsoff implements \"linear\" and \"llama3\"", t->file);
     assert_int_equal(load_text(t, &c, "{\"model\": {\"attention_bias\": true}}"), -EINVAL);
     expect_err(&c, "%s:1:12: model.attention_bias: biases are not supported (Llama has none); "
                    "set it to false", t->file);

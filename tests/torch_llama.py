@@ -5,7 +5,9 @@ bench/cpu_vs_torch.py (float32, as a speed baseline). Semantics follow the
 Hugging Face LlamaConfig / LlamaForCausalLM conventions:
 
   * pre-norm blocks with RMSNorm(x) = x / sqrt(mean(x^2) + eps) * w
-  * rotary embeddings in the rotate-half layout
+  * rotary embeddings in the rotate-half layout, with rope_scaling of type
+    "linear" or "llama3" as transformers' ROPE_INIT_FUNCTIONS compute them
+  * head_dim from the config when given (q/k/v project to heads * head_dim)
   * grouped-query attention (query head h reads kv head h // (H / Hkv))
   * SwiGLU MLP: down(silu(gate(h)) * up(h))
   * optional tying of the LM head to the token embedding
@@ -38,10 +40,12 @@ class LlamaCfg:
     rms_norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     tie_word_embeddings: bool = False
+    head_dim: int = None          # None: hidden_size // num_attention_heads
+    rope_scaling: dict = None     # None, or {"rope_type": "linear"|"llama3", ...}
 
-    @property
-    def head_dim(self):
-        return self.hidden_size // self.num_attention_heads
+    def __post_init__(self):
+        if self.head_dim is None:
+            self.head_dim = self.hidden_size // self.num_attention_heads
 
     @staticmethod
     def from_dict(d):
@@ -84,14 +88,38 @@ class Linear(nn.Module):
         return F.linear(x, self.weight)
 
 
-def rope_tables(T, D, theta, dtype, device=None):
+def inv_freq(D, theta, scaling=None, device=None):
+    """The D/2 rotary frequencies in float64, with transformers' rope_scaling:
+    linear divides every frequency by the factor; llama3 (Llama 3.1) keeps the
+    high frequencies, divides the low ones (wavelength above
+    original_max_position_embeddings / low_freq_factor) by the factor and
+    blends the ones in between."""
+    i = torch.arange(0, D // 2, dtype=torch.float64, device=device)
+    f = 1.0 / (theta ** (2.0 * i / D))
+    kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+    if kind == "default":
+        return f
+    factor = scaling["factor"]
+    if kind == "linear":
+        return f / factor
+    assert kind == "llama3", kind
+    lo, hi = scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old_len = scaling["original_max_position_embeddings"]
+    low_freq_wavelen, high_freq_wavelen = old_len / lo, old_len / hi
+    wavelen = 2 * math.pi / f
+    f_llama = torch.where(wavelen > low_freq_wavelen, f / factor, f)
+    smooth = (old_len / wavelen - lo) / (hi - lo)
+    smoothed = (1 - smooth) * f_llama / factor + smooth * f_llama
+    medium = ~(wavelen < high_freq_wavelen) & ~(wavelen > low_freq_wavelen)
+    return torch.where(medium, smoothed, f_llama)
+
+
+def rope_tables(T, D, theta, dtype, device=None, scaling=None):
     """cos/sin tables of shape (T, D), duplicated over both halves."""
     # Compute angles in float64 and cast at the end so float32 runs see the
     # best-rounded table rather than float32-accumulated error.
-    i = torch.arange(0, D // 2, dtype=torch.float64, device=device)
-    inv_freq = 1.0 / (theta ** (2.0 * i / D))
     t = torch.arange(T, dtype=torch.float64, device=device)
-    ang = torch.outer(t, inv_freq)                      # (T, D/2)
+    ang = torch.outer(t, inv_freq(D, theta, scaling, device))   # (T, D/2)
     emb = torch.cat([ang, ang], dim=-1)                 # (T, D)
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
@@ -241,7 +269,8 @@ class LlamaForCausalLM(nn.Module):
     def _rope_tables(self, T, device):
         key = (T, device)
         if self._rope is None or self._rope[0] != key:
-            cos, sin = rope_tables(T, self.cfg.head_dim, self.cfg.rope_theta, self.dtype, device)
+            cos, sin = rope_tables(T, self.cfg.head_dim, self.cfg.rope_theta, self.dtype, device,
+                                   self.cfg.rope_scaling)
             self._rope = (key, cos, sin)
         return self._rope[1], self._rope[2]
 

@@ -1,0 +1,115 @@
+/* hf.h — Hugging Face Llama folders: reading one into fsoff's blocks
+ * (`--init-from DIR`, model.init_from) and writing one (export).
+ *
+ * A folder holds config.json (LlamaConfig; engine/config_hf.c reads it into
+ * the "model" section) and the weights in safetensors (safetensors.h):
+ * model.safetensors, or shards listed by model.safetensors.index.json.
+ * Tensor names and shapes are transformers' LlamaForCausalLM ones, in the
+ * order of model.h's block tables ("Hugging Face order"): embed_tokens,
+ * per layer input_layernorm, q/k/v/o_proj, post_attention_layernorm,
+ * gate/up/down_proj, model.norm, lm_head. With tie_word_embeddings there is
+ * no lm_head.weight in the files, as transformers saves it.
+ *
+ * Neither direction holds the whole model in memory. Reading fills one
+ * block's flat buffer at a time straight from the files (pread, converted
+ * to fp32 in pieces), and the trainer moves it to the tier where that
+ * block's shards live (zero_shard.c). Writing asks a source for each
+ * tensor's fp32 values a piece at a time, rounds them to the chosen type
+ * and appends them to the current shard.
+ *
+ * STABLE INTERFACE: fso_hf_source, fso_hf_export_opts and fso_hf_export are
+ * what `fsoff export CKPT OUTDIR` builds on (a checkpoint reader is a
+ * source). Change them only together with their users.
+ */
+#ifndef FSO_HF_H
+#define FSO_HF_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "config.h"
+#include "model.h"
+
+/* ------------------------------------------------------------------ export */
+
+/* What an exported folder's shards hold. fp32 values are rounded to nearest
+ * even; a finite value beyond fp16's range is an error naming the tensor. */
+typedef enum fso_hf_dtype { FSO_HF_F32 = 0, FSO_HF_BF16, FSO_HF_F16 } fso_hf_dtype;
+
+/* "fp32", "bf16", "fp16" (also "float32", "bfloat16", "float16"): 0, or
+ * -EINVAL for anything else. */
+int fso_hf_dtype_parse(const char *s, fso_hf_dtype *out);
+/* "fp32", "bf16", "fp16". */
+const char *fso_hf_dtype_name(fso_hf_dtype d);
+
+/* Largest piece of a tensor one read() is asked for (16 MiB of fp32). */
+#define FSO_HF_PIECE_ELEMS ((size_t)4 << 20)
+
+/* Where the exported values come from: the live trainer's fp32 master
+ * (fso_zero_export_hf, zero.h), or a checkpoint. */
+typedef struct fso_hf_source {
+    void *ctx;
+    /* Put elements [first, first + n) of tensor t of block `block` into dst
+     * as fp32, row-major as PyTorch stores the tensor. t is an entry of
+     * fso_model_layout()'s table for the exported model: t->name is the
+     * Hugging Face name, t->numel its size, t->offset_elems its place in
+     * the block's flat buffer (the same for every world size). The writer
+     * asks for the blocks 0 .. L+1 in order, each block's tensors in table
+     * order, each tensor in pieces back to back from element 0, n at most
+     * FSO_HF_PIECE_ELEMS: a source can stream block by block. Returns 0, or
+     * a negative errno with a message in err; the writer then stops,
+     * removes the files it wrote and returns that error. */
+    int (*read)(void *ctx, int block, const fso_tensor_desc *t, size_t first, size_t n,
+                float *dst, char *err, size_t errlen);
+} fso_hf_source;
+
+typedef struct fso_hf_export_opts {
+    fso_hf_dtype dtype;
+    uint64_t max_shard_bytes;   /* 0: FSO_HF_MAX_SHARD_BYTES; a tensor larger than the
+                                   limit gets a shard of its own, as transformers does */
+} fso_hf_export_opts;
+
+#define FSO_HF_MAX_SHARD_BYTES ((uint64_t)5000000000) /* transformers' "5GB" */
+
+/* Write a Hugging Face folder for model `mc` into outdir (created when
+ * missing, mode 0755; refused when it already holds config.json or
+ * model*.safetensors*): config.json, then model.safetensors, or shards
+ * model-00001-of-0000N.safetensors of at most max_shard_bytes each (header
+ * included) with model.safetensors.index.json. Every file gets
+ * {"format": "pt"} metadata, is written under a temporary name, fsynced
+ * and renamed into place; the index comes last, so a folder with an index
+ * is complete. Returns 0, or a negative errno with a message naming the
+ * file (and the tensor) in err, having removed what it wrote. */
+int fso_hf_export(const char *outdir, const fso_model_config *mc, const fso_hf_export_opts *o,
+                  const fso_hf_source *src, char *err, size_t errlen);
+
+/* config.json for model mc whose shards hold dtype (config_hf.c): LlamaConfig's
+ * keys, rope_scaling, tie_word_embeddings, torch_dtype. 0 or -EIO. */
+int fso_hf_config_write(FILE *f, const fso_model_config *mc, fso_hf_dtype dtype);
+
+/* ------------------------------------------------------------------ import */
+
+typedef struct fso_hf_folder fso_hf_folder;
+
+/* Open the weights of folder dir for model mc (its "model" section, as
+ * config_hf.c read it from dir/config.json): model.safetensors when it
+ * exists, else model.safetensors.index.json and the shards it names. Every
+ * file's header is checked as the safetensors reference implementation
+ * does (safetensors.h), and every tensor the model needs must be there with
+ * its shape and dtype F32, BF16 or F16; a tensor the model does not have is
+ * refused by name (biases among them), except transformers' rotary
+ * inv_freq buffers and, when tied, lm_head.weight, which are skipped as
+ * transformers skips them. Nothing is read but headers. 0 or a negative
+ * errno with a message naming the file and the tensor in err. */
+int fso_hf_open(fso_hf_folder **out, const char *dir, const fso_model_config *mc, char *err,
+                size_t errlen);
+void fso_hf_close(fso_hf_folder *h);
+
+/* Block b's tensors as fp32 into flat at their offsets (fso_model_layout's,
+ * the same for every world size), zeros between them; flat's padding after
+ * the last tensor is left as it is. Read straight from the files: 0 or a
+ * negative errno with err (a short read names the file and offset). */
+int fso_hf_read_block(fso_hf_folder *h, int block, float *flat, char *err, size_t errlen);
+
+#endif
