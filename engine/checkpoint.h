@@ -41,6 +41,7 @@
 #include <stdint.h>
 
 #include "config.h"
+#include "hf.h"
 #include "zero.h"
 
 #define FSO_CKPT_FORMAT "fsoff-checkpoint"
@@ -158,5 +159,11 @@ int fso_ckpt_tensors_begin(fso_ckpt *ck, size_t slice_bytes, fso_ckpt_iter **out
 /* 1 with the next slice in *t, 0 after the last, negative errno with err. */
 int fso_ckpt_tensors_next(fso_ckpt_iter *it, fso_ckpt_tensor *t, char *err, size_t errlen);
 void fso_ckpt_tensors_end(fso_ckpt_iter *it);
+
+/* The master as a Hugging Face folder (hf.h, fso_hf_export): config.json
+ * and safetensors of o->dtype, streamed from the checkpoint. 0 or negative
+ * errno with err. */
+int fso_ckpt_export_hf(fso_ckpt *ck, const char *outdir, const fso_hf_export_opts *o,
+                       char *err, size_t errlen);
 
 #endif

@@ -22,7 +22,8 @@ static void usage(FILE *f)
             "usage: fsoff [train] [options]\n"
             "       fsoff bench nvme|adam|h2d|allgather [options]   offload bandwidth benchmarks\n"
             "       fsoff plan [options]              memory per tier, placement, predicted step\n"
-
+            "       fsoff export CKPT OUTDIR [--dtype fp32|bf16|fp16]   a checkpoint as a\n"
+            "                                         Hugging Face folder\n"
             "\n"
             "Train a Llama-family model. With no options, trains the default job: a\n"
             "0.8M-parameter model on a built-in corpus, on the CPU.\n"
@@ -184,7 +185,7 @@ int fso_cli_main(int argc, char **argv)
     if (argc > 1 && argv[1][0] != '-') {
         if (strcmp(argv[1], "train") != 0) {
             fprintf(stderr, "fsoff: error: unknown command '%s'; the commands are 'train' "
-                            "(the default), 'plan' and 'bench'; see fsoff --help\n", argv[1]);
+                            "(the default), 'plan', 'bench' and 'export'; see fsoff --help\n", argv[1]);
             goto out;
         }
         argv[1] = argv[0];

@@ -734,7 +734,8 @@ static const key_spec zero_keys[] = {
     {"stage3_max_live_parameters", ZERO_SCHED},
     {"stage3_max_reuse_distance", ZERO_SCHED},
     {"stage3_param_persistence_threshold", ZERO_SCHED},
-    {"stage3_gather_16bit_weights_on_model_save", "fsoff has no checkpoint export yet"},
+    {"stage3_gather_16bit_weights_on_model_save", "fsoff export writes any checkpoint as "
+                                                  "a Hugging Face folder"},
     {"sub_group_size", "the optimizer works block by block"},
     {"round_robin_gradients", "gradients are reduce-scattered per block"},
     {NULL, NULL},

@@ -1,9 +1,11 @@
 /* main.c — the fsoff executable: `fsoff plan` (plan_cli.h), `fsoff bench`
- * (bench/bench.h), and otherwise training (cli.h). */
+ * (bench/bench.h), `fsoff export` (export_cli.h), and otherwise training
+ * (cli.h). */
 #include <string.h>
 
 #include "bench.h"
 #include "cli.h"
+#include "export_cli.h"
 #include "plan_cli.h"
 
 int main(int argc, char **argv)
@@ -12,5 +14,7 @@ int main(int argc, char **argv)
         return fso_bench_main(argc - 1, argv + 1);
     if (argc > 1 && strcmp(argv[1], "plan") == 0)
         return fso_plan_main(argc - 1, argv + 1);
+    if (argc > 1 && strcmp(argv[1], "export") == 0)
+        return fso_export_main(argc - 1, argv + 1);
     return fso_cli_main(argc, argv);
 }

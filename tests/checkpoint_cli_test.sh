@@ -206,6 +206,26 @@ expect_error "save-every not a number" "--save-every x" -- --save-every x
 touch "$TMP/afile"
 expect_error "save into a file" "$TMP/afile" "not a folder" -- "${SMALL[@]}" -n 1 --save "$TMP/afile"
 
+# --- fsoff export: a Hugging Face folder that --init-from reads back; damage named
+if "$FSOFF" export "$TMP/ref" "$TMP/hf" --dtype bf16 >"$TMP/out" 2>"$TMP/err" &&
+   grep -q "^fsoff: export: step $STEPS of $TMP/ref/step-" "$TMP/out" &&
+   [ -s "$TMP/hf/config.json" ] && [ -s "$TMP/hf/model.safetensors" ] &&
+   "$FSOFF" --init-from "$TMP/hf" -n 1 --set data.seq_len=32 >"$TMP/out" 2>"$TMP/err" &&
+   grep -q "parameters from Hugging Face folder $TMP/hf" "$TMP/out"; then
+    ok "export a checkpoint (bf16) and train from the folder"
+else
+    bad "export a checkpoint and train from the folder" "$(cat "$TMP/err")"
+fi
+expect_error "export into a folder that has one" "$TMP/hf" -- export "$TMP/ref" "$TMP/hf"
+expect_error "export --dtype" "--dtype fp8" -- export "$TMP/ref" "$TMP/hf2" --dtype fp8
+expect_error "export without OUTDIR" "expected CKPT and OUTDIR" -- export "$TMP/ref"
+cp -r "$TMP/ref" "$TMP/bad"
+state="$(final_state "$TMP/bad")"
+printf "QQQQ" | dd of="$state" bs=1 seek=5000 conv=notrunc 2>/dev/null # not what is there
+expect_error "export of a corrupted checkpoint" "$state: offset 0: checksum mismatch" -- \
+    export "$TMP/bad" "$TMP/hf3"
+[ -e "$TMP/hf3" ] && bad "export of a corrupted checkpoint leaves no folder" "$(ls -A "$TMP/hf3")"
+
 # harmless changes are said in one line
 if "$FSOFF" "${SMALL[@]}" -n $((STEPS + 2)) --devices cpu:2 --set train_micro_batch_size_per_gpu=2 \
        --resume "$TMP/ref" >"$TMP/out" 2>"$TMP/err" &&

@@ -15,7 +15,8 @@
  *    goes on and the next save works;
  *  - `keep` deletes the oldest only after a newer is complete, and follows
  *    no symlink; the save dir's lock keeps a second saver out;
- *  - the master comes out tensor by tensor in Hugging Face's order.
+ *  - the master comes out tensor by tensor in Hugging Face's order, and
+ *    exported (fsoff export) reads back with --init-from bit for bit in fp32.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -797,6 +798,72 @@ static void test_tensors_come_out_in_hugging_face_order(void **state)
     rm_tree(dir);
 }
 
+/* fsoff export's conversion: the folder read back with --init-from gives
+ * the checkpoint's master bit for bit in fp32; bf16 is the master rounded. */
+static void test_export_round_trip_is_bit_exact_in_fp32(void **state)
+{
+    (void)state;
+    fso_config cfg;
+    char dir[512], out[600], err[1024], set[700];
+    fso_ckpt_saver *sv;
+    job j;
+    double l, n;
+    config_for(&cfg, 2, FSO_TIER_HOST, FSO_TIER_NVME);
+    cfg.model.tie_word_embeddings = false;
+    save_dir(dir, sizeof dir, "export");
+    assert_int_equal(fso_ckpt_saver_create(&sv, dir, 2, err, sizeof err), 0);
+    job_open(&j, &cfg);
+    job_step(&j, &l, &n);
+    save_begin(&j, sv);
+    assert_int_equal(save_wait(sv).rc, 0);
+    size_t np;
+    float *master = job_params(&j, &np);
+    job_close(&j);
+    fso_ckpt_saver_destroy(sv);
+
+    const fso_hf_dtype types[] = {FSO_HF_F32, FSO_HF_BF16};
+    for (int d = 0; d < 2; d++) {
+        fso_ckpt *ck;
+        fso_hf_export_opts o = {.dtype = types[d]};
+        path_in(out, sizeof out, "export-%s", fso_hf_dtype_name(types[d]));
+        rm_tree(out);
+        assert_int_equal(fso_ckpt_open(&ck, dir, err, sizeof err), 0);
+        if (fso_ckpt_export_hf(ck, out, &o, err, sizeof err) < 0)
+            fail_msg("export: %s", err);
+        fso_ckpt_close(ck);
+
+        fso_config from;
+        fso_config_defaults(&from);
+        char *sets[] = {set, "data.seq_len=32", "train_micro_batch_size_per_gpu=4"};
+        snprintf(set, sizeof set, "model.init_from=\"%s\"", out);
+        if (fso_config_load_all(&from, NULL, sets, 3) < 0)
+            fail_msg("config: %s", from.err);
+        from.threads = 2;
+        job_open(&j, &from);
+        size_t n2;
+        float *back = job_params(&j, &n2);
+        assert_int_equal(n2, np);
+        for (size_t i = 0; i < np; i++) {
+            float want = master[i];
+            if (types[d] == FSO_HF_BF16) { /* round to nearest even */
+                uint32_t u;
+                memcpy(&u, &want, 4);
+                u = (u + 0x7fff + ((u >> 16) & 1)) & 0xffff0000u;
+                memcpy(&want, &u, 4);
+            }
+            if (memcmp(&back[i], &want, sizeof(float)) != 0)
+                fail_msg("%s: parameter %zu: %.9g read back, %.9g in the checkpoint",
+                         fso_hf_dtype_name(types[d]), i, back[i], master[i]);
+        }
+        free(back);
+        job_close(&j);
+        fso_config_free(&from);
+        rm_tree(out);
+    }
+    free(master);
+    rm_tree(dir);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -830,6 +897,7 @@ int main(void)
         cmocka_unit_test(test_eio_while_saving_loses_nothing),
         cmocka_unit_test(test_keep_deletes_the_oldest_after_a_newer_is_complete),
         cmocka_unit_test(test_tensors_come_out_in_hugging_face_order),
+        cmocka_unit_test(test_export_round_trip_is_bit_exact_in_fp32),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
