@@ -307,6 +307,8 @@ static void test_config_json_loads_back_to_the_same_values(void **state)
     c.model.rope_theta = 500000.0;
     c.model.rms_norm_eps = 1e-5;
     c.model.tie_word_embeddings = true;
+    c.model.head_dim = 32; /* a head size of its own */
+    c.model.rope_scaling = (fso_rope_scaling){FSO_ROPE_LLAMA3, 8.0, 1.0, 4.0, 128};
     json_t *j = fso_config_to_json(&c);
     assert_non_null(j);
     path_in(path, sizeof path, "config.json");
@@ -325,6 +327,8 @@ static void test_config_json_loads_back_to_the_same_values(void **state)
                 back.optim.beta2 == c.optim.beta2 && back.sched.total_num_steps == 40 &&
                 back.offload.optim_tier == FSO_TIER_NVME && back.checkpoint.keep == 3 &&
                 back.model.rope_theta == 500000.0 && back.seed == 99 &&
+                back.model.head_dim == 32 && back.model.rope_scaling.type == FSO_ROPE_LLAMA3 &&
+                back.model.rope_scaling.original_max_position_embeddings == 128 &&
                 strcmp(back.data.path, c.data.path) == 0);
     /* one change is one line */
     back.optim.lr = 2e-4;
