@@ -14,8 +14,10 @@
 #   2. fsoff --resume loads that checkpoint (every chunk checked): the load
 #      throughput is state.bin's bytes over the time the resume line reports;
 #   3. fio writes the same number of bytes to a new file in DIR (io_uring,
-#      --direct=1, 8 MiB blocks, queue depth 32, fallocate'd, --end_fsync=1),
-#      then reads it back the same way.
+#      --direct=1, 8 MiB blocks, queue depth 32, fallocate'd, --end_fsync=1)
+#      before fsoff trains and again after, and reads it back before fsoff
+#      loads and again after: fsoff's side is compared with the mean of the
+#      two, so a drive whose speed drifts (shared machines) drifts for both.
 # Prints each round, then the median of the ratios fsoff/fio. The goal is a
 # save at least 0.8 of fio's write. GB = 1e9 bytes.
 #
@@ -65,18 +67,28 @@ print("%.4f" % (j["jobs"][0][sys.argv[2]]["bw_bytes"] / 1e9))' "$work/fio.json" 
 read -r -a model <<<"$MODEL"
 read -r -a extra <<<"$FSOFF_ARGS"
 : >"$work/rows"
+mean() { python3 -c 'import sys; print((float(sys.argv[1]) + float(sys.argv[2])) / 2)' "$1" "$2"; }
+state=0
 for ((r = 1; r <= ROUNDS; r++)); do
     rm -rf "$ckpt"
+    if [ "$state" -gt 0 ]; then # the size is known after the first round's save
+        rm -f "$fiofile"
+        w1=$(fio_gbps write "$state")
+        rm -f "$fiofile"
+    fi
     "$FSOFF" "${model[@]}" "${extra[@]}" --steps 4 --save "$ckpt" --save-every 2 --keep 1 \
         --metrics "$work/m.jsonl" >"$work/train.out" 2>"$work/train.err" ||
         { cat "$work/train.err" >&2; die "fsoff failed training"; }
+    state=$(stat -c %s "$ckpt/step-00000004/state.bin")
+    w2=$(fio_gbps write "$state")
+    [ "$r" -gt 1 ] || w1=$w2
+    r1=$(fio_gbps read "$state")
     "$FSOFF" "${model[@]}" "${extra[@]}" --steps 4 --resume "$ckpt" >"$work/load.out" \
         2>"$work/load.err" || { cat "$work/load.err" >&2; die "fsoff failed loading"; }
-    state=$(stat -c %s "$ckpt/step-00000004/state.bin")
+    r2=$(fio_gbps read "$state")
     rm -f "$fiofile"
-    w=$(fio_gbps write "$state")
-    rd=$(fio_gbps read "$state")
-    rm -f "$fiofile"
+    w=$(mean "$w1" "$w2")
+    rd=$(mean "$r1" "$r2")
     python3 - "$work/m.jsonl" "$work/load.out" "$state" "$w" "$rd" >>"$work/rows" <<'EOF'
 import json, re, sys
 ev = {}

@@ -20,6 +20,9 @@ int fso_ckpt_remove_folder(const char *path);
  * the name is not one. */
 int64_t fso_ckpt_step_of_name(const char *name);
 
+/* Tests: read as where io_uring is forbidden, one chunk at a time. */
+void fso_ckpt_read_without_uring(fso_ckpt *ck);
+
 /* Tests: the next saves' state.bin goes through a fault-injecting store. */
 void fso_ckpt_saver_inject_faults(fso_ckpt_saver *sv, const fso_fault_spec *spec);
 

@@ -364,6 +364,13 @@ void fso_ckpt_close(fso_ckpt *ck)
     free(ck);
 }
 
+void fso_ckpt_read_without_uring(fso_ckpt *ck)
+{
+    if (ck->ring_up)
+        io_uring_queue_exit(&ck->ring);
+    ck->ring_up = false;
+}
+
 const char *fso_ckpt_path(const fso_ckpt *ck)
 {
     return ck->path;
@@ -435,63 +442,159 @@ static int read_error(const fso_ckpt *ck, uint64_t off, int e, char *err, size_t
     return -(e ? e : EIO);
 }
 
-/* The chunks [i, j) into dst, several reads in flight (io_uring), each
- * chunk checked as it arrives. */
-static int read_ring(fso_ckpt *ck, size_t i, size_t j, char *dst, char *err, size_t errlen)
+/* Reads of whole chunks, READ_DEPTH in flight (io_uring), each checked as it
+ * arrives, for up to two regions of state.bin at a time: the load reads
+ * the next region while the trainer takes the one before. Without io_uring
+ * (a container may forbid it) a region is read when it begins, one chunk
+ * at a time. */
+typedef struct region {
+    size_t next, end;         /* chunks [next, end) not yet asked for */
+    size_t left;              /* chunks not yet in and checked */
+    char *dst;                /* where the region's first chunk goes */
+    uint64_t base;            /* its offset in the file */
+} region;
+
+typedef struct reader {
+    fso_ckpt *ck;
+    region reg[2];
+    struct {
+        int reg;
+        size_t c;
+        uint64_t got;
+    } slot[READ_DEPTH];
+    int free_slots[READ_DEPTH], n_free, inflight;
+    int rc;                   /* the first failure; err has it */
+    char *err;
+    size_t errlen;
+} reader;
+
+static void reader_init(reader *r, fso_ckpt *ck, char *err, size_t errlen)
 {
-    struct { size_t c; uint64_t got; } slot[READ_DEPTH];
-    int free_slots[READ_DEPTH], n_free = READ_DEPTH, rc = 0, inflight = 0;
-    const uint64_t base = ck->chunks[i].off;
+    memset(r, 0, sizeof *r);
+    r->ck = ck;
+    r->err = err;
+    r->errlen = errlen;
+    r->n_free = READ_DEPTH;
     for (int k = 0; k < READ_DEPTH; k++)
-        free_slots[k] = k;
-    size_t next = i;
-    while ((next < j || inflight) && rc == 0) {
-        for (; next < j && n_free; next++) { /* whole chunks, one read each */
-            int k = free_slots[--n_free];
-            struct io_uring_sqe *sqe = io_uring_get_sqe(&ck->ring);
-            slot[k].c = next;
-            slot[k].got = 0;
-            io_uring_prep_read(sqe, ck->fd, dst + (ck->chunks[next].off - base),
-                               (unsigned)ck->chunks[next].bytes, ck->chunks[next].off);
-            io_uring_sqe_set_data64(sqe, (uint64_t)k);
-            inflight++;
+        r->free_slots[k] = k;
+}
+
+static void issue(reader *r, int k)
+{
+    const chunk *c = &r->ck->chunks[r->slot[k].c];
+    const region *g = &r->reg[r->slot[k].reg];
+    struct io_uring_sqe *sqe = io_uring_get_sqe(&r->ck->ring);
+    io_uring_prep_read(sqe, r->ck->fd, g->dst + (c->off - g->base) + r->slot[k].got,
+                       (unsigned)(c->bytes - r->slot[k].got), c->off + r->slot[k].got);
+    io_uring_sqe_set_data64(sqe, (uint64_t)k);
+}
+
+/* Ask for what the regions still need, the older region first. */
+static void fill(reader *r, int first)
+{
+    for (int i = 0; i < 2; i++) {
+        region *g = &r->reg[(first + i) & 1];
+        for (; g->next < g->end && r->n_free; g->next++) {
+            int k = r->free_slots[--r->n_free];
+            r->slot[k].reg = (first + i) & 1;
+            r->slot[k].c = g->next;
+            r->slot[k].got = 0;
+            issue(r, k);
+            r->inflight++;
         }
+    }
+    io_uring_submit(&r->ck->ring);
+}
+
+/* One completion: the rest of a short read asked for again, or a chunk in
+ * and checked. */
+static void complete_one(reader *r)
+{
+    fso_ckpt *ck = r->ck;
+    struct io_uring_cqe *cqe;
+    int w = io_uring_wait_cqe(&ck->ring, &cqe);
+    if (w < 0) {
+        if (w != -EINTR && r->rc == 0)
+            r->rc = read_error(ck, 0, -w, r->err, r->errlen);
+        return;
+    }
+    int k = (int)io_uring_cqe_get_data64(cqe), res = cqe->res;
+    io_uring_cqe_seen(&ck->ring, cqe);
+    const chunk *c = &ck->chunks[r->slot[k].c];
+    region *g = &r->reg[r->slot[k].reg];
+    if (res == -EINTR || res == -EAGAIN ||
+        (res > 0 && r->slot[k].got + (uint64_t)res < c->bytes && r->rc == 0)) {
+        r->slot[k].got += res > 0 ? (uint64_t)res : 0;
+        issue(r, k);
         io_uring_submit(&ck->ring);
-        struct io_uring_cqe *cqe;
-        int w = io_uring_wait_cqe(&ck->ring, &cqe);
-        if (w == -EINTR)
-            continue;
-        if (w < 0) {
-            rc = read_error(ck, base, -w, err, errlen);
-            break;
-        }
-        int k = (int)io_uring_cqe_get_data64(cqe), res = cqe->res;
-        io_uring_cqe_seen(&ck->ring, cqe);
-        const chunk *c = &ck->chunks[slot[k].c];
-        char *p = dst + (c->off - base);
-        if (res == -EINTR || res == -EAGAIN || (res > 0 && slot[k].got + (uint64_t)res < c->bytes)) {
-            slot[k].got += res > 0 ? (uint64_t)res : 0; /* the rest, again */
-            struct io_uring_sqe *sqe = io_uring_get_sqe(&ck->ring);
-            io_uring_prep_read(sqe, ck->fd, p + slot[k].got, (unsigned)(c->bytes - slot[k].got),
-                               c->off + slot[k].got);
-            io_uring_sqe_set_data64(sqe, (uint64_t)k);
-            continue;
-        }
-        inflight--;
-        free_slots[n_free++] = k;
-        if (res <= 0)
-            rc = read_error(ck, c->off + slot[k].got, -res, err, errlen);
-        else
-            rc = check_chunk(ck, c, p, err, errlen);
+        return;
     }
-    while (inflight > 0) { /* after a failure: the reads land before dst may go */
-        struct io_uring_cqe *cqe;
-        if (io_uring_wait_cqe(&ck->ring, &cqe) < 0)
-            break;
-        io_uring_cqe_seen(&ck->ring, cqe);
-        inflight--;
+    r->inflight--;
+    r->free_slots[r->n_free++] = k;
+    g->left--;
+    if (r->rc == 0 && res <= 0)
+        r->rc = read_error(ck, c->off + r->slot[k].got, -res, r->err, r->errlen);
+    else if (r->rc == 0)
+        r->rc = check_chunk(ck, c, g->dst + (c->off - g->base), r->err, r->errlen);
+}
+
+/* The chunks from the one at off to off + len into dst (4 KiB aligned),
+ * as region i. */
+static int region_begin(reader *r, int i, uint64_t off, uint64_t len, void *dst)
+{
+    fso_ckpt *ck = r->ck;
+    ssize_t first = chunk_at(ck, off);
+    if (first < 0) {
+        snprintf(r->err, r->errlen, "%s: offset %" PRIu64 " is not where a chunk starts (fsoff "
+                                    "bug)", ck->data_path, off);
+        return r->rc = -EINVAL;
     }
-    return rc;
+    size_t end = (size_t)first;
+    while (end < ck->n_chunks && ck->chunks[end].off < off + len)
+        end++;
+    r->reg[i] = (region){(size_t)first, end, end - (size_t)first, dst, off};
+    if (r->rc == 0 && ck->ring_up) {
+        fill(r, i ^ 1);
+        return 0;
+    }
+    for (region *g = &r->reg[i]; g->next < g->end && r->rc == 0; g->next++, g->left--) {
+        const chunk *c = &ck->chunks[g->next];
+        char *p = g->dst + (c->off - g->base);
+        for (uint64_t got = 0; got < c->bytes && r->rc == 0;) {
+            ssize_t n = pread(ck->fd, p + got, c->bytes - got, (off_t)(c->off + got));
+            if (n < 0 && errno == EINTR)
+                continue;
+            if (n <= 0)
+                r->rc = read_error(ck, c->off + got, n < 0 ? errno : 0, r->err, r->errlen);
+            else
+                got += (uint64_t)n;
+        }
+        if (r->rc == 0)
+            r->rc = check_chunk(ck, c, p, r->err, r->errlen);
+    }
+    return r->rc;
+}
+
+/* Region i all in and checked (or the first failure). */
+static int region_end(reader *r, int i)
+{
+    while (r->reg[i].left > 0 && r->rc == 0) {
+        fill(r, i);
+        complete_one(r);
+    }
+    return r->rc;
+}
+
+/* After a failure: what is in flight lands before the buffers go. */
+static void reader_drain(reader *r)
+{
+    while (r->inflight > 0) {
+        struct io_uring_cqe *cqe;
+        if (io_uring_wait_cqe(&r->ck->ring, &cqe) < 0)
+            break;
+        io_uring_cqe_seen(&r->ck->ring, cqe);
+        r->inflight--;
+    }
 }
 
 /* [off, off+len) of state.bin into dst (4 KiB aligned): whole chunks, each
@@ -499,33 +602,12 @@ static int read_ring(fso_ckpt *ck, size_t i, size_t j, char *dst, char *err, siz
 static int read_checked(fso_ckpt *ck, uint64_t off, uint64_t len, void *dst, char *err,
                         size_t errlen)
 {
-    ssize_t first = chunk_at(ck, off);
-    if (first < 0) {
-        snprintf(err, errlen, "%s: offset %" PRIu64 " is not where a chunk starts (fsoff bug)",
-                 ck->data_path, off);
-        return -EINVAL;
-    }
-    size_t end = (size_t)first;
-    while (end < ck->n_chunks && ck->chunks[end].off < off + len)
-        end++;
-    if (ck->ring_up)
-        return read_ring(ck, (size_t)first, end, dst, err, errlen);
-    for (size_t i = (size_t)first; i < end; i++) { /* no io_uring here: one read at a time */
-        const chunk *c = &ck->chunks[i];
-        char *p = (char *)dst + (c->off - off);
-        for (uint64_t got = 0; got < c->bytes;) {
-            ssize_t n = pread(ck->fd, p + got, c->bytes - got, (off_t)(c->off + got));
-            if (n < 0 && errno == EINTR)
-                continue;
-            if (n <= 0)
-                return read_error(ck, c->off + got, n < 0 ? errno : 0, err, errlen);
-            got += (uint64_t)n;
-        }
-        int rc = check_chunk(ck, c, p, err, errlen);
-        if (rc < 0)
-            return rc;
-    }
-    return 0;
+    reader r;
+    reader_init(&r, ck, err, errlen);
+    if (region_begin(&r, 0, off, len, dst) == 0)
+        region_end(&r, 0);
+    reader_drain(&r);
+    return r.rc;
 }
 
 /* ------------------------------------------------------------------ resuming */
@@ -604,23 +686,38 @@ int fso_ckpt_load(fso_ckpt *ck, fso_zero *z, char *err, size_t errlen)
     for (int b = 0; b < m->n_blocks; b++)
         if (m->blocks[b].padded_elems > most)
             most = m->blocks[b].padded_elems;
-    float *flat = NULL;
-    if (posix_memalign((void **)&flat, ALIGN, sizeof(float) * most) != 0) {
-        snprintf(err, errlen, "out of host memory for one block (%zu bytes)", sizeof(float) * most);
-        return -ENOMEM;
-    }
-    for (int b = 0; b < l->n_blocks && rc == 0; b++) {
-        const size_t E = l->elems[b], P = m->blocks[b].padded_elems;
-        for (int i = 0; i < FSO_ZERO_SAVED_KINDS && rc == 0; i++) {
-            memset(flat + E, 0, sizeof(float) * (P - E));
-            rc = read_checked(ck, l->off[(size_t)i * l->n_blocks + b], sizeof(float) * E, flat,
-                              err, errlen);
-            if (rc == 0)
-                rc = fso_zero_load_block(z, b, (fso_kind)(FSO_KIND_MASTER + i), flat, err,
-                                         errlen);
+    /* two buffers: the next region is read while the trainer takes this one */
+    float *flat[2] = {NULL, NULL};
+    for (int i = 0; i < 2; i++)
+        if (posix_memalign((void **)&flat[i], ALIGN, sizeof(float) * most) != 0) {
+            flat[i] = NULL;
+            free(flat[0]);
+            snprintf(err, errlen, "out of host memory for two blocks (%zu bytes each)",
+                     sizeof(float) * most);
+            return -ENOMEM;
         }
+    reader r;
+    reader_init(&r, ck, err, errlen);
+    const int n = l->n_blocks * FSO_ZERO_SAVED_KINDS; /* regions: block-major, then kind */
+#define REGION(j) l->off[(size_t)((j) % FSO_ZERO_SAVED_KINDS) * l->n_blocks + (j) / FSO_ZERO_SAVED_KINDS]
+#define REGION_BYTES(j) (sizeof(float) * l->elems[(j) / FSO_ZERO_SAVED_KINDS])
+    rc = region_begin(&r, 0, REGION(0), REGION_BYTES(0), flat[0]);
+    for (int j = 0; j < n && rc == 0; j++) {
+        const int b = j / FSO_ZERO_SAVED_KINDS, i = j % FSO_ZERO_SAVED_KINDS;
+        if (j + 1 < n && (rc = region_begin(&r, (j + 1) & 1, REGION(j + 1), REGION_BYTES(j + 1),
+                                            flat[(j + 1) & 1])) < 0)
+            break;
+        if ((rc = region_end(&r, j & 1)) < 0)
+            break;
+        const size_t E = l->elems[b], P = m->blocks[b].padded_elems;
+        memset(flat[j & 1] + E, 0, sizeof(float) * (P - E));
+        rc = fso_zero_load_block(z, b, (fso_kind)(FSO_KIND_MASTER + i), flat[j & 1], err, errlen);
     }
-    free(flat);
+#undef REGION
+#undef REGION_BYTES
+    reader_drain(&r);
+    free(flat[0]);
+    free(flat[1]);
     if (rc == 0)
         fso_zero_set_steps(z, ck->step);
     return rc;

@@ -164,8 +164,9 @@ int fso_zero_save_stream(fso_zero *z, fso_zero_save_spec *spec);
 /* Let every update waiting for a save go (a save abandoned before it
  * streamed); no-op when none is armed. */
 void fso_zero_save_disarm(fso_zero *z);
-/* The longest any device's updates waited for the saver during the last
- * save, ms. */
+/* What training waited for the last save inside the trainer, ms: the
+ * longest any device's updates waited for the saver, and a re-plan's wait
+ * for the save to stream out. */
 double fso_zero_save_waited_ms(fso_zero *z);
 
 /* Loading, after fso_zero_create and before the first step: kind k (master,

@@ -189,6 +189,7 @@ typedef struct save_gate {
     int64_t step;
     bool *done;                  /* [block] streamed out: a later update may change it */
     double *waited_ms;           /* [rank] updates waited for the saver, this save */
+    double idle_waited_ms;       /* a re-plan waited for this save to stream out */
 } save_gate;
 
 struct fso_zero {
