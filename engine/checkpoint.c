@@ -28,7 +28,7 @@
 #include "store.h"
 #include "util.h"
 
-const char *const fso_ckpt_section_names[FSO_ZERO_SAVED_KINDS] = {"master", "adam_m", "adam_v"};
+const char *const fso_ckpt_kind_names[FSO_ZERO_SAVED_KINDS] = {"master", "adam_m", "adam_v"};
 
 #define PAGE_ELEMS 1024 /* 4 KiB of fp32 */
 
@@ -50,14 +50,12 @@ int fso_ckpt_layout_init(fso_ckpt_layout *l, const fso_model_config *mc)
     uint64_t at = 0;
     for (int b = 0; b < l->n_blocks; b++) {
         l->elems[b] = (bl[b].used_elems + PAGE_ELEMS - 1) / PAGE_ELEMS * PAGE_ELEMS;
-        l->off[b] = at;
-        at += sizeof(float) * l->elems[b];
+        for (int i = 0; i < FSO_ZERO_SAVED_KINDS; i++) {
+            l->off[(size_t)i * l->n_blocks + b] = at;
+            at += sizeof(float) * l->elems[b];
+        }
     }
-    l->section_bytes = at;
-    for (int i = 1; i < FSO_ZERO_SAVED_KINDS; i++)
-        for (int b = 0; b < l->n_blocks; b++)
-            l->off[(size_t)i * l->n_blocks + b] = l->off[b] + (uint64_t)i * at;
-    l->total_bytes = at * FSO_ZERO_SAVED_KINDS;
+    l->total_bytes = at;
     free(bl);
     return 0;
 }
@@ -270,9 +268,9 @@ static json_t *manifest_begin(const fso_zero *z, const fso_ckpt_layout *l, const
 {
     const fso_config *cfg = m->cfg;
     const fso_model *model = fso_zero_model(z);
-    json_t *tensors = json_array(), *blocks = json_array(), *sections = json_object();
+    json_t *tensors = json_array(), *blocks = json_array(), *kinds = json_array();
     json_t *config = fso_config_to_json(cfg);
-    int bad = !tensors || !blocks || !sections || !config;
+    int bad = !tensors || !blocks || !kinds || !config;
     for (int b = 0; b < l->n_blocks && !bad; b++) {
         const fso_block_layout *bl = &model->blocks[b];
         bad |= json_array_append_new(blocks, json_pack("[I,I]", (json_int_t)l->off[b],
@@ -289,8 +287,7 @@ static json_t *manifest_begin(const fso_zero *z, const fso_ckpt_layout *l, const
         }
     }
     for (int i = 0; i < FSO_ZERO_SAVED_KINDS && !bad; i++)
-        bad |= json_object_set_new(sections, fso_ckpt_section_names[i],
-                                   json_integer((json_int_t)((uint64_t)i * l->section_bytes)));
+        bad |= json_array_append_new(kinds, json_string(fso_ckpt_kind_names[i]));
     static const char *const tiers[] = {"device", "host", "nvme"};
     char when[64] = "";
     time_t now = time(NULL);
@@ -311,12 +308,12 @@ static json_t *manifest_begin(const fso_zero *z, const fso_ckpt_layout *l, const
         tiers[cfg->offload.param_tier], "optimizer_state", tiers[cfg->offload.optim_tier],
         "config", config,
         "model", "params", (json_int_t)model->n_params, "blocks", blocks, "tensors", tensors,
-        FSO_CKPT_DATA, "bytes", (json_int_t)l->total_bytes, "sections", sections);
+        FSO_CKPT_DATA, "bytes", (json_int_t)l->total_bytes, "kinds", kinds);
     if (!man) {
         if (bad) {
             json_decref(tensors);
             json_decref(blocks);
-            json_decref(sections);
+            json_decref(kinds);
             json_decref(config);
         }
         return NULL;

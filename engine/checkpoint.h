@@ -4,20 +4,21 @@
  *
  * A save directory (checkpoint.dir, --save) holds:
  *   step-00000020/          one complete checkpoint per folder
- *     state.bin             master weights, AdamW m, AdamW v, one section each
+ *     state.bin             per block, its master weights, AdamW m and AdamW v
  *     manifest.json         what a resume needs besides the tensors, and where
  *                           every tensor and checksummed chunk lies in state.bin
  *   latest                  "step-00000020\n": the newest complete checkpoint
  *   .lock                   held (flock) by the run saving here
  *
- * state.bin. Each section is every block's flat buffer in block order (the
- * embedding, the layers, the head), each block's tensors at their offsets
- * and the padding between them, rounded up to whole 4 KiB pages: the same
- * bytes at any device count, and tensors in Hugging Face's order. A
- * device's shard of a block is one contiguous page-aligned range there, so
- * the saver writes each shard with large O_DIRECT writes straight from
- * where it lives (or clones it from the NVMe store), and a load at another
- * device count reads the same ranges cut differently.
+ * state.bin. The blocks in order (the embedding, the layers, the head), and
+ * for each its master, m and v one after the other, each the block's flat
+ * buffer: its tensors at their offsets and the padding between them,
+ * rounded up to whole 4 KiB pages. These are the same bytes at any device
+ * count, with tensors in Hugging Face's order. A device's shard of a block
+ * is one contiguous page-aligned range of each kind, so the saver writes
+ * each shard with large O_DIRECT writes straight from where it lives (or
+ * clones it from the NVMe store), front to back as it goes block by block,
+ * and a load at another device count reads the same ranges cut differently.
  *
  * manifest.json: the format and its version, the step, the data position,
  * the random state, the device count and tiers it ran on, the resolved
@@ -52,16 +53,16 @@
 #define FSO_CKPT_PIECE_BYTES ((size_t)8 << 20) /* the largest checksummed chunk */
 #define FSO_CKPT_ERR_MAX 1024
 
-/* The saved kinds' section names in the manifest: "master", "adam_m", "adam_v". */
-extern const char *const fso_ckpt_section_names[FSO_ZERO_SAVED_KINDS];
+/* The saved kinds in the order a block holds them, as the manifest names
+ * them: "master", "adam_m", "adam_v". */
+extern const char *const fso_ckpt_kind_names[FSO_ZERO_SAVED_KINDS];
 
-/* Where the sections' blocks lie in state.bin for a model: the same at any
+/* Where each block's kinds lie in state.bin for a model: the same at any
  * device count. */
 typedef struct fso_ckpt_layout {
     int n_blocks;
     size_t *elems;            /* [b]: saved elements of block b (used, rounded to 1024) */
-    uint64_t *off;            /* [i * n_blocks + b]: byte offset of block b of section i */
-    uint64_t section_bytes;
+    uint64_t *off;            /* [i * n_blocks + b]: byte offset of saved kind i of block b */
     uint64_t total_bytes;     /* the whole file */
 } fso_ckpt_layout;
 int fso_ckpt_layout_init(fso_ckpt_layout *l, const fso_model_config *mc);

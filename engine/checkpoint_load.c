@@ -32,7 +32,7 @@ typedef struct chunk {
 typedef struct tensor {
     const char *name;         /* in the manifest */
     int rows, cols;
-    uint64_t off;             /* bytes, in the master section */
+    uint64_t off;             /* of its master in state.bin, bytes */
 } tensor;
 
 struct fso_ckpt {

@@ -130,10 +130,11 @@ typedef struct fso_zero_save_piece {
 typedef struct fso_zero_save_spec {
     fso_store *out;                /* the checkpoint's data file (one file: store offset = file
                                       offset); only the saver uses it */
-    const uint64_t *block_off;     /* [i * n_blocks + b]: where block b of saved kind i begins
+    const uint64_t *block_off;     /* [i * n_blocks + b]: where saved kind i of block b begins
                                       in out, a multiple of 4 KiB */
     const size_t *block_elems;     /* [b]: elements saved of block b, a multiple of 1024 */
-    size_t piece_bytes;            /* the largest checksummed piece, a multiple of 4 KiB */
+    size_t piece_bytes;            /* the largest checksummed piece, a multiple of 4 KiB;
+                                      pieces never cross a multiple of it in out */
     bool reflink;                  /* clone NVMe-resident shards into out where the filesystem
                                       shares blocks (XFS, btrfs); copy where it cannot */
     /* called after each block is out (tests pause a save here) */

@@ -36,7 +36,7 @@
 #include "util.h"
 
 #define STAGES 8
-#define DIRECT_TAG ((uint64_t)STAGES) /* a write straight from the shard */
+#define DIRECT_TAG ((uint64_t)STAGES) /* + block: a write straight from that block's shard */
 
 /* ------------------------------------------------------------------ the gate */
 
@@ -182,7 +182,9 @@ typedef struct saver {
     stage st[STAGES];
     int fetch[STAGES];     /* stages in FETCHING, oldest first */
     int head, n_fetch;
-    int direct;            /* writes straight from shards in flight */
+    int *direct;           /* [block] writes straight from its shards in flight */
+    bool *queued;          /* [block] every piece asked for, its staged ones copied out */
+    int blocks_out;
     size_t cap_pieces;
     bool reflink;
 } saver;
@@ -199,6 +201,15 @@ static int fail(saver *sv, int rc, const char *fmt, ...)
     return rc;
 }
 
+/* Block b is out: a later update may change it. */
+static void block_done(saver *sv, int b)
+{
+    block_out(sv->z, b);
+    sv->blocks_out++;
+    if (sv->spec->after_block)
+        sv->spec->after_block(sv->spec->ctx, sv->blocks_out, sv->z->n_blocks);
+}
+
 /* Collect at least min of the checkpoint's write completions. */
 static int reap(saver *sv, int min)
 {
@@ -213,12 +224,15 @@ static int reap(saver *sv, int min)
             return fail(sv, n, "%s", out->err);
         int rc = 0;
         for (int i = 0; i < n; i++) {
-            if (done[i].user == DIRECT_TAG)
-                sv->direct--;
-            else
-                sv->st[done[i].user].state = FREE;
             if (done[i].res < 0 && rc == 0)
                 rc = fail(sv, (int)done[i].res, "%s", out->err);
+            if (done[i].user < DIRECT_TAG) {
+                sv->st[done[i].user].state = FREE;
+                continue;
+            }
+            const int b = (int)(done[i].user - DIRECT_TAG);
+            if (--sv->direct[b] == 0 && sv->queued[b] && rc == 0 && !sv->spec->err[0])
+                block_done(sv, b);
         }
         if (rc < 0)
             return rc;
@@ -328,8 +342,8 @@ static int save_piece(saver *sv, rank_state *rk, int b, fso_kind k, size_t c0, s
     if (src && (uintptr_t)src % STAGE_ALIGN == 0) {
         if ((rc = record(sv, dst, bytes, src)) < 0)
             return rc;
-        sv->direct++;
-        return write_out(sv, src, bytes, dst, DIRECT_TAG);
+        sv->direct[b]++;
+        return write_out(sv, src, bytes, dst, DIRECT_TAG + (uint64_t)b);
     }
     stage *s;
     if ((rc = take_stage(sv, &s)) < 0)
@@ -370,32 +384,36 @@ static int save_block(saver *sv, int b, int64_t step)
     fso_zero *z = sv->z;
     const fso_zero_save_spec *sp = sv->spec;
     const size_t S = fso_zero_shard_elems(z, b), E = sp->block_elems[b];
-    const size_t piece = sp->piece_bytes / sizeof(float);
     int rc;
-    for (int r = 0; r < z->world; r++) {
-        rank_state *rk = &z->ranks[r];
-        const size_t lo = (size_t)r * S;
-        if (lo >= E) /* only padding on this device */
-            continue;
-        const size_t n = E - lo < S ? E - lo : S;
-        if ((rc = wait_landed(sv, rk, b, step)) < 0)
+    /* devices whose shard is only padding (lo >= E) have nothing to save */
+    for (int r = 0; r < z->world && (size_t)r * S < E; r++)
+        if ((rc = wait_landed(sv, &z->ranks[r], b, step)) < 0)
             return rc;
-        for (int i = 0; i < FSO_ZERO_SAVED_KINDS; i++) {
+    /* kind by kind, device by device: front to back in the file */
+    for (int i = 0; i < FSO_ZERO_SAVED_KINDS; i++)
+        for (int r = 0; r < z->world && (size_t)r * S < E; r++) {
+            const size_t lo = (size_t)r * S, n = E - lo < S ? E - lo : S;
             const uint64_t base = sp->block_off[(size_t)i * z->n_blocks + b] + sizeof(float) * lo;
-            for (size_t c0 = 0; c0 < n; c0 += piece)
-                if ((rc = save_piece(sv, rk, b, (fso_kind)(FSO_KIND_MASTER + i), c0,
-                                     n - c0 < piece ? n - c0 : piece,
-                                     base + sizeof(float) * c0)) < 0)
+            for (size_t c0 = 0, k; c0 < n; c0 += k) {
+                /* up to the next multiple of piece_bytes in the file: every write
+                 * whole in one of the store's stripes */
+                const uint64_t at = base + sizeof(float) * c0;
+                k = (sp->piece_bytes - at % sp->piece_bytes) / sizeof(float);
+                if (k > n - c0)
+                    k = n - c0;
+                if ((rc = save_piece(sv, &z->ranks[r], b, (fso_kind)(FSO_KIND_MASTER + i), c0, k,
+                                     at)) < 0)
                     return rc;
+            }
         }
-    }
-    /* the block may change once its data is in staging or written out */
+    /* the block may change once its data is in staging and its writes
+     * straight from the shards are done: now, or as they complete */
     while (sv->n_fetch)
         if ((rc = finish_fetch(sv)) < 0)
             return rc;
-    while (sv->direct)
-        if ((rc = reap(sv, 1)) < 0)
-            return rc;
+    sv->queued[b] = true;
+    if (sv->direct[b] == 0)
+        block_done(sv, b);
     return 0;
 }
 
@@ -430,20 +448,18 @@ int fso_zero_save_stream(fso_zero *z, fso_zero_save_spec *spec)
         return fail(&sv, -EINVAL, "checkpoint pieces of %zu bytes: must be whole 4 KiB pages",
                     spec->piece_bytes);
     }
+    sv.direct = calloc((size_t)z->n_blocks, sizeof *sv.direct);
+    sv.queued = calloc((size_t)z->n_blocks, sizeof *sv.queued);
+    if (!sv.direct || !sv.queued)
+        rc = fail(&sv, -ENOMEM, "out of host memory for the saver");
     for (int i = 0; i < STAGES && rc == 0; i++)
         if (posix_memalign(&sv.st[i].buf, STAGE_ALIGN, spec->piece_bytes) != 0) {
             sv.st[i].buf = NULL;
             rc = fail(&sv, -ENOMEM, "out of host memory for the saver's buffers");
         }
     /* the order the next update takes the blocks in, so it waits the least */
-    for (int j = 0; j < z->n_blocks && rc == 0; j++) {
-        int b = backward ? z->n_blocks - 1 - j : j;
-        if ((rc = save_block(&sv, b, step)) == 0) {
-            block_out(z, b);
-            if (spec->after_block)
-                spec->after_block(spec->ctx, j + 1, z->n_blocks);
-        }
-    }
+    for (int j = 0; j < z->n_blocks && rc == 0; j++)
+        rc = save_block(&sv, backward ? z->n_blocks - 1 - j : j, step);
     if (rc == 0)
         rc = reap(&sv, spec->out->inflight);
     if (rc < 0)
@@ -451,6 +467,8 @@ int fso_zero_save_stream(fso_zero *z, fso_zero_save_spec *spec)
     fso_zero_save_disarm(z);
     for (int i = 0; i < STAGES; i++)
         free(sv.st[i].buf);
+    free(sv.direct);
+    free(sv.queued);
     return rc;
 }
 
