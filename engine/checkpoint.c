@@ -502,11 +502,12 @@ static void prune(fso_ckpt_saver *sv, int64_t newest)
             f = g;
         }
         f[n].step = step;
-        snprintf(f[n].name, sizeof f[n].name, "%s", de->d_name);
+        memcpy(f[n].name, de->d_name, strlen(de->d_name) + 1); /* shorter than name: above */
         n++;
     }
     closedir(d);
-    qsort(f, n, sizeof *f, by_step);
+    if (n > 1)
+        qsort(f, n, sizeof *f, by_step);
     /* the newest counts as one of the kept */
     for (size_t i = 0; i + (size_t)sv->keep - 1 < n; i++) {
         char from[4400], to[4400];
