@@ -461,23 +461,17 @@ void fso_config_defaults(fso_config *cfg)
     doc_destroy(doc);
 }
 
-static int read_text(fso_config *cfg, const char *path, char **text, size_t *len)
+int fso_cfg_read_file(const char *path, char **text, size_t *len)
 {
     FILE *f = fopen(path, "rb");
-    if (!f) {
-        int e = errno;
-        snprintf(cfg->err, sizeof cfg->err, "%s: cannot open config: %s; check the --config path", path, strerror(e));
-        return -e;
-    }
+    if (!f)
+        return -errno;
     size_t cap = 4096, n = 0;
     char *buf = malloc(cap);
     int rc = 0;
     while (buf) {
         if (n + 1 == cap) {
             if (cap >= CFG_MAX_FILE_BYTES) {
-                snprintf(cfg->err, sizeof cfg->err,
-                         "%s: config is larger than %zu MiB; is this the right file?", path,
-                         CFG_MAX_FILE_BYTES >> 20);
                 rc = -EFBIG;
                 break;
             }
@@ -493,20 +487,14 @@ static int read_text(fso_config *cfg, const char *path, char **text, size_t *len
         size_t got = fread(buf + n, 1, cap - 1 - n, f);
         n += got;
         if (got == 0) {
-            if (ferror(f)) {
-                int e = errno ? errno : EIO;
-                snprintf(cfg->err, sizeof cfg->err, "%s: cannot read config: %s", path,
-                         strerror(e));
-                rc = -e;
-            }
+            if (ferror(f))
+                rc = errno ? -errno : -EIO;
             break;
         }
     }
     fclose(f);
-    if (!buf) {
-        snprintf(cfg->err, sizeof cfg->err, "%s: out of memory reading config", path);
+    if (!buf)
         return -ENOMEM;
-    }
     if (rc < 0) {
         free(buf);
         return rc;
@@ -515,6 +503,22 @@ static int read_text(fso_config *cfg, const char *path, char **text, size_t *len
     *text = buf;
     *len = n;
     return 0;
+}
+
+static int read_text(fso_config *cfg, const char *path, char **text, size_t *len)
+{
+    int rc = fso_cfg_read_file(path, text, len);
+    if (rc == -EFBIG)
+        snprintf(cfg->err, sizeof cfg->err,
+                 "%s: config is larger than %zu MiB; is this the right file?", path,
+                 CFG_MAX_FILE_BYTES >> 20);
+    else if (rc == -ENOMEM)
+        snprintf(cfg->err, sizeof cfg->err, "%s: out of memory reading config", path);
+    else if (rc < 0)
+        snprintf(cfg->err, sizeof cfg->err, "%s: cannot %s config: %s%s", path,
+                 rc == -ENOENT || rc == -EACCES ? "open" : "read", strerror(-rc),
+                 rc == -ENOENT || rc == -EACCES ? "; check the --config path" : "");
+    return rc;
 }
 
 int fso_config_load_file(fso_config *cfg, const char *path)

@@ -20,8 +20,6 @@
  *     place and config.json's.
  */
 #include <errno.h>
-#include <inttypes.h>
-#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,8 +27,6 @@
 
 #include "config_impl.h"
 #include "hf.h"
-
-#define HF_CONFIG_MAX_BYTES ((size_t)16 << 20)
 
 /* ---------------------------------------------------------------- reading */
 
@@ -60,55 +56,6 @@ static int fail_init_from(fso_config *cfg, const struct fso_config_doc *doc, con
         vsnprintf(cfg->err + n, sizeof cfg->err - (size_t)n, fmt, ap);
     va_end(ap);
     return -EINVAL;
-}
-
-/* The whole of a small file, NUL-terminated. 0 or -errno (errno's text in why). */
-static int slurp(const char *path, char **text, size_t *len, const char **why)
-{
-    FILE *f = fopen(path, "rb");
-    *text = NULL;
-    if (!f) {
-        int e = errno;
-        *why = strerror(e);
-        return -e;
-    }
-    size_t cap = 4096, n = 0;
-    char *buf = malloc(cap);
-    int rc = 0;
-    while (buf && rc == 0) {
-        if (n + 1 == cap) {
-            char *nb = cap >= HF_CONFIG_MAX_BYTES ? NULL : realloc(buf, cap * 2);
-            if (!nb) {
-                *why = cap >= HF_CONFIG_MAX_BYTES ? "larger than 16 MiB" : "out of memory";
-                rc = cap >= HF_CONFIG_MAX_BYTES ? -EFBIG : -ENOMEM;
-                break;
-            }
-            buf = nb;
-            cap *= 2;
-        }
-        size_t got = fread(buf + n, 1, cap - 1 - n, f);
-        n += got;
-        if (got == 0) {
-            if (ferror(f)) {
-                *why = strerror(EIO);
-                rc = -EIO;
-            }
-            break;
-        }
-    }
-    fclose(f);
-    if (!buf) {
-        *why = "out of memory";
-        return -ENOMEM;
-    }
-    if (rc < 0) {
-        free(buf);
-        return rc;
-    }
-    buf[n] = '\0';
-    *text = buf;
-    *len = n;
-    return 0;
 }
 
 /* The model keys fsoff reads (init_from and the ignored ones excluded). */
@@ -304,17 +251,16 @@ int fso_cfg_hf_merge(fso_config *cfg, struct fso_config_doc *doc)
     fso_config *scratch = NULL;
     json_t *section = NULL;
     size_t len = 0;
-    const char *why = "";
     int rc;
 
     if (asprintf(&l.name, "%s/config.json", json_string_value(from)) < 0) {
         l.name = NULL;
         goto oom;
     }
-    if ((rc = slurp(l.name, &l.text, &len, &why)) < 0) {
+    if ((rc = fso_cfg_read_file(l.name, &l.text, &len)) < 0) {
         rc = fail_init_from(cfg, doc, "%s: cannot read: %s; model.init_from must name a Hugging "
                                       "Face Llama folder (config.json and *.safetensors)",
-                            l.name, why);
+                            l.name, strerror(-rc));
         goto out;
     }
     json_error_t jerr;

@@ -76,6 +76,9 @@ keypath fso_cfg_kp_child(const keypath *p, const char *key);
  * in buf. */
 int fso_cfg_doc_add_layer(struct fso_config_doc *doc, cfg_layer *l);
 int fso_cfg_where(const struct fso_config_doc *doc, const keypath *p, char *buf, size_t size);
+/* config.c: the whole file at path (at most 64 MiB), NUL-terminated, into
+ * *text (the caller frees). 0, or -errno (-EFBIG when larger). */
+int fso_cfg_read_file(const char *path, char **text, size_t *len);
 /* A double as a person writes it: 0.001, 1e-08, 3. */
 void fso_cfg_format_double(double x, char *buf, size_t size);
 /* "12.5 (number)", "\"abc\" (string)": a value for a message. */

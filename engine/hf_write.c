@@ -196,17 +196,15 @@ static int write_text(const char *final, const char *text, written *w, char *err
 {
     char tmp[4400];
     snprintf(tmp, sizeof tmp, "%s.tmp", final);
+    if (remember(w, tmp) < 0) { /* removed on failure, however far it got */
+        snprintf(err, errlen, "%s: out of memory", tmp);
+        return -ENOMEM;
+    }
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
     if (fd < 0) {
         int e = errno;
         snprintf(err, errlen, "%s: cannot create: %s", tmp, strerror(e));
         return -e;
-    }
-    if (remember(w, tmp) < 0) {
-        close(fd);
-        unlink(tmp);
-        snprintf(err, errlen, "%s: out of memory", tmp);
-        return -ENOMEM;
     }
     size_t len = strlen(text), done = 0;
     int rc = 0;
@@ -335,16 +333,14 @@ static int write_shard(const char *outdir, out_tensor *t, int n, int s, int n_sh
     snprintf(final, sizeof final, "%s/%s", outdir, name);
     snprintf(tmp, sizeof tmp, "%s.tmp", final);
     fso_st_writer sw;
-    int rc = fso_st_writer_open(&sw, tmp, e, last - first, err, errlen);
+    int rc = remember(w, tmp); /* removed on failure, however far it got */
+    if (rc < 0)
+        snprintf(err, errlen, "%s: out of memory", tmp);
+    else
+        rc = fso_st_writer_open(&sw, tmp, e, last - first, err, errlen);
     free(e);
     if (rc < 0)
         return rc;
-    if (remember(w, tmp) < 0) {
-        fso_st_writer_abandon(&sw);
-        unlink(tmp);
-        snprintf(err, errlen, "%s: out of memory", tmp);
-        return -ENOMEM;
-    }
     const size_t eb = fso_st_dtype_bits(dtype_info[o->dtype].st) / 8;
     for (int i = first; i < last && rc == 0; i++) {
         const fso_tensor_desc *d = t[i].desc;
