@@ -959,20 +959,12 @@ static int apply_checkpoint(walker *w, json_t *root)
 {
     fso_checkpoint_config *ck = &w->out->checkpoint;
     keypath sec = {{"checkpoint"}, 1};
-    json_t *s, *v;
+    json_t *s;
 
     CFG_TRY(get_section(w, root, "checkpoint", true, &s));
     CFG_TRY(fso_cfg_check_keys(w, s, &sec, checkpoint_keys, ""));
-    ck->dir[0] = '\0';
-    if (s && (v = json_object_get(s, "dir")) && !json_is_null(v)) {
-        keypath p = fso_cfg_kp_child(&sec, "dir");
-        const char *dir = "";
-        CFG_TRY(want_string(w, v, &p, &dir));
-        if (strlen(dir) >= sizeof ck->dir - 64) /* room for the checkpoint's own names */
-            return fso_cfg_fail(w, &p, "is %zu bytes long; fsoff takes folders up to %zu bytes",
-                                strlen(dir), sizeof ck->dir - 65);
-        strcpy(ck->dir, dir);
-    }
+    /* room after the folder for the checkpoint's own names */
+    CFG_TRY(get_path(w, s, &sec, "dir", ck->dir, sizeof ck->dir - 64));
     CFG_TRY(get_int(w, s, &sec, "every_steps", 0, INT64_MAX, I64(0), &ck->every_steps));
     CFG_TRY(get_int32(w, s, &sec, "keep", 1, I64(2), &ck->keep));
     return 0;
