@@ -14,6 +14,7 @@
 #include "cuda_backend.h"
 #include "fso_build.h"
 #include "store.h"
+#include "signals.h"
 #include "train.h"
 #include "util.h"
 
@@ -24,6 +25,8 @@ static void usage(FILE *f)
             "       fsoff bench nvme|adam|h2d|allgather|tune [options]   offload bandwidth benchmarks\n"
             "       fsoff plan [options]              memory per tier, placement, predicted step\n"
             "       fsoff plot FILE -o FILE.png       draw a --metrics file or a bench --json result\n"
+            "       fsoff export CKPT OUTDIR [--dtype fp32|bf16|fp16]   a checkpoint as a\n"
+            "                                         Hugging Face folder\n"
             "\n"
             "Train a Llama-family model. With no options, trains the default job: a\n"
             "0.8M-parameter model on a built-in corpus, on the CPU.\n"
@@ -46,6 +49,14 @@ static void usage(FILE *f)
             "                         model.safetensors or shards with their index (same as\n"
             "                         --set model.init_from=DIR)\n"
             "  -m, --metrics FILE     write one JSON object per step, then a summary object\n"
+            "      --save DIR         write checkpoints into DIR, at the end of the run and\n"
+            "                         on the first SIGINT or SIGTERM (= --set checkpoint.dir=DIR)\n"
+            "      --save-every N     also every N steps, while training goes on\n"
+            "                         (= --set checkpoint.every_steps=N)\n"
+            "      --keep K           complete checkpoints kept, 2 by default\n"
+            "                         (= --set checkpoint.keep=K)\n"
+            "      --resume [PATH]    continue from the latest checkpoint in --save DIR, or\n"
+            "                         from PATH: a checkpoint (DIR/step-N) or a save folder\n"
             "  -s, --set KEY=VALUE    override one configuration key, e.g.\n"
             "                         --set model.num_hidden_layers=8 --set optimizer.params.lr=1e-3\n"
             "                         (VALUE is JSON, or a plain string); repeatable, applied in order\n"
@@ -168,6 +179,39 @@ static int check_config_folders(const fso_config *cfg)
     return 0;
 }
 
+/* --save DIR, --save-every N, --keep K as the --set they stand for. 0, or
+ * -EINVAL after one error line. */
+static int checkpoint_option(int c, const char *arg, char **set)
+{
+    if (c == 'S') {
+        char *lit = fso_json_quote(arg);
+        int n = lit ? asprintf(set, "checkpoint.dir=%s", lit) : -1;
+        free(lit);
+        if (n < 0) {
+            *set = NULL;
+            fprintf(stderr, "fsoff: error: out of memory\n");
+            return -ENOMEM;
+        }
+        return 0;
+    }
+    char *end;
+    errno = 0;
+    long long n = strtoll(arg, &end, 10);
+    if (errno || end == arg || *end || n < (c == 'K' ? 1 : 0)) {
+        *set = NULL;
+        fprintf(stderr, "fsoff: error: %s %s: expected %s\n", c == 'K' ? "--keep" : "--save-every",
+                arg, c == 'K' ? "how many complete checkpoints to keep, at least 1"
+                              : "a step count (0: save only at the end)");
+        return -EINVAL;
+    }
+    if (asprintf(set, "checkpoint.%s=%lld", c == 'K' ? "keep" : "every_steps", n) < 0) {
+        *set = NULL;
+        fprintf(stderr, "fsoff: error: out of memory\n");
+        return -ENOMEM;
+    }
+    return 0;
+}
+
 int fso_cli_main(int argc, char **argv)
 {
     static const struct option longopts[] = {
@@ -176,8 +220,12 @@ int fso_cli_main(int argc, char **argv)
         {"metrics", required_argument, NULL, 'm'}, {"set", required_argument, NULL, 's'},
         {"help", no_argument, NULL, 'h'},          {"version", no_argument, NULL, 'V'},
         {"device-mem", required_argument, NULL, 'M'}, {"nvme", required_argument, NULL, 'N'},
+        {"save", required_argument, NULL, 'S'},    {"save-every", required_argument, NULL, 'E'},
+        {"keep", required_argument, NULL, 'K'},    {"resume", optional_argument, NULL, 'R'},
         {"init-from", required_argument, NULL, 'I'},  {NULL, 0, NULL, 0},
     };
+    const char *resume = NULL;
+    static volatile sig_atomic_t stop;
     const char *config_path = NULL, *metrics_path = NULL, *devices = "auto";
     char **sets = calloc(2 * (size_t)argc + 1, sizeof *sets);
     int nsets = 0, status = 2, c;
@@ -193,7 +241,8 @@ int fso_cli_main(int argc, char **argv)
     if (argc > 1 && argv[1][0] != '-') {
         if (strcmp(argv[1], "train") != 0) {
             fprintf(stderr, "fsoff: error: unknown command '%s'; the commands are 'train' "
-                            "(the default), 'plan', 'bench' and 'plot'; see fsoff --help\n", argv[1]);
+                            "(the default), 'plan', 'bench', 'plot' and 'export'; see fsoff "
+                            "--help\n", argv[1]);
             goto out;
         }
         argv[1] = argv[0];
@@ -267,6 +316,17 @@ int fso_cli_main(int argc, char **argv)
         case 'm':
             metrics_path = optarg;
             break;
+        case 'S':
+        case 'E':
+        case 'K':
+            if (checkpoint_option(c, optarg, &sets[nsets++]) < 0)
+                goto out;
+            break;
+        case 'R': /* --resume, --resume=PATH or --resume PATH */
+            resume = optarg ? optarg : "";
+            if (!optarg && optind < argc && argv[optind][0] != '-')
+                resume = argv[optind++];
+            break;
         case 's':
             if (!(sets[nsets++] = strdup(optarg))) {
                 fprintf(stderr, "fsoff: error: out of memory\n");
@@ -304,8 +364,11 @@ int fso_cli_main(int argc, char **argv)
     if (check_config_folders(&cfg) < 0)
         goto out;
 
-    fso_run_opts opts = {.metrics_path = metrics_path, .devices = devices};
+    fso_run_opts opts = {.metrics_path = metrics_path, .devices = devices, .resume = resume,
+                         .stop = &stop};
+    fso_signals_install(&stop);
     status = fso_train_run(&cfg, &opts) < 0 ? 1 : 0;
+    fso_signals_restore();
 
 out:
     for (int i = 0; i < nsets; i++)

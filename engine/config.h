@@ -109,6 +109,12 @@ typedef struct fso_offload_config {
     int prefetch_blocks;          /* train.prefetch_blocks: blocks read ahead of compute */
 } fso_offload_config;
 
+typedef struct fso_checkpoint_config {
+    char dir[4096];               /* checkpoint.dir (--save): "" = no checkpoints */
+    int64_t every_steps;          /* checkpoint.every_steps (--save-every): 0 = at the end only */
+    int keep;                     /* checkpoint.keep (--keep): complete checkpoints kept */
+} fso_checkpoint_config;
+
 typedef struct fso_config {
     fso_model_config model;
     fso_optim_config optim;
@@ -126,6 +132,7 @@ typedef struct fso_config {
     bool activation_checkpointing;/* train.activation_checkpointing */
     fso_offload_config offload;
     fso_overlap optimizer_overlap;/* train.optimizer_overlap */
+    fso_checkpoint_config checkpoint;
     char init_from[4096];         /* model.init_from (--init-from): a Hugging Face folder the
                                      parameters start from, "" for the seed (hf.h) */
 

@@ -245,6 +245,7 @@ static const key_spec top_keys[] = {
     {"train", NULL},
     {"zero_optimization", NULL},
     {"aio", NULL},
+    {"checkpoint", NULL},
     {"wall_clock_breakdown", "fsoff prints the time of every step anyway"},
     {"zero_allow_untested_optimizer", "fsoff always runs its own AdamW"},
     {"prescale_gradients", "fsoff reduces gradients in fp32 in rank order"},
@@ -740,7 +741,8 @@ static const key_spec zero_keys[] = {
     {"stage3_max_live_parameters", ZERO_SCHED},
     {"stage3_max_reuse_distance", ZERO_SCHED},
     {"stage3_param_persistence_threshold", ZERO_SCHED},
-    {"stage3_gather_16bit_weights_on_model_save", "fsoff has no checkpoint export yet"},
+    {"stage3_gather_16bit_weights_on_model_save", "fsoff export writes any checkpoint as "
+                                                  "a Hugging Face folder"},
     {"sub_group_size", "the optimizer works block by block"},
     {"round_robin_gradients", "gradients are reduce-scattered per block"},
     {NULL, NULL},
@@ -959,6 +961,35 @@ static int apply_scheduler(walker *w, json_t *root)
     return 0;
 }
 
+/* ---------------------------------------------------------------- checkpoint */
+
+#define CKPT_ANY_COUNT "every fsoff checkpoint loads on any device count and tiers"
+static const key_spec checkpoint_keys[] = {
+    {"dir", NULL},
+    {"every_steps", NULL},
+    {"keep", NULL},
+    {"tag_validation", "fsoff checkpoints are named by their step, not tagged"},
+    {"load_universal", CKPT_ANY_COUNT},
+    {"use_node_local_storage", "one process writes each checkpoint"},
+    {"parallel_write", "the saver streams every device's shards itself"},
+    {NULL, NULL},
+};
+
+static int apply_checkpoint(walker *w, json_t *root)
+{
+    fso_checkpoint_config *ck = &w->out->checkpoint;
+    keypath sec = {{"checkpoint"}, 1};
+    json_t *s;
+
+    CFG_TRY(get_section(w, root, "checkpoint", true, &s));
+    CFG_TRY(fso_cfg_check_keys(w, s, &sec, checkpoint_keys, ""));
+    /* room after the folder for the checkpoint's own names */
+    CFG_TRY(get_path(w, s, &sec, "dir", ck->dir, sizeof ck->dir - 64));
+    CFG_TRY(get_int(w, s, &sec, "every_steps", 0, INT64_MAX, I64(0), &ck->every_steps));
+    CFG_TRY(get_int32(w, s, &sec, "keep", 1, I64(2), &ck->keep));
+    return 0;
+}
+
 /* Validate doc->merged and fill cfg; on failure cfg keeps its values and
  * cfg->err holds the message. */
 int fso_cfg_apply(fso_config *cfg, const struct fso_config_doc *doc, bool warn)
@@ -987,6 +1018,8 @@ int fso_cfg_apply(fso_config *cfg, const struct fso_config_doc *doc, bool warn)
         rc = apply_scheduler(&w, root);
     if (rc == 0)
         rc = apply_offload(&w, root);
+    if (rc == 0)
+        rc = apply_checkpoint(&w, root);
     if (rc == 0)
         *cfg = *c;
     else

@@ -1,10 +1,12 @@
 /* main.c — the fsoff executable: `fsoff plan` (plan_cli.h), `fsoff bench`
- * (bench/bench.h), `fsoff plot` (bench/plot.h), and otherwise training
+ * (bench/bench.h), `fsoff plot` (bench/plot.h), `fsoff export`
+ * (export_cli.h), and otherwise training
  * (cli.h). */
 #include <string.h>
 
 #include "bench.h"
 #include "cli.h"
+#include "export_cli.h"
 #include "plan_cli.h"
 #include "plot.h"
 
@@ -16,5 +18,7 @@ int main(int argc, char **argv)
         return fso_plan_main(argc - 1, argv + 1);
     if (argc > 1 && strcmp(argv[1], "plot") == 0)
         return fso_plot_main(argc - 1, argv + 1);
+    if (argc > 1 && strcmp(argv[1], "export") == 0)
+        return fso_export_main(argc - 1, argv + 1);
     return fso_cli_main(argc, argv);
 }

@@ -2,8 +2,11 @@
 #include "report.h"
 
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+
+#include "util.h"
 
 uint64_t fso_peak_rss_bytes(void)
 {
@@ -85,7 +88,7 @@ void fso_report_step(fso_report *r, const fso_step_stats *st)
     }
     if (r->metrics)
         fprintf(r->metrics,
-                "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, "
+                "{\"step\": %lld, \"loss\": %.17g, \"lr\": %.9g, \"grad_norm\": %.17g, "
                 "\"clip_coef\": %.9g, \"step_ms\": %.6g, \"tokens\": %lld, \"tok_s\": %.6g, "
                 "\"gflops\": %.6g, \"mfu\": %.6g, \"stall_ms\": %.6g, \"compute_ms\": %.6g, "
                 "\"optimizer_ms\": %.6g, \"optimizer_exposed_ms\": %.6g, "
@@ -99,6 +102,40 @@ void fso_report_step(fso_report *r, const fso_step_stats *st)
                 (unsigned long long)st->stale_marks);
     if (r->metrics)
         fflush(r->metrics); /* a plot can follow the run */
+}
+
+void fso_report_checkpoint(fso_report *r, int64_t step, const char *path, uint64_t bytes,
+                           uint64_t cloned_bytes, double seconds, double exposed_ms,
+                           const char *error)
+{
+    char *qpath = fso_json_quote(path), *qerr = error ? fso_json_quote(error) : NULL;
+    if (!error) {
+        char h[32], c[64] = "";
+        fso_human_bytes(h, sizeof h, (double)bytes);
+        if (cloned_bytes) {
+            char hc[32];
+            fso_human_bytes(hc, sizeof hc, (double)cloned_bytes);
+            snprintf(c, sizeof c, " (%s by reflink)", hc);
+        }
+        fprintf(r->out, "checkpoint step %lld | %s | %s%s in %.2f s, %.1f MB/s | exposed %.1f ms\n",
+                (long long)step, path, h, c, seconds, seconds > 0 ? bytes / seconds / 1e6 : 0.0,
+                exposed_ms);
+        fflush(r->out);
+    }
+    if (r->metrics && qpath && (!error || qerr)) {
+        if (error)
+            fprintf(r->metrics, "{\"event\": \"checkpoint_failed\", \"step\": %lld, \"path\": %s, "
+                                "\"error\": %s}\n", (long long)step, qpath, qerr);
+        else
+            fprintf(r->metrics, "{\"event\": \"checkpoint\", \"step\": %lld, \"path\": %s, "
+                                "\"bytes\": %llu, \"seconds\": %.6g, \"exposed_ms\": %.6g, "
+                                "\"cloned_bytes\": %llu}\n",
+                    (long long)step, qpath, (unsigned long long)bytes, seconds, exposed_ms,
+                    (unsigned long long)cloned_bytes);
+        fflush(r->metrics);
+    }
+    free(qpath);
+    free(qerr);
 }
 
 int fso_report_finish(fso_report *r, char *err, size_t errlen)
@@ -116,10 +153,17 @@ int fso_report_finish(fso_report *r, char *err, size_t errlen)
     uint64_t rss = fso_peak_rss_bytes();
     int rc = 0;
 
+    /* steps are counted from where the run started: a resumed run's are the checkpoint's
+     * and its own */
+    const long long made = (long long)(r->first_step + r->steps), of = (long long)r->total_steps;
+    const char *status = r->failed ? "failed" : r->stopped_by ? "stopped" : "done";
     if (r->steps > 0) {
         if (r->failed)
-            fprintf(r->out, "fsoff: failed after %lld of %lld steps (the error above) | ",
-                    (long long)r->steps, (long long)r->total_steps);
+            fprintf(r->out, "fsoff: failed after %lld of %lld steps (the error above) | ", made,
+                    of);
+        else if (r->stopped_by)
+            fprintf(r->out, "fsoff: stopped by %s after %lld of %lld steps | ", r->stopped_by,
+                    made, of);
         else
             fprintf(r->out, "fsoff: done: ");
         fprintf(r->out,
@@ -140,7 +184,7 @@ int fso_report_finish(fso_report *r, char *err, size_t errlen)
                 "\"final_update_ms\": %.6g, \"nvme_read_bytes\": %llu, "
                 "\"nvme_write_bytes\": %llu, \"peak_device_bytes\": %llu, "
                 "\"peak_rss_bytes\": %llu, \"pin_refused\": %s, \"stale_marks\": %llu}\n",
-                r->failed ? "failed" : "done", (long long)r->steps, (long long)r->tokens,
+                status, (long long)r->steps, (long long)r->tokens,
                 r->first_loss, r->last_loss, avg_ms, avg_tok_s, r->wall_ms, stall, opt, exposed,
                 r->final_update_ms, (unsigned long long)r->nvme_read_bytes,
                 (unsigned long long)r->nvme_write_bytes,

@@ -30,6 +30,8 @@ typedef struct fso_report {
     /* set by the caller before finish */
     uint64_t peak_device_bytes;
     double final_update_ms;    /* after the last step, waiting for its update (no step's) */
+    int64_t first_step;        /* the step the run started from (a checkpoint's), else 0 */
+    const char *stopped_by;    /* "SIGTERM"...: a signal stopped the run before its last step */
     bool failed;               /* the run stopped on an error: the summary says so */
     bool pin_refused;          /* host memory could not be pinned */
     uint64_t stale_marks;      /* the last step's count (set by fso_report_step) */
@@ -40,9 +42,19 @@ typedef struct fso_report {
 int fso_report_init(fso_report *r, FILE *out, const char *metrics_path, int64_t total_steps,
                     int64_t print_every, double flops_per_token, char *err, size_t errlen);
 void fso_report_step(fso_report *r, const fso_step_stats *st);
-/* Summary line(s) and the "summary" JSON object ("status" "done", or
- * "failed" with r->failed); closes the metrics file. Returns 0 or negative
- * errno if the metrics file could not be written. */
+/* A save that finished: a line in the step lines ("checkpoint step N |
+ * path | size in seconds, rate | exposed ms") and a {"event": "checkpoint",
+ * "step", "path", "bytes", "seconds", "exposed_ms", "cloned_bytes"}
+ * object; a failed one (error not NULL) only the {"event":
+ * "checkpoint_failed", "step", "path", "error"} object (the run prints the
+ * error). */
+void fso_report_checkpoint(fso_report *r, int64_t step, const char *path, uint64_t bytes,
+                           uint64_t cloned_bytes, double seconds, double exposed_ms,
+                           const char *error);
+/* Summary line(s) and the "summary" JSON object ("status" "failed" with
+ * r->failed, else "stopped" with r->stopped_by, else "done"); closes the
+ * metrics file. Returns 0 or negative errno if the metrics file could not
+ * be written. */
 int fso_report_finish(fso_report *r, char *err, size_t errlen);
 
 /* Peak resident set size of this process, in bytes. */

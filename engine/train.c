@@ -8,6 +8,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "checkpoint_run.h"
 #include "data.h"
 #include "plan.h"
 #include "report.h"
@@ -359,7 +360,7 @@ out:
 /* The steps: data, the step, its line, the measurements, and after five
  * steps the re-plan. 0 or negative errno after one error line. */
 static int run_steps(fso_config *cfg, fso_data *data, fso_trainer *tr, fso_report *rep,
-                     run_plan *rp, FILE *out)
+                     run_plan *rp, fso_ckpt_run *ck, FILE *out)
 {
     const size_t n = fso_trainer_step_tokens(cfg);
     const size_t bt = (size_t)cfg->micro_batch * cfg->data.seq_len;
@@ -370,7 +371,8 @@ static int run_steps(fso_config *cfg, fso_data *data, fso_trainer *tr, fso_repor
         fprintf(stderr, "fsoff: error: out of host memory for %zu batch tokens\n", n);
         goto out;
     }
-    for (int64_t s = 0; s < cfg->steps; s++) {
+    const int64_t s0 = fso_zero_steps(tr->zero); /* after a resume, the checkpoint's step */
+    for (int64_t s = s0; s < cfg->steps && !fso_ckpt_run_stopping(ck); s++) {
         fso_step_stats st;
         for (size_t a = 0; a < n / bt; a++)
             fso_data_next(data, inputs + a * bt, targets + a * bt);
@@ -379,11 +381,12 @@ static int run_steps(fso_config *cfg, fso_data *data, fso_trainer *tr, fso_repor
             goto out;
         }
         fso_report_step(rep, &st);
-        if (rp->plan && s > 0)
+        fso_ckpt_run_after_step(ck, rep);
+        if (rp->plan && s > s0)
             measure(rp, &st, tr, fso_model_n_blocks(&cfg->model));
         /* after a few steps: was the prediction right? If not, plan again
          * from what was measured, and move the state when that pays. */
-        if (rp->plan && s + 1 == (cfg->steps < 6 ? -1 : 5))
+        if (rp->plan && s + 1 - s0 == (cfg->steps - s0 < 6 ? -1 : 5))
             replan(rp, cfg, cfg->steps - (s + 1), tr, rep, out);
     }
 out:
@@ -400,6 +403,7 @@ int fso_train_run(const fso_config *cfg, const fso_run_opts *opts)
     fso_report rep = {0};
     run_devices dev;
     run_plan rp = {0};
+    fso_ckpt_run *ck = NULL;
     char err[512] = "";
     int rc = -ENOMEM;
 
@@ -413,6 +417,10 @@ int fso_train_run(const fso_config *cfg, const fso_run_opts *opts)
     /* what can be checked before planning: the data and the metrics file */
     if ((rc = fso_data_init(&data, cfg)) < 0) {
         fprintf(stderr, "fsoff: error: %s\n", data.err);
+        goto out;
+    }
+    if ((rc = fso_ckpt_run_start(&ck, run_cfg, opts, out, err, sizeof err)) < 0) {
+        fprintf(stderr, "fsoff: error: %s\n", err);
         goto out;
     }
     double fpt = 3.0 * fso_model_flops_per_token(&cfg->model, cfg->data.seq_len);
@@ -437,12 +445,19 @@ int fso_train_run(const fso_config *cfg, const fso_run_opts *opts)
     }
     rep.pin_refused = fso_zero_pin_refused(tr.zero) != NULL;
     print_banner(out, cfg, &tr, &data, dev.note);
+    if ((rc = fso_ckpt_run_resume(ck, &tr, &data, err, sizeof err)) < 0) {
+        fprintf(stderr, "fsoff: error: %s\n", err);
+        goto out;
+    }
 
-    rc = run_steps(run_cfg, &data, &tr, &rep, &rp, out);
+    rc = run_steps(run_cfg, &data, &tr, &rep, &rp, ck, out);
     double waited = 0;
     if (rc == 0 && (rc = fso_trainer_finish(&tr, &waited)) < 0)
         fprintf(stderr, "fsoff: error: the last update failed: %s\n", tr.err);
     rep.final_update_ms = waited;
+    rc = fso_ckpt_run_finish(ck, &rep, rc);
+    rep.first_step = fso_ckpt_run_first_step(ck);
+    rep.stopped_by = fso_ckpt_run_stopped_by(ck);
     rep.failed = rc < 0;
     rep.peak_device_bytes = fso_zero_peak_device_bytes(tr.zero);
     rep.pin_refused = fso_zero_pin_refused(tr.zero) != NULL; /* a re-plan may have grown it */
@@ -455,6 +470,7 @@ out:
         fclose(rep.metrics);
     free(rp.plan);
     free(rp.block_ms);
+    fso_ckpt_run_free(ck); /* before the state it may still be saving */
     fso_trainer_free(&tr);
     fso_data_free(&data);
     free(run_cfg);

@@ -10,6 +10,7 @@
 #ifndef FSO_TRAIN_H
 #define FSO_TRAIN_H
 
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -63,6 +64,11 @@ typedef struct fso_run_opts {
     const char *devices;        /* as given to --devices */
     FILE *out;                  /* the plan, banner, step lines and summary; NULL: stdout
                                    (errors and warnings go to stderr) */
+    const char *resume;         /* NULL: from step 0; "": from the latest checkpoint in
+                                   checkpoint.dir; else a checkpoint or a save folder */
+    volatile sig_atomic_t *stop;/* set to a signal's number when one asks the run to stop:
+                                   it finishes the step in progress, saves (with
+                                   checkpoint.dir) and returns 0; NULL: never */
 } fso_run_opts;
 
 /* The whole run: the plan (the placement chosen where the configuration

@@ -432,8 +432,10 @@ static int start_optimizer(rank_state *rk, int threads, char *err, size_t errlen
     rk->compute.grad_sq = calloc((size_t)z->n_blocks, sizeof *rk->compute.grad_sq);
     rk->opt.ready = calloc((size_t)z->n_blocks, sizeof *rk->opt.ready);
     rk->opt.ready_mark = calloc((size_t)z->n_blocks, sizeof *rk->opt.ready_mark);
+    rk->opt.rest = calloc((size_t)z->n_blocks, sizeof *rk->opt.rest);
     rk->clock.block_ms = calloc((size_t)z->n_blocks, sizeof *rk->clock.block_ms);
-    if (!rk->compute.grad_sq || !rk->opt.ready || !rk->opt.ready_mark || !rk->clock.block_ms ||
+    if (!rk->compute.grad_sq || !rk->opt.ready || !rk->opt.ready_mark || !rk->opt.rest ||
+        !rk->clock.block_ms ||
         (rc = fso_optpool_create(&rk->opt.pool, threads)) < 0) {
         snprintf(err, errlen, "out of host memory for the optimizer");
         return -ENOMEM;
@@ -519,6 +521,10 @@ int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t err
         (rc = setup_layout(z, cfg, &zb, err, errlen)) < 0 ||
         (cfg->init_from[0] && (rc = fso_hf_open(&hf, cfg->init_from, &cfg->model, err, errlen)) < 0))
         goto fail;
+    if ((rc = fso_zero_save_init(z)) < 0) {
+        snprintf(err, errlen, "out of host memory");
+        goto fail;
+    }
     shard_budget(z, &bud);
     const int threads = cfg->threads > 0 ? cfg->threads : fso_cpu_count();
     const int per_dev = threads / z->world > 0 ? threads / z->world : 1;
@@ -578,6 +584,7 @@ void fso_zero_destroy(fso_zero *z)
         free(rk->compute.grad_sq);
         free(rk->opt.ready);
         free(rk->opt.ready_mark);
+        free(rk->opt.rest);
         free(rk->clock.block_ms);
         if (!rk->be)
             continue;
@@ -595,6 +602,7 @@ void fso_zero_destroy(fso_zero *z)
         fso_backend_destroy(rk->be);
     }
     fso_zero_arena_free(z);
+    fso_zero_save_free(z);
     fso_topo_destroy(z->topo);
     free(z->ranks);
     free(z->blocks);

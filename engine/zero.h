@@ -111,6 +111,74 @@ int fso_zero_export_hf(fso_zero *z, const char *outdir, const struct fso_hf_expo
 int fso_zero_forward_logits(fso_zero *z, const int32_t *inputs, float *logits, char *err,
                             size_t errlen);
 
+/* ---- checkpoints (checkpoint.h builds on these) ----
+ *
+ * A checkpoint holds master, m and v of every block, each block's first
+ * `block_elems` elements (its tensors and the padding between them, rounded
+ * up to whole 4 KiB pages: the same at any device count). A device's shard
+ * of a block is one contiguous range of that, so the saver writes each
+ * shard's part with large aligned writes straight from where it lives. */
+#define FSO_ZERO_SAVED_KINDS 3 /* master, m, v: FSO_KIND_MASTER + i */
+
+/* One checksummed piece of what a save wrote. */
+typedef struct fso_zero_save_piece {
+    uint64_t off;         /* byte offset in the data file */
+    uint64_t bytes;
+    uint32_t crc32c;
+} fso_zero_save_piece;
+
+typedef struct fso_zero_save_spec {
+    fso_store *out;                /* the checkpoint's data file (one file: store offset = file
+                                      offset); only the saver uses it */
+    const uint64_t *block_off;     /* [i * n_blocks + b]: where saved kind i of block b begins
+                                      in out, a multiple of 4 KiB */
+    const size_t *block_elems;     /* [b]: elements saved of block b, a multiple of 1024 */
+    size_t piece_bytes;            /* the largest checksummed piece, a multiple of 4 KiB;
+                                      pieces never cross a multiple of it in out */
+    bool reflink;                  /* clone NVMe-resident shards into out where the filesystem
+                                      shares blocks (XFS, btrfs); copy where it cannot */
+    /* called after each block is out (tests pause a save here) */
+    void (*after_block)(void *ctx, int blocks_done, int n_blocks);
+    void *ctx;
+    /* results: the pieces in the order written (malloc'ed; the caller frees) */
+    fso_zero_save_piece *pieces;
+    size_t n_pieces;
+    uint64_t bytes;                /* state saved, cloned bytes included */
+    uint64_t cloned_bytes;         /* of which shared with the NVMe store by reflink */
+    char err[512];
+} fso_zero_save_spec;
+
+/* Between steps, on the thread that runs them: start a save of the state of
+ * step fso_zero_steps(z). Until fso_zero_save_stream has streamed a block
+ * out, later updates of that block wait for it (the optimizer waits for the
+ * saver block by block, never for the whole save); everything else goes
+ * on. 0, or -EBUSY while another save streams. */
+int fso_zero_save_arm(fso_zero *z);
+/* On the saver's own thread, after arm: every device's master, m and v,
+ * block by block in the order the next update visits them, each block once
+ * its update of the saved step has landed, from wherever each shard lives
+ * (device, host arena, NVMe), into spec->out at spec's offsets with a CRC-32C
+ * per piece. Never holds more than a few pieces in memory. Lets every
+ * waiting update go when it returns, failed or not. 0 or negative errno
+ * with spec->err. */
+int fso_zero_save_stream(fso_zero *z, fso_zero_save_spec *spec);
+/* Let every update waiting for a save go (a save abandoned before it
+ * streamed); no-op when none is armed. */
+void fso_zero_save_disarm(fso_zero *z);
+/* What training waited for the last save inside the trainer, ms: the
+ * longest any device's updates waited for the saver, and a re-plan's wait
+ * for the save to stream out. */
+double fso_zero_save_waited_ms(fso_zero *z);
+
+/* Loading, after fso_zero_create and before the first step: kind k (master,
+ * m or v) of block b from flat, the whole block in fp32 (padded_elems of
+ * this device count, the padding zero); loading the master sets the working
+ * parameters to it (bf16: rounded to nearest even, as the optimizer writes
+ * them). 0 or negative errno with err. */
+int fso_zero_load_block(fso_zero *z, int b, fso_kind k, float *flat, char *err, size_t errlen);
+/* After loading every block: the state is that of step `steps`. */
+void fso_zero_set_steps(fso_zero *z, int64_t steps);
+
 /* What one device allocates besides its shards and activations, for cfg
  * (its world, model, bf16, aio.block_size) with parameters on param_tier
  * read `prefetch` blocks ahead: fso_zero_create and fso_zero_retier

@@ -9,7 +9,8 @@
  *   zero_step.c    the step, the devices' threads
  *   zero_optim.c   the optimizer and its schedules
  *   zero_hf.c      whole-model copies in Hugging Face's layout
- *   zero_retier.c  moving state between tiers while training */
+ *   zero_retier.c  moving state between tiers while training
+ *   zero_save.c    streaming the state out (checkpoints) and in */
 #ifndef FSO_ZERO_IMPL_H
 #define FSO_ZERO_IMPL_H
 
@@ -114,6 +115,9 @@ typedef struct rank_optim {
     int head, tail;
     int busy;                    /* a job is running */
     int64_t *ready;              /* [block] the step whose parameters the block holds */
+    int64_t *rest;               /* [block] the step whose update of the block has landed:
+                                    master, m and v written wherever they live (with the
+                                    update on the device: queued before ready_mark) */
     uint64_t *ready_mark;        /* [block] the backend's mark after its update was queued
                                     (a device-side update; 0: done when ready) */
     errsink err;                 /* the optimizer's failure */
@@ -175,6 +179,20 @@ typedef struct rank_threads {
     bool caller_bound;           /* device 0's node applied to the caller's thread */
 } rank_threads;
 
+/* The save in progress (zero_save.c): the state of step `step` streams
+ * out block by block while training goes on; an update of a later step
+ * waits until the saver is done with its block. */
+typedef struct save_gate {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool init;
+    bool active;                 /* armed, and not every block is done */
+    int64_t step;
+    bool *done;                  /* [block] streamed out: a later update may change it */
+    double *waited_ms;           /* [rank] updates waited for the saver, this save */
+    double idle_waited_ms;       /* a re-plan waited for this save to stream out */
+} save_gate;
+
 struct fso_zero {
     const fso_config *cfg;
     int world, n_blocks;
@@ -196,6 +214,7 @@ struct fso_zero {
     host_arena arena;
     struct fso_topo *topo;       /* this machine, when it has more than one NUMA node */
     rank_threads threads;
+    save_gate save;
 };
 
 
@@ -294,6 +313,15 @@ int fso_zero_start_workers(fso_zero *z, char *err, size_t errlen);
 void fso_zero_stop_workers(fso_zero *z);
 /* The first device's failure message into err (one that caused the others'). */
 void fso_zero_first_error(const fso_zero *z, char *err, size_t errlen);
+
+/* zero_save.c */
+/* Before an update of step t changes block b on device rk: wait while a
+ * save of an earlier step still needs the block. */
+void fso_zero_save_gate(rank_state *rk, int b, int64_t t);
+/* Wait until no save is streaming (before state moves between tiers). */
+void fso_zero_save_wait_idle(fso_zero *z);
+int fso_zero_save_init(fso_zero *z);
+void fso_zero_save_free(fso_zero *z);
 
 /* zero_optim.c */
 int fso_zero_optim_start(rank_state *rk);      /* the device's optimizer thread */

@@ -133,6 +133,19 @@ static void mark_ready(rank_state *rk, int b, int64_t step)
     pthread_mutex_unlock(&rk->opt.mu);
 }
 
+/* Blocks [b0, b1) hold step's master, m and v wherever they live: a save
+ * may read them (zero_save.c). */
+static void mark_rest(rank_state *rk, int b0, int b1, int64_t step)
+{
+    if (b0 >= b1)
+        return;
+    pthread_mutex_lock(&rk->opt.mu);
+    for (int b = b0; b < b1; b++)
+        rk->opt.rest[b] = step;
+    pthread_cond_broadcast(&rk->opt.cv);
+    pthread_mutex_unlock(&rk->opt.mu);
+}
+
 /* The optimizer state on a GPU: the update runs there, one kernel per
  * tensor range queued on the device (the same bits as on the CPU), instead
  * of the state crossing PCIe twice. Working parameters on the device are
@@ -218,11 +231,14 @@ static void launch_block_update(rank_state *rk, const fso_adamw_step *as, int b)
 static int update_blocks_on_device(rank_state *rk, const fso_adamw_step *as, int b0, int b1)
 {
     fso_backend *be = rk->be;
+    fso_zero_save_gate(rk, b0, as->t);
     launch_block_update(rk, as, b0);
     for (int b = b0; b <= b1; b++) {
         const uint64_t updated = be->ops->mark(be); /* block b's kernels are before it */
-        if (b < b1)
+        if (b < b1) {
+            fso_zero_save_gate(rk, b + 1, as->t);
             launch_block_update(rk, as, b + 1);
+        }
         if (fso_zero_locate(rk, b, FSO_KIND_PARAM)->tier != FSO_TIER_DEVICE) {
             rk->opt.after = updated; /* the copies down wait for b's kernels only */
             int rc = params_from_master(rk, b);
@@ -231,6 +247,7 @@ static int update_blocks_on_device(rank_state *rk, const fso_adamw_step *as, int
         }
         rk->opt.ready_mark[b] = updated;
         mark_ready(rk, b, as->t);
+        mark_rest(rk, b, b + 1, as->t); /* a save copies out after ready_mark */
     }
     return 0;
 }
@@ -249,7 +266,7 @@ static int update_blocks(rank_state *rk, const fso_adamw_step *as, int b0, int b
 
     cur = (unit){b0, 0, 0};
     cur.n = fso_zero_shard_elems(z, b0) < ch ? fso_zero_shard_elems(z, b0) : ch;
-    int set = 0;
+    int set = 0, rested = b0; /* blocks below `rested` have landed */
     for (int i = 0; i < 4; i++)
         if ((rc = unit_fetch(rk, &cur, reads[i], &rk->opt.chunk[0][reads[i]], &p[reads[i]])) < 0)
             return rc;
@@ -267,9 +284,13 @@ static int update_blocks(rank_state *rk, const fso_adamw_step *as, int b0, int b
         if (more) {
             size_t left = fso_zero_shard_elems(z, nxt.b) - nxt.c0;
             nxt.n = left < ch ? left : ch;
-            /* the other set's writes must land before its buffers are reused */
+            /* the other set's writes must land before its buffers are reused;
+             * then every unit before this one has landed */
             if ((rc = set_wait(rk, rk->opt.chunk[set ^ 1], cur.b)) < 0)
                 return rc;
+            mark_rest(rk, rested, cur.b, as->t);
+            if (cur.b > rested)
+                rested = cur.b;
             for (int i = 0; i < 4; i++)
                 if ((rc = unit_fetch(rk, &nxt, reads[i], &rk->opt.chunk[set ^ 1][reads[i]],
                                      &q[reads[i]])) < 0)
@@ -288,6 +309,8 @@ static int update_blocks(rank_state *rk, const fso_adamw_step *as, int b0, int b
         if (z->elem_bytes[FSO_KIND_PARAM] == sizeof(uint16_t))
             param = param_bf16 = fso_zero_xfer_dest(rk, cur.b, FSO_KIND_PARAM, cur.c0,
                                                     &o[FSO_KIND_PARAM], true);
+        if (cur.c0 == 0) /* a save of the step before may still need the block */
+            fso_zero_save_gate(rk, cur.b, as->t);
         update_unit(rk, &cur, p[FSO_KIND_MASTER], p[FSO_KIND_GRAD], p[FSO_KIND_M],
                     p[FSO_KIND_V], param_bf16, *as);
         if ((rc = unit_store(rk, &cur, FSO_KIND_PARAM, &o[FSO_KIND_PARAM], param)) < 0 ||
@@ -315,6 +338,7 @@ static int update_blocks(rank_state *rk, const fso_adamw_step *as, int b0, int b
     for (int s = 0; s < 2; s++)
         if ((rc = set_wait(rk, rk->opt.chunk[s], -1)) < 0)
             return rc;
+    mark_rest(rk, rested, b1 + 1, as->t);
     return 0;
 }
 

@@ -74,6 +74,7 @@ static int retier_copy(rank_state *rk, int b, fso_kind k, const loc *to, uint64_
 /* Between steps: no update running, no I/O in flight. */
 static int quiesce(fso_zero *z, char *err, size_t errlen)
 {
+    fso_zero_save_wait_idle(z); /* a save reads the shards where they are now */
     for (int r = 0; r < z->world; r++) {
         rank_state *rk = &z->ranks[r];
         rk->compute.err.rc = 0;

@@ -127,9 +127,10 @@ int fso_cpu_coll_create(fso_coll **out, int world, fso_backend **devs, char *err
     return rc;
 }
 
-/* Each buffer carries a 64-byte header with its size, so frees are counted
- * against the device's memory cap. */
-#define BUF_HDR 64
+/* Each buffer carries a header with its size, so frees are counted against
+ * the device's memory cap. Buffers start on a page: a shard there can be
+ * written to a checkpoint with O_DIRECT as it is (engine/zero_save.c). */
+#define BUF_HDR 4096
 
 int fso_cpu_buf_alloc(fso_backend *be, size_t bytes, void **out)
 {
@@ -141,7 +142,7 @@ int fso_cpu_buf_alloc(fso_backend *be, size_t bytes, void **out)
                  be->device, rounded, be->mem_used_bytes, be->mem_cap_bytes);
         return -ENOMEM;
     }
-    if (posix_memalign(&p, 64, rounded + BUF_HDR) != 0) {
+    if (posix_memalign(&p, BUF_HDR, rounded + BUF_HDR) != 0) {
         snprintf(be->err, sizeof be->err, "out of host memory allocating %zu bytes", bytes);
         return -ENOMEM;
     }

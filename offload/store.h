@@ -61,6 +61,13 @@ typedef struct fso_store_ops {
      * the nth read prepared from now has its first transfer cut short, so
      * the store's own short-transfer resubmission runs. Returns 0 or -errno. */
     int (*inject_short_read)(fso_store *s, int nth);
+    /* Where the store's bytes [off, off+len) lie: the file descriptor and
+     * offset of the first byte, and in *contig how many bytes from there
+     * are contiguous in that file (at most len). What a reflink (an
+     * ioctl FICLONERANGE between two stores' files) needs. Optional: NULL
+     * where the store is not files (memory). 0 or -errno. */
+    int (*file_extent)(fso_store *s, uint64_t off, size_t len, int *fd, uint64_t *file_off,
+                       size_t *contig);
     void (*destroy)(fso_store *s);
 } fso_store_ops;
 
@@ -85,6 +92,10 @@ typedef struct fso_store_opts {
     int queue_depth;          /* aio.queue_depth */
     bool direct;              /* O_DIRECT; falls back to buffered with one warning */
     const char *file_prefix;  /* file names: <dir>/<prefix>.<n>; "fsoff-store" if NULL */
+    const char *file_name;    /* with one folder: the file's exact name instead */
+    bool keep_files;          /* the files outlive the store (a checkpoint's data): destroy
+                                 closes them without removing them, and a fatal signal's
+                                 fso_store_unlink_created leaves them */
     const cpu_set_t *iowq_cpus; /* where the kernel's I/O workers for this store run (the
                                  drives' NUMA node); NULL: anywhere. Best effort. */
     bool refuse_direct;       /* test hook: act as if every folder refused O_DIRECT
@@ -94,11 +105,21 @@ typedef struct fso_store_opts {
 /* io_uring over preallocated files, one or more per folder. Errors name the
  * folder and the fix (missing, not a directory, read-only, no space for
  * capacity_bytes, in use by a running fsoff: -EBUSY). Files are created 0600
- * with O_NOFOLLOW and removed by destroy. While open, the store holds a lock
- * file per folder, <prefix>.lock (flock); files <prefix>.<n> of this user
- * found under a lock nobody holds are a finished run's and are removed, with
- * one notice on stderr. */
+ * with O_NOFOLLOW and removed by destroy unless keep_files. While open, the
+ * store holds a lock file per folder, <prefix>.lock (flock); files
+ * <prefix>.<n> of this user found under a lock nobody holds are a finished
+ * run's and are removed, with one notice on stderr. A store with file_name
+ * takes no lock and removes nothing but its own file. */
 int fso_store_open_uring(fso_store **out, const fso_store_opts *opts, char *err, size_t errlen);
+/* Remove every file an io_uring store of this process created to remove
+ * and has not removed yet, then every lock file its stores hold (up to
+ * FSO_STORE_MAX_TRACKED of each): what a signal handler that ends the
+ * process at once calls, so no store file outlives it. Leftovers removed by
+ * a lock's reclaim were never this process's and are not touched. The
+ * kernel lets go of the locks as the process dies. Async-signal-safe: it
+ * only reads the lists and calls unlink(2). */
+#define FSO_STORE_MAX_TRACKED 1024
+void fso_store_unlink_created(void);
 /* Memory: the host tier and tests. align is a power of two; queue_depth is
  * FSO_STORE_MEM_QUEUE_DEPTH. Data moves at submit; requests complete at reap. */
 #define FSO_STORE_MEM_QUEUE_DEPTH 128

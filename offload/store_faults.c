@@ -211,6 +211,14 @@ static int fault_register_buffers(fso_store *s, void *base, size_t len)
     return rc < 0 ? fault_inner_error(s, rc) : 0;
 }
 
+static int fault_file_extent(fso_store *s, uint64_t off, size_t len, int *fd, uint64_t *file_off,
+                             size_t *contig)
+{
+    fso_store *in = ((fault_ctx *)s->ctx)->inner;
+    return in->ops->file_extent ? in->ops->file_extent(in, off, len, fd, file_off, contig)
+                                : -EOPNOTSUPP;
+}
+
 static int fault_grow(fso_store *s, uint64_t capacity_bytes)
 {
     fault_ctx *c = s->ctx;
@@ -250,6 +258,7 @@ static const fso_store_ops fault_ops = {
     .reap = fault_reap,
     .register_buffers = fault_register_buffers,
     .inject_short_read = NULL,
+    .file_extent = fault_file_extent,
     .grow = fault_grow,
     .destroy = fault_destroy,
 };

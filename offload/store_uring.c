@@ -6,11 +6,22 @@
  * k % ndirs, at offset (k / ndirs) * block_bytes + a % block_bytes of that
  * folder's file <dir>/<prefix>.<n>. Each file is created 0600 with
  * O_EXCL|O_NOFOLLOW (never through a symlink, never over another file),
- * preallocated to ceil(stripes / ndirs) * block_bytes, and removed by destroy.
+ * preallocated to ceil(stripes / ndirs) * block_bytes, and removed by destroy
+ * (kept with keep_files: a checkpoint's data file, one folder, its own name).
  * Each folder's <prefix>.lock is held (flock) while the store is open: a
  * second store with the prefix is refused while the first runs, and files
  * left by a run that ended without removing them (killed) are removed when
- * the next one takes the lock.
+ * the next one takes the lock. A store of a file with its own name
+ * (file_name) takes no lock and removes nothing it did not create: its
+ * folder is its caller's (a checkpoint's temporary folder).
+ *
+ * Ending. destroy removes the files and then the locks. A process that must
+ * die at once (a second SIGINT) calls fso_store_unlink_created from its
+ * signal handler: every file the process created to remove goes, then every
+ * lock file it holds, in that order, so no other run can take a lock and
+ * create a file of the same name before ours is gone; the kernel lets go of
+ * the locks as the process dies. A leftover removed by the lock's reclaim
+ * was never this process's and is never on those lists.
  *
  * Requests. prep_* takes one of queue_depth request slots (no allocation on
  * the hot path) and splits the request at stripe boundaries into parts,
@@ -88,6 +99,7 @@ typedef struct uring_ctx {
     int ndirs;
     int fds[FSO_STORE_MAX_DIRS];
     bool created[FSO_STORE_MAX_DIRS];
+    bool keep;         /* the files stay at destroy */
     char path[FSO_STORE_MAX_DIRS][PATH_MAX];
     int lock_fds[FSO_STORE_MAX_DIRS];   /* each folder's <prefix>.lock, held while open */
     char lock_path[FSO_STORE_MAX_DIRS][PATH_MAX];
@@ -393,6 +405,59 @@ static int uring_inject_short_read(fso_store *s, int nth)
     return 0;
 }
 
+static int uring_file_extent(fso_store *s, uint64_t off, size_t len, int *fd, uint64_t *file_off,
+                             size_t *contig)
+{
+    uring_ctx *c = s->ctx;
+    if (off > s->capacity_bytes || len > s->capacity_bytes - off)
+        return -EINVAL;
+    uint64_t k = off / c->block_bytes, within = off % c->block_bytes;
+    *fd = c->fds[k % (uint64_t)c->ndirs];
+    *file_off = (k / (uint64_t)c->ndirs) * c->block_bytes + within;
+    /* one folder: the stripes follow each other in its file */
+    uint64_t run = c->ndirs == 1 ? len : c->block_bytes - within;
+    *contig = run < len ? (size_t)run : len;
+    return 0;
+}
+
+/* ---- the files to remove when the process ends at once ---- */
+
+/* Pointers to the paths (in their store's context) of the files created to
+ * be removed (TRACK_FILES) and of the lock files held (TRACK_LOCKS); NULL
+ * entries are free. A signal handler reads them. */
+enum { TRACK_FILES, TRACK_LOCKS };
+static char *tracked[2][FSO_STORE_MAX_TRACKED];
+
+static void track(int list, char *path)
+{
+    for (int i = 0; i < FSO_STORE_MAX_TRACKED; i++) {
+        char *none = NULL;
+        if (__atomic_compare_exchange_n(&tracked[list][i], &none, path, false,
+                                        __ATOMIC_RELEASE, __ATOMIC_RELAXED))
+            return;
+    }
+}
+
+static void untrack(int list, const char *path)
+{
+    for (int i = 0; i < FSO_STORE_MAX_TRACKED; i++) {
+        char *p = (char *)path;
+        if (__atomic_compare_exchange_n(&tracked[list][i], &p, NULL, false, __ATOMIC_RELEASE,
+                                        __ATOMIC_RELAXED))
+            return;
+    }
+}
+
+void fso_store_unlink_created(void)
+{
+    for (int list = TRACK_FILES; list <= TRACK_LOCKS; list++) /* the files first */
+        for (int i = 0; i < FSO_STORE_MAX_TRACKED; i++) {
+            char *p = __atomic_load_n(&tracked[list][i], __ATOMIC_ACQUIRE);
+            if (p)
+                unlink(p);
+        }
+}
+
 /* ---- open and destroy ---- */
 
 static void uring_teardown(uring_ctx *c)
@@ -404,9 +469,14 @@ static void uring_teardown(uring_ctx *c)
     for (int i = 0; i < c->ndirs; i++) {
         if (c->fds[i] >= 0)
             close(c->fds[i]);
-        if (c->created[i])
+        if (c->created[i] && !c->keep) {
+            untrack(TRACK_FILES, c->path[i]);
             unlink(c->path[i]);
+        }
+    }
+    for (int i = 0; i < c->ndirs; i++) { /* the files first: see "Ending" */
         if (c->lock_fds[i] >= 0) { /* unlinked while held: a waiter re-checks the path */
+            untrack(TRACK_LOCKS, c->lock_path[i]);
             unlink(c->lock_path[i]);
             close(c->lock_fds[i]);
         }
@@ -440,6 +510,7 @@ static const fso_store_ops uring_ops = {
     .reap = uring_reap,
     .register_buffers = uring_register_buffers,
     .inject_short_read = uring_inject_short_read,
+    .file_extent = uring_file_extent,
     .grow = uring_grow,
     .destroy = uring_destroy,
 };
@@ -529,6 +600,7 @@ static int lock_folder(uring_ctx *c, int i, const char *dir, const char *prefix,
         if (fstat(fd, &held) == 0 && stat(lp, &now) == 0 && held.st_dev == now.st_dev &&
             held.st_ino == now.st_ino) {
             c->lock_fds[i] = fd;
+            track(TRACK_LOCKS, lp);
             break;
         }
         close(fd);
@@ -577,10 +649,11 @@ static int uring_open_file(fso_store *s, uring_ctx *c, int i, const fso_store_op
     }
     if (!S_ISDIR(st.st_mode))
         OPEN_FAIL(-ENOTDIR, "%s: not a folder; --nvme takes folders (comma-separated)", dir);
-    int len = snprintf(c->path[i], sizeof c->path[i], "%s/%s.%d", dir, prefix, i);
+    int len = o->file_name ? snprintf(c->path[i], sizeof c->path[i], "%s/%s", dir, o->file_name)
+                           : snprintf(c->path[i], sizeof c->path[i], "%s/%s.%d", dir, prefix, i);
     if (len < 0 || (size_t)len >= sizeof c->path[i])
         OPEN_FAIL(-ENAMETOOLONG, "%s: folder name too long", dir);
-    int rc = lock_folder(c, i, dir, prefix, err, errlen);
+    int rc = o->file_name ? 0 : lock_folder(c, i, dir, prefix, err, errlen);
     if (rc < 0)
         return rc;
 
@@ -599,6 +672,8 @@ static int uring_open_file(fso_store *s, uring_ctx *c, int i, const fso_store_op
     }
     c->fds[i] = fd;
     c->created[i] = true;
+    if (!c->keep)
+        track(TRACK_FILES, c->path[i]);
 
     if (o->direct) {
         /* Set after creating, so a refusal leaves nothing to clean up. */
@@ -685,6 +760,9 @@ static int uring_open(fso_store *s, uring_ctx *c, const fso_store_opts *o, char 
     if (o->file_prefix && (!o->file_prefix[0] || strchr(o->file_prefix, '/')))
         OPEN_FAIL(-EINVAL, "nvme store: file prefix \"%s\": must be a plain non-empty name",
                   o->file_prefix);
+    if (o->file_name && (!o->file_name[0] || strchr(o->file_name, '/') || o->ndirs != 1))
+        OPEN_FAIL(-EINVAL, "nvme store: file name \"%s\": must be a plain non-empty name, in "
+                  "one folder", o->file_name);
     for (int i = 0; i < o->ndirs; i++)
         for (int j = 0; j < i; j++)
             if (strcmp(o->dirs[i], o->dirs[j]) == 0)
@@ -693,6 +771,7 @@ static int uring_open(fso_store *s, uring_ctx *c, const fso_store_opts *o, char 
     uint64_t stripes = (o->capacity_bytes + o->block_bytes - 1) / o->block_bytes;
     uint64_t per_dir = (stripes + (uint64_t)o->ndirs - 1) / (uint64_t)o->ndirs;
     c->ndirs = o->ndirs;
+    c->keep = o->keep_files;
     c->block_bytes = o->block_bytes;
     c->file_bytes = per_dir * o->block_bytes;
     c->qd = o->queue_depth;

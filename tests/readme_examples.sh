@@ -6,7 +6,9 @@
 # sizes are small; placeholders become real files and folders: /mnt/nvme*
 # folders here, tokens.bin GPT-2-range tokens, book.txt text, FILE and F
 # temporary files, charts (*.png) and configs written (*.json without a
-# folder) here, the probe cache here too; a Hugging Face folder given
+# folder) here, the probe cache here too, checkpoints (ckpt, and
+# ckpt/step-N as the one the 2-step runs saved, step 2) and exported
+# folders (hf-out, one per example) here; a Hugging Face folder given
 # to --init-from becomes the small fixture tests/fixtures/hf/llama3_tied_f16,
 # and that command's tokens.bin tokens in its vocabulary (64). Each must
 # exit 0: 77 is also right for the GPU benchmarks without a GPU, 1 for a
@@ -46,10 +48,12 @@ while IFS= read -r ex; do
         -e "s#(^| )tokens(64)?\\.bin#\\1$TMP/tokens\\2.bin#g" -e "s#(^| )book\\.txt#\\1$TMP/book.txt#g" \
         -e "s#(^| )([A-Za-z0-9_-]+\\.(png|json))( |$)#\\1$TMP/\\2\\4#g" \
         -e "s#(^| )run\\.jsonl#\\1$TMP/run.jsonl#g" \
+        -e "s#(^| )ckpt/step-[0-9]+( |$)#\\1$TMP/ckpt/step-00000002\\2#g" \
+        -e "s#(^| )ckpt( |$)#\\1$TMP/ckpt\\2#g" -e "s#(^| )hf-out( |$)#\\1$TMP/hf-out$n\\2#g" \
         -e "s#--json (F|FILE)( |$)#--json $TMP/ex$n.json\\2#g" \
         -e 's#--seconds S#--seconds 0.05#g' -e 's#--size [0-9]+[KMGT]#--size 16M#g')
     sub=$(echo "$cmd" | awk '{ print $2 }')
-    if [ "$sub" != plan ] && [ "$sub" != bench ] && [ "$sub" != plot ]; then
+    if [ "$sub" != plan ] && [ "$sub" != bench ] && [ "$sub" != plot ] && [ "$sub" != export ]; then
         if echo "$cmd" | grep -qE -- '--steps [0-9]+'; then
             cmd=$(echo "$cmd" | sed -E 's/--steps [0-9]+/--steps 2/')
         else

@@ -1,0 +1,49 @@
+/* checkpoint_run.h — checkpoints in a training run (train.c): resuming
+ * before the first step, saving every checkpoint.every_steps steps while
+ * training goes on, stopping after the step in progress when a signal asks,
+ * and the save at the end, each reported as a line and a metrics event. */
+#ifndef FSO_CHECKPOINT_RUN_H
+#define FSO_CHECKPOINT_RUN_H
+
+#include <stdio.h>
+
+#include "data.h"
+#include "report.h"
+#include "train.h"
+
+typedef struct fso_ckpt_run fso_ckpt_run;
+
+/* Before the trainer is built: the checkpoint to resume from, opened and
+ * its configuration compared with cfg (a change of the model's shape is
+ * refused here, before anything large is allocated), and the save dir
+ * locked. cfg is the run's own (it may change as the run re-plans); when
+ * resuming, its model.init_from is cleared: the checkpoint holds the
+ * parameters. 0 or negative errno with err. */
+int fso_ckpt_run_start(fso_ckpt_run **out, fso_config *cfg, const fso_run_opts *opts, FILE *o,
+                       char *err, size_t errlen);
+/* After the trainer and the data: load the checkpoint (when resuming) and
+ * say so in one line with what changed. 0 or negative errno with err. */
+int fso_ckpt_run_resume(fso_ckpt_run *r, fso_trainer *tr, fso_data *data, char *err,
+                        size_t errlen);
+/* Before each step: true when a signal asked the run to stop (said once). */
+bool fso_ckpt_run_stopping(fso_ckpt_run *r);
+/* After each step: report saves that finished, start one when due. */
+void fso_ckpt_run_after_step(fso_ckpt_run *r, fso_report *rep);
+/* After the last step, with rc the run's status so far (0: every step and
+ * update succeeded, or a signal stopped it between steps): the save at the
+ * end unless the last step is saved already (only when rc is 0), and any
+ * save still running, waited for and reported. Returns rc, or when rc is 0
+ * and the save of the last step failed, that save's negative errno (after
+ * an error line): a run whose last state is not kept has failed, though
+ * every step trained. A failed save of an earlier step does not fail the
+ * run: training went on, and a later save kept a later state. */
+int fso_ckpt_run_finish(fso_ckpt_run *r, fso_report *rep, int rc);
+/* The step the run started from: 0, or the checkpoint's it resumed. */
+int64_t fso_ckpt_run_first_step(const fso_ckpt_run *r);
+/* "SIGINT" or "SIGTERM" when a signal stopped the run before its last
+ * step; NULL when it was not stopped. */
+const char *fso_ckpt_run_stopped_by(const fso_ckpt_run *r);
+/* Waits for a save still running. NULL is fine. */
+void fso_ckpt_run_free(fso_ckpt_run *r);
+
+#endif

@@ -1,0 +1,240 @@
+#!/usr/bin/env bash
+# checkpoint_cli_test.sh FSOFF — checkpoints and signals as a user meets them.
+#
+# A reference run saves its last step. Runs killed with SIGKILL at random
+# moments (during steps, and during a save paused halfway by the test hook
+# FSOFF_TEST_SAVE_PAUSE) and resumed with --resume end with the reference's
+# state.bin byte for byte, and the losses and gradient norms of every step
+# after the resume are the reference's, digit for digit. The first SIGTERM
+# or SIGINT finishes the step, saves and exits 0 with a metrics file whose
+# every line is JSON and no NVMe file left; a second one dies at once,
+# removing the NVMe files. Random moments come from a seed printed first
+# (CKPT_TEST_SEED=N reruns one).
+set -u
+FSOFF=${1:?usage: checkpoint_cli_test.sh path/to/fsoff}
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+pass=0
+fail=0
+ok() { pass=$((pass + 1)); echo "ok   $1"; }
+bad() { fail=$((fail + 1)); echo "FAIL $1"; shift; for l in "$@"; do echo "     $l"; done; }
+
+SEED=${CKPT_TEST_SEED:-$$}
+RANDOM=$SEED
+echo "seed $SEED"
+
+SMALL=(--set model.hidden_size=32 --set model.intermediate_size=64 --set model.num_hidden_layers=2
+       --set data.seq_len=32 --set train_micro_batch_size_per_gpu=4 --set train.threads=1)
+STEPS=24
+
+# lines of step metrics: "step loss grad_norm", all digits
+steps_of() { grep '^{"step"' "$1" | sed -E 's/.*"step": ([0-9]+), "loss": ([^,]*),.*"grad_norm": ([^,]*),.*/\1 \2 \3/'; }
+count_steps() { grep -c '^{"step"' "$1" 2>/dev/null || true; }
+wait_for() { # FILE-TEST PATH SECONDS
+    local i
+    for ((i = 0; i < $3 * 50; i++)); do
+        test "$1" "$2" && return 0
+        sleep 0.02
+    done
+    return 1
+}
+json_lines() { # every line of FILE is one JSON value (when python3 is there to say)
+    command -v python3 >/dev/null || return 0
+    python3 -c 'import json, sys
+for l in open(sys.argv[1]): json.loads(l)' "$1"
+}
+final_state() { echo "$1/step-$(printf %08d $STEPS)/state.bin"; }
+
+# the reference: uninterrupted, one save at the end
+if "$FSOFF" "${SMALL[@]}" -n $STEPS --save "$TMP/ref" -m "$TMP/ref.jsonl" >"$TMP/out" 2>"$TMP/err" &&
+   [ -s "$(final_state "$TMP/ref")" ] && grep -q '"event": "checkpoint"' "$TMP/ref.jsonl" &&
+   grep -q "^checkpoint step $STEPS | $TMP/ref/step-" "$TMP/out"; then
+    ok "a run saves at its end: the event, the line"
+else
+    bad "a run saves at its end" "$(cat "$TMP/err")"
+fi
+steps_of "$TMP/ref.jsonl" >"$TMP/ref.steps"
+
+# resume DIR NAME: continue the run in DIR to the end; compare with the reference
+resume_and_compare() {
+    local dir=$1 name=$2 from
+    if [ -e "$dir/latest" ]; then
+        from=$(sed 's/step-0*//' "$dir/latest")
+        "$FSOFF" "${SMALL[@]}" -n $STEPS --save "$dir" --save-every 3 --resume -m "$TMP/res.jsonl" \
+            >"$TMP/out" 2>"$TMP/err"
+    else # killed before its first save completed
+        from=0
+        "$FSOFF" "${SMALL[@]}" -n $STEPS --save "$dir" --save-every 3 -m "$TMP/res.jsonl" \
+            >"$TMP/out" 2>"$TMP/err"
+    fi
+    local rc=$?
+    if [ $rc -ne 0 ]; then
+        bad "$name" "resume from step ${from:-0}: status $rc" "$(cat "$TMP/err")"
+        return
+    fi
+    if ! cmp -s "$(final_state "$dir")" "$(final_state "$TMP/ref")"; then
+        bad "$name" "resumed from step $from: the final state differs from the reference's"
+        return
+    fi
+    steps_of "$TMP/res.jsonl" >"$TMP/res.steps"
+    if [ "$(head -1 "$TMP/res.steps" | cut -d' ' -f1)" != "$((from + 1))" ] ||
+       ! grep -qxFf "$TMP/res.steps" "$TMP/ref.steps" ||
+       [ "$(grep -cxFf "$TMP/res.steps" "$TMP/ref.steps")" -ne $((STEPS - from)) ]; then
+        bad "$name" "resumed from step $from: losses or norms differ" "$(diff "$TMP/res.steps" <(tail -n $((STEPS - from)) "$TMP/ref.steps") | head -4)"
+        return
+    fi
+    ok "$name (resumed from step $from: bit for bit)"
+}
+
+# --- kill -9 while training (and saving every 3 steps), at random moments
+for k in 1 2 3; do
+    dir="$TMP/k$k"
+    "$FSOFF" "${SMALL[@]}" -n $STEPS --save "$dir" --save-every 3 -m "$TMP/k.jsonl" >/dev/null 2>&1 &
+    pid=$!
+    after=$((RANDOM % 18 + 1))
+    wait_for -e "$TMP/k.jsonl" 20
+    while [ "$(count_steps "$TMP/k.jsonl")" -lt $after ] && kill -0 $pid 2>/dev/null; do sleep 0.005; done
+    sleep "0.0$((RANDOM % 10))"
+    kill -9 $pid 2>/dev/null
+    wait $pid 2>/dev/null
+    rm -f "$TMP/k.jsonl"
+    resume_and_compare "$dir" "kill -9 after about $after steps"
+done
+
+# --- kill -9 in the middle of a save (paused halfway by the test hook)
+dir="$TMP/kp"
+FSOFF_TEST_SAVE_PAUSE="$TMP/pause" "$FSOFF" "${SMALL[@]}" -n $STEPS --save "$dir" --save-every 3 \
+    >/dev/null 2>&1 &
+pid=$!
+saves=$((RANDOM % 4 + 1)) # let the first ones through
+for ((i = 1; i < saves; i++)); do
+    wait_for -e "$TMP/pause" 20 && rm -f "$TMP/pause"
+done
+if wait_for -e "$TMP/pause" 20; then
+    kill -9 $pid
+    wait $pid 2>/dev/null
+    rm -f "$TMP/pause"
+    if [ -d "$dir/.tmp-step-$(printf %08d $((saves * 3)))" ]; then
+        resume_and_compare "$dir" "kill -9 in the middle of save $saves"
+    else
+        bad "kill -9 in the middle of save $saves" "no half-written checkpoint: $(ls -A "$dir")"
+    fi
+else
+    kill -9 $pid 2>/dev/null
+    bad "kill -9 in the middle of a save" "the save never paused"
+fi
+
+# --- SIGTERM and SIGINT: finish the step, save, exit 0, nothing left behind
+for sig in TERM INT; do
+    dir="$TMP/s$sig"
+    mkdir -p "$TMP/nv$sig"
+    "$FSOFF" "${SMALL[@]}" -n $STEPS --save "$dir" --nvme "$TMP/nv$sig" -m "$TMP/s.jsonl" \
+        >"$TMP/out" 2>"$TMP/err" &
+    pid=$!
+    wait_for -e "$TMP/s.jsonl" 30
+    while [ "$(count_steps "$TMP/s.jsonl")" -lt 3 ] && kill -0 $pid 2>/dev/null; do sleep 0.005; done
+    kill -$sig $pid
+    wait $pid
+    rc=$?
+    last=$(tail -1 "$TMP/s.jsonl")
+    if [ $rc -eq 0 ] && json_lines "$TMP/s.jsonl" && [[ $last == '{"event": "summary"'* ]] &&
+       grep -q "fsoff: SIG$sig: stopping after step" "$TMP/out" &&
+       [ -z "$(ls -A "$TMP/nv$sig")" ] && [ -e "$dir/latest" ] &&
+       grep -q '"event": "checkpoint"' "$TMP/s.jsonl"; then
+        resume_and_compare "$dir" "SIG$sig: status 0, metrics whole, NVMe files gone, saved"
+    else
+        bad "SIG$sig: finish the step, save, exit 0" "status $rc, last line: ${last:0:60}" \
+            "NVMe: $(ls -A "$TMP/nv$sig")" "$(tail -2 "$TMP/err")"
+    fi
+    rm -f "$TMP/s.jsonl"
+done
+
+# --- a second signal: at once, NVMe files removed, the last complete checkpoint intact
+dir="$TMP/twice"
+mkdir -p "$TMP/nv2"
+FSOFF_TEST_SAVE_PAUSE="$TMP/pause" "$FSOFF" "${SMALL[@]}" -n $STEPS --save "$dir" --save-every 3 \
+    --nvme "$TMP/nv2" >"$TMP/out" 2>"$TMP/err" &
+pid=$!
+wait_for -e "$TMP/pause" 30 && rm -f "$TMP/pause" # the first save goes through
+if wait_for -e "$TMP/pause" 30 && [ -e "$dir/latest" ]; then
+    kill -TERM $pid
+    sleep 0.2 # the run now waits for the paused save
+    kill -TERM $pid
+    wait $pid
+    rc=$?
+    rm -f "$TMP/pause"
+    if [ $rc -eq $((128 + 15)) ] && [ -z "$(ls -A "$TMP/nv2")" ] &&
+       [ "$(cat "$dir/latest")" = "step-00000003" ] && grep -q "second signal" "$TMP/err"; then
+        resume_and_compare "$dir" "a second SIGTERM: dies at once, NVMe files gone, latest complete"
+    else
+        bad "a second SIGTERM" "status $rc, NVMe: $(ls -A "$TMP/nv2")" "latest: $(cat "$dir/latest" 2>&1)" "$(cat "$TMP/err")"
+    fi
+else
+    kill -9 $pid 2>/dev/null
+    bad "a second SIGTERM" "the second save never paused"
+fi
+
+# --- what resuming refuses, and bad options
+expect_error() { # NAME 'substring'... -- fsoff args
+    local name=$1; shift
+    local pats=()
+    while [ "$1" != "--" ]; do pats+=("$1"); shift; done
+    shift
+    "$FSOFF" "$@" >"$TMP/out" 2>"$TMP/err"
+    local rc=$? p
+    if [ $rc -eq 0 ] || [ $rc -ge 128 ]; then
+        bad "$name" "exit status $rc" "$(head -c 400 "$TMP/err")"
+        return
+    fi
+    for p in "${pats[@]}"; do
+        if ! grep -qF -- "$p" "$TMP/err"; then
+            bad "$name" "stderr lacks: $p" "stderr: $(head -c 400 "$TMP/err")"
+            return
+        fi
+    done
+    ok "$name"
+}
+expect_error "resume another shape" "model.hidden_size is 32" "another shape" -- \
+    "${SMALL[@]}" --set model.hidden_size=64 -n $STEPS --resume "$TMP/ref"
+expect_error "resume another vocabulary" "model.vocab_size" "vocabulary" -- \
+    "${SMALL[@]}" --set model.vocab_size=300 -n $STEPS --resume "$TMP/ref"
+expect_error "resume without a folder" "--resume" "--save DIR" -- "${SMALL[@]}" --resume
+mkdir -p "$TMP/empty"
+expect_error "resume from nothing" "$TMP/empty" "no checkpoint here" -- "${SMALL[@]}" --resume "$TMP/empty" --save "$TMP/empty"
+expect_error "keep 0" "--keep 0" -- --keep 0
+expect_error "save-every not a number" "--save-every x" -- --save-every x
+touch "$TMP/afile"
+expect_error "save into a file" "$TMP/afile" "not a folder" -- "${SMALL[@]}" -n 1 --save "$TMP/afile"
+
+# --- fsoff export: a Hugging Face folder that --init-from reads back; damage named
+if "$FSOFF" export "$TMP/ref" "$TMP/hf" --dtype bf16 >"$TMP/out" 2>"$TMP/err" &&
+   grep -q "^fsoff: export: step $STEPS of $TMP/ref/step-" "$TMP/out" &&
+   [ -s "$TMP/hf/config.json" ] && [ -s "$TMP/hf/model.safetensors" ] &&
+   "$FSOFF" --init-from "$TMP/hf" -n 1 --set data.seq_len=32 >"$TMP/out" 2>"$TMP/err" &&
+   grep -q "parameters from Hugging Face folder $TMP/hf" "$TMP/out"; then
+    ok "export a checkpoint (bf16) and train from the folder"
+else
+    bad "export a checkpoint and train from the folder" "$(cat "$TMP/err")"
+fi
+expect_error "export into a folder that has one" "$TMP/hf" -- export "$TMP/ref" "$TMP/hf"
+expect_error "export --dtype" "--dtype fp8" -- export "$TMP/ref" "$TMP/hf2" --dtype fp8
+expect_error "export without OUTDIR" "expected CKPT and OUTDIR" -- export "$TMP/ref"
+cp -r "$TMP/ref" "$TMP/bad"
+state="$(final_state "$TMP/bad")"
+printf "QQQQ" | dd of="$state" bs=1 seek=5000 conv=notrunc 2>/dev/null # not what is there
+expect_error "export of a corrupted checkpoint" "$state: offset 0: checksum mismatch" -- \
+    export "$TMP/bad" "$TMP/hf3"
+[ -e "$TMP/hf3" ] && bad "export of a corrupted checkpoint leaves no folder" "$(ls -A "$TMP/hf3")"
+
+# harmless changes are said in one line
+if "$FSOFF" "${SMALL[@]}" -n $((STEPS + 2)) --devices cpu:2 --set train_micro_batch_size_per_gpu=2 \
+       --resume "$TMP/ref" >"$TMP/out" 2>"$TMP/err" &&
+   grep "^fsoff: resume: step $STEPS from $TMP/ref/step-" "$TMP/out" |
+       grep -q 'changed since it was saved: devices 1 -> 2, .*train.steps 24 -> 26'; then
+    ok "steps and devices changed: accepted, said in one line"
+else
+    bad "steps and devices changed" "$(grep resume "$TMP/out")" "$(cat "$TMP/err")"
+fi
+
+echo "checkpoint cli: $pass passed, $fail failed (seed $SEED)"
+[ $fail -eq 0 ]
