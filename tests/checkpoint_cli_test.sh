@@ -7,8 +7,11 @@
 # state.bin byte for byte, and the losses and gradient norms of every step
 # after the resume are the reference's, digit for digit. The first SIGTERM
 # or SIGINT finishes the step, saves and exits 0 with a metrics file whose
-# every line is JSON and no NVMe file left; a second one dies at once,
-# removing the NVMe files. Random moments come from a seed printed first
+# every line is JSON, status "stopped", and no NVMe file or lock left; a
+# second one dies at once, removing the NVMe files and their locks. A failed
+# save of the last step (its temporary folder removed while the save is
+# paused) fails the run: status 1, "failed after N of M steps", summary
+# "failed", latest as it was. Random moments come from a seed printed first
 # (CKPT_TEST_SEED=N reruns one).
 set -u
 FSOFF=${1:?usage: checkpoint_cli_test.sh path/to/fsoff}
@@ -138,7 +141,9 @@ for sig in TERM INT; do
     rc=$?
     last=$(tail -1 "$TMP/s.jsonl")
     if [ $rc -eq 0 ] && json_lines "$TMP/s.jsonl" && [[ $last == '{"event": "summary"'* ]] &&
-       grep -q "fsoff: SIG$sig: stopping after step" "$TMP/out" &&
+       [[ $last == *'"status": "stopped"'* ]] &&
+       grep -q "fsoff: SIG$sig: stopping after step [0-9]* of $STEPS, saving it first" "$TMP/out" &&
+       tail -1 "$TMP/out" | grep -q "^fsoff: stopped by SIG$sig after [0-9]* of $STEPS steps | " &&
        [ -z "$(ls -A "$TMP/nv$sig")" ] && [ -e "$dir/latest" ] &&
        grep -q '"event": "checkpoint"' "$TMP/s.jsonl"; then
         resume_and_compare "$dir" "SIG$sig: status 0, metrics whole, NVMe files gone, saved"
@@ -173,6 +178,59 @@ else
     kill -9 $pid 2>/dev/null
     bad "a second SIGTERM" "the second save never paused"
 fi
+
+# --- without --save: stopped, saying nothing is saved
+mkdir -p "$TMP/nvn"
+"$FSOFF" "${SMALL[@]}" -n $STEPS --nvme "$TMP/nvn" -m "$TMP/n.jsonl" >"$TMP/out" 2>"$TMP/err" &
+pid=$!
+wait_for -e "$TMP/n.jsonl" 30
+while [ "$(count_steps "$TMP/n.jsonl")" -lt 2 ] && kill -0 $pid 2>/dev/null; do sleep 0.005; done
+kill -TERM $pid
+wait $pid
+rc=$?
+if [ $rc -eq 0 ] && grep -q "stopping after step [0-9]* of $STEPS (no --save DIR: nothing is saved)" "$TMP/out" &&
+   tail -1 "$TMP/n.jsonl" | grep -q '"status": "stopped"' && [ -z "$(ls -A "$TMP/nvn")" ]; then
+    ok "SIGTERM without --save: status 0, stopped, nothing saved, said so"
+else
+    bad "SIGTERM without --save" "status $rc" "$(tail -3 "$TMP/out")" "$(tail -1 "$TMP/n.jsonl")"
+fi
+
+# --- a failed save of the last step fails the run; latest stays as it was
+# fail_last_save NAME SIGNAL: a run saving every 12 steps whose save of its
+# last step (the end, or the one SIGNAL asks for while step 12's is paused)
+# loses its temporary folder while paused
+fail_last_save() {
+    local name=$1 sig=$2 dir="$TMP/fail$2" n
+    FSOFF_TEST_SAVE_PAUSE="$TMP/pause" "$FSOFF" "${SMALL[@]}" -n $STEPS --save "$dir" \
+        --save-every 12 -m "$TMP/f.jsonl" >"$TMP/out" 2>"$TMP/err" &
+    local pid=$!
+    wait_for -e "$TMP/pause" 30 # step 12's save, halfway: the next update waits for it
+    [ "$sig" != END ] && kill -"$sig" $pid
+    rm -f "$TMP/pause" # it goes through
+    if ! wait_for -e "$TMP/pause" 30; then
+        kill -9 $pid 2>/dev/null
+        bad "$name" "the last save never paused"
+        return
+    fi
+    rm -rf "$dir"/.tmp-step-*
+    rm -f "$TMP/pause"
+    wait $pid
+    local rc=$?
+    n=$(count_steps "$TMP/f.jsonl")
+    if [ $rc -eq 1 ] && tail -1 "$TMP/out" | grep -q "^fsoff: failed after $n of $STEPS steps (the error above)" &&
+       { [ "$sig" = END ] || [ "$n" -lt $STEPS ]; } &&
+       grep -q "fsoff: error: checkpoint of step $n: " "$TMP/err" &&
+       grep -q '"event": "checkpoint_failed"' "$TMP/f.jsonl" &&
+       tail -1 "$TMP/f.jsonl" | grep -q '"status": "failed"' &&
+       [ "$(cat "$dir/latest")" = "step-00000012" ]; then
+        ok "$name: status 1, failed after $n of $STEPS steps, latest step 12"
+    else
+        bad "$name" "status $rc, latest: $(cat "$dir/latest" 2>&1)" "$(tail -1 "$TMP/out")" "$(cat "$TMP/err")"
+    fi
+    rm -f "$TMP/f.jsonl"
+}
+fail_last_save "a failed save at the end" END
+fail_last_save "a failed save asked for by SIGTERM" TERM
 
 # --- what resuming refuses, and bad options
 expect_error() { # NAME 'substring'... -- fsoff args

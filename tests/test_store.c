@@ -580,6 +580,58 @@ static void test_open_reclaims_a_dead_runs_files(void **state)
     unlink(link);
 }
 
+/* A process that must die at once (a second SIGINT) removes what its
+ * stores made to remove: their files and their lock files. Not a leftover
+ * its lock reclaimed (that path is another run's to create), not a
+ * keep_files store's file (a checkpoint's), not another prefix's files.
+ * Once they are gone the folders are free: another store opens there. */
+static void test_unlink_created_removes_files_and_locks_only(void **state)
+{
+    fx *f = *state;
+    char err[FSO_STORE_ERR_MAX], left[300], kept[300], other[300], lock[300], data[300];
+    snprintf(left, sizeof left, "%s/fsoff-store.1", f->dirs[1]);
+    snprintf(kept, sizeof kept, "%s/state.bin", f->dirs[2]);
+    snprintf(other, sizeof other, "%s/fsoff-other.0", f->dirs[0]);
+    snprintf(lock, sizeof lock, "%s/fsoff-store.lock", f->dirs[0]);
+    snprintf(data, sizeof data, "%s/fsoff-store.0", f->dirs[0]);
+    int fd = open(left, O_CREAT | O_WRONLY, 0600);
+    assert_true(fd >= 0);
+    close(fd);
+    fd = open(other, O_CREAT | O_WRONLY, 0600);
+    assert_true(fd >= 0);
+    close(fd);
+
+    fso_store_opts o = opts_for(f, 2, 1 * MiB, 64 * KiB, 4);
+    fso_store *a = open_uring(&o); /* reclaims the leftover, then makes fsoff-store.1 again */
+    fso_store_opts ko = opts_for(f, 1, 1 * MiB, 64 * KiB, 4);
+    ko.dirs[0] = f->dirs[2];
+    ko.file_name = "state.bin";
+    ko.keep_files = true;
+    fso_store *k = open_uring(&ko);
+    struct stat st;
+    char klock[300];
+    snprintf(klock, sizeof klock, "%s/fsoff-store.lock", f->dirs[2]);
+    assert_int_equal(stat(klock, &st), -1); /* a file of its own name takes no lock */
+    assert_int_equal(stat(lock, &st), 0);
+
+    fso_store_unlink_created();
+    assert_int_equal(stat(data, &st), -1);
+    assert_int_equal(stat(left, &st), -1); /* a's own file of that name */
+    assert_int_equal(stat(lock, &st), -1);
+    assert_int_equal(stat(kept, &st), 0);
+    assert_int_equal(stat(other, &st), 0);
+    /* the folders are free: another run opens there while a lives on */
+    fso_store *b = NULL;
+    if (fso_store_open_uring(&b, &o, err, sizeof err) != 0)
+        fail_msg("after unlink_created the folders are free: %s", err);
+    fso_store_destroy(b);
+    fso_store_destroy(k);
+    assert_int_equal(stat(kept, &st), 0);
+    assert_int_equal(unlink(kept), 0);
+    assert_int_equal(unlink(other), 0);
+    fso_store_destroy(a); /* its files are gone already: nothing of b's is left to remove */
+}
+
 static void test_open_rejects_bad_options(void **state)
 {
     fx *f = *state;
@@ -899,6 +951,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_open_read_only_folder, setup_dirs, teardown_dirs),
         cmocka_unit_test_setup_teardown(test_open_without_space_fails_cleanly, setup_dirs, teardown_dirs),
         cmocka_unit_test_setup_teardown(test_open_reclaims_a_dead_runs_files, setup_dirs, teardown_dirs),
+        cmocka_unit_test_setup_teardown(test_unlink_created_removes_files_and_locks_only, setup_dirs, teardown_dirs),
         cmocka_unit_test_setup_teardown(test_open_rejects_bad_options, setup_dirs, teardown_dirs),
         cmocka_unit_test(test_tmpfs_falls_back_to_buffered_with_one_warning),
         cmocka_unit_test(test_mem_round_trip),
