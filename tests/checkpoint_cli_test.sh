@@ -15,12 +15,7 @@
 # (CKPT_TEST_SEED=N reruns one).
 set -u
 FSOFF=${1:?usage: checkpoint_cli_test.sh path/to/fsoff}
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
-pass=0
-fail=0
-ok() { pass=$((pass + 1)); echo "ok   $1"; }
-bad() { fail=$((fail + 1)); echo "FAIL $1"; shift; for l in "$@"; do echo "     $l"; done; }
+. "$(dirname "$0")/lib.sh"
 
 SEED=${CKPT_TEST_SEED:-$$}
 RANDOM=$SEED

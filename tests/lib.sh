@@ -1,6 +1,6 @@
-# lib.sh — sourced by the shell tests (cli_test.sh, readme_*.sh): the source
-# folder, a temporary folder removed on exit, pass/fail counts, and llm.c
-# token files without Python.
+# lib.sh — sourced by the shell tests (cli_test.sh, checkpoint_cli_test.sh,
+# readme_*.sh): the source folder, a temporary folder removed on exit,
+# pass/fail counts, and llm.c token files without Python.
 SRC=${FSO_SRCDIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
