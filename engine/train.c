@@ -255,7 +255,10 @@ static fso_plan_measured measured_mean(run_plan *rp, const fso_config *cfg,
         meas.block_compute_ms = NULL;
     }
     /* the optimizer's busy time is AdamW's only when it waits on no reads */
-    if (cfg->offload.optim_tier != FSO_TIER_NVME)
+    bool opt_reads = false;
+    for (int k = FSO_KIND_MASTER; k < FSO_N_KINDS; k++)
+        opt_reads = opt_reads || fso_offload_tier(&cfg->offload, (fso_kind)k) == FSO_TIER_NVME;
+    if (!opt_reads)
         meas.optimizer_ms = rp->sums.optimizer_ms / n;
     /* NVMe rates only when the reads held compute up: otherwise bytes over
      * the step would understate what the drive can do */

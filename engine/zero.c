@@ -89,9 +89,8 @@ static int setup_layout(fso_zero *z, const fso_config *cfg, fso_zero_buffers *zb
 {
     z->cfg = cfg;
     z->world = cfg->world > 0 ? cfg->world : 1;
-    z->tier[FSO_KIND_PARAM] = cfg->offload.param_tier;
-    for (int k = FSO_KIND_MASTER; k < FSO_N_KINDS; k++)
-        z->tier[k] = cfg->offload.optim_tier;
+    for (int k = 0; k < FSO_N_KINDS; k++)
+        z->tier[k] = fso_offload_tier(&cfg->offload, (fso_kind)k);
     for (int k = 0; k < FSO_N_KINDS; k++)
         z->elem_bytes[k] = sizeof(float);
     if (cfg->bf16)
@@ -248,17 +247,17 @@ static int open_arena(fso_zero *z, const fso_zero_buffers *zb, const budget *bud
 {
     const size_t world = (size_t)z->world;
     const size_t bytes = (bud->per_tier[FSO_TIER_HOST] + staging_bytes(zb)) * world;
-    uint64_t avail = fso_mem_available_bytes();
+    uint64_t avail = z->cfg->host_mem_bytes ? z->cfg->host_mem_bytes : fso_mem_available_bytes();
     if (avail && bytes > avail) {
         char h1[32], h2[32], h3[32];
         fso_human_bytes(h1, sizeof h1, (double)bytes);
         fso_human_bytes(h2, sizeof h2, (double)avail);
         fso_human_bytes(h3, sizeof h3, (double)(bytes - avail));
         snprintf(err, errlen,
-                 "host memory: the host tier and staging buffers need %s but %s is available; "
+                 "host memory: the host tier and staging buffers need %s but %s is %s; "
                  "short by %s: put the optimizer state on NVMe (--nvme DIR or "
                  "zero_optimization.offload_optimizer.device \"nvme\")",
-                 h1, h2, h3);
+                 h1, h2, z->cfg->host_mem_bytes ? "allowed (--host-mem)" : "available", h3);
         return -ENOMEM;
     }
     const size_t most_staging = zb->stage_slot_bytes * (size_t)(MAX_PARAM_SLOTS + zb->stage_slots) +
@@ -539,6 +538,8 @@ uint64_t fso_zero_cpu_device_mem(const fso_config *cfg, uint64_t host_bytes)
     const int world = cfg->world > 0 ? cfg->world : 1;
     if (cfg->device_mem_bytes)
         return cfg->device_mem_bytes;
+    if (cfg->host_mem_bytes)
+        host_bytes = cfg->host_mem_bytes;
     return host_bytes ? host_bytes / 2 / (uint64_t)world : (uint64_t)8 << 30;
 }
 

@@ -6,8 +6,9 @@
  * state — working parameters, fp32 master, AdamW m and v, and the gradient
  * accumulator — and each kind lives on one tier: the device, the process's
  * host arena (one for all devices, locked in memory where allowed), or the
- * NVMe store. Parameters follow zero_optimization.offload_param, the rest
- * offload_optimizer.
+ * NVMe store: where fso_offload_tier() says, so the parameters follow
+ * zero_optimization.offload_param and the rest offload_optimizer, unless a
+ * plan (plan.h) gave each kind a tier of its own.
  *
  * Working parameters are fp32, or bf16 (2 bytes) with bf16.enabled: then
  * they are stored, read from NVMe, all-gathered and lent to the model at
@@ -79,9 +80,8 @@ int64_t fso_zero_steps(const fso_zero *z);
  * the time waited (exposed optimizer time), or negative errno with err. */
 int fso_zero_finish(fso_zero *z, double *waited_ms, char *err, size_t errlen);
 
-/* A new placement while training (the re-plan, train.c): parameters on
- * o->param_tier, the optimizer state (master, m, v, gradients) on
- * o->optim_tier, o->prefetch_blocks read ahead; NVMe folders from o when
+/* A new placement while training (the re-plan, train.c): each kind on
+ * fso_offload_tier(o, kind), o->prefetch_blocks read ahead; NVMe folders from o when
  * state moves to NVMe and none was open. Call between steps, after
  * fso_zero_finish. Every moved shard is copied to its new place before any
  * old one is let go, so on failure (a tier too small, an I/O error) the
@@ -138,8 +138,9 @@ void fso_zero_buffers_for(const fso_config *cfg, fso_tier param_tier, int prefet
                           fso_zero_buffers *b);
 
 /* What each CPU virtual device may hold: cfg->device_mem_bytes (--device-mem)
- * when given, else an equal share of half of host_bytes (the host memory
- * available), or 8 GiB when that is unknown (0). GPUs hold what they have
+ * when given, else an equal share of half of cfg->host_mem_bytes (--host-mem)
+ * or of host_bytes (the host memory available), or 8 GiB when that is
+ * unknown (0). GPUs hold what they have
  * free unless --device-mem says less. */
 uint64_t fso_zero_cpu_device_mem(const fso_config *cfg, uint64_t host_bytes);
 

@@ -11,8 +11,8 @@
  * is written (two buffer sets). Shards on the host (or on a device whose
  * memory the CPU addresses) are updated in place.
  *
- * With the optimizer state on a GPU (memory the CPU cannot address) the
- * update runs on the GPU instead (update_blocks_on_device), with the same
+ * With the optimizer state and the gradients all on a GPU (memory the CPU
+ * cannot address) the update runs on the GPU instead (update_blocks_on_device), with the same
  * operations and so the same bits.
  *
  * Schedules (train.optimizer_overlap):
@@ -143,8 +143,10 @@ static void mark_ready(rank_state *rk, int b, int64_t step)
 static bool device_update(const rank_state *rk)
 {
     const fso_backend *be = rk->be;
-    return rk->z->tier[FSO_KIND_MASTER] == FSO_TIER_DEVICE && !be->ops->host_addressable &&
-           be->ops->adamw && be->ops->mark;
+    for (int k = FSO_KIND_MASTER; k < FSO_N_KINDS; k++)
+        if (rk->z->tier[k] != FSO_TIER_DEVICE)
+            return false; /* the CPU updates, copying what lives on the device */
+    return !be->ops->host_addressable && be->ops->adamw && be->ops->mark;
 }
 
 /* The working parameters of block b from its new master on the device:

@@ -224,11 +224,10 @@ int fso_zero_retier(fso_zero *z, const fso_offload_config *o, uint64_t *bytes_mo
                     size_t errlen)
 {
     retier_plan m = {.o = o};
-    m.want[FSO_KIND_PARAM] = o->param_tier;
-    for (int k = FSO_KIND_MASTER; k < FSO_N_KINDS; k++)
-        m.want[k] = o->optim_tier;
+    for (int k = 0; k < FSO_N_KINDS; k++)
+        m.want[k] = fso_offload_tier(o, (fso_kind)k);
     *bytes_moved = 0;
-    fso_zero_buffers_for(z->cfg, o->param_tier, o->prefetch_blocks, &m.zb);
+    fso_zero_buffers_for(z->cfg, m.want[FSO_KIND_PARAM], o->prefetch_blocks, &m.zb);
     if (o->prefetch_blocks < 0 || o->prefetch_blocks > m.zb.max_prefetch) {
         snprintf(err, errlen, "re-plan: prefetch depth %d: must be 0 to %d", o->prefetch_blocks,
                  m.zb.max_prefetch);

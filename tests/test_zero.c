@@ -1,7 +1,8 @@
 /* test_zero.c — ZeRO-3 sharding over virtual devices and the three tiers.
  *
  *  - the same run with state on the device, in host memory and on NVMe
- *    gives bit-identical losses, norms and parameters (1 and 2 devices);
+ *    gives bit-identical losses, norms and parameters (1 and 2 devices),
+ *    each kind on one tier or the kinds on tiers of their own;
  *  - 1, 2 and 4 devices with the same global batch agree within 1e-5
  *    (the sums run in a different order);
  *  - budgets fail before training, naming the tier and the shortfall;
@@ -190,6 +191,60 @@ static void test_bf16_tiers_are_bit_identical_two_devices(void **s)
 {
     (void)s;
     tiers_for_world(2, true);
+}
+
+/* Each kind of state on a tier of its own (the planner's per-kind
+ * placements: gradients in host memory with m and v on NVMe, the master
+ * on the device with the rest elsewhere, ...) gives the bits of everything
+ * on the device, on the CPU backend and under a discrete GPU's rules
+ * (cpu-async, where the CPU updates state that lives on the device through
+ * copies unless all of it is there), with 1 and 2 devices. */
+static void set_kind_tiers(fso_config *cfg, const fso_tier *t)
+{
+    set_tiers(cfg, t[FSO_KIND_PARAM], t[FSO_KIND_MASTER]);
+    cfg->offload.per_kind = true;
+    memcpy(cfg->offload.kind_tier, t, sizeof cfg->offload.kind_tier);
+}
+
+static void test_per_kind_tiers_are_bit_identical(void **state)
+{
+    (void)state;
+#define D FSO_TIER_DEVICE
+#define H FSO_TIER_HOST
+#define N FSO_TIER_NVME
+    static const fso_tier split[][FSO_N_KINDS] = {
+        /* parameters, master, m, v, gradients */
+        {N, H, N, N, H}, {H, N, N, N, H}, {D, D, H, N, D}, {D, N, H, H, N}, {N, D, D, D, H},
+    };
+    static const char *const backends[] = {"cpu", "cpu-async"};
+    for (int world = 1; world <= 2; world++)
+        for (int be = 0; be < 2; be++) {
+            run_result base, r;
+            fso_config cfg;
+            small_config(&cfg, world, 4);
+            snprintf(cfg.backend, sizeof cfg.backend, "%s", backends[be]);
+            set_tiers(&cfg, D, D);
+            run(&cfg, NULL, &base);
+            if (base.rc)
+                fail_msg("all on device: %s", base.err);
+            for (size_t i = 0; i < sizeof split / sizeof split[0]; i++) {
+                char what[160];
+                set_kind_tiers(&cfg, split[i]);
+                snprintf(what, sizeof what, "%d devices, %s, kinds on tiers %d %d %d %d %d", world,
+                         backends[be], split[i][0], split[i][1], split[i][2], split[i][3],
+                         split[i][4]);
+                run(&cfg, NULL, &r);
+                if (r.rc)
+                    fail_msg("%s: %s", what, r.err);
+                assert_bit_identical(&base, &r, what);
+                assert_true(r.nvme_read > 0);
+                result_free(&r);
+            }
+            result_free(&base);
+        }
+#undef D
+#undef H
+#undef N
 }
 
 /* The overlapped optimizer schedules give the serialized schedule's bits. */
@@ -1087,6 +1142,7 @@ int main(void)
         cmocka_unit_test(test_tiers_are_bit_identical_two_devices),
         cmocka_unit_test(test_bf16_tiers_are_bit_identical_one_device),
         cmocka_unit_test(test_bf16_tiers_are_bit_identical_two_devices),
+        cmocka_unit_test(test_per_kind_tiers_are_bit_identical),
         cmocka_unit_test(test_bf16_working_parameters_are_bf16_of_master),
         cmocka_unit_test(test_bf16_load_hf_keeps_the_master_exact),
         cmocka_unit_test(test_bf16_run_is_close_to_fp32_and_device_counts_agree),
