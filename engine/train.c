@@ -61,6 +61,8 @@ int fso_trainer_step(fso_trainer *tr, const int32_t *inputs, const int32_t *targ
     st->optimizer_exposed_ms = zs.optimizer_exposed_ms;
     st->nvme_read_bytes = zs.nvme_read_bytes;
     st->nvme_write_bytes = zs.nvme_write_bytes;
+    memcpy(st->nvme_kind_read, zs.nvme_kind_read, sizeof st->nvme_kind_read);
+    memcpy(st->nvme_kind_write, zs.nvme_kind_write, sizeof st->nvme_kind_write);
     st->tokens = (int64_t)fso_trainer_step_tokens(tr->cfg);
     st->stale_marks = fso_zero_stale_marks(tr->zero);
     st->step_ms = fso_now_ms() - t0;

@@ -51,7 +51,11 @@ typedef struct fso_zero_step {
     double optimizer_ms;  /* rank 0: updating, in this step's time (overlapped: the previous
                              step's update, which ran during this one) */
     double optimizer_exposed_ms; /* rank 0: compute waited on the optimizer */
-    uint64_t nvme_read_bytes, nvme_write_bytes; /* all ranks, this step */
+    /* NVMe bytes, all ranks: the compute's reads and writes in this step,
+     * and the optimizer's of the update that ran during it (the previous
+     * step's with train.optimizer_overlap "forward"); in total and by kind */
+    uint64_t nvme_read_bytes, nvme_write_bytes;
+    uint64_t nvme_kind_read[FSO_N_KINDS], nvme_kind_write[FSO_N_KINDS];
 } fso_zero_step;
 
 typedef struct fso_zero fso_zero;
@@ -136,6 +140,17 @@ typedef struct fso_zero_buffers {
 } fso_zero_buffers;
 void fso_zero_buffers_for(const fso_config *cfg, fso_tier param_tier, int prefetch,
                           fso_zero_buffers *b);
+
+/* The NVMe bytes one step moves for cfg's placement (fso_offload_tier of
+ * each kind), all devices, by kind (read and write hold FSO_N_KINDS):
+ * parameters on NVMe are read at every visit that lends them in every
+ * micro-batch and written once by AdamW; gradients are written by every
+ * micro-batch and read by every one but the first (accumulation) and by
+ * AdamW; master, m and v are read and written once. Each shard counts in
+ * whole 4 KiB pages, as the drive moves it. What a steady-state step's
+ * line counts (fso_zero_step), and the least that placement allows: with
+ * exact clipping every gradient waits for the global norm on its tier. */
+void fso_zero_step_nvme_bytes(const fso_config *cfg, uint64_t *read, uint64_t *write);
 
 /* What each CPU virtual device may hold: cfg->device_mem_bytes (--device-mem)
  * when given, else an equal share of half of cfg->host_mem_bytes (--host-mem)

@@ -118,7 +118,7 @@ typedef struct rank_optim {
                                     (a device-side update; 0: done when ready) */
     errsink err;                 /* the optimizer's failure */
     double busy_ms;              /* time spent updating, since the last report */
-    uint64_t read_bytes, write_bytes; /* NVMe, since the last report */
+    uint64_t read_kind[FSO_N_KINDS], write_kind[FSO_N_KINDS]; /* NVMe, since the last report */
     fso_adamw_step bwd_step;     /* this step's update, for the backward schedule */
 } rank_optim;
 
@@ -262,7 +262,7 @@ void fso_zero_release_shard(rank_state *rk, int b, fso_kind k, loc *l);
  * set to the data: in the shard itself when in_place and the CPU can
  * address it, else s->buf (filled; NVMe: once s's I/O is waited for).
  * Writing, *ptr's data goes into the shard (NVMe: asynchronously on s).
- * NVMe bytes are added to *bytes_done. */
+ * The bytes the drive moves are added to bytes_done[k]. */
 int fso_zero_xfer(rank_state *rk, errsink *es, uint64_t *bytes_done, int b, fso_kind k,
                   size_t c0, size_t n, slot *s, bool write, bool in_place, void **ptr);
 /* Where a writer of elements [c0, ...) of shard (b, k) should put them so

@@ -68,7 +68,7 @@ static bool tensor_part(const fso_zero *z, const fso_tensor_desc *d, size_t lo, 
 static int unit_fetch(rank_state *rk, const unit *u, fso_kind k, slot *s, float **ptr)
 {
     void *p;
-    int rc = fso_zero_xfer(rk, &rk->opt.err, &rk->opt.read_bytes, u->b, k, u->c0, u->n, s, false,
+    int rc = fso_zero_xfer(rk, &rk->opt.err, rk->opt.read_kind, u->b, k, u->c0, u->n, s, false,
                            true, &p);
     *ptr = p;
     return rc;
@@ -76,7 +76,7 @@ static int unit_fetch(rank_state *rk, const unit *u, fso_kind k, slot *s, float 
 
 static int unit_store(rank_state *rk, const unit *u, fso_kind k, slot *s, void *ptr)
 {
-    return fso_zero_xfer(rk, &rk->opt.err, &rk->opt.write_bytes, u->b, k, u->c0, u->n, s, true,
+    return fso_zero_xfer(rk, &rk->opt.err, rk->opt.write_kind, u->b, k, u->c0, u->n, s, true,
                          true,
                          &ptr);
 }

@@ -49,12 +49,12 @@ static void retier_undo(rank_state *rk, retier_job *j)
  * buffer; its bytes are added to *moved. */
 static int retier_copy(rank_state *rk, int b, fso_kind k, const loc *to, uint64_t *moved)
 {
-    uint64_t io = 0;
+    uint64_t io[FSO_N_KINDS] = {0};
     loc *l = fso_zero_locate(rk, b, k);
     slot *s = &rk->io.grad_trip;
     size_t S = fso_zero_shard_elems(rk->z, b);
     void *p;
-    int rc = fso_zero_xfer(rk, &rk->compute.err, &io, b, k, 0, S, s, false, false, &p);
+    int rc = fso_zero_xfer(rk, &rk->compute.err, io, b, k, 0, S, s, false, false, &p);
     if (rc == 0)
         rc = fso_zero_slot_wait(rk, &rk->compute.err, s, fso_kind_name(k), b);
     if (rc < 0)
@@ -62,7 +62,7 @@ static int retier_copy(rank_state *rk, int b, fso_kind k, const loc *to, uint64_
     loc old = *l;
     *l = *to;
     p = s->buf;
-    rc = fso_zero_xfer(rk, &rk->compute.err, &io, b, k, 0, S, s, true, false, &p);
+    rc = fso_zero_xfer(rk, &rk->compute.err, io, b, k, 0, S, s, true, false, &p);
     if (rc == 0)
         rc = fso_zero_slot_wait(rk, &rk->compute.err, s, fso_kind_name(k), b);
     *l = old;
