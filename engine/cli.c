@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "config.h"
 #include "cuda_backend.h"
@@ -115,6 +116,28 @@ static int select_devices(fso_config *cfg, const char *arg)
     return -EINVAL;
 }
 
+/* The NVMe folders the configuration or --nvme names (a place the planner
+ * may use, whatever the devices pin) must exist here: 0, or -ENOENT after
+ * one error line naming the key and the folder. */
+static int check_nvme_folders(const fso_config *cfg)
+{
+    static const char *const keys[2] = {"zero_optimization.offload_param.nvme_path",
+                                        "zero_optimization.offload_optimizer.nvme_path"};
+    const char *lists[2] = {cfg->offload.param_nvme_path, cfg->offload.optim_nvme_path};
+    for (int i = 0; i < 2; i++) {
+        char buf[4096], *save = NULL;
+        snprintf(buf, sizeof buf, "%s", lists[i]);
+        for (char *d = strtok_r(buf, ",", &save); d; d = strtok_r(NULL, ",", &save)) {
+            struct stat st;
+            if (stat(d, &st) != 0 || !S_ISDIR(st.st_mode)) {
+                fprintf(stderr, "fsoff: error: %s (or --nvme) %s: %s is not a folder here; "
+                                "create it or name another\n", keys[i], lists[i], d);
+                return -ENOENT;
+            }
+        }
+    }
+    return 0;
+}
 
 int fso_cli_main(int argc, char **argv)
 {
@@ -257,6 +280,8 @@ int fso_cli_main(int argc, char **argv)
         fprintf(stderr, "fsoff: error: %s\n", cfg.err);
         goto out;
     }
+    if (check_nvme_folders(&cfg) < 0)
+        goto out;
 
     fso_run_opts opts = {.metrics_path = metrics_path, .devices = devices};
     status = fso_train_run(&cfg, &opts) < 0 ? 1 : 0;
