@@ -51,7 +51,7 @@ static int engine_buffers(fso_plan_engine *en, const fso_config *cfg, int W)
     en->max_prefetch = zb.max_prefetch;
     en->prefetch_spare = zb.prefetch_spare;
     en->stage_slots = zb.stage_slots;
-    en->stage_fixed_bytes = (uint64_t)zb.chunks * zb.chunk_bytes;
+    en->stage_kind_bytes = (uint64_t)zb.chunk_sets * zb.chunk_bytes;
     return 0;
 }
 

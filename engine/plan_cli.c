@@ -368,14 +368,16 @@ static int describe_machine(const plan_args *a, const fso_config *cfg, fso_plan_
     return -1;
 }
 
-/* NVMe folders named (--nvme, or the config's nvme_path) that do not exist
- * here can be neither measured nor sized: the drives must then be described
- * (--nvme-free, --nvme-read, --nvme-write). An error line naming what to
- * give, and false, when they are not. */
+/* NVMe folders given with --nvme that do not exist here can be neither
+ * measured nor sized: the drives must then be described (--nvme-free,
+ * --nvme-read, --nvme-write). An error line naming what to give, and
+ * false, when they are not. (A config's nvme_path not here is planned
+ * without, with a note, unless the config pins state there:
+ * nvme_pins_have_space.) */
 static bool missing_folders_described(const plan_args *a, const char *missing)
 {
     const given *g = &a->g;
-    if (!missing[0] || (g->has_nvme_free && g->nvme_read > 0 && g->nvme_write > 0))
+    if (!missing[0] || !a->nvme || (g->has_nvme_free && g->nvme_read > 0 && g->nvme_write > 0))
         return true;
     char need[96] = "";
     size_t off = 0;
@@ -385,16 +387,10 @@ static bool missing_folders_described(const plan_args *a, const char *missing)
         off += (size_t)snprintf(need + off, sizeof need - off, " --nvme-read GBPS");
     if (!(g->nvme_write > 0))
         snprintf(need + off, sizeof need - off, " --nvme-write GBPS");
-    if (a->nvme)
-        fprintf(stderr, "fsoff: error: plan: --nvme %s: %s is not a folder on this machine, so "
-                        "its speed and free space cannot be measured; to plan for drives "
-                        "elsewhere, describe them with%s (e.g. --nvme-free 2T --nvme-read 6 "
-                        "--nvme-write 4), or name a folder here\n", a->nvme, missing, need);
-    else
-        fprintf(stderr, "fsoff: error: plan: the config's nvme_path %s is not a folder on this "
-                        "machine, so its speed and free space cannot be measured; give --nvme "
-                        "DIR for a folder here, or describe the drives with%s (e.g. --nvme-free "
-                        "2T --nvme-read 6 --nvme-write 4)\n", missing, need);
+    fprintf(stderr, "fsoff: error: plan: --nvme %s: %s is not a folder on this machine, so "
+                    "its speed and free space cannot be measured; to plan for drives "
+                    "elsewhere, describe them with%s (e.g. --nvme-free 2T --nvme-read 6 "
+                    "--nvme-write 4), or name a folder here\n", a->nvme, missing, need);
     return false;
 }
 
@@ -408,10 +404,11 @@ static bool nvme_pins_have_space(const fso_plan_pins *pins, const fso_plan_machi
     if (!nvme_pinned || m->nvme_free_bytes)
         return true;
     if (missing[0])
-        fprintf(stderr, "fsoff: error: the config keeps state on NVMe in %s, which does not "
-                        "exist here; give --nvme DIR, or --nvme-free, --nvme-read and "
-                        "--nvme-write to plan for drives elsewhere (or --auto to let fsoff "
-                        "choose the tiers)\n", missing);
+        fprintf(stderr, "fsoff: error: the config keeps state on NVMe in %s (its nvme_path), "
+                        "which is not a folder on this machine; give --nvme DIR for a folder "
+                        "here, or describe drives elsewhere with --nvme-free SIZE, --nvme-read "
+                        "GBPS and --nvme-write GBPS (or --auto to let fsoff choose the tiers)\n",
+                missing);
     else
         fprintf(stderr, "fsoff: error: the config keeps state on NVMe but no NVMe space is "
                         "known; give --nvme DIR, or --nvme-free, --nvme-read and "

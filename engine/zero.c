@@ -66,19 +66,39 @@ void fso_zero_buffers_for(const fso_config *cfg, fso_tier param_tier, int prefet
      * parameters takes half a chunk's bytes and must start 4 KiB aligned in
      * the file (O_DIRECT), so with bf16 a chunk that splits a shard is a
      * multiple of 8 KiB. */
-    b->chunks = 2 * FSO_N_KINDS;
     b->chunk_bytes = (size_t)cfg->offload.aio_block_bytes;
     if (param_bytes < sizeof(float))
         b->chunk_bytes = (b->chunk_bytes + 2 * STAGE_ALIGN - 1) & ~(size_t)(2 * STAGE_ALIGN - 1);
     if (b->chunk_bytes > b->stage_slot_bytes)
         b->chunk_bytes = b->stage_slot_bytes;
+    /* the ring: aio.queue_depth / 4 sets, no more than two shards' chunks */
+    const size_t units = (b->stage_slot_bytes + b->chunk_bytes - 1) / b->chunk_bytes;
+    b->chunk_sets = cfg->offload.aio_queue_depth / 4;
+    if ((size_t)b->chunk_sets > 2 * units)
+        b->chunk_sets = (int)(2 * units);
+    if (b->chunk_sets < 2)
+        b->chunk_sets = 2;
+    if (b->chunk_sets > MAX_CHUNK_SETS)
+        b->chunk_sets = MAX_CHUNK_SETS;
+    b->chunks = b->chunk_sets * FSO_N_KINDS;
 }
 
-/* Host staging of one device, in the arena. */
-static size_t staging_bytes(const fso_zero_buffers *b)
+/* Host staging of one device, in the arena, with chunk buffers for
+ * chunk_kinds kinds. */
+static size_t staging_bytes(const fso_zero_buffers *b, int chunk_kinds)
 {
     return b->prefetch_slot_bytes * (size_t)b->prefetch_slots +
-           b->stage_slot_bytes * (size_t)b->stage_slots + b->chunk_bytes * (size_t)b->chunks;
+           b->stage_slot_bytes * (size_t)b->stage_slots +
+           b->chunk_bytes * (size_t)b->chunk_sets * (size_t)chunk_kinds;
+}
+
+/* The kinds that need chunk buffers where they live. */
+static int chunk_kinds(const fso_zero *z)
+{
+    int n = 0;
+    for (int k = 0; k < FSO_N_KINDS; k++)
+        n += chunks_needed(z->ranks[0].be, z->tier[k]);
+    return n;
 }
 
 /* ------------------------------------------------------------------ layout */
@@ -246,7 +266,7 @@ static int open_arena(fso_zero *z, const fso_zero_buffers *zb, const budget *bud
                       size_t errlen)
 {
     const size_t world = (size_t)z->world;
-    const size_t bytes = (bud->per_tier[FSO_TIER_HOST] + staging_bytes(zb)) * world;
+    const size_t bytes = (bud->per_tier[FSO_TIER_HOST] + staging_bytes(zb, chunk_kinds(z))) * world;
     uint64_t avail = z->cfg->host_mem_bytes ? z->cfg->host_mem_bytes : fso_mem_available_bytes();
     if (avail && bytes > avail) {
         char h1[32], h2[32], h3[32];
@@ -333,8 +353,9 @@ static int allocate_rank(rank_state *rk, const fso_zero_buffers *zb, uint64_t *n
         rk->io.prefetch[j].buf = fso_zero_rank_take(rk, zb->prefetch_slot_bytes);
         rk->io.prefetch[j].block = -1;
     }
-    for (int set = 0; set < 2; set++)
-        for (int k = 0; k < FSO_N_KINDS; k++)
+    rk->opt.n_sets = zb->chunk_sets;
+    for (int k = 0; k < FSO_N_KINDS; k++)
+        for (int set = 0; set < zb->chunk_sets && chunks_needed(be, z->tier[k]); set++)
             rk->opt.chunk[set][k].buf = fso_zero_rank_take(rk, zb->chunk_bytes);
     rk->opt.chunk_elems = zb->chunk_bytes / sizeof(float);
     rk->io.grad_trip.buf = fso_zero_rank_take(rk, zb->stage_slot_bytes);

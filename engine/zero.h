@@ -134,7 +134,12 @@ typedef struct fso_zero_buffers {
     size_t prefetch_slot_bytes;  /* each: the largest shard in the working type, whole pages */
     int stage_slots;             /* a gradient shard's round trip and its two landings */
     size_t stage_slot_bytes;     /* each: the largest shard, fp32, whole pages */
-    int chunks;                  /* optimizer chunk buffers: two sets, one per kind */
+    int chunk_sets;              /* the optimizer's ring of chunk buffer sets: aio.queue_depth
+                                    / 4, from 2 to 16, no more than the chunks of two shards;
+                                    half of it reads ahead, the rest holds writes behind */
+    int chunks;                  /* optimizer chunk buffers: chunk_sets of each kind that
+                                    needs them (on NVMe, or on a device the CPU cannot address:
+                                    fso_zero_chunks_needed), for the tiers buffers_for is given */
     size_t chunk_bytes;          /* each: aio.block_size (bf16: a multiple of 8 KiB), at most a
                                     stage slot */
 } fso_zero_buffers;

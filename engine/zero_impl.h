@@ -22,6 +22,7 @@
 
 #define STAGE_ALIGN 4096
 #define MAX_PARAM_SLOTS 18 /* prefetch ring: up to 16 blocks ahead */
+#define MAX_CHUNK_SETS 16  /* the optimizer's ring of chunk buffer sets */
 
 /* A host staging buffer for one shard and the I/O outstanding on it. */
 typedef struct slot {
@@ -102,7 +103,9 @@ typedef struct rank_io {
  * buffers it streams state through, and what it measured. */
 typedef struct rank_optim {
     struct fso_optpool *pool;
-    slot chunk[2][FSO_N_KINDS];  /* chunk buffers: read ahead, write behind */
+    slot chunk[MAX_CHUNK_SETS][FSO_N_KINDS]; /* a ring of chunk buffer sets: read ahead,
+                                    updated, written behind */
+    int n_sets;                  /* sets in the ring (fso_zero_buffers chunk_sets) */
     size_t chunk_elems;
     uint64_t after;              /* the running job's mark: its device copies wait for that
                                     work only, not for compute queued since */
@@ -202,6 +205,14 @@ struct fso_zero {
 static inline size_t round_page(size_t b)
 {
     return (b + STAGE_ALIGN - 1) & ~(size_t)(STAGE_ALIGN - 1);
+}
+
+/* Whether shards on tier t pass through the optimizer's chunk buffers: on
+ * NVMe, or on a device the CPU cannot address; elsewhere AdamW works on
+ * them in place. A kind gets its ring of chunk buffers only then. */
+static inline bool chunks_needed(const fso_backend *be, fso_tier t)
+{
+    return t == FSO_TIER_NVME || (t == FSO_TIER_DEVICE && !be->ops->host_addressable);
 }
 
 /* zero_arena.c: the host arena */

@@ -143,13 +143,13 @@ void fso_zero_drain_slots(rank_state *rk, bool with_optimizer)
 {
     if (!rk->io.store)
         return;
-    slot *all[MAX_PARAM_SLOTS + 2 * FSO_N_KINDS + 1];
+    slot *all[MAX_PARAM_SLOTS + MAX_CHUNK_SETS * FSO_N_KINDS + 1];
     int n = 0;
     for (int j = 0; j < rk->io.n_prefetch; j++)
         all[n++] = &rk->io.prefetch[j];
     all[n++] = &rk->io.grad_trip;
     if (with_optimizer)
-        for (int set = 0; set < 2; set++)
+        for (int set = 0; set < rk->opt.n_sets; set++)
             for (int k = 0; k < FSO_N_KINDS; k++)
                 all[n++] = &rk->opt.chunk[set][k];
     errsink ignore = {0};

@@ -88,7 +88,7 @@ static int quiesce(fso_zero *z, char *err, size_t errlen)
 
 /* What each device gains on each tier: the shards of every kind that
  * moves, the gather window when the shard stops being lent, more slots of
- * the parameter ring. */
+ * the parameter ring, chunk buffers for kinds that now need them. */
 static void growth(const fso_zero *z, retier_plan *m)
 {
     memset(m->add, 0, sizeof m->add);
@@ -101,6 +101,10 @@ static void growth(const fso_zero *z, retier_plan *m)
     int more_slots = m->zb.prefetch_slots - z->ranks[0].io.n_prefetch_bufs;
     if (more_slots > 0)
         m->add[FSO_TIER_HOST] += m->zb.prefetch_slot_bytes * (size_t)more_slots;
+    const rank_state *rk = &z->ranks[0];
+    for (int k = 0; k < FSO_N_KINDS; k++)
+        if (chunks_needed(rk->be, m->want[k]) && !rk->opt.chunk[0][k].buf)
+            m->add[FSO_TIER_HOST] += m->zb.chunk_bytes * (size_t)rk->opt.n_sets;
 }
 
 /* Room for the growth on every device and in host memory; the arena grows. */
@@ -209,6 +213,10 @@ static void retier_switch(rank_state *rk, const retier_plan *m, retier_job *j)
     }
     if (m->zb.prefetch_slots > rk->io.n_prefetch_bufs)
         rk->io.n_prefetch_bufs = m->zb.prefetch_slots;
+    for (int k = 0; k < FSO_N_KINDS; k++) /* chunk buffers for kinds that now need them */
+        for (int set = 0; set < rk->opt.n_sets && chunks_needed(be, m->want[k]) &&
+                          !rk->opt.chunk[set][k].buf; set++)
+            rk->opt.chunk[set][k].buf = fso_zero_rank_take(rk, m->zb.chunk_bytes);
     rk->io.n_prefetch = m->zb.prefetch_slots;
     bool on_nvme = false;
     for (int k = 0; k < FSO_N_KINDS; k++)

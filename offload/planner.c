@@ -121,8 +121,15 @@ static bool size_placement(const fso_plan_input *in, const fso_placement *pl, fs
                         ? (uint64_t)(pl->prefetch + in->engine.prefetch_spare) *
                               round_page(max_shard * m->param_bytes)
                         : 0;
-    uint64_t stage = (uint64_t)in->engine.stage_slots * round_page(max_shard * m->state_bytes) +
-                     in->engine.stage_fixed_bytes;
+    uint64_t stage = (uint64_t)in->engine.stage_slots * round_page(max_shard * m->state_bytes);
+    for (int k = 0; k < FSO_N_KINDS; k++) {
+        bool staged = false;
+        for (int b = 0; b < pl->n_blocks && !staged; b++)
+            staged = pl->tier[k][b] == FSO_TIER_NVME ||
+                     (pl->tier[k][b] == FSO_TIER_DEVICE && !mc->cpu_devices);
+        if (staged)
+            stage += in->engine.stage_kind_bytes;
+    }
     out->buffer_bytes[FSO_TIER_HOST] = (ring + stage) * W;
     out->buffer_bytes[FSO_TIER_NVME] = 0;
 

@@ -129,18 +129,25 @@ fi
 
 # --- --nvme is a place: the planner decides what goes there, and fsoff plan
 # predicts the run the same flags give. A host budget that holds some of the
-# state but not all of it puts kinds on each tier; the plan and the run must
-# name the same placement, say why, and the run must keep its kinds there.
+# state but not all of it puts kinds on each tier (the first of a few budgets
+# whose plan has kinds both in host memory and on NVMe); the plan and the run
+# must name the same placement, say why, and the run must keep its kinds there.
 mkdir -p "$TMP/place"
-PLACE=(--devices cpu:2 --device-mem 1M --host-mem 2600K --nvme "$TMP/place" "${SMALL[@]}")
-planned=$("$FSOFF" plan "${PLACE[@]}" --json 2>"$TMP/err" |
-          python3 -c 'import json, sys; print(json.load(sys.stdin)["placement_text"])' 2>>"$TMP/err")
+planned=""
+for host_mib in $(seq 20 40); do
+    PLACE=(--devices cpu:2 --device-mem 6M --host-mem ${host_mib}M --nvme "$TMP/place"
+           --set data.seq_len=64 --set train_micro_batch_size_per_gpu=2)
+    planned=$("$FSOFF" plan "${PLACE[@]}" --json 2>"$TMP/err" |
+              python3 -c 'import json, sys; print(json.load(sys.stdin)["placement_text"])' 2>>"$TMP/err")
+    [[ $planned == *host* && $planned == *nvme* ]] && break
+done
 if "$FSOFF" --steps 2 "${PLACE[@]}" --metrics "$TMP/place.jsonl" >"$TMP/out" 2>>"$TMP/err"; then
     ran=$(sed -n 's/^plan: placement: //p' "$TMP/out")
     if [ -n "$planned" ] && [ "$planned" = "$ran" ] && [[ $ran == *nvme* ]] && [[ $ran == *host* ]] &&
        grep -q '^plan: why: .*would be short by' "$TMP/out" &&
        grep -q '"nvme_write_by_kind": {[^}]*[1-9]' <(tail -2 "$TMP/place.jsonl" | head -1) &&
-       ! grep -q 'gradients [0-9.]* [KMG]iB on nvme' "$TMP/out"; then
+       grep '^fsoff: state' "$TMP/out" | grep -q 'on host' &&
+       grep '^fsoff: state' "$TMP/out" | grep -q 'on nvme'; then
         ok "--nvme is a place: plan and train choose the same placement ($ran)"
     else
         bad "--nvme is a place: plan and train choose the same placement" "plan:  $planned" \

@@ -607,6 +607,7 @@ static void test_large_model_trains_from_nvme_within_cap(void **state)
     cfg.data.seq_len = 16;
     cfg.grad_accum = 1;
     cfg.device_mem_bytes = 16u << 20;
+    cfg.offload.aio_queue_depth = 8; /* the optimizer's ring: 2 sets of 1 MiB chunks */
     set_tiers(&cfg, FSO_TIER_NVME, FSO_TIER_NVME);
     run(&cfg, NULL, &r);
     if (r.rc)
