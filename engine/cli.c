@@ -20,7 +20,7 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: fsoff [train] [options]\n"
-            "       fsoff bench nvme|adam|h2d|allgather|tune [options]   offload bandwidth benchmarks\n"
+            "       fsoff bench nvme|adam|h2d|allgather|tune|pipeline [options]   offload benchmarks\n"
             "       fsoff plan [options]              memory per tier, placement, predicted step\n"
             "       fsoff plot FILE -o FILE.png       draw a --metrics file or a bench --json result\n"
             "\n"

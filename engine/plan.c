@@ -688,19 +688,43 @@ static int choose_and_free(fso_plan_ctx *ctx, const fso_plan_pins *pins, fso_pla
     return rc;
 }
 
-int fso_plan_for_config(const fso_config *cfg, const fso_plan_pins *pins, fso_plan *out,
-                        char *err, size_t errlen)
+int fso_plan_ctx_here(fso_plan_ctx *ctx, const fso_config *cfg, char *err, size_t errlen)
 {
     fso_plan_machine m;
-    fso_plan_ctx ctx;
     int rc = fso_plan_machine_here(cfg, false, &m, err, errlen);
     if (rc < 0)
         return rc;
-    if ((rc = fso_plan_ctx_init(&ctx, cfg, &m, false, err, errlen)) < 0)
+    if ((rc = fso_plan_ctx_init(ctx, cfg, &m, false, err, errlen)) < 0)
         return rc;
     char cerr[256];
-    fso_plan_calibrate_cpu(&ctx, cfg, cerr, sizeof cerr); /* else the sgemm rate stands */
+    fso_plan_calibrate_cpu(ctx, cfg, cerr, sizeof cerr); /* else the sgemm rate stands */
+    return 0;
+}
+
+int fso_plan_for_config(const fso_config *cfg, const fso_plan_pins *pins, fso_plan *out,
+                        char *err, size_t errlen)
+{
+    fso_plan_ctx ctx;
+    int rc = fso_plan_ctx_here(&ctx, cfg, err, errlen);
+    if (rc < 0)
+        return rc;
     return choose_and_free(&ctx, pins, out, err, errlen);
+}
+
+void fso_plan_part_ms(const fso_plan_ctx *ctx, double *part_ms)
+{
+    int count[FSO_N_PARTS] = {0};
+    const fso_plan_input *in = &ctx->in;
+    for (int p = 0; p < FSO_N_PARTS; p++)
+        part_ms[p] = 0;
+    for (int k = 0; k < in->model.n_visits; k++)
+        if (ctx->visit_part[k] >= 0) {
+            part_ms[ctx->visit_part[k]] += in->model.visits[k].flops / (in->machine.device_gflops * 1e6);
+            count[ctx->visit_part[k]]++;
+        }
+    for (int p = 0; p < FSO_N_PARTS; p++)
+        if (count[p])
+            part_ms[p] /= count[p];
 }
 
 /* GPUs, the engine as it is (engine/zero*.c) rather than the GPU schedule:

@@ -93,6 +93,14 @@ void fso_plan_machine_cpu(const fso_config *cfg, const fso_probe *p, uint64_t ho
 /* a GPU's achieved figures from the table (gpu_info.h) into m. */
 void fso_plan_machine_gpu(fso_plan_machine *m, const fso_gpu_spec *spec);
 
+/* ctx for cfg on this machine's CPU backend (fso_plan_machine_here, one
+ * layer timed): what fso_plan_for_config plans with. 0 or negative errno
+ * with err; the caller frees ctx. */
+int fso_plan_ctx_here(fso_plan_ctx *ctx, const fso_config *cfg, char *err, size_t errlen);
+/* The compute ctx's timeline takes for each part of a visit (model.h
+ * fso_visit_part), per device and visit, ms: part_ms (FSO_N_PARTS). */
+void fso_plan_part_ms(const fso_plan_ctx *ctx, double *part_ms);
+
 /* The plan for cfg on this machine's CPU backend, keeping pins (NULL:
  * none). 0; -ENOSPC when nothing fits (out holds the closest placement and
  * err says which tier is short, by how much, and what to do); other

@@ -554,6 +554,12 @@ int fso_zero_inject_faults(fso_zero *z, int rank, const fso_fault_spec *spec)
     return rc;
 }
 
+void fso_zero_standin(fso_zero *z, const double *part_ms)
+{
+    for (int r = 0; r < z->world; r++)
+        z->ranks[r].model.standin_ms = part_ms;
+}
+
 uint64_t fso_zero_cpu_device_mem(const fso_config *cfg, uint64_t host_bytes)
 {
     const int world = cfg->world > 0 ? cfg->world : 1;

@@ -164,6 +164,11 @@ void fso_zero_step_nvme_bytes(const fso_config *cfg, uint64_t *read, uint64_t *w
  * free unless --device-mem says less. */
 uint64_t fso_zero_cpu_device_mem(const fso_config *cfg, uint64_t host_bytes);
 
+/* Compute replaced by timed waits (model.h standin_ms: FSO_N_PARTS ms per
+ * part, owned by the caller; NULL computes again) on every device, the
+ * rest of the step as it is: `fsoff bench pipeline`. */
+void fso_zero_standin(fso_zero *z, const double *part_ms);
+
 /* Wrap device `rank`'s NVMe store in a fault injector (tests). 0 or -errno;
  * -ENOENT when that device has no store. */
 int fso_zero_inject_faults(fso_zero *z, int rank, const fso_fault_spec *spec);
