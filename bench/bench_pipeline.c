@@ -57,13 +57,14 @@ typedef struct pl_args {
 
 typedef struct pl_step {
     double ms, optimizer_ms;
+    double stall_ms, exposed_ms;     /* device 0 waited on NVMe reads, on the optimizer */
     uint64_t rd[FSO_N_KINDS], wr[FSO_N_KINDS];
 } pl_step;
 
 /* A round of steps and their means (the first step excluded). */
 typedef struct pl_round {
     pl_step st[PL_MAX_STEPS];
-    double ms, optimizer_ms, rd, wr;  /* means */
+    double ms, optimizer_ms, rd, wr, stall_ms, exposed_ms; /* means */
     uint64_t krd[FSO_N_KINDS], kwr[FSO_N_KINDS]; /* per step, means */
     bool as_derived;                  /* every step after the first moved the derivation */
 } pl_round;
@@ -308,12 +309,16 @@ static int pl_round_run(fso_zero *z, const double *part_ms, int steps, const int
         }
         p->ms = fso_now_ms() - t0;
         p->optimizer_ms = zs.optimizer_ms;
+        p->stall_ms = zs.stall_ms;
+        p->exposed_ms = zs.optimizer_exposed_ms;
         memcpy(p->rd, zs.nvme_kind_read, sizeof p->rd);
         memcpy(p->wr, zs.nvme_kind_write, sizeof p->wr);
         if (s == 0)
             continue;
         ro->ms += p->ms / (steps - 1);
         ro->optimizer_ms += p->optimizer_ms / (steps - 1);
+        ro->stall_ms += p->stall_ms / (steps - 1);
+        ro->exposed_ms += p->exposed_ms / (steps - 1);
         for (int k = 0; k < FSO_N_KINDS; k++) {
             ro->krd[k] += p->rd[k] / (uint64_t)(steps - 1);
             ro->kwr[k] += p->wr[k] / (uint64_t)(steps - 1);
@@ -434,10 +439,10 @@ int fso_bench_pipeline(int argc, char **argv)
                 store_r, store_w, sr[0], sw[0], sr[1], sw[1]);
     else
         fprintf(out, "# no state on NVMe: the steps move nothing through the store\n");
-    fprintf(out, "#     round  step  compute    step   read  write    read   write  gather  "
-                 "reduce  optimizer  I/O at store\n");
-    fprintf(out, "#                     (ms)    (ms)   (GB)   (GB)  (GB/s)  (GB/s)  (GB/s)  "
-                 "(GB/s)       (ms)          (ms)\n");
+    fprintf(out, "#     round  step  compute    step  stall  opt wait   read  write    read   "
+                 "write  gather  reduce  optimizer  I/O at store\n");
+    fprintf(out, "#                     (ms)    (ms)   (ms)      (ms)   (GB)   (GB)  (GB/s)  "
+                 "(GB/s)  (GB/s)  (GB/s)       (ms)          (ms)\n");
     json_t *rows = json_array();
     double io_ms[2];
     for (int r = 0; r < 2; r++) {
@@ -450,10 +455,10 @@ int fso_bench_pipeline(int argc, char **argv)
                 wr += p->wr[k];
             }
             const double secs = p->ms / 1e3;
-            fprintf(out, "  %9s  %4d  %7.0f  %6.0f  %5.2f  %5.2f  %6.3f  %6.3f  %6.2f  %6.2f  "
-                         "%9.0f  %12.0f%s\n",
+            fprintf(out, "  %9s  %4d  %7.0f  %6.0f  %5.0f  %8.0f  %5.2f  %5.2f  %6.3f  %6.3f  "
+                         "%6.2f  %6.2f  %9.0f  %12.0f%s\n",
                     r == 0 ? "pipeline" : "data path", s + 1, r == 0 ? compute_ms : 0.0, p->ms,
-                    rd / 1e9, wr / 1e9, rd / secs / 1e9, wr / secs / 1e9, gather_b / secs / 1e9,
+                    p->stall_ms, p->exposed_ms, rd / 1e9, wr / 1e9, rd / secs / 1e9, wr / secs / 1e9, gather_b / secs / 1e9,
                     reduce_b / secs / 1e9, p->optimizer_ms, pl_io_ms(rd, wr, store_r, store_w),
                     s == 0 ? "  (first: excluded)" : "");
             json_t *row = json_object();
@@ -463,6 +468,8 @@ int fso_bench_pipeline(int argc, char **argv)
             json_object_set_new(row, "nvme_read_bytes", json_integer((json_int_t)rd));
             json_object_set_new(row, "nvme_write_bytes", json_integer((json_int_t)wr));
             json_object_set_new(row, "optimizer_ms", jnum(p->optimizer_ms));
+            json_object_set_new(row, "stall_ms", jnum(p->stall_ms));
+            json_object_set_new(row, "optimizer_exposed_ms", jnum(p->exposed_ms));
             json_object_set_new(row, "nvme_read_by_kind", kinds_json(p->rd));
             json_object_set_new(row, "nvme_write_by_kind", kinds_json(p->wr));
             json_array_append_new(rows, row);
@@ -473,11 +480,14 @@ int fso_bench_pipeline(int argc, char **argv)
     const double bound = io_ms[0] > compute_ms ? io_ms[0] : compute_ms;
     const double r_bound = pipe->ms / bound, r_io = io_ms[1] > 0 ? data->ms / io_ms[1] : NAN;
     const double secs = pipe->ms / 1e3;
-    fprintf(out, "# pipeline, steps 2-%d: %.0f ms per step; NVMe %.3f GB/s read, %.3f GB/s written "
-                 "over the step; all-gathers %.2f GB/s, reduce-scatters %.2f GB/s; the optimizer "
-                 "%.0f ms\n",
-            a.steps, pipe->ms, pipe->rd / secs / 1e9, pipe->wr / secs / 1e9,
-            gather_b / secs / 1e9, reduce_b / secs / 1e9, pipe->optimizer_ms);
+    fprintf(out, "# pipeline, steps 2-%d: %.0f ms per step: compute %.0f, waiting on NVMe reads "
+                 "%.0f, on the optimizer %.0f, the rest (copies, gathers, gradients landing) "
+                 "%.0f; NVMe %.3f GB/s read, %.3f GB/s written over the step; all-gathers %.2f "
+                 "GB/s, reduce-scatters %.2f GB/s; the optimizer %.0f ms\n",
+            a.steps, pipe->ms, compute_ms, pipe->stall_ms, pipe->exposed_ms,
+            pipe->ms - compute_ms - pipe->stall_ms - pipe->exposed_ms, pipe->rd / secs / 1e9,
+            pipe->wr / secs / 1e9, gather_b / secs / 1e9, reduce_b / secs / 1e9,
+            pipe->optimizer_ms);
     fprintf(out, "# NVMe GB read/written per step by kind (the derivation for this placement):");
     static const char *const shortk[FSO_N_KINDS] = {"params", "master", "m", "v", "grads"};
     for (int k = 0; k < FSO_N_KINDS; k++)
@@ -525,6 +535,8 @@ int fso_bench_pipeline(int argc, char **argv)
     json_object_set_new(rec, "gather_gbps", jnum(gather_b / secs / 1e9));
     json_object_set_new(rec, "reduce_scatter_gbps", jnum(reduce_b / secs / 1e9));
     json_object_set_new(rec, "optimizer_ms", jnum(pipe->optimizer_ms));
+    json_object_set_new(rec, "stall_ms", jnum(pipe->stall_ms));
+    json_object_set_new(rec, "optimizer_exposed_ms", jnum(pipe->exposed_ms));
     json_object_set_new(rec, "derived_read_by_kind", kinds_json(drd));
     json_object_set_new(rec, "derived_write_by_kind", kinds_json(dwr));
     json_object_set_new(rec, "as_derived", json_boolean(exact));
