@@ -13,6 +13,7 @@
 #include "config.h"
 #include "cuda_backend.h"
 #include "fso_build.h"
+#include "plan.h"
 #include "store.h"
 #include "train.h"
 #include "util.h"
@@ -21,7 +22,7 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: fsoff [train] [options]\n"
-            "       fsoff bench nvme|adam|h2d|allgather|tune [options]   offload bandwidth benchmarks\n"
+            "       fsoff bench nvme|adam|h2d|allgather|tune|pipeline [options]   offload benchmarks\n"
             "       fsoff plan [options]              memory per tier, placement, predicted step\n"
             "       fsoff plot FILE -o FILE.png       draw a --metrics file or a bench --json result\n"
             "\n"
@@ -39,9 +40,12 @@ static void usage(FILE *f)
             "                         CPU devices sharing the work, ZeRO-3)\n"
             "      --device-mem SIZE  memory cap per device, e.g. 2G (default: an equal share\n"
             "                         of half the available memory)\n"
-            "      --nvme DIR[,DIR]   keep parameters and optimizer state on NVMe in these\n"
-            "                         folders, striped (= zero_optimization.offload_param and\n"
-            "                         offload_optimizer with device \"nvme\")\n"
+            "      --host-mem SIZE    host memory fsoff may use for state and staging, CPU\n"
+            "                         devices' memory included (default: what is available)\n"
+            "      --nvme DIR[,DIR]   NVMe folders, striped: a place the planner may put state\n"
+            "                         that the host memory does not hold (the nvme_path of\n"
+            "                         zero_optimization.offload_param and offload_optimizer;\n"
+            "                         their device keys pin a tier)\n"
             "      --init-from DIR    start from a Hugging Face Llama folder: config.json and\n"
             "                         model.safetensors or shards with their index (same as\n"
             "                         --set model.init_from=DIR)\n"
@@ -155,14 +159,19 @@ static int check_folders(const char *what, const char *list)
     return 0;
 }
 
-/* The configuration's NVMe folders for the state it keeps on NVMe. */
+/* The configuration's NVMe folders: a place the planner may use for any
+ * kind a pin does not hold elsewhere, so each folder a section names must
+ * exist here unless that section's device is pinned off NVMe. */
 static int check_config_folders(const fso_config *cfg)
 {
+    fso_plan_pins pins;
+    fso_plan_pins_from_config(cfg, &pins);
     const fso_offload_config *o = &cfg->offload;
-    if (o->param_tier == FSO_TIER_NVME && o->param_nvme_path[0] &&
+    const int pp = pins.tier[FSO_KIND_PARAM], po = pins.tier[FSO_KIND_MASTER];
+    if (o->param_nvme_path[0] && (pp < 0 || pp == FSO_TIER_NVME) &&
         check_folders("zero_optimization.offload_param.nvme_path", o->param_nvme_path) < 0)
         return -EINVAL;
-    if (o->optim_tier == FSO_TIER_NVME && o->optim_nvme_path[0] &&
+    if (o->optim_nvme_path[0] && (po < 0 || po == FSO_TIER_NVME) &&
         check_folders("zero_optimization.offload_optimizer.nvme_path", o->optim_nvme_path) < 0)
         return -EINVAL;
     return 0;
@@ -176,7 +185,8 @@ int fso_cli_main(int argc, char **argv)
         {"metrics", required_argument, NULL, 'm'}, {"set", required_argument, NULL, 's'},
         {"help", no_argument, NULL, 'h'},          {"version", no_argument, NULL, 'V'},
         {"device-mem", required_argument, NULL, 'M'}, {"nvme", required_argument, NULL, 'N'},
-        {"init-from", required_argument, NULL, 'I'},  {NULL, 0, NULL, 0},
+        {"init-from", required_argument, NULL, 'I'},  {"host-mem", required_argument, NULL, 'H'},
+        {NULL, 0, NULL, 0},
     };
     const char *config_path = NULL, *metrics_path = NULL, *devices = "auto";
     char **sets = calloc(2 * (size_t)argc + 1, sizeof *sets);
@@ -248,15 +258,24 @@ int fso_cli_main(int argc, char **argv)
             cfg.device_mem_bytes = bytes;
             break;
         }
-        case 'N': {
+        case 'H': {
+            uint64_t bytes;
+            if (fso_parse_size(optarg, &bytes) < 0 || bytes == 0) {
+                fprintf(stderr, "fsoff: error: --host-mem %s: expected a size such as 8G or "
+                                "512G\n", optarg);
+                goto out;
+            }
+            cfg.host_mem_bytes = bytes;
+            break;
+        }
+        case 'N': { /* a place for state, not a pin: the planner decides what goes there */
             if (check_folders("--nvme", optarg) < 0)
                 goto out;
             char *lit = fso_json_quote(optarg);
             if (!lit ||
-                asprintf(&sets[nsets++], "zero_optimization.offload_param={\"device\": "
-                                         "\"nvme\", \"nvme_path\": %s}", lit) < 0 ||
-                asprintf(&sets[nsets++], "zero_optimization.offload_optimizer={\"device\": "
-                                         "\"nvme\", \"nvme_path\": %s}", lit) < 0) {
+                asprintf(&sets[nsets++], "zero_optimization.offload_param.nvme_path=%s", lit) < 0 ||
+                asprintf(&sets[nsets++], "zero_optimization.offload_optimizer.nvme_path=%s",
+                         lit) < 0) {
                 free(lit);
                 fprintf(stderr, "fsoff: error: out of memory\n");
                 goto out;
