@@ -27,6 +27,7 @@ int fso_bench_main(int argc, char **argv);
 int fso_bench_nvme(int argc, char **argv); /* argv[0] = "nvme" */
 int fso_bench_tune(int argc, char **argv); /* argv[0] = "tune" (bench_tune.c) */
 int fso_bench_adam(int argc, char **argv); /* argv[0] = "adam" */
+int fso_bench_pipeline(int argc, char **argv); /* argv[0] = "pipeline" (bench_pipeline.c) */
 /* GPUs (bench_gpu.c); 77 where there is none or the build has no CUDA. */
 int fso_bench_h2d(int argc, char **argv);       /* argv[0] = "h2d" */
 int fso_bench_allgather(int argc, char **argv); /* argv[0] = "allgather" */

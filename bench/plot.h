@@ -22,7 +22,7 @@ struct json_t; /* jansson */
 /* Default sizes in pixels (width x height). */
 #define FSO_PLOT_NVME_W 1200   /* nvme and tune: write and read side by side */
 #define FSO_PLOT_NVME_H 520
-#define FSO_PLOT_SMALL_W 900   /* adam, h2d, allgather */
+#define FSO_PLOT_SMALL_W 900   /* adam, h2d, allgather, pipeline */
 #define FSO_PLOT_SMALL_H 540
 #define FSO_PLOT_RUN_W 1200    /* a training run: six panels */
 #define FSO_PLOT_RUN_H 960
@@ -53,7 +53,7 @@ void fso_plot_discard(fso_plot *p);
 void fso_plot_size_label(char *buf, size_t len, double bytes);
 
 /* A benchmark's JSON object, by its "bench" key (nvme, tune, adam, h2d,
- * allgather). width/height 0: the kind's default. 0 or -errno (message in
+ * allgather, pipeline). width/height 0: the kind's default. 0 or -errno (message in
  * err); -EINVAL for an object this fsoff cannot draw. */
 int fso_plot_bench(const struct json_t *rec, const char *png, int width, int height, char *err,
                    size_t errlen);

@@ -10,6 +10,9 @@
  *                AdamW's own access pattern
  *   h2d          GB/s per direction, pinned and pageable, bars
  *   allgather    bus bandwidth against message size, one line per collective
+ *   pipeline     NVMe read and write GB/s of a training step's data path: over
+ *                the step with compute, over the data path alone, and the
+ *                store alone, bars
  */
 #include "plot.h"
 
@@ -372,15 +375,52 @@ static int plot_allgather(const json_t *rec, fso_plot *p, char *err, size_t errl
     return 0;
 }
 
+/* ------------------------------------------------------------ pipeline */
+
+static int plot_pipeline(const json_t *rec, fso_plot *p, char *err, size_t errlen)
+{
+    json_t *store = json_object_get(rec, "store");
+    if (!json_is_object(store) || !json_is_number(json_object_get(rec, "step_ms"))) {
+        snprintf(err, errlen, "a bench pipeline result needs \"store\": {\"read_gbps\", "
+                 "\"write_gbps\"} and \"step_ms\"");
+        return -EINVAL;
+    }
+    fprintf(p->f, "$rates << EOD\n");
+    static const char *const ops[2] = {"read", "write"};
+    for (int o = 0; o < 2; o++) {
+        char k[64];
+        fprintf(p->f, "\"NVMe %s\"", ops[o]);
+        snprintf(k, sizeof k, "nvme_%s_gbps", ops[o]);
+        put(p->f, num(rec, k));
+        snprintf(k, sizeof k, "data_path_%s_gbps", ops[o]);
+        put(p->f, num(rec, k));
+        snprintf(k, sizeof k, "%s_gbps", ops[o]);
+        put(p->f, num(store, k));
+        fputc('\n', p->f);
+    }
+    fprintf(p->f, "EOD\nset title ");
+    fso_plot_quote(p->f, "fsoff bench pipeline: %s", str(rec, "placement", "?"));
+    fprintf(p->f, " . \"\\n\" . ");
+    fso_plot_quote(p->f, "the step %.2fx its bound; the data path alone %.2fx the store's time",
+                   num(rec, "step_over_bound"), num(rec, "data_path_over_store"));
+    fprintf(p->f, "\nset style data histograms\nset style histogram clustered gap 1\n"
+                  "set style fill solid 0.8 border -1\nset boxwidth 0.9\n"
+                  "set ylabel 'GB/s (1e9 B/s)'\nset yrange [0:*]\nset key top left\n"
+                  "plot $rates using 2:xtic(1) lc 1 title 'over the step, compute as waits', "
+                  "'' using 3 lc 2 title 'over the data path alone', "
+                  "'' using 4 lc 3 title 'the store alone (sequential)'\n");
+    return 0;
+}
+
 int fso_plot_bench(const json_t *rec, const char *png, int width, int height, char *err,
                    size_t errlen)
 {
     const char *kind = str(rec, "bench", "");
     bool wide = strcmp(kind, "nvme") == 0 || strcmp(kind, "tune") == 0;
     if (!wide && strcmp(kind, "adam") != 0 && strcmp(kind, "h2d") != 0 &&
-        strcmp(kind, "allgather") != 0) {
+        strcmp(kind, "allgather") != 0 && strcmp(kind, "pipeline") != 0) {
         snprintf(err, errlen, "\"bench\": \"%s\": not a result fsoff can draw (nvme, tune, adam, "
-                 "h2d, allgather)", kind);
+                 "h2d, allgather, pipeline)", kind);
         return -EINVAL;
     }
     fso_plot p;
@@ -395,6 +435,8 @@ int fso_plot_bench(const json_t *rec, const char *png, int width, int height, ch
         rc = plot_adam(rec, &p, err, errlen);
     else if (strcmp(kind, "h2d") == 0)
         rc = plot_h2d(rec, &p, err, errlen);
+    else if (strcmp(kind, "pipeline") == 0)
+        rc = plot_pipeline(rec, &p, err, errlen);
     else
         rc = plot_allgather(rec, &p, err, errlen);
     if (rc < 0) {

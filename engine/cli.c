@@ -13,8 +13,9 @@
 #include "config.h"
 #include "cuda_backend.h"
 #include "fso_build.h"
-#include "store.h"
+#include "plan.h"
 #include "signals.h"
+#include "store.h"
 #include "train.h"
 #include "util.h"
 
@@ -22,7 +23,7 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: fsoff [train] [options]\n"
-            "       fsoff bench nvme|adam|h2d|allgather|tune [options]   offload bandwidth benchmarks\n"
+            "       fsoff bench nvme|adam|h2d|allgather|tune|pipeline [options]   offload benchmarks\n"
             "       fsoff plan [options]              memory per tier, placement, predicted step\n"
             "       fsoff plot FILE -o FILE.png       draw a --metrics file or a bench --json result\n"
             "       fsoff export CKPT OUTDIR [--dtype fp32|bf16|fp16]   a checkpoint as a\n"
@@ -42,9 +43,12 @@ static void usage(FILE *f)
             "                         CPU devices sharing the work, ZeRO-3)\n"
             "      --device-mem SIZE  memory cap per device, e.g. 2G (default: an equal share\n"
             "                         of half the available memory)\n"
-            "      --nvme DIR[,DIR]   keep parameters and optimizer state on NVMe in these\n"
-            "                         folders, striped (= zero_optimization.offload_param and\n"
-            "                         offload_optimizer with device \"nvme\")\n"
+            "      --host-mem SIZE    host memory fsoff may use for state and staging, CPU\n"
+            "                         devices' memory included (default: what is available)\n"
+            "      --nvme DIR[,DIR]   NVMe folders, striped: a place the planner may put state\n"
+            "                         that the host memory does not hold (the nvme_path of\n"
+            "                         zero_optimization.offload_param and offload_optimizer;\n"
+            "                         their device keys pin a tier)\n"
             "      --init-from DIR    start from a Hugging Face Llama folder: config.json and\n"
             "                         model.safetensors or shards with their index (same as\n"
             "                         --set model.init_from=DIR)\n"
@@ -166,14 +170,19 @@ static int check_folders(const char *what, const char *list)
     return 0;
 }
 
-/* The configuration's NVMe folders for the state it keeps on NVMe. */
+/* The configuration's NVMe folders: a place the planner may use for any
+ * kind a pin does not hold elsewhere, so each folder a section names must
+ * exist here unless that section's device is pinned off NVMe. */
 static int check_config_folders(const fso_config *cfg)
 {
+    fso_plan_pins pins;
+    fso_plan_pins_from_config(cfg, &pins);
     const fso_offload_config *o = &cfg->offload;
-    if (o->param_tier == FSO_TIER_NVME && o->param_nvme_path[0] &&
+    const int pp = pins.tier[FSO_KIND_PARAM], po = pins.tier[FSO_KIND_MASTER];
+    if (o->param_nvme_path[0] && (pp < 0 || pp == FSO_TIER_NVME) &&
         check_folders("zero_optimization.offload_param.nvme_path", o->param_nvme_path) < 0)
         return -EINVAL;
-    if (o->optim_tier == FSO_TIER_NVME && o->optim_nvme_path[0] &&
+    if (o->optim_nvme_path[0] && (po < 0 || po == FSO_TIER_NVME) &&
         check_folders("zero_optimization.offload_optimizer.nvme_path", o->optim_nvme_path) < 0)
         return -EINVAL;
     return 0;
@@ -222,7 +231,8 @@ int fso_cli_main(int argc, char **argv)
         {"device-mem", required_argument, NULL, 'M'}, {"nvme", required_argument, NULL, 'N'},
         {"save", required_argument, NULL, 'S'},    {"save-every", required_argument, NULL, 'E'},
         {"keep", required_argument, NULL, 'K'},    {"resume", optional_argument, NULL, 'R'},
-        {"init-from", required_argument, NULL, 'I'},  {NULL, 0, NULL, 0},
+        {"init-from", required_argument, NULL, 'I'},  {"host-mem", required_argument, NULL, 'H'},
+        {NULL, 0, NULL, 0},
     };
     const char *resume = NULL;
     static volatile sig_atomic_t stop;
@@ -297,15 +307,24 @@ int fso_cli_main(int argc, char **argv)
             cfg.device_mem_bytes = bytes;
             break;
         }
-        case 'N': {
+        case 'H': {
+            uint64_t bytes;
+            if (fso_parse_size(optarg, &bytes) < 0 || bytes == 0) {
+                fprintf(stderr, "fsoff: error: --host-mem %s: expected a size such as 8G or "
+                                "512G\n", optarg);
+                goto out;
+            }
+            cfg.host_mem_bytes = bytes;
+            break;
+        }
+        case 'N': { /* a place for state, not a pin: the planner decides what goes there */
             if (check_folders("--nvme", optarg) < 0)
                 goto out;
             char *lit = fso_json_quote(optarg);
             if (!lit ||
-                asprintf(&sets[nsets++], "zero_optimization.offload_param={\"device\": "
-                                         "\"nvme\", \"nvme_path\": %s}", lit) < 0 ||
-                asprintf(&sets[nsets++], "zero_optimization.offload_optimizer={\"device\": "
-                                         "\"nvme\", \"nvme_path\": %s}", lit) < 0) {
+                asprintf(&sets[nsets++], "zero_optimization.offload_param.nvme_path=%s", lit) < 0 ||
+                asprintf(&sets[nsets++], "zero_optimization.offload_optimizer.nvme_path=%s",
+                         lit) < 0) {
                 free(lit);
                 fprintf(stderr, "fsoff: error: out of memory\n");
                 goto out;

@@ -725,6 +725,13 @@ static void record_given(const struct fso_config_doc *doc, json_t *node, keypath
         (uint8_t)(doc->layers[li].kind == LAYER_FILE ? FSO_ORIGIN_FILE : FSO_ORIGIN_SET);
 }
 
+fso_tier fso_offload_tier(const fso_offload_config *o, fso_kind k)
+{
+    if (o->per_kind)
+        return o->kind_tier[k];
+    return k == FSO_KIND_PARAM ? o->param_tier : o->optim_tier;
+}
+
 fso_config_origin fso_config_origin_of(const fso_config *cfg, const char *key)
 {
     const uint64_t h = key_hash(key);

@@ -100,7 +100,14 @@ typedef struct fso_data_config {
 typedef struct fso_offload_config {
     int stage;                    /* zero_optimization.stage (fsoff partitions as stage 3) */
     fso_tier param_tier;          /* zero_optimization.offload_param.device */
-    fso_tier optim_tier;          /* zero_optimization.offload_optimizer.device */
+    fso_tier optim_tier;          /* zero_optimization.offload_optimizer.device: master, m, v
+                                     and gradients */
+    /* A placement with a tier of its own for each kind (a plan's, plan.h
+     * fso_plan_apply, or a test's): when per_kind is set, kind_tier holds
+     * every kind's tier (param_tier and optim_tier then say the parameters'
+     * and the master weights'); fso_offload_tier() reads whichever holds. */
+    bool per_kind;
+    fso_tier kind_tier[FSO_N_KINDS];
     char param_nvme_path[4096];   /* folders, comma-separated */
     char optim_nvme_path[4096];
     bool pin_memory;              /* either section's pin_memory */
@@ -136,10 +143,12 @@ typedef struct fso_config {
     char init_from[4096];         /* model.init_from (--init-from): a Hugging Face folder the
                                      parameters start from, "" for the seed (hf.h) */
 
-    /* From the command line only (--devices, --device-mem). */
+    /* From the command line only (--devices, --device-mem, --host-mem). */
     int world;                    /* devices; 1 unless --devices cpu:N */
     char backend[16];             /* "cpu" (default) or "cpu-ref" (tests) */
     uint64_t device_mem_bytes;    /* cap per device; 0 = the default */
+    uint64_t host_mem_bytes;      /* host memory fsoff may use (the host arena, and CPU devices'
+                                     memory); 0 = the memory available at start */
 
     char source[4096];            /* config file path, "" for built-in defaults */
     fso_config_given given;       /* which keys the file or a --set gave */
@@ -166,6 +175,10 @@ void fso_config_free(fso_config *cfg);
  * "zero_optimization.offload_param.device") came from: what the planner
  * keeps as the user's choice and what it may choose itself. */
 fso_config_origin fso_config_origin_of(const fso_config *cfg, const char *key);
+
+/* The tier kind k lives on: o->kind_tier[k] when o->per_kind, else
+ * param_tier for the parameters and optim_tier for the other kinds. */
+fso_tier fso_offload_tier(const fso_offload_config *o, fso_kind k);
 
 /* The learning rate of optimizer step `step` (counting from 1). */
 double fso_config_lr_at(const fso_config *cfg, int64_t step);

@@ -837,6 +837,7 @@ static int apply_offload(walker *w, json_t *root)
                         "devices as stage 3 does");
     }
     o->pin_memory = false;
+    o->per_kind = false; /* the keys place every kind */
     CFG_TRY(apply_offload_section(w, z, &zsec, "offload_param", offload_param_keys,
                                   &o->param_tier, o->param_nvme_path, sizeof o->param_nvme_path));
     CFG_TRY(apply_offload_section(w, z, &zsec, "offload_optimizer", offload_optimizer_keys,

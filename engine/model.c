@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "rng.h"
 #include "util.h"
@@ -536,6 +537,22 @@ static void layer_backward(fso_model *m, int l, const fso_layer_acts *a, const f
 #undef DW
 }
 
+/* With standin_ms: wait the part's time in place of computing it, and
+ * say so. A timed wait on the calling thread, as compute would take it. */
+static bool stand_in(const fso_model *m, fso_visit_part part)
+{
+    if (!m->standin_ms)
+        return false;
+    double ms = m->standin_ms[part];
+    if (ms > 0) {
+        struct timespec ts = {.tv_sec = (time_t)(ms / 1e3),
+                              .tv_nsec = (long)((ms - 1e3 * (double)(time_t)(ms / 1e3)) * 1e6)};
+        while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+        }
+    }
+    return true;
+}
+
 static void lend_params(fso_model *m, const fso_block_source *src, int b)
 {
     m->params[b] = src->params(src->ctx, b);
@@ -597,22 +614,27 @@ static void forward_blocks(fso_model *m, const fso_block_source *src, const int3
     be->ops->copy_h2d(be, m->tokens, inputs, sizeof(int32_t) * (size_t)N);
     lend_params(m, src, 0);
     float *x = layer_out(m, 0);
-    be->ops->embedding_fwd(be, x, m->tokens, P_(m, 0, FSO_T_EMBED), m->wt, N, C);
-    keep(m, 0, x);
+    if (!stand_in(m, FSO_PART_EMBED_FWD)) {
+        be->ops->embedding_fwd(be, x, m->tokens, P_(m, 0, FSO_T_EMBED), m->wt, N, C);
+        keep(m, 0, x);
+    }
     return_params(m, src, 0);
     for (int l = 0; l < L; l++) {
         lend_params(m, src, 1 + l);
         float *y = layer_out(m, l + 1);
-        layer_forward(m, l, &m->acts[m->checkpointing ? 0 : l], x, y);
-        keep(m, l + 1, y);
+        if (!stand_in(m, FSO_PART_LAYER_FWD)) {
+            layer_forward(m, l, &m->acts[m->checkpointing ? 0 : l], x, y);
+            keep(m, l + 1, y);
+        }
         x = y;
         return_params(m, src, 1 + l);
     }
     lend_params(m, src, L + 1);
     if (m->mc.tie_word_embeddings)
         lend_params(m, src, 0);
-    be->ops->rmsnorm_fwd(be, m->xf, m->rstdf, x, P_(m, L + 1, FSO_T_FINAL_NORM), m->wt, N, C,
-                         (float)m->mc.rms_norm_eps);
+    if (!m->standin_ms) /* the head's part */
+        be->ops->rmsnorm_fwd(be, m->xf, m->rstdf, x, P_(m, L + 1, FSO_T_FINAL_NORM), m->wt, N,
+                             C, (float)m->mc.rms_norm_eps);
 }
 
 static void release_head(fso_model *m, const fso_block_source *src)
@@ -658,7 +680,9 @@ void fso_model_step(fso_model *m, const fso_block_source *src, const int32_t *in
     float *dWh = head_grad(m);
     float dscale = grad_scale / (float)N;
     const fso_dtype wt = m->wt, f32 = FSO_DT_F32;
-    for (int r0 = 0; r0 < N; r0 += m->chunk_rows) {
+    if (stand_in(m, FSO_PART_HEAD))
+        op->memset0(be, m->losses, sizeof(float) * (size_t)N);
+    for (int r0 = 0; r0 < N && !m->standin_ms; r0 += m->chunk_rows) {
         int rows = N - r0 < m->chunk_rows ? N - r0 : m->chunk_rows;
         const void *xf = xf_rows(m, r0);
         op->matmul_fwd(be, m->logits, f32, xf, Wh, wt, rows, C, V);
@@ -667,26 +691,34 @@ void fso_model_step(fso_model *m, const fso_block_source *src, const int32_t *in
         op->matmul_bwd(be, m->dh + (size_t)r0 * C, f32, dWh, m->logits, f32, xf, Wh, wt, rows, C,
                        V, 0.0f);
     }
-    op->memset0(be, m->dres, sizeof(float) * (size_t)N * C);
-    op->rmsnorm_bwd(be, m->dres, G_(m, L + 1, FSO_T_FINAL_NORM), m->dh, layer_input(m, L),
-                    P_(m, L + 1, FSO_T_FINAL_NORM), wt, m->rstdf, N, C);
+    if (!m->standin_ms) {
+        op->memset0(be, m->dres, sizeof(float) * (size_t)N * C);
+        op->rmsnorm_bwd(be, m->dres, G_(m, L + 1, FSO_T_FINAL_NORM), m->dh, layer_input(m, L),
+                        P_(m, L + 1, FSO_T_FINAL_NORM), wt, m->rstdf, N, C);
+    }
     return_grads(m, src, L + 1);
     release_head(m, src);
 
     for (int l = L - 1; l >= 0; l--) {
         fso_layer_acts *a = &m->acts[m->checkpointing ? 0 : l];
         lend_params(m, src, 1 + l);
-        const float *x = layer_input(m, l);
-        if (m->checkpointing)
-            layer_forward(m, l, a, x, NULL);
-        lend_grads(m, src, 1 + l);
-        layer_backward(m, l, a, x);
+        if (m->standin_ms) {
+            lend_grads(m, src, 1 + l);
+            stand_in(m, FSO_PART_LAYER_BWD);
+        } else {
+            const float *x = layer_input(m, l);
+            if (m->checkpointing)
+                layer_forward(m, l, a, x, NULL);
+            lend_grads(m, src, 1 + l);
+            layer_backward(m, l, a, x);
+        }
         return_grads(m, src, 1 + l);
         return_params(m, src, 1 + l);
     }
     if (!m->grads[0])
         lend_grads(m, src, 0);
-    op->embedding_bwd(be, G_(m, 0, FSO_T_EMBED), m->tokens, m->dres, N, C);
+    if (!stand_in(m, FSO_PART_EMBED_BWD))
+        op->embedding_bwd(be, G_(m, 0, FSO_T_EMBED), m->tokens, m->dres, N, C);
     return_grads(m, src, 0);
 
     op->sum(be, loss_sum, m->losses, (size_t)N); /* no wait: it arrives with the next sync */

@@ -118,6 +118,11 @@ typedef struct fso_model {
     void *dq, *dk, *dv, *datt, *dgate, *dup, *dact;
 
     size_t device_bytes;          /* everything allocated on the backend */
+    /* NULL: compute. Else (FSO_N_PARTS) ms per part of a visit (fso_visit_part below):
+     * fso_model_step waits that long in place of computing it, lending and
+     * returning every block as it would (`fsoff bench pipeline`); the losses
+     * are 0 and the gradients the zeros they were lent as. */
+    const double *standin_ms;
     char err[512];
 } fso_model;
 
@@ -152,6 +157,7 @@ typedef enum fso_visit_part {
     FSO_PART_HEAD,        /* the head: final norm, logits, loss and their backward */
     FSO_PART_LAYER_BWD,   /* a layer's backward (and its recomputation with checkpointing) */
     FSO_PART_EMBED_BWD,   /* the embedding's backward */
+    FSO_N_PARTS,
 } fso_visit_part;
 
 /* One use of a block within a micro-step. */

@@ -51,7 +51,7 @@ static int engine_buffers(fso_plan_engine *en, const fso_config *cfg, int W)
     en->max_prefetch = zb.max_prefetch;
     en->prefetch_spare = zb.prefetch_spare;
     en->stage_slots = zb.stage_slots;
-    en->stage_fixed_bytes = (uint64_t)zb.chunks * zb.chunk_bytes;
+    en->stage_kind_bytes = (uint64_t)zb.chunk_sets * zb.chunk_bytes;
     return 0;
 }
 
@@ -151,6 +151,7 @@ int fso_plan_ctx_init(fso_plan_ctx *ctx, const fso_config *cfg, const fso_plan_m
         en->device_reserve_bytes = ((uint64_t)2 << 30) + fso_model_cuda_scratch_bytes_for(
             mc, cfg->micro_batch, cfg->data.seq_len, cfg->bf16);
     } else { /* engine/zero.c on the CPU backend */
+        en->per_kind_tiers = true;
         en->sync_grad_writes = true;
         en->opt_write_lag = 1;
         if (cfg->bf16) /* the CPU backend's fp32 working space for bf16 tensors */
@@ -462,7 +463,7 @@ int fso_plan_machine_here(const fso_config *cfg, bool refresh, fso_plan_machine 
     int rc = fso_plan_probe(cfg, dirs, refresh, &p, err, errlen);
     if (rc < 0)
         return rc;
-    uint64_t host = fso_mem_available_bytes();
+    uint64_t host = cfg->host_mem_bytes ? cfg->host_mem_bytes : fso_mem_available_bytes();
     fso_plan_machine_cpu(cfg, &p, host ? host : p.host_mem_bytes, m);
     m->nvme_free_bytes = dirs[0] ? fso_plan_folders_free(dirs) : 0;
     if (m->nvme_read_gbps <= 0 || m->nvme_write_gbps <= 0)
@@ -699,6 +700,10 @@ void fso_plan_print(FILE *f, const fso_plan *p)
     }
     fso_plan_describe(p, desc, sizeof desc);
     fprintf(f, "plan: placement: %s\n", desc);
+    char why[1024];
+    fso_plan_why(p, why, sizeof why);
+    if (why[0])
+        fprintf(f, "plan: why: %s\n", why);
     if (!p->fits) {
         fprintf(f, "plan: does not fit (see the SHORT row)\n");
         return;
@@ -767,6 +772,22 @@ json_t *fso_plan_json(const fso_plan *p)
     bool wc = false;
     for (int b = 0; b < p->pl.n_blocks; b++)
         wc = wc || (p->pl.whole_copy[b] && p->pl.tier[FSO_KIND_PARAM][b] != FSO_TIER_DEVICE);
+    json_t *why = json_object();
+    for (int k = 0; k < FSO_N_KINDS && p->explained; k++) {
+        const fso_plan_reason *r = &p->why[k];
+        json_t *o = json_pack("{s:s, s:b}", "tier", fso_tier_name(r->tier), "pinned", r->pinned);
+        if (!r->pinned && r->alt_tier >= 0) {
+            json_object_set_new(o, "instead", json_string(fso_tier_name(r->alt_tier)));
+            json_object_set_new(o, "fits", json_boolean(r->alt_fits));
+            if (r->alt_fits)
+                json_object_set_new(o, "step_ms", json_real(r->alt_step_ms));
+            else if (r->short_tier >= 0)
+                json_object_set_new(o, "short", json_pack("{s:s, s:I}", "tier",
+                                                          fso_tier_name(r->short_tier), "bytes",
+                                                          (json_int_t)r->short_bytes));
+        }
+        json_object_set_new(why, keys[k], o);
+    }
     fso_plan_describe(p, desc, sizeof desc);
     const fso_plan_machine *m = &p->machine;
     json_t *mj = json_pack(
@@ -778,13 +799,14 @@ json_t *fso_plan_json(const fso_plan *p)
         "coll_gbps", m->coll_gbps, "device_gflops", m->device_gflops, "adam_gelems",
         m->adam_gelems, "device_adam_gelems", m->device_adam_gelems, "host_copy_gbps",
         m->host_copy_gbps);
-    return json_pack("{s:b, s:f, s:f, s:s, s:f, s:s, s:o, s:i, s:b, s:o, s:o, s:o, s:o, s:i}",
-                     "fits", p->fits, "predicted_step_ms", p->step_ms, "tokens_per_s",
-                     p->tokens_per_s, "bottleneck", fso_stream_name(p->bottleneck), "stall_ms",
-                     p->stall_ms, "placement_text", desc, "placement", placement,
-                     "prefetch_blocks", p->pl.prefetch, "whole_copy", wc, "tiers", tiers,
-                     "busy_ms", busy, "critical_ms", crit, "machine", mj, "evaluated",
-                     p->evaluated);
+    json_t *j = json_pack(
+        "{s:b, s:f, s:f, s:s, s:f, s:s, s:o, s:i, s:b, s:o, s:o, s:o, s:o, s:i}", "fits",
+        p->fits, "predicted_step_ms", p->step_ms, "tokens_per_s", p->tokens_per_s, "bottleneck",
+        fso_stream_name(p->bottleneck), "stall_ms", p->stall_ms, "placement_text", desc,
+        "placement", placement, "prefetch_blocks", p->pl.prefetch, "whole_copy", wc, "tiers",
+        tiers, "busy_ms", busy, "critical_ms", crit, "machine", mj, "evaluated", p->evaluated);
+    json_object_set_new(j, "why", why);
+    return j;
 }
 
 void fso_plan_print_json(FILE *f, const fso_plan *p)
@@ -815,13 +837,43 @@ static int choose_and_free(fso_plan_ctx *ctx, const fso_plan_pins *pins, fso_pla
     return rc;
 }
 
-/* GPUs, the engine as it is (engine/zero*.c) rather than the GPU schedule: one
- * tier per kind, gathers, fp32 gradients, working parameters bf16 only with
- * bf16.enabled. */
+int fso_plan_ctx_here(fso_plan_ctx *ctx, const fso_config *cfg, char *err, size_t errlen)
+{
+    fso_plan_machine m;
+    int rc = fso_plan_machine_here(cfg, false, &m, err, errlen);
+    if (rc < 0)
+        return rc;
+    if ((rc = fso_plan_ctx_init(ctx, cfg, &m, false, err, errlen)) < 0)
+        return rc;
+    char cerr[256];
+    fso_plan_calibrate_cpu(ctx, cfg, cerr, sizeof cerr); /* else the sgemm rate stands */
+    return 0;
+}
+
+void fso_plan_part_ms(const fso_plan_ctx *ctx, double *part_ms)
+{
+    int count[FSO_N_PARTS] = {0};
+    const fso_plan_input *in = &ctx->in;
+    for (int p = 0; p < FSO_N_PARTS; p++)
+        part_ms[p] = 0;
+    for (int k = 0; k < in->model.n_visits; k++)
+        if (ctx->visit_part[k] >= 0) {
+            part_ms[ctx->visit_part[k]] += in->model.visits[k].flops / (in->machine.device_gflops * 1e6);
+            count[ctx->visit_part[k]]++;
+        }
+    for (int p = 0; p < FSO_N_PARTS; p++)
+        if (count[p])
+            part_ms[p] /= count[p];
+}
+
+/* GPUs, the engine as it is (engine/zero*.c) rather than the GPU schedule:
+ * one tier per kind for every block, gathers, fp32 gradients, working
+ * parameters bf16 only with bf16.enabled. */
 static void gpu_engine_as_built(fso_plan_ctx *ctx, const fso_config *cfg)
 {
     fso_plan_engine *en = &ctx->in.engine;
-    en->per_block_tiers = en->per_kind_tiers = en->whole_copy = false;
+    en->per_block_tiers = en->whole_copy = false;
+    en->per_kind_tiers = true;
     ctx->in.model.grad_bytes = 4;
     ctx->in.model.param_bytes = cfg->bf16 ? 2 : 4;
 }
@@ -851,15 +903,11 @@ static int fits_here(const fso_config *cfg, const fso_plan_pins *pins, bool gpu,
 int fso_plan_for_config(const fso_config *cfg, const fso_plan_pins *pins, fso_plan *out,
                         char *err, size_t errlen)
 {
-    fso_plan_machine m;
     fso_plan_ctx ctx;
     int rc;
     if ((rc = fits_here(cfg, pins, false, 0, out, err, errlen)) < 0 ||
-        (rc = fso_plan_machine_here(cfg, false, &m, err, errlen)) < 0 ||
-        (rc = fso_plan_ctx_init(&ctx, cfg, &m, false, err, errlen)) < 0)
+        (rc = fso_plan_ctx_here(&ctx, cfg, err, errlen)) < 0)
         return rc;
-    char cerr[256];
-    fso_plan_calibrate_cpu(&ctx, cfg, cerr, sizeof cerr); /* else the sgemm rate stands */
     return choose_and_free(&ctx, pins, out, err, errlen);
 }
 
@@ -887,26 +935,28 @@ int fso_plan_for_config_gpus(const fso_config *cfg, const fso_plan_pins *pins,
 int fso_plan_apply(const fso_plan *p, fso_config *cfg, char *err, size_t errlen)
 {
     const int nb = p->pl.n_blocks;
-    int pt = p->pl.tier[FSO_KIND_PARAM][0], st = p->pl.tier[FSO_KIND_MASTER][0];
+    fso_tier tier[FSO_N_KINDS];
+    bool nvme = false;
+    for (int k = 0; k < FSO_N_KINDS; k++) {
+        tier[k] = (fso_tier)p->pl.tier[k][0];
+        nvme = nvme || tier[k] == FSO_TIER_NVME;
+    }
     for (int b = 0; b < nb; b++) {
-        if (p->pl.tier[FSO_KIND_PARAM][b] != pt) {
-            snprintf(err, errlen, "the plan keeps some blocks' parameters on the device and "
-                                  "streams others; this engine takes one tier per kind");
-            return -ENOTSUP;
-        }
-        for (int k = FSO_KIND_MASTER; k < FSO_N_KINDS; k++)
-            if (p->pl.tier[k][b] != st) {
-                snprintf(err, errlen, "the plan splits the optimizer state over tiers; this "
-                                      "engine keeps master, m, v and gradients on one tier");
+        for (int k = 0; k < FSO_N_KINDS; k++)
+            if (p->pl.tier[k][b] != tier[k]) {
+                snprintf(err, errlen, "the plan keeps some blocks' %s on one tier and others "
+                                      "elsewhere; this engine takes one tier per kind",
+                         fso_kind_name(k));
                 return -ENOTSUP;
             }
-        if (p->pl.whole_copy[b] && pt != FSO_TIER_DEVICE && p->machine.devices > 1) {
+        if (p->pl.whole_copy[b] && tier[FSO_KIND_PARAM] != FSO_TIER_DEVICE &&
+            p->machine.devices > 1) {
             snprintf(err, errlen, "the plan copies blocks whole; this engine gathers shards");
             return -ENOTSUP;
         }
     }
     fso_offload_config *o = &cfg->offload;
-    if (pt == FSO_TIER_NVME || st == FSO_TIER_NVME) {
+    if (nvme) {
         const char *any = o->optim_nvme_path[0] ? o->optim_nvme_path : o->param_nvme_path;
         if (!any[0]) {
             snprintf(err, errlen, "the plan puts state on NVMe but the configuration names no "
@@ -918,8 +968,10 @@ int fso_plan_apply(const fso_plan *p, fso_config *cfg, char *err, size_t errlen)
         if (!o->optim_nvme_path[0])
             snprintf(o->optim_nvme_path, sizeof o->optim_nvme_path, "%s", any);
     }
-    o->param_tier = (fso_tier)pt;
-    o->optim_tier = (fso_tier)st;
+    o->per_kind = true;
+    memcpy(o->kind_tier, tier, sizeof tier);
+    o->param_tier = tier[FSO_KIND_PARAM];
+    o->optim_tier = tier[FSO_KIND_MASTER];
     o->prefetch_blocks = p->pl.prefetch;
     return 0;
 }

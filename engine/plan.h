@@ -61,14 +61,16 @@ void fso_plan_ctx_free(fso_plan_ctx *ctx);
 int fso_plan_calibrate_cpu(fso_plan_ctx *ctx, const fso_config *cfg, char *err, size_t errlen);
 
 /* What the config pins: a kind whose offload "device" the config file or
- * an override (--set, --nvme) gave (fso_config_origin_of), and
- * train.prefetch_blocks when given. The kinds' tiers are taken from cfg. */
+ * a --set gave (fso_config_origin_of; offload_optimizer.device pins master,
+ * m, v and the gradients), and train.prefetch_blocks when given. --nvme
+ * names folders only, a place the planner may use, and pins nothing. */
 void fso_plan_pins_from_config(const fso_config *cfg, fso_plan_pins *pins);
 
 /* This machine's numbers for the CPU backend with cfg->world devices: the
  * cached probes (probing first when there are none, or refresh), NVMe
  * folders from cfg's offload sections (folders that do not exist are left
- * out), device memory from cfg->device_mem_bytes or zero.c's default.
+ * out), host memory from cfg->host_mem_bytes or what is available, device
+ * memory from cfg->device_mem_bytes or zero.c's default.
  * 0 or negative errno with err. */
 int fso_plan_machine_here(const fso_config *cfg, bool refresh, fso_plan_machine *m, char *err,
                           size_t errlen);
@@ -111,6 +113,14 @@ void fso_plan_machine_cpu(const fso_config *cfg, const fso_probe *p, uint64_t ho
 /* a GPU's achieved figures from the table (gpu_info.h) into m. */
 void fso_plan_machine_gpu(fso_plan_machine *m, const fso_gpu_spec *spec);
 
+/* ctx for cfg on this machine's CPU backend (fso_plan_machine_here, one
+ * layer timed): what fso_plan_for_config plans with. 0 or negative errno
+ * with err; the caller frees ctx. */
+int fso_plan_ctx_here(fso_plan_ctx *ctx, const fso_config *cfg, char *err, size_t errlen);
+/* The compute ctx's timeline takes for each part of a visit (model.h
+ * fso_visit_part), per device and visit, ms: part_ms (FSO_N_PARTS). */
+void fso_plan_part_ms(const fso_plan_ctx *ctx, double *part_ms);
+
 /* The plan for cfg on this machine's CPU backend, keeping pins (NULL:
  * none). 0; -ENOSPC when nothing fits (out holds the closest placement and
  * err says which tier is short, by how much, and what to do); other
@@ -141,11 +151,11 @@ json_t *fso_plan_json(const fso_plan *p);
 void fso_plan_shortfall_message(const fso_plan *p, const fso_plan_pins *pins, bool train,
                                 char *buf, size_t len);
 
-/* Take the plan's choices into cfg (tiers of parameters and of the
- * optimizer state, prefetch depth). -ENOTSUP with err when the plan uses
- * what this engine cannot do (per-block tiers, per-kind tiers within the
- * optimizer state, whole-block copies); -EINVAL when it puts state on NVMe
- * and cfg names no NVMe folder. */
+/* Take the plan's choices into cfg (the tier of each kind of state,
+ * cfg->offload.per_kind, and the prefetch depth). -ENOTSUP with err when
+ * the plan uses what this engine cannot do (per-block tiers, whole-block
+ * copies); -EINVAL when it puts state on NVMe and cfg names no NVMe
+ * folder. */
 int fso_plan_apply(const fso_plan *p, fso_config *cfg, char *err, size_t errlen);
 
 /* After a few steps: the measured mean step (and what else was measured;

@@ -141,6 +141,7 @@ typedef struct given {
 
 typedef struct plan_args {
     const char *config_path;
+    const char *nvme;         /* --nvme as given, NULL when not */
     char **sets;              /* --set, --nvme as assignments, in order */
     int nsets;
     bool refresh, autoplace, json, trace;
@@ -247,6 +248,7 @@ static int parse_args(int argc, char **argv, fso_config *cfg, plan_args *a)
                 goto oom;
             break;
         case 'N': { /* a place for state: folders the planner may use, not a pin */
+            a->nvme = optarg;
             char *lit = fso_json_quote(optarg);
             if (!lit ||
                 asprintf(&a->sets[a->nsets++], "zero_optimization.offload_param.nvme_path=%s",
@@ -388,6 +390,32 @@ static int describe_machine(const plan_args *a, const fso_config *cfg, fso_plan_
     return -1;
 }
 
+/* NVMe folders given with --nvme that do not exist here can be neither
+ * measured nor sized: the drives must then be described (--nvme-free,
+ * --nvme-read, --nvme-write). An error line naming what to give, and
+ * false, when they are not. (A config's nvme_path not here is planned
+ * without, with a note, unless the config pins state there:
+ * nvme_pins_have_space.) */
+static bool missing_folders_described(const plan_args *a, const char *missing)
+{
+    const given *g = &a->g;
+    if (!missing[0] || !a->nvme || (g->has_nvme_free && g->nvme_read > 0 && g->nvme_write > 0))
+        return true;
+    char need[96] = "";
+    size_t off = 0;
+    if (!g->has_nvme_free)
+        off += (size_t)snprintf(need + off, sizeof need - off, " --nvme-free SIZE");
+    if (!(g->nvme_read > 0))
+        off += (size_t)snprintf(need + off, sizeof need - off, " --nvme-read GBPS");
+    if (!(g->nvme_write > 0))
+        snprintf(need + off, sizeof need - off, " --nvme-write GBPS");
+    fprintf(stderr, "fsoff: error: plan: --nvme %s: %s is not a folder on this machine, so "
+                    "its speed and free space cannot be measured; to plan for drives "
+                    "elsewhere, describe them with%s (e.g. --nvme-free 2T --nvme-read 6 "
+                    "--nvme-write 4), or name a folder here\n", a->nvme, missing, need);
+    return false;
+}
+
 /* State the config pins on NVMe needs NVMe space: an error line, false. */
 static bool nvme_pins_have_space(const fso_plan_pins *pins, const fso_plan_machine *m,
                                  const char *missing)
@@ -398,10 +426,11 @@ static bool nvme_pins_have_space(const fso_plan_pins *pins, const fso_plan_machi
     if (!nvme_pinned || m->nvme_free_bytes)
         return true;
     if (missing[0])
-        fprintf(stderr, "fsoff: error: the config keeps state on NVMe in %s, which does not "
-                        "exist here; give --nvme DIR, or --nvme-free, --nvme-read and "
-                        "--nvme-write to plan for drives elsewhere (or --auto to let fsoff "
-                        "choose the tiers)\n", missing);
+        fprintf(stderr, "fsoff: error: the config keeps state on NVMe in %s (its nvme_path), "
+                        "which is not a folder on this machine; give --nvme DIR for a folder "
+                        "here, or describe drives elsewhere with --nvme-free SIZE, --nvme-read "
+                        "GBPS and --nvme-write GBPS (or --auto to let fsoff choose the tiers)\n",
+                missing);
     else
         fprintf(stderr, "fsoff: error: the config keeps state on NVMe but no NVMe space is "
                         "known; give --nvme DIR, or --nvme-free, --nvme-read and "
@@ -602,7 +631,7 @@ int fso_plan_main(int argc, char **argv)
         m.device_gflops = ctx.in.machine.device_gflops;
     }
     ctx.in.pins = pins;
-    if (!nvme_pins_have_space(&pins, &m, missing))
+    if (!missing_folders_described(&a, missing) || !nvme_pins_have_space(&pins, &m, missing))
         goto out;
     plan_report r = {.a = &a, .cfg = &cfg, .ctx = &ctx, .m = &m, .spec = spec, .dirs = dirs,
                      .missing = missing, .calibrated = calibrated, .nvme_tuned = nvme_tuned};

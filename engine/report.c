@@ -37,6 +37,21 @@ int fso_report_init(fso_report *r, FILE *out, const char *metrics_path, int64_t 
     return 0;
 }
 
+/* The kinds of state in the step line and as metrics keys. */
+static const char *const short_kind[FSO_N_KINDS] = {"params", "master", "m", "v", "grads"};
+static const char *const kind_key[FSO_N_KINDS] = {"parameters", "master", "m", "v", "gradients"};
+
+/* {"parameters": N, ...} of per-kind bytes, for a metrics line. */
+static void kind_bytes_json(char *buf, size_t len, const uint64_t *bytes)
+{
+    size_t off = 0;
+    for (int k = 0; k < FSO_N_KINDS && off < len; k++)
+        off += (size_t)snprintf(buf + off, len - off, "%s\"%s\": %llu", k ? ", " : "{",
+                                kind_key[k], (unsigned long long)bytes[k]);
+    if (off < len)
+        snprintf(buf + off, len - off, "}");
+}
+
 void fso_report_step(fso_report *r, const fso_step_stats *st)
 {
     double tok_s = st->step_ms > 0 ? st->tokens / (st->step_ms / 1e3) : 0;
@@ -66,16 +81,21 @@ void fso_report_step(fso_report *r, const fso_step_stats *st)
     double wr_gbps = secs > 0 ? st->nvme_write_bytes / secs / 1e9 : 0;
 
     if (st->step % r->print_every == 0 || st->step == 1 || st->step == r->total_steps) {
-        char io[192] = "";
+        char io[512] = "";
         int n = 0;
         if (r->peak_flops > 0) /* model FLOPs only: recomputation is not counted as useful */
             n = snprintf(io, sizeof io, " | MFU %.1f%%", 100.0 * gflops * 1e9 / r->peak_flops);
         n += snprintf(io + n, sizeof io - (size_t)n, " | opt %.1f ms, %.1f exposed",
                       st->optimizer_ms, st->optimizer_exposed_ms);
-        if (st->nvme_read_bytes || st->nvme_write_bytes)
-            n += snprintf(io + n, sizeof io - (size_t)n,
-                          " | NVMe %.2f/%.2f GB/s r/w | stall %.1f ms", rd_gbps, wr_gbps,
-                          st->stall_ms);
+        if (st->nvme_read_bytes || st->nvme_write_bytes) {
+            n += snprintf(io + n, sizeof io - (size_t)n, " | NVMe %.2f/%.2f GB/s r/w, GB r/w",
+                          rd_gbps, wr_gbps);
+            for (int k = 0; k < FSO_N_KINDS; k++)
+                if (st->nvme_kind_read[k] || st->nvme_kind_write[k])
+                    n += snprintf(io + n, sizeof io - (size_t)n, " %s %.3g/%.3g", short_kind[k],
+                                  st->nvme_kind_read[k] / 1e9, st->nvme_kind_write[k] / 1e9);
+            n += snprintf(io + n, sizeof io - (size_t)n, " | stall %.1f ms", st->stall_ms);
+        }
         if (st->stale_marks) /* waits that were stricter than asked (cuda_backend.h) */
             snprintf(io + n, sizeof io - (size_t)n, " | stale marks %llu",
                      (unsigned long long)st->stale_marks);
@@ -86,20 +106,24 @@ void fso_report_step(fso_report *r, const fso_step_stats *st)
                 st->clip_coef < 1.0 ? " (clipped)" : "          ", st->step_ms, tok_s, gflops, io);
         fflush(r->out);
     }
+    char kr[256], kw[256];
+    kind_bytes_json(kr, sizeof kr, st->nvme_kind_read);
+    kind_bytes_json(kw, sizeof kw, st->nvme_kind_write);
     if (r->metrics)
         fprintf(r->metrics,
                 "{\"step\": %lld, \"loss\": %.17g, \"lr\": %.9g, \"grad_norm\": %.17g, "
                 "\"clip_coef\": %.9g, \"step_ms\": %.6g, \"tokens\": %lld, \"tok_s\": %.6g, "
                 "\"gflops\": %.6g, \"mfu\": %.6g, \"stall_ms\": %.6g, \"compute_ms\": %.6g, "
                 "\"optimizer_ms\": %.6g, \"optimizer_exposed_ms\": %.6g, "
-                "\"nvme_read_bytes\": %llu, \"nvme_write_bytes\": %llu, \"stale_marks\": %llu}\n",
+                "\"nvme_read_bytes\": %llu, \"nvme_write_bytes\": %llu, \"nvme_read_by_kind\": %s, "
+                "\"nvme_write_by_kind\": %s, \"stale_marks\": %llu}\n",
                 (long long)st->step, st->loss, st->lr, st->grad_norm, st->clip_coef, st->step_ms,
                 (long long)st->tokens, tok_s, gflops,
                 r->peak_flops > 0 ? gflops * 1e9 / r->peak_flops : 0.0, st->stall_ms,
                 st->compute_ms, st->optimizer_ms,
                 st->optimizer_exposed_ms,
                 (unsigned long long)st->nvme_read_bytes, (unsigned long long)st->nvme_write_bytes,
-                (unsigned long long)st->stale_marks);
+                kr, kw, (unsigned long long)st->stale_marks);
     if (r->metrics)
         fflush(r->metrics); /* a plot can follow the run */
 }

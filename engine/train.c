@@ -62,6 +62,8 @@ int fso_trainer_step(fso_trainer *tr, const int32_t *inputs, const int32_t *targ
     st->optimizer_exposed_ms = zs.optimizer_exposed_ms;
     st->nvme_read_bytes = zs.nvme_read_bytes;
     st->nvme_write_bytes = zs.nvme_write_bytes;
+    memcpy(st->nvme_kind_read, zs.nvme_kind_read, sizeof st->nvme_kind_read);
+    memcpy(st->nvme_kind_write, zs.nvme_kind_write, sizeof st->nvme_kind_write);
     st->tokens = (int64_t)fso_trainer_step_tokens(tr->cfg);
     st->stale_marks = fso_zero_stale_marks(tr->zero);
     st->step_ms = fso_now_ms() - t0;
@@ -271,7 +273,10 @@ static fso_plan_measured measured_mean(run_plan *rp, const fso_config *cfg,
         meas.block_compute_ms = NULL;
     }
     /* the optimizer's busy time is AdamW's only when it waits on no reads */
-    if (cfg->offload.optim_tier != FSO_TIER_NVME)
+    bool opt_reads = false;
+    for (int k = FSO_KIND_MASTER; k < FSO_N_KINDS; k++)
+        opt_reads = opt_reads || fso_offload_tier(&cfg->offload, (fso_kind)k) == FSO_TIER_NVME;
+    if (!opt_reads)
         meas.optimizer_ms = rp->sums.optimizer_ms / n;
     /* NVMe rates only when the reads held compute up: otherwise bytes over
      * the step would understate what the drive can do */

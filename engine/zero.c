@@ -66,20 +66,30 @@ void fso_zero_buffers_for(const fso_config *cfg, fso_tier param_tier, int prefet
      * parameters takes half a chunk's bytes and must start 4 KiB aligned in
      * the file (O_DIRECT), so with bf16 a chunk that splits a shard is a
      * multiple of 8 KiB. */
-    b->chunks = 2 * FSO_N_KINDS;
     b->chunk_bytes = (size_t)cfg->offload.aio_block_bytes;
     if (param_bytes < sizeof(float))
         b->chunk_bytes = (b->chunk_bytes + 2 * STAGE_ALIGN - 1) & ~(size_t)(2 * STAGE_ALIGN - 1);
     if (b->chunk_bytes > b->stage_slot_bytes)
         b->chunk_bytes = b->stage_slot_bytes;
+    /* the ring: aio.queue_depth / 4 sets, no more than two shards' chunks */
+    const size_t units = (b->stage_slot_bytes + b->chunk_bytes - 1) / b->chunk_bytes;
+    b->chunk_sets = cfg->offload.aio_queue_depth / 4;
+    if ((size_t)b->chunk_sets > 2 * units)
+        b->chunk_sets = (int)(2 * units);
+    if (b->chunk_sets < 2)
+        b->chunk_sets = 2;
+    if (b->chunk_sets > MAX_CHUNK_SETS)
+        b->chunk_sets = MAX_CHUNK_SETS;
+    b->chunks = b->chunk_sets * FSO_N_KINDS;
 }
 
-/* Host staging of one device, in the arena. */
-static size_t staging_bytes(const fso_zero_buffers *b)
+/* Host staging of one device, in the arena, with chunk buffers for
+ * chunk_kinds kinds. */
+static size_t staging_bytes(const fso_zero_buffers *b, int chunk_kinds)
 {
     return fso_sat_add(fso_sat_add(fso_sat_mul(b->prefetch_slot_bytes, (size_t)b->prefetch_slots),
                                    fso_sat_mul(b->stage_slot_bytes, (size_t)b->stage_slots)),
-                       fso_sat_mul(b->chunk_bytes, (size_t)b->chunks));
+                       fso_sat_mul(b->chunk_bytes, (size_t)b->chunk_sets * (size_t)chunk_kinds));
 }
 
 void fso_zero_need_for(const fso_config *cfg, fso_zero_need *n)
@@ -87,7 +97,9 @@ void fso_zero_need_for(const fso_config *cfg, fso_zero_need *n)
     const int world = cfg->world > 0 ? cfg->world : 1;
     const fso_offload_config *o = &cfg->offload;
     fso_zero_buffers zb;
-    fso_zero_buffers_for(cfg, o->param_tier, o->prefetch_blocks, &zb);
+    fso_zero_buffers_for(cfg, fso_offload_tier(o, FSO_KIND_PARAM), o->prefetch_blocks, &zb);
+    const bool addressable = fso_backend_host_addressable(cfg->backend);
+    int chunk_kinds = 0;
     /* every layer is alike: the embedding, one layer times L, the head */
     fso_model_config one = cfg->model;
     fso_block_layout bl[3];
@@ -98,7 +110,8 @@ void fso_zero_need_for(const fso_config *cfg, fso_zero_need *n)
     memset(n, 0, sizeof *n);
     for (int k = 0; k < FSO_N_KINDS; k++) {
         const uint64_t eb = k == FSO_KIND_PARAM && cfg->bf16 ? sizeof(uint16_t) : sizeof(float);
-        const fso_tier t = k == FSO_KIND_PARAM ? o->param_tier : o->optim_tier;
+        const fso_tier t = fso_offload_tier(o, (fso_kind)k);
+        chunk_kinds += t == FSO_TIER_NVME || (t == FSO_TIER_DEVICE && !addressable);
         uint64_t shard = 0; /* one device's shards of kind k, whole pages each */
         for (int i = 0; i < 3; i++)
             shard = fso_sat_add(shard, fso_sat_mul(count[i], fso_sat_round_up(fso_sat_mul(
@@ -116,11 +129,20 @@ void fso_zero_need_for(const fso_config *cfg, fso_zero_need *n)
                                                          cfg->data.seq_len));
     n->device_buffers = fso_sat_add(fso_sat_mul(zb.gather_bytes, (uint64_t)zb.gather),
                                     fso_sat_mul(zb.grad_full_bytes, (uint64_t)zb.grad_full));
-    n->staging = staging_bytes(&zb);
+    n->staging = staging_bytes(&zb, chunk_kinds);
     n->tier[FSO_TIER_DEVICE] =
         fso_sat_add(n->tier[FSO_TIER_DEVICE], fso_sat_add(n->activations, n->device_buffers));
     n->tier[FSO_TIER_HOST] =
         fso_sat_add(n->tier[FSO_TIER_HOST], fso_sat_mul(n->staging, (uint64_t)world));
+}
+
+/* The kinds that need chunk buffers where they live. */
+static int chunk_kinds(const fso_zero *z)
+{
+    int n = 0;
+    for (int k = 0; k < FSO_N_KINDS; k++)
+        n += chunks_needed(z->ranks[0].be, z->tier[k]);
+    return n;
 }
 
 /* ------------------------------------------------------------------ layout */
@@ -131,9 +153,8 @@ static int setup_layout(fso_zero *z, const fso_config *cfg, fso_zero_buffers *zb
 {
     z->cfg = cfg;
     z->world = cfg->world > 0 ? cfg->world : 1;
-    z->tier[FSO_KIND_PARAM] = cfg->offload.param_tier;
-    for (int k = FSO_KIND_MASTER; k < FSO_N_KINDS; k++)
-        z->tier[k] = cfg->offload.optim_tier;
+    for (int k = 0; k < FSO_N_KINDS; k++)
+        z->tier[k] = fso_offload_tier(&cfg->offload, (fso_kind)k);
     for (int k = 0; k < FSO_N_KINDS; k++)
         z->elem_bytes[k] = sizeof(float);
     if (cfg->bf16)
@@ -221,7 +242,8 @@ int fso_zero_check_device(const fso_config *cfg, const fso_zero_need *n, uint64_
     return -ENOMEM;
 }
 
-int fso_zero_check_host(const fso_zero_need *n, uint64_t avail, char *err, size_t errlen)
+int fso_zero_check_host(const fso_config *cfg, const fso_zero_need *n, uint64_t avail, char *err,
+                        size_t errlen)
 {
     const uint64_t need = n->tier[FSO_TIER_HOST];
     if (!avail || need <= avail)
@@ -231,10 +253,10 @@ int fso_zero_check_host(const fso_zero_need *n, uint64_t avail, char *err, size_
     fso_human_bytes(h2, sizeof h2, (double)avail);
     fso_human_bytes(by, sizeof by, (double)(need - avail));
     snprintf(err, errlen,
-             "host memory: the host tier and staging buffers need %s but %s is available; "
+             "host memory: the host tier and staging buffers need %s but %s is %s; "
              "short by %s: put the optimizer state on NVMe (--nvme DIR or "
              "zero_optimization.offload_optimizer.device \"nvme\")",
-             h1, h2, by);
+             h1, h2, cfg->host_mem_bytes ? "allowed (--host-mem)" : "available", by);
     return -ENOMEM;
 }
 
@@ -283,9 +305,10 @@ static uint64_t device_cap(const fso_zero *z)
 static int check_budgets(const fso_zero *z, const fso_zero_need *need, char *err,
                          size_t errlen)
 {
-    const uint64_t avail = fso_mem_available_bytes(), cap = device_cap(z);
+    const uint64_t cap = device_cap(z);
+    const uint64_t avail = z->cfg->host_mem_bytes ? z->cfg->host_mem_bytes : fso_mem_available_bytes();
     char derr[1024];
-    int hrc = fso_zero_check_host(need, avail, err, errlen);
+    int hrc = fso_zero_check_host(z->cfg, need, avail, err, errlen);
     int drc = cap ? fso_zero_check_device(z->cfg, need, cap, derr, sizeof derr) : 0;
     if (drc < 0 && (hrc == 0 || need->tier[FSO_TIER_DEVICE] - cap >
                                     need->tier[FSO_TIER_HOST] - avail))
@@ -338,7 +361,7 @@ static int open_arena(fso_zero *z, const fso_zero_buffers *zb, const budget *bud
                       size_t errlen)
 {
     const size_t world = (size_t)z->world;
-    const size_t bytes = (bud->per_tier[FSO_TIER_HOST] + staging_bytes(zb)) * world;
+    const size_t bytes = (bud->per_tier[FSO_TIER_HOST] + staging_bytes(zb, chunk_kinds(z))) * world;
     const size_t most_staging = zb->stage_slot_bytes * (size_t)(MAX_PARAM_SLOTS + zb->stage_slots) +
                                 zb->chunk_bytes * (size_t)zb->chunks;
     return fso_zero_arena_init(z, 2 * ((bud->all_kinds + most_staging) * world), bytes, err,
@@ -412,8 +435,9 @@ static int allocate_rank(rank_state *rk, const fso_zero_buffers *zb, uint64_t *n
         rk->io.prefetch[j].buf = fso_zero_rank_take(rk, zb->prefetch_slot_bytes);
         rk->io.prefetch[j].block = -1;
     }
-    for (int set = 0; set < 2; set++)
-        for (int k = 0; k < FSO_N_KINDS; k++)
+    rk->opt.n_sets = zb->chunk_sets;
+    for (int k = 0; k < FSO_N_KINDS; k++)
+        for (int set = 0; set < zb->chunk_sets && chunks_needed(be, z->tier[k]); set++)
             rk->opt.chunk[set][k].buf = fso_zero_rank_take(rk, zb->chunk_bytes);
     rk->opt.chunk_elems = zb->chunk_bytes / sizeof(float);
     rk->io.grad_trip.buf = fso_zero_rank_take(rk, zb->stage_slot_bytes);
@@ -624,11 +648,19 @@ int fso_zero_inject_faults(fso_zero *z, int rank, const fso_fault_spec *spec)
     return rc;
 }
 
+void fso_zero_standin(fso_zero *z, const double *part_ms)
+{
+    for (int r = 0; r < z->world; r++)
+        z->ranks[r].model.standin_ms = part_ms;
+}
+
 uint64_t fso_zero_cpu_device_mem(const fso_config *cfg, uint64_t host_bytes)
 {
     const int world = cfg->world > 0 ? cfg->world : 1;
     if (cfg->device_mem_bytes)
         return cfg->device_mem_bytes;
+    if (cfg->host_mem_bytes)
+        host_bytes = cfg->host_mem_bytes;
     return host_bytes ? host_bytes / 2 / (uint64_t)world : (uint64_t)8 << 30;
 }
 

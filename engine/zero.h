@@ -6,8 +6,9 @@
  * state — working parameters, fp32 master, AdamW m and v, and the gradient
  * accumulator — and each kind lives on one tier: the device, the process's
  * host arena (one for all devices, locked in memory where allowed), or the
- * NVMe store. Parameters follow zero_optimization.offload_param, the rest
- * offload_optimizer.
+ * NVMe store: where fso_offload_tier() says, so the parameters follow
+ * zero_optimization.offload_param and the rest offload_optimizer, unless a
+ * plan (plan.h) gave each kind a tier of its own.
  *
  * Working parameters are fp32, or bf16 (2 bytes) with bf16.enabled: then
  * they are stored, read from NVMe, all-gathered and lent to the model at
@@ -50,7 +51,11 @@ typedef struct fso_zero_step {
     double optimizer_ms;  /* rank 0: updating, in this step's time (overlapped: the previous
                              step's update, which ran during this one) */
     double optimizer_exposed_ms; /* rank 0: compute waited on the optimizer */
-    uint64_t nvme_read_bytes, nvme_write_bytes; /* all ranks, this step */
+    /* NVMe bytes, all ranks: the compute's reads and writes in this step,
+     * and the optimizer's of the update that ran during it (the previous
+     * step's with train.optimizer_overlap "forward"); in total and by kind */
+    uint64_t nvme_read_bytes, nvme_write_bytes;
+    uint64_t nvme_kind_read[FSO_N_KINDS], nvme_kind_write[FSO_N_KINDS];
 } fso_zero_step;
 
 typedef struct fso_zero fso_zero;
@@ -79,9 +84,8 @@ int64_t fso_zero_steps(const fso_zero *z);
  * the time waited (exposed optimizer time), or negative errno with err. */
 int fso_zero_finish(fso_zero *z, double *waited_ms, char *err, size_t errlen);
 
-/* A new placement while training (the re-plan, train.c): parameters on
- * o->param_tier, the optimizer state (master, m, v, gradients) on
- * o->optim_tier, o->prefetch_blocks read ahead; NVMe folders from o when
+/* A new placement while training (the re-plan, train.c): each kind on
+ * fso_offload_tier(o, kind), o->prefetch_blocks read ahead; NVMe folders from o when
  * state moves to NVMe and none was open. Call between steps, after
  * fso_zero_finish. Every moved shard is copied to its new place before any
  * old one is let go, so on failure (a tier too small, an I/O error) the
@@ -198,7 +202,12 @@ typedef struct fso_zero_buffers {
     size_t prefetch_slot_bytes;  /* each: the largest shard in the working type, whole pages */
     int stage_slots;             /* a gradient shard's round trip and its two landings */
     size_t stage_slot_bytes;     /* each: the largest shard, fp32, whole pages */
-    int chunks;                  /* optimizer chunk buffers: two sets, one per kind */
+    int chunk_sets;              /* the optimizer's ring of chunk buffer sets: aio.queue_depth
+                                    / 4, from 2 to 16, no more than the chunks of two shards;
+                                    half of it reads ahead, the rest holds writes behind */
+    int chunks;                  /* optimizer chunk buffers: chunk_sets of each kind that
+                                    needs them (on NVMe, or on a device the CPU cannot address:
+                                    fso_zero_chunks_needed), for the tiers buffers_for is given */
     size_t chunk_bytes;          /* each: aio.block_size (bf16: a multiple of 8 KiB), at most a
                                     stage slot */
 } fso_zero_buffers;
@@ -220,18 +229,36 @@ typedef struct fso_zero_need {
     uint64_t tier[FSO_N_TIERS];  /* device: each device's total; host and NVMe: all devices' */
 } fso_zero_need;
 void fso_zero_need_for(const fso_config *cfg, fso_zero_need *n);
-/* The need against each device's cap and the host memory available (0:
- * unknown, not checked): 0, or -ENOMEM with one line in err naming the
+/* The need against each device's cap and the host memory fsoff may use
+ * (cfg->host_mem_bytes, else what is available; 0: unknown, not checked): 0, or -ENOMEM with one line in err naming the
  * tier, the need and its parts, the capacity, the shortfall and the fix. */
 int fso_zero_check_device(const fso_config *cfg, const fso_zero_need *n, uint64_t cap,
                           char *err, size_t errlen);
-int fso_zero_check_host(const fso_zero_need *n, uint64_t avail, char *err, size_t errlen);
+int fso_zero_check_host(const fso_config *cfg, const fso_zero_need *n, uint64_t avail, char *err,
+                        size_t errlen);
+
+/* The NVMe bytes one step moves for cfg's placement (fso_offload_tier of
+ * each kind), all devices, by kind (read and write hold FSO_N_KINDS):
+ * parameters on NVMe are read at every visit that lends them in every
+ * micro-batch and written once by AdamW; gradients are written by every
+ * micro-batch and read by every one but the first (accumulation) and by
+ * AdamW; master, m and v are read and written once. Each shard counts in
+ * whole 4 KiB pages, as the drive moves it. What a steady-state step's
+ * line counts (fso_zero_step), and the least that placement allows: with
+ * exact clipping every gradient waits for the global norm on its tier. */
+void fso_zero_step_nvme_bytes(const fso_config *cfg, uint64_t *read, uint64_t *write);
 
 /* What each CPU virtual device may hold: cfg->device_mem_bytes (--device-mem)
- * when given, else an equal share of half of host_bytes (the host memory
- * available), or 8 GiB when that is unknown (0). GPUs hold what they have
+ * when given, else an equal share of half of cfg->host_mem_bytes (--host-mem)
+ * or of host_bytes (the host memory available), or 8 GiB when that is
+ * unknown (0). GPUs hold what they have
  * free unless --device-mem says less. */
 uint64_t fso_zero_cpu_device_mem(const fso_config *cfg, uint64_t host_bytes);
+
+/* Compute replaced by timed waits (model.h standin_ms: FSO_N_PARTS ms per
+ * part, owned by the caller; NULL computes again) on every device, the
+ * rest of the step as it is: `fsoff bench pipeline`. */
+void fso_zero_standin(fso_zero *z, const double *part_ms);
 
 /* Wrap device `rank`'s NVMe store in a fault injector (tests). 0 or -errno;
  * -ENOENT when that device has no store. */

@@ -23,6 +23,7 @@
 
 #define STAGE_ALIGN 4096
 #define MAX_PARAM_SLOTS 18 /* prefetch ring: up to 16 blocks ahead */
+#define MAX_CHUNK_SETS 16  /* the optimizer's ring of chunk buffer sets */
 
 /* A host staging buffer for one shard and the I/O outstanding on it. */
 typedef struct slot {
@@ -103,7 +104,9 @@ typedef struct rank_io {
  * buffers it streams state through, and what it measured. */
 typedef struct rank_optim {
     struct fso_optpool *pool;
-    slot chunk[2][FSO_N_KINDS];  /* chunk buffers: read ahead, write behind */
+    slot chunk[MAX_CHUNK_SETS][FSO_N_KINDS]; /* a ring of chunk buffer sets: read ahead,
+                                    updated, written behind */
+    int n_sets;                  /* sets in the ring (fso_zero_buffers chunk_sets) */
     size_t chunk_elems;
     uint64_t after;              /* the running job's mark: its device copies wait for that
                                     work only, not for compute queued since */
@@ -122,7 +125,7 @@ typedef struct rank_optim {
                                     (a device-side update; 0: done when ready) */
     errsink err;                 /* the optimizer's failure */
     double busy_ms;              /* time spent updating, since the last report */
-    uint64_t read_bytes, write_bytes; /* NVMe, since the last report */
+    uint64_t read_kind[FSO_N_KINDS], write_kind[FSO_N_KINDS]; /* NVMe, since the last report */
     fso_adamw_step bwd_step;     /* this step's update, for the backward schedule */
 } rank_optim;
 
@@ -223,6 +226,14 @@ static inline size_t round_page(size_t b)
     return (b + STAGE_ALIGN - 1) & ~(size_t)(STAGE_ALIGN - 1);
 }
 
+/* Whether shards on tier t pass through the optimizer's chunk buffers: on
+ * NVMe, or on a device the CPU cannot address; elsewhere AdamW works on
+ * them in place. A kind gets its ring of chunk buffers only then. */
+static inline bool chunks_needed(const fso_backend *be, fso_tier t)
+{
+    return t == FSO_TIER_NVME || (t == FSO_TIER_DEVICE && !be->ops->host_addressable);
+}
+
 /* zero_arena.c: the host arena */
 /* Reserve `reserve` bytes of address space and make [0, bytes) usable.
  * 0 or -ENOMEM with err. */
@@ -281,7 +292,7 @@ void fso_zero_release_shard(rank_state *rk, int b, fso_kind k, loc *l);
  * set to the data: in the shard itself when in_place and the CPU can
  * address it, else s->buf (filled; NVMe: once s's I/O is waited for).
  * Writing, *ptr's data goes into the shard (NVMe: asynchronously on s).
- * NVMe bytes are added to *bytes_done. */
+ * The bytes the drive moves are added to bytes_done[k]. */
 int fso_zero_xfer(rank_state *rk, errsink *es, uint64_t *bytes_done, int b, fso_kind k,
                   size_t c0, size_t n, slot *s, bool write, bool in_place, void **ptr);
 /* Where a writer of elements [c0, ...) of shard (b, k) should put them so

@@ -143,13 +143,13 @@ void fso_zero_drain_slots(rank_state *rk, bool with_optimizer)
 {
     if (!rk->io.store)
         return;
-    slot *all[MAX_PARAM_SLOTS + 2 * FSO_N_KINDS + 1];
+    slot *all[MAX_PARAM_SLOTS + MAX_CHUNK_SETS * FSO_N_KINDS + 1];
     int n = 0;
     for (int j = 0; j < rk->io.n_prefetch; j++)
         all[n++] = &rk->io.prefetch[j];
     all[n++] = &rk->io.grad_trip;
     if (with_optimizer)
-        for (int set = 0; set < 2; set++)
+        for (int set = 0; set < rk->opt.n_sets; set++)
             for (int k = 0; k < FSO_N_KINDS; k++)
                 all[n++] = &rk->opt.chunk[set][k];
     errsink ignore = {0};
@@ -169,7 +169,10 @@ int fso_zero_open_store(fso_zero *z, rank_state *rk, const fso_offload_config *o
                       uint64_t capacity, char *err, size_t errlen)
 {
     char paths[4096], prefix[64], serr[512] = "";
-    const char *src = o->optim_tier == FSO_TIER_NVME ? o->optim_nvme_path : o->param_nvme_path;
+    bool optim_nvme = false; /* some of the optimizer's kinds live there: its folders */
+    for (int k = FSO_KIND_MASTER; k < FSO_N_KINDS; k++)
+        optim_nvme = optim_nvme || fso_offload_tier(o, (fso_kind)k) == FSO_TIER_NVME;
+    const char *src = optim_nvme ? o->optim_nvme_path : o->param_nvme_path;
     if (!src[0])
         src = o->optim_nvme_path[0] ? o->optim_nvme_path : o->param_nvme_path;
     fso_store_opts so = {0};

@@ -6,14 +6,16 @@
  * runs the fused AdamW kernel, and writes master, m, v and the working
  * parameters: a copy of the master when they are fp32; with bf16 ones the
  * kernel rounds the new master to bf16 in the same pass, straight into the
- * shard when the CPU addresses it. Shards are cut into chunks of aio.block_size; with state on
- * NVMe the next chunk is read while this one is updated and the previous one
- * is written (two buffer sets). Shards on the host (or on a device whose
- * memory the CPU addresses) are updated in place.
+ * shard when the CPU addresses it. Shards are cut into chunks of
+ * aio.block_size; with state on NVMe the chunks stream through a ring of
+ * buffer sets (aio.queue_depth / 4 of them): the next chunks are read while
+ * this one is updated and the previous ones are written, and a set's writes
+ * are waited for only when it is read into again. Shards on the host (or on
+ * a device whose memory the CPU addresses) are updated in place.
  *
- * With the optimizer state on a GPU (memory the CPU cannot address) the
- * update runs on the GPU instead (update_blocks_on_device), with the same
- * operations and so the same bits.
+ * With the optimizer state and the gradients all on a GPU (memory the CPU
+ * cannot address) the update runs on the GPU instead
+ * (update_blocks_on_device), with the same operations and so the same bits.
  *
  * Schedules (train.optimizer_overlap):
  *   none      the compute thread updates every block after the global norm;
@@ -68,7 +70,7 @@ static bool tensor_part(const fso_zero *z, const fso_tensor_desc *d, size_t lo, 
 static int unit_fetch(rank_state *rk, const unit *u, fso_kind k, slot *s, float **ptr)
 {
     void *p;
-    int rc = fso_zero_xfer(rk, &rk->opt.err, &rk->opt.read_bytes, u->b, k, u->c0, u->n, s, false,
+    int rc = fso_zero_xfer(rk, &rk->opt.err, rk->opt.read_kind, u->b, k, u->c0, u->n, s, false,
                            true, &p);
     *ptr = p;
     return rc;
@@ -76,7 +78,7 @@ static int unit_fetch(rank_state *rk, const unit *u, fso_kind k, slot *s, float 
 
 static int unit_store(rank_state *rk, const unit *u, fso_kind k, slot *s, void *ptr)
 {
-    return fso_zero_xfer(rk, &rk->opt.err, &rk->opt.write_bytes, u->b, k, u->c0, u->n, s, true,
+    return fso_zero_xfer(rk, &rk->opt.err, rk->opt.write_kind, u->b, k, u->c0, u->n, s, true,
                          true,
                          &ptr);
 }
@@ -156,8 +158,10 @@ static void mark_rest(rank_state *rk, int b0, int b1, int64_t step)
 static bool device_update(const rank_state *rk)
 {
     const fso_backend *be = rk->be;
-    return rk->z->tier[FSO_KIND_MASTER] == FSO_TIER_DEVICE && !be->ops->host_addressable &&
-           be->ops->adamw && be->ops->mark;
+    for (int k = FSO_KIND_MASTER; k < FSO_N_KINDS; k++)
+        if (rk->z->tier[k] != FSO_TIER_DEVICE)
+            return false; /* the CPU updates, copying what lives on the device */
+    return !be->ops->host_addressable && be->ops->adamw && be->ops->mark;
 }
 
 /* The working parameters of block b from its new master on the device:
@@ -252,91 +256,114 @@ static int update_blocks_on_device(rank_state *rk, const fso_adamw_step *as, int
     return 0;
 }
 
-/* Update blocks [b0, b1] in order; each block is marked ready for step as.t
- * once its working parameters are written. */
+/* The unit after u: the rest of its shard in chunks of ch elements, then
+ * the next block's first; its block is past b1 when there is none. */
+static unit next_unit(const fso_zero *z, unit u, size_t ch, int b1)
+{
+    u.c0 += u.n;
+    if (u.c0 >= fso_zero_shard_elems(z, u.b)) {
+        u.b++;
+        u.c0 = 0;
+    }
+    if (u.b <= b1) {
+        size_t left = fso_zero_shard_elems(z, u.b) - u.c0;
+        u.n = left < ch ? left : ch;
+    }
+    return u;
+}
+
+/* Update blocks [b0, b1] in order, unit by unit (a chunk of a shard)
+ * through the ring of chunk buffer sets: unit i in set i % n_sets. Reads
+ * run `ahead` units ahead of the update (half the ring), the other sets
+ * hold writes in flight; a set's writes are waited for only when the set is
+ * read into again. Each block is marked ready for step as.t once its
+ * working parameters are written: on NVMe, once the writes of its units
+ * still in flight have landed (the next forward reads them). */
 static int update_blocks(rank_state *rk, const fso_adamw_step *as, int b0, int b1)
 {
     if (device_update(rk))
         return update_blocks_on_device(rk, as, b0, b1);
     const fso_zero *z = rk->z;
     const size_t ch = rk->opt.chunk_elems;
-    unit cur, nxt;
+    const int K = rk->opt.n_sets, ahead = K / 2 > 0 ? K / 2 : 1;
+    slot(*const ring)[FSO_N_KINDS] = rk->opt.chunk;
+    unit u[MAX_CHUNK_SETS];
+    float *p[MAX_CHUNK_SETS][FSO_N_KINDS];
+    int64_t issued = 0, done = 0, block_first = 0;
+    unit next = {b0, 0, 0};
+    next.n = fso_zero_shard_elems(z, b0) < ch ? fso_zero_shard_elems(z, b0) : ch;
     int rc;
-    float *p[FSO_N_KINDS];
 
-    cur = (unit){b0, 0, 0};
-    cur.n = fso_zero_shard_elems(z, b0) < ch ? fso_zero_shard_elems(z, b0) : ch;
-    int set = 0, rested = b0; /* blocks below `rested` have landed */
-    for (int i = 0; i < 4; i++)
-        if ((rc = unit_fetch(rk, &cur, reads[i], &rk->opt.chunk[0][reads[i]], &p[reads[i]])) < 0)
-            return rc;
+    int rested = b0; /* blocks below `rested` have landed: a save may read them */
     for (;;) {
-        /* the next unit: the rest of this shard, then the next block */
-        bool more = true;
-        nxt = cur;
-        nxt.c0 += cur.n;
-        if (nxt.c0 >= fso_zero_shard_elems(z, cur.b)) {
-            nxt.b++;
-            nxt.c0 = 0;
-            more = nxt.b <= b1;
-        }
-        float *q[FSO_N_KINDS];
-        if (more) {
-            size_t left = fso_zero_shard_elems(z, nxt.b) - nxt.c0;
-            nxt.n = left < ch ? left : ch;
-            /* the other set's writes must land before its buffers are reused;
-             * then every unit before this one has landed */
-            if ((rc = set_wait(rk, rk->opt.chunk[set ^ 1], cur.b)) < 0)
+        /* reads for the units ahead, each into a set whose writes have landed */
+        while (next.b <= b1 && issued <= done + ahead) {
+            const int s = (int)(issued % K);
+            if ((rc = set_wait(rk, ring[s], next.b)) < 0)
                 return rc;
-            mark_rest(rk, rested, cur.b, as->t);
-            if (cur.b > rested)
-                rested = cur.b;
+            /* every unit up to issued - K has landed now (each set is waited
+             * for before it is read into again), so every block below the
+             * block of unit issued - K + 1, which is done, has */
+            if (issued >= K - 1) {
+                const int landed = u[(issued - K + 1) % K].b;
+                mark_rest(rk, rested, landed, as->t);
+                if (landed > rested)
+                    rested = landed;
+            }
+            u[s] = next;
             for (int i = 0; i < 4; i++)
-                if ((rc = unit_fetch(rk, &nxt, reads[i], &rk->opt.chunk[set ^ 1][reads[i]],
-                                     &q[reads[i]])) < 0)
+                if ((rc = unit_fetch(rk, &next, reads[i], &ring[s][reads[i]], &p[s][reads[i]])) < 0)
                     return rc;
+            issued++;
+            next = next_unit(z, next, ch, b1);
         }
-        slot *o = rk->opt.chunk[set];
+        if (done == issued)
+            break;
+        const int s = (int)(done % K);
+        const unit cur = u[s];
+        slot *o = ring[s];
+        if (cur.c0 == 0)
+            block_first = done;
         for (int i = 0; i < 4; i++)
-            if ((rc = fso_zero_slot_wait(rk, &rk->opt.err, &o[reads[i]],
-                                         fso_kind_name(reads[i]), cur.b)) < 0)
+            if ((rc = fso_zero_slot_wait(rk, &rk->opt.err, &o[reads[i]], fso_kind_name(reads[i]),
+                                         cur.b)) < 0)
                 return rc;
         /* working parameters: fp32 ones are the master copied; bf16 ones
          * come out of the update, in the shard itself when the CPU
          * addresses it, else in the chunk buffer that carries them there */
-        void *param = p[FSO_KIND_MASTER];
+        float **q = p[s];
+        void *param = q[FSO_KIND_MASTER];
         uint16_t *param_bf16 = NULL;
         if (z->elem_bytes[FSO_KIND_PARAM] == sizeof(uint16_t))
             param = param_bf16 = fso_zero_xfer_dest(rk, cur.b, FSO_KIND_PARAM, cur.c0,
                                                     &o[FSO_KIND_PARAM], true);
         if (cur.c0 == 0) /* a save of the step before may still need the block */
             fso_zero_save_gate(rk, cur.b, as->t);
-        update_unit(rk, &cur, p[FSO_KIND_MASTER], p[FSO_KIND_GRAD], p[FSO_KIND_M],
-                    p[FSO_KIND_V], param_bf16, *as);
+        update_unit(rk, &cur, q[FSO_KIND_MASTER], q[FSO_KIND_GRAD], q[FSO_KIND_M],
+                    q[FSO_KIND_V], param_bf16, *as);
         if ((rc = unit_store(rk, &cur, FSO_KIND_PARAM, &o[FSO_KIND_PARAM], param)) < 0 ||
             (rc = unit_store(rk, &cur, FSO_KIND_MASTER, &o[FSO_KIND_MASTER],
-                             p[FSO_KIND_MASTER])) < 0 ||
-            (rc = unit_store(rk, &cur, FSO_KIND_M, &o[FSO_KIND_M], p[FSO_KIND_M])) < 0 ||
-            (rc = unit_store(rk, &cur, FSO_KIND_V, &o[FSO_KIND_V], p[FSO_KIND_V])) < 0)
+                             q[FSO_KIND_MASTER])) < 0 ||
+            (rc = unit_store(rk, &cur, FSO_KIND_M, &o[FSO_KIND_M], q[FSO_KIND_M])) < 0 ||
+            (rc = unit_store(rk, &cur, FSO_KIND_V, &o[FSO_KIND_V], q[FSO_KIND_V])) < 0)
             return rc;
-        if (!more || nxt.b != cur.b) {
+        if (cur.c0 + cur.n == fso_zero_shard_elems(z, cur.b)) {
             /* block done: its parameters must be written before a forward
              * reads them (on a device, the copies in are ordered before any
-             * use there, so the host need not wait for them) */
-            if (fso_zero_locate(rk, cur.b, FSO_KIND_PARAM)->tier != FSO_TIER_DEVICE &&
-                (rc = fso_zero_slot_wait(rk, &rk->opt.err, &o[FSO_KIND_PARAM], "parameters",
-                                         cur.b)) < 0)
-                return rc;
+             * use there, so the host need not wait for them); units read
+             * into again since have had theirs waited for */
+            if (fso_zero_locate(rk, cur.b, FSO_KIND_PARAM)->tier != FSO_TIER_DEVICE)
+                for (int64_t j = done - K + 1 > block_first ? done - K + 1 : block_first;
+                     j <= done; j++)
+                    if ((rc = fso_zero_slot_wait(rk, &rk->opt.err, &ring[j % K][FSO_KIND_PARAM],
+                                                 "parameters", cur.b)) < 0)
+                        return rc;
             mark_ready(rk, cur.b, as->t);
         }
-        if (!more)
-            break;
-        memcpy(p, q, sizeof p);
-        cur = nxt;
-        set ^= 1;
+        done++;
     }
-    for (int s = 0; s < 2; s++)
-        if ((rc = set_wait(rk, rk->opt.chunk[s], -1)) < 0)
+    for (int k = 0; k < K; k++)
+        if ((rc = set_wait(rk, ring[k], -1)) < 0)
             return rc;
     mark_rest(rk, rested, b1 + 1, as->t);
     return 0;

@@ -49,12 +49,12 @@ static void retier_undo(rank_state *rk, retier_job *j)
  * buffer; its bytes are added to *moved. */
 static int retier_copy(rank_state *rk, int b, fso_kind k, const loc *to, uint64_t *moved)
 {
-    uint64_t io = 0;
+    uint64_t io[FSO_N_KINDS] = {0};
     loc *l = fso_zero_locate(rk, b, k);
     slot *s = &rk->io.grad_trip;
     size_t S = fso_zero_shard_elems(rk->z, b);
     void *p;
-    int rc = fso_zero_xfer(rk, &rk->compute.err, &io, b, k, 0, S, s, false, false, &p);
+    int rc = fso_zero_xfer(rk, &rk->compute.err, io, b, k, 0, S, s, false, false, &p);
     if (rc == 0)
         rc = fso_zero_slot_wait(rk, &rk->compute.err, s, fso_kind_name(k), b);
     if (rc < 0)
@@ -62,7 +62,7 @@ static int retier_copy(rank_state *rk, int b, fso_kind k, const loc *to, uint64_
     loc old = *l;
     *l = *to;
     p = s->buf;
-    rc = fso_zero_xfer(rk, &rk->compute.err, &io, b, k, 0, S, s, true, false, &p);
+    rc = fso_zero_xfer(rk, &rk->compute.err, io, b, k, 0, S, s, true, false, &p);
     if (rc == 0)
         rc = fso_zero_slot_wait(rk, &rk->compute.err, s, fso_kind_name(k), b);
     *l = old;
@@ -89,7 +89,7 @@ static int quiesce(fso_zero *z, char *err, size_t errlen)
 
 /* What each device gains on each tier: the shards of every kind that
  * moves, the gather window when the shard stops being lent, more slots of
- * the parameter ring. */
+ * the parameter ring, chunk buffers for kinds that now need them. */
 static void growth(const fso_zero *z, retier_plan *m)
 {
     memset(m->add, 0, sizeof m->add);
@@ -102,6 +102,10 @@ static void growth(const fso_zero *z, retier_plan *m)
     int more_slots = m->zb.prefetch_slots - z->ranks[0].io.n_prefetch_bufs;
     if (more_slots > 0)
         m->add[FSO_TIER_HOST] += m->zb.prefetch_slot_bytes * (size_t)more_slots;
+    const rank_state *rk = &z->ranks[0];
+    for (int k = 0; k < FSO_N_KINDS; k++)
+        if (chunks_needed(rk->be, m->want[k]) && !rk->opt.chunk[0][k].buf)
+            m->add[FSO_TIER_HOST] += m->zb.chunk_bytes * (size_t)rk->opt.n_sets;
 }
 
 /* Room for the growth on every device and in host memory; the arena grows. */
@@ -210,6 +214,10 @@ static void retier_switch(rank_state *rk, const retier_plan *m, retier_job *j)
     }
     if (m->zb.prefetch_slots > rk->io.n_prefetch_bufs)
         rk->io.n_prefetch_bufs = m->zb.prefetch_slots;
+    for (int k = 0; k < FSO_N_KINDS; k++) /* chunk buffers for kinds that now need them */
+        for (int set = 0; set < rk->opt.n_sets && chunks_needed(be, m->want[k]) &&
+                          !rk->opt.chunk[set][k].buf; set++)
+            rk->opt.chunk[set][k].buf = fso_zero_rank_take(rk, m->zb.chunk_bytes);
     rk->io.n_prefetch = m->zb.prefetch_slots;
     bool on_nvme = false;
     for (int k = 0; k < FSO_N_KINDS; k++)
@@ -225,11 +233,10 @@ int fso_zero_retier(fso_zero *z, const fso_offload_config *o, uint64_t *bytes_mo
                     size_t errlen)
 {
     retier_plan m = {.o = o};
-    m.want[FSO_KIND_PARAM] = o->param_tier;
-    for (int k = FSO_KIND_MASTER; k < FSO_N_KINDS; k++)
-        m.want[k] = o->optim_tier;
+    for (int k = 0; k < FSO_N_KINDS; k++)
+        m.want[k] = fso_offload_tier(o, (fso_kind)k);
     *bytes_moved = 0;
-    fso_zero_buffers_for(z->cfg, o->param_tier, o->prefetch_blocks, &m.zb);
+    fso_zero_buffers_for(z->cfg, m.want[FSO_KIND_PARAM], o->prefetch_blocks, &m.zb);
     if (o->prefetch_blocks < 0 || o->prefetch_blocks > m.zb.max_prefetch) {
         snprintf(err, errlen, "re-plan: prefetch depth %d: must be 0 to %d", o->prefetch_blocks,
                  m.zb.max_prefetch);

@@ -96,7 +96,7 @@ int fso_zero_xfer(rank_state *rk, errsink *es, uint64_t *bytes_done, int b, fso_
          * of 4 KiB of the kind's bytes (fso_zero_buffers chunk_bytes);
          * a shard's last page may be part padding (bf16 shards are 2 KiB
          * multiples), and what the drive moves is what is counted */
-        __atomic_fetch_add(bytes_done, round_page(bytes), __ATOMIC_RELAXED);
+        __atomic_fetch_add(&bytes_done[k], round_page(bytes), __ATOMIC_RELAXED);
         return fso_zero_queue_io(rk, es, s, write, s->buf, round_page(bytes), l->off + eb * c0);
     case FSO_TIER_HOST:
         if (write)
@@ -132,14 +132,14 @@ int fso_zero_xfer(rank_state *rk, errsink *es, uint64_t *bytes_done, int b, fso_
 int fso_zero_shard_fetch(rank_state *rk, int b, fso_kind k, slot *s)
 {
     void *p;
-    return fso_zero_xfer(rk, &rk->compute.err, &rk->compute.st.nvme_read_bytes, b, k, 0,
+    return fso_zero_xfer(rk, &rk->compute.err, rk->compute.st.nvme_kind_read, b, k, 0,
                          fso_zero_shard_elems(rk->z, b), s, false, false, &p);
 }
 
 int fso_zero_shard_store(rank_state *rk, int b, fso_kind k, slot *s)
 {
     void *p = s->buf;
-    return fso_zero_xfer(rk, &rk->compute.err, &rk->compute.st.nvme_write_bytes, b, k, 0,
+    return fso_zero_xfer(rk, &rk->compute.err, rk->compute.st.nvme_kind_write, b, k, 0,
                          fso_zero_shard_elems(rk->z, b), s, true, false, &p);
 }
 

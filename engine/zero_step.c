@@ -33,6 +33,17 @@ static fso_adamw_step step_hparams(const fso_zero *z, double clip_coef)
     return as;
 }
 
+/* The optimizer's NVMe bytes since the last step into this step's. */
+static void take_optimizer_bytes(rank_state *rk)
+{
+    for (int k = 0; k < FSO_N_KINDS; k++) {
+        rk->compute.st.nvme_kind_read[k] +=
+            __atomic_exchange_n(&rk->opt.read_kind[k], 0, __ATOMIC_RELAXED);
+        rk->compute.st.nvme_kind_write[k] +=
+            __atomic_exchange_n(&rk->opt.write_kind[k], 0, __ATOMIC_RELAXED);
+    }
+}
+
 static void *rank_step(void *arg)
 {
     rank_state *rk = arg;
@@ -111,20 +122,29 @@ static void *rank_step(void *arg)
     }
     fso_adamw_step as = step_hparams(z, rk->compute.st.clip_coef);
     rk->compute.st.lr = as.lr;
-    if (cfg->optimizer_overlap == FSO_OVERLAP_NONE) {
-        if (fso_zero_optim_run(rk, &as) < 0)
-            drain(rk);
-    } else if (cfg->optimizer_overlap == FSO_OVERLAP_FORWARD) {
-        fso_zero_optim_post_step(rk, &as);
+    /* The step's line counts one whole update: the one that ran during it
+     * (overlapped: the previous step's, which this step's forward waited
+     * for block by block; backward: this step's). Its last writes may still
+     * be in flight: wait for them before the next update is posted, as the
+     * next forward's first block would. */
+    if (cfg->optimizer_overlap != FSO_OVERLAP_NONE && fso_zero_optim_wait_all(rk) < 0) {
+        drain(rk);
+        return NULL;
     }
     pthread_mutex_lock(&rk->opt.mu);
     rk->compute.st.optimizer_ms = rk->opt.busy_ms;
-    rk->compute.st.nvme_read_bytes +=
-        __atomic_exchange_n(&rk->opt.read_bytes, 0, __ATOMIC_RELAXED);
-    rk->compute.st.nvme_write_bytes +=
-        __atomic_exchange_n(&rk->opt.write_bytes, 0, __ATOMIC_RELAXED);
     rk->opt.busy_ms = 0;
     pthread_mutex_unlock(&rk->opt.mu);
+    take_optimizer_bytes(rk);
+    if (cfg->optimizer_overlap == FSO_OVERLAP_NONE) {
+        if (fso_zero_optim_run(rk, &as) < 0)
+            drain(rk);
+        rk->compute.st.optimizer_ms = rk->opt.busy_ms;
+        rk->opt.busy_ms = 0;
+        take_optimizer_bytes(rk);
+    } else if (cfg->optimizer_overlap == FSO_OVERLAP_FORWARD) {
+        fso_zero_optim_post_step(rk, &as);
+    }
     return NULL;
 }
 
@@ -266,10 +286,16 @@ int fso_zero_step_run(fso_zero *z, const int32_t *inputs, const int32_t *targets
     int rc = fso_zero_run_ranks(z, rank_step);
     *st = z->ranks[0].compute.st;
     st->nvme_read_bytes = st->nvme_write_bytes = 0;
-    /* the optimizer thread counts NVMe bytes into the same fields */
-    for (int r = 0; r < z->world; r++) {
-        st->nvme_read_bytes += z->ranks[r].compute.st.nvme_read_bytes;
-        st->nvme_write_bytes += z->ranks[r].compute.st.nvme_write_bytes;
+    memset(st->nvme_kind_read, 0, sizeof st->nvme_kind_read);
+    memset(st->nvme_kind_write, 0, sizeof st->nvme_kind_write);
+    for (int r = 0; r < z->world; r++)
+        for (int k = 0; k < FSO_N_KINDS; k++) {
+            st->nvme_kind_read[k] += z->ranks[r].compute.st.nvme_kind_read[k];
+            st->nvme_kind_write[k] += z->ranks[r].compute.st.nvme_kind_write[k];
+        }
+    for (int k = 0; k < FSO_N_KINDS; k++) {
+        st->nvme_read_bytes += st->nvme_kind_read[k];
+        st->nvme_write_bytes += st->nvme_kind_write[k];
     }
     if (rc < 0) {
         fso_zero_first_error(z, err, errlen);

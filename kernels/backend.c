@@ -80,6 +80,11 @@ int fso_backend_create_virtual(fso_backend **out, const char *name, int device, 
     return 0;
 }
 
+int fso_backend_host_addressable(const char *name)
+{
+    return !name[0] || strcmp(name, "cpu") == 0 || strcmp(name, "cpu-ref") == 0;
+}
+
 void fso_backend_destroy(fso_backend *be)
 {
     if (be)

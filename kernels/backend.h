@@ -228,6 +228,10 @@ int fso_backend_create(fso_backend **out, const char *name, int threads);
  * memory cap (0: none). */
 int fso_backend_create_virtual(fso_backend **out, const char *name, int device, int threads,
                                size_t mem_cap_bytes);
+/* Whether backend `name`'s buffers are host memory the CPU may use
+ * (ops->host_addressable), known before one is created: yes for "cpu",
+ * "cpu-ref" and "" (the default, cpu); no for "cpu-async" and "cuda". */
+int fso_backend_host_addressable(const char *name);
 /* ops->destroy; NULL is fine. */
 void fso_backend_destroy(fso_backend *be);
 

@@ -121,8 +121,15 @@ static bool size_placement(const fso_plan_input *in, const fso_placement *pl, fs
                         ? (uint64_t)(pl->prefetch + in->engine.prefetch_spare) *
                               round_page(max_shard * m->param_bytes)
                         : 0;
-    uint64_t stage = (uint64_t)in->engine.stage_slots * round_page(max_shard * m->state_bytes) +
-                     in->engine.stage_fixed_bytes;
+    uint64_t stage = (uint64_t)in->engine.stage_slots * round_page(max_shard * m->state_bytes);
+    for (int k = 0; k < FSO_N_KINDS; k++) {
+        bool staged = false;
+        for (int b = 0; b < pl->n_blocks && !staged; b++)
+            staged = pl->tier[k][b] == FSO_TIER_NVME ||
+                     (pl->tier[k][b] == FSO_TIER_DEVICE && !mc->cpu_devices);
+        if (staged)
+            stage += in->engine.stage_kind_bytes;
+    }
     out->buffer_bytes[FSO_TIER_HOST] = (ring + stage) * W;
     out->buffer_bytes[FSO_TIER_NVME] = 0;
 
@@ -136,6 +143,14 @@ static bool size_placement(const fso_plan_input *in, const fso_placement *pl, fs
         for (int k = 0; k < FSO_N_KINDS; k++)
             need += out->kind_bytes[t][k];
         out->need_bytes[t] = need;
+    }
+    /* CPU devices' memory is the host's: what they hold is not the arena's */
+    if (mc->cpu_devices) {
+        uint64_t dev = out->need_bytes[FSO_TIER_DEVICE] * W;
+        out->have_bytes[FSO_TIER_HOST] = dev < mc->host_mem_bytes ? mc->host_mem_bytes - dev : 0;
+    }
+    for (int t = 0; t < FSO_N_TIERS; t++) {
+        uint64_t need = out->need_bytes[t];
         if (need > out->have_bytes[t] && need - out->have_bytes[t] > out->short_bytes) {
             out->short_bytes = need - out->have_bytes[t];
             out->short_tier = t;
@@ -1082,6 +1097,8 @@ int fso_plan_choose(const fso_plan_input *in, fso_plan *out)
     build_placement(in, &cands[pick], order, pl);
     rc = fso_plan_evaluate(in, pl, out);
     out->evaluated = evaluated;
+    if (rc == 0)
+        rc = fso_plan_explain(in, out);
 out:
     free(order);
     free(tmp);
@@ -1276,4 +1293,92 @@ void fso_plan_describe(const fso_plan *p, char *buf, size_t len)
     else
         snprintf(buf, len, "parameters %s; master %s; m %s; v %s; gradients %s%s%s", a, b, c, d, g,
                  pf, mv);
+}
+
+/* ------------------------------------------------------------------ reasons */
+
+int fso_plan_explain(const fso_plan_input *in, fso_plan *p)
+{
+    fso_placement *pl = malloc(sizeof *pl);
+    fso_plan *alt = malloc(sizeof *alt);
+    if (!pl || !alt) {
+        free(pl);
+        free(alt);
+        return -ENOMEM;
+    }
+    for (int k = 0; k < FSO_N_KINDS; k++) {
+        fso_plan_reason *r = &p->why[k];
+        memset(r, 0, sizeof *r);
+        r->tier = fso_plan_main_tier(p, k);
+        r->pinned = in->pins.tier[k] >= 0 && in->pins.tier[k] == r->tier;
+        r->alt_tier = r->tier - 1;
+        r->short_tier = -1;
+        if (r->pinned || r->alt_tier < 0)
+            continue;
+        *pl = p->pl;
+        for (int b = 0; b < pl->n_blocks; b++)
+            pl->tier[k][b] = (uint8_t)r->alt_tier;
+        int rc = fso_plan_evaluate(in, pl, alt);
+        if (rc < 0 && rc != -ENOSPC) {
+            free(pl);
+            free(alt);
+            return rc;
+        }
+        r->alt_fits = rc == 0;
+        r->short_tier = alt->short_tier;
+        r->short_bytes = alt->short_bytes;
+        r->alt_step_ms = alt->step_ms;
+    }
+    p->explained = true;
+    free(pl);
+    free(alt);
+    return 0;
+}
+
+static void reason_text(const fso_plan *p, int k, char *buf, size_t len)
+{
+    static const char *const where[FSO_N_TIERS] = {"on the devices", "on the host", "on NVMe"};
+    static const char *const memory[FSO_N_TIERS] = {"device memory", "host memory", "NVMe"};
+    const fso_plan_reason *r = &p->why[k];
+    char h[32];
+    if (r->pinned)
+        snprintf(buf, len, "pinned by the configuration");
+    else if (r->alt_tier < 0)
+        snprintf(buf, len, "fits");
+    else if (!r->alt_fits && r->short_tier >= 0) {
+        fso_human_bytes(h, sizeof h, (double)r->short_bytes);
+        snprintf(buf, len, "%s, %s would be short by %s", where[r->alt_tier],
+                 memory[r->short_tier], h);
+    } else if (r->alt_step_ms > p->step_ms * 1.005)
+        snprintf(buf, len, "%s, %.1f%% slower", where[r->alt_tier],
+                 100 * (r->alt_step_ms / p->step_ms - 1));
+    else
+        snprintf(buf, len, "%s, no faster", where[r->alt_tier]);
+}
+
+void fso_plan_why(const fso_plan *p, char *buf, size_t len)
+{
+    size_t off = 0;
+    bool done[FSO_N_KINDS] = {false};
+    buf[0] = 0;
+    if (!p->explained)
+        return;
+    for (int k = 0; k < FSO_N_KINDS && off < len; k++) {
+        if (done[k])
+            continue;
+        char rk[160], rj[160];
+        reason_text(p, k, rk, sizeof rk);
+        off += (size_t)snprintf(buf + off, off < len ? len - off : 0, "%s%s", off ? "; " : "",
+                                fso_kind_name(k));
+        for (int j = k + 1; j < FSO_N_KINDS; j++) {
+            reason_text(p, j, rj, sizeof rj);
+            if (p->why[j].tier == p->why[k].tier && strcmp(rj, rk) == 0) {
+                done[j] = true;
+                off += (size_t)snprintf(buf + off, off < len ? len - off : 0, ", %s",
+                                        fso_kind_name(j));
+            }
+        }
+        off += (size_t)snprintf(buf + off, off < len ? len - off : 0, " %s (%s)",
+                                fso_tier_name(p->why[k].tier), rk);
+    }
 }

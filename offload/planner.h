@@ -23,7 +23,8 @@
  *
  * Capacities: per device the activations, the gather window, the gradient
  * buffers and every device-tier shard; the host arena (host-tier shards of
- * all devices and the staging buffers, prefetch ring included); NVMe free
+ * all devices and the staging buffers, prefetch ring included), in the host
+ * memory that CPU devices leave (their memory is the host's); NVMe free
  * space. A placement that does not fit is never chosen; when none fits the
  * result names the short tier and by how much.
  *
@@ -117,7 +118,9 @@ typedef struct fso_plan_engine {
     int prefetch_spare;        /* parameter ring slots beyond the prefetch depth */
     int stage_slots;           /* host staging buffers per device besides the prefetch ring,
                                   each one largest shard */
-    uint64_t stage_fixed_bytes;/* more host staging per device (optimizer chunks) */
+    uint64_t stage_kind_bytes; /* more host staging per device for each kind that needs it (the
+                                  optimizer's chunk buffers): a kind with blocks on NVMe, or on
+                                  devices the CPU cannot address (GPUs) */
     uint64_t device_reserve_bytes; /* per device: runtime, allocator slack */
 } fso_plan_engine;
 
@@ -142,6 +145,19 @@ typedef struct fso_placement {
     int prefetch;                                /* visits read ahead of compute */
 } fso_placement;
 
+/* Why a kind of state sits on its tier (fso_plan_choose fills one per
+ * kind): the configuration pins it there, or what the next faster tier
+ * would do with it (every block of the kind moved there, the rest kept). */
+typedef struct fso_plan_reason {
+    int tier;                    /* the tier most of the kind's blocks sit on */
+    bool pinned;                 /* the pins put it there */
+    int alt_tier;                /* the next faster tier, -1 when on the device already */
+    bool alt_fits;
+    int short_tier;              /* alt_fits false: the tier that would be short, by */
+    uint64_t short_bytes;
+    double alt_step_ms;          /* alt_fits: the step predicted there */
+} fso_plan_reason;
+
 typedef struct fso_plan {
     fso_placement pl;
     bool fits;
@@ -151,7 +167,7 @@ typedef struct fso_plan {
     uint64_t buffer_bytes[FSO_N_TIERS]; /* device: gather window + gradient buffers + reserve;
                                         host: staging (all devices) */
     uint64_t need_bytes[FSO_N_TIERS];
-    uint64_t have_bytes[FSO_N_TIERS];
+    uint64_t have_bytes[FSO_N_TIERS]; /* host, with CPU devices: what their memory leaves */
     int short_tier;              /* the tier furthest over its capacity, or -1 */
     uint64_t short_bytes;
     /* prediction (per device; all devices run the same schedule) */
@@ -162,6 +178,8 @@ typedef struct fso_plan {
     fso_stream bottleneck;
     double stall_ms;             /* step time in which compute waits */
     int evaluated;               /* placements the search predicted */
+    bool explained;              /* why holds the reasons (fso_plan_choose, when it fits) */
+    fso_plan_reason why[FSO_N_KINDS];
     /* copies of the inputs a report needs */
     fso_plan_machine machine;
     fso_overlap overlap;
@@ -215,6 +233,13 @@ int fso_plan_replan(const fso_plan_input *in, const fso_plan *cur, const fso_pla
 /* "parameters: device (12 of 34 blocks), host; master, m, v: host; gradients:
  * host; prefetch 2; gather" — one line. */
 void fso_plan_describe(const fso_plan *p, char *buf, size_t len);
+
+/* p->why for plan p of input in (the pins are in's). 0 or -ENOMEM. */
+int fso_plan_explain(const fso_plan_input *in, fso_plan *p);
+/* p->why as one line: "parameters nvme (on the host, host memory would be
+ * short by 2.31 GiB); master weights, gradients host (...); ..."; kinds
+ * with the same tier and reason together. "" when not explained. */
+void fso_plan_why(const fso_plan *p, char *buf, size_t len);
 
 /* The tier most blocks of kind k sit on. */
 int fso_plan_main_tier(const fso_plan *p, int kind);

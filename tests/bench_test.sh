@@ -212,6 +212,33 @@ if "$FSOFF" --steps 4 --nvme "$TMP/nvme" --metrics "$TMP/run.jsonl" "${SMALL[@]}
 else
     bad "a short training run for the plot" "$(tail -3 "$TMP/err")"
 fi
+# --- bench pipeline: the small job's data path with its state pinned on NVMe,
+# compute as the plan's waits and then none: the steps move the derived bytes
+# of every kind, the result has its ratios, and its chart is drawn (and drawn
+# again from the saved JSON)
+ON_NVME=(--set zero_optimization.offload_param.device=nvme --set zero_optimization.offload_optimizer.device=nvme)
+expect_png "bench pipeline --json --plot" "$TMP/pl.png" 900x540 -- \
+    bench pipeline --nvme "$TMP/nvme" "${SMALL[@]}" "${ON_NVME[@]}" --devices cpu:2 --steps 2 \
+    --store-seconds 0.2 --json "$TMP/pl.json" --plot "$TMP/pl.png"
+if python3 - "$TMP/pl.json" <<'EOF2'
+import json, sys
+j = json.load(open(sys.argv[1]))
+ok = (j["bench"] == "pipeline" and j["as_derived"] and j["step_over_bound"] > 0
+      and j["data_path_over_store"] > 0 and j["store"]["read_gbps"] > 0
+      and all(j["derived_read_by_kind"][k] > 0 for k in ("parameters", "master", "m", "v", "gradients"))
+      and len(j["steps"]) == 4 and "nvme" in j["placement"])
+sys.exit(0 if ok else 1)
+EOF2
+then
+    ok "bench pipeline --json: the derived bytes of every kind, the ratios"
+else
+    bad "bench pipeline --json: the derived bytes of every kind, the ratios" "$(head -c 600 "$TMP/pl.json")"
+fi
+expect_png "plot of a saved pipeline result" "$TMP/pl2.png" 900x540 -- plot "$TMP/pl.json" -o "$TMP/pl2.png"
+expect_fail "bench pipeline --steps 1" 2 "--steps 1" -- bench pipeline --steps 1
+[ -z "$(ls -A "$TMP/nvme" | grep fsoff)" ] && ok "bench pipeline leaves no NVMe files" ||
+    bad "bench pipeline leaves no NVMe files" "$(ls -A "$TMP/nvme")"
+
 # a run that diverged wrote its loss as nan; the chart shows a gap there
 {
     echo '{"step": 1, "loss": 5.5, "lr": 0.001, "tok_s": 900, "step_ms": 20, "stall_ms": 0, "compute_ms": 19, "nvme_read_bytes": 0, "nvme_write_bytes": 0}'

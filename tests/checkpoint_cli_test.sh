@@ -24,6 +24,10 @@ echo "seed $SEED"
 SMALL=(--set model.hidden_size=32 --set model.intermediate_size=64 --set model.num_hidden_layers=2
        --set data.seq_len=32 --set train_micro_batch_size_per_gpu=4 --set train.threads=1)
 STEPS=24
+# --nvme is a place the planner fills; these runs' state is pinned there, so
+# that there are NVMe files for a signal to leave or remove
+ON_NVME=(--set zero_optimization.offload_param.device=nvme
+         --set zero_optimization.offload_optimizer.device=nvme)
 
 # lines of step metrics: "step loss grad_norm", all digits
 steps_of() { grep '^{"step"' "$1" | sed -E 's/.*"step": ([0-9]+), "loss": ([^,]*),.*"grad_norm": ([^,]*),.*/\1 \2 \3/'; }
@@ -126,7 +130,7 @@ fi
 for sig in TERM INT; do
     dir="$TMP/s$sig"
     mkdir -p "$TMP/nv$sig"
-    "$FSOFF" "${SMALL[@]}" -n $STEPS --save "$dir" --nvme "$TMP/nv$sig" -m "$TMP/s.jsonl" \
+    "$FSOFF" "${SMALL[@]}" -n $STEPS --save "$dir" --nvme "$TMP/nv$sig" "${ON_NVME[@]}" -m "$TMP/s.jsonl" \
         >"$TMP/out" 2>"$TMP/err" &
     pid=$!
     wait_for -e "$TMP/s.jsonl" 30
@@ -153,7 +157,7 @@ done
 dir="$TMP/twice"
 mkdir -p "$TMP/nv2"
 FSOFF_TEST_SAVE_PAUSE="$TMP/pause" "$FSOFF" "${SMALL[@]}" -n $STEPS --save "$dir" --save-every 3 \
-    --nvme "$TMP/nv2" >"$TMP/out" 2>"$TMP/err" &
+    --nvme "$TMP/nv2" "${ON_NVME[@]}" >"$TMP/out" 2>"$TMP/err" &
 pid=$!
 wait_for -e "$TMP/pause" 30 && rm -f "$TMP/pause" # the first save goes through
 if wait_for -e "$TMP/pause" 30 && [ -e "$dir/latest" ]; then
@@ -176,7 +180,7 @@ fi
 
 # --- without --save: stopped, saying nothing is saved
 mkdir -p "$TMP/nvn"
-"$FSOFF" "${SMALL[@]}" -n $STEPS --nvme "$TMP/nvn" -m "$TMP/n.jsonl" >"$TMP/out" 2>"$TMP/err" &
+"$FSOFF" "${SMALL[@]}" -n $STEPS --nvme "$TMP/nvn" "${ON_NVME[@]}" -m "$TMP/n.jsonl" >"$TMP/out" 2>"$TMP/err" &
 pid=$!
 wait_for -e "$TMP/n.jsonl" 30
 while [ "$(count_steps "$TMP/n.jsonl")" -lt 2 ] && kill -0 $pid 2>/dev/null; do sleep 0.005; done

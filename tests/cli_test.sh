@@ -96,7 +96,8 @@ expect_error "nvme without a path" "nvme_path" "--nvme" -- --config "$TMP/nopath
 printf '{ "zero_optimization": { "offload_optimizer": { "device": "ssd" } } }\n' >"$TMP/ssd.json"
 expect_error "offload device unknown" "$TMP/ssd.json:1:" "offload_optimizer.device" '"ssd"' -- --config "$TMP/ssd.json"
 mkdir -p "$TMP/nv0" "$TMP/nv1"
-if "$FSOFF" --steps 3 --devices cpu:2 --nvme "$TMP/nv0,$TMP/nv1" --metrics "$TMP/nv.jsonl" "${SMALL[@]}" >"$TMP/out" 2>"$TMP/err" &&
+ON_NVME=(--set zero_optimization.offload_param.device=nvme --set zero_optimization.offload_optimizer.device=nvme)
+if "$FSOFF" --steps 3 --devices cpu:2 --nvme "$TMP/nv0,$TMP/nv1" "${ON_NVME[@]}" --metrics "$TMP/nv.jsonl" "${SMALL[@]}" >"$TMP/out" 2>"$TMP/err" &&
    grep -q '2 CPU devices' "$TMP/out" && grep -q 'on nvme' "$TMP/out" &&
    grep -q '"nvme_read_bytes": [1-9]' <(head -1 "$TMP/nv.jsonl") &&
    grep -q '"peak_device_bytes": [1-9]' <(tail -1 "$TMP/nv.jsonl") &&
@@ -104,6 +105,72 @@ if "$FSOFF" --steps 3 --devices cpu:2 --nvme "$TMP/nv0,$TMP/nv1" --metrics "$TMP
     ok "two devices with state on NVMe, files cleaned up"
 else
     bad "two devices with state on NVMe, files cleaned up" "$(cat "$TMP/err")" "$(ls -A "$TMP/nv0" "$TMP/nv1")"
+fi
+
+# --- --nvme is a place: the planner decides what goes there, and fsoff plan
+# predicts the run the same flags give. A host budget that holds some of the
+# state but not all of it puts kinds on each tier (the first of a few budgets
+# whose plan has kinds both in host memory and on NVMe); the plan and the run
+# must name the same placement, say why, and the run must keep its kinds there.
+mkdir -p "$TMP/place"
+planned=""
+for host_mib in $(seq 20 40); do
+    PLACE=(--devices cpu:2 --device-mem 6M --host-mem ${host_mib}M --nvme "$TMP/place"
+           --set data.seq_len=64 --set train_micro_batch_size_per_gpu=2)
+    planned=$("$FSOFF" plan "${PLACE[@]}" --json 2>"$TMP/err" |
+              python3 -c 'import json, sys; print(json.load(sys.stdin)["placement_text"])' 2>>"$TMP/err")
+    [[ $planned == *host* && $planned == *nvme* ]] && break
+done
+if "$FSOFF" --steps 2 "${PLACE[@]}" --metrics "$TMP/place.jsonl" >"$TMP/out" 2>>"$TMP/err"; then
+    ran=$(sed -n 's/^plan: placement: //p' "$TMP/out")
+    if [ -n "$planned" ] && [ "$planned" = "$ran" ] && [[ $ran == *nvme* ]] && [[ $ran == *host* ]] &&
+       grep -q '^plan: why: .*would be short by' "$TMP/out" &&
+       grep -q '"nvme_write_by_kind": {[^}]*[1-9]' <(tail -2 "$TMP/place.jsonl" | head -1) &&
+       grep '^fsoff: state' "$TMP/out" | grep -q 'on host' &&
+       grep '^fsoff: state' "$TMP/out" | grep -q 'on nvme'; then
+        ok "--nvme is a place: plan and train choose the same placement ($ran)"
+    else
+        bad "--nvme is a place: plan and train choose the same placement" "plan:  $planned" \
+            "train: $ran" "$(grep -E '^plan: why|^fsoff: state' "$TMP/out")" "$(cat "$TMP/err")"
+    fi
+else
+    bad "--nvme is a place: plan and train choose the same placement" "$(cat "$TMP/err")"
+fi
+# the offload devices a config or --set gives are obeyed, whatever the planner would do
+if "$FSOFF" --steps 1 --nvme "$TMP/place" --set zero_optimization.offload_optimizer.device=nvme \
+       "${SMALL[@]}" >"$TMP/out" 2>"$TMP/err" &&
+   grep -q 'master weights [0-9.]* [KMG]iB on nvme, AdamW m [0-9.]* [KMG]iB on nvme, AdamW v [0-9.]* [KMG]iB on nvme, gradients [0-9.]* [KMG]iB on nvme' "$TMP/out" &&
+   grep -q '^plan: why: .*pinned by the configuration' "$TMP/out"; then
+    ok "a pinned offload device is obeyed and said to be pinned"
+else
+    bad "a pinned offload device is obeyed and said to be pinned" "$(grep -E '^fsoff: state|why' "$TMP/out")" "$(cat "$TMP/err")"
+fi
+if "$FSOFF" --steps 1 --device-mem 30M --set zero_optimization.offload_optimizer.device=none \
+       --set zero_optimization.offload_param.device=none "${SMALL[@]}" >"$TMP/out" 2>"$TMP/err" &&
+   grep -q 'parameters [0-9.]* [KMG]iB on device, master weights [0-9.]* [KMG]iB on device' "$TMP/out"; then
+    ok "offload device none, set, keeps the state on the devices"
+else
+    bad "offload device none, set, keeps the state on the devices" "$(grep -E '^fsoff: state' "$TMP/out")" "$(cat "$TMP/err")"
+fi
+# train.prefetch_blocks, set, is the depth the run reads ahead (the planner's choice otherwise)
+if "$FSOFF" --steps 1 --nvme "$TMP/place" --set train.prefetch_blocks=3 "${ON_NVME[@]}" "${SMALL[@]}" \
+       >"$TMP/out" 2>"$TMP/err" && grep -q '^plan: placement: .*prefetch 3' "$TMP/out" &&
+   grep -q '3 blocks read ahead' "$TMP/out"; then
+    ok "train.prefetch_blocks, set, is obeyed"
+else
+    bad "train.prefetch_blocks, set, is obeyed" "$(grep -E 'placement|read ahead' "$TMP/out")" "$(cat "$TMP/err")"
+fi
+# plan for drives that are not on this machine: the folder need not exist when
+# the drives are described; without the description the error names the flags
+expect_error "plan --nvme of a folder not here names the flags that describe it" \
+    "--nvme $TMP/elsewhere" "--nvme-free SIZE --nvme-read GBPS --nvme-write GBPS" -- \
+    plan --config "$SRC/configs/llama-7b.json" --nvme "$TMP/elsewhere" --json
+if "$FSOFF" plan --config "$SRC/configs/llama-7b.json" --nvme "$TMP/elsewhere" --nvme-free 2T \
+       --nvme-read 6 --nvme-write 4 --json >"$TMP/out" 2>"$TMP/err" &&
+   python3 -c 'import json, sys; j = json.load(open(sys.argv[1])); sys.exit(0 if j["fits"] and j["tiers"]["nvme"]["bytes"] > 0 else 1)' "$TMP/out"; then
+    ok "plan --nvme of a folder not here, with the drives described"
+else
+    bad "plan --nvme of a folder not here, with the drives described" "$(cat "$TMP/err")"
 fi
 
 # --- instruction sets: FSO_ISA picks AdamW's kernel; what the CPU lacks is an error
@@ -262,13 +329,13 @@ fi
 
 # --- NVMe folders: a killed run's files are reclaimed, a running one's refused
 mkdir -p "$TMP/nvk"
-"$FSOFF" --steps 100000 --nvme "$TMP/nvk" "${SMALL[@]}" >/dev/null 2>&1 &
+"$FSOFF" --steps 100000 --nvme "$TMP/nvk" "${ON_NVME[@]}" "${SMALL[@]}" >/dev/null 2>&1 &
 pid=$!
 for _ in $(seq 1200); do [ -e "$TMP/nvk/fsoff-dev0.0" ] && break; sleep 0.1; done
 kill -9 $pid 2>/dev/null
 wait $pid 2>/dev/null
 if [ -e "$TMP/nvk/fsoff-dev0.0" ] &&
-   "$FSOFF" --steps 1 --nvme "$TMP/nvk" "${SMALL[@]}" >"$TMP/out" 2>"$TMP/err" &&
+   "$FSOFF" --steps 1 --nvme "$TMP/nvk" "${ON_NVME[@]}" "${SMALL[@]}" >"$TMP/out" 2>"$TMP/err" &&
    [ "$(grep -c 'notice: .*removed fsoff-dev0.0, left by an fsoff run that is no longer running' "$TMP/err")" -eq 1 ] &&
    [ -z "$(ls -A "$TMP/nvk")" ]; then
     ok "a killed run's NVMe files: reclaimed with one notice"
@@ -279,7 +346,7 @@ flock --no-fork "$TMP/nvk/fsoff-dev0.lock" sleep 60 &
 lockpid=$!
 for _ in $(seq 50); do [ -e "$TMP/nvk/fsoff-dev0.lock" ] && break; sleep 0.1; done
 expect_error "a running fsoff's folder is refused" "in use by an fsoff that is running" -- \
-    --steps 1 --nvme "$TMP/nvk" "${SMALL[@]}"
+    --steps 1 --nvme "$TMP/nvk" "${ON_NVME[@]}" "${SMALL[@]}"
 kill $lockpid 2>/dev/null
 wait $lockpid 2>/dev/null
 

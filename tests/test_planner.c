@@ -2,8 +2,10 @@
  *
  *  - placement on synthetic machines: generous memory keeps everything on the
  *    device; tight device memory streams parameters; a small host sends the
- *    optimizer state to NVMe; pins are kept; when nothing fits, the result
- *    names the short tier and the exact shortfall;
+ *    optimizer state to NVMe; with a tier per kind, a host that holds some
+ *    kinds keeps those, and the plan says why each kind sits where it does;
+ *    pins are kept; when nothing fits, the result names the short tier and
+ *    the exact shortfall;
  *  - the timeline against hand-computed steps (prefetch depth 1 against 2;
  *    a CPU device where everything shares one thread);
  *  - re-planning when a measurement is off by more than 20%;
@@ -185,6 +187,53 @@ static void test_small_host_sends_optimizer_state_to_nvme(void **state)
     assert_int_equal(fso_plan_choose(&s.in, &p), 0);
     for (int k = FSO_KIND_MASTER; k < FSO_N_KINDS; k++)
         assert_int_equal(count_tier(&p, k, FSO_TIER_NVME), 8);
+}
+
+/* The engine as it runs (one tier per kind for every block): a host that
+ * holds some kinds but not all keeps those and sends the rest to NVMe, and
+ * the plan says why each kind sits where it does. */
+static void test_kinds_get_tiers_of_their_own_and_reasons(void **state)
+{
+    (void)state;
+    synth s;
+    fso_plan p;
+    char why[1024];
+    /* 8 blocks of 4 MiB per kind (32 MiB each, 160 MiB in all); the device
+     * holds no state (20 MiB: activations and buffers take 17), the host 90
+     * MiB: two kinds and staging, not three */
+    synth_model(&s, 8, 1 << 20, 1e9, true);
+    s.in.engine.per_kind_tiers = true;
+    s.in.machine.device_mem_bytes = (uint64_t)(20 * MIB);
+    s.in.machine.host_mem_bytes = (uint64_t)(90 * MIB);
+    assert_int_equal(fso_plan_choose(&s.in, &p), 0);
+    int on_host = 0, on_nvme = 0;
+    for (int k = 0; k < FSO_N_KINDS; k++) {
+        int t = fso_plan_main_tier(&p, k);
+        assert_int_equal(count_tier(&p, k, t), 8); /* one tier per kind */
+        on_host += t == FSO_TIER_HOST;
+        on_nvme += t == FSO_TIER_NVME;
+        assert_true(p.explained);
+        assert_int_equal(p.why[k].tier, t);
+        assert_false(p.why[k].pinned);
+        assert_int_equal(p.why[k].alt_tier, t - 1);
+        /* the next faster tier does not fit: which one, by how much */
+        assert_false(p.why[k].alt_fits);
+        assert_int_equal(p.why[k].short_tier, t - 1);
+        assert_true(p.why[k].short_bytes > 0);
+    }
+    assert_int_equal(on_host, 2);
+    assert_int_equal(on_nvme, 3);
+    fso_plan_why(&p, why, sizeof why);
+    assert_non_null(strstr(why, "on the host, host memory would be short by"));
+    assert_non_null(strstr(why, "on the devices, device memory would be short by"));
+
+    /* a pin is kept and said to be one */
+    s.in.pins.tier[FSO_KIND_GRAD] = FSO_TIER_NVME;
+    assert_int_equal(fso_plan_choose(&s.in, &p), 0);
+    assert_int_equal(count_tier(&p, FSO_KIND_GRAD, FSO_TIER_NVME), 8);
+    assert_true(p.why[FSO_KIND_GRAD].pinned);
+    fso_plan_why(&p, why, sizeof why);
+    assert_non_null(strstr(why, "gradients nvme (pinned by the configuration)"));
 }
 
 static void test_pins_are_kept(void **state)
@@ -1257,6 +1306,7 @@ int main(void)
         cmocka_unit_test(test_generous_memory_keeps_everything_on_the_device),
         cmocka_unit_test(test_tight_device_memory_streams_parameters),
         cmocka_unit_test(test_small_host_sends_optimizer_state_to_nvme),
+        cmocka_unit_test(test_kinds_get_tiers_of_their_own_and_reasons),
         cmocka_unit_test(test_pins_are_kept),
         cmocka_unit_test(test_shortfall_names_the_tier_and_the_bytes),
         cmocka_unit_test(test_sizes_beyond_the_planner_are_checked_by_arithmetic),

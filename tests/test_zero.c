@@ -1,7 +1,8 @@
 /* test_zero.c — ZeRO-3 sharding over virtual devices and the three tiers.
  *
  *  - the same run with state on the device, in host memory and on NVMe
- *    gives bit-identical losses, norms and parameters (1 and 2 devices);
+ *    gives bit-identical losses, norms and parameters (1 and 2 devices),
+ *    each kind on one tier or the kinds on tiers of their own;
  *  - 1, 2 and 4 devices with the same global batch agree within 1e-5
  *    (the sums run in a different order);
  *  - budgets fail before training, naming the tier and the shortfall;
@@ -13,7 +14,8 @@
  *  - bf16 working parameters (bf16.enabled): bit-identical across tiers and
  *    schedules, close to the fp32 run, always bf16 of the master, and half
  *    the parameter bytes on NVMe;
- *  - the planner's memory per tier is what the engine allocates.
+ *  - the planner's memory per tier is what the engine allocates;
+ *  - a step's NVMe bytes per kind are the README's derivation.
  */
 #include <errno.h>
 #include <math.h>
@@ -192,6 +194,162 @@ static void test_bf16_tiers_are_bit_identical_two_devices(void **s)
 {
     (void)s;
     tiers_for_world(2, true);
+}
+
+/* Each kind of state on a tier of its own (the planner's per-kind
+ * placements: gradients in host memory with m and v on NVMe, the master
+ * on the device with the rest elsewhere, ...) gives the bits of everything
+ * on the device, on the CPU backend and under a discrete GPU's rules
+ * (cpu-async, where the CPU updates state that lives on the device through
+ * copies unless all of it is there), with 1 and 2 devices. */
+static void set_kind_tiers(fso_config *cfg, const fso_tier *t)
+{
+    set_tiers(cfg, t[FSO_KIND_PARAM], t[FSO_KIND_MASTER]);
+    cfg->offload.per_kind = true;
+    memcpy(cfg->offload.kind_tier, t, sizeof cfg->offload.kind_tier);
+}
+
+static void test_per_kind_tiers_are_bit_identical(void **state)
+{
+    (void)state;
+#define D FSO_TIER_DEVICE
+#define H FSO_TIER_HOST
+#define N FSO_TIER_NVME
+    static const fso_tier split[][FSO_N_KINDS] = {
+        /* parameters, master, m, v, gradients */
+        {N, H, N, N, H}, {H, N, N, N, H}, {D, D, H, N, D}, {D, N, H, H, N}, {N, D, D, D, H},
+    };
+    static const char *const backends[] = {"cpu", "cpu-async"};
+    for (int world = 1; world <= 2; world++)
+        for (int be = 0; be < 2; be++) {
+            run_result base, r;
+            fso_config cfg;
+            small_config(&cfg, world, 4);
+            snprintf(cfg.backend, sizeof cfg.backend, "%s", backends[be]);
+            set_tiers(&cfg, D, D);
+            run(&cfg, NULL, &base);
+            if (base.rc)
+                fail_msg("all on device: %s", base.err);
+            for (size_t i = 0; i < sizeof split / sizeof split[0]; i++) {
+                char what[160];
+                set_kind_tiers(&cfg, split[i]);
+                snprintf(what, sizeof what, "%d devices, %s, kinds on tiers %d %d %d %d %d", world,
+                         backends[be], split[i][0], split[i][1], split[i][2], split[i][3],
+                         split[i][4]);
+                run(&cfg, NULL, &r);
+                if (r.rc)
+                    fail_msg("%s: %s", what, r.err);
+                assert_bit_identical(&base, &r, what);
+                assert_true(r.nvme_read > 0);
+                result_free(&r);
+            }
+            result_free(&base);
+        }
+#undef D
+#undef H
+#undef N
+}
+
+/* What a step moves on NVMe is the README's derivation for its placement,
+ * kind by kind, exactly: parameters read at each visit that lends them in
+ * every micro-batch and written once, gradients written by every
+ * micro-batch and read by all but the first and by AdamW, master, m and v
+ * read and written once, each shard in whole 4 KiB pages, all devices.
+ * Every step after the first (whose line has no update with the forward
+ * schedule) on several placements, schedules, device counts and
+ * accumulations; fso_zero_step_nvme_bytes says the same. */
+static void expected_bytes(const fso_config *cfg, uint64_t *rd, uint64_t *wr)
+{
+    const int W = cfg->world, G = cfg->grad_accum, nb = fso_model_n_blocks(&cfg->model);
+    fso_block_layout bl[8];
+    fso_block_visit v[32];
+    int lent[8] = {0};
+    assert_true(nb <= 8 && fso_model_max_visits(&cfg->model) <= 32);
+    fso_model_layout(bl, &cfg->model, W);
+    for (int i = 0, n = fso_model_visits(&cfg->model, v); i < n; i++)
+        lent[v[i].block] += v[i].params;
+    memset(rd, 0, sizeof(uint64_t) * FSO_N_KINDS);
+    memset(wr, 0, sizeof(uint64_t) * FSO_N_KINDS);
+    for (int b = 0; b < nb; b++)
+        for (int k = 0; k < FSO_N_KINDS; k++) {
+            if (fso_offload_tier(&cfg->offload, (fso_kind)k) != FSO_TIER_NVME)
+                continue;
+            uint64_t bytes = (k == FSO_KIND_PARAM && cfg->bf16 ? 2u : 4u) * bl[b].padded_elems / W;
+            uint64_t pages = (bytes + 4095) / 4096 * 4096 * (uint64_t)W;
+            int reads = k == FSO_KIND_PARAM ? lent[b] * G : k == FSO_KIND_GRAD ? G : 1;
+            int writes = k == FSO_KIND_GRAD ? G : 1;
+            rd[k] += pages * (uint64_t)reads;
+            wr[k] += pages * (uint64_t)writes;
+        }
+}
+
+static void test_step_nvme_bytes_are_the_derivation(void **state)
+{
+    (void)state;
+#define D FSO_TIER_DEVICE
+#define H FSO_TIER_HOST
+#define N FSO_TIER_NVME
+    static const struct {
+        fso_tier t[FSO_N_KINDS];
+        int world, accum;
+        bool bf16;
+        fso_overlap overlap;
+    } cases[] = {
+        {{N, N, N, N, N}, 1, 2, false, FSO_OVERLAP_FORWARD},
+        {{N, N, N, N, N}, 2, 1, true, FSO_OVERLAP_NONE},
+        {{N, H, N, N, H}, 2, 1, true, FSO_OVERLAP_FORWARD},
+        {{H, N, N, N, H}, 2, 2, false, FSO_OVERLAP_BACKWARD},
+        {{D, D, D, D, N}, 1, 2, false, FSO_OVERLAP_FORWARD},
+        {{N, D, D, D, D}, 1, 1, true, FSO_OVERLAP_FORWARD},
+    };
+#undef D
+#undef H
+#undef N
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        fso_config cfg;
+        fso_data data = {0};
+        fso_trainer tr;
+        small_config(&cfg, cases[c].world, 4);
+        set_kind_tiers(&cfg, cases[c].t);
+        cfg.grad_accum = cases[c].accum;
+        cfg.bf16 = cases[c].bf16;
+        cfg.optimizer_overlap = cases[c].overlap;
+        cfg.grad_clip = cases[c].overlap == FSO_OVERLAP_BACKWARD ? 0.0 : 1.0;
+        uint64_t rd[FSO_N_KINDS], wr[FSO_N_KINDS], lib_rd[FSO_N_KINDS], lib_wr[FSO_N_KINDS];
+        expected_bytes(&cfg, rd, wr);
+        fso_zero_step_nvme_bytes(&cfg, lib_rd, lib_wr);
+        assert_memory_equal(rd, lib_rd, sizeof rd);
+        assert_memory_equal(wr, lib_wr, sizeof wr);
+        assert_int_equal(fso_data_init(&data, &cfg), 0);
+        if (fso_trainer_init(&tr, &cfg) < 0)
+            fail_msg("case %zu: %s", c, tr.err);
+        size_t bt = (size_t)cfg.micro_batch * cfg.data.seq_len, n = fso_trainer_step_tokens(&cfg);
+        int32_t *in = malloc(sizeof(int32_t) * n), *tg = malloc(sizeof(int32_t) * n);
+        for (int s = 1; s <= 4; s++) {
+            fso_step_stats st;
+            for (size_t a = 0; a < n / bt; a++)
+                fso_data_next(&data, in + a * bt, tg + a * bt);
+            if (fso_trainer_step(&tr, in, tg, &st) < 0)
+                fail_msg("case %zu step %d: %s", c, s, tr.err);
+            uint64_t sum_r = 0, sum_w = 0;
+            for (int k = 0; k < FSO_N_KINDS; k++) {
+                sum_r += st.nvme_kind_read[k];
+                sum_w += st.nvme_kind_write[k];
+                if (s > 1 && (st.nvme_kind_read[k] != rd[k] || st.nvme_kind_write[k] != wr[k]))
+                    fail_msg("case %zu step %d: %s moved %llu/%llu bytes read/written, the "
+                             "derivation says %llu/%llu", c, s, fso_kind_name(k),
+                             (unsigned long long)st.nvme_kind_read[k],
+                             (unsigned long long)st.nvme_kind_write[k],
+                             (unsigned long long)rd[k], (unsigned long long)wr[k]);
+            }
+            assert_int_equal(sum_r, st.nvme_read_bytes);
+            assert_int_equal(sum_w, st.nvme_write_bytes);
+        }
+        free(in);
+        free(tg);
+        fso_trainer_free(&tr);
+        fso_data_free(&data);
+    }
 }
 
 /* The overlapped optimizer schedules give the serialized schedule's bits. */
@@ -500,6 +658,7 @@ static void test_large_model_trains_from_nvme_within_cap(void **state)
     cfg.data.seq_len = 16;
     cfg.grad_accum = 1;
     cfg.device_mem_bytes = 16u << 20;
+    cfg.offload.aio_queue_depth = 8; /* the optimizer's ring: 2 sets of 1 MiB chunks */
     set_tiers(&cfg, FSO_TIER_NVME, FSO_TIER_NVME);
     run(&cfg, NULL, &r);
     if (r.rc)
@@ -1148,6 +1307,8 @@ int main(void)
         cmocka_unit_test(test_tiers_are_bit_identical_two_devices),
         cmocka_unit_test(test_bf16_tiers_are_bit_identical_one_device),
         cmocka_unit_test(test_bf16_tiers_are_bit_identical_two_devices),
+        cmocka_unit_test(test_per_kind_tiers_are_bit_identical),
+        cmocka_unit_test(test_step_nvme_bytes_are_the_derivation),
         cmocka_unit_test(test_bf16_working_parameters_are_bf16_of_master),
         cmocka_unit_test(test_bf16_load_hf_keeps_the_master_exact),
         cmocka_unit_test(test_bf16_run_is_close_to_fp32_and_device_counts_agree),
