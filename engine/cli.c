@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 
 #include "config.h"
+#include "cpu_isa.h"
 #include "cuda_backend.h"
 #include "fso_build.h"
 #include "plan.h"
@@ -382,6 +383,11 @@ int fso_cli_main(int argc, char **argv)
     }
     if (check_config_folders(&cfg) < 0)
         goto out;
+    fso_isa isa; /* FSO_ISA: checked before the plan, as the trainer takes it */
+    if (fso_isa_from_env(&isa, cfg.err, sizeof cfg.err) < 0) {
+        fprintf(stderr, "fsoff: error: %s\n", cfg.err);
+        goto out;
+    }
 
     fso_run_opts opts = {.metrics_path = metrics_path, .devices = devices, .resume = resume,
                          .stop = &stop};

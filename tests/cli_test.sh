@@ -176,6 +176,14 @@ fi
 # --- instruction sets: FSO_ISA picks AdamW's kernel; what the CPU lacks is an error
 FSO_ISA=sse4 expect_error "FSO_ISA unknown" "FSO_ISA=sse4: unknown instruction set" \
     "scalar" -- --steps 1 "${SMALL[@]}"
+FSO_ISA=sse4 "$FSOFF" --steps 1 "${SMALL[@]}" >"$TMP/out" 2>"$TMP/err"
+rc=$?
+if [ $rc -eq 2 ] && [ ! -s "$TMP/out" ] && ! grep -q 'probing' "$TMP/err"; then
+    ok "FSO_ISA unknown: exit 2, before the probes and the plan"
+else
+    bad "FSO_ISA unknown: exit 2, before the probes and the plan" "exit status $rc" \
+        "$(head -3 "$TMP/out")"
+fi
 for isa in avx2 avx512; do
     case $isa in
     avx2) flags="avx2" ;;
