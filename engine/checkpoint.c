@@ -172,13 +172,10 @@ static int fail(fso_ckpt_result *r, int rc, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 static int fail(fso_ckpt_result *r, int rc, const char *fmt, ...)
 {
-    if (r->rc == 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(r->err, sizeof r->err, fmt, ap);
-        va_end(ap);
-        r->rc = rc;
-    }
+    va_list ap;
+    va_start(ap, fmt);
+    fso_first_errorv(&r->rc, r->err, sizeof r->err, rc, fmt, ap);
+    va_end(ap);
     return rc;
 }
 

@@ -16,13 +16,10 @@
 
 int fso_zero_fail(errsink *es, int rc, const char *fmt, ...)
 {
-    if (es->rc == 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(es->msg, sizeof es->msg, fmt, ap);
-        va_end(ap);
-        es->rc = rc;
-    }
+    va_list ap;
+    va_start(ap, fmt);
+    fso_first_errorv(&es->rc, es->msg, sizeof es->msg, rc, fmt, ap);
+    va_end(ap);
     return rc;
 }
 

@@ -14,6 +14,15 @@ double fso_now_ms(void)
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
+int fso_first_errorv(int *slot, char *msg, size_t len, int rc, const char *fmt, va_list ap)
+{
+    if (*slot == 0) {
+        vsnprintf(msg, len, fmt, ap);
+        *slot = rc;
+    }
+    return rc;
+}
+
 uint64_t fso_mem_available_bytes(void)
 {
     FILE *f = fopen("/proc/meminfo", "r");

@@ -4,11 +4,17 @@
 #ifndef FSO_UTIL_H
 #define FSO_UTIL_H
 
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 
 /* Milliseconds on the monotonic clock (differences only). */
 double fso_now_ms(void);
+
+/* The first error wins: when *slot is 0, the message (fmt, ap) goes into
+ * msg and *slot becomes rc; later errors leave both alone. Returns rc. */
+int fso_first_errorv(int *slot, char *msg, size_t len, int rc, const char *fmt, va_list ap)
+    __attribute__((format(printf, 5, 0)));
 
 /* MemAvailable from /proc/meminfo in bytes, 0 when unknown. */
 uint64_t fso_mem_available_bytes(void);
