@@ -3,6 +3,7 @@
 #include "cli.h"
 
 #include <errno.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <getopt.h>
 #include <stdio.h>
@@ -189,40 +190,134 @@ static int check_config_folders(const fso_config *cfg)
     return 0;
 }
 
-/* --save DIR, --save-every N, --keep K as the --set they stand for. 0, or
- * -EINVAL after one error line. */
-static int checkpoint_option(int c, const char *arg, char **set)
+/* What the command line said, beyond what goes into the configuration. */
+typedef struct cli_args {
+    const char *config_path, *metrics_path, *devices, *resume;
+    bool devices_given;
+    char **sets; /* --set KEY=VALUE strings, the options that are one included */
+    int nsets;
+} cli_args;
+
+/* Append one --set string made from fmt: 0, or -ENOMEM after the error line. */
+static int add_set(cli_args *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int add_set(cli_args *a, const char *fmt, ...)
 {
-    if (c == 'S') {
-        char *lit = fso_json_quote(arg);
-        int n = lit ? asprintf(set, "checkpoint.dir=%s", lit) : -1;
-        free(lit);
-        if (n < 0) {
-            *set = NULL;
-            fprintf(stderr, "fsoff: error: out of memory\n");
-            return -ENOMEM;
-        }
-        return 0;
-    }
-    char *end;
-    errno = 0;
-    long long n = strtoll(arg, &end, 10);
-    if (errno || end == arg || *end || n < (c == 'K' ? 1 : 0)) {
-        *set = NULL;
-        fprintf(stderr, "fsoff: error: %s %s: expected %s\n", c == 'K' ? "--keep" : "--save-every",
-                arg, c == 'K' ? "how many complete checkpoints to keep, at least 1"
-                              : "a step count (0: save only at the end)");
-        return -EINVAL;
-    }
-    if (asprintf(set, "checkpoint.%s=%lld", c == 'K' ? "keep" : "every_steps", n) < 0) {
-        *set = NULL;
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vasprintf(&a->sets[a->nsets], fmt, ap);
+    va_end(ap);
+    if (n < 0) {
+        a->sets[a->nsets] = NULL;
         fprintf(stderr, "fsoff: error: out of memory\n");
         return -ENOMEM;
+    }
+    a->nsets++;
+    return 0;
+}
+
+/* KEY=VALUE with VALUE the option's argument as a JSON string, for each key. */
+static int add_string_sets(cli_args *a, const char *value, const char *key1, const char *key2)
+{
+    char *lit = fso_json_quote(value);
+    int rc = lit ? add_set(a, "%s=%s", key1, lit) : -ENOMEM;
+    if (rc == 0 && key2)
+        rc = add_set(a, "%s=%s", key2, lit);
+    if (!lit)
+        fprintf(stderr, "fsoff: error: out of memory\n");
+    free(lit);
+    return rc;
+}
+
+/* --device-mem and --host-mem: a size above zero, else one error line. */
+static int mem_option(const char *opt, const char *arg, const char *examples, uint64_t *out)
+{
+    if (fso_parse_size(arg, out) < 0 || *out == 0) {
+        fprintf(stderr, "fsoff: error: %s %s: expected a size such as %s\n", opt, arg, examples);
+        return -EINVAL;
     }
     return 0;
 }
 
-int fso_cli_main(int argc, char **argv)
+/* A whole number of at least min for option opt, as key's --set: 0, or
+ * negative after one error line that says what was expected. */
+static int count_option(cli_args *a, const char *opt, const char *arg, long long min,
+                        const char *expected, const char *key)
+{
+    char *end;
+    errno = 0;
+    long long n = strtoll(arg, &end, 10);
+    if (errno || end == arg || *end || n < min) {
+        fprintf(stderr, "fsoff: error: %s %s: expected %s\n", opt, arg, expected);
+        return -EINVAL;
+    }
+    return add_set(a, "%s=%lld", key, n);
+}
+
+/* One option (getopt's c and optarg) into a and cfg: 0, 1 when the command
+ * is done (--help, --version), or negative after one error line. */
+static int take_option(int c, int argc, char **argv, cli_args *a, fso_config *cfg)
+{
+    switch (c) {
+    case 'c':
+        a->config_path = optarg;
+        return 0;
+    case 'd':
+        return add_string_sets(a, optarg, "data.path", NULL);
+    case 'I':
+        return add_string_sets(a, optarg, "model.init_from", NULL);
+    case 'n':
+        return count_option(a, "--steps", optarg, 1, "a positive integer", "train.steps");
+    case 'D':
+        if (select_devices(cfg, optarg) < 0)
+            return -EINVAL;
+        a->devices = optarg;
+        a->devices_given = true;
+        return 0;
+    case 'M':
+        return mem_option("--device-mem", optarg, "512M, 4G or 80G", &cfg->device_mem_bytes);
+    case 'H':
+        return mem_option("--host-mem", optarg, "8G or 512G", &cfg->host_mem_bytes);
+    case 'N': /* a place for state, not a pin: the planner decides what goes there */
+        if (check_folders("--nvme", optarg) < 0)
+            return -EINVAL;
+        return add_string_sets(a, optarg, "zero_optimization.offload_param.nvme_path",
+                               "zero_optimization.offload_optimizer.nvme_path");
+    case 'm':
+        a->metrics_path = optarg;
+        return 0;
+    case 'S': /* --save DIR, --save-every N, --keep K: the checkpoint keys */
+        return add_string_sets(a, optarg, "checkpoint.dir", NULL);
+    case 'E':
+        return count_option(a, "--save-every", optarg, 0,
+                            "a step count (0: save only at the end)", "checkpoint.every_steps");
+    case 'K':
+        return count_option(a, "--keep", optarg, 1,
+                            "how many complete checkpoints to keep, at least 1", "checkpoint.keep");
+    case 'R': /* --resume, --resume=PATH or --resume PATH */
+        a->resume = optarg ? optarg : "";
+        if (!optarg && optind < argc && argv[optind][0] != '-')
+            a->resume = argv[optind++];
+        return 0;
+    case 's':
+        return add_set(a, "%s", optarg);
+    case 'h':
+        usage(stdout);
+        return 1;
+    case 'V':
+        printf("fsoff %s\n", FSO_VERSION);
+        return 1;
+    case ':':
+        fprintf(stderr, "fsoff: error: %s needs a value; see fsoff --help\n", argv[optind - 1]);
+        return -EINVAL;
+    default:
+        fprintf(stderr, "fsoff: error: unknown option '%s'; see fsoff --help\n", argv[optind - 1]);
+        return -EINVAL;
+    }
+}
+
+/* The command line into a and cfg (its devices and memory caps): 0, 1 when
+ * the command is done, or negative after one error line. */
+static int parse_args(int argc, char **argv, cli_args *a, fso_config *cfg)
 {
     static const struct option longopts[] = {
         {"config", required_argument, NULL, 'c'},  {"data", required_argument, NULL, 'd'},
@@ -235,16 +330,27 @@ int fso_cli_main(int argc, char **argv)
         {"init-from", required_argument, NULL, 'I'},  {"host-mem", required_argument, NULL, 'H'},
         {NULL, 0, NULL, 0},
     };
-    const char *resume = NULL;
+    int c, rc;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, ":c:d:n:m:s:hV", longopts, NULL)) != -1)
+        if ((rc = take_option(c, argc, argv, a, cfg)) != 0)
+            return rc;
+    if (optind < argc) {
+        fprintf(stderr, "fsoff: error: unexpected argument '%s'; see fsoff --help\n", argv[optind]);
+        return -EINVAL;
+    }
+    return 0;
+}
+
+int fso_cli_main(int argc, char **argv)
+{
     static volatile sig_atomic_t stop;
-    const char *config_path = NULL, *metrics_path = NULL, *devices = "auto";
-    char **sets = calloc(2 * (size_t)argc + 1, sizeof *sets);
-    int nsets = 0, status = 2, c;
-    bool devices_given = false;
+    cli_args a = {.devices = "auto", .sets = calloc(2 * (size_t)argc + 1, sizeof(char *))};
+    int status = 2, rc;
     fso_config cfg;
 
     fso_config_defaults(&cfg);
-    if (!sets) {
+    if (!a.sets) {
         fprintf(stderr, "fsoff: error: out of memory\n");
         return 1;
     }
@@ -260,124 +366,13 @@ int fso_cli_main(int argc, char **argv)
         argv++;
         argc--;
     }
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, ":c:d:n:m:s:hV", longopts, NULL)) != -1) {
-        switch (c) {
-        case 'c':
-            config_path = optarg;
-            break;
-        case 'd':
-        case 'I': {
-            char *lit = fso_json_quote(optarg);
-            if (!lit || asprintf(&sets[nsets++], "%s=%s",
-                                 c == 'd' ? "data.path" : "model.init_from", lit) < 0) {
-                free(lit);
-                fprintf(stderr, "fsoff: error: out of memory\n");
-                goto out;
-            }
-            free(lit);
-            break;
-        }
-        case 'n': {
-            char *end;
-            errno = 0;
-            long long n = strtoll(optarg, &end, 10);
-            if (errno || end == optarg || *end || n < 1) {
-                fprintf(stderr, "fsoff: error: --steps %s: expected a positive integer\n", optarg);
-                goto out;
-            }
-            if (asprintf(&sets[nsets++], "train.steps=%lld", n) < 0) {
-                fprintf(stderr, "fsoff: error: out of memory\n");
-                goto out;
-            }
-            break;
-        }
-        case 'D':
-            if (select_devices(&cfg, optarg) < 0)
-                goto out;
-            devices = optarg;
-            devices_given = true;
-            break;
-        case 'M': {
-            uint64_t bytes;
-            if (fso_parse_size(optarg, &bytes) < 0 || bytes == 0) {
-                fprintf(stderr, "fsoff: error: --device-mem %s: expected a size such as 512M, "
-                                "4G or 80G\n", optarg);
-                goto out;
-            }
-            cfg.device_mem_bytes = bytes;
-            break;
-        }
-        case 'H': {
-            uint64_t bytes;
-            if (fso_parse_size(optarg, &bytes) < 0 || bytes == 0) {
-                fprintf(stderr, "fsoff: error: --host-mem %s: expected a size such as 8G or "
-                                "512G\n", optarg);
-                goto out;
-            }
-            cfg.host_mem_bytes = bytes;
-            break;
-        }
-        case 'N': { /* a place for state, not a pin: the planner decides what goes there */
-            if (check_folders("--nvme", optarg) < 0)
-                goto out;
-            char *lit = fso_json_quote(optarg);
-            if (!lit ||
-                asprintf(&sets[nsets++], "zero_optimization.offload_param.nvme_path=%s", lit) < 0 ||
-                asprintf(&sets[nsets++], "zero_optimization.offload_optimizer.nvme_path=%s",
-                         lit) < 0) {
-                free(lit);
-                fprintf(stderr, "fsoff: error: out of memory\n");
-                goto out;
-            }
-            free(lit);
-            break;
-        }
-        case 'm':
-            metrics_path = optarg;
-            break;
-        case 'S':
-        case 'E':
-        case 'K':
-            if (checkpoint_option(c, optarg, &sets[nsets++]) < 0)
-                goto out;
-            break;
-        case 'R': /* --resume, --resume=PATH or --resume PATH */
-            resume = optarg ? optarg : "";
-            if (!optarg && optind < argc && argv[optind][0] != '-')
-                resume = argv[optind++];
-            break;
-        case 's':
-            if (!(sets[nsets++] = strdup(optarg))) {
-                fprintf(stderr, "fsoff: error: out of memory\n");
-                goto out;
-            }
-            break;
-        case 'h':
-            usage(stdout);
-            status = 0;
-            goto out;
-        case 'V':
-            printf("fsoff %s\n", FSO_VERSION);
-            status = 0;
-            goto out;
-        case ':':
-            fprintf(stderr, "fsoff: error: %s needs a value; see fsoff --help\n", argv[optind - 1]);
-            goto out;
-        default:
-            fprintf(stderr, "fsoff: error: unknown option '%s'; see fsoff --help\n",
-                    argv[optind - 1]);
-            goto out;
-        }
-    }
-    if (optind < argc) {
-        fprintf(stderr, "fsoff: error: unexpected argument '%s'; see fsoff --help\n", argv[optind]);
+    if ((rc = parse_args(argc, argv, &a, &cfg)) != 0) {
+        status = rc > 0 ? 0 : 2;
         goto out;
     }
-
-    if (!devices_given && select_devices(&cfg, "auto") < 0)
+    if (!a.devices_given && select_devices(&cfg, "auto") < 0)
         goto out;
-    if (fso_config_load_all(&cfg, config_path, sets, nsets) < 0) {
+    if (fso_config_load_all(&cfg, a.config_path, a.sets, a.nsets) < 0) {
         fprintf(stderr, "fsoff: error: %s\n", cfg.err);
         goto out;
     }
@@ -389,16 +384,16 @@ int fso_cli_main(int argc, char **argv)
         goto out;
     }
 
-    fso_run_opts opts = {.metrics_path = metrics_path, .devices = devices, .resume = resume,
-                         .stop = &stop};
+    fso_run_opts opts = {.metrics_path = a.metrics_path, .devices = a.devices,
+                         .resume = a.resume, .stop = &stop};
     fso_signals_install(&stop);
     status = fso_train_run(&cfg, &opts) < 0 ? 1 : 0;
     fso_signals_restore();
 
 out:
-    for (int i = 0; i < nsets; i++)
-        free(sets[i]);
-    free(sets);
+    for (int i = 0; i < a.nsets; i++)
+        free(a.sets[i]);
+    free(a.sets);
     fso_config_free(&cfg);
     return status;
 }
