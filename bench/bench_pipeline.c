@@ -177,7 +177,7 @@ static int pl_parse(int argc, char **argv, pl_args *a)
 
 /* The configuration as fsoff train reads it: the file, the --set
  * overrides, --nvme as the folders of both offload sections (a place, not
- * a pin). 0, or 2 after one error line. */
+ * a pin). 0, or 1 or 2 after one error line with cfg freed. */
 static int pl_config(const pl_args *a, fso_config *cfg)
 {
     char **sets = calloc((size_t)a->nsets + 2, sizeof *sets);
@@ -188,6 +188,7 @@ static int pl_config(const pl_args *a, fso_config *cfg)
     cfg->host_mem_bytes = a->host_mem;
     if (!sets) {
         fprintf(stderr, "fsoff: error: bench pipeline: out of memory\n");
+        fso_config_free(cfg);
         return 1;
     }
     for (int i = 0; i < a->nsets; i++)
@@ -205,6 +206,8 @@ static int pl_config(const pl_args *a, fso_config *cfg)
     else
         rc = 0;
 out:
+    if (rc != 0)
+        fso_config_free(cfg);
     for (int i = a->nsets; i < n; i++)
         free(sets[i]);
     free(sets);
