@@ -233,150 +233,167 @@ static void nv_print_row(const nv_result *r)
     fflush(stdout);
 }
 
-int fso_bench_nvme(int argc, char **argv)
-{
-    nv_args a;
-    memset(&a, 0, sizeof a);
-    int rc = nv_parse_args(&a, argc, argv);
-    if (rc >= 0)
-        return rc;
+/* A run over the block sizes: the I/O buffer area (max block x max qd),
+ * the data seed, the results so far and what the stores could do. */
+typedef struct nv_run {
+    char *area;
+    size_t area_bytes;
+    int max_qd;
+    uint64_t seed;
+    nv_result *res;
+    int nres;
+    bool direct, registered, header;
+    uint64_t total_bad;
+} nv_run;
 
+/* Maps the buffer area with random contents and allocates the results.
+ * 0, or 1 after one error line (nothing left to free). */
+static int nv_run_init(nv_run *r, const nv_args *a)
+{
     size_t max_block = 0;
-    int max_qd = 0;
-    for (int i = 0; i < a.nblocks; i++)
-        if (a.blocks[i] > max_block)
-            max_block = a.blocks[i];
-    for (int i = 0; i < a.nqds; i++)
-        if (a.qds[i] > max_qd)
-            max_qd = a.qds[i];
-    size_t area_bytes = max_block * (size_t)max_qd;
-    char *area = mmap(NULL, area_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (area == MAP_FAILED) {
+    memset(r, 0, sizeof *r);
+    for (int i = 0; i < a->nblocks; i++)
+        if (a->blocks[i] > max_block)
+            max_block = a->blocks[i];
+    for (int i = 0; i < a->nqds; i++)
+        if (a->qds[i] > r->max_qd)
+            r->max_qd = a->qds[i];
+    r->area_bytes = max_block * (size_t)r->max_qd;
+    r->area = mmap(NULL, r->area_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1,
+                   0);
+    if (r->area == MAP_FAILED) {
         char b[32];
-        fso_human_bytes(b, sizeof b, (double)area_bytes);
+        fso_human_bytes(b, sizeof b, (double)r->area_bytes);
         fprintf(stderr, "fsoff: error: bench nvme: cannot map %s of I/O buffers; lower "
                 "--block-sizes or --queue-depths\n", b);
         return 1;
     }
     /* Random contents once; each write stamps its pages. */
     uint64_t x = nv_mix((uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32));
-    uint64_t seed = nv_mix(x);
-    for (size_t i = 0; i < area_bytes; i += 8) {
+    r->seed = nv_mix(x);
+    for (size_t i = 0; i < r->area_bytes; i += 8) {
         x = nv_mix(x);
-        memcpy(area + i, &x, 8);
+        memcpy(r->area + i, &x, 8);
     }
-
-    nv_result *res = calloc((size_t)(2 * a.nblocks * a.nqds), sizeof *res);
-    if (!res) {
-        munmap(area, area_bytes);
+    r->res = calloc((size_t)(2 * a->nblocks * a->nqds), sizeof *r->res);
+    if (!r->res) {
+        munmap(r->area, r->area_bytes);
         fprintf(stderr, "fsoff: error: bench nvme: out of memory\n");
         return 1;
     }
-    int nres = 0, status = 0;
-    bool direct = true, registered = true, header = false;
-    uint64_t total_bad = 0;
+    r->direct = r->registered = true;
+    return 0;
+}
+
+/* The table's header, once the first store says whether it got O_DIRECT
+ * and registered buffers. */
+static void nv_print_header(const nv_args *a, const nv_run *r)
+{
     char sz[32];
-    fso_human_bytes(sz, sizeof sz, (double)a.size_bytes);
+    fso_human_bytes(sz, sizeof sz, (double)a->size_bytes);
+    printf("# fsoff bench nvme: %s per point over %d folder%s:", sz, a->ndirs,
+           a->ndirs == 1 ? "" : "s");
+    for (int i = 0; i < a->ndirs; i++)
+        printf("%s%s", i ? "," : " ", a->dirs[i]);
+    printf("\n# io_uring, O_DIRECT: %s, registered buffers: %s, fixed files, stripe unit = "
+           "block;\n"
+           "# each store written once before the timed passes\n",
+           r->direct ? "yes" : "NO (buffered: the page cache flatters these numbers)",
+           r->registered ? "yes" : "no");
+    printf("#\n#    op       block    qd         bytes       time     speed  correct\n");
+    printf("#            (bytes)                (B)       (ms)    (GB/s)\n");
+}
 
-    for (int bi = 0; bi < a.nblocks && status == 0; bi++) {
-        fso_store_opts o;
-        memset(&o, 0, sizeof o);
-        for (int i = 0; i < a.ndirs; i++)
-            o.dirs[i] = a.dirs[i];
-        o.ndirs = a.ndirs;
-        o.capacity_bytes = a.size_bytes;
-        o.block_bytes = a.blocks[bi];
-        o.queue_depth = max_qd;
-        o.direct = true;
-        o.file_prefix = "fsoff-bench";
-        fso_store *s = NULL;
-        char err[FSO_STORE_ERR_MAX];
-        rc = fso_store_open_uring(&s, &o, err, sizeof err);
-        if (rc < 0) {
-            fprintf(stderr, "fsoff: error: bench nvme: %s\n", err);
-            status = 1;
-            break;
-        }
-        direct = direct && s->direct;
-        if (registered && s->ops->register_buffers(s, area, area_bytes) < 0) {
-            fprintf(stderr, "fsoff: warning: bench nvme: %s; measuring without registered "
-                    "buffers\n", s->err);
-            registered = false;
-        }
-        nv_result fill = {true, a.blocks[bi], max_qd, a.size_bytes / a.blocks[bi] * a.blocks[bi],
-                          0, true};
-        uint64_t unused = 0;
-        if (nv_pass(s, &fill, area, seed, &unused) < 0) {
-            fprintf(stderr, "fsoff: error: bench nvme: %s\n", s->err);
-            fso_store_destroy(s);
-            status = 1;
-            break;
-        }
-        if (!header && fso_bench_table(a.json)) {
-            printf("# fsoff bench nvme: %s per point over %d folder%s:", sz, a.ndirs,
-                   a.ndirs == 1 ? "" : "s");
-            for (int i = 0; i < a.ndirs; i++)
-                printf("%s%s", i ? "," : " ", a.dirs[i]);
-            printf("\n# io_uring, O_DIRECT: %s, registered buffers: %s, fixed files, stripe unit = "
-                   "block;\n"
-                   "# each store written once before the timed passes\n",
-                   direct ? "yes" : "NO (buffered: the page cache flatters these numbers)",
-                   registered ? "yes" : "no");
-            printf("#\n#    op       block    qd         bytes       time     speed  correct\n");
-            printf("#            (bytes)                (B)       (ms)    (GB/s)\n");
-            header = true;
-        }
-        for (int qi = 0; qi < a.nqds && status == 0; qi++) {
-            nv_result *w = &res[nres], *r = &res[nres + 1];
-            uint64_t bytes = a.size_bytes / a.blocks[bi] * a.blocks[bi];
-            *w = (nv_result){true, a.blocks[bi], a.qds[qi], bytes, 0, true};
-            *r = (nv_result){false, a.blocks[bi], a.qds[qi], bytes, 0, true};
-            uint64_t bad = 0;
-            seed = nv_mix(seed); /* each point checks its own data */
-            rc = nv_pass(s, w, area, seed, &bad);
-            if (rc == 0)
-                rc = nv_pass(s, r, area, seed, &bad);
-            if (rc < 0) {
-                fprintf(stderr, "fsoff: error: bench nvme: %s\n", s->err);
-                status = 1;
-                break;
-            }
-            w->correct = r->correct = bad == 0;
-            total_bad += bad;
-            nres += 2;
-            if (fso_bench_table(a.json)) {
-                nv_print_row(w);
-                nv_print_row(r);
-            }
-        }
+/* The points of block size a->blocks[bi] on their own store: the store
+ * created and written once untimed, then a write and a read pass per queue
+ * depth, each checked against its own seed. 0, or 1 after one error line. */
+static int nv_block(nv_run *r, const nv_args *a, int bi)
+{
+    fso_store_opts o;
+    memset(&o, 0, sizeof o);
+    for (int i = 0; i < a->ndirs; i++)
+        o.dirs[i] = a->dirs[i];
+    o.ndirs = a->ndirs;
+    o.capacity_bytes = a->size_bytes;
+    o.block_bytes = a->blocks[bi];
+    o.queue_depth = r->max_qd;
+    o.direct = true;
+    o.file_prefix = "fsoff-bench";
+    fso_store *s = NULL;
+    char err[FSO_STORE_ERR_MAX];
+    if (fso_store_open_uring(&s, &o, err, sizeof err) < 0) {
+        fprintf(stderr, "fsoff: error: bench nvme: %s\n", err);
+        return 1;
+    }
+    r->direct = r->direct && s->direct;
+    if (r->registered && s->ops->register_buffers(s, r->area, r->area_bytes) < 0) {
+        fprintf(stderr, "fsoff: warning: bench nvme: %s; measuring without registered "
+                "buffers\n", s->err);
+        r->registered = false;
+    }
+    const uint64_t bytes = a->size_bytes / a->blocks[bi] * a->blocks[bi];
+    nv_result fill = {true, a->blocks[bi], r->max_qd, bytes, 0, true};
+    uint64_t unused = 0;
+    int status = 0;
+    if (nv_pass(s, &fill, r->area, r->seed, &unused) < 0) {
+        fprintf(stderr, "fsoff: error: bench nvme: %s\n", s->err);
         fso_store_destroy(s);
+        return 1;
     }
-    munmap(area, area_bytes);
-    if (status) {
-        free(res);
-        return status;
+    if (!r->header && fso_bench_table(a->json)) {
+        nv_print_header(a, r);
+        r->header = true;
     }
+    for (int qi = 0; qi < a->nqds; qi++) {
+        nv_result *w = &r->res[r->nres], *rd = &r->res[r->nres + 1];
+        *w = (nv_result){true, a->blocks[bi], a->qds[qi], bytes, 0, true};
+        *rd = (nv_result){false, a->blocks[bi], a->qds[qi], bytes, 0, true};
+        uint64_t bad = 0;
+        r->seed = nv_mix(r->seed); /* each point checks its own data */
+        int rc = nv_pass(s, w, r->area, r->seed, &bad);
+        if (rc == 0)
+            rc = nv_pass(s, rd, r->area, r->seed, &bad);
+        if (rc < 0) {
+            fprintf(stderr, "fsoff: error: bench nvme: %s\n", s->err);
+            status = 1;
+            break;
+        }
+        w->correct = rd->correct = bad == 0;
+        r->total_bad += bad;
+        r->nres += 2;
+        if (fso_bench_table(a->json)) {
+            nv_print_row(w);
+            nv_print_row(rd);
+        }
+    }
+    fso_store_destroy(s);
+    return status;
+}
 
+/* The table's footer and the JSON object; the exit status. */
+static int nv_report(const nv_args *a, const nv_run *r)
+{
     double sum[2] = {0, 0};
     int cnt[2] = {0, 0};
-    for (int i = 0; i < nres; i++) {
-        sum[res[i].write] += nv_gbps(&res[i]);
-        cnt[res[i].write]++;
+    for (int i = 0; i < r->nres; i++) {
+        sum[r->res[i].write] += nv_gbps(&r->res[i]);
+        cnt[r->res[i].write]++;
     }
-    bool ok = total_bad == 0;
-    if (fso_bench_table(a.json)) {
-        printf("# Pages read back wrong: %" PRIu64 "\n", total_bad);
+    bool ok = r->total_bad == 0;
+    if (fso_bench_table(a->json)) {
+        printf("# Pages read back wrong: %" PRIu64 "\n", r->total_bad);
         printf("# Avg bandwidth: write %.3f GB/s, read %.3f GB/s%s\n",
                cnt[1] ? sum[1] / cnt[1] : 0.0, cnt[0] ? sum[0] / cnt[0] : 0.0,
-               direct ? "" : " (buffered I/O: not disk speed)");
+               r->direct ? "" : " (buffered I/O: not disk speed)");
         printf("# %s\n", ok ? "OK" : "FAILED");
     }
     int out = 0;
-    if (a.json || a.plot) {
+    if (a->json || a->plot) {
+        const nv_result *res = r->res;
         json_t *dirs = json_array(), *rows = json_array();
-        for (int i = 0; i < a.ndirs; i++)
-            json_array_append_new(dirs, json_string(a.dirs[i]));
-        for (int i = 0; i < nres; i++)
+        for (int i = 0; i < a->ndirs; i++)
+            json_array_append_new(dirs, json_string(a->dirs[i]));
+        for (int i = 0; i < r->nres; i++)
             json_array_append_new(rows, json_pack("{s:s, s:I, s:i, s:f, s:I, s:f, s:b}", "op",
                                                   res[i].write ? "write" : "read", "block_bytes",
                                                   (json_int_t)res[i].block_bytes, "queue_depth",
@@ -385,10 +402,30 @@ int fso_bench_nvme(int argc, char **argv)
                                                   res[i].seconds, "correct", res[i].correct));
         json_t *rec = json_pack("{s:s, s:s, s:o, s:I, s:b, s:b, s:b, s:o}", "bench", "nvme",
                                 "tool", "fsoff", "folders", dirs, "size_bytes",
-                                (json_int_t)a.size_bytes, "direct", direct, "registered_buffers",
-                                registered, "correct", ok, "results", rows);
-        out = fso_bench_output("nvme", rec, a.json, a.plot);
+                                (json_int_t)a->size_bytes, "direct", r->direct,
+                                "registered_buffers", r->registered, "correct", ok, "results",
+                                rows);
+        out = fso_bench_output("nvme", rec, a->json, a->plot);
     }
-    free(res);
     return ok ? out : 1;
+}
+
+int fso_bench_nvme(int argc, char **argv)
+{
+    nv_args a;
+    nv_run r;
+    memset(&a, 0, sizeof a);
+    int rc = nv_parse_args(&a, argc, argv);
+    if (rc >= 0)
+        return rc;
+    if (nv_run_init(&r, &a) != 0)
+        return 1;
+    int status = 0;
+    for (int bi = 0; bi < a.nblocks && status == 0; bi++)
+        status = nv_block(&r, &a, bi);
+    munmap(r.area, r.area_bytes);
+    if (status == 0)
+        status = nv_report(&a, &r);
+    free(r.res);
+    return status;
 }

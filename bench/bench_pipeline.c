@@ -177,7 +177,7 @@ static int pl_parse(int argc, char **argv, pl_args *a)
 
 /* The configuration as fsoff train reads it: the file, the --set
  * overrides, --nvme as the folders of both offload sections (a place, not
- * a pin). 0, or 2 after one error line. */
+ * a pin). 0, or 1 or 2 after one error line with cfg freed. */
 static int pl_config(const pl_args *a, fso_config *cfg)
 {
     char **sets = calloc((size_t)a->nsets + 2, sizeof *sets);
@@ -188,6 +188,7 @@ static int pl_config(const pl_args *a, fso_config *cfg)
     cfg->host_mem_bytes = a->host_mem;
     if (!sets) {
         fprintf(stderr, "fsoff: error: bench pipeline: out of memory\n");
+        fso_config_free(cfg);
         return 1;
     }
     for (int i = 0; i < a->nsets; i++)
@@ -205,6 +206,8 @@ static int pl_config(const pl_args *a, fso_config *cfg)
     else
         rc = 0;
 out:
+    if (rc != 0)
+        fso_config_free(cfg);
     for (int i = a->nsets; i < n; i++)
         free(sets[i]);
     free(sets);
@@ -335,132 +338,211 @@ static int pl_round_run(fso_zero *z, const double *part_ms, int steps, const int
     return 0;
 }
 
-int fso_bench_pipeline(int argc, char **argv)
-{
-    pl_args a = {.sets = calloc((size_t)argc + 1, sizeof(char *))};
-    fso_config cfg, *run = malloc(sizeof *run);
-    fso_plan_ctx ctx = {0};
-    fso_plan *plan = malloc(sizeof *plan);
-    fso_zero *z = NULL;
-    int32_t *tokens = NULL;
-    char err[1024], place[512];
-    int status = 1, rc;
-    bool have_cfg = false;
-    if (!a.sets || !run || !plan) {
-        fprintf(stderr, "fsoff: error: bench pipeline: out of memory\n");
-        goto out;
-    }
-    if ((status = pl_parse(argc, argv, &a)) != 0) {
-        status = status < 0 ? 0 : status;
-        goto out;
-    }
-    if ((status = pl_config(&a, &cfg)) != 0)
-        goto out;
-    have_cfg = true;
-    status = 1;
+/* One run of the bench: the job as planned, what it measured, and what the
+ * report derives from both. */
+typedef struct pl_job {
+    const fso_config *cfg, *run;      /* as read; as the plan applied it */
+    char place[512];                  /* the placement, described */
+    double part_ms[FSO_N_PARTS];      /* the planner's predicted compute per part */
+    double compute_ms;                /* ... per step */
+    uint64_t drd[FSO_N_KINDS], dwr[FSO_N_KINDS]; /* NVMe bytes per step, derived */
+    bool nvme;                        /* the derivation moves bytes through the store */
+    double sw[2], sr[2];              /* the store alone, before and after: GB/s */
+    double store_w, store_r;          /* their means */
+    pl_round rounds[2];               /* pipeline, data path */
+    double gather_b, reduce_b;        /* bytes a step all-gathers, reduce-scatters */
+    double io_ms[2];                  /* each round's mean NVMe bytes at the store's rates */
+    double r_bound, r_io;             /* pipeline over its bound, data path over io_ms[1] */
+    bool exact;                       /* every step of both rounds moved the derivation */
+} pl_job;
 
-    /* the plan fsoff train would take, and the compute it predicts per part */
+/* The plan fsoff train would take for cfg, applied to run, and what it
+ * predicts: the compute per part and per step, the placement, the NVMe
+ * bytes of a step. 0, or 1 after one error line. */
+static int pl_plan(const fso_config *cfg, fso_plan_ctx *ctx, fso_plan *plan, fso_config *run,
+                   pl_job *j)
+{
+    char err[1024];
+    int rc;
     fso_plan_pins pins;
-    fso_plan_pins_from_config(&cfg, &pins);
-    if ((rc = fso_plan_ctx_here(&ctx, &cfg, err, sizeof err)) < 0) {
+    fso_plan_pins_from_config(cfg, &pins);
+    if ((rc = fso_plan_ctx_here(ctx, cfg, err, sizeof err)) < 0) {
         fprintf(stderr, "fsoff: error: bench pipeline: %s\n", err);
-        goto out;
+        return 1;
     }
-    ctx.in.pins = pins;
-    if ((rc = fso_plan_choose(&ctx.in, plan)) < 0) {
+    ctx->in.pins = pins;
+    if ((rc = fso_plan_choose(&ctx->in, plan)) < 0) {
         if (rc == -ENOSPC)
             fso_plan_shortfall_message(plan, &pins, true, err, sizeof err);
         else
             snprintf(err, sizeof err, "planner: %s", strerror(-rc));
         fprintf(stderr, "fsoff: error: bench pipeline: no placement fits: %s\n", err);
-        goto out;
+        return 1;
     }
-    *run = cfg;
+    *run = *cfg;
     if (fso_plan_apply(plan, run, err, sizeof err) < 0) {
         fprintf(stderr, "fsoff: error: bench pipeline: %s\n", err);
-        goto out;
+        return 1;
     }
-    double part_ms[FSO_N_PARTS], compute_ms = 0;
-    fso_plan_part_ms(&ctx, part_ms);
-    for (int k = 0; k < ctx.in.model.n_visits; k++)
-        if (ctx.visit_part[k] >= 0)
-            compute_ms += part_ms[ctx.visit_part[k]] * cfg.grad_accum;
-    fso_plan_describe(plan, place, sizeof place);
-    uint64_t drd[FSO_N_KINDS], dwr[FSO_N_KINDS], drd_all = 0, dwr_all = 0;
-    fso_zero_step_nvme_bytes(run, drd, dwr);
+    fso_plan_part_ms(ctx, j->part_ms);
+    j->compute_ms = 0;
+    for (int k = 0; k < ctx->in.model.n_visits; k++)
+        if (ctx->visit_part[k] >= 0)
+            j->compute_ms += j->part_ms[ctx->visit_part[k]] * cfg->grad_accum;
+    fso_plan_describe(plan, j->place, sizeof j->place);
+    uint64_t drd_all = 0, dwr_all = 0;
+    fso_zero_step_nvme_bytes(run, j->drd, j->dwr);
     for (int k = 0; k < FSO_N_KINDS; k++) {
-        drd_all += drd[k];
-        dwr_all += dwr[k];
+        drd_all += j->drd[k];
+        dwr_all += j->dwr[k];
     }
-    const bool nvme = drd_all + dwr_all > 0;
-    const bool table = fso_bench_table(a.json);
-    FILE *out = table ? stdout : stderr;
+    j->nvme = drd_all + dwr_all > 0;
+    return 0;
+}
 
-    /* the store alone, before */
-    double sw[2] = {0, 0}, sr[2] = {0, 0};
-    if (nvme && pl_store_rates(run, a.store_seconds, &sw[0], &sr[0]) != 0)
-        goto out;
-
-    /* the two rounds: compute as the plan's waits, then none */
-    static pl_round rounds[2];
+/* The two rounds of `steps` steps on the planned job: compute as the
+ * plan's waits, then none. 0, or 1 after one error line. */
+static int pl_rounds(pl_job *j, int steps)
+{
     static const double none[FSO_N_PARTS] = {0};
-    if ((rc = fso_zero_create(&z, run, err, sizeof err)) < 0) {
+    char err[1024];
+    fso_zero *z = NULL;
+    int32_t *tokens = NULL;
+    int status = 1;
+    if (fso_zero_create(&z, j->run, err, sizeof err) < 0) {
         fprintf(stderr, "fsoff: error: bench pipeline: %s\n", err);
         goto out;
     }
+    const fso_config *run = j->run;
     size_t ntok = (size_t)run->world * run->grad_accum * run->micro_batch * run->data.seq_len;
     if (!(tokens = calloc(ntok, sizeof *tokens))) {
         fprintf(stderr, "fsoff: error: bench pipeline: out of memory\n");
         goto out;
     }
     for (int r = 0; r < 2; r++)
-        if (pl_round_run(z, r == 0 ? part_ms : none, a.steps, tokens, drd, dwr, &rounds[r]) < 0)
+        if (pl_round_run(z, r == 0 ? j->part_ms : none, steps, tokens, j->drd, j->dwr,
+                         &j->rounds[r]) < 0)
             goto out;
+    status = 0;
+out:
     fso_zero_destroy(z);
-    z = NULL;
+    free(tokens);
+    return status;
+}
 
-    /* the store alone, after */
-    if (nvme && pl_store_rates(run, a.store_seconds, &sw[1], &sr[1]) != 0)
-        goto out;
-    const double store_w = (sw[0] + sw[1]) / 2, store_r = (sr[0] + sr[1]) / 2;
+/* The store alone before, the rounds, the store alone after. 0, or 1 after
+ * one error line. */
+static int pl_measure(pl_job *j, int steps, double store_seconds)
+{
+    if (j->nvme && pl_store_rates(j->run, store_seconds, &j->sw[0], &j->sr[0]) != 0)
+        return 1;
+    if (pl_rounds(j, steps) != 0)
+        return 1;
+    if (j->nvme && pl_store_rates(j->run, store_seconds, &j->sw[1], &j->sr[1]) != 0)
+        return 1;
+    j->store_w = (j->sw[0] + j->sw[1]) / 2;
+    j->store_r = (j->sr[0] + j->sr[1]) / 2;
+    return 0;
+}
 
-    double gather_b, reduce_b;
-    pl_collective_bytes(run, &gather_b, &reduce_b);
+/* The collective bytes and the ratios the report states. */
+static void pl_derive(pl_job *j)
+{
+    const pl_round *pipe = &j->rounds[0], *data = &j->rounds[1];
+    pl_collective_bytes(j->run, &j->gather_b, &j->reduce_b);
+    for (int r = 0; r < 2; r++)
+        j->io_ms[r] = pl_io_ms(j->rounds[r].rd, j->rounds[r].wr, j->store_r, j->store_w);
+    const double bound = j->io_ms[0] > j->compute_ms ? j->io_ms[0] : j->compute_ms;
+    j->r_bound = pipe->ms / bound;
+    j->r_io = j->io_ms[1] > 0 ? data->ms / j->io_ms[1] : NAN;
+    j->exact = pipe->as_derived && data->as_derived;
+}
+
+/* A step's NVMe bytes, all kinds together. */
+static void pl_step_bytes(const pl_step *p, uint64_t *rd, uint64_t *wr)
+{
+    *rd = *wr = 0;
+    for (int k = 0; k < FSO_N_KINDS; k++) {
+        *rd += p->rd[k];
+        *wr += p->wr[k];
+    }
+}
+
+/* The table: the job and the store alone, a line per step, the summary. */
+static void pl_print(FILE *out, const pl_job *j, int steps)
+{
+    const fso_config *run = j->run;
     char aio[32];
     fso_human_bytes(aio, sizeof aio, (double)run->offload.aio_block_bytes);
     fprintf(out, "# fsoff bench pipeline: %s on %d CPU device%s\n",
-            cfg.source[0] ? cfg.source : "built-in defaults (configs/tiny.json)", run->world,
-            run->world == 1 ? "" : "s");
-    fprintf(out, "# placement: %s\n", place);
-    if (nvme)
+            j->cfg->source[0] ? j->cfg->source : "built-in defaults (configs/tiny.json)",
+            run->world, run->world == 1 ? "" : "s");
+    fprintf(out, "# placement: %s\n", j->place);
+    if (j->nvme)
         fprintf(out, "# the store alone (aio %s, queue depth %d, %d ring%s): read %.3f GB/s, write "
                      "%.3f GB/s (before %.3f/%.3f, after %.3f/%.3f)\n",
                 aio, run->offload.aio_queue_depth, run->world, run->world == 1 ? "" : "s",
-                store_r, store_w, sr[0], sw[0], sr[1], sw[1]);
+                j->store_r, j->store_w, j->sr[0], j->sw[0], j->sr[1], j->sw[1]);
     else
         fprintf(out, "# no state on NVMe: the steps move nothing through the store\n");
     fprintf(out, "#     round  step  compute    step  stall  opt wait   read  write    read   "
                  "write  gather  reduce  optimizer  I/O at store\n");
     fprintf(out, "#                     (ms)    (ms)   (ms)      (ms)   (GB)   (GB)  (GB/s)  "
                  "(GB/s)  (GB/s)  (GB/s)       (ms)          (ms)\n");
-    json_t *rows = json_array();
-    double io_ms[2];
     for (int r = 0; r < 2; r++) {
-        const pl_round *ro = &rounds[r];
-        for (int s = 0; s < a.steps; s++) {
-            const pl_step *p = &ro->st[s];
-            uint64_t rd = 0, wr = 0;
-            for (int k = 0; k < FSO_N_KINDS; k++) {
-                rd += p->rd[k];
-                wr += p->wr[k];
-            }
+        for (int s = 0; s < steps; s++) {
+            const pl_step *p = &j->rounds[r].st[s];
+            uint64_t rd, wr;
+            pl_step_bytes(p, &rd, &wr);
             const double secs = p->ms / 1e3;
             fprintf(out, "  %9s  %4d  %7.0f  %6.0f  %5.0f  %8.0f  %5.2f  %5.2f  %6.3f  %6.3f  "
                          "%6.2f  %6.2f  %9.0f  %12.0f%s\n",
-                    r == 0 ? "pipeline" : "data path", s + 1, r == 0 ? compute_ms : 0.0, p->ms,
-                    p->stall_ms, p->exposed_ms, rd / 1e9, wr / 1e9, rd / secs / 1e9, wr / secs / 1e9, gather_b / secs / 1e9,
-                    reduce_b / secs / 1e9, p->optimizer_ms, pl_io_ms(rd, wr, store_r, store_w),
+                    r == 0 ? "pipeline" : "data path", s + 1, r == 0 ? j->compute_ms : 0.0, p->ms,
+                    p->stall_ms, p->exposed_ms, rd / 1e9, wr / 1e9, rd / secs / 1e9,
+                    wr / secs / 1e9, j->gather_b / secs / 1e9, j->reduce_b / secs / 1e9,
+                    p->optimizer_ms, pl_io_ms(rd, wr, j->store_r, j->store_w),
                     s == 0 ? "  (first: excluded)" : "");
+        }
+    }
+    const pl_round *pipe = &j->rounds[0], *data = &j->rounds[1];
+    const double secs = pipe->ms / 1e3;
+    fprintf(out, "# pipeline, steps 2-%d: %.0f ms per step: compute %.0f, waiting on NVMe reads "
+                 "%.0f, on the optimizer %.0f, the rest (copies, gathers, gradients landing) "
+                 "%.0f; NVMe %.3f GB/s read, %.3f GB/s written over the step; all-gathers %.2f "
+                 "GB/s, reduce-scatters %.2f GB/s; the optimizer %.0f ms\n",
+            steps, pipe->ms, j->compute_ms, pipe->stall_ms, pipe->exposed_ms,
+            pipe->ms - j->compute_ms - pipe->stall_ms - pipe->exposed_ms, pipe->rd / secs / 1e9,
+            pipe->wr / secs / 1e9, j->gather_b / secs / 1e9, j->reduce_b / secs / 1e9,
+            pipe->optimizer_ms);
+    fprintf(out, "# NVMe GB read/written per step by kind (the derivation for this placement):");
+    static const char *const shortk[FSO_N_KINDS] = {"params", "master", "m", "v", "grads"};
+    for (int k = 0; k < FSO_N_KINDS; k++)
+        if (pipe->krd[k] || pipe->kwr[k] || j->drd[k] || j->dwr[k])
+            fprintf(out, " %s %.3g/%.3g (%.3g/%.3g)", shortk[k], pipe->krd[k] / 1e9,
+                    pipe->kwr[k] / 1e9, j->drd[k] / 1e9, j->dwr[k] / 1e9);
+    fprintf(out, "%s\n",
+            j->nvme ? (j->exact ? "; every step as derived" : "; NOT as derived") : " none");
+    if (j->nvme) {
+        fprintf(out, "# I/O: the data path alone takes %.0f ms per step for bytes the store alone "
+                     "moves in %.0f ms: %.2fx\n", data->ms, j->io_ms[1], j->r_io);
+        fprintf(out, "# the step with compute: %.2fx its bound, max(compute %.0f ms, I/O %.0f ms): "
+                     "%s-bound\n", j->r_bound, j->compute_ms, j->io_ms[0],
+                j->io_ms[0] > j->compute_ms ? "I/O" : "compute");
+    } else {
+        fprintf(out, "# the step with compute: %.2fx its compute\n", j->r_bound);
+    }
+}
+
+/* The JSON object: the job, the store alone, a row per step, the summary. */
+static json_t *pl_json(const pl_job *j, int steps)
+{
+    const fso_config *run = j->run;
+    json_t *rows = json_array();
+    for (int r = 0; r < 2; r++) {
+        for (int s = 0; s < steps; s++) {
+            const pl_step *p = &j->rounds[r].st[s];
+            uint64_t rd, wr;
+            pl_step_bytes(p, &rd, &wr);
             json_t *row = json_object();
             json_object_set_new(row, "round", json_string(r == 0 ? "pipeline" : "data path"));
             json_object_set_new(row, "step", json_integer(s + 1));
@@ -474,79 +556,80 @@ int fso_bench_pipeline(int argc, char **argv)
             json_object_set_new(row, "nvme_write_by_kind", kinds_json(p->wr));
             json_array_append_new(rows, row);
         }
-        io_ms[r] = pl_io_ms(ro->rd, ro->wr, store_r, store_w);
     }
-    const pl_round *pipe = &rounds[0], *data = &rounds[1];
-    const double bound = io_ms[0] > compute_ms ? io_ms[0] : compute_ms;
-    const double r_bound = pipe->ms / bound, r_io = io_ms[1] > 0 ? data->ms / io_ms[1] : NAN;
+    const pl_round *pipe = &j->rounds[0], *data = &j->rounds[1];
     const double secs = pipe->ms / 1e3;
-    fprintf(out, "# pipeline, steps 2-%d: %.0f ms per step: compute %.0f, waiting on NVMe reads "
-                 "%.0f, on the optimizer %.0f, the rest (copies, gathers, gradients landing) "
-                 "%.0f; NVMe %.3f GB/s read, %.3f GB/s written over the step; all-gathers %.2f "
-                 "GB/s, reduce-scatters %.2f GB/s; the optimizer %.0f ms\n",
-            a.steps, pipe->ms, compute_ms, pipe->stall_ms, pipe->exposed_ms,
-            pipe->ms - compute_ms - pipe->stall_ms - pipe->exposed_ms, pipe->rd / secs / 1e9,
-            pipe->wr / secs / 1e9, gather_b / secs / 1e9, reduce_b / secs / 1e9,
-            pipe->optimizer_ms);
-    fprintf(out, "# NVMe GB read/written per step by kind (the derivation for this placement):");
-    static const char *const shortk[FSO_N_KINDS] = {"params", "master", "m", "v", "grads"};
-    for (int k = 0; k < FSO_N_KINDS; k++)
-        if (pipe->krd[k] || pipe->kwr[k] || drd[k] || dwr[k])
-            fprintf(out, " %s %.3g/%.3g (%.3g/%.3g)", shortk[k], pipe->krd[k] / 1e9,
-                    pipe->kwr[k] / 1e9, drd[k] / 1e9, dwr[k] / 1e9);
-    const bool exact = pipe->as_derived && data->as_derived;
-    fprintf(out, "%s\n", nvme ? (exact ? "; every step as derived" : "; NOT as derived") : " none");
-    if (nvme) {
-        fprintf(out, "# I/O: the data path alone takes %.0f ms per step for bytes the store alone "
-                     "moves in %.0f ms: %.2fx\n", data->ms, io_ms[1], r_io);
-        fprintf(out, "# the step with compute: %.2fx its bound, max(compute %.0f ms, I/O %.0f ms): "
-                     "%s-bound\n", r_bound, compute_ms, io_ms[0],
-                io_ms[0] > compute_ms ? "I/O" : "compute");
-    } else {
-        fprintf(out, "# the step with compute: %.2fx its compute\n", r_bound);
-    }
-
     json_t *rec = json_object(), *store = json_object();
     json_object_set_new(rec, "bench", json_string("pipeline"));
-    json_object_set_new(rec, "config", json_string(cfg.source));
+    json_object_set_new(rec, "config", json_string(j->cfg->source));
     json_object_set_new(rec, "devices", json_integer(run->world));
-    json_object_set_new(rec, "placement", json_string(place));
-    json_object_set_new(rec, "compute_ms", jnum(compute_ms));
-    json_object_set_new(store, "read_gbps", jnum(store_r));
-    json_object_set_new(store, "write_gbps", jnum(store_w));
-    json_object_set_new(store, "read_gbps_before", jnum(sr[0]));
-    json_object_set_new(store, "write_gbps_before", jnum(sw[0]));
-    json_object_set_new(store, "read_gbps_after", jnum(sr[1]));
-    json_object_set_new(store, "write_gbps_after", jnum(sw[1]));
+    json_object_set_new(rec, "placement", json_string(j->place));
+    json_object_set_new(rec, "compute_ms", jnum(j->compute_ms));
+    json_object_set_new(store, "read_gbps", jnum(j->store_r));
+    json_object_set_new(store, "write_gbps", jnum(j->store_w));
+    json_object_set_new(store, "read_gbps_before", jnum(j->sr[0]));
+    json_object_set_new(store, "write_gbps_before", jnum(j->sw[0]));
+    json_object_set_new(store, "read_gbps_after", jnum(j->sr[1]));
+    json_object_set_new(store, "write_gbps_after", jnum(j->sw[1]));
     json_object_set_new(store, "block_bytes", json_integer(run->offload.aio_block_bytes));
     json_object_set_new(store, "queue_depth", json_integer(run->offload.aio_queue_depth));
     json_object_set_new(rec, "store", store);
     json_object_set_new(rec, "steps", rows);
     json_object_set_new(rec, "step_ms", jnum(pipe->ms));
-    json_object_set_new(rec, "io_ms_at_store", jnum(io_ms[0]));
-    json_object_set_new(rec, "step_over_bound", jnum(r_bound));
+    json_object_set_new(rec, "io_ms_at_store", jnum(j->io_ms[0]));
+    json_object_set_new(rec, "step_over_bound", jnum(j->r_bound));
     json_object_set_new(rec, "data_path_ms", jnum(data->ms));
-    json_object_set_new(rec, "data_path_io_ms_at_store", jnum(io_ms[1]));
-    json_object_set_new(rec, "data_path_over_store", jnum(r_io));
+    json_object_set_new(rec, "data_path_io_ms_at_store", jnum(j->io_ms[1]));
+    json_object_set_new(rec, "data_path_over_store", jnum(j->r_io));
     json_object_set_new(rec, "nvme_read_gbps", jnum(pipe->rd / secs / 1e9));
     json_object_set_new(rec, "nvme_write_gbps", jnum(pipe->wr / secs / 1e9));
     json_object_set_new(rec, "data_path_read_gbps", jnum(data->rd / (data->ms * 1e6)));
     json_object_set_new(rec, "data_path_write_gbps", jnum(data->wr / (data->ms * 1e6)));
-    json_object_set_new(rec, "gather_gbps", jnum(gather_b / secs / 1e9));
-    json_object_set_new(rec, "reduce_scatter_gbps", jnum(reduce_b / secs / 1e9));
+    json_object_set_new(rec, "gather_gbps", jnum(j->gather_b / secs / 1e9));
+    json_object_set_new(rec, "reduce_scatter_gbps", jnum(j->reduce_b / secs / 1e9));
     json_object_set_new(rec, "optimizer_ms", jnum(pipe->optimizer_ms));
     json_object_set_new(rec, "stall_ms", jnum(pipe->stall_ms));
     json_object_set_new(rec, "optimizer_exposed_ms", jnum(pipe->exposed_ms));
-    json_object_set_new(rec, "derived_read_by_kind", kinds_json(drd));
-    json_object_set_new(rec, "derived_write_by_kind", kinds_json(dwr));
-    json_object_set_new(rec, "as_derived", json_boolean(exact));
-    status = fso_bench_output("pipeline", rec, a.json, a.plot);
+    json_object_set_new(rec, "derived_read_by_kind", kinds_json(j->drd));
+    json_object_set_new(rec, "derived_write_by_kind", kinds_json(j->dwr));
+    json_object_set_new(rec, "as_derived", json_boolean(j->exact));
+    return rec;
+}
+
+int fso_bench_pipeline(int argc, char **argv)
+{
+    pl_args a = {.sets = calloc((size_t)argc + 1, sizeof(char *))};
+    fso_config cfg, *run = malloc(sizeof *run);
+    fso_plan_ctx ctx = {0};
+    fso_plan *plan = malloc(sizeof *plan);
+    pl_job *j = calloc(1, sizeof *j);
+    int status = 1;
+    bool have_cfg = false;
+    if (!a.sets || !run || !plan || !j) {
+        fprintf(stderr, "fsoff: error: bench pipeline: out of memory\n");
+        goto out;
+    }
+    if ((status = pl_parse(argc, argv, &a)) != 0) {
+        status = status < 0 ? 0 : status;
+        goto out;
+    }
+    if ((status = pl_config(&a, &cfg)) != 0)
+        goto out;
+    have_cfg = true;
+    j->cfg = &cfg;
+    j->run = run;
+    if (pl_plan(&cfg, &ctx, plan, run, j) != 0 || pl_measure(j, a.steps, a.store_seconds) != 0) {
+        status = 1;
+        goto out;
+    }
+    pl_derive(j);
+    pl_print(fso_bench_table(a.json) ? stdout : stderr, j, a.steps);
+    status = fso_bench_output("pipeline", pl_json(j, a.steps), a.json, a.plot);
 out:
-    fso_zero_destroy(z);
     fso_plan_ctx_free(&ctx);
     if (have_cfg)
         fso_config_free(&cfg);
-    free(tokens);
+    free(j);
     free(plan);
     free(run);
     free(a.sets);
