@@ -41,11 +41,8 @@ MODEL=${MODEL:---set model.vocab_size=32000 --set model.hidden_size=768 \
 --set data.seq_len=128 --set train_micro_batch_size_per_gpu=1}
 FSOFF_ARGS=${FSOFF_ARGS:-}
 
-die() { echo "checkpoint_vs_fio: error: $*" >&2; exit 1; }
-[ -x "$FSOFF" ] || die "$FSOFF: no fsoff binary; build it (meson setup build && meson compile -C build) or set FSOFF"
-command -v fio >/dev/null || die "fio not found; install it: sudo apt-get install fio"
-command -v python3 >/dev/null || die "python3 not found (it reads the JSON); install it: sudo apt-get install python3"
-[ -d "$DIR" ] || die "$DIR: no such folder; create it or pass another"
+. "$here/fio_lib.sh"
+fio_require checkpoint_vs_fio "$DIR"
 
 work=$(mktemp -d)
 ckpt="$DIR/checkpoint-bench"

@@ -60,22 +60,8 @@ esac
 
 here=$(cd "$(dirname "$0")" && pwd)
 FSOFF=${FSOFF:-$here/../build/fsoff}
-if [ ! -x "$FSOFF" ]; then
-    echo "nvme_vs_fio: error: $FSOFF: no fsoff binary; build it (meson setup build && meson compile -C build) or set FSOFF" >&2
-    exit 1
-fi
-if ! command -v fio >/dev/null; then
-    echo "nvme_vs_fio: error: fio not found; install it: sudo apt-get install fio (Debian/Ubuntu), sudo dnf install fio (Fedora)" >&2
-    exit 1
-fi
-if ! command -v python3 >/dev/null; then
-    echo "nvme_vs_fio: error: python3 not found (it reads the JSON); install it: sudo apt-get install python3" >&2
-    exit 1
-fi
-if [ ! -d "$DIR" ]; then
-    echo "nvme_vs_fio: error: $DIR: no such folder; create it or pass another" >&2
-    exit 1
-fi
+. "$here/fio_lib.sh"
+fio_require nvme_vs_fio "$DIR"
 
 work=$(mktemp -d)
 fiofile="$DIR/fio-bench.0"

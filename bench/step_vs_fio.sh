@@ -64,11 +64,8 @@ esac
 
 here=$(cd "$(dirname "$0")" && pwd)
 FSOFF=${FSOFF:-$here/../build/fsoff}
-die() { echo "step_vs_fio: error: $*" >&2; exit 1; }
-[ -x "$FSOFF" ] || die "$FSOFF: no fsoff binary; build it (meson setup build && meson compile -C build) or set FSOFF"
-command -v fio >/dev/null || die "fio not found; install it: sudo apt-get install fio"
-command -v python3 >/dev/null || die "python3 not found (it reads the JSON); install it: sudo apt-get install python3"
-[ -d "$DIR" ] || die "$DIR: no such folder; create it or pass another"
+. "$here/fio_lib.sh"
+fio_require step_vs_fio "$DIR"
 
 work=$(mktemp -d)
 fiofile="$DIR/fio-step-bench.0"
