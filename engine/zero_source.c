@@ -202,9 +202,13 @@ void fso_zero_grads_land(rank_state *rk)
         fso_zero_optim_post_block(rk, &rk->opt.bwd_step, b);
 }
 
-/* Reduce-scatter the block's gradients so this rank keeps its shard; on
- * the device tier add it there at once, else copy it down and let it land
- * (grads_land) while the next block computes. */
+/* Reduce-scatter the block's gradients so this rank keeps its shard. On a
+ * device whose memory the CPU addresses (which computes on the caller's
+ * thread), with the shard's tier in memory too, the shard is reduced
+ * straight into its tier (the first micro-batch) or added there: no
+ * staging copy, and its norm is taken where it lands. Otherwise it is
+ * copied down and lands (grads_land) while the next block computes, or on
+ * the device tier is added there at once. */
 static void src_grads_done(void *ctx, int b)
 {
     rank_state *rk = ctx;
@@ -214,13 +218,15 @@ static void src_grads_done(void *ctx, int b)
     size_t S = fso_zero_shard_elems(z, b);
     float *mine = rk->compute.grad_full[g] + (size_t)rk->rank * S;
     const bool last = rk->compute.micro == z->cfg->grad_accum - 1;
+    loc *l = fso_zero_locate(rk, b, FSO_KIND_GRAD);
+    const bool direct = be->ops->host_addressable && l->tier != FSO_TIER_NVME;
 
-    z->coll->ops->reduce_scatter(z->coll, rk->rank, rk->compute.grad_full[g], mine, S);
+    z->coll->ops->reduce_scatter(z->coll, rk->rank, rk->compute.grad_full[g],
+                                 direct && rk->compute.micro == 0 ? l->ptr : mine, S);
     rk->compute.grad_full_block[g] = -1;
     if (rk->compute.err.rc)
         return;
-    loc *l = fso_zero_locate(rk, b, FSO_KIND_GRAD);
-    if (l->tier != FSO_TIER_DEVICE) {
+    if (l->tier != FSO_TIER_DEVICE && !direct) {
         /* the staging buffer the pending block does not hold */
         int i = rk->io.landing.block >= 0 ? 1 - rk->io.landing.buf : 0;
         be->ops->copy_d2h(be, rk->io.grad_down[i].buf, mine, sizeof(float) * S);
@@ -230,13 +236,16 @@ static void src_grads_done(void *ctx, int b)
                                    .last = last};
         return;
     }
-    if (rk->compute.micro == 0)
-        be->ops->copy_h2d(be, l->ptr, mine, sizeof(float) * S);
-    else
+    if (rk->compute.micro > 0)
         be->ops->add(be, l->ptr, l->ptr, mine, S);
-    if (last) {
+    else if (!direct)
+        be->ops->copy_h2d(be, l->ptr, mine, sizeof(float) * S);
+    if (last) { /* on the host, the host's sum, as grads_land takes it */
         rk->compute.grad_sq[b] = 0;
-        be->ops->sqnorm(be, &rk->compute.grad_sq[b], l->ptr, S);
+        if (l->tier == FSO_TIER_HOST)
+            fso_host_sqnorm(fso_backend_pool(be), &rk->compute.grad_sq[b], l->ptr, S);
+        else
+            be->ops->sqnorm(be, &rk->compute.grad_sq[b], l->ptr, S);
     }
     /* the backward schedule: the update starts once the norm and the shard
      * are in, which the optimizer thread waits for (the job's mark), not

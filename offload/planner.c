@@ -480,13 +480,14 @@ static int lay_grads(sim *s, int step, int a, int b, int C, bool last_micro, int
                               ms_for(F * m->grad_bytes * (W - 1) / W, mc->coll_gbps), C,
                               dev_dep(s)));
     int prev_read = step > 0 && a == 0 ? s->c.gread[b] : -1;
-    if (gt == FSO_TIER_DEVICE) {
-        if (cpu)
-            land = dev_add(s, ADD(t, FSO_STREAM_COMPUTE,
-                                  ms_for(a == 0 ? gb : 3 * gb, mc->host_copy_gbps), land,
+    if (cpu && gt != FSO_TIER_NVME) { /* reduced straight into its tier, later ones added */
+        if (a > 0)
+            land = dev_add(s, ADD(t, FSO_STREAM_COMPUTE, ms_for(3 * gb, mc->host_copy_gbps), land,
                                   prev_read, dev_dep(s)));
         else
             land = ADD(t, JOIN, 0, land, prev_read);
+    } else if (gt == FSO_TIER_DEVICE) {
+        land = ADD(t, JOIN, 0, land, prev_read);
     } else {
         land = dev_add(s, ADD(t, FSO_STREAM_D2H, ms_for(gb, mc->d2h_gbps), land,
                               prev_read, dev_dep(s)));
