@@ -129,6 +129,7 @@ meas = steps[1:]
 n = len(meas)
 mean = lambda k: sum(s[k] for s in meas) / n
 step_ms, compute_ms, stall_ms = mean("step_ms"), mean("compute_ms"), mean("stall_ms")
+exposed_ms = mean("optimizer_exposed_ms")
 rb, wb = mean("nvme_read_bytes"), mean("nvme_write_bytes")
 io_ms = (rb / (fio_read * 1e9) + wb / (fio_write * 1e9)) * 1e3 if fio_read > 0 and fio_write > 0 else float("nan")
 bound = max(compute_ms, io_ms)
@@ -158,11 +159,16 @@ out("  %6d  %9.0f  %10.0f  %10.0f  %8.2f  %8.2f  %14.0f  %10.0f  %10.2f"
     % (n, step_ms, compute_ms, stall_ms, rb / 1e9, wb / 1e9, io_ms, bound, ratio))
 out("# by kind, GB read/written per step: " + ", ".join(
     "%s %.2f/%.2f" % (k, v[0] / 1e9, v[1] / 1e9) for k, v in kinds.items() if v[0] or v[1]))
+out("# step / compute alone %.2f: beyond compute, %.0f ms waiting on NVMe reads (stall), %.0f ms on the "
+    "optimizer (exposed), %.0f ms in copies, gathers and reduce-scatters"
+    % (step_ms / compute_ms if compute_ms > 0 else float("nan"), stall_ms, exposed_ms,
+       step_ms - compute_ms - stall_ms - exposed_ms))
 out("# bound: %s; step/bound %.2f (goal 1.10 or less: %s)"
     % ("compute" if compute_ms >= io_ms else "I/O", ratio, "met" if ratio <= 1.10 else "not met"))
 rec = {"bench": "step_vs_fio", "folder": folder, "fsoff_args": args, "placement": placement,
        "predicted_step_ms": float(predicted) if predicted else None, "steps_measured": n,
        "step_ms": step_ms, "compute_ms": compute_ms, "stall_ms": stall_ms,
+       "optimizer_exposed_ms": exposed_ms,
        "nvme_read_bytes": rb, "nvme_write_bytes": wb, "by_kind": kinds,
        "fio": {"size": size, "read_gbps": fio_read, "write_gbps": fio_write,
                "read": {"before": rd[0], "after": rd[1]}, "write": {"before": wr[0], "after": wr[1]}},
