@@ -2,6 +2,7 @@
 #include "plan.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -12,6 +13,7 @@
 #include <time.h>
 
 #include "adamw.h"
+#include "cpu_isa.h"
 #include "model.h"
 #include "probe.h"
 #include "topology.h"
@@ -220,13 +222,114 @@ static void calib_grads_done(void *ctx, int b)
         c->ms[4] = fso_now_ms() - c->t_last_release;
 }
 
-int fso_plan_calibrate_cpu(fso_plan_ctx *ctx, const fso_config *cfg, char *err, size_t errlen)
+/* The timing's place in the probe cache: this machine, then what the time
+ * depends on (the layer's shapes, the tokens timed, the types, the threads
+ * per device, the backend and the instruction set). */
+static void calib_key(const fso_config *cfg, int B, int per_dev, char *buf, size_t len)
 {
-    const fso_plan_machine *mc = &ctx->in.machine;
-    const int W = mc->devices;
+    const fso_model_config *mc = &cfg->model;
+    char mkey[1024], e[256];
+    fso_isa isa;
+    fso_probe_key(mkey, sizeof mkey, NULL);
+    const char *isa_name = fso_isa_from_env(&isa, e, sizeof e) == 0 ? fso_isa_name(isa) : "auto";
+    snprintf(buf, len,
+             "%slayer hidden %d ffn %d heads %d/%d head_dim %d vocab %d tied %d, %dx%d tokens, "
+             "%s%s, %s with %d threads, %s",
+             mkey, mc->hidden_size, mc->intermediate_size, mc->num_attention_heads,
+             mc->num_key_value_heads, mc->head_dim, mc->vocab_size, mc->tie_word_embeddings, B,
+             cfg->data.seq_len, cfg->bf16 ? "bf16" : "fp32",
+             cfg->activation_checkpointing ? ", checkpointed" : "",
+             cfg->backend[0] ? cfg->backend : "cpu", per_dev, isa_name);
+}
+
+/* ctx's compute from a timing: every layer at its rate, the embedding's
+ * and the head's visits their measured time (ms per micro-batch) at it. */
+static void calib_apply(fso_plan_ctx *ctx, const fso_probe_layer *l)
+{
+    const double part_ms[3] = {l->embed_fwd_ms, l->head_ms, l->embed_bwd_ms};
+    ctx->in.machine.device_gflops = l->gflops;
+    for (int k = 0; k < ctx->in.model.n_visits; k++) {
+        const fso_visit_part p = ctx->visit_part[k];
+        const int i = p == FSO_PART_EMBED_FWD ? 0 : p == FSO_PART_HEAD ? 1 : 2;
+        ctx->visits[k].flops = p == FSO_PART_NONE ? 0
+                               : p == FSO_PART_LAYER_FWD || p == FSO_PART_LAYER_BWD
+                                   ? ctx->true_flops[k]
+                                   : part_ms[i] * l->gflops * 1e6;
+    }
+}
+
+/* One micro-batch of B sequences through a one-layer model of cfg's
+ * shapes, `reps` times after one untimed run; the best of each part into
+ * c->ms. 0 or negative errno. */
+static int calib_time(calib *c, const fso_config *cfg, int B, int per_dev, int reps)
+{
     fso_model_config one = cfg->model;
     one.num_hidden_layers = 1;
     const int T = cfg->data.seq_len;
+    fso_backend *be = NULL;
+    fso_model m;
+    int32_t *tok = NULL;
+    int rc = fso_backend_create(&be, cfg->backend[0] ? cfg->backend : "cpu", per_dev);
+    if (rc < 0)
+        return rc;
+    if ((rc = fso_model_init(&m, &one, be, B, T, 1, cfg->activation_checkpointing, cfg->bf16)) <
+        0) {
+        fso_backend_destroy(be);
+        return rc;
+    }
+    c->m = &m;
+    c->flat = calloc(3, sizeof *c->flat);
+    c->grad = calloc(3, sizeof *c->grad);
+    tok = malloc(sizeof(int32_t) * (size_t)B * T * 2);
+    rc = c->flat && c->grad && tok ? 0 : -ENOMEM;
+    for (int b = 0; b < 3 && rc == 0; b++) {
+        c->flat[b] = calloc(m.blocks[b].padded_elems, sizeof(float));
+        c->grad[b] = calloc(m.blocks[b].padded_elems, sizeof(float));
+        if (!c->flat[b] || !c->grad[b])
+            rc = -ENOMEM;
+    }
+    if (rc == 0) {
+        fso_model_init_flat(&m, c->flat, 1);
+        if (m.wt == FSO_DT_BF16) /* lent as bf16: narrowed in place, front to back */
+            for (int b = 0; b < 3; b++)
+                for (size_t i = 0; i < m.blocks[b].padded_elems; i++)
+                    ((uint16_t *)c->flat[b])[i] = fso_bf16_from_f32(c->flat[b][i]);
+        for (size_t i = 0; i < (size_t)B * T * 2; i++)
+            tok[i] = (int32_t)((i * 2654435761u) % (uint32_t)one.vocab_size);
+        fso_block_source src = {.ctx = c, .params = calib_params, .release = calib_release,
+                                .grads = calib_grads, .grads_done = calib_grads_done};
+        /* the first run pays the page faults; then the best of the rest
+         * (other work on the machine only ever slows a run down) */
+        double best[5];
+        for (int rep = 0; rep <= reps; rep++) {
+            memset(c->ms, 0, sizeof c->ms);
+            c->layer_visits = 0;
+            double loss = 0;
+            fso_model_step(&m, &src, tok, tok + (size_t)B * T, 1.0f, &loss);
+            m.be->ops->sync(m.be);
+            for (int i = 0; i < 5 && rep > 0; i++)
+                best[i] = rep == 1 || c->ms[i] < best[i] ? c->ms[i] : best[i];
+        }
+        memcpy(c->ms, best, sizeof best);
+    }
+    for (int b = 0; b < 3; b++) {
+        if (c->flat)
+            free(c->flat[b]);
+        if (c->grad)
+            free(c->grad[b]);
+    }
+    free(c->flat);
+    free(c->grad);
+    free(tok);
+    fso_model_free(&m);
+    fso_backend_destroy(be);
+    return rc;
+}
+
+int fso_plan_calibrate_cpu(fso_plan_ctx *ctx, const fso_config *cfg, bool refresh, char *err,
+                           size_t errlen)
+{
+    const int W = ctx->in.machine.devices;
     double layer_flops = 0, head_flops = 0; /* one layer's forward and backward; the head */
     for (int k = 0; k < ctx->in.model.n_visits; k++) {
         const fso_visit_part p = ctx->visit_part[k];
@@ -235,106 +338,60 @@ int fso_plan_calibrate_cpu(fso_plan_ctx *ctx, const fso_config *cfg, char *err, 
         else if (p == FSO_PART_HEAD)
             head_flops += ctx->true_flops[k];
     }
-    /* time at the configured micro-batch if it is quick, else one sequence */
+    /* the configured micro-batch if it is quick, else one sequence; the
+     * best of three runs when they take under half a second, else one */
     int B = cfg->micro_batch;
-    double est_ms = 4 * 2.5 * (layer_flops + head_flops) / (ctx->probe_gflops * 1e6);
-    if (est_ms > 400 && B > 1) {
-        est_ms /= B;
+    double run_ms = 2.5 * (layer_flops + head_flops) / (ctx->probe_gflops * 1e6);
+    if (4 * run_ms > 400 && B > 1) {
+        run_ms /= B;
         B = 1;
     }
-    if (est_ms > 400) {
-        snprintf(err, errlen, "the model is too large to time one layer quickly");
+    const int reps = 4 * run_ms <= 400 ? 3 : 1;
+    if ((reps + 1) * run_ms > 20000) {
+        snprintf(err, errlen, "the model is too large to time one layer in 20 s");
         return -E2BIG;
     }
     const double scale = (double)cfg->micro_batch / B;
     int threads = cfg->threads > 0 ? cfg->threads : fso_cpu_count();
     int per_dev = threads / W > 0 ? threads / W : 1;
-    fso_backend *be = NULL;
-    fso_model m;
+    char path[PATH_MAX], e[512];
+    fso_probe_layer l = {0};
+    calib_key(cfg, B, per_dev, l.key, sizeof l.key);
+    const bool cached = fso_probe_cache_path(path, sizeof path) == 0;
+    if (cached && !refresh && fso_probe_layer_load(path, l.key, &l, e, sizeof e) == 0) {
+        l.embed_fwd_ms *= scale;
+        l.head_ms *= scale;
+        l.embed_bwd_ms *= scale;
+        calib_apply(ctx, &l);
+        return 0;
+    }
+    if ((reps + 1) * run_ms > 1000)
+        fprintf(stderr, "fsoff: timing one layer of the model (about %.0f s, once: kept in the "
+                        "probe cache)...\n", (reps + 1) * run_ms / 1e3);
     calib c = {0};
-    int32_t *tok = NULL;
-    int rc = fso_backend_create(&be, cfg->backend[0] ? cfg->backend : "cpu", per_dev);
+    int rc = calib_time(&c, cfg, B, per_dev, reps);
+    const double layer_ms = c.ms[1] + c.ms[3];
+    if (rc == 0 && layer_ms <= 0)
+        rc = -EIO;
     if (rc < 0) {
-        snprintf(err, errlen, "cannot create the CPU backend: %s", strerror(-rc));
+        snprintf(err, errlen, "%s", rc == -ENOMEM ? "out of memory timing a layer"
+                                    : rc == -EIO  ? "timing a layer gave no time"
+                                                  : strerror(-rc));
         return rc;
     }
-    if ((rc = fso_model_init(&m, &one, be, B, T, 1, cfg->activation_checkpointing, cfg->bf16)) <
-        0) {
-        snprintf(err, errlen, "%s", m.err);
-        fso_backend_destroy(be);
-        return rc;
-    }
-    c.m = &m;
-    c.flat = calloc(3, sizeof *c.flat);
-    c.grad = calloc(3, sizeof *c.grad);
-    tok = malloc(sizeof(int32_t) * (size_t)B * T * 2);
-    rc = c.flat && c.grad && tok ? 0 : -ENOMEM;
-    for (int b = 0; b < 3 && rc == 0; b++) {
-        c.flat[b] = calloc(m.blocks[b].padded_elems, sizeof(float));
-        c.grad[b] = calloc(m.blocks[b].padded_elems, sizeof(float));
-        if (!c.flat[b] || !c.grad[b])
-            rc = -ENOMEM;
-    }
-    if (rc == 0) {
-        fso_model_init_flat(&m, c.flat, 1);
-        if (m.wt == FSO_DT_BF16) /* lent as bf16: narrowed in place, front to back */
-            for (int b = 0; b < 3; b++)
-                for (size_t i = 0; i < m.blocks[b].padded_elems; i++)
-                    ((uint16_t *)c.flat[b])[i] = fso_bf16_from_f32(c.flat[b][i]);
-        for (size_t i = 0; i < (size_t)B * T * 2; i++)
-            tok[i] = (int32_t)((i * 2654435761u) % (uint32_t)one.vocab_size);
-        fso_block_source src = {.ctx = &c, .params = calib_params, .release = calib_release,
-                                .grads = calib_grads, .grads_done = calib_grads_done};
-        /* the first run pays the page faults; then the best of three (other work on the
-         * machine only ever slows a run down) */
-        double runs[3][5];
-        for (int rep = 0; rep < 4; rep++) {
-            memset(c.ms, 0, sizeof c.ms);
-            c.layer_visits = 0;
-            double loss = 0;
-            fso_model_step(&m, &src, tok, tok + (size_t)B * T, 1.0f, &loss);
-            m.be->ops->sync(m.be);
-            if (rep > 0)
-                memcpy(runs[rep - 1], c.ms, sizeof runs[0]);
-        }
-        for (int i = 0; i < 5; i++) {
-            double a = runs[0][i], b = runs[1][i], d = runs[2][i];
-            c.ms[i] = a < b ? (a < d ? a : d) : (b < d ? b : d);
-        }
-        double layer_ms = (c.ms[1] + c.ms[3]) * scale;
-        if (layer_ms <= 0) {
-            rc = -EIO;
-        } else {
-            /* One layer's rate for every layer; the head's and the embedding's visits
-             * take their measured time at that rate. */
-            double rate = layer_flops / layer_ms / 1e6; /* GFLOP/s */
-            ctx->in.machine.device_gflops = rate;
-            for (int k = 0; k < ctx->in.model.n_visits; k++) {
-                const fso_visit_part p = ctx->visit_part[k];
-                const int ms = p == FSO_PART_EMBED_FWD ? 0 : p == FSO_PART_HEAD ? 2 : 4;
-                ctx->visits[k].flops = p == FSO_PART_NONE ? 0
-                                       : p == FSO_PART_LAYER_FWD || p == FSO_PART_LAYER_BWD
-                                           ? ctx->true_flops[k]
-                                           : c.ms[ms] * scale * rate * 1e6;
-            }
-        }
-    }
-    if (rc == -ENOMEM)
-        snprintf(err, errlen, "out of memory timing a layer");
-    else if (rc == -EIO)
-        snprintf(err, errlen, "timing a layer gave no time");
-    for (int b = 0; b < 3; b++) {
-        if (c.flat)
-            free(c.flat[b]);
-        if (c.grad)
-            free(c.grad[b]);
-    }
-    free(c.flat);
-    free(c.grad);
-    free(tok);
-    fso_model_free(&m);
-    fso_backend_destroy(be);
-    return rc;
+    /* the cache keeps the figures of B sequences; ctx gets the micro-batch's */
+    l.when = (int64_t)time(NULL);
+    l.gflops = layer_flops / scale / layer_ms / 1e6;
+    l.embed_fwd_ms = c.ms[0];
+    l.head_ms = c.ms[2];
+    l.embed_bwd_ms = c.ms[4];
+    if (cached && fso_probe_layer_save(path, &l, e, sizeof e) < 0)
+        fprintf(stderr, "fsoff: warning: %s\n", e);
+    l.embed_fwd_ms *= scale;
+    l.head_ms *= scale;
+    l.embed_bwd_ms *= scale;
+    calib_apply(ctx, &l);
+    return 0;
 }
 
 /* ------------------------------------------------------------------ pins */
@@ -846,7 +903,7 @@ int fso_plan_ctx_here(fso_plan_ctx *ctx, const fso_config *cfg, char *err, size_
     if ((rc = fso_plan_ctx_init(ctx, cfg, &m, false, err, errlen)) < 0)
         return rc;
     char cerr[256];
-    fso_plan_calibrate_cpu(ctx, cfg, cerr, sizeof cerr); /* else the sgemm rate stands */
+    fso_plan_calibrate_cpu(ctx, cfg, false, cerr, sizeof cerr); /* else the sgemm rate stands */
     return 0;
 }
 

@@ -54,11 +54,14 @@ int fso_plan_ctx_init(fso_plan_ctx *ctx, const fso_config *cfg, const fso_plan_m
 void fso_plan_ctx_free(fso_plan_ctx *ctx);
 
 /* CPU devices: time one micro-batch of a one-layer model of cfg's shapes
- * on the backend (a few hundred ms at most; skipped, returning -E2BIG, when
- * the model is too large to time that quickly) and set ctx's compute from
- * it: device_gflops to the rate a layer achieves, the embedding's and the
- * head's visits to their measured share. 0 or negative errno. */
-int fso_plan_calibrate_cpu(fso_plan_ctx *ctx, const fso_config *cfg, char *err, size_t errlen);
+ * on the backend (the best of three runs when they are quick, else one;
+ * skipped, returning -E2BIG, when that would take over 20 s) and set ctx's
+ * compute from it: device_gflops to the rate a layer achieves, the
+ * embedding's and the head's visits to their measured share. The figures
+ * are kept in the probe cache per machine and what was timed (probe.h,
+ * "layers") and taken from there unless refresh. 0 or negative errno. */
+int fso_plan_calibrate_cpu(fso_plan_ctx *ctx, const fso_config *cfg, bool refresh, char *err,
+                           size_t errlen);
 
 /* What the config pins: a kind whose offload "device" the config file or
  * a --set gave (fso_config_origin_of; offload_optimizer.device pins master,

@@ -627,7 +627,7 @@ int fso_plan_main(int argc, char **argv)
     bool calibrated = false;
     if (!a.g.gpus) {
         char cerr[256];
-        calibrated = fso_plan_calibrate_cpu(&ctx, &cfg, cerr, sizeof cerr) == 0;
+        calibrated = fso_plan_calibrate_cpu(&ctx, &cfg, a.refresh, cerr, sizeof cerr) == 0;
         m.device_gflops = ctx.in.machine.device_gflops;
     }
     ctx.in.pins = pins;

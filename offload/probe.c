@@ -441,7 +441,10 @@ static void probe_announce(const fso_probe_opts *opts, bool machine, bool folder
  *   "nvme"      one entry per host, CPU model and set of folders, keyed as
  *               fso_probe_key: the probe's rates and free space;
  *   "tuned"     one entry per the same key: what `fsoff bench tune` found
- *               for those folders.
+ *               for those folders;
+ *   "layers"    one entry per host, CPU model and model shape timed (tokens,
+ *               types, threads, instruction set): one layer's rate and the
+ *               embedding's and head's times, for the planner on CPU devices.
  * A new folder is probed alone; the compute figures stay one per machine.
  * When the cache is written, this host's nvme and tuned entries whose
  * folders no longer exist are dropped. Every number read is checked
@@ -607,6 +610,31 @@ static int tuned_from_json(json_t *o, void *out)
     return 0;
 }
 
+static json_t *layer_to_json(const fso_probe_layer *l)
+{
+    return json_pack("{s:s, s:I, s:f, s:f, s:f, s:f}", "key", l->key, "when", (json_int_t)l->when,
+                     "gflops", l->gflops, "embed_fwd_ms", l->embed_fwd_ms, "head_ms", l->head_ms,
+                     "embed_bwd_ms", l->embed_bwd_ms);
+}
+
+static int layer_from_json(json_t *o, void *out)
+{
+    fso_probe_layer *l = out;
+    const char *key = json_string_value(json_object_get(o, "key"));
+    memset(l, 0, sizeof *l);
+    snprintf(l->key, sizeof l->key, "%s", key ? key : "");
+    l->when = num_i64(o, "when");
+    l->gflops = num(o, "gflops");
+    l->embed_fwd_ms = num(o, "embed_fwd_ms");
+    l->head_ms = num(o, "head_ms");
+    l->embed_bwd_ms = num(o, "embed_bwd_ms");
+    /* the planner divides by the rate; times are never negative */
+    if (!(l->gflops > 0) || !(l->embed_fwd_ms >= 0) || !(l->head_ms >= 0) ||
+        !(l->embed_bwd_ms >= 0))
+        return -EINVAL;
+    return 0;
+}
+
 /* The cache document, or NULL with rc -ENOENT (no file, or one an older
  * fsoff wrote: measured again and rewritten) / -EINVAL. */
 static json_t *cache_read(const char *path, int *rc, char *err, size_t errlen)
@@ -624,9 +652,11 @@ static json_t *cache_read(const char *path, int *rc, char *err, size_t errlen)
         return NULL;
     }
     json_t *tuned = root ? json_object_get(root, "tuned") : NULL;
+    json_t *layers = root ? json_object_get(root, "layers") : NULL;
     if (!root || !json_is_object(root) || json_integer_value(version) != CACHE_VERSION ||
         !json_is_array(json_object_get(root, "machines")) ||
-        !json_is_array(json_object_get(root, "nvme")) || (tuned && !json_is_array(tuned))) {
+        !json_is_array(json_object_get(root, "nvme")) || (tuned && !json_is_array(tuned)) ||
+        (layers && !json_is_array(layers))) {
         snprintf(err, errlen, "%s: not an fsoff probe cache (%s); delete it or run fsoff plan "
                               "--probe to rewrite it", path, root ? "unexpected layout" : je.text);
         json_decref(root);
@@ -719,6 +749,18 @@ int fso_probe_tuned_load(const char *path, const char *key, fso_probe_tuned *t, 
     return rc;
 }
 
+int fso_probe_layer_load(const char *path, const char *key, fso_probe_layer *l, char *err,
+                         size_t errlen)
+{
+    int rc;
+    json_t *root = cache_read(path, &rc, err, errlen);
+    if (!root)
+        return rc;
+    rc = entry_get(root, path, "layers", key, layer_from_json, l, probe_again, err, errlen);
+    json_decref(root);
+    return rc;
+}
+
 static int mkdirs(const char *path)
 {
     char buf[PATH_MAX];
@@ -788,12 +830,12 @@ static int cache_put(const char *path, const char *const *sections, json_t **ent
     json_t *root = cache_read(path, &rc, e2, sizeof e2);
     if (!root)
         root = json_pack("{s:i}", "version", CACHE_VERSION);
-    const char *all[] = {"machines", "nvme", "tuned"};
+    const char *all[] = {"machines", "nvme", "tuned", "layers"};
     for (size_t s = 0; s < sizeof all / sizeof *all; s++)
         section(root, all[s]);
     gethostname(host, sizeof host - 1);
     host[sizeof host - 1] = 0;
-    for (size_t s = 1; s < sizeof all / sizeof *all; s++) {
+    for (size_t s = 1; s <= 2; s++) { /* nvme and tuned: entries of folders */
         json_t *arr = section(root, all[s]);
         for (size_t i = json_array_size(arr); i-- > 0;)
             if (stale(json_array_get(arr, i), host))
@@ -833,6 +875,13 @@ int fso_probe_tuned_save(const char *path, const fso_probe_tuned *t, char *err, 
 {
     const char *sections[] = {"tuned"};
     json_t *entries[] = {tuned_to_json(t)};
+    return cache_put(path, sections, entries, 1, err, errlen);
+}
+
+int fso_probe_layer_save(const char *path, const fso_probe_layer *l, char *err, size_t errlen)
+{
+    const char *sections[] = {"layers"};
+    json_t *entries[] = {layer_to_json(l)};
     return cache_put(path, sections, entries, 1, err, errlen);
 }
 

@@ -77,6 +77,16 @@ typedef struct fso_probe_tuned {
     double read_lat_ms, write_lat_ms; /* one request alone, beyond its transfer time */
 } fso_probe_tuned;
 
+/* One layer of a model timed on this machine's CPU (engine/plan.c,
+ * fso_plan_calibrate_cpu): the layer's rate and the embedding's and head's
+ * times, per what was timed. */
+typedef struct fso_probe_layer {
+    char key[2048];              /* "host|cpu|" and what was timed (fso_plan_calibrate_cpu) */
+    int64_t when;                /* seconds since the epoch */
+    double gflops;               /* the layer's forward and backward, GFLOP/s */
+    double embed_fwd_ms, head_ms, embed_bwd_ms; /* per micro-batch */
+} fso_probe_layer;
+
 typedef struct fso_probe_opts {
     const char *dirs;            /* NVMe folders, comma-separated; NULL or "" for none */
     int threads;                 /* 0: the CPUs this process may use */
@@ -111,6 +121,15 @@ int fso_probe_tuned_save(const char *path, const fso_probe_tuned *t, char *err, 
  * one an older fsoff wrote), -EINVAL for a file that is not a probe cache
  * or an entry out of range (message in err). */
 int fso_probe_tuned_load(const char *path, const char *key, fso_probe_tuned *t, char *err,
+                         size_t errlen);
+
+/* Add or replace l's entry (by key) under "layers" in the cache file at
+ * path, as fso_probe_tuned_save does. 0 or -errno. */
+int fso_probe_layer_save(const char *path, const fso_probe_layer *l, char *err, size_t errlen);
+/* The layer entry for `key`: 0, -ENOENT when there is none (or no file, or
+ * one an older fsoff wrote), -EINVAL for a file that is not a probe cache
+ * or an entry out of range (message in err). */
+int fso_probe_layer_load(const char *path, const char *key, fso_probe_layer *l, char *err,
                          size_t errlen);
 
 /* The cached figures for this machine and these folders; what the cache

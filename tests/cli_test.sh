@@ -365,7 +365,7 @@ XDG_CACHE_HOME="$TMP/xdg" "$FSOFF" plan --nvme "$TMP/pb" "${SMALL[@]}" >/dev/nul
 rmdir "$TMP/pa"
 XDG_CACHE_HOME="$TMP/xdg" "$FSOFF" plan "${SMALL[@]}" --probe >/dev/null 2>&1
 cache="$TMP/xdg/fsoff/probe.json"
-if [ "$(grep -c '"gflops"' "$cache")" -eq 1 ] && grep -q 'probing 1 NVMe folder\.\.\.' "$TMP/err" &&
+if [ "$(grep -c '"adam_gelems"' "$cache")" -eq 1 ] && grep -q 'probing 1 NVMe folder\.\.\.' "$TMP/err" &&
    ! grep -q "$TMP/pa" "$cache" && grep -q "$TMP/pb" "$cache"; then
     ok "probe cache: one compute entry, a new folder probed alone, a gone folder dropped"
 else

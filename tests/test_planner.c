@@ -19,6 +19,7 @@
  * (bench/plan_vs_measured.py), not a test.
  */
 #include <errno.h>
+#include <jansson.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -747,6 +748,66 @@ static void test_plan_for_this_machine_prints_and_applies(void **state)
     fso_config_free(&cfg);
 }
 
+/* The gflops of the cache's only "layers" entry set to v (a doctored
+ * figure, to see that the next plan takes it from there). */
+static void set_cached_layer_gflops(const char *path, double v)
+{
+    json_error_t je;
+    json_t *root = json_load_file(path, 0, &je);
+    assert_non_null(root);
+    json_t *layers = json_object_get(root, "layers");
+    assert_int_equal(json_array_size(layers), 1);
+    json_object_set_new(json_array_get(layers, 0), "gflops", json_real(v));
+    assert_int_equal(json_dump_file(root, path, 0), 0);
+    json_decref(root);
+}
+
+/* The one-layer timing on CPU devices is kept in the probe cache per
+ * machine and shape, and read from there until --probe (refresh); an entry
+ * out of range is timed again. */
+static void test_layer_timing_is_cached(void **state)
+{
+    (void)state;
+    fso_config cfg;
+    fso_plan_ctx ctx;
+    char err[256], cache[1100], path[1200];
+    snprintf(cache, sizeof cache, "%s/cache-layers", tmpdir);
+    snprintf(path, sizeof path, "%s/fsoff/probe.json", cache);
+    setenv("XDG_CACHE_HOME", cache, 1);
+    tiny_config(&cfg);
+    fso_plan_machine m = {.devices = 2, .cpu_devices = true, .device_gflops = 10,
+                          .adam_gelems = 1};
+    const double doctored[] = {1234.5, -1.0};
+    assert_int_equal(fso_plan_ctx_init(&ctx, &cfg, &m, false, err, sizeof err), 0);
+    assert_int_equal(fso_plan_calibrate_cpu(&ctx, &cfg, false, err, sizeof err), 0);
+    assert_true(ctx.in.machine.device_gflops > 0 && ctx.in.machine.device_gflops < 1234.5);
+    set_cached_layer_gflops(path, doctored[0]);
+    assert_int_equal(fso_plan_calibrate_cpu(&ctx, &cfg, false, err, sizeof err), 0);
+    assert_float_equal(ctx.in.machine.device_gflops, doctored[0], 1e-9);
+    /* the head's visit at that rate takes the time measured for it */
+    for (int k = 0; k < ctx.in.model.n_visits; k++)
+        if (ctx.visit_part[k] == FSO_PART_LAYER_FWD)
+            assert_float_equal(ctx.visits[k].flops, ctx.true_flops[k], 0);
+    /* refresh: timed again, and the cache rewritten */
+    assert_int_equal(fso_plan_calibrate_cpu(&ctx, &cfg, true, err, sizeof err), 0);
+    assert_true(ctx.in.machine.device_gflops < doctored[0]);
+    set_cached_layer_gflops(path, doctored[1]); /* out of range: not taken */
+    assert_int_equal(fso_plan_calibrate_cpu(&ctx, &cfg, false, err, sizeof err), 0);
+    assert_true(ctx.in.machine.device_gflops > 0 && ctx.in.machine.device_gflops < 1234.5);
+    /* another shape is timed on its own: a second entry */
+    fso_plan_ctx_free(&ctx);
+    cfg.model.intermediate_size += 64;
+    assert_int_equal(fso_plan_ctx_init(&ctx, &cfg, &m, false, err, sizeof err), 0);
+    assert_int_equal(fso_plan_calibrate_cpu(&ctx, &cfg, false, err, sizeof err), 0);
+    json_error_t je;
+    json_t *root = json_load_file(path, 0, &je);
+    assert_int_equal(json_array_size(json_object_get(root, "layers")), 2);
+    json_decref(root);
+    unsetenv("XDG_CACHE_HOME");
+    fso_plan_ctx_free(&ctx);
+    fso_config_free(&cfg);
+}
+
 /* fsoff train's plan on CUDA GPUs, without them: the table entry found by
  * the driver's device name (else the nearest memory), each GPU's free
  * memory, and the engine as built, so whatever it chooses can be applied. */
@@ -1319,6 +1380,7 @@ int main(void)
         cmocka_unit_test(test_plan_inputs_follow_the_model),
         cmocka_unit_test(test_plan_apply_and_pins_from_config),
         cmocka_unit_test(test_plan_for_this_machine_prints_and_applies),
+        cmocka_unit_test(test_layer_timing_is_cached),
         cmocka_unit_test(test_plan_for_gpus_here_fits_the_engine_as_built),
         cmocka_unit_test(test_fsoff_plan_without_the_hardware),
         cmocka_unit_test(test_topology_two_sockets_eight_gpus),

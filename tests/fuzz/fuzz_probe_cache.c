@@ -4,14 +4,15 @@
  *
  * Input: the file's bytes, read for the folders' key "h|c|d" (the machine
  * entry "h|c" and the nvme entry "h|c|d"), for the machine alone ("h|c|"),
- * and as the tuned entry "h|c|d" (what `fsoff bench tune` left). A read
+ * as the tuned entry "h|c|d" (what `fsoff bench tune` left) and as the
+ * layer entry "h|c|layer" (the planner's timing of one layer). A read
  * gives 0 with figures that hold what the planner divides by (threads,
  * positive rates, no negative rate or latency, a request size aio takes;
  * integers in range, with no undefined cast), -ENOENT (no such entry, or a
  * cache an older fsoff wrote), or -EINVAL with a message. What was read is
  * then saved to a fresh cache and read back: the same threads and folders,
- * or the same request size and queue depth; and a tuned entry saved beside
- * a probe's leaves the probe's readable.
+ * the same request size and queue depth, the same rate; and a tuned or a
+ * layer entry saved beside a probe's leaves the probe's readable.
  */
 #include <errno.h>
 #include <string.h>
@@ -20,6 +21,21 @@
 #include "probe.h"
 
 #define KEY "h|c|d"
+#define LAYER_KEY "h|c|layer"
+
+/* The layer entry of path into *l: whether there is one. */
+static bool read_layer(const char *path, fso_probe_layer *l)
+{
+    char err[512] = "";
+    int rc = fso_probe_layer_load(path, LAYER_KEY, l, err, sizeof err);
+    if (rc < 0) {
+        FUZZ_CHECK(rc == -ENOENT || (rc == -EINVAL && err[0] != '\0'));
+        return false;
+    }
+    FUZZ_CHECK(strcmp(l->key, LAYER_KEY) == 0);
+    FUZZ_CHECK(l->gflops > 0 && l->embed_fwd_ms >= 0 && l->head_ms >= 0 && l->embed_bwd_ms >= 0);
+    return true;
+}
 
 /* The tuned entry of path into *t: whether there is one. */
 static bool read_tuned(const char *path, fso_probe_tuned *t)
@@ -77,9 +93,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     static fso_probe p, machine; /* 20 KiB each: off the stack */
     static fso_probe_tuned t, u;
+    static fso_probe_layer l, k;
     char err[512] = "";
     const char *path = fuzz_file("probe.json", data, size);
     bool have_t = read_tuned(path, &t);
+    bool have_l = read_layer(path, &l);
     bool have_p = read_probe(path, KEY, &p);
     bool have_m = read_probe(path, "h|c|", &machine);
     FUZZ_CHECK(!have_p || have_m); /* the folders' figures come with the machine's */
@@ -94,6 +112,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         FUZZ_CHECK(fso_probe_tuned_load(saved, KEY, &u, err, sizeof err) == 0);
         FUZZ_CHECK(u.block_bytes == t.block_bytes && u.queue_depth == t.queue_depth);
         if (have_p) /* tune's entry sits beside the probe's */
+            FUZZ_CHECK(fso_probe_cache_load(saved, KEY, &p, err, sizeof err) == 0);
+    }
+    if (have_l) {
+        FUZZ_CHECK(fso_probe_layer_save(saved, &l, err, sizeof err) == 0);
+        FUZZ_CHECK(fso_probe_layer_load(saved, LAYER_KEY, &k, err, sizeof err) == 0);
+        FUZZ_CHECK(k.gflops > 0);
+        if (have_p) /* the layer's entry sits beside the probe's */
             FUZZ_CHECK(fso_probe_cache_load(saved, KEY, &p, err, sizeof err) == 0);
     }
     return 0;
