@@ -242,11 +242,13 @@ static void calib_key(const fso_config *cfg, int B, int per_dev, char *buf, size
              cfg->backend[0] ? cfg->backend : "cpu", per_dev, isa_name);
 }
 
-/* ctx's compute from a timing: every layer at its rate, the embedding's
- * and the head's visits their measured time (ms per micro-batch) at it. */
-static void calib_apply(fso_plan_ctx *ctx, const fso_probe_layer *l)
+/* ctx's compute from a timing of 1/scale of a micro-batch: every layer at
+ * its rate, the embedding's and the head's visits their measured time,
+ * scaled to the micro-batch, at it. */
+static void calib_apply(fso_plan_ctx *ctx, const fso_probe_layer *l, double scale)
 {
-    const double part_ms[3] = {l->embed_fwd_ms, l->head_ms, l->embed_bwd_ms};
+    const double part_ms[3] = {l->embed_fwd_ms * scale, l->head_ms * scale,
+                               l->embed_bwd_ms * scale};
     ctx->in.machine.device_gflops = l->gflops;
     for (int k = 0; k < ctx->in.model.n_visits; k++) {
         const fso_visit_part p = ctx->visit_part[k];
@@ -259,10 +261,12 @@ static void calib_apply(fso_plan_ctx *ctx, const fso_probe_layer *l)
 }
 
 /* One micro-batch of B sequences through a one-layer model of cfg's
- * shapes, `reps` times after one untimed run; the best of each part into
- * c->ms. 0 or negative errno. */
-static int calib_time(calib *c, const fso_config *cfg, int B, int per_dev, int reps)
+ * shapes, `reps` times after one untimed run; the best time of each part
+ * (calib.ms's order) into ms. 0, or negative errno with a message. */
+static int calib_time(const fso_config *cfg, int B, int per_dev, int reps, double ms[5],
+                      char *err, size_t errlen)
 {
+    calib cal = {0}, *c = &cal;
     fso_model_config one = cfg->model;
     one.num_hidden_layers = 1;
     const int T = cfg->data.seq_len;
@@ -270,10 +274,13 @@ static int calib_time(calib *c, const fso_config *cfg, int B, int per_dev, int r
     fso_model m;
     int32_t *tok = NULL;
     int rc = fso_backend_create(&be, cfg->backend[0] ? cfg->backend : "cpu", per_dev);
-    if (rc < 0)
+    if (rc < 0) {
+        snprintf(err, errlen, "cannot create the CPU backend: %s", strerror(-rc));
         return rc;
+    }
     if ((rc = fso_model_init(&m, &one, be, B, T, 1, cfg->activation_checkpointing, cfg->bf16)) <
         0) {
+        snprintf(err, errlen, "%s", m.err);
         fso_backend_destroy(be);
         return rc;
     }
@@ -300,7 +307,6 @@ static int calib_time(calib *c, const fso_config *cfg, int B, int per_dev, int r
                                 .grads = calib_grads, .grads_done = calib_grads_done};
         /* the first run pays the page faults; then the best of the rest
          * (other work on the machine only ever slows a run down) */
-        double best[5];
         for (int rep = 0; rep <= reps; rep++) {
             memset(c->ms, 0, sizeof c->ms);
             c->layer_visits = 0;
@@ -308,10 +314,15 @@ static int calib_time(calib *c, const fso_config *cfg, int B, int per_dev, int r
             fso_model_step(&m, &src, tok, tok + (size_t)B * T, 1.0f, &loss);
             m.be->ops->sync(m.be);
             for (int i = 0; i < 5 && rep > 0; i++)
-                best[i] = rep == 1 || c->ms[i] < best[i] ? c->ms[i] : best[i];
+                ms[i] = rep == 1 || c->ms[i] < ms[i] ? c->ms[i] : ms[i];
         }
-        memcpy(c->ms, best, sizeof best);
+        if (ms[1] + ms[3] <= 0)
+            rc = -EIO;
     }
+    if (rc == -ENOMEM)
+        snprintf(err, errlen, "out of memory timing a layer");
+    else if (rc == -EIO)
+        snprintf(err, errlen, "timing a layer gave no time");
     for (int b = 0; b < 3; b++) {
         if (c->flat)
             free(c->flat[b]);
@@ -359,38 +370,25 @@ int fso_plan_calibrate_cpu(fso_plan_ctx *ctx, const fso_config *cfg, bool refres
     calib_key(cfg, B, per_dev, l.key, sizeof l.key);
     const bool cached = fso_probe_cache_path(path, sizeof path) == 0;
     if (cached && !refresh && fso_probe_layer_load(path, l.key, &l, e, sizeof e) == 0) {
-        l.embed_fwd_ms *= scale;
-        l.head_ms *= scale;
-        l.embed_bwd_ms *= scale;
-        calib_apply(ctx, &l);
+        calib_apply(ctx, &l, scale);
         return 0;
     }
     if ((reps + 1) * run_ms > 1000)
         fprintf(stderr, "fsoff: timing one layer of the model (about %.0f s, once: kept in the "
                         "probe cache)...\n", (reps + 1) * run_ms / 1e3);
-    calib c = {0};
-    int rc = calib_time(&c, cfg, B, per_dev, reps);
-    const double layer_ms = c.ms[1] + c.ms[3];
-    if (rc == 0 && layer_ms <= 0)
-        rc = -EIO;
-    if (rc < 0) {
-        snprintf(err, errlen, "%s", rc == -ENOMEM ? "out of memory timing a layer"
-                                    : rc == -EIO  ? "timing a layer gave no time"
-                                                  : strerror(-rc));
+    double ms[5];
+    int rc = calib_time(cfg, B, per_dev, reps, ms, err, errlen);
+    if (rc < 0)
         return rc;
-    }
-    /* the cache keeps the figures of B sequences; ctx gets the micro-batch's */
+    /* the cache keeps the figures of B sequences, as timed */
     l.when = (int64_t)time(NULL);
-    l.gflops = layer_flops / scale / layer_ms / 1e6;
-    l.embed_fwd_ms = c.ms[0];
-    l.head_ms = c.ms[2];
-    l.embed_bwd_ms = c.ms[4];
+    l.gflops = layer_flops / scale / (ms[1] + ms[3]) / 1e6;
+    l.embed_fwd_ms = ms[0];
+    l.head_ms = ms[2];
+    l.embed_bwd_ms = ms[4];
     if (cached && fso_probe_layer_save(path, &l, e, sizeof e) < 0)
         fprintf(stderr, "fsoff: warning: %s\n", e);
-    l.embed_fwd_ms *= scale;
-    l.head_ms *= scale;
-    l.embed_bwd_ms *= scale;
-    calib_apply(ctx, &l);
+    calib_apply(ctx, &l, scale);
     return 0;
 }
 
