@@ -5,6 +5,7 @@
 #include <limits.h>
 #include <jansson.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -223,9 +224,9 @@ static void calib_grads_done(void *ctx, int b)
 }
 
 /* The timing's place in the probe cache: this machine, then what the time
- * depends on (the layer's shapes, the tokens timed, the types, the threads
- * per device, the backend and the instruction set). */
-static void calib_key(const fso_config *cfg, int B, int per_dev, char *buf, size_t len)
+ * depends on (the layer's shapes, the tokens timed, the types, the devices
+ * timed together and their threads, the backend and the instruction set). */
+static void calib_key(const fso_config *cfg, int W, int B, int per_dev, char *buf, size_t len)
 {
     const fso_model_config *mc = &cfg->model;
     char mkey[1024], e[256];
@@ -234,12 +235,12 @@ static void calib_key(const fso_config *cfg, int B, int per_dev, char *buf, size
     const char *isa_name = fso_isa_from_env(&isa, e, sizeof e) == 0 ? fso_isa_name(isa) : "auto";
     snprintf(buf, len,
              "%slayer hidden %d ffn %d heads %d/%d head_dim %d vocab %d tied %d, %dx%d tokens, "
-             "%s%s, %s with %d threads, %s",
+             "%s%s, %s: %d devices of %d threads, %s",
              mkey, mc->hidden_size, mc->intermediate_size, mc->num_attention_heads,
              mc->num_key_value_heads, mc->head_dim, mc->vocab_size, mc->tie_word_embeddings, B,
              cfg->data.seq_len, cfg->bf16 ? "bf16" : "fp32",
              cfg->activation_checkpointing ? ", checkpointed" : "",
-             cfg->backend[0] ? cfg->backend : "cpu", per_dev, isa_name);
+             cfg->backend[0] ? cfg->backend : "cpu", W, per_dev, isa_name);
 }
 
 /* ctx's compute from a timing of 1/scale of a micro-batch: every layer at
@@ -260,40 +261,100 @@ static void calib_apply(fso_plan_ctx *ctx, const fso_probe_layer *l, double scal
     }
 }
 
-/* One micro-batch of B sequences through a one-layer model of cfg's
- * shapes, `reps` times after one untimed run; the best time of each part
- * (calib.ms's order) into ms. 0, or negative errno with a message. */
-static int calib_time(const fso_config *cfg, int B, int per_dev, int reps, double ms[5],
-                      char *err, size_t errlen)
+/* The devices are timed side by side, as training runs them: they share
+ * the machine's memory bandwidth and caches, and one device timed alone
+ * computes 10-20% faster than each of two does in training. A thread per
+ * device sets up, then every run starts together (a barrier before each);
+ * if a device fails to set up, none runs. */
+typedef struct calib_gate {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int n, arrived;
+    unsigned gen;
+    bool failed;
+} calib_gate;
+
+/* Wait for the other n - 1 devices; whether all are still set to run. */
+static bool gate_pass(calib_gate *g, bool ok)
 {
+    pthread_mutex_lock(&g->mu);
+    g->failed = g->failed || !ok;
+    const unsigned gen = g->gen;
+    if (++g->arrived >= g->n) {
+        g->arrived = 0;
+        g->gen++;
+        pthread_cond_broadcast(&g->cv);
+    } else {
+        while (gen == g->gen)
+            pthread_cond_wait(&g->cv, &g->mu);
+    }
+    ok = !g->failed;
+    pthread_mutex_unlock(&g->mu);
+    return ok;
+}
+
+/* Fewer devices than planned came to be (a thread could not start): the
+ * gate opens for those there are, with the timing failed. */
+static void gate_shrink(calib_gate *g, int n)
+{
+    pthread_mutex_lock(&g->mu);
+    g->n = n;
+    g->failed = true;
+    if (g->arrived >= n) {
+        g->arrived = 0;
+        g->gen++;
+        pthread_cond_broadcast(&g->cv);
+    }
+    pthread_mutex_unlock(&g->mu);
+}
+
+typedef struct calib_dev {
+    const fso_config *cfg;
+    calib_gate *gate;
+    int B, per_dev, reps;
+    double ms[5]; /* the best time of each part (calib.ms's order) */
+    int rc;
+    char err[512];
+} calib_dev;
+
+/* One device: one micro-batch of B sequences through a one-layer model of
+ * cfg's shapes, `reps` times after one untimed run, each run started with
+ * the other devices'. d->rc 0, or negative errno with the reason in d->err
+ * (-ECANCELED: another device failed). */
+static void *calib_run(void *arg)
+{
+    calib_dev *d = arg;
+    const fso_config *cfg = d->cfg;
+    const int B = d->B, T = cfg->data.seq_len;
     calib cal = {0}, *c = &cal;
     fso_model_config one = cfg->model;
     one.num_hidden_layers = 1;
-    const int T = cfg->data.seq_len;
     fso_backend *be = NULL;
     fso_model m;
+    bool model_up = false;
     int32_t *tok = NULL;
-    int rc = fso_backend_create(&be, cfg->backend[0] ? cfg->backend : "cpu", per_dev);
-    if (rc < 0) {
-        snprintf(err, errlen, "cannot create the CPU backend: %s", strerror(-rc));
-        return rc;
-    }
-    if ((rc = fso_model_init(&m, &one, be, B, T, 1, cfg->activation_checkpointing, cfg->bf16)) <
-        0) {
-        snprintf(err, errlen, "%s", m.err);
-        fso_backend_destroy(be);
-        return rc;
-    }
-    c->m = &m;
-    c->flat = calloc(3, sizeof *c->flat);
-    c->grad = calloc(3, sizeof *c->grad);
-    tok = malloc(sizeof(int32_t) * (size_t)B * T * 2);
-    rc = c->flat && c->grad && tok ? 0 : -ENOMEM;
-    for (int b = 0; b < 3 && rc == 0; b++) {
-        c->flat[b] = calloc(m.blocks[b].padded_elems, sizeof(float));
-        c->grad[b] = calloc(m.blocks[b].padded_elems, sizeof(float));
-        if (!c->flat[b] || !c->grad[b])
-            rc = -ENOMEM;
+    int rc = fso_backend_create(&be, cfg->backend[0] ? cfg->backend : "cpu", d->per_dev);
+    if (rc < 0)
+        snprintf(d->err, sizeof d->err, "cannot create the CPU backend: %s", strerror(-rc));
+    else if ((rc = fso_model_init(&m, &one, be, B, T, 1, cfg->activation_checkpointing,
+                                  cfg->bf16)) < 0)
+        snprintf(d->err, sizeof d->err, "%s", m.err);
+    else
+        model_up = true;
+    if (rc == 0) {
+        c->m = &m;
+        c->flat = calloc(3, sizeof *c->flat);
+        c->grad = calloc(3, sizeof *c->grad);
+        tok = malloc(sizeof(int32_t) * (size_t)B * T * 2);
+        rc = c->flat && c->grad && tok ? 0 : -ENOMEM;
+        for (int b = 0; b < 3 && rc == 0; b++) {
+            c->flat[b] = calloc(m.blocks[b].padded_elems, sizeof(float));
+            c->grad[b] = calloc(m.blocks[b].padded_elems, sizeof(float));
+            if (!c->flat[b] || !c->grad[b])
+                rc = -ENOMEM;
+        }
+        if (rc == -ENOMEM)
+            snprintf(d->err, sizeof d->err, "out of memory timing a layer");
     }
     if (rc == 0) {
         fso_model_init_flat(&m, c->flat, 1);
@@ -303,26 +364,29 @@ static int calib_time(const fso_config *cfg, int B, int per_dev, int reps, doubl
                     ((uint16_t *)c->flat[b])[i] = fso_bf16_from_f32(c->flat[b][i]);
         for (size_t i = 0; i < (size_t)B * T * 2; i++)
             tok[i] = (int32_t)((i * 2654435761u) % (uint32_t)one.vocab_size);
-        fso_block_source src = {.ctx = c, .params = calib_params, .release = calib_release,
-                                .grads = calib_grads, .grads_done = calib_grads_done};
-        /* the first run pays the page faults; then the best of the rest
-         * (other work on the machine only ever slows a run down) */
-        for (int rep = 0; rep <= reps; rep++) {
-            memset(c->ms, 0, sizeof c->ms);
-            c->layer_visits = 0;
-            double loss = 0;
-            fso_model_step(&m, &src, tok, tok + (size_t)B * T, 1.0f, &loss);
-            m.be->ops->sync(m.be);
-            for (int i = 0; i < 5 && rep > 0; i++)
-                ms[i] = rep == 1 || c->ms[i] < ms[i] ? c->ms[i] : ms[i];
-        }
-        if (ms[1] + ms[3] <= 0)
-            rc = -EIO;
     }
-    if (rc == -ENOMEM)
-        snprintf(err, errlen, "out of memory timing a layer");
-    else if (rc == -EIO)
-        snprintf(err, errlen, "timing a layer gave no time");
+    fso_block_source src = {.ctx = c, .params = calib_params, .release = calib_release,
+                            .grads = calib_grads, .grads_done = calib_grads_done};
+    /* the first run pays the page faults; then the best of the rest (other
+     * work on the machine only ever slows a run down) */
+    for (int rep = 0; rep <= d->reps; rep++) {
+        if (!gate_pass(d->gate, rc == 0)) {
+            if (rc == 0)
+                rc = -ECANCELED;
+            break;
+        }
+        memset(c->ms, 0, sizeof c->ms);
+        c->layer_visits = 0;
+        double loss = 0;
+        fso_model_step(&m, &src, tok, tok + (size_t)B * T, 1.0f, &loss);
+        m.be->ops->sync(m.be);
+        for (int i = 0; i < 5 && rep > 0; i++)
+            d->ms[i] = rep == 1 || c->ms[i] < d->ms[i] ? c->ms[i] : d->ms[i];
+    }
+    if (rc == 0 && d->ms[1] + d->ms[3] <= 0) {
+        rc = -EIO;
+        snprintf(d->err, sizeof d->err, "timing a layer gave no time");
+    }
     for (int b = 0; b < 3; b++) {
         if (c->flat)
             free(c->flat[b]);
@@ -332,8 +396,58 @@ static int calib_time(const fso_config *cfg, int B, int per_dev, int reps, doubl
     free(c->flat);
     free(c->grad);
     free(tok);
-    fso_model_free(&m);
+    if (model_up)
+        fso_model_free(&m);
     fso_backend_destroy(be);
+    d->rc = rc;
+    return NULL;
+}
+
+/* W devices of per_dev threads each timed side by side (calib_run); a
+ * part's time is the slowest device's best, since training's devices meet
+ * at every block. 0, or negative errno with the reason in err. */
+static int calib_time(const fso_config *cfg, int W, int B, int per_dev, int reps, double ms[5],
+                      char *err, size_t errlen)
+{
+    calib_gate gate = {.n = W};
+    calib_dev *d = calloc((size_t)W, sizeof *d);
+    pthread_t *tid = calloc((size_t)W, sizeof *tid);
+    if (!d || !tid) {
+        free(d);
+        free(tid);
+        snprintf(err, errlen, "out of memory timing a layer");
+        return -ENOMEM;
+    }
+    pthread_mutex_init(&gate.mu, NULL);
+    pthread_cond_init(&gate.cv, NULL);
+    int started = 0, rc = 0;
+    for (int r = 0; r < W; r++)
+        d[r] = (calib_dev){.cfg = cfg, .gate = &gate, .B = B, .per_dev = per_dev, .reps = reps};
+    for (; started < W; started++) {
+        int e = pthread_create(&tid[started], NULL, calib_run, &d[started]);
+        if (e != 0) {
+            gate_shrink(&gate, started);
+            rc = -e;
+            snprintf(err, errlen, "cannot start a thread to time a device: %s", strerror(e));
+            break;
+        }
+    }
+    for (int r = 0; r < started; r++)
+        pthread_join(tid[r], NULL);
+    for (int i = 0; i < 5; i++)
+        ms[i] = 0;
+    for (int r = 0; r < started; r++) {
+        if (rc == 0 && d[r].rc < 0 && d[r].rc != -ECANCELED) {
+            rc = d[r].rc;
+            snprintf(err, errlen, "%s", d[r].err);
+        }
+        for (int i = 0; i < 5; i++)
+            ms[i] = d[r].ms[i] > ms[i] ? d[r].ms[i] : ms[i];
+    }
+    pthread_cond_destroy(&gate.cv);
+    pthread_mutex_destroy(&gate.mu);
+    free(d);
+    free(tid);
     return rc;
 }
 
@@ -365,9 +479,19 @@ int fso_plan_calibrate_cpu(fso_plan_ctx *ctx, const fso_config *cfg, bool refres
     const double scale = (double)cfg->micro_batch / B;
     int threads = cfg->threads > 0 ? cfg->threads : fso_cpu_count();
     int per_dev = threads / W > 0 ? threads / W : 1;
+    /* as many devices side by side as half the free memory holds, each a
+     * one-layer model: the parameters and gradients in fp32, and about as
+     * much again for its working space */
+    const int nb = ctx->in.model.n_blocks;
+    const double one_bytes =
+        12.0 * (double)(ctx->block_elems[0] + ctx->block_elems[1] + ctx->block_elems[nb - 1]);
+    const double avail = (double)fso_mem_available_bytes();
+    int together = W;
+    if (avail > 0 && together * one_bytes > avail / 2)
+        together = avail / 2 / one_bytes >= 1 ? (int)(avail / 2 / one_bytes) : 1;
     char path[PATH_MAX], e[512];
     fso_probe_layer l = {0};
-    calib_key(cfg, B, per_dev, l.key, sizeof l.key);
+    calib_key(cfg, together, B, per_dev, l.key, sizeof l.key);
     const bool cached = fso_probe_cache_path(path, sizeof path) == 0;
     if (cached && !refresh && fso_probe_layer_load(path, l.key, &l, e, sizeof e) == 0) {
         calib_apply(ctx, &l, scale);
@@ -377,7 +501,7 @@ int fso_plan_calibrate_cpu(fso_plan_ctx *ctx, const fso_config *cfg, bool refres
         fprintf(stderr, "fsoff: timing one layer of the model (about %.0f s, once: kept in the "
                         "probe cache)...\n", (reps + 1) * run_ms / 1e3);
     double ms[5];
-    int rc = calib_time(cfg, B, per_dev, reps, ms, err, errlen);
+    int rc = calib_time(cfg, together, B, per_dev, reps, ms, err, errlen);
     if (rc < 0)
         return rc;
     /* the cache keeps the figures of B sequences, as timed */

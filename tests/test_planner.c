@@ -802,6 +802,11 @@ static void test_layer_timing_is_cached(void **state)
     json_error_t je;
     json_t *root = json_load_file(path, 0, &je);
     assert_int_equal(json_array_size(json_object_get(root, "layers")), 2);
+    /* both devices were timed side by side, and the entry says so */
+    const char *key =
+        json_string_value(json_object_get(json_array_get(json_object_get(root, "layers"), 0), "key"));
+    assert_non_null(key);
+    assert_non_null(strstr(key, ": 2 devices of "));
     json_decref(root);
     unsetenv("XDG_CACHE_HOME");
     fso_plan_ctx_free(&ctx);
