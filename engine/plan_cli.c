@@ -335,11 +335,12 @@ static void given_capacities(const given *g, const fso_config *cfg, const char *
 
 /* The machine: what the options give, the rest from the GPU table (--gpus)
  * or this machine's probes; dirs and missing: the configured NVMe folders
- * here and not here; *nvme_tuned: the probed NVMe rates are those of
- * `fsoff bench tune`. -1 to go on, else the exit status. */
+ * here and not here; *tuned_devices: the probed NVMe rates are those of
+ * `fsoff bench tune` with that many devices (0: probed). -1 to go on, else
+ * the exit status. */
 static int describe_machine(const plan_args *a, const fso_config *cfg, fso_plan_machine *m,
                             const fso_gpu_spec **spec, char *dirs, char *missing,
-                            bool *nvme_tuned)
+                            int *tuned_devices)
 {
     const given *g = &a->g;
     char err[1024];
@@ -352,7 +353,7 @@ static int describe_machine(const plan_args *a, const fso_config *cfg, fso_plan_
         fprintf(stderr, "fsoff: error: %s\n", err);
         return 1;
     }
-    *nvme_tuned = pr.nvme_tuned;
+    *tuned_devices = pr.nvme_tuned ? pr.nvme_tuned_devices : 0;
     memset(m, 0, sizeof *m);
     if (g->gpus) {
         *spec = given_gpu(g);
@@ -447,7 +448,8 @@ typedef struct plan_report {
     const fso_gpu_spec *spec;
     const char *dirs, *missing;
     bool calibrated;
-    bool nvme_tuned;           /* the NVMe rates not given come from `fsoff bench tune` */
+    int tuned_devices;         /* the NVMe rates not given come from `fsoff bench tune` with
+                                * this many devices (0: the probe's) */
     const fso_plan *plan;
     const fso_plan *unpinned;  /* the plan with no pins, when it is 5% faster; else NULL */
 } plan_report;
@@ -503,15 +505,26 @@ static void print_heading(const plan_report *r)
                "each (%s), copies %.1f GB/s, collectives %.1f GB/s; fp32\n",
                m->devices, m->devices == 1 ? "" : "s", h1, m->device_gflops,
                r->calibrated ? "one layer timed" : "sgemm probe", m->h2d_gbps, m->coll_gbps);
+    /* the tuned rates are of as many rings as tune was told devices; a
+     * plan for another count says so, and how to tune for it */
+    char how[160] = "";
+    if (g->nvme_read > 0 || !r->dirs[0])
+        ;
+    else if (!r->tuned_devices)
+        snprintf(how, sizeof how, " (probed)");
+    else if (r->tuned_devices == m->devices)
+        snprintf(how, sizeof how, " (tuned: fsoff bench tune)");
+    else
+        snprintf(how, sizeof how,
+                 " (tuned: fsoff bench tune with %d device%s; this plan has %d: tune again "
+                 "with --devices %d)",
+                 r->tuned_devices, r->tuned_devices == 1 ? "" : "s", m->devices, m->devices);
     printf("plan: host %s%s, CPU AdamW %.2f Gelem/s%s; NVMe %s free%s, read %.2f GB/s, "
            "write %.2f GB/s%s\n",
            h2, g->host_mem ? "" : " (available now)", m->adam_gelems,
            g->adam > 0 ? "" : " (this machine's probe)", h3,
            g->has_nvme_free ? "" : r->dirs[0] ? " (statvfs)" : "", m->nvme_read_gbps,
-           m->nvme_write_gbps, g->nvme_read > 0 ? ""
-                               : !r->dirs[0]  ? ""
-                               : r->nvme_tuned ? " (tuned: fsoff bench tune)"
-                                               : " (probed)");
+           m->nvme_write_gbps, how);
     if (r->missing[0])
         printf("plan: note: NVMe folder %s does not exist here; %s\n", r->missing,
                g->has_nvme_free ? "NVMe as given by --nvme-free, --nvme-read, --nvme-write"
@@ -616,8 +629,8 @@ int fso_plan_main(int argc, char **argv)
         status = 1;
         goto out;
     }
-    bool nvme_tuned = false;
-    if ((status = describe_machine(&a, &cfg, &m, &spec, dirs, missing, &nvme_tuned)) >= 0)
+    int tuned_devices = 0;
+    if ((status = describe_machine(&a, &cfg, &m, &spec, dirs, missing, &tuned_devices)) >= 0)
         goto out;
     status = 2;
     if (fso_plan_ctx_init(&ctx, &cfg, &m, a.g.gpus > 0, err, sizeof err) < 0) {
@@ -634,7 +647,8 @@ int fso_plan_main(int argc, char **argv)
     if (!missing_folders_described(&a, missing) || !nvme_pins_have_space(&pins, &m, missing))
         goto out;
     plan_report r = {.a = &a, .cfg = &cfg, .ctx = &ctx, .m = &m, .spec = spec, .dirs = dirs,
-                     .missing = missing, .calibrated = calibrated, .nvme_tuned = nvme_tuned};
+                     .missing = missing, .calibrated = calibrated,
+                     .tuned_devices = tuned_devices};
     status = plan_and_report(&r, &pins);
 out:
     for (int i = 0; i < a.nsets; i++)

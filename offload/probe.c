@@ -603,9 +603,11 @@ static int tuned_from_json(json_t *o, void *out)
     t->read_lat_ms = num(o, "read_lat_ms");
     t->write_lat_ms = num(o, "write_lat_ms");
     /* the planner divides by the rates and adds the latencies; the request
-     * size is an aio.block_size (at most 1 GiB) */
+     * size is an aio.block_size (at most 1 GiB); the figures are of one or
+     * more rings */
     if (t->read_gbps <= 0 || t->write_gbps <= 0 || t->read_lat_ms < 0 || t->write_lat_ms < 0 ||
-        t->block_bytes == 0 || t->block_bytes > ((uint64_t)1 << 30) || t->queue_depth < 1)
+        t->block_bytes == 0 || t->block_bytes > ((uint64_t)1 << 30) || t->queue_depth < 1 ||
+        t->devices < 1)
         return -EINVAL;
     return 0;
 }
@@ -897,6 +899,7 @@ static void apply_tuned(fso_probe *p, const char *path)
     p->nvme_read_lat_ms = t.read_lat_ms;
     p->nvme_write_lat_ms = t.write_lat_ms;
     p->nvme_tuned = true;
+    p->nvme_tuned_devices = t.devices;
 }
 
 int fso_probe_get(fso_probe *p, const fso_probe_opts *opts, bool refresh, bool *probed,

@@ -64,6 +64,7 @@ typedef struct fso_probe {
     double adam_gelems;          /* 1e9 elements/s, all threads */
     double gflops;               /* sgemm, all threads */
     bool nvme_tuned;             /* the nvme_* rates above come from `fsoff bench tune` */
+    int nvme_tuned_devices;      /* ... measured with this many rings (devices) at once */
 } fso_probe;
 
 /* What `fsoff bench tune` found for one set of folders. */

@@ -183,6 +183,13 @@ if plan_label | grep -q 'write [0-9.]* GB/s (tuned: fsoff bench tune)$'; then
 else
     bad "plan labels tuned NVMe rates" "$(plan_label)" "$(head -c 300 "$TMP/err")"
 fi
+# tuned with one device (the sweep's default), planned with two: the plan says how to tune for two
+two=$("$FSOFF" plan --nvme "$TMP/nvme" --devices cpu:2 2>"$TMP/err" | grep '^plan: host .* NVMe ')
+if echo "$two" | grep -q '(tuned: fsoff bench tune with 1 device; this plan has 2: tune again with --devices 2)$'; then
+    ok "a plan for more devices than tune measured says to tune again"
+else
+    bad "a plan for more devices than tune measured" "$two" "$(head -c 300 "$TMP/err")"
+fi
 
 # --- charts of every bench, from a run or from saved results
 expect_png "bench nvme --plot" "$TMP/nv.png" 1200x520 -- bench nvme --nvme "$TMP" --size 4M \
