@@ -480,11 +480,16 @@ int fso_plan_calibrate_cpu(fso_plan_ctx *ctx, const fso_config *cfg, bool refres
     int threads = cfg->threads > 0 ? cfg->threads : fso_cpu_count();
     int per_dev = threads / W > 0 ? threads / W : 1;
     /* as many devices side by side as half the free memory holds, each a
-     * one-layer model: the parameters and gradients in fp32, and about as
-     * much again for its working space */
+     * one-layer model: its parameters and gradients in fp32, its
+     * activations and the backend's working space */
     const int nb = ctx->in.model.n_blocks;
+    fso_model_config one = cfg->model;
+    one.num_hidden_layers = 1;
     const double one_bytes =
-        12.0 * (double)(ctx->block_elems[0] + ctx->block_elems[1] + ctx->block_elems[nb - 1]);
+        8.0 * (double)(ctx->block_elems[0] + ctx->block_elems[1] + ctx->block_elems[nb - 1]) +
+        (double)fso_model_activation_bytes_for(&one, B, cfg->data.seq_len,
+                                               cfg->activation_checkpointing, cfg->bf16) +
+        (cfg->bf16 ? (double)fso_model_cpu_widen_bytes_for(&one, B, cfg->data.seq_len) : 0);
     const double avail = (double)fso_mem_available_bytes();
     int together = W;
     if (avail > 0 && together * one_bytes > avail / 2)
