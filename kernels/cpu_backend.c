@@ -528,17 +528,43 @@ struct sq_args {
     double *part;
 };
 
+/* Four whole chunks at once: four sums, each over its own chunk in order
+ * (the same bits as one chunk at a time), so that the additions of one do
+ * not wait on the others'; a single sum waits on every add before it and
+ * runs at a quarter of the memory's speed. */
+static void sq_four_chunks(const float *x, double part[4])
+{
+    const float *x0 = x, *x1 = x + SQNORM_CHUNK, *x2 = x + 2 * SQNORM_CHUNK,
+                *x3 = x + 3 * SQNORM_CHUNK;
+    double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    for (size_t i = 0; i < SQNORM_CHUNK; i++) {
+        s0 += (double)x0[i] * x0[i];
+        s1 += (double)x1[i] * x1[i];
+        s2 += (double)x2[i] * x2[i];
+        s3 += (double)x3[i] * x3[i];
+    }
+    part[0] = s0;
+    part[1] = s1;
+    part[2] = s2;
+    part[3] = s3;
+}
+
 static void sq_range(void *a_, int64_t b, int64_t e, int worker)
 {
     struct sq_args *a = a_;
     (void)worker;
-    for (int64_t c = b; c < e; c++) {
+    for (int64_t c = b; c < e;) {
         size_t i0 = (a->first_chunk + c) * SQNORM_CHUNK;
+        if (c + 4 <= e && i0 + 4 * SQNORM_CHUNK <= a->n) {
+            sq_four_chunks(a->x + i0, &a->part[c]);
+            c += 4;
+            continue;
+        }
         size_t i1 = i0 + SQNORM_CHUNK < a->n ? i0 + SQNORM_CHUNK : a->n;
         double s = 0;
         for (size_t i = i0; i < i1; i++)
             s += (double)a->x[i] * a->x[i];
-        a->part[c] = s;
+        a->part[c++] = s;
     }
 }
 

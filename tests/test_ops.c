@@ -593,6 +593,22 @@ static void test_sqnorm_is_exact_and_thread_independent(void **state)
     assert_true(memcmp(&b, &c, sizeof b) == 0);
     fso_backend_destroy(one);
     gfree(x);
+    /* the order is the definition: 64K-element chunks, each summed front to
+     * back, the chunk sums added in order. Nine whole chunks and a part, so
+     * the four-at-a-time path and the single one both run, on any split
+     * among threads. */
+    n = 9 * 65536 + 1001;
+    x = randbuf(n, 7);
+    double want = 0, got = 0;
+    for (size_t c0 = 0; c0 < n; c0 += 65536) {
+        double cs = 0;
+        for (size_t i = c0; i < n && i < c0 + 65536; i++)
+            cs += (double)x[i] * x[i];
+        want += cs;
+    }
+    fast->ops->sqnorm(fast, &got, x, n);
+    assert_true(memcmp(&want, &got, sizeof want) == 0);
+    gfree(x);
 }
 
 /* ---------------------------------------------------------------- sum */
