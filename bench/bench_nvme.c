@@ -25,7 +25,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -259,9 +258,8 @@ static int nv_run_init(nv_run *r, const nv_args *a)
         if (a->qds[i] > r->max_qd)
             r->max_qd = a->qds[i];
     r->area_bytes = max_block * (size_t)r->max_qd;
-    r->area = mmap(NULL, r->area_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1,
-                   0);
-    if (r->area == MAP_FAILED) {
+    r->area = fso_io_alloc(r->area_bytes);
+    if (!r->area) {
         char b[32];
         fso_human_bytes(b, sizeof b, (double)r->area_bytes);
         fprintf(stderr, "fsoff: error: bench nvme: cannot map %s of I/O buffers; lower "
@@ -277,7 +275,7 @@ static int nv_run_init(nv_run *r, const nv_args *a)
     }
     r->res = calloc((size_t)(2 * a->nblocks * a->nqds), sizeof *r->res);
     if (!r->res) {
-        munmap(r->area, r->area_bytes);
+        fso_io_free(r->area, r->area_bytes);
         fprintf(stderr, "fsoff: error: bench nvme: out of memory\n");
         return 1;
     }
@@ -423,7 +421,7 @@ int fso_bench_nvme(int argc, char **argv)
     int status = 0;
     for (int bi = 0; bi < a.nblocks && status == 0; bi++)
         status = nv_block(&r, &a, bi);
-    munmap(r.area, r.area_bytes);
+    fso_io_free(r.area, r.area_bytes);
     if (status == 0)
         status = nv_report(&a, &r);
     free(r.res);

@@ -7,7 +7,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 
 #include "store.h"
 #include "util.h"
@@ -285,11 +284,9 @@ int fso_tune_run(fso_tune_sweep *sw)
     for (int i = 0; i < sw->max_rings && status == 0; i++) {
         ring[i].area_bytes = max_block * FSO_TUNE_MAX_QD;
         ring[i].region = sw->region_bytes;
-        ring[i].area = mmap(NULL, ring[i].area_bytes, PROT_READ | PROT_WRITE,
-                            MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (ring[i].area == MAP_FAILED) {
+        ring[i].area = fso_io_alloc(ring[i].area_bytes);
+        if (!ring[i].area) {
             char b[32];
-            ring[i].area = NULL;
             fso_human_bytes(b, sizeof b, (double)ring[i].area_bytes * sw->max_rings);
             fprintf(stderr, "fsoff: error: bench tune: cannot map %s of I/O buffers; lower "
                     "--block-sizes or --rings\n", b);
@@ -318,6 +315,6 @@ int fso_tune_run(fso_tune_sweep *sw)
     tn_close(ring, sw->max_rings);
     for (int i = 0; i < sw->max_rings; i++)
         if (ring[i].area)
-            munmap(ring[i].area, ring[i].area_bytes);
+            fso_io_free(ring[i].area, ring[i].area_bytes);
     return status;
 }

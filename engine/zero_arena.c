@@ -16,14 +16,16 @@
 #include "topology.h"
 #include "util.h"
 
-#define ARENA_ROUND ((size_t)2 << 20)
+/* The arena starts on, and grows by, whole huge pages: its staging slots
+ * are the NVMe stores' buffers (util.h, fso_io_alloc says why). */
+#define ARENA_ROUND FSO_IO_ALIGN
 
 int fso_zero_arena_init(fso_zero *z, size_t reserve, size_t bytes, char *err, size_t errlen)
 {
     z->arena.reserve = (reserve + 2 * ARENA_ROUND - 1) / ARENA_ROUND * ARENA_ROUND;
-    z->arena.base = mmap(NULL, z->arena.reserve, PROT_NONE,
-                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (z->arena.base == MAP_FAILED) {
+    char *map = mmap(NULL, z->arena.reserve + ARENA_ROUND, PROT_NONE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (map == MAP_FAILED) {
         char h[32];
         z->arena.base = NULL;
         fso_human_bytes(h, sizeof h, (double)z->arena.reserve);
@@ -31,6 +33,12 @@ int fso_zero_arena_init(fso_zero *z, size_t reserve, size_t bytes, char *err, si
                               "arena: %s; check ulimit -v", h, strerror(errno));
         return -ENOMEM;
     }
+    /* an aligned start; the address space around it goes back */
+    char *base = (char *)(((uintptr_t)map + ARENA_ROUND - 1) & ~(uintptr_t)(ARENA_ROUND - 1));
+    if (base > map)
+        munmap(map, (size_t)(base - map));
+    munmap(base + z->arena.reserve, (size_t)(map + ARENA_ROUND - base));
+    z->arena.base = base;
     z->arena.bytes = 0;
     return fso_zero_arena_grow(z, bytes, err, errlen);
 }
@@ -103,6 +111,7 @@ int fso_zero_arena_grow(fso_zero *z, size_t bytes, char *err, size_t errlen)
                  strerror(errno));
         return -ENOMEM;
     }
+    fso_io_advise(from, len); /* before locking or registering faults the pages in */
     const bool first = z->arena.bytes == 0;
 #if FSO_HAVE_CUDA
     if (z->cuda) {

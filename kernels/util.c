@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 double fso_now_ms(void)
@@ -35,6 +36,48 @@ uint64_t fso_mem_available_bytes(void)
             break;
     fclose(f);
     return (uint64_t)kb * 1024;
+}
+
+void fso_io_advise(void *p, size_t bytes)
+{
+#ifdef MADV_HUGEPAGE
+    (void)madvise(p, bytes, MADV_HUGEPAGE); /* a hint: refused is fine */
+#else
+    (void)p;
+    (void)bytes;
+#endif
+}
+
+static size_t io_round(size_t bytes)
+{
+    return (bytes + FSO_IO_ALIGN - 1) / FSO_IO_ALIGN * FSO_IO_ALIGN;
+}
+
+void *fso_io_alloc(size_t bytes)
+{
+    const size_t len = io_round(bytes ? bytes : 1);
+    if (len < bytes || len + FSO_IO_ALIGN < len) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    /* map one alignment more, then give back the ends around an aligned start */
+    char *map = mmap(NULL, len + FSO_IO_ALIGN, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (map == MAP_FAILED)
+        return NULL;
+    char *p = (char *)(((uintptr_t)map + FSO_IO_ALIGN - 1) & ~(uintptr_t)(FSO_IO_ALIGN - 1));
+    if (p > map)
+        munmap(map, (size_t)(p - map));
+    if (map + len + FSO_IO_ALIGN > p + len)
+        munmap(p + len, (size_t)(map + len + FSO_IO_ALIGN - (p + len)));
+    fso_io_advise(p, len);
+    return p;
+}
+
+void fso_io_free(void *p, size_t bytes)
+{
+    if (p)
+        munmap(p, io_round(bytes ? bytes : 1));
 }
 
 void fso_human_bytes(char *buf, size_t len, double bytes)

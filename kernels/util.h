@@ -19,6 +19,22 @@ int fso_first_errorv(int *slot, char *msg, size_t len, int rc, const char *fmt, 
 /* MemAvailable from /proc/meminfo in bytes, 0 when unknown. */
 uint64_t fso_mem_available_bytes(void);
 
+/* I/O buffers: anonymous zeroed memory, FSO_IO_ALIGN-aligned and rounded up
+ * to a multiple of it, in the kernel's transparent huge pages where it has
+ * them (MADV_HUGEPAGE, a hint; with THP "never" the pages stay 4 KiB). A
+ * request's buffer in huge pages reaches the drive as one DMA segment per
+ * 2 MiB instead of one per 4 KiB page, so large requests are not split at the
+ * queue's segment limit and a virtual disk's host copies 2 MiB at a time:
+ * on a virtio disk O_DIRECT reads of 4 MiB at depth 32 went from 1.1 to
+ * 4.4 GB/s, and of 128 KiB at depth 4 from 1.0 to 4.2. NULL on failure, with
+ * errno set. fso_io_free takes the size given to fso_io_alloc. */
+#define FSO_IO_ALIGN ((size_t)2 << 20)
+void *fso_io_alloc(size_t bytes);
+void fso_io_free(void *p, size_t bytes);
+/* The same for an address range the caller already mapped (aligned to
+ * FSO_IO_ALIGN for the hint to take): ask for huge pages there. */
+void fso_io_advise(void *p, size_t bytes);
+
 /* "812 KiB", "812.0 MiB", "1.50 GiB", "3.20 TiB"; FSO_BYTES_OVERFLOW (and
  * anything as large) "more than 16777216 TiB". */
 void fso_human_bytes(char *buf, size_t len, double bytes);

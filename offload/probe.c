@@ -149,7 +149,7 @@ static int probe_store(const char **dirs, int n, uint64_t bytes, double *rd, dou
         snprintf(err, errlen, "%s", serr);
         return rc;
     }
-    char *buf = aligned_alloc(4096, block * (size_t)qd);
+    char *buf = fso_io_alloc(block * (size_t)qd);
     if (!buf) {
         fso_store_destroy(s);
         snprintf(err, errlen, "out of memory");
@@ -173,7 +173,7 @@ static int probe_store(const char **dirs, int n, uint64_t bytes, double *rd, dou
     double t4 = (fso_now_ms() / 1e3);
     *direct = s->direct;
     fso_store_destroy(s);
-    free(buf);
+    fso_io_free(buf, block * (size_t)qd);
     if (rc < 0)
         return rc;
     *wr = (double)so.capacity_bytes / (t1 - t0) / 1e9;
