@@ -453,10 +453,8 @@ int fso_zero_save_stream(fso_zero *z, fso_zero_save_spec *spec)
     if (!sv.direct || !sv.queued)
         rc = fail(&sv, -ENOMEM, "out of host memory for the saver");
     for (int i = 0; i < STAGES && rc == 0; i++)
-        if (posix_memalign(&sv.st[i].buf, STAGE_ALIGN, spec->piece_bytes) != 0) {
-            sv.st[i].buf = NULL;
+        if (!(sv.st[i].buf = fso_io_alloc(spec->piece_bytes))) /* O_DIRECT writes: util.h */
             rc = fail(&sv, -ENOMEM, "out of host memory for the saver's buffers");
-        }
     /* the order the next update takes the blocks in, so it waits the least */
     for (int j = 0; j < z->n_blocks && rc == 0; j++)
         rc = save_block(&sv, backward ? z->n_blocks - 1 - j : j, step);
@@ -466,7 +464,7 @@ int fso_zero_save_stream(fso_zero *z, fso_zero_save_spec *spec)
         drain(&sv);
     fso_zero_save_disarm(z);
     for (int i = 0; i < STAGES; i++)
-        free(sv.st[i].buf);
+        fso_io_free(sv.st[i].buf, spec->piece_bytes);
     free(sv.direct);
     free(sv.queued);
     return rc;
