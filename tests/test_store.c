@@ -27,6 +27,7 @@
 #include <cmocka.h>
 
 #include "store.h"
+#include "util.h"
 
 #define KiB ((size_t)1024)
 #define MiB (1024 * KiB)
@@ -391,6 +392,60 @@ static void test_uring_registered_buffers_round_trip(void **state)
     fso_store_destroy(s);
     free(area);
     free(other);
+}
+
+/* The smaps entry of the mapping holding p: whether THP may back it
+ * ("THPeligible: 1"); -1 when the kernel does not say. */
+static int thp_eligible(const void *p)
+{
+    FILE *f = fopen("/proc/self/smaps", "r");
+    char line[512];
+    int in = 0, r = -1;
+    if (!f)
+        return -1;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long lo, hi;
+        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2) /* a mapping's first line */
+            in = (uintptr_t)p >= lo && (uintptr_t)p < hi;
+        else if (in && sscanf(line, "THPeligible: %d", &r) == 1)
+            break;
+    }
+    fclose(f);
+    return r;
+}
+
+/* I/O buffers (util.h): aligned to 2 MiB, zeroed, the size rounded up,
+ * asked to be in huge pages (wherever THP is not off), and usable as the
+ * store's registered buffers. */
+static void test_io_buffers_are_aligned_huge_and_usable(void **state)
+{
+    fx *f = *state;
+    const size_t n = 3 * MiB + 4096;
+    uint8_t *p = fso_io_alloc(n);
+    assert_non_null(p);
+    assert_int_equal((uintptr_t)p % FSO_IO_ALIGN, 0);
+    for (size_t i = 0; i < 4 * MiB; i += 4096) /* the rounded size is ours */
+        assert_int_equal(p[i], 0);
+    char mode[128] = "";
+    FILE *m = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+    if (m) {
+        if (!fgets(mode, sizeof mode, m))
+            mode[0] = '\0';
+        fclose(m);
+    }
+    if (mode[0] && !strstr(mode, "[never]") && thp_eligible(p) >= 0)
+        assert_int_equal(thp_eligible(p), 1);
+    fso_store_opts o = opts_for(f, 1, 2 * MiB, 1 * MiB, 4);
+    fso_store *s = open_uring(&o);
+    assert_int_equal(s->ops->register_buffers(s, p, 4 * MiB), 0);
+    fill_random(p, 2 * MiB, 9);
+    static const size_t sizes[] = {1 * MiB};
+    transfer(s, true, p, 2 * MiB, sizes, 1);
+    transfer(s, false, p + 2 * MiB, 2 * MiB, sizes, 1);
+    assert_memory_equal(p, p + 2 * MiB, 2 * MiB);
+    fso_store_destroy(s);
+    fso_io_free(p, n);
+    assert_null(fso_io_alloc(SIZE_MAX));
 }
 
 static void test_uring_read_past_truncated_file_is_eio(void **state)
@@ -943,6 +998,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_uring_rejects_misaligned_and_out_of_range, setup_dirs, teardown_dirs),
         cmocka_unit_test_setup_teardown(test_uring_queue_depth_bounds_requests_in_flight, setup_dirs, teardown_dirs),
         cmocka_unit_test_setup_teardown(test_uring_registered_buffers_round_trip, setup_dirs, teardown_dirs),
+        cmocka_unit_test_setup_teardown(test_io_buffers_are_aligned_huge_and_usable, setup_dirs, teardown_dirs),
         cmocka_unit_test_setup_teardown(test_uring_read_past_truncated_file_is_eio, setup_dirs, teardown_dirs),
         cmocka_unit_test_setup_teardown(test_uring_files_are_0600_and_removed_by_destroy, setup_dirs, teardown_dirs),
         cmocka_unit_test_setup_teardown(test_uring_destroy_waits_for_requests_in_flight, setup_dirs, teardown_dirs),
