@@ -187,8 +187,8 @@ table = json_path != "-"
 out = print if table else (lambda *a, **k: print(*a, file=sys.stderr, **k))
 out("# fsoff NVMe store vs fio (io_uring, O_DIRECT), %s per point, sequential, in %s;" % (size, folder))
 huge = any(k[0] == "fio-huge" for k in vals)
-out("# median of %s interleaved rounds; ratio = fsoff / the best fio (plain, registered%s buffers)"
-    % (rounds, ", huge-page" if huge else " or registered"))
+out("# median of %s interleaved rounds; ratio = fsoff / the best fio (%s buffers)"
+    % (rounds, "plain, registered or huge-page" if huge else "plain or registered"))
 out("#    op       block    qd    fsoff  fio-plain  fio-fixed%s  fsoff/fio  fsoff spread  fio spread"
     % ("   fio-huge" if huge else ""))
 out("#            (bytes)        (GB/s)     (GB/s)     (GB/s)%s                (max-min)/median"
