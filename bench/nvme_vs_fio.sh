@@ -140,22 +140,14 @@ contenders=(fsoff fio-plain fio-fixed)
 # fsoff's buffers are in huge pages (THP), which a disk takes in far fewer
 # DMA segments; fio's are too with --iomem=shmhuge, from the huge pages the
 # system has reserved. With enough of them fio runs a third way.
-need=$(python3 -c 'import sys
+buf_bytes=$(python3 -c 'import sys
 u = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 def b(s):
     s = s.upper().rstrip("IB")
     return int(float(s[:-1]) * u[s[-1]]) if s[-1] in u else int(s)
-print(max(map(b, sys.argv[1].split(","))) * max(map(int, sys.argv[2].split(","))) // (2 << 20) + 2)' \
+print(max(map(b, sys.argv[1].split(","))) * max(map(int, sys.argv[2].split(","))))' \
     "$BLOCK_SIZES" "$QUEUE_DEPTHS")
-free_huge=$(awk '/^HugePages_Free:/ { print $2 }' /proc/meminfo)
-huge_kb=$(awk '/^Hugepagesize:/ { print $2 }' /proc/meminfo)
-if [ "${huge_kb:-0}" = 2048 ] && [ "${free_huge:-0}" -ge "$need" ]; then
-    contenders+=(fio-huge)
-else
-    echo "# fio-huge not run (fio with huge-page buffers, as fsoff's): it needs $need free 2 MiB" \
-        "huge pages (HugePages_Free: ${free_huge:-0}); reserve them with" \
-        "echo $need | sudo tee /proc/sys/vm/nr_hugepages" >&2
-fi
+fio_huge_pages "$buf_bytes" && contenders+=(fio-huge)
 nc=${#contenders[@]}
 start=$(date +%s)
 for ((r = 0; r < ROUNDS; r++)); do

@@ -8,7 +8,9 @@
 # In DIR:
 #   1. fio writes a new file of SIZE (default 2G) sequentially and reads it
 #      back (io_uring, O_DIRECT, 4 MiB requests, queue depth 32, plain
-#      buffers and registered ones; the better of the two counts);
+#      buffers, registered ones and, when the system has the huge pages
+#      reserved, registered ones in huge pages as fsoff's are; the best
+#      counts);
 #   2. fsoff trains N steps (default 3) with --nvme DIR --metrics and the
 #      options after `--` (the model, devices, budgets); the steps after the
 #      first are the measurement: their mean step time, compute time (the
@@ -73,13 +75,17 @@ cleanup() { rm -rf "$work"; rm -f "$fiofile"; }
 trap cleanup EXIT
 [ ! -e "$fiofile" ] || { trap - EXIT; rm -rf "$work"; die "$fiofile exists, left over from an earlier run; remove it"; }
 
-# fio_pass TAG: a new file written then read, plain and registered buffers;
+variants=(plain fixed)
+fio_huge_pages $((32 << 22)) && variants+=(huge)
+
+# fio_pass TAG: a new file written then read, with each variant's buffers;
 # appends "TAG variant op gbps" rows
 fio_pass() {
     local variant extra rw
-    for variant in plain fixed; do
+    for variant in "${variants[@]}"; do
         extra=()
         [ $variant = fixed ] && extra=(--fixedbufs=1 --registerfiles=1)
+        [ $variant = huge ] && extra=(--iomem=shmhuge --fixedbufs=1 --registerfiles=1)
         rm -f "$fiofile"
         for rw in write read; do
             fio --name=step --filename="$fiofile" --size="$SIZE" --bs=4M --iodepth=32 --rw=$rw \
@@ -151,8 +157,12 @@ out = print if table else (lambda *a, **k: print(*a, file=sys.stderr, **k))
 out("# a training step against max(compute, its NVMe bytes at fio's rates), in %s" % folder)
 out("# fsoff %s" % args)
 out("# placement: %s; the plan predicted %s ms/step" % (placement, predicted))
-out("# fio (%s, 4 MiB, qd 32): read %.3f GB/s (%s %.3f, after %.3f), write %.3f GB/s (%s %.3f, after %.3f)"
-    % (size, fio_read, "before", rd[0][0], rd[1][0], fio_write, "before", wr[0][0], wr[1][0]))
+names = {"plain": "plain", "fixed": "registered", "huge": "huge-page"}
+ran = [names[v] for v in names if any(v in d for d in fio.values())]
+out("# fio (%s, 4 MiB, qd 32, the best of %s buffers): read %.3f GB/s (%s %.3f, after %.3f), "
+    "write %.3f GB/s (%s %.3f, after %.3f)"
+    % (size, ", ".join(ran), fio_read, "before", rd[0][0], rd[1][0], fio_write, "before",
+       wr[0][0], wr[1][0]))
 out("# load average %s before fsoff, %s after; fsoff ran %s s" % (lb, la, secs))
 out("#  steps    step ms  compute ms    stall ms   read GB  write GB   I/O ms at fio    bound ms  step/bound")
 out("  %6d  %9.0f  %10.0f  %10.0f  %8.2f  %8.2f  %14.0f  %10.0f  %10.2f"
