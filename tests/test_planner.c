@@ -1296,11 +1296,14 @@ static void test_probe_cache_tuned_entries(void **state)
     assert_int_equal(fso_probe_tuned_load(path, key, &u, err, sizeof err), -ENOENT);
     assert_int_equal(fso_probe_tuned_load(path, t.key, &u, err, sizeof err), 0);
 
-    /* an older cache (a version 1 file with "tuned") is measured again */
+    /* an older cache (a version 1 file with "tuned"; a version 2 one, whose
+     * NVMe rates came through 4 KiB pages) is measured again */
     mkfile(path, "{\"version\": 1, \"machines\": [], \"tuned\": []}");
     assert_int_equal(fso_probe_tuned_load(path, t.key, &u, err, sizeof err), -ENOENT);
+    mkfile(path, "{\"version\": 2, \"machines\": [], \"nvme\": [], \"tuned\": []}");
+    assert_int_equal(fso_probe_tuned_load(path, t.key, &u, err, sizeof err), -ENOENT);
     /* "tuned" that is not an array: not a probe cache */
-    mkfile(path, "{\"version\": 2, \"machines\": [], \"nvme\": [], \"tuned\": {}}");
+    mkfile(path, "{\"version\": 3, \"machines\": [], \"nvme\": [], \"tuned\": {}}");
     assert_int_equal(fso_probe_tuned_load(path, t.key, &u, err, sizeof err), -EINVAL);
     assert_non_null(strstr(err, "not an fsoff probe cache"));
 
