@@ -202,11 +202,16 @@ typedef struct tl {
         (t)->block = (b);                                                                  \
     } while (0)
 
+/* The lane an event of stream s occupies. Reads and writes of the NVMe
+ * folders share one: a drive does one thing at a time, and a mix of reads
+ * and writes moves each at its own rate only in its share of the time. */
 static int phys(const tl *t, int s)
 {
     if (s == JOIN)
         return -1;
-    if (t->shared && s != FSO_STREAM_NVME_READ && s != FSO_STREAM_NVME_WRITE)
+    if (s == FSO_STREAM_NVME_WRITE)
+        return FSO_STREAM_NVME_READ;
+    if (t->shared && s != FSO_STREAM_NVME_READ)
         return FSO_STREAM_COMPUTE;
     return s;
 }

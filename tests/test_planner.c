@@ -459,6 +459,29 @@ static void test_timeline_cpu_device_is_a_sum(void **state)
     assert_true(fabs(p.stall_ms) < 1e-3);
 }
 
+/* One drive does one thing at a time: the optimizer's reads and writes of
+ * state on NVMe, at equal rates, take their sum, not the longer of the two
+ * (compute, copies and AdamW made negligible). */
+static void test_timeline_nvme_reads_and_writes_share_the_drive(void **state)
+{
+    (void)state;
+    synth s;
+    fso_plan p;
+    fso_placement pl;
+    const uint64_t E = 1 << 20;
+    synth_model(&s, 4, E, 1, true);
+    fso_plan_machine *m = &s.in.machine;
+    m->device_gflops = 1e12;
+    m->h2d_gbps = m->d2h_gbps = m->host_copy_gbps = m->coll_gbps = 1e12;
+    m->adam_gelems = m->device_adam_gelems = 1e12;
+    m->nvme_read_gbps = m->nvme_write_gbps = 4.0 * E / 1e6; /* a block of one kind in 1 ms */
+    fso_placement_uniform(&pl, 4, FSO_TIER_DEVICE, FSO_TIER_NVME, FSO_TIER_DEVICE, 0);
+    assert_int_equal(fso_plan_evaluate(&s.in, &pl, &p), 0);
+    const double rd = p.busy_ms[FSO_STREAM_NVME_READ], wr = p.busy_ms[FSO_STREAM_NVME_WRITE];
+    assert_true(rd > 4 && wr > 4); /* master, m, v of 4 blocks, each way */
+    assert_true(p.step_ms >= rd + wr - 1e-6);
+}
+
 static void test_replan_when_off_by_more_than_20_percent(void **state)
 {
     (void)state;
@@ -1381,6 +1404,7 @@ int main(void)
         cmocka_unit_test(test_sizes_beyond_the_planner_are_checked_by_arithmetic),
         cmocka_unit_test(test_timeline_prefetch_depth_hand_computed),
         cmocka_unit_test(test_timeline_cpu_device_is_a_sum),
+        cmocka_unit_test(test_timeline_nvme_reads_and_writes_share_the_drive),
         cmocka_unit_test(test_replan_when_off_by_more_than_20_percent),
         cmocka_unit_test(test_replan_reads_ahead_when_nvme_is_slower),
         cmocka_unit_test(test_replan_from_per_block_timings),
