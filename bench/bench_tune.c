@@ -290,13 +290,14 @@ typedef struct tn_choice {
     int read, write;          /* the fastest reader and writer at --devices rings */
     int pick;                 /* the aio section's setting */
     double lat_ms[2];         /* [write]: one request alone, beyond its transfer time */
+    double flushed_gbps;      /* the pick's writes timed until flushed to the drive */
 } tn_choice;
 
 static tn_choice tn_choose(const tn_args *a, const fso_tune_point *pts, int npts)
 {
     tn_choice c = {tn_best(pts, npts, a->devices, FSO_TUNE_READ, 1),
                    tn_best(pts, npts, a->devices, FSO_TUNE_WRITE, 1),
-                   tn_best(pts, npts, a->devices, FSO_TUNE_BOTH, TN_NEAR), {0, 0}};
+                   tn_best(pts, npts, a->devices, FSO_TUNE_BOTH, TN_NEAR), {0, 0}, 0};
     /* the picked size at queue depth 1 on one ring: its time per request
      * beyond the transfer time at the picked rate */
     const fso_tune_point *pick = &pts[c.pick];
@@ -365,6 +366,9 @@ static void tn_print(const tn_args *a, const fso_tune_sweep *sw, const tn_choice
            a->devices == 1 ? "" : "s", l, pick->qd, fso_tune_rate(pick, 1),
            fso_tune_rate(pick, 0), 100 * fso_tune_rate(pick, 1) / fso_tune_rate(&pts[c->write], 1),
            100 * fso_tune_rate(pick, 0) / fso_tune_rate(&pts[c->read], 0));
+    printf("# its writes timed until flushed to the drive: %.3f GB/s (the write rate the planner "
+           "takes: a cache in front of the drive takes bursts faster than it drains)\n",
+           c->flushed_gbps);
     printf("# the aio section to use:\n\"aio\": {\"block_size\": %zu, \"queue_depth\": %d}\n",
            pick->block, pick->qd);
 }
@@ -382,7 +386,8 @@ static int tn_record(const tn_args *a, const fso_tune_point *pick, const tn_choi
     t.block_bytes = pick->block;
     t.queue_depth = pick->qd;
     t.read_gbps = fso_tune_rate(pick, 0);
-    t.write_gbps = fso_tune_rate(pick, 1);
+    t.write_gbps = c->flushed_gbps < fso_tune_rate(pick, 1) ? c->flushed_gbps
+                                                            : fso_tune_rate(pick, 1);
     t.read_lat_ms = c->lat_ms[0];
     t.write_lat_ms = c->lat_ms[1];
     if (fso_probe_cache_path(path, sizeof path) < 0) {
@@ -424,6 +429,7 @@ static json_t *tn_json(const tn_args *a, const fso_tune_sweep *sw, const tn_choi
     json_t *pick = tn_point_json(&pts[c->pick]);
     json_object_set_new(pick, "read_lat_ms", json_real(c->lat_ms[0]));
     json_object_set_new(pick, "write_lat_ms", json_real(c->lat_ms[1]));
+    json_object_set_new(pick, "flushed_write_gbps", json_real(c->flushed_gbps));
     return json_pack("{s:s, s:s, s:o, s:I, s:f, s:i, s:b, s:b, s:o, s:{s:o, s:o}, s:o, "
                      "s:{s:I, s:i}, s:f}", "bench", "tune", "tool", "fsoff", "folders", dirs,
                      "size_bytes", (json_int_t)sw->region_bytes, "seconds_per_point",
@@ -484,7 +490,11 @@ int fso_bench_tune(int argc, char **argv)
         free(sw.pts);
         return status;
     }
-    const tn_choice c = tn_choose(&a, sw.pts, sw.npts);
+    tn_choice c = tn_choose(&a, sw.pts, sw.npts);
+    if ((c.flushed_gbps = fso_tune_flushed_write(&sw, &sw.pts[c.pick])) <= 0) {
+        free(sw.pts);
+        return 1;
+    }
     const double elapsed = (fso_now_ms() - t_start) / 1e3;
     if (table)
         tn_print(&a, &sw, &c);

@@ -270,6 +270,71 @@ static void tn_contenders(const fso_tune_sweep *sw, bool *contender)
         }
 }
 
+double fso_tune_flushed_write(const fso_tune_sweep *sw, const fso_tune_point *p)
+{
+    tn_ring ring[FSO_TUNE_MAX_RINGS];
+    const size_t one_block[1] = {p->block};
+    fso_tune_sweep one = *sw;
+    one.blocks = one_block;
+    one.nblocks = 1;
+    memset(ring, 0, sizeof ring);
+    double gbps = 0;
+    int rings = 0, status = 0;
+    for (; rings < p->rings && status == 0; rings++) {
+        ring[rings].area_bytes = p->block * FSO_TUNE_MAX_QD; /* tn_open's fill too */
+        ring[rings].region = sw->region_bytes / p->block * p->block;
+        if (!(ring[rings].area = fso_io_alloc(ring[rings].area_bytes))) {
+            fprintf(stderr, "fsoff: error: bench tune: out of memory for I/O buffers\n");
+            status = 1;
+        }
+    }
+    if (status == 0)
+        status = tn_open(&one, ring, rings); /* writes each region once, untimed */
+    /* what earlier writes left in the caches is flushed first, untimed: a
+     * virtual disk flushes the whole disk at once */
+    for (int i = 0; i < rings && status == 0; i++)
+        if (ring[i].stores[0]->ops->flush && ring[i].stores[0]->ops->flush(ring[i].stores[0]) < 0) {
+            fprintf(stderr, "fsoff: error: bench tune: %s\n", ring[i].stores[0]->err);
+            status = 1;
+        }
+    pthread_t tid[FSO_TUNE_MAX_RINGS];
+    int started = 0;
+    const double t0 = fso_now_ms();
+    for (int i = 0; i < rings && status == 0; i++) {
+        ring[i].s = ring[i].stores[0];
+        ring[i].write = true;
+        ring[i].block = p->block;
+        ring[i].qd = p->qd;
+        ring[i].count = ring[i].region / p->block;
+        ring[i].go = NULL;
+        if (pthread_create(&tid[i], NULL, tn_run, &ring[i]) != 0) {
+            fprintf(stderr, "fsoff: error: bench tune: cannot start a thread\n");
+            status = 1;
+            break;
+        }
+        started++;
+    }
+    for (int i = 0; i < started; i++)
+        pthread_join(tid[i], NULL);
+    uint64_t bytes = 0;
+    for (int i = 0; i < started && status == 0; i++) {
+        fso_store *s = ring[i].s;
+        int rc = ring[i].rc < 0 ? ring[i].rc : s->ops->flush ? s->ops->flush(s) : 0;
+        if (rc < 0) {
+            fprintf(stderr, "fsoff: error: bench tune: %s\n", s->err[0] ? s->err : strerror(-rc));
+            status = 1;
+        }
+        bytes += ring[i].region;
+    }
+    const double secs = (fso_now_ms() - t0) / 1e3;
+    if (status == 0 && secs > 0)
+        gbps = (double)bytes / secs / 1e9;
+    tn_close(ring, rings);
+    for (int i = 0; i < rings; i++)
+        fso_io_free(ring[i].area, ring[i].area_bytes);
+    return status == 0 ? gbps : 0;
+}
+
 int fso_tune_run(fso_tune_sweep *sw)
 {
     tn_ring ring[FSO_TUNE_MAX_RINGS];

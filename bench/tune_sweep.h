@@ -71,6 +71,14 @@ typedef struct fso_tune_sweep {
  * printed (a store that cannot be created or fails). */
 int fso_tune_run(fso_tune_sweep *sw);
 
+/* Point p's write rate to the drive itself: each of its rings writes its
+ * region once untimed and flushes it (what earlier writes left in a cache
+ * goes too), then writes it once more at p's request size and depth, timed
+ * until the store is flushed (store.h flush), the rings together. What the
+ * planner takes as the write rate: the sweep's rates include what a cache in
+ * front of the drive absorbs. GB/s, or 0 with one error line printed. */
+double fso_tune_flushed_write(const fso_tune_sweep *sw, const fso_tune_point *p);
+
 /* A point's median rate for write (1) or read (0), 0 with no samples. */
 double fso_tune_rate(const fso_tune_point *p, int write);
 /* Its score under a ranking: higher is better. */

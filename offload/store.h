@@ -68,6 +68,11 @@ typedef struct fso_store_ops {
      * where the store is not files (memory). 0 or -errno. */
     int (*file_extent)(fso_store *s, uint64_t off, size_t len, int *fd, uint64_t *file_off,
                        size_t *contig);
+    /* Make the writes completed so far durable (fdatasync of every file):
+     * what a write rate is timed to when it must be the rate the drive
+     * drains at, not a cache's in front of it. Optional: NULL where there is
+     * nothing to flush (memory). 0 or -errno (message in s->err). */
+    int (*flush)(fso_store *s);
     void (*destroy)(fso_store *s);
 } fso_store_ops;
 

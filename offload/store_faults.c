@@ -219,6 +219,13 @@ static int fault_file_extent(fso_store *s, uint64_t off, size_t len, int *fd, ui
                                 : -EOPNOTSUPP;
 }
 
+static int fault_flush(fso_store *s)
+{
+    fso_store *in = ((fault_ctx *)s->ctx)->inner;
+    int rc = in->ops->flush ? in->ops->flush(in) : 0;
+    return rc < 0 ? fault_inner_error(s, rc) : 0;
+}
+
 static int fault_grow(fso_store *s, uint64_t capacity_bytes)
 {
     fault_ctx *c = s->ctx;
@@ -259,6 +266,7 @@ static const fso_store_ops fault_ops = {
     .register_buffers = fault_register_buffers,
     .inject_short_read = NULL,
     .file_extent = fault_file_extent,
+    .flush = fault_flush,
     .grow = fault_grow,
     .destroy = fault_destroy,
 };

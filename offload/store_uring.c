@@ -420,6 +420,16 @@ static int uring_file_extent(fso_store *s, uint64_t off, size_t len, int *fd, ui
     return 0;
 }
 
+static int uring_flush(fso_store *s)
+{
+    uring_ctx *c = s->ctx;
+    for (int d = 0; d < c->ndirs; d++)
+        if (fdatasync(c->fds[d]) != 0)
+            return fso_store_fail(s, -errno, "%s: flushing to the drive: %s", c->path[d],
+                                  strerror(errno));
+    return 0;
+}
+
 /* ---- the files to remove when the process ends at once ---- */
 
 /* Pointers to the paths (in their store's context) of the files created to
@@ -511,6 +521,7 @@ static const fso_store_ops uring_ops = {
     .register_buffers = uring_register_buffers,
     .inject_short_read = uring_inject_short_read,
     .file_extent = uring_file_extent,
+    .flush = uring_flush,
     .grow = uring_grow,
     .destroy = uring_destroy,
 };

@@ -443,6 +443,7 @@ static void test_io_buffers_are_aligned_huge_and_usable(void **state)
     transfer(s, true, p, 2 * MiB, sizes, 1);
     transfer(s, false, p + 2 * MiB, 2 * MiB, sizes, 1);
     assert_memory_equal(p, p + 2 * MiB, 2 * MiB);
+    assert_int_equal(s->ops->flush(s), 0); /* the writes made durable */
     fso_store_destroy(s);
     fso_io_free(p, n);
     assert_null(fso_io_alloc(SIZE_MAX));
