@@ -95,15 +95,34 @@ static void *tn_run(void *arg)
     return NULL;
 }
 
+/* Rings [0, rings) run their set-up point (tn_run) together, started at
+ * one barrier, and are joined. */
+static void tn_launch(tn_ring *ring, int rings)
+{
+    if (rings == 1) {
+        ring[0].go = NULL;
+        tn_run(&ring[0]);
+        return;
+    }
+    pthread_t tid[FSO_TUNE_MAX_RINGS];
+    pthread_barrier_t go;
+    pthread_barrier_init(&go, NULL, (unsigned)rings);
+    for (int i = 0; i < rings; i++) {
+        ring[i].go = &go;
+        if (pthread_create(&tid[i], NULL, tn_run, &ring[i]) != 0)
+            abort(); /* the started ones would wait at the barrier forever */
+    }
+    for (int i = 0; i < rings; i++) {
+        pthread_join(tid[i], NULL);
+        ring[i].go = NULL;
+    }
+    pthread_barrier_destroy(&go);
+}
+
 /* One point on `rings` rings; GB/s, or -errno with the message printed. */
 static double tn_point_run(tn_ring *ring, const fso_tune_point *p, bool write, double seconds)
 {
     const int rings = p->rings;
-    pthread_t tid[FSO_TUNE_MAX_RINGS];
-    pthread_barrier_t go;
-    int started = 0;
-    if (rings > 1)
-        pthread_barrier_init(&go, NULL, (unsigned)rings);
     for (int i = 0; i < rings; i++) {
         ring[i].s = ring[i].stores[p->bi];
         ring[i].write = write;
@@ -111,20 +130,8 @@ static double tn_point_run(tn_ring *ring, const fso_tune_point *p, bool write, d
         ring[i].qd = p->qd;
         ring[i].seconds = seconds;
         ring[i].count = 0;
-        ring[i].go = rings > 1 ? &go : NULL;
     }
-    if (rings == 1) {
-        tn_run(&ring[0]);
-    } else {
-        for (int i = 0; i < rings; i++) {
-            if (pthread_create(&tid[i], NULL, tn_run, &ring[i]) != 0)
-                abort(); /* the started ones would wait at the barrier forever */
-            started++;
-        }
-        for (int i = 0; i < started; i++)
-            pthread_join(tid[i], NULL);
-        pthread_barrier_destroy(&go);
-    }
+    tn_launch(ring, rings);
     double gbps = 0;
     for (int i = 0; i < rings; i++) {
         if (ring[i].rc < 0) {
@@ -293,12 +300,10 @@ double fso_tune_flushed_write(const fso_tune_sweep *sw, const fso_tune_point *p)
     /* what earlier writes left in the caches is flushed first, untimed: a
      * virtual disk flushes the whole disk at once */
     for (int i = 0; i < rings && status == 0; i++)
-        if (ring[i].stores[0]->ops->flush && ring[i].stores[0]->ops->flush(ring[i].stores[0]) < 0) {
+        if (fso_store_flush(ring[i].stores[0]) < 0) {
             fprintf(stderr, "fsoff: error: bench tune: %s\n", ring[i].stores[0]->err);
             status = 1;
         }
-    pthread_t tid[FSO_TUNE_MAX_RINGS];
-    int started = 0;
     const double t0 = fso_now_ms();
     for (int i = 0; i < rings && status == 0; i++) {
         ring[i].s = ring[i].stores[0];
@@ -306,20 +311,13 @@ double fso_tune_flushed_write(const fso_tune_sweep *sw, const fso_tune_point *p)
         ring[i].block = p->block;
         ring[i].qd = p->qd;
         ring[i].count = ring[i].region / p->block;
-        ring[i].go = NULL;
-        if (pthread_create(&tid[i], NULL, tn_run, &ring[i]) != 0) {
-            fprintf(stderr, "fsoff: error: bench tune: cannot start a thread\n");
-            status = 1;
-            break;
-        }
-        started++;
     }
-    for (int i = 0; i < started; i++)
-        pthread_join(tid[i], NULL);
+    if (status == 0)
+        tn_launch(ring, rings);
     uint64_t bytes = 0;
-    for (int i = 0; i < started && status == 0; i++) {
+    for (int i = 0; i < rings && status == 0; i++) {
         fso_store *s = ring[i].s;
-        int rc = ring[i].rc < 0 ? ring[i].rc : s->ops->flush ? s->ops->flush(s) : 0;
+        int rc = ring[i].rc < 0 ? ring[i].rc : fso_store_flush(s);
         if (rc < 0) {
             fprintf(stderr, "fsoff: error: bench tune: %s\n", s->err[0] ? s->err : strerror(-rc));
             status = 1;

@@ -23,22 +23,14 @@
 int fso_zero_arena_init(fso_zero *z, size_t reserve, size_t bytes, char *err, size_t errlen)
 {
     z->arena.reserve = (reserve + 2 * ARENA_ROUND - 1) / ARENA_ROUND * ARENA_ROUND;
-    char *map = mmap(NULL, z->arena.reserve + ARENA_ROUND, PROT_NONE,
-                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (map == MAP_FAILED) {
+    z->arena.base = fso_map_aligned(z->arena.reserve, PROT_NONE, MAP_NORESERVE);
+    if (!z->arena.base) {
         char h[32];
-        z->arena.base = NULL;
         fso_human_bytes(h, sizeof h, (double)z->arena.reserve);
         snprintf(err, errlen, "host memory: cannot reserve %s of address space for the host "
                               "arena: %s; check ulimit -v", h, strerror(errno));
         return -ENOMEM;
     }
-    /* an aligned start; the address space around it goes back */
-    char *base = (char *)(((uintptr_t)map + ARENA_ROUND - 1) & ~(uintptr_t)(ARENA_ROUND - 1));
-    if (base > map)
-        munmap(map, (size_t)(base - map));
-    munmap(base + z->arena.reserve, (size_t)(map + ARENA_ROUND - base));
-    z->arena.base = base;
     z->arena.bytes = 0;
     return fso_zero_arena_grow(z, bytes, err, errlen);
 }

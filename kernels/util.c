@@ -53,24 +53,33 @@ static size_t io_round(size_t bytes)
     return (bytes + FSO_IO_ALIGN - 1) / FSO_IO_ALIGN * FSO_IO_ALIGN;
 }
 
-void *fso_io_alloc(size_t bytes)
+void *fso_map_aligned(size_t len, int prot, int flags)
 {
-    const size_t len = io_round(bytes ? bytes : 1);
-    if (len < bytes || len + FSO_IO_ALIGN < len) {
+    if (len + FSO_IO_ALIGN < len) {
         errno = ENOMEM;
         return NULL;
     }
     /* map one alignment more, then give back the ends around an aligned start */
-    char *map = mmap(NULL, len + FSO_IO_ALIGN, PROT_READ | PROT_WRITE,
-                     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    char *map = mmap(NULL, len + FSO_IO_ALIGN, prot, flags | MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (map == MAP_FAILED)
         return NULL;
     char *p = (char *)(((uintptr_t)map + FSO_IO_ALIGN - 1) & ~(uintptr_t)(FSO_IO_ALIGN - 1));
     if (p > map)
         munmap(map, (size_t)(p - map));
-    if (map + len + FSO_IO_ALIGN > p + len)
-        munmap(p + len, (size_t)(map + len + FSO_IO_ALIGN - (p + len)));
-    fso_io_advise(p, len);
+    munmap(p + len, (size_t)(map + FSO_IO_ALIGN - p)); /* never 0: p < map + FSO_IO_ALIGN */
+    return p;
+}
+
+void *fso_io_alloc(size_t bytes)
+{
+    const size_t len = io_round(bytes ? bytes : 1);
+    if (len < bytes) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    char *p = fso_map_aligned(len, PROT_READ | PROT_WRITE, 0);
+    if (p)
+        fso_io_advise(p, len);
     return p;
 }
 

@@ -30,6 +30,10 @@ uint64_t fso_mem_available_bytes(void);
  * errno set. fso_io_free takes the size given to fso_io_alloc. */
 #define FSO_IO_ALIGN ((size_t)2 << 20)
 void *fso_io_alloc(size_t bytes);
+/* An anonymous mapping of len bytes (a multiple of FSO_IO_ALIGN) starting
+ * on an FSO_IO_ALIGN boundary, with mmap's prot and flags (MAP_ANONYMOUS
+ * and MAP_PRIVATE added); munmap(p, len) frees it. NULL with errno set. */
+void *fso_map_aligned(size_t len, int prot, int flags);
 void fso_io_free(void *p, size_t bytes);
 /* The same for an address range the caller already mapped (aligned to
  * FSO_IO_ALIGN for the hint to take): ask for huge pages there. */

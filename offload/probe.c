@@ -167,7 +167,7 @@ static int probe_store(const char **dirs, int n, uint64_t bytes, double *rd, dou
         buf[i] = (char)(i * 2654435761u >> 13);
     /* earlier writes (anyone's) still in a cache are flushed first, untimed:
      * a virtual disk flushes the whole disk at once */
-    if (s->ops->flush && (rc = s->ops->flush(s)) < 0) {
+    if ((rc = fso_store_flush(s)) < 0) {
         snprintf(err, errlen, "%s", s->err);
         fso_store_destroy(s);
         fso_io_free(buf, block * (size_t)qd);
@@ -175,7 +175,7 @@ static int probe_store(const char **dirs, int n, uint64_t bytes, double *rd, dou
     }
     double t0 = (fso_now_ms() / 1e3);
     rc = stream_io(s, true, buf, block, qd, so.capacity_bytes, err, errlen);
-    if (rc == 0 && s->ops->flush && (rc = s->ops->flush(s)) < 0)
+    if (rc == 0 && (rc = fso_store_flush(s)) < 0)
         snprintf(err, errlen, "%s", s->err);
     double t1 = (fso_now_ms() / 1e3);
     if (rc == 0)

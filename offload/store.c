@@ -33,6 +33,11 @@ int fso_store_check(fso_store *s, const char *op, const void *buf, size_t len, u
     return 0;
 }
 
+int fso_store_flush(fso_store *s)
+{
+    return s->ops->flush ? s->ops->flush(s) : 0;
+}
+
 void fso_store_destroy(fso_store *s)
 {
     if (s && s->ops && s->ops->destroy)

@@ -156,6 +156,9 @@ int fso_store_read(fso_store *s, void *buf, size_t len, uint64_t off);
  * be idle. 0 or -errno (message in s->err). */
 int fso_store_grow(fso_store *s, uint64_t capacity_bytes);
 int fso_store_write(fso_store *s, const void *buf, size_t len, uint64_t off);
+/* ops->flush where the store has one (else there is nothing to flush): 0 or
+ * -errno (message in s->err). */
+int fso_store_flush(fso_store *s);
 
 /* For implementations (store.c). */
 /* Formats the message into s->err and returns rc. */

@@ -222,7 +222,7 @@ static int fault_file_extent(fso_store *s, uint64_t off, size_t len, int *fd, ui
 static int fault_flush(fso_store *s)
 {
     fso_store *in = ((fault_ctx *)s->ctx)->inner;
-    int rc = in->ops->flush ? in->ops->flush(in) : 0;
+    int rc = fso_store_flush(in);
     return rc < 0 ? fault_inner_error(s, rc) : 0;
 }
 
