@@ -333,6 +333,7 @@ static int open_devices(fso_zero *z, const fso_zero_need *need, int threads_per_
         rk->numa = -1;
         rk->z = z;
         pthread_mutex_init(&rk->io.mu, NULL);
+        pthread_mutex_init(&rk->io.pf_mu, NULL);
         pthread_mutex_init(&rk->opt.mu, NULL);
         pthread_cond_init(&rk->opt.cv, NULL);
         rk->sync_init = true;
@@ -568,8 +569,13 @@ int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t err
             (rc = fso_zero_open_store(z, rk, &cfg->offload, nvme_bytes, err, errlen)) < 0)
             goto fail;
     }
-    if ((rc = open_collectives(z, err, errlen)) < 0 ||
-        (rc = fso_zero_start_workers(z, err, errlen)) < 0 ||
+    if ((rc = open_collectives(z, err, errlen)) < 0)
+        goto fail;
+    if ((rc = fso_zero_shared_coll_init(z)) < 0) {
+        snprintf(err, errlen, "out of host memory");
+        goto fail;
+    }
+    if ((rc = fso_zero_start_workers(z, err, errlen)) < 0 ||
         (rc = initial_values(z, hf, err, errlen)) < 0)
         goto fail;
     fso_hf_close(hf);
@@ -601,6 +607,7 @@ void fso_zero_destroy(fso_zero *z)
         rank_state *rk = &z->ranks[r];
         if (rk->sync_init) {
             pthread_mutex_destroy(&rk->io.mu);
+            pthread_mutex_destroy(&rk->io.pf_mu);
             pthread_mutex_destroy(&rk->opt.mu);
             pthread_cond_destroy(&rk->opt.cv);
         }
@@ -627,6 +634,7 @@ void fso_zero_destroy(fso_zero *z)
     }
     fso_zero_arena_free(z);
     fso_zero_save_free(z);
+    fso_zero_shared_coll_free(z);
     fso_topo_destroy(z->topo);
     free(z->ranks);
     free(z->blocks);

@@ -74,9 +74,13 @@ typedef struct rank_compute {
     void *gather[2];             /* gathered parameters (max_padded) in their working type
                                     (bf16 or fp32), what the model reads */
     int gather_block[2], gather_refs[2];
+    int64_t gather_lend[2];      /* shared windows: the lend each holds (shared_coll) */
+    int64_t lends;               /* params() calls so far: the same sequence on every device */
     uint64_t gather_free[2];     /* backend mark: compute done with gather[g] (0: assume not) */
     float *grad_full[2];         /* full-block gradients (max_padded), reduce-scattered */
     int grad_full_block[2];
+    int64_t grad_reduce[2];      /* shared reduces: the reduce that last read grad_full[g] */
+    int64_t reduces;             /* grads_done() calls so far: the same on every device */
     int order_pos;               /* position in z->order of the next params() */
     int micro;                   /* micro-batch index within the step */
     const int32_t *inputs, *targets;
@@ -92,6 +96,8 @@ typedef struct rank_io {
     fso_store *store;            /* NULL: no state on NVMe */
     uint64_t nvme_end;           /* end of the store's extents in use */
     pthread_mutex_t mu;          /* the store's ring, shared with the optimizer thread */
+    pthread_mutex_t pf_mu;       /* the prefetch ring's blocks and compute.order_pos: the
+                                    optimizer thread starts reads too (fso_zero_prefetch_kick) */
     slot prefetch[MAX_PARAM_SLOTS]; /* parameter prefetch ring */
     int n_prefetch;              /* in use: prefetch + 2 when parameters are on NVMe */
     int n_prefetch_bufs;         /* with a buffer (a re-plan may use fewer) */
@@ -182,6 +188,28 @@ typedef struct rank_threads {
     bool caller_bound;           /* device 0's node applied to the caller's thread */
 } rank_threads;
 
+/* Devices whose memory is this process's (CPU devices) gather and reduce
+ * in that memory, without the collective (zero_source.c). Gathers: the
+ * 2 * world windows of every device are one pool, the devices' lend i (the
+ * same block on every device) is in window i % n, and each device writes
+ * only its own shard there: the block is gathered once, one shard copied
+ * per device instead of world. Reduce-scatters: each device posts its
+ * full-block gradients and sums its shard of everyone's, taking the
+ * shard's norm in the same pass (fso_host_reduce_sqnorm); a device's
+ * gradient buffer is used again once every device has read it. */
+typedef struct shared_coll {
+    bool on;
+    int n;                       /* windows in the pool */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int64_t *placed, *released;  /* [window * world + device]: the lend whose shard the device
+                                    last wrote into the window, the last it released there;
+                                    -1 none */
+    const float **rs_src;        /* [device * 2 + reduce % 2]: the gradients it posted */
+    int64_t *rs_posted, *rs_read; /* [device]: its last reduce posted, and the last whose
+                                    gradients it has finished reading; -1 none */
+} shared_coll;
+
 /* The save in progress (zero_save.c): the state of step `step` streams
  * out block by block while training goes on; an update of a later step
  * waits until the saver is done with its block. */
@@ -218,6 +246,7 @@ struct fso_zero {
     struct fso_topo *topo;       /* this machine, when it has more than one NUMA node */
     rank_threads threads;
     save_gate save;
+    shared_coll sc;
 };
 
 
@@ -311,6 +340,14 @@ int fso_zero_block_xfer(fso_zero *z, int b, float *flat, fso_kind k, int dir);
 fso_block_source fso_zero_rank_source(rank_state *rk);
 /* Before a micro-batch: nothing lent, the prefetch order from its start. */
 void fso_zero_source_reset(rank_state *rk);
+/* Gathers and reduce-scatters in the devices' shared memory when their
+ * memory is this process's and there are several (shared_coll); free it. */
+int fso_zero_shared_coll_init(fso_zero *z);
+void fso_zero_shared_coll_free(fso_zero *z);
+/* The optimizer thread, once it has updated a block for step `step`: the
+ * reads of the parameter blocks compute needs next that waited for it
+ * start now, not at compute's next params(). */
+void fso_zero_prefetch_kick(rank_state *rk, int64_t step);
 /* The gradient shard on its way down lands in its tier (if any). */
 void fso_zero_grads_land(rank_state *rk);
 /* Compute since the last callback belongs to the block lent last. */

@@ -127,12 +127,15 @@ static void update_unit(rank_state *rk, const unit *u, float *master, const floa
         round_padding(out, master, done - lo, hi - lo);
 }
 
+/* Block b holds step's parameters: compute may use it, and reads of it
+ * (parameters on NVMe) that waited for the update start. */
 static void mark_ready(rank_state *rk, int b, int64_t step)
 {
     pthread_mutex_lock(&rk->opt.mu);
     rk->opt.ready[b] = step;
     pthread_cond_broadcast(&rk->opt.cv);
     pthread_mutex_unlock(&rk->opt.mu);
+    fso_zero_prefetch_kick(rk, step);
 }
 
 /* Blocks [b0, b1) hold step's master, m and v wherever they live: a save

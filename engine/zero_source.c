@@ -2,7 +2,9 @@
  * block's parameters gathered from the devices' shards (read ahead from
  * NVMe, staged onto the device) into a window the model reads, and each
  * block's gradients reduce-scattered back into the shards, landing on
- * their tier one block behind; with the time spent in each. */
+ * their tier one block behind; with the time spent in each. CPU devices
+ * gather and reduce in their shared memory instead of through the
+ * collective (shared_coll, zero_impl.h). */
 #include "zero_impl.h"
 
 #include <errno.h>
@@ -14,8 +16,10 @@
 #include "util.h"
 
 /* Start reading parameter shards of the next blocks in the order, as far
- * as the ring allows. */
-static int prefetch_params(rank_state *rk)
+ * as the ring allows: those the optimizer has updated for `step`. Failures
+ * go to es, and the bytes read to bytes_done; with io.pf_mu held (the
+ * compute thread and the optimizer's kick both start reads). */
+static int prefetch_params(rank_state *rk, errsink *es, uint64_t *bytes_done, int64_t step)
 {
     fso_zero *z = rk->z;
     if (z->tier[FSO_KIND_PARAM] != FSO_TIER_NVME)
@@ -26,7 +30,7 @@ static int prefetch_params(rank_state *rk)
         int b = z->order[i];
         /* never read a block the optimizer has not finished writing */
         pthread_mutex_lock(&rk->opt.mu);
-        bool ready = rk->opt.ready[b] >= z->step;
+        bool ready = rk->opt.ready[b] >= step;
         pthread_mutex_unlock(&rk->opt.mu);
         if (!ready)
             break;
@@ -40,6 +44,7 @@ static int prefetch_params(rank_state *rk)
          * of those, the one whose copy to the device is oldest (or done),
          * so that reusing it rarely waits */
         slot *s = NULL;
+        pthread_mutex_lock(&rk->io.mu); /* pending: either thread reaps */
         for (int j = 0; j < rk->io.n_prefetch; j++) {
             slot *c = &rk->io.prefetch[j];
             bool needed = false;
@@ -49,23 +54,174 @@ static int prefetch_params(rank_state *rk)
             if (!needed && c->pending == 0 && (!s || c->copied < s->copied))
                 s = c;
         }
+        pthread_mutex_unlock(&rk->io.mu);
         if (!s)
             break;
         /* its last copy to the device is done (long since, as a rule) */
         fso_zero_copies_wait(rk, s);
         s->block = b;
-        int rc = fso_zero_shard_fetch(rk, b, FSO_KIND_PARAM, s);
-        if (rc < 0)
+        void *p;
+        int rc = fso_zero_xfer(rk, es, bytes_done, b, FSO_KIND_PARAM, 0,
+                               fso_zero_shard_elems(z, b), s, false, false, &p);
+        if (rc < 0) {
+            pthread_mutex_lock(&rk->io.mu);
+            s->err = rc; /* whoever waits for the slot says so */
+            pthread_mutex_unlock(&rk->io.mu);
             return rc;
+        }
     }
     return 0;
+}
+
+void fso_zero_prefetch_kick(rank_state *rk, int64_t step)
+{
+    if (getenv("NOKICK") || rk->z->tier[FSO_KIND_PARAM] != FSO_TIER_NVME)
+        return;
+    errsink es = {0}; /* a failed read fails the slot, which compute waits for */
+    pthread_mutex_lock(&rk->io.pf_mu);
+    prefetch_params(rk, &es, rk->opt.read_kind, step);
+    pthread_mutex_unlock(&rk->io.pf_mu);
+}
+
+/* ------------------------------------- gathers and reduces in shared memory */
+
+static void free_arrays(shared_coll *sc)
+{
+    free(sc->placed);
+    free(sc->released);
+    free(sc->rs_src);
+    free(sc->rs_posted);
+    free(sc->rs_read);
+    sc->placed = sc->released = sc->rs_posted = sc->rs_read = NULL;
+    sc->rs_src = NULL;
+}
+
+int fso_zero_shared_coll_init(fso_zero *z)
+{
+    shared_coll *sc = &z->sc;
+    if (z->world < 2 || z->lend_shard || !z->ranks[0].be->ops->host_addressable)
+        return 0;
+    sc->n = 2 * z->world;
+    const size_t cells = (size_t)sc->n * (size_t)z->world;
+    sc->placed = malloc(sizeof *sc->placed * cells);
+    sc->released = malloc(sizeof *sc->released * cells);
+    sc->rs_src = calloc(2 * (size_t)z->world, sizeof *sc->rs_src);
+    sc->rs_posted = malloc(sizeof *sc->rs_posted * (size_t)z->world);
+    sc->rs_read = malloc(sizeof *sc->rs_read * (size_t)z->world);
+    if (!sc->placed || !sc->released || !sc->rs_src || !sc->rs_posted || !sc->rs_read) {
+        free_arrays(sc);
+        return -ENOMEM;
+    }
+    for (size_t i = 0; i < cells; i++)
+        sc->placed[i] = sc->released[i] = -1;
+    for (int r = 0; r < z->world; r++) {
+        sc->rs_posted[r] = sc->rs_read[r] = -1;
+        z->ranks[r].compute.grad_reduce[0] = z->ranks[r].compute.grad_reduce[1] = -1;
+    }
+    pthread_mutex_init(&sc->mu, NULL);
+    pthread_cond_init(&sc->cv, NULL);
+    sc->on = true;
+    return 0;
+}
+
+void fso_zero_shared_coll_free(fso_zero *z)
+{
+    shared_coll *sc = &z->sc;
+    if (!sc->on)
+        return;
+    pthread_mutex_destroy(&sc->mu);
+    pthread_cond_destroy(&sc->cv);
+    free_arrays(sc);
+    sc->on = false;
+}
+
+/* Wait until every device's entry of window w in `seen` is at least lend q. */
+static void sc_wait(shared_coll *sc, int world, const int64_t *seen, int w, int64_t q)
+{
+    pthread_mutex_lock(&sc->mu);
+    for (int k = 0; k < world; k++)
+        while (seen[(size_t)w * world + k] < q)
+            pthread_cond_wait(&sc->cv, &sc->mu);
+    pthread_mutex_unlock(&sc->mu);
+}
+
+static void sc_set(shared_coll *sc, int world, int64_t *seen, int w, int rank, int64_t q)
+{
+    pthread_mutex_lock(&sc->mu);
+    seen[(size_t)w * world + rank] = q;
+    pthread_cond_broadcast(&sc->cv);
+    pthread_mutex_unlock(&sc->mu);
+}
+
+/* The window of lend q: once every device has let go of the lend before it
+ * there (q - n). Every device is past lend q - 1 by then, as a rule (the
+ * previous lend waited for every shard), and holds no more than two, so
+ * with n >= 3 this does not wait: it keeps the pool right whatever the
+ * model does. */
+static void *sc_window(rank_state *rk, int64_t q)
+{
+    fso_zero *z = rk->z;
+    const int w = (int)(q % z->sc.n);
+    sc_wait(&z->sc, z->world, z->sc.released, w, q - z->sc.n);
+    return z->ranks[w % z->world].compute.gather[w / z->world];
+}
+
+/* The shared reduce-scatter of rank rk's gradients of block b in
+ * grad_full[g]: post them, wait for everyone's, sum this rank's shard of
+ * them into dst (added to it when accumulating; with sq, its norm taken in
+ * the same pass), and say so. Every rank joins even after a failure. */
+static void sc_reduce(rank_state *rk, int g, size_t S, float *dst, bool accumulate, double *sq)
+{
+    fso_zero *z = rk->z;
+    shared_coll *sc = &z->sc;
+    const int64_t p = rk->compute.reduces++;
+    const float *src[64];
+    pthread_mutex_lock(&sc->mu);
+    sc->rs_src[rk->rank * 2 + p % 2] = rk->compute.grad_full[g];
+    sc->rs_posted[rk->rank] = p;
+    pthread_cond_broadcast(&sc->cv);
+    for (int k = 0; k < z->world; k++) {
+        while (sc->rs_posted[k] < p)
+            pthread_cond_wait(&sc->cv, &sc->mu);
+        src[k] = sc->rs_src[k * 2 + p % 2] + (size_t)rk->rank * S;
+    }
+    pthread_mutex_unlock(&sc->mu);
+    if (rk->compute.err.rc == 0)
+        fso_host_reduce_sqnorm(fso_backend_pool(rk->be), dst, src, z->world, S, accumulate, sq);
+    rk->compute.grad_reduce[g] = p;
+    pthread_mutex_lock(&sc->mu);
+    sc->rs_read[rk->rank] = p;
+    pthread_cond_broadcast(&sc->cv);
+    pthread_mutex_unlock(&sc->mu);
+}
+
+/* grad_full[g] may be written again: every rank has read it. */
+static void sc_grads_free(rank_state *rk, int g)
+{
+    shared_coll *sc = &rk->z->sc;
+    const int64_t p = rk->compute.grad_reduce[g];
+    if (p < 0)
+        return;
+    pthread_mutex_lock(&sc->mu);
+    for (int k = 0; k < rk->z->world; k++)
+        while (sc->rs_read[k] < p)
+            pthread_cond_wait(&sc->cv, &sc->mu);
+    pthread_mutex_unlock(&sc->mu);
+}
+
+static void sc_release(rank_state *rk, int g)
+{
+    fso_zero *z = rk->z;
+    const int64_t q = rk->compute.gather_lend[g];
+    sc_set(&z->sc, z->world, z->sc.released, (int)(q % z->sc.n), rk->rank, q);
 }
 
 /* Lend block b's full parameters, in their working type (bf16 or fp32: the
  * model's). The rank's shard is gathered from where it lives when the
  * collective can read it there, else staged on the device first, into the
  * window the model reads (world 1 on the device: the shard itself is
- * lent). */
+ * lent). CPU devices gather into the shared pool instead: each writes its
+ * own shard into the lend's window and waits for the others'. */
 static const void *src_params(void *ctx, int b)
 {
     rank_state *rk = ctx;
@@ -73,6 +229,7 @@ static const void *src_params(void *ctx, int b)
     fso_backend *be = rk->be;
     size_t S = fso_zero_shard_elems(z, b);
     const size_t eb = z->elem_bytes[FSO_KIND_PARAM], shard_bytes = eb * S;
+    const int64_t q = rk->compute.lends++;
 
     /* the previous step's update of this block must be in (overlapped schedules) */
     if (rk->compute.err.rc == 0)
@@ -87,7 +244,7 @@ static const void *src_params(void *ctx, int b)
     /* the gather's target and the mark after which compute is done with
      * it: the staging copy and the gather wait for that only, so on a GPU
      * they run while the previous block computes */
-    void *recv = rk->compute.gather[g];
+    void *recv = z->sc.on ? sc_window(rk, q) : rk->compute.gather[g];
     uint64_t after = rk->compute.gather_free[g];
     if (rk->opt.ready_mark[b] > after) /* an update of the shard queued on the device */
         after = rk->opt.ready_mark[b];
@@ -97,7 +254,10 @@ static const void *src_params(void *ctx, int b)
     if (rk->compute.err.rc == 0) {
         if (l->tier == FSO_TIER_DEVICE ||
             (l->tier == FSO_TIER_HOST && be->ops->host_addressable)) {
-            send = l->ptr; /* gathered straight from where it lives */
+            if (z->sc.on)
+                fso_zero_copy_in(be, mine, l->ptr, shard_bytes, after);
+            else
+                send = l->ptr; /* gathered straight from where it lives */
         } else if (l->tier == FSO_TIER_HOST) {
             fso_zero_copy_in(be, mine, l->ptr, shard_bytes, after);
         } else {
@@ -106,33 +266,43 @@ static const void *src_params(void *ctx, int b)
                 fprintf(stderr, "%s:%d: block %d asked out of order\n", __FILE__, __LINE__, b);
                 abort();
             }
-            prefetch_params(rk);
+            uint64_t *counted = rk->compute.st.nvme_kind_read;
+            pthread_mutex_lock(&rk->io.pf_mu);
+            prefetch_params(rk, &rk->compute.err, counted, z->step);
             slot *s = NULL;
             for (int j = 0; j < rk->io.n_prefetch; j++)
                 if (rk->io.prefetch[j].block == b)
                     s = &rk->io.prefetch[j];
+            pthread_mutex_unlock(&rk->io.pf_mu);
             double t0 = fso_now_ms();
             int wrc = s ? fso_zero_slot_wait(rk, &rk->compute.err, s, "parameters", b) : -EIO;
             rk->compute.st.stall_ms += fso_now_ms() - t0;
-            if (wrc == 0) {
+            if (wrc == 0)
                 fso_zero_copy_in(be, mine, s->buf, shard_bytes, after);
-                /* the slot may be read into again once this copy is done:
-                 * prefetch_params waits for that, not for compute */
+            pthread_mutex_lock(&rk->io.pf_mu);
+            if (s && wrc == 0) /* the slot may be read into again once this copy is
+                                  done: prefetch_params waits for that, not for compute */
                 s->copied = fso_zero_mark_copies(be);
-            }
             if (s)
                 s->block = -1;
             rk->compute.order_pos++;
-            prefetch_params(rk);
+            prefetch_params(rk, &rk->compute.err, counted, z->step);
+            pthread_mutex_unlock(&rk->io.pf_mu);
         }
     }
     /* Every rank joins the gather even after a failure, so no rank waits
      * forever; the step is discarded afterwards. */
-    z->coll->ops->all_gather(z->coll, rk->rank, send, recv, S,
-                             eb == sizeof(float) ? FSO_DT_F32 : FSO_DT_BF16, after);
+    if (z->sc.on) {
+        sc_set(&z->sc, z->world, z->sc.placed, (int)(q % z->sc.n), rk->rank, q);
+        sc_wait(&z->sc, z->world, z->sc.placed, (int)(q % z->sc.n), q);
+    } else {
+        z->coll->ops->all_gather(z->coll, rk->rank, send, recv, S,
+                                 eb == sizeof(float) ? FSO_DT_F32 : FSO_DT_BF16, after);
+    }
     rk->compute.gather_block[g] = b;
     rk->compute.gather_refs[g] = 1;
-    return rk->compute.gather[g];
+    rk->compute.gather_lend[g] = q;
+    return recv;
 }
 
 static void src_release(void *ctx, int b)
@@ -142,6 +312,8 @@ static void src_release(void *ctx, int b)
         return;
     for (int g = 0; g < 2; g++)
         if (rk->compute.gather_refs[g] && rk->compute.gather_block[g] == b) {
+            if (rk->z->sc.on)
+                sc_release(rk, g);
             rk->compute.gather_refs[g] = 0;
             rk->compute.gather_block[g] = -1;
             rk->compute.gather_free[g] = fso_zero_mark(rk->be); /* compute with it is all queued */
@@ -154,6 +326,8 @@ static float *src_grads(void *ctx, int b)
     rank_state *rk = ctx;
     int g = rk->compute.grad_full_block[0] < 0 ? 0 : 1;
     rk->compute.grad_full_block[g] = b;
+    if (rk->z->sc.on)
+        sc_grads_free(rk, g);
     rk->be->ops->memset0(rk->be, rk->compute.grad_full[g],
                          sizeof(float) * rk->z->blocks[b].padded_elems);
     return rk->compute.grad_full[g];
@@ -221,8 +395,19 @@ static void src_grads_done(void *ctx, int b)
     loc *l = fso_zero_locate(rk, b, FSO_KIND_GRAD);
     const bool direct = be->ops->host_addressable && l->tier != FSO_TIER_NVME;
 
-    z->coll->ops->reduce_scatter(z->coll, rk->rank, rk->compute.grad_full[g],
-                                 direct && rk->compute.micro == 0 ? l->ptr : mine, S);
+    /* shared reduces (CPU devices) add into the tier themselves, and take
+     * the norm of a host-tier shard as they go */
+    bool fused_norm = false;
+    if (z->sc.on) {
+        fused_norm = direct && last && l->tier == FSO_TIER_HOST;
+        if (fused_norm)
+            rk->compute.grad_sq[b] = 0;
+        sc_reduce(rk, g, S, direct ? l->ptr : mine, direct && rk->compute.micro > 0,
+                  fused_norm ? &rk->compute.grad_sq[b] : NULL);
+    } else {
+        z->coll->ops->reduce_scatter(z->coll, rk->rank, rk->compute.grad_full[g],
+                                     direct && rk->compute.micro == 0 ? l->ptr : mine, S);
+    }
     rk->compute.grad_full_block[g] = -1;
     if (rk->compute.err.rc)
         return;
@@ -236,11 +421,11 @@ static void src_grads_done(void *ctx, int b)
                                    .last = last};
         return;
     }
-    if (rk->compute.micro > 0)
+    if (rk->compute.micro > 0 && !z->sc.on)
         be->ops->add(be, l->ptr, l->ptr, mine, S);
     else if (!direct)
         be->ops->copy_h2d(be, l->ptr, mine, sizeof(float) * S);
-    if (last) { /* on the host, the host's sum, as grads_land takes it */
+    if (last && !fused_norm) { /* on the host, the host's sum, as grads_land takes it */
         rk->compute.grad_sq[b] = 0;
         if (l->tier == FSO_TIER_HOST)
             fso_host_sqnorm(fso_backend_pool(be), &rk->compute.grad_sq[b], l->ptr, S);
@@ -324,10 +509,15 @@ fso_block_source fso_zero_rank_source(rank_state *rk)
 
 void fso_zero_source_reset(rank_state *rk)
 {
-    rk->compute.order_pos = 0;
+    for (int g = 0; g < 2 && rk->z->sc.on; g++)
+        if (rk->compute.gather_refs[g])
+            sc_release(rk, g); /* a pass that ended holding a window lets go of it */
     rk->compute.gather_refs[0] = rk->compute.gather_refs[1] = 0;
     rk->compute.gather_block[0] = rk->compute.gather_block[1] = -1;
     rk->compute.grad_full_block[0] = rk->compute.grad_full_block[1] = -1;
+    pthread_mutex_lock(&rk->io.pf_mu);
+    rk->compute.order_pos = 0;
     for (int j = 0; j < rk->io.n_prefetch; j++)
         rk->io.prefetch[j].block = -1;
+    pthread_mutex_unlock(&rk->io.pf_mu);
 }

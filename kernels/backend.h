@@ -40,6 +40,7 @@
 #ifndef FSO_BACKEND_H
 #define FSO_BACKEND_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -252,6 +253,14 @@ int fso_backend_coll_create(struct fso_coll **out, int world, fso_backend **devs
  * chunks added in order: the fast CPU backend's sqnorm, usable on host
  * buffers whatever the device backend (pool may be NULL). */
 void fso_host_sqnorm(struct fso_pool *pool, double *out, const float *x, size_t n);
+
+/* dst (n) = the sum of the nsrc sources in their order, or dst + that sum
+ * when accumulating; with sq, *sq += its squares as fso_host_sqnorm adds
+ * them (the same bits), taken chunk by chunk while the sums are in cache:
+ * a reduce-scatter in host memory and its norm in one pass. dst may be a
+ * source. */
+void fso_host_reduce_sqnorm(struct fso_pool *pool, float *dst, const float *const *src, int nsrc,
+                            size_t n, bool accumulate, double *sq);
 
 /* The CPUs this process may run on (sched_getaffinity), at least 1. */
 int fso_cpu_count(void);

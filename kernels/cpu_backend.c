@@ -581,6 +581,67 @@ void fso_host_sqnorm(fso_pool *pool, double *out, const float *x, size_t n)
     }
 }
 
+struct rsq_args {
+    float *dst;
+    const float *const *src;
+    int nsrc;
+    bool accumulate;
+    size_t n, first_chunk;
+    double *part; /* NULL: no squares */
+};
+
+/* Chunk by chunk: the sum of the sources in their order (added to dst when
+ * accumulating), then the chunk's squares in order while it is in cache,
+ * as sq_range takes them. dst may be one of the sources: element i is
+ * read before it is written. */
+static void rsq_range(void *a_, int64_t b, int64_t e, int worker)
+{
+    struct rsq_args *a = a_;
+    (void)worker;
+    for (int64_t c = b; c < e; c++) {
+        const size_t i0 = (a->first_chunk + (size_t)c) * SQNORM_CHUNK;
+        const size_t i1 = i0 + SQNORM_CHUNK < a->n ? i0 + SQNORM_CHUNK : a->n;
+        float *d = a->dst;
+        if (a->nsrc == 2) {
+            const float *x = a->src[0], *y = a->src[1];
+            if (a->accumulate)
+                for (size_t i = i0; i < i1; i++)
+                    d[i] = d[i] + (x[i] + y[i]);
+            else
+                for (size_t i = i0; i < i1; i++)
+                    d[i] = x[i] + y[i];
+        } else {
+            for (size_t i = i0; i < i1; i++) {
+                float t = a->src[0][i];
+                for (int k = 1; k < a->nsrc; k++)
+                    t += a->src[k][i];
+                d[i] = a->accumulate ? d[i] + t : t;
+            }
+        }
+        if (a->part) {
+            double q = 0;
+            for (size_t i = i0; i < i1; i++)
+                q += (double)d[i] * d[i];
+            a->part[c] = q;
+        }
+    }
+}
+
+void fso_host_reduce_sqnorm(struct fso_pool *pool, float *dst, const float *const *src, int nsrc,
+                            size_t n, bool accumulate, double *sq)
+{
+    const size_t nchunks = (n + SQNORM_CHUNK - 1) / SQNORM_CHUNK;
+    double part[SQNORM_BATCH];
+    for (size_t c0 = 0; c0 < nchunks; c0 += SQNORM_BATCH) {
+        const size_t m = nchunks - c0 < SQNORM_BATCH ? nchunks - c0 : SQNORM_BATCH;
+        struct rsq_args a = {.dst = dst, .src = src, .nsrc = nsrc, .accumulate = accumulate,
+                             .n = n, .first_chunk = c0, .part = sq ? part : NULL};
+        fso_pool_for(pool, (int64_t)m, 1, rsq_range, &a);
+        for (size_t c = 0; sq && c < m; c++)
+            *sq += part[c];
+    }
+}
+
 static void fast_sqnorm(fso_backend *be, double *out, const float *x, size_t n)
 {
     fso_host_sqnorm(POOL(be), out, x, n);

@@ -26,6 +26,7 @@
 #include "adamw.h"
 #include "backend.h"
 #include "cpu_async.h"
+#include "pool.h"
 #include "rng.h"
 
 #define GUARD 16
@@ -611,6 +612,60 @@ static void test_sqnorm_is_exact_and_thread_independent(void **state)
     gfree(x);
 }
 
+/* A reduce-scatter in host memory with its norm: the sum of the sources
+ * in their order (added to dst when accumulating), and the norm
+ * fso_host_sqnorm takes of the result, bit for bit, on any thread count;
+ * dst may be one of the sources (the device's own part of its gradients). */
+static void test_reduce_sqnorm_is_sum_then_sqnorm(void **state)
+{
+    (void)state;
+    const size_t n = 5 * 65536 + 1001; /* whole chunks and a part */
+    const int threads[2] = {1, 3};
+    for (int nsrc = 2; nsrc <= 3; nsrc++)
+        for (int mode = 0; mode < 3; mode++) /* into dst, accumulated in dst, into a source */
+            for (int t = 0; t < 2; t++) {
+                fso_pool *pool = NULL;
+                assert_int_equal(fso_pool_create(&pool, threads[t]), 0);
+                float *src[3];
+                for (int k = 0; k < nsrc; k++)
+                    src[k] = randbuf(n, 1.0 + k);
+                float *dst = mode == 2 ? src[1] : randbuf(n, 0.5);
+                float *want = copybuf(dst, n);
+                for (size_t i = 0; i < n; i++) {
+                    float sum = src[0][i];
+                    for (int k = 1; k < nsrc; k++)
+                        sum += src[k][i];
+                    want[i] = mode == 1 ? want[i] + sum : sum;
+                }
+                double sq_want = 0.25, sq_got = 0.25;
+                fso_host_sqnorm(NULL, &sq_want, want, n);
+                fso_host_reduce_sqnorm(pool, dst, (const float *const *)src, nsrc, n, mode == 1,
+                                       &sq_got);
+                char what[96];
+                snprintf(what, sizeof what, "%d sources, mode %d, %d threads", nsrc, mode,
+                         threads[t]);
+                guard_check(dst, n, what);
+                if (memcmp(dst, want, sizeof(float) * n) != 0)
+                    fail_msg("%s: the sums differ", what);
+                if (memcmp(&sq_got, &sq_want, sizeof sq_got) != 0)
+                    fail_msg("%s: norm %.17g, want %.17g", what, sq_got, sq_want);
+                if (mode == 0) { /* without sq: the same sums */
+                    float *again = randbuf(n, 0.5);
+                    fso_host_reduce_sqnorm(pool, again, (const float *const *)src, nsrc, n,
+                                           false, NULL);
+                    if (memcmp(again, want, sizeof(float) * n) != 0)
+                        fail_msg("%s, no norm: the sums differ", what);
+                    gfree(again);
+                }
+                gfree(want);
+                if (mode != 2)
+                    gfree(dst);
+                for (int k = 0; k < nsrc; k++)
+                    gfree(src[k]);
+                fso_pool_destroy(pool);
+            }
+}
+
 /* ---------------------------------------------------------------- sum */
 
 static void test_sum_is_exact_in_double(void **state)
@@ -1105,6 +1160,7 @@ int main(void)
         cmocka_unit_test(test_swiglu),
         cmocka_unit_test(test_cross_entropy),
         cmocka_unit_test(test_sqnorm_is_exact_and_thread_independent),
+        cmocka_unit_test(test_reduce_sqnorm_is_sum_then_sqnorm),
         cmocka_unit_test(test_sum_is_exact_in_double),
         cmocka_unit_test(test_async_device_keeps_a_gpus_rules),
         cmocka_unit_test(test_async_stale_marks_are_counted_and_still_right),
