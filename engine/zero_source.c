@@ -326,8 +326,11 @@ static float *src_grads(void *ctx, int b)
     rank_state *rk = ctx;
     int g = rk->compute.grad_full_block[0] < 0 ? 0 : 1;
     rk->compute.grad_full_block[g] = b;
-    if (rk->z->sc.on)
+    if (rk->z->sc.on) { /* waiting for the other devices is not compute */
+        double t0 = fso_now_ms();
         sc_grads_free(rk, g);
+        rk->clock.wait_ms += fso_now_ms() - t0;
+    }
     rk->be->ops->memset0(rk->be, rk->compute.grad_full[g],
                          sizeof(float) * rk->z->blocks[b].padded_elems);
     return rk->compute.grad_full[g];
