@@ -75,7 +75,7 @@ static int prefetch_params(rank_state *rk, errsink *es, uint64_t *bytes_done, in
 
 void fso_zero_prefetch_kick(rank_state *rk, int64_t step)
 {
-    if (getenv("NOKICK") || rk->z->tier[FSO_KIND_PARAM] != FSO_TIER_NVME)
+    if (rk->z->tier[FSO_KIND_PARAM] != FSO_TIER_NVME)
         return;
     errsink es = {0}; /* a failed read fails the slot, which compute waits for */
     pthread_mutex_lock(&rk->io.pf_mu);
