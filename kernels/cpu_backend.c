@@ -522,10 +522,17 @@ static void fast_cross_entropy(fso_backend *be, float *dlogits, float *losses, c
 #define SQNORM_CHUNK 65536
 #define SQNORM_BATCH 256 /* chunks per pass, partial sums on the stack */
 
-struct sq_args {
-    const float *x;
+/* One pass over up to SQNORM_BATCH chunks from chunk first_chunk of n
+ * elements: each chunk's partial sum lands in part (NULL: none taken). The
+ * first member of every chunked loop's arguments. */
+struct chunk_pass {
     size_t n, first_chunk;
     double *part;
+};
+
+struct sq_args {
+    struct chunk_pass c;
+    const float *x;
 };
 
 /* Four whole chunks at once: four sums, each over its own chunk in order
@@ -549,45 +556,60 @@ static void sq_four_chunks(const float *x, double part[4])
     part[3] = s3;
 }
 
+/* One chunk's squares, front to back, in double. */
+static double sq_chunk(const float *x, size_t n)
+{
+    double s = 0;
+    for (size_t i = 0; i < n; i++)
+        s += (double)x[i] * x[i];
+    return s;
+}
+
 static void sq_range(void *a_, int64_t b, int64_t e, int worker)
 {
     struct sq_args *a = a_;
     (void)worker;
     for (int64_t c = b; c < e;) {
-        size_t i0 = (a->first_chunk + c) * SQNORM_CHUNK;
-        if (c + 4 <= e && i0 + 4 * SQNORM_CHUNK <= a->n) {
-            sq_four_chunks(a->x + i0, &a->part[c]);
+        size_t i0 = (a->c.first_chunk + c) * SQNORM_CHUNK;
+        if (c + 4 <= e && i0 + 4 * SQNORM_CHUNK <= a->c.n) {
+            sq_four_chunks(a->x + i0, &a->c.part[c]);
             c += 4;
             continue;
         }
-        size_t i1 = i0 + SQNORM_CHUNK < a->n ? i0 + SQNORM_CHUNK : a->n;
-        double s = 0;
-        for (size_t i = i0; i < i1; i++)
-            s += (double)a->x[i] * a->x[i];
-        a->part[c++] = s;
+        size_t i1 = i0 + SQNORM_CHUNK < a->c.n ? i0 + SQNORM_CHUNK : a->c.n;
+        a->c.part[c++] = sq_chunk(a->x + i0, i1 - i0);
+    }
+}
+
+/* Every chunk of n elements, SQNORM_BATCH at a time, through fn (args
+ * begins with a chunk_pass); with out, the chunks' partial sums added to
+ * *out in order. */
+static void chunk_passes(fso_pool *pool, size_t n, fso_pool_fn fn, void *args, double *out)
+{
+    struct chunk_pass *cp = args;
+    const size_t nchunks = (n + SQNORM_CHUNK - 1) / SQNORM_CHUNK;
+    double part[SQNORM_BATCH];
+    for (size_t c0 = 0; c0 < nchunks; c0 += SQNORM_BATCH) {
+        const size_t m = nchunks - c0 < SQNORM_BATCH ? nchunks - c0 : SQNORM_BATCH;
+        *cp = (struct chunk_pass){.n = n, .first_chunk = c0, .part = out ? part : NULL};
+        fso_pool_for(pool, (int64_t)m, 1, fn, args);
+        for (size_t c = 0; out && c < m; c++)
+            *out += part[c];
     }
 }
 
 void fso_host_sqnorm(fso_pool *pool, double *out, const float *x, size_t n)
 {
-    size_t nchunks = (n + SQNORM_CHUNK - 1) / SQNORM_CHUNK;
-    double part[SQNORM_BATCH];
-    for (size_t c0 = 0; c0 < nchunks; c0 += SQNORM_BATCH) {
-        size_t m = nchunks - c0 < SQNORM_BATCH ? nchunks - c0 : SQNORM_BATCH;
-        struct sq_args a = {.x = x, .n = n, .first_chunk = c0, .part = part};
-        fso_pool_for(pool, (int64_t)m, 1, sq_range, &a);
-        for (size_t c = 0; c < m; c++)
-            *out += part[c];
-    }
+    struct sq_args a = {.x = x};
+    chunk_passes(pool, n, sq_range, &a, out);
 }
 
 struct rsq_args {
+    struct chunk_pass c;
     float *dst;
     const float *const *src;
     int nsrc;
     bool accumulate;
-    size_t n, first_chunk;
-    double *part; /* NULL: no squares */
 };
 
 /* Chunk by chunk: the sum of the sources in their order (added to dst when
@@ -599,8 +621,8 @@ static void rsq_range(void *a_, int64_t b, int64_t e, int worker)
     struct rsq_args *a = a_;
     (void)worker;
     for (int64_t c = b; c < e; c++) {
-        const size_t i0 = (a->first_chunk + (size_t)c) * SQNORM_CHUNK;
-        const size_t i1 = i0 + SQNORM_CHUNK < a->n ? i0 + SQNORM_CHUNK : a->n;
+        const size_t i0 = (a->c.first_chunk + (size_t)c) * SQNORM_CHUNK;
+        const size_t i1 = i0 + SQNORM_CHUNK < a->c.n ? i0 + SQNORM_CHUNK : a->c.n;
         float *d = a->dst;
         if (a->nsrc == 2) {
             const float *x = a->src[0], *y = a->src[1];
@@ -618,28 +640,16 @@ static void rsq_range(void *a_, int64_t b, int64_t e, int worker)
                 d[i] = a->accumulate ? d[i] + t : t;
             }
         }
-        if (a->part) {
-            double q = 0;
-            for (size_t i = i0; i < i1; i++)
-                q += (double)d[i] * d[i];
-            a->part[c] = q;
-        }
+        if (a->c.part)
+            a->c.part[c] = sq_chunk(d + i0, i1 - i0);
     }
 }
 
 void fso_host_reduce_sqnorm(struct fso_pool *pool, float *dst, const float *const *src, int nsrc,
                             size_t n, bool accumulate, double *sq)
 {
-    const size_t nchunks = (n + SQNORM_CHUNK - 1) / SQNORM_CHUNK;
-    double part[SQNORM_BATCH];
-    for (size_t c0 = 0; c0 < nchunks; c0 += SQNORM_BATCH) {
-        const size_t m = nchunks - c0 < SQNORM_BATCH ? nchunks - c0 : SQNORM_BATCH;
-        struct rsq_args a = {.dst = dst, .src = src, .nsrc = nsrc, .accumulate = accumulate,
-                             .n = n, .first_chunk = c0, .part = sq ? part : NULL};
-        fso_pool_for(pool, (int64_t)m, 1, rsq_range, &a);
-        for (size_t c = 0; sq && c < m; c++)
-            *sq += part[c];
-    }
+    struct rsq_args a = {.dst = dst, .src = src, .nsrc = nsrc, .accumulate = accumulate};
+    chunk_passes(pool, n, rsq_range, &a, sq);
 }
 
 static void fast_sqnorm(fso_backend *be, double *out, const float *x, size_t n)
