@@ -106,15 +106,24 @@ void fso_zero_save_disarm(fso_zero *z)
  * update. On a GPU the queue moves by itself and the wait costs nothing. */
 #define GATE_PUMP_NS 2000000 /* 2 ms */
 
+/* Whether an update of step t must wait before it changes block b: a save
+ * of an earlier step still needs it. Asked again at every wake-up: the save
+ * waited for may have ended (failed) and the next one, of step t itself,
+ * been armed before this thread ran, and that save waits for this update. */
+static bool gate_closed(const save_gate *g, int b, int64_t t)
+{
+    return g->active && t > g->step && !g->done[b];
+}
+
 void fso_zero_save_gate(rank_state *rk, int b, int64_t t)
 {
     save_gate *g = &rk->z->save;
     fso_backend *be = rk->be;
     const bool pump = be->ops->mark && rk->z->world > 1;
     pthread_mutex_lock(&g->mu);
-    if (g->active && t > g->step && !g->done[b]) {
+    if (gate_closed(g, b, t)) {
         double t0 = fso_now_ms();
-        while (g->active && !g->done[b]) {
+        while (gate_closed(g, b, t)) {
             if (!pump) {
                 pthread_cond_wait(&g->cv, &g->mu);
                 continue;
@@ -122,7 +131,7 @@ void fso_zero_save_gate(rank_state *rk, int b, int64_t t)
             pthread_mutex_unlock(&g->mu);
             be->ops->wait_mark(be, be->ops->mark(be));
             pthread_mutex_lock(&g->mu);
-            if (g->active && !g->done[b]) {
+            if (gate_closed(g, b, t)) {
                 struct timespec ts;
                 clock_gettime(CLOCK_REALTIME, &ts);
                 ts.tv_nsec += GATE_PUMP_NS;

@@ -23,6 +23,7 @@
 #include <fcntl.h>
 #include <ftw.h>
 #include <math.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -32,6 +33,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -726,6 +728,68 @@ static void test_eio_while_saving_loses_nothing(void **state)
     save_with_fault(spec, "Input/output error");
 }
 
+/* An update waiting for a save of an earlier step goes on when that save
+ * ends and the next one, of the update's own step, is armed before the
+ * update's thread runs again: that save waits for the update, so holding
+ * the update back would hang training and the save. */
+typedef struct step_job {
+    job *j;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool done;
+} step_job;
+
+static void *step_main(void *arg)
+{
+    step_job *s = arg;
+    double l, n;
+    job_step(s->j, &l, &n);
+    pthread_mutex_lock(&s->mu);
+    s->done = true;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+static void test_an_update_never_waits_for_a_save_of_its_own_step(void **state)
+{
+    (void)state;
+    fso_config cfg;
+    job j;
+    double l, n;
+    config_for(&cfg, 2, FSO_TIER_HOST, FSO_TIER_HOST);
+    cfg.optimizer_overlap = FSO_OVERLAP_FORWARD; /* step t's update runs after step t */
+    job_open(&j, &cfg);
+    fso_zero *z = j.tr.zero;
+    job_step(&j, &l, &n);
+    assert_int_equal(fso_zero_save_arm(z), 0); /* a save of step 1, never streamed */
+    job_step(&j, &l, &n);
+    usleep(200 * 1000); /* step 2's update waits for that save, at block 0 */
+    fso_zero_save_disarm(z);
+    assert_int_equal(fso_zero_save_arm(z), 0); /* a save of step 2, at once */
+    /* step 3's forward needs step 2's update: on a thread, so a hang fails here */
+    step_job s = {.j = &j};
+    pthread_mutex_init(&s.mu, NULL);
+    pthread_cond_init(&s.cv, NULL);
+    pthread_t tid;
+    assert_int_equal(pthread_create(&tid, NULL, step_main, &s), 0);
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 60;
+    pthread_mutex_lock(&s.mu);
+    while (!s.done && pthread_cond_timedwait(&s.cv, &s.mu, &until) == 0)
+        ;
+    const bool done = s.done;
+    pthread_mutex_unlock(&s.mu);
+    if (!done)
+        fail_msg("step 3 did not finish in 60 s: step 2's update waited for the save of step 2");
+    fso_zero_save_disarm(z); /* step 3's update waits for it until now */
+    pthread_join(tid, NULL);
+    pthread_mutex_destroy(&s.mu);
+    pthread_cond_destroy(&s.cv);
+    job_close(&j);
+}
+
 /* ------------------------------------------------------------------ the save dir */
 
 static void test_keep_deletes_the_oldest_after_a_newer_is_complete(void **state)
@@ -919,6 +983,7 @@ int main(void)
         cmocka_unit_test(test_half_written_checkpoints_are_never_latest),
         cmocka_unit_test(test_enospc_while_saving_loses_nothing),
         cmocka_unit_test(test_eio_while_saving_loses_nothing),
+        cmocka_unit_test(test_an_update_never_waits_for_a_save_of_its_own_step),
         cmocka_unit_test(test_keep_deletes_the_oldest_after_a_newer_is_complete),
         cmocka_unit_test(test_tensors_come_out_in_hugging_face_order),
         cmocka_unit_test(test_export_round_trip_is_bit_exact_in_fp32),
