@@ -64,7 +64,7 @@ typedef struct fso_block_layout {
     int n_tensors;
     fso_tensor_desc tensors[FSO_BLOCK_MAX_TENSORS];
     size_t used_elems;      /* end of the last tensor */
-    size_t padded_elems;    /* multiple of world * 1024 */
+    size_t padded_elems;    /* multiple of world * 2048 */
 } fso_block_layout;
 
 /* Activations of one layer (N = B*T rows); [wt] ones are stored in the

@@ -435,6 +435,7 @@ static int allocate_rank(rank_state *rk, const fso_zero_buffers *zb, uint64_t *n
     for (int j = 0; j < zb->prefetch_slots; j++) {
         rk->io.prefetch[j].buf = fso_zero_rank_take(rk, zb->prefetch_slot_bytes);
         rk->io.prefetch[j].block = -1;
+        rk->io.prefetch[j].lend = -1;
     }
     rk->opt.n_sets = zb->chunk_sets;
     for (int k = 0; k < FSO_N_KINDS; k++)

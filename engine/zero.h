@@ -15,8 +15,9 @@
  * half the bytes (the model's ops take bf16 weights; backend.h, "Types").
  * AdamW writes them as bf16 of the new fp32 master (round to nearest even)
  * in the same pass as the update, so they always equal bf16(master). Master,
- * m, v and gradients stay fp32. A bf16 shard takes 2 KiB multiples; on NVMe
- * each is rounded up to 4 KiB so every offset and I/O stays aligned.
+ * m, v and gradients stay fp32. Every shard is whole 4 KiB pages in either
+ * type (a block is padded to world * 2048 elements), so every NVMe offset and
+ * I/O is aligned, and a device's part of a gathered block starts on a page.
  *
  * A step on rank r: for each micro-batch, the model asks for each block in a
  * fixed order (model.h); the rank reads its parameter shard (prefetched from

@@ -32,6 +32,9 @@ typedef struct slot {
     int pending;         /* requests in flight */
     int err;             /* first failure, negative errno */
     int block;           /* what it holds (param ring), -1 none */
+    int64_t lend;        /* param ring, shared windows: the read went straight into this
+                            device's part of the window of this lend (src_params), not
+                            into buf; -1 none */
     uint64_t copied;     /* the backend's mark after the last copy out of it, 0 none */
 } slot;
 
@@ -82,6 +85,8 @@ typedef struct rank_compute {
     int64_t grad_reduce[2];      /* shared reduces: the reduce that last read grad_full[g] */
     int64_t reduces;             /* grads_done() calls so far: the same on every device */
     int order_pos;               /* position in z->order of the next params() */
+    int64_t pass_lend;           /* lends at the pass's start: with parameters on NVMe, order
+                                    position i is lend pass_lend + i (under io.pf_mu) */
     int micro;                   /* micro-batch index within the step */
     const int32_t *inputs, *targets;
     float *logits;               /* forward_logits: where this rank's logits go */
@@ -328,6 +333,10 @@ int fso_zero_xfer(rank_state *rk, errsink *es, uint64_t *bytes_done, int b, fso_
  * that fso_zero_xfer(write) moves them once: the shard itself when in_place
  * and the CPU can address it, else s->buf. */
 void *fso_zero_xfer_dest(rank_state *rk, int b, fso_kind k, size_t c0, slot *s, bool in_place);
+/* Whole shard (b, k) read into dst instead of s->buf (4 KiB aligned, the
+ * shard's whole pages: fso_zero_shard_bytes); s tracks the I/O. */
+int fso_zero_shard_read_to(rank_state *rk, errsink *es, uint64_t *bytes_done, int b, fso_kind k,
+                           slot *s, void *dst);
 /* Whole shard (b, k) into s->buf, and back (the compute thread). */
 int fso_zero_shard_fetch(rank_state *rk, int b, fso_kind k, slot *s);
 int fso_zero_shard_store(rank_state *rk, int b, fso_kind k, slot *s);

@@ -211,6 +211,7 @@ static void retier_switch(rank_state *rk, const retier_plan *m, retier_job *j)
     for (int q = rk->io.n_prefetch_bufs; q < m->zb.prefetch_slots; q++) {
         rk->io.prefetch[q].buf = fso_zero_rank_take(rk, m->zb.prefetch_slot_bytes);
         rk->io.prefetch[q].block = -1;
+        rk->io.prefetch[q].lend = -1;
     }
     if (m->zb.prefetch_slots > rk->io.n_prefetch_bufs)
         rk->io.n_prefetch_bufs = m->zb.prefetch_slots;

@@ -72,8 +72,11 @@ void *fso_zero_xfer_dest(rank_state *rk, int b, fso_kind k, size_t c0, slot *s, 
     return s->buf;
 }
 
-int fso_zero_xfer(rank_state *rk, errsink *es, uint64_t *bytes_done, int b, fso_kind k,
-                  size_t c0, size_t n, slot *s, bool write, bool in_place, void **ptr)
+/* fso_zero_xfer through `buf` (4 KiB aligned) instead of s->buf; s tracks
+ * the I/O and the copies either way. */
+static int xfer_via(rank_state *rk, errsink *es, uint64_t *bytes_done, int b, fso_kind k,
+                    size_t c0, size_t n, slot *s, void *buf, bool write, bool in_place,
+                    void **ptr)
 {
     loc *l = fso_zero_locate(rk, b, k);
     const size_t eb = rk->z->elem_bytes[k];
@@ -87,45 +90,59 @@ int fso_zero_xfer(rank_state *rk, errsink *es, uint64_t *bytes_done, int b, fso_
         return 0;
     }
     if (!write)
-        *ptr = s->buf;
-    else if (*ptr != s->buf)
-        memcpy(s->buf, *ptr, bytes);
+        *ptr = buf;
+    else if (*ptr != buf)
+        memcpy(buf, *ptr, bytes);
     switch (l->tier) {
     case FSO_TIER_NVME:
         /* O_DIRECT: whole pages at page offsets. Chunks start at a multiple
-         * of 4 KiB of the kind's bytes (fso_zero_buffers chunk_bytes);
-         * a shard's last page may be part padding (bf16 shards are 2 KiB
-         * multiples), and what the drive moves is what is counted */
+         * of 4 KiB of the kind's bytes (fso_zero_buffers chunk_bytes) and
+         * shards are whole pages (model.h padded_elems); what the drive
+         * moves is what is counted */
         __atomic_fetch_add(&bytes_done[k], round_page(bytes), __ATOMIC_RELAXED);
-        return fso_zero_queue_io(rk, es, s, write, s->buf, round_page(bytes), l->off + eb * c0);
+        return fso_zero_queue_io(rk, es, s, write, buf, round_page(bytes), l->off + eb * c0);
     case FSO_TIER_HOST:
         if (write)
-            memcpy(shard, s->buf, bytes);
+            memcpy(shard, buf, bytes);
         else
-            memcpy(s->buf, shard, bytes);
+            memcpy(buf, shard, bytes);
         return 0;
     case FSO_TIER_DEVICE: {
         fso_backend *be = rk->be;
         if (!be->ops->mark) { /* copies are done when they return */
             if (write)
-                be->ops->copy_h2d(be, shard, s->buf, bytes);
+                be->ops->copy_h2d(be, shard, buf, bytes);
             else
-                be->ops->copy_d2h(be, s->buf, shard, bytes);
+                be->ops->copy_d2h(be, buf, shard, bytes);
             return be->ops->sync(be);
         }
         /* ordered after the optimizer job's work only, and waited for by
-         * fso_zero_slot_wait before the host touches s->buf again */
+         * fso_zero_slot_wait before the host touches buf again */
         const uint64_t after = es == &rk->opt.err ? rk->opt.after : 0;
         if (write)
-            fso_zero_copy_in(be, shard, s->buf, bytes, after);
+            fso_zero_copy_in(be, shard, buf, bytes, after);
         else
-            fso_zero_copy_out(be, s->buf, shard, bytes, after);
+            fso_zero_copy_out(be, buf, shard, bytes, after);
         s->copied = fso_zero_mark_copies(be);
         return 0;
     }
     default:
         return -EINVAL;
     }
+}
+
+int fso_zero_xfer(rank_state *rk, errsink *es, uint64_t *bytes_done, int b, fso_kind k,
+                  size_t c0, size_t n, slot *s, bool write, bool in_place, void **ptr)
+{
+    return xfer_via(rk, es, bytes_done, b, k, c0, n, s, s->buf, write, in_place, ptr);
+}
+
+int fso_zero_shard_read_to(rank_state *rk, errsink *es, uint64_t *bytes_done, int b, fso_kind k,
+                           slot *s, void *dst)
+{
+    void *p;
+    return xfer_via(rk, es, bytes_done, b, k, 0, fso_zero_shard_elems(rk->z, b), s, dst, false,
+                    false, &p);
 }
 
 /* Whole shard (b, k) into s->buf, and back (compute thread). */

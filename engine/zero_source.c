@@ -15,10 +15,15 @@
 
 #include "util.h"
 
+static void *window_part(rank_state *rk, int64_t q, size_t bytes);
+
 /* Start reading parameter shards of the next blocks in the order, as far
- * as the ring allows: those the optimizer has updated for `step`. Failures
- * go to es, and the bytes read to bytes_done; with io.pf_mu held (the
- * compute thread and the optimizer's kick both start reads). */
+ * as the ring allows: those the optimizer has updated for `step`. Each goes
+ * into a slot of the ring, or on CPU devices straight into the device's
+ * part of its lend's shared window when that window is free already (no
+ * copy at the lend). Failures go to es, and the bytes read to bytes_done;
+ * with io.pf_mu held (the compute thread and the optimizer's kick both
+ * start reads). */
 static int prefetch_params(rank_state *rk, errsink *es, uint64_t *bytes_done, int64_t step)
 {
     fso_zero *z = rk->z;
@@ -59,10 +64,14 @@ static int prefetch_params(rank_state *rk, errsink *es, uint64_t *bytes_done, in
             break;
         /* its last copy to the device is done (long since, as a rule) */
         fso_zero_copies_wait(rk, s);
+        const int64_t q = rk->compute.pass_lend + i;
+        void *dst = window_part(rk, q, z->elem_bytes[FSO_KIND_PARAM] * fso_zero_shard_elems(z, b));
         s->block = b;
+        s->lend = dst ? q : -1;
         void *p;
-        int rc = fso_zero_xfer(rk, es, bytes_done, b, FSO_KIND_PARAM, 0,
-                               fso_zero_shard_elems(z, b), s, false, false, &p);
+        int rc = dst ? fso_zero_shard_read_to(rk, es, bytes_done, b, FSO_KIND_PARAM, s, dst)
+                     : fso_zero_xfer(rk, es, bytes_done, b, FSO_KIND_PARAM, 0,
+                                     fso_zero_shard_elems(z, b), s, false, false, &p);
         if (rc < 0) {
             pthread_mutex_lock(&rk->io.mu);
             s->err = rc; /* whoever waits for the slot says so */
@@ -153,6 +162,12 @@ static void sc_set(shared_coll *sc, int world, int64_t *seen, int w, int rank, i
     pthread_mutex_unlock(&sc->mu);
 }
 
+static void *window_of(fso_zero *z, int64_t q)
+{
+    const int w = (int)(q % z->sc.n);
+    return z->ranks[w % z->world].compute.gather[w / z->world];
+}
+
 /* The window of lend q: once every device has let go of the lend before it
  * there (q - n). Every device is past lend q - 1 by then, as a rule (the
  * previous lend waited for every shard), and holds no more than two, so
@@ -161,9 +176,30 @@ static void sc_set(shared_coll *sc, int world, int64_t *seen, int w, int rank, i
 static void *sc_window(rank_state *rk, int64_t q)
 {
     fso_zero *z = rk->z;
-    const int w = (int)(q % z->sc.n);
-    sc_wait(&z->sc, z->world, z->sc.released, w, q - z->sc.n);
-    return z->ranks[w % z->world].compute.gather[w / z->world];
+    sc_wait(&z->sc, z->world, z->sc.released, (int)(q % z->sc.n), q - z->sc.n);
+    return window_of(z, q);
+}
+
+/* Where a read of this device's shard of lend q (`bytes`) may go straight
+ * into the shared window: its part there, when every device has let go of
+ * the window's previous lend already and the part is whole pages (always,
+ * in the layout of model.h, in buffers that start on a page); NULL
+ * otherwise (the read goes through a slot). */
+static void *window_part(rank_state *rk, int64_t q, size_t bytes)
+{
+    fso_zero *z = rk->z;
+    shared_coll *sc = &z->sc;
+    if (!sc->on)
+        return NULL;
+    const int w = (int)(q % sc->n);
+    bool free_now = true;
+    pthread_mutex_lock(&sc->mu);
+    for (int k = 0; k < z->world; k++)
+        free_now = free_now && sc->released[(size_t)w * z->world + k] >= q - sc->n;
+    pthread_mutex_unlock(&sc->mu);
+    char *part = (char *)window_of(z, q) + (size_t)rk->rank * bytes;
+    return free_now && (uintptr_t)part % STAGE_ALIGN == 0 && bytes % STAGE_ALIGN == 0 ? part
+                                                                                 : NULL;
 }
 
 /* The shared reduce-scatter of rank rk's gradients of block b in
@@ -277,14 +313,23 @@ static const void *src_params(void *ctx, int b)
             double t0 = fso_now_ms();
             int wrc = s ? fso_zero_slot_wait(rk, &rk->compute.err, s, "parameters", b) : -EIO;
             rk->compute.st.stall_ms += fso_now_ms() - t0;
-            if (wrc == 0)
+            if (s && s->lend >= 0 && s->lend != q) {
+                fprintf(stderr, "%s:%d: lend %lld read into the window of lend %lld\n",
+                        __FILE__, __LINE__, (long long)q, (long long)s->lend);
+                abort();
+            }
+            const bool direct = s && s->lend == q; /* read into `mine` already */
+            if (wrc == 0 && !direct)
                 fso_zero_copy_in(be, mine, s->buf, shard_bytes, after);
             pthread_mutex_lock(&rk->io.pf_mu);
-            if (s && wrc == 0) /* the slot may be read into again once this copy is
-                                  done: prefetch_params waits for that, not for compute */
+            if (s && wrc == 0 && !direct) /* the slot may be read into again once this copy
+                                             is done: prefetch_params waits for that, not for
+                                             compute */
                 s->copied = fso_zero_mark_copies(be);
-            if (s)
+            if (s) {
                 s->block = -1;
+                s->lend = -1;
+            }
             rk->compute.order_pos++;
             prefetch_params(rk, &rk->compute.err, counted, z->step);
             pthread_mutex_unlock(&rk->io.pf_mu);
@@ -520,7 +565,10 @@ void fso_zero_source_reset(rank_state *rk)
     rk->compute.grad_full_block[0] = rk->compute.grad_full_block[1] = -1;
     pthread_mutex_lock(&rk->io.pf_mu);
     rk->compute.order_pos = 0;
-    for (int j = 0; j < rk->io.n_prefetch; j++)
+    rk->compute.pass_lend = rk->compute.lends;
+    for (int j = 0; j < rk->io.n_prefetch; j++) {
         rk->io.prefetch[j].block = -1;
+        rk->io.prefetch[j].lend = -1;
+    }
     pthread_mutex_unlock(&rk->io.pf_mu);
 }

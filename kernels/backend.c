@@ -16,6 +16,7 @@
 #include "rope.h"
 #include "cpu_common.h"
 #include "pool.h"
+#include "util.h"
 
 
 int fso_cpu_count(void)
@@ -134,8 +135,16 @@ int fso_cpu_coll_create(fso_coll **out, int world, fso_backend **devs, char *err
 
 /* Each buffer carries a header with its size, so frees are counted against
  * the device's memory cap. Buffers start on a page: a shard there can be
- * written to a checkpoint with O_DIRECT as it is (engine/zero_save.c). */
+ * written to a checkpoint with O_DIRECT as it is (engine/zero_save.c), and
+ * NVMe reads land in a gather window directly (engine/zero_source.c). Those
+ * of FSO_IO_ALIGN and more are I/O buffers (util.h fso_io_alloc, header
+ * included): in huge pages, where O_DIRECT into them is fast. */
 #define BUF_HDR 4096
+
+static bool buf_mapped(size_t rounded)
+{
+    return rounded + BUF_HDR >= FSO_IO_ALIGN;
+}
 
 int fso_cpu_buf_alloc(fso_backend *be, size_t bytes, void **out)
 {
@@ -147,7 +156,8 @@ int fso_cpu_buf_alloc(fso_backend *be, size_t bytes, void **out)
                  be->device, rounded, be->mem_used_bytes, be->mem_cap_bytes);
         return -ENOMEM;
     }
-    if (posix_memalign(&p, BUF_HDR, rounded + BUF_HDR) != 0) {
+    if (buf_mapped(rounded) ? !(p = fso_io_alloc(rounded + BUF_HDR))
+                            : posix_memalign(&p, BUF_HDR, rounded + BUF_HDR) != 0) {
         snprintf(be->err, sizeof be->err, "out of host memory allocating %zu bytes", bytes);
         return -ENOMEM;
     }
@@ -165,8 +175,12 @@ void fso_cpu_buf_free(fso_backend *be, void *buf)
     if (!buf)
         return;
     void *p = (char *)buf - BUF_HDR;
-    be->mem_used_bytes -= *(size_t *)p;
-    free(p);
+    const size_t rounded = *(size_t *)p;
+    be->mem_used_bytes -= rounded;
+    if (buf_mapped(rounded))
+        fso_io_free(p, rounded + BUF_HDR);
+    else
+        free(p);
 }
 
 void fso_cpu_memset0(fso_backend *be, void *dst, size_t bytes)
