@@ -253,6 +253,40 @@ static void *mm_thread_main(void *arg)
     return NULL;
 }
 
+/* CPU device buffers, small and large (mapped on 2 MiB boundaries, huge
+ * pages where whole ones fit): on a page, zeroed, all of them writable,
+ * counted against the cap while held and not after. */
+static void test_cpu_buffers_are_page_aligned_zeroed_and_counted(void **state)
+{
+    (void)state;
+    fso_backend *be = NULL;
+    assert_int_equal(fso_backend_create(&be, "cpu", 1), 0);
+    static const size_t sizes[] = {1, 4096, (2u << 20) - 8192, (2u << 20) - 4096, 2u << 20,
+                                   (5u << 20) + 100};
+    enum { N = sizeof sizes / sizeof sizes[0] };
+    uint8_t *p[N];
+    size_t held = 0;
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(be->ops->buf_alloc(be, sizes[i], (void **)&p[i]), 0);
+        assert_int_equal((uintptr_t)p[i] % 4096, 0);
+        for (size_t j = 0; j < sizes[i]; j += 997)
+            assert_int_equal(p[i][j], 0);
+        assert_int_equal(p[i][sizes[i] - 1], 0);
+        memset(p[i], i + 1, sizes[i]);
+        held += (sizes[i] + 63) & ~(size_t)63;
+        assert_int_equal(be->mem_used_bytes, held);
+    }
+    for (int i = 0; i < N; i++) { /* nothing overlaps */
+        assert_int_equal(p[i][0], i + 1);
+        assert_int_equal(p[i][sizes[i] - 1], i + 1);
+    }
+    for (int i = N - 1; i >= 0; i--)
+        be->ops->buf_free(be, p[i]);
+    assert_int_equal(be->mem_used_bytes, 0);
+    assert_int_equal(be->mem_peak_bytes, held);
+    fso_backend_destroy(be);
+}
+
 static void test_matmul_bits_do_not_depend_on_threads_or_devices(void **state)
 {
     (void)state;
@@ -1150,6 +1184,7 @@ static int teardown(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_cpu_buffers_are_page_aligned_zeroed_and_counted),
         cmocka_unit_test(test_matmul),
         cmocka_unit_test(test_matmul_bits_do_not_depend_on_threads_or_devices),
         cmocka_unit_test(test_rmsnorm),
