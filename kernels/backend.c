@@ -8,7 +8,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 
 #include <cblas.h>
 
@@ -138,28 +137,14 @@ int fso_cpu_coll_create(fso_coll **out, int world, fso_backend **devs, char *err
  * the device's memory cap. Buffers start on a page: a shard there can be
  * written to a checkpoint with O_DIRECT as it is (engine/zero_save.c), and
  * NVMe reads land in a gather window directly (engine/zero_source.c). Those
- * of FSO_IO_ALIGN and more (header included) are mapped on an FSO_IO_ALIGN
- * boundary, in huge pages where whole ones fit (O_DIRECT into them is fast,
- * util.h); the tail stays in 4 KiB pages, so no more is committed than a
- * small buffer would. */
+ * of FSO_IO_ALIGN and more (header included) are I/O buffers in huge pages
+ * where whole ones fit, committing no more than they use (util.h
+ * fso_io_alloc_lean): O_DIRECT into them is fast. */
 #define BUF_HDR 4096
 
 static bool buf_mapped(size_t rounded)
 {
     return rounded + BUF_HDR >= FSO_IO_ALIGN;
-}
-
-static size_t map_len(size_t bytes)
-{
-    return (bytes + FSO_IO_ALIGN - 1) / FSO_IO_ALIGN * FSO_IO_ALIGN;
-}
-
-static void *buf_map(size_t bytes)
-{
-    void *p = fso_map_aligned(map_len(bytes), PROT_READ | PROT_WRITE, 0);
-    if (p)
-        fso_io_advise(p, bytes / FSO_IO_ALIGN * FSO_IO_ALIGN);
-    return p;
 }
 
 int fso_cpu_buf_alloc(fso_backend *be, size_t bytes, void **out)
@@ -172,7 +157,7 @@ int fso_cpu_buf_alloc(fso_backend *be, size_t bytes, void **out)
                  be->device, rounded, be->mem_used_bytes, be->mem_cap_bytes);
         return -ENOMEM;
     }
-    if (buf_mapped(rounded) ? !(p = buf_map(rounded + BUF_HDR))
+    if (buf_mapped(rounded) ? !(p = fso_io_alloc_lean(rounded + BUF_HDR))
                             : posix_memalign(&p, BUF_HDR, rounded + BUF_HDR) != 0) {
         snprintf(be->err, sizeof be->err, "out of host memory allocating %zu bytes", bytes);
         return -ENOMEM;
@@ -194,7 +179,7 @@ void fso_cpu_buf_free(fso_backend *be, void *buf)
     const size_t rounded = *(size_t *)p;
     be->mem_used_bytes -= rounded;
     if (buf_mapped(rounded))
-        munmap(p, map_len(rounded + BUF_HDR));
+        fso_io_free(p, rounded + BUF_HDR);
     else
         free(p);
 }

@@ -2,6 +2,7 @@
 #include "util.h"
 
 #include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -70,7 +71,9 @@ void *fso_map_aligned(size_t len, int prot, int flags)
     return p;
 }
 
-void *fso_io_alloc(size_t bytes)
+/* The mapping of fso_io_alloc, huge pages asked for over all of it, or
+ * (whole_only) over the whole FSO_IO_ALIGN pieces of [0, bytes). */
+static void *io_map(size_t bytes, bool whole_only)
 {
     const size_t len = io_round(bytes ? bytes : 1);
     if (len < bytes) {
@@ -79,8 +82,18 @@ void *fso_io_alloc(size_t bytes)
     }
     char *p = fso_map_aligned(len, PROT_READ | PROT_WRITE, 0);
     if (p)
-        fso_io_advise(p, len);
+        fso_io_advise(p, whole_only ? bytes / FSO_IO_ALIGN * FSO_IO_ALIGN : len);
     return p;
+}
+
+void *fso_io_alloc(size_t bytes)
+{
+    return io_map(bytes, false);
+}
+
+void *fso_io_alloc_lean(size_t bytes)
+{
+    return io_map(bytes, true);
 }
 
 void fso_io_free(void *p, size_t bytes)

@@ -35,6 +35,11 @@ void *fso_io_alloc(size_t bytes);
  * and MAP_PRIVATE added); munmap(p, len) frees it. NULL with errno set. */
 void *fso_map_aligned(size_t len, int prot, int flags);
 void fso_io_free(void *p, size_t bytes);
+/* The same mapping with huge pages asked for only over the whole
+ * FSO_IO_ALIGN pieces of [0, bytes): the rest, part of the last piece, stays
+ * in 4 KiB pages and is committed only as far as it is touched (a buffer of
+ * any size that commits what it uses). fso_io_free frees it. */
+void *fso_io_alloc_lean(size_t bytes);
 /* The same for an address range the caller already mapped (aligned to
  * FSO_IO_ALIGN for the hint to take): ask for huge pages there. */
 void fso_io_advise(void *p, size_t bytes);
