@@ -653,7 +653,9 @@ static void test_sqnorm_is_exact_and_thread_independent(void **state)
 static void test_reduce_sqnorm_is_sum_then_sqnorm(void **state)
 {
     (void)state;
-    const size_t n = 5 * 65536 + 1001; /* whole chunks and a part */
+    /* whole chunks and a part: four at a time on one thread and on one of
+     * three, one at a time on the others, and the part */
+    const size_t n = 9 * 65536 + 1001;
     const int threads[2] = {1, 3};
     for (int nsrc = 2; nsrc <= 3; nsrc++)
         for (int mode = 0; mode < 3; mode++) /* into dst, accumulated in dst, into a source */
