@@ -54,6 +54,7 @@ static int engine_buffers(fso_plan_engine *en, const fso_config *cfg, int W)
     en->max_prefetch = zb.max_prefetch;
     en->prefetch_spare = zb.prefetch_spare;
     en->stage_slots = zb.stage_slots;
+    en->landing_slots = zb.landing_slots;
     en->stage_kind_bytes = (uint64_t)zb.chunk_sets * zb.chunk_bytes;
     return 0;
 }

@@ -60,7 +60,8 @@ void fso_zero_buffers_for(const fso_config *cfg, fso_tier param_tier, int prefet
     b->max_prefetch = MAX_PARAM_SLOTS - MAX_SPARE_SLOTS;
     b->prefetch_slots = param_tier == FSO_TIER_NVME ? prefetch + MAX_SPARE_SLOTS : 0;
     b->prefetch_slot_bytes = fso_sat_round_up(fso_sat_mul(param_bytes, max_shard), STAGE_ALIGN);
-    b->stage_slots = 3; /* grad_trip, grad_down[2] */
+    b->stage_slots = 1;   /* grad_trip */
+    b->landing_slots = 2; /* grad_down[2] */
     b->stage_slot_bytes = fso_sat_round_up(fso_sat_mul(sizeof(float), max_shard), STAGE_ALIGN);
     /* optimizer chunks: aio.block_size, at most a shard. A chunk of bf16
      * parameters takes half a chunk's bytes and must start 4 KiB aligned in
@@ -84,11 +85,12 @@ void fso_zero_buffers_for(const fso_config *cfg, fso_tier param_tier, int prefet
 }
 
 /* Host staging of one device, in the arena, with chunk buffers for
- * chunk_kinds kinds. */
-static size_t staging_bytes(const fso_zero_buffers *b, int chunk_kinds)
+ * chunk_kinds kinds and, with landings, the gradients' landing slots. */
+static size_t staging_bytes(const fso_zero_buffers *b, int chunk_kinds, bool landings)
 {
+    const size_t slots = (size_t)b->stage_slots + (landings ? (size_t)b->landing_slots : 0);
     return fso_sat_add(fso_sat_add(fso_sat_mul(b->prefetch_slot_bytes, (size_t)b->prefetch_slots),
-                                   fso_sat_mul(b->stage_slot_bytes, (size_t)b->stage_slots)),
+                                   fso_sat_mul(b->stage_slot_bytes, slots)),
                        fso_sat_mul(b->chunk_bytes, (size_t)b->chunk_sets * (size_t)chunk_kinds));
 }
 
@@ -129,7 +131,9 @@ void fso_zero_need_for(const fso_config *cfg, fso_zero_need *n)
                                                          cfg->data.seq_len));
     n->device_buffers = fso_sat_add(fso_sat_mul(zb.gather_bytes, (uint64_t)zb.gather),
                                     fso_sat_mul(zb.grad_full_bytes, (uint64_t)zb.grad_full));
-    n->staging = staging_bytes(&zb, chunk_kinds);
+    const fso_tier gt = fso_offload_tier(o, FSO_KIND_GRAD);
+    n->staging = staging_bytes(&zb, chunk_kinds,
+                               gt == FSO_TIER_NVME || (gt == FSO_TIER_HOST && !addressable));
     n->tier[FSO_TIER_DEVICE] =
         fso_sat_add(n->tier[FSO_TIER_DEVICE], fso_sat_add(n->activations, n->device_buffers));
     n->tier[FSO_TIER_HOST] =
@@ -362,8 +366,11 @@ static int open_arena(fso_zero *z, const fso_zero_buffers *zb, const budget *bud
                       size_t errlen)
 {
     const size_t world = (size_t)z->world;
-    const size_t bytes = (bud->per_tier[FSO_TIER_HOST] + staging_bytes(zb, chunk_kinds(z))) * world;
-    const size_t most_staging = zb->stage_slot_bytes * (size_t)(MAX_PARAM_SLOTS + zb->stage_slots) +
+    const bool landings = fso_zero_landings_needed(z->ranks[0].be, z->tier[FSO_KIND_GRAD]);
+    const size_t bytes =
+        (bud->per_tier[FSO_TIER_HOST] + staging_bytes(zb, chunk_kinds(z), landings)) * world;
+    const size_t most_staging = zb->stage_slot_bytes * (size_t)(MAX_PARAM_SLOTS + zb->stage_slots +
+                                                                zb->landing_slots) +
                                 zb->chunk_bytes * (size_t)zb->chunks;
     return fso_zero_arena_init(z, 2 * ((bud->all_kinds + most_staging) * world), bytes, err,
                                errlen);
@@ -443,8 +450,9 @@ static int allocate_rank(rank_state *rk, const fso_zero_buffers *zb, uint64_t *n
             rk->opt.chunk[set][k].buf = fso_zero_rank_take(rk, zb->chunk_bytes);
     rk->opt.chunk_elems = zb->chunk_bytes / sizeof(float);
     rk->io.grad_trip.buf = fso_zero_rank_take(rk, zb->stage_slot_bytes);
-    rk->io.grad_down[0].buf = fso_zero_rank_take(rk, zb->stage_slot_bytes);
-    rk->io.grad_down[1].buf = fso_zero_rank_take(rk, zb->stage_slot_bytes);
+    for (int i = 0; i < zb->landing_slots && fso_zero_landings_needed(be, z->tier[FSO_KIND_GRAD]);
+         i++)
+        rk->io.grad_down[i].buf = fso_zero_rank_take(rk, zb->stage_slot_bytes);
     rk->io.landing.block = -1;
     return 0;
 }

@@ -201,8 +201,12 @@ typedef struct fso_zero_buffers {
     int prefetch_spare;          /* slots beyond the prefetch depth */
     int max_prefetch;            /* the deepest prefetch the engine takes */
     size_t prefetch_slot_bytes;  /* each: the largest shard in the working type, whole pages */
-    int stage_slots;             /* a gradient shard's round trip and its two landings */
-    size_t stage_slot_bytes;     /* each: the largest shard, fp32, whole pages */
+    int stage_slots;             /* a shard's round trip (retiers, whole-model copies) */
+    int landing_slots;           /* gradient shards copied down from the devices on their way
+                                    to their tier: only where it is NVMe, or host memory the
+                                    devices cannot address (fso_zero_landings_needed) */
+    size_t stage_slot_bytes;     /* each stage and landing slot: the largest shard, fp32,
+                                    whole pages */
     int chunk_sets;              /* the optimizer's ring of chunk buffer sets: aio.queue_depth
                                     / 4, from 2 to 16, no more than the chunks of two shards;
                                     half of it reads ahead, the rest holds writes behind */

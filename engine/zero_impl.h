@@ -107,7 +107,8 @@ typedef struct rank_io {
     int n_prefetch;              /* in use: prefetch + 2 when parameters are on NVMe */
     int n_prefetch_bufs;         /* with a buffer (a re-plan may use fewer) */
     slot grad_trip;              /* a gradient shard's round trip; whole-model copies */
-    slot grad_down[2];           /* gradient shards copied down from the device */
+    slot grad_down[2];           /* gradient shards copied down from the device; no buffers
+                                    where none land (fso_zero_landings_needed) */
     grad_pending landing;        /* the block whose shard is on its way down (block -1 none) */
 } rank_io;
 
@@ -266,6 +267,15 @@ static inline size_t round_page(size_t b)
 static inline bool chunks_needed(const fso_backend *be, fso_tier t)
 {
     return t == FSO_TIER_NVME || (t == FSO_TIER_DEVICE && !be->ops->host_addressable);
+}
+
+/* Whether gradients on tier t land through io.grad_down: copied down from
+ * the device first (src_grads_done, zero_source.c). Devices the CPU
+ * addresses reduce straight into a host tier; a device tier is added to
+ * where it is. */
+static inline bool fso_zero_landings_needed(const fso_backend *be, fso_tier t)
+{
+    return t == FSO_TIER_NVME || (t == FSO_TIER_HOST && !be->ops->host_addressable);
 }
 
 /* zero_arena.c: the host arena */

@@ -89,7 +89,8 @@ static int quiesce(fso_zero *z, char *err, size_t errlen)
 
 /* What each device gains on each tier: the shards of every kind that
  * moves, the gather window when the shard stops being lent, more slots of
- * the parameter ring, chunk buffers for kinds that now need them. */
+ * the parameter ring, chunk buffers for kinds that now need them, landing
+ * slots when the gradients now need them. */
 static void growth(const fso_zero *z, retier_plan *m)
 {
     memset(m->add, 0, sizeof m->add);
@@ -106,6 +107,8 @@ static void growth(const fso_zero *z, retier_plan *m)
     for (int k = 0; k < FSO_N_KINDS; k++)
         if (chunks_needed(rk->be, m->want[k]) && !rk->opt.chunk[0][k].buf)
             m->add[FSO_TIER_HOST] += m->zb.chunk_bytes * (size_t)rk->opt.n_sets;
+    if (fso_zero_landings_needed(rk->be, m->want[FSO_KIND_GRAD]) && !rk->io.grad_down[0].buf)
+        m->add[FSO_TIER_HOST] += m->zb.stage_slot_bytes * (size_t)m->zb.landing_slots;
 }
 
 /* Room for the growth on every device and in host memory; the arena grows. */
@@ -219,6 +222,9 @@ static void retier_switch(rank_state *rk, const retier_plan *m, retier_job *j)
         for (int set = 0; set < rk->opt.n_sets && chunks_needed(be, m->want[k]) &&
                           !rk->opt.chunk[set][k].buf; set++)
             rk->opt.chunk[set][k].buf = fso_zero_rank_take(rk, m->zb.chunk_bytes);
+    for (int i = 0; i < m->zb.landing_slots && fso_zero_landings_needed(be, m->want[FSO_KIND_GRAD]) &&
+                    !rk->io.grad_down[i].buf; i++)
+        rk->io.grad_down[i].buf = fso_zero_rank_take(rk, m->zb.stage_slot_bytes);
     rk->io.n_prefetch = m->zb.prefetch_slots;
     bool on_nvme = false;
     for (int k = 0; k < FSO_N_KINDS; k++)

@@ -121,7 +121,12 @@ static bool size_placement(const fso_plan_input *in, const fso_placement *pl, fs
                         ? (uint64_t)(pl->prefetch + in->engine.prefetch_spare) *
                               round_page(max_shard * m->param_bytes)
                         : 0;
-    uint64_t stage = (uint64_t)in->engine.stage_slots * round_page(max_shard * m->state_bytes);
+    bool landings = false;
+    for (int b = 0; b < pl->n_blocks; b++)
+        landings = landings || pl->tier[FSO_KIND_GRAD][b] == FSO_TIER_NVME ||
+                   (pl->tier[FSO_KIND_GRAD][b] == FSO_TIER_HOST && !mc->cpu_devices);
+    const int slots = in->engine.stage_slots + (landings ? in->engine.landing_slots : 0);
+    uint64_t stage = (uint64_t)slots * round_page(max_shard * m->state_bytes);
     for (int k = 0; k < FSO_N_KINDS; k++) {
         bool staged = false;
         for (int b = 0; b < pl->n_blocks && !staged; b++)

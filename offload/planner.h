@@ -118,6 +118,9 @@ typedef struct fso_plan_engine {
     int prefetch_spare;        /* parameter ring slots beyond the prefetch depth */
     int stage_slots;           /* host staging buffers per device besides the prefetch ring,
                                   each one largest shard */
+    int landing_slots;         /* more of them per device where gradient shards land on their
+                                  way from the device to their tier: some on NVMe, or on the
+                                  host with devices the CPU cannot address (GPUs) */
     uint64_t stage_kind_bytes; /* more host staging per device for each kind that needs it (the
                                   optimizer's chunk buffers): a kind with blocks on NVMe, or on
                                   devices the CPU cannot address (GPUs) */

@@ -190,6 +190,42 @@ static void test_small_host_sends_optimizer_state_to_nvme(void **state)
         assert_int_equal(count_tier(&p, k, FSO_TIER_NVME), 8);
 }
 
+/* Host staging counts the gradients' landing slots only where gradient
+ * shards land on their way from the device: on NVMe, or in host memory
+ * the devices cannot address; CPU devices reduce straight into a host
+ * tier, and a device tier is added to where it is. */
+static void test_landing_slots_only_where_gradients_land(void **state)
+{
+    (void)state;
+    synth s;
+    fso_plan p;
+    fso_placement pl;
+    static const struct {
+        bool cpu;
+        int grad_tier;
+        bool lands;
+    } cases[] = {
+        {true, FSO_TIER_HOST, false},  {true, FSO_TIER_NVME, true},
+        {true, FSO_TIER_DEVICE, false}, {false, FSO_TIER_HOST, true},
+        {false, FSO_TIER_NVME, true},   {false, FSO_TIER_DEVICE, false},
+    };
+    /* two devices, blocks of 2^20 elements: a shard is 2 MiB of fp32 */
+    const uint64_t slot = (uint64_t)(2 * MIB);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        synth_model(&s, 4, 1 << 20, 1e9, true);
+        s.in.machine.devices = 2;
+        s.in.machine.cpu_devices = cases[i].cpu;
+        s.in.engine.stage_slots = 1;
+        s.in.engine.landing_slots = 2;
+        fso_placement_uniform(&pl, 4, FSO_TIER_HOST, FSO_TIER_HOST, cases[i].grad_tier, 2);
+        assert_int_equal(fso_plan_evaluate(&s.in, &pl, &p), 0);
+        const uint64_t want = (cases[i].lands ? 3 : 1) * slot * 2;
+        if (p.buffer_bytes[FSO_TIER_HOST] != want)
+            fail_msg("case %zu: host staging %llu, want %llu", i,
+                     (unsigned long long)p.buffer_bytes[FSO_TIER_HOST], (unsigned long long)want);
+    }
+}
+
 /* The engine as it runs (one tier per kind for every block): a host that
  * holds some kinds but not all keeps those and sends the rest to NVMe, and
  * the plan says why each kind sits where it does. */
@@ -1398,6 +1434,7 @@ int main(void)
         cmocka_unit_test(test_generous_memory_keeps_everything_on_the_device),
         cmocka_unit_test(test_tight_device_memory_streams_parameters),
         cmocka_unit_test(test_small_host_sends_optimizer_state_to_nvme),
+        cmocka_unit_test(test_landing_slots_only_where_gradients_land),
         cmocka_unit_test(test_kinds_get_tiers_of_their_own_and_reasons),
         cmocka_unit_test(test_pins_are_kept),
         cmocka_unit_test(test_shortfall_names_the_tier_and_the_bytes),
