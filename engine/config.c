@@ -732,6 +732,18 @@ fso_tier fso_offload_tier(const fso_offload_config *o, fso_kind k)
     return k == FSO_KIND_PARAM ? o->param_tier : o->optim_tier;
 }
 
+fso_tier fso_block_tier_rule(fso_tier kind_tier, fso_kind k, int b, int state_host_blocks)
+{
+    const bool state = k == FSO_KIND_MASTER || k == FSO_KIND_M || k == FSO_KIND_V;
+    return state && kind_tier == FSO_TIER_NVME && b < state_host_blocks ? FSO_TIER_HOST
+                                                                         : kind_tier;
+}
+
+fso_tier fso_offload_block_tier(const fso_offload_config *o, fso_kind k, int b)
+{
+    return fso_block_tier_rule(fso_offload_tier(o, k), k, b, o->state_host_blocks);
+}
+
 fso_config_origin fso_config_origin_of(const fso_config *cfg, const char *key)
 {
     const uint64_t h = key_hash(key);

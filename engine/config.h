@@ -108,6 +108,11 @@ typedef struct fso_offload_config {
      * and the master weights'); fso_offload_tier() reads whichever holds. */
     bool per_kind;
     fso_tier kind_tier[FSO_N_KINDS];
+    /* Blocks 0 .. state_host_blocks - 1 keep the optimizer's kinds that live
+     * on NVMe (master, m, v) in host memory instead: the next forward needs
+     * block 0's update first (a plan's choice where host memory is left;
+     * 0: none). fso_offload_block_tier() applies it. */
+    int state_host_blocks;
     char param_nvme_path[4096];   /* folders, comma-separated */
     char optim_nvme_path[4096];
     bool pin_memory;              /* either section's pin_memory */
@@ -179,6 +184,13 @@ fso_config_origin fso_config_origin_of(const fso_config *cfg, const char *key);
 /* The tier kind k lives on: o->kind_tier[k] when o->per_kind, else
  * param_tier for the parameters and optim_tier for the other kinds. */
 fso_tier fso_offload_tier(const fso_offload_config *o, fso_kind k);
+/* The tier of block b's shards of kind k: fso_offload_tier, except the
+ * optimizer's kinds on NVMe of the blocks below o->state_host_blocks,
+ * which are on the host. */
+fso_tier fso_offload_block_tier(const fso_offload_config *o, fso_kind k, int b);
+/* The rule itself: block b of kind k, whose kind lives on kind_tier, with
+ * the blocks below state_host_blocks keeping their NVMe state on the host. */
+fso_tier fso_block_tier_rule(fso_tier kind_tier, fso_kind k, int b, int state_host_blocks);
 
 /* The learning rate of optimizer step `step` (counting from 1). */
 double fso_config_lr_at(const fso_config *cfg, int64_t step);

@@ -156,6 +156,7 @@ int fso_plan_ctx_init(fso_plan_ctx *ctx, const fso_config *cfg, const fso_plan_m
             mc, cfg->micro_batch, cfg->data.seq_len, cfg->bf16);
     } else { /* engine/zero.c on the CPU backend */
         en->per_kind_tiers = true;
+        en->state_host_blocks = true;
         en->sync_grad_writes = true;
         en->opt_write_lag = 1;
         if (cfg->bf16) /* the CPU backend's fp32 working space for bf16 tensors */
@@ -1058,7 +1059,7 @@ static void gpu_engine_as_built(fso_plan_ctx *ctx, const fso_config *cfg)
 {
     fso_plan_engine *en = &ctx->in.engine;
     en->per_block_tiers = en->whole_copy = false;
-    en->per_kind_tiers = true;
+    en->per_kind_tiers = en->state_host_blocks = true;
     ctx->in.model.grad_bytes = 4;
     ctx->in.model.param_bytes = cfg->bf16 ? 2 : 4;
 }
@@ -1123,14 +1124,21 @@ int fso_plan_apply(const fso_plan *p, fso_config *cfg, char *err, size_t errlen)
     fso_tier tier[FSO_N_KINDS];
     bool nvme = false;
     for (int k = 0; k < FSO_N_KINDS; k++) {
-        tier[k] = (fso_tier)p->pl.tier[k][0];
+        tier[k] = (fso_tier)p->pl.tier[k][nb - 1];
         nvme = nvme || tier[k] == FSO_TIER_NVME;
     }
+    /* the first blocks may keep the state kinds that are on NVMe on the host */
+    int host_blocks = 0;
+    for (int k = FSO_KIND_MASTER; k <= FSO_KIND_V; k++)
+        if (tier[k] == FSO_TIER_NVME && p->pl.tier[k][0] == FSO_TIER_HOST)
+            while (host_blocks < nb && p->pl.tier[k][host_blocks] == FSO_TIER_HOST)
+                host_blocks++;
     for (int b = 0; b < nb; b++) {
         for (int k = 0; k < FSO_N_KINDS; k++)
-            if (p->pl.tier[k][b] != tier[k]) {
+            if (p->pl.tier[k][b] != fso_block_tier_rule(tier[k], (fso_kind)k, b, host_blocks)) {
                 snprintf(err, errlen, "the plan keeps some blocks' %s on one tier and others "
-                                      "elsewhere; this engine takes one tier per kind",
+                                      "elsewhere; this engine takes one tier per kind (and the "
+                                      "first blocks' optimizer state on the host)",
                          fso_kind_name(k));
                 return -ENOTSUP;
             }
@@ -1155,6 +1163,7 @@ int fso_plan_apply(const fso_plan *p, fso_config *cfg, char *err, size_t errlen)
     }
     o->per_kind = true;
     memcpy(o->kind_tier, tier, sizeof tier);
+    o->state_host_blocks = host_blocks;
     o->param_tier = tier[FSO_KIND_PARAM];
     o->optim_tier = tier[FSO_KIND_MASTER];
     o->prefetch_blocks = p->pl.prefetch;

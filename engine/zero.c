@@ -107,7 +107,8 @@ void fso_zero_need_for(const fso_config *cfg, fso_zero_need *n)
     fso_block_layout bl[3];
     one.num_hidden_layers = 1;
     fso_model_layout(bl, &one, world);
-    const uint64_t count[3] = {1, (uint64_t)cfg->model.num_hidden_layers, 1};
+    const int L = cfg->model.num_hidden_layers, first[3] = {0, 1, L + 1};
+    const uint64_t count[3] = {1, (uint64_t)L, 1};
 
     memset(n, 0, sizeof *n);
     for (int k = 0; k < FSO_N_KINDS; k++) {
@@ -115,12 +116,22 @@ void fso_zero_need_for(const fso_config *cfg, fso_zero_need *n)
         const fso_tier t = fso_offload_tier(o, (fso_kind)k);
         chunk_kinds += t == FSO_TIER_NVME || (t == FSO_TIER_DEVICE && !addressable);
         uint64_t shard = 0; /* one device's shards of kind k, whole pages each */
-        for (int i = 0; i < 3; i++)
-            shard = fso_sat_add(shard, fso_sat_mul(count[i], fso_sat_round_up(fso_sat_mul(
-                                        eb, fso_sat_div(bl[i].padded_elems, (uint64_t)world)),
-                                                                      STAGE_ALIGN)));
+        for (int i = 0; i < 3; i++) {
+            const uint64_t one_shard = fso_sat_round_up(
+                fso_sat_mul(eb, fso_sat_div(bl[i].padded_elems, (uint64_t)world)), STAGE_ALIGN);
+            /* the group's blocks below o->state_host_blocks, and the rest */
+            int64_t below = (int64_t)o->state_host_blocks - first[i];
+            below = below < 0 ? 0 : below > (int64_t)count[i] ? (int64_t)count[i] : below;
+            const uint64_t part[2] = {(uint64_t)below, count[i] - (uint64_t)below};
+            for (int j = 0; j < 2; j++) {
+                const fso_tier bt = j == 0 ? fso_offload_block_tier(o, (fso_kind)k, 0) : t;
+                const uint64_t s = fso_sat_mul(part[j], one_shard);
+                shard = fso_sat_add(shard, s);
+                n->tier[bt] = fso_sat_add(n->tier[bt], bt == FSO_TIER_DEVICE
+                                                           ? s : fso_sat_mul(s, (uint64_t)world));
+            }
+        }
         n->kind_bytes[k] = fso_sat_mul(shard, (uint64_t)world);
-        n->tier[t] = fso_sat_add(n->tier[t], t == FSO_TIER_DEVICE ? shard : n->kind_bytes[k]);
     }
     n->activations = fso_model_activation_bytes_for(&cfg->model, cfg->micro_batch,
                                                     cfg->data.seq_len,
@@ -159,6 +170,7 @@ static int setup_layout(fso_zero *z, const fso_config *cfg, fso_zero_buffers *zb
     z->world = cfg->world > 0 ? cfg->world : 1;
     for (int k = 0; k < FSO_N_KINDS; k++)
         z->tier[k] = fso_offload_tier(&cfg->offload, (fso_kind)k);
+    z->state_host_blocks = cfg->offload.state_host_blocks;
     for (int k = 0; k < FSO_N_KINDS; k++)
         z->elem_bytes[k] = sizeof(float);
     if (cfg->bf16)
@@ -180,6 +192,12 @@ static int setup_layout(fso_zero *z, const fso_config *cfg, fso_zero_buffers *zb
 
     const int max_visits = fso_model_max_visits(&cfg->model);
     z->n_blocks = fso_model_n_blocks(&cfg->model);
+    if (z->state_host_blocks < 0 || z->state_host_blocks >= z->n_blocks) {
+        snprintf(err, errlen, "offload: state_host_blocks %d: must be 0 to %d (fewer than the "
+                              "model's %d blocks)", z->state_host_blocks, z->n_blocks - 1,
+                 z->n_blocks);
+        return -EINVAL;
+    }
     z->blocks = calloc((size_t)z->n_blocks, sizeof *z->blocks);
     z->ranks = calloc((size_t)z->world, sizeof *z->ranks);
     z->order = calloc((size_t)max_visits, sizeof *z->order);
@@ -218,7 +236,7 @@ static void shard_budget(const fso_zero *z, budget *bud)
     for (int b = 0; b < z->n_blocks; b++)
         for (int k = 0; k < FSO_N_KINDS; k++) {
             size_t bytes = fso_zero_shard_bytes(z, b, k);
-            bud->per_tier[z->tier[k]] += bytes;
+            bud->per_tier[fso_zero_block_tier(z, b, (fso_kind)k)] += bytes;
             bud->all_kinds += bytes;
         }
 }
@@ -424,7 +442,8 @@ static int allocate_rank(rank_state *rk, const fso_zero_buffers *zb, uint64_t *n
     *nvme_bytes = 0;
     for (int b = 0; b < z->n_blocks; b++)
         for (int k = 0; k < FSO_N_KINDS; k++)
-            if ((rc = fso_zero_place_shard(rk, b, (fso_kind)k, z->tier[k], nvme_bytes,
+            if ((rc = fso_zero_place_shard(rk, b, (fso_kind)k,
+                                           fso_zero_block_tier(z, b, (fso_kind)k), nvme_bytes,
                                            fso_zero_locate(rk, b, (fso_kind)k), err, errlen)) < 0)
                 return rc;
     for (int g = 0; g < zb->gather; g++)
@@ -730,6 +749,11 @@ void fso_zero_describe(const fso_zero *z, char *buf, size_t len)
         fso_human_bytes(h, sizeof h, (double)per_kind[k]);
         off += (size_t)snprintf(buf + off, len - off, "%s%s %s on %s", k ? ", " : "",
                                 fso_kind_name(k), h, fso_tier_name(z->tier[k]));
+        const int hb = z->state_host_blocks;
+        if (off < len && fso_zero_block_tier(z, 0, (fso_kind)k) != z->tier[k])
+            off += (size_t)(hb == 1 ? snprintf(buf + off, len - off, " (block 0 on host)")
+                                    : snprintf(buf + off, len - off, " (blocks 0-%d on host)",
+                                               hb - 1));
     }
     if (z->tier[FSO_KIND_PARAM] == FSO_TIER_NVME && off < len)
         off += (size_t)snprintf(buf + off, len - off, ", %d block%s read ahead", z->prefetch,

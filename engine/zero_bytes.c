@@ -27,7 +27,7 @@ void fso_zero_step_nvme_bytes(const fso_config *cfg, uint64_t *read, uint64_t *w
     for (int b = 0; b < nb; b++) {
         const uint64_t S = bl[b].padded_elems / W;
         for (int k = 0; k < FSO_N_KINDS; k++) {
-            if (fso_offload_tier(&cfg->offload, (fso_kind)k) != FSO_TIER_NVME)
+            if (fso_offload_block_tier(&cfg->offload, (fso_kind)k, b) != FSO_TIER_NVME)
                 continue;
             const uint64_t eb = k == FSO_KIND_PARAM && cfg->bf16 ? 2 : 4;
             const uint64_t shard = (eb * S + PAGE - 1) / PAGE * PAGE * W; /* all devices */

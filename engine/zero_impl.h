@@ -238,6 +238,8 @@ struct fso_zero {
     size_t elem_bytes[FSO_N_KINDS]; /* per kind: 2 for bf16 working parameters
                                      (bf16.enabled), else 4 (fp32) */
     fso_tier tier[FSO_N_KINDS];
+    int state_host_blocks;       /* blocks below it keep NVMe kinds of optimizer state on the
+                                    host (fso_zero_block_tier) */
     bool lend_shard;             /* world 1, parameters on the device: the shard itself is lent
                                     to the model, no gather */
     int prefetch;                /* blocks read ahead (train.prefetch_blocks, or the plan's) */
@@ -267,6 +269,12 @@ static inline size_t round_page(size_t b)
 static inline bool chunks_needed(const fso_backend *be, fso_tier t)
 {
     return t == FSO_TIER_NVME || (t == FSO_TIER_DEVICE && !be->ops->host_addressable);
+}
+
+/* The tier of block b's shards of kind k (config.h fso_offload_block_tier). */
+static inline fso_tier fso_zero_block_tier(const fso_zero *z, int b, fso_kind k)
+{
+    return fso_block_tier_rule(z->tier[k], k, b, z->state_host_blocks);
 }
 
 /* Whether gradients on tier t land through io.grad_down: copied down from

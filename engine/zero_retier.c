@@ -13,7 +13,7 @@
 
 /* What phase 1 takes on one device. */
 typedef struct retier_job {
-    loc *fresh[FSO_N_KINDS];     /* per moved kind: the new place of every block */
+    loc *fresh[FSO_N_KINDS];     /* per moved kind: the new place of every block that moves */
     void *gather[2];             /* the gather window, when the shard stops being lent */
     bool opened_store;
 } retier_job;
@@ -22,18 +22,41 @@ typedef struct retier_job {
 typedef struct retier_plan {
     const fso_offload_config *o;
     fso_tier want[FSO_N_KINDS];
+    int state_host_blocks;       /* o's (config.h fso_offload_block_tier) */
     fso_zero_buffers zb;
     bool lend_shard;
     size_t add[FSO_N_TIERS];     /* what each device gains on each tier (the same on all) */
 } retier_plan;
 
+/* The tier of block b's shards of kind k in the new placement. */
+static fso_tier want_tier(const retier_plan *m, int b, fso_kind k)
+{
+    return fso_block_tier_rule(m->want[k], k, b, m->state_host_blocks);
+}
+
+/* Whether block b's shards of kind k move. */
+static bool moves(const fso_zero *z, const retier_plan *m, int b, fso_kind k)
+{
+    return want_tier(m, b, k) != fso_zero_block_tier(z, b, k);
+}
+
+/* Whether any block's shards of kind k move. */
+static bool kind_moves(const fso_zero *z, const retier_plan *m, fso_kind k)
+{
+    for (int b = 0; b < z->n_blocks; b++)
+        if (moves(z, m, b, k))
+            return true;
+    return false;
+}
+
 /* What phase 1 took, given back when it fails. */
-static void retier_undo(rank_state *rk, retier_job *j)
+static void retier_undo(rank_state *rk, const retier_plan *m, retier_job *j)
 {
     fso_backend *be = rk->be;
     for (int k = 0; k < FSO_N_KINDS; k++) {
         for (int b = 0; j->fresh[k] && b < rk->z->n_blocks; b++)
-            fso_zero_release_shard(rk, b, (fso_kind)k, &j->fresh[k][b]);
+            if (moves(rk->z, m, b, (fso_kind)k))
+                fso_zero_release_shard(rk, b, (fso_kind)k, &j->fresh[k][b]);
         free(j->fresh[k]);
         j->fresh[k] = NULL;
     }
@@ -95,9 +118,9 @@ static void growth(const fso_zero *z, retier_plan *m)
 {
     memset(m->add, 0, sizeof m->add);
     for (int k = 0; k < FSO_N_KINDS; k++)
-        if (m->want[k] != z->tier[k])
-            for (int b = 0; b < z->n_blocks; b++)
-                m->add[m->want[k]] += fso_zero_shard_bytes(z, b, (fso_kind)k);
+        for (int b = 0; b < z->n_blocks; b++)
+            if (moves(z, m, b, (fso_kind)k))
+                m->add[want_tier(m, b, (fso_kind)k)] += fso_zero_shard_bytes(z, b, (fso_kind)k);
     if (z->lend_shard && !m->lend_shard)
         m->add[FSO_TIER_DEVICE] += m->zb.gather_bytes * (size_t)m->zb.gather;
     int more_slots = m->zb.prefetch_slots - z->ranks[0].io.n_prefetch_bufs;
@@ -166,7 +189,7 @@ static int retier_place(rank_state *rk, const retier_plan *m, retier_job *j,
         }
     uint64_t nvme_off = rk->io.nvme_end;
     for (int k = 0; k < FSO_N_KINDS; k++) {
-        if (m->want[k] == z->tier[k])
+        if (!kind_moves(z, m, (fso_kind)k))
             continue;
         if (!(j->fresh[k] = calloc((size_t)z->n_blocks, sizeof(loc)))) {
             snprintf(err, errlen, "out of host memory");
@@ -174,8 +197,10 @@ static int retier_place(rank_state *rk, const retier_plan *m, retier_job *j,
         }
         for (int b = 0; b < z->n_blocks; b++) {
             loc *to = &j->fresh[k][b];
-            if ((rc = fso_zero_place_shard(rk, b, (fso_kind)k, m->want[k], &nvme_off, to, err,
-                                           errlen)) < 0)
+            if (!moves(z, m, b, (fso_kind)k))
+                continue;
+            if ((rc = fso_zero_place_shard(rk, b, (fso_kind)k, want_tier(m, b, (fso_kind)k),
+                                           &nvme_off, to, err, errlen)) < 0)
                 return rc;
             if ((rc = retier_copy(rk, b, (fso_kind)k, to, bytes_moved)) < 0) {
                 snprintf(err, errlen, "%s", rk->compute.err.msg);
@@ -195,6 +220,8 @@ static void retier_switch(rank_state *rk, const retier_plan *m, retier_job *j)
         if (!j->fresh[k])
             continue;
         for (int b = 0; b < z->n_blocks; b++) {
+            if (!moves(z, m, b, (fso_kind)k))
+                continue;
             loc *l = fso_zero_locate(rk, b, (fso_kind)k);
             fso_zero_release_shard(rk, b, (fso_kind)k, l);
             *l = j->fresh[k][b];
@@ -242,6 +269,12 @@ int fso_zero_retier(fso_zero *z, const fso_offload_config *o, uint64_t *bytes_mo
     retier_plan m = {.o = o};
     for (int k = 0; k < FSO_N_KINDS; k++)
         m.want[k] = fso_offload_tier(o, (fso_kind)k);
+    m.state_host_blocks = o->state_host_blocks;
+    if (m.state_host_blocks < 0 || m.state_host_blocks >= z->n_blocks) {
+        snprintf(err, errlen, "re-plan: state_host_blocks %d: must be 0 to %d",
+                 m.state_host_blocks, z->n_blocks - 1);
+        return -EINVAL;
+    }
     *bytes_moved = 0;
     fso_zero_buffers_for(z->cfg, m.want[FSO_KIND_PARAM], o->prefetch_blocks, &m.zb);
     if (o->prefetch_blocks < 0 || o->prefetch_blocks > m.zb.max_prefetch) {
@@ -255,7 +288,8 @@ int fso_zero_retier(fso_zero *z, const fso_offload_config *o, uint64_t *bytes_mo
         return rc;
     growth(z, &m);
     if (m.add[FSO_TIER_DEVICE] == 0 && m.add[FSO_TIER_HOST] == 0 && m.add[FSO_TIER_NVME] == 0 &&
-        memcmp(m.want, z->tier, sizeof m.want) == 0) {
+        memcmp(m.want, z->tier, sizeof m.want) == 0 &&
+        m.state_host_blocks == z->state_host_blocks) {
         z->prefetch = o->prefetch_blocks;
         for (int r = 0; r < z->world; r++)
             z->ranks[r].io.n_prefetch = m.zb.prefetch_slots;
@@ -275,7 +309,7 @@ int fso_zero_retier(fso_zero *z, const fso_offload_config *o, uint64_t *bytes_mo
     if (rc < 0) {
         for (int r = 0; r < z->world; r++) {
             fso_zero_drain_slots(&z->ranks[r], true);
-            retier_undo(&z->ranks[r], &jobs[r]);
+            retier_undo(&z->ranks[r], &m, &jobs[r]);
             z->ranks[r].compute.err.rc = 0;
         }
         free(jobs);
@@ -289,6 +323,7 @@ int fso_zero_retier(fso_zero *z, const fso_offload_config *o, uint64_t *bytes_mo
         retier_switch(&z->ranks[r], &m, &jobs[r]);
     free(jobs);
     memcpy(z->tier, m.want, sizeof m.want);
+    z->state_host_blocks = m.state_host_blocks;
     z->lend_shard = m.lend_shard;
     z->prefetch = o->prefetch_blocks;
     return 0;

@@ -811,6 +811,8 @@ typedef struct cand {
     int resident;       /* parameter blocks kept on the device (per-block mode) */
     int sresident;      /* blocks whose optimizer state and gradients stay on the device,
                            updated there (per-block mode; see state_block) */
+    int hresident;      /* blocks from the first whose state kinds on NVMe stay on the host
+                           (engine.state_host_blocks) */
     bool sfrom_first;
     int st[3];          /* master, m, v tiers */
     int gt;             /* gradient tier */
@@ -927,6 +929,41 @@ static void build_placement(const fso_plan_input *in, const cand *c, const int *
     for (int i = 0; i < c->sresident && i < nb; i++)
         for (int k = FSO_KIND_MASTER; k < FSO_N_KINDS; k++)
             pl->tier[k][state_block(in, c, i)] = FSO_TIER_DEVICE;
+    for (int b = 0; b < c->hresident && b < nb; b++)
+        for (int i = 0; i < 3; i++)
+            if (c->st[i] == FSO_TIER_NVME)
+                pl->tier[FSO_KIND_MASTER + i][b] = FSO_TIER_HOST;
+}
+
+/* engine.state_host_blocks: the host memory a placement leaves, filled
+ * from block 0 up with the blocks' state kinds that are on NVMe, all but
+ * the last block; none where a pin names the state's tier. */
+static void fill_host_state(const fso_plan_input *in, cand *c, const int *order, fso_plan *tmp,
+                            fso_placement *pl)
+{
+    const int nb = in->model.n_blocks;
+    const uint64_t W = (uint64_t)in->machine.devices;
+    c->hresident = 0;
+    if (!in->engine.state_host_blocks ||
+        (c->st[0] != FSO_TIER_NVME && c->st[1] != FSO_TIER_NVME && c->st[2] != FSO_TIER_NVME))
+        return;
+    for (int k = FSO_KIND_MASTER; k <= FSO_KIND_V; k++)
+        if (in->pins.tier[k] >= 0)
+            return;
+    build_placement(in, c, order, pl);
+    if (!size_placement(in, pl, tmp))
+        return;
+    uint64_t room = tmp->have_bytes[FSO_TIER_HOST] - tmp->need_bytes[FSO_TIER_HOST];
+    while (c->hresident < nb - 1) {
+        uint64_t add = 0;
+        for (int i = 0; i < 3; i++)
+            if (c->st[i] == FSO_TIER_NVME)
+                add += shard_bytes(in, c->hresident, FSO_KIND_MASTER + i) * W;
+        if (add > room)
+            break;
+        room -= add;
+        c->hresident++;
+    }
 }
 
 static bool tier_ok(const fso_plan_input *in, int t)
@@ -1043,6 +1080,7 @@ int fso_plan_choose(const fso_plan_input *in, fso_plan *out)
                                 fill_resident(in, &c, order, sf & 1, tmp, pl);
                                 if (sf >= 2 && c.sresident == 0)
                                     continue; /* the same as sf - 2 */
+                                fill_host_state(in, &c, order, tmp, pl);
                                 build_placement(in, &c, order, pl);
                                 if (!size_placement(in, pl, tmp)) {
                                     if (tmp->short_bytes < closest_short) {
@@ -1251,6 +1289,11 @@ int fso_plan_replan(const fso_plan_input *in, const fso_plan *cur, const fso_pla
 
 int fso_plan_main_tier(const fso_plan *p, int kind)
 {
+    const int nb = p->pl.n_blocks;
+    /* optimizer state on NVMe whose first blocks took the host room left */
+    if (kind >= FSO_KIND_MASTER && kind <= FSO_KIND_V && nb > 0 &&
+        p->pl.tier[kind][0] == FSO_TIER_HOST && p->pl.tier[kind][nb - 1] == FSO_TIER_NVME)
+        return FSO_TIER_NVME;
     int count[FSO_N_TIERS] = {0}, best = 0;
     for (int b = 0; b < p->pl.n_blocks; b++)
         count[p->pl.tier[kind][b]]++;

@@ -102,6 +102,10 @@ typedef struct fso_plan_engine {
     bool per_block_tiers;      /* parameters of some blocks may stay on the device */
     bool per_kind_tiers;       /* master, m, v and gradients may sit on different tiers */
     bool whole_copy;           /* a block may be copied whole to every device (no gather) */
+    bool state_host_blocks;    /* the optimizer state a placement puts on NVMe stays on the
+                                  host for the first blocks, as many as host memory takes
+                                  (but the last), unless pinned: the next forward needs
+                                  block 0 first */
     bool sync_grad_writes;     /* a gradient shard reaches its tier before the next block */
     bool norm_pass;            /* the global norm re-reads NVMe gradient shards after
                                   backward (else: each block's norm as its gradients land) */
@@ -244,7 +248,9 @@ int fso_plan_explain(const fso_plan_input *in, fso_plan *p);
  * with the same tier and reason together. "" when not explained. */
 void fso_plan_why(const fso_plan *p, char *buf, size_t len);
 
-/* The tier most blocks of kind k sit on. */
+/* The tier most blocks of kind k sit on; for optimizer state whose first
+ * blocks are on the host and the rest on NVMe (engine.state_host_blocks),
+ * NVMe. */
 int fso_plan_main_tier(const fso_plan *p, int kind);
 
 

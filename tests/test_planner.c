@@ -190,6 +190,60 @@ static void test_small_host_sends_optimizer_state_to_nvme(void **state)
         assert_int_equal(count_tier(&p, k, FSO_TIER_NVME), 8);
 }
 
+/* The host memory a placement leaves takes the first blocks' optimizer
+ * state that is on NVMe (the next forward needs block 0's update first):
+ * as many blocks as fit, from block 0 up, never the last; the plan says so
+ * and a configuration applied from it carries the count. */
+static void test_host_room_takes_the_first_blocks_state(void **state)
+{
+    (void)state;
+    synth s;
+    fso_plan p;
+    for (int on = 0; on < 2; on++) {
+        synth_model(&s, 8, 1 << 20, 1e9, true);
+        s.in.engine.state_host_blocks = on;
+        s.in.machine.device_mem_bytes = (uint64_t)(20 * MIB);
+        s.in.machine.host_mem_bytes = (uint64_t)(100 * MIB);
+        assert_int_equal(fso_plan_choose(&s.in, &p), 0);
+        const int h = count_tier(&p, FSO_KIND_M, FSO_TIER_HOST);
+        fprintf(stderr, "# engine.state_host_blocks %d: m on the host in %d of 8 blocks, host "
+                        "need %llu of %llu\n", on, h,
+                (unsigned long long)p.need_bytes[FSO_TIER_HOST],
+                (unsigned long long)p.have_bytes[FSO_TIER_HOST]);
+        assert_true(p.fits);
+        assert_int_equal(p.pl.tier[FSO_KIND_M][7], FSO_TIER_NVME);
+        if (!on) {
+            assert_int_equal(h, 0);
+            continue;
+        }
+        assert_true(h >= 1 && h < 8);
+        for (int k = FSO_KIND_MASTER; k <= FSO_KIND_V; k++)
+            for (int b = 0; b < 8; b++)
+                assert_int_equal(p.pl.tier[k][b], b < h ? FSO_TIER_HOST : FSO_TIER_NVME);
+        /* one more block would not fit */
+        assert_true(p.have_bytes[FSO_TIER_HOST] - p.need_bytes[FSO_TIER_HOST] <
+                    3 * (uint64_t)(4 * MIB));
+        char desc[512];
+        fso_plan_describe(&p, desc, sizeof desc);
+        if (!strstr(desc, "host (") || !strstr(desc, "of 8 blocks"))
+            fail_msg("the plan does not say where the blocks went: %s", desc);
+        fso_config cfg;
+        memset(&cfg, 0, sizeof cfg);
+        char err[256];
+        snprintf(cfg.offload.optim_nvme_path, sizeof cfg.offload.optim_nvme_path, "/tmp");
+        assert_int_equal(fso_plan_apply(&p, &cfg, err, sizeof err), 0);
+        assert_int_equal(cfg.offload.state_host_blocks, h);
+        assert_int_equal(fso_offload_tier(&cfg.offload, FSO_KIND_M), FSO_TIER_NVME);
+        assert_int_equal(fso_offload_block_tier(&cfg.offload, FSO_KIND_M, h - 1), FSO_TIER_HOST);
+        assert_int_equal(fso_offload_block_tier(&cfg.offload, FSO_KIND_M, h), FSO_TIER_NVME);
+        /* a pin of the optimizer's tier keeps all of it there */
+        for (int k = FSO_KIND_MASTER; k < FSO_N_KINDS; k++)
+            s.in.pins.tier[k] = FSO_TIER_NVME;
+        assert_int_equal(fso_plan_choose(&s.in, &p), 0);
+        assert_int_equal(count_tier(&p, FSO_KIND_M, FSO_TIER_NVME), 8);
+    }
+}
+
 /* Host staging counts the gradients' landing slots only where gradient
  * shards land on their way from the device: on NVMe, or in host memory
  * the devices cannot address; CPU devices reduce straight into a host
@@ -1435,6 +1489,7 @@ int main(void)
         cmocka_unit_test(test_tight_device_memory_streams_parameters),
         cmocka_unit_test(test_small_host_sends_optimizer_state_to_nvme),
         cmocka_unit_test(test_landing_slots_only_where_gradients_land),
+        cmocka_unit_test(test_host_room_takes_the_first_blocks_state),
         cmocka_unit_test(test_kinds_get_tiers_of_their_own_and_reasons),
         cmocka_unit_test(test_pins_are_kept),
         cmocka_unit_test(test_shortfall_names_the_tier_and_the_bytes),

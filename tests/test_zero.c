@@ -250,6 +250,63 @@ static void test_per_kind_tiers_are_bit_identical(void **state)
 #undef N
 }
 
+/* The first blocks' optimizer state on the host while the rest of it is
+ * on NVMe (the planner's use of the host memory left): the bits of
+ * everything on the device, on 1 and 2 devices, with the state on NVMe
+ * whole and in part, and the serialized and forward schedules; a count
+ * that leaves no block on NVMe is refused by name. */
+static void test_first_blocks_state_on_the_host_is_bit_identical(void **state)
+{
+    (void)state;
+#define D FSO_TIER_DEVICE
+#define H FSO_TIER_HOST
+#define N FSO_TIER_NVME
+    static const struct {
+        fso_tier t[FSO_N_KINDS];
+        int host_blocks;
+        fso_overlap overlap;
+    } cases[] = {
+        {{N, N, N, N, H}, 1, FSO_OVERLAP_FORWARD},
+        {{D, N, N, N, N}, 2, FSO_OVERLAP_FORWARD},
+        {{D, H, N, N, H}, 3, FSO_OVERLAP_NONE},
+        {{N, D, N, H, H}, 1, FSO_OVERLAP_FORWARD},
+    };
+    for (int world = 1; world <= 2; world++) {
+        run_result base, r;
+        fso_config cfg;
+        small_config(&cfg, world, 4);
+        set_tiers(&cfg, D, D);
+        run(&cfg, NULL, &base);
+        if (base.rc)
+            fail_msg("all on device: %s", base.err);
+        const int nb = fso_model_n_blocks(&cfg.model);
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+            char what[160];
+            set_kind_tiers(&cfg, cases[i].t);
+            cfg.offload.state_host_blocks = cases[i].host_blocks;
+            cfg.optimizer_overlap = cases[i].overlap;
+            assert_int_equal(fso_offload_block_tier(&cfg.offload, FSO_KIND_M, 0), H);
+            assert_int_equal(fso_offload_block_tier(&cfg.offload, FSO_KIND_M, nb - 1), N);
+            snprintf(what, sizeof what, "%d devices, case %zu, %d blocks' state on the host",
+                     world, i, cases[i].host_blocks);
+            run(&cfg, NULL, &r);
+            if (r.rc)
+                fail_msg("%s: %s", what, r.err);
+            assert_bit_identical(&base, &r, what);
+            result_free(&r);
+        }
+        cfg.offload.state_host_blocks = nb;
+        run(&cfg, NULL, &r);
+        if (r.rc != -EINVAL || !strstr(r.err, "state_host_blocks"))
+            fail_msg("%d blocks of %d on the host: rc %d, %s", nb, nb, r.rc, r.err);
+        result_free(&r);
+        result_free(&base);
+    }
+#undef D
+#undef H
+#undef N
+}
+
 /* What a step moves on NVMe is the README's derivation for its placement,
  * kind by kind, exactly: parameters read at each visit that lends them in
  * every micro-batch and written once, gradients written by every
@@ -272,7 +329,7 @@ static void expected_bytes(const fso_config *cfg, uint64_t *rd, uint64_t *wr)
     memset(wr, 0, sizeof(uint64_t) * FSO_N_KINDS);
     for (int b = 0; b < nb; b++)
         for (int k = 0; k < FSO_N_KINDS; k++) {
-            if (fso_offload_tier(&cfg->offload, (fso_kind)k) != FSO_TIER_NVME)
+            if (fso_offload_block_tier(&cfg->offload, (fso_kind)k, b) != FSO_TIER_NVME)
                 continue;
             uint64_t bytes = (k == FSO_KIND_PARAM && cfg->bf16 ? 2u : 4u) * bl[b].padded_elems / W;
             uint64_t pages = (bytes + 4095) / 4096 * 4096 * (uint64_t)W;
@@ -294,13 +351,16 @@ static void test_step_nvme_bytes_are_the_derivation(void **state)
         int world, accum;
         bool bf16;
         fso_overlap overlap;
+        int host_blocks;
     } cases[] = {
-        {{N, N, N, N, N}, 1, 2, false, FSO_OVERLAP_FORWARD},
-        {{N, N, N, N, N}, 2, 1, true, FSO_OVERLAP_NONE},
-        {{N, H, N, N, H}, 2, 1, true, FSO_OVERLAP_FORWARD},
-        {{H, N, N, N, H}, 2, 2, false, FSO_OVERLAP_BACKWARD},
-        {{D, D, D, D, N}, 1, 2, false, FSO_OVERLAP_FORWARD},
-        {{N, D, D, D, D}, 1, 1, true, FSO_OVERLAP_FORWARD},
+        {{N, N, N, N, N}, 1, 2, false, FSO_OVERLAP_FORWARD, 0},
+        {{N, N, N, N, N}, 2, 1, true, FSO_OVERLAP_NONE, 0},
+        {{N, H, N, N, H}, 2, 1, true, FSO_OVERLAP_FORWARD, 0},
+        {{H, N, N, N, H}, 2, 2, false, FSO_OVERLAP_BACKWARD, 0},
+        {{D, D, D, D, N}, 1, 2, false, FSO_OVERLAP_FORWARD, 0},
+        {{N, D, D, D, D}, 1, 1, true, FSO_OVERLAP_FORWARD, 0},
+        {{N, H, N, N, H}, 2, 1, true, FSO_OVERLAP_FORWARD, 1}, /* block 0's m, v on the host */
+        {{H, N, N, N, N}, 1, 2, false, FSO_OVERLAP_NONE, 2},
     };
 #undef D
 #undef H
@@ -311,6 +371,7 @@ static void test_step_nvme_bytes_are_the_derivation(void **state)
         fso_trainer tr;
         small_config(&cfg, cases[c].world, 4);
         set_kind_tiers(&cfg, cases[c].t);
+        cfg.offload.state_host_blocks = cases[c].host_blocks;
         cfg.grad_accum = cases[c].accum;
         cfg.bf16 = cases[c].bf16;
         cfg.optimizer_overlap = cases[c].overlap;
@@ -1054,6 +1115,7 @@ typedef struct move {
     uint64_t device_cap;    /* 0: as configured */
     int want_rc;            /* 0, or the failure expected */
     const char *want_err;   /* a part of the message */
+    int state_host_blocks;  /* offload.state_host_blocks after the move */
 } move;
 static const move *g_moves;
 static int g_nmoves;
@@ -1068,6 +1130,7 @@ static void do_moves(fso_trainer *tr, int s)
         o.param_tier = m->param;
         o.optim_tier = m->optim;
         o.prefetch_blocks = m->prefetch;
+        o.state_host_blocks = m->state_host_blocks;
         const char *dir = m->nvme ? m->nvme : nvme_dir;
         snprintf(o.param_nvme_path, sizeof o.param_nvme_path, "%s", dir);
         snprintf(o.optim_nvme_path, sizeof o.optim_nvme_path, "%s", dir);
@@ -1119,14 +1182,14 @@ static void test_replan_moves_keep_bits_one_device(void **state)
 {
     (void)state;
     const move moves[] = {
-        {1, FSO_TIER_NVME, FSO_TIER_HOST, 1, NULL, 0, 0, NULL},
-        {2, FSO_TIER_HOST, FSO_TIER_NVME, 3, NULL, 0, 0, NULL},
+        {1, FSO_TIER_NVME, FSO_TIER_HOST, 1, NULL, 0, 0, NULL, 0},
+        {2, FSO_TIER_HOST, FSO_TIER_NVME, 3, NULL, 0, 0, NULL, 0},
     };
     moves_keep_bits(1, FSO_TIER_DEVICE, FSO_TIER_DEVICE, moves, 2, false);
     /* and back up from NVMe, the store's files removed once unused */
     const move up[] = {
-        {1, FSO_TIER_NVME, FSO_TIER_NVME, 2, NULL, 0, 0, NULL},
-        {2, FSO_TIER_DEVICE, FSO_TIER_DEVICE, 0, NULL, 0, 0, NULL},
+        {1, FSO_TIER_NVME, FSO_TIER_NVME, 2, NULL, 0, 0, NULL, 0},
+        {2, FSO_TIER_DEVICE, FSO_TIER_DEVICE, 0, NULL, 0, 0, NULL, 0},
     };
     moves_keep_bits(1, FSO_TIER_HOST, FSO_TIER_NVME, up, 2, false);
     char path[512];
@@ -1138,10 +1201,27 @@ static void test_replan_moves_keep_bits_two_devices(void **state)
 {
     (void)state;
     const move moves[] = {
-        {1, FSO_TIER_DEVICE, FSO_TIER_NVME, 0, NULL, 0, 0, NULL},
-        {2, FSO_TIER_NVME, FSO_TIER_DEVICE, 4, NULL, 0, 0, NULL},
+        {1, FSO_TIER_DEVICE, FSO_TIER_NVME, 0, NULL, 0, 0, NULL, 0},
+        {2, FSO_TIER_NVME, FSO_TIER_DEVICE, 4, NULL, 0, 0, NULL, 0},
     };
     moves_keep_bits(2, FSO_TIER_HOST, FSO_TIER_HOST, moves, 2, false);
+}
+
+/* Moves of the first blocks' optimizer state between the host and NVMe:
+ * onto the host with the rest onto NVMe, more blocks, fewer, none. */
+static void test_replan_moves_first_blocks_state_keep_bits(void **state)
+{
+    (void)state;
+    const move moves[] = {
+        {1, FSO_TIER_HOST, FSO_TIER_NVME, 2, NULL, 0, 0, NULL, 2},
+        {2, FSO_TIER_HOST, FSO_TIER_NVME, 2, NULL, 0, 0, NULL, 1},
+    };
+    moves_keep_bits(2, FSO_TIER_HOST, FSO_TIER_HOST, moves, 2, true);
+    const move more[] = {
+        {1, FSO_TIER_DEVICE, FSO_TIER_NVME, 0, NULL, 0, 0, NULL, 3},
+        {2, FSO_TIER_DEVICE, FSO_TIER_NVME, 0, NULL, 0, 0, NULL, 0},
+    };
+    moves_keep_bits(1, FSO_TIER_DEVICE, FSO_TIER_NVME, more, 2, false);
 }
 
 /* bf16 working parameters move at 2 bytes per element, on one device (no
@@ -1151,13 +1231,13 @@ static void test_replan_moves_keep_bits_bf16(void **state)
 {
     (void)state;
     const move one[] = {
-        {1, FSO_TIER_NVME, FSO_TIER_HOST, 1, NULL, 0, 0, NULL},
-        {2, FSO_TIER_DEVICE, FSO_TIER_NVME, 0, NULL, 0, 0, NULL},
+        {1, FSO_TIER_NVME, FSO_TIER_HOST, 1, NULL, 0, 0, NULL, 0},
+        {2, FSO_TIER_DEVICE, FSO_TIER_NVME, 0, NULL, 0, 0, NULL, 0},
     };
     moves_keep_bits(1, FSO_TIER_DEVICE, FSO_TIER_DEVICE, one, 2, true);
     const move two[] = {
-        {1, FSO_TIER_DEVICE, FSO_TIER_NVME, 0, NULL, 0, 0, NULL},
-        {2, FSO_TIER_NVME, FSO_TIER_DEVICE, 4, NULL, 0, 0, NULL},
+        {1, FSO_TIER_DEVICE, FSO_TIER_NVME, 0, NULL, 0, 0, NULL, 0},
+        {2, FSO_TIER_NVME, FSO_TIER_DEVICE, 4, NULL, 0, 0, NULL, 0},
     };
     moves_keep_bits(2, FSO_TIER_HOST, FSO_TIER_HOST, two, 2, true);
 }
@@ -1168,11 +1248,14 @@ static void test_replan_failures_change_nothing(void **state)
 {
     (void)state;
     const move moves[] = {
-        {1, FSO_TIER_NVME, FSO_TIER_NVME, 2, "/nonexistent/fsoff", 0, -ENOENT, "no such folder"},
-        {1, FSO_TIER_HOST, FSO_TIER_HOST, 40, NULL, 0, -EINVAL, "prefetch depth 40"},
-        {2, FSO_TIER_NVME, FSO_TIER_HOST, 1, NULL, 0, 0, NULL},
+        {1, FSO_TIER_NVME, FSO_TIER_NVME, 2, "/nonexistent/fsoff", 0, -ENOENT, "no such folder",
+         0},
+        {1, FSO_TIER_HOST, FSO_TIER_HOST, 40, NULL, 0, -EINVAL, "prefetch depth 40", 0},
+        {1, FSO_TIER_HOST, FSO_TIER_NVME, 2, NULL, 0, -EINVAL, "state_host_blocks 9: must be 0 to",
+         9},
+        {2, FSO_TIER_NVME, FSO_TIER_HOST, 1, NULL, 0, 0, NULL, 0},
     };
-    moves_keep_bits(2, FSO_TIER_DEVICE, FSO_TIER_HOST, moves, 3, false);
+    moves_keep_bits(2, FSO_TIER_DEVICE, FSO_TIER_HOST, moves, 4, false);
 }
 
 /* Moving state between tiers mid-run on a device with a GPU's rules
@@ -1200,7 +1283,7 @@ static void test_replan_over_the_device_cap_changes_nothing(void **state)
     /* room for the activations and the gather window, not for the state */
     cfg.device_mem_bytes = base.peak_device + (64u << 10);
     const move moves[] = {
-        {1, FSO_TIER_DEVICE, FSO_TIER_DEVICE, 0, NULL, 0, -ENOMEM, "device memory: device 0"},
+        {1, FSO_TIER_DEVICE, FSO_TIER_DEVICE, 0, NULL, 0, -ENOMEM, "device memory: device 0", 0},
     };
     g_moves = moves;
     g_nmoves = 1;
@@ -1228,14 +1311,17 @@ static void test_planner_predicts_what_the_engine_allocates(void **state)
         bool bf16;
         int prefetch;
         int64_t aio;
+        int host_blocks; /* the first blocks' optimizer state on the host */
     } cases[] = {
-        {1, FSO_TIER_DEVICE, FSO_TIER_DEVICE, false, 2, 1 << 20}, /* the shard lent as is */
-        {1, FSO_TIER_DEVICE, FSO_TIER_HOST, true, 2, 1 << 20},
-        {2, FSO_TIER_HOST, FSO_TIER_HOST, true, 2, 1 << 20},
-        {2, FSO_TIER_NVME, FSO_TIER_NVME, true, 3, 4096}, /* bf16 chunks of 8 KiB */
-        {2, FSO_TIER_DEVICE, FSO_TIER_NVME, false, 2, 8192},
-        {1, FSO_TIER_NVME, FSO_TIER_HOST, false, 5, 1 << 20},
-        {1, FSO_TIER_HOST, FSO_TIER_DEVICE, true, 2, 1 << 20}, /* bf16 blocks, 2 KiB multiples */
+        {1, FSO_TIER_DEVICE, FSO_TIER_DEVICE, false, 2, 1 << 20, 0}, /* the shard lent as is */
+        {1, FSO_TIER_DEVICE, FSO_TIER_HOST, true, 2, 1 << 20, 0},
+        {2, FSO_TIER_HOST, FSO_TIER_HOST, true, 2, 1 << 20, 0},
+        {2, FSO_TIER_NVME, FSO_TIER_NVME, true, 3, 4096, 0}, /* bf16 chunks of 8 KiB */
+        {2, FSO_TIER_DEVICE, FSO_TIER_NVME, false, 2, 8192, 0},
+        {1, FSO_TIER_NVME, FSO_TIER_HOST, false, 5, 1 << 20, 0},
+        {1, FSO_TIER_HOST, FSO_TIER_DEVICE, true, 2, 1 << 20, 0}, /* bf16 blocks, 2 KiB multiples */
+        {2, FSO_TIER_NVME, FSO_TIER_NVME, true, 2, 1 << 20, 1},
+        {1, FSO_TIER_DEVICE, FSO_TIER_NVME, false, 2, 1 << 20, 3},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         fso_config cfg;
@@ -1249,6 +1335,7 @@ static void test_planner_predicts_what_the_engine_allocates(void **state)
         cfg.bf16 = cases[i].bf16;
         cfg.offload.prefetch_blocks = cases[i].prefetch;
         cfg.offload.aio_block_bytes = cases[i].aio;
+        cfg.offload.state_host_blocks = cases[i].host_blocks;
         if (fso_trainer_init(&tr, &cfg) < 0)
             fail_msg("case %zu: %s", i, tr.err);
         fso_plan_machine m = {.devices = cases[i].world, .cpu_devices = true,
@@ -1261,6 +1348,9 @@ static void test_planner_predicts_what_the_engine_allocates(void **state)
         assert_int_equal(fso_plan_ctx_init(&ctx, &cfg, &m, false, err, sizeof err), 0);
         fso_placement_uniform(&pl, ctx.in.model.n_blocks, cases[i].param, cases[i].optim,
                               cases[i].optim, cases[i].prefetch);
+        for (int b = 0; b < cases[i].host_blocks; b++)
+            for (int k = FSO_KIND_MASTER; k <= FSO_KIND_V; k++)
+                pl.tier[k][b] = FSO_TIER_HOST;
         assert_int_equal(fso_plan_evaluate(&ctx.in, &pl, &p), 0);
         const fso_backend *be = fso_zero_model(tr.zero)->be;
         /* the CPU backend's working space for bf16 tensors grows during a step */
@@ -1308,6 +1398,7 @@ int main(void)
         cmocka_unit_test(test_bf16_tiers_are_bit_identical_one_device),
         cmocka_unit_test(test_bf16_tiers_are_bit_identical_two_devices),
         cmocka_unit_test(test_per_kind_tiers_are_bit_identical),
+        cmocka_unit_test(test_first_blocks_state_on_the_host_is_bit_identical),
         cmocka_unit_test(test_step_nvme_bytes_are_the_derivation),
         cmocka_unit_test(test_bf16_working_parameters_are_bf16_of_master),
         cmocka_unit_test(test_bf16_load_hf_keeps_the_master_exact),
@@ -1334,6 +1425,7 @@ int main(void)
         cmocka_unit_test(test_replan_moves_keep_bits_one_device),
         cmocka_unit_test(test_replan_moves_keep_bits_two_devices),
         cmocka_unit_test(test_replan_moves_keep_bits_bf16),
+        cmocka_unit_test(test_replan_moves_first_blocks_state_keep_bits),
         cmocka_unit_test(test_replan_failures_change_nothing),
         cmocka_unit_test(test_replan_moves_keep_bits_on_a_gpu_like_device),
         cmocka_unit_test(test_replan_over_the_device_cap_changes_nothing),
