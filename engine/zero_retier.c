@@ -249,8 +249,8 @@ static void retier_switch(rank_state *rk, const retier_plan *m, retier_job *j)
         for (int set = 0; set < rk->opt.n_sets && chunks_needed(be, m->want[k]) &&
                           !rk->opt.chunk[set][k].buf; set++)
             rk->opt.chunk[set][k].buf = fso_zero_rank_take(rk, m->zb.chunk_bytes);
-    for (int i = 0; i < m->zb.landing_slots && fso_zero_landings_needed(be, m->want[FSO_KIND_GRAD]) &&
-                    !rk->io.grad_down[i].buf; i++)
+    const bool landings = fso_zero_landings_needed(be, m->want[FSO_KIND_GRAD]);
+    for (int i = 0; i < m->zb.landing_slots && landings && !rk->io.grad_down[i].buf; i++)
         rk->io.grad_down[i].buf = fso_zero_rank_take(rk, m->zb.stage_slot_bytes);
     rk->io.n_prefetch = m->zb.prefetch_slots;
     bool on_nvme = false;

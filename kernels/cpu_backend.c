@@ -646,8 +646,10 @@ static void rsq_four_chunks(const struct rsq_args *a, size_t i0, double part[4])
 {
     double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
     for (size_t o = 0; o < SQNORM_CHUNK; o += RSQ_SLICE) {
-        for (int j = 0; j < 4; j++)
-            rsq_sum(a, i0 + (size_t)j * SQNORM_CHUNK + o, i0 + (size_t)j * SQNORM_CHUNK + o + RSQ_SLICE);
+        for (int j = 0; j < 4; j++) {
+            const size_t from = i0 + (size_t)j * SQNORM_CHUNK + o;
+            rsq_sum(a, from, from + RSQ_SLICE);
+        }
         const float *x0 = a->dst + i0 + o, *x1 = x0 + SQNORM_CHUNK, *x2 = x1 + SQNORM_CHUNK,
                     *x3 = x2 + SQNORM_CHUNK;
         for (size_t i = 0; i < RSQ_SLICE; i++) {

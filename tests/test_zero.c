@@ -252,7 +252,8 @@ static void test_per_kind_tiers_are_bit_identical(void **state)
 
 /* The first blocks' optimizer state on the host while the rest of it is
  * on NVMe (the planner's use of the host memory left): the bits of
- * everything on the device, on 1 and 2 devices, with the state on NVMe
+ * everything on the device, on 1 and 2 devices, on the CPU backend and
+ * under a discrete GPU's rules (cpu-async), with the state on NVMe
  * whole and in part, and the serialized and forward schedules; a count
  * that leaves no block on NVMe is refused by name. */
 static void test_first_blocks_state_on_the_host_is_bit_identical(void **state)
@@ -271,37 +272,40 @@ static void test_first_blocks_state_on_the_host_is_bit_identical(void **state)
         {{D, H, N, N, H}, 3, FSO_OVERLAP_NONE},
         {{N, D, N, H, H}, 1, FSO_OVERLAP_FORWARD},
     };
-    for (int world = 1; world <= 2; world++) {
-        run_result base, r;
-        fso_config cfg;
-        small_config(&cfg, world, 4);
-        set_tiers(&cfg, D, D);
-        run(&cfg, NULL, &base);
-        if (base.rc)
-            fail_msg("all on device: %s", base.err);
-        const int nb = fso_model_n_blocks(&cfg.model);
-        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-            char what[160];
-            set_kind_tiers(&cfg, cases[i].t);
-            cfg.offload.state_host_blocks = cases[i].host_blocks;
-            cfg.optimizer_overlap = cases[i].overlap;
-            assert_int_equal(fso_offload_block_tier(&cfg.offload, FSO_KIND_M, 0), H);
-            assert_int_equal(fso_offload_block_tier(&cfg.offload, FSO_KIND_M, nb - 1), N);
-            snprintf(what, sizeof what, "%d devices, case %zu, %d blocks' state on the host",
-                     world, i, cases[i].host_blocks);
+    static const char *const backends[] = {"cpu", "cpu-async"};
+    for (int world = 1; world <= 2; world++)
+        for (int be = 0; be < 2; be++) {
+            run_result base, r;
+            fso_config cfg;
+            small_config(&cfg, world, 4);
+            snprintf(cfg.backend, sizeof cfg.backend, "%s", backends[be]);
+            set_tiers(&cfg, D, D);
+            run(&cfg, NULL, &base);
+            if (base.rc)
+                fail_msg("all on device: %s", base.err);
+            const int nb = fso_model_n_blocks(&cfg.model);
+            for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+                char what[160];
+                set_kind_tiers(&cfg, cases[i].t);
+                cfg.offload.state_host_blocks = cases[i].host_blocks;
+                cfg.optimizer_overlap = cases[i].overlap;
+                assert_int_equal(fso_offload_block_tier(&cfg.offload, FSO_KIND_M, 0), H);
+                assert_int_equal(fso_offload_block_tier(&cfg.offload, FSO_KIND_M, nb - 1), N);
+                snprintf(what, sizeof what, "%d devices, %s, case %zu, %d blocks' state on host",
+                         world, backends[be], i, cases[i].host_blocks);
+                run(&cfg, NULL, &r);
+                if (r.rc)
+                    fail_msg("%s: %s", what, r.err);
+                assert_bit_identical(&base, &r, what);
+                result_free(&r);
+            }
+            cfg.offload.state_host_blocks = nb;
             run(&cfg, NULL, &r);
-            if (r.rc)
-                fail_msg("%s: %s", what, r.err);
-            assert_bit_identical(&base, &r, what);
+            if (r.rc != -EINVAL || !strstr(r.err, "state_host_blocks"))
+                fail_msg("%d blocks of %d on the host: rc %d, %s", nb, nb, r.rc, r.err);
             result_free(&r);
+            result_free(&base);
         }
-        cfg.offload.state_host_blocks = nb;
-        run(&cfg, NULL, &r);
-        if (r.rc != -EINVAL || !strstr(r.err, "state_host_blocks"))
-            fail_msg("%d blocks of %d on the host: rc %d, %s", nb, nb, r.rc, r.err);
-        result_free(&r);
-        result_free(&base);
-    }
 #undef D
 #undef H
 #undef N
