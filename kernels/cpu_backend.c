@@ -538,22 +538,29 @@ struct sq_args {
 /* Four whole chunks at once: four sums, each over its own chunk in order
  * (the same bits as one chunk at a time), so that the additions of one do
  * not wait on the others'; a single sum waits on every add before it and
- * runs at a quarter of the memory's speed. */
-static void sq_four_chunks(const float *x, double part[4])
+ * runs at a quarter of the memory's speed. sq_four_add adds the squares of
+ * the first n elements of four chunks from x to s[0..3]. */
+static inline void sq_four_add(const float *x, size_t n, double s[4])
 {
     const float *x0 = x, *x1 = x + SQNORM_CHUNK, *x2 = x + 2 * SQNORM_CHUNK,
                 *x3 = x + 3 * SQNORM_CHUNK;
-    double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-    for (size_t i = 0; i < SQNORM_CHUNK; i++) {
+    double s0 = s[0], s1 = s[1], s2 = s[2], s3 = s[3];
+    for (size_t i = 0; i < n; i++) {
         s0 += (double)x0[i] * x0[i];
         s1 += (double)x1[i] * x1[i];
         s2 += (double)x2[i] * x2[i];
         s3 += (double)x3[i] * x3[i];
     }
-    part[0] = s0;
-    part[1] = s1;
-    part[2] = s2;
-    part[3] = s3;
+    s[0] = s0;
+    s[1] = s1;
+    s[2] = s2;
+    s[3] = s3;
+}
+
+static void sq_four_chunks(const float *x, double part[4])
+{
+    part[0] = part[1] = part[2] = part[3] = 0;
+    sq_four_add(x, SQNORM_CHUNK, part);
 }
 
 /* One chunk's squares, front to back, in double. */
@@ -644,25 +651,14 @@ static void rsq_sum(const struct rsq_args *a, size_t i0, size_t i1)
  * chunk at a time, four times the additions in flight). */
 static void rsq_four_chunks(const struct rsq_args *a, size_t i0, double part[4])
 {
-    double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    part[0] = part[1] = part[2] = part[3] = 0;
     for (size_t o = 0; o < SQNORM_CHUNK; o += RSQ_SLICE) {
         for (int j = 0; j < 4; j++) {
             const size_t from = i0 + (size_t)j * SQNORM_CHUNK + o;
             rsq_sum(a, from, from + RSQ_SLICE);
         }
-        const float *x0 = a->dst + i0 + o, *x1 = x0 + SQNORM_CHUNK, *x2 = x1 + SQNORM_CHUNK,
-                    *x3 = x2 + SQNORM_CHUNK;
-        for (size_t i = 0; i < RSQ_SLICE; i++) {
-            s0 += (double)x0[i] * x0[i];
-            s1 += (double)x1[i] * x1[i];
-            s2 += (double)x2[i] * x2[i];
-            s3 += (double)x3[i] * x3[i];
-        }
+        sq_four_add(a->dst + i0 + o, RSQ_SLICE, part);
     }
-    part[0] = s0;
-    part[1] = s1;
-    part[2] = s2;
-    part[3] = s3;
 }
 
 /* Chunk by chunk: the sources summed into dst (rsq_sum), then, with part,
