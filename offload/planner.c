@@ -1408,6 +1408,15 @@ static void reason_text(const fso_plan *p, int k, char *buf, size_t len)
                  100 * (r->alt_step_ms / p->step_ms - 1));
     else
         snprintf(buf, len, "%s, no faster", where[r->alt_tier]);
+    /* optimizer state whose first blocks took the host memory left */
+    int hb = 0;
+    while (r->tier == FSO_TIER_NVME && hb < p->pl.n_blocks && p->pl.tier[k][hb] == FSO_TIER_HOST)
+        hb++;
+    const size_t off = strlen(buf);
+    if (hb == 1)
+        snprintf(buf + off, len - off, "; block 0 in the host memory left");
+    else if (hb > 1)
+        snprintf(buf + off, len - off, "; blocks 0-%d in the host memory left", hb - 1);
 }
 
 void fso_plan_why(const fso_plan *p, char *buf, size_t len)

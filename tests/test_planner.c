@@ -223,10 +223,14 @@ static void test_host_room_takes_the_first_blocks_state(void **state)
         /* one more block would not fit */
         assert_true(p.have_bytes[FSO_TIER_HOST] - p.need_bytes[FSO_TIER_HOST] <
                     3 * (uint64_t)(4 * MIB));
-        char desc[512];
+        char desc[512], why[1024], want[64];
         fso_plan_describe(&p, desc, sizeof desc);
         if (!strstr(desc, "host (") || !strstr(desc, "of 8 blocks"))
             fail_msg("the plan does not say where the blocks went: %s", desc);
+        fso_plan_why(&p, why, sizeof why);
+        snprintf(want, sizeof want, "blocks 0-%d in the host memory left", h - 1);
+        if (!strstr(why, want) || !strstr(why, "nvme ("))
+            fail_msg("the plan does not say why: %s", why);
         fso_config cfg;
         memset(&cfg, 0, sizeof cfg);
         char err[256];
