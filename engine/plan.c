@@ -1130,9 +1130,8 @@ int fso_plan_apply(const fso_plan *p, fso_config *cfg, char *err, size_t errlen)
     /* the first blocks may keep the state kinds that are on NVMe on the host */
     int host_blocks = 0;
     for (int k = FSO_KIND_MASTER; k <= FSO_KIND_V; k++)
-        if (tier[k] == FSO_TIER_NVME && p->pl.tier[k][0] == FSO_TIER_HOST)
-            while (host_blocks < nb && p->pl.tier[k][host_blocks] == FSO_TIER_HOST)
-                host_blocks++;
+        if (fso_plan_state_host_blocks(p, k) > host_blocks)
+            host_blocks = fso_plan_state_host_blocks(p, k);
     for (int b = 0; b < nb; b++) {
         for (int k = 0; k < FSO_N_KINDS; k++)
             if (p->pl.tier[k][b] != fso_block_tier_rule(tier[k], (fso_kind)k, b, host_blocks)) {

@@ -1287,12 +1287,21 @@ int fso_plan_replan(const fso_plan_input *in, const fso_plan *cur, const fso_pla
 
 /* ------------------------------------------------------------------ description */
 
-int fso_plan_main_tier(const fso_plan *p, int kind)
+int fso_plan_state_host_blocks(const fso_plan *p, int kind)
 {
     const int nb = p->pl.n_blocks;
-    /* optimizer state on NVMe whose first blocks took the host room left */
-    if (kind >= FSO_KIND_MASTER && kind <= FSO_KIND_V && nb > 0 &&
-        p->pl.tier[kind][0] == FSO_TIER_HOST && p->pl.tier[kind][nb - 1] == FSO_TIER_NVME)
+    int h = 0;
+    if (kind < FSO_KIND_MASTER || kind > FSO_KIND_V || nb == 0 ||
+        p->pl.tier[kind][nb - 1] != FSO_TIER_NVME)
+        return 0;
+    while (h < nb && p->pl.tier[kind][h] == FSO_TIER_HOST)
+        h++;
+    return h;
+}
+
+int fso_plan_main_tier(const fso_plan *p, int kind)
+{
+    if (fso_plan_state_host_blocks(p, kind) > 0)
         return FSO_TIER_NVME;
     int count[FSO_N_TIERS] = {0}, best = 0;
     for (int b = 0; b < p->pl.n_blocks; b++)
@@ -1409,9 +1418,7 @@ static void reason_text(const fso_plan *p, int k, char *buf, size_t len)
     else
         snprintf(buf, len, "%s, no faster", where[r->alt_tier]);
     /* optimizer state whose first blocks took the host memory left */
-    int hb = 0;
-    while (r->tier == FSO_TIER_NVME && hb < p->pl.n_blocks && p->pl.tier[k][hb] == FSO_TIER_HOST)
-        hb++;
+    const int hb = fso_plan_state_host_blocks(p, k);
     const size_t off = strlen(buf);
     if (hb == 1)
         snprintf(buf + off, len - off, "; block 0 in the host memory left");

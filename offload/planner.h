@@ -252,6 +252,9 @@ void fso_plan_why(const fso_plan *p, char *buf, size_t len);
  * blocks are on the host and the rest on NVMe (engine.state_host_blocks),
  * NVMe. */
 int fso_plan_main_tier(const fso_plan *p, int kind);
+/* For master, m or v whose last block is on NVMe: how many blocks from
+ * block 0 sit on the host (engine.state_host_blocks); else 0. */
+int fso_plan_state_host_blocks(const fso_plan *p, int kind);
 
 
 #endif
