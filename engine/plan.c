@@ -34,22 +34,25 @@ void fso_plan_machine_gpu(fso_plan_machine *m, const fso_gpu_spec *spec)
 
 /* ------------------------------------------------------------------ inputs */
 
-/* The engine's buffers for cfg on W devices (zero.h fso_zero_buffers_for):
- * counted with parameters gathered (on NVMe, the deepest ring), and whether
- * a shard on the only device is lent as it is. 0 or -ENOMEM. */
-static int engine_buffers(fso_plan_engine *en, const fso_config *cfg, int W)
+/* The engine's buffers for cfg on W devices (zero.h fso_zero_buffers_for),
+ * GPUs or CPU devices: counted with parameters gathered (on NVMe, the
+ * deepest ring), and whether parameters on the devices are lent where they
+ * live. 0 or -ENOMEM. */
+static int engine_buffers(fso_plan_engine *en, const fso_config *cfg, int W, bool gpu)
 {
     fso_config *wcfg = malloc(sizeof *wcfg);
     if (!wcfg)
         return -ENOMEM;
     *wcfg = *cfg;
     wcfg->world = W;
+    if (gpu)
+        snprintf(wcfg->backend, sizeof wcfg->backend, "cuda");
     fso_zero_buffers zb, zb_dev;
     fso_zero_buffers_for(wcfg, FSO_TIER_NVME, 0, &zb);
     fso_zero_buffers_for(wcfg, FSO_TIER_DEVICE, 0, &zb_dev);
     free(wcfg);
     en->gather_buffers = zb.gather;
-    en->lend_device_shard = zb_dev.gather == 0;
+    en->lend_in_place = zb_dev.gather == 0;
     en->grad_buffers = zb.grad_full;
     en->max_prefetch = zb.max_prefetch;
     en->prefetch_spare = zb.prefetch_spare;
@@ -140,7 +143,7 @@ int fso_plan_ctx_init(fso_plan_ctx *ctx, const fso_config *cfg, const fso_plan_m
 
     fso_plan_engine *en = &in->engine;
     en->overlap = cfg->optimizer_overlap;
-    if (engine_buffers(en, cfg, W) < 0) {
+    if (engine_buffers(en, cfg, W, gpu) < 0) {
         fso_plan_ctx_free(ctx);
         snprintf(err, errlen, "out of memory");
         return -ENOMEM;

@@ -26,13 +26,15 @@
 
 /* ------------------------------------------------------------------ buffers */
 
-/* The shard is lent to the model as it is, with no gather and no gather
- * window, when there is one device and the parameters live on it: the
- * shard is then the whole block, in the working type the model computes
- * from, fp32 or bf16 alike (a gather would copy the same bytes). */
-static bool lends_shard(int world, fso_tier param_tier)
+/* Parameters on the device are lent to the model where they live, with no
+ * gather and no gather window: on the only device, its shard, which is the
+ * whole block in the working type the model computes from (a gather would
+ * copy the same bytes); on CPU devices, the block's buffer their shards are
+ * parts of (zero_impl.h lent_block). */
+static bool lends_in_place(const fso_config *cfg, int world, fso_tier param_tier)
 {
-    return world == 1 && param_tier == FSO_TIER_DEVICE;
+    return param_tier == FSO_TIER_DEVICE &&
+           (world == 1 || fso_backend_host_addressable(cfg->backend));
 }
 
 void fso_zero_buffers_for(const fso_config *cfg, fso_tier param_tier, int prefetch,
@@ -52,7 +54,7 @@ void fso_zero_buffers_for(const fso_config *cfg, fso_tier param_tier, int prefet
     const size_t max_shard = fso_sat_div(max_padded, (size_t)world);
 
     memset(b, 0, sizeof *b);
-    b->gather = lends_shard(world, param_tier) ? 0 : 2;
+    b->gather = lends_in_place(cfg, world, param_tier) ? 0 : 2;
     b->gather_bytes = fso_sat_mul(param_bytes, max_padded);
     b->grad_full = 2;
     b->grad_full_bytes = fso_sat_mul(sizeof(float), max_padded);
@@ -176,7 +178,7 @@ static int setup_layout(fso_zero *z, const fso_config *cfg, fso_zero_buffers *zb
     if (cfg->bf16)
         z->elem_bytes[FSO_KIND_PARAM] = sizeof(uint16_t);
     fso_zero_buffers_for(cfg, z->tier[FSO_KIND_PARAM], cfg->offload.prefetch_blocks, zb);
-    z->lend_shard = zb->gather == 0;
+    z->lend_in_place = zb->gather == 0;
     z->prefetch = cfg->offload.prefetch_blocks;
     z->cuda = strcmp(cfg->backend, "cuda") == 0;
     fso_isa isa; /* FSO_ISA, else the widest the CPU has */
@@ -201,8 +203,9 @@ static int setup_layout(fso_zero *z, const fso_config *cfg, fso_zero_buffers *zb
     z->blocks = calloc((size_t)z->n_blocks, sizeof *z->blocks);
     z->ranks = calloc((size_t)z->world, sizeof *z->ranks);
     z->order = calloc((size_t)max_visits, sizeof *z->order);
+    z->lent = calloc((size_t)z->n_blocks, sizeof *z->lent);
     fso_block_visit *visits = calloc((size_t)max_visits, sizeof *visits);
-    if (!z->blocks || !z->ranks || !z->order || !visits) {
+    if (!z->blocks || !z->ranks || !z->order || !z->lent || !visits) {
         free(visits);
         snprintf(err, errlen, "out of host memory");
         return -ENOMEM;
@@ -667,6 +670,7 @@ void fso_zero_destroy(fso_zero *z)
     free(z->ranks);
     free(z->blocks);
     free(z->order);
+    free(z->lent);
     free(z);
 }
 

@@ -216,6 +216,15 @@ typedef struct shared_coll {
                                     gradients it has finished reading; -1 none */
 } shared_coll;
 
+/* CPU devices' parameters on the device tier: one buffer per block, the
+ * devices' shards its parts in rank order (the gathered layout), lent to
+ * every device as it is (zero_shard.c fso_zero_block_shared). */
+typedef struct lent_block {
+    void *base;                  /* NULL: none */
+    size_t bytes;
+    int refs;                    /* devices whose shard is placed there */
+} lent_block;
+
 /* The save in progress (zero_save.c): the state of step `step` streams
  * out block by block while training goes on; an update of a later step
  * waits until the saver is done with its block. */
@@ -240,8 +249,10 @@ struct fso_zero {
     fso_tier tier[FSO_N_KINDS];
     int state_host_blocks;       /* blocks below it keep NVMe kinds of optimizer state on the
                                     host (fso_zero_block_tier) */
-    bool lend_shard;             /* world 1, parameters on the device: the shard itself is lent
-                                    to the model, no gather */
+    bool lend_in_place;          /* parameters on the device are lent where they live, no
+                                    gather: world 1, the shard itself; CPU devices, the block's
+                                    buffer their shards are parts of (lent) */
+    lent_block *lent;            /* [block] */
     int prefetch;                /* blocks read ahead (train.prefetch_blocks, or the plan's) */
     int *order;                  /* blocks in the order params() asks for them */
     int n_order;
@@ -337,6 +348,9 @@ loc *fso_zero_locate(rank_state *rk, int b, fso_kind k);
  * advances). 0, or negative errno with err (device memory short). */
 int fso_zero_place_shard(rank_state *rk, int b, fso_kind k, fso_tier tier, uint64_t *nvme_off,
                          loc *out, char *err, size_t errlen);
+/* Whether shards of kind k on `tier` are parts of a block's shared buffer
+ * (lent_block): parameters on the device tier of CPU devices (world > 1). */
+bool fso_zero_block_shared(const fso_zero *z, fso_kind k, fso_tier tier);
 /* Let go of the place l of shard (b, k); an NVMe extent stays the store's. */
 void fso_zero_release_shard(rank_state *rk, int b, fso_kind k, loc *l);
 /* Move elements [c0, c0+n) of shard (b, k) between its tier and host
@@ -371,6 +385,10 @@ void fso_zero_source_reset(rank_state *rk);
  * memory is this process's and there are several (shared_coll); free it. */
 int fso_zero_shared_coll_init(fso_zero *z);
 void fso_zero_shared_coll_free(fso_zero *z);
+/* No device holds a shared window, whatever lends came before: the pool
+ * in use again after the parameters were lent in place (a re-plan moved
+ * them off the devices). */
+void fso_zero_windows_reset(fso_zero *z);
 /* The optimizer thread, once it has updated a block for step `step`: the
  * reads of the parameter blocks compute needs next that waited for it
  * start now, not at compute's next params(). */
@@ -409,6 +427,10 @@ void fso_zero_optim_post_block(rank_state *rk, const fso_adamw_step *as, int blo
  * 0 = initial); returns 0 or the optimizer's error. Time waited goes to
  * rk->compute.st.optimizer_exposed_ms. */
 int fso_zero_optim_wait_block(rank_state *rk, int b, int64_t step);
+/* The same for every other device's update of block b (a block lent from
+ * the buffer the devices share): the time is rk's exposed optimizer time,
+ * a failure there fails rk's step. */
+int fso_zero_optim_wait_peers(rank_state *rk, int b, int64_t step);
 /* Wait until every posted update is done. */
 int fso_zero_optim_wait_all(rank_state *rk);
 /* The serialized schedule: update every block now, on this thread. */

@@ -515,6 +515,30 @@ int fso_zero_optim_wait_block(rank_state *rk, int b, int64_t step)
     return opt_wait(rk, b, step);
 }
 
+int fso_zero_optim_wait_peers(rank_state *rk, int b, int64_t step)
+{
+    double t0 = fso_now_ms();
+    int rc = 0, failed = -1;
+    for (int r = 0; r < rk->z->world && rc == 0; r++) {
+        rank_state *p = &rk->z->ranks[r];
+        if (p == rk)
+            continue;
+        pthread_mutex_lock(&p->opt.mu);
+        while (p->opt.ready[b] < step && p->opt.err.rc == 0)
+            pthread_cond_wait(&p->opt.cv, &p->opt.mu);
+        if (p->opt.ready[b] < step) {
+            rc = -ECANCELED;
+            failed = r;
+        }
+        pthread_mutex_unlock(&p->opt.mu);
+    }
+    rk->compute.st.optimizer_exposed_ms += fso_now_ms() - t0;
+    if (rc < 0)
+        fso_zero_fail(&rk->compute.err, rc, "device %d: device %d's update of block %d failed",
+                      rk->rank, failed, b);
+    return rc;
+}
+
 int fso_zero_optim_wait_all(rank_state *rk)
 {
     return opt_wait(rk, -1, 0);

@@ -14,7 +14,7 @@
 /* What phase 1 takes on one device. */
 typedef struct retier_job {
     loc *fresh[FSO_N_KINDS];     /* per moved kind: the new place of every block that moves */
-    void *gather[2];             /* the gather window, when the shard stops being lent */
+    void *gather[2];             /* the gather window, when lending in place stops */
     bool opened_store;
 } retier_job;
 
@@ -24,7 +24,7 @@ typedef struct retier_plan {
     fso_tier want[FSO_N_KINDS];
     int state_host_blocks;       /* o's (config.h fso_offload_block_tier) */
     fso_zero_buffers zb;
-    bool lend_shard;
+    bool lend_in_place;
     size_t add[FSO_N_TIERS];     /* what each device gains on each tier (the same on all) */
 } retier_plan;
 
@@ -111,7 +111,7 @@ static int quiesce(fso_zero *z, char *err, size_t errlen)
 }
 
 /* What each device gains on each tier: the shards of every kind that
- * moves, the gather window when the shard stops being lent, more slots of
+ * moves, the gather window when lending in place stops, more slots of
  * the parameter ring, chunk buffers for kinds that now need them, landing
  * slots when the gradients now need them. */
 static void growth(const fso_zero *z, retier_plan *m)
@@ -121,7 +121,7 @@ static void growth(const fso_zero *z, retier_plan *m)
         for (int b = 0; b < z->n_blocks; b++)
             if (moves(z, m, b, (fso_kind)k))
                 m->add[want_tier(m, b, (fso_kind)k)] += fso_zero_shard_bytes(z, b, (fso_kind)k);
-    if (z->lend_shard && !m->lend_shard)
+    if (z->lend_in_place && !m->lend_in_place)
         m->add[FSO_TIER_DEVICE] += m->zb.gather_bytes * (size_t)m->zb.gather;
     int more_slots = m->zb.prefetch_slots - z->ranks[0].io.n_prefetch_bufs;
     if (more_slots > 0)
@@ -182,7 +182,7 @@ static int retier_place(rank_state *rk, const retier_plan *m, retier_job *j,
             return rc;
         }
     }
-    for (int g = 0; g < m->zb.gather && z->lend_shard; g++)
+    for (int g = 0; g < m->zb.gather && z->lend_in_place; g++)
         if ((rc = be->ops->buf_alloc(be, m->zb.gather_bytes, &j->gather[g])) < 0) {
             snprintf(err, errlen, "device memory: %s", be->err);
             return rc;
@@ -229,10 +229,10 @@ static void retier_switch(rank_state *rk, const retier_plan *m, retier_job *j)
         free(j->fresh[k]);
     }
     rk->io.nvme_end += m->add[FSO_TIER_NVME];
-    if (z->lend_shard && !m->lend_shard) {
+    if (z->lend_in_place && !m->lend_in_place) {
         rk->compute.gather[0] = j->gather[0];
         rk->compute.gather[1] = j->gather[1];
-    } else if (!z->lend_shard && m->lend_shard) {
+    } else if (!z->lend_in_place && m->lend_in_place) {
         for (int g = 0; g < 2; g++) {
             be->ops->buf_free(be, rk->compute.gather[g]);
             rk->compute.gather[g] = NULL;
@@ -282,7 +282,7 @@ int fso_zero_retier(fso_zero *z, const fso_offload_config *o, uint64_t *bytes_mo
                  m.zb.max_prefetch);
         return -EINVAL;
     }
-    m.lend_shard = m.zb.gather == 0;
+    m.lend_in_place = m.zb.gather == 0;
     int rc = quiesce(z, err, errlen);
     if (rc < 0)
         return rc;
@@ -324,7 +324,9 @@ int fso_zero_retier(fso_zero *z, const fso_offload_config *o, uint64_t *bytes_mo
     free(jobs);
     memcpy(z->tier, m.want, sizeof m.want);
     z->state_host_blocks = m.state_host_blocks;
-    z->lend_shard = m.lend_shard;
+    if (z->lend_in_place && !m.lend_in_place)
+        fso_zero_windows_reset(z);
+    z->lend_in_place = m.lend_in_place;
     z->prefetch = o->prefetch_blocks;
     return 0;
 }

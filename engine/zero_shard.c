@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "adamw.h"
+#include "topology.h"
 #include "util.h"
 
 size_t fso_zero_shard_elems(const fso_zero *z, int b)
@@ -28,12 +29,60 @@ size_t fso_zero_shard_bytes(const fso_zero *z, int b, fso_kind k)
     return round_page(z->elem_bytes[k] * fso_zero_shard_elems(z, b));
 }
 
+bool fso_zero_block_shared(const fso_zero *z, fso_kind k, fso_tier tier)
+{
+    return k == FSO_KIND_PARAM && tier == FSO_TIER_DEVICE && z->world > 1 &&
+           fso_backend_host_addressable(z->cfg->backend);
+}
+
+/* Device rk's part of block b's shared parameter buffer, which the first
+ * device to place its part allocates (each device is charged its part,
+ * on its NUMA node when the machine has several). */
+static int place_shared(rank_state *rk, int b, loc *out, char *err, size_t errlen)
+{
+    fso_zero *z = rk->z;
+    lent_block *lb = &z->lent[b];
+    const size_t part = z->elem_bytes[FSO_KIND_PARAM] * fso_zero_shard_elems(z, b);
+    const size_t bytes = fso_zero_shard_bytes(z, b, FSO_KIND_PARAM);
+    int rc = fso_backend_charge(rk->be, bytes);
+    if (rc < 0) {
+        snprintf(err, errlen, "device memory: %s", rk->be->err);
+        return rc;
+    }
+    if (!lb->base) {
+        lb->bytes = round_page(part * (size_t)z->world);
+        if (!(lb->base = fso_io_alloc_lean(lb->bytes))) {
+            fso_backend_uncharge(rk->be, bytes);
+            snprintf(err, errlen, "host memory: out of memory for block %d's parameters (%zu "
+                                  "bytes)", b, lb->bytes);
+            return -ENOMEM;
+        }
+    }
+    lb->refs++;
+    out->ptr = (char *)lb->base + (size_t)rk->rank * part;
+    if (z->topo && rk->numa >= 0)
+        fso_topo_bind_memory(z->topo, out->ptr, part, rk->numa);
+    return 0;
+}
+
+static void release_shared(rank_state *rk, int b)
+{
+    lent_block *lb = &rk->z->lent[b];
+    fso_backend_uncharge(rk->be, fso_zero_shard_bytes(rk->z, b, FSO_KIND_PARAM));
+    if (--lb->refs == 0) {
+        fso_io_free(lb->base, lb->bytes);
+        lb->base = NULL;
+    }
+}
+
 int fso_zero_place_shard(rank_state *rk, int b, fso_kind k, fso_tier tier, uint64_t *nvme_off,
                          loc *out, char *err, size_t errlen)
 {
     const size_t bytes = fso_zero_shard_bytes(rk->z, b, k);
     memset(out, 0, sizeof *out);
     out->tier = tier;
+    if (fso_zero_block_shared(rk->z, k, tier))
+        return place_shared(rk, b, out, err, errlen);
     if (tier == FSO_TIER_DEVICE) {
         int rc = rk->be->ops->buf_alloc(rk->be, bytes, &out->ptr);
         if (rc < 0)
@@ -51,7 +100,9 @@ int fso_zero_place_shard(rank_state *rk, int b, fso_kind k, fso_tier tier, uint6
 
 void fso_zero_release_shard(rank_state *rk, int b, fso_kind k, loc *l)
 {
-    if (l->tier == FSO_TIER_DEVICE)
+    if (fso_zero_block_shared(rk->z, k, l->tier) && l->ptr)
+        release_shared(rk, b);
+    else if (l->tier == FSO_TIER_DEVICE)
         rk->be->ops->buf_free(rk->be, l->ptr);
     else if (l->tier == FSO_TIER_HOST && l->ptr)
         fso_zero_arena_release(rk->z, l->ptr, fso_zero_shard_bytes(rk->z, b, k));

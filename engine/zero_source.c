@@ -108,7 +108,7 @@ static void free_arrays(shared_coll *sc)
 int fso_zero_shared_coll_init(fso_zero *z)
 {
     shared_coll *sc = &z->sc;
-    if (z->world < 2 || z->lend_shard || !z->ranks[0].be->ops->host_addressable)
+    if (z->world < 2 || !z->ranks[0].be->ops->host_addressable)
         return 0;
     sc->n = 2 * z->world;
     const size_t cells = (size_t)sc->n * (size_t)z->world;
@@ -142,6 +142,21 @@ void fso_zero_shared_coll_free(fso_zero *z)
     pthread_cond_destroy(&sc->cv);
     free_arrays(sc);
     sc->on = false;
+}
+
+void fso_zero_windows_reset(fso_zero *z)
+{
+    shared_coll *sc = &z->sc;
+    if (!sc->on)
+        return;
+    int64_t last = -1;
+    for (int r = 0; r < z->world; r++)
+        if (z->ranks[r].compute.lends - 1 > last)
+            last = z->ranks[r].compute.lends - 1;
+    pthread_mutex_lock(&sc->mu);
+    for (size_t i = 0; i < (size_t)sc->n * (size_t)z->world; i++)
+        sc->released[i] = last;
+    pthread_mutex_unlock(&sc->mu);
 }
 
 /* Wait until every device's entry of window w in `seen` is at least lend q. */
@@ -255,9 +270,11 @@ static void sc_release(rank_state *rk, int g)
 /* Lend block b's full parameters, in their working type (bf16 or fp32: the
  * model's). The rank's shard is gathered from where it lives when the
  * collective can read it there, else staged on the device first, into the
- * window the model reads (world 1 on the device: the shard itself is
- * lent). CPU devices gather into the shared pool instead: each writes its
- * own shard into the lend's window and waits for the others'. */
+ * window the model reads. CPU devices gather into the shared pool instead:
+ * each writes its own shard into the lend's window and waits for the
+ * others'. Parameters on the device are lent where they live: world 1, the
+ * shard itself; CPU devices, the block's shared buffer, once every
+ * device's update of its part is in. */
 static const void *src_params(void *ctx, int b)
 {
     rank_state *rk = ctx;
@@ -270,8 +287,13 @@ static const void *src_params(void *ctx, int b)
     /* the previous step's update of this block must be in (overlapped schedules) */
     if (rk->compute.err.rc == 0)
         fso_zero_optim_wait_block(rk, b, z->step);
-    if (z->lend_shard)
-        return fso_zero_locate(rk, b, FSO_KIND_PARAM)->ptr;
+    if (z->lend_in_place) {
+        if (z->world == 1)
+            return fso_zero_locate(rk, b, FSO_KIND_PARAM)->ptr;
+        if (rk->compute.err.rc == 0)
+            fso_zero_optim_wait_peers(rk, b, z->step);
+        return z->lent[b].base;
+    }
     int g = rk->compute.gather_refs[0] == 0 ? 0 : 1;
     if (rk->compute.gather_refs[g] != 0) {
         fprintf(stderr, "%s:%d: more than two blocks lent at once\n", __FILE__, __LINE__);
@@ -353,7 +375,7 @@ static const void *src_params(void *ctx, int b)
 static void src_release(void *ctx, int b)
 {
     rank_state *rk = ctx;
-    if (rk->z->lend_shard)
+    if (rk->z->lend_in_place)
         return;
     for (int g = 0; g < 2; g++)
         if (rk->compute.gather_refs[g] && rk->compute.gather_block[g] == b) {

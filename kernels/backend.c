@@ -147,26 +147,40 @@ static bool buf_mapped(size_t rounded)
     return rounded + BUF_HDR >= FSO_IO_ALIGN;
 }
 
+int fso_backend_charge(fso_backend *be, size_t bytes)
+{
+    if (be->mem_cap_bytes && be->mem_used_bytes + bytes > be->mem_cap_bytes) {
+        snprintf(be->err, sizeof be->err,
+                 "device %d: %zu bytes more would exceed its memory cap (%zu of %zu bytes in use)",
+                 be->device, bytes, be->mem_used_bytes, be->mem_cap_bytes);
+        return -ENOMEM;
+    }
+    be->mem_used_bytes += bytes;
+    if (be->mem_used_bytes > be->mem_peak_bytes)
+        be->mem_peak_bytes = be->mem_used_bytes;
+    return 0;
+}
+
+void fso_backend_uncharge(fso_backend *be, size_t bytes)
+{
+    be->mem_used_bytes -= bytes;
+}
+
 int fso_cpu_buf_alloc(fso_backend *be, size_t bytes, void **out)
 {
     void *p = NULL;
     size_t rounded = (bytes + 63) & ~(size_t)63;
-    if (be->mem_cap_bytes && be->mem_used_bytes + rounded > be->mem_cap_bytes) {
-        snprintf(be->err, sizeof be->err,
-                 "device %d: %zu bytes more would exceed its memory cap (%zu of %zu bytes in use)",
-                 be->device, rounded, be->mem_used_bytes, be->mem_cap_bytes);
-        return -ENOMEM;
-    }
+    int rc = fso_backend_charge(be, rounded);
+    if (rc < 0)
+        return rc;
     if (buf_mapped(rounded) ? !(p = fso_io_alloc_lean(rounded + BUF_HDR))
                             : posix_memalign(&p, BUF_HDR, rounded + BUF_HDR) != 0) {
+        fso_backend_uncharge(be, rounded);
         snprintf(be->err, sizeof be->err, "out of host memory allocating %zu bytes", bytes);
         return -ENOMEM;
     }
     memset(p, 0, rounded + BUF_HDR);
     *(size_t *)p = rounded;
-    be->mem_used_bytes += rounded;
-    if (be->mem_used_bytes > be->mem_peak_bytes)
-        be->mem_peak_bytes = be->mem_used_bytes;
     *out = (char *)p + BUF_HDR;
     return 0;
 }
@@ -177,7 +191,7 @@ void fso_cpu_buf_free(fso_backend *be, void *buf)
         return;
     void *p = (char *)buf - BUF_HDR;
     const size_t rounded = *(size_t *)p;
-    be->mem_used_bytes -= rounded;
+    fso_backend_uncharge(be, rounded);
     if (buf_mapped(rounded))
         fso_io_free(p, rounded + BUF_HDR);
     else

@@ -233,6 +233,14 @@ int fso_backend_create_virtual(fso_backend **out, const char *name, int device, 
  * (ops->host_addressable), known before one is created: yes for "cpu",
  * "cpu-ref" and "" (the default, cpu); no for "cpu-async" and "cuda". */
 int fso_backend_host_addressable(const char *name);
+/* Memory a host-addressable device holds outside buf_alloc: its part of a
+ * buffer that several CPU devices share (the engine lends a block of
+ * parameters from the one buffer its devices' shards are parts of).
+ * Counted as buf_alloc counts, against the cap, in use and at peak;
+ * -ENOMEM with the reason in be->err past the cap. fso_backend_uncharge
+ * gives it back. */
+int fso_backend_charge(fso_backend *be, size_t bytes);
+void fso_backend_uncharge(fso_backend *be, size_t bytes);
 /* ops->destroy; NULL is fine. */
 void fso_backend_destroy(fso_backend *be);
 

@@ -68,7 +68,7 @@ static uint64_t shard_bytes(const fso_plan_input *in, int b, int k)
 
 static bool aliased(const fso_plan_input *in, const fso_placement *pl, int b)
 {
-    return in->engine.lend_device_shard && pl->tier[FSO_KIND_PARAM][b] == FSO_TIER_DEVICE;
+    return in->engine.lend_in_place && pl->tier[FSO_KIND_PARAM][b] == FSO_TIER_DEVICE;
 }
 
 static bool any_param_on(const fso_placement *pl, int tier)
@@ -783,6 +783,7 @@ int fso_plan_evaluate(const fso_plan_input *in, const fso_placement *pl, fso_pla
     out->pl = *pl;
     out->machine = in->machine;
     out->overlap = in->engine.overlap;
+    out->lend_in_place = in->engine.lend_in_place;
     out->grad_accum = in->model.grad_accum;
     out->tokens_per_step = in->model.tokens_per_step;
     for (int b = 0; b < in->model.n_blocks; b++)
@@ -1342,15 +1343,20 @@ void fso_plan_describe(const fso_plan *p, char *buf, size_t len)
     describe_kind(p, FSO_KIND_M, c, sizeof c);
     describe_kind(p, FSO_KIND_V, d, sizeof d);
     describe_kind(p, FSO_KIND_GRAD, g, sizeof g);
-    bool wc = false, nvme = false;
+    bool wc = false, nvme = false, gathered = false;
     for (int i = 0; i < p->pl.n_blocks; i++) {
-        wc = wc || (p->pl.whole_copy[i] && p->pl.tier[FSO_KIND_PARAM][i] != FSO_TIER_DEVICE);
-        nvme = nvme || p->pl.tier[FSO_KIND_PARAM][i] == FSO_TIER_NVME;
+        const int pt = p->pl.tier[FSO_KIND_PARAM][i];
+        wc = wc || (p->pl.whole_copy[i] && pt != FSO_TIER_DEVICE);
+        nvme = nvme || pt == FSO_TIER_NVME;
+        gathered = gathered || !p->lend_in_place || pt != FSO_TIER_DEVICE;
     }
     char pf[48] = "";
     if (nvme)
         snprintf(pf, sizeof pf, "; prefetch %d", p->pl.prefetch);
-    const char *mv = p->machine.devices > 1 ? (wc ? "; whole-block copies" : "; gather") : "";
+    const char *mv = p->machine.devices < 2 ? ""
+                     : wc                   ? "; whole-block copies"
+                     : gathered             ? "; gather"
+                                            : "; lent in place";
     if (strcmp(b, c) == 0 && strcmp(c, d) == 0)
         snprintf(buf, len, "parameters %s; master, m, v %s; gradients %s%s%s", a, b, g, pf, mv);
     else

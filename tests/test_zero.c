@@ -453,6 +453,10 @@ static void test_overlapped_schedules_match_serialized(void **state)
     schedules_for(1, FSO_TIER_DEVICE, FSO_TIER_DEVICE, 1.0, false);
     schedules_for(1, FSO_TIER_DEVICE, FSO_TIER_DEVICE, 0.0, false);
     schedules_for(2, FSO_TIER_HOST, FSO_TIER_HOST, 0.0, false);
+    /* CPU devices lend a block from the buffer their shards share: each
+     * waits for the others' updates of it, on every schedule */
+    schedules_for(2, FSO_TIER_DEVICE, FSO_TIER_HOST, 0.0, false);
+    schedules_for(2, FSO_TIER_DEVICE, FSO_TIER_NVME, 1.0, true);
     schedules_for(2, FSO_TIER_NVME, FSO_TIER_NVME, 1.0, false);
     schedules_for(2, FSO_TIER_NVME, FSO_TIER_NVME, 0.0, false);
     schedules_for(1, FSO_TIER_DEVICE, FSO_TIER_DEVICE, 0.0, true);
@@ -1034,6 +1038,31 @@ static void test_nvme_write_eio_is_reported(void **state)
     result_free(&r);
 }
 
+/* Parameters lent from the buffer the devices share: when device 0's
+ * update fails, device 1, waiting for it before lending the block, fails
+ * the step too instead of waiting forever or computing with a block half
+ * updated; on every schedule. */
+static void test_a_failed_update_stops_the_devices_sharing_a_block(void **state)
+{
+    (void)state;
+    for (int mode = FSO_OVERLAP_NONE; mode <= FSO_OVERLAP_BACKWARD; mode++) {
+        fso_config cfg;
+        run_result r;
+        fso_tier t[FSO_N_KINDS];
+        small_config(&cfg, 2, 4);
+        for (int k = 0; k < FSO_N_KINDS; k++) /* m and v on NVMe: the update's writes only */
+            t[k] = k == FSO_KIND_M || k == FSO_KIND_V ? FSO_TIER_NVME : FSO_TIER_DEVICE;
+        set_kind_tiers(&cfg, t);
+        cfg.optimizer_overlap = (fso_overlap)mode;
+        cfg.grad_clip = mode == FSO_OVERLAP_BACKWARD ? 0.0 : 1.0;
+        g_spec = (fso_fault_spec){.write_eio_at = 2};
+        run(&cfg, inject, &r);
+        if (r.rc != -EIO || !strstr(r.err, "NVMe"))
+            fail_msg("schedule %d: rc %d: %s", mode, r.rc, r.err);
+        result_free(&r);
+    }
+}
+
 static void test_nvme_enospc_mid_run_is_reported(void **state)
 {
     (void)state;
@@ -1422,6 +1451,7 @@ int main(void)
         cmocka_unit_test(test_large_model_trains_from_nvme_within_cap),
         cmocka_unit_test(test_nvme_read_eio_ends_the_step),
         cmocka_unit_test(test_nvme_write_eio_is_reported),
+        cmocka_unit_test(test_a_failed_update_stops_the_devices_sharing_a_block),
         cmocka_unit_test(test_nvme_enospc_mid_run_is_reported),
         cmocka_unit_test(test_nvme_short_read_is_retried_exactly),
         cmocka_unit_test(test_nvme_folder_errors),
