@@ -302,7 +302,8 @@ static int update_blocks(rank_state *rk, const fso_adamw_step *as, int b0, int b
         /* reads for the units ahead, each into a set whose writes have landed */
         while (next.b <= b1 && issued <= done + ahead) {
             const int s = (int)(issued % K);
-            if ((rc = set_wait(rk, ring[s], next.b)) < 0)
+            /* the set's writes are those of unit issued - K, if any */
+            if ((rc = set_wait(rk, ring[s], issued >= K ? u[s].b : next.b)) < 0)
                 return rc;
             /* every unit up to issued - K has landed now (each set is waited
              * for before it is read into again), so every block below the
@@ -365,8 +366,8 @@ static int update_blocks(rank_state *rk, const fso_adamw_step *as, int b0, int b
         }
         done++;
     }
-    for (int k = 0; k < K; k++)
-        if ((rc = set_wait(rk, ring[k], -1)) < 0)
+    for (int k = 0; k < K && k < issued; k++)
+        if ((rc = set_wait(rk, ring[k], u[k].b)) < 0)
             return rc;
     mark_rest(rk, rested, b1 + 1, as->t);
     return 0;
