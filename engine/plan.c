@@ -47,12 +47,14 @@ static int engine_buffers(fso_plan_engine *en, const fso_config *cfg, int W, boo
     wcfg->world = W;
     if (gpu)
         snprintf(wcfg->backend, sizeof wcfg->backend, "cuda");
-    fso_zero_buffers zb, zb_dev;
+    fso_zero_buffers zb;
+    for (int t = 0; t < FSO_N_TIERS; t++) {
+        fso_zero_buffers_for(wcfg, (fso_tier)t, 0, &zb);
+        en->lend_in_place[t] = zb.gather == 0;
+    }
     fso_zero_buffers_for(wcfg, FSO_TIER_NVME, 0, &zb);
-    fso_zero_buffers_for(wcfg, FSO_TIER_DEVICE, 0, &zb_dev);
     free(wcfg);
     en->gather_buffers = zb.gather;
-    en->lend_in_place = zb_dev.gather == 0;
     en->grad_buffers = zb.grad_full;
     en->max_prefetch = zb.max_prefetch;
     en->prefetch_spare = zb.prefetch_spare;
@@ -693,8 +695,8 @@ int fso_plan_check_size(const fso_config *cfg, const fso_plan_pins *pins,
         return -ENOMEM;
     }
     /* the least the devices and the host hold whatever the placement: with
-     * the parameters on the devices (one device lends its shard, no gather
-     * window) or elsewhere (no parameter ring in the host arena) */
+     * the parameters on the devices (lent in place, no gather window) or
+     * elsewhere (no parameter ring in the host arena) */
     fso_zero_need lend, gather;
     *c = *cfg;
     c->world = (int)W;

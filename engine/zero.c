@@ -26,15 +26,16 @@
 
 /* ------------------------------------------------------------------ buffers */
 
-/* Parameters on the device are lent to the model where they live, with no
- * gather and no gather window: on the only device, its shard, which is the
- * whole block in the working type the model computes from (a gather would
- * copy the same bytes); on CPU devices, the block's buffer their shards are
- * parts of (zero_impl.h lent_block). */
+/* Parameters are lent to the model where they live, with no gather and no
+ * gather window, when they live on the only device: its shard is the whole
+ * block in the working type the model computes from (a gather would copy
+ * the same bytes); and on CPU devices, whose memory is the process's, when
+ * they live in memory (the device tier or the host arena): the block's
+ * buffer their shards are parts of (zero_impl.h lent_block). */
 static bool lends_in_place(const fso_config *cfg, int world, fso_tier param_tier)
 {
-    return param_tier == FSO_TIER_DEVICE &&
-           (world == 1 || fso_backend_host_addressable(cfg->backend));
+    return (param_tier == FSO_TIER_DEVICE && world == 1) ||
+           (param_tier != FSO_TIER_NVME && fso_backend_host_addressable(cfg->backend));
 }
 
 void fso_zero_buffers_for(const fso_config *cfg, fso_tier param_tier, int prefetch,
@@ -203,7 +204,7 @@ static int setup_layout(fso_zero *z, const fso_config *cfg, fso_zero_buffers *zb
     z->blocks = calloc((size_t)z->n_blocks, sizeof *z->blocks);
     z->ranks = calloc((size_t)z->world, sizeof *z->ranks);
     z->order = calloc((size_t)max_visits, sizeof *z->order);
-    z->lent = calloc((size_t)z->n_blocks, sizeof *z->lent);
+    z->lent = calloc((size_t)z->n_blocks * FSO_N_TIERS, sizeof *z->lent);
     fso_block_visit *visits = calloc((size_t)max_visits, sizeof *visits);
     if (!z->blocks || !z->ranks || !z->order || !z->lent || !visits) {
         free(visits);

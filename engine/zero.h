@@ -190,9 +190,9 @@ void fso_zero_set_steps(fso_zero *z, int64_t steps);
  * allocate these, and the planner (plan.c) predicts with these counts. */
 typedef struct fso_zero_buffers {
     /* on the device */
-    int gather;                  /* full-block parameter buffers: 2, or 0 when parameters on
-                                    the device are lent where they live (one device, or CPU
-                                    devices) */
+    int gather;                  /* full-block parameter buffers: 2, or 0 when parameters are
+                                    lent where they live (on the only device; CPU devices,
+                                    parameters in memory) */
     size_t gather_bytes;         /* each: the largest block in the working type */
     int grad_full;               /* full-block gradient buffers (2) */
     size_t grad_full_bytes;      /* each: the largest block, fp32 */

@@ -216,9 +216,10 @@ typedef struct shared_coll {
                                     gradients it has finished reading; -1 none */
 } shared_coll;
 
-/* CPU devices' parameters on the device tier: one buffer per block, the
- * devices' shards its parts in rank order (the gathered layout), lent to
- * every device as it is (zero_shard.c fso_zero_block_shared). */
+/* CPU devices' parameters in memory (device tier or host arena): one
+ * buffer per block and tier, the devices' shards its parts in rank order
+ * (the gathered layout), lent to every device as it is (zero_shard.c
+ * fso_zero_block_shared). A re-plan between the two tiers holds both. */
 typedef struct lent_block {
     void *base;                  /* NULL: none */
     size_t bytes;
@@ -249,10 +250,10 @@ struct fso_zero {
     fso_tier tier[FSO_N_KINDS];
     int state_host_blocks;       /* blocks below it keep NVMe kinds of optimizer state on the
                                     host (fso_zero_block_tier) */
-    bool lend_in_place;          /* parameters on the device are lent where they live, no
-                                    gather: world 1, the shard itself; CPU devices, the block's
-                                    buffer their shards are parts of (lent) */
-    lent_block *lent;            /* [block] */
+    bool lend_in_place;          /* parameters are lent where they live, no gather: on the
+                                    only device, its shard; CPU devices, parameters in memory,
+                                    the block's buffer their shards are parts of (lent) */
+    lent_block *lent;            /* [block * FSO_N_TIERS + tier] */
     int prefetch;                /* blocks read ahead (train.prefetch_blocks, or the plan's) */
     int *order;                  /* blocks in the order params() asks for them */
     int n_order;
@@ -349,8 +350,10 @@ loc *fso_zero_locate(rank_state *rk, int b, fso_kind k);
 int fso_zero_place_shard(rank_state *rk, int b, fso_kind k, fso_tier tier, uint64_t *nvme_off,
                          loc *out, char *err, size_t errlen);
 /* Whether shards of kind k on `tier` are parts of a block's shared buffer
- * (lent_block): parameters on the device tier of CPU devices (world > 1). */
+ * (lent_block): parameters of CPU devices (world > 1) in memory. */
 bool fso_zero_block_shared(const fso_zero *z, fso_kind k, fso_tier tier);
+/* Block b's shared buffer on `tier`. */
+lent_block *fso_zero_lent(fso_zero *z, int b, fso_tier tier);
 /* Let go of the place l of shard (b, k); an NVMe extent stays the store's. */
 void fso_zero_release_shard(rank_state *rk, int b, fso_kind k, loc *l);
 /* Move elements [c0, c0+n) of shard (b, k) between its tier and host

@@ -31,27 +31,35 @@ size_t fso_zero_shard_bytes(const fso_zero *z, int b, fso_kind k)
 
 bool fso_zero_block_shared(const fso_zero *z, fso_kind k, fso_tier tier)
 {
-    return k == FSO_KIND_PARAM && tier == FSO_TIER_DEVICE && z->world > 1 &&
+    return k == FSO_KIND_PARAM && tier != FSO_TIER_NVME && z->world > 1 &&
            fso_backend_host_addressable(z->cfg->backend);
 }
 
-/* Device rk's part of block b's shared parameter buffer, which the first
- * device to place its part allocates (each device is charged its part,
- * on its NUMA node when the machine has several). */
-static int place_shared(rank_state *rk, int b, loc *out, char *err, size_t errlen)
+lent_block *fso_zero_lent(fso_zero *z, int b, fso_tier tier)
+{
+    return &z->lent[(size_t)b * FSO_N_TIERS + tier];
+}
+
+/* Device rk's part of block b's shared parameter buffer on `tier`, which
+ * the first device to place its part allocates: device memory (each device
+ * charged its part), or from the host arena. Each part on its device's
+ * NUMA node when the machine has several. */
+static int place_shared(rank_state *rk, int b, fso_tier tier, loc *out, char *err, size_t errlen)
 {
     fso_zero *z = rk->z;
-    lent_block *lb = &z->lent[b];
+    lent_block *lb = fso_zero_lent(z, b, tier);
     const size_t part = z->elem_bytes[FSO_KIND_PARAM] * fso_zero_shard_elems(z, b);
     const size_t bytes = fso_zero_shard_bytes(z, b, FSO_KIND_PARAM);
-    int rc = fso_backend_charge(rk->be, bytes);
-    if (rc < 0) {
+    int rc;
+    if (tier == FSO_TIER_DEVICE && (rc = fso_backend_charge(rk->be, bytes)) < 0) {
         snprintf(err, errlen, "device memory: %s", rk->be->err);
         return rc;
     }
     if (!lb->base) {
         lb->bytes = round_page(part * (size_t)z->world);
-        if (!(lb->base = fso_io_alloc_lean(lb->bytes))) {
+        if (tier == FSO_TIER_HOST) {
+            lb->base = fso_zero_rank_take(rk, lb->bytes);
+        } else if (!(lb->base = fso_io_alloc_lean(lb->bytes))) {
             fso_backend_uncharge(rk->be, bytes);
             snprintf(err, errlen, "host memory: out of memory for block %d's parameters (%zu "
                                   "bytes)", b, lb->bytes);
@@ -65,12 +73,19 @@ static int place_shared(rank_state *rk, int b, loc *out, char *err, size_t errle
     return 0;
 }
 
-static void release_shared(rank_state *rk, int b)
+static void release_shared(rank_state *rk, int b, loc *l)
 {
-    lent_block *lb = &rk->z->lent[b];
-    fso_backend_uncharge(rk->be, fso_zero_shard_bytes(rk->z, b, FSO_KIND_PARAM));
+    fso_zero *z = rk->z;
+    lent_block *lb = fso_zero_lent(z, b, l->tier);
+    const size_t bytes = fso_zero_shard_bytes(z, b, FSO_KIND_PARAM);
+    if (l->tier == FSO_TIER_DEVICE)
+        fso_backend_uncharge(rk->be, bytes);
+    else /* the arena's pages of this part (whole pages: model.h) */
+        fso_zero_arena_release(z, l->ptr, z->elem_bytes[FSO_KIND_PARAM] *
+                                              fso_zero_shard_elems(z, b));
     if (--lb->refs == 0) {
-        fso_io_free(lb->base, lb->bytes);
+        if (l->tier == FSO_TIER_DEVICE)
+            fso_io_free(lb->base, lb->bytes);
         lb->base = NULL;
     }
 }
@@ -82,7 +97,7 @@ int fso_zero_place_shard(rank_state *rk, int b, fso_kind k, fso_tier tier, uint6
     memset(out, 0, sizeof *out);
     out->tier = tier;
     if (fso_zero_block_shared(rk->z, k, tier))
-        return place_shared(rk, b, out, err, errlen);
+        return place_shared(rk, b, tier, out, err, errlen);
     if (tier == FSO_TIER_DEVICE) {
         int rc = rk->be->ops->buf_alloc(rk->be, bytes, &out->ptr);
         if (rc < 0)
@@ -101,7 +116,7 @@ int fso_zero_place_shard(rank_state *rk, int b, fso_kind k, fso_tier tier, uint6
 void fso_zero_release_shard(rank_state *rk, int b, fso_kind k, loc *l)
 {
     if (fso_zero_block_shared(rk->z, k, l->tier) && l->ptr)
-        release_shared(rk, b);
+        release_shared(rk, b, l);
     else if (l->tier == FSO_TIER_DEVICE)
         rk->be->ops->buf_free(rk->be, l->ptr);
     else if (l->tier == FSO_TIER_HOST && l->ptr)

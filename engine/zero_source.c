@@ -292,7 +292,7 @@ static const void *src_params(void *ctx, int b)
             return fso_zero_locate(rk, b, FSO_KIND_PARAM)->ptr;
         if (rk->compute.err.rc == 0)
             fso_zero_optim_wait_peers(rk, b, z->step);
-        return z->lent[b].base;
+        return fso_zero_lent(z, b, fso_zero_locate(rk, b, FSO_KIND_PARAM)->tier)->base;
     }
     int g = rk->compute.gather_refs[0] == 0 ? 0 : 1;
     if (rk->compute.gather_refs[g] != 0) {

@@ -66,9 +66,10 @@ static uint64_t shard_bytes(const fso_plan_input *in, int b, int k)
     return round_page(shard_elems(in, b) * (uint64_t)kind_bytes_per_elem(&in->model, k));
 }
 
+/* Block b is lent where its parameters live: no copy in, no gather. */
 static bool aliased(const fso_plan_input *in, const fso_placement *pl, int b)
 {
-    return in->engine.lend_in_place && pl->tier[FSO_KIND_PARAM][b] == FSO_TIER_DEVICE;
+    return in->engine.lend_in_place[pl->tier[FSO_KIND_PARAM][b]];
 }
 
 static bool any_param_on(const fso_placement *pl, int tier)
@@ -783,7 +784,7 @@ int fso_plan_evaluate(const fso_plan_input *in, const fso_placement *pl, fso_pla
     out->pl = *pl;
     out->machine = in->machine;
     out->overlap = in->engine.overlap;
-    out->lend_in_place = in->engine.lend_in_place;
+    memcpy(out->lend_in_place, in->engine.lend_in_place, sizeof out->lend_in_place);
     out->grad_accum = in->model.grad_accum;
     out->tokens_per_step = in->model.tokens_per_step;
     for (int b = 0; b < in->model.n_blocks; b++)
@@ -1348,7 +1349,7 @@ void fso_plan_describe(const fso_plan *p, char *buf, size_t len)
         const int pt = p->pl.tier[FSO_KIND_PARAM][i];
         wc = wc || (p->pl.whole_copy[i] && pt != FSO_TIER_DEVICE);
         nvme = nvme || pt == FSO_TIER_NVME;
-        gathered = gathered || !p->lend_in_place || pt != FSO_TIER_DEVICE;
+        gathered = gathered || !p->lend_in_place[pt];
     }
     char pf[48] = "";
     if (nvme)

@@ -115,9 +115,9 @@ typedef struct fso_plan_engine {
     /* The engine's buffers (engine/zero.h fso_zero_buffers): how many of each,
      * their sizes following from the model's widths. */
     int gather_buffers;        /* full-block parameter buffers per device */
-    bool lend_in_place;        /* a block whose parameters live on the devices is lent where
-                                  they are: no gather, no gather window (one device, or CPU
-                                  devices sharing a buffer per block) */
+    bool lend_in_place[FSO_N_TIERS]; /* per tier of the parameters: a block is lent where its
+                                  parameters live, no gather, no gather window (on the only
+                                  device; CPU devices' device tier and host arena) */
     int grad_buffers;          /* full-block gradient buffers per device */
     int max_prefetch;          /* deepest prefetch the engine takes */
     int prefetch_spare;        /* parameter ring slots beyond the prefetch depth */
@@ -191,7 +191,7 @@ typedef struct fso_plan {
     /* copies of the inputs a report needs */
     fso_plan_machine machine;
     fso_overlap overlap;
-    bool lend_in_place;          /* the engine's (fso_plan_engine) */
+    bool lend_in_place[FSO_N_TIERS]; /* the engine's (fso_plan_engine) */
     int grad_accum;
     double tokens_per_step;
     uint64_t model_elems;

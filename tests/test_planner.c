@@ -79,7 +79,7 @@ static void synth_model(synth *s, int nb, uint64_t elems, double fwd_flops, bool
     fso_plan_engine *en = &s->in.engine;
     en->overlap = FSO_OVERLAP_NONE;
     en->gather_buffers = 2;
-    en->lend_in_place = true;
+    en->lend_in_place[FSO_TIER_DEVICE] = true; /* one device */
     en->grad_buffers = 2;
     en->max_prefetch = 16;
     en->prefetch_spare = 2;
