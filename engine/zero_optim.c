@@ -485,6 +485,15 @@ void fso_zero_optim_post_block(rank_state *rk, const fso_adamw_step *as, int blo
     post(rk, as, block);
 }
 
+/* With p's optimizer lock held: wait until p's block b holds the
+ * parameters of `step`; false when p's optimizer failed first. */
+static bool block_ready(rank_state *p, int b, int64_t step)
+{
+    while (p->opt.ready[b] < step && p->opt.err.rc == 0)
+        pthread_cond_wait(&p->opt.cv, &p->opt.mu);
+    return p->opt.ready[b] >= step;
+}
+
 /* Wait until block b holds the parameters of `step` (b >= 0), or until
  * every posted update is done (b < 0); the time waited is exposed
  * optimizer time. 0, or the optimizer's error, recorded for the compute
@@ -495,9 +504,7 @@ static int opt_wait(rank_state *rk, int b, int64_t step)
     double t0 = fso_now_ms();
     pthread_mutex_lock(&rk->opt.mu);
     if (b >= 0) {
-        while (rk->opt.ready[b] < step && rk->opt.err.rc == 0)
-            pthread_cond_wait(&rk->opt.cv, &rk->opt.mu);
-        if (rk->opt.ready[b] < step)
+        if (!block_ready(rk, b, step))
             rc = rk->opt.err.rc;
     } else {
         while (rk->opt.head != rk->opt.tail)
@@ -525,9 +532,7 @@ int fso_zero_optim_wait_peers(rank_state *rk, int b, int64_t step)
         if (p == rk)
             continue;
         pthread_mutex_lock(&p->opt.mu);
-        while (p->opt.ready[b] < step && p->opt.err.rc == 0)
-            pthread_cond_wait(&p->opt.cv, &p->opt.mu);
-        if (p->opt.ready[b] < step) {
+        if (!block_ready(p, b, step)) {
             rc = -ECANCELED;
             failed = r;
         }
