@@ -245,10 +245,13 @@ static int pl_store_rates(const fso_config *cfg, double seconds, double *w, doub
 }
 
 /* Bytes a step all-gathers and reduce-scatters (every device's share of
- * every block it gathers or reduces), by the layout. */
+ * every block it gathers or reduces), by the layout; none gathered where
+ * the engine lends parameters in place (zero.h fso_zero_buffers). */
 static void pl_collective_bytes(const fso_config *cfg, double *gather, double *reduce)
 {
     const fso_model_config *mc = &cfg->model;
+    fso_zero_buffers zb;
+    fso_zero_buffers_for(cfg, fso_offload_tier(&cfg->offload, FSO_KIND_PARAM), 0, &zb);
     const int nb = fso_model_n_blocks(mc), nv = fso_model_max_visits(mc);
     fso_block_layout *bl = calloc((size_t)nb, sizeof *bl);
     fso_block_visit *v = calloc((size_t)nv, sizeof *v);
@@ -257,7 +260,7 @@ static void pl_collective_bytes(const fso_config *cfg, double *gather, double *r
         fso_model_layout(bl, mc, cfg->world);
         for (int i = 0, n = fso_model_visits(mc, v); i < n; i++) {
             double elems = (double)bl[v[i].block].padded_elems * cfg->world * cfg->grad_accum;
-            if (v[i].params)
+            if (v[i].params && zb.gather > 0)
                 *gather += elems * (cfg->bf16 ? 2 : 4);
             if (v[i].grads)
                 *reduce += elems * 4;
@@ -506,14 +509,16 @@ static void pl_print(FILE *out, const pl_job *j, int steps)
     }
     const pl_round *pipe = &j->rounds[0], *data = &j->rounds[1];
     const double secs = pipe->ms / 1e3;
+    char gathers[64] = "none (parameters lent in place)";
+    if (j->gather_b > 0)
+        snprintf(gathers, sizeof gathers, "%.2f GB/s", j->gather_b / secs / 1e9);
     fprintf(out, "# pipeline, steps 2-%d: %.0f ms per step: compute %.0f, waiting on NVMe reads "
                  "%.0f, on the optimizer %.0f, the rest (copies, gathers, gradients landing) "
-                 "%.0f; NVMe %.3f GB/s read, %.3f GB/s written over the step; all-gathers %.2f "
-                 "GB/s, reduce-scatters %.2f GB/s; the optimizer %.0f ms\n",
+                 "%.0f; NVMe %.3f GB/s read, %.3f GB/s written over the step; all-gathers %s, "
+                 "reduce-scatters %.2f GB/s; the optimizer %.0f ms\n",
             steps, pipe->ms, j->compute_ms, pipe->stall_ms, pipe->exposed_ms,
             pipe->ms - j->compute_ms - pipe->stall_ms - pipe->exposed_ms, pipe->rd / secs / 1e9,
-            pipe->wr / secs / 1e9, j->gather_b / secs / 1e9, j->reduce_b / secs / 1e9,
-            pipe->optimizer_ms);
+            pipe->wr / secs / 1e9, gathers, j->reduce_b / secs / 1e9, pipe->optimizer_ms);
     fprintf(out, "# NVMe GB read/written per step by kind (the derivation for this placement):");
     static const char *const shortk[FSO_N_KINDS] = {"params", "master", "m", "v", "grads"};
     for (int k = 0; k < FSO_N_KINDS; k++)
