@@ -376,7 +376,7 @@ static int update_blocks(rank_state *rk, const fso_adamw_step *as, int b0, int b
 int fso_zero_optim_run(rank_state *rk, const fso_adamw_step *as)
 {
     double t0 = fso_now_ms();
-    rk->opt.err.rc = 0;
+    __atomic_store_n(&rk->opt.err.rc, 0, __ATOMIC_RELAXED); /* a saver may be reading it */
     rk->opt.after = 0; /* after the step's sync: the device is idle */
     int rc = update_blocks(rk, as, 0, rk->z->n_blocks - 1);
     double dt = fso_now_ms() - t0;
@@ -384,7 +384,7 @@ int fso_zero_optim_run(rank_state *rk, const fso_adamw_step *as)
     rk->compute.st.optimizer_exposed_ms += dt;
     if (rc < 0) {
         rk->compute.err = rk->opt.err;
-        rk->opt.err.rc = 0;
+        __atomic_store_n(&rk->opt.err.rc, 0, __ATOMIC_RELAXED);
     }
     return rc;
 }
@@ -486,10 +486,11 @@ void fso_zero_optim_post_block(rank_state *rk, const fso_adamw_step *as, int blo
 }
 
 /* With p's optimizer lock held: wait until p's block b holds the
- * parameters of `step`; false when p's optimizer failed first. */
+ * parameters of `step`; false when p's optimizer failed first (it records
+ * the failure without the lock). */
 static bool block_ready(rank_state *p, int b, int64_t step)
 {
-    while (p->opt.ready[b] < step && p->opt.err.rc == 0)
+    while (p->opt.ready[b] < step && fso_first_error_rc(&p->opt.err.rc) == 0)
         pthread_cond_wait(&p->opt.cv, &p->opt.mu);
     return p->opt.ready[b] >= step;
 }

@@ -379,7 +379,7 @@ static int wait_landed(saver *sv, rank_state *rk, int b, int64_t step)
 {
     int rc = 0;
     pthread_mutex_lock(&rk->opt.mu);
-    while (rk->opt.rest[b] < step && rk->opt.err.rc == 0)
+    while (rk->opt.rest[b] < step && fso_first_error_rc(&rk->opt.err.rc) == 0)
         pthread_cond_wait(&rk->opt.cv, &rk->opt.mu);
     if (rk->opt.rest[b] < step)
         rc = fail(sv, rk->opt.err.rc, "device %d's update of step %lld failed: %s", rk->rank,

@@ -18,9 +18,9 @@ double fso_now_ms(void)
 
 int fso_first_errorv(int *slot, char *msg, size_t len, int rc, const char *fmt, va_list ap)
 {
-    if (*slot == 0) {
+    if (__atomic_load_n(slot, __ATOMIC_RELAXED) == 0) {
         vsnprintf(msg, len, fmt, ap);
-        *slot = rc;
+        __atomic_store_n(slot, rc, __ATOMIC_RELEASE);
     }
     return rc;
 }

@@ -12,9 +12,16 @@
 double fso_now_ms(void);
 
 /* The first error wins: when *slot is 0, the message (fmt, ap) goes into
- * msg and *slot becomes rc; later errors leave both alone. Returns rc. */
+ * msg and *slot becomes rc; later errors leave both alone. Returns rc.
+ * *slot is stored last, atomically: another thread that reads it with
+ * fso_first_error_rc while the error is being recorded reads 0 or rc, and
+ * the whole message once it reads rc. */
 int fso_first_errorv(int *slot, char *msg, size_t len, int rc, const char *fmt, va_list ap)
     __attribute__((format(printf, 5, 0)));
+static inline int fso_first_error_rc(const int *rc_slot)
+{
+    return __atomic_load_n(rc_slot, __ATOMIC_ACQUIRE);
+}
 
 /* MemAvailable from /proc/meminfo in bytes, 0 when unknown. */
 uint64_t fso_mem_available_bytes(void);
