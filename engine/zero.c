@@ -32,7 +32,7 @@
  * the same bytes); and on CPU devices, whose memory is the process's, when
  * they live in memory (the device tier or the host arena): the block's
  * buffer their shards are parts of (zero_impl.h lent_block). */
-static bool lends_in_place(const fso_config *cfg, int world, fso_tier param_tier)
+bool fso_zero_lends_in_place(const fso_config *cfg, int world, fso_tier param_tier)
 {
     return (param_tier == FSO_TIER_DEVICE && world == 1) ||
            (param_tier != FSO_TIER_NVME && fso_backend_host_addressable(cfg->backend));
@@ -55,7 +55,7 @@ void fso_zero_buffers_for(const fso_config *cfg, fso_tier param_tier, int prefet
     const size_t max_shard = fso_sat_div(max_padded, (size_t)world);
 
     memset(b, 0, sizeof *b);
-    b->gather = lends_in_place(cfg, world, param_tier) ? 0 : 2;
+    b->gather = fso_zero_lends_in_place(cfg, world, param_tier) ? 0 : 2;
     b->gather_bytes = fso_sat_mul(param_bytes, max_padded);
     b->grad_full = 2;
     b->grad_full_bytes = fso_sat_mul(sizeof(float), max_padded);

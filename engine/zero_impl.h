@@ -349,8 +349,11 @@ loc *fso_zero_locate(rank_state *rk, int b, fso_kind k);
  * advances). 0, or negative errno with err (device memory short). */
 int fso_zero_place_shard(rank_state *rk, int b, fso_kind k, fso_tier tier, uint64_t *nvme_off,
                          loc *out, char *err, size_t errlen);
+/* Whether parameters on param_tier are lent where they live on `world`
+ * devices of cfg's backend (zero.c says when). */
+bool fso_zero_lends_in_place(const fso_config *cfg, int world, fso_tier param_tier);
 /* Whether shards of kind k on `tier` are parts of a block's shared buffer
- * (lent_block): parameters of CPU devices (world > 1) in memory. */
+ * (lent_block): parameters lent in place on more than one device. */
 bool fso_zero_block_shared(const fso_zero *z, fso_kind k, fso_tier tier);
 /* Block b's shared buffer on `tier`. */
 lent_block *fso_zero_lent(fso_zero *z, int b, fso_tier tier);

@@ -31,8 +31,7 @@ size_t fso_zero_shard_bytes(const fso_zero *z, int b, fso_kind k)
 
 bool fso_zero_block_shared(const fso_zero *z, fso_kind k, fso_tier tier)
 {
-    return k == FSO_KIND_PARAM && tier != FSO_TIER_NVME && z->world > 1 &&
-           fso_backend_host_addressable(z->cfg->backend);
+    return k == FSO_KIND_PARAM && z->world > 1 && fso_zero_lends_in_place(z->cfg, z->world, tier);
 }
 
 lent_block *fso_zero_lent(fso_zero *z, int b, fso_tier tier)

@@ -1258,9 +1258,9 @@ static void test_replan_moves_first_blocks_state_keep_bits(void **state)
     moves_keep_bits(1, FSO_TIER_DEVICE, FSO_TIER_NVME, more, 2, false);
 }
 
-/* bf16 working parameters move at 2 bytes per element, on one device (no
- * lent shard: the device tier widens through the gather window too) and
- * two. */
+/* bf16 working parameters move at 2 bytes per element, on one device (its
+ * shard lent as it is, before and after a trip through NVMe) and two (lent
+ * in place from the devices' shared buffer, and gathered from NVMe). */
 static void test_replan_moves_keep_bits_bf16(void **state)
 {
     (void)state;
