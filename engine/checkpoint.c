@@ -156,6 +156,7 @@ struct fso_ckpt_saver {
     int64_t last_step;
     fso_fault_spec faults;    /* tests: injected into the next saves' data file */
     bool inject;
+    const char *pause;        /* tests: pause each save halfway (fso_pause_at) */
     /* the save in flight */
     pthread_t tid;
     bool running;
@@ -318,20 +319,27 @@ static json_t *manifest_begin(const fso_zero *z, const fso_ckpt_layout *l, const
     return man;
 }
 
-/* Tests pause a save halfway (FSOFF_TEST_SAVE_PAUSE=FILE): the saver
- * creates FILE and waits until it is removed. */
-static void pause_halfway(void *ctx, int done, int n_blocks)
+void fso_pause_at(const char *file)
 {
-    (void)ctx;
-    const char *path = getenv("FSOFF_TEST_SAVE_PAUSE");
-    if (!path || !path[0] || done != (n_blocks + 1) / 2)
-        return;
-    int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+    int fd = open(file, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
     if (fd >= 0)
         close(fd);
     struct timespec ts = {0, 10 * 1000 * 1000};
-    while (access(path, F_OK) == 0)
+    while (access(file, F_OK) == 0)
         nanosleep(&ts, NULL);
+}
+
+void fso_ckpt_saver_pause_halfway(fso_ckpt_saver *sv, const char *file)
+{
+    sv->pause = file;
+}
+
+/* The saver's hook after each block of a save: halfway, the test's pause. */
+static void pause_halfway(void *ctx, int done, int n_blocks)
+{
+    const fso_ckpt_saver *sv = ctx;
+    if (sv->pause && done == (n_blocks + 1) / 2)
+        fso_pause_at(sv->pause);
 }
 
 /* state.bin: the state streamed out of z. */
@@ -372,6 +380,7 @@ static int write_state(fso_ckpt_saver *sv, const char *tmp, fso_zero_save_spec *
     spec->piece_bytes = FSO_CKPT_PIECE_BYTES;
     spec->reflink = true;
     spec->after_block = pause_halfway;
+    spec->ctx = sv;
     rc = fso_zero_save_stream(sv->z, spec);
     fso_store_destroy(out);
     if (rc < 0)

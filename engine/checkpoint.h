@@ -100,6 +100,13 @@ int fso_ckpt_saver_create(fso_ckpt_saver **out, const char *dir, int keep, char 
                           size_t errlen);
 /* Waits for a save still running, releases the lock. NULL is fine. */
 void fso_ckpt_saver_destroy(fso_ckpt_saver *sv);
+/* Tests: every later save pauses halfway through its data (fso_pause_at
+ * file); NULL: never. The saver keeps the pointer. */
+void fso_ckpt_saver_pause_halfway(fso_ckpt_saver *sv, const char *file);
+
+/* A test's hold on a run: creates file and waits until the test removes
+ * it, so that the test acts (a kill, a signal) at a moment it chose. */
+void fso_pause_at(const char *file);
 
 /* Between steps: save the state of step fso_zero_steps(z) on the saver's
  * own thread while training goes on (fso_zero_save_arm). A save still

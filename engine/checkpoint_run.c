@@ -58,6 +58,8 @@ int fso_ckpt_run_start(fso_ckpt_run **out, fso_config *cfg, const fso_run_opts *
     if (cfg->checkpoint.dir[0])
         rc = fso_ckpt_saver_create(&r->saver, cfg->checkpoint.dir, cfg->checkpoint.keep, err,
                                    errlen);
+    if (rc == 0 && r->saver)
+        fso_ckpt_saver_pause_halfway(r->saver, opts->pause_save);
     return rc;
 }
 
@@ -141,14 +143,16 @@ static int begin(fso_ckpt_run *r, fso_report *rep)
 
 void fso_ckpt_run_after_step(fso_ckpt_run *r, fso_report *rep)
 {
-    if (!r->saver)
-        return;
-    fso_ckpt_result res;
-    if (fso_ckpt_save_poll(r->saver, false, &res) == 1)
-        report(r, rep, &res);
     const int64_t step = fso_zero_steps(r->tr->zero), every = r->cfg->checkpoint.every_steps;
-    if (every > 0 && step % every == 0 && step < r->cfg->steps && step != r->last_begun)
-        begin(r, rep);
+    if (r->saver) {
+        fso_ckpt_result res;
+        if (fso_ckpt_save_poll(r->saver, false, &res) == 1)
+            report(r, rep, &res);
+        if (every > 0 && step % every == 0 && step < r->cfg->steps && step != r->last_begun)
+            begin(r, rep);
+    }
+    if (r->opts->pause_step_file && step == r->opts->pause_step)
+        fso_pause_at(r->opts->pause_step_file);
 }
 
 int fso_ckpt_run_finish(fso_ckpt_run *r, fso_report *rep, int rc)

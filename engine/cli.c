@@ -342,6 +342,28 @@ static int parse_args(int argc, char **argv, cli_args *a, fso_config *cfg)
     return 0;
 }
 
+/* The tests' holds on a run (fso_run_opts): FSOFF_TEST_SAVE_PAUSE=FILE and
+ * FSOFF_TEST_STEP_PAUSE=N:FILE, read here only. -1 after an error line. */
+static int test_pauses(fso_run_opts *opts)
+{
+    const char *save = getenv("FSOFF_TEST_SAVE_PAUSE"), *step = getenv("FSOFF_TEST_STEP_PAUSE");
+    if (save && save[0])
+        opts->pause_save = save;
+    if (!step || !step[0])
+        return 0;
+    char *end;
+    errno = 0;
+    long long n = strtoll(step, &end, 10);
+    if (errno || end == step || *end != ':' || !end[1] || n < 1) {
+        fprintf(stderr, "fsoff: error: FSOFF_TEST_STEP_PAUSE='%s': expected N:FILE, a step "
+                        "of 1 or more and the file to wait on (a test hook); unset it\n", step);
+        return -1;
+    }
+    opts->pause_step = n;
+    opts->pause_step_file = end + 1;
+    return 0;
+}
+
 int fso_cli_main(int argc, char **argv)
 {
     static volatile sig_atomic_t stop;
@@ -386,6 +408,8 @@ int fso_cli_main(int argc, char **argv)
 
     fso_run_opts opts = {.metrics_path = a.metrics_path, .devices = a.devices,
                          .resume = a.resume, .stop = &stop};
+    if (test_pauses(&opts) < 0)
+        goto out;
     fso_signals_install(&stop);
     status = fso_train_run(&cfg, &opts) < 0 ? 1 : 0;
     fso_signals_restore();

@@ -70,6 +70,14 @@ typedef struct fso_run_opts {
     volatile sig_atomic_t *stop;/* set to a signal's number when one asks the run to stop:
                                    it finishes the step in progress, saves (with
                                    checkpoint.dir) and returns 0; NULL: never */
+    /* Tests hold the run at a known moment (fso_pause_at): halfway through
+     * each save when pause_save is set, and after step pause_step's line,
+     * metrics and due save began when pause_step_file is set. fsoff reads
+     * them from FSOFF_TEST_SAVE_PAUSE=FILE and FSOFF_TEST_STEP_PAUSE=N:FILE
+     * (cli.c); NULL: never. */
+    const char *pause_save;
+    const char *pause_step_file;
+    int64_t pause_step;
 } fso_run_opts;
 
 /* The whole run: the plan (the placement chosen where the configuration

@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
 # checkpoint_cli_test.sh FSOFF — checkpoints and signals as a user meets them.
 #
-# A reference run saves its last step. Runs killed with SIGKILL at random
-# moments (during steps, and during a save paused halfway by the test hook
-# FSOFF_TEST_SAVE_PAUSE) and resumed with --resume end with the reference's
-# state.bin byte for byte, and the losses and gradient norms of every step
-# after the resume are the reference's, digit for digit. The first SIGTERM
-# or SIGINT finishes the step, saves and exits 0 with a metrics file whose
-# every line is JSON, status "stopped", and no NVMe file or lock left; a
-# second one dies at once, removing the NVMe files and their locks. A failed
-# save of the last step (its temporary folder removed while the save is
-# paused) fails the run: status 1, "failed after N of M steps", summary
-# "failed", latest as it was. Random moments come from a seed printed first
-# (CKPT_TEST_SEED=N reruns one).
+# A reference run saves its last step. Runs killed with SIGKILL after a step
+# the seed picks (held there by the test hook FSOFF_TEST_STEP_PAUSE=N:FILE,
+# its saves going on) and during a save paused halfway (FSOFF_TEST_SAVE_PAUSE)
+# and resumed with --resume end with the reference's state.bin byte for byte,
+# and the losses and gradient norms of every step after the resume are the
+# reference's, digit for digit. The first SIGTERM or SIGINT (sent while the
+# run is held after step 3) finishes the step, saves and exits 0 with a
+# metrics file whose every line is JSON, status "stopped", and no NVMe file
+# or lock left; a second one dies at once, removing the NVMe files and their
+# locks. A failed save of the last step (its temporary folder removed while
+# the save is paused) fails the run: status 1, "failed after N of M steps",
+# summary "failed", latest as it was. Every moment a signal lands is one the
+# run is held at, so no outcome depends on the host's speed; the steps and
+# saves chosen come from a seed printed first (CKPT_TEST_SEED=N reruns one).
 set -u
 FSOFF=${1:?usage: checkpoint_cli_test.sh path/to/fsoff}
 . "$(dirname "$0")/lib.sh"
@@ -74,6 +76,11 @@ resume_and_compare() {
         bad "$name" "resume from step ${from:-0}: status $rc" "$(cat "$TMP/err")"
         return
     fi
+    if [ "$from" -ge $STEPS ]; then
+        bad "$name" "the run had ended before the kill: its save of step $from, the last, was" \
+            "complete, so the resume trained nothing to compare"
+        return
+    fi
     if ! cmp -s "$(final_state "$dir")" "$(final_state "$TMP/ref")"; then
         bad "$name" "resumed from step $from: the final state differs from the reference's"
         return
@@ -88,33 +95,34 @@ resume_and_compare() {
     ok "$name (resumed from step $from: bit for bit)"
 }
 
-# --- kill -9 while training (and saving every 3 steps), at random moments.
-# A run of this size takes about 0.1 s: one that ended before the kill came
-# (status 0, not 137) is run again, with a new moment, up to five times.
+# --- kill -9 while training (and saving every 3 steps), after a step the
+# seed picks: the run holds there (FSOFF_TEST_STEP_PAUSE), its saves going on
+# on their own thread, and is killed. A kill after a delay lands wherever the
+# host's speed put the run, after its last save on a fast one; this one lands
+# after the same step on every host, and the seed reproduces it.
 for k in 1 2 3; do
     dir="$TMP/k$k"
-    for try in 1 2 3 4 5; do
-        rm -rf "$dir" "$TMP/k.jsonl"
-        "$FSOFF" "${SMALL[@]}" -n $STEPS --save "$dir" --save-every 3 -m "$TMP/k.jsonl" \
-            >/dev/null 2>&1 &
-        pid=$!
-        after=$((RANDOM % 18 + 1))
-        wait_for -e "$TMP/k.jsonl" 20
-        while [ "$(count_steps "$TMP/k.jsonl")" -lt $after ] && kill -0 $pid 2>/dev/null; do
-            sleep 0.002
-        done
-        sleep "0.00$((RANDOM % 10))"
+    at=$((RANDOM % (STEPS - 1) + 1))
+    rm -f "$TMP/pause"
+    FSOFF_TEST_STEP_PAUSE="$at:$TMP/pause" "$FSOFF" "${SMALL[@]}" -n $STEPS --save "$dir" \
+        --save-every 3 >/dev/null 2>"$TMP/err" &
+    pid=$!
+    if ! wait_for -e "$TMP/pause" 60; then
         kill -9 $pid 2>/dev/null
         wait $pid 2>/dev/null
-        killed=$?
-        [ $killed -eq 137 ] && break
-    done
-    rm -f "$TMP/k.jsonl"
-    if [ $killed -ne 137 ]; then
-        bad "kill -9 while training" "five runs in a row ended (status $killed) before the kill"
+        bad "kill -9 after step $at" "the run did not hold after step $at (status $?)" \
+            "$(tail -3 "$TMP/err")"
         continue
     fi
-    resume_and_compare "$dir" "kill -9 after about $after steps"
+    kill -9 $pid
+    wait $pid 2>/dev/null
+    killed=$?
+    rm -f "$TMP/pause"
+    if [ $killed -ne 137 ]; then
+        bad "kill -9 after step $at" "status $killed, not 137: the kill did not end the run"
+        continue
+    fi
+    resume_and_compare "$dir" "kill -9 after step $at"
 done
 
 # --- kill -9 in the middle of a save (paused halfway by the test hook)
@@ -144,19 +152,20 @@ fi
 for sig in TERM INT; do
     dir="$TMP/s$sig"
     mkdir -p "$TMP/nv$sig"
-    "$FSOFF" "${SMALL[@]}" -n $STEPS --save "$dir" --nvme "$TMP/nv$sig" "${ON_NVME[@]}" -m "$TMP/s.jsonl" \
-        >"$TMP/out" 2>"$TMP/err" &
+    rm -f "$TMP/pause"
+    FSOFF_TEST_STEP_PAUSE="3:$TMP/pause" "$FSOFF" "${SMALL[@]}" -n $STEPS --save "$dir" \
+        --nvme "$TMP/nv$sig" "${ON_NVME[@]}" -m "$TMP/s.jsonl" >"$TMP/out" 2>"$TMP/err" &
     pid=$!
-    wait_for -e "$TMP/s.jsonl" 30
-    while [ "$(count_steps "$TMP/s.jsonl")" -lt 3 ] && kill -0 $pid 2>/dev/null; do sleep 0.005; done
+    wait_for -e "$TMP/pause" 60 # held after step 3: the signal comes before step 4
     kill -$sig $pid
+    rm -f "$TMP/pause"
     wait $pid
     rc=$?
     last=$(tail -1 "$TMP/s.jsonl")
     if [ $rc -eq 0 ] && json_lines "$TMP/s.jsonl" && [[ $last == '{"event": "summary"'* ]] &&
        [[ $last == *'"status": "stopped"'* ]] &&
-       grep -q "fsoff: SIG$sig: stopping after step [0-9]* of $STEPS, saving it first" "$TMP/out" &&
-       tail -1 "$TMP/out" | grep -q "^fsoff: stopped by SIG$sig after [0-9]* of $STEPS steps | " &&
+       grep -q "fsoff: SIG$sig: stopping after step 3 of $STEPS, saving it first" "$TMP/out" &&
+       tail -1 "$TMP/out" | grep -q "^fsoff: stopped by SIG$sig after 3 of $STEPS steps | " &&
        [ -z "$(ls -A "$TMP/nv$sig")" ] && [ -e "$dir/latest" ] &&
        grep -q '"event": "checkpoint"' "$TMP/s.jsonl"; then
         resume_and_compare "$dir" "SIG$sig: status 0, metrics whole, NVMe files gone, saved"
@@ -194,14 +203,16 @@ fi
 
 # --- without --save: stopped, saying nothing is saved
 mkdir -p "$TMP/nvn"
-"$FSOFF" "${SMALL[@]}" -n $STEPS --nvme "$TMP/nvn" "${ON_NVME[@]}" -m "$TMP/n.jsonl" >"$TMP/out" 2>"$TMP/err" &
+rm -f "$TMP/pause"
+FSOFF_TEST_STEP_PAUSE="2:$TMP/pause" "$FSOFF" "${SMALL[@]}" -n $STEPS --nvme "$TMP/nvn" \
+    "${ON_NVME[@]}" -m "$TMP/n.jsonl" >"$TMP/out" 2>"$TMP/err" &
 pid=$!
-wait_for -e "$TMP/n.jsonl" 30
-while [ "$(count_steps "$TMP/n.jsonl")" -lt 2 ] && kill -0 $pid 2>/dev/null; do sleep 0.005; done
+wait_for -e "$TMP/pause" 60
 kill -TERM $pid
+rm -f "$TMP/pause"
 wait $pid
 rc=$?
-if [ $rc -eq 0 ] && grep -q "stopping after step [0-9]* of $STEPS (no --save DIR: nothing is saved)" "$TMP/out" &&
+if [ $rc -eq 0 ] && grep -q "stopping after step 2 of $STEPS (no --save DIR: nothing is saved)" "$TMP/out" &&
    tail -1 "$TMP/n.jsonl" | grep -q '"status": "stopped"' && [ -z "$(ls -A "$TMP/nvn")" ]; then
     ok "SIGTERM without --save: status 0, stopped, nothing saved, said so"
 else

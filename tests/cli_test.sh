@@ -352,7 +352,8 @@ else
 fi
 flock --no-fork "$TMP/nvk/fsoff-dev0.lock" sleep 60 &
 lockpid=$!
-for _ in $(seq 50); do [ -e "$TMP/nvk/fsoff-dev0.lock" ] && break; sleep 0.1; done
+# held, not just created: flock creates the file before it takes the lock
+for _ in $(seq 100); do flock -n "$TMP/nvk/fsoff-dev0.lock" true 2>/dev/null || break; sleep 0.1; done
 expect_error "a running fsoff's folder is refused" "in use by an fsoff that is running" -- \
     --steps 1 --nvme "$TMP/nvk" "${ON_NVME[@]}" "${SMALL[@]}"
 kill $lockpid 2>/dev/null
