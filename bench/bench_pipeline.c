@@ -22,9 +22,9 @@
  * ring per device moving sequential data at the configuration's aio
  * settings (tune_sweep.h). Per step: NVMe bytes read and written, by kind,
  * against the README's derivation for the placement
- * (fso_zero_step_nvme_bytes); GB/s over the step of each stream (NVMe reads
- * and writes; all-gathers and reduce-scatters, their bytes from the
- * layout); the optimizer's time. GB = 1e9 bytes.
+ * (fso_zero_step_traffic); GB/s over the step of each stream (NVMe reads
+ * and writes; all-gathers and reduce-scatters, their bytes the same
+ * derivation's); the optimizer's time. GB = 1e9 bytes.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -129,9 +129,9 @@ static int pl_parse(int argc, char **argv, pl_args *a)
                 n = strtol(optarg + 4, &end, 10);
             if ((strncmp(optarg, "cpu:", 4) == 0 && (end == optarg + 4 || *end)) ||
                 (strncmp(optarg, "cpu:", 4) != 0 && strcmp(optarg, "cpu") != 0) || n < 1 ||
-                n > 64)
+                n > FSO_MAX_DEVICES)
                 return fso_bench_bad("pipeline", "--devices %s: expected cpu or cpu:N with N "
-                                                 "from 1 to 64", optarg);
+                                                 "from 1 to %d", optarg, FSO_MAX_DEVICES);
             a->world = (int)n;
             break;
         }
@@ -242,32 +242,6 @@ static int pl_store_rates(const fso_config *cfg, double seconds, double *w, doub
     *w = fso_tune_rate(&pt, 1);
     *r = fso_tune_rate(&pt, 0);
     return 0;
-}
-
-/* Bytes a step all-gathers and reduce-scatters (every device's share of
- * every block it gathers or reduces), by the layout; none gathered where
- * the engine lends parameters in place (zero.h fso_zero_buffers). */
-static void pl_collective_bytes(const fso_config *cfg, double *gather, double *reduce)
-{
-    const fso_model_config *mc = &cfg->model;
-    fso_zero_buffers zb;
-    fso_zero_buffers_for(cfg, fso_offload_tier(&cfg->offload, FSO_KIND_PARAM), 0, &zb);
-    const int nb = fso_model_n_blocks(mc), nv = fso_model_max_visits(mc);
-    fso_block_layout *bl = calloc((size_t)nb, sizeof *bl);
-    fso_block_visit *v = calloc((size_t)nv, sizeof *v);
-    *gather = *reduce = 0;
-    if (bl && v) {
-        fso_model_layout(bl, mc, cfg->world);
-        for (int i = 0, n = fso_model_visits(mc, v); i < n; i++) {
-            double elems = (double)bl[v[i].block].padded_elems * cfg->world * cfg->grad_accum;
-            if (v[i].params && zb.gather > 0)
-                *gather += elems * (cfg->bf16 ? 2 : 4);
-            if (v[i].grads)
-                *reduce += elems * 4;
-        }
-    }
-    free(bl);
-    free(v);
 }
 
 /* A number, or null when it is not finite (NaN has no JSON). */
@@ -394,7 +368,15 @@ static int pl_plan(const fso_config *cfg, fso_plan_ctx *ctx, fso_plan *plan, fso
             j->compute_ms += j->part_ms[ctx->visit_part[k]] * cfg->grad_accum;
     fso_plan_describe(plan, j->place, sizeof j->place);
     uint64_t drd_all = 0, dwr_all = 0;
-    fso_zero_step_nvme_bytes(run, j->drd, j->dwr);
+    fso_fp_traffic tr;
+    if (fso_zero_step_traffic(run, &tr) < 0) {
+        fprintf(stderr, "fsoff: error: bench pipeline: out of memory\n");
+        return 1;
+    }
+    memcpy(j->drd, tr.nvme_read, sizeof j->drd);
+    memcpy(j->dwr, tr.nvme_write, sizeof j->dwr);
+    j->gather_b = (double)tr.gather_bytes;
+    j->reduce_b = (double)tr.reduce_bytes;
     for (int k = 0; k < FSO_N_KINDS; k++) {
         drd_all += j->drd[k];
         dwr_all += j->dwr[k];
@@ -452,7 +434,6 @@ static int pl_measure(pl_job *j, int steps, double store_seconds)
 static void pl_derive(pl_job *j)
 {
     const pl_round *pipe = &j->rounds[0], *data = &j->rounds[1];
-    pl_collective_bytes(j->run, &j->gather_b, &j->reduce_b);
     for (int r = 0; r < 2; r++)
         j->io_ms[r] = pl_io_ms(j->rounds[r].rd, j->rounds[r].wr, j->store_r, j->store_w);
     const double bound = j->io_ms[0] > j->compute_ms ? j->io_ms[0] : j->compute_ms;

@@ -85,9 +85,9 @@ static int select_devices(fso_config *cfg, const char *arg)
         char *end;
         errno = 0;
         n = strtol(colon + 1, &end, 10);
-        if (errno || end == colon + 1 || *end || n < 1 || n > 64) {
-            fprintf(stderr, "fsoff: error: --devices %s: expected a device count from 1 to 64 "
-                            "after the colon\n", arg);
+        if (errno || end == colon + 1 || *end || n < 1 || n > FSO_MAX_DEVICES) {
+            fprintf(stderr, "fsoff: error: --devices %s: expected a device count from 1 to %d "
+                            "after the colon\n", arg, FSO_MAX_DEVICES);
             return -EINVAL;
         }
     }

@@ -34,36 +34,6 @@ void fso_plan_machine_gpu(fso_plan_machine *m, const fso_gpu_spec *spec)
 
 /* ------------------------------------------------------------------ inputs */
 
-/* The engine's buffers for cfg on W devices (zero.h fso_zero_buffers_for),
- * GPUs or CPU devices: counted with parameters gathered (on NVMe, the
- * deepest ring), and whether parameters on the devices are lent where they
- * live. 0 or -ENOMEM. */
-static int engine_buffers(fso_plan_engine *en, const fso_config *cfg, int W, bool gpu)
-{
-    fso_config *wcfg = malloc(sizeof *wcfg);
-    if (!wcfg)
-        return -ENOMEM;
-    *wcfg = *cfg;
-    wcfg->world = W;
-    if (gpu)
-        snprintf(wcfg->backend, sizeof wcfg->backend, "cuda");
-    fso_zero_buffers zb;
-    for (int t = 0; t < FSO_N_TIERS; t++) {
-        fso_zero_buffers_for(wcfg, (fso_tier)t, 0, &zb);
-        en->lend_in_place[t] = zb.gather == 0;
-    }
-    fso_zero_buffers_for(wcfg, FSO_TIER_NVME, 0, &zb);
-    free(wcfg);
-    en->gather_buffers = zb.gather;
-    en->grad_buffers = zb.grad_full;
-    en->max_prefetch = zb.max_prefetch;
-    en->prefetch_spare = zb.prefetch_spare;
-    en->stage_slots = zb.stage_slots;
-    en->landing_slots = zb.landing_slots;
-    en->stage_kind_bytes = (uint64_t)zb.chunk_sets * zb.chunk_bytes;
-    return 0;
-}
-
 int fso_plan_ctx_init(fso_plan_ctx *ctx, const fso_config *cfg, const fso_plan_machine *m,
                       bool gpu, char *err, size_t errlen)
 {
@@ -135,9 +105,6 @@ int fso_plan_ctx_init(fso_plan_ctx *ctx, const fso_config *cfg, const fso_plan_m
     in->model.visits = ctx->visits;
     in->model.grad_accum = cfg->grad_accum;
     in->model.tokens_per_step = (double)W * cfg->grad_accum * cfg->micro_batch * cfg->data.seq_len;
-    in->model.param_bytes = gpu || cfg->bf16 ? 2 : 4; /* CPU: bf16 working parameters */
-    in->model.grad_bytes = gpu ? 2 : 4;
-    in->model.state_bytes = 4;
     /* what the engine allocates, on GPUs as on the CPU: with bf16.enabled
      * the activations inside a layer and the kept layer inputs in bf16 */
     in->model.activation_bytes = fso_model_activation_bytes_for(
@@ -145,11 +112,16 @@ int fso_plan_ctx_init(fso_plan_ctx *ctx, const fso_config *cfg, const fso_plan_m
 
     fso_plan_engine *en = &in->engine;
     en->overlap = cfg->optimizer_overlap;
-    if (engine_buffers(en, cfg, W, gpu) < 0) {
-        fso_plan_ctx_free(ctx);
-        snprintf(err, errlen, "out of memory");
-        return -ENOMEM;
+    /* the engine's rules (zero.h); the GPU schedule `fsoff plan --gpus`
+     * predicts computes in bf16, gradients included, on devices the CPU
+     * cannot address */
+    if (gpu) {
+        fso_zero_fp_rules_on(cfg, fso_backend_row_of(FSO_BACKEND_CUDA), &en->rules);
+        en->rules.dtype[FSO_KIND_PARAM] = en->rules.dtype[FSO_KIND_GRAD] = FSO_DT_BF16;
+    } else {
+        fso_zero_fp_rules(cfg, &en->rules);
     }
+    en->rules.world = W;
     if (gpu) { /* the GPU schedule `fsoff plan --gpus` predicts (ARCHITECTURE.md, The planner) */
         en->per_block_tiers = true;
         en->per_kind_tiers = true;
@@ -698,14 +670,14 @@ int fso_plan_check_size(const fso_config *cfg, const fso_plan_pins *pins,
      * the parameters on the devices (lent in place, no gather window) or
      * elsewhere (no parameter ring in the host arena) */
     fso_zero_need lend, gather;
+    const fso_backend_row *on = gpu ? fso_backend_row_of(FSO_BACKEND_CUDA)
+                                    : fso_backend_find(cfg->backend);
     *c = *cfg;
     c->world = (int)W;
-    if (gpu)
-        snprintf(c->backend, sizeof c->backend, "cuda");
     c->offload.param_tier = FSO_TIER_DEVICE;
-    fso_zero_need_for(c, &lend);
+    fso_zero_need_on(c, on ? on : fso_backend_row_of(FSO_BACKEND_CUDA), &lend);
     c->offload.param_tier = FSO_TIER_HOST;
-    fso_zero_need_for(c, &gather);
+    fso_zero_need_on(c, on ? on : fso_backend_row_of(FSO_BACKEND_CUDA), &gather);
     free(c);
     uint64_t state = 0, pinned[FSO_N_TIERS] = {0};
     for (int k = 0; k < FSO_N_KINDS; k++) {
@@ -1065,8 +1037,8 @@ static void gpu_engine_as_built(fso_plan_ctx *ctx, const fso_config *cfg)
     fso_plan_engine *en = &ctx->in.engine;
     en->per_block_tiers = en->whole_copy = false;
     en->per_kind_tiers = en->state_host_blocks = true;
-    ctx->in.model.grad_bytes = 4;
-    ctx->in.model.param_bytes = cfg->bf16 ? 2 : 4;
+    en->rules.dtype[FSO_KIND_GRAD] = FSO_DT_F32;
+    en->rules.dtype[FSO_KIND_PARAM] = cfg->bf16 ? FSO_DT_BF16 : FSO_DT_F32;
 }
 
 /* Whether any placement fits is a question of capacities alone, asked

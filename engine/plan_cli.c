@@ -161,9 +161,9 @@ static int parse_machine_option(int c, const char *arg, fso_config *cfg, given *
             n = strtol(arg + 4, &end, 10);
         }
         if ((strncmp(arg, "cpu:", 4) == 0 && (errno || end == arg + 4 || *end)) ||
-            (strncmp(arg, "cpu:", 4) != 0 && strcmp(arg, "cpu") != 0) || n < 1 || n > 64) {
+            (strncmp(arg, "cpu:", 4) != 0 && strcmp(arg, "cpu") != 0) || n < 1 || n > FSO_MAX_DEVICES) {
             fprintf(stderr, "fsoff: error: --devices %s: expected cpu or cpu:N with N from 1 "
-                            "to 64 (for GPUs use --gpus N)\n", arg);
+                            "to %d (for GPUs use --gpus N)\n", arg, FSO_MAX_DEVICES);
             return -EINVAL;
         }
         cfg->world = (int)n;
@@ -175,8 +175,9 @@ static int parse_machine_option(int c, const char *arg, fso_config *cfg, given *
         char *end;
         errno = 0;
         long n = strtol(arg, &end, 10);
-        if (errno || end == arg || *end || n < 1 || n > 64) {
-            fprintf(stderr, "fsoff: error: --gpus %s: expected a GPU count from 1 to 64\n", arg);
+        if (errno || end == arg || *end || n < 1 || n > FSO_MAX_DEVICES) {
+            fprintf(stderr, "fsoff: error: --gpus %s: expected a GPU count from 1 to %d\n", arg,
+                    FSO_MAX_DEVICES);
             return -EINVAL;
         }
         g->gpus = (int)n;

@@ -64,6 +64,8 @@ int fso_trainer_step(fso_trainer *tr, const int32_t *inputs, const int32_t *targ
     st->nvme_write_bytes = zs.nvme_write_bytes;
     memcpy(st->nvme_kind_read, zs.nvme_kind_read, sizeof st->nvme_kind_read);
     memcpy(st->nvme_kind_write, zs.nvme_kind_write, sizeof st->nvme_kind_write);
+    st->gather_bytes = zs.gather_bytes;
+    st->reduce_bytes = zs.reduce_bytes;
     st->tokens = (int64_t)fso_trainer_step_tokens(tr->cfg);
     st->stale_marks = fso_zero_stale_marks(tr->zero);
     st->step_ms = fso_now_ms() - t0;
@@ -131,7 +133,7 @@ typedef struct run_devices {
 static void describe_devices(const fso_config *cfg, const fso_run_opts *opts, run_devices *d)
 {
     memset(d, 0, sizeof *d);
-    d->cuda = strcmp(cfg->backend, "cuda") == 0;
+    d->cuda = fso_backend_find(cfg->backend) == fso_backend_row_of(FSO_BACKEND_CUDA);
     snprintf(d->name, sizeof d->name, "GPU");
     if (d->cuda) {
 #if FSO_HAVE_CUDA

@@ -31,6 +31,7 @@ typedef struct fso_step_stats {
     double optimizer_exposed_ms; /* of which compute waited */
     uint64_t nvme_read_bytes, nvme_write_bytes; /* all devices (fso_zero_step) */
     uint64_t nvme_kind_read[FSO_N_KINDS], nvme_kind_write[FSO_N_KINDS]; /* the same by kind */
+    uint64_t gather_bytes, reduce_bytes; /* collectives, all devices (fso_zero_step) */
     int64_t tokens;          /* tokens in this step, all devices */
     uint64_t stale_marks;    /* since the start, all devices (fso_zero_stale_marks) */
 } fso_step_stats;

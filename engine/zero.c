@@ -21,177 +21,36 @@
 #include "topology.h"
 #include "util.h"
 
-#define MAX_SPARE_SLOTS 2 /* parameter ring slots beyond the prefetch depth: the one being
-                             copied to the device and the one being gathered from */
-
-/* ------------------------------------------------------------------ buffers */
-
-/* Parameters are lent to the model where they live, with no gather and no
- * gather window, when they live on the only device: its shard is the whole
- * block in the working type the model computes from (a gather would copy
- * the same bytes); and on CPU devices, whose memory is the process's, when
- * they live in memory (the device tier or the host arena): the block's
- * buffer their shards are parts of (zero_impl.h lent_block). */
-bool fso_zero_lends_in_place(const fso_config *cfg, int world, fso_tier param_tier)
-{
-    return (param_tier == FSO_TIER_DEVICE && world == 1) ||
-           (param_tier != FSO_TIER_NVME && fso_backend_host_addressable(cfg->backend));
-}
-
-void fso_zero_buffers_for(const fso_config *cfg, fso_tier param_tier, int prefetch,
-                          fso_zero_buffers *b)
-{
-    const int world = cfg->world > 0 ? cfg->world : 1;
-    const size_t param_bytes = cfg->bf16 ? sizeof(uint16_t) : sizeof(float);
-    /* the largest block: every layer is alike, so a one-layer model has them all */
-    fso_model_config one = cfg->model;
-    fso_block_layout bl[3];
-    size_t max_padded = 0;
-    one.num_hidden_layers = 1;
-    fso_model_layout(bl, &one, world);
-    for (int i = 0; i < 3; i++)
-        if (bl[i].padded_elems > max_padded)
-            max_padded = bl[i].padded_elems;
-    const size_t max_shard = fso_sat_div(max_padded, (size_t)world);
-
-    memset(b, 0, sizeof *b);
-    b->gather = fso_zero_lends_in_place(cfg, world, param_tier) ? 0 : 2;
-    b->gather_bytes = fso_sat_mul(param_bytes, max_padded);
-    b->grad_full = 2;
-    b->grad_full_bytes = fso_sat_mul(sizeof(float), max_padded);
-    b->prefetch_spare = MAX_SPARE_SLOTS;
-    b->max_prefetch = MAX_PARAM_SLOTS - MAX_SPARE_SLOTS;
-    b->prefetch_slots = param_tier == FSO_TIER_NVME ? prefetch + MAX_SPARE_SLOTS : 0;
-    b->prefetch_slot_bytes = fso_sat_round_up(fso_sat_mul(param_bytes, max_shard), STAGE_ALIGN);
-    b->stage_slots = 1;   /* grad_trip */
-    b->landing_slots = 2; /* grad_down[2] */
-    b->stage_slot_bytes = fso_sat_round_up(fso_sat_mul(sizeof(float), max_shard), STAGE_ALIGN);
-    /* optimizer chunks: aio.block_size, at most a shard. A chunk of bf16
-     * parameters takes half a chunk's bytes and must start 4 KiB aligned in
-     * the file (O_DIRECT), so with bf16 a chunk that splits a shard is a
-     * multiple of 8 KiB. */
-    b->chunk_bytes = (size_t)cfg->offload.aio_block_bytes;
-    if (param_bytes < sizeof(float))
-        b->chunk_bytes = (b->chunk_bytes + 2 * STAGE_ALIGN - 1) & ~(size_t)(2 * STAGE_ALIGN - 1);
-    if (b->chunk_bytes > b->stage_slot_bytes)
-        b->chunk_bytes = b->stage_slot_bytes;
-    /* the ring: aio.queue_depth / 4 sets, no more than two shards' chunks */
-    const size_t units = (b->stage_slot_bytes + b->chunk_bytes - 1) / b->chunk_bytes;
-    b->chunk_sets = cfg->offload.aio_queue_depth / 4;
-    if ((size_t)b->chunk_sets > 2 * units)
-        b->chunk_sets = (int)(2 * units);
-    if (b->chunk_sets < 2)
-        b->chunk_sets = 2;
-    if (b->chunk_sets > MAX_CHUNK_SETS)
-        b->chunk_sets = MAX_CHUNK_SETS;
-    b->chunks = b->chunk_sets * FSO_N_KINDS;
-}
-
-/* Host staging of one device, in the arena, with chunk buffers for
- * chunk_kinds kinds and, with landings, the gradients' landing slots. */
-static size_t staging_bytes(const fso_zero_buffers *b, int chunk_kinds, bool landings)
-{
-    const size_t slots = (size_t)b->stage_slots + (landings ? (size_t)b->landing_slots : 0);
-    return fso_sat_add(fso_sat_add(fso_sat_mul(b->prefetch_slot_bytes, (size_t)b->prefetch_slots),
-                                   fso_sat_mul(b->stage_slot_bytes, slots)),
-                       fso_sat_mul(b->chunk_bytes, (size_t)b->chunk_sets * (size_t)chunk_kinds));
-}
-
-void fso_zero_need_for(const fso_config *cfg, fso_zero_need *n)
-{
-    const int world = cfg->world > 0 ? cfg->world : 1;
-    const fso_offload_config *o = &cfg->offload;
-    fso_zero_buffers zb;
-    fso_zero_buffers_for(cfg, fso_offload_tier(o, FSO_KIND_PARAM), o->prefetch_blocks, &zb);
-    const bool addressable = fso_backend_host_addressable(cfg->backend);
-    int chunk_kinds = 0;
-    /* every layer is alike: the embedding, one layer times L, the head */
-    fso_model_config one = cfg->model;
-    fso_block_layout bl[3];
-    one.num_hidden_layers = 1;
-    fso_model_layout(bl, &one, world);
-    const int L = cfg->model.num_hidden_layers, first[3] = {0, 1, L + 1};
-    const uint64_t count[3] = {1, (uint64_t)L, 1};
-
-    memset(n, 0, sizeof *n);
-    for (int k = 0; k < FSO_N_KINDS; k++) {
-        const uint64_t eb = k == FSO_KIND_PARAM && cfg->bf16 ? sizeof(uint16_t) : sizeof(float);
-        const fso_tier t = fso_offload_tier(o, (fso_kind)k);
-        chunk_kinds += t == FSO_TIER_NVME || (t == FSO_TIER_DEVICE && !addressable);
-        uint64_t shard = 0; /* one device's shards of kind k, whole pages each */
-        for (int i = 0; i < 3; i++) {
-            const uint64_t one_shard = fso_sat_round_up(
-                fso_sat_mul(eb, fso_sat_div(bl[i].padded_elems, (uint64_t)world)), STAGE_ALIGN);
-            /* the group's blocks below o->state_host_blocks, and the rest */
-            int64_t below = (int64_t)o->state_host_blocks - first[i];
-            below = below < 0 ? 0 : below > (int64_t)count[i] ? (int64_t)count[i] : below;
-            const uint64_t part[2] = {(uint64_t)below, count[i] - (uint64_t)below};
-            for (int j = 0; j < 2; j++) {
-                const fso_tier bt = j == 0 ? fso_offload_block_tier(o, (fso_kind)k, 0) : t;
-                const uint64_t s = fso_sat_mul(part[j], one_shard);
-                shard = fso_sat_add(shard, s);
-                n->tier[bt] = fso_sat_add(n->tier[bt], bt == FSO_TIER_DEVICE
-                                                           ? s : fso_sat_mul(s, (uint64_t)world));
-            }
-        }
-        n->kind_bytes[k] = fso_sat_mul(shard, (uint64_t)world);
-    }
-    n->activations = fso_model_activation_bytes_for(&cfg->model, cfg->micro_batch,
-                                                    cfg->data.seq_len,
-                                                    cfg->activation_checkpointing, cfg->bf16);
-    if (cfg->bf16 && strcmp(cfg->backend, "cuda") != 0) /* the CPU's fp32 working space */
-        n->activations = fso_sat_add(n->activations, fso_model_cpu_widen_bytes_for(
-                                                         &cfg->model, cfg->micro_batch,
-                                                         cfg->data.seq_len));
-    n->device_buffers = fso_sat_add(fso_sat_mul(zb.gather_bytes, (uint64_t)zb.gather),
-                                    fso_sat_mul(zb.grad_full_bytes, (uint64_t)zb.grad_full));
-    const fso_tier gt = fso_offload_tier(o, FSO_KIND_GRAD);
-    n->staging = staging_bytes(&zb, chunk_kinds,
-                               gt == FSO_TIER_NVME || (gt == FSO_TIER_HOST && !addressable));
-    n->tier[FSO_TIER_DEVICE] =
-        fso_sat_add(n->tier[FSO_TIER_DEVICE], fso_sat_add(n->activations, n->device_buffers));
-    n->tier[FSO_TIER_HOST] =
-        fso_sat_add(n->tier[FSO_TIER_HOST], fso_sat_mul(n->staging, (uint64_t)world));
-}
-
 /* The kinds that need chunk buffers where they live. */
 static int chunk_kinds(const fso_zero *z)
 {
     int n = 0;
     for (int k = 0; k < FSO_N_KINDS; k++)
-        n += chunks_needed(z->ranks[0].be, z->tier[k]);
+        n += fso_fp_chunks_needed(&z->rules, z->tier[k]);
     return n;
 }
 
 /* ------------------------------------------------------------------ layout */
 
 /* Tiers, element types, the blocks and the order params() asks for them. */
-static int setup_layout(fso_zero *z, const fso_config *cfg, fso_zero_buffers *zb, char *err,
+static int setup_layout(fso_zero *z, const fso_config *cfg, fso_fp_buffers *zb, char *err,
                         size_t errlen)
 {
     z->cfg = cfg;
-    z->world = cfg->world > 0 ? cfg->world : 1;
-    for (int k = 0; k < FSO_N_KINDS; k++)
+    fso_zero_fp_rules(cfg, &z->rules);
+    z->world = z->rules.world;
+    for (int k = 0; k < FSO_N_KINDS; k++) {
         z->tier[k] = fso_offload_tier(&cfg->offload, (fso_kind)k);
+        z->elem_bytes[k] = fso_fp_elem_bytes(&z->rules, (fso_kind)k);
+    }
     z->state_host_blocks = cfg->offload.state_host_blocks;
-    for (int k = 0; k < FSO_N_KINDS; k++)
-        z->elem_bytes[k] = sizeof(float);
-    if (cfg->bf16)
-        z->elem_bytes[FSO_KIND_PARAM] = sizeof(uint16_t);
-    fso_zero_buffers_for(cfg, z->tier[FSO_KIND_PARAM], cfg->offload.prefetch_blocks, zb);
-    z->lend_in_place = zb->gather == 0;
     z->prefetch = cfg->offload.prefetch_blocks;
-    z->cuda = strcmp(cfg->backend, "cuda") == 0;
+    z->cuda = fso_backend_find(cfg->backend) == fso_backend_row_of(FSO_BACKEND_CUDA);
     fso_isa isa; /* FSO_ISA, else the widest the CPU has */
     int rc;
     if ((rc = fso_isa_from_env(&isa, err, errlen)) < 0 ||
         (rc = fso_adamw_select(isa, &z->adamw)) < 0)
         return rc;
-    if (cfg->offload.prefetch_blocks > zb->max_prefetch) {
-        snprintf(err, errlen, "train.prefetch_blocks: at most %d, got %d", zb->max_prefetch,
-                 cfg->offload.prefetch_blocks);
-        return -EINVAL;
-    }
 
     const int max_visits = fso_model_max_visits(&cfg->model);
     z->n_blocks = fso_model_n_blocks(&cfg->model);
@@ -217,6 +76,14 @@ static int setup_layout(fso_zero *z, const fso_config *cfg, fso_zero_buffers *zb
             z->max_padded = z->blocks[b].padded_elems;
         if (fso_zero_shard_elems(z, b) > z->max_shard)
             z->max_shard = fso_zero_shard_elems(z, b);
+    }
+    fso_fp_buffers_for(&z->rules, z->max_padded, z->tier[FSO_KIND_PARAM],
+                       cfg->offload.prefetch_blocks, zb);
+    z->lend_in_place = zb->gather == 0;
+    if (cfg->offload.prefetch_blocks > zb->max_prefetch) {
+        snprintf(err, errlen, "train.prefetch_blocks: at most %d, got %d", zb->max_prefetch,
+                 cfg->offload.prefetch_blocks);
+        return -EINVAL;
     }
     /* params() order of one micro-step: the model's visits that lend parameters */
     for (int i = 0, n = fso_model_visits(&cfg->model, visits); i < n; i++)
@@ -384,16 +251,18 @@ static int open_devices(fso_zero *z, const fso_zero_need *need, int threads_per_
  * checked against the memory available. Twice what every kind on the host
  * would need is reserved (address space only), so that re-plans can grow
  * it in place. */
-static int open_arena(fso_zero *z, const fso_zero_buffers *zb, const budget *bud, char *err,
+static int open_arena(fso_zero *z, const fso_fp_buffers *zb, const budget *bud, char *err,
                       size_t errlen)
 {
     const size_t world = (size_t)z->world;
-    const bool landings = fso_zero_landings_needed(z->ranks[0].be, z->tier[FSO_KIND_GRAD]);
+    const bool landings = fso_fp_landing_needed(&z->rules, z->tier[FSO_KIND_GRAD]);
     const size_t bytes =
-        (bud->per_tier[FSO_TIER_HOST] + staging_bytes(zb, chunk_kinds(z), landings)) * world;
-    const size_t most_staging = zb->stage_slot_bytes * (size_t)(MAX_PARAM_SLOTS + zb->stage_slots +
-                                                                zb->landing_slots) +
-                                zb->chunk_bytes * (size_t)zb->chunks;
+        (bud->per_tier[FSO_TIER_HOST] + fso_fp_staging_bytes(zb, chunk_kinds(z), landings)) *
+        world;
+    const size_t most_staging =
+        zb->stage_slot_bytes *
+            (size_t)(FSO_FP_MAX_PARAM_SLOTS + zb->stage_slots + zb->landing_slots) +
+        zb->chunk_bytes * (size_t)zb->chunk_sets * FSO_N_KINDS;
     return fso_zero_arena_init(z, 2 * ((bud->all_kinds + most_staging) * world), bytes, err,
                                errlen);
 }
@@ -407,14 +276,14 @@ static void place_near_devices(fso_zero *z)
 {
     fso_topo *t = NULL;
     char terr[256];
-    if (z->world > 64 || fso_topo_node_count() < 2 ||
+    if (fso_topo_node_count() < 2 ||
         fso_topo_create(&t, NULL, terr, sizeof terr) < 0)
         return;
     if (t->n_numa > 1) {
-        int nodes[64];
-        const char *bus[64] = {NULL};
+        int nodes[FSO_MAX_DEVICES];
+        const char *bus[FSO_MAX_DEVICES] = {NULL};
 #if FSO_HAVE_CUDA
-        fso_gpu_info gi[64];
+        fso_gpu_info gi[FSO_MAX_DEVICES];
         for (int r = 0; z->cuda && r < z->world; r++)
             if (fso_gpu_info_query(r, &gi[r], terr, sizeof terr) == 0)
                 bus[r] = gi[r].pci_bus_id;
@@ -432,7 +301,7 @@ static void place_near_devices(fso_zero *z)
 /* Device rk's shards on their tiers, its gather window and gradient
  * buffers on the device, its staging slots in the arena. *nvme_bytes: the
  * extent of its store in use. */
-static int allocate_rank(rank_state *rk, const fso_zero_buffers *zb, uint64_t *nvme_bytes,
+static int allocate_rank(rank_state *rk, const fso_fp_buffers *zb, uint64_t *nvme_bytes,
                          char *err, size_t errlen)
 {
     fso_zero *z = rk->z;
@@ -469,12 +338,13 @@ static int allocate_rank(rank_state *rk, const fso_zero_buffers *zb, uint64_t *n
     }
     rk->opt.n_sets = zb->chunk_sets;
     for (int k = 0; k < FSO_N_KINDS; k++)
-        for (int set = 0; set < zb->chunk_sets && chunks_needed(be, z->tier[k]); set++)
+        for (int set = 0; set < zb->chunk_sets && fso_fp_chunks_needed(&z->rules, z->tier[k]);
+             set++)
             rk->opt.chunk[set][k].buf = fso_zero_rank_take(rk, zb->chunk_bytes);
     rk->opt.chunk_elems = zb->chunk_bytes / sizeof(float);
     rk->io.grad_trip.buf = fso_zero_rank_take(rk, zb->stage_slot_bytes);
-    for (int i = 0; i < zb->landing_slots && fso_zero_landings_needed(be, z->tier[FSO_KIND_GRAD]);
-         i++)
+    for (int i = 0;
+         i < zb->landing_slots && fso_fp_landing_needed(&z->rules, z->tier[FSO_KIND_GRAD]); i++)
         rk->io.grad_down[i].buf = fso_zero_rank_take(rk, zb->stage_slot_bytes);
     rk->io.landing.block = -1;
     return 0;
@@ -514,7 +384,7 @@ static int start_optimizer(rank_state *rk, int threads, char *err, size_t errlen
 
 static int open_collectives(fso_zero *z, char *err, size_t errlen)
 {
-    fso_backend *devs[64];
+    fso_backend *devs[FSO_MAX_DEVICES];
     char cerr[256] = "";
     for (int r = 0; r < z->world; r++)
         devs[r] = z->ranks[r].be;
@@ -562,7 +432,7 @@ static int initial_values(fso_zero *z, fso_hf_folder *hf, char *err, size_t errl
 int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t errlen)
 {
     fso_zero *z = calloc(1, sizeof *z);
-    fso_zero_buffers zb;
+    fso_fp_buffers zb;
     fso_hf_folder *hf = NULL;
     budget bud;
     int rc;
@@ -570,10 +440,16 @@ int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t err
         snprintf(err, errlen, "out of host memory");
         return -ENOMEM;
     }
+    if (cfg->world > FSO_MAX_DEVICES) {
+        snprintf(err, errlen, "%d devices: fsoff drives at most %d devices in one process",
+                 cfg->world, FSO_MAX_DEVICES);
+        free(z);
+        return -EINVAL;
+    }
     fso_zero_need need;
     fso_zero_need_for(cfg, &need);
     z->cfg = cfg;
-    z->cuda = strcmp(cfg->backend, "cuda") == 0;
+    z->cuda = fso_backend_find(cfg->backend) == fso_backend_row_of(FSO_BACKEND_CUDA);
     if ((rc = check_budgets(z, &need, err, errlen)) < 0 ||
         (rc = setup_layout(z, cfg, &zb, err, errlen)) < 0 ||
         (cfg->init_from[0] && (rc = fso_hf_open(&hf, cfg->init_from, &cfg->model, err, errlen)) < 0))
@@ -708,6 +584,18 @@ uint64_t fso_zero_cpu_device_mem(const fso_config *cfg, uint64_t host_bytes)
 uint64_t fso_zero_host_arena_bytes(const fso_zero *z)
 {
     return z->arena.used;
+}
+
+void fso_zero_allocated(const fso_zero *z, uint64_t *dev, uint64_t tier[FSO_N_TIERS])
+{
+    tier[FSO_TIER_DEVICE] = tier[FSO_TIER_NVME] = 0;
+    tier[FSO_TIER_HOST] = z->arena.used;
+    for (int r = 0; r < z->world; r++) {
+        dev[r] = z->ranks[r].be ? z->ranks[r].be->mem_used_bytes : 0;
+        if (dev[r] > tier[FSO_TIER_DEVICE])
+            tier[FSO_TIER_DEVICE] = dev[r];
+        tier[FSO_TIER_NVME] += z->ranks[r].io.nvme_end;
+    }
 }
 
 const double *fso_zero_block_compute_ms(const fso_zero *z)

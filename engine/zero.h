@@ -38,6 +38,7 @@
 
 #include "coll.h"
 #include "config.h"
+#include "footprint.h"
 #include "model.h"
 #include "store.h"
 
@@ -57,6 +58,9 @@ typedef struct fso_zero_step {
      * step's with train.optimizer_overlap "forward"); in total and by kind */
     uint64_t nvme_read_bytes, nvme_write_bytes;
     uint64_t nvme_kind_read[FSO_N_KINDS], nvme_kind_write[FSO_N_KINDS];
+    /* collective bytes, all ranks: every block each rank gathered and every
+     * block of gradients it reduced, whole, in this step */
+    uint64_t gather_bytes, reduce_bytes;
 } fso_zero_step;
 
 typedef struct fso_zero fso_zero;
@@ -184,46 +188,19 @@ int fso_zero_load_block(fso_zero *z, int b, fso_kind k, float *flat, char *err, 
 /* After loading every block: the state is that of step `steps`. */
 void fso_zero_set_steps(fso_zero *z, int64_t steps);
 
-/* What one device allocates besides its shards and activations, for cfg
- * (its world, model, bf16, aio.block_size) with parameters on param_tier
- * read `prefetch` blocks ahead: fso_zero_create and fso_zero_retier
- * allocate these, and the planner (plan.c) predicts with these counts. */
-typedef struct fso_zero_buffers {
-    /* on the device */
-    int gather;                  /* full-block parameter buffers: 2, or 0 when parameters are
-                                    lent where they live (on the only device; CPU devices,
-                                    parameters in memory) */
-    size_t gather_bytes;         /* each: the largest block in the working type */
-    int grad_full;               /* full-block gradient buffers (2) */
-    size_t grad_full_bytes;      /* each: the largest block, fp32 */
-    /* host staging, in the host arena */
-    int prefetch_slots;          /* parameter ring: prefetch + prefetch_spare when parameters
-                                    are on NVMe, else 0 */
-    int prefetch_spare;          /* slots beyond the prefetch depth */
-    int max_prefetch;            /* the deepest prefetch the engine takes */
-    size_t prefetch_slot_bytes;  /* each: the largest shard in the working type, whole pages */
-    int stage_slots;             /* a shard's round trip (retiers, whole-model copies) */
-    int landing_slots;           /* gradient shards copied down from the devices on their way
-                                    to their tier: only where it is NVMe, or host memory the
-                                    devices cannot address (fso_zero_landings_needed) */
-    size_t stage_slot_bytes;     /* each stage and landing slot: the largest shard, fp32,
-                                    whole pages */
-    int chunk_sets;              /* the optimizer's ring of chunk buffer sets: aio.queue_depth
-                                    / 4, from 2 to 16, no more than the chunks of two shards;
-                                    half of it reads ahead, the rest holds writes behind */
-    int chunks;                  /* optimizer chunk buffers: chunk_sets of each kind that
-                                    needs them (on NVMe, or on a device the CPU cannot address:
-                                    fso_zero_chunks_needed), for the tiers buffers_for is given */
-    size_t chunk_bytes;          /* each: aio.block_size (bf16: a multiple of 8 KiB), at most a
-                                    stage slot */
-} fso_zero_buffers;
-void fso_zero_buffers_for(const fso_config *cfg, fso_tier param_tier, int prefetch,
-                          fso_zero_buffers *b);
+/* The footprint's rules for cfg (footprint.h): its device count, whether
+ * its backend's memory is the host's, each kind's element type (bf16
+ * working parameters with bf16.enabled, else fp32), the aio settings. What
+ * fso_zero_create allocates and what the planner counts follow from them. */
+void fso_zero_fp_rules(const fso_config *cfg, fso_fp_rules *r);
+/* The same for cfg on backend `on` instead of cfg's own (the planner asks
+ * what GPUs would need). */
+void fso_zero_fp_rules_on(const fso_config *cfg, const fso_backend_row *on, fso_fp_rules *r);
 
 /* What a configuration needs on each tier for its placement
- * (cfg->offload's tiers and prefetch depth), by arithmetic alone: nothing
- * is allocated and no layout is built, so a model of any size is sized in
- * microseconds. The counts are checked: one that overflows 64 bits is
+ * (cfg->offload's tiers and prefetch depth), by arithmetic alone
+ * (footprint.h fso_fp_need_for) and the model's activations: nothing is
+ * allocated. The counts are checked: one that overflows 64 bits is
  * FSO_BYTES_OVERFLOW (util.h). This is what fso_zero_create allocates and
  * the planner counts. */
 typedef struct fso_zero_need {
@@ -235,6 +212,8 @@ typedef struct fso_zero_need {
     uint64_t tier[FSO_N_TIERS];  /* device: each device's total; host and NVMe: all devices' */
 } fso_zero_need;
 void fso_zero_need_for(const fso_config *cfg, fso_zero_need *n);
+/* The same for cfg on backend `on` instead of cfg's own. */
+void fso_zero_need_on(const fso_config *cfg, const fso_backend_row *on, fso_zero_need *n);
 /* The need against each device's cap and the host memory fsoff may use
  * (cfg->host_mem_bytes, else what is available; 0: unknown, not checked): 0, or -ENOMEM with one line in err naming the
  * tier, the need and its parts, the capacity, the shortfall and the fix. */
@@ -243,16 +222,13 @@ int fso_zero_check_device(const fso_config *cfg, const fso_zero_need *n, uint64_
 int fso_zero_check_host(const fso_config *cfg, const fso_zero_need *n, uint64_t avail, char *err,
                         size_t errlen);
 
-/* The NVMe bytes one step moves for cfg's placement (fso_offload_tier of
- * each kind), all devices, by kind (read and write hold FSO_N_KINDS):
- * parameters on NVMe are read at every visit that lends them in every
- * micro-batch and written once by AdamW; gradients are written by every
- * micro-batch and read by every one but the first (accumulation) and by
- * AdamW; master, m and v are read and written once. Each shard counts in
- * whole 4 KiB pages, as the drive moves it. What a steady-state step's
- * line counts (fso_zero_step), and the least that placement allows: with
- * exact clipping every gradient waits for the global norm on its tier. */
-void fso_zero_step_nvme_bytes(const fso_config *cfg, uint64_t *read, uint64_t *write);
+/* What one step of cfg's placement (fso_offload_block_tier of each kind
+ * and block) moves, all devices together: footprint.h fso_fp_step_traffic
+ * over the model's blocks and visits. What a steady-state step's counts
+ * (fso_zero_step) meet, and the least that placement allows: with exact
+ * clipping every gradient waits for the global norm on its tier. 0 or
+ * -ENOMEM. */
+int fso_zero_step_traffic(const fso_config *cfg, fso_fp_traffic *t);
 
 /* What each CPU virtual device may hold: cfg->device_mem_bytes (--device-mem)
  * when given, else an equal share of half of cfg->host_mem_bytes (--host-mem)
@@ -272,6 +248,10 @@ int fso_zero_inject_faults(fso_zero *z, int rank, const fso_fault_spec *spec);
 /* Bytes of the host arena in use: host-tier shards and staging buffers of
  * every device. */
 uint64_t fso_zero_host_arena_bytes(const fso_zero *z);
+/* What is allocated now: dev[r] each device's memory in use (world
+ * entries), and on each tier what the planner counts (zero_need.tier): the
+ * largest device's, the host arena's, and every device's NVMe extent. */
+void fso_zero_allocated(const fso_zero *z, uint64_t *dev, uint64_t tier[FSO_N_TIERS]);
 
 /* What a report needs. */
 const fso_model *fso_zero_model(const fso_zero *z);

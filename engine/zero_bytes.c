@@ -1,54 +1,131 @@
-/* zero_bytes.c — the NVMe bytes one step of a placement moves, kind by
- * kind (zero.h fso_zero_step_nvme_bytes): the README's derivation, which
- * the step line's counts meet and `fsoff bench pipeline` times at the
- * store's own rates. */
+/* zero_bytes.c — a configuration's footprint (zero.h): the footprint
+ * module's inputs (footprint.h) from a configuration — its rules, its
+ * model's blocks and visits, its placement — and what it gives back: the
+ * bytes each tier needs, and what one step moves. fso_zero_create
+ * allocates by the same rules, and the planner counts by them. */
 #include "zero.h"
 
+#include <errno.h>
 #include <stdlib.h>
+#include <string.h>
 
-#define PAGE 4096u
+#include "backend.h"
+#include "util.h"
 
-void fso_zero_step_nvme_bytes(const fso_config *cfg, uint64_t *read, uint64_t *write)
+/* cfg's backend's row; an unknown name (refused when the configuration is
+ * checked) counts as a GPU's rules, the larger footprint. */
+static const fso_backend_row *row_for(const fso_config *cfg)
+{
+    const fso_backend_row *row = fso_backend_find(cfg->backend);
+    return row ? row : fso_backend_row_of(FSO_BACKEND_CUDA);
+}
+
+void fso_zero_fp_rules(const fso_config *cfg, fso_fp_rules *r)
+{
+    fso_zero_fp_rules_on(cfg, row_for(cfg), r);
+}
+
+void fso_zero_fp_rules_on(const fso_config *cfg, const fso_backend_row *on, fso_fp_rules *r)
+{
+    memset(r, 0, sizeof *r);
+    r->world = cfg->world > 0 ? cfg->world : 1;
+    r->host_addressable = on->host_addressable;
+    for (int k = 0; k < FSO_N_KINDS; k++)
+        r->dtype[k] = FSO_DT_F32;
+    if (cfg->bf16)
+        r->dtype[FSO_KIND_PARAM] = FSO_DT_BF16;
+    r->aio_block_bytes = (size_t)cfg->offload.aio_block_bytes;
+    r->aio_queue_depth = cfg->offload.aio_queue_depth;
+}
+
+static fso_tier config_tier(const void *ctx, int b, fso_kind k)
+{
+    return fso_offload_block_tier(ctx, k, b);
+}
+
+/* The model's blocks, padded for the rules' device count, placed by cfg.
+ * l->padded_elems is malloc'ed (free it). 0 or -ENOMEM. */
+static int config_layout(const fso_config *cfg, const fso_fp_rules *r, fso_fp_layout *l)
+{
+    const int nb = fso_model_n_blocks(&cfg->model);
+    fso_block_layout *bl = calloc((size_t)nb, sizeof *bl);
+    uint64_t *padded = calloc((size_t)nb, sizeof *padded);
+    if (!bl || !padded) {
+        free(bl);
+        free(padded);
+        return -ENOMEM;
+    }
+    fso_model_layout(bl, &cfg->model, r->world);
+    for (int b = 0; b < nb; b++)
+        padded[b] = bl[b].padded_elems;
+    free(bl);
+    *l = (fso_fp_layout){.n_blocks = nb, .padded_elems = padded, .tier = config_tier,
+                         .ctx = &cfg->offload, .prefetch = cfg->offload.prefetch_blocks};
+    return 0;
+}
+
+void fso_zero_need_for(const fso_config *cfg, fso_zero_need *n)
+{
+    fso_zero_need_on(cfg, row_for(cfg), n);
+}
+
+void fso_zero_need_on(const fso_config *cfg, const fso_backend_row *on, fso_zero_need *n)
+{
+    fso_fp_rules r;
+    fso_fp_layout l;
+    fso_fp_need fp;
+    memset(n, 0, sizeof *n);
+    fso_zero_fp_rules_on(cfg, on, &r);
+    if (config_layout(cfg, &r, &l) < 0) { /* no room to count in: nothing fits */
+        for (int t = 0; t < FSO_N_TIERS; t++)
+            n->tier[t] = FSO_BYTES_OVERFLOW;
+        return;
+    }
+    fso_fp_need_for(&r, &l, &fp);
+    free((void *)l.padded_elems);
+    for (int k = 0; k < FSO_N_KINDS; k++)
+        for (int t = 0; t < FSO_N_TIERS; t++)
+            n->kind_bytes[k] = fso_sat_add(n->kind_bytes[k],
+                                           t == FSO_TIER_DEVICE
+                                               ? fso_sat_mul(fp.kind_bytes[t][k], (uint64_t)r.world)
+                                               : fp.kind_bytes[t][k]);
+    n->activations = fso_model_activation_bytes_for(&cfg->model, cfg->micro_batch,
+                                                    cfg->data.seq_len,
+                                                    cfg->activation_checkpointing, cfg->bf16);
+    if (cfg->bf16 && !on->gpu) /* the CPU's fp32 working space */
+        n->activations = fso_sat_add(n->activations, fso_model_cpu_widen_bytes_for(
+                                                         &cfg->model, cfg->micro_batch,
+                                                         cfg->data.seq_len));
+    n->device_buffers = fp.device_buffers;
+    n->staging = fp.staging;
+    for (int t = 0; t < FSO_N_TIERS; t++)
+        n->tier[t] = fp.tier[t];
+    n->tier[FSO_TIER_DEVICE] = fso_sat_add(n->tier[FSO_TIER_DEVICE], n->activations);
+}
+
+int fso_zero_step_traffic(const fso_config *cfg, fso_fp_traffic *t)
 {
     const fso_model_config *mc = &cfg->model;
-    const uint64_t W = (uint64_t)(cfg->world > 0 ? cfg->world : 1), G = (uint64_t)cfg->grad_accum;
     const int nb = fso_model_n_blocks(mc), nv = fso_model_max_visits(mc);
-    fso_block_layout *bl = calloc((size_t)nb, sizeof *bl);
+    fso_fp_rules r;
+    fso_fp_layout l;
+    memset(t, 0, sizeof *t);
+    fso_zero_fp_rules(cfg, &r);
     fso_block_visit *visits = calloc((size_t)nv, sizeof *visits);
-    uint64_t *lent = calloc((size_t)nb, sizeof *lent); /* parameter visits per micro-batch */
-    for (int k = 0; k < FSO_N_KINDS; k++)
-        read[k] = write[k] = 0;
-    if (!bl || !visits || !lent)
-        goto out;
-    fso_model_layout(bl, mc, (int)W);
-    for (int i = 0, n = fso_model_visits(mc, visits); i < n; i++)
-        if (visits[i].params)
-            lent[visits[i].block]++;
-    for (int b = 0; b < nb; b++) {
-        const uint64_t S = bl[b].padded_elems / W;
-        for (int k = 0; k < FSO_N_KINDS; k++) {
-            if (fso_offload_block_tier(&cfg->offload, (fso_kind)k, b) != FSO_TIER_NVME)
-                continue;
-            const uint64_t eb = k == FSO_KIND_PARAM && cfg->bf16 ? 2 : 4;
-            const uint64_t shard = (eb * S + PAGE - 1) / PAGE * PAGE * W; /* all devices */
-            switch (k) {
-            case FSO_KIND_PARAM: /* read at every visit that lends them, written by AdamW */
-                read[k] += lent[b] * G * shard;
-                write[k] += shard;
-                break;
-            case FSO_KIND_GRAD: /* each micro-batch adds into them (the first overwrites);
-                                   AdamW reads them */
-                read[k] += G * shard;
-                write[k] += G * shard;
-                break;
-            default: /* master, m, v: read and written by AdamW */
-                read[k] += shard;
-                write[k] += shard;
-            }
+    int *pv = calloc((size_t)nb, sizeof *pv), *gv = calloc((size_t)nb, sizeof *gv);
+    int rc = -ENOMEM;
+    if (visits && pv && gv && (rc = config_layout(cfg, &r, &l)) == 0) {
+        for (int i = 0, n = fso_model_visits(mc, visits); i < n; i++) {
+            pv[visits[i].block] += visits[i].params;
+            gv[visits[i].block] += visits[i].grads;
         }
+        const fso_fp_uses u = {.param_visits = pv, .grad_visits = gv,
+                               .grad_accum = cfg->grad_accum};
+        fso_fp_step_traffic(&r, &l, &u, t);
+        free((void *)l.padded_elems);
     }
-out:
-    free(bl);
     free(visits);
-    free(lent);
+    free(pv);
+    free(gv);
+    return rc;
 }

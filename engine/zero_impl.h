@@ -19,11 +19,8 @@
 #include <stdint.h>
 
 #include "adamw.h"
+#include "footprint.h"
 #include "zero.h"
-
-#define STAGE_ALIGN 4096
-#define MAX_PARAM_SLOTS 18 /* prefetch ring: up to 16 blocks ahead */
-#define MAX_CHUNK_SETS 16  /* the optimizer's ring of chunk buffer sets */
 
 /* A host staging buffer for one shard and the I/O outstanding on it. */
 typedef struct slot {
@@ -103,12 +100,12 @@ typedef struct rank_io {
     pthread_mutex_t mu;          /* the store's ring, shared with the optimizer thread */
     pthread_mutex_t pf_mu;       /* the prefetch ring's blocks and compute.order_pos: the
                                     optimizer thread starts reads too (fso_zero_prefetch_kick) */
-    slot prefetch[MAX_PARAM_SLOTS]; /* parameter prefetch ring */
+    slot prefetch[FSO_FP_MAX_PARAM_SLOTS]; /* parameter prefetch ring */
     int n_prefetch;              /* in use: prefetch + 2 when parameters are on NVMe */
     int n_prefetch_bufs;         /* with a buffer (a re-plan may use fewer) */
     slot grad_trip;              /* a gradient shard's round trip; whole-model copies */
     slot grad_down[2];           /* gradient shards copied down from the device; no buffers
-                                    where none land (fso_zero_landings_needed) */
+                                    where none land (fso_fp_landing_needed) */
     grad_pending landing;        /* the block whose shard is on its way down (block -1 none) */
 } rank_io;
 
@@ -116,9 +113,9 @@ typedef struct rank_io {
  * buffers it streams state through, and what it measured. */
 typedef struct rank_optim {
     struct fso_optpool *pool;
-    slot chunk[MAX_CHUNK_SETS][FSO_N_KINDS]; /* a ring of chunk buffer sets: read ahead,
+    slot chunk[FSO_FP_MAX_CHUNK_SETS][FSO_N_KINDS]; /* a ring of chunk buffer sets: read ahead,
                                     updated, written behind */
-    int n_sets;                  /* sets in the ring (fso_zero_buffers chunk_sets) */
+    int n_sets;                  /* sets in the ring (fso_fp_buffers chunk_sets) */
     size_t chunk_elems;
     uint64_t after;              /* the running job's mark: its device copies wait for that
                                     work only, not for compute queued since */
@@ -182,7 +179,7 @@ typedef struct host_arena {
 /* The threads of devices 1..world-1, started once (device 0 runs on the
  * caller's thread): run_ranks hands each the same job and waits (zero_step.c). */
 typedef struct rank_threads {
-    pthread_t workers[64];
+    pthread_t workers[FSO_MAX_DEVICES];
     int n_workers;
     pthread_mutex_t mu;
     pthread_cond_t run_cv, done_cv;
@@ -245,8 +242,10 @@ struct fso_zero {
     int world, n_blocks;
     fso_block_layout *blocks;
     size_t max_padded, max_shard; /* elements */
-    size_t elem_bytes[FSO_N_KINDS]; /* per kind: 2 for bf16 working parameters
-                                     (bf16.enabled), else 4 (fp32) */
+    fso_fp_rules rules;          /* the footprint's rules (footprint.h): what is allocated
+                                    and moved follows from them */
+    size_t elem_bytes[FSO_N_KINDS]; /* per kind, the rules' (fso_fp_elem_bytes): 2 for bf16
+                                     working parameters (bf16.enabled), else 4 (fp32) */
     fso_tier tier[FSO_N_KINDS];
     int state_host_blocks;       /* blocks below it keep NVMe kinds of optimizer state on the
                                     host (fso_zero_block_tier) */
@@ -270,32 +269,10 @@ struct fso_zero {
 };
 
 
-static inline size_t round_page(size_t b)
-{
-    return (b + STAGE_ALIGN - 1) & ~(size_t)(STAGE_ALIGN - 1);
-}
-
-/* Whether shards on tier t pass through the optimizer's chunk buffers: on
- * NVMe, or on a device the CPU cannot address; elsewhere AdamW works on
- * them in place. A kind gets its ring of chunk buffers only then. */
-static inline bool chunks_needed(const fso_backend *be, fso_tier t)
-{
-    return t == FSO_TIER_NVME || (t == FSO_TIER_DEVICE && !be->ops->host_addressable);
-}
-
 /* The tier of block b's shards of kind k (config.h fso_offload_block_tier). */
 static inline fso_tier fso_zero_block_tier(const fso_zero *z, int b, fso_kind k)
 {
     return fso_block_tier_rule(z->tier[k], k, b, z->state_host_blocks);
-}
-
-/* Whether gradients on tier t land through io.grad_down: copied down from
- * the device first (src_grads_done, zero_source.c). Devices the CPU
- * addresses reduce straight into a host tier; a device tier is added to
- * where it is. */
-static inline bool fso_zero_landings_needed(const fso_backend *be, fso_tier t)
-{
-    return t == FSO_TIER_NVME || (t == FSO_TIER_HOST && !be->ops->host_addressable);
 }
 
 /* zero_arena.c: the host arena */
@@ -349,9 +326,6 @@ loc *fso_zero_locate(rank_state *rk, int b, fso_kind k);
  * advances). 0, or negative errno with err (device memory short). */
 int fso_zero_place_shard(rank_state *rk, int b, fso_kind k, fso_tier tier, uint64_t *nvme_off,
                          loc *out, char *err, size_t errlen);
-/* Whether parameters on param_tier are lent where they live on `world`
- * devices of cfg's backend (zero.c says when). */
-bool fso_zero_lends_in_place(const fso_config *cfg, int world, fso_tier param_tier);
 /* Whether shards of kind k on `tier` are parts of a block's shared buffer
  * (lent_block): parameters lent in place on more than one device. */
 bool fso_zero_block_shared(const fso_zero *z, fso_kind k, fso_tier tier);

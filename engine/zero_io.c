@@ -140,7 +140,7 @@ void fso_zero_drain_slots(rank_state *rk, bool with_optimizer)
 {
     if (!rk->io.store)
         return;
-    slot *all[MAX_PARAM_SLOTS + MAX_CHUNK_SETS * FSO_N_KINDS + 1];
+    slot *all[FSO_FP_MAX_PARAM_SLOTS + FSO_FP_MAX_CHUNK_SETS * FSO_N_KINDS + 1];
     int n = 0;
     for (int j = 0; j < rk->io.n_prefetch; j++)
         all[n++] = &rk->io.prefetch[j];

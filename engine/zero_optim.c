@@ -290,8 +290,8 @@ static int update_blocks(rank_state *rk, const fso_adamw_step *as, int b0, int b
     const size_t ch = rk->opt.chunk_elems;
     const int K = rk->opt.n_sets, ahead = K / 2 > 0 ? K / 2 : 1;
     slot(*const ring)[FSO_N_KINDS] = rk->opt.chunk;
-    unit u[MAX_CHUNK_SETS];
-    float *p[MAX_CHUNK_SETS][FSO_N_KINDS];
+    unit u[FSO_FP_MAX_CHUNK_SETS];
+    float *p[FSO_FP_MAX_CHUNK_SETS][FSO_N_KINDS];
     int64_t issued = 0, done = 0, block_first = 0;
     unit next = {b0, 0, 0};
     next.n = fso_zero_shard_elems(z, b0) < ch ? fso_zero_shard_elems(z, b0) : ch;

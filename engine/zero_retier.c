@@ -23,7 +23,7 @@ typedef struct retier_plan {
     const fso_offload_config *o;
     fso_tier want[FSO_N_KINDS];
     int state_host_blocks;       /* o's (config.h fso_offload_block_tier) */
-    fso_zero_buffers zb;
+    fso_fp_buffers zb;
     bool lend_in_place;
     size_t add[FSO_N_TIERS];     /* what each device gains on each tier (the same on all) */
 } retier_plan;
@@ -128,9 +128,9 @@ static void growth(const fso_zero *z, retier_plan *m)
         m->add[FSO_TIER_HOST] += m->zb.prefetch_slot_bytes * (size_t)more_slots;
     const rank_state *rk = &z->ranks[0];
     for (int k = 0; k < FSO_N_KINDS; k++)
-        if (chunks_needed(rk->be, m->want[k]) && !rk->opt.chunk[0][k].buf)
+        if (fso_fp_chunks_needed(&z->rules, m->want[k]) && !rk->opt.chunk[0][k].buf)
             m->add[FSO_TIER_HOST] += m->zb.chunk_bytes * (size_t)rk->opt.n_sets;
-    if (fso_zero_landings_needed(rk->be, m->want[FSO_KIND_GRAD]) && !rk->io.grad_down[0].buf)
+    if (fso_fp_landing_needed(&z->rules, m->want[FSO_KIND_GRAD]) && !rk->io.grad_down[0].buf)
         m->add[FSO_TIER_HOST] += m->zb.stage_slot_bytes * (size_t)m->zb.landing_slots;
 }
 
@@ -160,7 +160,7 @@ static int make_room(fso_zero *z, const retier_plan *m, char *err, size_t errlen
                  h2);
         return -ENOMEM;
     }
-    return fso_zero_arena_grow(z, round_page(z->arena.used) + host, err, errlen);
+    return fso_zero_arena_grow(z, fso_fp_round_page(z->arena.used) + host, err, errlen);
 }
 
 /* Phase 1 on one device: room on its store, a gather window if it needs
@@ -246,10 +246,10 @@ static void retier_switch(rank_state *rk, const retier_plan *m, retier_job *j)
     if (m->zb.prefetch_slots > rk->io.n_prefetch_bufs)
         rk->io.n_prefetch_bufs = m->zb.prefetch_slots;
     for (int k = 0; k < FSO_N_KINDS; k++) /* chunk buffers for kinds that now need them */
-        for (int set = 0; set < rk->opt.n_sets && chunks_needed(be, m->want[k]) &&
+        for (int set = 0; set < rk->opt.n_sets && fso_fp_chunks_needed(&z->rules, m->want[k]) &&
                           !rk->opt.chunk[set][k].buf; set++)
             rk->opt.chunk[set][k].buf = fso_zero_rank_take(rk, m->zb.chunk_bytes);
-    const bool landings = fso_zero_landings_needed(be, m->want[FSO_KIND_GRAD]);
+    const bool landings = fso_fp_landing_needed(&z->rules, m->want[FSO_KIND_GRAD]);
     for (int i = 0; i < m->zb.landing_slots && landings && !rk->io.grad_down[i].buf; i++)
         rk->io.grad_down[i].buf = fso_zero_rank_take(rk, m->zb.stage_slot_bytes);
     rk->io.n_prefetch = m->zb.prefetch_slots;
@@ -276,7 +276,7 @@ int fso_zero_retier(fso_zero *z, const fso_offload_config *o, uint64_t *bytes_mo
         return -EINVAL;
     }
     *bytes_moved = 0;
-    fso_zero_buffers_for(z->cfg, m.want[FSO_KIND_PARAM], o->prefetch_blocks, &m.zb);
+    fso_fp_buffers_for(&z->rules, z->max_padded, m.want[FSO_KIND_PARAM], o->prefetch_blocks, &m.zb);
     if (o->prefetch_blocks < 0 || o->prefetch_blocks > m.zb.max_prefetch) {
         snprintf(err, errlen, "re-plan: prefetch depth %d: must be 0 to %d", o->prefetch_blocks,
                  m.zb.max_prefetch);

@@ -344,11 +344,10 @@ static int save_piece(saver *sv, rank_state *rk, int b, fso_kind k, size_t c0, s
 {
     const size_t bytes = sizeof(float) * n;
     loc *l = fso_zero_locate(rk, b, k);
-    const bool addressable = l->tier == FSO_TIER_HOST ||
-                             (l->tier == FSO_TIER_DEVICE && rk->be->ops->host_addressable);
+    const bool addressable = fso_fp_cpu_reaches(&rk->z->rules, l->tier);
     const char *src = addressable ? (const char *)l->ptr + sizeof(float) * c0 : NULL;
     int rc;
-    if (src && (uintptr_t)src % STAGE_ALIGN == 0) {
+    if (src && (uintptr_t)src % FSO_IO_PAGE == 0) {
         if ((rc = record(sv, dst, bytes, src)) < 0)
             return rc;
         sv->direct[b]++;
@@ -452,7 +451,7 @@ int fso_zero_save_stream(fso_zero *z, fso_zero_save_spec *spec)
     spec->n_pieces = 0;
     spec->bytes = spec->cloned_bytes = 0;
     spec->err[0] = '\0';
-    if (spec->piece_bytes == 0 || spec->piece_bytes % STAGE_ALIGN) {
+    if (spec->piece_bytes == 0 || spec->piece_bytes % FSO_IO_PAGE) {
         fso_zero_save_disarm(z);
         return fail(&sv, -EINVAL, "checkpoint pieces of %zu bytes: must be whole 4 KiB pages",
                     spec->piece_bytes);

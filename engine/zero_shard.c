@@ -16,7 +16,7 @@
 
 size_t fso_zero_shard_elems(const fso_zero *z, int b)
 {
-    return z->blocks[b].padded_elems / (size_t)z->world;
+    return fso_fp_shard_elems(&z->rules, z->blocks[b].padded_elems);
 }
 
 loc *fso_zero_locate(rank_state *rk, int b, fso_kind k)
@@ -26,12 +26,12 @@ loc *fso_zero_locate(rank_state *rk, int b, fso_kind k)
 
 size_t fso_zero_shard_bytes(const fso_zero *z, int b, fso_kind k)
 {
-    return round_page(z->elem_bytes[k] * fso_zero_shard_elems(z, b));
+    return fso_fp_shard_bytes(&z->rules, z->blocks[b].padded_elems, k);
 }
 
 bool fso_zero_block_shared(const fso_zero *z, fso_kind k, fso_tier tier)
 {
-    return k == FSO_KIND_PARAM && z->world > 1 && fso_zero_lends_in_place(z->cfg, z->world, tier);
+    return k == FSO_KIND_PARAM && z->world > 1 && fso_fp_lends_in_place(&z->rules, tier);
 }
 
 lent_block *fso_zero_lent(fso_zero *z, int b, fso_tier tier)
@@ -55,7 +55,7 @@ static int place_shared(rank_state *rk, int b, fso_tier tier, loc *out, char *er
         return rc;
     }
     if (!lb->base) {
-        lb->bytes = round_page(part * (size_t)z->world);
+        lb->bytes = fso_fp_round_page(part * (size_t)z->world);
         if (tier == FSO_TIER_HOST) {
             lb->base = fso_zero_rank_take(rk, lb->bytes);
         } else if (!(lb->base = fso_io_alloc_lean(lb->bytes))) {
@@ -125,8 +125,7 @@ void fso_zero_release_shard(rank_state *rk, int b, fso_kind k, loc *l)
 
 static bool addressable(const rank_state *rk, const loc *l)
 {
-    return l->tier == FSO_TIER_HOST ||
-           (l->tier == FSO_TIER_DEVICE && rk->be->ops->host_addressable);
+    return fso_fp_cpu_reaches(&rk->z->rules, l->tier);
 }
 
 void *fso_zero_xfer_dest(rank_state *rk, int b, fso_kind k, size_t c0, slot *s, bool in_place)
@@ -161,11 +160,11 @@ static int xfer_via(rank_state *rk, errsink *es, uint64_t *bytes_done, int b, fs
     switch (l->tier) {
     case FSO_TIER_NVME:
         /* O_DIRECT: whole pages at page offsets. Chunks start at a multiple
-         * of 4 KiB of the kind's bytes (fso_zero_buffers chunk_bytes) and
+         * of 4 KiB of the kind's bytes (fso_fp_buffers chunk_bytes) and
          * shards are whole pages (model.h padded_elems); what the drive
          * moves is what is counted */
-        __atomic_fetch_add(&bytes_done[k], round_page(bytes), __ATOMIC_RELAXED);
-        return fso_zero_queue_io(rk, es, s, write, buf, round_page(bytes), l->off + eb * c0);
+        __atomic_fetch_add(&bytes_done[k], fso_fp_round_page(bytes), __ATOMIC_RELAXED);
+        return fso_zero_queue_io(rk, es, s, write, buf, fso_fp_round_page(bytes), l->off + eb * c0);
     case FSO_TIER_HOST:
         if (write)
             memcpy(shard, buf, bytes);

@@ -213,7 +213,7 @@ static void *window_part(rank_state *rk, int64_t q, size_t bytes)
         free_now = free_now && sc->released[(size_t)w * z->world + k] >= q - sc->n;
     pthread_mutex_unlock(&sc->mu);
     char *part = (char *)window_of(z, q) + (size_t)rk->rank * bytes;
-    return free_now && (uintptr_t)part % STAGE_ALIGN == 0 && bytes % STAGE_ALIGN == 0 ? part
+    return free_now && (uintptr_t)part % FSO_IO_PAGE == 0 && bytes % FSO_IO_PAGE == 0 ? part
                                                                                  : NULL;
 }
 
@@ -226,7 +226,7 @@ static void sc_reduce(rank_state *rk, int g, size_t S, float *dst, bool accumula
     fso_zero *z = rk->z;
     shared_coll *sc = &z->sc;
     const int64_t p = rk->compute.reduces++;
-    const float *src[64];
+    const float *src[FSO_MAX_DEVICES];
     pthread_mutex_lock(&sc->mu);
     sc->rs_src[rk->rank * 2 + p % 2] = rk->compute.grad_full[g];
     sc->rs_posted[rk->rank] = p;
@@ -359,6 +359,7 @@ static const void *src_params(void *ctx, int b)
     }
     /* Every rank joins the gather even after a failure, so no rank waits
      * forever; the step is discarded afterwards. */
+    rk->compute.st.gather_bytes += (uint64_t)z->world * S * eb; /* the whole block arrives */
     if (z->sc.on) {
         sc_set(&z->sc, z->world, z->sc.placed, (int)(q % z->sc.n), rk->rank, q);
         sc_wait(&z->sc, z->world, z->sc.placed, (int)(q % z->sc.n), q);
@@ -463,11 +464,13 @@ static void src_grads_done(void *ctx, int b)
     float *mine = rk->compute.grad_full[g] + (size_t)rk->rank * S;
     const bool last = rk->compute.micro == z->cfg->grad_accum - 1;
     loc *l = fso_zero_locate(rk, b, FSO_KIND_GRAD);
-    const bool direct = be->ops->host_addressable && l->tier != FSO_TIER_NVME;
+    const bool direct = z->rules.host_addressable && l->tier != FSO_TIER_NVME;
 
     /* shared reduces (CPU devices) add into the tier themselves, and take
      * the norm of a host-tier shard as they go */
     bool fused_norm = false;
+    rk->compute.st.reduce_bytes += (uint64_t)z->world * S * sizeof(float); /* the whole block
+                                                                              leaves */
     if (z->sc.on) {
         fused_norm = direct && last && l->tier == FSO_TIER_HOST;
         if (fused_norm)

@@ -288,11 +288,15 @@ int fso_zero_step_run(fso_zero *z, const int32_t *inputs, const int32_t *targets
     st->nvme_read_bytes = st->nvme_write_bytes = 0;
     memset(st->nvme_kind_read, 0, sizeof st->nvme_kind_read);
     memset(st->nvme_kind_write, 0, sizeof st->nvme_kind_write);
-    for (int r = 0; r < z->world; r++)
+    st->gather_bytes = st->reduce_bytes = 0;
+    for (int r = 0; r < z->world; r++) {
         for (int k = 0; k < FSO_N_KINDS; k++) {
             st->nvme_kind_read[k] += z->ranks[r].compute.st.nvme_kind_read[k];
             st->nvme_kind_write[k] += z->ranks[r].compute.st.nvme_kind_write[k];
         }
+        st->gather_bytes += z->ranks[r].compute.st.gather_bytes;
+        st->reduce_bytes += z->ranks[r].compute.st.reduce_bytes;
+    }
     for (int k = 0; k < FSO_N_KINDS; k++) {
         st->nvme_read_bytes += st->nvme_kind_read[k];
         st->nvme_write_bytes += st->nvme_kind_write[k];

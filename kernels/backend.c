@@ -81,9 +81,26 @@ int fso_backend_create_virtual(fso_backend **out, const char *name, int device, 
     return 0;
 }
 
-int fso_backend_host_addressable(const char *name)
+static const fso_backend_row rows[FSO_N_BACKENDS] = {
+    {FSO_BACKEND_CPU, "cpu", true, false},
+    {FSO_BACKEND_CPU_REF, "cpu-ref", true, false},
+    {FSO_BACKEND_CPU_ASYNC, "cpu-async", false, false},
+    {FSO_BACKEND_CUDA, "cuda", false, true},
+};
+
+const fso_backend_row *fso_backend_find(const char *name)
 {
-    return !name[0] || strcmp(name, "cpu") == 0 || strcmp(name, "cpu-ref") == 0;
+    if (!name[0])
+        return &rows[FSO_BACKEND_CPU];
+    for (int i = 0; i < FSO_N_BACKENDS; i++)
+        if (strcmp(name, rows[i].name) == 0)
+            return &rows[i];
+    return NULL;
+}
+
+const fso_backend_row *fso_backend_row_of(fso_backend_kind k)
+{
+    return &rows[k];
 }
 
 void fso_backend_destroy(fso_backend *be)

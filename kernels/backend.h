@@ -229,10 +229,27 @@ int fso_backend_create(fso_backend **out, const char *name, int threads);
  * memory cap (0: none). */
 int fso_backend_create_virtual(fso_backend **out, const char *name, int device, int threads,
                                size_t mem_cap_bytes);
-/* Whether backend `name`'s buffers are host memory the CPU may use
- * (ops->host_addressable), known before one is created: yes for "cpu",
- * "cpu-ref" and "" (the default, cpu); no for "cpu-async" and "cuda". */
-int fso_backend_host_addressable(const char *name);
+/* The backends fsoff knows, one row each: what is known of a backend before
+ * one is created. Every capability question asks the row, never the name.
+ * A row's host_addressable is its ops' (test_ops holds them equal). */
+typedef enum fso_backend_kind {
+    FSO_BACKEND_CPU = 0,  /* "cpu": the fast CPU backend, the default */
+    FSO_BACKEND_CPU_REF,  /* "cpu-ref": the plain reference */
+    FSO_BACKEND_CPU_ASYNC,/* "cpu-async": a CPU device with a discrete GPU's rules */
+    FSO_BACKEND_CUDA,     /* "cuda": a GPU (the CUDA module, cuda_backend.h) */
+    FSO_N_BACKENDS,
+} fso_backend_kind;
+typedef struct fso_backend_row {
+    fso_backend_kind kind;
+    const char *name;
+    bool host_addressable;  /* its buffers are host memory the CPU may use */
+    bool gpu;               /* a GPU: its own memory, bf16 computed as bf16 (the CPU
+                               backends widen bf16 tensors to fp32 working space) */
+} fso_backend_row;
+/* The row of backend `name` ("" is "cpu"); NULL for a name fsoff does not know. */
+const fso_backend_row *fso_backend_find(const char *name);
+/* The row of kind k. */
+const fso_backend_row *fso_backend_row_of(fso_backend_kind k);
 /* Memory a host-addressable device holds outside buf_alloc: its part of a
  * buffer that several CPU devices share (the engine lends a block of
  * parameters from the one buffer its devices' shards are parts of).

@@ -18,6 +18,10 @@
 
 #include "backend.h"
 
+/* The most devices one process drives: every per-device table in fsoff
+ * is this long, and fso_zero_create refuses more. */
+#define FSO_MAX_DEVICES 64
+
 typedef struct fso_coll fso_coll;
 
 typedef struct fso_coll_ops {
@@ -44,7 +48,7 @@ struct fso_coll {
     const fso_coll_ops *ops;
     void *ctx;
     int world;
-    double busy_ms[64];   /* per rank: time inside collectives, for reports */
+    double busy_ms[FSO_MAX_DEVICES];   /* per rank: time inside collectives, for reports */
 };
 
 /* Shared-memory collectives among `world` threads of this process. */

@@ -20,7 +20,7 @@
 #include "cuda_impl.h"
 #include "util.h"
 
-#define MAX_WORLD 64
+#define MAX_WORLD FSO_MAX_DEVICES
 #define MAX_F64 64
 
 struct nccl_ctx {

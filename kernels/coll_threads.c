@@ -14,7 +14,7 @@
 #include "coll.h"
 #include "util.h"
 
-#define MAX_WORLD 64
+#define MAX_WORLD FSO_MAX_DEVICES
 
 struct slot {
     const void *gather;   /* all-gather's send, any element type */

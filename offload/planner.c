@@ -8,7 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define PAGE 4096u
 #define JOIN FSO_N_STREAMS  /* a zero-length event on no stream: waits for its inputs */
 #define SIM_STEPS 3         /* the prediction is the last step's length */
 
@@ -44,14 +43,24 @@ void fso_placement_uniform(fso_placement *pl, int n_blocks, int param_tier, int 
 
 /* ------------------------------------------------------------------ sizes */
 
-static uint64_t round_page(uint64_t b)
+/* The engine's footprint rules on this machine's devices. */
+static fso_fp_rules rules_of(const fso_plan_input *in)
 {
-    return (b + PAGE - 1) / PAGE * PAGE;
+    fso_fp_rules r = in->engine.rules;
+    r.world = in->machine.devices;
+    return r;
 }
 
-static int kind_bytes_per_elem(const fso_plan_model *m, int k)
+static int kind_bytes_per_elem(const fso_plan_input *in, int k)
 {
-    return k == FSO_KIND_PARAM ? m->param_bytes : k == FSO_KIND_GRAD ? m->grad_bytes : m->state_bytes;
+    return (int)fso_dtype_size(in->engine.rules.dtype[k]);
+}
+
+/* Bytes of one shard of kind k of block b, as the engine allocates it. */
+static uint64_t shard_bytes(const fso_plan_input *in, int b, int k)
+{
+    const fso_fp_rules r = rules_of(in);
+    return fso_fp_shard_bytes(&r, in->model.block_elems[b], (fso_kind)k);
 }
 
 static uint64_t shard_elems(const fso_plan_input *in, int b)
@@ -60,83 +69,35 @@ static uint64_t shard_elems(const fso_plan_input *in, int b)
     return (in->model.block_elems[b] + w - 1) / w;
 }
 
-/* Bytes of one shard of kind k of block b (what zero.c allocates per shard). */
-static uint64_t shard_bytes(const fso_plan_input *in, int b, int k)
-{
-    return round_page(shard_elems(in, b) * (uint64_t)kind_bytes_per_elem(&in->model, k));
-}
-
 /* Block b is lent where its parameters live: no copy in, no gather. */
 static bool aliased(const fso_plan_input *in, const fso_placement *pl, int b)
 {
-    return in->engine.lend_in_place[pl->tier[FSO_KIND_PARAM][b]];
+    const fso_fp_rules r = rules_of(in);
+    return fso_fp_lends_in_place(&r, (fso_tier)pl->tier[FSO_KIND_PARAM][b]);
 }
 
-static bool any_param_on(const fso_placement *pl, int tier)
+static fso_tier placement_tier(const void *ctx, int b, fso_kind k)
 {
-    for (int b = 0; b < pl->n_blocks; b++)
-        if (pl->tier[FSO_KIND_PARAM][b] == tier)
-            return true;
-    return false;
+    const fso_placement *pl = ctx;
+    return (fso_tier)pl->tier[k][b];
 }
 
-static bool needs_window(const fso_plan_input *in, const fso_placement *pl)
-{
-    for (int b = 0; b < pl->n_blocks; b++)
-        if (!aliased(in, pl, b))
-            return true;
-    return false;
-}
-
-static uint64_t max_block_elems(const fso_plan_model *m)
-{
-    uint64_t x = 0;
-    for (int b = 0; b < m->n_blocks; b++)
-        if (m->block_elems[b] > x)
-            x = m->block_elems[b];
-    return x;
-}
-
-/* Fills the memory fields of out; returns true when everything fits. */
+/* Fills the memory fields of out, as the engine allocates for the
+ * placement (footprint.h); returns true when everything fits. */
 static bool size_placement(const fso_plan_input *in, const fso_placement *pl, fso_plan *out)
 {
     const fso_plan_model *m = &in->model;
     const fso_plan_machine *mc = &in->machine;
     const uint64_t W = (uint64_t)mc->devices;
-    memset(out->kind_bytes, 0, sizeof out->kind_bytes);
-    for (int b = 0; b < m->n_blocks; b++)
-        for (int k = 0; k < FSO_N_KINDS; k++) {
-            int t = pl->tier[k][b];
-            uint64_t bytes = shard_bytes(in, b, k);
-            out->kind_bytes[t][k] += t == FSO_TIER_DEVICE ? bytes : bytes * W;
-        }
-    const uint64_t maxe = max_block_elems(m);
-    const uint64_t max_shard = (maxe + W - 1) / W;
-    /* full-block buffers, as the engine allocates them (whole blocks, no page rounding) */
-    uint64_t window =
-        needs_window(in, pl) ? (uint64_t)in->engine.gather_buffers * maxe * m->param_bytes : 0;
-    uint64_t gradbufs = (uint64_t)in->engine.grad_buffers * maxe * (uint64_t)m->grad_bytes;
+    const fso_fp_rules r = rules_of(in);
+    const fso_fp_layout l = {.n_blocks = m->n_blocks, .padded_elems = m->block_elems,
+                             .tier = placement_tier, .ctx = pl, .prefetch = pl->prefetch};
+    fso_fp_need fp;
+    fso_fp_need_for(&r, &l, &fp);
+    memcpy(out->kind_bytes, fp.kind_bytes, sizeof out->kind_bytes);
     out->activation_bytes = m->activation_bytes;
-    out->buffer_bytes[FSO_TIER_DEVICE] = window + gradbufs + in->engine.device_reserve_bytes;
-    uint64_t ring = any_param_on(pl, FSO_TIER_NVME)
-                        ? (uint64_t)(pl->prefetch + in->engine.prefetch_spare) *
-                              round_page(max_shard * m->param_bytes)
-                        : 0;
-    bool landings = false;
-    for (int b = 0; b < pl->n_blocks; b++)
-        landings = landings || pl->tier[FSO_KIND_GRAD][b] == FSO_TIER_NVME ||
-                   (pl->tier[FSO_KIND_GRAD][b] == FSO_TIER_HOST && !mc->cpu_devices);
-    const int slots = in->engine.stage_slots + (landings ? in->engine.landing_slots : 0);
-    uint64_t stage = (uint64_t)slots * round_page(max_shard * m->state_bytes);
-    for (int k = 0; k < FSO_N_KINDS; k++) {
-        bool staged = false;
-        for (int b = 0; b < pl->n_blocks && !staged; b++)
-            staged = pl->tier[k][b] == FSO_TIER_NVME ||
-                     (pl->tier[k][b] == FSO_TIER_DEVICE && !mc->cpu_devices);
-        if (staged)
-            stage += in->engine.stage_kind_bytes;
-    }
-    out->buffer_bytes[FSO_TIER_HOST] = (ring + stage) * W;
+    out->buffer_bytes[FSO_TIER_DEVICE] = fp.device_buffers + in->engine.device_reserve_bytes;
+    out->buffer_bytes[FSO_TIER_HOST] = fp.staging * W;
     out->buffer_bytes[FSO_TIER_NVME] = 0;
 
     out->have_bytes[FSO_TIER_DEVICE] = mc->device_mem_bytes;
@@ -378,7 +339,6 @@ static void lay_optimizer(sim *s, int b, int trigger)
 {
     const fso_plan_input *in = s->in;
     const fso_plan_machine *mc = &in->machine;
-    const fso_plan_model *m = &in->model;
     const fso_placement *pl = s->pl;
     const int W = mc->devices;
     tl *t = &s->t;
@@ -402,7 +362,7 @@ static void lay_optimizer(sim *s, int b, int trigger)
         int a = ADD(t, FSO_STREAM_COMPUTE, S / (mc->device_adam_gelems * 1e6), trigger);
         s->c.upd[b] = s->c.gread[b] = s->c.wr[b] = a;
         if (pl->tier[FSO_KIND_PARAM][b] != FSO_TIER_DEVICE) { /* new working copy to its tier */
-            double pb = S * m->param_bytes;
+            double pb = S * kind_bytes_per_elem(in, FSO_KIND_PARAM);
             LABEL(t, "updated parameters out", b);
             int d = ADD(t, FSO_STREAM_D2H, ms_for(pb, mc->d2h_gbps), a);
             if (pl->tier[FSO_KIND_PARAM][b] == FSO_TIER_NVME)
@@ -414,14 +374,14 @@ static void lay_optimizer(sim *s, int b, int trigger)
     }
     double rd_nvme = 0, rd_dev = 0, wr_nvme = 0, wr_dev = 0;
     for (int k = FSO_KIND_MASTER; k < FSO_N_KINDS; k++) {
-        double bytes = S * kind_bytes_per_elem(m, k);
+        double bytes = S * kind_bytes_per_elem(in, k);
         if (pl->tier[k][b] == FSO_TIER_NVME)
             rd_nvme += bytes;
         else if (pl->tier[k][b] == FSO_TIER_DEVICE && !mc->cpu_devices)
             rd_dev += bytes;
     }
     for (int k = FSO_KIND_PARAM; k < FSO_KIND_GRAD; k++) {
-        double bytes = S * kind_bytes_per_elem(m, k);
+        double bytes = S * kind_bytes_per_elem(in, k);
         if (pl->tier[k][b] == FSO_TIER_NVME)
             wr_nvme += bytes;
         else if (pl->tier[k][b] == FSO_TIER_DEVICE && !mc->cpu_devices)
@@ -480,7 +440,7 @@ static int lay_grads(sim *s, int step, int a, int b, int C, bool last_micro, int
     tl *t = &s->t;
     int sync_wait = -1;
     const int gt = pl->tier[FSO_KIND_GRAD][b];
-    const double gb = S * m->grad_bytes;
+    const double gb = S * kind_bytes_per_elem(in, FSO_KIND_GRAD);
     int land = C;
     if (step > 0 && a == 0 && en->overlap == FSO_OVERLAP_FORWARD &&
         !s->c.opt_done[b])
@@ -488,7 +448,7 @@ static int lay_grads(sim *s, int step, int a, int b, int C, bool last_micro, int
     LABEL(t, "gradients out", b);
     if (W > 1)
         land = dev_add(s, ADD(t, FSO_STREAM_COLL,
-                              ms_for(F * m->grad_bytes * (W - 1) / W, mc->coll_gbps), C,
+                              ms_for(F * kind_bytes_per_elem(in, FSO_KIND_GRAD) * (W - 1) / W, mc->coll_gbps), C,
                               dev_dep(s)));
     int prev_read = step > 0 && a == 0 ? s->c.gread[b] : -1;
     if (cpu && gt != FSO_TIER_NVME) { /* reduced straight into its tier, later ones added */
@@ -549,7 +509,7 @@ static int lay_norm(sim *s, int sync_wait, int *prev_norm)
         if (pl->tier[FSO_KIND_GRAD][b] == FSO_TIER_NVME)
             nvme_grads = true;
     for (int b = 0; b < s->nb; b++) {
-        const double gb = (double)shard_elems(s->in, b) * s->in->model.grad_bytes;
+        const double gb = (double)shard_elems(s->in, b) * kind_bytes_per_elem(s->in, FSO_KIND_GRAD);
         int d = ADD(t, JOIN, 0, s->grad_done[b], norm);
         if (en->norm_pass && nvme_grads && pl->tier[FSO_KIND_GRAD][b] == FSO_TIER_NVME) {
             int r = ADD(t, FSO_STREAM_NVME_READ,
@@ -592,7 +552,7 @@ static int lay_step(sim *s, int step, int *prev_norm)
     const fso_plan_model *m = &in->model;
     const fso_plan_engine *en = &in->engine;
     const fso_placement *pl = s->pl;
-    const int W = mc->devices, G = en->gather_buffers > 0 ? en->gather_buffers : 2;
+    const int W = mc->devices, G = FSO_FP_GATHER_BUFFERS;
     const double nvr = per_rank(mc->nvme_read_gbps, W);
     const bool cpu = mc->cpu_devices;
     tl *t = &s->t;
@@ -624,18 +584,18 @@ static int lay_step(sim *s, int step, int *prev_norm)
                     if (pt == FSO_TIER_NVME) {
                         int issue = pv - pl->prefetch - 1 >= 0 ? s->anchor[pv - pl->prefetch - 1]
                                                                 : micro_start;
-                        R = ADD(t, FSO_STREAM_NVME_READ, ms_for(S * m->param_bytes, nvr), issue,
+                        R = ADD(t, FSO_STREAM_NVME_READ, ms_for(S * kind_bytes_per_elem(in, FSO_KIND_PARAM), nvr), issue,
                                 upd);
                     }
                     if (pt != FSO_TIER_DEVICE || cpu) {
-                        double bytes = (wc ? F : S) * m->param_bytes;
+                        double bytes = (wc ? F : S) * kind_bytes_per_elem(in, FSO_KIND_PARAM);
                         H = dev_add(s, ADD(t, FSO_STREAM_H2D, ms_for(bytes, mc->h2d_gbps), R,
                                            gfree, upd, dev_dep(s)));
                     }
                     LABEL(t, "all-gather", b);
                     if (W > 1 && !wc)
                         Gt = dev_add(s, ADD(t, FSO_STREAM_COLL,
-                                            ms_for(F * m->param_bytes * (W - 1) / W, mc->coll_gbps),
+                                            ms_for(F * kind_bytes_per_elem(in, FSO_KIND_PARAM) * (W - 1) / W, mc->coll_gbps),
                                             H, gfree, upd, dev_dep(s)));
                 }
                 LABEL(t, v->grads ? "backward" : "forward", b);
@@ -763,7 +723,7 @@ static int check_input(const fso_plan_input *in)
     const fso_plan_machine *mc = &in->machine;
     if (mc->devices < 1 || m->n_blocks < 1 || m->n_blocks > FSO_PLAN_MAX_BLOCKS ||
         m->n_visits < 1 || !m->block_elems || !m->visits || m->grad_accum < 1 ||
-        m->param_bytes < 1 || m->grad_bytes < 1 || m->state_bytes < 1 || mc->device_gflops <= 0 ||
+        mc->device_gflops <= 0 ||
         mc->adam_gelems <= 0)
         return -EINVAL;
     for (int k = 0; k < m->n_visits; k++)
@@ -784,7 +744,7 @@ int fso_plan_evaluate(const fso_plan_input *in, const fso_placement *pl, fso_pla
     out->pl = *pl;
     out->machine = in->machine;
     out->overlap = in->engine.overlap;
-    memcpy(out->lend_in_place, in->engine.lend_in_place, sizeof out->lend_in_place);
+    out->rules = rules_of(in);
     out->grad_accum = in->model.grad_accum;
     out->tokens_per_step = in->model.tokens_per_step;
     for (int b = 0; b < in->model.n_blocks; b++)
@@ -1046,7 +1006,7 @@ int fso_plan_choose(const fso_plan_input *in, fso_plan *out)
     }
     residency_order(in, order);
 
-    int max_pf = en->max_prefetch < FSO_PLAN_MAX_PREFETCH ? en->max_prefetch : FSO_PLAN_MAX_PREFETCH;
+    int max_pf = FSO_FP_MAX_PREFETCH < FSO_PLAN_MAX_PREFETCH ? FSO_FP_MAX_PREFETCH : FSO_PLAN_MAX_PREFETCH;
     if (max_pf > 8)
         max_pf = 8; /* deeper rarely pays; a pin may still ask for more */
     int def_pf = in->pins.prefetch >= 0 ? in->pins.prefetch : 2 <= max_pf ? 2 : max_pf;
@@ -1349,7 +1309,7 @@ void fso_plan_describe(const fso_plan *p, char *buf, size_t len)
         const int pt = p->pl.tier[FSO_KIND_PARAM][i];
         wc = wc || (p->pl.whole_copy[i] && pt != FSO_TIER_DEVICE);
         nvme = nvme || pt == FSO_TIER_NVME;
-        gathered = gathered || !p->lend_in_place[pt];
+        gathered = gathered || !fso_fp_lends_in_place(&p->rules, (fso_tier)pt);
     }
     char pf[48] = "";
     if (nvme)

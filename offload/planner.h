@@ -38,6 +38,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "footprint.h"
 #include "state.h"
 #include "util.h"
 
@@ -91,9 +92,6 @@ typedef struct fso_plan_model {
     int grad_accum;              /* micro-batches per step */
     double tokens_per_step;      /* all devices */
     uint64_t activation_bytes;   /* per device */
-    int param_bytes;             /* working parameter: 2 (bf16) or 4 (fp32) */
-    int grad_bytes;              /* gradient: 2 or 4 */
-    int state_bytes;             /* master, m, v: 4 */
 } fso_plan_model;
 
 /* How the engine schedules, which the timeline must follow. */
@@ -112,23 +110,12 @@ typedef struct fso_plan_engine {
     int opt_write_lag;         /* 1: a block's parameters on NVMe are written before the
                                   next block is updated; 2: writes trail by two blocks (the
                                   two buffer sets) only */
-    /* The engine's buffers (engine/zero.h fso_zero_buffers): how many of each,
-     * their sizes following from the model's widths. */
-    int gather_buffers;        /* full-block parameter buffers per device */
-    bool lend_in_place[FSO_N_TIERS]; /* per tier of the parameters: a block is lent where its
-                                  parameters live, no gather, no gather window (on the only
-                                  device; CPU devices' device tier and host arena) */
-    int grad_buffers;          /* full-block gradient buffers per device */
-    int max_prefetch;          /* deepest prefetch the engine takes */
-    int prefetch_spare;        /* parameter ring slots beyond the prefetch depth */
-    int stage_slots;           /* host staging buffers per device besides the prefetch ring,
-                                  each one largest shard */
-    int landing_slots;         /* more of them per device where gradient shards land on their
-                                  way from the device to their tier: some on NVMe, or on the
-                                  host with devices the CPU cannot address (GPUs) */
-    uint64_t stage_kind_bytes; /* more host staging per device for each kind that needs it (the
-                                  optimizer's chunk buffers): a kind with blocks on NVMe, or on
-                                  devices the CPU cannot address (GPUs) */
+    /* The engine's footprint rules (footprint.h): each kind's element type,
+     * whether the CPU addresses the devices' memory, the aio settings; its
+     * world is the machine's devices. Shard sizes, where parameters are lent
+     * in place, the buffers and the staging follow from them as the engine
+     * allocates them. */
+    fso_fp_rules rules;
     uint64_t device_reserve_bytes; /* per device: runtime, allocator slack */
 } fso_plan_engine;
 
@@ -191,7 +178,7 @@ typedef struct fso_plan {
     /* copies of the inputs a report needs */
     fso_plan_machine machine;
     fso_overlap overlap;
-    bool lend_in_place[FSO_N_TIERS]; /* the engine's (fso_plan_engine) */
+    fso_fp_rules rules;          /* the engine's (fso_plan_engine), world the devices */
     int grad_accum;
     double tokens_per_step;
     uint64_t model_elems;

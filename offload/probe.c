@@ -260,13 +260,13 @@ static double probe_coll(int W)
 {
     const size_t count = (size_t)(4 * MIB) / sizeof(float);
     fso_coll *c = NULL;
-    coll_arg a[64];
-    pthread_t tid[64];
+    coll_arg a[FSO_MAX_DEVICES];
+    pthread_t tid[FSO_MAX_DEVICES];
     double bw = 0;
     if (W < 2)
         W = 2;
-    if (W > 64)
-        W = 64;
+    if (W > FSO_MAX_DEVICES)
+        W = FSO_MAX_DEVICES;
     if (fso_coll_create_threads(&c, W) < 0)
         return 0;
     int started = 0, ok = 1;

@@ -732,13 +732,13 @@ static void test_async_device_keeps_a_gpus_rules(void **state)
     assert_int_equal(fso_backend_create_virtual(&be, "cpu-async", 0, 2, 0), 0);
     assert_int_equal(be->ops->host_addressable, 0);
     /* what the budgets assume of each backend before creating one */
-    assert_int_equal(fso_backend_host_addressable("cpu-async"), be->ops->host_addressable);
-    assert_false(fso_backend_host_addressable("cuda"));
+    assert_int_equal(fso_backend_find("cpu-async")->host_addressable, be->ops->host_addressable);
+    assert_false(fso_backend_find("cuda")->host_addressable);
     for (int i = 0; i < 2; i++) {
         const char *name = i ? "cpu-ref" : "cpu";
         fso_backend *cpu = NULL;
         assert_int_equal(fso_backend_create(&cpu, name, 1), 0);
-        assert_int_equal(fso_backend_host_addressable(name), cpu->ops->host_addressable);
+        assert_int_equal(fso_backend_find(name)->host_addressable, cpu->ops->host_addressable);
         fso_backend_destroy(cpu);
     }
     const size_t n = 1000;

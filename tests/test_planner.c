@@ -75,15 +75,12 @@ static void synth_model(synth *s, int nb, uint64_t elems, double fwd_flops, bool
     m->grad_accum = 1;
     m->tokens_per_step = 1000;
     m->activation_bytes = (uint64_t)(1 * MIB);
-    m->param_bytes = m->grad_bytes = m->state_bytes = 4;
     fso_plan_engine *en = &s->in.engine;
     en->overlap = FSO_OVERLAP_NONE;
-    en->gather_buffers = 2;
-    en->lend_in_place[FSO_TIER_DEVICE] = true; /* one device */
-    en->grad_buffers = 2;
-    en->max_prefetch = 16;
-    en->prefetch_spare = 2;
-    en->stage_slots = 2;
+    /* fp32 everywhere, devices the CPU cannot address (GPUs), no chunks */
+    for (int k = 0; k < FSO_N_KINDS; k++)
+        en->rules.dtype[k] = FSO_DT_F32;
+    en->rules.host_addressable = false;
     en->opt_write_lag = 1;
     fso_plan_pins_none(&s->in.pins);
     fso_plan_machine *mc = &s->in.machine;
@@ -273,8 +270,7 @@ static void test_landing_slots_only_where_gradients_land(void **state)
         synth_model(&s, 4, 1 << 20, 1e9, true);
         s.in.machine.devices = 2;
         s.in.machine.cpu_devices = cases[i].cpu;
-        s.in.engine.stage_slots = 1;
-        s.in.engine.landing_slots = 2;
+        s.in.engine.rules.host_addressable = cases[i].cpu;
         fso_placement_uniform(&pl, 4, FSO_TIER_HOST, FSO_TIER_HOST, cases[i].grad_tier, 2);
         assert_int_equal(fso_plan_evaluate(&s.in, &pl, &p), 0);
         const uint64_t want = (cases[i].lands ? 3 : 1) * slot * 2;
@@ -356,16 +352,18 @@ static void test_shortfall_names_the_tier_and_the_bytes(void **state)
      * activations (1 MiB), the gather window (2 x 4 MiB) and the gradient
      * buffers (2 x 4 MiB) and no kind of state (+16 MiB); parameters resident
      * need no gather window but still 1 + 8 + 16 = 25 MiB: 7 MiB short. On the
-     * host everything takes 80 MiB plus two staging buffers of one shard
-     * (8 MiB) = 88 MiB, against 84 MiB: 4 MiB short, the closest to fitting. */
+     * host everything takes 80 MiB plus the staging of one shard each (4 MiB):
+     * the stage slot and the two slots gradients land in on their way from
+     * the devices = 92 MiB, against 88 MiB: 4 MiB short, the closest to
+     * fitting. */
     synth_model(&s, 4, 1 << 20, 1e9, true);
     s.in.machine.device_mem_bytes = (uint64_t)(18 * MIB);
-    s.in.machine.host_mem_bytes = (uint64_t)(84 * MIB);
+    s.in.machine.host_mem_bytes = (uint64_t)(88 * MIB);
     s.in.machine.nvme_free_bytes = 0;
     assert_int_equal(fso_plan_choose(&s.in, &p), -ENOSPC);
     assert_false(p.fits);
     assert_int_equal(p.short_tier, FSO_TIER_HOST);
-    assert_int_equal(p.need_bytes[FSO_TIER_HOST], (uint64_t)(88 * MIB));
+    assert_int_equal(p.need_bytes[FSO_TIER_HOST], (uint64_t)(92 * MIB));
     assert_int_equal(p.short_bytes, (uint64_t)(4 * MIB));
     fso_plan_shortfall_message(&p, NULL, false, msg, sizeof msg);
     assert_non_null(strstr(msg, "host memory"));
@@ -400,7 +398,7 @@ static void test_shortfall_names_the_tier_and_the_bytes(void **state)
     assert_non_null(strstr(msg, "leave zero_optimization's offload devices out"));
     synth_model(&s, 4, 1 << 20, 1e9, true);
     s.in.machine.device_mem_bytes = (uint64_t)(18 * MIB);
-    s.in.machine.host_mem_bytes = (uint64_t)(84 * MIB);
+    s.in.machine.host_mem_bytes = (uint64_t)(88 * MIB);
     s.in.machine.nvme_free_bytes = 0;
     s.in.pins.tier[FSO_KIND_MASTER] = FSO_TIER_HOST;
     assert_int_equal(fso_plan_choose(&s.in, &p), -ENOSPC);
@@ -506,7 +504,7 @@ static void test_timeline_prefetch_depth_hand_computed(void **state)
     const uint64_t E = 1 << 20; /* 1 Mi elements, bf16: 2 MiB per shard */
     synth_model(&s, 5, E, 1e9, false);
     gpu_engine(&s);
-    s.in.model.param_bytes = s.in.model.grad_bytes = 2;
+    s.in.engine.rules.dtype[FSO_KIND_PARAM] = s.in.engine.rules.dtype[FSO_KIND_GRAD] = FSO_DT_BF16;
     s.visits[0].flops = 30e9;
     fso_plan_machine *m = &s.in.machine;
     m->device_gflops = 1000;                       /* 1e9 FLOPs per ms */

@@ -318,7 +318,7 @@ static void test_first_blocks_state_on_the_host_is_bit_identical(void **state)
  * read and written once, each shard in whole 4 KiB pages, all devices.
  * Every step after the first (whose line has no update with the forward
  * schedule) on several placements, schedules, device counts and
- * accumulations; fso_zero_step_nvme_bytes says the same. */
+ * accumulations; fso_zero_step_traffic says the same. */
 static void expected_bytes(const fso_config *cfg, uint64_t *rd, uint64_t *wr)
 {
     const int W = cfg->world, G = cfg->grad_accum, nb = fso_model_n_blocks(&cfg->model);
@@ -380,11 +380,12 @@ static void test_step_nvme_bytes_are_the_derivation(void **state)
         cfg.bf16 = cases[c].bf16;
         cfg.optimizer_overlap = cases[c].overlap;
         cfg.grad_clip = cases[c].overlap == FSO_OVERLAP_BACKWARD ? 0.0 : 1.0;
-        uint64_t rd[FSO_N_KINDS], wr[FSO_N_KINDS], lib_rd[FSO_N_KINDS], lib_wr[FSO_N_KINDS];
+        uint64_t rd[FSO_N_KINDS], wr[FSO_N_KINDS];
         expected_bytes(&cfg, rd, wr);
-        fso_zero_step_nvme_bytes(&cfg, lib_rd, lib_wr);
-        assert_memory_equal(rd, lib_rd, sizeof rd);
-        assert_memory_equal(wr, lib_wr, sizeof wr);
+        fso_fp_traffic lib;
+        assert_int_equal(fso_zero_step_traffic(&cfg, &lib), 0);
+        assert_memory_equal(rd, lib.nvme_read, sizeof rd);
+        assert_memory_equal(wr, lib.nvme_write, sizeof wr);
         assert_int_equal(fso_data_init(&data, &cfg), 0);
         if (fso_trainer_init(&tr, &cfg) < 0)
             fail_msg("case %zu: %s", c, tr.err);

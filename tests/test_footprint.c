@@ -1,0 +1,256 @@
+/* test_footprint.c — the footprint module (offload/footprint.h) is what the
+ * engine does: for a matrix of configurations — 1, 2 and 4 devices, the
+ * "cpu" and "cpu-async" backends, fp32 and bf16 working parameters, every
+ * optimizer schedule, and placements that put every kind on every tier —
+ * the bytes the engine allocates on each tier are the planner's prediction
+ * and the engine's own budget, exactly; and the NVMe bytes (by kind) and
+ * collective bytes each step reports are fso_zero_step_traffic's, exactly.
+ * Also: the limits a library caller meets (more devices than fsoff
+ * drives). */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "data.h"
+#include "footprint.h"
+#include "plan.h"
+#include "small_model.h"
+#include "train.h"
+#include "zero.h"
+
+static char nvme_dir[256];
+
+#define D FSO_TIER_DEVICE
+#define H FSO_TIER_HOST
+#define N FSO_TIER_NVME
+/* Placements, by kind (parameters, master, m, v, gradients): the tiers of
+ * parameters, optimizer state and gradients as a Latin square (every pair
+ * of the three on every pair of tiers), then m and v apart from master. */
+static const fso_tier placements[][FSO_N_KINDS] = {
+    {D, D, D, D, D}, {D, H, H, H, N}, {D, N, N, N, H}, {H, D, D, D, N},
+    {H, H, H, H, H}, {H, N, N, N, D}, {N, D, D, D, H}, {N, H, H, H, D},
+    {N, N, N, N, N}, {D, H, N, D, H}, {H, N, D, H, N}, {N, D, H, N, D},
+};
+#undef D
+#undef H
+#undef N
+#define N_PLACEMENTS (sizeof placements / sizeof placements[0])
+
+typedef struct job {
+    int world;
+    const char *backend;
+    bool bf16;
+    fso_overlap overlap;
+    const fso_tier *tier;
+} job;
+
+static void describe(const job *j, char *buf, size_t len)
+{
+    static const char *const sched[] = {"none", "forward", "backward"};
+    snprintf(buf, len, "%d x %s, %s, schedule %s, tiers %s/%s/%s/%s/%s", j->world, j->backend,
+             j->bf16 ? "bf16" : "fp32", sched[j->overlap], fso_tier_name(j->tier[0]),
+             fso_tier_name(j->tier[1]), fso_tier_name(j->tier[2]), fso_tier_name(j->tier[3]),
+             fso_tier_name(j->tier[4]));
+}
+
+static void config_for(fso_config *cfg, const job *j)
+{
+    fso_test_small_model(cfg, j->world, 4);
+    snprintf(cfg->backend, sizeof cfg->backend, "%s", j->backend);
+    cfg->bf16 = j->bf16;
+    cfg->optimizer_overlap = j->overlap;
+    cfg->grad_clip = j->overlap == FSO_OVERLAP_BACKWARD ? 0.0 : 1.0;
+    cfg->offload.param_tier = j->tier[FSO_KIND_PARAM];
+    cfg->offload.optim_tier = j->tier[FSO_KIND_MASTER];
+    cfg->offload.per_kind = true;
+    memcpy(cfg->offload.kind_tier, j->tier, sizeof cfg->offload.kind_tier);
+    cfg->offload.prefetch_blocks = 2;
+    cfg->offload.aio_block_bytes = 8192; /* chunks smaller than a shard */
+    snprintf(cfg->offload.param_nvme_path, sizeof cfg->offload.param_nvme_path, "%s", nvme_dir);
+    snprintf(cfg->offload.optim_nvme_path, sizeof cfg->offload.optim_nvme_path, "%s", nvme_dir);
+    cfg->threads = j->world;
+}
+
+/* The planner's prediction for the job's placement on CPU devices. */
+static void predict(const fso_config *cfg, const job *j, fso_plan *p, uint64_t *reserve)
+{
+    fso_plan_ctx ctx;
+    static fso_placement pl;
+    char err[512];
+    fso_plan_machine m = {.devices = j->world, .cpu_devices = true,
+                          .device_mem_bytes = (uint64_t)1 << 40,
+                          .host_mem_bytes = (uint64_t)1 << 40,
+                          .nvme_free_bytes = (uint64_t)1 << 40, .nvme_read_gbps = 1,
+                          .nvme_write_gbps = 1, .h2d_gbps = 1, .d2h_gbps = 1, .coll_gbps = 1,
+                          .device_gflops = 1, .adam_gelems = 1, .host_copy_gbps = 1};
+    assert_int_equal(fso_plan_ctx_init(&ctx, cfg, &m, false, err, sizeof err), 0);
+    fso_placement_uniform(&pl, ctx.in.model.n_blocks, j->tier[FSO_KIND_PARAM],
+                          j->tier[FSO_KIND_MASTER], j->tier[FSO_KIND_GRAD],
+                          cfg->offload.prefetch_blocks);
+    for (int k = 0; k < FSO_N_KINDS; k++)
+        for (int b = 0; b < pl.n_blocks; b++)
+            pl.tier[k][b] = (uint8_t)j->tier[k];
+    assert_int_equal(fso_plan_evaluate(&ctx.in, &pl, p), 0);
+    *reserve = ctx.in.engine.device_reserve_bytes;
+    fso_plan_ctx_free(&ctx);
+}
+
+/* Allocation: what the engine holds after creation on each tier (each
+ * device alike) is the planner's need and the engine's own budget. The
+ * CPU backends' working space for bf16 tensors (the planner's reserve)
+ * grows during a step and is not allocated yet. */
+static void check_allocation(const job *j, const fso_config *cfg, fso_trainer *tr)
+{
+    static fso_plan p;
+    uint64_t reserve, dev[FSO_MAX_DEVICES], have[FSO_N_TIERS];
+    char what[256];
+    describe(j, what, sizeof what);
+    predict(cfg, j, &p, &reserve);
+    fso_zero_allocated(tr->zero, dev, have);
+    fso_zero_need need;
+    fso_zero_need_for(cfg, &need);
+    for (int r = 0; r < j->world; r++)
+        if (dev[r] != have[FSO_TIER_DEVICE])
+            fail_msg("%s: device %d holds %llu bytes, device 0 %llu", what, r,
+                     (unsigned long long)dev[r], (unsigned long long)dev[0]);
+    for (int t = 0; t < FSO_N_TIERS; t++) {
+        const uint64_t predicted = p.need_bytes[t] - (t == FSO_TIER_DEVICE ? reserve : 0);
+        const uint64_t budget = need.tier[t] - (t == FSO_TIER_DEVICE ? reserve : 0);
+        if (have[t] != predicted || have[t] != budget)
+            fail_msg("%s: %s: %llu allocated, the planner predicts %llu, the engine's budget "
+                     "%llu", what, fso_tier_name(t), (unsigned long long)have[t],
+                     (unsigned long long)predicted, (unsigned long long)budget);
+    }
+}
+
+/* Traffic: every step's NVMe bytes by kind and collective bytes are the
+ * footprint's, but the first step of the forward schedule, whose update
+ * runs in the next one. */
+static void check_traffic(const job *j, const fso_config *cfg, fso_trainer *tr)
+{
+    fso_data data = {0};
+    fso_fp_traffic want;
+    char what[256];
+    describe(j, what, sizeof what);
+    assert_int_equal(fso_zero_step_traffic(cfg, &want), 0);
+    assert_int_equal(fso_data_init(&data, cfg), 0);
+    const size_t bt = (size_t)cfg->micro_batch * cfg->data.seq_len;
+    const size_t n = fso_trainer_step_tokens(cfg);
+    int32_t *in = malloc(sizeof(int32_t) * n), *tg = malloc(sizeof(int32_t) * n);
+    assert_non_null(in);
+    assert_non_null(tg);
+    for (int s = 1; s <= 2; s++) {
+        fso_step_stats st;
+        for (size_t a = 0; a < n / bt; a++)
+            fso_data_next(&data, in + a * bt, tg + a * bt);
+        if (fso_trainer_step(tr, in, tg, &st) < 0)
+            fail_msg("%s: step %d: %s", what, s, tr->err);
+        if (st.gather_bytes != want.gather_bytes || st.reduce_bytes != want.reduce_bytes)
+            fail_msg("%s: step %d: gathered %llu, reduced %llu; the footprint says %llu, %llu",
+                     what, s, (unsigned long long)st.gather_bytes,
+                     (unsigned long long)st.reduce_bytes, (unsigned long long)want.gather_bytes,
+                     (unsigned long long)want.reduce_bytes);
+        if (s == 1 && cfg->optimizer_overlap == FSO_OVERLAP_FORWARD)
+            continue;
+        for (int k = 0; k < FSO_N_KINDS; k++)
+            if (st.nvme_kind_read[k] != want.nvme_read[k] ||
+                st.nvme_kind_write[k] != want.nvme_write[k])
+                fail_msg("%s: step %d: %s: NVMe read %llu, written %llu; the footprint says "
+                         "%llu, %llu", what, s, fso_kind_name(k),
+                         (unsigned long long)st.nvme_kind_read[k],
+                         (unsigned long long)st.nvme_kind_write[k],
+                         (unsigned long long)want.nvme_read[k],
+                         (unsigned long long)want.nvme_write[k]);
+    }
+    free(in);
+    free(tg);
+    fso_data_free(&data);
+}
+
+static void run_matrix(int world)
+{
+    static const char *const backends[] = {"cpu", "cpu-async"};
+    for (size_t b = 0; b < 2; b++)
+        for (int bf16 = 0; bf16 < 2; bf16++)
+            for (int o = FSO_OVERLAP_NONE; o <= FSO_OVERLAP_BACKWARD; o++)
+                for (size_t p = 0; p < N_PLACEMENTS; p++) {
+                    job j = {.world = world, .backend = backends[b], .bf16 = bf16,
+                             .overlap = (fso_overlap)o, .tier = placements[p]};
+                    fso_config cfg;
+                    fso_trainer tr;
+                    char what[256];
+                    config_for(&cfg, &j);
+                    describe(&j, what, sizeof what);
+                    if (fso_trainer_init(&tr, &cfg) < 0)
+                        fail_msg("%s: %s", what, tr.err);
+                    check_allocation(&j, &cfg, &tr);
+                    check_traffic(&j, &cfg, &tr);
+                    fso_trainer_free(&tr);
+                }
+}
+
+static void test_one_device_allocates_and_moves_what_the_footprint_says(void **state)
+{
+    (void)state;
+    run_matrix(1);
+}
+
+static void test_two_devices_allocate_and_move_what_the_footprint_says(void **state)
+{
+    (void)state;
+    run_matrix(2);
+}
+
+static void test_four_devices_allocate_and_move_what_the_footprint_says(void **state)
+{
+    (void)state;
+    run_matrix(4);
+}
+
+/* A library caller asking for more devices than fsoff drives is refused
+ * with a message, before any per-device table is written. */
+static void test_more_devices_than_fsoff_drives_are_refused(void **state)
+{
+    (void)state;
+    fso_config cfg;
+    fso_zero *z = NULL;
+    char err[512] = "";
+    fso_test_small_model(&cfg, 1, 4);
+    cfg.world = FSO_MAX_DEVICES + 1;
+    cfg.micro_batch = 1;
+    assert_int_equal(fso_zero_create(&z, &cfg, err, sizeof err), -EINVAL);
+    assert_null(z);
+    assert_non_null(strstr(err, "at most 64 devices"));
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    snprintf(nvme_dir, sizeof nvme_dir, "%s", "fsoff-footprint-XXXXXX");
+    return mkdtemp(nvme_dir) ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    return rmdir(nvme_dir) == 0 ? 0 : -1;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_more_devices_than_fsoff_drives_are_refused),
+        cmocka_unit_test(test_one_device_allocates_and_moves_what_the_footprint_says),
+        cmocka_unit_test(test_two_devices_allocate_and_move_what_the_footprint_says),
+        cmocka_unit_test(test_four_devices_allocate_and_move_what_the_footprint_says),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
