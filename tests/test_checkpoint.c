@@ -44,7 +44,7 @@
 #include "config_json.h"
 #include "crc32c.h"
 #include "data.h"
-#include "small_model.h"
+#include "test_util.h"
 #include "train.h"
 #include "zero.h"
 
@@ -184,22 +184,6 @@ static void job_resume(job *j, const fso_config *cfg, const char *path, char *sa
     fso_ckpt_close(ck);
 }
 
-typedef struct run_result {
-    double loss[STEPS], norm[STEPS];
-    float *params;
-    size_t np;
-} run_result;
-
-static void uninterrupted(const fso_config *cfg, run_result *r)
-{
-    job j;
-    job_open(&j, cfg);
-    for (int s = 0; s < STEPS; s++)
-        job_step(&j, &r->loss[s], &r->norm[s]);
-    r->params = job_params(&j, &r->np);
-    job_close(&j);
-}
-
 /* SAVED_AT steps on `from`, a save started there while two more steps run
  * (so the updates of step SAVED_AT + 1 wait for the saver), then a new
  * trainer on `to` loaded from it runs steps SAVED_AT + 1 .. STEPS. */
@@ -207,6 +191,8 @@ static void interrupted(const fso_config *from, const fso_config *to, const char
                         run_result *r)
 {
     job j;
+    memset(r, 0, sizeof *r);
+    r->steps = STEPS;
     char err[512], said[1024];
     fso_ckpt_saver *sv;
     if (fso_ckpt_saver_create(&sv, dir, 2, err, sizeof err) < 0)
@@ -230,19 +216,6 @@ static void interrupted(const fso_config *from, const fso_config *to, const char
         job_step(&j, &r->loss[s], &r->norm[s]);
     r->params = job_params(&j, &r->np);
     job_close(&j);
-}
-
-static void assert_bit_identical(const run_result *a, const run_result *b, const char *what)
-{
-    for (int s = SAVED_AT; s < STEPS; s++)
-        if (memcmp(&a->loss[s], &b->loss[s], sizeof(double)) ||
-            memcmp(&a->norm[s], &b->norm[s], sizeof(double)))
-            fail_msg("%s: step %d: loss %.17g vs %.17g, norm %.17g vs %.17g", what, s + 1,
-                     a->loss[s], b->loss[s], a->norm[s], b->norm[s]);
-    assert_int_equal(a->np, b->np);
-    for (size_t i = 0; i < a->np; i++)
-        if (memcmp(&a->params[i], &b->params[i], sizeof(float)))
-            fail_msg("%s: parameter %zu: %.9g vs %.9g", what, i, a->params[i], b->params[i]);
 }
 
 /* ------------------------------------------------------------------ CRC, config */
@@ -368,11 +341,11 @@ static void tiers_case(int world, fso_tier p0, fso_tier o0, fso_overlap ov0, fso
              backend ? ", cpu-async" : "", p0, o0, ov0, p1, o1, ov1);
     save_dir(dir, sizeof dir, "tiers");
     run_result base, r;
-    uninterrupted(&a, &base);
+    run_ok(&a, NULL, &base);
     interrupted(&a, &b, dir, &r);
-    assert_bit_identical(&base, &r, what);
-    free(base.params);
-    free(r.params);
+    assert_bit_identical(&base, &r, SAVED_AT + 1, what);
+    result_free(&base);
+    result_free(&r);
     rm_tree(dir);
 }
 
@@ -405,7 +378,7 @@ static void test_resume_on_other_device_counts_is_within_rounding(void **state)
     char dir[512];
     run_result base;
     config_for(&four, 4, FSO_TIER_NVME, FSO_TIER_NVME); /* saved on 4 devices, state on NVMe */
-    uninterrupted(&four, &base);
+    run_ok(&four, NULL, &base);
     const int worlds[] = {1, 2};
     for (int w = 0; w < 2; w++) {
         run_result r;
@@ -422,10 +395,10 @@ static void test_resume_on_other_device_counts_is_within_rounding(void **state)
             if (fabs(r.params[p] - base.params[p]) > 1e-5 + 1e-4 * fabs(base.params[p]))
                 fail_msg("%d devices: parameter %zu: %.9g vs %.9g", worlds[w], p, r.params[p],
                          base.params[p]);
-        free(r.params);
+        result_free(&r);
         rm_tree(dir);
     }
-    free(base.params);
+    result_free(&base);
 }
 
 /* A checkpoint of cfg after `steps` steps in dir; the master then, in

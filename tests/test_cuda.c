@@ -40,7 +40,7 @@
 #include "adamw.h"
 #include "gpu_info.h"
 #include "rng.h"
-#include "small_model.h"
+#include "test_util.h"
 #include "train.h"
 #include "zero.h"
 
@@ -1611,7 +1611,7 @@ static void test_nccl_matches_the_thread_collectives(void **state)
 
 /* ---------------------------------------------------------------- training end to end */
 
-/* Three steps of the small job (small_model.h) on `world` GPUs against the CPU
+/* Three steps of the small job (test_util.h) on `world` GPUs against the CPU
  * backend: same seed, data and placement. Declared tolerances on each
  * step's loss and gradient norm, relative: 1e-4 with fp32 matmuls, 3e-2 with
  * bf16 tensor cores. */
