@@ -2,13 +2,18 @@
  *
  *  - the small training jobs (fso_test_small_model, fso_test_tiny_model);
  *  - a run of a job (run_result, run, run_ok) and the bit-for-bit
- *    comparison of two runs (assert_bit_identical).
+ *    comparison of two runs (assert_bit_identical);
+ *  - folders: a per-test temporary folder (setup_dir, teardown_dir) and
+ *    remove_tree, which removes a tree without following a symlink.
  *
  * Every function is static, so each program has its own copy and links no
  * other's; unused ones draw no warning. */
 #ifndef FSO_TEST_UTIL_H
 #define FSO_TEST_UTIL_H
 
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -17,6 +22,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -203,6 +210,78 @@ FSO_TEST_FN void assert_bit_identical(const run_result *a, const run_result *b, 
             if (memcmp(&a->working[i], &b->working[i], sizeof(float)))
                 fail_msg("%s: working parameter %zu: %.9g vs %.9g", what, i, a->working[i],
                          b->working[i]);
+}
+
+/* ---------------------------------------------------------------- folders */
+
+/* Removes `name` in the folder dirfd and, when it is a folder, everything
+ * in it first. A symlink is unlinked, never followed: whatever it points
+ * to stays. 0 when nothing is left, or -errno of the first failure. */
+FSO_TEST_FN int remove_tree_at(int dirfd, const char *name)
+{
+    struct stat st;
+    if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+        return errno == ENOENT ? 0 : -errno;
+    if (!S_ISDIR(st.st_mode))
+        return unlinkat(dirfd, name, 0) < 0 ? -errno : 0;
+    int fd = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    DIR *d = fdopendir(fd);
+    if (!d) {
+        int e = errno;
+        close(fd);
+        return -e;
+    }
+    int rc = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+            continue;
+        int r = remove_tree_at(fd, e->d_name);
+        if (r < 0 && rc == 0)
+            rc = r;
+    }
+    closedir(d);
+    if (unlinkat(dirfd, name, AT_REMOVEDIR) < 0 && rc == 0)
+        rc = -errno;
+    return rc;
+}
+
+/* Removes path and, when it is a folder, the tree under it, following no
+ * symlink (remove_tree_at). 0 when nothing is left (or nothing was there). */
+FSO_TEST_FN int remove_tree(const char *path)
+{
+    return remove_tree_at(AT_FDCWD, path);
+}
+
+/* A test's own temporary folder, /tmp/fso_<program>.XXXXXX. */
+typedef struct tdir {
+    char path[256];
+    char file[512]; /* a path in it, for the test's use */
+} tdir;
+
+/* CMocka setup: a new tdir in *state, its folder created. */
+FSO_TEST_FN int setup_dir(void **state)
+{
+    tdir *t = calloc(1, sizeof(*t));
+    if (!t)
+        return -1;
+    snprintf(t->path, sizeof(t->path), "/tmp/fso_%.64s.XXXXXX", program_invocation_short_name);
+    if (!mkdtemp(t->path)) {
+        free(t);
+        return -1;
+    }
+    *state = t;
+    return 0;
+}
+
+/* CMocka teardown: the folder and whatever the test left in it go. */
+FSO_TEST_FN int teardown_dir(void **state)
+{
+    tdir *t = *state;
+    remove_tree(t->path);
+    free(t);
+    return 0;
 }
 
 #endif
