@@ -4,7 +4,9 @@
  *  - a run of a job (run_result, run, run_ok) and the bit-for-bit
  *    comparison of two runs (assert_bit_identical);
  *  - folders: a per-test temporary folder (setup_dir, teardown_dir) and
- *    remove_tree, which removes a tree without following a symlink.
+ *    remove_tree, which removes a tree without following a symlink;
+ *  - op outputs: guard regions around a buffer (gbuf, guard_check, ...)
+ *    and compare(), the normalized error of an output against a reference.
  *
  * Every function is static, so each program has its own copy and links no
  * other's; unused ones draw no warning. */
@@ -14,6 +16,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -282,6 +285,78 @@ FSO_TEST_FN int teardown_dir(void **state)
     remove_tree(t->path);
     free(t);
     return 0;
+}
+
+/* ---------------------------------------------------------------- op outputs */
+
+#define GUARD 16             /* sentinel elements on each side of an output */
+#define GUARD_VAL 12345.678f /* the fp32 sentinel */
+
+/* Fills n + 2 GUARD elements of es bytes from base with *guard. */
+FSO_TEST_FN void guard_fill_es(void *base, size_t n, size_t es, const void *guard)
+{
+    for (size_t i = 0; i < n + 2 * GUARD; i++)
+        memcpy((char *)base + i * es, guard, es);
+}
+
+/* Fails, naming `what`, unless the GUARD elements of es bytes on each side
+ * of the n at p still hold *guard: nothing wrote outside the output. */
+FSO_TEST_FN void guard_check_es(const void *p, size_t n, size_t es, const void *guard,
+                                const char *what)
+{
+    const char *c = p;
+    for (size_t i = 1; i <= GUARD; i++)
+        if (memcmp(c - i * es, guard, es) != 0 || memcmp(c + (n + i - 1) * es, guard, es) != 0)
+            fail_msg("%s: write outside the output (guard %zu)", what, i);
+}
+
+/* A host buffer of n floats between two GUARD-float sentinel regions. */
+FSO_TEST_FN float *gbuf(size_t n)
+{
+    const float guard = GUARD_VAL;
+    float *p = malloc(sizeof(float) * (n + 2 * GUARD));
+    assert_non_null(p);
+    guard_fill_es(p, n, sizeof(float), &guard);
+    return p + GUARD;
+}
+
+FSO_TEST_FN void gfree(float *p)
+{
+    if (p)
+        free(p - GUARD);
+}
+
+/* guard_check_es for a gbuf of n floats. */
+FSO_TEST_FN void guard_check(const float *p, size_t n, const char *what)
+{
+    const float guard = GUARD_VAL;
+    guard_check_es(p, n, sizeof(float), &guard, what);
+}
+
+/* Fails, naming `what` and printing the first five elements off by more
+ * than tol of their size, unless every element of got is finite and
+ * ||got - want|| / ||want|| <= tol (tol 0: got is want exactly). */
+FSO_TEST_FN void compare(const char *what, const float *got, const float *want, size_t n,
+                         double tol)
+{
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(got[i]))
+            fail_msg("%s: element %zu is %g", what, i, got[i]);
+        double d = (double)got[i] - want[i];
+        num += d * d;
+        den += (double)want[i] * want[i];
+    }
+    double err = sqrt(num / (den > 0 ? den : 1));
+    if (err > tol || (tol == 0 && num != 0)) {
+        int shown = 0;
+        for (size_t i = 0; i < n && shown < 5; i++)
+            if (fabs((double)got[i] - want[i]) > tol * (fabs(want[i]) + 1e-3)) {
+                fprintf(stderr, "  %s[%zu]: got %.8g want %.8g\n", what, i, got[i], want[i]);
+                shown++;
+            }
+        fail_msg("%s: normalized error %.3g > %.3g", what, err, tol);
+    }
 }
 
 #endif
