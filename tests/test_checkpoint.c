@@ -21,7 +21,6 @@
  */
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <math.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -44,7 +43,7 @@
 #include "config_json.h"
 #include "crc32c.h"
 #include "data.h"
-#include "small_model.h"
+#include "test_util.h"
 #include "train.h"
 #include "zero.h"
 
@@ -52,19 +51,6 @@
 #define SAVED_AT 2  /* the checkpoint's step */
 
 static char work[256]; /* a temporary folder for this test program */
-
-static int rm_one(const char *p, const struct stat *st, int flag, struct FTW *f)
-{
-    (void)st;
-    (void)flag;
-    (void)f;
-    return remove(p);
-}
-
-static void rm_tree(const char *p)
-{
-    nftw(p, rm_one, 16, FTW_DEPTH | FTW_PHYS);
-}
 
 static void path_in(char *out, size_t len, const char *fmt, ...)
 {
@@ -164,7 +150,7 @@ static fso_ckpt_result save_wait(fso_ckpt_saver *sv)
 static void save_dir(char *dir, size_t len, const char *name)
 {
     path_in(dir, len, "%s", name);
-    rm_tree(dir);
+    remove_tree(dir);
 }
 
 /* Load the checkpoint at path into a new job for cfg. */
@@ -184,22 +170,6 @@ static void job_resume(job *j, const fso_config *cfg, const char *path, char *sa
     fso_ckpt_close(ck);
 }
 
-typedef struct run_result {
-    double loss[STEPS], norm[STEPS];
-    float *params;
-    size_t np;
-} run_result;
-
-static void uninterrupted(const fso_config *cfg, run_result *r)
-{
-    job j;
-    job_open(&j, cfg);
-    for (int s = 0; s < STEPS; s++)
-        job_step(&j, &r->loss[s], &r->norm[s]);
-    r->params = job_params(&j, &r->np);
-    job_close(&j);
-}
-
 /* SAVED_AT steps on `from`, a save started there while two more steps run
  * (so the updates of step SAVED_AT + 1 wait for the saver), then a new
  * trainer on `to` loaded from it runs steps SAVED_AT + 1 .. STEPS. */
@@ -207,6 +177,8 @@ static void interrupted(const fso_config *from, const fso_config *to, const char
                         run_result *r)
 {
     job j;
+    memset(r, 0, sizeof *r);
+    r->steps = STEPS;
     char err[512], said[1024];
     fso_ckpt_saver *sv;
     if (fso_ckpt_saver_create(&sv, dir, 2, err, sizeof err) < 0)
@@ -230,19 +202,6 @@ static void interrupted(const fso_config *from, const fso_config *to, const char
         job_step(&j, &r->loss[s], &r->norm[s]);
     r->params = job_params(&j, &r->np);
     job_close(&j);
-}
-
-static void assert_bit_identical(const run_result *a, const run_result *b, const char *what)
-{
-    for (int s = SAVED_AT; s < STEPS; s++)
-        if (memcmp(&a->loss[s], &b->loss[s], sizeof(double)) ||
-            memcmp(&a->norm[s], &b->norm[s], sizeof(double)))
-            fail_msg("%s: step %d: loss %.17g vs %.17g, norm %.17g vs %.17g", what, s + 1,
-                     a->loss[s], b->loss[s], a->norm[s], b->norm[s]);
-    assert_int_equal(a->np, b->np);
-    for (size_t i = 0; i < a->np; i++)
-        if (memcmp(&a->params[i], &b->params[i], sizeof(float)))
-            fail_msg("%s: parameter %zu: %.9g vs %.9g", what, i, a->params[i], b->params[i]);
 }
 
 /* ------------------------------------------------------------------ CRC, config */
@@ -368,12 +327,12 @@ static void tiers_case(int world, fso_tier p0, fso_tier o0, fso_overlap ov0, fso
              backend ? ", cpu-async" : "", p0, o0, ov0, p1, o1, ov1);
     save_dir(dir, sizeof dir, "tiers");
     run_result base, r;
-    uninterrupted(&a, &base);
+    run_ok(&a, NULL, &base);
     interrupted(&a, &b, dir, &r);
-    assert_bit_identical(&base, &r, what);
-    free(base.params);
-    free(r.params);
-    rm_tree(dir);
+    assert_bit_identical(&base, &r, SAVED_AT + 1, what);
+    result_free(&base);
+    result_free(&r);
+    remove_tree(dir);
 }
 
 static void test_resume_is_bit_exact_on_any_tiers(void **state)
@@ -405,7 +364,7 @@ static void test_resume_on_other_device_counts_is_within_rounding(void **state)
     char dir[512];
     run_result base;
     config_for(&four, 4, FSO_TIER_NVME, FSO_TIER_NVME); /* saved on 4 devices, state on NVMe */
-    uninterrupted(&four, &base);
+    run_ok(&four, NULL, &base);
     const int worlds[] = {1, 2};
     for (int w = 0; w < 2; w++) {
         run_result r;
@@ -422,10 +381,10 @@ static void test_resume_on_other_device_counts_is_within_rounding(void **state)
             if (fabs(r.params[p] - base.params[p]) > 1e-5 + 1e-4 * fabs(base.params[p]))
                 fail_msg("%d devices: parameter %zu: %.9g vs %.9g", worlds[w], p, r.params[p],
                          base.params[p]);
-        free(r.params);
-        rm_tree(dir);
+        result_free(&r);
+        remove_tree(dir);
     }
-    free(base.params);
+    result_free(&base);
 }
 
 /* A checkpoint of cfg after `steps` steps in dir; the master then, in
@@ -437,7 +396,7 @@ static void save_after(const fso_config *cfg, const char *dir, int steps, float 
     char err[512];
     fso_ckpt_saver *sv;
     double l, n;
-    rm_tree(dir);
+    remove_tree(dir);
     if (fso_ckpt_saver_create(&sv, dir, 2, err, sizeof err) < 0)
         fail_msg("saver: %s", err);
     job_open(&j, cfg);
@@ -519,7 +478,7 @@ static void test_another_model_is_refused_naming_the_key(void **state)
         if (!strstr(said, want[i]))
             fail_msg("said lacks %s: %s", want[i], said);
     fso_ckpt_close(ck);
-    rm_tree(dir);
+    remove_tree(dir);
 }
 
 /* ------------------------------------------------------------------ damage */
@@ -621,7 +580,7 @@ static void test_corrupted_and_truncated_checkpoints_name_file_and_offset(void *
     assert_int_equal(truncate(man, st.st_size / 2), 0);
     snprintf(want, sizeof want, "%s:", man);
     expect_error(ck, want, "damaged");
-    rm_tree(dir);
+    remove_tree(dir);
 }
 
 static void test_half_written_checkpoints_are_never_latest(void **state)
@@ -659,7 +618,7 @@ static void test_half_written_checkpoints_are_never_latest(void **state)
     expect_error(dir, "names step-00000009", NULL);
     write_text(p, "../../etc\n");
     expect_error(dir, "expected the name of a checkpoint folder", NULL);
-    rm_tree(dir);
+    remove_tree(dir);
 }
 
 /* ------------------------------------------------------------------ faults */
@@ -711,7 +670,7 @@ static void save_with_fault(fso_fault_spec spec, const char *why)
     assert_int_equal(load_rc(dir, err, sizeof err), 0); /* saved on 2 devices, loads on 1 */
     job_close(&j);
     fso_ckpt_saver_destroy(sv);
-    rm_tree(dir);
+    remove_tree(dir);
 }
 
 static void test_enospc_while_saving_loses_nothing(void **state)
@@ -806,7 +765,7 @@ static void test_keep_deletes_the_oldest_after_a_newer_is_complete(void **state)
     /* a symlink that looks like an old checkpoint: neither it nor what it
      * points at is deleted */
     path_in(target, sizeof target, "keep-target");
-    rm_tree(target);
+    remove_tree(target);
     assert_int_equal(mkdir(target, 0755), 0);
     path_in(p, sizeof p, "keep-target/%s", FSO_CKPT_MANIFEST);
     write_text(p, "{}");
@@ -836,8 +795,8 @@ static void test_keep_deletes_the_oldest_after_a_newer_is_complete(void **state)
     assert_int_equal(fso_ckpt_saver_create(&other, dir, 2, err, sizeof err), -EBUSY);
     assert_non_null(strstr(err, "another fsoff is saving checkpoints there"));
     fso_ckpt_saver_destroy(sv);
-    rm_tree(dir);
-    rm_tree(target);
+    remove_tree(dir);
+    remove_tree(target);
 }
 
 /* ------------------------------------------------------------------ export's view */
@@ -891,7 +850,7 @@ static void test_tensors_come_out_in_hugging_face_order(void **state)
     fso_ckpt_close(ck);
     free(hf);
     free(blocks);
-    rm_tree(dir);
+    remove_tree(dir);
 }
 
 /* fsoff export's conversion: the folder read back with --init-from gives
@@ -914,7 +873,7 @@ static void test_export_round_trip_is_bit_exact_in_fp32(void **state)
         fso_ckpt *ck;
         fso_hf_export_opts o = {.dtype = types[d]};
         path_in(out, sizeof out, "export-%s", fso_hf_dtype_name(types[d]));
-        rm_tree(out);
+        remove_tree(out);
         assert_int_equal(fso_ckpt_open(&ck, dir, err, sizeof err), 0);
         if (fso_ckpt_export_hf(ck, out, &o, err, sizeof err) < 0)
             fail_msg("export: %s", err);
@@ -946,10 +905,10 @@ static void test_export_round_trip_is_bit_exact_in_fp32(void **state)
         free(back);
         job_close(&j);
         fso_config_free(&from);
-        rm_tree(out);
+        remove_tree(out);
     }
     free(master);
-    rm_tree(dir);
+    remove_tree(dir);
 }
 
 static int setup(void **state)
@@ -966,7 +925,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     (void)state;
-    rm_tree(work);
+    remove_tree(work);
     return 0;
 }
 

@@ -22,45 +22,7 @@
 
 #include "config.h"
 #include "json_locate.h"
-
-typedef struct tdir {
-    char path[256];
-    char file[512];             /* the last file written */
-} tdir;
-
-static int setup_dir(void **state)
-{
-    tdir *t = calloc(1, sizeof(*t));
-    if (!t)
-        return -1;
-    snprintf(t->path, sizeof(t->path), "/tmp/fso_test_config.XXXXXX");
-    if (!mkdtemp(t->path)) {
-        free(t);
-        return -1;
-    }
-    *state = t;
-    return 0;
-}
-
-static int teardown_dir(void **state)
-{
-    tdir *t = *state;
-    DIR *dir = opendir(t->path);
-    if (dir) {
-        struct dirent *e;
-        while ((e = readdir(dir))) {
-            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
-                continue;
-            char p[600];
-            snprintf(p, sizeof(p), "%s/%s", t->path, e->d_name);
-            unlink(p);
-        }
-        closedir(dir);
-    }
-    rmdir(t->path);
-    free(t);
-    return 0;
-}
+#include "test_util.h"
 
 /* Write text to <dir>/<name>; t->file is its path. */
 static const char *write_cfg(tdir *t, const char *name, const char *text)

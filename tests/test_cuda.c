@@ -40,7 +40,7 @@
 #include "adamw.h"
 #include "gpu_info.h"
 #include "rng.h"
-#include "small_model.h"
+#include "test_util.h"
 #include "train.h"
 #include "zero.h"
 
@@ -73,8 +73,6 @@ static int peak_table_ok(void)
 
 #if FSO_HAVE_CUDA
 
-#define GUARD 16
-#define GUARD_VAL 12345.678f
 #define TOL_FP32 1e-5
 #define TOL_BF16 2e-2
 
@@ -117,8 +115,7 @@ static void *dnew_es(fso_backend *be, size_t n, size_t es, const void *guard)
     assert_int_equal(be->ops->buf_alloc(be, es * (n + 2 * GUARD), &base), 0);
     char *fill = malloc(es * (n + 2 * GUARD));
     assert_non_null(fill);
-    for (size_t i = 0; i < n + 2 * GUARD; i++)
-        memcpy(fill + i * es, guard, es);
+    guard_fill_es(fill, n, es, guard);
     be->ops->copy_h2d(be, base, fill, es * (n + 2 * GUARD));
     assert_int_equal(be->ops->sync(be), 0);
     free(fill);
@@ -142,9 +139,7 @@ static void *dget_es(fso_backend *be, const void *d, size_t n, size_t es, const 
     int rc = be->ops->sync(be);
     if (rc != 0)
         fail_msg("%s: sync failed: %s", what, be->err);
-    for (int i = 0; i < GUARD; i++)
-        if (memcmp(h + es * i, guard, es) != 0 || memcmp(h + es * (GUARD + n + i), guard, es) != 0)
-            fail_msg("%s: write outside the output (guard %d)", what, i);
+    guard_check_es(h + es * GUARD, n, es, guard, what);
     memmove(h, h + es * GUARD, es * n);
     return h;
 }
@@ -183,28 +178,13 @@ static float *dget(fso_backend *be, const float *d, size_t n, const char *what)
     return dget_es(be, d, n, sizeof(float), &guard_f32, what);
 }
 
-/* Fail unless ||got - want|| / ||want|| <= tol and every value is finite. */
-static void compare(const char *what, int m, const float *got, const float *want, size_t n,
-                    double tol)
+/* compare() (test_util.h), the math named in its messages. */
+static void compare_math(const char *what, int m, const float *got, const float *want, size_t n,
+                         double tol)
 {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (!isfinite(got[i]))
-            fail_msg("%s (%s): element %zu is %g", what, math_name[m], i, got[i]);
-        double d = (double)got[i] - want[i];
-        num += d * d;
-        den += (double)want[i] * want[i];
-    }
-    double err = sqrt(num / (den > 0 ? den : 1));
-    if (err > tol || (tol == 0 && num != 0)) {
-        int shown = 0;
-        for (size_t i = 0; i < n && shown < 5; i++)
-            if (fabs((double)got[i] - want[i]) > tol * (fabs(want[i]) + 1e-3)) {
-                fprintf(stderr, "  %s[%zu]: got %.8g want %.8g\n", what, i, got[i], want[i]);
-                shown++;
-            }
-        fail_msg("%s (%s): normalized error %.3g > %.3g", what, math_name[m], err, tol);
-    }
+    char label[256];
+    snprintf(label, sizeof label, "%s (%s)", what, math_name[m]);
+    compare(label, got, want, n, tol);
 }
 
 /* Device result against a host reference; frees the copy. */
@@ -212,7 +192,7 @@ static void check(fso_backend *be, int m, const char *what, const float *d, cons
                   size_t n, double tol)
 {
     float *got = dget(be, d, n, what);
-    compare(what, m, got, want, n, tol);
+    compare_math(what, m, got, want, n, tol);
     free(got);
 }
 
@@ -307,7 +287,7 @@ static void check16(fso_backend *be, int m, const char *what, const uint16_t *d,
                     const uint16_t *want, size_t n, double tol)
 {
     float *got = dget16(be, d, n, what), *w = hwiden(want, n);
-    compare(what, m, got, w, n, tol);
+    compare_math(what, m, got, w, n, tol);
     free(got);
     free(w);
 }
@@ -499,7 +479,7 @@ static void run_attention(int m, int B, int T, int H, int Hkv, int D)
     be->ops->attention_fwd(be, d_o, d_p, d_q, d_k, d_v, FSO_DT_F32, B, T, H, Hkv, D);
     check(be, m, "attention_fwd out", d_o, o, nq, mm_tol(m));
     float *got_p = dget(be, d_p, np, "attention_fwd probs");
-    compare("attention_fwd probs", m, got_p, p, np, mm_tol(m));
+    compare_math("attention_fwd probs", m, got_p, p, np, mm_tol(m));
     for (int bh = 0; bh < B * H; bh++) /* causal: exact zeros past the diagonal */
         for (int t = 0; t < T; t++)
             for (int s = t + 1; s < T; s++)
@@ -798,7 +778,7 @@ static void run_attention_bf16(int m, int B, int T, int H, int Hkv, int D)
     check16(be, m, "attention_fwd bf16 out", d_o, o, nq, TOL_BF16_OPERAND);
     /* fp32 scores and softmax on both sides: P differs by its rounding only */
     float *got_p = dget16(be, d_p, np, "attention_fwd bf16 probs"), *want_p = hwiden(p, np);
-    compare("attention_fwd bf16 probs", m, got_p, want_p, np, TOL_BF16_STORE);
+    compare_math("attention_fwd bf16 probs", m, got_p, want_p, np, TOL_BF16_STORE);
     for (int bh = 0; bh < B * H; bh++)
         for (int t = 0; t < T; t++)
             for (int s = t + 1; s < T; s++)
@@ -1588,8 +1568,8 @@ static void test_nccl_matches_the_thread_collectives(void **state)
         struct rank_job *j = &jobs[r];
         if (j->rc != 0)
             fail_msg("rank %d: %s (%s)", r, strerror(-j->rc), j->err);
-        compare("all_gather", 0, j->dev_gather, j->host_gather, count * world, 0);
-        compare("reduce_scatter", 0, j->dev_scatter, j->host_scatter, count / world, 1e-6);
+        compare_math("all_gather", 0, j->dev_gather, j->host_gather, count * world, 0);
+        compare_math("reduce_scatter", 0, j->dev_scatter, j->host_scatter, count / world, 1e-6);
         if (memcmp(j->dev_gather16, j->host_gather16, sizeof(uint16_t) * count * world))
             fail_msg("rank %d: bf16 all_gather: NCCL and the thread collectives differ", r);
         assert_true(memcmp(j->f64, j->f64_threads, sizeof j->f64) == 0);
@@ -1611,7 +1591,7 @@ static void test_nccl_matches_the_thread_collectives(void **state)
 
 /* ---------------------------------------------------------------- training end to end */
 
-/* Three steps of the small job (small_model.h) on `world` GPUs against the CPU
+/* Three steps of the small job (test_util.h) on `world` GPUs against the CPU
  * backend: same seed, data and placement. Declared tolerances on each
  * step's loss and gradient norm, relative: 1e-4 with fp32 matmuls, 3e-2 with
  * bf16 tensor cores. */

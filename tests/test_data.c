@@ -21,54 +21,7 @@
 #include <cmocka.h>
 
 #include "data.h"
-
-typedef struct tdir {
-    char path[256];
-} tdir;
-
-static int setup_dir(void **state)
-{
-    tdir *t = calloc(1, sizeof(*t));
-    if (!t)
-        return -1;
-    snprintf(t->path, sizeof(t->path), "/tmp/fso_test_data.XXXXXX");
-    if (!mkdtemp(t->path)) {
-        free(t);
-        return -1;
-    }
-    *state = t;
-    return 0;
-}
-
-/* Remove the folder and whatever the test left in it. */
-static void remove_tree(const char *path)
-{
-    DIR *dir = opendir(path);
-    if (dir) {
-        struct dirent *e;
-        while ((e = readdir(dir))) {
-            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
-                continue;
-            char p[1024];
-            struct stat st;
-            snprintf(p, sizeof(p), "%s/%s", path, e->d_name);
-            if (lstat(p, &st) == 0 && S_ISDIR(st.st_mode))
-                remove_tree(p);
-            else
-                unlink(p);
-        }
-        closedir(dir);
-    }
-    rmdir(path);
-}
-
-static int teardown_dir(void **state)
-{
-    tdir *t = *state;
-    remove_tree(t->path);
-    free(t);
-    return 0;
-}
+#include "test_util.h"
 
 static void tpath(const tdir *t, const char *name, char *out, size_t n)
 {

@@ -1,6 +1,7 @@
 /* test_hf.c — Hugging Face folders: the safetensors reader's checks and
  * conversions, --init-from against PyTorch, export, the round trip, and
- * what is refused.
+ * what is refused; last, that remove_tree (test_util.h), which cleans up
+ * the folders here, follows no symlink.
  *
  * The fixtures (tests/fixtures/hf/, written by tests/gen_hf_fixtures.py
  * with transformers' semantics in float64) are small Llama folders with
@@ -34,6 +35,7 @@
 #include "hf.h"
 #include "model.h"
 #include "safetensors.h"
+#include "test_util.h"
 #include "train.h"
 #include "zero.h"
 
@@ -46,25 +48,6 @@ static int make_tmp(void **state)
     (void)state;
     snprintf(tmp_root, sizeof tmp_root, "/tmp/fso_test_hf.XXXXXX");
     return mkdtemp(tmp_root) ? 0 : -1;
-}
-
-static void remove_tree(const char *path)
-{
-    DIR *d = opendir(path);
-    if (!d) {
-        unlink(path);
-        return;
-    }
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
-            continue;
-        char p[1024];
-        snprintf(p, sizeof p, "%s/%s", path, e->d_name);
-        remove_tree(p);
-    }
-    closedir(d);
-    rmdir(path);
 }
 
 static int drop_tmp(void **state)
@@ -1117,6 +1100,50 @@ static void test_a_bad_index_is_refused(void **state)
     }
 }
 
+/* ------------------------------------------------------------------ the test folders */
+
+/* remove_tree (test_util.h), which every test here cleans up with, unlinks
+ * a symlink in the tree, to a folder or a file, or named as the tree
+ * itself, and never descends into or empties what it points to. */
+static void test_remove_tree_follows_no_symlink(void **state)
+{
+    (void)state;
+    char tree[512], outside[512], p[1100], kept[1100];
+    size_t len;
+    struct stat st;
+    tmp_dir(tree, sizeof tree, "tree");
+    tmp_dir(outside, sizeof outside, "outside");
+    assert_int_equal(mkdir(outside, 0755), 0);
+    snprintf(kept, sizeof kept, "%s/kept", outside);
+    write_bytes(kept, "kept", 4);
+    assert_int_equal(mkdir(tree, 0755), 0);
+    snprintf(p, sizeof p, "%s/sub", tree);
+    assert_int_equal(mkdir(p, 0755), 0);
+    snprintf(p, sizeof p, "%s/sub/file", tree);
+    write_bytes(p, "gone", 4);
+    snprintf(p, sizeof p, "%s/sub/to_folder", tree);
+    assert_int_equal(symlink(outside, p), 0);
+    snprintf(p, sizeof p, "%s/to_file", tree);
+    assert_int_equal(symlink(kept, p), 0);
+
+    assert_int_equal(remove_tree(tree), 0);
+    assert_int_equal(lstat(tree, &st), -1);
+    assert_int_equal(errno, ENOENT);
+    char *back = read_bytes(kept, &len);
+    assert_int_equal(len, 4);
+    assert_string_equal(back, "kept");
+    free(back);
+
+    /* the tree named by a symlink: the link goes, the folder stays */
+    snprintf(p, sizeof p, "%s/link", tmp_root);
+    assert_int_equal(symlink(outside, p), 0);
+    assert_int_equal(remove_tree(p), 0);
+    assert_int_equal(lstat(p, &st), -1);
+    assert_int_equal(stat(kept, &st), 0);
+    assert_int_equal(remove_tree(outside), 0);
+    assert_int_equal(lstat(outside, &st), -1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1135,6 +1162,7 @@ int main(void)
         cmocka_unit_test(test_unsupported_configs_are_refused_by_name),
         cmocka_unit_test(test_folder_tensors_are_checked_against_the_config),
         cmocka_unit_test(test_a_bad_index_is_refused),
+        cmocka_unit_test(test_remove_tree_follows_no_symlink),
     };
     return cmocka_run_group_tests(tests, make_tmp, drop_tmp);
 }

@@ -28,37 +28,13 @@
 #include "cpu_async.h"
 #include "pool.h"
 #include "rng.h"
+#include "test_util.h"
 
-#define GUARD 16
-#define GUARD_VAL 12345.678f
 #define FAST_TOL 2e-5
 #define FD_TOL 2e-3
 
 static fso_backend *ref, *fast;
 static fso_rng rng;
-
-/* A buffer of n floats with GUARD sentinels on both sides. */
-static float *gbuf(size_t n)
-{
-    float *p = malloc(sizeof(float) * (n + 2 * GUARD));
-    assert_non_null(p);
-    for (size_t i = 0; i < n + 2 * GUARD; i++)
-        p[i] = GUARD_VAL;
-    return p + GUARD;
-}
-
-static void gfree(float *p)
-{
-    if (p)
-        free(p - GUARD);
-}
-
-static void guard_check(const float *p, size_t n, const char *what)
-{
-    for (int i = 1; i <= GUARD; i++)
-        if (p[-i] != GUARD_VAL || p[n + i - 1] != GUARD_VAL)
-            fail_msg("%s: write outside the output (guard %d)", what, i);
-}
 
 static float *randbuf(size_t n, double scale)
 {
@@ -75,27 +51,11 @@ static float *copybuf(const float *src, size_t n)
     return p;
 }
 
-/* Fail with the first mismatches unless ||a-b|| / ||ref|| <= tol. */
-static void compare(const char *what, const float *got, const float *want, size_t n, double tol)
+/* compare() (test_util.h), then the guards around got, a gbuf. */
+static void compare_guarded(const char *what, const float *got, const float *want, size_t n,
+                            double tol)
 {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (!isfinite(got[i]))
-            fail_msg("%s: element %zu is %g", what, i, got[i]);
-        double d = (double)got[i] - want[i];
-        num += d * d;
-        den += (double)want[i] * want[i];
-    }
-    double err = sqrt(num / (den > 0 ? den : 1));
-    if (err > tol) {
-        int shown = 0;
-        for (size_t i = 0; i < n && shown < 5; i++)
-            if (fabs((double)got[i] - want[i]) > tol * (fabs(want[i]) + 1e-3)) {
-                fprintf(stderr, "  %s[%zu]: got %.8g want %.8g\n", what, i, got[i], want[i]);
-                shown++;
-            }
-        fail_msg("%s: normalized error %.3g > %.3g", what, err, tol);
-    }
+    compare(what, got, want, n, tol);
     guard_check(got, n, what);
 }
 
@@ -150,7 +110,7 @@ static void test_matmul(void **state)
     float *o1 = gbuf((size_t)N * Co), *o2 = gbuf((size_t)N * Co), *R = randbuf((size_t)N * Co, 1);
     ref->ops->matmul_fwd(ref, o1, FSO_DT_F32, x, w, FSO_DT_F32, N, Ci, Co);
     fast->ops->matmul_fwd(fast, o2, FSO_DT_F32, x, w, FSO_DT_F32, N, Ci, Co);
-    compare("matmul_fwd out", o2, o1, (size_t)N * Co, FAST_TOL);
+    compare_guarded("matmul_fwd out", o2, o1, (size_t)N * Co, FAST_TOL);
 
     float *dx0 = randbuf((size_t)N * Ci, 1), *dw0 = randbuf((size_t)Co * Ci, 1);
     float *dx1 = copybuf(dx0, (size_t)N * Ci), *dw1 = copybuf(dw0, (size_t)Co * Ci);
@@ -159,8 +119,8 @@ static void test_matmul(void **state)
                          1.0f);
     fast->ops->matmul_bwd(fast, dx2, FSO_DT_F32, dw2, R, FSO_DT_F32, x, w, FSO_DT_F32, N, Ci, Co,
                           1.0f);
-    compare("matmul_bwd dx (accumulate)", dx2, dx1, (size_t)N * Ci, FAST_TOL);
-    compare("matmul_bwd dw", dw2, dw1, (size_t)Co * Ci, FAST_TOL);
+    compare_guarded("matmul_bwd dx (accumulate)", dx2, dx1, (size_t)N * Ci, FAST_TOL);
+    compare_guarded("matmul_bwd dw", dw2, dw1, (size_t)Co * Ci, FAST_TOL);
 
     /* finite differences: gradients from zero */
     memset(dx1, 0, sizeof(float) * N * Ci);
@@ -303,10 +263,12 @@ static void test_matmul_bits_do_not_depend_on_threads_or_devices(void **state)
     mm_outs_alloc(&want);
     mm_run(one, &base);
     mm_run(ref, &want);
-    compare("matmul_fwd out", base.out, want.out, (size_t)MMT_N * MMT_CO, FAST_TOL);
-    compare("matmul_bwd dx (accumulate)", base.dx, want.dx, (size_t)MMT_N * MMT_CI, FAST_TOL);
-    compare("matmul_bwd dx (beta 0)", base.dx0, want.dx0, (size_t)MMT_N * MMT_CI, FAST_TOL);
-    compare("matmul_bwd dw", base.dw, want.dw, (size_t)MMT_CO * MMT_CI, FAST_TOL);
+    compare_guarded("matmul_fwd out", base.out, want.out, (size_t)MMT_N * MMT_CO, FAST_TOL);
+    compare_guarded("matmul_bwd dx (accumulate)", base.dx, want.dx, (size_t)MMT_N * MMT_CI,
+                    FAST_TOL);
+    compare_guarded("matmul_bwd dx (beta 0)", base.dx0, want.dx0, (size_t)MMT_N * MMT_CI,
+                    FAST_TOL);
+    compare_guarded("matmul_bwd dw", base.dw, want.dw, (size_t)MMT_CO * MMT_CI, FAST_TOL);
     mm_outs_free(&want);
 
     for (int threads = 2; threads <= 7; threads++) {
@@ -366,15 +328,15 @@ static void test_rmsnorm(void **state)
     float *R = randbuf((size_t)N * C, 1);
     ref->ops->rmsnorm_fwd(ref, o1, r1, x, w, FSO_DT_F32, N, C, 1e-5f);
     fast->ops->rmsnorm_fwd(fast, o2, r2, x, w, FSO_DT_F32, N, C, 1e-5f);
-    compare("rmsnorm_fwd out", o2, o1, (size_t)N * C, FAST_TOL);
-    compare("rmsnorm_fwd rstd", r2, r1, N, FAST_TOL);
+    compare_guarded("rmsnorm_fwd out", o2, o1, (size_t)N * C, FAST_TOL);
+    compare_guarded("rmsnorm_fwd rstd", r2, r1, N, FAST_TOL);
 
     float *dx1 = randbuf((size_t)N * C, 1), *dx2 = copybuf(dx1, (size_t)N * C);
     float *dw1 = randbuf(C, 1), *dw2 = copybuf(dw1, C);
     ref->ops->rmsnorm_bwd(ref, dx1, dw1, R, x, w, FSO_DT_F32, r1, N, C);
     fast->ops->rmsnorm_bwd(fast, dx2, dw2, R, x, w, FSO_DT_F32, r1, N, C);
-    compare("rmsnorm_bwd dx", dx2, dx1, (size_t)N * C, FAST_TOL);
-    compare("rmsnorm_bwd dw", dw2, dw1, C, FAST_TOL);
+    compare_guarded("rmsnorm_bwd dx", dx2, dx1, (size_t)N * C, FAST_TOL);
+    compare_guarded("rmsnorm_bwd dw", dw2, dw1, C, FAST_TOL);
 
     memset(dx1, 0, sizeof(float) * N * C);
     memset(dw1, 0, sizeof(float) * C);
@@ -400,7 +362,7 @@ static void test_embedding(void **state)
     float *wte = randbuf((size_t)V * C, 1), *o1 = gbuf((size_t)N * C), *o2 = gbuf((size_t)N * C);
     ref->ops->embedding_fwd(ref, o1, tok, wte, FSO_DT_F32, N, C);
     fast->ops->embedding_fwd(fast, o2, tok, wte, FSO_DT_F32, N, C);
-    compare("embedding_fwd", o2, o1, (size_t)N * C, 0);
+    compare_guarded("embedding_fwd", o2, o1, (size_t)N * C, 0);
     for (int c = 0; c < C; c++)
         assert_true(o1[(size_t)4 * C + c] == wte[(size_t)tok[4] * C + c]);
 
@@ -409,7 +371,7 @@ static void test_embedding(void **state)
     float *d0 = copybuf(d1, (size_t)V * C);
     ref->ops->embedding_bwd(ref, d1, tok, dout, N, C);
     fast->ops->embedding_bwd(fast, d2, tok, dout, N, C);
-    compare("embedding_bwd", d2, d1, (size_t)V * C, FAST_TOL);
+    compare_guarded("embedding_bwd", d2, d1, (size_t)V * C, FAST_TOL);
     /* dwte[5] gained the sum of the rows that used token 5 */
     for (int c = 0; c < C; c++) {
         double s = d0[(size_t)5 * C + c];
@@ -448,10 +410,10 @@ static void test_rope(void **state)
     float *x = randbuf(n, 1), *a = copybuf(x, n), *b = copybuf(x, n);
     ref->ops->rope(ref, a, FSO_DT_F32, cs, sn, B, T, nh, D, 0);
     fast->ops->rope(fast, b, FSO_DT_F32, cs, sn, B, T, nh, D, 0);
-    compare("rope", b, a, n, FAST_TOL);
+    compare_guarded("rope", b, a, n, FAST_TOL);
     /* the inverse undoes it */
     fast->ops->rope(fast, b, FSO_DT_F32, cs, sn, B, T, nh, D, 1);
-    compare("rope inverse", b, x, n, 1e-6);
+    compare_guarded("rope inverse", b, x, n, 1e-6);
     /* backward: dx = R^T dy, the inverse rotation of dy */
     float *R = randbuf(n, 1), *g = copybuf(R, n), *work = gbuf(n);
     ref->ops->rope(ref, g, FSO_DT_F32, cs, sn, B, T, nh, D, 1);
@@ -480,8 +442,8 @@ static void run_attention(int B, int T, int H, int Hkv, int D)
     float *o1 = gbuf(nq), *o2 = gbuf(nq), *p1 = gbuf(np), *p2 = gbuf(np), *R = randbuf(nq, 1);
     ref->ops->attention_fwd(ref, o1, p1, q, k, v, FSO_DT_F32, B, T, H, Hkv, D);
     fast->ops->attention_fwd(fast, o2, p2, q, k, v, FSO_DT_F32, B, T, H, Hkv, D);
-    compare("attention_fwd out", o2, o1, nq, FAST_TOL);
-    compare("attention_fwd probs", p2, p1, np, FAST_TOL);
+    compare_guarded("attention_fwd out", o2, o1, nq, FAST_TOL);
+    compare_guarded("attention_fwd probs", p2, p1, np, FAST_TOL);
     /* causal: nothing attends to the future, rows sum to 1 */
     for (int bh = 0; bh < B * H; bh++)
         for (int t = 0; t < T; t++) {
@@ -499,9 +461,9 @@ static void run_attention(int B, int T, int H, int Hkv, int D)
     float *dq2 = gbuf(nq), *dk2 = gbuf(nkv), *dv2 = gbuf(nkv);
     ref->ops->attention_bwd(ref, dq1, dk1, dv1, R, p1, q, k, v, FSO_DT_F32, B, T, H, Hkv, D);
     fast->ops->attention_bwd(fast, dq2, dk2, dv2, R, p1, q, k, v, FSO_DT_F32, B, T, H, Hkv, D);
-    compare("attention_bwd dq", dq2, dq1, nq, FAST_TOL);
-    compare("attention_bwd dk", dk2, dk1, nkv, FAST_TOL);
-    compare("attention_bwd dv", dv2, dv1, nkv, FAST_TOL);
+    compare_guarded("attention_bwd dq", dq2, dq1, nq, FAST_TOL);
+    compare_guarded("attention_bwd dk", dk2, dk1, nkv, FAST_TOL);
+    compare_guarded("attention_bwd dv", dv2, dv1, nkv, FAST_TOL);
     struct att_ctx c = {q, k, v, o1, p1, R, B, T, H, Hkv, D};
     fd_check("attention dq", q, nq, dq1, att_loss, &c);
     fd_check("attention dk", k, nkv, dk1, att_loss, &c);
@@ -540,12 +502,12 @@ static void test_swiglu(void **state)
     float *g = randbuf(n, 2), *u = randbuf(n, 1), *o1 = gbuf(n), *o2 = gbuf(n), *R = randbuf(n, 1);
     ref->ops->swiglu_fwd(ref, o1, g, u, FSO_DT_F32, n);
     fast->ops->swiglu_fwd(fast, o2, g, u, FSO_DT_F32, n);
-    compare("swiglu_fwd", o2, o1, n, FAST_TOL);
+    compare_guarded("swiglu_fwd", o2, o1, n, FAST_TOL);
     float *dg1 = gbuf(n), *du1 = gbuf(n), *dg2 = gbuf(n), *du2 = gbuf(n);
     ref->ops->swiglu_bwd(ref, dg1, du1, R, g, u, FSO_DT_F32, n);
     fast->ops->swiglu_bwd(fast, dg2, du2, R, g, u, FSO_DT_F32, n);
-    compare("swiglu_bwd dgate", dg2, dg1, n, FAST_TOL);
-    compare("swiglu_bwd dup", du2, du1, n, FAST_TOL);
+    compare_guarded("swiglu_bwd dgate", dg2, dg1, n, FAST_TOL);
+    compare_guarded("swiglu_bwd dup", du2, du1, n, FAST_TOL);
     struct sw_ctx c = {g, u, o1, R, n};
     fd_check("swiglu dgate", g, n, dg1, sw_loss, &c);
     fd_check("swiglu dup", u, n, du1, sw_loss, &c);
@@ -553,7 +515,7 @@ static void test_swiglu(void **state)
     float *s1 = gbuf(n), *s2 = gbuf(n);
     ref->ops->add(ref, s1, g, u, n);
     fast->ops->add(fast, s2, g, u, n);
-    compare("add", s2, s1, n, 0);
+    compare_guarded("add", s2, s1, n, 0);
     assert_true(s1[17] == g[17] + u[17]);
     float *bufs[] = {g, u, o1, o2, R, dg1, du1, dg2, du2, s1, s2};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
@@ -584,8 +546,8 @@ static void test_cross_entropy(void **state)
     float *lg = randbuf(n, 3), *d1 = gbuf(n), *d2 = gbuf(n), *l1 = gbuf(N), *l2 = gbuf(N);
     ref->ops->cross_entropy(ref, d1, l1, lg, tgt, N, V, 0.25f);
     fast->ops->cross_entropy(fast, d2, l2, lg, tgt, N, V, 0.25f);
-    compare("cross_entropy losses", l2, l1, N, FAST_TOL);
-    compare("cross_entropy dlogits", d2, d1, n, FAST_TOL);
+    compare_guarded("cross_entropy losses", l2, l1, N, FAST_TOL);
+    compare_guarded("cross_entropy dlogits", d2, d1, n, FAST_TOL);
     /* uniform logits: loss is log V */
     float *flat = gbuf(V), *fd = gbuf(V), *fl = gbuf(1);
     for (int j = 0; j < V; j++)
@@ -595,7 +557,7 @@ static void test_cross_entropy(void **state)
     /* in place: dlogits written over the logits */
     float *inpl = copybuf(lg, n), *li = gbuf(N);
     fast->ops->cross_entropy(fast, inpl, li, inpl, tgt, N, V, 0.25f);
-    compare("cross_entropy in place", inpl, d1, n, FAST_TOL);
+    compare_guarded("cross_entropy in place", inpl, d1, n, FAST_TOL);
 
     float *g = gbuf(n), *work = gbuf(n);
     ref->ops->cross_entropy(ref, g, l1, lg, tgt, N, V, 1.0f);
@@ -1022,13 +984,12 @@ static void init_rope(float **t, const tcase *c)
 }
 
 /* A bf16 buffer of n elements with GUARD sentinels on both sides. */
-#define GUARD16 0x7f7fu
+static const uint16_t guard_bf16 = 0x7f7fu;
 static uint16_t *gbuf16(size_t n)
 {
     uint16_t *p = malloc(sizeof(uint16_t) * (n + 2 * GUARD));
     assert_non_null(p);
-    for (size_t i = 0; i < n + 2 * GUARD; i++)
-        p[i] = GUARD16;
+    guard_fill_es(p, n, sizeof *p, &guard_bf16);
     return p + GUARD;
 }
 
@@ -1089,14 +1050,12 @@ static void run_typed(fso_backend *be, const tcase *c, double tol)
                     fail_msg("%s[%zu]: 0x%04x, want 0x%04x (fp32 %.8g rounded once)", what, e,
                              h[e], fso_bf16_from_f32(want[i][e]), want[i][e]);
             }
-            compare(what, got, exp, c->len[i], tol);
-            for (int g = 1; g <= GUARD; g++)
-                if (h[-g] != GUARD16 || h[c->len[i] + g - 1] != GUARD16)
-                    fail_msg("%s: write outside the output (guard %d)", what, g);
+            compare_guarded(what, got, exp, c->len[i], tol);
+            guard_check_es(h, c->len[i], sizeof *h, &guard_bf16, what);
             gfree(got);
             gfree(exp);
         } else {
-            compare(what, t[i], want[i], c->len[i], tol == 0 ? 0 : FAST_TOL);
+            compare_guarded(what, t[i], want[i], c->len[i], tol == 0 ? 0 : FAST_TOL);
         }
     }
     for (int i = 0; i < c->n; i++) {

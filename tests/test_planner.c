@@ -38,6 +38,7 @@
 #include "plan.h"
 #include "planner.h"
 #include "probe.h"
+#include "test_util.h"
 #include "topology.h"
 
 #define MIB (1024.0 * 1024.0)
@@ -1479,9 +1480,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     (void)state;
-    char cmd[1100];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    return system(cmd) == 0 ? 0 : -1;
+    return remove_tree(tmpdir) == 0 ? 0 : -1;
 }
 
 int main(void)

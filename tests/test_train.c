@@ -21,126 +21,50 @@
 #include "cpu_isa.h"
 #include "data.h"
 #include "report.h"
+#include "test_util.h"
 #include "train.h"
 
-#define STEPS 3
+#define STEPS FSO_TEST_STEPS
 
-static void small_config(fso_config *cfg)
+/* STEPS optimizer steps of cfg on the built-in corpus with `threads`
+ * threads; the test fails when the trainer does. */
+static void run_threads(const fso_config *cfg, int threads, run_result *out)
 {
-    fso_config_defaults(cfg);
-    cfg->model.hidden_size = 48;
-    cfg->model.intermediate_size = 96;
-    cfg->model.num_hidden_layers = 2;
-    cfg->model.num_attention_heads = 4;
-    cfg->model.num_key_value_heads = 2;
-    cfg->model.head_dim = 12;
-    cfg->data.seq_len = 24;
-    cfg->micro_batch = 2;
-    cfg->grad_accum = 1;
-    cfg->steps = STEPS;
-    cfg->sched.warmup_num_steps = 1;
-}
-
-typedef struct run_result {
-    double loss[STEPS], norm[STEPS];
-    float *params;
-    size_t np;
-} run_result;
-
-/* STEPS optimizer steps on the built-in corpus. */
-static void run(const fso_config *cfg_in, int threads, run_result *out)
-{
-    fso_config c = *cfg_in;
-    fso_data data = {0};
-    fso_trainer tr;
-    char err[512];
+    fso_config c = *cfg;
     c.threads = threads;
-    if (fso_data_init(&data, &c) < 0)
-        fail_msg("data: %s", data.err);
-    if (fso_trainer_init(&tr, &c) < 0)
-        fail_msg("trainer: %s", tr.err);
-    size_t bt = (size_t)c.micro_batch * c.data.seq_len, n = fso_trainer_step_tokens(&c);
-    int32_t *in = malloc(sizeof(int32_t) * n), *tg = malloc(sizeof(int32_t) * n);
-    for (int s = 0; s < STEPS; s++) {
-        for (size_t a = 0; a < n / bt; a++)
-            fso_data_next(&data, in + a * bt, tg + a * bt);
-        fso_step_stats st;
-        if (fso_trainer_step(&tr, in, tg, &st) < 0)
-            fail_msg("step: %s", tr.err);
-        out->loss[s] = st.loss;
-        out->norm[s] = st.grad_norm;
-    }
-    out->np = fso_zero_model(tr.zero)->n_params;
-    out->params = malloc(sizeof(float) * out->np);
-    if (fso_zero_store_hf(tr.zero, out->params, err, sizeof err) < 0)
-        fail_msg("store: %s", err);
-    free(in);
-    free(tg);
-    fso_trainer_free(&tr);
-    fso_data_free(&data);
-}
-
-/* Whether a and b are the same bits; if not, why, in *why. */
-static bool bit_identical(const run_result *a, const run_result *b, const char *what, char *why,
-                          size_t whylen)
-{
-    if (memcmp(a->loss, b->loss, sizeof a->loss) != 0 || memcmp(a->norm, b->norm, sizeof a->norm)) {
-        snprintf(why, whylen, "%s: losses differ: %.17g vs %.17g", what, a->loss[STEPS - 1],
-                 b->loss[STEPS - 1]);
-        return false;
-    }
-    if (a->np != b->np) {
-        snprintf(why, whylen, "%s: %zu vs %zu parameters", what, a->np, b->np);
-        return false;
-    }
-    for (size_t i = 0; i < a->np; i++)
-        if (memcmp(&a->params[i], &b->params[i], sizeof(float)) != 0) {
-            snprintf(why, whylen, "%s: parameter %zu differs: %.9g vs %.9g", what, i,
-                     a->params[i], b->params[i]);
-            return false;
-        }
-    return true;
-}
-
-/* Fails unless a and b are the same bits; frees both either way, so a
- * failing test leaks nothing. */
-static void assert_bit_identical(run_result *a, run_result *b, const char *what)
-{
-    char why[256];
-    bool same = bit_identical(a, b, what, why, sizeof why);
-    free(a->params);
-    free(b->params);
-    a->params = b->params = NULL;
-    if (!same)
-        fail_msg("%s", why);
+    run_ok(&c, NULL, out);
 }
 
 static void test_same_seed_is_bit_identical(void **state)
 {
     (void)state;
     fso_config cfg;
-    small_config(&cfg);
+    fso_test_tiny_model(&cfg);
     run_result a, b, c;
-    run(&cfg, 2, &a);
-    run(&cfg, 2, &b);
-    assert_bit_identical(&a, &b, "two runs, same seed");
+    run_threads(&cfg, 2, &a);
+    run_threads(&cfg, 2, &b);
+    assert_bit_identical(&a, &b, 1, "two runs, same seed");
     cfg.seed += 1;
-    run(&cfg, 2, &c);
-    free(c.params);
+    run_threads(&cfg, 2, &c);
     assert_true(a.loss[0] != c.loss[0]); /* the seed matters */
+    result_free(&a);
+    result_free(&b);
+    result_free(&c);
 }
 
 static void test_checkpointing_is_bit_identical(void **state)
 {
     (void)state;
     fso_config cfg;
-    small_config(&cfg);
+    fso_test_tiny_model(&cfg);
     run_result a, b;
     cfg.activation_checkpointing = false;
-    run(&cfg, 2, &a);
+    run_threads(&cfg, 2, &a);
     cfg.activation_checkpointing = true;
-    run(&cfg, 2, &b);
-    assert_bit_identical(&a, &b, "checkpointing off vs on");
+    run_threads(&cfg, 2, &b);
+    assert_bit_identical(&a, &b, 1, "checkpointing off vs on");
+    result_free(&a);
+    result_free(&b);
 }
 
 /* Thread counts change no bit: 1 vs 3 threads on one device, 1 vs 3
@@ -151,16 +75,18 @@ static void test_thread_count_changes_nothing(void **state)
     (void)state;
     for (int v = 0; v < 4; v++) {
         fso_config cfg;
-        small_config(&cfg);
+        fso_test_tiny_model(&cfg);
         cfg.world = v & 1 ? 2 : 1;
         cfg.bf16 = v & 2;
         run_result a, b;
         char what[128];
-        run(&cfg, cfg.world, &a);
-        run(&cfg, 3 * cfg.world, &b);
+        run_threads(&cfg, cfg.world, &a);
+        run_threads(&cfg, 3 * cfg.world, &b);
         snprintf(what, sizeof what, "%d device%s, %s: 1 thread vs 3 threads per device",
                  cfg.world, cfg.world > 1 ? "s" : "", cfg.bf16 ? "bf16" : "fp32");
-        assert_bit_identical(&a, &b, what);
+        assert_bit_identical(&a, &b, 1, what);
+        result_free(&a);
+        result_free(&b);
     }
 }
 
@@ -173,12 +99,12 @@ static void test_isa_changes_nothing(void **state)
     const char *saved = getenv("FSO_ISA");
     char *keep = saved ? strdup(saved) : NULL;
     fso_config cfg;
-    small_config(&cfg);
+    fso_test_tiny_model(&cfg);
     cfg.world = 2;
     cfg.bf16 = true;
     run_result scalar;
     setenv("FSO_ISA", "scalar", 1);
-    run(&cfg, 2, &scalar);
+    run_threads(&cfg, 2, &scalar);
     for (int i = FSO_ISA_AVX2; i < FSO_ISA_COUNT; i++) {
         const char *name = fso_isa_name((fso_isa)i);
         if (!fso_isa_supported((fso_isa)i)) {
@@ -186,18 +112,16 @@ static void test_isa_changes_nothing(void **state)
                           fso_isa_built((fso_isa)i) ? "CPU" : "build");
             continue;
         }
-        run_result r, s = scalar;
+        run_result r;
         char what[64];
         setenv("FSO_ISA", name, 1);
-        run(&cfg, 2, &r);
-        s.params = malloc(sizeof(float) * scalar.np);
-        assert_non_null(s.params);
-        memcpy(s.params, scalar.params, sizeof(float) * scalar.np);
+        run_threads(&cfg, 2, &r);
         snprintf(what, sizeof what, "FSO_ISA=scalar vs %s", name);
-        assert_bit_identical(&s, &r, what);
+        assert_bit_identical(&scalar, &r, 1, what);
+        result_free(&r);
         print_message("FSO_ISA=%s: the scalar path's bits\n", name);
     }
-    free(scalar.params);
+    result_free(&scalar);
     if (keep)
         setenv("FSO_ISA", keep, 1);
     else
@@ -210,14 +134,14 @@ static void test_accumulation_matches_one_large_batch(void **state)
 {
     (void)state;
     fso_config big, acc;
-    small_config(&big);
+    fso_test_tiny_model(&big);
     big.micro_batch = 4;
-    small_config(&acc);
+    fso_test_tiny_model(&acc);
     acc.micro_batch = 2;
     acc.grad_accum = 2;
     run_result a, b;
-    run(&big, 2, &a);
-    run(&acc, 2, &b);
+    run_threads(&big, 2, &a);
+    run_threads(&acc, 2, &b);
     for (int s = 0; s < STEPS; s++) {
         if (fabs(a.loss[s] - b.loss[s]) > 1e-6 * fabs(a.loss[s]) ||
             fabs(a.norm[s] - b.norm[s]) > 1e-5 * fabs(a.norm[s]))
@@ -227,15 +151,15 @@ static void test_accumulation_matches_one_large_batch(void **state)
     for (size_t i = 0; i < a.np; i++)
         if (fabs(a.params[i] - b.params[i]) > 1e-5 + 1e-4 * fabs(a.params[i]))
             fail_msg("parameter %zu: %.9g vs %.9g", i, a.params[i], b.params[i]);
-    free(a.params);
-    free(b.params);
+    result_free(&a);
+    result_free(&b);
 }
 
 static void test_divergence_stops_without_update(void **state)
 {
     (void)state;
     fso_config cfg;
-    small_config(&cfg);
+    fso_test_tiny_model(&cfg);
     fso_data data = {0};
     fso_trainer tr;
     char err[512];
@@ -316,13 +240,13 @@ static void test_activation_estimate_matches_allocation(void **state)
     (void)state;
     {
         fso_config cfg;
-        small_config(&cfg);
+        fso_test_tiny_model(&cfg);
         assert_true(cfg.model.num_hidden_layers + 2 <= MAX_TEST_BLOCKS);
     }
     for (int v = 0; v < 4; v++) {
         const bool ck = v & 1, bf16 = v & 2;
         fso_config cfg;
-        small_config(&cfg);
+        fso_test_tiny_model(&cfg);
         fso_backend *be = NULL;
         fso_model m;
         assert_int_equal(fso_backend_create(&be, "cpu", 1), 0);

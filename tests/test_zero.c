@@ -37,7 +37,7 @@
 #include "data.h"
 #include "plan.h"
 #include "report.h"
-#include "small_model.h"
+#include "test_util.h"
 #include "train.h"
 #include "util.h"
 #include "zero.h"
@@ -46,110 +46,12 @@
 
 static char nvme_dir[256];
 
-static void small_config(fso_config *cfg, int world, int global_batch)
-{
-    fso_test_small_model(cfg, world, global_batch);
-}
-
 static void set_tiers(fso_config *cfg, fso_tier param, fso_tier optim)
 {
     cfg->offload.param_tier = param;
     cfg->offload.optim_tier = optim;
     snprintf(cfg->offload.param_nvme_path, sizeof cfg->offload.param_nvme_path, "%s", nvme_dir);
     snprintf(cfg->offload.optim_nvme_path, sizeof cfg->offload.optim_nvme_path, "%s", nvme_dir);
-}
-
-typedef struct run_result {
-    double loss[STEPS], norm[STEPS];
-    float *params;        /* the fp32 master */
-    float *working;       /* the working parameters, widened to fp32 */
-    size_t np;
-    uint64_t peak_device, arena, nvme_read;
-    fso_async_counts dev; /* cpu-async: what rank 0's device saw during the steps */
-    int rc;
-    char err[512];
-} run_result;
-
-typedef void (*hook_fn)(fso_trainer *tr);
-/* Called after each step s (from 1) of run(), when set. */
-static void (*g_between)(fso_trainer *tr, int s);
-
-static void run(const fso_config *cfg, hook_fn hook, run_result *out)
-{
-    fso_data data = {0};
-    fso_trainer tr;
-    memset(out, 0, sizeof *out);
-    if (fso_data_init(&data, cfg) < 0)
-        fail_msg("data: %s", data.err);
-    if ((out->rc = fso_trainer_init(&tr, cfg)) < 0) {
-        snprintf(out->err, sizeof out->err, "%s", tr.err);
-        fso_data_free(&data);
-        return;
-    }
-    if (hook)
-        hook(&tr);
-    fso_backend *be0 = fso_zero_model(tr.zero)->be;
-    fso_async_counts dev0 = {0};
-    if (fso_backend_is_async(be0))
-        dev0 = fso_async_counts_of(be0);
-    size_t bt = (size_t)cfg->micro_batch * cfg->data.seq_len, n = fso_trainer_step_tokens(cfg);
-    int32_t *in = malloc(sizeof(int32_t) * n), *tg = malloc(sizeof(int32_t) * n);
-    for (int s = 0; s < STEPS && out->rc == 0; s++) {
-        for (size_t a = 0; a < n / bt; a++)
-            fso_data_next(&data, in + a * bt, tg + a * bt);
-        fso_step_stats st;
-        if ((out->rc = fso_trainer_step(&tr, in, tg, &st)) < 0)
-            snprintf(out->err, sizeof out->err, "%s", tr.err);
-        out->loss[s] = st.loss;
-        out->norm[s] = st.grad_norm;
-        out->nvme_read += st.nvme_read_bytes;
-        if (g_between && out->rc == 0)
-            g_between(&tr, s + 1);
-    }
-    if (fso_backend_is_async(be0)) {
-        out->dev = fso_async_counts_of(be0);
-        out->dev.syncs -= dev0.syncs;
-        out->dev.drains -= dev0.drains;
-        out->dev.allocs -= dev0.allocs;
-    }
-    out->np = fso_zero_model(tr.zero)->n_params;
-    out->params = malloc(sizeof(float) * out->np);
-    out->working = malloc(sizeof(float) * out->np);
-    char err[512];
-    if (fso_zero_store_hf(tr.zero, out->params, err, sizeof err) < 0 && out->rc == 0)
-        fail_msg("store: %s", err);
-    if (fso_zero_store_working_hf(tr.zero, out->working, err, sizeof err) < 0 && out->rc == 0)
-        fail_msg("store working parameters: %s", err);
-    out->peak_device = fso_zero_peak_device_bytes(tr.zero);
-    out->arena = fso_zero_host_arena_bytes(tr.zero);
-    free(in);
-    free(tg);
-    fso_trainer_free(&tr);
-    fso_data_free(&data);
-}
-
-static void assert_bit_identical(const run_result *a, const run_result *b, const char *what)
-{
-    assert_int_equal(a->rc, 0);
-    assert_int_equal(b->rc, 0);
-    for (int s = 0; s < STEPS; s++)
-        if (memcmp(&a->loss[s], &b->loss[s], sizeof(double)) ||
-            memcmp(&a->norm[s], &b->norm[s], sizeof(double)))
-            fail_msg("%s: step %d: loss %.17g vs %.17g, norm %.17g vs %.17g", what, s + 1,
-                     a->loss[s], b->loss[s], a->norm[s], b->norm[s]);
-    assert_int_equal(a->np, b->np);
-    for (size_t i = 0; i < a->np; i++)
-        if (memcmp(&a->params[i], &b->params[i], sizeof(float)) ||
-            memcmp(&a->working[i], &b->working[i], sizeof(float)))
-            fail_msg("%s: parameter %zu: %.9g vs %.9g (working %.9g vs %.9g)", what, i,
-                     a->params[i], b->params[i], a->working[i], b->working[i]);
-}
-
-static void result_free(run_result *r)
-{
-    free(r->params);
-    free(r->working);
-    r->params = r->working = NULL;
 }
 
 static void tiers_for_world(int world, bool bf16)
@@ -161,7 +63,7 @@ static void tiers_for_world(int world, bool bf16)
     };
     run_result base, r;
     fso_config cfg;
-    small_config(&cfg, world, 4);
+    fso_test_small_model(&cfg, world, 4);
     cfg.bf16 = bf16;
     set_tiers(&cfg, tiers[0][0], tiers[0][1]);
     run(&cfg, NULL, &base);
@@ -175,7 +77,7 @@ static void tiers_for_world(int world, bool bf16)
             fail_msg("tiers %d/%d: %s", tiers[t][0], tiers[t][1], r.err);
         snprintf(what, sizeof what, "%d devices, %s parameters on tier %d, optimizer on tier %d",
                  world, bf16 ? "bf16" : "fp32", tiers[t][0], tiers[t][1]);
-        assert_bit_identical(&base, &r, what);
+        assert_bit_identical(&base, &r, 1, what);
         if (tiers[t][0] == FSO_TIER_NVME || tiers[t][1] == FSO_TIER_NVME)
             assert_true(r.nvme_read > 0);
         result_free(&r);
@@ -224,7 +126,7 @@ static void test_per_kind_tiers_are_bit_identical(void **state)
         for (int be = 0; be < 2; be++) {
             run_result base, r;
             fso_config cfg;
-            small_config(&cfg, world, 4);
+            fso_test_small_model(&cfg, world, 4);
             snprintf(cfg.backend, sizeof cfg.backend, "%s", backends[be]);
             set_tiers(&cfg, D, D);
             run(&cfg, NULL, &base);
@@ -239,7 +141,7 @@ static void test_per_kind_tiers_are_bit_identical(void **state)
                 run(&cfg, NULL, &r);
                 if (r.rc)
                     fail_msg("%s: %s", what, r.err);
-                assert_bit_identical(&base, &r, what);
+                assert_bit_identical(&base, &r, 1, what);
                 assert_true(r.nvme_read > 0);
                 result_free(&r);
             }
@@ -277,7 +179,7 @@ static void test_first_blocks_state_on_the_host_is_bit_identical(void **state)
         for (int be = 0; be < 2; be++) {
             run_result base, r;
             fso_config cfg;
-            small_config(&cfg, world, 4);
+            fso_test_small_model(&cfg, world, 4);
             snprintf(cfg.backend, sizeof cfg.backend, "%s", backends[be]);
             set_tiers(&cfg, D, D);
             run(&cfg, NULL, &base);
@@ -296,7 +198,7 @@ static void test_first_blocks_state_on_the_host_is_bit_identical(void **state)
                 run(&cfg, NULL, &r);
                 if (r.rc)
                     fail_msg("%s: %s", what, r.err);
-                assert_bit_identical(&base, &r, what);
+                assert_bit_identical(&base, &r, 1, what);
                 result_free(&r);
             }
             cfg.offload.state_host_blocks = nb;
@@ -373,7 +275,7 @@ static void test_step_nvme_bytes_are_the_derivation(void **state)
         fso_config cfg;
         fso_data data = {0};
         fso_trainer tr;
-        small_config(&cfg, cases[c].world, 4);
+        fso_test_small_model(&cfg, cases[c].world, 4);
         set_kind_tiers(&cfg, cases[c].t);
         cfg.offload.state_host_blocks = cases[c].host_blocks;
         cfg.grad_accum = cases[c].accum;
@@ -423,7 +325,7 @@ static void schedules_for(int world, fso_tier param, fso_tier optim, double clip
 {
     run_result base, r;
     fso_config cfg;
-    small_config(&cfg, world, 4);
+    fso_test_small_model(&cfg, world, 4);
     cfg.bf16 = bf16;
     set_tiers(&cfg, param, optim);
     cfg.grad_clip = clip;
@@ -442,7 +344,7 @@ static void schedules_for(int world, fso_tier param, fso_tier optim, double clip
         snprintf(what, sizeof what,
                  "%d devices, tiers %d/%d, clip %g, %s: schedule %d vs serialized", world, param,
                  optim, clip, bf16 ? "bf16" : "fp32", mode);
-        assert_bit_identical(&base, &r, what);
+        assert_bit_identical(&base, &r, 1, what);
         result_free(&r);
     }
     result_free(&base);
@@ -485,7 +387,7 @@ static void gpu_rules_for(int world, bool bf16, bool every_schedule)
                 continue;
             run_result base, r;
             fso_config cfg;
-            small_config(&cfg, world, 4);
+            fso_test_small_model(&cfg, world, 4);
             cfg.bf16 = bf16;
             cfg.grad_clip = mode == FSO_OVERLAP_BACKWARD ? 0.0 : 1.0;
             cfg.optimizer_overlap = (fso_overlap)mode;
@@ -501,7 +403,7 @@ static void gpu_rules_for(int world, bool bf16, bool every_schedule)
             run(&cfg, NULL, &r);
             if (r.rc)
                 fail_msg("%s, cpu-async: %s", what, r.err);
-            assert_bit_identical(&base, &r, what);
+            assert_bit_identical(&base, &r, 1, what);
             result_free(&r);
             result_free(&base);
         }
@@ -541,7 +443,7 @@ static void test_a_step_syncs_once_and_allocates_nothing(void **state)
         for (int mode = FSO_OVERLAP_NONE; mode <= FSO_OVERLAP_BACKWARD; mode++) {
             fso_config cfg;
             run_result r;
-            small_config(&cfg, 1, 4);
+            fso_test_small_model(&cfg, 1, 4);
             cfg.grad_accum = 4;
             snprintf(cfg.backend, sizeof cfg.backend, "cpu-async");
             set_tiers(&cfg, tiers[t][0], tiers[t][1]);
@@ -576,7 +478,7 @@ static void test_non_finite_gradients_stop_every_schedule(void **state)
             for (int grads_on_device = 0; grads_on_device < 2; grads_on_device++) {
                 fso_config cfg;
                 run_result r;
-                small_config(&cfg, 1, 4);
+                fso_test_small_model(&cfg, 1, 4);
                 snprintf(cfg.backend, sizeof cfg.backend, "%s", backends[be]);
                 set_tiers(&cfg, FSO_TIER_DEVICE,
                           grads_on_device ? FSO_TIER_DEVICE : FSO_TIER_HOST);
@@ -601,7 +503,7 @@ static void test_nvme_streaming_in_chunks_matches_memory(void **state)
     (void)state;
     run_result mem, nv;
     fso_config cfg;
-    small_config(&cfg, 1, 4);
+    fso_test_small_model(&cfg, 1, 4);
     set_tiers(&cfg, FSO_TIER_DEVICE, FSO_TIER_HOST);
     run(&cfg, NULL, &mem);
     set_tiers(&cfg, FSO_TIER_DEVICE, FSO_TIER_NVME);
@@ -609,7 +511,7 @@ static void test_nvme_streaming_in_chunks_matches_memory(void **state)
     run(&cfg, NULL, &nv);
     if (nv.rc)
         fail_msg("%s", nv.err);
-    assert_bit_identical(&mem, &nv, "NVMe in 8 KiB chunks vs host memory");
+    assert_bit_identical(&mem, &nv, 1, "NVMe in 8 KiB chunks vs host memory");
     result_free(&mem);
     result_free(&nv);
 }
@@ -621,7 +523,7 @@ static void test_device_counts_agree(void **state)
     int worlds[3] = {1, 2, 4};
     for (int i = 0; i < 3; i++) {
         fso_config cfg;
-        small_config(&cfg, worlds[i], 4);
+        fso_test_small_model(&cfg, worlds[i], 4);
         run(&cfg, NULL, &r[i]);
         if (r[i].rc)
             fail_msg("%d devices: %s", worlds[i], r[i].err);
@@ -649,7 +551,7 @@ static void test_device_cap_too_small_fails_before_training(void **state)
     (void)state;
     fso_config cfg;
     run_result r;
-    small_config(&cfg, 2, 4);
+    fso_test_small_model(&cfg, 2, 4);
     cfg.model.hidden_size = 128;
     cfg.model.intermediate_size = 384;
     cfg.model.head_dim = 32;
@@ -686,7 +588,7 @@ static void test_absurd_models_are_refused_before_allocating(void **state)
         fso_config cfg;
         fso_zero *z = NULL;
         char err[512] = "";
-        small_config(&cfg, 1, 1);
+        fso_test_small_model(&cfg, 1, 1);
         cfg.model.num_hidden_layers = cases[i].layers;
         cfg.model.hidden_size = cases[i].hidden;
         cfg.model.intermediate_size = cases[i].ffn;
@@ -718,7 +620,7 @@ static void test_large_model_trains_from_nvme_within_cap(void **state)
     (void)state;
     fso_config cfg;
     run_result r;
-    small_config(&cfg, 2, 2);
+    fso_test_small_model(&cfg, 2, 2);
     cfg.model.hidden_size = 256;
     cfg.model.intermediate_size = 768;
     cfg.model.num_hidden_layers = 6;
@@ -786,7 +688,7 @@ static void test_bf16_working_parameters_are_bf16_of_master(void **state)
     };
     fso_config cfg;
     run_result mem, r;
-    small_config(&cfg, 2, 4);
+    fso_test_small_model(&cfg, 2, 4);
     cfg.bf16 = true;
     set_tiers(&cfg, FSO_TIER_HOST, FSO_TIER_HOST);
     run(&cfg, NULL, &mem);
@@ -810,7 +712,7 @@ static void test_bf16_working_parameters_are_bf16_of_master(void **state)
             fail_msg("%lld-byte chunks: %s", (long long)chunks[c], r.err);
         snprintf(what, sizeof what, "bf16 on NVMe in %lld-byte chunks vs host memory",
                  (long long)chunks[c]);
-        assert_bit_identical(&mem, &r, what);
+        assert_bit_identical(&mem, &r, 1, what);
         assert_working_is_bf16_of_master(&r, what);
         result_free(&r);
     }
@@ -827,7 +729,7 @@ static void test_bf16_load_hf_keeps_the_master_exact(void **state)
         fso_config cfg;
         fso_trainer tr;
         char err[512];
-        small_config(&cfg, 2, 4);
+        fso_test_small_model(&cfg, 2, 4);
         cfg.bf16 = true;
         set_tiers(&cfg, tiers[t], tiers[t]);
         if (fso_trainer_init(&tr, &cfg) < 0)
@@ -863,11 +765,11 @@ static void test_bf16_run_is_close_to_fp32_and_device_counts_agree(void **state)
     (void)state;
     fso_config cfg;
     run_result f32, one, two;
-    small_config(&cfg, 1, 4);
+    fso_test_small_model(&cfg, 1, 4);
     run(&cfg, NULL, &f32);
     cfg.bf16 = true;
     run(&cfg, NULL, &one);
-    small_config(&cfg, 2, 4);
+    fso_test_small_model(&cfg, 2, 4);
     cfg.bf16 = true;
     run(&cfg, NULL, &two);
     if (f32.rc || one.rc || two.rc)
@@ -900,7 +802,7 @@ static void test_per_block_compute_times_add_up(void **state)
     fso_config cfg;
     fso_data data = {0};
     fso_trainer tr;
-    small_config(&cfg, 2, 4);
+    fso_test_small_model(&cfg, 2, 4);
     assert_int_equal(fso_data_init(&data, &cfg), 0);
     assert_int_equal(fso_trainer_init(&tr, &cfg), 0);
     size_t bt = (size_t)cfg.micro_batch * cfg.data.seq_len, n = fso_trainer_step_tokens(&cfg);
@@ -933,7 +835,7 @@ static void test_bf16_keeps_layer_inputs_in_bf16(void **state)
     (void)state;
     fso_config cfg;
     run_result kept16, kept32;
-    small_config(&cfg, 1, 4);
+    fso_test_small_model(&cfg, 1, 4);
     cfg.bf16 = true;
     fso_trainer tr;
     assert_int_equal(fso_trainer_init(&tr, &cfg), 0);
@@ -985,7 +887,7 @@ static void test_bf16_halves_parameter_nvme_reads(void **state)
     (void)state;
     fso_config cfg;
     run_result f32, b16;
-    small_config(&cfg, 2, 4);
+    fso_test_small_model(&cfg, 2, 4);
     set_tiers(&cfg, FSO_TIER_NVME, FSO_TIER_HOST);
     run(&cfg, NULL, &f32);
     cfg.bf16 = true;
@@ -1012,10 +914,10 @@ static void inject(fso_trainer *tr)
 static void fault_run(fso_fault_spec spec, run_result *r)
 {
     fso_config cfg;
-    small_config(&cfg, 2, 4);
+    fso_test_small_model(&cfg, 2, 4);
     set_tiers(&cfg, FSO_TIER_NVME, FSO_TIER_NVME);
     g_spec = spec;
-    run(&cfg, inject, r);
+    run(&cfg, &(run_hooks){.started = inject}, r);
 }
 
 static void test_nvme_read_eio_ends_the_step(void **state)
@@ -1050,14 +952,14 @@ static void test_a_failed_update_stops_the_devices_sharing_a_block(void **state)
         fso_config cfg;
         run_result r;
         fso_tier t[FSO_N_KINDS];
-        small_config(&cfg, 2, 4);
+        fso_test_small_model(&cfg, 2, 4);
         for (int k = 0; k < FSO_N_KINDS; k++) /* m and v on NVMe: the update's writes only */
             t[k] = k == FSO_KIND_M || k == FSO_KIND_V ? FSO_TIER_NVME : FSO_TIER_DEVICE;
         set_kind_tiers(&cfg, t);
         cfg.optimizer_overlap = (fso_overlap)mode;
         cfg.grad_clip = mode == FSO_OVERLAP_BACKWARD ? 0.0 : 1.0;
         g_spec = (fso_fault_spec){.write_eio_at = 2};
-        run(&cfg, inject, &r);
+        run(&cfg, &(run_hooks){.started = inject}, &r);
         /* named by the block whose write failed */
         if (r.rc != -EIO || !strstr(r.err, "NVMe I/O for block ") || strstr(r.err, "block -"))
             fail_msg("schedule %d: rc %d: %s", mode, r.rc, r.err);
@@ -1081,7 +983,7 @@ static void test_nvme_short_read_is_retried_exactly(void **state)
     run_result clean, shortr;
     fault_run((fso_fault_spec){0}, &clean);
     fault_run((fso_fault_spec){.short_read_at = 4}, &shortr);
-    assert_bit_identical(&clean, &shortr, "short read retried");
+    assert_bit_identical(&clean, &shortr, 1, "short read retried");
     result_free(&clean);
     result_free(&shortr);
 }
@@ -1091,7 +993,7 @@ static void test_nvme_folder_errors(void **state)
     (void)state;
     fso_config cfg;
     run_result r;
-    small_config(&cfg, 1, 2);
+    fso_test_small_model(&cfg, 1, 2);
     set_tiers(&cfg, FSO_TIER_NVME, FSO_TIER_NVME);
     snprintf(cfg.offload.param_nvme_path, sizeof cfg.offload.param_nvme_path, "%s/missing",
              nvme_dir);
@@ -1126,7 +1028,7 @@ static void test_tmpfs_falls_back_to_buffered(void **state)
     }
     fso_config cfg;
     run_result a, b;
-    small_config(&cfg, 1, 2);
+    fso_test_small_model(&cfg, 1, 2);
     set_tiers(&cfg, FSO_TIER_NVME, FSO_TIER_NVME);
     run(&cfg, NULL, &a);
     snprintf(cfg.offload.param_nvme_path, sizeof cfg.offload.param_nvme_path, "%s", shm);
@@ -1135,7 +1037,7 @@ static void test_tmpfs_falls_back_to_buffered(void **state)
     rmdir(shm);
     if (b.rc)
         fail_msg("tmpfs: %s", b.err);
-    assert_bit_identical(&a, &b, "tmpfs vs disk");
+    assert_bit_identical(&a, &b, 1, "tmpfs vs disk");
     result_free(&a);
     result_free(&b);
 }
@@ -1193,7 +1095,7 @@ static void moves_keep_bits(int world, fso_tier p0, fso_tier o0, const move *mov
 {
     run_result base, r;
     fso_config cfg;
-    small_config(&cfg, world, 4);
+    fso_test_small_model(&cfg, world, 4);
     cfg.bf16 = bf16;
     set_tiers(&cfg, FSO_TIER_DEVICE, FSO_TIER_DEVICE);
     run(&cfg, NULL, &base);
@@ -1203,12 +1105,10 @@ static void moves_keep_bits(int world, fso_tier p0, fso_tier o0, const move *mov
         snprintf(cfg.backend, sizeof cfg.backend, "%s", g_move_backend);
     g_moves = moves;
     g_nmoves = n;
-    g_between = do_moves;
-    run(&cfg, NULL, &r);
-    g_between = NULL;
+    run(&cfg, &(run_hooks){.stepped = do_moves}, &r);
     if (r.rc)
         fail_msg("%s", r.err);
-    assert_bit_identical(&base, &r, "re-planned run");
+    assert_bit_identical(&base, &r, 1, "re-planned run");
     result_free(&base);
     result_free(&r);
 }
@@ -1311,7 +1211,7 @@ static void test_replan_over_the_device_cap_changes_nothing(void **state)
     (void)state;
     fso_config cfg;
     run_result base, r;
-    small_config(&cfg, 1, 4);
+    fso_test_small_model(&cfg, 1, 4);
     set_tiers(&cfg, FSO_TIER_HOST, FSO_TIER_HOST);
     run(&cfg, NULL, &base);
     assert_int_equal(base.rc, 0);
@@ -1322,12 +1222,10 @@ static void test_replan_over_the_device_cap_changes_nothing(void **state)
     };
     g_moves = moves;
     g_nmoves = 1;
-    g_between = do_moves;
-    run(&cfg, NULL, &r);
-    g_between = NULL;
+    run(&cfg, &(run_hooks){.stepped = do_moves}, &r);
     if (r.rc)
         fail_msg("%s", r.err);
-    assert_bit_identical(&base, &r, "after a refused move");
+    assert_bit_identical(&base, &r, 1, "after a refused move");
     result_free(&base);
     result_free(&r);
 }
@@ -1365,7 +1263,7 @@ static void test_planner_predicts_what_the_engine_allocates(void **state)
         static fso_plan p;
         static fso_placement pl;
         char err[512];
-        small_config(&cfg, cases[i].world, 4);
+        fso_test_small_model(&cfg, cases[i].world, 4);
         set_tiers(&cfg, cases[i].param, cases[i].optim);
         cfg.bf16 = cases[i].bf16;
         cfg.offload.prefetch_blocks = cases[i].prefetch;

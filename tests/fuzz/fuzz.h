@@ -20,9 +20,14 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-/* A file called `name` in this process's private temporary folder, holding
- * exactly data (rewritten on every call); the folder goes at exit. Aborts
- * when it cannot be written: the target would test nothing. */
+/* This process's private temporary folder, made on the first call: it holds
+ * only the files fuzz_file() wrote, and goes at exit. A target that must
+ * open a path its input names keeps that path inside this folder. */
+const char *fuzz_dir(void);
+
+/* A file called `name` in fuzz_dir(), holding exactly data (rewritten on
+ * every call). Aborts when it cannot be written: the target would test
+ * nothing. */
 const char *fuzz_file(const char *name, const uint8_t *data, size_t size);
 
 /* Aborts with file:line and the condition when cond is false. */

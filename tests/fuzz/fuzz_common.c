@@ -28,7 +28,7 @@ static void cleanup(void)
         rmdir(dir);
 }
 
-const char *fuzz_file(const char *name, const uint8_t *data, size_t size)
+const char *fuzz_dir(void)
 {
     if (!dir[0]) {
         const char *tmp = getenv("TMPDIR");
@@ -36,9 +36,14 @@ const char *fuzz_file(const char *name, const uint8_t *data, size_t size)
         FUZZ_CHECK(mkdtemp(dir) != NULL);
         atexit(cleanup);
     }
+    return dir;
+}
+
+const char *fuzz_file(const char *name, const uint8_t *data, size_t size)
+{
     int i = 0;
     char path[PATH_MAX];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
+    snprintf(path, sizeof path, "%s/%s", fuzz_dir(), name);
     while (i < n_files && strcmp(paths[i], path) != 0)
         i++;
     if (i == n_files) {
