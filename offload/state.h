@@ -18,7 +18,8 @@ typedef enum fso_kind {
     FSO_N_KINDS,
 } fso_kind;
 
-/* zero_optimization.offload_*.device, in the order of its values. */
+/* The tiers; zero_optimization.offload_*.device names them (its strings, with
+ * the tier each names, are engine/config_enums.c's). */
 typedef enum fso_tier {
     FSO_TIER_DEVICE = 0,  /* "none": on the device */
     FSO_TIER_HOST,        /* "cpu": the process's host arena */
@@ -26,7 +27,8 @@ typedef enum fso_tier {
     FSO_N_TIERS,
 } fso_tier;
 
-/* train.optimizer_overlap, in the order of its values. */
+/* When the optimizer updates a block: train.optimizer_overlap (its strings
+ * are engine/config_enums.c's). */
 typedef enum fso_overlap {
     FSO_OVERLAP_NONE = 0, /* every block updated after backward, before the next forward */
     FSO_OVERLAP_FORWARD,  /* blocks updated in forward order while the next forward runs; a
