@@ -12,10 +12,11 @@ static int set(json_t *obj, const char *key, json_t *v)
 
 static json_t *rope_scaling_json(const fso_rope_scaling *r)
 {
+    const char *type = fso_rope_type_name(r->type);
     if (r->type == FSO_ROPE_LINEAR)
-        return json_pack("{s:s, s:f}", "rope_type", "linear", "factor", r->factor);
+        return json_pack("{s:s, s:f}", "rope_type", type, "factor", r->factor);
     if (r->type == FSO_ROPE_LLAMA3)
-        return json_pack("{s:s, s:f, s:f, s:f, s:i}", "rope_type", "llama3", "factor", r->factor,
+        return json_pack("{s:s, s:f, s:f, s:f, s:i}", "rope_type", type, "factor", r->factor,
                          "low_freq_factor", r->low_freq_factor, "high_freq_factor",
                          r->high_freq_factor, "original_max_position_embeddings",
                          r->original_max_position_embeddings);

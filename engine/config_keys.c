@@ -405,21 +405,23 @@ static const key_spec rope_llama3_keys[] = {
 };
 
 /* A key rope_scaling of this type needs. */
-static int rope_member(walker *w, json_t *rs, const keypath *p, const char *type, const char *key,
-                       json_t **v, keypath *vp)
+static int rope_member(walker *w, json_t *rs, const keypath *p, fso_rope_type type,
+                       const char *key, json_t **v, keypath *vp)
 {
     *vp = fso_cfg_kp_child(p, key);
     if ((*v = json_object_get(rs, key)))
         return 0;
-    return fso_cfg_fail(w, vp, "missing; rope_scaling of type \"%s\" needs %s", type,
-                        strcmp(type, "linear") == 0
+    return fso_cfg_fail(w, vp, "missing; rope_scaling of type \"%s\" needs %s",
+                        fso_rope_type_name(type),
+                        type == FSO_ROPE_LINEAR
                             ? "factor"
                             : "factor, low_freq_factor, high_freq_factor and "
                               "original_max_position_embeddings");
 }
 
 /* model.rope_scaling (rope.h): null or absent, or of type linear or llama3,
- * named by "rope_type" or, as older configs do, "type". */
+ * named by "rope_type" or, as older configs do, "type"; the types' names are
+ * fso_rope_type_name's. */
 static int apply_rope_scaling(walker *w, json_t *m, const keypath *sec, fso_rope_scaling *rs)
 {
     json_t *v = m ? json_object_get(m, "rope_scaling") : NULL, *x;
@@ -431,9 +433,11 @@ static int apply_rope_scaling(walker *w, json_t *m, const keypath *sec, fso_rope
     json_t *t = json_object_get(v, "rope_type"), *t_old = json_object_get(v, "type");
     keypath tp = fso_cfg_kp_child(&p, t ? "rope_type" : "type");
     const char *type = NULL, *type_old = NULL;
+    const char *linear = fso_rope_type_name(FSO_ROPE_LINEAR);
+    const char *llama3 = fso_rope_type_name(FSO_ROPE_LLAMA3);
     if (!t && !t_old)
-        return fso_cfg_fail(w, &p, "has no \"rope_type\"; fsoff implements \"linear\" and "
-                                   "\"llama3\"");
+        return fso_cfg_fail(w, &p, "has no \"rope_type\"; fsoff implements \"%s\" and \"%s\"",
+                            linear, llama3);
     CFG_TRY(want_string(w, t ? t : t_old, &tp, &type));
     if (t && t_old) {
         keypath op = fso_cfg_kp_child(&p, "type");
@@ -442,25 +446,31 @@ static int apply_rope_scaling(walker *w, json_t *m, const keypath *sec, fso_rope
             return fso_cfg_fail(w, &op, "is \"%s\" but rope_type is \"%s\"; keep one of them",
                                 type_old, type);
     }
-    if (strcmp(type, "default") == 0)
-        return fso_cfg_check_keys(w, v, &p, rope_default_keys, " for rope_scaling of type default");
-    if (strcmp(type, "linear") == 0) {
-        rs->type = FSO_ROPE_LINEAR;
-        CFG_TRY(fso_cfg_check_keys(w, v, &p, rope_linear_keys, " for rope_scaling of type linear"));
-    } else if (strcmp(type, "llama3") == 0) {
-        rs->type = FSO_ROPE_LLAMA3;
-        CFG_TRY(fso_cfg_check_keys(w, v, &p, rope_llama3_keys, " for rope_scaling of type llama3"));
-    } else {
+    static const key_spec *const type_keys[] = {
+        [FSO_ROPE_DEFAULT] = rope_default_keys,
+        [FSO_ROPE_LINEAR] = rope_linear_keys,
+        [FSO_ROPE_LLAMA3] = rope_llama3_keys,
+    };
+    int rt = -1;
+    for (int k = FSO_ROPE_DEFAULT; rt < 0 && k <= FSO_ROPE_LLAMA3; k++)
+        if (strcmp(type, fso_rope_type_name((fso_rope_type)k)) == 0)
+            rt = k;
+    if (rt < 0)
         return fso_cfg_fail(w, &tp, "RoPE scaling of type \"%s\" is not supported; fsoff "
-                                    "implements \"linear\" and \"llama3\"", type);
-    }
-    CFG_TRY(rope_member(w, v, &p, type, "factor", &x, &xp));
+                                    "implements \"%s\" and \"%s\"", type, linear, llama3);
+    char where[64];
+    snprintf(where, sizeof where, " for rope_scaling of type %s", type);
+    CFG_TRY(fso_cfg_check_keys(w, v, &p, type_keys[rt], where));
+    if (rt == FSO_ROPE_DEFAULT)
+        return 0;
+    rs->type = (fso_rope_type)rt;
+    CFG_TRY(rope_member(w, v, &p, rs->type, "factor", &x, &xp));
     CFG_TRY(want_number(w, x, &xp, RANGE_POSITIVE, &rs->factor));
     if (rs->type == FSO_ROPE_LINEAR)
         return 0;
-    CFG_TRY(rope_member(w, v, &p, type, "low_freq_factor", &x, &xp));
+    CFG_TRY(rope_member(w, v, &p, rs->type, "low_freq_factor", &x, &xp));
     CFG_TRY(want_number(w, x, &xp, RANGE_POSITIVE, &rs->low_freq_factor));
-    CFG_TRY(rope_member(w, v, &p, type, "high_freq_factor", &x, &xp));
+    CFG_TRY(rope_member(w, v, &p, rs->type, "high_freq_factor", &x, &xp));
     CFG_TRY(want_number(w, x, &xp, RANGE_POSITIVE, &rs->high_freq_factor));
     if (rs->high_freq_factor <= rs->low_freq_factor) {
         char lo[32], hi[32];
@@ -469,7 +479,7 @@ static int apply_rope_scaling(walker *w, json_t *m, const keypath *sec, fso_rope
         return fso_cfg_fail(w, &xp, "must be greater than low_freq_factor (%s), got %s", lo, hi);
     }
     int64_t n;
-    CFG_TRY(rope_member(w, v, &p, type, "original_max_position_embeddings", &x, &xp));
+    CFG_TRY(rope_member(w, v, &p, rs->type, "original_max_position_embeddings", &x, &xp));
     CFG_TRY(want_int(w, x, &xp, 1, INT_MAX, &n));
     rs->original_max_position_embeddings = (int)n;
     return 0;
