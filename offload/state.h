@@ -36,9 +36,21 @@ typedef enum fso_overlap {
     FSO_OVERLAP_BACKWARD, /* clipping off: each block updated as its last gradients land */
 } fso_overlap;
 
-/* "parameters", "master weights", "AdamW m", "AdamW v", "gradients"; "?" out of range. */
+/* Each kind's names, "?" out of range: in messages, "parameters",
+ * "master weights", "AdamW m", "AdamW v", "gradients". */
 const char *fso_kind_name(int kind);
-/* "device", "host", "nvme"; "?" out of range. */
+/* As a key of a JSON object with a member per kind (--metrics lines, the
+ * plan's placement, bench results; files that scripts read, so fixed):
+ * "parameters", "master", "m", "v", "gradients". */
+const char *fso_kind_key(int kind);
+/* Short, in one-line summaries (the step line, bench pipeline): "params",
+ * "master", "m", "v", "grads". */
+const char *fso_kind_abbrev(int kind);
+/* A checkpoint's manifest names the kinds it saves in a format of its own
+ * ("master", "adam_m", "adam_v": fso_ckpt_kind_names, engine/checkpoint.h). */
+
+/* "device", "host", "nvme"; "?" out of range: in messages, and as the keys
+ * and values of the plan's JSON and a checkpoint's manifest. */
 const char *fso_tier_name(int tier);
 
 #endif
