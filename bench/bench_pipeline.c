@@ -252,10 +252,9 @@ static json_t *jnum(double x)
 
 static json_t *kinds_json(const uint64_t *b)
 {
-    static const char *const keys[FSO_N_KINDS] = {"parameters", "master", "m", "v", "gradients"};
     json_t *o = json_object();
     for (int k = 0; k < FSO_N_KINDS; k++)
-        json_object_set_new(o, keys[k], json_integer((json_int_t)b[k]));
+        json_object_set_new(o, fso_kind_key(k), json_integer((json_int_t)b[k]));
     return o;
 }
 
@@ -501,10 +500,9 @@ static void pl_print(FILE *out, const pl_job *j, int steps)
             pipe->ms - j->compute_ms - pipe->stall_ms - pipe->exposed_ms, pipe->rd / secs / 1e9,
             pipe->wr / secs / 1e9, gathers, j->reduce_b / secs / 1e9, pipe->optimizer_ms);
     fprintf(out, "# NVMe GB read/written per step by kind (the derivation for this placement):");
-    static const char *const shortk[FSO_N_KINDS] = {"params", "master", "m", "v", "grads"};
     for (int k = 0; k < FSO_N_KINDS; k++)
         if (pipe->krd[k] || pipe->kwr[k] || j->drd[k] || j->dwr[k])
-            fprintf(out, " %s %.3g/%.3g (%.3g/%.3g)", shortk[k], pipe->krd[k] / 1e9,
+            fprintf(out, " %s %.3g/%.3g (%.3g/%.3g)", fso_kind_abbrev(k), pipe->krd[k] / 1e9,
                     pipe->kwr[k] / 1e9, j->drd[k] / 1e9, j->dwr[k] / 1e9);
     fprintf(out, "%s\n",
             j->nvme ? (j->exact ? "; every step as derived" : "; NOT as derived") : " none");

@@ -286,7 +286,6 @@ static json_t *manifest_begin(const fso_zero *z, const fso_ckpt_layout *l, const
     }
     for (int i = 0; i < FSO_ZERO_SAVED_KINDS && !bad; i++)
         bad |= json_array_append_new(kinds, json_string(fso_ckpt_kind_names[i]));
-    static const char *const tiers[] = {"device", "host", "nvme"};
     char when[64] = "";
     time_t now = time(NULL);
     struct tm tm;
@@ -303,7 +302,8 @@ static json_t *manifest_begin(const fso_zero *z, const fso_ckpt_layout *l, const
          * the seed; training reads the data in order and has no dropout */
         "rng", "parameter_seed", (json_int_t)cfg->seed, "draws_after_init", "none",
         "run", "devices", cfg->world, "backend", cfg->backend, "parameters",
-        tiers[cfg->offload.param_tier], "optimizer_state", tiers[cfg->offload.optim_tier],
+        fso_tier_name(cfg->offload.param_tier), "optimizer_state",
+        fso_tier_name(cfg->offload.optim_tier),
         "config", config,
         "model", "params", (json_int_t)model->n_params, "blocks", blocks, "tensors", tensors,
         FSO_CKPT_DATA, "bytes", (json_int_t)l->total_bytes, "kinds", kinds);

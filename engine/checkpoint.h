@@ -54,7 +54,9 @@
 #define FSO_CKPT_ERR_MAX 1024
 
 /* The saved kinds in the order a block holds them, as the manifest names
- * them: "master", "adam_m", "adam_v". */
+ * them: "master", "adam_m", "adam_v". The manifest's own spelling, not
+ * state.h's fso_kind_key ("m", "v"): checkpoints already written name them
+ * so. */
 extern const char *const fso_ckpt_kind_names[FSO_ZERO_SAVED_KINDS];
 
 /* Where each block's kinds lie in state.bin for a model: the same at any

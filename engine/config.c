@@ -81,12 +81,9 @@ static struct fso_config_doc *doc_create(void)
         return NULL;
     json_error_t jerr;
     json_t *root = json_loads(fso_default_config_json, JSON_REJECT_DUPLICATES, &jerr);
-    if (!root) {
-        /* The embedded text is configs/tiny.json; a syntax error there is a build bug. */
-        fprintf(stderr, "%s:%d:%d: %s\n", CFG_DEFAULTS_NAME, jerr.line, jerr.column, jerr.text);
-        CFG_CHECK(root != NULL);
-    }
-    CFG_CHECK(json_is_object(root));
+    /* The embedded text is configs/tiny.json; a syntax error there is a build bug. */
+    FSO_BUG_ON(root == NULL, "%s:%d:%d: %s", CFG_DEFAULTS_NAME, jerr.line, jerr.column, jerr.text);
+    FSO_BUG_ON(!json_is_object(root), "the %s are not a JSON object", CFG_DEFAULTS_NAME);
     doc->merged = json_deep_copy(root);
     cfg_layer l = {.kind = LAYER_DEFAULTS, .root = root, .write_depth = 1};
     if (!doc->merged || doc_add_layer(doc, &l) < 0) {
@@ -151,7 +148,7 @@ static int fill_missing(json_t *dst, json_t *defaults, bool top)
 keypath fso_cfg_kp_child(const keypath *p, const char *key)
 {
     keypath c = *p;
-    CFG_CHECK(c.n < CFG_MAX_DEPTH);
+    FSO_BUG_ON(c.n >= CFG_MAX_DEPTH, "key path deeper than %d keys", CFG_MAX_DEPTH);
     c.k[c.n++] = key;
     return c;
 }
@@ -459,11 +456,11 @@ void fso_config_defaults(fso_config *cfg)
     memset(cfg, 0, sizeof *cfg);
     cfg->world = 1;
     struct fso_config_doc *doc = doc_create();
-    CFG_CHECK(doc != NULL);
+    FSO_BUG_ON(doc == NULL, "no document of the built-in defaults (out of memory)");
     int rc = fso_cfg_apply(cfg, doc, false);
     if (rc < 0)
         fprintf(stderr, "%s\n", cfg->err);
-    CFG_CHECK(rc == 0);
+    FSO_BUG_ON(rc != 0, "the built-in defaults do not apply (%d)", rc);
     doc_destroy(doc);
 }
 
@@ -718,7 +715,8 @@ static void record_given(const struct fso_config_doc *doc, json_t *node, keypath
     int li = cfg_where(doc, p, where, sizeof where);
     if (doc->layers[li].kind == LAYER_DEFAULTS)
         return;
-    CFG_CHECK(given->n < FSO_CONFIG_MAX_GIVEN);
+    FSO_BUG_ON(given->n >= FSO_CONFIG_MAX_GIVEN, "more than %d keys given",
+               FSO_CONFIG_MAX_GIVEN);
     kp_format(p, name, sizeof name);
     given->key_hash[given->n] = key_hash(name);
     given->origin[given->n++] =

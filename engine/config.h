@@ -15,6 +15,7 @@
 #define FSO_CONFIG_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "rope.h"
@@ -191,6 +192,27 @@ fso_tier fso_offload_block_tier(const fso_offload_config *o, fso_kind k, int b);
 /* The rule itself: block b of kind k, whose kind lives on kind_tier, with
  * the blocks below state_host_blocks keeping their NVMe state on the host. */
 fso_tier fso_block_tier_rule(fso_tier kind_tier, fso_kind k, int b, int state_host_blocks);
+
+/* A key that takes one of a few strings: each string with the value it
+ * names, in the order messages list them, ended by {0, NULL}. These tables
+ * (config_enums.c) are the one place each string is spelled: the parser,
+ * fso_config_to_json and the messages read them. */
+typedef struct fso_config_choice {
+    int value;
+    const char *name;
+} fso_config_choice;
+extern const fso_config_choice fso_config_optimizer_choices[];   /* optimizer.type */
+extern const fso_config_choice fso_config_tier_choices[];        /* offload_*.device */
+extern const fso_config_choice fso_config_overlap_choices[];     /* train.optimizer_overlap */
+extern const fso_config_choice fso_config_data_format_choices[]; /* data.format */
+extern const fso_config_choice fso_config_sched_type_choices[];  /* scheduler.type */
+extern const fso_config_choice fso_config_warmup_type_choices[]; /* scheduler.params.warmup_type */
+/* The string of `value` in table; "?" when it has none. */
+const char *fso_config_choice_name(const fso_config_choice *table, int value);
+/* The index in table of s (exact, or case-insensitive when nocase), or -1. */
+int fso_config_choice_find(const fso_config_choice *table, const char *s, bool nocase);
+/* The strings, quoted, for a message: "a"; "a" or "b"; "a", "b" or "c". */
+void fso_config_choice_list(const fso_config_choice *table, char *buf, size_t len);
 
 /* The learning rate of optimizer step `step` (counting from 1). */
 double fso_config_lr_at(const fso_config *cfg, int64_t step);

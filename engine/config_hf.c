@@ -327,7 +327,6 @@ static void put_double(FILE *f, const char *key, double x, bool comma)
 
 int fso_hf_config_write(FILE *f, const fso_model_config *mc, fso_hf_dtype dtype)
 {
-    static const char *const torch_dtype[] = {"float32", "bfloat16", "float16"};
     const fso_rope_scaling *rs = &mc->rope_scaling;
     fprintf(f, "{\n");
     fprintf(f, "  \"architectures\": [\"LlamaForCausalLM\"],\n");
@@ -366,7 +365,7 @@ int fso_hf_config_write(FILE *f, const fso_model_config *mc, fso_hf_dtype dtype)
     fprintf(f, "  \"attention_dropout\": 0.0,\n");
     fprintf(f, "  \"mlp_bias\": false,\n");
     fprintf(f, "  \"pretraining_tp\": 1,\n");
-    fprintf(f, "  \"torch_dtype\": \"%s\"\n", torch_dtype[dtype]);
+    fprintf(f, "  \"torch_dtype\": \"%s\"\n", fso_hf_dtype_torch_name(dtype));
     fprintf(f, "}\n");
     return ferror(f) ? -EIO : 0;
 }

@@ -12,18 +12,9 @@
 #include <jansson.h>
 
 #include "config.h"
+#include "util.h"
 
 #define CFG_MAX_DEPTH 16
-
-/* A broken invariant is a bug in fsoff, not in the user's file: stop loudly. */
-#define CFG_CHECK(cond)                                                                   \
-    do {                                                                                  \
-        if (!(cond)) {                                                                    \
-            fprintf(stderr, "%s:%d: %s: internal error: %s\n", __FILE__, __LINE__,        \
-                    __func__, #cond);                                                     \
-            abort();                                                                      \
-        }                                                                                 \
-    } while (0)
 
 #define CFG_TRY(expr)                                                                     \
     do {                                                                                  \

@@ -12,10 +12,11 @@ static int set(json_t *obj, const char *key, json_t *v)
 
 static json_t *rope_scaling_json(const fso_rope_scaling *r)
 {
+    const char *type = fso_rope_type_name(r->type);
     if (r->type == FSO_ROPE_LINEAR)
-        return json_pack("{s:s, s:f}", "rope_type", "linear", "factor", r->factor);
+        return json_pack("{s:s, s:f}", "rope_type", type, "factor", r->factor);
     if (r->type == FSO_ROPE_LLAMA3)
-        return json_pack("{s:s, s:f, s:f, s:f, s:i}", "rope_type", "llama3", "factor", r->factor,
+        return json_pack("{s:s, s:f, s:f, s:f, s:i}", "rope_type", type, "factor", r->factor,
                          "low_freq_factor", r->low_freq_factor, "high_freq_factor",
                          r->high_freq_factor, "original_max_position_embeddings",
                          r->original_max_position_embeddings);
@@ -50,13 +51,13 @@ static json_t *model_json(const fso_model_config *m, const char *init_from)
 
 static json_t *scheduler_json(const fso_sched_config *sc)
 {
-    static const char *const types[] = {NULL, "WarmupCosineLR", "WarmupLR", "WarmupDecayLR"};
     if (sc->type == FSO_SCHED_CONSTANT)
         return json_null();
     json_t *p = json_object();
     int bad = !p;
     bad |= set(p, "warmup_num_steps", json_integer(sc->warmup_num_steps));
-    bad |= set(p, "warmup_type", json_string(sc->warmup_type == FSO_WARMUP_LOG ? "log" : "linear"));
+    const char *warmup = fso_config_choice_name(fso_config_warmup_type_choices, sc->warmup_type);
+    bad |= set(p, "warmup_type", json_string(warmup));
     if (sc->type == FSO_SCHED_WARMUP_COSINE) {
         bad |= set(p, "warmup_min_ratio", json_real(sc->warmup_min_ratio));
         bad |= set(p, "cos_min_ratio", json_real(sc->cos_min_ratio));
@@ -66,7 +67,8 @@ static json_t *scheduler_json(const fso_sched_config *sc)
     }
     if (sc->type != FSO_SCHED_WARMUP && sc->total_num_steps > 0) /* 0: train.steps */
         bad |= set(p, "total_num_steps", json_integer(sc->total_num_steps));
-    json_t *s = bad ? NULL : json_pack("{s:s, s:o}", "type", types[sc->type], "params", p);
+    const char *type = fso_config_choice_name(fso_config_sched_type_choices, sc->type);
+    json_t *s = bad ? NULL : json_pack("{s:s, s:o}", "type", type, "params", p);
     if (!s)
         json_decref(p);
     return s;
@@ -74,8 +76,8 @@ static json_t *scheduler_json(const fso_sched_config *sc)
 
 static json_t *offload_json(fso_tier tier, const char *path, bool pin)
 {
-    static const char *const devices[] = {"none", "cpu", "nvme"};
-    json_t *o = json_pack("{s:s, s:b}", "device", devices[tier], "pin_memory", pin);
+    const char *device = fso_config_choice_name(fso_config_tier_choices, tier);
+    json_t *o = json_pack("{s:s, s:b}", "device", device, "pin_memory", pin);
     if (o && path[0] && set(o, "nvme_path", json_string(path))) {
         json_decref(o);
         return NULL;
@@ -85,9 +87,10 @@ static json_t *offload_json(fso_tier tier, const char *path, bool pin)
 
 json_t *fso_config_to_json(const fso_config *c)
 {
-    static const char *const formats[] = {"auto", "tokens", "text"};
-    static const char *const overlaps[] = {"none", "forward", "backward"};
     const fso_offload_config *o = &c->offload;
+    const char *optimizer = fso_config_choice_name(fso_config_optimizer_choices, 0);
+    const char *format = fso_config_choice_name(fso_config_data_format_choices, c->data.format);
+    const char *overlap = fso_config_choice_name(fso_config_overlap_choices, c->optimizer_overlap);
     json_t *model = model_json(&c->model, c->init_from);
     json_t *sched = scheduler_json(&c->sched);
     json_t *op = offload_json(o->param_tier, o->param_nvme_path, o->pin_memory);
@@ -108,16 +111,14 @@ json_t *fso_config_to_json(const fso_config *c)
         "gradient_accumulation_steps", c->grad_accum, "gradient_clipping", c->grad_clip,
         "steps_per_print", (json_int_t)c->steps_per_print, "seed", (json_int_t)c->seed,
         "bf16", "enabled", c->bf16,
-        "optimizer", "type", "AdamW", "params", "lr", c->optim.lr, "betas", c->optim.beta1,
+        "optimizer", "type", optimizer, "params", "lr", c->optim.lr, "betas", c->optim.beta1,
         c->optim.beta2, "eps", c->optim.eps, "weight_decay", c->optim.weight_decay,
         "scheduler", sched,
-        "data", "path", c->data.path, "format", formats[c->data.format], "seq_len",
-        c->data.seq_len,
+        "data", "path", c->data.path, "format", format, "seq_len", c->data.seq_len,
         "train", "steps", (json_int_t)c->steps, "threads", c->threads,
         "activation_checkpointing", c->activation_checkpointing, "weight_decay_norms",
         c->optim.decay_norms, "weight_decay_embeddings", c->optim.decay_embeddings,
-        "prefetch_blocks", o->prefetch_blocks, "optimizer_overlap",
-        overlaps[c->optimizer_overlap],
+        "prefetch_blocks", o->prefetch_blocks, "optimizer_overlap", overlap,
         "zero_optimization", "stage", o->stage, "offload_param", op, "offload_optimizer", oo,
         "aio", "block_size", (json_int_t)o->aio_block_bytes, "queue_depth", o->aio_queue_depth,
         "checkpoint", "dir", c->checkpoint.dir, "every_steps", (json_int_t)c->checkpoint.every_steps,

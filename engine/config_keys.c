@@ -102,33 +102,24 @@ static int want_string(walker *w, json_t *v, const keypath *p, const char **out)
     return fso_cfg_fail(w, p, "expected a string, got %s", got);
 }
 
-/* Index of v among names[] (exact, or case-insensitive when nocase), or -1. */
-static int find_choice(const json_t *v, const char *const *names, int n, bool nocase)
+/* Index of v in a choice table (config.h; exact, or case-insensitive when
+ * nocase), or -1. */
+static int find_choice(const json_t *v, const fso_config_choice *table, bool nocase)
 {
-    if (!json_is_string(v))
-        return -1;
-    const char *s = json_string_value(v);
-    for (int i = 0; i < n; i++)
-        if (nocase ? strcasecmp(s, names[i]) == 0 : strcmp(s, names[i]) == 0)
-            return i;
-    return -1;
+    return json_is_string(v) ? fso_config_choice_find(table, json_string_value(v), nocase) : -1;
 }
 
-/* One of names[]; returns its index in *out. */
-static int want_choice(walker *w, json_t *v, const keypath *p, const char *const *names, int n,
+/* One of the table's strings; returns the value it names in *out. */
+static int want_choice(walker *w, json_t *v, const keypath *p, const fso_config_choice *table,
                        bool nocase, int *out)
 {
-    int i = find_choice(v, names, n, nocase);
+    int i = find_choice(v, table, nocase);
     if (i >= 0) {
-        *out = i;
+        *out = table[i].value;
         return 0;
     }
     char got[128], list[256];
-    size_t len = 0;
-    list[0] = '\0';
-    for (int k = 0; k < n; k++)
-        len += (size_t)snprintf(list + len, sizeof list - len, "%s\"%s\"",
-                                k == 0 ? "" : k == n - 1 ? " or " : ", ", names[k]);
+    fso_config_choice_list(table, list, sizeof list);
     fso_cfg_describe(v, got, sizeof got);
     return fso_cfg_fail(w, p, "expected %s, got %s", list, got);
 }
@@ -414,21 +405,23 @@ static const key_spec rope_llama3_keys[] = {
 };
 
 /* A key rope_scaling of this type needs. */
-static int rope_member(walker *w, json_t *rs, const keypath *p, const char *type, const char *key,
-                       json_t **v, keypath *vp)
+static int rope_member(walker *w, json_t *rs, const keypath *p, fso_rope_type type,
+                       const char *key, json_t **v, keypath *vp)
 {
     *vp = fso_cfg_kp_child(p, key);
     if ((*v = json_object_get(rs, key)))
         return 0;
-    return fso_cfg_fail(w, vp, "missing; rope_scaling of type \"%s\" needs %s", type,
-                        strcmp(type, "linear") == 0
+    return fso_cfg_fail(w, vp, "missing; rope_scaling of type \"%s\" needs %s",
+                        fso_rope_type_name(type),
+                        type == FSO_ROPE_LINEAR
                             ? "factor"
                             : "factor, low_freq_factor, high_freq_factor and "
                               "original_max_position_embeddings");
 }
 
 /* model.rope_scaling (rope.h): null or absent, or of type linear or llama3,
- * named by "rope_type" or, as older configs do, "type". */
+ * named by "rope_type" or, as older configs do, "type"; the types' names are
+ * fso_rope_type_name's. */
 static int apply_rope_scaling(walker *w, json_t *m, const keypath *sec, fso_rope_scaling *rs)
 {
     json_t *v = m ? json_object_get(m, "rope_scaling") : NULL, *x;
@@ -440,9 +433,11 @@ static int apply_rope_scaling(walker *w, json_t *m, const keypath *sec, fso_rope
     json_t *t = json_object_get(v, "rope_type"), *t_old = json_object_get(v, "type");
     keypath tp = fso_cfg_kp_child(&p, t ? "rope_type" : "type");
     const char *type = NULL, *type_old = NULL;
+    const char *linear = fso_rope_type_name(FSO_ROPE_LINEAR);
+    const char *llama3 = fso_rope_type_name(FSO_ROPE_LLAMA3);
     if (!t && !t_old)
-        return fso_cfg_fail(w, &p, "has no \"rope_type\"; fsoff implements \"linear\" and "
-                                   "\"llama3\"");
+        return fso_cfg_fail(w, &p, "has no \"rope_type\"; fsoff implements \"%s\" and \"%s\"",
+                            linear, llama3);
     CFG_TRY(want_string(w, t ? t : t_old, &tp, &type));
     if (t && t_old) {
         keypath op = fso_cfg_kp_child(&p, "type");
@@ -451,25 +446,31 @@ static int apply_rope_scaling(walker *w, json_t *m, const keypath *sec, fso_rope
             return fso_cfg_fail(w, &op, "is \"%s\" but rope_type is \"%s\"; keep one of them",
                                 type_old, type);
     }
-    if (strcmp(type, "default") == 0)
-        return fso_cfg_check_keys(w, v, &p, rope_default_keys, " for rope_scaling of type default");
-    if (strcmp(type, "linear") == 0) {
-        rs->type = FSO_ROPE_LINEAR;
-        CFG_TRY(fso_cfg_check_keys(w, v, &p, rope_linear_keys, " for rope_scaling of type linear"));
-    } else if (strcmp(type, "llama3") == 0) {
-        rs->type = FSO_ROPE_LLAMA3;
-        CFG_TRY(fso_cfg_check_keys(w, v, &p, rope_llama3_keys, " for rope_scaling of type llama3"));
-    } else {
+    static const key_spec *const type_keys[] = {
+        [FSO_ROPE_DEFAULT] = rope_default_keys,
+        [FSO_ROPE_LINEAR] = rope_linear_keys,
+        [FSO_ROPE_LLAMA3] = rope_llama3_keys,
+    };
+    int rt = -1;
+    for (int k = FSO_ROPE_DEFAULT; rt < 0 && k <= FSO_ROPE_LLAMA3; k++)
+        if (strcmp(type, fso_rope_type_name((fso_rope_type)k)) == 0)
+            rt = k;
+    if (rt < 0)
         return fso_cfg_fail(w, &tp, "RoPE scaling of type \"%s\" is not supported; fsoff "
-                                    "implements \"linear\" and \"llama3\"", type);
-    }
-    CFG_TRY(rope_member(w, v, &p, type, "factor", &x, &xp));
+                                    "implements \"%s\" and \"%s\"", type, linear, llama3);
+    char where[64];
+    snprintf(where, sizeof where, " for rope_scaling of type %s", type);
+    CFG_TRY(fso_cfg_check_keys(w, v, &p, type_keys[rt], where));
+    if (rt == FSO_ROPE_DEFAULT)
+        return 0;
+    rs->type = (fso_rope_type)rt;
+    CFG_TRY(rope_member(w, v, &p, rs->type, "factor", &x, &xp));
     CFG_TRY(want_number(w, x, &xp, RANGE_POSITIVE, &rs->factor));
     if (rs->type == FSO_ROPE_LINEAR)
         return 0;
-    CFG_TRY(rope_member(w, v, &p, type, "low_freq_factor", &x, &xp));
+    CFG_TRY(rope_member(w, v, &p, rs->type, "low_freq_factor", &x, &xp));
     CFG_TRY(want_number(w, x, &xp, RANGE_POSITIVE, &rs->low_freq_factor));
-    CFG_TRY(rope_member(w, v, &p, type, "high_freq_factor", &x, &xp));
+    CFG_TRY(rope_member(w, v, &p, rs->type, "high_freq_factor", &x, &xp));
     CFG_TRY(want_number(w, x, &xp, RANGE_POSITIVE, &rs->high_freq_factor));
     if (rs->high_freq_factor <= rs->low_freq_factor) {
         char lo[32], hi[32];
@@ -478,7 +479,7 @@ static int apply_rope_scaling(walker *w, json_t *m, const keypath *sec, fso_rope
         return fso_cfg_fail(w, &xp, "must be greater than low_freq_factor (%s), got %s", lo, hi);
     }
     int64_t n;
-    CFG_TRY(rope_member(w, v, &p, type, "original_max_position_embeddings", &x, &xp));
+    CFG_TRY(rope_member(w, v, &p, rs->type, "original_max_position_embeddings", &x, &xp));
     CFG_TRY(want_int(w, x, &xp, 1, INT_MAX, &n));
     rs->original_max_position_embeddings = (int)n;
     return 0;
@@ -601,13 +602,13 @@ static int apply_optimizer(walker *w, json_t *root)
     CFG_TRY(get_section(w, root, "optimizer", false, &opt));
     CFG_TRY(fso_cfg_check_keys(w, opt, &sec, optimizer_keys, ""));
     if (opt && (v = json_object_get(opt, "type"))) {
-        static const char *const types[] = {"AdamW", "Adam"};
+        const fso_config_choice *types = fso_config_optimizer_choices;
         keypath p = fso_cfg_kp_child(&sec, "type");
-        if (find_choice(v, types, 2, true) < 0) {
+        if (find_choice(v, types, true) < 0) {
             char got[128];
             fso_cfg_describe(v, got, sizeof got);
-            return fso_cfg_fail(w, &p, "fsoff implements \"AdamW\" (\"Adam\" with adam_w_mode true "
-                                   "is the same), got %s", got);
+            return fso_cfg_fail(w, &p, "fsoff implements \"%s\" (\"%s\" with adam_w_mode true "
+                                   "is the same), got %s", types[0].name, types[1].name, got);
         }
     }
     if (opt && (v = json_object_get(opt, "params"))) {
@@ -653,18 +654,19 @@ static int apply_data(walker *w, json_t *root)
     CFG_TRY(get_path(w, s, &sec, "path", d->path, sizeof d->path));
     d->format = FSO_DATA_AUTO;
     if (s && (v = json_object_get(s, "format"))) {
-        static const char *const formats[] = {"auto", "tokens", "text"};
-        static const fso_data_format values[] = {FSO_DATA_AUTO, FSO_DATA_TOKENS, FSO_DATA_TEXT};
+        const fso_config_choice *formats = fso_config_data_format_choices;
         keypath p = fso_cfg_kp_child(&sec, "format");
-        int i = 0;
-        CFG_TRY(want_choice(w, v, &p, formats, 3, false, &i));
-        d->format = values[i];
+        int f = 0;
+        CFG_TRY(want_choice(w, v, &p, formats, false, &f));
+        d->format = (fso_data_format)f;
         if (d->format == FSO_DATA_TOKENS && !d->path[0]) {
             keypath dp = fso_cfg_kp_child(&sec, "path");
             return fso_cfg_fail_rel(w, &p, &dp, NULL,
-                                    "is \"tokens\" but data.path is empty (the built-in "
+                                    "is \"%s\" but data.path is empty (the built-in "
                                     "corpus is text); give a token file with --data FILE, or "
-                                    "set data.format to \"auto\"");
+                                    "set data.format to \"%s\"",
+                                    fso_config_choice_name(formats, FSO_DATA_TOKENS),
+                                    fso_config_choice_name(formats, FSO_DATA_AUTO));
         }
     }
     CFG_TRY(get_int32(w, s, &sec, "seq_len", 2, NULL, &d->seq_len));
@@ -709,17 +711,19 @@ static int apply_train(walker *w, json_t *root)
     c->optimizer_overlap = FSO_OVERLAP_FORWARD;
     json_t *v = s ? json_object_get(s, "optimizer_overlap") : NULL;
     if (v) {
-        static const char *const modes[] = {"none", "forward", "backward"};
+        const fso_config_choice *modes = fso_config_overlap_choices;
         keypath p = fso_cfg_kp_child(&sec, "optimizer_overlap");
-        int i = 0;
-        CFG_TRY(want_choice(w, v, &p, modes, 3, false, &i));
-        c->optimizer_overlap = (fso_overlap)i;
+        int m = 0;
+        CFG_TRY(want_choice(w, v, &p, modes, false, &m));
+        c->optimizer_overlap = (fso_overlap)m;
         if (c->optimizer_overlap == FSO_OVERLAP_BACKWARD && c->grad_clip != 0) {
             keypath gc = {{"gradient_clipping"}, 1};
             return fso_cfg_fail_rel(w, &p, &gc, NULL,
-                                "\"backward\" updates blocks before the global gradient norm is "
+                                "\"%s\" updates blocks before the global gradient norm is "
                                 "known, so it needs gradient_clipping 0 (it is %g); use "
-                                "\"forward\" to keep clipping exact", c->grad_clip);
+                                "\"%s\" to keep clipping exact",
+                                fso_config_choice_name(modes, FSO_OVERLAP_BACKWARD), c->grad_clip,
+                                fso_config_choice_name(modes, FSO_OVERLAP_FORWARD));
         }
     }
     return 0;
@@ -790,11 +794,10 @@ static int apply_offload_section(walker *w, json_t *z, const keypath *zsec, cons
     CFG_TRY(want_object(w, s, &sec));
     CFG_TRY(fso_cfg_check_keys(w, s, &sec, keys, ""));
     if ((v = json_object_get(s, "device"))) {
-        static const char *const devices[] = {"none", "cpu", "nvme"};
         keypath p = fso_cfg_kp_child(&sec, "device");
-        int i = 0;
-        CFG_TRY(want_choice(w, v, &p, devices, 3, false, &i));
-        *tier = (fso_tier)i;
+        int t = 0;
+        CFG_TRY(want_choice(w, v, &p, fso_config_tier_choices, false, &t));
+        *tier = (fso_tier)t;
     }
     if ((v = json_object_get(s, "nvme_path"))) {
         keypath p = fso_cfg_kp_child(&sec, "nvme_path");
@@ -809,8 +812,9 @@ static int apply_offload_section(walker *w, json_t *z, const keypath *zsec, cons
         keypath p = fso_cfg_kp_child(&sec, "nvme_path");
         keypath d = fso_cfg_kp_child(&sec, "device");
         return fso_cfg_fail_rel(w, &p, &d, NULL,
-                            "missing while device is \"nvme\"; give a folder on an NVMe drive "
-                            "(or use --nvme DIR)");
+                            "missing while device is \"%s\"; give a folder on an NVMe drive "
+                            "(or use --nvme DIR)",
+                            fso_config_choice_name(fso_config_tier_choices, FSO_TIER_NVME));
     }
     bool pin = w->out->offload.pin_memory;
     CFG_TRY(get_bool(w, s, &sec, "pin_memory", &pin, &w->out->offload.pin_memory));
@@ -884,25 +888,28 @@ static int apply_scheduler(walker *w, json_t *root)
         return 0;
     CFG_TRY(fso_cfg_check_keys(w, s, &sec, scheduler_keys, ""));
 
-    static const char *const types[] = {"WarmupCosineLR", "WarmupLR", "WarmupDecayLR"};
-    static const fso_sched_type type_values[] = {FSO_SCHED_WARMUP_COSINE, FSO_SCHED_WARMUP,
-                                                 FSO_SCHED_WARMUP_DECAY};
-    static const key_spec *const type_keys[] = {cosine_keys, warmup_keys, decay_keys};
-    static const char *const type_where[] = {" for WarmupCosineLR", " for WarmupLR",
-                                             " for WarmupDecayLR"};
+    const fso_config_choice *types = fso_config_sched_type_choices;
+    static const key_spec *const type_keys[] = {
+        [FSO_SCHED_WARMUP_COSINE] = cosine_keys,
+        [FSO_SCHED_WARMUP] = warmup_keys,
+        [FSO_SCHED_WARMUP_DECAY] = decay_keys,
+    };
     keypath tp = fso_cfg_kp_child(&sec, "type");
+    char names[128];
+    fso_config_choice_list(types, names, sizeof names);
     int t;
     if (!(v = json_object_get(s, "type")))
-        return fso_cfg_fail(w, &tp, "missing; use \"WarmupCosineLR\", \"WarmupLR\" or "
-                                "\"WarmupDecayLR\", or set scheduler to null for a constant "
-                                "learning rate");
-    if ((t = find_choice(v, types, 3, true)) < 0) {
+        return fso_cfg_fail(w, &tp, "missing; use %s, or set scheduler to null for a constant "
+                                "learning rate", names);
+    if ((t = find_choice(v, types, true)) < 0) {
         char got[128];
         fso_cfg_describe(v, got, sizeof got);
-        return fso_cfg_fail(w, &tp, "expected \"WarmupCosineLR\", \"WarmupLR\" or \"WarmupDecayLR\" "
-                                "(or scheduler null for a constant learning rate), got %s", got);
+        return fso_cfg_fail(w, &tp, "expected %s (or scheduler null for a constant learning "
+                                "rate), got %s", names, got);
     }
-    sc->type = type_values[t];
+    sc->type = (fso_sched_type)types[t].value;
+    char type_where[64];
+    snprintf(type_where, sizeof type_where, " for %s", types[t].name);
     if ((v = json_object_get(s, "params"))) {
         CFG_TRY(want_object(w, v, &psec));
         params = v;
@@ -915,23 +922,22 @@ static int apply_scheduler(walker *w, json_t *root)
     json_object_foreach_safe(params, tmp, key, v) {
         keypath kp = fso_cfg_kp_child(&psec, key);
         bool taken = false;
-        for (const key_spec *k = type_keys[t]; k->name && !taken; k++)
+        for (const key_spec *k = type_keys[sc->type]; k->name && !taken; k++)
             taken = strcmp(k->name, key) == 0;
         if (!taken && fso_cfg_from_defaults(w->doc, &kp))
             json_object_del(params, key);
     }
-    CFG_TRY(fso_cfg_check_keys(w, params, &psec, type_keys[t], type_where[t]));
+    CFG_TRY(fso_cfg_check_keys(w, params, &psec, type_keys[sc->type], type_where));
 
     /* Library defaults are DeepSpeed's. */
     CFG_TRY(get_int(w, params, &psec, "warmup_num_steps", 0, INT64_MAX, I64(1000),
                     &sc->warmup_num_steps));
     sc->warmup_type = FSO_WARMUP_LOG;
     if (params && (v = json_object_get(params, "warmup_type"))) {
-        static const char *const wt[] = {"log", "linear"};
         keypath p = fso_cfg_kp_child(&psec, "warmup_type");
-        int i = 0;
-        CFG_TRY(want_choice(w, v, &p, wt, 2, false, &i));
-        sc->warmup_type = i == 0 ? FSO_WARMUP_LOG : FSO_WARMUP_LINEAR;
+        int wt = 0;
+        CFG_TRY(want_choice(w, v, &p, fso_config_warmup_type_choices, false, &wt));
+        sc->warmup_type = (fso_warmup_type)wt;
     }
     if (sc->type == FSO_SCHED_WARMUP_COSINE) {
         CFG_TRY(get_number(w, params, &psec, "warmup_min_ratio", RANGE_UNIT, DBL(0.0),

@@ -24,18 +24,10 @@
 #include <unistd.h>
 
 #include "data.h"
+#include "util.h"
 
 #define HEADER_BYTES ((size_t)FSO_TOKENS_HEADER_INTS * 4)
 #define CHUNK_BYTES ((size_t)1 << 20)   /* staging buffer for reads and writes */
-
-#define DATA_CHECK(cond)                                                        \
-    do {                                                                        \
-        if (!(cond)) {                                                          \
-            fprintf(stderr, "%s:%d: %s: invariant failed: %s\n", __FILE__,      \
-                    __LINE__, __func__, #cond);                                 \
-            abort();                                                            \
-        }                                                                       \
-    } while (0)
 
 __attribute__((format(printf, 2, 3)))
 static void data_err(fso_data *d, const char *fmt, ...)
@@ -463,10 +455,12 @@ void fso_data_free(fso_data *data)
 
 void fso_data_next(fso_data *data, int32_t *inputs, int32_t *targets)
 {
-    DATA_CHECK(data->tokens && data->B >= 1 && data->T >= 1);
+    FSO_BUG_ON(!data->tokens || data->B < 1 || data->T < 1,
+               "a batch of %d x %d asked with %s", data->B, data->T,
+               data->tokens ? "tokens loaded" : "no tokens loaded");
     const size_t B = (size_t)data->B, T = (size_t)data->T, n = data->n_tokens;
     const size_t span = B * T;
-    DATA_CHECK(n >= T + 1);
+    FSO_BUG_ON(n < T + 1, "%zu tokens, fewer than a sequence of %zu and its target", n, T);
 
     for (size_t b = 0; b < B; b++) {
         size_t start;

@@ -42,6 +42,8 @@ typedef enum fso_hf_dtype { FSO_HF_F32 = 0, FSO_HF_BF16, FSO_HF_F16 } fso_hf_dty
 int fso_hf_dtype_parse(const char *s, fso_hf_dtype *out);
 /* "fp32", "bf16", "fp16". */
 const char *fso_hf_dtype_name(fso_hf_dtype d);
+/* torch's names, as config.json's torch_dtype: "float32", "bfloat16", "float16". */
+const char *fso_hf_dtype_torch_name(fso_hf_dtype d);
 
 /* Largest piece of a tensor one read() is asked for (16 MiB of fp32). */
 #define FSO_HF_PIECE_ELEMS ((size_t)4 << 20)

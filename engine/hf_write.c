@@ -21,8 +21,10 @@
 #include "adamw.h"
 #include "safetensors.h"
 
+/* Each export type's names: fsoff's, and torch's (also config.json's
+ * torch_dtype); its safetensors type. */
 static const struct {
-    const char *name, *alias;
+    const char *name, *torch;
     fso_st_dtype st;
 } dtype_info[] = {
     [FSO_HF_F32] = {"fp32", "float32", FSO_ST_F32},
@@ -33,7 +35,7 @@ static const struct {
 int fso_hf_dtype_parse(const char *s, fso_hf_dtype *out)
 {
     for (int d = 0; d < 3; d++)
-        if (strcmp(s, dtype_info[d].name) == 0 || strcmp(s, dtype_info[d].alias) == 0) {
+        if (strcmp(s, dtype_info[d].name) == 0 || strcmp(s, dtype_info[d].torch) == 0) {
             *out = (fso_hf_dtype)d;
             return 0;
         }
@@ -43,6 +45,11 @@ int fso_hf_dtype_parse(const char *s, fso_hf_dtype *out)
 const char *fso_hf_dtype_name(fso_hf_dtype d)
 {
     return (unsigned)d <= FSO_HF_F16 ? dtype_info[d].name : "?";
+}
+
+const char *fso_hf_dtype_torch_name(fso_hf_dtype d)
+{
+    return (unsigned)d <= FSO_HF_F16 ? dtype_info[d].torch : "?";
 }
 
 /* One tensor of the export, in Hugging Face order. */

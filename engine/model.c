@@ -133,30 +133,20 @@ static const fso_tensor_desc *find_tensor(const fso_block_layout *b, fso_tensor_
 static size_t tensor_offset(const fso_model *m, int bi, fso_tensor_kind kind)
 {
     const fso_tensor_desc *t = find_tensor(&m->blocks[bi], kind);
-    if (!t) {
-        fprintf(stderr, "%s:%d: block %d has no tensor of kind %d\n", __FILE__, __LINE__, bi,
-                kind);
-        abort();
-    }
+    FSO_BUG_ON(!t, "block %d has no tensor of kind %d", bi, kind);
     return t->offset_elems;
 }
 
 /* Tensor `kind` of block `bi` in the lent parameters [wt] / gradients. */
 static const void *P_(const fso_model *m, int bi, fso_tensor_kind kind)
 {
-    if (!m->params[bi]) {
-        fprintf(stderr, "%s:%d: block %d used without its parameters\n", __FILE__, __LINE__, bi);
-        abort();
-    }
+    FSO_BUG_ON(!m->params[bi], "block %d used without its parameters", bi);
     return (const char *)m->params[bi] + fso_dtype_size(m->wt) * tensor_offset(m, bi, kind);
 }
 
 static float *G_(const fso_model *m, int bi, fso_tensor_kind kind)
 {
-    if (!m->grads[bi]) {
-        fprintf(stderr, "%s:%d: block %d used without its gradients\n", __FILE__, __LINE__, bi);
-        abort();
-    }
+    FSO_BUG_ON(!m->grads[bi], "block %d used without its gradients", bi);
     return m->grads[bi] + tensor_offset(m, bi, kind);
 }
 

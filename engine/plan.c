@@ -914,7 +914,6 @@ static json_t *tier_json(const fso_plan *p, int t)
 
 json_t *fso_plan_json(const fso_plan *p)
 {
-    static const char *const keys[FSO_N_KINDS] = {"parameters", "master", "m", "v", "gradients"};
     char desc[512];
     json_t *tiers = json_object(), *placement = json_object(), *busy = json_object(),
            *crit = json_object();
@@ -924,9 +923,10 @@ json_t *fso_plan_json(const fso_plan *p)
         int count[FSO_N_TIERS] = {0};
         for (int b = 0; b < p->pl.n_blocks; b++)
             count[p->pl.tier[k][b]]++;
-        json_object_set_new(placement, keys[k],
-                            json_pack("{s:i, s:i, s:i}", "device", count[0], "host", count[1],
-                                      "nvme", count[2]));
+        json_t *at = json_object();
+        for (int t = 0; t < FSO_N_TIERS; t++)
+            json_object_set_new(at, fso_tier_name(t), json_integer(count[t]));
+        json_object_set_new(placement, fso_kind_key(k), at);
     }
     for (int s = 0; s < FSO_N_STREAMS; s++) {
         json_object_set_new(busy, fso_stream_name(s), json_real(p->busy_ms[s]));
@@ -949,7 +949,7 @@ json_t *fso_plan_json(const fso_plan *p)
                                                           fso_tier_name(r->short_tier), "bytes",
                                                           (json_int_t)r->short_bytes));
         }
-        json_object_set_new(why, keys[k], o);
+        json_object_set_new(why, fso_kind_key(k), o);
     }
     fso_plan_describe(p, desc, sizeof desc);
     const fso_plan_machine *m = &p->machine;

@@ -488,9 +488,7 @@ static void print_heading(const plan_report *r)
            "activation checkpointing %s; optimizer overlap %s\n",
            cfg->micro_batch, cfg->data.seq_len, cfg->grad_accum, m->devices,
            r->ctx->in.model.tokens_per_step, cfg->activation_checkpointing ? "on" : "off",
-           r->ctx->in.engine.overlap == FSO_OVERLAP_FORWARD    ? "forward"
-           : r->ctx->in.engine.overlap == FSO_OVERLAP_BACKWARD ? "backward"
-                                                               : "none");
+           fso_config_choice_name(fso_config_overlap_choices, r->ctx->in.engine.overlap));
     fso_human_bytes(h1, sizeof h1, (double)m->device_mem_bytes);
     fso_human_bytes(h2, sizeof h2, (double)m->host_mem_bytes);
     fso_human_bytes(h3, sizeof h3, (double)m->nvme_free_bytes);

@@ -37,17 +37,13 @@ int fso_report_init(fso_report *r, FILE *out, const char *metrics_path, int64_t 
     return 0;
 }
 
-/* The kinds of state in the step line and as metrics keys. */
-static const char *const short_kind[FSO_N_KINDS] = {"params", "master", "m", "v", "grads"};
-static const char *const kind_key[FSO_N_KINDS] = {"parameters", "master", "m", "v", "gradients"};
-
 /* {"parameters": N, ...} of per-kind bytes, for a metrics line. */
 static void kind_bytes_json(char *buf, size_t len, const uint64_t *bytes)
 {
     size_t off = 0;
     for (int k = 0; k < FSO_N_KINDS && off < len; k++)
         off += (size_t)snprintf(buf + off, len - off, "%s\"%s\": %llu", k ? ", " : "{",
-                                kind_key[k], (unsigned long long)bytes[k]);
+                                fso_kind_key(k), (unsigned long long)bytes[k]);
     if (off < len)
         snprintf(buf + off, len - off, "}");
 }
@@ -92,7 +88,7 @@ void fso_report_step(fso_report *r, const fso_step_stats *st)
                           rd_gbps, wr_gbps);
             for (int k = 0; k < FSO_N_KINDS; k++)
                 if (st->nvme_kind_read[k] || st->nvme_kind_write[k])
-                    n += snprintf(io + n, sizeof io - (size_t)n, " %s %.3g/%.3g", short_kind[k],
+                    n += snprintf(io + n, sizeof io - (size_t)n, " %s %.3g/%.3g", fso_kind_abbrev(k),
                                   st->nvme_kind_read[k] / 1e9, st->nvme_kind_write[k] / 1e9);
             n += snprintf(io + n, sizeof io - (size_t)n, " | stall %.1f ms", st->stall_ms);
         }

@@ -103,10 +103,14 @@ static void print_banner(FILE *out, const fso_config *cfg, const fso_trainer *tr
         fflush(out);
         fprintf(stderr, "fsoff: warning: %s\n", pin);
     }
-    static const char *const overlap[] = {"none (serialized after backward)",
-                                          "forward (per block, during the next forward)",
-                                          "backward (per block, as gradients land)"};
-    fprintf(out, "fsoff: optimizer overlap %s\n", overlap[cfg->optimizer_overlap]);
+    static const char *const overlap_how[] = {
+        [FSO_OVERLAP_NONE] = "serialized after backward",
+        [FSO_OVERLAP_FORWARD] = "per block, during the next forward",
+        [FSO_OVERLAP_BACKWARD] = "per block, as gradients land",
+    };
+    fprintf(out, "fsoff: optimizer overlap %s (%s)\n",
+            fso_config_choice_name(fso_config_overlap_choices, cfg->optimizer_overlap),
+            overlap_how[cfg->optimizer_overlap]);
     const fso_sched_config *sc = &cfg->sched;
     int64_t total = sc->total_num_steps > 0 ? sc->total_num_steps : cfg->steps;
     if (sc->type != FSO_SCHED_CONSTANT && sc->warmup_num_steps >= total)

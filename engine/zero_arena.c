@@ -50,11 +50,8 @@ void fso_zero_arena_free(fso_zero *z)
 static void *arena_take(fso_zero *z, size_t bytes)
 {
     size_t off = fso_fp_round_page(z->arena.used);
-    if (off + bytes > z->arena.bytes) {
-        fprintf(stderr, "%s:%d: host arena overrun (%zu + %zu > %zu)\n", __FILE__, __LINE__, off,
-                bytes, z->arena.bytes);
-        abort();
-    }
+    FSO_BUG_ON(off + bytes > z->arena.bytes, "host arena overrun (%zu + %zu > %zu)", off, bytes,
+               z->arena.bytes);
     z->arena.used = off + bytes;
     return (char *)z->arena.base + off;
 }

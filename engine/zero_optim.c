@@ -189,8 +189,8 @@ static int params_from_master(rank_state *rk, int b)
                                  &master[k ^ 1])) < 0)
                 break;
         }
-        if ((rc = fso_zero_slot_wait(rk, &rk->opt.err, &o[FSO_KIND_MASTER], "master weights",
-                                     b)) < 0)
+        if ((rc = fso_zero_slot_wait(rk, &rk->opt.err, &o[FSO_KIND_MASTER],
+                                     fso_kind_name(FSO_KIND_MASTER), b)) < 0)
             break;
         void *param = master[k];
         if (bf16) {
@@ -360,7 +360,7 @@ static int update_blocks(rank_state *rk, const fso_adamw_step *as, int b0, int b
                 for (int64_t j = done - K + 1 > block_first ? done - K + 1 : block_first;
                      j <= done; j++)
                     if ((rc = fso_zero_slot_wait(rk, &rk->opt.err, &ring[j % K][FSO_KIND_PARAM],
-                                                 "parameters", cur.b)) < 0)
+                                                 fso_kind_name(FSO_KIND_PARAM), cur.b)) < 0)
                         return rc;
             mark_ready(rk, cur.b, as->t);
         }

@@ -295,10 +295,7 @@ static const void *src_params(void *ctx, int b)
         return fso_zero_lent(z, b, fso_zero_locate(rk, b, FSO_KIND_PARAM)->tier)->base;
     }
     int g = rk->compute.gather_refs[0] == 0 ? 0 : 1;
-    if (rk->compute.gather_refs[g] != 0) {
-        fprintf(stderr, "%s:%d: more than two blocks lent at once\n", __FILE__, __LINE__);
-        abort();
-    }
+    FSO_BUG_ON(rk->compute.gather_refs[g] != 0, "more than two blocks lent at once");
     /* the gather's target and the mark after which compute is done with
      * it: the staging copy and the gather wait for that only, so on a GPU
      * they run while the previous block computes */
@@ -320,10 +317,8 @@ static const void *src_params(void *ctx, int b)
             fso_zero_copy_in(be, mine, l->ptr, shard_bytes, after);
         } else {
             /* the order must match the model's: it is the same on every rank */
-            if (rk->compute.order_pos >= z->n_order || z->order[rk->compute.order_pos] != b) {
-                fprintf(stderr, "%s:%d: block %d asked out of order\n", __FILE__, __LINE__, b);
-                abort();
-            }
+            FSO_BUG_ON(rk->compute.order_pos >= z->n_order || z->order[rk->compute.order_pos] != b,
+                       "block %d asked out of order", b);
             uint64_t *counted = rk->compute.st.nvme_kind_read;
             pthread_mutex_lock(&rk->io.pf_mu);
             prefetch_params(rk, &rk->compute.err, counted, z->step);
@@ -335,11 +330,9 @@ static const void *src_params(void *ctx, int b)
             double t0 = fso_now_ms();
             int wrc = s ? fso_zero_slot_wait(rk, &rk->compute.err, s, "parameters", b) : -EIO;
             rk->compute.st.stall_ms += fso_now_ms() - t0;
-            if (s && s->lend >= 0 && s->lend != q) {
-                fprintf(stderr, "%s:%d: lend %lld read into the window of lend %lld\n",
-                        __FILE__, __LINE__, (long long)q, (long long)s->lend);
-                abort();
-            }
+            FSO_BUG_ON(s && s->lend >= 0 && s->lend != q,
+                       "lend %lld read into the window of lend %lld", (long long)q,
+                       (long long)s->lend);
             const bool direct = s && s->lend == q; /* read into `mine` already */
             if (wrc == 0 && !direct)
                 fso_zero_copy_in(be, mine, s->buf, shard_bytes, after);

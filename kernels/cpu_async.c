@@ -54,6 +54,7 @@
 #include "coll.h"
 #include "cpu_async.h"
 #include "cpu_common.h"
+#include "util.h"
 
 #define TAG ((uintptr_t)1 << 62)
 #define MARKS 1024 /* marks kept, as the CUDA backend keeps; an older one is stale (counted)
@@ -748,12 +749,8 @@ static void ac_destroy(fso_coll *c)
         for (uint64_t i = 0; i < x->queued - x->done; i++)
             queued += x->queue[i].coll == c;
         pthread_mutex_unlock(&x->mu);
-        if (queued) {
-            fprintf(stderr, "%s:%d: collectives destroyed with %zu of their calls still queued on "
-                            "device %d; sync every device first\n",
-                    __FILE__, __LINE__, queued, r);
-            abort();
-        }
+        FSO_BUG_ON(queued, "collectives destroyed with %zu of their calls still queued on "
+                           "device %d; sync every device first", queued, r);
     }
     fso_coll_destroy(ac->inner);
     free(ac->bes);

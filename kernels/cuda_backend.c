@@ -17,6 +17,7 @@
  * itself still waits for everything issued before it.
  */
 #include "cuda_impl.h"
+#include "util.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -268,17 +269,15 @@ static void cu_buf_free(fso_backend *be, void *buf)
     fso_cuda_ctx *ctx = FSO_CUDA_CTX(be);
     if (!buf)
         return;
-    for (size_t i = 0; i < ctx->n_allocs; i++)
-        if (ctx->allocs[i].ptr == buf) {
-            be->mem_used_bytes -= ctx->allocs[i].bytes;
-            ctx->allocs[i] = ctx->allocs[--ctx->n_allocs];
-            cudaSetDevice(ctx->ordinal);
-            fso_cuda_check(be, cudaFree(buf), "cudaFree"); /* waits for the device */
-            return;
-        }
-    fprintf(stderr, "%s:%d: CUDA device %d: buf_free of %p, which buf_alloc did not return\n",
-            __FILE__, __LINE__, ctx->ordinal, buf);
-    abort();
+    size_t i = 0;
+    while (i < ctx->n_allocs && ctx->allocs[i].ptr != buf)
+        i++;
+    FSO_BUG_ON(i == ctx->n_allocs, "CUDA device %d: buf_free of %p, which buf_alloc did not return",
+               ctx->ordinal, buf);
+    be->mem_used_bytes -= ctx->allocs[i].bytes;
+    ctx->allocs[i] = ctx->allocs[--ctx->n_allocs];
+    cudaSetDevice(ctx->ordinal);
+    fso_cuda_check(be, cudaFree(buf), "cudaFree"); /* waits for the device */
 }
 
 static void cu_memset0(fso_backend *be, void *dst, size_t bytes)

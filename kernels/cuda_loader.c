@@ -55,6 +55,7 @@ int fso_cuda_available(char *err, size_t errlen)
 #include <unistd.h>
 
 #include "fso_cuda_module_id.h"
+#include "util.h"
 
 #define DRIVER_LIB "libcuda.so.1"
 
@@ -258,11 +259,7 @@ int fso_cuda_module_load(const fso_cuda_module_api **out, char *err, size_t errl
 static const fso_cuda_module_api *loaded(const char *fn)
 {
     const fso_cuda_module_api *api = atomic_load_explicit(&mod.api, memory_order_acquire);
-    if (!api) {
-        fprintf(stderr, "%s:%d: %s: not a CUDA backend (the CUDA module was never loaded)\n",
-                __FILE__, __LINE__, fn);
-        abort();
-    }
+    FSO_BUG_ON(!api, "%s: not a CUDA backend (the CUDA module was never loaded)", fn);
     return api;
 }
 

@@ -22,6 +22,7 @@
 #include <stdlib.h>
 
 #include "cuda_impl.h"
+#include "util.h"
 
 static cudaDataType_t blas_type(fso_dtype dt)
 {
@@ -34,11 +35,9 @@ void fso_cuda_gemm(fso_backend *be, fso_dtype ab_dt, fso_dtype c_dt, int trans_a
                    long long stride_c, int batch)
 {
     fso_cuda_ctx *ctx = FSO_CUDA_CTX(be);
-    if (ab_dt != FSO_DT_BF16 && c_dt == FSO_DT_BF16) {
-        fprintf(stderr, "%s:%d: fso_cuda_gemm: fp32 operands with a bf16 C (cuBLAS has no such "
-                        "GEMM; narrow an fp32 result instead)\n", __FILE__, __LINE__);
-        abort();
-    }
+    FSO_BUG_ON(ab_dt != FSO_DT_BF16 && c_dt == FSO_DT_BF16,
+               "fso_cuda_gemm: fp32 operands with a bf16 C (cuBLAS has no such GEMM; narrow an "
+               "fp32 result instead)");
     const cublasOperation_t ta = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
     const cublasOperation_t tb = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
     /* bf16 operands: exact in fp32, so either math is plain fp32 sums */

@@ -25,6 +25,19 @@ int fso_first_errorv(int *slot, char *msg, size_t len, int rc, const char *fmt, 
     return rc;
 }
 
+void fso_bug_at(const char *file, int line, const char *func, const char *cond, const char *fmt,
+                ...)
+{
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    /* one call, so the line is not interleaved with another thread's output */
+    fprintf(stderr, "fsoff: internal error at %s:%d in %s: %s [%s]\n", file, line, func, msg, cond);
+    abort();
+}
+
 uint64_t fso_mem_available_bytes(void)
 {
     FILE *f = fopen("/proc/meminfo", "r");

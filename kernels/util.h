@@ -1,6 +1,7 @@
-/* util.h — small process-wide helpers every layer uses: the monotonic clock,
- * memory available, byte counts for people, sizes and lists on the command
- * line, JSON string literals. kernels/ is the lowest layer, so they live here. */
+/* util.h — small process-wide helpers every layer uses: the abort on a
+ * broken invariant, the monotonic clock, memory available, byte counts for
+ * people, sizes and lists on the command line, JSON string literals.
+ * kernels/ is the lowest layer, so they live here. */
 #ifndef FSO_UTIL_H
 #define FSO_UTIL_H
 
@@ -50,6 +51,19 @@ void *fso_io_alloc_lean(size_t bytes);
 /* The same for an address range the caller already mapped (aligned to
  * FSO_IO_ALIGN for the hint to take): ask for huge pages there. */
 void fso_io_advise(void *p, size_t bytes);
+
+/* A broken invariant is a bug in fsoff, not a failure the user can mend:
+ * when cond holds, FSO_BUG_ON prints one line to stderr,
+ *   fsoff: internal error at FILE:LINE in FUNCTION: MESSAGE [COND]
+ * (MESSAGE from the printf format fmt and its arguments) and aborts. cond
+ * is evaluated once; the message's arguments only when cond holds. */
+#define FSO_BUG_ON(cond, ...)                                                                     \
+    do {                                                                                          \
+        if (__builtin_expect(!!(cond), 0))                                                        \
+            fso_bug_at(__FILE__, __LINE__, __func__, #cond, __VA_ARGS__);                         \
+    } while (0)
+void fso_bug_at(const char *file, int line, const char *func, const char *cond, const char *fmt,
+                ...) __attribute__((noreturn, cold, format(printf, 5, 6)));
 
 /* "812 KiB", "812.0 MiB", "1.50 GiB", "3.20 TiB"; FSO_BYTES_OVERFLOW (and
  * anything as large) "more than 16777216 TiB". */

@@ -12,14 +12,7 @@
 #include <string.h>
 
 #include "fso_build.h"
-
-#define ADAMW_ABORT(...)                                                      \
-    do {                                                                      \
-        fprintf(stderr, "%s:%d: ", __FILE__, __LINE__);                       \
-        fprintf(stderr, __VA_ARGS__);                                         \
-        fprintf(stderr, "\n");                                                \
-        abort();                                                              \
-    } while (0)
+#include "util.h"
 
 void fso_adamw_consts_init(fso_adamw_consts *c, const fso_adamw_step *st)
 {
@@ -92,11 +85,11 @@ int fso_adamw_select(fso_isa want, const fso_adamw_kernel **out)
 
 static void check_args(const void *grad, fso_dtype grad_dtype)
 {
-    if (grad_dtype != FSO_DT_F32 && grad_dtype != FSO_DT_BF16)
-        ADAMW_ABORT("fso_adamw_fused: grad_dtype %d is neither FSO_DT_F32 nor FSO_DT_BF16",
-                    (int)grad_dtype);
-    if (grad_dtype == FSO_DT_BF16 && ((uintptr_t)grad & 1))
-        ADAMW_ABORT("fso_adamw_fused: bf16 gradient at %p is not 2-byte aligned", grad);
+    FSO_BUG_ON(grad_dtype != FSO_DT_F32 && grad_dtype != FSO_DT_BF16,
+               "fso_adamw_fused: grad_dtype %d is neither FSO_DT_F32 nor FSO_DT_BF16",
+               (int)grad_dtype);
+    FSO_BUG_ON(grad_dtype == FSO_DT_BF16 && ((uintptr_t)grad & 1),
+               "fso_adamw_fused: bf16 gradient at %p is not 2-byte aligned", grad);
 }
 
 void fso_adamw_fused(const fso_adamw_kernel *k, float *master, const void *grad,

@@ -18,7 +18,8 @@ typedef enum fso_kind {
     FSO_N_KINDS,
 } fso_kind;
 
-/* zero_optimization.offload_*.device, in the order of its values. */
+/* The tiers; zero_optimization.offload_*.device names them (its strings, with
+ * the tier each names, are engine/config_enums.c's). */
 typedef enum fso_tier {
     FSO_TIER_DEVICE = 0,  /* "none": on the device */
     FSO_TIER_HOST,        /* "cpu": the process's host arena */
@@ -26,7 +27,8 @@ typedef enum fso_tier {
     FSO_N_TIERS,
 } fso_tier;
 
-/* train.optimizer_overlap, in the order of its values. */
+/* When the optimizer updates a block: train.optimizer_overlap (its strings
+ * are engine/config_enums.c's). */
 typedef enum fso_overlap {
     FSO_OVERLAP_NONE = 0, /* every block updated after backward, before the next forward */
     FSO_OVERLAP_FORWARD,  /* blocks updated in forward order while the next forward runs; a
@@ -34,9 +36,21 @@ typedef enum fso_overlap {
     FSO_OVERLAP_BACKWARD, /* clipping off: each block updated as its last gradients land */
 } fso_overlap;
 
-/* "parameters", "master weights", "AdamW m", "AdamW v", "gradients"; "?" out of range. */
+/* Each kind's names, "?" out of range: in messages, "parameters",
+ * "master weights", "AdamW m", "AdamW v", "gradients". */
 const char *fso_kind_name(int kind);
-/* "device", "host", "nvme"; "?" out of range. */
+/* As a key of a JSON object with a member per kind (--metrics lines, the
+ * plan's placement, bench results; files that scripts read, so fixed):
+ * "parameters", "master", "m", "v", "gradients". */
+const char *fso_kind_key(int kind);
+/* Short, in one-line summaries (the step line, bench pipeline): "params",
+ * "master", "m", "v", "grads". */
+const char *fso_kind_abbrev(int kind);
+/* A checkpoint's manifest names the kinds it saves in a format of its own
+ * ("master", "adam_m", "adam_v": fso_ckpt_kind_names, engine/checkpoint.h). */
+
+/* "device", "host", "nvme"; "?" out of range: in messages, and as the keys
+ * and values of the plan's JSON and a checkpoint's manifest. */
 const char *fso_tier_name(int tier);
 
 #endif

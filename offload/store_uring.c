@@ -62,14 +62,6 @@
 #define URING_CQE_BATCH 64
 #define URING_SUBMIT_GROUP 2 /* SQEs per io_uring_enter; the kernel plugs above 2 */
 
-#define URING_BUG_ON(cond)                                                              \
-    do {                                                                                \
-        if (cond) {                                                                     \
-            fprintf(stderr, "%s:%d: fsoff bug: %s\n", __FILE__, __LINE__, #cond);       \
-            abort();                                                                    \
-        }                                                                               \
-    } while (0)
-
 typedef struct uring_req {
     uint64_t user;
     char *buf;
@@ -129,7 +121,7 @@ static void uring_issue(uring_ctx *c, int pi)
     uring_part *p = &c->parts[pi];
     const uring_req *r = &c->reqs[p->req];
     struct io_uring_sqe *sqe = io_uring_get_sqe(&c->ring);
-    URING_BUG_ON(!sqe); /* parts in flight never exceed the SQ entries */
+    FSO_BUG_ON(!sqe, "no free SQ entry; parts in flight never exceed the SQ entries");
     unsigned len = p->len - p->done;
     if (p->cut) {
         p->cut = false;
@@ -237,7 +229,7 @@ static void uring_handle(fso_store *s, const struct io_uring_cqe *cqe)
 {
     uring_ctx *c = s->ctx;
     int pi = (int)cqe->user_data;
-    URING_BUG_ON(pi < 0 || pi >= c->nparts);
+    FSO_BUG_ON(pi < 0 || pi >= c->nparts, "completion of part %d of %d", pi, c->nparts);
     uring_part *p = &c->parts[pi];
     uring_req *r = &c->reqs[p->req];
     int res = cqe->res;

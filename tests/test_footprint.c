@@ -22,7 +22,7 @@
 #include "data.h"
 #include "footprint.h"
 #include "plan.h"
-#include "small_model.h"
+#include "test_util.h"
 #include "train.h"
 #include "zero.h"
 
