@@ -137,7 +137,7 @@ int fso_bench_list(const char *s, bool bytes, uint64_t lo, uint64_t hi, uint64_t
         char *end = NULL;
         if (bytes ? fso_parse_size(t, &v) < 0 : ((v = strtoull(t, &end, 10)), *end != '\0'))
             return -1;
-        if (v < lo || v > hi || (bytes && v % 4096) || n == max)
+        if (v < lo || v > hi || (bytes && v % FSO_IO_PAGE) || n == max)
             return -1;
         out[n++] = v;
     }

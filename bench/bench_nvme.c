@@ -30,7 +30,6 @@
 
 #define NV_MAX_LIST 16
 #define NV_MAX_QD 1024
-#define NV_PAGE 4096
 
 typedef struct nv_args {
     const char *dirs[FSO_STORE_MAX_DIRS];
@@ -99,7 +98,7 @@ static int nv_parse_args(nv_args *a, int argc, char **argv)
             break;
         case 's':
             if (fso_parse_size(optarg, &a->size_bytes) < 0 || a->size_bytes == 0 ||
-                a->size_bytes % NV_PAGE)
+                a->size_bytes % FSO_IO_PAGE)
                 return fso_bench_bad("nvme", "--size %s: expected a positive multiple of 4K "
                                      "(e.g. 256M, 1G)", optarg);
             break;
@@ -116,7 +115,7 @@ static int nv_parse_args(nv_args *a, int argc, char **argv)
         return fso_bench_bad("nvme", "unexpected argument '%s'", argv[optind]);
     if (a->ndirs == 0)
         return fso_bench_bad("nvme", "--nvme DIR is required");
-    a->nblocks = fso_bench_list(blocks, true, NV_PAGE, (uint64_t)1 << 30, v, NV_MAX_LIST);
+    a->nblocks = fso_bench_list(blocks, true, FSO_IO_PAGE, (uint64_t)1 << 30, v, NV_MAX_LIST);
     if (a->nblocks < 0)
         return fso_bench_bad("nvme", "--block-sizes %s: expected up to %d multiples of 4K up to "
                              "1G", blocks, NV_MAX_LIST);
@@ -146,20 +145,20 @@ static uint64_t nv_mix(uint64_t x)
 /* Every page of a block written at addr carries addr ^ seed first and its hash last. */
 static void nv_stamp(char *buf, size_t len, uint64_t addr, uint64_t seed)
 {
-    for (size_t p = 0; p < len; p += NV_PAGE) {
+    for (size_t p = 0; p < len; p += FSO_IO_PAGE) {
         uint64_t tag = (addr + p) ^ seed, h = nv_mix(tag);
         memcpy(buf + p, &tag, 8);
-        memcpy(buf + p + NV_PAGE - 8, &h, 8);
+        memcpy(buf + p + FSO_IO_PAGE - 8, &h, 8);
     }
 }
 
 static uint64_t nv_check(const char *buf, size_t len, uint64_t addr, uint64_t seed)
 {
     uint64_t bad = 0;
-    for (size_t p = 0; p < len; p += NV_PAGE) {
+    for (size_t p = 0; p < len; p += FSO_IO_PAGE) {
         uint64_t tag, h;
         memcpy(&tag, buf + p, 8);
-        memcpy(&h, buf + p + NV_PAGE - 8, 8);
+        memcpy(&h, buf + p + FSO_IO_PAGE - 8, 8);
         bad += tag != ((addr + p) ^ seed) || h != nv_mix(tag);
     }
     return bad;

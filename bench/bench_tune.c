@@ -28,7 +28,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#define TN_PAGE 4096
 #define TN_NEAR 0.95          /* within 5% of the best counts as a tie */
 
 typedef struct tn_args {
@@ -166,7 +165,7 @@ static int tn_parse(tn_args *a, int argc, char **argv)
         return fso_bench_bad("tune", "unexpected argument '%s'", argv[optind]);
     if (a->ndirs == 0)
         return fso_bench_bad("tune", "--nvme DIR is required");
-    a->nblocks = fso_bench_list(blocks, true, TN_PAGE, (uint64_t)1 << 30, v, FSO_TUNE_MAX_LIST);
+    a->nblocks = fso_bench_list(blocks, true, FSO_IO_PAGE, (uint64_t)1 << 30, v, FSO_TUNE_MAX_LIST);
     if (a->nblocks < 0)
         return fso_bench_bad("tune", "--block-sizes %s: expected up to %d multiples of 4K up to "
                              "1G", blocks, FSO_TUNE_MAX_LIST);

@@ -30,7 +30,7 @@
 
 const char *const fso_ckpt_kind_names[FSO_ZERO_SAVED_KINDS] = {"master", "adam_m", "adam_v"};
 
-#define PAGE_ELEMS 1024 /* 4 KiB of fp32 */
+#define PAGE_ELEMS (FSO_IO_PAGE / sizeof(float)) /* a page of fp32 */
 
 /* ------------------------------------------------------------------ layout */
 

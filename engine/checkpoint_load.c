@@ -20,8 +20,8 @@
 #include "config_json.h"
 #include "crc32c.h"
 #include "model.h"
+#include "util.h"
 
-#define ALIGN 4096
 #define READ_DEPTH 8
 
 typedef struct chunk {
@@ -247,7 +247,7 @@ static int read_chunks(fso_ckpt *ck, char *err, size_t errlen)
         json_t *o = json_array_get(e, 0), *b = json_array_get(e, 1), *c = json_array_get(e, 2);
         if (!json_is_integer(o) || !json_is_integer(b) || !json_is_integer(c) ||
             json_integer_value(o) < 0 || json_integer_value(b) <= 0 ||
-            json_integer_value(b) % ALIGN || json_integer_value(b) > ((json_int_t)1 << 30) ||
+            json_integer_value(b) % FSO_IO_PAGE || json_integer_value(b) > ((json_int_t)1 << 30) ||
             json_integer_value(c) < 0 || json_integer_value(c) > 0xffffffffLL)
             BAD("chunks[%zu]: expected [offset, bytes, crc32c]", i);
         ck->chunks[i] = (chunk){(uint64_t)json_integer_value(o), (uint64_t)json_integer_value(b),
@@ -689,7 +689,7 @@ int fso_ckpt_load(fso_ckpt *ck, fso_zero *z, char *err, size_t errlen)
     /* two buffers: the next region is read while the trainer takes this one */
     float *flat[2] = {NULL, NULL};
     for (int i = 0; i < 2; i++)
-        if (posix_memalign((void **)&flat[i], ALIGN, sizeof(float) * most) != 0) {
+        if (posix_memalign((void **)&flat[i], FSO_IO_PAGE, sizeof(float) * most) != 0) {
             flat[i] = NULL;
             free(flat[0]);
             snprintf(err, errlen, "out of host memory for two blocks (%zu bytes each)",
@@ -764,7 +764,7 @@ int fso_ckpt_tensors_next(fso_ckpt_iter *it, fso_ckpt_tensor *t, char *err, size
         free(it->buf);
         it->buf = NULL;
         it->cap = 0;
-        if (posix_memalign((void **)&it->buf, ALIGN, w1 - w0) != 0) {
+        if (posix_memalign((void **)&it->buf, FSO_IO_PAGE, w1 - w0) != 0) {
             it->buf = NULL;
             snprintf(err, errlen, "out of host memory for %s (%" PRIu64 " bytes)", d->name,
                      w1 - w0);

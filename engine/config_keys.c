@@ -849,10 +849,10 @@ static int apply_offload(walker *w, json_t *root)
 
     CFG_TRY(get_section(w, root, "aio", true, &a));
     CFG_TRY(fso_cfg_check_keys(w, a, &asec, aio_keys, ""));
-    CFG_TRY(get_int(w, a, &asec, "block_size", 4096, (int64_t)1 << 30, I64(1 << 20), &v));
-    if (v % 4096) {
+    CFG_TRY(get_int(w, a, &asec, "block_size", FSO_IO_PAGE, (int64_t)1 << 30, I64(1 << 20), &v));
+    if (v % FSO_IO_PAGE) {
         keypath p = fso_cfg_kp_child(&asec, "block_size");
-        return fso_cfg_fail(w, &p, "must be a multiple of 4096 bytes (O_DIRECT), got %" PRId64, v);
+        return fso_cfg_fail(w, &p, "must be a multiple of %u bytes (O_DIRECT), got %" PRId64, FSO_IO_PAGE, v);
     }
     o->aio_block_bytes = v;
     CFG_TRY(get_int32(w, a, &asec, "queue_depth", 1, I64(32), &o->aio_queue_depth));

@@ -12,7 +12,8 @@
 #include "util.h"
 
 #define TENSOR_ALIGN_ELEMS 64
-#define SHARD_PAGE_ELEMS 2048 /* 4 KiB of bf16: every shard whole pages in either type */
+#define SHARD_PAGE_ELEMS (FSO_IO_PAGE / 2) /* a page of bf16: every shard whole pages in
+                                               either type */
 #define LOGITS_CHUNK_BYTES (32u << 20)
 
 /* Checked (util.h): a layout whose element counts overflow saturates, and

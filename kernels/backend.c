@@ -150,18 +150,17 @@ int fso_cpu_coll_create(fso_coll **out, int world, fso_backend **devs, char *err
     return rc;
 }
 
-/* Each buffer carries a header with its size, so frees are counted against
- * the device's memory cap. Buffers start on a page: a shard there can be
+/* Each buffer carries a header with its size, one I/O page (FSO_IO_PAGE), so
+ * frees are counted against the device's memory cap. Buffers start on a page: a shard there can be
  * written to a checkpoint with O_DIRECT as it is (engine/zero_save.c), and
  * NVMe reads land in a gather window directly (engine/zero_source.c). Those
  * of FSO_IO_ALIGN and more (header included) are I/O buffers in huge pages
  * where whole ones fit, committing no more than they use (util.h
  * fso_io_alloc_lean): O_DIRECT into them is fast. */
-#define BUF_HDR 4096
 
 static bool buf_mapped(size_t rounded)
 {
-    return rounded + BUF_HDR >= FSO_IO_ALIGN;
+    return rounded + FSO_IO_PAGE >= FSO_IO_ALIGN;
 }
 
 int fso_backend_charge(fso_backend *be, size_t bytes)
@@ -190,15 +189,15 @@ int fso_cpu_buf_alloc(fso_backend *be, size_t bytes, void **out)
     int rc = fso_backend_charge(be, rounded);
     if (rc < 0)
         return rc;
-    if (buf_mapped(rounded) ? !(p = fso_io_alloc_lean(rounded + BUF_HDR))
-                            : posix_memalign(&p, BUF_HDR, rounded + BUF_HDR) != 0) {
+    if (buf_mapped(rounded) ? !(p = fso_io_alloc_lean(rounded + FSO_IO_PAGE))
+                            : posix_memalign(&p, FSO_IO_PAGE, rounded + FSO_IO_PAGE) != 0) {
         fso_backend_uncharge(be, rounded);
         snprintf(be->err, sizeof be->err, "out of host memory allocating %zu bytes", bytes);
         return -ENOMEM;
     }
-    memset(p, 0, rounded + BUF_HDR);
+    memset(p, 0, rounded + FSO_IO_PAGE);
     *(size_t *)p = rounded;
-    *out = (char *)p + BUF_HDR;
+    *out = (char *)p + FSO_IO_PAGE;
     return 0;
 }
 
@@ -206,11 +205,11 @@ void fso_cpu_buf_free(fso_backend *be, void *buf)
 {
     if (!buf)
         return;
-    void *p = (char *)buf - BUF_HDR;
+    void *p = (char *)buf - FSO_IO_PAGE;
     const size_t rounded = *(size_t *)p;
     fso_backend_uncharge(be, rounded);
     if (buf_mapped(rounded))
-        fso_io_free(p, rounded + BUF_HDR);
+        fso_io_free(p, rounded + FSO_IO_PAGE);
     else
         free(p);
 }

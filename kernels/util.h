@@ -37,6 +37,9 @@ uint64_t fso_mem_available_bytes(void);
  * 4.4 GB/s, and of 128 KiB at depth 4 from 1.0 to 4.2. NULL on failure, with
  * errno set. fso_io_free takes the size given to fso_io_alloc. */
 #define FSO_IO_ALIGN ((size_t)2 << 20)
+/* O_DIRECT's unit, the I/O page: every shard, staging buffer, NVMe request
+ * and checkpoint piece is a whole number of these, aligned to one. */
+#define FSO_IO_PAGE 4096u
 void *fso_io_alloc(size_t bytes);
 /* An anonymous mapping of len bytes (a multiple of FSO_IO_ALIGN) starting
  * on an FSO_IO_ALIGN boundary, with mmap's prot and flags (MAP_ANONYMOUS

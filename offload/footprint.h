@@ -7,7 +7,8 @@
  * each block, whether the CPU can address the devices' memory (CPU virtual
  * devices can; GPUs and cpu-async devices cannot), each kind's element type
  * and the aio settings. Everything else is derived here:
- *   - a shard: its block's padded elements / world, in whole I/O pages;
+ *   - a shard: its block's padded elements / world, in whole I/O pages
+ *     (util.h FSO_IO_PAGE);
  *   - where parameters are lent in place (no gather, no gather window);
  *   - which tiers need the optimizer's chunk buffers and the gradient
  *     landing slots;
@@ -27,9 +28,6 @@
 #include "backend.h"
 #include "state.h"
 
-/* O_DIRECT's unit: every shard, staging buffer and NVMe request is a whole
- * number of these, aligned to one. */
-#define FSO_IO_PAGE 4096u
 /* The parameter ring: up to 16 blocks read ahead, plus the spare slots (the
  * one being copied to the device and the one being gathered from). */
 #define FSO_FP_SPARE_SLOTS 2

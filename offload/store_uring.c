@@ -55,7 +55,6 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#define URING_ALIGN 4096
 #define URING_MAX_QD 1024
 #define URING_MAX_BLOCK ((size_t)1 << 30)
 #define URING_REG_CHUNK ((size_t)1 << 30) /* largest buffer io_uring registers */
@@ -125,7 +124,7 @@ static void uring_issue(uring_ctx *c, int pi)
     unsigned len = p->len - p->done;
     if (p->cut) {
         p->cut = false;
-        unsigned half = len / 2 / URING_ALIGN * URING_ALIGN;
+        unsigned half = len / 2 / FSO_IO_PAGE * FSO_IO_PAGE;
         if (half)
             len = half;
     }
@@ -752,9 +751,9 @@ static int uring_open(fso_store *s, uring_ctx *c, const fso_store_opts *o, char 
     for (int i = 0; i < o->ndirs; i++)
         if (!o->dirs[i] || !o->dirs[i][0])
             OPEN_FAIL(-EINVAL, "nvme store: folder %d is empty; fix --nvme", i + 1);
-    if (o->block_bytes == 0 || o->block_bytes % URING_ALIGN || o->block_bytes > URING_MAX_BLOCK)
+    if (o->block_bytes == 0 || o->block_bytes % FSO_IO_PAGE || o->block_bytes > URING_MAX_BLOCK)
         OPEN_FAIL(-EINVAL, "nvme store: block size %zu: must be a multiple of %d up to 1 GiB "
-                  "(aio.block_size)", o->block_bytes, URING_ALIGN);
+                  "(aio.block_size)", o->block_bytes, FSO_IO_PAGE);
     if (o->queue_depth < 1 || o->queue_depth > URING_MAX_QD)
         OPEN_FAIL(-EINVAL, "nvme store: queue depth %d: must be 1 to %d (aio.queue_depth)",
                   o->queue_depth, URING_MAX_QD);
@@ -811,7 +810,7 @@ int fso_store_open_uring(fso_store **out, const fso_store_opts *opts, char *err,
     s->ops = &uring_ops;
     s->ctx = c;
     s->capacity_bytes = opts->capacity_bytes;
-    s->align = URING_ALIGN;
+    s->align = FSO_IO_PAGE;
     s->queue_depth = opts->queue_depth;
     s->direct = opts->direct;
     int rc = uring_open(s, c, opts, err, errlen);
