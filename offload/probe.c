@@ -51,6 +51,15 @@ static void cpu_model(char *buf, size_t len)
 }
 
 
+/* The instruction set AdamW runs with here: FSO_ISA's, else the widest
+ * (an FSO_ISA this machine cannot run is refused before any probe). */
+static fso_isa adam_isa(void)
+{
+    fso_isa isa;
+    char e[256];
+    return fso_isa_from_env(&isa, e, sizeof e) == 0 ? isa : fso_isa_best();
+}
+
 void fso_probe_key(char *buf, size_t len, const char *dirs)
 {
     char host[256] = "localhost", cpu[256], list[4096] = "", tmp[4096];
@@ -311,7 +320,7 @@ static double probe_adam(int threads)
         free(buf);
         return 0;
     }
-    if (fso_adamw_select(FSO_ISA_AUTO, &k) < 0)
+    if (fso_adamw_select(adam_isa(), &k) < 0)
         k = NULL;
     for (size_t i = 0; i < n * 4; i++)
         buf[i] = 0.001f * (float)(i % 1000);
@@ -427,6 +436,7 @@ static int probe_machine(fso_probe *p, const fso_probe_opts *opts, char *err, si
     fso_backend_destroy(be);
     p->coll_gbps = probe_coll(p->threads);
     p->adam_gelems = probe_adam(p->threads);
+    snprintf(p->adam_isa, sizeof p->adam_isa, "%s", fso_isa_name(adam_isa()));
     if (p->h2d_gbps <= 0 || p->gflops <= 0 || p->coll_gbps <= 0 || p->adam_gelems <= 0) {
         snprintf(err, errlen, "probes: out of host memory");
         return -ENOMEM;
@@ -485,11 +495,12 @@ static json_t *machine_to_json(const fso_probe *p)
 {
     char mkey[sizeof p->key];
     split_key(p->key, mkey, sizeof mkey);
-    return json_pack("{s:s, s:I, s:i, s:I, s:f, s:f, s:f, s:f, s:f, s:f}", "key", mkey, "when",
-                     (json_int_t)p->when, "threads", p->threads, "host_mem_bytes",
+    return json_pack("{s:s, s:I, s:i, s:I, s:f, s:f, s:f, s:f, s:f, s:s, s:f}", "key", mkey,
+                     "when", (json_int_t)p->when, "threads", p->threads, "host_mem_bytes",
                      (json_int_t)p->host_mem_bytes, "h2d_gbps", p->h2d_gbps, "d2h_gbps",
                      p->d2h_gbps, "host_copy_gbps", p->host_copy_gbps, "coll_gbps",
-                     p->coll_gbps, "adam_gelems", p->adam_gelems, "gflops", p->gflops);
+                     p->coll_gbps, "adam_gelems", p->adam_gelems, "adam_isa", p->adam_isa,
+                     "gflops", p->gflops);
 }
 
 static json_t *nvme_to_json(const fso_probe *p)
@@ -561,6 +572,8 @@ static int machine_from_json(json_t *o, void *out)
     p->host_copy_gbps = num(o, "host_copy_gbps");
     p->coll_gbps = num(o, "coll_gbps");
     p->adam_gelems = num(o, "adam_gelems");
+    const char *isa = json_string_value(json_object_get(o, "adam_isa"));
+    snprintf(p->adam_isa, sizeof p->adam_isa, "%s", isa ? isa : ""); /* none: measured again */
     p->gflops = num(o, "gflops");
     /* the planner divides by these; no rate below 0 */
     if (p->threads < 1 || p->h2d_gbps <= 0 || p->gflops <= 0 || p->adam_gelems <= 0 ||
@@ -936,13 +949,26 @@ int fso_probe_get(fso_probe *p, const fso_probe_opts *opts, bool refresh, bool *
             cache_find(root, path, p->key, p, &machine, &folders, e, sizeof e);
         json_decref(root);
     }
-    if (!machine || !folders) {
+    /* a machine known with AdamW's rate of another instruction set: that
+     * rate alone is measured again */
+    const bool adam = machine && strcmp(p->adam_isa, fso_isa_name(adam_isa())) != 0;
+    if (!machine || !folders || adam) {
         /* measure what the cache lacks: the folders alone when the machine is known */
         probe_announce(opts, !machine, !folders);
+        if (adam && !opts->quiet)
+            fprintf(stderr, "fsoff: probing AdamW with %s (the cache holds its rate with %s)...\n",
+                    fso_isa_name(adam_isa()), p->adam_isa[0] ? p->adam_isa : "another");
         if (!folders && (rc = probe_folders(p, opts, err, errlen)) < 0)
             return rc;
         if (!machine && (rc = probe_machine(p, opts, err, errlen)) < 0)
             return rc;
+        if (adam) {
+            if ((p->adam_gelems = probe_adam(p->threads)) <= 0) {
+                snprintf(err, errlen, "probes: out of host memory");
+                return -ENOMEM;
+            }
+            snprintf(p->adam_isa, sizeof p->adam_isa, "%s", fso_isa_name(adam_isa()));
+        }
         p->when = (int64_t)time(NULL);
         *probed = true;
         if (have_path && fso_probe_cache_save(path, p, e, sizeof e) < 0)

@@ -61,7 +61,10 @@ typedef struct fso_probe {
     double h2d_gbps, d2h_gbps;
     double host_copy_gbps;
     double coll_gbps;            /* all-gather bus bandwidth among `threads` threads */
-    double adam_gelems;          /* 1e9 elements/s, all threads */
+    double adam_gelems;          /* 1e9 elements/s, all threads, with adam_isa's kernel */
+    char adam_isa[16];           /* the instruction set AdamW ran with (cpu_isa.h): FSO_ISA's,
+                                    else the widest; a cached rate of another is measured
+                                    again, alone */
     double gflops;               /* sgemm, all threads */
     bool nvme_tuned;             /* the nvme_* rates above come from `fsoff bench tune` */
     int nvme_tuned_devices;      /* ... measured with this many rings (devices) at once */

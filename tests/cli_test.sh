@@ -372,6 +372,21 @@ if [ "$(grep -c '"adam_gelems"' "$cache")" -eq 1 ] && grep -q 'probing 1 NVMe fo
 else
     bad "probe cache" "$(cat "$TMP/err")" "$(head -c 600 "$cache")"
 fi
+# AdamW's rate is the instruction set's that runs: FSO_ISA's rate is
+# measured alone, and the widest's again without it; still one entry
+best=$(grep -o '"adam_isa": "[a-z0-9]*"' "$cache")
+XDG_CACHE_HOME="$TMP/xdg" FSO_ISA=scalar "$FSOFF" plan "${SMALL[@]}" >/dev/null 2>"$TMP/err"
+scalar=$(grep -o '"adam_isa": "[a-z0-9]*"' "$cache")
+XDG_CACHE_HOME="$TMP/xdg" "$FSOFF" plan "${SMALL[@]}" >/dev/null 2>"$TMP/err2"
+if [ "$scalar" = '"adam_isa": "scalar"' ] && [ -n "$best" ] && [ "$best" != "$scalar" ] &&
+   grep -q 'probing AdamW with scalar' "$TMP/err" && ! grep -q 'probing this machine' "$TMP/err" &&
+   [ "$(grep -o '"adam_isa": "[a-z0-9]*"' "$cache")" = "$best" ] &&
+   [ "$(grep -c '"adam_gelems"' "$cache")" -eq 1 ]; then
+    ok "probe cache: AdamW's rate follows FSO_ISA, measured alone"
+else
+    bad "probe cache: AdamW's rate follows FSO_ISA" "before: $best, scalar: $scalar" \
+        "$(cat "$TMP/err" "$TMP/err2")"
+fi
 
 # --- a build without CUDA says why
 if [ "${FSO_CUDA_OPTION:-}" = disabled ]; then
