@@ -769,20 +769,25 @@ int fso_plan_trace(const fso_plan_input *in, const fso_placement *pl, FILE *f)
 /* ------------------------------------------------------------------ search */
 
 typedef struct cand {
-    int pmode;          /* param tier for streamed blocks (or every block when !per_block) */
-    int resident;       /* parameter blocks kept on the device (per-block mode) */
-    int sresident;      /* blocks whose optimizer state and gradients stay on the device,
-                           updated there (per-block mode; see state_block) */
-    int hresident;      /* blocks from the first whose state kinds on NVMe stay on the host
-                           (engine.state_host_blocks) */
-    bool sfrom_first;
-    int st[3];          /* master, m, v tiers */
-    int gt;             /* gradient tier */
-    bool wc;
-    int prefetch;
-    double ms;
-    int tiersum;
-    int pf_key;         /* the prefetch depth where it matters (parameters on NVMe), else 0 */
+    int param_tier;       /* tier of the parameter blocks not kept on the device (of every
+                             block when !per_block_tiers); FSO_TIER_DEVICE: all on the device */
+    int device_params;    /* parameter blocks kept on the device, in residency_order
+                             (per-block mode) */
+    int device_state;     /* blocks whose optimizer state and gradients stay on the device,
+                             updated there (per-block mode; which ones: state_block) */
+    bool device_state_from_first; /* device_state counts from block 0 up, else from the last
+                             block down (state_block) */
+    bool state_residency_first; /* fill_resident gives the device's room to device_state
+                             before device_params */
+    int host_state;       /* blocks from the first whose state kinds on NVMe stay on the host
+                             (engine.state_host_blocks) */
+    int state_tier[3];    /* master, m, v tiers */
+    int grad_tier;        /* gradient tier */
+    bool whole_copy;      /* blocks copied whole to every device instead of gathered */
+    int prefetch;         /* visits read ahead of compute */
+    double step_ms;       /* the predicted step (candidates that fit) */
+    int tier_sum;         /* the tiers chosen, summed: lower is higher tiers (tie-break) */
+    int prefetch_key;     /* the prefetch depth where it matters (parameters on NVMe), else 0 */
 } cand;
 
 /* Blocks in the order they are worth keeping on the device: those with the
@@ -873,27 +878,27 @@ static void residency_order(const fso_plan_input *in, int *order)
  * once): the search tries both. */
 static int state_block(const fso_plan_input *in, const cand *c, int i)
 {
-    return c->sfrom_first ? i : in->model.n_blocks - 1 - i;
+    return c->device_state_from_first ? i : in->model.n_blocks - 1 - i;
 }
 
 static void build_placement(const fso_plan_input *in, const cand *c, const int *order,
                             fso_placement *pl)
 {
     const int nb = in->model.n_blocks;
-    fso_placement_uniform(pl, nb, c->pmode, c->st[0], c->gt, c->prefetch);
+    fso_placement_uniform(pl, nb, c->param_tier, c->state_tier[0], c->grad_tier, c->prefetch);
     for (int b = 0; b < nb; b++) {
-        pl->tier[FSO_KIND_M][b] = (uint8_t)c->st[1];
-        pl->tier[FSO_KIND_V][b] = (uint8_t)c->st[2];
-        pl->whole_copy[b] = c->wc;
+        pl->tier[FSO_KIND_M][b] = (uint8_t)c->state_tier[1];
+        pl->tier[FSO_KIND_V][b] = (uint8_t)c->state_tier[2];
+        pl->whole_copy[b] = c->whole_copy;
     }
-    for (int i = 0; i < c->resident && i < nb; i++)
+    for (int i = 0; i < c->device_params && i < nb; i++)
         pl->tier[FSO_KIND_PARAM][order[i]] = FSO_TIER_DEVICE;
-    for (int i = 0; i < c->sresident && i < nb; i++)
+    for (int i = 0; i < c->device_state && i < nb; i++)
         for (int k = FSO_KIND_MASTER; k < FSO_N_KINDS; k++)
             pl->tier[k][state_block(in, c, i)] = FSO_TIER_DEVICE;
-    for (int b = 0; b < c->hresident && b < nb; b++)
+    for (int b = 0; b < c->host_state && b < nb; b++)
         for (int i = 0; i < 3; i++)
-            if (c->st[i] == FSO_TIER_NVME)
+            if (c->state_tier[i] == FSO_TIER_NVME)
                 pl->tier[FSO_KIND_MASTER + i][b] = FSO_TIER_HOST;
 }
 
@@ -905,9 +910,10 @@ static void fill_host_state(const fso_plan_input *in, cand *c, const int *order,
 {
     const int nb = in->model.n_blocks;
     const uint64_t W = (uint64_t)in->machine.devices;
-    c->hresident = 0;
+    c->host_state = 0;
     if (!in->engine.state_host_blocks ||
-        (c->st[0] != FSO_TIER_NVME && c->st[1] != FSO_TIER_NVME && c->st[2] != FSO_TIER_NVME))
+        (c->state_tier[0] != FSO_TIER_NVME && c->state_tier[1] != FSO_TIER_NVME &&
+         c->state_tier[2] != FSO_TIER_NVME))
         return;
     for (int k = FSO_KIND_MASTER; k <= FSO_KIND_V; k++)
         if (in->pins.tier[k] >= 0)
@@ -916,15 +922,15 @@ static void fill_host_state(const fso_plan_input *in, cand *c, const int *order,
     if (!size_placement(in, pl, tmp))
         return;
     uint64_t room = tmp->have_bytes[FSO_TIER_HOST] - tmp->need_bytes[FSO_TIER_HOST];
-    while (c->hresident < nb - 1) {
+    while (c->host_state < nb - 1) {
         uint64_t add = 0;
         for (int i = 0; i < 3; i++)
-            if (c->st[i] == FSO_TIER_NVME)
-                add += shard_bytes(in, c->hresident, FSO_KIND_MASTER + i) * W;
+            if (c->state_tier[i] == FSO_TIER_NVME)
+                add += shard_bytes(in, c->host_state, FSO_KIND_MASTER + i) * W;
         if (add > room)
             break;
         room -= add;
-        c->hresident++;
+        c->host_state++;
     }
 }
 
@@ -941,18 +947,21 @@ static bool pin_ok(const fso_plan_input *in, int k, int t)
 /* Per-block mode: fill the device memory left after the uniform choices
  * with parameter blocks (in residency order) and with blocks whose optimizer
  * state and gradients stay on the device (state_block order), one kind of
- * residency first, then the other. */
-static void fill_resident(const fso_plan_input *in, cand *c, const int *order, bool state_first,
-                          fso_plan *tmp, fso_placement *pl)
+ * residency first (c->state_residency_first), then the other. */
+static void fill_resident(const fso_plan_input *in, cand *c, const int *order, fso_plan *tmp,
+                          fso_placement *pl)
 {
     const int nb = in->model.n_blocks;
-    const bool params_free = in->pins.tier[FSO_KIND_PARAM] < 0 && c->pmode != FSO_TIER_DEVICE;
-    bool state_free = c->st[0] != FSO_TIER_DEVICE || c->st[1] != FSO_TIER_DEVICE ||
-                      c->st[2] != FSO_TIER_DEVICE || c->gt != FSO_TIER_DEVICE;
+    const bool state_first = c->state_residency_first;
+    const bool params_free =
+        in->pins.tier[FSO_KIND_PARAM] < 0 && c->param_tier != FSO_TIER_DEVICE;
+    bool state_free = c->state_tier[0] != FSO_TIER_DEVICE ||
+                      c->state_tier[1] != FSO_TIER_DEVICE ||
+                      c->state_tier[2] != FSO_TIER_DEVICE || c->grad_tier != FSO_TIER_DEVICE;
     for (int k = FSO_KIND_MASTER; k < FSO_N_KINDS; k++)
         state_free = state_free && in->pins.tier[k] < 0;
-    c->resident = c->pmode == FSO_TIER_DEVICE ? nb : 0;
-    c->sresident = 0;
+    c->device_params = c->param_tier == FSO_TIER_DEVICE ? nb : 0;
+    c->device_state = 0;
     if (!in->engine.per_block_tiers)
         return;
     build_placement(in, c, order, pl);
@@ -961,137 +970,217 @@ static void fill_resident(const fso_plan_input *in, cand *c, const int *order, b
     for (int pass = 0; pass < 2; pass++) {
         bool state = (pass == 0) == state_first;
         if (state && state_free) {
-            while (c->sresident < nb) {
+            while (c->device_state < nb) {
                 int64_t add = 0;
                 for (int k = FSO_KIND_MASTER; k < FSO_N_KINDS; k++) {
-                    int t = k == FSO_KIND_GRAD ? c->gt : c->st[k - FSO_KIND_MASTER];
+                    int t = k == FSO_KIND_GRAD ? c->grad_tier
+                                               : c->state_tier[k - FSO_KIND_MASTER];
                     if (t != FSO_TIER_DEVICE)
-                        add += (int64_t)shard_bytes(in, state_block(in, c, c->sresident), k);
+                        add += (int64_t)shard_bytes(in, state_block(in, c, c->device_state), k);
                 }
                 if (add > room)
                     break;
                 room -= add;
-                c->sresident++;
+                c->device_state++;
             }
         } else if (!state && params_free) {
-            while (c->resident < nb) {
-                int64_t add = (int64_t)shard_bytes(in, order[c->resident], FSO_KIND_PARAM);
+            while (c->device_params < nb) {
+                int64_t add = (int64_t)shard_bytes(in, order[c->device_params], FSO_KIND_PARAM);
                 if (add > room)
                     break;
                 room -= add;
-                c->resident++;
+                c->device_params++;
             }
         }
     }
 }
 
-int fso_plan_choose(const fso_plan_input *in, fso_plan *out)
-{
-    int rc = check_input(in);
-    if (rc < 0)
-        return rc;
-    const fso_plan_engine *en = &in->engine;
-    const int nb = in->model.n_blocks, W = in->machine.devices;
-    int *order = malloc(sizeof(int) * (size_t)nb);
-    fso_plan *tmp = malloc(sizeof *tmp);
-    fso_placement *pl = malloc(sizeof *pl);
-    size_t ncand = 0, capc = 256;
-    cand *cands = malloc(sizeof(cand) * capc);
-    cand closest = {0};
-    uint64_t closest_short = UINT64_MAX;
-    int evaluated = 0;
-    if (!order || !tmp || !pl || !cands) {
-        rc = -ENOMEM;
-        goto out;
-    }
-    residency_order(in, order);
+/* The choices a candidate is made of, outermost first: candidates come in
+ * the order these would as nested loops, the innermost varying fastest
+ * (among equals the tie-break keeps the first). */
+enum {
+    CHOICE_PARAM_TIER,  /* cand.param_tier */
+    CHOICE_MASTER_TIER, /* cand.state_tier[0] */
+    CHOICE_M_TIER,      /* cand.state_tier[1]: the master's tier or a slower one */
+    CHOICE_V_TIER,      /* cand.state_tier[2]: m's tier or a slower one */
+    CHOICE_GRAD_TIER,   /* cand.grad_tier */
+    CHOICE_WHOLE_COPY,  /* cand.whole_copy: 0 gathers, 1 whole copies */
+    CHOICE_PREFETCH,    /* cand.prefetch */
+    CHOICE_FILL,        /* bit 0: cand.state_residency_first; bit 1:
+                           cand.device_state_from_first */
+    N_CHOICES,
+};
 
-    int max_pf = FSO_FP_MAX_PREFETCH < FSO_PLAN_MAX_PREFETCH ? FSO_FP_MAX_PREFETCH : FSO_PLAN_MAX_PREFETCH;
+/* Where the enumeration of candidates stands. */
+typedef struct cand_iter {
+    int at[N_CHOICES];    /* the value of each choice */
+    int max_prefetch;     /* the deepest prefetch tried where the depth matters */
+    int default_prefetch; /* the depth where it does not, or the pinned one */
+    bool started;         /* at[] holds a candidate */
+} cand_iter;
+
+static void cand_iter_start(const fso_plan_input *in, cand_iter *it)
+{
+    memset(it, 0, sizeof *it);
+    int max_pf = FSO_FP_MAX_PREFETCH < FSO_PLAN_MAX_PREFETCH ? FSO_FP_MAX_PREFETCH
+                                                             : FSO_PLAN_MAX_PREFETCH;
     if (max_pf > 8)
         max_pf = 8; /* deeper rarely pays; a pin may still ask for more */
-    int def_pf = in->pins.prefetch >= 0 ? in->pins.prefetch : 2 <= max_pf ? 2 : max_pf;
+    it->max_prefetch = max_pf;
+    it->default_prefetch = in->pins.prefetch >= 0 ? in->pins.prefetch : 2 <= max_pf ? 2 : max_pf;
+}
 
-    for (int pm = 0; pm < FSO_N_TIERS; pm++) {
-        if (!tier_ok(in, pm) || !pin_ok(in, FSO_KIND_PARAM, pm))
-            continue;
-        /* per-block mode: pm is the tier of streamed blocks; device = all resident */
-        for (int s0 = 0; s0 < FSO_N_TIERS; s0++)
-            for (int s1 = en->per_kind_tiers ? s0 : s0; s1 < FSO_N_TIERS; s1++)
-                for (int s2 = en->per_kind_tiers ? s1 : s0; s2 < FSO_N_TIERS; s2++)
-                    for (int g = 0; g < FSO_N_TIERS; g++) {
-                        if (!en->per_kind_tiers && (s1 != s0 || s2 != s0 || g != s0))
-                            continue;
-                        int st[3] = {s0, s1, s2};
-                        bool ok = tier_ok(in, g) && pin_ok(in, FSO_KIND_GRAD, g);
-                        for (int i = 0; i < 3; i++)
-                            ok = ok && tier_ok(in, st[i]) && pin_ok(in, FSO_KIND_MASTER + i, st[i]);
-                        if (!ok)
-                            continue;
-                        for (int wc = 0; wc < 2; wc++) {
-                            if (wc && (!en->whole_copy || W == 1 || pm == FSO_TIER_DEVICE))
-                                continue;
-                            bool nvme_params = pm == FSO_TIER_NVME;
-                            int pf_lo = in->pins.prefetch >= 0 || !nvme_params ? def_pf : 0;
-                            int pf_hi = in->pins.prefetch >= 0 || !nvme_params ? def_pf : max_pf;
-                            for (int pf = pf_lo; pf <= pf_hi; pf++)
-                            for (int sf = 0; sf < (en->per_block_tiers ? 4 : 1); sf++) {
-                                cand c = {.pmode = pm, .st = {s0, s1, s2}, .gt = g, .wc = wc != 0,
-                                          .prefetch = pf, .sfrom_first = sf >= 2};
-                                c.tiersum = pm + s0 + s1 + s2 + g;
-                                c.pf_key = nvme_params ? pf : 0;
-                                fill_resident(in, &c, order, sf & 1, tmp, pl);
-                                if (sf >= 2 && c.sresident == 0)
-                                    continue; /* the same as sf - 2 */
-                                fill_host_state(in, &c, order, tmp, pl);
-                                build_placement(in, &c, order, pl);
-                                if (!size_placement(in, pl, tmp)) {
-                                    if (tmp->short_bytes < closest_short) {
-                                        closest_short = tmp->short_bytes;
-                                        closest = c;
-                                    }
-                                    continue;
-                                }
-                                if ((rc = simulate(in, pl, tmp, NULL)) < 0)
-                                    goto out;
-                                evaluated++;
-                                c.ms = tmp->step_ms;
-                                if (ncand == capc) {
-                                    cand *n2 = realloc(cands, sizeof(cand) * capc * 2);
-                                    if (!n2) {
-                                        rc = -ENOMEM;
-                                        goto out;
-                                    }
-                                    cands = n2;
-                                    capc *= 2;
-                                }
-                                cands[ncand++] = c;
-                            }
-                        }
-                    }
+/* The prefetch depth is searched only where it matters (parameters on
+ * NVMe) and is not pinned. */
+static bool prefetch_searched(const fso_plan_input *in, const cand_iter *it)
+{
+    return in->pins.prefetch < 0 && it->at[CHOICE_PARAM_TIER] == FSO_TIER_NVME;
+}
+
+/* The first and the last value of choice l, given the choices before it. */
+static int choice_first(const fso_plan_input *in, const cand_iter *it, int l)
+{
+    switch (l) {
+    case CHOICE_M_TIER:
+        return it->at[CHOICE_MASTER_TIER];
+    case CHOICE_V_TIER:
+        return it->at[CHOICE_M_TIER];
+    case CHOICE_PREFETCH:
+        return prefetch_searched(in, it) ? 0 : it->default_prefetch;
+    default:
+        return 0;
     }
-    if (ncand == 0) {
-        if (closest_short == UINT64_MAX) { /* nothing even considered: pins exclude all */
-            fso_placement_uniform(pl, nb, in->pins.tier[FSO_KIND_PARAM] >= 0
-                                              ? in->pins.tier[FSO_KIND_PARAM] : FSO_TIER_HOST,
-                                  FSO_TIER_HOST, FSO_TIER_HOST, def_pf);
-        } else {
-            build_placement(in, &closest, order, pl);
+}
+
+static int choice_last(const fso_plan_input *in, const cand_iter *it, int l)
+{
+    switch (l) {
+    case CHOICE_WHOLE_COPY:
+        return 1;
+    case CHOICE_PREFETCH:
+        return prefetch_searched(in, it) ? it->max_prefetch : it->default_prefetch;
+    case CHOICE_FILL:
+        return in->engine.per_block_tiers ? 3 : 0;
+    default:
+        return FSO_N_TIERS - 1;
+    }
+}
+
+/* Whether the engine, the machine and the pins allow the choices. */
+static bool choices_allowed(const fso_plan_input *in, const cand_iter *it)
+{
+    const int *at = it->at;
+    const int pt = at[CHOICE_PARAM_TIER], g = at[CHOICE_GRAD_TIER];
+    if (!tier_ok(in, pt) || !pin_ok(in, FSO_KIND_PARAM, pt))
+        return false;
+    /* without per-kind tiers, one tier for master, m, v and gradients */
+    if (!in->engine.per_kind_tiers &&
+        (at[CHOICE_M_TIER] != at[CHOICE_MASTER_TIER] ||
+         at[CHOICE_V_TIER] != at[CHOICE_MASTER_TIER] || g != at[CHOICE_MASTER_TIER]))
+        return false;
+    if (!tier_ok(in, g) || !pin_ok(in, FSO_KIND_GRAD, g))
+        return false;
+    for (int i = 0; i < 3; i++)
+        if (!tier_ok(in, at[CHOICE_MASTER_TIER + i]) ||
+            !pin_ok(in, FSO_KIND_MASTER + i, at[CHOICE_MASTER_TIER + i]))
+            return false;
+    return !at[CHOICE_WHOLE_COPY] || (in->engine.whole_copy && in->machine.devices > 1 &&
+                                      pt != FSO_TIER_DEVICE);
+}
+
+/* Steps it to the next allowed choices and fills c with them (residency
+ * not yet filled: fill_resident, fill_host_state). false when none is
+ * left. */
+static bool next_candidate(const fso_plan_input *in, cand_iter *it, cand *c)
+{
+    do {
+        int l = 0;
+        if (it->started) {
+            for (l = N_CHOICES - 1; l >= 0 && it->at[l] >= choice_last(in, it, l); l--)
+                ;
+            if (l < 0)
+                return false;
+            it->at[l++]++;
         }
-        rc = fso_plan_evaluate(in, pl, out);
-        if (rc == 0) /* cannot happen: it did not fit above */
-            rc = -ENOSPC;
-        out->evaluated = evaluated;
-        goto out;
+        it->started = true;
+        for (; l < N_CHOICES; l++)
+            it->at[l] = choice_first(in, it, l);
+    } while (!choices_allowed(in, it));
+    const int *at = it->at;
+    *c = (cand){.param_tier = at[CHOICE_PARAM_TIER],
+                .state_tier = {at[CHOICE_MASTER_TIER], at[CHOICE_M_TIER], at[CHOICE_V_TIER]},
+                .grad_tier = at[CHOICE_GRAD_TIER],
+                .whole_copy = at[CHOICE_WHOLE_COPY] != 0,
+                .prefetch = at[CHOICE_PREFETCH],
+                .state_residency_first = (at[CHOICE_FILL] & 1) != 0,
+                .device_state_from_first = at[CHOICE_FILL] >= 2};
+    c->tier_sum = c->param_tier + c->state_tier[0] + c->state_tier[1] + c->state_tier[2] +
+                  c->grad_tier;
+    c->prefetch_key = c->param_tier == FSO_TIER_NVME ? c->prefetch : 0;
+    return true;
+}
+
+/* What the search keeps while it runs. */
+typedef struct plan_search {
+    const fso_plan_input *in;
+    int *order;             /* (n_blocks) residency_order */
+    fso_plan *tmp;          /* sizes and prediction of the candidate at hand */
+    fso_placement *pl;      /* the candidate at hand */
+    cand *fit;              /* the candidates that fit, in enumeration order */
+    size_t n_fit, cap_fit;
+    cand closest;           /* of those that do not fit, the first least short */
+    uint64_t closest_short; /* its shortfall; UINT64_MAX: none seen */
+    int evaluated;          /* candidates predicted */
+} plan_search;
+
+/* Fills candidate c's residency, sizes it and, when it fits, predicts its
+ * step and keeps it in sr->fit (else in sr->closest when closer to
+ * fitting). 0, or an error. */
+static int evaluate_candidate(plan_search *sr, cand c)
+{
+    const fso_plan_input *in = sr->in;
+    fill_resident(in, &c, sr->order, sr->tmp, sr->pl);
+    if (c.device_state_from_first && c.device_state == 0)
+        return 0; /* the same as counting from the last block */
+    fill_host_state(in, &c, sr->order, sr->tmp, sr->pl);
+    build_placement(in, &c, sr->order, sr->pl);
+    if (!size_placement(in, sr->pl, sr->tmp)) {
+        if (sr->tmp->short_bytes < sr->closest_short) {
+            sr->closest_short = sr->tmp->short_bytes;
+            sr->closest = c;
+        }
+        return 0;
     }
+    int rc = simulate(in, sr->pl, sr->tmp, NULL);
+    if (rc < 0)
+        return rc;
+    sr->evaluated++;
+    c.step_ms = sr->tmp->step_ms;
+    if (sr->n_fit == sr->cap_fit) {
+        cand *n2 = realloc(sr->fit, sizeof(cand) * sr->cap_fit * 2);
+        if (!n2)
+            return -ENOMEM;
+        sr->fit = n2;
+        sr->cap_fit *= 2;
+    }
+    sr->fit[sr->n_fit++] = c;
+    return 0;
+}
+
+/* Of the ncand candidates that fit, the one to take: the least predicted
+ * step; among those within 1% of it, the shallower prefetch, then the
+ * higher tiers, then the faster; of equals the first. */
+static size_t pick_candidate(const cand *cands, size_t ncand)
+{
     double best = INFINITY;
     for (size_t i = 0; i < ncand; i++)
-        if (cands[i].ms < best)
-            best = cands[i].ms;
+        if (cands[i].step_ms < best)
+            best = cands[i].step_ms;
     size_t pick = 0;
     bool have = false;
     for (size_t i = 0; i < ncand; i++) {
         const cand *c = &cands[i];
-        if (c->ms > best * 1.01 + 1e-9)
+        if (c->step_ms > best * 1.01 + 1e-9)
             continue;
         if (!have) {
             pick = i;
@@ -1100,21 +1189,71 @@ int fso_plan_choose(const fso_plan_input *in, fso_plan *out)
         }
         const cand *p = &cands[pick];
         /* shallower prefetch, then higher tiers, then faster */
-        if (c->pf_key < p->pf_key ||
-            (c->pf_key == p->pf_key &&
-             (c->tiersum < p->tiersum || (c->tiersum == p->tiersum && c->ms < p->ms))))
+        if (c->prefetch_key < p->prefetch_key ||
+            (c->prefetch_key == p->prefetch_key &&
+             (c->tier_sum < p->tier_sum ||
+              (c->tier_sum == p->tier_sum && c->step_ms < p->step_ms))))
             pick = i;
     }
-    build_placement(in, &cands[pick], order, pl);
-    rc = fso_plan_evaluate(in, pl, out);
-    out->evaluated = evaluated;
+    return pick;
+}
+
+/* No candidate fits: out is the one closest to fitting, or where the pins
+ * left none, every kind on the host but pinned parameters. -ENOSPC, or an
+ * error. */
+static int choose_closest(const plan_search *sr, int default_prefetch, fso_plan *out)
+{
+    const fso_plan_input *in = sr->in;
+    if (sr->closest_short == UINT64_MAX) { /* nothing even considered: pins exclude all */
+        fso_placement_uniform(sr->pl, in->model.n_blocks, in->pins.tier[FSO_KIND_PARAM] >= 0
+                                  ? in->pins.tier[FSO_KIND_PARAM] : FSO_TIER_HOST,
+                              FSO_TIER_HOST, FSO_TIER_HOST, default_prefetch);
+    } else {
+        build_placement(in, &sr->closest, sr->order, sr->pl);
+    }
+    int rc = fso_plan_evaluate(in, sr->pl, out);
+    if (rc == 0) /* cannot happen: it did not fit above */
+        rc = -ENOSPC;
+    out->evaluated = sr->evaluated;
+    return rc;
+}
+
+int fso_plan_choose(const fso_plan_input *in, fso_plan *out)
+{
+    int rc = check_input(in);
+    if (rc < 0)
+        return rc;
+    plan_search sr = {.in = in, .cap_fit = 256, .closest_short = UINT64_MAX};
+    cand_iter it;
+    cand c;
+    sr.order = malloc(sizeof(int) * (size_t)in->model.n_blocks);
+    sr.tmp = malloc(sizeof *sr.tmp);
+    sr.pl = malloc(sizeof *sr.pl);
+    sr.fit = malloc(sizeof(cand) * sr.cap_fit);
+    if (!sr.order || !sr.tmp || !sr.pl || !sr.fit) {
+        rc = -ENOMEM;
+        goto out;
+    }
+    residency_order(in, sr.order);
+
+    cand_iter_start(in, &it);
+    while (next_candidate(in, &it, &c))
+        if ((rc = evaluate_candidate(&sr, c)) < 0)
+            goto out;
+    if (sr.n_fit == 0) {
+        rc = choose_closest(&sr, it.default_prefetch, out);
+        goto out;
+    }
+    build_placement(in, &sr.fit[pick_candidate(sr.fit, sr.n_fit)], sr.order, sr.pl);
+    rc = fso_plan_evaluate(in, sr.pl, out);
+    out->evaluated = sr.evaluated;
     if (rc == 0)
         rc = fso_plan_explain(in, out);
 out:
-    free(order);
-    free(tmp);
-    free(pl);
-    free(cands);
+    free(sr.order);
+    free(sr.tmp);
+    free(sr.pl);
+    free(sr.fit);
     return rc;
 }
 
