@@ -1259,6 +1259,45 @@ out:
 
 /* ------------------------------------------------------------------ re-planning */
 
+/* Per block: a copy of in's visits in which each block's visits take the
+ * compute time measured on them (what a visit costs differs between the
+ * embedding, the layers and the head, and from what FLOPs alone say), and
+ * the compute over the measured blocks as in predicted it (*pred_all) and
+ * as measured (*meas_all). NULL (nothing to free) when meas has no time
+ * for any block of in. */
+static fso_plan_visit *measured_block_visits(const fso_plan_input *in,
+                                             const fso_plan_measured *meas, double *pred_all,
+                                             double *meas_all)
+{
+    const fso_plan_machine *mc = &in->machine;
+    fso_plan_visit *visits = NULL;
+    bool per_block = false;
+    if (meas->block_compute_ms && meas->n_blocks == in->model.n_blocks &&
+        (visits = malloc(sizeof *visits * (size_t)in->model.n_visits))) {
+        memcpy(visits, in->model.visits, sizeof *visits * (size_t)in->model.n_visits);
+        for (int b = 0; b < in->model.n_blocks; b++) {
+            double pred = 0;
+            for (int k = 0; k < in->model.n_visits; k++)
+                if (visits[k].block == b)
+                    pred += visits[k].flops / (mc->device_gflops * 1e6) * in->model.grad_accum;
+            double got = meas->block_compute_ms[b];
+            if (pred <= 0 || got <= 0)
+                continue;
+            for (int k = 0; k < in->model.n_visits; k++)
+                if (visits[k].block == b)
+                    visits[k].flops *= got / pred;
+            *pred_all += pred;
+            *meas_all += got;
+            per_block = true;
+        }
+    }
+    if (!per_block) {
+        free(visits);
+        visits = NULL;
+    }
+    return visits;
+}
+
 int fso_plan_replan(const fso_plan_input *in, const fso_plan *cur, const fso_plan_measured *meas,
                     fso_plan *out, fso_plan_machine *corrected, char *msg, size_t msglen)
 {
@@ -1300,36 +1339,14 @@ int fso_plan_replan(const fso_plan_input *in, const fso_plan *cur, const fso_pla
             mc->adam_gelems *= f;
         }
     }
-    /* Per block: each block's visits take the compute time measured on
-     * them (what a visit costs differs between the embedding, the layers
-     * and the head, and from what FLOPs alone say). */
-    fso_plan_visit *visits = NULL;
-    bool per_block = false;
-    if (meas->block_compute_ms && meas->n_blocks == in->model.n_blocks &&
-        (visits = malloc(sizeof *visits * (size_t)in->model.n_visits))) {
-        memcpy(visits, in->model.visits, sizeof *visits * (size_t)in->model.n_visits);
-        double pred_all = 0, meas_all = 0;
-        for (int b = 0; b < in->model.n_blocks; b++) {
-            double pred = 0;
-            for (int k = 0; k < in->model.n_visits; k++)
-                if (visits[k].block == b)
-                    pred += visits[k].flops / (mc->device_gflops * 1e6) * in->model.grad_accum;
-            double got = meas->block_compute_ms[b];
-            if (pred <= 0 || got <= 0)
-                continue;
-            for (int k = 0; k < in->model.n_visits; k++)
-                if (visits[k].block == b)
-                    visits[k].flops *= got / pred;
-            pred_all += pred;
-            meas_all += got;
-            per_block = true;
-        }
-        if (per_block) {
-            x.model.visits = visits;
-            if (fabs(meas_all / pred_all - 1) > 0.1)
-                NOTE("%scompute took %.0f ms per step over the blocks (assumed %.0f)",
-                     wl ? "; " : "", meas_all, pred_all);
-        }
+    double pred_all = 0, meas_all = 0;
+    fso_plan_visit *visits = measured_block_visits(&x, meas, &pred_all, &meas_all);
+    const bool per_block = visits != NULL;
+    if (per_block) {
+        x.model.visits = visits;
+        if (fabs(meas_all / pred_all - 1) > 0.1)
+            NOTE("%scompute took %.0f ms per step over the blocks (assumed %.0f)",
+                 wl ? "; " : "", meas_all, pred_all);
     }
     if (!per_block && meas->compute_ms > 0 && cur->busy_ms[FSO_STREAM_COMPUTE] > 0) {
         double f = cur->busy_ms[FSO_STREAM_COMPUTE] / meas->compute_ms;
