@@ -14,6 +14,7 @@
 #include "config.h"
 #include "cpu_isa.h"
 #include "cuda_backend.h"
+#include "devices.h"
 #include "fso_build.h"
 #include "plan.h"
 #include "signals.h"
@@ -78,23 +79,14 @@ static void usage(FILE *f)
 static int select_devices(fso_config *cfg, const char *arg)
 {
     char why[1024] = "";
-    long n = 0;
-    const char *colon = strchr(arg, ':');
-    size_t kind_len = colon ? (size_t)(colon - arg) : strlen(arg);
-    if (colon) {
-        char *end;
-        errno = 0;
-        n = strtol(colon + 1, &end, 10);
-        if (errno || end == colon + 1 || *end || n < 1 || n > FSO_MAX_DEVICES) {
-            fprintf(stderr, "fsoff: error: --devices %s: expected a device count from 1 to %d "
-                            "after the colon\n", arg, FSO_MAX_DEVICES);
-            return -EINVAL;
-        }
+    fso_devices d;
+    if (fso_devices_parse(arg, false, &d, why, sizeof why) < 0) {
+        fprintf(stderr, "fsoff: error: %s\n", why);
+        return -EINVAL;
     }
-    const bool is_auto = kind_len == 4 && strncmp(arg, "auto", 4) == 0 && !colon;
-    const bool is_cuda = kind_len == 4 && strncmp(arg, "cuda", 4) == 0;
     int gpus = 0;
-    if (is_auto || is_cuda) { /* only these ask: that loads the CUDA module */
+    /* only auto and cuda ask: that loads the CUDA module */
+    if (d.is_auto || d.backend == FSO_BACKEND_CUDA) {
 #if FSO_HAVE_CUDA
         if (fso_cuda_available(why, sizeof why) == 0)
             gpus = fso_cuda_device_count(why, sizeof why);
@@ -102,33 +94,23 @@ static int select_devices(fso_config *cfg, const char *arg)
         fso_cuda_available(why, sizeof why);
 #endif
     }
-    if (is_auto) {
+    if (d.is_auto) {
         snprintf(cfg->backend, sizeof cfg->backend, "%s", gpus ? "cuda" : "cpu");
         cfg->world = gpus ? gpus : 1;
         return 0;
     }
-    if (kind_len == 3 && strncmp(arg, "cpu", 3) == 0) {
-        snprintf(cfg->backend, sizeof cfg->backend, "cpu");
-        cfg->world = colon ? (int)n : 1;
-        return 0;
+    if (d.backend == FSO_BACKEND_CUDA && gpus == 0) {
+        fprintf(stderr, "fsoff: error: --devices %s: %s; use --devices cpu (or auto)\n", arg, why);
+        return -EINVAL;
     }
-    if (is_cuda) {
-        if (gpus == 0) {
-            fprintf(stderr, "fsoff: error: --devices %s: %s; use --devices cpu (or auto)\n", arg,
-                    why);
-            return -EINVAL;
-        }
-        if (colon && n > gpus) {
-            fprintf(stderr, "fsoff: error: --devices %s: only %d CUDA GPU%s visible\n", arg, gpus,
-                    gpus == 1 ? " is" : "s are");
-            return -EINVAL;
-        }
-        snprintf(cfg->backend, sizeof cfg->backend, "cuda");
-        cfg->world = colon ? (int)n : gpus;
-        return 0;
+    if (d.backend == FSO_BACKEND_CUDA && d.count > gpus) {
+        fprintf(stderr, "fsoff: error: --devices %s: only %d CUDA GPU%s visible\n", arg, gpus,
+                gpus == 1 ? " is" : "s are");
+        return -EINVAL;
     }
-    fprintf(stderr, "fsoff: error: --devices %s: expected auto, cpu, cpu:N, cuda or cuda:N\n", arg);
-    return -EINVAL;
+    snprintf(cfg->backend, sizeof cfg->backend, "%s", fso_backend_row_of(d.backend)->name);
+    cfg->world = d.count ? d.count : d.backend == FSO_BACKEND_CUDA ? gpus : 1;
+    return 0;
 }
 
 /* A list of NVMe folders, as `what` names it (--nvme, or a configuration

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "devices.h"
 #include "plan.h"
 #include "probe.h"
 #include "util.h"
@@ -154,19 +155,13 @@ static int parse_machine_option(int c, const char *arg, fso_config *cfg, given *
 {
     switch (c) {
     case 'D': {
-        char *end = NULL;
-        long n = 1;
-        if (strncmp(arg, "cpu:", 4) == 0) {
-            errno = 0;
-            n = strtol(arg + 4, &end, 10);
-        }
-        if ((strncmp(arg, "cpu:", 4) == 0 && (errno || end == arg + 4 || *end)) ||
-            (strncmp(arg, "cpu:", 4) != 0 && strcmp(arg, "cpu") != 0) || n < 1 || n > FSO_MAX_DEVICES) {
-            fprintf(stderr, "fsoff: error: --devices %s: expected cpu or cpu:N with N from 1 "
-                            "to %d (for GPUs use --gpus N)\n", arg, FSO_MAX_DEVICES);
+        char why[256];
+        fso_devices d;
+        if (fso_devices_parse(arg, true, &d, why, sizeof why) < 0) {
+            fprintf(stderr, "fsoff: error: %s (for GPUs use --gpus N)\n", why);
             return -EINVAL;
         }
-        cfg->world = (int)n;
+        cfg->world = d.count ? d.count : 1;
         return 0;
     }
     case 'M':
