@@ -9,7 +9,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "config.h"
 #include "cpu_isa.h"
@@ -114,42 +113,15 @@ static int select_devices(fso_config *cfg, const char *arg)
 }
 
 /* A list of NVMe folders, as `what` names it (--nvme, or a configuration
- * key): one or more, comma-separated, each an existing folder. 0, or
- * -EINVAL after one error line: a bad command line or configuration. */
+ * key), checked by fso_nvme_folders_split: 0, or -EINVAL after one error
+ * line: a bad command line or configuration. */
 static int check_folders(const char *what, const char *list)
 {
-    char buf[4096];
+    char buf[4096], why[1024];
     const char *dirs[FSO_STORE_MAX_DIRS];
-    int n = snprintf(buf, sizeof buf, "%s", list);
-    bool empty_item = list[0] == ',' || (n > 0 && list[n - 1] == ',') || strstr(list, ",,");
-    if (n >= (int)sizeof buf) {
-        fprintf(stderr, "fsoff: error: %s: the list of folders is longer than %zu bytes\n",
-                what, sizeof buf - 1);
+    if (fso_nvme_folders_split(what, list, true, buf, sizeof buf, dirs, why, sizeof why) < 0) {
+        fprintf(stderr, "fsoff: error: %s\n", why);
         return -EINVAL;
-    }
-    n = fso_split_list(buf, ',', dirs, FSO_STORE_MAX_DIRS);
-    if (n == 0 || empty_item) {
-        fprintf(stderr, "fsoff: error: %s \"%s\": expected one or more folders, "
-                        "comma-separated, e.g. /mnt/nvme0,/mnt/nvme1\n", what, list);
-        return -EINVAL;
-    }
-    if (n < 0) {
-        fprintf(stderr, "fsoff: error: %s %s: more than %d folders; stripe over at most %d\n",
-                what, list, FSO_STORE_MAX_DIRS, FSO_STORE_MAX_DIRS);
-        return -EINVAL;
-    }
-    for (int i = 0; i < n; i++) {
-        struct stat st;
-        if (stat(dirs[i], &st) != 0) {
-            fprintf(stderr, "fsoff: error: %s %s: %s: no such folder; create it or name "
-                            "another\n", what, list, dirs[i]);
-            return -EINVAL;
-        }
-        if (!S_ISDIR(st.st_mode)) {
-            fprintf(stderr, "fsoff: error: %s %s: %s is not a folder; name folders, "
-                            "comma-separated\n", what, list, dirs[i]);
-            return -EINVAL;
-        }
     }
     return 0;
 }

@@ -14,6 +14,7 @@
 #include "devices.h"
 #include "plan.h"
 #include "probe.h"
+#include "store.h"
 #include "util.h"
 #include "zero.h"
 
@@ -244,6 +245,15 @@ static int parse_args(int argc, char **argv, fso_config *cfg, plan_args *a)
                 goto oom;
             break;
         case 'N': { /* a place for state: folders the planner may use, not a pin */
+            char buf[4096], why[1024];
+            const char *dirs[FSO_STORE_MAX_DIRS];
+            /* folders not here are planned for when the drives are described
+             * (missing_folders_described) */
+            if (fso_nvme_folders_split("--nvme", optarg, false, buf, sizeof buf, dirs, why,
+                                       sizeof why) < 0) {
+                fprintf(stderr, "fsoff: error: %s\n", why);
+                return 2;
+            }
             a->nvme = optarg;
             char *lit = fso_json_quote(optarg);
             if (!lit ||
