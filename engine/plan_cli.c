@@ -18,8 +18,6 @@
 #include "util.h"
 #include "zero.h"
 
-#define GIB (1024.0 * 1024.0 * 1024.0)
-
 static void plan_usage(FILE *f)
 {
     fprintf(f,
@@ -333,7 +331,7 @@ static void given_capacities(const given *g, const fso_config *cfg, const char *
     m->host_mem_bytes = g->host_mem ? g->host_mem : fso_mem_available_bytes();
     m->device_mem_bytes = !g->gpus     ? fso_zero_cpu_device_mem(cfg, m->host_mem_bytes)
                           : g->gpu_mem ? g->gpu_mem
-                                       : (uint64_t)(given_gpu(g)->mem_gib * GIB);
+                                       : (uint64_t)(given_gpu(g)->mem_gib * FSO_GIB);
     m->nvme_free_bytes = g->has_nvme_free ? g->nvme_free
                          : dirs[0]        ? fso_plan_folders_free(dirs)
                                           : 0;
