@@ -59,7 +59,7 @@ static void usage(FILE *f)
             "                         on the first SIGINT or SIGTERM (= --set checkpoint.dir=DIR)\n"
             "      --save-every N     also every N steps, while training goes on\n"
             "                         (= --set checkpoint.every_steps=N)\n"
-            "      --keep K           complete checkpoints kept, 2 by default\n"
+            "      --keep K           complete checkpoints kept, %d by default\n"
             "                         (= --set checkpoint.keep=K)\n"
             "      --resume [PATH]    continue from the latest checkpoint in --save DIR, or\n"
             "                         from PATH: a checkpoint (DIR/step-N) or a save folder\n"
@@ -69,7 +69,8 @@ static void usage(FILE *f)
             "  -h, --help             this help\n"
             "  -V, --version          print the version\n"
             "\n"
-            "exit status: 0 done, 1 the run failed, 2 bad command line or configuration\n");
+            "exit status: 0 done, 1 the run failed, 2 bad command line or configuration\n",
+            FSO_CHECKPOINT_KEEP_DEFAULT);
 }
 
 /* --devices: auto (every CUDA GPU, else the CPU), cpu, cpu:N, cuda, cuda:N.
