@@ -18,6 +18,17 @@
 #include "util.h"
 #include "zero.h"
 
+/* The names --gpu takes, from the GPU table (gpu_info.c), sep between them. */
+static void print_gpu_names(FILE *f, const char *sep)
+{
+    const char *before = "";
+    for (const fso_gpu_spec *s = fso_gpu_specs; s->words[0]; s++)
+        if (s->name) {
+            fprintf(f, "%s%s", before, s->name);
+            before = sep;
+        }
+}
+
 static void plan_usage(FILE *f)
 {
     fprintf(f,
@@ -38,7 +49,10 @@ static void plan_usage(FILE *f)
             "      --devices cpu:N   plan N CPU virtual devices (default: the config's, 1)\n"
             "      --device-mem SIZE memory per CPU virtual device\n"
             "      --gpus N          plan N GPUs of the kind --gpu names\n"
-            "      --gpu KIND        h100, h200, a100, l40s, 4090 (default: the one whose memory\n"
+            "      --gpu KIND        ");
+    print_gpu_names(f, ", ");
+    fprintf(f,
+            " (default: the one whose memory\n"
             "                        is nearest --gpu-mem, else h100)\n"
             "      --gpu-mem SIZE    memory per GPU, e.g. 140G (binary units: G = GiB)\n"
             "      --gpu-tflops X    achieved compute per device, TFLOP/s\n"
@@ -179,10 +193,8 @@ static int parse_machine_option(int c, const char *arg, fso_config *cfg, given *
     }
     case 'G':
         if (!fso_gpu_spec_find(arg)) {
-            fprintf(stderr, "fsoff: error: --gpu %s: unknown GPU; choose one of", arg);
-            for (const fso_gpu_spec *s = fso_gpu_specs; s->words[0]; s++)
-                if (s->name)
-                    fprintf(stderr, " %s", s->name);
+            fprintf(stderr, "fsoff: error: --gpu %s: unknown GPU; choose one of ", arg);
+            print_gpu_names(stderr, " ");
             fprintf(stderr, ", or give --gpu-mem, --gpu-tflops, --h2d and --coll-gbps\n");
             return -EINVAL;
         }
