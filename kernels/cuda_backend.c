@@ -679,7 +679,7 @@ static void set_host_wait(int device, bool spin)
         fe = cudaSetDeviceFlags((f & cudaDeviceMask & ~(unsigned)cudaDeviceScheduleMask) |
                                 (spin ? cudaDeviceScheduleSpin
                                       : cudaDeviceScheduleBlockingSync));
-    if (fe != cudaSuccess) { /* not fatal: the waits spin, as they did by default */
+    if (fe != cudaSuccess) { /* not fatal: the waits keep the runtime's default */
         cudaGetLastError();
         fprintf(stderr, "fsoff: warning: CUDA device %d: cannot set how the host waits "
                         "(cudaSetDeviceFlags: %s); stream waits keep the runtime's default\n",
