@@ -8,10 +8,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
+#include "devices.h"
 #include "plot.h"
-#include "store.h"
 #include "util.h"
 
 static const struct {
@@ -101,26 +100,11 @@ int fso_bench_bad(const char *me, const char *fmt, ...)
 
 int fso_bench_dirs(const char *me, const char *arg, char *buf, size_t buflen, const char **dirs)
 {
-    if (strlen(arg) >= buflen) {
-        fso_bench_bad(me, "--nvme %s: too long", arg);
-        return -2;
-    }
-    snprintf(buf, buflen, "%s", arg);
-    int n = fso_split_list(buf, ',', dirs, FSO_STORE_MAX_DIRS);
+    char why[1024];
+    int n = fso_nvme_folders_split("--nvme", arg, true, buf, buflen, dirs, why, sizeof why);
     if (n < 0) {
-        fso_bench_bad(me, "--nvme %s: more than %d folders", arg, FSO_STORE_MAX_DIRS);
+        fso_bench_bad(me, "%s", why);
         return -2;
-    }
-    if (n == 0) {
-        fso_bench_bad(me, "--nvme '%s': no folder given", arg);
-        return -2;
-    }
-    for (int i = 0; i < n; i++) {
-        struct stat st;
-        if (stat(dirs[i], &st) != 0 || !S_ISDIR(st.st_mode)) {
-            fso_bench_bad(me, "--nvme: %s: no such folder; create it or fix --nvme", dirs[i]);
-            return -2;
-        }
     }
     return n;
 }

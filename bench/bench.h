@@ -43,8 +43,8 @@ static inline bool fso_bench_table(const char *json_path)
 int fso_bench_bad(const char *me, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* --nvme DIR[,DIR...]: arg copied into buf and split into dirs (at most
- * FSO_STORE_MAX_DIRS), each checked to be a folder. The count, or -2 with
- * the usage error printed. */
+ * FSO_STORE_MAX_DIRS), each checked to be a folder (fso_nvme_folders_split,
+ * devices.h). The count, or -2 with the usage error printed. */
 int fso_bench_dirs(const char *me, const char *arg, char *buf, size_t buflen, const char **dirs);
 
 /* A comma-separated list of whole numbers from lo to hi (sizes like 128K

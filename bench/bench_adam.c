@@ -492,6 +492,55 @@ static int run_row(const adam_opts *o, const fso_adamw_kernel *k, adam_arrays *a
     return 0;
 }
 
+/* The table's comment lines: what each column measures, and the column heads. */
+static void print_table_header(const adam_opts *o, const fso_adamw_kernel *k, const char *gname,
+                               int bytes, int gbytes, double mib, size_t sampled)
+{
+    printf("# fsoff bench adam: fused AdamW, kernel %s, grad %s, out %s, %zu elements, "
+           "best of %d\n", k->name, gname, o->out ? "bf16" : "none", o->elems, o->reps);
+    printf("# bytes/elem %d = grad %d + master 4+4 + m 4+4 + v 4+4%s (read + written, no "
+           "write-allocate)\n", bytes, gbytes, o->out ? " + bf16 out 2" : "");
+    printf("# stream: triad a[i] = b[i] + s*c[i], 3 x %zu fp32, 12 B/elem, same threads, "
+           "best of %d; arrays %.0f MiB in all\n", o->elems, o->reps, mib);
+    printf("# touch: the same reads and writes with one add per element instead of AdamW "
+           "(the bound for this access pattern), %d B/elem\n", bytes);
+    printf("# fraction = bw / stream; of_touch = bw / touch; wrong: elements of a "
+           "%zu-element sample that differ from the scalar kernel\n", sampled);
+    if (o->node >= 0)
+        printf("# threads bound to NUMA node %d with hwloc (bound: how many; 0 where binding "
+               "is not possible)\n", o->node);
+    else
+        printf("# threads not bound (--node -1)\n");
+    printf("#\n");
+    printf("# %7s %12s %9s %9s %8s %8s %8s %8s %8s %6s %6s\n", "threads", "elems", "time",
+           "elems/s", "bw", "stream", "fraction", "touch", "of_touch", "bound", "wrong");
+    printf("# %7s %12s %9s %9s %8s %8s %8s %8s %8s %6s %6s\n", "", "", "ms", "G/s", "GB/s",
+           "GB/s", "", "GB/s", "", "", "");
+    fflush(stdout);
+}
+
+/* The JSON record of a run: its settings and one object per row measured. */
+static json_t *rows_record(const adam_opts *o, const fso_adamw_kernel *k, const char *gname,
+                           int bytes, bool ok, const adam_row *rows, int done)
+{
+    json_t *res = json_array();
+    for (int t = 0; t < done; t++) {
+        const adam_row *r = &rows[t];
+        json_array_append_new(res, json_pack("{s:i, s:I, s:f, s:f, s:f, s:f, s:f, s:f, s:f, "
+                                             "s:i, s:I}", "threads", r->threads, "elems",
+                                             (json_int_t)o->elems, "elems_per_s",
+                                             r->elems_per_s, "gbps", r->gbps, "stream_gbps",
+                                             r->stream_gbps, "fraction", r->fraction,
+                                             "touch_gbps", r->touch_gbps, "of_touch",
+                                             r->of_touch, "ms", r->ms, "bound", r->bound,
+                                             "wrong", (json_int_t)r->wrong));
+    }
+    return json_pack("{s:s, s:s, s:s, s:s, s:i, s:i, s:i, s:b, s:o}", "bench", "adam",
+                     "kernel", k->name, "grad", gname, "out", o->out ? "bf16" : "none",
+                     "bytes_per_elem", bytes, "reps", o->reps, "node", o->node, "ok", ok,
+                     "results", res);
+}
+
 int fso_bench_adam(int argc, char **argv)
 {
     adam_opts o;
@@ -540,29 +589,8 @@ int fso_bench_adam(int argc, char **argv)
     const char *gname = o.grad == FSO_DT_F32 ? "fp32" : "bf16";
     size_t sampled = SAMPLE_WINDOWS * (o.elems < SAMPLE_ELEMS ? o.elems : SAMPLE_ELEMS);
     const bool table = fso_bench_table(o.json);
-    if (table) {
-        printf("# fsoff bench adam: fused AdamW, kernel %s, grad %s, out %s, %zu elements, "
-               "best of %d\n", k->name, gname, o.out ? "bf16" : "none", o.elems, o.reps);
-        printf("# bytes/elem %d = grad %d + master 4+4 + m 4+4 + v 4+4%s (read + written, no "
-               "write-allocate)\n", bytes, gbytes, o.out ? " + bf16 out 2" : "");
-        printf("# stream: triad a[i] = b[i] + s*c[i], 3 x %zu fp32, 12 B/elem, same threads, "
-               "best of %d; arrays %.0f MiB in all\n", o.elems, o.reps, mib);
-        printf("# touch: the same reads and writes with one add per element instead of AdamW "
-               "(the bound for this access pattern), %d B/elem\n", bytes);
-        printf("# fraction = bw / stream; of_touch = bw / touch; wrong: elements of a "
-               "%zu-element sample that differ from the scalar kernel\n", sampled);
-        if (o.node >= 0)
-            printf("# threads bound to NUMA node %d with hwloc (bound: how many; 0 where binding "
-                   "is not possible)\n", o.node);
-        else
-            printf("# threads not bound (--node -1)\n");
-        printf("#\n");
-        printf("# %7s %12s %9s %9s %8s %8s %8s %8s %8s %6s %6s\n", "threads", "elems", "time",
-               "elems/s", "bw", "stream", "fraction", "touch", "of_touch", "bound", "wrong");
-        printf("# %7s %12s %9s %9s %8s %8s %8s %8s %8s %6s %6s\n", "", "", "ms", "G/s", "GB/s",
-               "GB/s", "", "GB/s", "", "", "");
-        fflush(stdout);
-    }
+    if (table)
+        print_table_header(&o, k, gname, bytes, gbytes, mib, sampled);
 
     int64_t step = 0;
     long wrong = 0;
@@ -592,25 +620,9 @@ int fso_bench_adam(int argc, char **argv)
                ok ? "OK" : "FAILED", wrong, sampled);
     }
     int out = 0;
-    if (o.json || o.plot) {
-        json_t *res = json_array();
-        for (int t = 0; t < done; t++) {
-            const adam_row *r = &rows[t];
-            json_array_append_new(res, json_pack("{s:i, s:I, s:f, s:f, s:f, s:f, s:f, s:f, s:f, "
-                                                 "s:i, s:I}", "threads", r->threads, "elems",
-                                                 (json_int_t)o.elems, "elems_per_s",
-                                                 r->elems_per_s, "gbps", r->gbps, "stream_gbps",
-                                                 r->stream_gbps, "fraction", r->fraction,
-                                                 "touch_gbps", r->touch_gbps, "of_touch",
-                                                 r->of_touch, "ms", r->ms, "bound", r->bound,
-                                                 "wrong", (json_int_t)r->wrong));
-        }
-        json_t *rec = json_pack("{s:s, s:s, s:s, s:s, s:i, s:i, s:i, s:b, s:o}", "bench", "adam",
-                                "kernel", k->name, "grad", gname, "out", o.out ? "bf16" : "none",
-                                "bytes_per_elem", bytes, "reps", o.reps, "node", o.node, "ok", ok,
-                                "results", res);
-        out = fso_bench_output("adam", rec, o.json, o.plot);
-    }
+    if (o.json || o.plot)
+        out = fso_bench_output("adam", rows_record(&o, k, gname, bytes, ok, rows, done), o.json,
+                               o.plot);
     if (done < o.n_threads)
         fprintf(stderr, "fsoff: error: bench adam: %s\n", note);
     free(smp);

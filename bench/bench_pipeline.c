@@ -38,6 +38,7 @@
 
 #include "bench.h"
 #include "config.h"
+#include "devices.h"
 #include "model.h"
 #include "plan.h"
 #include "store.h"
@@ -124,15 +125,11 @@ static int pl_parse(int argc, char **argv, pl_args *a)
             a->nvme = optarg;
             break;
         case 'D': {
-            long n = 1;
-            if (strncmp(optarg, "cpu:", 4) == 0)
-                n = strtol(optarg + 4, &end, 10);
-            if ((strncmp(optarg, "cpu:", 4) == 0 && (end == optarg + 4 || *end)) ||
-                (strncmp(optarg, "cpu:", 4) != 0 && strcmp(optarg, "cpu") != 0) || n < 1 ||
-                n > FSO_MAX_DEVICES)
-                return fso_bench_bad("pipeline", "--devices %s: expected cpu or cpu:N with N "
-                                                 "from 1 to %d", optarg, FSO_MAX_DEVICES);
-            a->world = (int)n;
+            char why[256];
+            fso_devices d;
+            if (fso_devices_parse(optarg, true, &d, why, sizeof why) < 0)
+                return fso_bench_bad("pipeline", "%s", why);
+            a->world = d.count ? d.count : 1;
             break;
         }
         case 'M':

@@ -9,11 +9,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "config.h"
 #include "cpu_isa.h"
 #include "cuda_backend.h"
+#include "devices.h"
 #include "fso_build.h"
 #include "plan.h"
 #include "signals.h"
@@ -59,7 +59,7 @@ static void usage(FILE *f)
             "                         on the first SIGINT or SIGTERM (= --set checkpoint.dir=DIR)\n"
             "      --save-every N     also every N steps, while training goes on\n"
             "                         (= --set checkpoint.every_steps=N)\n"
-            "      --keep K           complete checkpoints kept, 2 by default\n"
+            "      --keep K           complete checkpoints kept, %d by default\n"
             "                         (= --set checkpoint.keep=K)\n"
             "      --resume [PATH]    continue from the latest checkpoint in --save DIR, or\n"
             "                         from PATH: a checkpoint (DIR/step-N) or a save folder\n"
@@ -69,7 +69,8 @@ static void usage(FILE *f)
             "  -h, --help             this help\n"
             "  -V, --version          print the version\n"
             "\n"
-            "exit status: 0 done, 1 the run failed, 2 bad command line or configuration\n");
+            "exit status: 0 done, 1 the run failed, 2 bad command line or configuration\n",
+            FSO_CHECKPOINT_KEEP_DEFAULT);
 }
 
 /* --devices: auto (every CUDA GPU, else the CPU), cpu, cpu:N, cuda, cuda:N.
@@ -78,23 +79,14 @@ static void usage(FILE *f)
 static int select_devices(fso_config *cfg, const char *arg)
 {
     char why[1024] = "";
-    long n = 0;
-    const char *colon = strchr(arg, ':');
-    size_t kind_len = colon ? (size_t)(colon - arg) : strlen(arg);
-    if (colon) {
-        char *end;
-        errno = 0;
-        n = strtol(colon + 1, &end, 10);
-        if (errno || end == colon + 1 || *end || n < 1 || n > FSO_MAX_DEVICES) {
-            fprintf(stderr, "fsoff: error: --devices %s: expected a device count from 1 to %d "
-                            "after the colon\n", arg, FSO_MAX_DEVICES);
-            return -EINVAL;
-        }
+    fso_devices d;
+    if (fso_devices_parse(arg, false, &d, why, sizeof why) < 0) {
+        fprintf(stderr, "fsoff: error: %s\n", why);
+        return -EINVAL;
     }
-    const bool is_auto = kind_len == 4 && strncmp(arg, "auto", 4) == 0 && !colon;
-    const bool is_cuda = kind_len == 4 && strncmp(arg, "cuda", 4) == 0;
     int gpus = 0;
-    if (is_auto || is_cuda) { /* only these ask: that loads the CUDA module */
+    /* only auto and cuda ask: that loads the CUDA module */
+    if (d.is_auto || d.backend == FSO_BACKEND_CUDA) {
 #if FSO_HAVE_CUDA
         if (fso_cuda_available(why, sizeof why) == 0)
             gpus = fso_cuda_device_count(why, sizeof why);
@@ -102,72 +94,35 @@ static int select_devices(fso_config *cfg, const char *arg)
         fso_cuda_available(why, sizeof why);
 #endif
     }
-    if (is_auto) {
+    if (d.is_auto) {
         snprintf(cfg->backend, sizeof cfg->backend, "%s", gpus ? "cuda" : "cpu");
         cfg->world = gpus ? gpus : 1;
         return 0;
     }
-    if (kind_len == 3 && strncmp(arg, "cpu", 3) == 0) {
-        snprintf(cfg->backend, sizeof cfg->backend, "cpu");
-        cfg->world = colon ? (int)n : 1;
-        return 0;
+    if (d.backend == FSO_BACKEND_CUDA && gpus == 0) {
+        fprintf(stderr, "fsoff: error: --devices %s: %s; use --devices cpu (or auto)\n", arg, why);
+        return -EINVAL;
     }
-    if (is_cuda) {
-        if (gpus == 0) {
-            fprintf(stderr, "fsoff: error: --devices %s: %s; use --devices cpu (or auto)\n", arg,
-                    why);
-            return -EINVAL;
-        }
-        if (colon && n > gpus) {
-            fprintf(stderr, "fsoff: error: --devices %s: only %d CUDA GPU%s visible\n", arg, gpus,
-                    gpus == 1 ? " is" : "s are");
-            return -EINVAL;
-        }
-        snprintf(cfg->backend, sizeof cfg->backend, "cuda");
-        cfg->world = colon ? (int)n : gpus;
-        return 0;
+    if (d.backend == FSO_BACKEND_CUDA && d.count > gpus) {
+        fprintf(stderr, "fsoff: error: --devices %s: only %d CUDA GPU%s visible\n", arg, gpus,
+                gpus == 1 ? " is" : "s are");
+        return -EINVAL;
     }
-    fprintf(stderr, "fsoff: error: --devices %s: expected auto, cpu, cpu:N, cuda or cuda:N\n", arg);
-    return -EINVAL;
+    snprintf(cfg->backend, sizeof cfg->backend, "%s", fso_backend_row_of(d.backend)->name);
+    cfg->world = d.count ? d.count : d.backend == FSO_BACKEND_CUDA ? gpus : 1;
+    return 0;
 }
 
 /* A list of NVMe folders, as `what` names it (--nvme, or a configuration
- * key): one or more, comma-separated, each an existing folder. 0, or
- * -EINVAL after one error line: a bad command line or configuration. */
+ * key), checked by fso_nvme_folders_split: 0, or -EINVAL after one error
+ * line: a bad command line or configuration. */
 static int check_folders(const char *what, const char *list)
 {
-    char buf[4096];
+    char buf[4096], why[1024];
     const char *dirs[FSO_STORE_MAX_DIRS];
-    int n = snprintf(buf, sizeof buf, "%s", list);
-    bool empty_item = list[0] == ',' || (n > 0 && list[n - 1] == ',') || strstr(list, ",,");
-    if (n >= (int)sizeof buf) {
-        fprintf(stderr, "fsoff: error: %s: the list of folders is longer than %zu bytes\n",
-                what, sizeof buf - 1);
+    if (fso_nvme_folders_split(what, list, true, buf, sizeof buf, dirs, why, sizeof why) < 0) {
+        fprintf(stderr, "fsoff: error: %s\n", why);
         return -EINVAL;
-    }
-    n = fso_split_list(buf, ',', dirs, FSO_STORE_MAX_DIRS);
-    if (n == 0 || empty_item) {
-        fprintf(stderr, "fsoff: error: %s \"%s\": expected one or more folders, "
-                        "comma-separated, e.g. /mnt/nvme0,/mnt/nvme1\n", what, list);
-        return -EINVAL;
-    }
-    if (n < 0) {
-        fprintf(stderr, "fsoff: error: %s %s: more than %d folders; stripe over at most %d\n",
-                what, list, FSO_STORE_MAX_DIRS, FSO_STORE_MAX_DIRS);
-        return -EINVAL;
-    }
-    for (int i = 0; i < n; i++) {
-        struct stat st;
-        if (stat(dirs[i], &st) != 0) {
-            fprintf(stderr, "fsoff: error: %s %s: %s: no such folder; create it or name "
-                            "another\n", what, list, dirs[i]);
-            return -EINVAL;
-        }
-        if (!S_ISDIR(st.st_mode)) {
-            fprintf(stderr, "fsoff: error: %s %s: %s is not a folder; name folders, "
-                            "comma-separated\n", what, list, dirs[i]);
-            return -EINVAL;
-        }
     }
     return 0;
 }

@@ -122,6 +122,9 @@ typedef struct fso_offload_config {
     int prefetch_blocks;          /* train.prefetch_blocks: blocks read ahead of compute */
 } fso_offload_config;
 
+/* checkpoint.keep when the user gives none; fsoff train's --help prints it. */
+#define FSO_CHECKPOINT_KEEP_DEFAULT 2
+
 typedef struct fso_checkpoint_config {
     char dir[4096];               /* checkpoint.dir (--save): "" = no checkpoints */
     int64_t every_steps;          /* checkpoint.every_steps (--save-every): 0 = at the end only */

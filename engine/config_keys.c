@@ -993,7 +993,7 @@ static int apply_checkpoint(walker *w, json_t *root)
     /* room after the folder for the checkpoint's own names */
     CFG_TRY(get_path(w, s, &sec, "dir", ck->dir, sizeof ck->dir - 64));
     CFG_TRY(get_int(w, s, &sec, "every_steps", 0, INT64_MAX, I64(0), &ck->every_steps));
-    CFG_TRY(get_int32(w, s, &sec, "keep", 1, I64(2), &ck->keep));
+    CFG_TRY(get_int32(w, s, &sec, "keep", 1, I64(FSO_CHECKPOINT_KEEP_DEFAULT), &ck->keep));
     return 0;
 }
 

@@ -118,13 +118,13 @@ static int err_short(fso_data *d, const char *path, size_t n_tokens, int T)
 
 /* ---- token files ---------------------------------------------------------- */
 
-static int load_token_file(fso_data *d, const fso_config *cfg, int fd, const char *path,
-                           const unsigned char *hdr, size_t hdr_bytes, const struct stat *st)
+/* Check a token file's header against the file's size and the config; on
+ * success *version_out is 1 or 2 and *n_tokens_out the count the header gives. */
+static int check_token_header(fso_data *d, const fso_config *cfg, const char *path,
+                              const unsigned char *hdr, size_t hdr_bytes,
+                              const struct stat *st, int32_t *version_out,
+                              uint64_t *n_tokens_out)
 {
-    const int vocab = cfg->model.vocab_size;
-    unsigned char *stage = NULL;
-    int rc = 0;
-
     if (hdr_bytes >= 4 && get_u32le(hdr) != FSO_TOKENS_MAGIC) {
         data_err(d, "%s: not a token file (magic %d, expected %d); use data.format=text to "
                  "train on its bytes", path, (int32_t)get_u32le(hdr), FSO_TOKENS_MAGIC);
@@ -165,6 +165,48 @@ static int load_token_file(fso_data *d, const fso_config *cfg, int fd, const cha
                  (unsigned long long)n_tokens);
         return -ENOMEM;
     }
+    *version_out = version;
+    *n_tokens_out = n_tokens;
+    return 0;
+}
+
+/* The error for a token outside the vocabulary, read once the whole file is
+ * read: it names the vocabulary the file needs and a tokenizer that has it. */
+static int err_vocab(fso_data *d, const char *path, uint32_t bad_token, size_t bad_idx,
+                     int vocab, uint32_t max_token)
+{
+    const uint64_t need = (uint64_t)max_token + 1;
+    static const struct {
+        uint64_t size;
+        const char *name;
+    } tokenizers[] = {{32000, "Llama 2"}, {50257, "GPT-2"}, {128256, "Llama 3"}};
+    char hint[160];
+    snprintf(hint, sizeof hint, "--set model.vocab_size=%llu", (unsigned long long)need);
+    for (size_t i = 0; i < sizeof tokenizers / sizeof tokenizers[0]; i++)
+        if (tokenizers[i].size >= need) {
+            snprintf(hint, sizeof hint, "for %s tokens, --set model.vocab_size=%llu",
+                     tokenizers[i].name, (unsigned long long)tokenizers[i].size);
+            break;
+        }
+    data_err(d, "%s: token %u at index %zu is >= model.vocab_size (%d); the file's "
+             "largest token is %u, so the model needs a vocabulary of at least %llu: %s "
+             "(the tokenizer's vocabulary size)", path, bad_token, bad_idx, vocab,
+             max_token, (unsigned long long)need, hint);
+    return -EINVAL;
+}
+
+static int load_token_file(fso_data *d, const fso_config *cfg, int fd, const char *path,
+                           const unsigned char *hdr, size_t hdr_bytes, const struct stat *st)
+{
+    const int vocab = cfg->model.vocab_size;
+    unsigned char *stage = NULL;
+    int32_t version = 0;
+    uint64_t n_tokens = 0;
+    int rc = check_token_header(d, cfg, path, hdr, hdr_bytes, st, &version, &n_tokens);
+    if (rc)
+        return rc;
+    const size_t elem_bytes = version == 1 ? 2 : 4;
+    const uint64_t want_bytes = n_tokens * elem_bytes;
 
     d->tokens = malloc((size_t)n_tokens * sizeof(int32_t));
     stage = malloc(CHUNK_BYTES);
@@ -211,24 +253,7 @@ static int load_token_file(fso_data *d, const fso_config *cfg, int fd, const cha
         }
     }
     if (bad) { /* the whole file read: the vocabulary it needs */
-        const uint64_t need = (uint64_t)max_token + 1;
-        static const struct {
-            uint64_t size;
-            const char *name;
-        } tokenizers[] = {{32000, "Llama 2"}, {50257, "GPT-2"}, {128256, "Llama 3"}};
-        char hint[160];
-        snprintf(hint, sizeof hint, "--set model.vocab_size=%llu", (unsigned long long)need);
-        for (size_t i = 0; i < sizeof tokenizers / sizeof tokenizers[0]; i++)
-            if (tokenizers[i].size >= need) {
-                snprintf(hint, sizeof hint, "for %s tokens, --set model.vocab_size=%llu",
-                         tokenizers[i].name, (unsigned long long)tokenizers[i].size);
-                break;
-            }
-        data_err(d, "%s: token %u at index %zu is >= model.vocab_size (%d); the file's "
-                 "largest token is %u, so the model needs a vocabulary of at least %llu: %s "
-                 "(the tokenizer's vocabulary size)", path, bad_token, bad_idx, vocab,
-                 max_token, (unsigned long long)need, hint);
-        rc = -EINVAL;
+        rc = err_vocab(d, path, bad_token, bad_idx, vocab, max_token);
         goto out;
     }
     /* Anything after the tokens (a file that grew, or a pipe) is an error too. */

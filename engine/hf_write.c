@@ -18,7 +18,7 @@
 
 #include <jansson.h>
 
-#include "adamw.h"
+#include "backend.h"
 #include "safetensors.h"
 
 /* Each export type's names: fsoff's, and torch's (also config.json's

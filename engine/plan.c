@@ -21,8 +21,6 @@
 #include "util.h"
 #include "zero.h"
 
-#define GIB (1024.0 * 1024.0 * 1024.0)
-
 void fso_plan_machine_gpu(fso_plan_machine *m, const fso_gpu_spec *spec)
 {
     m->cpu_devices = false;

@@ -11,12 +11,23 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "devices.h"
 #include "plan.h"
 #include "probe.h"
+#include "store.h"
 #include "util.h"
 #include "zero.h"
 
-#define GIB (1024.0 * 1024.0 * 1024.0)
+/* The names --gpu takes, from the GPU table (gpu_info.c), sep between them. */
+static void print_gpu_names(FILE *f, const char *sep)
+{
+    const char *before = "";
+    for (const fso_gpu_spec *s = fso_gpu_specs; s->words[0]; s++)
+        if (s->name) {
+            fprintf(f, "%s%s", before, s->name);
+            before = sep;
+        }
+}
 
 static void plan_usage(FILE *f)
 {
@@ -38,7 +49,10 @@ static void plan_usage(FILE *f)
             "      --devices cpu:N   plan N CPU virtual devices (default: the config's, 1)\n"
             "      --device-mem SIZE memory per CPU virtual device\n"
             "      --gpus N          plan N GPUs of the kind --gpu names\n"
-            "      --gpu KIND        h100, h200, a100, l40s, 4090 (default: the one whose memory\n"
+            "      --gpu KIND        ");
+    print_gpu_names(f, ", ");
+    fprintf(f,
+            " (default: the one whose memory\n"
             "                        is nearest --gpu-mem, else h100)\n"
             "      --gpu-mem SIZE    memory per GPU, e.g. 140G (binary units: G = GiB)\n"
             "      --gpu-tflops X    achieved compute per device, TFLOP/s\n"
@@ -154,19 +168,13 @@ static int parse_machine_option(int c, const char *arg, fso_config *cfg, given *
 {
     switch (c) {
     case 'D': {
-        char *end = NULL;
-        long n = 1;
-        if (strncmp(arg, "cpu:", 4) == 0) {
-            errno = 0;
-            n = strtol(arg + 4, &end, 10);
-        }
-        if ((strncmp(arg, "cpu:", 4) == 0 && (errno || end == arg + 4 || *end)) ||
-            (strncmp(arg, "cpu:", 4) != 0 && strcmp(arg, "cpu") != 0) || n < 1 || n > FSO_MAX_DEVICES) {
-            fprintf(stderr, "fsoff: error: --devices %s: expected cpu or cpu:N with N from 1 "
-                            "to %d (for GPUs use --gpus N)\n", arg, FSO_MAX_DEVICES);
+        char why[256];
+        fso_devices d;
+        if (fso_devices_parse(arg, true, &d, why, sizeof why) < 0) {
+            fprintf(stderr, "fsoff: error: %s (for GPUs use --gpus N)\n", why);
             return -EINVAL;
         }
-        cfg->world = (int)n;
+        cfg->world = d.count ? d.count : 1;
         return 0;
     }
     case 'M':
@@ -185,10 +193,8 @@ static int parse_machine_option(int c, const char *arg, fso_config *cfg, given *
     }
     case 'G':
         if (!fso_gpu_spec_find(arg)) {
-            fprintf(stderr, "fsoff: error: --gpu %s: unknown GPU; choose one of", arg);
-            for (const fso_gpu_spec *s = fso_gpu_specs; s->words[0]; s++)
-                if (s->name)
-                    fprintf(stderr, " %s", s->name);
+            fprintf(stderr, "fsoff: error: --gpu %s: unknown GPU; choose one of ", arg);
+            print_gpu_names(stderr, " ");
             fprintf(stderr, ", or give --gpu-mem, --gpu-tflops, --h2d and --coll-gbps\n");
             return -EINVAL;
         }
@@ -249,6 +255,15 @@ static int parse_args(int argc, char **argv, fso_config *cfg, plan_args *a)
                 goto oom;
             break;
         case 'N': { /* a place for state: folders the planner may use, not a pin */
+            char buf[4096], why[1024];
+            const char *dirs[FSO_STORE_MAX_DIRS];
+            /* folders not here are planned for when the drives are described
+             * (missing_folders_described) */
+            if (fso_nvme_folders_split("--nvme", optarg, false, buf, sizeof buf, dirs, why,
+                                       sizeof why) < 0) {
+                fprintf(stderr, "fsoff: error: %s\n", why);
+                return 2;
+            }
             a->nvme = optarg;
             char *lit = fso_json_quote(optarg);
             if (!lit ||
@@ -328,7 +343,7 @@ static void given_capacities(const given *g, const fso_config *cfg, const char *
     m->host_mem_bytes = g->host_mem ? g->host_mem : fso_mem_available_bytes();
     m->device_mem_bytes = !g->gpus     ? fso_zero_cpu_device_mem(cfg, m->host_mem_bytes)
                           : g->gpu_mem ? g->gpu_mem
-                                       : (uint64_t)(given_gpu(g)->mem_gib * GIB);
+                                       : (uint64_t)(given_gpu(g)->mem_gib * FSO_GIB);
     m->nvme_free_bytes = g->has_nvme_free ? g->nvme_free
                          : dirs[0]        ? fso_plan_folders_free(dirs)
                                           : 0;

@@ -13,7 +13,7 @@
 
 #include <jansson.h>
 
-#include "adamw.h"
+#include "backend.h"
 #include "util.h"
 
 /* Largest single read or write: Linux moves at most about 2 GiB a call. */

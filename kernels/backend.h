@@ -55,6 +55,27 @@ static inline size_t fso_dtype_size(fso_dtype dt)
     return dt == FSO_DT_BF16 ? 2 : 4;
 }
 
+/* fp32 to bf16 as every CPU path rounds (the backends' casts, AdamW's bf16
+ * output, checkpoints and exports): round to nearest even of the fp32 bits,
+ * denormals kept (no flush), overflow to +-Inf, a NaN kept NaN as
+ * (bits >> 16) | 0x0040 (quiet, sign and top payload kept). Written without
+ * a branch so a loop of it vectorizes. The GPU's device copy is
+ * cuda_common.cuh's. */
+static inline uint16_t fso_bf16_from_f32(float f)
+{
+    union { float f; uint32_t u; } x = {.f = f};
+    const uint32_t rne = (x.u + 0x7fffu + ((x.u >> 16) & 1u)) >> 16;
+    const uint32_t nan = (x.u >> 16) | 0x0040u;
+    return (uint16_t)((x.u & 0x7fffffffu) > 0x7f800000u ? nan : rne);
+}
+
+/* bf16 to fp32: exact, the bits moved up (NaN payloads kept). */
+static inline float fso_f32_from_bf16(uint16_t h)
+{
+    union { uint32_t u; float f; } x = {.u = (uint32_t)h << 16};
+    return x.f;
+}
+
 typedef struct fso_backend fso_backend;
 struct fso_coll;
 struct fso_pool;

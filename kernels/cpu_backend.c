@@ -707,10 +707,8 @@ static void cast_range(void *a_, int64_t b, int64_t e, int worker)
     struct cast_args *a = a_;
     (void)worker;
 #pragma omp simd
-    for (int64_t i = b; i < e; i++) {
-        uint32_t bits = (uint32_t)a->src[i] << 16;
-        memcpy(&a->dst[i], &bits, sizeof bits);
-    }
+    for (int64_t i = b; i < e; i++)
+        a->dst[i] = fso_f32_from_bf16(a->src[i]);
 }
 
 /* A whole block's parameters per call: worth the pool above a few pages. */
@@ -725,18 +723,15 @@ struct narrow_args {
     const float *src;
 };
 
-/* Round to nearest even, NaNs kept and made quiet (as the reference). */
+/* Round to nearest even, NaNs kept and made quiet (fso_bf16_from_f32, as
+ * the reference). */
 static void narrow_range(void *a_, int64_t b, int64_t e, int worker)
 {
     struct narrow_args *a = a_;
     (void)worker;
 #pragma omp simd
-    for (int64_t i = b; i < e; i++) {
-        uint32_t u;
-        memcpy(&u, &a->src[i], sizeof u);
-        uint32_t rne = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, nan = (u >> 16) | 0x0040u;
-        a->dst[i] = (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? nan : rne);
-    }
+    for (int64_t i = b; i < e; i++)
+        a->dst[i] = fso_bf16_from_f32(a->src[i]);
 }
 
 static void fast_cast_f32_bf16(fso_backend *be, uint16_t *dst, const float *src, size_t n)

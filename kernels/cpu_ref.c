@@ -266,28 +266,17 @@ static void ref_sqnorm(fso_backend *be, double *out, const float *x, size_t n)
 static void ref_cast_bf16_f32(fso_backend *be, float *dst, const uint16_t *src, size_t n)
 {
     (void)be;
-    for (size_t i = 0; i < n; i++) {
-        uint32_t bits = (uint32_t)src[i] << 16;
-        memcpy(&dst[i], &bits, sizeof bits);
-    }
+    for (size_t i = 0; i < n; i++)
+        dst[i] = fso_f32_from_bf16(src[i]);
 }
 
-/* Round to nearest even on the fp32 bits; a NaN keeps its sign and top
- * payload bits and is made quiet. */
-static uint16_t ref_bf16_of(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u)
-        return (uint16_t)((u >> 16) | 0x0040u);
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
+/* Round to nearest even on the fp32 bits (fso_bf16_from_f32); a NaN keeps
+ * its sign and top payload bits and is made quiet. */
 static void ref_cast_f32_bf16(fso_backend *be, uint16_t *dst, const float *src, size_t n)
 {
     (void)be;
     for (size_t i = 0; i < n; i++)
-        dst[i] = ref_bf16_of(src[i]);
+        dst[i] = fso_bf16_from_f32(src[i]);
 }
 
 const fso_cpu_kernels fso_cpu_ref_kernels = {

@@ -667,6 +667,76 @@ void fso_backend_destroy_cuda(fso_backend *be)
     free(be);
 }
 
+/* The host's waits (sync, wait_mark, NCCL's barrier) block rather than
+ * spin: with a context or two per process the runtime would otherwise
+ * poll, holding a core the optimizer's threads need. The device's
+ * schedule flag covers stream waits; the mark events carry their own. */
+static void set_host_wait(int device, bool spin)
+{
+    unsigned f = 0;
+    cudaError_t fe = cudaGetDeviceFlags(&f);
+    if (fe == cudaSuccess)
+        fe = cudaSetDeviceFlags((f & cudaDeviceMask & ~(unsigned)cudaDeviceScheduleMask) |
+                                (spin ? cudaDeviceScheduleSpin
+                                      : cudaDeviceScheduleBlockingSync));
+    if (fe != cudaSuccess) { /* not fatal: the waits keep the runtime's default */
+        cudaGetLastError();
+        fprintf(stderr, "fsoff: warning: CUDA device %d: cannot set how the host waits "
+                        "(cudaSetDeviceFlags: %s); stream waits keep the runtime's default\n",
+                device, cudaGetErrorString(fe));
+    }
+}
+
+/* Read the device's attributes and create the context's streams, events,
+ * error flags, host buffers and cuBLAS workspace on the current device.
+ * Returns the first failure, with *what naming the call that failed. */
+static cudaError_t ctx_create_resources(fso_cuda_ctx *ctx, int device, bool spin,
+                                        const char **what)
+{
+    const unsigned mark_flags = cudaEventDisableTiming | (spin ? 0 : cudaEventBlockingSync);
+    int cc_major = 0, pools = 0;
+    *what = "cudaDeviceGetAttribute";
+    cudaError_t e = cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, device);
+    if (e == cudaSuccess)
+        e = cudaDeviceGetAttribute(&ctx->sm_count, cudaDevAttrMultiProcessorCount, device);
+    if (e == cudaSuccess)
+        e = cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device);
+    ctx->mempools = pools;
+    for (int s = 0; s < FSO_CS_N && e == cudaSuccess; s++) {
+        *what = "cudaStreamCreate";
+        e = cudaStreamCreateWithFlags(&ctx->stream[s], cudaStreamNonBlocking);
+        if (e == cudaSuccess) {
+            *what = "cudaEventCreate";
+            e = cudaEventCreateWithFlags(&ctx->tail[s], cudaEventDisableTiming);
+        }
+    }
+    if (e == cudaSuccess) {
+        *what = "cudaMalloc (error flags)";
+        e = cudaMalloc((void **)&ctx->dev_flags, sizeof(unsigned));
+    }
+    if (e == cudaSuccess)
+        e = cudaMemset(ctx->dev_flags, 0, sizeof(unsigned));
+    if (e == cudaSuccess) {
+        *what = "cudaHostAlloc";
+        e = cudaHostAlloc((void **)&ctx->host_flags, sizeof(unsigned), cudaHostAllocPortable);
+    }
+    if (e == cudaSuccess)
+        e = cudaHostAlloc((void **)&ctx->host_sq, sizeof(double) * FSO_CUDA_SQ_MAX,
+                          cudaHostAllocPortable);
+    for (int i = 0; i < FSO_CUDA_MARKS && e == cudaSuccess; i++)
+        for (int s = 0; s < FSO_CS_N && e == cudaSuccess; s++) {
+            *what = "cudaEventCreate (marks)";
+            e = cudaEventCreateWithFlags(&ctx->mark_ev[i][s], mark_flags);
+        }
+    /* cuBLAS: its own workspace, so it never allocates inside an op */
+    ctx->blas_ws_bytes = cc_major >= 9 ? (size_t)32 << 20 : (size_t)4 << 20;
+    if (e == cudaSuccess) {
+        *what = "cudaMalloc (cuBLAS workspace)";
+        e = cudaMalloc(&ctx->blas_ws, ctx->blas_ws_bytes);
+    }
+    return e;
+}
+
 int fso_backend_create_cuda(fso_backend **out, int device, size_t mem_cap_bytes, char *err,
                             size_t errlen)
 {
@@ -714,66 +784,9 @@ int fso_backend_create_cuda(fso_backend **out, int device, size_t mem_cap_bytes,
 
     const char *what = "cudaSetDevice";
     cudaError_t e = cudaSetDevice(device);
-    /* The host's waits (sync, wait_mark, NCCL's barrier) block rather than
-     * spin: with a context or two per process the runtime would otherwise
-     * poll, holding a core the optimizer's threads need. The device's
-     * schedule flag covers stream waits; the mark events carry their own. */
     if (e == cudaSuccess) {
-        unsigned f = 0;
-        cudaError_t fe = cudaGetDeviceFlags(&f);
-        if (fe == cudaSuccess)
-            fe = cudaSetDeviceFlags((f & cudaDeviceMask & ~(unsigned)cudaDeviceScheduleMask) |
-                                    (spin ? cudaDeviceScheduleSpin
-                                          : cudaDeviceScheduleBlockingSync));
-        if (fe != cudaSuccess) { /* not fatal: the waits spin, as they did by default */
-            cudaGetLastError();
-            fprintf(stderr, "fsoff: warning: CUDA device %d: cannot set how the host waits "
-                            "(cudaSetDeviceFlags: %s); stream waits keep the runtime's default\n",
-                    device, cudaGetErrorString(fe));
-        }
-    }
-    const unsigned mark_flags = cudaEventDisableTiming | (spin ? 0 : cudaEventBlockingSync);
-    int cc_major = 0, pools = 0;
-    if (e == cudaSuccess) {
-        what = "cudaDeviceGetAttribute";
-        e = cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, device);
-    }
-    if (e == cudaSuccess)
-        e = cudaDeviceGetAttribute(&ctx->sm_count, cudaDevAttrMultiProcessorCount, device);
-    if (e == cudaSuccess)
-        e = cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device);
-    ctx->mempools = pools;
-    for (int s = 0; s < FSO_CS_N && e == cudaSuccess; s++) {
-        what = "cudaStreamCreate";
-        e = cudaStreamCreateWithFlags(&ctx->stream[s], cudaStreamNonBlocking);
-        if (e == cudaSuccess) {
-            what = "cudaEventCreate";
-            e = cudaEventCreateWithFlags(&ctx->tail[s], cudaEventDisableTiming);
-        }
-    }
-    if (e == cudaSuccess) {
-        what = "cudaMalloc (error flags)";
-        e = cudaMalloc((void **)&ctx->dev_flags, sizeof(unsigned));
-    }
-    if (e == cudaSuccess)
-        e = cudaMemset(ctx->dev_flags, 0, sizeof(unsigned));
-    if (e == cudaSuccess) {
-        what = "cudaHostAlloc";
-        e = cudaHostAlloc((void **)&ctx->host_flags, sizeof(unsigned), cudaHostAllocPortable);
-    }
-    if (e == cudaSuccess)
-        e = cudaHostAlloc((void **)&ctx->host_sq, sizeof(double) * FSO_CUDA_SQ_MAX,
-                          cudaHostAllocPortable);
-    for (int i = 0; i < FSO_CUDA_MARKS && e == cudaSuccess; i++)
-        for (int s = 0; s < FSO_CS_N && e == cudaSuccess; s++) {
-            what = "cudaEventCreate (marks)";
-            e = cudaEventCreateWithFlags(&ctx->mark_ev[i][s], mark_flags);
-        }
-    /* cuBLAS: its own workspace, so it never allocates inside an op */
-    ctx->blas_ws_bytes = cc_major >= 9 ? (size_t)32 << 20 : (size_t)4 << 20;
-    if (e == cudaSuccess) {
-        what = "cudaMalloc (cuBLAS workspace)";
-        e = cudaMalloc(&ctx->blas_ws, ctx->blas_ws_bytes);
+        set_host_wait(device, spin);
+        e = ctx_create_resources(ctx, device, spin, &what);
     }
     if (e != cudaSuccess) {
         snprintf(err, errlen, "CUDA device %d: %s: %s", device, what, cudaGetErrorString(e));

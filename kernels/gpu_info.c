@@ -18,7 +18,7 @@
 #include <string.h>
 #include <strings.h>
 
-#define GIB (1024.0 * 1024.0 * 1024.0)
+#include "util.h"
 
 /* Planner figures: name, description, memory (GiB), achieved TFLOP/s, pinned
  * copies GB/s, all-gather GB/s, device AdamW Gelem/s. */
@@ -104,8 +104,8 @@ const fso_gpu_spec *fso_gpu_spec_nearest_mem(uint64_t mem_bytes)
 {
     const fso_gpu_spec *best = NULL;
     for (const fso_gpu_spec *s = fso_gpu_specs; s->words[0]; s++)
-        if (s->name && (!best || fabs(s->mem_gib * GIB - (double)mem_bytes) <
-                                     fabs(best->mem_gib * GIB - (double)mem_bytes)))
+        if (s->name && (!best || fabs(s->mem_gib * FSO_GIB - (double)mem_bytes) <
+                                     fabs(best->mem_gib * FSO_GIB - (double)mem_bytes)))
             best = s;
     return best;
 }

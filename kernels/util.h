@@ -68,6 +68,10 @@ void fso_io_advise(void *p, size_t bytes);
 void fso_bug_at(const char *file, int line, const char *func, const char *cond, const char *fmt,
                 ...) __attribute__((noreturn, cold, format(printf, 5, 6)));
 
+/* Bytes in a GiB, as a double: for figures given in GiB (the GPU table's
+ * memory sizes) and byte counts shown in GiB. */
+#define FSO_GIB (1024.0 * 1024.0 * 1024.0)
+
 /* "812 KiB", "812.0 MiB", "1.50 GiB", "3.20 TiB"; FSO_BYTES_OVERFLOW (and
  * anything as large) "more than 16777216 TiB". */
 void fso_human_bytes(char *buf, size_t len, double bytes);

@@ -29,9 +29,10 @@
  * add, div and sqrt are correctly rounded in every lane; only which NaN
  * payload survives when two NaNs meet may differ, so NaN compares as NaN).
  *
- * bf16 output: round to nearest even of the fp32 bits, denormals kept (no
- * flush), overflow to +-Inf, NaN stays NaN: (bits >> 16) | 0x0040 (quiet,
- * sign and top payload kept).
+ * bf16 output: fso_bf16_from_f32 (backend.h) on every element: round to
+ * nearest even of the fp32 bits, denormals kept (no flush), overflow to
+ * +-Inf, NaN stays NaN: (bits >> 16) | 0x0040 (quiet, sign and top payload
+ * kept).
  */
 #ifndef FSO_ADAMW_H
 #define FSO_ADAMW_H
@@ -98,21 +99,6 @@ void fso_adamw_fused(const fso_adamw_kernel *k, float *master, const void *grad,
 void fso_adamw_fused_mt(const fso_adamw_kernel *k, fso_pool *pool, float *master,
                         const void *grad, fso_dtype grad_dtype, float *m, float *v,
                         uint16_t *param_bf16_out, size_t n, const fso_adamw_step *st);
-
-/* Round one fp32 to bf16 as the kernels do (see the top of this file). */
-static inline uint16_t fso_bf16_from_f32(float f)
-{
-    union { float f; uint32_t u; } x = {.f = f};
-    if ((x.u & 0x7fffffffu) > 0x7f800000u)
-        return (uint16_t)((x.u >> 16) | 0x0040u);
-    return (uint16_t)((x.u + 0x7fffu + ((x.u >> 16) & 1u)) >> 16);
-}
-
-static inline float fso_f32_from_bf16(uint16_t h)
-{
-    union { uint32_t u; float f; } x = {.u = (uint32_t)h << 16};
-    return x.f;
-}
 
 /* The kernels themselves, for tests and benchmarks that call one directly.
  * The avx2 and avx512 ones exist only when the build has them and must only
