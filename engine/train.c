@@ -38,7 +38,7 @@ int fso_trainer_finish(fso_trainer *tr, double *waited_ms)
 
 size_t fso_trainer_step_tokens(const fso_config *cfg)
 {
-    return (size_t)(cfg->world > 0 ? cfg->world : 1) * cfg->grad_accum * cfg->micro_batch *
+    return (size_t)fso_config_world(cfg) * cfg->grad_accum * cfg->micro_batch *
            cfg->data.seq_len;
 }
 

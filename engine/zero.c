@@ -115,7 +115,7 @@ static void shard_budget(const fso_zero *z, budget *bud)
 int fso_zero_check_device(const fso_config *cfg, const fso_zero_need *n, uint64_t cap,
                           char *err, size_t errlen)
 {
-    const int world = cfg->world > 0 ? cfg->world : 1;
+    const int world = fso_config_world(cfg);
     const uint64_t need = n->tier[FSO_TIER_DEVICE];
     if (need <= cap)
         return 0;
@@ -573,7 +573,7 @@ void fso_zero_standin(fso_zero *z, const double *part_ms)
 
 uint64_t fso_zero_cpu_device_mem(const fso_config *cfg, uint64_t host_bytes)
 {
-    const int world = cfg->world > 0 ? cfg->world : 1;
+    const int world = fso_config_world(cfg);
     if (cfg->device_mem_bytes)
         return cfg->device_mem_bytes;
     if (cfg->host_mem_bytes)
