@@ -279,11 +279,20 @@ void fso_zero_first_error(const fso_zero *z, char *err, size_t errlen)
 int fso_zero_step_run(fso_zero *z, const int32_t *inputs, const int32_t *targets,
                       fso_zero_step *st, char *err, size_t errlen)
 {
+    const fso_config *cfg = z->cfg;
+    const double t0 = fso_now_ms();
+    const int64_t step = z->step + 1;
     for (int r = 0; r < z->world; r++) {
         z->ranks[r].compute.inputs = inputs;
         z->ranks[r].compute.targets = targets;
     }
     int rc = fso_zero_run_ranks(z, rank_step);
+    if (rc < 0) {
+        const fso_zero_step *r0 = &z->ranks[0].compute.st;
+        *st = (fso_zero_step){.step = step, .loss = r0->loss, .grad_norm = r0->grad_norm};
+        fso_zero_first_error(z, err, errlen);
+        return rc;
+    }
     *st = z->ranks[0].compute.st;
     st->nvme_read_bytes = st->nvme_write_bytes = 0;
     memset(st->nvme_kind_read, 0, sizeof st->nvme_kind_read);
@@ -301,11 +310,11 @@ int fso_zero_step_run(fso_zero *z, const int32_t *inputs, const int32_t *targets
         st->nvme_read_bytes += st->nvme_kind_read[k];
         st->nvme_write_bytes += st->nvme_kind_write[k];
     }
-    if (rc < 0) {
-        fso_zero_first_error(z, err, errlen);
-        return rc;
-    }
+    st->step = step;
+    st->tokens = (int64_t)z->world * cfg->grad_accum * cfg->micro_batch * cfg->data.seq_len;
+    st->stale_marks = fso_zero_stale_marks(z);
     z->step++;
+    st->step_ms = fso_now_ms() - t0;
     return 0;
 }
 
