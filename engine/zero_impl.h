@@ -99,7 +99,7 @@ typedef struct rank_io {
     uint64_t nvme_end;           /* end of the store's extents in use */
     pthread_mutex_t mu;          /* the store's ring, shared with the optimizer thread */
     pthread_mutex_t pf_mu;       /* the prefetch ring's blocks and compute.order_pos: the
-                                    optimizer thread starts reads too (fso_zero_prefetch_kick) */
+                                    optimizer thread starts reads too (zr_prefetch_kick) */
     slot prefetch[FSO_FP_MAX_PARAM_SLOTS]; /* parameter prefetch ring */
     int n_prefetch;              /* in use: prefetch + 2 when parameters are on NVMe */
     int n_prefetch_bufs;         /* with a buffer (a re-plan may use fewer) */
@@ -216,7 +216,7 @@ typedef struct shared_coll {
 /* CPU devices' parameters in memory (device tier or host arena): one
  * buffer per block and tier, the devices' shards its parts in rank order
  * (the gathered layout), lent to every device as it is (zero_shard.c
- * fso_zero_block_shared). A re-plan between the two tiers holds both. */
+ * zr_block_shared). A re-plan between the two tiers holds both. */
 typedef struct lent_block {
     void *base;                  /* NULL: none */
     size_t bytes;
@@ -248,7 +248,7 @@ struct fso_zero {
                                      working parameters (bf16.enabled), else 4 (fp32) */
     fso_tier tier[FSO_N_KINDS];
     int state_host_blocks;       /* blocks below it keep NVMe kinds of optimizer state on the
-                                    host (fso_zero_block_tier) */
+                                    host (zr_block_tier) */
     bool lend_in_place;          /* parameters are lent where they live, no gather: on the
                                     only device, its shard; CPU devices, parameters in memory,
                                     the block's buffer their shards are parts of (lent) */
@@ -270,7 +270,7 @@ struct fso_zero {
 
 
 /* The tier of block b's shards of kind k (config.h fso_offload_block_tier). */
-static inline fso_tier fso_zero_block_tier(const fso_zero *z, int b, fso_kind k)
+static inline fso_tier zr_block_tier(const fso_zero *z, int b, fso_kind k)
 {
     return fso_block_tier_rule(z->tier[k], k, b, z->state_host_blocks);
 }
@@ -278,142 +278,142 @@ static inline fso_tier fso_zero_block_tier(const fso_zero *z, int b, fso_kind k)
 /* zero_arena.c: the host arena */
 /* Reserve `reserve` bytes of address space and make [0, bytes) usable.
  * 0 or -ENOMEM with err. */
-int fso_zero_arena_init(fso_zero *z, size_t reserve, size_t bytes, char *err, size_t errlen);
+int zr_arena_init(fso_zero *z, size_t reserve, size_t bytes, char *err, size_t errlen);
 /* Make [0, bytes) usable: commit the new part, lock or register it with
  * CUDA as the configuration asks (a refusal is one warning and pageable
  * memory), and tell the NVMe stores. 0 or -ENOMEM with err. */
-int fso_zero_arena_grow(fso_zero *z, size_t bytes, char *err, size_t errlen);
+int zr_arena_grow(fso_zero *z, size_t bytes, char *err, size_t errlen);
 /* Give back the pages of [p, p+bytes) (state that moved elsewhere). */
-void fso_zero_arena_release(fso_zero *z, void *p, size_t bytes);
+void zr_arena_release(fso_zero *z, void *p, size_t bytes);
 /* Host memory for device rk's state, on its NUMA node when the machine has
  * several (best effort); aborts past the usable part (a sizing bug). */
-void *fso_zero_rank_take(rank_state *rk, size_t bytes);
+void *zr_rank_take(rank_state *rk, size_t bytes);
 /* Unregister and unmap the whole arena. */
-void fso_zero_arena_free(fso_zero *z);
+void zr_arena_free(fso_zero *z);
 
 /* zero_io.c: staging slots, the NVMe store, device copies */
 /* Record the thread's first failure in es (printf-style); returns rc. */
-int fso_zero_fail(errsink *es, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+int zr_fail(errsink *es, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* Queue one read or write of `bytes` at `off` of the rank's store on slot s. */
-int fso_zero_queue_io(rank_state *rk, errsink *es, slot *s, bool write, void *buf, size_t bytes,
-                      uint64_t off);
+int zr_queue_io(rank_state *rk, errsink *es, slot *s, bool write, void *buf, size_t bytes,
+                uint64_t off);
 /* A mark of everything queued on be so far (0 where ops finish as they
  * return); a mark of the copies only (backend.h mark_copies, else a full
  * one); staging copies either way, ordered after mark `after`. */
-uint64_t fso_zero_mark(fso_backend *be);
-uint64_t fso_zero_mark_copies(fso_backend *be);
-void fso_zero_copy_in(fso_backend *be, void *dst, const void *src, size_t bytes, uint64_t after);
-void fso_zero_copy_out(fso_backend *be, void *dst, const void *src, size_t bytes, uint64_t after);
+uint64_t zr_mark(fso_backend *be);
+uint64_t zr_mark_copies(fso_backend *be);
+void zr_copy_in(fso_backend *be, void *dst, const void *src, size_t bytes, uint64_t after);
+void zr_copy_out(fso_backend *be, void *dst, const void *src, size_t bytes, uint64_t after);
 /* The slot's last device copy is done (its buffer may be reused). */
-void fso_zero_copies_wait(rank_state *rk, slot *s);
+void zr_copies_wait(rank_state *rk, slot *s);
 /* Wait for the slot's I/O and device copies; an error is final for the step. */
-int fso_zero_slot_wait(rank_state *rk, errsink *es, slot *s, const char *what, int block);
+int zr_slot_wait(rank_state *rk, errsink *es, slot *s, const char *what, int block);
 /* Drain the I/O this thread left in flight after a failure so its buffers
  * can be reused (with_optimizer: the optimizer's too, once it has stopped). */
-void fso_zero_drain_slots(rank_state *rk, bool with_optimizer);
+void zr_drain_slots(rank_state *rk, bool with_optimizer);
 /* Device rk's NVMe store over the folders o names, `capacity` bytes, its
  * buffers registered over the arena. 0 or negative errno with err. */
-int fso_zero_open_store(fso_zero *z, rank_state *rk, const fso_offload_config *o,
-                        uint64_t capacity, char *err, size_t errlen);
+int zr_open_store(fso_zero *z, rank_state *rk, const fso_offload_config *o,
+                  uint64_t capacity, char *err, size_t errlen);
 
 /* zero_shard.c: where each shard lives */
-size_t fso_zero_shard_elems(const fso_zero *z, int b);
+size_t zr_shard_elems(const fso_zero *z, int b);
 /* Bytes a shard of kind k of block b takes on its tier: whole pages. */
-size_t fso_zero_shard_bytes(const fso_zero *z, int b, fso_kind k);
-loc *fso_zero_locate(rank_state *rk, int b, fso_kind k);
+size_t zr_shard_bytes(const fso_zero *z, int b, fso_kind k);
+loc *zr_locate(rank_state *rk, int b, fso_kind k);
 /* A place for shard (b, k) of device rk on `tier`: device memory, host
  * memory from the arena, or the extent at *nvme_off of its store (*nvme_off
  * advances). 0, or negative errno with err (device memory short). */
-int fso_zero_place_shard(rank_state *rk, int b, fso_kind k, fso_tier tier, uint64_t *nvme_off,
-                         loc *out, char *err, size_t errlen);
+int zr_place_shard(rank_state *rk, int b, fso_kind k, fso_tier tier, uint64_t *nvme_off,
+                   loc *out, char *err, size_t errlen);
 /* Whether shards of kind k on `tier` are parts of a block's shared buffer
  * (lent_block): parameters lent in place on more than one device. */
-bool fso_zero_block_shared(const fso_zero *z, fso_kind k, fso_tier tier);
+bool zr_block_shared(const fso_zero *z, fso_kind k, fso_tier tier);
 /* Block b's shared buffer on `tier`. */
-lent_block *fso_zero_lent(fso_zero *z, int b, fso_tier tier);
+lent_block *zr_lent(fso_zero *z, int b, fso_tier tier);
 /* Let go of the place l of shard (b, k); an NVMe extent stays the store's. */
-void fso_zero_release_shard(rank_state *rk, int b, fso_kind k, loc *l);
+void zr_release_shard(rank_state *rk, int b, fso_kind k, loc *l);
 /* Move elements [c0, c0+n) of shard (b, k) between its tier and host
  * memory, in the kind's element type (elem_bytes[k] each). Reading, *ptr is
  * set to the data: in the shard itself when in_place and the CPU can
  * address it, else s->buf (filled; NVMe: once s's I/O is waited for).
  * Writing, *ptr's data goes into the shard (NVMe: asynchronously on s).
  * The bytes the drive moves are added to bytes_done[k]. */
-int fso_zero_xfer(rank_state *rk, errsink *es, uint64_t *bytes_done, int b, fso_kind k,
-                  size_t c0, size_t n, slot *s, bool write, bool in_place, void **ptr);
+int zr_xfer(rank_state *rk, errsink *es, uint64_t *bytes_done, int b, fso_kind k,
+            size_t c0, size_t n, slot *s, bool write, bool in_place, void **ptr);
 /* Where a writer of elements [c0, ...) of shard (b, k) should put them so
- * that fso_zero_xfer(write) moves them once: the shard itself when in_place
+ * that zr_xfer(write) moves them once: the shard itself when in_place
  * and the CPU can address it, else s->buf. */
-void *fso_zero_xfer_dest(rank_state *rk, int b, fso_kind k, size_t c0, slot *s, bool in_place);
+void *zr_xfer_dest(rank_state *rk, int b, fso_kind k, size_t c0, slot *s, bool in_place);
 /* Whole shard (b, k) read into dst instead of s->buf (4 KiB aligned, the
- * shard's whole pages: fso_zero_shard_bytes); s tracks the I/O. */
-int fso_zero_shard_read_to(rank_state *rk, errsink *es, uint64_t *bytes_done, int b, fso_kind k,
-                           slot *s, void *dst);
+ * shard's whole pages: zr_shard_bytes); s tracks the I/O. */
+int zr_shard_read_to(rank_state *rk, errsink *es, uint64_t *bytes_done, int b, fso_kind k,
+                     slot *s, void *dst);
 /* Whole shard (b, k) into s->buf, and back (the compute thread). */
-int fso_zero_shard_fetch(rank_state *rk, int b, fso_kind k, slot *s);
-int fso_zero_shard_store(rank_state *rk, int b, fso_kind k, slot *s);
+int zr_shard_fetch(rank_state *rk, int b, fso_kind k, slot *s);
+int zr_shard_store(rank_state *rk, int b, fso_kind k, slot *s);
 /* Kind k of block b on every device from (dir 0) or to (dir 1) the flat
  * fp32 host buffer (padded_elems), converting to and from the kind's
  * element type; on the caller's thread, synchronously. */
-int fso_zero_block_xfer(fso_zero *z, int b, float *flat, fso_kind k, int dir);
+int zr_block_xfer(fso_zero *z, int b, float *flat, fso_kind k, int dir);
 
 /* zero_source.c: the block source */
-fso_block_source fso_zero_rank_source(rank_state *rk);
+fso_block_source zr_rank_source(rank_state *rk);
 /* Before a micro-batch: nothing lent, the prefetch order from its start. */
-void fso_zero_source_reset(rank_state *rk);
+void zr_source_reset(rank_state *rk);
 /* Gathers and reduce-scatters in the devices' shared memory when their
  * memory is this process's and there are several (shared_coll); free it. */
-int fso_zero_shared_coll_init(fso_zero *z);
-void fso_zero_shared_coll_free(fso_zero *z);
+int zr_shared_coll_init(fso_zero *z);
+void zr_shared_coll_free(fso_zero *z);
 /* No device holds a shared window, whatever lends came before: the pool
  * in use again after the parameters were lent in place (a re-plan moved
  * them off the devices). */
-void fso_zero_windows_reset(fso_zero *z);
+void zr_windows_reset(fso_zero *z);
 /* The optimizer thread, once it has updated a block for step `step`: the
  * reads of the parameter blocks compute needs next that waited for it
  * start now, not at compute's next params(). */
-void fso_zero_prefetch_kick(rank_state *rk, int64_t step);
+void zr_prefetch_kick(rank_state *rk, int64_t step);
 /* The gradient shard on its way down lands in its tier (if any). */
-void fso_zero_grads_land(rank_state *rk);
+void zr_grads_land(rank_state *rk);
 /* Compute since the last callback belongs to the block lent last. */
-void fso_zero_clock_in(rank_state *rk, double now);
+void zr_clock_in(rank_state *rk, double now);
 
 /* zero_step.c: the devices' threads */
 /* Run fn on every device, device 0 on the caller's thread, and wait; the
  * first failure (another device's before -ECANCELED). */
-int fso_zero_run_ranks(fso_zero *z, void *(*fn)(void *));
-int fso_zero_start_workers(fso_zero *z, char *err, size_t errlen);
-void fso_zero_stop_workers(fso_zero *z);
+int zr_run_ranks(fso_zero *z, void *(*fn)(void *));
+int zr_start_workers(fso_zero *z, char *err, size_t errlen);
+void zr_stop_workers(fso_zero *z);
 /* The first device's failure message into err (one that caused the others'). */
-void fso_zero_first_error(const fso_zero *z, char *err, size_t errlen);
+void zr_first_error(const fso_zero *z, char *err, size_t errlen);
 
 /* zero_save.c */
 /* Before an update of step t changes block b on device rk: wait while a
  * save of an earlier step still needs the block. */
-void fso_zero_save_gate(rank_state *rk, int b, int64_t t);
+void zr_save_gate(rank_state *rk, int b, int64_t t);
 /* Wait until no save is streaming (before state moves between tiers). */
-void fso_zero_save_wait_idle(fso_zero *z);
-int fso_zero_save_init(fso_zero *z);
-void fso_zero_save_free(fso_zero *z);
+void zr_save_wait_idle(fso_zero *z);
+int zr_save_init(fso_zero *z);
+void zr_save_free(fso_zero *z);
 
 /* zero_optim.c */
-int fso_zero_optim_start(rank_state *rk);      /* the device's optimizer thread */
-void fso_zero_optim_stop(rank_state *rk);
+int zr_optim_start(rank_state *rk);      /* the device's optimizer thread */
+void zr_optim_stop(rank_state *rk);
 /* Hand the update of step `t` to the optimizer thread: whole step (blocks in
  * forward order), or one block (the backward schedule). */
-void fso_zero_optim_post_step(rank_state *rk, const fso_adamw_step *as);
-void fso_zero_optim_post_block(rank_state *rk, const fso_adamw_step *as, int block);
+void zr_optim_post_step(rank_state *rk, const fso_adamw_step *as);
+void zr_optim_post_block(rank_state *rk, const fso_adamw_step *as, int block);
 /* Wait until block b holds the parameters of step `step` (counting from 1,
  * 0 = initial); returns 0 or the optimizer's error. Time waited goes to
  * rk->compute.st.optimizer_exposed_ms. */
-int fso_zero_optim_wait_block(rank_state *rk, int b, int64_t step);
+int zr_optim_wait_block(rank_state *rk, int b, int64_t step);
 /* The same for every other device's update of block b (a block lent from
  * the buffer the devices share): the time is rk's exposed optimizer time,
  * a failure there fails rk's step. */
-int fso_zero_optim_wait_peers(rank_state *rk, int b, int64_t step);
+int zr_optim_wait_peers(rank_state *rk, int b, int64_t step);
 /* Wait until every posted update is done. */
-int fso_zero_optim_wait_all(rank_state *rk);
+int zr_optim_wait_all(rank_state *rk);
 /* The serialized schedule: update every block now, on this thread. */
-int fso_zero_optim_run(rank_state *rk, const fso_adamw_step *as);
+int zr_optim_run(rank_state *rk, const fso_adamw_step *as);
 
 #endif

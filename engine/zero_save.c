@@ -3,7 +3,7 @@
  *
  * The gate. fso_zero_save_arm marks a save of step N; from then on an
  * update of a later step waits, before it changes block b, until the saver
- * is done with b (fso_zero_save_gate, called by zero_optim.c). The saver
+ * is done with b (zr_save_gate, called by zero_optim.c). The saver
  * takes block b once every device's update of step N has landed there
  * (rank_optim.rest), so it reads exactly step N's master, m and v, and
  * training waits for it only where it would otherwise overtake it.
@@ -40,7 +40,7 @@
 
 /* ------------------------------------------------------------------ the gate */
 
-int fso_zero_save_init(fso_zero *z)
+int zr_save_init(fso_zero *z)
 {
     save_gate *g = &z->save;
     g->done = calloc((size_t)z->n_blocks, sizeof *g->done);
@@ -53,7 +53,7 @@ int fso_zero_save_init(fso_zero *z)
     return 0;
 }
 
-void fso_zero_save_free(fso_zero *z)
+void zr_save_free(fso_zero *z)
 {
     save_gate *g = &z->save;
     if (g->init) {
@@ -115,7 +115,7 @@ static bool gate_closed(const save_gate *g, int b, int64_t t)
     return g->active && t > g->step && !g->done[b];
 }
 
-void fso_zero_save_gate(rank_state *rk, int b, int64_t t)
+void zr_save_gate(rank_state *rk, int b, int64_t t)
 {
     save_gate *g = &rk->z->save;
     fso_backend *be = rk->be;
@@ -147,7 +147,7 @@ void fso_zero_save_gate(rank_state *rk, int b, int64_t t)
     pthread_mutex_unlock(&g->mu);
 }
 
-void fso_zero_save_wait_idle(fso_zero *z)
+void zr_save_wait_idle(fso_zero *z)
 {
     double t0 = fso_now_ms();
     pthread_mutex_lock(&z->save.mu);
@@ -311,7 +311,7 @@ static int finish_fetch(saver *sv)
     stage *s = &sv->st[sv->fetch[sv->head]];
     sv->head = (sv->head + 1) % STAGES;
     sv->n_fetch--;
-    int rc = fso_zero_slot_wait(s->rk, &sv->es, &s->io, fso_kind_name(s->k), s->b);
+    int rc = zr_slot_wait(s->rk, &sv->es, &s->io, fso_kind_name(s->k), s->b);
     if (rc < 0)
         return fail(sv, rc, "%s", sv->es.msg);
     if ((rc = record(sv, s->dst, s->bytes, s->buf)) < 0)
@@ -343,7 +343,7 @@ static int save_piece(saver *sv, rank_state *rk, int b, fso_kind k, size_t c0, s
                       uint64_t dst)
 {
     const size_t bytes = sizeof(float) * n;
-    loc *l = fso_zero_locate(rk, b, k);
+    loc *l = zr_locate(rk, b, k);
     const bool addressable = fso_fp_cpu_reaches(&rk->z->rules, l->tier);
     const char *src = addressable ? (const char *)l->ptr + sizeof(float) * c0 : NULL;
     int rc;
@@ -362,12 +362,12 @@ static int save_piece(saver *sv, rank_state *rk, int b, fso_kind k, size_t c0, s
         memcpy(s->buf, src, bytes);
     } else if (l->tier == FSO_TIER_NVME) {
         s->nvme_off = l->off + sizeof(float) * c0;
-        if ((rc = fso_zero_queue_io(rk, &sv->es, &s->io, false, s->buf, bytes, s->nvme_off)) < 0)
+        if ((rc = zr_queue_io(rk, &sv->es, &s->io, false, s->buf, bytes, s->nvme_off)) < 0)
             return fail(sv, rc, "%s", sv->es.msg);
     } else { /* a GPU's memory: after the update that made it step N's */
-        fso_zero_copy_out(rk->be, s->buf, (const char *)l->ptr + sizeof(float) * c0, bytes,
-                          rk->opt.ready_mark[b]);
-        s->io.copied = fso_zero_mark_copies(rk->be);
+        zr_copy_out(rk->be, s->buf, (const char *)l->ptr + sizeof(float) * c0, bytes,
+                    rk->opt.ready_mark[b]);
+        s->io.copied = zr_mark_copies(rk->be);
     }
     sv->fetch[(sv->head + sv->n_fetch++) % STAGES] = (int)(s - sv->st);
     return 0;
@@ -391,7 +391,7 @@ static int save_block(saver *sv, int b, int64_t step)
 {
     fso_zero *z = sv->z;
     const fso_zero_save_spec *sp = sv->spec;
-    const size_t S = fso_zero_shard_elems(z, b), E = sp->block_elems[b];
+    const size_t S = zr_shard_elems(z, b), E = sp->block_elems[b];
     int rc;
     /* devices whose shard is only padding (lo >= E) have nothing to save */
     for (int r = 0; r < z->world && (size_t)r * S < E; r++)
@@ -436,7 +436,7 @@ static void drain(saver *sv)
         stage *s = &sv->st[i];
         if (s->state == FETCHING && s->rk) {
             errsink ignore = {0};
-            fso_zero_slot_wait(s->rk, &ignore, &s->io, "", s->b);
+            zr_slot_wait(s->rk, &ignore, &s->io, "", s->b);
         }
     }
 }
@@ -482,11 +482,11 @@ int fso_zero_save_stream(fso_zero *z, fso_zero_save_spec *spec)
 
 int fso_zero_load_block(fso_zero *z, int b, fso_kind k, float *flat, char *err, size_t errlen)
 {
-    int rc = fso_zero_block_xfer(z, b, flat, k, 0);
+    int rc = zr_block_xfer(z, b, flat, k, 0);
     if (rc == 0 && k == FSO_KIND_MASTER)
-        rc = fso_zero_block_xfer(z, b, flat, FSO_KIND_PARAM, 0);
+        rc = zr_block_xfer(z, b, flat, FSO_KIND_PARAM, 0);
     if (rc < 0)
-        fso_zero_first_error(z, err, errlen);
+        zr_first_error(z, err, errlen);
     return rc;
 }
 

@@ -63,15 +63,15 @@ static int prefetch_params(rank_state *rk, errsink *es, uint64_t *bytes_done, in
         if (!s)
             break;
         /* its last copy to the device is done (long since, as a rule) */
-        fso_zero_copies_wait(rk, s);
+        zr_copies_wait(rk, s);
         const int64_t q = rk->compute.pass_lend + i;
-        void *dst = window_part(rk, q, z->elem_bytes[FSO_KIND_PARAM] * fso_zero_shard_elems(z, b));
+        void *dst = window_part(rk, q, z->elem_bytes[FSO_KIND_PARAM] * zr_shard_elems(z, b));
         s->block = b;
         s->lend = dst ? q : -1;
         void *p;
-        int rc = dst ? fso_zero_shard_read_to(rk, es, bytes_done, b, FSO_KIND_PARAM, s, dst)
-                     : fso_zero_xfer(rk, es, bytes_done, b, FSO_KIND_PARAM, 0,
-                                     fso_zero_shard_elems(z, b), s, false, false, &p);
+        int rc = dst ? zr_shard_read_to(rk, es, bytes_done, b, FSO_KIND_PARAM, s, dst)
+                     : zr_xfer(rk, es, bytes_done, b, FSO_KIND_PARAM, 0,
+                               zr_shard_elems(z, b), s, false, false, &p);
         if (rc < 0) {
             pthread_mutex_lock(&rk->io.mu);
             s->err = rc; /* whoever waits for the slot says so */
@@ -82,7 +82,7 @@ static int prefetch_params(rank_state *rk, errsink *es, uint64_t *bytes_done, in
     return 0;
 }
 
-void fso_zero_prefetch_kick(rank_state *rk, int64_t step)
+void zr_prefetch_kick(rank_state *rk, int64_t step)
 {
     if (rk->z->tier[FSO_KIND_PARAM] != FSO_TIER_NVME)
         return;
@@ -105,7 +105,7 @@ static void free_arrays(shared_coll *sc)
     sc->rs_src = NULL;
 }
 
-int fso_zero_shared_coll_init(fso_zero *z)
+int zr_shared_coll_init(fso_zero *z)
 {
     shared_coll *sc = &z->sc;
     if (z->world < 2 || !z->ranks[0].be->ops->host_addressable)
@@ -133,7 +133,7 @@ int fso_zero_shared_coll_init(fso_zero *z)
     return 0;
 }
 
-void fso_zero_shared_coll_free(fso_zero *z)
+void zr_shared_coll_free(fso_zero *z)
 {
     shared_coll *sc = &z->sc;
     if (!sc->on)
@@ -144,7 +144,7 @@ void fso_zero_shared_coll_free(fso_zero *z)
     sc->on = false;
 }
 
-void fso_zero_windows_reset(fso_zero *z)
+void zr_windows_reset(fso_zero *z)
 {
     shared_coll *sc = &z->sc;
     if (!sc->on)
@@ -280,19 +280,19 @@ static const void *src_params(void *ctx, int b)
     rank_state *rk = ctx;
     fso_zero *z = rk->z;
     fso_backend *be = rk->be;
-    size_t S = fso_zero_shard_elems(z, b);
+    size_t S = zr_shard_elems(z, b);
     const size_t eb = z->elem_bytes[FSO_KIND_PARAM], shard_bytes = eb * S;
     const int64_t q = rk->compute.lends++;
 
     /* the previous step's update of this block must be in (overlapped schedules) */
     if (rk->compute.err.rc == 0)
-        fso_zero_optim_wait_block(rk, b, z->step);
+        zr_optim_wait_block(rk, b, z->step);
     if (z->lend_in_place) {
         if (z->world == 1)
-            return fso_zero_locate(rk, b, FSO_KIND_PARAM)->ptr;
+            return zr_locate(rk, b, FSO_KIND_PARAM)->ptr;
         if (rk->compute.err.rc == 0)
-            fso_zero_optim_wait_peers(rk, b, z->step);
-        return fso_zero_lent(z, b, fso_zero_locate(rk, b, FSO_KIND_PARAM)->tier)->base;
+            zr_optim_wait_peers(rk, b, z->step);
+        return zr_lent(z, b, zr_locate(rk, b, FSO_KIND_PARAM)->tier)->base;
     }
     int g = rk->compute.gather_refs[0] == 0 ? 0 : 1;
     FSO_BUG_ON(rk->compute.gather_refs[g] != 0, "more than two blocks lent at once");
@@ -305,16 +305,16 @@ static const void *src_params(void *ctx, int b)
         after = rk->opt.ready_mark[b];
     void *mine = (char *)recv + (size_t)rk->rank * shard_bytes;
     const void *send = mine; /* this rank's shard, where the gather reads it */
-    loc *l = fso_zero_locate(rk, b, FSO_KIND_PARAM);
+    loc *l = zr_locate(rk, b, FSO_KIND_PARAM);
     if (rk->compute.err.rc == 0) {
         if (l->tier == FSO_TIER_DEVICE ||
             (l->tier == FSO_TIER_HOST && be->ops->host_addressable)) {
             if (z->sc.on)
-                fso_zero_copy_in(be, mine, l->ptr, shard_bytes, after);
+                zr_copy_in(be, mine, l->ptr, shard_bytes, after);
             else
                 send = l->ptr; /* gathered straight from where it lives */
         } else if (l->tier == FSO_TIER_HOST) {
-            fso_zero_copy_in(be, mine, l->ptr, shard_bytes, after);
+            zr_copy_in(be, mine, l->ptr, shard_bytes, after);
         } else {
             /* the order must match the model's: it is the same on every rank */
             FSO_BUG_ON(rk->compute.order_pos >= z->n_order || z->order[rk->compute.order_pos] != b,
@@ -328,19 +328,19 @@ static const void *src_params(void *ctx, int b)
                     s = &rk->io.prefetch[j];
             pthread_mutex_unlock(&rk->io.pf_mu);
             double t0 = fso_now_ms();
-            int wrc = s ? fso_zero_slot_wait(rk, &rk->compute.err, s, "parameters", b) : -EIO;
+            int wrc = s ? zr_slot_wait(rk, &rk->compute.err, s, "parameters", b) : -EIO;
             rk->compute.st.stall_ms += fso_now_ms() - t0;
             FSO_BUG_ON(s && s->lend >= 0 && s->lend != q,
                        "lend %lld read into the window of lend %lld", (long long)q,
                        (long long)s->lend);
             const bool direct = s && s->lend == q; /* read into `mine` already */
             if (wrc == 0 && !direct)
-                fso_zero_copy_in(be, mine, s->buf, shard_bytes, after);
+                zr_copy_in(be, mine, s->buf, shard_bytes, after);
             pthread_mutex_lock(&rk->io.pf_mu);
             if (s && wrc == 0 && !direct) /* the slot may be read into again once this copy
                                              is done: prefetch_params waits for that, not for
                                              compute */
-                s->copied = fso_zero_mark_copies(be);
+                s->copied = zr_mark_copies(be);
             if (s) {
                 s->block = -1;
                 s->lend = -1;
@@ -377,7 +377,7 @@ static void src_release(void *ctx, int b)
                 sc_release(rk, g);
             rk->compute.gather_refs[g] = 0;
             rk->compute.gather_block[g] = -1;
-            rk->compute.gather_free[g] = fso_zero_mark(rk->be); /* compute with it is all queued */
+            rk->compute.gather_free[g] = zr_mark(rk->be); /* compute with it is all queued */
             return;
         }
 }
@@ -404,7 +404,7 @@ static float *src_grads(void *ctx, int b)
  * same bits wherever the gradients live), stored, and with the backward
  * schedule the block's update started. Runs one block behind the copies,
  * so the host works while the device copies the next block's shard. */
-void fso_zero_grads_land(rank_state *rk)
+void zr_grads_land(rank_state *rk)
 {
     grad_pending gp = rk->io.landing;
     if (gp.block < 0)
@@ -415,14 +415,14 @@ void fso_zero_grads_land(rank_state *rk)
     fso_zero *z = rk->z;
     fso_backend *be = rk->be;
     const int b = gp.block;
-    const size_t S = fso_zero_shard_elems(z, b);
+    const size_t S = zr_shard_elems(z, b);
     slot *in = &rk->io.grad_down[gp.buf], *s = in;
     if (gp.mark)
         be->ops->wait_mark(be, gp.mark); /* that copy only, not the device */
     if (gp.micro > 0) {
         s = &rk->io.grad_trip;
-        if (fso_zero_shard_fetch(rk, b, FSO_KIND_GRAD, s) < 0 ||
-            fso_zero_slot_wait(rk, &rk->compute.err, s, "gradients", b) < 0)
+        if (zr_shard_fetch(rk, b, FSO_KIND_GRAD, s) < 0 ||
+            zr_slot_wait(rk, &rk->compute.err, s, "gradients", b) < 0)
             return;
         float *acc = s->buf;
         const float *add = in->buf;
@@ -433,11 +433,11 @@ void fso_zero_grads_land(rank_state *rk)
         rk->compute.grad_sq[b] = 0;
         fso_host_sqnorm(fso_backend_pool(be), &rk->compute.grad_sq[b], s->buf, S);
     }
-    if (fso_zero_shard_store(rk, b, FSO_KIND_GRAD, s) < 0 ||
-        fso_zero_slot_wait(rk, &rk->compute.err, s, "gradients", b) < 0)
+    if (zr_shard_store(rk, b, FSO_KIND_GRAD, s) < 0 ||
+        zr_slot_wait(rk, &rk->compute.err, s, "gradients", b) < 0)
         return;
     if (z->cfg->optimizer_overlap == FSO_OVERLAP_BACKWARD && gp.last)
-        fso_zero_optim_post_block(rk, &rk->opt.bwd_step, b);
+        zr_optim_post_block(rk, &rk->opt.bwd_step, b);
 }
 
 /* Reduce-scatter the block's gradients so this rank keeps its shard. On a
@@ -453,10 +453,10 @@ static void src_grads_done(void *ctx, int b)
     fso_zero *z = rk->z;
     fso_backend *be = rk->be;
     int g = rk->compute.grad_full_block[0] == b ? 0 : 1;
-    size_t S = fso_zero_shard_elems(z, b);
+    size_t S = zr_shard_elems(z, b);
     float *mine = rk->compute.grad_full[g] + (size_t)rk->rank * S;
     const bool last = rk->compute.micro == z->cfg->grad_accum - 1;
-    loc *l = fso_zero_locate(rk, b, FSO_KIND_GRAD);
+    loc *l = zr_locate(rk, b, FSO_KIND_GRAD);
     const bool direct = z->rules.host_addressable && l->tier != FSO_TIER_NVME;
 
     /* shared reduces (CPU devices) add into the tier themselves, and take
@@ -481,8 +481,8 @@ static void src_grads_done(void *ctx, int b)
         /* the staging buffer the pending block does not hold */
         int i = rk->io.landing.block >= 0 ? 1 - rk->io.landing.buf : 0;
         be->ops->copy_d2h(be, rk->io.grad_down[i].buf, mine, sizeof(float) * S);
-        uint64_t m = fso_zero_mark(be);
-        fso_zero_grads_land(rk);
+        uint64_t m = zr_mark(be);
+        zr_grads_land(rk);
         rk->io.landing = (grad_pending){.block = b, .buf = i, .mark = m, .micro = rk->compute.micro,
                                    .last = last};
         return;
@@ -502,7 +502,7 @@ static void src_grads_done(void *ctx, int b)
      * are in, which the optimizer thread waits for (the job's mark), not
      * this one */
     if (z->cfg->optimizer_overlap == FSO_OVERLAP_BACKWARD && last && rk->compute.err.rc == 0)
-        fso_zero_optim_post_block(rk, &rk->opt.bwd_step, b);
+        zr_optim_post_block(rk, &rk->opt.bwd_step, b);
 }
 
 /* Timing for the step report and the re-plan. The time inside params()
@@ -510,7 +510,7 @@ static void src_grads_done(void *ctx, int b)
  * waiting, not compute. Compute between two callbacks belongs to the block
  * lent last, except that the head's visit also lends the embedding (tied
  * heads): that compute is the head's. */
-void fso_zero_clock_in(rank_state *rk, double now)
+void zr_clock_in(rank_state *rk, double now)
 {
     if (rk->clock.cur_block >= 0)
         rk->clock.block_ms[rk->clock.cur_block] += now - rk->clock.t_mark;
@@ -528,7 +528,7 @@ static const void *timed_params(void *ctx, int b)
 {
     rank_state *rk = ctx;
     double t0 = fso_now_ms();
-    fso_zero_clock_in(rk, t0);
+    zr_clock_in(rk, t0);
     const void *p = src_params(ctx, b);
     double t1 = fso_now_ms();
     rk->clock.wait_ms += t1 - t0;
@@ -540,7 +540,7 @@ static void timed_release(void *ctx, int b)
 {
     rank_state *rk = ctx;
     double t0 = fso_now_ms();
-    fso_zero_clock_in(rk, t0);
+    zr_clock_in(rk, t0);
     src_release(ctx, b);
     clock_out(rk, fso_now_ms(), -1);
 }
@@ -549,7 +549,7 @@ static float *timed_grads(void *ctx, int b)
 {
     rank_state *rk = ctx;
     double t0 = fso_now_ms();
-    fso_zero_clock_in(rk, t0);
+    zr_clock_in(rk, t0);
     float *g = src_grads(ctx, b);
     clock_out(rk, fso_now_ms(), b);
     return g;
@@ -559,21 +559,21 @@ static void timed_grads_done(void *ctx, int b)
 {
     rank_state *rk = ctx;
     double t0 = fso_now_ms();
-    fso_zero_clock_in(rk, t0);
+    zr_clock_in(rk, t0);
     src_grads_done(ctx, b);
     double t1 = fso_now_ms();
     rk->clock.wait_ms += t1 - t0;
     clock_out(rk, t1, -1);
 }
 
-fso_block_source fso_zero_rank_source(rank_state *rk)
+fso_block_source zr_rank_source(rank_state *rk)
 {
     fso_block_source s = {.ctx = rk, .params = timed_params, .release = timed_release,
                           .grads = timed_grads, .grads_done = timed_grads_done};
     return s;
 }
 
-void fso_zero_source_reset(rank_state *rk)
+void zr_source_reset(rank_state *rk)
 {
     for (int g = 0; g < 2 && rk->z->sc.on; g++)
         if (rk->compute.gather_refs[g])

@@ -16,7 +16,7 @@
 
 static void drain(rank_state *rk)
 {
-    fso_zero_drain_slots(rk, false);
+    zr_drain_slots(rk, false);
 }
 
 static fso_adamw_step step_hparams(const fso_zero *z, double clip_coef)
@@ -50,7 +50,7 @@ static void *rank_step(void *arg)
     fso_zero *z = rk->z;
     const fso_config *cfg = z->cfg;
     const size_t bt = (size_t)cfg->micro_batch * cfg->data.seq_len;
-    fso_block_source src = fso_zero_rank_source(rk);
+    fso_block_source src = zr_rank_source(rk);
     float grad_scale = 1.0f / (float)(cfg->grad_accum * z->world);
 
     memset(&rk->compute.st, 0, sizeof rk->compute.st);
@@ -60,18 +60,18 @@ static void *rank_step(void *arg)
     memset(rk->clock.block_ms, 0, sizeof *rk->clock.block_ms * (size_t)z->n_blocks);
     double t0 = fso_now_ms();
     for (int a = 0; a < cfg->grad_accum; a++) {
-        fso_zero_source_reset(rk);
+        zr_source_reset(rk);
         rk->compute.micro = a;
         rk->clock.cur_block = -1;
         rk->clock.t_mark = fso_now_ms();
         size_t mb = (size_t)a * z->world + rk->rank;
         fso_model_step(&rk->model, &src, rk->compute.inputs + mb * bt,
                        rk->compute.targets + mb * bt, grad_scale, &rk->compute.loss_sum);
-        fso_zero_clock_in(rk, fso_now_ms()); /* the last block's compute */
+        zr_clock_in(rk, fso_now_ms()); /* the last block's compute */
         /* the micro-batch's last gradients land while the next one's
          * forward runs (the next landing comes first), or now at the end */
     }
-    fso_zero_grads_land(rk);
+    zr_grads_land(rk);
     rk->compute.st.compute_ms = fso_now_ms() - t0 - rk->clock.wait_ms;
 
     /* exact global norm and mean loss: one all-reduce (also carries
@@ -80,7 +80,7 @@ static void *rank_step(void *arg)
      * the step's one wait for the device. */
     int drc = rk->compute.err.rc == 0 ? rk->be->ops->sync(rk->be) : 0;
     if (drc < 0)
-        fso_zero_fail(&rk->compute.err, drc, "device %d: %s", rk->rank, rk->be->err);
+        zr_fail(&rk->compute.err, drc, "device %d: %s", rk->rank, rk->be->err);
     double sq = 0;
     for (int b = 0; b < z->n_blocks && rk->compute.err.rc == 0; b++)
         sq += rk->compute.grad_sq[b];
@@ -90,8 +90,8 @@ static void *rank_step(void *arg)
     rk->compute.st.grad_norm = sqrt(red[1]);
     if (red[2] != 0) { /* some rank failed: nobody updates */
         if (rk->compute.err.rc == 0)
-            fso_zero_fail(&rk->compute.err, -ECANCELED, "device %d: another device failed",
-                          rk->rank);
+            zr_fail(&rk->compute.err, -ECANCELED, "device %d: another device failed",
+                    rk->rank);
         drain(rk);
         return NULL;
     }
@@ -99,19 +99,19 @@ static void *rank_step(void *arg)
         if (cfg->optimizer_overlap == FSO_OVERLAP_BACKWARD) {
             /* blocks were updated as their gradients came in: say which
              * was not, as the optimizer thread found it */
-            if (fso_zero_optim_wait_all(rk) == 0)
-                fso_zero_fail(&rk->compute.err, -ERANGE,
-                              "step %lld: loss %g, gradient norm %g: training diverged; "
-                              "train.optimizer_overlap \"backward\" had already updated every "
-                              "block; lower optimizer.params.lr",
-                              (long long)(z->step + 1), rk->compute.st.loss,
-                              rk->compute.st.grad_norm);
+            if (zr_optim_wait_all(rk) == 0)
+                zr_fail(&rk->compute.err, -ERANGE,
+                        "step %lld: loss %g, gradient norm %g: training diverged; "
+                        "train.optimizer_overlap \"backward\" had already updated every "
+                        "block; lower optimizer.params.lr",
+                        (long long)(z->step + 1), rk->compute.st.loss,
+                        rk->compute.st.grad_norm);
             return NULL;
         }
-        fso_zero_fail(&rk->compute.err, -ERANGE,
-                      "step %lld: loss %g, gradient norm %g: training diverged and the update was "
-                      "not applied; lower optimizer.params.lr or set gradient_clipping",
-                      (long long)(z->step + 1), rk->compute.st.loss, rk->compute.st.grad_norm);
+        zr_fail(&rk->compute.err, -ERANGE,
+                "step %lld: loss %g, gradient norm %g: training diverged and the update was "
+                "not applied; lower optimizer.params.lr or set gradient_clipping",
+                (long long)(z->step + 1), rk->compute.st.loss, rk->compute.st.grad_norm);
         return NULL;
     }
     rk->compute.st.clip_coef = 1.0;
@@ -127,7 +127,7 @@ static void *rank_step(void *arg)
      * for block by block; backward: this step's). Its last writes may still
      * be in flight: wait for them before the next update is posted, as the
      * next forward's first block would. */
-    if (cfg->optimizer_overlap != FSO_OVERLAP_NONE && fso_zero_optim_wait_all(rk) < 0) {
+    if (cfg->optimizer_overlap != FSO_OVERLAP_NONE && zr_optim_wait_all(rk) < 0) {
         drain(rk);
         return NULL;
     }
@@ -137,13 +137,13 @@ static void *rank_step(void *arg)
     pthread_mutex_unlock(&rk->opt.mu);
     take_optimizer_bytes(rk);
     if (cfg->optimizer_overlap == FSO_OVERLAP_NONE) {
-        if (fso_zero_optim_run(rk, &as) < 0)
+        if (zr_optim_run(rk, &as) < 0)
             drain(rk);
         rk->compute.st.optimizer_ms = rk->opt.busy_ms;
         rk->opt.busy_ms = 0;
         take_optimizer_bytes(rk);
     } else if (cfg->optimizer_overlap == FSO_OVERLAP_FORWARD) {
-        fso_zero_optim_post_step(rk, &as);
+        zr_optim_post_step(rk, &as);
     }
     return NULL;
 }
@@ -156,7 +156,7 @@ int fso_zero_finish(fso_zero *z, double *waited_ms, char *err, size_t errlen)
         rank_state *rk = &z->ranks[r];
         rk->compute.err.rc = 0;
         rk->compute.st.optimizer_exposed_ms = 0;
-        int e = fso_zero_optim_wait_all(rk);
+        int e = zr_optim_wait_all(rk);
         if (r == 0)
             *waited_ms = rk->compute.st.optimizer_exposed_ms;
         if (e < 0 && rc == 0) {
@@ -200,7 +200,7 @@ static void *worker_main(void *arg)
     return NULL;
 }
 
-int fso_zero_start_workers(fso_zero *z, char *err, size_t errlen)
+int zr_start_workers(fso_zero *z, char *err, size_t errlen)
 {
     pthread_mutex_init(&z->threads.mu, NULL);
     pthread_cond_init(&z->threads.run_cv, NULL);
@@ -224,7 +224,7 @@ int fso_zero_start_workers(fso_zero *z, char *err, size_t errlen)
     return 0;
 }
 
-void fso_zero_stop_workers(fso_zero *z)
+void zr_stop_workers(fso_zero *z)
 {
     if (!z->threads.init)
         return;
@@ -241,7 +241,7 @@ void fso_zero_stop_workers(fso_zero *z)
 }
 
 /* Run fn on every device, device 0 on the caller's thread, and wait. */
-int fso_zero_run_ranks(fso_zero *z, void *(*fn)(void *))
+int zr_run_ranks(fso_zero *z, void *(*fn)(void *))
 {
     int rc = 0;
     for (int r = 0; r < z->world; r++)
@@ -266,7 +266,7 @@ int fso_zero_run_ranks(fso_zero *z, void *(*fn)(void *))
     return rc;
 }
 
-void fso_zero_first_error(const fso_zero *z, char *err, size_t errlen)
+void zr_first_error(const fso_zero *z, char *err, size_t errlen)
 {
     for (int r = 0; r < z->world; r++)
         if (z->ranks[r].compute.err.rc && z->ranks[r].compute.err.rc != -ECANCELED) {
@@ -286,11 +286,11 @@ int fso_zero_step_run(fso_zero *z, const int32_t *inputs, const int32_t *targets
         z->ranks[r].compute.inputs = inputs;
         z->ranks[r].compute.targets = targets;
     }
-    int rc = fso_zero_run_ranks(z, rank_step);
+    int rc = zr_run_ranks(z, rank_step);
     if (rc < 0) {
         const fso_zero_step *r0 = &z->ranks[0].compute.st;
         *st = (fso_zero_step){.step = step, .loss = r0->loss, .grad_norm = r0->grad_norm};
-        fso_zero_first_error(z, err, errlen);
+        zr_first_error(z, err, errlen);
         return rc;
     }
     *st = z->ranks[0].compute.st;
@@ -326,8 +326,8 @@ int64_t fso_zero_steps(const fso_zero *z)
 static void *rank_logits(void *arg)
 {
     rank_state *rk = arg;
-    fso_block_source src = fso_zero_rank_source(rk);
-    fso_zero_source_reset(rk);
+    fso_block_source src = zr_rank_source(rk);
+    zr_source_reset(rk);
     fso_model_forward_logits(&rk->model, &src, rk->compute.inputs, rk->compute.logits);
     return NULL;
 }
@@ -352,9 +352,9 @@ int fso_zero_forward_logits(fso_zero *z, const int32_t *inputs, float *logits, c
         z->ranks[r].compute.inputs = inputs;
         z->ranks[r].compute.logits = r == 0 ? logits : scratch;
     }
-    int rc = fso_zero_run_ranks(z, rank_logits);
+    int rc = zr_run_ranks(z, rank_logits);
     free(scratch);
     if (rc < 0)
-        fso_zero_first_error(z, err, errlen);
+        zr_first_error(z, err, errlen);
     return rc;
 }
