@@ -1,6 +1,6 @@
 /* zero_arena.c — the host arena: one block of host memory for every device's
  * host-tier shards and staging buffers, reserved once as address space and
- * committed (locked, or registered with CUDA) as it grows (zero_impl.h,
+ * committed (locked, or registered with CUDA) as it grows (zero_arena.h,
  * host_arena). */
 #include "zero_impl.h"
 

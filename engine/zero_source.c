@@ -4,7 +4,7 @@
  * block's gradients reduce-scattered back into the shards, landing on
  * their tier one block behind; with the time spent in each. CPU devices
  * gather and reduce in their shared memory instead of through the
- * collective (shared_coll, zero_impl.h). */
+ * collective (shared_coll, zero_source.h). */
 #include "zero_impl.h"
 
 #include <errno.h>
