@@ -225,9 +225,9 @@ static int open_devices(fso_zero *z, const fso_zero_need *need, int threads_per_
         rk->rank = r;
         rk->numa = -1;
         rk->z = z;
-        pthread_mutex_init(&rk->io.mu, NULL);
-        pthread_mutex_init(&rk->io.pf_mu, NULL);
-        pthread_mutex_init(&rk->opt.mu, NULL);
+        zr_mutex_init(&rk->io.mu, ZR_LOCK_IO);
+        zr_mutex_init(&rk->io.pf_mu, ZR_LOCK_PREFETCH);
+        zr_mutex_init(&rk->opt.mu, ZR_LOCK_OPT);
         pthread_cond_init(&rk->opt.cv, NULL);
         rk->sync_init = true;
         if ((rc = open_backend(z, rk, threads_per_dev, &cap, err, errlen)) < 0 ||
@@ -514,9 +514,9 @@ void fso_zero_destroy(fso_zero *z)
     for (int r = 0; z->ranks && r < z->world; r++) {
         rank_state *rk = &z->ranks[r];
         if (rk->sync_init) {
-            pthread_mutex_destroy(&rk->io.mu);
-            pthread_mutex_destroy(&rk->io.pf_mu);
-            pthread_mutex_destroy(&rk->opt.mu);
+            zr_mutex_destroy(&rk->io.mu);
+            zr_mutex_destroy(&rk->io.pf_mu);
+            zr_mutex_destroy(&rk->opt.mu);
             pthread_cond_destroy(&rk->opt.cv);
         }
         fso_optpool_destroy(rk->opt.pool);

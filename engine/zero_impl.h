@@ -13,6 +13,7 @@
  *   zero_retier.c  moving state between tiers while training
  *   zero_save.c    streaming the state out (checkpoints) and in (zero_save.h)
  *   zero_bytes.c   a configuration's footprint (public only: zero.h)
+ *   zero_lock.c    the six mutexes, their order, its check   (zero_lock.h)
  * Every file of the trainer includes this one, which includes the part
  * headers. Private functions are named zr_*; the trainer's public ones are
  * zero.h's fso_zero_*.
@@ -27,7 +28,8 @@
  *             between jobs (zr_run_ranks orders the two)
  *   updater   whichever thread runs the device's update (zero_optim.h)
  *   a lock    written (and read by other threads) only with it held:
- *             io.mu, io.pf_mu, opt.mu, sc.mu, save.mu, threads.mu */
+ *             io.mu, io.pf_mu, opt.mu, sc.mu, save.mu, threads.mu, taken
+ *             in zero_lock.h's order */
 #ifndef FSO_ZERO_IMPL_H
 #define FSO_ZERO_IMPL_H
 

@@ -45,7 +45,7 @@ int zr_queue_io(rank_state *rk, errsink *es, slot *s, bool write, void *buf, siz
                 uint64_t off)
 {
     int rc = 0;
-    pthread_mutex_lock(&rk->io.mu);
+    zr_lock(&rk->io.mu);
     for (;;) {
         rc = write ? rk->io.store->ops->prep_write(rk->io.store, buf, bytes, off, (uintptr_t)s)
                    : rk->io.store->ops->prep_read(rk->io.store, buf, bytes, off, (uintptr_t)s);
@@ -70,7 +70,7 @@ int zr_queue_io(rank_state *rk, errsink *es, slot *s, bool write, void *buf, siz
     if (sr < 0)
         rc = zr_fail(es, sr, "device %d: NVMe submit: %s", rk->rank, strerror(-sr));
 out:
-    pthread_mutex_unlock(&rk->io.mu);
+    zr_unlock(&rk->io.mu);
     return rc;
 }
 
@@ -120,7 +120,7 @@ int zr_slot_wait(rank_state *rk, errsink *es, slot *s, const char *what, int blo
     zr_copies_wait(rk, s);
     if (!rk->io.store)
         return 0;
-    pthread_mutex_lock(&rk->io.mu);
+    zr_lock(&rk->io.mu);
     while (s->pending > 0 && rc == 0)
         rc = reap_some(rk, es);
     if (rc == 0 && s->err) {
@@ -130,7 +130,7 @@ int zr_slot_wait(rank_state *rk, errsink *es, slot *s, const char *what, int blo
                                   "was not applied (check the drive and `dmesg`)",
                      rk->rank, block, what, strerror(-e));
     }
-    pthread_mutex_unlock(&rk->io.mu);
+    zr_unlock(&rk->io.mu);
     return rc;
 }
 
@@ -150,14 +150,14 @@ void zr_drain_slots(rank_state *rk, bool with_optimizer)
             for (int k = 0; k < FSO_N_KINDS; k++)
                 all[n++] = &rk->opt.chunk[set][k];
     errsink ignore = {0};
-    pthread_mutex_lock(&rk->io.mu);
+    zr_lock(&rk->io.mu);
     for (int i = 0; i < n; i++) {
         while (all[i]->pending > 0)
             if (reap_some(rk, &ignore) < 0)
                 break;
         all[i]->err = 0;
     }
-    pthread_mutex_unlock(&rk->io.mu);
+    zr_unlock(&rk->io.mu);
 }
 
 /* Device rk's NVMe store over the folders the offload settings name,

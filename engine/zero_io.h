@@ -13,6 +13,7 @@
 
 #include "footprint.h"
 #include "zero.h"
+#include "zero_lock.h"
 
 typedef struct rank_state rank_state;
 
@@ -56,9 +57,9 @@ typedef struct rank_io {
     fso_store *store;            /* setup; its requests and completions under mu. NULL: no
                                     state on NVMe */
     uint64_t nvme_end;           /* setup: end of the store's extents in use */
-    pthread_mutex_t mu;          /* the store's ring and every slot's pending and err: the
+    zr_mutex mu;                 /* the store's ring and every slot's pending and err: the
                                     compute and optimizer threads and the saver share it */
-    pthread_mutex_t pf_mu;       /* the prefetch ring's blocks and compute.order_pos: the
+    zr_mutex pf_mu;              /* the prefetch ring's blocks and compute.order_pos: the
                                     optimizer thread starts reads too (zr_prefetch_kick) */
     slot prefetch[FSO_FP_MAX_PARAM_SLOTS]; /* parameter prefetch ring (fields: slot) */
     int n_prefetch;              /* setup: in use: prefetch + 2 when parameters are on NVMe */

@@ -130,10 +130,10 @@ static void update_unit(rank_state *rk, const unit *u, float *master, const floa
  * (parameters on NVMe) that waited for the update start. */
 static void mark_ready(rank_state *rk, int b, int64_t step)
 {
-    pthread_mutex_lock(&rk->opt.mu);
+    zr_lock(&rk->opt.mu);
     rk->opt.ready[b] = step;
     pthread_cond_broadcast(&rk->opt.cv);
-    pthread_mutex_unlock(&rk->opt.mu);
+    zr_unlock(&rk->opt.mu);
     zr_prefetch_kick(rk, step);
 }
 
@@ -143,11 +143,11 @@ static void mark_rest(rank_state *rk, int b0, int b1, int64_t step)
 {
     if (b0 >= b1)
         return;
-    pthread_mutex_lock(&rk->opt.mu);
+    zr_lock(&rk->opt.mu);
     for (int b = b0; b < b1; b++)
         rk->opt.rest[b] = step;
     pthread_cond_broadcast(&rk->opt.cv);
-    pthread_mutex_unlock(&rk->opt.mu);
+    zr_unlock(&rk->opt.mu);
 }
 
 /* The optimizer state on a GPU: the update runs there, one kernel per
@@ -410,16 +410,16 @@ static int block_finite(rank_state *rk, const opt_job *job)
 static void *opt_main(void *arg)
 {
     rank_state *rk = arg;
-    pthread_mutex_lock(&rk->opt.mu);
+    zr_lock(&rk->opt.mu);
     for (;;) {
         while (rk->opt.head == rk->opt.tail && !rk->opt.stop)
-            pthread_cond_wait(&rk->opt.cv, &rk->opt.mu);
+            zr_cond_wait(&rk->opt.cv, &rk->opt.mu);
         if (rk->opt.head == rk->opt.tail)
             break;
         opt_job job = rk->opt.queue[rk->opt.head % OPT_QUEUE];
         rk->opt.busy = 1;
         int failed = rk->opt.err.rc != 0;
-        pthread_mutex_unlock(&rk->opt.mu);
+        zr_unlock(&rk->opt.mu);
 
         double t0 = fso_now_ms();
         rk->opt.after = job.after;
@@ -430,13 +430,13 @@ static void *opt_main(void *arg)
                           job.block < 0 ? rk->z->n_blocks - 1 : job.block);
         double dt = fso_now_ms() - t0;
 
-        pthread_mutex_lock(&rk->opt.mu);
+        zr_lock(&rk->opt.mu);
         rk->opt.busy_ms += dt;
         rk->opt.head++;
         rk->opt.busy = 0;
         pthread_cond_broadcast(&rk->opt.cv);
     }
-    pthread_mutex_unlock(&rk->opt.mu);
+    zr_unlock(&rk->opt.mu);
     return NULL;
 }
 
@@ -453,10 +453,10 @@ void zr_optim_stop(rank_state *rk)
 {
     if (!rk->opt.started)
         return;
-    pthread_mutex_lock(&rk->opt.mu);
+    zr_lock(&rk->opt.mu);
     rk->opt.stop = true;
     pthread_cond_broadcast(&rk->opt.cv);
-    pthread_mutex_unlock(&rk->opt.mu);
+    zr_unlock(&rk->opt.mu);
     pthread_join(rk->opt.tid, NULL);
     rk->opt.started = false;
 }
@@ -465,13 +465,13 @@ static void post(rank_state *rk, const fso_adamw_step *as, int block)
 {
     fso_backend *be = rk->be;
     const uint64_t after = be->ops->mark ? be->ops->mark(be) : 0;
-    pthread_mutex_lock(&rk->opt.mu);
+    zr_lock(&rk->opt.mu);
     while (rk->opt.tail - rk->opt.head >= OPT_QUEUE)
-        pthread_cond_wait(&rk->opt.cv, &rk->opt.mu);
+        zr_cond_wait(&rk->opt.cv, &rk->opt.mu);
     rk->opt.queue[rk->opt.tail % OPT_QUEUE] = (opt_job){.as = *as, .block = block, .after = after};
     rk->opt.tail++;
     pthread_cond_broadcast(&rk->opt.cv);
-    pthread_mutex_unlock(&rk->opt.mu);
+    zr_unlock(&rk->opt.mu);
 }
 
 void zr_optim_post_step(rank_state *rk, const fso_adamw_step *as)
@@ -490,7 +490,7 @@ void zr_optim_post_block(rank_state *rk, const fso_adamw_step *as, int block)
 static bool block_ready(rank_state *p, int b, int64_t step)
 {
     while (p->opt.ready[b] < step && fso_first_error_rc(&p->opt.err.rc) == 0)
-        pthread_cond_wait(&p->opt.cv, &p->opt.mu);
+        zr_cond_wait(&p->opt.cv, &p->opt.mu);
     return p->opt.ready[b] >= step;
 }
 
@@ -502,16 +502,16 @@ static int opt_wait(rank_state *rk, int b, int64_t step)
 {
     int rc = 0;
     double t0 = fso_now_ms();
-    pthread_mutex_lock(&rk->opt.mu);
+    zr_lock(&rk->opt.mu);
     if (b >= 0) {
         if (!block_ready(rk, b, step))
             rc = rk->opt.err.rc;
     } else {
         while (rk->opt.head != rk->opt.tail)
-            pthread_cond_wait(&rk->opt.cv, &rk->opt.mu);
+            zr_cond_wait(&rk->opt.cv, &rk->opt.mu);
         rc = rk->opt.err.rc;
     }
-    pthread_mutex_unlock(&rk->opt.mu);
+    zr_unlock(&rk->opt.mu);
     rk->compute.st.optimizer_exposed_ms += fso_now_ms() - t0;
     if (rc < 0)
         zr_fail(&rk->compute.err, rc, "%s", rk->opt.err.msg);
@@ -531,12 +531,12 @@ int zr_optim_wait_peers(rank_state *rk, int b, int64_t step)
         rank_state *p = &rk->z->ranks[r];
         if (p == rk)
             continue;
-        pthread_mutex_lock(&p->opt.mu);
+        zr_lock(&p->opt.mu);
         if (!block_ready(p, b, step)) {
             rc = -ECANCELED;
             failed = r;
         }
-        pthread_mutex_unlock(&p->opt.mu);
+        zr_unlock(&p->opt.mu);
     }
     rk->compute.st.optimizer_exposed_ms += fso_now_ms() - t0;
     if (rc < 0)

@@ -15,6 +15,7 @@
 #include "adamw.h"
 #include "footprint.h"
 #include "zero_io.h"
+#include "zero_lock.h"
 
 /* One job for the optimizer thread: the update of step as.t, over every
  * block in forward order (block -1) or over one block. */
@@ -39,7 +40,7 @@ typedef struct rank_optim {
     pthread_t tid;               /* setup */
     bool started;                /* setup */
     bool stop;                   /* mu */
-    pthread_mutex_t mu;          /* the queue, which step each block holds, busy_ms */
+    zr_mutex mu;                 /* the queue, which step each block holds, busy_ms */
     pthread_cond_t cv;           /* any of them moved: the optimizer thread waits for a job
                                     or stop, post for room in the queue, compute for a block's
                                     step (ready) or an empty queue, the saver for rest */

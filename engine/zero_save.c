@@ -47,7 +47,7 @@ int zr_save_init(fso_zero *z)
     g->waited_ms = calloc((size_t)z->world, sizeof *g->waited_ms);
     if (!g->done || !g->waited_ms)
         return -ENOMEM;
-    pthread_mutex_init(&g->mu, NULL);
+    zr_mutex_init(&g->mu, ZR_LOCK_SAVE);
     pthread_cond_init(&g->cv, NULL);
     g->init = true;
     return 0;
@@ -57,7 +57,7 @@ void zr_save_free(fso_zero *z)
 {
     save_gate *g = &z->save;
     if (g->init) {
-        pthread_mutex_destroy(&g->mu);
+        zr_mutex_destroy(&g->mu);
         pthread_cond_destroy(&g->cv);
     }
     free(g->done);
@@ -68,9 +68,9 @@ void zr_save_free(fso_zero *z)
 int fso_zero_save_arm(fso_zero *z)
 {
     save_gate *g = &z->save;
-    pthread_mutex_lock(&g->mu);
+    zr_lock(&g->mu);
     if (g->active) {
-        pthread_mutex_unlock(&g->mu);
+        zr_unlock(&g->mu);
         return -EBUSY;
     }
     g->active = true;
@@ -78,24 +78,24 @@ int fso_zero_save_arm(fso_zero *z)
     memset(g->done, 0, sizeof *g->done * (size_t)z->n_blocks);
     memset(g->waited_ms, 0, sizeof *g->waited_ms * (size_t)z->world);
     g->idle_waited_ms = 0;
-    pthread_mutex_unlock(&g->mu);
+    zr_unlock(&g->mu);
     return 0;
 }
 
 static void block_out(fso_zero *z, int b)
 {
-    pthread_mutex_lock(&z->save.mu);
+    zr_lock(&z->save.mu);
     z->save.done[b] = true;
     pthread_cond_broadcast(&z->save.cv);
-    pthread_mutex_unlock(&z->save.mu);
+    zr_unlock(&z->save.mu);
 }
 
 void fso_zero_save_disarm(fso_zero *z)
 {
-    pthread_mutex_lock(&z->save.mu);
+    zr_lock(&z->save.mu);
     z->save.active = false;
     pthread_cond_broadcast(&z->save.cv);
-    pthread_mutex_unlock(&z->save.mu);
+    zr_unlock(&z->save.mu);
 }
 
 /* While an update waits here, its thread keeps its device's queue moving:
@@ -120,17 +120,17 @@ void zr_save_gate(rank_state *rk, int b, int64_t t)
     save_gate *g = &rk->z->save;
     fso_backend *be = rk->be;
     const bool pump = be->ops->mark && rk->z->world > 1;
-    pthread_mutex_lock(&g->mu);
+    zr_lock(&g->mu);
     if (gate_closed(g, b, t)) {
         double t0 = fso_now_ms();
         while (gate_closed(g, b, t)) {
             if (!pump) {
-                pthread_cond_wait(&g->cv, &g->mu);
+                zr_cond_wait(&g->cv, &g->mu);
                 continue;
             }
-            pthread_mutex_unlock(&g->mu);
+            zr_unlock(&g->mu);
             be->ops->wait_mark(be, be->ops->mark(be));
-            pthread_mutex_lock(&g->mu);
+            zr_lock(&g->mu);
             if (gate_closed(g, b, t)) {
                 struct timespec ts;
                 clock_gettime(CLOCK_REALTIME, &ts);
@@ -139,33 +139,33 @@ void zr_save_gate(rank_state *rk, int b, int64_t t)
                     ts.tv_sec++;
                     ts.tv_nsec -= 1000000000;
                 }
-                pthread_cond_timedwait(&g->cv, &g->mu, &ts);
+                zr_cond_timedwait(&g->cv, &g->mu, &ts);
             }
         }
         g->waited_ms[rk->rank] += fso_now_ms() - t0;
     }
-    pthread_mutex_unlock(&g->mu);
+    zr_unlock(&g->mu);
 }
 
 void zr_save_wait_idle(fso_zero *z)
 {
     double t0 = fso_now_ms();
-    pthread_mutex_lock(&z->save.mu);
+    zr_lock(&z->save.mu);
     while (z->save.active)
-        pthread_cond_wait(&z->save.cv, &z->save.mu);
+        zr_cond_wait(&z->save.cv, &z->save.mu);
     z->save.idle_waited_ms += fso_now_ms() - t0;
-    pthread_mutex_unlock(&z->save.mu);
+    zr_unlock(&z->save.mu);
 }
 
 double fso_zero_save_waited_ms(fso_zero *z)
 {
-    pthread_mutex_lock(&z->save.mu);
+    zr_lock(&z->save.mu);
     const double idle = z->save.idle_waited_ms; /* a re-plan waiting for the save */
     double dev = 0;
     for (int r = 0; r < z->world; r++)
         if (z->save.waited_ms[r] > dev)
             dev = z->save.waited_ms[r];
-    pthread_mutex_unlock(&z->save.mu);
+    zr_unlock(&z->save.mu);
     return idle + dev;
 }
 
@@ -377,13 +377,13 @@ static int save_piece(saver *sv, rank_state *rk, int b, fso_kind k, size_t c0, s
 static int wait_landed(saver *sv, rank_state *rk, int b, int64_t step)
 {
     int rc = 0;
-    pthread_mutex_lock(&rk->opt.mu);
+    zr_lock(&rk->opt.mu);
     while (rk->opt.rest[b] < step && fso_first_error_rc(&rk->opt.err.rc) == 0)
-        pthread_cond_wait(&rk->opt.cv, &rk->opt.mu);
+        zr_cond_wait(&rk->opt.cv, &rk->opt.mu);
     if (rk->opt.rest[b] < step)
         rc = fail(sv, rk->opt.err.rc, "device %d's update of step %lld failed: %s", rk->rank,
                   (long long)step, rk->opt.err.msg);
-    pthread_mutex_unlock(&rk->opt.mu);
+    zr_unlock(&rk->opt.mu);
     return rc;
 }
 
@@ -495,9 +495,9 @@ void fso_zero_set_steps(fso_zero *z, int64_t steps)
     z->step = steps;
     for (int r = 0; r < z->world; r++) {
         rank_state *rk = &z->ranks[r];
-        pthread_mutex_lock(&rk->opt.mu);
+        zr_lock(&rk->opt.mu);
         for (int b = 0; b < z->n_blocks; b++)
             rk->opt.ready[b] = rk->opt.rest[b] = steps;
-        pthread_mutex_unlock(&rk->opt.mu);
+        zr_unlock(&rk->opt.mu);
     }
 }

@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "zero.h"
+#include "zero_lock.h"
 
 typedef struct rank_state rank_state;
 
@@ -16,7 +17,7 @@ typedef struct rank_state rank_state;
  * block while training goes on; an update of a later step waits until the
  * saver is done with its block. */
 typedef struct save_gate {
-    pthread_mutex_t mu;          /* every field below */
+    zr_mutex mu;                 /* every field below */
     pthread_cond_t cv;           /* a block went out or the save ended: updates wait for
                                     done[b] or !active, a re-plan for !active */
     bool init;                   /* setup */

@@ -34,9 +34,9 @@ static int prefetch_params(rank_state *rk, errsink *es, uint64_t *bytes_done, in
     for (int i = from; i < from + 1 + ahead && i < z->n_order; i++) {
         int b = z->order[i];
         /* never read a block the optimizer has not finished writing */
-        pthread_mutex_lock(&rk->opt.mu);
+        zr_lock(&rk->opt.mu);
         bool ready = rk->opt.ready[b] >= step;
-        pthread_mutex_unlock(&rk->opt.mu);
+        zr_unlock(&rk->opt.mu);
         if (!ready)
             break;
         bool have = false;
@@ -49,7 +49,7 @@ static int prefetch_params(rank_state *rk, errsink *es, uint64_t *bytes_done, in
          * of those, the one whose copy to the device is oldest (or done),
          * so that reusing it rarely waits */
         slot *s = NULL;
-        pthread_mutex_lock(&rk->io.mu); /* pending: either thread reaps */
+        zr_lock(&rk->io.mu); /* pending: either thread reaps */
         for (int j = 0; j < rk->io.n_prefetch; j++) {
             slot *c = &rk->io.prefetch[j];
             bool needed = false;
@@ -59,7 +59,7 @@ static int prefetch_params(rank_state *rk, errsink *es, uint64_t *bytes_done, in
             if (!needed && c->pending == 0 && (!s || c->copied < s->copied))
                 s = c;
         }
-        pthread_mutex_unlock(&rk->io.mu);
+        zr_unlock(&rk->io.mu);
         if (!s)
             break;
         /* its last copy to the device is done (long since, as a rule) */
@@ -73,9 +73,9 @@ static int prefetch_params(rank_state *rk, errsink *es, uint64_t *bytes_done, in
                      : zr_xfer(rk, es, bytes_done, b, FSO_KIND_PARAM, 0,
                                zr_shard_elems(z, b), s, false, false, &p);
         if (rc < 0) {
-            pthread_mutex_lock(&rk->io.mu);
+            zr_lock(&rk->io.mu);
             s->err = rc; /* whoever waits for the slot says so */
-            pthread_mutex_unlock(&rk->io.mu);
+            zr_unlock(&rk->io.mu);
             return rc;
         }
     }
@@ -87,9 +87,9 @@ void zr_prefetch_kick(rank_state *rk, int64_t step)
     if (rk->z->tier[FSO_KIND_PARAM] != FSO_TIER_NVME)
         return;
     errsink es = {0}; /* a failed read fails the slot, which compute waits for */
-    pthread_mutex_lock(&rk->io.pf_mu);
+    zr_lock(&rk->io.pf_mu);
     prefetch_params(rk, &es, rk->opt.read_kind, step);
-    pthread_mutex_unlock(&rk->io.pf_mu);
+    zr_unlock(&rk->io.pf_mu);
 }
 
 /* ------------------------------------- gathers and reduces in shared memory */
@@ -127,7 +127,7 @@ int zr_shared_coll_init(fso_zero *z)
         sc->rs_posted[r] = sc->rs_read[r] = -1;
         z->ranks[r].compute.grad_reduce[0] = z->ranks[r].compute.grad_reduce[1] = -1;
     }
-    pthread_mutex_init(&sc->mu, NULL);
+    zr_mutex_init(&sc->mu, ZR_LOCK_SC);
     pthread_cond_init(&sc->cv, NULL);
     sc->on = true;
     return 0;
@@ -138,7 +138,7 @@ void zr_shared_coll_free(fso_zero *z)
     shared_coll *sc = &z->sc;
     if (!sc->on)
         return;
-    pthread_mutex_destroy(&sc->mu);
+    zr_mutex_destroy(&sc->mu);
     pthread_cond_destroy(&sc->cv);
     free_arrays(sc);
     sc->on = false;
@@ -153,28 +153,28 @@ void zr_windows_reset(fso_zero *z)
     for (int r = 0; r < z->world; r++)
         if (z->ranks[r].compute.lends - 1 > last)
             last = z->ranks[r].compute.lends - 1;
-    pthread_mutex_lock(&sc->mu);
+    zr_lock(&sc->mu);
     for (size_t i = 0; i < (size_t)sc->n * (size_t)z->world; i++)
         sc->released[i] = last;
-    pthread_mutex_unlock(&sc->mu);
+    zr_unlock(&sc->mu);
 }
 
 /* Wait until every device's entry of window w in `seen` is at least lend q. */
 static void sc_wait(shared_coll *sc, int world, const int64_t *seen, int w, int64_t q)
 {
-    pthread_mutex_lock(&sc->mu);
+    zr_lock(&sc->mu);
     for (int k = 0; k < world; k++)
         while (seen[(size_t)w * world + k] < q)
-            pthread_cond_wait(&sc->cv, &sc->mu);
-    pthread_mutex_unlock(&sc->mu);
+            zr_cond_wait(&sc->cv, &sc->mu);
+    zr_unlock(&sc->mu);
 }
 
 static void sc_set(shared_coll *sc, int world, int64_t *seen, int w, int rank, int64_t q)
 {
-    pthread_mutex_lock(&sc->mu);
+    zr_lock(&sc->mu);
     seen[(size_t)w * world + rank] = q;
     pthread_cond_broadcast(&sc->cv);
-    pthread_mutex_unlock(&sc->mu);
+    zr_unlock(&sc->mu);
 }
 
 static void *window_of(fso_zero *z, int64_t q)
@@ -208,10 +208,10 @@ static void *window_part(rank_state *rk, int64_t q, size_t bytes)
         return NULL;
     const int w = (int)(q % sc->n);
     bool free_now = true;
-    pthread_mutex_lock(&sc->mu);
+    zr_lock(&sc->mu);
     for (int k = 0; k < z->world; k++)
         free_now = free_now && sc->released[(size_t)w * z->world + k] >= q - sc->n;
-    pthread_mutex_unlock(&sc->mu);
+    zr_unlock(&sc->mu);
     char *part = (char *)window_of(z, q) + (size_t)rk->rank * bytes;
     return free_now && (uintptr_t)part % FSO_IO_PAGE == 0 && bytes % FSO_IO_PAGE == 0 ? part
                                                                                  : NULL;
@@ -227,23 +227,23 @@ static void sc_reduce(rank_state *rk, int g, size_t S, float *dst, bool accumula
     shared_coll *sc = &z->sc;
     const int64_t p = rk->compute.reduces++;
     const float *src[FSO_MAX_DEVICES];
-    pthread_mutex_lock(&sc->mu);
+    zr_lock(&sc->mu);
     sc->rs_src[rk->rank * 2 + p % 2] = rk->compute.grad_full[g];
     sc->rs_posted[rk->rank] = p;
     pthread_cond_broadcast(&sc->cv);
     for (int k = 0; k < z->world; k++) {
         while (sc->rs_posted[k] < p)
-            pthread_cond_wait(&sc->cv, &sc->mu);
+            zr_cond_wait(&sc->cv, &sc->mu);
         src[k] = sc->rs_src[k * 2 + p % 2] + (size_t)rk->rank * S;
     }
-    pthread_mutex_unlock(&sc->mu);
+    zr_unlock(&sc->mu);
     if (rk->compute.err.rc == 0)
         fso_host_reduce_sqnorm(fso_backend_pool(rk->be), dst, src, z->world, S, accumulate, sq);
     rk->compute.grad_reduce[g] = p;
-    pthread_mutex_lock(&sc->mu);
+    zr_lock(&sc->mu);
     sc->rs_read[rk->rank] = p;
     pthread_cond_broadcast(&sc->cv);
-    pthread_mutex_unlock(&sc->mu);
+    zr_unlock(&sc->mu);
 }
 
 /* grad_full[g] may be written again: every rank has read it. */
@@ -253,11 +253,11 @@ static void sc_grads_free(rank_state *rk, int g)
     const int64_t p = rk->compute.grad_reduce[g];
     if (p < 0)
         return;
-    pthread_mutex_lock(&sc->mu);
+    zr_lock(&sc->mu);
     for (int k = 0; k < rk->z->world; k++)
         while (sc->rs_read[k] < p)
-            pthread_cond_wait(&sc->cv, &sc->mu);
-    pthread_mutex_unlock(&sc->mu);
+            zr_cond_wait(&sc->cv, &sc->mu);
+    zr_unlock(&sc->mu);
 }
 
 static void sc_release(rank_state *rk, int g)
@@ -320,13 +320,13 @@ static const void *src_params(void *ctx, int b)
             FSO_BUG_ON(rk->compute.order_pos >= z->n_order || z->order[rk->compute.order_pos] != b,
                        "block %d asked out of order", b);
             uint64_t *counted = rk->compute.st.nvme_kind_read;
-            pthread_mutex_lock(&rk->io.pf_mu);
+            zr_lock(&rk->io.pf_mu);
             prefetch_params(rk, &rk->compute.err, counted, z->step);
             slot *s = NULL;
             for (int j = 0; j < rk->io.n_prefetch; j++)
                 if (rk->io.prefetch[j].block == b)
                     s = &rk->io.prefetch[j];
-            pthread_mutex_unlock(&rk->io.pf_mu);
+            zr_unlock(&rk->io.pf_mu);
             double t0 = fso_now_ms();
             int wrc = s ? zr_slot_wait(rk, &rk->compute.err, s, "parameters", b) : -EIO;
             rk->compute.st.stall_ms += fso_now_ms() - t0;
@@ -336,7 +336,7 @@ static const void *src_params(void *ctx, int b)
             const bool direct = s && s->lend == q; /* read into `mine` already */
             if (wrc == 0 && !direct)
                 zr_copy_in(be, mine, s->buf, shard_bytes, after);
-            pthread_mutex_lock(&rk->io.pf_mu);
+            zr_lock(&rk->io.pf_mu);
             if (s && wrc == 0 && !direct) /* the slot may be read into again once this copy
                                              is done: prefetch_params waits for that, not for
                                              compute */
@@ -347,7 +347,7 @@ static const void *src_params(void *ctx, int b)
             }
             rk->compute.order_pos++;
             prefetch_params(rk, &rk->compute.err, counted, z->step);
-            pthread_mutex_unlock(&rk->io.pf_mu);
+            zr_unlock(&rk->io.pf_mu);
         }
     }
     /* Every rank joins the gather even after a failure, so no rank waits
@@ -581,12 +581,12 @@ void zr_source_reset(rank_state *rk)
     rk->compute.gather_refs[0] = rk->compute.gather_refs[1] = 0;
     rk->compute.gather_block[0] = rk->compute.gather_block[1] = -1;
     rk->compute.grad_full_block[0] = rk->compute.grad_full_block[1] = -1;
-    pthread_mutex_lock(&rk->io.pf_mu);
+    zr_lock(&rk->io.pf_mu);
     rk->compute.order_pos = 0;
     rk->compute.pass_lend = rk->compute.lends;
     for (int j = 0; j < rk->io.n_prefetch; j++) {
         rk->io.prefetch[j].block = -1;
         rk->io.prefetch[j].lend = -1;
     }
-    pthread_mutex_unlock(&rk->io.pf_mu);
+    zr_unlock(&rk->io.pf_mu);
 }

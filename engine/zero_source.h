@@ -13,6 +13,7 @@
 
 #include "zero.h"
 #include "zero_io.h"
+#include "zero_lock.h"
 
 /* A device's compute side (zero_source.c, zero_step.c): the full-block
  * buffers the model reads and writes on the device, where the micro-step
@@ -68,7 +69,7 @@ typedef struct rank_clock {
 typedef struct shared_coll {
     bool on;                     /* setup */
     int n;                       /* setup: windows in the pool */
-    pthread_mutex_t mu;          /* the arrays' entries below */
+    zr_mutex mu;                 /* the arrays' entries below */
     pthread_cond_t cv;           /* any entry moved: every wait for placed, released,
                                     rs_posted or rs_read is on it */
     int64_t *placed, *released;  /* mu: [window * world + device]: the lend whose shard the

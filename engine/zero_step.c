@@ -131,10 +131,10 @@ static void *rank_step(void *arg)
         drain(rk);
         return NULL;
     }
-    pthread_mutex_lock(&rk->opt.mu);
+    zr_lock(&rk->opt.mu);
     rk->compute.st.optimizer_ms = rk->opt.busy_ms;
     rk->opt.busy_ms = 0;
-    pthread_mutex_unlock(&rk->opt.mu);
+    zr_unlock(&rk->opt.mu);
     take_optimizer_bytes(rk);
     if (cfg->optimizer_overlap == FSO_OVERLAP_NONE) {
         if (zr_optim_run(rk, &as) < 0)
@@ -182,27 +182,27 @@ static void *worker_main(void *arg)
     if (z->topo && rk->numa >= 0)
         fso_topo_bind_thread(z->topo, rk->numa);
     uint64_t seen = 0;
-    pthread_mutex_lock(&z->threads.mu);
+    zr_lock(&z->threads.mu);
     for (;;) {
         while (!z->threads.quit && z->threads.gen == seen)
-            pthread_cond_wait(&z->threads.run_cv, &z->threads.mu);
+            zr_cond_wait(&z->threads.run_cv, &z->threads.mu);
         if (z->threads.quit)
             break;
         seen = z->threads.gen;
         void *(*fn)(void *) = z->threads.job;
-        pthread_mutex_unlock(&z->threads.mu);
+        zr_unlock(&z->threads.mu);
         fn(rk);
-        pthread_mutex_lock(&z->threads.mu);
+        zr_lock(&z->threads.mu);
         if (--z->threads.left == 0)
             pthread_cond_signal(&z->threads.done_cv);
     }
-    pthread_mutex_unlock(&z->threads.mu);
+    zr_unlock(&z->threads.mu);
     return NULL;
 }
 
 int zr_start_workers(fso_zero *z, char *err, size_t errlen)
 {
-    pthread_mutex_init(&z->threads.mu, NULL);
+    zr_mutex_init(&z->threads.mu, ZR_LOCK_THREADS);
     pthread_cond_init(&z->threads.run_cv, NULL);
     pthread_cond_init(&z->threads.done_cv, NULL);
     z->threads.init = true;
@@ -228,15 +228,15 @@ void zr_stop_workers(fso_zero *z)
 {
     if (!z->threads.init)
         return;
-    pthread_mutex_lock(&z->threads.mu);
+    zr_lock(&z->threads.mu);
     z->threads.quit = true;
     pthread_cond_broadcast(&z->threads.run_cv);
-    pthread_mutex_unlock(&z->threads.mu);
+    zr_unlock(&z->threads.mu);
     for (int r = 1; r <= z->threads.n_workers; r++)
         pthread_join(z->threads.workers[r], NULL);
     pthread_cond_destroy(&z->threads.run_cv);
     pthread_cond_destroy(&z->threads.done_cv);
-    pthread_mutex_destroy(&z->threads.mu);
+    zr_mutex_destroy(&z->threads.mu);
     z->threads.init = false;
 }
 
@@ -249,17 +249,17 @@ int zr_run_ranks(fso_zero *z, void *(*fn)(void *))
     if (!z->threads.caller_bound && z->topo && z->ranks[0].numa >= 0)
         fso_topo_bind_thread(z->topo, z->ranks[0].numa);
     z->threads.caller_bound = true;
-    pthread_mutex_lock(&z->threads.mu);
+    zr_lock(&z->threads.mu);
     z->threads.job = fn;
     z->threads.left = z->world - 1;
     z->threads.gen++;
     pthread_cond_broadcast(&z->threads.run_cv);
-    pthread_mutex_unlock(&z->threads.mu);
+    zr_unlock(&z->threads.mu);
     fn(&z->ranks[0]);
-    pthread_mutex_lock(&z->threads.mu);
+    zr_lock(&z->threads.mu);
     while (z->threads.left > 0)
-        pthread_cond_wait(&z->threads.done_cv, &z->threads.mu);
-    pthread_mutex_unlock(&z->threads.mu);
+        zr_cond_wait(&z->threads.done_cv, &z->threads.mu);
+    zr_unlock(&z->threads.mu);
     for (int r = 0; r < z->world; r++)
         if (z->ranks[r].compute.err.rc && (rc == 0 || rc == -ECANCELED))
             rc = z->ranks[r].compute.err.rc;

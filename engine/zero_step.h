@@ -14,12 +14,13 @@
 #include <stdint.h>
 
 #include "zero.h"
+#include "zero_lock.h"
 
 /* The worker threads: run_ranks hands each the same job and waits. */
 typedef struct rank_threads {
     pthread_t workers[FSO_MAX_DEVICES]; /* the caller's thread */
     int n_workers;               /* the caller's thread */
-    pthread_mutex_t mu;          /* job, gen, left, quit */
+    zr_mutex mu;                 /* job, gen, left, quit */
     pthread_cond_t run_cv;       /* workers wait for a new gen or quit */
     pthread_cond_t done_cv;      /* the caller waits for left to reach 0 */
     bool init;                   /* the caller's thread */
