@@ -645,7 +645,7 @@ int fso_ckpt_check_config(const fso_ckpt *ck, const fso_config *cfg, char *said,
         if (len < saidlen)                                                                    \
             len += (size_t)snprintf(said + len, saidlen - len, __VA_ARGS__);                  \
     } while (0)
-    const int world = cfg->world > 0 ? cfg->world : 1;
+    const int world = fso_config_world(cfg);
     if (ck->devices != world)
         SAY("devices %d -> %d", ck->devices, world);
     /* the sequences of a step: the same for the same data order */

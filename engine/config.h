@@ -165,6 +165,14 @@ typedef struct fso_config {
     struct fso_config_doc *doc;   /* merged JSON document until fso_config_finish() */
 } fso_config;
 
+/* The device count: cfg->world, which fso_config_defaults sets to 1 and
+ * --devices raises; a configuration filled without the defaults (world 0)
+ * counts as one device. The one place that rule is spelled. */
+static inline int fso_config_world(const fso_config *cfg)
+{
+    return cfg->world > 0 ? cfg->world : 1;
+}
+
 /* Built-in defaults: the tiny default job. Never fails. */
 void fso_config_defaults(fso_config *cfg);
 /* Merge a JSON file over the current document. */

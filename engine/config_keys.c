@@ -258,14 +258,14 @@ static int apply_top(walker *w, json_t *root)
         keypath p = {{"train_batch_size"}, 1};
         keypath mb = {{"train_micro_batch_size_per_gpu"}, 1};
         keypath ga = {{"gradient_accumulation_steps"}, 1};
-        int64_t product = (int64_t)c->micro_batch * c->grad_accum * (c->world > 0 ? c->world : 1);
+        int64_t product = (int64_t)c->micro_batch * c->grad_accum * fso_config_world(c);
         CFG_TRY(get_int(w, root, &top, "train_batch_size", 1, INT64_MAX, NULL, &v));
         if (v != product)
             return fso_cfg_fail_rel(w, &p, &mb, &ga,
                                 "must equal train_micro_batch_size_per_gpu (%d) * "
                                 "gradient_accumulation_steps (%d) * devices (%d) = %" PRId64
                                 ", got %" PRId64 "; drop it or change the factors",
-                                c->micro_batch, c->grad_accum, c->world > 0 ? c->world : 1,
+                                c->micro_batch, c->grad_accum, fso_config_world(c),
                                 product, v);
     }
     CFG_TRY(get_number(w, root, &top, "gradient_clipping", RANGE_NONNEG, NULL, &c->grad_clip));

@@ -580,7 +580,7 @@ int fso_plan_probe(const fso_config *cfg, const char *dirs, bool refresh, fso_pr
 void fso_plan_machine_cpu(const fso_config *cfg, const fso_probe *p, uint64_t host_mem_bytes,
                           fso_plan_machine *m)
 {
-    const int W = cfg->world > 0 ? cfg->world : 1;
+    const int W = fso_config_world(cfg);
     const int threads = cfg->threads > 0 ? cfg->threads : fso_cpu_count();
     const double scale = p->threads > 0 ? (double)threads / p->threads : 1.0;
     memset(m, 0, sizeof *m);
@@ -607,7 +607,7 @@ void fso_plan_capacities_here(const fso_config *cfg, bool gpu, uint64_t gpu_free
     char dirs[8192], missing[8192];
     memset(m, 0, sizeof *m);
     fso_plan_nvme_folders(cfg, dirs, sizeof dirs, missing, sizeof missing);
-    m->devices = cfg->world > 0 ? cfg->world : 1;
+    m->devices = fso_config_world(cfg);
     m->host_mem_bytes = fso_mem_available_bytes();
     m->device_mem_bytes = !gpu                  ? fso_zero_cpu_device_mem(cfg, m->host_mem_bytes)
                           : cfg->device_mem_bytes ? cfg->device_mem_bytes

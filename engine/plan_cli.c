@@ -339,7 +339,7 @@ static const fso_gpu_spec *given_gpu(const given *g)
 static void given_capacities(const given *g, const fso_config *cfg, const char *dirs,
                              fso_plan_machine *m)
 {
-    m->devices = g->gpus ? g->gpus : cfg->world > 0 ? cfg->world : 1;
+    m->devices = g->gpus ? g->gpus : fso_config_world(cfg);
     m->host_mem_bytes = g->host_mem ? g->host_mem : fso_mem_available_bytes();
     m->device_mem_bytes = !g->gpus     ? fso_zero_cpu_device_mem(cfg, m->host_mem_bytes)
                           : g->gpu_mem ? g->gpu_mem

@@ -48,7 +48,7 @@ static void kind_bytes_json(char *buf, size_t len, const uint64_t *bytes)
         snprintf(buf + off, len - off, "}");
 }
 
-void fso_report_step(fso_report *r, const fso_step_stats *st)
+void fso_report_step(fso_report *r, const fso_zero_step *st)
 {
     double tok_s = st->step_ms > 0 ? st->tokens / (st->step_ms / 1e3) : 0;
     double gflops = tok_s * r->flops_per_token / 1e9;

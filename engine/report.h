@@ -41,7 +41,7 @@ typedef struct fso_report {
  * negative errno with a message in err. */
 int fso_report_init(fso_report *r, FILE *out, const char *metrics_path, int64_t total_steps,
                     int64_t print_every, double flops_per_token, char *err, size_t errlen);
-void fso_report_step(fso_report *r, const fso_step_stats *st);
+void fso_report_step(fso_report *r, const fso_zero_step *st);
 /* A save that finished: a line in the step lines ("checkpoint step N |
  * path | size in seconds, rate | exposed ms") and a {"event": "checkpoint",
  * "step", "path", "bytes", "seconds", "exposed_ms", "cloned_bytes"}

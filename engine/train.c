@@ -38,38 +38,14 @@ int fso_trainer_finish(fso_trainer *tr, double *waited_ms)
 
 size_t fso_trainer_step_tokens(const fso_config *cfg)
 {
-    return (size_t)(cfg->world > 0 ? cfg->world : 1) * cfg->grad_accum * cfg->micro_batch *
+    return (size_t)fso_config_world(cfg) * cfg->grad_accum * cfg->micro_batch *
            cfg->data.seq_len;
 }
 
 int fso_trainer_step(fso_trainer *tr, const int32_t *inputs, const int32_t *targets,
-                     fso_step_stats *st)
+                     fso_zero_step *st)
 {
-    fso_zero_step zs;
-    double t0 = fso_now_ms();
-    memset(st, 0, sizeof *st);
-    st->step = fso_zero_steps(tr->zero) + 1;
-    int rc = fso_zero_step_run(tr->zero, inputs, targets, &zs, tr->err, sizeof tr->err);
-    st->loss = zs.loss;
-    st->grad_norm = zs.grad_norm;
-    if (rc < 0)
-        return rc;
-    st->lr = zs.lr;
-    st->clip_coef = zs.clip_coef;
-    st->stall_ms = zs.stall_ms;
-    st->compute_ms = zs.compute_ms;
-    st->optimizer_ms = zs.optimizer_ms;
-    st->optimizer_exposed_ms = zs.optimizer_exposed_ms;
-    st->nvme_read_bytes = zs.nvme_read_bytes;
-    st->nvme_write_bytes = zs.nvme_write_bytes;
-    memcpy(st->nvme_kind_read, zs.nvme_kind_read, sizeof st->nvme_kind_read);
-    memcpy(st->nvme_kind_write, zs.nvme_kind_write, sizeof st->nvme_kind_write);
-    st->gather_bytes = zs.gather_bytes;
-    st->reduce_bytes = zs.reduce_bytes;
-    st->tokens = (int64_t)fso_trainer_step_tokens(tr->cfg);
-    st->stale_marks = fso_zero_stale_marks(tr->zero);
-    st->step_ms = fso_now_ms() - t0;
-    return 0;
+    return fso_zero_step_run(tr->zero, inputs, targets, st, tr->err, sizeof tr->err);
 }
 
 static void print_banner(FILE *out, const fso_config *cfg, const fso_trainer *tr,
@@ -250,7 +226,7 @@ static int plan_run(const fso_config *cfg, const run_devices *d, fso_config *run
 
 /* A step's measurements into the sums (the first step is excluded, as in
  * the report). */
-static void measure(run_plan *rp, const fso_step_stats *st, const fso_trainer *tr, int n_blocks)
+static void measure(run_plan *rp, const fso_zero_step *st, const fso_trainer *tr, int n_blocks)
 {
     rp->sums.stall_ms += st->stall_ms;
     rp->sums.optimizer_ms += st->optimizer_ms;
@@ -384,7 +360,7 @@ static int run_steps(fso_config *cfg, fso_data *data, fso_trainer *tr, fso_repor
     }
     const int64_t s0 = fso_zero_steps(tr->zero); /* after a resume, the checkpoint's step */
     for (int64_t s = s0; s < cfg->steps && !fso_ckpt_run_stopping(ck); s++) {
-        fso_step_stats st;
+        fso_zero_step st;
         for (size_t a = 0; a < n / bt; a++)
             fso_data_next(data, inputs + a * bt, targets + a * bt);
         if ((rc = fso_trainer_step(tr, inputs, targets, &st)) < 0) {

@@ -18,24 +18,6 @@
 #include "model.h"
 #include "zero.h"
 
-typedef struct fso_step_stats {
-    int64_t step;            /* from 1 */
-    double loss;             /* mean over the step's micro-batches */
-    double lr;
-    double grad_norm;        /* before clipping */
-    double clip_coef;        /* applied factor, 1 when not clipped */
-    double step_ms;
-    double stall_ms;         /* compute waited on NVMe reads */
-    double compute_ms;       /* computing, waits for parameters and gradients excluded */
-    double optimizer_ms;     /* updating during this step (overlapped: the previous update) */
-    double optimizer_exposed_ms; /* of which compute waited */
-    uint64_t nvme_read_bytes, nvme_write_bytes; /* all devices (fso_zero_step) */
-    uint64_t nvme_kind_read[FSO_N_KINDS], nvme_kind_write[FSO_N_KINDS]; /* the same by kind */
-    uint64_t gather_bytes, reduce_bytes; /* collectives, all devices (fso_zero_step) */
-    int64_t tokens;          /* tokens in this step, all devices */
-    uint64_t stale_marks;    /* since the start, all devices (fso_zero_stale_marks) */
-} fso_step_stats;
-
 typedef struct fso_trainer {
     const fso_config *cfg;
     fso_zero *zero;          /* the state; fso_zero_steps() counts the steps taken */
@@ -55,11 +37,12 @@ int fso_trainer_finish(fso_trainer *tr, double *waited_ms);
 size_t fso_trainer_step_tokens(const fso_config *cfg);
 
 /* One optimizer step: inputs and targets hold fso_trainer_step_tokens()
- * tokens, micro-batch a of device r at number a * world + r. Returns 0, or
- * negative errno (tr->err): -ERANGE when the loss or the gradient norm is not
- * finite, an I/O error; the update is then not applied. */
+ * tokens, micro-batch a of device r at number a * world + r; its statistics
+ * into *st (zero.h, fso_zero_step). Returns 0, or negative errno (tr->err):
+ * -ERANGE when the loss or the gradient norm is not finite, an I/O error;
+ * the update is then not applied. */
 int fso_trainer_step(fso_trainer *tr, const int32_t *inputs, const int32_t *targets,
-                     fso_step_stats *st);
+                     fso_zero_step *st);
 
 typedef struct fso_run_opts {
     const char *metrics_path;   /* NULL: none */

@@ -74,8 +74,8 @@ static int setup_layout(fso_zero *z, const fso_config *cfg, fso_fp_buffers *zb, 
     for (int b = 0; b < z->n_blocks; b++) {
         if (z->blocks[b].padded_elems > z->max_padded)
             z->max_padded = z->blocks[b].padded_elems;
-        if (fso_zero_shard_elems(z, b) > z->max_shard)
-            z->max_shard = fso_zero_shard_elems(z, b);
+        if (zr_shard_elems(z, b) > z->max_shard)
+            z->max_shard = zr_shard_elems(z, b);
     }
     fso_fp_buffers_for(&z->rules, z->max_padded, z->tier[FSO_KIND_PARAM],
                        cfg->offload.prefetch_blocks, zb);
@@ -106,8 +106,8 @@ static void shard_budget(const fso_zero *z, budget *bud)
     memset(bud, 0, sizeof *bud);
     for (int b = 0; b < z->n_blocks; b++)
         for (int k = 0; k < FSO_N_KINDS; k++) {
-            size_t bytes = fso_zero_shard_bytes(z, b, k);
-            bud->per_tier[fso_zero_block_tier(z, b, (fso_kind)k)] += bytes;
+            size_t bytes = zr_shard_bytes(z, b, k);
+            bud->per_tier[zr_block_tier(z, b, (fso_kind)k)] += bytes;
             bud->all_kinds += bytes;
         }
 }
@@ -115,7 +115,7 @@ static void shard_budget(const fso_zero *z, budget *bud)
 int fso_zero_check_device(const fso_config *cfg, const fso_zero_need *n, uint64_t cap,
                           char *err, size_t errlen)
 {
-    const int world = cfg->world > 0 ? cfg->world : 1;
+    const int world = fso_config_world(cfg);
     const uint64_t need = n->tier[FSO_TIER_DEVICE];
     if (need <= cap)
         return 0;
@@ -225,9 +225,9 @@ static int open_devices(fso_zero *z, const fso_zero_need *need, int threads_per_
         rk->rank = r;
         rk->numa = -1;
         rk->z = z;
-        pthread_mutex_init(&rk->io.mu, NULL);
-        pthread_mutex_init(&rk->io.pf_mu, NULL);
-        pthread_mutex_init(&rk->opt.mu, NULL);
+        zr_mutex_init(&rk->io.mu, ZR_LOCK_IO);
+        zr_mutex_init(&rk->io.pf_mu, ZR_LOCK_PREFETCH);
+        zr_mutex_init(&rk->opt.mu, ZR_LOCK_OPT);
         pthread_cond_init(&rk->opt.cv, NULL);
         rk->sync_init = true;
         if ((rc = open_backend(z, rk, threads_per_dev, &cap, err, errlen)) < 0 ||
@@ -263,8 +263,8 @@ static int open_arena(fso_zero *z, const fso_fp_buffers *zb, const budget *bud, 
         zb->stage_slot_bytes *
             (size_t)(FSO_FP_MAX_PARAM_SLOTS + zb->stage_slots + zb->landing_slots) +
         zb->chunk_bytes * (size_t)zb->chunk_sets * FSO_N_KINDS;
-    return fso_zero_arena_init(z, 2 * ((bud->all_kinds + most_staging) * world), bytes, err,
-                               errlen);
+    return zr_arena_init(z, 2 * ((bud->all_kinds + most_staging) * world), bytes, err,
+                         errlen);
 }
 
 /* ------------------------------------------------------------------ per device */
@@ -315,9 +315,9 @@ static int allocate_rank(rank_state *rk, const fso_fp_buffers *zb, uint64_t *nvm
     *nvme_bytes = 0;
     for (int b = 0; b < z->n_blocks; b++)
         for (int k = 0; k < FSO_N_KINDS; k++)
-            if ((rc = fso_zero_place_shard(rk, b, (fso_kind)k,
-                                           fso_zero_block_tier(z, b, (fso_kind)k), nvme_bytes,
-                                           fso_zero_locate(rk, b, (fso_kind)k), err, errlen)) < 0)
+            if ((rc = zr_place_shard(rk, b, (fso_kind)k,
+                                     zr_block_tier(z, b, (fso_kind)k), nvme_bytes,
+                                     zr_locate(rk, b, (fso_kind)k), err, errlen)) < 0)
                 return rc;
     for (int g = 0; g < zb->gather; g++)
         if ((rc = be->ops->buf_alloc(be, zb->gather_bytes, &rk->compute.gather[g])) < 0) {
@@ -332,7 +332,7 @@ static int allocate_rank(rank_state *rk, const fso_fp_buffers *zb, uint64_t *nvm
         }
     rk->io.n_prefetch = rk->io.n_prefetch_bufs = zb->prefetch_slots;
     for (int j = 0; j < zb->prefetch_slots; j++) {
-        rk->io.prefetch[j].buf = fso_zero_rank_take(rk, zb->prefetch_slot_bytes);
+        rk->io.prefetch[j].buf = zr_rank_take(rk, zb->prefetch_slot_bytes);
         rk->io.prefetch[j].block = -1;
         rk->io.prefetch[j].lend = -1;
     }
@@ -340,12 +340,12 @@ static int allocate_rank(rank_state *rk, const fso_fp_buffers *zb, uint64_t *nvm
     for (int k = 0; k < FSO_N_KINDS; k++)
         for (int set = 0; set < zb->chunk_sets && fso_fp_chunks_needed(&z->rules, z->tier[k]);
              set++)
-            rk->opt.chunk[set][k].buf = fso_zero_rank_take(rk, zb->chunk_bytes);
+            rk->opt.chunk[set][k].buf = zr_rank_take(rk, zb->chunk_bytes);
     rk->opt.chunk_elems = zb->chunk_bytes / sizeof(float);
-    rk->io.grad_trip.buf = fso_zero_rank_take(rk, zb->stage_slot_bytes);
+    rk->io.grad_trip.buf = zr_rank_take(rk, zb->stage_slot_bytes);
     for (int i = 0;
          i < zb->landing_slots && fso_fp_landing_needed(&z->rules, z->tier[FSO_KIND_GRAD]); i++)
-        rk->io.grad_down[i].buf = fso_zero_rank_take(rk, zb->stage_slot_bytes);
+        rk->io.grad_down[i].buf = zr_rank_take(rk, zb->stage_slot_bytes);
     rk->io.landing.block = -1;
     return 0;
 }
@@ -374,7 +374,7 @@ static int start_optimizer(rank_state *rk, int threads, char *err, size_t errlen
     else if (z->arena.bytes)
         fso_optpool_bind(rk->opt.pool,
                          fso_optpool_node_of(rk->opt.pool, z->arena.base, z->arena.bytes), false);
-    if (z->cfg->optimizer_overlap != FSO_OVERLAP_NONE && (rc = fso_zero_optim_start(rk)) < 0) {
+    if (z->cfg->optimizer_overlap != FSO_OVERLAP_NONE && (rc = zr_optim_start(rk)) < 0) {
         snprintf(err, errlen, "cannot start the optimizer thread of device %d: %s", rk->rank,
                  strerror(-rc));
         return rc;
@@ -420,12 +420,12 @@ static int initial_values(fso_zero *z, fso_hf_folder *hf, char *err, size_t errl
         for (int k = 0; k < FSO_N_KINDS && rc == 0; k++) {
             if (k == FSO_KIND_M)
                 memset(flat, 0, sizeof(float) * z->blocks[b].padded_elems);
-            rc = fso_zero_block_xfer(z, b, flat, (fso_kind)k, 0);
+            rc = zr_block_xfer(z, b, flat, (fso_kind)k, 0);
         }
     }
     free(flat);
     if (rc < 0)
-        fso_zero_first_error(z, err, errlen);
+        zr_first_error(z, err, errlen);
     return rc;
 }
 
@@ -454,7 +454,7 @@ int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t err
         (rc = setup_layout(z, cfg, &zb, err, errlen)) < 0 ||
         (cfg->init_from[0] && (rc = fso_hf_open(&hf, cfg->init_from, &cfg->model, err, errlen)) < 0))
         goto fail;
-    if ((rc = fso_zero_save_init(z)) < 0) {
+    if ((rc = zr_save_init(z)) < 0) {
         snprintf(err, errlen, "out of host memory");
         goto fail;
     }
@@ -474,16 +474,16 @@ int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t err
             goto fail;
         rk->io.nvme_end = nvme_bytes;
         if (bud.per_tier[FSO_TIER_NVME] > 0 &&
-            (rc = fso_zero_open_store(z, rk, &cfg->offload, nvme_bytes, err, errlen)) < 0)
+            (rc = zr_open_store(z, rk, &cfg->offload, nvme_bytes, err, errlen)) < 0)
             goto fail;
     }
     if ((rc = open_collectives(z, err, errlen)) < 0)
         goto fail;
-    if ((rc = fso_zero_shared_coll_init(z)) < 0) {
+    if ((rc = zr_shared_coll_init(z)) < 0) {
         snprintf(err, errlen, "out of host memory");
         goto fail;
     }
-    if ((rc = fso_zero_start_workers(z, err, errlen)) < 0 ||
+    if ((rc = zr_start_workers(z, err, errlen)) < 0 ||
         (rc = initial_values(z, hf, err, errlen)) < 0)
         goto fail;
     fso_hf_close(hf);
@@ -503,20 +503,20 @@ void fso_zero_destroy(fso_zero *z)
 {
     if (!z)
         return;
-    fso_zero_stop_workers(z);
+    zr_stop_workers(z);
     for (int r = 0; z->ranks && r < z->world; r++) {
         rank_state *rk = &z->ranks[r];
-        fso_zero_optim_stop(rk);
+        zr_optim_stop(rk);
         if (rk->sync_init)
-            fso_zero_drain_slots(rk, true);
+            zr_drain_slots(rk, true);
     }
     fso_coll_destroy(z->coll);
     for (int r = 0; z->ranks && r < z->world; r++) {
         rank_state *rk = &z->ranks[r];
         if (rk->sync_init) {
-            pthread_mutex_destroy(&rk->io.mu);
-            pthread_mutex_destroy(&rk->io.pf_mu);
-            pthread_mutex_destroy(&rk->opt.mu);
+            zr_mutex_destroy(&rk->io.mu);
+            zr_mutex_destroy(&rk->io.pf_mu);
+            zr_mutex_destroy(&rk->opt.mu);
             pthread_cond_destroy(&rk->opt.cv);
         }
         fso_optpool_destroy(rk->opt.pool);
@@ -529,8 +529,8 @@ void fso_zero_destroy(fso_zero *z)
             continue;
         for (int b = 0; rk->locs && b < z->n_blocks; b++)
             for (int k = 0; k < FSO_N_KINDS; k++)
-                if (fso_zero_locate(rk, b, (fso_kind)k)->tier == FSO_TIER_DEVICE)
-                    fso_zero_release_shard(rk, b, (fso_kind)k, fso_zero_locate(rk, b, (fso_kind)k));
+                if (zr_locate(rk, b, (fso_kind)k)->tier == FSO_TIER_DEVICE)
+                    zr_release_shard(rk, b, (fso_kind)k, zr_locate(rk, b, (fso_kind)k));
         for (int g = 0; g < 2; g++) {
             rk->be->ops->buf_free(rk->be, rk->compute.gather[g]);
             rk->be->ops->buf_free(rk->be, rk->compute.grad_full[g]);
@@ -540,9 +540,9 @@ void fso_zero_destroy(fso_zero *z)
         free(rk->locs);
         fso_backend_destroy(rk->be);
     }
-    fso_zero_arena_free(z);
-    fso_zero_save_free(z);
-    fso_zero_shared_coll_free(z);
+    zr_arena_free(z);
+    zr_save_free(z);
+    zr_shared_coll_free(z);
     fso_topo_destroy(z->topo);
     free(z->ranks);
     free(z->blocks);
@@ -573,7 +573,7 @@ void fso_zero_standin(fso_zero *z, const double *part_ms)
 
 uint64_t fso_zero_cpu_device_mem(const fso_config *cfg, uint64_t host_bytes)
 {
-    const int world = cfg->world > 0 ? cfg->world : 1;
+    const int world = fso_config_world(cfg);
     if (cfg->device_mem_bytes)
         return cfg->device_mem_bytes;
     if (cfg->host_mem_bytes)
@@ -643,7 +643,7 @@ void fso_zero_describe(const fso_zero *z, char *buf, size_t len)
         off += (size_t)snprintf(buf + off, len - off, "%s%s %s on %s", k ? ", " : "",
                                 fso_kind_name(k), h, fso_tier_name(z->tier[k]));
         const int hb = z->state_host_blocks;
-        if (off < len && fso_zero_block_tier(z, 0, (fso_kind)k) != z->tier[k])
+        if (off < len && zr_block_tier(z, 0, (fso_kind)k) != z->tier[k])
             off += (size_t)(hb == 1 ? snprintf(buf + off, len - off, " (block 0 on host)")
                                     : snprintf(buf + off, len - off, " (blocks 0-%d on host)",
                                                hb - 1));

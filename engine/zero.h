@@ -42,11 +42,16 @@
 #include "model.h"
 #include "store.h"
 
+/* One optimizer step's statistics, as fso_zero_step_run fills them: what
+ * the step line, the metrics and the re-plan read. After a failed step only
+ * step, loss and grad_norm are set; every other field is 0. */
 typedef struct fso_zero_step {
+    int64_t step;         /* from 1 */
     double loss;          /* mean over all micro-batches of all ranks */
     double grad_norm;     /* global, before clipping */
-    double clip_coef;
+    double clip_coef;     /* the factor applied, 1 when not clipped */
     double lr;
+    double step_ms;       /* the whole step, as the caller waited for it */
     double stall_ms;      /* compute waited on NVMe reads (rank 0) */
     double compute_ms;    /* rank 0: forward and backward less the waits for parameters
                              (reads, copies, gathers) and for gradients to be stored */
@@ -61,6 +66,8 @@ typedef struct fso_zero_step {
     /* collective bytes, all ranks: every block each rank gathered and every
      * block of gradients it reduced, whole, in this step */
     uint64_t gather_bytes, reduce_bytes;
+    int64_t tokens;       /* tokens in this step, all devices: world * grad_accum micro-batches */
+    uint64_t stale_marks; /* since creation, all devices (fso_zero_stale_marks) */
 } fso_zero_step;
 
 typedef struct fso_zero fso_zero;
@@ -77,9 +84,9 @@ void fso_zero_destroy(fso_zero *z);
 
 /* One optimizer step, number fso_zero_steps(z) + 1: world * grad_accum
  * micro-batches, inputs/targets hold them in order (micro-batch a of rank r
- * is number a * world + r). Returns 0, or negative errno with a message in
- * err (I/O failure, or -ERANGE for a non-finite loss or norm: the update is
- * then not applied and the step not counted). */
+ * is number a * world + r); its statistics into *st. Returns 0, or negative
+ * errno with a message in err (I/O failure, or -ERANGE for a non-finite loss
+ * or norm: the update is then not applied and the step not counted). */
 int fso_zero_step_run(fso_zero *z, const int32_t *inputs, const int32_t *targets,
                       fso_zero_step *st, char *err, size_t errlen);
 /* Optimizer steps taken (AdamW's t of the last update). */

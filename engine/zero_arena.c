@@ -1,6 +1,6 @@
 /* zero_arena.c — the host arena: one block of host memory for every device's
  * host-tier shards and staging buffers, reserved once as address space and
- * committed (locked, or registered with CUDA) as it grows (zero_impl.h,
+ * committed (locked, or registered with CUDA) as it grows (zero_arena.h,
  * host_arena). */
 #include "zero_impl.h"
 
@@ -20,7 +20,7 @@
  * are the NVMe stores' buffers (util.h, fso_io_alloc says why). */
 #define ARENA_ROUND FSO_IO_ALIGN
 
-int fso_zero_arena_init(fso_zero *z, size_t reserve, size_t bytes, char *err, size_t errlen)
+int zr_arena_init(fso_zero *z, size_t reserve, size_t bytes, char *err, size_t errlen)
 {
     z->arena.reserve = (reserve + 2 * ARENA_ROUND - 1) / ARENA_ROUND * ARENA_ROUND;
     z->arena.base = fso_map_aligned(z->arena.reserve, PROT_NONE, MAP_NORESERVE);
@@ -32,10 +32,10 @@ int fso_zero_arena_init(fso_zero *z, size_t reserve, size_t bytes, char *err, si
         return -ENOMEM;
     }
     z->arena.bytes = 0;
-    return fso_zero_arena_grow(z, bytes, err, errlen);
+    return zr_arena_grow(z, bytes, err, errlen);
 }
 
-void fso_zero_arena_free(fso_zero *z)
+void zr_arena_free(fso_zero *z)
 {
 #if FSO_HAVE_CUDA
     for (int i = 0; i < z->arena.n_pinned; i++)
@@ -78,7 +78,7 @@ static void pin_refused(fso_zero *z, bool first, const char *fmt, ...)
  * register it with CUDA as the configuration asks (a refusal is one warning
  * and pageable memory), and tell the NVMe stores, whose registered buffers
  * cover the arena. */
-int fso_zero_arena_grow(fso_zero *z, size_t bytes, char *err, size_t errlen)
+int zr_arena_grow(fso_zero *z, size_t bytes, char *err, size_t errlen)
 {
     char h1[32], h2[32];
     bytes = (bytes + ARENA_ROUND - 1) / ARENA_ROUND * ARENA_ROUND;
@@ -146,7 +146,7 @@ int fso_zero_arena_grow(fso_zero *z, size_t bytes, char *err, size_t errlen)
 
 /* Give back the pages of [p, p+bytes) of the arena (state that moved
  * elsewhere); CUDA-registered memory stays as it is. */
-void fso_zero_arena_release(fso_zero *z, void *p, size_t bytes)
+void zr_arena_release(fso_zero *z, void *p, size_t bytes)
 {
     if (z->arena.n_pinned)
         return;
@@ -157,7 +157,7 @@ void fso_zero_arena_release(fso_zero *z, void *p, size_t bytes)
 
 /* Host memory for device rk's state, on its NUMA node when the machine has
  * several (best effort). */
-void *fso_zero_rank_take(rank_state *rk, size_t bytes)
+void *zr_rank_take(rank_state *rk, size_t bytes)
 {
     void *p = arena_take(rk->z, bytes);
     if (rk->z->topo && rk->numa >= 0)

@@ -28,7 +28,7 @@ void fso_zero_fp_rules(const fso_config *cfg, fso_fp_rules *r)
 void fso_zero_fp_rules_on(const fso_config *cfg, const fso_backend_row *on, fso_fp_rules *r)
 {
     memset(r, 0, sizeof *r);
-    r->world = cfg->world > 0 ? cfg->world : 1;
+    r->world = fso_config_world(cfg);
     r->host_addressable = on->host_addressable;
     for (int k = 0; k < FSO_N_KINDS; k++)
         r->dtype[k] = FSO_DT_F32;

@@ -27,9 +27,9 @@ static int kind_read(void *ctx, int block, const fso_tensor_desc *t, size_t firs
     kind_source *s = ctx;
     if (s->block != block) {
         s->block = -1;
-        int rc = fso_zero_block_xfer(s->z, block, s->flat, s->k, 1);
+        int rc = zr_block_xfer(s->z, block, s->flat, s->k, 1);
         if (rc < 0) {
-            fso_zero_first_error(s->z, err, errlen);
+            zr_first_error(s->z, err, errlen);
             return rc;
         }
         s->block = block;
@@ -65,9 +65,9 @@ int fso_zero_load_hf(fso_zero *z, const float *hf, char *err, size_t errlen)
             memcpy(s.flat + d->offset_elems, hf, sizeof(float) * d->numel);
             hf += d->numel;
         }
-        if ((rc = fso_zero_block_xfer(z, b, s.flat, FSO_KIND_PARAM, 0)) < 0 ||
-            (rc = fso_zero_block_xfer(z, b, s.flat, FSO_KIND_MASTER, 0)) < 0)
-            fso_zero_first_error(z, err, errlen);
+        if ((rc = zr_block_xfer(z, b, s.flat, FSO_KIND_PARAM, 0)) < 0 ||
+            (rc = zr_block_xfer(z, b, s.flat, FSO_KIND_MASTER, 0)) < 0)
+            zr_first_error(z, err, errlen);
     }
     free(s.flat);
     return rc;

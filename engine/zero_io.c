@@ -14,7 +14,7 @@
 #include "topology.h"
 #include "util.h"
 
-int fso_zero_fail(errsink *es, int rc, const char *fmt, ...)
+int zr_fail(errsink *es, int rc, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -31,7 +31,7 @@ static int reap_some(rank_state *rk, errsink *es)
     fso_io done[16];
     int n = rk->io.store->ops->reap(rk->io.store, done, 16, 1);
     if (n < 0)
-        return fso_zero_fail(es, n, "device %d: NVMe store: %s", rk->rank, rk->io.store->err);
+        return zr_fail(es, n, "device %d: NVMe store: %s", rk->rank, rk->io.store->err);
     for (int i = 0; i < n; i++) {
         slot *s = (slot *)(uintptr_t)done[i].user;
         s->pending--;
@@ -41,25 +41,25 @@ static int reap_some(rank_state *rk, errsink *es)
     return 0;
 }
 
-int fso_zero_queue_io(rank_state *rk, errsink *es, slot *s, bool write, void *buf, size_t bytes,
-                      uint64_t off)
+int zr_queue_io(rank_state *rk, errsink *es, slot *s, bool write, void *buf, size_t bytes,
+                uint64_t off)
 {
     int rc = 0;
-    pthread_mutex_lock(&rk->io.mu);
+    zr_lock(&rk->io.mu);
     for (;;) {
         rc = write ? rk->io.store->ops->prep_write(rk->io.store, buf, bytes, off, (uintptr_t)s)
                    : rk->io.store->ops->prep_read(rk->io.store, buf, bytes, off, (uintptr_t)s);
         if (rc == 0)
             break;
         if (rc != -EBUSY) {
-            fso_zero_fail(es, rc, "device %d: NVMe %s of %zu bytes at %llu: %s", rk->rank,
-                          write ? "write" : "read", bytes, (unsigned long long)off,
-                          rk->io.store->err[0] ? rk->io.store->err : strerror(-rc));
+            zr_fail(es, rc, "device %d: NVMe %s of %zu bytes at %llu: %s", rk->rank,
+                    write ? "write" : "read", bytes, (unsigned long long)off,
+                    rk->io.store->err[0] ? rk->io.store->err : strerror(-rc));
             goto out;
         }
         int sr = rk->io.store->ops->submit(rk->io.store);
         if (sr < 0) {
-            rc = fso_zero_fail(es, sr, "device %d: NVMe submit: %s", rk->rank, strerror(-sr));
+            rc = zr_fail(es, sr, "device %d: NVMe submit: %s", rk->rank, strerror(-sr));
             goto out;
         }
         if ((rc = reap_some(rk, es)) < 0)
@@ -68,26 +68,26 @@ int fso_zero_queue_io(rank_state *rk, errsink *es, slot *s, bool write, void *bu
     s->pending++;
     int sr = rk->io.store->ops->submit(rk->io.store);
     if (sr < 0)
-        rc = fso_zero_fail(es, sr, "device %d: NVMe submit: %s", rk->rank, strerror(-sr));
+        rc = zr_fail(es, sr, "device %d: NVMe submit: %s", rk->rank, strerror(-sr));
 out:
-    pthread_mutex_unlock(&rk->io.mu);
+    zr_unlock(&rk->io.mu);
     return rc;
 }
 
 /* A mark of everything queued on be so far (0 where ops finish as they
  * return); a mark of the copies only (backend.h mark_copies, else a full
  * one); staging copies either way ordered after mark `after`. */
-uint64_t fso_zero_mark(fso_backend *be)
+uint64_t zr_mark(fso_backend *be)
 {
     return be->ops->mark ? be->ops->mark(be) : 0;
 }
 
-uint64_t fso_zero_mark_copies(fso_backend *be)
+uint64_t zr_mark_copies(fso_backend *be)
 {
-    return be->ops->mark_copies ? be->ops->mark_copies(be) : fso_zero_mark(be);
+    return be->ops->mark_copies ? be->ops->mark_copies(be) : zr_mark(be);
 }
 
-void fso_zero_copy_in(fso_backend *be, void *dst, const void *src, size_t bytes, uint64_t after)
+void zr_copy_in(fso_backend *be, void *dst, const void *src, size_t bytes, uint64_t after)
 {
     if (be->ops->copy_h2d_after)
         be->ops->copy_h2d_after(be, dst, src, bytes, after);
@@ -95,7 +95,7 @@ void fso_zero_copy_in(fso_backend *be, void *dst, const void *src, size_t bytes,
         be->ops->copy_h2d(be, dst, src, bytes);
 }
 
-void fso_zero_copy_out(fso_backend *be, void *dst, const void *src, size_t bytes, uint64_t after)
+void zr_copy_out(fso_backend *be, void *dst, const void *src, size_t bytes, uint64_t after)
 {
     if (be->ops->copy_d2h_after)
         be->ops->copy_d2h_after(be, dst, src, bytes, after);
@@ -104,7 +104,7 @@ void fso_zero_copy_out(fso_backend *be, void *dst, const void *src, size_t bytes
 }
 
 /* The slot's last device copy is done (its buffer may be reused). */
-void fso_zero_copies_wait(rank_state *rk, slot *s)
+void zr_copies_wait(rank_state *rk, slot *s)
 {
     if (s->copied) {
         rk->be->ops->wait_mark(rk->be, s->copied);
@@ -114,29 +114,29 @@ void fso_zero_copies_wait(rank_state *rk, slot *s)
 
 /* Wait for the slot's I/O and device copies; an error is final for the
  * step: never compute from a partial or stale shard. */
-int fso_zero_slot_wait(rank_state *rk, errsink *es, slot *s, const char *what, int block)
+int zr_slot_wait(rank_state *rk, errsink *es, slot *s, const char *what, int block)
 {
     int rc = 0;
-    fso_zero_copies_wait(rk, s);
+    zr_copies_wait(rk, s);
     if (!rk->io.store)
         return 0;
-    pthread_mutex_lock(&rk->io.mu);
+    zr_lock(&rk->io.mu);
     while (s->pending > 0 && rc == 0)
         rc = reap_some(rk, es);
     if (rc == 0 && s->err) {
         int e = s->err;
         s->err = 0;
-        rc = fso_zero_fail(es, e, "device %d: NVMe I/O for block %d's %s failed: %s; the step "
+        rc = zr_fail(es, e, "device %d: NVMe I/O for block %d's %s failed: %s; the step "
                                   "was not applied (check the drive and `dmesg`)",
-                           rk->rank, block, what, strerror(-e));
+                     rk->rank, block, what, strerror(-e));
     }
-    pthread_mutex_unlock(&rk->io.mu);
+    zr_unlock(&rk->io.mu);
     return rc;
 }
 
 /* Drain the I/O this thread left in flight after a failure so its buffers
  * can be reused (with_optimizer: the optimizer's too, once it has stopped). */
-void fso_zero_drain_slots(rank_state *rk, bool with_optimizer)
+void zr_drain_slots(rank_state *rk, bool with_optimizer)
 {
     if (!rk->io.store)
         return;
@@ -150,19 +150,19 @@ void fso_zero_drain_slots(rank_state *rk, bool with_optimizer)
             for (int k = 0; k < FSO_N_KINDS; k++)
                 all[n++] = &rk->opt.chunk[set][k];
     errsink ignore = {0};
-    pthread_mutex_lock(&rk->io.mu);
+    zr_lock(&rk->io.mu);
     for (int i = 0; i < n; i++) {
         while (all[i]->pending > 0)
             if (reap_some(rk, &ignore) < 0)
                 break;
         all[i]->err = 0;
     }
-    pthread_mutex_unlock(&rk->io.mu);
+    zr_unlock(&rk->io.mu);
 }
 
 /* Device rk's NVMe store over the folders the offload settings name,
  * `capacity` bytes, its buffers registered over the arena. */
-int fso_zero_open_store(fso_zero *z, rank_state *rk, const fso_offload_config *o,
+int zr_open_store(fso_zero *z, rank_state *rk, const fso_offload_config *o,
                       uint64_t capacity, char *err, size_t errlen)
 {
     char paths[4096], prefix[64], serr[512] = "";

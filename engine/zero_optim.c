@@ -70,23 +70,22 @@ static bool tensor_part(const fso_zero *z, const fso_tensor_desc *d, size_t lo, 
 static int unit_fetch(rank_state *rk, const unit *u, fso_kind k, slot *s, float **ptr)
 {
     void *p;
-    int rc = fso_zero_xfer(rk, &rk->opt.err, rk->opt.read_kind, u->b, k, u->c0, u->n, s, false,
-                           true, &p);
+    int rc = zr_xfer(rk, &rk->opt.err, rk->opt.read_kind, u->b, k, u->c0, u->n, s, false,
+                     true, &p);
     *ptr = p;
     return rc;
 }
 
 static int unit_store(rank_state *rk, const unit *u, fso_kind k, slot *s, void *ptr)
 {
-    return fso_zero_xfer(rk, &rk->opt.err, rk->opt.write_kind, u->b, k, u->c0, u->n, s, true,
-                         true,
-                         &ptr);
+    return zr_xfer(rk, &rk->opt.err, rk->opt.write_kind, u->b, k, u->c0, u->n, s, true, true,
+                   &ptr);
 }
 
 static int set_wait(rank_state *rk, slot *set, int block)
 {
     for (int k = 0; k < FSO_N_KINDS; k++) {
-        int rc = fso_zero_slot_wait(rk, &rk->opt.err, &set[k], fso_kind_name(k), block);
+        int rc = zr_slot_wait(rk, &rk->opt.err, &set[k], fso_kind_name(k), block);
         if (rc < 0)
             return rc;
     }
@@ -109,7 +108,7 @@ static void update_unit(rank_state *rk, const unit *u, float *master, const floa
 {
     const fso_zero *z = rk->z;
     const fso_block_layout *bl = &z->blocks[u->b];
-    size_t lo = (size_t)rk->rank * fso_zero_shard_elems(z, u->b) + u->c0, hi = lo + u->n;
+    size_t lo = (size_t)rk->rank * zr_shard_elems(z, u->b) + u->c0, hi = lo + u->n;
     size_t done = lo; /* out is written up to here (tensors are in offset order) */
     fso_pool *pool = fso_optpool_pool(rk->opt.pool);
     for (int t = 0; t < bl->n_tensors; t++) {
@@ -131,11 +130,11 @@ static void update_unit(rank_state *rk, const unit *u, float *master, const floa
  * (parameters on NVMe) that waited for the update start. */
 static void mark_ready(rank_state *rk, int b, int64_t step)
 {
-    pthread_mutex_lock(&rk->opt.mu);
+    zr_lock(&rk->opt.mu);
     rk->opt.ready[b] = step;
     pthread_cond_broadcast(&rk->opt.cv);
-    pthread_mutex_unlock(&rk->opt.mu);
-    fso_zero_prefetch_kick(rk, step);
+    zr_unlock(&rk->opt.mu);
+    zr_prefetch_kick(rk, step);
 }
 
 /* Blocks [b0, b1) hold step's master, m and v wherever they live: a save
@@ -144,11 +143,11 @@ static void mark_rest(rank_state *rk, int b0, int b1, int64_t step)
 {
     if (b0 >= b1)
         return;
-    pthread_mutex_lock(&rk->opt.mu);
+    zr_lock(&rk->opt.mu);
     for (int b = b0; b < b1; b++)
         rk->opt.rest[b] = step;
     pthread_cond_broadcast(&rk->opt.cv);
-    pthread_mutex_unlock(&rk->opt.mu);
+    zr_unlock(&rk->opt.mu);
 }
 
 /* The optimizer state on a GPU: the update runs there, one kernel per
@@ -173,7 +172,7 @@ static bool device_update(const rank_state *rk)
 static int params_from_master(rank_state *rk, int b)
 {
     const fso_zero *z = rk->z;
-    const size_t S = fso_zero_shard_elems(z, b), ch = rk->opt.chunk_elems;
+    const size_t S = zr_shard_elems(z, b), ch = rk->opt.chunk_elems;
     const bool bf16 = z->elem_bytes[FSO_KIND_PARAM] == sizeof(uint16_t);
     unit u[2] = {{b, 0, S < ch ? S : ch}};
     float *master[2];
@@ -189,12 +188,12 @@ static int params_from_master(rank_state *rk, int b)
                                  &master[k ^ 1])) < 0)
                 break;
         }
-        if ((rc = fso_zero_slot_wait(rk, &rk->opt.err, &o[FSO_KIND_MASTER],
-                                     fso_kind_name(FSO_KIND_MASTER), b)) < 0)
+        if ((rc = zr_slot_wait(rk, &rk->opt.err, &o[FSO_KIND_MASTER],
+                               fso_kind_name(FSO_KIND_MASTER), b)) < 0)
             break;
         void *param = master[k];
         if (bf16) {
-            param = fso_zero_xfer_dest(rk, b, FSO_KIND_PARAM, c0, &o[FSO_KIND_PARAM], true);
+            param = zr_xfer_dest(rk, b, FSO_KIND_PARAM, c0, &o[FSO_KIND_PARAM], true);
             round_padding(param, master[k], 0, u[k].n);
         }
         rc = unit_store(rk, &u[k], FSO_KIND_PARAM, &o[FSO_KIND_PARAM], param);
@@ -211,12 +210,12 @@ static void launch_block_update(rank_state *rk, const fso_adamw_step *as, int b)
     const fso_zero *z = rk->z;
     fso_backend *be = rk->be;
     const fso_block_layout *bl = &z->blocks[b];
-    const size_t S = fso_zero_shard_elems(z, b), lo = (size_t)rk->rank * S, hi = lo + S;
-    float *master = fso_zero_locate(rk, b, FSO_KIND_MASTER)->ptr;
-    float *m = fso_zero_locate(rk, b, FSO_KIND_M)->ptr;
-    float *v = fso_zero_locate(rk, b, FSO_KIND_V)->ptr;
-    const float *grad = fso_zero_locate(rk, b, FSO_KIND_GRAD)->ptr;
-    const loc *pl = fso_zero_locate(rk, b, FSO_KIND_PARAM);
+    const size_t S = zr_shard_elems(z, b), lo = (size_t)rk->rank * S, hi = lo + S;
+    float *master = zr_locate(rk, b, FSO_KIND_MASTER)->ptr;
+    float *m = zr_locate(rk, b, FSO_KIND_M)->ptr;
+    float *v = zr_locate(rk, b, FSO_KIND_V)->ptr;
+    const float *grad = zr_locate(rk, b, FSO_KIND_GRAD)->ptr;
+    const loc *pl = zr_locate(rk, b, FSO_KIND_PARAM);
     const size_t eb = z->elem_bytes[FSO_KIND_PARAM];
     for (int t = 0; t < bl->n_tensors; t++) {
         fso_adamw_step st = *as;
@@ -238,15 +237,15 @@ static void launch_block_update(rank_state *rk, const fso_adamw_step *as, int b)
 static int update_blocks_on_device(rank_state *rk, const fso_adamw_step *as, int b0, int b1)
 {
     fso_backend *be = rk->be;
-    fso_zero_save_gate(rk, b0, as->t);
+    zr_save_gate(rk, b0, as->t);
     launch_block_update(rk, as, b0);
     for (int b = b0; b <= b1; b++) {
         const uint64_t updated = be->ops->mark(be); /* block b's kernels are before it */
         if (b < b1) {
-            fso_zero_save_gate(rk, b + 1, as->t);
+            zr_save_gate(rk, b + 1, as->t);
             launch_block_update(rk, as, b + 1);
         }
-        if (fso_zero_locate(rk, b, FSO_KIND_PARAM)->tier != FSO_TIER_DEVICE) {
+        if (zr_locate(rk, b, FSO_KIND_PARAM)->tier != FSO_TIER_DEVICE) {
             rk->opt.after = updated; /* the copies down wait for b's kernels only */
             int rc = params_from_master(rk, b);
             if (rc < 0)
@@ -264,12 +263,12 @@ static int update_blocks_on_device(rank_state *rk, const fso_adamw_step *as, int
 static unit next_unit(const fso_zero *z, unit u, size_t ch, int b1)
 {
     u.c0 += u.n;
-    if (u.c0 >= fso_zero_shard_elems(z, u.b)) {
+    if (u.c0 >= zr_shard_elems(z, u.b)) {
         u.b++;
         u.c0 = 0;
     }
     if (u.b <= b1) {
-        size_t left = fso_zero_shard_elems(z, u.b) - u.c0;
+        size_t left = zr_shard_elems(z, u.b) - u.c0;
         u.n = left < ch ? left : ch;
     }
     return u;
@@ -294,7 +293,7 @@ static int update_blocks(rank_state *rk, const fso_adamw_step *as, int b0, int b
     float *p[FSO_FP_MAX_CHUNK_SETS][FSO_N_KINDS];
     int64_t issued = 0, done = 0, block_first = 0;
     unit next = {b0, 0, 0};
-    next.n = fso_zero_shard_elems(z, b0) < ch ? fso_zero_shard_elems(z, b0) : ch;
+    next.n = zr_shard_elems(z, b0) < ch ? zr_shard_elems(z, b0) : ch;
     int rc;
 
     int rested = b0; /* blocks below `rested` have landed: a save may read them */
@@ -329,8 +328,8 @@ static int update_blocks(rank_state *rk, const fso_adamw_step *as, int b0, int b
         if (cur.c0 == 0)
             block_first = done;
         for (int i = 0; i < 4; i++)
-            if ((rc = fso_zero_slot_wait(rk, &rk->opt.err, &o[reads[i]], fso_kind_name(reads[i]),
-                                         cur.b)) < 0)
+            if ((rc = zr_slot_wait(rk, &rk->opt.err, &o[reads[i]], fso_kind_name(reads[i]),
+                                   cur.b)) < 0)
                 return rc;
         /* working parameters: fp32 ones are the master copied; bf16 ones
          * come out of the update, in the shard itself when the CPU
@@ -339,10 +338,10 @@ static int update_blocks(rank_state *rk, const fso_adamw_step *as, int b0, int b
         void *param = q[FSO_KIND_MASTER];
         uint16_t *param_bf16 = NULL;
         if (z->elem_bytes[FSO_KIND_PARAM] == sizeof(uint16_t))
-            param = param_bf16 = fso_zero_xfer_dest(rk, cur.b, FSO_KIND_PARAM, cur.c0,
-                                                    &o[FSO_KIND_PARAM], true);
+            param = param_bf16 = zr_xfer_dest(rk, cur.b, FSO_KIND_PARAM, cur.c0,
+                                              &o[FSO_KIND_PARAM], true);
         if (cur.c0 == 0) /* a save of the step before may still need the block */
-            fso_zero_save_gate(rk, cur.b, as->t);
+            zr_save_gate(rk, cur.b, as->t);
         update_unit(rk, &cur, q[FSO_KIND_MASTER], q[FSO_KIND_GRAD], q[FSO_KIND_M],
                     q[FSO_KIND_V], param_bf16, *as);
         if ((rc = unit_store(rk, &cur, FSO_KIND_PARAM, &o[FSO_KIND_PARAM], param)) < 0 ||
@@ -351,16 +350,16 @@ static int update_blocks(rank_state *rk, const fso_adamw_step *as, int b0, int b
             (rc = unit_store(rk, &cur, FSO_KIND_M, &o[FSO_KIND_M], q[FSO_KIND_M])) < 0 ||
             (rc = unit_store(rk, &cur, FSO_KIND_V, &o[FSO_KIND_V], q[FSO_KIND_V])) < 0)
             return rc;
-        if (cur.c0 + cur.n == fso_zero_shard_elems(z, cur.b)) {
+        if (cur.c0 + cur.n == zr_shard_elems(z, cur.b)) {
             /* block done: its parameters must be written before a forward
              * reads them (on a device, the copies in are ordered before any
              * use there, so the host need not wait for them); units read
              * into again since have had theirs waited for */
-            if (fso_zero_locate(rk, cur.b, FSO_KIND_PARAM)->tier != FSO_TIER_DEVICE)
+            if (zr_locate(rk, cur.b, FSO_KIND_PARAM)->tier != FSO_TIER_DEVICE)
                 for (int64_t j = done - K + 1 > block_first ? done - K + 1 : block_first;
                      j <= done; j++)
-                    if ((rc = fso_zero_slot_wait(rk, &rk->opt.err, &ring[j % K][FSO_KIND_PARAM],
-                                                 fso_kind_name(FSO_KIND_PARAM), cur.b)) < 0)
+                    if ((rc = zr_slot_wait(rk, &rk->opt.err, &ring[j % K][FSO_KIND_PARAM],
+                                           fso_kind_name(FSO_KIND_PARAM), cur.b)) < 0)
                         return rc;
             mark_ready(rk, cur.b, as->t);
         }
@@ -373,7 +372,7 @@ static int update_blocks(rank_state *rk, const fso_adamw_step *as, int b0, int b
     return 0;
 }
 
-int fso_zero_optim_run(rank_state *rk, const fso_adamw_step *as)
+int zr_optim_run(rank_state *rk, const fso_adamw_step *as)
 {
     double t0 = fso_now_ms();
     __atomic_store_n(&rk->opt.err.rc, 0, __ATOMIC_RELAXED); /* a saver may be reading it */
@@ -400,27 +399,27 @@ static int block_finite(rank_state *rk, const opt_job *job)
         rk->be->ops->wait_mark(rk->be, job->after);
     if (isfinite(rk->compute.grad_sq[b]))
         return 0;
-    return fso_zero_fail(&rk->opt.err, -ERANGE,
-                         "step %lld: block %d's gradients are not finite: training diverged; "
-                         "lower optimizer.params.lr (blocks after it in backward order were "
-                         "already updated: train.optimizer_overlap \"backward\" cannot hold "
-                         "them back)",
-                         (long long)job->as.t, b);
+    return zr_fail(&rk->opt.err, -ERANGE,
+                   "step %lld: block %d's gradients are not finite: training diverged; "
+                   "lower optimizer.params.lr (blocks after it in backward order were "
+                   "already updated: train.optimizer_overlap \"backward\" cannot hold "
+                   "them back)",
+                   (long long)job->as.t, b);
 }
 
 static void *opt_main(void *arg)
 {
     rank_state *rk = arg;
-    pthread_mutex_lock(&rk->opt.mu);
+    zr_lock(&rk->opt.mu);
     for (;;) {
         while (rk->opt.head == rk->opt.tail && !rk->opt.stop)
-            pthread_cond_wait(&rk->opt.cv, &rk->opt.mu);
+            zr_cond_wait(&rk->opt.cv, &rk->opt.mu);
         if (rk->opt.head == rk->opt.tail)
             break;
         opt_job job = rk->opt.queue[rk->opt.head % OPT_QUEUE];
         rk->opt.busy = 1;
         int failed = rk->opt.err.rc != 0;
-        pthread_mutex_unlock(&rk->opt.mu);
+        zr_unlock(&rk->opt.mu);
 
         double t0 = fso_now_ms();
         rk->opt.after = job.after;
@@ -431,17 +430,17 @@ static void *opt_main(void *arg)
                           job.block < 0 ? rk->z->n_blocks - 1 : job.block);
         double dt = fso_now_ms() - t0;
 
-        pthread_mutex_lock(&rk->opt.mu);
+        zr_lock(&rk->opt.mu);
         rk->opt.busy_ms += dt;
         rk->opt.head++;
         rk->opt.busy = 0;
         pthread_cond_broadcast(&rk->opt.cv);
     }
-    pthread_mutex_unlock(&rk->opt.mu);
+    zr_unlock(&rk->opt.mu);
     return NULL;
 }
 
-int fso_zero_optim_start(rank_state *rk)
+int zr_optim_start(rank_state *rk)
 {
     int rc = pthread_create(&rk->opt.tid, NULL, opt_main, rk);
     if (rc != 0)
@@ -450,14 +449,14 @@ int fso_zero_optim_start(rank_state *rk)
     return 0;
 }
 
-void fso_zero_optim_stop(rank_state *rk)
+void zr_optim_stop(rank_state *rk)
 {
     if (!rk->opt.started)
         return;
-    pthread_mutex_lock(&rk->opt.mu);
+    zr_lock(&rk->opt.mu);
     rk->opt.stop = true;
     pthread_cond_broadcast(&rk->opt.cv);
-    pthread_mutex_unlock(&rk->opt.mu);
+    zr_unlock(&rk->opt.mu);
     pthread_join(rk->opt.tid, NULL);
     rk->opt.started = false;
 }
@@ -466,21 +465,21 @@ static void post(rank_state *rk, const fso_adamw_step *as, int block)
 {
     fso_backend *be = rk->be;
     const uint64_t after = be->ops->mark ? be->ops->mark(be) : 0;
-    pthread_mutex_lock(&rk->opt.mu);
+    zr_lock(&rk->opt.mu);
     while (rk->opt.tail - rk->opt.head >= OPT_QUEUE)
-        pthread_cond_wait(&rk->opt.cv, &rk->opt.mu);
+        zr_cond_wait(&rk->opt.cv, &rk->opt.mu);
     rk->opt.queue[rk->opt.tail % OPT_QUEUE] = (opt_job){.as = *as, .block = block, .after = after};
     rk->opt.tail++;
     pthread_cond_broadcast(&rk->opt.cv);
-    pthread_mutex_unlock(&rk->opt.mu);
+    zr_unlock(&rk->opt.mu);
 }
 
-void fso_zero_optim_post_step(rank_state *rk, const fso_adamw_step *as)
+void zr_optim_post_step(rank_state *rk, const fso_adamw_step *as)
 {
     post(rk, as, -1);
 }
 
-void fso_zero_optim_post_block(rank_state *rk, const fso_adamw_step *as, int block)
+void zr_optim_post_block(rank_state *rk, const fso_adamw_step *as, int block)
 {
     post(rk, as, block);
 }
@@ -491,7 +490,7 @@ void fso_zero_optim_post_block(rank_state *rk, const fso_adamw_step *as, int blo
 static bool block_ready(rank_state *p, int b, int64_t step)
 {
     while (p->opt.ready[b] < step && fso_first_error_rc(&p->opt.err.rc) == 0)
-        pthread_cond_wait(&p->opt.cv, &p->opt.mu);
+        zr_cond_wait(&p->opt.cv, &p->opt.mu);
     return p->opt.ready[b] >= step;
 }
 
@@ -503,28 +502,28 @@ static int opt_wait(rank_state *rk, int b, int64_t step)
 {
     int rc = 0;
     double t0 = fso_now_ms();
-    pthread_mutex_lock(&rk->opt.mu);
+    zr_lock(&rk->opt.mu);
     if (b >= 0) {
         if (!block_ready(rk, b, step))
             rc = rk->opt.err.rc;
     } else {
         while (rk->opt.head != rk->opt.tail)
-            pthread_cond_wait(&rk->opt.cv, &rk->opt.mu);
+            zr_cond_wait(&rk->opt.cv, &rk->opt.mu);
         rc = rk->opt.err.rc;
     }
-    pthread_mutex_unlock(&rk->opt.mu);
+    zr_unlock(&rk->opt.mu);
     rk->compute.st.optimizer_exposed_ms += fso_now_ms() - t0;
     if (rc < 0)
-        fso_zero_fail(&rk->compute.err, rc, "%s", rk->opt.err.msg);
+        zr_fail(&rk->compute.err, rc, "%s", rk->opt.err.msg);
     return rc;
 }
 
-int fso_zero_optim_wait_block(rank_state *rk, int b, int64_t step)
+int zr_optim_wait_block(rank_state *rk, int b, int64_t step)
 {
     return opt_wait(rk, b, step);
 }
 
-int fso_zero_optim_wait_peers(rank_state *rk, int b, int64_t step)
+int zr_optim_wait_peers(rank_state *rk, int b, int64_t step)
 {
     double t0 = fso_now_ms();
     int rc = 0, failed = -1;
@@ -532,21 +531,21 @@ int fso_zero_optim_wait_peers(rank_state *rk, int b, int64_t step)
         rank_state *p = &rk->z->ranks[r];
         if (p == rk)
             continue;
-        pthread_mutex_lock(&p->opt.mu);
+        zr_lock(&p->opt.mu);
         if (!block_ready(p, b, step)) {
             rc = -ECANCELED;
             failed = r;
         }
-        pthread_mutex_unlock(&p->opt.mu);
+        zr_unlock(&p->opt.mu);
     }
     rk->compute.st.optimizer_exposed_ms += fso_now_ms() - t0;
     if (rc < 0)
-        fso_zero_fail(&rk->compute.err, rc, "device %d: device %d's update of block %d failed",
-                      rk->rank, failed, b);
+        zr_fail(&rk->compute.err, rc, "device %d: device %d's update of block %d failed",
+                rk->rank, failed, b);
     return rc;
 }
 
-int fso_zero_optim_wait_all(rank_state *rk)
+int zr_optim_wait_all(rank_state *rk)
 {
     return opt_wait(rk, -1, 0);
 }

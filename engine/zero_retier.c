@@ -37,7 +37,7 @@ static fso_tier want_tier(const retier_plan *m, int b, fso_kind k)
 /* Whether block b's shards of kind k move. */
 static bool moves(const fso_zero *z, const retier_plan *m, int b, fso_kind k)
 {
-    return want_tier(m, b, k) != fso_zero_block_tier(z, b, k);
+    return want_tier(m, b, k) != zr_block_tier(z, b, k);
 }
 
 /* Whether any block's shards of kind k move. */
@@ -56,7 +56,7 @@ static void retier_undo(rank_state *rk, const retier_plan *m, retier_job *j)
     for (int k = 0; k < FSO_N_KINDS; k++) {
         for (int b = 0; j->fresh[k] && b < rk->z->n_blocks; b++)
             if (moves(rk->z, m, b, (fso_kind)k))
-                fso_zero_release_shard(rk, b, (fso_kind)k, &j->fresh[k][b]);
+                zr_release_shard(rk, b, (fso_kind)k, &j->fresh[k][b]);
         free(j->fresh[k]);
         j->fresh[k] = NULL;
     }
@@ -73,21 +73,21 @@ static void retier_undo(rank_state *rk, const retier_plan *m, retier_job *j)
 static int retier_copy(rank_state *rk, int b, fso_kind k, const loc *to, uint64_t *moved)
 {
     uint64_t io[FSO_N_KINDS] = {0};
-    loc *l = fso_zero_locate(rk, b, k);
+    loc *l = zr_locate(rk, b, k);
     slot *s = &rk->io.grad_trip;
-    size_t S = fso_zero_shard_elems(rk->z, b);
+    size_t S = zr_shard_elems(rk->z, b);
     void *p;
-    int rc = fso_zero_xfer(rk, &rk->compute.err, io, b, k, 0, S, s, false, false, &p);
+    int rc = zr_xfer(rk, &rk->compute.err, io, b, k, 0, S, s, false, false, &p);
     if (rc == 0)
-        rc = fso_zero_slot_wait(rk, &rk->compute.err, s, fso_kind_name(k), b);
+        rc = zr_slot_wait(rk, &rk->compute.err, s, fso_kind_name(k), b);
     if (rc < 0)
         return rc;
     loc old = *l;
     *l = *to;
     p = s->buf;
-    rc = fso_zero_xfer(rk, &rk->compute.err, io, b, k, 0, S, s, true, false, &p);
+    rc = zr_xfer(rk, &rk->compute.err, io, b, k, 0, S, s, true, false, &p);
     if (rc == 0)
-        rc = fso_zero_slot_wait(rk, &rk->compute.err, s, fso_kind_name(k), b);
+        rc = zr_slot_wait(rk, &rk->compute.err, s, fso_kind_name(k), b);
     *l = old;
     if (rc == 0)
         *moved += rk->z->elem_bytes[k] * S;
@@ -97,15 +97,15 @@ static int retier_copy(rank_state *rk, int b, fso_kind k, const loc *to, uint64_
 /* Between steps: no update running, no I/O in flight. */
 static int quiesce(fso_zero *z, char *err, size_t errlen)
 {
-    fso_zero_save_wait_idle(z); /* a save reads the shards where they are now */
+    zr_save_wait_idle(z); /* a save reads the shards where they are now */
     for (int r = 0; r < z->world; r++) {
         rank_state *rk = &z->ranks[r];
         rk->compute.err.rc = 0;
-        if (fso_zero_optim_wait_all(rk) < 0) {
+        if (zr_optim_wait_all(rk) < 0) {
             snprintf(err, errlen, "re-plan: %s", rk->compute.err.msg);
             return rk->compute.err.rc;
         }
-        fso_zero_drain_slots(rk, true);
+        zr_drain_slots(rk, true);
     }
     return 0;
 }
@@ -120,7 +120,7 @@ static void growth(const fso_zero *z, retier_plan *m)
     for (int k = 0; k < FSO_N_KINDS; k++)
         for (int b = 0; b < z->n_blocks; b++)
             if (moves(z, m, b, (fso_kind)k))
-                m->add[want_tier(m, b, (fso_kind)k)] += fso_zero_shard_bytes(z, b, (fso_kind)k);
+                m->add[want_tier(m, b, (fso_kind)k)] += zr_shard_bytes(z, b, (fso_kind)k);
     if (z->lend_in_place && !m->lend_in_place)
         m->add[FSO_TIER_DEVICE] += m->zb.gather_bytes * (size_t)m->zb.gather;
     int more_slots = m->zb.prefetch_slots - z->ranks[0].io.n_prefetch_bufs;
@@ -160,7 +160,7 @@ static int make_room(fso_zero *z, const retier_plan *m, char *err, size_t errlen
                  h2);
         return -ENOMEM;
     }
-    return fso_zero_arena_grow(z, fso_fp_round_page(z->arena.used) + host, err, errlen);
+    return zr_arena_grow(z, fso_fp_round_page(z->arena.used) + host, err, errlen);
 }
 
 /* Phase 1 on one device: room on its store, a gather window if it needs
@@ -174,7 +174,7 @@ static int retier_place(rank_state *rk, const retier_plan *m, retier_job *j,
     if (m->add[FSO_TIER_NVME]) {
         if (rk->io.store)
             rc = fso_store_grow(rk->io.store, rk->io.nvme_end + m->add[FSO_TIER_NVME]);
-        else if ((rc = fso_zero_open_store(z, rk, m->o, m->add[FSO_TIER_NVME], err, errlen)) == 0)
+        else if ((rc = zr_open_store(z, rk, m->o, m->add[FSO_TIER_NVME], err, errlen)) == 0)
             j->opened_store = true;
         if (rc < 0) {
             if (rk->io.store && rk->io.store->err[0])
@@ -199,8 +199,8 @@ static int retier_place(rank_state *rk, const retier_plan *m, retier_job *j,
             loc *to = &j->fresh[k][b];
             if (!moves(z, m, b, (fso_kind)k))
                 continue;
-            if ((rc = fso_zero_place_shard(rk, b, (fso_kind)k, want_tier(m, b, (fso_kind)k),
-                                           &nvme_off, to, err, errlen)) < 0)
+            if ((rc = zr_place_shard(rk, b, (fso_kind)k, want_tier(m, b, (fso_kind)k),
+                                     &nvme_off, to, err, errlen)) < 0)
                 return rc;
             if ((rc = retier_copy(rk, b, (fso_kind)k, to, bytes_moved)) < 0) {
                 snprintf(err, errlen, "%s", rk->compute.err.msg);
@@ -222,8 +222,8 @@ static void retier_switch(rank_state *rk, const retier_plan *m, retier_job *j)
         for (int b = 0; b < z->n_blocks; b++) {
             if (!moves(z, m, b, (fso_kind)k))
                 continue;
-            loc *l = fso_zero_locate(rk, b, (fso_kind)k);
-            fso_zero_release_shard(rk, b, (fso_kind)k, l);
+            loc *l = zr_locate(rk, b, (fso_kind)k);
+            zr_release_shard(rk, b, (fso_kind)k, l);
             *l = j->fresh[k][b];
         }
         free(j->fresh[k]);
@@ -239,7 +239,7 @@ static void retier_switch(rank_state *rk, const retier_plan *m, retier_job *j)
         }
     }
     for (int q = rk->io.n_prefetch_bufs; q < m->zb.prefetch_slots; q++) {
-        rk->io.prefetch[q].buf = fso_zero_rank_take(rk, m->zb.prefetch_slot_bytes);
+        rk->io.prefetch[q].buf = zr_rank_take(rk, m->zb.prefetch_slot_bytes);
         rk->io.prefetch[q].block = -1;
         rk->io.prefetch[q].lend = -1;
     }
@@ -248,10 +248,10 @@ static void retier_switch(rank_state *rk, const retier_plan *m, retier_job *j)
     for (int k = 0; k < FSO_N_KINDS; k++) /* chunk buffers for kinds that now need them */
         for (int set = 0; set < rk->opt.n_sets && fso_fp_chunks_needed(&z->rules, m->want[k]) &&
                           !rk->opt.chunk[set][k].buf; set++)
-            rk->opt.chunk[set][k].buf = fso_zero_rank_take(rk, m->zb.chunk_bytes);
+            rk->opt.chunk[set][k].buf = zr_rank_take(rk, m->zb.chunk_bytes);
     const bool landings = fso_fp_landing_needed(&z->rules, m->want[FSO_KIND_GRAD]);
     for (int i = 0; i < m->zb.landing_slots && landings && !rk->io.grad_down[i].buf; i++)
-        rk->io.grad_down[i].buf = fso_zero_rank_take(rk, m->zb.stage_slot_bytes);
+        rk->io.grad_down[i].buf = zr_rank_take(rk, m->zb.stage_slot_bytes);
     rk->io.n_prefetch = m->zb.prefetch_slots;
     bool on_nvme = false;
     for (int k = 0; k < FSO_N_KINDS; k++)
@@ -308,7 +308,7 @@ int fso_zero_retier(fso_zero *z, const fso_offload_config *o, uint64_t *bytes_mo
         rc = retier_place(&z->ranks[r], &m, &jobs[r], bytes_moved, err, errlen);
     if (rc < 0) {
         for (int r = 0; r < z->world; r++) {
-            fso_zero_drain_slots(&z->ranks[r], true);
+            zr_drain_slots(&z->ranks[r], true);
             retier_undo(&z->ranks[r], &m, &jobs[r]);
             z->ranks[r].compute.err.rc = 0;
         }
@@ -325,7 +325,7 @@ int fso_zero_retier(fso_zero *z, const fso_offload_config *o, uint64_t *bytes_mo
     memcpy(z->tier, m.want, sizeof m.want);
     z->state_host_blocks = m.state_host_blocks;
     if (z->lend_in_place && !m.lend_in_place)
-        fso_zero_windows_reset(z);
+        zr_windows_reset(z);
     z->lend_in_place = m.lend_in_place;
     z->prefetch = o->prefetch_blocks;
     return 0;

@@ -3,7 +3,7 @@
  *
  * The gate. fso_zero_save_arm marks a save of step N; from then on an
  * update of a later step waits, before it changes block b, until the saver
- * is done with b (fso_zero_save_gate, called by zero_optim.c). The saver
+ * is done with b (zr_save_gate, called by zero_optim.c). The saver
  * takes block b once every device's update of step N has landed there
  * (rank_optim.rest), so it reads exactly step N's master, m and v, and
  * training waits for it only where it would otherwise overtake it.
@@ -40,24 +40,24 @@
 
 /* ------------------------------------------------------------------ the gate */
 
-int fso_zero_save_init(fso_zero *z)
+int zr_save_init(fso_zero *z)
 {
     save_gate *g = &z->save;
     g->done = calloc((size_t)z->n_blocks, sizeof *g->done);
     g->waited_ms = calloc((size_t)z->world, sizeof *g->waited_ms);
     if (!g->done || !g->waited_ms)
         return -ENOMEM;
-    pthread_mutex_init(&g->mu, NULL);
+    zr_mutex_init(&g->mu, ZR_LOCK_SAVE);
     pthread_cond_init(&g->cv, NULL);
     g->init = true;
     return 0;
 }
 
-void fso_zero_save_free(fso_zero *z)
+void zr_save_free(fso_zero *z)
 {
     save_gate *g = &z->save;
     if (g->init) {
-        pthread_mutex_destroy(&g->mu);
+        zr_mutex_destroy(&g->mu);
         pthread_cond_destroy(&g->cv);
     }
     free(g->done);
@@ -68,9 +68,9 @@ void fso_zero_save_free(fso_zero *z)
 int fso_zero_save_arm(fso_zero *z)
 {
     save_gate *g = &z->save;
-    pthread_mutex_lock(&g->mu);
+    zr_lock(&g->mu);
     if (g->active) {
-        pthread_mutex_unlock(&g->mu);
+        zr_unlock(&g->mu);
         return -EBUSY;
     }
     g->active = true;
@@ -78,24 +78,24 @@ int fso_zero_save_arm(fso_zero *z)
     memset(g->done, 0, sizeof *g->done * (size_t)z->n_blocks);
     memset(g->waited_ms, 0, sizeof *g->waited_ms * (size_t)z->world);
     g->idle_waited_ms = 0;
-    pthread_mutex_unlock(&g->mu);
+    zr_unlock(&g->mu);
     return 0;
 }
 
 static void block_out(fso_zero *z, int b)
 {
-    pthread_mutex_lock(&z->save.mu);
+    zr_lock(&z->save.mu);
     z->save.done[b] = true;
     pthread_cond_broadcast(&z->save.cv);
-    pthread_mutex_unlock(&z->save.mu);
+    zr_unlock(&z->save.mu);
 }
 
 void fso_zero_save_disarm(fso_zero *z)
 {
-    pthread_mutex_lock(&z->save.mu);
+    zr_lock(&z->save.mu);
     z->save.active = false;
     pthread_cond_broadcast(&z->save.cv);
-    pthread_mutex_unlock(&z->save.mu);
+    zr_unlock(&z->save.mu);
 }
 
 /* While an update waits here, its thread keeps its device's queue moving:
@@ -115,22 +115,22 @@ static bool gate_closed(const save_gate *g, int b, int64_t t)
     return g->active && t > g->step && !g->done[b];
 }
 
-void fso_zero_save_gate(rank_state *rk, int b, int64_t t)
+void zr_save_gate(rank_state *rk, int b, int64_t t)
 {
     save_gate *g = &rk->z->save;
     fso_backend *be = rk->be;
     const bool pump = be->ops->mark && rk->z->world > 1;
-    pthread_mutex_lock(&g->mu);
+    zr_lock(&g->mu);
     if (gate_closed(g, b, t)) {
         double t0 = fso_now_ms();
         while (gate_closed(g, b, t)) {
             if (!pump) {
-                pthread_cond_wait(&g->cv, &g->mu);
+                zr_cond_wait(&g->cv, &g->mu);
                 continue;
             }
-            pthread_mutex_unlock(&g->mu);
+            zr_unlock(&g->mu);
             be->ops->wait_mark(be, be->ops->mark(be));
-            pthread_mutex_lock(&g->mu);
+            zr_lock(&g->mu);
             if (gate_closed(g, b, t)) {
                 struct timespec ts;
                 clock_gettime(CLOCK_REALTIME, &ts);
@@ -139,33 +139,33 @@ void fso_zero_save_gate(rank_state *rk, int b, int64_t t)
                     ts.tv_sec++;
                     ts.tv_nsec -= 1000000000;
                 }
-                pthread_cond_timedwait(&g->cv, &g->mu, &ts);
+                zr_cond_timedwait(&g->cv, &g->mu, &ts);
             }
         }
         g->waited_ms[rk->rank] += fso_now_ms() - t0;
     }
-    pthread_mutex_unlock(&g->mu);
+    zr_unlock(&g->mu);
 }
 
-void fso_zero_save_wait_idle(fso_zero *z)
+void zr_save_wait_idle(fso_zero *z)
 {
     double t0 = fso_now_ms();
-    pthread_mutex_lock(&z->save.mu);
+    zr_lock(&z->save.mu);
     while (z->save.active)
-        pthread_cond_wait(&z->save.cv, &z->save.mu);
+        zr_cond_wait(&z->save.cv, &z->save.mu);
     z->save.idle_waited_ms += fso_now_ms() - t0;
-    pthread_mutex_unlock(&z->save.mu);
+    zr_unlock(&z->save.mu);
 }
 
 double fso_zero_save_waited_ms(fso_zero *z)
 {
-    pthread_mutex_lock(&z->save.mu);
+    zr_lock(&z->save.mu);
     const double idle = z->save.idle_waited_ms; /* a re-plan waiting for the save */
     double dev = 0;
     for (int r = 0; r < z->world; r++)
         if (z->save.waited_ms[r] > dev)
             dev = z->save.waited_ms[r];
-    pthread_mutex_unlock(&z->save.mu);
+    zr_unlock(&z->save.mu);
     return idle + dev;
 }
 
@@ -311,7 +311,7 @@ static int finish_fetch(saver *sv)
     stage *s = &sv->st[sv->fetch[sv->head]];
     sv->head = (sv->head + 1) % STAGES;
     sv->n_fetch--;
-    int rc = fso_zero_slot_wait(s->rk, &sv->es, &s->io, fso_kind_name(s->k), s->b);
+    int rc = zr_slot_wait(s->rk, &sv->es, &s->io, fso_kind_name(s->k), s->b);
     if (rc < 0)
         return fail(sv, rc, "%s", sv->es.msg);
     if ((rc = record(sv, s->dst, s->bytes, s->buf)) < 0)
@@ -343,7 +343,7 @@ static int save_piece(saver *sv, rank_state *rk, int b, fso_kind k, size_t c0, s
                       uint64_t dst)
 {
     const size_t bytes = sizeof(float) * n;
-    loc *l = fso_zero_locate(rk, b, k);
+    loc *l = zr_locate(rk, b, k);
     const bool addressable = fso_fp_cpu_reaches(&rk->z->rules, l->tier);
     const char *src = addressable ? (const char *)l->ptr + sizeof(float) * c0 : NULL;
     int rc;
@@ -362,12 +362,12 @@ static int save_piece(saver *sv, rank_state *rk, int b, fso_kind k, size_t c0, s
         memcpy(s->buf, src, bytes);
     } else if (l->tier == FSO_TIER_NVME) {
         s->nvme_off = l->off + sizeof(float) * c0;
-        if ((rc = fso_zero_queue_io(rk, &sv->es, &s->io, false, s->buf, bytes, s->nvme_off)) < 0)
+        if ((rc = zr_queue_io(rk, &sv->es, &s->io, false, s->buf, bytes, s->nvme_off)) < 0)
             return fail(sv, rc, "%s", sv->es.msg);
     } else { /* a GPU's memory: after the update that made it step N's */
-        fso_zero_copy_out(rk->be, s->buf, (const char *)l->ptr + sizeof(float) * c0, bytes,
-                          rk->opt.ready_mark[b]);
-        s->io.copied = fso_zero_mark_copies(rk->be);
+        zr_copy_out(rk->be, s->buf, (const char *)l->ptr + sizeof(float) * c0, bytes,
+                    rk->opt.ready_mark[b]);
+        s->io.copied = zr_mark_copies(rk->be);
     }
     sv->fetch[(sv->head + sv->n_fetch++) % STAGES] = (int)(s - sv->st);
     return 0;
@@ -377,13 +377,13 @@ static int save_piece(saver *sv, rank_state *rk, int b, fso_kind k, size_t c0, s
 static int wait_landed(saver *sv, rank_state *rk, int b, int64_t step)
 {
     int rc = 0;
-    pthread_mutex_lock(&rk->opt.mu);
+    zr_lock(&rk->opt.mu);
     while (rk->opt.rest[b] < step && fso_first_error_rc(&rk->opt.err.rc) == 0)
-        pthread_cond_wait(&rk->opt.cv, &rk->opt.mu);
+        zr_cond_wait(&rk->opt.cv, &rk->opt.mu);
     if (rk->opt.rest[b] < step)
         rc = fail(sv, rk->opt.err.rc, "device %d's update of step %lld failed: %s", rk->rank,
                   (long long)step, rk->opt.err.msg);
-    pthread_mutex_unlock(&rk->opt.mu);
+    zr_unlock(&rk->opt.mu);
     return rc;
 }
 
@@ -391,7 +391,7 @@ static int save_block(saver *sv, int b, int64_t step)
 {
     fso_zero *z = sv->z;
     const fso_zero_save_spec *sp = sv->spec;
-    const size_t S = fso_zero_shard_elems(z, b), E = sp->block_elems[b];
+    const size_t S = zr_shard_elems(z, b), E = sp->block_elems[b];
     int rc;
     /* devices whose shard is only padding (lo >= E) have nothing to save */
     for (int r = 0; r < z->world && (size_t)r * S < E; r++)
@@ -436,7 +436,7 @@ static void drain(saver *sv)
         stage *s = &sv->st[i];
         if (s->state == FETCHING && s->rk) {
             errsink ignore = {0};
-            fso_zero_slot_wait(s->rk, &ignore, &s->io, "", s->b);
+            zr_slot_wait(s->rk, &ignore, &s->io, "", s->b);
         }
     }
 }
@@ -482,11 +482,11 @@ int fso_zero_save_stream(fso_zero *z, fso_zero_save_spec *spec)
 
 int fso_zero_load_block(fso_zero *z, int b, fso_kind k, float *flat, char *err, size_t errlen)
 {
-    int rc = fso_zero_block_xfer(z, b, flat, k, 0);
+    int rc = zr_block_xfer(z, b, flat, k, 0);
     if (rc == 0 && k == FSO_KIND_MASTER)
-        rc = fso_zero_block_xfer(z, b, flat, FSO_KIND_PARAM, 0);
+        rc = zr_block_xfer(z, b, flat, FSO_KIND_PARAM, 0);
     if (rc < 0)
-        fso_zero_first_error(z, err, errlen);
+        zr_first_error(z, err, errlen);
     return rc;
 }
 
@@ -495,9 +495,9 @@ void fso_zero_set_steps(fso_zero *z, int64_t steps)
     z->step = steps;
     for (int r = 0; r < z->world; r++) {
         rank_state *rk = &z->ranks[r];
-        pthread_mutex_lock(&rk->opt.mu);
+        zr_lock(&rk->opt.mu);
         for (int b = 0; b < z->n_blocks; b++)
             rk->opt.ready[b] = rk->opt.rest[b] = steps;
-        pthread_mutex_unlock(&rk->opt.mu);
+        zr_unlock(&rk->opt.mu);
     }
 }

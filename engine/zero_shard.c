@@ -14,27 +14,27 @@
 #include "topology.h"
 #include "util.h"
 
-size_t fso_zero_shard_elems(const fso_zero *z, int b)
+size_t zr_shard_elems(const fso_zero *z, int b)
 {
     return fso_fp_shard_elems(&z->rules, z->blocks[b].padded_elems);
 }
 
-loc *fso_zero_locate(rank_state *rk, int b, fso_kind k)
+loc *zr_locate(rank_state *rk, int b, fso_kind k)
 {
     return &rk->locs[b * FSO_N_KINDS + k];
 }
 
-size_t fso_zero_shard_bytes(const fso_zero *z, int b, fso_kind k)
+size_t zr_shard_bytes(const fso_zero *z, int b, fso_kind k)
 {
     return fso_fp_shard_bytes(&z->rules, z->blocks[b].padded_elems, k);
 }
 
-bool fso_zero_block_shared(const fso_zero *z, fso_kind k, fso_tier tier)
+bool zr_block_shared(const fso_zero *z, fso_kind k, fso_tier tier)
 {
     return k == FSO_KIND_PARAM && z->world > 1 && fso_fp_lends_in_place(&z->rules, tier);
 }
 
-lent_block *fso_zero_lent(fso_zero *z, int b, fso_tier tier)
+lent_block *zr_lent(fso_zero *z, int b, fso_tier tier)
 {
     return &z->lent[(size_t)b * FSO_N_TIERS + tier];
 }
@@ -46,9 +46,9 @@ lent_block *fso_zero_lent(fso_zero *z, int b, fso_tier tier)
 static int place_shared(rank_state *rk, int b, fso_tier tier, loc *out, char *err, size_t errlen)
 {
     fso_zero *z = rk->z;
-    lent_block *lb = fso_zero_lent(z, b, tier);
-    const size_t part = z->elem_bytes[FSO_KIND_PARAM] * fso_zero_shard_elems(z, b);
-    const size_t bytes = fso_zero_shard_bytes(z, b, FSO_KIND_PARAM);
+    lent_block *lb = zr_lent(z, b, tier);
+    const size_t part = z->elem_bytes[FSO_KIND_PARAM] * zr_shard_elems(z, b);
+    const size_t bytes = zr_shard_bytes(z, b, FSO_KIND_PARAM);
     int rc;
     if (tier == FSO_TIER_DEVICE && (rc = fso_backend_charge(rk->be, bytes)) < 0) {
         snprintf(err, errlen, "device memory: %s", rk->be->err);
@@ -57,7 +57,7 @@ static int place_shared(rank_state *rk, int b, fso_tier tier, loc *out, char *er
     if (!lb->base) {
         lb->bytes = fso_fp_round_page(part * (size_t)z->world);
         if (tier == FSO_TIER_HOST) {
-            lb->base = fso_zero_rank_take(rk, lb->bytes);
+            lb->base = zr_rank_take(rk, lb->bytes);
         } else if (!(lb->base = fso_io_alloc_lean(lb->bytes))) {
             fso_backend_uncharge(rk->be, bytes);
             snprintf(err, errlen, "host memory: out of memory for block %d's parameters (%zu "
@@ -75,13 +75,13 @@ static int place_shared(rank_state *rk, int b, fso_tier tier, loc *out, char *er
 static void release_shared(rank_state *rk, int b, loc *l)
 {
     fso_zero *z = rk->z;
-    lent_block *lb = fso_zero_lent(z, b, l->tier);
-    const size_t bytes = fso_zero_shard_bytes(z, b, FSO_KIND_PARAM);
+    lent_block *lb = zr_lent(z, b, l->tier);
+    const size_t bytes = zr_shard_bytes(z, b, FSO_KIND_PARAM);
     if (l->tier == FSO_TIER_DEVICE)
         fso_backend_uncharge(rk->be, bytes);
     else /* the arena's pages of this part (whole pages: model.h) */
-        fso_zero_arena_release(z, l->ptr, z->elem_bytes[FSO_KIND_PARAM] *
-                                              fso_zero_shard_elems(z, b));
+        zr_arena_release(z, l->ptr, z->elem_bytes[FSO_KIND_PARAM] *
+                                              zr_shard_elems(z, b));
     if (--lb->refs == 0) {
         if (l->tier == FSO_TIER_DEVICE)
             fso_io_free(lb->base, lb->bytes);
@@ -89,13 +89,13 @@ static void release_shared(rank_state *rk, int b, loc *l)
     }
 }
 
-int fso_zero_place_shard(rank_state *rk, int b, fso_kind k, fso_tier tier, uint64_t *nvme_off,
-                         loc *out, char *err, size_t errlen)
+int zr_place_shard(rank_state *rk, int b, fso_kind k, fso_tier tier, uint64_t *nvme_off,
+                   loc *out, char *err, size_t errlen)
 {
-    const size_t bytes = fso_zero_shard_bytes(rk->z, b, k);
+    const size_t bytes = zr_shard_bytes(rk->z, b, k);
     memset(out, 0, sizeof *out);
     out->tier = tier;
-    if (fso_zero_block_shared(rk->z, k, tier))
+    if (zr_block_shared(rk->z, k, tier))
         return place_shared(rk, b, tier, out, err, errlen);
     if (tier == FSO_TIER_DEVICE) {
         int rc = rk->be->ops->buf_alloc(rk->be, bytes, &out->ptr);
@@ -104,7 +104,7 @@ int fso_zero_place_shard(rank_state *rk, int b, fso_kind k, fso_tier tier, uint6
         return rc;
     }
     if (tier == FSO_TIER_HOST) {
-        out->ptr = fso_zero_rank_take(rk, bytes);
+        out->ptr = zr_rank_take(rk, bytes);
     } else {
         out->off = *nvme_off;
         *nvme_off += bytes;
@@ -112,14 +112,14 @@ int fso_zero_place_shard(rank_state *rk, int b, fso_kind k, fso_tier tier, uint6
     return 0;
 }
 
-void fso_zero_release_shard(rank_state *rk, int b, fso_kind k, loc *l)
+void zr_release_shard(rank_state *rk, int b, fso_kind k, loc *l)
 {
-    if (fso_zero_block_shared(rk->z, k, l->tier) && l->ptr)
+    if (zr_block_shared(rk->z, k, l->tier) && l->ptr)
         release_shared(rk, b, l);
     else if (l->tier == FSO_TIER_DEVICE)
         rk->be->ops->buf_free(rk->be, l->ptr);
     else if (l->tier == FSO_TIER_HOST && l->ptr)
-        fso_zero_arena_release(rk->z, l->ptr, fso_zero_shard_bytes(rk->z, b, k));
+        zr_arena_release(rk->z, l->ptr, zr_shard_bytes(rk->z, b, k));
     l->ptr = NULL;
 }
 
@@ -128,21 +128,21 @@ static bool addressable(const rank_state *rk, const loc *l)
     return fso_fp_cpu_reaches(&rk->z->rules, l->tier);
 }
 
-void *fso_zero_xfer_dest(rank_state *rk, int b, fso_kind k, size_t c0, slot *s, bool in_place)
+void *zr_xfer_dest(rank_state *rk, int b, fso_kind k, size_t c0, slot *s, bool in_place)
 {
-    loc *l = fso_zero_locate(rk, b, k);
+    loc *l = zr_locate(rk, b, k);
     if (in_place && addressable(rk, l))
         return (char *)l->ptr + rk->z->elem_bytes[k] * c0;
     return s->buf;
 }
 
-/* fso_zero_xfer through `buf` (4 KiB aligned) instead of s->buf; s tracks
+/* zr_xfer through `buf` (4 KiB aligned) instead of s->buf; s tracks
  * the I/O and the copies either way. */
 static int xfer_via(rank_state *rk, errsink *es, uint64_t *bytes_done, int b, fso_kind k,
                     size_t c0, size_t n, slot *s, void *buf, bool write, bool in_place,
                     void **ptr)
 {
-    loc *l = fso_zero_locate(rk, b, k);
+    loc *l = zr_locate(rk, b, k);
     const size_t eb = rk->z->elem_bytes[k];
     size_t bytes = eb * n;
     void *shard = l->ptr ? (char *)l->ptr + eb * c0 : NULL;
@@ -164,7 +164,7 @@ static int xfer_via(rank_state *rk, errsink *es, uint64_t *bytes_done, int b, fs
          * shards are whole pages (model.h padded_elems); what the drive
          * moves is what is counted */
         __atomic_fetch_add(&bytes_done[k], fso_fp_round_page(bytes), __ATOMIC_RELAXED);
-        return fso_zero_queue_io(rk, es, s, write, buf, fso_fp_round_page(bytes), l->off + eb * c0);
+        return zr_queue_io(rk, es, s, write, buf, fso_fp_round_page(bytes), l->off + eb * c0);
     case FSO_TIER_HOST:
         if (write)
             memcpy(shard, buf, bytes);
@@ -181,13 +181,13 @@ static int xfer_via(rank_state *rk, errsink *es, uint64_t *bytes_done, int b, fs
             return be->ops->sync(be);
         }
         /* ordered after the optimizer job's work only, and waited for by
-         * fso_zero_slot_wait before the host touches buf again */
+         * zr_slot_wait before the host touches buf again */
         const uint64_t after = es == &rk->opt.err ? rk->opt.after : 0;
         if (write)
-            fso_zero_copy_in(be, shard, buf, bytes, after);
+            zr_copy_in(be, shard, buf, bytes, after);
         else
-            fso_zero_copy_out(be, buf, shard, bytes, after);
-        s->copied = fso_zero_mark_copies(be);
+            zr_copy_out(be, buf, shard, bytes, after);
+        s->copied = zr_mark_copies(be);
         return 0;
     }
     default:
@@ -195,33 +195,33 @@ static int xfer_via(rank_state *rk, errsink *es, uint64_t *bytes_done, int b, fs
     }
 }
 
-int fso_zero_xfer(rank_state *rk, errsink *es, uint64_t *bytes_done, int b, fso_kind k,
-                  size_t c0, size_t n, slot *s, bool write, bool in_place, void **ptr)
+int zr_xfer(rank_state *rk, errsink *es, uint64_t *bytes_done, int b, fso_kind k,
+            size_t c0, size_t n, slot *s, bool write, bool in_place, void **ptr)
 {
     return xfer_via(rk, es, bytes_done, b, k, c0, n, s, s->buf, write, in_place, ptr);
 }
 
-int fso_zero_shard_read_to(rank_state *rk, errsink *es, uint64_t *bytes_done, int b, fso_kind k,
-                           slot *s, void *dst)
+int zr_shard_read_to(rank_state *rk, errsink *es, uint64_t *bytes_done, int b, fso_kind k,
+                     slot *s, void *dst)
 {
     void *p;
-    return xfer_via(rk, es, bytes_done, b, k, 0, fso_zero_shard_elems(rk->z, b), s, dst, false,
+    return xfer_via(rk, es, bytes_done, b, k, 0, zr_shard_elems(rk->z, b), s, dst, false,
                     false, &p);
 }
 
 /* Whole shard (b, k) into s->buf, and back (compute thread). */
-int fso_zero_shard_fetch(rank_state *rk, int b, fso_kind k, slot *s)
+int zr_shard_fetch(rank_state *rk, int b, fso_kind k, slot *s)
 {
     void *p;
-    return fso_zero_xfer(rk, &rk->compute.err, rk->compute.st.nvme_kind_read, b, k, 0,
-                         fso_zero_shard_elems(rk->z, b), s, false, false, &p);
+    return zr_xfer(rk, &rk->compute.err, rk->compute.st.nvme_kind_read, b, k, 0,
+                   zr_shard_elems(rk->z, b), s, false, false, &p);
 }
 
-int fso_zero_shard_store(rank_state *rk, int b, fso_kind k, slot *s)
+int zr_shard_store(rank_state *rk, int b, fso_kind k, slot *s)
 {
     void *p = s->buf;
-    return fso_zero_xfer(rk, &rk->compute.err, rk->compute.st.nvme_kind_write, b, k, 0,
-                         fso_zero_shard_elems(rk->z, b), s, true, false, &p);
+    return zr_xfer(rk, &rk->compute.err, rk->compute.st.nvme_kind_write, b, k, 0,
+                   zr_shard_elems(rk->z, b), s, true, false, &p);
 }
 
 /* n fp32 values into elements of elem_bytes (4: fp32, 2: bf16 rounded to
@@ -251,9 +251,9 @@ static void widen(float *dst, const void *src, size_t elem_bytes, size_t n)
 /* Copy kind k of block b's shards on every rank from (dir 0) or to (dir 1)
  * the flat fp32 host buffer, converting to and from the kind's element
  * type. Runs on the caller's thread, synchronously. */
-int fso_zero_block_xfer(fso_zero *z, int b, float *flat, fso_kind k, int dir)
+int zr_block_xfer(fso_zero *z, int b, float *flat, fso_kind k, int dir)
 {
-    size_t S = fso_zero_shard_elems(z, b);
+    size_t S = zr_shard_elems(z, b);
     for (int r = 0; r < z->world; r++) {
         rank_state *rk = &z->ranks[r];
         slot *s = &rk->io.grad_trip;
@@ -261,13 +261,13 @@ int fso_zero_block_xfer(fso_zero *z, int b, float *flat, fso_kind k, int dir)
         rk->compute.err.rc = 0;
         if (dir == 0) {
             narrow(s->buf, z->elem_bytes[k], flat + (size_t)r * S, S);
-            rc = fso_zero_shard_store(rk, b, k, s);
+            rc = zr_shard_store(rk, b, k, s);
             if (rc == 0)
-                rc = fso_zero_slot_wait(rk, &rk->compute.err, s, fso_kind_name(k), b);
+                rc = zr_slot_wait(rk, &rk->compute.err, s, fso_kind_name(k), b);
         } else {
-            rc = fso_zero_shard_fetch(rk, b, k, s);
+            rc = zr_shard_fetch(rk, b, k, s);
             if (rc == 0)
-                rc = fso_zero_slot_wait(rk, &rk->compute.err, s, fso_kind_name(k), b);
+                rc = zr_slot_wait(rk, &rk->compute.err, s, fso_kind_name(k), b);
             if (rc == 0)
                 widen(flat + (size_t)r * S, s->buf, z->elem_bytes[k], S);
         }

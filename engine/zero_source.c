@@ -4,7 +4,7 @@
  * block's gradients reduce-scattered back into the shards, landing on
  * their tier one block behind; with the time spent in each. CPU devices
  * gather and reduce in their shared memory instead of through the
- * collective (shared_coll, zero_impl.h). */
+ * collective (shared_coll, zero_source.h). */
 #include "zero_impl.h"
 
 #include <errno.h>
@@ -34,9 +34,9 @@ static int prefetch_params(rank_state *rk, errsink *es, uint64_t *bytes_done, in
     for (int i = from; i < from + 1 + ahead && i < z->n_order; i++) {
         int b = z->order[i];
         /* never read a block the optimizer has not finished writing */
-        pthread_mutex_lock(&rk->opt.mu);
+        zr_lock(&rk->opt.mu);
         bool ready = rk->opt.ready[b] >= step;
-        pthread_mutex_unlock(&rk->opt.mu);
+        zr_unlock(&rk->opt.mu);
         if (!ready)
             break;
         bool have = false;
@@ -49,7 +49,7 @@ static int prefetch_params(rank_state *rk, errsink *es, uint64_t *bytes_done, in
          * of those, the one whose copy to the device is oldest (or done),
          * so that reusing it rarely waits */
         slot *s = NULL;
-        pthread_mutex_lock(&rk->io.mu); /* pending: either thread reaps */
+        zr_lock(&rk->io.mu); /* pending: either thread reaps */
         for (int j = 0; j < rk->io.n_prefetch; j++) {
             slot *c = &rk->io.prefetch[j];
             bool needed = false;
@@ -59,37 +59,37 @@ static int prefetch_params(rank_state *rk, errsink *es, uint64_t *bytes_done, in
             if (!needed && c->pending == 0 && (!s || c->copied < s->copied))
                 s = c;
         }
-        pthread_mutex_unlock(&rk->io.mu);
+        zr_unlock(&rk->io.mu);
         if (!s)
             break;
         /* its last copy to the device is done (long since, as a rule) */
-        fso_zero_copies_wait(rk, s);
+        zr_copies_wait(rk, s);
         const int64_t q = rk->compute.pass_lend + i;
-        void *dst = window_part(rk, q, z->elem_bytes[FSO_KIND_PARAM] * fso_zero_shard_elems(z, b));
+        void *dst = window_part(rk, q, z->elem_bytes[FSO_KIND_PARAM] * zr_shard_elems(z, b));
         s->block = b;
         s->lend = dst ? q : -1;
         void *p;
-        int rc = dst ? fso_zero_shard_read_to(rk, es, bytes_done, b, FSO_KIND_PARAM, s, dst)
-                     : fso_zero_xfer(rk, es, bytes_done, b, FSO_KIND_PARAM, 0,
-                                     fso_zero_shard_elems(z, b), s, false, false, &p);
+        int rc = dst ? zr_shard_read_to(rk, es, bytes_done, b, FSO_KIND_PARAM, s, dst)
+                     : zr_xfer(rk, es, bytes_done, b, FSO_KIND_PARAM, 0,
+                               zr_shard_elems(z, b), s, false, false, &p);
         if (rc < 0) {
-            pthread_mutex_lock(&rk->io.mu);
+            zr_lock(&rk->io.mu);
             s->err = rc; /* whoever waits for the slot says so */
-            pthread_mutex_unlock(&rk->io.mu);
+            zr_unlock(&rk->io.mu);
             return rc;
         }
     }
     return 0;
 }
 
-void fso_zero_prefetch_kick(rank_state *rk, int64_t step)
+void zr_prefetch_kick(rank_state *rk, int64_t step)
 {
     if (rk->z->tier[FSO_KIND_PARAM] != FSO_TIER_NVME)
         return;
     errsink es = {0}; /* a failed read fails the slot, which compute waits for */
-    pthread_mutex_lock(&rk->io.pf_mu);
+    zr_lock(&rk->io.pf_mu);
     prefetch_params(rk, &es, rk->opt.read_kind, step);
-    pthread_mutex_unlock(&rk->io.pf_mu);
+    zr_unlock(&rk->io.pf_mu);
 }
 
 /* ------------------------------------- gathers and reduces in shared memory */
@@ -105,7 +105,7 @@ static void free_arrays(shared_coll *sc)
     sc->rs_src = NULL;
 }
 
-int fso_zero_shared_coll_init(fso_zero *z)
+int zr_shared_coll_init(fso_zero *z)
 {
     shared_coll *sc = &z->sc;
     if (z->world < 2 || !z->ranks[0].be->ops->host_addressable)
@@ -127,24 +127,24 @@ int fso_zero_shared_coll_init(fso_zero *z)
         sc->rs_posted[r] = sc->rs_read[r] = -1;
         z->ranks[r].compute.grad_reduce[0] = z->ranks[r].compute.grad_reduce[1] = -1;
     }
-    pthread_mutex_init(&sc->mu, NULL);
+    zr_mutex_init(&sc->mu, ZR_LOCK_SC);
     pthread_cond_init(&sc->cv, NULL);
     sc->on = true;
     return 0;
 }
 
-void fso_zero_shared_coll_free(fso_zero *z)
+void zr_shared_coll_free(fso_zero *z)
 {
     shared_coll *sc = &z->sc;
     if (!sc->on)
         return;
-    pthread_mutex_destroy(&sc->mu);
+    zr_mutex_destroy(&sc->mu);
     pthread_cond_destroy(&sc->cv);
     free_arrays(sc);
     sc->on = false;
 }
 
-void fso_zero_windows_reset(fso_zero *z)
+void zr_windows_reset(fso_zero *z)
 {
     shared_coll *sc = &z->sc;
     if (!sc->on)
@@ -153,28 +153,28 @@ void fso_zero_windows_reset(fso_zero *z)
     for (int r = 0; r < z->world; r++)
         if (z->ranks[r].compute.lends - 1 > last)
             last = z->ranks[r].compute.lends - 1;
-    pthread_mutex_lock(&sc->mu);
+    zr_lock(&sc->mu);
     for (size_t i = 0; i < (size_t)sc->n * (size_t)z->world; i++)
         sc->released[i] = last;
-    pthread_mutex_unlock(&sc->mu);
+    zr_unlock(&sc->mu);
 }
 
 /* Wait until every device's entry of window w in `seen` is at least lend q. */
 static void sc_wait(shared_coll *sc, int world, const int64_t *seen, int w, int64_t q)
 {
-    pthread_mutex_lock(&sc->mu);
+    zr_lock(&sc->mu);
     for (int k = 0; k < world; k++)
         while (seen[(size_t)w * world + k] < q)
-            pthread_cond_wait(&sc->cv, &sc->mu);
-    pthread_mutex_unlock(&sc->mu);
+            zr_cond_wait(&sc->cv, &sc->mu);
+    zr_unlock(&sc->mu);
 }
 
 static void sc_set(shared_coll *sc, int world, int64_t *seen, int w, int rank, int64_t q)
 {
-    pthread_mutex_lock(&sc->mu);
+    zr_lock(&sc->mu);
     seen[(size_t)w * world + rank] = q;
     pthread_cond_broadcast(&sc->cv);
-    pthread_mutex_unlock(&sc->mu);
+    zr_unlock(&sc->mu);
 }
 
 static void *window_of(fso_zero *z, int64_t q)
@@ -208,10 +208,10 @@ static void *window_part(rank_state *rk, int64_t q, size_t bytes)
         return NULL;
     const int w = (int)(q % sc->n);
     bool free_now = true;
-    pthread_mutex_lock(&sc->mu);
+    zr_lock(&sc->mu);
     for (int k = 0; k < z->world; k++)
         free_now = free_now && sc->released[(size_t)w * z->world + k] >= q - sc->n;
-    pthread_mutex_unlock(&sc->mu);
+    zr_unlock(&sc->mu);
     char *part = (char *)window_of(z, q) + (size_t)rk->rank * bytes;
     return free_now && (uintptr_t)part % FSO_IO_PAGE == 0 && bytes % FSO_IO_PAGE == 0 ? part
                                                                                  : NULL;
@@ -227,23 +227,23 @@ static void sc_reduce(rank_state *rk, int g, size_t S, float *dst, bool accumula
     shared_coll *sc = &z->sc;
     const int64_t p = rk->compute.reduces++;
     const float *src[FSO_MAX_DEVICES];
-    pthread_mutex_lock(&sc->mu);
+    zr_lock(&sc->mu);
     sc->rs_src[rk->rank * 2 + p % 2] = rk->compute.grad_full[g];
     sc->rs_posted[rk->rank] = p;
     pthread_cond_broadcast(&sc->cv);
     for (int k = 0; k < z->world; k++) {
         while (sc->rs_posted[k] < p)
-            pthread_cond_wait(&sc->cv, &sc->mu);
+            zr_cond_wait(&sc->cv, &sc->mu);
         src[k] = sc->rs_src[k * 2 + p % 2] + (size_t)rk->rank * S;
     }
-    pthread_mutex_unlock(&sc->mu);
+    zr_unlock(&sc->mu);
     if (rk->compute.err.rc == 0)
         fso_host_reduce_sqnorm(fso_backend_pool(rk->be), dst, src, z->world, S, accumulate, sq);
     rk->compute.grad_reduce[g] = p;
-    pthread_mutex_lock(&sc->mu);
+    zr_lock(&sc->mu);
     sc->rs_read[rk->rank] = p;
     pthread_cond_broadcast(&sc->cv);
-    pthread_mutex_unlock(&sc->mu);
+    zr_unlock(&sc->mu);
 }
 
 /* grad_full[g] may be written again: every rank has read it. */
@@ -253,11 +253,11 @@ static void sc_grads_free(rank_state *rk, int g)
     const int64_t p = rk->compute.grad_reduce[g];
     if (p < 0)
         return;
-    pthread_mutex_lock(&sc->mu);
+    zr_lock(&sc->mu);
     for (int k = 0; k < rk->z->world; k++)
         while (sc->rs_read[k] < p)
-            pthread_cond_wait(&sc->cv, &sc->mu);
-    pthread_mutex_unlock(&sc->mu);
+            zr_cond_wait(&sc->cv, &sc->mu);
+    zr_unlock(&sc->mu);
 }
 
 static void sc_release(rank_state *rk, int g)
@@ -280,19 +280,19 @@ static const void *src_params(void *ctx, int b)
     rank_state *rk = ctx;
     fso_zero *z = rk->z;
     fso_backend *be = rk->be;
-    size_t S = fso_zero_shard_elems(z, b);
+    size_t S = zr_shard_elems(z, b);
     const size_t eb = z->elem_bytes[FSO_KIND_PARAM], shard_bytes = eb * S;
     const int64_t q = rk->compute.lends++;
 
     /* the previous step's update of this block must be in (overlapped schedules) */
     if (rk->compute.err.rc == 0)
-        fso_zero_optim_wait_block(rk, b, z->step);
+        zr_optim_wait_block(rk, b, z->step);
     if (z->lend_in_place) {
         if (z->world == 1)
-            return fso_zero_locate(rk, b, FSO_KIND_PARAM)->ptr;
+            return zr_locate(rk, b, FSO_KIND_PARAM)->ptr;
         if (rk->compute.err.rc == 0)
-            fso_zero_optim_wait_peers(rk, b, z->step);
-        return fso_zero_lent(z, b, fso_zero_locate(rk, b, FSO_KIND_PARAM)->tier)->base;
+            zr_optim_wait_peers(rk, b, z->step);
+        return zr_lent(z, b, zr_locate(rk, b, FSO_KIND_PARAM)->tier)->base;
     }
     int g = rk->compute.gather_refs[0] == 0 ? 0 : 1;
     FSO_BUG_ON(rk->compute.gather_refs[g] != 0, "more than two blocks lent at once");
@@ -305,49 +305,49 @@ static const void *src_params(void *ctx, int b)
         after = rk->opt.ready_mark[b];
     void *mine = (char *)recv + (size_t)rk->rank * shard_bytes;
     const void *send = mine; /* this rank's shard, where the gather reads it */
-    loc *l = fso_zero_locate(rk, b, FSO_KIND_PARAM);
+    loc *l = zr_locate(rk, b, FSO_KIND_PARAM);
     if (rk->compute.err.rc == 0) {
         if (l->tier == FSO_TIER_DEVICE ||
             (l->tier == FSO_TIER_HOST && be->ops->host_addressable)) {
             if (z->sc.on)
-                fso_zero_copy_in(be, mine, l->ptr, shard_bytes, after);
+                zr_copy_in(be, mine, l->ptr, shard_bytes, after);
             else
                 send = l->ptr; /* gathered straight from where it lives */
         } else if (l->tier == FSO_TIER_HOST) {
-            fso_zero_copy_in(be, mine, l->ptr, shard_bytes, after);
+            zr_copy_in(be, mine, l->ptr, shard_bytes, after);
         } else {
             /* the order must match the model's: it is the same on every rank */
             FSO_BUG_ON(rk->compute.order_pos >= z->n_order || z->order[rk->compute.order_pos] != b,
                        "block %d asked out of order", b);
             uint64_t *counted = rk->compute.st.nvme_kind_read;
-            pthread_mutex_lock(&rk->io.pf_mu);
+            zr_lock(&rk->io.pf_mu);
             prefetch_params(rk, &rk->compute.err, counted, z->step);
             slot *s = NULL;
             for (int j = 0; j < rk->io.n_prefetch; j++)
                 if (rk->io.prefetch[j].block == b)
                     s = &rk->io.prefetch[j];
-            pthread_mutex_unlock(&rk->io.pf_mu);
+            zr_unlock(&rk->io.pf_mu);
             double t0 = fso_now_ms();
-            int wrc = s ? fso_zero_slot_wait(rk, &rk->compute.err, s, "parameters", b) : -EIO;
+            int wrc = s ? zr_slot_wait(rk, &rk->compute.err, s, "parameters", b) : -EIO;
             rk->compute.st.stall_ms += fso_now_ms() - t0;
             FSO_BUG_ON(s && s->lend >= 0 && s->lend != q,
                        "lend %lld read into the window of lend %lld", (long long)q,
                        (long long)s->lend);
             const bool direct = s && s->lend == q; /* read into `mine` already */
             if (wrc == 0 && !direct)
-                fso_zero_copy_in(be, mine, s->buf, shard_bytes, after);
-            pthread_mutex_lock(&rk->io.pf_mu);
+                zr_copy_in(be, mine, s->buf, shard_bytes, after);
+            zr_lock(&rk->io.pf_mu);
             if (s && wrc == 0 && !direct) /* the slot may be read into again once this copy
                                              is done: prefetch_params waits for that, not for
                                              compute */
-                s->copied = fso_zero_mark_copies(be);
+                s->copied = zr_mark_copies(be);
             if (s) {
                 s->block = -1;
                 s->lend = -1;
             }
             rk->compute.order_pos++;
             prefetch_params(rk, &rk->compute.err, counted, z->step);
-            pthread_mutex_unlock(&rk->io.pf_mu);
+            zr_unlock(&rk->io.pf_mu);
         }
     }
     /* Every rank joins the gather even after a failure, so no rank waits
@@ -377,7 +377,7 @@ static void src_release(void *ctx, int b)
                 sc_release(rk, g);
             rk->compute.gather_refs[g] = 0;
             rk->compute.gather_block[g] = -1;
-            rk->compute.gather_free[g] = fso_zero_mark(rk->be); /* compute with it is all queued */
+            rk->compute.gather_free[g] = zr_mark(rk->be); /* compute with it is all queued */
             return;
         }
 }
@@ -404,7 +404,7 @@ static float *src_grads(void *ctx, int b)
  * same bits wherever the gradients live), stored, and with the backward
  * schedule the block's update started. Runs one block behind the copies,
  * so the host works while the device copies the next block's shard. */
-void fso_zero_grads_land(rank_state *rk)
+void zr_grads_land(rank_state *rk)
 {
     grad_pending gp = rk->io.landing;
     if (gp.block < 0)
@@ -415,14 +415,14 @@ void fso_zero_grads_land(rank_state *rk)
     fso_zero *z = rk->z;
     fso_backend *be = rk->be;
     const int b = gp.block;
-    const size_t S = fso_zero_shard_elems(z, b);
+    const size_t S = zr_shard_elems(z, b);
     slot *in = &rk->io.grad_down[gp.buf], *s = in;
     if (gp.mark)
         be->ops->wait_mark(be, gp.mark); /* that copy only, not the device */
     if (gp.micro > 0) {
         s = &rk->io.grad_trip;
-        if (fso_zero_shard_fetch(rk, b, FSO_KIND_GRAD, s) < 0 ||
-            fso_zero_slot_wait(rk, &rk->compute.err, s, "gradients", b) < 0)
+        if (zr_shard_fetch(rk, b, FSO_KIND_GRAD, s) < 0 ||
+            zr_slot_wait(rk, &rk->compute.err, s, "gradients", b) < 0)
             return;
         float *acc = s->buf;
         const float *add = in->buf;
@@ -433,11 +433,11 @@ void fso_zero_grads_land(rank_state *rk)
         rk->compute.grad_sq[b] = 0;
         fso_host_sqnorm(fso_backend_pool(be), &rk->compute.grad_sq[b], s->buf, S);
     }
-    if (fso_zero_shard_store(rk, b, FSO_KIND_GRAD, s) < 0 ||
-        fso_zero_slot_wait(rk, &rk->compute.err, s, "gradients", b) < 0)
+    if (zr_shard_store(rk, b, FSO_KIND_GRAD, s) < 0 ||
+        zr_slot_wait(rk, &rk->compute.err, s, "gradients", b) < 0)
         return;
     if (z->cfg->optimizer_overlap == FSO_OVERLAP_BACKWARD && gp.last)
-        fso_zero_optim_post_block(rk, &rk->opt.bwd_step, b);
+        zr_optim_post_block(rk, &rk->opt.bwd_step, b);
 }
 
 /* Reduce-scatter the block's gradients so this rank keeps its shard. On a
@@ -453,10 +453,10 @@ static void src_grads_done(void *ctx, int b)
     fso_zero *z = rk->z;
     fso_backend *be = rk->be;
     int g = rk->compute.grad_full_block[0] == b ? 0 : 1;
-    size_t S = fso_zero_shard_elems(z, b);
+    size_t S = zr_shard_elems(z, b);
     float *mine = rk->compute.grad_full[g] + (size_t)rk->rank * S;
     const bool last = rk->compute.micro == z->cfg->grad_accum - 1;
-    loc *l = fso_zero_locate(rk, b, FSO_KIND_GRAD);
+    loc *l = zr_locate(rk, b, FSO_KIND_GRAD);
     const bool direct = z->rules.host_addressable && l->tier != FSO_TIER_NVME;
 
     /* shared reduces (CPU devices) add into the tier themselves, and take
@@ -481,8 +481,8 @@ static void src_grads_done(void *ctx, int b)
         /* the staging buffer the pending block does not hold */
         int i = rk->io.landing.block >= 0 ? 1 - rk->io.landing.buf : 0;
         be->ops->copy_d2h(be, rk->io.grad_down[i].buf, mine, sizeof(float) * S);
-        uint64_t m = fso_zero_mark(be);
-        fso_zero_grads_land(rk);
+        uint64_t m = zr_mark(be);
+        zr_grads_land(rk);
         rk->io.landing = (grad_pending){.block = b, .buf = i, .mark = m, .micro = rk->compute.micro,
                                    .last = last};
         return;
@@ -502,7 +502,7 @@ static void src_grads_done(void *ctx, int b)
      * are in, which the optimizer thread waits for (the job's mark), not
      * this one */
     if (z->cfg->optimizer_overlap == FSO_OVERLAP_BACKWARD && last && rk->compute.err.rc == 0)
-        fso_zero_optim_post_block(rk, &rk->opt.bwd_step, b);
+        zr_optim_post_block(rk, &rk->opt.bwd_step, b);
 }
 
 /* Timing for the step report and the re-plan. The time inside params()
@@ -510,7 +510,7 @@ static void src_grads_done(void *ctx, int b)
  * waiting, not compute. Compute between two callbacks belongs to the block
  * lent last, except that the head's visit also lends the embedding (tied
  * heads): that compute is the head's. */
-void fso_zero_clock_in(rank_state *rk, double now)
+void zr_clock_in(rank_state *rk, double now)
 {
     if (rk->clock.cur_block >= 0)
         rk->clock.block_ms[rk->clock.cur_block] += now - rk->clock.t_mark;
@@ -528,7 +528,7 @@ static const void *timed_params(void *ctx, int b)
 {
     rank_state *rk = ctx;
     double t0 = fso_now_ms();
-    fso_zero_clock_in(rk, t0);
+    zr_clock_in(rk, t0);
     const void *p = src_params(ctx, b);
     double t1 = fso_now_ms();
     rk->clock.wait_ms += t1 - t0;
@@ -540,7 +540,7 @@ static void timed_release(void *ctx, int b)
 {
     rank_state *rk = ctx;
     double t0 = fso_now_ms();
-    fso_zero_clock_in(rk, t0);
+    zr_clock_in(rk, t0);
     src_release(ctx, b);
     clock_out(rk, fso_now_ms(), -1);
 }
@@ -549,7 +549,7 @@ static float *timed_grads(void *ctx, int b)
 {
     rank_state *rk = ctx;
     double t0 = fso_now_ms();
-    fso_zero_clock_in(rk, t0);
+    zr_clock_in(rk, t0);
     float *g = src_grads(ctx, b);
     clock_out(rk, fso_now_ms(), b);
     return g;
@@ -559,21 +559,21 @@ static void timed_grads_done(void *ctx, int b)
 {
     rank_state *rk = ctx;
     double t0 = fso_now_ms();
-    fso_zero_clock_in(rk, t0);
+    zr_clock_in(rk, t0);
     src_grads_done(ctx, b);
     double t1 = fso_now_ms();
     rk->clock.wait_ms += t1 - t0;
     clock_out(rk, t1, -1);
 }
 
-fso_block_source fso_zero_rank_source(rank_state *rk)
+fso_block_source zr_rank_source(rank_state *rk)
 {
     fso_block_source s = {.ctx = rk, .params = timed_params, .release = timed_release,
                           .grads = timed_grads, .grads_done = timed_grads_done};
     return s;
 }
 
-void fso_zero_source_reset(rank_state *rk)
+void zr_source_reset(rank_state *rk)
 {
     for (int g = 0; g < 2 && rk->z->sc.on; g++)
         if (rk->compute.gather_refs[g])
@@ -581,12 +581,12 @@ void fso_zero_source_reset(rank_state *rk)
     rk->compute.gather_refs[0] = rk->compute.gather_refs[1] = 0;
     rk->compute.gather_block[0] = rk->compute.gather_block[1] = -1;
     rk->compute.grad_full_block[0] = rk->compute.grad_full_block[1] = -1;
-    pthread_mutex_lock(&rk->io.pf_mu);
+    zr_lock(&rk->io.pf_mu);
     rk->compute.order_pos = 0;
     rk->compute.pass_lend = rk->compute.lends;
     for (int j = 0; j < rk->io.n_prefetch; j++) {
         rk->io.prefetch[j].block = -1;
         rk->io.prefetch[j].lend = -1;
     }
-    pthread_mutex_unlock(&rk->io.pf_mu);
+    zr_unlock(&rk->io.pf_mu);
 }

@@ -16,7 +16,7 @@
 
 static void drain(rank_state *rk)
 {
-    fso_zero_drain_slots(rk, false);
+    zr_drain_slots(rk, false);
 }
 
 static fso_adamw_step step_hparams(const fso_zero *z, double clip_coef)
@@ -50,7 +50,7 @@ static void *rank_step(void *arg)
     fso_zero *z = rk->z;
     const fso_config *cfg = z->cfg;
     const size_t bt = (size_t)cfg->micro_batch * cfg->data.seq_len;
-    fso_block_source src = fso_zero_rank_source(rk);
+    fso_block_source src = zr_rank_source(rk);
     float grad_scale = 1.0f / (float)(cfg->grad_accum * z->world);
 
     memset(&rk->compute.st, 0, sizeof rk->compute.st);
@@ -60,18 +60,18 @@ static void *rank_step(void *arg)
     memset(rk->clock.block_ms, 0, sizeof *rk->clock.block_ms * (size_t)z->n_blocks);
     double t0 = fso_now_ms();
     for (int a = 0; a < cfg->grad_accum; a++) {
-        fso_zero_source_reset(rk);
+        zr_source_reset(rk);
         rk->compute.micro = a;
         rk->clock.cur_block = -1;
         rk->clock.t_mark = fso_now_ms();
         size_t mb = (size_t)a * z->world + rk->rank;
         fso_model_step(&rk->model, &src, rk->compute.inputs + mb * bt,
                        rk->compute.targets + mb * bt, grad_scale, &rk->compute.loss_sum);
-        fso_zero_clock_in(rk, fso_now_ms()); /* the last block's compute */
+        zr_clock_in(rk, fso_now_ms()); /* the last block's compute */
         /* the micro-batch's last gradients land while the next one's
          * forward runs (the next landing comes first), or now at the end */
     }
-    fso_zero_grads_land(rk);
+    zr_grads_land(rk);
     rk->compute.st.compute_ms = fso_now_ms() - t0 - rk->clock.wait_ms;
 
     /* exact global norm and mean loss: one all-reduce (also carries
@@ -80,7 +80,7 @@ static void *rank_step(void *arg)
      * the step's one wait for the device. */
     int drc = rk->compute.err.rc == 0 ? rk->be->ops->sync(rk->be) : 0;
     if (drc < 0)
-        fso_zero_fail(&rk->compute.err, drc, "device %d: %s", rk->rank, rk->be->err);
+        zr_fail(&rk->compute.err, drc, "device %d: %s", rk->rank, rk->be->err);
     double sq = 0;
     for (int b = 0; b < z->n_blocks && rk->compute.err.rc == 0; b++)
         sq += rk->compute.grad_sq[b];
@@ -90,8 +90,8 @@ static void *rank_step(void *arg)
     rk->compute.st.grad_norm = sqrt(red[1]);
     if (red[2] != 0) { /* some rank failed: nobody updates */
         if (rk->compute.err.rc == 0)
-            fso_zero_fail(&rk->compute.err, -ECANCELED, "device %d: another device failed",
-                          rk->rank);
+            zr_fail(&rk->compute.err, -ECANCELED, "device %d: another device failed",
+                    rk->rank);
         drain(rk);
         return NULL;
     }
@@ -99,19 +99,19 @@ static void *rank_step(void *arg)
         if (cfg->optimizer_overlap == FSO_OVERLAP_BACKWARD) {
             /* blocks were updated as their gradients came in: say which
              * was not, as the optimizer thread found it */
-            if (fso_zero_optim_wait_all(rk) == 0)
-                fso_zero_fail(&rk->compute.err, -ERANGE,
-                              "step %lld: loss %g, gradient norm %g: training diverged; "
-                              "train.optimizer_overlap \"backward\" had already updated every "
-                              "block; lower optimizer.params.lr",
-                              (long long)(z->step + 1), rk->compute.st.loss,
-                              rk->compute.st.grad_norm);
+            if (zr_optim_wait_all(rk) == 0)
+                zr_fail(&rk->compute.err, -ERANGE,
+                        "step %lld: loss %g, gradient norm %g: training diverged; "
+                        "train.optimizer_overlap \"backward\" had already updated every "
+                        "block; lower optimizer.params.lr",
+                        (long long)(z->step + 1), rk->compute.st.loss,
+                        rk->compute.st.grad_norm);
             return NULL;
         }
-        fso_zero_fail(&rk->compute.err, -ERANGE,
-                      "step %lld: loss %g, gradient norm %g: training diverged and the update was "
-                      "not applied; lower optimizer.params.lr or set gradient_clipping",
-                      (long long)(z->step + 1), rk->compute.st.loss, rk->compute.st.grad_norm);
+        zr_fail(&rk->compute.err, -ERANGE,
+                "step %lld: loss %g, gradient norm %g: training diverged and the update was "
+                "not applied; lower optimizer.params.lr or set gradient_clipping",
+                (long long)(z->step + 1), rk->compute.st.loss, rk->compute.st.grad_norm);
         return NULL;
     }
     rk->compute.st.clip_coef = 1.0;
@@ -127,23 +127,23 @@ static void *rank_step(void *arg)
      * for block by block; backward: this step's). Its last writes may still
      * be in flight: wait for them before the next update is posted, as the
      * next forward's first block would. */
-    if (cfg->optimizer_overlap != FSO_OVERLAP_NONE && fso_zero_optim_wait_all(rk) < 0) {
+    if (cfg->optimizer_overlap != FSO_OVERLAP_NONE && zr_optim_wait_all(rk) < 0) {
         drain(rk);
         return NULL;
     }
-    pthread_mutex_lock(&rk->opt.mu);
+    zr_lock(&rk->opt.mu);
     rk->compute.st.optimizer_ms = rk->opt.busy_ms;
     rk->opt.busy_ms = 0;
-    pthread_mutex_unlock(&rk->opt.mu);
+    zr_unlock(&rk->opt.mu);
     take_optimizer_bytes(rk);
     if (cfg->optimizer_overlap == FSO_OVERLAP_NONE) {
-        if (fso_zero_optim_run(rk, &as) < 0)
+        if (zr_optim_run(rk, &as) < 0)
             drain(rk);
         rk->compute.st.optimizer_ms = rk->opt.busy_ms;
         rk->opt.busy_ms = 0;
         take_optimizer_bytes(rk);
     } else if (cfg->optimizer_overlap == FSO_OVERLAP_FORWARD) {
-        fso_zero_optim_post_step(rk, &as);
+        zr_optim_post_step(rk, &as);
     }
     return NULL;
 }
@@ -156,7 +156,7 @@ int fso_zero_finish(fso_zero *z, double *waited_ms, char *err, size_t errlen)
         rank_state *rk = &z->ranks[r];
         rk->compute.err.rc = 0;
         rk->compute.st.optimizer_exposed_ms = 0;
-        int e = fso_zero_optim_wait_all(rk);
+        int e = zr_optim_wait_all(rk);
         if (r == 0)
             *waited_ms = rk->compute.st.optimizer_exposed_ms;
         if (e < 0 && rc == 0) {
@@ -182,27 +182,27 @@ static void *worker_main(void *arg)
     if (z->topo && rk->numa >= 0)
         fso_topo_bind_thread(z->topo, rk->numa);
     uint64_t seen = 0;
-    pthread_mutex_lock(&z->threads.mu);
+    zr_lock(&z->threads.mu);
     for (;;) {
         while (!z->threads.quit && z->threads.gen == seen)
-            pthread_cond_wait(&z->threads.run_cv, &z->threads.mu);
+            zr_cond_wait(&z->threads.run_cv, &z->threads.mu);
         if (z->threads.quit)
             break;
         seen = z->threads.gen;
         void *(*fn)(void *) = z->threads.job;
-        pthread_mutex_unlock(&z->threads.mu);
+        zr_unlock(&z->threads.mu);
         fn(rk);
-        pthread_mutex_lock(&z->threads.mu);
+        zr_lock(&z->threads.mu);
         if (--z->threads.left == 0)
             pthread_cond_signal(&z->threads.done_cv);
     }
-    pthread_mutex_unlock(&z->threads.mu);
+    zr_unlock(&z->threads.mu);
     return NULL;
 }
 
-int fso_zero_start_workers(fso_zero *z, char *err, size_t errlen)
+int zr_start_workers(fso_zero *z, char *err, size_t errlen)
 {
-    pthread_mutex_init(&z->threads.mu, NULL);
+    zr_mutex_init(&z->threads.mu, ZR_LOCK_THREADS);
     pthread_cond_init(&z->threads.run_cv, NULL);
     pthread_cond_init(&z->threads.done_cv, NULL);
     z->threads.init = true;
@@ -224,24 +224,24 @@ int fso_zero_start_workers(fso_zero *z, char *err, size_t errlen)
     return 0;
 }
 
-void fso_zero_stop_workers(fso_zero *z)
+void zr_stop_workers(fso_zero *z)
 {
     if (!z->threads.init)
         return;
-    pthread_mutex_lock(&z->threads.mu);
+    zr_lock(&z->threads.mu);
     z->threads.quit = true;
     pthread_cond_broadcast(&z->threads.run_cv);
-    pthread_mutex_unlock(&z->threads.mu);
+    zr_unlock(&z->threads.mu);
     for (int r = 1; r <= z->threads.n_workers; r++)
         pthread_join(z->threads.workers[r], NULL);
     pthread_cond_destroy(&z->threads.run_cv);
     pthread_cond_destroy(&z->threads.done_cv);
-    pthread_mutex_destroy(&z->threads.mu);
+    zr_mutex_destroy(&z->threads.mu);
     z->threads.init = false;
 }
 
 /* Run fn on every device, device 0 on the caller's thread, and wait. */
-int fso_zero_run_ranks(fso_zero *z, void *(*fn)(void *))
+int zr_run_ranks(fso_zero *z, void *(*fn)(void *))
 {
     int rc = 0;
     for (int r = 0; r < z->world; r++)
@@ -249,24 +249,24 @@ int fso_zero_run_ranks(fso_zero *z, void *(*fn)(void *))
     if (!z->threads.caller_bound && z->topo && z->ranks[0].numa >= 0)
         fso_topo_bind_thread(z->topo, z->ranks[0].numa);
     z->threads.caller_bound = true;
-    pthread_mutex_lock(&z->threads.mu);
+    zr_lock(&z->threads.mu);
     z->threads.job = fn;
     z->threads.left = z->world - 1;
     z->threads.gen++;
     pthread_cond_broadcast(&z->threads.run_cv);
-    pthread_mutex_unlock(&z->threads.mu);
+    zr_unlock(&z->threads.mu);
     fn(&z->ranks[0]);
-    pthread_mutex_lock(&z->threads.mu);
+    zr_lock(&z->threads.mu);
     while (z->threads.left > 0)
-        pthread_cond_wait(&z->threads.done_cv, &z->threads.mu);
-    pthread_mutex_unlock(&z->threads.mu);
+        zr_cond_wait(&z->threads.done_cv, &z->threads.mu);
+    zr_unlock(&z->threads.mu);
     for (int r = 0; r < z->world; r++)
         if (z->ranks[r].compute.err.rc && (rc == 0 || rc == -ECANCELED))
             rc = z->ranks[r].compute.err.rc;
     return rc;
 }
 
-void fso_zero_first_error(const fso_zero *z, char *err, size_t errlen)
+void zr_first_error(const fso_zero *z, char *err, size_t errlen)
 {
     for (int r = 0; r < z->world; r++)
         if (z->ranks[r].compute.err.rc && z->ranks[r].compute.err.rc != -ECANCELED) {
@@ -279,11 +279,20 @@ void fso_zero_first_error(const fso_zero *z, char *err, size_t errlen)
 int fso_zero_step_run(fso_zero *z, const int32_t *inputs, const int32_t *targets,
                       fso_zero_step *st, char *err, size_t errlen)
 {
+    const fso_config *cfg = z->cfg;
+    const double t0 = fso_now_ms();
+    const int64_t step = z->step + 1;
     for (int r = 0; r < z->world; r++) {
         z->ranks[r].compute.inputs = inputs;
         z->ranks[r].compute.targets = targets;
     }
-    int rc = fso_zero_run_ranks(z, rank_step);
+    int rc = zr_run_ranks(z, rank_step);
+    if (rc < 0) {
+        const fso_zero_step *r0 = &z->ranks[0].compute.st;
+        *st = (fso_zero_step){.step = step, .loss = r0->loss, .grad_norm = r0->grad_norm};
+        zr_first_error(z, err, errlen);
+        return rc;
+    }
     *st = z->ranks[0].compute.st;
     st->nvme_read_bytes = st->nvme_write_bytes = 0;
     memset(st->nvme_kind_read, 0, sizeof st->nvme_kind_read);
@@ -301,11 +310,11 @@ int fso_zero_step_run(fso_zero *z, const int32_t *inputs, const int32_t *targets
         st->nvme_read_bytes += st->nvme_kind_read[k];
         st->nvme_write_bytes += st->nvme_kind_write[k];
     }
-    if (rc < 0) {
-        fso_zero_first_error(z, err, errlen);
-        return rc;
-    }
+    st->step = step;
+    st->tokens = (int64_t)z->world * cfg->grad_accum * cfg->micro_batch * cfg->data.seq_len;
+    st->stale_marks = fso_zero_stale_marks(z);
     z->step++;
+    st->step_ms = fso_now_ms() - t0;
     return 0;
 }
 
@@ -317,8 +326,8 @@ int64_t fso_zero_steps(const fso_zero *z)
 static void *rank_logits(void *arg)
 {
     rank_state *rk = arg;
-    fso_block_source src = fso_zero_rank_source(rk);
-    fso_zero_source_reset(rk);
+    fso_block_source src = zr_rank_source(rk);
+    zr_source_reset(rk);
     fso_model_forward_logits(&rk->model, &src, rk->compute.inputs, rk->compute.logits);
     return NULL;
 }
@@ -343,9 +352,9 @@ int fso_zero_forward_logits(fso_zero *z, const int32_t *inputs, float *logits, c
         z->ranks[r].compute.inputs = inputs;
         z->ranks[r].compute.logits = r == 0 ? logits : scratch;
     }
-    int rc = fso_zero_run_ranks(z, rank_logits);
+    int rc = zr_run_ranks(z, rank_logits);
     free(scratch);
     if (rc < 0)
-        fso_zero_first_error(z, err, errlen);
+        zr_first_error(z, err, errlen);
     return rc;
 }

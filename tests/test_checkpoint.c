@@ -100,7 +100,7 @@ static void job_step(job *j, double *loss, double *norm)
 {
     for (size_t a = 0; a < j->n / j->bt; a++)
         fso_data_next(&j->data, j->in + a * j->bt, j->tg + a * j->bt);
-    fso_step_stats st;
+    fso_zero_step st;
     if (fso_trainer_step(&j->tr, j->in, j->tg, &st) < 0)
         fail_msg("step %lld: %s", (long long)fso_zero_steps(j->tr.zero) + 1, j->tr.err);
     *loss = st.loss;

@@ -1623,7 +1623,7 @@ static void train_small(const char *backend, int world, fso_tier param, fso_tier
     for (int st = 0; st < 3; st++) {
         for (size_t a = 0; a < n / bt; a++)
             fso_data_next(&data, in + a * bt, tg + a * bt);
-        fso_step_stats ss;
+        fso_zero_step ss;
         if (fso_trainer_step(&tr, in, tg, &ss) < 0)
             fail_msg("%s, %d devices, step %d: %s", backend, world, st + 1, tr.err);
         out->loss[st] = ss.loss;

@@ -148,7 +148,7 @@ static void check_traffic(const job *j, const fso_config *cfg, fso_trainer *tr)
     assert_non_null(in);
     assert_non_null(tg);
     for (int s = 1; s <= 2; s++) {
-        fso_step_stats st;
+        fso_zero_step st;
         for (size_t a = 0; a < n / bt; a++)
             fso_data_next(&data, in + a * bt, tg + a * bt);
         if (fso_trainer_step(tr, in, tg, &st) < 0)

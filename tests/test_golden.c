@@ -291,7 +291,7 @@ static void run_golden(const char *fixture_name, variant vr)
     }
 
     for (int s = 0; s < f.nsteps; s++) {
-        fso_step_stats st;
+        fso_zero_step st;
         if (fso_trainer_step(&tr, f.inputs + s * bt, f.targets + s * bt, &st) < 0)
             fail_msg("step %d: %s", s + 1, tr.err);
         if (!(fabs(st.loss - f.losses[s]) <= tol.rel * fabs(f.losses[s]))) {

@@ -551,7 +551,7 @@ static void run_fixture(const char *name, variant v)
     assert_non_null(tg);
     for (size_t i = 0; i < ntok; i++)
         in[i] = (int32_t)fin[i], tg[i] = (int32_t)ftg[i];
-    fso_step_stats st;
+    fso_zero_step st;
     if (fso_trainer_step(&tr, in, tg, &st) < 0)
         fail_msg("step: %s", tr.err);
     float *loss = expected_tensor(&x, "loss", 1);

@@ -172,7 +172,7 @@ static void test_divergence_stops_without_update(void **state)
     assert_int_equal(fso_zero_load_hf(tr.zero, p, err, sizeof err), 0);
     int32_t *in = malloc(sizeof(int32_t) * bt), *tg = malloc(sizeof(int32_t) * bt);
     fso_data_next(&data, in, tg);
-    fso_step_stats st;
+    fso_zero_step st;
     assert_int_equal(fso_trainer_step(&tr, in, tg, &st), -ERANGE);
     assert_non_null(strstr(tr.err, "step 1"));
     assert_non_null(strstr(tr.err, "not applied"));
@@ -452,7 +452,7 @@ static void test_report_shows_stale_marks_and_refused_pinning(void **state)
     fso_report rep;
     assert_int_equal(fso_report_init(&rep, out, path, 2, 1, 1e6, err, sizeof err), 0);
     rep.pin_refused = true;
-    fso_step_stats st = {.step = 1, .loss = 5, .lr = 1e-3, .grad_norm = 1, .clip_coef = 1,
+    fso_zero_step st = {.step = 1, .loss = 5, .lr = 1e-3, .grad_norm = 1, .clip_coef = 1,
                          .step_ms = 10, .tokens = 64};
     fso_report_step(&rep, &st);
     st.step = 2;

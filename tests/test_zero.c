@@ -294,7 +294,7 @@ static void test_step_nvme_bytes_are_the_derivation(void **state)
         size_t bt = (size_t)cfg.micro_batch * cfg.data.seq_len, n = fso_trainer_step_tokens(&cfg);
         int32_t *in = malloc(sizeof(int32_t) * n), *tg = malloc(sizeof(int32_t) * n);
         for (int s = 1; s <= 4; s++) {
-            fso_step_stats st;
+            fso_zero_step st;
             for (size_t a = 0; a < n / bt; a++)
                 fso_data_next(&data, in + a * bt, tg + a * bt);
             if (fso_trainer_step(&tr, in, tg, &st) < 0)
@@ -809,7 +809,7 @@ static void test_per_block_compute_times_add_up(void **state)
     int32_t *in = malloc(sizeof(int32_t) * n), *tg = malloc(sizeof(int32_t) * n);
     for (size_t a = 0; a < n / bt; a++)
         fso_data_next(&data, in + a * bt, tg + a * bt);
-    fso_step_stats st;
+    fso_zero_step st;
     assert_int_equal(fso_trainer_step(&tr, in, tg, &st), 0);
     const double *ms = fso_zero_block_compute_ms(tr.zero);
     double sum = 0;
