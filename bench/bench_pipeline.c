@@ -21,7 +21,7 @@
  * The store alone, before and after (their mean is the reference): one
  * ring per device moving sequential data at the configuration's aio
  * settings (tune_sweep.h). Per step: NVMe bytes read and written, by kind,
- * against the README's derivation for the placement
+ * against the derivation for the placement (docs/offload.md)
  * (fso_zero_step_traffic); GB/s over the step of each stream (NVMe reads
  * and writes; all-gathers and reduce-scatters, their bytes the same
  * derivation's); the optimizer's time. GB = 1e9 bytes.

@@ -13,9 +13,9 @@ and on the optimizer). Goal: every prediction within 20% of the measurement.
 Expected misses: a 1-device row runs one process whose threads run at one of
 two speeds (about 40% apart, for the life of the process) on a shared
 two-core VM, and the plan's one-layer timing and the training run draw them
-independently, so such a row may miss by up to 1.7x either way (README,
-"Planning"). The table marks those misses "expected"; they do not make the
-footer FAILED nor the exit status 1. A miss anywhere else does.
+independently, so such a row may miss by up to 1.7x either way
+(docs/planning.md). The table marks those misses "expected"; they do not make
+the footer FAILED nor the exit status 1. A miss anywhere else does.
 
     /usr/bin/python3 bench/plan_vs_measured.py [--fsoff build/fsoff] [--nvme DIR]
                                                [--steps 8] [--repeat 3] [--quick]

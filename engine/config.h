@@ -1,6 +1,6 @@
 /* config.h — the training job's configuration.
  *
- * One JSON file (README, Configuration): DeepSpeed's names where they mean the same thing
+ * One JSON file (docs/configuration.md): DeepSpeed's names where they mean the same thing
  * (train_micro_batch_size_per_gpu, gradient_accumulation_steps, gradient_clipping,
  * optimizer, scheduler, bf16, steps_per_print, seed), a "model" section with
  * Hugging Face LlamaConfig names, and fsoff's own "data" and "train" sections.

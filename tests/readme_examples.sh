@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
-# readme_examples.sh FSOFF — every `build/fsoff` example in README.md, run.
+# readme_examples.sh FSOFF [FILE.md...] — every `build/fsoff` example in the
+# documentation, run: README.md and every page of docs/ (in name order), or
+# the files given.
 #
-# The examples are read from the README's ```sh blocks, so a changed example
-# is tested as it now reads. Short versions: training runs 2 steps, benchmark
-# sizes are small; placeholders become real files and folders: /mnt/nvme*
-# folders here, tokens.bin GPT-2-range tokens, book.txt text, FILE and F
+# The examples are read from the files' ```sh blocks, so a changed example
+# is tested as it now reads. An example that several files show (the same
+# command, comments aside) runs once, where it first appears, and is
+# reported with every file that shows it. Files are read in order and their
+# examples run in that order, so an example may use what an earlier one
+# made (a metrics file, a checkpoint). Short versions: training runs 2
+# steps, benchmark sizes are small; placeholders become real files and
+# folders: /mnt/nvme* folders here, tokens.bin GPT-2-range tokens, book.txt text, FILE and F
 # temporary files, charts (*.png) and configs written (*.json without a
 # folder) here, the probe cache here too, checkpoints (ckpt, and
 # ckpt/step-N as the one the 2-step runs saved, step 2) and exported
@@ -16,10 +22,20 @@
 # status: a folder here may hold less than the drive the example means), and
 # 1 for a chart on a machine without gnuplot when the error says to install
 # it. Examples that need PyTorch or fio (python3 and bench/*.sh lines) are
-# not run here.
+# not run here. A failure names the file (or files) the example is in.
 set -u
-FSOFF=$(realpath "${1:?usage: readme_examples.sh path/to/fsoff}")
+FSOFF=$(realpath "${1:?usage: readme_examples.sh path/to/fsoff [FILE.md...]}")
+shift
 . "$(dirname "$0")/lib.sh"
+
+# The files, as paths from the source folder
+if [ $# -gt 0 ]; then
+    files=()
+    for f in "$@"; do files+=("$(realpath --relative-to="$SRC" "$f")"); done
+else
+    files=(README.md)
+    for f in "$SRC"/docs/*.md; do [ -e "$f" ] && files+=("docs/${f##*/}"); done
+fi
 
 export XDG_CACHE_HOME="$TMP/cache" # the probes and tune's figures: not the user's cache
 write_tokens 1200 97 50257 >"$TMP/tokens.bin"
@@ -28,16 +44,26 @@ HF="$SRC/tests/fixtures/hf/llama3_tied_f16"
 for i in $(seq 40); do echo "The quick brown fox jumps over the lazy dog, line $i."; done >"$TMP/book.txt"
 mkdir -p "$TMP/nvme" "$TMP/nvme0" "$TMP/nvme1"
 
-# The README's commands: ```sh blocks, continuation lines joined, comments cut.
-examples=$(awk '/^```sh/ { f = 1; next } /^```/ { f = 0 } f' "$SRC/README.md" |
-           sed -e ':a' -e '/\\$/N; s/\\\n[[:space:]]*/ /; ta' |
-           sed -E 's/[[:space:]]+#.*$//' | grep -E '(^|&& )build/fsoff( |$)' |
-           sed -E 's/^.*&& (build\/fsoff)/\1/')
-[ -n "$examples" ] || { echo "FAIL no build/fsoff examples found in README.md"; exit 1; }
+# Each file's commands: ```sh blocks, continuation lines joined, comments
+# cut; "FILE<TAB>COMMAND" lines, in file order
+for f in "${files[@]}"; do
+    [ -r "$SRC/$f" ] || { echo "FAIL $f: cannot read it"; exit 1; }
+    awk '/^```sh/ { f = 1; next } /^```/ { f = 0 } f' "$SRC/$f" |
+        sed -e ':a' -e '/\\$/N; s/\\\n[[:space:]]*/ /; ta' |
+        sed -E 's/[[:space:]]+#.*$//' | grep -E '(^|&& )build/fsoff( |$)' |
+        sed -E 's/^.*&& (build\/fsoff)/\1/' | sed "s#^#$f\t#"
+done >"$TMP/found"
+[ -s "$TMP/found" ] || { echo "FAIL no build/fsoff examples found in ${files[*]}"; exit 1; }
+# One line per distinct command, where it first appears: "FILES<TAB>COMMAND",
+# FILES every file that shows it, comma-separated
+examples=$(awk -F '\t' '
+    !($2 in where) { order[n++] = $2; where[$2] = $1; next }
+    index(", " where[$2] ", ", ", " $1 ", ") == 0 { where[$2] = where[$2] ", " $1 }
+    END { for (i = 0; i < n; i++) print where[order[i]] "\t" order[i] }' "$TMP/found")
 
 cd "$SRC" || exit 1
 n=0
-while IFS= read -r ex; do
+while IFS=$'\t' read -r where ex; do
     n=$((n + 1))
     # [--opt a|b] -> --opt a; placeholders; short versions
     cmd=$(echo "$ex" | sed -E \
@@ -67,11 +93,11 @@ while IFS= read -r ex; do
          [ "$(grep -c 'error' "$TMP/err")" -eq 1 ] && grep -q 'no placement fits' "$TMP/err"; } ||
        { [ $rc -eq 1 ] && ! command -v gnuplot >/dev/null &&
          grep -q 'gnuplot is not installed' "$TMP/err"; }; then
-        ok "$ex"
+        ok "$where: $ex"
     else
-        bad "$ex" "ran: $cmd" "exit status $rc: $(tail -c 600 "$TMP/err")"
+        bad "$where: $ex" "ran: $cmd" "exit status $rc: $(tail -c 600 "$TMP/err")"
     fi
 done <<<"$examples"
 
-echo "readme examples: $pass passed, $fail failed"
+echo "examples of ${files[*]}: $pass passed, $fail failed"
 [ $fail -eq 0 ]

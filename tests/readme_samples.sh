@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
-# readme_samples.sh FSOFF [--write] — the sample output in README.md, made by
-# running fsoff.
+# readme_samples.sh FSOFF [--write] [FILE.md...] — the sample output in the
+# documentation, made by running fsoff: in README.md and every page of docs/,
+# or in the files given.
 #
-# README.md marks each sample: a line <!-- sample: NAME ... -->, the sample's
+# A file marks each sample: a line <!-- sample: NAME ... -->, the sample's
 # ``` block, and <!-- end sample -->. This script runs what each sample shows
 # (the default job's plan, a step and the summary; the errors of three bad
-# inputs) and, with --write, puts the output there. Without it, it checks
-# that the README's samples are what fsoff prints now: every word and number
+# inputs), once, and with --write puts the output into every file that marks
+# the sample. Without it, it checks that each file's samples are what fsoff
+# prints now: every word and number
 # the same, except timings (ms, tok/s, GFLOP/s, seconds, the critical path's
 # shares), which are masked; the peak RSS, which must be within a factor
 # of 1.5; and the losses and gradient norms, which must agree within the
-# tolerances below. A sample that drifted fails, with the fix: run this
-# script with --write and commit README.md.
+# tolerances below. A sample that drifted fails, naming its file, with the
+# fix: run this script with --write and commit the file. A sample name this
+# script does not make fails, and so does a sample no file shows.
 #
 # Why the losses have tolerances. fsoff's bits do not depend on threads or
 # FSO_ISA, but they do on the CPU: OpenBLAS picks its kernels for the CPU it
@@ -32,15 +35,53 @@
 # What a real change does, measured: 3% less lr moves step 40's loss by
 # 0.8% and its norm by 89%; weight decay 0.09 instead of 0.1 moves step
 # 40's loss by 1.4e-3 (2.6 times its tolerance) and its norm by 3%; either
-# fails here, as does a README whose sample is another job's.
+# fails here, as does a file whose sample is another job's.
 TOL_ABS=1e-4
 TOL_EARLY=2e-4
 TOL_FINAL=0.025
 set -u
-FSOFF=$(realpath "${1:?usage: readme_samples.sh path/to/fsoff [--write]}")
-MODE=${2:-check}
+FSOFF=$(realpath "${1:?usage: readme_samples.sh path/to/fsoff [--write] [FILE.md...]}")
+shift
+MODE=check
+if [ "${1:-}" = --write ]; then
+    MODE=--write
+    shift
+fi
 . "$(dirname "$0")/lib.sh"
-README=$SRC/README.md
+
+# The files, as paths from the source folder
+if [ $# -gt 0 ]; then
+    files=()
+    for f in "$@"; do files+=("$(realpath --relative-to="$SRC" "$f")"); done
+else
+    files=(README.md)
+    for f in "$SRC"/docs/*.md; do [ -e "$f" ] && files+=("docs/${f##*/}"); done
+fi
+for f in "${files[@]}"; do
+    [ -r "$SRC/$f" ] || { echo "FAIL $f: cannot read it"; exit 1; }
+done
+
+# The samples this script makes; every sample a file marks must be one of
+# them, and (over the whole documentation) each must be in some file.
+# marked FILE: the names of the samples FILE marks, one a line
+marked() { sed -n -E 's/^<!-- sample: ([A-Za-z0-9_-]+)[ ;].*$/\1/p' "$1"; }
+names="output errors"
+shown=""
+for f in "${files[@]}"; do
+    for name in $(marked "$SRC/$f"); do
+        case " $names " in
+        *" $name "*) shown="$shown $name" ;;
+        *) bad "$f: sample '$name': not one this script makes ($names)" ;;
+        esac
+    done
+done
+for name in $names; do # (the whole documentation: every sample has its place)
+    case " $shown " in
+    *" $name "*) ;;
+    *) [ $# -gt 0 ] || bad "sample '$name': no file marks it (${files[*]})" ;;
+    esac
+done
+[ $fail -eq 0 ] || exit 1
 
 # --- the samples, each into $TMP/NAME
 cd "$TMP" || exit 1
@@ -48,7 +89,7 @@ cd "$TMP" || exit 1
 # buffers too, and the sample is of a run that finds the cache.
 export XDG_CACHE_HOME=$TMP/cache
 "$FSOFF" plan >/dev/null 2>&1
-# The default job (README, Quick start): its plan, step 40 and the summary.
+# The default job (README.md, Quick start): its plan, step 40 and the summary.
 if ! "$FSOFF" >"$TMP/job.out" 2>"$TMP/job.err"; then
     echo "FAIL the default job: $(tail -c 600 "$TMP/job.err")"
     exit 1
@@ -68,7 +109,7 @@ for args in "--config job.json" "--set model.num_attention_heads=5" "--data data
     grep '^fsoff: error: ' "$TMP/e" >>"$TMP/errors"
 done
 
-# --- README: write, or check
+# --- the files: write, or check
 block() { # NAME FILE: the sample's block in FILE (without the fences)
     awk -v name="$1" '
         $0 ~ "^<!-- sample: " name "[ ;]" { f = 1; next }
@@ -89,7 +130,7 @@ losses() {
     grep -oE '(loss|norm) +[0-9][0-9.]*|-> [0-9][0-9.]*' |
         awk '{ print ($1 == "->" ? "final" : "early"), $2 }'
 }
-# within A B: the README's losses (A) against now's (B), pair by pair; the
+# within A B: the file's losses (A) against now's (B), pair by pair; the
 # pairs outside their tolerance on stdout
 within() {
     paste -d ' ' "$1" "$2" | awk -v abs="$TOL_ABS" -v early="$TOL_EARLY" -v final="$TOL_FINAL" '
@@ -97,47 +138,50 @@ within() {
           m = $2 > $4 ? $2 : $4
           tol = $1 == "final" ? final * m : abs + early * m
           if ($1 != $3 || d > tol)
-              printf "%s loss or norm: %s in the README, %s now (tolerance %.3g)\n", $1, $2, $4, tol }'
+              printf "%s loss or norm: %s in the file, %s now (tolerance %.3g)\n", $1, $2, $4, tol }'
 }
 
-names="output errors"
 if [ "$MODE" = --write ]; then
-    cp "$README" "$TMP/readme"
-    for name in $names; do
-        [ -n "$(block "$name" "$TMP/readme")" ] || grep -q "^<!-- sample: $name" "$TMP/readme" ||
-            { echo "README.md has no sample named $name"; exit 1; }
-        awk -v name="$name" -v file="$TMP/$name" '
-            $0 ~ "^<!-- sample: " name "[ ;]" { print; print "```"; while ((getline l < file) > 0) print l
-                                               print "```"; skip = 1; next }
-            skip && /^<!-- end sample -->/ { skip = 0 }
-            !skip { print }' "$TMP/readme" >"$TMP/readme.new" && mv "$TMP/readme.new" "$TMP/readme"
+    for f in "${files[@]}"; do
+        here=$(marked "$SRC/$f")
+        [ -n "$here" ] || continue
+        cp "$SRC/$f" "$TMP/doc"
+        for name in $here; do
+            awk -v name="$name" -v file="$TMP/$name" '
+                $0 ~ "^<!-- sample: " name "[ ;]" { print; print "```"; while ((getline l < file) > 0) print l
+                                                   print "```"; skip = 1; next }
+                skip && /^<!-- end sample -->/ { skip = 0 }
+                !skip { print }' "$TMP/doc" >"$TMP/doc.new" && mv "$TMP/doc.new" "$TMP/doc"
+        done
+        cp "$TMP/doc" "$SRC/$f"
+        echo "$f: samples written ($(echo $here))"
     done
-    cp "$TMP/readme" "$README"
-    echo "README.md: samples written ($names)"
     exit 0
 fi
 
-for name in $names; do
-    block "$name" "$README" >"$TMP/$name.readme"
-    if ! diff <(mask <"$TMP/$name.readme") <(mask <"$TMP/$name") >"$TMP/diff"; then
-        bad "README sample '$name' is not what fsoff prints now (timings masked):" \
-            "$(cat "$TMP/diff")"
-        continue
-    fi
-    losses <"$TMP/$name.readme" >"$TMP/$name.readme.losses"
-    losses <"$TMP/$name" >"$TMP/$name.losses"
-    off=$(within "$TMP/$name.readme.losses" "$TMP/$name.losses")
-    if [ -n "$off" ] || [ "$(wc -l <"$TMP/$name.readme.losses")" -ne "$(wc -l <"$TMP/$name.losses")" ]; then
-        bad "README sample '$name': losses beyond the tolerances for another CPU" "$off"
-        continue
-    fi
-    a=$(rss <"$TMP/$name.readme")
-    b=$(rss <"$TMP/$name")
-    if [ -n "$a$b" ] && ! awk -v a="$a" -v b="$b" 'BEGIN { exit !(a > 0 && b > 0 && b < 1.5 * a && a < 1.5 * b) }'; then
-        bad "README sample '$name': peak RSS $a MiB in the README, $b MiB now"
-        continue
-    fi
-    ok "README sample '$name'"
+for f in "${files[@]}"; do
+    for name in $(marked "$SRC/$f"); do
+        block "$name" "$SRC/$f" >"$TMP/$name.doc"
+        if ! diff <(mask <"$TMP/$name.doc") <(mask <"$TMP/$name") >"$TMP/diff"; then
+            bad "$f: sample '$name' is not what fsoff prints now (timings masked):" \
+                "$(cat "$TMP/diff")"
+            continue
+        fi
+        losses <"$TMP/$name.doc" >"$TMP/$name.doc.losses"
+        losses <"$TMP/$name" >"$TMP/$name.losses"
+        off=$(within "$TMP/$name.doc.losses" "$TMP/$name.losses")
+        if [ -n "$off" ] || [ "$(wc -l <"$TMP/$name.doc.losses")" -ne "$(wc -l <"$TMP/$name.losses")" ]; then
+            bad "$f: sample '$name': losses beyond the tolerances for another CPU" "$off"
+            continue
+        fi
+        a=$(rss <"$TMP/$name.doc")
+        b=$(rss <"$TMP/$name")
+        if [ -n "$a$b" ] && ! awk -v a="$a" -v b="$b" 'BEGIN { exit !(a > 0 && b > 0 && b < 1.5 * a && a < 1.5 * b) }'; then
+            bad "$f: sample '$name': peak RSS $a MiB in the file, $b MiB now"
+            continue
+        fi
+        ok "$f: sample '$name'"
+    done
 done
-[ $fail -eq 0 ] || echo "     to update: tests/readme_samples.sh build/fsoff --write, then commit README.md"
+[ $fail -eq 0 ] || echo "     to update: tests/readme_samples.sh build/fsoff --write, then commit the files"
 [ $fail -eq 0 ]

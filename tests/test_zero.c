@@ -15,7 +15,7 @@
  *    schedules, close to the fp32 run, always bf16 of the master, and half
  *    the parameter bytes on NVMe;
  *  - the planner's memory per tier is what the engine allocates;
- *  - a step's NVMe bytes per kind are the README's derivation.
+ *  - a step's NVMe bytes per kind are the derivation in docs/offload.md.
  */
 #include <errno.h>
 #include <math.h>
@@ -213,7 +213,7 @@ static void test_first_blocks_state_on_the_host_is_bit_identical(void **state)
 #undef N
 }
 
-/* What a step moves on NVMe is the README's derivation for its placement,
+/* What a step moves on NVMe is the derivation in docs/offload.md for its placement,
  * kind by kind, exactly: parameters read at each visit that lends them in
  * every micro-batch and written once, gradients written by every
  * micro-batch and read by all but the first and by AdamW, master, m and v
