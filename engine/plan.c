@@ -608,7 +608,7 @@ void fso_plan_capacities_here(const fso_config *cfg, bool gpu, uint64_t gpu_free
     memset(m, 0, sizeof *m);
     fso_plan_nvme_folders(cfg, dirs, sizeof dirs, missing, sizeof missing);
     m->devices = fso_config_world(cfg);
-    m->host_mem_bytes = fso_mem_available_bytes();
+    m->host_mem_bytes = fso_mem_usable_bytes();
     m->device_mem_bytes = !gpu                  ? fso_zero_cpu_device_mem(cfg, m->host_mem_bytes)
                           : cfg->device_mem_bytes ? cfg->device_mem_bytes
                                                   : gpu_free_bytes;
@@ -624,7 +624,7 @@ int fso_plan_machine_here(const fso_config *cfg, bool refresh, fso_plan_machine 
     int rc = fso_plan_probe(cfg, dirs, refresh, &p, err, errlen);
     if (rc < 0)
         return rc;
-    uint64_t host = cfg->host_mem_bytes ? cfg->host_mem_bytes : fso_mem_available_bytes();
+    uint64_t host = cfg->host_mem_bytes ? cfg->host_mem_bytes : fso_mem_usable_bytes();
     fso_plan_machine_cpu(cfg, &p, host ? host : p.host_mem_bytes, m);
     m->nvme_free_bytes = dirs[0] ? fso_plan_folders_free(dirs) : 0;
     if (m->nvme_read_gbps <= 0 || m->nvme_write_gbps <= 0)

@@ -340,7 +340,7 @@ static void given_capacities(const given *g, const fso_config *cfg, const char *
                              fso_plan_machine *m)
 {
     m->devices = g->gpus ? g->gpus : fso_config_world(cfg);
-    m->host_mem_bytes = g->host_mem ? g->host_mem : fso_mem_available_bytes();
+    m->host_mem_bytes = g->host_mem ? g->host_mem : fso_mem_usable_bytes();
     m->device_mem_bytes = !g->gpus     ? fso_zero_cpu_device_mem(cfg, m->host_mem_bytes)
                           : g->gpu_mem ? g->gpu_mem
                                        : (uint64_t)(given_gpu(g)->mem_gib * FSO_GIB);
@@ -382,7 +382,7 @@ static int describe_machine(const plan_args *a, const fso_config *cfg, fso_plan_
         m->adam_gelems = g->adam > 0 ? g->adam : pr.adam_gelems;
         m->host_copy_gbps = pr.host_copy_gbps > 0 ? pr.host_copy_gbps : 10;
     } else {
-        fso_plan_machine_cpu(cfg, &pr, g->host_mem ? g->host_mem : fso_mem_available_bytes(), m);
+        fso_plan_machine_cpu(cfg, &pr, g->host_mem ? g->host_mem : fso_mem_usable_bytes(), m);
         if (g->coll > 0)
             m->coll_gbps = g->coll;
         if (g->adam > 0)
@@ -533,9 +533,13 @@ static void print_heading(const plan_report *r)
                  " (tuned: fsoff bench tune with %d device%s; this plan has %d: tune again "
                  "with --devices %d)",
                  r->tuned_devices, r->tuned_devices == 1 ? "" : "s", m->devices, m->devices);
+    char host_note[128];
+    snprintf(host_note, sizeof host_note,
+             " (available now less %d%%, at least 1 GiB, left to the machine; --host-mem sets it)",
+             FSO_HOST_HEADROOM_PCT);
     printf("plan: host %s%s, CPU AdamW %.2f Gelem/s%s; NVMe %s free%s, read %.2f GB/s, "
            "write %.2f GB/s%s\n",
-           h2, g->host_mem ? "" : " (available now)", m->adam_gelems,
+           h2, g->host_mem ? "" : host_note, m->adam_gelems,
            g->adam > 0 ? "" : " (this machine's probe)", h3,
            g->has_nvme_free ? "" : r->dirs[0] ? " (statvfs)" : "", m->nvme_read_gbps,
            m->nvme_write_gbps, how);

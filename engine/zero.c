@@ -149,7 +149,8 @@ int fso_zero_check_host(const fso_config *cfg, const fso_zero_need *n, uint64_t 
              "host memory: the host tier and staging buffers need %s but %s is %s; "
              "short by %s: put the optimizer state on NVMe (--nvme DIR or "
              "zero_optimization.offload_optimizer.device \"nvme\")",
-             h1, h2, cfg->host_mem_bytes ? "allowed (--host-mem)" : "available", by);
+             h1, h2, cfg->host_mem_bytes ? "allowed (--host-mem)"
+                                 : "available less the headroom fsoff leaves (--host-mem)", by);
     return -ENOMEM;
 }
 
@@ -187,7 +188,7 @@ static int open_backend(fso_zero *z, rank_state *rk, int threads, uint64_t *cap,
 static uint64_t device_cap(const fso_zero *z)
 {
     return z->cuda ? z->cfg->device_mem_bytes
-                   : fso_zero_cpu_device_mem(z->cfg, fso_mem_available_bytes());
+                   : fso_zero_cpu_device_mem(z->cfg, fso_mem_usable_bytes());
 }
 
 /* The budgets by arithmetic, before anything is allocated: the host's, and
@@ -199,7 +200,7 @@ static int check_budgets(const fso_zero *z, const fso_zero_need *need, char *err
                          size_t errlen)
 {
     const uint64_t cap = device_cap(z);
-    const uint64_t avail = z->cfg->host_mem_bytes ? z->cfg->host_mem_bytes : fso_mem_available_bytes();
+    const uint64_t avail = z->cfg->host_mem_bytes ? z->cfg->host_mem_bytes : fso_mem_usable_bytes();
     char derr[1024];
     int hrc = fso_zero_check_host(z->cfg, need, avail, err, errlen);
     int drc = cap ? fso_zero_check_device(z->cfg, need, cap, derr, sizeof derr) : 0;

@@ -152,7 +152,7 @@ static int make_room(fso_zero *z, const retier_plan *m, char *err, size_t errlen
     if (!m->add[FSO_TIER_HOST])
         return 0;
     size_t host = m->add[FSO_TIER_HOST] * (size_t)z->world;
-    uint64_t avail = fso_mem_available_bytes();
+    uint64_t avail = fso_mem_usable_bytes();
     if (avail && host > avail) {
         fso_human_bytes(h1, sizeof h1, (double)host);
         fso_human_bytes(h2, sizeof h2, (double)avail);

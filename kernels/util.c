@@ -52,6 +52,15 @@ uint64_t fso_mem_available_bytes(void)
     return (uint64_t)kb * 1024;
 }
 
+uint64_t fso_mem_usable_bytes(void)
+{
+    const uint64_t avail = fso_mem_available_bytes();
+    uint64_t keep = avail / 100 * FSO_HOST_HEADROOM_PCT;
+    if (keep < FSO_HOST_HEADROOM_MIN_BYTES)
+        keep = FSO_HOST_HEADROOM_MIN_BYTES;
+    return avail > keep ? avail - keep : avail / 2; /* a small box: half of what is there */
+}
+
 void fso_io_advise(void *p, size_t bytes)
 {
 #ifdef MADV_HUGEPAGE

@@ -26,6 +26,14 @@ static inline int fso_first_error_rc(const int *rc_slot)
 
 /* MemAvailable from /proc/meminfo in bytes, 0 when unknown. */
 uint64_t fso_mem_available_bytes(void);
+/* What fsoff takes of the host's memory when --host-mem does not say:
+ * MemAvailable less a headroom for the rest of the machine (the page
+ * cache, other processes, the kernel), FSO_HOST_HEADROOM_PCT percent of
+ * it and at least FSO_HOST_HEADROOM_MIN_BYTES; 0 when unknown. A job that
+ * would take every available byte invites the OOM killer on a shared box. */
+#define FSO_HOST_HEADROOM_PCT 10
+#define FSO_HOST_HEADROOM_MIN_BYTES ((uint64_t)1 << 30)
+uint64_t fso_mem_usable_bytes(void);
 
 /* I/O buffers: anonymous zeroed memory, FSO_IO_ALIGN-aligned and rounded up
  * to a multiple of it, in the kernel's transparent huge pages where it has

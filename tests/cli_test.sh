@@ -388,6 +388,19 @@ else
         "$(cat "$TMP/err" "$TMP/err2")"
 fi
 
+# --- the host memory fsoff takes by default leaves headroom, and says so
+"$FSOFF" plan "${SMALL[@]}" >"$TMP/out" 2>"$TMP/err"
+"$FSOFF" plan "${SMALL[@]}" --host-mem 3G >"$TMP/out2" 2>>"$TMP/err"
+avail_kb=$(awk '/^MemAvailable:/ { print $2 }' /proc/meminfo)
+host_gib=$(grep -o '^plan: host [0-9.]* GiB' "$TMP/out" | awk '{ print $3 }')
+if grep -q '^plan: host [0-9.]* GiB (available now less 10%, at least 1 GiB, left to the machine; --host-mem sets it)' "$TMP/out" &&
+   grep -q '^plan: host 3.00 GiB, ' "$TMP/out2" &&
+   awk -v h="$host_gib" -v a="$avail_kb" 'BEGIN { exit !(h * 1048576 < a * 0.95) }'; then
+    ok "the default host memory leaves headroom and the plan says so ($host_gib GiB of $((avail_kb / 1048576)) available)"
+else
+    bad "the default host memory leaves headroom" "$(grep '^plan: host' "$TMP/out" "$TMP/out2")" "$(cat "$TMP/err")"
+fi
+
 # --- a build without CUDA says why
 if [ "${FSO_CUDA_OPTION:-}" = disabled ]; then
     "$FSOFF" bench h2d >"$TMP/out" 2>&1
