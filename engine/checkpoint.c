@@ -353,7 +353,7 @@ static int write_state(fso_ckpt_saver *sv, const char *tmp, fso_zero_save_spec *
     so.file_name = FSO_CKPT_DATA;
     so.keep_files = true;
     so.capacity_bytes = sv->layout.total_bytes;
-    so.block_bytes = FSO_CKPT_PIECE_BYTES;
+    so.block_bytes = FSO_ZERO_SAVE_PIECE_BYTES;
     so.queue_depth = 32;
     so.direct = true;
     fso_store *out = NULL;
@@ -377,7 +377,7 @@ static int write_state(fso_ckpt_saver *sv, const char *tmp, fso_zero_save_spec *
     spec->out = out;
     spec->block_off = sv->layout.off;
     spec->block_elems = sv->layout.elems;
-    spec->piece_bytes = FSO_CKPT_PIECE_BYTES;
+    spec->piece_bytes = FSO_ZERO_SAVE_PIECE_BYTES;
     spec->reflink = true;
     spec->after_block = pause_halfway;
     spec->ctx = sv;

@@ -50,7 +50,6 @@
 #define FSO_CKPT_DATA "state.bin"
 #define FSO_CKPT_MANIFEST "manifest.json"
 #define FSO_CKPT_LATEST "latest"
-#define FSO_CKPT_PIECE_BYTES ((size_t)8 << 20) /* the largest checksummed chunk */
 #define FSO_CKPT_ERR_MAX 1024
 
 /* The saved kinds in the order a block holds them, as the manifest names

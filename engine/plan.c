@@ -134,10 +134,9 @@ int fso_plan_ctx_init(fso_plan_ctx *ctx, const fso_config *cfg, const fso_plan_m
         en->state_host_blocks = true;
         en->sync_grad_writes = true;
         en->opt_write_lag = 1;
-        if (cfg->bf16) /* the CPU backend's fp32 working space for bf16 tensors */
-            en->device_reserve_bytes = fso_model_cpu_widen_bytes_for(
-                mc, cfg->micro_batch, cfg->data.seq_len);
+        en->device_reserve_bytes = fso_zero_widen_bytes(cfg, fso_backend_row_of(FSO_BACKEND_CPU));
     }
+    en->host_reserve_bytes = fso_zero_saver_bytes(cfg);
     fso_plan_pins_none(&in->pins);
     return 0;
 }
@@ -686,7 +685,8 @@ int fso_plan_check_size(const fso_config *cfg, const fso_plan_pins *pins,
     const uint64_t buffers = lend.device_buffers < gather.device_buffers ? lend.device_buffers
                                                                          : gather.device_buffers;
     const uint64_t fixed[FSO_N_TIERS] = {fso_sat_add(gather.activations, buffers),
-                                         fso_sat_mul(gather.staging, W), 0};
+                                         fso_sat_add(fso_sat_mul(gather.staging, W),
+                                                     gather.saver), 0};
     if (state != FSO_BYTES_OVERFLOW && fixed[0] != FSO_BYTES_OVERFLOW &&
         fixed[1] != FSO_BYTES_OVERFLOW && fso_model_n_blocks(&cfg->model) <= FSO_PLAN_MAX_BLOCKS)
         return 0; /* the planner sizes it placement by placement */

@@ -141,15 +141,20 @@ int fso_zero_check_host(const fso_config *cfg, const fso_zero_need *n, uint64_t 
     const uint64_t need = n->tier[FSO_TIER_HOST];
     if (!avail || need <= avail)
         return 0;
-    char h1[48], h2[48], by[48];
+    char h1[48], h2[48], by[48], sv[96] = "";
     fso_human_bytes(h1, sizeof h1, (double)need);
     fso_human_bytes(h2, sizeof h2, (double)avail);
     fso_human_bytes(by, sizeof by, (double)(need - avail));
+    if (n->saver) {
+        char h3[48];
+        fso_human_bytes(h3, sizeof h3, (double)n->saver);
+        snprintf(sv, sizeof sv, " (the checkpoint saver's %s included)", h3);
+    }
     snprintf(err, errlen,
-             "host memory: the host tier and staging buffers need %s but %s is %s; "
+             "host memory: the host tier and staging buffers need %s%s but %s is %s; "
              "short by %s: put the optimizer state on NVMe (--nvme DIR or "
              "zero_optimization.offload_optimizer.device \"nvme\")",
-             h1, h2, cfg->host_mem_bytes ? "allowed (--host-mem)"
+             h1, sv, h2, cfg->host_mem_bytes ? "allowed (--host-mem)"
                                  : "available less the headroom fsoff leaves (--host-mem)", by);
     return -ENOMEM;
 }

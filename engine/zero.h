@@ -210,14 +210,28 @@ void fso_zero_fp_rules_on(const fso_config *cfg, const fso_backend_row *on, fso_
  * allocated. The counts are checked: one that overflows 64 bits is
  * FSO_BYTES_OVERFLOW (util.h). This is what fso_zero_create allocates and
  * the planner counts. */
+/* A checkpoint's state streams out in checksummed pieces of at most this
+ * many bytes (fso_zero_save_spec piece_bytes), through FSO_ZERO_SAVE_STAGES
+ * host buffers of a piece each, allocated while a save runs. */
+#define FSO_ZERO_SAVE_PIECE_BYTES ((size_t)8 << 20)
+#define FSO_ZERO_SAVE_STAGES 8
+
 typedef struct fso_zero_need {
     uint64_t kind_bytes[FSO_N_KINDS]; /* each kind's shards, all devices together */
     uint64_t activations;        /* per device: activations and scratch (fso_model_init), and
                                     on CPU devices with bf16 their fp32 working space */
     uint64_t device_buffers;     /* per device: the gather window and gradient buffers */
     uint64_t staging;            /* per device, in the host arena */
-    uint64_t tier[FSO_N_TIERS];  /* device: each device's total; host and NVMe: all devices' */
+    uint64_t saver;              /* with checkpoint.dir: the checkpoint saver's buffers, host
+                                    memory outside the arena (fso_zero_saver_bytes) */
+    uint64_t tier[FSO_N_TIERS];  /* device: each device's total; host: the arena's and the
+                                    saver's; NVMe: all devices' */
 } fso_zero_need;
+/* The CPU backends' fp32 working space for bf16 tensors on backend `on`, per
+ * device (0 for fp32, and on GPUs, which compute in bf16). */
+uint64_t fso_zero_widen_bytes(const fso_config *cfg, const fso_backend_row *on);
+/* The checkpoint saver's host buffers when cfg saves (checkpoint.dir), else 0. */
+uint64_t fso_zero_saver_bytes(const fso_config *cfg);
 void fso_zero_need_for(const fso_config *cfg, fso_zero_need *n);
 /* The same for cfg on backend `on` instead of cfg's own. */
 void fso_zero_need_on(const fso_config *cfg, const fso_backend_row *on, fso_zero_need *n);

@@ -89,18 +89,31 @@ void fso_zero_need_on(const fso_config *cfg, const fso_backend_row *on, fso_zero
                                            t == FSO_TIER_DEVICE
                                                ? fso_sat_mul(fp.kind_bytes[t][k], (uint64_t)r.world)
                                                : fp.kind_bytes[t][k]);
-    n->activations = fso_model_activation_bytes_for(&cfg->model, cfg->micro_batch,
-                                                    cfg->data.seq_len,
-                                                    cfg->activation_checkpointing, cfg->bf16);
-    if (cfg->bf16 && !on->gpu) /* the CPU's fp32 working space */
-        n->activations = fso_sat_add(n->activations, fso_model_cpu_widen_bytes_for(
-                                                         &cfg->model, cfg->micro_batch,
-                                                         cfg->data.seq_len));
+    n->activations = fso_sat_add(
+        fso_model_activation_bytes_for(&cfg->model, cfg->micro_batch, cfg->data.seq_len,
+                                       cfg->activation_checkpointing, cfg->bf16),
+        fso_zero_widen_bytes(cfg, on));
+    n->saver = fso_zero_saver_bytes(cfg);
     n->device_buffers = fp.device_buffers;
     n->staging = fp.staging;
     for (int t = 0; t < FSO_N_TIERS; t++)
         n->tier[t] = fp.tier[t];
     n->tier[FSO_TIER_DEVICE] = fso_sat_add(n->tier[FSO_TIER_DEVICE], n->activations);
+    n->tier[FSO_TIER_HOST] = fso_sat_add(n->tier[FSO_TIER_HOST], n->saver);
+}
+
+uint64_t fso_zero_widen_bytes(const fso_config *cfg, const fso_backend_row *on)
+{
+    return cfg->bf16 && !on->gpu ? fso_model_cpu_widen_bytes_for(&cfg->model, cfg->micro_batch,
+                                                                 cfg->data.seq_len)
+                                 : 0;
+}
+
+uint64_t fso_zero_saver_bytes(const fso_config *cfg)
+{
+    return cfg->checkpoint.dir[0] ? (uint64_t)FSO_ZERO_SAVE_STAGES *
+                                        fso_sat_round_up(FSO_ZERO_SAVE_PIECE_BYTES, FSO_IO_ALIGN)
+                                  : 0;
 }
 
 int fso_zero_step_traffic(const fso_config *cfg, fso_fp_traffic *t)

@@ -35,7 +35,7 @@
 #include "crc32c.h"
 #include "util.h"
 
-#define STAGES 8
+#define STAGES FSO_ZERO_SAVE_STAGES
 #define DIRECT_TAG ((uint64_t)STAGES) /* + block: a write straight from that block's shard */
 
 /* ------------------------------------------------------------------ the gate */

@@ -76,7 +76,7 @@ bool pl_size_placement(const fso_plan_input *in, const fso_placement *pl, fso_pl
     memcpy(out->kind_bytes, fp.kind_bytes, sizeof out->kind_bytes);
     out->activation_bytes = m->activation_bytes;
     out->buffer_bytes[FSO_TIER_DEVICE] = fp.device_buffers + in->engine.device_reserve_bytes;
-    out->buffer_bytes[FSO_TIER_HOST] = fp.staging * W;
+    out->buffer_bytes[FSO_TIER_HOST] = fp.staging * W + in->engine.host_reserve_bytes;
     out->buffer_bytes[FSO_TIER_NVME] = 0;
 
     out->have_bytes[FSO_TIER_DEVICE] = mc->device_mem_bytes;

@@ -117,6 +117,8 @@ typedef struct fso_plan_engine {
      * allocates them. */
     fso_fp_rules rules;
     uint64_t device_reserve_bytes; /* per device: runtime, allocator slack */
+    uint64_t host_reserve_bytes;   /* host memory outside the arena, all devices together: the
+                                      checkpoint saver's buffers */
 } fso_plan_engine;
 
 /* A user's choices the planner must keep: -1 free, else the tier (every
@@ -160,7 +162,8 @@ typedef struct fso_plan {
     uint64_t kind_bytes[FSO_N_TIERS][FSO_N_KINDS];
     uint64_t activation_bytes;   /* per device */
     uint64_t buffer_bytes[FSO_N_TIERS]; /* device: gather window + gradient buffers + reserve;
-                                        host: staging (all devices) */
+                                        host: staging (all devices) and the
+                                        host reserve (the checkpoint saver) */
     uint64_t need_bytes[FSO_N_TIERS];
     uint64_t have_bytes[FSO_N_TIERS]; /* host, with CPU devices: what their memory leaves */
     int short_tier;              /* the tier furthest over its capacity, or -1 */

@@ -559,7 +559,7 @@ static void test_corrupted_and_truncated_checkpoints_name_file_and_offset(void *
         load_rc(ck, err, sizeof err);
         unsigned long long off = strtoull(strstr(err, want) + strlen(want), NULL, 10);
         assert_true(off <= (unsigned long long)at &&
-                    (unsigned long long)at < off + FSO_CKPT_PIECE_BYTES);
+                    (unsigned long long)at < off + FSO_ZERO_SAVE_PIECE_BYTES);
         assert_int_equal(off % 4096, 0);
     }
     flip_byte(data, at);

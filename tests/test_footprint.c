@@ -215,6 +215,44 @@ static void test_four_devices_allocate_and_move_what_the_footprint_says(void **s
     run_matrix(4);
 }
 
+/* With checkpoint.dir the saver's buffers (host memory outside the arena,
+ * while a save runs) are in the trainer's budget and the planner's host
+ * need alike, and the arena holds what it holds without them. */
+static void test_the_checkpoint_savers_buffers_are_budgeted(void **state)
+{
+    (void)state;
+    static const fso_tier tiers[FSO_N_KINDS] = {FSO_TIER_HOST, FSO_TIER_HOST, FSO_TIER_HOST,
+                                                FSO_TIER_HOST, FSO_TIER_HOST};
+    job j = {.world = 2, .backend = "cpu", .overlap = FSO_OVERLAP_FORWARD, .tier = tiers};
+    fso_config cfg;
+    fso_trainer tr;
+    static fso_plan p;
+    uint64_t reserve, dev[FSO_MAX_DEVICES], have[FSO_N_TIERS];
+    config_for(&cfg, &j);
+    fso_zero_need without;
+    fso_zero_need_for(&cfg, &without);
+    snprintf(cfg.checkpoint.dir, sizeof cfg.checkpoint.dir, "%s/ckpt", nvme_dir);
+    fso_zero_need with;
+    fso_zero_need_for(&cfg, &with);
+    const uint64_t saver = (uint64_t)FSO_ZERO_SAVE_STAGES * FSO_ZERO_SAVE_PIECE_BYTES;
+    assert_int_equal(with.saver, saver);
+    assert_int_equal(with.tier[FSO_TIER_HOST], without.tier[FSO_TIER_HOST] + saver);
+    assert_int_equal(fso_zero_saver_bytes(&cfg), saver);
+    predict(&cfg, &j, &p, &reserve);
+    assert_int_equal(p.need_bytes[FSO_TIER_HOST], with.tier[FSO_TIER_HOST]);
+    if (fso_trainer_init(&tr, &cfg) < 0)
+        fail_msg("%s", tr.err);
+    fso_zero_allocated(tr.zero, dev, have);
+    assert_int_equal(have[FSO_TIER_HOST], with.tier[FSO_TIER_HOST] - saver);
+    fso_trainer_free(&tr);
+    /* a host that holds the arena but not the saver's buffers too: refused, saying why */
+    char err[512];
+    fso_zero *z = NULL;
+    cfg.host_mem_bytes = with.tier[FSO_TIER_HOST] - saver / 2;
+    assert_int_equal(fso_zero_create(&z, &cfg, err, sizeof err), -ENOMEM);
+    assert_non_null(strstr(err, "the checkpoint saver's 64.0 MiB included"));
+}
+
 /* A library caller asking for more devices than fsoff drives is refused
  * with a message, before any per-device table is written. */
 static void test_more_devices_than_fsoff_drives_are_refused(void **state)
@@ -248,6 +286,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_more_devices_than_fsoff_drives_are_refused),
+        cmocka_unit_test(test_the_checkpoint_savers_buffers_are_budgeted),
         cmocka_unit_test(test_one_device_allocates_and_moves_what_the_footprint_says),
         cmocka_unit_test(test_two_devices_allocate_and_move_what_the_footprint_says),
         cmocka_unit_test(test_four_devices_allocate_and_move_what_the_footprint_says),
