@@ -301,7 +301,7 @@ static json_t *manifest_begin(const fso_zero *z, const fso_ckpt_layout *l, const
         /* fsoff draws random numbers only to initialise the parameters, from
          * the seed; training reads the data in order and has no dropout */
         "rng", "parameter_seed", (json_int_t)cfg->seed, "draws_after_init", "none",
-        "run", "devices", cfg->world, "backend", cfg->backend, "parameters",
+        "run", "devices", cfg->world, "backend", fso_backend_row_of(cfg->backend)->name, "parameters",
         fso_tier_name(cfg->offload.param_tier), "optimizer_state",
         fso_tier_name(cfg->offload.optim_tier),
         "config", config,

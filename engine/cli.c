@@ -96,7 +96,7 @@ static int select_devices(fso_config *cfg, const char *arg)
 #endif
     }
     if (d.is_auto) {
-        snprintf(cfg->backend, sizeof cfg->backend, "%s", gpus ? "cuda" : "cpu");
+        cfg->backend = gpus ? FSO_BACKEND_CUDA : FSO_BACKEND_CPU;
         cfg->world = gpus ? gpus : 1;
         return 0;
     }
@@ -109,7 +109,7 @@ static int select_devices(fso_config *cfg, const char *arg)
                 gpus == 1 ? " is" : "s are");
         return -EINVAL;
     }
-    snprintf(cfg->backend, sizeof cfg->backend, "%s", fso_backend_row_of(d.backend)->name);
+    cfg->backend = d.backend;
     cfg->world = d.count ? d.count : d.backend == FSO_BACKEND_CUDA ? gpus : 1;
     return 0;
 }

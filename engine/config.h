@@ -19,6 +19,7 @@
 #include <stdint.h>
 
 #include "rope.h"
+#include "backend.h"
 #include "state.h"
 
 #define FSO_CONFIG_ERR_MAX 512
@@ -153,8 +154,9 @@ typedef struct fso_config {
                                      parameters start from, "" for the seed (hf.h) */
 
     /* From the command line only (--devices, --device-mem, --host-mem). */
-    int world;                    /* devices; 1 unless --devices cpu:N */
-    char backend[16];             /* "cpu" (default) or "cpu-ref" (tests) */
+    int world;                    /* devices (fso_config_world): --devices cpu:N, cuda:N, auto */
+    fso_backend_kind backend;     /* the devices' backend (backend.h's registry): cpu, the
+                                     default; cuda; cpu-ref and cpu-async in tests */
     uint64_t device_mem_bytes;    /* cap per device; 0 = the default */
     uint64_t host_mem_bytes;      /* host memory fsoff may use (the host arena, and CPU devices'
                                      memory); 0 = the memory available at start */

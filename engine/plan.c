@@ -216,7 +216,7 @@ static void calib_key(const fso_config *cfg, int W, int B, int per_dev, char *bu
              mc->num_key_value_heads, mc->head_dim, mc->vocab_size, mc->tie_word_embeddings, B,
              cfg->data.seq_len, cfg->bf16 ? "bf16" : "fp32",
              cfg->activation_checkpointing ? ", checkpointed" : "",
-             cfg->backend[0] ? cfg->backend : "cpu", W, per_dev, isa_name);
+             fso_backend_row_of(cfg->backend)->name, W, per_dev, isa_name);
 }
 
 /* ctx's compute from a timing of 1/scale of a micro-batch: every layer at
@@ -309,7 +309,7 @@ static void *calib_run(void *arg)
     fso_model m;
     bool model_up = false;
     int32_t *tok = NULL;
-    int rc = fso_backend_create(&be, cfg->backend[0] ? cfg->backend : "cpu", d->per_dev);
+    int rc = fso_backend_create(&be, fso_backend_row_of(cfg->backend)->name, d->per_dev);
     if (rc < 0)
         snprintf(d->err, sizeof d->err, "cannot create the CPU backend: %s", strerror(-rc));
     else if ((rc = fso_model_init(&m, &one, be, B, T, 1, cfg->activation_checkpointing,
@@ -668,13 +668,13 @@ int fso_plan_check_size(const fso_config *cfg, const fso_plan_pins *pins,
      * elsewhere (no parameter ring in the host arena) */
     fso_zero_need lend, gather;
     const fso_backend_row *on = gpu ? fso_backend_row_of(FSO_BACKEND_CUDA)
-                                    : fso_backend_find(cfg->backend);
+                                    : fso_backend_row_of(cfg->backend);
     *c = *cfg;
     c->world = (int)W;
     c->offload.param_tier = FSO_TIER_DEVICE;
-    fso_zero_need_on(c, on ? on : fso_backend_row_of(FSO_BACKEND_CUDA), &lend);
+    fso_zero_need_on(c, on, &lend);
     c->offload.param_tier = FSO_TIER_HOST;
-    fso_zero_need_on(c, on ? on : fso_backend_row_of(FSO_BACKEND_CUDA), &gather);
+    fso_zero_need_on(c, on, &gather);
     free(c);
     uint64_t state = 0, pinned[FSO_N_TIERS] = {0};
     for (int k = 0; k < FSO_N_KINDS; k++) {

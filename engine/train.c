@@ -113,7 +113,7 @@ typedef struct run_devices {
 static void describe_devices(const fso_config *cfg, const fso_run_opts *opts, run_devices *d)
 {
     memset(d, 0, sizeof *d);
-    d->cuda = fso_backend_find(cfg->backend) == fso_backend_row_of(FSO_BACKEND_CUDA);
+    d->cuda = cfg->backend == FSO_BACKEND_CUDA;
     snprintf(d->name, sizeof d->name, "GPU");
     if (d->cuda) {
 #if FSO_HAVE_CUDA

@@ -45,7 +45,7 @@ static int setup_layout(fso_zero *z, const fso_config *cfg, fso_fp_buffers *zb, 
     }
     z->state_host_blocks = cfg->offload.state_host_blocks;
     z->prefetch = cfg->offload.prefetch_blocks;
-    z->cuda = fso_backend_find(cfg->backend) == fso_backend_row_of(FSO_BACKEND_CUDA);
+    z->cuda = cfg->backend == FSO_BACKEND_CUDA;
     fso_isa isa; /* FSO_ISA, else the widest the CPU has */
     int rc;
     if ((rc = fso_isa_from_env(&isa, err, errlen)) < 0 ||
@@ -180,7 +180,7 @@ static int open_backend(fso_zero *z, rank_state *rk, int threads, uint64_t *cap,
                                                                               : (uint64_t)1 << 40;
         }
 #endif
-    } else if ((rc = fso_backend_create_virtual(&rk->be, cfg->backend[0] ? cfg->backend : "cpu",
+    } else if ((rc = fso_backend_create_virtual(&rk->be, fso_backend_row_of(cfg->backend)->name,
                                                 rk->rank, threads, *cap)) < 0) {
         snprintf(err, errlen, "cannot create device %d: %s", rk->rank, strerror(-rc));
     }
@@ -455,7 +455,7 @@ int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t err
     fso_zero_need need;
     fso_zero_need_for(cfg, &need);
     z->cfg = cfg;
-    z->cuda = fso_backend_find(cfg->backend) == fso_backend_row_of(FSO_BACKEND_CUDA);
+    z->cuda = cfg->backend == FSO_BACKEND_CUDA;
     if ((rc = check_budgets(z, &need, err, errlen)) < 0 ||
         (rc = setup_layout(z, cfg, &zb, err, errlen)) < 0 ||
         (cfg->init_from[0] && (rc = fso_hf_open(&hf, cfg->init_from, &cfg->model, err, errlen)) < 0))

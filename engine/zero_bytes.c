@@ -12,12 +12,9 @@
 #include "backend.h"
 #include "util.h"
 
-/* cfg's backend's row; an unknown name (refused when the configuration is
- * checked) counts as a GPU's rules, the larger footprint. */
 static const fso_backend_row *row_for(const fso_config *cfg)
 {
-    const fso_backend_row *row = fso_backend_find(cfg->backend);
-    return row ? row : fso_backend_row_of(FSO_BACKEND_CUDA);
+    return fso_backend_row_of(cfg->backend);
 }
 
 void fso_zero_fp_rules(const fso_config *cfg, fso_fp_rules *r)

@@ -319,8 +319,8 @@ static void tiers_case(int world, fso_tier p0, fso_tier o0, fso_overlap ov0, fso
     if (ov0 == FSO_OVERLAP_BACKWARD || ov1 == FSO_OVERLAP_BACKWARD)
         a.grad_clip = b.grad_clip = 0;
     if (backend) {
-        snprintf(a.backend, sizeof a.backend, "%s", backend);
-        snprintf(b.backend, sizeof b.backend, "%s", backend);
+        a.backend = fso_backend_find(backend)->kind;
+        b.backend = fso_backend_find(backend)->kind;
     }
     snprintf(what, sizeof what, "%d device(s)%s%s: tiers %d/%d overlap %d -> tiers %d/%d "
                                 "overlap %d", world, bf16 ? ", bf16" : "",

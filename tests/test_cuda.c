@@ -1609,7 +1609,7 @@ static void train_small(const char *backend, int world, fso_tier param, fso_tier
     cfg.offload.optim_tier = optim;
     snprintf(cfg.offload.param_nvme_path, sizeof cfg.offload.param_nvme_path, "%s", nvme);
     snprintf(cfg.offload.optim_nvme_path, sizeof cfg.offload.optim_nvme_path, "%s", nvme);
-    snprintf(cfg.backend, sizeof cfg.backend, "%s", backend);
+    cfg.backend = fso_backend_find(backend)->kind;
     if (strcmp(backend, "cuda") == 0)
         cfg.device_mem_bytes = 0; /* the GPU's free memory */
     fso_data data = {0};

@@ -64,7 +64,7 @@ static void describe(const job *j, char *buf, size_t len)
 static void config_for(fso_config *cfg, const job *j)
 {
     fso_test_small_model(cfg, j->world, 4);
-    snprintf(cfg->backend, sizeof cfg->backend, "%s", j->backend);
+    cfg->backend = fso_backend_find(j->backend)->kind;
     cfg->bf16 = j->bf16;
     cfg->optimizer_overlap = j->overlap;
     cfg->grad_clip = j->overlap == FSO_OVERLAP_BACKWARD ? 0.0 : 1.0;

@@ -172,7 +172,7 @@ typedef struct variant {
 static void fixture_config(fso_config *cfg, const fixture *f, const variant *vr)
 {
     fso_config_defaults(cfg);
-    snprintf(cfg->backend, sizeof cfg->backend, "%s", vr->backend);
+    cfg->backend = fso_backend_find(vr->backend)->kind;
     cfg->world = vr->world;
     cfg->offload.param_tier = vr->param_tier;
     cfg->offload.optim_tier = vr->optim_tier;

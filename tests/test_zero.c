@@ -127,7 +127,7 @@ static void test_per_kind_tiers_are_bit_identical(void **state)
             run_result base, r;
             fso_config cfg;
             fso_test_small_model(&cfg, world, 4);
-            snprintf(cfg.backend, sizeof cfg.backend, "%s", backends[be]);
+            cfg.backend = fso_backend_find(backends[be])->kind;
             set_tiers(&cfg, D, D);
             run(&cfg, NULL, &base);
             if (base.rc)
@@ -180,7 +180,7 @@ static void test_first_blocks_state_on_the_host_is_bit_identical(void **state)
             run_result base, r;
             fso_config cfg;
             fso_test_small_model(&cfg, world, 4);
-            snprintf(cfg.backend, sizeof cfg.backend, "%s", backends[be]);
+            cfg.backend = fso_backend_find(backends[be])->kind;
             set_tiers(&cfg, D, D);
             run(&cfg, NULL, &base);
             if (base.rc)
@@ -399,7 +399,7 @@ static void gpu_rules_for(int world, bool bf16, bool every_schedule)
             run(&cfg, NULL, &base);
             if (base.rc)
                 fail_msg("%s, cpu: %s", what, base.err);
-            snprintf(cfg.backend, sizeof cfg.backend, "cpu-async");
+            cfg.backend = FSO_BACKEND_CPU_ASYNC;
             run(&cfg, NULL, &r);
             if (r.rc)
                 fail_msg("%s, cpu-async: %s", what, r.err);
@@ -445,7 +445,7 @@ static void test_a_step_syncs_once_and_allocates_nothing(void **state)
             run_result r;
             fso_test_small_model(&cfg, 1, 4);
             cfg.grad_accum = 4;
-            snprintf(cfg.backend, sizeof cfg.backend, "cpu-async");
+            cfg.backend = FSO_BACKEND_CPU_ASYNC;
             set_tiers(&cfg, tiers[t][0], tiers[t][1]);
             cfg.optimizer_overlap = (fso_overlap)mode;
             cfg.grad_clip = mode == FSO_OVERLAP_BACKWARD ? 0.0 : 1.0;
@@ -479,7 +479,7 @@ static void test_non_finite_gradients_stop_every_schedule(void **state)
                 fso_config cfg;
                 run_result r;
                 fso_test_small_model(&cfg, 1, 4);
-                snprintf(cfg.backend, sizeof cfg.backend, "%s", backends[be]);
+                cfg.backend = fso_backend_find(backends[be])->kind;
                 set_tiers(&cfg, FSO_TIER_DEVICE,
                           grads_on_device ? FSO_TIER_DEVICE : FSO_TIER_HOST);
                 cfg.optimizer_overlap = (fso_overlap)mode;
@@ -1102,7 +1102,7 @@ static void moves_keep_bits(int world, fso_tier p0, fso_tier o0, const move *mov
     assert_int_equal(base.rc, 0);
     set_tiers(&cfg, p0, o0);
     if (g_move_backend)
-        snprintf(cfg.backend, sizeof cfg.backend, "%s", g_move_backend);
+        cfg.backend = fso_backend_find(g_move_backend)->kind;
     g_moves = moves;
     g_nmoves = n;
     run(&cfg, &(run_hooks){.stepped = do_moves}, &r);
