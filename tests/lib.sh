@@ -4,6 +4,19 @@
 SRC=${FSO_SRCDIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
+# doc_files [FILE.md...]: the documentation the readme tests read, as paths
+# from the source folder in `files`: the ones given, else README.md and
+# every docs/*.md page.
+doc_files() {
+    local f
+    files=()
+    if [ $# -gt 0 ]; then
+        for f in "$@"; do files+=("$(realpath --relative-to="$SRC" "$f")"); done
+    else
+        files=(README.md)
+        for f in "$SRC"/docs/*.md; do [ -e "$f" ] && files+=("docs/${f##*/}"); done
+    fi
+}
 pass=0
 fail=0
 

@@ -28,14 +28,7 @@ FSOFF=$(realpath "${1:?usage: readme_examples.sh path/to/fsoff [FILE.md...]}")
 shift
 . "$(dirname "$0")/lib.sh"
 
-# The files, as paths from the source folder
-if [ $# -gt 0 ]; then
-    files=()
-    for f in "$@"; do files+=("$(realpath --relative-to="$SRC" "$f")"); done
-else
-    files=(README.md)
-    for f in "$SRC"/docs/*.md; do [ -e "$f" ] && files+=("docs/${f##*/}"); done
-fi
+doc_files "$@" # the files, as paths from the source folder
 
 export XDG_CACHE_HOME="$TMP/cache" # the probes and tune's figures: not the user's cache
 write_tokens 1200 97 50257 >"$TMP/tokens.bin"

@@ -49,14 +49,7 @@ if [ "${1:-}" = --write ]; then
 fi
 . "$(dirname "$0")/lib.sh"
 
-# The files, as paths from the source folder
-if [ $# -gt 0 ]; then
-    files=()
-    for f in "$@"; do files+=("$(realpath --relative-to="$SRC" "$f")"); done
-else
-    files=(README.md)
-    for f in "$SRC"/docs/*.md; do [ -e "$f" ] && files+=("docs/${f##*/}"); done
-fi
+doc_files "$@" # the files, as paths from the source folder
 for f in "${files[@]}"; do
     [ -r "$SRC/$f" ] || { echo "FAIL $f: cannot read it"; exit 1; }
 done

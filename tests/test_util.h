@@ -42,6 +42,23 @@
 
 #define FSO_TEST_STEPS 3
 
+/* Defaults, then the shape both small jobs share: 2 layers of `hidden`,
+ * the feed-forward twice as wide, 4 heads of head_dim over 2 KV heads,
+ * seq_len tokens, FSO_TEST_STEPS steps, one warm-up step. */
+FSO_TEST_FN void fso_test_model_shape(fso_config *cfg, int hidden, int head_dim, int seq_len)
+{
+    fso_config_defaults(cfg);
+    cfg->model.hidden_size = hidden;
+    cfg->model.intermediate_size = 2 * hidden;
+    cfg->model.num_hidden_layers = 2;
+    cfg->model.num_attention_heads = 4;
+    cfg->model.num_key_value_heads = 2;
+    cfg->model.head_dim = head_dim;
+    cfg->data.seq_len = seq_len;
+    cfg->steps = FSO_TEST_STEPS;
+    cfg->sched.warmup_num_steps = 1;
+}
+
 /* Defaults, then the small job that test_zero, test_checkpoint and test_cuda
  * run on every placement: 2 layers, hidden 64, 4 heads over 2 KV heads, 32
  * tokens, 2 micro-batches per step, FSO_TEST_STEPS steps, one warm-up step;
@@ -49,19 +66,10 @@
  * a 256 MiB cap per CPU device. */
 FSO_TEST_FN void fso_test_small_model(fso_config *cfg, int world, int global_batch)
 {
-    fso_config_defaults(cfg);
-    cfg->model.hidden_size = 64;
-    cfg->model.intermediate_size = 128;
-    cfg->model.num_hidden_layers = 2;
-    cfg->model.num_attention_heads = 4;
-    cfg->model.num_key_value_heads = 2;
-    cfg->model.head_dim = 16;
-    cfg->data.seq_len = 32;
+    fso_test_model_shape(cfg, 64, 16, 32);
     cfg->world = world;
     cfg->micro_batch = global_batch / world;
     cfg->grad_accum = 2;
-    cfg->steps = FSO_TEST_STEPS;
-    cfg->sched.warmup_num_steps = 1;
     cfg->threads = 2;
     cfg->device_mem_bytes = 256u << 20;
 }
@@ -73,18 +81,9 @@ FSO_TEST_FN void fso_test_small_model(fso_config *cfg, int world, int global_bat
  * device with the default threads and memory. */
 FSO_TEST_FN void fso_test_tiny_model(fso_config *cfg)
 {
-    fso_config_defaults(cfg);
-    cfg->model.hidden_size = 48;
-    cfg->model.intermediate_size = 96;
-    cfg->model.num_hidden_layers = 2;
-    cfg->model.num_attention_heads = 4;
-    cfg->model.num_key_value_heads = 2;
-    cfg->model.head_dim = 12;
-    cfg->data.seq_len = 24;
+    fso_test_model_shape(cfg, 48, 12, 24);
     cfg->micro_batch = 2;
     cfg->grad_accum = 1;
-    cfg->steps = FSO_TEST_STEPS;
-    cfg->sched.warmup_num_steps = 1;
 }
 
 /* ---------------------------------------------------------------- runs */
