@@ -12,14 +12,9 @@
 #include "backend.h"
 #include "util.h"
 
-static const fso_backend_row *row_for(const fso_config *cfg)
-{
-    return fso_backend_row_of(cfg->backend);
-}
-
 void fso_zero_fp_rules(const fso_config *cfg, fso_fp_rules *r)
 {
-    fso_zero_fp_rules_on(cfg, row_for(cfg), r);
+    fso_zero_fp_rules_on(cfg, fso_backend_row_of(cfg->backend), r);
 }
 
 void fso_zero_fp_rules_on(const fso_config *cfg, const fso_backend_row *on, fso_fp_rules *r)
@@ -63,7 +58,7 @@ static int config_layout(const fso_config *cfg, const fso_fp_rules *r, fso_fp_la
 
 void fso_zero_need_for(const fso_config *cfg, fso_zero_need *n)
 {
-    fso_zero_need_on(cfg, row_for(cfg), n);
+    fso_zero_need_on(cfg, fso_backend_row_of(cfg->backend), n);
 }
 
 void fso_zero_need_on(const fso_config *cfg, const fso_backend_row *on, fso_zero_need *n)
