@@ -10,7 +10,7 @@
  *
  * Copies use the CUDA runtime directly on two streams, so "both" is what
  * the hardware does with both directions busy; that part is
- * kernels/cuda_copy_rates.c, built into the CUDA module (cuda_module.h) and
+ * kernels/cuda/cuda_copy_rates.c, built into the CUDA module (cuda_module.h) and
  * called through its table.
  * Pinned memory is registered the way the engine does it
  * (fso_cuda_host_register over an mmap'd range).
@@ -34,7 +34,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda_backend.h"
+#include "cuda/cuda_backend.h"
 #include "util.h"
 
 static int parse_size(const char *s, size_t *out)
@@ -121,8 +121,8 @@ static int parse_args(int argc, char **argv, bool h2d, size_t *bytes, double *se
 #if FSO_HAVE_CUDA
 #include "backend.h"
 #include "coll.h"
-#include "cuda_backend.h"
-#include "cuda_module.h"
+#include "cuda/cuda_backend.h"
+#include "cuda/cuda_module.h"
 
 #define MAX_DEV 16
 

@@ -37,14 +37,14 @@
 #include <string.h>
 
 #include "bench.h"
-#include "config.h"
+#include "config/config.h"
 #include "devices.h"
 #include "model.h"
 #include "plan.h"
 #include "store.h"
 #include "tune_sweep.h"
 #include "util.h"
-#include "zero.h"
+#include "zero/zero.h"
 
 #define PL_MAX_STEPS 64
 

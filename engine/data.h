@@ -22,7 +22,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "config.h"
+#include "config/config.h"
 
 #define FSO_TOKENS_MAGIC 20240520
 #define FSO_TOKENS_HEADER_INTS 256

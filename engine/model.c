@@ -417,7 +417,7 @@ size_t fso_model_cpu_widen_bytes_for(const fso_model_config *mc, int B, int T)
 }
 
 /* The CUDA backend's widest scratch request over a step (one buffer, grown
- * to it: kernels/cuda_backend.c), in 2 MiB: attention's backward per batch
+ * to it: kernels/cuda/cuda_backend.c), in 2 MiB: attention's backward per batch
  * element (cuda_attention.c), a matmul's fp32 dout rounded to bf16
  * (cuda_matmul.c: the residual gradient, a chunk of the logits' gradient),
  * RMSNorm's weight-gradient partials (cuda_ops.cu; the norms' are smaller). */

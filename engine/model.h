@@ -13,7 +13,7 @@
  * The model owns no parameters: a block source (fso_block_source) lends it
  * each block's full parameters and gradient buffer while it works on that
  * block, in a fixed order, so that the source can gather shards, stream them
- * from host memory or NVMe, and prefetch ahead (engine/zero.c). One training
+ * from host memory or NVMe, and prefetch ahead (engine/zero/zero.c). One training
  * micro-step is fso_model_step(): forward over all blocks, the loss,
  * backward, each block's gradient handed back as soon as it is complete.
  * With activation checkpointing only each layer's input is kept and the
@@ -27,7 +27,7 @@
 #include <stdint.h>
 
 #include "backend.h"
-#include "config.h"
+#include "config/config.h"
 
 typedef enum fso_tensor_kind {
     FSO_T_EMBED = 0,
@@ -230,7 +230,7 @@ size_t fso_model_activation_bytes_for(const fso_model_config *mc, int B, int T,
 size_t fso_model_cpu_widen_bytes_for(const fso_model_config *mc, int B, int T);
 
 /* The scratch the CUDA backend grows to for this model's widest op, in
- * its 2 MiB steps (kernels/cuda_backend.c): for the planner. */
+ * its 2 MiB steps (kernels/cuda/cuda_backend.c): for the planner. */
 size_t fso_model_cuda_scratch_bytes_for(const fso_model_config *mc, int B, int T, bool bf16);
 
 /* Forward FLOPs per token (2 per multiply-add, attention included, causal

@@ -19,7 +19,7 @@
 #include "probe.h"
 #include "topology.h"
 #include "util.h"
-#include "zero.h"
+#include "zero/zero.h"
 
 void fso_plan_machine_gpu(fso_plan_machine *m, const fso_gpu_spec *spec)
 {
@@ -129,7 +129,7 @@ int fso_plan_ctx_init(fso_plan_ctx *ctx, const fso_config *cfg, const fso_plan_m
         /* CUDA context, cuBLAS, NCCL; the backend's scratch */
         en->device_reserve_bytes = ((uint64_t)2 << 30) + fso_model_cuda_scratch_bytes_for(
             mc, cfg->micro_batch, cfg->data.seq_len, cfg->bf16);
-    } else { /* engine/zero.c on the CPU backend */
+    } else { /* engine/zero/zero.c on the CPU backend */
         en->per_kind_tiers = true;
         en->state_host_blocks = true;
         en->sync_grad_writes = true;

@@ -29,7 +29,7 @@
 
 #include <jansson.h>
 
-#include "config.h"
+#include "config/config.h"
 #include "gpu_info.h"
 #include "model.h"
 #include "planner.h"

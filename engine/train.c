@@ -8,11 +8,11 @@
 #include <string.h>
 #include <time.h>
 
-#include "checkpoint_run.h"
+#include "ckpt/checkpoint_run.h"
 #include "data.h"
 #include "plan.h"
 #include "report.h"
-#include "cuda_backend.h"
+#include "cuda/cuda_backend.h"
 #include "util.h"
 
 

@@ -14,9 +14,9 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "config.h"
+#include "config/config.h"
 #include "model.h"
-#include "zero.h"
+#include "zero/zero.h"
 
 typedef struct fso_trainer {
     const fso_config *cfg;

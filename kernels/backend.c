@@ -152,8 +152,8 @@ int fso_cpu_coll_create(fso_coll **out, int world, fso_backend **devs, char *err
 
 /* Each buffer carries a header with its size, one I/O page (FSO_IO_PAGE), so
  * frees are counted against the device's memory cap. Buffers start on a page: a shard there can be
- * written to a checkpoint with O_DIRECT as it is (engine/zero_save.c), and
- * NVMe reads land in a gather window directly (engine/zero_source.c). Those
+ * written to a checkpoint with O_DIRECT as it is (engine/zero/zero_save.c), and
+ * NVMe reads land in a gather window directly (engine/zero/zero_source.c). Those
  * of FSO_IO_ALIGN and more (header included) are I/O buffers in huge pages
  * where whole ones fit, committing no more than they use (util.h
  * fso_io_alloc_lean): O_DIRECT into them is fast. */

@@ -27,8 +27,8 @@
  * fso_backend_is_cuda peeks at the table without loading (it is asked
  * about every backend, CPU ones included).
  */
-#include "cuda_backend.h"
-#include "cuda_module.h"
+#include "cuda/cuda_backend.h"
+#include "cuda/cuda_module.h"
 
 #include <errno.h>
 #include <stdio.h>

@@ -1,6 +1,6 @@
 /* state.h — the kinds of per-shard training state, the tiers each can live
  * on, and when the optimizer updates them: one set of names for the
- * configuration (engine/config.h), the sharded trainer (engine/zero.h) and
+ * configuration (engine/config/config.h), the sharded trainer (engine/zero/zero.h) and
  * the planner (planner.h).
  *
  * Every block's flat parameter buffer is split into one shard per device;
@@ -19,7 +19,7 @@ typedef enum fso_kind {
 } fso_kind;
 
 /* The tiers; zero_optimization.offload_*.device names them (its strings, with
- * the tier each names, are engine/config_enums.c's). */
+ * the tier each names, are engine/config/config_enums.c's). */
 typedef enum fso_tier {
     FSO_TIER_DEVICE = 0,  /* "none": on the device */
     FSO_TIER_HOST,        /* "cpu": the process's host arena */
@@ -28,7 +28,7 @@ typedef enum fso_tier {
 } fso_tier;
 
 /* When the optimizer updates a block: train.optimizer_overlap (its strings
- * are engine/config_enums.c's). */
+ * are engine/config/config_enums.c's). */
 typedef enum fso_overlap {
     FSO_OVERLAP_NONE = 0, /* every block updated after backward, before the next forward */
     FSO_OVERLAP_FORWARD,  /* blocks updated in forward order while the next forward runs; a
@@ -47,7 +47,7 @@ const char *fso_kind_key(int kind);
  * "master", "m", "v", "grads". */
 const char *fso_kind_abbrev(int kind);
 /* A checkpoint's manifest names the kinds it saves in a format of its own
- * ("master", "adam_m", "adam_v": fso_ckpt_kind_names, engine/checkpoint.h). */
+ * ("master", "adam_m", "adam_v": fso_ckpt_kind_names, engine/ckpt/checkpoint.h). */
 
 /* "device", "host", "nvme"; "?" out of range: in messages, and as the keys
  * and values of the plan's JSON and a checkpoint's manifest. */

@@ -1,4 +1,4 @@
-/* test_checkpoint.c — checkpoints (engine/checkpoint.h):
+/* test_checkpoint.c — checkpoints (engine/ckpt/checkpoint.h):
  *
  *  - CRC-32C: known values, the instruction path against the table;
  *  - the resolved configuration as JSON loads back to the same values;
@@ -38,14 +38,14 @@
 #include <cmocka.h>
 #include <jansson.h>
 
-#include "checkpoint.h"
-#include "checkpoint_impl.h"
-#include "config_json.h"
-#include "crc32c.h"
+#include "ckpt/checkpoint.h"
+#include "ckpt/checkpoint_impl.h"
+#include "config/config_json.h"
+#include "ckpt/crc32c.h"
 #include "data.h"
 #include "test_util.h"
 #include "train.h"
-#include "zero.h"
+#include "zero/zero.h"
 
 #define STEPS 5     /* the uninterrupted run */
 #define SAVED_AT 2  /* the checkpoint's step */

@@ -20,8 +20,8 @@
 #include <cmocka.h>
 #include <jansson.h>
 
-#include "config.h"
-#include "json_locate.h"
+#include "config/config.h"
+#include "config/json_locate.h"
 #include "test_util.h"
 
 /* Write text to <dir>/<name>; t->file is its path. */

@@ -33,8 +33,8 @@
 
 #include "backend.h"
 #include "coll.h"
-#include "config.h"
-#include "cuda_backend.h"
+#include "config/config.h"
+#include "cuda/cuda_backend.h"
 #include "data.h"
 #include "fso_build.h"
 #include "adamw.h"
@@ -42,7 +42,7 @@
 #include "rng.h"
 #include "test_util.h"
 #include "train.h"
-#include "zero.h"
+#include "zero/zero.h"
 
 /* The peak table is plain C: checked in every build, GPU or not. */
 static int peak_table_ok(void)

@@ -1,5 +1,5 @@
 /* test_cuda_loader.c — fsoff without a GPU, or without the CUDA libraries:
- * the CUDA module (kernels/cuda_module.h) is loaded only on demand, and when
+ * the CUDA module (kernels/cuda/cuda_module.h) is loaded only on demand, and when
  * it cannot be, every entry point of cuda_backend.h says why instead of
  * failing to start or crashing.
  *
@@ -33,8 +33,8 @@
 #include <cmocka.h>
 
 #include "backend.h"
-#include "cuda_backend.h"
-#include "cuda_module.h"
+#include "cuda/cuda_backend.h"
+#include "cuda/cuda_module.h"
 #include "fso_build.h"
 
 #if FSO_HAVE_CUDA

@@ -24,7 +24,7 @@
 #include "plan.h"
 #include "test_util.h"
 #include "train.h"
-#include "zero.h"
+#include "zero/zero.h"
 
 static char nvme_dir[256];
 

@@ -65,10 +65,10 @@
 
 #include <cmocka.h>
 
-#include "config.h"
+#include "config/config.h"
 #include "model.h"
 #include "train.h"
-#include "zero.h"
+#include "zero/zero.h"
 
 #define FIX_MAGIC 0x46534F47
 

@@ -31,13 +31,13 @@
 #include <cmocka.h>
 
 #include "adamw.h"
-#include "config.h"
-#include "hf.h"
+#include "config/config.h"
+#include "hf/hf.h"
 #include "model.h"
-#include "safetensors.h"
+#include "hf/safetensors.h"
 #include "test_util.h"
 #include "train.h"
-#include "zero.h"
+#include "zero/zero.h"
 
 /* ------------------------------------------------------------------ helpers */
 

@@ -33,7 +33,7 @@
 
 #include <cmocka.h>
 
-#include "config.h"
+#include "config/config.h"
 #include "model.h"
 #include "plan.h"
 #include "planner.h"

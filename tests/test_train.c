@@ -17,7 +17,7 @@
 
 #include <cmocka.h>
 
-#include "config.h"
+#include "config/config.h"
 #include "cpu_isa.h"
 #include "data.h"
 #include "report.h"

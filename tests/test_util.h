@@ -30,11 +30,11 @@
 
 #include <cmocka.h>
 
-#include "config.h"
+#include "config/config.h"
 #include "cpu_async.h"
 #include "data.h"
 #include "train.h"
-#include "zero.h"
+#include "zero/zero.h"
 
 #define FSO_TEST_FN static inline __attribute__((unused))
 

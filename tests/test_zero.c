@@ -32,7 +32,7 @@
 
 #include <cmocka.h>
 
-#include "config.h"
+#include "config/config.h"
 #include "cpu_async.h"
 #include "data.h"
 #include "plan.h"
@@ -40,7 +40,7 @@
 #include "test_util.h"
 #include "train.h"
 #include "util.h"
-#include "zero.h"
+#include "zero/zero.h"
 
 #define STEPS FSO_TEST_STEPS
 

@@ -1,4 +1,4 @@
-/* test_zero_lock.c — the sharded trainer's lock order (engine/zero_lock.h).
+/* test_zero_lock.c — the sharded trainer's lock order (engine/zero/zero_lock.h).
  *
  * The checker itself is tested in every build: locks taken in order pass,
  * and a lock taken at or before a place held, a lock let go that is not
@@ -24,7 +24,7 @@
 
 #include <cmocka.h>
 
-#include "zero_lock.h"
+#include "zero/zero_lock.h"
 
 /* Run fn in a child and expect it to abort, its stderr holding every
  * non-NULL needle. */

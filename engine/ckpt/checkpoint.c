@@ -22,7 +22,7 @@
 #include <unistd.h>
 
 #include "checkpoint_impl.h"
-#include "config_json.h"
+#include "config/config_json.h"
 #include "fso_build.h"
 #include "model.h"
 #include "store.h"

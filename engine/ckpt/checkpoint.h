@@ -41,9 +41,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "config.h"
-#include "hf.h"
-#include "zero.h"
+#include "config/config.h"
+#include "hf/hf.h"
+#include "zero/zero.h"
 
 #define FSO_CKPT_FORMAT "fsoff-checkpoint"
 #define FSO_CKPT_VERSION 1

@@ -17,7 +17,7 @@
 #include <unistd.h>
 
 #include "checkpoint_impl.h"
-#include "config_json.h"
+#include "config/config_json.h"
 #include "crc32c.h"
 #include "model.h"
 #include "util.h"

@@ -10,9 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "config.h"
+#include "config/config.h"
 #include "cpu_isa.h"
-#include "cuda_backend.h"
+#include "cuda/cuda_backend.h"
 #include "devices.h"
 #include "fso_build.h"
 #include "plan.h"

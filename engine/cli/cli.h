@@ -1,5 +1,5 @@
 /* cli.h — the fsoff command line: `fsoff [train] [options]`. Part of the
- * fsoff executable (engine/main.c), not of the engine library. */
+ * fsoff executable (engine/cli/main.c), not of the engine library. */
 #ifndef FSO_CLI_H
 #define FSO_CLI_H
 

@@ -7,8 +7,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "checkpoint.h"
-#include "hf.h"
+#include "ckpt/checkpoint.h"
+#include "hf/hf.h"
 #include "util.h"
 
 static void usage(FILE *f)

@@ -16,7 +16,7 @@
 #include "probe.h"
 #include "store.h"
 #include "util.h"
-#include "zero.h"
+#include "zero/zero.h"
 
 /* The names --gpu takes, from the GPU table (gpu_info.c), sep between them. */
 static void print_gpu_names(FILE *f, const char *sep)

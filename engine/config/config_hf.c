@@ -26,7 +26,7 @@
 #include <string.h>
 
 #include "config_impl.h"
-#include "hf.h"
+#include "hf/hf.h"
 
 /* ---------------------------------------------------------------- reading */
 

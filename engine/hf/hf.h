@@ -1,7 +1,7 @@
 /* hf.h — Hugging Face Llama folders: reading one into fsoff's blocks
  * (`--init-from DIR`, model.init_from) and writing one (export).
  *
- * A folder holds config.json (LlamaConfig; engine/config_hf.c reads it into
+ * A folder holds config.json (LlamaConfig; engine/config/config_hf.c reads it into
  * the "model" section) and the weights in safetensors (safetensors.h):
  * model.safetensors, or shards listed by model.safetensors.index.json.
  * Tensor names and shapes are transformers' LlamaForCausalLM ones, in the
@@ -28,7 +28,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "config.h"
+#include "config/config.h"
 #include "model.h"
 
 /* ------------------------------------------------------------------ export */

@@ -14,8 +14,8 @@
 #include <string.h>
 
 #include "adamw.h"
-#include "cuda_backend.h"
-#include "hf.h"
+#include "cuda/cuda_backend.h"
+#include "hf/hf.h"
 #include "optpool.h"
 #include "rng.h"
 #include "topology.h"

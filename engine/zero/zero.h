@@ -37,7 +37,7 @@
 #include <stdint.h>
 
 #include "coll.h"
-#include "config.h"
+#include "config/config.h"
 #include "footprint.h"
 #include "model.h"
 #include "store.h"

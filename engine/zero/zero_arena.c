@@ -12,7 +12,7 @@
 #include <sys/mman.h>
 #include <sys/resource.h>
 
-#include "cuda_backend.h"
+#include "cuda/cuda_backend.h"
 #include "topology.h"
 #include "util.h"
 

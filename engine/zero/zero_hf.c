@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "hf.h"
+#include "hf/hf.h"
 
 /* An fso_hf_source over kind k of the trainer's state: the block asked for
  * is fetched from every device's shard into flat, then served from there. */

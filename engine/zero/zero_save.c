@@ -32,7 +32,7 @@
 #include <sys/ioctl.h>
 #include <time.h>
 
-#include "crc32c.h"
+#include "ckpt/crc32c.h"
 #include "util.h"
 
 #define STAGES FSO_ZERO_SAVE_STAGES

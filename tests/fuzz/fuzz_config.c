@@ -1,5 +1,5 @@
 /* fuzz_config.c — the configuration as users give it: a JSON file and --set
- * overrides (engine/config.c, config_keys.c).
+ * overrides (engine/config/config.c, config_keys.c).
  *
  * Input: the file's bytes up to the first NUL (no file when that is empty),
  * then each further NUL-separated piece is one --set KEY=VALUE, at most
@@ -23,8 +23,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "config.h"
-#include "config_impl.h"
+#include "config/config.h"
+#include "config/config_impl.h"
 #include "fuzz.h"
 
 #define MAX_SETS 8

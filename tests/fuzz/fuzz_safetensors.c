@@ -1,5 +1,5 @@
 /* fuzz_safetensors.c — safetensors files as users hand them to --init-from:
- * the header check and the reader (engine/safetensors.c).
+ * the header check and the reader (engine/hf/safetensors.c).
  *
  * Input: a file's bytes. They are checked from memory (fso_st_parse) and
  * from a file (fso_st_open); both must agree. A refusal gives a message
@@ -14,7 +14,7 @@
 #include <string.h>
 
 #include "fuzz.h"
-#include "safetensors.h"
+#include "hf/safetensors.h"
 
 #define READ_MAX_ELEMS ((uint64_t)1 << 20)
 

@@ -10,7 +10,7 @@
  *                   read outside it, which AddressSanitizer reports.
  * Nothing here is ever called.
  */
-#include "cuda_module.h"
+#include "cuda/cuda_module.h"
 
 #include "fso_build.h"
 
