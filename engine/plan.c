@@ -122,7 +122,6 @@ int fso_plan_ctx_init(fso_plan_ctx *ctx, const fso_config *cfg, const fso_plan_m
     en->rules.world = W;
     if (gpu) { /* the GPU schedule `fsoff plan --gpus` predicts (ARCHITECTURE.md, The planner) */
         en->per_block_tiers = true;
-        en->per_kind_tiers = true;
         en->whole_copy = true;
         en->sync_grad_writes = false;
         en->opt_write_lag = 2;
@@ -130,7 +129,6 @@ int fso_plan_ctx_init(fso_plan_ctx *ctx, const fso_config *cfg, const fso_plan_m
         en->device_reserve_bytes = ((uint64_t)2 << 30) + fso_model_cuda_scratch_bytes_for(
             mc, cfg->micro_batch, cfg->data.seq_len, cfg->bf16);
     } else { /* engine/zero/zero.c on the CPU backend */
-        en->per_kind_tiers = true;
         en->state_host_blocks = true;
         en->sync_grad_writes = true;
         en->opt_write_lag = 1;
@@ -1034,7 +1032,7 @@ static void gpu_engine_as_built(fso_plan_ctx *ctx, const fso_config *cfg)
 {
     fso_plan_engine *en = &ctx->in.engine;
     en->per_block_tiers = en->whole_copy = false;
-    en->per_kind_tiers = en->state_host_blocks = true;
+    en->state_host_blocks = true;
     en->rules.dtype[FSO_KIND_GRAD] = FSO_DT_F32;
     en->rules.dtype[FSO_KIND_PARAM] = cfg->bf16 ? FSO_DT_BF16 : FSO_DT_F32;
 }

@@ -98,7 +98,6 @@ typedef struct fso_plan_model {
 typedef struct fso_plan_engine {
     fso_overlap overlap;
     bool per_block_tiers;      /* parameters of some blocks may stay on the device */
-    bool per_kind_tiers;       /* master, m, v and gradients may sit on different tiers */
     bool whole_copy;           /* a block may be copied whole to every device (no gather) */
     bool state_host_blocks;    /* the optimizer state a placement puts on NVMe stays on the
                                   host for the first blocks, as many as host memory takes

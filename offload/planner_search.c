@@ -327,11 +327,6 @@ static bool choices_allowed(const fso_plan_input *in, const cand_iter *it)
     const int pt = at[CHOICE_PARAM_TIER], g = at[CHOICE_GRAD_TIER];
     if (!tier_ok(in, pt) || !pin_ok(in, FSO_KIND_PARAM, pt))
         return false;
-    /* without per-kind tiers, one tier for master, m, v and gradients */
-    if (!in->engine.per_kind_tiers &&
-        (at[CHOICE_M_TIER] != at[CHOICE_MASTER_TIER] ||
-         at[CHOICE_V_TIER] != at[CHOICE_MASTER_TIER] || g != at[CHOICE_MASTER_TIER]))
-        return false;
     if (!tier_ok(in, g) || !pin_ok(in, FSO_KIND_GRAD, g))
         return false;
     for (int i = 0; i < 3; i++)
