@@ -307,9 +307,10 @@ static void *calib_run(void *arg)
     fso_model m;
     bool model_up = false;
     int32_t *tok = NULL;
-    int rc = fso_backend_create(&be, fso_backend_row_of(cfg->backend)->name, d->per_dev);
+    char why[200] = "";
+    int rc = fso_backend_create(&be, cfg->backend, 0, d->per_dev, 0, why, sizeof why);
     if (rc < 0)
-        snprintf(d->err, sizeof d->err, "cannot create the CPU backend: %s", strerror(-rc));
+        snprintf(d->err, sizeof d->err, "cannot create the CPU backend: %s", why);
     else if ((rc = fso_model_init(&m, &one, be, B, T, 1, cfg->activation_checkpointing,
                                   cfg->bf16)) < 0)
         snprintf(d->err, sizeof d->err, "%s", m.err);

@@ -13,6 +13,8 @@
 
 #include "coll.h"
 #include "cpu_async.h"
+#include "cuda/cuda_backend.h"
+#include "fso_build.h"
 #include "rope.h"
 #include "cpu_common.h"
 #include "pool.h"
@@ -30,30 +32,29 @@ int fso_cpu_count(void)
     return 1;
 }
 
-int fso_backend_create(fso_backend **out, const char *name, int threads)
+/* The fast CPU backend or the reference (ops), as device `device`. */
+static int create_cpu(fso_backend **out, const fso_backend_ops *ops, int device, int threads,
+                      size_t mem_cap_bytes, char *err, size_t errlen)
 {
-    const fso_backend_ops *ops;
-    if (strcmp(name, "cpu") == 0)
-        ops = &fso_cpu_fast_ops;
-    else if (strcmp(name, "cpu-ref") == 0)
-        ops = &fso_cpu_ref_ops;
-    else
-        return -ENOENT;
-
     fso_backend *be = calloc(1, sizeof *be);
     fso_cpu_ctx *ctx = calloc(1, sizeof *ctx);
     if (!be || !ctx) {
         free(be);
         free(ctx);
+        snprintf(err, errlen, "out of memory creating a CPU backend");
         return -ENOMEM;
     }
     be->ops = ops;
     be->ctx = ctx;
+    be->device = device;
+    be->mem_cap_bytes = mem_cap_bytes;
     ctx->k = ops == &fso_cpu_ref_ops ? &fso_cpu_ref_kernels : &fso_cpu_fast_kernels;
     be->threads = ops == &fso_cpu_ref_ops ? 1 : threads > 0 ? threads : fso_cpu_count();
     if (ops == &fso_cpu_fast_ops) {
         int rc = fso_pool_create(&ctx->pool, be->threads);
         if (rc < 0) {
+            snprintf(err, errlen, "cannot start %d threads for the CPU backend: %s",
+                     be->threads, strerror(-rc));
             free(ctx);
             free(be);
             return rc;
@@ -68,24 +69,37 @@ int fso_backend_create(fso_backend **out, const char *name, int threads)
     return 0;
 }
 
-int fso_backend_create_virtual(fso_backend **out, const char *name, int device, int threads,
-                               size_t mem_cap_bytes)
+static int create_fast(fso_backend **out, int device, int threads, size_t mem_cap_bytes,
+                       char *err, size_t errlen)
 {
-    if (strcmp(name, "cpu-async") == 0)
-        return fso_backend_create_async(out, device, threads, mem_cap_bytes);
-    int rc = fso_backend_create(out, name, threads);
-    if (rc < 0)
-        return rc;
-    (*out)->device = device;
-    (*out)->mem_cap_bytes = mem_cap_bytes;
-    return 0;
+    return create_cpu(out, &fso_cpu_fast_ops, device, threads, mem_cap_bytes, err, errlen);
+}
+
+static int create_ref(fso_backend **out, int device, int threads, size_t mem_cap_bytes,
+                      char *err, size_t errlen)
+{
+    return create_cpu(out, &fso_cpu_ref_ops, device, threads, mem_cap_bytes, err, errlen);
+}
+
+static int create_cuda(fso_backend **out, int device, int threads, size_t mem_cap_bytes,
+                       char *err, size_t errlen)
+{
+    *out = NULL;
+#if FSO_HAVE_CUDA
+    return fso_backend_create_cuda(out, device, mem_cap_bytes, err, errlen);
+#else
+    char why[256];
+    int rc = fso_cuda_available(why, sizeof why);
+    snprintf(err, errlen, "%s", why);
+    return rc;
+#endif
 }
 
 static const fso_backend_row rows[FSO_N_BACKENDS] = {
-    {FSO_BACKEND_CPU, "cpu", true, false},
-    {FSO_BACKEND_CPU_REF, "cpu-ref", true, false},
-    {FSO_BACKEND_CPU_ASYNC, "cpu-async", false, false},
-    {FSO_BACKEND_CUDA, "cuda", false, true},
+    {FSO_BACKEND_CPU, "cpu", true, false, create_fast},
+    {FSO_BACKEND_CPU_REF, "cpu-ref", true, false, create_ref},
+    {FSO_BACKEND_CPU_ASYNC, "cpu-async", false, false, fso_backend_create_async},
+    {FSO_BACKEND_CUDA, "cuda", false, true, create_cuda},
 };
 
 const fso_backend_row *fso_backend_find(const char *name)
@@ -100,7 +114,14 @@ const fso_backend_row *fso_backend_find(const char *name)
 
 const fso_backend_row *fso_backend_row_of(fso_backend_kind k)
 {
+    FSO_BUG_ON(k < 0 || k >= FSO_N_BACKENDS, "backend kind %d", (int)k);
     return &rows[k];
+}
+
+int fso_backend_create(fso_backend **out, fso_backend_kind k, int device, int threads,
+                       size_t mem_cap_bytes, char *err, size_t errlen)
+{
+    return fso_backend_row_of(k)->create(out, device, threads, mem_cap_bytes, err, errlen);
 }
 
 void fso_backend_destroy(fso_backend *be)

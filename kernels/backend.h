@@ -242,35 +242,39 @@ struct fso_backend {
     char err[FSO_BACKEND_ERR_MAX];
 };
 
-/* Create a backend by name ("cpu", "cpu-ref"); threads 0 = the CPUs this
- * process may use. Returns 0 or -ENOENT for an unknown name. */
-int fso_backend_create(fso_backend **out, const char *name, int threads);
-/* A CPU virtual device: backend `name` ("cpu", "cpu-ref", or "cpu-async":
- * a CPU device with a discrete GPU's rules, cpu_async.h) with `threads` threads and a
- * memory cap (0: none). */
-int fso_backend_create_virtual(fso_backend **out, const char *name, int device, int threads,
-                               size_t mem_cap_bytes);
 /* The backends fsoff knows, one row each: what is known of a backend before
- * one is created. Every capability question asks the row, never the name.
+ * one is created, and how to create one. Every capability question asks the
+ * row, never the name; names exist for parsing and printing.
  * A row's host_addressable is its ops' (test_ops holds them equal). */
 typedef enum fso_backend_kind {
     FSO_BACKEND_CPU = 0,  /* "cpu": the fast CPU backend, the default */
     FSO_BACKEND_CPU_REF,  /* "cpu-ref": the plain reference */
     FSO_BACKEND_CPU_ASYNC,/* "cpu-async": a CPU device with a discrete GPU's rules */
-    FSO_BACKEND_CUDA,     /* "cuda": a GPU (the CUDA module, cuda_backend.h) */
+    FSO_BACKEND_CUDA,     /* "cuda": a GPU (the CUDA module, cuda/cuda_backend.h) */
     FSO_N_BACKENDS,
 } fso_backend_kind;
+/* Device `device` of a process, `threads` CPU threads (0: the CPUs this
+ * process may use; cpu-ref always 1; a GPU ignores it), a memory cap in
+ * bytes (0: none; a GPU's cap defaults to its memory). 0, or -errno with the
+ * reason in err (err may be NULL): -ENOTSUP for a GPU in a build without
+ * CUDA, -ENODEV when its module or device cannot be had. */
+typedef int (*fso_backend_create_fn)(fso_backend **out, int device, int threads,
+                                     size_t mem_cap_bytes, char *err, size_t errlen);
 typedef struct fso_backend_row {
     fso_backend_kind kind;
     const char *name;
     bool host_addressable;  /* its buffers are host memory the CPU may use */
     bool gpu;               /* a GPU: its own memory, bf16 computed as bf16 (the CPU
                                backends widen bf16 tensors to fp32 working space) */
+    fso_backend_create_fn create;
 } fso_backend_row;
 /* The row of backend `name` ("" is "cpu"); NULL for a name fsoff does not know. */
 const fso_backend_row *fso_backend_find(const char *name);
 /* The row of kind k. */
 const fso_backend_row *fso_backend_row_of(fso_backend_kind k);
+/* A backend of kind k: its row's create. */
+int fso_backend_create(fso_backend **out, fso_backend_kind k, int device, int threads,
+                       size_t mem_cap_bytes, char *err, size_t errlen);
 /* Memory a host-addressable device holds outside buf_alloc: its part of a
  * buffer that several CPU devices share (the engine lends a block of
  * parameters from the one buffer its devices' shards are parts of).

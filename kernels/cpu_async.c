@@ -617,16 +617,19 @@ static const fso_backend_ops async_ops = {
     .coll_create = as_coll_create,
 };
 
-int fso_backend_create_async(fso_backend **out, int device, int threads, size_t mem_cap_bytes)
+int fso_backend_create_async(fso_backend **out, int device, int threads, size_t mem_cap_bytes,
+                             char *err, size_t errlen)
 {
     fso_backend *be = calloc(1, sizeof *be);
     async_ctx *x = calloc(1, sizeof *x);
     if (!be || !x) {
         free(be);
         free(x);
+        snprintf(err, errlen, "out of memory creating a cpu-async device");
         return -ENOMEM;
     }
-    int rc = fso_backend_create(&x->inner, "cpu", threads);
+    /* the inner backend computes for the device; the cap is the device's */
+    int rc = fso_backend_create(&x->inner, FSO_BACKEND_CPU, device, threads, 0, err, errlen);
     if (rc < 0) {
         free(be);
         free(x);

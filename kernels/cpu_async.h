@@ -1,7 +1,7 @@
 /* cpu_async.h — the "cpu-async" backend (cpu_async.c): a CPU device with a
  * discrete GPU's rules (device memory the host cannot touch, copies and
  * reductions that complete late), for running the engine's GPU paths
- * without a GPU. fso_backend_create_virtual("cpu-async", ...) makes one;
+ * without a GPU. fso_backend_create(FSO_BACKEND_CPU_ASYNC, ...) makes one;
  * fso_backend_destroy frees it, fso_backend_coll_create makes its
  * collectives (fso_coll_create_async).
  */
@@ -13,7 +13,9 @@
 #include "backend.h"
 #include "coll.h"
 
-int fso_backend_create_async(fso_backend **out, int device, int threads, size_t mem_cap_bytes);
+/* Its registry row's create (backend.h), wrapping a fast CPU backend. */
+int fso_backend_create_async(fso_backend **out, int device, int threads, size_t mem_cap_bytes,
+                             char *err, size_t errlen);
 /* 1 when `be` is a cpu-async device (tests). */
 int fso_backend_is_async(const fso_backend *be);
 /* What a cpu-async device saw so far: sync() calls; drains, waits of any

@@ -424,8 +424,9 @@ static int probe_machine(fso_probe *p, const fso_probe_opts *opts, char *err, si
     int rc;
     p->threads = opts->threads > 0 ? opts->threads : fso_cpu_count();
     p->host_mem_bytes = fso_mem_available_bytes();
-    if ((rc = fso_backend_create(&be, "cpu", p->threads)) < 0) {
-        snprintf(err, errlen, "cannot create the CPU backend: %s", strerror(-rc));
+    char why[200] = "";
+    if ((rc = fso_backend_create(&be, FSO_BACKEND_CPU, 0, p->threads, 0, why, sizeof why)) < 0) {
+        snprintf(err, errlen, "cannot create the CPU backend: %s", why);
         return rc;
     }
     const size_t copy_bytes = (size_t)(64 * MIB);

@@ -1683,7 +1683,7 @@ static int setup(void **state)
     char err[256] = "";
     fso_rng_seed(&rng, 42);
     unsetenv("FSO_CUDA_MATH");
-    if (fso_backend_create(&ref, "cpu-ref", 1) < 0)
+    if (fso_backend_create(&ref, FSO_BACKEND_CPU_REF, 0, 1, 0, NULL, 0) < 0)
         return -1;
     for (int m = 0; m < 2; m++) {
         if (fso_backend_create_cuda(&cu[m], 0, 0, err, sizeof err) < 0) {

@@ -168,9 +168,14 @@ static void test_without_its_module_every_entry_point_says_why(void **state)
     assert_int_equal(fso_backend_create_cuda(&be, 0, 0, err, sizeof err), -ENODEV);
     assert_null(be);
     assert_names_the_module(err);
+    be = (fso_backend *)1; /* the registry's row goes the same way */
+    err[0] = 0;
+    assert_int_equal(fso_backend_create(&be, FSO_BACKEND_CUDA, 0, 0, 0, err, sizeof err), -ENODEV);
+    assert_null(be);
+    assert_names_the_module(err);
 
     fso_backend *cpu = NULL;
-    assert_int_equal(fso_backend_create(&cpu, "cpu", 1), 0);
+    assert_int_equal(fso_backend_create(&cpu, FSO_BACKEND_CPU, 0, 1, 0, NULL, 0), 0);
     assert_int_equal(fso_backend_is_cuda(cpu), 0);
     fso_coll *coll = (fso_coll *)1;
     err[0] = 0;

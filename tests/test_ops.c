@@ -26,6 +26,7 @@
 #include "adamw.h"
 #include "backend.h"
 #include "cpu_async.h"
+#include "fso_build.h"
 #include "pool.h"
 #include "rng.h"
 #include "test_util.h"
@@ -220,7 +221,7 @@ static void test_cpu_buffers_are_page_aligned_zeroed_and_counted(void **state)
 {
     (void)state;
     fso_backend *be = NULL;
-    assert_int_equal(fso_backend_create(&be, "cpu", 1), 0);
+    assert_int_equal(fso_backend_create(&be, FSO_BACKEND_CPU, 0, 1, 0, NULL, 0), 0);
     static const size_t sizes[] = {1, 4096, (2u << 20) - 8192, (2u << 20) - 4096, 2u << 20,
                                    (5u << 20) + 100};
     enum { N = sizeof sizes / sizeof sizes[0] };
@@ -257,7 +258,7 @@ static void test_matmul_bits_do_not_depend_on_threads_or_devices(void **state)
 
     /* one thread, checked against the reference */
     fso_backend *one = NULL;
-    assert_int_equal(fso_backend_create(&one, "cpu", 1), 0);
+    assert_int_equal(fso_backend_create(&one, FSO_BACKEND_CPU, 0, 1, 0, NULL, 0), 0);
     mm_outs base, want;
     mm_outs_alloc(&base);
     mm_outs_alloc(&want);
@@ -274,7 +275,7 @@ static void test_matmul_bits_do_not_depend_on_threads_or_devices(void **state)
     for (int threads = 2; threads <= 7; threads++) {
         fso_backend *be = NULL;
         char what[64];
-        assert_int_equal(fso_backend_create(&be, "cpu", threads), 0);
+        assert_int_equal(fso_backend_create(&be, FSO_BACKEND_CPU, 0, threads, 0, NULL, 0), 0);
         mm_outs o;
         mm_outs_alloc(&o);
         mm_run(be, &o);
@@ -289,7 +290,7 @@ static void test_matmul_bits_do_not_depend_on_threads_or_devices(void **state)
         mm_thread t[2];
         pthread_t tid[2];
         for (int i = 0; i < 2; i++) {
-            assert_int_equal(fso_backend_create(&t[i].be, "cpu", 3), 0);
+            assert_int_equal(fso_backend_create(&t[i].be, FSO_BACKEND_CPU, 0, 3, 0, NULL, 0), 0);
             mm_outs_alloc(&t[i].o);
         }
         for (int i = 0; i < 2; i++)
@@ -584,7 +585,7 @@ static void test_sqnorm_is_exact_and_thread_independent(void **state)
     assert_true(fabs(b - exact) <= 1e-12 * exact);
     /* same bits with one thread */
     fso_backend *one = NULL;
-    assert_int_equal(fso_backend_create(&one, "cpu", 1), 0);
+    assert_int_equal(fso_backend_create(&one, FSO_BACKEND_CPU, 0, 1, 0, NULL, 0), 0);
     double c = 0;
     one->ops->sqnorm(one, &c, x, n);
     assert_true(memcmp(&b, &c, sizeof b) == 0);
@@ -691,16 +692,15 @@ static void test_async_device_keeps_a_gpus_rules(void **state)
 {
     (void)state;
     fso_backend *be = NULL;
-    assert_int_equal(fso_backend_create_virtual(&be, "cpu-async", 0, 2, 0), 0);
+    assert_int_equal(fso_backend_create(&be, FSO_BACKEND_CPU_ASYNC, 0, 2, 0, NULL, 0), 0);
     assert_int_equal(be->ops->host_addressable, 0);
     /* what the budgets assume of each backend before creating one */
     assert_int_equal(fso_backend_find("cpu-async")->host_addressable, be->ops->host_addressable);
     assert_false(fso_backend_find("cuda")->host_addressable);
-    for (int i = 0; i < 2; i++) {
-        const char *name = i ? "cpu-ref" : "cpu";
+    for (fso_backend_kind k = FSO_BACKEND_CPU; k <= FSO_BACKEND_CPU_REF; k++) {
         fso_backend *cpu = NULL;
-        assert_int_equal(fso_backend_create(&cpu, name, 1), 0);
-        assert_int_equal(fso_backend_find(name)->host_addressable, cpu->ops->host_addressable);
+        assert_int_equal(fso_backend_create(&cpu, k, 0, 1, 0, NULL, 0), 0);
+        assert_int_equal(fso_backend_row_of(k)->host_addressable, cpu->ops->host_addressable);
         fso_backend_destroy(cpu);
     }
     const size_t n = 1000;
@@ -773,7 +773,7 @@ static void test_async_stale_marks_are_counted_and_still_right(void **state)
 {
     (void)state;
     fso_backend *be = NULL;
-    assert_int_equal(fso_backend_create_virtual(&be, "cpu-async", 0, 1, 0), 0);
+    assert_int_equal(fso_backend_create(&be, FSO_BACKEND_CPU_ASYNC, 0, 1, 0, NULL, 0), 0);
     float *d = NULL, src[4] = {1, 2, 3, 4}, two[4] = {2, 2, 2, 2}, back[4] = {0};
     assert_int_equal(be->ops->buf_alloc(be, sizeof src, (void **)&d), 0);
     be->ops->copy_h2d(be, d, src, sizeof src);
@@ -1117,19 +1117,43 @@ static void test_bf16_tensors_round_once(void **state)
     }
 }
 
-static void test_unknown_backend_is_an_error(void **state)
+/* The registry: each row found by its name and by its kind; a name fsoff
+ * does not know is no row; each CPU row creates its device with the
+ * number, threads and cap asked for. */
+static void test_backend_registry(void **state)
 {
     (void)state;
-    fso_backend *be = NULL;
-    assert_int_equal(fso_backend_create(&be, "tpu", 0), -ENOENT);
-    assert_null(be);
+    assert_null(fso_backend_find("tpu"));
+    assert_null(fso_backend_find("CPU"));
+    assert_ptr_equal(fso_backend_find(""), fso_backend_row_of(FSO_BACKEND_CPU));
+    for (int k = 0; k < FSO_N_BACKENDS; k++) {
+        const fso_backend_row *row = fso_backend_row_of(k);
+        assert_int_equal(row->kind, k);
+        assert_ptr_equal(fso_backend_find(row->name), row);
+        fso_backend *be = NULL;
+        char err[200] = "";
+        if (row->gpu) { /* test_cuda and test_cuda_loader open GPUs */
+            if (!FSO_HAVE_CUDA) {
+                assert_int_equal(fso_backend_create(&be, k, 0, 0, 0, err, sizeof err), -ENOTSUP);
+                assert_null(be);
+                assert_non_null(strstr(err, "built without CUDA"));
+            }
+            continue;
+        }
+        assert_int_equal(fso_backend_create(&be, k, 3, 2, 1 << 20, err, sizeof err), 0);
+        assert_int_equal(be->device, 3);
+        assert_int_equal(be->mem_cap_bytes, 1 << 20);
+        assert_int_equal(be->threads, k == FSO_BACKEND_CPU_REF ? 1 : 2);
+        assert_int_equal(be->ops->host_addressable, row->host_addressable);
+        fso_backend_destroy(be);
+    }
 }
 
 static int setup(void **state)
 {
     (void)state;
     fso_rng_seed(&rng, 42);
-    if (fso_backend_create(&ref, "cpu-ref", 1) < 0 || fso_backend_create(&fast, "cpu", 2) < 0)
+    if (fso_backend_create(&ref, FSO_BACKEND_CPU_REF, 0, 1, 0, NULL, 0) < 0 || fso_backend_create(&fast, FSO_BACKEND_CPU, 0, 2, 0, NULL, 0) < 0)
         return -1;
     return 0;
 }
@@ -1163,7 +1187,7 @@ int main(void)
         cmocka_unit_test(test_cast_bf16_f32_is_exact),
         cmocka_unit_test(test_cast_f32_bf16_rounds_to_nearest_even),
         cmocka_unit_test(test_bf16_tensors_round_once),
-        cmocka_unit_test(test_unknown_backend_is_an_error),
+        cmocka_unit_test(test_backend_registry),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -249,7 +249,7 @@ static void test_activation_estimate_matches_allocation(void **state)
         fso_test_tiny_model(&cfg);
         fso_backend *be = NULL;
         fso_model m;
-        assert_int_equal(fso_backend_create(&be, "cpu", 1), 0);
+        assert_int_equal(fso_backend_create(&be, FSO_BACKEND_CPU, 0, 1, 0, NULL, 0), 0);
         assert_int_equal(fso_model_init(&m, &cfg.model, be, cfg.micro_batch, cfg.data.seq_len, 1,
                                         ck, bf16), 0);
         const size_t act = fso_model_activation_bytes_for(&cfg.model, cfg.micro_batch,

@@ -159,32 +159,28 @@ int fso_zero_check_host(const fso_config *cfg, const fso_zero_need *n, uint64_t 
     return -ENOMEM;
 }
 
-/* Device rk's backend: a CUDA GPU, or a CPU virtual device capped at cap
- * bytes; *cap becomes a GPU's free memory when --device-mem is not given. */
+/* Device rk's backend, of the configuration's kind: a CUDA GPU, or a CPU
+ * virtual device capped at cap bytes; *cap becomes a GPU's free memory when
+ * --device-mem is not given. */
 static int open_backend(fso_zero *z, rank_state *rk, int threads, uint64_t *cap, char *err,
                         size_t errlen)
 {
     const fso_config *cfg = z->cfg;
-    int rc = 0;
-    if (z->cuda) {
-#if FSO_HAVE_CUDA
-        char cerr[256] = "";
-        if ((rc = fso_backend_create_cuda(&rk->be, rk->rank, cfg->device_mem_bytes, cerr,
-                                          sizeof cerr)) < 0) {
-            snprintf(err, errlen, "cannot open CUDA device %d: %s", rk->rank, cerr);
-            return rc;
-        }
-        if (cfg->device_mem_bytes == 0) { /* the budget: what the GPU has free */
-            fso_gpu_info gi;
-            *cap = fso_gpu_info_query(rk->rank, &gi, cerr, sizeof cerr) == 0 ? gi.mem_free_bytes
-                                                                              : (uint64_t)1 << 40;
-        }
-#endif
-    } else if ((rc = fso_backend_create_virtual(&rk->be, fso_backend_row_of(cfg->backend)->name,
-                                                rk->rank, threads, *cap)) < 0) {
-        snprintf(err, errlen, "cannot create device %d: %s", rk->rank, strerror(-rc));
+    const fso_backend_row *row = fso_backend_row_of(cfg->backend);
+    char why[256] = "";
+    int rc = fso_backend_create(&rk->be, cfg->backend, rk->rank, threads, *cap, why, sizeof why);
+    if (rc < 0) {
+        snprintf(err, errlen, "cannot open %s device %d: %s", row->name, rk->rank, why);
+        return rc;
     }
-    return rc;
+#if FSO_HAVE_CUDA /* (else no GPU opens) */
+    if (row->gpu && cfg->device_mem_bytes == 0) { /* the budget: what the GPU has free */
+        fso_gpu_info gi;
+        *cap = fso_gpu_info_query(rk->rank, &gi, why, sizeof why) == 0 ? gi.mem_free_bytes
+                                                                       : (uint64_t)1 << 40;
+    }
+#endif
+    return 0;
 }
 
 /* The cap of each device: --device-mem, on CPU devices an equal share of
