@@ -417,7 +417,6 @@ static void *opt_main(void *arg)
         if (rk->opt.head == rk->opt.tail)
             break;
         opt_job job = rk->opt.queue[rk->opt.head % OPT_QUEUE];
-        rk->opt.busy = 1;
         int failed = rk->opt.err.rc != 0;
         zr_unlock(&rk->opt.mu);
 
@@ -433,7 +432,6 @@ static void *opt_main(void *arg)
         zr_lock(&rk->opt.mu);
         rk->opt.busy_ms += dt;
         rk->opt.head++;
-        rk->opt.busy = 0;
         pthread_cond_broadcast(&rk->opt.cv);
     }
     zr_unlock(&rk->opt.mu);

@@ -46,7 +46,6 @@ typedef struct rank_optim {
                                     step (ready) or an empty queue, the saver for rest */
     opt_job queue[OPT_QUEUE];    /* mu */
     int head, tail;              /* mu */
-    int busy;                    /* mu: a job is running */
     int64_t *ready;              /* mu: [block] the step whose parameters the block holds */
     int64_t *rest;               /* mu: [block] the step whose update of the block has landed:
                                     master, m and v written wherever they live (with the

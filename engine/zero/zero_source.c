@@ -301,7 +301,10 @@ static const void *src_params(void *ctx, int b)
      * they run while the previous block computes */
     void *recv = z->sc.on ? sc_window(rk, q) : rk->compute.gather[g];
     uint64_t after = rk->compute.gather_free[g];
-    if (rk->opt.ready_mark[b] > after) /* an update of the shard queued on the device */
+    /* an update of the shard queued on the device (read only once the wait
+     * above has ordered it after the updater's write; after a failure no
+     * copy uses it) */
+    if (rk->compute.err.rc == 0 && rk->opt.ready_mark[b] > after)
         after = rk->opt.ready_mark[b];
     void *mine = (char *)recv + (size_t)rk->rank * shard_bytes;
     const void *send = mine; /* this rank's shard, where the gather reads it */
