@@ -183,6 +183,17 @@ static int pl_config(const pl_args *a, fso_config *cfg)
     cfg->world = a->world;
     cfg->device_mem_bytes = a->device_mem;
     cfg->host_mem_bytes = a->host_mem;
+    if (a->nvme) { /* as train checks it: before anything is planned or opened */
+        char buf[4096], why[1024];
+        const char *dirs[FSO_STORE_MAX_DIRS];
+        if (fso_nvme_folders_split("--nvme", a->nvme, true, buf, sizeof buf, dirs, why,
+                                   sizeof why) < 0) {
+            fprintf(stderr, "fsoff: error: bench pipeline: %s\n", why);
+            fso_config_free(cfg);
+            free(sets);
+            return 2;
+        }
+    }
     if (!sets) {
         fprintf(stderr, "fsoff: error: bench pipeline: out of memory\n");
         fso_config_free(cfg);

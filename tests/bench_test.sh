@@ -243,6 +243,8 @@ else
 fi
 expect_png "plot of a saved pipeline result" "$TMP/pl2.png" 900x540 -- plot "$TMP/pl.json" -o "$TMP/pl2.png"
 expect_fail "bench pipeline --steps 1" 2 "--steps 1" -- bench pipeline --steps 1
+expect_fail "bench pipeline --nvme of a missing folder" 2 "$TMP/no-such-dir" -- \
+    bench pipeline --nvme "$TMP/no-such-dir" --steps 2
 [ -z "$(ls -A "$TMP/nvme" | grep fsoff)" ] && ok "bench pipeline leaves no NVMe files" ||
     bad "bench pipeline leaves no NVMe files" "$(ls -A "$TMP/nvme")"
 
