@@ -321,13 +321,14 @@ static void replan(run_plan *rp, fso_config *cfg, int64_t steps_left, fso_traine
         return;
     if (fso_plan_check(cfg, &rp->pins, rp->plan, &meas, corrected, msg, sizeof msg) != 1)
         goto out;
-    fprintf(out, "fsoff: %s\n", msg);
     fso_plan_move mv;
     fso_plan_revision(rp->plan, corrected, meas.step_ms, steps_left, &mv);
-    if (!mv.changes || !rp->applied) {
-        if (mv.changes)
-            fprintf(out, "fsoff: plan: the running placement is the configured one, not the "
-                         "plan's; it stays\n");
+    if (!mv.changes) /* the corrected plan places the state as it is: nothing to say */
+        goto out;
+    fprintf(out, "fsoff: %s\n", msg);
+    if (!rp->applied) {
+        fprintf(out, "fsoff: plan: the running placement is the configured one, not the "
+                     "plan's; it stays\n");
         goto out;
     }
     if (!mv.pays) {
