@@ -16,8 +16,9 @@ uint64_t fso_peak_rss_bytes(void)
     return (uint64_t)ru.ru_maxrss * 1024u; /* Linux reports KiB */
 }
 
-int fso_report_init(fso_report *r, FILE *out, const char *metrics_path, int64_t total_steps,
-                    int64_t print_every, double flops_per_token, char *err, size_t errlen)
+int fso_report_init(fso_report *r, FILE *out, const char *metrics_path, bool append,
+                    int64_t total_steps, int64_t print_every, double flops_per_token, char *err,
+                    size_t errlen)
 {
     memset(r, 0, sizeof *r);
     r->out = out;
@@ -25,16 +26,32 @@ int fso_report_init(fso_report *r, FILE *out, const char *metrics_path, int64_t 
     r->print_every = print_every > 0 ? print_every : 1;
     r->flops_per_token = flops_per_token;
     if (metrics_path) {
-        r->metrics = fopen(metrics_path, "w");
+        r->metrics = fopen(metrics_path, append ? "a+" : "w");
         if (!r->metrics) {
             int e = errno;
-            snprintf(err, errlen, "--metrics %s: cannot create the file: %s", metrics_path,
-                     strerror(e));
+            snprintf(err, errlen, "--metrics %s: cannot %s the file: %s", metrics_path,
+                     append ? "open (to append to)" : "create", strerror(e));
             return -e;
         }
         r->metrics_path = metrics_path;
+        /* a run killed in the middle of a line: the next object on a line of its own */
+        if (append && fseek(r->metrics, -1, SEEK_END) == 0 && fgetc(r->metrics) != '\n')
+            fputc('\n', r->metrics);
+        fseek(r->metrics, 0, SEEK_END);
     }
     return 0;
+}
+
+void fso_report_resume(fso_report *r, int64_t step, const char *checkpoint)
+{
+    char *q = fso_json_quote(checkpoint);
+    if (r->metrics && q) {
+        fprintf(r->metrics, "{\"event\": \"resume\", \"step\": %lld, \"checkpoint\": %s, "
+                            "\"steps\": %lld}\n",
+                (long long)step, q, (long long)r->total_steps);
+        fflush(r->metrics);
+    }
+    free(q);
 }
 
 /* {"parameters": N, ...} of per-kind bytes, for a metrics line. */

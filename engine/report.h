@@ -37,10 +37,16 @@ typedef struct fso_report {
     uint64_t stale_marks;      /* the last step's count (set by fso_report_step) */
 } fso_report;
 
-/* Open the metrics file (truncating) when path is not NULL. Returns 0 or
- * negative errno with a message in err. */
-int fso_report_init(fso_report *r, FILE *out, const char *metrics_path, int64_t total_steps,
-                    int64_t print_every, double flops_per_token, char *err, size_t errlen);
+/* Open the metrics file when path is not NULL: truncating it, or with
+ * append (a resumed run) adding to what is there. Returns 0 or negative
+ * errno with a message in err. */
+int fso_report_init(fso_report *r, FILE *out, const char *metrics_path, bool append,
+                    int64_t total_steps, int64_t print_every, double flops_per_token, char *err,
+                    size_t errlen);
+/* A resumed run's segment of the metrics file begins: {"event": "resume",
+ * "step" (the checkpoint's: the next step line is step + 1), "checkpoint"
+ * (its folder), "steps" (train.steps now)}. */
+void fso_report_resume(fso_report *r, int64_t step, const char *checkpoint);
 void fso_report_step(fso_report *r, const fso_zero_step *st);
 /* A save that finished: a line in the step lines ("checkpoint step N |
  * path | size in seconds, rate | exposed ms") and a {"event": "checkpoint",

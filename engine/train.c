@@ -412,8 +412,8 @@ int fso_train_run(const fso_config *cfg, const fso_run_opts *opts)
         goto out;
     }
     double fpt = 3.0 * fso_model_flops_per_token(&cfg->model, cfg->data.seq_len);
-    if ((rc = fso_report_init(&rep, out, opts->metrics_path, cfg->steps, cfg->steps_per_print,
-                              fpt, err, sizeof err)) < 0) {
+    if ((rc = fso_report_init(&rep, out, opts->metrics_path, fso_ckpt_run_resuming(ck),
+                              cfg->steps, cfg->steps_per_print, fpt, err, sizeof err)) < 0) {
         fprintf(stderr, "fsoff: error: %s\n", err);
         goto out;
     }
@@ -433,7 +433,7 @@ int fso_train_run(const fso_config *cfg, const fso_run_opts *opts)
     }
     rep.pin_refused = fso_zero_pin_refused(tr.zero) != NULL;
     print_banner(out, cfg, &tr, &data, dev.note);
-    if ((rc = fso_ckpt_run_resume(ck, &tr, &data, err, sizeof err)) < 0) {
+    if ((rc = fso_ckpt_run_resume(ck, &tr, &data, &rep, err, sizeof err)) < 0) {
         fprintf(stderr, "fsoff: error: %s\n", err);
         goto out;
     }
@@ -452,6 +452,8 @@ int fso_train_run(const fso_config *cfg, const fso_run_opts *opts)
     int frc = fso_report_finish(&rep, err, sizeof err);
     if (rc == 0 && (rc = frc) < 0)
         fprintf(stderr, "fsoff: error: %s\n", err);
+    if (rc == 0 && rep.stopped_by)
+        rc = FSO_RUN_STOPPED;
 
 out:
     if (rep.metrics) /* refused before the first step */

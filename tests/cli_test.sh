@@ -540,8 +540,10 @@ if [ -e "$stub/libcuda.so.1" ]; then
 fi
 
 expect_help=$("$FSOFF" --help)
-if echo "$expect_help" | grep -q -- '--metrics FILE' && "$FSOFF" --version | grep -q '^fsoff '; then
-    ok "help and version"
+if echo "$expect_help" | grep -q -- '--metrics FILE' && "$FSOFF" --version | grep -q '^fsoff ' &&
+   echo "$expect_help" | grep -q -- '--resume auto' &&
+   echo "$expect_help" | grep -q '^3 stopped by a first SIGINT or SIGTERM'; then
+    ok "help and version (--resume auto, exit status 3)"
 else
     bad "help and version"
 fi
