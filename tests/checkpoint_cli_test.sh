@@ -63,8 +63,8 @@ final_state() { echo "$1/step-$(printf %08d $STEPS)/state.bin"; }
 # the reference: uninterrupted, one save at the end
 if "$FSOFF" "${SMALL[@]}" -n $STEPS --save "$TMP/ref" -m "$TMP/ref.jsonl" >"$TMP/out" 2>"$TMP/err" &&
    [ -s "$(final_state "$TMP/ref")" ] && grep -q '"event": "checkpoint"' "$TMP/ref.jsonl" &&
-   grep -q "^checkpoint step $STEPS | $TMP/ref/step-" "$TMP/out"; then
-    ok "a run saves at its end: the event, the line"
+   grep -qE "^checkpoint step $STEPS \| $TMP/ref/step-0+$STEPS \| [0-9.]+ (KiB|MiB|GiB) in [0-9.]+ s, [0-9.]+ MiB/s \| exposed" "$TMP/out"; then
+    ok "a run saves at its end: the event, the line (its size and rate in one unit family)"
 else
     bad "a run saves at its end" "$(cat "$TMP/err")"
 fi

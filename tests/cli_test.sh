@@ -541,11 +541,40 @@ fi
 
 expect_help=$("$FSOFF" --help)
 if echo "$expect_help" | grep -q -- '--metrics FILE' && "$FSOFF" --version | grep -q '^fsoff ' &&
-   echo "$expect_help" | grep -q -- '--resume auto' &&
+   echo "$expect_help" | grep -q -- '--resume auto' && echo "$expect_help" | grep -q -- '--print-every N' &&
    echo "$expect_help" | grep -q '^3 stopped by a first SIGINT or SIGTERM'; then
-    ok "help and version (--resume auto, exit status 3)"
+    ok "help and version (--resume auto, --print-every, exit status 3)"
 else
     bad "help and version"
+fi
+
+# --- the step line's interval: --print-every N prints every Nth step, the
+# first and the last; by default every step up to 10, then about 100 lines
+# (300 steps: every 5th); the metrics keep every step either way
+printed() { sed -nE 's|^step +([0-9]+)/.*|\1|p' "$1" | tr '\n' ' '; }
+expect_error "print-every not a number" "--print-every x" -- --print-every x
+expect_error "steps_per_print below 0" "steps_per_print" -- --set steps_per_print=-1
+if "$FSOFF" --steps 30 --print-every 7 --metrics "$TMP/pe.jsonl" "${SMALL[@]}" >"$TMP/out" 2>"$TMP/err" &&
+   [ "$(printed "$TMP/out")" = "1 7 14 21 28 30 " ] && [ "$(grep -c '^{"step"' "$TMP/pe.jsonl")" -eq 30 ]; then
+    ok "--print-every 7: steps 1 7 14 21 28 30; 30 metrics lines"
+else
+    bad "--print-every 7" "printed: $(printed "$TMP/out")" "$(cat "$TMP/err")"
+fi
+want="$(seq 1 10 | tr '\n' ' ')$(seq 15 5 300 | tr '\n' ' ')"
+if "$FSOFF" --steps 300 --metrics "$TMP/pa.jsonl" "${SMALL[@]}" >"$TMP/out" 2>"$TMP/err" &&
+   [ "$(printed "$TMP/out")" = "$want" ] && [ "$(grep -c '^{"step"' "$TMP/pa.jsonl")" -eq 300 ] &&
+   grep -qE '^step +300/300 \|.* GFLOP/s \| [0-9.]+ s elapsed, ETA 0\.0 s \| ' "$TMP/out" &&
+   grep -qE '^step +1/300 \|.* \| [0-9.]+ s elapsed, ETA ([0-9.]+ s|[0-9]+m[0-9]{2}s) \| ' "$TMP/out"; then
+    ok "default interval on 300 steps: 1 to 10, then every 5th; elapsed and ETA on the line"
+else
+    bad "default interval on 300 steps" "printed: $(printed "$TMP/out")" "$(grep -m1 '^step' "$TMP/out")" "$(cat "$TMP/err")"
+fi
+# the mid-run re-plan speaks only when it changes the placement (or would, and cannot)
+if grep -q '^fsoff: plan: measured' "$TMP/out" &&
+   ! grep -A1 '^fsoff: plan: measured' "$TMP/out" | grep -qE '^fsoff: plan: (moved|the placement stays|the running placement)'; then
+    bad "the re-plan's line comes only with a change" "$(grep -A1 '^fsoff: plan: measured' "$TMP/out")"
+else
+    ok "the re-plan's line comes only with a change"
 fi
 
 echo "cli: $pass passed, $fail failed"

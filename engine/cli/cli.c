@@ -68,7 +68,9 @@ static void usage(FILE *f)
             "      --resume auto      continue from the latest checkpoint in --save DIR if it\n"
             "                         has one, else start from step 0 (one command line that\n"
             "                         starts a job and restarts it; a folder named auto: ./auto)\n"
-
+            "      --print-every N    a step line every N steps, the first and last always\n"
+            "                         (default: every step up to 10, then about 100 lines in\n"
+            "                         all; = --set steps_per_print=N, 0 the default)\n"
             "  -s, --set KEY=VALUE    override one configuration key, e.g.\n"
             "                         --set model.num_hidden_layers=8 --set optimizer.params.lr=1e-3\n"
             "                         (VALUE is JSON, or a plain string); repeatable, applied in order\n"
@@ -264,7 +266,10 @@ static int take_option(int c, int argc, char **argv, cli_args *a, fso_config *cf
         if (a->resume_auto)
             a->resume = "";
         return 0;
-
+    case 'P':
+        return count_option(a, "--print-every", optarg, 0,
+                            "a step count (0: every step up to 10, then about 100 lines)",
+                            "steps_per_print");
     case 's':
         return add_set(a, "%s", optarg);
     case 'h':
@@ -295,6 +300,7 @@ static int parse_args(int argc, char **argv, cli_args *a, fso_config *cfg)
         {"save", required_argument, NULL, 'S'},    {"save-every", required_argument, NULL, 'E'},
         {"keep", required_argument, NULL, 'K'},    {"resume", optional_argument, NULL, 'R'},
         {"init-from", required_argument, NULL, 'I'},  {"host-mem", required_argument, NULL, 'H'},
+        {"print-every", required_argument, NULL, 'P'},
         {NULL, 0, NULL, 0},
     };
     int c, rc;
