@@ -48,7 +48,7 @@ wait_for() { # FILE-TEST PATH SECONDS
 wait_line() { # FIXED-STRING FILE SECONDS: until FILE has the string
     local i
     for ((i = 0; i < $3 * 50; i++)); do
-        grep -qF -- "$1" "$2" && return 0
+        grep -qF -- "$1" "$2" 2>/dev/null && return 0
         sleep 0.02
     done
     return 1
@@ -171,7 +171,7 @@ for sig in TERM INT; do
     wait_for -e "$TMP/pause" 60 # held after step 3: the signal comes before step 4
     kill -$sig $pid
     # said while the run is still held: the handler's own line, not the step's end
-    ack="fsoff: SIG$sig: stopping after the step in progress, then saving it (checkpoint.dir); a second SIGINT or SIGTERM stops at once without saving"
+    ack="fsoff: SIG$sig: stopping after the step in progress, then saving it in $dir; a second SIGINT or SIGTERM stops at once without saving"
     acked=yes
     wait_line "$ack" "$TMP/err" 30 && [ -e "$TMP/pause" ] || acked=no
     rm -f "$TMP/pause"

@@ -383,7 +383,7 @@ int fso_cli_main(int argc, char **argv)
                          .resume = a.resume, .resume_auto = a.resume_auto, .stop = &stop};
     if (test_pauses(&opts) < 0)
         goto out;
-    fso_signals_install(&stop, cfg.checkpoint.dir[0] != 0);
+    fso_signals_install(&stop, cfg.checkpoint.dir);
     rc = fso_train_run(&cfg, &opts);
     status = rc < 0 ? 1 : rc == FSO_RUN_STOPPED ? FSO_EXIT_STOPPED : 0;
     fso_signals_restore();

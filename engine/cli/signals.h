@@ -12,11 +12,11 @@
 #define FSO_SIGNALS_H
 
 #include <signal.h>
-#include <stdbool.h>
 
-/* Handlers on, *flag the one they set (0 until a signal comes); saving:
- * the run has a checkpoint dir, so the first signal's line says it saves. */
-void fso_signals_install(volatile sig_atomic_t *flag, bool saving);
+/* Handlers on, *flag the one they set (0 until a signal comes); save_dir:
+ * the run's checkpoint dir ("" or NULL: none), which the first signal's
+ * line names as where the step is saved. */
+void fso_signals_install(volatile sig_atomic_t *flag, const char *save_dir);
 /* The handlers there were before. */
 void fso_signals_restore(void);
 
