@@ -10,6 +10,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -50,6 +51,26 @@ void fso_plot_size_label(char *buf, size_t len, double bytes)
         snprintf(buf, len, "%.3g%s", bytes, units[u]);
 }
 
+/* The chart's format, from its name: 1 SVG (.svg), 0 PNG (.png, or no
+ * extension), -1 another extension, which fsoff does not write. */
+static int svg_by_name(const char *path)
+{
+    const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+    const char *dot = strrchr(base, '.');
+    if (!dot || dot == base || strcasecmp(dot, ".png") == 0)
+        return 0;
+    return strcasecmp(dot, ".svg") == 0 ? 1 : -1;
+}
+
+int fso_plot_check_name(const char *path, char *err, size_t errlen)
+{
+    if (svg_by_name(path) >= 0)
+        return 0;
+    snprintf(err, errlen, "%s: fsoff draws PNG or SVG charts; name the file FILE.png or "
+                          "FILE.svg", path);
+    return -EINVAL;
+}
+
 int fso_plot_begin(fso_plot *p, const char *png, int width, int height, char *err,
                    size_t errlen)
 {
@@ -58,14 +79,21 @@ int fso_plot_begin(fso_plot *p, const char *png, int width, int height, char *er
         snprintf(err, errlen, "plot: the output file name is empty or too long");
         return -EINVAL;
     }
+    if (fso_plot_check_name(png, err, errlen) < 0)
+        return -EINVAL;
+    p->svg = svg_by_name(png) == 1;
     snprintf(p->png, sizeof p->png, "%s", png);
     p->f = open_memstream(&p->text, &p->len);
     if (!p->f) {
         snprintf(err, errlen, "plot %s: out of memory", png);
         return -ENOMEM;
     }
-    fprintf(p->f, "set terminal pngcairo size %d,%d noenhanced font 'sans,10'\nset output ",
-            width, height);
+    if (p->svg) /* gnuplot's svg terminal; white, as the PNGs are */
+        fprintf(p->f, "set terminal svg size %d,%d noenhanced font 'sans,10' background "
+                      "'white'\nset output ", width, height);
+    else
+        fprintf(p->f, "set terminal pngcairo size %d,%d noenhanced font 'sans,10'\nset output ",
+                width, height);
     fso_plot_quote(p->f, "%s", png);
     fprintf(p->f, "\nset grid\nset key box opaque\nset datafile missing 'nan'\n");
     return 0;
@@ -92,7 +120,9 @@ static void first_line(int fd, char *buf, size_t len)
     snprintf(buf, len, "%.400s", s[0] ? s : "no message");
 }
 
-static bool is_png(const char *path)
+/* Whether path begins as a PNG does, or with svg an SVG (an XML
+ * declaration or the svg element). */
+static bool is_chart(const char *path, bool svg)
 {
     static const unsigned char sig[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
     unsigned char head[8];
@@ -101,6 +131,8 @@ static bool is_png(const char *path)
         return false;
     ssize_t n = read(fd, head, sizeof head);
     close(fd);
+    if (svg)
+        return n >= 5 && (memcmp(head, "<?xml", 5) == 0 || memcmp(head, "<svg", 4) == 0);
     return n == (ssize_t)sizeof head && memcmp(head, sig, sizeof sig) == 0;
 }
 
@@ -169,6 +201,10 @@ int fso_plot_finish(fso_plot *p, char *err, size_t errlen)
         if (WIFEXITED(status) && WEXITSTATUS(status) == 127)
             snprintf(err, errlen, "plot %s: gnuplot could not be started (%s); %s", p->png,
                      said, PLOT_INSTALL);
+        else if (p->svg && strstr(said, "unknown or ambiguous terminal"))
+            snprintf(err, errlen, "plot %s: this gnuplot has no svg terminal (%s); write a "
+                                  ".png instead, or install a gnuplot built with it", p->png,
+                     said);
         else
             snprintf(err, errlen, "plot %s: gnuplot failed (%s %d): %s", p->png,
                      WIFEXITED(status) ? "exit status" : "signal",
@@ -177,11 +213,12 @@ int fso_plot_finish(fso_plot *p, char *err, size_t errlen)
         rc = -EIO;
         goto out;
     }
-    if (!is_png(p->png)) {
+    if (!is_chart(p->png, p->svg)) {
         char said[512];
         first_line(efd, said, sizeof said);
-        snprintf(err, errlen, "plot %s: gnuplot wrote no PNG there (%s); check that the folder "
-                 "exists and is writable", p->png, said);
+        snprintf(err, errlen, "plot %s: gnuplot wrote no %s there (%s); check that the folder "
+                 "exists and is writable", p->png, p->svg ? "SVG" : "PNG", said);
+        unlink(p->png);
         rc = -EIO;
     }
 out:
@@ -200,13 +237,15 @@ out:
 static void plot_usage(FILE *f)
 {
     fprintf(f,
-            "usage: fsoff plot FILE -o FILE.png [--size WxH]\n"
+            "usage: fsoff plot FILE... -o FILE.png|FILE.svg [--size WxH]\n"
             "\n"
-            "Draw a training run from its --metrics file (loss, learning rate, tokens/s, NVMe\n"
-            "GB/s read and written, stall and step time over steps), or a benchmark result\n"
-            "from `fsoff bench ... --json FILE` (the chart its --plot draws). Needs gnuplot.\n"
+            "Draw a training run from its --metrics file (loss, gradient norm, learning rate,\n"
+            "tokens/s, NVMe GB/s read and written, stall and step time over steps), or a\n"
+            "benchmark result from `fsoff bench ... --json FILE` (the chart its --plot draws).\n"
+            "A run resumed from a checkpoint is drawn whole: its file with every segment, or\n"
+            "its files in order; each resume is marked. Needs gnuplot.\n"
             "\n"
-            "  -o, --output FILE.png  the chart to write\n"
+            "  -o, --output FILE      the chart to write: FILE.png, or FILE.svg for an SVG\n"
             "      --size WxH         pixels (default %dx%d for a run, %dx%d for nvme and\n"
             "                         tune, %dx%d for the other benchmarks)\n"
             "  -h, --help             this help\n",
@@ -259,33 +298,39 @@ int fso_plot_main(int argc, char **argv)
     }
     if (optind >= argc)
         return plot_bad("give the file to draw: a --metrics file or a bench --json result");
-    if (optind + 1 < argc) {
-        snprintf(msg, sizeof msg, "one file at a time; unexpected \"%s\"", argv[optind + 1]);
-        return plot_bad(msg);
-    }
     if (!out)
-        return plot_bad("give the chart's file name with -o FILE.png");
-    const char *in = argv[optind];
+        return plot_bad("give the chart's file name with -o FILE.png (or FILE.svg)");
+    if (fso_plot_check_name(out, msg, sizeof msg) < 0)
+        return plot_bad(msg);
+    const char *const *in = (const char *const *)argv + optind;
+    const int n_in = argc - optind;
     struct stat st;
-    if (stat(in, &st) != 0 || !S_ISREG(st.st_mode)) {
-        fprintf(stderr, "fsoff: error: plot: %s: %s\n", in,
-                errno == 0 || S_ISDIR(st.st_mode) ? "not a file" : strerror(errno));
-        return 2;
-    }
+    for (int i = 0; i < n_in; i++)
+        if (stat(in[i], &st) != 0 || !S_ISREG(st.st_mode)) {
+            fprintf(stderr, "fsoff: error: plot: %s: %s\n", in[i],
+                    errno == 0 || S_ISDIR(st.st_mode) ? "not a file" : strerror(errno));
+            return 2;
+        }
 
     char err[4200] = "";
     int rc;
     json_error_t je;
-    json_t *rec = json_load_file(in, JSON_DISABLE_EOF_CHECK, &je);
+    json_t *rec = json_load_file(in[0], JSON_DISABLE_EOF_CHECK, &je);
     if (rec && json_is_object(rec) && json_is_string(json_object_get(rec, "bench"))) {
+        if (n_in > 1) {
+            json_decref(rec);
+            snprintf(msg, sizeof msg, "%s is a bench result, drawn alone; unexpected \"%s\" "
+                     "(several files are the segments of one training run)", in[0], in[1]);
+            return plot_bad(msg);
+        }
         rc = fso_plot_bench(rec, out, w, h, err, sizeof err);
         if (rc == -EINVAL) {
             json_decref(rec);
-            fprintf(stderr, "fsoff: error: plot: %s: %s\n", in, err);
+            fprintf(stderr, "fsoff: error: plot: %s: %s\n", in[0], err);
             return 2;
         }
     } else {
-        rc = fso_plot_run(in, out, w, h, err, sizeof err);
+        rc = fso_plot_run(in, n_in, out, w, h, err, sizeof err);
         if (rc == -EINVAL) {
             json_decref(rec);
             fprintf(stderr, "fsoff: error: plot: %s\n", err);

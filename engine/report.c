@@ -16,25 +16,76 @@ uint64_t fso_peak_rss_bytes(void)
     return (uint64_t)ru.ru_maxrss * 1024u; /* Linux reports KiB */
 }
 
-int fso_report_init(fso_report *r, FILE *out, const char *metrics_path, int64_t total_steps,
-                    int64_t print_every, double flops_per_token, char *err, size_t errlen)
+/* The automatic interval: steps / 100 rounded up to 1, 2 or 5 times a
+ * power of ten, so a run prints about 100 lines after its first ten. */
+static int64_t auto_print_every(int64_t total_steps)
+{
+    const int64_t want = total_steps / 100;
+    for (int64_t p = 1;; p *= 10)
+        for (int i = 0; i < 3; i++) {
+            const int64_t every = p * (int64_t[]){1, 2, 5}[i];
+            if (every >= want || every > INT64_MAX / 10)
+                return every;
+        }
+}
+
+int fso_report_init(fso_report *r, FILE *out, const char *metrics_path, bool append,
+                    int64_t total_steps, int64_t print_every, double flops_per_token, char *err,
+                    size_t errlen)
 {
     memset(r, 0, sizeof *r);
     r->out = out;
     r->total_steps = total_steps;
-    r->print_every = print_every > 0 ? print_every : 1;
+    r->print_every = print_every > 0 ? print_every : auto_print_every(total_steps);
+    r->print_first = print_every > 0 ? 1 : FSO_REPORT_PRINT_FIRST;
     r->flops_per_token = flops_per_token;
     if (metrics_path) {
-        r->metrics = fopen(metrics_path, "w");
+        r->metrics = fopen(metrics_path, append ? "a+" : "w");
         if (!r->metrics) {
             int e = errno;
-            snprintf(err, errlen, "--metrics %s: cannot create the file: %s", metrics_path,
-                     strerror(e));
+            snprintf(err, errlen, "--metrics %s: cannot %s the file: %s", metrics_path,
+                     append ? "open (to append to)" : "create", strerror(e));
             return -e;
         }
         r->metrics_path = metrics_path;
+        /* a run killed in the middle of a line: the next object on a line of its own */
+        if (append && fseek(r->metrics, -1, SEEK_END) == 0 && fgetc(r->metrics) != '\n')
+            fputc('\n', r->metrics);
+        fseek(r->metrics, 0, SEEK_END);
     }
     return 0;
+}
+
+void fso_report_resume(fso_report *r, int64_t step, const char *checkpoint)
+{
+    char *q = fso_json_quote(checkpoint);
+    if (r->metrics && q) {
+        fprintf(r->metrics, "{\"event\": \"resume\", \"step\": %lld, \"checkpoint\": %s, "
+                            "\"steps\": %lld}\n",
+                (long long)step, q, (long long)r->total_steps);
+        fflush(r->metrics);
+    }
+    free(q);
+}
+
+/* A duration for the step line: "42.0 s", "4m05s", "3h07m". */
+static void duration(char *buf, size_t len, double secs)
+{
+    if (secs < 59.95)
+        snprintf(buf, len, "%.1f s", secs < 0 ? 0.0 : secs);
+    else if (secs < 3599.5)
+        snprintf(buf, len, "%dm%02ds", (int)(secs + 0.5) / 60, (int)(secs + 0.5) % 60);
+    else
+        snprintf(buf, len, "%lldh%02dm", (long long)(secs / 3600),
+                 (int)((long long)(secs / 60 + 0.5) % 60));
+}
+
+/* Whether step's line is printed: the first few, every print_every-th, the
+ * run's first and its last. */
+static bool printed(const fso_report *r, int64_t step)
+{
+    return step <= r->print_first || step % r->print_every == 0 || r->steps == 1 ||
+           step == r->total_steps;
 }
 
 /* {"parameters": N, ...} of per-kind bytes, for a metrics line. */
@@ -54,6 +105,7 @@ void fso_report_step(fso_report *r, const fso_zero_step *st)
     double gflops = tok_s * r->flops_per_token / 1e9;
     if (r->steps == 0) {
         r->first_loss = st->loss;
+        r->first_step_ms = st->step_ms;
         r->first_stall_ms = st->stall_ms;
         r->first_optimizer_ms = st->optimizer_ms;
         r->first_optimizer_exposed_ms = st->optimizer_exposed_ms;
@@ -68,6 +120,9 @@ void fso_report_step(fso_report *r, const fso_zero_step *st)
     r->tokens += st->tokens;
     r->last_loss = st->loss;
     r->wall_ms += st->step_ms;
+    const double now = fso_now_ms();
+    if (r->steps == 1)
+        r->start_ms = now - st->step_ms;
 
     r->nvme_read_bytes += st->nvme_read_bytes;
     r->nvme_write_bytes += st->nvme_write_bytes;
@@ -76,9 +131,15 @@ void fso_report_step(fso_report *r, const fso_zero_step *st)
     double rd_gbps = secs > 0 ? st->nvme_read_bytes / secs / 1e9 : 0;
     double wr_gbps = secs > 0 ? st->nvme_write_bytes / secs / 1e9 : 0;
 
-    if (st->step % r->print_every == 0 || st->step == 1 || st->step == r->total_steps) {
-        char io[512] = "";
+    if (printed(r, st->step)) {
+        char io[512] = "", el[32], eta[32];
         int n = 0;
+        /* the time left, at the mean of the steps after the first (which warms up) */
+        const double took = now - r->start_ms;
+        const double per = r->steps > 1 ? (took - r->first_step_ms) / (double)(r->steps - 1)
+                                        : st->step_ms;
+        duration(el, sizeof el, took / 1e3);
+        duration(eta, sizeof eta, per * (double)(r->total_steps - st->step) / 1e3);
         if (r->peak_flops > 0) /* model FLOPs only: recomputation is not counted as useful */
             n = snprintf(io, sizeof io, " | MFU %.1f%%", 100.0 * gflops * 1e9 / r->peak_flops);
         n += snprintf(io + n, sizeof io - (size_t)n, " | opt %.1f ms, %.1f exposed",
@@ -97,9 +158,10 @@ void fso_report_step(fso_report *r, const fso_zero_step *st)
                      (unsigned long long)st->stale_marks);
         fprintf(r->out,
                 "step %5lld/%lld | loss %.4f | lr %.3e | norm %7.4f%s | %8.1f ms | %9.0f tok/s | "
-                "%6.1f GFLOP/s%s\n",
+                "%6.1f GFLOP/s | %s elapsed, ETA %s%s\n",
                 (long long)st->step, (long long)r->total_steps, st->loss, st->lr, st->grad_norm,
-                st->clip_coef < 1.0 ? " (clipped)" : "          ", st->step_ms, tok_s, gflops, io);
+                st->clip_coef < 1.0 ? " (clipped)" : "          ", st->step_ms, tok_s, gflops, el,
+                eta, io);
         fflush(r->out);
     }
     char kr[256], kw[256];
@@ -137,9 +199,10 @@ void fso_report_checkpoint(fso_report *r, int64_t step, const char *path, uint64
             fso_human_bytes(hc, sizeof hc, (double)cloned_bytes);
             snprintf(c, sizeof c, " (%s by reflink)", hc);
         }
-        fprintf(r->out, "checkpoint step %lld | %s | %s%s in %.2f s, %.1f MB/s | exposed %.1f ms\n",
-                (long long)step, path, h, c, seconds, seconds > 0 ? bytes / seconds / 1e6 : 0.0,
-                exposed_ms);
+        fprintf(r->out, "checkpoint step %lld | %s | %s%s in %.2f s, %.1f MiB/s | exposed %.1f "
+                        "ms\n",
+                (long long)step, path, h, c, seconds,
+                seconds > 0 ? bytes / seconds / 1048576.0 : 0.0, exposed_ms);
         fflush(r->out);
     }
     if (r->metrics && qpath && (!error || qerr)) {

@@ -1,5 +1,5 @@
 /* report.h — what a person and a plotting script see of a run: the banner,
- * one line per step, the summary, and the same as JSON lines (--metrics). */
+ * step lines (every step or an interval), the summary, and the same as JSON lines (--metrics). */
 #ifndef FSO_REPORT_H
 #define FSO_REPORT_H
 
@@ -14,12 +14,14 @@ typedef struct fso_report {
     FILE *metrics;           /* JSON lines, or NULL */
     const char *metrics_path;
     int64_t total_steps;
-    int64_t print_every;
+    int64_t print_every;     /* a step line every print_every steps */
+    int64_t print_first;     /* and for each of the first print_first */
     double flops_per_token;  /* training FLOPs (forward + backward) per token */
     double peak_flops;       /* all devices' dense bf16 peak; 0: unknown, no MFU */
     /* running totals; the first step is excluded from the averages (when
      * there is more than one) */
     int64_t steps, tokens;
+    double start_ms, first_step_ms; /* the clock when the first step began; its step_ms */
     double ms_sum_after_first;
     int64_t tokens_after_first;
     double last_loss, first_loss;
@@ -37,10 +39,22 @@ typedef struct fso_report {
     uint64_t stale_marks;      /* the last step's count (set by fso_report_step) */
 } fso_report;
 
-/* Open the metrics file (truncating) when path is not NULL. Returns 0 or
- * negative errno with a message in err. */
-int fso_report_init(fso_report *r, FILE *out, const char *metrics_path, int64_t total_steps,
-                    int64_t print_every, double flops_per_token, char *err, size_t errlen);
+/* Step lines before the interval takes over, when none is given. */
+#define FSO_REPORT_PRINT_FIRST 10
+
+/* Open the metrics file when path is not NULL: truncating it, or with
+ * append (a resumed run) adding to what is there. print_every: a step line
+ * every N steps (the first and the last always); 0: every step up to
+ * FSO_REPORT_PRINT_FIRST, then every total_steps / 100 rounded up to 1, 2
+ * or 5 times a power of ten. Returns 0 or negative errno with a message in
+ * err. */
+int fso_report_init(fso_report *r, FILE *out, const char *metrics_path, bool append,
+                    int64_t total_steps, int64_t print_every, double flops_per_token, char *err,
+                    size_t errlen);
+/* A resumed run's segment of the metrics file begins: {"event": "resume",
+ * "step" (the checkpoint's: the next step line is step + 1), "checkpoint"
+ * (its folder), "steps" (train.steps now)}. */
+void fso_report_resume(fso_report *r, int64_t step, const char *checkpoint);
 void fso_report_step(fso_report *r, const fso_zero_step *st);
 /* A save that finished: a line in the step lines ("checkpoint step N |
  * path | size in seconds, rate | exposed ms") and a {"event": "checkpoint",

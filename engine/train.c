@@ -321,13 +321,14 @@ static void replan(run_plan *rp, fso_config *cfg, int64_t steps_left, fso_traine
         return;
     if (fso_plan_check(cfg, &rp->pins, rp->plan, &meas, corrected, msg, sizeof msg) != 1)
         goto out;
-    fprintf(out, "fsoff: %s\n", msg);
     fso_plan_move mv;
     fso_plan_revision(rp->plan, corrected, meas.step_ms, steps_left, &mv);
-    if (!mv.changes || !rp->applied) {
-        if (mv.changes)
-            fprintf(out, "fsoff: plan: the running placement is the configured one, not the "
-                         "plan's; it stays\n");
+    if (!mv.changes) /* the corrected plan places the state as it is: nothing to say */
+        goto out;
+    fprintf(out, "fsoff: %s\n", msg);
+    if (!rp->applied) {
+        fprintf(out, "fsoff: plan: the running placement is the configured one, not the "
+                     "plan's; it stays\n");
         goto out;
     }
     if (!mv.pays) {
@@ -411,8 +412,8 @@ int fso_train_run(const fso_config *cfg, const fso_run_opts *opts)
         goto out;
     }
     double fpt = 3.0 * fso_model_flops_per_token(&cfg->model, cfg->data.seq_len);
-    if ((rc = fso_report_init(&rep, out, opts->metrics_path, cfg->steps, cfg->steps_per_print,
-                              fpt, err, sizeof err)) < 0) {
+    if ((rc = fso_report_init(&rep, out, opts->metrics_path, fso_ckpt_run_resuming(ck),
+                              cfg->steps, cfg->steps_per_print, fpt, err, sizeof err)) < 0) {
         fprintf(stderr, "fsoff: error: %s\n", err);
         goto out;
     }
@@ -432,7 +433,7 @@ int fso_train_run(const fso_config *cfg, const fso_run_opts *opts)
     }
     rep.pin_refused = fso_zero_pin_refused(tr.zero) != NULL;
     print_banner(out, cfg, &tr, &data, dev.note);
-    if ((rc = fso_ckpt_run_resume(ck, &tr, &data, err, sizeof err)) < 0) {
+    if ((rc = fso_ckpt_run_resume(ck, &tr, &data, &rep, err, sizeof err)) < 0) {
         fprintf(stderr, "fsoff: error: %s\n", err);
         goto out;
     }
@@ -451,6 +452,8 @@ int fso_train_run(const fso_config *cfg, const fso_run_opts *opts)
     int frc = fso_report_finish(&rep, err, sizeof err);
     if (rc == 0 && (rc = frc) < 0)
         fprintf(stderr, "fsoff: error: %s\n", err);
+    if (rc == 0 && rep.stopped_by)
+        rc = FSO_RUN_STOPPED;
 
 out:
     if (rep.metrics) /* refused before the first step */

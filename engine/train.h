@@ -11,6 +11,7 @@
 #define FSO_TRAIN_H
 
 #include <signal.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -51,9 +52,11 @@ typedef struct fso_run_opts {
                                    (errors and warnings go to stderr) */
     const char *resume;         /* NULL: from step 0; "": from the latest checkpoint in
                                    checkpoint.dir; else a checkpoint or a save folder */
+    bool resume_auto;           /* with resume "": from step 0 when no save has completed
+                                   in checkpoint.dir yet (one notice line) */
     volatile sig_atomic_t *stop;/* set to a signal's number when one asks the run to stop:
                                    it finishes the step in progress, saves (with
-                                   checkpoint.dir) and returns 0; NULL: never */
+                                   checkpoint.dir) and returns FSO_RUN_STOPPED; NULL: never */
     /* Tests hold the run at a known moment (fso_pause_at): halfway through
      * each save when pause_save is set, and after step pause_step's line,
      * metrics and due save began when pause_step_file is set. fsoff reads
@@ -64,11 +67,15 @@ typedef struct fso_run_opts {
     int64_t pause_step;
 } fso_run_opts;
 
+/* fso_train_run's answer when a signal stopped the run before its last step
+ * (its save, with checkpoint.dir, made). */
+#define FSO_RUN_STOPPED 1
+
 /* The whole run: the plan (the placement chosen where the configuration
  * does not pin it, checked against the measured steps after five), data,
  * trainer, step lines, metrics, summary. Holds no state between calls:
- * several runs may go on at once in one process. Returns 0, or a negative
- * errno after printing one error line. */
+ * several runs may go on at once in one process. Returns 0 (done),
+ * FSO_RUN_STOPPED, or a negative errno after printing one error line. */
 int fso_train_run(const fso_config *cfg, const fso_run_opts *opts);
 
 #endif

@@ -2,7 +2,8 @@
 # bench_test.sh FSOFF — the benchmarks' shared output options, their charts,
 # `fsoff plot`, and `fsoff bench tune` as a user meets them.
 #
-# Charts: each must be a PNG whose IHDR says the expected width and height.
+# Charts: each must be a PNG whose IHDR says the expected width and height
+# (an SVG, its svg element's, for a name ending in .svg).
 # The GPU benchmarks' charts are drawn from saved results (tests/fixtures),
 # so their plot code runs without a GPU. tune: a small sweep must leave its
 # aio section in a config without losing the config's other keys, refuse a
@@ -84,6 +85,11 @@ expect_fail "plot of an unknown bench result" 2 '"bench": "nope"' -- \
     plot "$TMP/nope.json" -o "$TMP/x.png"
 expect_fail "plot --size malformed" 2 "--size 12" -- \
     plot "$SRC/tests/fixtures/bench_h2d.json" -o "$TMP/x.png" --size 12
+expect_fail "plot -o of another image type" 2 "$TMP/x.pdf: fsoff draws PNG or SVG charts" -- \
+    plot "$SRC/tests/fixtures/bench_h2d.json" -o "$TMP/x.pdf"
+expect_fail "plot of a bench result with another file" 2 "drawn alone" -- \
+    plot "$SRC/tests/fixtures/bench_h2d.json" "$SRC/tests/fixtures/bench_allgather.json" \
+    -o "$TMP/x.png"
 
 # --- one --json convention: FILE, or "-" for the object alone on stdout
 "$FSOFF" bench nvme --nvme "$TMP" --size 4M --block-sizes 128K --queue-depths 2 --json - \
@@ -214,7 +220,7 @@ SMALL=(--set model.hidden_size=32 --set model.intermediate_size=64 --set model.n
        --set data.seq_len=32 --set train_micro_batch_size_per_gpu=4)
 if "$FSOFF" --steps 4 --nvme "$TMP/nvme" --metrics "$TMP/run.jsonl" "${SMALL[@]}" \
        >"$TMP/out" 2>"$TMP/err"; then
-    expect_png "plot of a training run" "$TMP/run.png" 1200x960 -- \
+    expect_png "plot of a training run" "$TMP/run.png" 1200x1240 -- \
         plot "$TMP/run.jsonl" -o "$TMP/run.png"
 else
     bad "a short training run for the plot" "$(tail -3 "$TMP/err")"
@@ -248,13 +254,46 @@ expect_fail "bench pipeline --nvme of a missing folder" 2 "$TMP/no-such-dir" -- 
 [ -z "$(ls -A "$TMP/nvme" | grep fsoff)" ] && ok "bench pipeline leaves no NVMe files" ||
     bad "bench pipeline leaves no NVMe files" "$(ls -A "$TMP/nvme")"
 
+# -o FILE.svg: an SVG of the size asked for, never PNG bytes under that name
+rm -f "$TMP/run.svg"
+if "$FSOFF" plot "$TMP/run.jsonl" -o "$TMP/run.svg" --size 800x600 >"$TMP/out" 2>"$TMP/err" &&
+   head -c 5 "$TMP/run.svg" | grep -q '^<?xml' && grep -q '<svg' "$TMP/run.svg" &&
+   grep -q 'width="800" height="600"' "$TMP/run.svg" && [ "$(png_size "$TMP/run.svg")" = "not a PNG" ]; then
+    ok "plot -o FILE.svg writes an SVG (800x600)"
+else
+    bad "plot -o FILE.svg writes an SVG" "$(head -c 80 "$TMP/run.svg" | od -c | head -2)" "$(head -c 400 "$TMP/err")"
+fi
+
+# a run resumed into the same file (a "resume" event) or into a second file:
+# drawn whole, the killed segment's steps past the checkpoint replaced, each
+# resume marked; grad norm has its panel
+step_line() { echo "{\"step\": $1, \"loss\": $2, \"grad_norm\": 1.5, \"lr\": 0.001, \"tok_s\": 900, \"step_ms\": 20, \"stall_ms\": 0, \"compute_ms\": 19, \"nvme_read_bytes\": 0, \"nvme_write_bytes\": 0}"; }
+{
+    for i in 1 2 3 4 5; do step_line $i 5.$i; done
+    echo '{"event": "resume", "step": 3, "checkpoint": "ck/step-00000003", "steps": 8}'
+    for i in 4 5 6; do step_line $i 4.$i; done
+} >"$TMP/seg.jsonl"
+{ for i in 7 8; do step_line $i 3.$i; done; echo '{"event": "summary", "steps": 5}'; } >"$TMP/seg2.jsonl"
+expect_png "plot of a resumed run: one file, two segments, and its next file" "$TMP/seg.png" \
+    1200x1240 -- plot "$TMP/seg.jsonl" "$TMP/seg2.jsonl" -o "$TMP/seg.png"
+# the SVG's text says what was drawn: steps 1 to 8 once each, one resume
+if "$FSOFF" plot "$TMP/seg.jsonl" "$TMP/seg2.jsonl" -o "$TMP/seg.svg" >"$TMP/out" 2>"$TMP/err" &&
+   grep -q 'seg.jsonl and 1 more file, 8 steps, resumed 1 time' "$TMP/seg.svg" &&
+   grep -q 'gradient norm' "$TMP/seg.svg"; then
+    ok "a resumed run is drawn whole: 8 steps, 1 resume, the gradient norm"
+else
+    bad "a resumed run is drawn whole" "$(grep -o 'fsoff training run[^<]*' "$TMP/seg.svg")" "$(head -c 400 "$TMP/err")"
+fi
+expect_fail "plot of a second file that is no metrics file" 2 "$TMP/text.log:1:" -- \
+    plot "$TMP/seg.jsonl" "$TMP/text.log" -o "$TMP/x.png"
+
 # a run that diverged wrote its loss as nan; the chart shows a gap there
 {
     echo '{"step": 1, "loss": 5.5, "lr": 0.001, "tok_s": 900, "step_ms": 20, "stall_ms": 0, "compute_ms": 19, "nvme_read_bytes": 0, "nvme_write_bytes": 0}'
     echo '{"step": 2, "loss": -nan, "lr": 0.001, "tok_s": 950, "step_ms": 19, "stall_ms": 0, "compute_ms": 18, "nvme_read_bytes": 0, "nvme_write_bytes": 0}'
     echo '{"event": "summary", "steps": 2}'
 } >"$TMP/nan.jsonl"
-expect_png "plot of a run that diverged" "$TMP/nan.png" 1200x960 -- \
+expect_png "plot of a run that diverged" "$TMP/nan.png" 1200x1240 -- \
     plot "$TMP/nan.jsonl" -o "$TMP/nan.png"
 
 echo "bench: $pass passed, $fail failed"

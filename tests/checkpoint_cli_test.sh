@@ -7,10 +7,13 @@
 # and resumed with --resume end with the reference's state.bin byte for byte,
 # and the losses and gradient norms of every step after the resume are the
 # reference's, digit for digit. The first SIGTERM or SIGINT (sent while the
-# run is held after step 3) finishes the step, saves and exits 0 with a
-# metrics file whose every line is JSON, status "stopped", and no NVMe file
-# or lock left; a second one dies at once, removing the NVMe files and their
-# locks. A failed save of the last step (its temporary folder removed while
+# run is held after step 3) is acknowledged at once, while the run is still
+# held, then finishes the step, saves and exits 3 (stopped) with a metrics
+# file whose every line is JSON, status "stopped", and no NVMe file or lock
+# left; a second one dies at once, removing the NVMe files and their locks.
+# --resume auto starts a job in an empty save folder and resumes it from the
+# same command line, appending to its metrics file (a "resume" event between
+# the segments); a damaged checkpoint there is an error, never a fresh start. A failed save of the last step (its temporary folder removed while
 # the save is paused) fails the run: status 1, "failed after N of M steps",
 # summary "failed", latest as it was. Every moment a signal lands is one the
 # run is held at, so no outcome depends on the host's speed; the steps and
@@ -42,6 +45,14 @@ wait_for() { # FILE-TEST PATH SECONDS
     done
     return 1
 }
+wait_line() { # FIXED-STRING FILE SECONDS: until FILE has the string
+    local i
+    for ((i = 0; i < $3 * 50; i++)); do
+        grep -qF -- "$1" "$2" 2>/dev/null && return 0
+        sleep 0.02
+    done
+    return 1
+}
 json_lines() { # every line of FILE is one JSON value (when python3 is there to say)
     command -v python3 >/dev/null || return 0
     python3 -c 'import json, sys
@@ -52,8 +63,8 @@ final_state() { echo "$1/step-$(printf %08d $STEPS)/state.bin"; }
 # the reference: uninterrupted, one save at the end
 if "$FSOFF" "${SMALL[@]}" -n $STEPS --save "$TMP/ref" -m "$TMP/ref.jsonl" >"$TMP/out" 2>"$TMP/err" &&
    [ -s "$(final_state "$TMP/ref")" ] && grep -q '"event": "checkpoint"' "$TMP/ref.jsonl" &&
-   grep -q "^checkpoint step $STEPS | $TMP/ref/step-" "$TMP/out"; then
-    ok "a run saves at its end: the event, the line"
+   grep -qE "^checkpoint step $STEPS \| $TMP/ref/step-0+$STEPS \| [0-9.]+ (KiB|MiB|GiB) in [0-9.]+ s, [0-9.]+ MiB/s \| exposed" "$TMP/out"; then
+    ok "a run saves at its end: the event, the line (its size and rate in one unit family)"
 else
     bad "a run saves at its end" "$(cat "$TMP/err")"
 fi
@@ -62,6 +73,7 @@ steps_of "$TMP/ref.jsonl" >"$TMP/ref.steps"
 # resume DIR NAME: continue the run in DIR to the end; compare with the reference
 resume_and_compare() {
     local dir=$1 name=$2 from
+    rm -f "$TMP/res.jsonl" # a resumed run appends to its metrics file
     if [ -e "$dir/latest" ]; then
         from=$(sed 's/step-0*//' "$dir/latest")
         "$FSOFF" "${SMALL[@]}" -n $STEPS --save "$dir" --save-every 3 --resume -m "$TMP/res.jsonl" \
@@ -148,7 +160,7 @@ else
     bad "kill -9 in the middle of a save" "the save never paused"
 fi
 
-# --- SIGTERM and SIGINT: finish the step, save, exit 0, nothing left behind
+# --- SIGTERM and SIGINT: said at once; finish the step, save, exit 3, nothing left behind
 for sig in TERM INT; do
     dir="$TMP/s$sig"
     mkdir -p "$TMP/nv$sig"
@@ -158,19 +170,28 @@ for sig in TERM INT; do
     pid=$!
     wait_for -e "$TMP/pause" 60 # held after step 3: the signal comes before step 4
     kill -$sig $pid
+    # said while the run is still held: the handler's own line, not the step's end
+    ack="fsoff: SIG$sig: stopping after the step in progress, then saving it in $dir; a second SIGINT or SIGTERM stops at once without saving"
+    acked=yes
+    wait_line "$ack" "$TMP/err" 30 && [ -e "$TMP/pause" ] || acked=no
     rm -f "$TMP/pause"
     wait $pid
     rc=$?
     last=$(tail -1 "$TMP/s.jsonl")
-    if [ $rc -eq 0 ] && json_lines "$TMP/s.jsonl" && [[ $last == '{"event": "summary"'* ]] &&
+    if [ $acked = no ]; then
+        bad "SIG$sig: acknowledged at once" "while held after step 3, stderr: $(cat "$TMP/err")"
+    else
+        ok "SIG$sig: acknowledged at once, while the step is held"
+    fi
+    if [ $rc -eq 3 ] && json_lines "$TMP/s.jsonl" && [[ $last == '{"event": "summary"'* ]] &&
        [[ $last == *'"status": "stopped"'* ]] &&
        grep -q "fsoff: SIG$sig: stopping after step 3 of $STEPS, saving it first" "$TMP/out" &&
        tail -1 "$TMP/out" | grep -q "^fsoff: stopped by SIG$sig after 3 of $STEPS steps | " &&
        [ -z "$(ls -A "$TMP/nv$sig")" ] && [ -e "$dir/latest" ] &&
        grep -q '"event": "checkpoint"' "$TMP/s.jsonl"; then
-        resume_and_compare "$dir" "SIG$sig: status 0, metrics whole, NVMe files gone, saved"
+        resume_and_compare "$dir" "SIG$sig: status 3, metrics whole, NVMe files gone, saved"
     else
-        bad "SIG$sig: finish the step, save, exit 0" "status $rc, last line: ${last:0:60}" \
+        bad "SIG$sig: finish the step, save, exit 3" "status $rc, last line: ${last:0:60}" \
             "NVMe: $(ls -A "$TMP/nv$sig")" "$(tail -2 "$TMP/err")"
     fi
     rm -f "$TMP/s.jsonl"
@@ -212,12 +233,70 @@ kill -TERM $pid
 rm -f "$TMP/pause"
 wait $pid
 rc=$?
-if [ $rc -eq 0 ] && grep -q "stopping after step 2 of $STEPS (no --save DIR: nothing is saved)" "$TMP/out" &&
+if [ $rc -eq 3 ] && grep -q "stopping after step 2 of $STEPS (no --save DIR: nothing is saved)" "$TMP/out" &&
+   grep -q "^fsoff: SIGTERM: stopping after the step in progress (no --save DIR: nothing is saved); " "$TMP/err" &&
    tail -1 "$TMP/n.jsonl" | grep -q '"status": "stopped"' && [ -z "$(ls -A "$TMP/nvn")" ]; then
-    ok "SIGTERM without --save: status 0, stopped, nothing saved, said so"
+    ok "SIGTERM without --save: status 3, stopped, nothing saved, said so"
 else
     bad "SIGTERM without --save" "status $rc" "$(tail -3 "$TMP/out")" "$(tail -1 "$TMP/n.jsonl")"
 fi
+
+# --- --resume auto: one command line starts the job and restarts it. The
+# first run finds no checkpoint and starts from step 0; held after step 5,
+# once its save of step 3 is complete, it is killed; the same command line
+# then resumes from step 3, its metrics appended after a resume event
+dir="$TMP/auto"
+AUTO=("${SMALL[@]}" -n 8 --save "$dir" --save-every 3 --resume auto -m "$TMP/auto.jsonl")
+rm -f "$TMP/pause"
+FSOFF_TEST_STEP_PAUSE="5:$TMP/pause" "$FSOFF" "${AUTO[@]}" >"$TMP/out" 2>"$TMP/err" &
+pid=$!
+if wait_for -e "$TMP/pause" 60 && wait_line step-00000003 "$dir/latest" 30; then
+    kill -9 $pid
+    wait $pid 2>/dev/null
+    rm -f "$TMP/pause"
+    first=$(cat "$TMP/out")
+    "$FSOFF" "${AUTO[@]}" >"$TMP/out" 2>"$TMP/err"
+    rc=$?
+    segs=$(grep -oE '^\{"step": [0-9]+|^\{"event": "resume", "step": [0-9]+' "$TMP/auto.jsonl" |
+           sed -E 's/.*"resume", "step": /r/; s/.*"step": //' | tr '\n' ' ')
+    if [ $rc -eq 0 ] &&
+       grep -qx "fsoff: resume: no checkpoint in $dir yet: starting from step 0 (--resume auto)" <<<"$first" &&
+       grep -q "^fsoff: resume: step 3 from $dir/step-00000003 " "$TMP/out" &&
+       [ "$segs" = "1 2 3 4 5 r3 4 5 6 7 8 " ] && json_lines "$TMP/auto.jsonl" &&
+       grep -qx '{"event": "resume", "step": 3, "checkpoint": "'"$dir"'/step-00000003", "steps": 8}' "$TMP/auto.jsonl" &&
+       tail -1 "$TMP/auto.jsonl" | grep -q '"status": "done"'; then
+        ok "--resume auto: starts fresh, then resumes; one metrics file, both segments"
+    else
+        bad "--resume auto: starts fresh, then resumes" "status $rc, steps: $segs" "$first" "$(cat "$TMP/err")"
+    fi
+    if ! command -v gnuplot >/dev/null; then
+        ok "plot of the resumed run's metrics (skipped: gnuplot not installed)"
+    elif "$FSOFF" plot "$TMP/auto.jsonl" -o "$TMP/auto.svg" >/dev/null 2>"$TMP/err" &&
+         grep -q 'auto.jsonl, 8 steps, resumed 1 time' "$TMP/auto.svg"; then
+        ok "plot of the resumed run's metrics: 8 steps, 1 resume"
+    else
+        bad "plot of the resumed run's metrics" "$(cat "$TMP/err")" "$(grep -o 'fsoff training run[^<]*' "$TMP/auto.svg")"
+    fi
+else
+    kill -9 $pid 2>/dev/null
+    rm -f "$TMP/pause"
+    bad "--resume auto: starts fresh, then resumes" "the run never held at step 5 with step 3 saved"
+fi
+# a save folder with a damaged or half-published checkpoint is an error, never a fresh start
+cp -r "$TMP/ref" "$TMP/trunc"
+truncate -s 4096 "$(final_state "$TMP/trunc")"
+cp -r "$TMP/ref" "$TMP/nolatest"
+rm "$TMP/nolatest/latest"
+for d in trunc:truncated nolatest:"no checkpoint here"; do
+    "$FSOFF" "${SMALL[@]}" -n $STEPS --save "$TMP/${d%%:*}" --resume auto >"$TMP/out" 2>"$TMP/err"
+    rc=$?
+    if [ $rc -eq 1 ] && grep -q "^fsoff: error: .*${d#*:}" "$TMP/err" && ! grep -q "starting from step 0" "$TMP/out" &&
+       ! grep -q '^step ' "$TMP/out"; then
+        ok "--resume auto in a folder whose checkpoint is damaged (${d%%:*}): an error, no fresh start"
+    else
+        bad "--resume auto in a damaged folder (${d%%:*})" "status $rc" "$(cat "$TMP/err")" "$(head -3 "$TMP/out")"
+    fi
+done
 
 # --- a failed save of the last step fails the run; latest stays as it was
 # fail_last_save NAME SIGNAL: a run saving every 12 steps whose save of its
@@ -281,6 +360,7 @@ expect_error "resume another shape" "model.hidden_size is 32" "another shape" --
 expect_error "resume another vocabulary" "model.vocab_size" "vocabulary" -- \
     "${SMALL[@]}" --set model.vocab_size=300 -n $STEPS --resume "$TMP/ref"
 expect_error "resume without a folder" "--resume" "--save DIR" -- "${SMALL[@]}" --resume
+expect_error "resume auto without a folder" "--resume auto: needs --save DIR" -- "${SMALL[@]}" --resume auto
 mkdir -p "$TMP/empty"
 expect_error "resume from nothing" "$TMP/empty" "no checkpoint here" -- "${SMALL[@]}" --resume "$TMP/empty" --save "$TMP/empty"
 expect_error "keep 0" "--keep 0" -- --keep 0

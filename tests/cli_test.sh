@@ -540,10 +540,62 @@ if [ -e "$stub/libcuda.so.1" ]; then
 fi
 
 expect_help=$("$FSOFF" --help)
-if echo "$expect_help" | grep -q -- '--metrics FILE' && "$FSOFF" --version | grep -q '^fsoff '; then
-    ok "help and version"
+if echo "$expect_help" | grep -q -- '--metrics FILE' && "$FSOFF" --version | grep -q '^fsoff ' &&
+   echo "$expect_help" | grep -q -- '--resume auto' && echo "$expect_help" | grep -q -- '--print-every N' &&
+   echo "$expect_help" | grep -q '^3 stopped by a first SIGINT or SIGTERM'; then
+    ok "help and version (--resume auto, --print-every, exit status 3)"
 else
     bad "help and version"
+fi
+
+# --- the step line's interval: --print-every N prints every Nth step, the
+# first and the last; by default every step up to 10, then about 100 lines
+# (300 steps: every 5th); the metrics keep every step either way
+printed() { sed -nE 's|^step +([0-9]+)/.*|\1|p' "$1" | tr '\n' ' '; }
+expect_error "print-every not a number" "--print-every x" -- --print-every x
+expect_error "steps_per_print below 0" "steps_per_print" -- --set steps_per_print=-1
+if "$FSOFF" --steps 30 --print-every 7 --metrics "$TMP/pe.jsonl" "${SMALL[@]}" >"$TMP/out" 2>"$TMP/err" &&
+   [ "$(printed "$TMP/out")" = "1 7 14 21 28 30 " ] && [ "$(grep -c '^{"step"' "$TMP/pe.jsonl")" -eq 30 ]; then
+    ok "--print-every 7: steps 1 7 14 21 28 30; 30 metrics lines"
+else
+    bad "--print-every 7" "printed: $(printed "$TMP/out")" "$(cat "$TMP/err")"
+fi
+want="$(seq 1 10 | tr '\n' ' ')$(seq 15 5 300 | tr '\n' ' ')"
+if "$FSOFF" --steps 300 --metrics "$TMP/pa.jsonl" "${SMALL[@]}" >"$TMP/out" 2>"$TMP/err" &&
+   [ "$(printed "$TMP/out")" = "$want" ] && [ "$(grep -c '^{"step"' "$TMP/pa.jsonl")" -eq 300 ] &&
+   grep -qE '^step +300/300 \|.* GFLOP/s \| [0-9.]+ s elapsed, ETA 0\.0 s \| ' "$TMP/out" &&
+   grep -qE '^step +1/300 \|.* \| [0-9.]+ s elapsed, ETA ([0-9.]+ s|[0-9]+m[0-9]{2}s) \| ' "$TMP/out"; then
+    ok "default interval on 300 steps: 1 to 10, then every 5th; elapsed and ETA on the line"
+else
+    bad "default interval on 300 steps" "printed: $(printed "$TMP/out")" "$(grep -m1 '^step' "$TMP/out")" "$(cat "$TMP/err")"
+fi
+# --- the mid-run re-plan speaks only when it changes the placement: a probe
+# cache whose timed layer is 1000 times too slow makes the prediction wrong by
+# far more than 20%, so the run re-plans after five steps; everything still
+# fits on the device, so the placement stays, and nothing is said
+mkdir -p "$TMP/xdgr"
+XDG_CACHE_HOME="$TMP/xdgr" "$FSOFF" --steps 1 "${SMALL[@]}" >/dev/null 2>&1
+python3 - "$TMP/xdgr/fsoff/probe.json" <<'EOF2'
+import json, sys
+d = json.load(open(sys.argv[1]))
+for layer in d["layers"]:
+    layer["gflops"] /= 1000
+    for k in ("embed_fwd_ms", "head_ms", "embed_bwd_ms"):
+        layer[k] *= 1000
+json.dump(d, open(sys.argv[1], "w"))
+EOF2
+if XDG_CACHE_HOME="$TMP/xdgr" "$FSOFF" --steps 8 "${SMALL[@]}" >"$TMP/out" 2>"$TMP/err"; then
+    predicted=$(sed -nE 's/^plan: predicted ([0-9.]+) ms\/step.*/\1/p' "$TMP/out")
+    measured=$(sed -nE 's/^fsoff: done: .* \| ([0-9.]+) ms\/step.*/\1/p' "$TMP/out")
+    if awk -v p="$predicted" -v m="$measured" 'BEGIN { exit !(p > 2 * m) }' &&
+       ! grep -q '^fsoff: plan:' "$TMP/out"; then
+        ok "a re-plan that keeps the placement says nothing (predicted $predicted ms/step, ran $measured)"
+    else
+        bad "a re-plan that keeps the placement says nothing" "predicted $predicted, ran $measured" \
+            "$(grep '^fsoff: plan:' "$TMP/out")"
+    fi
+else
+    bad "a re-plan that keeps the placement says nothing" "$(cat "$TMP/err")"
 fi
 
 echo "cli: $pass passed, $fail failed"

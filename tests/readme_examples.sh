@@ -65,7 +65,7 @@ while IFS=$'\t' read -r where ex; do
         -e "/--init-from /{s#--init-from [^ ]*#--init-from $HF#; s#(^| )tokens\\.bin#\\1tokens64.bin#g}" \
         -e "s#/mnt/nvme([0-9]*)#$TMP/nvme\\1#g" \
         -e "s#(^| )tokens(64)?\\.bin#\\1$TMP/tokens\\2.bin#g" -e "s#(^| )book\\.txt#\\1$TMP/book.txt#g" \
-        -e "s#(^| )([A-Za-z0-9_-]+\\.(png|json))( |$)#\\1$TMP/\\2\\4#g" \
+        -e "s#(^| )([A-Za-z0-9_-]+\\.(png|svg|json))( |$)#\\1$TMP/\\2\\4#g" \
         -e "s#(^| )run\\.jsonl#\\1$TMP/run.jsonl#g" \
         -e "s#(^| )ckpt/step-[0-9]+( |$)#\\1$TMP/ckpt/step-00000002\\2#g" \
         -e "s#(^| )ckpt( |$)#\\1$TMP/ckpt\\2#g" -e "s#(^| )hf-out( |$)#\\1$TMP/hf-out$n\\2#g" \

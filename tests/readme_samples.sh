@@ -9,7 +9,8 @@
 # inputs), once, and with --write puts the output into every file that marks
 # the sample. Without it, it checks that each file's samples are what fsoff
 # prints now: every word and number
-# the same, except timings (ms, tok/s, GFLOP/s, seconds, the critical path's
+# the same, except timings (ms, tok/s, GFLOP/s, seconds, the step line's elapsed
+# time and ETA, the critical path's
 # shares), which are masked; the peak RSS, which must be within a factor
 # of 1.5; and the losses and gradient norms, which must agree within the
 # tolerances below. A sample that drifted fails, naming its file, with the
@@ -112,6 +113,7 @@ block() { # NAME FILE: the sample's block in FILE (without the fences)
 mask() { # timings out (the critical path's shares too), losses and norms (compared
          # by losses() below), runs of spaces squeezed
     sed -E -e 's/[0-9][0-9.]* (ms\/step|ms|tok\/s|GFLOP\/s|s |exposed)/# \1/g' \
+           -e 's/[0-9]+(h[0-9]{2}m|m[0-9]{2}s)( |$)/# s\2/g' \
            -e 's/\(critical path: [^)]*\)/(critical path: #)/' \
            -e 's/peak RSS [0-9.]+ MiB/peak RSS # MiB/' \
            -e 's/(loss|norm) +[0-9][0-9.]*/\1 #/g' -e 's/-> [0-9][0-9.]*/-> #/g' -e 's/ +/ /g'

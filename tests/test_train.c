@@ -450,7 +450,7 @@ static void test_report_shows_stale_marks_and_refused_pinning(void **state)
     FILE *out = open_memstream(&text, &len);
     assert_non_null(out);
     fso_report rep;
-    assert_int_equal(fso_report_init(&rep, out, path, 2, 1, 1e6, err, sizeof err), 0);
+    assert_int_equal(fso_report_init(&rep, out, path, false, 2, 1, 1e6, err, sizeof err), 0);
     rep.pin_refused = true;
     fso_zero_step st = {.step = 1, .loss = 5, .lr = 1e-3, .grad_norm = 1, .clip_coef = 1,
                          .step_ms = 10, .tokens = 64};

@@ -129,6 +129,12 @@ typedef struct fso_ckpt fso_ckpt;
  * the manifest and the data file's size; chunks are checked as they are
  * read. 0 or negative errno with err naming the file (and the offset). */
 int fso_ckpt_open(fso_ckpt **out, const char *path, char *err, size_t errlen);
+/* Whether a save folder holds anything of a completed save: 0 when it does
+ * not exist or holds neither a manifest, a `latest` nor a step-N folder (a
+ * killed save's temporary folder is not a checkpoint), so a run may start
+ * from step 0 there; 1 when it does (fso_ckpt_open then says whether it is
+ * whole); negative errno with err when it cannot be read. */
+int fso_ckpt_dir_has_saves(const char *dir, char *err, size_t errlen);
 void fso_ckpt_close(fso_ckpt *ck);
 
 const char *fso_ckpt_path(const fso_ckpt *ck);     /* the checkpoint folder */

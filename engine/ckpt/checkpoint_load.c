@@ -5,6 +5,7 @@
  * against its chunk's CRC-32C first. */
 #include "checkpoint.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -103,6 +104,26 @@ static int resolve(const char *path, char *out, size_t outlen, char *err, size_t
         return -e;
     }
     return 0;
+}
+
+int fso_ckpt_dir_has_saves(const char *dir, char *err, size_t errlen)
+{
+    DIR *d = opendir(dir);
+    if (!d && errno == ENOENT)
+        return 0;
+    if (!d) {
+        int e = errno;
+        snprintf(err, errlen, "%s: %s; give a save folder (--save DIR)", dir, strerror(e));
+        return -e;
+    }
+    int found = 0;
+    struct dirent *de;
+    while (!found && (de = readdir(d)))
+        found = strcmp(de->d_name, FSO_CKPT_MANIFEST) == 0 ||
+                strcmp(de->d_name, FSO_CKPT_LATEST) == 0 ||
+                fso_ckpt_step_of_name(de->d_name) >= 0;
+    closedir(d);
+    return found;
 }
 
 /* ------------------------------------------------------------------ the manifest */

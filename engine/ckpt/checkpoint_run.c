@@ -42,7 +42,19 @@ int fso_ckpt_run_start(fso_ckpt_run **out, fso_config *cfg, const fso_run_opts *
     r->opts = opts;
     r->out = o;
     int rc = 0;
-    if (opts->resume) {
+    if (opts->resume_auto && !cfg->checkpoint.dir[0]) {
+        snprintf(err, errlen, "--resume auto: needs --save DIR (checkpoint.dir), the folder to "
+                              "continue from, or to save in when it has no checkpoint yet");
+        return -EINVAL;
+    }
+    if (opts->resume_auto &&
+        (rc = fso_ckpt_dir_has_saves(cfg->checkpoint.dir, err, errlen)) <= 0) {
+        if (rc < 0)
+            return rc;
+        fprintf(o, "fsoff: resume: no checkpoint in %s yet: starting from step 0 (--resume "
+                   "auto)\n", cfg->checkpoint.dir);
+        fflush(o);
+    } else if (opts->resume) {
         const char *from = opts->resume[0] ? opts->resume : cfg->checkpoint.dir;
         if (!from[0]) {
             snprintf(err, errlen, "--resume: which checkpoint? give --resume PATH, or --save "
@@ -63,8 +75,13 @@ int fso_ckpt_run_start(fso_ckpt_run **out, fso_config *cfg, const fso_run_opts *
     return rc;
 }
 
-int fso_ckpt_run_resume(fso_ckpt_run *r, fso_trainer *tr, fso_data *data, char *err,
-                        size_t errlen)
+bool fso_ckpt_run_resuming(const fso_ckpt_run *r)
+{
+    return r && r->resume;
+}
+
+int fso_ckpt_run_resume(fso_ckpt_run *r, fso_trainer *tr, fso_data *data, fso_report *rep,
+                        char *err, size_t errlen)
 {
     r->tr = tr;
     r->data = data;
@@ -86,6 +103,7 @@ int fso_ckpt_run_resume(fso_ckpt_run *r, fso_trainer *tr, fso_data *data, char *
                             "%lld: nothing left to train (raise --steps to go on)\n",
                     (long long)fso_ckpt_step(r->resume), (long long)r->cfg->steps);
         fflush(r->out);
+        fso_report_resume(rep, fso_ckpt_step(r->resume), fso_ckpt_path(r->resume));
     }
     fso_ckpt_close(r->resume);
     r->resume = NULL;

@@ -21,10 +21,16 @@ typedef struct fso_ckpt_run fso_ckpt_run;
  * parameters. 0 or negative errno with err. */
 int fso_ckpt_run_start(fso_ckpt_run **out, fso_config *cfg, const fso_run_opts *opts, FILE *o,
                        char *err, size_t errlen);
-/* After the trainer and the data: load the checkpoint (when resuming) and
- * say so in one line with what changed. 0 or negative errno with err. */
-int fso_ckpt_run_resume(fso_ckpt_run *r, fso_trainer *tr, fso_data *data, char *err,
-                        size_t errlen);
+/* Between start and resume: whether the run continues from a checkpoint
+ * (its metrics file is then appended to). With --resume auto
+ * (fso_run_opts.resume_auto) and no save in checkpoint.dir yet, start said
+ * so in one line and the run starts from step 0. */
+bool fso_ckpt_run_resuming(const fso_ckpt_run *r);
+/* After the trainer and the data: load the checkpoint (when resuming), say
+ * so in one line with what changed, and mark the metrics file's new segment
+ * (fso_report_resume). 0 or negative errno with err. */
+int fso_ckpt_run_resume(fso_ckpt_run *r, fso_trainer *tr, fso_data *data, fso_report *rep,
+                        char *err, size_t errlen);
 /* Before each step: true when a signal asked the run to stop (said once). */
 bool fso_ckpt_run_stopping(fso_ckpt_run *r);
 /* After each step: report saves that finished, start one when due. */

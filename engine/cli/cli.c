@@ -27,7 +27,8 @@ static void usage(FILE *f)
             "usage: fsoff [train] [options]\n"
             "       fsoff bench nvme|adam|h2d|allgather|tune|pipeline [options]   offload benchmarks\n"
             "       fsoff plan [options]              memory per tier, placement, predicted step\n"
-            "       fsoff plot FILE -o FILE.png       draw a --metrics file or a bench --json result\n"
+            "       fsoff plot FILE... -o FILE.png    draw a --metrics file (a resumed run's files,\n"
+            "                                         or -o FILE.svg) or a bench --json result\n"
             "       fsoff export CKPT OUTDIR [--dtype fp32|bf16|fp16]   a checkpoint as a\n"
             "                                         Hugging Face folder\n"
             "\n"
@@ -64,14 +65,22 @@ static void usage(FILE *f)
             "                         (= --set checkpoint.keep=K)\n"
             "      --resume [PATH]    continue from the latest checkpoint in --save DIR, or\n"
             "                         from PATH: a checkpoint (DIR/step-N) or a save folder\n"
+            "      --resume auto      continue from the latest checkpoint in --save DIR if it\n"
+            "                         has one, else start from step 0 (one command line that\n"
+            "                         starts a job and restarts it; a folder named auto: ./auto)\n"
+            "      --print-every N    a step line every N steps, the first and last always\n"
+            "                         (default: every step up to 10, then about 100 lines in\n"
+            "                         all; = --set steps_per_print=N, 0 the default)\n"
             "  -s, --set KEY=VALUE    override one configuration key, e.g.\n"
             "                         --set model.num_hidden_layers=8 --set optimizer.params.lr=1e-3\n"
             "                         (VALUE is JSON, or a plain string); repeatable, applied in order\n"
             "  -h, --help             this help\n"
             "  -V, --version          print the version\n"
             "\n"
-            "exit status: 0 done, 1 the run failed, 2 bad command line or configuration\n",
-            FSO_CHECKPOINT_KEEP_DEFAULT);
+            "exit status: 0 done, 1 the run failed, 2 bad command line or configuration,\n"
+            "%d stopped by a first SIGINT or SIGTERM before its last step (after saving\n"
+            "it, with --save)\n",
+            FSO_CHECKPOINT_KEEP_DEFAULT, FSO_EXIT_STOPPED);
 }
 
 /* --devices: auto (every CUDA GPU, else the CPU), cpu, cpu:N, cuda, cuda:N.
@@ -149,7 +158,7 @@ static int check_config_folders(const fso_config *cfg)
 /* What the command line said, beyond what goes into the configuration. */
 typedef struct cli_args {
     const char *config_path, *metrics_path, *devices, *resume;
-    bool devices_given;
+    bool devices_given, resume_auto;
     char **sets; /* --set KEY=VALUE strings, the options that are one included */
     int nsets;
 } cli_args;
@@ -253,7 +262,14 @@ static int take_option(int c, int argc, char **argv, cli_args *a, fso_config *cf
         a->resume = optarg ? optarg : "";
         if (!optarg && optind < argc && argv[optind][0] != '-')
             a->resume = argv[optind++];
+        a->resume_auto = strcmp(a->resume, "auto") == 0; /* a folder named auto: ./auto */
+        if (a->resume_auto)
+            a->resume = "";
         return 0;
+    case 'P':
+        return count_option(a, "--print-every", optarg, 0,
+                            "a step count (0: every step up to 10, then about 100 lines)",
+                            "steps_per_print");
     case 's':
         return add_set(a, "%s", optarg);
     case 'h':
@@ -284,6 +300,7 @@ static int parse_args(int argc, char **argv, cli_args *a, fso_config *cfg)
         {"save", required_argument, NULL, 'S'},    {"save-every", required_argument, NULL, 'E'},
         {"keep", required_argument, NULL, 'K'},    {"resume", optional_argument, NULL, 'R'},
         {"init-from", required_argument, NULL, 'I'},  {"host-mem", required_argument, NULL, 'H'},
+        {"print-every", required_argument, NULL, 'P'},
         {NULL, 0, NULL, 0},
     };
     int c, rc;
@@ -363,11 +380,12 @@ int fso_cli_main(int argc, char **argv)
     }
 
     fso_run_opts opts = {.metrics_path = a.metrics_path, .devices = a.devices,
-                         .resume = a.resume, .stop = &stop};
+                         .resume = a.resume, .resume_auto = a.resume_auto, .stop = &stop};
     if (test_pauses(&opts) < 0)
         goto out;
-    fso_signals_install(&stop);
-    status = fso_train_run(&cfg, &opts) < 0 ? 1 : 0;
+    fso_signals_install(&stop, cfg.checkpoint.dir);
+    rc = fso_train_run(&cfg, &opts);
+    status = rc < 0 ? 1 : rc == FSO_RUN_STOPPED ? FSO_EXIT_STOPPED : 0;
     fso_signals_restore();
 
 out:

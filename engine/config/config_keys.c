@@ -269,7 +269,7 @@ static int apply_top(walker *w, json_t *root)
                                 product, v);
     }
     CFG_TRY(get_number(w, root, &top, "gradient_clipping", RANGE_NONNEG, NULL, &c->grad_clip));
-    CFG_TRY(get_int(w, root, &top, "steps_per_print", 1, INT64_MAX, NULL, &c->steps_per_print));
+    CFG_TRY(get_int(w, root, &top, "steps_per_print", 0, INT64_MAX, NULL, &c->steps_per_print));
     CFG_TRY(get_int(w, root, &top, "seed", 0, INT64_MAX, NULL, &v));
     c->seed = (uint64_t)v;
     return 0;
