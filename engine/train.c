@@ -20,7 +20,22 @@ int fso_trainer_init(fso_trainer *tr, const fso_config *cfg)
 {
     memset(tr, 0, sizeof *tr);
     tr->cfg = cfg;
-    return fso_zero_create(&tr->zero, cfg, tr->err, sizeof tr->err);
+    int rc = cfg->init_from[0] ? fso_hf_extras_read(&tr->hf, cfg->init_from, tr->err,
+                                                    sizeof tr->err)
+                               : 0;
+    if (rc == 0)
+        rc = fso_zero_create(&tr->zero, cfg, tr->err, sizeof tr->err);
+    return rc;
+}
+
+int fso_trainer_export_hf(fso_trainer *tr, const char *outdir, fso_hf_dtype dtype, char *said,
+                          size_t saidlen, char *err, size_t errlen)
+{
+    fso_hf_export_opts o = {.dtype = dtype, .extras = &tr->hf};
+    int rc = fso_zero_export_hf(tr->zero, outdir, &o, err, errlen);
+    if (rc == 0)
+        fso_hf_extras_describe(&tr->hf, said, saidlen);
+    return rc;
 }
 
 void fso_trainer_free(fso_trainer *tr)
@@ -29,6 +44,7 @@ void fso_trainer_free(fso_trainer *tr)
         return;
     fso_zero_destroy(tr->zero);
     tr->zero = NULL;
+    fso_hf_extras_free(&tr->hf);
 }
 
 int fso_trainer_finish(fso_trainer *tr, double *waited_ms)
