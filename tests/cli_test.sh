@@ -216,6 +216,24 @@ if "$FSOFF" --init-from "$HF" --data "$TMP/tok64.bin" --steps 2 --devices cpu:2 
 else
     bad "init-from a sharded F16 folder on two devices with state on NVMe" "$(cat "$TMP/err")" "$(head -5 "$TMP/out")"
 fi
+# export carries the folder's token ids and tokenizer files, from the checkpoint
+mkdir -p "$TMP/hftok" && cp "$HF"/* "$TMP/hftok/"
+sed -i 's/"bos_token_id": 1,/"bos_token_id": 60,/; s/"eos_token_id": 2,/"eos_token_id": [61, 62],/' \
+    "$TMP/hftok/config.json"
+printf '{"version": "1.0"}\n' >"$TMP/hftok/tokenizer.json"
+printf '{"bos_token_id": 60, "eos_token_id": [61, 62]}\n' >"$TMP/hftok/generation_config.json"
+if "$FSOFF" --init-from "$TMP/hftok" --data "$TMP/tok64.bin" --steps 1 --set data.seq_len=16 \
+       --save "$TMP/hftok-ck" >/dev/null 2>"$TMP/err" &&
+   "$FSOFF" export "$TMP/hftok-ck" "$TMP/hftok-out" --dtype bf16 >"$TMP/out" 2>>"$TMP/err" &&
+   grep -q '"eos_token_id": \[61, 62\],' "$TMP/hftok-out/config.json" &&
+   grep -q '"bos_token_id": 60,' "$TMP/hftok-out/config.json" &&
+   cmp -s "$TMP/hftok/tokenizer.json" "$TMP/hftok-out/tokenizer.json" &&
+   cmp -s "$TMP/hftok/generation_config.json" "$TMP/hftok-out/generation_config.json" &&
+   grep -q "carried from $TMP/hftok: bos_token_id 60, eos_token_id \[61, 62\], generation_config.json, tokenizer.json; $TMP/hftok has no tokenizer_config.json, special_tokens_map.json" "$TMP/out"; then
+    ok "export carries the init-from folder's token ids and tokenizer files"
+else
+    bad "export carries the init-from folder's token ids and tokenizer files" "$(cat "$TMP/err" "$TMP/out")"
+fi
 expect_error "init-from a disagreeing key" "--set model.num_hidden_layers=3" \
     "model.num_hidden_layers: 3 (number) disagrees with $HF/config.json:" -- \
     --init-from "$HF" --set model.num_hidden_layers=3

@@ -7,6 +7,8 @@
  *     state.bin             per block, its master weights, AdamW m and AdamW v
  *     manifest.json         what a resume needs besides the tensors, and where
  *                           every tensor and checksummed chunk lies in state.bin
+ *     tokenizer.json, ...   with --init-from: the folder's tokenizer and generation
+ *                           files an export carries (the manifest's "hf")
  *   latest                  "step-00000020\n": the newest complete checkpoint
  *   .lock                   held (flock) by the run saving here
  *

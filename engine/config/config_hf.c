@@ -8,7 +8,8 @@
  *   - the built-in defaults' model keys no longer apply; what config.json
  *     leaves out takes LlamaConfig's defaults, as transformers does;
  *   - config.json's keys that change nothing in fsoff (token ids, dtype,
- *     transformers' bookkeeping) are skipped without a word; the Llama
+ *     transformers' bookkeeping) are skipped without a word (an export
+ *     carries them back: fso_hf_config_writes_key, hf_extras.c); the Llama
  *     features fsoff lacks are refused by config_keys.c as in any model
  *     section (attention_bias, mlp_bias, other rope_scaling types, ...);
  *     quantization_config is refused here;

@@ -189,12 +189,15 @@ void fso_hf_extras_describe(const fso_hf_extras *x, char *buf, size_t len)
                                 ids[0] ? ids : "no token ids (config.json has none)");
     for (int i = 0; i < x->n_files && n < len; i++)
         n += (size_t)snprintf(buf + n, len - n, ", %s", x->files[i].name);
-    const char *sep = "; it has no ";
+    bool first = true;
     for (int i = 0; fso_hf_carried_files[i] && n < len; i++) {
         const char *name = fso_hf_carried_files[i];
         if (!fso_hf_extras_file(x, name) && expected(x, name)) {
-            n += (size_t)snprintf(buf + n, len - n, "%s%s", sep, name);
-            sep = ", ";
+            if (first)
+                n += (size_t)snprintf(buf + n, len - n, "; %s has no %s", x->from, name);
+            else
+                n += (size_t)snprintf(buf + n, len - n, ", %s", name);
+            first = false;
         }
     }
 }
