@@ -91,6 +91,7 @@ typedef enum fso_data_format {
     FSO_DATA_AUTO = 0,            /* token file if the magic matches or the name ends .bin */
     FSO_DATA_TOKENS,              /* llm.c token file (uint16 v1, uint32 v2) */
     FSO_DATA_TEXT,                /* plain text, one token per byte */
+    FSO_DATA_BYTES,               /* the same, also for a model whose vocabulary is not bytes */
 } fso_data_format;
 
 typedef struct fso_data_config {
