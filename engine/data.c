@@ -125,19 +125,28 @@ static int check_token_header(fso_data *d, const fso_config *cfg, const char *pa
                               const struct stat *st, int32_t *version_out,
                               uint64_t *n_tokens_out)
 {
-    if (hdr_bytes >= 4 && get_u32le(hdr) != FSO_TOKENS_MAGIC) {
-        data_err(d, "%s: not a token file (magic %d, expected %d); use data.format=text to "
-                 "train on its bytes", path, (int32_t)get_u32le(hdr), FSO_TOKENS_MAGIC);
+    const uint32_t magic = hdr_bytes >= 4 ? get_u32le(hdr) : 0;
+    if (hdr_bytes >= 4 && magic != FSO_TOKENS_MAGIC && magic != FSO_TOKENS_MAGIC_LLAMA3) {
+        data_err(d, "%s: not a token file (magic %d; token files have %d, or %d for llm.c's "
+                 "Llama 3 files); re-create it as a token file, or if it is plain text, set "
+                 "data.format=text", path, (int32_t)magic, FSO_TOKENS_MAGIC,
+                 FSO_TOKENS_MAGIC_LLAMA3);
         return -EINVAL;
     }
     if (hdr_bytes < HEADER_BYTES) {
         data_err(d, "%s: truncated header: the file holds %zu bytes, fewer than the "
-                 "%zu-byte token file header; re-create the file, or use data.format=text "
-                 "to train on its bytes", path, hdr_bytes, HEADER_BYTES);
+                 "%zu-byte token file header; re-create the file", path, hdr_bytes,
+                 HEADER_BYTES);
         return -EINVAL;
     }
     int32_t version = (int32_t)get_u32le(hdr + 4);
-    if (version != 1 && version != 2) {
+    if (magic == FSO_TOKENS_MAGIC_LLAMA3 && version != FSO_TOKENS_LLAMA3_VERSION) {
+        data_err(d, "%s: llm.c Llama 3 token file of version %d; fsoff reads version %d "
+                 "(uint32 tokens): re-create the file with llm.c's current scripts", path,
+                 version, FSO_TOKENS_LLAMA3_VERSION);
+        return -EINVAL;
+    }
+    if (magic == FSO_TOKENS_MAGIC && version != 1 && version != 2) {
         data_err(d, "%s: unsupported token file version %d (1 = uint16 tokens, 2 = uint32 "
                  "tokens); re-create the file with fsoff or llm.c", path, version);
         return -EINVAL;
@@ -270,7 +279,10 @@ static int load_token_file(fso_data *d, const fso_config *cfg, int fd, const cha
         goto out;
     }
     d->n_tokens = (size_t)n_tokens;
-    data_desc(d, "%s (tokens v%d, %zu tokens)", path, version, d->n_tokens);
+    if (version == FSO_TOKENS_LLAMA3_VERSION)
+        data_desc(d, "%s (llm.c Llama 3 tokens, %zu tokens)", path, d->n_tokens);
+    else
+        data_desc(d, "%s (tokens v%d, %zu tokens)", path, version, d->n_tokens);
 out:
     free(stage);
     return rc;
@@ -307,6 +319,14 @@ static int load_text_file(fso_data *d, const fso_config *cfg, int fd, const char
         data_err(d, "%s: plain text is read one byte per token and needs model.vocab_size "
                  ">= 256 (it is %d); raise model.vocab_size or give a token file", path,
                  cfg->model.vocab_size);
+        return -EINVAL;
+    }
+    if (cfg->init_from[0] && cfg->model.vocab_size > 256 && cfg->data.format != FSO_DATA_BYTES) {
+        data_err(d, "%s: plain text is read one byte per token, but the model from %s has a "
+                 "%d-token vocabulary whose ids are not bytes; tokenize the text with the "
+                 "model's tokenizer into a token file and give that as data.path (see "
+                 "docs/configuration.md, Data), or set data.format=bytes to train on its bytes "
+                 "anyway", path, cfg->init_from, cfg->model.vocab_size);
         return -EINVAL;
     }
     /* A regular file's size is known: +1 so that the end-of-file read fits. */
@@ -444,10 +464,12 @@ int fso_data_init(fso_data *data, const fso_config *cfg)
         is_tokens = 1;
         break;
     case FSO_DATA_TEXT:
+    case FSO_DATA_BYTES:
         is_tokens = 0;
         break;
     default: /* auto: a whole header with the magic, or a name that says token file */
-        is_tokens = (hdr_bytes == HEADER_BYTES && get_u32le(hdr) == FSO_TOKENS_MAGIC) ||
+        is_tokens = (hdr_bytes == HEADER_BYTES && (get_u32le(hdr) == FSO_TOKENS_MAGIC ||
+                                                   get_u32le(hdr) == FSO_TOKENS_MAGIC_LLAMA3)) ||
                     named_bin(path);
         break;
     }

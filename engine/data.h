@@ -3,8 +3,11 @@
  * Token file: a header of 256 little-endian int32 — [0] magic 20240520,
  * [1] version, [2] token count — followed by the tokens. Version 1 stores
  * uint16 tokens (llm.c's format); version 2, fsoff's extension for
- * vocabularies above 65,535, stores uint32 tokens. Plain text is read
- * byte-level: each byte is one token (needs vocab_size >= 256). With no path,
+ * vocabularies above 65,535, stores uint32 tokens. llm.c's Llama 3 files
+ * (magic 20240801, version 7) store uint32 tokens too. Plain text is read
+ * byte-level: each byte is one token (needs vocab_size >= 256; refused for a
+ * model from model.init_from with a larger vocabulary, whose ids are not
+ * bytes, unless data.format is "bytes"). With no path,
  * fsoff generates its built-in synthetic English-like corpus (byte-level).
  *
  * Batches: micro-batch i of the run reads B rows of T+1 consecutive tokens,
@@ -25,6 +28,9 @@
 #include "config/config.h"
 
 #define FSO_TOKENS_MAGIC 20240520
+/* llm.c's Llama 3 token files: this magic, version 7, uint32 tokens. */
+#define FSO_TOKENS_MAGIC_LLAMA3 20240801
+#define FSO_TOKENS_LLAMA3_VERSION 7
 #define FSO_TOKENS_HEADER_INTS 256
 #define FSO_DATA_ERR_MAX 512
 

@@ -20,7 +20,22 @@ int fso_trainer_init(fso_trainer *tr, const fso_config *cfg)
 {
     memset(tr, 0, sizeof *tr);
     tr->cfg = cfg;
-    return fso_zero_create(&tr->zero, cfg, tr->err, sizeof tr->err);
+    int rc = cfg->init_from[0] ? fso_hf_extras_read(&tr->hf, cfg->init_from, tr->err,
+                                                    sizeof tr->err)
+                               : 0;
+    if (rc == 0)
+        rc = fso_zero_create(&tr->zero, cfg, tr->err, sizeof tr->err);
+    return rc;
+}
+
+int fso_trainer_export_hf(fso_trainer *tr, const char *outdir, fso_hf_dtype dtype, char *said,
+                          size_t saidlen, char *err, size_t errlen)
+{
+    fso_hf_export_opts o = {.dtype = dtype, .extras = &tr->hf};
+    int rc = fso_zero_export_hf(tr->zero, outdir, &o, err, errlen);
+    if (rc == 0)
+        fso_hf_extras_describe(&tr->hf, said, saidlen);
+    return rc;
 }
 
 void fso_trainer_free(fso_trainer *tr)
@@ -29,6 +44,7 @@ void fso_trainer_free(fso_trainer *tr)
         return;
     fso_zero_destroy(tr->zero);
     tr->zero = NULL;
+    fso_hf_extras_free(&tr->hf);
 }
 
 int fso_trainer_finish(fso_trainer *tr, double *waited_ms)
@@ -46,6 +62,31 @@ int fso_trainer_step(fso_trainer *tr, const int32_t *inputs, const int32_t *targ
                      fso_zero_step *st)
 {
     return fso_zero_step_run(tr->zero, inputs, targets, st, tr->err, sizeof tr->err);
+}
+
+/* The highest learning rate fine-tuning a pretrained model usually takes:
+ * full fine-tuning runs at about 1e-5 to 2e-5, pre-training at 1e-3 and
+ * more, which moves a pretrained model far from what it learned. */
+#define FINE_TUNE_LR_MAX 1e-4
+
+/* With model.init_from, a learning rate above FINE_TUNE_LR_MAX said in one
+ * warning line with the keys to lower it. */
+static void warn_pretraining_lr(FILE *out, const fso_config *cfg)
+{
+    const fso_sched_config *sc = &cfg->sched;
+    const bool max_lr = sc->type == FSO_SCHED_WARMUP || sc->type == FSO_SCHED_WARMUP_DECAY;
+    const double peak = max_lr ? sc->warmup_max_lr : cfg->optim.lr;
+    if (!cfg->init_from[0] || peak <= FINE_TUNE_LR_MAX)
+        return;
+    const char *key = max_lr ? "scheduler.params.warmup_max_lr" : "optimizer.params.lr";
+    char warmup[128] = "";
+    if (sc->type != FSO_SCHED_CONSTANT)
+        snprintf(warmup, sizeof warmup, " with a short warmup (scheduler.params.warmup_num_steps, "
+                                        "%lld now)", (long long)sc->warmup_num_steps);
+    fflush(out);
+    fprintf(stderr, "fsoff: warning: learning rate %g (%s) is a pre-training rate: it will undo "
+                    "much of what the model from %s learned; fine-tuning usually takes 1e-5 to "
+                    "2e-5 (--set %s=2e-5)%s\n", peak, key, cfg->init_from, key, warmup);
 }
 
 static void print_banner(FILE *out, const fso_config *cfg, const fso_trainer *tr,
@@ -66,6 +107,7 @@ static void print_banner(FILE *out, const fso_config *cfg, const fso_trainer *tr
         fprintf(out, "fsoff: parameters from Hugging Face folder %s%s%s\n", cfg->init_from,
                 mc->rope_scaling.type ? ", rope_scaling " : "",
                 mc->rope_scaling.type ? fso_rope_type_name(mc->rope_scaling.type) : "");
+    warn_pretraining_lr(out, cfg);
     fprintf(out, "fsoff: data %s\n", data->desc);
     fprintf(out, "fsoff: batch %d x %d tokens x %d accumulation x %d devices = %zu tokens/step, "
                  "%lld steps, activation checkpointing %s\n",

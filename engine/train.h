@@ -16,19 +16,28 @@
 #include <stdio.h>
 
 #include "config/config.h"
+#include "hf/hf.h"
 #include "model.h"
 #include "zero/zero.h"
 
 typedef struct fso_trainer {
     const fso_config *cfg;
     fso_zero *zero;          /* the state; fso_zero_steps() counts the steps taken */
+    fso_hf_extras hf;        /* what an export carries: model.init_from's token ids and
+                                tokenizer files, or a resumed checkpoint's */
     char err[512];
 } fso_trainer;
 
 /* Build the sharded state for cfg (cfg->world devices), initialise the
- * parameters from cfg->seed and zero the optimizer state. Returns 0 or
- * negative errno (tr->err). */
+ * parameters from cfg->seed (or model.init_from's folder, whose carried
+ * fields and files go into tr->hf) and zero the optimizer state. Returns 0
+ * or negative errno (tr->err). */
 int fso_trainer_init(fso_trainer *tr, const fso_config *cfg);
+/* The fp32 master as a Hugging Face folder (fso_zero_export_hf) with
+ * tr->hf's fields and files; said gets one line on what was carried or
+ * cannot be (fso_hf_extras_describe). 0 or negative errno with err. */
+int fso_trainer_export_hf(fso_trainer *tr, const char *outdir, fso_hf_dtype dtype, char *said,
+                          size_t saidlen, char *err, size_t errlen);
 void fso_trainer_free(fso_trainer *tr);
 /* Wait for the last update (overlapped schedules); waited_ms is the time
  * that update was exposed. 0 or negative errno (tr->err). */

@@ -371,6 +371,7 @@ expect_error "save into a file" "$TMP/afile" "not a folder" -- "${SMALL[@]}" -n 
 # --- fsoff export: a Hugging Face folder that --init-from reads back; damage named
 if "$FSOFF" export "$TMP/ref" "$TMP/hf" --dtype bf16 >"$TMP/out" 2>"$TMP/err" &&
    grep -q "^fsoff: export: step $STEPS of $TMP/ref/step-" "$TMP/out" &&
+   grep -q "^fsoff: export: the run started from scratch (no --init-from): there are no token ids" "$TMP/out" &&
    [ -s "$TMP/hf/config.json" ] && [ -s "$TMP/hf/model.safetensors" ] &&
    "$FSOFF" --init-from "$TMP/hf" -n 1 --set data.seq_len=32 >"$TMP/out" 2>"$TMP/err" &&
    grep -q "parameters from Hugging Face folder $TMP/hf" "$TMP/out"; then

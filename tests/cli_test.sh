@@ -55,6 +55,14 @@ printf '{\n  "train": {\n    "stepz": 5\n  }\n}\n' >"$TMP/unknown.json"
 expect_error "unknown key" "$TMP/unknown.json:3:" "train.stepz" -- --config "$TMP/unknown.json"
 printf '{ "train_micro_batch_size_per_gpu": "eight" }\n' >"$TMP/type.json"
 expect_error "wrong type" "train_micro_batch_size_per_gpu" "eight" -- --config "$TMP/type.json"
+printf '{\n  "seed": 1,\n  "train": {"steps": 10,\n  }\n}\n' >"$TMP/comma.json"
+expect_error "trailing comma" "$TMP/comma.json:4:3:" "a trailing comma? JSON allows none after the last item: remove the ',' at 3:24" \
+    -- --config "$TMP/comma.json"
+expect_error "near-miss key" 'train_micro_batch_size: unknown key; did you mean "train_micro_batch_size_per_gpu"?' \
+    -- --set train_micro_batch_size=8
+printf '{ "gradient_accumulation_steps": "auto" }\n' >"$TMP/auto.json"
+expect_error "Trainer's auto" "$TMP/auto.json:1:3: gradient_accumulation_steps:" '"auto" is a placeholder the Hugging Face Trainer fills in' \
+    "write the value itself (the Trainer's gradient_accumulation_steps)" -- --config "$TMP/auto.json"
 expect_error "heads must divide hidden" "num_attention_heads" "hidden_size" -- --set model.num_attention_heads=5
 expect_error "kv heads must divide heads" "num_key_value_heads" -- --set model.num_key_value_heads=3
 expect_error "seq_len beyond positions" "data.seq_len" "max_position_embeddings" -- --set data.seq_len=1000
@@ -76,13 +84,23 @@ expect_error "corpus shorter than a sequence" "$TMP/short.txt" "seq_len" -- --da
 expect_error "unsupported version" "$TMP/ver.bin" "version" -- --data "$TMP/ver.bin"
 { printf '\x39\x30\x00\x00'; head -c 3000 /dev/zero | tr '\0' 'a'; } >"$TMP/notok.bin"
 expect_error "bin without the magic" \
-    "fsoff: error: $TMP/notok.bin: not a token file (magic 12345, expected 20240520); use data.format=text to train on its bytes" \
+    "fsoff: error: $TMP/notok.bin: not a token file (magic 12345; token files have 20240520, or 20240801 for llm.c's Llama 3 files); re-create it as a token file, or if it is plain text, set data.format=text" \
     -- --data "$TMP/notok.bin" --steps 1 "${SMALL[@]}"
 if "$FSOFF" --data "$TMP/notok.bin" --set data.format=text --steps 1 "${SMALL[@]}" >"$TMP/out" 2>"$TMP/err" &&
    grep -q "notok.bin (text" "$TMP/out"; then
     ok "bin without the magic trains on its bytes with data.format=text"
 else
     bad "bin without the magic trains on its bytes with data.format=text" "$(cat "$TMP/out" "$TMP/err" | head -5)"
+fi
+# llm.c's Llama 3 token files: magic 20240801, version 7, uint32 tokens
+{ printf '\xa1\xd9\x34\x01\x07\x00\x00\x00\x58\x02\x00\x00'; head -c $((1024 - 12)) /dev/zero
+  for ((i = 0; i < 600; i++)); do printf "$(printf '\\x%02x' $((i * 7 % 200)))\x00\x00\x00"; done
+} >"$TMP/llama3.tok"
+if "$FSOFF" --data "$TMP/llama3.tok" --steps 1 "${SMALL[@]}" >"$TMP/out" 2>"$TMP/err" &&
+   grep -q "llama3.tok (llm.c Llama 3 tokens, 600 tokens)" "$TMP/out"; then
+    ok "llm.c Llama 3 token file"
+else
+    bad "llm.c Llama 3 token file" "$(cat "$TMP/out" "$TMP/err" | head -5)"
 fi
 expect_error "metrics in missing folder" "$TMP/no/dir/m.jsonl" -- --steps 1 --metrics "$TMP/no/dir/m.jsonl" "${SMALL[@]}"
 
@@ -216,11 +234,54 @@ if "$FSOFF" --init-from "$HF" --data "$TMP/tok64.bin" --steps 2 --devices cpu:2 
 else
     bad "init-from a sharded F16 folder on two devices with state on NVMe" "$(cat "$TMP/err")" "$(head -5 "$TMP/out")"
 fi
+# fine-tuning at a pre-training learning rate: one warning line, and the run goes on
+if "$FSOFF" --init-from "$HF" --data "$TMP/tok64.bin" --steps 1 --set data.seq_len=16 \
+       >"$TMP/out" 2>"$TMP/err" && [ "$(grep -c 'warning' "$TMP/err")" -eq 1 ] &&
+   grep -q "^fsoff: warning: learning rate 0.003 (optimizer.params.lr) is a pre-training rate: it will undo much of what the model from $HF learned; fine-tuning usually takes 1e-5 to 2e-5 (--set optimizer.params.lr=2e-5) with a short warmup (scheduler.params.warmup_num_steps, 30 now)$" "$TMP/err" &&
+   grep -q '^step     1/1 | loss' "$TMP/out" &&
+   "$FSOFF" --init-from "$HF" --data "$TMP/tok64.bin" --steps 1 --set data.seq_len=16 \
+       --set scheduler.type=WarmupLR --set scheduler.params.warmup_max_lr=2e-4 >/dev/null 2>"$TMP/err" &&
+   grep -q "learning rate 0.0002 (scheduler.params.warmup_max_lr) is a pre-training rate" "$TMP/err" &&
+   "$FSOFF" --init-from "$HF" --data "$TMP/tok64.bin" --steps 1 --set data.seq_len=16 \
+       --set optimizer.params.lr=2e-5 >/dev/null 2>"$TMP/err" && ! grep -q warning "$TMP/err" &&
+   "$FSOFF" --steps 1 "${SMALL[@]}" >/dev/null 2>"$TMP/err" && ! grep -q warning "$TMP/err"; then
+    ok "init-from at a pre-training learning rate warns in one line"
+else
+    bad "init-from at a pre-training learning rate warns in one line" "$(cat "$TMP/err")"
+fi
+# export carries the folder's token ids and tokenizer files, from the checkpoint
+mkdir -p "$TMP/hftok" && cp "$HF"/* "$TMP/hftok/"
+sed -i 's/"bos_token_id": 1,/"bos_token_id": 60,/; s/"eos_token_id": 2,/"eos_token_id": [61, 62],/' \
+    "$TMP/hftok/config.json"
+printf '{"version": "1.0"}\n' >"$TMP/hftok/tokenizer.json"
+printf '{"bos_token_id": 60, "eos_token_id": [61, 62]}\n' >"$TMP/hftok/generation_config.json"
+if "$FSOFF" --init-from "$TMP/hftok" --data "$TMP/tok64.bin" --steps 1 --set data.seq_len=16 \
+       --save "$TMP/hftok-ck" >/dev/null 2>"$TMP/err" &&
+   "$FSOFF" export "$TMP/hftok-ck" "$TMP/hftok-out" --dtype bf16 >"$TMP/out" 2>>"$TMP/err" &&
+   grep -q '"eos_token_id": \[61, 62\],' "$TMP/hftok-out/config.json" &&
+   grep -q '"bos_token_id": 60,' "$TMP/hftok-out/config.json" &&
+   cmp -s "$TMP/hftok/tokenizer.json" "$TMP/hftok-out/tokenizer.json" &&
+   cmp -s "$TMP/hftok/generation_config.json" "$TMP/hftok-out/generation_config.json" &&
+   grep -q "carried from $TMP/hftok: bos_token_id 60, eos_token_id \[61, 62\], generation_config.json, tokenizer.json; $TMP/hftok has no tokenizer_config.json, special_tokens_map.json" "$TMP/out"; then
+    ok "export carries the init-from folder's token ids and tokenizer files"
+else
+    bad "export carries the init-from folder's token ids and tokenizer files" "$(cat "$TMP/err" "$TMP/out")"
+fi
+# text for a pretrained vocabulary: bytes are not its token ids
+mkdir -p "$TMP/v32k" && sed 's/"vocab_size": 64/"vocab_size": 32000/' "$HF/config.json" >"$TMP/v32k/config.json"
+head -c 3000 /dev/zero | tr '\0' 'a' >"$TMP/book.txt"
+expect_error "init-from with text" \
+    "$TMP/book.txt: plain text is read one byte per token, but the model from $TMP/v32k has a 32000-token vocabulary" \
+    "tokenize the text with the model's tokenizer into a token file" "set data.format=bytes" -- \
+    --init-from "$TMP/v32k" --data "$TMP/book.txt" --steps 1
+if grep -q . "$TMP/out"; then bad "init-from with text: refused before the plan" "$(head -3 "$TMP/out")"; fi
+expect_error "init-from with text, data.format=bytes: on to the weights" "$TMP/v32k: has no model.safetensors" -- \
+    --init-from "$TMP/v32k" --data "$TMP/book.txt" --set data.format=bytes --steps 1
 expect_error "init-from a disagreeing key" "--set model.num_hidden_layers=3" \
     "model.num_hidden_layers: 3 (number) disagrees with $HF/config.json:" -- \
     --init-from "$HF" --set model.num_hidden_layers=3
-expect_error "init-from a missing folder" "--set model.init_from=" "$TMP/nohf/config.json: cannot read" -- \
-    --init-from "$TMP/nohf"
+expect_error "init-from a missing folder, quoted as written" "--init-from $TMP/nohf: model.init_from:" \
+    "$TMP/nohf/config.json: cannot read" -- --init-from "$TMP/nohf"
 mkdir -p "$TMP/noweights" && cp "$HF/config.json" "$TMP/noweights/"
 expect_error "init-from a folder without weights" "$TMP/noweights: has no model.safetensors" -- \
     --init-from "$TMP/noweights" --data "$TMP/tok64.bin" --set data.seq_len=16 --steps 1

@@ -17,7 +17,10 @@
  *  - `keep` deletes the oldest only after a newer is complete, and follows
  *    no symlink; the save dir's lock keeps a second saver out;
  *  - the master comes out tensor by tensor in Hugging Face's order, and
- *    exported (fsoff export) reads back with --init-from bit for bit in fp32.
+ *    exported (fsoff export) reads back with --init-from bit for bit in fp32;
+ *  - an export carries the starting folder's token ids, other config.json
+ *    fields and tokenizer files, kept in the checkpoint; a checkpoint of an
+ *    earlier fsoff (no "hf" in its manifest) still exports and says so.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -128,7 +131,7 @@ static void job_close(job *j)
 static fso_ckpt_meta meta_of(job *j)
 {
     return (fso_ckpt_meta){.cfg = &j->cfg, .data_position = (int64_t)j->data.pos,
-                           .data_tokens = j->data.n_tokens};
+                           .data_tokens = j->data.n_tokens, .hf = &j->tr.hf};
 }
 
 /* Start a save of the job's current step. */
@@ -911,6 +914,174 @@ static void test_export_round_trip_is_bit_exact_in_fp32(void **state)
     remove_tree(dir);
 }
 
+/* path's bytes (NUL-terminated), failing the test when it cannot be read. */
+static char *slurp(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        fail_msg("%s: %s", path, strerror(errno));
+    char *buf = calloc(1, 1 << 16);
+    size_t n = fread(buf, 1, (1 << 16) - 1, f);
+    buf[n] = '\0';
+    fclose(f);
+    return buf;
+}
+
+/* The configuration of a job from Hugging Face folder dir. */
+static void folder_config(fso_config *from, const char *dir)
+{
+    char set[700];
+    char *sets[] = {set, "data.seq_len=32", "train_micro_batch_size_per_gpu=4"};
+    fso_config_defaults(from);
+    snprintf(set, sizeof set, "model.init_from=\"%s\"", dir);
+    if (fso_config_load_all(from, NULL, sets, 3) < 0)
+        fail_msg("config: %s", from->err);
+    from->threads = 2;
+}
+
+static void job_from_folder(job *j, fso_config *from, const char *dir)
+{
+    folder_config(from, dir);
+    job_open(j, from);
+}
+
+static const char tokenizer[] = "{\"version\": \"1.0\", \"model\": {\"type\": \"BPE\"}}\n";
+
+/* A Hugging Face folder (fp32) with Llama 3's token ids and tokenizer files. */
+static void llama3_like_folder(const char *hf)
+{
+    fso_config cfg;
+    job j;
+    char err[1024], said[1024], p[700];
+    config_for(&cfg, 1, FSO_TIER_HOST, FSO_TIER_HOST);
+    job_open(&j, &cfg);
+    remove_tree(hf);
+    if (fso_trainer_export_hf(&j.tr, hf, FSO_HF_F32, said, sizeof said, err, sizeof err) < 0)
+        fail_msg("export: %s", err);
+    assert_non_null(strstr(said, "from scratch"));
+    job_close(&j);
+    snprintf(p, sizeof p, "%s/config.json", hf);
+    json_t *c = json_load_file(p, 0, NULL);
+    assert_non_null(c);
+    assert_null(json_object_get(c, "bos_token_id"));
+    json_object_set_new(c, "bos_token_id", json_integer(128000));
+    json_object_set_new(c, "eos_token_id", json_pack("[i,i]", 128001, 128009));
+    json_object_set_new(c, "transformers_version", json_string("4.45.0"));
+    assert_int_equal(json_dump_file(c, p, JSON_INDENT(2)), 0);
+    json_decref(c);
+    snprintf(p, sizeof p, "%s/tokenizer.json", hf);
+    write_text(p, tokenizer);
+    snprintf(p, sizeof p, "%s/tokenizer_config.json", hf);
+    write_text(p, "{\"bos_token\": \"<|begin_of_text|>\"}\n");
+    snprintf(p, sizeof p, "%s/generation_config.json", hf);
+    write_text(p, "{\"bos_token_id\": 128000, \"eos_token_id\": [128001, 128009]}\n");
+}
+
+/* Export checkpoint dir into out; what the export said. */
+static void export_into(const char *dir, const char *out, char *said, size_t len)
+{
+    char err[1024];
+    fso_ckpt *ck;
+    fso_hf_extras x;
+    fso_hf_export_opts o = {.dtype = FSO_HF_BF16, .extras = &x};
+    remove_tree(out);
+    assert_int_equal(fso_ckpt_open(&ck, dir, err, sizeof err), 0);
+    if (fso_ckpt_hf_extras(ck, &x, err, sizeof err) < 0 ||
+        fso_ckpt_export_hf(ck, out, &o, err, sizeof err) < 0)
+        fail_msg("export: %s", err);
+    fso_hf_extras_describe(&x, said, len);
+    fso_hf_extras_free(&x);
+    fso_ckpt_close(ck);
+}
+
+static void test_export_carries_the_starting_folders_token_ids_and_files(void **state)
+{
+    (void)state;
+    fso_config from;
+    job j;
+    char hf[512], dir[512], out[512], p[700], err[1024], said[2048];
+    double l, n;
+    path_in(hf, sizeof hf, "llama3-like");
+    path_in(out, sizeof out, "carried");
+    save_dir(dir, sizeof dir, "carry");
+    llama3_like_folder(hf);
+
+    /* trained from the folder and saved; the folder then changes */
+    fso_ckpt_saver *sv;
+    if (fso_ckpt_saver_create(&sv, dir, 1, err, sizeof err) < 0)
+        fail_msg("saver: %s", err);
+    job_from_folder(&j, &from, hf);
+    job_step(&j, &l, &n);
+    save_begin(&j, sv);
+    fso_ckpt_result r = save_wait(sv);
+    if (r.rc < 0)
+        fail_msg("save: %s", r.err);
+    fso_ckpt_saver_destroy(sv);
+    job_close(&j);
+    fso_config_free(&from);
+    snprintf(p, sizeof p, "%s/tokenizer.json", hf);
+    write_text(p, "changed after the run started\n");
+
+    export_into(dir, out, said, sizeof said);
+    snprintf(p, sizeof p, "%s/config.json", out);
+    json_t *c = json_load_file(p, 0, NULL);
+    assert_non_null(c);
+    assert_int_equal(json_integer_value(json_object_get(c, "bos_token_id")), 128000);
+    assert_int_equal(json_integer_value(json_array_get(json_object_get(c, "eos_token_id"), 1)),
+                     128009);
+    assert_string_equal(json_string_value(json_object_get(c, "transformers_version")), "4.45.0");
+    assert_string_equal(json_string_value(json_object_get(c, "torch_dtype")), "bfloat16");
+    json_decref(c);
+    snprintf(p, sizeof p, "%s/tokenizer.json", out);
+    char *text = slurp(p);
+    assert_string_equal(text, tokenizer); /* the one the run started with */
+    free(text);
+    snprintf(p, sizeof p, "%s/generation_config.json", out);
+    free(slurp(p));
+    snprintf(p, sizeof p, "%s/special_tokens_map.json", out);
+    assert_int_equal(access(p, F_OK), -1);
+    assert_non_null(strstr(said, "bos_token_id 128000, eos_token_id [128001, 128009]"));
+    assert_non_null(strstr(said, "has no special_tokens_map.json"));
+
+    /* a damaged copy is named; a checkpoint of an earlier fsoff exports and says so */
+    char ck_dir[600];
+    snprintf(ck_dir, sizeof ck_dir, "%s/step-00000001", dir);
+    snprintf(p, sizeof p, "%s/tokenizer.json", ck_dir);
+    flip_byte(p, 3);
+    fso_ckpt *ck;
+    fso_hf_extras x;
+    assert_int_equal(fso_ckpt_open(&ck, ck_dir, err, sizeof err), 0);
+    assert_int_equal(fso_ckpt_hf_extras(ck, &x, err, sizeof err), -EIO);
+    assert_non_null(strstr(err, "tokenizer.json: its CRC-32C is not the manifest's"));
+    fso_ckpt_close(ck);
+    snprintf(p, sizeof p, "%s/%s", ck_dir, FSO_CKPT_MANIFEST);
+    json_t *man = json_load_file(p, 0, NULL);
+    assert_non_null(man);
+    assert_int_equal(json_object_del(man, "hf"), 0);
+    assert_int_equal(json_dump_file(man, p, JSON_INDENT(1)), 0);
+    json_decref(man);
+    export_into(dir, out, said, sizeof said);
+    assert_non_null(strstr(said, "written by an earlier fsoff"));
+    snprintf(p, sizeof p, "%s/config.json", out);
+    c = json_load_file(p, 0, NULL);
+    assert_null(json_object_get(c, "bos_token_id"));
+    json_decref(c);
+
+    /* a file too large to be a tokenizer is refused by name */
+    snprintf(p, sizeof p, "%s/tokenizer.json", hf);
+    assert_int_equal(truncate(p, (off_t)FSO_HF_CARRIED_MAX_BYTES + 1), 0);
+    fso_trainer tr;
+    folder_config(&from, hf);
+    assert_true(fso_trainer_init(&tr, &from) < 0);
+    assert_non_null(strstr(tr.err, "tokenizer.json: 64.0 MiB"));
+    assert_non_null(strstr(tr.err, "remove or rename it"));
+    fso_trainer_free(&tr);
+    fso_config_free(&from);
+    remove_tree(out);
+    remove_tree(hf);
+    remove_tree(dir);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -946,6 +1117,7 @@ int main(void)
         cmocka_unit_test(test_keep_deletes_the_oldest_after_a_newer_is_complete),
         cmocka_unit_test(test_tensors_come_out_in_hugging_face_order),
         cmocka_unit_test(test_export_round_trip_is_bit_exact_in_fp32),
+        cmocka_unit_test(test_export_carries_the_starting_folders_token_ids_and_files),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -337,12 +337,14 @@ static void test_wrong_types_are_explained(void **state)
 
     assert_int_equal(load_text(t, &c, "{\"optimizer\": {\"params\": {\"lr\": \"auto\"}}}"),
                      -EINVAL);
-    expect_err(&c, "%s:1:27: optimizer.params.lr: expected a number > 0, got \"auto\" (string)",
-               t->file);
+    expect_err(&c, "%s:1:27: optimizer.params.lr: expected a number > 0, got \"auto\" (string); "
+                   "\"auto\" is a placeholder the Hugging Face Trainer fills in before DeepSpeed "
+                   "reads the config, and fsoff reads the file as written: write the value itself "
+                   "(the Trainer's learning_rate)", t->file);
 
     assert_int_equal(load_text(t, &c, "{\"data\": {\"format\": \"bin\"}}"), -EINVAL);
-    expect_err(&c, "%s:1:11: data.format: expected \"auto\", \"tokens\" or \"text\", got \"bin\" "
-                   "(string)", t->file);
+    expect_err(&c, "%s:1:11: data.format: expected \"auto\", \"tokens\", \"text\" or \"bytes\", got "
+                   "\"bin\" (string)", t->file);
 
     assert_int_equal(load_text(t, &c, "{\"model\": 5}"), -EINVAL);
     expect_err(&c, "%s:1:2: model: expected an object, got 5 (number)", t->file);
@@ -1049,6 +1051,66 @@ static void test_json_locate_positions(void **state)
     assert_int_equal(fso_json_locate("{\"a\": ", p4, 1, &line, &col), -EINVAL);
 }
 
+/* A trailing comma (JavaScript's, Python's) gets a hint naming its place. */
+static void test_trailing_comma_is_hinted(void **state)
+{
+    tdir *t = *state;
+    fso_config c;
+    assert_int_equal(load_text(t, &c, "{\n  \"seed\": 1,\n  \"train\": {\"steps\": 10,\n  }\n}\n"),
+                     -EINVAL);
+    expect_err(&c, "%s:4:3: string or '}' expected near '}'; a trailing comma? JSON allows none "
+                   "after the last item: remove the ',' at 3:24", t->file);
+    assert_int_equal(load_text(t, &c, "{\"optimizer\": {\"params\": {\"betas\": [0.9, 0.95, ]}}}"),
+                     -EINVAL);
+    expect_err(&c, "%s:1:48: unexpected token near ']'; a trailing comma? JSON allows none after "
+                   "the last item: remove the ',' at 1:46", t->file);
+}
+
+/* A key cut short at a word boundary is a near miss too. */
+static void test_a_key_cut_short_gets_a_did_you_mean(void **state)
+{
+    tdir *t = *state;
+    fso_config c;
+    assert_int_equal(load_text(t, &c, "{\n  \"train_micro_batch_size\": 4\n}\n"), -EINVAL);
+    expect_err(&c, "%s:2:3: train_micro_batch_size: unknown key; did you mean "
+                   "\"train_micro_batch_size_per_gpu\"?", t->file);
+}
+
+/* "auto" (a Hugging Face DeepSpeed config's) is named, with what to write. */
+static void test_auto_is_named_as_the_trainers_placeholder(void **state)
+{
+    tdir *t = *state;
+    fso_config c;
+    assert_int_equal(load_text(t, &c, "{\"train_micro_batch_size_per_gpu\": \"auto\"}"), -EINVAL);
+    expect_err(&c, "%s:1:2: train_micro_batch_size_per_gpu: expected an integer >= 1, got \"auto\" "
+                   "(string); \"auto\" is a placeholder the Hugging Face Trainer fills in before "
+                   "DeepSpeed reads the config, and fsoff reads the file as written: write the "
+                   "value itself (the Trainer's per_device_train_batch_size)", t->file);
+    const char *betas[] = {"optimizer.params.betas=\"auto\""};
+    assert_int_equal(load_sets(&c, betas, 1), -EINVAL);
+    assert_non_null(strstr(c.err, "got \"auto\" (string); \"auto\" is a placeholder the Hugging "
+                                  "Face Trainer fills in"));
+    assert_non_null(strstr(c.err, "(the Trainer's [adam_beta1, adam_beta2])"));
+}
+
+/* An option that is a --set (--init-from DIR) is quoted as written. */
+static void test_an_option_is_quoted_as_the_user_wrote_it(void **state)
+{
+    tdir *t = *state;
+    fso_config c;
+    char set[600], opt[600];
+    write_cfg(t, "book.txt", "text\n");
+    snprintf(set, sizeof set, "model.init_from=\"%s\"", t->file);
+    snprintf(opt, sizeof opt, "--init-from %s", t->file);
+    char *sets[] = {set}, *written[] = {opt};
+    fso_config_defaults(&c);
+    assert_int_equal(fso_config_load_written(&c, NULL, sets, written, 1), -EINVAL);
+    fso_config_free(&c);
+    expect_err(&c, "--init-from %s: model.init_from: %s/config.json: cannot read: Not a "
+                   "directory; model.init_from must name a Hugging Face Llama folder (config.json "
+                   "and *.safetensors)", t->file, t->file);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1089,6 +1151,10 @@ int main(void)
         T(test_lr_warmup_decay),
         T(test_lr_constant_without_scheduler),
         T(test_json_locate_positions),
+        T(test_trailing_comma_is_hinted),
+        T(test_a_key_cut_short_gets_a_did_you_mean),
+        T(test_auto_is_named_as_the_trainers_placeholder),
+        T(test_an_option_is_quoted_as_the_user_wrote_it),
 #undef T
     };
     return cmocka_run_group_tests_name("config", tests, NULL, NULL);

@@ -542,11 +542,12 @@ static void test_bin_without_magic_is_an_error(void **state)
 
     fso_config cfg;
     fso_data d;
-    char want[640];
+    char want[800];
     cfg_for(&cfg, bin, FSO_DATA_AUTO, 256, 16, 2);
     assert_true(fso_data_init(&d, &cfg) < 0);
-    snprintf(want, sizeof want, "%s: not a token file (magic 12345, expected 20240520); use "
-             "data.format=text to train on its bytes", bin);
+    snprintf(want, sizeof want, "%s: not a token file (magic 12345; token files have 20240520, "
+             "or 20240801 for llm.c's Llama 3 files); re-create it as a token file, or if it is "
+             "plain text, set data.format=text", bin);
     assert_string_equal(d.err, want);
     assert_null(d.tokens);
     cfg_for(&cfg, upper, FSO_DATA_AUTO, 256, 16, 2);
@@ -554,7 +555,7 @@ static void test_bin_without_magic_is_an_error(void **state)
 
     /* shorter than the magic; the magic, then the end inside the header */
     cfg_for(&cfg, tiny, FSO_DATA_AUTO, 256, 16, 2);
-    expect_init_error(&cfg, tiny, "truncated header: the file holds 2 bytes", "data.format=text");
+    expect_init_error(&cfg, tiny, "truncated header: the file holds 2 bytes", "re-create the file");
     int32_t *tok = make_tokens(500, 5, 256);
     assert_int_equal(fso_data_write_tokens(half, tok, 500, 0), 0);
     assert_int_equal(truncate(half, 600), 0);
@@ -567,6 +568,69 @@ static void test_bin_without_magic_is_an_error(void **state)
     assert_int_equal(d.n_tokens, sizeof(buf));
     assert_int_equal(d.tokens[0], 0x39);
     assert_has(d.desc, "text");
+    fso_data_free(&d);
+}
+
+/* llm.c's Llama 3 token files (magic 20240801, version 7, uint32) are read,
+ * under data.format auto whatever their name; another version is refused
+ * without advice to train on the file's bytes. */
+static void test_llama3_token_files_are_read(void **state)
+{
+    tdir *td = *state;
+    char path[512];
+    tpath(td, "llama3.tok", path, sizeof(path));
+    int32_t *tok = make_tokens(700, 7919, 128256);
+    assert_int_equal(fso_data_write_tokens(path, tok, 700, 1), 0);
+    patch_header_int(path, 0, 20240801);
+    patch_header_int(path, 1, 7);
+    fso_data d;
+    fso_config cfg;
+    for (int f = 0; f < 2; f++) {
+        open_data(&d, path, f ? FSO_DATA_TOKENS : FSO_DATA_AUTO, 128256, 16, 2);
+        assert_int_equal(d.n_tokens, 700);
+        assert_memory_equal(d.tokens, tok, 700 * sizeof(int32_t));
+        assert_has(d.desc, "llm.c Llama 3 tokens, 700 tokens");
+        fso_data_free(&d);
+    }
+    patch_header_int(path, 1, 6);
+    cfg_for(&cfg, path, FSO_DATA_AUTO, 128256, 16, 2);
+    expect_init_error(&cfg, path, "llm.c Llama 3 token file of version 6; fsoff reads version 7",
+                      "re-create the file");
+    assert_int_equal(fso_data_init(&d, &cfg), -EINVAL);
+    assert_null(strstr(d.err, "bytes"));
+    fso_data_free(&d);
+    free(tok);
+}
+
+/* Text is bytes as token ids: refused for a model from a Hugging Face folder
+ * whose vocabulary is larger, naming the fix and the key that forces it. */
+static void test_text_for_a_pretrained_vocabulary_is_refused(void **state)
+{
+    tdir *td = *state;
+    char txt[512];
+    tpath(td, "book.txt", txt, sizeof(txt));
+    char text[3000];
+    for (size_t i = 0; i < sizeof(text); i++)
+        text[i] = (char)('a' + i % 26);
+    write_file(txt, text, sizeof(text));
+    fso_config cfg;
+    fso_data d;
+    const fso_data_format refused[] = {FSO_DATA_AUTO, FSO_DATA_TEXT};
+    for (int f = 0; f < 2; f++) {
+        cfg_for(&cfg, txt, refused[f], 32000, 16, 2);
+        snprintf(cfg.init_from, sizeof cfg.init_from, "models/Llama-2-7b");
+        expect_init_error(&cfg, txt, "the model from models/Llama-2-7b has a 32000-token "
+                                     "vocabulary whose ids are not bytes; tokenize the text with "
+                                     "the model's tokenizer into a token file",
+                          "or set data.format=bytes to train on its bytes anyway");
+    }
+    cfg_for(&cfg, txt, FSO_DATA_BYTES, 32000, 16, 2);
+    snprintf(cfg.init_from, sizeof cfg.init_from, "models/Llama-2-7b");
+    assert_int_equal(fso_data_init(&d, &cfg), 0);
+    assert_int_equal(d.n_tokens, sizeof(text));
+    assert_int_equal(d.tokens[1], 'b');
+    fso_data_free(&d);
+    open_data(&d, txt, FSO_DATA_AUTO, 32000, 16, 2); /* from scratch: bytes are its tokens */
     fso_data_free(&d);
 }
 
@@ -585,8 +649,8 @@ static void test_token_header_errors(void **state)
     memset(text, 'q', sizeof(text));
     write_file(txt, text, sizeof(text));
     cfg_for(&cfg, txt, FSO_DATA_TOKENS, 50257, 8, 1);
-    expect_init_error(&cfg, txt, "not a token file (magic 1903260017, expected 20240520)",
-                      "use data.format=text to train on its bytes");
+    expect_init_error(&cfg, txt, "not a token file (magic 1903260017; token files have 20240520",
+                      "if it is plain text, set data.format=text");
 
     /* The magic, then the file ends inside the header. */
     assert_int_equal(fso_data_write_tokens(half, tok, 500, 0), 0);
@@ -779,6 +843,8 @@ int main(void)
         T(test_missing_file_is_an_error),
         T(test_bin_without_magic_is_an_error),
         T(test_token_header_errors),
+        T(test_llama3_token_files_are_read),
+        T(test_text_for_a_pretrained_vocabulary_is_refused),
         T(test_truncated_and_overlong_token_files),
         T(test_token_beyond_vocab_is_an_error),
         T(test_short_corpus_is_an_error),

@@ -23,6 +23,7 @@
 
 #include "checkpoint_impl.h"
 #include "config/config_json.h"
+#include "crc32c.h"
 #include "fso_build.h"
 #include "model.h"
 #include "store.h"
@@ -163,6 +164,7 @@ struct fso_ckpt_saver {
     int finished;             /* set by the thread as it ends (atomic) */
     fso_zero *z;
     json_t *manifest;         /* what was known at the start; the chunks come last */
+    const fso_hf_extras *hf;  /* the run's carried files (meta->hf), NULL: none */
     fso_ckpt_layout layout;
     fso_ckpt_result res;
     double t0;
@@ -261,6 +263,29 @@ int64_t fso_ckpt_saver_last_step(const fso_ckpt_saver *sv)
     return sv->last_step;
 }
 
+/* The manifest's "hf": what an export carries (hf.h, fso_hf_extras): the
+ * folder the run started from (null: from scratch), config.json's carried
+ * fields, and the files saved beside state.bin with their sizes and CRCs. */
+static json_t *hf_json(const fso_hf_extras *x)
+{
+    json_t *files = json_array();
+    int bad = !files;
+    for (int i = 0; x && i < x->n_files && !bad; i++)
+        bad |= json_array_append_new(
+            files, json_pack("{s:s, s:I, s:I}", "name", x->files[i].name, "bytes",
+                             (json_int_t)x->files[i].bytes, "crc32c",
+                             (json_int_t)fso_crc32c(0, x->files[i].data, x->files[i].bytes)));
+    json_t *config = x && x->config ? json_deep_copy(x->config) : json_object();
+    bool folder = x && x->origin == FSO_HF_EXTRAS_FOLDER;
+    if (bad || !config) {
+        json_decref(files);
+        json_decref(config);
+        return NULL;
+    }
+    return json_pack("{s:o, s:o, s:o}", "from", folder ? json_string(x->from) : json_null(),
+                     "config", config, "files", files);
+}
+
 /* The manifest's parts known when the save starts. */
 static json_t *manifest_begin(const fso_zero *z, const fso_ckpt_layout *l, const fso_ckpt_meta *m)
 {
@@ -307,6 +332,12 @@ static json_t *manifest_begin(const fso_zero *z, const fso_ckpt_layout *l, const
         "config", config,
         "model", "params", (json_int_t)model->n_params, "blocks", blocks, "tensors", tensors,
         FSO_CKPT_DATA, "bytes", (json_int_t)l->total_bytes, "kinds", kinds);
+    /* a run resumed from a checkpoint of an earlier fsoff still knows nothing */
+    if (man && !(m->hf && m->hf->origin == FSO_HF_EXTRAS_UNRECORDED) &&
+        json_object_set_new(man, "hf", hf_json(m->hf)) < 0) {
+        json_decref(man);
+        return NULL;
+    }
     if (!man) {
         if (bad) {
             json_decref(tensors);
@@ -399,6 +430,21 @@ static int finish_data(const char *path, uint64_t bytes)
     int rc = ftruncate(fd, (off_t)bytes) == 0 && fsync(fd) == 0 ? 0 : -errno;
     close(fd);
     return rc;
+}
+
+/* The carried files (sv->hf) beside state.bin, as the manifest lists them. */
+static int write_carried(fso_ckpt_saver *sv, const char *tmp, uint64_t *bytes)
+{
+    for (int i = 0; sv->hf && i < sv->hf->n_files; i++) {
+        const fso_hf_file *f = &sv->hf->files[i];
+        char path[4400];
+        snprintf(path, sizeof path, "%s/%s", tmp, f->name);
+        int rc = write_file(path, f->data, f->bytes);
+        if (rc < 0)
+            return fail(&sv->res, rc, "%s: %s", path, strerror(-rc));
+        *bytes += f->bytes;
+    }
+    return 0;
 }
 
 /* manifest.json: the parts known at the start, and the chunks. */
@@ -552,6 +598,8 @@ static void *save_main(void *arg)
     if (rc == 0 && (rc = finish_data(data, sv->layout.total_bytes)) < 0)
         fail(r, rc, "%s: %s", data, strerror(-rc));
     if (rc == 0)
+        rc = write_carried(sv, tmp, &bytes);
+    if (rc == 0)
         rc = write_manifest(sv, tmp, &spec, &bytes);
     if (rc == 0 && (rc = fso_ckpt_fsync_path(tmp, true)) < 0)
         fail(r, rc, "%s: fsync: %s", tmp, strerror(-rc));
@@ -589,6 +637,7 @@ int fso_ckpt_save_begin(fso_ckpt_saver *sv, fso_zero *z, const fso_ckpt_meta *me
     memset(&sv->res, 0, sizeof sv->res);
     sv->res.step = fso_zero_steps(z);
     sv->z = z;
+    sv->hf = meta->hf;
     int rc = fso_ckpt_layout_init(&sv->layout, &fso_zero_model(z)->mc);
     if (rc == 0 && !(sv->manifest = manifest_begin(z, &sv->layout, meta)))
         rc = -ENOMEM;

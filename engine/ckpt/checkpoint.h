@@ -7,6 +7,8 @@
  *     state.bin             per block, its master weights, AdamW m and AdamW v
  *     manifest.json         what a resume needs besides the tensors, and where
  *                           every tensor and checksummed chunk lies in state.bin
+ *     tokenizer.json, ...   with --init-from: the folder's tokenizer and generation
+ *                           files an export carries (the manifest's "hf")
  *   latest                  "step-00000020\n": the newest complete checkpoint
  *   .lock                   held (flock) by the run saving here
  *
@@ -76,6 +78,9 @@ typedef struct fso_ckpt_meta {
     const fso_config *cfg;    /* the run's configuration as it runs (tiers included) */
     int64_t data_position;    /* the token the next batch starts at (fso_data.pos) */
     uint64_t data_tokens;     /* the data set's size in tokens */
+    const fso_hf_extras *hf;  /* what an export carries (the trainer's, fso_trainer.hf),
+                                 saved beside state.bin and in the manifest's "hf"; NULL:
+                                 the run started from scratch. Valid until the save ends. */
 } fso_ckpt_meta;
 
 /* The outcome of one save. */
@@ -175,9 +180,18 @@ int fso_ckpt_tensors_begin(fso_ckpt *ck, size_t slice_bytes, fso_ckpt_iter **out
 int fso_ckpt_tensors_next(fso_ckpt_iter *it, fso_ckpt_tensor *t, char *err, size_t errlen);
 void fso_ckpt_tensors_end(fso_ckpt_iter *it);
 
+/* What an export of ck carries (hf.h): the token ids and files the run
+ * recorded from the folder it started from, read from the checkpoint
+ * folder and checked against the manifest's sizes and CRCs (origin
+ * FOLDER), or none: the run started from scratch (SCRATCH), or an earlier
+ * fsoff wrote the checkpoint (UNRECORDED). 0 or negative errno with err
+ * naming the file; x is then empty. */
+int fso_ckpt_hf_extras(const fso_ckpt *ck, fso_hf_extras *x, char *err, size_t errlen);
+
 /* The master as a Hugging Face folder (hf.h, fso_hf_export): config.json
- * and safetensors of o->dtype, streamed from the checkpoint. 0 or negative
- * errno with err. */
+ * and safetensors of o->dtype, streamed from the checkpoint, with
+ * o->extras, or when that is NULL the checkpoint's own (fso_ckpt_hf_extras).
+ * 0 or negative errno with err. */
 int fso_ckpt_export_hf(fso_ckpt *ck, const char *outdir, const fso_hf_export_opts *o,
                        char *err, size_t errlen);
 

@@ -7,6 +7,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include <jansson.h>
+
 #include "checkpoint.h"
 #include "store.h"
 
@@ -19,6 +21,9 @@ int fso_ckpt_remove_folder(const char *path);
 /* The step of a checkpoint folder's name ("step-00000020": 20), -1 when
  * the name is not one. */
 int64_t fso_ckpt_step_of_name(const char *name);
+
+/* The checkpoint's manifest, as read (checkpoint_export.c reads its "hf"). */
+const json_t *fso_ckpt_manifest(const fso_ckpt *ck);
 
 /* Tests: read as where io_uring is forbidden, one chunk at a time. */
 void fso_ckpt_read_without_uring(fso_ckpt *ck);

@@ -407,6 +407,11 @@ int64_t fso_ckpt_data_position(const fso_ckpt *ck)
     return ck->data_pos;
 }
 
+const json_t *fso_ckpt_manifest(const fso_ckpt *ck)
+{
+    return ck->man;
+}
+
 const fso_model_config *fso_ckpt_model(const fso_ckpt *ck)
 {
     return &ck->mc;

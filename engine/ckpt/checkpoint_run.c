@@ -90,6 +90,10 @@ int fso_ckpt_run_resume(fso_ckpt_run *r, fso_trainer *tr, fso_data *data, fso_re
         return 0;
     double t0 = fso_now_ms();
     int rc = fso_ckpt_load(r->resume, tr->zero, err, errlen);
+    if (rc == 0) { /* the token ids and tokenizer files the run started with */
+        fso_hf_extras_free(&tr->hf);
+        rc = fso_ckpt_hf_extras(r->resume, &tr->hf, err, errlen);
+    }
     if (rc == 0) {
         data->pos = (size_t)fso_ckpt_data_position(r->resume);
         r->first_step = r->last_begun = fso_zero_steps(tr->zero); /* saved already */
@@ -150,7 +154,7 @@ static int begin(fso_ckpt_run *r, fso_report *rep)
     if (fso_ckpt_save_poll(r->saver, true, &res) == 1)
         report(r, rep, &res);
     fso_ckpt_meta meta = {.cfg = r->cfg, .data_position = (int64_t)r->data->pos,
-                          .data_tokens = r->data->n_tokens};
+                          .data_tokens = r->data->n_tokens, .hf = &r->tr->hf};
     int64_t step = fso_zero_steps(r->tr->zero);
     int rc = fso_ckpt_save_begin(r->saver, r->tr->zero, &meta, err, sizeof err);
     if (rc < 0)

@@ -160,6 +160,8 @@ typedef struct cli_args {
     const char *config_path, *metrics_path, *devices, *resume;
     bool devices_given, resume_auto;
     char **sets; /* --set KEY=VALUE strings, the options that are one included */
+    char **written; /* [i]: how the user wrote sets[i] when an option other than --set
+                       made it ("--init-from DIR"); NULL: a --set */
     int nsets;
 } cli_args;
 
@@ -190,6 +192,19 @@ static int add_string_sets(cli_args *a, const char *value, const char *key1, con
     if (!lit)
         fprintf(stderr, "fsoff: error: out of memory\n");
     free(lit);
+    return rc;
+}
+
+/* An option that is one --set of key to its argument as a JSON string,
+ * quoted in errors as the user wrote it: "OPT VALUE". */
+static int add_option_set(cli_args *a, const char *opt, const char *value, const char *key)
+{
+    int rc = add_string_sets(a, value, key, NULL);
+    if (rc == 0 && asprintf(&a->written[a->nsets - 1], "%s %s", opt, value) < 0) {
+        a->written[a->nsets - 1] = NULL;
+        fprintf(stderr, "fsoff: error: out of memory\n");
+        rc = -ENOMEM;
+    }
     return rc;
 }
 
@@ -229,7 +244,7 @@ static int take_option(int c, int argc, char **argv, cli_args *a, fso_config *cf
     case 'd':
         return add_string_sets(a, optarg, "data.path", NULL);
     case 'I':
-        return add_string_sets(a, optarg, "model.init_from", NULL);
+        return add_option_set(a, "--init-from", optarg, "model.init_from");
     case 'n':
         return count_option(a, "--steps", optarg, 1, "a positive integer", "train.steps");
     case 'D':
@@ -340,13 +355,16 @@ static int test_pauses(fso_run_opts *opts)
 int fso_cli_main(int argc, char **argv)
 {
     static volatile sig_atomic_t stop;
-    cli_args a = {.devices = "auto", .sets = calloc(2 * (size_t)argc + 1, sizeof(char *))};
+    cli_args a = {.devices = "auto", .sets = calloc(2 * (size_t)argc + 1, sizeof(char *)),
+                  .written = calloc(2 * (size_t)argc + 1, sizeof(char *))};
     int status = 2, rc;
     fso_config cfg;
 
     fso_config_defaults(&cfg);
-    if (!a.sets) {
+    if (!a.sets || !a.written) {
         fprintf(stderr, "fsoff: error: out of memory\n");
+        free(a.sets);
+        free(a.written);
         return 1;
     }
     /* A leading command other than plan, bench and plot (main.c): train, the default. */
@@ -367,7 +385,7 @@ int fso_cli_main(int argc, char **argv)
     }
     if (!a.devices_given && select_devices(&cfg, "auto") < 0)
         goto out;
-    if (fso_config_load_all(&cfg, a.config_path, a.sets, a.nsets) < 0) {
+    if (fso_config_load_written(&cfg, a.config_path, a.sets, a.written, a.nsets) < 0) {
         fprintf(stderr, "fsoff: error: %s\n", cfg.err);
         goto out;
     }
@@ -389,9 +407,12 @@ int fso_cli_main(int argc, char **argv)
     fso_signals_restore();
 
 out:
-    for (int i = 0; i < a.nsets; i++)
+    for (int i = 0; i < a.nsets; i++) {
         free(a.sets[i]);
+        free(a.written[i]);
+    }
     free(a.sets);
+    free(a.written);
     fso_config_free(&cfg);
     return status;
 }

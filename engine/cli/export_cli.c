@@ -18,7 +18,10 @@ static void usage(FILE *f)
                "Write the parameters of checkpoint CKPT (a folder DIR/step-N, or a save folder\n"
                "DIR: its latest) as a Hugging Face Llama folder OUTDIR: config.json and\n"
                "model.safetensors, or shards of at most 5 GB with model.safetensors.index.json.\n"
-               "Every chunk of the checkpoint is checked before it is written.\n"
+               "Every chunk of the checkpoint is checked before it is written. When the run\n"
+               "started from a Hugging Face folder (--init-from), config.json gets that folder's\n"
+               "token ids and other fields fsoff does not model, and its tokenizer and\n"
+               "generation files are copied (a file OUTDIR already holds is kept).\n"
                "\n"
                "  --dtype TYPE   fp32 (the default: the master as it is), bf16 or fp16\n"
                "                 (rounded to nearest even)\n");
@@ -65,16 +68,25 @@ int fso_export_main(int argc, char **argv)
     const char *from = argv[optind], *outdir = argv[optind + 1];
     char err[FSO_CKPT_ERR_MAX];
     fso_ckpt *ck = NULL;
+    fso_hf_extras hf = {0};
     double t0 = fso_now_ms();
     int rc = fso_ckpt_open(&ck, from, err, sizeof err);
     if (rc == 0)
+        rc = fso_ckpt_hf_extras(ck, &hf, err, sizeof err);
+    o.extras = &hf;
+    if (rc == 0)
         rc = fso_ckpt_export_hf(ck, outdir, &o, err, sizeof err);
-    if (rc < 0)
+    if (rc < 0) {
         fprintf(stderr, "fsoff: error: %s\n", err);
-    else
+    } else {
+        char said[2048];
+        fso_hf_extras_describe(&hf, said, sizeof said);
         printf("fsoff: export: step %lld of %s to %s (%s) in %.1f s\n",
                (long long)fso_ckpt_step(ck), fso_ckpt_path(ck), outdir,
                fso_hf_dtype_name(o.dtype), (fso_now_ms() - t0) / 1e3);
+        printf("fsoff: export: %s\n", said);
+    }
+    fso_hf_extras_free(&hf);
     fso_ckpt_close(ck);
     return rc < 0 ? 1 : 0;
 }

@@ -220,7 +220,7 @@ static int cfg_where(const struct fso_config_doc *doc, const keypath *p, char *b
     if (li == 0)
         layer_provides(l, p, &d);
     if (l->kind == LAYER_SET) {
-        snprintf(buf, size, "--set %s", l->name);
+        snprintf(buf, size, "%s", l->name);
         return li;
     }
     const char *name = l->kind == LAYER_DEFAULTS ? CFG_DEFAULTS_NAME : l->name;
@@ -416,6 +416,13 @@ static int unknown_key(walker *w, const keypath *p, const key_spec *specs, const
         list_len += strlen(s->name) + 2;
     }
     int limit = strlen(key) <= 4 ? 1 : strlen(key) <= 12 ? 2 : 3;
+    if (!best || best_d > limit) /* a key cut short at a word: "train_micro_batch_size" */
+        for (const key_spec *s = specs; s->name && strlen(key) >= 6; s++)
+            if (strncasecmp(s->name, key, strlen(key)) == 0 && s->name[strlen(key)] == '_' &&
+                (best_d > limit || strlen(s->name) < strlen(best))) {
+                best = s->name;
+                best_d = 0;
+            }
     if (best && best_d <= limit)
         return fso_cfg_fail(w, p, "unknown key%s; did you mean \"%s\"?", where, best);
     if (list_len > 240)
@@ -524,6 +531,29 @@ static int read_text(fso_config *cfg, const char *path, char **text, size_t *len
     return rc;
 }
 
+/* When a parse error is a '}' or ']' right after a comma (JavaScript and
+ * Python allow one there, JSON does not), a hint naming the comma's place. */
+static void trailing_comma_hint(const char *text, size_t len, const json_error_t *e, char *hint,
+                                size_t size)
+{
+    size_t p = e->position >= 0 && (size_t)e->position < len ? (size_t)e->position : len;
+    while (p > 0 && strchr(" \t\r\n", text[p - 1]))
+        p--;
+    if (p == 0 || (text[p - 1] != '}' && text[p - 1] != ']'))
+        return;
+    p--;
+    while (p > 0 && strchr(" \t\r\n", text[p - 1]))
+        p--;
+    if (p == 0 || text[p - 1] != ',')
+        return;
+    int line = 1, col = 1;
+    for (size_t i = 0; i + 1 < p; i++, col++)
+        if (text[i] == '\n')
+            line++, col = 0;
+    snprintf(hint, size, "; a trailing comma? JSON allows none after the last item: remove the "
+                         "',' at %d:%d", line, col);
+}
+
 int fso_config_load_file(fso_config *cfg, const char *path)
 {
     char *text = NULL;
@@ -542,9 +572,11 @@ int fso_config_load_file(fso_config *cfg, const char *path)
     }
     json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
     if (!root) {
-        const char *hint = json_error_code(&jerr) == json_error_duplicate_key
-                               ? "; each key may appear once per object"
-                               : "";
+        char hint[128] = "";
+        if (json_error_code(&jerr) == json_error_duplicate_key)
+            snprintf(hint, sizeof hint, "; each key may appear once per object");
+        else
+            trailing_comma_hint(text, len, &jerr, hint, sizeof hint);
         snprintf(cfg->err, sizeof cfg->err, "%s:%d:%d: %s%s", path, jerr.line, jerr.column,
                  jerr.text, hint);
         free(text);
@@ -575,7 +607,9 @@ int fso_config_load_file(fso_config *cfg, const char *path)
     return 0;
 }
 
-int fso_config_set(fso_config *cfg, const char *assignment)
+/* One KEY=VALUE override; label is how errors quote it: the option as the
+ * user wrote it ("--set KEY=VALUE", "--init-from DIR"). */
+static int config_set(fso_config *cfg, const char *assignment, const char *label)
 {
     const char *eq = strchr(assignment, '=');
     const char *key[CFG_MAX_DEPTH];
@@ -583,12 +617,12 @@ int fso_config_set(fso_config *cfg, const char *assignment)
 
     cfg->err[0] = '\0';
     if (!eq || eq == assignment) {
-        snprintf(cfg->err, sizeof cfg->err, "--set %s: expected key.path=value", assignment);
+        snprintf(cfg->err, sizeof cfg->err, "%s: expected key.path=value", label);
         return -EINVAL;
     }
     char *keys = strndup(assignment, (size_t)(eq - assignment));
     if (!keys) {
-        snprintf(cfg->err, sizeof cfg->err, "--set %s: out of memory", assignment);
+        snprintf(cfg->err, sizeof cfg->err, "%s: out of memory", label);
         return -ENOMEM;
     }
     for (char *k = keys;;) {
@@ -598,10 +632,10 @@ int fso_config_set(fso_config *cfg, const char *assignment)
         if (*k == '\0' || depth == CFG_MAX_DEPTH) {
             if (*k == '\0')
                 snprintf(cfg->err, sizeof cfg->err,
-                         "--set %s: empty key in the path; expected key.path=value", assignment);
+                         "%s: empty key in the path; expected key.path=value", label);
             else
-                snprintf(cfg->err, sizeof cfg->err, "--set %s: key path is deeper than %d levels",
-                         assignment, CFG_MAX_DEPTH);
+                snprintf(cfg->err, sizeof cfg->err, "%s: key path is deeper than %d levels",
+                         label, CFG_MAX_DEPTH);
             free(keys);
             return -EINVAL;
         }
@@ -626,7 +660,7 @@ int fso_config_set(fso_config *cfg, const char *assignment)
             memcpy(p.k, key, sizeof key);
             kp_format(&p, name, sizeof name);
             snprintf(cfg->err, sizeof cfg->err,
-                     "--set %s: %s is a%s %s, not an object, so it has no key \"%s\"", assignment,
+                     "%s: %s is a%s %s, not an object, so it has no key \"%s\"", label,
                      name, json_is_array(child) ? "n" : "",
                      json_type_word(child), key[i + 1]);
             free(keys);
@@ -638,8 +672,8 @@ int fso_config_set(fso_config *cfg, const char *assignment)
     json_error_t jerr;
     json_t *value = json_loads(eq + 1, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES, &jerr);
     if (!value && !(value = json_string(eq + 1))) {
-        snprintf(cfg->err, sizeof cfg->err, "--set %s: the value is not valid UTF-8",
-                 assignment);
+        snprintf(cfg->err, sizeof cfg->err, "%s: the value is not valid UTF-8",
+                 label);
         free(keys);
         return -EINVAL;
     }
@@ -671,20 +705,37 @@ int fso_config_set(fso_config *cfg, const char *assignment)
     free(keys);
     if (rc < 0) {
         json_decref(written);
-        snprintf(cfg->err, sizeof cfg->err, "--set %s: out of memory", assignment);
+        snprintf(cfg->err, sizeof cfg->err, "%s: out of memory", label);
         return rc;
     }
-    cfg_layer l = {.kind = LAYER_SET, .name = strdup(assignment), .root = written,
+    cfg_layer l = {.kind = LAYER_SET, .name = strdup(label), .root = written,
                    .write_depth = depth};
     if (!l.name) {
         layer_free(&l);
-        snprintf(cfg->err, sizeof cfg->err, "--set %s: out of memory", assignment);
+        snprintf(cfg->err, sizeof cfg->err, "%s: out of memory", label);
         return -ENOMEM;
     }
     rc = doc_add_layer(cfg->doc, &l);
     if (rc < 0)
-        snprintf(cfg->err, sizeof cfg->err, "--set %s: out of memory", assignment);
+        snprintf(cfg->err, sizeof cfg->err, "%s: out of memory", label);
     return rc;
+}
+
+int fso_config_set_as(fso_config *cfg, const char *assignment, const char *written)
+{
+    char *label = NULL;
+    if (!written && asprintf(&label, "--set %s", assignment) < 0) {
+        snprintf(cfg->err, sizeof cfg->err, "--set %s: out of memory", assignment);
+        return -ENOMEM;
+    }
+    int rc = config_set(cfg, assignment, written ? written : label);
+    free(label);
+    return rc;
+}
+
+int fso_config_set(fso_config *cfg, const char *assignment)
+{
+    return fso_config_set_as(cfg, assignment, NULL);
 }
 
 /* ---------------------------------------------------------------- origins */
@@ -772,15 +823,21 @@ int fso_config_finish(fso_config *cfg)
     return rc;
 }
 
-int fso_config_load_all(fso_config *cfg, const char *path, char *const *sets, int nsets)
+int fso_config_load_written(fso_config *cfg, const char *path, char *const *sets,
+                            char *const *written, int nsets)
 {
     int rc;
     if (path && (rc = fso_config_load_file(cfg, path)) < 0)
         return rc;
     for (int i = 0; i < nsets; i++)
-        if ((rc = fso_config_set(cfg, sets[i])) < 0)
+        if ((rc = fso_config_set_as(cfg, sets[i], written ? written[i] : NULL)) < 0)
             return rc;
     return fso_config_finish(cfg);
+}
+
+int fso_config_load_all(fso_config *cfg, const char *path, char *const *sets, int nsets)
+{
+    return fso_config_load_written(cfg, path, sets, NULL, nsets);
 }
 
 void fso_config_free(fso_config *cfg)

@@ -91,6 +91,7 @@ typedef enum fso_data_format {
     FSO_DATA_AUTO = 0,            /* token file if the magic matches or the name ends .bin */
     FSO_DATA_TOKENS,              /* llm.c token file (uint16 v1, uint32 v2) */
     FSO_DATA_TEXT,                /* plain text, one token per byte */
+    FSO_DATA_BYTES,               /* the same, also for a model whose vocabulary is not bytes */
 } fso_data_format;
 
 typedef struct fso_data_config {
@@ -181,12 +182,20 @@ void fso_config_defaults(fso_config *cfg);
 int fso_config_load_file(fso_config *cfg, const char *path);
 /* Apply one "key.path=value" override; value is JSON, or a bare string. */
 int fso_config_set(fso_config *cfg, const char *assignment);
+/* The same for an option that is one (--init-from DIR is model.init_from="DIR"):
+ * errors quote `written`, the option as the user wrote it; NULL: "--set
+ * ASSIGNMENT". */
+int fso_config_set_as(fso_config *cfg, const char *assignment, const char *written);
 /* Validate the merged document and fill the struct; prints warnings for keys
  * that are understood but ignored. Releases the document. */
 int fso_config_finish(fso_config *cfg);
 /* The whole sequence: the file (path may be NULL), the overrides in order,
  * finish. 0 or negative errno with the message in cfg->err. */
 int fso_config_load_all(fso_config *cfg, const char *path, char *const *sets, int nsets);
+/* The same with written[i] (or NULL) how the user wrote sets[i]
+ * (fso_config_set_as); written NULL: every one a --set. */
+int fso_config_load_written(fso_config *cfg, const char *path, char *const *sets,
+                            char *const *written, int nsets);
 /* Release whatever fso_config_load_file/set allocated (safe after finish). */
 void fso_config_free(fso_config *cfg);
 

@@ -25,7 +25,8 @@ const fso_config_choice fso_config_overlap_choices[] = {
 
 /* data.format */
 const fso_config_choice fso_config_data_format_choices[] = {
-    {FSO_DATA_AUTO, "auto"}, {FSO_DATA_TOKENS, "tokens"}, {FSO_DATA_TEXT, "text"}, {0, NULL},
+    {FSO_DATA_AUTO, "auto"}, {FSO_DATA_TOKENS, "tokens"}, {FSO_DATA_TEXT, "text"},
+    {FSO_DATA_BYTES, "bytes"}, {0, NULL},
 };
 
 /* scheduler.type (DeepSpeed's names; FSO_SCHED_CONSTANT is scheduler null) */

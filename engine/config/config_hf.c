@@ -8,7 +8,8 @@
  *   - the built-in defaults' model keys no longer apply; what config.json
  *     leaves out takes LlamaConfig's defaults, as transformers does;
  *   - config.json's keys that change nothing in fsoff (token ids, dtype,
- *     transformers' bookkeeping) are skipped without a word; the Llama
+ *     transformers' bookkeeping) are skipped without a word (an export
+ *     carries them back: fso_hf_config_writes_key, hf_extras.c); the Llama
  *     features fsoff lacks are refused by config_keys.c as in any model
  *     section (attention_bias, mlp_bias, other rope_scaling types, ...);
  *     quantization_config is refused here;
@@ -325,7 +326,44 @@ static void put_double(FILE *f, const char *key, double x, bool comma)
     fprintf(f, "  \"%s\": %s%s\n", key, buf, comma ? "," : "");
 }
 
-int fso_hf_config_write(FILE *f, const fso_model_config *mc, fso_hf_dtype dtype)
+bool fso_hf_config_writes_key(const char *key)
+{
+    /* the model's keys, and those fso_hf_config_write spells itself or that
+     * describe what it writes another way (newer transformers' dtype and
+     * rope_parameters); quantization_config is refused on reading */
+    static const char *const own[] = {"architectures", "model_type", "torch_dtype", "dtype",
+                                      "rope_parameters", "quantization_config", NULL};
+    for (int i = 0; own[i]; i++)
+        if (strcmp(key, own[i]) == 0)
+            return true;
+    return used_model_key(key);
+}
+
+/* carried's keys that config.json does not get from the model, one a line,
+ * each followed by a comma. 0 or -ENOMEM. */
+static int put_carried(FILE *f, const json_t *carried)
+{
+    const char *key;
+    json_t *v;
+    json_object_foreach((json_t *)carried, key, v) {
+        if (fso_hf_config_writes_key(key))
+            continue;
+        json_t *k = json_string(key);
+        char *ks = k ? json_dumps(k, JSON_ENCODE_ANY) : NULL;
+        char *vs = json_dumps(v, JSON_ENCODE_ANY);
+        json_decref(k);
+        if (ks && vs)
+            fprintf(f, "  %s: %s,\n", ks, vs);
+        free(ks);
+        free(vs);
+        if (!ks || !vs)
+            return -ENOMEM;
+    }
+    return 0;
+}
+
+int fso_hf_config_write(FILE *f, const fso_model_config *mc, fso_hf_dtype dtype,
+                        const json_t *carried)
 {
     const fso_rope_scaling *rs = &mc->rope_scaling;
     fprintf(f, "{\n");
@@ -365,6 +403,8 @@ int fso_hf_config_write(FILE *f, const fso_model_config *mc, fso_hf_dtype dtype)
     fprintf(f, "  \"attention_dropout\": 0.0,\n");
     fprintf(f, "  \"mlp_bias\": false,\n");
     fprintf(f, "  \"pretraining_tp\": 1,\n");
+    if (json_is_object(carried) && put_carried(f, carried) < 0)
+        return -ENOMEM;
     fprintf(f, "  \"torch_dtype\": \"%s\"\n", fso_hf_dtype_torch_name(dtype));
     fprintf(f, "}\n");
     return ferror(f) ? -EIO : 0;

@@ -31,7 +31,8 @@ typedef enum cfg_layer_kind { LAYER_DEFAULTS, LAYER_FILE, LAYER_SET } cfg_layer_
 
 typedef struct cfg_layer {
     cfg_layer_kind kind;
-    char *name;                 /* FILE: the path; SET: the assignment */
+    char *name;                 /* FILE: the path; SET: the option as written ("--set
+                                   KEY=VALUE", "--init-from DIR") */
     char *text;                 /* FILE: the file's text (DEFAULTS uses the embedded one) */
     json_t *root;               /* what this layer wrote, as a document from the root */
     int write_depth;            /* values at this depth (or shallower) were written whole */

@@ -14,6 +14,44 @@
 
 /* ---------------------------------------------------------------- typed values */
 
+/* The Hugging Face Trainer's argument that fills in each DeepSpeed key a
+ * config may leave as "auto" (the Trainer replaces them before DeepSpeed
+ * reads the config). */
+static const struct {
+    const char *key, *arg;
+} trainer_args[] = {
+    {"train_micro_batch_size_per_gpu", "per_device_train_batch_size"},
+    {"train_batch_size", "per_device_train_batch_size x gradient_accumulation_steps x devices"},
+    {"gradient_accumulation_steps", "gradient_accumulation_steps"},
+    {"gradient_clipping", "max_grad_norm"},
+    {"lr", "learning_rate"},
+    {"betas", "[adam_beta1, adam_beta2]"},
+    {"eps", "adam_epsilon"},
+    {"weight_decay", "weight_decay"},
+    {"warmup_max_lr", "learning_rate"},
+    {"warmup_num_steps", "warmup_steps"},
+    {"total_num_steps", "max_steps"},
+    {"enabled", "bf16 or fp16"},
+    {NULL, NULL},
+};
+
+/* When v is "auto": what it is and what to write instead, as "; ..." to
+ * follow an error's "got ..."; else "". */
+static void auto_hint(const json_t *v, const keypath *p, char *buf, size_t size)
+{
+    buf[0] = '\0';
+    if (!json_is_string(v) || strcasecmp(json_string_value(v), "auto") != 0 || p->n < 1)
+        return;
+    const char *arg = NULL;
+    for (int i = 0; trainer_args[i].key; i++)
+        if (strcmp(p->k[p->n - 1], trainer_args[i].key) == 0)
+            arg = trainer_args[i].arg;
+    snprintf(buf, size, "; \"auto\" is a placeholder the Hugging Face Trainer fills in before "
+                        "DeepSpeed reads the config, and fsoff reads the file as written: write "
+                        "the value itself%s%s%s", arg ? " (the Trainer's " : "", arg ? arg : "",
+             arg ? ")" : "");
+}
+
 static int want_object(walker *w, json_t *v, const keypath *p)
 {
     if (json_is_object(v))
@@ -41,12 +79,13 @@ static int want_int(walker *w, json_t *v, const keypath *p, int64_t lo, int64_t 
         *out = x;
         return 0;
     }
-    char got[128];
+    char got[128], hint[300];
     fso_cfg_describe(v, got, sizeof got);
+    auto_hint(v, p, hint, sizeof hint);
     if (integral && x > hi)
         return fso_cfg_fail(w, p, "expected an integer in [%" PRId64 ", %" PRId64 "], got %s", lo, hi,
                         got);
-    return fso_cfg_fail(w, p, "expected an integer >= %" PRId64 ", got %s", lo, got);
+    return fso_cfg_fail(w, p, "expected an integer >= %" PRId64 ", got %s%s", lo, got, hint);
 }
 
 typedef struct num_range {
@@ -70,14 +109,16 @@ static int want_number(walker *w, json_t *v, const keypath *p, num_range r, doub
             return 0;
         }
     }
-    char got[128], lo[32], hi[32];
+    char got[128], lo[32], hi[32], hint[300];
     fso_cfg_describe(v, got, sizeof got);
+    auto_hint(v, p, hint, sizeof hint);
     fso_cfg_format_double(r.lo, lo, sizeof lo);
     if (isinf(r.hi))
-        return fso_cfg_fail(w, p, "expected a number %s %s, got %s", r.lo_open ? ">" : ">=", lo, got);
+        return fso_cfg_fail(w, p, "expected a number %s %s, got %s%s", r.lo_open ? ">" : ">=", lo,
+                            got, hint);
     fso_cfg_format_double(r.hi, hi, sizeof hi);
-    return fso_cfg_fail(w, p, "expected a number in %c%s, %s%c, got %s", r.lo_open ? '(' : '[', lo, hi,
-                    r.hi_open ? ')' : ']', got);
+    return fso_cfg_fail(w, p, "expected a number in %c%s, %s%c, got %s%s", r.lo_open ? '(' : '[',
+                        lo, hi, r.hi_open ? ')' : ']', got, hint);
 }
 
 static int want_bool(walker *w, json_t *v, const keypath *p, bool *out)
@@ -86,9 +127,10 @@ static int want_bool(walker *w, json_t *v, const keypath *p, bool *out)
         *out = json_is_true(v);
         return 0;
     }
-    char got[128];
+    char got[128], hint[300];
     fso_cfg_describe(v, got, sizeof got);
-    return fso_cfg_fail(w, p, "expected true or false, got %s", got);
+    auto_hint(v, p, hint, sizeof hint);
+    return fso_cfg_fail(w, p, "expected true or false, got %s%s", got, hint);
 }
 
 static int want_string(walker *w, json_t *v, const keypath *p, const char **out)
@@ -576,9 +618,11 @@ static int apply_betas(walker *w, json_t *params, const keypath *sec)
         return 0;
     }
     if (!json_is_array(v) || json_array_size(v) != 2) {
-        char got[128];
+        char got[128], hint[300];
         fso_cfg_describe(v, got, sizeof got);
-        return fso_cfg_fail(w, &p, "expected an array of two numbers [beta1, beta2], got %s", got);
+        auto_hint(v, &p, hint, sizeof hint);
+        return fso_cfg_fail(w, &p, "expected an array of two numbers [beta1, beta2], got %s%s",
+                            got, hint);
     }
     static const char *const idx[] = {"[0]", "[1]"};
     double b[2];

@@ -28,6 +28,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include <jansson.h>
+
 #include "config/config.h"
 #include "model.h"
 
@@ -66,8 +68,58 @@ typedef struct fso_hf_source {
                 float *dst, char *err, size_t errlen);
 } fso_hf_source;
 
+/* ------------------------------------------------------------------ carried files */
+
+/* What a folder holds besides the weights that an exported folder should
+ * carry from the folder a run started from (model.init_from): config.json's
+ * fields fsoff does not model (the token ids bos_token_id, eos_token_id,
+ * pad_token_id, transformers_version, ...), and the tokenizer's and the
+ * generation config's files, each at most FSO_HF_CARRIED_MAX_BYTES. */
+#define FSO_HF_CARRIED_MAX_BYTES ((size_t)64 << 20)
+
+/* The files carried, in this order; NULL-terminated. */
+extern const char *const fso_hf_carried_files[];
+#define FSO_HF_CARRIED_FILES 6
+
+/* Where a run's carried fields and files came from. */
+typedef enum fso_hf_extras_origin {
+    FSO_HF_EXTRAS_SCRATCH = 0, /* random parameters: no tokenizer, no token ids */
+    FSO_HF_EXTRAS_FOLDER,      /* a Hugging Face folder (model.init_from) */
+    FSO_HF_EXTRAS_UNRECORDED,  /* a checkpoint written before fsoff recorded them */
+} fso_hf_extras_origin;
+
+typedef struct fso_hf_file {
+    const char *name;          /* an entry of fso_hf_carried_files */
+    void *data;
+    size_t bytes;
+} fso_hf_file;
+
+typedef struct fso_hf_extras {
+    fso_hf_extras_origin origin;
+    char from[4096];           /* the folder they were read from ("" unknown) */
+    json_t *config;            /* config.json's keys that fso_hf_config_write does not
+                                  write itself, as they were; NULL: none */
+    fso_hf_file files[FSO_HF_CARRIED_FILES];
+    int n_files;
+} fso_hf_extras;
+
+/* Read folder dir's carried fields and files into x (origin FOLDER): every
+ * file of fso_hf_carried_files that exists; one larger than
+ * FSO_HF_CARRIED_MAX_BYTES, or a config.json that is not a JSON object, is
+ * refused naming the file. 0 or a negative errno with err. */
+int fso_hf_extras_read(fso_hf_extras *x, const char *dir, char *err, size_t errlen);
+/* Free what x holds; x becomes SCRATCH. A zeroed x is fine. */
+void fso_hf_extras_free(fso_hf_extras *x);
+/* The file of that name among x's, or NULL. */
+const fso_hf_file *fso_hf_extras_file(const fso_hf_extras *x, const char *name);
+/* One line for the user on what an export carries or cannot provide:
+ * the token ids and files carried and the files the folder lacked, or why
+ * there are none (SCRATCH, UNRECORDED) with what to do. */
+void fso_hf_extras_describe(const fso_hf_extras *x, char *buf, size_t len);
+
 typedef struct fso_hf_export_opts {
     fso_hf_dtype dtype;
+    const fso_hf_extras *extras; /* written into config.json and beside it; NULL: none */
     uint64_t max_shard_bytes;   /* 0: FSO_HF_MAX_SHARD_BYTES; a tensor larger than the
                                    limit gets a shard of its own, as transformers does */
 } fso_hf_export_opts;
@@ -78,7 +130,8 @@ typedef struct fso_hf_export_opts {
  * missing, mode 0755; refused when it already holds config.json or
  * model*.safetensors*): config.json, then model.safetensors, or shards
  * model-00001-of-0000N.safetensors of at most max_shard_bytes each (header
- * included) with model.safetensors.index.json. Every file gets
+ * included) with model.safetensors.index.json, and o->extras' files (one
+ * that outdir already holds is left as it is). Every safetensors file gets
  * {"format": "pt"} metadata, is written under a temporary name, fsynced
  * and renamed into place; the index comes last, so a folder with an index
  * is complete. Returns 0, or a negative errno with a message naming the
@@ -87,8 +140,13 @@ int fso_hf_export(const char *outdir, const fso_model_config *mc, const fso_hf_e
                   const fso_hf_source *src, char *err, size_t errlen);
 
 /* config.json for model mc whose shards hold dtype (config_hf.c): LlamaConfig's
- * keys, rope_scaling, tie_word_embeddings, torch_dtype. 0 or -EIO. */
-int fso_hf_config_write(FILE *f, const fso_model_config *mc, fso_hf_dtype dtype);
+ * keys, rope_scaling, tie_word_embeddings, torch_dtype, and then carried's keys
+ * (NULL: none) as they were. 0 or -EIO. */
+int fso_hf_config_write(FILE *f, const fso_model_config *mc, fso_hf_dtype dtype,
+                        const json_t *carried);
+/* Whether fso_hf_config_write writes config.json's key itself (from the
+ * model), rather than carrying it from the folder a run started from. */
+bool fso_hf_config_writes_key(const char *key);
 
 /* ------------------------------------------------------------------ import */
 

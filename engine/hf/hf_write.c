@@ -198,8 +198,9 @@ static int publish(const char *tmp, const char *final, written *w, char *err, si
     return remember(w, final) < 0 ? -ENOMEM : 0;
 }
 
-/* A small text file, written whole under tmp, synced, renamed to final. */
-static int write_text(const char *final, const char *text, written *w, char *err, size_t errlen)
+/* A small file, written whole under tmp, synced, renamed to final. */
+static int write_bytes(const char *final, const void *data, size_t len, written *w, char *err,
+                       size_t errlen)
 {
     char tmp[4400];
     snprintf(tmp, sizeof tmp, "%s.tmp", final);
@@ -213,7 +214,8 @@ static int write_text(const char *final, const char *text, written *w, char *err
         snprintf(err, errlen, "%s: cannot create: %s", tmp, strerror(e));
         return -e;
     }
-    size_t len = strlen(text), done = 0;
+    const char *text = data;
+    size_t done = 0;
     int rc = 0;
     while (done < len && rc == 0) {
         ssize_t put = write(fd, text + done, len - done);
@@ -235,14 +237,37 @@ static int write_text(const char *final, const char *text, written *w, char *err
     return publish(tmp, final, w, err, errlen);
 }
 
+static int write_text(const char *final, const char *text, written *w, char *err, size_t errlen)
+{
+    return write_bytes(final, text, strlen(text), w, err, errlen);
+}
+
+/* The carried files outdir does not hold already (a file the user put
+ * there is theirs). */
+static int write_carried(const char *outdir, const fso_hf_extras *x, written *w, char *err,
+                         size_t errlen)
+{
+    for (int i = 0; x && i < x->n_files; i++) {
+        char path[4352];
+        struct stat st;
+        snprintf(path, sizeof path, "%s/%s", outdir, x->files[i].name);
+        if (lstat(path, &st) == 0)
+            continue;
+        int rc = write_bytes(path, x->files[i].data, x->files[i].bytes, w, err, errlen);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
 static int write_config(const char *outdir, const fso_model_config *mc, fso_hf_dtype dtype,
-                        written *w, char *err, size_t errlen)
+                        const fso_hf_extras *x, written *w, char *err, size_t errlen)
 {
     char path[4352], *text = NULL;
     size_t len = 0;
     snprintf(path, sizeof path, "%s/config.json", outdir);
     FILE *f = open_memstream(&text, &len);
-    int rc = f ? fso_hf_config_write(f, mc, dtype) : -ENOMEM;
+    int rc = f ? fso_hf_config_write(f, mc, dtype, x ? x->config : NULL) : -ENOMEM;
     if (f && fclose(f) != 0 && rc == 0)
         rc = -ENOMEM;
     if (rc < 0) {
@@ -427,7 +452,9 @@ int fso_hf_export(const char *outdir, const fso_model_config *mc, const fso_hf_e
     for (int s = 0; s < n_shards && rc == 0; s++)
         rc = write_shard(outdir, t, n, s, n_shards, o, src, piece, narrowed, &w, err, errlen);
     if (rc == 0)
-        rc = write_config(outdir, mc, o->dtype, &w, err, errlen);
+        rc = write_carried(outdir, o->extras, &w, err, errlen);
+    if (rc == 0)
+        rc = write_config(outdir, mc, o->dtype, o->extras, &w, err, errlen);
     if (rc == 0 && n_shards > 1)
         rc = write_index(outdir, t, n, n_shards, &w, err, errlen);
     if (rc == 0)
