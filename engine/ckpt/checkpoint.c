@@ -92,6 +92,8 @@ static int write_file(const char *path, const char *buf, size_t len)
         ssize_t n = write(fd, buf + done, len - done);
         if (n < 0 && errno != EINTR)
             rc = -errno;
+        else if (n == 0) /* no progress and no error: never loop on it */
+            rc = -EIO;
         else if (n > 0)
             done += (size_t)n;
     }
