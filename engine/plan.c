@@ -885,6 +885,15 @@ json_t *fso_plan_json(const fso_plan *p)
         "placement", placement, "prefetch_blocks", p->pl.prefetch, "whole_copy", wc, "tiers",
         tiers, "busy_ms", busy, "critical_ms", crit, "machine", mj, "evaluated", p->evaluated);
     json_object_set_new(j, "why", why);
+    json_t *sh = json_object(), *least = json_object();
+    for (int t = 0; t < FSO_N_TIERS; t++) {
+        json_object_set_new(sh, fso_tier_name(t), json_integer(p->search.short_on[t]));
+        json_object_set_new(least, fso_tier_name(t),
+                            json_integer((json_int_t)p->search.least_short[t]));
+    }
+    json_object_set_new(j, "search", json_pack("{s:i, s:i, s:o, s:o}", "considered",
+                                               p->search.considered, "fit", p->search.fit,
+                                               "short", sh, "least_short_bytes", least));
     return j;
 }
 

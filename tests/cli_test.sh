@@ -297,6 +297,15 @@ if grep -q "^plan: note: --gpus plans another machine, but these figures are thi
 else
     bad "plan --gpus: the figures taken from this machine said" "$(grep '^plan: [hns]' "$TMP/out")"
 fi
+if "$FSOFF" "${BOX[@]}" --json 2>"$TMP/err" | python3 -c '
+import json, sys
+s = json.load(sys.stdin)["search"]
+sys.exit(0 if s["considered"] > 0 and s["fit"] == 0 and s["short"]["host"] > 0
+         and s["least_short_bytes"]["host"] > 0 else 1)'; then
+    ok "plan --json: what the search counted"
+else
+    bad "plan --json: what the search counted" "$(cat "$TMP/err")"
+fi
 "$FSOFF" "${BOX[@]}" --host-mem 2T --nvme-free 12T --nvme-read 24 --nvme-write 16 --adam-gelems 8 \
     >"$TMP/out" 2>"$TMP/err"
 # a kind split over tiers: its reason says why the rest is not on the faster one
