@@ -434,8 +434,8 @@ static void tn_print(const tn_args *a, const fso_tune_sweep *sw, const tn_choice
         const fso_tune_point *p = &pts[c->cand[i]];
         char l[32];
         fso_plot_size_label(l, sizeof l, (double)p->block);
-        printf("#   %6s x qd %2d: flushed %.3f GB/s (burst %.3f), read %.3f GB/s%s\n", l,
-               p->qd, c->flushed[i], fso_tune_rate(p, 1), fso_tune_rate(p, 0),
+        printf("#   %6s x qd %2d: flushed %.3f GB/s (the sweep's burst %.3f), read %.3f "
+               "GB/s%s\n", l, p->qd, c->flushed[i], fso_tune_rate(p, 1), fso_tune_rate(p, 0),
                i == c->pick ? "  <- chosen" : "");
     }
     char l[32];

@@ -163,7 +163,7 @@ typedef struct fso_plan_origin {
 
 /* One line for an impossible plan p (what fso_plan_choose on in left):
  * every short tier with its need, capacity and shortfall, then fixes the
- * command did not already take, each sized by planning in again with that
+ * command did not already take, each sized by planning `in` again with that
  * tier unbounded (NVMe space, and where given or taken from this machine
  * when another is planned, host or device memory), in the options of the
  * command o names; what the configuration pins. in NULL: no sizing. */

@@ -80,16 +80,18 @@ static void short_words(const fso_plan *p, const fso_plan_origin *o, int t, char
     fso_human_bytes(have, sizeof have, (double)p->have_bytes[t]);
     fso_human_bytes(by, sizeof by, (double)(p->need_bytes[t] - p->have_bytes[t]));
     fso_human_bytes(act, sizeof act, (double)p->activation_bytes);
-    const bool here = !o || !o->other_machine || !o->host_given;
+    /* another machine planned with this one's host memory */
+    const bool borrowed_host = o && o->other_machine && !o->host_given;
     if (t == FSO_TIER_DEVICE) {
         const uint64_t fixed = p->activation_bytes + p->buffer_bytes[FSO_TIER_DEVICE];
         fso_human_bytes(fx, sizeof fx, (double)fixed);
         if (device_is_host_share(p, o)) {
             char hb[32], sh[32];
             fso_human_bytes(hb, sizeof hb, (double)p->machine.host_mem_bytes);
-            fso_human_bytes(sh, sizeof sh, (double)((p->need_bytes[t] - p->have_bytes[t]) * 2 * W));
-            snprintf(buf, len, "host memory: each CPU device gets %s (half of %s%s, shared by %d device%s) "
-                     "and needs %s%s; short by %s of host memory", have, hb,
+            fso_human_bytes(sh, sizeof sh,
+                            (double)((p->need_bytes[t] - p->have_bytes[t]) * 2 * W));
+            snprintf(buf, len, "host memory: each CPU device gets %s (half of %s%s, shared by %d "
+                     "device%s) and needs %s%s; short by %s of host memory", have, hb,
                      o->host_given ? " given by --host-mem" : " available", (int)W,
                      W == 1 ? "" : "s", need,
                      fixed > p->have_bytes[t] ? " for its activations and buffers alone" : "",
@@ -103,8 +105,7 @@ static void short_words(const fso_plan *p, const fso_plan_origin *o, int t, char
                      need, have, by);
     } else if (t == FSO_TIER_HOST) {
         snprintf(buf, len, "host memory: the host tier and staging need %s but %s is available%s;"
-                 " short by %s", need, have, here && o && o->other_machine ? " on this machine"
-                                                                          : "", by);
+                 " short by %s", need, have, borrowed_host ? " on this machine" : "", by);
     } else {
         const char *dirs = o && o->nvme_dirs && o->nvme_dirs[0] ? o->nvme_dirs : NULL;
         snprintf(buf, len, "NVMe: the NVMe tier needs %s but %s is free%s%s; short by %s", need,
@@ -112,7 +113,7 @@ static void short_words(const fso_plan *p, const fso_plan_origin *o, int t, char
     }
 }
 
-/* Plans in again with tier t unbounded: the least any placement that fits
+/* Plans `in` again with tier t unbounded: the least any placement that fits
  * then needs there, into *need; false when none fits even so. */
 static bool least_with(const fso_plan_input *in, int t, uint64_t *need)
 {

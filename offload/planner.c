@@ -258,7 +258,8 @@ static void reason_text(const fso_plan *p, int k, char *buf, size_t len)
         snprintf(buf, len, "%s%s%.1f%% slower", off ? lead : where[r->alt_tier], off ? "" : ", ",
                  100 * (r->alt_step_ms / p->step_ms - 1));
     else
-        snprintf(buf, len, "%s%s", off ? lead : where[r->alt_tier], off ? "no faster" : ", no faster");
+        snprintf(buf, len, "%s%s", off ? lead : where[r->alt_tier],
+                 off ? "no faster" : ", no faster");
     /* optimizer state whose first blocks took the host memory left */
     const int hb = fso_plan_state_host_blocks(p, k);
     off = strlen(buf);

@@ -173,7 +173,7 @@ fi
 # the choice is made with the planner's rates: the sweep's read and the write
 # timed through a flush, measured for each size at its best depth
 if grep -q 'chosen by the read rate and the flushed write rate' "$TMP/tune.out" &&
-   grep -q '^#  *[0-9]*[KM] x qd  *[0-9]*: flushed [0-9.]* GB/s (burst [0-9.]*), read .*<- chosen$' "$TMP/tune.out" &&
+   grep -q '^#  *[0-9]*[KM] x qd  *[0-9]*: flushed [0-9.]* GB/s (the sweep.s burst [0-9.]*), read .*<- chosen$' "$TMP/tune.out" &&
    python3 - "$TMP/tune.json" <<'EOF2'
 import json, sys
 j = json.load(open(sys.argv[1]))
