@@ -11,9 +11,20 @@
  * 4 KiB page written carries its address and a hash of it (mixed with a
  * per-run seed); the read pass checks both, so the "correct" column catches
  * misplaced, stale, zero or torn pages. GB are 1e9 bytes, like fio.
+ *
+ * A write pass has two rates. "speed" is timed to its last completion: what
+ * a burst of that size takes, which a cache in front of the drive (a virtual
+ * disk's host page cache, a drive's DRAM) absorbs at several times the rate
+ * the drive drains. "flushed" is timed through a final fsync of the store
+ * (store.h flush; fio's --end_fsync): what the drive itself takes, and what
+ * a training step that writes more than the cache holds gets. Before each
+ * write pass the store is flushed untimed, so no pass pays for what an
+ * earlier one left in the cache.
+ *
  * --json and --plot as every benchmark (bench.h): the object has "results":
- * [{"op", "block_bytes", "queue_depth", "gbps", ...}], which
- * bench/nvme_vs_fio.sh and `fsoff plot` read. */
+ * [{"op", "block_bytes", "queue_depth", "gbps", ...}], write rows also
+ * "flushed_gbps" and "flushed_seconds", which bench/nvme_vs_fio.sh and
+ * `fsoff plot` read. */
 #include "bench.h"
 #include "store.h"
 #include "util.h"
@@ -48,7 +59,8 @@ typedef struct nv_result {
     size_t block_bytes;
     int queue_depth;
     uint64_t bytes;
-    double seconds;
+    double seconds;             /* to the last completion */
+    double flushed_seconds;     /* writes: through the final flush */
     bool correct;
 } nv_result;
 
@@ -67,8 +79,13 @@ static void nv_usage(FILE *f)
             "  --queue-depths LIST    requests in flight (default 1,4,16,32)\n"
             "  --json FILE            also write the results as one JSON object (\"-\": to\n"
             "                         stdout instead of the table)\n"
-            "  --plot FILE.png        draw GB/s against request size, a line per queue depth\n"
-            "  -h, --help             this help\n");
+            "  --plot FILE.png        draw GB/s against request size, a line per queue depth:\n"
+            "                         writes timed to completion, writes timed through a\n"
+            "                         final flush, reads\n"
+            "  -h, --help             this help\n"
+            "\n"
+            "Writes are timed twice: to their last completion (a burst, which a write cache\n"
+            "takes) and through a final fsync of the files (what the drive itself takes).\n");
 }
 
 static int nv_parse_args(nv_args *a, int argc, char **argv)
@@ -165,7 +182,9 @@ static uint64_t nv_check(const char *buf, size_t len, uint64_t addr, uint64_t se
 }
 
 
-/* One sequential pass over the store; 0 or -errno (message in s->err). */
+/* One sequential pass over the store; a write pass is also timed through
+ * the flush that follows its last completion. 0 or -errno (message in
+ * s->err). */
 static int nv_pass(fso_store *s, nv_result *r, char *area, uint64_t seed, uint64_t *bad_pages)
 {
     size_t bs = r->block_bytes;
@@ -215,6 +234,12 @@ static int nv_pass(fso_store *s, nv_result *r, char *area, uint64_t seed, uint64
         }
     }
     r->seconds = (fso_now_ms() / 1e3) - t0;
+    if (r->write) {
+        int rc = fso_store_flush(s);
+        if (rc < 0)
+            return rc;
+        r->flushed_seconds = (fso_now_ms() / 1e3) - t0;
+    }
     return 0;
 }
 
@@ -223,11 +248,19 @@ static double nv_gbps(const nv_result *r)
     return r->seconds > 0 ? (double)r->bytes / r->seconds / 1e9 : 0;
 }
 
+static double nv_flushed_gbps(const nv_result *r)
+{
+    return r->flushed_seconds > 0 ? (double)r->bytes / r->flushed_seconds / 1e9 : 0;
+}
+
 static void nv_print_row(const nv_result *r)
 {
-    printf("  %5s  %10zu  %4d  %12" PRIu64 "  %9.2f  %8.3f  %7s\n", r->write ? "write" : "read",
-           r->block_bytes, r->queue_depth, r->bytes, r->seconds * 1e3, nv_gbps(r),
-           r->correct ? "OK" : "FAILED");
+    char fl[16] = "-";
+    if (r->write)
+        snprintf(fl, sizeof fl, "%.3f", nv_flushed_gbps(r));
+    printf("  %5s  %10zu  %4d  %12" PRIu64 "  %9.2f  %8.3f  %8s  %7s\n",
+           r->write ? "write" : "read", r->block_bytes, r->queue_depth, r->bytes,
+           r->seconds * 1e3, nv_gbps(r), fl, r->correct ? "OK" : "FAILED");
     fflush(stdout);
 }
 
@@ -294,11 +327,14 @@ static void nv_print_header(const nv_args *a, const nv_run *r)
         printf("%s%s", i ? "," : " ", a->dirs[i]);
     printf("\n# io_uring, O_DIRECT: %s, registered buffers: %s, fixed files, stripe unit = "
            "block;\n"
-           "# each store written once before the timed passes\n",
+           "# each store written once before the timed passes; speed: timed to the last\n"
+           "# completion (a burst, which a write cache takes); flushed: writes timed through\n"
+           "# a final fsync (fio's --end_fsync: what the drive takes), the store flushed\n"
+           "# untimed before each write pass\n",
            r->direct ? "yes" : "NO (buffered: the page cache flatters these numbers)",
            r->registered ? "yes" : "no");
-    printf("#\n#    op       block    qd         bytes       time     speed  correct\n");
-    printf("#            (bytes)                (B)       (ms)    (GB/s)\n");
+    printf("#\n#    op       block    qd         bytes       time     speed   flushed  correct\n");
+    printf("#            (bytes)                (B)       (ms)    (GB/s)    (GB/s)\n");
 }
 
 /* The points of block size a->blocks[bi] on their own store: the store
@@ -329,7 +365,7 @@ static int nv_block(nv_run *r, const nv_args *a, int bi)
         r->registered = false;
     }
     const uint64_t bytes = a->size_bytes / a->blocks[bi] * a->blocks[bi];
-    nv_result fill = {true, a->blocks[bi], r->max_qd, bytes, 0, true};
+    nv_result fill = {true, a->blocks[bi], r->max_qd, bytes, 0, 0, true};
     uint64_t unused = 0;
     int status = 0;
     if (nv_pass(s, &fill, r->area, r->seed, &unused) < 0) {
@@ -343,11 +379,14 @@ static int nv_block(nv_run *r, const nv_args *a, int bi)
     }
     for (int qi = 0; qi < a->nqds; qi++) {
         nv_result *w = &r->res[r->nres], *rd = &r->res[r->nres + 1];
-        *w = (nv_result){true, a->blocks[bi], a->qds[qi], bytes, 0, true};
-        *rd = (nv_result){false, a->blocks[bi], a->qds[qi], bytes, 0, true};
+        *w = (nv_result){true, a->blocks[bi], a->qds[qi], bytes, 0, 0, true};
+        *rd = (nv_result){false, a->blocks[bi], a->qds[qi], bytes, 0, 0, true};
         uint64_t bad = 0;
         r->seed = nv_mix(r->seed); /* each point checks its own data */
-        int rc = nv_pass(s, w, r->area, r->seed, &bad);
+        /* what earlier passes left in a cache is drained first, untimed */
+        int rc = fso_store_flush(s);
+        if (rc == 0)
+            rc = nv_pass(s, w, r->area, r->seed, &bad);
         if (rc == 0)
             rc = nv_pass(s, rd, r->area, r->seed, &bad);
         if (rc < 0) {
@@ -370,18 +409,19 @@ static int nv_block(nv_run *r, const nv_args *a, int bi)
 /* The table's footer and the JSON object; the exit status. */
 static int nv_report(const nv_args *a, const nv_run *r)
 {
-    double sum[2] = {0, 0};
+    double sum[2] = {0, 0}, flushed = 0;
     int cnt[2] = {0, 0};
     for (int i = 0; i < r->nres; i++) {
         sum[r->res[i].write] += nv_gbps(&r->res[i]);
+        flushed += nv_flushed_gbps(&r->res[i]);
         cnt[r->res[i].write]++;
     }
     bool ok = r->total_bad == 0;
     if (fso_bench_table(a->json)) {
         printf("# Pages read back wrong: %" PRIu64 "\n", r->total_bad);
-        printf("# Avg bandwidth: write %.3f GB/s, read %.3f GB/s%s\n",
-               cnt[1] ? sum[1] / cnt[1] : 0.0, cnt[0] ? sum[0] / cnt[0] : 0.0,
-               r->direct ? "" : " (buffered I/O: not disk speed)");
+        printf("# Avg bandwidth: write %.3f GB/s (flushed %.3f GB/s), read %.3f GB/s%s\n",
+               cnt[1] ? sum[1] / cnt[1] : 0.0, cnt[1] ? flushed / cnt[1] : 0.0,
+               cnt[0] ? sum[0] / cnt[0] : 0.0, r->direct ? "" : " (buffered I/O: not disk speed)");
         printf("# %s\n", ok ? "OK" : "FAILED");
     }
     int out = 0;
@@ -390,13 +430,19 @@ static int nv_report(const nv_args *a, const nv_run *r)
         json_t *dirs = json_array(), *rows = json_array();
         for (int i = 0; i < a->ndirs; i++)
             json_array_append_new(dirs, json_string(a->dirs[i]));
-        for (int i = 0; i < r->nres; i++)
-            json_array_append_new(rows, json_pack("{s:s, s:I, s:i, s:f, s:I, s:f, s:b}", "op",
-                                                  res[i].write ? "write" : "read", "block_bytes",
-                                                  (json_int_t)res[i].block_bytes, "queue_depth",
-                                                  res[i].queue_depth, "gbps", nv_gbps(&res[i]),
-                                                  "bytes", (json_int_t)res[i].bytes, "seconds",
-                                                  res[i].seconds, "correct", res[i].correct));
+        for (int i = 0; i < r->nres; i++) {
+            json_t *row = json_pack("{s:s, s:I, s:i, s:f, s:I, s:f, s:b}", "op",
+                                    res[i].write ? "write" : "read", "block_bytes",
+                                    (json_int_t)res[i].block_bytes, "queue_depth",
+                                    res[i].queue_depth, "gbps", nv_gbps(&res[i]), "bytes",
+                                    (json_int_t)res[i].bytes, "seconds", res[i].seconds,
+                                    "correct", res[i].correct);
+            if (res[i].write) {
+                json_object_set_new(row, "flushed_gbps", json_real(nv_flushed_gbps(&res[i])));
+                json_object_set_new(row, "flushed_seconds", json_real(res[i].flushed_seconds));
+            }
+            json_array_append_new(rows, row);
+        }
         json_t *rec = json_pack("{s:s, s:s, s:o, s:I, s:b, s:b, s:b, s:o}", "bench", "nvme",
                                 "tool", "fsoff", "folders", dirs, "size_bytes",
                                 (json_int_t)a->size_bytes, "direct", r->direct,

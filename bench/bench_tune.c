@@ -2,13 +2,19 @@
  * queue depth and number of rings on these folders, in well under a minute,
  * and the `aio` section that gets them.
  *
- * tune_sweep.c measures (see there for how). The choice: the aio section is
- * the setting that moves a byte read plus a byte written fastest at
- * --devices rings (training reads and writes through one aio.block_size and
- * aio.queue_depth); among settings within 5% of the best, the one with the
- * least in flight (size x depth: pinned staging memory, waits) wins. The
- * tuned rates go to the probe cache (probe.h), where the planner's NVMe
- * figures come from, and --write-config merges the section into a config.
+ * tune_sweep.c measures (see there for how). The sweep's points are short,
+ * so their writes land in whatever cache sits in front of the drive; the
+ * planner takes a write rate timed through a flush to the drive instead.
+ * So the choice is made with the rates the planner will use: at --devices
+ * rings, each request size at its best queue depth by the sweep (a byte read
+ * plus a byte written fastest) has its writes measured again, timed until
+ * flushed to the drive (fso_tune_flushed_write); the aio section is the one
+ * of them that moves a byte read (the sweep's rate) plus a byte written (the
+ * flushed rate) fastest, and among those within 5% of it the one with the
+ * least in flight (size x depth: pinned staging memory, waits). Training
+ * reads and writes through one aio.block_size and aio.queue_depth. Those
+ * rates go to the probe cache (probe.h), where the planner's NVMe figures
+ * come from, and --write-config merges the section into a config.
  */
 #include "bench.h"
 #include "plot.h"
@@ -21,6 +27,7 @@
 #include <getopt.h>
 #include <jansson.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -79,8 +86,9 @@ static void tn_usage(FILE *f)
             "  --no-save              do not record the tuned rates in the probe cache\n"
             "  --json FILE            also write the results as one JSON object (\"-\": to\n"
             "                         stdout instead of the table)\n"
-            "  --plot FILE.png        draw GB/s against request size, a line per queue depth\n"
-            "                         and ring count\n"
+            "  --plot FILE.png        draw GB/s against request size: a row of panels per\n"
+            "                         ring count, a line per queue depth, the writes timed\n"
+            "                         through a flush, and the chosen setting marked\n"
             "  -h, --help             this help\n");
 }
 
@@ -286,20 +294,71 @@ static int tn_best(const fso_tune_point *pts, int n, int rings, fso_tune_rank k,
 }
 
 typedef struct tn_choice {
-    int read, write;          /* the fastest reader and writer at --devices rings */
-    int pick;                 /* the aio section's setting */
+    int read, write;          /* the fastest reader and writer at --devices rings (sweep) */
+    int ncand;                /* request sizes measured through a flush */
+    int cand[FSO_TUNE_MAX_LIST]; /* each size's best point at --devices rings (sweep) */
+    double flushed[FSO_TUNE_MAX_LIST]; /* its writes timed until flushed to the drive */
+    int pick;                 /* the aio section's setting: an index into cand */
     double lat_ms[2];         /* [write]: one request alone, beyond its transfer time */
-    double flushed_gbps;      /* the pick's writes timed until flushed to the drive */
 } tn_choice;
 
-static tn_choice tn_choose(const tn_args *a, const fso_tune_point *pts, int npts)
+/* Seconds to read one GB at the sweep's rate and write one at the flushed
+ * rate: what ranks a setting for the planner. */
+static double tn_planner_cost(const fso_tune_point *p, double flushed)
 {
-    tn_choice c = {tn_best(pts, npts, a->devices, FSO_TUNE_READ, 1),
-                   tn_best(pts, npts, a->devices, FSO_TUNE_WRITE, 1),
-                   tn_best(pts, npts, a->devices, FSO_TUNE_BOTH, TN_NEAR), {0, 0}, 0};
+    double r = fso_tune_rate(p, 0);
+    return r > 0 && flushed > 0 ? 1 / r + 1 / flushed : INFINITY;
+}
+
+/* The candidates: at --devices rings, each request size's best point by the
+ * sweep's read plus write; each measured again with its writes timed until
+ * flushed. 0, or 1 after one error line. */
+static int tn_flush_candidates(const tn_args *a, const fso_tune_sweep *sw, tn_choice *c)
+{
+    const fso_tune_point *pts = sw->pts;
+    c->ncand = 0;
+    for (int b = 0; b < a->nblocks; b++) {
+        int best = -1;
+        for (int i = 0; i < sw->npts; i++)
+            if (pts[i].bi == b && pts[i].rings == a->devices &&
+                (best < 0 || fso_tune_score(&pts[i], FSO_TUNE_BOTH) >
+                                 fso_tune_score(&pts[best], FSO_TUNE_BOTH)))
+                best = i;
+        if (best < 0)
+            continue;
+        double f = fso_tune_flushed_write(sw, &pts[best]);
+        if (f <= 0)
+            return 1;
+        c->cand[c->ncand] = best;
+        c->flushed[c->ncand++] = f;
+    }
+    return c->ncand > 0 ? 0 : 1;
+}
+
+/* Chooses among the candidates by the planner's rates (tn_planner_cost);
+ * within TN_NEAR of the best, the least in flight. */
+static void tn_choose(const tn_args *a, const fso_tune_point *pts, int npts, tn_choice *c)
+{
+    c->read = tn_best(pts, npts, a->devices, FSO_TUNE_READ, 1);
+    c->write = tn_best(pts, npts, a->devices, FSO_TUNE_WRITE, 1);
+    double top = INFINITY;
+    for (int i = 0; i < c->ncand; i++)
+        top = fmin(top, tn_planner_cost(&pts[c->cand[i]], c->flushed[i]));
+    c->pick = -1;
+    for (int i = 0; i < c->ncand; i++) {
+        const fso_tune_point *p = &pts[c->cand[i]];
+        if (!(tn_planner_cost(p, c->flushed[i]) * TN_NEAR <= top))
+            continue;
+        if (c->pick < 0 || p->block * (size_t)p->qd <
+                               pts[c->cand[c->pick]].block * (size_t)pts[c->cand[c->pick]].qd)
+            c->pick = i;
+    }
+    if (c->pick < 0)
+        c->pick = 0;
     /* the picked size at queue depth 1 on one ring: its time per request
      * beyond the transfer time at the picked rate */
-    const fso_tune_point *pick = &pts[c.pick];
+    const fso_tune_point *pick = &pts[c->cand[c->pick]];
+    c->lat_ms[0] = c->lat_ms[1] = 0;
     for (int i = 0; i < npts; i++)
         if (pts[i].block == pick->block && pts[i].qd == 1 && pts[i].rings == 1)
             for (int w = 0; w < 2; w++) {
@@ -307,9 +366,19 @@ static tn_choice tn_choose(const tn_args *a, const fso_tune_point *pts, int npts
                 double ms = one > 0 && full > 0
                                 ? ((double)pick->block / (one * 1e9) -
                                    (double)pick->block / (full * 1e9)) * 1e3 : 0;
-                c.lat_ms[w] = ms > 0 ? ms : 0;
+                c->lat_ms[w] = ms > 0 ? ms : 0;
             }
-    return c;
+}
+
+/* The pick and its flushed write rate. */
+static const fso_tune_point *tn_pick(const fso_tune_sweep *sw, const tn_choice *c)
+{
+    return &sw->pts[c->cand[c->pick]];
+}
+
+static double tn_pick_flushed(const tn_choice *c)
+{
+    return c->flushed[c->pick];
 }
 
 /* ------------------------------------------------------------------ output */
@@ -337,7 +406,7 @@ static void tn_print_grid(const tn_args *a, const fso_tune_point *pts, int npts,
 
 static void tn_print(const tn_args *a, const fso_tune_sweep *sw, const tn_choice *c)
 {
-    const fso_tune_point *pts = sw->pts, *pick = &pts[c->pick];
+    const fso_tune_point *pts = sw->pts, *pick = tn_pick(sw, c);
     printf("# %s%s\n#\n", sw->direct ? "io_uring, O_DIRECT" : "io_uring, BUFFERED (the "
            "filesystem refused O_DIRECT: the page cache flatters these numbers)",
            sw->registered ? ", registered buffers, fixed files" : ", fixed files");
@@ -358,16 +427,23 @@ static void tn_print(const tn_args *a, const fso_tune_sweep *sw, const tn_choice
                "%.3f GB/s\n", a->rings[r], a->rings[r] == 1 ? ": " : "s:", l1, pts[bw].qd,
                fso_tune_rate(&pts[bw], 1), l2, pts[br].qd, fso_tune_rate(&pts[br], 0));
     }
+    printf("# writes timed until flushed to the drive, %d ring%s, each size at its best "
+           "queue depth above (a cache in front of the drive takes bursts faster than it "
+           "drains):\n", a->devices, a->devices == 1 ? "" : "s");
+    for (int i = 0; i < c->ncand; i++) {
+        const fso_tune_point *p = &pts[c->cand[i]];
+        char l[32];
+        fso_plot_size_label(l, sizeof l, (double)p->block);
+        printf("#   %6s x qd %2d: flushed %.3f GB/s (the sweep's burst %.3f), read %.3f "
+               "GB/s%s\n", l, p->qd, c->flushed[i], fso_tune_rate(p, 1), fso_tune_rate(p, 0),
+               i == c->pick ? "  <- chosen" : "");
+    }
     char l[32];
     fso_plot_size_label(l, sizeof l, (double)pick->block);
-    printf("# for %d device%s (one ring each): request size %s, queue depth %d: write %.3f "
-           "GB/s, read %.3f GB/s (%.0f%% and %.0f%% of the best)\n", a->devices,
-           a->devices == 1 ? "" : "s", l, pick->qd, fso_tune_rate(pick, 1),
-           fso_tune_rate(pick, 0), 100 * fso_tune_rate(pick, 1) / fso_tune_rate(&pts[c->write], 1),
-           100 * fso_tune_rate(pick, 0) / fso_tune_rate(&pts[c->read], 0));
-    printf("# its writes timed until flushed to the drive: %.3f GB/s (the write rate the planner "
-           "takes: a cache in front of the drive takes bursts faster than it drains)\n",
-           c->flushed_gbps);
+    printf("# for %d device%s (one ring each): request size %s, queue depth %d: read %.3f GB/s, "
+           "write %.3f GB/s flushed (%.3f burst): chosen by the read rate and the flushed "
+           "write rate, the rates the planner takes\n", a->devices, a->devices == 1 ? "" : "s",
+           l, pick->qd, fso_tune_rate(pick, 0), tn_pick_flushed(c), fso_tune_rate(pick, 1));
     printf("# the aio section to use:\n\"aio\": {\"block_size\": %zu, \"queue_depth\": %d}\n",
            pick->block, pick->qd);
 }
@@ -385,8 +461,8 @@ static int tn_record(const tn_args *a, const fso_tune_point *pick, const tn_choi
     t.block_bytes = pick->block;
     t.queue_depth = pick->qd;
     t.read_gbps = fso_tune_rate(pick, 0);
-    t.write_gbps = c->flushed_gbps < fso_tune_rate(pick, 1) ? c->flushed_gbps
-                                                            : fso_tune_rate(pick, 1);
+    t.write_gbps = tn_pick_flushed(c) < fso_tune_rate(pick, 1) ? tn_pick_flushed(c)
+                                                                : fso_tune_rate(pick, 1);
     t.read_lat_ms = c->lat_ms[0];
     t.write_lat_ms = c->lat_ms[1];
     if (fso_probe_cache_path(path, sizeof path) < 0) {
@@ -418,25 +494,31 @@ static json_t *tn_json(const tn_args *a, const fso_tune_sweep *sw, const tn_choi
     for (int i = 0; i < a->ndirs; i++)
         json_array_append_new(dirs, json_string(a->dirs[i]));
     for (int i = 0; i < sw->npts; i++)
-        for (int w = 1; w >= 0; w--)
-            json_array_append_new(rows, json_pack("{s:s, s:I, s:i, s:i, s:f, s:i}", "op",
-                                                  w ? "write" : "read", "block_bytes",
-                                                  (json_int_t)pts[i].block, "queue_depth",
-                                                  pts[i].qd, "rings", pts[i].rings, "gbps",
-                                                  fso_tune_rate(&pts[i], w), "samples",
-                                                  pts[i].n[w]));
-    json_t *pick = tn_point_json(&pts[c->pick]);
+        for (int w = 1; w >= 0; w--) {
+            json_t *row = json_pack("{s:s, s:I, s:i, s:i, s:f, s:i}", "op",
+                                    w ? "write" : "read", "block_bytes",
+                                    (json_int_t)pts[i].block, "queue_depth", pts[i].qd, "rings",
+                                    pts[i].rings, "gbps", fso_tune_rate(&pts[i], w), "samples",
+                                    pts[i].n[w]);
+            for (int j = 0; j < c->ncand && w; j++) /* writes timed through a flush */
+                if (c->cand[j] == i)
+                    json_object_set_new(row, "flushed_gbps", json_real(c->flushed[j]));
+            json_array_append_new(rows, row);
+        }
+    const fso_tune_point *chosen = tn_pick(sw, c);
+    json_t *pick = tn_point_json(chosen);
     json_object_set_new(pick, "read_lat_ms", json_real(c->lat_ms[0]));
     json_object_set_new(pick, "write_lat_ms", json_real(c->lat_ms[1]));
-    json_object_set_new(pick, "flushed_write_gbps", json_real(c->flushed_gbps));
+    json_object_set_new(pick, "flushed_write_gbps", json_real(tn_pick_flushed(c)));
+    json_object_set_new(pick, "chosen_by", json_string("read_gbps and flushed_write_gbps"));
     return json_pack("{s:s, s:s, s:o, s:I, s:f, s:i, s:b, s:b, s:o, s:{s:o, s:o}, s:o, "
                      "s:{s:I, s:i}, s:f}", "bench", "tune", "tool", "fsoff", "folders", dirs,
                      "size_bytes", (json_int_t)sw->region_bytes, "seconds_per_point",
                      a->seconds, "devices", a->devices, "direct", sw->direct,
                      "registered_buffers", sw->registered, "results", rows, "best", "read",
                      tn_point_json(&pts[c->read]), "write", tn_point_json(&pts[c->write]),
-                     "chosen", pick, "aio", "block_size", (json_int_t)pts[c->pick].block,
-                     "queue_depth", pts[c->pick].qd, "elapsed_s", elapsed);
+                     "chosen", pick, "aio", "block_size", (json_int_t)chosen->block,
+                     "queue_depth", chosen->qd, "elapsed_s", elapsed);
 }
 
 /* ------------------------------------------------------------------ main */
@@ -489,18 +571,20 @@ int fso_bench_tune(int argc, char **argv)
         free(sw.pts);
         return status;
     }
-    tn_choice c = tn_choose(&a, sw.pts, sw.npts);
-    if ((c.flushed_gbps = fso_tune_flushed_write(&sw, &sw.pts[c.pick])) <= 0) {
+    tn_choice c;
+    if (tn_flush_candidates(&a, &sw, &c) != 0) {
         free(sw.pts);
         return 1;
     }
+    tn_choose(&a, sw.pts, sw.npts, &c);
+    const fso_tune_point *pick = tn_pick(&sw, &c);
     const double elapsed = (fso_now_ms() - t_start) / 1e3;
     if (table)
         tn_print(&a, &sw, &c);
     if (a.save)
-        status = tn_record(&a, &sw.pts[c.pick], &c, table);
+        status = tn_record(&a, pick, &c, table);
     if (a.config && status == 0) {
-        status = tn_config_write(a.config, sw.pts[c.pick].block, sw.pts[c.pick].qd);
+        status = tn_config_write(a.config, pick->block, pick->qd);
         if (status == 0 && table)
             printf("# aio section written to %s\n", a.config);
     }

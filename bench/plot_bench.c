@@ -1,10 +1,14 @@
 /* plot_bench.c — the charts of `fsoff bench` results (plot.h), from the
  * JSON object each benchmark writes with --json:
  *
- *   nvme, tune   GB/s against request size, write and read side by side, a
- *                line per queue depth (and ring count); a "reference" object
+ *   nvme         GB/s against request size, a line per queue depth, three
+ *                panels on one y range: writes timed to completion, writes
+ *                timed through a final flush, reads; a "reference" object
  *                with results of the same shape (fio, from
  *                bench/nvme_vs_fio.sh) is drawn dashed beside them
+ *   tune         the same, a row of panels (write, read) per ring count, the
+ *                writes timed through a flush as one line, the chosen setting
+ *                ringed
  *   adam         elements/s against threads, with the memory roof (STREAM
  *                triad bandwidth / bytes per element) and the roof of
  *                AdamW's own access pattern
@@ -25,6 +29,7 @@
 
 #define MAX_SERIES 64
 #define MAX_POINTS 256
+#define TUNE_ROW_H 400   /* bench tune: pixels per ring count beyond the first */
 
 static double num(const json_t *o, const char *k)
 {
@@ -60,44 +65,71 @@ static void folders(const json_t *rec, char *buf, size_t len)
 
 /* ------------------------------------------------------------ nvme, tune */
 
+/* The three views of a store's rates: writes timed to their last
+ * completion (a burst, which a cache in front of the drive takes), writes
+ * timed through a final flush (the drive), reads. */
+enum { NV_WRITE, NV_FLUSHED, NV_READ, NV_VIEWS };
+static const char *const nv_view_name[NV_VIEWS] = {"write", "flushed", "read"};
+
 typedef struct nv_series {
     bool ref;          /* from "reference" */
-    int qd, rings;
+    int qd, rings;     /* qd 0: each size at its own depth (tune's flushed writes) */
     int n;
     double block[MAX_POINTS], gbps[MAX_POINTS];
 } nv_series;
 
-static int nv_collect(const json_t *results, bool ref, const char *op, nv_series *s, int *ns,
-                      double *blocks, int *nb)
+/* What a chart of nvme or tune results is drawn from: the series of each
+ * view, the request sizes, the highest rate. */
+typedef struct nv_data {
+    nv_series *s;      /* [view * MAX_SERIES + i] */
+    int ns[NV_VIEWS];
+    double blocks[MAX_POINTS];
+    int nb;
+    double ymax;
+    int qds[MAX_SERIES], nq; /* the queue depths, ascending: one colour each */
+} nv_data;
+
+/* The rows of `results` for view v into d: one series per queue depth and
+ * ring count (tune's flushed writes, measured at each size's own depth: one
+ * per ring count). */
+static int nv_collect(const json_t *results, bool ref, int v, bool any_qd, nv_data *d)
 {
+    nv_series *s = d->s + v * MAX_SERIES;
     json_t *r;
     size_t i;
     json_array_foreach(results, i, r) {
-        if (strcmp(str(r, "op", ""), op) != 0)
+        if (strcmp(str(r, "op", ""), v == NV_READ ? "read" : "write") != 0)
             continue;
-        double b = num(r, "block_bytes"), g = num(r, "gbps"), q = num(r, "queue_depth"),
-               rg = num(r, "rings");
+        double b = num(r, "block_bytes"), q = num(r, "queue_depth"), rg = num(r, "rings");
+        double g = num(r, v == NV_FLUSHED ? "flushed_gbps" : "gbps");
+        if (v == NV_FLUSHED && !isfinite(g))
+            continue; /* a point not timed through a flush */
         if (!(b > 0) || !(q > 0) || !isfinite(g))
             return -EINVAL;
-        int qd = (int)q, rings = isfinite(rg) ? (int)rg : 1, k;
-        for (k = 0; k < *ns; k++)
+        int qd = any_qd ? 0 : (int)q, rings = isfinite(rg) ? (int)rg : 1, k;
+        for (k = 0; k < d->ns[v]; k++)
             if (s[k].ref == ref && s[k].qd == qd && s[k].rings == rings)
                 break;
-        if (k == *ns) {
-            if (*ns == MAX_SERIES)
+        if (k == d->ns[v]) {
+            if (d->ns[v] == MAX_SERIES)
                 return -E2BIG;
             s[k] = (nv_series){.ref = ref, .qd = qd, .rings = rings};
-            (*ns)++;
+            d->ns[v]++;
         }
         if (s[k].n == MAX_POINTS)
             return -E2BIG;
         s[k].block[s[k].n] = b;
         s[k].gbps[s[k].n++] = g;
+        d->ymax = g > d->ymax ? g : d->ymax;
         int j;
-        for (j = 0; j < *nb && blocks[j] != b; j++)
+        for (j = 0; j < d->nb && d->blocks[j] != b; j++)
             ;
-        if (j == *nb && *nb < MAX_POINTS)
-            blocks[(*nb)++] = b;
+        if (j == d->nb && d->nb < MAX_POINTS)
+            d->blocks[d->nb++] = b;
+        for (j = 0; j < d->nq && d->qds[j] != qd; j++)
+            ;
+        if (qd > 0 && j == d->nq && d->nq < MAX_SERIES)
+            d->qds[d->nq++] = qd;
     }
     return 0;
 }
@@ -105,6 +137,12 @@ static int nv_collect(const json_t *results, bool ref, const char *op, nv_series
 static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static int cmp_int(const void *a, const void *b)
+{
+    int x = *(const int *)a, y = *(const int *)b;
     return (x > y) - (x < y);
 }
 
@@ -118,89 +156,48 @@ static int cmp_series(const void *a, const void *b)
     return x->qd - y->qd;
 }
 
-static int plot_nvme(const json_t *rec, fso_plot *p, const char *kind, char *err, size_t errlen)
+/* Every view of rec (and of its "reference") into d, sorted, and each
+ * series written as the data block $<view><i>, its points in size order.
+ * 0 or -EINVAL with err. */
+static int nv_load(const json_t *rec, fso_plot *p, const char *kind, nv_data *d, char *err,
+                   size_t errlen)
 {
-    static const char *const ops[2] = {"write", "read"};
     json_t *ref = json_object_get(rec, "reference");
-    const char *ref_tool = str(ref, "tool", "reference");
-    nv_series *s = calloc(2 * MAX_SERIES, sizeof *s);
-    double blocks[MAX_POINTS];
-    int ns[2] = {0, 0}, nb = 0, rc = 0;
-    if (!s) {
+    const bool tune = strcmp(kind, "tune") == 0;
+    int rc = 0;
+    memset(d, 0, sizeof *d);
+    if (!(d->s = calloc(NV_VIEWS * MAX_SERIES, sizeof *d->s))) {
         snprintf(err, errlen, "out of memory");
         return -ENOMEM;
     }
-    for (int o = 0; o < 2 && rc == 0; o++) {
-        rc = nv_collect(json_object_get(rec, "results"), false, ops[o], s + o * MAX_SERIES,
-                        &ns[o], blocks, &nb);
+    for (int v = 0; v < NV_VIEWS && rc == 0; v++) {
+        rc = nv_collect(json_object_get(rec, "results"), false, v, tune && v == NV_FLUSHED, d);
         if (rc == 0 && ref)
-            rc = nv_collect(json_object_get(ref, "results"), true, ops[o], s + o * MAX_SERIES,
-                            &ns[o], blocks, &nb);
+            rc = nv_collect(json_object_get(ref, "results"), true, v, false, d);
     }
-    if (rc == 0 && ns[0] + ns[1] == 0)
+    if (rc == 0 && d->ns[NV_WRITE] + d->ns[NV_READ] == 0)
         rc = -EINVAL;
     if (rc < 0) {
         snprintf(err, errlen, "a bench %s result needs \"results\": [{\"op\": \"write\"|\"read\", "
                  "\"block_bytes\", \"queue_depth\", \"gbps\"}, ...]%s", kind,
                  rc == -E2BIG ? " (at most 64 lines of 256 points)" : "");
-        free(s);
+        free(d->s);
+        d->s = NULL;
         return -EINVAL;
     }
-    qsort(blocks, (size_t)nb, sizeof *blocks, cmp_double);
-    /* one colour per queue depth, the same in both panels and for the reference */
-    int qds[MAX_SERIES], nq = 0;
-    for (int o = 0; o < 2; o++)
-        for (int k = 0; k < ns[o]; k++) {
-            int j;
-            for (j = 0; j < nq && qds[j] != s[o * MAX_SERIES + k].qd; j++)
-                ;
-            if (j == nq && nq < MAX_SERIES)
-                qds[nq++] = s[o * MAX_SERIES + k].qd;
-        }
-    for (int a = 1; a < nq; a++)
-        for (int b = a; b > 0 && qds[b - 1] > qds[b]; b--) {
-            int t = qds[b];
-            qds[b] = qds[b - 1];
-            qds[b - 1] = t;
-        }
-    bool many_rings = false;
-    for (int o = 0; o < 2; o++)
-        for (int k = 0; k < ns[o]; k++)
-            many_rings = many_rings || s[o * MAX_SERIES + k].rings != 1;
-
-    /* the key sits above the lines, in rows of up to three entries */
-    int keyrows = ((ns[0] > ns[1] ? ns[0] : ns[1]) + 2) / 3;
-    char fl[2048];
-    folders(rec, fl, sizeof fl);
-    fprintf(p->f, "set multiplot layout 1,2 title ");
-    if (ref)
-        fso_plot_quote(p->f, "fsoff bench %s on %s: fsoff solid, %s dashed", kind,
-                       fl[0] ? fl : "?", ref_tool);
-    else
-        fso_plot_quote(p->f, "fsoff bench %s on %s (io_uring, O_DIRECT)", kind, fl[0] ? fl : "?");
-    fprintf(p->f, "\nset logscale x 2\nset autoscale xfix\nset xlabel 'request size (bytes)'\n"
-                  "set ylabel 'GB/s (1e9 B/s)'\nset yrange [0:*]\n"
-                  "set key top left horizontal maxrows %d samplen 2 spacing 0.9 font ',9'\n"
-                  "set offsets graph 0.04, graph 0.04, graph %.2f, 0\nset xtics (",
-            keyrows, 0.1 + 0.07 * keyrows);
-    for (int j = 0; j < nb; j++) {
-        char l[32];
-        fso_plot_size_label(l, sizeof l, blocks[j]);
-        fprintf(p->f, "%s'%s' %.0f", j ? ", " : "", l, blocks[j]);
-    }
-    fprintf(p->f, ")\n");
-    for (int o = 0; o < 2; o++) {
-        nv_series *so = s + o * MAX_SERIES;
-        qsort(so, (size_t)ns[o], sizeof *so, cmp_series);
-        for (int k = 0; k < ns[o]; k++) {
-            /* points in size order */
+    qsort(d->blocks, (size_t)d->nb, sizeof *d->blocks, cmp_double);
+    qsort(d->qds, (size_t)d->nq, sizeof *d->qds, cmp_int);
+    for (int v = 0; v < NV_VIEWS; v++) {
+        nv_series *so = d->s + v * MAX_SERIES;
+        qsort(so, (size_t)d->ns[v], sizeof *so, cmp_series);
+        for (int k = 0; k < d->ns[v]; k++) {
             for (int a = 1; a < so[k].n; a++)
                 for (int b = a; b > 0 && so[k].block[b - 1] > so[k].block[b]; b--) {
                     double t = so[k].block[b], g = so[k].gbps[b];
                     so[k].block[b] = so[k].block[b - 1], so[k].gbps[b] = so[k].gbps[b - 1];
                     so[k].block[b - 1] = t, so[k].gbps[b - 1] = g;
                 }
-            fprintf(p->f, "$%s%d << EOD\n", ops[o], k);
+            fprintf(p->f, "$%s%d << EOD\n", nv_view_name[v], k);
             for (int i = 0; i < so[k].n; i++) {
                 put(p->f, so[k].block[i]);
                 put(p->f, so[k].gbps[i]);
@@ -208,27 +205,186 @@ static int plot_nvme(const json_t *rec, fso_plot *p, const char *kind, char *err
             }
             fprintf(p->f, "EOD\n");
         }
-        fprintf(p->f, "set title '%s'\nplot ", ops[o]);
-        for (int k = 0; k < ns[o]; k++) {
-            int colour = 1;
-            for (int j = 0; j < nq; j++)
-                if (qds[j] == so[k].qd)
-                    colour = j + 1;
-            char label[128];
-            int n = snprintf(label, sizeof label, "%s qd %d", so[k].ref ? ref_tool : "fsoff",
-                             so[k].qd);
-            if (many_rings)
-                snprintf(label + n, sizeof label - (size_t)n, ", %d ring%s", so[k].rings,
-                         so[k].rings == 1 ? "" : "s");
-            fprintf(p->f, "%s$%s%d using 1:2 with linespoints lw 2 lc %d dt %d pt %d title ",
-                    k ? ", " : "", ops[o], k, colour, so[k].ref ? 2 : 1,
-                    so[k].ref ? 6 : 5 + 2 * (so[k].rings > 1));
-            fso_plot_quote(p->f, "%s", label);
+    }
+    return 0;
+}
+
+/* The axes every panel shares: request sizes on a log scale, one y range
+ * for all (so a panel's height compares with the others'), room above the
+ * lines for a key of keyrows rows. */
+static void nv_axes(fso_plot *p, const nv_data *d, int keyrows)
+{
+    fprintf(p->f, "set logscale x 2\nset autoscale xfix\nset xlabel 'request size (bytes)'\n"
+                  "set ylabel 'GB/s (1e9 B/s)'\nset yrange [0:%.4g]\n"
+                  "set key top left horizontal maxrows %d samplen 2 spacing 0.9 font ',8'\n"
+                  "set offsets graph 0.04, graph 0.04, 0, 0\nset xtics (",
+            (d->ymax > 0 ? d->ymax : 1) * (1.08 + 0.09 * keyrows), keyrows);
+    for (int j = 0; j < d->nb; j++) {
+        char l[32];
+        fso_plot_size_label(l, sizeof l, d->blocks[j]);
+        fprintf(p->f, "%s'%s' %.0f", j ? ", " : "", l, d->blocks[j]);
+    }
+    fprintf(p->f, ")\n");
+}
+
+/* The lines of view v with `rings` (0: any), a colour per queue depth;
+ * *first: no line plotted yet in this plot command. */
+static void nv_lines(fso_plot *p, const nv_data *d, int v, int rings, const char *ref_tool,
+                     bool label_rings, bool *first)
+{
+    const nv_series *so = d->s + v * MAX_SERIES;
+    for (int k = 0; k < d->ns[v]; k++) {
+        if (rings && so[k].rings != rings)
+            continue;
+        int colour = 1;
+        for (int j = 0; j < d->nq; j++)
+            if (d->qds[j] == so[k].qd)
+                colour = j + 1;
+        char label[128];
+        int n = snprintf(label, sizeof label, "%s qd %d", so[k].ref ? ref_tool : "fsoff",
+                         so[k].qd);
+        if (label_rings)
+            snprintf(label + n, sizeof label - (size_t)n, ", %d ring%s", so[k].rings,
+                     so[k].rings == 1 ? "" : "s");
+        fprintf(p->f, "%s$%s%d using 1:2 with linespoints lw 2 lc %d dt %d pt %d title ",
+                *first ? "" : ", ", nv_view_name[v], k, colour, so[k].ref ? 2 : 1,
+                so[k].ref ? 6 : 7);
+        fso_plot_quote(p->f, "%s", label);
+        *first = false;
+    }
+}
+
+/* The range of view v's rates, for a panel title. */
+static void nv_range(const nv_data *d, int v, char *buf, size_t len)
+{
+    double lo = INFINITY, hi = 0;
+    for (int k = 0; k < d->ns[v]; k++)
+        for (int i = 0; i < d->s[v * MAX_SERIES + k].n; i++) {
+            double g = d->s[v * MAX_SERIES + k].gbps[i];
+            lo = g < lo ? g : lo;
+            hi = g > hi ? g : hi;
         }
+    if (hi > 0)
+        snprintf(buf, len, ": %.3g-%.3g GB/s", lo, hi);
+    else
+        buf[0] = 0;
+}
+
+/* bench nvme: three panels side by side, one y range: writes to completion,
+ * writes through a flush, reads. */
+static int plot_nvme(const json_t *rec, fso_plot *p, char *err, size_t errlen)
+{
+    static const char *const titles[NV_VIEWS] = {
+        "write, to completion (a burst)", "write, through fsync (the drive)", "read"};
+    json_t *ref = json_object_get(rec, "reference");
+    const char *ref_tool = str(ref, "tool", "reference");
+    nv_data d;
+    int rc = nv_load(rec, p, "nvme", &d, err, errlen);
+    if (rc < 0)
+        return rc;
+    const int panels = d.ns[NV_FLUSHED] ? 3 : 2;
+    int most = 0;
+    for (int v = 0; v < NV_VIEWS; v++)
+        most = d.ns[v] > most ? d.ns[v] : most;
+    char fl[2048];
+    folders(rec, fl, sizeof fl);
+    fprintf(p->f, "set multiplot layout 1,%d title ", panels);
+    if (ref)
+        fso_plot_quote(p->f, "fsoff bench nvme on %s: fsoff solid, %s dashed", fl[0] ? fl : "?",
+                       ref_tool);
+    else
+        fso_plot_quote(p->f, "fsoff bench nvme on %s (io_uring, O_DIRECT)", fl[0] ? fl : "?");
+    fprintf(p->f, "\n");
+    nv_axes(p, &d, (most + 1) / 2);
+    for (int v = 0; v < NV_VIEWS; v++) {
+        if (v == NV_FLUSHED && !d.ns[NV_FLUSHED])
+            continue;
+        char range[64];
+        nv_range(&d, v, range, sizeof range);
+        fprintf(p->f, "set title ");
+        fso_plot_quote(p->f, "%s%s", titles[v], v == NV_FLUSHED ? range : "");
+        fprintf(p->f, "\nplot ");
+        bool first = true;
+        nv_lines(p, &d, v, 0, ref_tool, false, &first);
         fprintf(p->f, "\n");
     }
     fprintf(p->f, "unset multiplot\n");
-    free(s);
+    free(d.s);
+    return 0;
+}
+
+/* The ring counts of a tune result, ascending; how many. */
+static int tune_rings(const json_t *rec, int *rings, int max)
+{
+    json_t *r;
+    size_t i;
+    int n = 0;
+    json_array_foreach(json_object_get(rec, "results"), i, r) {
+        double v = num(r, "rings");
+        int rg = isfinite(v) && v >= 1 ? (int)v : 1, j;
+        for (j = 0; j < n && rings[j] != rg; j++)
+            ;
+        if (j == n && n < max)
+            rings[n++] = rg;
+    }
+    qsort(rings, (size_t)n, sizeof *rings, cmp_int);
+    return n;
+}
+
+/* The chosen setting's point in a tune panel: a ring around it. */
+static void tune_mark(fso_plot *p, const json_t *chosen, const char *rate)
+{
+    char l[32];
+    fso_plot_size_label(l, sizeof l, num(chosen, "block_bytes"));
+    fprintf(p->f, ", '+' using (%.0f):(%.6g) every ::0::0 with points pt 6 ps 3.5 lw 3 lc "
+                  "rgb 'black' title ", num(chosen, "block_bytes"), num(chosen, rate));
+    fso_plot_quote(p->f, "chosen: %s x qd %d", l, (int)num(chosen, "queue_depth"));
+}
+
+/* bench tune: small multiples, a row per ring count: writes (a line per
+ * queue depth, and the writes timed through a flush at each size's best
+ * depth) and reads; the chosen setting ringed where the planner's rates
+ * are, one y range for all. */
+static int plot_tune(const json_t *rec, fso_plot *p, char *err, size_t errlen)
+{
+    json_t *chosen = json_object_get(rec, "chosen");
+    int rings[MAX_SERIES];
+    const int nr = tune_rings(rec, rings, MAX_SERIES);
+    nv_data d;
+    int rc = nv_load(rec, p, "tune", &d, err, errlen);
+    if (rc < 0)
+        return rc;
+    char fl[2048];
+    folders(rec, fl, sizeof fl);
+    fprintf(p->f, "set multiplot layout %d,2 title ", nr);
+    fso_plot_quote(p->f, "fsoff bench tune on %s: the aio section for %d device%s is ringed "
+                   "(chosen by the read rate and the flushed write rate, the planner's)",
+                   fl[0] ? fl : "?", (int)num(rec, "devices"),
+                   num(rec, "devices") == 1 ? "" : "s");
+    fprintf(p->f, "\n");
+    nv_axes(p, &d, (d.nq + 2 + 3) / 4);
+    const double chosen_rings = num(chosen, "rings");
+    for (int r = 0; r < nr; r++)
+        for (int v = NV_WRITE; v <= NV_READ; v += NV_READ - NV_WRITE) {
+            bool first = true, mark = json_is_object(chosen) && chosen_rings == rings[r];
+            fprintf(p->f, "set title ");
+            fso_plot_quote(p->f, "%s, %d ring%s", v == NV_READ ? "read" : "write", rings[r],
+                           rings[r] == 1 ? "" : "s");
+            fprintf(p->f, "\nplot ");
+            nv_lines(p, &d, v, rings[r], "", false, &first);
+            for (int k = 0; v == NV_WRITE && k < d.ns[NV_FLUSHED]; k++)
+                if (d.s[NV_FLUSHED * MAX_SERIES + k].rings == rings[r]) {
+                    fprintf(p->f, "%s$flushed%d using 1:2 with linespoints lw 3 lc rgb 'black' "
+                                  "pt 5 title 'flushed, best qd'",
+                            first ? "" : ", ", k);
+                    first = false;
+                }
+            if (mark && !first)
+                tune_mark(p, chosen, v == NV_READ ? "read_gbps" : "flushed_write_gbps");
+            fprintf(p->f, "\n");
+        }
+    fprintf(p->f, "unset multiplot\n");
+    free(d.s);
     return 0;
 }
 
@@ -424,13 +580,20 @@ int fso_plot_bench(const json_t *rec, const char *png, int width, int height, ch
         return -EINVAL;
     }
     fso_plot p;
+    int rings[MAX_SERIES], rows = 1;
+    if (strcmp(kind, "tune") == 0 && (rows = tune_rings(rec, rings, MAX_SERIES)) < 1)
+        rows = 1;
     int rc = fso_plot_begin(&p, png, width ? width : wide ? FSO_PLOT_NVME_W : FSO_PLOT_SMALL_W,
-                            height ? height : wide ? FSO_PLOT_NVME_H : FSO_PLOT_SMALL_H, err,
-                            errlen);
+                            height ? height
+                            : wide ? FSO_PLOT_NVME_H + (rows - 1) * TUNE_ROW_H
+                                   : FSO_PLOT_SMALL_H,
+                            err, errlen);
     if (rc < 0)
         return rc;
-    if (wide)
-        rc = plot_nvme(rec, &p, kind, err, errlen);
+    if (strcmp(kind, "tune") == 0)
+        rc = plot_tune(rec, &p, err, errlen);
+    else if (wide)
+        rc = plot_nvme(rec, &p, err, errlen);
     else if (strcmp(kind, "adam") == 0)
         rc = plot_adam(rec, &p, err, errlen);
     else if (strcmp(kind, "h2d") == 0)

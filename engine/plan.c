@@ -606,7 +606,7 @@ void fso_plan_capacities_here(const fso_config *cfg, bool gpu, uint64_t gpu_free
     memset(m, 0, sizeof *m);
     fso_plan_nvme_folders(cfg, dirs, sizeof dirs, missing, sizeof missing);
     m->devices = fso_config_world(cfg);
-    m->host_mem_bytes = fso_mem_usable_bytes();
+    m->host_mem_bytes = cfg->host_mem_bytes ? cfg->host_mem_bytes : fso_mem_usable_bytes();
     m->device_mem_bytes = !gpu                  ? fso_zero_cpu_device_mem(cfg, m->host_mem_bytes)
                           : cfg->device_mem_bytes ? cfg->device_mem_bytes
                                                   : gpu_free_bytes;
@@ -631,26 +631,6 @@ int fso_plan_machine_here(const fso_config *cfg, bool refresh, fso_plan_machine 
 }
 
 /* ------------------------------------------------------------------ sizes */
-
-/* What to do about a short tier, in the options of the command that reads
- * it: fsoff train's or fsoff plan's. */
-static const char *fix_for(int tier, bool train)
-{
-    switch (tier) {
-    case FSO_TIER_DEVICE:
-        return train ? "move state off the devices (host or NVMe), add devices (--devices), or "
-                       "raise --device-mem"
-                     : "move state off the devices (host or NVMe), add devices, or give each "
-                       "more memory (--device-mem / --gpu-mem)";
-    case FSO_TIER_HOST:
-        return train ? "add NVMe folders for the state (--nvme DIR)"
-                     : "add NVMe folders for the state (--nvme DIR), or more host memory "
-                       "(--host-mem)";
-    default:
-        return "free space on the NVMe folders or add folders (--nvme DIR1,DIR2)";
-    }
-}
-
 
 int fso_plan_check_size(const fso_config *cfg, const fso_plan_pins *pins,
                         const fso_plan_machine *m, bool gpu, bool train, char *err,
@@ -767,67 +747,6 @@ int fso_plan_check_size(const fso_config *cfg, const fso_plan_pins *pins,
 }
 
 /* ------------------------------------------------------------------ reports */
-
-void fso_plan_shortfall_message(const fso_plan *p, const fso_plan_pins *pins, bool train,
-                                char *buf, size_t len)
-{
-    char need[48], have[48], by[48], act[48], pinned[384] = "";
-    const int t = p->short_tier < 0 ? FSO_TIER_HOST : p->short_tier;
-    fso_human_bytes(need, sizeof need, (double)p->need_bytes[t]);
-    fso_human_bytes(have, sizeof have, (double)p->have_bytes[t]);
-    fso_human_bytes(by, sizeof by, (double)p->short_bytes);
-    fso_human_bytes(act, sizeof act, (double)p->activation_bytes);
-    if (pins) {
-        static const char *const keys[] = {"zero_optimization.offload_param.device",
-                                           "zero_optimization.offload_optimizer.device"};
-        size_t off = 0;
-        int npinned = 0;
-        const char *key = NULL;
-        for (int k = 0; k < FSO_N_KINDS; k++)
-            if (pins->tier[k] >= 0 && off < sizeof pinned &&
-                (k == FSO_KIND_PARAM || k == FSO_KIND_MASTER)) {
-                off += (size_t)snprintf(pinned + off, sizeof pinned - off, "%s%s on %s",
-                                        off ? ", " : " (the configuration pins ",
-                                        k == FSO_KIND_PARAM ? "parameters" : "optimizer state",
-                                        fso_tier_name(pins->tier[k]));
-                key = keys[k != FSO_KIND_PARAM];
-                npinned++;
-            }
-        if (off && off < sizeof pinned && !train)
-            snprintf(pinned + off, sizeof pinned - off, "; --auto lets fsoff choose)");
-        else if (off && off < sizeof pinned)
-            snprintf(pinned + off, sizeof pinned - off, "; leave %s out to let fsoff choose)",
-                     npinned > 1 ? "zero_optimization's offload devices" : key);
-    }
-    if (t == FSO_TIER_DEVICE) {
-        uint64_t fixed = p->activation_bytes + p->buffer_bytes[FSO_TIER_DEVICE];
-        if (fixed > p->have_bytes[FSO_TIER_DEVICE]) {
-            char fx[48];
-            fso_human_bytes(fx, sizeof fx, (double)fixed);
-            snprintf(buf, len,
-                     "device memory: the activations (%s with checkpointing) and buffers alone "
-                     "need %s per device, which holds %s; short by %s: lower "
-                     "train_micro_batch_size_per_gpu or data.seq_len, or %s%s",
-                     act, fx, have, by,
-                     train ? "raise --device-mem"
-                           : "give each device more memory (--device-mem / --gpu-mem)",
-                     pinned);
-            return;
-        }
-        snprintf(buf, len, "device memory: each device needs %s but holds %s; short by %s: %s%s",
-                 need, have, by, fix_for(t, train), pinned);
-    } else if (t == FSO_TIER_HOST) {
-        snprintf(buf, len, "host memory: the host tier and staging need %s but %s is available; "
-                           "short by %s: %s%s", need, have, by, fix_for(t, train), pinned);
-    } else {
-        snprintf(buf, len, "NVMe: the NVMe tier needs %s but %s is free; short by %s: %s%s", need,
-                 have, by, p->have_bytes[FSO_TIER_NVME] ? fix_for(t, train)
-                 : train ? "give NVMe folders (--nvme DIR)"
-                         : "give NVMe folders (--nvme DIR) or, to plan for drives elsewhere, "
-                           "--nvme-free, --nvme-read and --nvme-write",
-                 pinned);
-    }
-}
 
 static void cell(char *buf, size_t len, uint64_t bytes)
 {
@@ -966,6 +885,15 @@ json_t *fso_plan_json(const fso_plan *p)
         "placement", placement, "prefetch_blocks", p->pl.prefetch, "whole_copy", wc, "tiers",
         tiers, "busy_ms", busy, "critical_ms", crit, "machine", mj, "evaluated", p->evaluated);
     json_object_set_new(j, "why", why);
+    json_t *sh = json_object(), *least = json_object();
+    for (int t = 0; t < FSO_N_TIERS; t++) {
+        json_object_set_new(sh, fso_tier_name(t), json_integer(p->search.short_on[t]));
+        json_object_set_new(least, fso_tier_name(t),
+                            json_integer((json_int_t)p->search.least_short[t]));
+    }
+    json_object_set_new(j, "search", json_pack("{s:i, s:i, s:o, s:o}", "considered",
+                                               p->search.considered, "fit", p->search.fit,
+                                               "short", sh, "least_short_bytes", least));
     return j;
 }
 
@@ -983,14 +911,20 @@ void fso_plan_print_json(FILE *f, const fso_plan *p)
 
 /* The choice for ctx keeping pins (NULL: none), the shortfall named when
  * nothing fits; ctx is freed. */
-static int choose_and_free(fso_plan_ctx *ctx, const fso_plan_pins *pins, fso_plan *out,
-                           char *err, size_t errlen)
+static int choose_and_free(fso_plan_ctx *ctx, const fso_config *cfg, const fso_plan_pins *pins,
+                           fso_plan *out, char *err, size_t errlen)
 {
     if (pins)
         ctx->in.pins = *pins;
     int rc = fso_plan_choose(&ctx->in, out);
-    if (rc == -ENOSPC)
-        fso_plan_shortfall_message(out, pins, true, err, errlen);
+    if (rc == -ENOSPC) {
+        char dirs[8192], missing[8192];
+        fso_plan_nvme_folders(cfg, dirs, sizeof dirs, missing, sizeof missing);
+        const fso_plan_origin o = {.train = true, .host_given = cfg->host_mem_bytes != 0,
+                                   .device_given = cfg->device_mem_bytes != 0,
+                                   .nvme_dirs = dirs};
+        fso_plan_nofit_message(&ctx->in, out, &o, err, errlen);
+    }
     else if (rc < 0)
         snprintf(err, errlen, "planner: %s", strerror(-rc));
     fso_plan_ctx_free(ctx);
@@ -1056,7 +990,7 @@ static int fits_here(const fso_config *cfg, const fso_plan_pins *pins, bool gpu,
         return 0; /* the full plan reports it */
     if (gpu)
         gpu_engine_as_built(&ctx, cfg);
-    rc = choose_and_free(&ctx, pins, out, err, errlen);
+    rc = choose_and_free(&ctx, cfg, pins, out, err, errlen);
     return rc == -ENOSPC ? rc : 0;
 }
 
@@ -1068,7 +1002,7 @@ int fso_plan_for_config(const fso_config *cfg, const fso_plan_pins *pins, fso_pl
     if ((rc = fits_here(cfg, pins, false, 0, out, err, errlen)) < 0 ||
         (rc = fso_plan_ctx_here(&ctx, cfg, err, errlen)) < 0)
         return rc;
-    return choose_and_free(&ctx, pins, out, err, errlen);
+    return choose_and_free(&ctx, cfg, pins, out, err, errlen);
 }
 
 int fso_plan_for_config_gpus(const fso_config *cfg, const fso_plan_pins *pins,
@@ -1089,7 +1023,7 @@ int fso_plan_for_config_gpus(const fso_config *cfg, const fso_plan_pins *pins,
     if ((rc = fso_plan_ctx_init(&ctx, cfg, &m, true, err, errlen)) < 0)
         return rc;
     gpu_engine_as_built(&ctx, cfg);
-    return choose_and_free(&ctx, pins, out, err, errlen);
+    return choose_and_free(&ctx, cfg, pins, out, err, errlen);
 }
 
 int fso_plan_apply(const fso_plan *p, fso_config *cfg, char *err, size_t errlen)

@@ -150,11 +150,36 @@ void fso_plan_print(FILE *f, const fso_plan *p);
 void fso_plan_print_json(FILE *f, const fso_plan *p);
 json_t *fso_plan_json(const fso_plan *p);
 
-/* One line for an impossible plan: the short tier, need, capacity,
- * shortfall and what to do, in the options of fsoff train (train) or of
- * fsoff plan. */
+/* Where the capacities a plan was made with came from, for its words
+ * (plan_words.c). */
+typedef struct fso_plan_origin {
+    bool train;                /* fsoff train's options, else fsoff plan's */
+    bool other_machine;        /* fsoff plan --gpus: a machine described, not this one */
+    bool host_given;           /* --host-mem */
+    bool device_given;         /* --device-mem (or --gpu-mem) */
+    bool nvme_given;           /* --nvme-free: drives described, not measured */
+    const char *nvme_dirs;     /* the NVMe folders here, comma-separated; NULL or "": none */
+} fso_plan_origin;
+
+/* One line for an impossible plan p (what fso_plan_choose on in left):
+ * every short tier with its need, capacity and shortfall, then fixes the
+ * command did not already take, each sized by planning `in` again with that
+ * tier unbounded (NVMe space, and where given or taken from this machine
+ * when another is planned, host or device memory), in the options of the
+ * command o names; what the configuration pins. in NULL: no sizing. */
+void fso_plan_nofit_message(const fso_plan_input *in, const fso_plan *p,
+                            const fso_plan_origin *o, char *buf, size_t len);
+/* The same for the tier the planner named alone, with its generic fix, in
+ * the options of fsoff train (train) or of fsoff plan. */
 void fso_plan_shortfall_message(const fso_plan *p, const fso_plan_pins *pins, bool train,
                                 char *buf, size_t len);
+/* What fso_plan_choose searched for p (p->search) as one phrase: how many
+ * placements of what, how many fit, or, when none does, how many were
+ * short on each tier and by how little at least. */
+void fso_plan_search_words(const fso_plan_input *in, const fso_plan *p, char *buf, size_t len);
+/* NVMe folders dirs (comma-separated, here) that plan p, which fits, puts
+ * nothing on: one line to f saying so. Nothing otherwise. */
+void fso_plan_unused_nvme(FILE *f, const fso_plan *p, const char *dirs);
 
 /* Take the plan's choices into cfg (the tier of each kind of state,
  * cfg->offload.per_kind, and the prefetch depth). -ENOTSUP with err when

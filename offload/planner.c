@@ -241,27 +241,50 @@ static void reason_text(const fso_plan *p, int k, char *buf, size_t len)
     static const char *const where[FSO_N_TIERS] = {"on the devices", "on the host", "on NVMe"};
     static const char *const memory[FSO_N_TIERS] = {"device memory", "host memory", "NVMe"};
     const fso_plan_reason *r = &p->why[k];
-    char h[32];
+    char h[32], lead[96] = "";
+    size_t off = 0;
+    if (r->split) /* the blocks on the fastest tier, and why not all of them */
+        off = (size_t)snprintf(lead, sizeof lead, "%d of %d blocks %s; all %d there, ",
+                               r->split, p->pl.n_blocks, where[r->alt_tier], p->pl.n_blocks);
     if (r->pinned)
         snprintf(buf, len, "pinned by the configuration");
     else if (r->alt_tier < 0)
         snprintf(buf, len, "fits");
     else if (!r->alt_fits && r->short_tier >= 0) {
         fso_human_bytes(h, sizeof h, (double)r->short_bytes);
-        snprintf(buf, len, "%s, %s would be short by %s", where[r->alt_tier],
-                 memory[r->short_tier], h);
+        snprintf(buf, len, "%s%s%s would be short by %s", off ? lead : where[r->alt_tier],
+                 off ? "" : ", ", memory[r->short_tier], h);
     } else if (r->alt_step_ms > p->step_ms * 1.005)
-        snprintf(buf, len, "%s, %.1f%% slower", where[r->alt_tier],
+        snprintf(buf, len, "%s%s%.1f%% slower", off ? lead : where[r->alt_tier], off ? "" : ", ",
                  100 * (r->alt_step_ms / p->step_ms - 1));
     else
-        snprintf(buf, len, "%s, no faster", where[r->alt_tier]);
+        snprintf(buf, len, "%s%s", off ? lead : where[r->alt_tier],
+                 off ? "no faster" : ", no faster");
     /* optimizer state whose first blocks took the host memory left */
     const int hb = fso_plan_state_host_blocks(p, k);
-    const size_t off = strlen(buf);
+    off = strlen(buf);
     if (hb == 1)
         snprintf(buf + off, len - off, "; block 0 in the host memory left");
     else if (hb > 1)
         snprintf(buf + off, len - off, "; blocks 0-%d in the host memory left", hb - 1);
+}
+
+/* The tiers kind k's blocks sit on: "host", or "device + host" when split. */
+static void reason_tiers(const fso_plan *p, int k, char *buf, size_t len)
+{
+    int count[FSO_N_TIERS] = {0};
+    size_t off = 0;
+    buf[0] = 0;
+    if (!p->why[k].split) {
+        snprintf(buf, len, "%s", fso_tier_name(p->why[k].tier));
+        return;
+    }
+    for (int b = 0; b < p->pl.n_blocks; b++)
+        count[p->pl.tier[k][b]]++;
+    for (int t = 0; t < FSO_N_TIERS && off < len; t++)
+        if (count[t])
+            off += (size_t)snprintf(buf + off, len - off, "%s%s", off ? " + " : "",
+                                    fso_tier_name(t));
 }
 
 void fso_plan_why(const fso_plan *p, char *buf, size_t len)
@@ -274,19 +297,20 @@ void fso_plan_why(const fso_plan *p, char *buf, size_t len)
     for (int k = 0; k < FSO_N_KINDS && off < len; k++) {
         if (done[k])
             continue;
-        char rk[160], rj[160];
+        char rk[192], rj[192], tk[64], tj[64];
         reason_text(p, k, rk, sizeof rk);
+        reason_tiers(p, k, tk, sizeof tk);
         off += (size_t)snprintf(buf + off, off < len ? len - off : 0, "%s%s", off ? "; " : "",
                                 fso_kind_name(k));
         for (int j = k + 1; j < FSO_N_KINDS; j++) {
             reason_text(p, j, rj, sizeof rj);
-            if (p->why[j].tier == p->why[k].tier && strcmp(rj, rk) == 0) {
+            reason_tiers(p, j, tj, sizeof tj);
+            if (strcmp(tj, tk) == 0 && strcmp(rj, rk) == 0) {
                 done[j] = true;
                 off += (size_t)snprintf(buf + off, off < len ? len - off : 0, ", %s",
                                         fso_kind_name(j));
             }
         }
-        off += (size_t)snprintf(buf + off, off < len ? len - off : 0, " %s (%s)",
-                                fso_tier_name(p->why[k].tier), rk);
+        off += (size_t)snprintf(buf + off, off < len ? len - off : 0, " %s (%s)", tk, rk);
     }
 }

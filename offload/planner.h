@@ -147,12 +147,27 @@ typedef struct fso_placement {
 typedef struct fso_plan_reason {
     int tier;                    /* the tier most of the kind's blocks sit on */
     bool pinned;                 /* the pins put it there */
+    int split;                   /* blocks on the fastest of several tiers the kind is split
+                                    over (0: one tier, or state whose first blocks took the
+                                    host memory left); alt_tier is then that tier */
     int alt_tier;                /* the next faster tier, -1 when on the device already */
     bool alt_fits;
     int short_tier;              /* alt_fits false: the tier that would be short, by */
     uint64_t short_bytes;
     double alt_step_ms;          /* alt_fits: the step predicted there */
 } fso_plan_reason;
+
+/* What fso_plan_choose searched: placements sized (each kind's tier, the
+ * blocks kept on the devices, prefetch depths, gathers or whole copies, as
+ * the engine allows), those that fit every tier, and of the others how many
+ * were short on each tier and by how little at least. */
+typedef struct fso_plan_search {
+    int considered;
+    int fit;
+    int short_on[FSO_N_TIERS];
+    uint64_t least_short[FSO_N_TIERS]; /* of those short on the tier; 0: none */
+    uint64_t least_need[FSO_N_TIERS];  /* the least any placement that fits needs there */
+} fso_plan_search;
 
 typedef struct fso_plan {
     fso_placement pl;
@@ -175,6 +190,7 @@ typedef struct fso_plan {
     fso_stream bottleneck;
     double stall_ms;             /* step time in which compute waits */
     int evaluated;               /* placements the search predicted */
+    fso_plan_search search;      /* fso_plan_choose: what it searched and why it found what */
     bool explained;              /* why holds the reasons (fso_plan_choose, when it fits) */
     fso_plan_reason why[FSO_N_KINDS];
     /* copies of the inputs a report needs */

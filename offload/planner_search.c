@@ -380,7 +380,27 @@ typedef struct plan_search {
     cand closest;           /* of those that do not fit, the first least short */
     uint64_t closest_short; /* its shortfall; UINT64_MAX: none seen */
     int evaluated;          /* candidates predicted */
+    fso_plan_search stats;  /* what was searched (planner.h) */
 } plan_search;
+
+/* The sized candidate in sr->tmp into the search's counts. */
+static void count_candidate(plan_search *sr)
+{
+    const fso_plan *t = sr->tmp;
+    fso_plan_search *st = &sr->stats;
+    st->considered++;
+    for (int k = 0; k < FSO_N_TIERS; k++) {
+        if (t->fits) {
+            if (st->fit == 0 || t->need_bytes[k] < st->least_need[k])
+                st->least_need[k] = t->need_bytes[k];
+        } else if (t->need_bytes[k] > t->have_bytes[k]) {
+            const uint64_t by = t->need_bytes[k] - t->have_bytes[k];
+            if (st->short_on[k]++ == 0 || by < st->least_short[k])
+                st->least_short[k] = by;
+        }
+    }
+    st->fit += t->fits;
+}
 
 /* Fills candidate c's residency, sizes it and, when it fits, predicts its
  * step and keeps it in sr->fit (else in sr->closest when closer to
@@ -393,7 +413,9 @@ static int evaluate_candidate(plan_search *sr, cand c)
         return 0; /* the same as counting from the last block */
     fill_host_state(in, &c, sr->order, sr->tmp, sr->pl);
     build_placement(in, &c, sr->order, sr->pl);
-    if (!pl_size_placement(in, sr->pl, sr->tmp)) {
+    const bool fits = pl_size_placement(in, sr->pl, sr->tmp);
+    count_candidate(sr);
+    if (!fits) {
         if (sr->tmp->short_bytes < sr->closest_short) {
             sr->closest_short = sr->tmp->short_bytes;
             sr->closest = c;
@@ -464,6 +486,7 @@ static int choose_closest(const plan_search *sr, int default_prefetch, fso_plan 
     if (rc == 0) /* cannot happen: it did not fit above */
         rc = -ENOSPC;
     out->evaluated = sr->evaluated;
+    out->search = sr->stats;
     return rc;
 }
 
@@ -496,6 +519,7 @@ int fso_plan_choose(const fso_plan_input *in, fso_plan *out)
     build_placement(in, &sr.fit[pick_candidate(sr.fit, sr.n_fit)], sr.order, sr.pl);
     rc = fso_plan_evaluate(in, sr.pl, out);
     out->evaluated = sr.evaluated;
+    out->search = sr.stats;
     if (rc == 0)
         rc = fso_plan_explain(in, out);
 out:
@@ -654,6 +678,22 @@ int fso_plan_replan(const fso_plan_input *in, const fso_plan *cur, const fso_pla
 
 /* ------------------------------------------------------------------ reasons */
 
+/* The fastest tier kind k's blocks use, and how many blocks sit there
+ * when they sit on more than one tier (0 when one). */
+static int split_of(const fso_plan *p, int k, int *top)
+{
+    int count[FSO_N_TIERS] = {0}, used = 0;
+    for (int b = 0; b < p->pl.n_blocks; b++)
+        count[p->pl.tier[k][b]]++;
+    *top = -1;
+    for (int t = FSO_N_TIERS - 1; t >= 0; t--)
+        if (count[t]) {
+            used++;
+            *top = t;
+        }
+    return used > 1 ? count[*top] : 0;
+}
+
 int fso_plan_explain(const fso_plan_input *in, fso_plan *p)
 {
     fso_placement *pl = malloc(sizeof *pl);
@@ -665,11 +705,16 @@ int fso_plan_explain(const fso_plan_input *in, fso_plan *p)
     }
     for (int k = 0; k < FSO_N_KINDS; k++) {
         fso_plan_reason *r = &p->why[k];
+        int top;
         memset(r, 0, sizeof *r);
         r->tier = fso_plan_main_tier(p, k);
         r->pinned = in->pins.tier[k] >= 0 && in->pins.tier[k] == r->tier;
         r->alt_tier = r->tier - 1;
         r->short_tier = -1;
+        /* split over tiers: why the rest is not on the fastest one too */
+        r->split = fso_plan_state_host_blocks(p, k) ? 0 : split_of(p, k, &top);
+        if (r->split)
+            r->alt_tier = top;
         if (r->pinned || r->alt_tier < 0)
             continue;
         *pl = p->pl;

@@ -108,6 +108,25 @@ if [ $? -eq 0 ] && grep -q '^# OK' "$TMP/out" && grep -q '"gbps"' "$TMP/nv.json"
 else
     bad "bench nvme --json FILE" "$(head -c 300 "$TMP/out") $(head -c 300 "$TMP/err")"
 fi
+# writes timed twice: to completion (a burst a cache takes) and through a final
+# fsync (the drive); the second is never faster, as it ends later
+if grep -q '^#    op .* speed   flushed  correct$' "$TMP/out" &&
+   grep -q '^  write .*[0-9] *OK$' "$TMP/out" && grep -q '^   read .* - *OK$' "$TMP/out" &&
+   python3 - "$TMP/nv.json" <<'EOF2'
+import json, sys
+rows = json.load(open(sys.argv[1]))["results"]
+w = [r for r in rows if r["op"] == "write"]
+ok = (w and all(0 < r["flushed_gbps"] <= r["gbps"] and r["flushed_seconds"] >= r["seconds"]
+                for r in w)
+      and all("flushed_gbps" not in r for r in rows if r["op"] == "read"))
+sys.exit(0 if ok else 1)
+EOF2
+then
+    ok "bench nvme: writes timed to completion and through a flush, table and JSON"
+else
+    bad "bench nvme: writes timed to completion and through a flush" "$(cat "$TMP/out")" \
+        "$(head -c 600 "$TMP/nv.json")"
+fi
 expect_fail "bench adam --json needs a value" 2 "--json" -- bench adam --json
 expect_fail "bench tune --json needs a value" 2 "--json" -- bench tune --nvme "$TMP" --json
 expect_fail "bench tune without --nvme" 2 "--nvme DIR is required" -- bench tune
@@ -156,6 +175,34 @@ if [ $rc -eq 0 ] && grep -q '^"aio": {"block_size": [0-9]*, "queue_depth": [0-9]
     ok "bench tune: the best settings and the aio section"
 else
     bad "bench tune" "status $rc" "$(cat "$TMP/tune.out" "$TMP/err" | head -20)"
+fi
+# the choice is made with the planner's rates: the sweep's read and the write
+# timed through a flush, measured for each size at its best depth
+if grep -q 'chosen by the read rate and the flushed write rate' "$TMP/tune.out" &&
+   grep -q '^#  *[0-9]*[KM] x qd  *[0-9]*: flushed [0-9.]* GB/s (the sweep.s burst [0-9.]*), read .*<- chosen$' "$TMP/tune.out" &&
+   python3 - "$TMP/tune.json" <<'EOF2'
+import json, sys
+j = json.load(open(sys.argv[1]))
+c = j["chosen"]
+fl = [r for r in j["results"] if "flushed_gbps" in r]
+cost = lambda r, f: 1 / r + 1 / f
+reads = {(r["block_bytes"], r["queue_depth"], r["rings"]): r["gbps"]
+         for r in j["results"] if r["op"] == "read"}
+best = min(cost(reads[(r["block_bytes"], r["queue_depth"], r["rings"])], r["flushed_gbps"])
+           for r in fl)
+ok = (c["chosen_by"] == "read_gbps and flushed_write_gbps" and c["flushed_write_gbps"] > 0
+      and len(fl) == 2 and all(r["op"] == "write" and r["rings"] == 1 for r in fl)
+      and any(r["block_bytes"] == c["block_bytes"] and r["queue_depth"] == c["queue_depth"]
+              and r["flushed_gbps"] == c["flushed_write_gbps"] for r in fl)
+      and cost(c["read_gbps"], c["flushed_write_gbps"]) * 0.95 <= best
+      and j["aio"]["block_size"] == c["block_bytes"])
+sys.exit(0 if ok else 1)
+EOF2
+then
+    ok "bench tune: the aio section chosen by the read and flushed write rates"
+else
+    bad "bench tune: the aio section chosen by the read and flushed write rates" \
+        "$(grep -A4 '^# writes timed' "$TMP/tune.out")" "$(head -c 400 "$TMP/tune.json")"
 fi
 if [ "$(png_size "$TMP/tune.png")" = "1200x520" ]; then
     ok "bench tune --plot (1200x520)"

@@ -306,6 +306,79 @@ if grep -q '^fsoff: model\|^plan:' "$TMP/out" || grep -q 'probing' "$TMP/err" ||
 else
     ok "budget: host refused before the probes and the banner"
 fi
+# every short tier with its amount, and a fix new for the command: NVMe given
+# and short too is named with the space to free there, not "add NVMe folders"
+# (where this machine holds the 7B job, or its disk does, nothing is short)
+mkdir -p "$TMP/nv7"
+"$FSOFF" --config "$SRC/configs/llama-7b.json" --set zero_optimization=null --nvme "$TMP/nv7" \
+    --steps 1 --set data.seq_len=64 >"$TMP/out" 2>"$TMP/err"
+rc=$?
+if [ $rc -ne 1 ] || ! grep -q 'NVMe: the NVMe tier needs' "$TMP/err"; then
+    ok "budget: every short tier, a fix not yet taken (skipped: NVMe not short here, status $rc)"
+elif grep -q "host memory" "$TMP/err" && grep -q "is free on $TMP/nv7; short by" "$TMP/err" &&
+     grep -q "on $TMP/nv7, or add a folder (--nvme $TMP/nv7,DIR)" "$TMP/err" &&
+     ! grep -q 'add NVMe folders' "$TMP/err" && [ "$(grep -c error "$TMP/err")" -eq 1 ]; then
+    ok "budget: every short tier, a fix not yet taken"
+else
+    bad "budget: every short tier, a fix not yet taken" "$(cat "$TMP/err")"
+fi
+# CPU devices' memory is their share of --host-mem: a host shortfall, sized
+expect_error "budget: --host-mem too small is host memory's" "host memory: each CPU device gets" \
+    "given by --host-mem" "raise --host-mem to " -- --host-mem 10M --steps 1
+if grep -q -- '--device-mem' "$TMP/err"; then
+    bad "budget: --host-mem too small names --host-mem, not --device-mem" "$(cat "$TMP/err")"
+else
+    want=$(grep -o 'raise --host-mem to [0-9]*M' "$TMP/err" | awk '{ print $4 }')
+    if [ -n "$want" ] && "$FSOFF" --host-mem "$want" --steps 1 >"$TMP/out" 2>"$TMP/err"; then
+        ok "budget: --host-mem too small names --host-mem, and the size it names trains"
+    else
+        bad "budget: the --host-mem named trains" "${want:-none named}" "$(cat "$TMP/err")"
+    fi
+fi
+# --nvme that nothing uses: one line
+mkdir -p "$TMP/unused"
+if "$FSOFF" --steps 1 --nvme "$TMP/unused" >"$TMP/out" 2>"$TMP/err" &&
+   grep -qx "plan: NVMe folder $TMP/unused: not used, everything fits in memory" "$TMP/out" &&
+   "$FSOFF" plan --nvme "$TMP/unused" >"$TMP/out2" 2>>"$TMP/err" &&
+   grep -qx "plan: NVMe folder $TMP/unused: not used, everything fits in memory" "$TMP/out2"; then
+    ok "--nvme that nothing uses: one line, train and plan"
+else
+    bad "--nvme that nothing uses: one line" "$(grep '^plan' "$TMP/out" | tail -3)" "$(cat "$TMP/err")"
+fi
+# another machine (--gpus) planned with this one's host memory: said, and the
+# shortfall names the flag that describes the target; the search in words
+BOX=(plan --config "$SRC/configs/llama-70b.json" --gpus 8 --gpu h200 --auto)
+expect_error "plan --gpus without --host-mem: the shortfall names --host-mem" \
+    "give the target's host memory with --host-mem (" "is this machine's" -- "${BOX[@]}"
+if grep -q "^plan: note: --gpus plans another machine, but these figures are this one's: host memory [0-9.]* GiB (--host-mem), CPU AdamW [0-9.]* Gelem/s (--adam-gelems)" "$TMP/out" &&
+   grep -q "^plan: host .*(this machine's: available now" "$TMP/out" &&
+   grep -q '^plan: searched [0-9]* placements (.*): none fits: .* short of host memory (by ' "$TMP/out" &&
+   ! grep -q 'placements predicted' "$TMP/out"; then
+    ok "plan --gpus: the figures taken from this machine said, the search in words"
+else
+    bad "plan --gpus: the figures taken from this machine said" "$(grep '^plan: [hns]' "$TMP/out")"
+fi
+if "$FSOFF" "${BOX[@]}" --json 2>"$TMP/err" | python3 -c '
+import json, sys
+s = json.load(sys.stdin)["search"]
+sys.exit(0 if s["considered"] > 0 and s["fit"] == 0 and s["short"]["host"] > 0
+         and s["least_short_bytes"]["host"] > 0 else 1)'; then
+    ok "plan --json: what the search counted"
+else
+    bad "plan --json: what the search counted" "$(cat "$TMP/err")"
+fi
+"$FSOFF" "${BOX[@]}" --host-mem 2T --nvme-free 12T --nvme-read 24 --nvme-write 16 --adam-gelems 8 \
+    >"$TMP/out" 2>"$TMP/err"
+# a kind split over tiers: its reason says why the rest is not on the faster one
+if grep -q '^plan: searched [0-9]* placements (.*): [0-9]* fit, the fastest taken$' "$TMP/out" &&
+   grep -q "^plan: note: --gpus plans another machine, but these figures are this one's: host copies" "$TMP/out" &&
+   grep -q '^plan: placement: parameters device ([0-9]* of 82 blocks) + host' "$TMP/out" &&
+   grep -q '^plan: why: parameters device + host ([0-9]* of 82 blocks on the devices; all 82 there, device memory would be short by ' "$TMP/out"; then
+    ok "plan --gpus described: the search, and a split kind's reason agrees with its placement"
+else
+    bad "plan --gpus described: a split kind's reason" "$(grep -E '^plan: (searched|note|placement|why)' "$TMP/out")" "$(cat "$TMP/err")"
+fi
+
 # absurd models: refused at once by train and plan, each tier named
 HUGE=(--set model.num_hidden_layers=1000000 --set model.hidden_size=8192
       --set model.intermediate_size=28672 --set model.num_attention_heads=64

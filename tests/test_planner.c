@@ -412,6 +412,57 @@ static void test_shortfall_names_the_tier_and_the_bytes(void **state)
     assert_non_null(strstr(msg, "leave zero_optimization.offload_optimizer.device out"));
 }
 
+/* A kind split over tiers is explained as one account with its placement:
+ * how many blocks sit on the faster tier and why not all; the search says
+ * what it counted; a plan that fits nowhere names every short tier and a
+ * fix sized by planning again (here: the NVMe space that makes it fit). */
+static void test_split_reasons_search_words_and_sized_fixes(void **state)
+{
+    (void)state;
+    synth s;
+    fso_plan p;
+    char why[1024], msg[2048], desc[512];
+    synth_model(&s, 8, 1 << 20, 1e9, true);
+    gpu_engine(&s);
+    s.in.machine.device_mem_bytes = (uint64_t)(30 * MIB);
+    assert_int_equal(fso_plan_choose(&s.in, &p), 0);
+    const int on_dev = count_tier(&p, FSO_KIND_PARAM, FSO_TIER_DEVICE);
+    assert_true(on_dev > 0 && on_dev < 8);
+    fso_plan_describe(&p, desc, sizeof desc);
+    fso_plan_why(&p, why, sizeof why);
+    char want[128];
+    snprintf(want, sizeof want, "parameters device + host (%d of 8 blocks on the devices; all 8 "
+             "there, device memory would be short by ", on_dev);
+    if (!strstr(why, want) || strstr(why, "parameters device (fits)"))
+        fail_msg("placement %s, but why: %s", desc, why);
+    assert_true(p.search.fit > 0 && p.search.considered >= p.search.fit);
+    fso_plan_search_words(&s.in, &p, msg, sizeof msg);
+    if (!strstr(msg, "blocks kept on the devices") || !strstr(msg, "fit, the fastest taken"))
+        fail_msg("search words: %s", msg);
+
+    /* nothing fits: host and NVMe both short; the fix names the NVMe space
+     * that makes it fit, which a plan with that much then finds */
+    synth_model(&s, 4, 1 << 20, 1e9, true);
+    s.in.machine.device_mem_bytes = (uint64_t)(18 * MIB);
+    s.in.machine.host_mem_bytes = (uint64_t)(40 * MIB);
+    s.in.machine.nvme_free_bytes = (uint64_t)(20 * MIB);
+    assert_int_equal(fso_plan_choose(&s.in, &p), -ENOSPC);
+    assert_int_equal(p.search.fit, 0);
+    assert_true(p.search.short_on[FSO_TIER_HOST] > 0 && p.search.short_on[FSO_TIER_NVME] > 0);
+    fso_plan_search_words(&s.in, &p, msg, sizeof msg);
+    if (!strstr(msg, "none fits:") || !strstr(msg, "short of host memory (by "))
+        fail_msg("search words: %s", msg);
+    const fso_plan_origin o = {.train = true, .nvme_dirs = "/x"};
+    fso_plan_nofit_message(&s.in, &p, &o, msg, sizeof msg);
+    unsigned long mib = 0;
+    const char *free_at = strstr(msg, ": free ");
+    if (!free_at || sscanf(free_at, ": free %lu", &mib) != 1 || !strstr(msg, "on /x, or add a "
+        "folder (--nvme /x,DIR)") || strstr(msg, "add NVMe folders"))
+        fail_msg("no sized NVMe fix: %s", msg);
+    s.in.machine.nvme_free_bytes += (uint64_t)((mib + 1) * MIB);
+    assert_int_equal(fso_plan_choose(&s.in, &p), 0);
+}
+
 /* Models the planner cannot lay out (more blocks than it takes, byte
  * counts past 64 bits) are sized by arithmetic before it runs: each tier's
  * need against what it holds, in the options of the command asking. */
@@ -1497,6 +1548,7 @@ int main(void)
         cmocka_unit_test(test_kinds_get_tiers_of_their_own_and_reasons),
         cmocka_unit_test(test_pins_are_kept),
         cmocka_unit_test(test_shortfall_names_the_tier_and_the_bytes),
+        cmocka_unit_test(test_split_reasons_search_words_and_sized_fixes),
         cmocka_unit_test(test_sizes_beyond_the_planner_are_checked_by_arithmetic),
         cmocka_unit_test(test_timeline_prefetch_depth_hand_computed),
         cmocka_unit_test(test_timeline_cpu_device_is_a_sum),

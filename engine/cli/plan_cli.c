@@ -484,6 +484,36 @@ static void print_json(const plan_report *r)
     json_decref(j);
 }
 
+/* A plan for another machine (--gpus) that takes some figures from this
+ * one: one line naming each, and the option that gives the target's. */
+static void print_borrowed(const plan_report *r)
+{
+    const given *g = &r->a->g;
+    const fso_plan_machine *m = r->m;
+    char line[1024], h[32];
+    size_t off = 0;
+    if (!g->gpus)
+        return;
+    if (!g->host_mem) {
+        fso_human_bytes(h, sizeof h, (double)m->host_mem_bytes);
+        off += (size_t)snprintf(line + off, sizeof line - off, "%shost memory %s (--host-mem)",
+                                off ? ", " : "", h);
+    }
+    if (!(g->adam > 0))
+        off += (size_t)snprintf(line + off, sizeof line - off, "%sCPU AdamW %.2f Gelem/s "
+                                "(--adam-gelems)", off ? ", " : "", m->adam_gelems);
+    if (r->dirs[0] && !g->has_nvme_free)
+        off += (size_t)snprintf(line + off, sizeof line - off, "%sNVMe free space of %s "
+                                "(--nvme-free)", off ? ", " : "", r->dirs);
+    if (r->dirs[0] && !(g->nvme_read > 0 && g->nvme_write > 0))
+        off += (size_t)snprintf(line + off, sizeof line - off, "%sNVMe rates of %s "
+                                "(--nvme-read, --nvme-write)", off ? ", " : "", r->dirs);
+    off += (size_t)snprintf(line + off, sizeof line - off, "%shost copies %.1f GB/s",
+                            off ? ", " : "", m->host_copy_gbps);
+    printf("plan: note: --gpus plans another machine, but these figures are this one's: %s; "
+           "give the target's with the options named\n", line);
+}
+
 /* The job and the machine, one line each, as the plan table's heading. */
 static void print_heading(const plan_report *r)
 {
@@ -533,16 +563,18 @@ static void print_heading(const plan_report *r)
                  " (tuned: fsoff bench tune with %d device%s; this plan has %d: tune again "
                  "with --devices %d)",
                  r->tuned_devices, r->tuned_devices == 1 ? "" : "s", m->devices, m->devices);
-    char host_note[128];
+    char host_note[192];
     snprintf(host_note, sizeof host_note,
-             " (available now less %d%%, at least 1 GiB, left to the machine; --host-mem sets it)",
-             FSO_HOST_HEADROOM_PCT);
+             " (%savailable now less %d%%, at least 1 GiB, left to the machine; --host-mem %s)",
+             g->gpus ? "this machine's: " : "", FSO_HOST_HEADROOM_PCT,
+             g->gpus ? "gives the target's" : "sets it");
     printf("plan: host %s%s, CPU AdamW %.2f Gelem/s%s; NVMe %s free%s, read %.2f GB/s, "
            "write %.2f GB/s%s\n",
            h2, g->host_mem ? "" : host_note, m->adam_gelems,
            g->adam > 0 ? "" : " (this machine's probe)", h3,
            g->has_nvme_free ? "" : r->dirs[0] ? " (statvfs)" : "", m->nvme_read_gbps,
            m->nvme_write_gbps, how);
+    print_borrowed(r);
     if (r->missing[0])
         printf("plan: note: NVMe folder %s does not exist here; %s\n", r->missing,
                g->has_nvme_free ? "NVMe as given by --nvme-free, --nvme-read, --nvme-write"
@@ -561,7 +593,10 @@ static void print_text(const plan_report *r)
                d, r->unpinned->step_ms, r->plan->step_ms / r->unpinned->step_ms);
     }
     print_alternatives(stdout, &r->ctx->in);
-    printf("plan: %d placements predicted\n", r->plan->evaluated);
+    char words[1024];
+    fso_plan_search_words(&r->ctx->in, r->plan, words, sizeof words);
+    printf("plan: %s\n", words);
+    fso_plan_unused_nvme(stdout, r->plan, r->dirs);
     if (r->a->trace)
         fso_plan_trace(&r->ctx->in, &r->plan->pl, stdout);
 }
@@ -597,8 +632,12 @@ static int plan_and_report(plan_report *r, const fso_plan_pins *pins)
     fflush(stdout);
     status = 0;
     if (rc == -ENOSPC) {
-        char err[1024];
-        fso_plan_shortfall_message(plan, pins, false, err, sizeof err);
+        char err[2048];
+        const given *g = &r->a->g;
+        const fso_plan_origin o = {.other_machine = g->gpus > 0, .host_given = g->host_mem != 0,
+                                   .device_given = g->device_mem || g->gpu_mem,
+                                   .nvme_given = g->has_nvme_free, .nvme_dirs = r->dirs};
+        fso_plan_nofit_message(&r->ctx->in, plan, &o, err, sizeof err);
         fprintf(stderr, "fsoff: error: no placement fits: %s\n", err);
         status = 1;
     }
