@@ -40,6 +40,24 @@
 
 /* ---------------------------------------------------------------- small jobs */
 
+/* State on the tiers given, both offload sections' NVMe in folder dir. */
+static inline void fso_test_set_tiers(fso_config *cfg, fso_tier param, fso_tier optim,
+                                      const char *dir)
+{
+    cfg->offload.param_tier = param;
+    cfg->offload.optim_tier = optim;
+    snprintf(cfg->offload.param_nvme_path, sizeof cfg->offload.param_nvme_path, "%s", dir);
+    snprintf(cfg->offload.optim_nvme_path, sizeof cfg->offload.optim_nvme_path, "%s", dir);
+}
+
+/* Each kind of state on its own tier, t[kind], NVMe in folder dir. */
+static inline void fso_test_set_kind_tiers(fso_config *cfg, const fso_tier *t, const char *dir)
+{
+    fso_test_set_tiers(cfg, t[FSO_KIND_PARAM], t[FSO_KIND_MASTER], dir);
+    cfg->offload.per_kind = true;
+    memcpy(cfg->offload.kind_tier, t, sizeof cfg->offload.kind_tier);
+}
+
 #define FSO_TEST_STEPS 3
 
 /* Defaults, then the shape both small jobs share: 2 layers of `hidden`,

@@ -1,4 +1,5 @@
-/* test_zero.c — ZeRO-3 sharding over virtual devices and the three tiers.
+/* test_zero.c — ZeRO-3 sharding over virtual devices and the three tiers
+ * (test_zero_faults.c: faults, folders and re-plans while training).
  *
  *  - the same run with state on the device, in host memory and on NVMe
  *    gives bit-identical losses, norms and parameters (1 and 2 devices),
@@ -8,9 +9,6 @@
  *  - budgets fail before training, naming the tier and the shortfall;
  *  - a model whose training state is several times the device cap and
  *    larger than the host arena trains from NVMe within the cap;
- *  - NVMe faults (EIO on read and write, ENOSPC, short reads) end the step
- *    with a clear error or are retried, never computing from a bad shard;
- *  - folder errors and the tmpfs fallback;
  *  - bf16 working parameters (bf16.enabled): bit-identical across tiers and
  *    schedules, close to the fp32 run, always bf16 of the master, and half
  *    the parameter bytes on NVMe;
@@ -46,14 +44,6 @@
 
 static char nvme_dir[256];
 
-static void set_tiers(fso_config *cfg, fso_tier param, fso_tier optim)
-{
-    cfg->offload.param_tier = param;
-    cfg->offload.optim_tier = optim;
-    snprintf(cfg->offload.param_nvme_path, sizeof cfg->offload.param_nvme_path, "%s", nvme_dir);
-    snprintf(cfg->offload.optim_nvme_path, sizeof cfg->offload.optim_nvme_path, "%s", nvme_dir);
-}
-
 static void tiers_for_world(int world, bool bf16)
 {
     static const fso_tier tiers[][2] = {
@@ -65,13 +55,13 @@ static void tiers_for_world(int world, bool bf16)
     fso_config cfg;
     fso_test_small_model(&cfg, world, 4);
     cfg.bf16 = bf16;
-    set_tiers(&cfg, tiers[0][0], tiers[0][1]);
+    fso_test_set_tiers(&cfg, tiers[0][0], tiers[0][1], nvme_dir);
     run(&cfg, NULL, &base);
     if (base.rc)
         fail_msg("all on device: %s", base.err);
     for (size_t t = 1; t < sizeof tiers / sizeof tiers[0]; t++) {
         char what[96];
-        set_tiers(&cfg, tiers[t][0], tiers[t][1]);
+        fso_test_set_tiers(&cfg, tiers[t][0], tiers[t][1], nvme_dir);
         run(&cfg, NULL, &r);
         if (r.rc)
             fail_msg("tiers %d/%d: %s", tiers[t][0], tiers[t][1], r.err);
@@ -104,13 +94,6 @@ static void test_bf16_tiers_are_bit_identical_two_devices(void **s)
  * on the device, on the CPU backend and under a discrete GPU's rules
  * (cpu-async, where the CPU updates state that lives on the device through
  * copies unless all of it is there), with 1 and 2 devices. */
-static void set_kind_tiers(fso_config *cfg, const fso_tier *t)
-{
-    set_tiers(cfg, t[FSO_KIND_PARAM], t[FSO_KIND_MASTER]);
-    cfg->offload.per_kind = true;
-    memcpy(cfg->offload.kind_tier, t, sizeof cfg->offload.kind_tier);
-}
-
 static void test_per_kind_tiers_are_bit_identical(void **state)
 {
     (void)state;
@@ -128,13 +111,13 @@ static void test_per_kind_tiers_are_bit_identical(void **state)
             fso_config cfg;
             fso_test_small_model(&cfg, world, 4);
             cfg.backend = fso_backend_find(backends[be])->kind;
-            set_tiers(&cfg, D, D);
+            fso_test_set_tiers(&cfg, D, D, nvme_dir);
             run(&cfg, NULL, &base);
             if (base.rc)
                 fail_msg("all on device: %s", base.err);
             for (size_t i = 0; i < sizeof split / sizeof split[0]; i++) {
                 char what[160];
-                set_kind_tiers(&cfg, split[i]);
+                fso_test_set_kind_tiers(&cfg, split[i], nvme_dir);
                 snprintf(what, sizeof what, "%d devices, %s, kinds on tiers %d %d %d %d %d", world,
                          backends[be], split[i][0], split[i][1], split[i][2], split[i][3],
                          split[i][4]);
@@ -181,14 +164,14 @@ static void test_first_blocks_state_on_the_host_is_bit_identical(void **state)
             fso_config cfg;
             fso_test_small_model(&cfg, world, 4);
             cfg.backend = fso_backend_find(backends[be])->kind;
-            set_tiers(&cfg, D, D);
+            fso_test_set_tiers(&cfg, D, D, nvme_dir);
             run(&cfg, NULL, &base);
             if (base.rc)
                 fail_msg("all on device: %s", base.err);
             const int nb = fso_model_n_blocks(&cfg.model);
             for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
                 char what[160];
-                set_kind_tiers(&cfg, cases[i].t);
+                fso_test_set_kind_tiers(&cfg, cases[i].t, nvme_dir);
                 cfg.offload.state_host_blocks = cases[i].host_blocks;
                 cfg.optimizer_overlap = cases[i].overlap;
                 assert_int_equal(fso_offload_block_tier(&cfg.offload, FSO_KIND_M, 0), H);
@@ -276,7 +259,7 @@ static void test_step_nvme_bytes_are_the_derivation(void **state)
         fso_data data = {0};
         fso_trainer tr;
         fso_test_small_model(&cfg, cases[c].world, 4);
-        set_kind_tiers(&cfg, cases[c].t);
+        fso_test_set_kind_tiers(&cfg, cases[c].t, nvme_dir);
         cfg.offload.state_host_blocks = cases[c].host_blocks;
         cfg.grad_accum = cases[c].accum;
         cfg.bf16 = cases[c].bf16;
@@ -327,7 +310,7 @@ static void schedules_for(int world, fso_tier param, fso_tier optim, double clip
     fso_config cfg;
     fso_test_small_model(&cfg, world, 4);
     cfg.bf16 = bf16;
-    set_tiers(&cfg, param, optim);
+    fso_test_set_tiers(&cfg, param, optim, nvme_dir);
     cfg.grad_clip = clip;
     cfg.optimizer_overlap = FSO_OVERLAP_NONE;
     run(&cfg, NULL, &base);
@@ -391,7 +374,7 @@ static void gpu_rules_for(int world, bool bf16, bool every_schedule)
             cfg.bf16 = bf16;
             cfg.grad_clip = mode == FSO_OVERLAP_BACKWARD ? 0.0 : 1.0;
             cfg.optimizer_overlap = (fso_overlap)mode;
-            set_tiers(&cfg, tiers[t][0], tiers[t][1]);
+            fso_test_set_tiers(&cfg, tiers[t][0], tiers[t][1], nvme_dir);
             char what[160];
             snprintf(what, sizeof what,
                      "%d devices, %s, parameters on tier %d, optimizer on tier %d, schedule %d",
@@ -446,7 +429,7 @@ static void test_a_step_syncs_once_and_allocates_nothing(void **state)
             fso_test_small_model(&cfg, 1, 4);
             cfg.grad_accum = 4;
             cfg.backend = FSO_BACKEND_CPU_ASYNC;
-            set_tiers(&cfg, tiers[t][0], tiers[t][1]);
+            fso_test_set_tiers(&cfg, tiers[t][0], tiers[t][1], nvme_dir);
             cfg.optimizer_overlap = (fso_overlap)mode;
             cfg.grad_clip = mode == FSO_OVERLAP_BACKWARD ? 0.0 : 1.0;
             run(&cfg, NULL, &r);
@@ -480,8 +463,8 @@ static void test_non_finite_gradients_stop_every_schedule(void **state)
                 run_result r;
                 fso_test_small_model(&cfg, 1, 4);
                 cfg.backend = fso_backend_find(backends[be])->kind;
-                set_tiers(&cfg, FSO_TIER_DEVICE,
-                          grads_on_device ? FSO_TIER_DEVICE : FSO_TIER_HOST);
+                fso_test_set_tiers(&cfg, FSO_TIER_DEVICE,
+                          grads_on_device ? FSO_TIER_DEVICE : FSO_TIER_HOST, nvme_dir);
                 cfg.optimizer_overlap = (fso_overlap)mode;
                 cfg.grad_clip = 0;
                 cfg.sched.type = FSO_SCHED_CONSTANT;
@@ -504,9 +487,9 @@ static void test_nvme_streaming_in_chunks_matches_memory(void **state)
     run_result mem, nv;
     fso_config cfg;
     fso_test_small_model(&cfg, 1, 4);
-    set_tiers(&cfg, FSO_TIER_DEVICE, FSO_TIER_HOST);
+    fso_test_set_tiers(&cfg, FSO_TIER_DEVICE, FSO_TIER_HOST, nvme_dir);
     run(&cfg, NULL, &mem);
-    set_tiers(&cfg, FSO_TIER_DEVICE, FSO_TIER_NVME);
+    fso_test_set_tiers(&cfg, FSO_TIER_DEVICE, FSO_TIER_NVME, nvme_dir);
     cfg.offload.aio_block_bytes = 8192; /* shards of this model span many chunks */
     run(&cfg, NULL, &nv);
     if (nv.rc)
@@ -595,7 +578,7 @@ static void test_absurd_models_are_refused_before_allocating(void **state)
         cfg.model.num_attention_heads = cfg.model.num_key_value_heads = cases[i].heads;
         cfg.model.head_dim = cases[i].hidden / cases[i].heads;
         cfg.model.vocab_size = cases[i].vocab;
-        set_tiers(&cfg, cases[i].param, cases[i].optim);
+        fso_test_set_tiers(&cfg, cases[i].param, cases[i].optim, nvme_dir);
         cfg.device_mem_bytes = (uint64_t)1 << 30;
         fso_zero_need need;
         fso_zero_need_for(&cfg, &need);
@@ -631,7 +614,7 @@ static void test_large_model_trains_from_nvme_within_cap(void **state)
     cfg.grad_accum = 1;
     cfg.device_mem_bytes = 16u << 20;
     cfg.offload.aio_queue_depth = 8; /* the optimizer's ring: 2 sets of 1 MiB chunks */
-    set_tiers(&cfg, FSO_TIER_NVME, FSO_TIER_NVME);
+    fso_test_set_tiers(&cfg, FSO_TIER_NVME, FSO_TIER_NVME, nvme_dir);
     run(&cfg, NULL, &r);
     if (r.rc)
         fail_msg("%s", r.err);
@@ -690,12 +673,12 @@ static void test_bf16_working_parameters_are_bf16_of_master(void **state)
     run_result mem, r;
     fso_test_small_model(&cfg, 2, 4);
     cfg.bf16 = true;
-    set_tiers(&cfg, FSO_TIER_HOST, FSO_TIER_HOST);
+    fso_test_set_tiers(&cfg, FSO_TIER_HOST, FSO_TIER_HOST, nvme_dir);
     run(&cfg, NULL, &mem);
     if (mem.rc)
         fail_msg("%s", mem.err);
     for (size_t t = 0; t < sizeof tiers / sizeof tiers[0]; t++) {
-        set_tiers(&cfg, tiers[t][0], tiers[t][1]);
+        fso_test_set_tiers(&cfg, tiers[t][0], tiers[t][1], nvme_dir);
         run(&cfg, NULL, &r);
         if (r.rc)
             fail_msg("tiers %d/%d: %s", tiers[t][0], tiers[t][1], r.err);
@@ -705,7 +688,7 @@ static void test_bf16_working_parameters_are_bf16_of_master(void **state)
     static const int64_t chunks[] = {8192, 4096};
     for (size_t c = 0; c < sizeof chunks / sizeof *chunks; c++) {
         char what[96];
-        set_tiers(&cfg, FSO_TIER_NVME, FSO_TIER_NVME);
+        fso_test_set_tiers(&cfg, FSO_TIER_NVME, FSO_TIER_NVME, nvme_dir);
         cfg.offload.aio_block_bytes = chunks[c];
         run(&cfg, NULL, &r);
         if (r.rc)
@@ -731,7 +714,7 @@ static void test_bf16_load_hf_keeps_the_master_exact(void **state)
         char err[512];
         fso_test_small_model(&cfg, 2, 4);
         cfg.bf16 = true;
-        set_tiers(&cfg, tiers[t], tiers[t]);
+        fso_test_set_tiers(&cfg, tiers[t], tiers[t], nvme_dir);
         if (fso_trainer_init(&tr, &cfg) < 0)
             fail_msg("%s", tr.err);
         run_result r = {.np = fso_zero_model(tr.zero)->n_params};
@@ -888,7 +871,7 @@ static void test_bf16_halves_parameter_nvme_reads(void **state)
     fso_config cfg;
     run_result f32, b16;
     fso_test_small_model(&cfg, 2, 4);
-    set_tiers(&cfg, FSO_TIER_NVME, FSO_TIER_HOST);
+    fso_test_set_tiers(&cfg, FSO_TIER_NVME, FSO_TIER_HOST, nvme_dir);
     run(&cfg, NULL, &f32);
     cfg.bf16 = true;
     run(&cfg, NULL, &b16);
@@ -901,333 +884,6 @@ static void test_bf16_halves_parameter_nvme_reads(void **state)
     assert_true(ratio >= 0.5 && ratio <= 0.55);
     result_free(&f32);
     result_free(&b16);
-}
-
-/* ---- faults */
-
-static fso_fault_spec g_spec;
-static void inject(fso_trainer *tr)
-{
-    assert_int_equal(fso_zero_inject_faults(tr->zero, 0, &g_spec), 0);
-}
-
-static void fault_run(fso_fault_spec spec, run_result *r)
-{
-    fso_config cfg;
-    fso_test_small_model(&cfg, 2, 4);
-    set_tiers(&cfg, FSO_TIER_NVME, FSO_TIER_NVME);
-    g_spec = spec;
-    run(&cfg, &(run_hooks){.started = inject}, r);
-}
-
-static void test_nvme_read_eio_ends_the_step(void **state)
-{
-    (void)state;
-    run_result r;
-    fault_run((fso_fault_spec){.read_eio_at = 3}, &r);
-    assert_int_equal(r.rc, -EIO);
-    assert_non_null(strstr(r.err, "NVMe"));
-    assert_non_null(strstr(r.err, "not applied"));
-    result_free(&r);
-}
-
-static void test_nvme_write_eio_is_reported(void **state)
-{
-    (void)state;
-    run_result r;
-    fault_run((fso_fault_spec){.write_eio_at = 2}, &r);
-    assert_int_equal(r.rc, -EIO);
-    assert_non_null(strstr(r.err, "NVMe"));
-    result_free(&r);
-}
-
-/* Parameters lent from the buffer the devices share: when device 0's
- * update fails, device 1, waiting for it before lending the block, fails
- * the step too instead of waiting forever or computing with a block half
- * updated; on every schedule. */
-static void test_a_failed_update_stops_the_devices_sharing_a_block(void **state)
-{
-    (void)state;
-    for (int mode = FSO_OVERLAP_NONE; mode <= FSO_OVERLAP_BACKWARD; mode++) {
-        fso_config cfg;
-        run_result r;
-        fso_tier t[FSO_N_KINDS];
-        fso_test_small_model(&cfg, 2, 4);
-        for (int k = 0; k < FSO_N_KINDS; k++) /* m and v on NVMe: the update's writes only */
-            t[k] = k == FSO_KIND_M || k == FSO_KIND_V ? FSO_TIER_NVME : FSO_TIER_DEVICE;
-        set_kind_tiers(&cfg, t);
-        cfg.optimizer_overlap = (fso_overlap)mode;
-        cfg.grad_clip = mode == FSO_OVERLAP_BACKWARD ? 0.0 : 1.0;
-        g_spec = (fso_fault_spec){.write_eio_at = 2};
-        run(&cfg, &(run_hooks){.started = inject}, &r);
-        /* named by the block whose write failed */
-        if (r.rc != -EIO || !strstr(r.err, "NVMe I/O for block ") || strstr(r.err, "block -"))
-            fail_msg("schedule %d: rc %d: %s", mode, r.rc, r.err);
-        result_free(&r);
-    }
-}
-
-static void test_nvme_enospc_mid_run_is_reported(void **state)
-{
-    (void)state;
-    run_result r;
-    fault_run((fso_fault_spec){.write_enospc_at = 5}, &r);
-    assert_int_equal(r.rc, -ENOSPC);
-    assert_non_null(strstr(r.err, "No space left"));
-    result_free(&r);
-}
-
-static void test_nvme_short_read_is_retried_exactly(void **state)
-{
-    (void)state;
-    run_result clean, shortr;
-    fault_run((fso_fault_spec){0}, &clean);
-    fault_run((fso_fault_spec){.short_read_at = 4}, &shortr);
-    assert_bit_identical(&clean, &shortr, 1, "short read retried");
-    result_free(&clean);
-    result_free(&shortr);
-}
-
-static void test_nvme_folder_errors(void **state)
-{
-    (void)state;
-    fso_config cfg;
-    run_result r;
-    fso_test_small_model(&cfg, 1, 2);
-    set_tiers(&cfg, FSO_TIER_NVME, FSO_TIER_NVME);
-    snprintf(cfg.offload.param_nvme_path, sizeof cfg.offload.param_nvme_path, "%s/missing",
-             nvme_dir);
-    snprintf(cfg.offload.optim_nvme_path, sizeof cfg.offload.optim_nvme_path, "%s/missing",
-             nvme_dir);
-    run(&cfg, NULL, &r);
-    assert_true(r.rc < 0);
-    assert_non_null(strstr(r.err, "missing"));
-    result_free(&r);
-
-    char file[300];
-    snprintf(file, sizeof file, "%s/plainfile", nvme_dir);
-    FILE *f = fopen(file, "w");
-    assert_non_null(f);
-    fclose(f);
-    snprintf(cfg.offload.optim_nvme_path, sizeof cfg.offload.optim_nvme_path, "%s", file);
-    snprintf(cfg.offload.param_nvme_path, sizeof cfg.offload.param_nvme_path, "%s", file);
-    run(&cfg, NULL, &r);
-    assert_true(r.rc < 0);
-    assert_non_null(strstr(r.err, "plainfile"));
-    result_free(&r);
-    unlink(file);
-}
-
-static void test_tmpfs_falls_back_to_buffered(void **state)
-{
-    (void)state;
-    char shm[] = "/dev/shm/fsoff-test-XXXXXX";
-    if (!mkdtemp(shm)) {
-        fprintf(stderr, "# no /dev/shm here: skipping the tmpfs case\n");
-        skip();
-    }
-    fso_config cfg;
-    run_result a, b;
-    fso_test_small_model(&cfg, 1, 2);
-    set_tiers(&cfg, FSO_TIER_NVME, FSO_TIER_NVME);
-    run(&cfg, NULL, &a);
-    snprintf(cfg.offload.param_nvme_path, sizeof cfg.offload.param_nvme_path, "%s", shm);
-    snprintf(cfg.offload.optim_nvme_path, sizeof cfg.offload.optim_nvme_path, "%s", shm);
-    run(&cfg, NULL, &b);
-    rmdir(shm);
-    if (b.rc)
-        fail_msg("tmpfs: %s", b.err);
-    assert_bit_identical(&a, &b, 1, "tmpfs vs disk");
-    result_free(&a);
-    result_free(&b);
-}
-
-/* Re-plans while training: every move of parameters and optimizer state
- * between the tiers, and prefetch depth changes, keep the run's bits. */
-typedef struct move {
-    int after_step;
-    fso_tier param, optim;
-    int prefetch;
-    const char *nvme;       /* folder; NULL: the test's */
-    uint64_t device_cap;    /* 0: as configured */
-    int want_rc;            /* 0, or the failure expected */
-    const char *want_err;   /* a part of the message */
-    int state_host_blocks;  /* offload.state_host_blocks after the move */
-} move;
-static const move *g_moves;
-static int g_nmoves;
-
-static void do_moves(fso_trainer *tr, int s)
-{
-    for (int i = 0; i < g_nmoves; i++) {
-        const move *m = &g_moves[i];
-        if (m->after_step != s)
-            continue;
-        fso_offload_config o = tr->cfg->offload;
-        o.param_tier = m->param;
-        o.optim_tier = m->optim;
-        o.prefetch_blocks = m->prefetch;
-        o.state_host_blocks = m->state_host_blocks;
-        const char *dir = m->nvme ? m->nvme : nvme_dir;
-        snprintf(o.param_nvme_path, sizeof o.param_nvme_path, "%s", dir);
-        snprintf(o.optim_nvme_path, sizeof o.optim_nvme_path, "%s", dir);
-        double waited;
-        char err[512] = "";
-        uint64_t moved = 0;
-        assert_int_equal(fso_trainer_finish(tr, &waited), 0);
-        int rc = fso_zero_retier(tr->zero, &o, &moved, err, sizeof err);
-        if (rc != m->want_rc)
-            fail_msg("move %d after step %d: rc %d (%s), expected %d", i, s, rc, err,
-                     m->want_rc);
-        if (m->want_err && !strstr(err, m->want_err))
-            fail_msg("move %d: message \"%s\" lacks \"%s\"", i, err, m->want_err);
-        if (rc == 0)
-            assert_true(moved > 0);
-    }
-}
-
-/* The backend of the moving run ("cpu" when NULL); the unmoved run it is
- * compared with is always on "cpu". */
-static const char *g_move_backend;
-
-static void moves_keep_bits(int world, fso_tier p0, fso_tier o0, const move *moves, int n,
-                            bool bf16)
-{
-    run_result base, r;
-    fso_config cfg;
-    fso_test_small_model(&cfg, world, 4);
-    cfg.bf16 = bf16;
-    set_tiers(&cfg, FSO_TIER_DEVICE, FSO_TIER_DEVICE);
-    run(&cfg, NULL, &base);
-    assert_int_equal(base.rc, 0);
-    set_tiers(&cfg, p0, o0);
-    if (g_move_backend)
-        cfg.backend = fso_backend_find(g_move_backend)->kind;
-    g_moves = moves;
-    g_nmoves = n;
-    run(&cfg, &(run_hooks){.stepped = do_moves}, &r);
-    if (r.rc)
-        fail_msg("%s", r.err);
-    assert_bit_identical(&base, &r, 1, "re-planned run");
-    result_free(&base);
-    result_free(&r);
-}
-
-static void test_replan_moves_keep_bits_one_device(void **state)
-{
-    (void)state;
-    const move moves[] = {
-        {1, FSO_TIER_NVME, FSO_TIER_HOST, 1, NULL, 0, 0, NULL, 0},
-        {2, FSO_TIER_HOST, FSO_TIER_NVME, 3, NULL, 0, 0, NULL, 0},
-    };
-    moves_keep_bits(1, FSO_TIER_DEVICE, FSO_TIER_DEVICE, moves, 2, false);
-    /* and back up from NVMe, the store's files removed once unused */
-    const move up[] = {
-        {1, FSO_TIER_NVME, FSO_TIER_NVME, 2, NULL, 0, 0, NULL, 0},
-        {2, FSO_TIER_DEVICE, FSO_TIER_DEVICE, 0, NULL, 0, 0, NULL, 0},
-    };
-    moves_keep_bits(1, FSO_TIER_HOST, FSO_TIER_NVME, up, 2, false);
-    char path[512];
-    snprintf(path, sizeof path, "%s/fsoff-dev0.0", nvme_dir);
-    assert_int_equal(access(path, F_OK), -1);
-}
-
-static void test_replan_moves_keep_bits_two_devices(void **state)
-{
-    (void)state;
-    const move moves[] = {
-        {1, FSO_TIER_DEVICE, FSO_TIER_NVME, 0, NULL, 0, 0, NULL, 0},
-        {2, FSO_TIER_NVME, FSO_TIER_DEVICE, 4, NULL, 0, 0, NULL, 0},
-    };
-    moves_keep_bits(2, FSO_TIER_HOST, FSO_TIER_HOST, moves, 2, false);
-}
-
-/* Moves of the first blocks' optimizer state between the host and NVMe:
- * onto the host with the rest onto NVMe, more blocks, fewer, none. */
-static void test_replan_moves_first_blocks_state_keep_bits(void **state)
-{
-    (void)state;
-    const move moves[] = {
-        {1, FSO_TIER_HOST, FSO_TIER_NVME, 2, NULL, 0, 0, NULL, 2},
-        {2, FSO_TIER_HOST, FSO_TIER_NVME, 2, NULL, 0, 0, NULL, 1},
-    };
-    moves_keep_bits(2, FSO_TIER_HOST, FSO_TIER_HOST, moves, 2, true);
-    const move more[] = {
-        {1, FSO_TIER_DEVICE, FSO_TIER_NVME, 0, NULL, 0, 0, NULL, 3},
-        {2, FSO_TIER_DEVICE, FSO_TIER_NVME, 0, NULL, 0, 0, NULL, 0},
-    };
-    moves_keep_bits(1, FSO_TIER_DEVICE, FSO_TIER_NVME, more, 2, false);
-}
-
-/* bf16 working parameters move at 2 bytes per element, on one device (its
- * shard lent as it is, before and after a trip through NVMe) and two (lent
- * in place from the devices' shared buffer, and gathered from NVMe). */
-static void test_replan_moves_keep_bits_bf16(void **state)
-{
-    (void)state;
-    const move one[] = {
-        {1, FSO_TIER_NVME, FSO_TIER_HOST, 1, NULL, 0, 0, NULL, 0},
-        {2, FSO_TIER_DEVICE, FSO_TIER_NVME, 0, NULL, 0, 0, NULL, 0},
-    };
-    moves_keep_bits(1, FSO_TIER_DEVICE, FSO_TIER_DEVICE, one, 2, true);
-    const move two[] = {
-        {1, FSO_TIER_DEVICE, FSO_TIER_NVME, 0, NULL, 0, 0, NULL, 0},
-        {2, FSO_TIER_NVME, FSO_TIER_DEVICE, 4, NULL, 0, 0, NULL, 0},
-    };
-    moves_keep_bits(2, FSO_TIER_HOST, FSO_TIER_HOST, two, 2, true);
-}
-
-/* A move that cannot be made leaves the placement as it was, says why, and
- * the run goes on with the same bits. */
-static void test_replan_failures_change_nothing(void **state)
-{
-    (void)state;
-    const move moves[] = {
-        {1, FSO_TIER_NVME, FSO_TIER_NVME, 2, "/nonexistent/fsoff", 0, -ENOENT, "no such folder",
-         0},
-        {1, FSO_TIER_HOST, FSO_TIER_HOST, 40, NULL, 0, -EINVAL, "prefetch depth 40", 0},
-        {1, FSO_TIER_HOST, FSO_TIER_NVME, 2, NULL, 0, -EINVAL, "state_host_blocks 9: must be 0 to",
-         9},
-        {2, FSO_TIER_NVME, FSO_TIER_HOST, 1, NULL, 0, 0, NULL, 0},
-    };
-    moves_keep_bits(2, FSO_TIER_DEVICE, FSO_TIER_HOST, moves, 4, false);
-}
-
-/* Moving state between tiers mid-run on a device with a GPU's rules
- * (cpu-async): the copies between device memory and the host keep the
- * bits, and refused moves still change nothing. */
-static void test_replan_moves_keep_bits_on_a_gpu_like_device(void **state)
-{
-    g_move_backend = "cpu-async";
-    test_replan_moves_keep_bits_one_device(state);
-    test_replan_moves_keep_bits_two_devices(state);
-    test_replan_moves_keep_bits_bf16(state);
-    test_replan_failures_change_nothing(state);
-    g_move_backend = NULL;
-}
-
-static void test_replan_over_the_device_cap_changes_nothing(void **state)
-{
-    (void)state;
-    fso_config cfg;
-    run_result base, r;
-    fso_test_small_model(&cfg, 1, 4);
-    set_tiers(&cfg, FSO_TIER_HOST, FSO_TIER_HOST);
-    run(&cfg, NULL, &base);
-    assert_int_equal(base.rc, 0);
-    /* room for the activations and the gather window, not for the state */
-    cfg.device_mem_bytes = base.peak_device + (64u << 10);
-    const move moves[] = {
-        {1, FSO_TIER_DEVICE, FSO_TIER_DEVICE, 0, NULL, 0, -ENOMEM, "device memory: device 0", 0},
-    };
-    g_moves = moves;
-    g_nmoves = 1;
-    run(&cfg, &(run_hooks){.stepped = do_moves}, &r);
-    if (r.rc)
-        fail_msg("%s", r.err);
-    assert_bit_identical(&base, &r, 1, "after a refused move");
-    result_free(&base);
-    result_free(&r);
 }
 
 /* The planner's memory for a placement is what the engine allocates for
@@ -1264,7 +920,7 @@ static void test_planner_predicts_what_the_engine_allocates(void **state)
         static fso_placement pl;
         char err[512];
         fso_test_small_model(&cfg, cases[i].world, 4);
-        set_tiers(&cfg, cases[i].param, cases[i].optim);
+        fso_test_set_tiers(&cfg, cases[i].param, cases[i].optim, nvme_dir);
         cfg.bf16 = cases[i].bf16;
         cfg.offload.prefetch_blocks = cases[i].prefetch;
         cfg.offload.aio_block_bytes = cases[i].aio;
@@ -1349,20 +1005,6 @@ int main(void)
         cmocka_unit_test(test_device_counts_agree),
         cmocka_unit_test(test_device_cap_too_small_fails_before_training),
         cmocka_unit_test(test_large_model_trains_from_nvme_within_cap),
-        cmocka_unit_test(test_nvme_read_eio_ends_the_step),
-        cmocka_unit_test(test_nvme_write_eio_is_reported),
-        cmocka_unit_test(test_a_failed_update_stops_the_devices_sharing_a_block),
-        cmocka_unit_test(test_nvme_enospc_mid_run_is_reported),
-        cmocka_unit_test(test_nvme_short_read_is_retried_exactly),
-        cmocka_unit_test(test_nvme_folder_errors),
-        cmocka_unit_test(test_tmpfs_falls_back_to_buffered),
-        cmocka_unit_test(test_replan_moves_keep_bits_one_device),
-        cmocka_unit_test(test_replan_moves_keep_bits_two_devices),
-        cmocka_unit_test(test_replan_moves_keep_bits_bf16),
-        cmocka_unit_test(test_replan_moves_first_blocks_state_keep_bits),
-        cmocka_unit_test(test_replan_failures_change_nothing),
-        cmocka_unit_test(test_replan_moves_keep_bits_on_a_gpu_like_device),
-        cmocka_unit_test(test_replan_over_the_device_cap_changes_nothing),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
