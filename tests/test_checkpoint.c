@@ -1086,8 +1086,7 @@ static int setup(void **state)
 {
     (void)state;
     char p[512];
-    snprintf(work, sizeof work, "%s", "fsoff-ckpt-XXXXXX");
-    if (!mkdtemp(work))
+    if (fso_test_group_dir(work, sizeof work, "fsoff-ckpt") < 0)
         return -1;
     path_in(p, sizeof p, "nvme");
     return mkdir(p, 0755);

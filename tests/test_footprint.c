@@ -26,7 +26,7 @@
 #include "train.h"
 #include "zero/zero.h"
 
-static char nvme_dir[256];
+static char nvme_dir[512];
 
 #define D FSO_TIER_DEVICE
 #define H FSO_TIER_HOST
@@ -272,8 +272,7 @@ static void test_more_devices_than_fsoff_drives_are_refused(void **state)
 static int setup(void **state)
 {
     (void)state;
-    snprintf(nvme_dir, sizeof nvme_dir, "%s", "fsoff-footprint-XXXXXX");
-    return mkdtemp(nvme_dir) ? 0 : -1;
+    return fso_test_group_dir(nvme_dir, sizeof nvme_dir, "fsoff-footprint");
 }
 
 static int teardown(void **state)

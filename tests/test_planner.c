@@ -1096,11 +1096,7 @@ static void test_fsoff_plan_without_the_hardware(void **state)
 static int setup(void **state)
 {
     (void)state;
-    char cwd[800];
-    if (!getcwd(cwd, sizeof cwd))
-        return -1;
-    snprintf(tmpdir, sizeof tmpdir, "%s/fsoff-planner-XXXXXX", cwd);
-    return mkdtemp(tmpdir) ? 0 : -1;
+    return fso_test_group_dir(tmpdir, sizeof tmpdir, "fsoff-planner");
 }
 
 static int teardown(void **state)

@@ -454,11 +454,7 @@ static void test_probe_cache_tuned_entries(void **state)
 static int setup(void **state)
 {
     (void)state;
-    char cwd[800];
-    if (!getcwd(cwd, sizeof cwd))
-        return -1;
-    snprintf(tmpdir, sizeof tmpdir, "%s/fsoff-probe-XXXXXX", cwd);
-    return mkdtemp(tmpdir) ? 0 : -1;
+    return fso_test_group_dir(tmpdir, sizeof tmpdir, "fsoff-probe");
 }
 
 static int teardown(void **state)

@@ -274,6 +274,19 @@ FSO_TEST_FN int remove_tree(const char *path)
     return remove_tree_at(AT_FDCWD, path);
 }
 
+/* A CMocka group's folder: <working folder>/NAME-XXXXXX, created (the
+ * tests run in the build folder: a disk, where /tmp may be tmpfs and refuse
+ * O_DIRECT). 0, or -1 when it cannot be made. */
+FSO_TEST_FN int fso_test_group_dir(char *buf, size_t len, const char *name)
+{
+    char cwd[800];
+    if (!getcwd(cwd, sizeof cwd))
+        return -1;
+    if ((size_t)snprintf(buf, len, "%s/%s-XXXXXX", cwd, name) >= len)
+        return -1;
+    return mkdtemp(buf) ? 0 : -1;
+}
+
 /* A test's own temporary folder, /tmp/fso_<program>.XXXXXX. */
 typedef struct tdir {
     char path[256];

@@ -42,7 +42,7 @@
 
 #define STEPS FSO_TEST_STEPS
 
-static char nvme_dir[256];
+static char nvme_dir[512];
 
 static void tiers_for_world(int world, bool bf16)
 {
@@ -967,8 +967,7 @@ static void test_planner_predicts_what_the_engine_allocates(void **state)
 static int setup(void **state)
 {
     (void)state;
-    snprintf(nvme_dir, sizeof nvme_dir, "%s", "fsoff-zero-XXXXXX");
-    return mkdtemp(nvme_dir) ? 0 : -1;
+    return fso_test_group_dir(nvme_dir, sizeof nvme_dir, "fsoff-zero");
 }
 
 static int teardown(void **state)

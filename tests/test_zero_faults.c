@@ -29,7 +29,7 @@
 #include "util.h"
 #include "zero/zero.h"
 
-static char nvme_dir[256];
+static char nvme_dir[512];
 
 /* ---- faults */
 
@@ -132,7 +132,7 @@ static void test_nvme_folder_errors(void **state)
     assert_non_null(strstr(r.err, "missing"));
     result_free(&r);
 
-    char file[300];
+    char file[600];
     snprintf(file, sizeof file, "%s/plainfile", nvme_dir);
     FILE *f = fopen(file, "w");
     assert_non_null(f);
@@ -255,7 +255,7 @@ static void test_replan_moves_keep_bits_one_device(void **state)
         {2, FSO_TIER_DEVICE, FSO_TIER_DEVICE, 0, NULL, 0, 0, NULL, 0},
     };
     moves_keep_bits(1, FSO_TIER_HOST, FSO_TIER_NVME, up, 2, false);
-    char path[512];
+    char path[600];
     snprintf(path, sizeof path, "%s/fsoff-dev0.0", nvme_dir);
     assert_int_equal(access(path, F_OK), -1);
 }
@@ -361,8 +361,7 @@ static void test_replan_over_the_device_cap_changes_nothing(void **state)
 static int setup(void **state)
 {
     (void)state;
-    snprintf(nvme_dir, sizeof nvme_dir, "%s", "fsoff-zero-faults-XXXXXX");
-    return mkdtemp(nvme_dir) ? 0 : -1;
+    return fso_test_group_dir(nvme_dir, sizeof nvme_dir, "fsoff-zero-faults");
 }
 
 static int teardown(void **state)
