@@ -308,6 +308,21 @@ static int append_bytes(fso_data *d, size_t *cap, const unsigned char *p, size_t
     return 0;
 }
 
+/* Text read one byte per token (a file, or the built-in corpus: `what`)
+ * for a model from --init-from whose vocabulary is not bytes: -EINVAL with
+ * the fix in d's error, unless data.format "bytes" asks for it. */
+static int refuse_bytes_for_pretrained(fso_data *d, const fso_config *cfg, const char *what)
+{
+    if (!cfg->init_from[0] || cfg->model.vocab_size <= 256 || cfg->data.format == FSO_DATA_BYTES)
+        return 0;
+    data_err(d, "%s: text is read one byte per token, but the model from %s has a %d-token "
+             "vocabulary whose ids are not bytes; tokenize the text with the model's tokenizer "
+             "into a token file and give that as data.path (see docs/configuration.md, Data), "
+             "or set data.format=bytes to train on its bytes anyway", what, cfg->init_from,
+             cfg->model.vocab_size);
+    return -EINVAL;
+}
+
 static int load_text_file(fso_data *d, const fso_config *cfg, int fd, const char *path,
                           const unsigned char *hdr, size_t hdr_bytes, const struct stat *st)
 {
@@ -321,14 +336,8 @@ static int load_text_file(fso_data *d, const fso_config *cfg, int fd, const char
                  cfg->model.vocab_size);
         return -EINVAL;
     }
-    if (cfg->init_from[0] && cfg->model.vocab_size > 256 && cfg->data.format != FSO_DATA_BYTES) {
-        data_err(d, "%s: plain text is read one byte per token, but the model from %s has a "
-                 "%d-token vocabulary whose ids are not bytes; tokenize the text with the "
-                 "model's tokenizer into a token file and give that as data.path (see "
-                 "docs/configuration.md, Data), or set data.format=bytes to train on its bytes "
-                 "anyway", path, cfg->init_from, cfg->model.vocab_size);
+    if (refuse_bytes_for_pretrained(d, cfg, path) < 0)
         return -EINVAL;
-    }
     /* A regular file's size is known: +1 so that the end-of-file read fits. */
     cap = S_ISREG(st->st_mode) ? (size_t)st->st_size + 1 : CHUNK_BYTES;
     d->tokens = malloc(cap * sizeof(int32_t));
@@ -376,6 +385,8 @@ static int load_builtin(fso_data *d, const fso_config *cfg)
                  "data.path to a token file, or data.format to \"auto\"");
         return -EINVAL;
     }
+    if (refuse_bytes_for_pretrained(d, cfg, "built-in corpus (no data.path)") < 0)
+        return -EINVAL;
     if (cfg->model.vocab_size < 256) {
         data_err(d, "built-in corpus: the text is read one byte per token and needs "
                  "model.vocab_size >= 256 (it is %d); raise model.vocab_size or set "

@@ -271,10 +271,13 @@ fi
 mkdir -p "$TMP/v32k" && sed 's/"vocab_size": 64/"vocab_size": 32000/' "$HF/config.json" >"$TMP/v32k/config.json"
 head -c 3000 /dev/zero | tr '\0' 'a' >"$TMP/book.txt"
 expect_error "init-from with text" \
-    "$TMP/book.txt: plain text is read one byte per token, but the model from $TMP/v32k has a 32000-token vocabulary" \
+    "$TMP/book.txt: text is read one byte per token, but the model from $TMP/v32k has a 32000-token vocabulary" \
     "tokenize the text with the model's tokenizer into a token file" "set data.format=bytes" -- \
     --init-from "$TMP/v32k" --data "$TMP/book.txt" --steps 1
 if grep -q . "$TMP/out"; then bad "init-from with text: refused before the plan" "$(head -3 "$TMP/out")"; fi
+expect_error "init-from without --data: the built-in corpus is text too" \
+    "built-in corpus (no data.path): text is read one byte per token" "set data.format=bytes" -- \
+    --init-from "$TMP/v32k" --steps 1
 expect_error "init-from with text, data.format=bytes: on to the weights" "$TMP/v32k: has no model.safetensors" -- \
     --init-from "$TMP/v32k" --data "$TMP/book.txt" --set data.format=bytes --steps 1
 expect_error "init-from a disagreeing key" "--set model.num_hidden_layers=3" \

@@ -632,6 +632,15 @@ static void test_text_for_a_pretrained_vocabulary_is_refused(void **state)
     fso_data_free(&d);
     open_data(&d, txt, FSO_DATA_AUTO, 32000, 16, 2); /* from scratch: bytes are its tokens */
     fso_data_free(&d);
+    /* the built-in corpus is text too */
+    cfg_for(&cfg, "", FSO_DATA_AUTO, 32000, 16, 2);
+    snprintf(cfg.init_from, sizeof cfg.init_from, "models/Llama-2-7b");
+    expect_init_error(&cfg, "built-in corpus (no data.path)",
+                      "the model from models/Llama-2-7b has a 32000-token vocabulary",
+                      "data.format=bytes");
+    cfg.data.format = FSO_DATA_BYTES;
+    assert_int_equal(fso_data_init(&d, &cfg), 0);
+    fso_data_free(&d);
 }
 
 static void test_token_header_errors(void **state)
