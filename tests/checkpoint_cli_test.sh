@@ -361,6 +361,15 @@ expect_error "resume another vocabulary" "model.vocab_size" "vocabulary" -- \
     "${SMALL[@]}" --set model.vocab_size=300 -n $STEPS --resume "$TMP/ref"
 expect_error "resume without a folder" "--resume" "--save DIR" -- "${SMALL[@]}" --resume
 expect_error "resume auto without a folder" "--resume auto: needs --save DIR" -- "${SMALL[@]}" --resume auto
+for how in "" auto; do # nowhere to resume from is a bad command line, said before planning
+    "$FSOFF" "${SMALL[@]}" --resume $how >"$TMP/out" 2>"$TMP/err"
+    rc=$?
+    if [ $rc -eq 2 ] && ! grep -q '^plan:' "$TMP/out"; then
+        ok "--resume${how:+ $how} without --save: status 2, before the plan"
+    else
+        bad "--resume${how:+ $how} without --save: status 2, before the plan" "status $rc" "$(head -c 300 "$TMP/out")"
+    fi
+done
 mkdir -p "$TMP/empty"
 expect_error "resume from nothing" "$TMP/empty" "no checkpoint here" -- "${SMALL[@]}" --resume "$TMP/empty" --save "$TMP/empty"
 expect_error "keep 0" "--keep 0" -- --keep 0

@@ -29,6 +29,22 @@ static const char *signal_name(int sig)
     return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "a signal";
 }
 
+int fso_ckpt_resume_check(const fso_config *cfg, const fso_run_opts *opts, char *err,
+                          size_t errlen)
+{
+    if (opts->resume_auto && !cfg->checkpoint.dir[0]) {
+        snprintf(err, errlen, "--resume auto: needs --save DIR (checkpoint.dir), the folder to "
+                              "continue from, or to save in when it has no checkpoint yet");
+        return -EINVAL;
+    }
+    if (opts->resume && !opts->resume_auto && !opts->resume[0] && !cfg->checkpoint.dir[0]) {
+        snprintf(err, errlen, "--resume: which checkpoint? give --resume PATH, or --save DIR "
+                              "(checkpoint.dir) to continue from its latest");
+        return -EINVAL;
+    }
+    return 0;
+}
+
 int fso_ckpt_run_start(fso_ckpt_run **out, fso_config *cfg, const fso_run_opts *opts, FILE *o,
                        char *err, size_t errlen)
 {
@@ -42,11 +58,8 @@ int fso_ckpt_run_start(fso_ckpt_run **out, fso_config *cfg, const fso_run_opts *
     r->opts = opts;
     r->out = o;
     int rc = 0;
-    if (opts->resume_auto && !cfg->checkpoint.dir[0]) {
-        snprintf(err, errlen, "--resume auto: needs --save DIR (checkpoint.dir), the folder to "
-                              "continue from, or to save in when it has no checkpoint yet");
-        return -EINVAL;
-    }
+    if ((rc = fso_ckpt_resume_check(cfg, opts, err, errlen)) < 0)
+        return rc;
     if (opts->resume_auto &&
         (rc = fso_ckpt_dir_has_saves(cfg->checkpoint.dir, err, errlen)) <= 0) {
         if (rc < 0)
@@ -56,11 +69,6 @@ int fso_ckpt_run_start(fso_ckpt_run **out, fso_config *cfg, const fso_run_opts *
         fflush(o);
     } else if (opts->resume) {
         const char *from = opts->resume[0] ? opts->resume : cfg->checkpoint.dir;
-        if (!from[0]) {
-            snprintf(err, errlen, "--resume: which checkpoint? give --resume PATH, or --save "
-                                  "DIR (checkpoint.dir) to continue from its latest");
-            return -EINVAL;
-        }
         if ((rc = fso_ckpt_open(&r->resume, from, err, errlen)) < 0 ||
             (rc = fso_ckpt_check_config(r->resume, cfg, r->said, sizeof r->said, err,
                                         errlen)) < 0)

@@ -13,6 +13,11 @@
 
 typedef struct fso_ckpt_run fso_ckpt_run;
 
+/* Whether the run's resume options can be followed with cfg: -EINVAL with
+ * the fix in err for --resume or --resume auto with nowhere to resume from
+ * (a bad command line: fsoff checks it before planning). */
+int fso_ckpt_resume_check(const fso_config *cfg, const fso_run_opts *opts, char *err,
+                          size_t errlen);
 /* Before the trainer is built: the checkpoint to resume from, opened and
  * its configuration compared with cfg (a change of the model's shape is
  * refused here, before anything large is allocated), and the save dir

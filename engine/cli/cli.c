@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ckpt/checkpoint_run.h"
 #include "config/config.h"
 #include "cpu_isa.h"
 #include "cuda/cuda_backend.h"
@@ -401,6 +402,10 @@ int fso_cli_main(int argc, char **argv)
                          .resume = a.resume, .resume_auto = a.resume_auto, .stop = &stop};
     if (test_pauses(&opts) < 0)
         goto out;
+    if (fso_ckpt_resume_check(&cfg, &opts, cfg.err, sizeof cfg.err) < 0) {
+        fprintf(stderr, "fsoff: error: %s\n", cfg.err);
+        goto out;
+    }
     fso_signals_install(&stop, cfg.checkpoint.dir);
     rc = fso_train_run(&cfg, &opts);
     status = rc < 0 ? 1 : rc == FSO_RUN_STOPPED ? FSO_EXIT_STOPPED : 0;
