@@ -109,6 +109,15 @@ int fso_bench_dirs(const char *me, const char *arg, char *buf, size_t buflen, co
     return n;
 }
 
+int fso_bench_plot_arg(const char *me, const char *file, const char **out)
+{
+    char why[1200];
+    if (fso_plot_check_name(file, why, sizeof why) < 0)
+        return fso_bench_bad(me, "--plot %s", why);
+    *out = file;
+    return 0;
+}
+
 int fso_bench_list(const char *s, bool bytes, uint64_t lo, uint64_t hi, uint64_t *out, int max)
 {
     char buf[256];

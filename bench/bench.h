@@ -46,6 +46,9 @@ int fso_bench_bad(const char *me, const char *fmt, ...) __attribute__((format(pr
  * FSO_STORE_MAX_DIRS), each checked to be a folder (fso_nvme_folders_split,
  * devices.h). The count, or -2 with the usage error printed. */
 int fso_bench_dirs(const char *me, const char *arg, char *buf, size_t buflen, const char **dirs);
+/* --plot FILE of benchmark `me`, checked before the benchmark runs: *out =
+ * file and 0, or 2 after one error line (a name fsoff does not draw). */
+int fso_bench_plot_arg(const char *me, const char *file, const char **out);
 
 /* A comma-separated list of whole numbers from lo to hi (sizes like 128K
  * and multiples of 4 KiB when bytes) into out: the count (1 to max), or -1. */

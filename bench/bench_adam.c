@@ -204,7 +204,8 @@ static int parse_opts(int argc, char **argv, adam_opts *o)
             o->json = optarg;
             break;
         case 'p':
-            o->plot = optarg;
+            if (fso_bench_plot_arg("adam", optarg, &o->plot))
+                return 2;
             break;
         case 'h':
             adam_usage(stdout);

@@ -101,7 +101,8 @@ static int parse_args(int argc, char **argv, bool h2d, size_t *bytes, double *se
             *json = optarg;
             break;
         case 'p':
-            *plot = optarg;
+            if (fso_bench_plot_arg(me, optarg, plot))
+                return 2;
             break;
         case 'h':
             usage(stdout, h2d);

@@ -122,7 +122,7 @@ static int nv_parse_args(nv_args *a, int argc, char **argv)
         case 'b': blocks = optarg; break;
         case 'q': qds = optarg; break;
         case 'j': a->json = optarg; break;
-        case 'p': a->plot = optarg; break;
+        case 'p': if (fso_bench_plot_arg("nvme", optarg, &a->plot)) return 2; break;
         case 'h': nv_usage(stdout); return 0;
         case ':': return fso_bench_bad("nvme", "%s needs a value", argv[optind - 1]);
         default: return fso_bench_bad("nvme", "unknown option %s", argv[optind - 1]);

@@ -156,7 +156,8 @@ static int pl_parse(int argc, char **argv, pl_args *a)
             a->json = optarg;
             break;
         case 'p':
-            a->plot = optarg;
+            if (fso_bench_plot_arg("pipeline", optarg, &a->plot))
+                return 2;
             break;
         case 'h':
             pl_usage(stdout);

@@ -163,7 +163,7 @@ static int tn_parse(tn_args *a, int argc, char **argv)
         case 'w': a->config = optarg; break;
         case 'N': a->save = false; break;
         case 'j': a->json = optarg; break;
-        case 'p': a->plot = optarg; break;
+        case 'p': if (fso_bench_plot_arg("tune", optarg, &a->plot)) return 2; break;
         case 'h': tn_usage(stdout); return 0;
         case ':': return fso_bench_bad("tune", "%s needs a value", argv[optind - 1]);
         default: return fso_bench_bad("tune", "unknown option %s", argv[optind - 1]);

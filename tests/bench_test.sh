@@ -298,6 +298,12 @@ expect_png "plot of a saved pipeline result" "$TMP/pl2.png" 900x540 -- plot "$TM
 expect_fail "bench pipeline --steps 1" 2 "--steps 1" -- bench pipeline --steps 1
 expect_fail "bench pipeline --nvme of a missing folder" 2 "$TMP/no-such-dir" -- \
     bench pipeline --nvme "$TMP/no-such-dir" --steps 2
+# a chart fsoff cannot draw is refused before the benchmark runs (nothing measured on stdout)
+for b in adam "nvme --nvme $TMP/nvme" "tune --nvme $TMP/nvme" pipeline h2d; do
+    expect_fail "bench ${b%% *} --plot x.pdf" 2 "--plot x.pdf: fsoff draws PNG or SVG" -- \
+        bench $b --plot x.pdf
+    [ -s "$TMP/out" ] && bad "bench ${b%% *} --plot x.pdf: refused before measuring" "$(head -c 300 "$TMP/out")"
+done
 [ -z "$(ls -A "$TMP/nvme" | grep fsoff)" ] && ok "bench pipeline leaves no NVMe files" ||
     bad "bench pipeline leaves no NVMe files" "$(ls -A "$TMP/nvme")"
 
