@@ -65,42 +65,6 @@ static void put_u32le(unsigned char *p, uint32_t v)
     p[3] = (unsigned char)(v >> 24);
 }
 
-/* Read up to n bytes, retrying short reads and EINTR. Returns the bytes read
- * (< n only at end of file) or a negative errno. */
-static ssize_t read_full(int fd, void *buf, size_t n)
-{
-    size_t got = 0;
-    while (got < n) {
-        ssize_t r = read(fd, (char *)buf + got, n - got);
-        if (r < 0) {
-            if (errno == EINTR)
-                continue;
-            return -errno;
-        }
-        if (r == 0)
-            break;
-        got += (size_t)r;
-    }
-    return (ssize_t)got;
-}
-
-static int write_full(int fd, const void *buf, size_t n)
-{
-    size_t done = 0;
-    while (done < n) {
-        ssize_t w = write(fd, (const char *)buf + done, n - done);
-        if (w < 0) {
-            if (errno == EINTR)
-                continue;
-            return -errno;
-        }
-        if (w == 0)
-            return -EIO;
-        done += (size_t)w;
-    }
-    return 0;
-}
-
 static int err_read(fso_data *d, const char *path, ssize_t rc)
 {
     char eb[128];
@@ -234,7 +198,7 @@ static int load_token_file(fso_data *d, const fso_config *cfg, int fd, const cha
     while (done_bytes < want_bytes) {
         size_t want = (size_t)(want_bytes - done_bytes < CHUNK_BYTES ? want_bytes - done_bytes
                                                                      : CHUNK_BYTES);
-        ssize_t got = read_full(fd, stage, want);
+        ssize_t got = fso_read_full(fd, stage, want);
         if (got < 0) {
             rc = err_read(d, path, got);
             goto out;
@@ -266,7 +230,7 @@ static int load_token_file(fso_data *d, const fso_config *cfg, int fd, const cha
         goto out;
     }
     /* Anything after the tokens (a file that grew, or a pipe) is an error too. */
-    ssize_t extra = read_full(fd, stage, CHUNK_BYTES);
+    ssize_t extra = fso_read_full(fd, stage, CHUNK_BYTES);
     if (extra < 0) {
         rc = err_read(d, path, extra);
         goto out;
@@ -344,7 +308,7 @@ static int load_text_file(fso_data *d, const fso_config *cfg, int fd, const char
     stage = malloc(CHUNK_BYTES);
     rc = d->tokens && stage ? append_bytes(d, &cap, hdr, hdr_bytes) : -ENOMEM;
     while (rc == 0) {
-        ssize_t got = read_full(fd, stage, CHUNK_BYTES);
+        ssize_t got = fso_read_full(fd, stage, CHUNK_BYTES);
         if (got < 0) {
             rc = err_read(d, path, got);
             goto out;
@@ -463,7 +427,7 @@ int fso_data_init(fso_data *data, const fso_config *cfg)
         goto out;
     }
 
-    ssize_t got = read_full(fd, hdr, sizeof(hdr));
+    ssize_t got = fso_read_full(fd, hdr, sizeof(hdr));
     if (got < 0) {
         rc = err_read(data, path, got);
         goto out;
@@ -581,7 +545,7 @@ int fso_data_write_tokens(const char *path, const int32_t *tokens, size_t n, int
     put_u32le(stage, FSO_TOKENS_MAGIC);
     put_u32le(stage + 4, (uint32_t)version);
     put_u32le(stage + 8, (uint32_t)n);
-    rc = write_full(fd, stage, HEADER_BYTES);
+    rc = fso_write_full(fd, stage, HEADER_BYTES);
     for (size_t i = 0; rc == 0 && i < n;) {
         size_t fill = 0;
         for (; i < n && fill + elem_bytes <= CHUNK_BYTES; i++, fill += elem_bytes) {
@@ -593,7 +557,7 @@ int fso_data_write_tokens(const char *path, const int32_t *tokens, size_t n, int
                 put_u32le(stage + fill, v);
             }
         }
-        rc = write_full(fd, stage, fill);
+        rc = fso_write_full(fd, stage, fill);
     }
     if (rc < 0)
         goto fail;

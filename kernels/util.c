@@ -8,6 +8,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 
 double fso_now_ms(void)
 {
@@ -201,4 +202,38 @@ char *fso_json_quote(const char *s)
     *o++ = '"';
     *o = 0;
     return out;
+}
+
+ssize_t fso_read_full(int fd, void *buf, size_t n)
+{
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = read(fd, (char *)buf + got, n - got);
+        if (r < 0) {
+            if (errno == EINTR)
+                continue;
+            return -errno;
+        }
+        if (r == 0)
+            break;
+        got += (size_t)r;
+    }
+    return (ssize_t)got;
+}
+
+int fso_write_full(int fd, const void *buf, size_t n)
+{
+    size_t done = 0;
+    while (done < n) {
+        ssize_t w = write(fd, (const char *)buf + done, n - done);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            return -errno;
+        }
+        if (w == 0)
+            return -EIO;
+        done += (size_t)w;
+    }
+    return 0;
 }

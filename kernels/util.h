@@ -8,6 +8,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 /* Milliseconds on the monotonic clock (differences only). */
 double fso_now_ms(void);
@@ -62,6 +63,13 @@ void *fso_io_alloc_lean(size_t bytes);
 /* The same for an address range the caller already mapped (aligned to
  * FSO_IO_ALIGN for the hint to take): ask for huge pages there. */
 void fso_io_advise(void *p, size_t bytes);
+
+/* Up to n bytes from fd into buf, short reads and EINTR retried: the bytes
+ * read (fewer than n only at end of file), or -errno. */
+ssize_t fso_read_full(int fd, void *buf, size_t n);
+/* All n bytes of buf to fd, short writes and EINTR retried: 0, or -errno
+ * (-EIO for a write that makes no progress). */
+int fso_write_full(int fd, const void *buf, size_t n);
 
 /* A broken invariant is a bug in fsoff, not a failure the user can mend:
  * when cond holds, FSO_BUG_ON prints one line to stderr,

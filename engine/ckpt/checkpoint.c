@@ -87,16 +87,7 @@ static int write_file(const char *path, const char *buf, size_t len)
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
     if (fd < 0)
         return -errno;
-    int rc = 0;
-    for (size_t done = 0; done < len && rc == 0;) {
-        ssize_t n = write(fd, buf + done, len - done);
-        if (n < 0 && errno != EINTR)
-            rc = -errno;
-        else if (n == 0) /* no progress and no error: never loop on it */
-            rc = -EIO;
-        else if (n > 0)
-            done += (size_t)n;
-    }
+    int rc = fso_write_full(fd, buf, len);
     if (rc == 0 && fsync(fd) != 0)
         rc = -errno;
     if (close(fd) != 0 && rc == 0)

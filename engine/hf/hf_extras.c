@@ -77,18 +77,11 @@ static int read_small(const char *path, void **data, size_t *bytes, char *err, s
         close(fd);
         return -EFBIG;
     }
-    char *buf = malloc((size_t)st.st_size + 1);
-    size_t done = 0;
-    int rc = buf ? 0 : -ENOMEM;
-    while (rc == 0 && done < (size_t)st.st_size) {
-        ssize_t got = read(fd, buf + done, (size_t)st.st_size - done);
-        if (got < 0 && errno == EINTR)
-            continue;
-        if (got <= 0)
-            rc = got < 0 ? -errno : -EIO;
-        else
-            done += (size_t)got;
-    }
+    const size_t want = (size_t)st.st_size;
+    char *buf = malloc(want + 1);
+    ssize_t got = buf ? fso_read_full(fd, buf, want) : -ENOMEM;
+    int rc = got < 0 ? (int)got : (size_t)got < want ? -EIO : 0; /* shrank while read */
+    const size_t done = got > 0 ? (size_t)got : 0;
     close(fd);
     if (rc < 0) {
         snprintf(err, errlen, "%s: cannot read: %s", path, strerror(-rc));

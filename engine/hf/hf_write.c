@@ -20,6 +20,7 @@
 
 #include "backend.h"
 #include "safetensors.h"
+#include "util.h"
 
 /* Each export type's names: fsoff's, and torch's (also config.json's
  * torch_dtype); its safetensors type. */
@@ -214,18 +215,7 @@ static int write_bytes(const char *final, const void *data, size_t len, written 
         snprintf(err, errlen, "%s: cannot create: %s", tmp, strerror(e));
         return -e;
     }
-    const char *text = data;
-    size_t done = 0;
-    int rc = 0;
-    while (done < len && rc == 0) {
-        ssize_t put = write(fd, text + done, len - done);
-        if (put < 0 && errno == EINTR)
-            continue;
-        if (put <= 0)
-            rc = put < 0 ? -errno : -EIO;
-        else
-            done += (size_t)put;
-    }
+    int rc = fso_write_full(fd, data, len);
     if (rc == 0 && fsync(fd) < 0)
         rc = -errno;
     if (close(fd) < 0 && rc == 0)
