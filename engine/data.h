@@ -3,8 +3,28 @@
  * Token file: a header of 256 little-endian int32 — [0] magic 20240520,
  * [1] version, [2] token count — followed by the tokens. Version 1 stores
  * uint16 tokens (llm.c's format); version 2, fsoff's extension for
- * vocabularies above 65,535, stores uint32 tokens. llm.c's Llama 3 files
- * (magic 20240801, version 7) store uint32 tokens too. Plain text is read
+ * vocabularies above 65,535, stores uint32 tokens; fsoff reads it and no
+ * longer writes it. llm.c's Llama 3 files (magic 20240801, version 7) store
+ * uint32 tokens; fsoff writes these for vocabularies above 65,535.
+ * header[3], zero in llm.c's files, is fsoff's note of the document
+ * delimiter: its token id + 1, or 0 for none. A file that names one is a
+ * sequence of documents, each starting at a delimiter token (llm.c's own
+ * rule: the delimiter is prepended to every document).
+ *
+ * Flagged token file, fsoff's extension for what no standard format holds
+ * (loss masks and documents with no delimiter token): header of 256 int32 —
+ * [0] magic 20261202, [1] version 1, [2] token count n, [3] the delimiter as
+ * above (or 0), [4] bytes per token (2 or 4) — then the n tokens, then n
+ * uint8 flags, one per token: FSO_TOKEN_TARGET (predicting this token counts
+ * in the loss) and FSO_TOKEN_DOC_START (a document starts at this token).
+ *
+ * Documents (a delimiter, or DOC_START flags): a token attends only to the
+ * tokens of its own document, its position restarts at 0 at its document's
+ * start, and the first token of a document is never a target (nothing of
+ * its document precedes it) — packing documents into one window trains as
+ * running them apart. A file with no documents is one stream, as llm.c's.
+ *
+ * Plain text is read
  * byte-level: each byte is one token (needs vocab_size >= 256; refused for a
  * model from model.init_from with a larger vocabulary, whose ids are not
  * bytes, unless data.format is "bytes"). With no path,
@@ -32,6 +52,11 @@
 #define FSO_TOKENS_MAGIC_LLAMA3 20240801
 #define FSO_TOKENS_LLAMA3_VERSION 7
 #define FSO_TOKENS_HEADER_INTS 256
+/* fsoff's flagged token file (above) and its per-token flags. */
+#define FSO_TOKENS_MAGIC_FLAGGED 20261202
+#define FSO_TOKENS_FLAGGED_VERSION 1
+#define FSO_TOKEN_TARGET 0x01u
+#define FSO_TOKEN_DOC_START 0x02u
 #define FSO_DATA_ERR_MAX 512
 
 /* The built-in corpus: its size and a fixed seed, independent of the training
