@@ -715,6 +715,25 @@ void fso_model_step(fso_model *m, const fso_block_source *src, const int32_t *in
     op->sum(be, loss_sum, m->losses, (size_t)N); /* no wait: it arrives with the next sync */
 }
 
+void fso_model_eval(fso_model *m, const fso_block_source *src, const int32_t *inputs,
+                    const int32_t *targets, double *loss_sum)
+{
+    fso_backend *be = m->be;
+    const fso_backend_ops *op = be->ops;
+    const int N = m->B * m->T, C = m->mc.hidden_size, V = m->mc.vocab_size;
+    forward_blocks(m, src, inputs);
+    op->copy_h2d(be, m->targets, targets, sizeof(int32_t) * (size_t)N);
+    const void *Wh = head_weight(m);
+    for (int r0 = 0; r0 < N; r0 += m->chunk_rows) {
+        int rows = N - r0 < m->chunk_rows ? N - r0 : m->chunk_rows;
+        op->matmul_fwd(be, m->logits, FSO_DT_F32, xf_rows(m, r0), Wh, m->wt, rows, C, V);
+        op->cross_entropy(be, m->logits, m->losses + r0, m->logits, m->targets + r0, rows, V,
+                          0.0f);
+    }
+    release_head(m, src);
+    op->sum(be, loss_sum, m->losses, (size_t)N);
+}
+
 void fso_model_forward_logits(fso_model *m, const fso_block_source *src, const int32_t *inputs,
                               float *logits)
 {

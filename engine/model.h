@@ -214,6 +214,12 @@ void fso_model_flat_to_hf(const fso_model *model, float *const *flat, float *hf)
 void fso_model_step(fso_model *model, const fso_block_source *src, const int32_t *inputs,
                     const int32_t *targets, float grad_scale, double *loss_sum);
 
+/* Forward only, for a validation loss: *loss_sum += the loss summed over
+ * the B*T positions (delivered as fso_model_step's), no gradients; the
+ * block source is asked for parameters only. */
+void fso_model_eval(fso_model *model, const fso_block_source *src, const int32_t *inputs,
+                    const int32_t *targets, double *loss_sum);
+
 /* Forward only: logits (B*T, V) copied to host `logits`. */
 void fso_model_forward_logits(fso_model *model, const fso_block_source *src,
                               const int32_t *inputs, float *logits);

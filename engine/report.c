@@ -7,6 +7,7 @@
 #include <sys/resource.h>
 
 #include "util.h"
+#include "val.h"
 
 uint64_t fso_peak_rss_bytes(void)
 {
@@ -186,6 +187,25 @@ void fso_report_step(fso_report *r, const fso_zero_step *st)
         fflush(r->metrics); /* a plot can follow the run */
 }
 
+void fso_report_val(fso_report *r, const fso_val_result *v)
+{
+    if (r->val_passes++ == 0)
+        r->first_val_loss = v->loss;
+    r->last_val_loss = v->loss;
+    r->val_ms += v->ms;
+    fprintf(r->out, "val  %5lld/%lld | loss %.4f | ppl %.2f | %lld tokens in %d batch%s | %.1f ms\n",
+            (long long)v->step, (long long)r->total_steps, v->loss, v->ppl, (long long)v->tokens,
+            v->batches, v->batches == 1 ? "" : "es", v->ms);
+    fflush(r->out);
+    if (r->metrics) {
+        fprintf(r->metrics,
+                "{\"event\": \"val\", \"step\": %lld, \"loss\": %.17g, \"ppl\": %.9g, "
+                "\"tokens\": %lld, \"batches\": %d, \"ms\": %.6g}\n",
+                (long long)v->step, v->loss, v->ppl, (long long)v->tokens, v->batches, v->ms);
+        fflush(r->metrics);
+    }
+}
+
 void fso_report_checkpoint(fso_report *r, int64_t step, const char *path, uint64_t bytes,
                            uint64_t cloned_bytes, double seconds, double exposed_ms,
                            const char *error)
@@ -240,6 +260,13 @@ int fso_report_finish(fso_report *r, char *err, size_t errlen)
      * and its own */
     const long long made = (long long)(r->first_step + r->steps), of = (long long)r->total_steps;
     const char *status = r->failed ? "failed" : r->stopped_by ? "stopped" : "done";
+    char val[128] = "", val_json[160] = "";
+    if (r->val_passes) {
+        snprintf(val, sizeof val, " | val loss %.4f -> %.4f (%lld passes, %.1f s)",
+                 r->first_val_loss, r->last_val_loss, (long long)r->val_passes, r->val_ms / 1e3);
+        snprintf(val_json, sizeof val_json, ", \"first_val_loss\": %.9g, \"final_val_loss\": "
+                 "%.9g, \"val_ms\": %.6g", r->first_val_loss, r->last_val_loss, r->val_ms);
+    }
     if (r->steps > 0) {
         if (r->failed)
             fprintf(r->out, "fsoff: failed after %lld of %lld steps (the error above) | ", made,
@@ -250,10 +277,10 @@ int fso_report_finish(fso_report *r, char *err, size_t errlen)
         else
             fprintf(r->out, "fsoff: done: ");
         fprintf(r->out,
-                "%lld step%s, %lld tokens in %.1f s | loss %.4f -> %.4f | %.1f ms/step, %.0f "
+                "%lld step%s, %lld tokens in %.1f s | loss %.4f -> %.4f%s | %.1f ms/step, %.0f "
                 "tok/s %s | peak RSS %.1f MiB, device %.1f MiB\n",
                 (long long)r->steps, r->steps == 1 ? "" : "s", (long long)r->tokens,
-                r->wall_ms / 1e3, r->first_loss, r->last_loss, avg_ms, avg_tok_s,
+                r->wall_ms / 1e3, r->first_loss, r->last_loss, val, avg_ms, avg_tok_s,
                 one ? "(one step: its warm-up included)" : "(first step excluded)",
                 rss / 1048576.0, r->peak_device_bytes / 1048576.0);
     }
@@ -266,13 +293,13 @@ int fso_report_finish(fso_report *r, char *err, size_t errlen)
                 "\"stall_ms\": %.6g, \"optimizer_ms\": %.6g, \"optimizer_exposed_ms\": %.6g, "
                 "\"final_update_ms\": %.6g, \"nvme_read_bytes\": %llu, "
                 "\"nvme_write_bytes\": %llu, \"peak_device_bytes\": %llu, "
-                "\"peak_rss_bytes\": %llu, \"pin_refused\": %s, \"stale_marks\": %llu}\n",
+                "\"peak_rss_bytes\": %llu, \"pin_refused\": %s, \"stale_marks\": %llu%s}\n",
                 status, (long long)r->steps, (long long)r->tokens,
                 r->first_loss, r->last_loss, avg_ms, avg_tok_s, r->wall_ms, stall, opt, exposed,
                 r->final_update_ms, (unsigned long long)r->nvme_read_bytes,
                 (unsigned long long)r->nvme_write_bytes,
                 (unsigned long long)r->peak_device_bytes, (unsigned long long)rss,
-                r->pin_refused ? "true" : "false", (unsigned long long)r->stale_marks);
+                r->pin_refused ? "true" : "false", (unsigned long long)r->stale_marks, val_json);
         if (ferror(r->metrics) | (fclose(r->metrics) != 0)) {
             int e = errno ? errno : EIO;
             snprintf(err, errlen, "--metrics %s: write failed: %s", r->metrics_path, strerror(e));

@@ -37,6 +37,8 @@ typedef struct fso_report {
     bool failed;               /* the run stopped on an error: the summary says so */
     bool pin_refused;          /* host memory could not be pinned */
     uint64_t stale_marks;      /* the last step's count (set by fso_report_step) */
+    int64_t val_passes;        /* validation passes reported (fso_report_val) */
+    double first_val_loss, last_val_loss, val_ms;
 } fso_report;
 
 /* Step lines before the interval takes over, when none is given. */
@@ -56,6 +58,12 @@ int fso_report_init(fso_report *r, FILE *out, const char *metrics_path, bool app
  * (its folder), "steps" (train.steps now)}. */
 void fso_report_resume(fso_report *r, int64_t step, const char *checkpoint);
 void fso_report_step(fso_report *r, const fso_zero_step *st);
+/* A validation pass (val.h): a line under the step lines ("val step N |
+ * loss | ppl | tokens in batches | ms") and {"event": "val", "step",
+ * "loss", "ppl", "tokens", "batches", "ms"}; the summary gives the first
+ * and last. */
+struct fso_val_result;
+void fso_report_val(fso_report *r, const struct fso_val_result *v);
 /* A save that finished: a line in the step lines ("checkpoint step N |
  * path | size in seconds, rate | exposed ms") and a {"event": "checkpoint",
  * "step", "path", "bytes", "seconds", "exposed_ms", "cloned_bytes"}

@@ -12,6 +12,7 @@
 #include "data.h"
 #include "plan.h"
 #include "report.h"
+#include "val.h"
 #include "cuda/cuda_backend.h"
 #include "util.h"
 
@@ -392,8 +393,20 @@ out:
 
 /* The steps: data, the step, its line, the measurements, and after five
  * steps the re-plan. 0 or negative errno after one error line. */
-static int run_steps(fso_config *cfg, fso_data *data, fso_trainer *tr, fso_report *rep,
-                     run_plan *rp, fso_ckpt_run *ck, FILE *out)
+/* A validation pass and its line: 0 or negative errno after one error line. */
+static int validate(fso_val *val, fso_trainer *tr, fso_report *rep)
+{
+    fso_val_result res;
+    int rc = fso_val_run(val, tr, &res);
+    if (rc < 0)
+        fprintf(stderr, "fsoff: error: %s\n", val->err);
+    else
+        fso_report_val(rep, &res);
+    return rc;
+}
+
+static int run_steps(fso_config *cfg, fso_data *data, fso_val *val, fso_trainer *tr,
+                     fso_report *rep, run_plan *rp, fso_ckpt_run *ck, FILE *out)
 {
     const size_t n = fso_trainer_step_tokens(cfg);
     const size_t bt = (size_t)cfg->micro_batch * cfg->data.seq_len;
@@ -407,6 +420,8 @@ static int run_steps(fso_config *cfg, fso_data *data, fso_trainer *tr, fso_repor
     const int64_t s0 = fso_zero_steps(tr->zero); /* after a resume, the checkpoint's step */
     for (int64_t s = s0; s < cfg->steps && !fso_ckpt_run_stopping(ck); s++) {
         fso_zero_step st;
+        if (fso_val_due(val, s) && (rc = validate(val, tr, rep)) < 0)
+            goto out;
         for (size_t a = 0; a < n / bt; a++)
             fso_data_next(data, inputs + a * bt, targets + a * bt);
         if ((rc = fso_trainer_step(tr, inputs, targets, &st)) < 0) {
@@ -432,6 +447,7 @@ int fso_train_run(const fso_config *cfg, const fso_run_opts *opts)
 {
     FILE *out = opts->out ? opts->out : stdout;
     fso_data data = {0};
+    fso_val val = {0};
     fso_trainer tr = {0};
     fso_report rep = {0};
     run_devices dev;
@@ -450,6 +466,10 @@ int fso_train_run(const fso_config *cfg, const fso_run_opts *opts)
     /* what can be checked before planning: the data and the metrics file */
     if ((rc = fso_data_init(&data, cfg)) < 0) {
         fprintf(stderr, "fsoff: error: %s\n", data.err);
+        goto out;
+    }
+    if ((rc = fso_val_init(&val, cfg)) < 0) {
+        fprintf(stderr, "fsoff: error: %s\n", val.err);
         goto out;
     }
     if ((rc = fso_ckpt_run_start(&ck, run_cfg, opts, out, err, sizeof err)) < 0) {
@@ -483,7 +503,7 @@ int fso_train_run(const fso_config *cfg, const fso_run_opts *opts)
         goto out;
     }
 
-    rc = run_steps(run_cfg, &data, &tr, &rep, &rp, ck, out);
+    rc = run_steps(run_cfg, &data, &val, &tr, &rep, &rp, ck, out);
     double waited = 0;
     if (rc == 0 && (rc = fso_trainer_finish(&tr, &waited)) < 0)
         fprintf(stderr, "fsoff: error: the last update failed: %s\n", tr.err);
@@ -491,6 +511,8 @@ int fso_train_run(const fso_config *cfg, const fso_run_opts *opts)
     rc = fso_ckpt_run_finish(ck, &rep, rc);
     rep.first_step = fso_ckpt_run_first_step(ck);
     rep.stopped_by = fso_ckpt_run_stopped_by(ck);
+    if (rc == 0 && !rep.stopped_by && val.on) /* after the last step (and its save) */
+        rc = validate(&val, &tr, &rep);
     rep.failed = rc < 0;
     rep.peak_device_bytes = fso_zero_peak_device_bytes(tr.zero);
     rep.pin_refused = fso_zero_pin_refused(tr.zero) != NULL; /* a re-plan may have grown it */
@@ -508,6 +530,7 @@ out:
     fso_ckpt_run_free(ck); /* before the state it may still be saving */
     fso_trainer_free(&tr);
     fso_data_free(&data);
+    fso_val_free(&val);
     free(run_cfg);
     return rc;
 }

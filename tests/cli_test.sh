@@ -565,6 +565,39 @@ else
     bad "token file run writes metrics" "$(cat "$TMP/err")"
 fi
 
+# --- validation loss: before step 0, every --val-every steps, after the last;
+# the same batches each time (2 devices, before their first step, give one
+# device's: the device count only reorders the sum), a line,
+# a metrics event and the summary; a resumed run keeps the schedule
+expect_error "missing validation data" "data.val_path" "$TMP/noval.bin" -- --val-data "$TMP/noval.bin"
+expect_error "validation batches zero" "--val-batches 0" -- --val-batches 0
+write_tokens 1000 7 200 >"$TMP/val.bin"
+VAL=(--val-data "$TMP/val.bin" --val-every 2 --val-batches 3 --data "$TMP/good.bin"
+     --set scheduler.params.total_num_steps=6 --set scheduler.params.warmup_num_steps=2 "${SMALL[@]}")
+vals() { grep '^val ' "$1" | sed 's/ | [0-9.]* ms$//'; }
+if "$FSOFF" --steps 6 "${VAL[@]}" -m "$TMP/val.jsonl" >"$TMP/val1.out" 2>"$TMP/err" &&
+   "$FSOFF" --steps 6 "${VAL[@]}" --devices cpu:2 >"$TMP/val2.out" 2>>"$TMP/err"; then
+    miss=""
+    [ "$(vals "$TMP/val1.out" | awk '{print $2}' | tr '\n' ' ')" = "0/6 2/6 4/6 6/6 " ] ||
+        miss="$miss (passes at 0 2 4 6: $(vals "$TMP/val1.out" | awk '{print $2}' | tr '\n' ' '))"
+    vals "$TMP/val1.out" | grep -q '| 384 tokens in 3 batches' || miss="$miss (3 batches of 4x32)"
+    [ "$(grep -c '"event": "val"' "$TMP/val.jsonl")" -eq 4 ] || miss="$miss (4 val events)"
+    grep -q '"first_val_loss"' <(tail -1 "$TMP/val.jsonl") || miss="$miss (summary's val loss)"
+    grep -q '^fsoff: done: .* | val loss [0-9.]* -> [0-9.]* (4 passes' "$TMP/val1.out" ||
+        miss="$miss (summary line)"
+    [ "$(vals "$TMP/val1.out" | head -1)" = "$(vals "$TMP/val2.out" | head -1)" ] ||
+        miss="$miss (2 devices: $(vals "$TMP/val2.out" | head -1))"
+    rm -rf "$TMP/valck"
+    "$FSOFF" --steps 3 "${VAL[@]}" --save "$TMP/valck" >"$TMP/val3.out" 2>>"$TMP/err" &&
+        "$FSOFF" --steps 6 "${VAL[@]}" --save "$TMP/valck" --resume >"$TMP/val4.out" 2>>"$TMP/err" ||
+        miss="$miss (resume: $(tail -1 "$TMP/err"))"
+    [ "$(vals "$TMP/val4.out")" = "$(vals "$TMP/val1.out" | tail -2)" ] ||
+        miss="$miss (resumed passes: $(vals "$TMP/val4.out" | tr '\n' ';'))"
+    if [ -z "$miss" ]; then ok "validation loss"; else bad "validation loss" "missing:$miss"; fi
+else
+    bad "validation loss" "$(cat "$TMP/err")"
+fi
+
 # --- pinning refused: pin_memory under a 64 KiB RLIMIT_MEMLOCK trains on
 # pageable memory, with one warning at the start that gives the fix, and the
 # metrics say so. Root's mlock ignores the limit (CAP_IPC_LOCK), so as root

@@ -529,6 +529,100 @@ static void test_device_counts_agree(void **state)
         result_free(&r[i]);
 }
 
+/* The validation pass (fso_zero_eval) is the step's forward: before step 1
+ * on the step's own micro-batches it gives step 1's loss; it changes no
+ * state (a run validated after every step trains the bits of one that is
+ * not), a second pass repeats the first's bits, and the device count only
+ * reorders the sum. On every tier of the parameters and both schedules. */
+static struct {
+    const fso_config *cfg;
+    int32_t *in, *tg;
+    int n_micro;
+    double before, after[FSO_TEST_MAX_STEPS + 1];
+} eval_hook;
+
+static double eval_loss(fso_trainer *tr)
+{
+    double sum = 0, again = 0;
+    char err[512];
+    if (fso_zero_eval(tr->zero, eval_hook.in, eval_hook.tg, eval_hook.n_micro, &sum, err,
+                      sizeof err) < 0 ||
+        fso_zero_eval(tr->zero, eval_hook.in, eval_hook.tg, eval_hook.n_micro, &again, err,
+                      sizeof err) < 0)
+        fail_msg("eval: %s", err);
+    if (memcmp(&sum, &again, sizeof sum) != 0)
+        fail_msg("a second validation pass gave %.17g, the first %.17g", again, sum);
+    const fso_config *c = eval_hook.cfg;
+    return sum / ((double)eval_hook.n_micro * c->micro_batch * c->data.seq_len);
+}
+
+static void eval_started(fso_trainer *tr)
+{
+    eval_hook.before = eval_loss(tr);
+}
+
+static void eval_stepped(fso_trainer *tr, int step)
+{
+    eval_hook.after[step] = eval_loss(tr);
+}
+
+static void test_validation_pass_is_the_forward_and_changes_nothing(void **state)
+{
+    (void)state;
+    static const fso_tier tiers[] = {FSO_TIER_DEVICE, FSO_TIER_HOST, FSO_TIER_NVME};
+    double after_one[FSO_TEST_MAX_STEPS + 1] = {0};
+    for (int world = 1; world <= 2; world++)
+        for (size_t t = 0; t < sizeof tiers / sizeof *tiers; t++)
+            for (int mode = FSO_OVERLAP_NONE; mode <= FSO_OVERLAP_FORWARD; mode++) {
+                fso_config cfg;
+                fso_test_small_model(&cfg, world, 4);
+                fso_test_set_tiers(&cfg, tiers[t], FSO_TIER_HOST, nvme_dir);
+                cfg.optimizer_overlap = (fso_overlap)mode;
+                run_result base, r;
+                run(&cfg, NULL, &base);
+                if (base.rc)
+                    fail_msg("%s", base.err);
+                /* step 1's micro-batches (an odd count, where a device has
+                 * a repeat to drop, is cli_test's) */
+                fso_data data = {0};
+                if (fso_data_init(&data, &cfg) < 0)
+                    fail_msg("data: %s", data.err);
+                size_t bt = (size_t)cfg.micro_batch * cfg.data.seq_len;
+                size_t n = fso_trainer_step_tokens(&cfg);
+                eval_hook.cfg = &cfg;
+                eval_hook.n_micro = (int)(n / bt);
+                eval_hook.in = malloc(sizeof(int32_t) * n);
+                eval_hook.tg = malloc(sizeof(int32_t) * n);
+                assert_non_null(eval_hook.in);
+                assert_non_null(eval_hook.tg);
+                for (size_t a = 0; a < n / bt; a++)
+                    fso_data_next(&data, eval_hook.in + a * bt, eval_hook.tg + a * bt);
+                run_hooks hooks = {.started = eval_started, .stepped = eval_stepped};
+                run(&cfg, &hooks, &r);
+                if (r.rc)
+                    fail_msg("%s", r.err);
+                char what[96];
+                snprintf(what, sizeof what, "%d devices, parameters on tier %d, schedule %d",
+                         world, tiers[t], mode);
+                assert_bit_identical(&base, &r, 1, what);
+                if (fabs(eval_hook.before - base.loss[0]) > 1e-12 * fabs(base.loss[0]))
+                    fail_msg("%s: validation before step 1 %.17g, step 1's loss %.17g", what,
+                             eval_hook.before, base.loss[0]);
+                for (int s = 1; s <= r.steps; s++) {
+                    if (world == 1 && t == 0 && mode == FSO_OVERLAP_NONE)
+                        after_one[s] = eval_hook.after[s];
+                    else if (fabs(eval_hook.after[s] - after_one[s]) > 1e-5 * after_one[s])
+                        fail_msg("%s: validation after step %d %.9g, one device %.9g", what, s,
+                                 eval_hook.after[s], after_one[s]);
+                }
+                free(eval_hook.in);
+                free(eval_hook.tg);
+                fso_data_free(&data);
+                result_free(&base);
+                result_free(&r);
+            }
+}
+
 static void test_device_cap_too_small_fails_before_training(void **state)
 {
     (void)state;
@@ -1002,6 +1096,7 @@ int main(void)
         cmocka_unit_test(test_a_step_syncs_once_and_allocates_nothing),
         cmocka_unit_test(test_nvme_streaming_in_chunks_matches_memory),
         cmocka_unit_test(test_device_counts_agree),
+        cmocka_unit_test(test_validation_pass_is_the_forward_and_changes_nothing),
         cmocka_unit_test(test_device_cap_too_small_fails_before_training),
         cmocka_unit_test(test_large_model_trains_from_nvme_within_cap),
     };

@@ -41,6 +41,11 @@ static void usage(FILE *f)
             "                         \"model\" with Hugging Face LlamaConfig names, \"data\", \"train\")\n"
             "  -d, --data FILE        training data: an llm.c token file (.bin) or plain text\n"
             "                         (same as --set data.path=FILE)\n"
+            "      --val-data FILE    held-out tokens: a validation loss before the first\n"
+            "                         step and after the last (= --set data.val_path=FILE)\n"
+            "      --val-every N      also every N steps (= --set data.val_every=N)\n"
+            "      --val-batches K    micro-batches per validation, the same ones each time,\n"
+            "                         %d by default (= --set data.val_batches=K)\n"
             "  -n, --steps N          optimizer steps (same as --set train.steps=N)\n"
             "      --devices WHAT     auto (default: every CUDA GPU, else the CPU), cuda,\n"
             "                         cuda:N (the first N GPUs), cpu, or cpu:N (N virtual\n"
@@ -81,7 +86,7 @@ static void usage(FILE *f)
             "exit status: 0 done, 1 the run failed, 2 bad command line or configuration,\n"
             "%d stopped by a first SIGINT or SIGTERM before its last step (after saving\n"
             "it, with --save)\n",
-            FSO_CHECKPOINT_KEEP_DEFAULT, FSO_EXIT_STOPPED);
+            FSO_VAL_BATCHES_DEFAULT, FSO_CHECKPOINT_KEEP_DEFAULT, FSO_EXIT_STOPPED);
 }
 
 /* --devices: auto (every CUDA GPU, else the CPU), cpu, cpu:N, cuda, cuda:N.
@@ -246,6 +251,15 @@ static int take_option(int c, int argc, char **argv, cli_args *a, fso_config *cf
         return add_string_sets(a, optarg, "data.path", NULL);
     case 'I':
         return add_option_set(a, "--init-from", optarg, "model.init_from");
+    case 'v':
+        return add_string_sets(a, optarg, "data.val_path", NULL);
+    case 'w':
+        return count_option(a, "--val-every", optarg, 0,
+                            "a step count (0: only before the first step and after the last)",
+                            "data.val_every");
+    case 'b':
+        return count_option(a, "--val-batches", optarg, 1, "a positive number of micro-batches",
+                            "data.val_batches");
     case 'n':
         return count_option(a, "--steps", optarg, 1, "a positive integer", "train.steps");
     case 'D':
@@ -317,6 +331,8 @@ static int parse_args(int argc, char **argv, cli_args *a, fso_config *cfg)
         {"keep", required_argument, NULL, 'K'},    {"resume", optional_argument, NULL, 'R'},
         {"init-from", required_argument, NULL, 'I'},  {"host-mem", required_argument, NULL, 'H'},
         {"print-every", required_argument, NULL, 'P'},
+        {"val-data", required_argument, NULL, 'v'}, {"val-every", required_argument, NULL, 'w'},
+        {"val-batches", required_argument, NULL, 'b'},
         {NULL, 0, NULL, 0},
     };
     int c, rc;

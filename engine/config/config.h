@@ -94,10 +94,17 @@ typedef enum fso_data_format {
     FSO_DATA_BYTES,               /* the same, also for a model whose vocabulary is not bytes */
 } fso_data_format;
 
+/* data.val_batches when the user gives none. */
+#define FSO_VAL_BATCHES_DEFAULT 20
+
 typedef struct fso_data_config {
     char path[4096];              /* "" = the built-in synthetic corpus */
     fso_data_format format;
     int seq_len;
+    char val_path[4096];          /* data.val_path (--val-data): held-out tokens; "" = none */
+    int64_t val_every;            /* data.val_every (--val-every): also every N steps; 0: only
+                                     before the first step and after the last */
+    int val_batches;              /* data.val_batches (--val-batches): micro-batches per pass */
 } fso_data_config;
 
 typedef struct fso_offload_config {

@@ -684,7 +684,8 @@ static int apply_optimizer(walker *w, json_t *root)
 }
 
 static const key_spec data_keys[] = {
-    {"path", NULL}, {"format", NULL}, {"seq_len", NULL}, {NULL, NULL},
+    {"path", NULL},      {"format", NULL},      {"seq_len", NULL},
+    {"val_path", NULL},  {"val_every", NULL},   {"val_batches", NULL}, {NULL, NULL},
 };
 
 static int apply_data(walker *w, json_t *root)
@@ -714,6 +715,10 @@ static int apply_data(walker *w, json_t *root)
         }
     }
     CFG_TRY(get_int32(w, s, &sec, "seq_len", 2, NULL, &d->seq_len));
+    CFG_TRY(get_path(w, s, &sec, "val_path", d->val_path, sizeof d->val_path));
+    CFG_TRY(get_int(w, s, &sec, "val_every", 0, INT64_MAX, &(int64_t){0}, &d->val_every));
+    CFG_TRY(get_int32(w, s, &sec, "val_batches", 1, &(int64_t){FSO_VAL_BATCHES_DEFAULT},
+                      &d->val_batches));
 
     int maxpos = w->out->model.max_position_embeddings;
     if (d->seq_len > maxpos) {

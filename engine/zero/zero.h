@@ -123,6 +123,14 @@ int fso_zero_store_grads_hf(fso_zero *z, float *hf, char *err, size_t errlen);
 struct fso_hf_export_opts;
 int fso_zero_export_hf(fso_zero *z, const char *outdir, const struct fso_hf_export_opts *o,
                        char *err, size_t errlen);
+/* A validation loss: the forward of n_micro micro-batches (B*T tokens each
+ * in inputs and targets), micro-batch i on device i mod world (a device
+ * with none left in the last round repeats one and its loss is dropped),
+ * after the pending update is applied. *loss_sum = the losses summed over
+ * every position; no state changes. 0 or negative errno with err. */
+int fso_zero_eval(fso_zero *z, const int32_t *inputs, const int32_t *targets, int n_micro,
+                  double *loss_sum, char *err, size_t errlen);
+
 /* Forward of rank 0 on one micro-batch (B*T tokens), logits (B*T, V) to host. */
 int fso_zero_forward_logits(fso_zero *z, const int32_t *inputs, float *logits, char *err,
                             size_t errlen);

@@ -323,6 +323,46 @@ int64_t fso_zero_steps(const fso_zero *z)
     return z->step;
 }
 
+/* One round of a validation: this rank's micro-batch (compute.micro) of
+ * the pass's inputs, its losses into compute.loss_sum. */
+static void *rank_eval(void *arg)
+{
+    rank_state *rk = arg;
+    const fso_config *cfg = rk->z->cfg;
+    const size_t bt = (size_t)cfg->micro_batch * cfg->data.seq_len;
+    fso_block_source src = zr_rank_source(rk);
+    zr_source_reset(rk);
+    rk->compute.loss_sum = 0;
+    fso_model_eval(&rk->model, &src, rk->compute.inputs + (size_t)rk->compute.micro * bt,
+                   rk->compute.targets + (size_t)rk->compute.micro * bt, &rk->compute.loss_sum);
+    int rc = rk->compute.err.rc == 0 ? rk->be->ops->sync(rk->be) : 0;
+    if (rc < 0)
+        zr_fail(&rk->compute.err, rc, "device %d: %s", rk->rank, rk->be->err);
+    return NULL;
+}
+
+int fso_zero_eval(fso_zero *z, const int32_t *inputs, const int32_t *targets, int n_micro,
+                  double *loss_sum, char *err, size_t errlen)
+{
+    double waited;
+    int rc = fso_zero_finish(z, &waited, err, errlen);
+    *loss_sum = 0;
+    for (int i = 0; rc == 0 && i < n_micro; i += z->world) {
+        for (int r = 0; r < z->world; r++) {
+            z->ranks[r].compute.inputs = inputs;
+            z->ranks[r].compute.targets = targets;
+            z->ranks[r].compute.micro = i + r < n_micro ? i + r : n_micro - 1;
+        }
+        if ((rc = zr_run_ranks(z, rank_eval)) < 0) {
+            zr_first_error(z, err, errlen);
+            break;
+        }
+        for (int r = 0; r < z->world && i + r < n_micro; r++)
+            *loss_sum += z->ranks[r].compute.loss_sum;
+    }
+    return rc;
+}
+
 static void *rank_logits(void *arg)
 {
     rank_state *rk = arg;
