@@ -5,7 +5,8 @@
  * A file holds one JSON object per step ("step", "loss", "grad_norm", "lr",
  * "tok_s", "step_ms", "compute_ms", "stall_ms", "nvme_read_bytes",
  * "nvme_write_bytes") and event objects ("event"): a summary and
- * checkpoints, which are skipped, and "resume" ({"step": N}), where a
+ * checkpoints, which are skipped, validation passes ("val": "step",
+ * "loss"), drawn in the loss panel, and "resume" ({"step": N}), where a
  * resumed run's segment begins: the steps after N drawn before it (those
  * the killed run made past its checkpoint) give way to the segment's. Files
  * given in order are read as one, and steps that start again at or below
@@ -30,6 +31,8 @@ typedef struct run_rows {
     long n, cap;
     double resumed_at[64];  /* the first 64 segments' starts, marked */
     int n_resumes;
+    double (*val)[2];       /* validation passes: step, loss */
+    long n_val, cap_val;
 } run_rows;
 
 /* line with bare nan, -nan, inf and -inf (printf's spelling of non-finite
@@ -76,6 +79,8 @@ static void resume_at(run_rows *r, double step)
 {
     while (r->n > 0 && r->row[r->n - 1][COL_STEP] > step)
         r->n--;
+    while (r->n_val > 0 && r->val[r->n_val - 1][0] >= step) /* the segment passes again */
+        r->n_val--;
     if (r->n_resumes < (int)(sizeof r->resumed_at / sizeof r->resumed_at[0]))
         r->resumed_at[r->n_resumes++] = step;
 }
@@ -105,6 +110,22 @@ static int add_step(run_rows *r, json_t *o)
     v[COL_MS] = ms;
     v[COL_COMPUTE] = field(o, "compute_ms");
     v[COL_NORM] = field(o, "grad_norm");
+    return 0;
+}
+
+/* One validation pass into the rows. 0, or -ENOMEM. */
+static int add_val(run_rows *r, json_t *o)
+{
+    if (r->n_val == r->cap_val) {
+        long cap = r->cap_val ? 2 * r->cap_val : 64;
+        void *val = realloc(r->val, (size_t)cap * sizeof *r->val);
+        if (!val)
+            return -ENOMEM;
+        r->val = val;
+        r->cap_val = cap;
+    }
+    r->val[r->n_val][0] = field(o, "step");
+    r->val[r->n_val++][1] = field(o, "loss");
     return 0;
 }
 
@@ -143,6 +164,10 @@ static int read_file(run_rows *r, const char *path, char *err, size_t errlen)
         } else if (json_is_string(ev) && strcmp(json_string_value(ev), "resume") == 0 &&
                    json_is_number(json_object_get(o, "step"))) {
             resume_at(r, field(o, "step"));
+        } else if (json_is_string(ev) && strcmp(json_string_value(ev), "val") == 0 &&
+                   json_is_number(json_object_get(o, "step")) && add_val(r, o) < 0) {
+            snprintf(err, errlen, "%s: out of memory", path);
+            rc = -ENOMEM;
         } else if (!ev && json_is_number(json_object_get(o, "step")) && add_step(r, o) < 0) {
             snprintf(err, errlen, "%s: out of memory", path);
             rc = -ENOMEM;
@@ -162,8 +187,10 @@ static void panels(FILE *f, const run_rows *r, bool have_nvme, bool have_norm)
                 r->resumed_at[i], r->resumed_at[i]);
     fprintf(f, "set xlabel 'step'\nset key top right\n"
                "set ylabel 'loss'\n"
-               "plot $run using 1:2 with linespoints pt 7 ps 0.4 lc 1 title 'loss'\n"
-               "set ylabel 'gradient norm (before clipping)'\n");
+               "plot $run using 1:2 with linespoints pt 7 ps 0.4 lc 1 title 'loss'%s\n"
+               "set ylabel 'gradient norm (before clipping)'\n",
+            r->n_val ? ", $val using 1:2 with linespoints pt 9 ps 0.8 lc 7 title "
+                       "'validation loss'" : "");
     if (have_norm)
         fprintf(f, "plot $run using 1:10 with linespoints pt 7 ps 0.4 lc 5 title 'grad norm'\n");
     else /* an older file: the panel says so */
@@ -208,6 +235,7 @@ int fso_plot_run(const char *const *paths, int n_paths, const char *png, int wid
                             height ? height : FSO_PLOT_RUN_H, err, errlen);
     if (rc < 0) {
         free(r.row);
+        free(r.val);
         return rc;
     }
     bool have_nvme = false, have_norm = false;
@@ -217,6 +245,12 @@ int fso_plot_run(const char *const *paths, int n_paths, const char *png, int wid
         have_norm = have_norm || isfinite(r.row[i][COL_NORM]);
         for (int c = 0; c < N_COLS; c++)
             put(p.f, r.row[i][c]);
+        fputc('\n', p.f);
+    }
+    fprintf(p.f, "EOD\n$val << EOD\n");
+    for (long i = 0; i < r.n_val; i++) {
+        put(p.f, r.val[i][0]);
+        put(p.f, r.val[i][1]);
         fputc('\n', p.f);
     }
     fprintf(p.f, "EOD\n");
@@ -233,5 +267,6 @@ int fso_plot_run(const char *const *paths, int n_paths, const char *png, int wid
     fputc('\n', p.f);
     panels(p.f, &r, have_nvme, have_norm);
     free(r.row);
+    free(r.val);
     return fso_plot_finish(&p, err, errlen);
 }
