@@ -448,10 +448,10 @@ static void test_rope_matches_reference(void **state)
         fso_backend *be = cu[m];
         float *x = hrand(n, 1), *a = hcopy(x, n);
         float *d_x = dput(be, x, n), *d_cs = dput(be, cs, nt), *d_sn = dput(be, sn, nt);
-        ref->ops->rope(ref, a, FSO_DT_F32, cs, sn, B, T, nh, D, 0);
-        be->ops->rope(be, d_x, FSO_DT_F32, d_cs, d_sn, B, T, nh, D, 0);
+        ref->ops->rope(ref, a, FSO_DT_F32, cs, sn, NULL, B, T, nh, D, 0);
+        be->ops->rope(be, d_x, FSO_DT_F32, d_cs, d_sn, NULL, B, T, nh, D, 0);
         check(be, m, "rope", d_x, a, n, TOL_FP32);
-        be->ops->rope(be, d_x, FSO_DT_F32, d_cs, d_sn, B, T, nh, D, 1);
+        be->ops->rope(be, d_x, FSO_DT_F32, d_cs, d_sn, NULL, B, T, nh, D, 1);
         check(be, m, "rope inverse", d_x, x, n, 1e-6);
         free(x);
         free(a);
@@ -475,8 +475,8 @@ static void run_attention(int m, int B, int T, int H, int Hkv, int D)
     float *d_R = dput(be, R, nq), *d_o = dnew(be, nq), *d_p = dnew(be, np);
     float *d_dq = dnew(be, nq), *d_dk = dnew(be, nkv), *d_dv = dnew(be, nkv);
 
-    ref->ops->attention_fwd(ref, o, p, q, k, v, FSO_DT_F32, B, T, H, Hkv, D);
-    be->ops->attention_fwd(be, d_o, d_p, d_q, d_k, d_v, FSO_DT_F32, B, T, H, Hkv, D);
+    ref->ops->attention_fwd(ref, o, p, q, k, v, NULL, FSO_DT_F32, B, T, H, Hkv, D);
+    be->ops->attention_fwd(be, d_o, d_p, d_q, d_k, d_v, NULL, FSO_DT_F32, B, T, H, Hkv, D);
     check(be, m, "attention_fwd out", d_o, o, nq, mm_tol(m));
     float *got_p = dget(be, d_p, np, "attention_fwd probs");
     compare_math("attention_fwd probs", m, got_p, p, np, mm_tol(m));
@@ -488,8 +488,8 @@ static void run_attention(int m, int B, int T, int H, int Hkv, int D)
 
     /* backward from the reference's probabilities, so both see the same P */
     be->ops->copy_h2d(be, d_p, p, sizeof(float) * np);
-    ref->ops->attention_bwd(ref, dq, dk, dv, R, p, q, k, v, FSO_DT_F32, B, T, H, Hkv, D);
-    be->ops->attention_bwd(be, d_dq, d_dk, d_dv, d_R, d_p, d_q, d_k, d_v, FSO_DT_F32, B, T, H, Hkv,
+    ref->ops->attention_bwd(ref, dq, dk, dv, R, p, q, k, v, NULL, FSO_DT_F32, B, T, H, Hkv, D);
+    be->ops->attention_bwd(be, d_dq, d_dk, d_dv, d_R, d_p, d_q, d_k, d_v, NULL, FSO_DT_F32, B, T, H, Hkv,
                            D);
     check(be, m, "attention_bwd dq", d_dq, dq, nq, mm_tol(m));
     check(be, m, "attention_bwd dk", d_dk, dk, nkv, mm_tol(m));
@@ -743,11 +743,11 @@ static void test_rope_bf16_matches_reference(void **state)
         memcpy(a, x, sizeof(uint16_t) * n);
         uint16_t *d_x = dput16(be, x, n);
         float *d_cs = dput(be, cs, nt), *d_sn = dput(be, sn, nt);
-        ref->ops->rope(ref, a, FSO_DT_BF16, cs, sn, B, T, nh, D, 0);
-        be->ops->rope(be, d_x, FSO_DT_BF16, d_cs, d_sn, B, T, nh, D, 0);
+        ref->ops->rope(ref, a, FSO_DT_BF16, cs, sn, NULL, B, T, nh, D, 0);
+        be->ops->rope(be, d_x, FSO_DT_BF16, d_cs, d_sn, NULL, B, T, nh, D, 0);
         check16(be, m, "rope bf16", d_x, a, n, TOL_BF16_STORE);
-        ref->ops->rope(ref, a, FSO_DT_BF16, cs, sn, B, T, nh, D, 1);
-        be->ops->rope(be, d_x, FSO_DT_BF16, d_cs, d_sn, B, T, nh, D, 1);
+        ref->ops->rope(ref, a, FSO_DT_BF16, cs, sn, NULL, B, T, nh, D, 1);
+        be->ops->rope(be, d_x, FSO_DT_BF16, d_cs, d_sn, NULL, B, T, nh, D, 1);
         check16(be, m, "rope bf16 inverse", d_x, a, n, TOL_BF16_STORE);
         /* back to the start within two roundings of bf16 */
         check16(be, m, "rope bf16 round trip", d_x, x, n, TOL_BF16_OPERAND);
@@ -773,8 +773,8 @@ static void run_attention_bf16(int m, int B, int T, int H, int Hkv, int D)
     uint16_t *d_R = dput16(be, R, nq), *d_o = dnew16(be, nq), *d_p = dnew16(be, np);
     uint16_t *d_dq = dnew16(be, nq), *d_dk = dnew16(be, nkv), *d_dv = dnew16(be, nkv);
 
-    ref->ops->attention_fwd(ref, o, p, q, k, v, FSO_DT_BF16, B, T, H, Hkv, D);
-    be->ops->attention_fwd(be, d_o, d_p, d_q, d_k, d_v, FSO_DT_BF16, B, T, H, Hkv, D);
+    ref->ops->attention_fwd(ref, o, p, q, k, v, NULL, FSO_DT_BF16, B, T, H, Hkv, D);
+    be->ops->attention_fwd(be, d_o, d_p, d_q, d_k, d_v, NULL, FSO_DT_BF16, B, T, H, Hkv, D);
     check16(be, m, "attention_fwd bf16 out", d_o, o, nq, TOL_BF16_OPERAND);
     /* fp32 scores and softmax on both sides: P differs by its rounding only */
     float *got_p = dget16(be, d_p, np, "attention_fwd bf16 probs"), *want_p = hwiden(p, np);
@@ -787,8 +787,8 @@ static void run_attention_bf16(int m, int B, int T, int H, int Hkv, int D)
     free(want_p);
 
     be->ops->copy_h2d(be, d_p, p, sizeof(uint16_t) * np);
-    ref->ops->attention_bwd(ref, dq, dk, dv, R, p, q, k, v, FSO_DT_BF16, B, T, H, Hkv, D);
-    be->ops->attention_bwd(be, d_dq, d_dk, d_dv, d_R, d_p, d_q, d_k, d_v, FSO_DT_BF16, B, T, H,
+    ref->ops->attention_bwd(ref, dq, dk, dv, R, p, q, k, v, NULL, FSO_DT_BF16, B, T, H, Hkv, D);
+    be->ops->attention_bwd(be, d_dq, d_dk, d_dv, d_R, d_p, d_q, d_k, d_v, NULL, FSO_DT_BF16, B, T, H,
                            Hkv, D);
     check16(be, m, "attention_bwd bf16 dq", d_dq, dq, nq, TOL_BF16_OPERAND);
     check16(be, m, "attention_bwd bf16 dk", d_dk, dk, nkv, TOL_BF16_OPERAND);
@@ -1622,9 +1622,9 @@ static void train_small(const char *backend, int world, fso_tier param, fso_tier
     int32_t *in = malloc(sizeof(int32_t) * n), *tg = malloc(sizeof(int32_t) * n);
     for (int st = 0; st < 3; st++) {
         for (size_t a = 0; a < n / bt; a++)
-            fso_data_next(&data, in + a * bt, tg + a * bt);
+            fso_data_next(&data, in + a * bt, tg + a * bt, NULL);
         fso_zero_step ss;
-        if (fso_trainer_step(&tr, in, tg, &ss) < 0)
+        if (fso_trainer_step(&tr, in, tg, NULL, &ss) < 0)
             fail_msg("%s, %d devices, step %d: %s", backend, world, st + 1, tr.err);
         out->loss[st] = ss.loss;
         out->norm[st] = ss.grad_norm;

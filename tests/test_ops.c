@@ -394,7 +394,7 @@ static double rope_loss(void *c_)
     struct rope_ctx *c = c_;
     size_t n = (size_t)c->B * c->T * c->nh * c->D;
     memcpy(c->work, c->x, sizeof(float) * n);
-    ref->ops->rope(ref, c->work, FSO_DT_F32, c->cs, c->sn, c->B, c->T, c->nh, c->D, 0);
+    ref->ops->rope(ref, c->work, FSO_DT_F32, c->cs, c->sn, NULL, c->B, c->T, c->nh, c->D, 0);
     return dot_r(c->work, c->R, n);
 }
 
@@ -409,15 +409,15 @@ static void test_rope(void **state)
     assert_true(cs[0] == 1.0f && sn[0] == 0.0f);
     assert_true(fabsf(cs[(size_t)3 * D / 2] - cosf(3.0f)) < 1e-6f);
     float *x = randbuf(n, 1), *a = copybuf(x, n), *b = copybuf(x, n);
-    ref->ops->rope(ref, a, FSO_DT_F32, cs, sn, B, T, nh, D, 0);
-    fast->ops->rope(fast, b, FSO_DT_F32, cs, sn, B, T, nh, D, 0);
+    ref->ops->rope(ref, a, FSO_DT_F32, cs, sn, NULL, B, T, nh, D, 0);
+    fast->ops->rope(fast, b, FSO_DT_F32, cs, sn, NULL, B, T, nh, D, 0);
     compare_guarded("rope", b, a, n, FAST_TOL);
     /* the inverse undoes it */
-    fast->ops->rope(fast, b, FSO_DT_F32, cs, sn, B, T, nh, D, 1);
+    fast->ops->rope(fast, b, FSO_DT_F32, cs, sn, NULL, B, T, nh, D, 1);
     compare_guarded("rope inverse", b, x, n, 1e-6);
     /* backward: dx = R^T dy, the inverse rotation of dy */
     float *R = randbuf(n, 1), *g = copybuf(R, n), *work = gbuf(n);
-    ref->ops->rope(ref, g, FSO_DT_F32, cs, sn, B, T, nh, D, 1);
+    ref->ops->rope(ref, g, FSO_DT_F32, cs, sn, NULL, B, T, nh, D, 1);
     struct rope_ctx c = {x, work, R, cs, sn, B, T, nh, D};
     fd_check("rope dx", x, n, g, rope_loss, &c);
     float *bufs[] = {cs, sn, x, a, b, R, g, work};
@@ -431,7 +431,7 @@ struct att_ctx { float *q, *k, *v, *out, *probs, *R; int B, T, H, Hkv, D; };
 static double att_loss(void *c_)
 {
     struct att_ctx *c = c_;
-    ref->ops->attention_fwd(ref, c->out, c->probs, c->q, c->k, c->v, FSO_DT_F32, c->B, c->T, c->H,
+    ref->ops->attention_fwd(ref, c->out, c->probs, c->q, c->k, c->v, NULL, FSO_DT_F32, c->B, c->T, c->H,
                             c->Hkv, c->D);
     return dot_r(c->out, c->R, (size_t)c->B * c->T * c->H * c->D);
 }
@@ -441,8 +441,8 @@ static void run_attention(int B, int T, int H, int Hkv, int D)
     size_t nq = (size_t)B * T * H * D, nkv = (size_t)B * T * Hkv * D, np = (size_t)B * H * T * T;
     float *q = randbuf(nq, 1), *k = randbuf(nkv, 1), *v = randbuf(nkv, 1);
     float *o1 = gbuf(nq), *o2 = gbuf(nq), *p1 = gbuf(np), *p2 = gbuf(np), *R = randbuf(nq, 1);
-    ref->ops->attention_fwd(ref, o1, p1, q, k, v, FSO_DT_F32, B, T, H, Hkv, D);
-    fast->ops->attention_fwd(fast, o2, p2, q, k, v, FSO_DT_F32, B, T, H, Hkv, D);
+    ref->ops->attention_fwd(ref, o1, p1, q, k, v, NULL, FSO_DT_F32, B, T, H, Hkv, D);
+    fast->ops->attention_fwd(fast, o2, p2, q, k, v, NULL, FSO_DT_F32, B, T, H, Hkv, D);
     compare_guarded("attention_fwd out", o2, o1, nq, FAST_TOL);
     compare_guarded("attention_fwd probs", p2, p1, np, FAST_TOL);
     /* causal: nothing attends to the future, rows sum to 1 */
@@ -460,8 +460,8 @@ static void run_attention(int B, int T, int H, int Hkv, int D)
 
     float *dq1 = gbuf(nq), *dk1 = gbuf(nkv), *dv1 = gbuf(nkv);
     float *dq2 = gbuf(nq), *dk2 = gbuf(nkv), *dv2 = gbuf(nkv);
-    ref->ops->attention_bwd(ref, dq1, dk1, dv1, R, p1, q, k, v, FSO_DT_F32, B, T, H, Hkv, D);
-    fast->ops->attention_bwd(fast, dq2, dk2, dv2, R, p1, q, k, v, FSO_DT_F32, B, T, H, Hkv, D);
+    ref->ops->attention_bwd(ref, dq1, dk1, dv1, R, p1, q, k, v, NULL, FSO_DT_F32, B, T, H, Hkv, D);
+    fast->ops->attention_bwd(fast, dq2, dk2, dv2, R, p1, q, k, v, NULL, FSO_DT_F32, B, T, H, Hkv, D);
     compare_guarded("attention_bwd dq", dq2, dq1, nq, FAST_TOL);
     compare_guarded("attention_bwd dk", dk2, dk1, nkv, FAST_TOL);
     compare_guarded("attention_bwd dv", dv2, dv1, nkv, FAST_TOL);
@@ -948,16 +948,16 @@ static void call_emb_fwd(fso_backend *be, void **t, fso_dtype dt, const tcase *c
 }
 static void call_rope(fso_backend *be, void **t, fso_dtype dt, const tcase *c)
 {
-    be->ops->rope(be, t[0], dt, t[1], t[2], c->d[0], c->d[1], c->d[2], c->d[3], c->d[4]);
+    be->ops->rope(be, t[0], dt, t[1], t[2], NULL, c->d[0], c->d[1], c->d[2], c->d[3], c->d[4]);
 }
 static void call_att_fwd(fso_backend *be, void **t, fso_dtype dt, const tcase *c)
 {
-    be->ops->attention_fwd(be, t[0], t[1], t[2], t[3], t[4], dt, c->d[0], c->d[1], c->d[2],
+    be->ops->attention_fwd(be, t[0], t[1], t[2], t[3], t[4], NULL, dt, c->d[0], c->d[1], c->d[2],
                            c->d[3], c->d[4]);
 }
 static void call_att_bwd(fso_backend *be, void **t, fso_dtype dt, const tcase *c)
 {
-    be->ops->attention_bwd(be, t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], dt, c->d[0],
+    be->ops->attention_bwd(be, t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], NULL, dt, c->d[0],
                            c->d[1], c->d[2], c->d[3], c->d[4]);
 }
 static void call_swiglu_fwd(fso_backend *be, void **t, fso_dtype dt, const tcase *c)
@@ -973,7 +973,7 @@ static void init_probs(float **t, const tcase *c)
 {
     size_t nq = (size_t)c->d[0] * c->d[1] * c->d[2] * c->d[4];
     float *out = gbuf(nq);
-    ref->ops->attention_fwd(ref, out, t[4], t[5], t[6], t[7], FSO_DT_F32, c->d[0], c->d[1],
+    ref->ops->attention_fwd(ref, out, t[4], t[5], t[6], t[7], NULL, FSO_DT_F32, c->d[0], c->d[1],
                             c->d[2], c->d[3], c->d[4]);
     gfree(out);
 }

@@ -171,9 +171,9 @@ static void test_divergence_stops_without_update(void **state)
     p[np / 2] = INFINITY; /* one poisoned weight */
     assert_int_equal(fso_zero_load_hf(tr.zero, p, err, sizeof err), 0);
     int32_t *in = malloc(sizeof(int32_t) * bt), *tg = malloc(sizeof(int32_t) * bt);
-    fso_data_next(&data, in, tg);
+    fso_data_next(&data, in, tg, NULL);
     fso_zero_step st;
-    assert_int_equal(fso_trainer_step(&tr, in, tg, &st), -ERANGE);
+    assert_int_equal(fso_trainer_step(&tr, in, tg, NULL, &st), -ERANGE);
     assert_non_null(strstr(tr.err, "step 1"));
     assert_non_null(strstr(tr.err, "not applied"));
     assert_int_equal(fso_zero_store_hf(tr.zero, after, err, sizeof err), 0);
@@ -264,7 +264,8 @@ static void test_activation_estimate_matches_allocation(void **state)
         int32_t *tok = calloc(N, sizeof *tok);
         assert_non_null(tok);
         double loss = 0;
-        fso_model_step(&m, &src, tok, tok, 1.0f, &loss);
+        fso_model_step(&m, &src, tok, tok, NULL, fso_model_loss_scale((int64_t)N, (int64_t)N, 1),
+                       &loss);
         assert_int_equal(be->ops->sync(be), 0);
         assert_true(loss > 0);
         assert_int_equal(be->mem_peak_bytes,

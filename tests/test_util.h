@@ -157,9 +157,9 @@ FSO_TEST_FN void run(const fso_config *cfg, const run_hooks *hooks, run_result *
     assert_non_null(tg);
     for (int s = 0; s < out->steps && out->rc == 0; s++) {
         for (size_t a = 0; a < n / bt; a++)
-            fso_data_next(&data, in + a * bt, tg + a * bt);
+            fso_data_next(&data, in + a * bt, tg + a * bt, NULL);
         fso_zero_step st;
-        if ((out->rc = fso_trainer_step(&tr, in, tg, &st)) < 0)
+        if ((out->rc = fso_trainer_step(&tr, in, tg, NULL, &st)) < 0)
             snprintf(out->err, sizeof out->err, "%s", tr.err);
         out->loss[s] = st.loss;
         out->norm[s] = st.grad_norm;

@@ -279,8 +279,8 @@ static void test_step_nvme_bytes_are_the_derivation(void **state)
         for (int s = 1; s <= 4; s++) {
             fso_zero_step st;
             for (size_t a = 0; a < n / bt; a++)
-                fso_data_next(&data, in + a * bt, tg + a * bt);
-            if (fso_trainer_step(&tr, in, tg, &st) < 0)
+                fso_data_next(&data, in + a * bt, tg + a * bt, NULL);
+            if (fso_trainer_step(&tr, in, tg, NULL, &st) < 0)
                 fail_msg("case %zu step %d: %s", c, s, tr.err);
             uint64_t sum_r = 0, sum_w = 0;
             for (int k = 0; k < FSO_N_KINDS; k++) {
@@ -791,9 +791,9 @@ static void test_per_block_compute_times_add_up(void **state)
     size_t bt = (size_t)cfg.micro_batch * cfg.data.seq_len, n = fso_trainer_step_tokens(&cfg);
     int32_t *in = malloc(sizeof(int32_t) * n), *tg = malloc(sizeof(int32_t) * n);
     for (size_t a = 0; a < n / bt; a++)
-        fso_data_next(&data, in + a * bt, tg + a * bt);
+        fso_data_next(&data, in + a * bt, tg + a * bt, NULL);
     fso_zero_step st;
-    assert_int_equal(fso_trainer_step(&tr, in, tg, &st), 0);
+    assert_int_equal(fso_trainer_step(&tr, in, tg, NULL, &st), 0);
     const double *ms = fso_zero_block_compute_ms(tr.zero);
     double sum = 0;
     for (int b = 0; b < cfg.model.num_hidden_layers + 2; b++) {

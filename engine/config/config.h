@@ -94,10 +94,17 @@ typedef enum fso_data_format {
     FSO_DATA_BYTES,               /* the same, also for a model whose vocabulary is not bytes */
 } fso_data_format;
 
+/* data.documents: what a token file's documents (data.h) do */
+typedef enum fso_data_docs {
+    FSO_DATA_DOCS_ISOLATE = 0,    /* a token sees only its document; positions restart */
+    FSO_DATA_DOCS_STREAM,         /* ignored: every window one stream, as llm.c */
+} fso_data_docs;
+
 typedef struct fso_data_config {
     char path[4096];              /* "" = the built-in synthetic corpus */
     fso_data_format format;
     int seq_len;
+    fso_data_docs documents;
 } fso_data_config;
 
 typedef struct fso_offload_config {
@@ -227,6 +234,7 @@ extern const fso_config_choice fso_config_optimizer_choices[];   /* optimizer.ty
 extern const fso_config_choice fso_config_tier_choices[];        /* offload_*.device */
 extern const fso_config_choice fso_config_overlap_choices[];     /* train.optimizer_overlap */
 extern const fso_config_choice fso_config_data_format_choices[]; /* data.format */
+extern const fso_config_choice fso_config_data_docs_choices[];   /* data.documents */
 extern const fso_config_choice fso_config_sched_type_choices[];  /* scheduler.type */
 extern const fso_config_choice fso_config_warmup_type_choices[]; /* scheduler.params.warmup_type */
 /* The string of `value` in table; "?" when it has none. */

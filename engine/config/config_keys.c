@@ -684,7 +684,7 @@ static int apply_optimizer(walker *w, json_t *root)
 }
 
 static const key_spec data_keys[] = {
-    {"path", NULL}, {"format", NULL}, {"seq_len", NULL}, {NULL, NULL},
+    {"path", NULL}, {"format", NULL}, {"seq_len", NULL}, {"documents", NULL}, {NULL, NULL},
 };
 
 static int apply_data(walker *w, json_t *root)
@@ -714,6 +714,13 @@ static int apply_data(walker *w, json_t *root)
         }
     }
     CFG_TRY(get_int32(w, s, &sec, "seq_len", 2, NULL, &d->seq_len));
+    d->documents = FSO_DATA_DOCS_ISOLATE;
+    if (s && (v = json_object_get(s, "documents"))) {
+        keypath p = fso_cfg_kp_child(&sec, "documents");
+        int m = 0;
+        CFG_TRY(want_choice(w, v, &p, fso_config_data_docs_choices, false, &m));
+        d->documents = (fso_data_docs)m;
+    }
 
     int maxpos = w->out->model.max_position_embeddings;
     if (d->seq_len > maxpos) {

@@ -47,7 +47,7 @@
  * step, loss and grad_norm are set; every other field is 0. */
 typedef struct fso_zero_step {
     int64_t step;         /* from 1 */
-    double loss;          /* mean over all micro-batches of all ranks */
+    double loss;          /* mean over the counted targets of all micro-batches of all ranks */
     double grad_norm;     /* global, before clipping */
     double clip_coef;     /* the factor applied, 1 when not clipped */
     double lr;
@@ -83,12 +83,18 @@ int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t err
 void fso_zero_destroy(fso_zero *z);
 
 /* One optimizer step, number fso_zero_steps(z) + 1: world * grad_accum
- * micro-batches, inputs/targets hold them in order (micro-batch a of rank r
- * is number a * world + r); its statistics into *st. Returns 0, or negative
- * errno with a message in err (I/O failure, or -ERANGE for a non-finite loss
- * or norm: the update is then not applied and the step not counted). */
+ * micro-batches, inputs/targets (and pos) hold them in order (micro-batch a
+ * of rank r is number a * world + r); its statistics into *st. A target < 0
+ * does not count; the loss is the mean over the step's targets that do
+ * (all micro-batches, all devices), its gradient that mean's
+ * (fso_model_loss_scale). pos: each token's position in its document
+ * (data.h), or NULL for data without documents (fso_model_step). Returns 0,
+ * or negative errno with a message in err (I/O failure; -ERANGE for a
+ * non-finite loss or norm: the update is then not applied and the step not
+ * counted; -ENODATA when no target of the step counts: nothing runs, the
+ * step is not counted). */
 int fso_zero_step_run(fso_zero *z, const int32_t *inputs, const int32_t *targets,
-                      fso_zero_step *st, char *err, size_t errlen);
+                      const int32_t *pos, fso_zero_step *st, char *err, size_t errlen);
 /* Optimizer steps taken (AdamW's t of the last update). */
 int64_t fso_zero_steps(const fso_zero *z);
 

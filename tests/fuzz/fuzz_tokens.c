@@ -40,7 +40,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         FUZZ_CHECK(d.tokens != NULL && d.n_tokens >= SEQ + 1);
         int32_t in[BATCH * SEQ], tg[BATCH * SEQ];
         for (int step = 0; step < 4; step++) {
-            fso_data_next(&d, in, tg);
+            fso_data_next(&d, in, tg, NULL);
             for (int i = 0; i < BATCH * SEQ; i++) {
                 FUZZ_CHECK(in[i] >= 0 && in[i] < VOCAB && tg[i] >= 0 && tg[i] < VOCAB);
                 if (i % SEQ != SEQ - 1)
