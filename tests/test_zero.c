@@ -5,7 +5,8 @@
  *    gives bit-identical losses, norms and parameters (1 and 2 devices),
  *    each kind on one tier or the kinds on tiers of their own;
  *  - 1, 2 and 4 devices with the same global batch agree within 1e-5
- *    (the sums run in a different order);
+ *    (the sums run in a different order); so do 1 and 2 devices on masked,
+ *    packed data, and a step with no counted target is refused;
  *  - budgets fail before training, naming the tier and the shortfall;
  *  - a model whose training state is several times the device cap and
  *    larger than the host arena trains from NVMe within the cap;
@@ -529,6 +530,112 @@ static void test_device_counts_agree(void **state)
         result_free(&r[i]);
 }
 
+/* A flagged token file of the built-in corpus's bytes at path: a third of
+ * the targets masked, in runs of 9, and documents of 5 to 40 tokens packed
+ * across the windows. */
+static void write_masked_packed(const char *path)
+{
+    enum { N = 6000 };
+    char *text = malloc(N);
+    int32_t *tok = malloc(sizeof(int32_t) * N);
+    uint8_t *f = malloc(N);
+    assert_true(text && tok && f);
+    fso_corpus_generate(text, N, FSO_CORPUS_SEED);
+    for (size_t i = 0, next_doc = 0; i < N; i++) {
+        tok[i] = (unsigned char)text[i];
+        f[i] = (i / 9) % 3 == 1 ? 0 : FSO_TOKEN_TARGET;
+        if (i == next_doc) {
+            f[i] |= FSO_TOKEN_DOC_START;
+            next_doc += 5 + (i * 7) % 36;
+        }
+    }
+    assert_int_equal(fso_data_write_flagged(path, tok, f, N, -1), 0);
+    free(text);
+    free(tok);
+    free(f);
+}
+
+/* Masked, packed data trains alike on 1 and 2 devices (within 1e-5: the
+ * sums run in another order), with a discrete GPU's rules as on the CPU
+ * (the same bits: positions reach the device as the tokens do), and
+ * differently from the same file as one stream (the documents count). */
+static void test_masked_packed_data_trains_alike_on_one_and_two_devices(void **state)
+{
+    (void)state;
+    char path[600];
+    snprintf(path, sizeof path, "%s/masked_packed.bin", nvme_dir);
+    write_masked_packed(path);
+    run_result r[4];
+    for (int i = 0; i < 4; i++) {
+        fso_config cfg;
+        fso_test_small_model(&cfg, i == 0 ? 1 : 2, 4);
+        snprintf(cfg.data.path, sizeof cfg.data.path, "%s", path);
+        if (i == 2)
+            cfg.backend = fso_backend_find("cpu-async")->kind;
+        if (i == 3)
+            cfg.data.documents = FSO_DATA_DOCS_STREAM;
+        run_ok(&cfg, NULL, &r[i]);
+    }
+    unlink(path);
+    for (int s = 0; s < STEPS; s++) {
+        assert_true(isfinite(r[0].loss[s]) && r[0].loss[s] > 0);
+        if (fabs(r[1].loss[s] - r[0].loss[s]) > 1e-5 * fabs(r[0].loss[s]) ||
+            fabs(r[1].norm[s] - r[0].norm[s]) > 1e-5 * fabs(r[0].norm[s]))
+            fail_msg("2 devices, step %d: loss %.9g norm %.9g; 1 device: %.9g %.9g", s + 1,
+                     r[1].loss[s], r[1].norm[s], r[0].loss[s], r[0].norm[s]);
+        if (r[2].loss[s] != r[1].loss[s] || r[2].norm[s] != r[1].norm[s])
+            fail_msg("step %d: a GPU's rules give loss %.9g norm %.9g, the CPU %.9g %.9g", s + 1,
+                     r[2].loss[s], r[2].norm[s], r[1].loss[s], r[1].norm[s]);
+        assert_true(r[3].loss[s] != r[1].loss[s]);
+    }
+    for (size_t p = 0; p < r[0].np; p++) {
+        if (fabs(r[1].params[p] - r[0].params[p]) > 1e-5 + 1e-4 * fabs(r[0].params[p]))
+            fail_msg("2 devices: parameter %zu: %.9g vs %.9g", p, r[1].params[p], r[0].params[p]);
+        if (r[2].params[p] != r[1].params[p])
+            fail_msg("a GPU's rules: parameter %zu: %.9g vs %.9g", p, r[2].params[p],
+                     r[1].params[p]);
+    }
+    for (int i = 0; i < 4; i++)
+        result_free(&r[i]);
+}
+
+/* A step none of whose targets counts is refused before anything runs
+ * (-ENODATA, no update, not counted); the next step runs. */
+static void test_a_step_without_counted_targets_is_refused(void **state)
+{
+    (void)state;
+    fso_config cfg;
+    fso_test_small_model(&cfg, 2, 4);
+    fso_trainer tr;
+    assert_int_equal(fso_trainer_init(&tr, &cfg), 0);
+    const size_t n = fso_trainer_step_tokens(&cfg);
+    int32_t *in = calloc(n, sizeof *in), *tg = malloc(n * sizeof *tg);
+    assert_true(in && tg);
+    for (size_t i = 0; i < n; i++)
+        tg[i] = -1;
+    const size_t np = fso_zero_model(tr.zero)->n_params;
+    float *before = malloc(np * sizeof(float)), *after = malloc(np * sizeof(float));
+    assert_true(before && after);
+    char err[512];
+    assert_int_equal(fso_zero_store_hf(tr.zero, before, err, sizeof err), 0);
+    fso_zero_step st;
+    assert_int_equal(fso_trainer_step(&tr, in, tg, NULL, &st), -ENODATA);
+    if (!strstr(tr.err, "step 1: none of its") || !strstr(tr.err, "at least one target"))
+        fail_msg("the refusal says: %s", tr.err);
+    assert_int_equal(fso_zero_steps(tr.zero), 0);
+    assert_int_equal(fso_zero_store_hf(tr.zero, after, err, sizeof err), 0);
+    assert_memory_equal(before, after, np * sizeof(float));
+    tg[n / 2] = 7; /* one target counts: the step runs, its loss that target's */
+    assert_int_equal(fso_trainer_step(&tr, in, tg, NULL, &st), 0);
+    assert_int_equal(fso_zero_steps(tr.zero), 1);
+    assert_true(isfinite(st.loss) && st.loss > 0);
+    free(in);
+    free(tg);
+    free(before);
+    free(after);
+    fso_trainer_free(&tr);
+}
+
 static void test_device_cap_too_small_fails_before_training(void **state)
 {
     (void)state;
@@ -1002,6 +1109,8 @@ int main(void)
         cmocka_unit_test(test_a_step_syncs_once_and_allocates_nothing),
         cmocka_unit_test(test_nvme_streaming_in_chunks_matches_memory),
         cmocka_unit_test(test_device_counts_agree),
+        cmocka_unit_test(test_masked_packed_data_trains_alike_on_one_and_two_devices),
+        cmocka_unit_test(test_a_step_without_counted_targets_is_refused),
         cmocka_unit_test(test_device_cap_too_small_fails_before_training),
         cmocka_unit_test(test_large_model_trains_from_nvme_within_cap),
     };
