@@ -412,9 +412,9 @@ static int next_batches(fso_data *data, const fso_config *cfg, int64_t step, int
                     "to learn\n", (long long)step, data->desc);
             return -ENODATA;
         }
-        fprintf(stderr, "fsoff: warning: step %lld: every target of its %zu micro-batches is "
-                "masked; they are passed over and the step takes the next ones\n",
-                (long long)step, n / bt);
+        fprintf(stderr, "fsoff: warning: step %lld: no target of its batches counts (every "
+                "one is masked); they are passed over and the step takes the next batches\n",
+                (long long)step);
     }
 }
 

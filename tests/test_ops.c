@@ -431,8 +431,8 @@ struct att_ctx { float *q, *k, *v, *out, *probs, *R; int B, T, H, Hkv, D; };
 static double att_loss(void *c_)
 {
     struct att_ctx *c = c_;
-    ref->ops->attention_fwd(ref, c->out, c->probs, c->q, c->k, c->v, NULL, FSO_DT_F32, c->B, c->T, c->H,
-                            c->Hkv, c->D);
+    ref->ops->attention_fwd(ref, c->out, c->probs, c->q, c->k, c->v, NULL, FSO_DT_F32, c->B, c->T,
+                            c->H, c->Hkv, c->D);
     return dot_r(c->out, c->R, (size_t)c->B * c->T * c->H * c->D);
 }
 
@@ -461,7 +461,8 @@ static void run_attention(int B, int T, int H, int Hkv, int D)
     float *dq1 = gbuf(nq), *dk1 = gbuf(nkv), *dv1 = gbuf(nkv);
     float *dq2 = gbuf(nq), *dk2 = gbuf(nkv), *dv2 = gbuf(nkv);
     ref->ops->attention_bwd(ref, dq1, dk1, dv1, R, p1, q, k, v, NULL, FSO_DT_F32, B, T, H, Hkv, D);
-    fast->ops->attention_bwd(fast, dq2, dk2, dv2, R, p1, q, k, v, NULL, FSO_DT_F32, B, T, H, Hkv, D);
+    fast->ops->attention_bwd(fast, dq2, dk2, dv2, R, p1, q, k, v, NULL, FSO_DT_F32, B, T, H, Hkv,
+                             D);
     compare_guarded("attention_bwd dq", dq2, dq1, nq, FAST_TOL);
     compare_guarded("attention_bwd dk", dk2, dk1, nkv, FAST_TOL);
     compare_guarded("attention_bwd dv", dv2, dv1, nkv, FAST_TOL);
