@@ -1,10 +1,13 @@
 /* data.c — loading training tokens and cutting them into micro-batches.
  *
- * Sources (data.h has the formats): an llm.c token file (v1 uint16, v2
- * uint32), plain text read one byte per token, or the built-in corpus from
- * corpus.c. Everything ends up as int32 tokens in memory; every check that
- * can fail on a user's file (header, size, token range, length) happens here
- * once, so fso_data_next() never fails.
+ * Sources (data.h has the formats): an llm.c token file (v1 uint16, v2 and
+ * llm.c's Llama 3 v7 uint32), fsoff's flagged token file, plain text read
+ * one byte per token, or the built-in corpus from corpus.c. Everything ends
+ * up as int32 tokens in memory, and, when the file has loss masks or
+ * documents, one FSO_TOKEN_* byte per token (d->flags; NULL otherwise, and
+ * then batches are cut exactly as before masks existed). Every check that
+ * can fail on a user's file (header, size, token range, flags, delimiter,
+ * length) happens here once, so fso_data_next() never fails.
  *
  * Files are read with plain read(2) in chunks, never mmap'd: a file truncated
  * while we read it shows up as a short read and a clear error, not SIGBUS.
