@@ -557,16 +557,17 @@ static void write_masked_packed(const char *path)
 
 /* Masked, packed data trains alike on 1 and 2 devices (within 1e-5: the
  * sums run in another order), with a discrete GPU's rules as on the CPU
- * (the same bits: positions reach the device as the tokens do), and
- * differently from the same file as one stream (the documents count). */
+ * and with the state in host memory as on the device (the same bits:
+ * positions reach the device as the tokens do), and differently from the
+ * same file as one stream (the documents count). */
 static void test_masked_packed_data_trains_alike_on_one_and_two_devices(void **state)
 {
     (void)state;
     char path[600];
     snprintf(path, sizeof path, "%s/masked_packed.bin", nvme_dir);
     write_masked_packed(path);
-    run_result r[4];
-    for (int i = 0; i < 4; i++) {
+    run_result r[5];
+    for (int i = 0; i < 5; i++) {
         fso_config cfg;
         fso_test_small_model(&cfg, i == 0 ? 1 : 2, 4);
         snprintf(cfg.data.path, sizeof cfg.data.path, "%s", path);
@@ -574,6 +575,8 @@ static void test_masked_packed_data_trains_alike_on_one_and_two_devices(void **s
             cfg.backend = fso_backend_find("cpu-async")->kind;
         if (i == 3)
             cfg.data.documents = FSO_DATA_DOCS_STREAM;
+        if (i == 4)
+            fso_test_set_tiers(&cfg, FSO_TIER_HOST, FSO_TIER_HOST, nvme_dir);
         run_ok(&cfg, NULL, &r[i]);
     }
     unlink(path);
@@ -587,15 +590,18 @@ static void test_masked_packed_data_trains_alike_on_one_and_two_devices(void **s
             fail_msg("step %d: a GPU's rules give loss %.9g norm %.9g, the CPU %.9g %.9g", s + 1,
                      r[2].loss[s], r[2].norm[s], r[1].loss[s], r[1].norm[s]);
         assert_true(r[3].loss[s] != r[1].loss[s]);
+        if (r[4].loss[s] != r[1].loss[s] || r[4].norm[s] != r[1].norm[s])
+            fail_msg("step %d: state in host memory gives loss %.9g norm %.9g, on the device "
+                     "%.9g %.9g", s + 1, r[4].loss[s], r[4].norm[s], r[1].loss[s], r[1].norm[s]);
     }
     for (size_t p = 0; p < r[0].np; p++) {
         if (fabs(r[1].params[p] - r[0].params[p]) > 1e-5 + 1e-4 * fabs(r[0].params[p]))
             fail_msg("2 devices: parameter %zu: %.9g vs %.9g", p, r[1].params[p], r[0].params[p]);
-        if (r[2].params[p] != r[1].params[p])
-            fail_msg("a GPU's rules: parameter %zu: %.9g vs %.9g", p, r[2].params[p],
-                     r[1].params[p]);
+        if (r[2].params[p] != r[1].params[p] || r[4].params[p] != r[1].params[p])
+            fail_msg("parameter %zu: %.9g with a GPU's rules, %.9g from host memory, %.9g on "
+                     "the device", p, r[2].params[p], r[4].params[p], r[1].params[p]);
     }
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < 5; i++)
         result_free(&r[i]);
 }
 
