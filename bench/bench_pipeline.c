@@ -291,7 +291,7 @@ static int pl_round_run(fso_zero *z, const double *part_ms, int steps, const int
         fso_zero_step zs;
         pl_step *p = &ro->st[s];
         double t0 = fso_now_ms();
-        if (fso_zero_step_run(z, tokens, tokens, &zs, err, sizeof err) < 0) {
+        if (fso_zero_step_run(z, tokens, tokens, NULL, &zs, err, sizeof err) < 0) {
             fprintf(stderr, "fsoff: error: bench pipeline: step %d: %s\n", s + 1, err);
             return -1;
         }

@@ -1,10 +1,13 @@
 /* data.c — loading training tokens and cutting them into micro-batches.
  *
- * Sources (data.h has the formats): an llm.c token file (v1 uint16, v2
- * uint32), plain text read one byte per token, or the built-in corpus from
- * corpus.c. Everything ends up as int32 tokens in memory; every check that
- * can fail on a user's file (header, size, token range, length) happens here
- * once, so fso_data_next() never fails.
+ * Sources (data.h has the formats): an llm.c token file (v1 uint16, v2 and
+ * llm.c's Llama 3 v7 uint32), fsoff's flagged token file, plain text read
+ * one byte per token, or the built-in corpus from corpus.c. Everything ends
+ * up as int32 tokens in memory, and, when the file has loss masks or
+ * documents, one FSO_TOKEN_* byte per token (d->flags; NULL otherwise, and
+ * then batches are cut exactly as before masks existed). Every check that
+ * can fail on a user's file (header, size, token range, flags, delimiter,
+ * length) happens here once, so fso_data_next() never fails.
  *
  * Files are read with plain read(2) in chunks, never mmap'd: a file truncated
  * while we read it shows up as a short read and a clear error, not SIGBUS.
@@ -82,19 +85,34 @@ static int err_short(fso_data *d, const char *path, size_t n_tokens, int T)
 
 /* ---- token files ---------------------------------------------------------- */
 
+/* What a token file's header says (check_token_header). */
+typedef struct token_header {
+    uint32_t magic;
+    int32_t version;
+    size_t elem_bytes;        /* 2 or 4 */
+    uint64_t n_tokens;
+    bool flagged;             /* n flag bytes follow the tokens */
+    uint32_t delim_note;      /* header[3]: the delimiter + 1, or 0 */
+} token_header;
+
+static bool token_magic(uint32_t magic)
+{
+    return magic == FSO_TOKENS_MAGIC || magic == FSO_TOKENS_MAGIC_LLAMA3 ||
+           magic == FSO_TOKENS_MAGIC_FLAGGED;
+}
+
 /* Check a token file's header against the file's size and the config; on
- * success *version_out is 1 or 2 and *n_tokens_out the count the header gives. */
+ * success *th holds what it says. */
 static int check_token_header(fso_data *d, const fso_config *cfg, const char *path,
                               const unsigned char *hdr, size_t hdr_bytes,
-                              const struct stat *st, int32_t *version_out,
-                              uint64_t *n_tokens_out)
+                              const struct stat *st, token_header *th)
 {
     const uint32_t magic = hdr_bytes >= 4 ? get_u32le(hdr) : 0;
-    if (hdr_bytes >= 4 && magic != FSO_TOKENS_MAGIC && magic != FSO_TOKENS_MAGIC_LLAMA3) {
-        data_err(d, "%s: not a token file (magic %d; token files have %d, or %d for llm.c's "
-                 "Llama 3 files); re-create it as a token file, or if it is plain text, set "
-                 "data.format=text", path, (int32_t)magic, FSO_TOKENS_MAGIC,
-                 FSO_TOKENS_MAGIC_LLAMA3);
+    if (hdr_bytes >= 4 && !token_magic(magic)) {
+        data_err(d, "%s: not a token file (magic %d; token files have %d, %d for llm.c's "
+                 "Llama 3 files or %d for fsoff's flagged files); re-create it as a token "
+                 "file, or if it is plain text, set data.format=text", path, (int32_t)magic,
+                 FSO_TOKENS_MAGIC, FSO_TOKENS_MAGIC_LLAMA3, FSO_TOKENS_MAGIC_FLAGGED);
         return -EINVAL;
     }
     if (hdr_bytes < HEADER_BYTES) {
@@ -115,13 +133,39 @@ static int check_token_header(fso_data *d, const fso_config *cfg, const char *pa
                  "tokens); re-create the file with fsoff or llm.c", path, version);
         return -EINVAL;
     }
-    const size_t elem_bytes = version == 1 ? 2 : 4;
+    const bool flagged = magic == FSO_TOKENS_MAGIC_FLAGGED;
+    if (flagged && version != FSO_TOKENS_FLAGGED_VERSION) {
+        data_err(d, "%s: flagged token file of version %d; this fsoff reads version %d: "
+                 "re-create the file with this fsoff (fsoff tokenize)", path, version,
+                 FSO_TOKENS_FLAGGED_VERSION);
+        return -EINVAL;
+    }
+    const uint32_t width = get_u32le(hdr + 16);
+    if (flagged && width != 2 && width != 4) {
+        data_err(d, "%s: flagged token file with %u bytes per token (header[4]); it must be "
+                 "2 or 4: re-create the file", path, width);
+        return -EINVAL;
+    }
+    const size_t elem_bytes = flagged ? width : version == 1 ? 2 : 4;
     const uint64_t n_tokens = get_u32le(hdr + 8);
-    const uint64_t want_bytes = n_tokens * elem_bytes;
+    const uint64_t token_bytes = n_tokens * elem_bytes;
+    const uint64_t want_bytes = token_bytes + (flagged ? n_tokens : 0);
+    const uint32_t delim_note = get_u32le(hdr + 12);
 
     if (S_ISREG(st->st_mode)) {
         uint64_t have = (uint64_t)st->st_size > HEADER_BYTES
                             ? (uint64_t)st->st_size - HEADER_BYTES : 0;
+        if (have != want_bytes && flagged) {
+            data_err(d, "%s: %s: header says %llu tokens (%llu bytes) and as many flag bytes, "
+                     "%llu bytes in all, but the file holds %llu bytes after the header%s; "
+                     "re-create the file", path,
+                     have < want_bytes ? "truncated" : "too long",
+                     (unsigned long long)n_tokens, (unsigned long long)token_bytes,
+                     (unsigned long long)want_bytes, (unsigned long long)have,
+                     have >= token_bytes && have < want_bytes ? " (the flags are cut short)"
+                                                              : "");
+            return -EINVAL;
+        }
         if (have != want_bytes) {
             data_err(d, "%s: %s: header says %llu tokens (%llu bytes) but the file holds "
                      "%llu bytes of tokens; re-create the file", path,
@@ -131,6 +175,14 @@ static int check_token_header(fso_data *d, const fso_config *cfg, const char *pa
             return -EINVAL;
         }
     }
+    if (delim_note != 0 && (cfg->model.vocab_size <= 0 ||
+                            delim_note - 1 >= (uint32_t)cfg->model.vocab_size)) {
+        data_err(d, "%s: the header names token %u as the document delimiter (header[3] = "
+                 "%u), but model.vocab_size is %d; give the model the file's tokenizer's "
+                 "vocabulary, or re-create the file", path, delim_note - 1, delim_note,
+                 cfg->model.vocab_size);
+        return -EINVAL;
+    }
     if (n_tokens < (uint64_t)cfg->data.seq_len + 1)
         return err_short(d, path, (size_t)n_tokens, cfg->data.seq_len);
     if (n_tokens > SIZE_MAX / sizeof(int32_t)) {
@@ -138,8 +190,8 @@ static int check_token_header(fso_data *d, const fso_config *cfg, const char *pa
                  (unsigned long long)n_tokens);
         return -ENOMEM;
     }
-    *version_out = version;
-    *n_tokens_out = n_tokens;
+    *th = (token_header){.magic = magic, .version = version, .elem_bytes = elem_bytes,
+                         .n_tokens = n_tokens, .flagged = flagged, .delim_note = delim_note};
     return 0;
 }
 
@@ -168,17 +220,109 @@ static int err_vocab(fso_data *d, const char *path, uint32_t bad_token, size_t b
     return -EINVAL;
 }
 
+/* Read the n flag bytes of a flagged file into d->flags, refusing bits
+ * fsoff does not know. */
+static int read_flags(fso_data *d, int fd, const char *path, const token_header *th,
+                      unsigned char *stage)
+{
+    const uint8_t known = FSO_TOKEN_TARGET | FSO_TOKEN_DOC_START;
+    const size_t n = (size_t)th->n_tokens;
+    d->flags = malloc(n ? n : 1);
+    if (!d->flags) {
+        data_err(d, "%s: cannot allocate %zu bytes for the token flags; use a smaller file",
+                 path, n);
+        return -ENOMEM;
+    }
+    for (size_t done = 0; done < n;) {
+        size_t want = n - done < CHUNK_BYTES ? n - done : CHUNK_BYTES;
+        ssize_t got = fso_read_full(fd, stage, want);
+        if (got < 0)
+            return err_read(d, path, got);
+        for (size_t i = 0; i < (size_t)got; i++) {
+            if (stage[i] & ~known) {
+                data_err(d, "%s: token %zu has flags 0x%02x, with bits fsoff does not know "
+                         "(it knows 0x%02x target, 0x%02x document start); re-create the "
+                         "file with this fsoff (fsoff tokenize)", path, done + i, stage[i],
+                         FSO_TOKEN_TARGET, FSO_TOKEN_DOC_START);
+                return -EINVAL;
+            }
+            d->flags[done + i] = stage[i];
+        }
+        done += (size_t)got;
+        if ((size_t)got < want) {
+            data_err(d, "%s: truncated: header says %zu tokens, but the file ends after %zu "
+                     "of their flag bytes; re-create the file", path, n, done);
+            return -EINVAL;
+        }
+    }
+    return 0;
+}
+
+/* The documents and masks of a loaded token file: DOC_START at the
+ * delimiter tokens the header names, every token a target when the file
+ * has no flags; the document starts dropped under data.documents "stream".
+ * Then d->flags is freed when it says nothing (every token a target, no
+ * document starting after the first token): such a file trains as one
+ * stream, on the code path of files without flags. */
+static int settle_documents(fso_data *d, const fso_config *cfg, const char *path,
+                            const token_header *th)
+{
+    const size_t n = d->n_tokens;
+    const bool stream = cfg->data.documents == FSO_DATA_DOCS_STREAM;
+    if (th->delim_note && !stream) {
+        const int32_t delim = (int32_t)(th->delim_note - 1);
+        if (!d->flags) {
+            d->flags = malloc(n);
+            if (!d->flags) {
+                data_err(d, "%s: cannot allocate %zu bytes for the document starts; use a "
+                         "smaller file", path, n);
+                return -ENOMEM;
+            }
+            memset(d->flags, FSO_TOKEN_TARGET, n);
+        }
+        for (size_t i = 0; i < n; i++)
+            if (d->tokens[i] == delim)
+                d->flags[i] |= FSO_TOKEN_DOC_START;
+    }
+    if (!d->flags)
+        return 0;
+    size_t targets = 0, docs = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (stream)
+            d->flags[i] &= (uint8_t)~FSO_TOKEN_DOC_START;
+        if (i == 0) /* a document starting at the first token changes nothing */
+            continue;
+        targets += (d->flags[i] & FSO_TOKEN_TARGET) && !(d->flags[i] & FSO_TOKEN_DOC_START);
+        docs += (d->flags[i] & FSO_TOKEN_DOC_START) != 0;
+    }
+    if (targets == 0) {
+        data_err(d, "%s: no token of the file is a target (every one is masked%s), so "
+                 "training on it learns nothing; re-create it with the tokens to learn "
+                 "flagged as targets", path,
+                 docs ? ", or starts a document" : "");
+        return -EINVAL;
+    }
+    d->n_targets = targets;
+    d->n_docs = docs + 1;
+    d->documents = docs > 0;
+    if (!d->documents && targets == n - 1) { /* nothing to say: the plain path */
+        free(d->flags);
+        d->flags = NULL;
+    }
+    return 0;
+}
+
 static int load_token_file(fso_data *d, const fso_config *cfg, int fd, const char *path,
                            const unsigned char *hdr, size_t hdr_bytes, const struct stat *st)
 {
     const int vocab = cfg->model.vocab_size;
     unsigned char *stage = NULL;
-    int32_t version = 0;
-    uint64_t n_tokens = 0;
-    int rc = check_token_header(d, cfg, path, hdr, hdr_bytes, st, &version, &n_tokens);
+    token_header th;
+    int rc = check_token_header(d, cfg, path, hdr, hdr_bytes, st, &th);
     if (rc)
         return rc;
-    const size_t elem_bytes = version == 1 ? 2 : 4;
+    const uint64_t n_tokens = th.n_tokens;
+    const size_t elem_bytes = th.elem_bytes;
     const uint64_t want_bytes = n_tokens * elem_bytes;
 
     d->tokens = malloc((size_t)n_tokens * sizeof(int32_t));
@@ -229,6 +373,8 @@ static int load_token_file(fso_data *d, const fso_config *cfg, int fd, const cha
         rc = err_vocab(d, path, bad_token, bad_idx, vocab, max_token);
         goto out;
     }
+    if (th.flagged && (rc = read_flags(d, fd, path, &th, stage)) < 0)
+        goto out;
     /* Anything after the tokens (a file that grew, or a pipe) is an error too. */
     ssize_t extra = fso_read_full(fd, stage, CHUNK_BYTES);
     if (extra < 0) {
@@ -236,17 +382,24 @@ static int load_token_file(fso_data *d, const fso_config *cfg, int fd, const cha
         goto out;
     }
     if (extra > 0) {
-        data_err(d, "%s: too long: header says %llu tokens (%llu bytes) but the file holds "
-                 "more bytes of tokens; re-create the file", path,
-                 (unsigned long long)n_tokens, (unsigned long long)want_bytes);
+        data_err(d, "%s: too long: header says %llu tokens (%llu bytes%s) but the file holds "
+                 "more bytes; re-create the file", path, (unsigned long long)n_tokens,
+                 (unsigned long long)want_bytes, th.flagged ? " and as many flag bytes" : "");
         rc = -EINVAL;
         goto out;
     }
     d->n_tokens = (size_t)n_tokens;
-    if (version == FSO_TOKENS_LLAMA3_VERSION)
-        data_desc(d, "%s (llm.c Llama 3 tokens, %zu tokens)", path, d->n_tokens);
+    if ((rc = settle_documents(d, cfg, path, &th)) < 0)
+        goto out;
+    char what[96] = "";
+    if (d->documents || d->flags)
+        snprintf(what, sizeof what, ", %zu documents, %zu targets", d->n_docs, d->n_targets);
+    if (th.flagged)
+        data_desc(d, "%s (flagged tokens, %zu tokens%s)", path, d->n_tokens, what);
+    else if (th.version == FSO_TOKENS_LLAMA3_VERSION)
+        data_desc(d, "%s (llm.c Llama 3 tokens, %zu tokens%s)", path, d->n_tokens, what);
     else
-        data_desc(d, "%s (tokens v%d, %zu tokens)", path, version, d->n_tokens);
+        data_desc(d, "%s (tokens v%d, %zu tokens%s)", path, th.version, d->n_tokens, what);
 out:
     free(stage);
     return rc;
@@ -443,9 +596,7 @@ int fso_data_init(fso_data *data, const fso_config *cfg)
         is_tokens = 0;
         break;
     default: /* auto: a whole header with the magic, or a name that says token file */
-        is_tokens = (hdr_bytes == HEADER_BYTES && (get_u32le(hdr) == FSO_TOKENS_MAGIC ||
-                                                   get_u32le(hdr) == FSO_TOKENS_MAGIC_LLAMA3)) ||
-                    named_bin(path);
+        is_tokens = (hdr_bytes == HEADER_BYTES && token_magic(get_u32le(hdr))) || named_bin(path);
         break;
     }
     if (is_tokens)
@@ -458,8 +609,11 @@ out:
         close(fd);
     if (rc < 0) {
         free(data->tokens);
+        free(data->flags);
         data->tokens = NULL;
+        data->flags = NULL;
         data->n_tokens = 0;
+        data->documents = false;
         data->desc[0] = '\0';
     }
     return rc;
@@ -470,12 +624,45 @@ void fso_data_free(fso_data *data)
     if (!data)
         return;
     free(data->tokens);
+    free(data->flags);
     data->tokens = NULL;
+    data->flags = NULL;
     data->n_tokens = 0;
+    data->documents = false;
     data->pos = 0;
 }
 
-void fso_data_next(fso_data *data, int32_t *inputs, int32_t *targets)
+bool fso_data_documents(const fso_data *data)
+{
+    return data->documents;
+}
+
+/* Row b's window at start: targets masked by the flags, and positions. */
+static size_t cut_row(const fso_data *d, size_t start, int32_t *in, int32_t *tg, int32_t *pos)
+{
+    const size_t T = (size_t)d->T;
+    const int32_t *row = d->tokens + start;
+    memcpy(in, row, T * sizeof(int32_t));
+    if (!d->flags) {
+        memcpy(tg, row + 1, T * sizeof(int32_t));
+        return T;
+    }
+    const uint8_t *f = d->flags + start;
+    size_t counted = 0;
+    for (size_t t = 0; t < T; t++) {
+        const bool counts = (f[t + 1] & FSO_TOKEN_TARGET) && !(f[t + 1] & FSO_TOKEN_DOC_START);
+        tg[t] = counts ? row[t + 1] : -1;
+        counted += counts;
+    }
+    if (pos && d->documents) {
+        pos[0] = 0; /* a window starts a document's visible part */
+        for (size_t t = 1; t < T; t++)
+            pos[t] = (f[t] & FSO_TOKEN_DOC_START) ? 0 : pos[t - 1] + 1;
+    }
+    return counted;
+}
+
+size_t fso_data_next(fso_data *data, int32_t *inputs, int32_t *targets, int32_t *pos)
 {
     FSO_BUG_ON(!data->tokens || data->B < 1 || data->T < 1,
                "a batch of %d x %d asked with %s", data->B, data->T,
@@ -484,6 +671,7 @@ void fso_data_next(fso_data *data, int32_t *inputs, int32_t *targets)
     const size_t span = B * T;
     FSO_BUG_ON(n < T + 1, "%zu tokens, fewer than a sequence of %zu and its target", n, T);
 
+    size_t counted = 0;
     for (size_t b = 0; b < B; b++) {
         size_t start;
         if (n >= span + 1) {
@@ -493,34 +681,26 @@ void fso_data_next(fso_data *data, int32_t *inputs, int32_t *targets)
         } else {
             start = (data->pos + b * T) % (n - T);
         }
-        const int32_t *row = data->tokens + start;
-        memcpy(inputs + b * T, row, T * sizeof(int32_t));
-        memcpy(targets + b * T, row + 1, T * sizeof(int32_t));
+        counted += cut_row(data, start, inputs + b * T, targets + b * T,
+                           pos ? pos + b * T : NULL);
     }
     if (n >= span + 1)
         data->pos += span;
     else
         data->pos = (data->pos + span) % (n - T);
+    return counted;
 }
 
-int fso_data_write_tokens(const char *path, const int32_t *tokens, size_t n, int force_v2)
+/* Write a token file: the header ints hdr (magic, version, count, and the
+ * rest as given), the n tokens of elem_bytes each, then flags (n, or NULL:
+ * none), to PATH.tmp.PID.K renamed over path once fsync'd. */
+static int write_token_file(const char *path, const uint32_t *hdr, int n_hdr,
+                            const int32_t *tokens, const uint8_t *flags, size_t n,
+                            size_t elem_bytes)
 {
     unsigned char *stage = NULL;
     char *tmp = NULL;
     int fd = -1, rc = 0;
-
-    if (!path || !path[0] || (!tokens && n))
-        return -EINVAL;
-    if (n > INT32_MAX)
-        return -EOVERFLOW;   /* the header's token count is an int32 */
-    int version = force_v2 ? 2 : 1;
-    for (size_t i = 0; i < n; i++) {
-        if (tokens[i] < 0)
-            return -EINVAL;
-        if (tokens[i] > 0xffff)
-            version = 2;
-    }
-    const size_t elem_bytes = version == 1 ? 2 : 4;
 
     size_t tmp_len = strlen(path) + 64;
     tmp = malloc(tmp_len);
@@ -542,9 +722,8 @@ int fso_data_write_tokens(const char *path, const int32_t *tokens, size_t n, int
     }
 
     memset(stage, 0, HEADER_BYTES);
-    put_u32le(stage, FSO_TOKENS_MAGIC);
-    put_u32le(stage + 4, (uint32_t)version);
-    put_u32le(stage + 8, (uint32_t)n);
+    for (int i = 0; i < n_hdr; i++)
+        put_u32le(stage + 4 * i, hdr[i]);
     rc = fso_write_full(fd, stage, HEADER_BYTES);
     for (size_t i = 0; rc == 0 && i < n;) {
         size_t fill = 0;
@@ -559,6 +738,8 @@ int fso_data_write_tokens(const char *path, const int32_t *tokens, size_t n, int
         }
         rc = fso_write_full(fd, stage, fill);
     }
+    if (rc == 0 && flags && n)
+        rc = fso_write_full(fd, flags, n);
     if (rc < 0)
         goto fail;
     if (fsync(fd) < 0) {
@@ -586,4 +767,50 @@ fail:
     free(tmp);
     free(stage);
     return rc;
+}
+
+/* Whether n tokens are valid (>= 0) and fit uint16: 0/1, or -EINVAL. */
+static int tokens_narrow(const int32_t *tokens, size_t n)
+{
+    int narrow = 1;
+    for (size_t i = 0; i < n; i++) {
+        if (tokens[i] < 0)
+            return -EINVAL;
+        if (tokens[i] > 0xffff)
+            narrow = 0;
+    }
+    return narrow;
+}
+
+int fso_data_write_tokens(const char *path, const int32_t *tokens, size_t n, int force_u32)
+{
+    if (!path || !path[0] || (!tokens && n))
+        return -EINVAL;
+    if (n > INT32_MAX)
+        return -EOVERFLOW;   /* the header's token count is an int32 */
+    int narrow = tokens_narrow(tokens, n);
+    if (narrow < 0)
+        return narrow;
+    const bool v1 = narrow && !force_u32;
+    const uint32_t hdr[3] = {v1 ? FSO_TOKENS_MAGIC : FSO_TOKENS_MAGIC_LLAMA3,
+                             v1 ? 1u : FSO_TOKENS_LLAMA3_VERSION, (uint32_t)n};
+    return write_token_file(path, hdr, 3, tokens, NULL, n, v1 ? 2 : 4);
+}
+
+int fso_data_write_flagged(const char *path, const int32_t *tokens, const uint8_t *flags,
+                           size_t n, int32_t delimiter)
+{
+    if (!path || !path[0] || (!tokens && n) || (!flags && n) || delimiter < -1)
+        return -EINVAL;
+    if (n > INT32_MAX)
+        return -EOVERFLOW;
+    int narrow = tokens_narrow(tokens, n);
+    if (narrow < 0)
+        return narrow;
+    for (size_t i = 0; i < n; i++)
+        if (flags[i] & ~(FSO_TOKEN_TARGET | FSO_TOKEN_DOC_START))
+            return -EINVAL;
+    const uint32_t hdr[5] = {FSO_TOKENS_MAGIC_FLAGGED, FSO_TOKENS_FLAGGED_VERSION, (uint32_t)n,
+                             (uint32_t)(delimiter + 1), narrow ? 2u : 4u};
+    return write_token_file(path, hdr, 5, tokens, flags, n, narrow ? 2 : 4);
 }

@@ -1,4 +1,5 @@
-/* data.h — training tokens: llm.c token files, plain text, or the built-in corpus.
+/* data.h — training tokens: llm.c token files, fsoff's flagged token files,
+ * plain text, or the built-in corpus.
  *
  * Token file: a header of 256 little-endian int32 — [0] magic 20240520,
  * [1] version, [2] token count — followed by the tokens. Version 1 stores
@@ -23,6 +24,11 @@
  * start, and the first token of a document is never a target (nothing of
  * its document precedes it) — packing documents into one window trains as
  * running them apart. A file with no documents is one stream, as llm.c's.
+ * A flagged file's documents start at its DOC_START flags and, when its
+ * header names a delimiter, at each delimiter token too. A document
+ * starting at the file's first token changes nothing (it is no target
+ * anyway). data.documents "stream" drops the documents (every window one
+ * stream, as llm.c trains) and keeps the masks.
  *
  * Plain text is read
  * byte-level: each byte is one token (needs vocab_size >= 256; refused for a
@@ -42,6 +48,7 @@
 #ifndef FSO_DATA_H
 #define FSO_DATA_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -66,6 +73,11 @@
 
 typedef struct fso_data {
     int32_t *tokens;         /* (n_tokens) */
+    uint8_t *flags;          /* (n_tokens) FSO_TOKEN_* per token, or NULL: every token a
+                                target and no documents (the batches of llm.c's loader) */
+    bool documents;          /* some document starts after the first token */
+    size_t n_targets;        /* with flags: tokens after the first that count as targets */
+    size_t n_docs;           /* with flags: documents (1 + starts after the first token) */
     size_t n_tokens;
     size_t pos;              /* next batch start */
     int B, T;
@@ -79,17 +91,36 @@ typedef struct fso_data {
 int fso_data_init(fso_data *data, const fso_config *cfg);
 void fso_data_free(fso_data *data);
 
-/* Fill inputs (B,T) and targets (B,T) with the next micro-batch. */
-void fso_data_next(fso_data *data, int32_t *inputs, int32_t *targets);
+/* Fill inputs (B,T) and targets (B,T) with the next micro-batch; a target
+ * that does not count (its token is not flagged FSO_TOKEN_TARGET, or starts
+ * a document) is -1. With documents and pos not NULL, pos (B,T) gets each
+ * token's position in its document: 0 at a document's start and at the
+ * row's first token, else the previous position + 1 (pos is not written
+ * without documents; it may be NULL). Returns the targets that count, B*T
+ * for data without flags. */
+size_t fso_data_next(fso_data *data, int32_t *inputs, int32_t *targets, int32_t *pos);
+
+/* Whether the data has documents: batches then need their positions
+ * (fso_data_next's pos) for the model to keep the documents apart. */
+bool fso_data_documents(const fso_data *data);
 
 /* Write the built-in corpus (n_bytes of text, from seed) to buf. */
 void fso_corpus_generate(char *buf, size_t n_bytes, uint64_t seed);
 
-/* Write a token file (version 1 if every token fits uint16 and !force_v2).
- * Writes PATH.tmp.PID.K (mode 0644 less the umask), fsyncs it and renames it
- * over path, so a failure leaves no partial file. Returns 0 or a negative
- * errno: -EINVAL for a negative token, -EOVERFLOW for n > INT32_MAX, else the
- * open/write/fsync/close/rename error (-ENOSPC, -EFBIG, -EACCES, ...). */
-int fso_data_write_tokens(const char *path, const int32_t *tokens, size_t n, int force_v2);
+/* Write a token file: version 1 (uint16) if every token fits uint16 and
+ * !force_u32, else llm.c's Llama 3 format (magic 20240801, version 7,
+ * uint32). Writes PATH.tmp.PID.K (mode 0644 less the umask), fsyncs it and
+ * renames it over path, so a failure leaves no partial file. Returns 0 or a
+ * negative errno: -EINVAL for a negative token, -EOVERFLOW for n >
+ * INT32_MAX, else the open/write/fsync/close/rename error (-ENOSPC, -EFBIG,
+ * -EACCES, ...). */
+int fso_data_write_tokens(const char *path, const int32_t *tokens, size_t n, int force_u32);
+
+/* Write a flagged token file (above): tokens (n), their flags (n,
+ * FSO_TOKEN_* bits only), delimiter the document delimiter's id or -1 for
+ * none; 2 bytes per token if every token fits uint16, else 4. Written and
+ * failing as fso_data_write_tokens (-EINVAL also for unknown flag bits). */
+int fso_data_write_flagged(const char *path, const int32_t *tokens, const uint8_t *flags,
+                           size_t n, int32_t delimiter);
 
 #endif

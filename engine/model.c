@@ -203,6 +203,7 @@ int fso_model_init(fso_model *m, const fso_model_config *mc, fso_backend *be, in
     const size_t fN = sizeof(float) * N, wN = fso_dtype_size(m->wt) * N;
     if ((rc = dalloc(m, &m->tokens, sizeof(int32_t) * N)) < 0 ||
         (rc = dalloc(m, &m->targets, sizeof(int32_t) * N)) < 0 ||
+        (rc = dalloc(m, &m->pos, sizeof(int32_t) * N)) < 0 ||
         (rc = dalloc(m, &m->rope_cos, sizeof(float) * (size_t)T * (D / 2))) < 0 ||
         (rc = dalloc(m, &m->rope_sin, sizeof(float) * (size_t)T * (D / 2))) < 0)
         goto fail;
@@ -284,7 +285,7 @@ void fso_model_free(fso_model *m)
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
             f(be, bufs[i]);
     }
-    void *bufs[] = {m->tokens, m->targets, m->rope_cos, m->rope_sin, m->xf, m->rstdf,
+    void *bufs[] = {m->tokens, m->targets, m->pos, m->rope_cos, m->rope_sin, m->xf, m->rstdf,
                     m->logits, m->losses, m->dres, m->dh, m->dq, m->dk,
                     m->dv, m->datt, m->dgate, m->dup, m->dact};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
@@ -363,7 +364,7 @@ size_t fso_model_activation_bytes_for(const fso_model_config *mc, int B, int T,
 #define R64(x) fso_sat_round_up(x, 64)
     const size_t D = (size_t)mc->head_dim, N = (size_t)B * T, fN = M(sizeof(float), N);
     const size_t wb = bf16 ? sizeof(uint16_t) : sizeof(float), wN = M(wb, N);
-    size_t total = A(M(2, R64(M(sizeof(int32_t), N))),
+    size_t total = A(M(3, R64(M(sizeof(int32_t), N))), /* tokens, targets, positions */
                      M(2, R64(M(sizeof(float) * (size_t)T, D / 2))));
     if (bf16 && checkpointing)
         total = A(total, A(M(L + 1, R64(M(M(sizeof(uint16_t), N), C))), M(2, R64(M(fN, C)))));
@@ -477,9 +478,11 @@ static void layer_forward(fso_model *m, int l, fso_layer_acts *a, const float *x
     op->matmul_fwd(be, a->q, wt, a->h1, P_(m, bi, FSO_T_Q), wt, N, C, qd);
     op->matmul_fwd(be, a->k, wt, a->h1, P_(m, bi, FSO_T_K), wt, N, C, kvd);
     op->matmul_fwd(be, a->v, wt, a->h1, P_(m, bi, FSO_T_V), wt, N, C, kvd);
-    op->rope(be, a->q, wt, m->rope_cos, m->rope_sin, d.B, d.T, d.H, d.D, 0);
-    op->rope(be, a->k, wt, m->rope_cos, m->rope_sin, d.B, d.T, d.Hkv, d.D, 0);
-    op->attention_fwd(be, a->att, a->probs, a->q, a->k, a->v, wt, d.B, d.T, d.H, d.Hkv, d.D);
+    const int32_t *pos = m->docs ? m->pos : NULL;
+    op->rope(be, a->q, wt, m->rope_cos, m->rope_sin, pos, d.B, d.T, d.H, d.D, 0);
+    op->rope(be, a->k, wt, m->rope_cos, m->rope_sin, pos, d.B, d.T, d.Hkv, d.D, 0);
+    op->attention_fwd(be, a->att, a->probs, a->q, a->k, a->v, pos, wt, d.B, d.T, d.H, d.Hkv,
+                      d.D);
     op->matmul_fwd(be, a->x2, f32, a->att, P_(m, bi, FSO_T_O), wt, N, qd, C);
     op->add(be, a->x2, a->x2, x, (size_t)N * C);
     op->rmsnorm_fwd(be, a->h2, a->rstd2, a->x2, P_(m, bi, FSO_T_MLP_NORM), wt, N, C, d.eps);
@@ -515,10 +518,11 @@ static void layer_backward(fso_model *m, int l, const fso_layer_acts *a, const f
     /* x2 = x + o(attention(rope(q(h1)), rope(k(h1)), v(h1))) */
     op->matmul_bwd(be, m->datt, wt, DW(FSO_T_O), m->dres, f32, a->att, W(FSO_T_O), wt, N, qd, C,
                    0.0f);
-    op->attention_bwd(be, m->dq, m->dk, m->dv, m->datt, a->probs, a->q, a->k, a->v, wt, d.B, d.T,
-                      d.H, d.Hkv, d.D);
-    op->rope(be, m->dq, wt, m->rope_cos, m->rope_sin, d.B, d.T, d.H, d.D, 1);
-    op->rope(be, m->dk, wt, m->rope_cos, m->rope_sin, d.B, d.T, d.Hkv, d.D, 1);
+    const int32_t *pos = m->docs ? m->pos : NULL;
+    op->attention_bwd(be, m->dq, m->dk, m->dv, m->datt, a->probs, a->q, a->k, a->v, pos, wt, d.B,
+                      d.T, d.H, d.Hkv, d.D);
+    op->rope(be, m->dq, wt, m->rope_cos, m->rope_sin, pos, d.B, d.T, d.H, d.D, 1);
+    op->rope(be, m->dk, wt, m->rope_cos, m->rope_sin, pos, d.B, d.T, d.Hkv, d.D, 1);
     op->matmul_bwd(be, m->dh, f32, DW(FSO_T_Q), m->dq, wt, a->h1, W(FSO_T_Q), wt, N, C, qd, 0.0f);
     op->matmul_bwd(be, m->dh, f32, DW(FSO_T_K), m->dk, wt, a->h1, W(FSO_T_K), wt, N, C, kvd, 1.0f);
     op->matmul_bwd(be, m->dh, f32, DW(FSO_T_V), m->dv, wt, a->h1, W(FSO_T_V), wt, N, C, kvd, 1.0f);
@@ -597,12 +601,16 @@ static const float *layer_input(fso_model *m, int l)
 }
 
 /* Embedding, layers, final norm; leaves the head's parameters (and the
- * embedding's when tied) lent. */
-static void forward_blocks(fso_model *m, const fso_block_source *src, const int32_t *inputs)
+ * embedding's when tied) lent. pos (N) host, or NULL: no documents. */
+static void forward_blocks(fso_model *m, const fso_block_source *src, const int32_t *inputs,
+                           const int32_t *pos)
 {
     fso_backend *be = m->be;
     const int N = m->B * m->T, C = m->mc.hidden_size, L = m->mc.num_hidden_layers;
     be->ops->copy_h2d(be, m->tokens, inputs, sizeof(int32_t) * (size_t)N);
+    m->docs = pos != NULL;
+    if (pos)
+        be->ops->copy_h2d(be, m->pos, pos, sizeof(int32_t) * (size_t)N);
     lend_params(m, src, 0);
     float *x = layer_out(m, 0);
     if (!stand_in(m, FSO_PART_EMBED_FWD)) {
@@ -652,15 +660,25 @@ static float *head_grad(const fso_model *m)
     return m->mc.tie_word_embeddings ? G_(m, 0, FSO_T_EMBED) : G_(m, m->n_blocks - 1, FSO_T_LM_HEAD);
 }
 
+float fso_model_loss_scale(int64_t counted, int64_t n, int micro)
+{
+    if (counted <= 0)
+        return 0.0f;
+    if (counted == n * micro) /* every target counts: the arithmetic of unmasked data */
+        return 1.0f / (float)micro / (float)n;
+    return 1.0f / (float)counted;
+}
+
 void fso_model_step(fso_model *m, const fso_block_source *src, const int32_t *inputs,
-                    const int32_t *targets, float grad_scale, double *loss_sum)
+                    const int32_t *targets, const int32_t *pos, float loss_scale,
+                    double *loss_sum)
 {
     fso_backend *be = m->be;
     const fso_backend_ops *op = be->ops;
     const int N = m->B * m->T, C = m->mc.hidden_size, V = m->mc.vocab_size;
     const int L = m->mc.num_hidden_layers;
 
-    forward_blocks(m, src, inputs);
+    forward_blocks(m, src, inputs, pos);
     op->copy_h2d(be, m->targets, targets, sizeof(int32_t) * (size_t)N);
 
     /* Head, chunked over rows: logits -> loss and dlogits in place -> dxf (in dh). */
@@ -669,7 +687,7 @@ void fso_model_step(fso_model *m, const fso_block_source *src, const int32_t *in
         lend_grads(m, src, 0);
     const void *Wh = head_weight(m);
     float *dWh = head_grad(m);
-    float dscale = grad_scale / (float)N;
+    const float dscale = loss_scale;
     const fso_dtype wt = m->wt, f32 = FSO_DT_F32;
     if (stand_in(m, FSO_PART_HEAD))
         op->memset0(be, m->losses, sizeof(float) * (size_t)N);
@@ -716,12 +734,12 @@ void fso_model_step(fso_model *m, const fso_block_source *src, const int32_t *in
 }
 
 void fso_model_eval(fso_model *m, const fso_block_source *src, const int32_t *inputs,
-                    const int32_t *targets, double *loss_sum)
+                    const int32_t *targets, const int32_t *pos, double *loss_sum)
 {
     fso_backend *be = m->be;
     const fso_backend_ops *op = be->ops;
     const int N = m->B * m->T, C = m->mc.hidden_size, V = m->mc.vocab_size;
-    forward_blocks(m, src, inputs);
+    forward_blocks(m, src, inputs, pos);
     op->copy_h2d(be, m->targets, targets, sizeof(int32_t) * (size_t)N);
     const void *Wh = head_weight(m);
     for (int r0 = 0; r0 < N; r0 += m->chunk_rows) {
@@ -739,7 +757,7 @@ void fso_model_forward_logits(fso_model *m, const fso_block_source *src, const i
 {
     fso_backend *be = m->be;
     const int N = m->B * m->T, C = m->mc.hidden_size, V = m->mc.vocab_size;
-    forward_blocks(m, src, inputs);
+    forward_blocks(m, src, inputs, NULL);
     const void *Wh = head_weight(m);
     for (int r0 = 0; r0 < N; r0 += m->chunk_rows) {
         int rows = N - r0 < m->chunk_rows ? N - r0 : m->chunk_rows;

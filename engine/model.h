@@ -98,6 +98,8 @@ typedef struct fso_model {
 
     /* activations (device) */
     int32_t *tokens, *targets;    /* (N) */
+    int32_t *pos;                 /* (N) each token's position in its document */
+    bool docs;                    /* this micro-batch has documents: pos is used */
     float **layer_in;             /* L+1 pointers (N,C): input of each layer, then the final x
                                      (NULL with bf16_acts) */
     bool bf16_acts;               /* the kept layer inputs are bf16 (kept16), widened into the
@@ -206,19 +208,34 @@ void fso_model_init_block(const fso_model *model, int block, float *flat, struct
 void fso_model_flat_from_hf(const fso_model *model, float **flat, const float *hf);
 void fso_model_flat_to_hf(const fso_model *model, float *const *flat, float *hf);
 
+/* The scale of each counted target's loss gradient in an optimizer step
+ * of `micro` micro-batches (all devices) of n positions, `counted` of whose
+ * targets count (>= 0): 1/counted, so the step's gradient is that of the
+ * mean loss over its counted targets (torch's cross_entropy with
+ * ignore_index). When every target counts it is computed as
+ * (1/micro)/n in fp32, fsoff's arithmetic for data without masks, for its
+ * bits. 0 when none counts. */
+float fso_model_loss_scale(int64_t counted, int64_t n, int micro);
+
 /* One micro-batch: forward, loss, backward, queued on the backend without
  * waiting for it. inputs and targets (B*T) host int32, read before the
- * next sync; gradients of loss * grad_scale are added into the lent
- * buffers. *loss_sum += the loss summed over the B*T positions (before
- * grad_scale), in place once the backend has synced (backend.h sum). */
+ * next sync; a target < 0 does not count (its loss is 0). pos (B*T) host
+ * int32, each token's position in its document (data.h), or NULL: no
+ * documents, every row one stream (RoPE at 0..T-1, causal attention over
+ * the row). Gradients of each counted target's loss * loss_scale
+ * (fso_model_loss_scale) are added into the lent buffers. *loss_sum += the
+ * loss summed over the B*T positions (unscaled; 0 for targets that do not
+ * count), in place once the backend has synced (backend.h sum). */
 void fso_model_step(fso_model *model, const fso_block_source *src, const int32_t *inputs,
-                    const int32_t *targets, float grad_scale, double *loss_sum);
+                    const int32_t *targets, const int32_t *pos, float loss_scale,
+                    double *loss_sum);
 
-/* Forward only, for a validation loss: *loss_sum += the loss summed over
- * the B*T positions (delivered as fso_model_step's), no gradients; the
- * block source is asked for parameters only. */
+/* Forward only, for a validation loss: inputs, targets and pos as
+ * fso_model_step's; *loss_sum += the loss summed over the B*T positions
+ * (delivered as fso_model_step's), no gradients; the block source is asked
+ * for parameters only. */
 void fso_model_eval(fso_model *model, const fso_block_source *src, const int32_t *inputs,
-                    const int32_t *targets, double *loss_sum);
+                    const int32_t *targets, const int32_t *pos, double *loss_sum);
 
 /* Forward only: logits (B*T, V) copied to host `logits`. */
 void fso_model_forward_logits(fso_model *model, const fso_block_source *src,

@@ -353,7 +353,8 @@ static void *calib_run(void *arg)
         memset(c->ms, 0, sizeof c->ms);
         c->layer_visits = 0;
         double loss = 0;
-        fso_model_step(&m, &src, tok, tok + (size_t)B * T, 1.0f, &loss);
+        fso_model_step(&m, &src, tok, tok + (size_t)B * T, NULL,
+                       fso_model_loss_scale((int64_t)B * T, (int64_t)B * T, 1), &loss);
         m.be->ops->sync(m.be);
         for (int i = 0; i < 5 && rep > 0; i++)
             d->ms[i] = rep == 1 || c->ms[i] < d->ms[i] ? c->ms[i] : d->ms[i];

@@ -60,9 +60,9 @@ size_t fso_trainer_step_tokens(const fso_config *cfg)
 }
 
 int fso_trainer_step(fso_trainer *tr, const int32_t *inputs, const int32_t *targets,
-                     fso_zero_step *st)
+                     const int32_t *pos, fso_zero_step *st)
 {
-    return fso_zero_step_run(tr->zero, inputs, targets, st, tr->err, sizeof tr->err);
+    return fso_zero_step_run(tr->zero, inputs, targets, pos, st, tr->err, sizeof tr->err);
 }
 
 /* The highest learning rate fine-tuning a pretrained model usually takes:
@@ -391,8 +391,34 @@ out:
 
 /* ------------------------------------------------------------------ the run */
 
-/* The steps: data, the step, its line, the measurements, and after five
- * steps the re-plan. 0 or negative errno after one error line. */
+/* The next step's batches into inputs, targets and pos (NULL: the data has
+ * no documents). Batches in which no target counts (masked data) are
+ * passed over with one warning line each, as long as one pass over the
+ * data lasts; then -ENODATA after an error line. */
+static int next_batches(fso_data *data, const fso_config *cfg, int64_t step, int32_t *inputs,
+                        int32_t *targets, int32_t *pos)
+{
+    const size_t n = fso_trainer_step_tokens(cfg);
+    const size_t bt = (size_t)cfg->micro_batch * cfg->data.seq_len;
+    for (size_t tries = 0;; tries++) {
+        size_t counted = 0;
+        for (size_t a = 0; a < n / bt; a++)
+            counted += fso_data_next(data, inputs + a * bt, targets + a * bt,
+                                     pos ? pos + a * bt : NULL);
+        if (counted > 0)
+            return 0;
+        if (tries * n > data->n_tokens) {
+            fprintf(stderr, "fsoff: error: step %lld: no target of a whole pass over %s counts "
+                    "(every one in the batches fsoff cuts is masked); give data with targets "
+                    "to learn\n", (long long)step, data->desc);
+            return -ENODATA;
+        }
+        fprintf(stderr, "fsoff: warning: step %lld: no target of its batches counts (every "
+                "one is masked); they are passed over and the step takes the next batches\n",
+                (long long)step);
+    }
+}
+
 /* A validation pass and its line: 0 or negative errno after one error line. */
 static int validate(fso_val *val, fso_trainer *tr, fso_report *rep)
 {
@@ -405,14 +431,16 @@ static int validate(fso_val *val, fso_trainer *tr, fso_report *rep)
     return rc;
 }
 
+/* The steps: data, the step, its line, the measurements, and after five
+ * steps the re-plan. 0 or negative errno after one error line. */
 static int run_steps(fso_config *cfg, fso_data *data, fso_val *val, fso_trainer *tr,
                      fso_report *rep, run_plan *rp, fso_ckpt_run *ck, FILE *out)
 {
     const size_t n = fso_trainer_step_tokens(cfg);
-    const size_t bt = (size_t)cfg->micro_batch * cfg->data.seq_len;
     int32_t *inputs = malloc(sizeof(int32_t) * n), *targets = malloc(sizeof(int32_t) * n);
+    int32_t *pos = fso_data_documents(data) ? malloc(sizeof(int32_t) * n) : NULL;
     int rc = 0;
-    if (!inputs || !targets) {
+    if (!inputs || !targets || (fso_data_documents(data) && !pos)) {
         rc = -ENOMEM;
         fprintf(stderr, "fsoff: error: out of host memory for %zu batch tokens\n", n);
         goto out;
@@ -422,9 +450,9 @@ static int run_steps(fso_config *cfg, fso_data *data, fso_val *val, fso_trainer 
         fso_zero_step st;
         if (fso_val_due(val, s) && (rc = validate(val, tr, rep)) < 0)
             goto out;
-        for (size_t a = 0; a < n / bt; a++)
-            fso_data_next(data, inputs + a * bt, targets + a * bt);
-        if ((rc = fso_trainer_step(tr, inputs, targets, &st)) < 0) {
+        if ((rc = next_batches(data, cfg, s + 1, inputs, targets, pos)) < 0)
+            goto out;
+        if ((rc = fso_trainer_step(tr, inputs, targets, pos, &st)) < 0) {
             fprintf(stderr, "fsoff: error: %s\n", tr->err);
             goto out;
         }
@@ -440,6 +468,7 @@ static int run_steps(fso_config *cfg, fso_data *data, fso_val *val, fso_trainer 
 out:
     free(inputs);
     free(targets);
+    free(pos);
     return rc;
 }
 

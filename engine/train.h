@@ -46,13 +46,14 @@ int fso_trainer_finish(fso_trainer *tr, double *waited_ms);
 /* Tokens one step consumes: world * grad_accum micro-batches of B*T. */
 size_t fso_trainer_step_tokens(const fso_config *cfg);
 
-/* One optimizer step: inputs and targets hold fso_trainer_step_tokens()
- * tokens, micro-batch a of device r at number a * world + r; its statistics
- * into *st (zero.h, fso_zero_step). Returns 0, or negative errno (tr->err):
- * -ERANGE when the loss or the gradient norm is not finite, an I/O error;
- * the update is then not applied. */
+/* One optimizer step: inputs and targets (and pos, or NULL) hold
+ * fso_trainer_step_tokens() tokens as fso_data_next() gives them,
+ * micro-batch a of device r at number a * world + r; its statistics into
+ * *st (zero.h, fso_zero_step). Returns 0, or negative errno (tr->err):
+ * -ERANGE when the loss or the gradient norm is not finite, -ENODATA when
+ * no target counts, an I/O error; the update is then not applied. */
 int fso_trainer_step(fso_trainer *tr, const int32_t *inputs, const int32_t *targets,
-                     fso_zero_step *st);
+                     const int32_t *pos, fso_zero_step *st);
 
 typedef struct fso_run_opts {
     const char *metrics_path;   /* NULL: none */

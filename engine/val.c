@@ -36,17 +36,24 @@ int fso_val_init(fso_val *v, const fso_config *cfg)
      * still gives one (its rows repeat tokens, as the training data's) */
     size_t fit = (v->data.n_tokens - 1) / v->bt;
     v->batches = fit < (size_t)v->asked ? (fit ? (int)fit : 1) : v->asked;
-    v->inputs = malloc(sizeof(int32_t) * v->bt * (size_t)v->batches);
-    v->targets = malloc(sizeof(int32_t) * v->bt * (size_t)v->batches);
-    if (!v->inputs || !v->targets) {
+    const size_t n = v->bt * (size_t)v->batches;
+    v->inputs = malloc(sizeof(int32_t) * n);
+    v->targets = malloc(sizeof(int32_t) * n);
+    v->pos = fso_data_documents(&v->data) ? malloc(sizeof(int32_t) * n) : NULL;
+    if (!v->inputs || !v->targets || (fso_data_documents(&v->data) && !v->pos)) {
         snprintf(v->err, sizeof v->err, "out of host memory for %d validation batches of %zu "
                  "tokens; lower data.val_batches", v->batches, v->bt);
         return -ENOMEM;
     }
-    for (int i = 0; i < v->batches; i++)
-        fso_data_next(&v->data, v->inputs + (size_t)i * v->bt, v->targets + (size_t)i * v->bt);
-    for (size_t i = 0; i < v->bt * (size_t)v->batches; i++)
-        v->tokens += v->targets[i] >= 0;
+    for (size_t at = 0; at < n; at += v->bt)
+        v->tokens += (int64_t)fso_data_next(&v->data, v->inputs + at, v->targets + at,
+                                            v->pos ? v->pos + at : NULL);
+    if (v->tokens == 0) {
+        snprintf(v->err, sizeof v->err, "data.val_path: %s: no target of its first %d "
+                 "micro-batches counts (every one is masked); give held-out data with targets, "
+                 "or raise data.val_batches", v->data.desc, v->batches);
+        return -ENODATA;
+    }
     return 0;
 }
 
@@ -57,6 +64,7 @@ void fso_val_free(fso_val *v)
     fso_data_free(&v->data);
     free(v->inputs);
     free(v->targets);
+    free(v->pos);
     memset(v, 0, sizeof *v);
 }
 
@@ -68,13 +76,13 @@ bool fso_val_due(const fso_val *v, int64_t step)
 int fso_val_run(fso_val *v, fso_trainer *tr, fso_val_result *res)
 {
     double t0 = fso_now_ms(), sum = 0;
-    int rc = fso_zero_eval(tr->zero, v->inputs, v->targets, v->batches, &sum, v->err,
+    int rc = fso_zero_eval(tr->zero, v->inputs, v->targets, v->pos, v->batches, &sum, v->err,
                            sizeof v->err);
     if (rc < 0)
         return rc;
     *res = (fso_val_result){
         .step = fso_zero_steps(tr->zero),
-        .loss = v->tokens ? sum / (double)v->tokens : 0.0,
+        .loss = sum / (double)v->tokens,
         .tokens = v->tokens,
         .batches = v->batches,
         .ms = fso_now_ms() - t0,

@@ -41,6 +41,7 @@ typedef struct fso_val {
     int64_t every;           /* data.val_every */
     size_t bt;               /* tokens per micro-batch */
     int32_t *inputs, *targets; /* (batches * bt) host, read once: a pass is the same batches */
+    int32_t *pos;            /* (batches * bt) positions in documents, or NULL (data.h) */
     int64_t tokens;          /* counted targets of a pass */
     char err[FSO_DATA_ERR_MAX + 64];
 } fso_val;

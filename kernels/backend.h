@@ -129,19 +129,27 @@ typedef struct fso_backend_ops {
                        int Cin, int Cout, float dx_beta);
 
     /* Rotate x (B,T,nh,D) [dt] in place by RoPE (rotate-half); cos, sin
-     * (T, D/2). inverse=1 applies the transpose rotation (the backward). */
+     * (T, D/2). inverse=1 applies the transpose rotation (the backward).
+     * pos (B,T) int32, each token's position (0 <= pos < T), or NULL: token
+     * t of a row is at position t. */
     void (*rope)(fso_backend *be, void *x, fso_dtype dt, const float *cos, const float *sin,
-                 int B, int T, int nh, int D, int inverse);
+                 const int32_t *pos, int B, int T, int nh, int D, int inverse);
 
     /* Causal attention with grouped-query heads, every tensor [dt]. q
      * (B,T,H,D), k and v (B,T,Hkv,D), out (B,T,H,D); probs (B,H,T,T) saved
-     * for backward. Scores and softmax are computed in fp32. */
+     * for backward, 0 where a token does not attend. Scores and softmax are
+     * computed in fp32. pos (B,T) int32, each token's position in its
+     * document, or NULL (one document a row): token t attends to the tokens
+     * s of its row with t - pos[t] <= s <= t, its document's so far
+     * (block-diagonal causal). */
     void (*attention_fwd)(fso_backend *be, void *out, void *probs, const void *q, const void *k,
-                          const void *v, fso_dtype dt, int B, int T, int H, int Hkv, int D);
-    /* dq (B,T,H,D) = ; dk, dv (B,T,Hkv,D) = (overwritten); every tensor [dt] */
+                          const void *v, const int32_t *pos, fso_dtype dt, int B, int T, int H,
+                          int Hkv, int D);
+    /* dq (B,T,H,D) = ; dk, dv (B,T,Hkv,D) = (overwritten); every tensor [dt];
+     * pos as the forward's */
     void (*attention_bwd)(fso_backend *be, void *dq, void *dk, void *dv, const void *dout,
                           const void *probs, const void *q, const void *k, const void *v,
-                          fso_dtype dt, int B, int T, int H, int Hkv, int D);
+                          const int32_t *pos, fso_dtype dt, int B, int T, int H, int Hkv, int D);
 
     /* out (n) = silu(gate) * up, every tensor [dt] */
     void (*swiglu_fwd)(fso_backend *be, void *out, const void *gate, const void *up,
@@ -155,7 +163,8 @@ typedef struct fso_backend_ops {
 
     /* Softmax cross-entropy over logits (N,V) against targets (N).
      * losses (N) = -log softmax(logits)[target] ; dlogits (N,V) =
-     * (softmax - onehot) * dscale, written over logits (in place allowed). */
+     * (softmax - onehot) * dscale, written over logits (in place allowed).
+     * A target < 0 does not count: its loss and its row of dlogits are 0. */
     void (*cross_entropy)(fso_backend *be, float *dlogits, float *losses, const float *logits,
                           const int32_t *targets, int N, int V, float dscale);
 

@@ -425,42 +425,46 @@ static void as_matmul_bwd(fso_backend *be, void *dx, fso_dtype dx_dt, float *dw,
 
 static void run_rope(async_ctx *x, const work *w)
 {
-    FAST(rope)(x->inner, R(0), DT(0), R(1), R(2), w->i[0], w->i[1], w->i[2], w->i[3], w->i[4]);
+    FAST(rope)(x->inner, R(0), DT(0), R(1), R(2), R(3), w->i[0], w->i[1], w->i[2], w->i[3],
+               w->i[4]);
 }
 
 static void as_rope(fso_backend *be, void *x, fso_dtype dt, const float *cos_t,
-                    const float *sin_t, int B, int T, int nh, int D, int inverse)
+                    const float *sin_t, const int32_t *pos, int B, int T, int nh, int D,
+                    int inverse)
 {
-    push(be, &(work){.run = run_rope, .p = {H(x), H(cos_t), H(sin_t)}, .dt = {dt},
+    push(be, &(work){.run = run_rope, .p = {H(x), H(cos_t), H(sin_t), H(pos)}, .dt = {dt},
                      .i = {B, T, nh, D, inverse}});
 }
 
 static void run_attention_fwd(async_ctx *x, const work *w)
 {
-    FAST(attention_fwd)(x->inner, R(0), R(1), R(2), R(3), R(4), DT(0), w->i[0], w->i[1],
+    FAST(attention_fwd)(x->inner, R(0), R(1), R(2), R(3), R(4), R(5), DT(0), w->i[0], w->i[1],
                         w->i[2], w->i[3], w->i[4]);
 }
 
 static void as_attention_fwd(fso_backend *be, void *out, void *probs, const void *q,
-                             const void *k, const void *v, fso_dtype dt, int B, int T, int H,
-                             int Hkv, int D)
+                             const void *k, const void *v, const int32_t *pos, fso_dtype dt,
+                             int B, int T, int H, int Hkv, int D)
 {
-    push(be, &(work){.run = run_attention_fwd, .p = {H(out), H(probs), H(q), H(k), H(v)},
+    push(be, &(work){.run = run_attention_fwd,
+                     .p = {H(out), H(probs), H(q), H(k), H(v), H(pos)},
                      .dt = {dt}, .i = {B, T, H, Hkv, D}});
 }
 
 static void run_attention_bwd(async_ctx *x, const work *w)
 {
-    FAST(attention_bwd)(x->inner, R(0), R(1), R(2), R(3), R(4), R(5), R(6), R(7), DT(0),
+    FAST(attention_bwd)(x->inner, R(0), R(1), R(2), R(3), R(4), R(5), R(6), R(7), R(8), DT(0),
                         w->i[0], w->i[1], w->i[2], w->i[3], w->i[4]);
 }
 
 static void as_attention_bwd(fso_backend *be, void *dq, void *dk, void *dv, const void *dout,
                              const void *probs, const void *q, const void *k, const void *v,
-                             fso_dtype dt, int B, int T, int H, int Hkv, int D)
+                             const int32_t *pos, fso_dtype dt, int B, int T, int H, int Hkv,
+                             int D)
 {
     push(be, &(work){.run = run_attention_bwd,
-                     .p = {H(dq), H(dk), H(dv), H(dout), H(probs), H(q), H(k), H(v)},
+                     .p = {H(dq), H(dk), H(dv), H(dout), H(probs), H(q), H(k), H(v), H(pos)},
                      .dt = {dt}, .i = {B, T, H, Hkv, D}});
 }
 

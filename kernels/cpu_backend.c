@@ -268,6 +268,7 @@ static void fast_matmul_bwd(fso_backend *be, float *dx, float *dw, const float *
 struct rope_args {
     float *x;
     const float *cos, *sin;
+    const int32_t *pos;   /* (B*T) or NULL: t */
     int T, nh, D;
     float sgn;
 };
@@ -278,7 +279,7 @@ static void rope_range(void *a_, int64_t b, int64_t e, int worker)
     const int half = a->D / 2;
     (void)worker;
     for (int64_t bt = b; bt < e; bt++) { /* row = (batch, position) */
-        int t = (int)(bt % a->T);
+        int t = a->pos ? a->pos[bt] : (int)(bt % a->T);
         const float *ct = a->cos + (size_t)t * half, *st = a->sin + (size_t)t * half;
         for (int h = 0; h < a->nh; h++) {
             float *v = a->x + ((size_t)bt * a->nh + h) * a->D;
@@ -293,10 +294,10 @@ static void rope_range(void *a_, int64_t b, int64_t e, int worker)
 }
 
 static void fast_rope(fso_backend *be, float *x, const float *cos_t, const float *sin_t,
-                      int B, int T, int nh, int D, int inverse)
+                      const int32_t *pos, int B, int T, int nh, int D, int inverse)
 {
-    struct rope_args a = {.x = x, .cos = cos_t, .sin = sin_t, .T = T, .nh = nh, .D = D,
-                          .sgn = inverse ? -1.0f : 1.0f};
+    struct rope_args a = {.x = x, .cos = cos_t, .sin = sin_t, .pos = pos, .T = T, .nh = nh,
+                          .D = D, .sgn = inverse ? -1.0f : 1.0f};
     fso_pool_for(POOL(be), (int64_t)B * T, 16, rope_range, &a);
 }
 
@@ -305,8 +306,15 @@ static void fast_rope(fso_backend *be, float *x, const float *cos_t, const float
 struct att_args {
     float *out, *probs, *dq, *dk, *dv;
     const float *q, *k, *v, *dout, *probs_in;
+    const int32_t *pos;   /* (B*T) or NULL: one document a row */
     int B, T, H, Hkv, D;
 };
+
+/* The first key token t of row b attends to: its document's first. */
+static inline int att_first(const struct att_args *a, int b, int t)
+{
+    return a->pos ? t - a->pos[(size_t)b * a->T + t] : 0;
+}
 
 static inline float dotf(const float *a, const float *b, int D)
 {
@@ -329,25 +337,28 @@ static void att_fwd_range(void *a_, int64_t b0, int64_t e0, int worker)
         for (int t = 0; t < T; t++) {
             const float *qt = a->q + (((size_t)b * T + t) * H + h) * D;
             float *p = a->probs + (((size_t)b * H + h) * T + t) * T;
+            const int s0 = att_first(a, b, t);
             float mx = -INFINITY;
-            for (int s = 0; s <= t; s++) {
+            if (s0 > 0)
+                memset(p, 0, sizeof(float) * (size_t)s0);
+            for (int s = s0; s <= t; s++) {
                 float sc = dotf(qt, a->k + (((size_t)b * T + s) * Hkv + hk) * D, D) * scale;
                 p[s] = sc;
                 mx = sc > mx ? sc : mx;
             }
             float sum = 0;
-            for (int s = 0; s <= t; s++) {
+            for (int s = s0; s <= t; s++) {
                 p[s] = expf(p[s] - mx);
                 sum += p[s];
             }
             float inv = 1.0f / sum;
-            for (int s = 0; s <= t; s++)
+            for (int s = s0; s <= t; s++)
                 p[s] *= inv;
             if (t + 1 < T)
                 memset(p + t + 1, 0, sizeof(float) * (size_t)(T - t - 1));
             float *ot = a->out + (((size_t)b * T + t) * H + h) * D;
             memset(ot, 0, sizeof(float) * D);
-            for (int s = 0; s <= t; s++) {
+            for (int s = s0; s <= t; s++) {
                 const float *vs = a->v + (((size_t)b * T + s) * Hkv + hk) * D;
                 float ps = p[s];
 #pragma omp simd
@@ -359,10 +370,10 @@ static void att_fwd_range(void *a_, int64_t b0, int64_t e0, int worker)
 }
 
 static void fast_attention_fwd(fso_backend *be, float *out, float *probs, const float *q,
-                               const float *k, const float *v, int B, int T, int H, int Hkv,
-                               int D)
+                               const float *k, const float *v, const int32_t *pos, int B, int T,
+                               int H, int Hkv, int D)
 {
-    struct att_args a = {.out = out, .probs = probs, .q = q, .k = k, .v = v,
+    struct att_args a = {.out = out, .probs = probs, .q = q, .k = k, .v = v, .pos = pos,
                          .B = B, .T = T, .H = H, .Hkv = Hkv, .D = D};
     fso_pool_for(POOL(be), (int64_t)B * H, 1, att_fwd_range, &a);
 }
@@ -387,13 +398,14 @@ static void att_bwd_range(void *a_, int64_t b0, int64_t e0, int worker)
                 const float *dot_ = a->dout + (((size_t)b * T + t) * H + h) * D;
                 const float *qt = a->q + (((size_t)b * T + t) * H + h) * D;
                 float *dqt = a->dq + (((size_t)b * T + t) * H + h) * D;
+                const int s0 = att_first(a, b, t);
                 float rowsum = 0;
-                for (int s = 0; s <= t; s++) {
+                for (int s = s0; s <= t; s++) {
                     dp[s] = dotf(dot_, a->v + (((size_t)b * T + s) * Hkv + hk) * D, D);
                     rowsum += p[s] * dp[s];
                 }
                 memset(dqt, 0, sizeof(float) * D);
-                for (int s = 0; s <= t; s++) {
+                for (int s = s0; s <= t; s++) {
                     float ds = p[s] * (dp[s] - rowsum) * scale, ps = p[s];
                     const float *ks = a->k + (((size_t)b * T + s) * Hkv + hk) * D;
                     float *dks = a->dk + (((size_t)b * T + s) * Hkv + hk) * D;
@@ -411,9 +423,10 @@ static void att_bwd_range(void *a_, int64_t b0, int64_t e0, int worker)
 
 static void fast_attention_bwd(fso_backend *be, float *dq, float *dk, float *dv, const float *dout,
                                const float *probs, const float *q, const float *k, const float *v,
-                               int B, int T, int H, int Hkv, int D)
+                               const int32_t *pos, int B, int T, int H, int Hkv, int D)
 {
     struct att_args a = {.dq = dq, .dk = dk, .dv = dv, .dout = dout, .probs_in = probs,
+                         .pos = pos,
                          .q = q, .k = k, .v = v, .B = B, .T = T, .H = H, .Hkv = Hkv, .D = D};
     fso_pool_for(POOL(be), (int64_t)B * Hkv, 1, att_bwd_range, &a);
 }
@@ -492,6 +505,11 @@ static void ce_range(void *a_, int64_t b, int64_t e, int worker)
     for (int64_t n = b; n < e; n++) {
         const float *l = a->logits + (size_t)n * V;
         float *dl = a->dl + (size_t)n * V;
+        if (a->targets[n] < 0) { /* does not count */
+            a->losses[n] = 0.0f;
+            memset(dl, 0, sizeof(float) * (size_t)V);
+            continue;
+        }
         float mx = -INFINITY;
         for (int j = 0; j < V; j++)
             mx = l[j] > mx ? l[j] : mx;

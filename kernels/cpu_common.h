@@ -20,13 +20,14 @@ typedef struct fso_cpu_kernels {
                        int Cin, int Cout);
     void (*matmul_bwd)(fso_backend *be, float *dx, float *dw, const float *dout, const float *x,
                        const float *w, int N, int Cin, int Cout, float dx_beta);
-    void (*rope)(fso_backend *be, float *x, const float *cos, const float *sin, int B, int T,
-                 int nh, int D, int inverse);
+    void (*rope)(fso_backend *be, float *x, const float *cos, const float *sin,
+                 const int32_t *pos, int B, int T, int nh, int D, int inverse);
     void (*attention_fwd)(fso_backend *be, float *out, float *probs, const float *q,
-                          const float *k, const float *v, int B, int T, int H, int Hkv, int D);
+                          const float *k, const float *v, const int32_t *pos, int B, int T,
+                          int H, int Hkv, int D);
     void (*attention_bwd)(fso_backend *be, float *dq, float *dk, float *dv, const float *dout,
                           const float *probs, const float *q, const float *k, const float *v,
-                          int B, int T, int H, int Hkv, int D);
+                          const int32_t *pos, int B, int T, int H, int Hkv, int D);
     void (*swiglu_fwd)(fso_backend *be, float *out, const float *gate, const float *up, size_t n);
     void (*swiglu_bwd)(fso_backend *be, float *dgate, float *dup, const float *dout,
                        const float *gate, const float *up, size_t n);
@@ -68,12 +69,13 @@ void fso_cpu_matmul_bwd(fso_backend *be, void *dx, fso_dtype dx_dt, float *dw, c
                         fso_dtype dout_dt, const void *x, const void *w, fso_dtype dt, int N,
                         int Cin, int Cout, float dx_beta);
 void fso_cpu_rope(fso_backend *be, void *x, fso_dtype dt, const float *cos, const float *sin,
-                  int B, int T, int nh, int D, int inverse);
+                  const int32_t *pos, int B, int T, int nh, int D, int inverse);
 void fso_cpu_attention_fwd(fso_backend *be, void *out, void *probs, const void *q, const void *k,
-                           const void *v, fso_dtype dt, int B, int T, int H, int Hkv, int D);
+                           const void *v, const int32_t *pos, fso_dtype dt, int B, int T, int H,
+                           int Hkv, int D);
 void fso_cpu_attention_bwd(fso_backend *be, void *dq, void *dk, void *dv, const void *dout,
                            const void *probs, const void *q, const void *k, const void *v,
-                           fso_dtype dt, int B, int T, int H, int Hkv, int D);
+                           const int32_t *pos, fso_dtype dt, int B, int T, int H, int Hkv, int D);
 void fso_cpu_swiglu_fwd(fso_backend *be, void *out, const void *gate, const void *up,
                         fso_dtype dt, size_t n);
 void fso_cpu_swiglu_bwd(fso_backend *be, void *dgate, void *dup, const void *dout,

@@ -160,19 +160,20 @@ void fso_cpu_matmul_bwd(fso_backend *be, void *dx, fso_dtype dx_dt, float *dw, c
 }
 
 void fso_cpu_rope(fso_backend *be, void *x, fso_dtype dt, const float *cos_t, const float *sin_t,
-                  int B, int T, int nh, int D, int inverse)
+                  const int32_t *pos, int B, int T, int nh, int D, int inverse)
 {
     const size_t n = (size_t)B * T * nh * D;
     carve c;
     if (!carve_init(&c, be, need(dt, n)))
         return;
     float *xf = inout(&c, x, dt, n);
-    K(be)->rope(be, xf, cos_t, sin_t, B, T, nh, D, inverse);
+    K(be)->rope(be, xf, cos_t, sin_t, pos, B, T, nh, D, inverse);
     out_store(&c, x, dt, xf, n);
 }
 
 void fso_cpu_attention_fwd(fso_backend *be, void *o, void *probs, const void *q, const void *k,
-                           const void *v, fso_dtype dt, int B, int T, int H, int Hkv, int D)
+                           const void *v, const int32_t *pos, fso_dtype dt, int B, int T, int H,
+                           int Hkv, int D)
 {
     const size_t nq = (size_t)B * T * H * D, nk = (size_t)B * T * Hkv * D;
     const size_t np = (size_t)B * H * T * T;
@@ -180,15 +181,15 @@ void fso_cpu_attention_fwd(fso_backend *be, void *o, void *probs, const void *q,
     if (!carve_init(&c, be, need(dt, 2 * nq + 2 * nk + np)))
         return;
     float *of = out(&c, o, dt, nq), *pf = out(&c, probs, dt, np);
-    K(be)->attention_fwd(be, of, pf, in(&c, q, dt, nq), in(&c, k, dt, nk), in(&c, v, dt, nk), B,
-                         T, H, Hkv, D);
+    K(be)->attention_fwd(be, of, pf, in(&c, q, dt, nq), in(&c, k, dt, nk), in(&c, v, dt, nk), pos,
+                         B, T, H, Hkv, D);
     out_store(&c, o, dt, of, nq);
     out_store(&c, probs, dt, pf, np);
 }
 
 void fso_cpu_attention_bwd(fso_backend *be, void *dq, void *dk, void *dv, const void *dout,
                            const void *probs, const void *q, const void *k, const void *v,
-                           fso_dtype dt, int B, int T, int H, int Hkv, int D)
+                           const int32_t *pos, fso_dtype dt, int B, int T, int H, int Hkv, int D)
 {
     const size_t nq = (size_t)B * T * H * D, nk = (size_t)B * T * Hkv * D;
     const size_t np = (size_t)B * H * T * T;
@@ -197,8 +198,8 @@ void fso_cpu_attention_bwd(fso_backend *be, void *dq, void *dk, void *dv, const 
         return;
     float *dqf = out(&c, dq, dt, nq), *dkf = out(&c, dk, dt, nk), *dvf = out(&c, dv, dt, nk);
     K(be)->attention_bwd(be, dqf, dkf, dvf, in(&c, dout, dt, nq), in(&c, probs, dt, np),
-                         in(&c, q, dt, nq), in(&c, k, dt, nk), in(&c, v, dt, nk), B, T, H, Hkv,
-                         D);
+                         in(&c, q, dt, nq), in(&c, k, dt, nk), in(&c, v, dt, nk), pos, B, T, H,
+                         Hkv, D);
     out_store(&c, dq, dt, dqf, nq);
     out_store(&c, dk, dt, dkf, nk);
     out_store(&c, dv, dt, dvf, nk);

@@ -98,7 +98,7 @@ static void ref_matmul_bwd(fso_backend *be, float *dx, float *dw, const float *d
 }
 
 static void ref_rope(fso_backend *be, float *x, const float *cos_t, const float *sin_t,
-                     int B, int T, int nh, int D, int inverse)
+                     const int32_t *pos, int B, int T, int nh, int D, int inverse)
 {
     (void)be;
     int half = D / 2;
@@ -107,8 +107,9 @@ static void ref_rope(fso_backend *be, float *x, const float *cos_t, const float 
         for (int t = 0; t < T; t++)
             for (int h = 0; h < nh; h++) {
                 float *v = x + (((size_t)b * T + t) * nh + h) * D;
+                const size_t p = pos ? (size_t)pos[(size_t)b * T + t] : (size_t)t;
                 for (int i = 0; i < half; i++) {
-                    float c = cos_t[(size_t)t * half + i], s = sgn * sin_t[(size_t)t * half + i];
+                    float c = cos_t[p * half + i], s = sgn * sin_t[p * half + i];
                     float x1 = v[i], x2 = v[i + half];
                     v[i] = x1 * c - x2 * s;
                     v[i + half] = x2 * c + x1 * s;
@@ -116,8 +117,15 @@ static void ref_rope(fso_backend *be, float *x, const float *cos_t, const float 
             }
 }
 
+/* The first key token t attends to: its document's first (pos NULL: the row's). */
+static int first_key(const int32_t *pos, int b, int T, int t)
+{
+    return pos ? t - pos[(size_t)b * T + t] : 0;
+}
+
 static void ref_attention_fwd(fso_backend *be, float *out, float *probs, const float *q,
-                              const float *k, const float *v, int B, int T, int H, int Hkv, int D)
+                              const float *k, const float *v, const int32_t *pos, int B, int T,
+                              int H, int Hkv, int D)
 {
     (void)be;
     int group = H / Hkv;
@@ -128,8 +136,9 @@ static void ref_attention_fwd(fso_backend *be, float *out, float *probs, const f
             for (int t = 0; t < T; t++) {
                 const float *qt = q + (((size_t)b * T + t) * H + h) * D;
                 float *p = probs + (((size_t)b * H + h) * T + t) * T;
+                const int s0 = first_key(pos, b, T, t);
                 double mx = -INFINITY;
-                for (int s = 0; s <= t; s++) {
+                for (int s = s0; s <= t; s++) {
                     const float *ks = k + (((size_t)b * T + s) * Hkv + hk) * D;
                     double dot = 0;
                     for (int d = 0; d < D; d++)
@@ -139,14 +148,14 @@ static void ref_attention_fwd(fso_backend *be, float *out, float *probs, const f
                         mx = p[s];
                 }
                 double sum = 0;
-                for (int s = 0; s <= t; s++)
+                for (int s = s0; s <= t; s++)
                     sum += exp(p[s] - mx);
                 for (int s = 0; s < T; s++)
-                    p[s] = s <= t ? (float)(exp(p[s] - mx) / sum) : 0.0f;
+                    p[s] = s >= s0 && s <= t ? (float)(exp(p[s] - mx) / sum) : 0.0f;
                 float *ot = out + (((size_t)b * T + t) * H + h) * D;
                 for (int d = 0; d < D; d++) {
                     double acc = 0;
-                    for (int s = 0; s <= t; s++)
+                    for (int s = s0; s <= t; s++)
                         acc += (double)p[s] * v[(((size_t)b * T + s) * Hkv + hk) * D + d];
                     ot[d] = (float)acc;
                 }
@@ -159,7 +168,7 @@ static void ref_attention_fwd(fso_backend *be, float *out, float *probs, const f
  * dk = dS^T q * scale ; dv = P^T dO  (dk, dv summed over the heads of a group) */
 static void ref_attention_bwd(fso_backend *be, float *dq, float *dk, float *dv, const float *dout,
                               const float *probs, const float *q, const float *k, const float *v,
-                              int B, int T, int H, int Hkv, int D)
+                              const int32_t *pos, int B, int T, int H, int Hkv, int D)
 {
     (void)be;
     int group = H / Hkv;
@@ -176,7 +185,8 @@ static void ref_attention_bwd(fso_backend *be, float *dq, float *dk, float *dv, 
                 const float *qt = q + (((size_t)b * T + t) * H + h) * D;
                 double dp[T > 0 ? T : 1];
                 double rowsum = 0;
-                for (int s = 0; s <= t; s++) {
+                const int s0 = first_key(pos, b, T, t);
+                for (int s = s0; s <= t; s++) {
                     const float *vs = v + (((size_t)b * T + s) * Hkv + hk) * D;
                     double acc = 0;
                     for (int d = 0; d < D; d++)
@@ -184,7 +194,7 @@ static void ref_attention_bwd(fso_backend *be, float *dq, float *dk, float *dv, 
                     dp[s] = acc;
                     rowsum += p[s] * acc;
                 }
-                for (int s = 0; s <= t; s++) {
+                for (int s = s0; s <= t; s++) {
                     double ds = p[s] * (dp[s] - rowsum) * scale;
                     float *dqt = dq + (((size_t)b * T + t) * H + h) * D;
                     const float *ks = k + (((size_t)b * T + s) * Hkv + hk) * D;
@@ -237,6 +247,11 @@ static void ref_cross_entropy(fso_backend *be, float *dlogits, float *losses, co
     for (int n = 0; n < N; n++) {
         const float *l = logits + (size_t)n * V;
         float *dl = dlogits + (size_t)n * V;
+        if (targets[n] < 0) { /* does not count */
+            losses[n] = 0.0f;
+            memset(dl, 0, sizeof(float) * (size_t)V);
+            continue;
+        }
         double mx = -INFINITY, sum = 0;
         for (int j = 0; j < V; j++)
             if (l[j] > mx)

@@ -84,7 +84,7 @@ expect_error "corpus shorter than a sequence" "$TMP/short.txt" "seq_len" -- --da
 expect_error "unsupported version" "$TMP/ver.bin" "version" -- --data "$TMP/ver.bin"
 { printf '\x39\x30\x00\x00'; head -c 3000 /dev/zero | tr '\0' 'a'; } >"$TMP/notok.bin"
 expect_error "bin without the magic" \
-    "fsoff: error: $TMP/notok.bin: not a token file (magic 12345; token files have 20240520, or 20240801 for llm.c's Llama 3 files); re-create it as a token file, or if it is plain text, set data.format=text" \
+    "fsoff: error: $TMP/notok.bin: not a token file (magic 12345; token files have 20240520, 20240801 for llm.c's Llama 3 files or 20261202 for fsoff's flagged files); re-create it as a token file, or if it is plain text, set data.format=text" \
     -- --data "$TMP/notok.bin" --steps 1 "${SMALL[@]}"
 if "$FSOFF" --data "$TMP/notok.bin" --set data.format=text --steps 1 "${SMALL[@]}" >"$TMP/out" 2>"$TMP/err" &&
    grep -q "notok.bin (text" "$TMP/out"; then

@@ -102,9 +102,9 @@ static void job_open(job *j, const fso_config *cfg)
 static void job_step(job *j, double *loss, double *norm)
 {
     for (size_t a = 0; a < j->n / j->bt; a++)
-        fso_data_next(&j->data, j->in + a * j->bt, j->tg + a * j->bt);
+        fso_data_next(&j->data, j->in + a * j->bt, j->tg + a * j->bt, NULL);
     fso_zero_step st;
-    if (fso_trainer_step(&j->tr, j->in, j->tg, &st) < 0)
+    if (fso_trainer_step(&j->tr, j->in, j->tg, NULL, &st) < 0)
         fail_msg("step %lld: %s", (long long)fso_zero_steps(j->tr.zero) + 1, j->tr.err);
     *loss = st.loss;
     *norm = st.grad_norm;

@@ -309,7 +309,8 @@ static void test_unknown_nested_key_names_full_path(void **state)
     expect_err(&c, "%s:6:2: optimizer.params.beta: unknown key; did you mean \"betas\"?", t->file);
 
     assert_int_equal(load_text(t, &c, "{\"data\": {\"seq_len\": 64, \"shuffle\": true}}"), -EINVAL);
-    expect_err(&c, "%s:1:26: data.shuffle: unknown key; the keys here are: path, format, seq_len",
+    expect_err(&c, "%s:1:26: data.shuffle: unknown key; the keys here are: path, format, seq_len, "
+             "documents",
                t->file);
 
     /* Scheduler params are checked against the chosen type. */

@@ -437,6 +437,19 @@ static void test_embedding_matches_reference_bit_for_bit(void **state)
 
 /* ---------------------------------------------------------------- rope */
 
+/* Positions of B rows of T with a document starting every `every` tokens
+ * from row b's offset 3b (the positions the data layer gives, data.h). */
+static int32_t *doc_positions(int B, int T, int every)
+{
+    int32_t *pos = malloc(sizeof(int32_t) * (size_t)B * T);
+    assert_non_null(pos);
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            pos[b * T + t] = t == 0 || (t + 3 * b) % every == 0 ? 0 : pos[b * T + t - 1] + 1;
+    return pos;
+}
+
+
 static void test_rope_matches_reference(void **state)
 {
     (void)state;
@@ -448,11 +461,19 @@ static void test_rope_matches_reference(void **state)
         fso_backend *be = cu[m];
         float *x = hrand(n, 1), *a = hcopy(x, n);
         float *d_x = dput(be, x, n), *d_cs = dput(be, cs, nt), *d_sn = dput(be, sn, nt);
-        ref->ops->rope(ref, a, FSO_DT_F32, cs, sn, B, T, nh, D, 0);
-        be->ops->rope(be, d_x, FSO_DT_F32, d_cs, d_sn, B, T, nh, D, 0);
+        ref->ops->rope(ref, a, FSO_DT_F32, cs, sn, NULL, B, T, nh, D, 0);
+        be->ops->rope(be, d_x, FSO_DT_F32, d_cs, d_sn, NULL, B, T, nh, D, 0);
         check(be, m, "rope", d_x, a, n, TOL_FP32);
-        be->ops->rope(be, d_x, FSO_DT_F32, d_cs, d_sn, B, T, nh, D, 1);
+        be->ops->rope(be, d_x, FSO_DT_F32, d_cs, d_sn, NULL, B, T, nh, D, 1);
         check(be, m, "rope inverse", d_x, x, n, 1e-6);
+        /* each token at its position in its document */
+        int32_t *pos = doc_positions(B, T, 4), *d_pos = dput_i32(be, pos, (size_t)B * T);
+        memcpy(a, x, sizeof(float) * n);
+        ref->ops->rope(ref, a, FSO_DT_F32, cs, sn, pos, B, T, nh, D, 0);
+        be->ops->rope(be, d_x, FSO_DT_F32, d_cs, d_sn, d_pos, B, T, nh, D, 0);
+        check(be, m, "rope with positions", d_x, a, n, TOL_FP32);
+        free(pos);
+        be->ops->buf_free(be, d_pos);
         free(x);
         free(a);
         dfree(be, d_x);
@@ -465,9 +486,11 @@ static void test_rope_matches_reference(void **state)
 
 /* ---------------------------------------------------------------- attention */
 
-static void run_attention(int m, int B, int T, int H, int Hkv, int D)
+/* pos: documents in the rows (host), or NULL. */
+static void run_attention(int m, int B, int T, int H, int Hkv, int D, const int32_t *pos)
 {
     fso_backend *be = cu[m];
+    int32_t *d_pos = pos ? dput_i32(be, pos, (size_t)B * T) : NULL;
     size_t nq = (size_t)B * T * H * D, nkv = (size_t)B * T * Hkv * D, np = (size_t)B * H * T * T;
     float *q = hrand(nq, 1), *k = hrand(nkv, 1), *v = hrand(nkv, 1), *R = hrand(nq, 1);
     float *o = hbuf(nq), *p = hbuf(np), *dq = hbuf(nq), *dk = hbuf(nkv), *dv = hbuf(nkv);
@@ -475,22 +498,23 @@ static void run_attention(int m, int B, int T, int H, int Hkv, int D)
     float *d_R = dput(be, R, nq), *d_o = dnew(be, nq), *d_p = dnew(be, np);
     float *d_dq = dnew(be, nq), *d_dk = dnew(be, nkv), *d_dv = dnew(be, nkv);
 
-    ref->ops->attention_fwd(ref, o, p, q, k, v, FSO_DT_F32, B, T, H, Hkv, D);
-    be->ops->attention_fwd(be, d_o, d_p, d_q, d_k, d_v, FSO_DT_F32, B, T, H, Hkv, D);
+    ref->ops->attention_fwd(ref, o, p, q, k, v, pos, FSO_DT_F32, B, T, H, Hkv, D);
+    be->ops->attention_fwd(be, d_o, d_p, d_q, d_k, d_v, d_pos, FSO_DT_F32, B, T, H, Hkv, D);
     check(be, m, "attention_fwd out", d_o, o, nq, mm_tol(m));
     float *got_p = dget(be, d_p, np, "attention_fwd probs");
     compare_math("attention_fwd probs", m, got_p, p, np, mm_tol(m));
     for (int bh = 0; bh < B * H; bh++) /* causal: exact zeros past the diagonal */
-        for (int t = 0; t < T; t++)
-            for (int s = t + 1; s < T; s++)
-                assert_true(got_p[((size_t)bh * T + t) * T + s] == 0.0f);
+        for (int t = 0; t < T; t++)   /* and before the document's start */
+            for (int s = 0; s < T; s++)
+                if (s > t || (pos && s < t - pos[(bh / H) * T + t]))
+                    assert_true(got_p[((size_t)bh * T + t) * T + s] == 0.0f);
     free(got_p);
 
     /* backward from the reference's probabilities, so both see the same P */
     be->ops->copy_h2d(be, d_p, p, sizeof(float) * np);
-    ref->ops->attention_bwd(ref, dq, dk, dv, R, p, q, k, v, FSO_DT_F32, B, T, H, Hkv, D);
-    be->ops->attention_bwd(be, d_dq, d_dk, d_dv, d_R, d_p, d_q, d_k, d_v, FSO_DT_F32, B, T, H, Hkv,
-                           D);
+    ref->ops->attention_bwd(ref, dq, dk, dv, R, p, q, k, v, pos, FSO_DT_F32, B, T, H, Hkv, D);
+    be->ops->attention_bwd(be, d_dq, d_dk, d_dv, d_R, d_p, d_q, d_k, d_v, d_pos, FSO_DT_F32, B, T,
+                           H, Hkv, D);
     check(be, m, "attention_bwd dq", d_dq, dq, nq, mm_tol(m));
     check(be, m, "attention_bwd dk", d_dk, dk, nkv, mm_tol(m));
     check(be, m, "attention_bwd dv", d_dv, dv, nkv, mm_tol(m));
@@ -501,14 +525,16 @@ static void run_attention(int m, int B, int T, int H, int Hkv, int D)
     float *d[] = {d_q, d_k, d_v, d_R, d_o, d_p, d_dq, d_dk, d_dv};
     for (size_t i = 0; i < sizeof d / sizeof *d; i++)
         dfree(be, d[i]);
+    if (d_pos)
+        be->ops->buf_free(be, d_pos);
 }
 
 static void test_attention_gqa_matches_reference(void **state)
 {
     (void)state;
     for (int m = 0; m < 2; m++) {
-        run_attention(m, 2, 13, 6, 2, 8); /* 3 query heads per kv head */
-        run_attention(m, 2, 70, 8, 2, 16); /* rows longer than a warp */
+        run_attention(m, 2, 13, 6, 2, 8, NULL); /* 3 query heads per kv head */
+        run_attention(m, 2, 70, 8, 2, 16, NULL); /* rows longer than a warp */
     }
 }
 
@@ -516,7 +542,20 @@ static void test_attention_mha_matches_reference(void **state)
 {
     (void)state;
     for (int m = 0; m < 2; m++)
-        run_attention(m, 1, 9, 4, 4, 6);
+        run_attention(m, 1, 9, 4, 4, 6, NULL);
+}
+
+/* Documents packed in the rows: block-diagonal causal attention. */
+static void test_attention_with_documents_matches_reference(void **state)
+{
+    (void)state;
+    int32_t *p13 = doc_positions(2, 13, 5), *p70 = doc_positions(2, 70, 23);
+    for (int m = 0; m < 2; m++) {
+        run_attention(m, 2, 13, 6, 2, 8, p13);
+        run_attention(m, 2, 70, 8, 2, 16, p70);
+    }
+    free(p13);
+    free(p70);
 }
 
 /* ---------------------------------------------------------------- swiglu, add */
@@ -743,11 +782,11 @@ static void test_rope_bf16_matches_reference(void **state)
         memcpy(a, x, sizeof(uint16_t) * n);
         uint16_t *d_x = dput16(be, x, n);
         float *d_cs = dput(be, cs, nt), *d_sn = dput(be, sn, nt);
-        ref->ops->rope(ref, a, FSO_DT_BF16, cs, sn, B, T, nh, D, 0);
-        be->ops->rope(be, d_x, FSO_DT_BF16, d_cs, d_sn, B, T, nh, D, 0);
+        ref->ops->rope(ref, a, FSO_DT_BF16, cs, sn, NULL, B, T, nh, D, 0);
+        be->ops->rope(be, d_x, FSO_DT_BF16, d_cs, d_sn, NULL, B, T, nh, D, 0);
         check16(be, m, "rope bf16", d_x, a, n, TOL_BF16_STORE);
-        ref->ops->rope(ref, a, FSO_DT_BF16, cs, sn, B, T, nh, D, 1);
-        be->ops->rope(be, d_x, FSO_DT_BF16, d_cs, d_sn, B, T, nh, D, 1);
+        ref->ops->rope(ref, a, FSO_DT_BF16, cs, sn, NULL, B, T, nh, D, 1);
+        be->ops->rope(be, d_x, FSO_DT_BF16, d_cs, d_sn, NULL, B, T, nh, D, 1);
         check16(be, m, "rope bf16 inverse", d_x, a, n, TOL_BF16_STORE);
         /* back to the start within two roundings of bf16 */
         check16(be, m, "rope bf16 round trip", d_x, x, n, TOL_BF16_OPERAND);
@@ -762,9 +801,10 @@ static void test_rope_bf16_matches_reference(void **state)
 }
 
 /* Every tensor bf16; the backward starts from the reference's probs. */
-static void run_attention_bf16(int m, int B, int T, int H, int Hkv, int D)
+static void run_attention_bf16(int m, int B, int T, int H, int Hkv, int D, const int32_t *pos)
 {
     fso_backend *be = cu[m];
+    int32_t *d_pos = pos ? dput_i32(be, pos, (size_t)B * T) : NULL;
     size_t nq = (size_t)B * T * H * D, nkv = (size_t)B * T * Hkv * D, np = (size_t)B * H * T * T;
     uint16_t *q = hrand16(nq, 1), *k = hrand16(nkv, 1), *v = hrand16(nkv, 1), *R = hrand16(nq, 1);
     uint16_t *o = hbuf16(nq), *p = hbuf16(np), *dq = hbuf16(nq), *dk = hbuf16(nkv);
@@ -773,23 +813,24 @@ static void run_attention_bf16(int m, int B, int T, int H, int Hkv, int D)
     uint16_t *d_R = dput16(be, R, nq), *d_o = dnew16(be, nq), *d_p = dnew16(be, np);
     uint16_t *d_dq = dnew16(be, nq), *d_dk = dnew16(be, nkv), *d_dv = dnew16(be, nkv);
 
-    ref->ops->attention_fwd(ref, o, p, q, k, v, FSO_DT_BF16, B, T, H, Hkv, D);
-    be->ops->attention_fwd(be, d_o, d_p, d_q, d_k, d_v, FSO_DT_BF16, B, T, H, Hkv, D);
+    ref->ops->attention_fwd(ref, o, p, q, k, v, pos, FSO_DT_BF16, B, T, H, Hkv, D);
+    be->ops->attention_fwd(be, d_o, d_p, d_q, d_k, d_v, d_pos, FSO_DT_BF16, B, T, H, Hkv, D);
     check16(be, m, "attention_fwd bf16 out", d_o, o, nq, TOL_BF16_OPERAND);
     /* fp32 scores and softmax on both sides: P differs by its rounding only */
     float *got_p = dget16(be, d_p, np, "attention_fwd bf16 probs"), *want_p = hwiden(p, np);
     compare_math("attention_fwd bf16 probs", m, got_p, want_p, np, TOL_BF16_STORE);
     for (int bh = 0; bh < B * H; bh++)
         for (int t = 0; t < T; t++)
-            for (int s = t + 1; s < T; s++)
-                assert_true(got_p[((size_t)bh * T + t) * T + s] == 0.0f);
+            for (int s = 0; s < T; s++)
+                if (s > t || (pos && s < t - pos[(bh / H) * T + t]))
+                    assert_true(got_p[((size_t)bh * T + t) * T + s] == 0.0f);
     free(got_p);
     free(want_p);
 
     be->ops->copy_h2d(be, d_p, p, sizeof(uint16_t) * np);
-    ref->ops->attention_bwd(ref, dq, dk, dv, R, p, q, k, v, FSO_DT_BF16, B, T, H, Hkv, D);
-    be->ops->attention_bwd(be, d_dq, d_dk, d_dv, d_R, d_p, d_q, d_k, d_v, FSO_DT_BF16, B, T, H,
-                           Hkv, D);
+    ref->ops->attention_bwd(ref, dq, dk, dv, R, p, q, k, v, pos, FSO_DT_BF16, B, T, H, Hkv, D);
+    be->ops->attention_bwd(be, d_dq, d_dk, d_dv, d_R, d_p, d_q, d_k, d_v, d_pos, FSO_DT_BF16, B, T,
+                           H, Hkv, D);
     check16(be, m, "attention_bwd bf16 dq", d_dq, dq, nq, TOL_BF16_OPERAND);
     check16(be, m, "attention_bwd bf16 dk", d_dk, dk, nkv, TOL_BF16_OPERAND);
     /* P^T dO from the same bf16 values, the group summed in fp32, rounded once */
@@ -801,16 +842,23 @@ static void run_attention_bf16(int m, int B, int T, int H, int Hkv, int D)
     uint16_t *d[] = {d_q, d_k, d_v, d_R, d_o, d_p, d_dq, d_dk, d_dv};
     for (size_t i = 0; i < sizeof d / sizeof *d; i++)
         dfree16(be, d[i]);
+    if (d_pos)
+        be->ops->buf_free(be, d_pos);
 }
 
 static void test_attention_bf16_matches_reference(void **state)
 {
     (void)state;
+    int32_t *p13 = doc_positions(2, 13, 5), *p9 = doc_positions(1, 9, 4);
     for (int m = 0; m < 2; m++) {
-        run_attention_bf16(m, 2, 13, 6, 2, 8);  /* 3 query heads per kv head */
-        run_attention_bf16(m, 2, 70, 8, 2, 16); /* rows longer than a warp */
-        run_attention_bf16(m, 1, 9, 4, 4, 6);   /* no groups: dk, dv stored directly */
+        run_attention_bf16(m, 2, 13, 6, 2, 8, NULL);  /* 3 query heads per kv head */
+        run_attention_bf16(m, 2, 70, 8, 2, 16, NULL); /* rows longer than a warp */
+        run_attention_bf16(m, 1, 9, 4, 4, 6, NULL);   /* no groups: dk, dv stored directly */
+        run_attention_bf16(m, 2, 13, 6, 2, 8, p13);   /* documents packed in the rows */
+        run_attention_bf16(m, 1, 9, 4, 4, 6, p9);
     }
+    free(p13);
+    free(p9);
 }
 
 /* SwiGLU over bf16: aligned (vector loads) and from an odd element offset. */
@@ -992,8 +1040,8 @@ static void run_cross_entropy(int m, int N, int V)
     fso_backend *be = cu[m];
     int32_t *tgt = malloc(sizeof(int32_t) * (size_t)N);
     assert_non_null(tgt);
-    for (int i = 0; i < N; i++)
-        tgt[i] = (int32_t)(fso_rng_u64(&rng) % (uint64_t)V);
+    for (int i = 0; i < N; i++) /* every third target does not count */
+        tgt[i] = i % 3 == 1 ? -1 : (int32_t)(fso_rng_u64(&rng) % (uint64_t)V);
     size_t n = (size_t)N * V;
     float *lg = hrand(n, 3), *dl = hbuf(n), *loss = hbuf((size_t)N);
     int32_t *d_t = dput_i32(be, tgt, (size_t)N);
@@ -1622,9 +1670,9 @@ static void train_small(const char *backend, int world, fso_tier param, fso_tier
     int32_t *in = malloc(sizeof(int32_t) * n), *tg = malloc(sizeof(int32_t) * n);
     for (int st = 0; st < 3; st++) {
         for (size_t a = 0; a < n / bt; a++)
-            fso_data_next(&data, in + a * bt, tg + a * bt);
+            fso_data_next(&data, in + a * bt, tg + a * bt, NULL);
         fso_zero_step ss;
-        if (fso_trainer_step(&tr, in, tg, &ss) < 0)
+        if (fso_trainer_step(&tr, in, tg, NULL, &ss) < 0)
             fail_msg("%s, %d devices, step %d: %s", backend, world, st + 1, tr.err);
         out->loss[st] = ss.loss;
         out->norm[st] = ss.grad_norm;
@@ -1713,6 +1761,7 @@ static int run_cuda_tests(void)
         cmocka_unit_test(test_rope_matches_reference),
         cmocka_unit_test(test_attention_gqa_matches_reference),
         cmocka_unit_test(test_attention_mha_matches_reference),
+        cmocka_unit_test(test_attention_with_documents_matches_reference),
         cmocka_unit_test(test_swiglu_and_add_match_reference),
         cmocka_unit_test(test_matmul_bf16_matches_reference),
         cmocka_unit_test(test_rmsnorm_bf16_matches_reference),

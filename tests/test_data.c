@@ -113,7 +113,7 @@ static int32_t *make_tokens(size_t n, uint32_t mul, uint32_t mod)
 
 static uint32_t header_int(const char *path, int idx)
 {
-    unsigned char h[12];
+    unsigned char h[20];
     FILE *f = fopen(path, "rb");
     assert_non_null(f);
     assert_int_equal(fread(h, 1, sizeof(h), f), sizeof(h));
@@ -184,7 +184,7 @@ static void test_v1_round_trip_and_batches_wrap(void **state)
         size_t starts[4];
         for (int b = 0; b < B; b++)
             starts[b] = pos + (size_t)b * T;
-        fso_data_next(&d, in, tg);
+        fso_data_next(&d, in, tg, NULL);
         check_batch(tok, B, T, starts, in, tg);
         pos += (size_t)B * T;
     }
@@ -214,41 +214,50 @@ static void test_wrap_boundary_is_exact(void **state)
         size_t s0[4] = {0, 8, 16, 24}, s1[4];
         for (int b = 0; b < B; b++)
             s1[b] = second_start[k] + (size_t)b * T;
-        fso_data_next(&d, in, tg);
+        fso_data_next(&d, in, tg, NULL);
         check_batch(tok, B, T, s0, in, tg);
-        fso_data_next(&d, in, tg);
+        fso_data_next(&d, in, tg, NULL);
         check_batch(tok, B, T, s1, in, tg);
         fso_data_free(&d);
     }
 }
 
-static void test_v2_round_trip_large_vocab(void **state)
+/* Ids above 65535 are written in llm.c's Llama 3 format (v7), and
+ * fsoff's old version 2 (the same tokens under magic 20240520) still reads. */
+static void test_large_vocab_writes_llama3_and_v2_still_reads(void **state)
 {
     tdir *td = *state;
     char path[512];
-    tpath(td, "v2.bin", path, sizeof(path));
+    tpath(td, "v7.bin", path, sizeof(path));
     const size_t n = 5000;
     int32_t *tok = make_tokens(n, 104729, 128000);   /* many ids above 65535 */
 
     assert_int_equal(fso_data_write_tokens(path, tok, n, 0), 0);
-    assert_int_equal(header_int(path, 1), 2);
+    assert_int_equal(header_int(path, 0), FSO_TOKENS_MAGIC_LLAMA3);
+    assert_int_equal(header_int(path, 1), FSO_TOKENS_LLAMA3_VERSION);
     assert_int_equal(file_size(path), 1024 + 4 * n);
 
-    fso_data d;
-    open_data(&d, path, FSO_DATA_TOKENS, 128000, 16, 3);
-    assert_int_equal(d.n_tokens, n);
-    assert_memory_equal(d.tokens, tok, n * sizeof(int32_t));
-    assert_has(d.desc, "tokens v2");
-    assert_has(d.desc, "5000 tokens");
-    int32_t in[48], tg[48];
-    size_t starts[3] = {0, 16, 32};
-    fso_data_next(&d, in, tg);
-    check_batch(tok, 3, 16, starts, in, tg);
-    fso_data_free(&d);
+    for (int v2 = 0; v2 < 2; v2++) {
+        if (v2) {
+            patch_header_int(path, 0, FSO_TOKENS_MAGIC);
+            patch_header_int(path, 1, 2);
+        }
+        fso_data d;
+        open_data(&d, path, FSO_DATA_TOKENS, 128000, 16, 3);
+        assert_int_equal(d.n_tokens, n);
+        assert_memory_equal(d.tokens, tok, n * sizeof(int32_t));
+        assert_has(d.desc, v2 ? "tokens v2" : "llm.c Llama 3 tokens");
+        assert_has(d.desc, "5000 tokens");
+        int32_t in[48], tg[48];
+        size_t starts[3] = {0, 16, 32};
+        assert_int_equal(fso_data_next(&d, in, tg, NULL), 48);
+        check_batch(tok, 3, 16, starts, in, tg);
+        fso_data_free(&d);
+    }
     free(tok);
 }
 
-static void test_force_v2_with_small_ids(void **state)
+static void test_force_u32_with_small_ids(void **state)
 {
     tdir *td = *state;
     char path[512];
@@ -257,7 +266,7 @@ static void test_force_v2_with_small_ids(void **state)
     int32_t *tok = make_tokens(n, 31, 256);
 
     assert_int_equal(fso_data_write_tokens(path, tok, n, 1), 0);
-    assert_int_equal(header_int(path, 1), 2);
+    assert_int_equal(header_int(path, 1), FSO_TOKENS_LLAMA3_VERSION);
     assert_int_equal(file_size(path), 1024 + 4 * n);
     fso_data d;
     open_data(&d, path, FSO_DATA_AUTO, 256, 16, 2);
@@ -288,8 +297,8 @@ static void test_batches_are_deterministic(void **state)
     assert_int_equal(fso_data_init(&b, &cfg), 0);
     int32_t ia[50], ta[50], ib[50], tb[50];
     for (int k = 0; k < 100; k++) {
-        fso_data_next(&a, ia, ta);
-        fso_data_next(&b, ib, tb);
+        fso_data_next(&a, ia, ta, NULL);
+        fso_data_next(&b, ib, tb, NULL);
         assert_memory_equal(ia, ib, sizeof(ia));
         assert_memory_equal(ta, tb, sizeof(ta));
         for (int i = 0; i < 50; i++)
@@ -323,7 +332,7 @@ static void test_short_corpus_rows_wrap_in_bounds(void **state)
             starts[b] = (pos + (size_t)b * T) % m;
             assert_true(starts[b] + T < n);
         }
-        fso_data_next(&d, in, tg);
+        fso_data_next(&d, in, tg, NULL);
         check_batch(tok, B, T, starts, in, tg);
         pos = (pos + (size_t)B * T) % m;
     }
@@ -332,7 +341,7 @@ static void test_short_corpus_rows_wrap_in_bounds(void **state)
     /* Exactly T+1 tokens: every row is the whole corpus. */
     assert_int_equal(fso_data_write_tokens(path, tok, (size_t)T + 1, 0), 0);
     open_data(&d, path, FSO_DATA_TOKENS, 100, T, B);
-    fso_data_next(&d, in, tg);
+    fso_data_next(&d, in, tg, NULL);
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++) {
             assert_int_equal(in[b * T + t], t);
@@ -365,7 +374,7 @@ static void test_text_file_is_byte_level(void **state)
         assert_has(d.desc, "text");
         assert_has(d.desc, "3000 bytes");
         int32_t in[64], tg[64];
-        fso_data_next(&d, in, tg);
+        fso_data_next(&d, in, tg, NULL);
         assert_int_equal(in[0], 't');
         assert_int_equal(tg[0], 'h');
         fso_data_free(&d);
@@ -546,8 +555,8 @@ static void test_bin_without_magic_is_an_error(void **state)
     cfg_for(&cfg, bin, FSO_DATA_AUTO, 256, 16, 2);
     assert_true(fso_data_init(&d, &cfg) < 0);
     snprintf(want, sizeof want, "%s: not a token file (magic 12345; token files have 20240520, "
-             "or 20240801 for llm.c's Llama 3 files); re-create it as a token file, or if it is "
-             "plain text, set data.format=text", bin);
+             "20240801 for llm.c's Llama 3 files or 20261202 for fsoff's flagged files); "
+             "re-create it as a token file, or if it is plain text, set data.format=text", bin);
     assert_string_equal(d.err, want);
     assert_null(d.tokens);
     cfg_for(&cfg, upper, FSO_DATA_AUTO, 256, 16, 2);
@@ -835,14 +844,247 @@ static void test_write_failures_leave_no_file(void **state)
     free(tok);
 }
 
+/* ---- masks and documents ------------------------------------------------- */
+
+/* What fso_data_next must give for row start `start` of T under flags f
+ * (NULL: every token a target, no documents), written the plain way: a
+ * target counts when its token is flagged a target and starts no document;
+ * a position is the distance back to the nearest document start within the
+ * row (the row's first token counting as one). */
+static size_t expect_row(const int32_t *tok, const uint8_t *f, size_t start, int T, int32_t *in,
+                         int32_t *tg, int32_t *pos)
+{
+    size_t counted = 0;
+    for (int t = 0; t < T; t++) {
+        const size_t i = start + (size_t)t;
+        in[t] = tok[i];
+        const bool counts = !f || ((f[i + 1] & FSO_TOKEN_TARGET) &&
+                                   !(f[i + 1] & FSO_TOKEN_DOC_START));
+        tg[t] = counts ? tok[i + 1] : -1;
+        counted += counts;
+        int back = 0;
+        while (back < t && !(f && (f[i - (size_t)back] & FSO_TOKEN_DOC_START)))
+            back++;
+        pos[t] = back;
+    }
+    return counted;
+}
+
+/* Flags with masks and document starts, both token widths: every batch
+ * holds the masked targets as -1 and the positions within documents,
+ * and fso_data_next counts the targets that count. */
+static void test_flagged_file_masks_targets_and_positions(void **state)
+{
+    tdir *td = *state;
+    char path[512];
+    tpath(td, "flagged.bin", path, sizeof(path));
+    enum { N = 300, T = 12, B = 3 };
+    for (int wide = 0; wide < 2; wide++) {
+        const int vocab = wide ? 70000 : 1000;
+        int32_t *tok = make_tokens(N, 37, 1000);
+        for (size_t i = 0; wide && i < N; i += 5)
+            tok[i] = 65536 + (int32_t)i; /* uint32 tokens */
+        uint8_t f[N];
+        for (size_t i = 0; i < N; i++) {
+            f[i] = (i % 7 == 3 || i % 11 == 5) ? 0 : FSO_TOKEN_TARGET; /* masked spans */
+            if (i % 17 == 0 || i % 29 == 4)
+                f[i] |= FSO_TOKEN_DOC_START;
+        }
+        assert_int_equal(fso_data_write_flagged(path, tok, f, N, -1), 0);
+        assert_int_equal(header_int(path, 0), FSO_TOKENS_MAGIC_FLAGGED);
+        assert_int_equal(header_int(path, 1), FSO_TOKENS_FLAGGED_VERSION);
+        assert_int_equal(header_int(path, 3), 0);
+        assert_int_equal(header_int(path, 4), wide ? 4 : 2);
+        assert_int_equal(file_size(path), 1024 + (wide ? 5 : 3) * N);
+        fso_data d;
+        open_data(&d, path, FSO_DATA_AUTO, vocab, T, B);
+        assert_true(fso_data_documents(&d));
+        assert_has(d.desc, "flagged tokens");
+        assert_memory_equal(d.tokens, tok, N * sizeof(int32_t));
+        for (int step = 0; step < 12; step++) { /* wraps: 8 batches fit */
+            const size_t p0 = d.pos + B * T + 1 > N ? 0 : d.pos;
+            int32_t in[B * T], tg[B * T], pos[B * T], ein[B * T], etg[B * T], epos[B * T];
+            size_t want = 0;
+            for (int b = 0; b < B; b++)
+                want += expect_row(tok, f, p0 + (size_t)b * T, T, ein + b * T, etg + b * T,
+                                   epos + b * T);
+            assert_int_equal(fso_data_next(&d, in, tg, pos), want);
+            assert_memory_equal(in, ein, sizeof in);
+            assert_memory_equal(tg, etg, sizeof tg);
+            assert_memory_equal(pos, epos, sizeof pos);
+            assert_true(want < B * T); /* the masks bite in every batch */
+        }
+        fso_data_free(&d);
+
+        /* data.documents "stream": the masks stay, the documents go */
+        fso_config cfg;
+        cfg_for(&cfg, path, FSO_DATA_AUTO, vocab, T, B);
+        cfg.data.documents = FSO_DATA_DOCS_STREAM;
+        assert_int_equal(fso_data_init(&d, &cfg), 0);
+        assert_false(fso_data_documents(&d));
+        uint8_t fs[N];
+        for (size_t i = 0; i < N; i++)
+            fs[i] = f[i] & FSO_TOKEN_TARGET;
+        int32_t in[B * T], tg[B * T], pos[B * T], ein[B * T], etg[B * T], epos[B * T];
+        size_t want = 0;
+        for (int b = 0; b < B; b++)
+            want += expect_row(tok, fs, (size_t)b * T, T, ein + b * T, etg + b * T, epos + b * T);
+        memset(pos, 0x5a, sizeof pos);
+        assert_int_equal(fso_data_next(&d, in, tg, pos), want);
+        assert_memory_equal(tg, etg, sizeof tg);
+        for (int i = 0; i < B * T; i++) /* not written without documents */
+            assert_int_equal(pos[i], 0x5a5a5a5a);
+        fso_data_free(&d);
+        free(tok);
+    }
+}
+
+/* header[3] of a standard token file names a delimiter: documents start
+ * at it (its prediction does not count); under "stream", or without the
+ * note, the file gives exactly the batches of llm.c's loader. */
+static void test_delimiter_note_makes_documents(void **state)
+{
+    tdir *td = *state;
+    char path[512];
+    tpath(td, "delim.bin", path, sizeof(path));
+    enum { N = 400, T = 16, B = 2, DELIM = 999 };
+    int32_t *tok = make_tokens(N, 31, 900);
+    uint8_t f[N];
+    for (size_t i = 0; i < N; i++) {
+        if (i % 23 == 0)
+            tok[i] = DELIM; /* llm.c prepends it to every document */
+        f[i] = FSO_TOKEN_TARGET | (tok[i] == DELIM ? FSO_TOKEN_DOC_START : 0);
+    }
+    for (int wide = 0; wide < 2; wide++) {
+        assert_int_equal(fso_data_write_tokens(path, tok, N, wide), 0);
+        patch_header_int(path, 3, DELIM + 1);
+        fso_data d;
+        open_data(&d, path, FSO_DATA_AUTO, 1000, T, B);
+        assert_true(fso_data_documents(&d));
+        for (int step = 0; step < 5; step++) {
+            const size_t p0 = d.pos;
+            int32_t in[B * T], tg[B * T], pos[B * T], ein[B * T], etg[B * T], epos[B * T];
+            size_t want = 0;
+            for (int b = 0; b < B; b++)
+                want += expect_row(tok, f, p0 + (size_t)b * T, T, ein + b * T, etg + b * T,
+                                   epos + b * T);
+            assert_int_equal(fso_data_next(&d, in, tg, pos), want);
+            assert_memory_equal(tg, etg, sizeof tg);
+            assert_memory_equal(pos, epos, sizeof pos);
+        }
+        fso_data_free(&d);
+
+        fso_config cfg;
+        cfg_for(&cfg, path, FSO_DATA_AUTO, 1000, T, B);
+        cfg.data.documents = FSO_DATA_DOCS_STREAM;
+        assert_int_equal(fso_data_init(&d, &cfg), 0);
+        assert_false(fso_data_documents(&d));
+        assert_null(d.flags); /* the plain path */
+        int32_t in[B * T], tg[B * T];
+        size_t starts[B] = {0, T};
+        assert_int_equal(fso_data_next(&d, in, tg, NULL), B * T);
+        check_batch(tok, B, T, starts, in, tg);
+        fso_data_free(&d);
+
+        /* a delimiter the vocabulary lacks */
+        cfg_for(&cfg, path, FSO_DATA_AUTO, 999, T, B);
+        expect_init_error(&cfg, path, "names token 999 as the document delimiter",
+                          "model.vocab_size is 999");
+    }
+    free(tok);
+}
+
+/* A flagged file whose every token is a target and that starts no document
+ * after its first token runs the plain path: no flags kept, batches as a
+ * v1 file's. */
+static void test_flagged_file_without_masks_is_plain(void **state)
+{
+    tdir *td = *state;
+    char path[512];
+    tpath(td, "plain.bin", path, sizeof(path));
+    enum { N = 200, T = 8, B = 4 };
+    int32_t *tok = make_tokens(N, 13, 500);
+    uint8_t f[N];
+    memset(f, FSO_TOKEN_TARGET, sizeof f);
+    f[0] |= FSO_TOKEN_DOC_START;
+    assert_int_equal(fso_data_write_flagged(path, tok, f, N, -1), 0);
+    fso_data d;
+    open_data(&d, path, FSO_DATA_TOKENS, 500, T, B);
+    assert_null(d.flags);
+    assert_false(fso_data_documents(&d));
+    int32_t in[B * T], tg[B * T];
+    size_t starts[B] = {0, T, 2 * T, 3 * T};
+    assert_int_equal(fso_data_next(&d, in, tg, NULL), B * T);
+    check_batch(tok, B, T, starts, in, tg);
+    fso_data_free(&d);
+    free(tok);
+}
+
+/* Each way a flagged file can be wrong is refused naming the file and the
+ * fix. */
+static void test_flagged_file_errors(void **state)
+{
+    tdir *td = *state;
+    char path[512];
+    tpath(td, "bad.bin", path, sizeof(path));
+    enum { N = 100 };
+    int32_t *tok = make_tokens(N, 7, 300);
+    uint8_t f[N];
+    for (size_t i = 0; i < N; i++)
+        f[i] = i % 3 ? FSO_TOKEN_TARGET : 0;
+    fso_config cfg;
+    cfg_for(&cfg, path, FSO_DATA_AUTO, 300, 8, 2);
+
+    assert_int_equal(fso_data_write_flagged(path, tok, f, N, -1), 0);
+    assert_int_equal(truncate(path, 1024 + 2 * N + N / 2), 0);
+    expect_init_error(&cfg, path, "truncated: header says 100 tokens (200 bytes) and as many "
+                      "flag bytes", "the flags are cut short");
+    assert_int_equal(fso_data_write_flagged(path, tok, f, N, -1), 0);
+    assert_int_equal(truncate(path, 1024 + 2 * N - 2), 0);
+    expect_init_error(&cfg, path, "truncated", "re-create the file");
+
+    f[40] = 0x80;
+    assert_int_equal(fso_data_write_flagged(path, tok, f, N, -1), -EINVAL);
+    f[40] = FSO_TOKEN_TARGET;
+    assert_int_equal(fso_data_write_flagged(path, tok, f, N, -1), 0);
+    int fd = open(path, O_WRONLY);
+    assert_true(fd >= 0);
+    assert_int_equal(pwrite(fd, "\x84", 1, 1024 + 2 * N + 40), 1);
+    close(fd);
+    expect_init_error(&cfg, path, "token 40 has flags 0x84, with bits fsoff does not know",
+                      "fsoff tokenize");
+
+    assert_int_equal(fso_data_write_flagged(path, tok, f, N, 300), 0);
+    expect_init_error(&cfg, path, "names token 300 as the document delimiter", "vocab_size");
+
+    assert_int_equal(fso_data_write_flagged(path, tok, f, N, -1), 0);
+    patch_header_int(path, 4, 3);
+    expect_init_error(&cfg, path, "3 bytes per token (header[4]); it must be 2 or 4", NULL);
+    patch_header_int(path, 4, 2);
+    patch_header_int(path, 1, 2);
+    expect_init_error(&cfg, path, "flagged token file of version 2; this fsoff reads version 1",
+                      NULL);
+
+    uint8_t none[N];
+    memset(none, 0, sizeof none);
+    none[0] = FSO_TOKEN_TARGET; /* the first token is never a target */
+    assert_int_equal(fso_data_write_flagged(path, tok, none, N, -1), 0);
+    expect_init_error(&cfg, path, "no token of the file is a target", "flagged as targets");
+    free(tok);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup_dir, teardown_dir)
         T(test_v1_round_trip_and_batches_wrap),
         T(test_wrap_boundary_is_exact),
-        T(test_v2_round_trip_large_vocab),
-        T(test_force_v2_with_small_ids),
+        T(test_large_vocab_writes_llama3_and_v2_still_reads),
+        T(test_force_u32_with_small_ids),
+        T(test_flagged_file_masks_targets_and_positions),
+        T(test_delimiter_note_makes_documents),
+        T(test_flagged_file_without_masks_is_plain),
+        T(test_flagged_file_errors),
         T(test_batches_are_deterministic),
         T(test_short_corpus_rows_wrap_in_bounds),
         T(test_text_file_is_byte_level),

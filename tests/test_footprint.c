@@ -150,8 +150,8 @@ static void check_traffic(const job *j, const fso_config *cfg, fso_trainer *tr)
     for (int s = 1; s <= 2; s++) {
         fso_zero_step st;
         for (size_t a = 0; a < n / bt; a++)
-            fso_data_next(&data, in + a * bt, tg + a * bt);
-        if (fso_trainer_step(tr, in, tg, &st) < 0)
+            fso_data_next(&data, in + a * bt, tg + a * bt, NULL);
+        if (fso_trainer_step(tr, in, tg, NULL, &st) < 0)
             fail_msg("%s: step %d: %s", what, s, tr->err);
         if (st.gather_bytes != want.gather_bytes || st.reduce_bytes != want.reduce_bytes)
             fail_msg("%s: step %d: gathered %llu, reduced %llu; the footprint says %llu, %llu",

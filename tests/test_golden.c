@@ -292,7 +292,7 @@ static void run_golden(const char *fixture_name, variant vr)
 
     for (int s = 0; s < f.nsteps; s++) {
         fso_zero_step st;
-        if (fso_trainer_step(&tr, f.inputs + s * bt, f.targets + s * bt, &st) < 0)
+        if (fso_trainer_step(&tr, f.inputs + s * bt, f.targets + s * bt, NULL, &st) < 0)
             fail_msg("step %d: %s", s + 1, tr.err);
         if (!(fabs(st.loss - f.losses[s]) <= tol.rel * fabs(f.losses[s]))) {
             fprintf(stderr, "step %d loss: got %.8g want %.8g\n", s + 1, st.loss, f.losses[s]);

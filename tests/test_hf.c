@@ -552,7 +552,7 @@ static void run_fixture(const char *name, variant v)
     for (size_t i = 0; i < ntok; i++)
         in[i] = (int32_t)fin[i], tg[i] = (int32_t)ftg[i];
     fso_zero_step st;
-    if (fso_trainer_step(&tr, in, tg, &st) < 0)
+    if (fso_trainer_step(&tr, in, tg, NULL, &st) < 0)
         fail_msg("step: %s", tr.err);
     float *loss = expected_tensor(&x, "loss", 1);
     if (!(fabs(st.loss - loss[0]) <= 1e-5 * fabs(loss[0])))

@@ -394,7 +394,7 @@ static double rope_loss(void *c_)
     struct rope_ctx *c = c_;
     size_t n = (size_t)c->B * c->T * c->nh * c->D;
     memcpy(c->work, c->x, sizeof(float) * n);
-    ref->ops->rope(ref, c->work, FSO_DT_F32, c->cs, c->sn, c->B, c->T, c->nh, c->D, 0);
+    ref->ops->rope(ref, c->work, FSO_DT_F32, c->cs, c->sn, NULL, c->B, c->T, c->nh, c->D, 0);
     return dot_r(c->work, c->R, n);
 }
 
@@ -409,15 +409,15 @@ static void test_rope(void **state)
     assert_true(cs[0] == 1.0f && sn[0] == 0.0f);
     assert_true(fabsf(cs[(size_t)3 * D / 2] - cosf(3.0f)) < 1e-6f);
     float *x = randbuf(n, 1), *a = copybuf(x, n), *b = copybuf(x, n);
-    ref->ops->rope(ref, a, FSO_DT_F32, cs, sn, B, T, nh, D, 0);
-    fast->ops->rope(fast, b, FSO_DT_F32, cs, sn, B, T, nh, D, 0);
+    ref->ops->rope(ref, a, FSO_DT_F32, cs, sn, NULL, B, T, nh, D, 0);
+    fast->ops->rope(fast, b, FSO_DT_F32, cs, sn, NULL, B, T, nh, D, 0);
     compare_guarded("rope", b, a, n, FAST_TOL);
     /* the inverse undoes it */
-    fast->ops->rope(fast, b, FSO_DT_F32, cs, sn, B, T, nh, D, 1);
+    fast->ops->rope(fast, b, FSO_DT_F32, cs, sn, NULL, B, T, nh, D, 1);
     compare_guarded("rope inverse", b, x, n, 1e-6);
     /* backward: dx = R^T dy, the inverse rotation of dy */
     float *R = randbuf(n, 1), *g = copybuf(R, n), *work = gbuf(n);
-    ref->ops->rope(ref, g, FSO_DT_F32, cs, sn, B, T, nh, D, 1);
+    ref->ops->rope(ref, g, FSO_DT_F32, cs, sn, NULL, B, T, nh, D, 1);
     struct rope_ctx c = {x, work, R, cs, sn, B, T, nh, D};
     fd_check("rope dx", x, n, g, rope_loss, &c);
     float *bufs[] = {cs, sn, x, a, b, R, g, work};
@@ -431,8 +431,8 @@ struct att_ctx { float *q, *k, *v, *out, *probs, *R; int B, T, H, Hkv, D; };
 static double att_loss(void *c_)
 {
     struct att_ctx *c = c_;
-    ref->ops->attention_fwd(ref, c->out, c->probs, c->q, c->k, c->v, FSO_DT_F32, c->B, c->T, c->H,
-                            c->Hkv, c->D);
+    ref->ops->attention_fwd(ref, c->out, c->probs, c->q, c->k, c->v, NULL, FSO_DT_F32, c->B, c->T,
+                            c->H, c->Hkv, c->D);
     return dot_r(c->out, c->R, (size_t)c->B * c->T * c->H * c->D);
 }
 
@@ -441,8 +441,8 @@ static void run_attention(int B, int T, int H, int Hkv, int D)
     size_t nq = (size_t)B * T * H * D, nkv = (size_t)B * T * Hkv * D, np = (size_t)B * H * T * T;
     float *q = randbuf(nq, 1), *k = randbuf(nkv, 1), *v = randbuf(nkv, 1);
     float *o1 = gbuf(nq), *o2 = gbuf(nq), *p1 = gbuf(np), *p2 = gbuf(np), *R = randbuf(nq, 1);
-    ref->ops->attention_fwd(ref, o1, p1, q, k, v, FSO_DT_F32, B, T, H, Hkv, D);
-    fast->ops->attention_fwd(fast, o2, p2, q, k, v, FSO_DT_F32, B, T, H, Hkv, D);
+    ref->ops->attention_fwd(ref, o1, p1, q, k, v, NULL, FSO_DT_F32, B, T, H, Hkv, D);
+    fast->ops->attention_fwd(fast, o2, p2, q, k, v, NULL, FSO_DT_F32, B, T, H, Hkv, D);
     compare_guarded("attention_fwd out", o2, o1, nq, FAST_TOL);
     compare_guarded("attention_fwd probs", p2, p1, np, FAST_TOL);
     /* causal: nothing attends to the future, rows sum to 1 */
@@ -460,8 +460,9 @@ static void run_attention(int B, int T, int H, int Hkv, int D)
 
     float *dq1 = gbuf(nq), *dk1 = gbuf(nkv), *dv1 = gbuf(nkv);
     float *dq2 = gbuf(nq), *dk2 = gbuf(nkv), *dv2 = gbuf(nkv);
-    ref->ops->attention_bwd(ref, dq1, dk1, dv1, R, p1, q, k, v, FSO_DT_F32, B, T, H, Hkv, D);
-    fast->ops->attention_bwd(fast, dq2, dk2, dv2, R, p1, q, k, v, FSO_DT_F32, B, T, H, Hkv, D);
+    ref->ops->attention_bwd(ref, dq1, dk1, dv1, R, p1, q, k, v, NULL, FSO_DT_F32, B, T, H, Hkv, D);
+    fast->ops->attention_bwd(fast, dq2, dk2, dv2, R, p1, q, k, v, NULL, FSO_DT_F32, B, T, H, Hkv,
+                             D);
     compare_guarded("attention_bwd dq", dq2, dq1, nq, FAST_TOL);
     compare_guarded("attention_bwd dk", dk2, dk1, nkv, FAST_TOL);
     compare_guarded("attention_bwd dv", dv2, dv1, nkv, FAST_TOL);
@@ -565,6 +566,172 @@ static void test_cross_entropy(void **state)
     struct ce_ctx c = {lg, work, l1, tgt, N, V};
     fd_check("cross_entropy dlogits", lg, n, g, ce_loss, &c);
     float *bufs[] = {lg, d1, d2, l1, l2, flat, fd, fl, inpl, li, g, work};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
+        gfree(bufs[i]);
+}
+
+/* ------------------------------------------------- documents in a window */
+
+/* Positions of B rows of T with documents starting at row b's starts[b]
+ * (besides the row's first token), as fso_data_next gives them. */
+static void doc_positions(int32_t *pos, int B, int T, const int starts[][3])
+{
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) {
+            bool start = t == 0;
+            for (int i = 0; i < 3; i++)
+                start = start || starts[b][i] == t;
+            pos[b * T + t] = start ? 0 : pos[b * T + t - 1] + 1;
+        }
+}
+
+struct doc_att_ctx { float *q, *k, *v, *out, *probs, *R; const int32_t *pos; int B, T, H, Hkv, D; };
+static double doc_att_loss(void *c_)
+{
+    struct doc_att_ctx *c = c_;
+    ref->ops->attention_fwd(ref, c->out, c->probs, c->q, c->k, c->v, c->pos, FSO_DT_F32, c->B,
+                            c->T, c->H, c->Hkv, c->D);
+    return dot_r(c->out, c->R, (size_t)c->B * c->T * c->H * c->D);
+}
+
+/* Attention and RoPE with documents packed in a window: the fast backend
+ * agrees with the reference (fp32, and bf16 through the seam's types), a
+ * token attends only to its document so far (probabilities 0 elsewhere),
+ * the gradients match finite differences, and each document gives what it
+ * gives run apart (a row of its own, positions from 0). */
+static void test_attention_and_rope_keep_documents_apart(void **state)
+{
+    (void)state;
+    enum { B = 2, T = 13, H = 4, Hkv = 2, D = 8 };
+    static const int starts[B][3] = {{4, 9, -1}, {1, 2, 12}};
+    int32_t pos[B * T];
+    doc_positions(pos, B, T, starts);
+    const size_t nq = (size_t)B * T * H * D, nkv = (size_t)B * T * Hkv * D;
+    const size_t np = (size_t)B * H * T * T;
+    float *cs = gbuf((size_t)T * D / 2), *sn = gbuf((size_t)T * D / 2);
+    fso_rope_tables(cs, sn, T, D, 10000.0);
+
+    /* rope: row positions from pos; the inverse undoes it */
+    float *x = randbuf(nq, 1), *a = copybuf(x, nq), *b2 = copybuf(x, nq);
+    ref->ops->rope(ref, a, FSO_DT_F32, cs, sn, pos, B, T, H, D, 0);
+    fast->ops->rope(fast, b2, FSO_DT_F32, cs, sn, pos, B, T, H, D, 0);
+    compare_guarded("rope with positions", b2, a, nq, FAST_TOL);
+    fast->ops->rope(fast, b2, FSO_DT_F32, cs, sn, pos, B, T, H, D, 1);
+    compare_guarded("rope with positions, inverse", b2, x, nq, 1e-6);
+
+    float *q = randbuf(nq, 1), *k = randbuf(nkv, 1), *v = randbuf(nkv, 1), *R = randbuf(nq, 1);
+    float *o1 = gbuf(nq), *o2 = gbuf(nq), *p1 = gbuf(np), *p2 = gbuf(np);
+    ref->ops->attention_fwd(ref, o1, p1, q, k, v, pos, FSO_DT_F32, B, T, H, Hkv, D);
+    fast->ops->attention_fwd(fast, o2, p2, q, k, v, pos, FSO_DT_F32, B, T, H, Hkv, D);
+    compare_guarded("attention_fwd out, documents", o2, o1, nq, FAST_TOL);
+    compare_guarded("attention_fwd probs, documents", p2, p1, np, FAST_TOL);
+    for (int bh = 0; bh < B * H; bh++)
+        for (int t = 0; t < T; t++) {
+            const int s0 = t - pos[(bh / H) * T + t];
+            double sum = 0;
+            for (int u = 0; u < T; u++) {
+                const float pv = p1[((size_t)bh * T + t) * T + u];
+                if (u < s0 || u > t)
+                    assert_true(pv == 0.0f);
+                sum += pv;
+            }
+            assert_true(fabs(sum - 1.0) < 1e-5);
+        }
+    float *dq1 = gbuf(nq), *dk1 = gbuf(nkv), *dv1 = gbuf(nkv);
+    float *dq2 = gbuf(nq), *dk2 = gbuf(nkv), *dv2 = gbuf(nkv);
+    ref->ops->attention_bwd(ref, dq1, dk1, dv1, R, p1, q, k, v, pos, FSO_DT_F32, B, T, H, Hkv, D);
+    fast->ops->attention_bwd(fast, dq2, dk2, dv2, R, p1, q, k, v, pos, FSO_DT_F32, B, T, H, Hkv,
+                             D);
+    compare_guarded("attention_bwd dq, documents", dq2, dq1, nq, FAST_TOL);
+    compare_guarded("attention_bwd dk, documents", dk2, dk1, nkv, FAST_TOL);
+    compare_guarded("attention_bwd dv, documents", dv2, dv1, nkv, FAST_TOL);
+    struct doc_att_ctx c = {q, k, v, o1, p1, R, pos, B, T, H, Hkv, D};
+    fd_check("attention dq, documents", q, nq, dq1, doc_att_loss, &c);
+    fd_check("attention dk, documents", k, nkv, dk1, doc_att_loss, &c);
+    fd_check("attention dv, documents", v, nkv, dv1, doc_att_loss, &c);
+
+    /* Row 1's document [2, 12) run apart: a row of 10 from position 0 */
+    enum { S = 2, L = 10 };
+    const size_t lq = (size_t)L * H * D, lkv = (size_t)L * Hkv * D;
+    float *aq = copybuf(q + ((size_t)T + S) * H * D, lq);
+    float *ak = copybuf(k + ((size_t)T + S) * Hkv * D, lkv);
+    float *av = copybuf(v + ((size_t)T + S) * Hkv * D, lkv);
+    float *ao = gbuf(lq), *ap = gbuf((size_t)H * L * L);
+    float *aR = copybuf(R + ((size_t)T + S) * H * D, lq);
+    float *adq = gbuf(lq), *adk = gbuf(lkv), *adv = gbuf(lkv);
+    fast->ops->attention_fwd(fast, ao, ap, aq, ak, av, NULL, FSO_DT_F32, 1, L, H, Hkv, D);
+    compare_guarded("a packed document's out as apart", ao, o2 + ((size_t)T + S) * H * D, lq,
+                    1e-6);
+    fast->ops->attention_bwd(fast, adq, adk, adv, aR, ap, aq, ak, av, NULL, FSO_DT_F32, 1, L, H,
+                             Hkv, D);
+    compare_guarded("a packed document's dq as apart", adq, dq2 + ((size_t)T + S) * H * D, lq,
+                    1e-6);
+    compare_guarded("a packed document's dk as apart", adk, dk2 + ((size_t)T + S) * Hkv * D, lkv,
+                    1e-6);
+    compare_guarded("a packed document's dv as apart", adv, dv2 + ((size_t)T + S) * Hkv * D, lkv,
+                    1e-6);
+    float *ax = copybuf(x + ((size_t)T + S) * H * D, lq);
+    fast->ops->rope(fast, ax, FSO_DT_F32, cs, sn, NULL, 1, L, H, D, 0);
+    compare_guarded("a packed document's rope as apart", ax, a + ((size_t)T + S) * H * D, lq,
+                    1e-6);
+
+    /* bf16 through the seam's types: fast against the reference */
+    uint16_t *q16 = malloc(nq * 2), *k16 = malloc(nkv * 2), *v16 = malloc(nkv * 2);
+    uint16_t *oa = malloc(nq * 2), *ob = malloc(nq * 2), *pa = malloc(np * 2), *pb = malloc(np * 2);
+    assert_true(q16 && k16 && v16 && oa && ob && pa && pb);
+    for (size_t i = 0; i < nq; i++)
+        q16[i] = fso_bf16_from_f32(q[i]);
+    for (size_t i = 0; i < nkv; i++) {
+        k16[i] = fso_bf16_from_f32(k[i]);
+        v16[i] = fso_bf16_from_f32(v[i]);
+    }
+    ref->ops->attention_fwd(ref, oa, pa, q16, k16, v16, pos, FSO_DT_BF16, B, T, H, Hkv, D);
+    fast->ops->attention_fwd(fast, ob, pb, q16, k16, v16, pos, FSO_DT_BF16, B, T, H, Hkv, D);
+    float *fa = gbuf(nq), *fb = gbuf(nq);
+    for (size_t i = 0; i < nq; i++) {
+        fa[i] = fso_f32_from_bf16(oa[i]);
+        fb[i] = fso_f32_from_bf16(ob[i]);
+    }
+    compare_guarded("attention_fwd bf16, documents", fb, fa, nq, 1e-2);
+    free(q16), free(k16), free(v16), free(oa), free(ob), free(pa), free(pb);
+
+    float *bufs[] = {cs, sn, x, a, b2, q, k, v, R, o1, o2, p1, p2, dq1, dk1, dv1, dq2, dk2, dv2,
+                     aq, ak, av, ao, ap, aR, adq, adk, adv, ax, fa, fb};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
+        gfree(bufs[i]);
+}
+
+/* A target < 0 does not count: loss 0 and a zero row of dlogits, on both
+ * backends, the other rows as without it. */
+static void test_cross_entropy_skips_negative_targets(void **state)
+{
+    (void)state;
+    int N = 9, V = 31;
+    int32_t tgt[9], all[9];
+    for (int i = 0; i < N; i++)
+        all[i] = tgt[i] = (int32_t)(fso_rng_u64(&rng) % V);
+    tgt[0] = tgt[4] = tgt[8] = -1;
+    size_t n = (size_t)N * V;
+    float *lg = randbuf(n, 3), *d1 = gbuf(n), *d2 = gbuf(n), *l1 = gbuf(N), *l2 = gbuf(N);
+    float *d0 = gbuf(n), *l0 = gbuf(N);
+    ref->ops->cross_entropy(ref, d0, l0, lg, all, N, V, 0.5f);
+    ref->ops->cross_entropy(ref, d1, l1, lg, tgt, N, V, 0.5f);
+    float *inpl = copybuf(lg, n);
+    fast->ops->cross_entropy(fast, inpl, l2, inpl, tgt, N, V, 0.5f);
+    memcpy(d2, inpl, sizeof(float) * n);
+    compare_guarded("cross_entropy losses, masked", l2, l1, N, FAST_TOL);
+    compare_guarded("cross_entropy dlogits, masked", d2, d1, n, FAST_TOL);
+    for (int i = 0; i < N; i++)
+        for (int j = 0; j < V; j++) {
+            const size_t e = (size_t)i * V + j;
+            if (tgt[i] < 0) {
+                assert_true(d1[e] == 0.0f && d2[e] == 0.0f && l1[i] == 0.0f && l2[i] == 0.0f);
+            } else {
+                assert_true(d1[e] == d0[e]); /* the same bits as without the masked rows */
+                assert_true(l1[i] == l0[i]);
+            }
+        }
+    float *bufs[] = {lg, d1, d2, l1, l2, d0, l0, inpl};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
         gfree(bufs[i]);
 }
@@ -948,16 +1115,16 @@ static void call_emb_fwd(fso_backend *be, void **t, fso_dtype dt, const tcase *c
 }
 static void call_rope(fso_backend *be, void **t, fso_dtype dt, const tcase *c)
 {
-    be->ops->rope(be, t[0], dt, t[1], t[2], c->d[0], c->d[1], c->d[2], c->d[3], c->d[4]);
+    be->ops->rope(be, t[0], dt, t[1], t[2], NULL, c->d[0], c->d[1], c->d[2], c->d[3], c->d[4]);
 }
 static void call_att_fwd(fso_backend *be, void **t, fso_dtype dt, const tcase *c)
 {
-    be->ops->attention_fwd(be, t[0], t[1], t[2], t[3], t[4], dt, c->d[0], c->d[1], c->d[2],
+    be->ops->attention_fwd(be, t[0], t[1], t[2], t[3], t[4], NULL, dt, c->d[0], c->d[1], c->d[2],
                            c->d[3], c->d[4]);
 }
 static void call_att_bwd(fso_backend *be, void **t, fso_dtype dt, const tcase *c)
 {
-    be->ops->attention_bwd(be, t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], dt, c->d[0],
+    be->ops->attention_bwd(be, t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], NULL, dt, c->d[0],
                            c->d[1], c->d[2], c->d[3], c->d[4]);
 }
 static void call_swiglu_fwd(fso_backend *be, void **t, fso_dtype dt, const tcase *c)
@@ -973,7 +1140,7 @@ static void init_probs(float **t, const tcase *c)
 {
     size_t nq = (size_t)c->d[0] * c->d[1] * c->d[2] * c->d[4];
     float *out = gbuf(nq);
-    ref->ops->attention_fwd(ref, out, t[4], t[5], t[6], t[7], FSO_DT_F32, c->d[0], c->d[1],
+    ref->ops->attention_fwd(ref, out, t[4], t[5], t[6], t[7], NULL, FSO_DT_F32, c->d[0], c->d[1],
                             c->d[2], c->d[3], c->d[4]);
     gfree(out);
 }
@@ -1179,6 +1346,8 @@ int main(void)
         cmocka_unit_test(test_attention_mha),
         cmocka_unit_test(test_swiglu),
         cmocka_unit_test(test_cross_entropy),
+        cmocka_unit_test(test_attention_and_rope_keep_documents_apart),
+        cmocka_unit_test(test_cross_entropy_skips_negative_targets),
         cmocka_unit_test(test_sqnorm_is_exact_and_thread_independent),
         cmocka_unit_test(test_reduce_sqnorm_is_sum_then_sqnorm),
         cmocka_unit_test(test_sum_is_exact_in_double),

@@ -171,9 +171,9 @@ static void test_divergence_stops_without_update(void **state)
     p[np / 2] = INFINITY; /* one poisoned weight */
     assert_int_equal(fso_zero_load_hf(tr.zero, p, err, sizeof err), 0);
     int32_t *in = malloc(sizeof(int32_t) * bt), *tg = malloc(sizeof(int32_t) * bt);
-    fso_data_next(&data, in, tg);
+    fso_data_next(&data, in, tg, NULL);
     fso_zero_step st;
-    assert_int_equal(fso_trainer_step(&tr, in, tg, &st), -ERANGE);
+    assert_int_equal(fso_trainer_step(&tr, in, tg, NULL, &st), -ERANGE);
     assert_non_null(strstr(tr.err, "step 1"));
     assert_non_null(strstr(tr.err, "not applied"));
     assert_int_equal(fso_zero_store_hf(tr.zero, after, err, sizeof err), 0);
@@ -264,7 +264,8 @@ static void test_activation_estimate_matches_allocation(void **state)
         int32_t *tok = calloc(N, sizeof *tok);
         assert_non_null(tok);
         double loss = 0;
-        fso_model_step(&m, &src, tok, tok, 1.0f, &loss);
+        fso_model_step(&m, &src, tok, tok, NULL, fso_model_loss_scale((int64_t)N, (int64_t)N, 1),
+                       &loss);
         assert_int_equal(be->ops->sync(be), 0);
         assert_true(loss > 0);
         assert_int_equal(be->mem_peak_bytes,
@@ -478,6 +479,49 @@ static void test_report_shows_stale_marks_and_refused_pinning(void **state)
     free(text);
 }
 
+/* A run on masked data whose first steps' batches hold no target that
+ * counts passes them over (one warning each) and trains its steps on the
+ * next ones; the metrics count every step. */
+static void test_fully_masked_batches_are_passed_over(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/fso_test_train_masked.XXXXXX", path[128], metrics[128];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/masked.bin", dir);
+    snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", dir);
+    fso_config cfg;
+    fso_test_tiny_model(&cfg);
+    cfg.steps = 2;
+    const size_t span = (size_t)cfg.micro_batch * cfg.data.seq_len, n = 20 * span;
+    int32_t *tok = malloc(n * sizeof *tok);
+    uint8_t *f = malloc(n);
+    assert_true(tok && f);
+    for (size_t i = 0; i < n; i++) {
+        tok[i] = (int32_t)((i * 31 + 7) % 256);
+        f[i] = i > 3 * span ? FSO_TOKEN_TARGET : 0; /* the first three steps learn nothing */
+    }
+    assert_int_equal(fso_data_write_flagged(path, tok, f, n, -1), 0);
+    snprintf(cfg.data.path, sizeof cfg.data.path, "%s", path);
+    FILE *out = fopen("/dev/null", "w");
+    assert_non_null(out);
+    fso_run_opts opts = {.metrics_path = metrics, .devices = "cpu", .out = out};
+    assert_int_equal(fso_train_run(&cfg, &opts), 0);
+    fclose(out);
+    FILE *m = fopen(metrics, "r");
+    assert_non_null(m);
+    char line[4096];
+    int steps = 0;
+    while (fgets(line, sizeof line, m))
+        steps += strstr(line, "\"loss\"") != NULL;
+    fclose(m);
+    assert_int_equal(steps, 2);
+    unlink(metrics);
+    unlink(path);
+    rmdir(dir);
+    free(tok);
+    free(f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -487,6 +531,7 @@ int main(void)
         cmocka_unit_test(test_isa_changes_nothing),
         cmocka_unit_test(test_accumulation_matches_one_large_batch),
         cmocka_unit_test(test_divergence_stops_without_update),
+        cmocka_unit_test(test_fully_masked_batches_are_passed_over),
         cmocka_unit_test(test_activation_estimate_matches_allocation),
         cmocka_unit_test(test_two_runs_at_once_in_one_process),
         cmocka_unit_test(test_report_shows_stale_marks_and_refused_pinning),

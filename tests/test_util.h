@@ -153,13 +153,15 @@ FSO_TEST_FN void run(const fso_config *cfg, const run_hooks *hooks, run_result *
         dev0 = fso_async_counts_of(be0);
     size_t bt = (size_t)cfg->micro_batch * cfg->data.seq_len, n = fso_trainer_step_tokens(cfg);
     int32_t *in = malloc(sizeof(int32_t) * n), *tg = malloc(sizeof(int32_t) * n);
+    int32_t *pos = fso_data_documents(&data) ? malloc(sizeof(int32_t) * n) : NULL;
     assert_non_null(in);
     assert_non_null(tg);
+    assert_true(pos || !fso_data_documents(&data));
     for (int s = 0; s < out->steps && out->rc == 0; s++) {
         for (size_t a = 0; a < n / bt; a++)
-            fso_data_next(&data, in + a * bt, tg + a * bt);
+            fso_data_next(&data, in + a * bt, tg + a * bt, pos ? pos + a * bt : NULL);
         fso_zero_step st;
-        if ((out->rc = fso_trainer_step(&tr, in, tg, &st)) < 0)
+        if ((out->rc = fso_trainer_step(&tr, in, tg, pos, &st)) < 0)
             snprintf(out->err, sizeof out->err, "%s", tr.err);
         out->loss[s] = st.loss;
         out->norm[s] = st.grad_norm;
@@ -187,6 +189,7 @@ FSO_TEST_FN void run(const fso_config *cfg, const run_hooks *hooks, run_result *
     out->arena = fso_zero_host_arena_bytes(tr.zero);
     free(in);
     free(tg);
+    free(pos);
     fso_trainer_free(&tr);
     fso_data_free(&data);
 }

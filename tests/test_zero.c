@@ -5,7 +5,8 @@
  *    gives bit-identical losses, norms and parameters (1 and 2 devices),
  *    each kind on one tier or the kinds on tiers of their own;
  *  - 1, 2 and 4 devices with the same global batch agree within 1e-5
- *    (the sums run in a different order);
+ *    (the sums run in a different order); so do 1 and 2 devices on masked,
+ *    packed data, and a step with no counted target is refused;
  *  - budgets fail before training, naming the tier and the shortfall;
  *  - a model whose training state is several times the device cap and
  *    larger than the host arena trains from NVMe within the cap;
@@ -279,8 +280,8 @@ static void test_step_nvme_bytes_are_the_derivation(void **state)
         for (int s = 1; s <= 4; s++) {
             fso_zero_step st;
             for (size_t a = 0; a < n / bt; a++)
-                fso_data_next(&data, in + a * bt, tg + a * bt);
-            if (fso_trainer_step(&tr, in, tg, &st) < 0)
+                fso_data_next(&data, in + a * bt, tg + a * bt, NULL);
+            if (fso_trainer_step(&tr, in, tg, NULL, &st) < 0)
                 fail_msg("case %zu step %d: %s", c, s, tr.err);
             uint64_t sum_r = 0, sum_w = 0;
             for (int k = 0; k < FSO_N_KINDS; k++) {
@@ -533,11 +534,13 @@ static void test_device_counts_agree(void **state)
  * on the step's own micro-batches it gives step 1's loss; it changes no
  * state (a run validated after every step trains the bits of one that is
  * not), a second pass repeats the first's bits, and the device count only
- * reorders the sum. On every tier of the parameters and both schedules. */
+ * reorders the sum. On plain data and on masked, packed data (its loss the
+ * mean over the counted targets, its documents kept apart), on every tier
+ * of the parameters and both schedules. */
 static struct {
-    const fso_config *cfg;
-    int32_t *in, *tg;
+    int32_t *in, *tg, *pos;
     int n_micro;
+    size_t counted;
     double before, after[FSO_TEST_MAX_STEPS + 1];
 } eval_hook;
 
@@ -545,15 +548,14 @@ static double eval_loss(fso_trainer *tr)
 {
     double sum = 0, again = 0;
     char err[512];
-    if (fso_zero_eval(tr->zero, eval_hook.in, eval_hook.tg, eval_hook.n_micro, &sum, err,
-                      sizeof err) < 0 ||
-        fso_zero_eval(tr->zero, eval_hook.in, eval_hook.tg, eval_hook.n_micro, &again, err,
-                      sizeof err) < 0)
+    if (fso_zero_eval(tr->zero, eval_hook.in, eval_hook.tg, eval_hook.pos, eval_hook.n_micro,
+                      &sum, err, sizeof err) < 0 ||
+        fso_zero_eval(tr->zero, eval_hook.in, eval_hook.tg, eval_hook.pos, eval_hook.n_micro,
+                      &again, err, sizeof err) < 0)
         fail_msg("eval: %s", err);
     if (memcmp(&sum, &again, sizeof sum) != 0)
         fail_msg("a second validation pass gave %.17g, the first %.17g", again, sum);
-    const fso_config *c = eval_hook.cfg;
-    return sum / ((double)eval_hook.n_micro * c->micro_batch * c->data.seq_len);
+    return sum / (double)eval_hook.counted;
 }
 
 static void eval_started(fso_trainer *tr)
@@ -566,61 +568,190 @@ static void eval_stepped(fso_trainer *tr, int step)
     eval_hook.after[step] = eval_loss(tr);
 }
 
+static void write_masked_packed(const char *path);
+
+static void validate_on(const fso_config *cfg, const char *what, double *after_one)
+{
+    run_result base, r;
+    run(cfg, NULL, &base);
+    if (base.rc)
+        fail_msg("%s: %s", what, base.err);
+    /* step 1's micro-batches (an odd count, where a device has a repeat
+     * to drop, is cli_test's) */
+    fso_data data = {0};
+    if (fso_data_init(&data, cfg) < 0)
+        fail_msg("data: %s", data.err);
+    size_t bt = (size_t)cfg->micro_batch * cfg->data.seq_len;
+    size_t n = fso_trainer_step_tokens(cfg);
+    eval_hook.n_micro = (int)(n / bt);
+    eval_hook.in = malloc(sizeof(int32_t) * n);
+    eval_hook.tg = malloc(sizeof(int32_t) * n);
+    eval_hook.pos = fso_data_documents(&data) ? malloc(sizeof(int32_t) * n) : NULL;
+    assert_true(eval_hook.in && eval_hook.tg && (eval_hook.pos || !fso_data_documents(&data)));
+    eval_hook.counted = 0;
+    for (size_t a = 0; a < n; a += bt)
+        eval_hook.counted += fso_data_next(&data, eval_hook.in + a, eval_hook.tg + a,
+                                           eval_hook.pos ? eval_hook.pos + a : NULL);
+    run_hooks hooks = {.started = eval_started, .stepped = eval_stepped};
+    run(cfg, &hooks, &r);
+    if (r.rc)
+        fail_msg("%s: %s", what, r.err);
+    assert_bit_identical(&base, &r, 1, what);
+    if (fabs(eval_hook.before - base.loss[0]) > 1e-12 * fabs(base.loss[0]))
+        fail_msg("%s: validation before step 1 %.17g, step 1's loss %.17g", what,
+                 eval_hook.before, base.loss[0]);
+    for (int s = 1; s <= r.steps; s++) {
+        if (after_one[s] == 0)
+            after_one[s] = eval_hook.after[s];
+        else if (fabs(eval_hook.after[s] - after_one[s]) > 1e-5 * after_one[s])
+            fail_msg("%s: validation after step %d %.9g, the first configuration's %.9g", what,
+                     s, eval_hook.after[s], after_one[s]);
+    }
+    free(eval_hook.in);
+    free(eval_hook.tg);
+    free(eval_hook.pos);
+    fso_data_free(&data);
+    result_free(&base);
+    result_free(&r);
+}
+
 static void test_validation_pass_is_the_forward_and_changes_nothing(void **state)
 {
     (void)state;
     static const fso_tier tiers[] = {FSO_TIER_DEVICE, FSO_TIER_HOST, FSO_TIER_NVME};
-    double after_one[FSO_TEST_MAX_STEPS + 1] = {0};
-    for (int world = 1; world <= 2; world++)
-        for (size_t t = 0; t < sizeof tiers / sizeof *tiers; t++)
-            for (int mode = FSO_OVERLAP_NONE; mode <= FSO_OVERLAP_FORWARD; mode++) {
-                fso_config cfg;
-                fso_test_small_model(&cfg, world, 4);
-                fso_test_set_tiers(&cfg, tiers[t], FSO_TIER_HOST, nvme_dir);
-                cfg.optimizer_overlap = (fso_overlap)mode;
-                run_result base, r;
-                run(&cfg, NULL, &base);
-                if (base.rc)
-                    fail_msg("%s", base.err);
-                /* step 1's micro-batches (an odd count, where a device has
-                 * a repeat to drop, is cli_test's) */
-                fso_data data = {0};
-                if (fso_data_init(&data, &cfg) < 0)
-                    fail_msg("data: %s", data.err);
-                size_t bt = (size_t)cfg.micro_batch * cfg.data.seq_len;
-                size_t n = fso_trainer_step_tokens(&cfg);
-                eval_hook.cfg = &cfg;
-                eval_hook.n_micro = (int)(n / bt);
-                eval_hook.in = malloc(sizeof(int32_t) * n);
-                eval_hook.tg = malloc(sizeof(int32_t) * n);
-                assert_non_null(eval_hook.in);
-                assert_non_null(eval_hook.tg);
-                for (size_t a = 0; a < n / bt; a++)
-                    fso_data_next(&data, eval_hook.in + a * bt, eval_hook.tg + a * bt);
-                run_hooks hooks = {.started = eval_started, .stepped = eval_stepped};
-                run(&cfg, &hooks, &r);
-                if (r.rc)
-                    fail_msg("%s", r.err);
-                char what[96];
-                snprintf(what, sizeof what, "%d devices, parameters on tier %d, schedule %d",
-                         world, tiers[t], mode);
-                assert_bit_identical(&base, &r, 1, what);
-                if (fabs(eval_hook.before - base.loss[0]) > 1e-12 * fabs(base.loss[0]))
-                    fail_msg("%s: validation before step 1 %.17g, step 1's loss %.17g", what,
-                             eval_hook.before, base.loss[0]);
-                for (int s = 1; s <= r.steps; s++) {
-                    if (world == 1 && t == 0 && mode == FSO_OVERLAP_NONE)
-                        after_one[s] = eval_hook.after[s];
-                    else if (fabs(eval_hook.after[s] - after_one[s]) > 1e-5 * after_one[s])
-                        fail_msg("%s: validation after step %d %.9g, one device %.9g", what, s,
-                                 eval_hook.after[s], after_one[s]);
+    char masked[600];
+    snprintf(masked, sizeof masked, "%s/val_masked_packed.bin", nvme_dir);
+    write_masked_packed(masked);
+    for (int m = 0; m < 2; m++) {
+        double after_one[FSO_TEST_MAX_STEPS + 1] = {0};
+        for (int world = 1; world <= 2; world++)
+            for (size_t t = 0; t < sizeof tiers / sizeof *tiers; t++)
+                for (int mode = FSO_OVERLAP_NONE; mode <= FSO_OVERLAP_FORWARD; mode++) {
+                    fso_config cfg;
+                    fso_test_small_model(&cfg, world, 4);
+                    fso_test_set_tiers(&cfg, tiers[t], FSO_TIER_HOST, nvme_dir);
+                    cfg.optimizer_overlap = (fso_overlap)mode;
+                    if (m)
+                        snprintf(cfg.data.path, sizeof cfg.data.path, "%s", masked);
+                    char what[128];
+                    snprintf(what, sizeof what, "%s data, %d devices, parameters on tier %d, "
+                             "schedule %d", m ? "masked, packed" : "plain", world, tiers[t], mode);
+                    validate_on(&cfg, what, after_one);
                 }
-                free(eval_hook.in);
-                free(eval_hook.tg);
-                fso_data_free(&data);
-                result_free(&base);
-                result_free(&r);
-            }
+    }
+    unlink(masked);
+}
+
+/* A flagged token file of the built-in corpus's bytes at path: a third of
+ * the targets masked, in runs of 9, and documents of 5 to 40 tokens packed
+ * across the windows. */
+static void write_masked_packed(const char *path)
+{
+    enum { N = 6000 };
+    char *text = malloc(N);
+    int32_t *tok = malloc(sizeof(int32_t) * N);
+    uint8_t *f = malloc(N);
+    assert_true(text && tok && f);
+    fso_corpus_generate(text, N, FSO_CORPUS_SEED);
+    for (size_t i = 0, next_doc = 0; i < N; i++) {
+        tok[i] = (unsigned char)text[i];
+        f[i] = (i / 9) % 3 == 1 ? 0 : FSO_TOKEN_TARGET;
+        if (i == next_doc) {
+            f[i] |= FSO_TOKEN_DOC_START;
+            next_doc += 5 + (i * 7) % 36;
+        }
+    }
+    assert_int_equal(fso_data_write_flagged(path, tok, f, N, -1), 0);
+    free(text);
+    free(tok);
+    free(f);
+}
+
+/* Masked, packed data trains alike on 1 and 2 devices (within 1e-5: the
+ * sums run in another order), with a discrete GPU's rules as on the CPU
+ * and with the state in host memory as on the device (the same bits:
+ * positions reach the device as the tokens do), and differently from the
+ * same file as one stream (the documents count). */
+static void test_masked_packed_data_trains_alike_on_one_and_two_devices(void **state)
+{
+    (void)state;
+    char path[600];
+    snprintf(path, sizeof path, "%s/masked_packed.bin", nvme_dir);
+    write_masked_packed(path);
+    run_result r[5];
+    for (int i = 0; i < 5; i++) {
+        fso_config cfg;
+        fso_test_small_model(&cfg, i == 0 ? 1 : 2, 4);
+        snprintf(cfg.data.path, sizeof cfg.data.path, "%s", path);
+        if (i == 2)
+            cfg.backend = fso_backend_find("cpu-async")->kind;
+        if (i == 3)
+            cfg.data.documents = FSO_DATA_DOCS_STREAM;
+        if (i == 4)
+            fso_test_set_tiers(&cfg, FSO_TIER_HOST, FSO_TIER_HOST, nvme_dir);
+        run_ok(&cfg, NULL, &r[i]);
+    }
+    unlink(path);
+    for (int s = 0; s < STEPS; s++) {
+        assert_true(isfinite(r[0].loss[s]) && r[0].loss[s] > 0);
+        if (fabs(r[1].loss[s] - r[0].loss[s]) > 1e-5 * fabs(r[0].loss[s]) ||
+            fabs(r[1].norm[s] - r[0].norm[s]) > 1e-5 * fabs(r[0].norm[s]))
+            fail_msg("2 devices, step %d: loss %.9g norm %.9g; 1 device: %.9g %.9g", s + 1,
+                     r[1].loss[s], r[1].norm[s], r[0].loss[s], r[0].norm[s]);
+        if (r[2].loss[s] != r[1].loss[s] || r[2].norm[s] != r[1].norm[s])
+            fail_msg("step %d: a GPU's rules give loss %.9g norm %.9g, the CPU %.9g %.9g", s + 1,
+                     r[2].loss[s], r[2].norm[s], r[1].loss[s], r[1].norm[s]);
+        assert_true(r[3].loss[s] != r[1].loss[s]);
+        if (r[4].loss[s] != r[1].loss[s] || r[4].norm[s] != r[1].norm[s])
+            fail_msg("step %d: state in host memory gives loss %.9g norm %.9g, on the device "
+                     "%.9g %.9g", s + 1, r[4].loss[s], r[4].norm[s], r[1].loss[s], r[1].norm[s]);
+    }
+    for (size_t p = 0; p < r[0].np; p++) {
+        if (fabs(r[1].params[p] - r[0].params[p]) > 1e-5 + 1e-4 * fabs(r[0].params[p]))
+            fail_msg("2 devices: parameter %zu: %.9g vs %.9g", p, r[1].params[p], r[0].params[p]);
+        if (r[2].params[p] != r[1].params[p] || r[4].params[p] != r[1].params[p])
+            fail_msg("parameter %zu: %.9g with a GPU's rules, %.9g from host memory, %.9g on "
+                     "the device", p, r[2].params[p], r[4].params[p], r[1].params[p]);
+    }
+    for (int i = 0; i < 5; i++)
+        result_free(&r[i]);
+}
+
+/* A step none of whose targets counts is refused before anything runs
+ * (-ENODATA, no update, not counted); the next step runs. */
+static void test_a_step_without_counted_targets_is_refused(void **state)
+{
+    (void)state;
+    fso_config cfg;
+    fso_test_small_model(&cfg, 2, 4);
+    fso_trainer tr;
+    assert_int_equal(fso_trainer_init(&tr, &cfg), 0);
+    const size_t n = fso_trainer_step_tokens(&cfg);
+    int32_t *in = calloc(n, sizeof *in), *tg = malloc(n * sizeof *tg);
+    assert_true(in && tg);
+    for (size_t i = 0; i < n; i++)
+        tg[i] = -1;
+    const size_t np = fso_zero_model(tr.zero)->n_params;
+    float *before = malloc(np * sizeof(float)), *after = malloc(np * sizeof(float));
+    assert_true(before && after);
+    char err[512];
+    assert_int_equal(fso_zero_store_hf(tr.zero, before, err, sizeof err), 0);
+    fso_zero_step st;
+    assert_int_equal(fso_trainer_step(&tr, in, tg, NULL, &st), -ENODATA);
+    if (!strstr(tr.err, "step 1: none of its") || !strstr(tr.err, "at least one target"))
+        fail_msg("the refusal says: %s", tr.err);
+    assert_int_equal(fso_zero_steps(tr.zero), 0);
+    assert_int_equal(fso_zero_store_hf(tr.zero, after, err, sizeof err), 0);
+    assert_memory_equal(before, after, np * sizeof(float));
+    tg[n / 2] = 7; /* one target counts: the step runs, its loss that target's */
+    assert_int_equal(fso_trainer_step(&tr, in, tg, NULL, &st), 0);
+    assert_int_equal(fso_zero_steps(tr.zero), 1);
+    assert_true(isfinite(st.loss) && st.loss > 0);
+    free(in);
+    free(tg);
+    free(before);
+    free(after);
+    fso_trainer_free(&tr);
 }
 
 static void test_device_cap_too_small_fails_before_training(void **state)
@@ -885,9 +1016,9 @@ static void test_per_block_compute_times_add_up(void **state)
     size_t bt = (size_t)cfg.micro_batch * cfg.data.seq_len, n = fso_trainer_step_tokens(&cfg);
     int32_t *in = malloc(sizeof(int32_t) * n), *tg = malloc(sizeof(int32_t) * n);
     for (size_t a = 0; a < n / bt; a++)
-        fso_data_next(&data, in + a * bt, tg + a * bt);
+        fso_data_next(&data, in + a * bt, tg + a * bt, NULL);
     fso_zero_step st;
-    assert_int_equal(fso_trainer_step(&tr, in, tg, &st), 0);
+    assert_int_equal(fso_trainer_step(&tr, in, tg, NULL, &st), 0);
     const double *ms = fso_zero_block_compute_ms(tr.zero);
     double sum = 0;
     for (int b = 0; b < cfg.model.num_hidden_layers + 2; b++) {
@@ -1097,6 +1228,8 @@ int main(void)
         cmocka_unit_test(test_nvme_streaming_in_chunks_matches_memory),
         cmocka_unit_test(test_device_counts_agree),
         cmocka_unit_test(test_validation_pass_is_the_forward_and_changes_nothing),
+        cmocka_unit_test(test_masked_packed_data_trains_alike_on_one_and_two_devices),
+        cmocka_unit_test(test_a_step_without_counted_targets_is_refused),
         cmocka_unit_test(test_device_cap_too_small_fails_before_training),
         cmocka_unit_test(test_large_model_trains_from_nvme_within_cap),
     };

@@ -11,6 +11,10 @@ Hugging Face LlamaConfig / LlamaForCausalLM conventions:
   * grouped-query attention (query head h reads kv head h // (H / Hkv))
   * SwiGLU MLP: down(silu(gate(h)) * up(h))
   * optional tying of the LM head to the token embedding
+  * optional positions (B, T) for documents packed in a row: RoPE at each
+    token's position, attention block-diagonal causal (token t sees s <= t
+    with s >= t - pos[t]); targets of -100 do not count (cross_entropy's
+    ignore_index)
 
 Parameter names mirror the HF checkpoint names, and the modules are registered
 so that named_parameters() already yields "HF order"; hf_tensors() spells that
@@ -130,7 +134,7 @@ def rotate_half(x):
 
 
 def apply_rope(x, cos, sin):
-    # x: (B, heads, T, D); cos/sin: (T, D)
+    # x: (B, heads, T, D); cos/sin: (T, D), or (B, 1, T, D) per token
     return x * cos + rotate_half(x) * sin
 
 
@@ -145,7 +149,8 @@ class Attention(nn.Module):
         self.v_proj = Linear(C, Hkv * D, dtype)
         self.o_proj = Linear(H * D, C, dtype)
 
-    def forward(self, h, cos, sin):
+    def forward(self, h, cos, sin, keep=None):
+        """keep: (B, 1, T, T) bool, which keys each query sees; None: causal."""
         B, T, _ = h.shape
         H, Hkv, D = self.H, self.Hkv, self.D
         q = self.q_proj(h).view(B, T, H, D).transpose(1, 2)      # (B, H, T, D)
@@ -158,7 +163,10 @@ class Attention(nn.Module):
             k = k.repeat_interleave(rep, dim=1)
             v = v.repeat_interleave(rep, dim=1)
         s = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(D))  # (B, H, T, T)
-        mask = torch.ones(T, T, dtype=torch.bool, device=h.device).triu(1)
+        if keep is None:
+            mask = torch.ones(T, T, dtype=torch.bool, device=h.device).triu(1)
+        else:
+            mask = ~keep
         s = s.masked_fill(mask, float("-inf"))
         p = torch.softmax(s, dim=-1)
         att = torch.matmul(p, v)                                  # (B, H, T, D)
@@ -187,8 +195,8 @@ class Block(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
         self.mlp = MLP(cfg, dtype)
 
-    def forward(self, x, cos, sin):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+    def forward(self, x, cos, sin, keep=None):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, keep)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -274,16 +282,24 @@ class LlamaForCausalLM(nn.Module):
             self._rope = (key, cos, sin)
         return self._rope[1], self._rope[2]
 
-    def forward(self, idx, targets=None):
-        """idx (B, T) int64 -> logits (B, T, V) [, mean CE loss]."""
+    def forward(self, idx, targets=None, pos=None):
+        """idx (B, T) int64 -> logits (B, T, V) [, mean CE loss over the targets
+        that are not -100]. pos (B, T) int64: each token's position in its
+        document (documents packed in a row); None: 0..T-1, one document."""
         B, T = idx.shape
         cos, sin = self._rope_tables(T, idx.device)
+        keep = None
+        if pos is not None:
+            cos, sin = cos[pos].unsqueeze(1), sin[pos].unsqueeze(1)   # (B, 1, T, D)
+            t = torch.arange(T, device=idx.device)
+            first = (t - pos).unsqueeze(-1)                           # (B, T, 1)
+            keep = ((t <= t.unsqueeze(-1)) & (t >= first)).unsqueeze(1)
         x = F.embedding(idx, self.model.embed_tokens.weight)
         for blk in self.model.layers:
             if self.checkpointing and torch.is_grad_enabled():
-                x = torch.utils.checkpoint.checkpoint(blk, x, cos, sin, use_reentrant=False)
+                x = torch.utils.checkpoint.checkpoint(blk, x, cos, sin, keep, use_reentrant=False)
             else:
-                x = blk(x, cos, sin)
+                x = blk(x, cos, sin, keep)
         xf = self.model.norm(x)
         logits = F.linear(xf, self.head_weight())
         if targets is None:

@@ -96,6 +96,11 @@ typedef enum fso_data_format {
 
 /* data.val_batches when the user gives none. */
 #define FSO_VAL_BATCHES_DEFAULT 20
+/* data.documents: what a token file's documents (data.h) do */
+typedef enum fso_data_docs {
+    FSO_DATA_DOCS_ISOLATE = 0,    /* a token sees only its document; positions restart */
+    FSO_DATA_DOCS_STREAM,         /* ignored: every window one stream, as llm.c */
+} fso_data_docs;
 
 typedef struct fso_data_config {
     char path[4096];              /* "" = the built-in synthetic corpus */
@@ -105,6 +110,7 @@ typedef struct fso_data_config {
     int64_t val_every;            /* data.val_every (--val-every): also every N steps; 0: only
                                      before the first step and after the last */
     int val_batches;              /* data.val_batches (--val-batches): micro-batches per pass */
+    fso_data_docs documents;
 } fso_data_config;
 
 typedef struct fso_offload_config {
@@ -234,6 +240,7 @@ extern const fso_config_choice fso_config_optimizer_choices[];   /* optimizer.ty
 extern const fso_config_choice fso_config_tier_choices[];        /* offload_*.device */
 extern const fso_config_choice fso_config_overlap_choices[];     /* train.optimizer_overlap */
 extern const fso_config_choice fso_config_data_format_choices[]; /* data.format */
+extern const fso_config_choice fso_config_data_docs_choices[];   /* data.documents */
 extern const fso_config_choice fso_config_sched_type_choices[];  /* scheduler.type */
 extern const fso_config_choice fso_config_warmup_type_choices[]; /* scheduler.params.warmup_type */
 /* The string of `value` in table; "?" when it has none. */

@@ -29,6 +29,11 @@ const fso_config_choice fso_config_data_format_choices[] = {
     {FSO_DATA_BYTES, "bytes"}, {0, NULL},
 };
 
+/* data.documents */
+const fso_config_choice fso_config_data_docs_choices[] = {
+    {FSO_DATA_DOCS_ISOLATE, "isolate"}, {FSO_DATA_DOCS_STREAM, "stream"}, {0, NULL},
+};
+
 /* scheduler.type (DeepSpeed's names; FSO_SCHED_CONSTANT is scheduler null) */
 const fso_config_choice fso_config_sched_type_choices[] = {
     {FSO_SCHED_WARMUP_COSINE, "WarmupCosineLR"},

@@ -90,6 +90,7 @@ json_t *fso_config_to_json(const fso_config *c)
     const fso_offload_config *o = &c->offload;
     const char *optimizer = fso_config_choice_name(fso_config_optimizer_choices, 0);
     const char *format = fso_config_choice_name(fso_config_data_format_choices, c->data.format);
+    const char *docs = fso_config_choice_name(fso_config_data_docs_choices, c->data.documents);
     const char *overlap = fso_config_choice_name(fso_config_overlap_choices, c->optimizer_overlap);
     json_t *model = model_json(&c->model, c->init_from);
     json_t *sched = scheduler_json(&c->sched);
@@ -105,7 +106,7 @@ json_t *fso_config_to_json(const fso_config *c)
     /* json_pack's "o" takes the reference, also when packing fails */
     return json_pack(
         "{s:o, s:i, s:i, s:f, s:I, s:I, s:{s:b}, s:{s:s, s:{s:f, s:[f,f], s:f, s:f}}, s:o, "
-        "s:{s:s, s:s, s:i, s:s, s:I, s:i}, s:{s:I, s:i, s:b, s:b, s:b, s:i, s:s}, s:{s:i, s:o, s:o}, "
+        "s:{s:s, s:s, s:i, s:s, s:I, s:i, s:s}, s:{s:I, s:i, s:b, s:b, s:b, s:i, s:s}, s:{s:i, s:o, s:o}, "
         "s:{s:I, s:i}, s:{s:s, s:I, s:i}}",
         "model", model, "train_micro_batch_size_per_gpu", c->micro_batch,
         "gradient_accumulation_steps", c->grad_accum, "gradient_clipping", c->grad_clip,
@@ -117,6 +118,7 @@ json_t *fso_config_to_json(const fso_config *c)
         "data", "path", c->data.path, "format", format, "seq_len", c->data.seq_len,
         "val_path", c->data.val_path, "val_every", (json_int_t)c->data.val_every,
         "val_batches", c->data.val_batches,
+        "documents", docs,
         "train", "steps", (json_int_t)c->steps, "threads", c->threads,
         "activation_checkpointing", c->activation_checkpointing, "weight_decay_norms",
         c->optim.decay_norms, "weight_decay_embeddings", c->optim.decay_embeddings,

@@ -684,7 +684,7 @@ static int apply_optimizer(walker *w, json_t *root)
 }
 
 static const key_spec data_keys[] = {
-    {"path", NULL},      {"format", NULL},      {"seq_len", NULL},
+    {"path", NULL},      {"format", NULL},      {"seq_len", NULL},     {"documents", NULL},
     {"val_path", NULL},  {"val_every", NULL},   {"val_batches", NULL}, {NULL, NULL},
 };
 
@@ -719,6 +719,13 @@ static int apply_data(walker *w, json_t *root)
     CFG_TRY(get_int(w, s, &sec, "val_every", 0, INT64_MAX, &(int64_t){0}, &d->val_every));
     CFG_TRY(get_int32(w, s, &sec, "val_batches", 1, &(int64_t){FSO_VAL_BATCHES_DEFAULT},
                       &d->val_batches));
+    d->documents = FSO_DATA_DOCS_ISOLATE;
+    if (s && (v = json_object_get(s, "documents"))) {
+        keypath p = fso_cfg_kp_child(&sec, "documents");
+        int m = 0;
+        CFG_TRY(want_choice(w, v, &p, fso_config_data_docs_choices, false, &m));
+        d->documents = (fso_data_docs)m;
+    }
 
     int maxpos = w->out->model.max_position_embeddings;
     if (d->seq_len > maxpos) {

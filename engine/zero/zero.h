@@ -47,7 +47,7 @@
  * step, loss and grad_norm are set; every other field is 0. */
 typedef struct fso_zero_step {
     int64_t step;         /* from 1 */
-    double loss;          /* mean over all micro-batches of all ranks */
+    double loss;          /* mean over the counted targets of all micro-batches of all ranks */
     double grad_norm;     /* global, before clipping */
     double clip_coef;     /* the factor applied, 1 when not clipped */
     double lr;
@@ -83,12 +83,18 @@ int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t err
 void fso_zero_destroy(fso_zero *z);
 
 /* One optimizer step, number fso_zero_steps(z) + 1: world * grad_accum
- * micro-batches, inputs/targets hold them in order (micro-batch a of rank r
- * is number a * world + r); its statistics into *st. Returns 0, or negative
- * errno with a message in err (I/O failure, or -ERANGE for a non-finite loss
- * or norm: the update is then not applied and the step not counted). */
+ * micro-batches, inputs/targets (and pos) hold them in order (micro-batch a
+ * of rank r is number a * world + r); its statistics into *st. A target < 0
+ * does not count; the loss is the mean over the step's targets that do
+ * (all micro-batches, all devices), its gradient that mean's
+ * (fso_model_loss_scale). pos: each token's position in its document
+ * (data.h), or NULL for data without documents (fso_model_step). Returns 0,
+ * or negative errno with a message in err (I/O failure; -ERANGE for a
+ * non-finite loss or norm: the update is then not applied and the step not
+ * counted; -ENODATA when no target of the step counts: nothing runs, the
+ * step is not counted). */
 int fso_zero_step_run(fso_zero *z, const int32_t *inputs, const int32_t *targets,
-                      fso_zero_step *st, char *err, size_t errlen);
+                      const int32_t *pos, fso_zero_step *st, char *err, size_t errlen);
 /* Optimizer steps taken (AdamW's t of the last update). */
 int64_t fso_zero_steps(const fso_zero *z);
 
@@ -124,12 +130,13 @@ struct fso_hf_export_opts;
 int fso_zero_export_hf(fso_zero *z, const char *outdir, const struct fso_hf_export_opts *o,
                        char *err, size_t errlen);
 /* A validation loss: the forward of n_micro micro-batches (B*T tokens each
- * in inputs and targets), micro-batch i on device i mod world (a device
+ * in inputs, targets and pos, which may be NULL: fso_model_step's),
+ * micro-batch i on device i mod world (a device
  * with none left in the last round repeats one and its loss is dropped),
  * after the pending update is applied. *loss_sum = the losses summed over
  * every position; no state changes. 0 or negative errno with err. */
-int fso_zero_eval(fso_zero *z, const int32_t *inputs, const int32_t *targets, int n_micro,
-                  double *loss_sum, char *err, size_t errlen);
+int fso_zero_eval(fso_zero *z, const int32_t *inputs, const int32_t *targets,
+                  const int32_t *pos, int n_micro, double *loss_sum, char *err, size_t errlen);
 
 /* Forward of rank 0 on one micro-batch (B*T tokens), logits (B*T, V) to host. */
 int fso_zero_forward_logits(fso_zero *z, const int32_t *inputs, float *logits, char *err,

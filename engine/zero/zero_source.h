@@ -38,6 +38,8 @@ typedef struct rank_compute {
                                     parameters on NVMe, order position i is lend pass_lend + i */
     int micro;                   /* micro-batch index within the step */
     const int32_t *inputs, *targets;
+    const int32_t *pos;          /* positions in documents, or NULL (fso_zero_step_run) */
+    int64_t counted;             /* the step's targets that count, all devices */
     float *logits;               /* forward_logits: where this rank's logits go */
     fso_zero_step st;
     double loss_sum;             /* the step's summed per-position losses (after sync) */

@@ -51,7 +51,8 @@ static void *rank_step(void *arg)
     const fso_config *cfg = z->cfg;
     const size_t bt = (size_t)cfg->micro_batch * cfg->data.seq_len;
     fso_block_source src = zr_rank_source(rk);
-    float grad_scale = 1.0f / (float)(cfg->grad_accum * z->world);
+    const int micro = cfg->grad_accum * z->world;
+    const float loss_scale = fso_model_loss_scale(rk->compute.counted, (int64_t)bt, micro);
 
     memset(&rk->compute.st, 0, sizeof rk->compute.st);
     rk->compute.loss_sum = 0;
@@ -66,7 +67,9 @@ static void *rank_step(void *arg)
         rk->clock.t_mark = fso_now_ms();
         size_t mb = (size_t)a * z->world + rk->rank;
         fso_model_step(&rk->model, &src, rk->compute.inputs + mb * bt,
-                       rk->compute.targets + mb * bt, grad_scale, &rk->compute.loss_sum);
+                       rk->compute.targets + mb * bt,
+                       rk->compute.pos ? rk->compute.pos + mb * bt : NULL, loss_scale,
+                       &rk->compute.loss_sum);
         zr_clock_in(rk, fso_now_ms()); /* the last block's compute */
         /* the micro-batch's last gradients land while the next one's
          * forward runs (the next landing comes first), or now at the end */
@@ -86,7 +89,7 @@ static void *rank_step(void *arg)
         sq += rk->compute.grad_sq[b];
     double red[3] = {rk->compute.loss_sum, sq, rk->compute.err.rc ? 1.0 : 0.0};
     z->coll->ops->all_reduce_f64(z->coll, rk->rank, red, 3);
-    rk->compute.st.loss = red[0] / ((double)bt * cfg->grad_accum * z->world);
+    rk->compute.st.loss = red[0] / (double)rk->compute.counted; /* the mean over them */
     rk->compute.st.grad_norm = sqrt(red[1]);
     if (red[2] != 0) { /* some rank failed: nobody updates */
         if (rk->compute.err.rc == 0)
@@ -277,14 +280,27 @@ void zr_first_error(const fso_zero *z, char *err, size_t errlen)
 }
 
 int fso_zero_step_run(fso_zero *z, const int32_t *inputs, const int32_t *targets,
-                      fso_zero_step *st, char *err, size_t errlen)
+                      const int32_t *pos, fso_zero_step *st, char *err, size_t errlen)
 {
     const fso_config *cfg = z->cfg;
     const double t0 = fso_now_ms();
     const int64_t step = z->step + 1;
+    const size_t n = (size_t)z->world * cfg->grad_accum * cfg->micro_batch * cfg->data.seq_len;
+    int64_t counted = 0;
+    for (size_t i = 0; i < n; i++)
+        counted += targets[i] >= 0;
+    if (counted == 0) {
+        *st = (fso_zero_step){.step = step};
+        snprintf(err, errlen, "step %lld: none of its %zu targets counts (every one is "
+                 "masked), so it has no loss to learn from; it was not run: give it batches "
+                 "with at least one target", (long long)step, n);
+        return -ENODATA;
+    }
     for (int r = 0; r < z->world; r++) {
         z->ranks[r].compute.inputs = inputs;
         z->ranks[r].compute.targets = targets;
+        z->ranks[r].compute.pos = pos;
+        z->ranks[r].compute.counted = counted;
     }
     int rc = zr_run_ranks(z, rank_step);
     if (rc < 0) {
@@ -333,16 +349,17 @@ static void *rank_eval(void *arg)
     fso_block_source src = zr_rank_source(rk);
     zr_source_reset(rk);
     rk->compute.loss_sum = 0;
-    fso_model_eval(&rk->model, &src, rk->compute.inputs + (size_t)rk->compute.micro * bt,
-                   rk->compute.targets + (size_t)rk->compute.micro * bt, &rk->compute.loss_sum);
+    const size_t at = (size_t)rk->compute.micro * bt;
+    fso_model_eval(&rk->model, &src, rk->compute.inputs + at, rk->compute.targets + at,
+                   rk->compute.pos ? rk->compute.pos + at : NULL, &rk->compute.loss_sum);
     int rc = rk->compute.err.rc == 0 ? rk->be->ops->sync(rk->be) : 0;
     if (rc < 0)
         zr_fail(&rk->compute.err, rc, "device %d: %s", rk->rank, rk->be->err);
     return NULL;
 }
 
-int fso_zero_eval(fso_zero *z, const int32_t *inputs, const int32_t *targets, int n_micro,
-                  double *loss_sum, char *err, size_t errlen)
+int fso_zero_eval(fso_zero *z, const int32_t *inputs, const int32_t *targets,
+                  const int32_t *pos, int n_micro, double *loss_sum, char *err, size_t errlen)
 {
     double waited;
     int rc = fso_zero_finish(z, &waited, err, errlen);
@@ -351,6 +368,7 @@ int fso_zero_eval(fso_zero *z, const int32_t *inputs, const int32_t *targets, in
         for (int r = 0; r < z->world; r++) {
             z->ranks[r].compute.inputs = inputs;
             z->ranks[r].compute.targets = targets;
+            z->ranks[r].compute.pos = pos;
             z->ranks[r].compute.micro = i + r < n_micro ? i + r : n_micro - 1;
         }
         if ((rc = zr_run_ranks(z, rank_eval)) < 0) {

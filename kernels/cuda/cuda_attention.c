@@ -10,7 +10,9 @@
  *
  * fp32 (every tensor fp32; the backend's matmul math):
  * Forward:  S = q k^T / sqrt(D) (the whole square; the softmax masks it),
- *           P = causal softmax(S) in place in probs, out = P v.
+ *           P = causal softmax(S) in place in probs, out = P v. With
+ *           documents (pos) the softmax also masks the keys before a
+ *           token's document, so P is block-diagonal causal.
  * Backward (per batch b, dP in the backend's scratch, H*T*T floats):
  *           dP = dO v^T, dS = P * (dP - rowsum(P * dP)) / sqrt(D),
  *           dq = dS k, dk = sum over the group of dS^T q, dv = sum of P^T dO
@@ -37,7 +39,8 @@
 #include "cuda_impl.h"
 
 static void attention_fwd_f32(fso_backend *be, float *out, float *probs, const float *q,
-                              const float *k, const float *v, int B, int T, int H, int Hkv, int D)
+                              const float *k, const float *v, const int32_t *pos, int B, int T,
+                              int H, int Hkv, int D)
 {
     const int group = H / Hkv;
     const int qs = H * D, ks = Hkv * D; /* row strides */
@@ -52,7 +55,8 @@ static void attention_fwd_f32(fso_backend *be, float *out, float *probs, const f
             fso_cuda_gemm(be, FSO_DT_F32, FSO_DT_F32, 1, 0, T, T, D, scale, kb, ks, D, qb, qs,
                           (long long)group * D, 0.0f, pb, T, group * TT, Hkv);
         }
-    fso_cuda_causal_softmax(be, probs, FSO_DT_F32, (size_t)TT, probs, (size_t)B * H * T, T);
+    fso_cuda_causal_softmax(be, probs, FSO_DT_F32, (size_t)TT, probs, (size_t)B * H * T, T, pos,
+                            H);
     for (int b = 0; b < B; b++)
         for (int j = 0; j < group; j++) {
             const float *vb = v + (size_t)b * T * ks;
@@ -66,8 +70,8 @@ static void attention_fwd_f32(fso_backend *be, float *out, float *probs, const f
 
 /* bf16 tensors are uint16_t bits here. */
 static void attention_fwd_bf16(fso_backend *be, uint16_t *out, uint16_t *probs, const uint16_t *q,
-                               const uint16_t *k, const uint16_t *v, int B, int T, int H, int Hkv,
-                               int D)
+                               const uint16_t *k, const uint16_t *v, const int32_t *pos, int B,
+                               int T, int H, int Hkv, int D)
 {
     const int group = H / Hkv;
     const int qs = H * D, ks = Hkv * D;
@@ -86,7 +90,8 @@ static void attention_fwd_bf16(fso_backend *be, uint16_t *out, uint16_t *probs, 
             fso_cuda_gemm(be, FSO_DT_BF16, FSO_DT_F32, 1, 0, T, T, D, scale, kb, ks, D, qb, qs,
                           (long long)group * D, 0.0f, S, T, TT, Hkv);
             /* S's head hk is query head hk*group + j: group*T*T apart in probs */
-            fso_cuda_causal_softmax(be, pb, FSO_DT_BF16, (size_t)group * TT, S, (size_t)Hkv * T, T);
+            fso_cuda_causal_softmax(be, pb, FSO_DT_BF16, (size_t)group * TT, S, (size_t)Hkv * T, T,
+                                    pos ? pos + (size_t)b * T : NULL, Hkv);
             /* out^T (d, t) = sum_s v (s, d) P (t, s) */
             fso_cuda_gemm(be, FSO_DT_BF16, FSO_DT_BF16, 0, 0, D, T, T, 1.0f, vb, ks, D, pb, T,
                           group * TT, 0.0f, ob, qs, (long long)group * D, Hkv);
@@ -94,16 +99,16 @@ static void attention_fwd_bf16(fso_backend *be, uint16_t *out, uint16_t *probs, 
 }
 
 void fso_cuda_attention_fwd(fso_backend *be, void *out, void *probs, const void *q,
-                            const void *k, const void *v, fso_dtype dt, int B, int T, int H,
-                            int Hkv, int D)
+                            const void *k, const void *v, const int32_t *pos, fso_dtype dt,
+                            int B, int T, int H, int Hkv, int D)
 {
     if (B <= 0 || T <= 0 || H <= 0 || Hkv <= 0 || D <= 0)
         return;
     fso_cuda_begin(be, FSO_CS_COMPUTE);
     if (dt == FSO_DT_BF16)
-        attention_fwd_bf16(be, out, probs, q, k, v, B, T, H, Hkv, D);
+        attention_fwd_bf16(be, out, probs, q, k, v, pos, B, T, H, Hkv, D);
     else
-        attention_fwd_f32(be, out, probs, q, k, v, B, T, H, Hkv, D);
+        attention_fwd_f32(be, out, probs, q, k, v, pos, B, T, H, Hkv, D);
     fso_cuda_end(be, FSO_CS_COMPUTE, "attention_fwd");
 }
 
@@ -202,10 +207,15 @@ static void attention_bwd_bf16(fso_backend *be, uint16_t *dq, uint16_t *dk, uint
     }
 }
 
+/* Documents need nothing of their own here: the probabilities the forward
+ * stored are 0 outside a token's document, so every product below adds 0
+ * for those keys (pos is the forward's, for the contract). */
 void fso_cuda_attention_bwd(fso_backend *be, void *dq, void *dk, void *dv, const void *dout,
                             const void *probs, const void *q, const void *k, const void *v,
-                            fso_dtype dt, int B, int T, int H, int Hkv, int D)
+                            const int32_t *pos, fso_dtype dt, int B, int T, int H, int Hkv,
+                            int D)
 {
+    (void)pos;
     if (B <= 0 || T <= 0 || H <= 0 || Hkv <= 0 || D <= 0)
         return;
     fso_cuda_begin(be, FSO_CS_COMPUTE);

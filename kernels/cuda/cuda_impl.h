@@ -161,13 +161,15 @@ void fso_cuda_matmul_bwd(fso_backend *be, void *dx, fso_dtype dx_dt, float *dw, 
                          fso_dtype dout_dt, const void *x, const void *w, fso_dtype dt, int N,
                          int Cin, int Cout, float dx_beta);
 void fso_cuda_rope(fso_backend *be, void *x, fso_dtype dt, const float *cos_t,
-                   const float *sin_t, int B, int T, int nh, int D, int inverse);
+                   const float *sin_t, const int32_t *pos, int B, int T, int nh, int D,
+                   int inverse);
 void fso_cuda_attention_fwd(fso_backend *be, void *out, void *probs, const void *q,
-                            const void *k, const void *v, fso_dtype dt, int B, int T, int H,
-                            int Hkv, int D);
+                            const void *k, const void *v, const int32_t *pos, fso_dtype dt,
+                            int B, int T, int H, int Hkv, int D);
 void fso_cuda_attention_bwd(fso_backend *be, void *dq, void *dk, void *dv, const void *dout,
                             const void *probs, const void *q, const void *k, const void *v,
-                            fso_dtype dt, int B, int T, int H, int Hkv, int D);
+                            const int32_t *pos, fso_dtype dt, int B, int T, int H, int Hkv,
+                            int D);
 void fso_cuda_swiglu_fwd(fso_backend *be, void *out, const void *gate, const void *up,
                          fso_dtype dt, size_t n);
 void fso_cuda_swiglu_bwd(fso_backend *be, void *dgate, void *dup, const void *dout,
@@ -192,12 +194,16 @@ void fso_cuda_widen(fso_backend *be, float *dst, const uint16_t *src, size_t n);
  * are stored in dt, zero above the diagonal.
  *   causal_softmax: in (rows, T) scaled scores -> out = causal softmax,
  *     out's row r at out + (r / T) * out_head_elems + (r % T) * T; out may
- *     be in (fp32, out_head_elems T*T).
+ *     be in (fp32, out_head_elems T*T). With pos (attention's, backend.h),
+ *     row r is of batch (r / T) / heads, counted from pos's first row, and
+ *     attends from key t - pos[batch * T + t] on (its document); NULL:
+ *     from key 0.
  *   causal_softmax_bwd: dp (rows, T) = dP -> ds (rows, T) = P * (dP -
  *     rowsum(P * dP)) * scale, P's row r at probs + (r / T) *
  *     probs_head_elems + (r % T) * T; ds may be dp (fp32). */
 void fso_cuda_causal_softmax(fso_backend *be, void *out, fso_dtype dt, size_t out_head_elems,
-                             const float *in, size_t rows, int T);
+                             const float *in, size_t rows, int T, const int32_t *pos,
+                             int heads);
 void fso_cuda_causal_softmax_bwd(fso_backend *be, void *ds, fso_dtype dt, const float *dp,
                                  const void *probs, size_t probs_head_elems, size_t rows, int T,
                                  float scale);

@@ -218,17 +218,17 @@ extern "C" void fso_cuda_rmsnorm_bwd(fso_backend *be, float *dx, float *dw, cons
 /* ------------------------------------------------------------ rope */
 
 /* Rotate-half RoPE in place: one thread per (row, head, pair i < D/2), x
- * stored as E. */
+ * stored as E; a token's position is pos[b*T + t], or t without pos. */
 template <typename E>
-__global__ void rope_kernel(E *x, const float *cos_t, const float *sin_t, int T, int nh, int D,
-                            float sgn, size_t pairs)
+__global__ void rope_kernel(E *x, const float *cos_t, const float *sin_t, const int32_t *pos,
+                            int T, int nh, int D, float sgn, size_t pairs)
 {
     const int half = D / 2;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < pairs;
          i += (size_t)gridDim.x * blockDim.x) {
         const int p = (int)(i % half);
         const size_t rest = i / half; /* (b*T + t) * nh + h */
-        const int t = (int)((rest / nh) % T);
+        const int t = pos ? pos[rest / nh] : (int)((rest / nh) % T);
         E *v = x + rest * D;
         const float c = cos_t[(size_t)t * half + p], sn = sgn * sin_t[(size_t)t * half + p];
         const float x1 = fso_load(v + p), x2 = fso_load(v + p + half);
@@ -238,7 +238,8 @@ __global__ void rope_kernel(E *x, const float *cos_t, const float *sin_t, int T,
 }
 
 extern "C" void fso_cuda_rope(fso_backend *be, void *x, fso_dtype dt, const float *cos_t,
-                              const float *sin_t, int B, int T, int nh, int D, int inverse)
+                              const float *sin_t, const int32_t *pos, int B, int T, int nh,
+                              int D, int inverse)
 {
     const size_t pairs = (size_t)B * T * nh * (D / 2);
     if (pairs == 0)
@@ -247,9 +248,11 @@ extern "C" void fso_cuda_rope(fso_backend *be, void *x, fso_dtype dt, const floa
     const unsigned grid = fso_grid_for(pairs, EW_THREADS);
     const float sgn = inverse ? -1.0f : 1.0f;
     if (dt == FSO_DT_BF16)
-        rope_kernel<<<grid, EW_THREADS, 0, s>>>((uint16_t *)x, cos_t, sin_t, T, nh, D, sgn, pairs);
+        rope_kernel<<<grid, EW_THREADS, 0, s>>>((uint16_t *)x, cos_t, sin_t, pos, T, nh, D, sgn,
+                                                pairs);
     else
-        rope_kernel<<<grid, EW_THREADS, 0, s>>>((float *)x, cos_t, sin_t, T, nh, D, sgn, pairs);
+        rope_kernel<<<grid, EW_THREADS, 0, s>>>((float *)x, cos_t, sin_t, pos, T, nh, D, sgn,
+                                                pairs);
     fso_cuda_end(be, FSO_CS_COMPUTE, "rope");
 }
 
@@ -475,7 +478,8 @@ extern "C" void fso_cuda_adamw(fso_backend *be, float *master, const float *grad
 
 /* One block per row: lse = max + log(sum exp(l - max)); loss = lse - l[tgt];
  * dl = (softmax - onehot) * dscale, written after every read of the row's
- * logits it depends on (dl may be the logits). */
+ * logits it depends on (dl may be the logits). A target < 0 does not count:
+ * loss 0, dl 0 (the whole block returns at once). */
 __global__ void cross_entropy_kernel(float *dl_all, float *losses, const float *logits,
                                      const int32_t *targets, int V, float dscale,
                                      unsigned *flags)
@@ -486,7 +490,14 @@ __global__ void cross_entropy_kernel(float *dl_all, float *losses, const float *
     const float *l = logits + row * V;
     float *dl = dl_all + row * V;
     const int32_t tgt = targets[row];
-    const bool bad = tgt < 0 || tgt >= V;
+    if (tgt < 0) {
+        if (threadIdx.x == 0)
+            losses[row] = 0.0f;
+        for (int j = threadIdx.x; j < V; j += blockDim.x)
+            dl[j] = 0.0f;
+        return;
+    }
+    const bool bad = tgt >= V;
     const float lt = bad ? 0.0f : l[tgt]; /* read before anything is written */
 
     float mx = -INFINITY;
