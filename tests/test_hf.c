@@ -897,16 +897,18 @@ static void test_unsupported_configs_are_refused_by_name(void **state)
     /* errors in config.json are located in it */
     edit_file(dir, "config.json", "\"attention_bias\": false", "\"attention_bias\": true");
     const char *e = config_err(dir, NULL, 0);
-    assert_contains(e, "linear_f32/config.json:5:3: model.attention_bias: biases are not "
+    assert_contains(e, "linear_f32/config.json:5:3: model.attention_bias: biases on all four "
+                       "attention projections, the output's (o_proj) included, are not "
                        "supported");
     edit_file(dir, "config.json", "\"attention_bias\": true", "\"attention_bias\": false");
     edit_file(dir, "config.json", "\"type\": \"linear\"", "\"type\": \"yarn\"");
     assert_contains(config_err(dir, NULL, 0), "model.rope_scaling.type: RoPE scaling of type "
                                               "\"yarn\" is not supported");
     edit_file(dir, "config.json", "\"type\": \"yarn\"", "\"type\": \"linear\"");
-    edit_file(dir, "config.json", "\"model_type\": \"llama\"", "\"model_type\": \"mistral\"");
-    assert_contains(config_err(dir, NULL, 0), "model.model_type: fsoff trains Llama models");
-    edit_file(dir, "config.json", "\"model_type\": \"mistral\"",
+    edit_file(dir, "config.json", "\"model_type\": \"llama\"", "\"model_type\": \"qwen3\"");
+    assert_contains(config_err(dir, NULL, 0), "model.model_type: \"qwen3\" is not supported: "
+                                              "fsoff lacks its per-head RMSNorms of q and k");
+    edit_file(dir, "config.json", "\"model_type\": \"qwen3\"",
               "\"model_type\": \"llama\", \"quantization_config\": {\"bits\": 4}");
     assert_contains(config_err(dir, NULL, 0), "linear_f32/config.json: quantization_config: "
                                               "quantized models are not supported");
@@ -1033,8 +1035,9 @@ static void test_folder_tensors_are_checked_against_the_config(void **state)
         void (*edit)(fso_st_entry *, int *, float *);
         const char *want;
     } cases[] = {
-        {add_bias, "model.safetensors: tensor 'model.layers.0.self_attn.q_proj.bias': fsoff's "
-                   "Llama has no biases"},
+        {add_bias, "model.safetensors: tensor 'model.layers.0.self_attn.q_proj.bias': "
+                   "config.json's model_type \"llama\" has no biases (q/k/v biases are Qwen2's: "
+                   "model_type \"qwen2\")"},
         {drop_last, "tensor 'model.norm.weight' is missing; the folder's config.json says the "
                     "model has it"},
         {bad_shape, "model.safetensors: tensor 'model.norm.weight' has shape [4, 8]; config.json "

@@ -1,5 +1,7 @@
 /* config_hf.c — a Hugging Face folder's config.json as the "model" section
- * (model.init_from, --init-from), and config.json for an exported folder.
+ * (model.init_from, --init-from), and config.json for an exported folder,
+ * of the folder's type (llama, mistral, qwen2: model.model_type) with that
+ * configuration class's keys, so that transformers loads it as that class.
  *
  * When the merged document's model.init_from names a folder, its
  * config.json (LlamaConfig) becomes the model section, as a layer of its
@@ -141,7 +143,10 @@ static bool model_configs_equal(const fso_model_config *a, const fso_model_confi
            a->max_position_embeddings == b->max_position_embeddings &&
            a->rms_norm_eps == b->rms_norm_eps && a->rope_theta == b->rope_theta &&
            a->initializer_range == b->initializer_range &&
-           a->tie_word_embeddings == b->tie_word_embeddings && ra->type == rb->type &&
+           a->tie_word_embeddings == b->tie_word_embeddings && a->model_type == b->model_type &&
+           a->sliding_window == b->sliding_window &&
+           a->use_sliding_window == b->use_sliding_window &&
+           a->max_window_layers == b->max_window_layers && ra->type == rb->type &&
            ra->factor == rb->factor && ra->low_freq_factor == rb->low_freq_factor &&
            ra->high_freq_factor == rb->high_freq_factor &&
            ra->original_max_position_embeddings == rb->original_max_position_embeddings;
@@ -362,13 +367,29 @@ static int put_carried(FILE *f, const json_t *carried)
     return 0;
 }
 
+/* Each type's class in transformers, which config.json's architectures names. */
+static const char *const architecture[] = {
+    [FSO_MODEL_LLAMA] = "LlamaForCausalLM",
+    [FSO_MODEL_MISTRAL] = "MistralForCausalLM",
+    [FSO_MODEL_QWEN2] = "Qwen2ForCausalLM",
+};
+
+static void put_window(FILE *f, int window)
+{
+    if (window > 0)
+        fprintf(f, "  \"sliding_window\": %d,\n", window);
+    else
+        fprintf(f, "  \"sliding_window\": null,\n");
+}
+
 int fso_hf_config_write(FILE *f, const fso_model_config *mc, fso_hf_dtype dtype,
                         const json_t *carried)
 {
     const fso_rope_scaling *rs = &mc->rope_scaling;
     fprintf(f, "{\n");
-    fprintf(f, "  \"architectures\": [\"LlamaForCausalLM\"],\n");
-    fprintf(f, "  \"model_type\": \"llama\",\n");
+    fprintf(f, "  \"architectures\": [\"%s\"],\n", architecture[mc->model_type]);
+    fprintf(f, "  \"model_type\": \"%s\",\n",
+            fso_config_choice_name(fso_config_model_type_choices, mc->model_type));
     fprintf(f, "  \"vocab_size\": %d,\n", mc->vocab_size);
     fprintf(f, "  \"hidden_size\": %d,\n", mc->hidden_size);
     fprintf(f, "  \"intermediate_size\": %d,\n", mc->intermediate_size);
@@ -399,10 +420,22 @@ int fso_hf_config_write(FILE *f, const fso_model_config *mc, fso_hf_dtype dtype,
     put_double(f, "initializer_range", mc->initializer_range, true);
     fprintf(f, "  \"tie_word_embeddings\": %s,\n", mc->tie_word_embeddings ? "true" : "false");
     fprintf(f, "  \"hidden_act\": \"silu\",\n");
-    fprintf(f, "  \"attention_bias\": false,\n");
     fprintf(f, "  \"attention_dropout\": 0.0,\n");
-    fprintf(f, "  \"mlp_bias\": false,\n");
-    fprintf(f, "  \"pretraining_tp\": 1,\n");
+    switch (mc->model_type) { /* each configuration class's own keys */
+    case FSO_MODEL_LLAMA:
+        fprintf(f, "  \"attention_bias\": false,\n");
+        fprintf(f, "  \"mlp_bias\": false,\n");
+        fprintf(f, "  \"pretraining_tp\": 1,\n");
+        break;
+    case FSO_MODEL_MISTRAL:
+        put_window(f, mc->sliding_window);
+        break;
+    case FSO_MODEL_QWEN2:
+        fprintf(f, "  \"use_sliding_window\": %s,\n", mc->use_sliding_window ? "true" : "false");
+        put_window(f, mc->sliding_window);
+        fprintf(f, "  \"max_window_layers\": %d,\n", mc->max_window_layers);
+        break;
+    }
     if (json_is_object(carried) && put_carried(f, carried) < 0)
         return -ENOMEM;
     fprintf(f, "  \"torch_dtype\": \"%s\"\n", fso_hf_dtype_torch_name(dtype));
