@@ -408,6 +408,7 @@ static float *expected_tensor(expected *x, const char *name, size_t numel)
 typedef struct variant {
     int world;
     const char *tier;   /* "none": every kind on the device; "cpu": in the host arena */
+    fso_backend_kind backend; /* the devices' (0: the fast CPU backend) */
 } variant;
 
 /* The configuration a user would give: the folder, the batch, one AdamW step. */
@@ -418,6 +419,7 @@ static int fixture_config(fso_config *cfg, const char *dir, const expected *x, c
     int n = 0;
     fso_config_defaults(cfg);
     cfg->world = v->world;
+    cfg->backend = v->backend;
     snprintf(sets[n++], sizeof sets[0], "model.init_from=\"%s\"", dir);
     snprintf(sets[n++], sizeof sets[0], "data.seq_len=%d", x->T);
     snprintf(sets[n++], sizeof sets[0], "train_micro_batch_size_per_gpu=%d", x->B / v->world);
@@ -610,21 +612,33 @@ static void run_fixture(const char *name, variant v)
 static void test_gqa_head_dim_bf16_matches_pytorch(void **state)
 {
     (void)state;
-    run_fixture("gqa_head_dim_bf16", (variant){1, "none"});
-    run_fixture("gqa_head_dim_bf16", (variant){2, "cpu"});
+    run_fixture("gqa_head_dim_bf16", (variant){1, "none", FSO_BACKEND_CPU});
+    run_fixture("gqa_head_dim_bf16", (variant){2, "cpu", FSO_BACKEND_CPU});
 }
 
 static void test_llama3_rope_scaling_tied_f16_shards_match_pytorch(void **state)
 {
     (void)state;
-    run_fixture("llama3_tied_f16", (variant){1, "none"});
-    run_fixture("llama3_tied_f16", (variant){2, "cpu"});
+    run_fixture("llama3_tied_f16", (variant){1, "none", FSO_BACKEND_CPU});
+    run_fixture("llama3_tied_f16", (variant){2, "cpu", FSO_BACKEND_CPU});
+}
+
+/* Qwen2: the q/k/v biases' gradients and AdamW step (no weight decay on
+ * them), rope_theta 1e6, a tied head, and a sliding_window that
+ * use_sliding_window false turns off; on the reference backend and the
+ * fast one. */
+static void test_qwen2_biases_tied_bf16_match_pytorch(void **state)
+{
+    (void)state;
+    run_fixture("qwen2_tied_bf16", (variant){1, "none", FSO_BACKEND_CPU_REF});
+    run_fixture("qwen2_tied_bf16", (variant){1, "none", FSO_BACKEND_CPU});
+    run_fixture("qwen2_tied_bf16", (variant){2, "cpu", FSO_BACKEND_CPU});
 }
 
 static void test_linear_rope_scaling_f32_matches_pytorch(void **state)
 {
     (void)state;
-    run_fixture("linear_f32", (variant){1, "cpu"});
+    run_fixture("linear_f32", (variant){1, "cpu", FSO_BACKEND_CPU});
 }
 
 /* ------------------------------------------------------------------ round trip and export */
@@ -634,7 +648,7 @@ static float *master_of(const char *dir, int world, const char *tier, fso_config
                         fso_trainer *tr, const char *extra)
 {
     expected x = {.hyper = {1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f}, .B = 2, .T = 16};
-    variant v = {world, tier};
+    variant v = {world, tier, FSO_BACKEND_CPU};
     char err[512];
     if (fixture_config(cfg, dir, &x, &v, extra) < 0)
         fail_msg("%s", cfg->err);
@@ -1158,6 +1172,7 @@ int main(void)
         cmocka_unit_test(test_gqa_head_dim_bf16_matches_pytorch),
         cmocka_unit_test(test_llama3_rope_scaling_tied_f16_shards_match_pytorch),
         cmocka_unit_test(test_linear_rope_scaling_f32_matches_pytorch),
+        cmocka_unit_test(test_qwen2_biases_tied_bf16_match_pytorch),
         cmocka_unit_test(test_export_then_init_from_is_bit_exact),
         cmocka_unit_test(test_export_refuses_what_it_cannot_write),
         cmocka_unit_test(test_config_json_is_the_model_section),
