@@ -810,7 +810,7 @@ static int apply_data(walker *w, json_t *root)
         keypath sw = {{"model", "sliding_window"}, 2};
         char where[300];
         fso_cfg_where(w->doc, &sw, where, sizeof where);
-        return fso_cfg_fail_rel(w, &p, &sw, NULL,
+        return fso_cfg_fail(w, &p,
                                 "%d is longer than model.sliding_window (%d, %s): there each "
                                 "position attends to the last %d positions only, and fsoff's "
                                 "attention sees the whole sequence; set data.seq_len to at "
