@@ -1193,7 +1193,8 @@ static void assert_config_kept(const char *a_path, const char *b_path)
                               ? json_number_value(v) == json_number_value(w)
                               : json_equal(v, w));
         if (!same) {
-            char *vs = json_dumps(v, JSON_ENCODE_ANY), *ws = w ? json_dumps(w, JSON_ENCODE_ANY) : NULL;
+            char *vs = json_dumps(v, JSON_ENCODE_ANY);
+            char *ws = w ? json_dumps(w, JSON_ENCODE_ANY) : NULL;
             fail_msg("%s: \"%s\" is %s, the export's %s: %s", a_path, key, vs, b_path,
                      ws ? ws : "missing");
         }
