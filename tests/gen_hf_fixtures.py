@@ -2,7 +2,7 @@
 
 Run from the repo root:   /usr/bin/python3 tests/gen_hf_fixtures.py
 
-Each case is a small Llama written as transformers saves one (config.json and
+Each case is a small Llama (or Qwen2: Llama with q/k/v biases) written as transformers saves one (config.json and
 safetensors, written here with the format's rules, not with fsoff's code) under
 tests/fixtures/hf/<case>/, and what PyTorch computes from it in
 tests/fixtures/hf/<case>.expected.safetensors (format: tests/fixtures/README.md):
