@@ -2,8 +2,9 @@
 
 Run from the repo root:   /usr/bin/python3 tests/gen_hf_fixtures.py
 
-Each case is a small Llama (or Qwen2: Llama with q/k/v biases) written as transformers saves one (config.json and
-safetensors, written here with the format's rules, not with fsoff's code) under
+Each case is a small Llama (or Qwen2: Llama with q/k/v biases) written as
+transformers saves one (config.json and safetensors, written here with the
+format's rules, not with fsoff's code) under
 tests/fixtures/hf/<case>/, and what PyTorch computes from it in
 tests/fixtures/hf/<case>.expected.safetensors (format: tests/fixtures/README.md):
 the weights as float32, the rotary tables, one batch, the loss and gradients at
