@@ -421,7 +421,7 @@ size_t fso_model_cpu_widen_bytes_for(const fso_model_config *mc, int B, int T)
     const size_t rows = logit_rows(V, N);
     const size_t NC = M(N, C), Nqd = M(N, qd), NF = M(N, F);
     size_t w = A(NC, C);                                    /* rmsnorm_fwd */
-    w = max2(w, A(A(Nqd, NC), M(qd, C)));                   /* q (k, v are smaller) */
+    w = max2(w, A(A(Nqd, NC), M(qd, C)));                   /* q (k, v, biases: smaller) */
     w = max2(w, A(Nqd, M(C, qd)));                          /* o */
     w = max2(w, A(A(NF, NC), M(F, C)));                     /* gate, up (fwd and bwd) */
     w = max2(w, A(M(2, NF), M(C, F)));                      /* down bwd */
@@ -497,7 +497,7 @@ static void layer_forward(fso_model *m, int l, fso_layer_acts *a, const float *x
     op->matmul_fwd(be, a->q, wt, a->h1, P_(m, bi, FSO_T_Q), wt, N, C, qd);
     op->matmul_fwd(be, a->k, wt, a->h1, P_(m, bi, FSO_T_K), wt, N, C, kvd);
     op->matmul_fwd(be, a->v, wt, a->h1, P_(m, bi, FSO_T_V), wt, N, C, kvd);
-    if (fso_model_qkv_bias(&m->mc)) {
+    if (fso_model_qkv_bias(&m->mc)) { /* in bf16: rounded after the product, then the sum */
         op->bias_add(be, a->q, P_(m, bi, FSO_T_Q_BIAS), wt, N, qd);
         op->bias_add(be, a->k, P_(m, bi, FSO_T_K_BIAS), wt, N, kvd);
         op->bias_add(be, a->v, P_(m, bi, FSO_T_V_BIAS), wt, N, kvd);

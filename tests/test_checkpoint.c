@@ -304,6 +304,27 @@ static void test_config_json_loads_back_to_the_same_values(void **state)
     json_decref(again);
     json_decref(j);
     fso_config_free(&back);
+
+    /* the other model types' keys: a Qwen2 with its window on (and long
+     * enough), a Mistral whose window is null (not its default 4096) */
+    for (int k = 0; k < 2; k++) {
+        c.model.model_type = k == 0 ? FSO_MODEL_QWEN2 : FSO_MODEL_MISTRAL;
+        c.model.sliding_window = k == 0 ? 64 : 0;
+        c.model.use_sliding_window = k == 0;
+        c.model.max_window_layers = k == 0 ? 1 : 28;
+        j = fso_config_to_json(&c);
+        assert_non_null(j);
+        assert_int_equal(json_dump_file(j, path, JSON_INDENT(1)), 0);
+        fso_config_defaults(&back);
+        if (fso_config_load_all(&back, path, NULL, 0) < 0)
+            fail_msg("%s", back.err);
+        again = fso_config_to_json(&back);
+        assert_int_equal(fso_config_json_diff(j, again, ch, 8), 0);
+        assert_memory_equal(&back.model, &c.model, sizeof c.model);
+        json_decref(again);
+        json_decref(j);
+        fso_config_free(&back);
+    }
     unlink(path);
 }
 

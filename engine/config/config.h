@@ -51,6 +51,10 @@ typedef enum fso_model_type {
     FSO_MODEL_QWEN2,              /* Qwen2ForCausalLM */
 } fso_model_type;
 
+/* transformers' defaults of MistralConfig's and Qwen2Config's window keys */
+#define FSO_SLIDING_WINDOW_DEFAULT 4096
+#define FSO_MAX_WINDOW_LAYERS_DEFAULT 28
+
 typedef struct fso_model_config {
     int vocab_size;
     int hidden_size;

@@ -482,7 +482,7 @@ static int apply_window(walker *w, json_t *m, const keypath *sec, fso_model_conf
 {
     json_t *v = m ? json_object_get(m, "sliding_window") : NULL;
     keypath p = fso_cfg_kp_child(sec, "sliding_window");
-    mc->sliding_window = mc->model_type == FSO_MODEL_LLAMA ? 0 : 4096;
+    mc->sliding_window = mc->model_type == FSO_MODEL_LLAMA ? 0 : FSO_SLIDING_WINDOW_DEFAULT;
     if (v && json_is_null(v)) {
         mc->sliding_window = 0;
     } else if (v) {
@@ -491,7 +491,8 @@ static int apply_window(walker *w, json_t *m, const keypath *sec, fso_model_conf
         mc->sliding_window = (int)x;
     }
     CFG_TRY(get_bool(w, m, sec, "use_sliding_window", BOOL(false), &mc->use_sliding_window));
-    CFG_TRY(get_int32(w, m, sec, "max_window_layers", 0, I64(28), &mc->max_window_layers));
+    CFG_TRY(get_int32(w, m, sec, "max_window_layers", 0,
+                      I64(FSO_MAX_WINDOW_LAYERS_DEFAULT), &mc->max_window_layers));
     json_t *lt = m ? json_object_get(m, "layer_types") : NULL;
     if (!lt || json_is_null(lt))
         return 0;
