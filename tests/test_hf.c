@@ -1008,6 +1008,20 @@ static void add_bias(fso_st_entry *e, int *n, float *v)
     (*n)++;
 }
 
+static void add_o_bias(fso_st_entry *e, int *n, float *v)
+{
+    (void)v;
+    e[*n] = (fso_st_entry){strdup("model.layers.0.self_attn.o_proj.bias"), FSO_ST_F32, 1, {32}};
+    (*n)++;
+}
+
+static void add_q_norm(fso_st_entry *e, int *n, float *v)
+{
+    (void)v;
+    e[*n] = (fso_st_entry){strdup("model.layers.0.self_attn.q_norm.weight"), FSO_ST_F32, 1, {16}};
+    (*n)++;
+}
+
 static void drop_last(fso_st_entry *e, int *n, float *v)
 {
     (void)v;
@@ -1053,6 +1067,10 @@ static void test_folder_tensors_are_checked_against_the_config(void **state)
         {add_bias, "model.safetensors: tensor 'model.layers.0.self_attn.q_proj.bias': "
                    "config.json's model_type \"llama\" has no biases (q/k/v biases are Qwen2's: "
                    "model_type \"qwen2\")"},
+        {add_o_bias, "tensor 'model.layers.0.self_attn.o_proj.bias': a bias on the attention "
+                     "output (o_proj) is not supported"},
+        {add_q_norm, "tensor 'model.layers.0.self_attn.q_norm.weight': fsoff's decoder has no "
+                     "such norm (Qwen3's per-head q_norm and k_norm among them)"},
         {drop_last, "tensor 'model.norm.weight' is missing; the folder's config.json says the "
                     "model has it"},
         {bad_shape, "model.safetensors: tensor 'model.norm.weight' has shape [4, 8]; config.json "
