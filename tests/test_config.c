@@ -506,8 +506,17 @@ static void test_model_types_and_the_attention_window(void **state)
 {
     tdir *t = *state;
     fso_config c;
+    /* what a model section leaves out: its class's defaults */
+    assert_int_equal(load_text(t, &c, "{\"model\": {\"model_type\": \"mistral\"}}"), 0);
+    assert_int_equal(c.model.num_key_value_heads, 8);
+    assert_int_equal(c.model.intermediate_size, 14336);
+    assert_int_equal(c.model.max_position_embeddings, 131072);
     assert_int_equal(load_text(t, &c, "{\"model\": {\"model_type\": \"qwen2\"}}"), 0);
     assert_int_equal(c.model.model_type, FSO_MODEL_QWEN2);
+    assert_int_equal(c.model.vocab_size, 151936);
+    assert_int_equal(c.model.num_key_value_heads, 32);
+    assert_int_equal(c.model.intermediate_size, 22016);
+    assert_int_equal(c.model.max_position_embeddings, 32768);
     assert_true(fso_model_qkv_bias(&c.model));
     assert_int_equal(c.model.sliding_window, 4096);
     assert_int_equal(c.model.max_window_layers, 28);

@@ -891,6 +891,10 @@ static void test_a_disagreeing_user_config_names_the_key(void **state)
                                                "model.init_from's folder, so drop model.head_dim");
     const char *hd16[] = {"model.head_dim=16"};
     assert_string_equal(config_err(linear, hd16, 1), "");
+    char qwen[1024];
+    src_path(qwen, sizeof qwen, "qwen2_tied_bf16");
+    assert_contains(config_err(qwen, hd16, 1), "qwen2_tied_bf16/config.json, which leaves "
+                                               "head_dim at Qwen2Config's default");
     /* a user file's model section, located in that file */
     char path[1200], cfgfile[1200];
     tmp_dir(cfgfile, sizeof cfgfile, "user.json");

@@ -4,11 +4,12 @@
  * configuration class's keys, so that transformers loads it as that class.
  *
  * When the merged document's model.init_from names a folder, its
- * config.json (LlamaConfig) becomes the model section, as a layer of its
+ * config.json (LlamaConfig, MistralConfig or Qwen2Config, by its
+ * model_type) becomes the model section, as a layer of its
  * own above the others, so that an error in it is located in it
  * (DIR/config.json:line:col):
  *   - the built-in defaults' model keys no longer apply; what config.json
- *     leaves out takes LlamaConfig's defaults, as transformers does;
+ *     leaves out takes its class's defaults, as transformers does;
  *   - config.json's keys that change nothing in fsoff (token ids, dtype,
  *     transformers' bookkeeping) are skipped without a word (an export
  *     carries them back: fso_hf_config_writes_key, hf_extras.c); the Llama
@@ -19,7 +20,7 @@
  *     rope_parameters: read as the two keys;
  *   - every model key the user gave (a config file or --set) must mean
  *     what config.json says, or be one config.json does not set whose
- *     value is LlamaConfig's default: otherwise an error names the key, its
+ *     value is the class's default: otherwise an error names the key, its
  *     place and config.json's.
  */
 #include <errno.h>
@@ -103,6 +104,14 @@ oom:
     json_decref(m);
     return NULL;
 }
+
+/* Each type's configuration class in transformers, whose defaults apply to
+ * what config.json leaves out. */
+static const char *const config_class[] = {
+    [FSO_MODEL_LLAMA] = "LlamaConfig",
+    [FSO_MODEL_MISTRAL] = "MistralConfig",
+    [FSO_MODEL_QWEN2] = "Qwen2Config",
+};
 
 /* Do a and b hold the same value (numbers compared as numbers)? */
 static bool values_agree(json_t *a, json_t *b)
@@ -206,9 +215,10 @@ static int check_user_keys(fso_config *cfg, const struct fso_config_doc *doc, js
         fso_cfg_describe(v, got, sizeof got);
         if (!hv) {
             set_err(cfg,
-                     "%s: model.%s: %s disagrees with %s, which leaves %s at LlamaConfig's "
+                     "%s: model.%s: %s disagrees with %s, which leaves %s at %s's "
                      "default; the model comes from model.init_from's folder, so drop "
-                     "model.%s", where, key, got, hf_path, key, key);
+                     "model.%s", where, key, got, hf_path, key, config_class[hf_mc->model_type],
+                     key);
             return -EINVAL;
         }
         char hf_where[300], hf_val[128];

@@ -606,30 +606,47 @@ static int apply_rope_scaling(walker *w, json_t *m, const keypath *sec, fso_rope
     return 0;
 }
 
+/* The shape keys whose defaults differ between the configuration classes
+ * (transformers' LlamaConfig, MistralConfig, Qwen2Config); the others
+ * (hidden_size 4096, 32 layers of 32 heads, rope_theta 10000, ...) are
+ * the same in all three. num_key_value_heads 0: num_attention_heads. */
+static const struct {
+    int64_t vocab_size, intermediate_size, num_key_value_heads, max_position_embeddings;
+} type_defaults[] = {
+    [FSO_MODEL_LLAMA] = {32000, 11008, 0, 2048},
+    [FSO_MODEL_MISTRAL] = {32000, 14336, 8, 4096 * 32},
+    [FSO_MODEL_QWEN2] = {151936, 22016, 32, 32768},
+};
+
 int fso_cfg_apply_model(walker *w, json_t *root)
 {
     fso_model_config *mc = &w->out->model;
     keypath sec = {{"model"}, 1};
     json_t *m;
 
-    /* Library defaults are Hugging Face LlamaConfig's. */
+    /* Library defaults are Hugging Face's configuration class's of the
+     * type (LlamaConfig's unless model_type says otherwise). */
     CFG_TRY(get_section(w, root, "model", false, &m));
     CFG_TRY(fso_cfg_check_keys(w, m, &sec, fso_cfg_model_keys, ""));
-    CFG_TRY(get_int32(w, m, &sec, "vocab_size", 1, I64(32000), &mc->vocab_size));
+    CFG_TRY(model_type_of(w, m, &sec, &mc->model_type));
+    const int64_t *def_kv = &type_defaults[mc->model_type].num_key_value_heads;
+    CFG_TRY(get_int32(w, m, &sec, "vocab_size", 1, &type_defaults[mc->model_type].vocab_size,
+                      &mc->vocab_size));
     CFG_TRY(get_int32(w, m, &sec, "hidden_size", 1, I64(4096), &mc->hidden_size));
-    CFG_TRY(get_int32(w, m, &sec, "intermediate_size", 1, I64(11008), &mc->intermediate_size));
+    CFG_TRY(get_int32(w, m, &sec, "intermediate_size", 1,
+                      &type_defaults[mc->model_type].intermediate_size, &mc->intermediate_size));
     CFG_TRY(get_int32(w, m, &sec, "num_hidden_layers", 1, I64(32), &mc->num_hidden_layers));
     CFG_TRY(get_int32(w, m, &sec, "num_attention_heads", 1, I64(32), &mc->num_attention_heads));
-    CFG_TRY(get_int32(w, m, &sec, "num_key_value_heads", 1, I64(mc->num_attention_heads),
-                      &mc->num_key_value_heads));
-    CFG_TRY(get_int32(w, m, &sec, "max_position_embeddings", 1, I64(2048),
+    CFG_TRY(get_int32(w, m, &sec, "num_key_value_heads", 1,
+                      *def_kv ? def_kv : I64(mc->num_attention_heads), &mc->num_key_value_heads));
+    CFG_TRY(get_int32(w, m, &sec, "max_position_embeddings", 1,
+                      &type_defaults[mc->model_type].max_position_embeddings,
                       &mc->max_position_embeddings));
     CFG_TRY(get_number(w, m, &sec, "rms_norm_eps", RANGE_POSITIVE, DBL(1e-6), &mc->rms_norm_eps));
     CFG_TRY(get_number(w, m, &sec, "rope_theta", RANGE_POSITIVE, DBL(10000.0), &mc->rope_theta));
     CFG_TRY(get_number(w, m, &sec, "initializer_range", RANGE_POSITIVE, DBL(0.02),
                        &mc->initializer_range));
     CFG_TRY(get_bool(w, m, &sec, "tie_word_embeddings", BOOL(false), &mc->tie_word_embeddings));
-    CFG_TRY(model_type_of(w, m, &sec, &mc->model_type));
     CFG_TRY(apply_window(w, m, &sec, mc));
     if (m)
         CFG_TRY(model_fixed_keys(w, m, &sec));
