@@ -1,5 +1,6 @@
-/* model.c — Llama blocks, their flat buffers, and the forward/backward pass
- * over the backend ops (see model.h). */
+/* model.c — Llama blocks (with Qwen2's q/k/v biases when the type has
+ * them), their flat buffers, and the forward/backward pass over the
+ * backend ops (see model.h). */
 #include "model.h"
 
 #include <errno.h>
@@ -34,6 +35,8 @@ static size_t logit_rows(size_t V, size_t N)
 static void add_tensor(fso_block_layout *b, fso_tensor_kind kind, const char *name, int rows,
                        int cols, bool is_norm, bool decay)
 {
+    FSO_BUG_ON(b->n_tensors >= FSO_BLOCK_MAX_TENSORS, "block with more than %d tensors",
+               FSO_BLOCK_MAX_TENSORS);
     fso_tensor_desc *t = &b->tensors[b->n_tensors++];
     t->kind = kind;
     snprintf(t->name, sizeof t->name, "%s", name);
@@ -100,15 +103,28 @@ int fso_model_layout(fso_block_layout *blocks, const fso_model_config *mc, int w
         add_tensor(b, kind, name, r, c, norm, !(norm));                                    \
     } while (0)
         T_(FSO_T_ATTN_NORM, "input_layernorm", C, 1, true);
+/* a bias (rows): no decay, set to 0 */
+#define BIAS_(kind, suffix, r)                                                             \
+    do {                                                                                   \
+        if (fso_model_qkv_bias(mc)) {                                                      \
+            snprintf(name, sizeof name, "model.layers.%d.%s.bias", l, suffix);             \
+            add_tensor(b, kind, name, r, 1, false, false);                                 \
+            b->tensors[b->n_tensors - 1].is_bias = true;                                   \
+        }                                                                                  \
+    } while (0)
         T_(FSO_T_Q, "self_attn.q_proj", qd, C, false);
+        BIAS_(FSO_T_Q_BIAS, "self_attn.q_proj", qd);
         T_(FSO_T_K, "self_attn.k_proj", kvd, C, false);
+        BIAS_(FSO_T_K_BIAS, "self_attn.k_proj", kvd);
         T_(FSO_T_V, "self_attn.v_proj", kvd, C, false);
+        BIAS_(FSO_T_V_BIAS, "self_attn.v_proj", kvd);
         T_(FSO_T_O, "self_attn.o_proj", C, qd, false);
         T_(FSO_T_MLP_NORM, "post_attention_layernorm", C, 1, true);
         T_(FSO_T_GATE, "mlp.gate_proj", F, C, false);
         T_(FSO_T_UP, "mlp.up_proj", F, C, false);
         T_(FSO_T_DOWN, "mlp.down_proj", C, F, false);
 #undef T_
+#undef BIAS_
     }
 
     b = &blocks[L + 1];
@@ -333,7 +349,9 @@ void fso_model_init_block(const fso_model *m, int i, float *flat, struct fso_rng
         const fso_tensor_desc *d = &m->blocks[i].tensors[t];
         float *f = flat + d->offset_elems;
         for (size_t e = 0; e < d->numel; e++)
-            f[e] = d->is_norm ? 1.0f : (float)(m->mc.initializer_range * fso_rng_normal(rng));
+            f[e] = d->is_norm   ? 1.0f
+                   : d->is_bias ? 0.0f
+                                : (float)(m->mc.initializer_range * fso_rng_normal(rng));
     }
 }
 
@@ -404,7 +422,7 @@ size_t fso_model_cpu_widen_bytes_for(const fso_model_config *mc, int B, int T)
     const size_t rows = logit_rows(V, N);
     const size_t NC = M(N, C), Nqd = M(N, qd), NF = M(N, F);
     size_t w = A(NC, C);                                    /* rmsnorm_fwd */
-    w = max2(w, A(A(Nqd, NC), M(qd, C)));                   /* q (k, v are smaller) */
+    w = max2(w, A(A(Nqd, NC), M(qd, C)));                   /* q (k, v, biases: smaller) */
     w = max2(w, A(Nqd, M(C, qd)));                          /* o */
     w = max2(w, A(A(NF, NC), M(F, C)));                     /* gate, up (fwd and bwd) */
     w = max2(w, A(M(2, NF), M(C, F)));                      /* down bwd */
@@ -440,6 +458,8 @@ size_t fso_model_cuda_scratch_bytes_for(const fso_model_config *mc, int B, int T
         w = M(4 * H, TT);
     }
     w = max2(w, M(4 * ((N + 63) / 64), C)); /* RMSNorm: 64 rows a chunk */
+    if (fso_model_qkv_bias(mc)) /* a bias's gradient: the same partials, q's the widest */
+        w = max2(w, M(4 * ((N + 63) / 64), (size_t)mc->num_attention_heads * mc->head_dim));
     return fso_sat_round_up(w, (size_t)2 << 20);
 #undef M
 #undef A
@@ -478,6 +498,11 @@ static void layer_forward(fso_model *m, int l, fso_layer_acts *a, const float *x
     op->matmul_fwd(be, a->q, wt, a->h1, P_(m, bi, FSO_T_Q), wt, N, C, qd);
     op->matmul_fwd(be, a->k, wt, a->h1, P_(m, bi, FSO_T_K), wt, N, C, kvd);
     op->matmul_fwd(be, a->v, wt, a->h1, P_(m, bi, FSO_T_V), wt, N, C, kvd);
+    if (fso_model_qkv_bias(&m->mc)) { /* in bf16: rounded after the product, then the sum */
+        op->bias_add(be, a->q, P_(m, bi, FSO_T_Q_BIAS), wt, N, qd);
+        op->bias_add(be, a->k, P_(m, bi, FSO_T_K_BIAS), wt, N, kvd);
+        op->bias_add(be, a->v, P_(m, bi, FSO_T_V_BIAS), wt, N, kvd);
+    }
     const int32_t *pos = m->docs ? m->pos : NULL;
     op->rope(be, a->q, wt, m->rope_cos, m->rope_sin, pos, d.B, d.T, d.H, d.D, 0);
     op->rope(be, a->k, wt, m->rope_cos, m->rope_sin, pos, d.B, d.T, d.Hkv, d.D, 0);
@@ -523,6 +548,11 @@ static void layer_backward(fso_model *m, int l, const fso_layer_acts *a, const f
                       d.T, d.H, d.Hkv, d.D);
     op->rope(be, m->dq, wt, m->rope_cos, m->rope_sin, pos, d.B, d.T, d.H, d.D, 1);
     op->rope(be, m->dk, wt, m->rope_cos, m->rope_sin, pos, d.B, d.T, d.Hkv, d.D, 1);
+    if (fso_model_qkv_bias(&m->mc)) {
+        op->bias_bwd(be, DW(FSO_T_Q_BIAS), m->dq, wt, N, qd);
+        op->bias_bwd(be, DW(FSO_T_K_BIAS), m->dk, wt, N, kvd);
+        op->bias_bwd(be, DW(FSO_T_V_BIAS), m->dv, wt, N, kvd);
+    }
     op->matmul_bwd(be, m->dh, f32, DW(FSO_T_Q), m->dq, wt, a->h1, W(FSO_T_Q), wt, N, C, qd, 0.0f);
     op->matmul_bwd(be, m->dh, f32, DW(FSO_T_K), m->dk, wt, a->h1, W(FSO_T_K), wt, N, C, kvd, 1.0f);
     op->matmul_bwd(be, m->dh, f32, DW(FSO_T_V), m->dv, wt, a->h1, W(FSO_T_V), wt, N, C, kvd, 1.0f);

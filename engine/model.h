@@ -1,5 +1,6 @@
-/* model.h — a Llama-family decoder (Hugging Face LlamaConfig semantics) over
- * the backend interface.
+/* model.h — a Llama-family decoder (Hugging Face LlamaConfig semantics;
+ * Mistral's and Qwen2's too: config.h fso_model_type) over the backend
+ * interface.
  *
  * Parameters are grouped in blocks: block 0 is the token embedding, blocks
  * 1..L the transformer layers, block L+1 the head (final RMSNorm and, unless
@@ -42,11 +43,14 @@ typedef enum fso_tensor_kind {
     FSO_T_DOWN,
     FSO_T_FINAL_NORM,
     FSO_T_LM_HEAD,
+    FSO_T_Q_BIAS,           /* Qwen2's (fso_model_qkv_bias): each after its weight */
+    FSO_T_K_BIAS,
+    FSO_T_V_BIAS,
 } fso_tensor_kind;
 
 typedef enum fso_block_kind { FSO_BLOCK_EMBED = 0, FSO_BLOCK_LAYER, FSO_BLOCK_HEAD } fso_block_kind;
 
-#define FSO_BLOCK_MAX_TENSORS 9
+#define FSO_BLOCK_MAX_TENSORS 12
 
 typedef struct fso_tensor_desc {
     fso_tensor_kind kind;
@@ -55,8 +59,17 @@ typedef struct fso_tensor_desc {
     size_t offset_elems;    /* within the block's flat buffer */
     size_t numel;
     bool is_norm;           /* RMSNorm weight: initialised to 1 */
-    bool decay;             /* AdamW weight decay applies */
+    bool is_bias;           /* a linear layer's bias: initialised to 0 */
+    bool decay;             /* AdamW weight decay applies: linear weights only (not
+                               norms, biases or the embedding, as transformers' Trainer) */
 } fso_tensor_desc;
+
+/* Dimensions of the tensor as PyTorch stores it: 1 for a norm's weight or
+ * a bias, 2 for a matrix. */
+static inline int fso_tensor_ndim(const fso_tensor_desc *t)
+{
+    return t->is_norm || t->is_bias ? 1 : 2;
+}
 
 typedef struct fso_block_layout {
     fso_block_kind kind;
@@ -195,7 +208,8 @@ int fso_model_layout(fso_block_layout *blocks, const fso_model_config *mc, int w
 
 /* Fill the flat buffers of all blocks (host arrays of padded_elems, padding
  * zero) as Hugging Face Llama initialises: N(0, initializer_range) for linear
- * layers and the embedding, 1 for RMSNorm weights; the random stream depends
+ * layers and the embedding, 1 for RMSNorm weights, 0 for biases (which draw
+ * nothing); the random stream depends
  * only on the seed, tensor by tensor in HF order, not on the world size. */
 void fso_model_init_flat(const fso_model *model, float **flat, uint64_t seed);
 /* The same, one block at a time: call for blocks 0, 1, ... in order with one

@@ -208,10 +208,11 @@ static void calib_key(const fso_config *cfg, int W, int B, int per_dev, char *bu
     fso_probe_key(mkey, sizeof mkey, NULL);
     const char *isa_name = fso_isa_from_env(&isa, e, sizeof e) == 0 ? fso_isa_name(isa) : "auto";
     snprintf(buf, len,
-             "%slayer hidden %d ffn %d heads %d/%d head_dim %d vocab %d tied %d, %dx%d tokens, "
+             "%slayer hidden %d ffn %d heads %d/%d head_dim %d vocab %d tied %d%s, %dx%d tokens, "
              "%s%s, %s: %d devices of %d threads, %s",
              mkey, mc->hidden_size, mc->intermediate_size, mc->num_attention_heads,
-             mc->num_key_value_heads, mc->head_dim, mc->vocab_size, mc->tie_word_embeddings, B,
+             mc->num_key_value_heads, mc->head_dim, mc->vocab_size, mc->tie_word_embeddings,
+             fso_model_qkv_bias(mc) ? " qkv-bias" : "", B,
              cfg->data.seq_len, cfg->bf16 ? "bf16" : "fp32",
              cfg->activation_checkpointing ? ", checkpointed" : "",
              fso_backend_row_of(cfg->backend)->name, W, per_dev, isa_name);

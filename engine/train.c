@@ -99,8 +99,9 @@ static void print_banner(FILE *out, const fso_config *cfg, const fso_trainer *tr
     fprintf(out, "fsoff: %s\n", devices_note);
     fprintf(out, "fsoff: config %s\n",
             cfg->source[0] ? cfg->source : "built-in defaults (configs/tiny.json)");
-    fprintf(out, "fsoff: model llama %.2fM params: %d layers, hidden %d, heads %d/%d kv, ffn %d, "
+    fprintf(out, "fsoff: model %s %.2fM params: %d layers, hidden %d, heads %d/%d kv, ffn %d, "
                  "vocab %d%s\n",
+            fso_config_choice_name(fso_config_model_type_choices, mc->model_type),
             m->n_params / 1e6, mc->num_hidden_layers, mc->hidden_size, mc->num_attention_heads,
             mc->num_key_value_heads, mc->intermediate_size, mc->vocab_size,
             mc->tie_word_embeddings ? ", tied head" : "");

@@ -158,6 +158,13 @@ typedef struct fso_backend_ops {
     void (*swiglu_bwd)(fso_backend *be, void *dgate, void *dup, const void *dout,
                        const void *gate, const void *up, fso_dtype dt, size_t n);
 
+    /* A linear layer's bias (Qwen2's q/k/v projections): out (N,C) [dt] +=
+     * b (C) [dt] on every row, the sum rounded once when out is bf16. */
+    void (*bias_add)(fso_backend *be, void *out, const void *b, fso_dtype dt, int N, int C);
+    /* db (C) += the sum over the N rows of dout (N,C) [dt]: the bias's
+     * gradient, rows added in order. */
+    void (*bias_bwd)(fso_backend *be, float *db, const void *dout, fso_dtype dt, int N, int C);
+
     /* out (n) = a + b (out may alias a) */
     void (*add)(fso_backend *be, float *out, const float *a, const float *b, size_t n);
 

@@ -491,6 +491,26 @@ static void as_swiglu_bwd(fso_backend *be, void *dgate, void *dup, const void *d
                      .dt = {dt}, .n = n});
 }
 
+static void run_bias_add(async_ctx *x, const work *w)
+{
+    FAST(bias_add)(x->inner, R(0), R(1), DT(0), w->i[0], w->i[1]);
+}
+
+static void as_bias_add(fso_backend *be, void *out, const void *b, fso_dtype dt, int N, int C)
+{
+    push(be, &(work){.run = run_bias_add, .p = {H(out), H(b)}, .dt = {dt}, .i = {N, C}});
+}
+
+static void run_bias_bwd(async_ctx *x, const work *w)
+{
+    FAST(bias_bwd)(x->inner, R(0), R(1), DT(0), w->i[0], w->i[1]);
+}
+
+static void as_bias_bwd(fso_backend *be, float *db, const void *dout, fso_dtype dt, int N, int C)
+{
+    push(be, &(work){.run = run_bias_bwd, .p = {H(db), H(dout)}, .dt = {dt}, .i = {N, C}});
+}
+
 static void run_add(async_ctx *x, const work *w)
 {
     FAST(add)(x->inner, R(0), R(1), R(2), w->n);
@@ -603,6 +623,8 @@ static const fso_backend_ops async_ops = {
     .attention_bwd = as_attention_bwd,
     .swiglu_fwd = as_swiglu_fwd,
     .swiglu_bwd = as_swiglu_bwd,
+    .bias_add = as_bias_add,
+    .bias_bwd = as_bias_bwd,
     .add = as_add,
     .cross_entropy = as_cross_entropy,
     .sqnorm = as_sqnorm,

@@ -473,6 +473,56 @@ static void fast_swiglu_bwd(fso_backend *be, float *dgate, float *dup, const flo
     fso_pool_for(POOL(be), (int64_t)n, 4096, swiglu_bwd_range, &a);
 }
 
+/* ------------------------------------------------------------ bias */
+
+struct bias_args {
+    float *out;
+    const float *b;
+    int N, C;
+};
+
+static void bias_add_range(void *a_, int64_t b, int64_t e, int worker)
+{
+    struct bias_args *a = a_;
+    (void)worker;
+    for (int64_t n = b; n < e; n++) {
+        float *o = a->out + (size_t)n * a->C;
+#pragma omp simd
+        for (int c = 0; c < a->C; c++)
+            o[c] += a->b[c];
+    }
+}
+
+static void fast_bias_add(fso_backend *be, float *out, const float *b, int N, int C)
+{
+    struct bias_args a = {.out = out, .b = b, .N = N, .C = C};
+    fso_pool_for(POOL(be), N, 64, bias_add_range, &a);
+}
+
+/* Ranges of columns, rows summed in order: each db element has one writer. */
+static void bias_bwd_range(void *a_, int64_t b, int64_t e, int worker)
+{
+    struct bias_args *a = a_;
+    (void)worker;
+    for (int64_t c0 = b; c0 < e; c0 += 64) {
+        int64_t c1 = c0 + 64 < e ? c0 + 64 : e;
+        float acc[64] = {0};
+        for (int n = 0; n < a->N; n++) {
+            const float *dy = a->b + (size_t)n * a->C;
+            for (int64_t c = c0; c < c1; c++)
+                acc[c - c0] += dy[c];
+        }
+        for (int64_t c = c0; c < c1; c++)
+            a->out[c] += acc[c - c0];
+    }
+}
+
+static void fast_bias_bwd(fso_backend *be, float *db, const float *dout, int N, int C)
+{
+    struct bias_args a = {.out = db, .b = dout, .N = N, .C = C};
+    fso_pool_for(POOL(be), C, 64, bias_bwd_range, &a);
+}
+
 static void add_range(void *a_, int64_t b, int64_t e, int worker)
 {
     struct ew_args *a = a_;
@@ -769,6 +819,8 @@ const fso_cpu_kernels fso_cpu_fast_kernels = {
     .attention_bwd = fast_attention_bwd,
     .swiglu_fwd = fast_swiglu_fwd,
     .swiglu_bwd = fast_swiglu_bwd,
+    .bias_add = fast_bias_add,
+    .bias_bwd = fast_bias_bwd,
 };
 
 const fso_backend_ops fso_cpu_fast_ops = {

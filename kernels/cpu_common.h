@@ -31,6 +31,8 @@ typedef struct fso_cpu_kernels {
     void (*swiglu_fwd)(fso_backend *be, float *out, const float *gate, const float *up, size_t n);
     void (*swiglu_bwd)(fso_backend *be, float *dgate, float *dup, const float *dout,
                        const float *gate, const float *up, size_t n);
+    void (*bias_add)(fso_backend *be, float *out, const float *b, int N, int C);
+    void (*bias_bwd)(fso_backend *be, float *db, const float *dout, int N, int C);
 } fso_cpu_kernels;
 
 /* be->ctx of a CPU backend. */
@@ -80,6 +82,8 @@ void fso_cpu_swiglu_fwd(fso_backend *be, void *out, const void *gate, const void
                         fso_dtype dt, size_t n);
 void fso_cpu_swiglu_bwd(fso_backend *be, void *dgate, void *dup, const void *dout,
                         const void *gate, const void *up, fso_dtype dt, size_t n);
+void fso_cpu_bias_add(fso_backend *be, void *out, const void *b, fso_dtype dt, int N, int C);
+void fso_cpu_bias_bwd(fso_backend *be, float *db, const void *dout, fso_dtype dt, int N, int C);
 
 /* What the two CPU backends' tables share: host memory, copies that are
  * done when they return, the typed ops over their fso_cpu_kernels, the sum,
@@ -93,7 +97,8 @@ void fso_cpu_swiglu_bwd(fso_backend *be, void *dgate, void *dup, const void *dou
     .rmsnorm_bwd = fso_cpu_rmsnorm_bwd, .matmul_fwd = fso_cpu_matmul_fwd,                  \
     .matmul_bwd = fso_cpu_matmul_bwd, .rope = fso_cpu_rope,                                \
     .attention_fwd = fso_cpu_attention_fwd, .attention_bwd = fso_cpu_attention_bwd,        \
-    .swiglu_fwd = fso_cpu_swiglu_fwd, .swiglu_bwd = fso_cpu_swiglu_bwd
+    .swiglu_fwd = fso_cpu_swiglu_fwd, .swiglu_bwd = fso_cpu_swiglu_bwd,                    \
+    .bias_add = fso_cpu_bias_add, .bias_bwd = fso_cpu_bias_bwd
 
 extern const fso_cpu_kernels fso_cpu_ref_kernels;
 extern const fso_cpu_kernels fso_cpu_fast_kernels;

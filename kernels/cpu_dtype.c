@@ -228,3 +228,23 @@ void fso_cpu_swiglu_bwd(fso_backend *be, void *dgate, void *dup, const void *dou
     out_store(&c, dgate, dt, dg, n);
     out_store(&c, dup, dt, du, n);
 }
+
+void fso_cpu_bias_add(fso_backend *be, void *o, const void *b, fso_dtype dt, int N, int C)
+{
+    const size_t nc = (size_t)N * C;
+    carve c;
+    if (!carve_init(&c, be, need(dt, nc) + need(dt, (size_t)C)))
+        return;
+    float *of = inout(&c, o, dt, nc);
+    K(be)->bias_add(be, of, in(&c, b, dt, (size_t)C), N, C);
+    out_store(&c, o, dt, of, nc);
+}
+
+void fso_cpu_bias_bwd(fso_backend *be, float *db, const void *dout, fso_dtype dt, int N, int C)
+{
+    const size_t nc = (size_t)N * C;
+    carve c;
+    if (!carve_init(&c, be, need(dt, nc)))
+        return;
+    K(be)->bias_bwd(be, db, in(&c, dout, dt, nc), N, C);
+}

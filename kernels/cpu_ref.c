@@ -233,6 +233,26 @@ static void ref_swiglu_bwd(fso_backend *be, float *dgate, float *dup, const floa
     }
 }
 
+static void ref_bias_add(fso_backend *be, float *out, const float *b, int N, int C)
+{
+    (void)be;
+    for (int n = 0; n < N; n++)
+        for (int c = 0; c < C; c++)
+            out[(size_t)n * C + c] += b[c];
+}
+
+/* db = sum over rows of dout, per column, in double */
+static void ref_bias_bwd(fso_backend *be, float *db, const float *dout, int N, int C)
+{
+    (void)be;
+    for (int c = 0; c < C; c++) {
+        double s = 0;
+        for (int n = 0; n < N; n++)
+            s += dout[(size_t)n * C + c];
+        db[c] += (float)s;
+    }
+}
+
 static void ref_add(fso_backend *be, float *out, const float *a, const float *b, size_t n)
 {
     (void)be;
@@ -305,6 +325,8 @@ const fso_cpu_kernels fso_cpu_ref_kernels = {
     .attention_bwd = ref_attention_bwd,
     .swiglu_fwd = ref_swiglu_fwd,
     .swiglu_bwd = ref_swiglu_bwd,
+    .bias_add = ref_bias_add,
+    .bias_bwd = ref_bias_bwd,
 };
 
 const fso_backend_ops fso_cpu_ref_ops = {

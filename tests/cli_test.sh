@@ -267,6 +267,20 @@ if "$FSOFF" --init-from "$TMP/hftok" --data "$TMP/tok64.bin" --steps 1 --set dat
 else
     bad "export carries the init-from folder's token ids and tokenizer files" "$(cat "$TMP/err" "$TMP/out")"
 fi
+# a Qwen2 folder: trained, saved, exported as Qwen2 (its biases, no lm_head when tied)
+QW="$SRC/tests/fixtures/hf/qwen2_tied_bf16"
+if "$FSOFF" --init-from "$QW" --data "$TMP/tok64.bin" --steps 1 --set data.seq_len=16 \
+       --set optimizer.params.lr=2e-5 --save "$TMP/qwen-ck" >"$TMP/out" 2>"$TMP/err" &&
+   grep -q '^fsoff: model qwen2 ' "$TMP/out" &&
+   "$FSOFF" export "$TMP/qwen-ck" "$TMP/qwen-out" >/dev/null 2>>"$TMP/err" &&
+   grep -q '"architectures": \["Qwen2ForCausalLM"\],' "$TMP/qwen-out/config.json" &&
+   grep -q '"use_sliding_window": false,' "$TMP/qwen-out/config.json" &&
+   grep -q 'self_attn.k_proj.bias' "$TMP/qwen-out/model.safetensors" &&
+   ! grep -q 'lm_head' "$TMP/qwen-out/model.safetensors"; then
+    ok "init-from a Qwen2 folder, save and export it as Qwen2"
+else
+    bad "init-from a Qwen2 folder, save and export it as Qwen2" "$(cat "$TMP/err")" "$(head -5 "$TMP/out")"
+fi
 # text for a pretrained vocabulary: bytes are not its token ids
 mkdir -p "$TMP/v32k" && sed 's/"vocab_size": 64/"vocab_size": 32000/' "$HF/config.json" >"$TMP/v32k/config.json"
 head -c 3000 /dev/zero | tr '\0' 'a' >"$TMP/book.txt"

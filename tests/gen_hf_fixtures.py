@@ -2,8 +2,9 @@
 
 Run from the repo root:   /usr/bin/python3 tests/gen_hf_fixtures.py
 
-Each case is a small Llama written as transformers saves one (config.json and
-safetensors, written here with the format's rules, not with fsoff's code) under
+Each case is a small Llama (or Qwen2: Llama with q/k/v biases) written as
+transformers saves one (config.json and safetensors, written here with the
+format's rules, not with fsoff's code) under
 tests/fixtures/hf/<case>/, and what PyTorch computes from it in
 tests/fixtures/hf/<case>.expected.safetensors (format: tests/fixtures/README.md):
 the weights as float32, the rotary tables, one batch, the loss and gradients at
@@ -50,6 +51,16 @@ CASES = {
                     rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
                                       high_freq_factor=4.0,
                                       original_max_position_embeddings=64))),
+    # Qwen2 (Qwen2ForCausalLM): q/k/v biases, rope_theta 1e6, rms_norm_eps 1e-6, tied
+    # as Qwen2.5's small sizes are, BF16; use_sliding_window false, so its
+    # sliding_window (shorter than the sequence here) is ignored as transformers does.
+    "qwen2_tied_bf16": dict(
+        dtype="BF16", shards=1, inv_freq_buffer=False, model_type="qwen2",
+        config=dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                    rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=True,
+                    rope_scaling=None, use_sliding_window=False, sliding_window=8,
+                    max_window_layers=1)),
     # Linear scaling as older configs spell it ("type"), F32.
     "linear_f32": dict(
         dtype="F32", shards=1, inv_freq_buffer=False,
@@ -95,6 +106,7 @@ def write_safetensors(path, tensors):
 
 def build(name, case):
     cfg = tl.LlamaCfg.from_dict(case["config"])
+    cfg.qkv_bias = case.get("model_type") == "qwen2"
     seed = sum(map(ord, name))
     g = torch.Generator().manual_seed(seed)
     model = tl.LlamaForCausalLM(cfg, dtype=torch.float64)
@@ -116,10 +128,15 @@ def write_case(name, case):
     for f in os.listdir(folder):
         os.unlink(os.path.join(folder, f))
 
-    conf = dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_act="silu",
-                attention_bias=False, mlp_bias=False, attention_dropout=0.0,
-                initializer_range=0.02, pretraining_tp=1, bos_token_id=1, eos_token_id=2,
-                torch_dtype=CONFIG_DTYPE[case["dtype"]], transformers_version="4.44.0",
+    if case.get("model_type") == "qwen2":  # Qwen2Config's keys
+        conf = dict(architectures=["Qwen2ForCausalLM"], model_type="qwen2", hidden_act="silu",
+                    attention_dropout=0.0, initializer_range=0.02, bos_token_id=60,
+                    eos_token_id=61)
+    else:
+        conf = dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_act="silu",
+                    attention_bias=False, mlp_bias=False, attention_dropout=0.0,
+                    initializer_range=0.02, pretraining_tp=1, bos_token_id=1, eos_token_id=2)
+    conf.update(torch_dtype=CONFIG_DTYPE[case["dtype"]], transformers_version="4.44.0",
                 use_cache=True)
     conf.update(case["config"])
     with open(os.path.join(folder, "config.json"), "w") as f:

@@ -304,13 +304,35 @@ static void test_config_json_loads_back_to_the_same_values(void **state)
     json_decref(again);
     json_decref(j);
     fso_config_free(&back);
+
+    /* the other model types' keys: a Qwen2 with its window on (and long
+     * enough), a Mistral whose window is null (not its default 4096) */
+    for (int k = 0; k < 2; k++) {
+        c.model.model_type = k == 0 ? FSO_MODEL_QWEN2 : FSO_MODEL_MISTRAL;
+        c.model.sliding_window = k == 0 ? 64 : 0;
+        c.model.use_sliding_window = k == 0;
+        c.model.max_window_layers = k == 0 ? 1 : 28;
+        j = fso_config_to_json(&c);
+        assert_non_null(j);
+        assert_int_equal(json_dump_file(j, path, JSON_INDENT(1)), 0);
+        fso_config_defaults(&back);
+        if (fso_config_load_all(&back, path, NULL, 0) < 0)
+            fail_msg("%s", back.err);
+        again = fso_config_to_json(&back);
+        assert_int_equal(fso_config_json_diff(j, again, ch, 8), 0);
+        assert_memory_equal(&back.model, &c.model, sizeof c.model);
+        json_decref(again);
+        json_decref(j);
+        fso_config_free(&back);
+    }
     unlink(path);
 }
 
 /* ------------------------------------------------------------------ resume */
 
+/* qwen2: model.model_type "qwen2", whose layers have q/k/v biases. */
 static void tiers_case(int world, fso_tier p0, fso_tier o0, fso_overlap ov0, fso_tier p1,
-                       fso_tier o1, fso_overlap ov1, bool bf16, const char *backend)
+                       fso_tier o1, fso_overlap ov1, bool bf16, const char *backend, bool qwen2)
 {
     fso_config a, b;
     char dir[512], what[256];
@@ -319,15 +341,17 @@ static void tiers_case(int world, fso_tier p0, fso_tier o0, fso_overlap ov0, fso
     a.optimizer_overlap = ov0;
     b.optimizer_overlap = ov1;
     a.bf16 = b.bf16 = bf16;
+    if (qwen2)
+        a.model.model_type = b.model.model_type = FSO_MODEL_QWEN2;
     if (ov0 == FSO_OVERLAP_BACKWARD || ov1 == FSO_OVERLAP_BACKWARD)
         a.grad_clip = b.grad_clip = 0;
     if (backend) {
         a.backend = fso_backend_find(backend)->kind;
         b.backend = fso_backend_find(backend)->kind;
     }
-    snprintf(what, sizeof what, "%d device(s)%s%s: tiers %d/%d overlap %d -> tiers %d/%d "
+    snprintf(what, sizeof what, "%d device(s)%s%s%s: tiers %d/%d overlap %d -> tiers %d/%d "
                                 "overlap %d", world, bf16 ? ", bf16" : "",
-             backend ? ", cpu-async" : "", p0, o0, ov0, p1, o1, ov1);
+             backend ? ", cpu-async" : "", qwen2 ? ", qwen2" : "", p0, o0, ov0, p1, o1, ov1);
     save_dir(dir, sizeof dir, "tiers");
     run_result base, r;
     run_ok(&a, NULL, &base);
@@ -344,10 +368,11 @@ static void test_resume_is_bit_exact_on_any_tiers(void **state)
     const fso_tier D = FSO_TIER_DEVICE, H = FSO_TIER_HOST, N = FSO_TIER_NVME;
     const fso_overlap none = FSO_OVERLAP_NONE, fwd = FSO_OVERLAP_FORWARD,
                       bwd = FSO_OVERLAP_BACKWARD;
-    tiers_case(2, N, N, fwd, D, H, fwd, false, NULL);  /* NVMe (read, or cloned) -> memory */
-    tiers_case(2, H, H, none, N, N, fwd, false, NULL); /* host arena, written in place */
-    tiers_case(2, D, D, bwd, H, N, none, false, NULL); /* device, copied (not page-aligned) */
-    tiers_case(1, D, D, fwd, N, N, fwd, true, NULL);   /* bf16: parameters from the master */
+    tiers_case(2, N, N, fwd, D, H, fwd, false, NULL, false);  /* NVMe (read, cloned) -> memory */
+    tiers_case(2, H, H, none, N, N, fwd, false, NULL, false); /* host arena, written in place */
+    tiers_case(2, D, D, bwd, H, N, none, false, NULL, false); /* device, copied (not aligned) */
+    tiers_case(1, D, D, fwd, N, N, fwd, true, NULL, false);   /* bf16: params from the master */
+    tiers_case(2, N, N, fwd, H, H, bwd, false, NULL, true);   /* Qwen2: biases resume too */
 }
 
 static void test_resume_is_bit_exact_with_gpu_rules(void **state)
@@ -356,8 +381,9 @@ static void test_resume_is_bit_exact_with_gpu_rules(void **state)
     /* cpu-async: device memory the CPU cannot address, copies after marks,
      * the optimizer's update on the device */
     const fso_tier D = FSO_TIER_DEVICE, H = FSO_TIER_HOST;
-    tiers_case(2, D, D, FSO_OVERLAP_FORWARD, H, H, FSO_OVERLAP_FORWARD, false, "cpu-async");
-    tiers_case(1, D, H, FSO_OVERLAP_FORWARD, D, D, FSO_OVERLAP_NONE, true, "cpu-async");
+    tiers_case(2, D, D, FSO_OVERLAP_FORWARD, H, H, FSO_OVERLAP_FORWARD, false, "cpu-async",
+               false);
+    tiers_case(1, D, H, FSO_OVERLAP_FORWARD, D, D, FSO_OVERLAP_NONE, true, "cpu-async", true);
 }
 
 static void test_resume_on_other_device_counts_is_within_rounding(void **state)

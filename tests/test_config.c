@@ -310,7 +310,7 @@ static void test_unknown_nested_key_names_full_path(void **state)
 
     assert_int_equal(load_text(t, &c, "{\"data\": {\"seq_len\": 64, \"shuffle\": true}}"), -EINVAL);
     expect_err(&c, "%s:1:26: data.shuffle: unknown key; the keys here are: path, format, seq_len, "
-             "documents",
+               "documents, val_path, val_every, val_batches",
                t->file);
 
     /* Scheduler params are checked against the chosen type. */
@@ -473,8 +473,20 @@ static void test_unsupported_llama_features_fail(void **state)
     expect_err(&c, "%s:1:29: model.rope_scaling.type: RoPE scaling of type \"dynamic\" is not "
                    "supported; fsoff implements \"linear\" and \"llama3\"", t->file);
     assert_int_equal(load_text(t, &c, "{\"model\": {\"attention_bias\": true}}"), -EINVAL);
-    expect_err(&c, "%s:1:12: model.attention_bias: biases are not supported (Llama has none); "
+    expect_err(&c, "%s:1:12: model.attention_bias: biases on all four attention projections, "
+                   "the output's (o_proj) included, are not supported; fsoff has Qwen2's biases "
+                   "on q_proj, k_proj and v_proj alone, which model.model_type \"qwen2\" gives; "
                    "set it to false", t->file);
+    assert_int_equal(load_text(t, &c, "{\"model\": {\"mlp_bias\": true}}"), -EINVAL);
+    expect_err(&c, "%s:1:12: model.mlp_bias: biases on the MLP projections are not supported; "
+                   "set it to false", t->file);
+    assert_int_equal(load_text(t, &c, "{\"model\": {\"model_type\": \"qwen3\"}}"), -EINVAL);
+    expect_err(&c, "%s:1:12: model.model_type: \"qwen3\" is not supported: fsoff lacks its "
+                   "per-head RMSNorms of q and k (q_norm, k_norm); it trains \"llama\", "
+                   "\"mistral\" or \"qwen2\"", t->file);
+    assert_int_equal(load_text(t, &c, "{\"model\": {\"model_type\": \"gpt2\"}}"), -EINVAL);
+    expect_err(&c, "%s:1:12: model.model_type: fsoff trains \"llama\", \"mistral\" or "
+                   "\"qwen2\" models, got \"gpt2\"", t->file);
     assert_int_equal(load_text(t, &c, "{\"optimizer\": {\"type\": \"SGD\"}}"), -EINVAL);
     expect_err(&c, "%s:1:16: optimizer.type: fsoff implements \"AdamW\" (\"Adam\" with "
                    "adam_w_mode true is the same), got \"SGD\" (string)", t->file);
@@ -484,6 +496,70 @@ static void test_unsupported_llama_features_fail(void **state)
                      -EINVAL);
     expect_err(&c, "%s:1:43: optimizer.params.adam_w_mode: L2-mode Adam is not supported; "
                    "fsoff's AdamW decouples weight decay, so set it to true or drop it", t->file);
+}
+
+/* model.model_type and the attention window: Mistral's sliding_window (its
+ * default 4096 when config.json leaves it out), Qwen2's only with
+ * use_sliding_window and a layer at or past max_window_layers; a window at
+ * least data.seq_len long is the same model, a shorter one is refused
+ * naming both keys; layer_types must be what the other keys make it. */
+static void test_model_types_and_the_attention_window(void **state)
+{
+    tdir *t = *state;
+    fso_config c;
+    /* what a model section leaves out: its class's defaults */
+    assert_int_equal(load_text(t, &c, "{\"model\": {\"model_type\": \"mistral\"}}"), 0);
+    assert_int_equal(c.model.num_key_value_heads, 8);
+    assert_int_equal(c.model.intermediate_size, 14336);
+    assert_int_equal(c.model.max_position_embeddings, 131072);
+    assert_int_equal(load_text(t, &c, "{\"model\": {\"model_type\": \"qwen2\"}}"), 0);
+    assert_int_equal(c.model.model_type, FSO_MODEL_QWEN2);
+    assert_int_equal(c.model.vocab_size, 151936);
+    assert_int_equal(c.model.num_key_value_heads, 32);
+    assert_int_equal(c.model.intermediate_size, 22016);
+    assert_int_equal(c.model.max_position_embeddings, 32768);
+    assert_true(fso_model_qkv_bias(&c.model));
+    assert_int_equal(c.model.sliding_window, 4096);
+    assert_int_equal(c.model.max_window_layers, 28);
+    assert_int_equal(fso_model_window(&c.model), 0); /* use_sliding_window false */
+    assert_int_equal(load_text(t, &c, "{\"model\": {\"model_type\": \"llama\"}}"), 0);
+    assert_false(fso_model_qkv_bias(&c.model));
+    assert_int_equal(c.model.sliding_window, 0);
+
+    const char *mistral = "{\"model\": {\"model_type\": \"mistral\", \"sliding_window\": %s},"
+                          " \"data\": {\"seq_len\": %d}}";
+    char text[300];
+    snprintf(text, sizeof text, mistral, "null", 64);
+    assert_int_equal(load_text(t, &c, text), 0);
+    assert_int_equal(fso_model_window(&c.model), 0);
+    snprintf(text, sizeof text, mistral, "64", 64);
+    assert_int_equal(load_text(t, &c, text), 0);
+    assert_int_equal(fso_model_window(&c.model), 64);
+    snprintf(text, sizeof text, mistral, "32", 64);
+    assert_int_equal(load_text(t, &c, text), -EINVAL);
+    expect_err(&c, "%s:1:69: data.seq_len: 64 is longer than model.sliding_window (32, %s:1:37): "
+                   "there each position attends to the last 32 positions only, and fsoff's "
+                   "attention sees the whole sequence; set data.seq_len to at most 32 (the same "
+                   "model then)", t->file, t->file);
+
+    /* qwen2: the window counts only for layers at or past max_window_layers */
+    const char *qwen = "{\"model\": {\"model_type\": \"qwen2\", \"num_hidden_layers\": 2, "
+                       "\"use_sliding_window\": true, \"sliding_window\": 8, "
+                       "\"max_window_layers\": %d%s}, \"data\": {\"seq_len\": 16}}";
+    snprintf(text, sizeof text, qwen, 2, "");
+    assert_int_equal(load_text(t, &c, text), 0);
+    snprintf(text, sizeof text, qwen, 1, "");
+    assert_int_equal(load_text(t, &c, text), -EINVAL);
+    assert_non_null(strstr(c.err, "data.seq_len: 16 is longer than model.sliding_window (8"));
+    snprintf(text, sizeof text, qwen, 2,
+             ", \"layer_types\": [\"full_attention\", \"full_attention\"]");
+    assert_int_equal(load_text(t, &c, text), 0);
+    snprintf(text, sizeof text, qwen, 2,
+             ", \"layer_types\": [\"full_attention\", \"sliding_attention\"]");
+    assert_int_equal(load_text(t, &c, text), -EINVAL);
+    assert_non_null(strstr(c.err, "model.layer_types: layer 1 is \"sliding_attention\", but "
+                                  "model_type, sliding_window, use_sliding_window and "
+                                  "max_window_layers make it \"full_attention\""));
 }
 
 static void test_fp16_enabled_is_rejected(void **state)
@@ -1132,6 +1208,7 @@ int main(void)
         T(test_head_dim_rules),
         T(test_seq_len_must_fit_max_positions),
         T(test_unsupported_llama_features_fail),
+        T(test_model_types_and_the_attention_window),
         T(test_fp16_enabled_is_rejected),
         T(test_train_batch_size_must_be_the_product),
         T(test_ignored_keys_warn_and_load),

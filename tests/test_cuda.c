@@ -591,6 +591,48 @@ static void test_swiglu_and_add_match_reference(void **state)
     }
 }
 
+/* ---------------------------------------------------------------- bias */
+
+/* A linear bias and its gradient (column sums over more rows than one
+ * chunk of partials), fp32 and then bf16 storage, against the reference. */
+static void test_bias_matches_reference(void **state)
+{
+    (void)state;
+    const int N = 301, C = 133;
+    const size_t nc = (size_t)N * C;
+    for (int m = 0; m < 2; m++) {
+        fso_backend *be = cu[m];
+        float *x = hrand(nc, 1), *b = hrand((size_t)C, 0.5), *db = hrand((size_t)C, 1);
+        float *d_x = dput(be, x, nc), *d_b = dput(be, b, (size_t)C);
+        float *d_db = dput(be, db, (size_t)C);
+        ref->ops->bias_add(ref, x, b, FSO_DT_F32, N, C);
+        be->ops->bias_add(be, d_x, d_b, FSO_DT_F32, N, C);
+        check(be, m, "bias_add", d_x, x, nc, TOL_FP32);
+        ref->ops->bias_bwd(ref, db, x, FSO_DT_F32, N, C);
+        be->ops->bias_bwd(be, d_db, d_x, FSO_DT_F32, N, C);
+        check(be, m, "bias_bwd (accumulated)", d_db, db, (size_t)C, TOL_FP32);
+
+        uint16_t *x16 = hrand16(nc, 1), *b16 = hrand16((size_t)C, 0.5);
+        uint16_t *d_x16 = dput16(be, x16, nc), *d_b16 = dput16(be, b16, (size_t)C);
+        be->ops->bias_bwd(be, d_db, d_x16, FSO_DT_BF16, N, C);
+        ref->ops->bias_bwd(ref, db, x16, FSO_DT_BF16, N, C);
+        check(be, m, "bias_bwd bf16 dout", d_db, db, (size_t)C, TOL_FP32);
+        ref->ops->bias_add(ref, x16, b16, FSO_DT_BF16, N, C);
+        be->ops->bias_add(be, d_x16, d_b16, FSO_DT_BF16, N, C);
+        check16(be, m, "bias_add bf16", d_x16, x16, nc, TOL_BF16_STORE);
+        free(x);
+        free(b);
+        free(db);
+        free(x16);
+        free(b16);
+        dfree(be, d_x);
+        dfree(be, d_b);
+        dfree(be, d_db);
+        dfree16(be, d_x16);
+        dfree16(be, d_b16);
+    }
+}
+
 /* ---------------------------------------------------------------- bf16 storage */
 
 static const uint16_t bf16_nan = 0x7fc0;
@@ -1648,10 +1690,11 @@ typedef struct train_trace {
 } train_trace;
 
 static void train_small(const char *backend, int world, fso_tier param, fso_tier optim,
-                        bool bf16, const char *nvme, train_trace *out)
+                        bool bf16, const char *nvme, fso_model_type type, train_trace *out)
 {
     fso_config cfg;
     fso_test_small_model(&cfg, world, 4);
+    cfg.model.model_type = type; /* qwen2: the q/k/v biases too */
     cfg.bf16 = bf16;
     cfg.offload.param_tier = param;
     cfg.offload.optim_tier = optim;
@@ -1702,21 +1745,25 @@ static void test_training_matches_the_cpu_backend(void **state)
     for (int w = 1; w <= (gpus >= 2 ? 2 : 1); w++)
         for (size_t t = 0; t < sizeof tiers / sizeof tiers[0]; t++)
             for (int math = t == 0 ? 0 : 1; math < 2; math++) /* fp32 math once */
-                for (int bf16 = 0; bf16 < 2; bf16++) {
+                for (int bf16 = 0; bf16 < 4; bf16++) { /* 2, 3: Qwen2, on the first tiers */
+                    if (bf16 >= 2 && t != 0)
+                        continue;
+                    const fso_model_type type = bf16 >= 2 ? FSO_MODEL_QWEN2 : FSO_MODEL_LLAMA;
                     train_trace cpu, gpu;
                     setenv("FSO_CUDA_MATH", math == 0 ? "fp32" : "bf16", 1);
-                    train_small("cpu", w, tiers[t][0], tiers[t][1], bf16, nvme, &cpu);
-                    train_small("cuda", w, tiers[t][0], tiers[t][1], bf16, nvme, &gpu);
+                    train_small("cpu", w, tiers[t][0], tiers[t][1], bf16 % 2, nvme, type, &cpu);
+                    train_small("cuda", w, tiers[t][0], tiers[t][1], bf16 % 2, nvme, type, &gpu);
                     const double tol = math == 0 ? 1e-4 : 3e-2;
                     for (int st = 0; st < 3; st++) {
                         double el = fabs(gpu.loss[st] - cpu.loss[st]) / fabs(cpu.loss[st]);
                         double en = fabs(gpu.norm[st] - cpu.norm[st]) / fabs(cpu.norm[st]);
                         if (!(el <= tol) || !(en <= tol))
-                            fail_msg("%d GPUs, tiers %d/%d, %s matmuls, %s parameters, step %d: "
-                                     "loss %.6f vs CPU %.6f, norm %.6f vs %.6f (tolerance %g)",
-                                     w, tiers[t][0], tiers[t][1], math == 0 ? "fp32" : "bf16",
-                                     bf16 ? "bf16" : "fp32", st + 1, gpu.loss[st], cpu.loss[st],
-                                     gpu.norm[st], cpu.norm[st], tol);
+                            fail_msg("%s%d GPUs, tiers %d/%d, %s matmuls, %s parameters, step "
+                                     "%d: loss %.6f vs CPU %.6f, norm %.6f vs %.6f (tolerance %g)",
+                                     bf16 >= 2 ? "Qwen2, " : "", w, tiers[t][0], tiers[t][1],
+                                     math == 0 ? "fp32" : "bf16", bf16 % 2 ? "bf16" : "fp32",
+                                     st + 1, gpu.loss[st], cpu.loss[st], gpu.norm[st],
+                                     cpu.norm[st], tol);
                     }
                 }
     unsetenv("FSO_CUDA_MATH");
@@ -1763,6 +1810,7 @@ static int run_cuda_tests(void)
         cmocka_unit_test(test_attention_mha_matches_reference),
         cmocka_unit_test(test_attention_with_documents_matches_reference),
         cmocka_unit_test(test_swiglu_and_add_match_reference),
+        cmocka_unit_test(test_bias_matches_reference),
         cmocka_unit_test(test_matmul_bf16_matches_reference),
         cmocka_unit_test(test_rmsnorm_bf16_matches_reference),
         cmocka_unit_test(test_embedding_bf16_matches_reference_bit_for_bit),

@@ -50,12 +50,14 @@ typedef struct job {
     bool bf16;
     fso_overlap overlap;
     const fso_tier *tier;
+    bool qwen2;               /* model.model_type "qwen2": q/k/v biases in each layer block */
 } job;
 
 static void describe(const job *j, char *buf, size_t len)
 {
     static const char *const sched[] = {"none", "forward", "backward"};
-    snprintf(buf, len, "%d x %s, %s, schedule %s, tiers %s/%s/%s/%s/%s", j->world, j->backend,
+    snprintf(buf, len, "%s%d x %s, %s, schedule %s, tiers %s/%s/%s/%s/%s",
+             j->qwen2 ? "qwen2, " : "", j->world, j->backend,
              j->bf16 ? "bf16" : "fp32", sched[j->overlap], fso_tier_name(j->tier[0]),
              fso_tier_name(j->tier[1]), fso_tier_name(j->tier[2]), fso_tier_name(j->tier[3]),
              fso_tier_name(j->tier[4]));
@@ -64,6 +66,8 @@ static void describe(const job *j, char *buf, size_t len)
 static void config_for(fso_config *cfg, const job *j)
 {
     fso_test_small_model(cfg, j->world, 4);
+    if (j->qwen2)
+        cfg->model.model_type = FSO_MODEL_QWEN2;
     cfg->backend = fso_backend_find(j->backend)->kind;
     cfg->bf16 = j->bf16;
     cfg->optimizer_overlap = j->overlap;
@@ -215,6 +219,32 @@ static void test_four_devices_allocate_and_move_what_the_footprint_says(void **s
     run_matrix(4);
 }
 
+/* Qwen2's q/k/v biases are parameters of the layer blocks like every other
+ * tensor: counted, sharded and moved as the footprint says, on every
+ * placement (two devices; fp32 on cpu, bf16 on cpu-async). */
+static void test_qwen2_biases_allocate_and_move_what_the_footprint_says(void **state)
+{
+    (void)state;
+    for (size_t p = 0; p < N_PLACEMENTS; p++)
+        for (int b = 0; b < 2; b++) {
+            job j = {.world = 2, .backend = b ? "cpu-async" : "cpu", .bf16 = b == 1,
+                     .overlap = p % 2 ? FSO_OVERLAP_BACKWARD : FSO_OVERLAP_FORWARD,
+                     .tier = placements[p], .qwen2 = true};
+            fso_config cfg;
+            fso_trainer tr;
+            char what[256];
+            config_for(&cfg, &j);
+            describe(&j, what, sizeof what);
+            if (fso_trainer_init(&tr, &cfg) < 0)
+                fail_msg("%s: %s", what, tr.err);
+            const fso_model *m = fso_zero_model(tr.zero);
+            assert_int_equal(m->blocks[1].n_tensors, 12);
+            check_allocation(&j, &cfg, &tr);
+            check_traffic(&j, &cfg, &tr);
+            fso_trainer_free(&tr);
+        }
+}
+
 /* With checkpoint.dir the saver's buffers (host memory outside the arena,
  * while a save runs) are in the trainer's budget and the planner's host
  * need alike, and the arena holds what it holds without them. */
@@ -285,6 +315,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_more_devices_than_fsoff_drives_are_refused),
+        cmocka_unit_test(test_qwen2_biases_allocate_and_move_what_the_footprint_says),
         cmocka_unit_test(test_the_checkpoint_savers_buffers_are_budgeted),
         cmocka_unit_test(test_one_device_allocates_and_moves_what_the_footprint_says),
         cmocka_unit_test(test_two_devices_allocate_and_move_what_the_footprint_says),

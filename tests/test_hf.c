@@ -35,6 +35,7 @@
 #include "hf/hf.h"
 #include "model.h"
 #include "hf/safetensors.h"
+#include "rng.h"
 #include "test_util.h"
 #include "train.h"
 #include "zero/zero.h"
@@ -408,6 +409,7 @@ static float *expected_tensor(expected *x, const char *name, size_t numel)
 typedef struct variant {
     int world;
     const char *tier;   /* "none": every kind on the device; "cpu": in the host arena */
+    fso_backend_kind backend; /* the devices' (0: the fast CPU backend) */
 } variant;
 
 /* The configuration a user would give: the folder, the batch, one AdamW step. */
@@ -418,6 +420,7 @@ static int fixture_config(fso_config *cfg, const char *dir, const expected *x, c
     int n = 0;
     fso_config_defaults(cfg);
     cfg->world = v->world;
+    cfg->backend = v->backend;
     snprintf(sets[n++], sizeof sets[0], "model.init_from=\"%s\"", dir);
     snprintf(sets[n++], sizeof sets[0], "data.seq_len=%d", x->T);
     snprintf(sets[n++], sizeof sets[0], "train_micro_batch_size_per_gpu=%d", x->B / v->world);
@@ -610,21 +613,33 @@ static void run_fixture(const char *name, variant v)
 static void test_gqa_head_dim_bf16_matches_pytorch(void **state)
 {
     (void)state;
-    run_fixture("gqa_head_dim_bf16", (variant){1, "none"});
-    run_fixture("gqa_head_dim_bf16", (variant){2, "cpu"});
+    run_fixture("gqa_head_dim_bf16", (variant){1, "none", FSO_BACKEND_CPU});
+    run_fixture("gqa_head_dim_bf16", (variant){2, "cpu", FSO_BACKEND_CPU});
 }
 
 static void test_llama3_rope_scaling_tied_f16_shards_match_pytorch(void **state)
 {
     (void)state;
-    run_fixture("llama3_tied_f16", (variant){1, "none"});
-    run_fixture("llama3_tied_f16", (variant){2, "cpu"});
+    run_fixture("llama3_tied_f16", (variant){1, "none", FSO_BACKEND_CPU});
+    run_fixture("llama3_tied_f16", (variant){2, "cpu", FSO_BACKEND_CPU});
+}
+
+/* Qwen2: the q/k/v biases' gradients and AdamW step (no weight decay on
+ * them), rope_theta 1e6, a tied head, and a sliding_window that
+ * use_sliding_window false turns off; on the reference backend and the
+ * fast one. */
+static void test_qwen2_biases_tied_bf16_match_pytorch(void **state)
+{
+    (void)state;
+    run_fixture("qwen2_tied_bf16", (variant){1, "none", FSO_BACKEND_CPU_REF});
+    run_fixture("qwen2_tied_bf16", (variant){1, "none", FSO_BACKEND_CPU});
+    run_fixture("qwen2_tied_bf16", (variant){2, "cpu", FSO_BACKEND_CPU});
 }
 
 static void test_linear_rope_scaling_f32_matches_pytorch(void **state)
 {
     (void)state;
-    run_fixture("linear_f32", (variant){1, "cpu"});
+    run_fixture("linear_f32", (variant){1, "cpu", FSO_BACKEND_CPU});
 }
 
 /* ------------------------------------------------------------------ round trip and export */
@@ -634,7 +649,7 @@ static float *master_of(const char *dir, int world, const char *tier, fso_config
                         fso_trainer *tr, const char *extra)
 {
     expected x = {.hyper = {1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f}, .B = 2, .T = 16};
-    variant v = {world, tier};
+    variant v = {world, tier, FSO_BACKEND_CPU};
     char err[512];
     if (fixture_config(cfg, dir, &x, &v, extra) < 0)
         fail_msg("%s", cfg->err);
@@ -876,6 +891,10 @@ static void test_a_disagreeing_user_config_names_the_key(void **state)
                                                "model.init_from's folder, so drop model.head_dim");
     const char *hd16[] = {"model.head_dim=16"};
     assert_string_equal(config_err(linear, hd16, 1), "");
+    char qwen[1024];
+    src_path(qwen, sizeof qwen, "qwen2_tied_bf16");
+    assert_contains(config_err(qwen, hd16, 1), "qwen2_tied_bf16/config.json, which leaves "
+                                               "head_dim at Qwen2Config's default");
     /* a user file's model section, located in that file */
     char path[1200], cfgfile[1200];
     tmp_dir(cfgfile, sizeof cfgfile, "user.json");
@@ -897,16 +916,18 @@ static void test_unsupported_configs_are_refused_by_name(void **state)
     /* errors in config.json are located in it */
     edit_file(dir, "config.json", "\"attention_bias\": false", "\"attention_bias\": true");
     const char *e = config_err(dir, NULL, 0);
-    assert_contains(e, "linear_f32/config.json:5:3: model.attention_bias: biases are not "
+    assert_contains(e, "linear_f32/config.json:5:3: model.attention_bias: biases on all four "
+                       "attention projections, the output's (o_proj) included, are not "
                        "supported");
     edit_file(dir, "config.json", "\"attention_bias\": true", "\"attention_bias\": false");
     edit_file(dir, "config.json", "\"type\": \"linear\"", "\"type\": \"yarn\"");
     assert_contains(config_err(dir, NULL, 0), "model.rope_scaling.type: RoPE scaling of type "
                                               "\"yarn\" is not supported");
     edit_file(dir, "config.json", "\"type\": \"yarn\"", "\"type\": \"linear\"");
-    edit_file(dir, "config.json", "\"model_type\": \"llama\"", "\"model_type\": \"mistral\"");
-    assert_contains(config_err(dir, NULL, 0), "model.model_type: fsoff trains Llama models");
-    edit_file(dir, "config.json", "\"model_type\": \"mistral\"",
+    edit_file(dir, "config.json", "\"model_type\": \"llama\"", "\"model_type\": \"qwen3\"");
+    assert_contains(config_err(dir, NULL, 0), "model.model_type: \"qwen3\" is not supported: "
+                                              "fsoff lacks its per-head RMSNorms of q and k");
+    edit_file(dir, "config.json", "\"model_type\": \"qwen3\"",
               "\"model_type\": \"llama\", \"quantization_config\": {\"bits\": 4}");
     assert_contains(config_err(dir, NULL, 0), "linear_f32/config.json: quantization_config: "
                                               "quantized models are not supported");
@@ -991,6 +1012,20 @@ static void add_bias(fso_st_entry *e, int *n, float *v)
     (*n)++;
 }
 
+static void add_o_bias(fso_st_entry *e, int *n, float *v)
+{
+    (void)v;
+    e[*n] = (fso_st_entry){strdup("model.layers.0.self_attn.o_proj.bias"), FSO_ST_F32, 1, {32}};
+    (*n)++;
+}
+
+static void add_q_norm(fso_st_entry *e, int *n, float *v)
+{
+    (void)v;
+    e[*n] = (fso_st_entry){strdup("model.layers.0.self_attn.q_norm.weight"), FSO_ST_F32, 1, {16}};
+    (*n)++;
+}
+
 static void drop_last(fso_st_entry *e, int *n, float *v)
 {
     (void)v;
@@ -1033,8 +1068,13 @@ static void test_folder_tensors_are_checked_against_the_config(void **state)
         void (*edit)(fso_st_entry *, int *, float *);
         const char *want;
     } cases[] = {
-        {add_bias, "model.safetensors: tensor 'model.layers.0.self_attn.q_proj.bias': fsoff's "
-                   "Llama has no biases"},
+        {add_bias, "model.safetensors: tensor 'model.layers.0.self_attn.q_proj.bias': "
+                   "config.json's model_type \"llama\" has no biases (q/k/v biases are Qwen2's: "
+                   "model_type \"qwen2\")"},
+        {add_o_bias, "tensor 'model.layers.0.self_attn.o_proj.bias': a bias on the attention "
+                     "output (o_proj) is not supported"},
+        {add_q_norm, "tensor 'model.layers.0.self_attn.q_norm.weight': fsoff's decoder has no "
+                     "such norm (Qwen3's per-head q_norm and k_norm among them)"},
         {drop_last, "tensor 'model.norm.weight' is missing; the folder's config.json says the "
                     "model has it"},
         {bad_shape, "model.safetensors: tensor 'model.norm.weight' has shape [4, 8]; config.json "
@@ -1100,6 +1140,223 @@ static void test_a_bad_index_is_refused(void **state)
     }
 }
 
+/* ------------------------------------------------------------------ the families */
+
+/* A folder as transformers saves one: dir/config.json (config_text) and
+ * model.safetensors with every tensor of the model config.json describes,
+ * F32, drawn from seed (norms near 1, the rest near 0). Returns the
+ * values in Hugging Face order (*n_out of them; the caller frees). */
+static float *write_folder(const char *dir, const char *config_text, uint64_t seed,
+                           size_t *n_out)
+{
+    char path[1200], err[512], first[1200], seq[] = "data.seq_len=16";
+    assert_int_equal(mkdir(dir, 0755), 0);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    write_bytes(path, config_text, strlen(config_text));
+    fso_config cfg;
+    snprintf(first, sizeof first, "model.init_from=\"%s\"", dir);
+    char *argv[2] = {first, seq};
+    fso_config_defaults(&cfg);
+    if (fso_config_load_all(&cfg, NULL, argv, 2) < 0)
+        fail_msg("%s", cfg.err);
+    const int nb = fso_model_n_blocks(&cfg.model);
+    fso_block_layout *bl = calloc((size_t)nb, sizeof *bl);
+    assert_non_null(bl);
+    fso_model_layout(bl, &cfg.model, 1);
+    fso_config_free(&cfg);
+    fso_st_entry e[64 * FSO_BLOCK_MAX_TENSORS];
+    int n = 0;
+    size_t total = 0;
+    for (int b = 0; b < nb; b++)
+        for (int i = 0; i < bl[b].n_tensors; i++) {
+            const fso_tensor_desc *d = &bl[b].tensors[i];
+            assert_true(n < (int)(sizeof e / sizeof e[0]));
+            e[n++] = (fso_st_entry){d->name, FSO_ST_F32, fso_tensor_ndim(d),
+                                    {(uint64_t)d->rows, (uint64_t)d->cols}};
+            total += d->numel;
+        }
+    float *v = malloc(sizeof(float) * total);
+    assert_non_null(v);
+    fso_rng rng;
+    fso_rng_seed(&rng, seed);
+    size_t at = 0;
+    for (int b = 0; b < nb; b++)
+        for (int i = 0; i < bl[b].n_tensors; i++) {
+            const fso_tensor_desc *d = &bl[b].tensors[i];
+            for (size_t k = 0; k < d->numel; k++)
+                v[at++] = (float)((d->is_norm ? 1.0 : 0.0) + 0.05 * fso_rng_normal(&rng));
+        }
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    fso_st_writer w;
+    if (fso_st_writer_open(&w, path, e, n, err, sizeof err) < 0 ||
+        fso_st_writer_write(&w, v, sizeof(float) * total, err, sizeof err) < 0 ||
+        fso_st_writer_finish(&w, err, sizeof err) < 0)
+        fail_msg("%s", err);
+    free(bl);
+    *n_out = total;
+    return v;
+}
+
+/* Every key of config.json `a` is in `b` with the same value (numbers as
+ * numbers), torch_dtype excepted (an export says its own). */
+static void assert_config_kept(const char *a_path, const char *b_path)
+{
+    json_error_t je;
+    json_t *a = json_load_file(a_path, 0, &je), *b = json_load_file(b_path, 0, &je);
+    assert_non_null(a);
+    assert_non_null(b);
+    const char *key;
+    json_t *v;
+    json_object_foreach(a, key, v) {
+        json_t *w = json_object_get(b, key);
+        if (strcmp(key, "torch_dtype") == 0)
+            continue;
+        bool same = w && ((json_is_number(v) && json_is_number(w))
+                              ? json_number_value(v) == json_number_value(w)
+                              : json_equal(v, w));
+        if (!same) {
+            char *vs = json_dumps(v, JSON_ENCODE_ANY);
+            char *ws = w ? json_dumps(w, JSON_ENCODE_ANY) : NULL;
+            fail_msg("%s: \"%s\" is %s, the export's %s: %s", a_path, key, vs, b_path,
+                     ws ? ws : "missing");
+        }
+    }
+    json_decref(a);
+    json_decref(b);
+}
+
+/* Small folders shaped as the families' own (their config.json keys, as
+ * transformers writes them): --init-from loads each bit for bit, an
+ * export straight away and after a step writes the same tensors and the
+ * family's config.json (its class, model_type and keys; no lm_head.weight
+ * when tied), and reads back bit for bit. */
+static void test_families_load_and_export_as_they_came(void **state)
+{
+    (void)state;
+    static const char *const qwen2 =
+        "{\"architectures\": [\"Qwen2ForCausalLM\"], \"attention_dropout\": 0.0, "
+        "\"bos_token_id\": 70, \"eos_token_id\": 71, \"hidden_act\": \"silu\", "
+        "\"hidden_size\": 32, \"initializer_range\": 0.02, \"intermediate_size\": 40, "
+        "\"max_position_embeddings\": 32768, \"max_window_layers\": 2, "
+        "\"model_type\": \"qwen2\", \"num_attention_heads\": 4, \"num_hidden_layers\": 2, "
+        "\"num_key_value_heads\": 2, \"rms_norm_eps\": 1e-06, \"rope_scaling\": null, "
+        "\"rope_theta\": 1000000.0, \"sliding_window\": 32768, \"tie_word_embeddings\": true, "
+        "\"torch_dtype\": \"bfloat16\", \"transformers_version\": \"4.43.1\", "
+        "\"use_cache\": true, \"use_sliding_window\": false, \"vocab_size\": 80}\n";
+    static const char *const mistral =
+        "{\"architectures\": [\"MistralForCausalLM\"], \"bos_token_id\": 1, "
+        "\"eos_token_id\": 2, \"hidden_act\": \"silu\", \"hidden_size\": 32, "
+        "\"initializer_range\": 0.02, \"intermediate_size\": 56, "
+        "\"max_position_embeddings\": 32768, \"model_type\": \"mistral\", "
+        "\"num_attention_heads\": 4, \"num_hidden_layers\": 2, \"num_key_value_heads\": 1, "
+        "\"rms_norm_eps\": 1e-05, \"rope_theta\": 10000.0, \"sliding_window\": 4096, "
+        "\"tie_word_embeddings\": false, \"torch_dtype\": \"bfloat16\", "
+        "\"transformers_version\": \"4.34.0.dev0\", \"use_cache\": true, "
+        "\"vocab_size\": 64}\n";
+    static const char *const smollm2 =
+        "{\"architectures\": [\"LlamaForCausalLM\"], \"attention_bias\": false, "
+        "\"attention_dropout\": 0.0, \"bos_token_id\": 0, \"eos_token_id\": 0, "
+        "\"hidden_act\": \"silu\", \"hidden_size\": 24, "
+        "\"initializer_range\": 0.041666666666666664, \"intermediate_size\": 64, "
+        "\"is_llama_config\": true, \"max_position_embeddings\": 8192, \"mlp_bias\": false, "
+        "\"model_type\": \"llama\", \"num_attention_heads\": 3, \"num_hidden_layers\": 2, "
+        "\"num_key_value_heads\": 1, \"pretraining_tp\": 1, \"rms_norm_eps\": 1e-05, "
+        "\"rope_interleaved\": false, \"rope_scaling\": null, \"rope_theta\": 100000, "
+        "\"tie_word_embeddings\": true, \"torch_dtype\": \"bfloat16\", "
+        "\"transformers_version\": \"4.42.3\", \"use_cache\": true, \"vocab_size\": 72}\n";
+    static const char *const tinyllama =
+        "{\"architectures\": [\"LlamaForCausalLM\"], \"bos_token_id\": 1, "
+        "\"eos_token_id\": 2, \"hidden_act\": \"silu\", \"hidden_size\": 32, "
+        "\"initializer_range\": 0.02, \"intermediate_size\": 88, "
+        "\"max_position_embeddings\": 2048, \"model_type\": \"llama\", "
+        "\"num_attention_heads\": 4, \"num_hidden_layers\": 2, \"num_key_value_heads\": 2, "
+        "\"pretraining_tp\": 1, \"rms_norm_eps\": 1e-05, \"rope_scaling\": null, "
+        "\"rope_theta\": 10000.0, \"tie_word_embeddings\": false, "
+        "\"torch_dtype\": \"bfloat16\", \"transformers_version\": \"4.35.0\", "
+        "\"use_cache\": true, \"vocab_size\": 64}\n";
+    const struct {
+        const char *name, *config;
+        bool tied, bias;
+    } cases[] = {
+        {"qwen2", qwen2, true, true},
+        {"mistral", mistral, false, false},
+        {"smollm2", smollm2, true, false},
+        {"tinyllama", tinyllama, false, false},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        char dir[1024], out[1024], path[1200], path2[1200], err[512];
+        size_t n, len;
+        tmp_dir(dir, sizeof dir, cases[c].name);
+        float *v = write_folder(dir, cases[c].config, 7 + c, &n);
+        fso_config cfg;
+        fso_trainer tr;
+        float *p = master_of(dir, 2, "cpu", &cfg, &tr, NULL);
+        const fso_model *m = fso_zero_model(tr.zero);
+        assert_int_equal(m->n_params, n);
+        assert_memory_equal(p, v, sizeof(float) * n);
+        assert_int_equal(fso_model_qkv_bias(&m->mc), cases[c].bias);
+        assert_int_equal(m->mc.tie_word_embeddings, cases[c].tied);
+
+        for (int step = 0; step < 2; step++) { /* straight away, then after a step */
+            if (step == 1) {
+                int32_t in[32], tg[32];
+                for (int i = 0; i < 32; i++)
+                    in[i] = (i * 7 + 3) % m->mc.vocab_size, tg[i] = (i * 5 + 1) % m->mc.vocab_size;
+                fso_zero_step st;
+                if (fso_trainer_step(&tr, in, tg, NULL, &st) < 0)
+                    fail_msg("step: %s", tr.err);
+                assert_int_equal(fso_zero_store_hf(tr.zero, p, err, sizeof err), 0);
+                assert_true(memcmp(p, v, sizeof(float) * n) != 0);
+            }
+            tmp_dir(out, sizeof out, "family-export");
+            char said[512];
+            if (fso_trainer_export_hf(&tr, out, FSO_HF_F32, said, sizeof said, err,
+                                      sizeof err) < 0)
+                fail_msg("export: %s", err);
+            float *r = read_folder(out, &m->mc, n);
+            assert_memory_equal(r, p, sizeof(float) * n);
+            free(r);
+            snprintf(path, sizeof path, "%s/config.json", dir);
+            snprintf(path2, sizeof path2, "%s/config.json", out);
+            assert_config_kept(path, path2);
+            char *conf = read_bytes(path2, &len);
+            /* LlamaConfig's own keys only in a Llama's */
+            assert_int_equal(strstr(conf, "\"pretraining_tp\"") != NULL,
+                             m->mc.model_type == FSO_MODEL_LLAMA);
+            free(conf);
+            snprintf(path, sizeof path, "%s/model.safetensors", out);
+            char *st = read_bytes(path, &len);
+            assert_int_equal(strstr(st + 8, "\"lm_head.weight\"") != NULL, !cases[c].tied);
+            assert_int_equal(strstr(st + 8, "\"model.layers.1.self_attn.v_proj.bias\"") != NULL,
+                             cases[c].bias);
+            free(st);
+            remove_tree(out);
+        }
+        free(p);
+        free(v);
+        fso_trainer_free(&tr);
+        fso_config_free(&cfg);
+        remove_tree(dir);
+    }
+
+    /* a Mistral whose window is shorter than the sequence is another model */
+    char dir[1024], path[1200];
+    tmp_dir(dir, sizeof dir, "mistral-short");
+    assert_int_equal(mkdir(dir, 0755), 0);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    write_bytes(path, mistral, strlen(mistral));
+    edit_file(dir, "config.json", "\"sliding_window\": 4096", "\"sliding_window\": 8");
+    const char *seq[] = {"data.seq_len=16"};
+    const char *e = config_err(dir, seq, 1);
+    assert_contains(e, "--set data.seq_len=16: data.seq_len: 16 is longer than "
+                       "model.sliding_window (8, ");
+    assert_contains(e, "mistral-short/config.json:1:");
+    assert_contains(e, "set data.seq_len to at most 8 (the same model then)");
+    const char *seq8[] = {"data.seq_len=8"};
+    assert_string_equal(config_err(dir, seq8, 1), "");
+    remove_tree(dir);
+}
+
 /* ------------------------------------------------------------------ the test folders */
 
 /* remove_tree (test_util.h), which every test here cleans up with, unlinks
@@ -1155,6 +1412,7 @@ int main(void)
         cmocka_unit_test(test_gqa_head_dim_bf16_matches_pytorch),
         cmocka_unit_test(test_llama3_rope_scaling_tied_f16_shards_match_pytorch),
         cmocka_unit_test(test_linear_rope_scaling_f32_matches_pytorch),
+        cmocka_unit_test(test_qwen2_biases_tied_bf16_match_pytorch),
         cmocka_unit_test(test_export_then_init_from_is_bit_exact),
         cmocka_unit_test(test_export_refuses_what_it_cannot_write),
         cmocka_unit_test(test_config_json_is_the_model_section),
@@ -1162,6 +1420,7 @@ int main(void)
         cmocka_unit_test(test_unsupported_configs_are_refused_by_name),
         cmocka_unit_test(test_folder_tensors_are_checked_against_the_config),
         cmocka_unit_test(test_a_bad_index_is_refused),
+        cmocka_unit_test(test_families_load_and_export_as_they_came),
         cmocka_unit_test(test_remove_tree_follows_no_symlink),
     };
     return cmocka_run_group_tests(tests, make_tmp, drop_tmp);

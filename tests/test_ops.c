@@ -524,6 +524,59 @@ static void test_swiglu(void **state)
         gfree(bufs[i]);
 }
 
+/* ---------------------------------------------------------------- bias */
+
+struct bias_ctx { float *x, *b, *out, *R; int N, C; };
+static double bias_loss(void *c_)
+{
+    struct bias_ctx *c = c_;
+    memcpy(c->out, c->x, sizeof(float) * (size_t)c->N * c->C);
+    ref->ops->bias_add(ref, c->out, c->b, FSO_DT_F32, c->N, c->C);
+    return dot_r(c->out, c->R, (size_t)c->N * c->C);
+}
+
+static void test_bias(void **state)
+{
+    (void)state;
+    int N = 301, C = 133; /* columns past two 64-wide ranges; rows past a pool chunk */
+    size_t nc = (size_t)N * C;
+    float *x = randbuf(nc, 1), *b = randbuf((size_t)C, 0.5), *R = randbuf(nc, 1);
+    float *o1 = copybuf(x, nc), *o2 = copybuf(x, nc);
+    ref->ops->bias_add(ref, o1, b, FSO_DT_F32, N, C);
+    fast->ops->bias_add(fast, o2, b, FSO_DT_F32, N, C);
+    compare_guarded("bias_add", o2, o1, nc, 0);
+    assert_true(o1[2 * C + 5] == x[2 * C + 5] + b[5]);
+
+    /* the gradient adds into db */
+    float *db0 = randbuf((size_t)C, 1);
+    float *db1 = copybuf(db0, (size_t)C), *db2 = copybuf(db0, (size_t)C);
+    ref->ops->bias_bwd(ref, db1, R, FSO_DT_F32, N, C);
+    fast->ops->bias_bwd(fast, db2, R, FSO_DT_F32, N, C);
+    compare_guarded("bias_bwd db (accumulate)", db2, db1, (size_t)C, FAST_TOL);
+    for (int c = 0; c < C; c++) {
+        double s = db0[c];
+        for (int n = 0; n < N; n++)
+            s += R[(size_t)n * C + c];
+        if (fabs(s - db1[c]) > 1e-5 * (1 + fabs(s)))
+            fail_msg("bias_bwd db[%d]: %.9g, column sum %.9g", c, db1[c], s);
+    }
+    memset(db1, 0, sizeof(float) * C);
+    ref->ops->bias_bwd(ref, db1, R, FSO_DT_F32, N, C);
+    struct bias_ctx c = {x, b, o1, R, N, C};
+    fd_check("bias db", b, (size_t)C, db1, bias_loss, &c);
+
+    /* the same bits whatever the fast backend's thread count */
+    fso_backend *one = NULL;
+    assert_int_equal(fso_backend_create(&one, FSO_BACKEND_CPU, 0, 1, 0, NULL, 0), 0);
+    float *db3 = copybuf(db0, (size_t)C);
+    one->ops->bias_bwd(one, db3, R, FSO_DT_F32, N, C);
+    assert_memory_equal(db3, db2, sizeof(float) * C);
+    fso_backend_destroy(one);
+    float *bufs[] = {x, b, R, o1, o2, db0, db1, db2, db3};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
+        gfree(bufs[i]);
+}
+
 /* ---------------------------------------------------------------- cross-entropy */
 
 struct ce_ctx { float *logits, *work, *losses; int32_t *tgt; int N, V; };
@@ -1135,6 +1188,14 @@ static void call_swiglu_bwd(fso_backend *be, void **t, fso_dtype dt, const tcase
 {
     be->ops->swiglu_bwd(be, t[0], t[1], t[2], t[3], t[4], dt, (size_t)c->d[0]);
 }
+static void call_bias_add(fso_backend *be, void **t, fso_dtype dt, const tcase *c)
+{
+    be->ops->bias_add(be, t[0], t[1], dt, c->d[0], c->d[1]);
+}
+static void call_bias_bwd(fso_backend *be, void **t, fso_dtype dt, const tcase *c)
+{
+    be->ops->bias_bwd(be, t[0], t[1], dt, c->d[0], c->d[1]);
+}
 /* attention_bwd reads the probabilities of q, k, v (tensors 5..7 -> 4) */
 static void init_probs(float **t, const tcase *c)
 {
@@ -1277,6 +1338,10 @@ static void test_bf16_tensors_round_once(void **state)
         {"swiglu_bwd", 5, {N * F, N * F, N * F, N * F, N * F},
          {T_OUT, T_OUT, T_IN, T_IN, T_IN}, {true, true, true, true, true}, {N * F}, 0,
          call_swiglu_bwd, NULL},
+        {"bias_add", 2, {N * Co, Co}, {T_INOUT, T_IN}, {true, true}, {N, Co}, 0, call_bias_add,
+         NULL},
+        {"bias_bwd", 2, {Co, N * Co}, {T_INOUT, T_IN}, {false, true}, {N, Co}, 0, call_bias_bwd,
+         NULL},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         run_typed(ref, &cases[i], 0);
@@ -1345,6 +1410,7 @@ int main(void)
         cmocka_unit_test(test_attention_gqa),
         cmocka_unit_test(test_attention_mha),
         cmocka_unit_test(test_swiglu),
+        cmocka_unit_test(test_bias),
         cmocka_unit_test(test_cross_entropy),
         cmocka_unit_test(test_attention_and_rope_keep_documents_apart),
         cmocka_unit_test(test_cross_entropy_skips_negative_targets),

@@ -69,21 +69,24 @@ static void test_checkpointing_is_bit_identical(void **state)
 
 /* Thread counts change no bit: 1 vs 3 threads on one device, 1 vs 3
  * threads per device on two (the devices' matmuls then run at once), fp32
- * and bf16. */
+ * and bf16, Llama and Qwen2 (its biases' gradients). */
 static void test_thread_count_changes_nothing(void **state)
 {
     (void)state;
-    for (int v = 0; v < 4; v++) {
+    for (int v = 0; v < 8; v++) {
         fso_config cfg;
         fso_test_tiny_model(&cfg);
         cfg.world = v & 1 ? 2 : 1;
         cfg.bf16 = v & 2;
+        if (v & 4)
+            cfg.model.model_type = FSO_MODEL_QWEN2;
         run_result a, b;
         char what[128];
         run_threads(&cfg, cfg.world, &a);
         run_threads(&cfg, 3 * cfg.world, &b);
-        snprintf(what, sizeof what, "%d device%s, %s: 1 thread vs 3 threads per device",
-                 cfg.world, cfg.world > 1 ? "s" : "", cfg.bf16 ? "bf16" : "fp32");
+        snprintf(what, sizeof what, "%s%d device%s, %s: 1 thread vs 3 threads per device",
+                 v & 4 ? "Qwen2, " : "", cfg.world, cfg.world > 1 ? "s" : "",
+                 cfg.bf16 ? "bf16" : "fp32");
         assert_bit_identical(&a, &b, 1, what);
         result_free(&a);
         result_free(&b);
@@ -243,10 +246,12 @@ static void test_activation_estimate_matches_allocation(void **state)
         fso_test_tiny_model(&cfg);
         assert_true(cfg.model.num_hidden_layers + 2 <= MAX_TEST_BLOCKS);
     }
-    for (int v = 0; v < 4; v++) {
+    for (int v = 0; v < 8; v++) { /* 4..7: Qwen2, its biases' ops in the step */
         const bool ck = v & 1, bf16 = v & 2;
         fso_config cfg;
         fso_test_tiny_model(&cfg);
+        if (v & 4)
+            cfg.model.model_type = FSO_MODEL_QWEN2;
         fso_backend *be = NULL;
         fso_model m;
         assert_int_equal(fso_backend_create(&be, FSO_BACKEND_CPU, 0, 1, 0, NULL, 0), 0);

@@ -15,6 +15,8 @@ Hugging Face LlamaConfig / LlamaForCausalLM conventions:
     token's position, attention block-diagonal causal (token t sees s <= t
     with s >= t - pos[t]); targets of -100 do not count (cross_entropy's
     ignore_index)
+  * optional biases on the q, k and v projections (qkv_bias: Qwen2's
+    Qwen2ForCausalLM, which is otherwise this model; no bias on o_proj)
 
 Parameter names mirror the HF checkpoint names, and the modules are registered
 so that named_parameters() already yields "HF order"; hf_tensors() spells that
@@ -46,6 +48,7 @@ class LlamaCfg:
     tie_word_embeddings: bool = False
     head_dim: int = None          # None: hidden_size // num_attention_heads
     rope_scaling: dict = None     # None, or {"rope_type": "linear"|"llama3", ...}
+    qkv_bias: bool = False        # Qwen2: q_proj, k_proj, v_proj have biases
 
     def __post_init__(self):
         if self.head_dim is None:
@@ -60,6 +63,8 @@ class LlamaCfg:
         V, C, Fi = self.vocab_size, self.hidden_size, self.intermediate_size
         H, Hkv, D = self.num_attention_heads, self.num_key_value_heads, self.head_dim
         per_layer = 2 * C + C * H * D + 2 * C * Hkv * D + H * D * C + 3 * C * Fi
+        if self.qkv_bias:
+            per_layer += H * D + 2 * Hkv * D
         n = V * C + self.num_hidden_layers * per_layer + C
         if not self.tie_word_embeddings:
             n += V * C
@@ -82,14 +87,16 @@ class RMSNorm(nn.Module):
 
 
 class Linear(nn.Module):
-    """Bias-free linear layer, weight shaped (out, in) as torch.nn.Linear."""
+    """Linear layer, weight shaped (out, in) as torch.nn.Linear; x W^T + b
+    with a bias (out), else x W^T."""
 
-    def __init__(self, n_in, n_out, dtype):
+    def __init__(self, n_in, n_out, dtype, bias=False):
         super().__init__()
         self.weight = _weight(n_out, n_in, dtype=dtype)
+        self.bias = _weight(n_out, dtype=dtype) if bias else None
 
     def forward(self, x):
-        return F.linear(x, self.weight)
+        return F.linear(x, self.weight, self.bias)
 
 
 def inv_freq(D, theta, scaling=None, device=None):
@@ -144,9 +151,9 @@ class Attention(nn.Module):
         C, H, Hkv, D = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         assert H % Hkv == 0
         self.H, self.Hkv, self.D = H, Hkv, D
-        self.q_proj = Linear(C, H * D, dtype)
-        self.k_proj = Linear(C, Hkv * D, dtype)
-        self.v_proj = Linear(C, Hkv * D, dtype)
+        self.q_proj = Linear(C, H * D, dtype, bias=cfg.qkv_bias)
+        self.k_proj = Linear(C, Hkv * D, dtype, bias=cfg.qkv_bias)
+        self.v_proj = Linear(C, Hkv * D, dtype, bias=cfg.qkv_bias)
         self.o_proj = Linear(H * D, C, dtype)
 
     def forward(self, h, cos, sin, keep=None):
@@ -232,11 +239,13 @@ class LlamaForCausalLM(nn.Module):
         out = [("model.embed_tokens.weight", m.embed_tokens.weight)]
         for l, b in enumerate(m.layers):
             p = f"model.layers.{l}."
+            out.append((p + "input_layernorm.weight", b.input_layernorm.weight))
+            for proj in ("q_proj", "k_proj", "v_proj"):   # each bias after its weight
+                lin = getattr(b.self_attn, proj)
+                out.append((p + "self_attn." + proj + ".weight", lin.weight))
+                if lin.bias is not None:
+                    out.append((p + "self_attn." + proj + ".bias", lin.bias))
             out += [
-                (p + "input_layernorm.weight", b.input_layernorm.weight),
-                (p + "self_attn.q_proj.weight", b.self_attn.q_proj.weight),
-                (p + "self_attn.k_proj.weight", b.self_attn.k_proj.weight),
-                (p + "self_attn.v_proj.weight", b.self_attn.v_proj.weight),
                 (p + "self_attn.o_proj.weight", b.self_attn.o_proj.weight),
                 (p + "post_attention_layernorm.weight", b.post_attention_layernorm.weight),
                 (p + "mlp.gate_proj.weight", b.mlp.gate_proj.weight),
@@ -250,11 +259,12 @@ class LlamaForCausalLM(nn.Module):
 
     def param_groups(self, weight_decay):
         """AdamW groups: decay = 2-D linear weights (incl. an untied lm_head);
-        no decay = RMSNorm weights and the embedding (and so a tied head)."""
+        no decay = RMSNorm weights, biases and the embedding (and so a tied
+        head), as transformers' Trainer groups them."""
         decay, no_decay = [], []
         for name, p in self.hf_tensors():
             if name.endswith("layernorm.weight") or name == "model.norm.weight" \
-                    or name == "model.embed_tokens.weight":
+                    or name == "model.embed_tokens.weight" or name.endswith(".bias"):
                 no_decay.append(p)
             else:
                 decay.append(p)
@@ -263,12 +273,12 @@ class LlamaForCausalLM(nn.Module):
 
     @torch.no_grad()
     def init_weights(self, std=0.08, norm_jitter=0.1, generator=None):
-        """Linear weights and embedding ~ N(0, std^2); norm weights
+        """Linear weights, biases and embedding ~ N(0, std^2); norm weights
         1 + norm_jitter * N(0, 1). Drawn in float32 (deterministic across
         dtypes), then cast."""
         for name, p in self.hf_tensors():
             r = torch.randn(p.shape, dtype=torch.float32, generator=generator)
-            if p.dim() == 1:
+            if p.dim() == 1 and not name.endswith(".bias"):
                 p.copy_((1.0 + norm_jitter * r).to(p.dtype))
             else:
                 p.copy_((std * r).to(p.dtype))

@@ -644,7 +644,7 @@ int fso_ckpt_check_config(const fso_ckpt *ck, const fso_config *cfg, char *said,
     static const char *const shape[] = {
         "model.vocab_size", "model.hidden_size", "model.intermediate_size",
         "model.num_hidden_layers", "model.num_attention_heads", "model.num_key_value_heads",
-        "model.head_dim", "model.tie_word_embeddings"};
+        "model.head_dim", "model.tie_word_embeddings", "model.model_type"};
     enum { MAX_SAID = 64 };
     fso_config_change ch[MAX_SAID];
     json_t *now = fso_config_to_json(cfg);

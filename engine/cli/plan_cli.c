@@ -523,8 +523,9 @@ static void print_heading(const plan_report *r)
     const given *g = &r->a->g;
     const uint64_t n_params = r->ctx->n_params;
     char h1[32], h2[32], h3[32];
-    printf("plan: model llama %.*f%s parameters: %d layers, hidden %d, ffn %d, heads %d/%d kv, "
-           "vocab %d%s\n", n_params >= 1e9 ? 2 : 1,
+    printf("plan: model %s %.*f%s parameters: %d layers, hidden %d, ffn %d, heads %d/%d kv, "
+           "vocab %d%s\n", fso_config_choice_name(fso_config_model_type_choices, mc->model_type),
+           n_params >= 1e9 ? 2 : 1,
            n_params >= 1e9 ? n_params / 1e9 : n_params / 1e6, n_params >= 1e9 ? "B" : "M",
            mc->num_hidden_layers, mc->hidden_size, mc->intermediate_size,
            mc->num_attention_heads, mc->num_key_value_heads, mc->vocab_size,

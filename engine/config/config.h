@@ -42,6 +42,19 @@ typedef struct fso_config_given {
     uint8_t origin[FSO_CONFIG_MAX_GIVEN];   /* fso_config_origin */
 } fso_config_given;
 
+/* model.model_type: the Hugging Face architecture (config_enums.c spells
+ * them). Mistral is Llama with sliding_window; Qwen2 adds biases to the
+ * q, k and v projections. */
+typedef enum fso_model_type {
+    FSO_MODEL_LLAMA = 0,          /* LlamaForCausalLM */
+    FSO_MODEL_MISTRAL,            /* MistralForCausalLM */
+    FSO_MODEL_QWEN2,              /* Qwen2ForCausalLM */
+} fso_model_type;
+
+/* transformers' defaults of MistralConfig's and Qwen2Config's window keys */
+#define FSO_SLIDING_WINDOW_DEFAULT 4096
+#define FSO_MAX_WINDOW_LAYERS_DEFAULT 28
+
 typedef struct fso_model_config {
     int vocab_size;
     int hidden_size;
@@ -56,7 +69,34 @@ typedef struct fso_model_config {
     fso_rope_scaling rope_scaling; /* rope_scaling: none, linear or llama3 */
     double initializer_range;
     bool tie_word_embeddings;
+    fso_model_type model_type;    /* model_type */
+    int sliding_window;           /* sliding_window (mistral, qwen2); 0: null */
+    bool use_sliding_window;      /* qwen2: whether sliding_window applies at all */
+    int max_window_layers;        /* qwen2: the layers below this one attend in full */
 } fso_model_config;
+
+/* Whether the q, k and v projections have biases (Qwen2's; model.h's
+ * FSO_T_Q_BIAS, FSO_T_K_BIAS, FSO_T_V_BIAS). */
+static inline bool fso_model_qkv_bias(const fso_model_config *mc)
+{
+    return mc->model_type == FSO_MODEL_QWEN2;
+}
+
+/* The window of the layers that attend through one, as transformers
+ * decides it for the type; 0 when every layer attends to every earlier
+ * position: mistral's sliding_window; qwen2's when use_sliding_window and
+ * some layer is at or past max_window_layers; never llama's. fsoff's
+ * attention is full causal attention, which is the same model when the
+ * window is at least data.seq_len (config_keys.c checks it). */
+static inline int fso_model_window(const fso_model_config *mc)
+{
+    if (mc->model_type == FSO_MODEL_MISTRAL)
+        return mc->sliding_window;
+    if (mc->model_type == FSO_MODEL_QWEN2 && mc->use_sliding_window &&
+        mc->max_window_layers < mc->num_hidden_layers)
+        return mc->sliding_window;
+    return 0;
+}
 
 typedef enum fso_sched_type {
     FSO_SCHED_CONSTANT = 0,       /* no "scheduler" section: optimizer lr throughout */
@@ -236,6 +276,7 @@ typedef struct fso_config_choice {
     int value;
     const char *name;
 } fso_config_choice;
+extern const fso_config_choice fso_config_model_type_choices[];  /* model.model_type */
 extern const fso_config_choice fso_config_optimizer_choices[];   /* optimizer.type */
 extern const fso_config_choice fso_config_tier_choices[];        /* offload_*.device */
 extern const fso_config_choice fso_config_overlap_choices[];     /* train.optimizer_overlap */

@@ -8,6 +8,12 @@
 #include <string.h>
 #include <strings.h>
 
+/* model.model_type: Hugging Face's names */
+const fso_config_choice fso_config_model_type_choices[] = {
+    {FSO_MODEL_LLAMA, "llama"}, {FSO_MODEL_MISTRAL, "mistral"}, {FSO_MODEL_QWEN2, "qwen2"},
+    {0, NULL},
+};
+
 /* optimizer.type: both name fsoff's AdamW ("Adam" with adam_w_mode true is
  * the same); the first is the one written */
 const fso_config_choice fso_config_optimizer_choices[] = {{0, "AdamW"}, {0, "Adam"}, {0, NULL}};

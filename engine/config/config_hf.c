@@ -1,12 +1,15 @@
 /* config_hf.c — a Hugging Face folder's config.json as the "model" section
- * (model.init_from, --init-from), and config.json for an exported folder.
+ * (model.init_from, --init-from), and config.json for an exported folder,
+ * of the folder's type (llama, mistral, qwen2: model.model_type) with that
+ * configuration class's keys, so that transformers loads it as that class.
  *
  * When the merged document's model.init_from names a folder, its
- * config.json (LlamaConfig) becomes the model section, as a layer of its
+ * config.json (LlamaConfig, MistralConfig or Qwen2Config, by its
+ * model_type) becomes the model section, as a layer of its
  * own above the others, so that an error in it is located in it
  * (DIR/config.json:line:col):
  *   - the built-in defaults' model keys no longer apply; what config.json
- *     leaves out takes LlamaConfig's defaults, as transformers does;
+ *     leaves out takes its class's defaults, as transformers does;
  *   - config.json's keys that change nothing in fsoff (token ids, dtype,
  *     transformers' bookkeeping) are skipped without a word (an export
  *     carries them back: fso_hf_config_writes_key, hf_extras.c); the Llama
@@ -17,7 +20,7 @@
  *     rope_parameters: read as the two keys;
  *   - every model key the user gave (a config file or --set) must mean
  *     what config.json says, or be one config.json does not set whose
- *     value is LlamaConfig's default: otherwise an error names the key, its
+ *     value is the class's default: otherwise an error names the key, its
  *     place and config.json's.
  */
 #include <errno.h>
@@ -102,6 +105,14 @@ oom:
     return NULL;
 }
 
+/* Each type's configuration class in transformers, whose defaults apply to
+ * what config.json leaves out. */
+static const char *const config_class[] = {
+    [FSO_MODEL_LLAMA] = "LlamaConfig",
+    [FSO_MODEL_MISTRAL] = "MistralConfig",
+    [FSO_MODEL_QWEN2] = "Qwen2Config",
+};
+
 /* Do a and b hold the same value (numbers compared as numbers)? */
 static bool values_agree(json_t *a, json_t *b)
 {
@@ -141,7 +152,10 @@ static bool model_configs_equal(const fso_model_config *a, const fso_model_confi
            a->max_position_embeddings == b->max_position_embeddings &&
            a->rms_norm_eps == b->rms_norm_eps && a->rope_theta == b->rope_theta &&
            a->initializer_range == b->initializer_range &&
-           a->tie_word_embeddings == b->tie_word_embeddings && ra->type == rb->type &&
+           a->tie_word_embeddings == b->tie_word_embeddings && a->model_type == b->model_type &&
+           a->sliding_window == b->sliding_window &&
+           a->use_sliding_window == b->use_sliding_window &&
+           a->max_window_layers == b->max_window_layers && ra->type == rb->type &&
            ra->factor == rb->factor && ra->low_freq_factor == rb->low_freq_factor &&
            ra->high_freq_factor == rb->high_freq_factor &&
            ra->original_max_position_embeddings == rb->original_max_position_embeddings;
@@ -201,9 +215,10 @@ static int check_user_keys(fso_config *cfg, const struct fso_config_doc *doc, js
         fso_cfg_describe(v, got, sizeof got);
         if (!hv) {
             set_err(cfg,
-                     "%s: model.%s: %s disagrees with %s, which leaves %s at LlamaConfig's "
+                     "%s: model.%s: %s disagrees with %s, which leaves %s at %s's "
                      "default; the model comes from model.init_from's folder, so drop "
-                     "model.%s", where, key, got, hf_path, key, key);
+                     "model.%s", where, key, got, hf_path, key, config_class[hf_mc->model_type],
+                     key);
             return -EINVAL;
         }
         char hf_where[300], hf_val[128];
@@ -362,13 +377,29 @@ static int put_carried(FILE *f, const json_t *carried)
     return 0;
 }
 
+/* Each type's class in transformers, which config.json's architectures names. */
+static const char *const architecture[] = {
+    [FSO_MODEL_LLAMA] = "LlamaForCausalLM",
+    [FSO_MODEL_MISTRAL] = "MistralForCausalLM",
+    [FSO_MODEL_QWEN2] = "Qwen2ForCausalLM",
+};
+
+static void put_window(FILE *f, int window)
+{
+    if (window > 0)
+        fprintf(f, "  \"sliding_window\": %d,\n", window);
+    else
+        fprintf(f, "  \"sliding_window\": null,\n");
+}
+
 int fso_hf_config_write(FILE *f, const fso_model_config *mc, fso_hf_dtype dtype,
                         const json_t *carried)
 {
     const fso_rope_scaling *rs = &mc->rope_scaling;
     fprintf(f, "{\n");
-    fprintf(f, "  \"architectures\": [\"LlamaForCausalLM\"],\n");
-    fprintf(f, "  \"model_type\": \"llama\",\n");
+    fprintf(f, "  \"architectures\": [\"%s\"],\n", architecture[mc->model_type]);
+    fprintf(f, "  \"model_type\": \"%s\",\n",
+            fso_config_choice_name(fso_config_model_type_choices, mc->model_type));
     fprintf(f, "  \"vocab_size\": %d,\n", mc->vocab_size);
     fprintf(f, "  \"hidden_size\": %d,\n", mc->hidden_size);
     fprintf(f, "  \"intermediate_size\": %d,\n", mc->intermediate_size);
@@ -399,10 +430,22 @@ int fso_hf_config_write(FILE *f, const fso_model_config *mc, fso_hf_dtype dtype,
     put_double(f, "initializer_range", mc->initializer_range, true);
     fprintf(f, "  \"tie_word_embeddings\": %s,\n", mc->tie_word_embeddings ? "true" : "false");
     fprintf(f, "  \"hidden_act\": \"silu\",\n");
-    fprintf(f, "  \"attention_bias\": false,\n");
     fprintf(f, "  \"attention_dropout\": 0.0,\n");
-    fprintf(f, "  \"mlp_bias\": false,\n");
-    fprintf(f, "  \"pretraining_tp\": 1,\n");
+    switch (mc->model_type) { /* each configuration class's own keys */
+    case FSO_MODEL_LLAMA:
+        fprintf(f, "  \"attention_bias\": false,\n");
+        fprintf(f, "  \"mlp_bias\": false,\n");
+        fprintf(f, "  \"pretraining_tp\": 1,\n");
+        break;
+    case FSO_MODEL_MISTRAL:
+        put_window(f, mc->sliding_window);
+        break;
+    case FSO_MODEL_QWEN2:
+        fprintf(f, "  \"use_sliding_window\": %s,\n", mc->use_sliding_window ? "true" : "false");
+        put_window(f, mc->sliding_window);
+        fprintf(f, "  \"max_window_layers\": %d,\n", mc->max_window_layers);
+        break;
+    }
     if (json_is_object(carried) && put_carried(f, carried) < 0)
         return -ENOMEM;
     fprintf(f, "  \"torch_dtype\": \"%s\"\n", fso_hf_dtype_torch_name(dtype));

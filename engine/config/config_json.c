@@ -42,6 +42,19 @@ static json_t *model_json(const fso_model_config *m, const char *init_from)
         bad |= set(o, "init_from", json_string(init_from));
     bad |= set(o, "initializer_range", json_real(m->initializer_range));
     bad |= set(o, "tie_word_embeddings", json_boolean(m->tie_word_embeddings));
+    /* the keys of the other types only where they say something, so that a
+     * Llama's document is what it was before fsoff had them (a checkpoint of
+     * then resumes saying no change) */
+    if (m->model_type != FSO_MODEL_LLAMA)
+        bad |= set(o, "model_type", json_string(fso_config_choice_name(
+                                        fso_config_model_type_choices, m->model_type)));
+    if (m->model_type != FSO_MODEL_LLAMA || m->sliding_window > 0)
+        bad |= set(o, "sliding_window",
+                   m->sliding_window > 0 ? json_integer(m->sliding_window) : json_null());
+    if (m->use_sliding_window)
+        bad |= set(o, "use_sliding_window", json_true());
+    if (m->max_window_layers != FSO_MAX_WINDOW_LAYERS_DEFAULT)
+        bad |= set(o, "max_window_layers", json_integer(m->max_window_layers));
     if (bad && o) {
         json_decref(o);
         return NULL;

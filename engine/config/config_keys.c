@@ -374,6 +374,10 @@ const key_spec fso_cfg_model_keys[] = {
     {"rope_scaling", NULL},
     {"pretraining_tp", NULL},
     {"model_type", NULL},
+    {"sliding_window", NULL},
+    {"use_sliding_window", NULL},
+    {"max_window_layers", NULL},
+    {"layer_types", NULL},
     {"architectures", HF_ONLY},
     {"torch_dtype", "precision comes from bf16.enabled"},
     {"bos_token_id", "fsoff trains on token streams as they are"},
@@ -398,15 +402,20 @@ static int model_fixed_keys(walker *w, json_t *m, const keypath *sec)
             return fso_cfg_fail(w, &p, "fsoff's MLP is SwiGLU, so this must be \"silu\", got \"%s\"",
                             s);
     }
+    /* LlamaConfig's attention_bias puts a bias on o_proj too */
     static const char *const no_bias[] = {"attention_bias", "mlp_bias"};
+    static const char *const why[] = {
+        "biases on all four attention projections, the output's (o_proj) included, are not "
+        "supported; fsoff has Qwen2's biases on q_proj, k_proj and v_proj alone, which "
+        "model.model_type \"qwen2\" gives; set it to false",
+        "biases on the MLP projections are not supported; set it to false"};
     for (int i = 0; i < 2; i++) {
         bool b = false;
         keypath p = fso_cfg_kp_child(sec, no_bias[i]);
         if ((v = json_object_get(m, no_bias[i]))) {
             CFG_TRY(want_bool(w, v, &p, &b));
             if (b)
-                return fso_cfg_fail(w, &p, "biases are not supported (Llama has none); set it to "
-                                       "false");
+                return fso_cfg_fail(w, &p, "%s", why[i]);
         }
     }
     if ((v = json_object_get(m, "attention_dropout"))) {
@@ -426,13 +435,83 @@ static int model_fixed_keys(walker *w, json_t *m, const keypath *sec)
             return fso_cfg_fail(w, &p, "must be 1 (fsoff does not emulate tensor-parallel "
                                    "pretraining slices), got %" PRId64, tp);
     }
-    if ((v = json_object_get(m, "model_type"))) {
-        keypath p = fso_cfg_kp_child(sec, "model_type");
-        const char *s = "";
-        CFG_TRY(want_string(w, v, &p, &s));
-        if (strcmp(s, "llama") != 0)
-            return fso_cfg_fail(w, &p, "fsoff trains Llama models, so this must be \"llama\", got "
-                                   "\"%s\"", s);
+    return 0;
+}
+
+/* Architectures near the ones fsoff has, and what it lacks to train them. */
+static const struct {
+    const char *type, *lacks;
+} model_type_lacks[] = {
+    {"qwen3", "its per-head RMSNorms of q and k (q_norm, k_norm)"},
+    {"qwen2_moe", "mixture-of-experts layers"},
+    {"mixtral", "mixture-of-experts layers"},
+    {"gemma", "Gemma's RMSNorm (1 + weight) and scaled embedding"},
+    {"phi3", "fused qkv_proj and gate_up_proj weights"},
+    {NULL, NULL},
+};
+
+/* model.model_type: one of fso_config_model_type_choices. */
+static int model_type_of(walker *w, json_t *m, const keypath *sec, fso_model_type *out)
+{
+    json_t *v = m ? json_object_get(m, "model_type") : NULL;
+    keypath p = fso_cfg_kp_child(sec, "model_type");
+    const char *s = "";
+    *out = FSO_MODEL_LLAMA;
+    if (!v)
+        return 0;
+    CFG_TRY(want_string(w, v, &p, &s));
+    int i = fso_config_choice_find(fso_config_model_type_choices, s, false);
+    if (i >= 0) {
+        *out = (fso_model_type)fso_config_model_type_choices[i].value;
+        return 0;
+    }
+    char list[128];
+    fso_config_choice_list(fso_config_model_type_choices, list, sizeof list);
+    for (int k = 0; model_type_lacks[k].type; k++)
+        if (strcmp(s, model_type_lacks[k].type) == 0)
+            return fso_cfg_fail(w, &p, "\"%s\" is not supported: fsoff lacks %s; it trains %s",
+                                s, model_type_lacks[k].lacks, list);
+    return fso_cfg_fail(w, &p, "fsoff trains %s models, got \"%s\"", list, s);
+}
+
+/* sliding_window (a window or null), use_sliding_window and
+ * max_window_layers with transformers' defaults for the type, and
+ * layer_types, which newer transformers write: it must be what the other
+ * keys make it (fso_model_window's rule), since fsoff derives it. */
+static int apply_window(walker *w, json_t *m, const keypath *sec, fso_model_config *mc)
+{
+    json_t *v = m ? json_object_get(m, "sliding_window") : NULL;
+    keypath p = fso_cfg_kp_child(sec, "sliding_window");
+    mc->sliding_window = mc->model_type == FSO_MODEL_LLAMA ? 0 : FSO_SLIDING_WINDOW_DEFAULT;
+    if (v && json_is_null(v)) {
+        mc->sliding_window = 0;
+    } else if (v) {
+        int64_t x;
+        CFG_TRY(want_int(w, v, &p, 1, INT_MAX, &x));
+        mc->sliding_window = (int)x;
+    }
+    CFG_TRY(get_bool(w, m, sec, "use_sliding_window", BOOL(false), &mc->use_sliding_window));
+    CFG_TRY(get_int32(w, m, sec, "max_window_layers", 0,
+                      I64(FSO_MAX_WINDOW_LAYERS_DEFAULT), &mc->max_window_layers));
+    json_t *lt = m ? json_object_get(m, "layer_types") : NULL;
+    if (!lt || json_is_null(lt))
+        return 0;
+    keypath lp = fso_cfg_kp_child(sec, "layer_types");
+    if (!json_is_array(lt) || json_array_size(lt) != (size_t)mc->num_hidden_layers)
+        return fso_cfg_fail(w, &lp, "expected an array of num_hidden_layers (%d) strings",
+                            mc->num_hidden_layers);
+    const bool windowed = fso_model_window(mc) > 0;
+    for (int l = 0; l < mc->num_hidden_layers; l++) {
+        const char *t = json_string_value(json_array_get(lt, (size_t)l));
+        bool sliding = mc->model_type == FSO_MODEL_MISTRAL ||
+                       (mc->model_type == FSO_MODEL_QWEN2 && l >= mc->max_window_layers);
+        const char *want = windowed && sliding ? "sliding_attention" : "full_attention";
+        if (!t || strcmp(t, want) != 0)
+            return fso_cfg_fail(w, &lp, "layer %d is %s%s%s, but model_type, sliding_window, "
+                                "use_sliding_window and max_window_layers make it \"%s\"; "
+                                "fsoff derives the layers' attention from those keys, so drop "
+                                "layer_types or make it agree", l, t ? "\"" : "",
+                                t ? t : "not a string", t ? "\"" : "", want);
     }
     return 0;
 }
@@ -527,29 +606,48 @@ static int apply_rope_scaling(walker *w, json_t *m, const keypath *sec, fso_rope
     return 0;
 }
 
+/* The shape keys whose defaults differ between the configuration classes
+ * (transformers' LlamaConfig, MistralConfig, Qwen2Config); the others
+ * (hidden_size 4096, 32 layers of 32 heads, rope_theta 10000, ...) are
+ * the same in all three. num_key_value_heads 0: num_attention_heads. */
+static const struct {
+    int64_t vocab_size, intermediate_size, num_key_value_heads, max_position_embeddings;
+} type_defaults[] = {
+    [FSO_MODEL_LLAMA] = {32000, 11008, 0, 2048},
+    [FSO_MODEL_MISTRAL] = {32000, 14336, 8, 4096 * 32},
+    [FSO_MODEL_QWEN2] = {151936, 22016, 32, 32768},
+};
+
 int fso_cfg_apply_model(walker *w, json_t *root)
 {
     fso_model_config *mc = &w->out->model;
     keypath sec = {{"model"}, 1};
     json_t *m;
 
-    /* Library defaults are Hugging Face LlamaConfig's. */
+    /* Library defaults are Hugging Face's configuration class's of the
+     * type (LlamaConfig's unless model_type says otherwise). */
     CFG_TRY(get_section(w, root, "model", false, &m));
     CFG_TRY(fso_cfg_check_keys(w, m, &sec, fso_cfg_model_keys, ""));
-    CFG_TRY(get_int32(w, m, &sec, "vocab_size", 1, I64(32000), &mc->vocab_size));
+    CFG_TRY(model_type_of(w, m, &sec, &mc->model_type));
+    const int64_t *def_kv = &type_defaults[mc->model_type].num_key_value_heads;
+    CFG_TRY(get_int32(w, m, &sec, "vocab_size", 1, &type_defaults[mc->model_type].vocab_size,
+                      &mc->vocab_size));
     CFG_TRY(get_int32(w, m, &sec, "hidden_size", 1, I64(4096), &mc->hidden_size));
-    CFG_TRY(get_int32(w, m, &sec, "intermediate_size", 1, I64(11008), &mc->intermediate_size));
+    CFG_TRY(get_int32(w, m, &sec, "intermediate_size", 1,
+                      &type_defaults[mc->model_type].intermediate_size, &mc->intermediate_size));
     CFG_TRY(get_int32(w, m, &sec, "num_hidden_layers", 1, I64(32), &mc->num_hidden_layers));
     CFG_TRY(get_int32(w, m, &sec, "num_attention_heads", 1, I64(32), &mc->num_attention_heads));
-    CFG_TRY(get_int32(w, m, &sec, "num_key_value_heads", 1, I64(mc->num_attention_heads),
-                      &mc->num_key_value_heads));
-    CFG_TRY(get_int32(w, m, &sec, "max_position_embeddings", 1, I64(2048),
+    CFG_TRY(get_int32(w, m, &sec, "num_key_value_heads", 1,
+                      *def_kv ? def_kv : I64(mc->num_attention_heads), &mc->num_key_value_heads));
+    CFG_TRY(get_int32(w, m, &sec, "max_position_embeddings", 1,
+                      &type_defaults[mc->model_type].max_position_embeddings,
                       &mc->max_position_embeddings));
     CFG_TRY(get_number(w, m, &sec, "rms_norm_eps", RANGE_POSITIVE, DBL(1e-6), &mc->rms_norm_eps));
     CFG_TRY(get_number(w, m, &sec, "rope_theta", RANGE_POSITIVE, DBL(10000.0), &mc->rope_theta));
     CFG_TRY(get_number(w, m, &sec, "initializer_range", RANGE_POSITIVE, DBL(0.02),
                        &mc->initializer_range));
     CFG_TRY(get_bool(w, m, &sec, "tie_word_embeddings", BOOL(false), &mc->tie_word_embeddings));
+    CFG_TRY(apply_window(w, m, &sec, mc));
     if (m)
         CFG_TRY(model_fixed_keys(w, m, &sec));
     CFG_TRY(apply_rope_scaling(w, m, &sec, &mc->rope_scaling));
@@ -735,6 +833,19 @@ static int apply_data(walker *w, json_t *root)
                             "must be <= model.max_position_embeddings (%d), got %d; shorten "
                             "data.seq_len or raise model.max_position_embeddings",
                             maxpos, d->seq_len);
+    }
+    int window = fso_model_window(&w->out->model);
+    if (window > 0 && window < d->seq_len) {
+        keypath p = fso_cfg_kp_child(&sec, "seq_len");
+        keypath sw = {{"model", "sliding_window"}, 2};
+        char where[300];
+        fso_cfg_where(w->doc, &sw, where, sizeof where);
+        return fso_cfg_fail(w, &p,
+                                "%d is longer than model.sliding_window (%d, %s): there each "
+                                "position attends to the last %d positions only, and fsoff's "
+                                "attention sees the whole sequence; set data.seq_len to at "
+                                "most %d (the same model then)", d->seq_len, window, where,
+                                window, window);
     }
     return 0;
 }

@@ -1,12 +1,15 @@
-/* hf.h — Hugging Face Llama folders: reading one into fsoff's blocks
- * (`--init-from DIR`, model.init_from) and writing one (export).
+/* hf.h — Hugging Face Llama, Mistral and Qwen2 folders: reading one into
+ * fsoff's blocks (`--init-from DIR`, model.init_from) and writing one
+ * (export).
  *
- * A folder holds config.json (LlamaConfig; engine/config/config_hf.c reads it into
- * the "model" section) and the weights in safetensors (safetensors.h):
- * model.safetensors, or shards listed by model.safetensors.index.json.
- * Tensor names and shapes are transformers' LlamaForCausalLM ones, in the
- * order of model.h's block tables ("Hugging Face order"): embed_tokens,
- * per layer input_layernorm, q/k/v/o_proj, post_attention_layernorm,
+ * A folder holds config.json (LlamaConfig, MistralConfig or Qwen2Config;
+ * engine/config/config_hf.c reads it into the "model" section) and the
+ * weights in safetensors (safetensors.h): model.safetensors, or shards
+ * listed by model.safetensors.index.json. Tensor names and shapes are
+ * transformers' LlamaForCausalLM ones (MistralForCausalLM's are the same;
+ * Qwen2ForCausalLM adds q/k/v_proj.bias), in the order of model.h's block
+ * tables ("Hugging Face order"): embed_tokens, per layer input_layernorm,
+ * q/k/v_proj (each with its bias in Qwen2), o_proj, post_attention_layernorm,
  * gate/up/down_proj, model.norm, lm_head. With tie_word_embeddings there is
  * no lm_head.weight in the files, as transformers saves it.
  *
@@ -139,9 +142,12 @@ typedef struct fso_hf_export_opts {
 int fso_hf_export(const char *outdir, const fso_model_config *mc, const fso_hf_export_opts *o,
                   const fso_hf_source *src, char *err, size_t errlen);
 
-/* config.json for model mc whose shards hold dtype (config_hf.c): LlamaConfig's
- * keys, rope_scaling, tie_word_embeddings, torch_dtype, and then carried's keys
- * (NULL: none) as they were. 0 or -EIO. */
+/* config.json for model mc whose shards hold dtype (config_hf.c): the
+ * architectures and model_type of mc's type, the configuration class's keys
+ * (LlamaConfig's; MistralConfig's sliding_window; Qwen2Config's
+ * use_sliding_window, sliding_window and max_window_layers), rope_scaling,
+ * tie_word_embeddings, torch_dtype, and then carried's keys (NULL: none) as
+ * they were. 0 or -EIO. */
 int fso_hf_config_write(FILE *f, const fso_model_config *mc, fso_hf_dtype dtype,
                         const json_t *carried);
 /* Whether fso_hf_config_write writes config.json's key itself (from the
@@ -158,7 +164,7 @@ typedef struct fso_hf_folder fso_hf_folder;
  * file's header is checked as the safetensors reference implementation
  * does (safetensors.h), and every tensor the model needs must be there with
  * its shape and dtype F32, BF16 or F16; a tensor the model does not have is
- * refused by name (biases among them), except transformers' rotary
+ * refused by name (o_proj and MLP biases, other norms among them), except transformers' rotary
  * inv_freq buffers and, when tied, lm_head.weight, which are skipped as
  * transformers skips them. Nothing is read but headers. 0 or a negative
  * errno with a message naming the file and the tensor in err. */

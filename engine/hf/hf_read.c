@@ -1,4 +1,4 @@
-/* hf_read.c — a Hugging Face Llama folder's weights, block by block
+/* hf_read.c — a Hugging Face Llama, Mistral or Qwen2 folder's weights, block by block
  * (hf.h, import). The folder's tensors are matched against the model's
  * block tables when it is opened; reading a block then preads each of its
  * tensors straight into the block's flat buffer. */
@@ -177,15 +177,26 @@ static int unexpected(const fso_model_config *mc, const char *file,
                       const char *name, char *err, size_t errlen)
 {
     int layer;
-    if (ends_with(name, ".bias"))
-        snprintf(err, errlen, "%s: tensor '%s': fsoff's Llama has no biases (attention_bias and "
-                              "mlp_bias must be false)", file, name);
+    const char *type = fso_config_choice_name(fso_config_model_type_choices, mc->model_type);
+    if (ends_with(name, ".o_proj.bias"))
+        snprintf(err, errlen, "%s: tensor '%s': a bias on the attention output (o_proj) is not "
+                              "supported", file, name);
+    else if (strstr(name, ".mlp.") && ends_with(name, ".bias"))
+        snprintf(err, errlen, "%s: tensor '%s': biases on the MLP projections are not supported",
+                 file, name);
+    else if (ends_with(name, ".bias") && !fso_model_qkv_bias(mc))
+        snprintf(err, errlen, "%s: tensor '%s': config.json's model_type \"%s\" has no biases "
+                              "(q/k/v biases are Qwen2's: model_type \"qwen2\")", file, name,
+                 type);
+    else if (strstr(name, "_norm.") && !strstr(name, "layernorm"))
+        snprintf(err, errlen, "%s: tensor '%s': fsoff's decoder has no such norm (Qwen3's per-head "
+                              "q_norm and k_norm among them)", file, name);
     else if (sscanf(name, "model.layers.%d.", &layer) == 1 && layer >= mc->num_hidden_layers)
         snprintf(err, errlen, "%s: tensor '%s': config.json says num_hidden_layers is %d", file,
                  name, mc->num_hidden_layers);
     else
-        snprintf(err, errlen, "%s: tensor '%s' is not a tensor of transformers' "
-                              "LlamaForCausalLM with this config.json", file, name);
+        snprintf(err, errlen, "%s: tensor '%s' is not a tensor of transformers' %s model with "
+                              "this config.json", file, name, type);
     return -EINVAL;
 }
 
@@ -242,7 +253,7 @@ static int check_placed(const fso_hf_folder *h, char *err, size_t errlen)
         const fso_st_file *f = &h->files[p->file];
         const fso_st_tensor *t = p->t;
         uint64_t want[2] = {(uint64_t)d->rows, (uint64_t)d->cols};
-        int want_ndim = d->is_norm ? 1 : 2;
+        int want_ndim = fso_tensor_ndim(d);
         if (t->ndim != want_ndim || t->shape[0] != want[0] ||
             (want_ndim == 2 && t->shape[1] != want[1])) {
             char got[160], exp[64];

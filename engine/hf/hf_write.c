@@ -431,7 +431,7 @@ int fso_hf_export(const char *outdir, const fso_model_config *mc, const fso_hf_e
             t[i].block = b;
             t[i].e.name = d->name;
             t[i].e.dtype = dtype_info[o->dtype].st;
-            t[i].e.ndim = d->is_norm ? 1 : 2;
+            t[i].e.ndim = fso_tensor_ndim(d);
             t[i].e.shape[0] = (uint64_t)d->rows;
             t[i].e.shape[1] = (uint64_t)d->cols;
         }

@@ -174,6 +174,8 @@ void fso_cuda_swiglu_fwd(fso_backend *be, void *out, const void *gate, const voi
                          fso_dtype dt, size_t n);
 void fso_cuda_swiglu_bwd(fso_backend *be, void *dgate, void *dup, const void *dout,
                          const void *gate, const void *up, fso_dtype dt, size_t n);
+void fso_cuda_bias_add(fso_backend *be, void *out, const void *b, fso_dtype dt, int N, int C);
+void fso_cuda_bias_bwd(fso_backend *be, float *db, const void *dout, fso_dtype dt, int N, int C);
 void fso_cuda_add(fso_backend *be, float *out, const float *a, const float *b, size_t n);
 void fso_cuda_cross_entropy(fso_backend *be, float *dlogits, float *losses, const float *logits,
                             const int32_t *targets, int N, int V, float dscale);

@@ -1,6 +1,6 @@
 /* cuda_ops.cu — the CUDA backend's non-matmul ops: embedding, RMSNorm,
- * RoPE, SwiGLU, residual add, cross-entropy, squared norm and sum, the bf16
- * casts and AdamW.
+ * RoPE, SwiGLU, linear biases, residual add, cross-entropy, squared norm
+ * and sum, the bf16 casts and AdamW.
  *
  * Each op mirrors the formula of cpu_ref.c in fp32 with fp32 accumulation
  * (sqnorm and sum: double). The typed ops (embedding_fwd, RMSNorm, RoPE,
@@ -8,7 +8,8 @@
  * in (cuda_common.cuh): bf16 values widen exactly on load, the math is the
  * fp32 path's, and a bf16 output is rounded once, when stored. Ops are
  * queued on the compute stream and never wait on the host. Reductions that
- * cross threads (RMSNorm's weight gradient, the embedding gradient, sqnorm)
+ * cross threads (RMSNorm's weight gradient, a bias's gradient, the embedding
+ * gradient, sqnorm)
  * give every output element one writer and add in an order fixed by the
  * sizes, so results repeat bit for bit; no atomics on floats.
  */
@@ -377,6 +378,76 @@ extern "C" void fso_cuda_add(fso_backend *be, float *out, const float *a, const 
     cudaStream_t s = fso_cuda_begin(be, FSO_CS_COMPUTE);
     add_kernel<<<fso_grid_for(n, EW_THREADS), EW_THREADS, 0, s>>>(out, a, b, n);
     fso_cuda_end(be, FSO_CS_COMPUTE, "add");
+}
+
+/* ------------------------------------------------------------ bias */
+
+/* out[n][c] += b[c], both stored as E: widened, added in fp32, rounded once. */
+template <typename E>
+__global__ void bias_add_kernel(E *out, const E *b, int C, size_t total)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
+         i += (size_t)gridDim.x * blockDim.x)
+        fso_store(out + i, fso_load(out + i) + fso_load(b + i % C));
+}
+
+extern "C" void fso_cuda_bias_add(fso_backend *be, void *out, const void *b, fso_dtype dt, int N,
+                                  int C)
+{
+    const size_t total = (size_t)N * C;
+    if (N <= 0 || C <= 0)
+        return;
+    cudaStream_t s = fso_cuda_begin(be, FSO_CS_COMPUTE);
+    const unsigned grid = fso_grid_for(total, EW_THREADS);
+    if (dt == FSO_DT_BF16)
+        bias_add_kernel<<<grid, EW_THREADS, 0, s>>>((uint16_t *)out, (const uint16_t *)b, C,
+                                                    total);
+    else
+        bias_add_kernel<<<grid, EW_THREADS, 0, s>>>((float *)out, (const float *)b, C, total);
+    fso_cuda_end(be, FSO_CS_COMPUTE, "bias_add");
+}
+
+/* db partials as RMSNorm's weight gradient takes them: part[chunk][c] = the
+ * sum of dout's column c over the chunk's RN_ROWS_PER_CHUNK rows, in order;
+ * then db[c] += the partials in chunk order. One writer per element. */
+template <typename E>
+__global__ void bias_bwd_partial_kernel(float *part, const E *dout, int N, int C, int chunks)
+{
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C)
+        return;
+    for (int chunk = blockIdx.y; chunk < chunks; chunk += gridDim.y) {
+        const int n0 = chunk * RN_ROWS_PER_CHUNK;
+        const int n1 = min(N, n0 + RN_ROWS_PER_CHUNK);
+        float acc = 0.0f;
+        for (int n = n0; n < n1; n++)
+            acc += fso_load(dout + (size_t)n * C + c);
+        part[(size_t)chunk * C + c] = acc;
+    }
+}
+
+extern "C" void fso_cuda_bias_bwd(fso_backend *be, float *db, const void *dout, fso_dtype dt,
+                                  int N, int C)
+{
+    if (N <= 0 || C <= 0)
+        return;
+    cudaStream_t s = fso_cuda_begin(be, FSO_CS_COMPUTE);
+    const int chunks = (N + RN_ROWS_PER_CHUNK - 1) / RN_ROWS_PER_CHUNK;
+    float *part = (float *)fso_cuda_scratch(be, sizeof(float) * (size_t)chunks * C);
+    if (part) {
+        const unsigned threads = C < 256 ? 32 : 256;
+        dim3 grid((unsigned)((C + threads - 1) / threads),
+                  (unsigned)(chunks < RN_GRID_Y_MAX ? chunks : RN_GRID_Y_MAX));
+        if (dt == FSO_DT_BF16)
+            bias_bwd_partial_kernel<<<grid, threads, 0, s>>>(part, (const uint16_t *)dout, N, C,
+                                                             chunks);
+        else
+            bias_bwd_partial_kernel<<<grid, threads, 0, s>>>(part, (const float *)dout, N, C,
+                                                             chunks);
+        rmsnorm_bwd_dw_sum_kernel<<<(unsigned)((C + threads - 1) / threads), threads, 0, s>>>(
+            db, part, chunks, C);
+    }
+    fso_cuda_end(be, FSO_CS_COMPUTE, "bias_bwd");
 }
 
 /* ------------------------------------------------------------ casts */
