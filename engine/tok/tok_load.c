@@ -129,7 +129,7 @@ static int load_model(ld *l, json_t *root, tok_strmap *written)
         json_t *v = json_object_get(m, off[k]);
         if (!unset(v)) {
             path[1] = off[k];
-            char *val = json_dumps(v, JSON_ENCODE_ANY);
+            char *val = json_dumps(v, JSON_ENCODE_ANY | JSON_REAL_PRECISION(6));
             int rc = REFUSE(l, path, 2, "%s is not supported (got %s); fsoff runs BPE without it",
                             off[k], val ? val : "?");
             free(val);
