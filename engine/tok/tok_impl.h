@@ -78,10 +78,17 @@ typedef enum tok_pre_kind {
     TOK_PRE_DIGITS,     /* Digits(individual_digits) */
     TOK_PRE_METASPACE,  /* Metaspace(replacement, prepend_scheme, split) */
 } tok_pre_kind;
+/* The split patterns tok_scan.c matches by hand on ASCII text. */
+typedef enum tok_scan_kind { TOK_SCAN_NONE, TOK_SCAN_GPT2, TOK_SCAN_LLAMA3, TOK_SCAN_QWEN2 } tok_scan_kind;
+tok_scan_kind tok_scan_kind_of(const char *pat, size_t len);
+/* The end of Oniguruma's match at pos, or 0 when it depends on non-ASCII. */
+size_t tok_scan_match(tok_scan_kind kind, const char *s, size_t len, size_t pos);
+
 typedef enum tok_prepend { TOK_PREPEND_ALWAYS, TOK_PREPEND_FIRST, TOK_PREPEND_NEVER } tok_prepend;
 typedef struct tok_pre {
     tok_pre_kind kind;
     OnigRegex re;             /* SPLIT, BYTELEVEL with use_regex */
+    tok_scan_kind scan;       /* re is one tok_scan.c knows */
     bool add_prefix_space;    /* BYTELEVEL */
     bool individual;          /* DIGITS */
     char repl[8];             /* METASPACE replacement, UTF-8 */

@@ -507,6 +507,7 @@ static int load_pre_one(ld *l, json_t *p, const char **path, int depth)
         if ((rc = compile_regex(l, json_string_value(rx), json_string_length(rx), &pt->re, path,
                                 depth + 2)))
             return rc;
+        pt->scan = tok_scan_kind_of(json_string_value(rx), json_string_length(rx));
     } else if (!strcmp(ty, "ByteLevel")) {
         bool use_regex = true;
         pt->kind = TOK_PRE_BYTELEVEL;
@@ -516,6 +517,8 @@ static int load_pre_one(ld *l, json_t *p, const char **path, int depth)
         if (use_regex && (rc = compile_regex(l, GPT2_PATTERN, sizeof GPT2_PATTERN - 1, &pt->re,
                                              path, depth)))
             return rc;
+        if (use_regex)
+            pt->scan = tok_scan_kind_of(GPT2_PATTERN, sizeof GPT2_PATTERN - 1);
         t->byte_level = true;
     } else if (!strcmp(ty, "Digits")) {
         pt->kind = TOK_PRE_DIGITS;

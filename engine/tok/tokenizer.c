@@ -126,19 +126,36 @@ static int emit(fso_tok_worker *w, int i, const char *s, size_t len, bool at_ori
 }
 
 /* Isolated split: every match and every gap between matches is a piece. */
-static int split_regex(fso_tok_worker *w, int i, OnigRegex re, const char *s, size_t len,
-                       bool at_origin, fso_ids *out)
+static int split_regex(fso_tok_worker *w, int i, OnigRegex re, tok_scan_kind scan,
+                       const char *s, size_t len, bool at_origin, fso_ids *out)
 {
     const UChar *start = (const UChar *)s, *end = start + len;
     OnigRegion *rg = w->region[i];
     size_t pos = 0, gap = 0;
     while (pos < len) {
-        int r = onig_search(re, start, end, start + pos, end, rg, ONIG_OPTION_NONE);
-        if (r == ONIG_MISMATCH)
-            break;
-        if (r < 0)
-            return -EINVAL;
-        size_t b = (size_t)rg->beg[0], e = (size_t)rg->end[0];
+        /* The leftmost match from pos: the hand scanner's when it knows the
+         * pattern and the text there is ASCII (tok_scan.c); else Oniguruma,
+         * anchored at pos first (the patterns in use match at every
+         * position), then searching (the same result when nothing matches
+         * at pos). */
+        size_t b, e;
+        int r;
+        if (scan && (e = tok_scan_match(scan, s, len, pos)) > pos) {
+            b = pos;
+        } else if ((r = onig_match(re, start, end, start + pos, rg, ONIG_OPTION_NONE)) > 0) {
+            b = pos;
+            e = pos + (size_t)r;
+        } else {
+            if (r != ONIG_MISMATCH && r < 0)
+                return -EINVAL;
+            r = onig_search(re, start, end, start + pos, end, rg, ONIG_OPTION_NONE);
+            if (r == ONIG_MISMATCH)
+                break;
+            if (r < 0)
+                return -EINVAL;
+            b = (size_t)rg->beg[0];
+            e = (size_t)rg->end[0];
+        }
         if (e == b) { /* an empty match: no piece; step over one character */
             int cl = tok_utf8_len(start + b, len - b);
             pos = b + (size_t)(cl ? cl : 1);
@@ -248,7 +265,7 @@ static int pre_stage(fso_tok_worker *w, int i, const char *s, size_t len, bool a
     const tok_pre *pt = &t->pre[i];
     switch (pt->kind) {
     case TOK_PRE_SPLIT:
-        return split_regex(w, i, pt->re, s, len, at_origin, out);
+        return split_regex(w, i, pt->re, pt->scan, s, len, at_origin, out);
     case TOK_PRE_BYTELEVEL:
         if (pt->add_prefix_space && s[0] != ' ') {
             tok_buf *b = &w->stage[i];
@@ -260,7 +277,7 @@ static int pre_stage(fso_tok_worker *w, int i, const char *s, size_t len, bool a
             len++;
         }
         if (pt->re)
-            return split_regex(w, i, pt->re, s, len, at_origin, out);
+            return split_regex(w, i, pt->re, pt->scan, s, len, at_origin, out);
         return emit(w, i, s, len, at_origin, out);
     case TOK_PRE_DIGITS:
         return split_digits(w, i, pt->individual, s, len, at_origin, out);
