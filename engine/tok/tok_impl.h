@@ -109,8 +109,9 @@ typedef struct tok_dec {
     tok_prepend prepend;      /* METASPACE */
 } tok_dec;
 
-/* An added token that encode() still matches in text: the library splits
- * text on non-special added tokens even with split_special_tokens=True. */
+/* An added token as encode() matches it in text: the library splits text on
+ * non-special added tokens even with split_special_tokens=True; a special
+ * one it finds is left as text (so it still hides what overlaps it). */
 typedef struct tok_added {
     char *content;
     size_t len;
@@ -136,9 +137,13 @@ struct fso_tokenizer {
     size_t *id_len;
     bool *id_added;
     int32_t n_ids;
-    tok_added *matched;       /* non-special added tokens, matched in text */
-    int n_matched;
-    uint8_t matched_first[32];/* bitmap of their first bytes */
+    /* Added tokens matched in text, in the library's two passes: [0] those
+     * with normalized=false on the raw text, then [1] normalized=true ones on
+     * what is left (only when no normalizer runs). A pass without a
+     * non-special token is skipped: it cannot split anything. */
+    tok_added *matched[2];
+    int n_matched[2];
+    uint8_t matched_first[2][32]; /* bitmaps of their first bytes */
     tok_norm norm[TOK_MAX_NORM];
     int n_norm;
     tok_pre pre[TOK_MAX_PRE];

@@ -317,9 +317,10 @@ static int load_added(ld *l, json_t *root, tok_strmap *written)
     if (!json_is_array(arr))
         return BAD(l, path, 1, "expected an array");
     size_t n = json_array_size(arr);
-    t->matched = calloc(n + 1, sizeof *t->matched);
-    if (!t->matched)
-        return -ENOMEM;
+    for (int k = 0; k < 2; k++)
+        if (!(t->matched[k] = calloc(n + 1, sizeof *t->matched[k])))
+            return -ENOMEM;
+    bool splits[2] = {false, false};
     for (size_t i = 0; i < n; i++) {
         json_t *a = json_array_get(arr, i);
         snprintf(idx, sizeof idx, "%zu", i);
@@ -342,30 +343,40 @@ static int load_added(ld *l, json_t *root, tok_strmap *written)
             return -ENOMEM;
         if (iid >= t->n_ids)
             t->n_ids = iid + 1;
-        if (special)
-            continue; /* split_special_tokens=True: plain text in encode() */
-        static const char *const flags[] = {"lstrip", "rstrip", "single_word"};
-        for (int k = 0; k < 3; k++) {
-            if ((rc = get_bool(l, a, flags[k], false, &flag, path, 2)))
-                return rc;
-            if (flag) {
-                path[2] = flags[k];
-                return REFUSE(l, path, 3, "a non-special added token (\"%s\") with %s=true is "
-                              "not supported", c, flags[k]);
+        if (!special) {
+            static const char *const flags[] = {"lstrip", "rstrip", "single_word"};
+            for (int k = 0; k < 3; k++) {
+                if ((rc = get_bool(l, a, flags[k], false, &flag, path, 2)))
+                    return rc;
+                if (flag) {
+                    path[2] = flags[k];
+                    return REFUSE(l, path, 3, "a non-special added token (\"%s\") with %s=true "
+                                  "is not supported", c, flags[k]);
+                }
             }
+            if (normalized && t->n_norm) {
+                path[2] = "normalized";
+                return REFUSE(l, path, 3, "a non-special added token (\"%s\") matched after the "
+                              "normalizer is not supported", c);
+            }
+            splits[normalized] = true;
         }
-        if (normalized && t->n_norm) {
-            path[2] = "normalized";
-            return REFUSE(l, path, 3, "a non-special added token (\"%s\") matched after the "
-                          "normalizer is not supported", c);
-        }
-        tok_added *m = &t->matched[t->n_matched++];
+        /* split_special_tokens=True: a special token found is left as text */
+        int pass = normalized;
+        tok_added *m = &t->matched[pass][t->n_matched[pass]++];
         if ((rc = dup_str(content, &m->content, &m->len)))
             return rc;
         m->id = iid;
+        m->special = special;
         unsigned char f = (unsigned char)c[0];
-        t->matched_first[f >> 3] |= (uint8_t)(1u << (f & 7));
+        t->matched_first[pass][f >> 3] |= (uint8_t)(1u << (f & 7));
     }
+    for (int k = 0; k < 2; k++)
+        if (!splits[k]) {
+            for (int i = 0; i < t->n_matched[k]; i++)
+                free(t->matched[k][i].content);
+            t->n_matched[k] = 0;
+        }
     return 0;
 }
 
@@ -894,9 +905,11 @@ void fso_tokenizer_free(fso_tokenizer *t)
     free(t->id_str);
     free(t->id_len);
     free(t->id_added);
-    for (int i = 0; i < t->n_matched; i++)
-        free(t->matched[i].content);
-    free(t->matched);
+    for (int k = 0; k < 2; k++) {
+        for (int i = 0; i < t->n_matched[k]; i++)
+            free(t->matched[k][i].content);
+        free(t->matched[k]);
+    }
     for (int i = 0; i < t->n_norm; i++) {
         free(t->norm[i].a);
         free(t->norm[i].b);

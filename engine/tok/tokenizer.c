@@ -377,19 +377,53 @@ static int encode_segment(fso_tok_worker *w, const char *s, size_t len, size_t a
     return pre_stage(w, 0, ns, nlen, at == 0, out);
 }
 
-/* The longest non-special added token starting at s[p], or NULL. */
-static const tok_added *added_at(const fso_tokenizer *t, const char *s, size_t len, size_t p)
+/* The longest added token of a pass starting at s[p], or NULL. */
+static const tok_added *added_at(const fso_tokenizer *t, int pass, const char *s, size_t len,
+                                 size_t p)
 {
     unsigned char c = (unsigned char)s[p];
-    if (!(t->matched_first[c >> 3] & (1u << (c & 7))))
+    if (!(t->matched_first[pass][c >> 3] & (1u << (c & 7))))
         return NULL;
     const tok_added *best = NULL;
-    for (int k = 0; k < t->n_matched; k++) {
-        const tok_added *a = &t->matched[k];
+    for (int k = 0; k < t->n_matched[pass]; k++) {
+        const tok_added *a = &t->matched[pass][k];
         if (a->len <= len - p && (!best || a->len > best->len) && !memcmp(s + p, a->content, a->len))
             best = a;
     }
     return best;
+}
+
+/* Splits text (at offset `at` of the whole) on the added tokens of a pass,
+ * leftmost and longest first: non-special ones become their ids, special
+ * ones stay text; then the next pass, or the normalizer and the rest. */
+static int split_added(fso_tok_worker *w, int pass, const char *text, size_t len, size_t at,
+                       fso_ids *out)
+{
+    const fso_tokenizer *t = w->t;
+    if (pass == 2)
+        return encode_segment(w, text, len, at, out);
+    if (!t->n_matched[pass])
+        return split_added(w, pass + 1, text, len, at, out);
+    size_t seg = 0;
+    int rc;
+    for (size_t p = 0; p < len;) {
+        const tok_added *a = added_at(t, pass, text, len, p);
+        if (!a) {
+            p++;
+            continue;
+        }
+        if (a->special) {
+            p += a->len;
+            continue;
+        }
+        if ((rc = split_added(w, pass + 1, text + seg, p - seg, at + seg, out)))
+            return rc;
+        if ((rc = fso_ids_push(out, a->id)))
+            return rc;
+        p += a->len;
+        seg = p;
+    }
+    return split_added(w, pass + 1, text + seg, len - seg, at + seg, out);
 }
 
 int fso_tokenizer_encode(fso_tok_worker *w, const char *text, size_t len, fso_ids *out,
@@ -412,27 +446,9 @@ int fso_tokenizer_encode(fso_tok_worker *w, const char *text, size_t len, fso_id
         p += (size_t)cl;
     }
     const fso_tokenizer *t = w->t;
-    size_t seg = 0;
-    int rc;
-    if (t->n_matched) {
-        for (size_t p = 0; p < len;) {
-            const tok_added *a = added_at(t, text, len, p);
-            if (!a) {
-                p++;
-                continue;
-            }
-            if ((rc = encode_segment(w, text + seg, p - seg, seg, out)))
-                goto fail;
-            if ((rc = fso_ids_push(out, a->id)))
-                goto fail;
-            p += a->len;
-            seg = p;
-        }
-    }
-    if ((rc = encode_segment(w, text + seg, len - seg, seg, out)))
-        goto fail;
-    return 0;
-fail:
+    int rc = split_added(w, 0, text, len, 0, out);
+    if (rc == 0)
+        return 0;
     if (err)
         snprintf(err, errlen, "%s: encoding failed: %s", t->path,
                  rc == -ENOMEM ? "out of memory" : "the regex engine failed");
