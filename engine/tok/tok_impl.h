@@ -87,7 +87,9 @@ size_t tok_scan_match(tok_scan_kind kind, const char *s, size_t len, size_t pos)
 typedef enum tok_prepend { TOK_PREPEND_ALWAYS, TOK_PREPEND_FIRST, TOK_PREPEND_NEVER } tok_prepend;
 typedef struct tok_pre {
     tok_pre_kind kind;
-    OnigRegex re;             /* SPLIT, BYTELEVEL with use_regex */
+    OnigRegex re;             /* SPLIT, BYTELEVEL with use_regex: compiled at load to check it */
+    char *pattern;            /* its source, which each worker compiles for itself */
+    size_t pattern_len;
     tok_scan_kind scan;       /* re is one tok_scan.c knows */
     bool add_prefix_space;    /* BYTELEVEL */
     bool individual;          /* DIGITS */
@@ -183,6 +185,7 @@ typedef struct tok_cache_ent {
 
 struct fso_tok_worker {
     const fso_tokenizer *t;
+    OnigRegex re[TOK_MAX_PRE];    /* the worker's own copy of each stage's regex */
     OnigRegion *region[TOK_MAX_PRE];
     tok_buf stage[TOK_MAX_PRE];   /* pre-tokenizer stage i's rewritten piece */
     tok_buf norm, norm2;          /* normalized segment */
@@ -200,7 +203,9 @@ struct fso_tok_worker {
  * normalized UTF-8 otherwise); appends its ids. 0 or -ENOMEM. */
 int tok_bpe_word(fso_tok_worker *w, const char *s, size_t len, fso_ids *out);
 
-/* Load steps (tok_load.c). */
+/* Load steps (tok_load.c); tok_regex_new compiles a pattern as the library
+ * does (UTF-8, no options, Oniguruma's default syntax). */
+int tok_regex_new(OnigRegex *re, const char *pat, size_t len, OnigErrorInfo *einfo);
 int tok_load_json(fso_tokenizer *t, const char *dir, char *err, size_t errlen);
 
 /* The byte-level mapping: byte -> code point, and the inverse of a mapped

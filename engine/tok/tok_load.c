@@ -448,19 +448,31 @@ static void onig_setup(void)
     onig_initialize(&enc, 1);
 }
 
-static int compile_regex(ld *l, const char *pat, size_t len, OnigRegex *re,
-                         const char **path, int depth)
+/* Oniguruma as the library's onig feature calls it. 0 or an Oniguruma code. */
+int tok_regex_new(OnigRegex *re, const char *pat, size_t len, OnigErrorInfo *einfo)
 {
     pthread_once(&onig_once, onig_setup);
+    return onig_new(re, (const UChar *)pat, (const UChar *)pat + len, ONIG_OPTION_NONE,
+                    ONIG_ENCODING_UTF8, ONIG_SYNTAX_DEFAULT, einfo);
+}
+
+static int compile_regex(ld *l, const char *pat, size_t len, tok_pre *pt,
+                         const char **path, int depth)
+{
     OnigErrorInfo einfo;
-    int r = onig_new(re, (const UChar *)pat, (const UChar *)pat + len, ONIG_OPTION_NONE,
-                     ONIG_ENCODING_UTF8, ONIG_SYNTAX_DEFAULT, &einfo);
+    OnigRegex *re = &pt->re;
+    int r = tok_regex_new(re, pat, len, &einfo);
     if (r != ONIG_NORMAL) {
         UChar msg[ONIG_MAX_ERROR_MESSAGE_LEN];
         onig_error_code_to_str(msg, r, &einfo);
         *re = NULL;
         return BAD(l, path, depth, "the regex does not compile: %s", (char *)msg);
     }
+    if (!(pt->pattern = malloc(len + 1)))
+        return -ENOMEM;
+    memcpy(pt->pattern, pat, len);
+    pt->pattern[len] = '\0';
+    pt->pattern_len = len;
     return 0;
 }
 
@@ -515,7 +527,7 @@ static int load_pre_one(ld *l, json_t *p, const char **path, int depth)
         pt->kind = TOK_PRE_SPLIT;
         path[depth] = "pattern";
         path[depth + 1] = "Regex";
-        if ((rc = compile_regex(l, json_string_value(rx), json_string_length(rx), &pt->re, path,
+        if ((rc = compile_regex(l, json_string_value(rx), json_string_length(rx), pt, path,
                                 depth + 2)))
             return rc;
         pt->scan = tok_scan_kind_of(json_string_value(rx), json_string_length(rx));
@@ -525,7 +537,7 @@ static int load_pre_one(ld *l, json_t *p, const char **path, int depth)
         if ((rc = get_bool(l, p, "add_prefix_space", false, &pt->add_prefix_space, path, depth)) ||
             (rc = get_bool(l, p, "use_regex", true, &use_regex, path, depth)))
             return rc;
-        if (use_regex && (rc = compile_regex(l, GPT2_PATTERN, sizeof GPT2_PATTERN - 1, &pt->re,
+        if (use_regex && (rc = compile_regex(l, GPT2_PATTERN, sizeof GPT2_PATTERN - 1, pt,
                                              path, depth)))
             return rc;
         if (use_regex)
@@ -914,9 +926,11 @@ void fso_tokenizer_free(fso_tokenizer *t)
         free(t->norm[i].a);
         free(t->norm[i].b);
     }
-    for (int i = 0; i < t->n_pre; i++)
+    for (int i = 0; i < t->n_pre; i++) {
         if (t->pre[i].re)
             onig_free(t->pre[i].re);
+        free(t->pre[i].pattern);
+    }
     for (int i = 0; i < t->n_dec; i++) {
         free(t->dec[i].a);
         free(t->dec[i].b);

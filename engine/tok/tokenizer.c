@@ -9,7 +9,8 @@
  * Pieces flow depth-first: a pre-tokenizer hands each piece it makes to the
  * next one at once, so nothing is collected per piece and nothing is
  * allocated once the worker's buffers have grown. The tokenizer is read-only
- * here; all mutable state (regex regions, buffers, cache) is the worker's.
+ * here; all mutable state is the worker's: its own compiled regexes and
+ * match regions, buffers and cache.
  */
 #include "tok_impl.h"
 
@@ -85,7 +86,9 @@ fso_tok_worker *fso_tok_worker_new(const fso_tokenizer *t)
         return NULL;
     w->t = t;
     for (int i = 0; i < t->n_pre; i++)
-        if (t->pre[i].re && !(w->region[i] = onig_region_new()))
+        if (t->pre[i].re &&
+            (!(w->region[i] = onig_region_new()) ||
+             tok_regex_new(&w->re[i], t->pre[i].pattern, t->pre[i].pattern_len, NULL) != ONIG_NORMAL))
             goto fail;
     if (!(w->cache = calloc(TOK_CACHE_SLOTS, sizeof *w->cache)))
         goto fail;
@@ -102,6 +105,8 @@ void fso_tok_worker_free(fso_tok_worker *w)
     for (int i = 0; i < TOK_MAX_PRE; i++) {
         if (w->region[i])
             onig_region_free(w->region[i], 1);
+        if (w->re[i])
+            onig_free(w->re[i]);
         free(w->stage[i].p);
     }
     free(w->norm.p);
@@ -265,7 +270,7 @@ static int pre_stage(fso_tok_worker *w, int i, const char *s, size_t len, bool a
     const tok_pre *pt = &t->pre[i];
     switch (pt->kind) {
     case TOK_PRE_SPLIT:
-        return split_regex(w, i, pt->re, pt->scan, s, len, at_origin, out);
+        return split_regex(w, i, w->re[i], pt->scan, s, len, at_origin, out);
     case TOK_PRE_BYTELEVEL:
         if (pt->add_prefix_space && s[0] != ' ') {
             tok_buf *b = &w->stage[i];
@@ -277,7 +282,7 @@ static int pre_stage(fso_tok_worker *w, int i, const char *s, size_t len, bool a
             len++;
         }
         if (pt->re)
-            return split_regex(w, i, pt->re, pt->scan, s, len, at_origin, out);
+            return split_regex(w, i, w->re[i], pt->scan, s, len, at_origin, out);
         return emit(w, i, s, len, at_origin, out);
     case TOK_PRE_DIGITS:
         return split_digits(w, i, pt->individual, s, len, at_origin, out);
