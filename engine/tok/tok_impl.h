@@ -19,15 +19,23 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* ---- string -> id map: open addressing, keys in one arena ---- */
+/* ---- string -> id map: open addressing, keys in one arena ----
+ * A slot holds the key's 32-bit hash and its entry's index, so a probe
+ * touches an entry only when the hashes agree; an entry holds the key's
+ * first 8 bytes, so a key of up to 8 bytes (most tokens) is compared
+ * without reading the arena. */
+typedef struct tok_strent {
+    uint64_t head;    /* the key's first 8 bytes, zero-padded */
+    uint64_t off;     /* the key in the arena */
+    uint32_t len;
+    int32_t val;
+} tok_strent;
+
 typedef struct tok_strmap {
-    uint32_t *slot;   /* index+1 into key_off/key_len/val, 0 = empty */
+    uint64_t *slot;   /* hash << 32 | (entry index + 1); 0 = empty */
     uint32_t mask;    /* slots - 1 (a power of two, at least 2x entries) */
-    uint32_t n, cap;  /* entries, capacity of the arrays below */
-    uint64_t *key_off;
-    uint32_t *key_len;
-    uint32_t *hash;
-    int32_t *val;
+    uint32_t n, cap;  /* entries, capacity of ent */
+    tok_strent *ent;
     char *arena;
     size_t arena_len, arena_cap;
 } tok_strmap;

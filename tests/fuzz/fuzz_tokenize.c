@@ -142,14 +142,13 @@ static bool valid_utf8(const uint8_t *s, size_t n)
     return true;
 }
 
-/* Encodes with t; returns rc, ids in *out (checked below the vocabulary). */
-static int encode(fso_tokenizer *t, const uint8_t *data, size_t size, fso_ids *out)
+/* Encodes with w (kept across inputs, as a tokenize worker is); returns rc,
+ * ids in *out (checked below the vocabulary). */
+static int encode(fso_tok_worker *w, const fso_tokenizer *t, const uint8_t *data, size_t size,
+                  fso_ids *out)
 {
     char err[512] = "";
-    fso_tok_worker *w = fso_tok_worker_new(t);
-    FUZZ_CHECK(w != NULL);
     int rc = fso_tokenizer_encode(w, (const char *)data, size, out, err, sizeof err);
-    fso_tok_worker_free(w);
     FUZZ_CHECK(rc == 0 || (rc == -EILSEQ && strstr(err, "byte offset")));
     for (size_t i = 0; i < out->n; i++)
         FUZZ_CHECK(out->v[i] >= 0 && out->v[i] < fso_tokenizer_vocab_size(t));
@@ -168,19 +167,26 @@ static void check_decode(fso_tokenizer *t, const fso_ids *ids, const uint8_t *da
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     static fso_tokenizer *fast[3], *slow[3], *spm;
+    static fso_tok_worker *wfast[3], *wslow[3], *wspm;
     static const char *const pats[3] = {P_LLAMA3, P_GPT2, P_QWEN2};
     if (!spm) {
         for (int k = 0; k < 3; k++) {
             fast[k] = split_tokenizer(pats[k], false, k == 2, k == 0);
             slow[k] = split_tokenizer(pats[k], true, k == 2, k == 0);
             FUZZ_CHECK(fast[k]->pre[0].scan != TOK_SCAN_NONE && slow[k]->pre[0].scan == TOK_SCAN_NONE);
+            wfast[k] = fso_tok_worker_new(fast[k]);
+            wslow[k] = fso_tok_worker_new(slow[k]);
+            FUZZ_CHECK(wfast[k] && wslow[k]);
         }
         spm = spm_tokenizer();
+        wspm = fso_tok_worker_new(spm);
+        FUZZ_CHECK(wspm != NULL);
     }
     bool valid = valid_utf8(data, size);
     for (int k = 0; k < 3; k++) {
         fso_ids a = {0}, b = {0};
-        int ra = encode(fast[k], data, size, &a), rb = encode(slow[k], data, size, &b);
+        int ra = encode(wfast[k], fast[k], data, size, &a);
+        int rb = encode(wslow[k], slow[k], data, size, &b);
         FUZZ_CHECK(ra == rb && (ra == 0) == valid);
         FUZZ_CHECK(a.n == b.n && (a.n == 0 || !memcmp(a.v, b.v, a.n * sizeof *a.v)));
         if (valid && k != 2) /* NFC need not give the text back */
@@ -189,7 +195,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         fso_ids_free(&b);
     }
     fso_ids ids = {0};
-    int rc = encode(spm, data, size, &ids);
+    int rc = encode(wspm, spm, data, size, &ids);
     FUZZ_CHECK((rc == 0) == valid);
     if (valid && !memmem(data, size, "\xE2\x96\x81", 3))
         check_decode(spm, &ids, data, size);
