@@ -8,8 +8,9 @@
  * "cases": N}; then N lines {"text", "ids", "decoded"}. A case passes when
  * encode(text) == ids and decode(ids) == decoded.
  *
- * The committed tokenizers gpt2/ and qwen3/ are gzip-compressed; the build
- * decompresses them (FSO_TOK_GPT2_JSON, FSO_TOK_QWEN3_JSON name the files)
+ * The committed tokenizers gpt2/, qwen3/ and mistral/ are gzip-compressed;
+ * the build decompresses them (FSO_TOK_GPT2_JSON, FSO_TOK_QWEN3_JSON,
+ * FSO_TOK_MISTRAL_JSON name the files)
  * and each test links them into its own folder beside tokenizer_config.json.
  *
  * Run with --licensed: the Llama 3 and Llama 2 vectors, against the
@@ -80,7 +81,8 @@ static fso_tokenizer *load_family(const tdir *td, const char *family)
 {
     char dir[600], buf[1024];
     const char *env = !strcmp(family, "gpt2") ? "FSO_TOK_GPT2_JSON"
-                    : !strcmp(family, "qwen3") ? "FSO_TOK_QWEN3_JSON" : NULL;
+                    : !strcmp(family, "qwen3") ? "FSO_TOK_QWEN3_JSON"
+                    : !strcmp(family, "mistral") ? "FSO_TOK_MISTRAL_JSON" : NULL;
     if (!env)
         return load_ok(fixture(family, buf, sizeof buf));
     const char *json = getenv(env);
@@ -233,6 +235,11 @@ static void test_gpt2_matches_tiktoken(void **state)
 static void test_qwen3_nfc_and_added_tokens_match(void **state)
 {
     run_family(state, "qwen3");
+}
+
+static void test_mistral_matches_its_sentencepiece_port(void **state)
+{
+    run_family(state, "mistral");
 }
 
 static void test_spm_legacy_byte_fallback_matches(void **state)
@@ -615,6 +622,7 @@ int main(int argc, char **argv)
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup_dir, teardown_dir)
         T(test_gpt2_matches_tiktoken),
         T(test_qwen3_nfc_and_added_tokens_match),
+        T(test_mistral_matches_its_sentencepiece_port),
         T(test_spm_legacy_byte_fallback_matches),
         T(test_spm_metaspace_first_matches),
         T(test_digits_then_bytelevel_matches),
