@@ -532,6 +532,30 @@ static void test_pattern_scanner_matches_oniguruma(void **state)
     free(buf);
 }
 
+/* A pattern that matches the empty string splits the text at each empty
+ * match, as the library's split does: "x*" cuts "ab" into "a" and "b", so
+ * GPT-2's token "ab" is not formed. */
+static void test_empty_matches_split_the_text(void **state)
+{
+    tdir *td = *state;
+    fso_tokenizer *t = with_split(td, "empty", "x*");
+    fso_tok_worker *w = fso_tok_worker_new(t);
+    char err[256];
+    fso_ids ids = {0};
+    assert_int_equal(fso_tokenizer_encode(w, "ab", 2, &ids, err, sizeof err), 0);
+    assert_int_equal(ids.n, 2);
+    assert_int_equal(ids.v[0], fso_tokenizer_token_id(t, "a"));
+    assert_int_equal(ids.v[1], fso_tokenizer_token_id(t, "b"));
+    assert_int_equal(fso_tokenizer_token_id(t, "ab"), 397);
+    ids.n = 0;
+    assert_int_equal(fso_tokenizer_encode(w, "abxxab", 6, &ids, err, sizeof err), 0);
+    assert_int_equal(ids.n, 5); /* a b xx a b */
+    assert_int_equal(ids.v[2], fso_tokenizer_token_id(t, "xx"));
+    fso_ids_free(&ids);
+    fso_tok_worker_free(w);
+    fso_tokenizer_free(t);
+}
+
 typedef struct job {
     const fso_tokenizer *t;
     const vecs *v;
@@ -633,6 +657,7 @@ int main(int argc, char **argv)
         T(test_malformed_json_names_line_and_column),
         T(test_missing_file_names_it_and_the_fix),
         T(test_pattern_scanner_matches_oniguruma),
+        T(test_empty_matches_split_the_text),
         T(test_two_workers_encode_as_one),
 #undef T
     };

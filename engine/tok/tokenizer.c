@@ -161,12 +161,18 @@ static int split_regex(fso_tok_worker *w, int i, OnigRegex re, tok_scan_kind sca
             b = (size_t)rg->beg[0];
             e = (size_t)rg->end[0];
         }
-        if (e == b) { /* an empty match: no piece; step over one character */
+        int rc;
+        if (e == b) {
+            /* An empty match still ends the gap before it (as the library's
+             * split does); the search goes on one character further. */
+            if (b > gap && (rc = emit(w, i, s + gap, b - gap, at_origin && gap == 0, out)))
+                return rc;
+            if (b > gap)
+                gap = b;
             int cl = tok_utf8_len(start + b, len - b);
             pos = b + (size_t)(cl ? cl : 1);
             continue;
         }
-        int rc;
         if (b > gap && (rc = emit(w, i, s + gap, b - gap, at_origin && gap == 0, out)))
             return rc;
         if ((rc = emit(w, i, s + b, e - b, at_origin && b == 0, out)))
