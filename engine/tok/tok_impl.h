@@ -211,8 +211,9 @@ struct fso_tok_worker {
  * normalized UTF-8 otherwise); appends its ids. 0 or -ENOMEM. */
 int tok_bpe_word(fso_tok_worker *w, const char *s, size_t len, fso_ids *out);
 
-/* Load steps (tok_load.c); tok_regex_new compiles a pattern as the library
- * does (UTF-8, no options, Oniguruma's default syntax). */
+/* tok_regex_new (tok_steps.c) compiles a pattern as the library does
+ * (UTF-8, no options, Oniguruma's default syntax); tok_load_json
+ * (tok_load.c) reads a folder. */
 int tok_regex_new(OnigRegex *re, const char *pat, size_t len, OnigErrorInfo *einfo);
 int tok_load_json(fso_tokenizer *t, const char *dir, char *err, size_t errlen);
 
