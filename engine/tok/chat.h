@@ -96,7 +96,9 @@ void fso_chat_template_free(fso_chat_template *ct);
  * tokens t has (<|start_header_id|> and <|eot_id|>, or <|im_start|>). The
  * chat_template text also says whether llama3 is dated ("Cutting Knowledge
  * Date") and chatml's default system message (its literal
- * '<|im_start|>system\n...<|im_end|>'). why gets how the choice was made.
+ * '<|im_start|>system\n...<|im_end|>'); a chat_template that writes
+ * <think> blocks (Qwen3's) is refused unless kind is given, as chatml does
+ * not reproduce it. why gets how the choice was made.
  * 0, or -EINVAL (no template fits, a special token is missing) with err
  * naming the folder and the fix. */
 struct fso_tokenizer;

@@ -17,7 +17,8 @@ static char *read_chat_template(const char *dir)
     char path[4096];
     snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
     json_error_t je;
-    json_t *root = json_load_file(path, 0, &je);
+    /* integers as reals: model_max_length is often 1e30 written as an integer */
+    json_t *root = json_load_file(path, JSON_DECODE_INT_AS_REAL, &je);
     if (!root)
         return NULL;
     const json_t *ct = json_object_get(root, "chat_template");
@@ -65,6 +66,13 @@ int fso_chat_template_pick(fso_chat_template *ct, const struct fso_tokenizer *t,
     } else if (tmpl && strstr(tmpl, "<|start_header_id|>")) {
         kind = FSO_CHAT_LLAMA3;
         how = "from tokenizer_config.json's chat_template";
+    } else if (tmpl && strstr(tmpl, "<|im_start|>") && strstr(tmpl, "<think>")) {
+        snprintf(err, errlen, "%s: tokenizer_config.json's chat_template writes <think> blocks "
+                 "(Qwen3's), which fsoff's chatml template does not reproduce; give --template "
+                 "chatml for Qwen2.5's form without them, or render the conversations yourself "
+                 "and use --format jsonl", dir);
+        free(tmpl);
+        return -EINVAL;
     } else if (tmpl && strstr(tmpl, "<|im_start|>")) {
         kind = FSO_CHAT_CHATML;
         how = "from tokenizer_config.json's chat_template";
