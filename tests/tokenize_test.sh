@@ -265,6 +265,8 @@ expect_error "folder as input" "$TMP/notok: is a folder" \
     -- -t "$FIX/bytes" "$TMP/notok" -o "$OUT/x.bin"
 expect_error "output in a missing folder" "$OUT/no/x.bin: cannot create" "create the folder" \
     -- -t "$FIX/bytes" "$TMP/a.txt" -o "$OUT/no/x.bin"
+expect_error "--template for text" "--template is for chat data" "as text" \
+    -- -t "$FIX/llama3" --template llama3 "$TMP/a.txt" -o "$OUT/x.bin"
 expect_error "bad --format" "--format xml: expected text, jsonl or chat" \
     -- -t "$FIX/bytes" --format xml "$TMP/a.txt" -o "$OUT/x.bin"
 expect_error "bad --val-fraction" "--val-fraction 1.5" -- -t "$FIX/bytes" --val-fraction 1.5 \

@@ -323,6 +323,12 @@ static int run_setup(run *R, const fso_tokenize_opts *o, fso_tokenize_result *re
         return rc;
     }
     res->format = R->format;
+    if (o->template_kind >= 0 && R->format != FSO_DOCS_CHAT) {
+        set_err(err, errlen, "--template is for chat data, and %s was read as %s (%s); give "
+                "--format chat or drop --template", o->inputs[0], fso_docs_format_name(R->format),
+                res->format_why);
+        return -EINVAL;
+    }
     res->vocab_size = fso_tokenizer_vocab_size(R->tok);
     R->bos = fso_tokenizer_bos(R->tok);
     R->eos = fso_tokenizer_eos(R->tok);
