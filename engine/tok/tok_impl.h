@@ -119,6 +119,7 @@ struct fso_tokenizer {
     char path[512];           /* tokenizer.json, for messages */
     bool byte_level;          /* vocab keyed by raw bytes (ByteLevel pre-tokenizer) */
     bool ignore_merges, byte_fallback, fuse_unk;
+    bool spm_split;           /* words may be cut before each "▁" after another character (tok_bpe.c) */
     int32_t unk_id;           /* -1 when none */
     int32_t byte_id[256];     /* byte-level: the id of each single byte; SPM: <0xNN> or -1 */
     tok_strmap vocab;         /* model vocabulary */

@@ -105,6 +105,27 @@ static int dup_str(json_t *v, char **s, size_t *len)
 
 /* ---- model ---- */
 
+#define SPM_SPACE "\xE2\x96\x81" /* U+2581, SentencePiece's space */
+
+/* Whether a token has "▁" after another character ("a▁b", "a▁"): a vocabulary
+ * without such tokens never merges across the start of a "▁" that follows
+ * another character, so BPE may run on each such part alone (tok_bpe.c). */
+static bool spm_split_breaks(const char *k, size_t len)
+{
+    bool other = false;
+    for (size_t i = 0; i < len;) {
+        if (i + 3 <= len && !memcmp(k + i, SPM_SPACE, 3)) {
+            if (other)
+                return true;
+            i += 3;
+        } else {
+            other = true;
+            i++;
+        }
+    }
+    return false;
+}
+
 /* The id of a token as tokenizer.json writes it (vocab or added), or -1. */
 static int32_t written_id(const fso_tokenizer *t, const char *s, size_t len, tok_strmap *written)
 {
@@ -129,7 +150,7 @@ static int load_model(ld *l, json_t *root, tok_strmap *written)
         json_t *v = json_object_get(m, off[k]);
         if (!unset(v)) {
             path[1] = off[k];
-            char *val = json_dumps(v, JSON_ENCODE_ANY);
+            char *val = json_dumps(v, JSON_ENCODE_ANY | JSON_REAL_PRECISION(6));
             int rc = REFUSE(l, path, 2, "%s is not supported (got %s); fsoff runs BPE without it",
                             off[k], val ? val : "?");
             free(val);
@@ -154,6 +175,7 @@ static int load_model(ld *l, json_t *root, tok_strmap *written)
     json_t *val;
     char *raw = NULL;
     size_t raw_cap = 0;
+    bool spm_ok = true;
     json_object_foreach(vocab, key, val) {
         json_int_t id = json_is_integer(val) ? json_integer_value(val) : -1;
         if (id < 0 || id >= INT32_MAX / 2) {
@@ -174,8 +196,11 @@ static int load_model(ld *l, json_t *root, tok_strmap *written)
             if (tok_bytes_of_mapped(key, klen, raw, &rl) &&
                 (rc = tok_strmap_put(&t->vocab, raw, rl, (int32_t)id)) < 0)
                 break;
-        } else if ((rc = tok_strmap_put(&t->vocab, key, klen, (int32_t)id)) < 0) {
-            break;
+        } else {
+            if ((rc = tok_strmap_put(&t->vocab, key, klen, (int32_t)id)) < 0)
+                break;
+            if (spm_split_breaks(key, klen))
+                spm_ok = false;
         }
         if ((int32_t)id >= t->n_ids)
             t->n_ids = (int32_t)id + 1;
@@ -184,6 +209,7 @@ static int load_model(ld *l, json_t *root, tok_strmap *written)
     free(raw);
     if (rc < 0)
         return rc;
+    t->spm_split = !t->byte_level && spm_ok && tok_strmap_get(&t->vocab, SPM_SPACE, 3) >= 0;
 
     json_t *unk = json_object_get(m, "unk_token");
     t->unk_id = -1;
