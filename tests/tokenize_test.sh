@@ -87,6 +87,42 @@ if run_ok "jsonl" -t "$FIX/llama3" "$TMP/b.jsonl" -o "$OUT/b.bin"; then
         ok "jsonl: summary names the format" || bad "jsonl: summary" "$(cat "$TMP/stdout")"
 fi
 
+# --- a real tokenizer: GPT-2 (tests/fixtures/tokenizer), its golden vectors as a JSONL input
+# (each line's "text" a document; the other keys are ignored): every document is
+# <|endoftext|> (50256) then the ids tiktoken gave for the text
+GPT2=$SRC/tests/fixtures/tokenizer/gpt2
+mkdir -p "$TMP/gpt2"
+gzip -dc "$GPT2/tokenizer.json.gz" >"$TMP/gpt2/tokenizer.json"
+cp "$GPT2/tokenizer_config.json" "$TMP/gpt2/"
+tail -n +2 "$SRC/tests/fixtures/tokenizer/gpt2.jsonl" >"$TMP/vec.jsonl"
+if run_ok "GPT-2" -t "$TMP/gpt2" --threads 2 "$TMP/vec.jsonl" -o "$OUT/g.bin"; then
+    want=$(grep -o '"ids":\[[^]]*\]' "$TMP/vec.jsonl" | sed 's/"ids":\[//; s/\]//; s/,/ /g' |
+        while read -r l; do echo "50256 $l"; done | tr -s ' \n' '  ' | sed 's/ $//')
+    check_eq "GPT-2: the golden vectors' ids, each after <|endoftext|>" "$(ids "$OUT/g.bin")" "$want"
+    n=$(wc -l <"$TMP/vec.jsonl")
+    check_eq "GPT-2: header (v1, 50256 + 1 in header[3])" "$(header "$OUT/g.bin" | cut -d' ' -f1,2,4,5)" \
+        "20240520 1 50257 0"
+    grep -q "wrote $OUT/g.bin: $n documents" "$TMP/stdout" && grep -q "vocabulary 50257" "$TMP/stdout" &&
+        ok "GPT-2: summary" || bad "GPT-2: summary" "$(cat "$TMP/stdout")"
+fi
+
+# --- a real tokenizer with merges: Qwen2.5's vocabulary (the Qwen3 tokenizer.json of
+# tests/fixtures/tokenizer) and Qwen2.5's tokenizer_config.json (the chatml fixture's):
+# ids and loss mask of the ChatML conversations in qwen_chat.txt, made by a reference
+# implementation (gen_chat_expected.mjs), spans straddling the prompt and the answer included
+mkdir -p "$TMP/qwen"
+gzip -dc "$SRC/tests/fixtures/tokenizer/qwen3/tokenizer.json.gz" >"$TMP/qwen/tokenizer.json"
+cp "$FIX/chatml/tokenizer_config.json" "$TMP/qwen/"
+sed -n '1~3p' "$FIX/qwen_chat.txt" >"$TMP/q.jsonl"
+if run_ok "Qwen chat" -t "$TMP/qwen" "$TMP/q.jsonl" -o "$OUT/q.bin"; then
+    check_eq "Qwen chat: the reference's ids" "$(ids "$OUT/q.bin")" \
+        "$(sed -n '2~3p' "$FIX/qwen_chat.txt" | tr '\n' ' ' | sed 's/ $//')"
+    check_eq "Qwen chat: the reference's loss mask" "$(flags "$OUT/q.bin")" \
+        "$(sed -n '3~3p' "$FIX/qwen_chat.txt" | tr '\n' ' ' | sed 's/ $//')"
+    check_eq "Qwen chat: header (flagged, 4-byte tokens)" "$(header "$OUT/q.bin" | cut -d' ' -f1,2,4,5)" \
+        "20261202 1 0 4"
+fi
+
 # --- chat: each template's exact text, its trained tokens flagged
 CONV='{"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": " Hi "}, {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "More"}, {"role": "assistant", "content": "Ok"}]}'
 printf '%s\n%s\n' "$CONV" '{"prompt": "Q:", "completion": " A"}' >"$TMP/c.jsonl"
