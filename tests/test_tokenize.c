@@ -2,8 +2,9 @@
  * token file writer (headers, flags, nothing left on failure), the input
  * readers (document separation, line and byte places, UTF-8), the JSONL
  * and chat parsers' errors, and the chat templates' exact text and
- * trained parts. The command end to end, with a real tokenizer, is
- * tests/tokenize_test.sh. */
+ * trained parts; and the threaded run over many small batches, whose
+ * output must not depend on the thread count. The command end to end,
+ * with real tokenizers, is tests/tokenize_test.sh. */
 #include "test_util.h"
 
 #include <jansson.h>
@@ -11,6 +12,7 @@
 #include "tok/chat.h"
 #include "tok/docs.h"
 #include "tok/token_writer.h"
+#include "tok/tokenize.h"
 
 static void write_file(const char *path, const char *s, size_t len)
 {
@@ -509,6 +511,64 @@ static void test_pieces_mark_trained_spans(void **state)
     fso_chat_free(&c);
 }
 
+/* ---------------------------------------------------------------- the run */
+
+static void test_run_is_the_same_for_every_thread_count(void **state)
+{
+    tdir *t = *state;
+    const char *src = getenv("FSO_SRCDIR");
+    if (!src)
+        skip();
+    char tok[600], in[600], out[600], err[FSO_TOKENIZE_ERR_MAX];
+    snprintf(tok, sizeof tok, "%s/tests/fixtures/tokenize/chatml", src);
+    snprintf(in, sizeof in, "%s/in.jsonl", t->path);
+    FILE *f = fopen(in, "w");
+    assert_non_null(f);
+    for (int i = 0; i < 600; i++)
+        fprintf(f, "{\"messages\": [{\"role\": \"user\", \"content\": \"question %d\"}, "
+                   "{\"role\": \"assistant\", \"content\": \"answer %d\"}]}\n", i, i * 7);
+    fclose(f);
+    const char *inputs[] = {in};
+    size_t ref_len = 0;
+    unsigned char *want = NULL;
+    for (int threads = 1; threads <= 4; threads++) {
+        snprintf(out, sizeof out, "%s/out%d.bin", t->path, threads);
+        fso_tokenize_opts o = {.tokenizer_dir = tok, .inputs = inputs, .n_inputs = 1,
+                               .format = -1, .template_kind = -1, .out_path = out,
+                               .val_fraction = 0.25, .threads = threads, .batch_bytes = 2000};
+        fso_tokenize_result res;
+        if (fso_tokenize_run(&o, &res, err, sizeof err) != 0)
+            fail_msg("%d threads: %s", threads, err);
+        assert_int_equal(res.done.train.docs, 450);
+        assert_int_equal(res.done.val.docs, 150);
+        assert_true(res.done.train.targets > 0 && res.done.train.targets < res.done.train.tokens);
+        size_t len;
+        unsigned char *got = read_file(out, &len);
+        if (!want) {
+            want = got;
+            ref_len = len;
+        } else {
+            assert_int_equal(len, ref_len);
+            assert_memory_equal(got, want, len);
+            free(got);
+        }
+    }
+    free(want);
+    /* a bad line in a late batch: the error names it, nothing is left */
+    f = fopen(in, "a");
+    fprintf(f, "{\"messages\": [{\"role\": \"robot\", \"content\": \"x\"}]}\n");
+    fclose(f);
+    snprintf(out, sizeof out, "%s/bad.bin", t->path);
+    fso_tokenize_opts o = {.tokenizer_dir = tok, .inputs = inputs, .n_inputs = 1, .format = -1,
+                           .template_kind = -1, .out_path = out, .threads = 3,
+                           .batch_bytes = 2000};
+    fso_tokenize_result res;
+    assert_int_equal(fso_tokenize_run(&o, &res, err, sizeof err), -EINVAL);
+    assert_non_null(strstr(err, ":601: byte"));
+    assert_non_null(strstr(err, "\"robot\""));
+    assert_int_equal(access(out, F_OK), -1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -530,6 +590,8 @@ int main(void)
         cmocka_unit_test(test_chatml_template_text),
         cmocka_unit_test(test_inst_template_text),
         cmocka_unit_test(test_pieces_mark_trained_spans),
+        cmocka_unit_test_setup_teardown(test_run_is_the_same_for_every_thread_count, setup_dir,
+                                        teardown_dir),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

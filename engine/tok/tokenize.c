@@ -367,7 +367,7 @@ int fso_tokenize_run(const fso_tokenize_opts *o, fso_tokenize_result *res, char 
                      size_t errlen)
 {
     memset(res, 0, sizeof *res);
-    run R = {.o = o, .batch_bytes = BATCH_BYTES};
+    run R = {.o = o, .batch_bytes = o->batch_bytes ? o->batch_bytes : BATCH_BYTES};
     outputs out = {.prog = &res->done};
     fso_docs_reader reader;
     fso_docs_reader_init(&reader, o->inputs, o->n_inputs, FSO_DOCS_TEXT);

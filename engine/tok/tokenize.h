@@ -55,6 +55,7 @@ typedef struct fso_tokenize_opts {
     const char *out_path;
     double val_fraction;        /* 0 <= F < 1 */
     int threads;                /* >= 1 */
+    size_t batch_bytes;         /* input bytes per batch; 0: about 1 MiB */
     /* called on the calling thread every progress_ms (0: never) */
     void (*progress)(void *ctx, const fso_tokenize_progress *p);
     void *progress_ctx;
