@@ -57,8 +57,10 @@ check_eq() {
 
 run_ok() {
     local name=$1; shift
-    if ! "$FSOFF" tokenize "$@" >"$TMP/stdout" 2>"$TMP/stderr"; then
-        bad "$name" "exit status $?" "$(cat "$TMP/stderr")"
+    "$FSOFF" tokenize "$@" >"$TMP/stdout" 2>"$TMP/stderr"
+    local rc=$?
+    if [ $rc -ne 0 ]; then
+        bad "$name" "exit status $rc" "$(cat "$TMP/stderr")"
         return 1
     fi
     return 0
