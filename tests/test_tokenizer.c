@@ -8,8 +8,9 @@
  * "cases": N}; then N lines {"text", "ids", "decoded"}. A case passes when
  * encode(text) == ids and decode(ids) == decoded.
  *
- * The committed tokenizers gpt2/ and qwen3/ are gzip-compressed; the build
- * decompresses them (FSO_TOK_GPT2_JSON, FSO_TOK_QWEN3_JSON name the files)
+ * The committed tokenizers gpt2/, qwen3/ and mistral/ are gzip-compressed;
+ * the build decompresses them (FSO_TOK_GPT2_JSON, FSO_TOK_QWEN3_JSON,
+ * FSO_TOK_MISTRAL_JSON name the files)
  * and each test links them into its own folder beside tokenizer_config.json.
  *
  * Run with --licensed: the Llama 3 and Llama 2 vectors, against the
@@ -32,15 +33,16 @@
 #include <cmocka.h>
 #include <jansson.h>
 
+#include "tok/tok_impl.h" /* test_pattern_scanner_matches_oniguruma checks which path runs */
 #include "tok/tokenizer.h"
 
 #include "test_util.h"
 
-static char srcdir[1024];
+static char srcdir[512];
 
 static const char *fixture(const char *rel, char *buf, size_t len)
 {
-    snprintf(buf, len, "%s/tests/fixtures/tokenizer/%s", srcdir, rel);
+    snprintf(buf, len, "%s/tests/fixtures/tokenizer/%.200s", srcdir, rel);
     return buf;
 }
 
@@ -79,7 +81,8 @@ static fso_tokenizer *load_family(const tdir *td, const char *family)
 {
     char dir[600], buf[1024];
     const char *env = !strcmp(family, "gpt2") ? "FSO_TOK_GPT2_JSON"
-                    : !strcmp(family, "qwen3") ? "FSO_TOK_QWEN3_JSON" : NULL;
+                    : !strcmp(family, "qwen3") ? "FSO_TOK_QWEN3_JSON"
+                    : !strcmp(family, "mistral") ? "FSO_TOK_MISTRAL_JSON" : NULL;
     if (!env)
         return load_ok(fixture(family, buf, sizeof buf));
     const char *json = getenv(env);
@@ -232,6 +235,11 @@ static void test_gpt2_matches_tiktoken(void **state)
 static void test_qwen3_nfc_and_added_tokens_match(void **state)
 {
     run_family(state, "qwen3");
+}
+
+static void test_mistral_matches_its_sentencepiece_port(void **state)
+{
+    run_family(state, "mistral");
 }
 
 static void test_spm_legacy_byte_fallback_matches(void **state)
@@ -436,6 +444,118 @@ static void test_missing_file_names_it_and_the_fix(void **state)
     assert_non_null(strstr(err, "tokenizer.json: no such file"));
 }
 
+/* A gpt2-vocabulary tokenizer whose pre-tokenizer is Split(pattern) then
+ * ByteLevel, written to td/name. */
+static fso_tokenizer *with_split(const tdir *td, const char *name, const char *pattern)
+{
+    json_error_t je;
+    json_t *root = json_load_file(getenv("FSO_TOK_GPT2_JSON"), 0, &je);
+    assert_non_null(root);
+    json_t *pre = json_pack("{s:s, s:[{s:s, s:{s:s}, s:s, s:b}, {s:s, s:b, s:b, s:b}]}", "type",
+                            "Sequence", "pretokenizers", "type", "Split", "pattern", "Regex", pattern,
+                            "behavior", "Isolated", "invert", 0, "type", "ByteLevel",
+                            "add_prefix_space", 0, "trim_offsets", 1, "use_regex", 0);
+    assert_non_null(pre);
+    json_object_set_new(root, "pre_tokenizer", pre);
+    char dir[600], json[700];
+    snprintf(dir, sizeof dir, "%s/%s", td->path, name);
+    mkdir(dir, 0755);
+    snprintf(json, sizeof json, "%s/tokenizer.json", dir);
+    assert_int_equal(json_dump_file(root, json, JSON_COMPACT), 0);
+    json_decref(root);
+    return load_ok(dir);
+}
+
+/* The hand scanner of the GPT-2, Llama 3 and Qwen2 split patterns gives
+ * Oniguruma's pieces: each exact pattern (scanned) against the same pattern
+ * wrapped in (?:...) (which only Oniguruma runs), on random text made of the
+ * characters the patterns treat differently, some of them not ASCII. */
+static void test_pattern_scanner_matches_oniguruma(void **state)
+{
+    tdir *td = *state;
+    static const char *const pats[] = {
+        "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+",
+        "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*"
+        "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
+        "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*"
+        "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
+    };
+    static const char *const atoms[] = {
+        " ", " ", "  ", "\n", "\r", "\r\n", "\t", "\v", "\f", "'", "'", "s", "S", "t", "T", "r", "e",
+        "E", "v", "m", "M", "l", "L", "d", "D", "a", "x", "Z", "0", "1", "7", "!", ".", "-", "$", "\"",
+        "\x1f", "\x7f", "ſ", "\u00a0", "é", "\xc2\x85", "١", "½", "日", "😀", "\u3000", "\u2029",
+    };
+    char *buf = malloc(4096);
+    assert_non_null(buf);
+    for (size_t k = 0; k < sizeof pats / sizeof *pats; k++) {
+        char name[32], wrapped[512];
+        snprintf(name, sizeof name, "scan%zu", k);
+        fso_tokenizer *fast = with_split(td, name, pats[k]);
+        snprintf(name, sizeof name, "onig%zu", k);
+        snprintf(wrapped, sizeof wrapped, "(?:%s)", pats[k]);
+        fso_tokenizer *slow = with_split(td, name, wrapped);
+        assert_int_equal(fast->pre[0].scan, (tok_scan_kind)(TOK_SCAN_GPT2 + k));
+        assert_int_equal(slow->pre[0].scan, TOK_SCAN_NONE);
+        fso_tok_worker *wf = fso_tok_worker_new(fast), *ws = fso_tok_worker_new(slow);
+        uint64_t x = 0x9E3779B97F4A7C15ull * (k + 1);
+        char err[256];
+        for (int n = 0; n < 4000; n++) {
+            size_t len = 0, atoms_n = (size_t)(n % 40) + (n % 97 == 0 ? 300 : 0);
+            for (size_t a = 0; a < atoms_n; a++) {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                const char *at = atoms[x % (sizeof atoms / sizeof *atoms)];
+                size_t al = strlen(at);
+                if (len + al >= 4096)
+                    break;
+                memcpy(buf + len, at, al);
+                len += al;
+            }
+            fso_ids a = {0}, b = {0};
+            assert_int_equal(fso_tokenizer_encode(wf, buf, len, &a, err, sizeof err), 0);
+            assert_int_equal(fso_tokenizer_encode(ws, buf, len, &b, err, sizeof err), 0);
+            if (a.n != b.n || (a.n && memcmp(a.v, b.v, a.n * sizeof *a.v))) {
+                fprintf(stderr, "pattern %zu differs on \"%.*s\"\n", k, (int)len, buf);
+                print_ids("scanner ", a.v, a.n);
+                print_ids("Oniguruma", b.v, b.n);
+                fail();
+            }
+            fso_ids_free(&a);
+            fso_ids_free(&b);
+        }
+        fso_tok_worker_free(wf);
+        fso_tok_worker_free(ws);
+        fso_tokenizer_free(fast);
+        fso_tokenizer_free(slow);
+    }
+    free(buf);
+}
+
+/* A pattern that matches the empty string splits the text at each empty
+ * match, as the library's split does: "x*" cuts "ab" into "a" and "b", so
+ * GPT-2's token "ab" is not formed. */
+static void test_empty_matches_split_the_text(void **state)
+{
+    tdir *td = *state;
+    fso_tokenizer *t = with_split(td, "empty", "x*");
+    fso_tok_worker *w = fso_tok_worker_new(t);
+    char err[256];
+    fso_ids ids = {0};
+    assert_int_equal(fso_tokenizer_encode(w, "ab", 2, &ids, err, sizeof err), 0);
+    assert_int_equal(ids.n, 2);
+    assert_int_equal(ids.v[0], fso_tokenizer_token_id(t, "a"));
+    assert_int_equal(ids.v[1], fso_tokenizer_token_id(t, "b"));
+    assert_int_equal(fso_tokenizer_token_id(t, "ab"), 397);
+    ids.n = 0;
+    assert_int_equal(fso_tokenizer_encode(w, "abxxab", 6, &ids, err, sizeof err), 0);
+    assert_int_equal(ids.n, 5); /* a b xx a b */
+    assert_int_equal(ids.v[2], fso_tokenizer_token_id(t, "xx"));
+    fso_ids_free(&ids);
+    fso_tok_worker_free(w);
+    fso_tokenizer_free(t);
+}
+
 typedef struct job {
     const fso_tokenizer *t;
     const vecs *v;
@@ -526,6 +646,7 @@ int main(int argc, char **argv)
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup_dir, teardown_dir)
         T(test_gpt2_matches_tiktoken),
         T(test_qwen3_nfc_and_added_tokens_match),
+        T(test_mistral_matches_its_sentencepiece_port),
         T(test_spm_legacy_byte_fallback_matches),
         T(test_spm_metaspace_first_matches),
         T(test_digits_then_bytelevel_matches),
@@ -535,6 +656,8 @@ int main(int argc, char **argv)
         T(test_unsupported_parts_are_refused_by_path),
         T(test_malformed_json_names_line_and_column),
         T(test_missing_file_names_it_and_the_fix),
+        T(test_pattern_scanner_matches_oniguruma),
+        T(test_empty_matches_split_the_text),
         T(test_two_workers_encode_as_one),
 #undef T
     };

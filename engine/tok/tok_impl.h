@@ -19,15 +19,23 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* ---- string -> id map: open addressing, keys in one arena ---- */
+/* ---- string -> id map: open addressing, keys in one arena ----
+ * A slot holds the key's 32-bit hash and its entry's index, so a probe
+ * touches an entry only when the hashes agree; an entry holds the key's
+ * first 8 bytes, so a key of up to 8 bytes (most tokens) is compared
+ * without reading the arena. */
+typedef struct tok_strent {
+    uint64_t head;    /* the key's first 8 bytes, zero-padded */
+    uint64_t off;     /* the key in the arena */
+    uint32_t len;
+    int32_t val;
+} tok_strent;
+
 typedef struct tok_strmap {
-    uint32_t *slot;   /* index+1 into key_off/key_len/val, 0 = empty */
+    uint64_t *slot;   /* hash << 32 | (entry index + 1); 0 = empty */
     uint32_t mask;    /* slots - 1 (a power of two, at least 2x entries) */
-    uint32_t n, cap;  /* entries, capacity of the arrays below */
-    uint64_t *key_off;
-    uint32_t *key_len;
-    uint32_t *hash;
-    int32_t *val;
+    uint32_t n, cap;  /* entries, capacity of ent */
+    tok_strent *ent;
     char *arena;
     size_t arena_len, arena_cap;
 } tok_strmap;
@@ -78,10 +86,19 @@ typedef enum tok_pre_kind {
     TOK_PRE_DIGITS,     /* Digits(individual_digits) */
     TOK_PRE_METASPACE,  /* Metaspace(replacement, prepend_scheme, split) */
 } tok_pre_kind;
+/* The split patterns tok_scan.c matches by hand on ASCII text. */
+typedef enum tok_scan_kind { TOK_SCAN_NONE, TOK_SCAN_GPT2, TOK_SCAN_LLAMA3, TOK_SCAN_QWEN2 } tok_scan_kind;
+tok_scan_kind tok_scan_kind_of(const char *pat, size_t len);
+/* The end of Oniguruma's match at pos, or 0 when it depends on non-ASCII. */
+size_t tok_scan_match(tok_scan_kind kind, const char *s, size_t len, size_t pos);
+
 typedef enum tok_prepend { TOK_PREPEND_ALWAYS, TOK_PREPEND_FIRST, TOK_PREPEND_NEVER } tok_prepend;
 typedef struct tok_pre {
     tok_pre_kind kind;
-    OnigRegex re;             /* SPLIT, BYTELEVEL with use_regex */
+    OnigRegex re;             /* SPLIT, BYTELEVEL with use_regex: compiled at load to check it */
+    char *pattern;            /* its source, which each worker compiles for itself */
+    size_t pattern_len;
+    tok_scan_kind scan;       /* re is one tok_scan.c knows */
     bool add_prefix_space;    /* BYTELEVEL */
     bool individual;          /* DIGITS */
     char repl[8];             /* METASPACE replacement, UTF-8 */
@@ -102,8 +119,9 @@ typedef struct tok_dec {
     tok_prepend prepend;      /* METASPACE */
 } tok_dec;
 
-/* An added token that encode() still matches in text: the library splits
- * text on non-special added tokens even with split_special_tokens=True. */
+/* An added token as encode() matches it in text: the library splits text on
+ * non-special added tokens even with split_special_tokens=True; a special
+ * one it finds is left as text (so it still hides what overlaps it). */
 typedef struct tok_added {
     char *content;
     size_t len;
@@ -129,9 +147,13 @@ struct fso_tokenizer {
     size_t *id_len;
     bool *id_added;
     int32_t n_ids;
-    tok_added *matched;       /* non-special added tokens, matched in text */
-    int n_matched;
-    uint8_t matched_first[32];/* bitmap of their first bytes */
+    /* Added tokens matched in text, in the library's two passes: [0] those
+     * with normalized=false on the raw text, then [1] normalized=true ones on
+     * what is left (only when no normalizer runs). A pass without a
+     * non-special token is skipped: it cannot split anything. */
+    tok_added *matched[2];
+    int n_matched[2];
+    uint8_t matched_first[2][32]; /* bitmaps of their first bytes */
     tok_norm norm[TOK_MAX_NORM];
     int n_norm;
     tok_pre pre[TOK_MAX_PRE];
@@ -171,6 +193,7 @@ typedef struct tok_cache_ent {
 
 struct fso_tok_worker {
     const fso_tokenizer *t;
+    OnigRegex re[TOK_MAX_PRE];    /* the worker's own copy of each stage's regex */
     OnigRegion *region[TOK_MAX_PRE];
     tok_buf stage[TOK_MAX_PRE];   /* pre-tokenizer stage i's rewritten piece */
     tok_buf norm, norm2;          /* normalized segment */
@@ -188,7 +211,10 @@ struct fso_tok_worker {
  * normalized UTF-8 otherwise); appends its ids. 0 or -ENOMEM. */
 int tok_bpe_word(fso_tok_worker *w, const char *s, size_t len, fso_ids *out);
 
-/* Load steps (tok_load.c). */
+/* tok_regex_new (tok_steps.c) compiles a pattern as the library does
+ * (UTF-8, no options, Oniguruma's default syntax); tok_load_json
+ * (tok_load.c) reads a folder. */
+int tok_regex_new(OnigRegex *re, const char *pat, size_t len, OnigErrorInfo *einfo);
 int tok_load_json(fso_tokenizer *t, const char *dir, char *err, size_t errlen);
 
 /* The byte-level mapping: byte -> code point, and the inverse of a mapped

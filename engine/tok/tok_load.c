@@ -1,20 +1,19 @@
 /* tok_load.c — reading a Hugging Face tokenizer folder into fso_tokenizer
- * (tok_impl.h): tokenizer.json (model, added tokens, normalizer,
- * pre-tokenizer, post-processor, decoder) and tokenizer_config.json (bos_token,
- * eos_token, add_bos_token).
+ * (tok_impl.h): tokenizer.json (model, added tokens, post-processor; the
+ * normalizer, pre-tokenizer and decoder through tok_steps.c) and
+ * tokenizer_config.json (bos_token, eos_token, add_bos_token).
  *
  * Contract: every key that changes what encode() or decode() produce is
  * either implemented exactly or refused, with the file, line:column, the JSON
  * path, the value and what fsoff supports. Keys that only concern offsets
  * (trim_offsets) or batching (padding, truncation) are accepted and unused.
  */
-#include "tok_impl.h"
+#include "tok_load.h"
 #include "config/json_locate.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
-#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,20 +23,7 @@
 
 #include "util.h"
 
-/* The built-in split pattern of ByteLevel(use_regex=true). */
-static const char GPT2_PATTERN[] =
-    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
-
-typedef struct ld {
-    fso_tokenizer *t;
-    const char *text;  /* tokenizer.json's text, for positions */
-    const char *file;
-    char *err;
-    size_t errlen;
-} ld;
-
-/* "FILE:LINE:COL: a.b[2].c: MESSAGE" with the position of the path when found. */
-static int fail(ld *l, int rc, const char *const *path, int depth, const char *fmt, ...)
+int tok_load_fail(ld *l, int rc, const char *const *path, int depth, const char *fmt, ...)
 {
     char where[256] = "", msg[768];
     int line, col;
@@ -61,10 +47,7 @@ static int fail(ld *l, int rc, const char *const *path, int depth, const char *f
     return rc;
 }
 
-#define REFUSE(l, path, depth, ...) fail(l, -ENOTSUP, path, depth, __VA_ARGS__)
-#define BAD(l, path, depth, ...) fail(l, -EINVAL, path, depth, __VA_ARGS__)
-
-static const char *type_of(json_t *o)
+const char *tok_json_type(json_t *o)
 {
     json_t *ty = json_object_get(o, "type");
     return json_is_string(ty) ? json_string_value(ty) : NULL;
@@ -77,7 +60,7 @@ static bool unset(json_t *v)
            (json_is_string(v) && json_string_length(v) == 0);
 }
 
-static int get_bool(ld *l, json_t *o, const char *key, bool dflt, bool *out,
+int tok_json_bool(ld *l, json_t *o, const char *key, bool dflt, bool *out,
                     const char **path, int depth)
 {
     json_t *v = json_object_get(o, key);
@@ -93,7 +76,7 @@ static int get_bool(ld *l, json_t *o, const char *key, bool dflt, bool *out,
     return 0;
 }
 
-static int dup_str(json_t *v, char **s, size_t *len)
+int tok_json_str(json_t *v, char **s, size_t *len)
 {
     *len = json_string_length(v);
     *s = malloc(*len + 1);
@@ -139,7 +122,7 @@ static int load_model(ld *l, json_t *root, tok_strmap *written)
     json_t *m = json_object_get(root, "model");
     if (!json_is_object(m))
         return BAD(l, path, 0, "no \"model\" object; the file is not a tokenizers tokenizer.json");
-    const char *ty = type_of(m);
+    const char *ty = tok_json_type(m);
     if (ty && strcmp(ty, "BPE")) {
         path[1] = "type";
         return REFUSE(l, path, 2, "model type \"%s\" is not supported: fsoff runs BPE models "
@@ -158,9 +141,9 @@ static int load_model(ld *l, json_t *root, tok_strmap *written)
         }
     }
     int rc;
-    if ((rc = get_bool(l, m, "fuse_unk", false, &t->fuse_unk, path, 1)) ||
-        (rc = get_bool(l, m, "byte_fallback", false, &t->byte_fallback, path, 1)) ||
-        (rc = get_bool(l, m, "ignore_merges", false, &t->ignore_merges, path, 1)))
+    if ((rc = tok_json_bool(l, m, "fuse_unk", false, &t->fuse_unk, path, 1)) ||
+        (rc = tok_json_bool(l, m, "byte_fallback", false, &t->byte_fallback, path, 1)) ||
+        (rc = tok_json_bool(l, m, "ignore_merges", false, &t->ignore_merges, path, 1)))
         return rc;
     json_t *vocab = json_object_get(m, "vocab");
     if (!json_is_object(vocab)) {
@@ -317,9 +300,10 @@ static int load_added(ld *l, json_t *root, tok_strmap *written)
     if (!json_is_array(arr))
         return BAD(l, path, 1, "expected an array");
     size_t n = json_array_size(arr);
-    t->matched = calloc(n + 1, sizeof *t->matched);
-    if (!t->matched)
-        return -ENOMEM;
+    for (int k = 0; k < 2; k++)
+        if (!(t->matched[k] = calloc(n + 1, sizeof *t->matched[k])))
+            return -ENOMEM;
+    bool splits[2] = {false, false};
     for (size_t i = 0; i < n; i++) {
         json_t *a = json_array_get(arr, i);
         snprintf(idx, sizeof idx, "%zu", i);
@@ -333,8 +317,8 @@ static int load_added(ld *l, json_t *root, tok_strmap *written)
         const char *c = json_string_value(content);
         size_t clen = json_string_length(content);
         bool special = false, normalized = false, flag = false;
-        if ((rc = get_bool(l, a, "special", false, &special, path, 2)) ||
-            (rc = get_bool(l, a, "normalized", !special, &normalized, path, 2)))
+        if ((rc = tok_json_bool(l, a, "special", false, &special, path, 2)) ||
+            (rc = tok_json_bool(l, a, "normalized", !special, &normalized, path, 2)))
             return rc;
         if ((rc = tok_strmap_put(&t->added_map, c, clen, iid)) < 0)
             return rc;
@@ -342,294 +326,40 @@ static int load_added(ld *l, json_t *root, tok_strmap *written)
             return -ENOMEM;
         if (iid >= t->n_ids)
             t->n_ids = iid + 1;
-        if (special)
-            continue; /* split_special_tokens=True: plain text in encode() */
-        static const char *const flags[] = {"lstrip", "rstrip", "single_word"};
-        for (int k = 0; k < 3; k++) {
-            if ((rc = get_bool(l, a, flags[k], false, &flag, path, 2)))
-                return rc;
-            if (flag) {
-                path[2] = flags[k];
-                return REFUSE(l, path, 3, "a non-special added token (\"%s\") with %s=true is "
-                              "not supported", c, flags[k]);
+        if (!special) {
+            static const char *const flags[] = {"lstrip", "rstrip", "single_word"};
+            for (int k = 0; k < 3; k++) {
+                if ((rc = tok_json_bool(l, a, flags[k], false, &flag, path, 2)))
+                    return rc;
+                if (flag) {
+                    path[2] = flags[k];
+                    return REFUSE(l, path, 3, "a non-special added token (\"%s\") with %s=true "
+                                  "is not supported", c, flags[k]);
+                }
             }
+            if (normalized && t->n_norm) {
+                path[2] = "normalized";
+                return REFUSE(l, path, 3, "a non-special added token (\"%s\") matched after the "
+                              "normalizer is not supported", c);
+            }
+            splits[normalized] = true;
         }
-        if (normalized && t->n_norm) {
-            path[2] = "normalized";
-            return REFUSE(l, path, 3, "a non-special added token (\"%s\") matched after the "
-                          "normalizer is not supported", c);
-        }
-        tok_added *m = &t->matched[t->n_matched++];
-        if ((rc = dup_str(content, &m->content, &m->len)))
+        /* split_special_tokens=True: a special token found is left as text */
+        int pass = normalized;
+        tok_added *m = &t->matched[pass][t->n_matched[pass]++];
+        if ((rc = tok_json_str(content, &m->content, &m->len)))
             return rc;
         m->id = iid;
+        m->special = special;
         unsigned char f = (unsigned char)c[0];
-        t->matched_first[f >> 3] |= (uint8_t)(1u << (f & 7));
+        t->matched_first[pass][f >> 3] |= (uint8_t)(1u << (f & 7));
     }
-    return 0;
-}
-
-/* ---- normalizer ---- */
-
-static int load_norm_one(ld *l, json_t *n, const char **path, int depth)
-{
-    fso_tokenizer *t = l->t;
-    const char *ty = type_of(n);
-    path[depth] = "type";
-    if (!ty)
-        return BAD(l, path, depth, "a normalizer needs a \"type\"");
-    if (!strcmp(ty, "Sequence")) {
-        json_t *arr = json_object_get(n, "normalizers");
-        path[depth] = "normalizers";
-        if (!json_is_array(arr))
-            return BAD(l, path, depth + 1, "expected an array");
-        char idx[24];
-        for (size_t i = 0; i < json_array_size(arr); i++) {
-            snprintf(idx, sizeof idx, "%zu", i);
-            path[depth] = "normalizers";
-            path[depth + 1] = idx;
-            int rc = load_norm_one(l, json_array_get(arr, i), path, depth + 2);
-            if (rc)
-                return rc;
+    for (int k = 0; k < 2; k++)
+        if (!splits[k]) {
+            for (int i = 0; i < t->n_matched[k]; i++)
+                free(t->matched[k][i].content);
+            t->n_matched[k] = 0;
         }
-        return 0;
-    }
-    if (t->n_norm == TOK_MAX_NORM)
-        return REFUSE(l, path, depth, "more than %d normalizers", TOK_MAX_NORM);
-    tok_norm *nm = &t->norm[t->n_norm];
-    if (!strcmp(ty, "NFC")) {
-        nm->kind = TOK_NORM_NFC;
-    } else if (!strcmp(ty, "Prepend")) {
-        json_t *p = json_object_get(n, "prepend");
-        path[depth] = "prepend";
-        if (!json_is_string(p))
-            return BAD(l, path, depth + 1, "expected a string");
-        nm->kind = TOK_NORM_PREPEND;
-        if (dup_str(p, &nm->a, &nm->alen))
-            return -ENOMEM;
-    } else if (!strcmp(ty, "Replace")) {
-        json_t *pat = json_object_get(n, "pattern"), *content = json_object_get(n, "content");
-        json_t *s = json_object_get(pat, "String");
-        path[depth] = "pattern";
-        if (!json_is_string(s) || json_string_length(s) == 0)
-            return REFUSE(l, path, depth + 1, "Replace supports a {\"String\": \"...\"} pattern "
-                          "only (a Regex pattern is not supported)");
-        path[depth] = "content";
-        if (!json_is_string(content))
-            return BAD(l, path, depth + 1, "expected a string");
-        nm->kind = TOK_NORM_REPLACE;
-        if (dup_str(s, &nm->a, &nm->alen) || dup_str(content, &nm->b, &nm->blen))
-            return -ENOMEM;
-    } else {
-        return REFUSE(l, path, depth + 1, "normalizer \"%s\" is not supported; fsoff runs NFC, "
-                      "Prepend, Replace (String) and Sequence of them", ty);
-    }
-    t->n_norm++;
-    return 0;
-}
-
-/* ---- pre-tokenizer ---- */
-
-static pthread_once_t onig_once = PTHREAD_ONCE_INIT;
-static void onig_setup(void)
-{
-    OnigEncoding enc = ONIG_ENCODING_UTF8;
-    onig_initialize(&enc, 1);
-}
-
-static int compile_regex(ld *l, const char *pat, size_t len, OnigRegex *re,
-                         const char **path, int depth)
-{
-    pthread_once(&onig_once, onig_setup);
-    OnigErrorInfo einfo;
-    int r = onig_new(re, (const UChar *)pat, (const UChar *)pat + len, ONIG_OPTION_NONE,
-                     ONIG_ENCODING_UTF8, ONIG_SYNTAX_DEFAULT, &einfo);
-    if (r != ONIG_NORMAL) {
-        UChar msg[ONIG_MAX_ERROR_MESSAGE_LEN];
-        onig_error_code_to_str(msg, r, &einfo);
-        *re = NULL;
-        return BAD(l, path, depth, "the regex does not compile: %s", (char *)msg);
-    }
-    return 0;
-}
-
-static int load_pre_one(ld *l, json_t *p, const char **path, int depth)
-{
-    fso_tokenizer *t = l->t;
-    const char *ty = type_of(p);
-    path[depth] = "type";
-    if (!ty)
-        return BAD(l, path, depth, "a pre-tokenizer needs a \"type\"");
-    if (!strcmp(ty, "Sequence")) {
-        json_t *arr = json_object_get(p, "pretokenizers");
-        path[depth] = "pretokenizers";
-        if (!json_is_array(arr))
-            return BAD(l, path, depth + 1, "expected an array");
-        char idx[24];
-        for (size_t i = 0; i < json_array_size(arr); i++) {
-            snprintf(idx, sizeof idx, "%zu", i);
-            path[depth] = "pretokenizers";
-            path[depth + 1] = idx;
-            int rc = load_pre_one(l, json_array_get(arr, i), path, depth + 2);
-            if (rc)
-                return rc;
-        }
-        return 0;
-    }
-    if (t->n_pre == TOK_MAX_PRE)
-        return REFUSE(l, path, depth, "more than %d pre-tokenizers", TOK_MAX_PRE);
-    if (t->byte_level)
-        return REFUSE(l, path, depth + 1, "a pre-tokenizer (\"%s\") after ByteLevel is not "
-                      "supported", ty);
-    tok_pre *pt = &t->pre[t->n_pre];
-    int rc;
-    if (!strcmp(ty, "Split")) {
-        json_t *pat = json_object_get(p, "pattern");
-        json_t *rx = json_object_get(pat, "Regex");
-        json_t *beh = json_object_get(p, "behavior");
-        bool invert = false;
-        path[depth] = "pattern";
-        if (!json_is_string(rx))
-            return REFUSE(l, path, depth + 1, "Split supports a {\"Regex\": \"...\"} pattern only");
-        path[depth] = "behavior";
-        if (!json_is_string(beh) || strcmp(json_string_value(beh), "Isolated"))
-            return REFUSE(l, path, depth + 1, "Split behavior %s is not supported; fsoff runs "
-                          "\"Isolated\"", json_is_string(beh) ? json_string_value(beh) : "(none)");
-        if ((rc = get_bool(l, p, "invert", false, &invert, path, depth)))
-            return rc;
-        if (invert) {
-            path[depth] = "invert";
-            return REFUSE(l, path, depth + 1, "Split with invert=true is not supported");
-        }
-        pt->kind = TOK_PRE_SPLIT;
-        path[depth] = "pattern";
-        path[depth + 1] = "Regex";
-        if ((rc = compile_regex(l, json_string_value(rx), json_string_length(rx), &pt->re, path,
-                                depth + 2)))
-            return rc;
-    } else if (!strcmp(ty, "ByteLevel")) {
-        bool use_regex = true;
-        pt->kind = TOK_PRE_BYTELEVEL;
-        if ((rc = get_bool(l, p, "add_prefix_space", false, &pt->add_prefix_space, path, depth)) ||
-            (rc = get_bool(l, p, "use_regex", true, &use_regex, path, depth)))
-            return rc;
-        if (use_regex && (rc = compile_regex(l, GPT2_PATTERN, sizeof GPT2_PATTERN - 1, &pt->re,
-                                             path, depth)))
-            return rc;
-        t->byte_level = true;
-    } else if (!strcmp(ty, "Digits")) {
-        pt->kind = TOK_PRE_DIGITS;
-        if ((rc = get_bool(l, p, "individual_digits", false, &pt->individual, path, depth)))
-            return rc;
-    } else if (!strcmp(ty, "Metaspace")) {
-        json_t *rep = json_object_get(p, "replacement"), *sch = json_object_get(p, "prepend_scheme");
-        pt->kind = TOK_PRE_METASPACE;
-        path[depth] = "replacement";
-        if (!json_is_string(rep) || json_string_length(rep) == 0 ||
-            json_string_length(rep) >= sizeof pt->repl)
-            return BAD(l, path, depth + 1, "expected one character");
-        memcpy(pt->repl, json_string_value(rep), json_string_length(rep));
-        pt->repl_len = json_string_length(rep);
-        if ((rc = get_bool(l, p, "split", true, &pt->split, path, depth)))
-            return rc;
-        if (json_is_string(sch)) {
-            const char *s = json_string_value(sch);
-            path[depth] = "prepend_scheme";
-            if (!strcmp(s, "always"))
-                pt->prepend = TOK_PREPEND_ALWAYS;
-            else if (!strcmp(s, "first"))
-                pt->prepend = TOK_PREPEND_FIRST;
-            else if (!strcmp(s, "never"))
-                pt->prepend = TOK_PREPEND_NEVER;
-            else
-                return BAD(l, path, depth + 1, "\"%s\": expected \"always\", \"first\" or \"never\"", s);
-        } else {
-            bool aps = true; /* older files: add_prefix_space */
-            if ((rc = get_bool(l, p, "add_prefix_space", true, &aps, path, depth)))
-                return rc;
-            pt->prepend = aps ? TOK_PREPEND_ALWAYS : TOK_PREPEND_NEVER;
-        }
-    } else {
-        return REFUSE(l, path, depth + 1, "pre-tokenizer \"%s\" is not supported; fsoff runs "
-                      "Split (Regex, Isolated), ByteLevel, Digits, Metaspace and Sequence of them", ty);
-    }
-    t->n_pre++;
-    return 0;
-}
-
-/* ---- decoder ---- */
-
-static int load_dec_one(ld *l, json_t *d, const char **path, int depth)
-{
-    fso_tokenizer *t = l->t;
-    const char *ty = type_of(d);
-    path[depth] = "type";
-    if (!ty)
-        return BAD(l, path, depth, "a decoder needs a \"type\"");
-    if (!strcmp(ty, "Sequence")) {
-        json_t *arr = json_object_get(d, "decoders");
-        path[depth] = "decoders";
-        if (!json_is_array(arr))
-            return BAD(l, path, depth + 1, "expected an array");
-        char idx[24];
-        for (size_t i = 0; i < json_array_size(arr); i++) {
-            snprintf(idx, sizeof idx, "%zu", i);
-            path[depth] = "decoders";
-            path[depth + 1] = idx;
-            int rc = load_dec_one(l, json_array_get(arr, i), path, depth + 2);
-            if (rc)
-                return rc;
-        }
-        return 0;
-    }
-    if (t->n_dec == TOK_MAX_DEC)
-        return REFUSE(l, path, depth, "more than %d decoders", TOK_MAX_DEC);
-    tok_dec *dc = &t->dec[t->n_dec];
-    if (!strcmp(ty, "ByteLevel")) {
-        dc->kind = TOK_DEC_BYTELEVEL;
-    } else if (!strcmp(ty, "ByteFallback")) {
-        dc->kind = TOK_DEC_BYTEFALLBACK;
-    } else if (!strcmp(ty, "Fuse")) {
-        dc->kind = TOK_DEC_FUSE;
-    } else if (!strcmp(ty, "Replace")) {
-        json_t *s = json_object_get(json_object_get(d, "pattern"), "String");
-        json_t *content = json_object_get(d, "content");
-        path[depth] = "pattern";
-        if (!json_is_string(s) || json_string_length(s) == 0 || !json_is_string(content))
-            return REFUSE(l, path, depth + 1, "the Replace decoder supports a {\"String\": \"...\"} "
-                          "pattern only");
-        dc->kind = TOK_DEC_REPLACE;
-        if (dup_str(s, &dc->a, &dc->alen) || dup_str(content, &dc->b, &dc->blen))
-            return -ENOMEM;
-    } else if (!strcmp(ty, "Strip")) {
-        json_t *c = json_object_get(d, "content"), *st = json_object_get(d, "start"),
-               *sp = json_object_get(d, "stop");
-        path[depth] = "content";
-        if (!json_is_string(c) || !json_is_integer(st) || !json_is_integer(sp))
-            return BAD(l, path, depth + 1, "expected content (one character), start and stop");
-        dc->kind = TOK_DEC_STRIP;
-        if (dup_str(c, &dc->a, &dc->alen))
-            return -ENOMEM;
-        dc->start = (int)json_integer_value(st);
-        dc->stop = (int)json_integer_value(sp);
-    } else if (!strcmp(ty, "Metaspace")) {
-        json_t *rep = json_object_get(d, "replacement"), *sch = json_object_get(d, "prepend_scheme");
-        path[depth] = "replacement";
-        if (!json_is_string(rep) || json_string_length(rep) == 0)
-            return BAD(l, path, depth + 1, "expected one character");
-        dc->kind = TOK_DEC_METASPACE;
-        if (dup_str(rep, &dc->a, &dc->alen))
-            return -ENOMEM;
-        const char *s = json_is_string(sch) ? json_string_value(sch) : NULL;
-        json_t *aps = json_object_get(d, "add_prefix_space");
-        dc->prepend = s ? (!strcmp(s, "never") ? TOK_PREPEND_NEVER : !strcmp(s, "first")
-                           ? TOK_PREPEND_FIRST : TOK_PREPEND_ALWAYS)
-                        : (json_is_false(aps) ? TOK_PREPEND_NEVER : TOK_PREPEND_ALWAYS);
-    } else {
-        return REFUSE(l, path, depth + 1, "decoder \"%s\" is not supported; fsoff runs ByteLevel, "
-                      "Replace (String), ByteFallback, Fuse, Strip, Metaspace and Sequence of them", ty);
-    }
-    t->n_dec++;
     return 0;
 }
 
@@ -651,7 +381,7 @@ static int32_t template_special(json_t *proc, json_t *item)
 
 static void load_template(fso_tokenizer *t, json_t *pp, int32_t *bos, int32_t *eos)
 {
-    const char *ty = type_of(pp);
+    const char *ty = tok_json_type(pp);
     if (!ty)
         return;
     if (!strcmp(ty, "Sequence")) {
@@ -767,9 +497,9 @@ int tok_load_json(fso_tokenizer *t, const char *dir, char *err, size_t errlen)
     char *text = read_text(t->path, &rc);
     if (!text) {
         if (rc == -ENOENT)
-            return fail(&l, rc, NULL, 0, "no such file; the tokenizer folder must hold the "
+            return tok_load_fail(&l, rc, NULL, 0, "no such file; the tokenizer folder must hold the "
                         "model's Hugging Face tokenizer.json (copy it from the model repository)");
-        return fail(&l, rc, NULL, 0, "cannot read it: %s", strerror(-rc));
+        return tok_load_fail(&l, rc, NULL, 0, "cannot read it: %s", strerror(-rc));
     }
     json_error_t je;
     json_t *root = json_loads(text, 0, &je);
@@ -790,11 +520,11 @@ int tok_load_json(fso_tokenizer *t, const char *dir, char *err, size_t errlen)
     }
     json_t *n = json_object_get(root, "normalizer");
     path[0] = "normalizer";
-    if (n && !json_is_null(n) && (rc = load_norm_one(&l, n, path, 1)))
+    if (n && !json_is_null(n) && (rc = tok_load_norm(&l, n, path, 1)))
         goto out;
     json_t *p = json_object_get(root, "pre_tokenizer");
     path[0] = "pre_tokenizer";
-    if (p && !json_is_null(p) && (rc = load_pre_one(&l, p, path, 1)))
+    if (p && !json_is_null(p) && (rc = tok_load_pre(&l, p, path, 1)))
         goto out;
     /* ByteLevel must come last: the model then sees every byte as one character. */
     for (int i = 0; i + 1 < t->n_pre; i++)
@@ -808,7 +538,7 @@ int tok_load_json(fso_tokenizer *t, const char *dir, char *err, size_t errlen)
     path[0] = "decoder";
     if (d && !json_is_null(d)) {
         t->has_decoder = true;
-        if ((rc = load_dec_one(&l, d, path, 1)))
+        if ((rc = tok_load_dec(&l, d, path, 1)))
             goto out;
     }
     /* id -> written token, added tokens over the vocabulary. */
@@ -891,16 +621,20 @@ void fso_tokenizer_free(fso_tokenizer *t)
     free(t->id_str);
     free(t->id_len);
     free(t->id_added);
-    for (int i = 0; i < t->n_matched; i++)
-        free(t->matched[i].content);
-    free(t->matched);
+    for (int k = 0; k < 2; k++) {
+        for (int i = 0; i < t->n_matched[k]; i++)
+            free(t->matched[k][i].content);
+        free(t->matched[k]);
+    }
     for (int i = 0; i < t->n_norm; i++) {
         free(t->norm[i].a);
         free(t->norm[i].b);
     }
-    for (int i = 0; i < t->n_pre; i++)
+    for (int i = 0; i < t->n_pre; i++) {
         if (t->pre[i].re)
             onig_free(t->pre[i].re);
+        free(t->pre[i].pattern);
+    }
     for (int i = 0; i < t->n_dec; i++) {
         free(t->dec[i].a);
         free(t->dec[i].b);

@@ -1,6 +1,6 @@
 /* tok_map.c — the tokenizer's small data structures (tok_impl.h): the
  * string -> id map (open addressing, sized to at least twice its entries,
- * keys copied into one arena), the (id, id) -> merge map, growable buffers,
+ * keys copied into one arena, hashes in the slots), the (id, id) -> merge map, growable buffers,
  * UTF-8 character lengths and the byte-level byte <-> character mapping.
  * None of them allocates after loading except the buffers, which grow
  * geometrically and are reused.
@@ -37,19 +37,23 @@ static uint32_t pow2_at_least(uint64_t n)
     return s;
 }
 
+static inline uint64_t key_head(const char *k, size_t len)
+{
+    uint64_t h = 0;
+    memcpy(&h, k, len < 8 ? len : 8);
+    return h;
+}
+
 int tok_strmap_init(tok_strmap *m, uint32_t expect)
 {
     memset(m, 0, sizeof *m);
     m->mask = pow2_at_least((uint64_t)expect * 2 + 16) - 1;
     m->slot = calloc((size_t)m->mask + 1, sizeof *m->slot);
     m->cap = expect + 16;
-    m->key_off = malloc(m->cap * sizeof *m->key_off);
-    m->key_len = malloc(m->cap * sizeof *m->key_len);
-    m->hash = malloc(m->cap * sizeof *m->hash);
-    m->val = malloc(m->cap * sizeof *m->val);
+    m->ent = malloc(m->cap * sizeof *m->ent);
     m->arena_cap = (size_t)expect * 8 + 64;
     m->arena = malloc(m->arena_cap);
-    if (!m->slot || !m->key_off || !m->key_len || !m->hash || !m->val || !m->arena) {
+    if (!m->slot || !m->ent || !m->arena) {
         tok_strmap_free(m);
         return -ENOMEM;
     }
@@ -59,10 +63,7 @@ int tok_strmap_init(tok_strmap *m, uint32_t expect)
 void tok_strmap_free(tok_strmap *m)
 {
     free(m->slot);
-    free(m->key_off);
-    free(m->key_len);
-    free(m->hash);
-    free(m->val);
+    free(m->ent);
     free(m->arena);
     memset(m, 0, sizeof *m);
 }
@@ -70,14 +71,16 @@ void tok_strmap_free(tok_strmap *m)
 static int strmap_grow_slots(tok_strmap *m)
 {
     uint32_t nmask = (m->mask + 1) * 2 - 1;
-    uint32_t *ns = calloc((size_t)nmask + 1, sizeof *ns);
+    uint64_t *ns = calloc((size_t)nmask + 1, sizeof *ns);
     if (!ns)
         return -ENOMEM;
-    for (uint32_t e = 0; e < m->n; e++) {
-        uint32_t i = m->hash[e] & nmask;
-        while (ns[i])
-            i = (i + 1) & nmask;
-        ns[i] = e + 1;
+    for (uint32_t i = 0; i <= m->mask; i++) {
+        if (!m->slot[i])
+            continue;
+        uint32_t j = (uint32_t)(m->slot[i] >> 32) & nmask;
+        while (ns[j])
+            j = (j + 1) & nmask;
+        ns[j] = m->slot[i];
     }
     free(m->slot);
     m->slot = ns;
@@ -85,33 +88,29 @@ static int strmap_grow_slots(tok_strmap *m)
     return 0;
 }
 
+static inline bool ent_is(const tok_strmap *m, const tok_strent *e, const char *k, size_t len,
+                          uint64_t head)
+{
+    return e->len == len && e->head == head &&
+           (len <= 8 || !memcmp(m->arena + e->off + 8, k + 8, len - 8));
+}
+
 int tok_strmap_put(tok_strmap *m, const char *k, size_t len, int32_t val)
 {
     uint32_t h = tok_hash(k, len);
-    for (uint32_t i = h & m->mask; m->slot[i]; i = (i + 1) & m->mask) {
-        uint32_t e = m->slot[i] - 1;
-        if (m->hash[e] == h && m->key_len[e] == len && !memcmp(m->arena + m->key_off[e], k, len))
+    uint64_t head = key_head(k, len);
+    for (uint32_t i = h & m->mask; m->slot[i]; i = (i + 1) & m->mask)
+        if ((uint32_t)(m->slot[i] >> 32) == h &&
+            ent_is(m, &m->ent[(uint32_t)m->slot[i] - 1], k, len, head))
             return 1;
-    }
     if ((uint64_t)(m->n + 1) * 2 > m->mask + 1 && strmap_grow_slots(m))
         return -ENOMEM;
     if (m->n == m->cap) {
-        uint32_t nc = m->cap * 2;
-        uint64_t *o = realloc(m->key_off, nc * sizeof *o);
-        if (o)
-            m->key_off = o;
-        uint32_t *l = realloc(m->key_len, nc * sizeof *l);
-        if (l)
-            m->key_len = l;
-        uint32_t *hh = realloc(m->hash, nc * sizeof *hh);
-        if (hh)
-            m->hash = hh;
-        int32_t *v = realloc(m->val, nc * sizeof *v);
-        if (v)
-            m->val = v;
-        if (!o || !l || !hh || !v)
+        tok_strent *e = realloc(m->ent, (size_t)m->cap * 2 * sizeof *e);
+        if (!e)
             return -ENOMEM;
-        m->cap = nc;
+        m->ent = e;
+        m->cap *= 2;
     }
     if (m->arena_len + len + 1 > m->arena_cap) {
         size_t nc = m->arena_cap * 2 + len + 1;
@@ -124,15 +123,12 @@ int tok_strmap_put(tok_strmap *m, const char *k, size_t len, int32_t val)
     memcpy(m->arena + m->arena_len, k, len);
     m->arena[m->arena_len + len] = '\0';
     uint32_t e = m->n++;
-    m->key_off[e] = m->arena_len;
-    m->key_len[e] = (uint32_t)len;
-    m->hash[e] = h;
-    m->val[e] = val;
+    m->ent[e] = (tok_strent){head, m->arena_len, (uint32_t)len, val};
     m->arena_len += len + 1;
     uint32_t i = h & m->mask;
     while (m->slot[i])
         i = (i + 1) & m->mask;
-    m->slot[i] = e + 1;
+    m->slot[i] = (uint64_t)h << 32 | (e + 1);
     return 0;
 }
 
@@ -141,11 +137,13 @@ int32_t tok_strmap_get(const tok_strmap *m, const char *k, size_t len)
     if (!m->slot)
         return -1;
     uint32_t h = tok_hash(k, len);
-    for (uint32_t i = h & m->mask; m->slot[i]; i = (i + 1) & m->mask) {
-        uint32_t e = m->slot[i] - 1;
-        if (m->hash[e] == h && m->key_len[e] == len && !memcmp(m->arena + m->key_off[e], k, len))
-            return m->val[e];
-    }
+    uint64_t head = key_head(k, len);
+    for (uint32_t i = h & m->mask; m->slot[i]; i = (i + 1) & m->mask)
+        if ((uint32_t)(m->slot[i] >> 32) == h) {
+            const tok_strent *e = &m->ent[(uint32_t)m->slot[i] - 1];
+            if (ent_is(m, e, k, len, head))
+                return e->val;
+        }
     return -1;
 }
 

@@ -9,7 +9,8 @@
  * Pieces flow depth-first: a pre-tokenizer hands each piece it makes to the
  * next one at once, so nothing is collected per piece and nothing is
  * allocated once the worker's buffers have grown. The tokenizer is read-only
- * here; all mutable state (regex regions, buffers, cache) is the worker's.
+ * here; all mutable state is the worker's: its own compiled regexes and
+ * match regions, buffers and cache.
  */
 #include "tok_impl.h"
 
@@ -85,7 +86,9 @@ fso_tok_worker *fso_tok_worker_new(const fso_tokenizer *t)
         return NULL;
     w->t = t;
     for (int i = 0; i < t->n_pre; i++)
-        if (t->pre[i].re && !(w->region[i] = onig_region_new()))
+        if (t->pre[i].re &&
+            (!(w->region[i] = onig_region_new()) ||
+             tok_regex_new(&w->re[i], t->pre[i].pattern, t->pre[i].pattern_len, NULL) != ONIG_NORMAL))
             goto fail;
     if (!(w->cache = calloc(TOK_CACHE_SLOTS, sizeof *w->cache)))
         goto fail;
@@ -102,6 +105,8 @@ void fso_tok_worker_free(fso_tok_worker *w)
     for (int i = 0; i < TOK_MAX_PRE; i++) {
         if (w->region[i])
             onig_region_free(w->region[i], 1);
+        if (w->re[i])
+            onig_free(w->re[i]);
         free(w->stage[i].p);
     }
     free(w->norm.p);
@@ -126,25 +131,48 @@ static int emit(fso_tok_worker *w, int i, const char *s, size_t len, bool at_ori
 }
 
 /* Isolated split: every match and every gap between matches is a piece. */
-static int split_regex(fso_tok_worker *w, int i, OnigRegex re, const char *s, size_t len,
-                       bool at_origin, fso_ids *out)
+static int split_regex(fso_tok_worker *w, int i, OnigRegex re, tok_scan_kind scan,
+                       const char *s, size_t len, bool at_origin, fso_ids *out)
 {
     const UChar *start = (const UChar *)s, *end = start + len;
     OnigRegion *rg = w->region[i];
     size_t pos = 0, gap = 0;
     while (pos < len) {
-        int r = onig_search(re, start, end, start + pos, end, rg, ONIG_OPTION_NONE);
-        if (r == ONIG_MISMATCH)
-            break;
-        if (r < 0)
-            return -EINVAL;
-        size_t b = (size_t)rg->beg[0], e = (size_t)rg->end[0];
-        if (e == b) { /* an empty match: no piece; step over one character */
+        /* The leftmost match from pos: the hand scanner's when it knows the
+         * pattern and the text there is ASCII (tok_scan.c); else Oniguruma,
+         * anchored at pos first (the patterns in use match at every
+         * position), then searching (the same result when nothing matches
+         * at pos). */
+        size_t b, e;
+        int r;
+        if (scan && (e = tok_scan_match(scan, s, len, pos)) > pos) {
+            b = pos;
+        } else if ((r = onig_match(re, start, end, start + pos, rg, ONIG_OPTION_NONE)) > 0) {
+            b = pos;
+            e = pos + (size_t)r;
+        } else {
+            if (r != ONIG_MISMATCH && r < 0)
+                return -EINVAL;
+            r = onig_search(re, start, end, start + pos, end, rg, ONIG_OPTION_NONE);
+            if (r == ONIG_MISMATCH)
+                break;
+            if (r < 0)
+                return -EINVAL;
+            b = (size_t)rg->beg[0];
+            e = (size_t)rg->end[0];
+        }
+        int rc;
+        if (e == b) {
+            /* An empty match still ends the gap before it (as the library's
+             * split does); the search goes on one character further. */
+            if (b > gap && (rc = emit(w, i, s + gap, b - gap, at_origin && gap == 0, out)))
+                return rc;
+            if (b > gap)
+                gap = b;
             int cl = tok_utf8_len(start + b, len - b);
             pos = b + (size_t)(cl ? cl : 1);
             continue;
         }
-        int rc;
         if (b > gap && (rc = emit(w, i, s + gap, b - gap, at_origin && gap == 0, out)))
             return rc;
         if ((rc = emit(w, i, s + b, e - b, at_origin && b == 0, out)))
@@ -248,7 +276,7 @@ static int pre_stage(fso_tok_worker *w, int i, const char *s, size_t len, bool a
     const tok_pre *pt = &t->pre[i];
     switch (pt->kind) {
     case TOK_PRE_SPLIT:
-        return split_regex(w, i, pt->re, s, len, at_origin, out);
+        return split_regex(w, i, w->re[i], pt->scan, s, len, at_origin, out);
     case TOK_PRE_BYTELEVEL:
         if (pt->add_prefix_space && s[0] != ' ') {
             tok_buf *b = &w->stage[i];
@@ -260,7 +288,7 @@ static int pre_stage(fso_tok_worker *w, int i, const char *s, size_t len, bool a
             len++;
         }
         if (pt->re)
-            return split_regex(w, i, pt->re, s, len, at_origin, out);
+            return split_regex(w, i, w->re[i], pt->scan, s, len, at_origin, out);
         return emit(w, i, s, len, at_origin, out);
     case TOK_PRE_DIGITS:
         return split_digits(w, i, pt->individual, s, len, at_origin, out);
@@ -360,19 +388,53 @@ static int encode_segment(fso_tok_worker *w, const char *s, size_t len, size_t a
     return pre_stage(w, 0, ns, nlen, at == 0, out);
 }
 
-/* The longest non-special added token starting at s[p], or NULL. */
-static const tok_added *added_at(const fso_tokenizer *t, const char *s, size_t len, size_t p)
+/* The longest added token of a pass starting at s[p], or NULL. */
+static const tok_added *added_at(const fso_tokenizer *t, int pass, const char *s, size_t len,
+                                 size_t p)
 {
     unsigned char c = (unsigned char)s[p];
-    if (!(t->matched_first[c >> 3] & (1u << (c & 7))))
+    if (!(t->matched_first[pass][c >> 3] & (1u << (c & 7))))
         return NULL;
     const tok_added *best = NULL;
-    for (int k = 0; k < t->n_matched; k++) {
-        const tok_added *a = &t->matched[k];
+    for (int k = 0; k < t->n_matched[pass]; k++) {
+        const tok_added *a = &t->matched[pass][k];
         if (a->len <= len - p && (!best || a->len > best->len) && !memcmp(s + p, a->content, a->len))
             best = a;
     }
     return best;
+}
+
+/* Splits text (at offset `at` of the whole) on the added tokens of a pass,
+ * leftmost and longest first: non-special ones become their ids, special
+ * ones stay text; then the next pass, or the normalizer and the rest. */
+static int split_added(fso_tok_worker *w, int pass, const char *text, size_t len, size_t at,
+                       fso_ids *out)
+{
+    const fso_tokenizer *t = w->t;
+    if (pass == 2)
+        return encode_segment(w, text, len, at, out);
+    if (!t->n_matched[pass])
+        return split_added(w, pass + 1, text, len, at, out);
+    size_t seg = 0;
+    int rc;
+    for (size_t p = 0; p < len;) {
+        const tok_added *a = added_at(t, pass, text, len, p);
+        if (!a) {
+            p++;
+            continue;
+        }
+        if (a->special) {
+            p += a->len;
+            continue;
+        }
+        if ((rc = split_added(w, pass + 1, text + seg, p - seg, at + seg, out)))
+            return rc;
+        if ((rc = fso_ids_push(out, a->id)))
+            return rc;
+        p += a->len;
+        seg = p;
+    }
+    return split_added(w, pass + 1, text + seg, len - seg, at + seg, out);
 }
 
 int fso_tokenizer_encode(fso_tok_worker *w, const char *text, size_t len, fso_ids *out,
@@ -395,27 +457,9 @@ int fso_tokenizer_encode(fso_tok_worker *w, const char *text, size_t len, fso_id
         p += (size_t)cl;
     }
     const fso_tokenizer *t = w->t;
-    size_t seg = 0;
-    int rc;
-    if (t->n_matched) {
-        for (size_t p = 0; p < len;) {
-            const tok_added *a = added_at(t, text, len, p);
-            if (!a) {
-                p++;
-                continue;
-            }
-            if ((rc = encode_segment(w, text + seg, p - seg, seg, out)))
-                goto fail;
-            if ((rc = fso_ids_push(out, a->id)))
-                goto fail;
-            p += a->len;
-            seg = p;
-        }
-    }
-    if ((rc = encode_segment(w, text + seg, len - seg, seg, out)))
-        goto fail;
-    return 0;
-fail:
+    int rc = split_added(w, 0, text, len, 0, out);
+    if (rc == 0)
+        return 0;
     if (err)
         snprintf(err, errlen, "%s: encoding failed: %s", t->path,
                  rc == -ENOMEM ? "out of memory" : "the regex engine failed");

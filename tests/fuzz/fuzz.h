@@ -2,7 +2,7 @@
  *
  * A target is one file defining LLVMFuzzerTestOneInput() over a parser that
  * reads what users hand fsoff (a config file and --set, a token file, the
- * probe cache, a safetensors file). Each is built twice (tests/fuzz/meson.build):
+ * probe cache, a safetensors file, text to tokenize). Each is built twice (tests/fuzz/meson.build):
  *   - with libFuzzer (-Dfuzz=true, clang): the coverage-guided fuzzer, run by
  *     .ci/run under ASan and UBSan from the committed seeds in corpus/NAME;
  *   - with replay.c (every build with tests): a test that feeds it every
