@@ -14,7 +14,9 @@
 # temporary files, charts (*.png) and configs written (*.json without a
 # folder) here, the probe cache here too, checkpoints (ckpt, and
 # ckpt/step-N as the one the 2-step runs saved, step 2) and exported
-# folders (hf-out, one per example) here; a Hugging Face folder given
+# folders (hf-out, one per example) here; a tokenizer folder models/NAME
+# becomes a small byte-level one of tests/fixtures/tokenize, chats.jsonl 40
+# conversations, an output -o NAME.bin here; a Hugging Face folder given
 # to --init-from becomes the small fixture tests/fixtures/hf/llama3_tied_f16,
 # and that command's tokens.bin tokens in its vocabulary (64). Each must
 # exit 0: 77 is also right for the GPU benchmarks without a GPU, 1 for a
@@ -36,6 +38,11 @@ write_tokens 1200 1 64 >"$TMP/tokens64.bin"
 HF="$SRC/tests/fixtures/hf/llama3_tied_f16"
 for i in $(seq 40); do echo "The quick brown fox jumps over the lazy dog, line $i."; done >"$TMP/book.txt"
 mkdir -p "$TMP/nvme" "$TMP/nvme0" "$TMP/nvme1"
+# chat data for `fsoff tokenize` examples (a tokenizer folder models/NAME becomes one of
+# tests/fixtures/tokenize: chatml for a Qwen name, llama3 for a Llama name, else bytes)
+for i in $(seq 40); do
+    printf '{"messages": [{"role": "user", "content": "Question %d?"}, {"role": "assistant", "content": "Answer %d."}]}\n' "$i" "$i"
+done >"$TMP/chats.jsonl"
 
 # Each file's commands: ```sh blocks, continuation lines joined, comments
 # cut; "FILE<TAB>COMMAND" lines, in file order
@@ -70,9 +77,14 @@ while IFS=$'\t' read -r where ex; do
         -e "s#(^| )ckpt/step-[0-9]+( |$)#\\1$TMP/ckpt/step-00000002\\2#g" \
         -e "s#(^| )ckpt( |$)#\\1$TMP/ckpt\\2#g" -e "s#(^| )hf-out( |$)#\\1$TMP/hf-out$n\\2#g" \
         -e "s#--json (F|FILE)( |$)#--json $TMP/ex$n.json\\2#g" \
+        -e "s#--tokenizer models/[^ ]*(Qwen|qwen)[^ ]*#--tokenizer $SRC/tests/fixtures/tokenize/chatml#g" \
+        -e "s#--tokenizer models/[^ ]*(Llama|llama)[^ ]*#--tokenizer $SRC/tests/fixtures/tokenize/llama3#g" \
+        -e "s#--tokenizer models/[^ ]*#--tokenizer $SRC/tests/fixtures/tokenize/bytes#g" \
+        -e "s#(^| )chats\\.jsonl#\\1$TMP/chats.jsonl#g" -e "s#-o ([A-Za-z0-9_-]+\\.bin)#-o $TMP/\\1#g" \
         -e 's#--seconds S#--seconds 0.05#g' -e 's#--size [0-9]+[KMGT]#--size 16M#g')
     sub=$(echo "$cmd" | awk '{ print $2 }')
-    if [ "$sub" != plan ] && [ "$sub" != bench ] && [ "$sub" != plot ] && [ "$sub" != export ]; then
+    if [ "$sub" != plan ] && [ "$sub" != bench ] && [ "$sub" != plot ] && [ "$sub" != export ] &&
+        [ "$sub" != tokenize ]; then
         if echo "$cmd" | grep -qE -- '--steps [0-9]+'; then
             cmd=$(echo "$cmd" | sed -E 's/--steps [0-9]+/--steps 2/')
         else

@@ -32,6 +32,8 @@ static void usage(FILE *f)
             "                                         or -o FILE.svg) or a bench --json result\n"
             "       fsoff export CKPT OUTDIR [--dtype fp32|bf16|fp16]   a checkpoint as a\n"
             "                                         Hugging Face folder\n"
+            "       fsoff tokenize --tokenizer DIR INPUT... -o OUT.bin   text, JSONL or chat\n"
+            "                                         files as a token file to train on\n"
             "\n"
             "Train a Llama-family model. With no options, trains the default job: a\n"
             "0.8M-parameter model on a built-in corpus, on the CPU.\n"
@@ -384,12 +386,12 @@ int fso_cli_main(int argc, char **argv)
         free(a.written);
         return 1;
     }
-    /* A leading command other than plan, bench and plot (main.c): train, the default. */
+    /* A leading command other than those main.c dispatches: train, the default. */
     if (argc > 1 && argv[1][0] != '-') {
         if (strcmp(argv[1], "train") != 0) {
             fprintf(stderr, "fsoff: error: unknown command '%s'; the commands are 'train' "
-                            "(the default), 'plan', 'bench', 'plot' and 'export'; see fsoff "
-                            "--help\n", argv[1]);
+                            "(the default), 'plan', 'bench', 'plot', 'export' and 'tokenize'; see "
+                            "fsoff --help\n", argv[1]);
             goto out;
         }
         argv[1] = argv[0];

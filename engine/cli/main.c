@@ -1,6 +1,6 @@
 /* main.c — the fsoff executable: `fsoff plan` (plan_cli.h), `fsoff bench`
  * (bench/bench.h), `fsoff plot` (bench/plot.h), `fsoff export`
- * (export_cli.h), and otherwise training
+ * (export_cli.h), `fsoff tokenize` (tokenize_cli.h), and otherwise training
  * (cli.h). */
 #include <string.h>
 
@@ -9,6 +9,7 @@
 #include "export_cli.h"
 #include "plan_cli.h"
 #include "plot.h"
+#include "tokenize_cli.h"
 
 int main(int argc, char **argv)
 {
@@ -20,5 +21,7 @@ int main(int argc, char **argv)
         return fso_plot_main(argc - 1, argv + 1);
     if (argc > 1 && strcmp(argv[1], "export") == 0)
         return fso_export_main(argc - 1, argv + 1);
+    if (argc > 1 && strcmp(argv[1], "tokenize") == 0)
+        return fso_tokenize_main(argc - 1, argv + 1);
     return fso_cli_main(argc, argv);
 }
