@@ -14,9 +14,14 @@
 # temporary files, charts (*.png) and configs written (*.json without a
 # folder) here, the probe cache here too, checkpoints (ckpt, and
 # ckpt/step-N as the one the 2-step runs saved, step 2) and exported
-# folders (hf-out, one per example) here; a tokenizer folder models/NAME
-# becomes a small byte-level one of tests/fixtures/tokenize, chats.jsonl 40
-# conversations, an output -o NAME.bin here; a Hugging Face folder given
+# folders (hf-out, one per example) here; a Qwen folder given to
+# --tokenizer or --init-from becomes a small Qwen2 model made here with the
+# committed Qwen tokenizer (the fine-tuning walk: its token files NAME.bin
+# after --data and --val-data, its checkpoints ft-ckpt and export qwen-ft
+# here; configs/finetune.json runs with 64-token windows of 2 sequences),
+# another tokenizer folder models/NAME a small byte-level one of
+# tests/fixtures/tokenize, chats.jsonl 400 conversations, an output -o
+# NAME.bin here; a Hugging Face folder given
 # to --init-from becomes the small fixture tests/fixtures/hf/llama3_tied_f16,
 # and that command's tokens.bin tokens in its vocabulary (64). Each must
 # exit 0: 77 is also right for the GPU benchmarks without a GPU, 1 for a
@@ -40,9 +45,23 @@ for i in $(seq 40); do echo "The quick brown fox jumps over the lazy dog, line $
 mkdir -p "$TMP/nvme" "$TMP/nvme0" "$TMP/nvme1"
 # chat data for `fsoff tokenize` examples (a tokenizer folder models/NAME becomes one of
 # tests/fixtures/tokenize: chatml for a Qwen name, llama3 for a Llama name, else bytes)
-for i in $(seq 40); do
-    printf '{"messages": [{"role": "user", "content": "Question %d?"}, {"role": "assistant", "content": "Answer %d."}]}\n' "$i" "$i"
+for i in $(seq 400); do
+    printf '{"messages": [{"role": "user", "content": "What is %d plus %d?"}, {"role": "assistant", "content": "%d plus %d is %d."}]}\n' "$i" "$i" "$i" "$i" $((2 * i))
 done >"$TMP/chats.jsonl"
+# the fine-tuning walk's model: Qwen2-shaped, small, with Qwen's own tokenizer (the committed
+# one is Qwen3's: Qwen2.5's vocabulary, merges and pre-tokenizer) and no chat_template, so
+# ChatML is picked by its special tokens
+QWEN="$TMP/qwen-small"
+if ! "$FSOFF" --set model.model_type=qwen2 --set model.vocab_size=151936 --set model.hidden_size=32 \
+        --set model.intermediate_size=64 --set model.num_hidden_layers=2 \
+        --set model.num_attention_heads=4 --set model.num_key_value_heads=2 --set data.seq_len=32 \
+        --steps 1 --save "$TMP/qwen-ck" >"$TMP/out" 2>&1 ||
+   ! "$FSOFF" export "$TMP/qwen-ck" "$QWEN" >"$TMP/out" 2>&1 ||
+   ! gzip -dc "$SRC/tests/fixtures/tokenizer/qwen3/tokenizer.json.gz" >"$QWEN/tokenizer.json"; then
+    echo "FAIL making the small Qwen model: $(tail -c 600 "$TMP/out")"
+    exit 1
+fi
+printf '{"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}\n' >"$QWEN/tokenizer_config.json"
 
 # Each file's commands: ```sh blocks, continuation lines joined, comments
 # cut; "FILE<TAB>COMMAND" lines, in file order
@@ -69,7 +88,11 @@ while IFS=$'\t' read -r where ex; do
     cmd=$(echo "$ex" | sed -E \
         -e 's/\[([^]|]*)\|[^]]*\]/\1/g' -e 's/\[([^]]*)\]/\1/g' \
         -e "s#^build/fsoff#$FSOFF#" \
-        -e "/--init-from /{s#--init-from [^ ]*#--init-from $HF#; s#(^| )tokens\\.bin#\\1tokens64.bin#g}" \
+        -e "s#(--tokenizer|--init-from) [^ ]*(Qwen|qwen)[^ ]*#\\1 $QWEN#g" \
+        -e "s#(--data|--val-data) ([A-Za-z0-9_.-]+\\.bin)#\\1 $TMP/\\2#g" \
+        -e "s#(^| )ft-ckpt( |$)#\\1$TMP/ft-ckpt\\2#g" -e "s#(^| )qwen-ft( |$)#\\1$TMP/qwen-ft\\2#g" \
+        -e "/configs\\/finetune\\.json/s#\$# --set data.seq_len=64 --set train_micro_batch_size_per_gpu=2#" \
+        -e "/--init-from [^ ]*qwen-small/!{/--init-from /{s#--init-from [^ ]*#--init-from $HF#; s#(^| )tokens\\.bin#\\1tokens64.bin#g}}" \
         -e "s#/mnt/nvme([0-9]*)#$TMP/nvme\\1#g" \
         -e "s#(^| )tokens(64)?\\.bin#\\1$TMP/tokens\\2.bin#g" -e "s#(^| )book\\.txt#\\1$TMP/book.txt#g" \
         -e "s#(^| )([A-Za-z0-9_-]+\\.(png|svg|json))( |$)#\\1$TMP/\\2\\4#g" \
@@ -77,9 +100,8 @@ while IFS=$'\t' read -r where ex; do
         -e "s#(^| )ckpt/step-[0-9]+( |$)#\\1$TMP/ckpt/step-00000002\\2#g" \
         -e "s#(^| )ckpt( |$)#\\1$TMP/ckpt\\2#g" -e "s#(^| )hf-out( |$)#\\1$TMP/hf-out$n\\2#g" \
         -e "s#--json (F|FILE)( |$)#--json $TMP/ex$n.json\\2#g" \
-        -e "s#--tokenizer models/[^ ]*(Qwen|qwen)[^ ]*#--tokenizer $SRC/tests/fixtures/tokenize/chatml#g" \
-        -e "s#--tokenizer models/[^ ]*(Llama|llama)[^ ]*#--tokenizer $SRC/tests/fixtures/tokenize/llama3#g" \
-        -e "s#--tokenizer models/[^ ]*#--tokenizer $SRC/tests/fixtures/tokenize/bytes#g" \
+        -e "s#--tokenizer (~/)?models/[^ ]*(Llama|llama)[^ ]*#--tokenizer $SRC/tests/fixtures/tokenize/llama3#g" \
+        -e "s#--tokenizer (~/)?models/[^ ]*#--tokenizer $SRC/tests/fixtures/tokenize/bytes#g" \
         -e "s#(^| )chats\\.jsonl#\\1$TMP/chats.jsonl#g" -e "s#-o ([A-Za-z0-9_-]+\\.bin)#-o $TMP/\\1#g" \
         -e 's#--seconds S#--seconds 0.05#g' -e 's#--size [0-9]+[KMGT]#--size 16M#g')
     sub=$(echo "$cmd" | awk '{ print $2 }')
