@@ -11,8 +11,8 @@
  *
  * Files are read with plain read(2) in chunks, never mmap'd: a file truncated
  * while we read it shows up as a short read and a clear error, not SIGBUS.
- * fso_data_write_tokens() writes PATH.tmp.PID.K and renames it over PATH, so
- * a failed write leaves no partial file behind.
+ * fso_data_write_tokens() and fso_data_write_flagged() write through the one
+ * token file writer (token_writer.h): a failed write leaves no partial file.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "data.h"
+#include "token_writer.h"
 #include "util.h"
 
 #define HEADER_BYTES ((size_t)FSO_TOKENS_HEADER_INTS * 4)
@@ -58,14 +59,6 @@ static const char *errno_str(int err, char *buf, size_t n)
 static uint32_t get_u32le(const unsigned char *p)
 {
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
-static void put_u32le(unsigned char *p, uint32_t v)
-{
-    p[0] = (unsigned char)v;
-    p[1] = (unsigned char)(v >> 8);
-    p[2] = (unsigned char)(v >> 16);
-    p[3] = (unsigned char)(v >> 24);
 }
 
 static int err_read(fso_data *d, const char *path, ssize_t rc)
@@ -691,82 +684,22 @@ size_t fso_data_next(fso_data *data, int32_t *inputs, int32_t *targets, int32_t 
     return counted;
 }
 
-/* Write a token file: the header ints hdr (magic, version, count, and the
- * rest as given), the n tokens of elem_bytes each, then flags (n, or NULL:
- * none), to PATH.tmp.PID.K renamed over path once fsync'd. */
-static int write_token_file(const char *path, const uint32_t *hdr, int n_hdr,
-                            const int32_t *tokens, const uint8_t *flags, size_t n,
-                            size_t elem_bytes)
+/* n tokens (and their flags, or NULL) as a file of kind, through the one
+ * token file writer. 0 or a negative errno. */
+static int write_token_file(const char *path, fso_tokfile_kind kind, int elem_bytes,
+                            int32_t delimiter, const int32_t *tokens, const uint8_t *flags,
+                            size_t n)
 {
-    unsigned char *stage = NULL;
-    char *tmp = NULL;
-    int fd = -1, rc = 0;
-
-    size_t tmp_len = strlen(path) + 64;
-    tmp = malloc(tmp_len);
-    stage = malloc(CHUNK_BYTES);
-    if (!tmp || !stage) {
-        free(tmp);
-        free(stage);
-        return -ENOMEM;
-    }
-    for (int attempt = 0; fd < 0; attempt++) {
-        snprintf(tmp, tmp_len, "%s.tmp.%ld.%d", path, (long)getpid(), attempt);
-        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-        if (fd < 0 && (errno != EEXIST || attempt >= 1000)) {
-            rc = -errno;
-            free(tmp);
-            free(stage);
-            return rc;   /* nothing was created */
-        }
-    }
-
-    memset(stage, 0, HEADER_BYTES);
-    for (int i = 0; i < n_hdr; i++)
-        put_u32le(stage + 4 * i, hdr[i]);
-    rc = fso_write_full(fd, stage, HEADER_BYTES);
-    for (size_t i = 0; rc == 0 && i < n;) {
-        size_t fill = 0;
-        for (; i < n && fill + elem_bytes <= CHUNK_BYTES; i++, fill += elem_bytes) {
-            uint32_t v = (uint32_t)tokens[i];
-            if (elem_bytes == 2) {
-                stage[fill] = (unsigned char)v;
-                stage[fill + 1] = (unsigned char)(v >> 8);
-            } else {
-                put_u32le(stage + fill, v);
-            }
-        }
-        rc = fso_write_full(fd, stage, fill);
-    }
-    if (rc == 0 && flags && n)
-        rc = fso_write_full(fd, flags, n);
+    fso_token_writer w;
+    char err[FSO_DATA_ERR_MAX];
+    int rc = fso_token_writer_open(&w, path, kind, elem_bytes, delimiter, err, sizeof err);
     if (rc < 0)
-        goto fail;
-    if (fsync(fd) < 0) {
-        rc = -errno;
-        goto fail;
+        return rc;
+    if ((rc = fso_token_writer_add(&w, tokens, flags, n, err, sizeof err)) < 0) {
+        fso_token_writer_abort(&w);
+        return rc;
     }
-    int c = close(fd);   /* no retry on EINTR: Linux has closed the fd already */
-    fd = -1;
-    if (c < 0) {
-        rc = -errno;
-        goto fail;
-    }
-    if (rename(tmp, path) < 0) {
-        rc = -errno;
-        goto fail;
-    }
-    free(tmp);
-    free(stage);
-    return 0;
-
-fail:
-    if (fd >= 0)
-        close(fd);
-    unlink(tmp);
-    free(tmp);
-    free(stage);
-    return rc;
+    return fso_token_writer_finish(&w, err, sizeof err);
 }
 
 /* Whether n tokens are valid (>= 0) and fit uint16: 0/1, or -EINVAL. */
@@ -792,9 +725,8 @@ int fso_data_write_tokens(const char *path, const int32_t *tokens, size_t n, int
     if (narrow < 0)
         return narrow;
     const bool v1 = narrow && !force_u32;
-    const uint32_t hdr[3] = {v1 ? FSO_TOKENS_MAGIC : FSO_TOKENS_MAGIC_LLAMA3,
-                             v1 ? 1u : FSO_TOKENS_LLAMA3_VERSION, (uint32_t)n};
-    return write_token_file(path, hdr, 3, tokens, NULL, n, v1 ? 2 : 4);
+    return write_token_file(path, v1 ? FSO_TOKFILE_V1 : FSO_TOKFILE_V7, v1 ? 2 : 4, -1, tokens,
+                            NULL, n);
 }
 
 int fso_data_write_flagged(const char *path, const int32_t *tokens, const uint8_t *flags,
@@ -810,7 +742,6 @@ int fso_data_write_flagged(const char *path, const int32_t *tokens, const uint8_
     for (size_t i = 0; i < n; i++)
         if (flags[i] & ~(FSO_TOKEN_TARGET | FSO_TOKEN_DOC_START))
             return -EINVAL;
-    const uint32_t hdr[5] = {FSO_TOKENS_MAGIC_FLAGGED, FSO_TOKENS_FLAGGED_VERSION, (uint32_t)n,
-                             (uint32_t)(delimiter + 1), narrow ? 2u : 4u};
-    return write_token_file(path, hdr, 5, tokens, flags, n, narrow ? 2 : 4);
+    return write_token_file(path, FSO_TOKFILE_FLAGGED, narrow ? 2 : 4, delimiter, tokens, flags,
+                            n);
 }

@@ -109,8 +109,9 @@ void fso_corpus_generate(char *buf, size_t n_bytes, uint64_t seed);
 
 /* Write a token file: version 1 (uint16) if every token fits uint16 and
  * !force_u32, else llm.c's Llama 3 format (magic 20240801, version 7,
- * uint32). Writes PATH.tmp.PID.K (mode 0644 less the umask), fsyncs it and
- * renames it over path, so a failure leaves no partial file. Returns 0 or a
+ * uint32), through token_writer.h: PATH.tmp.PID (mode 0644 less the
+ * umask), fsync'd and renamed over path, so a failure leaves no partial
+ * file. Returns 0 or a
  * negative errno: -EINVAL for a negative token, -EOVERFLOW for n >
  * INT32_MAX, else the open/write/fsync/close/rename error (-ENOSPC, -EFBIG,
  * -EACCES, ...). */

@@ -89,7 +89,6 @@ while IFS=$'\t' read -r where ex; do
         -e 's/\[([^]|]*)\|[^]]*\]/\1/g' -e 's/\[([^]]*)\]/\1/g' \
         -e "s#^build/fsoff#$FSOFF#" \
         -e "s#(--tokenizer|--init-from) [^ ]*(Qwen|qwen)[^ ]*#\\1 $QWEN#g" \
-        -e "s#(--data|--val-data) ([A-Za-z0-9_.-]+\\.bin)#\\1 $TMP/\\2#g" \
         -e "s#(^| )ft-ckpt( |$)#\\1$TMP/ft-ckpt\\2#g" -e "s#(^| )qwen-ft( |$)#\\1$TMP/qwen-ft\\2#g" \
         -e "/configs\\/finetune\\.json/s#\$# --set data.seq_len=64 --set train_micro_batch_size_per_gpu=2#" \
         -e "/--init-from [^ ]*qwen-small/!{/--init-from /{s#--init-from [^ ]*#--init-from $HF#; s#(^| )tokens\\.bin#\\1tokens64.bin#g}}" \
@@ -103,6 +102,7 @@ while IFS=$'\t' read -r where ex; do
         -e "s#--tokenizer (~/)?models/[^ ]*(Llama|llama)[^ ]*#--tokenizer $SRC/tests/fixtures/tokenize/llama3#g" \
         -e "s#--tokenizer (~/)?models/[^ ]*#--tokenizer $SRC/tests/fixtures/tokenize/bytes#g" \
         -e "s#(^| )chats\\.jsonl#\\1$TMP/chats.jsonl#g" -e "s#-o ([A-Za-z0-9_-]+\\.bin)#-o $TMP/\\1#g" \
+        -e "s#(--data|--val-data) ([A-Za-z0-9_.-]+\\.bin)#\\1 $TMP/\\2#g" \
         -e 's#--seconds S#--seconds 0.05#g' -e 's#--size [0-9]+[KMGT]#--size 16M#g')
     sub=$(echo "$cmd" | awk '{ print $2 }')
     if [ "$sub" != plan ] && [ "$sub" != bench ] && [ "$sub" != plot ] && [ "$sub" != export ] &&

@@ -11,7 +11,7 @@
 
 #include "tok/chat.h"
 #include "tok/docs.h"
-#include "tok/token_writer.h"
+#include "token_writer.h"
 #include "tok/tokenize.h"
 
 static void write_file(const char *path, const char *s, size_t len)

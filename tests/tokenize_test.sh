@@ -273,6 +273,18 @@ expect_error "JSONL line not JSON" "$TMP/broken.jsonl:1:" "not JSON" \
 printf '%s\n' '{"messages": [{"role": "tool", "content": "x"}]}' >"$TMP/role.jsonl"
 expect_error "unknown role" "$TMP/role.jsonl:1: byte 0: messages[0].role is \"tool\"" \
     -- -t "$FIX/chatml" "$TMP/role.jsonl" -o "$OUT/x.bin"
+# an [INST] template that is not Llama 2's (Mistral's spacing): refused unless --template says
+mkdir -p "$TMP/mistral-like"
+cp "$FIX/inst/tokenizer.json" "$TMP/mistral-like/"
+printf '%s\n' '{"bos_token": "<s>", "eos_token": "</s>", "chat_template": "{{ bos_token }}{% for message in messages %}{% if message['"'"'role'"'"'] == '"'"'user'"'"' %}{{ '"'"'[INST] '"'"' + message['"'"'content'"'"'] + '"'"' [/INST]'"'"' }}{% else %}{{ message['"'"'content'"'"'] + eos_token }}{% endif %}{% endfor %}"}' \
+    >"$TMP/mistral-like/tokenizer_config.json"
+printf '%s\n' '{"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]}' \
+    >"$TMP/one.jsonl"
+expect_error "an [INST] template other than Llama 2's" "an [INST] template other than Llama 2's" \
+    "give --template inst" -- -t "$TMP/mistral-like" "$TMP/one.jsonl" -o "$OUT/x.bin"
+run_ok "an [INST] template other than Llama 2's, with --template inst" -t "$TMP/mistral-like" \
+    --template inst "$TMP/one.jsonl" -o "$OUT/ml.bin" &&
+    ok "an [INST] template other than Llama 2's, with --template inst"
 printf '%s\n' '{"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]}' \
     >"$TMP/turns.jsonl"
 expect_error "inst roles out of turn" "$TMP/turns.jsonl:1: byte 0: messages[1] is a user message" \

@@ -76,6 +76,14 @@ int fso_chat_template_pick(fso_chat_template *ct, const struct fso_tokenizer *t,
     } else if (tmpl && strstr(tmpl, "<|im_start|>")) {
         kind = FSO_CHAT_CHATML;
         how = "from tokenizer_config.json's chat_template";
+    } else if (tmpl && strstr(tmpl, "[INST]") && !strstr(tmpl, "<<SYS>>")) {
+        snprintf(err, errlen, "%s: tokenizer_config.json's chat_template is an [INST] template "
+                 "other than Llama 2's (Mistral's forms differ from it in spacing and in where a "
+                 "system message goes, and so in their tokens), which fsoff does not reproduce; "
+                 "give --template inst for Llama 2's form, or render the conversations yourself "
+                 "and use --format jsonl", dir);
+        free(tmpl);
+        return -EINVAL;
     } else if (tmpl && strstr(tmpl, "[INST]")) {
         kind = FSO_CHAT_INST;
         how = "from tokenizer_config.json's chat_template";

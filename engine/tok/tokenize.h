@@ -32,7 +32,7 @@
 #include <stdint.h>
 
 #include "tok/docs.h"
-#include "tok/token_writer.h"
+#include "token_writer.h"
 
 #define FSO_TOKENIZE_ERR_MAX 1024
 
