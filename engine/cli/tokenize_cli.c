@@ -98,7 +98,69 @@ static int parse_threads(const char *s, int *n)
     return 0;
 }
 
-int fso_tokenize_main(int argc, char **argv)
+/* Parse one option into o. Returns -1 to go on parsing, else the exit status
+ * to return: 0 after --help, 2 (message printed) on a bad option. */
+static int parse_one_opt(int c, char **argv, fso_tokenize_opts *o)
+{
+    switch (c) {
+    case 't':
+        o->tokenizer_dir = optarg;
+        return -1;
+    case 'o':
+        o->out_path = optarg;
+        return -1;
+    case 'f': {
+        fso_docs_format f;
+        if (fso_docs_format_parse(optarg, &f) < 0) {
+            fprintf(stderr, "fsoff: error: tokenize --format %s: expected text, jsonl or "
+                            "chat\n", optarg);
+            return 2;
+        }
+        o->format = (int)f;
+        return -1;
+    }
+    case 'T': {
+        fso_chat_kind k;
+        if (fso_chat_kind_parse(optarg, &k) < 0) {
+            fprintf(stderr, "fsoff: error: tokenize --template %s: expected llama3, chatml "
+                            "or inst\n", optarg);
+            return 2;
+        }
+        o->template_kind = (int)k;
+        return -1;
+    }
+    case 'v':
+        if (parse_fraction(optarg, &o->val_fraction) < 0) {
+            fprintf(stderr, "fsoff: error: tokenize --val-fraction %s: expected a number "
+                            "between 0 and 1, e.g. 0.05\n", optarg);
+            return 2;
+        }
+        return -1;
+    case 'j':
+        if (parse_threads(optarg, &o->threads) < 0) {
+            fprintf(stderr, "fsoff: error: tokenize --threads %s: expected a whole number "
+                            "from 1 to 1024\n", optarg);
+            return 2;
+        }
+        return -1;
+    case 'h':
+        usage(stdout);
+        return 0;
+    case ':':
+        fprintf(stderr, "fsoff: error: tokenize %s needs a value; see fsoff tokenize --help\n",
+                argv[optind - 1]);
+        return 2;
+    default:
+        fprintf(stderr, "fsoff: error: tokenize: unknown option '%s'; see fsoff tokenize "
+                        "--help\n", argv[optind - 1]);
+        return 2;
+    }
+}
+
+/* Parse the command line into o (inputs included). Returns -1 when the run
+ * should go ahead, else the exit status: 0 after --help, 2 on a usage error
+ * (message printed). */
+static int parse_opts(int argc, char **argv, fso_tokenize_opts *o)
 {
     static const struct option longopts[] = {
         {"tokenizer", required_argument, NULL, 't'},
@@ -110,80 +172,25 @@ int fso_tokenize_main(int argc, char **argv)
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    fso_tokenize_opts o = {.format = -1, .template_kind = -1,
-                           .threads = cores > 0 ? (int)cores : 1};
-    int c;
+    int c, st;
     opterr = 0;
     optind = 1;
-    while ((c = getopt_long(argc, argv, ":t:o:f:h", longopts, NULL)) != -1) {
-        switch (c) {
-        case 't':
-            o.tokenizer_dir = optarg;
-            break;
-        case 'o':
-            o.out_path = optarg;
-            break;
-        case 'f': {
-            fso_docs_format f;
-            if (fso_docs_format_parse(optarg, &f) < 0) {
-                fprintf(stderr, "fsoff: error: tokenize --format %s: expected text, jsonl or "
-                                "chat\n", optarg);
-                return 2;
-            }
-            o.format = (int)f;
-            break;
-        }
-        case 'T': {
-            fso_chat_kind k;
-            if (fso_chat_kind_parse(optarg, &k) < 0) {
-                fprintf(stderr, "fsoff: error: tokenize --template %s: expected llama3, chatml "
-                                "or inst\n", optarg);
-                return 2;
-            }
-            o.template_kind = (int)k;
-            break;
-        }
-        case 'v':
-            if (parse_fraction(optarg, &o.val_fraction) < 0) {
-                fprintf(stderr, "fsoff: error: tokenize --val-fraction %s: expected a number "
-                                "between 0 and 1, e.g. 0.05\n", optarg);
-                return 2;
-            }
-            break;
-        case 'j':
-            if (parse_threads(optarg, &o.threads) < 0) {
-                fprintf(stderr, "fsoff: error: tokenize --threads %s: expected a whole number "
-                                "from 1 to 1024\n", optarg);
-                return 2;
-            }
-            break;
-        case 'h':
-            usage(stdout);
-            return 0;
-        case ':':
-            fprintf(stderr, "fsoff: error: tokenize %s needs a value; see fsoff tokenize --help\n",
-                    argv[optind - 1]);
-            return 2;
-        default:
-            fprintf(stderr, "fsoff: error: tokenize: unknown option '%s'; see fsoff tokenize "
-                            "--help\n", argv[optind - 1]);
-            return 2;
-        }
-    }
-    if (!o.tokenizer_dir) {
+    while ((c = getopt_long(argc, argv, ":t:o:f:h", longopts, NULL)) != -1)
+        if ((st = parse_one_opt(c, argv, o)) >= 0)
+            return st;
+    if (!o->tokenizer_dir) {
         fprintf(stderr, "fsoff: error: tokenize: --tokenizer DIR is missing: give the Hugging "
                         "Face folder with the model's tokenizer.json\n");
         return 2;
     }
-    if (!o.out_path) {
+    if (!o->out_path) {
         fprintf(stderr, "fsoff: error: tokenize: -o OUT.bin is missing: give the token file to "
                         "write\n");
         return 2;
     }
-    if (o.template_kind >= 0 && o.format >= 0 && o.format != FSO_DOCS_CHAT) {
+    if (o->template_kind >= 0 && o->format >= 0 && o->format != FSO_DOCS_CHAT) {
         fprintf(stderr, "fsoff: error: tokenize --template is for --format chat, not %s; drop "
-                        "it\n", fso_docs_format_name((fso_docs_format)o.format));
+                        "it\n", fso_docs_format_name((fso_docs_format)o->format));
         return 2;
     }
     if (argc - optind < 1) {
@@ -191,8 +198,53 @@ int fso_tokenize_main(int argc, char **argv)
                         "files before -o\n");
         return 2;
     }
-    o.inputs = (const char *const *)argv + optind;
-    o.n_inputs = argc - optind;
+    o->inputs = (const char *const *)argv + optind;
+    o->n_inputs = argc - optind;
+    return -1;
+}
+
+/* Print the run's summary on stdout: what was read, then a line per token
+ * file written (the validation file's only when one was asked for). */
+static void print_summary(const fso_tokenize_opts *o, const fso_tokenize_result *res)
+{
+    const fso_tokenize_progress *p = &res->done;
+    char fmt_desc[600];
+    if (res->format == FSO_DOCS_CHAT)
+        snprintf(fmt_desc, sizeof fmt_desc, "chat (%s; %s)", res->format_why, res->template_why);
+    else
+        snprintf(fmt_desc, sizeof fmt_desc, "%s (%s)", fso_docs_format_name(res->format),
+                 res->format_why);
+    double s = p->ms / 1e3, mb = (double)p->bytes_read / 1e6;
+    printf("fsoff: tokenize: read %.1f MB of %d file%s as %s in %.1f s, %.1f MB/s with %d "
+           "thread%s\n", mb, o->n_inputs, o->n_inputs == 1 ? "" : "s", fmt_desc, s,
+           s > 0 ? mb / s : 0.0, o->threads, o->threads == 1 ? "" : "s");
+    const struct {
+        const char *path;
+        const fso_tokenize_stats *st;
+    } files[2] = {{o->out_path, &p->train}, {res->val_path, &p->val}};
+    for (int i = 0; i < (o->val_fraction > 0 ? 2 : 1); i++) {
+        const fso_tokenize_stats *st = files[i].st;
+        printf("fsoff: tokenize: wrote %s: %llu documents, %llu tokens (%s, vocabulary %d, "
+               "delimiter %s)", files[i].path, (unsigned long long)st->docs,
+               (unsigned long long)st->tokens, fso_tokfile_name(res->kind, res->elem_bytes),
+               res->vocab_size, res->delimiter_name);
+        if (res->format == FSO_DOCS_CHAT)
+            printf("; %.1f%% of its tokens are trained on", st->tokens ?
+                   100.0 * (double)st->targets / (double)st->tokens : 0.0);
+        if (i == 1)
+            printf("; held out: one document in every %.4g", 1 / o->val_fraction);
+        printf("\n");
+    }
+}
+
+int fso_tokenize_main(int argc, char **argv)
+{
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    fso_tokenize_opts o = {.format = -1, .template_kind = -1,
+                           .threads = cores > 0 ? (int)cores : 1};
+    int st = parse_opts(argc, argv, &o);
+    if (st >= 0)
+        return st;
     progress_ctx pc = {.tty = isatty(STDERR_FILENO) == 1};
     o.progress = on_progress;
     o.progress_ctx = &pc;
@@ -207,33 +259,6 @@ int fso_tokenize_main(int argc, char **argv)
         fprintf(stderr, "fsoff: error: %s\n", err);
         return 1;
     }
-    const fso_tokenize_progress *p = &res.done;
-    char fmt_desc[600];
-    if (res.format == FSO_DOCS_CHAT)
-        snprintf(fmt_desc, sizeof fmt_desc, "chat (%s; %s)", res.format_why, res.template_why);
-    else
-        snprintf(fmt_desc, sizeof fmt_desc, "%s (%s)", fso_docs_format_name(res.format),
-                 res.format_why);
-    double s = p->ms / 1e3, mb = (double)p->bytes_read / 1e6;
-    printf("fsoff: tokenize: read %.1f MB of %d file%s as %s in %.1f s, %.1f MB/s with %d "
-           "thread%s\n", mb, o.n_inputs, o.n_inputs == 1 ? "" : "s", fmt_desc, s,
-           s > 0 ? mb / s : 0.0, o.threads, o.threads == 1 ? "" : "s");
-    const struct {
-        const char *path;
-        const fso_tokenize_stats *st;
-    } files[2] = {{o.out_path, &p->train}, {res.val_path, &p->val}};
-    for (int i = 0; i < (o.val_fraction > 0 ? 2 : 1); i++) {
-        const fso_tokenize_stats *st = files[i].st;
-        printf("fsoff: tokenize: wrote %s: %llu documents, %llu tokens (%s, vocabulary %d, "
-               "delimiter %s)", files[i].path, (unsigned long long)st->docs,
-               (unsigned long long)st->tokens, fso_tokfile_name(res.kind, res.elem_bytes),
-               res.vocab_size, res.delimiter_name);
-        if (res.format == FSO_DOCS_CHAT)
-            printf("; %.1f%% of its tokens are trained on", st->tokens ?
-                   100.0 * (double)st->targets / (double)st->tokens : 0.0);
-        if (i == 1)
-            printf("; held out: one document in every %.4g", 1 / o.val_fraction);
-        printf("\n");
-    }
+    print_summary(&o, &res);
     return 0;
 }

@@ -166,8 +166,6 @@ static int want_choice(walker *w, json_t *v, const keypath *p, const fso_config_
     return fso_cfg_fail(w, p, "expected %s, got %s", list, got);
 }
 
-/* Member `key` of section obj (which may be NULL: every key absent). A NULL
- * def makes the key required; otherwise an absent key takes *def. */
 /* Member `key` of section obj (NULL: every key absent) into *v, its path
  * into *p. Absent: 1 when there is a default, an error naming the key when
  * it is required; present: 0. */
@@ -183,6 +181,8 @@ static int member(walker *w, json_t *obj, const keypath *sec, const char *key, b
     return 1;
 }
 
+/* get_*: member `key` of section obj (which may be NULL: every key absent).
+ * A NULL def makes the key required; otherwise an absent key takes *def. */
 static int get_int(walker *w, json_t *obj, const keypath *sec, const char *key, int64_t lo,
                    int64_t hi, const int64_t *def, int64_t *out)
 {
@@ -966,15 +966,7 @@ static int apply_offload_section(walker *w, json_t *z, const keypath *zsec, cons
         CFG_TRY(want_choice(w, v, &p, fso_config_tier_choices, false, &t));
         *tier = (fso_tier)t;
     }
-    if ((v = json_object_get(s, "nvme_path"))) {
-        keypath p = fso_cfg_kp_child(&sec, "nvme_path");
-        const char *str = "";
-        CFG_TRY(want_string(w, v, &p, &str));
-        if (strlen(str) >= pathlen)
-            return fso_cfg_fail(w, &p, "is %zu bytes long; fsoff takes paths up to %zu bytes",
-                            strlen(str), pathlen - 1);
-        strcpy(path, str);
-    }
+    CFG_TRY(get_path(w, s, &sec, "nvme_path", path, pathlen));
     if (*tier == FSO_TIER_NVME && !path[0]) {
         keypath p = fso_cfg_kp_child(&sec, "nvme_path");
         keypath d = fso_cfg_kp_child(&sec, "device");

@@ -115,13 +115,11 @@ static int32_t written_id(const fso_tokenizer *t, const char *s, size_t len, tok
     return tok_strmap_get(written, s, len);
 }
 
-static int load_model(ld *l, json_t *root, tok_strmap *written)
+/* model.type (BPE only), the keys fsoff refuses and the flags it reads,
+ * into l->t. path[0] is "model". */
+static int load_model_flags(ld *l, json_t *m, const char **path)
 {
     fso_tokenizer *t = l->t;
-    const char *path[4] = {"model"};
-    json_t *m = json_object_get(root, "model");
-    if (!json_is_object(m))
-        return BAD(l, path, 0, "no \"model\" object; the file is not a tokenizers tokenizer.json");
     const char *ty = tok_json_type(m);
     if (ty && strcmp(ty, "BPE")) {
         path[1] = "type";
@@ -145,6 +143,15 @@ static int load_model(ld *l, json_t *root, tok_strmap *written)
         (rc = tok_json_bool(l, m, "byte_fallback", false, &t->byte_fallback, path, 1)) ||
         (rc = tok_json_bool(l, m, "ignore_merges", false, &t->ignore_merges, path, 1)))
         return rc;
+    return 0;
+}
+
+/* model.vocab into t->vocab (byte-level tokens as their bytes) and written
+ * (tokens as the file writes them); sets n_ids and spm_split. */
+static int load_vocab(ld *l, json_t *m, tok_strmap *written, const char **path)
+{
+    fso_tokenizer *t = l->t;
+    int rc;
     json_t *vocab = json_object_get(m, "vocab");
     if (!json_is_object(vocab)) {
         path[1] = "vocab";
@@ -193,7 +200,14 @@ static int load_model(ld *l, json_t *root, tok_strmap *written)
     if (rc < 0)
         return rc;
     t->spm_split = !t->byte_level && spm_ok && tok_strmap_get(&t->vocab, SPM_SPACE, 3) >= 0;
+    return 0;
+}
 
+/* model.unk_token's id and the single-byte tokens' ids: byte-level models
+ * need all 256; byte_fallback uses <0xNN>. */
+static int load_unk_and_bytes(ld *l, json_t *m, tok_strmap *written, const char **path)
+{
+    fso_tokenizer *t = l->t;
     json_t *unk = json_object_get(m, "unk_token");
     t->unk_id = -1;
     if (json_is_string(unk)) {
@@ -203,7 +217,6 @@ static int load_model(ld *l, json_t *root, tok_strmap *written)
             return BAD(l, path, 2, "\"%s\" is not in model.vocab", json_string_value(unk));
         }
     }
-    /* Single bytes: byte-level models need all 256; byte_fallback uses <0xNN>. */
     for (int b = 0; b < 256; b++) {
         if (t->byte_level) {
             char c = (char)b;
@@ -219,7 +232,15 @@ static int load_model(ld *l, json_t *root, tok_strmap *written)
             t->byte_id[b] = tok_strmap_get(&t->vocab, name, 6);
         }
     }
+    return 0;
+}
 
+/* model.merges ("a b" or ["a", "b"], each token and their concatenation in
+ * the vocabulary) into t->merges, ranked by position. */
+static int load_merges(ld *l, json_t *m, tok_strmap *written, const char **path)
+{
+    fso_tokenizer *t = l->t;
+    int rc;
     json_t *merges = json_object_get(m, "merges");
     if (!json_is_array(merges)) {
         path[1] = "merges";
@@ -282,6 +303,21 @@ static int load_model(ld *l, json_t *root, tok_strmap *written)
     }
     free(cat);
     return 0;
+}
+
+/* tokenizer.json's "model" (a BPE model) into l->t; written gets every
+ * vocabulary token as the file writes it. */
+static int load_model(ld *l, json_t *root, tok_strmap *written)
+{
+    const char *path[4] = {"model"};
+    json_t *m = json_object_get(root, "model");
+    if (!json_is_object(m))
+        return BAD(l, path, 0, "no \"model\" object; the file is not a tokenizers tokenizer.json");
+    int rc;
+    if ((rc = load_model_flags(l, m, path)) || (rc = load_vocab(l, m, written, path)) ||
+        (rc = load_unk_and_bytes(l, m, written, path)))
+        return rc;
+    return load_merges(l, m, written, path);
 }
 
 /* ---- added tokens ---- */

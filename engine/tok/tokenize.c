@@ -363,6 +363,150 @@ static int start_workers(run *R, pthread_t *th, int n, int *started)
     return n;
 }
 
+/* Open the token file, and the validation file when --val-fraction asks
+ * for one (its path into res->val_path). */
+static int open_outputs(const fso_tokenize_opts *o, fso_tokenize_result *res, outputs *out,
+                        char *err, size_t errlen)
+{
+    int rc;
+    if ((rc = fso_token_writer_open(&out->train, o->out_path, res->kind, res->elem_bytes,
+                                    res->delimiter, err, errlen)) < 0)
+        return rc;
+    if (o->val_fraction > 0) {
+        fso_tokenize_val_path(o->out_path, res->val_path, sizeof res->val_path);
+        if ((rc = fso_token_writer_open(&out->val, res->val_path, res->kind, res->elem_bytes,
+                                        res->delimiter, err, errlen)) < 0)
+            return rc;
+        out->has_val = 1;
+    }
+    return 0;
+}
+
+/* Wait for chunk c to be encoded, write it and free it for reading. */
+static int write_next(run *R, chunk *c, outputs *out, char *err, size_t errlen)
+{
+    int rc;
+    pthread_mutex_lock(&R->mu);
+    while (c->state != CHUNK_DONE)
+        pthread_cond_wait(&R->done, &R->mu);
+    pthread_mutex_unlock(&R->mu);
+    if (c->rc < 0) {
+        set_err(err, errlen, "%s", c->err);
+        return c->rc;
+    }
+    if ((rc = write_chunk(R->o, out, c, err, errlen)) < 0)
+        return rc;
+    pthread_mutex_lock(&R->mu);
+    c->state = CHUNK_FREE;
+    pthread_mutex_unlock(&R->mu);
+    return 0;
+}
+
+/* Read ahead into free chunks for the workers and write the oldest once
+ * encoded, until every input is read and written; reports progress. A
+ * chunk's or a write's error stops it at once; the reader's after the
+ * chunks read before it are written. */
+static int pump(run *R, fso_docs_reader *reader, outputs *out, fso_tokenize_result *res,
+                double t0, char *err, size_t errlen)
+{
+    const fso_tokenize_opts *o = R->o;
+    uint64_t written = 0;
+    int eof = 0, read_rc = 0, rc;
+    double last = t0;
+    char read_err[FSO_TOKENIZE_ERR_MAX] = "";
+    while (!eof || written < R->filled) {
+        chunk *next = &R->chunks[R->filled % (uint64_t)R->n_chunks];
+        if (!eof && R->filled - written < (uint64_t)R->n_chunks) {
+            int n = fso_docs_read(reader, &next->batch, R->batch_bytes, read_err,
+                                  sizeof read_err);
+            res->done.bytes_read = reader->bytes_read;
+            if (n <= 0) {
+                eof = 1;
+                read_rc = n;
+                continue;
+            }
+            pthread_mutex_lock(&R->mu);
+            next->state = CHUNK_READY;
+            R->filled++;
+            pthread_cond_signal(&R->work);
+            pthread_mutex_unlock(&R->mu);
+        } else {
+            chunk *c = &R->chunks[written % (uint64_t)R->n_chunks];
+            if ((rc = write_next(R, c, out, err, errlen)) < 0)
+                return rc;
+            written++;
+        }
+        double now = fso_now_ms();
+        res->done.ms = now - t0;
+        if (o->progress && o->progress_ms > 0 && now - last >= o->progress_ms) {
+            o->progress(o->progress_ctx, &res->done);
+            last = now;
+        }
+    }
+    if (read_rc < 0) {
+        set_err(err, errlen, "%s", read_err);
+        return read_rc;
+    }
+    return 0;
+}
+
+/* Refuse a run that wrote no documents, or held none out when asked to;
+ * else finish both files (both or neither). */
+static int finish_outputs(const fso_tokenize_opts *o, outputs *out, fso_tokenize_result *res,
+                          char *err, size_t errlen)
+{
+    int rc;
+    uint64_t docs = res->done.train.docs + res->done.val.docs;
+    if (docs == 0) {
+        set_err(err, errlen, "%s%s: no documents (empty, or only blank lines); give files with "
+                "text in them", o->inputs[0], o->n_inputs > 1 ? " and the other inputs" : "");
+        return -EINVAL;
+    }
+    if (out->has_val && res->done.val.docs == 0) {
+        set_err(err, errlen, "--val-fraction %g holds out none of the %llu documents (one in "
+                "every %.0f is held out); give more documents or a larger fraction",
+                o->val_fraction, (unsigned long long)docs, ceil(1 / o->val_fraction));
+        return -EINVAL;
+    }
+    if ((rc = fso_token_writer_finish(&out->train, err, errlen)) < 0)
+        return rc;
+    if (out->has_val && (rc = fso_token_writer_finish(&out->val, err, errlen)) < 0) {
+        unlink(o->out_path);   /* both files or neither */
+        return rc;
+    }
+    return 0;
+}
+
+/* Tell the started workers to quit and join them. */
+static void stop_workers(run *R, pthread_t *th, int started)
+{
+    if (!started)
+        return;
+    pthread_mutex_lock(&R->mu);
+    R->quit = 1;
+    pthread_cond_broadcast(&R->work);
+    pthread_mutex_unlock(&R->mu);
+    for (int i = 0; i < started; i++)
+        pthread_join(th[i], NULL);
+}
+
+/* Free the chunks, the chat template, the tokenizer and the locks. */
+static void run_free(run *R)
+{
+    for (int i = 0; i < R->n_chunks && R->chunks; i++) {
+        fso_docs_batch_free(&R->chunks[i].batch);
+        fso_ids_free(&R->chunks[i].ids);
+        free(R->chunks[i].flags);
+        free(R->chunks[i].doc_end);
+    }
+    free(R->chunks);
+    fso_chat_template_free(&R->ct);
+    fso_tokenizer_free(R->tok);
+    pthread_cond_destroy(&R->work);
+    pthread_cond_destroy(&R->done);
+    pthread_mutex_destroy(&R->mu);
+}
+
 int fso_tokenize_run(const fso_tokenize_opts *o, fso_tokenize_result *res, char *err,
                      size_t errlen)
 {
@@ -373,7 +517,7 @@ int fso_tokenize_run(const fso_tokenize_opts *o, fso_tokenize_result *res, char 
     fso_docs_reader_init(&reader, o->inputs, o->n_inputs, FSO_DOCS_TEXT);
     pthread_t *th = NULL;
     int started = 0, rc;
-    double t0 = fso_now_ms(), last = t0;
+    double t0 = fso_now_ms();
     pthread_mutex_init(&R.mu, NULL);
     pthread_cond_init(&R.work, NULL);
     pthread_cond_init(&R.done, NULL);
@@ -381,16 +525,8 @@ int fso_tokenize_run(const fso_tokenize_opts *o, fso_tokenize_result *res, char 
     if ((rc = run_setup(&R, o, res, err, errlen)) < 0)
         goto out;
     fso_docs_reader_init(&reader, o->inputs, o->n_inputs, R.format);
-    if ((rc = fso_token_writer_open(&out.train, o->out_path, res->kind, res->elem_bytes,
-                                    res->delimiter, err, errlen)) < 0)
+    if ((rc = open_outputs(o, res, &out, err, errlen)) < 0)
         goto out;
-    if (o->val_fraction > 0) {
-        fso_tokenize_val_path(o->out_path, res->val_path, sizeof res->val_path);
-        if ((rc = fso_token_writer_open(&out.val, res->val_path, res->kind, res->elem_bytes,
-                                        res->delimiter, err, errlen)) < 0)
-            goto out;
-        out.has_val = 1;
-    }
     int threads = o->threads > 0 ? o->threads : 1;
     R.n_chunks = 2 * threads + 2;
     R.chunks = calloc((size_t)R.n_chunks, sizeof *R.chunks);
@@ -405,102 +541,17 @@ int fso_tokenize_run(const fso_tokenize_opts *o, fso_tokenize_result *res, char 
                 threads, strerror(-rc));
         goto out;
     }
-
-    /* read ahead into free chunks; write the oldest once encoded */
-    uint64_t written = 0;
-    int eof = 0, read_rc = 0;
-    char read_err[FSO_TOKENIZE_ERR_MAX] = "";
-    while (!eof || written < R.filled) {
-        chunk *next = &R.chunks[R.filled % (uint64_t)R.n_chunks];
-        if (!eof && R.filled - written < (uint64_t)R.n_chunks) {
-            int n = fso_docs_read(&reader, &next->batch, R.batch_bytes, read_err, sizeof read_err);
-            res->done.bytes_read = reader.bytes_read;
-            if (n <= 0) {
-                eof = 1;
-                read_rc = n;
-                continue;
-            }
-            pthread_mutex_lock(&R.mu);
-            next->state = CHUNK_READY;
-            R.filled++;
-            pthread_cond_signal(&R.work);
-            pthread_mutex_unlock(&R.mu);
-        } else {
-            chunk *c = &R.chunks[written % (uint64_t)R.n_chunks];
-            pthread_mutex_lock(&R.mu);
-            while (c->state != CHUNK_DONE)
-                pthread_cond_wait(&R.done, &R.mu);
-            pthread_mutex_unlock(&R.mu);
-            if (c->rc < 0) {
-                rc = c->rc;
-                set_err(err, errlen, "%s", c->err);
-                goto out;
-            }
-            if ((rc = write_chunk(o, &out, c, err, errlen)) < 0)
-                goto out;
-            pthread_mutex_lock(&R.mu);
-            c->state = CHUNK_FREE;
-            pthread_mutex_unlock(&R.mu);
-            written++;
-        }
-        double now = fso_now_ms();
-        res->done.ms = now - t0;
-        if (o->progress && o->progress_ms > 0 && now - last >= o->progress_ms) {
-            o->progress(o->progress_ctx, &res->done);
-            last = now;
-        }
-    }
-    if (read_rc < 0) {
-        rc = read_rc;
-        set_err(err, errlen, "%s", read_err);
+    if ((rc = pump(&R, &reader, &out, res, t0, err, errlen)) < 0 ||
+        (rc = finish_outputs(o, &out, res, err, errlen)) < 0)
         goto out;
-    }
-    uint64_t docs = res->done.train.docs + res->done.val.docs;
-    if (docs == 0) {
-        rc = -EINVAL;
-        set_err(err, errlen, "%s%s: no documents (empty, or only blank lines); give files with "
-                "text in them", o->inputs[0], o->n_inputs > 1 ? " and the other inputs" : "");
-        goto out;
-    }
-    if (out.has_val && res->done.val.docs == 0) {
-        rc = -EINVAL;
-        set_err(err, errlen, "--val-fraction %g holds out none of the %llu documents (one in "
-                "every %.0f is held out); give more documents or a larger fraction",
-                o->val_fraction, (unsigned long long)docs, ceil(1 / o->val_fraction));
-        goto out;
-    }
-    if ((rc = fso_token_writer_finish(&out.train, err, errlen)) < 0)
-        goto out;
-    if (out.has_val && (rc = fso_token_writer_finish(&out.val, err, errlen)) < 0) {
-        unlink(o->out_path);   /* both files or neither */
-        goto out;
-    }
     res->done.ms = fso_now_ms() - t0;
 
 out:
-    if (started) {
-        pthread_mutex_lock(&R.mu);
-        R.quit = 1;
-        pthread_cond_broadcast(&R.work);
-        pthread_mutex_unlock(&R.mu);
-        for (int i = 0; i < started; i++)
-            pthread_join(th[i], NULL);
-    }
+    stop_workers(&R, th, started);
     fso_token_writer_abort(&out.train);
     fso_token_writer_abort(&out.val);
-    for (int i = 0; i < R.n_chunks && R.chunks; i++) {
-        fso_docs_batch_free(&R.chunks[i].batch);
-        fso_ids_free(&R.chunks[i].ids);
-        free(R.chunks[i].flags);
-        free(R.chunks[i].doc_end);
-    }
-    free(R.chunks);
     free(th);
     fso_docs_reader_free(&reader);
-    fso_chat_template_free(&R.ct);
-    fso_tokenizer_free(R.tok);
-    pthread_cond_destroy(&R.work);
-    pthread_cond_destroy(&R.done);
-    pthread_mutex_destroy(&R.mu);
+    run_free(&R);
     return rc;
 }
