@@ -38,15 +38,6 @@ const char *fso_tokfile_name(fso_tokfile_kind kind, int elem_bytes)
     return "?";
 }
 
-__attribute__((format(printf, 3, 4)))
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
-
 /* The fix for an error of errno e while writing path. */
 static const char *write_fix(int e)
 {
@@ -72,7 +63,7 @@ static const char *write_fix(int e)
 static int io_err(fso_token_writer *w, int rc, const char *what, char *err, size_t errlen)
 {
     int e = -rc;
-    set_err(err, errlen, "%s: %s %s failed: %s; %s (nothing was written to %s)", w->path, what,
+    fso_set_err(err, errlen, "%s: %s %s failed: %s; %s (nothing was written to %s)", w->path, what,
             w->tmp, strerror(e), write_fix(e), w->path);
     return rc;
 }
@@ -123,14 +114,14 @@ int fso_token_writer_open(fso_token_writer *w, const char *path, fso_tokfile_kin
     w->fstage = kind == FSO_TOKFILE_FLAGGED ? malloc(STAGE_BYTES) : NULL;
     if (!w->path || !w->tmp || !w->stage || (kind == FSO_TOKFILE_FLAGGED && !w->fstage)) {
         fso_token_writer_abort(w);
-        set_err(err, errlen, "%s: out of memory", path);
+        fso_set_err(err, errlen, "%s: out of memory", path);
         return -ENOMEM;
     }
     snprintf(w->tmp, tlen, "%s.tmp.%ld", path, (long)getpid());
     w->fd = open(w->tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (w->fd < 0) {
         int e = errno;
-        set_err(err, errlen, "%s: cannot create %s: %s; %s", path, w->tmp, strerror(e),
+        fso_set_err(err, errlen, "%s: cannot create %s: %s; %s", path, w->tmp, strerror(e),
                 write_fix(e));
         fso_token_writer_abort(w);
         return -e;
@@ -139,8 +130,8 @@ int fso_token_writer_open(fso_token_writer *w, const char *path, fso_tokfile_kin
         w->flags_fd = open_flags_file(path);
         if (w->flags_fd < 0) {
             int rc = w->flags_fd;
-            set_err(err, errlen, "%s: cannot create a temporary file for its flags beside it: %s; "
-                    "%s", path, strerror(-rc), write_fix(-rc));
+            fso_set_err(err, errlen, "%s: cannot create a temporary file for its flags beside it: "
+                        "%s; %s", path, strerror(-rc), write_fix(-rc));
             fso_token_writer_abort(w);
             return rc;
         }
@@ -164,8 +155,8 @@ static int flush_stage(fso_token_writer *w, char *err, size_t errlen)
     w->staged = 0;
     if (w->fstaged && (rc = fso_write_full(w->flags_fd, w->fstage, w->fstaged)) < 0) {
         int e = -rc;
-        set_err(err, errlen, "%s: writing its flags to a temporary file beside it failed: %s; %s "
-                "(nothing was written to %s)", w->path, strerror(e), write_fix(e), w->path);
+        fso_set_err(err, errlen, "%s: writing its flags to a temporary file beside it failed: %s; "
+                    "%s (nothing was written to %s)", w->path, strerror(e), write_fix(e), w->path);
         return rc;
     }
     w->fstaged = 0;
@@ -178,14 +169,14 @@ int fso_token_writer_add(fso_token_writer *w, const int32_t *ids, const uint8_t 
     const uint32_t max = w->elem_bytes == 2 ? 0xffffu : 0xffffffffu;
     FSO_BUG_ON(w->kind == FSO_TOKFILE_FLAGGED && n && !flags, "a flagged file needs flags");
     if (n > (uint64_t)INT32_MAX - w->n_tokens) {
-        set_err(err, errlen, "%s: more than %d tokens, the most a token file's header counts; "
+        fso_set_err(err, errlen, "%s: more than %d tokens, the most a token file's header counts; "
                 "split the input and tokenize each part into a file of its own", w->path,
                 INT32_MAX);
         return -EOVERFLOW;
     }
     for (size_t i = 0; i < n; i++) {
         if (ids[i] < 0 || (uint32_t)ids[i] > max) {
-            set_err(err, errlen, "%s: token %d does not fit a %d-byte token", w->path, ids[i],
+            fso_set_err(err, errlen, "%s: token %d does not fit a %d-byte token", w->path, ids[i],
                     w->elem_bytes);
             return -EINVAL;
         }
@@ -294,8 +285,8 @@ int fso_token_writer_finish(fso_token_writer *w, char *err, size_t errlen)
     }
     if (rc == 0 && rename(w->tmp, w->path) < 0) {
         int e = errno;
-        set_err(err, errlen, "%s: renaming %s to it failed: %s; %s", w->path, w->tmp, strerror(e),
-                write_fix(e));
+        fso_set_err(err, errlen, "%s: renaming %s to it failed: %s; %s", w->path, w->tmp,
+                    strerror(e), write_fix(e));
         rc = -e;
     }
     if (rc < 0) {

@@ -17,6 +17,29 @@ double fso_now_ms(void)
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
+int fso_reserve(void **p, size_t *cap, size_t n, size_t elem, size_t first)
+{
+    if (n <= *cap)
+        return 0;
+    size_t nc = *cap ? *cap : first;
+    while (nc < n)
+        nc *= 2;
+    void *q = realloc(*p, nc * elem);
+    if (!q)
+        return -ENOMEM;
+    *p = q;
+    *cap = nc;
+    return 0;
+}
+
+void fso_set_err(char *err, size_t errlen, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+}
+
 int fso_first_errorv(int *slot, char *msg, size_t len, int rc, const char *fmt, va_list ap)
 {
     if (__atomic_load_n(slot, __ATOMIC_RELAXED) == 0) {

@@ -13,6 +13,17 @@
 /* Milliseconds on the monotonic clock (differences only). */
 double fso_now_ms(void);
 
+/* Room for n elements of elem bytes in the growing array *p of *cap:
+ * *cap doubles (from first) until it holds n, and *p is reallocated. 0, or
+ * -ENOMEM with *p and *cap unchanged. The one growth rule of fsoff's
+ * appended arrays and buffers. */
+int fso_reserve(void **p, size_t *cap, size_t n, size_t elem, size_t first);
+
+/* A message into err (errlen bytes), as snprintf: the one formatter of
+ * functions that report into a caller's buffer. */
+void fso_set_err(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
 /* The first error wins: when *slot is 0, the message (fmt, ap) goes into
  * msg and *slot becomes rc; later errors leave both alone. Returns rc.
  * *slot is stored last, atomically: another thread that reads it with

@@ -30,14 +30,8 @@ const char *fso_chat_role_name(fso_chat_role role)
 
 int fso_chat_push(fso_chat *c, fso_chat_role role, const char *content, size_t len, int trained)
 {
-    if (c->n == c->cap) {
-        size_t cap = c->cap ? 2 * c->cap : 8;
-        fso_chat_msg *m = realloc(c->msgs, cap * sizeof *m);
-        if (!m)
-            return -ENOMEM;
-        c->msgs = m;
-        c->cap = cap;
-    }
+    if (fso_reserve((void **)&c->msgs, &c->cap, c->n + 1, sizeof *c->msgs, 8) < 0)
+        return -ENOMEM;
     c->msgs[c->n++] = (fso_chat_msg){role, content, len, trained};
     return 0;
 }
@@ -100,14 +94,8 @@ static void render_reset(fso_chat_render *r)
 
 static int new_piece(fso_chat_render *r, fso_chat_piece p)
 {
-    if (r->n == r->cap_p) {
-        size_t cap = r->cap_p ? 2 * r->cap_p : 16;
-        fso_chat_piece *np = realloc(r->p, cap * sizeof *np);
-        if (!np)
-            return -ENOMEM;
-        r->p = np;
-        r->cap_p = cap;
-    }
+    if (fso_reserve((void **)&r->p, &r->cap_p, r->n + 1, sizeof *r->p, 16) < 0)
+        return -ENOMEM;
     r->p[r->n++] = p;
     return 0;
 }
@@ -131,16 +119,8 @@ static int put_text(fso_chat_render *r, const char *s, size_t len, bool trained)
         last = &r->p[r->n - 1];
         last->target_from = SIZE_MAX;
     }
-    if (r->len + len + 1 > r->cap) {
-        size_t cap = r->cap ? r->cap : 256;
-        while (cap < r->len + len + 1)
-            cap *= 2;
-        char *t = realloc(r->text, cap);
-        if (!t)
-            return -ENOMEM;
-        r->text = t;
-        r->cap = cap;
-    }
+    if (fso_reserve((void **)&r->text, &r->cap, r->len + len + 1, 1, 256) < 0)
+        return -ENOMEM;
     if (trained && last->target_from == SIZE_MAX)
         last->target_from = last->len;
     memcpy(r->text + r->len, s, len);

@@ -33,15 +33,6 @@ const char *fso_docs_format_name(fso_docs_format f)
     return format_names[f];
 }
 
-__attribute__((format(printf, 3, 4)))
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
-
 static const char *open_fix(int e)
 {
     switch (e) {
@@ -110,16 +101,8 @@ void fso_docs_batch_free(fso_docs_batch *b)
 
 static int batch_put(fso_docs_batch *b, const char *s, size_t len)
 {
-    if (b->len + len > b->cap) {
-        size_t cap = b->cap ? b->cap : 1 << 16;
-        while (cap < b->len + len)
-            cap *= 2;
-        char *nb = realloc(b->buf, cap);
-        if (!nb)
-            return -ENOMEM;
-        b->buf = nb;
-        b->cap = cap;
-    }
+    if (fso_reserve((void **)&b->buf, &b->cap, b->len + len, 1, 1 << 16) < 0)
+        return -ENOMEM;
     memcpy(b->buf + b->len, s, len);
     b->len += len;
     return 0;
@@ -127,14 +110,8 @@ static int batch_put(fso_docs_batch *b, const char *s, size_t len)
 
 static int batch_rec(fso_docs_batch *b, fso_docs_rec rec)
 {
-    if (b->n == b->cap_recs) {
-        size_t cap = b->cap_recs ? 2 * b->cap_recs : 256;
-        fso_docs_rec *nr = realloc(b->recs, cap * sizeof *nr);
-        if (!nr)
-            return -ENOMEM;
-        b->recs = nr;
-        b->cap_recs = cap;
-    }
+    if (fso_reserve((void **)&b->recs, &b->cap_recs, b->n + 1, sizeof *b->recs, 256) < 0)
+        return -ENOMEM;
     b->recs[b->n++] = rec;
     return 0;
 }
@@ -165,7 +142,7 @@ static int open_file(fso_docs_reader *r, char *err, size_t errlen)
     r->fd = open(path, O_RDONLY | O_CLOEXEC);
     if (r->fd < 0) {
         int e = errno;
-        set_err(err, errlen, "%s: cannot open: %s; %s", path, strerror(e), open_fix(e));
+        fso_set_err(err, errlen, "%s: cannot open: %s; %s", path, strerror(e), open_fix(e));
         return -e;
     }
     r->rlen = r->rpos = 0;
@@ -192,7 +169,7 @@ static int next_line(fso_docs_reader *r, uint64_t *line_no, uint64_t *byte, char
             r->rpos = 0;
             ssize_t got = fso_read_full(r->fd, r->rbuf, READ_BYTES);
             if (got < 0) {
-                set_err(err, errlen, "%s: read failed at byte %llu: %s; check the file and the "
+                fso_set_err(err, errlen, "%s: read failed at byte %llu: %s; check the file and the "
                         "drive", r->paths[r->file], (unsigned long long)r->rbuf_byte,
                         strerror((int)-got));
                 return (int)got;
@@ -207,16 +184,8 @@ static int next_line(fso_docs_reader *r, uint64_t *line_no, uint64_t *byte, char
         const char *start = r->rbuf + r->rpos;
         const char *nl = memchr(start, '\n', r->rlen - r->rpos);
         size_t take = nl ? (size_t)(nl - start) + 1 : r->rlen - r->rpos;
-        if (r->line_len + take + 1 > r->line_cap) {
-            size_t cap = r->line_cap ? r->line_cap : 4096;
-            while (cap < r->line_len + take + 1)
-                cap *= 2;
-            char *nlb = realloc(r->line, cap);
-            if (!nlb)
-                return -ENOMEM;
-            r->line = nlb;
-            r->line_cap = cap;
-        }
+        if (fso_reserve((void **)&r->line, &r->line_cap, r->line_len + take + 1, 1, 4096) < 0)
+            return -ENOMEM;
         memcpy(r->line + r->line_len, start, take);
         r->line_len += take;
         r->rpos += take;
@@ -359,7 +328,7 @@ int fso_docs_read(fso_docs_reader *r, fso_docs_batch *b, size_t max_bytes, char 
     }
     return (int)b->n;
 nomem:
-    set_err(err, errlen, "%s: out of memory reading line %llu", r->paths[r->file],
+    fso_set_err(err, errlen, "%s: out of memory reading line %llu", r->paths[r->file],
             (unsigned long long)r->line_no);
     return rc;
 }
@@ -554,8 +523,8 @@ int fso_docs_detect(const char *path, fso_docs_format *f, char *why, size_t whyl
     while (rc == 0) {
         rc = next_line(&r, &line, &byte, err, errlen);
         if (rc == 0) {
-            set_err(err, errlen, "%s: empty: no documents; give a file with one JSON object per "
-                    "line", path);
+            fso_set_err(err, errlen, "%s: empty: no documents; give a file with one JSON object "
+                        "per line", path);
             rc = -EINVAL;
         } else if (rc > 0 && !is_blank_json_line(r.line, r.line_len)) {
             rc = 1;

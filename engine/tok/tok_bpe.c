@@ -17,27 +17,13 @@
  * (the result of a word depends on the word alone).
  */
 #include "tok_impl.h"
+#include "util.h"
 
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define TOK_SCAN_MAX 48 /* symbols: scanning beats the heap below this */
-
-static int reserve(void **p, size_t *cap, size_t n, size_t elem)
-{
-    if (n <= *cap)
-        return 0;
-    size_t nc = *cap ? *cap : 64;
-    while (nc < n)
-        nc *= 2;
-    void *q = realloc(*p, nc * elem);
-    if (!q)
-        return -ENOMEM;
-    *p = q;
-    *cap = nc;
-    return 0;
-}
 
 static int push_id(fso_ids *out, int32_t id)
 {
@@ -48,7 +34,7 @@ static int push_id(fso_ids *out, int32_t id)
 static long make_symbols(fso_tok_worker *w, const char *s, size_t len)
 {
     const fso_tokenizer *t = w->t;
-    if (reserve((void **)&w->sym, &w->sym_cap, len + 1, sizeof *w->sym))
+    if (fso_reserve((void **)&w->sym, &w->sym_cap, len + 1, sizeof *w->sym, 64))
         return -ENOMEM;
     tok_sym *sym = w->sym;
     long n = 0;
@@ -232,11 +218,11 @@ static int bpe_piece(fso_tok_worker *w, const char *s, size_t len, fso_ids *out)
     if (n < 0)
         return (int)n;
     if (n <= TOK_SCAN_MAX) {
-        if (reserve((void **)&w->rank, &w->rank_cap, 2 * (size_t)n + 2, sizeof *w->rank))
+        if (fso_reserve((void **)&w->rank, &w->rank_cap, 2 * (size_t)n + 2, sizeof *w->rank, 64))
             return -ENOMEM;
         merge_scan(w, n);
     } else {
-        if (reserve((void **)&w->heap, &w->heap_cap, 3 * (size_t)n + 2, sizeof *w->heap))
+        if (fso_reserve((void **)&w->heap, &w->heap_cap, 3 * (size_t)n + 2, sizeof *w->heap, 64))
             return -ENOMEM;
         merge_heap(w, n);
     }

@@ -12,6 +12,7 @@
  * Fuse, Strip and Metaspace.
  */
 #include "tok_impl.h"
+#include "util.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -29,14 +30,8 @@ typedef struct tlist {
 
 static int tl_push(tlist *l, const char *p, size_t n)
 {
-    if (l->n == l->cap) {
-        size_t nc = l->cap ? l->cap * 2 : 64;
-        tstr *v = realloc(l->v, nc * sizeof *v);
-        if (!v)
-            return -ENOMEM;
-        l->v = v;
-        l->cap = nc;
-    }
+    if (fso_reserve((void **)&l->v, &l->cap, l->n + 1, sizeof *l->v, 64) < 0)
+        return -ENOMEM;
     char *c = malloc(n + 1);
     if (!c)
         return -ENOMEM;

@@ -58,15 +58,6 @@ typedef struct run {
     int quit;
 } run;
 
-__attribute__((format(printf, 3, 4)))
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
-
 void fso_tokenize_val_path(const char *out, char *buf, size_t len)
 {
     size_t n = strlen(out);
@@ -85,17 +76,7 @@ static bool is_val_doc(double f, uint64_t i)
 
 static int grow_flags(chunk *c, size_t n)
 {
-    if (n <= c->flags_cap)
-        return 0;
-    size_t cap = c->flags_cap ? c->flags_cap : 1 << 16;
-    while (cap < n)
-        cap *= 2;
-    uint8_t *f = realloc(c->flags, cap);
-    if (!f)
-        return -ENOMEM;
-    c->flags = f;
-    c->flags_cap = cap;
-    return 0;
+    return fso_reserve((void **)&c->flags, &c->flags_cap, n, 1, 1 << 16);
 }
 
 /* The pieces of r as tokens and flags appended to c. */
@@ -157,14 +138,14 @@ static void encode_chunk(run *R, fso_tok_worker *w, chunk *c, fso_chat_render *r
     c->rc = 0;
     if (!w) {
         c->rc = -ENOMEM;
-        set_err(c->err, sizeof c->err, "out of memory for a tokenizer worker");
+        fso_set_err(c->err, sizeof c->err, "out of memory for a tokenizer worker");
         return;
     }
     if (c->batch.n > c->doc_cap) {
         size_t *d = realloc(c->doc_end, c->batch.n * sizeof *d);
         if (!d) {
             c->rc = -ENOMEM;
-            set_err(c->err, sizeof c->err, "out of memory");
+            fso_set_err(c->err, sizeof c->err, "out of memory");
             return;
         }
         c->doc_end = d;
@@ -264,7 +245,7 @@ static int check_inputs(const fso_tokenize_opts *o, char *err, size_t errlen)
         int fd = open(p, O_RDONLY | O_CLOEXEC);
         if (fd < 0) {
             int e = errno;
-            set_err(err, errlen, "%s: cannot open: %s; %s", p, strerror(e),
+            fso_set_err(err, errlen, "%s: cannot open: %s; %s", p, strerror(e),
                     e == ENOENT ? "check the path" : "make it readable, or leave it out");
             return -e;
         }
@@ -272,7 +253,7 @@ static int check_inputs(const fso_tokenize_opts *o, char *err, size_t errlen)
         int dir = fstat(fd, &st) == 0 && S_ISDIR(st.st_mode);
         close(fd);
         if (dir) {
-            set_err(err, errlen, "%s: is a folder; give the files in it (e.g. %s/*.txt)", p, p);
+            fso_set_err(err, errlen, "%s: is a folder; give the files in it (e.g. %s/*.txt)", p, p);
             return -EISDIR;
         }
     }
@@ -308,7 +289,7 @@ static int run_setup(run *R, const fso_tokenize_opts *o, fso_tokenize_result *re
 {
     int rc;
     if (o->n_inputs < 1) {
-        set_err(err, errlen, "no input files; give one or more text or JSONL files");
+        fso_set_err(err, errlen, "no input files; give one or more text or JSONL files");
         return -EINVAL;
     }
     if ((rc = check_inputs(o, err, errlen)) < 0)
@@ -324,7 +305,7 @@ static int run_setup(run *R, const fso_tokenize_opts *o, fso_tokenize_result *re
     }
     res->format = R->format;
     if (o->template_kind >= 0 && R->format != FSO_DOCS_CHAT) {
-        set_err(err, errlen, "--template is for chat data, and %s was read as %s (%s); give "
+        fso_set_err(err, errlen, "--template is for chat data, and %s was read as %s (%s); give "
                 "--format chat or drop --template", o->inputs[0], fso_docs_format_name(R->format),
                 res->format_why);
         return -EINVAL;
@@ -391,7 +372,7 @@ static int write_next(run *R, chunk *c, outputs *out, char *err, size_t errlen)
         pthread_cond_wait(&R->done, &R->mu);
     pthread_mutex_unlock(&R->mu);
     if (c->rc < 0) {
-        set_err(err, errlen, "%s", c->err);
+        fso_set_err(err, errlen, "%s", c->err);
         return c->rc;
     }
     if ((rc = write_chunk(R->o, out, c, err, errlen)) < 0)
@@ -444,7 +425,7 @@ static int pump(run *R, fso_docs_reader *reader, outputs *out, fso_tokenize_resu
         }
     }
     if (read_rc < 0) {
-        set_err(err, errlen, "%s", read_err);
+        fso_set_err(err, errlen, "%s", read_err);
         return read_rc;
     }
     return 0;
@@ -458,12 +439,12 @@ static int finish_outputs(const fso_tokenize_opts *o, outputs *out, fso_tokenize
     int rc;
     uint64_t docs = res->done.train.docs + res->done.val.docs;
     if (docs == 0) {
-        set_err(err, errlen, "%s%s: no documents (empty, or only blank lines); give files with "
+        fso_set_err(err, errlen, "%s%s: no documents (empty, or only blank lines); give files with "
                 "text in them", o->inputs[0], o->n_inputs > 1 ? " and the other inputs" : "");
         return -EINVAL;
     }
     if (out->has_val && res->done.val.docs == 0) {
-        set_err(err, errlen, "--val-fraction %g holds out none of the %llu documents (one in "
+        fso_set_err(err, errlen, "--val-fraction %g holds out none of the %llu documents (one in "
                 "every %.0f is held out); give more documents or a larger fraction",
                 o->val_fraction, (unsigned long long)docs, ceil(1 / o->val_fraction));
         return -EINVAL;
@@ -533,11 +514,11 @@ int fso_tokenize_run(const fso_tokenize_opts *o, fso_tokenize_result *res, char 
     th = calloc((size_t)threads, sizeof *th);
     if (!R.chunks || !th) {
         rc = -ENOMEM;
-        set_err(err, errlen, "out of memory");
+        fso_set_err(err, errlen, "out of memory");
         goto out;
     }
     if ((rc = start_workers(&R, th, threads, &started)) < 0) {
-        set_err(err, errlen, "cannot start %d tokenizer threads: %s; give fewer with --threads",
+        fso_set_err(err, errlen, "cannot start %d tokenizer threads: %s; give fewer with --threads",
                 threads, strerror(-rc));
         goto out;
     }

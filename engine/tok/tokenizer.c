@@ -13,6 +13,7 @@
  * match regions, buffers and cache.
  */
 #include "tok_impl.h"
+#include "util.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -22,14 +23,8 @@
 
 int fso_ids_push(fso_ids *ids, int32_t id)
 {
-    if (ids->n == ids->cap) {
-        size_t nc = ids->cap ? ids->cap * 2 : 256;
-        int32_t *v = realloc(ids->v, nc * sizeof *v);
-        if (!v)
-            return -ENOMEM;
-        ids->v = v;
-        ids->cap = nc;
-    }
+    if (fso_reserve((void **)&ids->v, &ids->cap, ids->n + 1, sizeof *ids->v, 256) < 0)
+        return -ENOMEM;
     ids->v[ids->n++] = id;
     return 0;
 }
