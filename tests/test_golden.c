@@ -67,6 +67,7 @@
 
 #include "config/config.h"
 #include "model.h"
+#include "test_util.h"
 #include "train.h"
 #include "zero/zero.h"
 
@@ -119,20 +120,10 @@ typedef struct fixture {
 static void load_fixture(fixture *f, const char *name)
 {
     char path[4096];
-    const char *src = getenv("FSO_SRCDIR");
-    snprintf(path, sizeof path, "%s/tests/fixtures/%s", src ? src : "..", name);
-    FILE *fp = fopen(path, "rb");
-    if (!fp)
-        fail_msg("%s: cannot open: %s (FSO_SRCDIR must point to the source tree)", path,
-                 strerror(errno));
-    fseek(fp, 0, SEEK_END);
-    long size = ftell(fp);
-    fseek(fp, 0, SEEK_SET);
-    f->blob = malloc((size_t)size);
-    assert_non_null(f->blob);
-    assert_int_equal(fread(f->blob, 1, (size_t)size, fp), (size_t)size);
-    fclose(fp);
-
+    size_t size;
+    f->blob = fso_test_read_fixture(name, &size, path, sizeof path);
+    if (size < sizeof f->hdr + sizeof f->hyper)
+        fail_msg("%s: %zu bytes, shorter than the header", path, size);
     memcpy(f->hdr, f->blob, sizeof f->hdr);
     memcpy(f->hyper, (char *)f->blob + sizeof f->hdr, sizeof f->hyper);
     if (f->hdr[0] != FIX_MAGIC || f->hdr[1] != 1)
@@ -148,7 +139,7 @@ static void load_fixture(fixture *f, const char *name)
     size_t expect = sizeof f->hdr + sizeof f->hyper + 4 * (3 * f->np + 2 * ntok +
                                                            bt * f->V + 2 * (size_t)f->nsteps);
     if ((size_t)size != expect)
-        fail_msg("%s: %ld bytes, the header implies %zu", path, size, expect);
+        fail_msg("%s: %zu bytes, the header implies %zu", path, size, expect);
     char *p = (char *)f->blob + sizeof f->hdr + sizeof f->hyper;
 #define TAKE(dst, type, n) (dst = (type *)p, p += sizeof(type) * (n))
     TAKE(f->params0, float, f->np);

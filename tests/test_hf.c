@@ -79,21 +79,6 @@ static void write_bytes(const char *path, const void *data, size_t len)
     assert_int_equal(fclose(f), 0);
 }
 
-static void *read_bytes(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        fail_msg("%s: %s", path, strerror(errno));
-    fseek(f, 0, SEEK_END);
-    *len = (size_t)ftell(f);
-    fseek(f, 0, SEEK_SET);
-    void *buf = malloc(*len + 1);
-    assert_non_null(buf);
-    assert_int_equal(fread(buf, 1, *len, f), *len);
-    fclose(f);
-    ((char *)buf)[*len] = '\0';
-    return buf;
-}
 
 /* A copy of fixture folder `name` under the temporary root, as dst. */
 static void copy_fixture(char *dst, size_t size, const char *name)
@@ -112,7 +97,7 @@ static void copy_fixture(char *dst, size_t size, const char *name)
         size_t len;
         snprintf(from, sizeof from, "%.1023s/%.255s", src, e->d_name);
         snprintf(to, sizeof to, "%.1023s/%.255s", dst, e->d_name);
-        void *buf = read_bytes(from, &len);
+        void *buf = fso_test_read_file(from, &len);
         write_bytes(to, buf, len);
         free(buf);
     }
@@ -708,13 +693,13 @@ static void test_export_then_init_from_is_bit_exact(void **state)
         /* transformers' tied head: no lm_head.weight in the files */
         snprintf(path, sizeof path, "%s/model.safetensors.index.json", out);
         size_t len;
-        char *index = read_bytes(path, &len);
+        char *index = fso_test_read_file(path, &len);
         assert_int_equal(strstr(index, "\"lm_head.weight\"") != NULL, !m->mc.tie_word_embeddings);
         assert_non_null(strstr(index, "\"total_size\""));
         free(index);
         /* the metadata transformers checks for */
         snprintf(path, sizeof path, "%s/model-00001-of-%05d.safetensors", out, shards);
-        char *shard = read_bytes(path, &len);
+        char *shard = fso_test_read_file(path, &len);
         assert_non_null(strstr(shard + 8, "\"__metadata__\":{\"format\":\"pt\"}"));
         free(shard);
 
@@ -735,7 +720,7 @@ static void test_export_then_init_from_is_bit_exact(void **state)
             snprintf(path, sizeof path, "%s/model.safetensors", out2);
             assert_true(file_size(path) > 0);
             snprintf(path, sizeof path, "%s/config.json", out2);
-            char *conf = read_bytes(path, &len);
+            char *conf = fso_test_read_file(path, &len);
             assert_non_null(strstr(conf, k == 0 ? "\"bfloat16\"" : "\"float16\""));
             free(conf);
             float *r = read_folder(out2, &m->mc, m->n_params);
@@ -823,7 +808,7 @@ static void edit_file(const char *dir, const char *name, const char *from, const
     char path[1200];
     size_t len;
     snprintf(path, sizeof path, "%s/%s", dir, name);
-    char *text = read_bytes(path, &len);
+    char *text = fso_test_read_file(path, &len);
     char *at = strstr(text, from);
     if (!at)
         fail_msg("%s has no \"%s\"", path, from);
@@ -1319,13 +1304,13 @@ static void test_families_load_and_export_as_they_came(void **state)
             snprintf(path, sizeof path, "%s/config.json", dir);
             snprintf(path2, sizeof path2, "%s/config.json", out);
             assert_config_kept(path, path2);
-            char *conf = read_bytes(path2, &len);
+            char *conf = fso_test_read_file(path2, &len);
             /* LlamaConfig's own keys only in a Llama's */
             assert_int_equal(strstr(conf, "\"pretraining_tp\"") != NULL,
                              m->mc.model_type == FSO_MODEL_LLAMA);
             free(conf);
             snprintf(path, sizeof path, "%s/model.safetensors", out);
-            char *st = read_bytes(path, &len);
+            char *st = fso_test_read_file(path, &len);
             assert_int_equal(strstr(st + 8, "\"lm_head.weight\"") != NULL, !cases[c].tied);
             assert_int_equal(strstr(st + 8, "\"model.layers.1.self_attn.v_proj.bias\"") != NULL,
                              cases[c].bias);
@@ -1386,7 +1371,7 @@ static void test_remove_tree_follows_no_symlink(void **state)
     assert_int_equal(remove_tree(tree), 0);
     assert_int_equal(lstat(tree, &st), -1);
     assert_int_equal(errno, ENOENT);
-    char *back = read_bytes(kept, &len);
+    char *back = fso_test_read_file(kept, &len);
     assert_int_equal(len, 4);
     assert_string_equal(back, "kept");
     free(back);

@@ -67,19 +67,8 @@ typedef struct fixture {
 static void load_fixture(fixture *f, const char *name)
 {
     char path[4096];
-    const char *src = getenv("FSO_SRCDIR");
-    snprintf(path, sizeof path, "%s/tests/fixtures/%s", src ? src : "..", name);
-    FILE *fp = fopen(path, "rb");
-    if (!fp)
-        fail_msg("%s: cannot open: %s (FSO_SRCDIR must point to the source tree)", path,
-                 strerror(errno));
-    fseek(fp, 0, SEEK_END);
-    const size_t size = (size_t)ftell(fp);
-    fseek(fp, 0, SEEK_SET);
-    f->blob = malloc(size);
-    assert_non_null(f->blob);
-    assert_int_equal(fread(f->blob, 1, size, fp), size);
-    fclose(fp);
+    size_t size;
+    f->blob = fso_test_read_fixture(name, &size, path, sizeof path);
     if (size < sizeof f->hdr + sizeof f->hyper)
         fail_msg("%s: %zu bytes, shorter than the header", path, size);
     memcpy(f->hdr, f->blob, sizeof f->hdr);

@@ -22,19 +22,7 @@ static void write_file(const char *path, const char *s, size_t len)
     fclose(f);
 }
 
-static unsigned char *read_file(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    assert_non_null(f);
-    fseek(f, 0, SEEK_END);
-    *len = (size_t)ftell(f);
-    fseek(f, 0, SEEK_SET);
-    unsigned char *b = malloc(*len + 1);
-    assert_non_null(b);
-    assert_int_equal(fread(b, 1, *len, f), *len);
-    fclose(f);
-    return b;
-}
+
 
 static int32_t i32_at(const unsigned char *b, size_t i)
 {
@@ -73,7 +61,7 @@ static void test_writer_v1_header_and_tokens(void **state)
     assert_int_equal(fso_token_writer_add(&w, ids + 2, NULL, 2, err, sizeof err), 0);
     assert_int_equal(fso_token_writer_finish(&w, err, sizeof err), 0);
     size_t len;
-    unsigned char *b = read_file(t->file, &len);
+    unsigned char *b = fso_test_read_file(t->file, &len);
     assert_int_equal(len, 1024 + 4 * 2);
     assert_int_equal(i32_at(b, 0), FSO_TOKENS_MAGIC);
     assert_int_equal(i32_at(b, 1), 1);
@@ -101,7 +89,7 @@ static void test_writer_v7_and_flagged(void **state)
     assert_int_equal(fso_token_writer_add(&w, ids, NULL, 3, err, sizeof err), 0);
     assert_int_equal(fso_token_writer_finish(&w, err, sizeof err), 0);
     size_t len;
-    unsigned char *b = read_file(path, &len);
+    unsigned char *b = fso_test_read_file(path, &len);
     assert_int_equal(len, 1024 + 12);
     assert_int_equal(i32_at(b, 0), FSO_TOKENS_MAGIC_LLAMA3);
     assert_int_equal(i32_at(b, 1), FSO_TOKENS_LLAMA3_VERSION);
@@ -118,7 +106,7 @@ static void test_writer_v7_and_flagged(void **state)
     assert_int_equal(fso_token_writer_open(&w, path, k, elem, -1, err, sizeof err), 0);
     assert_int_equal(fso_token_writer_add(&w, ids, flags, 3, err, sizeof err), 0);
     assert_int_equal(fso_token_writer_finish(&w, err, sizeof err), 0);
-    b = read_file(path, &len);
+    b = fso_test_read_file(path, &len);
     assert_int_equal(len, 1024 + 12 + 3);
     assert_int_equal(i32_at(b, 0), FSO_TOKENS_MAGIC_FLAGGED);
     assert_int_equal(i32_at(b, 1), FSO_TOKENS_FLAGGED_VERSION);
@@ -136,7 +124,7 @@ static void test_writer_v7_and_flagged(void **state)
     assert_int_equal(fso_token_writer_open(&w, path, k, elem, 1, err, sizeof err), 0);
     assert_int_equal(fso_token_writer_add(&w, small, flags, 2, err, sizeof err), 0);
     assert_int_equal(fso_token_writer_finish(&w, err, sizeof err), 0);
-    b = read_file(path, &len);
+    b = fso_test_read_file(path, &len);
     assert_int_equal(len, 1024 + 4 + 2);
     assert_int_equal(i32_at(b, 3), 2);
     assert_int_equal(i32_at(b, 4), 2);
@@ -174,7 +162,7 @@ static void test_writer_failure_leaves_nothing(void **state)
     assert_int_equal(fso_token_writer_add(&w, &one, &f, 1, err, sizeof err), 0);
     fso_token_writer_abort(&w);
     size_t len;
-    unsigned char *b = read_file(path, &len);
+    unsigned char *b = fso_test_read_file(path, &len);
     assert_int_equal(len, 3);
     free(b);
     assert_int_equal(count_entries(t->path), 1);
@@ -543,7 +531,7 @@ static void test_run_is_the_same_for_every_thread_count(void **state)
         assert_int_equal(res.done.val.docs, 150);
         assert_true(res.done.train.targets > 0 && res.done.train.targets < res.done.train.tokens);
         size_t len;
-        unsigned char *got = read_file(out, &len);
+        unsigned char *got = fso_test_read_file(out, &len);
         if (!want) {
             want = got;
             ref_len = len;

@@ -63,6 +63,37 @@ static inline void fso_test_set_kind_tiers(fso_config *cfg, const fso_tier *t, c
 /* Defaults, then the shape both small jobs share: 2 layers of `hidden`,
  * the feed-forward twice as wide, 4 heads of head_dim over 2 KV heads,
  * seq_len tokens, FSO_TEST_STEPS steps, one warm-up step. */
+/* The whole file at path, with a NUL after its *len bytes (malloc'd); the
+ * test fails naming the file when it cannot be read. */
+FSO_TEST_FN void *fso_test_read_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        fail_msg("%s: cannot open: %s", path, strerror(errno));
+    fseek(f, 0, SEEK_END);
+    *len = (size_t)ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc(*len + 1);
+    assert_non_null(buf);
+    assert_int_equal(fread(buf, 1, *len, f), *len);
+    fclose(f);
+    buf[*len] = '\0';
+    return buf;
+}
+
+/* A committed fixture, tests/fixtures/NAME of the source tree FSO_SRCDIR
+ * names (meson's test environment), as fso_test_read_file; its path into
+ * path (len bytes) for messages. */
+FSO_TEST_FN void *fso_test_read_fixture(const char *name, size_t *size, char *path, size_t len)
+{
+    const char *src = getenv("FSO_SRCDIR");
+    snprintf(path, len, "%s/tests/fixtures/%s", src ? src : "..", name);
+    if (access(path, R_OK) != 0)
+        fail_msg("%s: cannot read: %s (FSO_SRCDIR must point to the source tree)", path,
+                 strerror(errno));
+    return fso_test_read_file(path, size);
+}
+
 FSO_TEST_FN void fso_test_model_shape(fso_config *cfg, int hidden, int head_dim, int seq_len)
 {
     fso_config_defaults(cfg);
