@@ -1,4 +1,4 @@
-# lib.sh — sourced by the shell tests (cli_test.sh, checkpoint_cli_test.sh,
+# lib.sh — sourced by the shell tests (cli_test.sh, checkpoint_cli_test.sh, tokenize_test.sh,
 # readme_*.sh): the source folder, a temporary folder removed on exit,
 # pass/fail counts, and llm.c token files without Python.
 SRC=${FSO_SRCDIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}
@@ -22,6 +22,34 @@ fail=0
 
 ok() { pass=$((pass + 1)); echo "ok   $1"; }
 bad() { fail=$((fail + 1)); echo "FAIL $1"; shift; for l in "$@"; do echo "     $l"; done; }
+
+# fails_saying NAME 'substring'... -- COMMAND...: COMMAND must fail without
+# crashing (exit 1 to 127), its stderr ($TMP/err; stdout in $TMP/out) hold
+# every substring and exactly one error line. 0, or 1 after a FAIL line;
+# the caller says ok (it may check more first).
+fails_saying() {
+    local name=$1; shift
+    local pats=() p
+    while [ "$1" != "--" ]; do pats+=("$1"); shift; done
+    shift
+    "$@" >"$TMP/out" 2>"$TMP/err"
+    local rc=$?
+    if [ $rc -eq 0 ] || [ $rc -ge 128 ]; then
+        bad "$name" "exit status $rc (want 1 or 2)" "$(head -c 400 "$TMP/err")"
+        return 1
+    fi
+    for p in "${pats[@]}"; do
+        if ! grep -qF -- "$p" "$TMP/err"; then
+            bad "$name" "stderr lacks: $p" "stderr: $(head -c 600 "$TMP/err")"
+            return 1
+        fi
+    done
+    if [ "$(grep -c 'error' "$TMP/err")" -ne 1 ]; then
+        bad "$name" "want exactly one error line" "$(cat "$TMP/err")"
+        return 1
+    fi
+    return 0
+}
 
 # write_tokens N MUL MOD: a version 1 file (uint16 tokens) of N tokens,
 # token i being (i * MUL + 3) % MOD, on stdout.
