@@ -11,7 +11,9 @@
  *   4. the build folder it was built in (build/fsoff and build/tests/
  *      run uninstalled).
  * The first file that exists is the one: if it cannot be loaded the
- * reason is reported, and no other is tried. Before the module is loaded
+ * reason is reported, and no other is tried. The tests' stand-in module
+ * (tests/standin; cuda_module.h's `standin`) is refused unless the program
+ * defines fso_cuda_standin_allowed, which only test programs do. Before the module is loaded
  * (with cuBLAS, ~150 MB of RSS), the NVIDIA driver's libcuda.so.1 must load
  * and show this process at least one device: without a driver the CUDA
  * runtime would say only "driver version is insufficient", and without a
@@ -127,6 +129,12 @@ int fso_cuda_module_open(const char *path, const fso_cuda_module_api **out, char
             api = NULL;
         }
     }
+    if (api && api->standin && !(&fso_cuda_standin_allowed && fso_cuda_standin_allowed)) {
+        snprintf(err, errlen, "%s is the tests' CUDA stand-in, which runs on the CPU: %s does "
+                              "not load it; unset FSO_CUDA_MODULE (or point it at the "
+                              FSO_CUDA_MODULE_FILE " built with this fsoff)", path, me);
+        api = NULL;
+    }
     if (!api) {
         dlclose(h);
         return -ENOEXEC;
@@ -227,6 +235,19 @@ static void load_once(void)
     mod.rc = find_module(path, mod.why, sizeof mod.why);
     if (mod.rc < 0)
         return;
+    const fso_cuda_module_api *api;
+    /* a test program may be pointed at the stand-in (FSO_CUDA_MODULE), which
+     * needs no driver: open it first to tell */
+    if (&fso_cuda_standin_allowed && fso_cuda_standin_allowed && getenv("FSO_CUDA_MODULE") &&
+        fso_cuda_module_open(path, &api, mod.why, sizeof mod.why) == 0 && api->standin) {
+        atomic_store_explicit(&mod.api, api, memory_order_release);
+        return;
+    }
+    /* Every kernel loaded when the runtime starts, not at its first launch:
+     * a lazy load can need a context synchronization, which deadlocks
+     * against NCCL kernels spinning on their peers (the CUDA programming
+     * guide's lazy-loading hazards). A user's own setting wins. */
+    setenv("CUDA_MODULE_LOADING", "EAGER", 0);
     dlerror();
     void *drv = dlopen(DRIVER_LIB, RTLD_LAZY | RTLD_LOCAL);
     if (!drv) {
@@ -238,7 +259,6 @@ static void load_once(void)
     }
     if ((mod.rc = driver_devices(drv, mod.why, sizeof mod.why)) < 0)
         return;
-    const fso_cuda_module_api *api;
     mod.rc = fso_cuda_module_open(path, &api, mod.why, sizeof mod.why);
     if (mod.rc < 0)
         return;

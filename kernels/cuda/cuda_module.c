@@ -14,6 +14,9 @@ static const fso_cuda_module_api api = {
     .build_id = FSO_CUDA_MODULE_ID,
     .version = FSO_VERSION,
     .layout = FSO_CUDA_MODULE_LAYOUT_HERE,
+#ifdef FSO_CUDA_STANDIN
+    .standin = 1, /* built into tests/standin's module */
+#endif
     .device_count = fso_cuda_device_count,
     .gpu_info_query = fso_gpu_info_query,
     .backend_create = fso_backend_create_cuda,

@@ -65,6 +65,13 @@ typedef struct fso_cuda_module_api {
     const char *build_id;          /* FSO_CUDA_MODULE_ID of the build that made the module */
     const char *version;           /* FSO_VERSION of that build */
     fso_cuda_module_layout layout; /* FSO_CUDA_MODULE_LAYOUT_HERE, in the module */
+    /* 1 in the tests' CUDA runtime stand-in (tests/standin: the real
+     * orchestration code of this module over a CPU imitation of the
+     * runtime, cuBLAS and NCCL), 0 in the real module. The loader accepts
+     * a stand-in only in a program linked with FSO_CUDA_STANDIN_ALLOWED
+     * defined (the tests, never fsoff itself), and then without asking the
+     * NVIDIA driver. */
+    int standin;
 
     /* The functions of cuda_backend.h, same contracts, except that
      * gpu_info_query leaves bf16_peak_tflops 0 (the peak table is the main
@@ -95,6 +102,11 @@ typedef struct fso_cuda_module_api {
         .coll_ops_bytes = sizeof(fso_coll_ops), .gpu_info_bytes = sizeof(fso_gpu_info),        \
         .copy_report_bytes = sizeof(fso_cuda_copy_report),                                     \
     }
+
+/* Defined (as 1) only by the tests' programs (tests/standin/allow.c): a
+ * program without it refuses a stand-in module, whatever FSO_CUDA_MODULE
+ * says. Weak, so that fsoff links without it. */
+extern const int fso_cuda_standin_allowed __attribute__((weak));
 
 /* The module's one export (FSO_CUDA_MODULE_SYMBOL). */
 typedef const fso_cuda_module_api *(*fso_cuda_module_get_api_fn)(void);
