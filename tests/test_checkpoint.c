@@ -349,9 +349,10 @@ static void tiers_case(int world, fso_tier p0, fso_tier o0, fso_overlap ov0, fso
         a.backend = fso_backend_find(backend)->kind;
         b.backend = fso_backend_find(backend)->kind;
     }
-    snprintf(what, sizeof what, "%d device(s)%s%s%s: tiers %d/%d overlap %d -> tiers %d/%d "
+    snprintf(what, sizeof what, "%d device(s)%s%s%s%s: tiers %d/%d overlap %d -> tiers %d/%d "
                                 "overlap %d", world, bf16 ? ", bf16" : "",
-             backend ? ", cpu-async" : "", qwen2 ? ", qwen2" : "", p0, o0, ov0, p1, o1, ov1);
+             backend ? ", " : "", backend ? backend : "", qwen2 ? ", qwen2" : "", p0, o0, ov0, p1,
+             o1, ov1);
     save_dir(dir, sizeof dir, "tiers");
     run_result base, r;
     run_ok(&a, NULL, &base);
@@ -381,9 +382,10 @@ static void test_resume_is_bit_exact_with_gpu_rules(void **state)
     /* cpu-async: device memory the CPU cannot address, copies after marks,
      * the optimizer's update on the device */
     const fso_tier D = FSO_TIER_DEVICE, H = FSO_TIER_HOST;
-    tiers_case(2, D, D, FSO_OVERLAP_FORWARD, H, H, FSO_OVERLAP_FORWARD, false, "cpu-async",
-               false);
-    tiers_case(1, D, H, FSO_OVERLAP_FORWARD, D, D, FSO_OVERLAP_NONE, true, "cpu-async", true);
+    tiers_case(2, D, D, FSO_OVERLAP_FORWARD, H, H, FSO_OVERLAP_FORWARD, false,
+               fso_test_gpu_rules(), false);
+    tiers_case(1, D, H, FSO_OVERLAP_FORWARD, D, D, FSO_OVERLAP_NONE, true, fso_test_gpu_rules(),
+               true);
 }
 
 static void test_resume_on_other_device_counts_is_within_rounding(void **state)

@@ -371,15 +371,15 @@ static void test_tied_matches_pytorch_ref(void **s) { (void)s; run_golden("llama
 static void test_untied_matches_pytorch_two_devices(void **s) { (void)s; run_golden("llama_tiny_untied.bin", (variant){"cpu", true, 2, DEV, DEV}); }
 static void test_tied_matches_pytorch_two_devices_host_tier(void **s) { (void)s; run_golden("llama_tiny_tied.bin", (variant){"cpu", true, 2, HOST, HOST}); }
 /* the GPU paths on a device with a GPU's rules (kernels/cpu_async.h) */
-static void test_untied_matches_pytorch_gpu_rules(void **s) { (void)s; run_golden("llama_tiny_untied.bin", (variant){"cpu-async", true, 2, DEV, DEV}); }
-static void test_tied_matches_pytorch_gpu_rules_host_tier(void **s) { (void)s; run_golden("llama_tiny_tied.bin", (variant){"cpu-async", false, 1, HOST, HOST}); }
+static void test_untied_matches_pytorch_gpu_rules(void **s) { (void)s; run_golden("llama_tiny_untied.bin", (variant){fso_test_gpu_rules(), true, 2, DEV, DEV}); }
+static void test_tied_matches_pytorch_gpu_rules_host_tier(void **s) { (void)s; run_golden("llama_tiny_tied.bin", (variant){fso_test_gpu_rules(), false, 1, HOST, HOST}); }
 
 /* bf16 storage (kernels/backend.h, "Types") against its float64 replay */
 static void test_untied_bf16_matches_pytorch_fast(void **s) { (void)s; run_golden("llama_tiny_untied_bf16.bin", (variant){"cpu", false, 1, DEV, DEV}); }
 static void test_untied_bf16_matches_pytorch_ref(void **s) { (void)s; run_golden("llama_tiny_untied_bf16.bin", (variant){"cpu-ref", false, 1, DEV, DEV}); }
-static void test_untied_bf16_matches_pytorch_gpu_rules_two_devices(void **s) { (void)s; run_golden("llama_tiny_untied_bf16.bin", (variant){"cpu-async", false, 2, DEV, DEV}); }
+static void test_untied_bf16_matches_pytorch_gpu_rules_two_devices(void **s) { (void)s; run_golden("llama_tiny_untied_bf16.bin", (variant){fso_test_gpu_rules(), false, 2, DEV, DEV}); }
 static void test_tied_bf16_matches_pytorch_fast_checkpointed(void **s) { (void)s; run_golden("llama_tiny_tied_bf16.bin", (variant){"cpu", true, 1, DEV, DEV}); }
-static void test_tied_bf16_matches_pytorch_gpu_rules_host_tier(void **s) { (void)s; run_golden("llama_tiny_tied_bf16.bin", (variant){"cpu-async", true, 1, HOST, HOST}); }
+static void test_tied_bf16_matches_pytorch_gpu_rules_host_tier(void **s) { (void)s; run_golden("llama_tiny_tied_bf16.bin", (variant){fso_test_gpu_rules(), true, 1, HOST, HOST}); }
 
 int main(void)
 {

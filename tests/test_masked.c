@@ -237,8 +237,8 @@ static void run_fixture(const char *name, variant vr)
 CASE(test_masked_loss_matches_pytorch_ref, "llama_tiny_masked.bin", "cpu-ref", false, false, 1)
 CASE(test_masked_loss_matches_pytorch_fast, "llama_tiny_masked.bin", "cpu", false, false, 1)
 CASE(test_masked_loss_matches_pytorch_two_devices, "llama_tiny_masked.bin", "cpu", true, false, 2)
-CASE(test_masked_loss_matches_pytorch_gpu_rules, "llama_tiny_masked.bin", "cpu-async", false,
-     false, 2)
+CASE(test_masked_loss_matches_pytorch_gpu_rules, "llama_tiny_masked.bin", fso_test_gpu_rules(),
+     false, false, 2)
 CASE(test_masked_loss_bf16_is_near_pytorch, "llama_tiny_masked.bin", "cpu", false, true, 1)
 CASE(test_packed_documents_match_pytorch_and_apart_ref, "llama_tiny_packed.bin", "cpu-ref", false,
      false, 1)
@@ -247,7 +247,7 @@ CASE(test_packed_documents_match_pytorch_and_apart_fast, "llama_tiny_packed.bin"
 CASE(test_packed_documents_match_pytorch_and_apart_checkpointed, "llama_tiny_packed.bin", "cpu",
      true, false, 2)
 CASE(test_packed_documents_match_pytorch_and_apart_gpu_rules, "llama_tiny_packed.bin",
-     "cpu-async", true, false, 1)
+     fso_test_gpu_rules(), true, false, 1)
 CASE(test_packed_documents_bf16_are_near_pytorch, "llama_tiny_packed.bin", "cpu", false, true, 1)
 
 int main(void)

@@ -32,11 +32,39 @@
 
 #include "config/config.h"
 #include "cpu_async.h"
+#include "cuda/cuda_backend.h"
 #include "data.h"
 #include "train.h"
 #include "zero/zero.h"
 
 #define FSO_TEST_FN static inline __attribute__((unused))
+
+/* ---------------------------------------------------------------- GPU rules */
+
+/* The backend of the tests' GPU-rules cases: "cpu-async", a CPU device
+ * with a discrete GPU's rules (kernels/cpu_async.h); or, with
+ * FSO_TEST_GPU=cuda, "cuda": the CUDA module's own code, on a GPU or on the
+ * tests' stand-in of the CUDA runtime (tests/standin, which FSO_CUDA_MODULE
+ * names). Asked for cuda where there is none, the test fails: it never
+ * quietly runs cpu-async instead. */
+FSO_TEST_FN const char *fso_test_gpu_rules(void)
+{
+    const char *g = getenv("FSO_TEST_GPU");
+    if (!g || !*g || strcmp(g, "cpu-async") == 0)
+        return "cpu-async";
+    if (strcmp(g, "cuda") != 0)
+        fail_msg("FSO_TEST_GPU=%s: expected \"cpu-async\" or \"cuda\"", g);
+    char why[512] = "";
+    if (fso_cuda_available(why, sizeof why) < 0)
+        fail_msg("FSO_TEST_GPU=cuda: %s", why);
+    return "cuda";
+}
+
+/* 1 when the GPU-rules cases run on the CUDA backend (fso_test_gpu_rules). */
+FSO_TEST_FN int fso_test_gpu_is_cuda(void)
+{
+    return strcmp(fso_test_gpu_rules(), "cuda") == 0;
+}
 
 /* ---------------------------------------------------------------- small jobs */
 

@@ -105,7 +105,7 @@ static void test_per_kind_tiers_are_bit_identical(void **state)
         /* parameters, master, m, v, gradients */
         {N, H, N, N, H}, {H, N, N, N, H}, {D, D, H, N, D}, {D, N, H, H, N}, {N, D, D, D, H},
     };
-    static const char *const backends[] = {"cpu", "cpu-async"};
+    const char *const backends[] = {"cpu", fso_test_gpu_rules()};
     for (int world = 1; world <= 2; world++)
         for (int be = 0; be < 2; be++) {
             run_result base, r;
@@ -158,7 +158,7 @@ static void test_first_blocks_state_on_the_host_is_bit_identical(void **state)
         {{D, H, N, N, H}, 3, FSO_OVERLAP_NONE},
         {{N, D, N, H, H}, 1, FSO_OVERLAP_FORWARD},
     };
-    static const char *const backends[] = {"cpu", "cpu-async"};
+    const char *const backends[] = {"cpu", fso_test_gpu_rules()};
     for (int world = 1; world <= 2; world++)
         for (int be = 0; be < 2; be++) {
             run_result base, r;
@@ -383,10 +383,10 @@ static void gpu_rules_for(int world, bool bf16, bool every_schedule)
             run(&cfg, NULL, &base);
             if (base.rc)
                 fail_msg("%s, cpu: %s", what, base.err);
-            cfg.backend = FSO_BACKEND_CPU_ASYNC;
+            cfg.backend = fso_backend_find(fso_test_gpu_rules())->kind;
             run(&cfg, NULL, &r);
             if (r.rc)
-                fail_msg("%s, cpu-async: %s", what, r.err);
+                fail_msg("%s, %s: %s", what, fso_test_gpu_rules(), r.err);
             assert_bit_identical(&base, &r, 1, what);
             result_free(&r);
             result_free(&base);
@@ -456,7 +456,7 @@ static void test_a_step_syncs_once_and_allocates_nothing(void **state)
 static void test_non_finite_gradients_stop_every_schedule(void **state)
 {
     (void)state;
-    static const char *backends[] = {"cpu", "cpu-async"};
+    const char *const backends[] = {"cpu", fso_test_gpu_rules()};
     for (int be = 0; be < 2; be++)
         for (int mode = FSO_OVERLAP_NONE; mode <= FSO_OVERLAP_BACKWARD; mode++)
             for (int grads_on_device = 0; grads_on_device < 2; grads_on_device++) {
@@ -684,7 +684,7 @@ static void test_masked_packed_data_trains_alike_on_one_and_two_devices(void **s
         fso_test_small_model(&cfg, i == 0 ? 1 : 2, 4);
         snprintf(cfg.data.path, sizeof cfg.data.path, "%s", path);
         if (i == 2)
-            cfg.backend = fso_backend_find("cpu-async")->kind;
+            cfg.backend = fso_backend_find(fso_test_gpu_rules())->kind;
         if (i == 3)
             cfg.data.documents = FSO_DATA_DOCS_STREAM;
         if (i == 4)

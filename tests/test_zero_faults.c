@@ -326,7 +326,7 @@ static void test_replan_failures_change_nothing(void **state)
  * bits, and refused moves still change nothing. */
 static void test_replan_moves_keep_bits_on_a_gpu_like_device(void **state)
 {
-    g_move_backend = "cpu-async";
+    g_move_backend = fso_test_gpu_rules();
     test_replan_moves_keep_bits_one_device(state);
     test_replan_moves_keep_bits_two_devices(state);
     test_replan_moves_keep_bits_bf16(state);
