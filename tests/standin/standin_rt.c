@@ -844,6 +844,7 @@ static void ctl_reset(void)
     ctl_fail_kernel(0);
     ctl_fail_copy(0);
     atomic_store(&G.stall, -1);
+    si_nccl_reset();
     for (int i = 0; i < G.n_dev; i++)
         atomic_store(&G.dev[i].sticky, 0);
 }

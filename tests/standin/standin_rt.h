@@ -79,6 +79,8 @@ void *si_view(const void *p);
 
 /* stall_rank: true once for the device's next collective. */
 bool si_take_stall(int device);
+/* reset()'s part in standin_nccl.c: frees the aborted communicators. */
+void si_nccl_reset(void);
 /* fail_copy for a copy run on the calling thread: true (and the device's
  * error made sticky) when this one fails. */
 bool si_sync_copy_faults(si_dev *d);

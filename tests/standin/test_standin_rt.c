@@ -165,6 +165,64 @@ static void test_copies_round_trip_through_device_memory(void **state)
     CK(cudaStreamDestroy(s));
 }
 
+static void test_stream_ordered_free_waits_for_earlier_work(void **state)
+{
+    cudaStream_t s;
+    char *p;
+    size_t fr0, fr1, fr2, tot;
+    CK(cudaSetDevice(0));
+    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    CK(cudaMemGetInfo(&fr0, &tot));
+    CK(cudaMallocAsync((void **)&p, 1 << 20, s));
+    volatile int open = 0;
+    struct gate_arg g = {&open};
+    CK(standin_launch(s, "gate", k_gate, &g, sizeof g));
+    CK(cudaMemsetAsync(p, 1, 1 << 20, s));
+    CK(cudaFreeAsync(p, s));
+    /* freed in stream order: still held, but no longer an operand */
+    CK(cudaMemGetInfo(&fr1, &tot));
+    assert_true(fr1 <= fr0 - (1 << 20));
+    assert_int_equal(cudaMemsetAsync(p, 0, 16, s), cudaErrorInvalidValue);
+    assert_int_equal(cudaFree(p + 256), cudaErrorInvalidValue);
+    __atomic_store_n(&open, 1, __ATOMIC_RELEASE);
+    CK(cudaStreamSynchronize(s));
+    CK(cudaMemGetInfo(&fr2, &tot));
+    assert_int_equal(fr2, fr0);
+    cudaGetLastError();
+    CK(cudaStreamDestroy(s));
+}
+
+static void test_devices_show_as_configured(void **state)
+{
+    int n, v;
+    char bus[32];
+    struct cudaDeviceProp p;
+    unsigned flags;
+    CK(cudaGetDeviceCount(&n));
+    assert_int_equal(n, 2);
+    CK(cudaGetDeviceProperties(&p, 1));
+    assert_non_null(strstr(p.name, "stand-in"));
+    assert_int_equal(p.major, 9);
+    assert_int_equal(p.totalGlobalMem, (size_t)64 << 20);
+    CK(cudaDeviceGetAttribute(&v, cudaDevAttrMemoryPoolsSupported, 0));
+    assert_int_equal(v, 1);
+    CK(cudaDeviceGetPCIBusId(bus, sizeof bus, 1));
+    assert_string_equal(bus, "0000:02:00.0");
+    assert_int_equal(cudaSetDevice(2), cudaErrorInvalidDevice);
+    cudaGetLastError();
+    CK(cudaSetDevice(1));
+    CK(cudaSetDeviceFlags(cudaDeviceScheduleBlockingSync));
+    CK(cudaGetDeviceFlags(&flags));
+    assert_int_equal(flags, cudaDeviceScheduleBlockingSync);
+    CK(cudaSetDeviceFlags(0));
+    CK(cudaSetDevice(0));
+    CK(cudaGetDeviceFlags(&flags));
+    assert_int_equal(flags, 0);
+    int cur = -1;
+    CK(cudaGetDevice(&cur));
+    assert_int_equal(cur, 0);
+}
+
 static void test_allocation_beyond_capacity_fails(void **state)
 {
     void *p;
@@ -588,6 +646,10 @@ static void test_stalled_rank_is_released_by_abort(void **state)
     assert_int_equal(ae, ncclSystemError);
     assert_int_equal(ncclAllGather(rc[0].send, rc[0].recv, CNT, ncclFloat, comm[0], rc[0].s),
                      ncclInvalidUsage);
+    /* an aborted handle is not to be used again (NCCL frees it) */
+    assert_int_equal(ncclCommGetAsyncError(comm[1], &ae), ncclInvalidUsage);
+    assert_int_equal(ncclCommDestroy(comm[1]), ncclInvalidUsage);
+    assert_non_null(strstr(ncclGetLastError(NULL), "aborted"));
     NK(ncclCommAbort(comm[0]));
     for (int r = 0; r < RANKS; r++)
         rank_teardown(&rc[r]);
@@ -745,6 +807,9 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_copies_round_trip_through_device_memory, setup,
                                         teardown),
+        cmocka_unit_test_setup_teardown(test_stream_ordered_free_waits_for_earlier_work, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_devices_show_as_configured, setup, teardown),
         cmocka_unit_test_setup_teardown(test_allocation_beyond_capacity_fails, setup, teardown),
         cmocka_unit_test_setup_teardown(test_host_read_of_device_pointer_faults, setup, teardown),
         cmocka_unit_test_setup_teardown(test_pinned_copy_returns_before_it_ran_pageable_stalls,
