@@ -425,6 +425,91 @@ static void test_events_order_work_across_streams(void **state)
     CK(cudaStreamDestroy(c));
 }
 
+struct add_arg {
+    int *p; /* device */
+    size_t n;
+};
+
+static void k_add_one(void *a)
+{
+    struct add_arg *f = a;
+    int *x = standin_view(f->p);
+    for (size_t i = 0; i < f->n; i++)
+        x[i]++;
+}
+
+#define SHARERS 2
+#define ROUNDS 100
+
+struct sharer {
+    int id;
+    cudaStream_t s;
+    cudaEvent_t *ev;  /* SHARERS events, one recorded by each thread */
+    int *d;           /* device, 64 ints */
+    int *h;           /* pinned */
+    cudaError_t e;
+};
+
+/* A host thread of a device shared with another: kernels and copies on its
+ * stream, each round ordered after the other thread's latest event. */
+static void *sharer_main(void *p)
+{
+    struct sharer *sh = p;
+    struct add_arg a = {sh->d, 64};
+    cudaError_t e = cudaSetDevice(0);
+    for (int r = 0; r < ROUNDS && e == cudaSuccess; r++) {
+        e = standin_launch(sh->s, "add_one", k_add_one, &a, sizeof a);
+        if (e == cudaSuccess)
+            e = cudaEventRecord(sh->ev[sh->id], sh->s);
+        if (e == cudaSuccess)
+            e = cudaStreamWaitEvent(sh->s, sh->ev[(sh->id + 1) % SHARERS], 0);
+        if (e == cudaSuccess && r % 10 == 0)
+            e = cudaMemcpyAsync(sh->h, sh->d, 64 * sizeof(int), cudaMemcpyDeviceToHost, sh->s);
+    }
+    if (e == cudaSuccess)
+        e = cudaMemcpyAsync(sh->h, sh->d, 64 * sizeof(int), cudaMemcpyDeviceToHost, sh->s);
+    if (e == cudaSuccess)
+        e = cudaStreamSynchronize(sh->s);
+    sh->e = e;
+    return NULL;
+}
+
+static void *sharers_run(void *p)
+{
+    struct sharer *sh = p;
+    pthread_t t[SHARERS];
+    for (int i = 0; i < SHARERS; i++)
+        pthread_create(&t[i], NULL, sharer_main, &sh[i]);
+    for (int i = 0; i < SHARERS; i++)
+        pthread_join(t[i], NULL);
+    return NULL;
+}
+
+static void test_two_host_threads_share_a_device(void **state)
+{
+    struct sharer sh[SHARERS];
+    cudaEvent_t ev[SHARERS];
+    CK(cudaSetDevice(0));
+    for (int i = 0; i < SHARERS; i++) {
+        sh[i] = (struct sharer){.id = i, .ev = ev};
+        CK(cudaStreamCreateWithFlags(&sh[i].s, cudaStreamNonBlocking));
+        CK(cudaEventCreateWithFlags(&ev[i], cudaEventDisableTiming));
+        CK(cudaMalloc((void **)&sh[i].d, 64 * sizeof(int)));
+        CK(cudaMemset(sh[i].d, 0, 64 * sizeof(int)));
+        CK(cudaHostAlloc((void **)&sh[i].h, 64 * sizeof(int), 0));
+    }
+    within_ms(sharers_run, sh, 60000);
+    for (int i = 0; i < SHARERS; i++) {
+        CK(sh[i].e);
+        for (int j = 0; j < 64; j++)
+            assert_int_equal(sh[i].h[j], ROUNDS);
+        CK(cudaFree(sh[i].d));
+        CK(cudaFreeHost(sh[i].h));
+        CK(cudaEventDestroy(ev[i]));
+        CK(cudaStreamDestroy(sh[i].s));
+    }
+}
+
 static void test_injected_kernel_fault_is_sticky_until_reset(void **state)
 {
     cudaStream_t s;
@@ -817,6 +902,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_host_range_spanning_two_registrations_is_refused,
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(test_events_order_work_across_streams, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_two_host_threads_share_a_device, setup, teardown),
         cmocka_unit_test_setup_teardown(test_injected_kernel_fault_is_sticky_until_reset, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_collectives_give_nccl_results, setup, teardown),
