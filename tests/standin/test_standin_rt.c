@@ -885,9 +885,10 @@ static void test_gemm_matches_naive_loop(void **state)
 
 int main(void)
 {
-    /* small devices; set before the stand-in first reads them */
-    setenv("FSO_STANDIN_MEM_MIB", "64", 0);
-    setenv("FSO_STANDIN_DEVICES", "2", 0);
+    /* two small devices (the tests count on them); set before the stand-in
+     * first reads them. FSO_STANDIN_DELAY_US and _SEED may vary. */
+    setenv("FSO_STANDIN_MEM_MIB", "64", 1);
+    setenv("FSO_STANDIN_DEVICES", "2", 1);
     ctl = fso_standin_control();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_copies_round_trip_through_device_memory, setup,
