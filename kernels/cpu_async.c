@@ -29,12 +29,25 @@
  *     the host-to-device copies queued so far, ahead of compute queued in
  *     between. A mark too early for what that compute still reads or
  *     writes shows up as wrong bits, as it would as a race on a GPU.
+ *   - Compute is not ordered after device-to-host copies or
+ *     reduce-scatters (backend.h order_after): it runs ahead of those
+ *     queued since the last compute, host-to-device copy, all-gather or
+ *     order_after point. Compute that overwrites what such a copy or
+ *     reduce-scatter reads, or reads what a reduce-scatter writes, without
+ *     order_after shows up as wrong bits (counted: `ahead`).
  * What it cannot check: the CUDA backend's own stream code (events, waits,
- * the order it gives); test_cuda covers that on a GPU. A race shows only in
- * the interleavings a test's run produces. And a mark taken between `after`
- * and the work placed early covers that work here (it now runs before the
- * mark's point), so a host that wrongly waits for such a mark to see that
- * work is not caught.
+ * the order it gives); test_cuda covers that on a GPU, and the CUDA
+ * runtime stand-in's clocks in tests. A race shows only in the
+ * interleavings a test's run produces: compute runs ahead of a copy down
+ * or reduce-scatter only until the next host-to-device copy, all-gather,
+ * order_after or host wait (which runs the queue), and never in the middle
+ * of one, so a missing order is caught where compute queued before that
+ * point touches the buffer; what only costs overlap (a gather queued
+ * behind a reduce-scatter, an order_after where none is needed) gives the
+ * same bits and is not reported. And a mark taken between `after` and the
+ * work placed early covers that work here (it now runs before the mark's
+ * point), so a host that wrongly waits for such a mark to see that work is
+ * not caught.
  *
  * The math is the fast CPU backend's ("cpu"), so results have its bits;
  * AdamW is adamw_elem.h's. One mutex serialises everything: any host thread
@@ -210,6 +223,8 @@ static void push_on(fso_backend *be, const work *w, int s, uint64_t after, bool 
         if (at < x->done)
             at = x->done;
     }
+    if (s == S_COMPUTE && at < x->queued)
+        x->counts.ahead++;
     size_t used = (size_t)(x->queued - x->done), i = (size_t)(at - x->done);
     x->queue = grow(x->queue, &x->cap, used, sizeof *x->queue);
     memmove(x->queue + i + 1, x->queue + i, sizeof *x->queue * (used - i));
