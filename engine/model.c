@@ -793,6 +793,7 @@ void fso_model_forward_logits(fso_model *m, const fso_block_source *src, const i
         int rows = N - r0 < m->chunk_rows ? N - r0 : m->chunk_rows;
         be->ops->matmul_fwd(be, m->logits, FSO_DT_F32, xf_rows(m, r0), Wh, m->wt, rows, C, V);
         be->ops->copy_d2h(be, logits + (size_t)r0 * V, m->logits, sizeof(float) * (size_t)rows * V);
+        fso_backend_fence(be); /* the next chunk's matmul writes what the copy reads */
     }
     release_head(m, src);
     be->ops->sync(be);

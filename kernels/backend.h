@@ -192,6 +192,30 @@ typedef struct fso_backend_ops {
      * after its mark, without draining the device. */
     uint64_t (*mark)(fso_backend *be);
     void (*wait_mark)(fso_backend *be, uint64_t ticket);
+    /* Order what compute is after (a device's streams: compute, copies
+     * each way, collectives). Compute (every op above and below that is
+     * not a copy, memset0 included) runs after
+     *   - the compute queued before it (one stream, in order),
+     *   - the host-to-device copies queued before it (copy_h2d, and
+     *     copy_h2d_after once its mark is reached), device-to-device ones
+     *     included, and
+     *   - the all-gathers queued before it (coll.h): their results are
+     *     what compute reads,
+     * and NOT after the device-to-host copies (copy_d2h, copy_d2h_after)
+     * nor the reduce-scatters queued before it: those read what compute
+     * wrote and may still be reading it while later compute runs. So
+     * compute that writes a buffer such a copy or reduce-scatter reads,
+     * or reads what a reduce-scatter wrote, must first be ordered after
+     * it: order_after(be, m) with m a mark taken after that copy or
+     * collective makes all compute queued later wait, on the device, for
+     * the work before m; the host does not block. Copies and collectives
+     * themselves keep their own rules (copy_h2d/copy_d2h and
+     * reduce_scatter after everything queued, the _after forms and
+     * all_gather after their mark). Optional (NULL: the backend runs its
+     * work in the order it was queued, as the CPU backends; call it
+     * through fso_backend_order_after). m = 0 does nothing; a mark gone
+     * from the window of recent marks orders after everything queued. */
+    void (*order_after)(fso_backend *be, uint64_t ticket);
     /* AdamW on the device, in place: master, m, v (n) fp32 updated from
      * grad (n) fp32, each element exactly as offload/adamw.h's scalar
      * reference computes it (the same bits); out (n), when not NULL,
@@ -305,6 +329,28 @@ void fso_backend_destroy(fso_backend *be);
 /* ops->pool: the backend's thread pool (the fast CPU backend and
  * cpu-async's), or NULL. */
 struct fso_pool *fso_backend_pool(fso_backend *be);
+
+/* Later compute on `be` waits (on the device) for the work queued before
+ * mark `ticket` (ops->order_after; nothing where the backend runs in order
+ * or ticket is 0). */
+static inline void fso_backend_order_after(fso_backend *be, uint64_t ticket)
+{
+    if (ticket && be->ops->order_after)
+        be->ops->order_after(be, ticket);
+}
+
+/* A mark of everything queued so far and compute ordered after it: what a
+ * device-to-host copy or a reduce-scatter queued before it reads may be
+ * written again by compute, and what a reduce-scatter wrote be read. 0
+ * where the backend runs in order. */
+static inline uint64_t fso_backend_fence(fso_backend *be)
+{
+    if (!be->ops->order_after || !be->ops->mark)
+        return 0;
+    uint64_t t = be->ops->mark(be);
+    be->ops->order_after(be, t);
+    return t;
+}
 
 /* ops->stale_marks: the stale marks of `be` so far; 0 when it keeps no
  * window of marks. */

@@ -33,10 +33,18 @@ typedef struct fso_coll_ops {
      * is ordered after the rank backend's work before mark `after` and
      * after every host-to-device copy queued so far (send may have just been
      * copied in); 0: after all of its work. A gather into a buffer compute
-     * finished with then overlaps later compute. */
+     * finished with then overlaps later compute. Compute queued after it
+     * runs after it (backend.h order_after): on a device whose collectives
+     * share one in-order stream, so after every collective before it too,
+     * which is why a gather compute will need is issued before a
+     * reduce-scatter compute need not wait for. */
     int (*all_gather)(fso_coll *c, int rank, const void *send, void *recv, size_t count,
                       fso_dtype dt, uint64_t after);
-    /* recv (count) = sum over ranks k of send_k[rank*count .. +count) */
+    /* recv (count) = sum over ranks k of send_k[rank*count .. +count).
+     * Ordered after all of the rank backend's queued work; compute queued
+     * after it is not ordered after it (backend.h order_after): reading
+     * recv or writing send again from compute needs a mark after it given
+     * to order_after first. */
     int (*reduce_scatter)(fso_coll *c, int rank, const float *send, float *recv, size_t count);
     /* buf (count) = sum over ranks of buf, in double: losses and norms */
     int (*all_reduce_f64)(fso_coll *c, int rank, double *buf, size_t count);

@@ -29,12 +29,25 @@
  *     the host-to-device copies queued so far, ahead of compute queued in
  *     between. A mark too early for what that compute still reads or
  *     writes shows up as wrong bits, as it would as a race on a GPU.
+ *   - Compute is not ordered after device-to-host copies or
+ *     reduce-scatters (backend.h order_after): it runs ahead of those
+ *     queued since the last compute, host-to-device copy, all-gather or
+ *     order_after point. Compute that overwrites what such a copy or
+ *     reduce-scatter reads, or reads what a reduce-scatter writes, without
+ *     order_after shows up as wrong bits (counted: `ahead`).
  * What it cannot check: the CUDA backend's own stream code (events, waits,
- * the order it gives); test_cuda covers that on a GPU. A race shows only in
- * the interleavings a test's run produces. And a mark taken between `after`
- * and the work placed early covers that work here (it now runs before the
- * mark's point), so a host that wrongly waits for such a mark to see that
- * work is not caught.
+ * the order it gives); test_cuda covers that on a GPU, and the CUDA
+ * runtime stand-in's clocks in tests. A race shows only in the
+ * interleavings a test's run produces: compute runs ahead of a copy down
+ * or reduce-scatter only until the next host-to-device copy, all-gather,
+ * order_after or host wait (which runs the queue), and never in the middle
+ * of one, so a missing order is caught where compute queued before that
+ * point touches the buffer; what only costs overlap (a gather queued
+ * behind a reduce-scatter, an order_after where none is needed) gives the
+ * same bits and is not reported. And a mark taken between `after` and the
+ * work placed early covers that work here (it now runs before the mark's
+ * point), so a host that wrongly waits for such a mark to see that work is
+ * not caught.
  *
  * The math is the fast CPU backend's ("cpu"), so results have its bits;
  * AdamW is adamw_elem.h's. One mutex serialises everything: any host thread
@@ -102,6 +115,8 @@ struct async_ctx {
     async_mark marks[MARKS];
     uint64_t n_marks;
     uint64_t last[S_N];      /* 1 + the queue position of each stream's last work, 0 none */
+    uint64_t last_gather;    /* 1 + the position of the last all-gather, 0 none */
+    uint64_t fence;          /* compute goes at or after this position (order_after) */
     int rank;                /* in its collectives */
     fso_async_counts counts;
 };
@@ -164,18 +179,38 @@ static void deliver_sums(async_ctx *x, uint64_t upto)
         memmove(x->sums, x->sums + n, sizeof *x->sums * (size_t)(x->sums_made - x->sums_given));
 }
 
-/* Queue w on stream s. Work ordered after everything (after 0) goes at
- * the end. Work ordered after mark `after` only (the _after copies and
- * gathers) goes as early as its contract allows: after the work before
- * that mark, after its own stream's earlier work, and after every
- * host-to-device copy queued so far. So it runs before compute queued
- * between the mark and it, as it may on a GPU: a mark too early for what
- * that compute still reads shows up as wrong bits. */
-static void push_after(fso_backend *be, const work *w, int s, uint64_t after)
+static uint64_t max_u64(uint64_t a, uint64_t b)
+{
+    return a > b ? a : b;
+}
+
+/* Where compute goes (lock held): as early as backend.h's rule allows,
+ * after the compute, the host-to-device copies and the all-gathers queued
+ * so far and after the last order_after's point, so ahead of the
+ * device-to-host copies and reduce-scatters queued since. An engine that
+ * writes what such a copy or reduce-scatter still reads, or reads what a
+ * reduce-scatter writes, without order_after gets wrong bits, as it would
+ * get a race on a GPU. */
+static uint64_t compute_at(const async_ctx *x)
+{
+    uint64_t at = max_u64(x->last[S_COMPUTE], x->last[S_H2D]);
+    at = max_u64(at, max_u64(x->last_gather, x->fence));
+    return max_u64(at, x->done);
+}
+
+/* Queue w on stream s (gather: an all-gather, which compute waits for).
+ * Compute goes where compute_at says. Other work ordered after everything
+ * (after 0) goes at the end. Work ordered after mark `after` only (the
+ * _after copies and gathers) goes as early as its contract allows: after
+ * the work before that mark, after its own stream's earlier work, and
+ * after every host-to-device copy queued so far. So it runs before compute
+ * queued between the mark and it, as it may on a GPU: a mark too early for
+ * what that compute still reads shows up as wrong bits. */
+static void push_on(fso_backend *be, const work *w, int s, uint64_t after, bool gather)
 {
     async_ctx *x = CTX(be);
     pthread_mutex_lock(&x->mu);
-    uint64_t at = x->queued;
+    uint64_t at = s == S_COMPUTE ? compute_at(x) : x->queued;
     const async_mark *m = &x->marks[after % MARKS];
     if (after != 0 && m->ticket != after)
         x->counts.stale_marks++; /* gone from the ring: after everything */
@@ -188,6 +223,8 @@ static void push_after(fso_backend *be, const work *w, int s, uint64_t after)
         if (at < x->done)
             at = x->done;
     }
+    if (s == S_COMPUTE && at < x->queued)
+        x->counts.ahead++;
     size_t used = (size_t)(x->queued - x->done), i = (size_t)(at - x->done);
     x->queue = grow(x->queue, &x->cap, used, sizeof *x->queue);
     memmove(x->queue + i + 1, x->queue + i, sizeof *x->queue * (used - i));
@@ -201,15 +238,26 @@ static void push_after(fso_backend *be, const work *w, int s, uint64_t after)
         for (int t = 0; t < S_N; t++)
             if (x->last[t] > at)
                 x->last[t]++;
+        if (x->last_gather > at)
+            x->last_gather++;
+        if (x->fence > at)
+            x->fence++;
     }
     x->queued++;
-    x->last[s] = at + 1;
+    x->last[s] = max_u64(x->last[s], at + 1);
+    if (gather)
+        x->last_gather = max_u64(x->last_gather, at + 1);
     pthread_mutex_unlock(&x->mu);
+}
+
+static void push_after(fso_backend *be, const work *w, int s, uint64_t after)
+{
+    push_on(be, w, s, after, false);
 }
 
 static void push(fso_backend *be, const work *w)
 {
-    push_after(be, w, S_COMPUTE, 0);
+    push_on(be, w, S_COMPUTE, 0, false);
 }
 
 /* Everything queued so far has run and its results are delivered. */
@@ -339,6 +387,24 @@ static void as_wait_mark(fso_backend *be, uint64_t ticket)
     run_work(x, m.work);
     if (m.full)
         deliver_sums(x, m.work);
+    pthread_mutex_unlock(&x->mu);
+}
+
+/* Later compute goes after the work before the mark (a stale one: after
+ * everything queued). */
+static void as_order_after(fso_backend *be, uint64_t ticket)
+{
+    async_ctx *x = CTX(be);
+    if (ticket == 0)
+        return;
+    pthread_mutex_lock(&x->mu);
+    const async_mark *m = &x->marks[ticket % MARKS];
+    uint64_t at = m->work;
+    if (m->ticket != ticket) {
+        at = x->queued;
+        x->counts.stale_marks++;
+    }
+    x->fence = max_u64(x->fence, at);
     pthread_mutex_unlock(&x->mu);
 }
 
@@ -631,6 +697,7 @@ static const fso_backend_ops async_ops = {
     .sum = as_sum,
     .mark = as_mark,
     .wait_mark = as_wait_mark,
+    .order_after = as_order_after,
     .adamw = as_adamw,
     .copy_h2d_after = as_copy_h2d_after,
     .cast_bf16_f32 = as_cast_bf16_f32,
@@ -728,9 +795,9 @@ static int ac_all_gather(fso_coll *c, int rank, const void *send, void *recv, si
                          fso_dtype dt, uint64_t after)
 {
     async_coll *ac = c->ctx;
-    push_after(ac->bes[rank], &(work){.run = run_all_gather, .p = {H(send), H(recv)}, .n = count,
-                                      .i = {(int)dt}, .coll = c},
-               S_COLL, after);
+    push_on(ac->bes[rank], &(work){.run = run_all_gather, .p = {H(send), H(recv)}, .n = count,
+                                   .i = {(int)dt}, .coll = c},
+            S_COLL, after, true);
     return 0;
 }
 

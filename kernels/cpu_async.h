@@ -25,9 +25,11 @@ int fso_backend_is_async(const fso_backend *be);
  * copy stream alone); buffer allocations; and stale marks, marks waited for
  * or given as `after` once they had left the ring of the last 1024 (the
  * CUDA backend's window too): the wait or the order is then for everything
- * queued. */
+ * queued; and compute queued ahead of a device-to-host copy or a
+ * reduce-scatter queued before it (backend.h order_after), so run before
+ * it. */
 typedef struct fso_async_counts {
-    uint64_t syncs, drains, allocs, stale_marks;
+    uint64_t syncs, drains, allocs, stale_marks, ahead;
 } fso_async_counts;
 fso_async_counts fso_async_counts_of(fso_backend *be);
 

@@ -410,6 +410,52 @@ static void test_gpu_paths_give_cpu_bits_bf16(void **s)
     gpu_rules_for(2, true, false);
 }
 
+/* Compute is not ordered after the copies down and the reduce-scatters
+ * queued before it (backend.h order_after), and cpu-async runs it ahead of
+ * them. A block's gradients copied down (host tier) or added to the
+ * device's shard at the second micro-batch (device tier), with one and two
+ * devices, still give the CPU's bits: the engine orders compute that
+ * writes a gradient buffer a copy or reduce-scatter reads, or reads what
+ * a reduce-scatter wrote, after a mark. Without one of those order_after
+ * calls (zero_source.c src_grads, src_grads_done) the bits differ. */
+static void test_compute_ahead_of_copies_down_keeps_cpu_bits(void **state)
+{
+    (void)state;
+#define D FSO_TIER_DEVICE
+#define H FSO_TIER_HOST
+    static const fso_tier split[][FSO_N_KINDS] = {
+        /* parameters, master, m, v, gradients */
+        {D, D, D, D, H}, {D, D, D, D, D}, {H, H, H, H, H},
+    };
+    for (int world = 1; world <= 2; world++)
+        for (size_t i = 0; i < sizeof split / sizeof split[0]; i++) {
+            run_result base, r;
+            fso_config cfg;
+            char what[96];
+            fso_test_small_model(&cfg, world, 4);
+            fso_test_set_kind_tiers(&cfg, split[i], nvme_dir);
+            snprintf(what, sizeof what, "%d devices, gradients on tier %d, parameters on %d",
+                     world, split[i][FSO_KIND_GRAD], split[i][FSO_KIND_PARAM]);
+            run(&cfg, NULL, &base);
+            if (base.rc)
+                fail_msg("%s, cpu: %s", what, base.err);
+            cfg.backend = FSO_BACKEND_CPU_ASYNC;
+            run(&cfg, NULL, &r);
+            if (r.rc)
+                fail_msg("%s, cpu-async: %s", what, r.err);
+            assert_bit_identical(&base, &r, 1, what);
+            /* copied down: the next block's compute runs ahead of the copy
+             * (on the device tier the copy up of the reduced shard orders
+             * what follows) */
+            if (split[i][FSO_KIND_GRAD] == H && r.dev.ahead == 0)
+                fail_msg("%s: no compute ran ahead of a copy down", what);
+            result_free(&r);
+            result_free(&base);
+        }
+#undef D
+#undef H
+}
+
 /* A step synchronises with its device once, at its end (gradient norms,
  * losses, failures): not per micro-batch, not per block on the backward
  * schedule, not per chunk when the CPU updates parameters that live on the
@@ -1223,6 +1269,7 @@ int main(void)
         cmocka_unit_test(test_gpu_paths_give_cpu_bits_one_device),
         cmocka_unit_test(test_gpu_paths_give_cpu_bits_two_devices),
         cmocka_unit_test(test_gpu_paths_give_cpu_bits_bf16),
+        cmocka_unit_test(test_compute_ahead_of_copies_down_keeps_cpu_bits),
         cmocka_unit_test(test_non_finite_gradients_stop_every_schedule),
         cmocka_unit_test(test_a_step_syncs_once_and_allocates_nothing),
         cmocka_unit_test(test_nvme_streaming_in_chunks_matches_memory),

@@ -280,6 +280,12 @@ static const void *src_params(void *ctx, int b)
     rank_state *rk = ctx;
     fso_zero *z = rk->z;
     fso_backend *be = rk->be;
+    if (rk->compute.pre_block >= 0) { /* gathered ahead by grads_done() */
+        FSO_BUG_ON(rk->compute.pre_block != b, "block %d asked, block %d gathered ahead", b,
+                   rk->compute.pre_block);
+        rk->compute.pre_block = -1;
+        return rk->compute.pre_params;
+    }
     size_t S = zr_shard_elems(z, b);
     const size_t eb = z->elem_bytes[FSO_KIND_PARAM], shard_bytes = eb * S;
     const int64_t q = rk->compute.lends++;
@@ -385,19 +391,54 @@ static void src_release(void *ctx, int b)
         }
 }
 
+/* A block's gradient buffer: of the free two, the one read longest ago
+ * (the older mark; 0 first), zeroed by compute ordered after the reduce-
+ * scatter and copies that read it last (backend.h order_after), which on a
+ * device with streams are then done as a rule: block b-1 computes while
+ * block b's gradients are reduced and copied down. */
 static float *src_grads(void *ctx, int b)
 {
     rank_state *rk = ctx;
-    int g = rk->compute.grad_full_block[0] < 0 ? 0 : 1;
+    int g = -1;
+    for (int k = 0; k < 2; k++)
+        if (rk->compute.grad_full_block[k] < 0 &&
+            (g < 0 || rk->compute.grad_read[k] < rk->compute.grad_read[g]))
+            g = k;
+    FSO_BUG_ON(g < 0, "more than two blocks' gradients lent at once");
     rk->compute.grad_full_block[g] = b;
     if (rk->z->sc.on) { /* waiting for the other devices is not compute */
         double t0 = fso_now_ms();
         sc_grads_free(rk, g);
         rk->clock.wait_ms += fso_now_ms() - t0;
     }
+    fso_backend_order_after(rk->be, rk->compute.grad_read[g]);
     rk->be->ops->memset0(rk->be, rk->compute.grad_full[g],
                          sizeof(float) * rk->z->blocks[b].padded_elems);
     return rk->compute.grad_full[g];
+}
+
+/* Gather the block the model asks for next (its params(), which returns
+ * it) before block b's reduce-scatter is queued, into the free window:
+ * compute waits for the gathers before it (backend.h order_after), and on
+ * a device whose collectives run in order, for whatever precedes them, so
+ * the gather goes first and the next block's backward does not wait for
+ * this block's reduce-scatter. Only where compute is not ordered after
+ * reduce-scatters anyway (a backend with order_after) and the collective
+ * gathers (not CPU devices' shared windows, nor lent in place). Every rank
+ * decides the same: the same order and windows. */
+static void gather_ahead(rank_state *rk)
+{
+    fso_zero *z = rk->z;
+    if (z->lend_in_place || z->sc.on || !rk->be->ops->order_after || rk->compute.pre_block >= 0)
+        return;
+    if (rk->compute.gather_refs[0] && rk->compute.gather_refs[1])
+        return;
+    const int64_t i = rk->compute.lends - rk->compute.pass_lend;
+    if (i >= z->n_order)
+        return;
+    const int next = z->order[i];
+    rk->compute.pre_params = src_params(rk, next);
+    rk->compute.pre_block = next;
 }
 
 /* A block's gradient shard, copied down from the device, lands in its tier:
@@ -467,6 +508,7 @@ static void src_grads_done(void *ctx, int b)
     bool fused_norm = false;
     rk->compute.st.reduce_bytes += (uint64_t)z->world * S * sizeof(float); /* the whole block
                                                                               leaves */
+    gather_ahead(rk);
     if (z->sc.on) {
         fused_norm = direct && last && l->tier == FSO_TIER_HOST;
         if (fused_norm)
@@ -478,6 +520,9 @@ static void src_grads_done(void *ctx, int b)
                                      direct && rk->compute.micro == 0 ? l->ptr : mine, S);
     }
     rk->compute.grad_full_block[g] = -1;
+    /* what reads grad_full[g] from here on is before this mark (or, the
+     * copy to the device tier, before all later compute) */
+    rk->compute.grad_read[g] = zr_mark(be);
     if (rk->compute.err.rc)
         return;
     if (l->tier != FSO_TIER_DEVICE && !direct) {
@@ -485,14 +530,19 @@ static void src_grads_done(void *ctx, int b)
         int i = rk->io.landing.block >= 0 ? 1 - rk->io.landing.buf : 0;
         be->ops->copy_d2h(be, rk->io.grad_down[i].buf, mine, sizeof(float) * S);
         uint64_t m = zr_mark(be);
+        rk->compute.grad_read[g] = m;
         zr_grads_land(rk);
         rk->io.landing = (grad_pending){.block = b, .buf = i, .mark = m, .micro = rk->compute.micro,
                                    .last = last};
         return;
     }
-    if (rk->compute.micro > 0 && !z->sc.on)
+    if (rk->compute.micro > 0 && !z->sc.on) {
+        /* compute reading what the reduce-scatter wrote: ordered after it
+         * (backend.h order_after), which makes the next block's compute
+         * wait for it too */
+        fso_backend_order_after(be, rk->compute.grad_read[g]);
         be->ops->add(be, l->ptr, l->ptr, mine, S);
-    else if (!direct)
+    } else if (!direct)
         be->ops->copy_h2d(be, l->ptr, mine, sizeof(float) * S);
     if (last && !fused_norm) { /* on the host, the host's sum, as grads_land takes it */
         rk->compute.grad_sq[b] = 0;
@@ -584,6 +634,7 @@ void zr_source_reset(rank_state *rk)
     rk->compute.gather_refs[0] = rk->compute.gather_refs[1] = 0;
     rk->compute.gather_block[0] = rk->compute.gather_block[1] = -1;
     rk->compute.grad_full_block[0] = rk->compute.grad_full_block[1] = -1;
+    rk->compute.pre_block = -1;
     zr_lock(&rk->io.pf_mu);
     rk->compute.order_pos = 0;
     rk->compute.pass_lend = rk->compute.lends;

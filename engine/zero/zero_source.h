@@ -30,7 +30,13 @@ typedef struct rank_compute {
     float *grad_full[2];         /* setup: full-block gradients (max_padded), reduce-scattered;
                                     the other devices read them (shared_coll rs_src) */
     int grad_full_block[2];
+    uint64_t grad_read[2];       /* backend mark after the reduce-scatter and copies that last
+                                    read grad_full[g]: compute writes it again ordered after
+                                    that (backend.h order_after); 0: nothing to wait for */
     int64_t grad_reduce[2];      /* shared reduces: the reduce that last read grad_full[g] */
+    int pre_block;               /* the block gathered ahead by grads_done() (before its
+                                    reduce-scatter), which the next params() returns; -1 none */
+    const void *pre_params;      /* its parameters */
     int64_t reduces;             /* grads_done() calls so far: the same on every device */
     int order_pos;               /* written under io.pf_mu (the prefetch kick reads it): position
                                     in z->order of the next params() */

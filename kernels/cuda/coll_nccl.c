@@ -75,7 +75,7 @@ static int nc_all_gather(fso_coll *c, int rank, const void *send, void *recv, si
     double t0 = fso_now_ms();
     cudaStream_t s = fso_cuda_begin_after(be, FSO_CS_COLL, after);
     ncclResult_t r = ncclAllGather(send, recv, count, type, x->comm[rank], s);
-    fso_cuda_end(be, FSO_CS_COLL, "all_gather");
+    fso_cuda_end_gather(be, "all_gather"); /* compute reads what it gathers */
     int rc = nccl_fail(x, rank, r, "all_gather");
     c->busy_ms[rank] += fso_now_ms() - t0;
     return rc ? rc : rank_status(x, rank);

@@ -9,12 +9,18 @@
  * copy engines and the collectives run on their own streams, and the host
  * never waits except where cuda_backend.h says it does.
  *
- * The exception that makes offload overlap: a copy or a gather issued with
- * an `after` mark (copy_h2d_after, the collectives' all_gather) waits only
- * for the work queued before that mark. The engine marks when compute is
- * done with a gather buffer (its release), so the next block's staging copy
- * and gather run on their streams while the current block computes; compute
- * itself still waits for everything issued before it.
+ * The exceptions that make offload overlap:
+ *   - a copy or a gather issued with an `after` mark (copy_h2d_after, the
+ *     collectives' all_gather) waits only for the work queued before that
+ *     mark. The engine marks when compute is done with a gather buffer (its
+ *     release), so the next block's staging copy and gather run on their
+ *     streams while the current block computes;
+ *   - compute waits for the host-to-device copies and, on the collectives'
+ *     stream, for the last all-gather only (gather_ev), never for the
+ *     device-to-host copies or a reduce-scatter after that gather
+ *     (backend.h order_after): a block's gradients go down and are reduced
+ *     while the next block computes. The engine orders compute after a mark
+ *     where it writes what those read (cu_order_after).
  */
 #include "cuda_impl.h"
 #include "util.h"
@@ -128,7 +134,12 @@ cudaStream_t fso_cuda_begin_after(fso_backend *be, fso_cuda_stream t, uint64_t a
             continue;
         cudaEvent_t ev;
         uint64_t upto;
-        if (marked && s != FSO_CS_H2D) {
+        if (t == FSO_CS_COMPUTE && s == FSO_CS_D2H)
+            continue; /* backend.h order_after: not what compute reads */
+        if (t == FSO_CS_COMPUTE && s == FSO_CS_COLL) {
+            ev = ctx->gather_ev; /* the gathers' results only */
+            upto = ctx->gather_gen;
+        } else if (marked && s != FSO_CS_H2D) {
             if (!ctx->mark_set[i][s])
                 continue;
             ev = ctx->mark_ev[i][s];
@@ -166,6 +177,62 @@ void fso_cuda_end(fso_backend *be, fso_cuda_stream s, const char *what)
         e = cudaStreamSynchronize(ctx->stream[s]);
     if (e != cudaSuccess)
         fso_cuda_check(be, e, what);
+}
+
+void fso_cuda_end_gather(fso_backend *be, const char *what)
+{
+    fso_cuda_ctx *ctx = FSO_CUDA_CTX(be);
+    fso_cuda_end(be, FSO_CS_COLL, what);
+    pthread_mutex_lock(&ctx->mu);
+    cudaError_t e = cudaEventRecord(ctx->gather_ev, ctx->stream[FSO_CS_COLL]);
+    if (e == cudaSuccess)
+        ctx->gather_gen = ctx->gen[FSO_CS_COLL];
+    pthread_mutex_unlock(&ctx->mu);
+    fso_cuda_check(be, e, "all_gather: cudaEventRecord");
+}
+
+/* Later compute waits on the device for the work before the mark on the
+ * other streams (a stale mark: for all their queued work); the host does
+ * not block (backend.h order_after). */
+static void cu_order_after(fso_backend *be, uint64_t ticket)
+{
+    fso_cuda_ctx *ctx = FSO_CUDA_CTX(be);
+    const int t = FSO_CS_COMPUTE;
+    if (ticket == 0)
+        return;
+    cudaError_t e = cudaSetDevice(ctx->ordinal);
+    const char *what = "order_after: cudaStreamWaitEvent";
+    const int i = (int)((ticket >> 1) % FSO_CUDA_MARKS);
+    pthread_mutex_lock(&ctx->mu);
+    const bool marked = ctx->mark_ticket[i] == ticket;
+    if (!marked)
+        ctx->stale_marks++; /* after everything instead */
+    for (int s = 0; s < FSO_CS_N && e == cudaSuccess; s++) {
+        if (s == t)
+            continue;
+        cudaEvent_t ev = ctx->mark_ev[i][s];
+        uint64_t upto = ctx->mark_gen[i][s];
+        if (!marked) {
+            if (ctx->recorded[s] != ctx->gen[s] && ctx->gen[s] > ctx->waited[t][s]) {
+                if ((e = cudaEventRecord(ctx->tail[s], ctx->stream[s])) != cudaSuccess) {
+                    what = "order_after: cudaEventRecord";
+                    break;
+                }
+                ctx->recorded[s] = ctx->gen[s];
+            }
+            ev = ctx->tail[s];
+            upto = ctx->gen[s];
+        } else if (!ctx->mark_set[i][s]) {
+            continue;
+        }
+        if (upto <= ctx->waited[t][s])
+            continue;
+        if ((e = cudaStreamWaitEvent(ctx->stream[t], ev, 0)) != cudaSuccess)
+            break;
+        ctx->waited[t][s] = upto;
+    }
+    pthread_mutex_unlock(&ctx->mu);
+    fso_cuda_check(be, e, what);
 }
 
 /* ------------------------------------------------------------ memory */
@@ -551,6 +618,7 @@ static const fso_backend_ops cuda_ops = {
     .mark = cu_mark,
     .mark_copies = cu_mark_copies,
     .wait_mark = cu_wait_mark,
+    .order_after = cu_order_after,
     .stale_marks = cu_stale_marks,
     .copy_h2d_after = cu_copy_h2d_after,
     .copy_d2h_after = cu_copy_d2h_after,
@@ -656,6 +724,8 @@ void fso_backend_destroy_cuda(fso_backend *be)
             for (int s = 0; s < FSO_CS_N; s++)
                 if (ctx->mark_ev[i][s])
                     cudaEventDestroy(ctx->mark_ev[i][s]);
+        if (ctx->gather_ev)
+            cudaEventDestroy(ctx->gather_ev);
         for (int s = 0; s < FSO_CS_N; s++) {
             if (ctx->tail[s])
                 cudaEventDestroy(ctx->tail[s]);
@@ -711,6 +781,10 @@ static cudaError_t ctx_create_resources(fso_cuda_ctx *ctx, int device, bool spin
             *what = "cudaEventCreate";
             e = cudaEventCreateWithFlags(&ctx->tail[s], cudaEventDisableTiming);
         }
+    }
+    if (e == cudaSuccess) {
+        *what = "cudaEventCreate";
+        e = cudaEventCreateWithFlags(&ctx->gather_ev, cudaEventDisableTiming);
     }
     if (e == cudaSuccess) {
         *what = "cudaMalloc (error flags)";

@@ -45,7 +45,11 @@
  * host) for the work already queued on the others, except that the _after
  * forms of copies and gathers wait only for the work before a mark (and for
  * the host-to-device copies queued so far), which is how a staging copy
- * runs while earlier compute does. Marks are events on every stream with
+ * runs while earlier compute does, and that compute waits only for the
+ * host-to-device copies and, on the collective stream, up to its last
+ * all-gather: not for device-to-host copies or a reduce-scatter after that
+ * gather, unless ordered after a mark (backend.h order_after, a wait on the
+ * mark's events queued on the compute stream). Marks are events on every stream with
  * work (mark) or on the two copy streams (mark_copies), kept in a ring of
  * FSO_CUDA_MARKS (1024). A mark used after it left the ring (waited for, or
  * given as `after`) is "stale": the wait or the order is then stricter than
@@ -171,7 +175,10 @@ int fso_cuda_host_unregister(void *ptr, size_t bytes);
  * device (ncclCommInitAll); each rank's thread calls its collectives, as the
  * engine does. all_gather (fp32 or bf16) and reduce_scatter (fp32, sum) run
  * on each rank's collective stream, ordered after the work already queued on
- * its backend and before the work queued after them; they return once
+ * its backend (all_gather: before its `after` mark) and before the copies
+ * and collectives queued after them; compute queued after them waits for
+ * an all_gather (and the collectives before it), not for a reduce_scatter
+ * after the last gather (backend.h order_after). They return once
  * queued. A failure
  * is returned and also kept in the rank's backend, so its next sync() reports
  * it. all_reduce_f64 (host buffers, at most 64 values) gathers every rank's

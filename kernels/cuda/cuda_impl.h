@@ -61,6 +61,8 @@ typedef struct fso_cuda_ctx {
     uint64_t gen[FSO_CS_N];           /* items queued on each stream */
     uint64_t recorded[FSO_CS_N];      /* gen[s] when tail[s] was last recorded */
     uint64_t waited[FSO_CS_N][FSO_CS_N]; /* [t][s]: stream t is ordered after gen s */
+    cudaEvent_t gather_ev;            /* recorded after the last all-gather */
+    uint64_t gather_gen;              /* gen[FSO_CS_COLL] then, 0: none yet */
     cublasHandle_t blas;
     void *blas_ws;
     size_t blas_ws_bytes;
@@ -98,7 +100,11 @@ int fso_cuda_check_blas(fso_backend *be, cublasStatus_t s, const char *what);
 int fso_cuda_errno(cudaError_t e);
 
 /* Make `be`'s device current and order stream s after the work queued on
- * the backend's other streams; returns the stream to queue on. */
+ * the backend's other streams; returns the stream to queue on. Compute
+ * (s = FSO_CS_COMPUTE) is ordered as backend.h's order_after says: after
+ * the host-to-device copies and the all-gathers (fso_cuda_end_gather), not
+ * after the device-to-host copies or the other collectives, short of an
+ * order_after. */
 cudaStream_t fso_cuda_begin(fso_backend *be, fso_cuda_stream s);
 /* The same, ordered only after the work queued before mark `after` on the
  * other streams, and after every host-to-device copy queued so far (what a
@@ -108,6 +114,9 @@ cudaStream_t fso_cuda_begin_after(fso_backend *be, fso_cuda_stream s, uint64_t a
 /* Work was queued on s: later work on other streams must wait for it.
  * Checks for a launch error of `what`. */
 void fso_cuda_end(fso_backend *be, fso_cuda_stream s, const char *what);
+/* fso_cuda_end of an all-gather on FSO_CS_COLL: compute queued later waits
+ * for it (and, the stream being in order, for the collectives before it). */
+void fso_cuda_end_gather(fso_backend *be, const char *what);
 
 /* At least `bytes` of device scratch on the compute stream, valid until
  * the next call (ops run one after another on that stream); NULL after a
