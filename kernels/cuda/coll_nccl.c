@@ -55,9 +55,9 @@ struct nccl_watch {
     uint64_t recorded;              /* (mu) entered when done_ev was last recorded */
     int in_call;                    /* (mu) the rank's thread is inside an NCCL call */
     const char *what[WATCH_RING];   /* (mu) collective n's name at n % WATCH_RING */
-    uint64_t done;                  /* watchdog only: collectives seen complete */
-    uint64_t done_before;           /* watchdog only: done at the previous poll */
-    double progress_ms;             /* watchdog only: when done last moved or all were done */
+    uint64_t entered_before;        /* watchdog only: entered at the previous poll */
+    double progress_ms;             /* watchdog only: when the rank last issued a collective
+                                       or had none outstanding */
 };
 
 struct nccl_ctx {
@@ -245,8 +245,8 @@ static int nc_barrier(fso_coll *c, int rank)
 
 /* One rank as the watchdog saw it in one poll. */
 struct watch_seen {
-    uint64_t entered, done;
-    const char *oldest;   /* the oldest collective not seen complete */
+    uint64_t entered;     /* collectives issued (begun) */
+    bool pending;         /* some of them have not completed */
 };
 
 /* Rank r's failure, if any, into why: its kept error, its communicator's
@@ -266,13 +266,9 @@ static int watch_failure(struct nccl_ctx *x, int r, struct watch_seen *seen, cha
         struct nccl_watch *w = &x->w[r];
         cudaSetDevice(x->ordinal[r]);
         pthread_mutex_lock(&x->mu);
-        uint64_t rec = w->recorded;
         cudaError_t e = w->done_ev ? cudaEventQuery(w->done_ev) : cudaSuccess;
-        if (e == cudaSuccess && w->done < rec)
-            w->done = rec;
         seen->entered = w->entered;
-        seen->done = w->done;
-        seen->oldest = w->what[(w->done + 1) % WATCH_RING];
+        seen->pending = e != cudaSuccess || w->in_call > 0 || w->recorded < w->entered;
         pthread_mutex_unlock(&x->mu);
         if (e != cudaSuccess && e != cudaErrorNotReady)
             rc = fso_cuda_check(be, e, "a collective, as the NCCL watchdog saw it (cudaEventQuery)");
@@ -334,10 +330,12 @@ static int watch_poll(struct nccl_ctx *x, int world)
             watch_abort(x, world, rc, msg);
             return rc;
         }
+        /* one event per rank, the latest collective's: progress is a new
+         * collective issued, or all of them done */
         struct nccl_watch *w = &x->w[r];
-        if (seen[r].done == seen[r].entered || seen[r].done > w->done_before)
+        if (!seen[r].pending || seen[r].entered != w->entered_before)
             w->progress_ms = now;
-        w->done_before = seen[r].done;
+        w->entered_before = seen[r].entered;
     }
     if (x->timeout_ms <= 0)
         return 0;
@@ -346,30 +344,36 @@ static int watch_poll(struct nccl_ctx *x, int world)
         r++;
     if (r == world)
         return 0;
-    uint64_t n = seen[r].done + 1; /* the collective rank r waits on */
+    /* rank r waits for collective m, its latest; a rank that has not
+     * issued all of them is the one that stalled */
+    uint64_t m = seen[r].entered;
+    int q = -1;
+    for (int k = 0; k < world; k++)
+        if (seen[k].entered < m && (q < 0 || seen[k].entered < seen[q].entered))
+            q = k;
+    uint64_t n = q >= 0 ? seen[q].entered + 1 : m; /* the collective named */
+    pthread_mutex_lock(&x->mu);
+    const char *what = m - n < WATCH_RING ? x->w[r].what[n % WATCH_RING] : NULL;
+    pthread_mutex_unlock(&x->mu);
     char who[256];
-    int q = 0;
-    while (q < world && seen[q].entered >= n)
-        q++;
-    if (q < world) { /* a rank that never issued it: the one that stalled */
+    if (q >= 0) {
         snprintf(who, sizeof who, "rank %d (CUDA device %d) has not issued it (it issued %llu "
-                 "collectives): that rank stalled", q, x->ordinal[q],
-                 (unsigned long long)seen[q].entered);
-    } else { /* every rank issued it: name those still waiting in it */
-        int off = snprintf(who, sizeof who, "every rank issued it and ranks");
+                 "collectives, rank %d %llu): rank %d stalled", q, x->ordinal[q],
+                 (unsigned long long)seen[q].entered, r, (unsigned long long)m, q);
+    } else { /* every rank issued it: name those still waiting */
+        int off = snprintf(who, sizeof who, "every rank issued it; still waiting: ranks"), n_w = 0;
         for (int k = 0; k < world && off < (int)sizeof who; k++)
-            if (seen[k].done < n)
-                off += snprintf(who + off, sizeof who - (size_t)off, " %d", k);
+            if (seen[k].pending)
+                off += snprintf(who + off, sizeof who - (size_t)off, "%s %d", n_w++ ? "," : "", k);
         if (off < (int)sizeof who)
-            snprintf(who + off, sizeof who - (size_t)off, " still wait in it: one of their devices, "
-                     "or a link between them, stopped");
+            snprintf(who + off, sizeof who - (size_t)off, ", so one of their devices, or a link "
+                     "between them, stopped");
     }
-    snprintf(msg, sizeof msg, "NCCL: %s (collective %llu) on rank %d (CUDA device %d) made no "
-             "progress in %.1f s: %s; the communicators of all %d ranks were aborted. If the step "
+    snprintf(msg, sizeof msg, "NCCL: %s (collective %llu) made no progress on rank %d (CUDA device "
+             "%d) in %.1f s: %s; the communicators of all %d ranks were aborted. If the step "
              "is only slow (a long pause between collectives, such as a large checkpoint), raise "
-             "FSO_NCCL_TIMEOUT_S (now %g s)",
-             seen[r].oldest ? seen[r].oldest : "a collective", (unsigned long long)n, r,
-             x->ordinal[r], (now - x->w[r].progress_ms) / 1000.0, who, world,
+             "FSO_NCCL_TIMEOUT_S (now %g s)", what ? what : "a collective", (unsigned long long)n,
+             r, x->ordinal[r], (now - x->w[r].progress_ms) / 1000.0, who, world,
              x->timeout_ms / 1000.0);
     watch_abort(x, world, -ETIMEDOUT, msg);
     return -ETIMEDOUT;
