@@ -34,6 +34,11 @@
 #                 for bit and the first step where they differ
 #   cannot_test   what this machine cannot show (NCCL across GPUs on one GPU)
 #   elapsed_s
+# Time boxes (seconds, each followed by at most KILL_S of grace): nvidia-smi
+# and the other environment probes 10 each, meson setup 40, ninja 130,
+# fsoff's NVMe probe 15, test_cuda 75, the failed test again 30, bench h2d
+# 20, bench allgather 20, training on device 45, host 50, NVMe 75: 500 and
+# the graces, and BUDGET_S caps the whole run (a box shrinks to what is left).
 # A part that fails or runs out of time says so ("not run: ...", "timed out
 # after N s", "killed after N s") and the rest go on. Exit status: 0 the
 # build and the GPU tests passed, 1 they did not (or the driver is too old),
@@ -193,6 +198,7 @@ if [ "$DRY" = 1 ]; then
     FSOFF=$BUILD/tests/standin/fsoff-standin
     TEST=test_cuda_standin
     export FSO_STANDIN_DEVICES=${FSO_STANDIN_DEVICES:-1} # one device, as the loaned machine
+    export FSO_CUDA_MODULE=$STANDIN                      # fsoff-standin's CUDA
     NGPU=$FSO_STANDIN_DEVICES
 else
     FSOFF=$BUILD/fsoff
@@ -219,8 +225,10 @@ if [ "$DRY" = 0 ] && command -v nvidia-smi >/dev/null 2>&1; then
         --format=csv
     field cuda_driver_from_smi sh -c "nvidia-smi | grep -o 'CUDA Version: *[0-9.]*'"
     field topo nvidia-smi topo -m
-else
+elif [ "$DRY" = 1 ]; then
     field driver_version echo "dry run: no driver (the CUDA stand-in, $NGPU device(s))"
+else
+    field driver_version echo "unknown: nvidia-smi not found"
 fi
 # the CUDA runtime fsoff builds against, the driver's CUDA version, NCCL's
 field cuda_versions python3 - "$DRY" <<'PY'
@@ -300,7 +308,7 @@ env_part
 if [ "$DRY" = 0 ]; then
     drv=$(grep '^driver_version' "$env_file" | cut -f2 | tr '\r' '\n' | head -n 1)
     major=${drv%%.*}
-    if ! [[ "$major" =~ ^[0-9]+$ ]] || [ "$major" -lt 580 ]; then
+    if [[ "$major" =~ ^[0-9]+$ ]] && [ "$major" -lt 580 ]; then
         msg="stopped: NVIDIA driver '${drv:-unknown}' is older than R580; fsoff's CUDA module needs the CUDA 13 runtime, which needs driver 580 or later: every GPU part would only skip. Install NVIDIA driver 580 or later"
         put_text stopped "$msg"
         say "$msg"
@@ -329,12 +337,12 @@ PY
 else
     targets=(fsoff libfso_cuda.so tests/test_cuda)
 fi
-t=$(box 100)
+t=$(box 130)
 say "build: ${targets[*]} in $BUILD (time box ${t}s)"
 if [ "$DRY" = 0 ] && [ ! -f "$BUILD/build.ninja" ]; then
-    boxed "$t" meson setup "$BUILD" "$SRC" -Dcuda=enabled >>"$LOG/build.log" 2>&1
+    boxed "$(box 40)" meson setup "$BUILD" "$SRC" -Dcuda=enabled >>"$LOG/build.log" 2>&1
     [ $rc -eq 0 ] || echo "failed: meson setup${why:+, $why} (exit $rc)" >"$LOG/build.status"
-    t=$(box 100)
+    t=$(box 130)
 fi
 if [ ! -s "$LOG/build.status" ]; then
     boxed "$t" ninja -C "$BUILD" "${targets[@]}" >>"$LOG/build.log" 2>&1
@@ -361,8 +369,8 @@ PY
 put build "$LOG/build.json"
 say "build: $(cat "$LOG/build.status")"
 # fsoff's NVMe probe (the io_uring store, O_DIRECT where allowed) into the environment
-if [ "$build_ok" = 1 ] && [ "$(box 20)" -gt 0 ]; then
-    boxed "$(box 20)" "$FSOFF" plan --config "$SRC/configs/tiny.json" --nvme "$NVME_DIR" --probe \
+if [ "$build_ok" = 1 ] && [ "$(box 15)" -gt 0 ]; then
+    boxed "$(box 15)" "$FSOFF" plan --config "$SRC/configs/tiny.json" --nvme "$NVME_DIR" --probe \
         >"$LOG/probe.out" 2>&1
     probe=$( (grep -E 'NVMe .*(probed|free)|uring|error' "$LOG/probe.out" || tail -n 2 "$LOG/probe.out") |
         head -n 3 | tr '\n' '\r')
@@ -425,7 +433,7 @@ tests_ok=0
 tstatus="not run: the build failed"
 rerun="not run: the tests did not fail"
 if [ "$build_ok" = 1 ]; then
-    t=$(box 80)
+    t=$(box 75)
     say "2. correctness: $TEST (time box ${t}s)"
     cmd=$(test_cmd "$TEST")
     if [ -z "$cmd" ]; then
@@ -536,7 +544,6 @@ if [ "$DRY" = 1 ]; then
     HID=64 FFN=172 HEADS=4 KV=2 VOCAB=512 BATCH=2 SEQ=64 MODEL_LAYERS=2
     STEPS_DEVICE=3 STEPS_HOST=3 STEPS_NVME=3
     MODEL_DESC="Llama, 2 layers, hidden 64 (dry run)"
-    export FSO_CUDA_MODULE=$STANDIN
 else
     # a Llama of 1.01B parameters (MODEL_LAYERS=21): hidden 2048, 16 heads (4
     # kv), MLP 5632, vocab 32000, 8 x 1024 tokens per step and GPU; bf16
@@ -654,7 +661,7 @@ train_run host "$STEPS_HOST" 50 \
     --set zero_optimization.offload_param.device=cpu \
     --set zero_optimization.offload_optimizer.device=cpu \
     --set zero_optimization.offload_param.pin_memory=true
-train_run nvme "$STEPS_NVME" 80 --nvme "$NVME_DIR" \
+train_run nvme "$STEPS_NVME" 75 --nvme "$NVME_DIR" \
     --set zero_optimization.offload_param.device=nvme \
     --set zero_optimization.offload_optimizer.device=nvme
 
