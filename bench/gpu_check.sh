@@ -49,7 +49,8 @@
 # tests/standin/libfso_cuda_standin.so, tests/standin/fsoff-standin and the
 # executable of the test test_cuda_standin; runs test_cuda_standin in place
 # of test_cuda and fsoff-standin (FSO_CUDA_MODULE=the stand-in) in place of
-# fsoff, with one stand-in device, a 2-layer model and a few steps, and one
+# fsoff, with one stand-in device (GPU_CHECK_DEVICES; test_cuda_standin keeps
+# the stand-in's two), a 2-layer model and a few steps, and one
 # part made to hang (a step that ignores SIGTERM) that must be killed. About
 # 3 minutes on 2 cores.
 #
@@ -197,13 +198,16 @@ if [ "$DRY" = 1 ]; then
     STANDIN=$BUILD/tests/standin/libfso_cuda_standin.so
     FSOFF=$BUILD/tests/standin/fsoff-standin
     TEST=test_cuda_standin
-    export FSO_STANDIN_DEVICES=${FSO_STANDIN_DEVICES:-1} # one device, as the loaned machine
-    export FSO_CUDA_MODULE=$STANDIN                      # fsoff-standin's CUDA
-    NGPU=$FSO_STANDIN_DEVICES
+    export FSO_CUDA_MODULE=$STANDIN # fsoff-standin's CUDA
+    # fsoff-standin sees one device, as the loaned machine; test_cuda_standin
+    # keeps the stand-in's default (two), for its NCCL tests
+    NGPU=${GPU_CHECK_DEVICES:-1}
+    FSOFF_RUN=(env "FSO_STANDIN_DEVICES=$NGPU" "$FSOFF")
 else
     FSOFF=$BUILD/fsoff
     TEST=test_cuda
     NGPU=$(printf '%s\n' "$gpus" | grep -c . || true)
+    FSOFF_RUN=("$FSOFF")
 fi
 export XDG_CACHE_HOME=$LOG/cache # this run's probes, never the user's cache
 
@@ -370,7 +374,7 @@ put build "$LOG/build.json"
 say "build: $(cat "$LOG/build.status")"
 # fsoff's NVMe probe (the io_uring store, O_DIRECT where allowed) into the environment
 if [ "$build_ok" = 1 ] && [ "$(box 15)" -gt 0 ]; then
-    boxed "$(box 15)" "$FSOFF" plan --config "$SRC/configs/tiny.json" --nvme "$NVME_DIR" --probe \
+    boxed "$(box 15)" "${FSOFF_RUN[@]}" plan --config "$SRC/configs/tiny.json" --nvme "$NVME_DIR" --probe \
         >"$LOG/probe.out" 2>&1
     probe=$( (grep -E 'NVMe .*(probed|free)|uring|error' "$LOG/probe.out" || tail -n 2 "$LOG/probe.out") |
         head -n 3 | tr '\n' '\r')
@@ -494,7 +498,7 @@ bench_part() {
         else
             say "3. copies: fsoff bench $name (time box ${t}s)"
             rm -f "$LOG/bench_$name.tmp"
-            boxed "$t" "$FSOFF" bench "$name" --seconds "$3" --json "$LOG/bench_$name.tmp" \
+            boxed "$t" "${FSOFF_RUN[@]}" bench "$name" --seconds "$3" --json "$LOG/bench_$name.tmp" \
                 >"$LOG/bench_$name.out" 2>"$LOG/bench_$name.err"
             python3 - "$LOG" "$name" "$rc" "$why" <<'PY'
 import json, os, sys
@@ -588,7 +592,7 @@ train_run() {
     else
         t=$(box "$want")
         say "4. training, state pinned on $tier: $steps steps (time box ${t}s)"
-        boxed "$t" "$FSOFF" --devices cuda --config "$LOG/model.json" --steps "$steps" \
+        boxed "$t" "${FSOFF_RUN[@]}" --devices cuda --config "$LOG/model.json" --steps "$steps" \
             --metrics "$out.jsonl" "$@" >"$out.out" 2>"$out.err"
         python3 - "$out" "$tier" "$rc" "$why" <<'PY'
 import json, sys
