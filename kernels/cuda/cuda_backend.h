@@ -106,6 +106,14 @@
 #include "fso_build.h"
 #include "gpu_info.h"
 
+/* Marks kept in the ring (as many as cpu-async keeps); a mark older than
+ * that is "stale": waiting on it waits for a later mark of the same or
+ * more streams (or, if a copies-only mark took the slot of a full one,
+ * drains), and work ordered after it waits for everything queued. Only
+ * stricter, never wrong, but it costs overlap: each is counted
+ * (stale_marks) and the step line shows the count when it is not 0. */
+#define FSO_CUDA_MARKS 1024
+
 /* 0 when this build has CUDA and at least one device is visible. Otherwise
  * -ENOTSUP ("built without CUDA: ...") or -ENODEV ("no CUDA device: ...",
  * or why the CUDA module cannot be loaded) with the reason in err. */
