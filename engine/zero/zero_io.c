@@ -226,8 +226,8 @@ int zr_open_store(fso_zero *z, rank_state *rk, const fso_offload_config *o,
         snprintf(err, errlen, "NVMe: %s", serr);
         return rc;
     }
-    if (rk->io.store->ops->register_buffers && z->arena.bytes &&
-        rk->io.store->ops->register_buffers(rk->io.store, z->arena.base, z->arena.bytes) < 0 &&
+    if (rk->io.store->ops->register_buffers && z->arena.pinned &&
+        rk->io.store->ops->register_buffers(rk->io.store, z->arena.base, z->arena.pinned) < 0 &&
         rk->rank == 0)
         fprintf(stderr, "fsoff: warning: NVMe: %s; continuing with unregistered buffers "
                         "(slower)\n", rk->io.store->err);

@@ -322,6 +322,7 @@ int fso_zero_retier(fso_zero *z, const fso_offload_config *o, uint64_t *bytes_mo
     for (int r = 0; r < z->world; r++)
         retier_switch(&z->ranks[r], &m, &jobs[r]);
     free(jobs);
+    zr_arena_pin(z, false); /* the new host places, bound to their devices' nodes */
     memcpy(z->tier, m.want, sizeof m.want);
     z->state_host_blocks = m.state_host_blocks;
     if (z->lend_in_place && !m.lend_in_place)
