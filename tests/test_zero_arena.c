@@ -23,6 +23,7 @@
 #include <cmocka.h>
 
 #include "config/config.h"
+#include "store.h"
 #include "topology.h"
 #include "zero/zero_impl.h"
 
@@ -149,9 +150,29 @@ static void test_no_range_crosses_a_registration(void **state)
     two_devices_free(&t);
 }
 
+/* What a store's register_buffers saw (io_uring's pins the range, as
+ * rank 0's did over the whole arena before the others had bound theirs):
+ * the length registered, and pages of it not bound to `node` then. */
+typedef struct seen_store {
+    fso_store st;
+    int node;
+    size_t registered, unbound;
+} seen_store;
+
+static int seen_register_buffers(fso_store *s, void *base, size_t len)
+{
+    seen_store *ss = (seen_store *)s;
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    ss->registered = len;
+    for (size_t off = 0; off < len; off += page)
+        ss->unbound += policy_of((char *)base + off, false, ss->node) != 1;
+    return 0;
+}
+
 /* Each device's ranges carry a bind policy to its node and no page of
  * them is resident before zr_arena_pin; after it (mlock) every page is,
- * on that node. */
+ * on that node; a store registering the arena (rank 0's) sees every page
+ * of it bound, device 1's too. */
 static void test_ranges_are_bound_before_they_are_pinned(void **state)
 {
     (void)state;
@@ -172,6 +193,9 @@ static void test_ranges_are_bound_before_they_are_pinned(void **state)
     }
     for (int r = 0; r < 2; r++)
         t.ranks[r].numa = node; /* one node here: both devices' nodes are it */
+    static const fso_store_ops seen_ops = {.register_buffers = seen_register_buffers};
+    seen_store store = {.st = {.ops = &seen_ops}, .node = node};
+    t.ranks[0].io.store = &store.st;
     assert_int_equal(zr_arena_init(&t.z, 16 * MiB, 4 * MiB, err, sizeof err), 0);
     void *p[8];
     const size_t bytes = 192 * KiB;
@@ -186,6 +210,9 @@ static void test_ranges_are_bound_before_they_are_pinned(void **state)
                      i / 4);
     }
     zr_arena_pin(&t.z, true);
+    assert_int_equal(store.registered, t.z.arena.pinned);
+    if (store.unbound)
+        fail_msg("the store registered %zu pages not yet bound to node %d", store.unbound, node);
     if (!t.z.arena.locked) {
         print_message("# %s: skipped the after-pinning half\n", t.z.arena.pin_refused);
     } else {
