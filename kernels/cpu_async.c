@@ -748,6 +748,7 @@ fso_async_counts fso_async_counts_of(fso_backend *be)
     async_ctx *x = CTX(be);
     pthread_mutex_lock(&x->mu);
     fso_async_counts c = x->counts;
+    c.marks = x->n_marks;
     pthread_mutex_unlock(&x->mu);
     return c;
 }

@@ -317,7 +317,7 @@ int fso_topo_bind_memory(const fso_topo *t, void *addr, size_t len, int numa)
         return -ENOTSUP;
     if (hwloc_set_area_membind((hwloc_topology_t)t->hw, addr, len, o->nodeset,
                                HWLOC_MEMBIND_BIND,
-                               HWLOC_MEMBIND_BYNODESET | HWLOC_MEMBIND_MIGRATE) < 0)
+                               HWLOC_MEMBIND_BYNODESET) < 0)
         return errno == ENOSYS || errno == EXDEV ? -ENOTSUP : -errno;
     return 0;
 }

@@ -79,7 +79,9 @@ int fso_topo_disk_of_path(const fso_topo *t, const char *dir, fso_topo_disk *out
                           size_t errlen);
 
 /* Bind the calling thread to the cores of NUMA node `numa` (os index), or
- * place [addr, addr+len) on it (pages already touched move there).
+ * place [addr, addr+len) on it: the policy only, no migration, so its pages
+ * go there when first touched; bind before touching (pinned pages never
+ * move, and mbind without MPOL_MF_STRICT does not say so).
  * Returns 0, -ENOTSUP for a topology that is not this machine's or a system
  * that refuses, -EINVAL for no such node. */
 int fso_topo_bind_thread(const fso_topo *t, int numa);

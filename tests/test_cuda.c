@@ -1228,10 +1228,12 @@ static void test_copy_marks_wait_for_copies(void **state)
     double norm = 0;
     be->ops->sqnorm(be, &norm, d_b, n);
     uint64_t full = be->ops->mark(be);
-    for (int i = 0; i < 600; i++)
+    const uint64_t stale = fso_backend_stale_marks(be);
+    for (int i = 0; i < FSO_CUDA_MARKS + 1; i++)
         be->ops->mark_copies(be);
-    be->ops->wait_mark(be, full); /* its slot now holds a copies-only mark */
-    assert_true(norm > 0);
+    be->ops->wait_mark(be, full); /* its slot now holds a copies-only mark: a drain */
+    assert_int_equal(fso_backend_stale_marks(be), stale + 1);
+    assert_true(norm > 0); /* the drain folded the norm queued before the full mark */
     assert_int_equal(be->ops->sync(be), 0);
     free(x);
     dfree(be, d_a);

@@ -234,6 +234,8 @@ FSO_TEST_FN void run(const fso_config *cfg, const run_hooks *hooks, run_result *
         out->dev.drains -= dev0.drains;
         out->dev.allocs -= dev0.allocs;
         out->dev.ahead -= dev0.ahead;
+        out->dev.marks -= dev0.marks;
+        out->dev.stale_marks -= dev0.stale_marks;
     }
     out->np = fso_zero_model(tr.zero)->n_params;
     out->params = malloc(sizeof(float) * out->np);

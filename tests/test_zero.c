@@ -496,6 +496,42 @@ static void test_a_step_syncs_once_and_allocates_nothing(void **state)
         }
 }
 
+/* The optimizer's chunk copies to and from device-tier state share marks
+ * (zr_marks_defer): with every kind but v on the device the CPU updates,
+ * copying four kinds up and four down per chunk, each of which took a mark
+ * before (24 a step on the serialized schedule here); now one wait takes
+ * one mark for every copy queued before it (4 to 12 a step here, fewer
+ * than 8 a block), and none goes stale. Counted on cpu-async. */
+static void test_optimizer_chunk_copies_share_marks(void **state)
+{
+    (void)state;
+    static const fso_tier tiers[FSO_N_KINDS] = {
+        [FSO_KIND_PARAM] = FSO_TIER_DEVICE, [FSO_KIND_MASTER] = FSO_TIER_DEVICE,
+        [FSO_KIND_M] = FSO_TIER_DEVICE,     [FSO_KIND_V] = FSO_TIER_HOST,
+        [FSO_KIND_GRAD] = FSO_TIER_DEVICE,
+    };
+    for (int mode = FSO_OVERLAP_NONE; mode <= FSO_OVERLAP_BACKWARD; mode++) {
+        fso_config cfg;
+        run_result r;
+        fso_test_small_model(&cfg, 1, 4);
+        cfg.backend = FSO_BACKEND_CPU_ASYNC;
+        fso_test_set_kind_tiers(&cfg, tiers, nvme_dir);
+        cfg.optimizer_overlap = (fso_overlap)mode;
+        run(&cfg, NULL, &r);
+        if (r.rc)
+            fail_msg("%s", r.err);
+        const uint64_t per_step = r.dev.marks / STEPS, most = 8 * (uint64_t)cfg.model.num_hidden_layers;
+        print_message("# schedule %d: %llu marks a step (at most %llu), %llu stale\n", mode,
+                      (unsigned long long)per_step, (unsigned long long)most,
+                      (unsigned long long)r.dev.stale_marks);
+        if (per_step > most || r.dev.stale_marks != 0)
+            fail_msg("schedule %d: %llu marks a step (at most %llu), %llu stale", mode,
+                     (unsigned long long)per_step, (unsigned long long)most,
+                     (unsigned long long)r.dev.stale_marks);
+        result_free(&r);
+    }
+}
+
 /* Gradients that are not finite stop the run with a clear error on every
  * schedule, whether the norm is taken on the host or arrives late from the
  * device (the backward schedule checks each block before updating it). */
@@ -1272,6 +1308,7 @@ int main(void)
         cmocka_unit_test(test_compute_ahead_of_copies_down_keeps_cpu_bits),
         cmocka_unit_test(test_non_finite_gradients_stop_every_schedule),
         cmocka_unit_test(test_a_step_syncs_once_and_allocates_nothing),
+        cmocka_unit_test(test_optimizer_chunk_copies_share_marks),
         cmocka_unit_test(test_nvme_streaming_in_chunks_matches_memory),
         cmocka_unit_test(test_device_counts_agree),
         cmocka_unit_test(test_validation_pass_is_the_forward_and_changes_nothing),

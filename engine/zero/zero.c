@@ -468,15 +468,19 @@ int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t err
     place_near_devices(z);
     if ((rc = open_arena(z, &zb, &bud, err, errlen)) < 0)
         goto fail;
+    /* every device's part of the arena bound to its node before pinning
+     * (CUDA registration, mlock, the NVMe stores' registration) touches a
+     * page of it */
+    for (int r = 0; r < z->world; r++)
+        if ((rc = allocate_rank(&z->ranks[r], &zb, &z->ranks[r].io.nvme_end, err, errlen)) < 0)
+            goto fail;
+    zr_arena_pin(z, true);
     for (int r = 0; r < z->world; r++) {
         rank_state *rk = &z->ranks[r];
-        uint64_t nvme_bytes;
-        if ((rc = allocate_rank(rk, &zb, &nvme_bytes, err, errlen)) < 0 ||
-            (rc = start_optimizer(rk, per_dev, err, errlen)) < 0)
+        if ((rc = start_optimizer(rk, per_dev, err, errlen)) < 0)
             goto fail;
-        rk->io.nvme_end = nvme_bytes;
         if (bud.per_tier[FSO_TIER_NVME] > 0 &&
-            (rc = zr_open_store(z, rk, &cfg->offload, nvme_bytes, err, errlen)) < 0)
+            (rc = zr_open_store(z, rk, &cfg->offload, rk->io.nvme_end, err, errlen)) < 0)
             goto fail;
     }
     if ((rc = open_collectives(z, err, errlen)) < 0)

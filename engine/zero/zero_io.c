@@ -103,9 +103,34 @@ void zr_copy_out(fso_backend *be, void *dst, const void *src, size_t bytes, uint
         be->ops->copy_d2h(be, dst, src, bytes);
 }
 
+void zr_marks_defer(rank_state *rk, slot *s)
+{
+    rank_optim *o = &rk->opt;
+    const int most = (int)(sizeof o->unmarked / sizeof o->unmarked[0]);
+    if (s->copied == ZR_MARK_LATER)
+        return;
+    if (o->n_unmarked == most)
+        zr_marks_take(rk);
+    s->copied = ZR_MARK_LATER;
+    o->unmarked[o->n_unmarked++] = s;
+}
+
+void zr_marks_take(rank_state *rk)
+{
+    rank_optim *o = &rk->opt;
+    if (o->n_unmarked == 0)
+        return;
+    const uint64_t m = zr_mark_copies(rk->be);
+    for (int i = 0; i < o->n_unmarked; i++)
+        o->unmarked[i]->copied = m;
+    o->n_unmarked = 0;
+}
+
 /* The slot's last device copy is done (its buffer may be reused). */
 void zr_copies_wait(rank_state *rk, slot *s)
 {
+    if (s->copied == ZR_MARK_LATER)
+        zr_marks_take(rk);
     if (s->copied) {
         rk->be->ops->wait_mark(rk->be, s->copied);
         s->copied = 0;
@@ -201,8 +226,8 @@ int zr_open_store(fso_zero *z, rank_state *rk, const fso_offload_config *o,
         snprintf(err, errlen, "NVMe: %s", serr);
         return rc;
     }
-    if (rk->io.store->ops->register_buffers && z->arena.bytes &&
-        rk->io.store->ops->register_buffers(rk->io.store, z->arena.base, z->arena.bytes) < 0 &&
+    if (rk->io.store->ops->register_buffers && z->arena.pinned &&
+        rk->io.store->ops->register_buffers(rk->io.store, z->arena.base, z->arena.pinned) < 0 &&
         rk->rank == 0)
         fprintf(stderr, "fsoff: warning: NVMe: %s; continuing with unregistered buffers "
                         "(slower)\n", rk->io.store->err);

@@ -84,6 +84,17 @@ uint64_t zr_mark(fso_backend *be);
 uint64_t zr_mark_copies(fso_backend *be);
 void zr_copy_in(fso_backend *be, void *dst, const void *src, size_t bytes, uint64_t after);
 void zr_copy_out(fso_backend *be, void *dst, const void *src, size_t bytes, uint64_t after);
+/* The optimizer's device copies are marked in batches, not one mark per
+ * chunk (the backend keeps a window of 1024 marks; a step at 7-13B moves
+ * tens of thousands of chunks): a slot its copy left unmarked holds
+ * ZR_MARK_LATER, and the first wait for any of them takes one mark for all
+ * (zr_marks_take). */
+#define ZR_MARK_LATER UINT64_MAX
+/* s's copies are queued and to be covered by the next batch mark of rk's
+ * optimizer (its thread, or the caller once it has stopped). */
+void zr_marks_defer(rank_state *rk, slot *s);
+/* One mark of the copies queued so far, given to every slot deferred. */
+void zr_marks_take(rank_state *rk);
 /* The slot's last device copy is done (its buffer may be reused). */
 void zr_copies_wait(rank_state *rk, slot *s);
 /* Wait for the slot's I/O and device copies; an error is final for the step. */

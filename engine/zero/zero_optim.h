@@ -54,6 +54,10 @@ typedef struct rank_optim {
                                     landed), and readers read it after seeing that under mu:
                                     the backend's mark after its update was queued (a
                                     device-side update; 0: done when ready) */
+    slot *unmarked[FSO_FP_MAX_CHUNK_SETS * FSO_N_KINDS]; /* the updater: chunk slots whose
+                                    device copies are queued and not yet marked (copied
+                                    ZR_MARK_LATER); one mark covers them all (zr_marks_take) */
+    int n_unmarked;              /* the updater */
     errsink err;                 /* the updater: the optimizer's failure (rc read elsewhere
                                     with fso_first_error_rc) */
     double busy_ms;              /* mu while an optimizer thread runs (none: compute): time

@@ -164,9 +164,11 @@ static int make_room(fso_zero *z, const retier_plan *m, char *err, size_t errlen
 }
 
 /* Phase 1 on one device: room on its store, a gather window if it needs
- * one, and every moved shard copied to its new place. */
-static int retier_place(rank_state *rk, const retier_plan *m, retier_job *j,
-                        uint64_t *bytes_moved, char *err, size_t errlen)
+ * one, and a new place for every moved shard (nothing touched: the host
+ * ones are bound to the device's node, pinned once every device has its
+ * places, then filled by retier_fill). */
+static int retier_place(rank_state *rk, const retier_plan *m, retier_job *j, char *err,
+                        size_t errlen)
 {
     fso_zero *z = rk->z;
     fso_backend *be = rk->be;
@@ -202,12 +204,26 @@ static int retier_place(rank_state *rk, const retier_plan *m, retier_job *j,
             if ((rc = zr_place_shard(rk, b, (fso_kind)k, want_tier(m, b, (fso_kind)k),
                                      &nvme_off, to, err, errlen)) < 0)
                 return rc;
-            if ((rc = retier_copy(rk, b, (fso_kind)k, to, bytes_moved)) < 0) {
+        }
+    }
+    return 0;
+}
+
+/* Phase 1, after pinning: every moved shard copied to its new place. */
+static int retier_fill(rank_state *rk, const retier_plan *m, retier_job *j,
+                       uint64_t *bytes_moved, char *err, size_t errlen)
+{
+    fso_zero *z = rk->z;
+    for (int k = 0; k < FSO_N_KINDS; k++)
+        for (int b = 0; j->fresh[k] && b < z->n_blocks; b++) {
+            if (!moves(z, m, b, (fso_kind)k))
+                continue;
+            int rc = retier_copy(rk, b, (fso_kind)k, &j->fresh[k][b], bytes_moved);
+            if (rc < 0) {
                 snprintf(err, errlen, "%s", rk->compute.err.msg);
                 return rc;
             }
         }
-    }
     return 0;
 }
 
@@ -305,7 +321,11 @@ int fso_zero_retier(fso_zero *z, const fso_offload_config *o, uint64_t *bytes_mo
         return -ENOMEM;
     }
     for (int r = 0; r < z->world && rc == 0; r++)
-        rc = retier_place(&z->ranks[r], &m, &jobs[r], bytes_moved, err, errlen);
+        rc = retier_place(&z->ranks[r], &m, &jobs[r], err, errlen);
+    if (rc == 0)
+        zr_arena_pin(z, false); /* every device's new host places bound, none touched yet */
+    for (int r = 0; r < z->world && rc == 0; r++)
+        rc = retier_fill(&z->ranks[r], &m, &jobs[r], bytes_moved, err, errlen);
     if (rc < 0) {
         for (int r = 0; r < z->world; r++) {
             zr_drain_slots(&z->ranks[r], true);
@@ -322,6 +342,7 @@ int fso_zero_retier(fso_zero *z, const fso_offload_config *o, uint64_t *bytes_mo
     for (int r = 0; r < z->world; r++)
         retier_switch(&z->ranks[r], &m, &jobs[r]);
     free(jobs);
+    zr_arena_pin(z, false); /* the slots retier_switch took */
     memcpy(z->tier, m.want, sizeof m.want);
     z->state_host_blocks = m.state_host_blocks;
     if (z->lend_in_place && !m.lend_in_place)

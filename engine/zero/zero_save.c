@@ -33,6 +33,7 @@
 #include <time.h>
 
 #include "ckpt/crc32c.h"
+#include "cuda/cuda_backend.h"
 #include "util.h"
 
 #define STAGES FSO_ZERO_SAVE_STAGES
@@ -53,9 +54,50 @@ int zr_save_init(fso_zero *z)
     return 0;
 }
 
+static void stages_free(save_gate *g)
+{
+#if FSO_HAVE_CUDA
+    if (g->stages_pinned)
+        fso_cuda_host_unregister(g->stages, g->stage_bytes);
+#endif
+    fso_io_free(g->stages, g->stage_bytes);
+    g->stages = NULL;
+    g->stage_bytes = 0;
+    g->stages_pinned = false;
+}
+
+/* The saver's STAGES buffers of piece_bytes, in one block kept from save
+ * to save and pinned once for CUDA devices (a refusal: one warning, and
+ * pageable buffers). NULL when out of memory. */
+static void *stages_for(fso_zero *z, size_t piece_bytes)
+{
+    save_gate *g = &z->save;
+    const size_t bytes = piece_bytes * STAGES;
+    if (g->stages && g->stage_bytes == bytes)
+        return g->stages;
+    stages_free(g);
+    if (!(g->stages = fso_io_alloc(bytes))) /* O_DIRECT writes: util.h */
+        return NULL;
+    g->stage_bytes = bytes;
+#if FSO_HAVE_CUDA
+    char cerr[256] = "";
+    if (z->cuda) {
+        g->stages_pinned = fso_cuda_host_register(g->stages, bytes, cerr, sizeof cerr) == 0;
+        if (!g->stages_pinned && !g->pin_warned) {
+            g->pin_warned = true;
+            fprintf(stderr, "fsoff: warning: checkpoint: the saver's staging buffers are "
+                            "pageable, not pinned: %s; copies from the GPUs go through the "
+                            "driver's bounce buffer and wait for the host\n", cerr);
+        }
+    }
+#endif
+    return g->stages;
+}
+
 void zr_save_free(fso_zero *z)
 {
     save_gate *g = &z->save;
+    stages_free(g);
     if (g->init) {
         zr_mutex_destroy(&g->mu);
         pthread_cond_destroy(&g->cv);
@@ -460,9 +502,11 @@ int fso_zero_save_stream(fso_zero *z, fso_zero_save_spec *spec)
     sv.queued = calloc((size_t)z->n_blocks, sizeof *sv.queued);
     if (!sv.direct || !sv.queued)
         rc = fail(&sv, -ENOMEM, "out of host memory for the saver");
+    char *stages = rc == 0 ? stages_for(z, spec->piece_bytes) : NULL;
+    if (rc == 0 && !stages)
+        rc = fail(&sv, -ENOMEM, "out of host memory for the saver's buffers");
     for (int i = 0; i < STAGES && rc == 0; i++)
-        if (!(sv.st[i].buf = fso_io_alloc(spec->piece_bytes))) /* O_DIRECT writes: util.h */
-            rc = fail(&sv, -ENOMEM, "out of host memory for the saver's buffers");
+        sv.st[i].buf = stages + (size_t)i * spec->piece_bytes;
     /* the order the next update takes the blocks in, so it waits the least */
     for (int j = 0; j < z->n_blocks && rc == 0; j++)
         rc = save_block(&sv, backward ? z->n_blocks - 1 - j : j, step);
@@ -471,8 +515,6 @@ int fso_zero_save_stream(fso_zero *z, fso_zero_save_spec *spec)
     if (rc < 0)
         drain(&sv);
     fso_zero_save_disarm(z);
-    for (int i = 0; i < STAGES; i++)
-        fso_io_free(sv.st[i].buf, spec->piece_bytes);
     free(sv.direct);
     free(sv.queued);
     return rc;

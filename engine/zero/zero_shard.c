@@ -181,13 +181,18 @@ static int xfer_via(rank_state *rk, errsink *es, uint64_t *bytes_done, int b, fs
             return be->ops->sync(be);
         }
         /* ordered after the optimizer job's work only, and waited for by
-         * zr_slot_wait before the host touches buf again */
-        const uint64_t after = es == &rk->opt.err ? rk->opt.after : 0;
+         * zr_slot_wait before the host touches buf again; the optimizer's
+         * copies share one mark per batch (zr_marks_defer) */
+        const bool optimizer = es == &rk->opt.err;
+        const uint64_t after = optimizer ? rk->opt.after : 0;
         if (write)
             zr_copy_in(be, shard, buf, bytes, after);
         else
             zr_copy_out(be, buf, shard, bytes, after);
-        s->copied = zr_mark_copies(be);
+        if (optimizer)
+            zr_marks_defer(rk, s);
+        else
+            s->copied = zr_mark_copies(be);
         return 0;
     }
     default:

@@ -110,6 +110,14 @@
 #include "fso_build.h"
 #include "gpu_info.h"
 
+/* Marks kept in the ring (as many as cpu-async keeps); a mark older than
+ * that is "stale": waiting on it waits for a later mark of the same or
+ * more streams (or, if a copies-only mark took the slot of a full one,
+ * drains), and work ordered after it waits for everything queued. Only
+ * stricter, never wrong, but it costs overlap: each is counted
+ * (stale_marks) and the step line shows the count when it is not 0. */
+#define FSO_CUDA_MARKS 1024
+
 /* 0 when this build has CUDA and at least one device is visible. Otherwise
  * -ENOTSUP ("built without CUDA: ...") or -ENODEV ("no CUDA device: ...",
  * or why the CUDA module cannot be loaded) with the reason in err. */
@@ -154,9 +162,13 @@ void fso_cuda_set_math(fso_backend *be, fso_cuda_math math);
 int fso_gpu_info_query(int device, fso_gpu_info *out, char *err, size_t errlen);
 
 /* Page-lock [ptr, ptr + bytes) for every device of the process (portable,
- * mapped), in registrations of at most 64 GiB: fast asynchronous copies,
- * and kernels (sqnorm) may read it. Use few, large ranges (the host arena),
- * not one per buffer. Returns 0, or:
+ * mapped: reduce_to_host's kernels read registered host memory through its
+ * device pointer), as one registration: fast asynchronous copies, and
+ * kernels (sqnorm) may read it. A copy whose host range spans two
+ * registrations is refused, and the driver refuses registrations much
+ * over 64 GiB: the host arena cuts its registrations (zero_arena.h,
+ * ZR_ARENA_PIN_CHUNK). Use few, large ranges, not one per buffer.
+ * Returns 0, or:
  *   -EPERM   pinning was refused (RLIMIT_MEMLOCK, the driver): err says why
  *            and what to do, e.g. "RLIMIT_MEMLOCK is 8 MiB; pinning 64 GiB
  *            needs `ulimit -l unlimited`"; warn once and continue with

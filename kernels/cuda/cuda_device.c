@@ -12,8 +12,6 @@
 #include "cuda_impl.h"
 #include "gpu_info.h"
 
-#define PIN_CHUNK ((size_t)64 << 30) /* the driver's page tables refuse much larger */
-
 int fso_cuda_device_count(char *err, size_t errlen)
 {
     int n = 0;
@@ -86,15 +84,14 @@ static void human(char *buf, size_t len, double bytes)
 
 int fso_cuda_host_unregister(void *ptr, size_t bytes)
 {
-    int rc = 0;
-    for (size_t off = 0; ptr && off < bytes; off += PIN_CHUNK) {
-        cudaError_t e = cudaHostUnregister((char *)ptr + off);
-        if (e != cudaSuccess && rc == 0) {
-            cudaGetLastError();
-            rc = fso_cuda_errno(e);
-        }
+    if (!ptr || bytes == 0)
+        return 0;
+    cudaError_t e = cudaHostUnregister(ptr);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return fso_cuda_errno(e);
     }
-    return rc;
+    return 0;
 }
 
 int fso_cuda_host_register(void *ptr, size_t bytes, char *err, size_t errlen)
@@ -116,14 +113,11 @@ int fso_cuda_host_register(void *ptr, size_t bytes, char *err, size_t errlen)
         snprintf(err, errlen, "pinning %s: %s", want, why);
         return -ENODEV;
     }
-    for (size_t off = 0; off < bytes; off += PIN_CHUNK) {
-        size_t len = bytes - off < PIN_CHUNK ? bytes - off : PIN_CHUNK;
-        cudaError_t e = cudaHostRegister((char *)ptr + off, len,
-                                         cudaHostRegisterPortable | cudaHostRegisterMapped);
-        if (e == cudaSuccess)
-            continue;
+    /* mapped: reduce_to_host (cuda_backend.c) sums registered host memory
+     * on the device through its device pointer */
+    cudaError_t e = cudaHostRegister(ptr, bytes, cudaHostRegisterPortable | cudaHostRegisterMapped);
+    if (e != cudaSuccess) {
         cudaGetLastError();
-        fso_cuda_host_unregister(ptr, off);
         if (e == cudaErrorHostMemoryAlreadyRegistered || e == cudaErrorInvalidValue) {
             snprintf(err, errlen, "pinning %s at %p: %s (a range registered twice or not "
                                   "mapped)", want, ptr, cudaGetErrorString(e));

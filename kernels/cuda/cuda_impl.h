@@ -33,13 +33,6 @@ typedef enum fso_cuda_stream {
 #define FSO_CUDA_FLAG_BAD_TARGET 2u  /* cross-entropy: target outside [0, V) */
 
 #define FSO_CUDA_SQ_MAX 1024  /* sqnorm results awaiting a sync; more forces one */
-#define FSO_CUDA_MARKS 1024   /* marks kept (as many as cpu-async keeps); a mark older than
-                                 that is "stale": waiting on it waits for a later mark of the
-                                 same or more streams (or, if a copies-only mark took the slot
-                                 of a full one, drains), and work ordered after it waits for
-                                 everything queued. Only stricter, never wrong, but it costs
-                                 overlap: each is counted (stale_marks) and the step line shows
-                                 the count when it is not 0 */
 
 typedef struct fso_cuda_alloc {
     void *ptr;
