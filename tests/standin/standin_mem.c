@@ -184,6 +184,22 @@ static cudaError_t dev_alloc(si_dev *d, void **out, size_t bytes)
     return e;
 }
 
+/* p starts a live block (d->mu held). */
+static bool blk_start_locked(const si_dev *d, const void *p)
+{
+    size_t off = (size_t)((const char *)p - d->base);
+    long b = blk_at(d, off);
+    return b >= 0 && d->blk[b].off == off && !d->blk[b].dying;
+}
+
+static bool blk_start(si_dev *d, const void *p)
+{
+    pthread_mutex_lock(&d->mu);
+    bool ok = blk_start_locked(d, p);
+    pthread_mutex_unlock(&d->mu);
+    return ok;
+}
+
 /* Drop the block starting at p (d->mu held) and give its pages back. */
 static bool blk_drop_locked(si_dev *d, const void *p, bool only_dying)
 {
@@ -236,15 +252,13 @@ cudaError_t cudaFree(void *p)
     if (!p)
         return cudaSuccess;
     si_dev *d = dev_of(p);
-    if (!d)
+    if (!d || !blk_start(d, p))
         return si_set_last(cudaErrorInvalidValue);
     si_dev_drain(d); /* as the real one: after the device's queued work */
     pthread_mutex_lock(&d->mu);
-    size_t off = (size_t)((char *)p - d->base);
-    long b = blk_at(d, off);
-    bool ok = b >= 0 && d->blk[b].off == off && !d->blk[b].dying && blk_drop_locked(d, p, false);
+    bool ok = blk_start_locked(d, p) && blk_drop_locked(d, p, false);
     pthread_mutex_unlock(&d->mu);
-    if (!ok)
+    if (!ok) /* freed by another thread meanwhile */
         return si_set_last(cudaErrorInvalidValue);
     return si_set_last(si_sticky(d));
 }
@@ -278,11 +292,9 @@ cudaError_t cudaFreeAsync(void *p, cudaStream_t s)
     if (si_sticky(sd))
         return si_set_last(si_sticky(sd));
     pthread_mutex_lock(&d->mu);
-    size_t off = (size_t)((char *)p - d->base);
-    long b = blk_at(d, off);
-    bool ok = b >= 0 && d->blk[b].off == off && !d->blk[b].dying;
+    bool ok = blk_start_locked(d, p);
     if (ok)
-        d->blk[b].dying = true;
+        d->blk[blk_at(d, (size_t)((char *)p - d->base))].dying = true;
     pthread_mutex_unlock(&d->mu);
     if (!ok)
         return si_set_last(cudaErrorInvalidValue);

@@ -15,10 +15,13 @@
  * abort). Collectives still run on a device with a sticky CUDA error, so a
  * fault does not hang the peers.
  *
- * Lifetime: a communicator is freed when its handle is destroyed or aborted
- * and its queued items have run (each holds a reference); the clique with
- * its last communicator.
+ * Lifetime: a communicator is freed when its handle is destroyed and its
+ * queued items have run (each holds a reference); the clique with its last
+ * communicator. ncclCommAbort frees the handle in NCCL; here it is kept,
+ * aborted, until reset(), so that a later call on it is caught
+ * (ncclInvalidUsage) instead of reading freed memory.
  */
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -59,15 +62,26 @@ struct ncclComm {
     uint64_t ran;          /* cl->mu: collectives its items started */
     int refs;              /* cl->mu: the handle + queued items */
     bool gone;             /* cl->mu: destroyed or aborted handle */
+    bool aborted;          /* cl->mu: ncclCommAbort was called on it */
+    struct ncclComm *next_zombie; /* zombie_mu: aborted handles, freed by reset() */
     ncclResult_t async;    /* cl->mu */
     char why[160];         /* cl->mu: the async error's detail */
 };
 
 static __thread char t_why[256]; /* ncclGetLastError's text, per thread */
 
-static ncclResult_t fail(ncclResult_t r, const char *fmt, const char *a, long b)
+static pthread_mutex_t zombie_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct ncclComm *zombies;
+
+/* Keep the text ncclGetLastError gives; returns r. */
+static ncclResult_t fail(ncclResult_t r, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static ncclResult_t fail(ncclResult_t r, const char *fmt, ...)
 {
-    snprintf(t_why, sizeof t_why, fmt, a, b);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(t_why, sizeof t_why, fmt, ap);
+    va_end(ap);
     return r;
 }
 
@@ -117,17 +131,15 @@ ncclResult_t ncclCommInitAll(ncclComm_t *comms, int ndev, const int *devlist)
 {
     t_why[0] = 0;
     if (!comms || ndev < 1 || ndev > SI_MAX_DEV)
-        return fail(ncclInvalidArgument, "ncclCommInitAll: %s%ld ranks (1 to 8)", "", ndev);
+        return fail(ncclInvalidArgument, "ncclCommInitAll: %d ranks (1 to %d)", ndev, SI_MAX_DEV);
     int devs[SI_MAX_DEV];
     for (int r = 0; r < ndev; r++) {
         devs[r] = devlist ? devlist[r] : r;
         if (!si_device(devs[r]))
-            return fail(ncclInvalidArgument, "ncclCommInitAll: %sno CUDA device %ld", "",
-                        devs[r]);
+            return fail(ncclInvalidArgument, "ncclCommInitAll: no CUDA device %d", devs[r]);
         for (int q = 0; q < r; q++)
             if (devs[q] == devs[r])
-                return fail(ncclInvalidUsage, "ncclCommInitAll: %sdevice %ld given twice", "",
-                            devs[r]);
+                return fail(ncclInvalidUsage, "ncclCommInitAll: device %d given twice", devs[r]);
     }
     struct clique *cl = calloc(1, sizeof *cl);
     struct ncclComm *c[SI_MAX_DEV] = {0};
@@ -138,7 +150,7 @@ ncclResult_t ncclCommInitAll(ncclComm_t *comms, int ndev, const int *devlist)
         for (int r = 0; r < ndev; r++)
             free(c[r]);
         free(cl);
-        return fail(ncclSystemError, "ncclCommInitAll: %sout of host memory%ld", "", 0);
+        return fail(ncclSystemError, "ncclCommInitAll: out of host memory");
     }
     pthread_mutex_init(&cl->mu, NULL);
     pthread_cond_init(&cl->cv, NULL);
@@ -168,19 +180,34 @@ ncclResult_t ncclCommAbort(ncclComm_t c)
     if (!c)
         return ncclSuccess;
     if (!comm_ok(c))
-        return fail(ncclInvalidArgument, "ncclCommAbort: %snot a communicator%ld", "", 0);
+        return fail(ncclInvalidArgument, "ncclCommAbort: not a communicator");
     struct clique *cl = c->cl;
     pthread_mutex_lock(&cl->mu);
+    const bool was_gone = c->gone;
     abort_locked(cl);
-    bool last = false;
-    if (!c->gone) {
-        c->gone = true;
-        last = unref_locked(c);
-    }
+    c->gone = c->aborted = true;
     pthread_mutex_unlock(&cl->mu);
-    if (last)
-        clique_free(cl);
+    if (was_gone)
+        return fail(ncclInvalidUsage, "ncclCommAbort: rank %d's communicator was already "
+                    "aborted or destroyed", c->rank);
+    pthread_mutex_lock(&zombie_mu);
+    c->next_zombie = zombies;
+    zombies = c;
+    pthread_mutex_unlock(&zombie_mu);
     return ncclSuccess;
+}
+
+void si_nccl_reset(void)
+{
+    pthread_mutex_lock(&zombie_mu);
+    struct ncclComm *z = zombies;
+    zombies = NULL;
+    pthread_mutex_unlock(&zombie_mu);
+    while (z) {
+        struct ncclComm *next = z->next_zombie;
+        unref(z);
+        z = next;
+    }
 }
 
 ncclResult_t ncclCommDestroy(ncclComm_t c)
@@ -188,7 +215,7 @@ ncclResult_t ncclCommDestroy(ncclComm_t c)
     if (!c)
         return ncclSuccess;
     if (!comm_ok(c))
-        return fail(ncclInvalidArgument, "ncclCommDestroy: %snot a communicator%ld", "", 0);
+        return fail(ncclInvalidArgument, "ncclCommDestroy: not a communicator");
     struct clique *cl = c->cl;
     pthread_mutex_lock(&cl->mu);
     bool was_gone = c->gone, last = false;
@@ -199,18 +226,22 @@ ncclResult_t ncclCommDestroy(ncclComm_t c)
     pthread_mutex_unlock(&cl->mu);
     if (last)
         clique_free(cl);
-    return was_gone ? fail(ncclInvalidUsage, "ncclCommDestroy: %scommunicator destroyed twice%ld",
-                           "", 0)
+    return was_gone ? fail(ncclInvalidUsage, "ncclCommDestroy: rank %d's communicator was "
+                           "already destroyed or aborted (ncclCommAbort frees it)", c->rank)
                     : ncclSuccess;
 }
 
 ncclResult_t ncclCommGetAsyncError(ncclComm_t c, ncclResult_t *err)
 {
     if (!comm_ok(c) || !err)
-        return fail(ncclInvalidArgument, "ncclCommGetAsyncError: %sbad argument%ld", "", 0);
+        return fail(ncclInvalidArgument, "ncclCommGetAsyncError: bad argument");
     pthread_mutex_lock(&c->cl->mu);
+    const bool aborted = c->aborted;
     *err = c->cl->aborted && c->async == ncclSuccess ? ncclSystemError : c->async;
     pthread_mutex_unlock(&c->cl->mu);
+    if (aborted)
+        return fail(ncclInvalidUsage, "ncclCommGetAsyncError: rank %d's communicator was "
+                    "aborted (ncclCommAbort frees it)", c->rank);
     return ncclSuccess;
 }
 
@@ -368,17 +399,17 @@ static ncclResult_t issue(enum coll_op op, const void *send, void *recv, size_t 
     const char *name = op_name[op];
     t_why[0] = 0;
     if (!comm_ok(c))
-        return fail(ncclInvalidArgument, "%s: not a communicator%ld", name, 0);
+        return fail(ncclInvalidArgument, "%s: not a communicator", name);
     const size_t es = type_size(type);
     if (es == 0 || (op != OP_ALL_GATHER && type == ncclBfloat16))
-        return fail(ncclInvalidArgument, "%s: data type %ld is not supported by the stand-in",
-                    name, (long)type);
+        return fail(ncclInvalidArgument, "%s: data type %d is not supported by the stand-in",
+                    name, (int)type);
     if (op != OP_ALL_GATHER && red != ncclSum)
-        return fail(ncclInvalidArgument, "%s: reduction %ld is not supported by the stand-in",
-                    name, (long)red);
+        return fail(ncclInvalidArgument, "%s: reduction %d is not supported by the stand-in",
+                    name, (int)red);
     si_dev *sd = si_stream_dev(s);
     if (sd != c->dev)
-        return fail(ncclInvalidArgument, "%s: the stream is not one of rank %ld's device", name,
+        return fail(ncclInvalidArgument, "%s: the stream is not one of rank %d's device", name,
                     c->rank);
     struct clique *cl = c->cl;
     const size_t n = (size_t)cl->n;
@@ -386,11 +417,11 @@ static ncclResult_t issue(enum coll_op op, const void *send, void *recv, size_t 
     const size_t recv_bytes = count * es * (op == OP_ALL_GATHER ? n : 1);
     if (count && (si_classify(send, send_bytes, NULL) != SI_DEVICE ||
                   si_classify(recv, recv_bytes, NULL) != SI_DEVICE))
-        return fail(ncclInvalidArgument, "%s: a buffer is not in one device allocation (rank %ld)",
+        return fail(ncclInvalidArgument, "%s: a buffer is not in one device allocation (rank %d)",
                     name, c->rank);
     struct coll *x = malloc(sizeof *x);
     if (!x)
-        return fail(ncclSystemError, "%s: out of host memory%ld", name, 0);
+        return fail(ncclSystemError, "%s: out of host memory", name);
     *x = (struct coll){c, op, type, count, si_view(send), si_view(recv)};
     pthread_mutex_lock(&cl->mu);
     bool bad = c->gone || cl->aborted;
@@ -399,7 +430,7 @@ static ncclResult_t issue(enum coll_op op, const void *send, void *recv, size_t 
     pthread_mutex_unlock(&cl->mu);
     if (bad) {
         free(x);
-        return fail(ncclInvalidUsage, "%s: the communicator was aborted or destroyed (rank %ld)",
+        return fail(ncclInvalidUsage, "%s: the communicator was aborted or destroyed (rank %d)",
                     name, c->rank);
     }
     cudaError_t e = si_enqueue(s, name, run_coll, x, fini_coll, SI_ALWAYS_RUN, NULL);

@@ -447,8 +447,8 @@ static void *worker(void *p)
             break;
         pthread_mutex_unlock(&d->mu);
         if (G.delay_us) {
-            uint64_t us = next_rand(&s->rng) % (G.delay_us + 1);
-            struct timespec ts = {0, (long)us * 1000};
+            uint64_t us = next_rand(&s->rng) % ((uint64_t)G.delay_us + 1);
+            struct timespec ts = {(time_t)(us / 1000000), (long)(us % 1000000) * 1000};
             if (us)
                 nanosleep(&ts, NULL);
         }
@@ -844,6 +844,7 @@ static void ctl_reset(void)
     ctl_fail_kernel(0);
     ctl_fail_copy(0);
     atomic_store(&G.stall, -1);
+    si_nccl_reset();
     for (int i = 0; i < G.n_dev; i++)
         atomic_store(&G.dev[i].sticky, 0);
 }

@@ -2,9 +2,11 @@
  * standin_mem.c, standin_blas.c, standin_nccl.c): devices, stream items and
  * the classification of addresses they share. The launchers use standin.h.
  *
- * Locks, in the order they may nest: host_mu (registrations) is never held
- * with a device's mu; an event's mu, a clique's mu and ctl_mu/rec_mu are
- * leaves (nothing is taken while one is held).
+ * Locks: none nests. A device's mu, the registrations' (standin_mem.c),
+ * an event's, a clique's, the fault countdowns', the record's and the
+ * aborted communicators' are each taken alone, and nothing is called while
+ * one is held that could take another. A worker waiting for an event or a
+ * collective holds only that device's or clique's mu, in pthread_cond_wait.
  */
 #ifndef FSO_STANDIN_RT_H
 #define FSO_STANDIN_RT_H
@@ -79,6 +81,8 @@ void *si_view(const void *p);
 
 /* stall_rank: true once for the device's next collective. */
 bool si_take_stall(int device);
+/* reset()'s part in standin_nccl.c: frees the aborted communicators. */
+void si_nccl_reset(void);
 /* fail_copy for a copy run on the calling thread: true (and the device's
  * error made sticky) when this one fails. */
 bool si_sync_copy_faults(si_dev *d);
