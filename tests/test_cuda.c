@@ -1686,7 +1686,7 @@ static void test_nccl_matches_the_thread_collectives(void **state)
 /* Three steps of the small job (test_util.h) on `world` GPUs against the CPU
  * backend: same seed, data and placement. Declared tolerances on each
  * step's loss and gradient norm, relative: 1e-4 with fp32 matmuls, 3e-2 with
- * bf16 tensor cores. */
+ * bf16 tensor cores (bf16 math, or bf16 parameters in either math). */
 typedef struct train_trace {
     double loss[3], norm[3];
 } train_trace;
@@ -1755,7 +1755,10 @@ static void test_training_matches_the_cpu_backend(void **state)
                     setenv("FSO_CUDA_MATH", math == 0 ? "fp32" : "bf16", 1);
                     train_small("cpu", w, tiers[t][0], tiers[t][1], bf16 % 2, nvme, type, &cpu);
                     train_small("cuda", w, tiers[t][0], tiers[t][1], bf16 % 2, nvme, type, &gpu);
-                    const double tol = math == 0 ? 1e-4 : 3e-2;
+                    /* bf16 parameters multiply on the tensor cores whatever the
+                     * math (cuda_matmul.c: bf16 operands, an fp32 dout rounded to
+                     * bf16; attention's P and dS stored bf16): bf16's tolerance */
+                    const double tol = math == 0 && bf16 % 2 == 0 ? 1e-4 : 3e-2;
                     for (int st = 0; st < 3; st++) {
                         double el = fabs(gpu.loss[st] - cpu.loss[st]) / fabs(cpu.loss[st]);
                         double en = fabs(gpu.norm[st] - cpu.norm[st]) / fabs(cpu.norm[st]);

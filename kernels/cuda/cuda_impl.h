@@ -136,6 +136,16 @@ static inline void *fso_cuda_scratch_part(char **cursor, size_t bytes)
     return p;
 }
 
+/* The column sums of rmsnorm_bwd's dw and bias_bwd's db: partial sums over
+ * chunks of FSO_CUDA_COL_CHUNK_ROWS rows in compute-stream scratch, then
+ * the partials in chunk order. The scratch one such op asks for. */
+#define FSO_CUDA_COL_CHUNK_ROWS 64
+static inline size_t fso_cuda_col_scratch_bytes(int N, int C)
+{
+    const size_t chunks = ((size_t)N + FSO_CUDA_COL_CHUNK_ROWS - 1) / FSO_CUDA_COL_CHUNK_ROWS;
+    return sizeof(float) * chunks * (size_t)C;
+}
+
 /* cuBLAS: C = alpha op(A) op(B) + beta C, column-major; batch > 1 uses the
  * strides (in elements). A and B are stored in ab_dt, C in c_dt. fp32
  * operands use the backend's math (fp32 C only); bf16 operands run on the
@@ -212,13 +222,23 @@ void fso_cuda_causal_softmax_bwd(fso_backend *be, void *ds, fso_dtype dt, const 
                                  const void *probs, size_t probs_head_elems, size_t rows, int T,
                                  float scale);
 
-/* sqnorm's and sum's device part: scratch[0] = sum of x^2 (square) or of x
- * over n device-readable floats, in double, in a fixed order (fixed chunks,
- * fixed trees) that does not depend on the GPU and that
- * fso_cuda_reduce_host reproduces bit for bit on the CPU. scratch holds
+/* The fixed order of sqnorm's and sum's reduction: chunks of
+ * FSO_CUDA_REDUCE_CHUNK elements, each summed by FSO_CUDA_REDUCE_THREADS
+ * threads (thread t takes elements t, t + THREADS, ... of the chunk, in
+ * double) and their sums added by a halving tree; the chunk sums then
+ * reduced the same way (thread t of the final pass adds chunks t,
+ * t + THREADS, ... in order). */
+#define FSO_CUDA_REDUCE_THREADS 256
+#define FSO_CUDA_REDUCE_CHUNK 65536
+
+/* sqnorm's and sum's device part (cuda_ops.cu): scratch[0] = sum of x^2
+ * (square) or of x over n device-readable floats, in double, in that fixed
+ * order, which does not depend on the GPU. scratch holds
  * fso_cuda_reduce_scratch_elems(n) doubles. */
 void fso_cuda_reduce_device(fso_backend *be, double *scratch, const float *x, size_t n,
                             int square);
+/* The same sum of n host floats on the CPU, bit for bit the device's
+ * (cuda_reduce.c, the one host definition of the order). */
 double fso_cuda_reduce_host(const float *x, size_t n, int square);
 size_t fso_cuda_reduce_scratch_elems(size_t n);
 

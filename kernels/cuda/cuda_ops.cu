@@ -158,7 +158,7 @@ __global__ void rmsnorm_bwd_dx_kernel(float *dx, const float *dout, const float 
 /* dw partials: part[chunk][c] = sum over the chunk's rows, in order. The
  * chunks are spread over grid.y, which stops at 65535 (past 4.19M rows):
  * each block row takes every gridDim.y-th chunk. */
-#define RN_ROWS_PER_CHUNK 64
+#define RN_ROWS_PER_CHUNK FSO_CUDA_COL_CHUNK_ROWS
 #define RN_GRID_Y_MAX 65535
 
 __global__ void rmsnorm_bwd_dw_partial_kernel(float *part, const float *dout, const float *x,
@@ -196,7 +196,7 @@ extern "C" void fso_cuda_rmsnorm_bwd(fso_backend *be, float *dx, float *dw, cons
         return;
     cudaStream_t s = fso_cuda_begin(be, FSO_CS_COMPUTE);
     const int chunks = (N + RN_ROWS_PER_CHUNK - 1) / RN_ROWS_PER_CHUNK;
-    float *part = (float *)fso_cuda_scratch(be, sizeof(float) * (size_t)chunks * C);
+    float *part = (float *)fso_cuda_scratch(be, fso_cuda_col_scratch_bytes(N, C));
     if (part) {
         const unsigned row_threads = fso_row_threads((size_t)C, 512);
         if (dt == FSO_DT_BF16)
@@ -433,7 +433,7 @@ extern "C" void fso_cuda_bias_bwd(fso_backend *be, float *db, const void *dout, 
         return;
     cudaStream_t s = fso_cuda_begin(be, FSO_CS_COMPUTE);
     const int chunks = (N + RN_ROWS_PER_CHUNK - 1) / RN_ROWS_PER_CHUNK;
-    float *part = (float *)fso_cuda_scratch(be, sizeof(float) * (size_t)chunks * C);
+    float *part = (float *)fso_cuda_scratch(be, fso_cuda_col_scratch_bytes(N, C));
     if (part) {
         const unsigned threads = C < 256 ? 32 : 256;
         dim3 grid((unsigned)((C + threads - 1) / threads),
@@ -611,13 +611,14 @@ extern "C" void fso_cuda_cross_entropy(fso_backend *be, float *dlogits, float *l
 
 /* ------------------------------------------------------------ sqnorm, sum */
 
-/* Fixed shape: chunks of SQ_CHUNK elements, SQ_THREADS threads each summing
- * a strided share (of x^2, or of x) in double, then a halving tree; the
- * chunk sums reduced the same way by one block. fso_cuda_reduce_host
- * replays it exactly (every product of two floats is exact in double, so
- * fused or not, the bits are the same). */
-#define SQ_THREADS 256
-#define SQ_CHUNK 65536
+/* Fixed shape (cuda_impl.h, FSO_CUDA_REDUCE_*): chunks of SQ_CHUNK
+ * elements, SQ_THREADS threads each summing a strided share (of x^2, or of
+ * x) in double, then a halving tree; the chunk sums reduced the same way by
+ * one block. fso_cuda_reduce_host (cuda_reduce.c) replays it exactly
+ * (every product of two floats is exact in double, so fused or not, the
+ * bits are the same). */
+#define SQ_THREADS FSO_CUDA_REDUCE_THREADS
+#define SQ_CHUNK FSO_CUDA_REDUCE_CHUNK
 
 __device__ double sq_tree(double s, double *sh)
 {
@@ -658,11 +659,6 @@ __global__ void reduce_total_kernel(double *result, const double *part, size_t c
         *result = s;
 }
 
-extern "C" size_t fso_cuda_reduce_scratch_elems(size_t n)
-{
-    return 1 + (n + SQ_CHUNK - 1) / SQ_CHUNK;
-}
-
 extern "C" void fso_cuda_reduce_device(fso_backend *be, double *scratch, const float *x, size_t n,
                                        int square)
 {
@@ -675,33 +671,4 @@ extern "C" void fso_cuda_reduce_device(fso_backend *be, double *scratch, const f
             reduce_chunk_kernel<false><<<(unsigned)chunks, SQ_THREADS, 0, s>>>(scratch + 1, x, n);
     }
     reduce_total_kernel<<<1, SQ_THREADS, 0, s>>>(scratch, scratch + 1, chunks);
-}
-
-static double sq_tree_host(double *sh)
-{
-    for (int w = SQ_THREADS / 2; w > 0; w >>= 1)
-        for (int t = 0; t < w; t++)
-            sh[t] = sh[t] + sh[t + w];
-    return sh[0];
-}
-
-extern "C" double fso_cuda_reduce_host(const float *x, size_t n, int square)
-{
-    const size_t chunks = (n + SQ_CHUNK - 1) / SQ_CHUNK;
-    double sh[SQ_THREADS], tot[SQ_THREADS] = {0};
-    /* chunk sums go straight into the final pass's per-thread sums:
-     * thread t of the final pass adds chunks t, t + SQ_THREADS, ... in order */
-    for (size_t b = 0; b < chunks; b++) {
-        const size_t base = b * SQ_CHUNK, end = base + SQ_CHUNK < n ? base + SQ_CHUNK : n;
-        for (int t = 0; t < SQ_THREADS; t++) {
-            double s = 0.0;
-            for (size_t i = base + t; i < end; i += SQ_THREADS) {
-                const double v = x[i];
-                s += square ? v * v : v;
-            }
-            sh[t] = s;
-        }
-        tot[b % SQ_THREADS] += sq_tree_host(sh);
-    }
-    return sq_tree_host(tot);
 }

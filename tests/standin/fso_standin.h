@@ -30,7 +30,8 @@
 
 #define FSO_STANDIN_SYMBOL "fso_standin_control"
 #define FSO_STANDIN_MAX_DEVICES 8
-#define FSO_STANDIN_MAX_STREAMS 8 /* per device */
+#define FSO_STANDIN_MAX_STREAMS 16 /* live at once per device: a CUDA backend makes 4, and
+                                    test_cuda keeps two on device 0 while it makes more */
 
 /* One item a stream ran: a kernel, a cuBLAS call, a copy, a memset, a
  * collective, or a wait on an event. */
