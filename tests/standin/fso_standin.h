@@ -48,7 +48,9 @@ typedef struct fso_standin_item {
      * after[stream] == seq. Item A happens before item B of another stream
      * exactly when B.after[A.stream] >= A.seq. */
     uint64_t after[FSO_STANDIN_MAX_STREAMS];
-    uint64_t start_tick, end_tick; /* a process-wide counter when it began and ended */
+    /* A process-wide counter when it was queued, began and ended: issue
+     * order across streams, and what ran beside what. */
+    uint64_t issue_tick, start_tick, end_tick;
 } fso_standin_item;
 
 typedef struct fso_standin_api {

@@ -29,6 +29,7 @@ struct item {
     struct item *next;
     char what[40];
     uint64_t seq;
+    uint64_t issue_tick;   /* tick() when queued */
     uint64_t after[SI_MAX_STREAMS];
     si_item_fn fn;         /* NULL: a wait on (wdev, wslot, wseq) */
     void *arg;
@@ -398,6 +399,7 @@ static void record_item(si_dev *d, int slot, const struct item *it, uint64_t t0,
         r->seq = it->seq;
         snprintf(r->what, sizeof r->what, "%s", it->what);
         memcpy(r->after, it->after, sizeof r->after);
+        r->issue_tick = it->issue_tick;
         r->start_tick = t0;
         r->end_tick = t1;
     }
@@ -610,6 +612,7 @@ static void push_locked(struct CUstream_st *s, struct item *it)
 {
     si_dev *d = s->dev;
     it->seq = ++d->issued[s->slot];
+    it->issue_tick = tick();
     s->clock[s->slot] = it->seq;
     memcpy(it->after, s->clock, sizeof it->after);
     if (s->tail)
