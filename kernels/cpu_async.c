@@ -113,7 +113,7 @@ struct async_ctx {
     size_t sums_cap;
     uint64_t sums_made, sums_given;
     async_mark marks[MARKS];
-    uint64_t n_marks;
+    uint64_t n_marks, n_copy_marks;
     uint64_t last[S_N];      /* 1 + the queue position of each stream's last work, 0 none */
     uint64_t last_gather;    /* 1 + the position of the last all-gather, 0 none */
     uint64_t fence;          /* compute goes at or after this position (order_after) */
@@ -353,6 +353,7 @@ static uint64_t take_mark(fso_backend *be, bool copies_only)
     async_ctx *x = CTX(be);
     pthread_mutex_lock(&x->mu);
     uint64_t t = ++x->n_marks;
+    x->n_copy_marks += copies_only;
     /* a copies-only mark ends at the last copy queued (in either direction),
      * not at the compute queued after it */
     uint64_t end = x->queued;
@@ -749,6 +750,7 @@ fso_async_counts fso_async_counts_of(fso_backend *be)
     pthread_mutex_lock(&x->mu);
     fso_async_counts c = x->counts;
     c.marks = x->n_marks;
+    c.copy_marks = x->n_copy_marks;
     pthread_mutex_unlock(&x->mu);
     return c;
 }

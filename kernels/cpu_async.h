@@ -30,7 +30,8 @@ int fso_backend_is_async(const fso_backend *be);
  * it. */
 typedef struct fso_async_counts {
     uint64_t syncs, drains, allocs, stale_marks, ahead;
-    uint64_t marks; /* marks taken (full or copies-only) */
+    uint64_t marks;      /* marks taken (full or copies-only) */
+    uint64_t copy_marks; /* of which copies-only (mark_copies) */
 } fso_async_counts;
 fso_async_counts fso_async_counts_of(fso_backend *be);
 

@@ -105,6 +105,15 @@ static double loose_allowed(const fso_config *cfg, double noise, double param_ab
     return 4 * 0.8 * noise * lr_sum / param_abs * (double)n;
 }
 static const tolerances tol_bf16 = {2e-4, 3e-3, 2e-3, false, 0, 0};
+/* On the CUDA backend (FSO_TEST_GPU=cuda: a GPU, or the tests' stand-in of
+ * the CUDA runtime, which multiplies as its cuBLAS does) bf16 tensors are
+ * multiplied as bf16 on the tensor cores: each matmul's fp32 operand (the
+ * normed activations, the output gradient) is rounded to bf16 first
+ * (kernels/cuda/cuda_matmul.c), where the float64 replay of bf16 storage
+ * keeps it. That is the rounding "at the wrong places" above, by design:
+ * test_cuda's bf16 tolerance applies (seen: logits 5.3e-3, gradients
+ * 1.2e-2, norms 2e-3). */
+static const tolerances tol_bf16_tensor_cores = {3e-2, 3e-2, 3e-2, false, 0, 0};
 
 typedef struct fixture {
     int32_t hdr[64];
@@ -243,7 +252,9 @@ static void run_golden(const char *fixture_name, variant vr)
     if (f.bf16 && vr.checkpointing != f.kept16)
         fail_msg("%s replays bf16 storage with checkpointing %s; the variant asks %s",
                  fixture_name, f.kept16 ? "on" : "off", vr.checkpointing ? "on" : "off");
-    const tolerances tol = f.bf16 ? tol_bf16 : tol_fp32;
+    const tolerances tol = !f.bf16                           ? tol_fp32
+                           : strcmp(vr.backend, "cuda") == 0 ? tol_bf16_tensor_cores
+                                                             : tol_bf16;
     fso_config cfg;
     fixture_config(&cfg, &f, &vr);
     char err[512];

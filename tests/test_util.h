@@ -235,6 +235,7 @@ FSO_TEST_FN void run(const fso_config *cfg, const run_hooks *hooks, run_result *
         out->dev.allocs -= dev0.allocs;
         out->dev.ahead -= dev0.ahead;
         out->dev.marks -= dev0.marks;
+        out->dev.copy_marks -= dev0.copy_marks;
         out->dev.stale_marks -= dev0.stale_marks;
     }
     out->np = fso_zero_model(tr.zero)->n_params;
