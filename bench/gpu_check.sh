@@ -202,7 +202,9 @@ if [ "$DRY" = 1 ]; then
     # fsoff-standin sees one device, as the loaned machine; test_cuda_standin
     # keeps the stand-in's default (two), for its NCCL tests
     NGPU=${GPU_CHECK_DEVICES:-1}
-    FSOFF_RUN=(env "FSO_STANDIN_DEVICES=$NGPU" "$FSOFF")
+    # 4 GiB: fsoff keeps 2 GiB of a GPU for the CUDA context, cuBLAS and
+    # NCCL (the stand-in's memory is sparse: only what is used is real)
+    FSOFF_RUN=(env "FSO_STANDIN_DEVICES=$NGPU" FSO_STANDIN_MEM_MIB=4096 "$FSOFF")
 else
     FSOFF=$BUILD/fsoff
     TEST=test_cuda
