@@ -1146,5 +1146,6 @@ int main(void)
         cmocka_unit_test(test_export_round_trip_is_bit_exact_in_fp32),
         cmocka_unit_test(test_export_carries_the_starting_folders_token_ids_and_files),
     };
+    fso_test_filter_from_env();
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -1845,14 +1845,10 @@ static int run_cuda_tests(void)
 
 #endif /* FSO_HAVE_CUDA */
 
-/* FSO_TEST_FILTER=PATTERN runs only the tests whose names match it (cmocka's
- * * and ? wildcards): bench/gpu_check.sh re-runs a failed test alone. */
 int main(void)
 {
     char why[512] = "";
-    const char *only = getenv("FSO_TEST_FILTER");
-    if (only && *only)
-        cmocka_set_test_filter(only);
+    fso_test_filter_from_env();
     if (!peak_table_ok())
         return 1;
     if (fso_cuda_available(why, sizeof why) < 0) {

@@ -39,6 +39,19 @@
 
 #define FSO_TEST_FN static inline __attribute__((unused))
 
+/* ---------------------------------------------------------------- main */
+
+/* FSO_TEST_FILTER=PATTERN: the program runs only the tests whose names
+ * match (CMocka's * and ? wildcards): bench/gpu_check.sh re-runs a failed
+ * test alone, CI runs the GPU-rules cases alone under ThreadSanitizer.
+ * Called by main before the group runs. */
+FSO_TEST_FN void fso_test_filter_from_env(void)
+{
+    const char *only = getenv("FSO_TEST_FILTER");
+    if (only && *only)
+        cmocka_set_test_filter(only);
+}
+
 /* ---------------------------------------------------------------- GPU rules */
 
 /* The backend of the tests' GPU-rules cases: "cpu-async", a CPU device

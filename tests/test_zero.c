@@ -1321,5 +1321,6 @@ int main(void)
         cmocka_unit_test(test_device_cap_too_small_fails_before_training),
         cmocka_unit_test(test_large_model_trains_from_nvme_within_cap),
     };
+    fso_test_filter_from_env();
     return cmocka_run_group_tests(tests, setup, teardown);
 }

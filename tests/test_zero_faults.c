@@ -388,5 +388,6 @@ int main(void)
         cmocka_unit_test(test_replan_moves_keep_bits_on_a_gpu_like_device),
         cmocka_unit_test(test_replan_over_the_device_cap_changes_nothing),
     };
+    fso_test_filter_from_env();
     return cmocka_run_group_tests(tests, setup, teardown);
 }

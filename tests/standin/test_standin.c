@@ -224,5 +224,6 @@ int main(void)
         cmocka_unit_test(test_a_failing_copy_ends_the_run_with_its_error),
         cmocka_unit_test(test_a_stalled_rank_ends_the_run_after_the_timeout),
     };
+    fso_test_filter_from_env();
     return cmocka_run_group_tests(tests, setup, teardown);
 }
