@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cuda/cuda_backend.h"
 #include "topology.h"
 #include "util.h"
 
@@ -279,6 +280,53 @@ void zr_first_error(const fso_zero *z, char *err, size_t errlen)
     snprintf(err, errlen, "%s", z->ranks[0].compute.err.msg);
 }
 
+void zr_batch_free(fso_zero *z)
+{
+    batch_stage *b = &z->batch;
+#if FSO_HAVE_CUDA
+    if (b->pinned)
+        fso_cuda_host_unregister(b->buf, b->bytes);
+#endif
+    fso_io_free(b->buf, b->bytes);
+    b->buf = NULL;
+    b->bytes = 0;
+    b->pinned = false;
+}
+
+void zr_batch_pin(fso_zero *z, const int32_t **inputs, const int32_t **targets,
+                  const int32_t **pos, size_t n)
+{
+    batch_stage *b = &z->batch;
+    if (!z->cuda)
+        return;
+    const size_t want = sizeof(int32_t) * n * 3;
+    if (b->bytes < want) {
+        zr_batch_free(z);
+        if (!(b->buf = fso_io_alloc(want)))
+            return; /* the caller's buffers: pageable, but right */
+        b->bytes = want;
+#if FSO_HAVE_CUDA
+        char cerr[256] = "";
+        b->pinned = fso_cuda_host_register(b->buf, b->bytes, cerr, sizeof cerr) == 0;
+        if (!b->pinned && !b->warned) {
+            b->warned = true;
+            fprintf(stderr, "fsoff: warning: the batches' host buffer is pageable, not pinned: "
+                            "%s; each copy of a micro-batch's tokens to a GPU waits for the "
+                            "host\n", cerr);
+        }
+#endif
+    }
+    int32_t *in = b->buf, *tg = in + n, *ps = tg + n;
+    memcpy(in, *inputs, sizeof(int32_t) * n);
+    memcpy(tg, *targets, sizeof(int32_t) * n);
+    *inputs = in;
+    *targets = tg;
+    if (*pos) {
+        memcpy(ps, *pos, sizeof(int32_t) * n);
+        *pos = ps;
+    }
+}
+
 int fso_zero_step_run(fso_zero *z, const int32_t *inputs, const int32_t *targets,
                       const int32_t *pos, fso_zero_step *st, char *err, size_t errlen)
 {
@@ -296,6 +344,7 @@ int fso_zero_step_run(fso_zero *z, const int32_t *inputs, const int32_t *targets
                  "with at least one target", (long long)step, n);
         return -ENODATA;
     }
+    zr_batch_pin(z, &inputs, &targets, &pos, n);
     for (int r = 0; r < z->world; r++) {
         z->ranks[r].compute.inputs = inputs;
         z->ranks[r].compute.targets = targets;
@@ -364,6 +413,9 @@ int fso_zero_eval(fso_zero *z, const int32_t *inputs, const int32_t *targets,
     double waited;
     int rc = fso_zero_finish(z, &waited, err, errlen);
     *loss_sum = 0;
+    const fso_config *cfg = z->cfg;
+    zr_batch_pin(z, &inputs, &targets, &pos,
+                 (size_t)n_micro * cfg->micro_batch * cfg->data.seq_len);
     for (int i = 0; rc == 0 && i < n_micro; i += z->world) {
         for (int r = 0; r < z->world; r++) {
             z->ranks[r].compute.inputs = inputs;

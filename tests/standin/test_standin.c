@@ -6,7 +6,9 @@
  *   - the backward's gradient copies to the host and its reduce-scatters
  *     are not waited for by the compute issued after them (the stand-in
  *     records, for every item a stream ran, the last item of each other
- *     stream it was ordered after: its vector clock).
+ *     stream it was ordered after: its vector clock);
+ *   - a step copies nothing through pageable host memory (such a copy
+ *     stalls the rank until its device catches up).
  * Run with FSO_CUDA_MODULE naming libfso_cuda_standin.so (meson does);
  * without it the program exits 77.
  */
@@ -181,6 +183,46 @@ static void test_backward_copies_and_collectives_run_under_compute(void **state)
     result_free(&r);
 }
 
+/* ---------------------------------------------------------------- pinning */
+
+static uint64_t g_stalls_after_step1;
+
+static void count_stalls(fso_trainer *tr, int step)
+{
+    (void)tr;
+    if (step == 1)
+        g_stalls_after_step1 = ctl->pageable_stalls();
+}
+
+/* After the first step (which grows the device scratch and pins what it
+ * first meets), a step copies nothing between the host and the devices
+ * through pageable memory, whose copies would stall the rank thread until
+ * the device caught up: the batches' tokens, targets and positions, the
+ * state staged in host memory and on NVMe, the norms, the losses. */
+static void test_steps_copy_no_pageable_memory(void **state)
+{
+    (void)state;
+    static const fso_tier tiers[][2] = {
+        {FSO_TIER_DEVICE, FSO_TIER_DEVICE}, {FSO_TIER_HOST, FSO_TIER_HOST},
+        {FSO_TIER_NVME, FSO_TIER_NVME},     {FSO_TIER_DEVICE, FSO_TIER_HOST},
+    };
+    for (size_t t = 0; t < sizeof tiers / sizeof tiers[0]; t++) {
+        fso_config cfg;
+        run_result r;
+        job(&cfg, 2, tiers[t][0], tiers[t][1]);
+        run(&cfg, &(run_hooks){.stepped = count_stalls}, &r);
+        if (r.rc)
+            fail_msg("%s", r.err);
+        const uint64_t stalls = ctl->pageable_stalls() - g_stalls_after_step1;
+        print_message("# tiers %d/%d: %llu pageable copies in steps 2 to %d\n", tiers[t][0],
+                      tiers[t][1], (unsigned long long)stalls, r.steps);
+        if (stalls)
+            fail_msg("tiers %d/%d: %llu copies through pageable memory in steps 2 to %d",
+                     tiers[t][0], tiers[t][1], (unsigned long long)stalls, r.steps);
+        result_free(&r);
+    }
+}
+
 /* ---------------------------------------------------------------- main */
 
 static int setup(void **state)
@@ -220,6 +262,7 @@ int main(void)
     signal(SIGALRM, on_alarm);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_backward_copies_and_collectives_run_under_compute),
+        cmocka_unit_test(test_steps_copy_no_pageable_memory),
         cmocka_unit_test(test_a_failing_kernel_ends_the_run_with_its_error),
         cmocka_unit_test(test_a_failing_copy_ends_the_run_with_its_error),
         cmocka_unit_test(test_a_stalled_rank_ends_the_run_after_the_timeout),
