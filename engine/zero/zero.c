@@ -548,7 +548,7 @@ void fso_zero_destroy(fso_zero *z)
     }
     zr_arena_free(z);
     zr_save_free(z);
-    zr_batch_free(z);
+    zr_pinned_free(&z->batch);
     zr_shared_coll_free(z);
     fso_topo_destroy(z->topo);
     free(z->ranks);

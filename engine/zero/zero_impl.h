@@ -95,7 +95,7 @@ struct fso_zero {
     rank_threads threads;        /* zero_step.h */
     save_gate save;              /* zero_save.h */
     shared_coll sc;              /* zero_source.h */
-    batch_stage batch;           /* zero_step.h: the caller's tokens, pinned for the GPUs */
+    zr_pinned batch;             /* zero_step.h zr_batch_pin: the caller's tokens, pinned */
 };
 
 /* The tier of block b's shards of kind k (config.h fso_offload_block_tier). */

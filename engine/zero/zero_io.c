@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cuda/cuda_backend.h"
 #include "topology.h"
 #include "util.h"
 
@@ -80,6 +81,40 @@ out:
 uint64_t zr_mark(fso_backend *be)
 {
     return be->ops->mark ? be->ops->mark(be) : 0;
+}
+
+void zr_pinned_free(zr_pinned *p)
+{
+#if FSO_HAVE_CUDA
+    if (p->pinned)
+        fso_cuda_host_unregister(p->buf, p->bytes);
+#endif
+    fso_io_free(p->buf, p->bytes);
+    *p = (zr_pinned){.warned = p->warned};
+}
+
+void *zr_pinned_get(zr_pinned *p, size_t bytes, bool cuda, const char *what, const char *cost)
+{
+    if (p->buf && p->bytes >= bytes)
+        return p->buf;
+    zr_pinned_free(p);
+    if (!(p->buf = fso_io_alloc(bytes)))
+        return NULL;
+    p->bytes = bytes;
+#if FSO_HAVE_CUDA
+    char cerr[256] = "";
+    if (cuda)
+        p->pinned = fso_cuda_host_register(p->buf, bytes, cerr, sizeof cerr) == 0;
+    if (cuda && !p->pinned && !p->warned) {
+        p->warned = true;
+        fprintf(stderr, "fsoff: warning: %s are pageable, not pinned: %s; %s\n", what, cerr, cost);
+    }
+#else
+    (void)cuda;
+    (void)what;
+    (void)cost;
+#endif
+    return p->buf;
 }
 
 uint64_t zr_mark_copies(fso_backend *be)

@@ -72,6 +72,24 @@ typedef struct rank_io {
                                     -1 none) */
 } rank_io;
 
+/* A host buffer the engine copies to and from the devices, kept from use
+ * to use and, for CUDA devices, pinned once (registered with the driver):
+ * copies from pageable memory would stall their caller until the device
+ * caught up. fso_io_alloc'd (aligned for O_DIRECT too). */
+typedef struct zr_pinned {
+    void *buf;                   /* NULL: none yet */
+    size_t bytes;
+    bool pinned;                 /* registered with the CUDA driver */
+    bool warned;                 /* a refused pin was said once */
+} zr_pinned;
+
+/* At least `bytes` in p->buf (grown when smaller), pinned when `cuda`: a
+ * refusal warns once, "WHAT are pageable, not pinned: REASON; COST", and
+ * leaves it pageable. NULL when out of memory. */
+void *zr_pinned_get(zr_pinned *p, size_t bytes, bool cuda, const char *what, const char *cost);
+/* Unpinned and freed; p zeroed but for `warned`. NULL-safe on a zeroed p. */
+void zr_pinned_free(zr_pinned *p);
+
 /* Record the thread's first failure in es (printf-style); returns rc. */
 int zr_fail(errsink *es, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* Queue one read or write of `bytes` at `off` of the rank's store on slot s. */

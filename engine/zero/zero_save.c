@@ -54,50 +54,19 @@ int zr_save_init(fso_zero *z)
     return 0;
 }
 
-static void stages_free(save_gate *g)
-{
-#if FSO_HAVE_CUDA
-    if (g->stages_pinned)
-        fso_cuda_host_unregister(g->stages, g->stage_bytes);
-#endif
-    fso_io_free(g->stages, g->stage_bytes);
-    g->stages = NULL;
-    g->stage_bytes = 0;
-    g->stages_pinned = false;
-}
-
-/* The saver's STAGES buffers of piece_bytes, in one block kept from save
- * to save and pinned once for CUDA devices (a refusal: one warning, and
- * pageable buffers). NULL when out of memory. */
+/* The saver's STAGES buffers of piece_bytes (zr_pinned). */
 static void *stages_for(fso_zero *z, size_t piece_bytes)
 {
-    save_gate *g = &z->save;
-    const size_t bytes = piece_bytes * STAGES;
-    if (g->stages && g->stage_bytes == bytes)
-        return g->stages;
-    stages_free(g);
-    if (!(g->stages = fso_io_alloc(bytes))) /* O_DIRECT writes: util.h */
-        return NULL;
-    g->stage_bytes = bytes;
-#if FSO_HAVE_CUDA
-    char cerr[256] = "";
-    if (z->cuda) {
-        g->stages_pinned = fso_cuda_host_register(g->stages, bytes, cerr, sizeof cerr) == 0;
-        if (!g->stages_pinned && !g->pin_warned) {
-            g->pin_warned = true;
-            fprintf(stderr, "fsoff: warning: checkpoint: the saver's staging buffers are "
-                            "pageable, not pinned: %s; copies from the GPUs go through the "
-                            "driver's bounce buffer and wait for the host\n", cerr);
-        }
-    }
-#endif
-    return g->stages;
+    return zr_pinned_get(&z->save.stages, piece_bytes * STAGES, z->cuda,
+                         "checkpoint: the saver's staging buffers",
+                         "copies from the GPUs go through the driver's bounce buffer and wait "
+                         "for the host");
 }
 
 void zr_save_free(fso_zero *z)
 {
     save_gate *g = &z->save;
-    stages_free(g);
+    zr_pinned_free(&g->stages);
     if (g->init) {
         zr_mutex_destroy(&g->mu);
         pthread_cond_destroy(&g->cv);

@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "zero.h"
+#include "zero_io.h"
 #include "zero_lock.h"
 
 typedef struct rank_state rank_state;
@@ -27,13 +28,9 @@ typedef struct save_gate {
     bool *done;                  /* [block] streamed out: a later update may change it */
     double *waited_ms;           /* [rank] updates waited for the saver, this save */
     double idle_waited_ms;       /* a re-plan waited for this save to stream out */
-    /* the saver's staging buffers (the saver, one save at a time): kept from
-     * save to save, pinned once (registered with CUDA) so that copies out of
-     * a GPU are asynchronous, not bounced through the driver's buffer */
-    void *stages;                /* stage_bytes, fso_io_alloc'd; NULL: none yet */
-    size_t stage_bytes;
-    bool stages_pinned;
-    bool pin_warned;             /* pinning them was refused, and said once */
+    zr_pinned stages;            /* the saver's staging buffers (the saver, one save at a
+                                    time): copies out of a GPU are then asynchronous, not
+                                    bounced through the driver's buffer */
 } save_gate;
 
 /* Before an update of step t changes block b on device rk: wait while a

@@ -11,7 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda/cuda_backend.h"
 #include "topology.h"
 #include "util.h"
 
@@ -280,43 +279,17 @@ void zr_first_error(const fso_zero *z, char *err, size_t errlen)
     snprintf(err, errlen, "%s", z->ranks[0].compute.err.msg);
 }
 
-void zr_batch_free(fso_zero *z)
-{
-    batch_stage *b = &z->batch;
-#if FSO_HAVE_CUDA
-    if (b->pinned)
-        fso_cuda_host_unregister(b->buf, b->bytes);
-#endif
-    fso_io_free(b->buf, b->bytes);
-    b->buf = NULL;
-    b->bytes = 0;
-    b->pinned = false;
-}
-
 void zr_batch_pin(fso_zero *z, const int32_t **inputs, const int32_t **targets,
                   const int32_t **pos, size_t n)
 {
-    batch_stage *b = &z->batch;
     if (!z->cuda)
         return;
-    const size_t want = sizeof(int32_t) * n * 3;
-    if (b->bytes < want) {
-        zr_batch_free(z);
-        if (!(b->buf = fso_io_alloc(want)))
-            return; /* the caller's buffers: pageable, but right */
-        b->bytes = want;
-#if FSO_HAVE_CUDA
-        char cerr[256] = "";
-        b->pinned = fso_cuda_host_register(b->buf, b->bytes, cerr, sizeof cerr) == 0;
-        if (!b->pinned && !b->warned) {
-            b->warned = true;
-            fprintf(stderr, "fsoff: warning: the batches' host buffer is pageable, not pinned: "
-                            "%s; each copy of a micro-batch's tokens to a GPU waits for the "
-                            "host\n", cerr);
-        }
-#endif
-    }
-    int32_t *in = b->buf, *tg = in + n, *ps = tg + n;
+    int32_t *in = zr_pinned_get(&z->batch, sizeof(int32_t) * n * 3, true,
+                                "the batches' host buffers",
+                                "each copy of a micro-batch's tokens to a GPU waits for it");
+    if (!in)
+        return; /* the caller's buffers: pageable, but right */
+    int32_t *tg = in + n, *ps = tg + n;
     memcpy(in, *inputs, sizeof(int32_t) * n);
     memcpy(tg, *targets, sizeof(int32_t) * n);
     *inputs = in;

@@ -31,18 +31,6 @@ typedef struct rank_threads {
     bool caller_bound;           /* the caller's thread: device 0's node applied to it */
 } rank_threads;
 
-/* The caller's tokens, targets and positions of a step or a validation
- * round, copied into host memory pinned for CUDA devices before the ranks
- * run (zr_batch_pin): the devices' copies of them are then asynchronous,
- * where from the caller's pageable buffers each would stall its rank until
- * the device had caught up. Reused from job to job: every job ends with a
- * device sync, so no copy of the last one is still reading it. */
-typedef struct batch_stage {
-    int32_t *buf;                /* the caller's thread; fso_io_alloc'd */
-    size_t bytes;
-    bool pinned;                 /* registered with the CUDA driver */
-    bool warned;                 /* a refusal said once */
-} batch_stage;
 
 /* Run fn on every device, device 0 on the caller's thread, and wait; the
  * first failure (another device's before -ECANCELED). */
@@ -52,12 +40,12 @@ void zr_stop_workers(fso_zero *z);
 /* The first device's failure message into err (one that caused the others'). */
 void zr_first_error(const fso_zero *z, char *err, size_t errlen);
 /* inputs, targets and pos (n elements each; pos may be NULL) as the ranks
- * should read them: copies in z->batch when the devices are CUDA GPUs,
- * else the caller's own. A refused pin warns once and keeps the copies
- * pageable; out of memory, the caller's own. */
+ * should read them: on CUDA devices, copies in z->batch (zr_pinned), so
+ * that copying them to a device does not stall its rank until the device
+ * has caught up; else the caller's own. Reused from job to job: every job
+ * ends with a device sync, so no copy of the last one still reads it. Out
+ * of memory: the caller's own. */
 void zr_batch_pin(fso_zero *z, const int32_t **inputs, const int32_t **targets,
                   const int32_t **pos, size_t n);
-/* The stage's memory, unpinned. */
-void zr_batch_free(fso_zero *z);
 
 #endif
