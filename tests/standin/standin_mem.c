@@ -215,11 +215,12 @@ static bool blk_drop_locked(si_dev *d, const void *p, bool only_dying)
     return true;
 }
 
-cudaError_t cudaMalloc(void **out, size_t bytes)
+/* cudaMalloc's and cudaMallocAsync's checks, then the allocation on d
+ * (`none`: the error when there is no d). */
+static cudaError_t malloc_on(si_dev *d, cudaError_t none, void **out, size_t bytes)
 {
-    si_dev *d = si_device(si_current());
     if (!d)
-        return si_set_last(cudaErrorNoDevice);
+        return si_set_last(none);
     if (!out)
         return si_set_last(cudaErrorInvalidValue);
     if (si_sticky(d))
@@ -231,20 +232,14 @@ cudaError_t cudaMalloc(void **out, size_t bytes)
     return si_set_last(dev_alloc(d, out, bytes));
 }
 
+cudaError_t cudaMalloc(void **out, size_t bytes)
+{
+    return malloc_on(si_device(si_current()), cudaErrorNoDevice, out, bytes);
+}
+
 cudaError_t cudaMallocAsync(void **out, size_t bytes, cudaStream_t s)
 {
-    si_dev *d = si_stream_dev(s);
-    if (!d)
-        return si_set_last(cudaErrorInvalidResourceHandle);
-    if (!out)
-        return si_set_last(cudaErrorInvalidValue);
-    if (si_sticky(d))
-        return si_set_last(si_sticky(d));
-    if (bytes == 0) {
-        *out = NULL;
-        return cudaSuccess;
-    }
-    return si_set_last(dev_alloc(d, out, bytes));
+    return malloc_on(si_stream_dev(s), cudaErrorInvalidResourceHandle, out, bytes);
 }
 
 cudaError_t cudaFree(void *p)

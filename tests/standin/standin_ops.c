@@ -63,6 +63,18 @@ void standin_kernel_flag(unsigned *dev_flags, unsigned bits)
 
 #define LAUNCH(s, what, k) standin_kernel_launch((s), (what), &(k).k, sizeof(k))
 
+/* Kernel k queued alone on be's compute stream, as a launcher of
+ * cuda_ops.cu queues its one kernel: ordered (fso_cuda_begin), launched,
+ * ended (fso_cuda_end, which checks the launch). */
+static void compute_one(fso_backend *be, const char *what, standin_kernel *k,
+                        size_t bytes)
+{
+    cudaStream_t s = fso_cuda_begin(be, FSO_CS_COMPUTE);
+    standin_kernel_launch(s, what, k, bytes);
+    fso_cuda_end(be, FSO_CS_COMPUTE, what);
+}
+#define COMPUTE(be, what, k) compute_one((be), (what), &(k).k, sizeof(k))
+
 /* ------------------------------------------------------------ embedding */
 
 struct k_embedding_fwd {
@@ -103,11 +115,9 @@ void fso_cuda_embedding_fwd(fso_backend *be, float *out, const int32_t *tok, con
 {
     if (N <= 0 || C <= 0)
         return;
-    cudaStream_t s = fso_cuda_begin(be, FSO_CS_COMPUTE);
     struct k_embedding_fwd k = {{embedding_fwd_body, 0}, out, tok, wte, dt, N, C,
                                 FSO_CUDA_CTX(be)->dev_flags};
-    LAUNCH(s, "embedding_fwd", k);
-    fso_cuda_end(be, FSO_CS_COMPUTE, "embedding_fwd");
+    COMPUTE(be, "embedding_fwd", k);
 }
 
 struct k_embedding_bwd {
@@ -144,11 +154,9 @@ void fso_cuda_embedding_bwd(fso_backend *be, float *dwte, const int32_t *tok, co
 {
     if (N <= 0 || C <= 0)
         return;
-    cudaStream_t s = fso_cuda_begin(be, FSO_CS_COMPUTE);
     struct k_embedding_bwd k = {{embedding_bwd_body, 0}, dwte, tok, dout, N, C,
                                 FSO_CUDA_CTX(be)->dev_flags};
-    LAUNCH(s, "embedding_bwd", k);
-    fso_cuda_end(be, FSO_CS_COMPUTE, "embedding_bwd");
+    COMPUTE(be, "embedding_bwd", k);
 }
 
 /* ------------------------------------------------------------ rmsnorm */
@@ -176,10 +184,8 @@ void fso_cuda_rmsnorm_fwd(fso_backend *be, void *out, float *rstd, const float *
 {
     if (N <= 0 || C <= 0)
         return;
-    cudaStream_t s = fso_cuda_begin(be, FSO_CS_COMPUTE);
     struct k_rmsnorm_fwd k = {{rmsnorm_fwd_body, 0}, out, rstd, x, w, dt, N, C, eps};
-    LAUNCH(s, "rmsnorm_fwd", k);
-    fso_cuda_end(be, FSO_CS_COMPUTE, "rmsnorm_fwd");
+    COMPUTE(be, "rmsnorm_fwd", k);
 }
 
 struct k_rmsnorm_bwd {
@@ -240,10 +246,8 @@ void fso_cuda_rope(fso_backend *be, void *x, fso_dtype dt, const float *cos_t,
     const size_t pairs = (size_t)B * T * nh * (D / 2);
     if (pairs == 0)
         return;
-    cudaStream_t s = fso_cuda_begin(be, FSO_CS_COMPUTE);
     struct k_rope k = {{rope_body, 0}, x, dt, cos_t, sin_t, pos, B, T, nh, D, inverse};
-    LAUNCH(s, "rope", k);
-    fso_cuda_end(be, FSO_CS_COMPUTE, "rope");
+    COMPUTE(be, "rope", k);
 }
 
 /* ------------------------------------------------------------ swiglu, add */
@@ -274,10 +278,8 @@ void fso_cuda_swiglu_fwd(fso_backend *be, void *out, const void *gate, const voi
 {
     if (n == 0)
         return;
-    cudaStream_t s = fso_cuda_begin(be, FSO_CS_COMPUTE);
     struct k_swiglu k = {{swiglu_fwd_body, 0}, out, NULL, NULL, gate, up, dt, n};
-    LAUNCH(s, "swiglu_fwd", k);
-    fso_cuda_end(be, FSO_CS_COMPUTE, "swiglu_fwd");
+    COMPUTE(be, "swiglu_fwd", k);
 }
 
 void fso_cuda_swiglu_bwd(fso_backend *be, void *dgate, void *dup, const void *dout,
@@ -285,10 +287,8 @@ void fso_cuda_swiglu_bwd(fso_backend *be, void *dgate, void *dup, const void *do
 {
     if (n == 0)
         return;
-    cudaStream_t s = fso_cuda_begin(be, FSO_CS_COMPUTE);
     struct k_swiglu k = {{swiglu_bwd_body, 0}, dgate, dup, dout, gate, up, dt, n};
-    LAUNCH(s, "swiglu_bwd", k);
-    fso_cuda_end(be, FSO_CS_COMPUTE, "swiglu_bwd");
+    COMPUTE(be, "swiglu_bwd", k);
 }
 
 struct k_add {
@@ -308,10 +308,8 @@ void fso_cuda_add(fso_backend *be, float *out, const float *a, const float *b, s
 {
     if (n == 0)
         return;
-    cudaStream_t s = fso_cuda_begin(be, FSO_CS_COMPUTE);
     struct k_add k = {{add_body, 0}, out, a, b, n};
-    LAUNCH(s, "add", k);
-    fso_cuda_end(be, FSO_CS_COMPUTE, "add");
+    COMPUTE(be, "add", k);
 }
 
 /* ------------------------------------------------------------ bias */
@@ -340,10 +338,8 @@ void fso_cuda_bias_add(fso_backend *be, void *out, const void *b, fso_dtype dt, 
 {
     if (N <= 0 || C <= 0)
         return;
-    cudaStream_t s = fso_cuda_begin(be, FSO_CS_COMPUTE);
     struct k_bias k = {{bias_add_body, 0}, out, b, dt, N, C};
-    LAUNCH(s, "bias_add", k);
-    fso_cuda_end(be, FSO_CS_COMPUTE, "bias_add");
+    COMPUTE(be, "bias_add", k);
 }
 
 void fso_cuda_bias_bwd(fso_backend *be, float *db, const void *dout, fso_dtype dt, int N, int C)
@@ -401,11 +397,9 @@ void fso_cuda_cross_entropy(fso_backend *be, float *dlogits, float *losses, cons
 {
     if (N <= 0 || V <= 0)
         return;
-    cudaStream_t s = fso_cuda_begin(be, FSO_CS_COMPUTE);
     struct k_cross_entropy k = {{cross_entropy_body, 0}, dlogits, losses, logits, targets, N, V,
                                 dscale, FSO_CUDA_CTX(be)->dev_flags};
-    LAUNCH(s, "cross_entropy", k);
-    fso_cuda_end(be, FSO_CS_COMPUTE, "cross_entropy");
+    COMPUTE(be, "cross_entropy", k);
 }
 
 /* ------------------------------------------------------------ casts */
@@ -503,8 +497,6 @@ void fso_cuda_adamw(fso_backend *be, float *master, const float *grad, float *m,
 {
     if (n == 0)
         return;
-    cudaStream_t s = fso_cuda_begin(be, FSO_CS_COMPUTE);
     struct k_adamw k = {{adamw_body, 0}, master, m, v, grad, out, out_bf16, n, *c};
-    LAUNCH(s, "adamw", k);
-    fso_cuda_end(be, FSO_CS_COMPUTE, "adamw");
+    COMPUTE(be, "adamw", k);
 }
