@@ -139,6 +139,23 @@ static void test_a_module_with_another_interface_is_refused_from_its_number_alon
     assert_says(err, "another fsoff build");
 }
 
+/* The tests' CUDA stand-in (tests/standin) is refused by a program that
+ * does not link tests/standin/allow.c, as fsoff does not: this one. */
+static void test_the_cuda_stand_in_is_refused_outside_the_tests(void **state)
+{
+    (void)state;
+    const char *path = FSO_CUDA_MODULE_BUILD_DIR "/tests/standin/libfso_cuda_standin.so";
+    const fso_cuda_module_api *api = (const void *)1;
+    char err[1024] = "";
+    assert_true(&fso_cuda_standin_allowed == NULL);
+    assert_int_equal(fso_cuda_module_open(path, &api, err, sizeof err), -ENOEXEC);
+    fprintf(stderr, "# %s\n", err);
+    assert_null(api);
+    assert_says(err, path);
+    assert_says(err, "the tests' CUDA stand-in");
+    assert_says(err, "unset FSO_CUDA_MODULE");
+}
+
 /* err names the variable and its file, and says what to do */
 static void assert_names_the_module(const char *err)
 {
@@ -201,6 +218,7 @@ int main(void)
         cmocka_unit_test(test_a_library_that_is_not_the_module_is_refused),
         cmocka_unit_test(test_a_module_with_another_build_identity_is_refused_naming_both),
         cmocka_unit_test(test_a_module_with_another_interface_is_refused_from_its_number_alone),
+        cmocka_unit_test(test_the_cuda_stand_in_is_refused_outside_the_tests),
         cmocka_unit_test(test_without_its_module_every_entry_point_says_why),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
