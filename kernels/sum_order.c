@@ -10,22 +10,21 @@ double fso_sum_tree(double v[FSO_SUM_LANES])
     return v[0];
 }
 
-/* Four rows of lanes at a time, each lane's four additions in its order:
- * the lanes are loaded and stored once per four rows. */
+/* Eight rows of lanes at a time, each lane's eight additions in its order:
+ * the lanes are loaded and stored once per eight rows. */
 static inline void lanes_add(double *restrict lane, const float *restrict x, size_t n,
                              const bool square)
 {
     const size_t L = FSO_SUM_LANES;
     size_t j = 0;
-    for (; j + 4 * L <= n; j += 4 * L) {
-        const float *r0 = x + j, *r1 = r0 + L, *r2 = r1 + L, *r3 = r2 + L;
+    for (; j + 8 * L <= n; j += 8 * L) {
+        const float *r = x + j;
         for (size_t t = 0; t < L; t++) {
             double s = lane[t];
-            const double a = r0[t], b = r1[t], c = r2[t], d = r3[t];
-            s += square ? a * a : a;
-            s += square ? b * b : b;
-            s += square ? c * c : c;
-            s += square ? d * d : d;
+            for (size_t k = 0; k < 8; k++) {
+                const double a = r[k * L + t];
+                s += square ? a * a : a;
+            }
             lane[t] = s;
         }
     }
