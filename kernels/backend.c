@@ -256,11 +256,7 @@ int fso_cpu_sync(fso_backend *be)
 
 void fso_cpu_sum(fso_backend *be, double *out, const float *x, size_t n)
 {
-    (void)be;
-    double s = 0;
-    for (size_t i = 0; i < n; i++)
-        s += x[i];
-    *out += s;
+    fso_host_sum(fso_cpu_pool(be), out, x, n);
 }
 
 void fso_rope_tables(float *cos_t, float *sin_t, int T, int D, double theta)

@@ -175,14 +175,15 @@ typedef struct fso_backend_ops {
     void (*cross_entropy)(fso_backend *be, float *dlogits, float *losses, const float *logits,
                           const int32_t *targets, int N, int V, float dscale);
 
-    /* *out += sum of x[i]^2 in double (host scalar). The sum is taken in
-     * order with the other ops; *out holds it once sync() has returned, or
+    /* *out += sum of x[i]^2 in double (host scalar), in sum_order.h's order
+     * on every backend (the same bits). The sum is taken in order with the
+     * other ops; *out holds it once sync() has returned, or
      * wait_mark() of a mark taken after the call (the CPU backends add it at
      * once; the CUDA backend copies it back asynchronously, so a step takes
      * its norms without waiting per block). */
     void (*sqnorm)(fso_backend *be, double *out, const float *x, size_t n);
-    /* *out += sum of x[i] in double, delivered as sqnorm's: the losses of a
-     * micro-batch reach the host without a wait. */
+    /* *out += sum of x[i] in double, in the same order, delivered as
+     * sqnorm's: the losses of a micro-batch reach the host without a wait. */
     void (*sum)(fso_backend *be, double *out, const float *x, size_t n);
 
     /* Marks, optional (NULL: the backend's work is done when an op returns,
@@ -361,10 +362,13 @@ uint64_t fso_backend_stale_marks(fso_backend *be);
 int fso_backend_coll_create(struct fso_coll **out, int world, fso_backend **devs, char *err,
                             size_t errlen);
 
-/* *out += sum of x[i]^2 over host memory, in double, in fixed 64K-element
- * chunks added in order: the fast CPU backend's sqnorm, usable on host
- * buffers whatever the device backend (pool may be NULL). */
+/* *out += sum of x[i]^2 over host memory, in double, in sum_order.h's
+ * order (a device's sqnorm gives the same bits), its chunks over the pool's
+ * threads: the fast CPU backend's sqnorm, usable on host buffers whatever
+ * the device backend (pool may be NULL). */
 void fso_host_sqnorm(struct fso_pool *pool, double *out, const float *x, size_t n);
+/* *out += sum of x[i], the same way: the CPU backends' sum. */
+void fso_host_sum(struct fso_pool *pool, double *out, const float *x, size_t n);
 
 /* dst (n) = the sum of the nsrc sources in their order, or dst + that sum
  * when accumulating; with sq, *sq += its squares as fso_host_sqnorm adds

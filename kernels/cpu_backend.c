@@ -21,6 +21,7 @@
 
 #include "cpu_common.h"
 #include "pool.h"
+#include "sum_order.h"
 
 #define POOL(be) (((fso_cpu_ctx *)(be)->ctx)->pool)
 
@@ -583,16 +584,15 @@ static void fast_cross_entropy(fso_backend *be, float *dlogits, float *losses, c
     fso_pool_for(POOL(be), N, 4, ce_range, &a);
 }
 
-/* ------------------------------------------------------------ sqnorm */
+/* ------------------------------------------------------------ sqnorm, sum */
 
-/* Fixed 64K-element chunks summed in order: the result does not depend on
- * the thread count. */
-#define SQNORM_CHUNK 65536
-#define SQNORM_BATCH 256 /* chunks per pass, partial sums on the stack */
+/* The order of sum_order.h, its chunks spread over the pool: the result
+ * does not depend on the thread count. */
+#define SUM_BATCH FSO_SUM_LANES /* chunks per pass: partial sums on the stack */
 
-/* One pass over up to SQNORM_BATCH chunks from chunk first_chunk of n
- * elements: each chunk's partial sum lands in part (NULL: none taken). The
- * first member of every chunked loop's arguments. */
+/* One pass over up to SUM_BATCH chunks from chunk first_chunk of n
+ * elements: each chunk's sum lands in part (NULL: none taken). The first
+ * member of every chunked loop's arguments. */
 struct chunk_pass {
     size_t n, first_chunk;
     double *part;
@@ -601,43 +601,23 @@ struct chunk_pass {
 struct sq_args {
     struct chunk_pass c;
     const float *x;
+    bool square;
 };
 
-/* Four whole chunks at once: four sums, each over its own chunk in order
- * (the same bits as one chunk at a time), so that the additions of one do
- * not wait on the others'; a single sum waits on every add before it and
- * runs at a quarter of the memory's speed. sq_four_add adds the squares of
- * the first n elements of four chunks from x to s[0..3]. */
-static inline void sq_four_add(const float *x, size_t n, double s[4])
-{
-    const float *x0 = x, *x1 = x + SQNORM_CHUNK, *x2 = x + 2 * SQNORM_CHUNK,
-                *x3 = x + 3 * SQNORM_CHUNK;
-    double s0 = s[0], s1 = s[1], s2 = s[2], s3 = s[3];
-    for (size_t i = 0; i < n; i++) {
-        s0 += (double)x0[i] * x0[i];
-        s1 += (double)x1[i] * x1[i];
-        s2 += (double)x2[i] * x2[i];
-        s3 += (double)x3[i] * x3[i];
-    }
-    s[0] = s0;
-    s[1] = s1;
-    s[2] = s2;
-    s[3] = s3;
-}
+/* elements of a chunk taken at a time: a multiple of FSO_SUM_LANES */
+#define SUM_SLICE 2048
 
-static void sq_four_chunks(const float *x, double part[4])
+/* Four whole chunks side by side, a slice of each in turn, each into its
+ * own lanes (the bits of fso_sum_chunk): four streams from memory keep more
+ * reads in flight than one, as the old front-to-back sums did. */
+static void sum_four_chunks(const float *x, bool square, double part[4])
 {
-    part[0] = part[1] = part[2] = part[3] = 0;
-    sq_four_add(x, SQNORM_CHUNK, part);
-}
-
-/* One chunk's squares, front to back, in double. */
-static double sq_chunk(const float *x, size_t n)
-{
-    double s = 0;
-    for (size_t i = 0; i < n; i++)
-        s += (double)x[i] * x[i];
-    return s;
+    double lane[4][FSO_SUM_LANES] = {{0}};
+    for (size_t o = 0; o < FSO_SUM_CHUNK; o += SUM_SLICE)
+        for (int k = 0; k < 4; k++)
+            fso_sum_lanes_add(lane[k], x + (size_t)k * FSO_SUM_CHUNK + o, SUM_SLICE, square);
+    for (int k = 0; k < 4; k++)
+        part[k] = fso_sum_tree(lane[k]);
 }
 
 static void sq_range(void *a_, int64_t b, int64_t e, int worker)
@@ -645,37 +625,46 @@ static void sq_range(void *a_, int64_t b, int64_t e, int worker)
     struct sq_args *a = a_;
     (void)worker;
     for (int64_t c = b; c < e;) {
-        size_t i0 = (a->c.first_chunk + c) * SQNORM_CHUNK;
-        if (c + 4 <= e && i0 + 4 * SQNORM_CHUNK <= a->c.n) {
-            sq_four_chunks(a->x + i0, &a->c.part[c]);
+        const size_t i0 = (a->c.first_chunk + (size_t)c) * FSO_SUM_CHUNK;
+        if (c + 4 <= e && i0 + 4 * FSO_SUM_CHUNK <= a->c.n) {
+            sum_four_chunks(a->x + i0, a->square, &a->c.part[c]);
             c += 4;
             continue;
         }
-        size_t i1 = i0 + SQNORM_CHUNK < a->c.n ? i0 + SQNORM_CHUNK : a->c.n;
-        a->c.part[c++] = sq_chunk(a->x + i0, i1 - i0);
+        const size_t len = a->c.n - i0 < FSO_SUM_CHUNK ? a->c.n - i0 : FSO_SUM_CHUNK;
+        a->c.part[c++] = fso_sum_chunk(a->x + i0, len, a->square);
     }
 }
 
-/* Every chunk of n elements, SQNORM_BATCH at a time, through fn (args
- * begins with a chunk_pass); with out, the chunks' partial sums added to
- * *out in order. */
+/* Every chunk of n elements, SUM_BATCH at a time, through fn (args begins
+ * with a chunk_pass); with out, *out += the chunks' sums combined in
+ * sum_order.h's order. A pass starts at a multiple of FSO_SUM_LANES chunks,
+ * so its chunk c goes to slot c. */
 static void chunk_passes(fso_pool *pool, size_t n, fso_pool_fn fn, void *args, double *out)
 {
     struct chunk_pass *cp = args;
-    const size_t nchunks = (n + SQNORM_CHUNK - 1) / SQNORM_CHUNK;
-    double part[SQNORM_BATCH];
-    for (size_t c0 = 0; c0 < nchunks; c0 += SQNORM_BATCH) {
-        const size_t m = nchunks - c0 < SQNORM_BATCH ? nchunks - c0 : SQNORM_BATCH;
+    const size_t nchunks = fso_sum_chunks(n);
+    double part[SUM_BATCH], slot[FSO_SUM_LANES] = {0};
+    for (size_t c0 = 0; c0 < nchunks; c0 += SUM_BATCH) {
+        const size_t m = nchunks - c0 < SUM_BATCH ? nchunks - c0 : SUM_BATCH;
         *cp = (struct chunk_pass){.n = n, .first_chunk = c0, .part = out ? part : NULL};
         fso_pool_for(pool, (int64_t)m, 1, fn, args);
         for (size_t c = 0; out && c < m; c++)
-            *out += part[c];
+            slot[c] += part[c];
     }
+    if (out && nchunks)
+        *out += fso_sum_tree(slot);
 }
 
 void fso_host_sqnorm(fso_pool *pool, double *out, const float *x, size_t n)
 {
-    struct sq_args a = {.x = x};
+    struct sq_args a = {.x = x, .square = true};
+    chunk_passes(pool, n, sq_range, &a, out);
+}
+
+void fso_host_sum(fso_pool *pool, double *out, const float *x, size_t n)
+{
+    struct sq_args a = {.x = x, .square = false};
     chunk_passes(pool, n, sq_range, &a, out);
 }
 
@@ -711,43 +700,28 @@ static void rsq_sum(const struct rsq_args *a, size_t i0, size_t i1)
     }
 }
 
-#define RSQ_SLICE 2048 /* elements of each of four chunks summed, then squared, at a time */
-
-/* Four whole chunks from element i0, a slice of each at a time: summed,
- * then its squares added to its chunk's sum while it is in L1, the four
- * chunks' sums side by side as in sq_four_chunks (the same bits as one
- * chunk at a time, four times the additions in flight). */
-static void rsq_four_chunks(const struct rsq_args *a, size_t i0, double part[4])
-{
-    part[0] = part[1] = part[2] = part[3] = 0;
-    for (size_t o = 0; o < SQNORM_CHUNK; o += RSQ_SLICE) {
-        for (int j = 0; j < 4; j++) {
-            const size_t from = i0 + (size_t)j * SQNORM_CHUNK + o;
-            rsq_sum(a, from, from + RSQ_SLICE);
-        }
-        sq_four_add(a->dst + i0 + o, RSQ_SLICE, part);
-    }
-}
 
 /* Chunk by chunk: the sources summed into dst (rsq_sum), then, with part,
- * the chunk's squares in order while it is in cache, as sq_range takes
- * them; four whole chunks at a time where they are. */
+ * the chunk's squares into its lanes a slice at a time while the slice is
+ * in L1: the bits of fso_sum_chunk. */
 static void rsq_range(void *a_, int64_t b, int64_t e, int worker)
 {
     struct rsq_args *a = a_;
     (void)worker;
-    for (int64_t c = b; c < e;) {
-        const size_t i0 = (a->c.first_chunk + (size_t)c) * SQNORM_CHUNK;
-        if (a->c.part && c + 4 <= e && i0 + 4 * SQNORM_CHUNK <= a->c.n) {
-            rsq_four_chunks(a, i0, &a->c.part[c]);
-            c += 4;
+    for (int64_t c = b; c < e; c++) {
+        const size_t i0 = (a->c.first_chunk + (size_t)c) * FSO_SUM_CHUNK;
+        const size_t i1 = i0 + FSO_SUM_CHUNK < a->c.n ? i0 + FSO_SUM_CHUNK : a->c.n;
+        if (!a->c.part) {
+            rsq_sum(a, i0, i1);
             continue;
         }
-        const size_t i1 = i0 + SQNORM_CHUNK < a->c.n ? i0 + SQNORM_CHUNK : a->c.n;
-        rsq_sum(a, i0, i1);
-        if (a->c.part)
-            a->c.part[c] = sq_chunk(a->dst + i0, i1 - i0);
-        c++;
+        double lane[FSO_SUM_LANES] = {0};
+        for (size_t from = i0; from < i1; from += SUM_SLICE) {
+            const size_t to = from + SUM_SLICE < i1 ? from + SUM_SLICE : i1;
+            rsq_sum(a, from, to);
+            fso_sum_lanes_add(lane, a->dst + from, to - from, true);
+        }
+        a->c.part[c] = fso_sum_tree(lane);
     }
 }
 

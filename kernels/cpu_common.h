@@ -55,7 +55,8 @@ struct fso_pool *fso_cpu_pool(fso_backend *be);
 int  fso_cpu_coll_create(struct fso_coll **out, int world, fso_backend **devs, char *err,
                          size_t errlen);
 
-/* *out += sum of x (n) in double, in order: both CPU backends' sum op */
+/* *out += sum of x (n) in double, in sum_order.h's order (fso_host_sum):
+ * both CPU backends' sum op */
 void fso_cpu_sum(fso_backend *be, double *out, const float *x, size_t n);
 
 /* The typed ops (backend.h) over a backend's fso_cpu_kernels. */

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "cpu_common.h"
+#include "sum_order.h"
 
 static void ref_embedding_fwd(fso_backend *be, float *out, const int32_t *tok, const float *wte,
                               int N, int C)
@@ -287,13 +288,12 @@ static void ref_cross_entropy(fso_backend *be, float *dlogits, float *losses, co
     }
 }
 
+/* The one order of every backend (sum_order.h), on one thread. */
 static void ref_sqnorm(fso_backend *be, double *out, const float *x, size_t n)
 {
     (void)be;
-    double s = 0;
-    for (size_t i = 0; i < n; i++)
-        s += (double)x[i] * x[i];
-    *out += s;
+    if (n)
+        *out += fso_sum_ordered(x, n, true);
 }
 
 /* bf16 is the top half of an fp32: widening is a shift, exact for every

@@ -29,6 +29,7 @@
 #include "fso_build.h"
 #include "pool.h"
 #include "rng.h"
+#include "sum_order.h"
 #include "test_util.h"
 
 #define FAST_TOL 2e-5
@@ -811,22 +812,97 @@ static void test_sqnorm_is_exact_and_thread_independent(void **state)
     assert_true(memcmp(&b, &c, sizeof b) == 0);
     fso_backend_destroy(one);
     gfree(x);
-    /* the order is the definition: 64K-element chunks, each summed front to
-     * back, the chunk sums added in order. Nine whole chunks and a part, so
-     * the four-at-a-time path and the single one both run, on any split
-     * among threads. */
-    n = 9 * 65536 + 1001;
-    x = randbuf(n, 7);
-    double want = 0, got = 0;
-    for (size_t c0 = 0; c0 < n; c0 += 65536) {
-        double cs = 0;
-        for (size_t i = c0; i < n && i < c0 + 65536; i++)
-            cs += (double)x[i] * x[i];
-        want += cs;
+}
+
+/* The device's reduction as its kernels run it (cuda_ops.cu), one thread
+ * of a block at a time: lane t of a chunk adds elements t, t + 256, ...;
+ * the halving tree; slot t of the final block adds chunks t, t + 256, ...
+ * from 0.0; the tree again. sum_order.h's definition, written plainly. */
+static double tree256(double *v)
+{
+    for (int w = 128; w > 0; w >>= 1)
+        for (int t = 0; t < w; t++)
+            v[t] = v[t] + v[t + w];
+    return v[0];
+}
+
+static double device_order(const float *x, size_t n, bool square)
+{
+    const size_t chunks = (n + 65535) / 65536;
+    double part_slot[256];
+    for (int t = 0; t < 256; t++) {
+        double s = 0.0;
+        for (size_t b = (size_t)t; b < chunks; b += 256) {
+            const size_t base = b * 65536, end = base + 65536 < n ? base + 65536 : n;
+            double lane[256];
+            for (int l = 0; l < 256; l++) {
+                double ls = 0.0;
+                for (size_t i = base + (size_t)l; i < end; i += 256)
+                    ls += square ? (double)x[i] * x[i] : (double)x[i];
+                lane[l] = ls;
+            }
+            s += tree256(lane);
+        }
+        part_slot[t] = s;
     }
-    fast->ops->sqnorm(fast, &got, x, n);
-    assert_true(memcmp(&want, &got, sizeof want) == 0);
-    gfree(x);
+    return tree256(part_slot);
+}
+
+/* Every CPU path of sqnorm and sum takes sum_order.h's order, bit for bit,
+ * on 1 and 2 threads, around a lane row's and a chunk's edges and past 256
+ * chunks (a slot's second chunk); fso_sum_ordered is the device's order. */
+static void test_sqnorm_and_sum_take_the_one_order(void **state)
+{
+    (void)state;
+    const size_t sizes[] = {1, 255, 256, 257, 1023, 65535, 65536, 65537, 9 * 65536 + 1001,
+                            (size_t)256 * 65536 + 3};
+    fso_backend *be[2] = {NULL, NULL};
+    fso_pool *pool[2] = {NULL, NULL};
+    for (int t = 0; t < 2; t++) {
+        assert_int_equal(fso_backend_create(&be[t], FSO_BACKEND_CPU, 0, t + 1, 0, NULL, 0), 0);
+        assert_int_equal(fso_pool_create(&pool[t], t + 1), 0);
+    }
+    for (size_t k = 0; k < sizeof sizes / sizeof *sizes; k++) {
+        const size_t n = sizes[k];
+        float *x = randbuf(n, 3);
+        for (int square = 0; square < 2; square++) {
+            const double want = 0.25 + fso_sum_ordered(x, n, square);
+            if (n < 2 * 65536) { /* the plain replay is slow: strided over a chunk */
+                const double dev = 0.25 + device_order(x, n, square);
+                if (memcmp(&dev, &want, sizeof want) != 0)
+                    fail_msg("n %zu %s: fso_sum_ordered %.17g, the device's order %.17g", n,
+                             square ? "sqnorm" : "sum", want, dev);
+            }
+            double got[5];
+            for (int t = 0; t < 2; t++) {
+                got[2 * t] = got[2 * t + 1] = 0.25;
+                if (square) {
+                    be[t]->ops->sqnorm(be[t], &got[2 * t], x, n);
+                    fso_host_sqnorm(pool[t], &got[2 * t + 1], x, n);
+                } else {
+                    be[t]->ops->sum(be[t], &got[2 * t], x, n);
+                    fso_host_sum(pool[t], &got[2 * t + 1], x, n);
+                }
+            }
+            got[4] = 0.25; /* cpu-ref */
+            if (square)
+                ref->ops->sqnorm(ref, &got[4], x, n);
+            else
+                ref->ops->sum(ref, &got[4], x, n);
+            static const char *const what[5] = {"cpu backend, 1 thread", "fso_host_*, 1 thread",
+                                                "cpu backend, 2 threads", "fso_host_*, 2 threads",
+                                                "cpu-ref"};
+            for (int i = 0; i < 5; i++)
+                if (memcmp(&got[i], &want, sizeof want) != 0)
+                    fail_msg("n %zu %s, %s: %.17g, the order gives %.17g", n,
+                             square ? "sqnorm" : "sum", what[i], got[i], want);
+        }
+        gfree(x);
+    }
+    for (int t = 0; t < 2; t++) {
+        fso_backend_destroy(be[t]);
+        fso_pool_destroy(pool[t]);
+    }
 }
 
 /* A reduce-scatter in host memory with its norm: the sum of the sources
@@ -836,8 +912,7 @@ static void test_sqnorm_is_exact_and_thread_independent(void **state)
 static void test_reduce_sqnorm_is_sum_then_sqnorm(void **state)
 {
     (void)state;
-    /* whole chunks and a part: four at a time on one thread and on one of
-     * three, one at a time on the others, and the part */
+    /* whole chunks and a part, split among one and three threads */
     const size_t n = 9 * 65536 + 1001;
     const int threads[2] = {1, 3};
     for (int nsrc = 2; nsrc <= 3; nsrc++)
@@ -892,13 +967,15 @@ static void test_sum_is_exact_in_double(void **state)
     (void)state;
     size_t n = 300001;
     float *x = randbuf(n, 1);
-    double a = 1, b = 1, exact = 1;
+    double a = 1, b = 1, exact = 1, mag = 0;
     ref->ops->sum(ref, &a, x, n);
     fast->ops->sum(fast, &b, x, n);
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = 0; i < n; i++) {
         exact += x[i];
-    assert_true(memcmp(&a, &exact, sizeof a) == 0);
-    assert_true(memcmp(&b, &exact, sizeof b) == 0);
+        mag += fabs(x[i]);
+    }
+    assert_true(fabs(a - exact) <= 1e-13 * mag);
+    assert_true(memcmp(&a, &b, sizeof a) == 0);
     gfree(x);
 }
 
@@ -1415,6 +1492,7 @@ int main(void)
         cmocka_unit_test(test_attention_and_rope_keep_documents_apart),
         cmocka_unit_test(test_cross_entropy_skips_negative_targets),
         cmocka_unit_test(test_sqnorm_is_exact_and_thread_independent),
+        cmocka_unit_test(test_sqnorm_and_sum_take_the_one_order),
         cmocka_unit_test(test_reduce_sqnorm_is_sum_then_sqnorm),
         cmocka_unit_test(test_sum_is_exact_in_double),
         cmocka_unit_test(test_async_device_keeps_a_gpus_rules),

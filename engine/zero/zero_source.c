@@ -544,7 +544,9 @@ static void src_grads_done(void *ctx, int b)
         be->ops->add(be, l->ptr, l->ptr, mine, S);
     } else if (!direct)
         be->ops->copy_h2d(be, l->ptr, mine, sizeof(float) * S);
-    if (last && !fused_norm) { /* on the host, the host's sum, as grads_land takes it */
+    /* on the host, the host's sum, as grads_land takes it: the device's bits
+     * (kernels/sum_order.h) */
+    if (last && !fused_norm) {
         rk->compute.grad_sq[b] = 0;
         if (l->tier == FSO_TIER_HOST)
             fso_host_sqnorm(fso_backend_pool(be), &rk->compute.grad_sq[b], l->ptr, S);

@@ -475,8 +475,8 @@ static bool owned(fso_cuda_ctx *ctx, const void *p, size_t bytes)
  * double comes back to pinned memory asynchronously and is added at the
  * next sync (or wait_mark of a later full mark), so taking a block's norm
  * or a micro-batch's loss never stalls the host. Host memory the device
- * cannot read is summed on the CPU in the device's order: the same bits,
- * at once. */
+ * cannot read is summed on the CPU in the device's order (sum_order.h,
+ * every backend's): the same bits, at once. */
 static void reduce_to_host(fso_backend *be, double *out, const float *x, size_t n, int square,
                            const char *what)
 {

@@ -15,6 +15,7 @@
 
 #include "backend.h"
 #include "cuda_backend.h"
+#include "sum_order.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -222,25 +223,29 @@ void fso_cuda_causal_softmax_bwd(fso_backend *be, void *ds, fso_dtype dt, const 
                                  const void *probs, size_t probs_head_elems, size_t rows, int T,
                                  float scale);
 
-/* The fixed order of sqnorm's and sum's reduction: chunks of
- * FSO_CUDA_REDUCE_CHUNK elements, each summed by FSO_CUDA_REDUCE_THREADS
- * threads (thread t takes elements t, t + THREADS, ... of the chunk, in
- * double) and their sums added by a halving tree; the chunk sums then
- * reduced the same way (thread t of the final pass adds chunks t,
- * t + THREADS, ... in order). */
-#define FSO_CUDA_REDUCE_THREADS 256
-#define FSO_CUDA_REDUCE_CHUNK 65536
+/* sqnorm's and sum's reduction is fsoff's one order (sum_order.h): a block
+ * of FSO_CUDA_REDUCE_THREADS threads per chunk of FSO_CUDA_REDUCE_CHUNK
+ * elements (thread t a lane), then one block over the chunk sums (thread t
+ * a slot: chunks t, t + THREADS, ... in order). */
+#define FSO_CUDA_REDUCE_THREADS FSO_SUM_LANES
+#define FSO_CUDA_REDUCE_CHUNK FSO_SUM_CHUNK
 
 /* sqnorm's and sum's device part (cuda_ops.cu): scratch[0] = sum of x^2
- * (square) or of x over n device-readable floats, in double, in that fixed
- * order, which does not depend on the GPU. scratch holds
- * fso_cuda_reduce_scratch_elems(n) doubles. */
+ * (square) or of x over n device-readable floats, in double, in that order,
+ * which does not depend on the GPU. scratch holds
+ * fso_cuda_reduce_scratch_elems(n) doubles: the total, then a chunk's sum
+ * each. */
 void fso_cuda_reduce_device(fso_backend *be, double *scratch, const float *x, size_t n,
                             int square);
-/* The same sum of n host floats on the CPU, bit for bit the device's
- * (cuda_reduce.c, the one host definition of the order). */
-double fso_cuda_reduce_host(const float *x, size_t n, int square);
-size_t fso_cuda_reduce_scratch_elems(size_t n);
+static inline size_t fso_cuda_reduce_scratch_elems(size_t n)
+{
+    return 1 + fso_sum_chunks(n);
+}
+/* The same sum of n host floats on the CPU, bit for bit the device's. */
+static inline double fso_cuda_reduce_host(const float *x, size_t n, int square)
+{
+    return fso_sum_ordered(x, n, square);
+}
 
 #ifdef __cplusplus
 }

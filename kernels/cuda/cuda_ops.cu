@@ -611,12 +611,13 @@ extern "C" void fso_cuda_cross_entropy(fso_backend *be, float *dlogits, float *l
 
 /* ------------------------------------------------------------ sqnorm, sum */
 
-/* Fixed shape (cuda_impl.h, FSO_CUDA_REDUCE_*): chunks of SQ_CHUNK
- * elements, SQ_THREADS threads each summing a strided share (of x^2, or of
- * x) in double, then a halving tree; the chunk sums reduced the same way by
- * one block. fso_cuda_reduce_host (cuda_reduce.c) replays it exactly
- * (every product of two floats is exact in double, so fused or not, the
- * bits are the same). */
+/* fsoff's one order (kernels/sum_order.h; FSO_CUDA_REDUCE_* in
+ * cuda_impl.h): chunks of SQ_CHUNK elements, SQ_THREADS threads (lanes) each
+ * summing a strided share (of x^2, or of x) in double, then a halving tree;
+ * the chunk sums reduced the same way by one block, thread t (slot t) adding
+ * chunks t, t + SQ_THREADS, ... in order. The CPU backends and the host
+ * (fso_sum_ordered, fso_host_sqnorm) compute the same bits (every product of
+ * two floats is exact in double, so fused or not, the bits are the same). */
 #define SQ_THREADS FSO_CUDA_REDUCE_THREADS
 #define SQ_CHUNK FSO_CUDA_REDUCE_CHUNK
 
