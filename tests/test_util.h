@@ -311,6 +311,43 @@ FSO_TEST_FN void assert_bit_identical(const run_result *a, const run_result *b, 
                          b->working[i]);
 }
 
+/* A GPU-rules run against the CPU backend's: the same bits on cpu-async;
+ * on the CUDA backend (fso_test_gpu_is_cuda), whose attention and matmuls
+ * run as its cuBLAS calls do (two batched GEMMs around the softmax rows;
+ * column-major products; bf16 operands multiplied as bf16), within
+ * test_cuda's tolerance: each step's loss and gradient norm relative 1e-4
+ * (bf16 working parameters: 3e-2), the parameters' normalized error the
+ * same. */
+FSO_TEST_FN void assert_gpu_rules_match(const run_result *cpu, const run_result *gpu,
+                                        int from_step, bool bf16, const char *what)
+{
+    if (!fso_test_gpu_is_cuda()) {
+        assert_bit_identical(cpu, gpu, from_step, what);
+        return;
+    }
+    const double tol = bf16 ? 3e-2 : 1e-4;
+    if (cpu->rc || gpu->rc)
+        fail_msg("%s: a run failed: rc %d (%s), rc %d (%s)", what, cpu->rc, cpu->err, gpu->rc,
+                 gpu->err);
+    assert_int_equal(cpu->steps, gpu->steps);
+    for (int s = from_step - 1; s < cpu->steps; s++)
+        if (!(fabs(gpu->loss[s] - cpu->loss[s]) <= tol * fabs(cpu->loss[s])) ||
+            !(fabs(gpu->norm[s] - cpu->norm[s]) <= tol * fabs(cpu->norm[s])))
+            fail_msg("%s: step %d: loss %.17g vs the CPU's %.17g, norm %.17g vs %.17g "
+                     "(tolerance %g)", what, s + 1, gpu->loss[s], cpu->loss[s], gpu->norm[s],
+                     cpu->norm[s], tol);
+    assert_int_equal(cpu->np, gpu->np);
+    double d2 = 0, a2 = 0;
+    for (size_t i = 0; i < cpu->np; i++) {
+        const double d = (double)gpu->params[i] - cpu->params[i];
+        d2 += d * d;
+        a2 += (double)cpu->params[i] * cpu->params[i];
+    }
+    if (!(sqrt(d2) <= tol * sqrt(a2)))
+        fail_msg("%s: parameters: normalized error %.3g (tolerance %g)", what,
+                 sqrt(d2 / (a2 > 0 ? a2 : 1)), tol);
+}
+
 /* ---------------------------------------------------------------- folders */
 
 /* Removes `name` in the folder dirfd and, when it is a folder, everything

@@ -4,7 +4,7 @@
  * fixed-order reduction (cuda_impl.h). The softmax rows follow
  * cuda_softmax.cu's formula and layout (fso_cuda_causal_softmax's comment)
  * in fp32, one row after another; the reduction is fso_cuda_reduce_host
- * (kernels/cuda/cuda_reduce.c), the device order's one host definition.
+ * (kernels/sum_order.c), the device order's one host definition.
  * Queued on the compute stream inside an op, as the real ones. */
 #include <math.h>
 
