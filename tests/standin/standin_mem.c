@@ -521,16 +521,28 @@ static cudaError_t queue_copy(struct copy_arg *c, cudaStream_t s, const char *wh
     return e;
 }
 
-cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind,
-                            cudaStream_t s)
+/* The checks an asynchronous copy or memset of n bytes on s makes first:
+ * a bad stream, the device's sticky error; 0 bytes is done. Returns the
+ * error to give back, with *done when there is nothing to queue. */
+static cudaError_t async_precheck(cudaStream_t s, size_t n, bool *done)
 {
     si_dev *sd = si_stream_dev(s);
+    *done = true;
     if (!sd)
         return si_set_last(cudaErrorInvalidResourceHandle);
     if (si_sticky(sd))
         return si_set_last(si_sticky(sd));
-    if (n == 0)
-        return cudaSuccess;
+    *done = n == 0;
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind,
+                            cudaStream_t s)
+{
+    bool done;
+    cudaError_t pre = async_precheck(s, n, &done);
+    if (done)
+        return pre;
     bool pageable;
     si_dev *d;
     const char *what;
@@ -568,13 +580,10 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, enum cudaMemcpyKind
 
 cudaError_t cudaMemsetAsync(void *p, int value, size_t n, cudaStream_t s)
 {
-    si_dev *sd = si_stream_dev(s);
-    if (!sd)
-        return si_set_last(cudaErrorInvalidResourceHandle);
-    if (si_sticky(sd))
-        return si_set_last(si_sticky(sd));
-    if (n == 0)
-        return cudaSuccess;
+    bool done;
+    cudaError_t pre = async_precheck(s, n, &done);
+    if (done)
+        return pre;
     if (si_classify(p, n, NULL) != SI_DEVICE)
         return si_set_last(cudaErrorInvalidValue);
     struct copy_arg *c = malloc(sizeof *c);
