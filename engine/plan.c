@@ -1042,9 +1042,11 @@ int fso_plan_apply(const fso_plan *p, fso_config *cfg, char *err, size_t errlen)
     for (int k = FSO_KIND_MASTER; k <= FSO_KIND_V; k++)
         if (fso_plan_state_host_blocks(p, k) > host_blocks)
             host_blocks = fso_plan_state_host_blocks(p, k);
+    fso_block_rule rule = {.n_blocks = nb, .resident_blocks = -1, .state_host_blocks = host_blocks};
+    memcpy(rule.tier, tier, sizeof tier);
     for (int b = 0; b < nb; b++) {
         for (int k = 0; k < FSO_N_KINDS; k++)
-            if (p->pl.tier[k][b] != fso_block_tier_rule(tier[k], (fso_kind)k, b, host_blocks)) {
+            if (p->pl.tier[k][b] != fso_block_tier(&rule, k, b)) {
                 snprintf(err, errlen, "the plan keeps some blocks' %s on one tier and others "
                                       "elsewhere; this engine takes one tier per kind (and the "
                                       "first blocks' optimizer state on the host)",

@@ -9,6 +9,8 @@
 #ifndef FSO_STATE_H
 #define FSO_STATE_H
 
+#include <stdbool.h>
+
 typedef enum fso_kind {
     FSO_KIND_PARAM = 0,   /* working parameters: gathered for compute; fp32, or bf16 */
     FSO_KIND_MASTER,      /* fp32 master weights */
@@ -35,6 +37,42 @@ typedef enum fso_overlap {
                              block is used as soon as it is updated */
     FSO_OVERLAP_BACKWARD, /* clipping off: each block updated as its last gradients land */
 } fso_overlap;
+
+/* Where each block's shards live: the rule the configuration, the trainer,
+ * the footprint and the planner all apply (one function, so that they
+ * agree block by block).
+ *   - Parameters: the first resident_blocks blocks of the residency order
+ *     (fso_residency_rank) are resident, on the devices across steps and
+ *     updated in place; the others are streamed from tier[PARAM] (host or
+ *     NVMe) each time they are used. resident_blocks < 0: none beyond
+ *     tier[PARAM] (every block there).
+ *   - Optimizer state and gradients (master, m, v, gradients): the
+ *     device_state_blocks blocks counted from the last block down (or from
+ *     block 0 up, device_state_first) live on the devices and are updated
+ *     there; of the others, the first state_host_blocks keep the kinds
+ *     whose tier is NVMe (master, m, v) in host memory; the rest follow
+ *     tier[k]. */
+typedef struct fso_block_rule {
+    int n_blocks;
+    fso_tier tier[FSO_N_KINDS];   /* each kind's tier for the blocks no count below moves */
+    int resident_blocks;          /* parameter blocks on the devices; < 0: none */
+    int device_state_blocks;      /* blocks whose state and gradients are on the devices */
+    bool device_state_first;      /* device_state_blocks from block 0 up, else from the last */
+    int state_host_blocks;        /* blocks whose NVMe state kinds stay on the host */
+} fso_block_rule;
+
+/* Whether a and b place every block's shards alike (every field equal). */
+bool fso_block_rule_same(const fso_block_rule *a, const fso_block_rule *b);
+/* The tier of block b's shards of kind k under r. */
+fso_tier fso_block_tier(const fso_block_rule *r, int kind, int b);
+/* Block b's place in the order in which parameter blocks are kept on the
+ * devices (0 first): block 0 (the embedding: no compute before it to hide
+ * its copy behind), then the rest spread evenly over the schedule
+ * (bit-reversed positions), so that every streamed block's copy has
+ * resident blocks' compute before it to hide behind. */
+int fso_residency_rank(int n_blocks, int b);
+/* The blocks in that order: order[i] is the block of rank i. */
+void fso_residency_order(int n_blocks, int *order);
 
 /* Each kind's names, "?" out of range: in messages, "parameters",
  * "master weights", "AdamW m", "AdamW v", "gradients". */

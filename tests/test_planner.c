@@ -237,8 +237,9 @@ static void test_host_room_takes_the_first_blocks_state(void **state)
         assert_int_equal(fso_plan_apply(&p, &cfg, err, sizeof err), 0);
         assert_int_equal(cfg.offload.state_host_blocks, h);
         assert_int_equal(fso_offload_tier(&cfg.offload, FSO_KIND_M), FSO_TIER_NVME);
-        assert_int_equal(fso_offload_block_tier(&cfg.offload, FSO_KIND_M, h - 1), FSO_TIER_HOST);
-        assert_int_equal(fso_offload_block_tier(&cfg.offload, FSO_KIND_M, h), FSO_TIER_NVME);
+        const int nb = p.pl.n_blocks;
+        assert_int_equal(fso_offload_block_tier(&cfg.offload, FSO_KIND_M, h - 1, nb), FSO_TIER_HOST);
+        assert_int_equal(fso_offload_block_tier(&cfg.offload, FSO_KIND_M, h, nb), FSO_TIER_NVME);
         /* a pin of the optimizer's tier keeps all of it there */
         for (int k = FSO_KIND_MASTER; k < FSO_N_KINDS; k++)
             s.in.pins.tier[k] = FSO_TIER_NVME;

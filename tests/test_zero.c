@@ -175,8 +175,8 @@ static void test_first_blocks_state_on_the_host_is_bit_identical(void **state)
                 fso_test_set_kind_tiers(&cfg, cases[i].t, nvme_dir);
                 cfg.offload.state_host_blocks = cases[i].host_blocks;
                 cfg.optimizer_overlap = cases[i].overlap;
-                assert_int_equal(fso_offload_block_tier(&cfg.offload, FSO_KIND_M, 0), H);
-                assert_int_equal(fso_offload_block_tier(&cfg.offload, FSO_KIND_M, nb - 1), N);
+                assert_int_equal(fso_offload_block_tier(&cfg.offload, FSO_KIND_M, 0, nb), H);
+                assert_int_equal(fso_offload_block_tier(&cfg.offload, FSO_KIND_M, nb - 1, nb), N);
                 snprintf(what, sizeof what, "%d devices, %s, case %zu, %d blocks' state on host",
                          world, backends[be], i, cases[i].host_blocks);
                 run(&cfg, NULL, &r);
@@ -219,7 +219,7 @@ static void expected_bytes(const fso_config *cfg, uint64_t *rd, uint64_t *wr)
     memset(wr, 0, sizeof(uint64_t) * FSO_N_KINDS);
     for (int b = 0; b < nb; b++)
         for (int k = 0; k < FSO_N_KINDS; k++) {
-            if (fso_offload_block_tier(&cfg->offload, (fso_kind)k, b) != FSO_TIER_NVME)
+            if (fso_offload_block_tier(&cfg->offload, (fso_kind)k, b, nb) != FSO_TIER_NVME)
                 continue;
             uint64_t bytes = (k == FSO_KIND_PARAM && cfg->bf16 ? 2u : 4u) * bl[b].padded_elems / W;
             uint64_t pages = (bytes + 4095) / 4096 * 4096 * (uint64_t)W;

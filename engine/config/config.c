@@ -781,16 +781,22 @@ fso_tier fso_offload_tier(const fso_offload_config *o, fso_kind k)
     return k == FSO_KIND_PARAM ? o->param_tier : o->optim_tier;
 }
 
-fso_tier fso_block_tier_rule(fso_tier kind_tier, fso_kind k, int b, int state_host_blocks)
+void fso_offload_block_rule(const fso_offload_config *o, int n_blocks, fso_block_rule *r)
 {
-    const bool state = k == FSO_KIND_MASTER || k == FSO_KIND_M || k == FSO_KIND_V;
-    return state && kind_tier == FSO_TIER_NVME && b < state_host_blocks ? FSO_TIER_HOST
-                                                                         : kind_tier;
+    r->n_blocks = n_blocks;
+    for (int k = 0; k < FSO_N_KINDS; k++)
+        r->tier[k] = fso_offload_tier(o, (fso_kind)k);
+    r->resident_blocks = o->resident_blocks;
+    r->device_state_blocks = o->device_state_blocks;
+    r->device_state_first = o->device_state_first;
+    r->state_host_blocks = o->state_host_blocks;
 }
 
-fso_tier fso_offload_block_tier(const fso_offload_config *o, fso_kind k, int b)
+fso_tier fso_offload_block_tier(const fso_offload_config *o, fso_kind k, int b, int n_blocks)
 {
-    return fso_block_tier_rule(fso_offload_tier(o, k), k, b, o->state_host_blocks);
+    fso_block_rule r;
+    fso_offload_block_rule(o, n_blocks, &r);
+    return fso_block_tier(&r, k, b);
 }
 
 fso_config_origin fso_config_origin_of(const fso_config *cfg, const char *key)

@@ -169,6 +169,23 @@ typedef struct fso_offload_config {
      * block 0's update first (a plan's choice where host memory is left;
      * 0: none). fso_offload_block_tier() applies it. */
     int state_host_blocks;
+    /* Per-block residency (state.h fso_block_rule), from the train.* keys,
+     * else a plan's choice (plan.h fso_plan_apply):
+     * resident_blocks: train.resident_blocks, parameter blocks kept on the
+     * devices (the first in fso_residency_rank's order), the others
+     * streamed from the parameters' tier; -1 when neither gave it (none).
+     * device_state_blocks: train.device_state_blocks, blocks whose master,
+     * m, v and gradients stay on the devices and are updated there; -1
+     * when neither gave it (none). device_state_first: train.
+     * device_state_from "first" (from block 0 up; else from the last
+     * block down). */
+    int resident_blocks;
+    int device_state_blocks;
+    bool device_state_first;
+    /* train.whole_block_copies: a streamed block is copied whole from the
+     * host to every device instead of each device copying its shard and
+     * all-gathering (faster where the host links beat the devices' links) */
+    bool whole_copy;
     char param_nvme_path[4096];   /* folders, comma-separated */
     char optim_nvme_path[4096];
     bool pin_memory;              /* either section's pin_memory */
@@ -203,6 +220,13 @@ typedef struct fso_config {
     bool activation_checkpointing;/* train.activation_checkpointing */
     fso_offload_config offload;
     fso_overlap optimizer_overlap;/* train.optimizer_overlap */
+    bool bf16_grads;              /* train.gradient_dtype "bf16": each block's working
+                                     gradients rounded to bf16 where its backward ends, reduced
+                                     and accumulated in fp32 (needs bf16.enabled) */
+    double device_margin;         /* train.device_margin: the fraction of each device's memory
+                                     a plan leaves free (fragmentation, NCCL, cuBLAS
+                                     workspaces); -1 when not given: the default
+                                     (FSO_DEVICE_MARGIN_GPU on GPUs, 0 on CPU devices) */
     fso_checkpoint_config checkpoint;
     char init_from[4096];         /* model.init_from (--init-from): a Hugging Face folder the
                                      parameters start from, "" for the seed (hf.h) */
@@ -260,13 +284,17 @@ fso_config_origin fso_config_origin_of(const fso_config *cfg, const char *key);
 /* The tier kind k lives on: o->kind_tier[k] when o->per_kind, else
  * param_tier for the parameters and optim_tier for the other kinds. */
 fso_tier fso_offload_tier(const fso_offload_config *o, fso_kind k);
-/* The tier of block b's shards of kind k: fso_offload_tier, except the
- * optimizer's kinds on NVMe of the blocks below o->state_host_blocks,
- * which are on the host. */
-fso_tier fso_offload_block_tier(const fso_offload_config *o, fso_kind k, int b);
-/* The rule itself: block b of kind k, whose kind lives on kind_tier, with
- * the blocks below state_host_blocks keeping their NVMe state on the host. */
-fso_tier fso_block_tier_rule(fso_tier kind_tier, fso_kind k, int b, int state_host_blocks);
+/* o's placement of a model of n_blocks blocks as state.h's rule: each
+ * kind's tier (fso_offload_tier), the resident parameter blocks, the blocks
+ * whose state is on the devices, those whose NVMe state stays on the host. */
+void fso_offload_block_rule(const fso_offload_config *o, int n_blocks, fso_block_rule *r);
+/* The tier of block b's shards of kind k under that rule (state.h
+ * fso_block_tier). */
+fso_tier fso_offload_block_tier(const fso_offload_config *o, fso_kind k, int b, int n_blocks);
+
+/* train.device_margin's default on GPUs: the fraction of each GPU's memory
+ * a plan leaves free. */
+#define FSO_DEVICE_MARGIN_GPU 0.05
 
 /* A key that takes one of a few strings: each string with the value it
  * names, in the order messages list them, ended by {0, NULL}. These tables
@@ -280,6 +308,8 @@ extern const fso_config_choice fso_config_model_type_choices[];  /* model.model_
 extern const fso_config_choice fso_config_optimizer_choices[];   /* optimizer.type */
 extern const fso_config_choice fso_config_tier_choices[];        /* offload_*.device */
 extern const fso_config_choice fso_config_overlap_choices[];     /* train.optimizer_overlap */
+extern const fso_config_choice fso_config_state_from_choices[];  /* train.device_state_from */
+extern const fso_config_choice fso_config_grad_dtype_choices[];  /* train.gradient_dtype */
 extern const fso_config_choice fso_config_data_format_choices[]; /* data.format */
 extern const fso_config_choice fso_config_data_docs_choices[];   /* data.documents */
 extern const fso_config_choice fso_config_sched_type_choices[];  /* scheduler.type */

@@ -29,6 +29,16 @@ const fso_config_choice fso_config_overlap_choices[] = {
     {FSO_OVERLAP_BACKWARD, "backward"}, {0, NULL},
 };
 
+/* train.device_state_from: 0 from the last block down, 1 from block 0 up */
+const fso_config_choice fso_config_state_from_choices[] = {
+    {0, "last"}, {1, "first"}, {0, NULL},
+};
+
+/* train.gradient_dtype: 0 fp32, 1 bf16 */
+const fso_config_choice fso_config_grad_dtype_choices[] = {
+    {0, "fp32"}, {1, "bf16"}, {0, NULL},
+};
+
 /* data.format */
 const fso_config_choice fso_config_data_format_choices[] = {
     {FSO_DATA_AUTO, "auto"}, {FSO_DATA_TOKENS, "tokens"}, {FSO_DATA_TEXT, "text"},

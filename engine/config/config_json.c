@@ -98,6 +98,35 @@ static json_t *offload_json(fso_tier tier, const char *path, bool pin)
     return o;
 }
 
+/* train's placement keys into j's "train" (those given, or a plan's), so
+ * that the configuration loads back as it ran; j, or NULL (j freed). */
+static json_t *train_placement_json(json_t *j, const fso_config *c)
+{
+    const fso_offload_config *o = &c->offload;
+    json_t *t = j ? json_object_get(j, "train") : NULL;
+    if (!t)
+        return j;
+    int bad = 0;
+    if (o->resident_blocks >= 0)
+        bad |= json_object_set_new(t, "resident_blocks", json_integer(o->resident_blocks));
+    if (o->device_state_blocks >= 0)
+        bad |= json_object_set_new(t, "device_state_blocks", json_integer(o->device_state_blocks));
+    bad |= json_object_set_new(t, "device_state_from",
+                               json_string(fso_config_choice_name(fso_config_state_from_choices,
+                                                                  o->device_state_first)));
+    bad |= json_object_set_new(t, "whole_block_copies", json_boolean(o->whole_copy));
+    bad |= json_object_set_new(t, "gradient_dtype",
+                               json_string(fso_config_choice_name(fso_config_grad_dtype_choices,
+                                                                  c->bf16_grads)));
+    if (c->device_margin >= 0)
+        bad |= json_object_set_new(t, "device_margin", json_real(c->device_margin));
+    if (bad) {
+        json_decref(j);
+        return NULL;
+    }
+    return j;
+}
+
 json_t *fso_config_to_json(const fso_config *c)
 {
     const fso_offload_config *o = &c->offload;
@@ -117,7 +146,7 @@ json_t *fso_config_to_json(const fso_config *c)
         return NULL;
     }
     /* json_pack's "o" takes the reference, also when packing fails */
-    return json_pack(
+    json_t *j = json_pack(
         "{s:o, s:i, s:i, s:f, s:I, s:I, s:{s:b}, s:{s:s, s:{s:f, s:[f,f], s:f, s:f}}, s:o, "
         "s:{s:s, s:s, s:i, s:s, s:I, s:i, s:s}, s:{s:I, s:i, s:b, s:b, s:b, s:i, s:s}, s:{s:i, s:o, s:o}, "
         "s:{s:I, s:i}, s:{s:s, s:I, s:i}}",
@@ -140,6 +169,7 @@ json_t *fso_config_to_json(const fso_config *c)
         "aio", "block_size", (json_int_t)o->aio_block_bytes, "queue_depth", o->aio_queue_depth,
         "checkpoint", "dir", c->checkpoint.dir, "every_steps", (json_int_t)c->checkpoint.every_steps,
         "keep", c->checkpoint.keep);
+    return train_placement_json(j, c);
 }
 
 /* ------------------------------------------------------------------ diff */

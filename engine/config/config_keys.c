@@ -858,8 +858,61 @@ static const key_spec train_keys[] = {
     {"weight_decay_embeddings", NULL},
     {"prefetch_blocks", NULL},
     {"optimizer_overlap", NULL},
+    {"resident_blocks", NULL},
+    {"device_state_blocks", NULL},
+    {"device_state_from", NULL},
+    {"whole_block_copies", NULL},
+    {"gradient_dtype", NULL},
+    {"device_margin", NULL},
     {NULL, NULL},
 };
+
+/* train's placement keys (config.h fso_offload_config, fso_config): a
+ * count of blocks no larger than the model's, "first" or "last", a bool,
+ * "fp32" or "bf16" (bf16 needs bf16.enabled), a fraction under one half. */
+static int apply_train_placement(walker *w, json_t *s, const keypath *sec)
+{
+    fso_config *c = w->out;
+    fso_offload_config *o = &c->offload;
+    const int nb = c->model.num_hidden_layers + 2; /* model.h fso_model_n_blocks */
+    static const char *const counts[] = {"resident_blocks", "device_state_blocks"};
+    int *const count_of[] = {&o->resident_blocks, &o->device_state_blocks};
+    for (int i = 0; i < 2; i++) {
+        CFG_TRY(get_int32(w, s, sec, counts[i], 0, I64(-1), count_of[i]));
+        if (*count_of[i] > nb) {
+            keypath p = fso_cfg_kp_child(sec, counts[i]);
+            return fso_cfg_fail(w, &p, "%d blocks, but the model has %d (the embedding, %d "
+                                       "layers, the head); give 0 to %d",
+                                *count_of[i], nb, nb - 2, nb);
+        }
+    }
+    int m = 0;
+    json_t *v = s ? json_object_get(s, "device_state_from") : NULL;
+    if (v) {
+        keypath p = fso_cfg_kp_child(sec, "device_state_from");
+        CFG_TRY(want_choice(w, v, &p, fso_config_state_from_choices, false, &m));
+    }
+    o->device_state_first = m == 1;
+    CFG_TRY(get_bool(w, s, sec, "whole_block_copies", BOOL(false), &o->whole_copy));
+    m = 0;
+    if (s && (v = json_object_get(s, "gradient_dtype"))) {
+        keypath p = fso_cfg_kp_child(sec, "gradient_dtype");
+        CFG_TRY(want_choice(w, v, &p, fso_config_grad_dtype_choices, false, &m));
+        if (m == 1 && !c->bf16) {
+            keypath bf = {{"bf16", "enabled"}, 2};
+            return fso_cfg_fail_rel(w, &p, &bf, NULL,
+                                    "\"%s\" gradients need bf16 working parameters; set "
+                                    "bf16.enabled true, or use \"%s\"",
+                                    fso_config_choice_name(fso_config_grad_dtype_choices, 1),
+                                    fso_config_choice_name(fso_config_grad_dtype_choices, 0));
+        }
+    }
+    c->bf16_grads = m == 1;
+    static const num_range RANGE_MARGIN = {0, 0.5, false, true};
+    CFG_TRY(get_number(w, s, sec, "device_margin", RANGE_MARGIN, &(const double){-1},
+                       &c->device_margin));
+    return 0;
+}
 
 static int apply_train(walker *w, json_t *root)
 {
@@ -875,6 +928,7 @@ static int apply_train(walker *w, json_t *root)
     CFG_TRY(get_bool(w, s, &sec, "weight_decay_norms", NULL, &c->optim.decay_norms));
     CFG_TRY(get_bool(w, s, &sec, "weight_decay_embeddings", NULL, &c->optim.decay_embeddings));
     CFG_TRY(get_int32(w, s, &sec, "prefetch_blocks", 0, I64(2), &c->offload.prefetch_blocks));
+    CFG_TRY(apply_train_placement(w, s, &sec));
     c->optimizer_overlap = FSO_OVERLAP_FORWARD;
     json_t *v = s ? json_object_get(s, "optimizer_overlap") : NULL;
     if (v) {

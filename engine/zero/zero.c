@@ -43,7 +43,6 @@ static int setup_layout(fso_zero *z, const fso_config *cfg, fso_fp_buffers *zb, 
         z->tier[k] = fso_offload_tier(&cfg->offload, (fso_kind)k);
         z->elem_bytes[k] = fso_fp_elem_bytes(&z->rules, (fso_kind)k);
     }
-    z->state_host_blocks = cfg->offload.state_host_blocks;
     z->prefetch = cfg->offload.prefetch_blocks;
     z->cuda = cfg->backend == FSO_BACKEND_CUDA;
     fso_isa isa; /* FSO_ISA, else the widest the CPU has */
@@ -54,9 +53,10 @@ static int setup_layout(fso_zero *z, const fso_config *cfg, fso_fp_buffers *zb, 
 
     const int max_visits = fso_model_max_visits(&cfg->model);
     z->n_blocks = fso_model_n_blocks(&cfg->model);
-    if (z->state_host_blocks < 0 || z->state_host_blocks >= z->n_blocks) {
+    fso_offload_block_rule(&cfg->offload, z->n_blocks, &z->rule);
+    if (z->rule.state_host_blocks < 0 || z->rule.state_host_blocks >= z->n_blocks) {
         snprintf(err, errlen, "offload: state_host_blocks %d: must be 0 to %d (fewer than the "
-                              "model's %d blocks)", z->state_host_blocks, z->n_blocks - 1,
+                              "model's %d blocks)", z->rule.state_host_blocks, z->n_blocks - 1,
                  z->n_blocks);
         return -EINVAL;
     }
@@ -649,7 +649,7 @@ void fso_zero_describe(const fso_zero *z, char *buf, size_t len)
         fso_human_bytes(h, sizeof h, (double)per_kind[k]);
         off += (size_t)snprintf(buf + off, len - off, "%s%s %s on %s", k ? ", " : "",
                                 fso_kind_name(k), h, fso_tier_name(z->tier[k]));
-        const int hb = z->state_host_blocks;
+        const int hb = z->rule.state_host_blocks;
         if (off < len && zr_block_tier(z, 0, (fso_kind)k) != z->tier[k])
             off += (size_t)(hb == 1 ? snprintf(buf + off, len - off, " (block 0 on host)")
                                     : snprintf(buf + off, len - off, " (blocks 0-%d on host)",

@@ -30,29 +30,36 @@ void fso_zero_fp_rules_on(const fso_config *cfg, const fso_backend_row *on, fso_
     r->aio_queue_depth = cfg->offload.aio_queue_depth;
 }
 
+/* A layout's placement: cfg's rule, and the padded block sizes. */
+typedef struct config_place {
+    fso_block_rule rule;
+    uint64_t padded[];
+} config_place;
+
 static fso_tier config_tier(const void *ctx, int b, fso_kind k)
 {
-    return fso_offload_block_tier(ctx, k, b);
+    return fso_block_tier(&((const config_place *)ctx)->rule, k, b);
 }
 
 /* The model's blocks, padded for the rules' device count, placed by cfg.
- * l->padded_elems is malloc'ed (free it). 0 or -ENOMEM. */
+ * l->ctx is malloc'ed (free it). 0 or -ENOMEM. */
 static int config_layout(const fso_config *cfg, const fso_fp_rules *r, fso_fp_layout *l)
 {
     const int nb = fso_model_n_blocks(&cfg->model);
     fso_block_layout *bl = calloc((size_t)nb, sizeof *bl);
-    uint64_t *padded = calloc((size_t)nb, sizeof *padded);
-    if (!bl || !padded) {
+    config_place *cp = calloc(1, sizeof *cp + (size_t)nb * sizeof(uint64_t));
+    if (!bl || !cp) {
         free(bl);
-        free(padded);
+        free(cp);
         return -ENOMEM;
     }
     fso_model_layout(bl, &cfg->model, r->world);
     for (int b = 0; b < nb; b++)
-        padded[b] = bl[b].padded_elems;
+        cp->padded[b] = bl[b].padded_elems;
     free(bl);
-    *l = (fso_fp_layout){.n_blocks = nb, .padded_elems = padded, .tier = config_tier,
-                         .ctx = &cfg->offload, .prefetch = cfg->offload.prefetch_blocks};
+    fso_offload_block_rule(&cfg->offload, nb, &cp->rule);
+    *l = (fso_fp_layout){.n_blocks = nb, .padded_elems = cp->padded, .tier = config_tier,
+                         .ctx = cp, .prefetch = cfg->offload.prefetch_blocks};
     return 0;
 }
 
@@ -74,7 +81,7 @@ void fso_zero_need_on(const fso_config *cfg, const fso_backend_row *on, fso_zero
         return;
     }
     fso_fp_need_for(&r, &l, &fp);
-    free((void *)l.padded_elems);
+    free((void *)l.ctx);
     for (int k = 0; k < FSO_N_KINDS; k++)
         for (int t = 0; t < FSO_N_TIERS; t++)
             n->kind_bytes[k] = fso_sat_add(n->kind_bytes[k],
@@ -127,7 +134,7 @@ int fso_zero_step_traffic(const fso_config *cfg, fso_fp_traffic *t)
         const fso_fp_uses u = {.param_visits = pv, .grad_visits = gv,
                                .grad_accum = cfg->grad_accum};
         fso_fp_step_traffic(&r, &l, &u, t);
-        free((void *)l.padded_elems);
+        free((void *)l.ctx);
     }
     free(visits);
     free(pv);

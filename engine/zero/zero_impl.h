@@ -74,9 +74,9 @@ struct fso_zero {
                                     and moved follows from them */
     size_t elem_bytes[FSO_N_KINDS]; /* per kind, the rules' (fso_fp_elem_bytes): 2 for bf16
                                      working parameters (bf16.enabled), else 4 (fp32) */
-    fso_tier tier[FSO_N_KINDS];
-    int state_host_blocks;       /* blocks below it keep NVMe kinds of optimizer state on the
-                                    host (zr_block_tier) */
+    fso_tier tier[FSO_N_KINDS];  /* each kind's tier for the blocks the rule's counts leave
+                                    (the streamed parameters', the host state's) */
+    fso_block_rule rule;         /* where each block's shards live (state.h; zr_block_tier) */
     bool lend_in_place;          /* parameters are lent where they live, no gather: on the
                                     only device, its shard; CPU devices, parameters in memory,
                                     the block's buffer their shards are parts of (lent) */
@@ -98,10 +98,10 @@ struct fso_zero {
     zr_pinned batch;             /* zero_step.h zr_batch_pin: the caller's tokens, pinned */
 };
 
-/* The tier of block b's shards of kind k (config.h fso_offload_block_tier). */
+/* The tier of block b's shards of kind k (state.h fso_block_tier). */
 static inline fso_tier zr_block_tier(const fso_zero *z, int b, fso_kind k)
 {
-    return fso_block_tier_rule(z->tier[k], k, b, z->state_host_blocks);
+    return fso_block_tier(&z->rule, k, b);
 }
 
 #endif

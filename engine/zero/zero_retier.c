@@ -22,7 +22,7 @@ typedef struct retier_job {
 typedef struct retier_plan {
     const fso_offload_config *o;
     fso_tier want[FSO_N_KINDS];
-    int state_host_blocks;       /* o's (config.h fso_offload_block_tier) */
+    fso_block_rule rule;         /* o's (config.h fso_offload_block_rule) */
     fso_fp_buffers zb;
     bool lend_in_place;
     size_t add[FSO_N_TIERS];     /* what each device gains on each tier (the same on all) */
@@ -31,7 +31,7 @@ typedef struct retier_plan {
 /* The tier of block b's shards of kind k in the new placement. */
 static fso_tier want_tier(const retier_plan *m, int b, fso_kind k)
 {
-    return fso_block_tier_rule(m->want[k], k, b, m->state_host_blocks);
+    return fso_block_tier(&m->rule, k, b);
 }
 
 /* Whether block b's shards of kind k move. */
@@ -285,10 +285,10 @@ int fso_zero_retier(fso_zero *z, const fso_offload_config *o, uint64_t *bytes_mo
     retier_plan m = {.o = o};
     for (int k = 0; k < FSO_N_KINDS; k++)
         m.want[k] = fso_offload_tier(o, (fso_kind)k);
-    m.state_host_blocks = o->state_host_blocks;
-    if (m.state_host_blocks < 0 || m.state_host_blocks >= z->n_blocks) {
+    fso_offload_block_rule(o, z->n_blocks, &m.rule);
+    if (m.rule.state_host_blocks < 0 || m.rule.state_host_blocks >= z->n_blocks) {
         snprintf(err, errlen, "re-plan: state_host_blocks %d: must be 0 to %d",
-                 m.state_host_blocks, z->n_blocks - 1);
+                 m.rule.state_host_blocks, z->n_blocks - 1);
         return -EINVAL;
     }
     *bytes_moved = 0;
@@ -304,8 +304,7 @@ int fso_zero_retier(fso_zero *z, const fso_offload_config *o, uint64_t *bytes_mo
         return rc;
     growth(z, &m);
     if (m.add[FSO_TIER_DEVICE] == 0 && m.add[FSO_TIER_HOST] == 0 && m.add[FSO_TIER_NVME] == 0 &&
-        memcmp(m.want, z->tier, sizeof m.want) == 0 &&
-        m.state_host_blocks == z->state_host_blocks) {
+        fso_block_rule_same(&m.rule, &z->rule)) {
         z->prefetch = o->prefetch_blocks;
         for (int r = 0; r < z->world; r++)
             z->ranks[r].io.n_prefetch = m.zb.prefetch_slots;
@@ -344,7 +343,7 @@ int fso_zero_retier(fso_zero *z, const fso_offload_config *o, uint64_t *bytes_mo
     free(jobs);
     zr_arena_pin(z, false); /* the slots retier_switch took */
     memcpy(z->tier, m.want, sizeof m.want);
-    z->state_host_blocks = m.state_host_blocks;
+    z->rule = m.rule;
     if (z->lend_in_place && !m.lend_in_place)
         zr_windows_reset(z);
     z->lend_in_place = m.lend_in_place;
