@@ -194,8 +194,21 @@ int zr_slot_wait(rank_state *rk, errsink *es, slot *s, const char *what, int blo
     return rc;
 }
 
-/* Drain the I/O this thread left in flight after a failure so its buffers
- * can be reused (with_optimizer: the optimizer's too, once it has stopped). */
+/* Wait until none of the n slots has I/O in flight, dropping their errors
+ * (what they held is not used). */
+static void drain_list(rank_state *rk, slot *const *all, int n)
+{
+    errsink ignore = {0};
+    zr_lock(&rk->io.mu);
+    for (int i = 0; i < n; i++) {
+        while (all[i]->pending > 0)
+            if (reap_some(rk, &ignore) < 0)
+                break;
+        all[i]->err = 0;
+    }
+    zr_unlock(&rk->io.mu);
+}
+
 void zr_drain_slots(rank_state *rk, bool with_optimizer)
 {
     if (!rk->io.store)
@@ -209,15 +222,17 @@ void zr_drain_slots(rank_state *rk, bool with_optimizer)
         for (int set = 0; set < rk->opt.n_sets; set++)
             for (int k = 0; k < FSO_N_KINDS; k++)
                 all[n++] = &rk->opt.chunk[set][k];
-    errsink ignore = {0};
-    zr_lock(&rk->io.mu);
-    for (int i = 0; i < n; i++) {
-        while (all[i]->pending > 0)
-            if (reap_some(rk, &ignore) < 0)
-                break;
-        all[i]->err = 0;
-    }
-    zr_unlock(&rk->io.mu);
+    drain_list(rk, all, n);
+}
+
+void zr_drain_prefetch(rank_state *rk)
+{
+    if (!rk->io.store)
+        return;
+    slot *all[FSO_FP_MAX_PARAM_SLOTS];
+    for (int j = 0; j < rk->io.n_prefetch; j++)
+        all[j] = &rk->io.prefetch[j];
+    drain_list(rk, all, rk->io.n_prefetch);
 }
 
 /* Device rk's NVMe store over the folders the offload settings name,

@@ -120,6 +120,11 @@ int zr_slot_wait(rank_state *rk, errsink *es, slot *s, const char *what, int blo
 /* Drain the I/O this thread left in flight after a failure so its buffers
  * can be reused (with_optimizer: the optimizer's too, once it has stopped). */
 void zr_drain_slots(rank_state *rk, bool with_optimizer);
+/* Wait for the parameter reads in flight in the prefetch ring (a pass that
+ * ended before the order did: validation's forward, logits), their data
+ * dropped; with io.pf_mu held, so that the optimizer's kick starts none
+ * meanwhile. */
+void zr_drain_prefetch(rank_state *rk);
 /* Device rk's NVMe store over the folders o names, `capacity` bytes, its
  * buffers registered over the arena. 0 or negative errno with err. */
 int zr_open_store(fso_zero *z, rank_state *rk, const fso_offload_config *o,

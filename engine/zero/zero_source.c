@@ -638,6 +638,10 @@ void zr_source_reset(rank_state *rk)
     rk->compute.grad_full_block[0] = rk->compute.grad_full_block[1] = -1;
     rk->compute.pre_block = -1;
     zr_lock(&rk->io.pf_mu);
+    /* A forward-only pass ends with reads of the backward's blocks in flight,
+     * into slots and window parts the next pass hands out again (the same
+     * lend numbers): a late one would overwrite the new pass's block. */
+    zr_drain_prefetch(rk);
     rk->compute.order_pos = 0;
     rk->compute.pass_lend = rk->compute.lends;
     for (int j = 0; j < rk->io.n_prefetch; j++) {
