@@ -401,6 +401,11 @@ for t in json.load(open(os.path.join(build, "meson-info", "intro-tests.json"))):
         break
 PY
 }
+# linebuf: the prefix that runs a test with its stdout and stderr
+# line-buffered (stdbuf), so that a killed test still leaves the lines it
+# printed. stdbuf preloads a library, and a build under AddressSanitizer
+# refuses to start behind any preload unless told the order does not matter.
+linebuf=(env "ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}verify_asan_link_order=0" stdbuf -oL -eL)
 # test_part: correctness.json from test.out (and the rerun's log)
 test_part() {
     python3 - "$LOG" "$1" "$2" "$3" <<'PY'
@@ -448,7 +453,7 @@ if [ "$build_ok" = 1 ]; then
         tstatus="not run: out of time"
     else
         echo "$cmd" >"$LOG/test.cmd"
-        boxed "$t" stdbuf -oL -eL bash -c "$cmd" >"$LOG/test.out" 2>&1
+        boxed "$t" "${linebuf[@]}" bash -c "$cmd" >"$LOG/test.out" 2>&1
         echo "$rc $why" >"$LOG/test.rc"
         read -r trc twhy <"$LOG/test.rc"
         if [ "$trc" = 0 ]; then
@@ -477,7 +482,7 @@ if [ "$build_ok" = 1 ]; then
         else
             rcmd=$(test_cmd "$TEST" ${sanitizer:+"$sanitizer" --tool memcheck --print-limit 20})
             echo "FSO_TEST_FILTER=$first FSO_CUDA_SYNC=1 $rcmd" >"$LOG/rerun.cmd"
-            FSO_TEST_FILTER=$first FSO_CUDA_SYNC=1 boxed "$t" stdbuf -oL -eL bash -c "$rcmd" \
+            FSO_TEST_FILTER=$first FSO_CUDA_SYNC=1 boxed "$t" "${linebuf[@]}" bash -c "$rcmd" \
                 >"$LOG/rerun.log" 2>&1
             rerun="$first alone, FSO_CUDA_SYNC=1${sanitizer:+, under memcheck}: exit $rc${why:+, $why}"
         fi
