@@ -44,9 +44,7 @@ static int setup_layout(fso_zero *z, const fso_config *cfg, fso_fp_buffers *zb, 
 
     const int max_visits = fso_model_max_visits(&cfg->model);
     z->n_blocks = fso_model_n_blocks(&cfg->model);
-    fso_offload_block_rule(&cfg->offload, z->n_blocks, &z->rule);
-    if ((rc = zr_check_rule(z, &z->rule, err, errlen)) < 0)
-        return rc;
+    fso_offload_block_rule(&cfg->offload, z->n_blocks, &z->rule); /* checked by create */
     z->blocks = calloc((size_t)z->n_blocks, sizeof *z->blocks);
     z->ranks = calloc((size_t)z->world, sizeof *z->ranks);
     z->order = calloc((size_t)max_visits, sizeof *z->order);
@@ -433,7 +431,12 @@ int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t err
     fso_zero_need_for(cfg, &need);
     z->cfg = cfg;
     z->cuda = cfg->backend == FSO_BACKEND_CUDA;
-    if ((rc = check_budgets(z, &need, err, errlen)) < 0 ||
+    /* counts that cannot place the blocks are named before the budgets
+     * they would distort */
+    z->n_blocks = fso_model_n_blocks(&cfg->model);
+    fso_offload_block_rule(&cfg->offload, z->n_blocks, &z->rule);
+    if ((rc = zr_check_rule(z, &z->rule, err, errlen)) < 0 ||
+        (rc = check_budgets(z, &need, err, errlen)) < 0 ||
         (rc = setup_layout(z, cfg, &zb, err, errlen)) < 0 ||
         (cfg->init_from[0] && (rc = fso_hf_open(&hf, cfg->init_from, &cfg->model, err, errlen)) < 0))
         goto fail;
