@@ -13,9 +13,12 @@
  * are waited for only when it is read into again. Shards on the host (or on
  * a device whose memory the CPU addresses) are updated in place.
  *
- * With the optimizer state and the gradients all on a GPU (memory the CPU
- * cannot address) the update runs on the GPU instead
- * (update_blocks_on_device), with the same operations and so the same bits.
+ * Blocks whose optimizer state and gradients are all on a GPU (memory the
+ * CPU cannot address; state.h fso_block_rule's device_state_blocks, or
+ * every block with the optimizer's tier "none") are updated on the GPU
+ * instead (update_blocks_on_device), with the same operations and so the
+ * same bits; the other blocks of the same step on the CPU, under the same
+ * clipped scale.
  *
  * Schedules (train.optimizer_overlap):
  *   none      the compute thread updates every block after the global norm;

@@ -303,9 +303,12 @@ static void pass_position(rank_state *rk, int b)
  * collective can read it there, else staged on the device first, into the
  * window the model reads. CPU devices gather into the shared pool instead:
  * each writes its own shard into the lend's window and waits for the
- * others'. Parameters on the device are lent where they live: world 1, the
- * shard itself; CPU devices, the block's shared buffer, once every
- * device's update of its part is in. */
+ * others'. A block whose parameters are lent in place (zr_lends_in_place,
+ * by the block's own tier, resident or streamed) is lent where it lives:
+ * world 1, the shard itself; CPU devices, the block's shared buffer, once
+ * every device's update of its part is in. Every lend takes the order's
+ * next position, which the reads ahead of the blocks on NVMe count from
+ * (pass_position). */
 static const void *src_params(void *ctx, int b)
 {
     rank_state *rk = ctx;
