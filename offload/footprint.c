@@ -47,20 +47,40 @@ bool fso_fp_cpu_reaches(const fso_fp_rules *r, fso_tier t)
     return t == FSO_TIER_HOST || (t == FSO_TIER_DEVICE && r->host_addressable);
 }
 
-void fso_fp_buffers_for(const fso_fp_rules *r, uint64_t max_padded, fso_tier param_tier,
-                        int prefetch, fso_fp_buffers *b)
+fso_tier fso_fp_rule_tier(const void *rule, int block, fso_kind k)
+{
+    return fso_block_tier(rule, k, block);
+}
+
+void fso_fp_buffers_for(const fso_fp_rules *r, const fso_fp_layout *l, fso_fp_buffers *b)
 {
     const size_t param_bytes = fso_fp_elem_bytes(r, FSO_KIND_PARAM);
-    const uint64_t max_shard = fso_fp_shard_elems(r, max_padded);
+    uint64_t max_padded = 0;
+    bool gathered = false, param_nvme = false;
 
     memset(b, 0, sizeof *b);
-    b->gather = fso_fp_lends_in_place(r, param_tier) ? 0 : FSO_FP_GATHER_BUFFERS;
+    for (int i = 0; i < l->n_blocks; i++) {
+        if (l->padded_elems[i] > max_padded)
+            max_padded = l->padded_elems[i];
+        const fso_tier pt = l->tier(l->ctx, i, FSO_KIND_PARAM);
+        gathered = gathered || !fso_fp_lends_in_place(r, pt);
+        param_nvme = param_nvme || pt == FSO_TIER_NVME;
+        b->landings = b->landings ||
+                      fso_fp_landing_needed(r, l->tier(l->ctx, i, FSO_KIND_GRAD));
+        for (int k = 0; k < FSO_N_KINDS; k++)
+            b->chunked[k] = b->chunked[k] ||
+                            fso_fp_chunks_needed(r, l->tier(l->ctx, i, (fso_kind)k));
+    }
+    for (int k = 0; k < FSO_N_KINDS; k++)
+        b->chunk_kinds += b->chunked[k];
+    const uint64_t max_shard = fso_fp_shard_elems(r, max_padded);
+    b->gather = gathered ? FSO_FP_GATHER_BUFFERS : 0;
     b->gather_bytes = fso_sat_mul(param_bytes, max_padded);
     b->grad_full = 2;
     b->grad_full_bytes = fso_sat_mul(fso_fp_elem_bytes(r, FSO_KIND_GRAD), max_padded);
     b->prefetch_spare = FSO_FP_SPARE_SLOTS;
     b->max_prefetch = FSO_FP_MAX_PREFETCH;
-    b->prefetch_slots = param_tier == FSO_TIER_NVME ? prefetch + FSO_FP_SPARE_SLOTS : 0;
+    b->prefetch_slots = param_nvme ? l->prefetch + FSO_FP_SPARE_SLOTS : 0;
     b->prefetch_slot_bytes = fso_fp_round_page(fso_sat_mul(param_bytes, max_shard));
     b->stage_slots = 1;
     b->landing_slots = 2;
@@ -84,54 +104,32 @@ void fso_fp_buffers_for(const fso_fp_rules *r, uint64_t max_padded, fso_tier par
         b->chunk_sets = FSO_FP_MAX_CHUNK_SETS;
 }
 
-uint64_t fso_fp_staging_bytes(const fso_fp_buffers *b, int chunk_kinds, bool landings)
+uint64_t fso_fp_staging_bytes(const fso_fp_buffers *b)
 {
-    const uint64_t slots = (uint64_t)b->stage_slots + (landings ? (uint64_t)b->landing_slots : 0);
+    const uint64_t slots =
+        (uint64_t)b->stage_slots + (b->landings ? (uint64_t)b->landing_slots : 0);
     return fso_sat_add(
         fso_sat_add(fso_sat_mul(b->prefetch_slot_bytes, (uint64_t)b->prefetch_slots),
                     fso_sat_mul(b->stage_slot_bytes, slots)),
-        fso_sat_mul(b->chunk_bytes, (uint64_t)b->chunk_sets * (uint64_t)chunk_kinds));
+        fso_sat_mul(b->chunk_bytes, (uint64_t)b->chunk_sets * (uint64_t)b->chunk_kinds));
 }
 
 void fso_fp_need_for(const fso_fp_rules *r, const fso_fp_layout *l, fso_fp_need *n)
 {
     const uint64_t W = (uint64_t)(r->world > 0 ? r->world : 1);
-    uint64_t max_padded = 0;
-    bool any_on[FSO_N_KINDS][FSO_N_TIERS] = {{false}}, gathered = false;
     memset(n, 0, sizeof *n);
-    for (int b = 0; b < l->n_blocks; b++) {
-        if (l->padded_elems[b] > max_padded)
-            max_padded = l->padded_elems[b];
+    for (int b = 0; b < l->n_blocks; b++)
         for (int k = 0; k < FSO_N_KINDS; k++) {
             const fso_tier t = l->tier(l->ctx, b, (fso_kind)k);
             const uint64_t s = fso_fp_shard_bytes(r, l->padded_elems[b], (fso_kind)k);
-            any_on[k][t] = true;
             n->kind_bytes[t][k] =
                 fso_sat_add(n->kind_bytes[t][k], t == FSO_TIER_DEVICE ? s : fso_sat_mul(s, W));
         }
-        gathered = gathered || !fso_fp_lends_in_place(r, l->tier(l->ctx, b, FSO_KIND_PARAM));
-    }
-    /* the ring is there when any block's parameters are on NVMe; the gather
-     * window when any block's parameters are not lent in place */
     fso_fp_buffers *bf = &n->buffers;
-    fso_fp_buffers_for(r, max_padded,
-                       any_on[FSO_KIND_PARAM][FSO_TIER_NVME] ? FSO_TIER_NVME : FSO_TIER_DEVICE,
-                       l->prefetch, bf);
-    bf->gather = gathered ? FSO_FP_GATHER_BUFFERS : 0;
-    int chunk_kinds = 0;
-    bool landings = false;
-    for (int k = 0; k < FSO_N_KINDS; k++) {
-        bool chunked = false;
-        for (int t = 0; t < FSO_N_TIERS; t++) {
-            chunked = chunked || (any_on[k][t] && fso_fp_chunks_needed(r, (fso_tier)t));
-            if (k == FSO_KIND_GRAD)
-                landings = landings || (any_on[k][t] && fso_fp_landing_needed(r, (fso_tier)t));
-        }
-        chunk_kinds += chunked;
-    }
+    fso_fp_buffers_for(r, l, bf);
     n->device_buffers = fso_sat_add(fso_sat_mul(bf->gather_bytes, (uint64_t)bf->gather),
                                     fso_sat_mul(bf->grad_full_bytes, (uint64_t)bf->grad_full));
-    n->staging = fso_fp_staging_bytes(bf, chunk_kinds, landings);
+    n->staging = fso_fp_staging_bytes(bf);
     for (int t = 0; t < FSO_N_TIERS; t++)
         for (int k = 0; k < FSO_N_KINDS; k++)
             n->tier[t] = fso_sat_add(n->tier[t], n->kind_bytes[t][k]);

@@ -74,40 +74,6 @@ bool fso_fp_landing_needed(const fso_fp_rules *r, fso_tier t);
  * or a device tier the CPU addresses. */
 bool fso_fp_cpu_reaches(const fso_fp_rules *r, fso_tier t);
 
-/* Each device's buffers, for the largest block (max_padded elements),
- * parameters on param_tier and a prefetch depth. */
-typedef struct fso_fp_buffers {
-    /* on each device */
-    int gather;                  /* full-block parameter buffers (the gather window):
-                                    FSO_FP_GATHER_BUFFERS, or 0 where parameters are lent in
-                                    place */
-    size_t gather_bytes;         /* each: the largest block in the working type */
-    int grad_full;               /* full-block gradient buffers (2) */
-    size_t grad_full_bytes;      /* each: the largest block, in the gradients' type */
-    /* host staging, in the host arena */
-    int prefetch_slots;          /* parameter ring: prefetch + FSO_FP_SPARE_SLOTS when
-                                    parameters are on NVMe, else 0 */
-    int prefetch_spare;          /* slots beyond the prefetch depth */
-    int max_prefetch;            /* the deepest prefetch the engine takes */
-    size_t prefetch_slot_bytes;  /* each: the largest shard in the working type, whole pages */
-    int stage_slots;             /* a shard's round trip (retiers, whole-model copies) */
-    int landing_slots;           /* gradient shards on their way down, where they land
-                                    (fso_fp_landing_needed) */
-    size_t stage_slot_bytes;     /* each stage and landing slot: the largest shard, fp32,
-                                    whole pages */
-    int chunk_sets;              /* the optimizer's ring of chunk buffer sets: aio.queue_depth
-                                    / 4, from 2 to 16, no more than the chunks of two shards;
-                                    half of it reads ahead, the rest holds writes behind */
-    size_t chunk_bytes;          /* each chunk: aio.block_size (bf16 parameters: a multiple of
-                                    8 KiB, so that half a chunk is whole pages), at most a
-                                    stage slot */
-} fso_fp_buffers;
-void fso_fp_buffers_for(const fso_fp_rules *r, uint64_t max_padded, fso_tier param_tier,
-                        int prefetch, fso_fp_buffers *b);
-/* One device's host staging: the ring, the stage slots, the landing slots
- * when landings, and chunk_kinds kinds' chunk sets. */
-uint64_t fso_fp_staging_bytes(const fso_fp_buffers *b, int chunk_kinds, bool landings);
-
 /* The blocks, and the tier of each block's shards of each kind. */
 typedef struct fso_fp_layout {
     int n_blocks;
@@ -116,6 +82,51 @@ typedef struct fso_fp_layout {
     const void *ctx;
     int prefetch;                   /* blocks read ahead when parameters are on NVMe */
 } fso_fp_layout;
+
+/* A layout's tier function for ctx an fso_block_rule (state.h): the rule's
+ * fso_block_tier. */
+fso_tier fso_fp_rule_tier(const void *rule, int block, fso_kind k);
+
+/* Each device's buffers for a layout: sized for its largest block, and
+ * present when any block needs them (a layout whose blocks sit on
+ * different tiers takes the union: the gather window when any block's
+ * parameters are gathered, the ring when any block's parameters are on
+ * NVMe, landing slots when any block's gradients land, chunk sets for every
+ * kind that any block passes through them). */
+typedef struct fso_fp_buffers {
+    /* on each device */
+    int gather;                  /* full-block parameter buffers (the gather window):
+                                    FSO_FP_GATHER_BUFFERS, or 0 where every block's parameters
+                                    are lent in place */
+    size_t gather_bytes;         /* each: the largest block in the working type */
+    int grad_full;               /* full-block gradient buffers (2) */
+    size_t grad_full_bytes;      /* each: the largest block, in the gradients' type */
+    /* host staging, in the host arena */
+    int prefetch_slots;          /* parameter ring: prefetch + FSO_FP_SPARE_SLOTS when any
+                                    block's parameters are on NVMe, else 0 */
+    int prefetch_spare;          /* slots beyond the prefetch depth */
+    int max_prefetch;            /* the deepest prefetch the engine takes */
+    size_t prefetch_slot_bytes;  /* each: the largest shard in the working type, whole pages */
+    int stage_slots;             /* a shard's round trip (retiers, whole-model copies) */
+    int landing_slots;           /* gradient shards on their way down, where they land
+                                    (fso_fp_landing_needed): counted when `landings` */
+    bool landings;               /* some block's gradients land */
+    size_t stage_slot_bytes;     /* each stage and landing slot: the largest shard, fp32,
+                                    whole pages */
+    int chunk_sets;              /* the optimizer's ring of chunk buffer sets: aio.queue_depth
+                                    / 4, from 2 to 16, no more than the chunks of two shards;
+                                    half of it reads ahead, the rest holds writes behind */
+    size_t chunk_bytes;          /* each chunk: aio.block_size (bf16 parameters: a multiple of
+                                    8 KiB, so that half a chunk is whole pages), at most a
+                                    stage slot */
+    bool chunked[FSO_N_KINDS];   /* kinds with chunk sets: some block's shard of the kind is
+                                    on a tier that needs them (fso_fp_chunks_needed) */
+    int chunk_kinds;             /* how many */
+} fso_fp_buffers;
+void fso_fp_buffers_for(const fso_fp_rules *r, const fso_fp_layout *l, fso_fp_buffers *b);
+/* One device's host staging: the ring, the stage slots, the landing slots
+ * when any, and the chunk sets of every kind that has them. */
+uint64_t fso_fp_staging_bytes(const fso_fp_buffers *b);
 
 /* What a placement takes on each tier, without the activations. */
 typedef struct fso_fp_need {

@@ -6,6 +6,9 @@
  *    saver block by block), then loaded into a new trainer on other tiers
  *    and schedules at the same device count, continues bit for bit as the
  *    uninterrupted run (GPU rules included: cpu-async);
+ *  - saved under one per-block split (resident blocks, device-state
+ *    blocks) and resumed under another, bit for bit, the split in the
+ *    manifest's run record;
  *  - saved on 4 devices with state on NVMe and loaded on 1 and 2 with state
  *    in host memory it stays within float rounding;
  *  - a model of another shape or vocabulary is refused naming the key,
@@ -386,6 +389,51 @@ static void test_resume_is_bit_exact_with_gpu_rules(void **state)
                fso_test_gpu_rules(), false);
     tiers_case(1, D, H, FSO_OVERLAP_FORWARD, D, D, FSO_OVERLAP_NONE, true, fso_test_gpu_rules(),
                true);
+}
+
+/* A checkpoint saved under one per-block split (resident parameter blocks,
+ * blocks whose optimizer state is on the devices) resumes bit-exactly under
+ * another: shards are saved in one format whatever their tier. The
+ * manifest's run record says the split it was saved under. */
+static void test_resume_across_block_splits_is_bit_exact(void **state)
+{
+    (void)state;
+    const fso_tier H = FSO_TIER_HOST, N = FSO_TIER_NVME;
+    const char *const backends[] = {NULL, fso_test_gpu_rules()};
+    for (int be = 0; be < 2; be++) {
+        fso_config a, b;
+        char dir[512], what[160], p[1024];
+        config_for(&a, 2, N, H);
+        config_for(&b, 2, H, N);
+        a.offload.resident_blocks = 2;
+        a.offload.device_state_blocks = 3;
+        a.offload.device_state_first = true;
+        b.offload.resident_blocks = 0;
+        b.offload.device_state_blocks = 1;
+        a.optimizer_overlap = b.optimizer_overlap = FSO_OVERLAP_FORWARD;
+        if (backends[be])
+            a.backend = b.backend = fso_backend_find(backends[be])->kind;
+        snprintf(what, sizeof what, "%s: 2 resident, state of the first 3 on the devices -> "
+                                    "none resident, state of the last one on the devices",
+                 backends[be] ? backends[be] : "cpu");
+        save_dir(dir, sizeof dir, "splits");
+        run_result base, r;
+        run_ok(&a, NULL, &base);
+        interrupted(&a, &b, dir, &r);
+        assert_bit_identical(&base, &r, SAVED_AT + 1, what);
+        snprintf(p, sizeof p, "%s/step-%08d/%s", dir, SAVED_AT, FSO_CKPT_MANIFEST);
+        json_t *man = json_load_file(p, 0, NULL);
+        assert_non_null(man);
+        json_t *run = json_object_get(man, "run");
+        assert_int_equal(json_integer_value(json_object_get(run, "resident_blocks")), 2);
+        assert_int_equal(json_integer_value(json_object_get(run, "device_state_blocks")), 3);
+        assert_string_equal(json_string_value(json_object_get(run, "device_state_from")),
+                            "first");
+        json_decref(man);
+        result_free(&base);
+        result_free(&r);
+        remove_tree(dir);
+    }
 }
 
 static void test_resume_on_other_device_counts_is_within_rounding(void **state)
@@ -1134,6 +1182,7 @@ int main(void)
         cmocka_unit_test(test_config_json_loads_back_to_the_same_values),
         cmocka_unit_test(test_resume_is_bit_exact_on_any_tiers),
         cmocka_unit_test(test_resume_is_bit_exact_with_gpu_rules),
+        cmocka_unit_test(test_resume_across_block_splits_is_bit_exact),
         cmocka_unit_test(test_resume_on_other_device_counts_is_within_rounding),
         cmocka_unit_test(test_another_model_is_refused_naming_the_key),
         cmocka_unit_test(test_corrupted_and_truncated_checkpoints_name_file_and_offset),

@@ -847,6 +847,40 @@ static void test_set_overrides(void **state)
     assert_close(c.grad_clip, 0.0);
 }
 
+/* train's per-block placement keys (config.h fso_offload_config):
+ * resident_blocks and device_state_blocks are counts no larger than the
+ * model's blocks (-1 when not given: the planner's choice), device_state_from
+ * "last" or "first". */
+static void test_train_placement_keys(void **state)
+{
+    (void)state;
+    fso_config c;
+    if (load_sets(&c, NULL, 0) != 0)
+        fail_msg("%s", c.err);
+    assert_int_equal(c.offload.resident_blocks, -1);
+    assert_int_equal(c.offload.device_state_blocks, -1);
+    assert_false(c.offload.device_state_first);
+    const char *ok[] = {"train.resident_blocks=3", "train.device_state_blocks=2",
+                        "train.device_state_from=first"};
+    if (load_sets(&c, ok, 3) != 0)
+        fail_msg("%s", c.err);
+    assert_int_equal(c.offload.resident_blocks, 3);
+    assert_int_equal(c.offload.device_state_blocks, 2);
+    assert_true(c.offload.device_state_first);
+    const char *too_many[] = {"train.resident_blocks=999"};
+    assert_int_not_equal(load_sets(&c, too_many, 1), 0);
+    if (!strstr(c.err, "train.resident_blocks") || !strstr(c.err, "but the model has"))
+        fail_msg("unexpected: %s", c.err);
+    const char *state_many[] = {"train.device_state_blocks=999"};
+    assert_int_not_equal(load_sets(&c, state_many, 1), 0);
+    if (!strstr(c.err, "train.device_state_blocks"))
+        fail_msg("unexpected: %s", c.err);
+    const char *from[] = {"train.device_state_from=middle"};
+    assert_int_not_equal(load_sets(&c, from, 1), 0);
+    if (!strstr(c.err, "device_state_from") || !strstr(c.err, "\"first\""))
+        fail_msg("unexpected: %s", c.err);
+}
+
 static void test_data_path_and_format(void **state)
 {
     (void)state;
@@ -1220,6 +1254,7 @@ int main(void)
         T(test_origin_of_every_key),
         T(test_set_overrides),
         T(test_data_path_and_format),
+        T(test_train_placement_keys),
         T(test_set_creates_sections),
         T(test_set_errors_name_the_assignment),
         T(test_set_syntax_errors),

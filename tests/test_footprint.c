@@ -5,7 +5,8 @@
  * the bytes the engine allocates on each tier are the planner's prediction
  * and the engine's own budget, exactly; and the NVMe bytes (by kind) and
  * collective bytes each step reports are fso_zero_step_traffic's, exactly.
- * Also: the limits a library caller meets (more devices than fsoff
+ * Per-block placements (resident parameter blocks, blocks whose state is on
+ * the devices) the same. Also: the limits a library caller meets (more devices than fsoff
  * drives). */
 #include <errno.h>
 #include <setjmp.h>
@@ -51,6 +52,9 @@ typedef struct job {
     fso_overlap overlap;
     const fso_tier *tier;
     bool qwen2;               /* model.model_type "qwen2": q/k/v biases in each layer block */
+    int resident;             /* train.resident_blocks (0: none) */
+    int device_state;         /* train.device_state_blocks (0: none) */
+    bool state_first;         /* train.device_state_from "first" */
 } job;
 
 static void describe(const job *j, char *buf, size_t len)
@@ -61,6 +65,12 @@ static void describe(const job *j, char *buf, size_t len)
              j->bf16 ? "bf16" : "fp32", sched[j->overlap], fso_tier_name(j->tier[0]),
              fso_tier_name(j->tier[1]), fso_tier_name(j->tier[2]), fso_tier_name(j->tier[3]),
              fso_tier_name(j->tier[4]));
+    if (j->resident || j->device_state) {
+        const size_t n = strlen(buf);
+        snprintf(buf + n, len - n, ", %d resident blocks, %d blocks' state on the devices "
+                                   "(from the %s)", j->resident, j->device_state,
+                 j->state_first ? "first" : "last");
+    }
 }
 
 static void config_for(fso_config *cfg, const job *j)
@@ -81,6 +91,9 @@ static void config_for(fso_config *cfg, const job *j)
     snprintf(cfg->offload.param_nvme_path, sizeof cfg->offload.param_nvme_path, "%s", nvme_dir);
     snprintf(cfg->offload.optim_nvme_path, sizeof cfg->offload.optim_nvme_path, "%s", nvme_dir);
     cfg->threads = j->world;
+    cfg->offload.resident_blocks = j->resident;
+    cfg->offload.device_state_blocks = j->device_state;
+    cfg->offload.device_state_first = j->state_first;
 }
 
 /* The planner's prediction for the job's placement on CPU devices. */
@@ -99,9 +112,10 @@ static void predict(const fso_config *cfg, const job *j, fso_plan *p, uint64_t *
     fso_placement_uniform(&pl, ctx.in.model.n_blocks, j->tier[FSO_KIND_PARAM],
                           j->tier[FSO_KIND_MASTER], j->tier[FSO_KIND_GRAD],
                           cfg->offload.prefetch_blocks);
-    for (int k = 0; k < FSO_N_KINDS; k++)
+    for (int k = 0; k < FSO_N_KINDS; k++) /* block by block: the configuration's rule */
         for (int b = 0; b < pl.n_blocks; b++)
-            pl.tier[k][b] = (uint8_t)j->tier[k];
+            pl.tier[k][b] = (uint8_t)fso_offload_block_tier(&cfg->offload, (fso_kind)k, b,
+                                                            pl.n_blocks);
     assert_int_equal(fso_plan_evaluate(&ctx.in, &pl, p), 0);
     *reserve = ctx.in.engine.device_reserve_bytes;
     fso_plan_ctx_free(&ctx);
@@ -219,6 +233,53 @@ static void test_four_devices_allocate_and_move_what_the_footprint_says(void **s
     run_matrix(4);
 }
 
+/* Per-block placements (state.h fso_block_rule): some blocks' parameters
+ * resident on the devices and the others streamed, some blocks' optimizer
+ * state on the devices and the others' elsewhere. The engine's buffers are
+ * the union of what the blocks need (the gather window when any block is
+ * gathered, the ring when any block's parameters are on NVMe, landing slots
+ * and chunk sets when any block needs them): allocation and traffic are
+ * still the footprint's, exactly, on 1, 2 and 4 devices, both backends,
+ * fp32 and bf16, every schedule. */
+static void test_block_mixes_allocate_and_move_what_the_footprint_says(void **state)
+{
+    (void)state;
+#define D FSO_TIER_DEVICE
+#define H FSO_TIER_HOST
+#define N FSO_TIER_NVME
+    static const fso_tier tiers[][FSO_N_KINDS] = {
+        {N, H, H, H, N}, {H, N, N, N, H}, {N, N, N, N, N}, {H, H, H, H, H}, {N, D, H, N, D},
+    };
+#undef D
+#undef H
+#undef N
+    static const struct {
+        int resident, device_state;
+        bool first;
+    } counts[] = {{1, 0, false}, {2, 2, false}, {4, 1, true}, {0, 4, false}, {3, 3, true}};
+    static const char *const backends[] = {"cpu", "cpu-async"};
+    for (int world = 1; world <= 4; world *= 2)
+        for (size_t b = 0; b < 2; b++)
+            for (int o = FSO_OVERLAP_NONE; o <= FSO_OVERLAP_BACKWARD; o++)
+                for (size_t i = 0; i < sizeof tiers / sizeof tiers[0]; i++) {
+                    job j = {.world = world, .backend = backends[b], .bf16 = (i + (size_t)o) % 2,
+                             .overlap = (fso_overlap)o, .tier = tiers[i],
+                             .resident = counts[i].resident,
+                             .device_state = counts[i].device_state,
+                             .state_first = counts[i].first};
+                    fso_config cfg;
+                    fso_trainer tr;
+                    char what[320];
+                    config_for(&cfg, &j);
+                    describe(&j, what, sizeof what);
+                    if (fso_trainer_init(&tr, &cfg) < 0)
+                        fail_msg("%s: %s", what, tr.err);
+                    check_allocation(&j, &cfg, &tr);
+                    check_traffic(&j, &cfg, &tr);
+                    fso_trainer_free(&tr);
+                }
+}
+
 /* Qwen2's q/k/v biases are parameters of the layer blocks like every other
  * tensor: counted, sharded and moved as the footprint says, on every
  * placement (two devices; fp32 on cpu, bf16 on cpu-async). */
@@ -320,6 +381,7 @@ int main(void)
         cmocka_unit_test(test_one_device_allocates_and_moves_what_the_footprint_says),
         cmocka_unit_test(test_two_devices_allocate_and_move_what_the_footprint_says),
         cmocka_unit_test(test_four_devices_allocate_and_move_what_the_footprint_says),
+        cmocka_unit_test(test_block_mixes_allocate_and_move_what_the_footprint_says),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

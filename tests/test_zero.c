@@ -14,6 +14,12 @@
  *    schedules, close to the fp32 run, always bf16 of the master, and half
  *    the parameter bytes on NVMe;
  *  - the planner's memory per tier is what the engine allocates;
+ *  - per-block placements (resident parameter blocks streamed from the
+ *    host or NVMe, some blocks' optimizer state on the devices and updated
+ *    there, the rest on the CPU) give the bits of everything on the device
+ *    on 1, 2 and 4 devices and under a GPU's rules, also when a re-plan
+ *    changes the counts between steps; the footprint of each is what the
+ *    engine allocates, and impossible counts are refused by name;
  *  - a step's NVMe bytes per kind are the derivation in docs/offload.md.
  */
 #include <errno.h>
@@ -1281,6 +1287,254 @@ static void test_planner_predicts_what_the_engine_allocates(void **state)
     }
 }
 
+/* ------------------------------------------------ per-block placement */
+
+/* One per-block placement (state.h fso_block_rule): the first `resident`
+ * blocks of the residency order keep their parameters on the devices, the
+ * others are streamed from `param`; `device_state` blocks (from the last
+ * down, or from block 0 up) keep master, m, v and gradients on the devices
+ * and are updated there, the others' state is on `optim` and the CPU
+ * updates it. A count of -1: every block. */
+typedef struct mix {
+    int resident;
+    fso_tier param;
+    int device_state;
+    bool state_first;
+    fso_tier optim;
+    fso_overlap overlap;
+} mix;
+
+static void set_mix(fso_config *cfg, const mix *m)
+{
+    const int nb = fso_model_n_blocks(&cfg->model);
+    fso_test_set_tiers(cfg, m->param, m->optim, nvme_dir);
+    cfg->offload.per_kind = false;
+    cfg->offload.resident_blocks = m->resident < 0 ? nb : m->resident;
+    cfg->offload.device_state_blocks = m->device_state < 0 ? nb : m->device_state;
+    cfg->offload.device_state_first = m->state_first;
+    cfg->optimizer_overlap = m->overlap;
+}
+
+/* cfg's mix (set_mix), for messages. */
+static void describe_mix(char *what, size_t len, const fso_config *cfg, const char *backend)
+{
+    const fso_offload_config *o = &cfg->offload;
+    snprintf(what, len, "%d device%s, %s, %d resident blocks streamed from %s, %d blocks' state "
+                        "on the devices (from the %s) the rest on %s, overlap %d",
+             cfg->world, cfg->world == 1 ? "" : "s", backend, o->resident_blocks,
+             fso_tier_name(o->param_tier), o->device_state_blocks,
+             o->device_state_first ? "first" : "last", fso_tier_name(o->optim_tier),
+             cfg->optimizer_overlap);
+}
+
+#define D FSO_TIER_DEVICE
+#define H FSO_TIER_HOST
+#define N FSO_TIER_NVME
+#define FWD FSO_OVERLAP_FORWARD
+#define SER FSO_OVERLAP_NONE
+/* resident 0 / some / all x parameters streamed from the host / NVMe x
+ * state on the devices for 0 / some / all blocks */
+static const mix g_mixes[] = {
+    {1, N, 0, false, H, SER},  {2, H, 0, false, N, FWD},  {-1, N, 0, false, N, SER},
+    {0, N, 2, false, N, FWD},  {2, N, 2, false, H, SER},  {1, H, -1, false, H, FWD},
+    {-1, H, 2, true, N, SER},  {2, N, -1, false, N, SER}, {0, H, 1, true, N, FWD},
+    {3, N, 3, true, H, FWD},
+};
+#undef FWD
+#undef SER
+
+/* Every mix gives the bits of everything on the device (fp32 gradients:
+ * one global norm over the blocks updated on the devices and those updated
+ * on the CPU) on `world` devices and the backend: the CPU backend (devices
+ * the CPU addresses: resident blocks lent in place like host ones) or a
+ * discrete GPU's rules (cpu-async: resident blocks gathered on the device,
+ * the device-state blocks updated by the backend's AdamW, the others by the
+ * CPU's through copies). */
+static void mixes_for(int world, const char *backend, size_t n_mixes)
+{
+    run_result base, r;
+    fso_config cfg;
+    fso_test_small_model(&cfg, world, 4);
+    cfg.backend = fso_backend_find(backend)->kind;
+    fso_test_set_tiers(&cfg, D, D, nvme_dir);
+    run(&cfg, NULL, &base);
+    if (base.rc)
+        fail_msg("all on device: %s", base.err);
+    for (size_t i = 0; i < n_mixes; i++) {
+        char what[256];
+        set_mix(&cfg, &g_mixes[i]);
+        describe_mix(what, sizeof what, &cfg, backend);
+        run(&cfg, NULL, &r);
+        if (r.rc)
+            fail_msg("%s: %s", what, r.err);
+        assert_bit_identical(&base, &r, 1, what);
+        result_free(&r);
+    }
+    result_free(&base);
+}
+
+/* The mixes on `world` devices under a GPU's rules, where it has that many:
+ * cpu-async opens any number; CUDA (a GPU, or the stand-in's two) the
+ * devices there are, else the case is skipped, saying so. */
+static void gpu_mixes_for(int world, size_t n_mixes)
+{
+    char err[256] = "";
+    const int have = fso_test_gpu_is_cuda() ? fso_cuda_device_count(err, sizeof err) : world;
+    if (have >= world)
+        mixes_for(world, fso_test_gpu_rules(), n_mixes);
+    else
+        print_message("block mixes on %d devices under %s's rules skipped: %d device%s there%s%s\n",
+                      world, fso_test_gpu_rules(), have, have == 1 ? "" : "s", err[0] ? ": " : "",
+                      err);
+}
+
+static void test_block_mixes_are_bit_identical_one_device(void **s)
+{
+    (void)s;
+    mixes_for(1, "cpu", sizeof g_mixes / sizeof g_mixes[0]);
+    gpu_mixes_for(1, sizeof g_mixes / sizeof g_mixes[0]);
+}
+
+static void test_block_mixes_are_bit_identical_two_devices(void **s)
+{
+    (void)s;
+    mixes_for(2, "cpu", sizeof g_mixes / sizeof g_mixes[0]);
+    gpu_mixes_for(2, sizeof g_mixes / sizeof g_mixes[0]);
+}
+
+static void test_block_mixes_are_bit_identical_four_devices(void **s)
+{
+    (void)s;
+    mixes_for(4, "cpu", 5);
+    gpu_mixes_for(4, 5);
+}
+
+/* A re-plan between steps that changes which blocks are resident and whose
+ * state is on the devices moves those shards and keeps the bits. */
+static const mix g_replan[] = {
+    {0, N, 0, false, N, FSO_OVERLAP_FORWARD},
+    {2, N, 2, false, N, FSO_OVERLAP_FORWARD},
+    {-1, H, 1, true, H, FSO_OVERLAP_FORWARD},
+};
+
+static void replan_mixes(fso_trainer *tr, int step)
+{
+    if (step >= (int)(sizeof g_replan / sizeof g_replan[0]))
+        return;
+    fso_config cfg = *tr->cfg;
+    set_mix(&cfg, &g_replan[step]);
+    double waited;
+    char err[512] = "";
+    uint64_t moved = 0;
+    assert_int_equal(fso_trainer_finish(tr, &waited), 0);
+    if (fso_zero_retier(tr->zero, &cfg.offload, &moved, err, sizeof err) < 0)
+        fail_msg("re-plan after step %d: %s", step, err);
+    assert_true(moved > 0);
+    const fso_block_rule *ru = fso_zero_block_rule(tr->zero);
+    assert_int_equal(ru->resident_blocks, cfg.offload.resident_blocks);
+    assert_int_equal(ru->device_state_blocks, cfg.offload.device_state_blocks);
+}
+
+static void test_replan_changes_resident_and_device_state_blocks(void **state)
+{
+    (void)state;
+    const char *const backends[] = {"cpu", fso_test_gpu_rules()};
+    for (int world = 1; world <= 2; world++)
+        for (int be = 0; be < 2; be++) {
+            run_result base, r;
+            fso_config cfg;
+            char what[96];
+            fso_test_small_model(&cfg, world, 4);
+            cfg.backend = fso_backend_find(backends[be])->kind;
+            fso_test_set_tiers(&cfg, D, D, nvme_dir);
+            run(&cfg, NULL, &base);
+            set_mix(&cfg, &g_replan[0]);
+            run(&cfg, &(run_hooks){.stepped = replan_mixes}, &r);
+            snprintf(what, sizeof what, "%d devices, %s, re-planned between steps", world,
+                     backends[be]);
+            if (r.rc)
+                fail_msg("%s: %s", what, r.err);
+            assert_bit_identical(&base, &r, 1, what);
+            result_free(&r);
+            result_free(&base);
+        }
+}
+
+/* Counts that cannot place the blocks are refused at creation, naming the
+ * key and the fix: more blocks than the model has, resident blocks when
+ * every block's parameters are on the devices already, device-state blocks
+ * when all of the optimizer's state is there already. */
+static void test_impossible_block_counts_are_refused(void **state)
+{
+    (void)state;
+    fso_config cfg;
+    fso_trainer tr;
+    fso_test_small_model(&cfg, 1, 4);
+    const int nb = fso_model_n_blocks(&cfg.model);
+    static const struct {
+        fso_tier param, optim;
+        int resident, device_state;
+        const char *want;
+    } bad[] = {
+        {H, H, 99, 0, "train.resident_blocks: 99 blocks, but the model has"},
+        {H, N, 0, 99, "train.device_state_blocks: 99 blocks, but the model has"},
+        {D, H, 2, 0, "parameters are on the devices already"},
+        {N, D, 0, 2, "gradients are on the devices already"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        fso_test_set_tiers(&cfg, bad[i].param, bad[i].optim, nvme_dir);
+        cfg.offload.resident_blocks = bad[i].resident;
+        cfg.offload.device_state_blocks = bad[i].device_state;
+        int rc = fso_trainer_init(&tr, &cfg);
+        if (rc != -EINVAL || !strstr(tr.err, bad[i].want))
+            fail_msg("case %zu: rc %d, \"%s\" lacks \"%s\"", i, rc, tr.err, bad[i].want);
+        if (rc == 0)
+            fso_trainer_free(&tr);
+    }
+    /* every block is a count the model has */
+    fso_test_set_tiers(&cfg, H, H, nvme_dir);
+    cfg.offload.resident_blocks = nb;
+    cfg.offload.device_state_blocks = nb;
+    if (fso_trainer_init(&tr, &cfg) < 0)
+        fail_msg("%d of %d blocks: %s", nb, nb, tr.err);
+    fso_trainer_free(&tr);
+}
+
+/* What the engine allocates for a mix is the footprint's (fso_zero_need_for)
+ * byte for byte: on every device, and in the host arena. */
+static void test_mix_footprint_is_what_the_engine_allocates(void **state)
+{
+    (void)state;
+    const char *const backends[] = {"cpu", "cpu-async"};
+    for (int world = 1; world <= 2; world++)
+        for (int be = 0; be < 2; be++)
+            for (size_t i = 0; i < sizeof g_mixes / sizeof g_mixes[0]; i++) {
+                fso_config cfg;
+                fso_trainer tr;
+                char what[256];
+                fso_test_small_model(&cfg, world, 4);
+                cfg.backend = fso_backend_find(backends[be])->kind;
+                set_mix(&cfg, &g_mixes[i]);
+                describe_mix(what, sizeof what, &cfg, backends[be]);
+                if (fso_trainer_init(&tr, &cfg) < 0)
+                    fail_msg("%s: %s", what, tr.err);
+                fso_zero_need need;
+                fso_zero_need_for(&cfg, &need);
+                const fso_backend *b0 = fso_zero_model(tr.zero)->be;
+                if (b0->mem_used_bytes != need.tier[FSO_TIER_DEVICE] ||
+                    fso_zero_host_arena_bytes(tr.zero) != need.tier[FSO_TIER_HOST])
+                    fail_msg("%s: device %zu allocated, %llu predicted; host %llu allocated, "
+                             "%llu predicted", what, b0->mem_used_bytes,
+                             (unsigned long long)need.tier[FSO_TIER_DEVICE],
+                             (unsigned long long)fso_zero_host_arena_bytes(tr.zero),
+                             (unsigned long long)need.tier[FSO_TIER_HOST]);
+                fso_trainer_free(&tr);
+            }
+}
+#undef D
+#undef H
+#undef N
+
 static int setup(void **state)
 {
     (void)state;
@@ -1326,6 +1580,12 @@ int main(void)
         cmocka_unit_test(test_a_step_without_counted_targets_is_refused),
         cmocka_unit_test(test_device_cap_too_small_fails_before_training),
         cmocka_unit_test(test_large_model_trains_from_nvme_within_cap),
+        cmocka_unit_test(test_impossible_block_counts_are_refused),
+        cmocka_unit_test(test_mix_footprint_is_what_the_engine_allocates),
+        cmocka_unit_test(test_block_mixes_are_bit_identical_one_device),
+        cmocka_unit_test(test_block_mixes_are_bit_identical_two_devices),
+        cmocka_unit_test(test_block_mixes_are_bit_identical_four_devices),
+        cmocka_unit_test(test_replan_changes_resident_and_device_state_blocks),
     };
     fso_test_filter_from_env();
     return cmocka_run_group_tests(tests, setup, teardown);

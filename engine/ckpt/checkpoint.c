@@ -325,6 +325,25 @@ static json_t *manifest_begin(const fso_zero *z, const fso_ckpt_layout *l, const
         "config", config,
         "model", "params", (json_int_t)model->n_params, "blocks", blocks, "tensors", tensors,
         FSO_CKPT_DATA, "bytes", (json_int_t)l->total_bytes, "kinds", kinds);
+    /* the per-block placement at the save (state.h fso_block_rule): the
+     * configuration's, or a re-plan's since; shards are saved in one format
+     * whatever their tier, so any other placement resumes from them */
+    const fso_block_rule *rule = fso_zero_block_rule(z);
+    json_t *run = man ? json_object_get(man, "run") : NULL;
+    if (run && (json_object_set_new(run, "resident_blocks",
+                                    json_integer(rule->resident_blocks > 0 ? rule->resident_blocks
+                                                                           : 0)) < 0 ||
+                json_object_set_new(run, "device_state_blocks",
+                                    json_integer(rule->device_state_blocks > 0
+                                                     ? rule->device_state_blocks
+                                                     : 0)) < 0 ||
+                json_object_set_new(run, "device_state_from",
+                                    json_string(fso_config_choice_name(
+                                        fso_config_state_from_choices, rule->device_state_first))) <
+                    0)) {
+        json_decref(man);
+        return NULL;
+    }
     /* a run resumed from a checkpoint of an earlier fsoff still knows nothing */
     if (man && !(m->hf && m->hf->origin == FSO_HF_EXTRAS_UNRECORDED) &&
         json_object_set_new(man, "hf", hf_json(m->hf)) < 0) {

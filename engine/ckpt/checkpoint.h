@@ -23,7 +23,9 @@
  * and a load at another device count reads the same ranges cut differently.
  *
  * manifest.json: the format and its version, the step, the data position,
- * the random state, the device count and tiers it ran on, the resolved
+ * the random state, the device count and tiers it ran on (with the
+ * per-block split: resident_blocks, device_state_blocks, device_state_from,
+ * state.h fso_block_rule; any other split resumes from it), the resolved
  * configuration (a configuration file that loads back to it), every
  * tensor's name, shape and place, and a CRC-32C of every chunk of
  * state.bin (chunks tile the file; each is a piece of one device's shard of

@@ -21,15 +21,6 @@
 #include "topology.h"
 #include "util.h"
 
-/* The kinds that need chunk buffers where they live. */
-static int chunk_kinds(const fso_zero *z)
-{
-    int n = 0;
-    for (int k = 0; k < FSO_N_KINDS; k++)
-        n += fso_fp_chunks_needed(&z->rules, z->tier[k]);
-    return n;
-}
-
 /* ------------------------------------------------------------------ layout */
 
 /* Tiers, element types, the blocks and the order params() asks for them. */
@@ -53,13 +44,7 @@ static int setup_layout(fso_zero *z, const fso_config *cfg, fso_fp_buffers *zb, 
 
     const int max_visits = fso_model_max_visits(&cfg->model);
     z->n_blocks = fso_model_n_blocks(&cfg->model);
-    fso_offload_block_rule(&cfg->offload, z->n_blocks, &z->rule);
-    if (z->rule.state_host_blocks < 0 || z->rule.state_host_blocks >= z->n_blocks) {
-        snprintf(err, errlen, "offload: state_host_blocks %d: must be 0 to %d (fewer than the "
-                              "model's %d blocks)", z->rule.state_host_blocks, z->n_blocks - 1,
-                 z->n_blocks);
-        return -EINVAL;
-    }
+    fso_offload_block_rule(&cfg->offload, z->n_blocks, &z->rule); /* checked by create */
     z->blocks = calloc((size_t)z->n_blocks, sizeof *z->blocks);
     z->ranks = calloc((size_t)z->world, sizeof *z->ranks);
     z->order = calloc((size_t)max_visits, sizeof *z->order);
@@ -77,8 +62,7 @@ static int setup_layout(fso_zero *z, const fso_config *cfg, fso_fp_buffers *zb, 
         if (zr_shard_elems(z, b) > z->max_shard)
             z->max_shard = zr_shard_elems(z, b);
     }
-    fso_fp_buffers_for(&z->rules, z->max_padded, z->tier[FSO_KIND_PARAM],
-                       cfg->offload.prefetch_blocks, zb);
+    zr_buffers_for(z, &z->rule, cfg->offload.prefetch_blocks, zb);
     z->lend_in_place = zb->gather == 0;
     if (cfg->offload.prefetch_blocks > zb->max_prefetch) {
         snprintf(err, errlen, "train.prefetch_blocks: at most %d, got %d", zb->max_prefetch,
@@ -257,10 +241,7 @@ static int open_arena(fso_zero *z, const fso_fp_buffers *zb, const budget *bud, 
                       size_t errlen)
 {
     const size_t world = (size_t)z->world;
-    const bool landings = fso_fp_landing_needed(&z->rules, z->tier[FSO_KIND_GRAD]);
-    const size_t bytes =
-        (bud->per_tier[FSO_TIER_HOST] + fso_fp_staging_bytes(zb, chunk_kinds(z), landings)) *
-        world;
+    const size_t bytes = (bud->per_tier[FSO_TIER_HOST] + fso_fp_staging_bytes(zb)) * world;
     const size_t most_staging =
         zb->stage_slot_bytes *
             (size_t)(FSO_FP_MAX_PARAM_SLOTS + zb->stage_slots + zb->landing_slots) +
@@ -340,13 +321,11 @@ static int allocate_rank(rank_state *rk, const fso_fp_buffers *zb, uint64_t *nvm
     }
     rk->opt.n_sets = zb->chunk_sets;
     for (int k = 0; k < FSO_N_KINDS; k++)
-        for (int set = 0; set < zb->chunk_sets && fso_fp_chunks_needed(&z->rules, z->tier[k]);
-             set++)
+        for (int set = 0; set < zb->chunk_sets && zb->chunked[k]; set++)
             rk->opt.chunk[set][k].buf = zr_rank_take(rk, zb->chunk_bytes);
     rk->opt.chunk_elems = zb->chunk_bytes / sizeof(float);
     rk->io.grad_trip.buf = zr_rank_take(rk, zb->stage_slot_bytes);
-    for (int i = 0;
-         i < zb->landing_slots && fso_fp_landing_needed(&z->rules, z->tier[FSO_KIND_GRAD]); i++)
+    for (int i = 0; i < zb->landing_slots && zb->landings; i++)
         rk->io.grad_down[i].buf = zr_rank_take(rk, zb->stage_slot_bytes);
     rk->io.landing.block = -1;
     return 0;
@@ -452,7 +431,12 @@ int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t err
     fso_zero_need_for(cfg, &need);
     z->cfg = cfg;
     z->cuda = cfg->backend == FSO_BACKEND_CUDA;
-    if ((rc = check_budgets(z, &need, err, errlen)) < 0 ||
+    /* counts that cannot place the blocks are named before the budgets
+     * they would distort */
+    z->n_blocks = fso_model_n_blocks(&cfg->model);
+    fso_offload_block_rule(&cfg->offload, z->n_blocks, &z->rule);
+    if ((rc = zr_check_rule(z, &z->rule, err, errlen)) < 0 ||
+        (rc = check_budgets(z, &need, err, errlen)) < 0 ||
         (rc = setup_layout(z, cfg, &zb, err, errlen)) < 0 ||
         (cfg->init_from[0] && (rc = fso_hf_open(&hf, cfg->init_from, &cfg->model, err, errlen)) < 0))
         goto fail;
@@ -615,6 +599,11 @@ const fso_model *fso_zero_model(const fso_zero *z)
     return &z->ranks[0].model;
 }
 
+const fso_block_rule *fso_zero_block_rule(const fso_zero *z)
+{
+    return &z->rule;
+}
+
 const char *fso_zero_pin_refused(const fso_zero *z)
 {
     return z->arena.pin_refused[0] ? z->arena.pin_refused : NULL;
@@ -650,12 +639,23 @@ void fso_zero_describe(const fso_zero *z, char *buf, size_t len)
         off += (size_t)snprintf(buf + off, len - off, "%s%s %s on %s", k ? ", " : "",
                                 fso_kind_name(k), h, fso_tier_name(z->tier[k]));
         const int hb = z->rule.state_host_blocks;
-        if (off < len && zr_block_tier(z, 0, (fso_kind)k) != z->tier[k])
+        const bool state = k == FSO_KIND_MASTER || k == FSO_KIND_M || k == FSO_KIND_V;
+        if (off < len && hb > 0 && state && z->tier[k] == FSO_TIER_NVME)
             off += (size_t)(hb == 1 ? snprintf(buf + off, len - off, " (block 0 on host)")
                                     : snprintf(buf + off, len - off, " (blocks 0-%d on host)",
                                                hb - 1));
     }
-    if (z->tier[FSO_KIND_PARAM] == FSO_TIER_NVME && off < len)
+    const fso_block_rule *ru = &z->rule;
+    if (ru->resident_blocks > 0 && off < len)
+        off += (size_t)snprintf(buf + off, len - off, "; %d of %d blocks' parameters resident "
+                                                      "on the devices",
+                                ru->resident_blocks, z->n_blocks);
+    if (ru->device_state_blocks > 0 && off < len)
+        off += (size_t)snprintf(buf + off, len - off, "; the optimizer state of the %s %d "
+                                                      "block%s on the devices",
+                                ru->device_state_first ? "first" : "last",
+                                ru->device_state_blocks, ru->device_state_blocks == 1 ? "" : "s");
+    if (z->ranks[0].io.n_prefetch > 0 && off < len)
         off += (size_t)snprintf(buf + off, len - off, ", %d block%s read ahead", z->prefetch,
                                 z->prefetch == 1 ? "" : "s");
     for (int r = 0; z->topo && r < z->world && off < len; r++)

@@ -291,6 +291,9 @@ void fso_zero_allocated(const fso_zero *z, uint64_t *dev, uint64_t tier[FSO_N_TI
 
 /* What a report needs. */
 const fso_model *fso_zero_model(const fso_zero *z);
+/* Where each block's shards live now (state.h): the configuration's rule,
+ * or the last re-plan's (fso_zero_retier). */
+const fso_block_rule *fso_zero_block_rule(const fso_zero *z);
 /* Device 0's time computing on each block in the last step (n_blocks
  * entries, ms; waits for parameters and gradients excluded): the per-block
  * timings the re-plan corrects the planner's compute with. */

@@ -77,9 +77,10 @@ struct fso_zero {
     fso_tier tier[FSO_N_KINDS];  /* each kind's tier for the blocks the rule's counts leave
                                     (the streamed parameters', the host state's) */
     fso_block_rule rule;         /* where each block's shards live (state.h; zr_block_tier) */
-    bool lend_in_place;          /* parameters are lent where they live, no gather: on the
-                                    only device, its shard; CPU devices, parameters in memory,
-                                    the block's buffer their shards are parts of (lent) */
+    bool lend_in_place;          /* every block's parameters are lent where they live (no
+                                    gather window; per block: zr_lends_in_place): on the only
+                                    device, its shard; CPU devices, parameters in memory, the
+                                    block's buffer their shards are parts of (lent) */
     lent_block *lent;            /* [block * FSO_N_TIERS + tier] */
     int prefetch;                /* blocks read ahead (train.prefetch_blocks, or the plan's) */
     int *order;                  /* blocks in the order params() asks for them */

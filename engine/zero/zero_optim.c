@@ -13,9 +13,12 @@
  * are waited for only when it is read into again. Shards on the host (or on
  * a device whose memory the CPU addresses) are updated in place.
  *
- * With the optimizer state and the gradients all on a GPU (memory the CPU
- * cannot address) the update runs on the GPU instead
- * (update_blocks_on_device), with the same operations and so the same bits.
+ * Blocks whose optimizer state and gradients are all on a GPU (memory the
+ * CPU cannot address; state.h fso_block_rule's device_state_blocks, or
+ * every block with the optimizer's tier "none") are updated on the GPU
+ * instead (update_blocks_on_device), with the same operations and so the
+ * same bits; the other blocks of the same step on the CPU, under the same
+ * clipped scale.
  *
  * Schedules (train.optimizer_overlap):
  *   none      the compute thread updates every block after the global norm;
@@ -157,11 +160,11 @@ static void mark_rest(rank_state *rk, int b0, int b1, int64_t step)
  * master chunk by chunk (bf16: rounded on the way). A block is ready once
  * its update is queued: the backend's mark after it orders the gathers
  * that read the block behind it. */
-static bool device_update(const rank_state *rk)
+static bool device_update(const rank_state *rk, int b)
 {
     const fso_backend *be = rk->be;
     for (int k = FSO_KIND_MASTER; k < FSO_N_KINDS; k++)
-        if (rk->z->tier[k] != FSO_TIER_DEVICE)
+        if (zr_block_tier(rk->z, b, (fso_kind)k) != FSO_TIER_DEVICE)
             return false; /* the CPU updates, copying what lives on the device */
     return !be->ops->host_addressable && be->ops->adamw && be->ops->mark;
 }
@@ -281,10 +284,8 @@ static unit next_unit(const fso_zero *z, unit u, size_t ch, int b1)
  * read into again. Each block is marked ready for step as.t once its
  * working parameters are written: on NVMe, once the writes of its units
  * still in flight have landed (the next forward reads them). */
-static int update_blocks(rank_state *rk, const fso_adamw_step *as, int b0, int b1)
+static int update_blocks_on_cpu(rank_state *rk, const fso_adamw_step *as, int b0, int b1)
 {
-    if (device_update(rk))
-        return update_blocks_on_device(rk, as, b0, b1);
     const fso_zero *z = rk->z;
     const size_t ch = rk->opt.chunk_elems;
     const int K = rk->opt.n_sets, ahead = K / 2 > 0 ? K / 2 : 1;
@@ -369,6 +370,27 @@ static int update_blocks(rank_state *rk, const fso_adamw_step *as, int b0, int b
         if ((rc = set_wait(rk, ring[k], u[k].b)) < 0)
             return rc;
     mark_rest(rk, rested, b1 + 1, as->t);
+    return 0;
+}
+
+/* Update blocks [b0, b1] in order: each run of blocks whose state is on a
+ * GPU there (update_blocks_on_device), the others on the CPU
+ * (update_blocks_on_cpu). Both apply the same clipped step (the one global
+ * norm over every block, in as->grad_scale). */
+static int update_blocks(rank_state *rk, const fso_adamw_step *as, int b0, int b1)
+{
+    const uint64_t after = rk->opt.after; /* the job's: a device run moves it along */
+    for (int b = b0; b <= b1;) {
+        const bool dev = device_update(rk, b);
+        int e = b;
+        while (e < b1 && device_update(rk, e + 1) == dev)
+            e++;
+        rk->opt.after = after;
+        int rc = dev ? update_blocks_on_device(rk, as, b, e) : update_blocks_on_cpu(rk, as, b, e);
+        if (rc < 0)
+            return rc;
+        b = e + 1;
+    }
     return 0;
 }
 

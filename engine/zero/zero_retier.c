@@ -128,9 +128,9 @@ static void growth(const fso_zero *z, retier_plan *m)
         m->add[FSO_TIER_HOST] += m->zb.prefetch_slot_bytes * (size_t)more_slots;
     const rank_state *rk = &z->ranks[0];
     for (int k = 0; k < FSO_N_KINDS; k++)
-        if (fso_fp_chunks_needed(&z->rules, m->want[k]) && !rk->opt.chunk[0][k].buf)
+        if (m->zb.chunked[k] && !rk->opt.chunk[0][k].buf)
             m->add[FSO_TIER_HOST] += m->zb.chunk_bytes * (size_t)rk->opt.n_sets;
-    if (fso_fp_landing_needed(&z->rules, m->want[FSO_KIND_GRAD]) && !rk->io.grad_down[0].buf)
+    if (m->zb.landings && !rk->io.grad_down[0].buf)
         m->add[FSO_TIER_HOST] += m->zb.stage_slot_bytes * (size_t)m->zb.landing_slots;
 }
 
@@ -262,16 +262,16 @@ static void retier_switch(rank_state *rk, const retier_plan *m, retier_job *j)
     if (m->zb.prefetch_slots > rk->io.n_prefetch_bufs)
         rk->io.n_prefetch_bufs = m->zb.prefetch_slots;
     for (int k = 0; k < FSO_N_KINDS; k++) /* chunk buffers for kinds that now need them */
-        for (int set = 0; set < rk->opt.n_sets && fso_fp_chunks_needed(&z->rules, m->want[k]) &&
-                          !rk->opt.chunk[set][k].buf; set++)
+        for (int set = 0; set < rk->opt.n_sets && m->zb.chunked[k] && !rk->opt.chunk[set][k].buf;
+             set++)
             rk->opt.chunk[set][k].buf = zr_rank_take(rk, m->zb.chunk_bytes);
-    const bool landings = fso_fp_landing_needed(&z->rules, m->want[FSO_KIND_GRAD]);
-    for (int i = 0; i < m->zb.landing_slots && landings && !rk->io.grad_down[i].buf; i++)
+    for (int i = 0; i < m->zb.landing_slots && m->zb.landings && !rk->io.grad_down[i].buf; i++)
         rk->io.grad_down[i].buf = zr_rank_take(rk, m->zb.stage_slot_bytes);
     rk->io.n_prefetch = m->zb.prefetch_slots;
     bool on_nvme = false;
-    for (int k = 0; k < FSO_N_KINDS; k++)
-        on_nvme |= m->want[k] == FSO_TIER_NVME;
+    for (int b = 0; b < z->n_blocks; b++)
+        for (int k = 0; k < FSO_N_KINDS; k++)
+            on_nvme |= want_tier(m, b, (fso_kind)k) == FSO_TIER_NVME;
     if (!on_nvme && rk->io.store) { /* nothing left there: give the space back */
         fso_store_destroy(rk->io.store);
         rk->io.store = NULL;
@@ -286,20 +286,21 @@ int fso_zero_retier(fso_zero *z, const fso_offload_config *o, uint64_t *bytes_mo
     for (int k = 0; k < FSO_N_KINDS; k++)
         m.want[k] = fso_offload_tier(o, (fso_kind)k);
     fso_offload_block_rule(o, z->n_blocks, &m.rule);
-    if (m.rule.state_host_blocks < 0 || m.rule.state_host_blocks >= z->n_blocks) {
-        snprintf(err, errlen, "re-plan: state_host_blocks %d: must be 0 to %d",
-                 m.rule.state_host_blocks, z->n_blocks - 1);
-        return -EINVAL;
+    char why[512];
+    int rc = zr_check_rule(z, &m.rule, why, sizeof why);
+    if (rc < 0) {
+        snprintf(err, errlen, "re-plan: %s", why);
+        return rc;
     }
     *bytes_moved = 0;
-    fso_fp_buffers_for(&z->rules, z->max_padded, m.want[FSO_KIND_PARAM], o->prefetch_blocks, &m.zb);
+    zr_buffers_for(z, &m.rule, o->prefetch_blocks, &m.zb);
     if (o->prefetch_blocks < 0 || o->prefetch_blocks > m.zb.max_prefetch) {
         snprintf(err, errlen, "re-plan: prefetch depth %d: must be 0 to %d", o->prefetch_blocks,
                  m.zb.max_prefetch);
         return -EINVAL;
     }
     m.lend_in_place = m.zb.gather == 0;
-    int rc = quiesce(z, err, errlen);
+    rc = quiesce(z, err, errlen);
     if (rc < 0)
         return rc;
     growth(z, &m);
@@ -332,7 +333,6 @@ int fso_zero_retier(fso_zero *z, const fso_offload_config *o, uint64_t *bytes_mo
             z->ranks[r].compute.err.rc = 0;
         }
         free(jobs);
-        char why[512];
         snprintf(why, sizeof why, "%s", err);
         snprintf(err, errlen, "re-plan: the placement stays as it was: %s", why);
         return rc;

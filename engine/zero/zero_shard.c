@@ -19,6 +19,62 @@ size_t zr_shard_elems(const fso_zero *z, int b)
     return fso_fp_shard_elems(&z->rules, z->blocks[b].padded_elems);
 }
 
+bool zr_lends_in_place(const fso_zero *z, int b)
+{
+    return fso_fp_lends_in_place(&z->rules, zr_block_tier(z, b, FSO_KIND_PARAM));
+}
+
+void zr_buffers_for(const fso_zero *z, const fso_block_rule *r, int prefetch,
+                    fso_fp_buffers *zb)
+{
+    uint64_t padded[z->n_blocks > 0 ? z->n_blocks : 1];
+    for (int b = 0; b < z->n_blocks; b++)
+        padded[b] = z->blocks[b].padded_elems;
+    const fso_fp_layout l = {.n_blocks = z->n_blocks, .padded_elems = padded,
+                             .tier = fso_fp_rule_tier, .ctx = r, .prefetch = prefetch};
+    fso_fp_buffers_for(&z->rules, &l, zb);
+}
+
+int zr_check_rule(const fso_zero *z, const fso_block_rule *r, char *err, size_t errlen)
+{
+    const int nb = z->n_blocks;
+    const char *const key[2] = {"train.resident_blocks", "train.device_state_blocks"};
+    const int count[2] = {r->resident_blocks, r->device_state_blocks};
+    for (int i = 0; i < 2; i++)
+        if (count[i] > nb) {
+            snprintf(err, errlen, "%s: %d blocks, but the model has %d (the embedding, %d "
+                                  "layers, the head); give 0 to %d",
+                     key[i], count[i], nb, nb - 2, nb);
+            return -EINVAL;
+        }
+    if (r->resident_blocks > 0 && r->tier[FSO_KIND_PARAM] == FSO_TIER_DEVICE) {
+        snprintf(err, errlen, "train.resident_blocks: %d blocks, but every block's parameters "
+                              "are on the devices already (zero_optimization.offload_param."
+                              "device \"none\"); drop train.resident_blocks, or offload the "
+                              "parameters (\"cpu\" or \"nvme\") to stream the other blocks",
+                 r->resident_blocks);
+        return -EINVAL;
+    }
+    bool all_device = true;
+    for (int k = FSO_KIND_MASTER; k < FSO_N_KINDS; k++)
+        all_device = all_device && r->tier[k] == FSO_TIER_DEVICE;
+    if (r->device_state_blocks > 0 && all_device) {
+        snprintf(err, errlen, "train.device_state_blocks: %d blocks, but every block's "
+                              "optimizer state and gradients are on the devices already "
+                              "(zero_optimization.offload_optimizer.device \"none\"); drop "
+                              "train.device_state_blocks, or offload the optimizer (\"cpu\" "
+                              "or \"nvme\") to update the other blocks on the CPU",
+                 r->device_state_blocks);
+        return -EINVAL;
+    }
+    if (r->state_host_blocks < 0 || r->state_host_blocks >= nb) {
+        snprintf(err, errlen, "offload: state_host_blocks %d: must be 0 to %d (fewer than the "
+                              "model's %d blocks)", r->state_host_blocks, nb - 1, nb);
+        return -EINVAL;
+    }
+    return 0;
+}
+
 loc *zr_locate(rank_state *rk, int b, fso_kind k)
 {
     return &rk->locs[b * FSO_N_KINDS + k];

@@ -33,6 +33,20 @@ typedef struct lent_block {
 } lent_block;
 
 size_t zr_shard_elems(const fso_zero *z, int b);
+/* Whether block b's parameters are lent to the model where they live, with
+ * no gather (footprint.h fso_fp_lends_in_place, for the block's tier). */
+bool zr_lends_in_place(const fso_zero *z, int b);
+/* Each device's buffers for the blocks placed by rule r with `prefetch`
+ * blocks read ahead: the footprint's (fso_fp_buffers_for), so that what is
+ * allocated is what the footprint counts. */
+void zr_buffers_for(const fso_zero *z, const fso_block_rule *r, int prefetch,
+                    fso_fp_buffers *zb);
+/* Whether rule r can place this trainer's blocks: counts no larger than
+ * the model's blocks, and none that moves nothing (resident_blocks with
+ * every block's parameters on the devices already, device_state_blocks with
+ * all the optimizer's state there already). 0, or -EINVAL with a message
+ * naming the key and the fix. */
+int zr_check_rule(const fso_zero *z, const fso_block_rule *r, char *err, size_t errlen);
 /* Bytes a shard of kind k of block b takes on its tier: whole pages. */
 size_t zr_shard_bytes(const fso_zero *z, int b, fso_kind k);
 loc *zr_locate(rank_state *rk, int b, fso_kind k);

@@ -27,12 +27,16 @@ static void *window_part(rank_state *rk, int64_t q, size_t bytes);
 static int prefetch_params(rank_state *rk, errsink *es, uint64_t *bytes_done, int64_t step)
 {
     fso_zero *z = rk->z;
-    if (z->tier[FSO_KIND_PARAM] != FSO_TIER_NVME)
+    if (rk->io.n_prefetch == 0) /* no block's parameters on NVMe */
         return 0;
     int ahead = z->prefetch;
     const int from = rk->compute.order_pos;
     for (int i = from; i < from + 1 + ahead && i < z->n_order; i++) {
         int b = z->order[i];
+        /* resident blocks and blocks on the host are not read ahead: they
+         * hold positions in the order, no slot */
+        if (zr_block_tier(z, b, FSO_KIND_PARAM) != FSO_TIER_NVME)
+            continue;
         /* never read a block the optimizer has not finished writing */
         zr_lock(&rk->opt.mu);
         bool ready = rk->opt.ready[b] >= step;
@@ -84,7 +88,7 @@ static int prefetch_params(rank_state *rk, errsink *es, uint64_t *bytes_done, in
 
 void zr_prefetch_kick(rank_state *rk, int64_t step)
 {
-    if (rk->z->tier[FSO_KIND_PARAM] != FSO_TIER_NVME)
+    if (rk->io.n_prefetch == 0)
         return;
     errsink es = {0}; /* a failed read fails the slot, which compute waits for */
     zr_lock(&rk->io.pf_mu);
@@ -267,14 +271,44 @@ static void sc_release(rank_state *rk, int g)
     sc_set(&z->sc, z->world, z->sc.released, (int)(q % z->sc.n), rk->rank, q);
 }
 
+/* A lend that uses no window (parameters lent in place) lets go of the
+ * window its number would have used, once that window's previous lend is
+ * let go of (sc_window), so that the windows' lends stay in step on every
+ * device. */
+static void sc_skip_window(rank_state *rk, int64_t q)
+{
+    fso_zero *z = rk->z;
+    sc_window(rk, q);
+    sc_set(&z->sc, z->world, z->sc.released, (int)(q % z->sc.n), rk->rank, q);
+}
+
+/* Block b, whose parameters are not read ahead (resident, or on the host),
+ * is lent at the order's next position: the reads ahead of the blocks on
+ * NVMe count positions from there. */
+static void pass_position(rank_state *rk, int b)
+{
+    fso_zero *z = rk->z;
+    if (rk->io.n_prefetch == 0 || rk->compute.err.rc != 0)
+        return;
+    zr_lock(&rk->io.pf_mu);
+    FSO_BUG_ON(rk->compute.order_pos >= z->n_order || z->order[rk->compute.order_pos] != b,
+               "block %d asked out of order", b);
+    rk->compute.order_pos++;
+    prefetch_params(rk, &rk->compute.err, rk->compute.st.nvme_kind_read, z->step);
+    zr_unlock(&rk->io.pf_mu);
+}
+
 /* Lend block b's full parameters, in their working type (bf16 or fp32: the
  * model's). The rank's shard is gathered from where it lives when the
  * collective can read it there, else staged on the device first, into the
  * window the model reads. CPU devices gather into the shared pool instead:
  * each writes its own shard into the lend's window and waits for the
- * others'. Parameters on the device are lent where they live: world 1, the
- * shard itself; CPU devices, the block's shared buffer, once every
- * device's update of its part is in. */
+ * others'. A block whose parameters are lent in place (zr_lends_in_place,
+ * by the block's own tier, resident or streamed) is lent where it lives:
+ * world 1, the shard itself; CPU devices, the block's shared buffer, once
+ * every device's update of its part is in. Every lend takes the order's
+ * next position, which the reads ahead of the blocks on NVMe count from
+ * (pass_position). */
 static const void *src_params(void *ctx, int b)
 {
     rank_state *rk = ctx;
@@ -293,12 +327,17 @@ static const void *src_params(void *ctx, int b)
     /* the previous step's update of this block must be in (overlapped schedules) */
     if (rk->compute.err.rc == 0)
         zr_optim_wait_block(rk, b, z->step);
-    if (z->lend_in_place) {
+    loc *l = zr_locate(rk, b, FSO_KIND_PARAM);
+    if (l->tier != FSO_TIER_NVME)
+        pass_position(rk, b);
+    if (zr_lends_in_place(z, b)) {
+        if (z->sc.on) /* its window goes unused */
+            sc_skip_window(rk, q);
         if (z->world == 1)
-            return zr_locate(rk, b, FSO_KIND_PARAM)->ptr;
+            return l->ptr;
         if (rk->compute.err.rc == 0)
             zr_optim_wait_peers(rk, b, z->step);
-        return zr_lent(z, b, zr_locate(rk, b, FSO_KIND_PARAM)->tier)->base;
+        return zr_lent(z, b, l->tier)->base;
     }
     int g = rk->compute.gather_refs[0] == 0 ? 0 : 1;
     FSO_BUG_ON(rk->compute.gather_refs[g] != 0, "more than two blocks lent at once");
@@ -314,7 +353,6 @@ static const void *src_params(void *ctx, int b)
         after = rk->opt.ready_mark[b];
     void *mine = (char *)recv + (size_t)rk->rank * shard_bytes;
     const void *send = mine; /* this rank's shard, where the gather reads it */
-    loc *l = zr_locate(rk, b, FSO_KIND_PARAM);
     if (rk->compute.err.rc == 0) {
         if (l->tier == FSO_TIER_DEVICE ||
             (l->tier == FSO_TIER_HOST && be->ops->host_addressable)) {
@@ -378,7 +416,7 @@ static const void *src_params(void *ctx, int b)
 static void src_release(void *ctx, int b)
 {
     rank_state *rk = ctx;
-    if (rk->z->lend_in_place)
+    if (zr_lends_in_place(rk->z, b))
         return;
     for (int g = 0; g < 2; g++)
         if (rk->compute.gather_refs[g] && rk->compute.gather_block[g] == b) {
@@ -429,7 +467,7 @@ static float *src_grads(void *ctx, int b)
 static void gather_ahead(rank_state *rk)
 {
     fso_zero *z = rk->z;
-    if (z->lend_in_place || z->sc.on || !rk->be->ops->order_after || rk->compute.pre_block >= 0)
+    if (z->sc.on || !rk->be->ops->order_after || rk->compute.pre_block >= 0)
         return;
     if (rk->compute.gather_refs[0] && rk->compute.gather_refs[1])
         return;
@@ -437,6 +475,8 @@ static void gather_ahead(rank_state *rk)
     if (i >= z->n_order)
         return;
     const int next = z->order[i];
+    if (zr_lends_in_place(z, next)) /* nothing to gather */
+        return;
     rk->compute.pre_params = src_params(rk, next);
     rk->compute.pre_block = next;
 }
