@@ -171,6 +171,14 @@ static bool least_host_share(const fso_plan_input *in, uint64_t *need)
     return fits;
 }
 
+/* The device memory whose share left after the plan's margin
+ * (planner.h fso_plan_machine.device_margin) holds need. */
+static uint64_t device_with_margin(const fso_plan_machine *m, uint64_t need)
+{
+    const double margin = m->device_margin > 0 && m->device_margin < 1 ? m->device_margin : 0;
+    return margin > 0 ? (uint64_t)((double)need / (1 - margin)) + 1 : need;
+}
+
 /* A size as an option takes it, rounded up: "148G", "45M". */
 static void opt_size(char *buf, size_t len, uint64_t bytes)
 {
@@ -243,7 +251,8 @@ static void sized_fixes(const fso_plan_input *in, const fso_plan *p, const fso_p
             add_fix(buf, len, &off, "raise --host-mem to %s (each CPU device gets half of it, "
                     "shared)", f);
         }
-    } else if (least_with(in, FSO_TIER_DEVICE, &need) && need > p->machine.device_mem_bytes) {
+    } else if (least_with(in, FSO_TIER_DEVICE, &need) &&
+               (need = device_with_margin(&p->machine, need)) > p->machine.device_mem_bytes) {
         opt_size(f, sizeof f, need);
         if (p->machine.cpu_devices || o->train)
             add_fix(buf, len, &off, "raise --device-mem to %s", f);
