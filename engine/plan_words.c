@@ -122,8 +122,13 @@ static bool least_with(const fso_plan_input *in, int t, uint64_t *need)
     const uint64_t lots = (uint64_t)1 << 60;
     if (!out)
         return false;
-    if (t == FSO_TIER_DEVICE)
+    if (t == FSO_TIER_DEVICE) {
         x.machine.device_mem_bytes = lots;
+        /* with room for everything the search keeps every block on the
+         * devices; the least a placement needs there is one without
+         * per-block residency (which only adds to it) */
+        x.engine.per_block_tiers = false;
+    }
     else if (t == FSO_TIER_HOST)
         x.machine.host_mem_bytes = lots;
     else {
