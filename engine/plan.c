@@ -120,8 +120,10 @@ int fso_plan_ctx_init(fso_plan_ctx *ctx, const fso_config *cfg, const fso_plan_m
      * before the next block's (zero_source.c); a block's new parameters on
      * NVMe landed before the forward reads them (zero_optim.c); each block's
      * norm as its gradients land. */
-    fso_zero_fp_rules_on(cfg, fso_backend_row_of(gpu ? FSO_BACKEND_CUDA : FSO_BACKEND_CPU),
-                         &en->rules);
+    if (gpu) /* GPUs the CPU cannot address, whatever cfg's backend says */
+        fso_zero_fp_rules_on(cfg, fso_backend_row_of(FSO_BACKEND_CUDA), &en->rules);
+    else /* cfg's CPU backend (cpu, or cpu-async in tests: its row says how it is addressed) */
+        fso_zero_fp_rules(cfg, &en->rules);
     en->rules.world = W;
     en->per_block_tiers = true;
     en->whole_copy = false;
