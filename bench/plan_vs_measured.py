@@ -2,7 +2,10 @@
 """The planner's predicted step time against measured step time, on the CPU backend.
 
 For each configuration of a matrix (where the state lives x CPU devices x prefetch
-depth x model size) this runs `fsoff --metrics` for a few steps and `fsoff plan
+depth x model size; where the state lives includes per-block splits, some parameter
+blocks resident and the rest streamed, pinned by train.resident_blocks and
+device_state_blocks or chosen by the planner for devices capped below the state,
+and the same cap forced to one tier per kind) this runs `fsoff --metrics` for a few steps and `fsoff plan
 --json` with the same overrides (so the same placement, pinned), on this machine's
 cached probes, and prints the predicted step time, the measured one (the median
 step of a run, first step excluded; the fastest of --repeat runs) and their
@@ -45,11 +48,24 @@ MODELS = {
 }
 
 TIERS = {
-    # name: (param device, optimizer device)
-    "device": ("none", "none"),
-    "host": ("cpu", "cpu"),
-    "p-host/o-nvme": ("cpu", "nvme"),
-    "nvme": ("nvme", "nvme"),
+    # name: (param device, optimizer device, per-block keys (state.h's rule), device cap);
+    # a device None: the planner's choice (--nvme gives it the folder); cap "half": each
+    # CPU device holds its activations and buffers and half of its parameters (cap_for)
+    "device": ("none", "none", [], None),
+    "host": ("cpu", "cpu", [], None),
+    "p-host/o-nvme": ("cpu", "nvme", [], None),
+    "nvme": ("nvme", "nvme", [], None),
+    # residency split: some parameter blocks resident, the rest streamed; the last
+    # blocks' state on the devices, the rest on the tier
+    "split-host": ("cpu", "cpu", ["train.resident_blocks=3", "train.device_state_blocks=2"],
+                   None),
+    "split-nvme": ("nvme", "nvme", ["train.resident_blocks=3", "train.device_state_blocks=2",
+                                    'train.device_state_from="first"'], None),
+    # capped devices, the planner choosing: a plan that keeps what fits resident and streams
+    # the rest; and the same cap forced to one tier per kind (no block counts)
+    "planned-cap": (None, None, [], "half"),
+    "one-tier-cap": (None, None, ["train.resident_blocks=0", "train.device_state_blocks=0"],
+                     "half"),
 }
 
 
@@ -65,17 +81,46 @@ def matrix(quick):
 
 
 def overrides(model, tier, pf, nvme):
-    p, o = TIERS[tier]
+    p, o, keys, _ = TIERS[tier]
     sets = list(MODELS[model])
-    sets.append('zero_optimization.offload_param={"device": "%s"%s}'
-                % (p, ', "nvme_path": "%s"' % nvme if p == "nvme" else ""))
-    sets.append('zero_optimization.offload_optimizer={"device": "%s"%s}'
-                % (o, ', "nvme_path": "%s"' % nvme if o == "nvme" else ""))
+    if p:
+        sets.append('zero_optimization.offload_param={"device": "%s"%s}'
+                    % (p, ', "nvme_path": "%s"' % nvme if p == "nvme" else ""))
+    if o:
+        sets.append('zero_optimization.offload_optimizer={"device": "%s"%s}'
+                    % (o, ', "nvme_path": "%s"' % nvme if o == "nvme" else ""))
     sets.append("train.prefetch_blocks=%d" % pf)
-    args = []
+    sets += keys
+    args = ["--nvme", nvme] if not p or not o else []
     for s in sets:
         args += ["--set", s]
     return args
+
+
+def cap_for(fsoff, model, world, nvme):
+    """--device-mem for a capped row: each device's activations and buffers (the plan with
+    every kind on the host) and half of its parameter shards (the plan with every kind on
+    the devices), in KiB: some parameter blocks fit, not all."""
+    dev = ["--devices", "cpu:%d" % world]
+    need = []
+    for where in ("cpu", "none"):
+        sets = list(MODELS[model]) + [
+            'zero_optimization.offload_param={"device": "%s"}' % where,
+            'zero_optimization.offload_optimizer={"device": "%s"}' % where]
+        args = []
+        for s in sets:
+            args += ["--set", s]
+        p = json.loads(run([fsoff, "plan", "--json", "--nvme", nvme] + dev + args))
+        need.append(p["tiers"]["device"])
+    cap = need[0]["bytes"] + need[1]["parameters"] // 2
+    return ["--device-mem", "%dK" % (cap // 1024 + 1)]
+
+
+def device_blocks(plan):
+    """'resident/state of blocks': parameter blocks and optimizer-state blocks on the devices."""
+    pl = plan["placement"]
+    n = sum(pl["parameters"].values())
+    return "%d/%d of %d" % (pl["parameters"]["device"], pl["master"]["device"], n)
 
 
 def run(cmd):
@@ -108,6 +153,8 @@ def main():
         for model, tier, world, pf in matrix(a.quick):
             sets = overrides(model, tier, pf, nvme)
             dev = ["--devices", "cpu:%d" % world]
+            if TIERS[tier][3]:
+                dev += cap_for(a.fsoff, model, world, nvme)
             best, meas = None, None
             for _ in range(max(a.repeat, 1)):
                 with tempfile.NamedTemporaryFile(suffix=".jsonl") as mf:
@@ -132,6 +179,8 @@ def main():
                             "predicted_ms": pred, "measured_ms": meas,
                             "ratio": pred / meas if meas > 0 else 0,
                             "bottleneck": plan["bottleneck"],
+                            "placement": plan["placement_text"],
+                            "device_blocks": device_blocks(plan),
                             "predicted_stall_ms": plan["stall_ms"], "measured_stall_ms": stall})
     finally:
         if own:
@@ -151,16 +200,17 @@ def main():
     print("# planner prediction against measured step time (CPU backend: median step of %d, "
           "first excluded; fastest of %d runs; load average %.2f)" % (a.steps, a.repeat,
                                                                       os.getloadavg()[0]))
-    print("# %-6s %-14s %7s %8s %10s %10s %7s %10s %10s %-11s %8s" %
-          ("model", "tiers", "devices", "prefetch", "predicted", "measured", "ratio",
-           "pred wait", "meas wait", "bottleneck", "within"))
-    print("# %-6s %-14s %7s %8s %10s %10s %7s %10s %10s %-11s %8s" %
-          ("", "param/optim", "", "blocks", "ms", "ms", "", "ms", "ms", "", "20%"))
+    print("# %-6s %-14s %7s %8s %11s %10s %10s %7s %10s %10s %-11s %8s" %
+          ("model", "tiers", "devices", "prefetch", "on devices", "predicted", "measured",
+           "ratio", "pred wait", "meas wait", "bottleneck", "within"))
+    print("# %-6s %-14s %7s %8s %11s %10s %10s %7s %10s %10s %-11s %8s" %
+          ("", "param/optim", "", "blocks", "param/state", "ms", "ms", "", "ms", "ms", "",
+           "20%"))
     for r in results:
-        print("  %-6s %-14s %7d %8d %10.1f %10.1f %7.2f %10.1f %10.1f %-11s %8s" %
-              (r["model"], r["tiers"], r["devices"], r["prefetch"], r["predicted_ms"],
-               r["measured_ms"], r["ratio"], r["predicted_stall_ms"], r["measured_stall_ms"],
-               r["bottleneck"],
+        print("  %-6s %-14s %7d %8d %11s %10.1f %10.1f %7.2f %10.1f %10.1f %-11s %8s" %
+              (r["model"], r["tiers"], r["devices"], r["prefetch"], r["device_blocks"],
+               r["predicted_ms"], r["measured_ms"], r["ratio"], r["predicted_stall_ms"],
+               r["measured_stall_ms"], r["bottleneck"],
                "yes" if r["within_20pct"] else "expected" if r["expected_miss"] else "MISS"))
     err = sum(abs(r["ratio"] - 1) for r in results) / max(len(results), 1)
     hits = sum(1 for r in results if r["within_20pct"])

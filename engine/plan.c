@@ -110,30 +110,36 @@ int fso_plan_ctx_init(fso_plan_ctx *ctx, const fso_config *cfg, const fso_plan_m
 
     fso_plan_engine *en = &in->engine;
     en->overlap = cfg->optimizer_overlap;
-    /* the engine's rules (zero.h); the GPU schedule `fsoff plan --gpus`
-     * predicts computes in bf16, gradients included, on devices the CPU
-     * cannot address */
-    if (gpu) {
+    /* The engine as it runs (engine/zero/), one description for CPU and GPU
+     * devices: its rules (zero.h fso_zero_fp_rules_on: working parameters
+     * bf16 only with bf16.enabled, fp32 gradients whatever
+     * train.gradient_dtype says, as the trainer reduces and keeps them);
+     * per-block tiers (state.h's fso_block_rule: resident parameter blocks,
+     * device-state blocks, the first blocks' NVMe state on the host); shards
+     * gathered, never copied whole; a gradient shard stored and waited for
+     * before the next block's (zero_source.c); a block's new parameters on
+     * NVMe landed before the forward reads them (zero_optim.c); each block's
+     * norm as its gradients land. */
+    if (gpu) /* GPUs the CPU cannot address, whatever cfg's backend says */
         fso_zero_fp_rules_on(cfg, fso_backend_row_of(FSO_BACKEND_CUDA), &en->rules);
-        en->rules.dtype[FSO_KIND_PARAM] = en->rules.dtype[FSO_KIND_GRAD] = FSO_DT_BF16;
-    } else {
+    else /* cfg's CPU backend (cpu, or cpu-async in tests: its row says how it is addressed) */
         fso_zero_fp_rules(cfg, &en->rules);
-    }
     en->rules.world = W;
-    if (gpu) { /* the GPU schedule `fsoff plan --gpus` predicts (ARCHITECTURE.md, The planner) */
-        en->per_block_tiers = true;
-        en->whole_copy = true;
-        en->sync_grad_writes = false;
-        en->opt_write_lag = 2;
-        /* CUDA context, cuBLAS, NCCL; the backend's scratch */
+    en->per_block_tiers = true;
+    en->whole_copy = false;
+    en->state_host_blocks = true;
+    en->sync_grad_writes = true;
+    en->norm_pass = false;
+    en->opt_write_lag = 1;
+    if (gpu) /* CUDA context, cuBLAS, NCCL; the backend's scratch */
         en->device_reserve_bytes = ((uint64_t)2 << 30) + fso_model_cuda_scratch_bytes_for(
             mc, cfg->micro_batch, cfg->data.seq_len, cfg->bf16);
-    } else { /* engine/zero/zero.c on the CPU backend */
-        en->state_host_blocks = true;
-        en->sync_grad_writes = true;
-        en->opt_write_lag = 1;
+    else /* engine/zero/zero.c on the CPU backend */
         en->device_reserve_bytes = fso_zero_widen_bytes(cfg, fso_backend_row_of(FSO_BACKEND_CPU));
-    }
+    /* train.device_margin, else config.h's default for the devices */
+    in->machine.device_margin = cfg->device_margin >= 0 ? cfg->device_margin
+                                : gpu                   ? FSO_DEVICE_MARGIN_GPU
+                                                        : 0;
     en->host_reserve_bytes = fso_zero_saver_bytes(cfg);
     fso_plan_pins_none(&in->pins);
     return 0;
@@ -515,6 +521,15 @@ void fso_plan_pins_from_config(const fso_config *cfg, fso_plan_pins *pins)
             pins->tier[k] = (int)cfg->offload.optim_tier;
     if (ppf)
         pins->prefetch = cfg->offload.prefetch_blocks;
+    /* the per-block counts (state.h fso_block_rule) the user wrote */
+    if (fso_config_origin_of(cfg, "train.resident_blocks") != FSO_ORIGIN_DEFAULT &&
+        cfg->offload.resident_blocks >= 0)
+        pins->resident_blocks = cfg->offload.resident_blocks;
+    if (fso_config_origin_of(cfg, "train.device_state_blocks") != FSO_ORIGIN_DEFAULT &&
+        cfg->offload.device_state_blocks >= 0)
+        pins->device_state_blocks = cfg->offload.device_state_blocks;
+    if (fso_config_origin_of(cfg, "train.device_state_from") != FSO_ORIGIN_DEFAULT)
+        pins->device_state_first = cfg->offload.device_state_first;
 }
 
 /* ------------------------------------------------------------------ this machine */
@@ -779,6 +794,16 @@ void fso_plan_print(FILE *f, const fso_plan *p)
                 c[2], c[3], c[4], c[5], c[6],
                 p->need_bytes[t] > p->have_bytes[t] ? "  SHORT" : "");
     }
+    if (p->margin_bytes > 0) {
+        char mb[32], all[32];
+        fso_human_bytes(mb, sizeof mb, (double)p->margin_bytes);
+        fso_human_bytes(all, sizeof all, (double)p->machine.device_mem_bytes);
+        fprintf(f, "plan: device margin: %s of each device's %s kept free (train.device_margin "
+                   "%.2g); the device capacity above is what is left\n",
+                mb, all, p->machine.device_margin);
+    } else {
+        fprintf(f, "plan: device margin: none (train.device_margin 0)\n");
+    }
     fso_plan_describe(p, desc, sizeof desc);
     fprintf(f, "plan: placement: %s\n", desc);
     char why[1024];
@@ -820,8 +845,11 @@ static json_t *tier_json(const fso_plan *p, int t)
 {
     uint64_t opt = p->kind_bytes[t][FSO_KIND_MASTER] + p->kind_bytes[t][FSO_KIND_M] +
                    p->kind_bytes[t][FSO_KIND_V];
-    return json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:b}", "bytes",
+    /* capacity_bytes: what the plan may use; on the devices, their memory
+     * less margin_bytes */
+    return json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:b}", "bytes",
                      (json_int_t)p->need_bytes[t], "capacity_bytes", (json_int_t)p->have_bytes[t],
+                     "margin_bytes", (json_int_t)(t == FSO_TIER_DEVICE ? p->margin_bytes : 0),
                      "parameters", (json_int_t)p->kind_bytes[t][FSO_KIND_PARAM], "gradients",
                      (json_int_t)p->kind_bytes[t][FSO_KIND_GRAD], "optimizer_state",
                      (json_int_t)opt, "activations",
@@ -880,6 +908,7 @@ json_t *fso_plan_json(const fso_plan *p)
         "coll_gbps", m->coll_gbps, "device_gflops", m->device_gflops, "adam_gelems",
         m->adam_gelems, "device_adam_gelems", m->device_adam_gelems, "host_copy_gbps",
         m->host_copy_gbps);
+    json_object_set_new(mj, "device_margin", json_real(m->device_margin));
     json_t *j = json_pack(
         "{s:b, s:f, s:f, s:s, s:f, s:s, s:o, s:i, s:b, s:o, s:o, s:o, s:o, s:i}", "fits",
         p->fits, "predicted_step_ms", p->step_ms, "tokens_per_s", p->tokens_per_s, "bottleneck",
@@ -962,18 +991,6 @@ void fso_plan_part_ms(const fso_plan_ctx *ctx, double *part_ms)
             part_ms[p] /= count[p];
 }
 
-/* GPUs, the engine as it is (engine/zero*.c) rather than the GPU schedule:
- * one tier per kind for every block, gathers, fp32 gradients, working
- * parameters bf16 only with bf16.enabled. */
-static void gpu_engine_as_built(fso_plan_ctx *ctx, const fso_config *cfg)
-{
-    fso_plan_engine *en = &ctx->in.engine;
-    en->per_block_tiers = en->whole_copy = false;
-    en->state_host_blocks = true;
-    en->rules.dtype[FSO_KIND_GRAD] = FSO_DT_F32;
-    en->rules.dtype[FSO_KIND_PARAM] = cfg->bf16 ? FSO_DT_BF16 : FSO_DT_F32;
-}
-
 /* Whether any placement fits is a question of capacities alone, asked
  * before this machine is probed (seconds, the first time) or a layer is
  * timed: -ENOSPC with the shortfall, else 0. The rates are placeholders;
@@ -990,8 +1007,6 @@ static int fits_here(const fso_config *cfg, const fso_plan_pins *pins, bool gpu,
     int rc = fso_plan_ctx_init(&ctx, cfg, &m, gpu, err, errlen);
     if (rc < 0)
         return 0; /* the full plan reports it */
-    if (gpu)
-        gpu_engine_as_built(&ctx, cfg);
     rc = choose_and_free(&ctx, cfg, pins, out, err, errlen);
     return rc == -ENOSPC ? rc : 0;
 }
@@ -1024,38 +1039,103 @@ int fso_plan_for_config_gpus(const fso_config *cfg, const fso_plan_pins *pins,
     m.device_mem_bytes = cfg->device_mem_bytes ? cfg->device_mem_bytes : gpu_free_bytes;
     if ((rc = fso_plan_ctx_init(&ctx, cfg, &m, true, err, errlen)) < 0)
         return rc;
-    gpu_engine_as_built(&ctx, cfg);
     return choose_and_free(&ctx, cfg, pins, out, err, errlen);
+}
+
+/* Blocks from block 0 up (first) or from the last block down whose
+ * master, m, v and gradients are all on the devices. */
+static int device_state_run(const fso_placement *pl, bool first)
+{
+    const int nb = pl->n_blocks;
+    int n = 0;
+    for (; n < nb; n++) {
+        const int b = first ? n : nb - 1 - n;
+        bool dev = true;
+        for (int k = FSO_KIND_MASTER; k < FSO_N_KINDS; k++)
+            dev = dev && pl->tier[k][b] == FSO_TIER_DEVICE;
+        if (!dev)
+            break;
+    }
+    return n;
+}
+
+/* The rule (state.h) that places the blocks as pl does, if one does:
+ * each kind's tier from a block no count moves, the counts from the
+ * placement. Whether it does is fso_plan_apply's check. */
+static void rule_of_placement(const fso_placement *pl, fso_block_rule *r)
+{
+    const int nb = pl->n_blocks;
+    int order[FSO_PLAN_MAX_BLOCKS];
+    fso_residency_order(nb, order);
+    memset(r, 0, sizeof *r);
+    r->n_blocks = nb;
+    /* parameters: the tier of the last block in residency order, the
+     * resident blocks counted */
+    r->tier[FSO_KIND_PARAM] = (fso_tier)pl->tier[FSO_KIND_PARAM][order[nb - 1]];
+    r->resident_blocks = -1;
+    if (r->tier[FSO_KIND_PARAM] != FSO_TIER_DEVICE) {
+        int n = 0;
+        for (int b = 0; b < nb; b++)
+            n += pl->tier[FSO_KIND_PARAM][b] == FSO_TIER_DEVICE;
+        r->resident_blocks = n > 0 ? n : -1;
+    }
+    /* state: a run of device blocks at one end; every kind's tier from the
+     * block furthest from block 0 outside it (the first blocks' NVMe state
+     * may be on the host) */
+    const int last = device_state_run(pl, false), first = device_state_run(pl, true);
+    int S = last;
+    r->device_state_first = last == 0 && first > 0;
+    if (r->device_state_first)
+        S = first;
+    if (S >= nb)
+        S = 0; /* every block's state on the devices: their tier */
+    r->device_state_blocks = S > 0 ? S : -1;
+    const int ref = r->device_state_first || S == 0 ? nb - 1 : nb - 1 - S;
+    for (int k = FSO_KIND_MASTER; k < FSO_N_KINDS; k++)
+        r->tier[k] = (fso_tier)pl->tier[k][ref];
+    for (int k = FSO_KIND_MASTER; k <= FSO_KIND_V; k++)
+        if (r->tier[k] == FSO_TIER_NVME)
+            for (int b = 0; b < nb; b++)
+                if (pl->tier[k][b] == FSO_TIER_HOST && b + 1 > r->state_host_blocks)
+                    r->state_host_blocks = b + 1;
 }
 
 int fso_plan_apply(const fso_plan *p, fso_config *cfg, char *err, size_t errlen)
 {
     const int nb = p->pl.n_blocks;
-    fso_tier tier[FSO_N_KINDS];
-    bool nvme = false;
-    for (int k = 0; k < FSO_N_KINDS; k++) {
-        tier[k] = (fso_tier)p->pl.tier[k][nb - 1];
-        nvme = nvme || tier[k] == FSO_TIER_NVME;
+    fso_block_rule rule;
+    if (nb < 1 || nb > FSO_PLAN_MAX_BLOCKS) {
+        snprintf(err, errlen, "internal error: a plan of %d blocks (1 to %d)", nb,
+                 FSO_PLAN_MAX_BLOCKS);
+        return -ENOTSUP;
     }
-    /* the first blocks may keep the state kinds that are on NVMe on the host */
-    int host_blocks = 0;
-    for (int k = FSO_KIND_MASTER; k <= FSO_KIND_V; k++)
-        if (fso_plan_state_host_blocks(p, k) > host_blocks)
-            host_blocks = fso_plan_state_host_blocks(p, k);
-    fso_block_rule rule = {.n_blocks = nb, .resident_blocks = -1, .state_host_blocks = host_blocks};
-    memcpy(rule.tier, tier, sizeof tier);
+    rule_of_placement(&p->pl, &rule);
+    const fso_tier *tier = rule.tier;
+    bool nvme = false;
+    for (int k = 0; k < FSO_N_KINDS; k++)
+        for (int b = 0; b < nb; b++)
+            nvme = nvme || p->pl.tier[k][b] == FSO_TIER_NVME;
+    /* the engine places blocks by the rule alone: it must give the plan's
+     * placement, block by block (the planner makes no other) */
     for (int b = 0; b < nb; b++) {
-        for (int k = 0; k < FSO_N_KINDS; k++)
-            if (p->pl.tier[k][b] != fso_block_tier(&rule, k, b)) {
-                snprintf(err, errlen, "the plan keeps some blocks' %s on one tier and others "
-                                      "elsewhere; this engine takes one tier per kind (and the "
-                                      "first blocks' optimizer state on the host)",
-                         fso_kind_name(k));
+        for (int k = 0; k < FSO_N_KINDS; k++) {
+            const fso_tier want = (fso_tier)p->pl.tier[k][b], got = fso_block_tier(&rule, k, b);
+            if (want != got) {
+                snprintf(err, errlen,
+                         "internal error: the plan puts block %d's %s on %s, but the "
+                         "per-block rule it gives (resident_blocks %d, device_state_blocks "
+                         "%d from the %s, state_host_blocks %d) puts them on %s; please report "
+                         "it with the fsoff plan command",
+                         b, fso_kind_name(k), fso_tier_name(want), rule.resident_blocks,
+                         rule.device_state_blocks, rule.device_state_first ? "first" : "last",
+                         rule.state_host_blocks, fso_tier_name(got));
                 return -ENOTSUP;
             }
-        if (p->pl.whole_copy[b] && tier[FSO_KIND_PARAM] != FSO_TIER_DEVICE &&
+        }
+        if (p->pl.whole_copy[b] && p->pl.tier[FSO_KIND_PARAM][b] != FSO_TIER_DEVICE &&
             p->machine.devices > 1) {
-            snprintf(err, errlen, "the plan copies blocks whole; this engine gathers shards");
+            snprintf(err, errlen, "internal error: the plan copies block %d whole; the engine "
+                                  "gathers shards", b);
             return -ENOTSUP;
         }
     }
@@ -1073,8 +1153,12 @@ int fso_plan_apply(const fso_plan *p, fso_config *cfg, char *err, size_t errlen)
             snprintf(o->optim_nvme_path, sizeof o->optim_nvme_path, "%s", any);
     }
     o->per_kind = true;
-    memcpy(o->kind_tier, tier, sizeof tier);
-    o->state_host_blocks = host_blocks;
+    memcpy(o->kind_tier, tier, sizeof o->kind_tier);
+    o->state_host_blocks = rule.state_host_blocks;
+    o->resident_blocks = rule.resident_blocks;
+    o->device_state_blocks = rule.device_state_blocks;
+    if (rule.device_state_blocks > 0) /* else the configuration's stands */
+        o->device_state_first = rule.device_state_first;
     o->param_tier = tier[FSO_KIND_PARAM];
     o->optim_tier = tier[FSO_KIND_MASTER];
     o->prefetch_blocks = p->pl.prefetch;
@@ -1092,8 +1176,6 @@ int fso_plan_check(const fso_config *cfg, const fso_plan_pins *pins, const fso_p
         snprintf(msg, msglen, "%s", err);
         return rc;
     }
-    if (!plan->machine.cpu_devices) /* a running engine: as built */
-        gpu_engine_as_built(&ctx, cfg);
     if (pins)
         ctx.in.pins = *pins;
     rc = fso_plan_replan(&ctx.in, plan, meas, out, NULL, msg, msglen);

@@ -67,7 +67,8 @@ int fso_plan_calibrate_cpu(fso_plan_ctx *ctx, const fso_config *cfg, bool refres
 
 /* What the config pins: a kind whose offload "device" the config file or
  * a --set gave (fso_config_origin_of; offload_optimizer.device pins master,
- * m, v and the gradients), and train.prefetch_blocks when given. --nvme
+ * m, v and the gradients), train.prefetch_blocks, train.resident_blocks,
+ * train.device_state_blocks and train.device_state_from when given. --nvme
  * names folders only, a place the planner may use, and pins nothing. */
 void fso_plan_pins_from_config(const fso_config *cfg, fso_plan_pins *pins);
 
@@ -133,8 +134,8 @@ void fso_plan_part_ms(const fso_plan_ctx *ctx, double *part_ms);
 int fso_plan_for_config(const fso_config *cfg, const fso_plan_pins *pins, fso_plan *out,
                         char *err, size_t errlen);
 
-/* The same on this machine's CUDA GPUs for the engine as it is (one tier
- * per kind, gathers): GPU 0's figures from the table (fso_gpu_spec_for_device;
+/* The same on this machine's CUDA GPUs (the same engine: per-block tiers,
+ * gathers, fp32 gradients): GPU 0's figures from the table (fso_gpu_spec_for_device;
  * *spec_used says which), each GPU's memory gpu_free_bytes (or
  * --device-mem), host memory, NVMe and the CPU AdamW rate from this
  * machine's probes. Returns as fso_plan_for_config. */
@@ -181,11 +182,14 @@ void fso_plan_search_words(const fso_plan_input *in, const fso_plan *p, char *bu
  * nothing on: one line to f saying so. Nothing otherwise. */
 void fso_plan_unused_nvme(FILE *f, const fso_plan *p, const char *dirs);
 
-/* Take the plan's choices into cfg (the tier of each kind of state,
- * cfg->offload.per_kind, and the prefetch depth). -ENOTSUP with err when
- * the plan uses what this engine cannot do (per-block tiers, whole-block
- * copies); -EINVAL when it puts state on NVMe and cfg names no NVMe
- * folder. */
+/* Take the plan's choices into cfg: the tier of each kind of state
+ * (cfg->offload.per_kind), the per-block counts of state.h's rule
+ * (resident_blocks, device_state_blocks, device_state_first,
+ * state_host_blocks) and the prefetch depth. The rule is checked block by
+ * block (fso_block_tier) to reproduce the plan: -ENOTSUP with an "internal
+ * error" in err when it does not, or when the plan copies blocks whole
+ * (the engine gathers); -EINVAL when it puts state on NVMe and cfg names
+ * no NVMe folder. */
 int fso_plan_apply(const fso_plan *p, fso_config *cfg, char *err, size_t errlen);
 
 /* After a few steps: the measured mean step (and what else was measured;

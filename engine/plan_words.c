@@ -122,8 +122,13 @@ static bool least_with(const fso_plan_input *in, int t, uint64_t *need)
     const uint64_t lots = (uint64_t)1 << 60;
     if (!out)
         return false;
-    if (t == FSO_TIER_DEVICE)
+    if (t == FSO_TIER_DEVICE) {
         x.machine.device_mem_bytes = lots;
+        /* with room for everything the search keeps every block on the
+         * devices; the least a placement needs there is one without
+         * per-block residency (which only adds to it) */
+        x.engine.per_block_tiers = false;
+    }
     else if (t == FSO_TIER_HOST)
         x.machine.host_mem_bytes = lots;
     else {
@@ -169,6 +174,14 @@ static bool least_host_share(const fso_plan_input *in, uint64_t *need)
     free(out);
     *need = hi;
     return fits;
+}
+
+/* The device memory whose share left after the plan's margin
+ * (planner.h fso_plan_machine.device_margin) holds need. */
+static uint64_t device_with_margin(const fso_plan_machine *m, uint64_t need)
+{
+    const double margin = m->device_margin > 0 && m->device_margin < 1 ? m->device_margin : 0;
+    return margin > 0 ? (uint64_t)((double)need / (1 - margin)) + 1 : need;
 }
 
 /* A size as an option takes it, rounded up: "148G", "45M". */
@@ -243,7 +256,8 @@ static void sized_fixes(const fso_plan_input *in, const fso_plan *p, const fso_p
             add_fix(buf, len, &off, "raise --host-mem to %s (each CPU device gets half of it, "
                     "shared)", f);
         }
-    } else if (least_with(in, FSO_TIER_DEVICE, &need) && need > p->machine.device_mem_bytes) {
+    } else if (least_with(in, FSO_TIER_DEVICE, &need) &&
+               (need = device_with_margin(&p->machine, need)) > p->machine.device_mem_bytes) {
         opt_size(f, sizeof f, need);
         if (p->machine.cpu_devices || o->train)
             add_fix(buf, len, &off, "raise --device-mem to %s", f);

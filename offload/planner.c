@@ -22,6 +22,7 @@ void fso_plan_pins_none(fso_plan_pins *p)
     for (int k = 0; k < FSO_N_KINDS; k++)
         p->tier[k] = -1;
     p->prefetch = -1;
+    p->resident_blocks = p->device_state_blocks = p->device_state_first = -1;
 }
 
 void fso_placement_uniform(fso_placement *pl, int n_blocks, int param_tier, int state_tier,
@@ -79,7 +80,11 @@ bool pl_size_placement(const fso_plan_input *in, const fso_placement *pl, fso_pl
     out->buffer_bytes[FSO_TIER_HOST] = fp.staging * W + in->engine.host_reserve_bytes;
     out->buffer_bytes[FSO_TIER_NVME] = 0;
 
-    out->have_bytes[FSO_TIER_DEVICE] = mc->device_mem_bytes;
+    /* the margin is never planned into: what the allocator, NCCL and the
+     * libraries take beyond what the engine counts */
+    const double margin = mc->device_margin > 0 && mc->device_margin < 1 ? mc->device_margin : 0;
+    out->margin_bytes = (uint64_t)((double)mc->device_mem_bytes * margin);
+    out->have_bytes[FSO_TIER_DEVICE] = mc->device_mem_bytes - out->margin_bytes;
     out->have_bytes[FSO_TIER_HOST] = mc->host_mem_bytes;
     out->have_bytes[FSO_TIER_NVME] = mc->nvme_free_bytes;
     out->short_tier = -1;

@@ -74,6 +74,9 @@ typedef struct fso_plan_machine {
     double adam_gelems;        /* CPU AdamW, all host cores, 1e9 elements/s */
     double device_adam_gelems; /* AdamW on a device; 0: the optimizer never runs there */
     double host_copy_gbps;     /* one host thread's memcpy: staging copies, accumulation */
+    double device_margin;      /* the fraction of device_mem_bytes a plan leaves free
+                                  (fragmentation, NCCL, cuBLAS workspaces: train.device_margin,
+                                  config.h); 0: none */
 } fso_plan_machine;
 
 /* One use of a block's parameters and/or gradients within a micro-batch. */
@@ -121,10 +124,17 @@ typedef struct fso_plan_engine {
 } fso_plan_engine;
 
 /* A user's choices the planner must keep: -1 free, else the tier (every
- * block) or the depth. */
+ * block, unless a count below is pinned too: then the blocks it leaves),
+ * the depth, or the per-block counts
+ * of state.h's fso_block_rule (resident parameter blocks, blocks whose
+ * state is on the devices, and whether those count from block 0 up: 1, or
+ * from the last block down: 0). */
 typedef struct fso_plan_pins {
     int tier[FSO_N_KINDS];
     int prefetch;
+    int resident_blocks;
+    int device_state_blocks;
+    int device_state_first;
 } fso_plan_pins;
 
 typedef struct fso_plan_input {
@@ -134,6 +144,11 @@ typedef struct fso_plan_input {
     fso_plan_pins pins;
 } fso_plan_input;
 
+/* Per block, kind by kind. The search only makes placements that state.h's
+ * fso_block_rule expresses (resident parameters a prefix of
+ * fso_residency_order, device state a run from the last block down or from
+ * block 0 up, NVMe state of the first blocks on the host), so that a
+ * configuration reproduces them (plan.h fso_plan_apply). */
 typedef struct fso_placement {
     int n_blocks;
     uint8_t tier[FSO_N_KINDS][FSO_PLAN_MAX_BLOCKS]; /* fso_tier per kind and block */
@@ -179,7 +194,9 @@ typedef struct fso_plan {
                                         host: staging (all devices) and the
                                         host reserve (the checkpoint saver) */
     uint64_t need_bytes[FSO_N_TIERS];
-    uint64_t have_bytes[FSO_N_TIERS]; /* host, with CPU devices: what their memory leaves */
+    uint64_t have_bytes[FSO_N_TIERS]; /* host, with CPU devices: what their memory leaves;
+                                        device: its memory less margin_bytes */
+    uint64_t margin_bytes;       /* per device: machine.device_margin of its memory, kept free */
     int short_tier;              /* the tier furthest over its capacity, or -1 */
     uint64_t short_bytes;
     /* prediction (per device; all devices run the same schedule) */

@@ -25,8 +25,8 @@
 typedef struct cand {
     int param_tier;       /* tier of the parameter blocks not kept on the device (of every
                              block when !per_block_tiers); FSO_TIER_DEVICE: all on the device */
-    int device_params;    /* parameter blocks kept on the device, in residency_order
-                             (per-block mode) */
+    int device_params;    /* parameter blocks kept on the device, the first of state.h's
+                             fso_residency_order (per-block mode) */
     int device_state;     /* blocks whose optimizer state and gradients stay on the device,
                              updated there (per-block mode; which ones: state_block) */
     bool device_state_from_first; /* device_state counts from block 0 up, else from the last
@@ -44,88 +44,6 @@ typedef struct cand {
     int prefetch_key;     /* the prefetch depth where it matters (parameters on NVMe), else 0 */
 } cand;
 
-/* Blocks in the order they are worth keeping on the device: those with the
- * least compute to hide their copies behind first, then the rest spread
- * evenly over the schedule so the stream gets slack at regular intervals. */
-static void residency_order(const fso_plan_input *in, int *order)
-{
-    const fso_plan_model *m = &in->model;
-    const int nb = m->n_blocks;
-    double *cost = calloc((size_t)nb, sizeof *cost);
-    int n = 0;
-    if (!cost) {
-        for (int b = 0; b < nb; b++)
-            order[b] = b;
-        return;
-    }
-    for (int k = 0; k < m->n_visits; k++)
-        cost[m->visits[k].block] += m->visits[k].flops;
-    /* flops per parameter byte; the median marks "ordinary" blocks */
-    double *ratio = malloc(sizeof(double) * (size_t)nb);
-    bool *taken = calloc((size_t)nb, sizeof(bool));
-    if (!ratio || !taken) {
-        free(cost);
-        free(ratio);
-        free(taken);
-        for (int b = 0; b < nb; b++)
-            order[b] = b;
-        return;
-    }
-    double med = 0;
-    for (int b = 0; b < nb; b++)
-        ratio[b] = cost[b] / ((double)m->block_elems[b] + 1);
-    {
-        double *tmp = malloc(sizeof(double) * (size_t)nb);
-        if (tmp) {
-            memcpy(tmp, ratio, sizeof(double) * (size_t)nb);
-            for (int i = 1; i < nb; i++) /* insertion sort: n is small */
-                for (int j = i; j > 0 && tmp[j - 1] > tmp[j]; j--) {
-                    double x = tmp[j];
-                    tmp[j] = tmp[j - 1];
-                    tmp[j - 1] = x;
-                }
-            med = tmp[nb / 2];
-            free(tmp);
-        }
-    }
-    /* first: blocks well below the median, lowest ratio first */
-    for (;;) {
-        int pick = -1;
-        for (int b = 0; b < nb; b++)
-            if (!taken[b] && ratio[b] < 0.5 * med && (pick < 0 || ratio[b] < ratio[pick]))
-                pick = b;
-        if (pick < 0)
-            break;
-        taken[pick] = true;
-        order[n++] = pick;
-    }
-    /* then the ordinary ones, spread: bit-reversed positions among them */
-    int m2 = 0, rest[FSO_PLAN_MAX_BLOCKS];
-    for (int b = 0; b < nb; b++)
-        if (!taken[b] && ratio[b] <= 2 * med)
-            rest[m2++] = b;
-    int bits = 0;
-    while ((1 << bits) < m2)
-        bits++;
-    for (int i = 0; i < (1 << bits); i++) {
-        int r = 0;
-        for (int j = 0; j < bits; j++)
-            if (i & (1 << j))
-                r |= 1 << (bits - 1 - j);
-        if (r < m2) {
-            taken[rest[r]] = true;
-            order[n++] = rest[r];
-        }
-    }
-    /* last: compute-heavy blocks, whose copies hide best */
-    for (int b = 0; b < nb; b++)
-        if (!taken[b])
-            order[n++] = b;
-    free(cost);
-    free(ratio);
-    free(taken);
-}
-
 /* The i-th block to keep its optimizer state on the device, from the last
  * block down (the CPU updates first what the next forward needs first) or
  * from block 0 up (the device's quick updates let the forward start at
@@ -133,6 +51,14 @@ static void residency_order(const fso_plan_input *in, int *order)
 static int state_block(const fso_plan_input *in, const cand *c, int i)
 {
     return c->device_state_from_first ? i : in->model.n_blocks - 1 - i;
+}
+
+/* Whether block b is among c's blocks whose state is on the device. */
+static bool device_state_at(const fso_plan_input *in, const cand *c, int b)
+{
+    const int nb = in->model.n_blocks;
+    return c->device_state > 0 &&
+           (c->device_state_from_first ? b < c->device_state : b >= nb - c->device_state);
 }
 
 static void build_placement(const fso_plan_input *in, const cand *c, const int *order,
@@ -150,9 +76,11 @@ static void build_placement(const fso_plan_input *in, const cand *c, const int *
     for (int i = 0; i < c->device_state && i < nb; i++)
         for (int k = FSO_KIND_MASTER; k < FSO_N_KINDS; k++)
             pl->tier[k][state_block(in, c, i)] = FSO_TIER_DEVICE;
+    /* NVMe state of the first blocks on the host, where the device does not
+     * hold it (the device state comes first, as in fso_block_tier) */
     for (int b = 0; b < c->host_state && b < nb; b++)
         for (int i = 0; i < 3; i++)
-            if (c->state_tier[i] == FSO_TIER_NVME)
+            if (c->state_tier[i] == FSO_TIER_NVME && !device_state_at(in, c, b))
                 pl->tier[FSO_KIND_MASTER + i][b] = FSO_TIER_HOST;
 }
 
@@ -178,7 +106,7 @@ static void fill_host_state(const fso_plan_input *in, cand *c, const int *order,
     uint64_t room = tmp->have_bytes[FSO_TIER_HOST] - tmp->need_bytes[FSO_TIER_HOST];
     while (c->host_state < nb - 1) {
         uint64_t add = 0;
-        for (int i = 0; i < 3; i++)
+        for (int i = 0; i < 3 && !device_state_at(in, c, c->host_state); i++)
             if (c->state_tier[i] == FSO_TIER_NVME)
                 add += pl_shard_bytes(in, c->host_state, FSO_KIND_MASTER + i) * W;
         if (add > room)
@@ -201,23 +129,31 @@ static bool pin_ok(const fso_plan_input *in, int k, int t)
 /* Per-block mode: fill the device memory left after the uniform choices
  * with parameter blocks (in residency order) and with blocks whose optimizer
  * state and gradients stay on the device (state_block order), one kind of
- * residency first (c->state_residency_first), then the other. */
+ * residency first (c->state_residency_first), then the other. A count the
+ * pins give is taken as it is, and the other fills what it leaves; a kind
+ * whose tier is pinned and whose count is not stays on its tier whole. */
 static void fill_resident(const fso_plan_input *in, cand *c, const int *order, fso_plan *tmp,
                           fso_placement *pl)
 {
     const int nb = in->model.n_blocks;
+    const fso_plan_pins *pin = &in->pins;
     const bool state_first = c->state_residency_first;
-    const bool params_free =
-        in->pins.tier[FSO_KIND_PARAM] < 0 && c->param_tier != FSO_TIER_DEVICE;
+    const bool params_free = pin->tier[FSO_KIND_PARAM] < 0 && pin->resident_blocks < 0 &&
+                             c->param_tier != FSO_TIER_DEVICE;
     bool state_free = c->state_tier[0] != FSO_TIER_DEVICE ||
                       c->state_tier[1] != FSO_TIER_DEVICE ||
                       c->state_tier[2] != FSO_TIER_DEVICE || c->grad_tier != FSO_TIER_DEVICE;
     for (int k = FSO_KIND_MASTER; k < FSO_N_KINDS; k++)
-        state_free = state_free && in->pins.tier[k] < 0;
+        state_free = state_free && pin->tier[k] < 0;
+    state_free = state_free && pin->device_state_blocks < 0;
     c->device_params = c->param_tier == FSO_TIER_DEVICE ? nb : 0;
     c->device_state = 0;
     if (!in->engine.per_block_tiers)
         return;
+    if (pin->resident_blocks >= 0 && c->param_tier != FSO_TIER_DEVICE)
+        c->device_params = pin->resident_blocks < nb ? pin->resident_blocks : nb;
+    if (pin->device_state_blocks >= 0)
+        c->device_state = pin->device_state_blocks < nb ? pin->device_state_blocks : nb;
     build_placement(in, c, order, pl);
     pl_size_placement(in, pl, tmp);
     int64_t room = (int64_t)tmp->have_bytes[FSO_TIER_DEVICE] - (int64_t)tmp->need_bytes[FSO_TIER_DEVICE];
@@ -333,6 +269,20 @@ static bool choices_allowed(const fso_plan_input *in, const cand_iter *it)
         if (!tier_ok(in, at[CHOICE_MASTER_TIER + i]) ||
             !pin_ok(in, FSO_KIND_MASTER + i, at[CHOICE_MASTER_TIER + i]))
             return false;
+    /* pinned counts: fewer resident parameter blocks than all of them need
+     * a tier to stream the others from, fewer device-state blocks a kind of
+     * state off the device; the pinned direction only */
+    const fso_plan_pins *pin = &in->pins;
+    const int nb = in->model.n_blocks;
+    if (pin->resident_blocks >= 0 && pin->resident_blocks < nb && pt == FSO_TIER_DEVICE)
+        return false;
+    if (pin->device_state_blocks >= 0 && pin->device_state_blocks < nb &&
+        at[CHOICE_MASTER_TIER] == FSO_TIER_DEVICE && at[CHOICE_M_TIER] == FSO_TIER_DEVICE &&
+        at[CHOICE_V_TIER] == FSO_TIER_DEVICE && g == FSO_TIER_DEVICE)
+        return false;
+    if (in->engine.per_block_tiers && pin->device_state_first >= 0 &&
+        (at[CHOICE_FILL] >= 2) != (pin->device_state_first > 0))
+        return false;
     return !at[CHOICE_WHOLE_COPY] || (in->engine.whole_copy && in->machine.devices > 1 &&
                                       pt != FSO_TIER_DEVICE);
 }
@@ -372,7 +322,7 @@ static bool next_candidate(const fso_plan_input *in, cand_iter *it, cand *c)
 /* What the search keeps while it runs. */
 typedef struct plan_search {
     const fso_plan_input *in;
-    int *order;             /* (n_blocks) residency_order */
+    int *order;             /* (n_blocks) state.h's fso_residency_order */
     fso_plan *tmp;          /* sizes and prediction of the candidate at hand */
     fso_placement *pl;      /* the candidate at hand */
     cand *fit;              /* the candidates that fit, in enumeration order */
@@ -409,7 +359,7 @@ static int evaluate_candidate(plan_search *sr, cand c)
 {
     const fso_plan_input *in = sr->in;
     fill_resident(in, &c, sr->order, sr->tmp, sr->pl);
-    if (c.device_state_from_first && c.device_state == 0)
+    if (c.device_state_from_first && c.device_state == 0 && in->pins.device_state_first < 0)
         return 0; /* the same as counting from the last block */
     fill_host_state(in, &c, sr->order, sr->tmp, sr->pl);
     build_placement(in, &c, sr->order, sr->pl);
@@ -506,7 +456,9 @@ int fso_plan_choose(const fso_plan_input *in, fso_plan *out)
         rc = -ENOMEM;
         goto out;
     }
-    residency_order(in, sr.order);
+    /* the engine keeps parameters resident by this order (state.h): a plan
+     * in any other could not be written as a configuration */
+    fso_residency_order(in->model.n_blocks, sr.order);
 
     cand_iter_start(in, &it);
     while (next_candidate(in, &it, &c))

@@ -343,6 +343,166 @@ static void test_pins_are_kept(void **state)
     assert_int_equal(p.pl.prefetch, 3);
 }
 
+/* The placements the search makes with per-block tiers are all state.h's
+ * rule: over device and host memories from nothing to plenty, the resident
+ * parameter blocks are the first of fso_residency_order, the blocks whose
+ * state is on the device a run at one end, and fso_plan_apply takes each
+ * into a configuration that gives the same tier block by block. */
+static void test_per_block_plans_are_the_rule(void **state)
+{
+    (void)state;
+    synth s;
+    fso_plan p;
+    fso_config cfg;
+    char err[512];
+    int order[8], resident_split = 0, state_split = 0;
+    fso_residency_order(8, order);
+    for (int dev = 18; dev <= 170; dev += 4)
+        for (int host = 40; host <= 200; host += 80) {
+            synth_model(&s, 8, 1 << 20, 1e9, true);
+            s.in.engine.per_block_tiers = true;
+            s.in.machine.device_mem_bytes = (uint64_t)(dev * MIB);
+            s.in.machine.host_mem_bytes = (uint64_t)(host * MIB);
+            if (fso_plan_choose(&s.in, &p) != 0)
+                continue;
+            const int r = count_tier(&p, FSO_KIND_PARAM, FSO_TIER_DEVICE);
+            if (r > 0 && r < 8) {
+                resident_split++;
+                for (int i = 0; i < 8; i++)
+                    assert_int_equal(p.pl.tier[FSO_KIND_PARAM][order[i]] == FSO_TIER_DEVICE,
+                                     i < r);
+            }
+            const int d = count_tier(&p, FSO_KIND_MASTER, FSO_TIER_DEVICE);
+            state_split += d > 0 && d < 8;
+            memset(&cfg, 0, sizeof cfg);
+            snprintf(cfg.offload.optim_nvme_path, sizeof cfg.offload.optim_nvme_path, "/tmp");
+            if (fso_plan_apply(&p, &cfg, err, sizeof err) != 0)
+                fail_msg("device %d MiB, host %d MiB: %s", dev, host, err);
+            for (int b = 0; b < 8; b++)
+                for (int k = 0; k < FSO_N_KINDS; k++)
+                    assert_int_equal(fso_offload_block_tier(&cfg.offload, (fso_kind)k, b, 8),
+                                     p.pl.tier[k][b]);
+        }
+    fprintf(stderr, "# %d plans with some parameter blocks resident, %d with some blocks' state "
+                    "on the device\n", resident_split, state_split);
+    assert_true(resident_split > 0);
+    assert_true(state_split > 0);
+}
+
+/* The per-block counts a user wrote (train.resident_blocks,
+ * device_state_blocks, device_state_from) are kept: the search fills only
+ * what they leave. */
+static void test_pinned_counts_are_kept(void **state)
+{
+    (void)state;
+    synth s;
+    fso_plan p;
+    int order[8];
+    fso_residency_order(8, order);
+    /* generous memory would keep everything on the device */
+    synth_model(&s, 8, 1 << 20, 1e9, true);
+    s.in.engine.per_block_tiers = true;
+    s.in.pins.resident_blocks = 3;
+    s.in.pins.device_state_blocks = 2;
+    s.in.pins.device_state_first = 1;
+    assert_int_equal(fso_plan_choose(&s.in, &p), 0);
+    assert_int_equal(count_tier(&p, FSO_KIND_PARAM, FSO_TIER_DEVICE), 3);
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(p.pl.tier[FSO_KIND_PARAM][order[i]], FSO_TIER_DEVICE);
+    for (int k = FSO_KIND_MASTER; k < FSO_N_KINDS; k++)
+        if (count_tier(&p, k, FSO_TIER_DEVICE) < 8) /* a kind off the device: the run */
+            for (int b = 0; b < 8; b++)
+                assert_int_equal(p.pl.tier[k][b] == FSO_TIER_DEVICE, b < 2);
+    assert_true(count_tier(&p, FSO_KIND_MASTER, FSO_TIER_DEVICE) < 8 ||
+                count_tier(&p, FSO_KIND_GRAD, FSO_TIER_DEVICE) < 8);
+    /* unpinned, the same machine keeps everything on the device */
+    fso_plan_pins_none(&s.in.pins);
+    assert_int_equal(fso_plan_choose(&s.in, &p), 0);
+    assert_int_equal(count_tier(&p, FSO_KIND_PARAM, FSO_TIER_DEVICE), 8);
+    /* tight memory: the pinned count stays, even where more would fit */
+    synth_model(&s, 8, 1 << 20, 1e9, true);
+    s.in.engine.per_block_tiers = true;
+    s.in.machine.device_mem_bytes = (uint64_t)(40 * MIB);
+    s.in.pins.resident_blocks = 1;
+    assert_int_equal(fso_plan_choose(&s.in, &p), 0);
+    assert_int_equal(count_tier(&p, FSO_KIND_PARAM, FSO_TIER_DEVICE), 1);
+    assert_int_equal(p.pl.tier[FSO_KIND_PARAM][0], FSO_TIER_DEVICE);
+}
+
+/* The device margin (train.device_margin; config.h's default on GPUs, none
+ * on CPU devices) is left free: never planned into, and said in the table
+ * and the JSON. */
+static void test_device_margin_is_kept_free(void **state)
+{
+    (void)state;
+    synth s;
+    fso_plan p;
+    /* 8 blocks of 4 MiB per kind: 160 MiB of state, 17 MiB of activations
+     * and buffers; 180 MiB holds it all, less 10% does not */
+    synth_model(&s, 8, 1 << 20, 1e9, true);
+    s.in.engine.per_block_tiers = true;
+    s.in.machine.device_mem_bytes = (uint64_t)(180 * MIB);
+    assert_int_equal(fso_plan_choose(&s.in, &p), 0);
+    assert_int_equal(p.margin_bytes, 0);
+    for (int k = 0; k < FSO_N_KINDS; k++)
+        assert_int_equal(count_tier(&p, k, FSO_TIER_DEVICE), 8);
+    s.in.machine.device_margin = 0.1;
+    assert_int_equal(fso_plan_choose(&s.in, &p), 0);
+    assert_int_equal(p.margin_bytes, (uint64_t)(18 * MIB));
+    assert_int_equal(p.have_bytes[FSO_TIER_DEVICE], (uint64_t)(162 * MIB));
+    assert_true(p.need_bytes[FSO_TIER_DEVICE] <= (uint64_t)(162 * MIB));
+    int off = 0;
+    for (int k = 0; k < FSO_N_KINDS; k++)
+        off += 8 - count_tier(&p, k, FSO_TIER_DEVICE);
+    assert_true(off > 0);
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    fso_plan_print(f, &p);
+    fclose(f);
+    if (!strstr(buf, "plan: device margin: 18.0 MiB of each device's 180.0 MiB kept free"))
+        fail_msg("the table does not state the margin:\n%s", buf);
+    free(buf);
+    json_t *j = fso_plan_json(&p);
+    json_t *dev = json_object_get(json_object_get(j, "tiers"), "device");
+    assert_int_equal(json_integer_value(json_object_get(dev, "margin_bytes")), 18 * MIB);
+    assert_int_equal(json_integer_value(json_object_get(dev, "capacity_bytes")), 162 * MIB);
+    json_decref(j);
+
+    /* from a configuration: GPUs default to FSO_DEVICE_MARGIN_GPU, CPU
+     * devices to none; train.device_margin overrides both */
+    fso_config cfg;
+    fso_plan_ctx ctx;
+    char err[256];
+    fso_config_defaults(&cfg);
+    assert_int_equal(fso_config_finish(&cfg), 0);
+    fso_plan_machine m = {.devices = 1, .device_gflops = 10, .adam_gelems = 1};
+    for (int gpu = 0; gpu < 2; gpu++) {
+        assert_int_equal(fso_plan_ctx_init(&ctx, &cfg, &m, gpu, err, sizeof err), 0);
+        assert_float_equal(ctx.in.machine.device_margin, gpu ? FSO_DEVICE_MARGIN_GPU : 0, 0);
+        /* one engine on both: per-block tiers, gathers, fp32 gradients */
+        assert_true(ctx.in.engine.per_block_tiers);
+        assert_false(ctx.in.engine.whole_copy);
+        assert_int_equal(ctx.in.engine.rules.dtype[FSO_KIND_GRAD], FSO_DT_F32);
+        fso_plan_ctx_free(&ctx);
+    }
+    fso_config_free(&cfg);
+    fso_config_defaults(&cfg);
+    assert_int_equal(fso_config_set(&cfg, "train.device_margin=0.2"), 0);
+    assert_int_equal(fso_config_set(&cfg, "bf16.enabled=true"), 0);
+    assert_int_equal(fso_config_set(&cfg, "train.gradient_dtype=\"bf16\""), 0);
+    assert_int_equal(fso_config_finish(&cfg), 0);
+    for (int gpu = 0; gpu < 2; gpu++) {
+        assert_int_equal(fso_plan_ctx_init(&ctx, &cfg, &m, gpu, err, sizeof err), 0);
+        assert_float_equal(ctx.in.machine.device_margin, 0.2, 0);
+        /* bf16 working parameters; the gradients the engine keeps in fp32 */
+        assert_int_equal(ctx.in.engine.rules.dtype[FSO_KIND_PARAM], FSO_DT_BF16);
+        assert_int_equal(ctx.in.engine.rules.dtype[FSO_KIND_GRAD], FSO_DT_F32);
+        fso_plan_ctx_free(&ctx);
+    }
+    fso_config_free(&cfg);
+}
+
 static void test_shortfall_names_the_tier_and_the_bytes(void **state)
 {
     (void)state;
@@ -825,9 +985,48 @@ static void test_plan_apply_and_pins_from_config(void **state)
     assert_int_equal(cfg.offload.param_tier, FSO_TIER_HOST);
     assert_int_equal(cfg.offload.optim_tier, FSO_TIER_NVME);
     assert_int_equal(cfg.offload.prefetch_blocks, 4);
-    /* per-block parameters: not for this engine */
+    assert_int_equal(cfg.offload.resident_blocks, -1);
+    assert_int_equal(cfg.offload.device_state_blocks, -1);
+    /* per-block placements go into the rule's counts (state.h): block 0,
+     * the first of the residency order, resident; the last two blocks'
+     * state and gradients on the device */
+    p.pl.tier[FSO_KIND_PARAM][0] = FSO_TIER_DEVICE;
+    for (int b = 4; b < 6; b++)
+        for (int k = FSO_KIND_MASTER; k < FSO_N_KINDS; k++)
+            p.pl.tier[k][b] = FSO_TIER_DEVICE;
+    assert_int_equal(fso_plan_apply(&p, &cfg, err, sizeof err), 0);
+    assert_int_equal(cfg.offload.resident_blocks, 1);
+    assert_int_equal(cfg.offload.device_state_blocks, 2);
+    assert_false(cfg.offload.device_state_first);
+    assert_int_equal(cfg.offload.param_tier, FSO_TIER_HOST);
+    assert_int_equal(cfg.offload.optim_tier, FSO_TIER_NVME);
+    for (int b = 0; b < 6; b++)
+        for (int k = 0; k < FSO_N_KINDS; k++)
+            assert_int_equal(fso_offload_block_tier(&cfg.offload, (fso_kind)k, b, 6),
+                             p.pl.tier[k][b]);
+    /* the same from block 0 up */
+    fso_placement_uniform(&p.pl, 6, FSO_TIER_HOST, FSO_TIER_NVME, FSO_TIER_NVME, 4);
+    for (int k = FSO_KIND_MASTER; k < FSO_N_KINDS; k++)
+        p.pl.tier[k][0] = p.pl.tier[k][1] = FSO_TIER_DEVICE;
+    assert_int_equal(fso_plan_apply(&p, &cfg, err, sizeof err), 0);
+    assert_int_equal(cfg.offload.resident_blocks, -1);
+    assert_int_equal(cfg.offload.device_state_blocks, 2);
+    assert_true(cfg.offload.device_state_first);
+    assert_int_equal(fso_offload_block_tier(&cfg.offload, FSO_KIND_V, 1, 6), FSO_TIER_DEVICE);
+    assert_int_equal(fso_offload_block_tier(&cfg.offload, FSO_KIND_V, 2, 6), FSO_TIER_NVME);
+    /* resident blocks outside the residency order's prefix (block 2 comes
+     * fifth of six) or whole-block copies: no configuration gives them, and
+     * the planner makes neither: an internal error */
+    fso_placement_uniform(&p.pl, 6, FSO_TIER_HOST, FSO_TIER_NVME, FSO_TIER_NVME, 4);
     p.pl.tier[FSO_KIND_PARAM][2] = FSO_TIER_DEVICE;
     assert_int_equal(fso_plan_apply(&p, &cfg, err, sizeof err), -ENOTSUP);
+    if (!strstr(err, "internal error") || !strstr(err, "block 0's parameters on host"))
+        fail_msg("not named: %s", err);
+    fso_placement_uniform(&p.pl, 6, FSO_TIER_HOST, FSO_TIER_NVME, FSO_TIER_NVME, 4);
+    p.pl.whole_copy[3] = true;
+    p.machine.devices = 2;
+    assert_int_equal(fso_plan_apply(&p, &cfg, err, sizeof err), -ENOTSUP);
+    assert_non_null(strstr(err, "internal error"));
     fso_config_free(&cfg);
 
     /* pins: what the overrides set */
@@ -841,6 +1040,23 @@ static void test_plan_apply_and_pins_from_config(void **state)
     assert_int_equal(pins.tier[FSO_KIND_PARAM], FSO_TIER_HOST);
     assert_int_equal(pins.tier[FSO_KIND_MASTER], -1);
     assert_int_equal(pins.prefetch, 5);
+    assert_int_equal(pins.resident_blocks, -1);
+    assert_int_equal(pins.device_state_blocks, -1);
+    assert_int_equal(pins.device_state_first, -1);
+    fso_config_free(&cfg);
+
+    /* pins: the per-block counts the user wrote */
+    fso_config_defaults(&cfg);
+    const char *counts[] = {"train.resident_blocks=3", "train.device_state_blocks=2",
+                            "train.device_state_from=\"first\""};
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(fso_config_set(&cfg, counts[i]), 0);
+    assert_int_equal(fso_config_finish(&cfg), 0);
+    fso_plan_pins_from_config(&cfg, &pins);
+    assert_int_equal(pins.resident_blocks, 3);
+    assert_int_equal(pins.device_state_blocks, 2);
+    assert_int_equal(pins.device_state_first, 1);
+    assert_int_equal(pins.tier[FSO_KIND_PARAM], -1);
     fso_config_free(&cfg);
 
     /* pins: a section given whole (the key inside it is given, not its default) */
@@ -983,8 +1199,10 @@ static void test_layer_timing_is_cached(void **state)
 
 /* fsoff train's plan on CUDA GPUs, without them: the table entry found by
  * the driver's device name (else the nearest memory), each GPU's free
- * memory, and the engine as built, so whatever it chooses can be applied. */
-static void test_plan_for_gpus_here_fits_the_engine_as_built(void **state)
+ * memory less the default margin, and the engine as it runs (per-block
+ * tiers by state.h's rule, gathers, fp32 gradients), so whatever it
+ * chooses can be applied. */
+static void test_plan_for_gpus_here_runs_on_the_engine(void **state)
 {
     (void)state;
     fso_config cfg;
@@ -1020,7 +1238,9 @@ static void test_plan_for_gpus_here_fits_the_engine_as_built(void **state)
     fso_config_free(&cfg);
 
     /* small.json on GPUs too small for all of its state: whatever is chosen
-     * keeps one tier per kind and no whole-block copies, so it applies */
+     * is the rule's (resident parameters a prefix of the residency order,
+     * device state a run at one end), copies no block whole and keeps fp32
+     * gradients, so it applies and the configuration reproduces it */
     const char *src = getenv("FSO_SRCDIR");
     snprintf(path, sizeof path, "%s/configs/small.json", src ? src : "..");
     fso_config_defaults(&cfg);
@@ -1028,24 +1248,36 @@ static void test_plan_for_gpus_here_fits_the_engine_as_built(void **state)
     assert_int_equal(fso_config_finish(&cfg), 0);
     cfg.world = 1;
     fso_plan_pins_none(&pins);
-    bool offloaded = false;
+    bool offloaded = false, split = false;
     /* 2 GiB of each GPU are the runtime's; then activations, buffers, state */
-    for (uint64_t mib = 2176; mib <= 4096; mib += 128) {
+    for (uint64_t mib = 2176; mib <= 4096; mib += 64) {
         if (fso_plan_for_config_gpus(&cfg, &pins, "NVIDIA GeForce RTX 4090", mib << 20, &p, &spec,
                                      err, sizeof err) != 0) {
             assert_non_null(strstr(err, "short by"));
             continue;
         }
+        assert_int_equal(p.margin_bytes, (uint64_t)((double)(mib << 20) * FSO_DEVICE_MARGIN_GPU));
+        assert_true(p.need_bytes[FSO_TIER_DEVICE] <= (mib << 20) - p.margin_bytes);
+        assert_int_equal(p.rules.dtype[FSO_KIND_GRAD], FSO_DT_F32);
+        assert_int_equal(p.rules.dtype[FSO_KIND_PARAM], cfg.bf16 ? FSO_DT_BF16 : FSO_DT_F32);
         for (int k = 0; k < FSO_N_KINDS; k++) {
-            assert_int_equal(count_tier(&p, k, p.pl.tier[k][0]), p.pl.n_blocks);
-            offloaded |= p.pl.tier[k][0] != FSO_TIER_DEVICE;
+            const int on_dev = count_tier(&p, k, FSO_TIER_DEVICE);
+            offloaded |= on_dev < p.pl.n_blocks;
+            split |= on_dev > 0 && on_dev < p.pl.n_blocks;
         }
         for (int b = 0; b < p.pl.n_blocks; b++)
             assert_false(p.pl.whole_copy[b]);
         fso_config applied = cfg;
-        assert_int_equal(fso_plan_apply(&p, &applied, err, sizeof err), 0);
+        if (fso_plan_apply(&p, &applied, err, sizeof err) != 0)
+            fail_msg("%llu MiB: %s", (unsigned long long)mib, err);
+        for (int b = 0; b < p.pl.n_blocks; b++)
+            for (int k = 0; k < FSO_N_KINDS; k++)
+                assert_int_equal(fso_offload_block_tier(&applied.offload, (fso_kind)k, b,
+                                                        p.pl.n_blocks),
+                                 p.pl.tier[k][b]);
     }
     assert_true(offloaded);
+    assert_true(split);
     unsetenv("XDG_CACHE_HOME");
     fso_config_free(&cfg);
 }
@@ -1116,6 +1348,9 @@ int main(void)
         cmocka_unit_test(test_host_room_takes_the_first_blocks_state),
         cmocka_unit_test(test_kinds_get_tiers_of_their_own_and_reasons),
         cmocka_unit_test(test_pins_are_kept),
+        cmocka_unit_test(test_per_block_plans_are_the_rule),
+        cmocka_unit_test(test_pinned_counts_are_kept),
+        cmocka_unit_test(test_device_margin_is_kept_free),
         cmocka_unit_test(test_shortfall_names_the_tier_and_the_bytes),
         cmocka_unit_test(test_split_reasons_search_words_and_sized_fixes),
         cmocka_unit_test(test_sizes_beyond_the_planner_are_checked_by_arithmetic),
@@ -1130,7 +1365,7 @@ int main(void)
         cmocka_unit_test(test_plan_apply_and_pins_from_config),
         cmocka_unit_test(test_plan_for_this_machine_prints_and_applies),
         cmocka_unit_test(test_layer_timing_is_cached),
-        cmocka_unit_test(test_plan_for_gpus_here_fits_the_engine_as_built),
+        cmocka_unit_test(test_plan_for_gpus_here_runs_on_the_engine),
         cmocka_unit_test(test_fsoff_plan_without_the_hardware),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
