@@ -37,6 +37,12 @@ bool fso_fp_chunks_needed(const fso_fp_rules *r, fso_tier t)
     return t == FSO_TIER_NVME || (t == FSO_TIER_DEVICE && !r->host_addressable);
 }
 
+bool fso_fp_copies_whole(const fso_fp_rules *r, fso_tier param_tier)
+{
+    return r->whole_copy && r->world > 1 && !r->host_addressable &&
+           param_tier != FSO_TIER_DEVICE;
+}
+
 bool fso_fp_landing_needed(const fso_fp_rules *r, fso_tier t)
 {
     return t == FSO_TIER_NVME || (t == FSO_TIER_HOST && !r->host_addressable);
@@ -145,7 +151,9 @@ void fso_fp_step_traffic(const fso_fp_rules *r, const fso_fp_layout *l, const fs
     for (int b = 0; b < l->n_blocks; b++) {
         const uint64_t pv = (uint64_t)u->param_visits[b], gv = (uint64_t)u->grad_visits[b];
         const uint64_t all = fso_sat_mul(l->padded_elems[b], W); /* every device's whole block */
-        if (!fso_fp_lends_in_place(r, l->tier(l->ctx, b, FSO_KIND_PARAM)))
+        const fso_tier pt = l->tier(l->ctx, b, FSO_KIND_PARAM);
+        const bool whole = fso_fp_copies_whole(r, pt);
+        if (!fso_fp_lends_in_place(r, pt) && !whole)
             t->gather_bytes = fso_sat_add(
                 t->gather_bytes,
                 fso_sat_mul(fso_sat_mul(all, pv * G), fso_fp_elem_bytes(r, FSO_KIND_PARAM)));
@@ -158,8 +166,9 @@ void fso_fp_step_traffic(const fso_fp_rules *r, const fso_fp_layout *l, const fs
             const uint64_t s = fso_sat_mul(fso_fp_shard_bytes(r, l->padded_elems[b], (fso_kind)k),
                                            W);
             uint64_t rd = s, wr = s; /* master, m, v: read and written by AdamW */
-            if (k == FSO_KIND_PARAM) /* read at every visit, written by AdamW */
-                rd = fso_sat_mul(s, pv * G);
+            if (k == FSO_KIND_PARAM) /* read at every visit (copied whole: by every
+                                        device), written by AdamW */
+                rd = fso_sat_mul(fso_sat_mul(s, pv * G), whole ? W : 1);
             else if (k == FSO_KIND_GRAD) /* written by every micro-batch, read by every one
                                             but the first and by AdamW */
                 rd = wr = fso_sat_mul(s, G);

@@ -46,6 +46,8 @@ typedef struct fso_fp_rules {
     fso_dtype dtype[FSO_N_KINDS]; /* each kind's element type */
     size_t aio_block_bytes;       /* aio.block_size: the optimizer's chunk */
     int aio_queue_depth;          /* aio.queue_depth: sets the chunk ring */
+    bool whole_copy;              /* train.whole_block_copies: streamed blocks copied whole to
+                                     every device, no gather (fso_fp_copies_whole) */
 } fso_fp_rules;
 
 /* Bytes of one element of kind k. */
@@ -63,6 +65,15 @@ uint64_t fso_fp_shard_bytes(const fso_fp_rules *r, uint64_t padded_elems, fso_ki
  * live in memory (the device tier or the host arena: the block's buffer
  * their shards are parts of). */
 bool fso_fp_lends_in_place(const fso_fp_rules *r, fso_tier param_tier);
+/* Blocks whose parameters are on param_tier reach each device as whole
+ * copies, every device's shard copied from host memory into its gather
+ * window, instead of its own shard copied and then all-gathered: asked for
+ * (whole_copy), on more than one device, the devices do not address host
+ * memory (CPU devices lend in place: nothing to copy), and the parameters
+ * are streamed (not on the device tier, which still gathers). The gather
+ * window is the same; the collective moves none of these blocks; with
+ * parameters on NVMe every device reads every device's shard of them. */
+bool fso_fp_copies_whole(const fso_fp_rules *r, fso_tier param_tier);
 /* Shards on tier t pass through the optimizer's chunk buffers: on NVMe,
  * or on a device the CPU cannot address; elsewhere AdamW works in place. */
 bool fso_fp_chunks_needed(const fso_fp_rules *r, fso_tier t);
@@ -152,9 +163,11 @@ typedef struct fso_fp_uses {
  * written once by AdamW; gradients are written by every micro-batch and
  * read by every one but the first (accumulation) and by AdamW; master, m
  * and v are read and written once; each shard in whole pages, as the drive
- * moves it. Collectives: every device's share of every block gathered at a
- * visit (none where parameters are lent in place) and of every block's
- * gradients reduced, in the working and gradient types. */
+ * moves it; blocks copied whole (fso_fp_copies_whole) have their
+ * parameters read by every device, W times the bytes. Collectives: every
+ * device's share of every block gathered at a visit (none where parameters
+ * are lent in place or copied whole) and of every block's gradients
+ * reduced, in the working and gradient types. */
 typedef struct fso_fp_traffic {
     uint64_t nvme_read[FSO_N_KINDS], nvme_write[FSO_N_KINDS];
     uint64_t gather_bytes, reduce_bytes;

@@ -6,7 +6,8 @@
  * and the engine's own budget, exactly; and the NVMe bytes (by kind) and
  * collective bytes each step reports are fso_zero_step_traffic's, exactly.
  * Per-block placements (resident parameter blocks, blocks whose state is on
- * the devices) the same. Also: the limits a library caller meets (more devices than fsoff
+ * the devices) the same; whole-block copies, the same on 2 and 4 devices.
+ * Also: the limits a library caller meets (more devices than fsoff
  * drives). */
 #include <errno.h>
 #include <setjmp.h>
@@ -55,13 +56,15 @@ typedef struct job {
     int resident;             /* train.resident_blocks (0: none) */
     int device_state;         /* train.device_state_blocks (0: none) */
     bool state_first;         /* train.device_state_from "first" */
+    bool whole_copy;          /* train.whole_block_copies */
 } job;
 
 static void describe(const job *j, char *buf, size_t len)
 {
     static const char *const sched[] = {"none", "forward", "backward"};
-    snprintf(buf, len, "%s%d x %s, %s, schedule %s, tiers %s/%s/%s/%s/%s",
-             j->qwen2 ? "qwen2, " : "", j->world, j->backend,
+    snprintf(buf, len, "%s%s%d x %s, %s, schedule %s, tiers %s/%s/%s/%s/%s",
+             j->qwen2 ? "qwen2, " : "", j->whole_copy ? "whole copies, " : "", j->world,
+             j->backend,
              j->bf16 ? "bf16" : "fp32", sched[j->overlap], fso_tier_name(j->tier[0]),
              fso_tier_name(j->tier[1]), fso_tier_name(j->tier[2]), fso_tier_name(j->tier[3]),
              fso_tier_name(j->tier[4]));
@@ -94,6 +97,7 @@ static void config_for(fso_config *cfg, const job *j)
     cfg->offload.resident_blocks = j->resident;
     cfg->offload.device_state_blocks = j->device_state;
     cfg->offload.device_state_first = j->state_first;
+    cfg->offload.whole_copy = j->whole_copy;
 }
 
 /* The planner's prediction for the job's placement on CPU devices. */
@@ -306,6 +310,37 @@ static void test_qwen2_biases_allocate_and_move_what_the_footprint_says(void **s
         }
 }
 
+/* Whole-block copies (train.whole_block_copies) allocate what gathers do
+ * and move what the footprint says: on cpu-async devices no streamed block
+ * gathered and every device reading every device's parameter shards from
+ * NVMe; on CPU devices, where they are a no-op, what gathers move (2 and 4
+ * devices, every placement, bf16 with the backward schedule). */
+static void test_whole_block_copies_allocate_and_move_what_the_footprint_says(void **state)
+{
+    (void)state;
+    for (int world = 2; world <= 4; world += 2)
+        for (size_t p = 0; p < N_PLACEMENTS; p++)
+            for (int b = 0; b < 2; b++) {
+                job j = {.world = world, .backend = b ? "cpu-async" : "cpu", .bf16 = p % 2,
+                         .overlap = p % 2 ? FSO_OVERLAP_BACKWARD : FSO_OVERLAP_FORWARD,
+                         .tier = placements[p], .whole_copy = true};
+                fso_config cfg;
+                fso_trainer tr;
+                char what[256];
+                config_for(&cfg, &j);
+                describe(&j, what, sizeof what);
+                fso_fp_rules r;
+                fso_zero_fp_rules(&cfg, &r);
+                assert_int_equal(fso_fp_copies_whole(&r, j.tier[FSO_KIND_PARAM]),
+                                 b == 1 && j.tier[FSO_KIND_PARAM] != FSO_TIER_DEVICE);
+                if (fso_trainer_init(&tr, &cfg) < 0)
+                    fail_msg("%s: %s", what, tr.err);
+                check_allocation(&j, &cfg, &tr);
+                check_traffic(&j, &cfg, &tr);
+                fso_trainer_free(&tr);
+            }
+}
+
 /* With checkpoint.dir the saver's buffers (host memory outside the arena,
  * while a save runs) are in the trainer's budget and the planner's host
  * need alike, and the arena holds what it holds without them. */
@@ -382,6 +417,7 @@ int main(void)
         cmocka_unit_test(test_two_devices_allocate_and_move_what_the_footprint_says),
         cmocka_unit_test(test_four_devices_allocate_and_move_what_the_footprint_says),
         cmocka_unit_test(test_block_mixes_allocate_and_move_what_the_footprint_says),
+        cmocka_unit_test(test_whole_block_copies_allocate_and_move_what_the_footprint_says),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -20,7 +20,9 @@
  *    on 1, 2 and 4 devices and under a GPU's rules, also when a re-plan
  *    changes the counts between steps; the footprint of each is what the
  *    engine allocates, and impossible counts are refused by name;
- *  - a step's NVMe bytes per kind are the derivation in docs/offload.md.
+ *  - a step's NVMe bytes per kind are the derivation in docs/offload.md;
+ *  - whole-block copies (train.whole_block_copies) give the gathers' bits
+ *    on 2 and 4 devices under a GPU's rules, and gather nothing streamed.
  */
 #include <errno.h>
 #include <math.h>
@@ -39,6 +41,7 @@
 
 #include "config/config.h"
 #include "cpu_async.h"
+#include "cuda/cuda_backend.h"
 #include "data.h"
 #include "plan.h"
 #include "report.h"
@@ -1535,6 +1538,118 @@ static void test_mix_footprint_is_what_the_engine_allocates(void **state)
 #undef H
 #undef N
 
+/* train.whole_block_copies under a discrete GPU's rules (cpu-async): a
+ * streamed block's shards all copied to every device instead of each
+ * device's own copied and then all-gathered, with parameters in host memory
+ * and on NVMe, 2 and 4 devices, fp32 and bf16, each schedule: the gather
+ * run's losses, norms and parameters to the bit. The trainer's gather count
+ * says no block was gathered (the device tier, last case, still gathers),
+ * every device read every device's shards from NVMe, and both are what
+ * fso_zero_step_traffic derives; the engine allocates the same and what its
+ * budget says. */
+static void test_whole_block_copies_give_the_gather_bits(void **state)
+{
+    (void)state;
+#define D FSO_TIER_DEVICE
+#define H FSO_TIER_HOST
+#define N FSO_TIER_NVME
+    static const struct {
+        int world;
+        fso_tier param, optim;
+        bool bf16;
+        fso_overlap overlap;
+    } cases[] = {
+        {2, H, H, false, FSO_OVERLAP_FORWARD},  {2, N, H, false, FSO_OVERLAP_NONE},
+        {2, N, N, true, FSO_OVERLAP_BACKWARD},  {4, H, N, true, FSO_OVERLAP_FORWARD},
+        {4, N, N, false, FSO_OVERLAP_FORWARD},  {4, N, D, false, FSO_OVERLAP_BACKWARD},
+        {2, D, H, false, FSO_OVERLAP_FORWARD},
+    };
+#undef D
+#undef H
+#undef N
+    /* cpu-async makes any number of devices; the CUDA backend (and its
+     * stand-in) has the machine's */
+    char cerr[256] = "";
+    const int most = fso_test_gpu_is_cuda() ? fso_cuda_device_count(cerr, sizeof cerr)
+                                            : FSO_MAX_DEVICES;
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        fso_config cfg;
+        run_result base, r;
+        char what[160];
+        if (cases[c].world > most) {
+            printf("# case %zu: %d devices, this machine has %d GPUs: not run here\n", c,
+                   cases[c].world, most);
+            continue;
+        }
+        fso_test_small_model(&cfg, cases[c].world, 4);
+        cfg.backend = fso_backend_find(fso_test_gpu_rules())->kind;
+        fso_test_set_tiers(&cfg, cases[c].param, cases[c].optim, nvme_dir);
+        cfg.bf16 = cases[c].bf16;
+        cfg.optimizer_overlap = cases[c].overlap;
+        cfg.grad_clip = cases[c].overlap == FSO_OVERLAP_BACKWARD ? 0.0 : 1.0;
+        snprintf(what, sizeof what, "case %zu: %d devices, %s, parameters on tier %d, "
+                 "optimizer on tier %d, schedule %d", c, cases[c].world,
+                 cases[c].bf16 ? "bf16" : "fp32", cases[c].param, cases[c].optim,
+                 cases[c].overlap);
+        run(&cfg, NULL, &base);
+        cfg.offload.whole_copy = true;
+        run(&cfg, NULL, &r);
+        assert_bit_identical(&base, &r, 1, what);
+        result_free(&base);
+        result_free(&r);
+
+        const bool streamed = cases[c].param != FSO_TIER_DEVICE;
+        fso_fp_traffic gathered, whole;
+        cfg.offload.whole_copy = false;
+        assert_int_equal(fso_zero_step_traffic(&cfg, &gathered), 0);
+        fso_zero_need need_gathered, need;
+        fso_zero_need_for(&cfg, &need_gathered);
+        cfg.offload.whole_copy = true;
+        assert_int_equal(fso_zero_step_traffic(&cfg, &whole), 0);
+        fso_zero_need_for(&cfg, &need);
+        assert_true(gathered.gather_bytes > 0);
+        assert_int_equal(whole.gather_bytes, streamed ? 0 : gathered.gather_bytes);
+        assert_int_equal(whole.nvme_read[FSO_KIND_PARAM],
+                         cases[c].param == FSO_TIER_NVME
+                             ? gathered.nvme_read[FSO_KIND_PARAM] * (uint64_t)cases[c].world
+                             : gathered.nvme_read[FSO_KIND_PARAM]);
+        assert_memory_equal(need.tier, need_gathered.tier, sizeof need.tier);
+
+        fso_data data = {0};
+        fso_trainer tr;
+        assert_int_equal(fso_data_init(&data, &cfg), 0);
+        if (fso_trainer_init(&tr, &cfg) < 0)
+            fail_msg("%s: %s", what, tr.err);
+        if (fso_zero_host_arena_bytes(tr.zero) != need.tier[FSO_TIER_HOST])
+            fail_msg("%s: host arena %llu, the budget says %llu", what,
+                     (unsigned long long)fso_zero_host_arena_bytes(tr.zero),
+                     (unsigned long long)need.tier[FSO_TIER_HOST]);
+        size_t bt = (size_t)cfg.micro_batch * cfg.data.seq_len, n = fso_trainer_step_tokens(&cfg);
+        int32_t *in = malloc(sizeof(int32_t) * n), *tg = malloc(sizeof(int32_t) * n);
+        assert_non_null(in);
+        assert_non_null(tg);
+        for (int s = 1; s <= 3; s++) {
+            fso_zero_step st;
+            for (size_t a = 0; a < n / bt; a++)
+                fso_data_next(&data, in + a * bt, tg + a * bt, NULL);
+            if (fso_trainer_step(&tr, in, tg, NULL, &st) < 0)
+                fail_msg("%s, step %d: %s", what, s, tr.err);
+            if (st.gather_bytes != whole.gather_bytes)
+                fail_msg("%s, step %d: %llu bytes gathered, the derivation says %llu", what, s,
+                         (unsigned long long)st.gather_bytes,
+                         (unsigned long long)whole.gather_bytes);
+            if (s > 1 && st.nvme_kind_read[FSO_KIND_PARAM] != whole.nvme_read[FSO_KIND_PARAM])
+                fail_msg("%s, step %d: %llu parameter bytes read, the derivation says %llu",
+                         what, s, (unsigned long long)st.nvme_kind_read[FSO_KIND_PARAM],
+                         (unsigned long long)whole.nvme_read[FSO_KIND_PARAM]);
+        }
+        free(in);
+        free(tg);
+        fso_trainer_free(&tr);
+        fso_data_free(&data);
+    }
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -1586,6 +1701,7 @@ int main(void)
         cmocka_unit_test(test_block_mixes_are_bit_identical_two_devices),
         cmocka_unit_test(test_block_mixes_are_bit_identical_four_devices),
         cmocka_unit_test(test_replan_changes_resident_and_device_state_blocks),
+        cmocka_unit_test(test_whole_block_copies_give_the_gather_bits),
     };
     fso_test_filter_from_env();
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -65,7 +65,8 @@ typedef struct rank_io {
     int n_prefetch;              /* setup: in use: prefetch + 2 when parameters are on NVMe */
     int n_prefetch_bufs;         /* setup: with a buffer (a re-plan may use fewer) */
     slot grad_trip;              /* compute: a gradient shard's round trip; whole-model
-                                    copies */
+                                    copies; the other devices' parameter shards read from
+                                    NVMe for whole-block copies (zero_source.c) */
     slot grad_down[2];           /* compute: gradient shards copied down from the device; no
                                     buffers where none land (fso_fp_landing_needed) */
     grad_pending landing;        /* compute: the block whose shard is on its way down (block

@@ -2,7 +2,9 @@
  * block's parameters gathered from the devices' shards (read ahead from
  * NVMe, staged onto the device) into a window the model reads, and each
  * block's gradients reduce-scattered back into the shards, landing on
- * their tier one block behind; with the time spent in each. CPU devices
+ * their tier one block behind; with the time spent in each. With whole
+ * copies (train.whole_block_copies) a streamed block's shards are all
+ * copied to every device instead of gathered. CPU devices
  * gather and reduce in their shared memory instead of through the
  * collective (shared_coll, zero_source.h). */
 #include "zero_impl.h"
@@ -298,6 +300,51 @@ static void pass_position(rank_state *rk, int b)
     zr_unlock(&rk->io.pf_mu);
 }
 
+/* Whole copies (footprint.h fso_fp_copies_whole): the other devices' shards
+ * of block b, each copied from host memory into its part of recv, this
+ * device's own having been copied already: no all-gather. Their updates
+ * must be in first (the peers' optimizers; a host shard is written, and an
+ * NVMe one stored, before its block is marked ready). From NVMe this device
+ * reads each peer's shard itself, from the peer's store, through its stage
+ * slot (grad_trip, idle while a block is lent), one at a time: the simplest
+ * correct sharing of the reads, with no new buffer and nothing held across
+ * devices, at the cost of reads that are not prefetched. Failures go to the
+ * compute thread's sink; no device waits on another here, so a failed one
+ * leaves nobody behind. */
+static void whole_from_peers(rank_state *rk, int b, char *recv, size_t shard_bytes,
+                             uint64_t after)
+{
+    fso_zero *z = rk->z;
+    slot *s = &rk->io.grad_trip;
+    if (zr_optim_wait_peers(rk, b, z->step) < 0)
+        return;
+    for (int k = 0; k < z->world; k++) {
+        rank_state *p = &z->ranks[k];
+        if (p == rk)
+            continue;
+        const loc *pl = zr_locate(p, b, FSO_KIND_PARAM);
+        const void *src = pl->ptr;
+        if (pl->tier == FSO_TIER_NVME) {
+            zr_copies_wait(rk, s); /* the previous peer's copy out of it is done; s->copied
+                                      is 0 for the peer's zr_slot_wait */
+            double t0 = fso_now_ms();
+            int rc = zr_shard_read_to(p, &rk->compute.err, rk->compute.st.nvme_kind_read, b,
+                                      FSO_KIND_PARAM, s, s->buf);
+            if (rc == 0)
+                rc = zr_slot_wait(p, &rk->compute.err, s, "parameters", b);
+            rk->compute.st.stall_ms += fso_now_ms() - t0;
+            if (rc < 0)
+                return;
+            src = s->buf;
+        }
+        zr_copy_in(rk->be, recv + (size_t)k * shard_bytes, src, shard_bytes, after);
+        if (pl->tier == FSO_TIER_NVME)
+            s->copied = zr_mark_copies(rk->be);
+    }
+    /* grads_land fetches into the stage slot without waiting for copies */
+    zr_copies_wait(rk, s);
+}
+
 /* Lend block b's full parameters, in their working type (bf16 or fp32: the
  * model's). The rank's shard is gathered from where it lives when the
  * collective can read it there, else staged on the device first, into the
@@ -308,7 +355,8 @@ static void pass_position(rank_state *rk, int b)
  * world 1, the shard itself; CPU devices, the block's shared buffer, once
  * every device's update of its part is in. Every lend takes the order's
  * next position, which the reads ahead of the blocks on NVMe count from
- * (pass_position). */
+ * (pass_position). Blocks copied whole (whole_from_peers) skip the
+ * gather: every shard is copied into the window from host memory. */
 static const void *src_params(void *ctx, int b)
 {
     rank_state *rk = ctx;
@@ -353,6 +401,8 @@ static const void *src_params(void *ctx, int b)
         after = rk->opt.ready_mark[b];
     void *mine = (char *)recv + (size_t)rk->rank * shard_bytes;
     const void *send = mine; /* this rank's shard, where the gather reads it */
+    /* the same on every device: the block's tier is the placement's */
+    const bool whole = fso_fp_copies_whole(&z->rules, l->tier);
     if (rk->compute.err.rc == 0) {
         if (l->tier == FSO_TIER_DEVICE ||
             (l->tier == FSO_TIER_HOST && be->ops->host_addressable)) {
@@ -362,6 +412,8 @@ static const void *src_params(void *ctx, int b)
                 send = l->ptr; /* gathered straight from where it lives */
         } else if (l->tier == FSO_TIER_HOST) {
             zr_copy_in(be, mine, l->ptr, shard_bytes, after);
+            if (whole)
+                whole_from_peers(rk, b, recv, shard_bytes, after);
         } else {
             /* the order must match the model's: it is the same on every rank */
             FSO_BUG_ON(rk->compute.order_pos >= z->n_order || z->order[rk->compute.order_pos] != b,
@@ -395,15 +447,20 @@ static const void *src_params(void *ctx, int b)
             rk->compute.order_pos++;
             prefetch_params(rk, &rk->compute.err, counted, z->step);
             zr_unlock(&rk->io.pf_mu);
+            if (whole && wrc == 0)
+                whole_from_peers(rk, b, recv, shard_bytes, after);
         }
     }
     /* Every rank joins the gather even after a failure, so no rank waits
-     * forever; the step is discarded afterwards. */
-    rk->compute.st.gather_bytes += (uint64_t)z->world * S * eb; /* the whole block arrives */
+     * forever; the step is discarded afterwards. Whole copies gather
+     * nothing (on every rank alike). */
+    if (!whole)
+        rk->compute.st.gather_bytes += (uint64_t)z->world * S * eb; /* the whole block
+                                                                       arrives */
     if (z->sc.on) {
         sc_set(&z->sc, z->world, z->sc.placed, (int)(q % z->sc.n), rk->rank, q);
         sc_wait(&z->sc, z->world, z->sc.placed, (int)(q % z->sc.n), q);
-    } else {
+    } else if (!whole) { /* whole copies: compute runs after them (backend.h order_after) */
         z->coll->ops->all_gather(z->coll, rk->rank, send, recv, S,
                                  eb == sizeof(float) ? FSO_DT_F32 : FSO_DT_BF16, after);
     }
