@@ -116,17 +116,20 @@ int fso_plan_ctx_init(fso_plan_ctx *ctx, const fso_config *cfg, const fso_plan_m
      * train.gradient_dtype says, as the trainer reduces and keeps them);
      * per-block tiers (state.h's fso_block_rule: resident parameter blocks,
      * device-state blocks, the first blocks' NVMe state on the host); shards
-     * gathered, never copied whole; a gradient shard stored and waited for
-     * before the next block's (zero_source.c); a block's new parameters on
-     * NVMe landed before the forward reads them (zero_optim.c); each block's
-     * norm as its gradients land. */
+     * gathered, or streamed blocks copied whole (train.whole_block_copies); a
+     * gradient shard stored and waited for before the next block's
+     * (zero_source.c); a block's new parameters on NVMe landed before the
+     * forward reads them (zero_optim.c); each block's norm as its gradients
+     * land. */
     if (gpu) /* GPUs the CPU cannot address, whatever cfg's backend says */
         fso_zero_fp_rules_on(cfg, fso_backend_row_of(FSO_BACKEND_CUDA), &en->rules);
     else /* cfg's CPU backend (cpu, or cpu-async in tests: its row says how it is addressed) */
         fso_zero_fp_rules(cfg, &en->rules);
     en->rules.world = W;
     en->per_block_tiers = true;
-    en->whole_copy = false;
+    /* whole-block copies where the engine makes them: devices the CPU
+     * cannot address (the search adds: more than one, streamed blocks) */
+    en->whole_copy = !en->rules.host_addressable;
     en->state_host_blocks = true;
     en->sync_grad_writes = true;
     en->norm_pass = false;
@@ -530,6 +533,8 @@ void fso_plan_pins_from_config(const fso_config *cfg, fso_plan_pins *pins)
         pins->device_state_blocks = cfg->offload.device_state_blocks;
     if (fso_config_origin_of(cfg, "train.device_state_from") != FSO_ORIGIN_DEFAULT)
         pins->device_state_first = cfg->offload.device_state_first;
+    if (fso_config_origin_of(cfg, "train.whole_block_copies") != FSO_ORIGIN_DEFAULT)
+        pins->whole_copy = cfg->offload.whole_copy;
 }
 
 /* ------------------------------------------------------------------ this machine */
@@ -1111,7 +1116,7 @@ int fso_plan_apply(const fso_plan *p, fso_config *cfg, char *err, size_t errlen)
     }
     rule_of_placement(&p->pl, &rule);
     const fso_tier *tier = rule.tier;
-    bool nvme = false;
+    bool nvme = false, wc = false;
     for (int k = 0; k < FSO_N_KINDS; k++)
         for (int b = 0; b < nb; b++)
             nvme = nvme || p->pl.tier[k][b] == FSO_TIER_NVME;
@@ -1132,12 +1137,7 @@ int fso_plan_apply(const fso_plan *p, fso_config *cfg, char *err, size_t errlen)
                 return -ENOTSUP;
             }
         }
-        if (p->pl.whole_copy[b] && p->pl.tier[FSO_KIND_PARAM][b] != FSO_TIER_DEVICE &&
-            p->machine.devices > 1) {
-            snprintf(err, errlen, "internal error: the plan copies block %d whole; the engine "
-                                  "gathers shards", b);
-            return -ENOTSUP;
-        }
+        wc = wc || (p->pl.whole_copy[b] && p->pl.tier[FSO_KIND_PARAM][b] != FSO_TIER_DEVICE);
     }
     fso_offload_config *o = &cfg->offload;
     if (nvme) {
@@ -1162,6 +1162,12 @@ int fso_plan_apply(const fso_plan *p, fso_config *cfg, char *err, size_t errlen)
     o->param_tier = tier[FSO_KIND_PARAM];
     o->optim_tier = tier[FSO_KIND_MASTER];
     o->prefetch_blocks = p->pl.prefetch;
+    /* whole-block copies: the plan's where it makes them, else the user's key
+     * stands (a no-op where the engine makes none) */
+    if (wc)
+        o->whole_copy = true;
+    else if (fso_config_origin_of(cfg, "train.whole_block_copies") == FSO_ORIGIN_DEFAULT)
+        o->whole_copy = false;
     return 0;
 }
 

@@ -23,6 +23,7 @@ void fso_plan_pins_none(fso_plan_pins *p)
         p->tier[k] = -1;
     p->prefetch = -1;
     p->resident_blocks = p->device_state_blocks = p->device_state_first = -1;
+    p->whole_copy = -1;
 }
 
 void fso_placement_uniform(fso_placement *pl, int n_blocks, int param_tier, int state_tier,

@@ -128,13 +128,14 @@ typedef struct fso_plan_engine {
  * the depth, or the per-block counts
  * of state.h's fso_block_rule (resident parameter blocks, blocks whose
  * state is on the devices, and whether those count from block 0 up: 1, or
- * from the last block down: 0). */
+ * from the last block down: 0), and whole-block copies (1 on, 0 off). */
 typedef struct fso_plan_pins {
     int tier[FSO_N_KINDS];
     int prefetch;
     int resident_blocks;
     int device_state_blocks;
     int device_state_first;
+    int whole_copy;
 } fso_plan_pins;
 
 typedef struct fso_plan_input {

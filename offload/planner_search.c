@@ -283,8 +283,17 @@ static bool choices_allowed(const fso_plan_input *in, const cand_iter *it)
     if (in->engine.per_block_tiers && pin->device_state_first >= 0 &&
         (at[CHOICE_FILL] >= 2) != (pin->device_state_first > 0))
         return false;
-    return !at[CHOICE_WHOLE_COPY] || (in->engine.whole_copy && in->machine.devices > 1 &&
-                                      pt != FSO_TIER_DEVICE);
+    /* whole-block copies: where the engine makes them (streamed blocks on
+     * more than one device it cannot address), as pinned, else the search's
+     * choice from host memory only (from NVMe every device would read every
+     * device's shard, unprefetched) */
+    const bool wc_applies = in->engine.whole_copy && in->machine.devices > 1 &&
+                            pt != FSO_TIER_DEVICE;
+    if (!wc_applies)
+        return !at[CHOICE_WHOLE_COPY];
+    if (pin->whole_copy >= 0)
+        return at[CHOICE_WHOLE_COPY] == pin->whole_copy;
+    return !at[CHOICE_WHOLE_COPY] || pt == FSO_TIER_HOST;
 }
 
 /* Steps it to the next allowed choices and fills c with them (residency

@@ -509,8 +509,10 @@ static int lay_step(sim *s, int step, int *prev_norm)
                     if (pt == FSO_TIER_NVME) {
                         int issue = pv - pl->prefetch - 1 >= 0 ? s->anchor[pv - pl->prefetch - 1]
                                                                 : micro_start;
-                        R = ADD(t, FSO_STREAM_NVME_READ, ms_for(S * kind_bytes_per_elem(in, FSO_KIND_PARAM), nvr), issue,
-                                upd);
+                        /* whole copies: every shard read by every device */
+                        R = ADD(t, FSO_STREAM_NVME_READ,
+                                ms_for((wc ? F : S) * kind_bytes_per_elem(in, FSO_KIND_PARAM), nvr),
+                                issue, upd);
                     }
                     if (pt != FSO_TIER_DEVICE || cpu) {
                         double bytes = (wc ? F : S) * kind_bytes_per_elem(in, FSO_KIND_PARAM);

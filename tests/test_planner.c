@@ -480,9 +480,10 @@ static void test_device_margin_is_kept_free(void **state)
     for (int gpu = 0; gpu < 2; gpu++) {
         assert_int_equal(fso_plan_ctx_init(&ctx, &cfg, &m, gpu, err, sizeof err), 0);
         assert_float_equal(ctx.in.machine.device_margin, gpu ? FSO_DEVICE_MARGIN_GPU : 0, 0);
-        /* one engine on both: per-block tiers, gathers, fp32 gradients */
+        /* one engine on both: per-block tiers, fp32 gradients; whole-block
+         * copies only on devices the CPU cannot address */
         assert_true(ctx.in.engine.per_block_tiers);
-        assert_false(ctx.in.engine.whole_copy);
+        assert_int_equal(ctx.in.engine.whole_copy, gpu);
         assert_int_equal(ctx.in.engine.rules.dtype[FSO_KIND_GRAD], FSO_DT_F32);
         fso_plan_ctx_free(&ctx);
     }
@@ -1015,18 +1016,21 @@ static void test_plan_apply_and_pins_from_config(void **state)
     assert_int_equal(fso_offload_block_tier(&cfg.offload, FSO_KIND_V, 1, 6), FSO_TIER_DEVICE);
     assert_int_equal(fso_offload_block_tier(&cfg.offload, FSO_KIND_V, 2, 6), FSO_TIER_NVME);
     /* resident blocks outside the residency order's prefix (block 2 comes
-     * fifth of six) or whole-block copies: no configuration gives them, and
-     * the planner makes neither: an internal error */
+     * fifth of six): no configuration gives them, and the planner makes none:
+     * an internal error */
     fso_placement_uniform(&p.pl, 6, FSO_TIER_HOST, FSO_TIER_NVME, FSO_TIER_NVME, 4);
     p.pl.tier[FSO_KIND_PARAM][2] = FSO_TIER_DEVICE;
     assert_int_equal(fso_plan_apply(&p, &cfg, err, sizeof err), -ENOTSUP);
     if (!strstr(err, "internal error") || !strstr(err, "block 0's parameters on host"))
         fail_msg("not named: %s", err);
     fso_placement_uniform(&p.pl, 6, FSO_TIER_HOST, FSO_TIER_NVME, FSO_TIER_NVME, 4);
-    p.pl.whole_copy[3] = true;
+    /* whole-block copies become train.whole_block_copies */
+    for (int b = 0; b < 6; b++)
+        p.pl.whole_copy[b] = true;
     p.machine.devices = 2;
-    assert_int_equal(fso_plan_apply(&p, &cfg, err, sizeof err), -ENOTSUP);
-    assert_non_null(strstr(err, "internal error"));
+    assert_false(cfg.offload.whole_copy);
+    assert_int_equal(fso_plan_apply(&p, &cfg, err, sizeof err), 0);
+    assert_true(cfg.offload.whole_copy);
     fso_config_free(&cfg);
 
     /* pins: what the overrides set */
@@ -1278,6 +1282,36 @@ static void test_plan_for_gpus_here_runs_on_the_engine(void **state)
     }
     assert_true(offloaded);
     assert_true(split);
+
+    /* two GPUs on PCIe: whole-block copies of the streamed blocks as
+     * train.whole_block_copies pins them, on or off; the search's own
+     * choice copies whole from host memory only (from NVMe every GPU would
+     * read every shard), and every plan applies */
+    cfg.world = 2;
+    bool whole_seen = false;
+    for (int pin = -1; pin <= 1; pin++) {
+        fso_plan_pins_none(&pins);
+        pins.whole_copy = pin;
+        for (uint64_t mib = 2304; mib <= 2560; mib += 16) { /* short, split, all there */
+            if (fso_plan_for_config_gpus(&cfg, &pins, "NVIDIA GeForce RTX 4090", mib << 20, &p,
+                                         &spec, err, sizeof err) != 0)
+                continue;
+            for (int b = 0; b < p.pl.n_blocks; b++) {
+                const int pt = p.pl.tier[FSO_KIND_PARAM][b];
+                if (pt == FSO_TIER_DEVICE)
+                    continue;
+                if (pin >= 0)
+                    assert_int_equal(p.pl.whole_copy[b], pin);
+                else if (p.pl.whole_copy[b])
+                    assert_int_equal(pt, FSO_TIER_HOST);
+                whole_seen |= p.pl.whole_copy[b];
+            }
+            fso_config applied = cfg;
+            if (fso_plan_apply(&p, &applied, err, sizeof err) != 0)
+                fail_msg("%llu MiB, pin %d: %s", (unsigned long long)mib, pin, err);
+        }
+    }
+    assert_true(whole_seen);
     unsetenv("XDG_CACHE_HOME");
     fso_config_free(&cfg);
 }
