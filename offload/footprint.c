@@ -47,6 +47,18 @@ bool fso_fp_cpu_reaches(const fso_fp_rules *r, fso_tier t)
     return t == FSO_TIER_HOST || (t == FSO_TIER_DEVICE && r->host_addressable);
 }
 
+int fso_fp_grad_send_buffers(const fso_fp_rules *r, uint64_t max_padded, size_t *bytes)
+{
+    const bool send = r->bf16_grads && !r->host_addressable;
+    *bytes = send ? fso_sat_mul(sizeof(uint16_t), max_padded) : 0;
+    return send ? 2 : 0;
+}
+
+size_t fso_fp_reduce_elem_bytes(const fso_fp_rules *r)
+{
+    return r->bf16_grads ? sizeof(uint16_t) : fso_fp_elem_bytes(r, FSO_KIND_GRAD);
+}
+
 void fso_fp_buffers_for(const fso_fp_rules *r, uint64_t max_padded, fso_tier param_tier,
                         int prefetch, fso_fp_buffers *b)
 {
@@ -129,8 +141,12 @@ void fso_fp_need_for(const fso_fp_rules *r, const fso_fp_layout *l, fso_fp_need 
         }
         chunk_kinds += chunked;
     }
-    n->device_buffers = fso_sat_add(fso_sat_mul(bf->gather_bytes, (uint64_t)bf->gather),
-                                    fso_sat_mul(bf->grad_full_bytes, (uint64_t)bf->grad_full));
+    size_t send_bytes;
+    const int sends = fso_fp_grad_send_buffers(r, max_padded, &send_bytes);
+    n->device_buffers = fso_sat_add(
+        fso_sat_add(fso_sat_mul(bf->gather_bytes, (uint64_t)bf->gather),
+                    fso_sat_mul(bf->grad_full_bytes, (uint64_t)bf->grad_full)),
+        fso_sat_mul(send_bytes, (uint64_t)sends));
     n->staging = fso_fp_staging_bytes(bf, chunk_kinds, landings);
     for (int t = 0; t < FSO_N_TIERS; t++)
         for (int k = 0; k < FSO_N_KINDS; k++)
@@ -153,7 +169,7 @@ void fso_fp_step_traffic(const fso_fp_rules *r, const fso_fp_layout *l, const fs
                 fso_sat_mul(fso_sat_mul(all, pv * G), fso_fp_elem_bytes(r, FSO_KIND_PARAM)));
         t->reduce_bytes = fso_sat_add(
             t->reduce_bytes,
-            fso_sat_mul(fso_sat_mul(all, gv * G), fso_fp_elem_bytes(r, FSO_KIND_GRAD)));
+            fso_sat_mul(fso_sat_mul(all, gv * G), fso_fp_reduce_elem_bytes(r)));
         for (int k = 0; k < FSO_N_KINDS; k++) {
             if (l->tier(l->ctx, b, (fso_kind)k) != FSO_TIER_NVME)
                 continue;
