@@ -13,6 +13,9 @@
  *  - bf16 working parameters (bf16.enabled): bit-identical across tiers and
  *    schedules, close to the fp32 run, always bf16 of the master, and half
  *    the parameter bytes on NVMe;
+ *  - bf16 working gradients (train.gradient_dtype): close to fp32 ones
+ *    within a bound from bf16's roundoff, deterministic, the CPU's bits on
+ *    a GPU's rules, their send buffers in the footprint;
  *  - the planner's memory per tier is what the engine allocates;
  *  - a step's NVMe bytes per kind are the derivation in docs/offload.md.
  */

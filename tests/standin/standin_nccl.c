@@ -1,7 +1,10 @@
 /* standin_nccl.c — the NCCL entry points fsoff's CUDA module calls, on the
  * CPU: ncclCommInitAll makes one clique of n ranks (one device each);
  * ncclAllGather, ncclReduceScatter and ncclAllReduce (ncclSum; fp32, fp64,
- * and bf16 for the gather) queue one item on the rank's stream.
+ * and bf16 for the gather) queue one item on the rank's stream, and so
+ * does each ncclGroupStart..ncclGroupEnd of ncclSend and ncclRecv (any
+ * type; only inside a group), which meets the peers' groups the same way
+ * and copies what each peer sends this rank into its receive buffers.
  *
  * When a rank's item runs it arrives at the clique's k-th collective (k
  * counted per rank) and blocks until every rank's k-th has arrived, as NCCL
