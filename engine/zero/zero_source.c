@@ -492,6 +492,14 @@ void zr_grads_land(rank_state *rk)
  * thread and their reduces read grad_full[g] in place, so it is rounded in
  * place: an fp32 sum of those values in rank order has the bits
  * reduce_scatter_bf16 gives. */
+static void round_range(void *ctx, int64_t begin, int64_t end, int worker)
+{
+    (void)worker;
+    float *full = ctx;
+    for (int64_t i = begin; i < end; i++)
+        full[i] = fso_f32_from_bf16(fso_bf16_from_f32(full[i]));
+}
+
 static void round_grads(rank_state *rk, int g, size_t n)
 {
     float *full = rk->compute.grad_full[g];
@@ -499,8 +507,7 @@ static void round_grads(rank_state *rk, int g, size_t n)
         rk->be->ops->cast_f32_bf16(rk->be, rk->compute.grad_send[g], full, n);
         return;
     }
-    for (size_t i = 0; i < n; i++)
-        full[i] = fso_f32_from_bf16(fso_bf16_from_f32(full[i]));
+    fso_pool_for(fso_backend_pool(rk->be), (int64_t)n, 1 << 14, round_range, full);
 }
 
 /* Reduce-scatter the block's gradients so this rank keeps its shard. On a
