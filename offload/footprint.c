@@ -56,7 +56,8 @@ int fso_fp_grad_send_buffers(const fso_fp_rules *r, uint64_t max_padded, size_t 
 
 size_t fso_fp_reduce_elem_bytes(const fso_fp_rules *r)
 {
-    return r->bf16_grads ? sizeof(uint16_t) : fso_fp_elem_bytes(r, FSO_KIND_GRAD);
+    return r->bf16_grads && !r->host_addressable ? sizeof(uint16_t)
+                                                 : fso_fp_elem_bytes(r, FSO_KIND_GRAD);
 }
 
 void fso_fp_buffers_for(const fso_fp_rules *r, uint64_t max_padded, fso_tier param_tier,

@@ -85,8 +85,9 @@ bool fso_fp_cpu_reaches(const fso_fp_rules *r, fso_tier t);
  * the largest block (max_padded) in bf16; 0 buffers without bf16
  * gradients. Returns how many. */
 int fso_fp_grad_send_buffers(const fso_fp_rules *r, uint64_t max_padded, size_t *bytes);
-/* Bytes of one gradient value as the reduce-scatter sums it: bf16 with bf16
- * gradients, else the gradients' type. */
+/* Bytes of one gradient value as the reduce-scatter reads it: bf16 where
+ * bf16 gradients are sent (fso_fp_grad_send_buffers), else the gradients'
+ * type (CPU devices read the rounded values in place, in fp32). */
 size_t fso_fp_reduce_elem_bytes(const fso_fp_rules *r);
 
 /* Each device's buffers, for the largest block (max_padded elements),

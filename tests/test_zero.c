@@ -1410,7 +1410,8 @@ static void test_bf16_gradients_on_gpu_rules_give_cpu_bits(void **state)
 /* The bf16 send buffers are counted: what the engine allocates with bf16
  * gradients on a GPU's rules is the footprint's budget to the byte, and
  * that is the fp32 gradients' plus two buffers of the largest block in
- * bf16; on CPU devices (rounded in place) nothing more. */
+ * bf16; on CPU devices (rounded in place) nothing more. The reduce-scatter
+ * reads bf16 where it is sent. */
 static void test_bf16_gradient_buffers_are_in_the_footprint(void **state)
 {
     (void)state;
@@ -1418,6 +1419,7 @@ static void test_bf16_gradient_buffers_are_in_the_footprint(void **state)
         for (int world = 1; world <= 2; world++) {
             uint64_t dev[2][FSO_MAX_DEVICES], tier[2][FSO_N_TIERS];
             fso_zero_need need[2];
+            uint64_t reduced[2];
             for (int g16 = 0; g16 < 2; g16++) {
                 fso_config cfg;
                 fso_trainer tr;
@@ -1435,8 +1437,31 @@ static void test_bf16_gradient_buffers_are_in_the_footprint(void **state)
                 size_t each;
                 const int n = fso_fp_grad_send_buffers(&r, 1, &each);
                 assert_int_equal(n, g16 && gpu ? 2 : 0);
+                /* what the collective reads: bf16 where it is sent */
+                assert_int_equal(fso_fp_reduce_elem_bytes(&r), g16 && gpu ? 2 : 4);
+                /* and a step reduces what the footprint says */
+                fso_data data = {0};
+                fso_fp_traffic want;
+                fso_zero_step st;
+                assert_int_equal(fso_zero_step_traffic(&cfg, &want), 0);
+                assert_int_equal(fso_data_init(&data, &cfg), 0);
+                const size_t bt = (size_t)cfg.micro_batch * cfg.data.seq_len;
+                const size_t tokens = fso_trainer_step_tokens(&cfg);
+                int32_t *in = malloc(sizeof(int32_t) * tokens),
+                        *tg = malloc(sizeof(int32_t) * tokens);
+                assert_true(in && tg);
+                for (size_t a = 0; a < tokens / bt; a++)
+                    fso_data_next(&data, in + a * bt, tg + a * bt, NULL);
+                if (fso_trainer_step(&tr, in, tg, NULL, &st) < 0)
+                    fail_msg("%d devices, gpu rules %d: %s", world, gpu, tr.err);
+                assert_true(st.reduce_bytes == want.reduce_bytes);
+                reduced[g16] = st.reduce_bytes;
+                free(in);
+                free(tg);
+                fso_data_free(&data);
                 fso_trainer_free(&tr);
             }
+            assert_true(reduced[1] * (gpu ? 2 : 1) == reduced[0] && reduced[0] > 0);
             if (fso_test_gpu_is_cuda() && gpu)
                 continue; /* the CUDA backend's workspaces are its own */
             const uint64_t more = tier[1][FSO_TIER_DEVICE] - tier[0][FSO_TIER_DEVICE];

@@ -484,14 +484,7 @@ void zr_grads_land(rank_state *rk)
         zr_optim_post_block(rk, &rk->opt.bwd_step, b);
 }
 
-/* With bf16 gradients (train.gradient_dtype), the one place they are
- * rounded: block b's complete fp32 gradients in grad_full[g], each to the
- * nearest bf16 (ties to even), before any device adds them. Where the
- * reduce-scatter sends bf16 (grad_send[g], coll.h reduce_scatter_bf16) the
- * backend casts them there; devices the CPU addresses compute on this
- * thread and their reduces read grad_full[g] in place, so it is rounded in
- * place: an fp32 sum of those values in rank order has the bits
- * reduce_scatter_bf16 gives. */
+/* fp32 values [begin, end) of ctx rounded to bf16 and kept as fp32 */
 static void round_range(void *ctx, int64_t begin, int64_t end, int worker)
 {
     (void)worker;
@@ -500,6 +493,14 @@ static void round_range(void *ctx, int64_t begin, int64_t end, int worker)
         full[i] = fso_f32_from_bf16(fso_bf16_from_f32(full[i]));
 }
 
+/* With bf16 gradients (train.gradient_dtype), the one place they are
+ * rounded: a block's complete fp32 gradients in grad_full[g] (n values),
+ * each to the nearest bf16 (ties to even), before any device adds them.
+ * Where the reduce-scatter sends bf16 (grad_send[g], coll.h
+ * reduce_scatter_bf16) the backend casts them there; devices the CPU
+ * addresses compute on this thread and their reduces read grad_full[g] in
+ * place, so it is rounded in place: an fp32 sum of those values in rank
+ * order has the bits reduce_scatter_bf16 gives. */
 static void round_grads(rank_state *rk, int g, size_t n)
 {
     float *full = rk->compute.grad_full[g];
@@ -532,8 +533,8 @@ static void src_grads_done(void *ctx, int b)
     /* shared reduces (CPU devices) add into the tier themselves, and take
      * the norm of a host-tier shard as they go */
     bool fused_norm = false;
-    rk->compute.st.reduce_bytes += (uint64_t)z->world * S * fso_fp_reduce_elem_bytes(&z->rules);
     /* the whole block leaves */
+    rk->compute.st.reduce_bytes += (uint64_t)z->world * S * fso_fp_reduce_elem_bytes(&z->rules);
     if (z->cfg->bf16_grads)
         round_grads(rk, g, (size_t)z->world * S);
     gather_ahead(rk);
