@@ -46,6 +46,14 @@ typedef struct fso_coll_ops {
      * recv or writing send again from compute needs a mark after it given
      * to order_after first. */
     int (*reduce_scatter)(fso_coll *c, int rank, const float *send, float *recv, size_t count);
+    /* recv (count) fp32 = sum over ranks k of send_k[rank*count .. +count)
+     * bf16, each value widened exactly and the sum taken in fp32 in rank
+     * order 0..world-1 (the same bits on every run and every rank): bf16
+     * working gradients (train.gradient_dtype) travel at half the bytes of
+     * fp32 ones and are rounded once, where they were cast, never in the
+     * sum. recv does not overlap send. Ordered as reduce_scatter. */
+    int (*reduce_scatter_bf16)(fso_coll *c, int rank, const uint16_t *send, float *recv,
+                               size_t count);
     /* buf (count) = sum over ranks of buf, in double: losses and norms */
     int (*all_reduce_f64)(fso_coll *c, int rank, double *buf, size_t count);
     int (*barrier)(fso_coll *c, int rank);

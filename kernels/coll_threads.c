@@ -19,6 +19,7 @@
 struct slot {
     const void *gather;   /* all-gather's send, any element type */
     const float *send;    /* reduce-scatter's */
+    const uint16_t *send16; /* reduce_scatter_bf16's */
     float *recv;
     double *dbuf;
 };
@@ -74,6 +75,25 @@ static int th_reduce_scatter(fso_coll *c, int rank, const float *send, float *re
     return 0;
 }
 
+static int th_reduce_scatter_bf16(fso_coll *c, int rank, const uint16_t *send, float *recv,
+                                 size_t count)
+{
+    struct ctx *x = c->ctx;
+    double t0 = fso_now_ms();
+    x->slots[rank].send16 = send;
+    wait_all(x);
+    const size_t off = (size_t)rank * count;
+    for (size_t i = 0; i < count; i++) {
+        float s = fso_f32_from_bf16(x->slots[0].send16[off + i]);
+        for (int k = 1; k < c->world; k++)
+            s += fso_f32_from_bf16(x->slots[k].send16[off + i]);
+        recv[i] = s;
+    }
+    wait_all(x);
+    c->busy_ms[rank] += fso_now_ms() - t0;
+    return 0;
+}
+
 static int th_all_reduce_f64(fso_coll *c, int rank, double *buf, size_t count)
 {
     struct ctx *x = c->ctx;
@@ -112,6 +132,7 @@ static const fso_coll_ops threads_ops = {
     .name = "threads",
     .all_gather = th_all_gather,
     .reduce_scatter = th_reduce_scatter,
+    .reduce_scatter_bf16 = th_reduce_scatter_bf16,
     .all_reduce_f64 = th_all_reduce_f64,
     .barrier = th_barrier,
     .destroy = th_destroy,

@@ -820,6 +820,23 @@ static int ac_reduce_scatter(fso_coll *c, int rank, const float *send, float *re
     return 0;
 }
 
+static void run_reduce_scatter_bf16(async_ctx *x, const work *w)
+{
+    async_coll *ac = w->coll->ctx;
+    ac->inner->ops->reduce_scatter_bf16(ac->inner, x->rank, R(0), R(1), w->n);
+    w->coll->busy_ms[x->rank] = ac->inner->busy_ms[x->rank];
+}
+
+static int ac_reduce_scatter_bf16(fso_coll *c, int rank, const uint16_t *send, float *recv,
+                                  size_t count)
+{
+    async_coll *ac = c->ctx;
+    push_after(ac->bes[rank], &(work){.run = run_reduce_scatter_bf16,
+                                      .p = {H(send), H(recv)}, .n = count, .coll = c},
+               S_COLL, 0);
+    return 0;
+}
+
 static int ac_all_reduce_f64(fso_coll *c, int rank, double *buf, size_t count)
 {
     async_coll *ac = c->ctx;
@@ -861,6 +878,7 @@ static const fso_coll_ops async_coll_ops = {
     .name = "cpu-async",
     .all_gather = ac_all_gather,
     .reduce_scatter = ac_reduce_scatter,
+    .reduce_scatter_bf16 = ac_reduce_scatter_bf16,
     .all_reduce_f64 = ac_all_reduce_f64,
     .barrier = ac_barrier,
     .destroy = ac_destroy,

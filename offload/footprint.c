@@ -58,6 +58,19 @@ fso_tier fso_fp_rule_tier(const void *rule, int block, fso_kind k)
     return fso_block_tier(rule, k, block);
 }
 
+int fso_fp_grad_send_buffers(const fso_fp_rules *r, uint64_t max_padded, size_t *bytes)
+{
+    const bool send = r->bf16_grads && !r->host_addressable;
+    *bytes = send ? fso_sat_mul(sizeof(uint16_t), max_padded) : 0;
+    return send ? 2 : 0;
+}
+
+size_t fso_fp_reduce_elem_bytes(const fso_fp_rules *r)
+{
+    return r->bf16_grads && !r->host_addressable ? sizeof(uint16_t)
+                                                 : fso_fp_elem_bytes(r, FSO_KIND_GRAD);
+}
+
 void fso_fp_buffers_for(const fso_fp_rules *r, const fso_fp_layout *l, fso_fp_buffers *b)
 {
     const size_t param_bytes = fso_fp_elem_bytes(r, FSO_KIND_PARAM);
@@ -133,8 +146,16 @@ void fso_fp_need_for(const fso_fp_rules *r, const fso_fp_layout *l, fso_fp_need 
         }
     fso_fp_buffers *bf = &n->buffers;
     fso_fp_buffers_for(r, l, bf);
-    n->device_buffers = fso_sat_add(fso_sat_mul(bf->gather_bytes, (uint64_t)bf->gather),
-                                    fso_sat_mul(bf->grad_full_bytes, (uint64_t)bf->grad_full));
+    uint64_t max_padded = 0;
+    for (int b = 0; b < l->n_blocks; b++)
+        if (l->padded_elems[b] > max_padded)
+            max_padded = l->padded_elems[b];
+    size_t send_bytes;
+    const int sends = fso_fp_grad_send_buffers(r, max_padded, &send_bytes);
+    n->device_buffers = fso_sat_add(
+        fso_sat_add(fso_sat_mul(bf->gather_bytes, (uint64_t)bf->gather),
+                    fso_sat_mul(bf->grad_full_bytes, (uint64_t)bf->grad_full)),
+        fso_sat_mul(send_bytes, (uint64_t)sends));
     n->staging = fso_fp_staging_bytes(bf);
     for (int t = 0; t < FSO_N_TIERS; t++)
         for (int k = 0; k < FSO_N_KINDS; k++)
@@ -159,7 +180,7 @@ void fso_fp_step_traffic(const fso_fp_rules *r, const fso_fp_layout *l, const fs
                 fso_sat_mul(fso_sat_mul(all, pv * G), fso_fp_elem_bytes(r, FSO_KIND_PARAM)));
         t->reduce_bytes = fso_sat_add(
             t->reduce_bytes,
-            fso_sat_mul(fso_sat_mul(all, gv * G), fso_fp_elem_bytes(r, FSO_KIND_GRAD)));
+            fso_sat_mul(fso_sat_mul(all, gv * G), fso_fp_reduce_elem_bytes(r)));
         for (int k = 0; k < FSO_N_KINDS; k++) {
             if (l->tier(l->ctx, b, (fso_kind)k) != FSO_TIER_NVME)
                 continue;

@@ -48,6 +48,9 @@ typedef struct fso_fp_rules {
     int aio_queue_depth;          /* aio.queue_depth: sets the chunk ring */
     bool whole_copy;              /* train.whole_block_copies: streamed blocks copied whole to
                                      every device, no gather (fso_fp_copies_whole) */
+    bool bf16_grads;              /* train.gradient_dtype "bf16": each block's working
+                                     gradients rounded to bf16 before they are reduced (the
+                                     shards stay in dtype[FSO_KIND_GRAD]) */
 } fso_fp_rules;
 
 /* Bytes of one element of kind k. */
@@ -84,6 +87,19 @@ bool fso_fp_landing_needed(const fso_fp_rules *r, fso_tier t);
 /* Whether the CPU works on a shard on tier t where it lies: host memory,
  * or a device tier the CPU addresses. */
 bool fso_fp_cpu_reaches(const fso_fp_rules *r, fso_tier t);
+
+/* With bf16 gradients, each device's bf16 send buffers: one per gradient
+ * buffer (the fp32 full-block ones stay), which the block's gradients are
+ * cast into where its backward ends and reduce-scattered from (coll.h
+ * reduce_scatter_bf16). Devices the CPU addresses need none: they round
+ * their gradients in place and the CPUs read them there. *bytes: each,
+ * the largest block (max_padded) in bf16; 0 buffers without bf16
+ * gradients. Returns how many. */
+int fso_fp_grad_send_buffers(const fso_fp_rules *r, uint64_t max_padded, size_t *bytes);
+/* Bytes of one gradient value as the reduce-scatter reads it: bf16 where
+ * bf16 gradients are sent (fso_fp_grad_send_buffers), else the gradients'
+ * type (CPU devices read the rounded values in place, in fp32). */
+size_t fso_fp_reduce_elem_bytes(const fso_fp_rules *r);
 
 /* The blocks, and the tier of each block's shards of each kind. */
 typedef struct fso_fp_layout {
@@ -143,7 +159,8 @@ uint64_t fso_fp_staging_bytes(const fso_fp_buffers *b);
 typedef struct fso_fp_need {
     uint64_t kind_bytes[FSO_N_TIERS][FSO_N_KINDS]; /* shards: device tier per device; host
                                                       and NVMe all devices */
-    uint64_t device_buffers;     /* per device: the gather window and gradient buffers */
+    uint64_t device_buffers;     /* per device: the gather window, gradient buffers and bf16
+                                    gradient send buffers (fso_fp_grad_send_buffers) */
     uint64_t staging;            /* per device, in the host arena */
     uint64_t tier[FSO_N_TIERS];  /* device: per device (shards and buffers); host: every
                                     device's host shards and staging; NVMe: every device's */

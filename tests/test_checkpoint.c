@@ -436,6 +436,35 @@ static void test_resume_across_block_splits_is_bit_exact(void **state)
     }
 }
 
+/* bf16 working gradients (train.gradient_dtype) change nothing saved: the
+ * gradient shards and the optimizer's state stay fp32, so a resume is bit
+ * exact, on CPU devices (rounded in place) and on a GPU's rules (bf16 send
+ * buffers, reduce_scatter_bf16). */
+static void test_resume_with_bf16_gradients_is_bit_exact(void **state)
+{
+    (void)state;
+    const fso_tier D = FSO_TIER_DEVICE, H = FSO_TIER_HOST, N = FSO_TIER_NVME;
+    for (int gpu = 0; gpu < 2; gpu++) {
+        fso_config a, b;
+        char dir[512], what[96];
+        config_for(&a, 2, gpu ? D : N, gpu ? D : N);
+        config_for(&b, 2, H, H);
+        a.bf16 = b.bf16 = a.bf16_grads = b.bf16_grads = true;
+        if (gpu)
+            a.backend = b.backend = fso_backend_find(fso_test_gpu_rules())->kind;
+        snprintf(what, sizeof what, "bf16 gradients, 2 devices, %s",
+                 gpu ? fso_test_gpu_rules() : "cpu");
+        save_dir(dir, sizeof dir, "bf16g");
+        run_result base, r;
+        run_ok(&a, NULL, &base);
+        interrupted(&a, &b, dir, &r);
+        assert_bit_identical(&base, &r, SAVED_AT + 1, what);
+        result_free(&base);
+        result_free(&r);
+        remove_tree(dir);
+    }
+}
+
 static void test_resume_on_other_device_counts_is_within_rounding(void **state)
 {
     (void)state;
@@ -1184,6 +1213,7 @@ int main(void)
         cmocka_unit_test(test_resume_is_bit_exact_with_gpu_rules),
         cmocka_unit_test(test_resume_across_block_splits_is_bit_exact),
         cmocka_unit_test(test_resume_on_other_device_counts_is_within_rounding),
+        cmocka_unit_test(test_resume_with_bf16_gradients_is_bit_exact),
         cmocka_unit_test(test_another_model_is_refused_naming_the_key),
         cmocka_unit_test(test_corrupted_and_truncated_checkpoints_name_file_and_offset),
         cmocka_unit_test(test_half_written_checkpoints_are_never_latest),

@@ -1543,6 +1543,8 @@ struct rank_job {
     float *send, *host_gather, *host_scatter;  /* threads implementation, host memory */
     float *dev_gather, *dev_scatter;           /* NCCL results copied back */
     uint16_t *host_gather16, *dev_gather16;    /* bf16 gathers of send's first 2*count bytes */
+    uint16_t *send16;                          /* send rounded to bf16 */
+    float *host_scatter16, *dev_scatter16;     /* reduce_scatter_bf16 of send16 */
     double f64[3], f64_threads[3];
     int rc;
     char err[FSO_BACKEND_ERR_MAX];
@@ -1559,10 +1561,13 @@ static void *rank_main(void *arg)
     j->threads->ops->reduce_scatter(j->threads, j->rank, j->send, j->host_scatter, cnt / W);
     j->threads->ops->all_gather(j->threads, j->rank, j->send, j->host_gather16, cnt,
                                 FSO_DT_BF16, 0);
+    j->threads->ops->reduce_scatter_bf16(j->threads, j->rank, j->send16, j->host_scatter16,
+                                         cnt / W);
     memcpy(j->f64_threads, j->f64, sizeof j->f64);
     j->threads->ops->all_reduce_f64(j->threads, j->rank, j->f64_threads, 3);
 
     void *d_send = NULL, *d_gather = NULL, *d_scatter = NULL, *d_gather16 = NULL;
+    void *d_send16 = NULL, *d_scatter16 = NULL;
     rc = be->ops->buf_alloc(be, sizeof(float) * cnt, &d_send);
     if (rc == 0)
         rc = be->ops->buf_alloc(be, sizeof(float) * cnt * W, &d_gather);
@@ -1570,6 +1575,10 @@ static void *rank_main(void *arg)
         rc = be->ops->buf_alloc(be, sizeof(float) * cnt, &d_scatter);
     if (rc == 0)
         rc = be->ops->buf_alloc(be, sizeof(uint16_t) * cnt * W, &d_gather16);
+    if (rc == 0)
+        rc = be->ops->buf_alloc(be, sizeof(uint16_t) * cnt, &d_send16);
+    if (rc == 0)
+        rc = be->ops->buf_alloc(be, sizeof(float) * (cnt / W), &d_scatter16);
     /* every rank joins every collective, even after a failure */
     if (d_send)
         be->ops->copy_h2d(be, d_send, j->send, sizeof(float) * cnt);
@@ -1588,11 +1597,20 @@ static void *rank_main(void *arg)
     int r6 = j->nccl->ops->all_gather(j->nccl, j->rank, d_send, d_gather16, cnt, FSO_DT_BF16, 0);
     if (d_gather16)
         be->ops->copy_d2h(be, j->dev_gather16, d_gather16, sizeof(uint16_t) * cnt * W);
+    /* half the pieces first, then all: the second call grows the rows the
+     * first left, after the first is done with them */
+    if (d_send16)
+        be->ops->copy_h2d(be, d_send16, j->send16, sizeof(uint16_t) * cnt);
+    int r7 = j->nccl->ops->reduce_scatter_bf16(j->nccl, j->rank, d_send16, d_scatter16,
+                                               cnt / W / 2);
+    int r8 = j->nccl->ops->reduce_scatter_bf16(j->nccl, j->rank, d_send16, d_scatter16, cnt / W);
+    if (d_scatter16)
+        be->ops->copy_d2h(be, j->dev_scatter16, d_scatter16, sizeof(float) * (cnt / W));
     int r4 = j->nccl->ops->all_reduce_f64(j->nccl, j->rank, j->f64, 3);
     int r5 = j->nccl->ops->barrier(j->nccl, j->rank);
     int rs = be->ops->sync(be);
     if (rc == 0)
-        rc = r1 ? r1 : r2 ? r2 : r3 ? r3 : r4 ? r4 : r5 ? r5 : r6 ? r6 : rs;
+        rc = r1 ? r1 : r2 ? r2 : r3 ? r3 : r4 ? r4 : r5 ? r5 : r6 ? r6 : r7 ? r7 : r8 ? r8 : rs;
     if (rc == 0 && d_gather) { /* the in-place gather equals the first */
         float *again = malloc(sizeof(float) * cnt * W);
         be->ops->copy_d2h(be, again, d_gather, sizeof(float) * cnt * W);
@@ -1606,6 +1624,8 @@ static void *rank_main(void *arg)
     be->ops->buf_free(be, d_gather);
     be->ops->buf_free(be, d_scatter);
     be->ops->buf_free(be, d_gather16);
+    be->ops->buf_free(be, d_send16);
+    be->ops->buf_free(be, d_scatter16);
     j->rc = rc;
     return NULL;
 }
@@ -1648,6 +1668,12 @@ static void test_nccl_matches_the_thread_collectives(void **state)
         j->dev_scatter = hbuf(count / world);
         j->host_gather16 = calloc(count * world, sizeof(uint16_t));
         j->dev_gather16 = calloc(count * world, sizeof(uint16_t));
+        j->send16 = calloc(count, sizeof(uint16_t));
+        j->host_scatter16 = hbuf(count / world);
+        j->dev_scatter16 = hbuf(count / world);
+        for (size_t i = 0; i < count; i++) /* rank order matters at these magnitudes */
+            j->send16[i] = fso_bf16_from_f32(i % 3 == 0 && r == 0 ? j->send[i] * 0x1p20f
+                                                                    : j->send[i]);
         j->f64[0] = 0.1 * (r + 1);
         j->f64[1] = 1e16 + r; /* rank order matters at this magnitude */
         j->f64[2] = -3.0 * r;
@@ -1664,16 +1690,23 @@ static void test_nccl_matches_the_thread_collectives(void **state)
         compare_math("reduce_scatter", 0, j->dev_scatter, j->host_scatter, count / world, 1e-6);
         if (memcmp(j->dev_gather16, j->host_gather16, sizeof(uint16_t) * count * world))
             fail_msg("rank %d: bf16 all_gather: NCCL and the thread collectives differ", r);
+        /* the sum of bf16 pieces in fp32 in rank order: the same bits */
+        for (size_t i = 0; i < count / world; i++)
+            if (memcmp(&j->dev_scatter16[i], &j->host_scatter16[i], sizeof(float)))
+                fail_msg("rank %d: reduce_scatter_bf16 element %zu: NCCL %a, threads %a", r, i,
+                         j->dev_scatter16[i], j->host_scatter16[i]);
         assert_true(memcmp(j->f64, j->f64_threads, sizeof j->f64) == 0);
         assert_true(nccl->busy_ms[r] >= 0);
     }
     for (int r = 0; r < world; r++) {
         struct rank_job *j = &jobs[r];
-        float *h[] = {j->send, j->host_gather, j->host_scatter, j->dev_gather, j->dev_scatter};
+        float *h[] = {j->send,        j->host_gather,    j->host_scatter,  j->dev_gather,
+                      j->dev_scatter, j->host_scatter16, j->dev_scatter16};
         for (size_t i = 0; i < sizeof h / sizeof *h; i++)
             free(h[i]);
         free(j->host_gather16);
         free(j->dev_gather16);
+        free(j->send16);
     }
     fso_coll_destroy(nccl);
     fso_coll_destroy(threads);

@@ -25,6 +25,7 @@
 
 #include "adamw.h"
 #include "backend.h"
+#include "coll.h"
 #include "cpu_async.h"
 #include "fso_build.h"
 #include "pool.h"
@@ -1172,6 +1173,109 @@ static void check_narrow(fso_backend *be, const float *src, size_t n, const char
     free(dst);
 }
 
+/* ------------------------------------------------------ bf16 reduce-scatter */
+
+struct rs16_job {
+    fso_coll *c;
+    fso_backend *be;      /* cpu-async device, or NULL: host memory (threads) */
+    int rank;
+    size_t count;
+    const uint16_t *send; /* (world * count) bf16, host */
+    float *got;           /* (count) */
+    int rc;
+};
+
+static void *rs16_rank(void *arg)
+{
+    struct rs16_job *j = arg;
+    const size_t all = (size_t)j->c->world * j->count;
+    if (!j->be) {
+        j->rc = j->c->ops->reduce_scatter_bf16(j->c, j->rank, j->send, j->got, j->count);
+        return NULL;
+    }
+    fso_backend *be = j->be;
+    uint16_t *d_send = NULL;
+    float *d_recv = NULL;
+    j->rc = be->ops->buf_alloc(be, sizeof(uint16_t) * all, (void **)&d_send);
+    if (j->rc == 0)
+        j->rc = be->ops->buf_alloc(be, sizeof(float) * j->count, (void **)&d_recv);
+    if (j->rc == 0) {
+        be->ops->copy_h2d(be, d_send, j->send, sizeof(uint16_t) * all);
+        j->rc = j->c->ops->reduce_scatter_bf16(j->c, j->rank, d_send, d_recv, j->count);
+        be->ops->copy_d2h(be, j->got, d_recv, sizeof(float) * j->count);
+    }
+    if (j->rc == 0)
+        j->rc = be->ops->sync(be);
+    be->ops->buf_free(be, d_send);
+    be->ops->buf_free(be, d_recv);
+    return NULL;
+}
+
+/* reduce_scatter_bf16 (coll.h) on the threads collectives and on cpu-async
+ * devices: each rank's part is the fp32 sum, in rank order, of the bf16
+ * values widened, bit for bit. The values mix magnitudes so that another
+ * order or a bf16 sum would give other bits (checked below). */
+static void test_reduce_scatter_bf16_sums_in_fp32_in_rank_order(void **state)
+{
+    (void)state;
+    const size_t count = 1031;
+    for (int async = 0; async < 2; async++)
+        for (int W = 1; W <= 4; W++) {
+            uint16_t *send[4];
+            float *got[4];
+            fso_backend *bes[4] = {NULL};
+            for (int r = 0; r < W; r++) {
+                send[r] = malloc(sizeof(uint16_t) * W * count);
+                got[r] = calloc(count, sizeof(float));
+                assert_true(send[r] && got[r]);
+                for (size_t i = 0; i < (size_t)W * count; i++) {
+                    float v = (float)(fso_rng_normal(&rng) * ldexp(1.0, (int)(i % 7) * 3 - 9));
+                    send[r][i] = fso_bf16_from_f32(r == 0 && i % 5 == 0 ? v * 0x1p20f : v);
+                }
+                if (async)
+                    assert_int_equal(fso_backend_create(&bes[r], FSO_BACKEND_CPU_ASYNC, r, 1, 0,
+                                                        NULL, 0), 0);
+            }
+            fso_coll *c = NULL;
+            if (async)
+                assert_int_equal(fso_coll_create_async(&c, W, bes), 0);
+            else
+                assert_int_equal(fso_coll_create_threads(&c, W), 0);
+            struct rs16_job jobs[4];
+            pthread_t th[4];
+            for (int r = 0; r < W; r++) {
+                jobs[r] = (struct rs16_job){c, bes[r], r, count, send[r], got[r], 0};
+                assert_int_equal(pthread_create(&th[r], NULL, rs16_rank, &jobs[r]), 0);
+            }
+            for (int r = 0; r < W; r++) {
+                pthread_join(th[r], NULL);
+                assert_int_equal(jobs[r].rc, 0);
+            }
+            size_t other_order = 0;
+            for (int r = 0; r < W; r++)
+                for (size_t i = 0; i < count; i++) {
+                    const size_t at = (size_t)r * count + i;
+                    float want = fso_f32_from_bf16(send[0][at]), back = 0;
+                    for (int k = 1; k < W; k++)
+                        want += fso_f32_from_bf16(send[k][at]);
+                    for (int k = W - 1; k >= 0; k--)
+                        back += fso_f32_from_bf16(send[k][at]);
+                    other_order += memcmp(&back, &want, sizeof want) != 0;
+                    if (memcmp(&got[r][i], &want, sizeof want) != 0)
+                        fail_msg("%s, %d ranks: rank %d element %zu: %a, want %a",
+                                 async ? "cpu-async" : "threads", W, r, i, got[r][i], want);
+                }
+            if (W >= 3) /* the test tells rank order from the reverse */
+                assert_true(other_order > 0);
+            fso_coll_destroy(c);
+            for (int r = 0; r < W; r++) {
+                fso_backend_destroy(bes[r]);
+                free(send[r]);
+                free(got[r]);
+            }
+        }
+}
+
 static void test_cast_f32_bf16_rounds_to_nearest_even(void **state)
 {
     (void)state;
@@ -1499,6 +1603,7 @@ int main(void)
         cmocka_unit_test(test_async_stale_marks_are_counted_and_still_right),
         cmocka_unit_test(test_cast_bf16_f32_is_exact),
         cmocka_unit_test(test_cast_f32_bf16_rounds_to_nearest_even),
+        cmocka_unit_test(test_reduce_scatter_bf16_sums_in_fp32_in_rank_order),
         cmocka_unit_test(test_bf16_tensors_round_once),
         cmocka_unit_test(test_backend_registry),
     };

@@ -13,6 +13,9 @@
  *  - bf16 working parameters (bf16.enabled): bit-identical across tiers and
  *    schedules, close to the fp32 run, always bf16 of the master, and half
  *    the parameter bytes on NVMe;
+ *  - bf16 working gradients (train.gradient_dtype): close to fp32 ones
+ *    within a bound from bf16's roundoff, deterministic, the CPU's bits on
+ *    a GPU's rules, their send buffers in the footprint;
  *  - the planner's memory per tier is what the engine allocates;
  *  - per-block placements (resident parameter blocks streamed from the
  *    host or NVMe, some blocks' optimizer state on the devices and updated
@@ -1650,6 +1653,197 @@ static void test_whole_block_copies_give_the_gather_bits(void **state)
     }
 }
 
+/* bf16 working gradients (train.gradient_dtype "bf16") against fp32 ones.
+ *
+ * Where the bound comes from: each device's fp32 gradient of a block is
+ * rounded once to bf16 (zero_source.c round_grads), a relative change of
+ * at most u = 2^-8 per element (2^-9 for round to nearest; the looser
+ * 2^-8 is taken), and the sum over devices is fp32 as before. So:
+ *   - step 1's loss is the forward of the same parameters: the same bits;
+ *   - a step's update moves each parameter by lr * m/(sqrt(v) + eps), whose
+ *     m and sqrt(v) each change by at most u relative: the update by at
+ *     most 2u relative, and the loss it lowers, L(t) - L(t+1), by at most
+ *     2u of that decrease, to first order; the next loss is off by at most
+ *     2u times the sum of the decreases so far. Gradient clipping and
+ *     cancellation between devices' contributions (a sum smaller than its
+ *     parts) can add a few u more, so the test allows K = 8 times that:
+ *       |L_bf16(s) - L_fp32(s)| <= 8 u sum_{t<s} |L_fp32(t) - L_fp32(t+1)|
+ *     plus the fp32 run's own order noise (1e-6 relative);
+ *   - the parameters: the same reasoning per step gives
+ *       ||p_bf16 - p_fp32|| <= 8 u ||p_fp32 - p_0||
+ *     (the distance moved, u of it per step's update, K as above).
+ * A bf16 run is deterministic: two runs give the same bits. */
+#define BF16_GRAD_U 0x1p-8
+#define BF16_GRAD_K 8.0
+
+static double param_dist(const run_result *a, const float *b)
+{
+    double d2 = 0;
+    for (size_t i = 0; i < a->np; i++) {
+        const double d = (double)a->params[i] - b[i];
+        d2 += d * d;
+    }
+    return sqrt(d2);
+}
+
+static void bf16_grads_for(int world, const char *backend)
+{
+    fso_config cfg;
+    run_result init, f32, g16, again;
+    fso_test_small_model(&cfg, world, 4);
+    cfg.bf16 = true;
+    if (backend)
+        cfg.backend = fso_backend_find(backend)->kind;
+    const int64_t steps = cfg.steps;
+    cfg.steps = 0;
+    run_ok(&cfg, NULL, &init);
+    cfg.steps = steps;
+    run_ok(&cfg, NULL, &f32);
+    cfg.bf16_grads = true;
+    run_ok(&cfg, NULL, &g16);
+    run_ok(&cfg, NULL, &again);
+    char what[96];
+    snprintf(what, sizeof what, "bf16 gradients, %d devices, %s", world,
+             backend ? backend : "cpu");
+    assert_bit_identical(&g16, &again, 1, what);
+    if (memcmp(&g16.loss[0], &f32.loss[0], sizeof(double)) != 0)
+        fail_msg("%s: step 1 loss %.17g, fp32 gradients %.17g", what, g16.loss[0], f32.loss[0]);
+    double fell = 0;
+    for (int s = 1; s < STEPS; s++) {
+        fell += fabs(f32.loss[s - 1] - f32.loss[s]);
+        const double tol = BF16_GRAD_K * BF16_GRAD_U * fell + 1e-6 * fabs(f32.loss[s]);
+        fprintf(stderr, "# %s: step %d loss %.9g, fp32 gradients %.9g: off %.3g (%.3g of the "
+                        "bound)\n", what, s + 1, g16.loss[s], f32.loss[s],
+                fabs(g16.loss[s] - f32.loss[s]), fabs(g16.loss[s] - f32.loss[s]) / tol);
+        if (!(fabs(g16.loss[s] - f32.loss[s]) <= tol))
+            fail_msg("%s: step %d: loss %.9g, fp32 gradients %.9g (bound %.3g)", what, s + 1,
+                     g16.loss[s], f32.loss[s], tol);
+    }
+    const double moved = param_dist(&f32, init.params), off = param_dist(&g16, f32.params);
+    fprintf(stderr, "# %s: parameters off %.3g after moving %.3g: %.3g relative (%.3g of the "
+                    "bound)\n", what, off, moved, off / moved,
+            off / (BF16_GRAD_K * BF16_GRAD_U * moved));
+    if (!(off <= BF16_GRAD_K * BF16_GRAD_U * moved))
+        fail_msg("%s: parameters %.3g from the fp32 gradients' after moving %.3g (bound %.3g)",
+                 what, off, moved, BF16_GRAD_K * BF16_GRAD_U * moved);
+    if (off == 0)
+        fail_msg("%s: the same parameters as with fp32 gradients: nothing was rounded", what);
+    result_free(&init);
+    result_free(&f32);
+    result_free(&g16);
+    result_free(&again);
+}
+
+static void test_bf16_gradients_are_close_to_fp32_and_deterministic(void **state)
+{
+    (void)state;
+    bf16_grads_for(1, NULL);
+    bf16_grads_for(2, NULL);
+    bf16_grads_for(4, NULL);
+    bf16_grads_for(2, fso_test_gpu_rules());
+}
+
+/* On a GPU's rules the gradients are cast into bf16 send buffers and
+ * reduce-scattered by reduce_scatter_bf16 (coll.h); on CPU devices they are
+ * rounded in place and summed in fp32 in rank order: the same values in
+ * the same order, so the CPU's bits (on the CUDA stand-in: within its
+ * tolerance, assert_gpu_rules_match), on every tier the gradients land on
+ * and with two micro-batches accumulated. */
+static void test_bf16_gradients_on_gpu_rules_give_cpu_bits(void **state)
+{
+    (void)state;
+    static const fso_tier tiers[][2] = {
+        {FSO_TIER_DEVICE, FSO_TIER_DEVICE}, {FSO_TIER_HOST, FSO_TIER_HOST},
+        {FSO_TIER_NVME, FSO_TIER_NVME},
+    };
+    for (int world = 1; world <= 2; world++)
+        for (size_t t = 0; t < sizeof tiers / sizeof tiers[0]; t++) {
+            fso_config cfg;
+            run_result cpu, gpu;
+            fso_test_small_model(&cfg, world, 4);
+            cfg.bf16 = cfg.bf16_grads = true;
+            cfg.grad_accum = 2;
+            fso_test_set_tiers(&cfg, tiers[t][0], tiers[t][1], nvme_dir);
+            char what[128];
+            snprintf(what, sizeof what, "bf16 gradients, %d devices, tiers %d/%d, %s", world,
+                     tiers[t][0], tiers[t][1], fso_test_gpu_rules());
+            run_ok(&cfg, NULL, &cpu);
+            cfg.backend = fso_backend_find(fso_test_gpu_rules())->kind;
+            run_ok(&cfg, NULL, &gpu);
+            assert_gpu_rules_match(&cpu, &gpu, 1, true, what);
+            result_free(&cpu);
+            result_free(&gpu);
+        }
+}
+
+/* The bf16 send buffers are counted: what the engine allocates with bf16
+ * gradients on a GPU's rules is the footprint's budget to the byte, and
+ * that is the fp32 gradients' plus two buffers of the largest block in
+ * bf16; on CPU devices (rounded in place) nothing more. The reduce-scatter
+ * reads bf16 where it is sent. */
+static void test_bf16_gradient_buffers_are_in_the_footprint(void **state)
+{
+    (void)state;
+    for (int gpu = 0; gpu < 2; gpu++)
+        for (int world = 1; world <= 2; world++) {
+            uint64_t dev[2][FSO_MAX_DEVICES], tier[2][FSO_N_TIERS];
+            fso_zero_need need[2];
+            uint64_t reduced[2];
+            for (int g16 = 0; g16 < 2; g16++) {
+                fso_config cfg;
+                fso_trainer tr;
+                fso_test_small_model(&cfg, world, 4);
+                cfg.bf16 = true;
+                cfg.bf16_grads = g16;
+                if (gpu)
+                    cfg.backend = fso_backend_find(fso_test_gpu_rules())->kind;
+                if (fso_trainer_init(&tr, &cfg) < 0)
+                    fail_msg("%d devices, gpu rules %d: %s", world, gpu, tr.err);
+                fso_zero_allocated(tr.zero, dev[g16], tier[g16]);
+                fso_zero_need_for(&cfg, &need[g16]);
+                fso_fp_rules r;
+                fso_zero_fp_rules(&cfg, &r);
+                size_t each;
+                const int n = fso_fp_grad_send_buffers(&r, 1, &each);
+                assert_int_equal(n, g16 && gpu ? 2 : 0);
+                /* what the collective reads: bf16 where it is sent */
+                assert_int_equal(fso_fp_reduce_elem_bytes(&r), g16 && gpu ? 2 : 4);
+                /* and a step reduces what the footprint says */
+                fso_data data = {0};
+                fso_fp_traffic want;
+                fso_zero_step st;
+                assert_int_equal(fso_zero_step_traffic(&cfg, &want), 0);
+                assert_int_equal(fso_data_init(&data, &cfg), 0);
+                const size_t bt = (size_t)cfg.micro_batch * cfg.data.seq_len;
+                const size_t tokens = fso_trainer_step_tokens(&cfg);
+                int32_t *in = malloc(sizeof(int32_t) * tokens),
+                        *tg = malloc(sizeof(int32_t) * tokens);
+                assert_true(in && tg);
+                for (size_t a = 0; a < tokens / bt; a++)
+                    fso_data_next(&data, in + a * bt, tg + a * bt, NULL);
+                if (fso_trainer_step(&tr, in, tg, NULL, &st) < 0)
+                    fail_msg("%d devices, gpu rules %d: %s", world, gpu, tr.err);
+                assert_true(st.reduce_bytes == want.reduce_bytes);
+                reduced[g16] = st.reduce_bytes;
+                free(in);
+                free(tg);
+                fso_data_free(&data);
+                fso_trainer_free(&tr);
+            }
+            assert_true(reduced[1] * (gpu ? 2 : 1) == reduced[0] && reduced[0] > 0);
+            if (fso_test_gpu_is_cuda() && gpu)
+                continue; /* the CUDA backend's workspaces are its own */
+            const uint64_t more = tier[1][FSO_TIER_DEVICE] - tier[0][FSO_TIER_DEVICE];
+            const uint64_t predicted = need[1].device_buffers - need[0].device_buffers;
+            fprintf(stderr, "# %d devices, %s: bf16 gradients add %llu device bytes, %llu "
+                            "predicted\n", world, gpu ? fso_test_gpu_rules() : "cpu",
+                    (unsigned long long)more, (unsigned long long)predicted);
+            assert_true(more == predicted);
+            assert_true(gpu ? more > 0 : more == 0);
+            assert_true(tier[1][FSO_TIER_HOST] == tier[0][FSO_TIER_HOST]);
+        }
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -1702,6 +1896,9 @@ int main(void)
         cmocka_unit_test(test_block_mixes_are_bit_identical_four_devices),
         cmocka_unit_test(test_replan_changes_resident_and_device_state_blocks),
         cmocka_unit_test(test_whole_block_copies_give_the_gather_bits),
+        cmocka_unit_test(test_bf16_gradients_are_close_to_fp32_and_deterministic),
+        cmocka_unit_test(test_bf16_gradients_on_gpu_rules_give_cpu_bits),
+        cmocka_unit_test(test_bf16_gradient_buffers_are_in_the_footprint),
     };
     fso_test_filter_from_env();
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -313,6 +313,13 @@ static int allocate_rank(rank_state *rk, const fso_fp_buffers *zb, uint64_t *nvm
             snprintf(err, errlen, "device memory: %s", be->err);
             return rc;
         }
+    size_t send_bytes;
+    for (int g = 0, n = fso_fp_grad_send_buffers(&z->rules, z->max_padded, &send_bytes); g < n;
+         g++)
+        if ((rc = be->ops->buf_alloc(be, send_bytes, (void **)&rk->compute.grad_send[g])) < 0) {
+            snprintf(err, errlen, "device memory: %s", be->err);
+            return rc;
+        }
     rk->io.n_prefetch = rk->io.n_prefetch_bufs = zb->prefetch_slots;
     for (int j = 0; j < zb->prefetch_slots; j++) {
         rk->io.prefetch[j].buf = zr_rank_take(rk, zb->prefetch_slot_bytes);
@@ -524,6 +531,7 @@ void fso_zero_destroy(fso_zero *z)
         for (int g = 0; g < 2; g++) {
             rk->be->ops->buf_free(rk->be, rk->compute.gather[g]);
             rk->be->ops->buf_free(rk->be, rk->compute.grad_full[g]);
+            rk->be->ops->buf_free(rk->be, rk->compute.grad_send[g]);
         }
         fso_store_destroy(rk->io.store);
         fso_model_free(&rk->model);

@@ -29,6 +29,7 @@ void fso_zero_fp_rules_on(const fso_config *cfg, const fso_backend_row *on, fso_
     r->aio_block_bytes = (size_t)cfg->offload.aio_block_bytes;
     r->aio_queue_depth = cfg->offload.aio_queue_depth;
     r->whole_copy = cfg->offload.whole_copy;
+    r->bf16_grads = cfg->bf16_grads;
 }
 
 /* A layout's placement: cfg's rule, and the padded block sizes. */

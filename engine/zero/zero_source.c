@@ -581,6 +581,33 @@ void zr_grads_land(rank_state *rk)
         zr_optim_post_block(rk, &rk->opt.bwd_step, b);
 }
 
+/* fp32 values [begin, end) of ctx rounded to bf16 and kept as fp32 */
+static void round_range(void *ctx, int64_t begin, int64_t end, int worker)
+{
+    (void)worker;
+    float *full = ctx;
+    for (int64_t i = begin; i < end; i++)
+        full[i] = fso_f32_from_bf16(fso_bf16_from_f32(full[i]));
+}
+
+/* With bf16 gradients (train.gradient_dtype), the one place they are
+ * rounded: a block's complete fp32 gradients in grad_full[g] (n values),
+ * each to the nearest bf16 (ties to even), before any device adds them.
+ * Where the reduce-scatter sends bf16 (grad_send[g], coll.h
+ * reduce_scatter_bf16) the backend casts them there; devices the CPU
+ * addresses compute on this thread and their reduces read grad_full[g] in
+ * place, so it is rounded in place: an fp32 sum of those values in rank
+ * order has the bits reduce_scatter_bf16 gives. */
+static void round_grads(rank_state *rk, int g, size_t n)
+{
+    float *full = rk->compute.grad_full[g];
+    if (rk->compute.grad_send[g]) {
+        rk->be->ops->cast_f32_bf16(rk->be, rk->compute.grad_send[g], full, n);
+        return;
+    }
+    fso_pool_for(fso_backend_pool(rk->be), (int64_t)n, 1 << 14, round_range, full);
+}
+
 /* Reduce-scatter the block's gradients so this rank keeps its shard. On a
  * device whose memory the CPU addresses (which computes on the caller's
  * thread), with the shard's tier in memory too, the shard is reduced
@@ -603,8 +630,10 @@ static void src_grads_done(void *ctx, int b)
     /* shared reduces (CPU devices) add into the tier themselves, and take
      * the norm of a host-tier shard as they go */
     bool fused_norm = false;
-    rk->compute.st.reduce_bytes += (uint64_t)z->world * S * sizeof(float); /* the whole block
-                                                                              leaves */
+    /* the whole block leaves */
+    rk->compute.st.reduce_bytes += (uint64_t)z->world * S * fso_fp_reduce_elem_bytes(&z->rules);
+    if (z->cfg->bf16_grads)
+        round_grads(rk, g, (size_t)z->world * S);
     gather_ahead(rk);
     if (z->sc.on) {
         fused_norm = direct && last && l->tier == FSO_TIER_HOST;
@@ -612,6 +641,9 @@ static void src_grads_done(void *ctx, int b)
             rk->compute.grad_sq[b] = 0;
         sc_reduce(rk, g, S, direct ? l->ptr : mine, direct && rk->compute.micro > 0,
                   fused_norm ? &rk->compute.grad_sq[b] : NULL);
+    } else if (rk->compute.grad_send[g]) {
+        z->coll->ops->reduce_scatter_bf16(z->coll, rk->rank, rk->compute.grad_send[g],
+                                          direct && rk->compute.micro == 0 ? l->ptr : mine, S);
     } else {
         z->coll->ops->reduce_scatter(z->coll, rk->rank, rk->compute.grad_full[g],
                                      direct && rk->compute.micro == 0 ? l->ptr : mine, S);

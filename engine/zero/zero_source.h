@@ -29,6 +29,10 @@ typedef struct rank_compute {
     uint64_t gather_free[2];     /* backend mark: compute done with gather[g] (0: assume not) */
     float *grad_full[2];         /* setup: full-block gradients (max_padded), reduce-scattered;
                                     the other devices read them (shared_coll rs_src) */
+    uint16_t *grad_send[2];      /* setup, with bf16 gradients on devices the CPU cannot
+                                    address: grad_full[g] rounded to bf16 (max_padded), what
+                                    the reduce-scatter sends (footprint.h
+                                    fso_fp_grad_send_buffers); NULL otherwise */
     int grad_full_block[2];
     uint64_t grad_read[2];       /* backend mark after the reduce-scatter and copies that last
                                     read grad_full[g]: compute writes it again ordered after

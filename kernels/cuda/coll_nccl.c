@@ -75,6 +75,9 @@ struct nccl_ctx {
     double *dev_f64[MAX_WORLD];   /* per rank: MAX_F64 in, world * MAX_F64 gathered */
     double *host_f64[MAX_WORLD];  /* pinned, the same layout */
     float *dev_one[MAX_WORLD];    /* barrier */
+    uint16_t *dev_rows[MAX_WORLD]; /* per rank: reduce_scatter_bf16's world pieces received,
+                                     rows_elems[rank] elements, grown to the largest call */
+    size_t rows_elems[MAX_WORLD];
 };
 
 
@@ -177,6 +180,61 @@ static int nc_reduce_scatter(fso_coll *c, int rank, const float *send, float *re
     coll_leave(x, rank, s);
     fso_cuda_end(be, FSO_CS_COLL, "reduce_scatter");
     int rc = nccl_fail(x, rank, r, "reduce_scatter");
+    c->busy_ms[rank] += fso_now_ms() - t0;
+    return rc ? rc : rank_status(x, rank);
+}
+
+/* Every rank's bf16 piece for this rank (grouped sends and receives, an
+ * all-to-all) into the rank's row buffer, then one kernel on the same
+ * stream adds the world rows in rank order in fp32 into recv
+ * (fso_cuda_sum_bf16_rows): the threads implementation's bits, where
+ * ncclReduceScatter would sum in bf16 in its own order. The row buffer is
+ * the collectives' own (world * count bf16, freed with them), grown by the
+ * first call that needs more; a rank that cannot grow it fails on its
+ * backend, and the watchdog ends its peers' waits. */
+static int nc_reduce_scatter_bf16(fso_coll *c, int rank, const uint16_t *send, float *recv,
+                                  size_t count)
+{
+    struct nccl_ctx *x = c->ctx;
+    fso_backend *be = x->be[rank];
+    const int W = c->world;
+    const size_t need = (size_t)W * count;
+    double t0 = fso_now_ms();
+    cudaStream_t s = fso_cuda_begin(be, FSO_CS_COLL);
+    if (need > x->rows_elems[rank]) {
+        /* the old rows may still be read by this stream's last call */
+        cudaError_t e = cudaStreamSynchronize(s);
+        if (e == cudaSuccess) {
+            cudaFree(x->dev_rows[rank]);
+            x->dev_rows[rank] = NULL;
+            x->rows_elems[rank] = 0;
+            e = cudaMalloc((void **)&x->dev_rows[rank], sizeof(uint16_t) * need);
+        }
+        if (e != cudaSuccess) {
+            x->dev_rows[rank] = NULL;
+            fso_cuda_check(be, e, "reduce_scatter_bf16: the receive rows");
+            fso_cuda_end(be, FSO_CS_COLL, "reduce_scatter_bf16");
+            return rank_status(x, rank);
+        }
+        x->rows_elems[rank] = need;
+    }
+    if (!coll_enter(x, rank, "reduce_scatter_bf16"))
+        return rank_status(x, rank);
+    uint16_t *rows = x->dev_rows[rank];
+    ncclResult_t r = ncclGroupStart();
+    for (int k = 0; k < W && r == ncclSuccess; k++) {
+        r = ncclSend(send + (size_t)k * count, count, ncclBfloat16, k, x->comm[rank], s);
+        if (r == ncclSuccess)
+            r = ncclRecv(rows + (size_t)k * count, count, ncclBfloat16, k, x->comm[rank], s);
+    }
+    ncclResult_t r_end = ncclGroupEnd();
+    if (r == ncclSuccess)
+        r = r_end;
+    if (r == ncclSuccess)
+        fso_cuda_sum_bf16_rows(s, recv, rows, W, count);
+    coll_leave(x, rank, s);
+    fso_cuda_end(be, FSO_CS_COLL, "reduce_scatter_bf16");
+    int rc = nccl_fail(x, rank, r, "reduce_scatter_bf16");
     c->busy_ms[rank] += fso_now_ms() - t0;
     return rc ? rc : rank_status(x, rank);
 }
@@ -469,6 +527,7 @@ static void nc_destroy(fso_coll *c)
             cudaEventDestroy(x->w[r].done_ev);
         cudaFree(x->dev_f64[r]);
         cudaFree(x->dev_one[r]);
+        cudaFree(x->dev_rows[r]);
         cudaFreeHost(x->host_f64[r]);
     }
     cudaGetLastError();
@@ -484,6 +543,7 @@ static const fso_coll_ops nccl_ops = {
     .name = "nccl",
     .all_gather = nc_all_gather,
     .reduce_scatter = nc_reduce_scatter,
+    .reduce_scatter_bf16 = nc_reduce_scatter_bf16,
     .all_reduce_f64 = nc_all_reduce_f64,
     .barrier = nc_barrier,
     .destroy = nc_destroy,

@@ -196,7 +196,11 @@ int fso_cuda_host_unregister(void *ptr, size_t bytes);
  * it. all_reduce_f64 (host buffers, at most 64 values) gathers every rank's
  * values and sums them in rank order, so all ranks get the same bits;
  * barrier waits for the rank's queued work and for every rank to reach it.
- * reduce_scatter sums in NCCL's order, not rank order. busy_ms counts host
+ * reduce_scatter sums in NCCL's order, not rank order; reduce_scatter_bf16
+ * exchanges the bf16 pieces (grouped ncclSend/ncclRecv into a row buffer
+ * the collectives own, world * count bf16 per rank, kept at its largest)
+ * and sums them in fp32 in rank order on the collective stream: the thread
+ * implementation's bits. busy_ms counts host
  * time inside the calls. 0 or -errno with the reason in err. */
 int fso_coll_create_nccl(fso_coll **out, int world, fso_backend **devices, char *err,
                          size_t errlen);

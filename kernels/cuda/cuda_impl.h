@@ -202,6 +202,10 @@ void fso_cuda_adamw(fso_backend *be, float *master, const float *grad, float *m,
  * widen is exact. */
 void fso_cuda_narrow(fso_backend *be, uint16_t *dst, const float *src, size_t n);
 void fso_cuda_widen(fso_backend *be, float *dst, const uint16_t *src, size_t n);
+/* dst (n) fp32 = sum over rows k = 0..rows-1, in that order, of src[k*n + i]
+ * bf16 widened, added in fp32, queued on stream s: reduce_scatter_bf16's
+ * sum (coll_nccl.c). dst and src do not overlap. */
+void fso_cuda_sum_bf16_rows(cudaStream_t s, float *dst, const uint16_t *src, int rows, size_t n);
 
 /* Attention's row kernels (cuda_softmax.cu), queued on the compute stream
  * inside an op. Both take `rows` rows of T fp32 values, contiguous, row r

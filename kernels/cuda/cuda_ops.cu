@@ -468,6 +468,27 @@ __global__ void cast_f32_bf16_kernel(uint16_t *dst, const float *src, size_t n)
         dst[i] = fso_bf16_of(src[i]);
 }
 
+/* One element per thread step, the rows added in order with a plain fp32
+ * add (nothing to contract): the threads collectives' bits. */
+__global__ void sum_bf16_rows_kernel(float *dst, const uint16_t *src, int rows, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        float s = fso_f32_of(src[i]);
+        for (int k = 1; k < rows; k++)
+            s = __fadd_rn(s, fso_f32_of(src[(size_t)k * n + i]));
+        dst[i] = s;
+    }
+}
+
+extern "C" void fso_cuda_sum_bf16_rows(cudaStream_t s, float *dst, const uint16_t *src,
+                                       int rows, size_t n)
+{
+    if (n == 0)
+        return;
+    sum_bf16_rows_kernel<<<fso_grid_for(n, EW_THREADS), EW_THREADS, 0, s>>>(dst, src, rows, n);
+}
+
 extern "C" void fso_cuda_widen(fso_backend *be, float *dst, const uint16_t *src, size_t n)
 {
     if (n == 0)

@@ -1,7 +1,10 @@
 /* standin_nccl.c — the NCCL entry points fsoff's CUDA module calls, on the
  * CPU: ncclCommInitAll makes one clique of n ranks (one device each);
  * ncclAllGather, ncclReduceScatter and ncclAllReduce (ncclSum; fp32, fp64,
- * and bf16 for the gather) queue one item on the rank's stream.
+ * and bf16 for the gather) queue one item on the rank's stream, and so
+ * does each ncclGroupStart..ncclGroupEnd of ncclSend and ncclRecv (any
+ * type; only inside a group), which meets the peers' groups the same way
+ * and copies what each peer sends this rank into its receive buffers.
  *
  * When a rank's item runs it arrives at the clique's k-th collective (k
  * counted per rank) and blocks until every rank's k-th has arrived, as NCCL
@@ -32,8 +35,9 @@
 
 #define COMM_MAGIC 0x4e43434cu
 
-enum coll_op { OP_ALL_GATHER, OP_REDUCE_SCATTER, OP_ALL_REDUCE };
-static const char *const op_name[] = {"all_gather", "reduce_scatter", "all_reduce"};
+enum coll_op { OP_ALL_GATHER, OP_REDUCE_SCATTER, OP_ALL_REDUCE, OP_SEND_RECV };
+static const char *const op_name[] = {"all_gather", "reduce_scatter", "all_reduce",
+                                      "send/recv group"};
 
 struct coll {
     struct ncclComm *comm;
@@ -42,6 +46,12 @@ struct coll {
     size_t count;          /* elements: per rank (gather, scatter) or in all (reduce) */
     const void *send;      /* worker views */
     void *recv;
+    /* OP_SEND_RECV (one ncclGroupStart..End of sends and receives, type
+     * `type`): to each peer, from each peer (worker views, NULL: none) */
+    const void *to[SI_MAX_DEV];
+    size_t to_count[SI_MAX_DEV];
+    void *from[SI_MAX_DEV];
+    size_t from_count[SI_MAX_DEV];
 };
 
 struct clique {
@@ -289,6 +299,19 @@ static bool same_call(const struct coll *a, const struct coll *b)
     return a->op == b->op && a->type == b->type && a->count == b->count;
 }
 
+/* Rank r's receives match what its peers send it, element for element. */
+static bool pairs_match(const struct clique *cl, const struct coll *x, int r)
+{
+    for (int q = 0; q < cl->n; q++) {
+        const struct coll *p = &cl->cur[q];
+        if ((x->from[q] != NULL) != (p->to[r] != NULL) ||
+            (x->from[q] && x->from_count[q] != p->to_count[r]) ||
+            (x->to[q] != NULL) != (cl->cur[q].from[r] != NULL))
+            return false;
+    }
+    return true;
+}
+
 /* Rank order sums of the peers' inputs (cl->cur) into out: count elements
  * of each input from element `from`. */
 static void reduce(const struct clique *cl, ncclDataType_t type, size_t from, size_t count,
@@ -351,6 +374,7 @@ static cudaError_t run_coll(void *p)
     bool match = true;
     for (int q = 0; q < cl->n; q++)
         match = match && same_call(&cl->cur[q], x);
+    match = match && (x->op != OP_SEND_RECV || pairs_match(cl, x, r));
     if (!match && c->async == ncclSuccess) {
         c->async = ncclInvalidUsage;
         snprintf(c->why, sizeof c->why, "rank %d's collective %llu (%s) differs from a peer's", r,
@@ -358,7 +382,11 @@ static cudaError_t run_coll(void *p)
     }
     pthread_mutex_unlock(&cl->mu);
     /* the peers' inputs stay as they are until everyone has left */
-    if (match && x->op == OP_ALL_GATHER) {
+    if (match && x->op == OP_SEND_RECV) {
+        for (int q = 0; q < cl->n; q++)
+            if (x->from[q])
+                memmove(x->from[q], cl->cur[q].to[r], x->from_count[q] * es);
+    } else if (match && x->op == OP_ALL_GATHER) {
         const size_t bytes = x->count * es;
         for (int q = 0; q < cl->n; q++) {
             char *dst = (char *)x->recv + (size_t)q * bytes;
@@ -372,7 +400,8 @@ static cudaError_t run_coll(void *p)
                    tmp);
     }
     pthread_mutex_lock(&cl->mu);
-    if (match && x->op != OP_ALL_GATHER && !tmp && c->async == ncclSuccess) {
+    if (match && x->op != OP_ALL_GATHER && x->op != OP_SEND_RECV && !tmp &&
+        c->async == ncclSuccess) {
         c->async = ncclSystemError;
         snprintf(c->why, sizeof c->why, "out of host memory for a reduction");
     }
@@ -392,6 +421,8 @@ static void fini_coll(void *p)
     unref(x->comm);
     free(x);
 }
+
+static ncclResult_t submit(struct coll *x, cudaStream_t s);
 
 static ncclResult_t issue(enum coll_op op, const void *send, void *recv, size_t count,
                           ncclDataType_t type, ncclRedOp_t red, ncclComm_t c, cudaStream_t s)
@@ -422,7 +453,17 @@ static ncclResult_t issue(enum coll_op op, const void *send, void *recv, size_t 
     struct coll *x = malloc(sizeof *x);
     if (!x)
         return fail(ncclSystemError, "%s: out of host memory", name);
-    *x = (struct coll){c, op, type, count, si_view(send), si_view(recv)};
+    *x = (struct coll){.comm = c, .op = op, .type = type, .count = count, .send = si_view(send),
+                       .recv = si_view(recv)};
+    return submit(x, s);
+}
+
+/* Queue collective x (malloc'ed; taken) on s. */
+static ncclResult_t submit(struct coll *x, cudaStream_t s)
+{
+    ncclComm_t c = x->comm;
+    struct clique *cl = c->cl;
+    const char *name = op_name[x->op];
     pthread_mutex_lock(&cl->mu);
     bool bad = c->gone || cl->aborted;
     if (!bad)
@@ -457,4 +498,100 @@ ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataT
                            ncclRedOp_t op, ncclComm_t c, cudaStream_t s)
 {
     return issue(OP_ALL_REDUCE, send, recv, count, type, op, c, s);
+}
+
+/* ------------------------------------------------------------ send/recv */
+
+/* The calling thread's open group: ncclSend and ncclRecv only inside one
+ * (the stand-in's limit), all on one communicator, stream and type; its
+ * ncclGroupEnd queues them as one item that meets the peers' groups, so
+ * every receive is matched with the peer's send to this rank. */
+static __thread struct group {
+    int depth;
+    struct coll *x;
+    cudaStream_t s;
+    ncclResult_t err;
+} t_group;
+
+/* nccl.h declares these with no parameter list */
+ncclResult_t ncclGroupStart(void);
+ncclResult_t ncclGroupEnd(void);
+
+ncclResult_t ncclGroupStart(void)
+{
+    t_group.depth++;
+    return ncclSuccess;
+}
+
+static ncclResult_t group_add(bool to, const void *buf, size_t count, ncclDataType_t type,
+                              int peer, ncclComm_t c, cudaStream_t s)
+{
+    const char *name = to ? "ncclSend" : "ncclRecv";
+    t_why[0] = 0;
+    if (t_group.depth == 0)
+        return fail(ncclInvalidUsage, "%s: outside ncclGroupStart/End (the stand-in's limit)",
+                    name);
+    if (!comm_ok(c))
+        return t_group.err = fail(ncclInvalidArgument, "%s: not a communicator", name);
+    if (type_size(type) == 0 || peer < 0 || peer >= c->cl->n)
+        return t_group.err = fail(ncclInvalidArgument, "%s: type %d or peer %d", name,
+                                  (int)type, peer);
+    if (si_stream_dev(s) != c->dev)
+        return t_group.err = fail(ncclInvalidArgument,
+                                  "%s: the stream is not one of rank %d's device", name, c->rank);
+    if (count && si_classify(buf, count * type_size(type), NULL) != SI_DEVICE)
+        return t_group.err = fail(ncclInvalidArgument,
+                                  "%s: the buffer is not in one device allocation (rank %d)",
+                                  name, c->rank);
+    if (!t_group.x) {
+        t_group.x = calloc(1, sizeof *t_group.x);
+        if (!t_group.x)
+            return t_group.err = fail(ncclSystemError, "%s: out of host memory", name);
+        *t_group.x = (struct coll){.comm = c, .op = OP_SEND_RECV, .type = type};
+        t_group.s = s;
+    }
+    struct coll *x = t_group.x;
+    if (x->comm != c || x->type != type || t_group.s != s ||
+        (to ? x->to[peer] != NULL : x->from[peer] != NULL))
+        return t_group.err = fail(ncclInvalidUsage,
+                                  "%s: one communicator, stream and type per group and one "
+                                  "send and receive per peer (the stand-in's limit)", name);
+    /* count 0 still pairs with the peer's, through a non-NULL view */
+    if (to) {
+        x->to[peer] = count ? si_view(buf) : (const void *)x;
+        x->to_count[peer] = count;
+    } else {
+        x->from[peer] = count ? si_view(buf) : (void *)x;
+        x->from_count[peer] = count;
+    }
+    return ncclSuccess;
+}
+
+ncclResult_t ncclSend(const void *send, size_t count, ncclDataType_t type, int peer,
+                      ncclComm_t c, cudaStream_t s)
+{
+    return group_add(true, send, count, type, peer, c, s);
+}
+
+ncclResult_t ncclRecv(void *recv, size_t count, ncclDataType_t type, int peer, ncclComm_t c,
+                      cudaStream_t s)
+{
+    return group_add(false, recv, count, type, peer, c, s);
+}
+
+ncclResult_t ncclGroupEnd(void)
+{
+    if (t_group.depth == 0)
+        return fail(ncclInvalidUsage, "ncclGroupEnd without ncclGroupStart");
+    if (--t_group.depth > 0)
+        return ncclSuccess;
+    struct coll *x = t_group.x;
+    ncclResult_t err = t_group.err;
+    cudaStream_t s = t_group.s;
+    t_group = (struct group){0};
+    if (err != ncclSuccess) {
+        free(x);
+        return err;
+    }
+    return x ? submit(x, s) : ncclSuccess;
 }

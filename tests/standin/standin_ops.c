@@ -439,6 +439,37 @@ void fso_cuda_narrow(fso_backend *be, uint16_t *dst, const float *src, size_t n)
     LAUNCH(FSO_CUDA_CTX(be)->stream[FSO_CS_COMPUTE], "cast_f32_bf16", k);
 }
 
+struct k_rows {
+    standin_kernel k;
+    float *dst;
+    const uint16_t *src;
+    int rows;
+    size_t n;
+};
+
+/* the GPU kernel's loop: no CPU backend op sums bf16 rows */
+static void sum_rows_body(fso_backend *cpu, const void *self)
+{
+    (void)cpu;
+    const struct k_rows *a = self;
+    float *dst = V(a->dst);
+    const uint16_t *src = V(a->src);
+    for (size_t i = 0; i < a->n; i++) {
+        float s = fso_f32_from_bf16(src[i]);
+        for (int k = 1; k < a->rows; k++)
+            s += fso_f32_from_bf16(src[(size_t)k * a->n + i]);
+        dst[i] = s;
+    }
+}
+
+void fso_cuda_sum_bf16_rows(cudaStream_t s, float *dst, const uint16_t *src, int rows, size_t n)
+{
+    if (n == 0)
+        return;
+    struct k_rows k = {{sum_rows_body, 0}, dst, src, rows, n};
+    LAUNCH(s, "sum_bf16_rows", k);
+}
+
 void fso_cuda_cast_bf16_f32(fso_backend *be, float *dst, const uint16_t *src, size_t n)
 {
     if (n == 0)

@@ -637,6 +637,29 @@ static void *rank_main(void *p)
     for (int i = 0; i < 4 && rc->e == cudaSuccess; i++)
         if (hd[i] != 0.5 + 1.0 + 2 * i)
             rc->e = cudaErrorInvalidValue;
+    /* all-to-all by a group of sends and receives: piece q of my send goes
+     * to rank q, piece r of rank q's lands at recv + q * CNT; outside a
+     * group the stand-in refuses them */
+    if (ncclSend(rc->send, CNT, ncclFloat, 0, rc->comm, rc->s) != ncclInvalidUsage)
+        rc->e = cudaErrorInvalidValue;
+    for (size_t i = 0; i < all; i++)
+        rc->host[i] = (float)(r * 10000 + (int)i);
+    cudaMemcpyAsync(rc->send, rc->host, sizeof(float) * all, cudaMemcpyHostToDevice, rc->s);
+    ncclGroupStart();
+    for (int q = 0; q < RANKS; q++) {
+        ncclSend(rc->send + (size_t)q * CNT, CNT, ncclFloat, q, rc->comm, rc->s);
+        ncclRecv(rc->recv + (size_t)q * CNT, CNT, ncclFloat, q, rc->comm, rc->s);
+    }
+    rc->r = ncclGroupEnd();
+    if (rc->r != ncclSuccess)
+        return NULL;
+    cudaMemcpyAsync(rc->host, rc->recv, sizeof(float) * all, cudaMemcpyDeviceToHost, rc->s);
+    if (rc->e == cudaSuccess)
+        rc->e = cudaStreamSynchronize(rc->s);
+    for (int q = 0; q < RANKS && rc->e == cudaSuccess; q++)
+        for (size_t i = 0; i < CNT; i++)
+            if (rc->host[(size_t)q * CNT + i] != (float)(q * 10000 + r * CNT + (int)i))
+                rc->e = cudaErrorInvalidValue;
     return NULL;
 }
 
