@@ -112,8 +112,9 @@ int fso_plan_ctx_init(fso_plan_ctx *ctx, const fso_config *cfg, const fso_plan_m
     en->overlap = cfg->optimizer_overlap;
     /* The engine as it runs (engine/zero/), one description for CPU and GPU
      * devices: its rules (zero.h fso_zero_fp_rules_on: working parameters
-     * bf16 only with bf16.enabled, fp32 gradients whatever
-     * train.gradient_dtype says, as the trainer reduces and keeps them);
+     * bf16 only with bf16.enabled; gradient shards fp32, their reduce in
+     * bf16 with train.gradient_dtype "bf16", a user's choice the plan
+     * follows and does not make: it changes the arithmetic);
      * per-block tiers (state.h's fso_block_rule: resident parameter blocks,
      * device-state blocks, the first blocks' NVMe state on the host); shards
      * gathered, or streamed blocks copied whole (train.whole_block_copies); a

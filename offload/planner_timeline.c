@@ -373,7 +373,10 @@ static int lay_grads(sim *s, int step, int a, int b, int C, bool last_micro, int
     LABEL(t, "gradients out", b);
     if (W > 1)
         land = dev_add(s, ADD(t, FSO_STREAM_COLL,
-                              ms_for(F * kind_bytes_per_elem(in, FSO_KIND_GRAD) * (W - 1) / W, mc->coll_gbps), C,
+                              /* bf16 where bf16 gradients are sent (footprint.h) */
+                              ms_for(F * (double)fso_fp_reduce_elem_bytes(&en->rules) * (W - 1) / W,
+                                     mc->coll_gbps),
+                              C,
                               dev_dep(s)));
     int prev_read = step > 0 && a == 0 ? s->c.gread[b] : -1;
     if (cpu && gt != FSO_TIER_NVME) { /* reduced straight into its tier, later ones added */

@@ -496,9 +496,12 @@ static void test_device_margin_is_kept_free(void **state)
     for (int gpu = 0; gpu < 2; gpu++) {
         assert_int_equal(fso_plan_ctx_init(&ctx, &cfg, &m, gpu, err, sizeof err), 0);
         assert_float_equal(ctx.in.machine.device_margin, 0.2, 0);
-        /* bf16 working parameters; the gradients the engine keeps in fp32 */
+        /* bf16 working parameters; the gradients the engine keeps in fp32,
+         * reduced in bf16 on devices the CPU cannot address */
         assert_int_equal(ctx.in.engine.rules.dtype[FSO_KIND_PARAM], FSO_DT_BF16);
         assert_int_equal(ctx.in.engine.rules.dtype[FSO_KIND_GRAD], FSO_DT_F32);
+        assert_true(ctx.in.engine.rules.bf16_grads);
+        assert_int_equal(fso_fp_reduce_elem_bytes(&ctx.in.engine.rules), gpu ? 2 : 4);
         fso_plan_ctx_free(&ctx);
     }
     fso_config_free(&cfg);

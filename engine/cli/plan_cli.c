@@ -540,12 +540,12 @@ static void print_heading(const plan_report *r)
     fso_human_bytes(h3, sizeof h3, (double)m->nvme_free_bytes);
     if (r->spec)
         printf("plan: machine %d x GPU (%s figures%s): %s each, %.0f TFLOP/s achieved, h2d "
-               "%.0f GB/s, all-gather %.0f GB/s; working parameters %s, gradients fp32\n",
+               "%.0f GB/s, all-gather %.0f GB/s; working parameters %s, gradients %s\n",
                m->devices, r->spec->name,
                g->gpu_mem || g->gpu_tflops > 0 || g->h2d > 0 || g->coll > 0 ? " where not given"
                                                                             : "",
                h1, m->device_gflops / 1e3, m->h2d_gbps, m->coll_gbps,
-               cfg->bf16 ? "bf16" : "fp32");
+               cfg->bf16 ? "bf16" : "fp32", cfg->bf16_grads ? "fp32, reduced in bf16" : "fp32");
     else
         printf("plan: machine %d CPU device%s (this machine's probes): %s each, %.0f GFLOP/s "
                "each (%s), copies %.1f GB/s, collectives %.1f GB/s; fp32\n",
