@@ -22,7 +22,7 @@ the footer FAILED nor the exit status 1. A miss anywhere else does.
 
     /usr/bin/python3 bench/plan_vs_measured.py [--fsoff build/fsoff] [--nvme DIR]
                                                [--steps 8] [--repeat 3] [--quick]
-                                               [--json FILE]
+                                               [--only ROW,...] [--json FILE]
 
 --nvme defaults to a fresh folder under /var/tmp (a disk; tmpfs has no O_DIRECT,
 and the store falls back to the page cache there). Machines here are shared and
@@ -69,10 +69,10 @@ TIERS = {
 }
 
 
-def matrix(quick):
+def matrix(quick, only=None):
     rows = []
     for model in (["tiny"] if quick else ["tiny", "wide"]):
-        for tier in TIERS:
+        for tier in (only or TIERS):
             for world in (1, 2):
                 depths = (0, 2) if TIERS[tier][0] == "nvme" else (2,)
                 for pf in depths:
@@ -140,9 +140,16 @@ def main():
                     help="training runs and plans per row; the fastest of each counts (noise only "
                          "slows)")
     ap.add_argument("--quick", action="store_true", help="the tiny model only")
+    ap.add_argument("--only", default=None,
+                    help="comma-separated placements (rows) to run, e.g. planned-cap,one-tier-cap: "
+                         + ", ".join(TIERS))
     ap.add_argument("--json", metavar="FILE",
                     help='also write the results as one JSON object ("-": to stdout instead of the table)')
     a = ap.parse_args()
+    only = a.only.split(",") if a.only else None
+    for t in only or []:
+        if t not in TIERS:
+            ap.error("--only: no placement %r; choose from %s" % (t, ", ".join(TIERS)))
 
     own = a.nvme is None
     nvme = a.nvme or tempfile.mkdtemp(prefix="fsoff-plan-bench-", dir="/var/tmp")
@@ -150,7 +157,7 @@ def main():
     try:
         # the probes once, outside the timed runs (cached afterwards)
         run([a.fsoff, "plan", "--json", "--nvme", nvme])
-        for model, tier, world, pf in matrix(a.quick):
+        for model, tier, world, pf in matrix(a.quick, only):
             sets = overrides(model, tier, pf, nvme)
             dev = ["--devices", "cpu:%d" % world]
             if TIERS[tier][3]:
