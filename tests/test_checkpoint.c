@@ -210,6 +210,20 @@ static void interrupted(const fso_config *from, const fso_config *to, const char
     job_close(&j);
 }
 
+/* A run on `from` straight through, and the same run saved at SAVED_AT
+ * and resumed on `to` (interrupted): bit-identical from the step after the
+ * save; dir keeps the checkpoint for the caller to read and remove. */
+static void resume_is_bit_exact(const fso_config *from, const fso_config *to, const char *dir,
+                                const char *what)
+{
+    run_result base, r;
+    run_ok(from, NULL, &base);
+    interrupted(from, to, dir, &r);
+    assert_bit_identical(&base, &r, SAVED_AT + 1, what);
+    result_free(&base);
+    result_free(&r);
+}
+
 /* ------------------------------------------------------------------ CRC, config */
 
 static void test_crc32c_known_values(void **state)
@@ -357,12 +371,7 @@ static void tiers_case(int world, fso_tier p0, fso_tier o0, fso_overlap ov0, fso
              backend ? ", " : "", backend ? backend : "", qwen2 ? ", qwen2" : "", p0, o0, ov0, p1,
              o1, ov1);
     save_dir(dir, sizeof dir, "tiers");
-    run_result base, r;
-    run_ok(&a, NULL, &base);
-    interrupted(&a, &b, dir, &r);
-    assert_bit_identical(&base, &r, SAVED_AT + 1, what);
-    result_free(&base);
-    result_free(&r);
+    resume_is_bit_exact(&a, &b, dir, what);
     remove_tree(dir);
 }
 
@@ -417,10 +426,7 @@ static void test_resume_across_block_splits_is_bit_exact(void **state)
                                     "none resident, state of the last one on the devices",
                  backends[be] ? backends[be] : "cpu");
         save_dir(dir, sizeof dir, "splits");
-        run_result base, r;
-        run_ok(&a, NULL, &base);
-        interrupted(&a, &b, dir, &r);
-        assert_bit_identical(&base, &r, SAVED_AT + 1, what);
+        resume_is_bit_exact(&a, &b, dir, what);
         snprintf(p, sizeof p, "%s/step-%08d/%s", dir, SAVED_AT, FSO_CKPT_MANIFEST);
         json_t *man = json_load_file(p, 0, NULL);
         assert_non_null(man);
@@ -430,8 +436,6 @@ static void test_resume_across_block_splits_is_bit_exact(void **state)
         assert_string_equal(json_string_value(json_object_get(run, "device_state_from")),
                             "first");
         json_decref(man);
-        result_free(&base);
-        result_free(&r);
         remove_tree(dir);
     }
 }
@@ -455,12 +459,7 @@ static void test_resume_with_bf16_gradients_is_bit_exact(void **state)
         snprintf(what, sizeof what, "bf16 gradients, 2 devices, %s",
                  gpu ? fso_test_gpu_rules() : "cpu");
         save_dir(dir, sizeof dir, "bf16g");
-        run_result base, r;
-        run_ok(&a, NULL, &base);
-        interrupted(&a, &b, dir, &r);
-        assert_bit_identical(&base, &r, SAVED_AT + 1, what);
-        result_free(&base);
-        result_free(&r);
+        resume_is_bit_exact(&a, &b, dir, what);
         remove_tree(dir);
     }
 }

@@ -197,6 +197,22 @@ static void check_traffic(const job *j, const fso_config *cfg, fso_trainer *tr)
     fso_data_free(&data);
 }
 
+/* One job's trainer: what it allocates and what a step moves are the
+ * footprint's. */
+static void check_job(const job *j)
+{
+    fso_config cfg;
+    fso_trainer tr;
+    char what[320];
+    config_for(&cfg, j);
+    describe(j, what, sizeof what);
+    if (fso_trainer_init(&tr, &cfg) < 0)
+        fail_msg("%s: %s", what, tr.err);
+    check_allocation(j, &cfg, &tr);
+    check_traffic(j, &cfg, &tr);
+    fso_trainer_free(&tr);
+}
+
 static void run_matrix(int world)
 {
     static const char *const backends[] = {"cpu", "cpu-async"};
@@ -206,16 +222,7 @@ static void run_matrix(int world)
                 for (size_t p = 0; p < N_PLACEMENTS; p++) {
                     job j = {.world = world, .backend = backends[b], .bf16 = bf16,
                              .overlap = (fso_overlap)o, .tier = placements[p]};
-                    fso_config cfg;
-                    fso_trainer tr;
-                    char what[256];
-                    config_for(&cfg, &j);
-                    describe(&j, what, sizeof what);
-                    if (fso_trainer_init(&tr, &cfg) < 0)
-                        fail_msg("%s: %s", what, tr.err);
-                    check_allocation(&j, &cfg, &tr);
-                    check_traffic(&j, &cfg, &tr);
-                    fso_trainer_free(&tr);
+                    check_job(&j);
                 }
 }
 
@@ -271,16 +278,7 @@ static void test_block_mixes_allocate_and_move_what_the_footprint_says(void **st
                              .resident = counts[i].resident,
                              .device_state = counts[i].device_state,
                              .state_first = counts[i].first};
-                    fso_config cfg;
-                    fso_trainer tr;
-                    char what[320];
-                    config_for(&cfg, &j);
-                    describe(&j, what, sizeof what);
-                    if (fso_trainer_init(&tr, &cfg) < 0)
-                        fail_msg("%s: %s", what, tr.err);
-                    check_allocation(&j, &cfg, &tr);
-                    check_traffic(&j, &cfg, &tr);
-                    fso_trainer_free(&tr);
+                    check_job(&j);
                 }
 }
 
@@ -325,19 +323,12 @@ static void test_whole_block_copies_allocate_and_move_what_the_footprint_says(vo
                          .overlap = p % 2 ? FSO_OVERLAP_BACKWARD : FSO_OVERLAP_FORWARD,
                          .tier = placements[p], .whole_copy = true};
                 fso_config cfg;
-                fso_trainer tr;
-                char what[256];
                 config_for(&cfg, &j);
-                describe(&j, what, sizeof what);
                 fso_fp_rules r;
                 fso_zero_fp_rules(&cfg, &r);
                 assert_int_equal(fso_fp_copies_whole(&r, j.tier[FSO_KIND_PARAM]),
                                  b == 1 && j.tier[FSO_KIND_PARAM] != FSO_TIER_DEVICE);
-                if (fso_trainer_init(&tr, &cfg) < 0)
-                    fail_msg("%s: %s", what, tr.err);
-                check_allocation(&j, &cfg, &tr);
-                check_traffic(&j, &cfg, &tr);
-                fso_trainer_free(&tr);
+                check_job(&j);
             }
 }
 
