@@ -658,11 +658,15 @@ void fso_zero_describe(const fso_zero *z, char *buf, size_t len)
         off += (size_t)snprintf(buf + off, len - off, "; %d of %d blocks' parameters resident "
                                                       "on the devices",
                                 ru->resident_blocks, z->n_blocks);
-    if (ru->device_state_blocks > 0 && off < len)
-        off += (size_t)snprintf(buf + off, len - off, "; the optimizer state of the %s %d "
-                                                      "block%s on the devices",
+    if (ru->device_state_blocks == 1 && off < len)
+        off += (size_t)snprintf(buf + off, len - off, "; the optimizer state and gradients of "
+                                                      "the %s block on the devices",
+                                ru->device_state_first ? "first" : "last");
+    else if (ru->device_state_blocks > 1 && off < len)
+        off += (size_t)snprintf(buf + off, len - off, "; the optimizer state and gradients of "
+                                                      "the %s %d of %d blocks on the devices",
                                 ru->device_state_first ? "first" : "last",
-                                ru->device_state_blocks, ru->device_state_blocks == 1 ? "" : "s");
+                                ru->device_state_blocks, z->n_blocks);
     if (z->ranks[0].io.n_prefetch > 0 && off < len)
         off += (size_t)snprintf(buf + off, len - off, ", %d block%s read ahead", z->prefetch,
                                 z->prefetch == 1 ? "" : "s");
