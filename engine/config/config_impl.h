@@ -1,9 +1,11 @@
 /* config_impl.h — private to engine/config*.c: the layered document, key
  * paths, and the helpers that turn a bad value into a located message.
- * config.c builds and locates; config_keys.c knows every key. */
+ * config.c builds and locates; config_values.c reads a value as its type;
+ * config_keys.c knows every key. */
 #ifndef FSO_CONFIG_IMPL_H
 #define FSO_CONFIG_IMPL_H
 
+#include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -89,6 +91,45 @@ void fso_cfg_warn(walker *w, const keypath *p, const char *why);
  * ignored ones get a warning. */
 int fso_cfg_check_keys(walker *w, json_t *obj, const keypath *sec, const key_spec *specs,
                        const char *where);
+
+/* config_values.c: a key's value read as its type, or a located error
+ * (fso_cfg_fail) naming what was expected and, for "auto", what to write
+ * instead. want_*: the value v at path p; get_*: member `key` of obj in
+ * section sec, def (NULL: the key is required) when absent; get_int32 takes
+ * [lo, INT_MAX]; get_path copies a string of at most cap - 1 bytes ("" when
+ * absent);
+ * get_section: an object, or NULL when absent (or null, with null_ok). */
+typedef struct num_range {
+    double lo, hi;              /* hi = INFINITY: no upper bound */
+    bool lo_open, hi_open;
+} num_range;
+static const num_range RANGE_POSITIVE = {0, INFINITY, true, true};
+static const num_range RANGE_NONNEG = {0, INFINITY, false, true};
+static const num_range RANGE_UNIT = {0, 1, false, false};
+static const num_range RANGE_UNIT_OPEN = {0, 1, false, true};
+/* When v is "auto": "; " and what to write instead, else "" (into buf). */
+void fso_cfg_auto_hint(const json_t *v, const keypath *p, char *buf, size_t size);
+int fso_cfg_want_object(walker *w, json_t *v, const keypath *p);
+int fso_cfg_want_int(walker *w, json_t *v, const keypath *p, int64_t lo, int64_t hi,
+                     int64_t *out);
+int fso_cfg_want_number(walker *w, json_t *v, const keypath *p, num_range r, double *out);
+int fso_cfg_want_bool(walker *w, json_t *v, const keypath *p, bool *out);
+int fso_cfg_want_string(walker *w, json_t *v, const keypath *p, const char **out);
+/* The value table names for the string v (nocase: any case), -1 if none. */
+int fso_cfg_find_choice(const json_t *v, const fso_config_choice *table, bool nocase);
+int fso_cfg_want_choice(walker *w, json_t *v, const keypath *p, const fso_config_choice *table,
+                        bool nocase, int *out);
+int fso_cfg_get_int(walker *w, json_t *obj, const keypath *sec, const char *key, int64_t lo,
+                    int64_t hi, const int64_t *def, int64_t *out);
+int fso_cfg_get_int32(walker *w, json_t *obj, const keypath *sec, const char *key, int lo,
+                      const int64_t *def, int *out);
+int fso_cfg_get_number(walker *w, json_t *obj, const keypath *sec, const char *key,
+                       num_range r, const double *def, double *out);
+int fso_cfg_get_bool(walker *w, json_t *obj, const keypath *sec, const char *key,
+                     const bool *def, bool *out);
+int fso_cfg_get_path(walker *w, json_t *obj, const keypath *sec, const char *key, char *dst,
+                     size_t cap);
+int fso_cfg_get_section(walker *w, json_t *root, const char *key, bool null_ok, json_t **out);
 
 /* config_keys.c: the "model" section's keys (LlamaConfig's names), and
  * the section applied to root's "model" alone (config_hf.c compares a

@@ -12,254 +12,6 @@
 
 #include "config_impl.h"
 
-/* ---------------------------------------------------------------- typed values */
-
-/* The Hugging Face Trainer's argument that fills in each DeepSpeed key a
- * config may leave as "auto" (the Trainer replaces them before DeepSpeed
- * reads the config). */
-static const struct {
-    const char *key, *arg;
-} trainer_args[] = {
-    {"train_micro_batch_size_per_gpu", "per_device_train_batch_size"},
-    {"train_batch_size", "per_device_train_batch_size x gradient_accumulation_steps x devices"},
-    {"gradient_accumulation_steps", "gradient_accumulation_steps"},
-    {"gradient_clipping", "max_grad_norm"},
-    {"lr", "learning_rate"},
-    {"betas", "[adam_beta1, adam_beta2]"},
-    {"eps", "adam_epsilon"},
-    {"weight_decay", "weight_decay"},
-    {"warmup_max_lr", "learning_rate"},
-    {"warmup_num_steps", "warmup_steps"},
-    {"total_num_steps", "max_steps"},
-    {"enabled", "bf16 or fp16"},
-    {NULL, NULL},
-};
-
-/* When v is "auto": what it is and what to write instead, as "; ..." to
- * follow an error's "got ..."; else "". */
-static void auto_hint(const json_t *v, const keypath *p, char *buf, size_t size)
-{
-    buf[0] = '\0';
-    if (!json_is_string(v) || strcasecmp(json_string_value(v), "auto") != 0 || p->n < 1)
-        return;
-    const char *arg = NULL;
-    for (int i = 0; trainer_args[i].key; i++)
-        if (strcmp(p->k[p->n - 1], trainer_args[i].key) == 0)
-            arg = trainer_args[i].arg;
-    snprintf(buf, size, "; \"auto\" is a placeholder the Hugging Face Trainer fills in before "
-                        "DeepSpeed reads the config, and fsoff reads the file as written: write "
-                        "the value itself%s%s%s", arg ? " (the Trainer's " : "", arg ? arg : "",
-             arg ? ")" : "");
-}
-
-static int want_object(walker *w, json_t *v, const keypath *p)
-{
-    if (json_is_object(v))
-        return 0;
-    char got[128];
-    fso_cfg_describe(v, got, sizeof got);
-    return fso_cfg_fail(w, p, "expected an object, got %s", got);
-}
-
-static int want_int(walker *w, json_t *v, const keypath *p, int64_t lo, int64_t hi, int64_t *out)
-{
-    bool integral = false;
-    int64_t x = 0;
-    if (json_is_integer(v)) {
-        x = json_integer_value(v);
-        integral = true;
-    } else if (json_is_real(v)) {
-        double d = json_real_value(v);
-        if (d == floor(d) && d >= -9.0e18 && d <= 9.0e18) {
-            x = (int64_t)d;
-            integral = true;
-        }
-    }
-    if (integral && x >= lo && x <= hi) {
-        *out = x;
-        return 0;
-    }
-    char got[128], hint[300];
-    fso_cfg_describe(v, got, sizeof got);
-    auto_hint(v, p, hint, sizeof hint);
-    if (integral && x > hi)
-        return fso_cfg_fail(w, p, "expected an integer in [%" PRId64 ", %" PRId64 "], got %s", lo, hi,
-                        got);
-    return fso_cfg_fail(w, p, "expected an integer >= %" PRId64 ", got %s%s", lo, got, hint);
-}
-
-typedef struct num_range {
-    double lo, hi;              /* hi = INFINITY: no upper bound */
-    bool lo_open, hi_open;
-} num_range;
-
-static const num_range RANGE_POSITIVE = {0, INFINITY, true, true};
-static const num_range RANGE_NONNEG = {0, INFINITY, false, true};
-static const num_range RANGE_UNIT = {0, 1, false, false};
-static const num_range RANGE_UNIT_OPEN = {0, 1, false, true};
-
-static int want_number(walker *w, json_t *v, const keypath *p, num_range r, double *out)
-{
-    if (json_is_number(v)) {
-        double x = json_number_value(v);
-        bool ok = isfinite(x) && (r.lo_open ? x > r.lo : x >= r.lo) &&
-                  (r.hi_open ? x < r.hi : x <= r.hi);
-        if (ok) {
-            *out = x;
-            return 0;
-        }
-    }
-    char got[128], lo[32], hi[32], hint[300];
-    fso_cfg_describe(v, got, sizeof got);
-    auto_hint(v, p, hint, sizeof hint);
-    fso_cfg_format_double(r.lo, lo, sizeof lo);
-    if (isinf(r.hi))
-        return fso_cfg_fail(w, p, "expected a number %s %s, got %s%s", r.lo_open ? ">" : ">=", lo,
-                            got, hint);
-    fso_cfg_format_double(r.hi, hi, sizeof hi);
-    return fso_cfg_fail(w, p, "expected a number in %c%s, %s%c, got %s%s", r.lo_open ? '(' : '[',
-                        lo, hi, r.hi_open ? ')' : ']', got, hint);
-}
-
-static int want_bool(walker *w, json_t *v, const keypath *p, bool *out)
-{
-    if (json_is_boolean(v)) {
-        *out = json_is_true(v);
-        return 0;
-    }
-    char got[128], hint[300];
-    fso_cfg_describe(v, got, sizeof got);
-    auto_hint(v, p, hint, sizeof hint);
-    return fso_cfg_fail(w, p, "expected true or false, got %s%s", got, hint);
-}
-
-static int want_string(walker *w, json_t *v, const keypath *p, const char **out)
-{
-    if (json_is_string(v)) {
-        *out = json_string_value(v);
-        return 0;
-    }
-    char got[128];
-    fso_cfg_describe(v, got, sizeof got);
-    return fso_cfg_fail(w, p, "expected a string, got %s", got);
-}
-
-/* Index of v in a choice table (config.h; exact, or case-insensitive when
- * nocase), or -1. */
-static int find_choice(const json_t *v, const fso_config_choice *table, bool nocase)
-{
-    return json_is_string(v) ? fso_config_choice_find(table, json_string_value(v), nocase) : -1;
-}
-
-/* One of the table's strings; returns the value it names in *out. */
-static int want_choice(walker *w, json_t *v, const keypath *p, const fso_config_choice *table,
-                       bool nocase, int *out)
-{
-    int i = find_choice(v, table, nocase);
-    if (i >= 0) {
-        *out = table[i].value;
-        return 0;
-    }
-    char got[128], list[256];
-    fso_config_choice_list(table, list, sizeof list);
-    fso_cfg_describe(v, got, sizeof got);
-    return fso_cfg_fail(w, p, "expected %s, got %s", list, got);
-}
-
-/* Member `key` of section obj (NULL: every key absent) into *v, its path
- * into *p. Absent: 1 when there is a default, an error naming the key when
- * it is required; present: 0. */
-static int member(walker *w, json_t *obj, const keypath *sec, const char *key, bool has_default,
-                  json_t **v, keypath *p)
-{
-    *v = obj ? json_object_get(obj, key) : NULL;
-    *p = fso_cfg_kp_child(sec, key);
-    if (*v)
-        return 0;
-    if (!has_default)
-        return fso_cfg_fail(w, p, "missing; add it (configs/tiny.json has an example)");
-    return 1;
-}
-
-/* get_*: member `key` of section obj (which may be NULL: every key absent).
- * A NULL def makes the key required; otherwise an absent key takes *def. */
-static int get_int(walker *w, json_t *obj, const keypath *sec, const char *key, int64_t lo,
-                   int64_t hi, const int64_t *def, int64_t *out)
-{
-    json_t *v;
-    keypath p;
-    int rc = member(w, obj, sec, key, def != NULL, &v, &p);
-    if (rc != 1)
-        return rc < 0 ? rc : want_int(w, v, &p, lo, hi, out);
-    *out = *def;
-    return 0;
-}
-
-static int get_int32(walker *w, json_t *obj, const keypath *sec, const char *key, int lo,
-                     const int64_t *def, int *out)
-{
-    int64_t x;
-    CFG_TRY(get_int(w, obj, sec, key, lo, INT_MAX, def, &x));
-    *out = (int)x;
-    return 0;
-}
-
-static int get_number(walker *w, json_t *obj, const keypath *sec, const char *key, num_range r,
-                      const double *def, double *out)
-{
-    json_t *v;
-    keypath p;
-    int rc = member(w, obj, sec, key, def != NULL, &v, &p);
-    if (rc != 1)
-        return rc < 0 ? rc : want_number(w, v, &p, r, out);
-    *out = *def;
-    return 0;
-}
-
-static int get_bool(walker *w, json_t *obj, const keypath *sec, const char *key, const bool *def,
-                    bool *out)
-{
-    json_t *v;
-    keypath p;
-    int rc = member(w, obj, sec, key, def != NULL, &v, &p);
-    if (rc != 1)
-        return rc < 0 ? rc : want_bool(w, v, &p, out);
-    *out = *def;
-    return 0;
-}
-
-/* A path: absent is "", else a string that fits dst. */
-static int get_path(walker *w, json_t *obj, const keypath *sec, const char *key, char *dst,
-                    size_t cap)
-{
-    json_t *v = obj ? json_object_get(obj, key) : NULL;
-    keypath p = fso_cfg_kp_child(sec, key);
-    const char *path = "";
-    dst[0] = '\0';
-    if (!v)
-        return 0;
-    CFG_TRY(want_string(w, v, &p, &path));
-    size_t len = strlen(path);
-    if (len >= cap)
-        return fso_cfg_fail(w, &p, "is %zu bytes long; fsoff takes paths up to %zu bytes", len,
-                            cap - 1);
-    memcpy(dst, path, len + 1);
-    return 0;
-}
-
-/* Section `key` of the root: an object, or NULL when absent (or null and null_ok). */
-static int get_section(walker *w, json_t *root, const char *key, bool null_ok, json_t **out)
-{
-    json_t *v = json_object_get(root, key);
-    keypath p = {{key}, 1};
-    *out = NULL;
-    if (!v || (null_ok && json_is_null(v)))
-        return 0;
-    CFG_TRY(want_object(w, v, &p));
-    *out = v;
-    return 0;
-}
-
 /* ---------------------------------------------------------------- sections */
 
 static const key_spec top_keys[] = {
@@ -294,14 +46,16 @@ static int apply_top(walker *w, json_t *root)
     int64_t v;
 
     CFG_TRY(fso_cfg_check_keys(w, root, &top, top_keys, ""));
-    CFG_TRY(get_int32(w, root, &top, "train_micro_batch_size_per_gpu", 1, NULL, &c->micro_batch));
-    CFG_TRY(get_int32(w, root, &top, "gradient_accumulation_steps", 1, NULL, &c->grad_accum));
+    CFG_TRY(fso_cfg_get_int32(w, root, &top, "train_micro_batch_size_per_gpu", 1, NULL,
+                              &c->micro_batch));
+    CFG_TRY(
+        fso_cfg_get_int32(w, root, &top, "gradient_accumulation_steps", 1, NULL, &c->grad_accum));
     if (json_object_get(root, "train_batch_size")) {
         keypath p = {{"train_batch_size"}, 1};
         keypath mb = {{"train_micro_batch_size_per_gpu"}, 1};
         keypath ga = {{"gradient_accumulation_steps"}, 1};
         int64_t product = (int64_t)c->micro_batch * c->grad_accum * fso_config_world(c);
-        CFG_TRY(get_int(w, root, &top, "train_batch_size", 1, INT64_MAX, NULL, &v));
+        CFG_TRY(fso_cfg_get_int(w, root, &top, "train_batch_size", 1, INT64_MAX, NULL, &v));
         if (v != product)
             return fso_cfg_fail_rel(w, &p, &mb, &ga,
                                 "must equal train_micro_batch_size_per_gpu (%d) * "
@@ -310,9 +64,11 @@ static int apply_top(walker *w, json_t *root)
                                 c->micro_batch, c->grad_accum, fso_config_world(c),
                                 product, v);
     }
-    CFG_TRY(get_number(w, root, &top, "gradient_clipping", RANGE_NONNEG, NULL, &c->grad_clip));
-    CFG_TRY(get_int(w, root, &top, "steps_per_print", 0, INT64_MAX, NULL, &c->steps_per_print));
-    CFG_TRY(get_int(w, root, &top, "seed", 0, INT64_MAX, NULL, &v));
+    CFG_TRY(
+        fso_cfg_get_number(w, root, &top, "gradient_clipping", RANGE_NONNEG, NULL, &c->grad_clip));
+    CFG_TRY(
+        fso_cfg_get_int(w, root, &top, "steps_per_print", 0, INT64_MAX, NULL, &c->steps_per_print));
+    CFG_TRY(fso_cfg_get_int(w, root, &top, "seed", 0, INT64_MAX, NULL, &v));
     c->seed = (uint64_t)v;
     return 0;
 }
@@ -338,13 +94,13 @@ static int apply_precision(walker *w, json_t *root)
     json_t *s;
     keypath bf = {{"bf16"}, 1}, fp = {{"fp16"}, 1};
 
-    CFG_TRY(get_section(w, root, "bf16", false, &s));
+    CFG_TRY(fso_cfg_get_section(w, root, "bf16", false, &s));
     CFG_TRY(fso_cfg_check_keys(w, s, &bf, bf16_keys, ""));
-    CFG_TRY(get_bool(w, s, &bf, "enabled", BOOL(false), &w->out->bf16));
+    CFG_TRY(fso_cfg_get_bool(w, s, &bf, "enabled", BOOL(false), &w->out->bf16));
 
     bool fp16 = false;
-    CFG_TRY(get_section(w, root, "fp16", false, &s));
-    CFG_TRY(get_bool(w, s, &fp, "enabled", BOOL(false), &fp16));
+    CFG_TRY(fso_cfg_get_section(w, root, "fp16", false, &s));
+    CFG_TRY(fso_cfg_get_bool(w, s, &fp, "enabled", BOOL(false), &fp16));
     if (fp16) {
         keypath p = {{"fp16", "enabled"}, 2};
         return fso_cfg_fail(w, &p, "fp16 loss scaling is not supported; use bf16.enabled");
@@ -397,10 +153,10 @@ static int model_fixed_keys(walker *w, json_t *m, const keypath *sec)
     if ((v = json_object_get(m, "hidden_act"))) {
         keypath p = fso_cfg_kp_child(sec, "hidden_act");
         const char *s = "";
-        CFG_TRY(want_string(w, v, &p, &s));
+        CFG_TRY(fso_cfg_want_string(w, v, &p, &s));
         if (strcmp(s, "silu") != 0)
-            return fso_cfg_fail(w, &p, "fsoff's MLP is SwiGLU, so this must be \"silu\", got \"%s\"",
-                            s);
+            return fso_cfg_fail(w, &p,
+                                "fsoff's MLP is SwiGLU, so this must be \"silu\", got \"%s\"", s);
     }
     /* LlamaConfig's attention_bias puts a bias on o_proj too */
     static const char *const no_bias[] = {"attention_bias", "mlp_bias"};
@@ -413,7 +169,7 @@ static int model_fixed_keys(walker *w, json_t *m, const keypath *sec)
         bool b = false;
         keypath p = fso_cfg_kp_child(sec, no_bias[i]);
         if ((v = json_object_get(m, no_bias[i]))) {
-            CFG_TRY(want_bool(w, v, &p, &b));
+            CFG_TRY(fso_cfg_want_bool(w, v, &p, &b));
             if (b)
                 return fso_cfg_fail(w, &p, "%s", why[i]);
         }
@@ -421,7 +177,7 @@ static int model_fixed_keys(walker *w, json_t *m, const keypath *sec)
     if ((v = json_object_get(m, "attention_dropout"))) {
         keypath p = fso_cfg_kp_child(sec, "attention_dropout");
         double x;
-        CFG_TRY(want_number(w, v, &p, RANGE_UNIT, &x));
+        CFG_TRY(fso_cfg_want_number(w, v, &p, RANGE_UNIT, &x));
         if (x != 0) {
             fso_cfg_describe(v, got, sizeof got);
             return fso_cfg_fail(w, &p, "must be 0 (fsoff has no dropout), got %s", got);
@@ -430,7 +186,7 @@ static int model_fixed_keys(walker *w, json_t *m, const keypath *sec)
     if ((v = json_object_get(m, "pretraining_tp"))) {
         keypath p = fso_cfg_kp_child(sec, "pretraining_tp");
         int64_t tp;
-        CFG_TRY(want_int(w, v, &p, 1, INT_MAX, &tp));
+        CFG_TRY(fso_cfg_want_int(w, v, &p, 1, INT_MAX, &tp));
         if (tp != 1)
             return fso_cfg_fail(w, &p, "must be 1 (fsoff does not emulate tensor-parallel "
                                    "pretraining slices), got %" PRId64, tp);
@@ -459,7 +215,7 @@ static int model_type_of(walker *w, json_t *m, const keypath *sec, fso_model_typ
     *out = FSO_MODEL_LLAMA;
     if (!v)
         return 0;
-    CFG_TRY(want_string(w, v, &p, &s));
+    CFG_TRY(fso_cfg_want_string(w, v, &p, &s));
     int i = fso_config_choice_find(fso_config_model_type_choices, s, false);
     if (i >= 0) {
         *out = (fso_model_type)fso_config_model_type_choices[i].value;
@@ -487,11 +243,12 @@ static int apply_window(walker *w, json_t *m, const keypath *sec, fso_model_conf
         mc->sliding_window = 0;
     } else if (v) {
         int64_t x;
-        CFG_TRY(want_int(w, v, &p, 1, INT_MAX, &x));
+        CFG_TRY(fso_cfg_want_int(w, v, &p, 1, INT_MAX, &x));
         mc->sliding_window = (int)x;
     }
-    CFG_TRY(get_bool(w, m, sec, "use_sliding_window", BOOL(false), &mc->use_sliding_window));
-    CFG_TRY(get_int32(w, m, sec, "max_window_layers", 0,
+    CFG_TRY(
+        fso_cfg_get_bool(w, m, sec, "use_sliding_window", BOOL(false), &mc->use_sliding_window));
+    CFG_TRY(fso_cfg_get_int32(w, m, sec, "max_window_layers", 0,
                       I64(FSO_MAX_WINDOW_LAYERS_DEFAULT), &mc->max_window_layers));
     json_t *lt = m ? json_object_get(m, "layer_types") : NULL;
     if (!lt || json_is_null(lt))
@@ -550,7 +307,7 @@ static int apply_rope_scaling(walker *w, json_t *m, const keypath *sec, fso_rope
     memset(rs, 0, sizeof *rs);
     if (!v || json_is_null(v))
         return 0;
-    CFG_TRY(want_object(w, v, &p));
+    CFG_TRY(fso_cfg_want_object(w, v, &p));
     json_t *t = json_object_get(v, "rope_type"), *t_old = json_object_get(v, "type");
     keypath tp = fso_cfg_kp_child(&p, t ? "rope_type" : "type");
     const char *type = NULL, *type_old = NULL;
@@ -559,10 +316,10 @@ static int apply_rope_scaling(walker *w, json_t *m, const keypath *sec, fso_rope
     if (!t && !t_old)
         return fso_cfg_fail(w, &p, "has no \"rope_type\"; fsoff implements \"%s\" and \"%s\"",
                             linear, llama3);
-    CFG_TRY(want_string(w, t ? t : t_old, &tp, &type));
+    CFG_TRY(fso_cfg_want_string(w, t ? t : t_old, &tp, &type));
     if (t && t_old) {
         keypath op = fso_cfg_kp_child(&p, "type");
-        CFG_TRY(want_string(w, t_old, &op, &type_old));
+        CFG_TRY(fso_cfg_want_string(w, t_old, &op, &type_old));
         if (strcmp(type, type_old) != 0)
             return fso_cfg_fail(w, &op, "is \"%s\" but rope_type is \"%s\"; keep one of them",
                                 type_old, type);
@@ -586,13 +343,13 @@ static int apply_rope_scaling(walker *w, json_t *m, const keypath *sec, fso_rope
         return 0;
     rs->type = (fso_rope_type)rt;
     CFG_TRY(rope_member(w, v, &p, rs->type, "factor", &x, &xp));
-    CFG_TRY(want_number(w, x, &xp, RANGE_POSITIVE, &rs->factor));
+    CFG_TRY(fso_cfg_want_number(w, x, &xp, RANGE_POSITIVE, &rs->factor));
     if (rs->type == FSO_ROPE_LINEAR)
         return 0;
     CFG_TRY(rope_member(w, v, &p, rs->type, "low_freq_factor", &x, &xp));
-    CFG_TRY(want_number(w, x, &xp, RANGE_POSITIVE, &rs->low_freq_factor));
+    CFG_TRY(fso_cfg_want_number(w, x, &xp, RANGE_POSITIVE, &rs->low_freq_factor));
     CFG_TRY(rope_member(w, v, &p, rs->type, "high_freq_factor", &x, &xp));
-    CFG_TRY(want_number(w, x, &xp, RANGE_POSITIVE, &rs->high_freq_factor));
+    CFG_TRY(fso_cfg_want_number(w, x, &xp, RANGE_POSITIVE, &rs->high_freq_factor));
     if (rs->high_freq_factor <= rs->low_freq_factor) {
         char lo[32], hi[32];
         fso_cfg_format_double(rs->low_freq_factor, lo, sizeof lo);
@@ -601,7 +358,7 @@ static int apply_rope_scaling(walker *w, json_t *m, const keypath *sec, fso_rope
     }
     int64_t n;
     CFG_TRY(rope_member(w, v, &p, rs->type, "original_max_position_embeddings", &x, &xp));
-    CFG_TRY(want_int(w, x, &xp, 1, INT_MAX, &n));
+    CFG_TRY(fso_cfg_want_int(w, x, &xp, 1, INT_MAX, &n));
     rs->original_max_position_embeddings = (int)n;
     return 0;
 }
@@ -626,32 +383,36 @@ int fso_cfg_apply_model(walker *w, json_t *root)
 
     /* Library defaults are Hugging Face's configuration class's of the
      * type (LlamaConfig's unless model_type says otherwise). */
-    CFG_TRY(get_section(w, root, "model", false, &m));
+    CFG_TRY(fso_cfg_get_section(w, root, "model", false, &m));
     CFG_TRY(fso_cfg_check_keys(w, m, &sec, fso_cfg_model_keys, ""));
     CFG_TRY(model_type_of(w, m, &sec, &mc->model_type));
     const int64_t *def_kv = &type_defaults[mc->model_type].num_key_value_heads;
-    CFG_TRY(get_int32(w, m, &sec, "vocab_size", 1, &type_defaults[mc->model_type].vocab_size,
-                      &mc->vocab_size));
-    CFG_TRY(get_int32(w, m, &sec, "hidden_size", 1, I64(4096), &mc->hidden_size));
-    CFG_TRY(get_int32(w, m, &sec, "intermediate_size", 1,
+    CFG_TRY(fso_cfg_get_int32(w, m, &sec, "vocab_size", 1,
+                              &type_defaults[mc->model_type].vocab_size, &mc->vocab_size));
+    CFG_TRY(fso_cfg_get_int32(w, m, &sec, "hidden_size", 1, I64(4096), &mc->hidden_size));
+    CFG_TRY(fso_cfg_get_int32(w, m, &sec, "intermediate_size", 1,
                       &type_defaults[mc->model_type].intermediate_size, &mc->intermediate_size));
-    CFG_TRY(get_int32(w, m, &sec, "num_hidden_layers", 1, I64(32), &mc->num_hidden_layers));
-    CFG_TRY(get_int32(w, m, &sec, "num_attention_heads", 1, I64(32), &mc->num_attention_heads));
-    CFG_TRY(get_int32(w, m, &sec, "num_key_value_heads", 1,
+    CFG_TRY(fso_cfg_get_int32(w, m, &sec, "num_hidden_layers", 1, I64(32), &mc->num_hidden_layers));
+    CFG_TRY(
+        fso_cfg_get_int32(w, m, &sec, "num_attention_heads", 1, I64(32), &mc->num_attention_heads));
+    CFG_TRY(fso_cfg_get_int32(w, m, &sec, "num_key_value_heads", 1,
                       *def_kv ? def_kv : I64(mc->num_attention_heads), &mc->num_key_value_heads));
-    CFG_TRY(get_int32(w, m, &sec, "max_position_embeddings", 1,
+    CFG_TRY(fso_cfg_get_int32(w, m, &sec, "max_position_embeddings", 1,
                       &type_defaults[mc->model_type].max_position_embeddings,
                       &mc->max_position_embeddings));
-    CFG_TRY(get_number(w, m, &sec, "rms_norm_eps", RANGE_POSITIVE, DBL(1e-6), &mc->rms_norm_eps));
-    CFG_TRY(get_number(w, m, &sec, "rope_theta", RANGE_POSITIVE, DBL(10000.0), &mc->rope_theta));
-    CFG_TRY(get_number(w, m, &sec, "initializer_range", RANGE_POSITIVE, DBL(0.02),
+    CFG_TRY(fso_cfg_get_number(w, m, &sec, "rms_norm_eps", RANGE_POSITIVE, DBL(1e-6),
+                               &mc->rms_norm_eps));
+    CFG_TRY(fso_cfg_get_number(w, m, &sec, "rope_theta", RANGE_POSITIVE, DBL(10000.0),
+                               &mc->rope_theta));
+    CFG_TRY(fso_cfg_get_number(w, m, &sec, "initializer_range", RANGE_POSITIVE, DBL(0.02),
                        &mc->initializer_range));
-    CFG_TRY(get_bool(w, m, &sec, "tie_word_embeddings", BOOL(false), &mc->tie_word_embeddings));
+    CFG_TRY(
+        fso_cfg_get_bool(w, m, &sec, "tie_word_embeddings", BOOL(false), &mc->tie_word_embeddings));
     CFG_TRY(apply_window(w, m, &sec, mc));
     if (m)
         CFG_TRY(model_fixed_keys(w, m, &sec));
     CFG_TRY(apply_rope_scaling(w, m, &sec, &mc->rope_scaling));
-    CFG_TRY(get_path(w, m, &sec, "init_from", w->out->init_from, sizeof w->out->init_from));
+    CFG_TRY(fso_cfg_get_path(w, m, &sec, "init_from", w->out->init_from, sizeof w->out->init_from));
 
     keypath heads = fso_cfg_kp_child(&sec, "num_attention_heads");
     keypath hidden = fso_cfg_kp_child(&sec, "hidden_size");
@@ -661,7 +422,7 @@ int fso_cfg_apply_model(walker *w, json_t *root)
     if (hdv && !json_is_null(hdv)) {
         keypath p = fso_cfg_kp_child(&sec, "head_dim");
         int64_t given;
-        CFG_TRY(want_int(w, hdv, &p, 2, INT_MAX, &given));
+        CFG_TRY(fso_cfg_want_int(w, hdv, &p, 2, INT_MAX, &given));
         if (given % 2 != 0)
             return fso_cfg_fail(w, &p, "must be even (rotary embeddings turn pairs of "
                                        "elements), got %" PRId64, given);
@@ -718,7 +479,7 @@ static int apply_betas(walker *w, json_t *params, const keypath *sec)
     if (!json_is_array(v) || json_array_size(v) != 2) {
         char got[128], hint[300];
         fso_cfg_describe(v, got, sizeof got);
-        auto_hint(v, &p, hint, sizeof hint);
+        fso_cfg_auto_hint(v, &p, hint, sizeof hint);
         return fso_cfg_fail(w, &p, "expected an array of two numbers [beta1, beta2], got %s%s",
                             got, hint);
     }
@@ -726,7 +487,7 @@ static int apply_betas(walker *w, json_t *params, const keypath *sec)
     double b[2];
     for (int i = 0; i < 2; i++) {
         keypath e = fso_cfg_kp_child(&p, idx[i]);
-        CFG_TRY(want_number(w, json_array_get(v, (size_t)i), &e, RANGE_UNIT_OPEN, &b[i]));
+        CFG_TRY(fso_cfg_want_number(w, json_array_get(v, (size_t)i), &e, RANGE_UNIT_OPEN, &b[i]));
     }
     o->beta1 = b[0];
     o->beta2 = b[1];
@@ -741,12 +502,12 @@ static int apply_optimizer(walker *w, json_t *root)
     json_t *opt, *params = NULL, *v;
 
     /* Library defaults are torch.optim.AdamW's. */
-    CFG_TRY(get_section(w, root, "optimizer", false, &opt));
+    CFG_TRY(fso_cfg_get_section(w, root, "optimizer", false, &opt));
     CFG_TRY(fso_cfg_check_keys(w, opt, &sec, optimizer_keys, ""));
     if (opt && (v = json_object_get(opt, "type"))) {
         const fso_config_choice *types = fso_config_optimizer_choices;
         keypath p = fso_cfg_kp_child(&sec, "type");
-        if (find_choice(v, types, true) < 0) {
+        if (fso_cfg_find_choice(v, types, true) < 0) {
             char got[128];
             fso_cfg_describe(v, got, sizeof got);
             return fso_cfg_fail(w, &p, "fsoff implements \"%s\" (\"%s\" with adam_w_mode true "
@@ -754,28 +515,28 @@ static int apply_optimizer(walker *w, json_t *root)
         }
     }
     if (opt && (v = json_object_get(opt, "params"))) {
-        CFG_TRY(want_object(w, v, &psec));
+        CFG_TRY(fso_cfg_want_object(w, v, &psec));
         params = v;
     }
     CFG_TRY(fso_cfg_check_keys(w, params, &psec, adam_keys, ""));
-    CFG_TRY(get_number(w, params, &psec, "lr", RANGE_POSITIVE, DBL(1e-3), &o->lr));
+    CFG_TRY(fso_cfg_get_number(w, params, &psec, "lr", RANGE_POSITIVE, DBL(1e-3), &o->lr));
     CFG_TRY(apply_betas(w, params, &psec));
-    CFG_TRY(get_number(w, params, &psec, "eps", RANGE_POSITIVE, DBL(1e-8), &o->eps));
-    CFG_TRY(get_number(w, params, &psec, "weight_decay", RANGE_NONNEG, DBL(0.01),
+    CFG_TRY(fso_cfg_get_number(w, params, &psec, "eps", RANGE_POSITIVE, DBL(1e-8), &o->eps));
+    CFG_TRY(fso_cfg_get_number(w, params, &psec, "weight_decay", RANGE_NONNEG, DBL(0.01),
                        &o->weight_decay));
 
     bool b = true;
     keypath p = fso_cfg_kp_child(&psec, "adam_w_mode");
-    CFG_TRY(get_bool(w, params, &psec, "adam_w_mode", BOOL(true), &b));
+    CFG_TRY(fso_cfg_get_bool(w, params, &psec, "adam_w_mode", BOOL(true), &b));
     if (!b)
         return fso_cfg_fail(w, &p, "L2-mode Adam is not supported; fsoff's AdamW decouples weight "
                                "decay, so set it to true or drop it");
     p = fso_cfg_kp_child(&psec, "bias_correction");
-    CFG_TRY(get_bool(w, params, &psec, "bias_correction", BOOL(true), &b));
+    CFG_TRY(fso_cfg_get_bool(w, params, &psec, "bias_correction", BOOL(true), &b));
     if (!b)
         return fso_cfg_fail(w, &p, "must be true; fsoff's AdamW always corrects the moment bias");
     p = fso_cfg_kp_child(&psec, "amsgrad");
-    CFG_TRY(get_bool(w, params, &psec, "amsgrad", BOOL(false), &b));
+    CFG_TRY(fso_cfg_get_bool(w, params, &psec, "amsgrad", BOOL(false), &b));
     if (b)
         return fso_cfg_fail(w, &p, "AMSGrad is not supported; set it to false");
     return 0;
@@ -792,15 +553,15 @@ static int apply_data(walker *w, json_t *root)
     keypath sec = {{"data"}, 1};
     json_t *s, *v;
 
-    CFG_TRY(get_section(w, root, "data", false, &s));
+    CFG_TRY(fso_cfg_get_section(w, root, "data", false, &s));
     CFG_TRY(fso_cfg_check_keys(w, s, &sec, data_keys, ""));
-    CFG_TRY(get_path(w, s, &sec, "path", d->path, sizeof d->path));
+    CFG_TRY(fso_cfg_get_path(w, s, &sec, "path", d->path, sizeof d->path));
     d->format = FSO_DATA_AUTO;
     if (s && (v = json_object_get(s, "format"))) {
         const fso_config_choice *formats = fso_config_data_format_choices;
         keypath p = fso_cfg_kp_child(&sec, "format");
         int f = 0;
-        CFG_TRY(want_choice(w, v, &p, formats, false, &f));
+        CFG_TRY(fso_cfg_want_choice(w, v, &p, formats, false, &f));
         d->format = (fso_data_format)f;
         if (d->format == FSO_DATA_TOKENS && !d->path[0]) {
             keypath dp = fso_cfg_kp_child(&sec, "path");
@@ -812,16 +573,16 @@ static int apply_data(walker *w, json_t *root)
                                     fso_config_choice_name(formats, FSO_DATA_AUTO));
         }
     }
-    CFG_TRY(get_int32(w, s, &sec, "seq_len", 2, NULL, &d->seq_len));
-    CFG_TRY(get_path(w, s, &sec, "val_path", d->val_path, sizeof d->val_path));
-    CFG_TRY(get_int(w, s, &sec, "val_every", 0, INT64_MAX, &(int64_t){0}, &d->val_every));
-    CFG_TRY(get_int32(w, s, &sec, "val_batches", 1, &(int64_t){FSO_VAL_BATCHES_DEFAULT},
+    CFG_TRY(fso_cfg_get_int32(w, s, &sec, "seq_len", 2, NULL, &d->seq_len));
+    CFG_TRY(fso_cfg_get_path(w, s, &sec, "val_path", d->val_path, sizeof d->val_path));
+    CFG_TRY(fso_cfg_get_int(w, s, &sec, "val_every", 0, INT64_MAX, &(int64_t){0}, &d->val_every));
+    CFG_TRY(fso_cfg_get_int32(w, s, &sec, "val_batches", 1, &(int64_t){FSO_VAL_BATCHES_DEFAULT},
                       &d->val_batches));
     d->documents = FSO_DATA_DOCS_ISOLATE;
     if (s && (v = json_object_get(s, "documents"))) {
         keypath p = fso_cfg_kp_child(&sec, "documents");
         int m = 0;
-        CFG_TRY(want_choice(w, v, &p, fso_config_data_docs_choices, false, &m));
+        CFG_TRY(fso_cfg_want_choice(w, v, &p, fso_config_data_docs_choices, false, &m));
         d->documents = (fso_data_docs)m;
     }
 
@@ -878,7 +639,7 @@ static int apply_train_placement(walker *w, json_t *s, const keypath *sec)
     static const char *const counts[] = {"resident_blocks", "device_state_blocks"};
     int *const count_of[] = {&o->resident_blocks, &o->device_state_blocks};
     for (int i = 0; i < 2; i++) {
-        CFG_TRY(get_int32(w, s, sec, counts[i], 0, I64(-1), count_of[i]));
+        CFG_TRY(fso_cfg_get_int32(w, s, sec, counts[i], 0, I64(-1), count_of[i]));
         if (*count_of[i] > nb) {
             keypath p = fso_cfg_kp_child(sec, counts[i]);
             return fso_cfg_fail(w, &p, "%d blocks, but the model has %d (the embedding, %d "
@@ -890,14 +651,14 @@ static int apply_train_placement(walker *w, json_t *s, const keypath *sec)
     json_t *v = s ? json_object_get(s, "device_state_from") : NULL;
     if (v) {
         keypath p = fso_cfg_kp_child(sec, "device_state_from");
-        CFG_TRY(want_choice(w, v, &p, fso_config_state_from_choices, false, &m));
+        CFG_TRY(fso_cfg_want_choice(w, v, &p, fso_config_state_from_choices, false, &m));
     }
     o->device_state_first = m == 1;
-    CFG_TRY(get_bool(w, s, sec, "whole_block_copies", BOOL(false), &o->whole_copy));
+    CFG_TRY(fso_cfg_get_bool(w, s, sec, "whole_block_copies", BOOL(false), &o->whole_copy));
     m = 0;
     if (s && (v = json_object_get(s, "gradient_dtype"))) {
         keypath p = fso_cfg_kp_child(sec, "gradient_dtype");
-        CFG_TRY(want_choice(w, v, &p, fso_config_grad_dtype_choices, false, &m));
+        CFG_TRY(fso_cfg_want_choice(w, v, &p, fso_config_grad_dtype_choices, false, &m));
         if (m == 1 && !c->bf16) {
             keypath bf = {{"bf16", "enabled"}, 2};
             return fso_cfg_fail_rel(w, &p, &bf, NULL,
@@ -909,7 +670,7 @@ static int apply_train_placement(walker *w, json_t *s, const keypath *sec)
     }
     c->bf16_grads = m == 1;
     static const num_range RANGE_MARGIN = {0, 0.5, false, true};
-    CFG_TRY(get_number(w, s, sec, "device_margin", RANGE_MARGIN, &(const double){-1},
+    CFG_TRY(fso_cfg_get_number(w, s, sec, "device_margin", RANGE_MARGIN, &(const double){-1},
                        &c->device_margin));
     return 0;
 }
@@ -920,14 +681,17 @@ static int apply_train(walker *w, json_t *root)
     keypath sec = {{"train"}, 1};
     json_t *s;
 
-    CFG_TRY(get_section(w, root, "train", false, &s));
+    CFG_TRY(fso_cfg_get_section(w, root, "train", false, &s));
     CFG_TRY(fso_cfg_check_keys(w, s, &sec, train_keys, ""));
-    CFG_TRY(get_int(w, s, &sec, "steps", 1, INT64_MAX, NULL, &c->steps));
-    CFG_TRY(get_int32(w, s, &sec, "threads", 0, NULL, &c->threads));
-    CFG_TRY(get_bool(w, s, &sec, "activation_checkpointing", NULL, &c->activation_checkpointing));
-    CFG_TRY(get_bool(w, s, &sec, "weight_decay_norms", NULL, &c->optim.decay_norms));
-    CFG_TRY(get_bool(w, s, &sec, "weight_decay_embeddings", NULL, &c->optim.decay_embeddings));
-    CFG_TRY(get_int32(w, s, &sec, "prefetch_blocks", 0, I64(2), &c->offload.prefetch_blocks));
+    CFG_TRY(fso_cfg_get_int(w, s, &sec, "steps", 1, INT64_MAX, NULL, &c->steps));
+    CFG_TRY(fso_cfg_get_int32(w, s, &sec, "threads", 0, NULL, &c->threads));
+    CFG_TRY(fso_cfg_get_bool(w, s, &sec, "activation_checkpointing", NULL,
+                             &c->activation_checkpointing));
+    CFG_TRY(fso_cfg_get_bool(w, s, &sec, "weight_decay_norms", NULL, &c->optim.decay_norms));
+    CFG_TRY(
+        fso_cfg_get_bool(w, s, &sec, "weight_decay_embeddings", NULL, &c->optim.decay_embeddings));
+    CFG_TRY(
+        fso_cfg_get_int32(w, s, &sec, "prefetch_blocks", 0, I64(2), &c->offload.prefetch_blocks));
     CFG_TRY(apply_train_placement(w, s, &sec));
     c->optimizer_overlap = FSO_OVERLAP_FORWARD;
     json_t *v = s ? json_object_get(s, "optimizer_overlap") : NULL;
@@ -935,7 +699,7 @@ static int apply_train(walker *w, json_t *root)
         const fso_config_choice *modes = fso_config_overlap_choices;
         keypath p = fso_cfg_kp_child(&sec, "optimizer_overlap");
         int m = 0;
-        CFG_TRY(want_choice(w, v, &p, modes, false, &m));
+        CFG_TRY(fso_cfg_want_choice(w, v, &p, modes, false, &m));
         c->optimizer_overlap = (fso_overlap)m;
         if (c->optimizer_overlap == FSO_OVERLAP_BACKWARD && c->grad_clip != 0) {
             keypath gc = {{"gradient_clipping"}, 1};
@@ -1012,15 +776,15 @@ static int apply_offload_section(walker *w, json_t *z, const keypath *zsec, cons
     path[0] = '\0';
     if (!s || json_is_null(s))
         return 0;
-    CFG_TRY(want_object(w, s, &sec));
+    CFG_TRY(fso_cfg_want_object(w, s, &sec));
     CFG_TRY(fso_cfg_check_keys(w, s, &sec, keys, ""));
     if ((v = json_object_get(s, "device"))) {
         keypath p = fso_cfg_kp_child(&sec, "device");
         int t = 0;
-        CFG_TRY(want_choice(w, v, &p, fso_config_tier_choices, false, &t));
+        CFG_TRY(fso_cfg_want_choice(w, v, &p, fso_config_tier_choices, false, &t));
         *tier = (fso_tier)t;
     }
-    CFG_TRY(get_path(w, s, &sec, "nvme_path", path, pathlen));
+    CFG_TRY(fso_cfg_get_path(w, s, &sec, "nvme_path", path, pathlen));
     if (*tier == FSO_TIER_NVME && !path[0]) {
         keypath p = fso_cfg_kp_child(&sec, "nvme_path");
         keypath d = fso_cfg_kp_child(&sec, "device");
@@ -1030,7 +794,7 @@ static int apply_offload_section(walker *w, json_t *z, const keypath *zsec, cons
                             fso_config_choice_name(fso_config_tier_choices, FSO_TIER_NVME));
     }
     bool pin = w->out->offload.pin_memory;
-    CFG_TRY(get_bool(w, s, &sec, "pin_memory", &pin, &w->out->offload.pin_memory));
+    CFG_TRY(fso_cfg_get_bool(w, s, &sec, "pin_memory", &pin, &w->out->offload.pin_memory));
     return 0;
 }
 
@@ -1041,9 +805,9 @@ static int apply_offload(walker *w, json_t *root)
     json_t *z, *a;
     int64_t v;
 
-    CFG_TRY(get_section(w, root, "zero_optimization", true, &z));
+    CFG_TRY(fso_cfg_get_section(w, root, "zero_optimization", true, &z));
     CFG_TRY(fso_cfg_check_keys(w, z, &zsec, zero_keys, ""));
-    CFG_TRY(get_int32(w, z, &zsec, "stage", 0, I64(3), &o->stage));
+    CFG_TRY(fso_cfg_get_int32(w, z, &zsec, "stage", 0, I64(3), &o->stage));
     if (o->stage > 3) {
         keypath p = fso_cfg_kp_child(&zsec, "stage");
         return fso_cfg_fail(w, &p, "expected 0, 1, 2 or 3, got %d", o->stage);
@@ -1060,15 +824,17 @@ static int apply_offload(walker *w, json_t *root)
     CFG_TRY(apply_offload_section(w, z, &zsec, "offload_optimizer", offload_optimizer_keys,
                                   &o->optim_tier, o->optim_nvme_path, sizeof o->optim_nvme_path));
 
-    CFG_TRY(get_section(w, root, "aio", true, &a));
+    CFG_TRY(fso_cfg_get_section(w, root, "aio", true, &a));
     CFG_TRY(fso_cfg_check_keys(w, a, &asec, aio_keys, ""));
-    CFG_TRY(get_int(w, a, &asec, "block_size", FSO_IO_PAGE, (int64_t)1 << 30, I64(1 << 20), &v));
+    CFG_TRY(fso_cfg_get_int(w, a, &asec, "block_size", FSO_IO_PAGE, (int64_t)1 << 30, I64(1 << 20),
+                            &v));
     if (v % FSO_IO_PAGE) {
         keypath p = fso_cfg_kp_child(&asec, "block_size");
-        return fso_cfg_fail(w, &p, "must be a multiple of %u bytes (O_DIRECT), got %" PRId64, FSO_IO_PAGE, v);
+        return fso_cfg_fail(w, &p, "must be a multiple of %u bytes (O_DIRECT), got %" PRId64,
+                            FSO_IO_PAGE, v);
     }
     o->aio_block_bytes = v;
-    CFG_TRY(get_int32(w, a, &asec, "queue_depth", 1, I64(32), &o->aio_queue_depth));
+    CFG_TRY(fso_cfg_get_int32(w, a, &asec, "queue_depth", 1, I64(32), &o->aio_queue_depth));
     return 0;
 }
 
@@ -1096,7 +862,7 @@ static int apply_scheduler(walker *w, json_t *root)
 
     memset(sc, 0, sizeof *sc);
     sc->type = FSO_SCHED_CONSTANT;
-    CFG_TRY(get_section(w, root, "scheduler", true, &s));
+    CFG_TRY(fso_cfg_get_section(w, root, "scheduler", true, &s));
     if (!s)
         return 0;
     CFG_TRY(fso_cfg_check_keys(w, s, &sec, scheduler_keys, ""));
@@ -1114,7 +880,7 @@ static int apply_scheduler(walker *w, json_t *root)
     if (!(v = json_object_get(s, "type")))
         return fso_cfg_fail(w, &tp, "missing; use %s, or set scheduler to null for a constant "
                                 "learning rate", names);
-    if ((t = find_choice(v, types, true)) < 0) {
+    if ((t = fso_cfg_find_choice(v, types, true)) < 0) {
         char got[128];
         fso_cfg_describe(v, got, sizeof got);
         return fso_cfg_fail(w, &tp, "expected %s (or scheduler null for a constant learning "
@@ -1124,7 +890,7 @@ static int apply_scheduler(walker *w, json_t *root)
     char type_where[64];
     snprintf(type_where, sizeof type_where, " for %s", types[t].name);
     if ((v = json_object_get(s, "params"))) {
-        CFG_TRY(want_object(w, v, &psec));
+        CFG_TRY(fso_cfg_want_object(w, v, &psec));
         params = v;
     }
     /* The built-in defaults' parameters belong to their type, WarmupCosineLR:
@@ -1143,30 +909,30 @@ static int apply_scheduler(walker *w, json_t *root)
     CFG_TRY(fso_cfg_check_keys(w, params, &psec, type_keys[sc->type], type_where));
 
     /* Library defaults are DeepSpeed's. */
-    CFG_TRY(get_int(w, params, &psec, "warmup_num_steps", 0, INT64_MAX, I64(1000),
+    CFG_TRY(fso_cfg_get_int(w, params, &psec, "warmup_num_steps", 0, INT64_MAX, I64(1000),
                     &sc->warmup_num_steps));
     sc->warmup_type = FSO_WARMUP_LOG;
     if (params && (v = json_object_get(params, "warmup_type"))) {
         keypath p = fso_cfg_kp_child(&psec, "warmup_type");
         int wt = 0;
-        CFG_TRY(want_choice(w, v, &p, fso_config_warmup_type_choices, false, &wt));
+        CFG_TRY(fso_cfg_want_choice(w, v, &p, fso_config_warmup_type_choices, false, &wt));
         sc->warmup_type = (fso_warmup_type)wt;
     }
     if (sc->type == FSO_SCHED_WARMUP_COSINE) {
-        CFG_TRY(get_number(w, params, &psec, "warmup_min_ratio", RANGE_UNIT, DBL(0.0),
+        CFG_TRY(fso_cfg_get_number(w, params, &psec, "warmup_min_ratio", RANGE_UNIT, DBL(0.0),
                            &sc->warmup_min_ratio));
-        CFG_TRY(get_number(w, params, &psec, "cos_min_ratio", RANGE_UNIT, DBL(0.0001),
+        CFG_TRY(fso_cfg_get_number(w, params, &psec, "cos_min_ratio", RANGE_UNIT, DBL(0.0001),
                            &sc->cos_min_ratio));
     } else {
-        CFG_TRY(get_number(w, params, &psec, "warmup_min_lr", RANGE_NONNEG, DBL(0.0),
+        CFG_TRY(fso_cfg_get_number(w, params, &psec, "warmup_min_lr", RANGE_NONNEG, DBL(0.0),
                            &sc->warmup_min_lr));
-        CFG_TRY(get_number(w, params, &psec, "warmup_max_lr", RANGE_POSITIVE, DBL(0.001),
+        CFG_TRY(fso_cfg_get_number(w, params, &psec, "warmup_max_lr", RANGE_POSITIVE, DBL(0.001),
                            &sc->warmup_max_lr));
     }
     if (sc->type == FSO_SCHED_WARMUP)
         return 0;
 
-    CFG_TRY(get_int(w, params, &psec, "total_num_steps", 1, INT64_MAX, I64(0),
+    CFG_TRY(fso_cfg_get_int(w, params, &psec, "total_num_steps", 1, INT64_MAX, I64(0),
                     &sc->total_num_steps));
     keypath wp = fso_cfg_kp_child(&psec, "warmup_num_steps");
     if (sc->total_num_steps > 0 && sc->warmup_num_steps >= sc->total_num_steps) {
@@ -1201,12 +967,12 @@ static int apply_checkpoint(walker *w, json_t *root)
     keypath sec = {{"checkpoint"}, 1};
     json_t *s;
 
-    CFG_TRY(get_section(w, root, "checkpoint", true, &s));
+    CFG_TRY(fso_cfg_get_section(w, root, "checkpoint", true, &s));
     CFG_TRY(fso_cfg_check_keys(w, s, &sec, checkpoint_keys, ""));
     /* room after the folder for the checkpoint's own names */
-    CFG_TRY(get_path(w, s, &sec, "dir", ck->dir, sizeof ck->dir - 64));
-    CFG_TRY(get_int(w, s, &sec, "every_steps", 0, INT64_MAX, I64(0), &ck->every_steps));
-    CFG_TRY(get_int32(w, s, &sec, "keep", 1, I64(FSO_CHECKPOINT_KEEP_DEFAULT), &ck->keep));
+    CFG_TRY(fso_cfg_get_path(w, s, &sec, "dir", ck->dir, sizeof ck->dir - 64));
+    CFG_TRY(fso_cfg_get_int(w, s, &sec, "every_steps", 0, INT64_MAX, I64(0), &ck->every_steps));
+    CFG_TRY(fso_cfg_get_int32(w, s, &sec, "keep", 1, I64(FSO_CHECKPOINT_KEEP_DEFAULT), &ck->keep));
     return 0;
 }
 
