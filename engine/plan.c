@@ -513,10 +513,9 @@ int fso_plan_calibrate_cpu(fso_plan_ctx *ctx, const fso_config *cfg, bool refres
 void fso_plan_pins_from_config(const fso_config *cfg, fso_plan_pins *pins)
 {
     const bool pparam =
-        fso_config_origin_of(cfg, "zero_optimization.offload_param.device") != FSO_ORIGIN_DEFAULT;
-    const bool poptim = fso_config_origin_of(cfg, "zero_optimization.offload_optimizer.device") !=
-                        FSO_ORIGIN_DEFAULT;
-    const bool ppf = fso_config_origin_of(cfg, "train.prefetch_blocks") != FSO_ORIGIN_DEFAULT;
+        fso_config_pinned(cfg, "zero_optimization.offload_param.device");
+    const bool poptim = fso_config_pinned(cfg, "zero_optimization.offload_optimizer.device");
+    const bool ppf = fso_config_pinned(cfg, "train.prefetch_blocks");
     fso_plan_pins_none(pins);
     if (pparam)
         pins->tier[FSO_KIND_PARAM] = (int)cfg->offload.param_tier;
@@ -526,15 +525,15 @@ void fso_plan_pins_from_config(const fso_config *cfg, fso_plan_pins *pins)
     if (ppf)
         pins->prefetch = cfg->offload.prefetch_blocks;
     /* the per-block counts (state.h fso_block_rule) the user wrote */
-    if (fso_config_origin_of(cfg, "train.resident_blocks") != FSO_ORIGIN_DEFAULT &&
+    if (fso_config_pinned(cfg, "train.resident_blocks") &&
         cfg->offload.resident_blocks >= 0)
         pins->resident_blocks = cfg->offload.resident_blocks;
-    if (fso_config_origin_of(cfg, "train.device_state_blocks") != FSO_ORIGIN_DEFAULT &&
+    if (fso_config_pinned(cfg, "train.device_state_blocks") &&
         cfg->offload.device_state_blocks >= 0)
         pins->device_state_blocks = cfg->offload.device_state_blocks;
-    if (fso_config_origin_of(cfg, "train.device_state_from") != FSO_ORIGIN_DEFAULT)
+    if (fso_config_pinned(cfg, "train.device_state_from"))
         pins->device_state_first = cfg->offload.device_state_first;
-    if (fso_config_origin_of(cfg, "train.whole_block_copies") != FSO_ORIGIN_DEFAULT)
+    if (fso_config_pinned(cfg, "train.whole_block_copies"))
         pins->whole_copy = cfg->offload.whole_copy;
 }
 
@@ -992,7 +991,7 @@ int fso_plan_apply(const fso_plan *p, fso_config *cfg, char *err, size_t errlen)
      * stands (a no-op where the engine makes none) */
     if (wc)
         o->whole_copy = true;
-    else if (fso_config_origin_of(cfg, "train.whole_block_copies") == FSO_ORIGIN_DEFAULT)
+    else if (!fso_config_pinned(cfg, "train.whole_block_copies"))
         o->whole_copy = false;
     return 0;
 }

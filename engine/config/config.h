@@ -30,6 +30,8 @@ typedef enum fso_config_origin {
     FSO_ORIGIN_DEFAULT = 0,       /* the built-in defaults or a library default */
     FSO_ORIGIN_FILE,              /* the config file */
     FSO_ORIGIN_SET,               /* a --set (or an option that is one: --data, --steps, --nvme) */
+    FSO_ORIGIN_AUTO,              /* the file or a --set gave "auto" (DeepSpeed's placeholder):
+                                     the planner chooses, as for a default, and says what */
 } fso_config_origin;
 
 /* The keys the user gave a value, as fso_config_finish() found them; every
@@ -211,6 +213,8 @@ typedef struct fso_config {
 
     int micro_batch;              /* train_micro_batch_size_per_gpu */
     int grad_accum;               /* gradient_accumulation_steps */
+    int64_t global_batch;         /* train_batch_size: sequences per optimizer step over all
+                                     devices, micro_batch * grad_accum * devices */
     double grad_clip;             /* gradient_clipping; 0 = off */
     int64_t steps;                /* train.steps */
     int64_t steps_per_print;
@@ -280,6 +284,13 @@ void fso_config_free(fso_config *cfg);
  * "zero_optimization.offload_param.device") came from: what the planner
  * keeps as the user's choice and what it may choose itself. */
 fso_config_origin fso_config_origin_of(const fso_config *cfg, const char *key);
+/* Whether the user chose `key`'s value (a file or a --set gave a value, not
+ * "auto"): the planner keeps it; otherwise the planner may choose. */
+static inline bool fso_config_pinned(const fso_config *cfg, const char *key)
+{
+    fso_config_origin o = fso_config_origin_of(cfg, key);
+    return o == FSO_ORIGIN_FILE || o == FSO_ORIGIN_SET;
+}
 
 /* The tier kind k lives on: o->kind_tier[k] when o->per_kind, else
  * param_tier for the parameters and optim_tier for the other kinds. */

@@ -50,6 +50,7 @@ static int apply_top(walker *w, json_t *root)
                               &c->micro_batch));
     CFG_TRY(
         fso_cfg_get_int32(w, root, &top, "gradient_accumulation_steps", 1, NULL, &c->grad_accum));
+    c->global_batch = (int64_t)c->micro_batch * c->grad_accum * fso_config_world(c);
     if (json_object_get(root, "train_batch_size")) {
         keypath p = {{"train_batch_size"}, 1};
         keypath mb = {{"train_micro_batch_size_per_gpu"}, 1};
