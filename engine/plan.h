@@ -48,6 +48,7 @@ typedef struct fso_plan_ctx {
     fso_visit_part *visit_part; /* (visits) what each computes (model.h) */
     double probe_gflops;       /* the machine's compute rate before calibration */
     uint64_t n_params;         /* real parameters (padding excluded) */
+    bool calibrated;           /* fso_plan_calibrate_cpu set the compute (else a rate) */
 } fso_plan_ctx;
 int fso_plan_ctx_init(fso_plan_ctx *ctx, const fso_config *cfg, const fso_plan_machine *m,
                       bool gpu, char *err, size_t errlen);
@@ -257,8 +258,12 @@ bool fso_plan_optimizer_bound(const fso_plan *p);
 /* Whether compute hides plan p's optimizer: its part of the critical path
  * is at most FSO_PLAN_HIDDEN_SHARE of the step. */
 bool fso_plan_optimizer_hidden(const fso_plan *p);
-/* base's inputs (machine as calibrated, pins) for cfg split as micro x
- * accum: out is initialised (the caller frees it). 0 or negative errno. */
+/* base's inputs (machine, pins) for cfg split as micro x accum: out is
+ * initialised (the caller frees it). A calibrated base: the split's
+ * micro-batch is timed too (fso_plan_calibrate_cpu, from the probe cache
+ * when it has it: a larger micro-batch computes at a better rate); else,
+ * or when that fails, every visit's compute scales with the micro-batch at
+ * base's rate. 0 or negative errno. */
 int fso_plan_ctx_for_split(const fso_plan_ctx *base, const fso_config *cfg, int micro,
                            int accum, fso_plan_ctx *out, char *err, size_t errlen);
 /* The split of cfg's global batch on ctx's machine (ctx made for cfg, pins
@@ -283,6 +288,17 @@ void fso_plan_batch_hide_words(const fso_plan_batch *b, char *buf, size_t len);
  * only, printed when it differs) and where compute hides the optimizer. */
 void fso_plan_batch_print(FILE *f, const fso_plan_batch *b, const char *why, bool applied);
 json_t *fso_plan_batch_json(const fso_plan_batch *b, bool applied);
+/* Whether a DeepSpeed key of the prefetch depth (stage3_prefetch_bucket_size,
+ * stage3_max_live_parameters) or train.prefetch_blocks is "auto": the
+ * planner chooses the depth (fso_plan_pins_from_config pins none). */
+bool fso_plan_prefetch_auto(const fso_config *cfg);
+/* One line per prefetch key given "auto": what it became in plan p. */
+void fso_plan_auto_print(FILE *f, const fso_config *cfg, const fso_plan *p);
+/* aio.block_size and aio.queue_depth given "auto": what `fsoff bench tune`
+ * recorded for cfg's NVMe folders (probe.h fso_probe_tuned), else the
+ * defaults the config holds, into cfg; line says which ("" when neither is
+ * "auto"). 1 when tuned figures were taken, else 0. */
+int fso_plan_auto_aio(fso_config *cfg, char *line, size_t len);
 /* fso_plan_batch_choose for cfg on this machine keeping pins (NULL: none):
  * its CPU devices (gpu_name NULL, as fso_plan_for_config plans them) or
  * its GPUs (as fso_plan_for_config_gpus). */

@@ -17,6 +17,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "probe.h"
+#include "util.h"
+
 /* The optimizer's share of a plan's critical path: the CPU AdamW, and the
  * NVMe traffic when the optimizer state lives there (the same stream then
  * carries its reads and writes). */
@@ -66,17 +69,24 @@ int fso_plan_ctx_for_split(const fso_plan_ctx *base, const fso_config *cfg, int 
     c->grad_accum = accum;
     const fso_plan_machine *m = &base->in.machine;
     int rc = fso_plan_ctx_init(out, c, m, !m->cpu_devices, err, errlen);
-    free(c);
-    if (rc < 0)
+    if (rc < 0) {
+        free(c);
         return rc;
-    /* the machine as base has it (calibrated), and every visit's compute
-     * scaled to the micro-batch: each counts tokens, as calibration does */
+    }
     out->in.machine = base->in.machine;
     out->probe_gflops = base->probe_gflops;
     out->in.pins = base->in.pins;
-    const double scale = (double)micro / cfg->micro_batch;
-    for (int k = 0; k < out->in.model.n_visits && k < base->in.model.n_visits; k++)
-        out->visits[k].flops = base->visits[k].flops * scale;
+    char cerr[256];
+    if (!base->calibrated || micro == cfg->micro_batch ||
+        fso_plan_calibrate_cpu(out, c, false, cerr, sizeof cerr) < 0) {
+        /* base's rate, every visit's compute scaled to the micro-batch: each
+         * counts tokens, as calibration does */
+        out->in.machine.device_gflops = base->in.machine.device_gflops;
+        const double scale = (double)micro / cfg->micro_batch;
+        for (int k = 0; k < out->in.model.n_visits && k < base->in.model.n_visits; k++)
+            out->visits[k].flops = base->visits[k].flops * scale;
+    }
+    free(c);
     return 0;
 }
 
@@ -361,4 +371,68 @@ int fso_plan_batch_for_config(const fso_config *cfg, const fso_plan_pins *pins,
     rc = fso_plan_batch_choose(&ctx, cfg, b, err, errlen);
     fso_plan_ctx_free(&ctx);
     return rc;
+}
+
+/* ------------------------------------------------------------------ "auto" keys */
+
+/* The DeepSpeed keys that say how far ahead parameters are fetched: "auto"
+ * leaves fsoff's prefetch depth (train.prefetch_blocks) to the planner. */
+static const char *const prefetch_keys[] = {
+    "train.prefetch_blocks",
+    "zero_optimization.stage3_prefetch_bucket_size",
+    "zero_optimization.stage3_max_live_parameters",
+};
+#define N_PREFETCH_KEYS (sizeof prefetch_keys / sizeof prefetch_keys[0])
+
+bool fso_plan_prefetch_auto(const fso_config *cfg)
+{
+    for (size_t i = 0; i < N_PREFETCH_KEYS; i++)
+        if (fso_config_origin_of(cfg, prefetch_keys[i]) == FSO_ORIGIN_AUTO)
+            return true;
+    return false;
+}
+
+void fso_plan_auto_print(FILE *f, const fso_config *cfg, const fso_plan *p)
+{
+    for (size_t i = 0; i < N_PREFETCH_KEYS; i++)
+        if (fso_config_origin_of(cfg, prefetch_keys[i]) == FSO_ORIGIN_AUTO)
+            fprintf(f, "plan: auto: %s \"auto\" -> train.prefetch_blocks %d (the plan's "
+                       "prefetch depth)\n", prefetch_keys[i], p->pl.prefetch);
+}
+
+int fso_plan_auto_aio(fso_config *cfg, char *line, size_t len)
+{
+    const bool bs = fso_config_origin_of(cfg, "aio.block_size") == FSO_ORIGIN_AUTO;
+    const bool qd = fso_config_origin_of(cfg, "aio.queue_depth") == FSO_ORIGIN_AUTO;
+    line[0] = '\0';
+    if (!bs && !qd)
+        return 0;
+    char dirs[8192], missing[8192], path[4096], key[2048], e[256];
+    fso_probe_tuned t;
+    fso_plan_nvme_folders(cfg, dirs, sizeof dirs, missing, sizeof missing);
+    bool tuned = false;
+    if (dirs[0] && fso_probe_cache_path(path, sizeof path) == 0) {
+        fso_probe_key(key, sizeof key, dirs);
+        tuned = fso_probe_tuned_load(path, key, &t, e, sizeof e) == 0;
+    }
+    if (tuned) {
+        if (bs)
+            cfg->offload.aio_block_bytes = (int64_t)t.block_bytes;
+        if (qd)
+            cfg->offload.aio_queue_depth = t.queue_depth;
+    }
+    char h[32], took[96] = "";
+    fso_human_bytes(h, sizeof h, (double)cfg->offload.aio_block_bytes);
+    size_t off = 0;
+    if (bs)
+        off += (size_t)snprintf(took + off, sizeof took - off, "aio.block_size %s", h);
+    if (qd)
+        snprintf(took + off, sizeof took - off, "%saio.queue_depth %d", bs ? ", " : "",
+                 cfg->offload.aio_queue_depth);
+    snprintf(line, len, "auto: \"auto\" -> %s: %s", took,
+             tuned     ? "what fsoff bench tune found for these folders"
+             : dirs[0] ? "the defaults (fsoff bench tune has not measured these folders; run "
+                         "it to tune them)"
+                       : "the defaults (no NVMe folder)");
+    return tuned ? 1 : 0;
 }

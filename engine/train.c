@@ -220,16 +220,25 @@ typedef struct run_plan {
     fso_plan_batch batch;      /* the split of the global batch (have_batch) */
     bool have_batch;
     const char *batch_why;     /* what chose the split the run takes; NULL: advice only */
+    char aio_auto[512];        /* what aio keys given "auto" became; "" */
 } run_plan;
 
-/* Before anything is sized by the micro-batch: when the split of the global
- * batch is the planner's (--auto-batch, or "auto" in the config), choose it
- * and take it into *split (a copy of cfg). 0, or -ENOMEM. */
+/* Before anything is sized by them: the aio settings given "auto", and,
+ * when the split of the global batch is the planner's (--auto-batch, or
+ * "auto" in the config), the split, taken into *split (a copy of cfg, NULL
+ * when nothing changes). 0, or -ENOMEM. */
 static int split_batch(const fso_config *cfg, const fso_run_opts *opts, const run_devices *d,
                        run_plan *rp, fso_config **split)
 {
     *split = NULL;
     const char *why;
+    fso_config aio = *cfg;
+    if (fso_plan_auto_aio(&aio, rp->aio_auto, sizeof rp->aio_auto) > 0) {
+        if (!(*split = malloc(sizeof **split)))
+            return -ENOMEM;
+        **split = aio;
+        cfg = *split;
+    }
     if (!fso_plan_batch_is_free(cfg, opts->auto_batch, &why) || (d->cuda && !d->gpu_free))
         return 0;
     char err[1024];
@@ -244,9 +253,10 @@ static int split_batch(const fso_config *cfg, const fso_run_opts *opts, const ru
     rp->have_batch = true;
     if (rp->batch.step_ms < 0) /* nothing fits: the plan says why */
         return 0;
-    if (!(*split = malloc(sizeof **split)))
+    if (!*split && !(*split = malloc(sizeof **split)))
         return -ENOMEM;
-    **split = *cfg;
+    if (*split != cfg)
+        **split = *cfg;
     fso_plan_batch_apply(&rp->batch, *split);
     rp->batch_why = why;
     return 0;
@@ -302,6 +312,9 @@ static int plan_run(const fso_config *cfg, const run_devices *d, fso_config *run
                                                    sizeof err) == 0;
     if (rp->have_batch)
         fso_plan_batch_print(out, &rp->batch, rp->batch_why, rp->batch_why != NULL);
+    fso_plan_auto_print(out, cfg, rp->plan);
+    if (rp->aio_auto[0])
+        fprintf(out, "plan: %s\n", rp->aio_auto);
     char dirs[8192], missing[8192];
     fso_plan_nvme_folders(cfg, dirs, sizeof dirs, missing, sizeof missing);
     fso_plan_unused_nvme(out, rp->plan, dirs);

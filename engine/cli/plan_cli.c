@@ -475,6 +475,7 @@ typedef struct plan_report {
     const fso_plan *unpinned;  /* the plan with no pins, when it is 5% faster; else NULL */
     const fso_plan_batch *batch; /* the split and where compute hides the optimizer; NULL */
     const char *batch_why;     /* what chose the split ("--auto-batch", "\"auto\""); NULL */
+    const char *aio_auto;      /* what aio keys given "auto" became; "" */
 } plan_report;
 
 static void print_json(const plan_report *r)
@@ -598,6 +599,10 @@ static void print_text(const plan_report *r)
     fso_plan_print(stdout, r->plan);
     if (r->batch)
         fso_plan_batch_print(stdout, r->batch, r->batch_why, r->batch_why != NULL);
+    if (r->plan->fits)
+        fso_plan_auto_print(stdout, r->cfg, r->plan);
+    if (r->aio_auto[0])
+        printf("plan: %s\n", r->aio_auto);
     if (r->plan->fits && r->unpinned) {
         char d[512];
         fso_plan_describe(r->unpinned, d, sizeof d);
@@ -686,6 +691,8 @@ int fso_plan_main(int argc, char **argv)
         cfg.world = a.g.gpus;
     if (a.g.device_mem)
         cfg.device_mem_bytes = a.g.device_mem;
+    char aio_auto[512];
+    fso_plan_auto_aio(&cfg, aio_auto, sizeof aio_auto);
     fso_plan_pins pins;
     if (a.autoplace)
         fso_plan_pins_none(&pins);
@@ -739,7 +746,7 @@ int fso_plan_main(int argc, char **argv)
     plan_report r = {.a = &a, .cfg = &cfg, .ctx = &ctx, .m = &m, .spec = spec, .dirs = dirs,
                      .missing = missing, .calibrated = calibrated,
                      .tuned_devices = tuned_devices, .batch = have_batch ? &batch : NULL,
-                     .batch_why = batch_why};
+                     .batch_why = batch_why, .aio_auto = aio_auto};
     status = plan_and_report(&r, &pins);
 out:
     for (int i = 0; i < a.nsets; i++)
