@@ -288,6 +288,13 @@ void fso_plan_batch_hide_words(const fso_plan_batch *b, char *buf, size_t len);
  * only, printed when it differs) and where compute hides the optimizer. */
 void fso_plan_batch_print(FILE *f, const fso_plan_batch *b, const char *why, bool applied);
 json_t *fso_plan_batch_json(const fso_plan_batch *b, bool applied);
+/* The same from a few measured steps of plan (fso_plan_check's inputs): the
+ * AdamW and compute rates corrected so that plan's placement predicts the
+ * measured optimizer and compute time (fields < 0: kept), then
+ * fso_plan_batch_choose. 0 or negative errno with err. */
+int fso_plan_batch_measured(const fso_config *cfg, const fso_plan_pins *pins,
+                            const fso_plan *plan, const fso_plan_measured *meas,
+                            fso_plan_batch *b, char *err, size_t errlen);
 /* Whether a DeepSpeed key of the prefetch depth (stage3_prefetch_bucket_size,
  * stage3_max_live_parameters) or train.prefetch_blocks is "auto": the
  * planner chooses the depth (fso_plan_pins_from_config pins none). */

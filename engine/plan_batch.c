@@ -436,3 +436,37 @@ int fso_plan_auto_aio(fso_config *cfg, char *line, size_t len)
                        : "the defaults (no NVMe folder)");
     return tuned ? 1 : 0;
 }
+
+int fso_plan_batch_measured(const fso_config *cfg, const fso_plan_pins *pins,
+                            const fso_plan *plan, const fso_plan_measured *meas,
+                            fso_plan_batch *b, char *err, size_t errlen)
+{
+    fso_plan_ctx ctx;
+    int rc = fso_plan_ctx_init(&ctx, cfg, &plan->machine, !plan->machine.cpu_devices, err,
+                               errlen);
+    if (rc < 0)
+        return rc;
+    if (pins)
+        ctx.in.pins = *pins;
+    fso_plan *p = malloc(sizeof *p);
+    if (!p) {
+        fso_plan_ctx_free(&ctx);
+        snprintf(err, errlen, "out of memory");
+        return -ENOMEM;
+    }
+    /* the running placement as these inputs predict it, against the steps */
+    rc = fso_plan_evaluate(&ctx.in, &plan->pl, p);
+    if (rc == 0 || rc == -ENOSPC) {
+        fso_plan_machine *m = &ctx.in.machine;
+        if (meas->optimizer_ms > 0 && p->busy_ms[FSO_STREAM_OPTIM] > 0)
+            m->adam_gelems *= p->busy_ms[FSO_STREAM_OPTIM] / meas->optimizer_ms;
+        if (meas->compute_ms > 0 && p->busy_ms[FSO_STREAM_COMPUTE] > 0)
+            m->device_gflops *= p->busy_ms[FSO_STREAM_COMPUTE] / meas->compute_ms;
+        rc = fso_plan_batch_choose(&ctx, cfg, b, err, errlen);
+    } else {
+        snprintf(err, errlen, "planner: %s", strerror(-rc));
+    }
+    free(p);
+    fso_plan_ctx_free(&ctx);
+    return rc;
+}

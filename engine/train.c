@@ -420,6 +420,14 @@ static void replan(run_plan *rp, fso_config *cfg, int64_t steps_left, fso_traine
     char msg[512], h[32];
     if (!corrected)
         return;
+    /* the batch advice of the start, again at the rates these steps ran */
+    fso_plan_batch mb;
+    if (rp->have_batch &&
+        fso_plan_batch_measured(cfg, &rp->pins, rp->plan, &meas, &mb, msg, sizeof msg) == 0 &&
+        mb.step_ms >= 0) {
+        fso_plan_batch_hide_words(&mb, msg, sizeof msg);
+        fprintf(out, "fsoff: plan: batch, at the rates measured: %s\n", msg);
+    }
     if (fso_plan_check(cfg, &rp->pins, rp->plan, &meas, corrected, msg, sizeof msg) != 1)
         goto out;
     fso_plan_move mv;
