@@ -242,7 +242,7 @@ typedef struct fso_plan_batch {
     int micro, accum;          /* the chosen split */
     double step_ms;            /* its predicted step; < 0: no split fits */
     int splits, splits_fit;    /* splits planned, those that fit */
-    bool optimizer_bound;      /* the configured split's plan (else the chosen one's) */
+    bool optimizer_bound;      /* the chosen split's plan is (fso_plan_optimizer_bound) */
     fso_stream bottleneck;     /* the chosen split's */
     double optimizer_ms;       /* the optimizer's part of the chosen plan's critical path */
     int64_t hide_batch;        /* global batch at which compute hides the optimizer (the

@@ -224,7 +224,7 @@ int fso_plan_batch_choose(const fso_plan_ctx *ctx, const fso_config *cfg, fso_pl
     rc = 0;
     if (!have) /* nothing fits at any split: the plan itself says why */
         goto out;
-    b->optimizer_bound = b->user_step_ms >= 0 ? b->user_bound : fso_plan_optimizer_bound(best);
+    b->optimizer_bound = fso_plan_optimizer_bound(best);
     b->optimizer_ms = optimizer_critical_ms(best);
     b->bottleneck = best->bottleneck;
     rc = find_hide(ctx, cfg, best, b->micro, b, err, errlen);
