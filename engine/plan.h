@@ -225,12 +225,13 @@ int fso_plan_revision(const fso_plan *cur, const fso_plan *next, double measured
  * going to the configured split, then to the smaller micro-batch. Then the
  * global batch at which compute would hide the optimizer: the same
  * placement at larger accumulation, until the optimizer's part of the
- * critical path (AdamW, and NVMe when the optimizer state is there) is at
- * most FSO_PLAN_HIDDEN_SHARE of the step. */
+ * critical path (AdamW, and NVMe when only the optimizer state is there) is
+ * at most FSO_PLAN_HIDDEN_SHARE of the step. */
 #define FSO_PLAN_BATCH_TIE 0.01
 #define FSO_PLAN_HIDDEN_SHARE 0.05
 #define FSO_PLAN_BATCH_MAX_SPLITS 64   /* micro-batches planned, smallest first */
 #define FSO_PLAN_HIDE_MAX_ACCUM 4096
+#define FSO_PLAN_HIDE_MAX_VISITS 32768 /* accumulation x visits of a micro-batch searched */
 
 typedef struct fso_plan_batch {
     int64_t global_batch;      /* sequences per optimizer step, all devices: unchanged */
@@ -249,11 +250,13 @@ typedef struct fso_plan_batch {
                                   chosen micro-batch, more accumulation); 0: none up to
                                   FSO_PLAN_HIDE_MAX_ACCUM */
     int hide_micro, hide_accum;
+    int hide_max_accum;        /* the most accumulation searched (FSO_PLAN_HIDE_MAX_ACCUM, or
+                                  fewer for a model of many visits) */
     double hide_step_ms, hide_tokens_per_s, hide_optimizer_ms;
 } fso_plan_batch;
 
-/* Whether plan p's bound is the optimizer: the CPU AdamW, or NVMe when the
- * optimizer state lives there. */
+/* Whether plan p's bound is the optimizer: the CPU AdamW, or NVMe when it
+ * carries the optimizer state alone (parameters and gradients elsewhere). */
 bool fso_plan_optimizer_bound(const fso_plan *p);
 /* Whether compute hides plan p's optimizer: its part of the critical path
  * is at most FSO_PLAN_HIDDEN_SHARE of the step. */

@@ -20,16 +20,24 @@
 #include "probe.h"
 #include "util.h"
 
-/* The optimizer's share of a plan's critical path: the CPU AdamW, and the
- * NVMe traffic when the optimizer state lives there (the same stream then
- * carries its reads and writes). */
-static double optimizer_critical_ms(const fso_plan *p)
+/* Whether the NVMe streams carry the optimizer's traffic alone: its state
+ * there, and neither the parameters nor the gradients, whose reads and
+ * writes come with every micro-batch. */
+static bool nvme_is_optimizers(const fso_plan *p)
 {
-    double ms = p->critical_ms[FSO_STREAM_OPTIM];
     bool state_nvme = false;
     for (int k = FSO_KIND_MASTER; k < FSO_KIND_GRAD; k++)
         state_nvme = state_nvme || fso_plan_main_tier(p, k) == FSO_TIER_NVME;
-    if (state_nvme)
+    return state_nvme && fso_plan_main_tier(p, FSO_KIND_PARAM) != FSO_TIER_NVME &&
+           fso_plan_main_tier(p, FSO_KIND_GRAD) != FSO_TIER_NVME;
+}
+
+/* The optimizer's share of a plan's critical path: the CPU AdamW, and the
+ * NVMe streams when they carry its traffic alone. */
+static double optimizer_critical_ms(const fso_plan *p)
+{
+    double ms = p->critical_ms[FSO_STREAM_OPTIM];
+    if (nvme_is_optimizers(p))
         ms += p->critical_ms[FSO_STREAM_NVME_READ] + p->critical_ms[FSO_STREAM_NVME_WRITE];
     return ms;
 }
@@ -38,12 +46,8 @@ bool fso_plan_optimizer_bound(const fso_plan *p)
 {
     if (p->bottleneck == FSO_STREAM_OPTIM)
         return true;
-    if (p->bottleneck != FSO_STREAM_NVME_READ && p->bottleneck != FSO_STREAM_NVME_WRITE)
-        return false;
-    for (int k = FSO_KIND_MASTER; k < FSO_KIND_GRAD; k++)
-        if (fso_plan_main_tier(p, k) == FSO_TIER_NVME)
-            return true;
-    return false;
+    return (p->bottleneck == FSO_STREAM_NVME_READ || p->bottleneck == FSO_STREAM_NVME_WRITE) &&
+           nvme_is_optimizers(p);
 }
 
 bool fso_plan_optimizer_hidden(const fso_plan *p)
@@ -132,11 +136,17 @@ static int find_hide(const fso_plan_ctx *base, const fso_config *cfg, const fso_
         goto out_mem;
     const int W = c.in.machine.devices;
     int lo = p->grad_accum, hi = 0; /* lo: known not hidden (or the start) */
+    b->hide_max_accum = lo;
     if (fso_plan_optimizer_hidden(p)) {
         hi = lo;
         *best = *p;
     } else {
-        for (int a = lo * 2; a <= FSO_PLAN_HIDE_MAX_ACCUM; a *= 2) {
+        /* a timeline of accum x visits events per step: as far as that stays
+         * quick to lay out */
+        const int64_t visits = c.in.model.n_visits > 0 ? c.in.model.n_visits : 1;
+        const int64_t most = FSO_PLAN_HIDE_MAX_VISITS / visits;
+        b->hide_max_accum = (int)(most < FSO_PLAN_HIDE_MAX_ACCUM ? most : FSO_PLAN_HIDE_MAX_ACCUM);
+        for (int a = lo * 2; a <= b->hide_max_accum; a *= 2) {
             if ((rc = at_accum(&c, &p->pl, a, q)) < 0)
                 break;
             if (fso_plan_optimizer_hidden(q)) {
@@ -294,7 +304,7 @@ void fso_plan_batch_hide_words(const fso_plan_batch *b, char *buf, size_t len)
              b->global_batch, b->optimizer_bound ? "optimizer-bound" : "not optimizer-bound",
              b->optimizer_ms, b->step_ms);
     if (b->hide_batch == b->global_batch)
-        snprintf(buf, len, "compute hides the optimizer at global batch %" PRId64
+        snprintf(buf, len, "the optimizer is hidden at global batch %" PRId64
                            " (optimizer %.1f ms of the %.0f ms step on the critical path)",
                  b->global_batch, b->hide_optimizer_ms, b->hide_step_ms);
     else if (b->hide_batch > 0)
@@ -306,7 +316,7 @@ void fso_plan_batch_hide_words(const fso_plan_batch *b, char *buf, size_t len)
                  b->devices == 1 ? "" : "s", b->hide_step_ms, b->hide_tokens_per_s);
     else
         snprintf(buf, len, "%s; compute would not hide it at any accumulation up to %d of "
-                           "micro-batch %d", bound, FSO_PLAN_HIDE_MAX_ACCUM, b->micro);
+                           "micro-batch %d", bound, b->hide_max_accum, b->micro);
 }
 
 void fso_plan_batch_print(FILE *f, const fso_plan_batch *b, const char *why, bool applied)

@@ -304,6 +304,32 @@ static void test_prefetch_auto_is_not_a_pin(void **state)
     fso_config_free(&cfg);
 }
 
+/* NVMe as the bound is the optimizer's when it carries the optimizer state
+ * alone; with the parameters there too, every micro-batch reads it. */
+static void test_nvme_bound_is_the_optimizers_when_only_its_state_is_there(void **state)
+{
+    (void)state;
+    fso_plan *p = calloc(1, sizeof *p);
+    assert_non_null(p);
+    p->pl.n_blocks = 3;
+    for (int k = 0; k < FSO_N_KINDS; k++)
+        for (int b = 0; b < 3; b++)
+            p->pl.tier[k][b] = k == FSO_KIND_MASTER || k == FSO_KIND_M || k == FSO_KIND_V
+                                   ? FSO_TIER_NVME
+                                   : FSO_TIER_HOST;
+    p->bottleneck = FSO_STREAM_NVME_WRITE;
+    assert_true(fso_plan_optimizer_bound(p));
+    p->bottleneck = FSO_STREAM_COMPUTE;
+    assert_false(fso_plan_optimizer_bound(p));
+    p->bottleneck = FSO_STREAM_OPTIM;
+    assert_true(fso_plan_optimizer_bound(p));
+    p->bottleneck = FSO_STREAM_NVME_READ;
+    for (int b = 0; b < 3; b++)
+        p->pl.tier[FSO_KIND_PARAM][b] = FSO_TIER_NVME;
+    assert_false(fso_plan_optimizer_bound(p));
+    free(p);
+}
+
 /* The split's words: what chose it, the split taken and the one it
  * replaced, the same global batch, both steps. */
 static void test_split_words(void **state)
@@ -326,6 +352,7 @@ int main(void)
         cmocka_unit_test(test_hide_batch_is_the_smallest_that_hides),
         cmocka_unit_test(test_which_keys_free_the_split),
         cmocka_unit_test(test_prefetch_auto_is_not_a_pin),
+        cmocka_unit_test(test_nvme_bound_is_the_optimizers_when_only_its_state_is_there),
         cmocka_unit_test(test_split_words),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
