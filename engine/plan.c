@@ -25,6 +25,7 @@ void fso_plan_machine_gpu(fso_plan_machine *m, const fso_gpu_spec *spec)
 {
     m->cpu_devices = false;
     m->device_gflops = spec->tflops * 1e3;
+    m->peak_gflops = spec->peak_tflops * 1e3;
     m->h2d_gbps = m->d2h_gbps = spec->h2d_gbps;
     m->coll_gbps = spec->coll_gbps;
     m->device_adam_gelems = spec->adam_gelems;
@@ -103,6 +104,7 @@ int fso_plan_ctx_init(fso_plan_ctx *ctx, const fso_config *cfg, const fso_plan_m
     in->model.visits = ctx->visits;
     in->model.grad_accum = cfg->grad_accum;
     in->model.tokens_per_step = (double)W * cfg->grad_accum * cfg->micro_batch * cfg->data.seq_len;
+    in->model.flops_per_token = 3.0 * fso_model_flops_per_token(mc, cfg->data.seq_len);
     /* what the engine allocates, on GPUs as on the CPU: with bf16.enabled
      * the activations inside a layer and the kept layer inputs in bf16 */
     in->model.activation_bytes = fso_model_activation_bytes_for(

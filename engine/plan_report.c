@@ -84,6 +84,10 @@ void fso_plan_print(FILE *f, const fso_plan *p)
     for (int s = 0; s < FSO_N_STREAMS; s++)
         fprintf(f, "%s %s %.1f", s ? " |" : "", fso_stream_name(s), p->busy_ms[s]);
     fprintf(f, "; compute waits %.1f ms\n", p->stall_ms);
+    if (p->mfu > 0)
+        fprintf(f, "plan: MFU %.1f%% (model FLOPs, 3 x the forward's per token, recomputation not "
+                   "counted, over %d x %.0f TFLOP/s dense bf16 peak)\n",
+                100 * p->mfu, p->machine.devices, p->machine.peak_gflops / 1e3);
 }
 
 static json_t *tier_json(const fso_plan *p, int t)
@@ -161,6 +165,8 @@ json_t *fso_plan_json(const fso_plan *p)
         "placement", placement, "prefetch_blocks", p->pl.prefetch, "whole_copy", wc, "tiers",
         tiers, "busy_ms", busy, "critical_ms", crit, "machine", mj, "evaluated", p->evaluated);
     json_object_set_new(j, "why", why);
+    /* null where no peak is known (CPU devices) */
+    json_object_set_new(j, "mfu", p->mfu > 0 ? json_real(p->mfu) : json_null());
     json_t *sh = json_object(), *least = json_object();
     for (int t = 0; t < FSO_N_TIERS; t++) {
         json_object_set_new(sh, fso_tier_name(t), json_integer(p->search.short_on[t]));

@@ -149,6 +149,8 @@ int fso_plan_evaluate(const fso_plan_input *in, const fso_placement *pl, fso_pla
     if ((rc = pl_simulate(in, pl, out, NULL)) < 0)
         return rc;
     out->evaluated = 1;
+    const double peak = in->machine.peak_gflops * 1e9 * (in->machine.devices > 0 ? in->machine.devices : 1);
+    out->mfu = peak > 0 ? out->tokens_per_s * in->model.flops_per_token / peak : 0;
     return fits ? 0 : -ENOSPC;
 }
 

@@ -71,6 +71,7 @@ typedef struct fso_plan_machine {
     double d2h_gbps;
     double coll_gbps;          /* collective bus bandwidth (nccl-tests busbw) */
     double device_gflops;      /* achieved compute per device */
+    double peak_gflops;        /* dense bf16 peak per device, for MFU; 0: unknown (CPU devices) */
     double adam_gelems;        /* CPU AdamW, all host cores, 1e9 elements/s */
     double device_adam_gelems; /* AdamW on a device; 0: the optimizer never runs there */
     double host_copy_gbps;     /* one host thread's memcpy: staging copies, accumulation */
@@ -94,6 +95,8 @@ typedef struct fso_plan_model {
     const fso_plan_visit *visits; /* one micro-batch, in order */
     int grad_accum;              /* micro-batches per step */
     double tokens_per_step;      /* all devices */
+    double flops_per_token;      /* model FLOPs per token trained (forward and backward,
+                                    recomputation not counted): MFU's numerator; 0: unknown */
     uint64_t activation_bytes;   /* per device */
 } fso_plan_model;
 
@@ -203,6 +206,8 @@ typedef struct fso_plan {
     /* prediction (per device; all devices run the same schedule) */
     double step_ms;
     double tokens_per_s;
+    double mfu;                  /* model FLOPs per second over the devices' dense peak
+                                    (machine.peak_gflops); 0: no peak known */
     double busy_ms[FSO_N_STREAMS];     /* work on each stream in one step */
     double critical_ms[FSO_N_STREAMS]; /* the step's critical path, by stream */
     fso_stream bottleneck;
