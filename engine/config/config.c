@@ -770,8 +770,11 @@ static void record_given(const struct fso_config_doc *doc, json_t *node, keypath
                FSO_CONFIG_MAX_GIVEN);
     kp_format(p, name, sizeof name);
     given->key_hash[given->n] = key_hash(name);
+    /* "auto" passed validation only where config.h says a key takes it */
     given->origin[given->n++] =
-        (uint8_t)(doc->layers[li].kind == LAYER_FILE ? FSO_ORIGIN_FILE : FSO_ORIGIN_SET);
+        (uint8_t)(fso_cfg_is_auto(node)                 ? FSO_ORIGIN_AUTO
+                  : doc->layers[li].kind == LAYER_FILE ? FSO_ORIGIN_FILE
+                                                       : FSO_ORIGIN_SET);
 }
 
 fso_tier fso_offload_tier(const fso_offload_config *o, fso_kind k)
