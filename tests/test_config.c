@@ -522,12 +522,21 @@ static void test_optimizer_section_is_replaced(void **state)
     fso_config c;
     if (load_text(*state, &c, "{\"optimizer\": {\"type\": \"AdamW\"}}") != 0)
         fail_msg("%s", c.err);
-    /* torch.optim.AdamW's defaults, not the tiny job's 3e-3 / 0.95 / 0.1. */
+    /* DeepSpeed's Adam's defaults, not the tiny job's 3e-3 / 0.95 / 0.1:
+     * torch.optim.AdamW's but no weight decay, which torch_adam brings */
     assert_close(c.optim.lr, 1e-3);
     assert_close(c.optim.beta1, 0.9);
     assert_close(c.optim.beta2, 0.999);
     assert_close(c.optim.eps, 1e-8);
+    assert_close(c.optim.weight_decay, 0.0);
+    if (load_text(*state, &c, "{\"optimizer\": {\"type\": \"Adam\", \"params\": "
+                              "{\"torch_adam\": true}}}") != 0)
+        fail_msg("%s", c.err);
     assert_close(c.optim.weight_decay, 0.01);
+    /* DeepSpeed's "AdamW" is AdamW whatever adam_w_mode says */
+    if (load_text(*state, &c, "{\"optimizer\": {\"type\": \"AdamW\", \"params\": "
+                              "{\"adam_w_mode\": false}}}") != 0)
+        fail_msg("%s", c.err);
 }
 
 static void test_model_section_takes_llama_defaults(void **state)

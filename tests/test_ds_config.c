@@ -409,7 +409,7 @@ static void test_ds_features_refused_by_name(void **state)
                    "which compresses the momentum it communicates after freeze_step; it "
                    "implements \"AdamW\" (\"Adam\" with adam_w_mode true is the same)", t->file);
     assert_int_equal(load_text(t, &c, "{\"scheduler\": {\"type\": \"OneCycle\"}}"), -EINVAL);
-    expect_err(&c, "%s:1:16: scheduler.type: fsoff does not implement DeepSpeed's the OneCycle "
+    expect_err(&c, "%s:1:16: scheduler.type: fsoff does not implement DeepSpeed's OneCycle "
                    "schedule, which cycles the learning rate and momentum; use "
                    "\"WarmupCosineLR\", \"WarmupLR\" or \"WarmupDecayLR\" (or scheduler null "
                    "for a constant learning rate)", t->file);

@@ -368,9 +368,9 @@ static const struct {
     {"optimizer", "MuAdamW", "muP's AdamW, which scales learning rates by width"},
     {"optimizer", "MuSGD", "muP's SGD"},
     {"optimizer", "SGD", "SGD"},
-    {"scheduler", "OneCycle", "the OneCycle schedule, which cycles the learning rate and "
+    {"scheduler", "OneCycle", "OneCycle schedule, which cycles the learning rate and "
                               "momentum"},
-    {"scheduler", "LRRangeTest", "the LRRangeTest schedule, which raises the learning rate "
+    {"scheduler", "LRRangeTest", "LRRangeTest schedule, which raises the learning rate "
                                  "step by step to find a good one"},
     {NULL, NULL, NULL},
 };

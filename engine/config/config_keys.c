@@ -472,7 +472,7 @@ static const key_spec adam_keys[] = {
     {"adam_w_mode", NULL},
     {"bias_correction", NULL},
     {"amsgrad", NULL},
-    {"torch_adam", OWN_ADAMW},
+    {"torch_adam", OWN_ADAMW " (true: weight_decay's default is torch's, 0.01)"},
     {"fused", OWN_ADAMW},
     {"foreach", OWN_ADAMW},
     {NULL, NULL},
@@ -514,7 +514,10 @@ static int apply_optimizer(walker *w, json_t *root)
     keypath psec = {{"optimizer", "params"}, 2};
     json_t *opt, *params = NULL, *v;
 
-    /* Library defaults are torch.optim.AdamW's. */
+    /* Library defaults are DeepSpeed's Adam's (FusedAdam's, DeepSpeedCPUAdam's):
+     * torch.optim.AdamW's but weight_decay 0; with torch_adam true it runs
+     * torch.optim.AdamW, whose weight_decay default is 0.01. */
+    bool adamw_type = false;
     CFG_TRY(fso_cfg_get_section(w, root, "optimizer", false, &opt));
     CFG_TRY(fso_cfg_check_keys(w, opt, &sec, optimizer_keys, ""));
     if (opt && (v = json_object_get(opt, "type"))) {
@@ -532,6 +535,7 @@ static int apply_optimizer(walker *w, json_t *root)
             return fso_cfg_fail(w, &p, "fsoff implements \"%s\" (\"%s\" with adam_w_mode true "
                                    "is the same), got %s", types[0].name, types[1].name, got);
         }
+        adamw_type = fso_cfg_find_choice(v, types, true) == 0;
     }
     if (opt && (v = json_object_get(opt, "params"))) {
         CFG_TRY(fso_cfg_want_object(w, v, &psec));
@@ -541,13 +545,17 @@ static int apply_optimizer(walker *w, json_t *root)
     CFG_TRY(fso_cfg_get_number(w, params, &psec, "lr", RANGE_POSITIVE, DBL(1e-3), &o->lr));
     CFG_TRY(apply_betas(w, params, &psec));
     CFG_TRY(fso_cfg_get_number(w, params, &psec, "eps", RANGE_POSITIVE, DBL(1e-8), &o->eps));
-    CFG_TRY(fso_cfg_get_number(w, params, &psec, "weight_decay", RANGE_NONNEG, DBL(0.01),
+    bool b = false;
+    CFG_TRY(fso_cfg_get_bool(w, params, &psec, "torch_adam", BOOL(false), &b));
+    CFG_TRY(fso_cfg_get_number(w, params, &psec, "weight_decay", RANGE_NONNEG, DBL(b ? 0.01 : 0.0),
                        &o->weight_decay));
 
-    bool b = true;
     keypath p = fso_cfg_kp_child(&psec, "adam_w_mode");
     CFG_TRY(fso_cfg_get_bool(w, params, &psec, "adam_w_mode", BOOL(true), &b));
-    if (!b)
+    if (!b && adamw_type)
+        fso_cfg_warn(w, &p, "DeepSpeed's \"AdamW\" decouples weight decay whatever "
+                            "adam_w_mode says, as fsoff's does");
+    else if (!b)
         return fso_cfg_fail(w, &p, "fsoff does not implement DeepSpeed's Adam with L2 "
                                "regularization; fsoff's AdamW decouples weight decay, so set it "
                                "to true or drop it");
