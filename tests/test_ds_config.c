@@ -431,6 +431,24 @@ static void test_ds_features_refused_by_name(void **state)
                t->file);
 }
 
+/* DeepSpeed's sections hold what DeepSpeed defines, any number of keys:
+ * the origins record such a section as one key. */
+static void test_a_large_ds_section_loads(void **state)
+{
+    tdir *t = *state;
+    fso_config c;
+    char text[16384];
+    size_t n = (size_t)snprintf(text, sizeof text, "{\"autotuning\": {\"arg_mappings\": {");
+    for (int i = 0; i < 400; i++)
+        n += (size_t)snprintf(text + n, sizeof text - n, "%s\"k%d\": %d", i ? ", " : "", i, i);
+    snprintf(text + n, sizeof text - n, "}}, \"train_batch_size\": 32}");
+    if (load_text(t, &c, text) != 0)
+        fail_msg("%s", c.err);
+    assert_int_equal(fso_config_origin_of(&c, "autotuning"), FSO_ORIGIN_FILE);
+    assert_int_equal(fso_config_origin_of(&c, "train_batch_size"), FSO_ORIGIN_FILE);
+    expect_batch(&c, 32, 1, 32);
+}
+
 /* fp16.enabled "auto" can only be false here: it loads with its line. */
 static void test_fp16_auto_is_false(void **state)
 {
@@ -454,6 +472,7 @@ int main(void)
         T(test_ignored_keys_warn_and_load),
         T(test_ds_sections_ignored_with_their_line),
         T(test_ds_features_refused_by_name),
+        T(test_a_large_ds_section_loads),
 #undef T
     };
     return cmocka_run_group_tests_name("ds_config", tests, NULL, NULL);
