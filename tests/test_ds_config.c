@@ -125,6 +125,35 @@ static void test_batch_contradictions_are_refused(void **state)
                    "so make it a multiple of 4", t->file);
 }
 
+/* The device count set after loading (fsoff plan --gpus N, a plan's
+ * world) resolves the triple again from what the user gave. */
+static void test_batch_follows_a_new_device_count(void **state)
+{
+    tdir *t = *state;
+    fso_config c;
+    LOADS(t, &c, 1, "{\"train_batch_size\": 64, \"train_micro_batch_size_per_gpu\": 4}");
+    expect_batch(&c, 4, 16, 64);
+    assert_int_equal(fso_config_set_world(&c, 4), 0);
+    assert_int_equal(c.world, 4);
+    expect_batch(&c, 4, 4, 64);
+    assert_int_equal(fso_config_set_world(&c, 3), -EINVAL);
+    assert_string_equal(c.err, "on 3 devices: train_batch_size: 64 is not a multiple of "
+                               "train_micro_batch_size_per_gpu (4) x devices (3) = 12, so no "
+                               "whole gradient_accumulation_steps gives it; make "
+                               "train_batch_size a multiple of 12, or change "
+                               "train_micro_batch_size_per_gpu");
+    /* both "auto": the planner's split of the same global batch */
+    LOADS(t, &c, 1, "{\"train_batch_size\": 64, \"train_micro_batch_size_per_gpu\": \"auto\", "
+                    "\"gradient_accumulation_steps\": \"auto\"}");
+    expect_batch(&c, 64, 1, 64);
+    assert_int_equal(fso_config_set_world(&c, 8), 0);
+    expect_batch(&c, 8, 1, 64);
+    /* no train_batch_size: the global batch follows the devices */
+    LOADS(t, &c, 1, "{\"train_micro_batch_size_per_gpu\": 6, \"gradient_accumulation_steps\": 2}");
+    assert_int_equal(fso_config_set_world(&c, 2), 0);
+    expect_batch(&c, 6, 2, 24);
+}
+
 /* ---------------------------------------------------------------- "auto" */
 
 /* transformers' documented ZeRO-3 config, with the global batch written as
@@ -465,6 +494,7 @@ int main(void)
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup_dir, teardown_dir)
         T(test_batch_two_give_the_third),
         T(test_batch_contradictions_are_refused),
+        T(test_batch_follows_a_new_device_count),
         T(test_auto_where_the_planner_chooses),
         T(test_auto_refused_where_no_choice_is_sensible),
         T(test_fp16_enabled_is_rejected),

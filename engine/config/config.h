@@ -283,6 +283,15 @@ static inline int fso_config_world(const fso_config *cfg)
     return cfg->world > 0 ? cfg->world : 1;
 }
 
+/* The device count changed after loading (fsoff plan --gpus N, a plan's
+ * world): cfg->world = world, and the batch triple resolved again by
+ * DeepSpeed's rule from the keys the user gave (fso_config_pinned):
+ * train_batch_size given keeps the global batch and re-derives the
+ * micro-batch or accumulation; otherwise the global batch follows the
+ * devices. 0, or -EINVAL with the contradiction in cfg->err (a
+ * train_batch_size the new count does not divide). */
+int fso_config_set_world(fso_config *cfg, int world);
+
 /* Built-in defaults: the tiny default job. Never fails. */
 void fso_config_defaults(fso_config *cfg);
 /* Merge a JSON file over the current document. */

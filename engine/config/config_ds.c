@@ -277,21 +277,77 @@ static int batch_key(walker *w, json_t *root, const char *key, int64_t hi, int64
     return 0;
 }
 
-/* DeepSpeed's rule (its runtime config's batch parameters): all three
+/* DeepSpeed's rule (its runtime config's batch parameters), on its own:
+ * T, M, G say which of train_batch_size (*tb), the micro-batch (*mb) and
+ * the accumulation (*ga) the user gave; the others are derived: all three
  * given must agree; two give the third; train_batch_size alone takes one
  * accumulation step and train_batch_size / devices per micro-batch; the
- * micro-batch alone takes one accumulation step. "auto" counts as not
- * given (the Hugging Face Trainer fills it from the others), and a
- * micro-batch or accumulation left to the planner gets a provisional value
- * that holds the global batch. Neither train_batch_size nor the micro-batch
- * given: fsoff's default micro-batch (where DeepSpeed refuses). */
+ * micro-batch alone takes one accumulation step; otherwise *mb and *ga
+ * stand (fsoff's defaults, where DeepSpeed refuses). *tb is the product on
+ * return. A contradiction: -EINVAL with what is wrong and the fix in msg,
+ * *rel the other keys it names (REL_MB, REL_GA: a mask). */
+enum { REL_MB = 1, REL_GA = 2 };
+static int batch_resolve(bool T, bool M, bool G, int64_t W, int64_t *tb, int64_t *mb,
+                         int64_t *ga, char *msg, size_t len, int *rel)
+{
+    *rel = 0;
+    if (T && M && G) {
+        if (*tb != *mb * *ga * W) {
+            *rel = REL_MB | REL_GA;
+            snprintf(msg, len, "must equal " MB " (%" PRId64 ") x " GA " (%" PRId64 ") x "
+                               "devices (%" PRId64 ") = %" PRId64 ", got %" PRId64 "; drop one "
+                               "of the three and fsoff derives it as DeepSpeed does, or make "
+                               "them agree", *mb, *ga, W, *mb * *ga * W, *tb);
+            return -EINVAL;
+        }
+    } else if (T && (M || G)) {
+        int64_t per = (M ? *mb : *ga) * W;
+        const char *given = M ? MB : GA, *derived = M ? GA : MB;
+        *rel = M ? REL_MB : REL_GA;
+        if (*tb % per != 0) {
+            snprintf(msg, len, "%" PRId64 " is not a multiple of %s (%" PRId64 ") x devices "
+                               "(%" PRId64 ") = %" PRId64 ", so no whole %s gives it; make "
+                               "train_batch_size a multiple of %" PRId64 ", or change %s",
+                     *tb, given, M ? *mb : *ga, W, per, derived, per, given);
+            return -EINVAL;
+        }
+        if (*tb / per > INT_MAX) {
+            snprintf(msg, len, "%" PRId64 " / %" PRId64 " gives %s %" PRId64 ", more than "
+                               "fsoff takes (%d)", *tb, per, derived, *tb / per, INT_MAX);
+            return -EINVAL;
+        }
+        *(M ? ga : mb) = *tb / per;
+    } else if (T) {
+        if (*tb % W != 0) {
+            snprintf(msg, len, "%" PRId64 " is not a multiple of the devices (%" PRId64 "); "
+                               "with neither " MB " nor " GA " given, each device takes "
+                               "train_batch_size / devices sequences in one step, so make it "
+                               "a multiple of %" PRId64, *tb, W, W);
+            return -EINVAL;
+        }
+        if (*tb / W > INT_MAX) {
+            snprintf(msg, len, "%" PRId64 " sequences per device is more than fsoff takes in "
+                               "one micro-batch (%d); give " GA " too", *tb / W, INT_MAX);
+            return -EINVAL;
+        }
+        *mb = *tb / W;
+        *ga = 1;
+    } else if (M && !G) {
+        *ga = 1;
+    }
+    *tb = *mb * *ga * W;
+    return 0;
+}
+
+/* "auto" counts as not given (the Hugging Face Trainer fills it from the
+ * others), and a micro-batch or accumulation left to the planner gets a
+ * provisional value that holds the global batch (config.h). */
 int fso_cfg_apply_batch(walker *w, json_t *root)
 {
     fso_config *c = w->out;
-    const int64_t W = fso_config_world(c);
     int64_t tb, mb, ga;
     batch_state ts, ms, gs;
-    keypath tp = {{TB}, 1}, mp = {{MB}, 1}, gp = {{GA}, 1};
+    keypath tp = {{TB}, 1}, gp = {{GA}, 1};
 
     CFG_TRY(batch_key(w, root, TB, INT64_MAX, &tb, &ts));
     CFG_TRY(batch_key(w, root, MB, INT_MAX, &mb, &ms));
@@ -304,47 +360,36 @@ int fso_cfg_apply_batch(walker *w, json_t *root)
         return fso_cfg_fail(w, &gp, "\"auto\" needs a train_batch_size to split: the planner "
                                     "chooses the accumulation steps that give it; give "
                                     "train_batch_size, or a number here");
-    const bool T = ts == B_GIVEN, M = ms == B_GIVEN, G = gs == B_GIVEN;
-    if (T && M && G) {
-        if (tb != mb * ga * W)
-            return fso_cfg_fail_rel(w, &tp, &mp, &gp,
-                                    "must equal " MB " (%" PRId64 ") x " GA " (%" PRId64 ") x "
-                                    "devices (%" PRId64 ") = %" PRId64 ", got %" PRId64 "; drop "
-                                    "one of the three and fsoff derives it as DeepSpeed does, "
-                                    "or make them agree", mb, ga, W, mb * ga * W, tb);
-    } else if (T && (M || G)) {
-        int64_t per = (M ? mb : ga) * W;
-        const char *given = M ? MB : GA, *derived = M ? GA : MB;
-        if (tb % per != 0)
-            return fso_cfg_fail_rel(w, &tp, M ? &mp : &gp, NULL,
-                                    "%" PRId64 " is not a multiple of %s (%" PRId64 ") x "
-                                    "devices (%" PRId64 ") = %" PRId64 ", so no whole %s gives "
-                                    "it; make train_batch_size a multiple of %" PRId64 ", or "
-                                    "change %s", tb, given, M ? mb : ga, W, per, derived, per,
-                                    given);
-        if (tb / per > INT_MAX)
-            return fso_cfg_fail(w, &tp, "%" PRId64 " / %" PRId64 " gives %s %" PRId64 ", more "
-                                        "than fsoff takes (%d)", tb, per, derived, tb / per,
-                                INT_MAX);
-        *(M ? &ga : &mb) = tb / per;
-    } else if (T) {
-        if (tb % W != 0)
-            return fso_cfg_fail(w, &tp, "%" PRId64 " is not a multiple of the devices (%" PRId64
-                                        "); with neither " MB " nor " GA " given, each device "
-                                        "takes train_batch_size / devices sequences in one "
-                                        "step, so make it a multiple of %" PRId64, tb, W, W);
-        if (tb / W > INT_MAX)
-            return fso_cfg_fail(w, &tp, "%" PRId64 " sequences per device is more than fsoff "
-                                        "takes in one micro-batch (%d); give " GA " too",
-                                tb / W, INT_MAX);
-        mb = tb / W;
-        ga = 1;
-    } else if (M && !G) {
-        ga = 1;
+    char msg[400];
+    int rel;
+    if (batch_resolve(ts == B_GIVEN, ms == B_GIVEN, gs == B_GIVEN, fso_config_world(c), &tb,
+                      &mb, &ga, msg, sizeof msg, &rel) < 0) {
+        keypath mp = {{MB}, 1};
+        return fso_cfg_fail_rel(w, &tp, rel & REL_MB ? &mp : &tp, rel & REL_GA ? &gp : NULL,
+                                "%s", msg);
     }
     c->micro_batch = (int)mb;
     c->grad_accum = (int)ga;
-    c->global_batch = mb * ga * W;
+    c->global_batch = tb;
+    return 0;
+}
+
+int fso_config_set_world(fso_config *cfg, int world)
+{
+    int64_t tb = cfg->global_batch, mb = cfg->micro_batch, ga = cfg->grad_accum;
+    char msg[400];
+    int rel;
+    cfg->world = world;
+    if (batch_resolve(fso_config_pinned(cfg, TB), fso_config_pinned(cfg, MB),
+                      fso_config_pinned(cfg, GA), fso_config_world(cfg), &tb, &mb, &ga, msg,
+                      sizeof msg, &rel) < 0) {
+        snprintf(cfg->err, sizeof cfg->err, "on %d devices: " TB ": %s",
+                 fso_config_world(cfg), msg);
+        return -EINVAL;
+    }
+    cfg->micro_batch = (int)mb;
+    cfg->grad_accum = (int)ga;
+    cfg->global_batch = tb;
     return 0;
 }
 
