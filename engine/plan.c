@@ -489,6 +489,7 @@ int fso_plan_calibrate_cpu(fso_plan_ctx *ctx, const fso_config *cfg, bool refres
     const bool cached = fso_probe_cache_path(path, sizeof path) == 0;
     if (cached && !refresh && fso_probe_layer_load(path, l.key, &l, e, sizeof e) == 0) {
         calib_apply(ctx, &l, scale);
+        ctx->calibrated = true;
         return 0;
     }
     if ((reps + 1) * run_ms > 1000)
@@ -507,6 +508,7 @@ int fso_plan_calibrate_cpu(fso_plan_ctx *ctx, const fso_config *cfg, bool refres
     if (cached && fso_probe_layer_save(path, &l, e, sizeof e) < 0)
         fprintf(stderr, "fsoff: warning: %s\n", e);
     calib_apply(ctx, &l, scale);
+    ctx->calibrated = true;
     return 0;
 }
 
@@ -517,7 +519,9 @@ void fso_plan_pins_from_config(const fso_config *cfg, fso_plan_pins *pins)
     const bool pparam =
         fso_config_pinned(cfg, "zero_optimization.offload_param.device");
     const bool poptim = fso_config_pinned(cfg, "zero_optimization.offload_optimizer.device");
-    const bool ppf = fso_config_pinned(cfg, "train.prefetch_blocks");
+    /* a DeepSpeed prefetch key given "auto" frees the depth */
+    const bool ppf =
+        fso_config_pinned(cfg, "train.prefetch_blocks") && !fso_plan_prefetch_auto(cfg);
     fso_plan_pins_none(pins);
     if (pparam)
         pins->tier[FSO_KIND_PARAM] = (int)cfg->offload.param_tier;

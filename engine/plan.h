@@ -48,6 +48,7 @@ typedef struct fso_plan_ctx {
     fso_visit_part *visit_part; /* (visits) what each computes (model.h) */
     double probe_gflops;       /* the machine's compute rate before calibration */
     uint64_t n_params;         /* real parameters (padding excluded) */
+    bool calibrated;           /* fso_plan_calibrate_cpu set the compute (else a rate) */
 } fso_plan_ctx;
 int fso_plan_ctx_init(fso_plan_ctx *ctx, const fso_config *cfg, const fso_plan_machine *m,
                       bool gpu, char *err, size_t errlen);
@@ -214,5 +215,102 @@ typedef struct fso_plan_move {
 } fso_plan_move;
 int fso_plan_revision(const fso_plan *cur, const fso_plan *next, double measured_ms,
                       int64_t steps_left, fso_plan_move *mv);
+
+/* ------------------------------------------------------------------ batch
+ * The global batch (train_batch_size: sequences per optimizer step, all
+ * devices) is the user's; its split into micro-batch x accumulation is
+ * chosen here (plan_batch.c). Each split is planned by fso_plan_choose from
+ * the inputs it gives (compute per visit and activation bytes scale with the
+ * micro-batch); the fastest that fits wins, ties (within FSO_PLAN_BATCH_TIE)
+ * going to the configured split, then to the smaller micro-batch. Then the
+ * global batch at which compute would hide the optimizer: the same
+ * placement at larger accumulation, until the optimizer's part of the
+ * critical path (AdamW, and NVMe when the optimizer state is there) is at
+ * most FSO_PLAN_HIDDEN_SHARE of the step. */
+#define FSO_PLAN_BATCH_TIE 0.01
+#define FSO_PLAN_HIDDEN_SHARE 0.05
+#define FSO_PLAN_BATCH_MAX_SPLITS 64   /* micro-batches planned, smallest first */
+#define FSO_PLAN_HIDE_MAX_ACCUM 4096
+
+typedef struct fso_plan_batch {
+    int64_t global_batch;      /* sequences per optimizer step, all devices: unchanged */
+    int devices;
+    int user_micro, user_accum; /* the configured split */
+    double user_step_ms;       /* its predicted step; < 0: it does not fit */
+    bool user_bound;           /* its plan is optimizer-bound (fso_plan_optimizer_bound) */
+    double user_optimizer_ms;  /* the optimizer's part of its critical path */
+    int micro, accum;          /* the chosen split */
+    double step_ms;            /* its predicted step; < 0: no split fits */
+    int splits, splits_fit;    /* splits planned, those that fit */
+    bool optimizer_bound;      /* the chosen split's plan is (fso_plan_optimizer_bound) */
+    fso_stream bottleneck;     /* the chosen split's */
+    double optimizer_ms;       /* the optimizer's part of the chosen plan's critical path */
+    int64_t hide_batch;        /* global batch at which compute hides the optimizer (the
+                                  chosen micro-batch, more accumulation); 0: none up to
+                                  FSO_PLAN_HIDE_MAX_ACCUM */
+    int hide_micro, hide_accum;
+    double hide_step_ms, hide_tokens_per_s, hide_optimizer_ms;
+} fso_plan_batch;
+
+/* Whether plan p's bound is the optimizer: the CPU AdamW, or NVMe when the
+ * optimizer state lives there. */
+bool fso_plan_optimizer_bound(const fso_plan *p);
+/* Whether compute hides plan p's optimizer: its part of the critical path
+ * is at most FSO_PLAN_HIDDEN_SHARE of the step. */
+bool fso_plan_optimizer_hidden(const fso_plan *p);
+/* base's inputs (machine, pins) for cfg split as micro x accum: out is
+ * initialised (the caller frees it). A calibrated base: the split's
+ * micro-batch is timed too (fso_plan_calibrate_cpu, from the probe cache
+ * when it has it: a larger micro-batch computes at a better rate); else,
+ * or when that fails, every visit's compute scales with the micro-batch at
+ * base's rate. 0 or negative errno. */
+int fso_plan_ctx_for_split(const fso_plan_ctx *base, const fso_config *cfg, int micro,
+                           int accum, fso_plan_ctx *out, char *err, size_t errlen);
+/* The split of cfg's global batch on ctx's machine (ctx made for cfg, pins
+ * set) and where compute hides the optimizer, into *b. 0 (b->step_ms < 0
+ * when no split fits) or negative errno with err. */
+int fso_plan_batch_choose(const fso_plan_ctx *ctx, const fso_config *cfg, fso_plan_batch *b,
+                          char *err, size_t errlen);
+/* Whether the split is the planner's to choose: auto_batch (--auto-batch:
+ * the command line's request, which the config's split gives way to), or
+ * neither train_micro_batch_size_per_gpu nor gradient_accumulation_steps
+ * pinned and one of them "auto". *why: the words for it, or NULL. */
+bool fso_plan_batch_is_free(const fso_config *cfg, bool auto_batch, const char **why);
+/* Take b's split into cfg (the global batch stays). */
+void fso_plan_batch_apply(const fso_plan_batch *b, fso_config *cfg);
+/* The split as one phrase: "--auto-batch: micro-batch 4 x accumulation 2
+ * (was 1 x 8), same global batch 8: predicted 812 ms/step, was 1390". */
+void fso_plan_batch_split_words(const fso_plan_batch *b, const char *why, bool applied,
+                                char *buf, size_t len);
+/* Where compute hides the optimizer, as one phrase. */
+void fso_plan_batch_hide_words(const fso_plan_batch *b, char *buf, size_t len);
+/* The plan's batch lines: the split (why: what chose it, NULL: advice
+ * only, printed when it differs) and where compute hides the optimizer. */
+void fso_plan_batch_print(FILE *f, const fso_plan_batch *b, const char *why, bool applied);
+json_t *fso_plan_batch_json(const fso_plan_batch *b, bool applied);
+/* The same from a few measured steps of plan (fso_plan_check's inputs): the
+ * AdamW and compute rates corrected so that plan's placement predicts the
+ * measured optimizer and compute time (fields < 0: kept), then
+ * fso_plan_batch_choose. 0 or negative errno with err. */
+int fso_plan_batch_measured(const fso_config *cfg, const fso_plan_pins *pins,
+                            const fso_plan *plan, const fso_plan_measured *meas,
+                            fso_plan_batch *b, char *err, size_t errlen);
+/* Whether a DeepSpeed key of the prefetch depth (stage3_prefetch_bucket_size,
+ * stage3_max_live_parameters) or train.prefetch_blocks is "auto": the
+ * planner chooses the depth (fso_plan_pins_from_config pins none). */
+bool fso_plan_prefetch_auto(const fso_config *cfg);
+/* One line per prefetch key given "auto": what it became in plan p. */
+void fso_plan_auto_print(FILE *f, const fso_config *cfg, const fso_plan *p);
+/* aio.block_size and aio.queue_depth given "auto": what `fsoff bench tune`
+ * recorded for cfg's NVMe folders (probe.h fso_probe_tuned), else the
+ * defaults the config holds, into cfg; line says which ("" when neither is
+ * "auto"). 1 when tuned figures were taken, else 0. */
+int fso_plan_auto_aio(fso_config *cfg, char *line, size_t len);
+/* fso_plan_batch_choose for cfg on this machine keeping pins (NULL: none):
+ * its CPU devices (gpu_name NULL, as fso_plan_for_config plans them) or
+ * its GPUs (as fso_plan_for_config_gpus). */
+int fso_plan_batch_for_config(const fso_config *cfg, const fso_plan_pins *pins,
+                              const char *gpu_name, uint64_t gpu_free_bytes, fso_plan_batch *b,
+                              char *err, size_t errlen);
 
 #endif

@@ -217,7 +217,50 @@ typedef struct run_plan {
     fso_plan_measured sums;    /* stall, optimizer and compute ms over the measured steps */
     double *block_ms;          /* per block, summed over the measured steps */
     uint64_t nvme_rd, nvme_wr;
+    fso_plan_batch batch;      /* the split of the global batch (have_batch) */
+    bool have_batch;
+    const char *batch_why;     /* what chose the split the run takes; NULL: advice only */
+    char aio_auto[512];        /* what aio keys given "auto" became; "" */
 } run_plan;
+
+/* Before anything is sized by them: the aio settings given "auto", and,
+ * when the split of the global batch is the planner's (--auto-batch, or
+ * "auto" in the config), the split, taken into *split (a copy of cfg, NULL
+ * when nothing changes). 0, or -ENOMEM. */
+static int split_batch(const fso_config *cfg, const fso_run_opts *opts, const run_devices *d,
+                       run_plan *rp, fso_config **split)
+{
+    *split = NULL;
+    const char *why;
+    fso_config aio = *cfg;
+    if (fso_plan_auto_aio(&aio, rp->aio_auto, sizeof rp->aio_auto) > 0) {
+        if (!(*split = malloc(sizeof **split)))
+            return -ENOMEM;
+        **split = aio;
+        cfg = *split;
+    }
+    if (!fso_plan_batch_is_free(cfg, opts->auto_batch, &why) || (d->cuda && !d->gpu_free))
+        return 0;
+    char err[1024];
+    fso_plan_pins pins;
+    fso_plan_pins_from_config(cfg, &pins);
+    if (fso_plan_batch_for_config(cfg, &pins, d->cuda ? d->name : NULL, d->gpu_free, &rp->batch,
+                                  err, sizeof err) < 0) {
+        fprintf(stderr, "fsoff: warning: %s: the batch split was not planned (%s); the "
+                        "configured split stands\n", why, err);
+        return 0;
+    }
+    rp->have_batch = true;
+    if (rp->batch.step_ms < 0) /* nothing fits: the plan says why */
+        return 0;
+    if (!*split && !(*split = malloc(sizeof **split)))
+        return -ENOMEM;
+    if (*split != cfg)
+        **split = *cfg;
+    fso_plan_batch_apply(&rp->batch, *split);
+    rp->batch_why = why;
+    return 0;
+}
 
 /* The budget, before anything is allocated: what the model needs on each
  * tier against what this machine holds, by arithmetic. The placement the
@@ -261,6 +304,17 @@ static int plan_run(const fso_config *cfg, const run_devices *d, fso_config *run
         return prc == -ENOSPC ? prc : 0;
     }
     fso_plan_print(out, rp->plan);
+    /* the batch split and where compute hides the optimizer: chosen before
+     * (split_batch), or advice when compute does not hide the optimizer */
+    if (!rp->have_batch && !fso_plan_optimizer_hidden(rp->plan))
+        rp->have_batch = fso_plan_batch_for_config(cfg, &rp->pins, d->cuda ? d->name : NULL,
+                                                   d->gpu_free, &rp->batch, err,
+                                                   sizeof err) == 0;
+    if (rp->have_batch)
+        fso_plan_batch_print(out, &rp->batch, rp->batch_why, rp->batch_why != NULL);
+    fso_plan_auto_print(out, cfg, rp->plan);
+    if (rp->aio_auto[0])
+        fprintf(out, "plan: %s\n", rp->aio_auto);
     char dirs[8192], missing[8192];
     fso_plan_nvme_folders(cfg, dirs, sizeof dirs, missing, sizeof missing);
     fso_plan_unused_nvme(out, rp->plan, dirs);
@@ -366,6 +420,14 @@ static void replan(run_plan *rp, fso_config *cfg, int64_t steps_left, fso_traine
     char msg[512], h[32];
     if (!corrected)
         return;
+    /* the batch advice of the start, again at the rates these steps ran */
+    fso_plan_batch mb;
+    if (rp->have_batch &&
+        fso_plan_batch_measured(cfg, &rp->pins, rp->plan, &meas, &mb, msg, sizeof msg) == 0 &&
+        mb.step_ms >= 0) {
+        fso_plan_batch_hide_words(&mb, msg, sizeof msg);
+        fprintf(out, "fsoff: plan: batch, at the rates measured: %s\n", msg);
+    }
     if (fso_plan_check(cfg, &rp->pins, rp->plan, &meas, corrected, msg, sizeof msg) != 1)
         goto out;
     fso_plan_move mv;
@@ -487,9 +549,17 @@ int fso_train_run(const fso_config *cfg, const fso_run_opts *opts)
     int rc = -ENOMEM;
 
     describe_devices(cfg, opts, &dev);
+    fso_config *split = NULL;
+    if (split_batch(cfg, opts, &dev, &rp, &split) < 0) {
+        fprintf(stderr, "fsoff: error: out of memory\n");
+        return -ENOMEM;
+    }
+    if (split) /* the run as the split makes it: data, report and plan */
+        cfg = split;
     fso_config *run_cfg = malloc(sizeof *run_cfg);
     if (!run_cfg) {
         fprintf(stderr, "fsoff: error: out of memory\n");
+        free(split);
         return -ENOMEM;
     }
     *run_cfg = *cfg;
@@ -562,5 +632,6 @@ out:
     fso_data_free(&data);
     fso_val_free(&val);
     free(run_cfg);
+    free(split);
     return rc;
 }

@@ -64,6 +64,8 @@ typedef struct fso_run_opts {
                                    checkpoint.dir; else a checkpoint or a save folder */
     bool resume_auto;           /* with resume "": from step 0 when no save has completed
                                    in checkpoint.dir yet (one notice line) */
+    bool auto_batch;            /* --auto-batch: the planner splits the global batch into
+                                   micro-batch x accumulation (plan.h fso_plan_batch) */
     volatile sig_atomic_t *stop;/* set to a signal's number when one asks the run to stop:
                                    it finishes the step in progress, saves (with
                                    checkpoint.dir) and returns FSO_RUN_STOPPED; NULL: never */

@@ -76,6 +76,9 @@ static void usage(FILE *f)
             "      --resume auto      continue from the latest checkpoint in --save DIR if it\n"
             "                         has one, else start from step 0 (one command line that\n"
             "                         starts a job and restarts it; a folder named auto: ./auto)\n"
+            "      --auto-batch       split the global batch (train_batch_size, which stays)\n"
+            "                         into the micro-batch x accumulation the planner predicts\n"
+            "                         fastest among those that fit; one line says what it took\n"
             "      --print-every N    a step line every N steps, the first and last always\n"
             "                         (default: every step up to 10, then about 100 lines in\n"
             "                         all; = --set steps_per_print=N, 0 the default)\n"
@@ -166,7 +169,7 @@ static int check_config_folders(const fso_config *cfg)
 /* What the command line said, beyond what goes into the configuration. */
 typedef struct cli_args {
     const char *config_path, *metrics_path, *devices, *resume;
-    bool devices_given, resume_auto;
+    bool devices_given, resume_auto, auto_batch;
     char **sets; /* --set KEY=VALUE strings, the options that are one included */
     char **written; /* [i]: how the user wrote sets[i] when an option other than --set
                        made it ("--init-from DIR"); NULL: a --set */
@@ -259,6 +262,9 @@ static int take_option(int c, int argc, char **argv, cli_args *a, fso_config *cf
         return count_option(a, "--val-every", optarg, 0,
                             "a step count (0: only before the first step and after the last)",
                             "data.val_every");
+    case 'A':
+        a->auto_batch = true;
+        return 0;
     case 'b':
         return count_option(a, "--val-batches", optarg, 1, "a positive number of micro-batches",
                             "data.val_batches");
@@ -335,6 +341,7 @@ static int parse_args(int argc, char **argv, cli_args *a, fso_config *cfg)
         {"print-every", required_argument, NULL, 'P'},
         {"val-data", required_argument, NULL, 'v'}, {"val-every", required_argument, NULL, 'w'},
         {"val-batches", required_argument, NULL, 'b'},
+        {"auto-batch", no_argument, NULL, 'A'},
         {NULL, 0, NULL, 0},
     };
     int c, rc;
@@ -417,7 +424,8 @@ int fso_cli_main(int argc, char **argv)
     }
 
     fso_run_opts opts = {.metrics_path = a.metrics_path, .devices = a.devices,
-                         .resume = a.resume, .resume_auto = a.resume_auto, .stop = &stop};
+                         .resume = a.resume, .resume_auto = a.resume_auto, .stop = &stop,
+                         .auto_batch = a.auto_batch};
     if (test_pauses(&opts) < 0)
         goto out;
     if (fso_ckpt_resume_check(&cfg, &opts, cfg.err, sizeof cfg.err) < 0) {

@@ -65,6 +65,8 @@ static void plan_usage(FILE *f)
             "      --adam-gelems X   CPU AdamW rate of the whole host, 1e9 elements/s\n"
             "      --probe           measure this machine again (refresh the probe cache)\n"
             "      --auto            ignore the config's offload devices: choose every tier\n"
+            "      --auto-batch      choose the micro-batch x accumulation split of the global\n"
+            "                        batch (train_batch_size stays): the fastest that fits\n"
             "      --json            one JSON object instead of the table\n"
             "      --trace           also print the predicted step's events, stream by stream\n"
             "  -h, --help            this help\n"
@@ -158,7 +160,7 @@ typedef struct plan_args {
     const char *nvme;         /* --nvme as given, NULL when not */
     char **sets;              /* --set, --nvme as assignments, in order */
     int nsets;
-    bool refresh, autoplace, json, trace;
+    bool refresh, autoplace, auto_batch, json, trace;
     given g;
 } plan_args;
 
@@ -239,7 +241,7 @@ static int parse_args(int argc, char **argv, fso_config *cfg, plan_args *a)
         {"coll-gbps", required_argument, NULL, 'C'},  {"adam-gelems", required_argument, NULL, 'a'},
         {"probe", no_argument, NULL, 'P'},            {"auto", no_argument, NULL, 'A'},
         {"json", no_argument, NULL, 'J'},             {"help", no_argument, NULL, 'h'},
-        {"trace", no_argument, NULL, 'T'},
+        {"trace", no_argument, NULL, 'T'},           {"auto-batch", no_argument, NULL, 'B'},
         {NULL, 0, NULL, 0},
     };
     int c;
@@ -285,6 +287,9 @@ static int parse_args(int argc, char **argv, fso_config *cfg, plan_args *a)
             break;
         case 'J':
             a->json = true;
+            break;
+        case 'B':
+            a->auto_batch = true;
             break;
         case 'T':
             a->trace = true;
@@ -468,6 +473,9 @@ typedef struct plan_report {
                                 * this many devices (0: the probe's) */
     const fso_plan *plan;
     const fso_plan *unpinned;  /* the plan with no pins, when it is 5% faster; else NULL */
+    const fso_plan_batch *batch; /* the split and where compute hides the optimizer; NULL */
+    const char *batch_why;     /* what chose the split ("--auto-batch", "\"auto\""); NULL */
+    const char *aio_auto;      /* what aio keys given "auto" became; "" */
 } plan_report;
 
 static void print_json(const plan_report *r)
@@ -477,6 +485,8 @@ static void print_json(const plan_report *r)
     json_object_set_new(j, "gpu", json_string(r->spec ? r->spec->name : "cpu"));
     if (r->unpinned)
         json_object_set_new(j, "unpinned_step_ms", json_real(r->unpinned->step_ms));
+    if (r->batch)
+        json_object_set_new(j, "batch", fso_plan_batch_json(r->batch, r->batch_why != NULL));
     char *s = json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(6));
     if (s)
         printf("%s\n", s);
@@ -587,6 +597,12 @@ static void print_text(const plan_report *r)
 {
     print_heading(r);
     fso_plan_print(stdout, r->plan);
+    if (r->batch)
+        fso_plan_batch_print(stdout, r->batch, r->batch_why, r->batch_why != NULL);
+    if (r->plan->fits)
+        fso_plan_auto_print(stdout, r->cfg, r->plan);
+    if (r->aio_auto[0])
+        printf("plan: %s\n", r->aio_auto);
     if (r->plan->fits && r->unpinned) {
         char d[512];
         fso_plan_describe(r->unpinned, d, sizeof d);
@@ -675,6 +691,8 @@ int fso_plan_main(int argc, char **argv)
         cfg.world = a.g.gpus;
     if (a.g.device_mem)
         cfg.device_mem_bytes = a.g.device_mem;
+    char aio_auto[512];
+    fso_plan_auto_aio(&cfg, aio_auto, sizeof aio_auto);
     fso_plan_pins pins;
     if (a.autoplace)
         fso_plan_pins_none(&pins);
@@ -705,9 +723,30 @@ int fso_plan_main(int argc, char **argv)
     ctx.in.pins = pins;
     if (!missing_folders_described(&a, missing) || !nvme_pins_have_space(&pins, &m, missing))
         goto out;
+    /* the split of the global batch: advice, taken with --auto-batch or
+     * when the config leaves it "auto" */
+    fso_plan_batch batch;
+    const char *batch_why = NULL;
+    bool have_batch = fso_plan_batch_choose(&ctx, &cfg, &batch, err, sizeof err) == 0;
+    if (!have_batch)
+        fprintf(stderr, "fsoff: warning: plan: the batch split was not planned: %s\n", err);
+    else if (batch.step_ms >= 0 && fso_plan_batch_is_free(&cfg, a.auto_batch, &batch_why)) {
+        fso_plan_ctx split;
+        if (fso_plan_ctx_for_split(&ctx, &cfg, batch.micro, batch.accum, &split, err,
+                                   sizeof err) < 0) {
+            fprintf(stderr, "fsoff: error: %s\n", err);
+            goto out;
+        }
+        fso_plan_ctx_free(&ctx);
+        ctx = split;
+        fso_plan_batch_apply(&batch, &cfg);
+    } else {
+        batch_why = NULL;
+    }
     plan_report r = {.a = &a, .cfg = &cfg, .ctx = &ctx, .m = &m, .spec = spec, .dirs = dirs,
                      .missing = missing, .calibrated = calibrated,
-                     .tuned_devices = tuned_devices};
+                     .tuned_devices = tuned_devices, .batch = have_batch ? &batch : NULL,
+                     .batch_why = batch_why, .aio_auto = aio_auto};
     status = plan_and_report(&r, &pins);
 out:
     for (int i = 0; i < a.nsets; i++)
