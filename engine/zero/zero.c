@@ -114,8 +114,11 @@ int fso_zero_check_device(const fso_config *cfg, const fso_zero_need *n, uint64_
              "device memory: each of the %d device%s needs %s (resident shards %s, gather "
              "window and gradient buffers %s, activations %s) but holds %s; short by %s: "
              "offload state (zero_optimization.offload_param / offload_optimizer device "
-             "\"cpu\" or \"nvme\", or --nvme DIR), add devices, or raise --device-mem",
-             world, world == 1 ? "" : "s", h1, h2, h3, h4, h5, by);
+             "\"cpu\" or \"nvme\", or --nvme DIR)%s, add devices, or raise --device-mem",
+             world, world == 1 ? "" : "s", h1, h2, h3, h4, h5, by,
+             fso_config_acts_tier(cfg) == FSO_TIER_DEVICE && cfg->activation_checkpointing
+                 ? ", put the kept activations on the host (train.activations \"host\")"
+                 : "");
     return -ENOMEM;
 }
 
@@ -219,9 +222,20 @@ static int open_devices(fso_zero *z, const fso_zero_need *need, int threads_per_
         if ((rc = open_backend(z, rk, threads_per_dev, &cap, err, errlen)) < 0 ||
             (rc = fso_zero_check_device(cfg, need, cap, err, errlen)) < 0)
             return rc;
-        if ((rc = fso_model_init(&rk->model, &cfg->model, rk->be, cfg->micro_batch,
-                                 cfg->data.seq_len, z->world, cfg->activation_checkpointing,
-                                 cfg->bf16)) < 0) {
+        fso_model_opts mo = {.checkpointing = cfg->activation_checkpointing, .bf16 = cfg->bf16,
+                             .acts = fso_config_acts_tier(cfg)};
+        if (need->act_host &&
+            !(mo.host_acts = zr_pinned_get(&rk->acts_host, need->act_host, z->cuda,
+                                           "the activations kept on the host",
+                                           "their copies stall the device"))) {
+            fso_human_bytes(h1, sizeof h1, (double)need->act_host);
+            snprintf(err, errlen, "host memory: cannot allocate %s for device %d's activations "
+                                  "(train.activations \"host\"); keep them on the device, or "
+                                  "lower --host-mem's other users", h1, r);
+            return -ENOMEM;
+        }
+        if ((rc = fso_model_init_opts(&rk->model, &cfg->model, rk->be, cfg->micro_batch,
+                                      cfg->data.seq_len, z->world, &mo)) < 0) {
             fso_human_bytes(h1, sizeof h1, (double)cap);
             snprintf(err, errlen, "device memory: the activations alone do not fit the %s cap "
                                   "(--device-mem) of device %d (%s); shorten data.seq_len or "
@@ -535,6 +549,7 @@ void fso_zero_destroy(fso_zero *z)
         }
         fso_store_destroy(rk->io.store);
         fso_model_free(&rk->model);
+        zr_pinned_free(&rk->acts_host);
         free(rk->locs);
         fso_backend_destroy(rk->be);
     }
