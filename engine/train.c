@@ -264,10 +264,13 @@ static int plan_run(const fso_config *cfg, const run_devices *d, fso_config *run
     char dirs[8192], missing[8192];
     fso_plan_nvme_folders(cfg, dirs, sizeof dirs, missing, sizeof missing);
     fso_plan_unused_nvme(out, rp->plan, dirs);
-    if (fso_plan_apply(rp->plan, run_cfg, err, sizeof err) < 0)
+    if (fso_plan_apply(rp->plan, run_cfg, err, sizeof err) < 0) {
         fprintf(out, "fsoff: plan not applied (%s); running the configured placement\n", err);
-    else
+    } else {
         rp->applied = true;
+        rp->pins.acts = rp->plan->pl.acts; /* the activations stay where they start: a re-plan
+                                              moves state, not the model's buffers */
+    }
     return 0;
 }
 

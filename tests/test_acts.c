@@ -13,9 +13,14 @@
  *    the device tier;
  *  - the keys: train.activations, DeepSpeed's activation_checkpointing
  *    section (cpu_checkpointing; its other keys understood and ignored),
- *    their agreement, and the host tier refused without checkpointing.
+ *    their agreement, and the host tier refused without checkpointing;
+ *  - the planner: the host tier when only it fits, the device when the
+ *    copies would cost time, a pin kept, each with its why; the copies'
+ *    busy time on the timeline is the bytes over the link; plan.c's inputs
+ *    are model.h's sizes, the pins and the applied plan the config's.
  */
 #include <errno.h>
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -31,6 +36,8 @@
 #include "cuda/cuda_backend.h"
 #include "data.h"
 #include "model.h"
+#include "plan.h"
+#include "planner.h"
 #include "test_util.h"
 #include "train.h"
 #include "zero/zero.h"
@@ -278,6 +285,206 @@ static void test_activation_keys(void **s)
     assert_int_equal(load(&cfg, on, "activation_checkpointing.cpu_offload=true", NULL), -EINVAL);
 }
 
+/* ------------------------------------------------------------------ planner */
+
+#define MIB ((uint64_t)1 << 20)
+#define PL_LAYERS 6
+
+/* A synthetic model for the planner: an embedding, PL_LAYERS layers and a
+ * head of 1 Mi fp32 elements each, visited as model.h's order with the
+ * kept inputs marked; activations 16 MiB on the device, 4 MiB with the
+ * inputs on the host (a ring of 2 of 2 MiB inputs); a GPU's engine. */
+typedef struct synth {
+    fso_plan_input in;
+    uint64_t elems[PL_LAYERS + 2];
+    fso_plan_visit visits[2 * PL_LAYERS + 3];
+} synth;
+
+static void synth_model(synth *s)
+{
+    memset(s, 0, sizeof *s);
+    const int L = PL_LAYERS, nb = L + 2;
+    int n = 0;
+    for (int b = 0; b < nb; b++)
+        s->elems[b] = (uint64_t)1 << 20;
+    s->visits[n++] = (fso_plan_visit){.block = 0, .flops = 1e9, .params = true, .act_write = 1};
+    for (int l = 0; l < L; l++)
+        s->visits[n++] =
+            (fso_plan_visit){.block = 1 + l, .flops = 4e9, .params = true, .act_write = l + 2};
+    s->visits[n++] = (fso_plan_visit){.block = L + 1, .flops = 3e9, .params = true,
+                                      .grads = true, .act_read = L + 1};
+    for (int l = L - 1; l >= 0; l--)
+        s->visits[n++] = (fso_plan_visit){.block = 1 + l, .flops = 12e9, .params = true,
+                                          .grads = true, .act_read = l + 1};
+    s->visits[n++] = (fso_plan_visit){.block = 0, .flops = 1e9, .grads = true};
+    fso_plan_model *m = &s->in.model;
+    m->n_blocks = nb;
+    m->block_elems = s->elems;
+    m->n_visits = n;
+    m->visits = s->visits;
+    m->grad_accum = 1;
+    m->tokens_per_step = 1000;
+    m->activation_bytes = 16 * MIB;
+    m->act_kept_bytes = 2 * MIB;
+    m->act_ring = 2;
+    m->act_host_inputs = L + 1 - 2;
+    m->act_host_device_bytes = 16 * MIB - (uint64_t)m->act_host_inputs * 2 * MIB;
+    fso_plan_engine *en = &s->in.engine;
+    for (int k = 0; k < FSO_N_KINDS; k++)
+        en->rules.dtype[k] = FSO_DT_F32;
+    en->per_block_tiers = true;
+    en->opt_write_lag = 1;
+    fso_plan_pins_none(&s->in.pins);
+    fso_plan_machine *mc = &s->in.machine;
+    mc->devices = 1;
+    mc->device_mem_bytes = (uint64_t)64 << 30;
+    mc->host_mem_bytes = (uint64_t)256 << 30;
+    mc->h2d_gbps = mc->d2h_gbps = 20;
+    mc->coll_gbps = 100;
+    mc->device_gflops = 100e3;
+    mc->adam_gelems = 2;
+    mc->device_adam_gelems = 50;
+    mc->host_copy_gbps = 10;
+}
+
+static void test_planner_places_the_activations(void **s_)
+{
+    (void)s_;
+    synth s;
+    fso_plan p;
+    char why[1024];
+    /* plenty of memory, slow links: the device, and the host named slower */
+    synth_model(&s);
+    s.in.machine.h2d_gbps = s.in.machine.d2h_gbps = 0.01;
+    assert_int_equal(fso_plan_choose(&s.in, &p), 0);
+    assert_int_equal(p.pl.acts, FSO_TIER_DEVICE);
+    assert_int_equal(p.activation_bytes, 16 * MIB);
+    assert_int_equal(p.act_host_bytes, 0);
+    fso_plan_why(&p, why, sizeof why);
+    if (!strstr(why, "activations device (on the host, "))
+        fail_msg("why: %s", why);
+    assert_non_null(strstr(why, "% slower)"));
+
+    /* a device that the 16 MiB of activations overflow beside the gather window and
+     * gradient buffers (16 MiB), whatever else moves:
+     * the host, and the device named short */
+    synth_model(&s);
+    s.in.machine.device_mem_bytes = 28 * MIB;
+    assert_int_equal(fso_plan_choose(&s.in, &p), 0);
+    assert_int_equal(p.pl.acts, FSO_TIER_HOST);
+    assert_int_equal(p.activation_bytes, 6 * MIB);
+    assert_int_equal(p.act_host_bytes, 10 * MIB);
+    assert_int_equal(p.act_copy_bytes, 10 * MIB);
+    assert_true(p.need_bytes[FSO_TIER_DEVICE] <= 28 * MIB);
+    fso_plan_why(&p, why, sizeof why);
+    if (!strstr(why, "activations host (on the devices, device memory would be short by"))
+        fail_msg("why: %s", why);
+
+    /* pinned: kept, and said */
+    synth_model(&s);
+    s.in.pins.acts = FSO_TIER_HOST;
+    assert_int_equal(fso_plan_choose(&s.in, &p), 0);
+    assert_int_equal(p.pl.acts, FSO_TIER_HOST);
+    fso_plan_why(&p, why, sizeof why);
+    assert_non_null(strstr(why, "activations host (pinned by the configuration)"));
+    s.in.pins.acts = FSO_TIER_DEVICE;
+    s.in.machine.device_mem_bytes = 28 * MIB;
+    assert_int_equal(fso_plan_choose(&s.in, &p), -ENOSPC);
+    assert_int_equal(p.pl.acts, FSO_TIER_DEVICE);
+
+    /* not offered (no checkpointing): the device, and nothing said */
+    synth_model(&s);
+    s.in.model.act_kept_bytes = 0;
+    assert_int_equal(fso_plan_choose(&s.in, &p), 0);
+    assert_int_equal(p.pl.acts, FSO_TIER_DEVICE);
+    fso_plan_why(&p, why, sizeof why);
+    assert_null(strstr(why, "activations"));
+}
+
+/* On the timeline each input that leaves the ring goes down once and up
+ * once per micro-batch: the copy streams are busy its bytes over the link;
+ * with links fast enough the step is the device tier's, with slow ones
+ * longer. */
+static void test_planner_times_the_activation_copies(void **s_)
+{
+    (void)s_;
+    synth s;
+    fso_plan dev, host;
+    fso_placement pl;
+    synth_model(&s);
+    s.in.machine.h2d_gbps = s.in.machine.d2h_gbps = 1; /* 2 MiB in 2.097 ms */
+    const double one = (double)(2 * MIB) / 1e6;
+    fso_placement_uniform(&pl, PL_LAYERS + 2, FSO_TIER_DEVICE, FSO_TIER_DEVICE, FSO_TIER_DEVICE,
+                          0);
+    assert_int_equal(fso_plan_evaluate(&s.in, &pl, &dev), 0);
+    pl.acts = FSO_TIER_HOST;
+    assert_int_equal(fso_plan_evaluate(&s.in, &pl, &host), 0);
+    assert_true(fabs(host.busy_ms[FSO_STREAM_D2H] - dev.busy_ms[FSO_STREAM_D2H] -
+                     (PL_LAYERS - 1) * one) < 1e-6);
+    assert_true(fabs(host.busy_ms[FSO_STREAM_H2D] - dev.busy_ms[FSO_STREAM_H2D] -
+                     (PL_LAYERS - 1) * one) < 1e-6);
+    /* each layer computes 0.04 ms forward and 0.12 backward, far less than a
+     * copy: the copies set the pace */
+    assert_true(host.step_ms > dev.step_ms + (PL_LAYERS - 1) * one);
+    s.in.machine.h2d_gbps = s.in.machine.d2h_gbps = 1e9;
+    assert_int_equal(fso_plan_evaluate(&s.in, &pl, &host), 0);
+    assert_true(fabs(host.step_ms - dev.step_ms) < 1e-3);
+}
+
+/* plan.c: the inputs are model.h's sizes; train.activations pins; an
+ * applied plan sets the tier the engine starts with. */
+static void test_plan_inputs_pins_and_apply(void **s_)
+{
+    (void)s_;
+    fso_config cfg;
+    acts_job(&cfg, 1, true, -1);
+    fso_plan_machine m = {.devices = 1, .device_mem_bytes = (uint64_t)1 << 30,
+                          .host_mem_bytes = (uint64_t)8 << 30, .h2d_gbps = 10, .d2h_gbps = 10,
+                          .coll_gbps = 10, .device_gflops = 100, .adam_gelems = 1,
+                          .host_copy_gbps = 10};
+    fso_plan_ctx ctx;
+    char err[512];
+    assert_int_equal(fso_plan_ctx_init(&ctx, &cfg, &m, false, err, sizeof err), 0);
+    const fso_plan_model *pm = &ctx.in.model;
+    const int B = cfg.micro_batch, T = cfg.data.seq_len;
+    assert_int_equal(pm->act_ring, FSO_ACT_RING);
+    assert_int_equal(pm->act_host_inputs, LAYERS + 1 - FSO_ACT_RING);
+    assert_int_equal(pm->act_kept_bytes * (uint64_t)pm->act_host_inputs,
+                     fso_model_host_act_bytes_for(&cfg.model, B, T, true, true, FSO_TIER_HOST));
+    assert_int_equal(pm->act_host_device_bytes,
+                     fso_model_activation_bytes_tier(&cfg.model, B, T, true, true, FSO_TIER_HOST));
+    int writes = 0, reads = 0;
+    for (int k = 0; k < pm->n_visits; k++) {
+        writes += pm->visits[k].act_write > 0;
+        reads += pm->visits[k].act_read > 0;
+    }
+    assert_int_equal(writes, LAYERS + 1); /* the embedding and every layer */
+    assert_int_equal(reads, LAYERS + 1);  /* the head and every layer's backward */
+    fso_plan p;
+    assert_int_equal(fso_plan_choose(&ctx.in, &p), 0);
+    p.pl.acts = FSO_TIER_HOST;
+    assert_int_equal(fso_plan_apply(&p, &cfg, err, sizeof err), 0);
+    assert_int_equal(fso_config_acts_tier(&cfg), FSO_TIER_HOST);
+    fso_plan_ctx_free(&ctx);
+    cfg.activation_checkpointing = false; /* not offered */
+    assert_int_equal(fso_plan_ctx_init(&ctx, &cfg, &m, false, err, sizeof err), 0);
+    assert_int_equal(ctx.in.model.act_kept_bytes, 0);
+    fso_plan_ctx_free(&ctx);
+
+    fso_plan_pins pins;
+    char *host[] = {"train.activation_checkpointing=true", "train.activations=host"};
+    fso_config_defaults(&cfg);
+    assert_int_equal(fso_config_load_all(&cfg, NULL, host, 2), 0);
+    fso_plan_pins_from_config(&cfg, &pins);
+    assert_int_equal(pins.acts, FSO_TIER_HOST);
+    fso_config_free(&cfg);
+    fso_config_defaults(&cfg);
+    assert_int_equal(fso_config_load_all(&cfg, NULL, host, 1), 0);
+    fso_plan_pins_from_config(&cfg, &pins);
+    assert_int_equal(pins.acts, -1);
+    fso_config_free(&cfg);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -287,6 +494,9 @@ int main(void)
         cmocka_unit_test(test_host_tier_gives_the_device_bits_on_cpu),
         cmocka_unit_test(test_host_tier_gives_the_device_bits_under_gpu_rules),
         cmocka_unit_test(test_a_cap_that_fits_only_host_activations),
+        cmocka_unit_test(test_planner_places_the_activations),
+        cmocka_unit_test(test_planner_times_the_activation_copies),
+        cmocka_unit_test(test_plan_inputs_pins_and_apply),
     };
     fso_test_filter_from_env();
     return cmocka_run_group_tests(tests, NULL, NULL);
