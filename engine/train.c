@@ -115,7 +115,9 @@ static void print_banner(FILE *out, const fso_config *cfg, const fso_trainer *tr
                  "%lld steps, activation checkpointing %s\n",
             cfg->micro_batch, cfg->data.seq_len, cfg->grad_accum, cfg->world,
             fso_trainer_step_tokens(cfg), (long long)cfg->steps,
-            cfg->activation_checkpointing ? "on" : "off");
+            !cfg->activation_checkpointing   ? "off"
+            : m->acts_tier == FSO_TIER_HOST ? "on, kept inputs on the host"
+                                            : "on");
     fso_zero_describe(tr->zero, placement, sizeof placement);
     fprintf(out, "fsoff: state %s\n", placement);
     const char *pin = fso_zero_pin_refused(tr->zero);

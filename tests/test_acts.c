@@ -107,6 +107,14 @@ static void cap_fits_only_on_host(const char *backend, bool bf16)
     assert_int_equal(on_host.act_host, (LAYERS + 1 - FSO_ACT_RING) * kb);
     assert_int_equal(on_dev.act_host, 0);
 
+    /* host memory short: the activations named, and the fix */
+    char err[1024];
+    assert_int_equal(fso_zero_check_host(&cfg, &on_host, on_host.tier[FSO_TIER_HOST] - 1, err,
+                                         sizeof err),
+                     -ENOMEM);
+    assert_non_null(strstr(err, "the activations' "));
+    assert_non_null(strstr(err, "train.activations \"device\""));
+
     run_result base, capped, refused;
     cfg.activations = FSO_TIER_DEVICE;
     run_ok(&cfg, NULL, &base); /* the small job's cap, 256 MiB: everything fits */
@@ -194,8 +202,9 @@ static void test_step_act_bytes_are_the_arithmetic(void **s)
 }
 
 /* The model refuses the host tier without checkpointing, and without the
- * host buffer it needs, naming the fix. */
-static void test_model_refuses_host_without_checkpointing(void **s)
+ * host buffer it needs, naming the fix; with it, it allocates on the device
+ * what fso_model_activation_bytes_tier says. */
+static void test_model_host_tier_init(void **s)
 {
     (void)s;
     fso_config cfg;
@@ -210,6 +219,18 @@ static void test_model_refuses_host_without_checkpointing(void **s)
     o.checkpointing = true;
     assert_int_equal(fso_model_init_opts(&m, &cfg.model, be, 2, 32, 1, &o), -EINVAL);
     assert_non_null(strstr(m.err, "host buffer"));
+    /* with its host buffer: the device holds what the arithmetic says */
+    const size_t hb = fso_model_host_act_bytes_for(&cfg.model, 2, 32, true, false, FSO_TIER_HOST);
+    assert_int_equal(hb, (size_t)(LAYERS + 1 - FSO_ACT_RING) * 2 * 32 * cfg.model.hidden_size * 4);
+    o.host_acts = malloc(hb);
+    assert_non_null(o.host_acts);
+    assert_int_equal(fso_model_init_opts(&m, &cfg.model, be, 2, 32, 1, &o), 0);
+    assert_int_equal(fso_model_activation_bytes(&m),
+                     fso_model_activation_bytes_tier(&cfg.model, 2, 32, true, false,
+                                                     FSO_TIER_HOST));
+    assert_int_equal(m.n_host, LAYERS + 1 - FSO_ACT_RING);
+    fso_model_free(&m);
+    free(o.host_acts);
     assert_false(fso_model_acts_tier_ok(FSO_TIER_NVME, true));
     assert_true(fso_model_acts_tier_ok(FSO_TIER_HOST, true));
     assert_false(fso_model_acts_tier_ok(FSO_TIER_HOST, false));
@@ -489,7 +510,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_activation_keys),
-        cmocka_unit_test(test_model_refuses_host_without_checkpointing),
+        cmocka_unit_test(test_model_host_tier_init),
         cmocka_unit_test(test_step_act_bytes_are_the_arithmetic),
         cmocka_unit_test(test_host_tier_gives_the_device_bits_on_cpu),
         cmocka_unit_test(test_host_tier_gives_the_device_bits_under_gpu_rules),

@@ -128,21 +128,30 @@ int fso_zero_check_host(const fso_config *cfg, const fso_zero_need *n, uint64_t 
     const uint64_t need = n->tier[FSO_TIER_HOST];
     if (!avail || need <= avail)
         return 0;
-    char h1[48], h2[48], by[48], sv[96] = "";
+    char h1[48], h2[48], by[48], sv[160] = "";
     fso_human_bytes(h1, sizeof h1, (double)need);
     fso_human_bytes(h2, sizeof h2, (double)avail);
     fso_human_bytes(by, sizeof by, (double)(need - avail));
-    if (n->saver) {
-        char h3[48];
+    if (n->saver || n->act_host) {
+        char h3[48], h4[48];
         fso_human_bytes(h3, sizeof h3, (double)n->saver);
-        snprintf(sv, sizeof sv, " (the checkpoint saver's %s included)", h3);
+        fso_human_bytes(h4, sizeof h4, (double)n->act_host * (double)fso_config_world(cfg));
+        if (n->saver && n->act_host)
+            snprintf(sv, sizeof sv, " (the checkpoint saver's %s and the activations' %s included)",
+                     h3, h4);
+        else if (n->saver)
+            snprintf(sv, sizeof sv, " (the checkpoint saver's %s included)", h3);
+        else
+            snprintf(sv, sizeof sv, " (the activations' %s included)", h4);
     }
     snprintf(err, errlen,
              "host memory: the host tier and staging buffers need %s%s but %s is %s; "
              "short by %s: put the optimizer state on NVMe (--nvme DIR or "
-             "zero_optimization.offload_optimizer.device \"nvme\")",
+             "zero_optimization.offload_optimizer.device \"nvme\")%s",
              h1, sv, h2, cfg->host_mem_bytes ? "allowed (--host-mem)"
-                                 : "available less the headroom fsoff leaves (--host-mem)", by);
+                                 : "available less the headroom fsoff leaves (--host-mem)", by,
+             n->act_host ? ", or keep the activations on the device (train.activations "
+                           "\"device\")" : "");
     return -ENOMEM;
 }
 
