@@ -824,6 +824,12 @@ fso_config_origin fso_config_origin_of(const fso_config *cfg, const char *key)
     return FSO_ORIGIN_DEFAULT;
 }
 
+bool fso_config_acts_pinned(const fso_config *cfg)
+{
+    return fso_config_pinned(cfg, "train.activations") ||
+           fso_config_pinned(cfg, "activation_checkpointing.cpu_checkpointing");
+}
+
 int fso_config_finish(fso_config *cfg)
 {
     cfg->err[0] = '\0';

@@ -248,6 +248,10 @@ typedef struct fso_config {
     bool bf16;                    /* bf16.enabled */
     int threads;                  /* train.threads; 0 = the CPUs this process may use */
     bool activation_checkpointing;/* train.activation_checkpointing */
+    int activations;              /* where the layer inputs kept for backward live (model.h):
+                                     FSO_TIER_DEVICE or FSO_TIER_HOST, from train.activations
+                                     or activation_checkpointing.cpu_checkpointing, else a
+                                     plan's choice; -1 when none gave it (the device) */
     fso_offload_config offload;
     fso_overlap optimizer_overlap;/* train.optimizer_overlap */
     bool bf16_grads;              /* train.gradient_dtype "bf16": each block's working
@@ -338,6 +342,16 @@ void fso_offload_block_rule(const fso_offload_config *o, int n_blocks, fso_block
  * fso_block_tier). */
 fso_tier fso_offload_block_tier(const fso_offload_config *o, fso_kind k, int b, int n_blocks);
 
+/* The tier of the kept activations: cfg->activations, the device when
+ * nothing chose it. */
+static inline fso_tier fso_config_acts_tier(const fso_config *cfg)
+{
+    return cfg->activations == FSO_TIER_HOST ? FSO_TIER_HOST : FSO_TIER_DEVICE;
+}
+/* Whether the user chose that tier (train.activations or
+ * activation_checkpointing.cpu_checkpointing): a plan keeps it. */
+bool fso_config_acts_pinned(const fso_config *cfg);
+
 /* train.device_margin's default on GPUs: the fraction of each GPU's memory
  * a plan leaves free. */
 #define FSO_DEVICE_MARGIN_GPU 0.05
@@ -356,6 +370,7 @@ extern const fso_config_choice fso_config_tier_choices[];        /* offload_*.de
 extern const fso_config_choice fso_config_overlap_choices[];     /* train.optimizer_overlap */
 extern const fso_config_choice fso_config_state_from_choices[];  /* train.device_state_from */
 extern const fso_config_choice fso_config_grad_dtype_choices[];  /* train.gradient_dtype */
+extern const fso_config_choice fso_config_acts_choices[];        /* train.activations */
 extern const fso_config_choice fso_config_data_format_choices[]; /* data.format */
 extern const fso_config_choice fso_config_data_docs_choices[];   /* data.documents */
 extern const fso_config_choice fso_config_sched_type_choices[];  /* scheduler.type */

@@ -32,6 +32,7 @@ static const key_spec top_keys[] = {
     {"zero_optimization", NULL},
     {"aio", NULL},
     {"checkpoint", NULL},
+    {"activation_checkpointing", NULL},
     {"wall_clock_breakdown", "fsoff prints the time of every step anyway"},
     {"zero_allow_untested_optimizer", "fsoff always runs its own AdamW"},
     {"prescale_gradients", "fsoff reduces gradients in fp32 in rank order"},
@@ -656,6 +657,7 @@ static const key_spec train_keys[] = {
     {"whole_block_copies", NULL},
     {"gradient_dtype", NULL},
     {"device_margin", NULL},
+    {"activations", NULL},
     {NULL, NULL},
 };
 
@@ -742,6 +744,66 @@ static int apply_train(walker *w, json_t *root)
                                 fso_config_choice_name(modes, FSO_OVERLAP_FORWARD));
         }
     }
+    return 0;
+}
+
+/* ------------------------------------------------------- activations */
+
+/* DeepSpeed's activation_checkpointing section. Its activation checkpointing
+ * is the model's own (train.activation_checkpointing turns fsoff's on); of
+ * the section, cpu_checkpointing says where the checkpointed activations go,
+ * as train.activations does. */
+static const key_spec act_ckpt_keys[] = {
+    {"cpu_checkpointing", NULL},
+    {"partition_activations", "fsoff has no model parallelism to partition activations "
+                              "across: each device keeps its own micro-batch's layer inputs"},
+    {"contiguous_memory_optimization", "fsoff keeps each layer input in one contiguous "
+                                       "buffer already"},
+    {"number_checkpoints", "fsoff checkpoints every layer; it counts the kept inputs from the "
+                           "model"},
+    {"synchronize_checkpoint_boundary", "fsoff orders the activations' copies with the "
+                                        "device's marks, never a device-wide synchronize"},
+    {"profile", "fsoff counts the activations' copies in its metrics (act_bytes)"},
+    {NULL, NULL},
+};
+
+/* train.activations ("device" | "host") and activation_checkpointing.
+ * cpu_checkpointing (true: "host", false: "device"); both given must agree.
+ * The host takes only checkpointed layer inputs (model.h). */
+static int apply_activations(walker *w, json_t *root)
+{
+    fso_config *c = w->out;
+    keypath tsec = {{"train"}, 1}, asec = {{"activation_checkpointing"}, 1};
+    keypath tp = fso_cfg_kp_child(&tsec, "activations");
+    keypath ap = fso_cfg_kp_child(&asec, "cpu_checkpointing");
+    json_t *t = json_object_get(root, "train"), *a, *v;
+    int tier = -1, from_ds = -1;
+    CFG_TRY(fso_cfg_get_section(w, root, "activation_checkpointing", true, &a));
+    CFG_TRY(fso_cfg_check_keys(w, a, &asec, act_ckpt_keys, ""));
+    if (json_is_object(t) && (v = json_object_get(t, "activations")))
+        CFG_TRY(fso_cfg_want_choice(w, v, &tp, fso_config_acts_choices, false, &tier));
+    if (a && (v = json_object_get(a, "cpu_checkpointing"))) {
+        bool cpu = false;
+        CFG_TRY(fso_cfg_want_bool(w, v, &ap, &cpu));
+        from_ds = cpu ? FSO_TIER_HOST : FSO_TIER_DEVICE;
+    }
+    if (tier >= 0 && from_ds >= 0 && tier != from_ds)
+        return fso_cfg_fail_rel(w, &tp, &ap, NULL,
+                                "\"%s\", but activation_checkpointing.cpu_checkpointing is %s; "
+                                "give one of them, or make them agree",
+                                fso_config_choice_name(fso_config_acts_choices, tier),
+                                from_ds == FSO_TIER_HOST ? "true" : "false");
+    if (tier < 0)
+        tier = from_ds;
+    if (tier == FSO_TIER_HOST && !c->activation_checkpointing) {
+        keypath ck = fso_cfg_kp_child(&tsec, "activation_checkpointing");
+        return fso_cfg_fail_rel(w, tier == from_ds ? &ap : &tp, &ck, NULL,
+                                "activations on the host need train.activation_checkpointing "
+                                "true: only the layer inputs it keeps move to the host (as "
+                                "DeepSpeed's cpu_checkpointing moves checkpointed activations "
+                                "only); turn checkpointing on, or keep them on the device");
+    }
+    c->activations = tier;
     return 0;
 }
 
@@ -1076,6 +1138,8 @@ int fso_cfg_apply(fso_config *cfg, const struct fso_config_doc *doc, bool warn)
         rc = apply_optimizer(&w, root);
     if (rc == 0)
         rc = apply_train(&w, root);
+    if (rc == 0)
+        rc = apply_activations(&w, root);
     if (rc == 0)
         rc = apply_data(&w, root);
     if (rc == 0)
