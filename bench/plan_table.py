@@ -22,7 +22,13 @@ import sys
 GIB = 1 << 30
 
 # model config, the machine in words, the command's flags
+H200_BOX = ("1 × H200 141 GB, 1.5 TiB host, 4 NVMe (24 / 16 GB/s, 12 TiB), AdamW 8 Gelem/s",
+            "--auto --gpus 1 --gpu h200 --host-mem 1536G --nvme-free 12T --nvme-read 24 "
+            "--nvme-write 16 --adam-gelems 8")
 ROWS = [
+    ("llama-8b", "Llama-3 8B", *H200_BOX),
+    ("llama-70b", "Llama-2 70B", *H200_BOX),
+    ("llama-120b", "120B (Llama shape, configs/llama-120b.json)", *H200_BOX),
     ("llama-70b", "Llama-2 70B",
      "8 × H200 141 GB, 2 TiB host, 4 NVMe (24 / 16 GB/s, 12 TiB), AdamW 8 Gelem/s",
      "--auto --gpus 8 --gpu h200 --host-mem 2T --nvme-free 12T --nvme-read 24 "
@@ -38,6 +44,8 @@ ROWS = [
      "1 × RTX 4090 24 GB, 128 GiB host, 1 NVMe (6.5 / 5 GB/s, 1.8 TiB), AdamW 3 Gelem/s",
      "--auto --gpus 1 --gpu 4090 --host-mem 128G --nvme-free 1843G --nvme-read 6.5 "
      "--nvme-write 5 --adam-gelems 3"),
+    ("llama-13b", "Llama-2 13B", "1 × RTX 4090 24 GB, 256 GiB host, AdamW 3 Gelem/s",
+     "--auto --gpus 1 --gpu 4090 --host-mem 256G --nvme-free 0 --adam-gelems 3"),
     ("llama-7b", "Llama-2 7B", "1 × RTX 4090 24 GB, 64 GiB host, 1 NVMe, AdamW 3 Gelem/s",
      "--auto --gpus 1 --gpu 4090 --host-mem 64G --nvme-free 1843G --nvme-read 6.5 "
      "--nvme-write 5 --adam-gelems 3"),
@@ -83,8 +91,8 @@ def main():
     src = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out, failed = [], False
     print("| model | machine (given) | device need, each (of what the margin leaves) | host need "
-          "| NVMe need | placement | step | tok/s | bottleneck |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "| NVMe need | placement | step | tok/s | MFU | bottleneck |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for config, model, machine, flags in ROWS:
         cmd, rc, j = plan(a.fsoff, src, config, flags)
         t = j["tiers"]
@@ -94,8 +102,9 @@ def main():
         need = f"{gib(dev['bytes'])} of {gib(dev['capacity_bytes'])}"
         step = seconds(j["predicted_step_ms"]) if fits else "does not fit"
         tok = f"{j['tokens_per_s']:.0f}" if fits else "–"
+        mfu = f"{100 * j['mfu']:.0f}%" if fits and j.get("mfu") else "–"
         print(f"| {model} | {machine} | {need} | {gib(t['host']['bytes'])} | "
-              f"{gib(t['nvme']['bytes'])} | {j['placement_text']} | {step} | {tok} | "
+              f"{gib(t['nvme']['bytes'])} | {j['placement_text']} | {step} | {tok} | {mfu} | "
               f"{BOTTLENECK.get(j['bottleneck'], j['bottleneck']) if fits else '–'} |")
         out.append({"command": cmd[1:], "plan": j})
     if a.json:

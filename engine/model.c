@@ -182,7 +182,60 @@ static int dalloc(fso_model *m, void *out, size_t bytes)
 int fso_model_init(fso_model *m, const fso_model_config *mc, fso_backend *be, int B, int T,
                    int world, bool checkpointing, bool bf16)
 {
+    const fso_model_opts o = {.checkpointing = checkpointing, .bf16 = bf16, .acts = FSO_TIER_DEVICE};
+    return fso_model_init_opts(m, mc, be, B, T, world, &o);
+}
+
+bool fso_model_acts_tier_ok(fso_tier t, bool checkpointing)
+{
+    return t == FSO_TIER_DEVICE || (t == FSO_TIER_HOST && checkpointing);
+}
+
+/* Kept inputs that leave the ring on the host tier: 0 .. L - FSO_ACT_RING
+ * (the last FSO_ACT_RING, the final x among them, stay in their slots). */
+static size_t host_kept(const fso_model_config *mc, fso_tier acts)
+{
+    const size_t kept = (size_t)mc->num_hidden_layers + 1;
+    return acts == FSO_TIER_HOST && kept > FSO_ACT_RING ? kept - FSO_ACT_RING : 0;
+}
+
+/* Bytes of one kept input (N,C): bf16 with bf16 and checkpointing. */
+static size_t kept_bytes(const fso_model_config *mc, int B, int T, bool checkpointing, bool bf16)
+{
+    const size_t eb = bf16 && checkpointing ? sizeof(uint16_t) : sizeof(float);
+    return fso_sat_mul(fso_sat_mul(eb, (size_t)B * T), (size_t)mc->hidden_size);
+}
+
+size_t fso_model_host_act_bytes_for(const fso_model_config *mc, int B, int T,
+                                    bool checkpointing, bool bf16, fso_tier acts)
+{
+    return fso_sat_mul(host_kept(mc, acts), kept_bytes(mc, B, T, checkpointing, bf16));
+}
+
+uint64_t fso_model_act_bytes_per_step(const fso_model_config *mc, int B, int T,
+                                      bool checkpointing, bool bf16, fso_tier acts)
+{
+    return fso_sat_mul(2, fso_model_host_act_bytes_for(mc, B, T, checkpointing, bf16, acts));
+}
+
+int fso_model_init_opts(fso_model *m, const fso_model_config *mc, fso_backend *be, int B, int T,
+                        int world, const fso_model_opts *o)
+{
+    const bool checkpointing = o->checkpointing, bf16 = o->bf16;
     memset(m, 0, sizeof *m);
+    if (!fso_model_acts_tier_ok(o->acts, checkpointing)) {
+        snprintf(m->err, sizeof m->err,
+                 "activations on the %s: only the layer inputs kept with "
+                 "train.activation_checkpointing move off the device; turn it on, or keep "
+                 "train.activations \"device\"",
+                 o->acts == FSO_TIER_HOST ? "host" : "NVMe");
+        return -EINVAL;
+    }
+    if (o->acts == FSO_TIER_HOST && !o->host_acts &&
+        fso_model_host_act_bytes_for(mc, B, T, checkpointing, bf16, o->acts) > 0) {
+        snprintf(m->err, sizeof m->err, "activations on the host: no host buffer lent for them");
+        return -EINVAL;
+    }
     m->mc = *mc;
     m->be = be;
     m->B = B;
@@ -191,6 +244,9 @@ int fso_model_init(fso_model *m, const fso_model_config *mc, fso_backend *be, in
     m->checkpointing = checkpointing;
     m->bf16_acts = bf16 && checkpointing;
     m->wt = bf16 ? FSO_DT_BF16 : FSO_DT_F32;
+    m->acts_tier = o->acts;
+    m->n_host = (int)host_kept(mc, o->acts);
+    m->host_acts = o->host_acts;
 
     const int L = mc->num_hidden_layers, C = mc->hidden_size, F = mc->intermediate_size;
     const int H = mc->num_attention_heads, Hkv = mc->num_key_value_heads, D = mc->head_dim;
@@ -223,10 +279,22 @@ int fso_model_init(fso_model *m, const fso_model_config *mc, fso_backend *be, in
         (rc = dalloc(m, &m->rope_cos, sizeof(float) * (size_t)T * (D / 2))) < 0 ||
         (rc = dalloc(m, &m->rope_sin, sizeof(float) * (size_t)T * (D / 2))) < 0)
         goto fail;
-    for (int l = 0; l <= L; l++)
-        if ((rc = m->bf16_acts ? dalloc(m, &m->kept16[l], sizeof(uint16_t) * N * C)
-                               : dalloc(m, &m->layer_in[l], fN * C)) < 0)
-            goto fail;
+    const size_t kept = m->bf16_acts ? sizeof(uint16_t) * N * C : fN * C;
+    if (m->acts_tier == FSO_TIER_HOST) { /* a ring of slots; input l is slot l % FSO_ACT_RING */
+        for (int r = 0; r < FSO_ACT_RING && r <= L; r++)
+            if ((rc = dalloc(m, &m->ring[r], kept)) < 0)
+                goto fail;
+        for (int l = 0; l <= L; l++)
+            if (m->bf16_acts)
+                m->kept16[l] = m->ring[l % FSO_ACT_RING];
+            else
+                m->layer_in[l] = m->ring[l % FSO_ACT_RING];
+    } else {
+        for (int l = 0; l <= L; l++)
+            if ((rc = m->bf16_acts ? dalloc(m, &m->kept16[l], kept)
+                                   : dalloc(m, &m->layer_in[l], kept)) < 0)
+                goto fail;
+    }
     if (m->bf16_acts && ((rc = dalloc(m, &m->xa, fN * C)) < 0 || (rc = dalloc(m, &m->xb, fN * C)) < 0))
         goto fail;
     for (int a = 0; a < m->n_acts; a++) {
@@ -288,10 +356,16 @@ void fso_model_free(fso_model *m)
         return;
     fso_backend *be = m->be;
     void (*f)(fso_backend *, void *) = be->ops->buf_free;
-    for (int l = 0; m->layer_in && l <= m->mc.num_hidden_layers; l++)
-        f(be, m->layer_in[l]);
-    for (int l = 0; m->kept16 && l <= m->mc.num_hidden_layers; l++)
-        f(be, m->kept16[l]);
+    if (m->acts_tier == FSO_TIER_HOST) {
+        be->ops->sync(be); /* no copy may still read or write a slot or the host buffers */
+        for (int r = 0; r < FSO_ACT_RING; r++)
+            f(be, m->ring[r]);
+    } else {
+        for (int l = 0; m->layer_in && l <= m->mc.num_hidden_layers; l++)
+            f(be, m->layer_in[l]);
+        for (int l = 0; m->kept16 && l <= m->mc.num_hidden_layers; l++)
+            f(be, m->kept16[l]);
+    }
     f(be, m->xa);
     f(be, m->xb);
     for (int a = 0; m->acts && a < m->n_acts; a++) {
@@ -374,6 +448,12 @@ size_t fso_model_activation_bytes(const fso_model *m)
 size_t fso_model_activation_bytes_for(const fso_model_config *mc, int B, int T,
                                       bool checkpointing, bool bf16)
 {
+    return fso_model_activation_bytes_tier(mc, B, T, checkpointing, bf16, FSO_TIER_DEVICE);
+}
+
+size_t fso_model_activation_bytes_tier(const fso_model_config *mc, int B, int T,
+                                       bool checkpointing, bool bf16, fso_tier acts)
+{
     const size_t L = (size_t)mc->num_hidden_layers, C = (size_t)mc->hidden_size;
     const size_t F = (size_t)mc->intermediate_size, V = (size_t)mc->vocab_size;
     const size_t H = (size_t)mc->num_attention_heads, Hkv = (size_t)mc->num_key_value_heads;
@@ -384,10 +464,12 @@ size_t fso_model_activation_bytes_for(const fso_model_config *mc, int B, int T,
     const size_t wb = bf16 ? sizeof(uint16_t) : sizeof(float), wN = M(wb, N);
     size_t total = A(M(3, R64(M(sizeof(int32_t), N))), /* tokens, targets, positions */
                      M(2, R64(M(sizeof(float) * (size_t)T, D / 2))));
+    /* the kept inputs: L + 1, or the ring's slots on the host tier */
+    const size_t slots = acts == FSO_TIER_HOST && L + 1 > FSO_ACT_RING ? FSO_ACT_RING : L + 1;
     if (bf16 && checkpointing)
-        total = A(total, A(M(L + 1, R64(M(M(sizeof(uint16_t), N), C))), M(2, R64(M(fN, C)))));
+        total = A(total, A(M(slots, R64(M(M(sizeof(uint16_t), N), C))), M(2, R64(M(fN, C)))));
     else
-        total = A(total, M(L + 1, R64(M(fN, C))));
+        total = A(total, M(slots, R64(M(fN, C))));
     /* the attention probabilities and the rest inside a layer */
     const size_t probs = R64(M(M(M(wb * (size_t)B, H), T), T));
     size_t inner = A(A(M(2, R64(M(M(wN, H), D))), M(2, R64(M(M(wN, Hkv), D)))),
@@ -630,10 +712,78 @@ static const float *layer_input(fso_model *m, int l)
     return m->xa;
 }
 
+/* ---- kept inputs on the host tier (model.h acts_tier) ----
+ * Input l lives in ring slot l % FSO_ACT_RING. The forward copies it down
+ * as soon as compute has written it, so the copy runs beside the layer that
+ * reads it (compute does not wait for copies down), and orders the compute
+ * that next writes the slot after that copy. The backward, once the reader
+ * of input k is queued, copies input k-1 up into its slot after the mark
+ * taken when that slot's last reader was queued, so the copy runs beside
+ * reader k; compute waits for copies up queued before it, so reader k-1
+ * finds it there. */
+
+static uint64_t act_mark(fso_backend *be)
+{
+    return be->ops->mark ? be->ops->mark(be) : 0;
+}
+
+static void *kept_ptr(const fso_model *m, int l)
+{
+    return m->bf16_acts ? (void *)m->kept16[l] : (void *)m->layer_in[l];
+}
+
+static size_t kept_size(const fso_model *m)
+{
+    return (m->bf16_acts ? sizeof(uint16_t) : sizeof(float)) * (size_t)m->B * m->T *
+           m->mc.hidden_size;
+}
+
+/* Before compute writes input l: after the copy down of the slot's last
+ * input. */
+static void act_before_write(fso_model *m, int l)
+{
+    if (m->acts_tier == FSO_TIER_HOST && l >= FSO_ACT_RING && l - FSO_ACT_RING < m->n_host)
+        fso_backend_order_after(m->be, m->slot_mark[l % FSO_ACT_RING]);
+}
+
+/* Input l was written: down to the host when it leaves the ring. */
+static void act_written(fso_model *m, int l)
+{
+    if (m->acts_tier != FSO_TIER_HOST || l >= m->n_host)
+        return;
+    const size_t kb = kept_size(m);
+    m->be->ops->copy_d2h(m->be, m->host_acts + (size_t)l * kb, kept_ptr(m, l), kb);
+    m->slot_mark[l % FSO_ACT_RING] = act_mark(m->be);
+    m->act_bytes += kb;
+}
+
+/* The reader of input k (the head for k = L, else layer k's backward) is
+ * queued: input k-1 up ahead of its reader, when it left the ring. */
+static void act_read(fso_model *m, int k)
+{
+    if (m->acts_tier != FSO_TIER_HOST)
+        return;
+    fso_backend *be = m->be;
+    m->slot_mark[k % FSO_ACT_RING] = act_mark(be);
+    const int j = k - 1;
+    if (j < 0 || j >= m->n_host)
+        return;
+    const size_t kb = kept_size(m);
+    const char *from = m->host_acts + (size_t)j * kb;
+    const uint64_t after = m->slot_mark[j % FSO_ACT_RING];
+    if (be->ops->copy_h2d_after)
+        be->ops->copy_h2d_after(be, kept_ptr(m, j), from, kb, after);
+    else
+        be->ops->copy_h2d(be, kept_ptr(m, j), from, kb);
+    m->act_bytes += kb;
+}
+
 /* Embedding, layers, final norm; leaves the head's parameters (and the
- * embedding's when tied) lent. pos (N) host, or NULL: no documents. */
+ * embedding's when tied) lent. pos (N) host, or NULL: no documents.
+ * for_backward: a training step's forward, whose kept inputs the backward
+ * reads (on the host tier they are copied down). */
 static void forward_blocks(fso_model *m, const fso_block_source *src, const int32_t *inputs,
-                           const int32_t *pos)
+                           const int32_t *pos, bool for_backward)
 {
     fso_backend *be = m->be;
     const int N = m->B * m->T, C = m->mc.hidden_size, L = m->mc.num_hidden_layers;
@@ -646,14 +796,20 @@ static void forward_blocks(fso_model *m, const fso_block_source *src, const int3
     if (!stand_in(m, FSO_PART_EMBED_FWD)) {
         be->ops->embedding_fwd(be, x, m->tokens, P_(m, 0, FSO_T_EMBED), m->wt, N, C);
         keep(m, 0, x);
+        if (for_backward)
+            act_written(m, 0);
     }
     return_params(m, src, 0);
     for (int l = 0; l < L; l++) {
         lend_params(m, src, 1 + l);
         float *y = layer_out(m, l + 1);
         if (!stand_in(m, FSO_PART_LAYER_FWD)) {
+            if (for_backward)
+                act_before_write(m, l + 1);
             layer_forward(m, l, &m->acts[m->checkpointing ? 0 : l], x, y);
             keep(m, l + 1, y);
+            if (for_backward)
+                act_written(m, l + 1);
         }
         x = y;
         return_params(m, src, 1 + l);
@@ -708,7 +864,7 @@ void fso_model_step(fso_model *m, const fso_block_source *src, const int32_t *in
     const int N = m->B * m->T, C = m->mc.hidden_size, V = m->mc.vocab_size;
     const int L = m->mc.num_hidden_layers;
 
-    forward_blocks(m, src, inputs, pos);
+    forward_blocks(m, src, inputs, pos, true);
     op->copy_h2d(be, m->targets, targets, sizeof(int32_t) * (size_t)N);
 
     /* Head, chunked over rows: logits -> loss and dlogits in place -> dxf (in dh). */
@@ -734,6 +890,7 @@ void fso_model_step(fso_model *m, const fso_block_source *src, const int32_t *in
         op->memset0(be, m->dres, sizeof(float) * (size_t)N * C);
         op->rmsnorm_bwd(be, m->dres, G_(m, L + 1, FSO_T_FINAL_NORM), m->dh, layer_input(m, L),
                         P_(m, L + 1, FSO_T_FINAL_NORM), wt, m->rstdf, N, C);
+        act_read(m, L);
     }
     return_grads(m, src, L + 1);
     release_head(m, src);
@@ -750,6 +907,7 @@ void fso_model_step(fso_model *m, const fso_block_source *src, const int32_t *in
                 layer_forward(m, l, a, x, NULL);
             lend_grads(m, src, 1 + l);
             layer_backward(m, l, a, x);
+            act_read(m, l);
         }
         return_grads(m, src, 1 + l);
         return_params(m, src, 1 + l);
@@ -769,7 +927,7 @@ void fso_model_eval(fso_model *m, const fso_block_source *src, const int32_t *in
     fso_backend *be = m->be;
     const fso_backend_ops *op = be->ops;
     const int N = m->B * m->T, C = m->mc.hidden_size, V = m->mc.vocab_size;
-    forward_blocks(m, src, inputs, pos);
+    forward_blocks(m, src, inputs, pos, false);
     op->copy_h2d(be, m->targets, targets, sizeof(int32_t) * (size_t)N);
     const void *Wh = head_weight(m);
     for (int r0 = 0; r0 < N; r0 += m->chunk_rows) {
@@ -787,7 +945,7 @@ void fso_model_forward_logits(fso_model *m, const fso_block_source *src, const i
 {
     fso_backend *be = m->be;
     const int N = m->B * m->T, C = m->mc.hidden_size, V = m->mc.vocab_size;
-    forward_blocks(m, src, inputs, NULL);
+    forward_blocks(m, src, inputs, NULL, false);
     const void *Wh = head_weight(m);
     for (int r0 = 0; r0 < N; r0 += m->chunk_rows) {
         int rows = N - r0 < m->chunk_rows ? N - r0 : m->chunk_rows;

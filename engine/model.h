@@ -18,7 +18,11 @@
  * micro-step is fso_model_step(): forward over all blocks, the loss,
  * backward, each block's gradient handed back as soon as it is complete.
  * With activation checkpointing only each layer's input is kept and the
- * layer is recomputed during backward.
+ * layer is recomputed during backward; those kept inputs have a tier
+ * (fso_model_opts.acts): the device, or host memory the caller lends, where
+ * the forward writes them behind its compute and the backward reads them
+ * ahead of it on the copy streams, through a ring of FSO_ACT_RING device
+ * slots.
  */
 #ifndef FSO_MODEL_H
 #define FSO_MODEL_H
@@ -29,6 +33,10 @@
 
 #include "backend.h"
 #include "config/config.h"
+
+/* Device slots the kept layer inputs cycle through on the host tier: the
+ * copy of one layer's input down (or up) runs while the next layer computes. */
+#define FSO_ACT_RING 2
 
 typedef enum fso_tensor_kind {
     FSO_T_EMBED = 0,
@@ -114,10 +122,23 @@ typedef struct fso_model {
     int32_t *pos;                 /* (N) each token's position in its document */
     bool docs;                    /* this micro-batch has documents: pos is used */
     float **layer_in;             /* L+1 pointers (N,C): input of each layer, then the final x
-                                     (NULL with bf16_acts) */
+                                     (NULL with bf16_acts); on the host tier, input l is
+                                     ring slot l % FSO_ACT_RING (the pointers alias) */
     bool bf16_acts;               /* the kept layer inputs are bf16 (kept16), widened into the
                                      fp32 work buffers xa, xb when used */
-    uint16_t **kept16;            /* L+1 (N,C) with bf16_acts */
+    uint16_t **kept16;            /* L+1 (N,C) with bf16_acts, aliasing the ring as layer_in */
+    /* The kept inputs' tier (FSO_TIER_DEVICE or FSO_TIER_HOST). On the host,
+     * inputs 0 .. n_host-1 are copied down into host_acts as the forward
+     * writes them and back up into their slot ahead of the backward; the
+     * last FSO_ACT_RING (the final x among them) stay in their slots. */
+    fso_tier acts_tier;
+    void *ring[FSO_ACT_RING];     /* host tier: (N,C) fp32, or bf16 with bf16_acts */
+    char *host_acts;              /* host tier: n_host kept inputs (N,C), lent by the caller */
+    int n_host;                   /* L + 1 - FSO_ACT_RING, at least 0 */
+    uint64_t slot_mark[FSO_ACT_RING]; /* mark after the last copy out of / read of each slot */
+    uint64_t act_bytes;           /* bytes the kept inputs moved between device and host
+                                     (both ways) since init or the caller last zeroed it:
+                                     fso_model_act_bytes_per_step a fso_model_step */
     float *xa, *xb;               /* (N,C) with bf16_acts */
     fso_layer_acts *acts;         /* L sets, or 1 scratch set with checkpointing */
     int n_acts;
@@ -200,6 +221,23 @@ int fso_model_visits(const fso_model_config *mc, fso_block_visit *out);
  * negative errno (message in model->err). */
 int fso_model_init(fso_model *model, const fso_model_config *mc, fso_backend *be, int B, int T,
                    int world, bool checkpointing, bool bf16);
+
+/* fso_model_init's choices, and where the kept inputs live. */
+typedef struct fso_model_opts {
+    bool checkpointing, bf16;
+    fso_tier acts;        /* FSO_TIER_DEVICE, or FSO_TIER_HOST (needs checkpointing) */
+    void *host_acts;      /* FSO_TIER_HOST: fso_model_host_act_bytes_for() bytes of host memory
+                             the caller owns and keeps until fso_model_free (pinned on GPUs:
+                             copies from pageable memory stall); NULL when that is 0 */
+} fso_model_opts;
+/* fso_model_init with o's choices. -EINVAL with the reason in err for a
+ * host tier without checkpointing or without host_acts. */
+int fso_model_init_opts(fso_model *model, const fso_model_config *mc, fso_backend *be, int B,
+                        int T, int world, const fso_model_opts *o);
+/* Whether kept inputs may go to tier t: the device always; the host with
+ * checkpointing (without it every layer's saved activations stay on the
+ * device); never NVMe. */
+bool fso_model_acts_tier_ok(fso_tier t, bool checkpointing);
 void fso_model_free(fso_model *model);
 
 /* Lay out blocks only (no allocation): used by init and by tools that only
@@ -260,6 +298,18 @@ size_t fso_model_activation_bytes(const fso_model *model);
 /* What fso_model_init would allocate, without allocating: for planning. */
 size_t fso_model_activation_bytes_for(const fso_model_config *mc, int B, int T,
                                       bool checkpointing, bool bf16);
+/* The same with the kept inputs on tier `acts` (fso_model_init_opts). */
+size_t fso_model_activation_bytes_tier(const fso_model_config *mc, int B, int T,
+                                       bool checkpointing, bool bf16, fso_tier acts);
+/* Host memory the kept inputs take on tier `acts` (0 on the device): what
+ * fso_model_opts.host_acts must hold. */
+size_t fso_model_host_act_bytes_for(const fso_model_config *mc, int B, int T,
+                                    bool checkpointing, bool bf16, fso_tier acts);
+/* Bytes the kept inputs move between device and host in one
+ * fso_model_step on tier `acts`, both ways: each of the inputs that leave
+ * the ring, down in the forward and up in the backward. 0 on the device. */
+uint64_t fso_model_act_bytes_per_step(const fso_model_config *mc, int B, int T,
+                                      bool checkpointing, bool bf16, fso_tier acts);
 
 /* The fp32 working space the CPU backends hold for this model's bf16
  * tensors (kernels/cpu_dtype.c widens an op's bf16 arguments into it): the

@@ -25,6 +25,7 @@ void fso_plan_machine_gpu(fso_plan_machine *m, const fso_gpu_spec *spec)
 {
     m->cpu_devices = false;
     m->device_gflops = spec->tflops * 1e3;
+    m->peak_gflops = spec->peak_tflops * 1e3;
     m->h2d_gbps = m->d2h_gbps = spec->h2d_gbps;
     m->coll_gbps = spec->coll_gbps;
     m->device_adam_gelems = spec->adam_gelems;
@@ -81,13 +82,19 @@ int fso_plan_ctx_init(fso_plan_ctx *ctx, const fso_config *cfg, const fso_plan_m
     const int n = fso_model_visits(mc, mv);
     for (int k = 0; k < n; k++) {
         const fso_visit_part p = mv[k].part;
+        const int l = mv[k].block - 1; /* a layer's */
         ctx->visit_part[k] = p;
         ctx->visits[k] = (fso_plan_visit){
             .block = mv[k].block, .params = mv[k].params, .grads = mv[k].grads,
             .flops = p == FSO_PART_LAYER_FWD ? layer_fwd
                      : p == FSO_PART_LAYER_BWD ? layer_bwd
                      : p == FSO_PART_HEAD      ? 3 * head_fwd
-                                               : 0};
+                                               : 0,
+            /* the kept inputs (model.h): the embedding writes input 0, layer l
+             * input l + 1; the head reads input L first, layer l's backward
+             * input l (as 1 + the input) */
+            .act_write = p == FSO_PART_EMBED_FWD ? 1 : p == FSO_PART_LAYER_FWD ? l + 2 : 0,
+            .act_read = p == FSO_PART_HEAD ? L + 1 : p == FSO_PART_LAYER_BWD ? l + 1 : 0};
     }
     free(mv);
     for (int k = 0; k < n; k++)
@@ -103,10 +110,25 @@ int fso_plan_ctx_init(fso_plan_ctx *ctx, const fso_config *cfg, const fso_plan_m
     in->model.visits = ctx->visits;
     in->model.grad_accum = cfg->grad_accum;
     in->model.tokens_per_step = (double)W * cfg->grad_accum * cfg->micro_batch * cfg->data.seq_len;
+    in->model.flops_per_token = 3.0 * fso_model_flops_per_token(mc, cfg->data.seq_len);
     /* what the engine allocates, on GPUs as on the CPU: with bf16.enabled
      * the activations inside a layer and the kept layer inputs in bf16 */
     in->model.activation_bytes = fso_model_activation_bytes_for(
         mc, cfg->micro_batch, cfg->data.seq_len, cfg->activation_checkpointing, cfg->bf16);
+    /* the kept inputs on the host: offered with checkpointing (model.h) */
+    if (fso_model_acts_tier_ok(FSO_TIER_HOST, cfg->activation_checkpointing)) {
+        const int mb = cfg->micro_batch, sl = cfg->data.seq_len;
+        const bool ck = cfg->activation_checkpointing;
+        in->model.act_ring = FSO_ACT_RING;
+        in->model.act_host_device_bytes =
+            fso_model_activation_bytes_tier(mc, mb, sl, ck, cfg->bf16, FSO_TIER_HOST);
+        in->model.act_host_inputs = L + 1 > FSO_ACT_RING ? L + 1 - FSO_ACT_RING : 0;
+        in->model.act_kept_bytes =
+            in->model.act_host_inputs
+                ? fso_model_host_act_bytes_for(mc, mb, sl, ck, cfg->bf16, FSO_TIER_HOST) /
+                      (uint64_t)in->model.act_host_inputs
+                : 0;
+    }
 
     fso_plan_engine *en = &in->engine;
     en->overlap = cfg->optimizer_overlap;
@@ -539,6 +561,8 @@ void fso_plan_pins_from_config(const fso_config *cfg, fso_plan_pins *pins)
         pins->device_state_first = cfg->offload.device_state_first;
     if (fso_config_pinned(cfg, "train.whole_block_copies"))
         pins->whole_copy = cfg->offload.whole_copy;
+    if (fso_config_acts_pinned(cfg))
+        pins->acts = (int)fso_config_acts_tier(cfg);
 }
 
 /* ------------------------------------------------------------------ this machine */
@@ -991,6 +1015,7 @@ int fso_plan_apply(const fso_plan *p, fso_config *cfg, char *err, size_t errlen)
     o->param_tier = tier[FSO_KIND_PARAM];
     o->optim_tier = tier[FSO_KIND_MASTER];
     o->prefetch_blocks = p->pl.prefetch;
+    cfg->activations = p->pl.acts; /* the engine's model places them at its start */
     /* whole-block copies: the plan's where it makes them, else the user's key
      * stands (a no-op where the engine makes none) */
     if (wc)

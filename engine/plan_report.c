@@ -31,7 +31,9 @@ void fso_plan_print(FILE *f, const fso_plan *p)
         cell(c[0], 32, p->kind_bytes[t][FSO_KIND_PARAM]);
         cell(c[1], 32, p->kind_bytes[t][FSO_KIND_GRAD]);
         cell(c[2], 32, opt);
-        cell(c[3], 32, t == FSO_TIER_DEVICE ? p->activation_bytes : 0);
+        cell(c[3], 32, t == FSO_TIER_DEVICE ? p->activation_bytes
+                       : t == FSO_TIER_HOST ? p->act_host_bytes
+                                            : 0);
         cell(c[4], 32, p->buffer_bytes[t]);
         cell(c[5], 32, p->need_bytes[t]);
         cell(c[6], 32, p->have_bytes[t]);
@@ -51,6 +53,14 @@ void fso_plan_print(FILE *f, const fso_plan *p)
     }
     fso_plan_describe(p, desc, sizeof desc);
     fprintf(f, "plan: placement: %s\n", desc);
+    if (p->pl.acts == FSO_TIER_HOST) {
+        char hb[32], cb[32];
+        fso_human_bytes(hb, sizeof hb, (double)p->act_host_bytes);
+        fso_human_bytes(cb, sizeof cb, (double)p->act_copy_bytes);
+        fprintf(f, "plan: activations: kept layer inputs on the host (%s, all devices; a ring "
+                   "of slots on each device), %s down and up per micro-batch and device\n",
+                hb, cb);
+    }
     char why[1024];
     fso_plan_why(p, why, sizeof why);
     if (why[0])
@@ -84,6 +94,10 @@ void fso_plan_print(FILE *f, const fso_plan *p)
     for (int s = 0; s < FSO_N_STREAMS; s++)
         fprintf(f, "%s %s %.1f", s ? " |" : "", fso_stream_name(s), p->busy_ms[s]);
     fprintf(f, "; compute waits %.1f ms\n", p->stall_ms);
+    if (p->mfu > 0)
+        fprintf(f, "plan: MFU %.1f%% (model FLOPs, 3 x the forward's per token, recomputation not "
+                   "counted, over %d x %.0f TFLOP/s dense bf16 peak)\n",
+                100 * p->mfu, p->machine.devices, p->machine.peak_gflops / 1e3);
 }
 
 static json_t *tier_json(const fso_plan *p, int t)
@@ -98,7 +112,10 @@ static json_t *tier_json(const fso_plan *p, int t)
                      "parameters", (json_int_t)p->kind_bytes[t][FSO_KIND_PARAM], "gradients",
                      (json_int_t)p->kind_bytes[t][FSO_KIND_GRAD], "optimizer_state",
                      (json_int_t)opt, "activations",
-                     (json_int_t)(t == FSO_TIER_DEVICE ? p->activation_bytes : 0), "buffers",
+                     (json_int_t)(t == FSO_TIER_DEVICE ? p->activation_bytes
+                                  : t == FSO_TIER_HOST ? p->act_host_bytes
+                                                       : 0),
+                     "buffers",
                      (json_int_t)p->buffer_bytes[t], "fits",
                      p->need_bytes[t] <= p->have_bytes[t]);
 }
@@ -161,6 +178,15 @@ json_t *fso_plan_json(const fso_plan *p)
         "placement", placement, "prefetch_blocks", p->pl.prefetch, "whole_copy", wc, "tiers",
         tiers, "busy_ms", busy, "critical_ms", crit, "machine", mj, "evaluated", p->evaluated);
     json_object_set_new(j, "why", why);
+    /* null where no peak is known (CPU devices) */
+    json_object_set_new(j, "mfu", p->mfu > 0 ? json_real(p->mfu) : json_null());
+    char aw[192];
+    fso_plan_acts_why(p, aw, sizeof aw);
+    json_object_set_new(j, "activations",
+                        json_pack("{s:s, s:I, s:I, s:I, s:s}", "tier", fso_tier_name(p->pl.acts),
+                                  "device_bytes", (json_int_t)p->activation_bytes, "host_bytes",
+                                  (json_int_t)p->act_host_bytes, "copy_bytes_per_micro_batch",
+                                  (json_int_t)p->act_copy_bytes, "why", aw));
     json_t *sh = json_object(), *least = json_object();
     for (int t = 0; t < FSO_N_TIERS; t++) {
         json_object_set_new(sh, fso_tier_name(t), json_integer(p->search.short_on[t]));

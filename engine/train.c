@@ -115,7 +115,9 @@ static void print_banner(FILE *out, const fso_config *cfg, const fso_trainer *tr
                  "%lld steps, activation checkpointing %s\n",
             cfg->micro_batch, cfg->data.seq_len, cfg->grad_accum, cfg->world,
             fso_trainer_step_tokens(cfg), (long long)cfg->steps,
-            cfg->activation_checkpointing ? "on" : "off");
+            !cfg->activation_checkpointing   ? "off"
+            : m->acts_tier == FSO_TIER_HOST ? "on, kept inputs on the host"
+                                            : "on");
     fso_zero_describe(tr->zero, placement, sizeof placement);
     fprintf(out, "fsoff: state %s\n", placement);
     const char *pin = fso_zero_pin_refused(tr->zero);
@@ -318,10 +320,13 @@ static int plan_run(const fso_config *cfg, const run_devices *d, fso_config *run
     char dirs[8192], missing[8192];
     fso_plan_nvme_folders(cfg, dirs, sizeof dirs, missing, sizeof missing);
     fso_plan_unused_nvme(out, rp->plan, dirs);
-    if (fso_plan_apply(rp->plan, run_cfg, err, sizeof err) < 0)
+    if (fso_plan_apply(rp->plan, run_cfg, err, sizeof err) < 0) {
         fprintf(out, "fsoff: plan not applied (%s); running the configured placement\n", err);
-    else
+    } else {
         rp->applied = true;
+        rp->pins.acts = rp->plan->pl.acts; /* the activations stay where they start: a re-plan
+                                              moves state, not the model's buffers */
+    }
     return 0;
 }
 

@@ -24,6 +24,7 @@ void fso_plan_pins_none(fso_plan_pins *p)
     p->prefetch = -1;
     p->resident_blocks = p->device_state_blocks = p->device_state_first = -1;
     p->whole_copy = -1;
+    p->acts = -1;
 }
 
 void fso_placement_uniform(fso_placement *pl, int n_blocks, int param_tier, int state_tier,
@@ -32,6 +33,7 @@ void fso_placement_uniform(fso_placement *pl, int n_blocks, int param_tier, int 
     memset(pl, 0, sizeof *pl);
     pl->n_blocks = n_blocks;
     pl->prefetch = prefetch;
+    pl->acts = FSO_TIER_DEVICE;
     for (int b = 0; b < n_blocks && b < FSO_PLAN_MAX_BLOCKS; b++) {
         pl->tier[FSO_KIND_PARAM][b] = (uint8_t)param_tier;
         pl->tier[FSO_KIND_MASTER][b] = pl->tier[FSO_KIND_M][b] = pl->tier[FSO_KIND_V][b] =
@@ -76,7 +78,11 @@ bool pl_size_placement(const fso_plan_input *in, const fso_placement *pl, fso_pl
     fso_fp_need fp;
     fso_fp_need_for(&r, &l, &fp);
     memcpy(out->kind_bytes, fp.kind_bytes, sizeof out->kind_bytes);
-    out->activation_bytes = m->activation_bytes;
+    const bool acts_host = pl->acts == FSO_TIER_HOST && m->act_kept_bytes;
+    out->activation_bytes = acts_host ? m->act_host_device_bytes : m->activation_bytes;
+    out->act_copy_bytes =
+        acts_host ? fso_sat_mul(m->act_kept_bytes, (uint64_t)m->act_host_inputs) : 0;
+    out->act_host_bytes = fso_sat_mul(out->act_copy_bytes, W);
     out->buffer_bytes[FSO_TIER_DEVICE] = fp.device_buffers + in->engine.device_reserve_bytes;
     out->buffer_bytes[FSO_TIER_HOST] = fp.staging * W + in->engine.host_reserve_bytes;
     out->buffer_bytes[FSO_TIER_NVME] = 0;
@@ -91,7 +97,9 @@ bool pl_size_placement(const fso_plan_input *in, const fso_placement *pl, fso_pl
     out->short_tier = -1;
     out->short_bytes = 0;
     for (int t = 0; t < FSO_N_TIERS; t++) {
-        uint64_t need = out->buffer_bytes[t] + (t == FSO_TIER_DEVICE ? m->activation_bytes : 0);
+        uint64_t need = out->buffer_bytes[t] + (t == FSO_TIER_DEVICE ? out->activation_bytes
+                                                : t == FSO_TIER_HOST ? out->act_host_bytes
+                                                                     : 0);
         for (int k = 0; k < FSO_N_KINDS; k++)
             need += out->kind_bytes[t][k];
         out->need_bytes[t] = need;
@@ -125,6 +133,8 @@ int pl_check_input(const fso_plan_input *in)
     for (int k = 0; k < m->n_visits; k++)
         if (m->visits[k].block < 0 || m->visits[k].block >= m->n_blocks)
             return -EINVAL;
+    if (m->act_kept_bytes && (m->act_ring < 1 || m->act_host_inputs < 0))
+        return -EINVAL;
     return 0;
 }
 
@@ -149,6 +159,8 @@ int fso_plan_evaluate(const fso_plan_input *in, const fso_placement *pl, fso_pla
     if ((rc = pl_simulate(in, pl, out, NULL)) < 0)
         return rc;
     out->evaluated = 1;
+    const double peak = in->machine.peak_gflops * 1e9 * (in->machine.devices > 0 ? in->machine.devices : 1);
+    out->mfu = peak > 0 ? out->tokens_per_s * in->model.flops_per_token / peak : 0;
     return fits ? 0 : -ENOSPC;
 }
 
@@ -319,4 +331,29 @@ void fso_plan_why(const fso_plan *p, char *buf, size_t len)
         }
         off += (size_t)snprintf(buf + off, off < len ? len - off : 0, " %s (%s)", tk, rk);
     }
+    char ra[192];
+    fso_plan_acts_why(p, ra, sizeof ra);
+    if (ra[0] && off < len)
+        snprintf(buf + off, len - off, "; activations %s (%s)", fso_tier_name(p->pl.acts), ra);
+}
+
+void fso_plan_acts_why(const fso_plan *p, char *buf, size_t len)
+{
+    static const char *const where[FSO_N_TIERS] = {"on the devices", "on the host", "on NVMe"};
+    static const char *const memory[FSO_N_TIERS] = {"device memory", "host memory", "NVMe"};
+    char h[32];
+    buf[0] = 0;
+    if (p->acts_pinned)
+        snprintf(buf, len, "pinned by the configuration");
+    else if (p->acts_alt < 0)
+        return; /* no other tier offered (no checkpointing): nothing to say */
+    else if (!p->acts_alt_fits && p->acts_short_tier >= 0) {
+        fso_human_bytes(h, sizeof h, (double)p->acts_short_bytes);
+        snprintf(buf, len, "%s, %s would be short by %s", where[p->acts_alt],
+                 memory[p->acts_short_tier], h);
+    } else if (p->acts_alt_fits && p->acts_alt_ms > p->step_ms * 1.005)
+        snprintf(buf, len, "%s, %.1f%% slower", where[p->acts_alt],
+                 100 * (p->acts_alt_ms / p->step_ms - 1));
+    else
+        snprintf(buf, len, "%s, no faster", where[p->acts_alt]);
 }

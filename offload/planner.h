@@ -71,6 +71,7 @@ typedef struct fso_plan_machine {
     double d2h_gbps;
     double coll_gbps;          /* collective bus bandwidth (nccl-tests busbw) */
     double device_gflops;      /* achieved compute per device */
+    double peak_gflops;        /* dense bf16 peak per device, for MFU; 0: unknown (CPU devices) */
     double adam_gelems;        /* CPU AdamW, all host cores, 1e9 elements/s */
     double device_adam_gelems; /* AdamW on a device; 0: the optimizer never runs there */
     double host_copy_gbps;     /* one host thread's memcpy: staging copies, accumulation */
@@ -85,6 +86,10 @@ typedef struct fso_plan_visit {
     double flops;              /* compute of this visit (recomputation included) */
     bool params;               /* needs the block's gathered parameters */
     bool grads;                /* ends with the block's gradients (reduce-scatter, to tier) */
+    /* The kept layer inputs (activations on the host tier, placement.acts):
+     * 1 + the input this visit's compute writes (a forward), and 1 + the
+     * input its compute reads first (a layer's backward); 0 none. */
+    int act_write, act_read;
 } fso_plan_visit;
 
 typedef struct fso_plan_model {
@@ -94,7 +99,20 @@ typedef struct fso_plan_model {
     const fso_plan_visit *visits; /* one micro-batch, in order */
     int grad_accum;              /* micro-batches per step */
     double tokens_per_step;      /* all devices */
-    uint64_t activation_bytes;   /* per device */
+    double flops_per_token;      /* model FLOPs per token trained (forward and backward,
+                                    recomputation not counted): MFU's numerator; 0: unknown */
+    uint64_t activation_bytes;   /* per device, the kept layer inputs on the device */
+    /* The kept layer inputs on the host (placement.acts FSO_TIER_HOST);
+     * act_kept_bytes 0: not offered (no checkpointing). Inputs 0 ..
+     * act_host_inputs - 1 go to the host, each written down after the visit
+     * that writes it and up before the visit that reads it; the device keeps
+     * act_ring slots, so a forward's write waits for the copy down of the
+     * input act_ring before it, and a copy up for the compute act_ring
+     * visits before its reader. */
+    uint64_t act_kept_bytes;     /* one kept input */
+    int act_host_inputs;
+    int act_ring;
+    uint64_t act_host_device_bytes; /* per device: activation_bytes with the inputs on the host */
 } fso_plan_model;
 
 /* How the engine schedules, which the timeline must follow. */
@@ -136,6 +154,8 @@ typedef struct fso_plan_pins {
     int device_state_blocks;
     int device_state_first;
     int whole_copy;
+    int acts;                  /* the kept activations' tier: -1 free, FSO_TIER_DEVICE or
+                                  FSO_TIER_HOST */
 } fso_plan_pins;
 
 typedef struct fso_plan_input {
@@ -155,6 +175,8 @@ typedef struct fso_placement {
     uint8_t tier[FSO_N_KINDS][FSO_PLAN_MAX_BLOCKS]; /* fso_tier per kind and block */
     bool whole_copy[FSO_PLAN_MAX_BLOCKS];        /* copy the block whole instead of gathering */
     int prefetch;                                /* visits read ahead of compute */
+    int acts;                                    /* the kept layer inputs' tier: FSO_TIER_DEVICE,
+                                                    or FSO_TIER_HOST (model.act_kept_bytes) */
 } fso_placement;
 
 /* Why a kind of state sits on its tier (fso_plan_choose fills one per
@@ -190,7 +212,12 @@ typedef struct fso_plan {
     bool fits;
     /* memory: [tier][kind] shard bytes (device: per device; host and NVMe: all devices) */
     uint64_t kind_bytes[FSO_N_TIERS][FSO_N_KINDS];
-    uint64_t activation_bytes;   /* per device */
+    uint64_t activation_bytes;   /* per device, on the device (a ring of slots with pl.acts
+                                    on the host) */
+    uint64_t act_host_bytes;     /* all devices: the kept inputs on the host (pl.acts), in
+                                    need_bytes[FSO_TIER_HOST] */
+    uint64_t act_copy_bytes;     /* per device and micro-batch: the kept inputs copied down,
+                                    and as many up (pl.acts on the host) */
     uint64_t buffer_bytes[FSO_N_TIERS]; /* device: gather window + gradient buffers + reserve;
                                         host: staging (all devices) and the
                                         host reserve (the checkpoint saver) */
@@ -203,6 +230,8 @@ typedef struct fso_plan {
     /* prediction (per device; all devices run the same schedule) */
     double step_ms;
     double tokens_per_s;
+    double mfu;                  /* model FLOPs per second over the devices' dense peak
+                                    (machine.peak_gflops); 0: no peak known */
     double busy_ms[FSO_N_STREAMS];     /* work on each stream in one step */
     double critical_ms[FSO_N_STREAMS]; /* the step's critical path, by stream */
     fso_stream bottleneck;
@@ -211,6 +240,16 @@ typedef struct fso_plan {
     fso_plan_search search;      /* fso_plan_choose: what it searched and why it found what */
     bool explained;              /* why holds the reasons (fso_plan_choose, when it fits) */
     fso_plan_reason why[FSO_N_KINDS];
+    /* Why the kept activations sit on pl.acts (fso_plan_choose): pinned,
+     * or the other tier's outcome: short by acts_short_bytes on tier
+     * acts_short_tier, or its predicted step acts_alt_ms; acts_alt -1: no
+     * other tier offered. */
+    bool acts_pinned;
+    int acts_alt;
+    bool acts_alt_fits;
+    int acts_short_tier;
+    uint64_t acts_short_bytes;
+    double acts_alt_ms;
     /* copies of the inputs a report needs */
     fso_plan_machine machine;
     fso_overlap overlap;
@@ -272,6 +311,12 @@ int fso_plan_explain(const fso_plan_input *in, fso_plan *p);
  * short by 2.31 GiB); master weights, gradients host (...); ..."; kinds
  * with the same tier and reason together. "" when not explained. */
 void fso_plan_why(const fso_plan *p, char *buf, size_t len);
+
+/* Why the kept activations sit on p->pl.acts, as fso_plan_why says it
+ * ("pinned by the configuration", "on the devices, device memory would be
+ * short by 1.2 GiB", "on the host, 3.1% slower"); "" when no other tier was
+ * offered (no checkpointing) and nothing pins them. */
+void fso_plan_acts_why(const fso_plan *p, char *buf, size_t len);
 
 /* The tier most blocks of kind k sit on; for optimizer state whose first
  * blocks are on the host and the rest on NVMe (engine.state_host_blocks),

@@ -66,6 +66,7 @@ static void build_placement(const fso_plan_input *in, const cand *c, const int *
 {
     const int nb = in->model.n_blocks;
     fso_placement_uniform(pl, nb, c->param_tier, c->state_tier[0], c->grad_tier, c->prefetch);
+    pl->acts = in->pins.acts == FSO_TIER_HOST ? FSO_TIER_HOST : FSO_TIER_DEVICE; /* choose_acts */
     for (int b = 0; b < nb; b++) {
         pl->tier[FSO_KIND_M][b] = (uint8_t)c->state_tier[1];
         pl->tier[FSO_KIND_V][b] = (uint8_t)c->state_tier[2];
@@ -449,7 +450,9 @@ static int choose_closest(const plan_search *sr, int default_prefetch, fso_plan 
     return rc;
 }
 
-int fso_plan_choose(const fso_plan_input *in, fso_plan *out)
+/* The search with the kept activations on in->pins.acts's tier (the
+ * device when free): fso_plan_choose's, one tier at a time. */
+static int choose_on(const fso_plan_input *in, fso_plan *out)
 {
     int rc = pl_check_input(in);
     if (rc < 0)
@@ -489,6 +492,49 @@ out:
     free(sr.pl);
     free(sr.fit);
     return rc;
+}
+
+/* The kept activations' tier: the pin; else the device, unless only the
+ * host fits, or the host frees room for a placement faster by more than 1%
+ * (the tie rule of pick_candidate). out->acts_* say why. */
+int fso_plan_choose(const fso_plan_input *in, fso_plan *out)
+{
+    if (in->pins.acts >= 0 || !in->model.act_kept_bytes) {
+        int rc = choose_on(in, out);
+        out->acts_pinned = in->pins.acts >= 0;
+        out->acts_alt = -1;
+        return rc;
+    }
+    fso_plan_input on = *in;
+    fso_plan *alt = malloc(sizeof *alt);
+    if (!alt)
+        return -ENOMEM;
+    on.pins.acts = FSO_TIER_DEVICE;
+    int rd = choose_on(&on, out);
+    on.pins.acts = FSO_TIER_HOST;
+    int rh = rd == 0 || rd == -ENOSPC ? choose_on(&on, alt) : rd;
+    if (rh < 0 && rh != -ENOSPC) {
+        free(alt);
+        return rh;
+    }
+    const bool host = (rh == 0 && (rd != 0 || alt->step_ms < 0.99 * out->step_ms)) ||
+                      (rh != 0 && rd != 0 && alt->short_bytes < out->short_bytes);
+    if (host) {
+        fso_plan t = *out;
+        *out = *alt;
+        *alt = t;
+        int r = rd;
+        rd = rh;
+        rh = r;
+    }
+    out->acts_pinned = false;
+    out->acts_alt = alt->pl.acts;
+    out->acts_alt_fits = rh == 0;
+    out->acts_short_tier = alt->short_tier;
+    out->acts_short_bytes = alt->short_bytes;
+    out->acts_alt_ms = alt->step_ms;
+    free(alt);
+    return rd;
 }
 
 /* ------------------------------------------------------------------ re-planning */

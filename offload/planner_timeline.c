@@ -238,6 +238,10 @@ typedef struct sim {
     int dev;         /* the device thread's last event (CPU devices: program order) */
     int comp_last;   /* the last compute event (the next one needs its output) */
     int nb;
+    /* the kept activations on the host (lay_acts_*): per input of the
+     * micro-batch, the copy down and the compute that last read it */
+    int *act_dn, *act_rd;
+    int n_acts;
 } sim;
 
 static double per_rank(double gbps, int W)
@@ -257,6 +261,46 @@ static int dev_add(sim *s, int e)
     if (s->in->machine.cpu_devices && e >= 0)
         s->dev = e;
     return e;
+}
+
+/* The kept layer inputs on the host (placement.acts, planner.h
+ * fso_plan_model's act_*): a forward's compute waits for the copy down of
+ * the input act_ring before the one it writes (their slot), and its own
+ * input goes down after it; a backward reader's input comes up after the
+ * compute that last read its slot, and the reader waits for it. Returns
+ * what visit v's compute waits for, -1 nothing. */
+static int lay_acts_before(sim *s, const fso_plan_visit *v)
+{
+    const fso_plan_model *m = &s->in->model;
+    if (s->pl->acts != FSO_TIER_HOST || !m->act_kept_bytes)
+        return -1;
+    const int R = m->act_ring, l = v->act_write - 1, j = v->act_read - 1;
+    if (l >= R && l - R < m->act_host_inputs && l < s->n_acts)
+        return s->act_dn[l - R];
+    if (j < 0 || j >= m->act_host_inputs || j + R >= s->n_acts)
+        return -1;
+    LABEL(&s->t, "activation in", v->block);
+    return dev_add(s, ADD(&s->t, FSO_STREAM_H2D,
+                          ms_for((double)m->act_kept_bytes, s->in->machine.h2d_gbps),
+                          s->act_rd[j + R], dev_dep(s)));
+}
+
+/* After visit v's compute C: its input down, and C as the last reader of
+ * the input it read. */
+static void lay_acts_after(sim *s, const fso_plan_visit *v, int C)
+{
+    const fso_plan_model *m = &s->in->model;
+    if (s->pl->acts != FSO_TIER_HOST || !m->act_kept_bytes)
+        return;
+    const int l = v->act_write - 1, j = v->act_read - 1;
+    if (j >= 0 && j < s->n_acts)
+        s->act_rd[j] = C;
+    if (l < 0 || l >= m->act_host_inputs || l >= s->n_acts)
+        return;
+    LABEL(&s->t, "activation out", v->block);
+    s->act_dn[l] = dev_add(s, ADD(&s->t, FSO_STREAM_D2H,
+                                  ms_for((double)m->act_kept_bytes, s->in->machine.d2h_gbps), C,
+                                  dev_dep(s)));
 }
 
 /* One block's update: reads, AdamW, writes. */
@@ -503,6 +547,7 @@ static int lay_step(sim *s, int step, int *prev_norm)
                 upd = s->c.upd[b];
             }
             int H = -1, R = -1, Gt = -1, C;
+            const int acts = lay_acts_before(s, v);
             if (v->params) {
                 const int pt = pl->tier[FSO_KIND_PARAM][b];
                 const bool wc = pl->whole_copy[b] && W > 1 && pt != FSO_TIER_DEVICE;
@@ -530,15 +575,16 @@ static int lay_step(sim *s, int step, int *prev_norm)
                 }
                 LABEL(t, v->grads ? "backward" : "forward", b);
                 C = dev_add(s, ADD(t, FSO_STREAM_COMPUTE, v->flops / (mc->device_gflops * 1e6), Gt,
-                                   H, R, upd, sync_wait, s->comp_last, dev_dep(s)));
+                                   H, R, upd, sync_wait, s->comp_last, acts, dev_dep(s)));
                 s->anchor[pv] = H >= 0 ? H : Gt >= 0 ? Gt : C;
                 s->comp[pv] = C;
                 pv++;
             } else {
                 LABEL(t, v->grads ? "backward" : "forward", b);
                 C = dev_add(s, ADD(t, FSO_STREAM_COMPUTE, v->flops / (mc->device_gflops * 1e6),
-                                   sync_wait, upd, s->comp_last, dev_dep(s)));
+                                   sync_wait, upd, s->comp_last, acts, dev_dep(s)));
             }
+            lay_acts_after(s, v, C);
             s->comp_last = C;
             sync_wait = -1;
             if (!v->grads)
@@ -582,13 +628,18 @@ int pl_simulate(const fso_plan_input *in, const fso_placement *pl, fso_plan *out
     s.grad_done = malloc(sizeof(int) * (size_t)nb);
     s.anchor = malloc(sizeof(int) * (size_t)(V + 1));
     s.comp = malloc(sizeof(int) * (size_t)(V + 1));
+    s.n_acts = in->model.act_kept_bytes ? in->model.act_host_inputs + in->model.act_ring : 0;
+    s.act_dn = malloc(sizeof(int) * (size_t)(s.n_acts + 1));
+    s.act_rd = malloc(sizeof(int) * (size_t)(s.n_acts + 1));
     if (!s.c.upd || !s.c.gread || !s.c.wr || !s.c.opt_done || !s.grad_done || !s.anchor ||
-        !s.comp) {
+        !s.comp || !s.act_dn || !s.act_rd) {
         rc = -ENOMEM;
         goto out;
     }
     for (int b = 0; b < nb; b++)
         s.c.upd[b] = s.c.gread[b] = s.c.wr[b] = s.grad_done[b] = -1;
+    for (int i = 0; i <= s.n_acts; i++)
+        s.act_dn[i] = s.act_rd[i] = -1;
 
     int norm[SIM_STEPS], prev_norm = -1;
     for (int st = 0; st < SIM_STEPS && rc == 0; st++) {
@@ -644,5 +695,7 @@ out:
     free(s.grad_done);
     free(s.anchor);
     free(s.comp);
+    free(s.act_dn);
+    free(s.act_rd);
     return rc;
 }

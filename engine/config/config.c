@@ -748,12 +748,25 @@ static uint64_t key_hash(const char *key)
     return h;
 }
 
+/* Whether top-level key k is one of DeepSpeed's sections fsoff reads as a
+ * whole (config_ds.c): ignored, or refused unless inactive. Their contents
+ * are DeepSpeed's to define and unbounded, so such a section is recorded as
+ * one key. */
+static bool is_ds_section(const char *k)
+{
+    for (const key_spec *s = fso_cfg_ds_top_keys; s->name; s++)
+        if (strcmp(s->name, k) == 0)
+            return true;
+    return false;
+}
+
 /* Record the origin of every leaf below node (at path p) that a file or a
  * --set gave. */
 static void record_given(const struct fso_config_doc *doc, json_t *node, keypath *p,
                          fso_config_given *given)
 {
-    if (json_is_object(node) && json_object_size(node) > 0 && p->n < CFG_MAX_DEPTH) {
+    if (json_is_object(node) && json_object_size(node) > 0 && p->n < CFG_MAX_DEPTH &&
+        !(p->n == 1 && is_ds_section(p->k[0]))) {
         const char *key;
         json_t *v;
         json_object_foreach(node, key, v) {
@@ -770,8 +783,11 @@ static void record_given(const struct fso_config_doc *doc, json_t *node, keypath
                FSO_CONFIG_MAX_GIVEN);
     kp_format(p, name, sizeof name);
     given->key_hash[given->n] = key_hash(name);
+    /* "auto" passed validation only where config.h says a key takes it */
     given->origin[given->n++] =
-        (uint8_t)(doc->layers[li].kind == LAYER_FILE ? FSO_ORIGIN_FILE : FSO_ORIGIN_SET);
+        (uint8_t)(fso_cfg_is_auto(node)                 ? FSO_ORIGIN_AUTO
+                  : doc->layers[li].kind == LAYER_FILE ? FSO_ORIGIN_FILE
+                                                       : FSO_ORIGIN_SET);
 }
 
 fso_tier fso_offload_tier(const fso_offload_config *o, fso_kind k)
@@ -806,6 +822,12 @@ fso_config_origin fso_config_origin_of(const fso_config *cfg, const char *key)
         if (cfg->given.key_hash[i] == h)
             return (fso_config_origin)cfg->given.origin[i];
     return FSO_ORIGIN_DEFAULT;
+}
+
+bool fso_config_acts_pinned(const fso_config *cfg)
+{
+    return fso_config_pinned(cfg, "train.activations") ||
+           fso_config_pinned(cfg, "activation_checkpointing.cpu_checkpointing");
 }
 
 int fso_config_finish(fso_config *cfg)

@@ -25,6 +25,30 @@
 #define FSO_CONFIG_ERR_MAX 512
 #define FSO_CONFIG_MAX_GIVEN 256  /* more than fsoff has keys */
 
+/* DeepSpeed's "auto" (a Hugging Face DeepSpeed config's placeholder) is
+ * taken where a choice is fsoff's to make, and its key's origin is then
+ * FSO_ORIGIN_AUTO (fso_config_origin_of), so the planner chooses:
+ *   train_micro_batch_size_per_gpu, gradient_accumulation_steps: the
+ *     split of the global batch. Given a train_batch_size number, the
+ *     provisional values hold it (both "auto": micro-batch train_batch_size
+ *     / devices, one accumulation step; one "auto": the other divides it,
+ *     as DeepSpeed's rule). The micro-batch "auto" without
+ *     train_batch_size (DeepSpeed's autotuner's shape): the default
+ *     micro-batch, and the global batch follows it (train_batch_size is
+ *     then not pinned). gradient_accumulation_steps "auto" needs a
+ *     train_batch_size number.
+ *   zero_optimization.stage3_prefetch_bucket_size, stage3_max_live_parameters
+ *     (and their unprefixed spellings): train.prefetch_blocks, provisionally
+ *     its library default.
+ *   aio.block_size, aio.queue_depth: provisionally their library defaults;
+ *     aio's other keys are ignored whatever their value.
+ *   fp16.enabled: false (fsoff has no fp16), with a warning.
+ * Any key fsoff ignores with its warning takes "auto" with it. Elsewhere
+ * (train_batch_size, the global batch being the user's hyperparameter;
+ * the optimizer's and scheduler's parameters; gradient_clipping;
+ * bf16.enabled; ...) "auto" is refused naming the key and the Hugging Face
+ * Trainer argument whose value to write (config_values.c). */
+
 /* Where a key's value came from. */
 typedef enum fso_config_origin {
     FSO_ORIGIN_DEFAULT = 0,       /* the built-in defaults or a library default */
@@ -214,7 +238,9 @@ typedef struct fso_config {
     int micro_batch;              /* train_micro_batch_size_per_gpu */
     int grad_accum;               /* gradient_accumulation_steps */
     int64_t global_batch;         /* train_batch_size: sequences per optimizer step over all
-                                     devices, micro_batch * grad_accum * devices */
+                                     devices, micro_batch * grad_accum * devices, as
+                                     DeepSpeed resolves the three (any two give the third;
+                                     config_ds.c) for the device count at loading */
     double grad_clip;             /* gradient_clipping; 0 = off */
     int64_t steps;                /* train.steps */
     int64_t steps_per_print;
@@ -222,6 +248,10 @@ typedef struct fso_config {
     bool bf16;                    /* bf16.enabled */
     int threads;                  /* train.threads; 0 = the CPUs this process may use */
     bool activation_checkpointing;/* train.activation_checkpointing */
+    int activations;              /* where the layer inputs kept for backward live (model.h):
+                                     FSO_TIER_DEVICE or FSO_TIER_HOST, from train.activations
+                                     or activation_checkpointing.cpu_checkpointing, else a
+                                     plan's choice; -1 when none gave it (the device) */
     fso_offload_config offload;
     fso_overlap optimizer_overlap;/* train.optimizer_overlap */
     bool bf16_grads;              /* train.gradient_dtype "bf16": each block's working
@@ -256,6 +286,15 @@ static inline int fso_config_world(const fso_config *cfg)
 {
     return cfg->world > 0 ? cfg->world : 1;
 }
+
+/* The device count changed after loading (fsoff plan --gpus N, a plan's
+ * world): cfg->world = world, and the batch triple resolved again by
+ * DeepSpeed's rule from the keys the user gave (fso_config_pinned):
+ * train_batch_size given keeps the global batch and re-derives the
+ * micro-batch or accumulation; otherwise the global batch follows the
+ * devices. 0, or -EINVAL with the contradiction in cfg->err (a
+ * train_batch_size the new count does not divide). */
+int fso_config_set_world(fso_config *cfg, int world);
 
 /* Built-in defaults: the tiny default job. Never fails. */
 void fso_config_defaults(fso_config *cfg);
@@ -303,6 +342,16 @@ void fso_offload_block_rule(const fso_offload_config *o, int n_blocks, fso_block
  * fso_block_tier). */
 fso_tier fso_offload_block_tier(const fso_offload_config *o, fso_kind k, int b, int n_blocks);
 
+/* The tier of the kept activations: cfg->activations, the device when
+ * nothing chose it. */
+static inline fso_tier fso_config_acts_tier(const fso_config *cfg)
+{
+    return cfg->activations == FSO_TIER_HOST ? FSO_TIER_HOST : FSO_TIER_DEVICE;
+}
+/* Whether the user chose that tier (train.activations or
+ * activation_checkpointing.cpu_checkpointing): a plan keeps it. */
+bool fso_config_acts_pinned(const fso_config *cfg);
+
 /* train.device_margin's default on GPUs: the fraction of each GPU's memory
  * a plan leaves free. */
 #define FSO_DEVICE_MARGIN_GPU 0.05
@@ -321,6 +370,7 @@ extern const fso_config_choice fso_config_tier_choices[];        /* offload_*.de
 extern const fso_config_choice fso_config_overlap_choices[];     /* train.optimizer_overlap */
 extern const fso_config_choice fso_config_state_from_choices[];  /* train.device_state_from */
 extern const fso_config_choice fso_config_grad_dtype_choices[];  /* train.gradient_dtype */
+extern const fso_config_choice fso_config_acts_choices[];        /* train.activations */
 extern const fso_config_choice fso_config_data_format_choices[]; /* data.format */
 extern const fso_config_choice fso_config_data_docs_choices[];   /* data.documents */
 extern const fso_config_choice fso_config_sched_type_choices[];  /* scheduler.type */

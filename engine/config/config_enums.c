@@ -39,6 +39,11 @@ const fso_config_choice fso_config_grad_dtype_choices[] = {
     {0, "fp32"}, {1, "bf16"}, {0, NULL},
 };
 
+/* train.activations: where the layer inputs kept for backward live */
+const fso_config_choice fso_config_acts_choices[] = {
+    {FSO_TIER_DEVICE, "device"}, {FSO_TIER_HOST, "host"}, {0, NULL},
+};
+
 /* data.format */
 const fso_config_choice fso_config_data_format_choices[] = {
     {FSO_DATA_AUTO, "auto"}, {FSO_DATA_TOKENS, "tokens"}, {FSO_DATA_TEXT, "text"},

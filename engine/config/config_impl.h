@@ -142,6 +142,28 @@ int fso_cfg_apply_model(walker *w, json_t *root);
  * against the model keys the user gave. 0, or -errno with cfg->err. */
 int fso_cfg_hf_merge(fso_config *cfg, struct fso_config_doc *doc);
 
+/* config_ds.c: DeepSpeed's own rules. is_auto: v is DeepSpeed's "auto"
+ * placeholder (config.h lists the keys that take it). ds_top_keys: the
+ * top-level keys of DeepSpeed's that no fsoff section reads (config_keys.c
+ * checks the root against them and its own). apply_batch: the batch triple
+ * into micro_batch, grad_accum and global_batch. apply_ds_sections: those
+ * sections ignored with their line or refused by name. apply_ds_zero:
+ * zero_optimization's switches for what fsoff lacks (true is refused). */
+bool fso_cfg_is_auto(const json_t *v);
+extern const key_spec fso_cfg_ds_top_keys[];
+int fso_cfg_apply_batch(walker *w, json_t *root);
+int fso_cfg_apply_ds_sections(walker *w, json_t *root);
+int fso_cfg_apply_ds_zero(walker *w, json_t *z, const keypath *zsec);
+/* What DeepSpeed's optimizer or scheduler type (section "optimizer" or
+ * "scheduler") does that fsoff lacks, for a message; NULL for a type
+ * DeepSpeed does not have. */
+const char *fso_cfg_ds_type_lacks(const char *section, const char *type);
+/* config_values.c: get_int_auto is get_int where "auto" also takes *def
+ * (the library default, until the planner chooses; the origin is
+ * FSO_ORIGIN_AUTO). */
+int fso_cfg_get_int_auto(walker *w, json_t *obj, const keypath *sec, const char *key, int64_t lo,
+                         int64_t hi, const int64_t *def, int64_t *out);
+
 /* config_keys.c: validate doc->merged and fill cfg; on failure cfg keeps its
  * values and cfg->err holds the message. */
 int fso_cfg_apply(fso_config *cfg, const struct fso_config_doc *doc, bool warn);

@@ -120,6 +120,10 @@ static json_t *train_placement_json(json_t *j, const fso_config *c)
                                                                   c->bf16_grads)));
     if (c->device_margin >= 0)
         bad |= json_object_set_new(t, "device_margin", json_real(c->device_margin));
+    if (c->activations >= 0)
+        bad |= json_object_set_new(
+            t, "activations", json_string(fso_config_choice_name(fso_config_acts_choices,
+                                                                 c->activations)));
     if (bad) {
         json_decref(j);
         return NULL;

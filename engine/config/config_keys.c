@@ -22,6 +22,7 @@ static const key_spec top_keys[] = {
     {"steps_per_print", NULL},
     {"seed", NULL},
     {"bf16", NULL},
+    {"bfloat16", NULL},
     {"fp16", NULL},
     {"optimizer", NULL},
     {"scheduler", NULL},
@@ -31,6 +32,7 @@ static const key_spec top_keys[] = {
     {"zero_optimization", NULL},
     {"aio", NULL},
     {"checkpoint", NULL},
+    {"activation_checkpointing", NULL},
     {"wall_clock_breakdown", "fsoff prints the time of every step anyway"},
     {"zero_allow_untested_optimizer", "fsoff always runs its own AdamW"},
     {"prescale_gradients", "fsoff reduces gradients in fp32 in rank order"},
@@ -45,26 +47,21 @@ static int apply_top(walker *w, json_t *root)
     keypath top = {{0}, 0};
     int64_t v;
 
-    CFG_TRY(fso_cfg_check_keys(w, root, &top, top_keys, ""));
-    CFG_TRY(fso_cfg_get_int32(w, root, &top, "train_micro_batch_size_per_gpu", 1, NULL,
-                              &c->micro_batch));
-    CFG_TRY(
-        fso_cfg_get_int32(w, root, &top, "gradient_accumulation_steps", 1, NULL, &c->grad_accum));
-    c->global_batch = (int64_t)c->micro_batch * c->grad_accum * fso_config_world(c);
-    if (json_object_get(root, "train_batch_size")) {
-        keypath p = {{"train_batch_size"}, 1};
-        keypath mb = {{"train_micro_batch_size_per_gpu"}, 1};
-        keypath ga = {{"gradient_accumulation_steps"}, 1};
-        int64_t product = (int64_t)c->micro_batch * c->grad_accum * fso_config_world(c);
-        CFG_TRY(fso_cfg_get_int(w, root, &top, "train_batch_size", 1, INT64_MAX, NULL, &v));
-        if (v != product)
-            return fso_cfg_fail_rel(w, &p, &mb, &ga,
-                                "must equal train_micro_batch_size_per_gpu (%d) * "
-                                "gradient_accumulation_steps (%d) * devices (%d) = %" PRId64
-                                ", got %" PRId64 "; drop it or change the factors",
-                                c->micro_batch, c->grad_accum, fso_config_world(c),
-                                product, v);
+    /* fsoff's own keys and DeepSpeed's (config_ds.c), checked as one list
+     * so a misspelling gets the nearest of either */
+    enum { MAX_TOP = 96 };
+    key_spec all[MAX_TOP];
+    int n = 0;
+    for (const key_spec *k = top_keys; k->name; k++)
+        all[n++] = *k;
+    for (const key_spec *k = fso_cfg_ds_top_keys; k->name; k++) {
+        FSO_BUG_ON(n >= MAX_TOP - 1, "more than %d top-level keys", MAX_TOP - 1);
+        all[n++] = *k;
     }
+    all[n] = (key_spec){NULL, NULL};
+    CFG_TRY(fso_cfg_check_keys(w, root, &top, all, ""));
+    CFG_TRY(fso_cfg_apply_batch(w, root));
+    CFG_TRY(fso_cfg_apply_ds_sections(w, root));
     CFG_TRY(
         fso_cfg_get_number(w, root, &top, "gradient_clipping", RANGE_NONNEG, NULL, &c->grad_clip));
     CFG_TRY(
@@ -74,7 +71,12 @@ static int apply_top(walker *w, json_t *root)
     return 0;
 }
 
-static const key_spec bf16_keys[] = {{"enabled", NULL}, {NULL, NULL}};
+static const key_spec bf16_keys[] = {
+    {"enabled", NULL},
+    {"immediate_grad_update", "fsoff accumulates every micro-batch's gradients in fp32"},
+    {"check_grad_overflow", "bf16 gradients do not overflow as fp16's do; fsoff checks none"},
+    {NULL, NULL},
+};
 
 #define FP16_IGNORED "fp16 is disabled (fsoff has no fp16 loss scaling)"
 static const key_spec fp16_keys[] = {
@@ -90,22 +92,33 @@ static const key_spec fp16_keys[] = {
     {NULL, NULL},
 };
 
+/* bf16.enabled, or DeepSpeed's older section name bfloat16 (DeepSpeed
+ * reads "bf16" first when both are there; so does fsoff). fp16.enabled
+ * "auto" can only mean false here: fsoff has no fp16. */
 static int apply_precision(walker *w, json_t *root)
 {
     json_t *s;
-    keypath bf = {{"bf16"}, 1}, fp = {{"fp16"}, 1};
+    keypath bf = {{"bf16"}, 1}, fp = {{"fp16"}, 1}, old = {{"bfloat16"}, 1};
 
-    CFG_TRY(fso_cfg_get_section(w, root, "bf16", false, &s));
-    CFG_TRY(fso_cfg_check_keys(w, s, &bf, bf16_keys, ""));
-    CFG_TRY(fso_cfg_get_bool(w, s, &bf, "enabled", BOOL(false), &w->out->bf16));
+    json_t *o = json_object_get(root, "bfloat16");
+    bool use_old = o && !json_is_null(o) && fso_cfg_from_defaults(w->doc, &bf);
+    if (o && !use_old)
+        fso_cfg_warn(w, &old, "bf16 is given too, and DeepSpeed reads bf16 first");
+    CFG_TRY(fso_cfg_get_section(w, root, use_old ? "bfloat16" : "bf16", true, &s));
+    CFG_TRY(fso_cfg_check_keys(w, s, use_old ? &old : &bf, bf16_keys, ""));
+    CFG_TRY(fso_cfg_get_bool(w, s, use_old ? &old : &bf, "enabled", BOOL(false), &w->out->bf16));
 
     bool fp16 = false;
-    CFG_TRY(fso_cfg_get_section(w, root, "fp16", false, &s));
-    CFG_TRY(fso_cfg_get_bool(w, s, &fp, "enabled", BOOL(false), &fp16));
-    if (fp16) {
-        keypath p = {{"fp16", "enabled"}, 2};
+    CFG_TRY(fso_cfg_get_section(w, root, "fp16", true, &s));
+    json_t *e = s ? json_object_get(s, "enabled") : NULL;
+    keypath p = {{"fp16", "enabled"}, 2};
+    if (fso_cfg_is_auto(e))
+        fso_cfg_warn(w, &p, "\"auto\" is false here: fsoff has no fp16, and bf16.enabled "
+                            "decides the precision");
+    else
+        CFG_TRY(fso_cfg_get_bool(w, s, &fp, "enabled", BOOL(false), &fp16));
+    if (fp16)
         return fso_cfg_fail(w, &p, "fp16 loss scaling is not supported; use bf16.enabled");
-    }
     return fso_cfg_check_keys(w, s, &fp, fp16_keys, "");
 }
 
@@ -460,7 +473,7 @@ static const key_spec adam_keys[] = {
     {"adam_w_mode", NULL},
     {"bias_correction", NULL},
     {"amsgrad", NULL},
-    {"torch_adam", OWN_ADAMW},
+    {"torch_adam", OWN_ADAMW " (true: weight_decay's default is torch's, 0.01)"},
     {"fused", OWN_ADAMW},
     {"foreach", OWN_ADAMW},
     {NULL, NULL},
@@ -502,7 +515,10 @@ static int apply_optimizer(walker *w, json_t *root)
     keypath psec = {{"optimizer", "params"}, 2};
     json_t *opt, *params = NULL, *v;
 
-    /* Library defaults are torch.optim.AdamW's. */
+    /* Library defaults are DeepSpeed's Adam's (FusedAdam's, DeepSpeedCPUAdam's):
+     * torch.optim.AdamW's but weight_decay 0; with torch_adam true it runs
+     * torch.optim.AdamW, whose weight_decay default is 0.01. */
+    bool adamw_type = false;
     CFG_TRY(fso_cfg_get_section(w, root, "optimizer", false, &opt));
     CFG_TRY(fso_cfg_check_keys(w, opt, &sec, optimizer_keys, ""));
     if (opt && (v = json_object_get(opt, "type"))) {
@@ -510,10 +526,17 @@ static int apply_optimizer(walker *w, json_t *root)
         keypath p = fso_cfg_kp_child(&sec, "type");
         if (fso_cfg_find_choice(v, types, true) < 0) {
             char got[128];
+            const char *lacks =
+                json_is_string(v) ? fso_cfg_ds_type_lacks("optimizer", json_string_value(v)) : NULL;
             fso_cfg_describe(v, got, sizeof got);
+            if (lacks)
+                return fso_cfg_fail(w, &p, "fsoff does not implement DeepSpeed's %s; it "
+                                           "implements \"%s\" (\"%s\" with adam_w_mode true is "
+                                           "the same)", lacks, types[0].name, types[1].name);
             return fso_cfg_fail(w, &p, "fsoff implements \"%s\" (\"%s\" with adam_w_mode true "
                                    "is the same), got %s", types[0].name, types[1].name, got);
         }
+        adamw_type = fso_cfg_find_choice(v, types, true) == 0;
     }
     if (opt && (v = json_object_get(opt, "params"))) {
         CFG_TRY(fso_cfg_want_object(w, v, &psec));
@@ -523,23 +546,31 @@ static int apply_optimizer(walker *w, json_t *root)
     CFG_TRY(fso_cfg_get_number(w, params, &psec, "lr", RANGE_POSITIVE, DBL(1e-3), &o->lr));
     CFG_TRY(apply_betas(w, params, &psec));
     CFG_TRY(fso_cfg_get_number(w, params, &psec, "eps", RANGE_POSITIVE, DBL(1e-8), &o->eps));
-    CFG_TRY(fso_cfg_get_number(w, params, &psec, "weight_decay", RANGE_NONNEG, DBL(0.01),
+    bool b = false;
+    CFG_TRY(fso_cfg_get_bool(w, params, &psec, "torch_adam", BOOL(false), &b));
+    CFG_TRY(fso_cfg_get_number(w, params, &psec, "weight_decay", RANGE_NONNEG, DBL(b ? 0.01 : 0.0),
                        &o->weight_decay));
 
-    bool b = true;
     keypath p = fso_cfg_kp_child(&psec, "adam_w_mode");
     CFG_TRY(fso_cfg_get_bool(w, params, &psec, "adam_w_mode", BOOL(true), &b));
-    if (!b)
-        return fso_cfg_fail(w, &p, "L2-mode Adam is not supported; fsoff's AdamW decouples weight "
-                               "decay, so set it to true or drop it");
+    if (!b && adamw_type)
+        fso_cfg_warn(w, &p, "DeepSpeed's \"AdamW\" decouples weight decay whatever "
+                            "adam_w_mode says, as fsoff's does");
+    else if (!b)
+        return fso_cfg_fail(w, &p, "fsoff does not implement DeepSpeed's Adam with L2 "
+                               "regularization; fsoff's AdamW decouples weight decay, so set it "
+                               "to true or drop it");
     p = fso_cfg_kp_child(&psec, "bias_correction");
     CFG_TRY(fso_cfg_get_bool(w, params, &psec, "bias_correction", BOOL(true), &b));
     if (!b)
-        return fso_cfg_fail(w, &p, "must be true; fsoff's AdamW always corrects the moment bias");
+        return fso_cfg_fail(w, &p, "fsoff does not implement DeepSpeed's Adam without "
+                               "bias correction; fsoff's AdamW always corrects the moment bias, "
+                               "so set it to true or drop it");
     p = fso_cfg_kp_child(&psec, "amsgrad");
     CFG_TRY(fso_cfg_get_bool(w, params, &psec, "amsgrad", BOOL(false), &b));
     if (b)
-        return fso_cfg_fail(w, &p, "AMSGrad is not supported; set it to false");
+        return fso_cfg_fail(w, &p, "fsoff does not implement DeepSpeed's Adam with AMSGrad; "
+                               "set it to false");
     return 0;
 }
 
@@ -626,6 +657,7 @@ static const key_spec train_keys[] = {
     {"whole_block_copies", NULL},
     {"gradient_dtype", NULL},
     {"device_margin", NULL},
+    {"activations", NULL},
     {NULL, NULL},
 };
 
@@ -715,9 +747,75 @@ static int apply_train(walker *w, json_t *root)
     return 0;
 }
 
+/* ------------------------------------------------------- activations */
+
+/* DeepSpeed's activation_checkpointing section. Its activation checkpointing
+ * is the model's own (train.activation_checkpointing turns fsoff's on); of
+ * the section, cpu_checkpointing says where the checkpointed activations go,
+ * as train.activations does. */
+static const key_spec act_ckpt_keys[] = {
+    {"cpu_checkpointing", NULL},
+    {"partition_activations", "fsoff has no model parallelism to partition activations "
+                              "across: each device keeps its own micro-batch's layer inputs"},
+    {"contiguous_memory_optimization", "fsoff keeps each layer input in one contiguous "
+                                       "buffer already"},
+    {"number_checkpoints", "fsoff checkpoints every layer; it counts the kept inputs from the "
+                           "model"},
+    {"synchronize_checkpoint_boundary", "fsoff orders the activations' copies with the "
+                                        "device's marks, never a device-wide synchronize"},
+    {"profile", "fsoff counts the activations' copies in its metrics (act_bytes)"},
+    {NULL, NULL},
+};
+
+/* train.activations ("device" | "host") and activation_checkpointing.
+ * cpu_checkpointing (true: "host", false: "device"); both given must agree.
+ * The host takes only checkpointed layer inputs (model.h). */
+static int apply_activations(walker *w, json_t *root)
+{
+    fso_config *c = w->out;
+    keypath tsec = {{"train"}, 1}, asec = {{"activation_checkpointing"}, 1};
+    keypath tp = fso_cfg_kp_child(&tsec, "activations");
+    keypath ap = fso_cfg_kp_child(&asec, "cpu_checkpointing");
+    json_t *t = json_object_get(root, "train"), *a, *v;
+    int tier = -1, from_ds = -1;
+    CFG_TRY(fso_cfg_get_section(w, root, "activation_checkpointing", true, &a));
+    CFG_TRY(fso_cfg_check_keys(w, a, &asec, act_ckpt_keys, ""));
+    if (json_is_object(t) && (v = json_object_get(t, "activations")))
+        CFG_TRY(fso_cfg_want_choice(w, v, &tp, fso_config_acts_choices, false, &tier));
+    if (a && (v = json_object_get(a, "cpu_checkpointing"))) {
+        bool cpu = false;
+        CFG_TRY(fso_cfg_want_bool(w, v, &ap, &cpu));
+        from_ds = cpu ? FSO_TIER_HOST : FSO_TIER_DEVICE;
+    }
+    if (tier >= 0 && from_ds >= 0 && tier != from_ds)
+        return fso_cfg_fail_rel(w, &tp, &ap, NULL,
+                                "\"%s\", but activation_checkpointing.cpu_checkpointing is %s; "
+                                "give one of them, or make them agree",
+                                fso_config_choice_name(fso_config_acts_choices, tier),
+                                from_ds == FSO_TIER_HOST ? "true" : "false");
+    if (tier < 0)
+        tier = from_ds;
+    if (tier == FSO_TIER_HOST && !c->activation_checkpointing) {
+        keypath ck = fso_cfg_kp_child(&tsec, "activation_checkpointing");
+        return fso_cfg_fail_rel(w, tier == from_ds ? &ap : &tp, &ck, NULL,
+                                "activations on the host need train.activation_checkpointing "
+                                "true: only the layer inputs it keeps move to the host (as "
+                                "DeepSpeed's cpu_checkpointing moves checkpointed activations "
+                                "only); turn checkpointing on, or keep them on the device");
+    }
+    c->activations = tier;
+    return 0;
+}
+
 /* ---------------------------------------------------------------- offload */
 
-#define ZERO_SCHED "fsoff schedules gathers and prefetch per block itself"
+/* "auto" in stage3_prefetch_bucket_size or stage3_max_live_parameters (or
+ * their unprefixed spellings) leaves train.prefetch_blocks to the planner
+ * (config.h); a number there is ignored with this line. */
+#define ZERO_SCHED "fsoff schedules gathers and prefetch per block itself (train.prefetch_blocks)"
+#define ZERO_SAVE "fsoff export writes any checkpoint as a Hugging Face folder"
+#define ZERO_SHARDS "fsoff shards every block over all the devices"
+#define ZERO_ANY_COUNT "every fsoff checkpoint loads on any device count and tiers"
 static const key_spec zero_keys[] = {
     {"stage", NULL},
     {"offload_param", NULL},
@@ -726,15 +824,48 @@ static const key_spec zero_keys[] = {
     {"contiguous_gradients", "each block's gradients are one flat buffer already"},
     {"reduce_bucket_size", "gradients are reduce-scattered per block"},
     {"reduce_scatter", "gradients are always reduce-scattered"},
+    {"use_multi_rank_bucket_allreduce", "gradients are reduce-scattered per block"},
+    {"allgather_partitions", "parameters are gathered per block"},
     {"allgather_bucket_size", "parameters are gathered per block"},
     {"stage3_prefetch_bucket_size", ZERO_SCHED},
+    {"prefetch_bucket_size", ZERO_SCHED},
     {"stage3_max_live_parameters", ZERO_SCHED},
+    {"max_live_parameters", ZERO_SCHED},
     {"stage3_max_reuse_distance", ZERO_SCHED},
+    {"max_reuse_distance", ZERO_SCHED},
     {"stage3_param_persistence_threshold", ZERO_SCHED},
-    {"stage3_gather_16bit_weights_on_model_save", "fsoff export writes any checkpoint as "
-                                                  "a Hugging Face folder"},
+    {"param_persistence_threshold", ZERO_SCHED},
+    {"stage3_model_persistence_threshold", ZERO_SCHED},
+    {"model_persistence_threshold", ZERO_SCHED},
+    {"stage3_module_granularity_threshold", ZERO_SCHED},
+    {"module_granularity_threshold", ZERO_SCHED},
+    {"stage3_use_all_reduce_for_fetch_params", "parameters are gathered per block"},
+    {"use_all_reduce_for_fetch_params", "parameters are gathered per block"},
+    {"stage3_gather_16bit_weights_on_model_save", ZERO_SAVE},
+    {"gather_16bit_weights_on_model_save", ZERO_SAVE},
+    {"stage3_gather_fp16_weights_on_model_save", ZERO_SAVE},
     {"sub_group_size", "the optimizer works block by block"},
     {"round_robin_gradients", "gradients are reduce-scattered per block"},
+    {"load_from_fp32_weights", "fsoff's checkpoints hold the fp32 master weights, and "
+                               "resuming loads them"},
+    {"elastic_checkpoint", ZERO_ANY_COUNT},
+    {"ignore_unused_parameters", "every parameter of fsoff's model is used"},
+    {"legacy_stage1", ZERO_SHARDS},
+    {"zero_hpz_partition_size", ZERO_SHARDS},
+    {"mics_shard_size", ZERO_SHARDS},
+    {"mics_hierarchical_params_gather", ZERO_SHARDS},
+    {"zeropp_loco_param", "it tunes quantized gradients, which fsoff does not have"},
+    {"memory_efficient_linear", "fsoff's linear layers keep only what their backward needs"},
+    {"pipeline_loading_checkpoint", "fsoff has no pipeline parallelism"},
+    {"override_module_apply", "fsoff builds its model itself"},
+    {"log_trace_cache_warnings", "fsoff traces nothing"},
+    /* config_ds.c: false loads, true is refused */
+    {"zero_quantized_weights", NULL},
+    {"zero_quantized_nontrainable_weights", NULL},
+    {"zero_quantized_gradients", NULL},
+    {"cpu_offload", NULL},
+    {"cpu_offload_param", NULL},
+    {"cpu_offload_use_pin_memory", NULL},
     {NULL, NULL},
 };
 
@@ -808,6 +939,7 @@ static int apply_offload(walker *w, json_t *root)
 
     CFG_TRY(fso_cfg_get_section(w, root, "zero_optimization", true, &z));
     CFG_TRY(fso_cfg_check_keys(w, z, &zsec, zero_keys, ""));
+    CFG_TRY(fso_cfg_apply_ds_zero(w, z, &zsec));
     CFG_TRY(fso_cfg_get_int32(w, z, &zsec, "stage", 0, I64(3), &o->stage));
     if (o->stage > 3) {
         keypath p = fso_cfg_kp_child(&zsec, "stage");
@@ -827,15 +959,17 @@ static int apply_offload(walker *w, json_t *root)
 
     CFG_TRY(fso_cfg_get_section(w, root, "aio", true, &a));
     CFG_TRY(fso_cfg_check_keys(w, a, &asec, aio_keys, ""));
-    CFG_TRY(fso_cfg_get_int(w, a, &asec, "block_size", FSO_IO_PAGE, (int64_t)1 << 30, I64(1 << 20),
-                            &v));
+    /* "auto" (config.h): the library default until the planner chooses */
+    CFG_TRY(fso_cfg_get_int_auto(w, a, &asec, "block_size", FSO_IO_PAGE, (int64_t)1 << 30,
+                                 I64(1 << 20), &v));
     if (v % FSO_IO_PAGE) {
         keypath p = fso_cfg_kp_child(&asec, "block_size");
         return fso_cfg_fail(w, &p, "must be a multiple of %u bytes (O_DIRECT), got %" PRId64,
                             FSO_IO_PAGE, v);
     }
     o->aio_block_bytes = v;
-    CFG_TRY(fso_cfg_get_int32(w, a, &asec, "queue_depth", 1, I64(32), &o->aio_queue_depth));
+    CFG_TRY(fso_cfg_get_int_auto(w, a, &asec, "queue_depth", 1, INT_MAX, I64(32), &v));
+    o->aio_queue_depth = (int)v;
     return 0;
 }
 
@@ -883,6 +1017,12 @@ static int apply_scheduler(walker *w, json_t *root)
                                 "learning rate", names);
     if ((t = fso_cfg_find_choice(v, types, true)) < 0) {
         char got[128];
+        const char *lacks =
+            json_is_string(v) ? fso_cfg_ds_type_lacks("scheduler", json_string_value(v)) : NULL;
+        if (lacks)
+            return fso_cfg_fail(w, &tp, "fsoff does not implement DeepSpeed's %s; use %s (or "
+                                        "scheduler null for a constant learning rate)", lacks,
+                                names);
         fso_cfg_describe(v, got, sizeof got);
         return fso_cfg_fail(w, &tp, "expected %s (or scheduler null for a constant learning "
                                 "rate), got %s", names, got);
@@ -950,13 +1090,12 @@ static int apply_scheduler(walker *w, json_t *root)
 
 /* ---------------------------------------------------------------- checkpoint */
 
-#define CKPT_ANY_COUNT "every fsoff checkpoint loads on any device count and tiers"
 static const key_spec checkpoint_keys[] = {
     {"dir", NULL},
     {"every_steps", NULL},
     {"keep", NULL},
     {"tag_validation", "fsoff checkpoints are named by their step, not tagged"},
-    {"load_universal", CKPT_ANY_COUNT},
+    {"load_universal", ZERO_ANY_COUNT},
     {"use_node_local_storage", "one process writes each checkpoint"},
     {"parallel_write", "the saver streams every device's shards itself"},
     {NULL, NULL},
@@ -999,6 +1138,8 @@ int fso_cfg_apply(fso_config *cfg, const struct fso_config_doc *doc, bool warn)
         rc = apply_optimizer(&w, root);
     if (rc == 0)
         rc = apply_train(&w, root);
+    if (rc == 0)
+        rc = apply_activations(&w, root);
     if (rc == 0)
         rc = apply_data(&w, root);
     if (rc == 0)

@@ -186,6 +186,16 @@ int fso_cfg_get_int(walker *w, json_t *obj, const keypath *sec, const char *key,
     return 0;
 }
 
+int fso_cfg_get_int_auto(walker *w, json_t *obj, const keypath *sec, const char *key, int64_t lo,
+                         int64_t hi, const int64_t *def, int64_t *out)
+{
+    if (obj && fso_cfg_is_auto(json_object_get(obj, key))) {
+        *out = *def;
+        return 0;
+    }
+    return fso_cfg_get_int(w, obj, sec, key, lo, hi, def, out);
+}
+
 int fso_cfg_get_int32(walker *w, json_t *obj, const keypath *sec, const char *key, int lo,
                      const int64_t *def, int *out)
 {

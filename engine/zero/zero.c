@@ -114,8 +114,11 @@ int fso_zero_check_device(const fso_config *cfg, const fso_zero_need *n, uint64_
              "device memory: each of the %d device%s needs %s (resident shards %s, gather "
              "window and gradient buffers %s, activations %s) but holds %s; short by %s: "
              "offload state (zero_optimization.offload_param / offload_optimizer device "
-             "\"cpu\" or \"nvme\", or --nvme DIR), add devices, or raise --device-mem",
-             world, world == 1 ? "" : "s", h1, h2, h3, h4, h5, by);
+             "\"cpu\" or \"nvme\", or --nvme DIR)%s, add devices, or raise --device-mem",
+             world, world == 1 ? "" : "s", h1, h2, h3, h4, h5, by,
+             fso_config_acts_tier(cfg) == FSO_TIER_DEVICE && cfg->activation_checkpointing
+                 ? ", put the kept activations on the host (train.activations \"host\")"
+                 : "");
     return -ENOMEM;
 }
 
@@ -125,21 +128,30 @@ int fso_zero_check_host(const fso_config *cfg, const fso_zero_need *n, uint64_t 
     const uint64_t need = n->tier[FSO_TIER_HOST];
     if (!avail || need <= avail)
         return 0;
-    char h1[48], h2[48], by[48], sv[96] = "";
+    char h1[48], h2[48], by[48], sv[160] = "";
     fso_human_bytes(h1, sizeof h1, (double)need);
     fso_human_bytes(h2, sizeof h2, (double)avail);
     fso_human_bytes(by, sizeof by, (double)(need - avail));
-    if (n->saver) {
-        char h3[48];
+    if (n->saver || n->act_host) {
+        char h3[48], h4[48];
         fso_human_bytes(h3, sizeof h3, (double)n->saver);
-        snprintf(sv, sizeof sv, " (the checkpoint saver's %s included)", h3);
+        fso_human_bytes(h4, sizeof h4, (double)n->act_host * (double)fso_config_world(cfg));
+        if (n->saver && n->act_host)
+            snprintf(sv, sizeof sv, " (the checkpoint saver's %s and the activations' %s included)",
+                     h3, h4);
+        else if (n->saver)
+            snprintf(sv, sizeof sv, " (the checkpoint saver's %s included)", h3);
+        else
+            snprintf(sv, sizeof sv, " (the activations' %s included)", h4);
     }
     snprintf(err, errlen,
              "host memory: the host tier and staging buffers need %s%s but %s is %s; "
              "short by %s: put the optimizer state on NVMe (--nvme DIR or "
-             "zero_optimization.offload_optimizer.device \"nvme\")",
+             "zero_optimization.offload_optimizer.device \"nvme\")%s",
              h1, sv, h2, cfg->host_mem_bytes ? "allowed (--host-mem)"
-                                 : "available less the headroom fsoff leaves (--host-mem)", by);
+                                 : "available less the headroom fsoff leaves (--host-mem)", by,
+             n->act_host ? ", or keep the activations on the device (train.activations "
+                           "\"device\")" : "");
     return -ENOMEM;
 }
 
@@ -219,9 +231,20 @@ static int open_devices(fso_zero *z, const fso_zero_need *need, int threads_per_
         if ((rc = open_backend(z, rk, threads_per_dev, &cap, err, errlen)) < 0 ||
             (rc = fso_zero_check_device(cfg, need, cap, err, errlen)) < 0)
             return rc;
-        if ((rc = fso_model_init(&rk->model, &cfg->model, rk->be, cfg->micro_batch,
-                                 cfg->data.seq_len, z->world, cfg->activation_checkpointing,
-                                 cfg->bf16)) < 0) {
+        fso_model_opts mo = {.checkpointing = cfg->activation_checkpointing, .bf16 = cfg->bf16,
+                             .acts = fso_config_acts_tier(cfg)};
+        if (need->act_host &&
+            !(mo.host_acts = zr_pinned_get(&rk->acts_host, need->act_host, z->cuda,
+                                           "the activations kept on the host",
+                                           "their copies stall the device"))) {
+            fso_human_bytes(h1, sizeof h1, (double)need->act_host);
+            snprintf(err, errlen, "host memory: cannot allocate %s for device %d's activations "
+                                  "(train.activations \"host\"); keep them on the device, or "
+                                  "lower --host-mem's other users", h1, r);
+            return -ENOMEM;
+        }
+        if ((rc = fso_model_init_opts(&rk->model, &cfg->model, rk->be, cfg->micro_batch,
+                                      cfg->data.seq_len, z->world, &mo)) < 0) {
             fso_human_bytes(h1, sizeof h1, (double)cap);
             snprintf(err, errlen, "device memory: the activations alone do not fit the %s cap "
                                   "(--device-mem) of device %d (%s); shorten data.seq_len or "
@@ -535,6 +558,7 @@ void fso_zero_destroy(fso_zero *z)
         }
         fso_store_destroy(rk->io.store);
         fso_model_free(&rk->model);
+        zr_pinned_free(&rk->acts_host);
         free(rk->locs);
         fso_backend_destroy(rk->be);
     }

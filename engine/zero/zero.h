@@ -66,6 +66,11 @@ typedef struct fso_zero_step {
     /* collective bytes, all ranks: every block each rank gathered and every
      * block of gradients it reduced, whole, in this step */
     uint64_t gather_bytes, reduce_bytes;
+    /* activation bytes, all ranks: the layer inputs kept on the host
+     * (train.activations "host") copied down in the forwards and up in the
+     * backwards of this step (model.h fso_model_act_bytes_per_step each
+     * micro-batch) */
+    uint64_t act_bytes;
     int64_t tokens;       /* tokens in this step, all devices: world * grad_accum micro-batches */
     uint64_t stale_marks; /* since creation, all devices (fso_zero_stale_marks) */
 } fso_zero_step;
@@ -239,8 +244,11 @@ typedef struct fso_zero_need {
     uint64_t staging;            /* per device, in the host arena */
     uint64_t saver;              /* with checkpoint.dir: the checkpoint saver's buffers, host
                                     memory outside the arena (fso_zero_saver_bytes) */
-    uint64_t tier[FSO_N_TIERS];  /* device: each device's total; host: the arena's and the
-                                    saver's; NVMe: all devices' */
+    uint64_t act_host;           /* per device: the kept activations on the host tier (model.h
+                                    fso_model_host_act_bytes_for), host memory outside the
+                                    arena */
+    uint64_t tier[FSO_N_TIERS];  /* device: each device's total; host: the arena's, the
+                                    saver's and every device's act_host; NVMe: all devices' */
 } fso_zero_need;
 /* The CPU backends' fp32 working space for bf16 tensors on backend `on`, per
  * device (0 for fp32, and on GPUs, which compute in bf16). */

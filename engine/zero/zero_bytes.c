@@ -90,17 +90,22 @@ void fso_zero_need_on(const fso_config *cfg, const fso_backend_row *on, fso_zero
                                            t == FSO_TIER_DEVICE
                                                ? fso_sat_mul(fp.kind_bytes[t][k], (uint64_t)r.world)
                                                : fp.kind_bytes[t][k]);
+    const fso_tier acts = fso_config_acts_tier(cfg);
     n->activations = fso_sat_add(
-        fso_model_activation_bytes_for(&cfg->model, cfg->micro_batch, cfg->data.seq_len,
-                                       cfg->activation_checkpointing, cfg->bf16),
+        fso_model_activation_bytes_tier(&cfg->model, cfg->micro_batch, cfg->data.seq_len,
+                                        cfg->activation_checkpointing, cfg->bf16, acts),
         fso_zero_widen_bytes(cfg, on));
     n->saver = fso_zero_saver_bytes(cfg);
+    n->act_host = fso_model_host_act_bytes_for(&cfg->model, cfg->micro_batch, cfg->data.seq_len,
+                                               cfg->activation_checkpointing, cfg->bf16, acts);
     n->device_buffers = fp.device_buffers;
     n->staging = fp.staging;
     for (int t = 0; t < FSO_N_TIERS; t++)
         n->tier[t] = fp.tier[t];
     n->tier[FSO_TIER_DEVICE] = fso_sat_add(n->tier[FSO_TIER_DEVICE], n->activations);
     n->tier[FSO_TIER_HOST] = fso_sat_add(n->tier[FSO_TIER_HOST], n->saver);
+    n->tier[FSO_TIER_HOST] = fso_sat_add(n->tier[FSO_TIER_HOST],
+                                         fso_sat_mul(n->act_host, (uint64_t)fso_config_world(cfg)));
 }
 
 uint64_t fso_zero_widen_bytes(const fso_config *cfg, const fso_backend_row *on)

@@ -56,6 +56,8 @@ struct rank_state {
     fso_backend *be;             /* setup; its ops are called from the device's compute and
                                     optimizer threads and the saver (backend.h) */
     fso_model model;             /* setup; compute runs it */
+    zr_pinned acts_host;         /* setup: the model's kept inputs on the host tier (model.h
+                                    fso_model_opts.host_acts), pinned on GPUs */
     loc *locs;                   /* setup: [block * FSO_N_KINDS + kind]: where each shard
                                     lives */
     bool sync_init;              /* setup: the mutexes of io and opt exist */

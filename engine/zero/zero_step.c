@@ -335,7 +335,7 @@ int fso_zero_step_run(fso_zero *z, const int32_t *inputs, const int32_t *targets
     st->nvme_read_bytes = st->nvme_write_bytes = 0;
     memset(st->nvme_kind_read, 0, sizeof st->nvme_kind_read);
     memset(st->nvme_kind_write, 0, sizeof st->nvme_kind_write);
-    st->gather_bytes = st->reduce_bytes = 0;
+    st->gather_bytes = st->reduce_bytes = st->act_bytes = 0;
     for (int r = 0; r < z->world; r++) {
         for (int k = 0; k < FSO_N_KINDS; k++) {
             st->nvme_kind_read[k] += z->ranks[r].compute.st.nvme_kind_read[k];
@@ -343,6 +343,8 @@ int fso_zero_step_run(fso_zero *z, const int32_t *inputs, const int32_t *targets
         }
         st->gather_bytes += z->ranks[r].compute.st.gather_bytes;
         st->reduce_bytes += z->ranks[r].compute.st.reduce_bytes;
+        st->act_bytes += z->ranks[r].model.act_bytes; /* the rank's thread is done */
+        z->ranks[r].model.act_bytes = 0;
     }
     for (int k = 0; k < FSO_N_KINDS; k++) {
         st->nvme_read_bytes += st->nvme_kind_read[k];
