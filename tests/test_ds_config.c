@@ -448,6 +448,11 @@ static void test_ds_features_refused_by_name(void **state)
     expect_err(&c, "%s:1:24: zero_optimization.zero_quantized_gradients: fsoff does not "
                    "implement ZeRO++'s quantized gradient reduce-scatter (int4 gradients, which "
                    "changes the sums); set it to false or remove it", t->file);
+    assert_int_equal(load_text(t, &c, "{\"zero_optimization\": {\"cpu_offload\": true}}"),
+                     -EINVAL);
+    expect_err(&c, "%s:1:24: zero_optimization.cpu_offload: DeepSpeed's old spelling of "
+                   "optimizer offload; write \"offload_optimizer\": {\"device\": \"cpu\"} "
+                   "instead", t->file);
     assert_int_equal(load_text(t, &c, "{\"communication_data_type\": \"fp16\"}"), -EINVAL);
     expect_err(&c, "%s:1:2: communication_data_type: fsoff reduces gradients in fp32 only, got "
                    "\"fp16\" (string); write \"fp32\" or drop it", t->file);
