@@ -43,9 +43,9 @@ expect_error "trailing comma" "$TMP/comma.json:4:3:" "a trailing comma? JSON all
     -- --config "$TMP/comma.json"
 expect_error "near-miss key" 'train_micro_batch_size: unknown key; did you mean "train_micro_batch_size_per_gpu"?' \
     -- --set train_micro_batch_size=8
-printf '{ "gradient_accumulation_steps": "auto" }\n' >"$TMP/auto.json"
-expect_error "Trainer's auto" "$TMP/auto.json:1:3: gradient_accumulation_steps:" '"auto" is a placeholder the Hugging Face Trainer fills in' \
-    "write the value itself (the Trainer's gradient_accumulation_steps)" -- --config "$TMP/auto.json"
+printf '{ "gradient_clipping": "auto" }\n' >"$TMP/auto.json"
+expect_error "Trainer's auto" "$TMP/auto.json:1:3: gradient_clipping:" '"auto" is a placeholder the Hugging Face Trainer fills in' \
+    "write the value itself (the Trainer's max_grad_norm)" -- --config "$TMP/auto.json"
 expect_error "heads must divide hidden" "num_attention_heads" "hidden_size" -- --set model.num_attention_heads=5
 expect_error "kv heads must divide heads" "num_key_value_heads" -- --set model.num_key_value_heads=3
 expect_error "seq_len beyond positions" "data.seq_len" "max_position_embeddings" -- --set data.seq_len=1000

@@ -271,7 +271,8 @@ static void test_unknown_nested_key_names_full_path(void **state)
                                " \"params\": {\"cos_min_ratio\": 0.1}}}"),
                      -EINVAL);
     expect_err(&c, "%s:2:13: scheduler.params.cos_min_ratio: unknown key for WarmupLR; the keys "
-                   "here are: warmup_min_lr, warmup_max_lr, warmup_num_steps, warmup_type",
+                   "here are: warmup_min_lr, warmup_max_lr, warmup_num_steps, warmup_type, "
+                   "last_batch_iteration",
                t->file);
 }
 
@@ -602,14 +603,14 @@ static void test_scheduler_type_set_over_the_defaults(void **state)
     assert_int_equal(load_sets(&c, mine, 2), -EINVAL);
     expect_err(&c, "--set scheduler.params.cos_min_ratio=0.2: scheduler.params.cos_min_ratio: "
                    "unknown key for WarmupLR; the keys here are: warmup_min_lr, warmup_max_lr, "
-                   "warmup_num_steps, warmup_type");
+                   "warmup_num_steps, warmup_type, last_batch_iteration");
     tdir *t = *state;
     const char *file = write_cfg(t, "job.json", "{\"scheduler\": {\"type\": \"WarmupCosineLR\",\n"
                                                 " \"params\": {\"warmup_min_ratio\": 0.2}}}");
     assert_int_equal(load(&c, file, lr, 1), -EINVAL);
     expect_err(&c, "%s:2:13: scheduler.params.warmup_min_ratio: unknown key for WarmupLR; the "
-                   "keys here are: warmup_min_lr, warmup_max_lr, warmup_num_steps, warmup_type",
-               t->file);
+                   "keys here are: warmup_min_lr, warmup_max_lr, warmup_num_steps, warmup_type, "
+                   "last_batch_iteration", t->file);
 }
 
 static void test_other_sections_merge_key_by_key(void **state)

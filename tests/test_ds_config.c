@@ -442,12 +442,27 @@ static void test_ds_features_refused_by_name(void **state)
                    "schedule, which cycles the learning rate and momentum; use "
                    "\"WarmupCosineLR\", \"WarmupLR\" or \"WarmupDecayLR\" (or scheduler null "
                    "for a constant learning rate)", t->file);
+    if (load_text(t, &c, "{\"scheduler\": {\"type\": \"WarmupLR\", \"params\": "
+                         "{\"last_batch_iteration\": -1}}}") != 0)
+        fail_msg("%s", c.err);
+    assert_int_equal(load_text(t, &c, "{\"scheduler\": {\"type\": \"WarmupLR\", \"params\": "
+                                      "{\"last_batch_iteration\": 99}}}"),
+                     -EINVAL);
+    expect_err(&c, "%s:1:47: scheduler.params.last_batch_iteration: fsoff does not implement "
+                   "DeepSpeed's schedule started part-way; it starts at the run's step (a "
+                   "resumed run's at its checkpoint's), so only -1, DeepSpeed's default, is "
+                   "taken, got 99 (number)", t->file);
     assert_int_equal(load_text(t, &c, "{\"zero_optimization\": {\"zero_quantized_gradients\": "
                                       "true}}"),
                      -EINVAL);
     expect_err(&c, "%s:1:24: zero_optimization.zero_quantized_gradients: fsoff does not "
                    "implement ZeRO++'s quantized gradient reduce-scatter (int4 gradients, which "
                    "changes the sums); set it to false or remove it", t->file);
+    assert_int_equal(load_text(t, &c, "{\"zero_optimization\": {\"cpu_offload\": true}}"),
+                     -EINVAL);
+    expect_err(&c, "%s:1:24: zero_optimization.cpu_offload: DeepSpeed's old spelling of "
+                   "optimizer offload; write \"offload_optimizer\": {\"device\": \"cpu\"} "
+                   "instead", t->file);
     assert_int_equal(load_text(t, &c, "{\"communication_data_type\": \"fp16\"}"), -EINVAL);
     expect_err(&c, "%s:1:2: communication_data_type: fsoff reduces gradients in fp32 only, got "
                    "\"fp16\" (string); write \"fp32\" or drop it", t->file);

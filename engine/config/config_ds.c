@@ -209,23 +209,28 @@ int fso_cfg_apply_ds_sections(walker *w, json_t *root)
     return 0;
 }
 
-/* zero_optimization's switches for features fsoff lacks: false (or absent)
- * loads, true is refused naming what to write instead. */
+/* zero_optimization's switches that true would change what fsoff does:
+ * false (or absent) loads with its line, true is refused with the fix.
+ * DeepSpeed's old offload switches are refused rather than mapped: their
+ * tier would not be a pinned offload_*.device the planner keeps. */
+#define ZPP_FIX "set it to false or remove it"
 static const struct {
-    const char *key, *lacks;
+    const char *key, *why, *fix;
 } zero_refused[] = {
-    {"zero_quantized_weights", "ZeRO++'s quantized weight all-gather (int8 weights in the "
-                               "gathers, which changes the forward)"},
-    {"zero_quantized_nontrainable_weights", "ZeRO++'s quantized frozen weights"},
-    {"zero_quantized_gradients", "ZeRO++'s quantized gradient reduce-scatter (int4 "
-                                 "gradients, which changes the sums)"},
-    {"cpu_offload", "the old spelling of optimizer offload; write \"offload_optimizer\": "
-                    "{\"device\": \"cpu\"} instead"},
-    {"cpu_offload_param", "the old spelling of parameter offload; write \"offload_param\": "
-                          "{\"device\": \"cpu\"} instead"},
-    {"cpu_offload_use_pin_memory", "the old spelling of pin_memory; write \"pin_memory\": "
-                                   "true in offload_param or offload_optimizer instead"},
-    {NULL, NULL},
+    {"zero_quantized_weights", "fsoff does not implement ZeRO++'s quantized weight all-gather "
+                               "(int8 weights in the gathers, which changes the forward)", ZPP_FIX},
+    {"zero_quantized_nontrainable_weights", "fsoff does not implement ZeRO++'s quantized "
+                                            "frozen weights", ZPP_FIX},
+    {"zero_quantized_gradients", "fsoff does not implement ZeRO++'s quantized gradient "
+                                 "reduce-scatter (int4 gradients, which changes the sums)",
+     ZPP_FIX},
+    {"cpu_offload", "DeepSpeed's old spelling of optimizer offload",
+     "write \"offload_optimizer\": {\"device\": \"cpu\"} instead"},
+    {"cpu_offload_param", "DeepSpeed's old spelling of parameter offload",
+     "write \"offload_param\": {\"device\": \"cpu\"} instead"},
+    {"cpu_offload_use_pin_memory", "DeepSpeed's old spelling of pin_memory",
+     "write \"pin_memory\": true in offload_param or offload_optimizer instead"},
+    {NULL, NULL, NULL},
 };
 
 int fso_cfg_apply_ds_zero(walker *w, json_t *z, const keypath *zsec)
@@ -238,11 +243,7 @@ int fso_cfg_apply_ds_zero(walker *w, json_t *z, const keypath *zsec)
             continue;
         CFG_TRY(fso_cfg_want_bool(w, v, &p, &on));
         if (on)
-            return fso_cfg_fail(w, &p, "%s%s; set it to false or remove it",
-                                strncmp(zero_refused[i].lacks, "the old", 7) == 0
-                                    ? "not supported: "
-                                    : "fsoff does not implement ",
-                                zero_refused[i].lacks);
+            return fso_cfg_fail(w, &p, "%s; %s", zero_refused[i].why, zero_refused[i].fix);
         fso_cfg_warn(w, &p, "false, as fsoff does");
     }
     return 0;

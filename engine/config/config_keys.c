@@ -977,15 +977,17 @@ static const key_spec scheduler_keys[] = {{"type", NULL}, {"params", NULL}, {NUL
 
 static const key_spec cosine_keys[] = {
     {"total_num_steps", NULL}, {"warmup_num_steps", NULL}, {"warmup_min_ratio", NULL},
-    {"cos_min_ratio", NULL},   {"warmup_type", NULL},      {NULL, NULL},
+    {"cos_min_ratio", NULL},   {"warmup_type", NULL},      {"last_batch_iteration", NULL},
+    {NULL, NULL},
 };
 static const key_spec warmup_keys[] = {
     {"warmup_min_lr", NULL},    {"warmup_max_lr", NULL}, {"warmup_num_steps", NULL},
-    {"warmup_type", NULL},      {NULL, NULL},
+    {"warmup_type", NULL},      {"last_batch_iteration", NULL}, {NULL, NULL},
 };
 static const key_spec decay_keys[] = {
     {"total_num_steps", NULL}, {"warmup_min_lr", NULL}, {"warmup_max_lr", NULL},
-    {"warmup_num_steps", NULL}, {"warmup_type", NULL},  {NULL, NULL},
+    {"warmup_num_steps", NULL}, {"warmup_type", NULL},  {"last_batch_iteration", NULL},
+    {NULL, NULL},
 };
 
 static int apply_scheduler(walker *w, json_t *root)
@@ -1049,6 +1051,19 @@ static int apply_scheduler(walker *w, json_t *root)
     }
     CFG_TRY(fso_cfg_check_keys(w, params, &psec, type_keys[sc->type], type_where));
 
+    /* DeepSpeed's last_batch_iteration starts the schedule part-way; fsoff's
+     * starts at the run's step (a resumed run's at its checkpoint's). */
+    if (params && (v = json_object_get(params, "last_batch_iteration"))) {
+        keypath p = fso_cfg_kp_child(&psec, "last_batch_iteration");
+        if (!json_is_integer(v) || json_integer_value(v) != -1) {
+            char got[128];
+            fso_cfg_describe(v, got, sizeof got);
+            return fso_cfg_fail(w, &p, "fsoff does not implement DeepSpeed's schedule started "
+                                       "part-way; it starts at the run's step (a resumed "
+                                       "run's at its checkpoint's), so only -1, DeepSpeed's "
+                                       "default, is taken, got %s", got);
+        }
+    }
     /* Library defaults are DeepSpeed's. */
     CFG_TRY(fso_cfg_get_int(w, params, &psec, "warmup_num_steps", 0, INT64_MAX, I64(1000),
                     &sc->warmup_num_steps));
