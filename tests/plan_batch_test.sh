@@ -141,5 +141,31 @@ else
     bad "train without --auto-batch keeps the configured split" "$(head -30 "$TMP/out")" "$(cat "$TMP/err")"
 fi
 
+# "auto" in the config: the split is chosen without the flag, the global
+# batch (train_batch_size) kept, and the prefetch key's "auto" said
+python3 - "$CONFIG" "$TMP/auto.json" <<'EOF'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c.update(train_micro_batch_size_per_gpu="auto", gradient_accumulation_steps="auto",
+         train_batch_size=8)
+c["data"]["seq_len"] = 16
+c["model"].update(vocab_size=16384, hidden_size=256, intermediate_size=512,
+                  num_hidden_layers=2, tie_word_embeddings=False)
+c.setdefault("zero_optimization", {})["stage3_prefetch_bucket_size"] = "auto"
+json.dump(c, open(sys.argv[2], "w"))
+EOF
+if "$FSOFF" train --config "$TMP/auto.json" --devices cpu --steps 1 >"$TMP/out" 2>"$TMP/err"; then
+    split=$(sed -nE 's/^fsoff: batch ([0-9]+) x 16 tokens x ([0-9]+) accumulation x 1 devices.*/\1 \2/p' "$TMP/out")
+    if [ -n "$split" ] && [ $(( ${split% *} * ${split#* } )) -eq 8 ] &&
+       [ "$(grep -c '^plan: "auto": micro-batch [0-9]* x accumulation [0-9]* .*same global batch 8' "$TMP/out")" = 1 ] &&
+       grep -q '^plan: auto: zero_optimization.stage3_prefetch_bucket_size "auto" -> train.prefetch_blocks [0-9]' "$TMP/out"; then
+        ok "train with \"auto\" split and prefetch: ran $split, global batch 8, each said"
+    else
+        bad "train with \"auto\" keys" "split '$split'" "$(grep -E '^(plan|fsoff): ' "$TMP/out" | head -30)"
+    fi
+else
+    bad "train with \"auto\" keys" "$(cat "$TMP/err")"
+fi
+
 echo "plan_batch: $pass passed, $fail failed"
 [ $fail -eq 0 ]
