@@ -609,7 +609,11 @@ void fso_plan_machine_cpu(const fso_config *cfg, const fso_probe *p, uint64_t ho
     m->host_mem_bytes = host_mem_bytes;
     m->device_mem_bytes = fso_zero_cpu_device_mem(cfg, host_mem_bytes);
     m->nvme_read_gbps = p->nvme_read_gbps;
-    m->nvme_write_gbps = p->nvme_write_gbps;
+    /* writes at the rate they complete at, the drive draining them at the
+     * flushed rate behind (planner.h); tuned rates are flushed ones */
+    m->nvme_write_gbps = p->nvme_write_burst_gbps > p->nvme_write_gbps ? p->nvme_write_burst_gbps
+                                                                       : p->nvme_write_gbps;
+    m->nvme_drain_gbps = p->nvme_write_gbps;
     m->nvme_read_lat_ms = p->nvme_read_lat_ms;
     m->nvme_write_lat_ms = p->nvme_write_lat_ms;
     m->h2d_gbps = p->h2d_gbps;

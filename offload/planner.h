@@ -64,7 +64,10 @@ typedef struct fso_plan_machine {
     uint64_t host_mem_bytes;   /* usable for the host arena (all devices together) */
     uint64_t nvme_free_bytes;  /* free space over the NVMe folders; 0: no NVMe tier */
     double nvme_read_gbps;     /* all folders together */
-    double nvme_write_gbps;
+    double nvme_write_gbps;    /* as a step's writes see it (a cache in front of the drive
+                                  takes them at its rate: probe.h's burst) */
+    double nvme_drain_gbps;    /* the rate the drive drains writes at (flushed); a step
+                                  lasts at least its writes at this rate; 0: nvme_write_gbps */
     double nvme_read_lat_ms;   /* one request's latency beyond its transfer time */
     double nvme_write_lat_ms;
     double h2d_gbps;           /* per device */
