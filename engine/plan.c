@@ -1,6 +1,7 @@
 /* plan.c — the planner applied to a configuration (plan.h). */
 #include "plan.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <limits.h>
 #include <jansson.h>
@@ -257,7 +258,40 @@ typedef struct calib_gate {
     int n, arrived;
     unsigned gen;
     bool failed;
+    /* the timed runs' window, as the first device saw it: its length and
+     * the time this process's threads spent runnable but kept off a core
+     * by other jobs (waiting_ms) */
+    double window_ms, waiting_ms;
 } calib_gate;
+
+/* The time this process's threads have spent runnable, waiting for a core
+ * (the scheduler's run delay, /proc/self/task/(tid)/schedstat's second
+ * field), summed, in ms; -1 where the kernel does not keep it. */
+static double run_delay_ms(void)
+{
+    DIR *d = opendir("/proc/self/task");
+    if (!d)
+        return -1;
+    double sum = 0;
+    bool any = false;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (e->d_name[0] == '.')
+            continue;
+        char path[300];
+        snprintf(path, sizeof path, "/proc/self/task/%s/schedstat", e->d_name);
+        FILE *f = fopen(path, "r");
+        unsigned long long run = 0, wait = 0;
+        if (f && fscanf(f, "%llu %llu", &run, &wait) == 2) {
+            sum += (double)wait / 1e6;
+            any = true;
+        }
+        if (f)
+            fclose(f);
+    }
+    closedir(d);
+    return any ? sum : -1;
+}
 
 /* Wait for the other n - 1 devices; whether all are still set to run. */
 static bool gate_pass(calib_gate *g, bool ok)
@@ -296,7 +330,7 @@ static void gate_shrink(calib_gate *g, int n)
 typedef struct calib_dev {
     const fso_config *cfg;
     calib_gate *gate;
-    int B, per_dev, reps;
+    int index, B, per_dev, reps;
     double ms[5]; /* the best time of each part (calib.ms's order) */
     int rc;
     char err[512];
@@ -355,11 +389,17 @@ static void *calib_run(void *arg)
                             .grads = calib_grads, .grads_done = calib_grads_done};
     /* the first run pays the page faults; then the best of the rest (other
      * work on the machine only ever slows a run down) */
+    const bool first = d->index == 0;
+    double t_open = 0, wait_open = -1;
     for (int rep = 0; rep <= d->reps; rep++) {
         if (!gate_pass(d->gate, rc == 0)) {
             if (rc == 0)
                 rc = -ECANCELED;
             break;
+        }
+        if (first && rep == 1) {
+            t_open = fso_now_ms();
+            wait_open = run_delay_ms();
         }
         memset(c->ms, 0, sizeof c->ms);
         c->layer_visits = 0;
@@ -369,6 +409,11 @@ static void *calib_run(void *arg)
         m.be->ops->sync(m.be);
         for (int i = 0; i < 5 && rep > 0; i++)
             d->ms[i] = rep == 1 || c->ms[i] < d->ms[i] ? c->ms[i] : d->ms[i];
+    }
+    if (first && rc == 0 && wait_open >= 0) {
+        const double w = run_delay_ms();
+        d->gate->window_ms = fso_now_ms() - t_open;
+        d->gate->waiting_ms = w >= wait_open ? w - wait_open : 0;
     }
     if (rc == 0 && d->ms[1] + d->ms[3] <= 0) {
         rc = -EIO;
@@ -392,10 +437,13 @@ static void *calib_run(void *arg)
 
 /* W devices of per_dev threads each timed side by side (calib_run); a
  * part's time is the slowest device's best, since training's devices meet
- * at every block. 0, or negative errno with the reason in err. */
+ * at every block, less the share other jobs kept the threads off the cores
+ * (*share, 0 to 3/4). 0, or negative errno with the reason in err. */
 static int calib_time(const fso_config *cfg, int W, int B, int per_dev, int reps, double ms[5],
-                      char *err, size_t errlen)
+                      double *share, char *err, size_t errlen)
 {
+    if (share)
+        *share = 0;
     calib_gate gate = {.n = W};
     calib_dev *d = calloc((size_t)W, sizeof *d);
     pthread_t *tid = calloc((size_t)W, sizeof *tid);
@@ -409,7 +457,8 @@ static int calib_time(const fso_config *cfg, int W, int B, int per_dev, int reps
     pthread_cond_init(&gate.cv, NULL);
     int started = 0, rc = 0;
     for (int r = 0; r < W; r++)
-        d[r] = (calib_dev){.cfg = cfg, .gate = &gate, .B = B, .per_dev = per_dev, .reps = reps};
+        d[r] = (calib_dev){.cfg = cfg, .gate = &gate, .index = r, .B = B, .per_dev = per_dev,
+                           .reps = reps};
     for (; started < W; started++) {
         int e = pthread_create(&tid[started], NULL, calib_run, &d[started]);
         if (e != 0) {
@@ -430,6 +479,21 @@ static int calib_time(const fso_config *cfg, int W, int B, int per_dev, int reps
         }
         for (int i = 0; i < 5; i++)
             ms[i] = d[r].ms[i] > ms[i] ? d[r].ms[i] : ms[i];
+    }
+    /* Other jobs on a shared machine: the share of the timed window the
+     * devices' threads spent runnable but off the cores is theirs, not the
+     * layer's (the timing is cached and plans every later run; a slice of
+     * a busy minute would slow them all). Taken out, at most 3/4; the
+     * threads waiting on those kept off count as busy, so this takes out
+     * less than other jobs cost, never more. */
+    const double busy = gate.window_ms * (double)W * per_dev;
+    if (rc == 0 && busy > 0 && gate.waiting_ms > 0) {
+        double keep = 1 - gate.waiting_ms / busy;
+        keep = keep < 0.25 ? 0.25 : keep;
+        for (int i = 0; i < 5; i++)
+            ms[i] *= keep;
+        if (share)
+            *share = 1 - keep;
     }
     pthread_cond_destroy(&gate.cv);
     pthread_mutex_destroy(&gate.mu);
@@ -492,10 +556,15 @@ int fso_plan_calibrate_cpu(fso_plan_ctx *ctx, const fso_config *cfg, bool refres
     if ((reps + 1) * run_ms > 1000)
         fprintf(stderr, "fsoff: timing one layer of the model (about %.0f s, once: kept in the "
                         "probe cache)...\n", (reps + 1) * run_ms / 1e3);
-    double ms[5];
-    int rc = calib_time(cfg, together, B, per_dev, reps, ms, err, errlen);
+    double ms[5], share = 0;
+    int rc = calib_time(cfg, together, B, per_dev, reps, ms, &share, err, errlen);
     if (rc < 0)
         return rc;
+    if (share >= 0.1)
+        fprintf(stderr, "fsoff: note: other jobs kept the timed layer's threads off the cores "
+                        "%.0f%% of the time; that share is taken out of the timing (the plan is "
+                        "for this machine, not this minute; fsoff plan --probe times it again)\n",
+                100 * share);
     /* the cache keeps the figures of B sequences, as timed */
     l.when = (int64_t)time(NULL);
     l.gflops = layer_flops / scale / (ms[1] + ms[3]) / 1e6;
