@@ -252,8 +252,8 @@ int fso_plan_evaluate(const fso_plan_input *in, const fso_placement *pl, fso_pla
 int fso_plan_trace(const fso_plan_input *in, const fso_placement *pl, FILE *f);
 
 /* Chooses the placement with the least predicted step time that fits and
- * keeps the pins; among equal times (within 1%) the shallower prefetch and
- * the higher tiers. Returns 0, -ENOSPC when nothing fits (out is then the
+ * keeps the pins; among times within 5% of the least the shallower prefetch
+ * and the higher tiers (a margin the probes' noise does not cross). Returns 0, -ENOSPC when nothing fits (out is then the
  * placement closest to fitting, with short_tier and short_bytes), -EINVAL. */
 int fso_plan_choose(const fso_plan_input *in, fso_plan *out);
 
