@@ -25,11 +25,12 @@ empty probe cache of its own (XDG_CACHE_HOME in a temporary folder; the
 user's cache is not touched), so the probes and the one-layer timing are
 measured anew, as on a first plan.
 
-Expected misses: a 1-device row runs one process whose threads run at one of
-two speeds (about 40% apart, for the life of the process) on a shared
-two-core VM, and the plan's one-layer timing and the training run draw them
-independently, so such a row may miss by up to 1.7x either way
-(docs/planning.md). The table marks those misses "expected"; they do not make
+Expected misses: on a shared two-core VM a process runs at one of two speeds
+(about 2x apart), as much of the cores as other jobs leave it; the plan's
+one-layer timing leaves out what it measures of that (the run delay) but
+not all, and a training run under load is slower than the plan, so a
+1-device row may miss by 1.7x or more (docs/planning.md). Run it in a quiet
+minute; the header prints the load average. The table marks those misses "expected"; they do not make
 the footer FAILED nor the exit status 1. A miss anywhere else does.
 
     /usr/bin/python3 bench/plan_vs_measured.py [--fsoff build/fsoff] [--nvme DIR]
