@@ -437,8 +437,9 @@ static void *calib_run(void *arg)
 
 /* W devices of per_dev threads each timed side by side (calib_run); a
  * part's time is the slowest device's best, since training's devices meet
- * at every block, less the share other jobs kept the threads off the cores
- * (*share, 0 to 3/4). 0, or negative errno with the reason in err. */
+ * at every block; *share: of the timed window, the share other jobs kept
+ * the threads off the cores (0 to 1). 0, or negative errno with the
+ * reason in err. */
 static int calib_time(const fso_config *cfg, int W, int B, int per_dev, int reps, double ms[5],
                       double *share, char *err, size_t errlen)
 {
@@ -481,20 +482,14 @@ static int calib_time(const fso_config *cfg, int W, int B, int per_dev, int reps
             ms[i] = d[r].ms[i] > ms[i] ? d[r].ms[i] : ms[i];
     }
     /* Other jobs on a shared machine: the share of the timed window the
-     * devices' threads spent runnable but off the cores is theirs, not the
-     * layer's (the timing is cached and plans every later run; a slice of
-     * a busy minute would slow them all). Taken out, at most 3/4; the
-     * threads waiting on those kept off count as busy, so this takes out
-     * less than other jobs cost, never more. */
+     * devices' threads spent runnable but off the cores. It is not taken
+     * out of the times: it understates what other jobs cost (threads
+     * waiting on one kept off count as busy), so a time less that share is
+     * still a busy minute's, only less so, and a run in the same minute is
+     * slower than it; the caller reports it. */
     const double busy = gate.window_ms * (double)W * per_dev;
-    if (rc == 0 && busy > 0 && gate.waiting_ms > 0) {
-        double keep = 1 - gate.waiting_ms / busy;
-        keep = keep < 0.25 ? 0.25 : keep;
-        for (int i = 0; i < 5; i++)
-            ms[i] *= keep;
-        if (share)
-            *share = 1 - keep;
-    }
+    if (rc == 0 && busy > 0 && gate.waiting_ms > 0 && share)
+        *share = gate.waiting_ms / busy < 1 ? gate.waiting_ms / busy : 1;
     pthread_cond_destroy(&gate.cv);
     pthread_mutex_destroy(&gate.mu);
     free(d);
@@ -560,10 +555,13 @@ int fso_plan_calibrate_cpu(fso_plan_ctx *ctx, const fso_config *cfg, bool refres
     int rc = calib_time(cfg, together, B, per_dev, reps, ms, &share, err, errlen);
     if (rc < 0)
         return rc;
+    /* the timing is cached and plans every later run: one taken while
+     * other jobs held the cores plans them all as slow as that minute */
     if (share >= 0.1)
         fprintf(stderr, "fsoff: note: other jobs kept the timed layer's threads off the cores "
-                        "%.0f%% of the time; that share is taken out of the timing (the plan is "
-                        "for this machine, not this minute; fsoff plan --probe times it again)\n",
+                        "%.0f%% of the time: the plan's compute, kept in the probe cache, is that "
+                        "minute's, slower than this machine's; `fsoff plan --probe` in a quiet "
+                        "minute times it again\n",
                 100 * share);
     /* the cache keeps the figures of B sequences, as timed */
     l.when = (int64_t)time(NULL);
