@@ -1,6 +1,7 @@
 /* plan.c — the planner applied to a configuration (plan.h). */
 #include "plan.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <limits.h>
 #include <jansson.h>
@@ -279,7 +280,40 @@ typedef struct calib_gate {
     int n, arrived;
     unsigned gen;
     bool failed;
+    /* the timed runs' window, as the first device saw it: its length and
+     * the time this process's threads spent runnable but kept off a core
+     * by other jobs (waiting_ms) */
+    double window_ms, waiting_ms;
 } calib_gate;
+
+/* The time this process's threads have spent runnable, waiting for a core
+ * (the scheduler's run delay, /proc/self/task/(tid)/schedstat's second
+ * field), summed, in ms; -1 where the kernel does not keep it. */
+static double run_delay_ms(void)
+{
+    DIR *d = opendir("/proc/self/task");
+    if (!d)
+        return -1;
+    double sum = 0;
+    bool any = false;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (e->d_name[0] == '.')
+            continue;
+        char path[300];
+        snprintf(path, sizeof path, "/proc/self/task/%s/schedstat", e->d_name);
+        FILE *f = fopen(path, "r");
+        unsigned long long run = 0, wait = 0;
+        if (f && fscanf(f, "%llu %llu", &run, &wait) == 2) {
+            sum += (double)wait / 1e6;
+            any = true;
+        }
+        if (f)
+            fclose(f);
+    }
+    closedir(d);
+    return any ? sum : -1;
+}
 
 /* Wait for the other n - 1 devices; whether all are still set to run. */
 static bool gate_pass(calib_gate *g, bool ok)
@@ -318,7 +352,7 @@ static void gate_shrink(calib_gate *g, int n)
 typedef struct calib_dev {
     const fso_config *cfg;
     calib_gate *gate;
-    int B, per_dev, reps;
+    int index, B, per_dev, reps;
     double ms[5]; /* the best time of each part (calib.ms's order) */
     int rc;
     char err[512];
@@ -377,11 +411,17 @@ static void *calib_run(void *arg)
                             .grads = calib_grads, .grads_done = calib_grads_done};
     /* the first run pays the page faults; then the best of the rest (other
      * work on the machine only ever slows a run down) */
+    const bool first = d->index == 0;
+    double t_open = 0, wait_open = -1;
     for (int rep = 0; rep <= d->reps; rep++) {
         if (!gate_pass(d->gate, rc == 0)) {
             if (rc == 0)
                 rc = -ECANCELED;
             break;
+        }
+        if (first && rep == 1) {
+            t_open = fso_now_ms();
+            wait_open = run_delay_ms();
         }
         memset(c->ms, 0, sizeof c->ms);
         c->layer_visits = 0;
@@ -391,6 +431,11 @@ static void *calib_run(void *arg)
         m.be->ops->sync(m.be);
         for (int i = 0; i < 5 && rep > 0; i++)
             d->ms[i] = rep == 1 || c->ms[i] < d->ms[i] ? c->ms[i] : d->ms[i];
+    }
+    if (first && rc == 0 && wait_open >= 0) {
+        const double w = run_delay_ms();
+        d->gate->window_ms = fso_now_ms() - t_open;
+        d->gate->waiting_ms = w >= wait_open ? w - wait_open : 0;
     }
     if (rc == 0 && d->ms[1] + d->ms[3] <= 0) {
         rc = -EIO;
@@ -414,10 +459,14 @@ static void *calib_run(void *arg)
 
 /* W devices of per_dev threads each timed side by side (calib_run); a
  * part's time is the slowest device's best, since training's devices meet
- * at every block. 0, or negative errno with the reason in err. */
+ * at every block; *share: of the timed window, the share other jobs kept
+ * the threads off the cores (0 to 1). 0, or negative errno with the
+ * reason in err. */
 static int calib_time(const fso_config *cfg, int W, int B, int per_dev, int reps, double ms[5],
-                      char *err, size_t errlen)
+                      double *share, char *err, size_t errlen)
 {
+    if (share)
+        *share = 0;
     calib_gate gate = {.n = W};
     calib_dev *d = calloc((size_t)W, sizeof *d);
     pthread_t *tid = calloc((size_t)W, sizeof *tid);
@@ -431,7 +480,8 @@ static int calib_time(const fso_config *cfg, int W, int B, int per_dev, int reps
     pthread_cond_init(&gate.cv, NULL);
     int started = 0, rc = 0;
     for (int r = 0; r < W; r++)
-        d[r] = (calib_dev){.cfg = cfg, .gate = &gate, .B = B, .per_dev = per_dev, .reps = reps};
+        d[r] = (calib_dev){.cfg = cfg, .gate = &gate, .index = r, .B = B, .per_dev = per_dev,
+                           .reps = reps};
     for (; started < W; started++) {
         int e = pthread_create(&tid[started], NULL, calib_run, &d[started]);
         if (e != 0) {
@@ -453,6 +503,15 @@ static int calib_time(const fso_config *cfg, int W, int B, int per_dev, int reps
         for (int i = 0; i < 5; i++)
             ms[i] = d[r].ms[i] > ms[i] ? d[r].ms[i] : ms[i];
     }
+    /* Other jobs on a shared machine: the share of the timed window the
+     * devices' threads spent runnable but off the cores. It is not taken
+     * out of the times: it understates what other jobs cost (threads
+     * waiting on one kept off count as busy), so a time less that share is
+     * still a busy minute's, only less so, and a run in the same minute is
+     * slower than it; the caller reports it. */
+    const double busy = gate.window_ms * (double)W * per_dev;
+    if (rc == 0 && busy > 0 && gate.waiting_ms > 0 && share)
+        *share = gate.waiting_ms / busy < 1 ? gate.waiting_ms / busy : 1;
     pthread_cond_destroy(&gate.cv);
     pthread_mutex_destroy(&gate.mu);
     free(d);
@@ -515,10 +574,18 @@ int fso_plan_calibrate_cpu(fso_plan_ctx *ctx, const fso_config *cfg, bool refres
     if ((reps + 1) * run_ms > 1000)
         fprintf(stderr, "fsoff: timing one layer of the model (about %.0f s, once: kept in the "
                         "probe cache)...\n", (reps + 1) * run_ms / 1e3);
-    double ms[5];
-    int rc = calib_time(cfg, together, B, per_dev, reps, ms, err, errlen);
+    double ms[5], share = 0;
+    int rc = calib_time(cfg, together, B, per_dev, reps, ms, &share, err, errlen);
     if (rc < 0)
         return rc;
+    /* the timing is cached and plans every later run: one taken while
+     * other jobs held the cores plans them all as slow as that minute */
+    if (share >= 0.1)
+        fprintf(stderr, "fsoff: note: other jobs kept the timed layer's threads off the cores "
+                        "%.0f%% of the time: the plan's compute, kept in the probe cache, is that "
+                        "minute's, slower than this machine's; `fsoff plan --probe` in a quiet "
+                        "minute times it again\n",
+                100 * share);
     /* the cache keeps the figures of B sequences, as timed */
     l.when = (int64_t)time(NULL);
     l.gflops = layer_flops / scale / (ms[1] + ms[3]) / 1e6;
@@ -637,7 +704,11 @@ void fso_plan_machine_cpu(const fso_config *cfg, const fso_probe *p, uint64_t ho
     m->host_mem_bytes = host_mem_bytes;
     m->device_mem_bytes = fso_zero_cpu_device_mem(cfg, host_mem_bytes);
     m->nvme_read_gbps = p->nvme_read_gbps;
-    m->nvme_write_gbps = p->nvme_write_gbps;
+    /* writes at the rate they complete at, the drive draining them at the
+     * flushed rate behind (planner.h); tuned rates are flushed ones */
+    m->nvme_write_gbps = p->nvme_write_burst_gbps > p->nvme_write_gbps ? p->nvme_write_burst_gbps
+                                                                       : p->nvme_write_gbps;
+    m->nvme_drain_gbps = p->nvme_write_gbps;
     m->nvme_read_lat_ms = p->nvme_read_lat_ms;
     m->nvme_write_lat_ms = p->nvme_write_lat_ms;
     m->h2d_gbps = p->h2d_gbps;

@@ -171,6 +171,8 @@ json_t *fso_plan_json(const fso_plan *p)
         m->adam_gelems, "device_adam_gelems", m->device_adam_gelems, "host_copy_gbps",
         m->host_copy_gbps);
     json_object_set_new(mj, "device_margin", json_real(m->device_margin));
+    json_object_set_new(mj, "nvme_drain_gbps", json_real(m->nvme_drain_gbps > 0 ? m->nvme_drain_gbps
+                                                                            : m->nvme_write_gbps));
     json_t *j = json_pack(
         "{s:b, s:f, s:f, s:s, s:f, s:s, s:o, s:i, s:b, s:o, s:o, s:o, s:o, s:i}", "fits",
         p->fits, "predicted_step_ms", p->step_ms, "tokens_per_s", p->tokens_per_s, "bottleneck",

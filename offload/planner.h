@@ -64,7 +64,10 @@ typedef struct fso_plan_machine {
     uint64_t host_mem_bytes;   /* usable for the host arena (all devices together) */
     uint64_t nvme_free_bytes;  /* free space over the NVMe folders; 0: no NVMe tier */
     double nvme_read_gbps;     /* all folders together */
-    double nvme_write_gbps;
+    double nvme_write_gbps;    /* as a step's writes see it (a cache in front of the drive
+                                  takes them at its rate: probe.h's burst) */
+    double nvme_drain_gbps;    /* the rate the drive drains writes at (flushed); a step
+                                  lasts at least its writes at this rate; 0: nvme_write_gbps */
     double nvme_read_lat_ms;   /* one request's latency beyond its transfer time */
     double nvme_write_lat_ms;
     double h2d_gbps;           /* per device */
@@ -288,8 +291,8 @@ int fso_plan_evaluate(const fso_plan_input *in, const fso_placement *pl, fso_pla
 int fso_plan_trace(const fso_plan_input *in, const fso_placement *pl, FILE *f);
 
 /* Chooses the placement with the least predicted step time that fits and
- * keeps the pins; among equal times (within 1%) the shallower prefetch and
- * the higher tiers. Returns 0, -ENOSPC when nothing fits (out is then the
+ * keeps the pins; among times within 5% of the least the shallower prefetch
+ * and the higher tiers (a margin the probes' noise does not cross). Returns 0, -ENOSPC when nothing fits (out is then the
  * placement closest to fitting, with short_tier and short_bytes), -EINVAL. */
 int fso_plan_choose(const fso_plan_input *in, fso_plan *out);
 

@@ -399,8 +399,13 @@ static int evaluate_candidate(plan_search *sr, cand c)
 }
 
 /* Of the ncand candidates that fit, the one to take: the least predicted
- * step; among those within 1% of it, the shallower prefetch, then the
- * higher tiers, then the faster; of equals the first. */
+ * step; among those within PICK_TIE of it, the shallower prefetch, then the
+ * higher tiers, then the faster; of equals the first. The probed rates a
+ * prediction rests on move by several percent from one probe to the next
+ * (a shared disk, a timing of a layer), so a lower tier must win by more
+ * than that to be taken: else the choice (at 2.28B on two CPU devices,
+ * parameters on NVMe or in the host arena) flips with the probe. */
+#define PICK_TIE 1.05
 static size_t pick_candidate(const cand *cands, size_t ncand)
 {
     double best = INFINITY;
@@ -411,7 +416,7 @@ static size_t pick_candidate(const cand *cands, size_t ncand)
     bool have = false;
     for (size_t i = 0; i < ncand; i++) {
         const cand *c = &cands[i];
-        if (c->step_ms > best * 1.01 + 1e-9)
+        if (c->step_ms > best * PICK_TIE + 1e-9)
             continue;
         if (!have) {
             pick = i;

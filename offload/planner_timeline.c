@@ -60,6 +60,7 @@ typedef struct ev {
     int stream;        /* fso_stream, or JOIN */
     int block;         /* for traces */
     const char *what;
+    double bytes;      /* NVMe writes: what the event writes (the drain bound) */
 } ev;
 
 /* A stream's busy time: disjoint spans in time order, each remembering the
@@ -204,6 +205,7 @@ static int tl_add(tl *t, int stream, double dur, const int *deps, int ndeps)
     x->stream = stream;
     x->what = t->what;
     x->block = t->block;
+    x->bytes = 0;
     if (stream != JOIN)
         t->last[stream] = t->n;
     return t->n++;
@@ -216,6 +218,16 @@ static int tl_add(tl *t, int stream, double dur, const int *deps, int ndeps)
 static double ms_for(double bytes, double gbps)
 {
     return gbps > 0 ? bytes / (gbps * 1e6) : (bytes > 0 ? INFINITY : 0);
+}
+
+/* An NVMe write of `bytes` (a device's) after dep: at the rate writes
+ * complete at, its bytes counted for the drain bound (pl_simulate). */
+static int add_write(tl *t, double bytes, double gbps, int dep)
+{
+    int e = ADD(t, FSO_STREAM_NVME_WRITE, ms_for(bytes, gbps), dep);
+    if (e >= 0)
+        t->e[e].bytes = bytes;
+    return e;
 }
 
 /* What a step needs to remember of the previous one. */
@@ -335,7 +347,7 @@ static void lay_optimizer(sim *s, int b, int trigger)
             LABEL(t, "updated parameters out", b);
             int d = ADD(t, FSO_STREAM_D2H, ms_for(pb, mc->d2h_gbps), a);
             if (pl->tier[FSO_KIND_PARAM][b] == FSO_TIER_NVME)
-                d = ADD(t, FSO_STREAM_NVME_WRITE, ms_for(pb, per_rank(mc->nvme_write_gbps, W)), d);
+                d = add_write(t, pb, per_rank(mc->nvme_write_gbps, W), d);
             s->c.upd[b] = s->c.wr[b] = d;
         }
         s->last_opt = s->c.wr[b];
@@ -372,7 +384,7 @@ static void lay_optimizer(sim *s, int b, int trigger)
     s->c.gread[b] = a;
     int w1 = -1, w2 = -1;
     if (wr_nvme > 0)
-        w1 = ADD(t, FSO_STREAM_NVME_WRITE, ms_for(wr_nvme, per_rank(mc->nvme_write_gbps, W)), a);
+        w1 = add_write(t, wr_nvme, per_rank(mc->nvme_write_gbps, W), a);
     if (wr_dev > 0)
         w2 = ADD(t, FSO_STREAM_H2D, ms_for(wr_dev, mc->h2d_gbps), a);
     int pt = pl->tier[FSO_KIND_PARAM][b];
@@ -443,7 +455,7 @@ static int lay_grads(sim *s, int step, int a, int b, int C, bool last_micro, int
                                   dev_dep(s)));
         }
         if (gt == FSO_TIER_NVME)
-            land = ADD(t, FSO_STREAM_NVME_WRITE, ms_for(gb, nvw), land);
+            land = add_write(t, gb, nvw, land);
         if (en->sync_grad_writes) {
             sync_wait = land;
             if (cpu) /* the thread waits for the write */
@@ -653,14 +665,27 @@ int pl_simulate(const fso_plan_input *in, const fso_placement *pl, fso_plan *out
         out->step_ms = to - from;
         memset(out->busy_ms, 0, sizeof out->busy_ms);
         memset(out->critical_ms, 0, sizeof out->critical_ms);
+        double written = 0; /* a device's NVMe writes in the step */
         for (int i = 0; i < s.t.n; i++) {
             const ev *x = &s.t.e[i];
             if (x->stream == JOIN || x->end <= from || x->start >= to)
                 continue;
             double a = x->start > from ? x->start : from, z = x->end < to ? x->end : to;
             out->busy_ms[x->stream] += z - a;
+            if (x->end > x->start)
+                written += x->bytes * (z - a) / (x->end - x->start);
         }
         attribute(&s.t, norm[SIM_STEPS - 1], from, out->critical_ms);
+        /* the writes complete at the rate a cache in front of the drive takes
+         * them, and it drains at its own: step after step, the drive cannot
+         * take more than that rate over a step, so the step lasts at least
+         * every device's writes at it; the rest is the writes' */
+        const double drain = in->machine.nvme_drain_gbps;
+        const double drain_ms = ms_for(written * in->machine.devices, drain);
+        if (drain > 0 && drain_ms > out->step_ms) {
+            out->critical_ms[FSO_STREAM_NVME_WRITE] += drain_ms - out->step_ms;
+            out->step_ms = drain_ms;
+        }
         if (trace) {
             fprintf(trace, "# %10s %10s  %-11s %-24s %s\n", "start ms", "end ms", "stream", "what",
                     "block");

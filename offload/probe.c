@@ -139,14 +139,18 @@ static int stream_io(fso_store *s, bool write, char *buf, size_t block, int qd, 
 
 /* Write then read `bytes` per folder of `dirs` striped together, 16
  * requests of 1 MiB in flight; then a few requests one at a time for the
- * latency beyond the transfer. The writes are timed until flushed (store.h
- * flush): a cache in front of the drive (a virtual disk's host page cache,
- * a drive's DRAM) takes a burst at several times the rate it drains at, and
- * an offload store writes tens of GB a step, far beyond any such cache
- * (measured on a virtio disk: 3.9 GB/s for 512 MiB unflushed, 1.0 GB/s
- * flushed, and 1.0 GB/s after a training step's 27 GB). */
+ * latency beyond the transfer. The writes are timed twice: as they complete
+ * (*burst) and until flushed (*wr, store.h flush). A cache in front of the
+ * drive (a virtual disk's host page cache, a drive's DRAM) takes writes at
+ * several times the rate it drains them at (on a virtio disk: 3.9 GB/s for
+ * 512 MiB unflushed, 1.0 GB/s flushed). A step's writes come a block at a
+ * time, between reads and compute, and the engine never flushes: they see
+ * the burst rate as long as the step's whole volume drains within the step
+ * (the planner bounds the step by that, planner.h nvme_drain_gbps), which
+ * is why `bytes` is a large model's block (256 MiB), not a few MiB. */
 static int probe_store(const char **dirs, int n, uint64_t bytes, double *rd, double *wr,
-                       double *rd_lat, double *wr_lat, bool *direct, char *err, size_t errlen)
+                       double *burst, double *rd_lat, double *wr_lat, bool *direct, char *err,
+                       size_t errlen)
 {
     const size_t block = 1 << 20;
     const int qd = 16;
@@ -184,6 +188,7 @@ static int probe_store(const char **dirs, int n, uint64_t bytes, double *rd, dou
     }
     double t0 = (fso_now_ms() / 1e3);
     rc = stream_io(s, true, buf, block, qd, so.capacity_bytes, err, errlen);
+    double tw = (fso_now_ms() / 1e3);
     if (rc == 0 && (rc = fso_store_flush(s)) < 0)
         snprintf(err, errlen, "%s", s->err);
     double t1 = (fso_now_ms() / 1e3);
@@ -204,6 +209,7 @@ static int probe_store(const char **dirs, int n, uint64_t bytes, double *rd, dou
     if (rc < 0)
         return rc;
     *wr = (double)so.capacity_bytes / (t1 - t0) / 1e9;
+    *burst = (double)so.capacity_bytes / (tw - t0) / 1e9;
     *rd = (double)so.capacity_bytes / (t2 - t1) / 1e9;
     double reqs = (double)(one / block);
     double wl = ((t3 - t2) / reqs - (double)block / (*wr * 1e9)) * 1e3;
@@ -380,9 +386,10 @@ static int probe_folders(fso_probe *p, const fso_probe_opts *opts, char *err, si
     p->n_dirs = fso_split_list(tmp, ',', dirs, FSO_STORE_MAX_DIRS);
     if (p->n_dirs < 0) /* the engine refuses more; probe the first ones */
         p->n_dirs = FSO_STORE_MAX_DIRS;
-    uint64_t bytes = opts->nvme_bytes ? opts->nvme_bytes : (uint64_t)32 << 20;
+    uint64_t bytes = opts->nvme_bytes ? opts->nvme_bytes : (uint64_t)256 << 20;
     p->nvme_free_bytes = 0;
     p->nvme_read_gbps = p->nvme_write_gbps = p->nvme_read_lat_ms = p->nvme_write_lat_ms = 0;
+    p->nvme_write_burst_gbps = 0;
     for (int i = 0; i < p->n_dirs; i++) {
         fso_probe_dir *d = &p->dirs[i];
         struct statvfs sv;
@@ -393,7 +400,7 @@ static int probe_folders(fso_probe *p, const fso_probe_opts *opts, char *err, si
             d->free_bytes = (uint64_t)sv.f_bavail * sv.f_frsize;
         p->nvme_free_bytes += d->free_bytes;
         if ((rc = probe_store(&dirs[i], 1, bytes, &d->read_gbps, &d->write_gbps,
-                              &d->read_lat_ms, &d->write_lat_ms, &d->direct, e, sizeof e)) < 0) {
+                              &d->write_burst_gbps, &d->read_lat_ms, &d->write_lat_ms, &d->direct, e, sizeof e)) < 0) {
             snprintf(err, errlen, "NVMe probe of %s: %s", dirs[i], e);
             return rc;
         }
@@ -401,12 +408,14 @@ static int probe_folders(fso_probe *p, const fso_probe_opts *opts, char *err, si
     if (p->n_dirs == 1) {
         p->nvme_read_gbps = p->dirs[0].read_gbps;
         p->nvme_write_gbps = p->dirs[0].write_gbps;
+        p->nvme_write_burst_gbps = p->dirs[0].write_burst_gbps;
         p->nvme_read_lat_ms = p->dirs[0].read_lat_ms;
         p->nvme_write_lat_ms = p->dirs[0].write_lat_ms;
     } else if (p->n_dirs > 1) {
         char e[512];
         bool direct;
         if ((rc = probe_store(dirs, p->n_dirs, bytes, &p->nvme_read_gbps, &p->nvme_write_gbps,
+                              &p->nvme_write_burst_gbps,
                               &p->nvme_read_lat_ms, &p->nvme_write_lat_ms, &direct, e,
                               sizeof e)) < 0) {
             snprintf(err, errlen, "NVMe probe of %s: %s", opts->dirs, e);
@@ -509,18 +518,20 @@ static json_t *nvme_to_json(const fso_probe *p)
     json_t *dirs = json_array();
     for (int i = 0; i < p->n_dirs; i++)
         json_array_append_new(
-            dirs, json_pack("{s:s, s:f, s:f, s:f, s:f, s:I, s:b}", "path", p->dirs[i].path,
+            dirs, json_pack("{s:s, s:f, s:f, s:f, s:f, s:f, s:I, s:b}", "path", p->dirs[i].path,
                             "read_gbps", p->dirs[i].read_gbps, "write_gbps",
-                            p->dirs[i].write_gbps, "read_lat_ms", p->dirs[i].read_lat_ms,
+                            p->dirs[i].write_gbps, "write_burst_gbps",
+                            p->dirs[i].write_burst_gbps, "read_lat_ms", p->dirs[i].read_lat_ms,
                             "write_lat_ms", p->dirs[i].write_lat_ms, "free_bytes",
                             (json_int_t)p->dirs[i].free_bytes, "direct", p->dirs[i].direct));
     if (json_array_size(dirs) != (size_t)p->n_dirs) { /* a path that is not UTF-8 */
         json_decref(dirs);
         return NULL;
     }
-    return json_pack("{s:s, s:I, s:o, s:f, s:f, s:f, s:f, s:I}", "key", p->key, "when",
+    return json_pack("{s:s, s:I, s:o, s:f, s:f, s:f, s:f, s:f, s:I}", "key", p->key, "when",
                      (json_int_t)p->when, "dirs", dirs, "read_gbps", p->nvme_read_gbps,
-                     "write_gbps", p->nvme_write_gbps, "read_lat_ms", p->nvme_read_lat_ms,
+                     "write_gbps", p->nvme_write_gbps, "write_burst_gbps",
+                     p->nvme_write_burst_gbps, "read_lat_ms", p->nvme_read_lat_ms,
                      "write_lat_ms", p->nvme_write_lat_ms, "free_bytes",
                      (json_int_t)p->nvme_free_bytes);
 }
@@ -600,21 +611,26 @@ static int nvme_from_json(json_t *o, void *out)
             return -EINVAL; /* a path fsoff cannot have written */
         pd->read_gbps = num(d, "read_gbps");
         pd->write_gbps = num(d, "write_gbps");
+        pd->write_burst_gbps = num(d, "write_burst_gbps");
         pd->read_lat_ms = num(d, "read_lat_ms");
         pd->write_lat_ms = num(d, "write_lat_ms");
         pd->free_bytes = num_u64(d, "free_bytes");
         pd->direct = json_is_true(json_object_get(d, "direct"));
-        if (pd->read_gbps < 0 || pd->write_gbps < 0 || pd->read_lat_ms < 0 ||
+        if (pd->read_gbps < 0 || pd->write_gbps < 0 || pd->write_burst_gbps < 0 ||
+            pd->read_lat_ms < 0 ||
             pd->write_lat_ms < 0)
             return -EINVAL;
     }
     p->nvme_read_gbps = num(o, "read_gbps");
     p->nvme_write_gbps = num(o, "write_gbps");
+    p->nvme_write_burst_gbps = num(o, "write_burst_gbps");
     p->nvme_read_lat_ms = num(o, "read_lat_ms");
     p->nvme_write_lat_ms = num(o, "write_lat_ms");
     p->nvme_free_bytes = num_u64(o, "free_bytes");
-    /* the planner divides by the rates and adds the latencies */
-    if (p->nvme_read_gbps <= 0 || p->nvme_write_gbps <= 0 || p->nvme_read_lat_ms < 0 ||
+    /* the planner divides by the rates and adds the latencies; an entry
+     * without the burst rate (an older fsoff's) loads with none, and
+     * fso_probe_get measures its folders again */
+    if (p->nvme_read_gbps <= 0 || p->nvme_write_gbps <= 0 || p->nvme_write_burst_gbps < 0 || p->nvme_read_lat_ms < 0 ||
         p->nvme_write_lat_ms < 0)
         return -EINVAL;
     return 0;
@@ -949,6 +965,8 @@ int fso_probe_get(fso_probe *p, const fso_probe_opts *opts, bool refresh, bool *
         if (root) /* an entry that is missing or incomplete is measured again */
             cache_find(root, path, p->key, p, &machine, &folders, e, sizeof e);
         json_decref(root);
+        if (folders && p->n_dirs > 0 && p->nvme_write_burst_gbps <= 0)
+            folders = false; /* written by an fsoff that did not time the burst */
     }
     /* a machine known with AdamW's rate of another instruction set: that
      * rate alone is measured again */

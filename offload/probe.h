@@ -2,9 +2,11 @@
  * second, for the planner (planner.h), and their cache.
  *
  * Each probe runs well under a second:
- *   nvme        sequential write then read of a few MiB per folder through the
+ *   nvme        sequential write then read of 256 MiB per folder through the
  *               io_uring store (O_DIRECT where the filesystem allows), and of
- *               all folders striped together: rate with 16 requests in flight,
+ *               all folders striped together: rate with 16 requests in flight
+ *               (writes twice: as they complete, the burst a step's writes
+ *               see, and until flushed, the rate the drive drains them at),
  *               and the latency of a request alone
  *   h2d, d2h    the backend's host-to-device and device-to-host copies (on
  *               the CPU backend: memcpy on one thread)
@@ -42,7 +44,8 @@
 
 typedef struct fso_probe_dir {
     char path[1024];
-    double read_gbps, write_gbps;
+    double read_gbps, write_gbps; /* write: until flushed (the rate the drive drains at) */
+    double write_burst_gbps;     /* the same writes as they complete, unflushed */
     double read_lat_ms, write_lat_ms; /* one 1 MiB request alone, beyond its transfer time */
     uint64_t free_bytes;
     bool direct;                 /* O_DIRECT held (false: buffered fallback, page cache) */
@@ -55,7 +58,9 @@ typedef struct fso_probe {
     uint64_t host_mem_bytes;     /* MemAvailable when probed */
     int n_dirs;
     fso_probe_dir dirs[FSO_STORE_MAX_DIRS];
-    double nvme_read_gbps, nvme_write_gbps; /* all folders striped; 0 with no folders */
+    double nvme_read_gbps, nvme_write_gbps; /* all folders striped; 0 with no folders;
+                                               write: until flushed */
+    double nvme_write_burst_gbps; /* the writes as they complete (probe_store) */
     double nvme_read_lat_ms, nvme_write_lat_ms;
     uint64_t nvme_free_bytes;
     double h2d_gbps, d2h_gbps;
@@ -94,7 +99,7 @@ typedef struct fso_probe_layer {
 typedef struct fso_probe_opts {
     const char *dirs;            /* NVMe folders, comma-separated; NULL or "" for none */
     int threads;                 /* 0: the CPUs this process may use */
-    uint64_t nvme_bytes;         /* per folder; 0: 32 MiB */
+    uint64_t nvme_bytes;         /* per folder; 0: 256 MiB */
     bool quiet;                  /* no progress line on stderr */
 } fso_probe_opts;
 

@@ -791,6 +791,46 @@ static void test_timeline_nvme_reads_and_writes_share_the_drive(void **state)
     assert_true(p.step_ms >= rd + wr - 1e-6);
 }
 
+/* Writes complete at the rate a cache in front of the drive takes them;
+ * the drive drains them at its own (planner.h nvme_drain_gbps): a step that
+ * writes more than the drain rate moves in its time lasts its writes at
+ * that rate, one that writes less is as fast as with no drain bound. */
+static void test_timeline_nvme_writes_drain_at_the_flushed_rate(void **state)
+{
+    (void)state;
+    synth s;
+    fso_plan fast, drained, slow;
+    fso_placement pl;
+    const uint64_t E = 1 << 20;
+    synth_model(&s, 4, E, 1, true);
+    fso_plan_machine *m = &s.in.machine;
+    m->device_gflops = 1e12;
+    m->h2d_gbps = m->d2h_gbps = m->host_copy_gbps = m->coll_gbps = 1e12;
+    m->adam_gelems = m->device_adam_gelems = 1e12;
+    m->nvme_read_gbps = m->nvme_write_gbps = 4.0 * E / 1e6; /* a block of one kind in 1 ms */
+    fso_placement_uniform(&pl, 4, FSO_TIER_DEVICE, FSO_TIER_NVME, FSO_TIER_DEVICE, 0);
+    assert_int_equal(fso_plan_evaluate(&s.in, &pl, &fast), 0);
+    const double written = 3 * 4 * 4.0 * E; /* master, m, v of 4 blocks, fp32 */
+    /* a drain 4x slower than the burst: the step lasts the writes at it */
+    m->nvme_drain_gbps = m->nvme_write_gbps / 4;
+    assert_int_equal(fso_plan_evaluate(&s.in, &pl, &drained), 0);
+    assert_true(fabs(drained.step_ms - written / (m->nvme_drain_gbps * 1e6)) < 1e-6);
+    assert_true(drained.step_ms > fast.step_ms * 1.5);
+    assert_int_equal(drained.bottleneck, FSO_STREAM_NVME_WRITE);
+    assert_true(fabs(drained.busy_ms[FSO_STREAM_NVME_WRITE] -
+                     fast.busy_ms[FSO_STREAM_NVME_WRITE]) < 1e-9);
+    /* writing at the drain rate throughout is slower still than the bound */
+    m->nvme_write_gbps = m->nvme_drain_gbps;
+    m->nvme_drain_gbps = 0;
+    assert_int_equal(fso_plan_evaluate(&s.in, &pl, &slow), 0);
+    assert_true(slow.step_ms > drained.step_ms);
+    /* a drain faster than the step's writes need: no change */
+    m->nvme_write_gbps = m->nvme_read_gbps;
+    m->nvme_drain_gbps = m->nvme_write_gbps / 1.1;
+    assert_int_equal(fso_plan_evaluate(&s.in, &pl, &drained), 0);
+    assert_true(fabs(drained.step_ms - fast.step_ms) < 1e-9);
+}
+
 static void test_replan_when_off_by_more_than_20_percent(void **state)
 {
     (void)state;
@@ -1394,6 +1434,7 @@ int main(void)
         cmocka_unit_test(test_timeline_prefetch_depth_hand_computed),
         cmocka_unit_test(test_timeline_cpu_device_is_a_sum),
         cmocka_unit_test(test_timeline_nvme_reads_and_writes_share_the_drive),
+        cmocka_unit_test(test_timeline_nvme_writes_drain_at_the_flushed_rate),
         cmocka_unit_test(test_replan_when_off_by_more_than_20_percent),
         cmocka_unit_test(test_replan_reads_ahead_when_nvme_is_slower),
         cmocka_unit_test(test_replan_from_per_block_timings),

@@ -398,7 +398,11 @@ static int describe_machine(const plan_args *a, const fso_config *cfg, fso_plan_
     /* a drive described by its rates: 0.1 ms per request beyond the transfer, as
      * datacenter NVMe drives take for 1 MiB */
     m->nvme_read_gbps = g->nvme_read > 0 ? g->nvme_read : pr.nvme_read_gbps;
-    m->nvme_write_gbps = g->nvme_write > 0 ? g->nvme_write : pr.nvme_write_gbps;
+    /* probed: writes at the rate they complete at, drained at the flushed rate (planner.h) */
+    m->nvme_write_gbps = g->nvme_write > 0 ? g->nvme_write
+                         : pr.nvme_write_burst_gbps > pr.nvme_write_gbps ? pr.nvme_write_burst_gbps
+                                                                       : pr.nvme_write_gbps;
+    m->nvme_drain_gbps = g->nvme_write > 0 ? 0 : pr.nvme_write_gbps;
     m->nvme_read_lat_ms = g->nvme_read > 0 ? 0.1 : pr.nvme_read_lat_ms;
     m->nvme_write_lat_ms = g->nvme_write > 0 ? 0.1 : pr.nvme_write_lat_ms;
     m->nvme_free_bytes = g->has_nvme_free ? g->nvme_free
