@@ -103,8 +103,18 @@ int fso_cuda_check_blas(fso_backend *be, cublasStatus_t s, const char *what)
              : s == CUBLAS_STATUS_NOT_SUPPORTED  ? -ENOTSUP
              : s == CUBLAS_STATUS_ARCH_MISMATCH  ? -ENOTSUP
                                                  : -EIO;
-    fso_cuda_fail(be, rc, "CUDA device %d: %s: %s (%s)", FSO_CUDA_CTX(be)->ordinal, what,
-                  cublasGetStatusString(s), cublasGetStatusName(s));
+    /* A kernel or copy that failed earlier on this device leaves a sticky
+     * error, and cuBLAS then reports only that its program failed: name the
+     * device's error, the cause the user needs */
+    cudaError_t e = s == CUBLAS_STATUS_EXECUTION_FAILED ? cudaPeekAtLastError() : cudaSuccess;
+    if (e != cudaSuccess)
+        fso_cuda_fail(be, fso_cuda_errno(e),
+                      "CUDA device %d: %s: %s (%s): %s (%s), from work queued before it",
+                      FSO_CUDA_CTX(be)->ordinal, what, cublasGetStatusString(s),
+                      cublasGetStatusName(s), cudaGetErrorString(e), cudaGetErrorName(e));
+    else
+        fso_cuda_fail(be, rc, "CUDA device %d: %s: %s (%s)", FSO_CUDA_CTX(be)->ordinal, what,
+                      cublasGetStatusString(s), cublasGetStatusName(s));
     return rc;
 }
 
