@@ -492,6 +492,8 @@ static const char *const prefetch_keys[] = {
     "train.prefetch_blocks",
     "zero_optimization.stage3_prefetch_bucket_size",
     "zero_optimization.stage3_max_live_parameters",
+    "zero_optimization.prefetch_bucket_size", /* the unprefixed spellings (config.h) */
+    "zero_optimization.max_live_parameters",
 };
 #define N_PREFETCH_KEYS (sizeof prefetch_keys / sizeof prefetch_keys[0])
 
