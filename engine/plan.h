@@ -228,7 +228,8 @@ int fso_plan_revision(const fso_plan *cur, const fso_plan *next, double measured
  * there, at most FSO_PLAN_HIDDEN_SHARE of the step), over two axes: larger
  * accumulation of a placement, and larger micro-batches (doubling, each
  * planned by fso_plan_choose, activations' tier included, until one does
- * not fit). Work that comes with every micro-batch (gradients copied down
+ * not fit; a micro-batch alone hiding it: the smallest between the last two
+ * doublings). Work that comes with every micro-batch (gradients copied down
  * and accumulated on the host) grows with accumulation as compute does:
  * only a larger micro-batch covers it. Ties: the smaller micro-batch. */
 #define FSO_PLAN_BATCH_TIE 0.01

@@ -187,6 +187,18 @@ static fso_plan_hide_stop stop_of(const fso_plan *q)
     return nvme_is_optimizers(q) ? FSO_PLAN_HIDE_STOP_NVME : FSO_PLAN_HIDE_STOP_ADAM;
 }
 
+/* Compute hides the optimizer in plan q, micro x accum x W: the advice. */
+static void take_hide(fso_plan_batch *b, int micro, int accum, int W, const fso_plan *q)
+{
+    b->hide_batch = (int64_t)micro * accum * W;
+    b->hide_micro = micro;
+    b->hide_accum = accum;
+    b->hide_acts_host = q->pl.acts == FSO_TIER_HOST;
+    b->hide_step_ms = q->step_ms;
+    b->hide_tokens_per_s = q->tokens_per_s;
+    b->hide_optimizer_ms = optimizer_critical_ms(q);
+}
+
 /* The smallest global batch, at or above p's, at which compute hides the
  * optimizer: more accumulation of p's micro-batch (p's placement), and
  * larger micro-batches (each planned by fso_plan_choose, so that the
@@ -227,7 +239,9 @@ static int find_hide(const fso_plan_ctx *base, const fso_config *cfg, const fso_
             fso_plan_ctx_free(&c);
             goto out_mem;
         }
-        int64_t cap = max_accum(&c);
+        /* no more sequences per device than the chosen micro-batch searched:
+         * a timeline's events grow with them, and this runs at every plan */
+        int64_t cap = max_accum(&c) * micro / m;
         if (m == micro)
             b->hide_max_accum = (int)(cap > lo ? cap : lo);
         if (b->hide_batch && (b->hide_batch - 1) / (m * W) < cap)
@@ -240,16 +254,33 @@ static int find_hide(const fso_plan_ctx *base, const fso_config *cfg, const fso_
             goto out_mem;
         }
         b->hide_max_micro = (int)m;
-        if (found) {
-            b->hide_batch = m * found * W;
-            b->hide_micro = (int)m;
-            b->hide_accum = found;
-            b->hide_acts_host = best->pl.acts == FSO_TIER_HOST;
-            b->hide_step_ms = best->step_ms;
-            b->hide_tokens_per_s = best->tokens_per_s;
-            b->hide_optimizer_ms = optimizer_critical_ms(best);
-        } else if (!b->hide_batch) {
+        if (found)
+            take_hide(b, (int)m, found, W, best);
+        else if (!b->hide_batch)
             b->hide_stop = stop_of(last);
+    }
+    /* a micro-batch alone hides it: the smallest one between the last two
+     * doublings that does at one accumulation step (hiding grows with the
+     * micro-batch; the one below hid nothing at one step) */
+    if (b->hide_batch && b->hide_micro > micro && b->hide_accum == 1) {
+        int64_t lo = b->hide_micro / 2 > per ? b->hide_micro / 2 : per, hi = b->hide_micro;
+        while (hi - lo > 1) {
+            const int64_t mid = lo + (hi - lo) / 2;
+            if ((rc = fso_plan_ctx_for_split(base, cfg, (int)mid, 1, &c, err, errlen)) < 0)
+                goto out_mem;
+            const int W = c.in.machine.devices > 0 ? c.in.machine.devices : 1;
+            rc = fso_plan_choose(&c.in, at);
+            fso_plan_ctx_free(&c);
+            if (rc < 0 && rc != -ENOSPC) {
+                snprintf(err, errlen, "planner: %s", strerror(-rc));
+                goto out_mem;
+            }
+            if (rc == 0 && fso_plan_optimizer_hidden(at)) {
+                take_hide(b, (int)mid, 1, W, at);
+                hi = mid;
+            } else {
+                lo = mid;
+            }
         }
     }
     rc = 0;

@@ -9,6 +9,9 @@
  *  - the configuration's pins hold at every split;
  *  - an optimizer-bound step gets a larger global batch at which the same
  *    placement hides the optimizer, the smallest such, and its tok/s;
+ *  - where the exposed part is per micro-batch work (a GPU's gradients
+ *    accumulated on the host), only a larger micro-batch hides it: the
+ *    smallest, and when none fits, words that say why;
  *  - which keys free the split (--auto-batch, "auto") and which keep it.
  * The measured side (the optimizer's exposed time at the advised batch) is
  * tests/plan_batch_test.sh.
@@ -270,7 +273,7 @@ static void test_only_a_larger_micro_batch_hides_per_micro_batch_work(void **sta
     assert_non_null(p);
     assert_non_null(q);
     config_with(&cfg, sets, 3);
-    fso_plan_machine m = machine(1, 0.5);
+    fso_plan_machine m = machine(1, 0.1); /* hidden first at a micro-batch of 9 */
     m.cpu_devices = false;
     m.host_copy_gbps = 0.05;
     assert_int_equal(fso_plan_ctx_init(&ctx, &cfg, &m, true, err, sizeof err), 0);
@@ -285,6 +288,12 @@ static void test_only_a_larger_micro_batch_hides_per_micro_batch_work(void **sta
     assert_true(fso_plan_optimizer_hidden(p));
     assert_float_equal(p->step_ms, b.hide_step_ms, 1e-9);
     assert_int_equal(b.hide_acts_host, p->pl.acts == FSO_TIER_HOST);
+    /* the smallest: one sequence fewer, as a micro-batch of its own, does not
+     * (none of the micro-batches doubled from the chosen one) */
+    assert_int_equal(b.hide_accum, 1);
+    assert_true(b.hide_micro & (b.hide_micro - 1));
+    const int rc = plan_of(&ctx, &cfg, b.hide_micro - 1, 1, q);
+    assert_true(rc == -ENOSPC || (rc == 0 && !fso_plan_optimizer_hidden(q)));
     /* the chosen micro-batch at the most accumulation searched does not */
     assert_int_equal(plan_of(&ctx, &cfg, b.micro, b.accum, p), 0);
     assert_int_equal(fso_plan_ctx_for_split(&ctx, &cfg, b.micro, b.hide_max_accum, &c, err,
