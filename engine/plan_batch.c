@@ -120,9 +120,9 @@ static int at_accum(fso_plan_ctx *c, const fso_placement *pl, int accum, fso_pla
 }
 
 /* The smallest accumulation in [lo, cap] at which placement pl of c's
- * micro-batch hides the optimizer (pl's plan at lo: p): 0 and *best, or
- * none (*found false); *last: the plan at the largest accumulation laid
- * out. Doubling, then halving the gap: hiding grows with accumulation. */
+ * micro-batch hides the optimizer (pl's plan at lo: p): *found and *best,
+ * or *found 0 for none; *last: the plan at the largest accumulation laid
+ * out. 0 or negative errno. Doubling, then halving the gap: hiding grows with accumulation. */
 static int accum_hiding(fso_plan_ctx *c, const fso_plan *p, int lo, int cap, fso_plan *q,
                         fso_plan *best, fso_plan *last, int *found)
 {
@@ -219,7 +219,7 @@ static int find_hide(const fso_plan_ctx *base, const fso_config *cfg, const fso_
     b->hide_batch = 0;
     b->hide_max_micro = micro;
     b->hide_no_fit_micro = 0;
-    for (int64_t m = micro; m <= FSO_PLAN_HIDE_MAX_MICRO; m *= 2) {
+    for (int64_t m = micro; m == micro || m <= FSO_PLAN_HIDE_MAX_MICRO; m *= 2) {
         const int64_t lo = m == micro ? p->grad_accum : (per + m - 1) / m;
         if ((rc = fso_plan_ctx_for_split(base, cfg, (int)m, (int)lo, &c, err, errlen)) < 0)
             goto out_mem;
