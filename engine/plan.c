@@ -770,7 +770,7 @@ int fso_plan_check_size(const fso_config *cfg, const fso_plan_pins *pins,
     const fso_backend_row *on = gpu ? fso_backend_row_of(FSO_BACKEND_CUDA)
                                     : fso_backend_row_of(cfg->backend);
     *c = *cfg;
-    c->world = (int)W;
+    (void)fso_config_set_world(c, (int)W); /* a count it cannot split: the loaded split */
     c->offload.param_tier = FSO_TIER_DEVICE;
     fso_zero_need_on(c, on, &lend);
     c->offload.param_tier = FSO_TIER_HOST;

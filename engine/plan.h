@@ -223,15 +223,29 @@ int fso_plan_revision(const fso_plan *cur, const fso_plan *next, double measured
  * the inputs it gives (compute per visit and activation bytes scale with the
  * micro-batch); the fastest that fits wins, ties (within FSO_PLAN_BATCH_TIE)
  * going to the configured split, then to the smaller micro-batch. Then the
- * global batch at which compute would hide the optimizer: the same
- * placement at larger accumulation, until the optimizer's part of the
- * critical path (AdamW, and NVMe when only the optimizer state is there) is
- * at most FSO_PLAN_HIDDEN_SHARE of the step. */
+ * smallest global batch at which compute would hide the optimizer (its part
+ * of the critical path, AdamW and NVMe when only the optimizer state is
+ * there, at most FSO_PLAN_HIDDEN_SHARE of the step), over two axes: larger
+ * accumulation of a placement, and larger micro-batches (doubling, each
+ * planned by fso_plan_choose, activations' tier included, until one does
+ * not fit; a micro-batch alone hiding it: the smallest between the last two
+ * doublings). Work that comes with every micro-batch (gradients copied down
+ * and accumulated on the host) grows with accumulation as compute does:
+ * only a larger micro-batch covers it. Ties: the smaller micro-batch. */
 #define FSO_PLAN_BATCH_TIE 0.01
 #define FSO_PLAN_HIDDEN_SHARE 0.05
 #define FSO_PLAN_BATCH_MAX_SPLITS 64   /* micro-batches planned, smallest first */
 #define FSO_PLAN_HIDE_MAX_ACCUM 4096
 #define FSO_PLAN_HIDE_MAX_VISITS 32768 /* accumulation x visits of a micro-batch searched */
+#define FSO_PLAN_HIDE_MAX_MICRO 1024   /* the largest micro-batch searched */
+
+/* What keeps the optimizer exposed when no batch searched hides it. */
+typedef enum {
+    FSO_PLAN_HIDE_STOP_ADAM = 0,  /* the CPU AdamW outlasts the compute of every batch searched */
+    FSO_PLAN_HIDE_STOP_NVME,      /* the optimizer state's NVMe traffic does */
+    FSO_PLAN_HIDE_STOP_GRAD_HOST, /* per micro-batch: gradients copied down, accumulated */
+    FSO_PLAN_HIDE_STOP_GRAD_NVME, /* per micro-batch: gradients' NVMe reads and writes */
+} fso_plan_hide_stop;
 
 typedef struct fso_plan_batch {
     int64_t global_batch;      /* sequences per optimizer step, all devices: unchanged */
@@ -246,12 +260,18 @@ typedef struct fso_plan_batch {
     bool optimizer_bound;      /* the chosen split's plan is (fso_plan_optimizer_bound) */
     fso_stream bottleneck;     /* the chosen split's */
     double optimizer_ms;       /* the optimizer's part of the chosen plan's critical path */
-    int64_t hide_batch;        /* global batch at which compute hides the optimizer (the
-                                  chosen micro-batch, more accumulation); 0: none up to
-                                  FSO_PLAN_HIDE_MAX_ACCUM */
+    int64_t hide_batch;        /* the smallest global batch at which compute hides the
+                                  optimizer (more accumulation, larger micro-batches); 0: none
+                                  searched */
     int hide_micro, hide_accum;
-    int hide_max_accum;        /* the most accumulation searched (FSO_PLAN_HIDE_MAX_ACCUM, or
-                                  fewer for a model of many visits) */
+    bool hide_acts_host;       /* that split's plan keeps the activations on the host */
+    int hide_max_accum;        /* the most accumulation searched at the chosen micro-batch
+                                  (FSO_PLAN_HIDE_MAX_ACCUM, or fewer for a model of many
+                                  visits) */
+    int hide_max_micro;        /* the largest micro-batch searched that fits */
+    int hide_no_fit_micro;     /* the micro-batch that stopped the search by not fitting; 0:
+                                  none did */
+    fso_plan_hide_stop hide_stop; /* hide_batch 0: what keeps the optimizer exposed */
     double hide_step_ms, hide_tokens_per_s, hide_optimizer_ms;
 } fso_plan_batch;
 

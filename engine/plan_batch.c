@@ -119,69 +119,176 @@ static int at_accum(fso_plan_ctx *c, const fso_placement *pl, int accum, fso_pla
     return fso_plan_evaluate(&c->in, pl, out);
 }
 
-/* The smallest accumulation at or above p's at which compute hides the
- * optimizer, with p's placement and micro-batch, up to
- * FSO_PLAN_HIDE_MAX_ACCUM: b->hide_*; hide_batch 0 when none. */
+/* The smallest accumulation in [lo, cap] at which placement pl of c's
+ * micro-batch hides the optimizer (pl's plan at lo: p): *found and *best,
+ * or *found 0 for none; *last: the plan at the largest accumulation laid
+ * out. 0 or negative errno. Doubling, then halving the gap: hiding grows with accumulation. */
+static int accum_hiding(fso_plan_ctx *c, const fso_plan *p, int lo, int cap, fso_plan *q,
+                        fso_plan *best, fso_plan *last, int *found)
+{
+    *found = 0;
+    *last = *p;
+    if (fso_plan_optimizer_hidden(p)) {
+        *best = *p;
+        *found = lo;
+        return 0;
+    }
+    int hi = 0, rc = 0;
+    for (int a = lo; a < cap && !hi;) {
+        a = a > cap / 2 ? cap : a * 2;
+        if ((rc = at_accum(c, &p->pl, a, q)) < 0)
+            return rc == -ENOSPC ? 0 : rc;
+        *last = *q;
+        if (fso_plan_optimizer_hidden(q)) {
+            hi = a;
+            *best = *q;
+        } else {
+            lo = a;
+        }
+    }
+    while (hi && hi - lo > 1) { /* the smallest hidden accumulation between */
+        const int mid = lo + (hi - lo) / 2;
+        if ((rc = at_accum(c, &p->pl, mid, q)) < 0)
+            return rc == -ENOSPC ? 0 : rc;
+        if (fso_plan_optimizer_hidden(q)) {
+            hi = mid;
+            *best = *q;
+        } else {
+            lo = mid;
+        }
+    }
+    *found = hi;
+    return 0;
+}
+
+/* The most accumulation searched at c's micro-batch: a timeline of
+ * accum x visits events per step, as far as that stays quick to lay out. */
+static int max_accum(const fso_plan_ctx *c)
+{
+    const int64_t visits = c->in.model.n_visits > 0 ? c->in.model.n_visits : 1;
+    const int64_t most = FSO_PLAN_HIDE_MAX_VISITS / visits;
+    return (int)(most < FSO_PLAN_HIDE_MAX_ACCUM ? most : FSO_PLAN_HIDE_MAX_ACCUM);
+}
+
+/* What keeps the optimizer exposed in plan q (the largest batch searched):
+ * work that comes with every micro-batch grows with accumulation as compute
+ * does, so only compute per micro-batch could cover it. */
+static fso_plan_hide_stop stop_of(const fso_plan *q)
+{
+    bool nvme = false, host = false;
+    for (int blk = 0; blk < q->pl.n_blocks; blk++) {
+        nvme = nvme || q->pl.tier[FSO_KIND_GRAD][blk] == FSO_TIER_NVME;
+        host = host || q->pl.tier[FSO_KIND_GRAD][blk] == FSO_TIER_HOST;
+    }
+    if (q->grad_accum > 1 && nvme)
+        return FSO_PLAN_HIDE_STOP_GRAD_NVME;
+    if (q->grad_accum > 1 && host && !q->machine.cpu_devices)
+        return FSO_PLAN_HIDE_STOP_GRAD_HOST;
+    return nvme_is_optimizers(q) ? FSO_PLAN_HIDE_STOP_NVME : FSO_PLAN_HIDE_STOP_ADAM;
+}
+
+/* Compute hides the optimizer in plan q, micro x accum x W: the advice. */
+static void take_hide(fso_plan_batch *b, int micro, int accum, int W, const fso_plan *q)
+{
+    b->hide_batch = (int64_t)micro * accum * W;
+    b->hide_micro = micro;
+    b->hide_accum = accum;
+    b->hide_acts_host = q->pl.acts == FSO_TIER_HOST;
+    b->hide_step_ms = q->step_ms;
+    b->hide_tokens_per_s = q->tokens_per_s;
+    b->hide_optimizer_ms = optimizer_critical_ms(q);
+}
+
+/* The smallest global batch, at or above p's, at which compute hides the
+ * optimizer: more accumulation of p's micro-batch (p's placement), and
+ * larger micro-batches (each planned by fso_plan_choose, so that the
+ * activations' tier joins the choice) until one no longer fits. Ties: the
+ * smaller micro-batch. b->hide_*; hide_batch 0 when none. */
 static int find_hide(const fso_plan_ctx *base, const fso_config *cfg, const fso_plan *p,
                      int micro, fso_plan_batch *b, char *err, size_t errlen)
 {
     fso_plan_ctx c;
-    fso_plan *q = malloc(sizeof *q), *best = malloc(sizeof *best);
+    fso_plan *q = malloc(sizeof *q), *best = malloc(sizeof *best), *at = malloc(sizeof *at),
+             *last = malloc(sizeof *last);
     int rc = -ENOMEM;
-    if (!q || !best) {
+    if (!q || !best || !at || !last) {
         snprintf(err, errlen, "out of memory");
         goto out_mem;
     }
-    if ((rc = fso_plan_ctx_for_split(base, cfg, micro, p->grad_accum, &c, err, errlen)) < 0)
-        goto out_mem;
-    const int W = c.in.machine.devices;
-    int lo = p->grad_accum, hi = 0; /* lo: known not hidden (or the start) */
-    b->hide_max_accum = lo;
-    if (fso_plan_optimizer_hidden(p)) {
-        hi = lo;
-        *best = *p;
-    } else {
-        /* a timeline of accum x visits events per step: as far as that stays
-         * quick to lay out */
-        const int64_t visits = c.in.model.n_visits > 0 ? c.in.model.n_visits : 1;
-        const int64_t most = FSO_PLAN_HIDE_MAX_VISITS / visits;
-        b->hide_max_accum = (int)(most < FSO_PLAN_HIDE_MAX_ACCUM ? most : FSO_PLAN_HIDE_MAX_ACCUM);
-        for (int a = lo * 2; a <= b->hide_max_accum; a *= 2) {
-            if ((rc = at_accum(&c, &p->pl, a, q)) < 0)
-                break;
-            if (fso_plan_optimizer_hidden(q)) {
-                hi = a;
-                *best = *q;
-                break;
-            }
-            lo = a;
+    const int64_t per = (int64_t)micro * p->grad_accum; /* sequences per device */
+    b->hide_batch = 0;
+    b->hide_max_micro = micro;
+    b->hide_no_fit_micro = 0;
+    for (int64_t m = micro; m == micro || m <= FSO_PLAN_HIDE_MAX_MICRO; m *= 2) {
+        const int64_t lo = m == micro ? p->grad_accum : (per + m - 1) / m;
+        if ((rc = fso_plan_ctx_for_split(base, cfg, (int)m, (int)lo, &c, err, errlen)) < 0)
+            goto out_mem;
+        const int W = c.in.machine.devices > 0 ? c.in.machine.devices : 1;
+        if (b->hide_batch && m * lo * W >= b->hide_batch) {
+            fso_plan_ctx_free(&c); /* no larger micro-batch needs fewer sequences */
+            break;
         }
-        while (hi && hi - lo > 1) { /* the smallest hidden accumulation between */
-            const int mid = lo + (hi - lo) / 2;
-            if ((rc = at_accum(&c, &p->pl, mid, q)) < 0)
-                break;
-            if (fso_plan_optimizer_hidden(q)) {
+        if (m == micro) {
+            *at = *p;
+        } else if ((rc = fso_plan_choose(&c.in, at)) == -ENOSPC) {
+            b->hide_no_fit_micro = (int)m;
+            fso_plan_ctx_free(&c);
+            break;
+        } else if (rc < 0) {
+            snprintf(err, errlen, "planner: %s", strerror(-rc));
+            fso_plan_ctx_free(&c);
+            goto out_mem;
+        }
+        /* no more sequences per device than the chosen micro-batch searched:
+         * a timeline's events grow with them, and this runs at every plan */
+        int64_t cap = max_accum(&c) * micro / m;
+        if (m == micro)
+            b->hide_max_accum = (int)(cap > lo ? cap : lo);
+        if (b->hide_batch && (b->hide_batch - 1) / (m * W) < cap)
+            cap = (b->hide_batch - 1) / (m * W); /* fewer sequences than the best so far */
+        int found = 0;
+        rc = accum_hiding(&c, at, (int)lo, (int)(cap > lo ? cap : lo), q, best, last, &found);
+        fso_plan_ctx_free(&c);
+        if (rc < 0) {
+            snprintf(err, errlen, "planner: %s", strerror(-rc));
+            goto out_mem;
+        }
+        b->hide_max_micro = (int)m;
+        if (found)
+            take_hide(b, (int)m, found, W, best);
+        else if (!b->hide_batch)
+            b->hide_stop = stop_of(last);
+    }
+    /* a micro-batch alone hides it: the smallest one between the last two
+     * doublings that does at one accumulation step (hiding grows with the
+     * micro-batch; the one below hid nothing at one step) */
+    if (b->hide_batch && b->hide_micro > micro && b->hide_accum == 1) {
+        int64_t lo = b->hide_micro / 2 > per ? b->hide_micro / 2 : per, hi = b->hide_micro;
+        while (hi - lo > 1) {
+            const int64_t mid = lo + (hi - lo) / 2;
+            if ((rc = fso_plan_ctx_for_split(base, cfg, (int)mid, 1, &c, err, errlen)) < 0)
+                goto out_mem;
+            const int W = c.in.machine.devices > 0 ? c.in.machine.devices : 1;
+            rc = fso_plan_choose(&c.in, at);
+            fso_plan_ctx_free(&c);
+            if (rc < 0 && rc != -ENOSPC) {
+                snprintf(err, errlen, "planner: %s", strerror(-rc));
+                goto out_mem;
+            }
+            if (rc == 0 && fso_plan_optimizer_hidden(at)) {
+                take_hide(b, (int)mid, 1, W, at);
                 hi = mid;
-                *best = *q;
             } else {
                 lo = mid;
             }
         }
     }
-    b->hide_batch = 0;
-    if (hi) {
-        b->hide_batch = (int64_t)micro * hi * W;
-        b->hide_micro = micro;
-        b->hide_accum = hi;
-        b->hide_step_ms = best->step_ms;
-        b->hide_tokens_per_s = best->tokens_per_s;
-        b->hide_optimizer_ms = optimizer_critical_ms(best);
-    }
     rc = 0;
-    fso_plan_ctx_free(&c);
 out_mem:
     free(q);
     free(best);
+    free(at);
+    free(last);
     return rc;
 }
 
@@ -309,19 +416,42 @@ void fso_plan_batch_hide_words(const fso_plan_batch *b, char *buf, size_t len)
                  b->global_batch, b->hide_optimizer_ms, b->hide_step_ms);
     else if (b->hide_batch > 0)
         snprintf(buf, len, "%s; compute would hide it at a global batch of %" PRId64
-                           " sequences/step (micro-batch %d x accumulation %d x %d device%s): "
+                           " sequences/step (micro-batch %d x accumulation %d x %d device%s)%s: "
                            "%.0f ms/step, %.0f tok/s predicted (train_batch_size is yours to "
                            "change)",
                  bound, b->hide_batch, b->hide_micro, b->hide_accum, b->devices,
-                 b->devices == 1 ? "" : "s", b->hide_step_ms, b->hide_tokens_per_s);
-    else
+                 b->devices == 1 ? "" : "s",
+                 b->hide_acts_host ? ", activations on the host" : "", b->hide_step_ms,
+                 b->hide_tokens_per_s);
+    else {
+        static const char *const stops[] = {
+            [FSO_PLAN_HIDE_STOP_ADAM] = "the CPU AdamW of a step outlasts the compute of every "
+                                        "batch searched",
+            [FSO_PLAN_HIDE_STOP_NVME] = "the optimizer state's NVMe reads and writes outlast the "
+                                        "compute of every batch searched",
+            [FSO_PLAN_HIDE_STOP_GRAD_HOST] = "the gradients are copied down and accumulated on "
+                                             "the host each micro-batch, so more accumulation "
+                                             "adds as much of that as of compute",
+            [FSO_PLAN_HIDE_STOP_GRAD_NVME] = "the NVMe reads and writes of the gradients are per "
+                                             "micro-batch, so more accumulation adds as much of "
+                                             "them as of compute",
+        };
+        char micros[96] = "";
+        if (b->hide_max_micro > b->micro)
+            snprintf(micros, sizeof micros, ", nor at a larger micro-batch up to %d",
+                     b->hide_max_micro);
+        char fit[64] = "";
+        if (b->hide_no_fit_micro)
+            snprintf(fit, sizeof fit, " (micro-batch %d does not fit)", b->hide_no_fit_micro);
         snprintf(buf, len, "%s; compute would not hide it at any accumulation up to %d of "
-                           "micro-batch %d", bound, b->hide_max_accum, b->micro);
+                           "micro-batch %d%s%s: %s", bound, b->hide_max_accum, b->micro, micros,
+                 fit, stops[b->hide_stop]);
+    }
 }
 
 void fso_plan_batch_print(FILE *f, const fso_plan_batch *b, const char *why, bool applied)
 {
-    char line[512];
+    char line[768];
     if (why) {
         fso_plan_batch_split_words(b, why, applied, line, sizeof line);
         fprintf(f, "plan: %s\n", line);
@@ -350,6 +480,8 @@ json_t *fso_plan_batch_json(const fso_plan_batch *b, bool applied)
         json_object_set_new(j, "hide_global_batch", json_integer((json_int_t)b->hide_batch));
         json_object_set_new(j, "hide_micro_batch", json_integer(b->hide_micro));
         json_object_set_new(j, "hide_grad_accum", json_integer(b->hide_accum));
+        json_object_set_new(j, "hide_activations",
+                            json_string(b->hide_acts_host ? "host" : "device"));
         json_object_set_new(j, "hide_step_ms", json_real(b->hide_step_ms));
         json_object_set_new(j, "hide_tokens_per_s", json_real(b->hide_tokens_per_s));
     } else {
@@ -391,6 +523,8 @@ static const char *const prefetch_keys[] = {
     "train.prefetch_blocks",
     "zero_optimization.stage3_prefetch_bucket_size",
     "zero_optimization.stage3_max_live_parameters",
+    "zero_optimization.prefetch_bucket_size", /* the unprefixed spellings (config.h) */
+    "zero_optimization.max_live_parameters",
 };
 #define N_PREFETCH_KEYS (sizeof prefetch_keys / sizeof prefetch_keys[0])
 

@@ -422,7 +422,7 @@ static void replan(run_plan *rp, fso_config *cfg, int64_t steps_left, fso_traine
         return;
     fso_plan_measured meas = measured_mean(rp, cfg, rep);
     fso_plan *corrected = malloc(sizeof *corrected);
-    char msg[512], h[32];
+    char msg[768], h[32];
     if (!corrected)
         return;
     /* the batch advice of the start, again at the rates these steps ran */

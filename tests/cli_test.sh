@@ -367,6 +367,41 @@ sys.exit(0 if s["considered"] > 0 and s["fit"] == 0 and s["short"]["host"] > 0
 else
     bad "plan --json: what the search counted" "$(cat "$TMP/err")"
 fi
+# a DeepSpeed config's train_batch_size is the global batch on any device
+# count: --gpus 8 re-derives the accumulation (16 = 2 x 1 x 8), and a count
+# that cannot split it is refused with the keys to change
+python3 -c 'import json, sys
+c = json.load(open(sys.argv[1]))
+c["train_batch_size"] = 16
+c["train_micro_batch_size_per_gpu"] = 2
+c.pop("gradient_accumulation_steps", None)
+json.dump(c, open(sys.argv[2], "w"))' "$SRC/configs/llama-7b.json" "$TMP/tb16.json"
+TB16=(plan --config "$TMP/tb16.json" --auto --gpu h200 --host-mem 2T --nvme-free 0 --adam-gelems 8)
+if "$FSOFF" "${TB16[@]}" --gpus 8 >"$TMP/out" 2>"$TMP/err" &&
+   grep -q '^plan: batch 2 x 4096 tokens x 1 accumulation x 8 devices = 65536 tokens/step' "$TMP/out"; then
+    ok "plan --gpus 8 of a config with train_batch_size keeps its global batch"
+else
+    bad "plan --gpus 8 of a config with train_batch_size keeps its global batch" \
+        "$(grep '^plan: batch' "$TMP/out")" "$(cat "$TMP/err")"
+fi
+expect_error "plan --gpus that cannot split train_batch_size names the keys" \
+    "on 3 devices: train_batch_size: 16 is not a multiple of" -- "${TB16[@]}" --gpus 3
+# "auto" in a prefetch key is the planner's to choose: the plan says what it
+# became, and no "understood but ignored" says otherwise; a key fsoff does
+# ignore keeps its warning, "auto" or not
+printf '{ "zero_optimization": { "stage": 3, "stage3_prefetch_bucket_size": "auto",
+  "stage3_max_live_parameters": "auto", "stage3_max_reuse_distance": "auto" } }\n' >"$TMP/pf.json"
+if "$FSOFF" plan --config "$TMP/pf.json" >"$TMP/out" 2>"$TMP/err" &&
+   grep -q '^plan: auto: zero_optimization.stage3_prefetch_bucket_size "auto" -> train.prefetch_blocks [0-9]' "$TMP/out" &&
+   grep -q '^plan: auto: zero_optimization.stage3_max_live_parameters "auto" -> train.prefetch_blocks [0-9]' "$TMP/out" &&
+   ! grep -q 'prefetch_bucket_size: understood but ignored' "$TMP/err" &&
+   ! grep -q 'max_live_parameters: understood but ignored' "$TMP/err" &&
+   grep -q 'stage3_max_reuse_distance: understood but ignored' "$TMP/err"; then
+    ok "prefetch keys given \"auto\": what they became, not \"ignored\""
+else
+    bad "prefetch keys given \"auto\": what they became, not \"ignored\"" \
+        "$(grep '^plan: auto' "$TMP/out")" "$(cat "$TMP/err")"
+fi
 "$FSOFF" "${BOX[@]}" --host-mem 2T --nvme-free 12T --nvme-read 24 --nvme-write 16 --adam-gelems 8 \
     >"$TMP/out" 2>"$TMP/err"
 # a kind split over tiers: its reason says why the rest is not on the faster one

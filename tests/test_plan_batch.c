@@ -9,6 +9,9 @@
  *  - the configuration's pins hold at every split;
  *  - an optimizer-bound step gets a larger global batch at which the same
  *    placement hides the optimizer, the smallest such, and its tok/s;
+ *  - where the exposed part is per micro-batch work (a GPU's gradients
+ *    accumulated on the host), only a larger micro-batch hides it: the
+ *    smallest, and when none fits, words that say why;
  *  - which keys free the split (--auto-batch, "auto") and which keep it.
  * The measured side (the optimizer's exposed time at the advised batch) is
  * tests/plan_batch_test.sh.
@@ -252,6 +255,90 @@ static void test_hide_batch_is_the_smallest_that_hides(void **state)
     free(p);
 }
 
+/* A GPU whose gradients live on the host: they are copied down and
+ * accumulated there (the CPU's stream, as AdamW) every micro-batch, so
+ * more accumulation adds as much of that as of compute and never hides it;
+ * a larger micro-batch computes more per copy. The advice is that larger
+ * micro-batch (planned whole: it fits), and it does hide the optimizer. */
+static void test_only_a_larger_micro_batch_hides_per_micro_batch_work(void **state)
+{
+    (void)state;
+    static const char *const sets[] = {"train_micro_batch_size_per_gpu=1",
+                                       "gradient_accumulation_steps=1", "data.seq_len=16"};
+    fso_config cfg;
+    fso_plan_ctx ctx, c;
+    fso_plan_batch b;
+    fso_plan *p = malloc(sizeof *p), *q = malloc(sizeof *q);
+    char err[256], line[768];
+    assert_non_null(p);
+    assert_non_null(q);
+    config_with(&cfg, sets, 3);
+    fso_plan_machine m = machine(1, 0.1); /* hidden first at a micro-batch of 9 */
+    m.cpu_devices = false;
+    m.host_copy_gbps = 0.05;
+    assert_int_equal(fso_plan_ctx_init(&ctx, &cfg, &m, true, err, sizeof err), 0);
+    ctx.in.pins.tier[FSO_KIND_GRAD] = FSO_TIER_HOST;
+    assert_int_equal(fso_plan_batch_choose(&ctx, &cfg, &b, err, sizeof err), 0);
+    assert_true(b.step_ms > 0);
+    assert_true(b.hide_batch > b.global_batch);
+    assert_true(b.hide_micro > b.micro);
+    assert_int_equal(b.hide_batch, (int64_t)b.hide_micro * b.hide_accum * m.devices);
+    /* the advised split, planned on its own, hides the optimizer */
+    assert_int_equal(plan_of(&ctx, &cfg, b.hide_micro, b.hide_accum, p), 0);
+    assert_true(fso_plan_optimizer_hidden(p));
+    assert_float_equal(p->step_ms, b.hide_step_ms, 1e-9);
+    assert_int_equal(b.hide_acts_host, p->pl.acts == FSO_TIER_HOST);
+    /* the smallest: one sequence fewer, as a micro-batch of its own, does not
+     * (none of the micro-batches doubled from the chosen one) */
+    assert_int_equal(b.hide_accum, 1);
+    assert_true(b.hide_micro & (b.hide_micro - 1));
+    const int rc = plan_of(&ctx, &cfg, b.hide_micro - 1, 1, q);
+    assert_true(rc == -ENOSPC || (rc == 0 && !fso_plan_optimizer_hidden(q)));
+    /* the chosen micro-batch at the most accumulation searched does not */
+    assert_int_equal(plan_of(&ctx, &cfg, b.micro, b.accum, p), 0);
+    assert_int_equal(fso_plan_ctx_for_split(&ctx, &cfg, b.micro, b.hide_max_accum, &c, err,
+                                            sizeof err), 0);
+    assert_int_equal(fso_plan_evaluate(&c.in, &p->pl, q), 0);
+    assert_false(fso_plan_optimizer_hidden(q));
+    fso_plan_ctx_free(&c);
+    fso_plan_batch_hide_words(&b, line, sizeof line);
+    char want[96];
+    snprintf(want, sizeof want, "(micro-batch %d x accumulation %d x 1 device)", b.hide_micro,
+             b.hide_accum);
+    assert_non_null(strstr(line, want));
+    fso_plan_ctx_free(&ctx);
+
+    /* a device too small for any larger micro-batch: nothing hides it, and
+     * the words say why (the per-micro-batch gradients) and what stopped */
+    assert_int_equal(fso_plan_ctx_init(&ctx, &cfg, &m, true, err, sizeof err), 0);
+    for (int k = 0; k < FSO_N_KINDS; k++)
+        ctx.in.pins.tier[k] = k == FSO_KIND_GRAD ? FSO_TIER_HOST : FSO_TIER_DEVICE;
+    ctx.in.pins.acts = FSO_TIER_DEVICE;
+    assert_int_equal(plan_of(&ctx, &cfg, 1, 1, p), 0);
+    const uint64_t need1 = p->need_bytes[FSO_TIER_DEVICE];
+    assert_int_equal(plan_of(&ctx, &cfg, 2, 1, p), 0);
+    const uint64_t need2 = p->need_bytes[FSO_TIER_DEVICE];
+    const double margin = ctx.in.machine.device_margin; /* a GPU's, kept free */
+    fso_plan_ctx_free(&ctx);
+    assert_true(need2 > need1);
+    m.device_mem_bytes = (uint64_t)((double)(need1 + (need2 - need1) / 2) / (1 - margin));
+    assert_int_equal(fso_plan_ctx_init(&ctx, &cfg, &m, true, err, sizeof err), 0);
+    for (int k = 0; k < FSO_N_KINDS; k++)
+        ctx.in.pins.tier[k] = k == FSO_KIND_GRAD ? FSO_TIER_HOST : FSO_TIER_DEVICE;
+    ctx.in.pins.acts = FSO_TIER_DEVICE;
+    assert_int_equal(fso_plan_batch_choose(&ctx, &cfg, &b, err, sizeof err), 0);
+    assert_int_equal(b.hide_batch, 0);
+    assert_int_equal(b.hide_no_fit_micro, 2);
+    assert_int_equal(b.hide_stop, FSO_PLAN_HIDE_STOP_GRAD_HOST);
+    fso_plan_batch_hide_words(&b, line, sizeof line);
+    assert_non_null(strstr(line, "micro-batch 2 does not fit"));
+    assert_non_null(strstr(line, "accumulated on the host each micro-batch"));
+    fso_plan_ctx_free(&ctx);
+    fso_config_free(&cfg);
+    free(p);
+    free(q);
+}
+
 /* The split is the planner's with --auto-batch, or when the config leaves
  * it "auto" and pins neither key; a pinned key keeps it otherwise. */
 static void test_which_keys_free_the_split(void **state)
@@ -350,6 +437,7 @@ int main(void)
         cmocka_unit_test(test_memory_decides_the_micro_batch),
         cmocka_unit_test(test_pins_hold_at_every_split),
         cmocka_unit_test(test_hide_batch_is_the_smallest_that_hides),
+        cmocka_unit_test(test_only_a_larger_micro_batch_hides_per_micro_batch_work),
         cmocka_unit_test(test_which_keys_free_the_split),
         cmocka_unit_test(test_prefetch_auto_is_not_a_pin),
         cmocka_unit_test(test_nvme_bound_is_the_optimizers_when_only_its_state_is_there),

@@ -691,8 +691,10 @@ int fso_plan_main(int argc, char **argv)
         fprintf(stderr, "fsoff: error: %s\n", cfg.err);
         goto out;
     }
-    if (a.g.gpus)
-        cfg.world = a.g.gpus;
+    if (a.g.gpus && fso_config_set_world(&cfg, a.g.gpus) < 0) {
+        fprintf(stderr, "fsoff: error: --gpus %d: %s\n", a.g.gpus, cfg.err);
+        goto out;
+    }
     if (a.g.device_mem)
         cfg.device_mem_bytes = a.g.device_mem;
     char aio_auto[512];

@@ -435,6 +435,25 @@ static int unknown_key(walker *w, const keypath *p, const key_spec *specs, const
     return fso_cfg_fail(w, p, "unknown key%s; the keys here are: %s", where, list);
 }
 
+/* The ignored DeepSpeed keys whose "auto" the planner takes as its own to
+ * choose (config.h: train.prefetch_blocks): the plan says what each became
+ * (plan.h fso_plan_auto_print), so no "ignored" warning. */
+static bool planner_takes_auto(const keypath *p, const json_t *val)
+{
+    static const char *const keys[] = {
+        "zero_optimization.stage3_prefetch_bucket_size", "zero_optimization.prefetch_bucket_size",
+        "zero_optimization.stage3_max_live_parameters", "zero_optimization.max_live_parameters",
+    };
+    if (!fso_cfg_is_auto(val))
+        return false;
+    char key[200];
+    kp_format(p, key, sizeof key);
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+        if (strcmp(key, keys[i]) == 0)
+            return true;
+    return false;
+}
+
 /* Every key of obj must be in specs; ignored ones get a warning. */
 int fso_cfg_check_keys(walker *w, json_t *obj, const keypath *sec, const key_spec *specs,
                       const char *where)
@@ -450,7 +469,7 @@ int fso_cfg_check_keys(walker *w, json_t *obj, const keypath *sec, const key_spe
         keypath p = fso_cfg_kp_child(sec, key);
         if (!s->name)
             return unknown_key(w, &p, specs, where);
-        if (s->ignored)
+        if (s->ignored && !planner_takes_auto(&p, val))
             fso_cfg_warn(w, &p, s->ignored);
     }
     return 0;
