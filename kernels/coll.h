@@ -8,7 +8,12 @@
  *
  * Implementations: "threads" (shared memory between the host threads that
  * drive the CPU backend's virtual devices); NCCL comes with the CUDA
- * backend and fits the same table.
+ * backend and fits the same table. Across boxes (engine/boxes.h), a "rail"
+ * is the same table over device g of every box, rank = the box: "mpi"
+ * (coll_mpi.c; CPU devices, and GPUs without a rail communicator) or
+ * NCCL's. A rail's calls are bounded: one that a box does not join within
+ * the rail's timeout fails with -ETIMEDOUT, a peer's failure with its
+ * errno, and err says which box and what it was doing.
  */
 #ifndef FSO_COLL_H
 #define FSO_COLL_H
@@ -65,10 +70,17 @@ struct fso_coll {
     void *ctx;
     int world;
     double busy_ms[FSO_MAX_DEVICES];   /* per rank: time inside collectives, for reports */
+    char err[512];                     /* why the last call failed (rails; "" otherwise) */
 };
 
 /* Shared-memory collectives among `world` threads of this process. */
 int fso_coll_create_threads(fso_coll **out, int world);
+/* A rail over an MPI communicator (comm: an MPI_Comm *, kept out of this
+ * header) whose ranks are the boxes: world = its size, every call made with
+ * rank = this box's, from one thread at a time per rail. Buffers are host
+ * memory. Every wait polls against timeout_s and the boxes' heartbeats
+ * (engine/boxes.h); -ENOTSUP in a build without MPI. */
+int fso_coll_create_mpi(fso_coll **out, const void *comm, double timeout_s);
 /* Free the collectives (NULL is fine). Collectives made over devices
  * (NCCL's over CUDA backends, cpu-async's) use those backends: destroy them
  * first, once no rank has a collective still queued, and the backends

@@ -267,6 +267,9 @@ typedef struct fso_config {
 
     /* From the command line only (--devices, --device-mem, --host-mem). */
     int world;                    /* devices (fso_config_world): --devices cpu:N, cuda:N, auto */
+    /* From the launcher only (boxes.h): the boxes of the run, each with
+     * `world` devices, and this process's; 0/0 counts as one box. */
+    int boxes, box;
     fso_backend_kind backend;     /* the devices' backend (backend.h's registry): cpu, the
                                      default; cuda; cpu-ref and cpu-async in tests */
     uint64_t device_mem_bytes;    /* cap per device; 0 = the default */
@@ -287,6 +290,19 @@ static inline int fso_config_world(const fso_config *cfg)
     return cfg->world > 0 ? cfg->world : 1;
 }
 
+/* Boxes in the run (boxes.h): cfg->boxes, 1 when unset. */
+static inline int fso_config_boxes(const fso_config *cfg)
+{
+    return cfg->boxes > 0 ? cfg->boxes : 1;
+}
+
+/* Devices in the whole run, every box's: what the batch triple and the
+ * global batch count (micro_batch x grad_accum x ranks sequences a step). */
+static inline int fso_config_ranks(const fso_config *cfg)
+{
+    return fso_config_world(cfg) * fso_config_boxes(cfg);
+}
+
 /* The device count changed after loading (fsoff plan --gpus N, a plan's
  * world): cfg->world = world, and the batch triple resolved again by
  * DeepSpeed's rule from the keys the user gave (fso_config_pinned):
@@ -295,6 +311,10 @@ static inline int fso_config_world(const fso_config *cfg)
  * devices. 0, or -EINVAL with the contradiction in cfg->err (a
  * train_batch_size the new count does not divide). */
 int fso_config_set_world(fso_config *cfg, int world);
+/* The run has `boxes` boxes and this process is box `box` (boxes.h): the
+ * batch triple resolved again over fso_config_ranks, as by
+ * fso_config_set_world. 0, or -EINVAL with the contradiction in cfg->err. */
+int fso_config_set_boxes(fso_config *cfg, int boxes, int box);
 
 /* Built-in defaults: the tiny default job. Never fails. */
 void fso_config_defaults(fso_config *cfg);

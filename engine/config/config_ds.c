@@ -363,7 +363,7 @@ int fso_cfg_apply_batch(walker *w, json_t *root)
                                     "train_batch_size, or a number here");
     char msg[400];
     int rel;
-    if (batch_resolve(ts == B_GIVEN, ms == B_GIVEN, gs == B_GIVEN, fso_config_world(c), &tb,
+    if (batch_resolve(ts == B_GIVEN, ms == B_GIVEN, gs == B_GIVEN, fso_config_ranks(c), &tb,
                       &mb, &ga, msg, sizeof msg, &rel) < 0) {
         keypath mp = {{MB}, 1};
         return fso_cfg_fail_rel(w, &tp, rel & REL_MB ? &mp : &tp, rel & REL_GA ? &gp : NULL,
@@ -375,23 +375,40 @@ int fso_cfg_apply_batch(walker *w, json_t *root)
     return 0;
 }
 
-int fso_config_set_world(fso_config *cfg, int world)
+/* The batch triple again over the run's devices (world x boxes). */
+static int resolve_ranks(fso_config *cfg)
 {
     int64_t tb = cfg->global_batch, mb = cfg->micro_batch, ga = cfg->grad_accum;
     char msg[400];
     int rel;
-    cfg->world = world;
     if (batch_resolve(fso_config_pinned(cfg, TB), fso_config_pinned(cfg, MB),
-                      fso_config_pinned(cfg, GA), fso_config_world(cfg), &tb, &mb, &ga, msg,
+                      fso_config_pinned(cfg, GA), fso_config_ranks(cfg), &tb, &mb, &ga, msg,
                       sizeof msg, &rel) < 0) {
-        snprintf(cfg->err, sizeof cfg->err, "on %d devices: " TB ": %s",
-                 fso_config_world(cfg), msg);
+        if (fso_config_boxes(cfg) > 1)
+            snprintf(cfg->err, sizeof cfg->err, "on %d boxes of %d devices: " TB ": %s",
+                     fso_config_boxes(cfg), fso_config_world(cfg), msg);
+        else
+            snprintf(cfg->err, sizeof cfg->err, "on %d devices: " TB ": %s",
+                     fso_config_world(cfg), msg);
         return -EINVAL;
     }
     cfg->micro_batch = (int)mb;
     cfg->grad_accum = (int)ga;
     cfg->global_batch = tb;
     return 0;
+}
+
+int fso_config_set_world(fso_config *cfg, int world)
+{
+    cfg->world = world;
+    return resolve_ranks(cfg);
+}
+
+int fso_config_set_boxes(fso_config *cfg, int boxes, int box)
+{
+    cfg->boxes = boxes;
+    cfg->box = box;
+    return resolve_ranks(cfg);
 }
 
 /* ---------------------------------------------------------------- optimizers and schedules */
