@@ -241,7 +241,10 @@ bool fso_model_acts_tier_ok(fso_tier t, bool checkpointing);
 void fso_model_free(fso_model *model);
 
 /* Lay out blocks only (no allocation): used by init and by tools that only
- * need sizes. blocks must hold L+2 entries. Returns the number of blocks. */
+ * need sizes. blocks must hold L+2 entries. Each block is padded to a
+ * multiple of world x 2048 elements: world is every device that holds a
+ * part of it (the devices of all boxes, boxes.h). Returns the number of
+ * blocks. */
 int fso_model_layout(fso_block_layout *blocks, const fso_model_config *mc, int world);
 
 /* Fill the flat buffers of all blocks (host arrays of padded_elems, padding

@@ -20,10 +20,26 @@ uint64_t fso_fp_shard_elems(const fso_fp_rules *r, uint64_t padded_elems)
     return fso_sat_div(padded_elems, (uint64_t)(r->world > 0 ? r->world : 1));
 }
 
+int fso_fp_boxes(const fso_fp_rules *r)
+{
+    return r->boxes > 1 ? r->boxes : 1;
+}
+
+bool fso_fp_sliced(fso_kind k)
+{
+    return k == FSO_KIND_MASTER || k == FSO_KIND_M || k == FSO_KIND_V;
+}
+
+uint64_t fso_fp_kind_elems(const fso_fp_rules *r, uint64_t padded_elems, fso_kind k)
+{
+    const uint64_t s = fso_fp_shard_elems(r, padded_elems);
+    return fso_fp_sliced(k) ? s / (uint64_t)fso_fp_boxes(r) : s;
+}
+
 uint64_t fso_fp_shard_bytes(const fso_fp_rules *r, uint64_t padded_elems, fso_kind k)
 {
     return fso_fp_round_page(
-        fso_sat_mul(fso_fp_elem_bytes(r, k), fso_fp_shard_elems(r, padded_elems)));
+        fso_sat_mul(fso_fp_elem_bytes(r, k), fso_fp_kind_elems(r, padded_elems, k)));
 }
 
 bool fso_fp_lends_in_place(const fso_fp_rules *r, fso_tier param_tier)
@@ -174,6 +190,15 @@ void fso_fp_step_traffic(const fso_fp_rules *r, const fso_fp_layout *l, const fs
         const uint64_t all = fso_sat_mul(l->padded_elems[b], W); /* every device's whole block */
         const fso_tier pt = l->tier(l->ctx, b, FSO_KIND_PARAM);
         const bool whole = fso_fp_copies_whole(r, pt);
+        const uint64_t B = (uint64_t)fso_fp_boxes(r);
+        if (B > 1) { /* every device: its gradient shard and its parameters, each
+                        (B-1)/B of it sent (the slice divides by B exactly) */
+            const uint64_t shard = fso_fp_shard_elems(r, l->padded_elems[b]);
+            const uint64_t per = fso_sat_mul(shard / B * (B - 1),
+                                             fso_fp_elem_bytes(r, FSO_KIND_GRAD) +
+                                                 fso_fp_elem_bytes(r, FSO_KIND_PARAM));
+            t->net_bytes = fso_sat_add(t->net_bytes, fso_sat_mul(per, W));
+        }
         if (!fso_fp_lends_in_place(r, pt) && !whole)
             t->gather_bytes = fso_sat_add(
                 t->gather_bytes,

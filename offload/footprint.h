@@ -8,7 +8,8 @@
  * devices can; GPUs and cpu-async devices cannot), each kind's element type
  * and the aio settings. Everything else is derived here:
  *   - a shard: its block's padded elements / world, in whole I/O pages
- *     (util.h FSO_IO_PAGE);
+ *     (util.h FSO_IO_PAGE); across several boxes (engine/boxes.h) the
+ *     optimizer's kinds (master, m, v) hold 1/boxes of it on each box;
  *   - where parameters are lent in place (no gather, no gather window);
  *   - which tiers need the optimizer's chunk buffers and the gradient
  *     landing slots;
@@ -41,6 +42,9 @@
 
 typedef struct fso_fp_rules {
     int world;                    /* devices sharing every block, 1 or more */
+    int boxes;                    /* boxes the optimizer's state is sliced over (engine/boxes.h):
+                                     each box holds 1/boxes of every shard's master, m and v;
+                                     0 or 1: one box */
     bool host_addressable;        /* the CPU addresses the devices' memory (the backend's
                                      registry row, backend.h) */
     fso_dtype dtype[FSO_N_KINDS]; /* each kind's element type */
@@ -61,6 +65,17 @@ uint64_t fso_fp_round_page(uint64_t x);
  * world): its elements, and its bytes of kind k in whole pages. */
 uint64_t fso_fp_shard_elems(const fso_fp_rules *r, uint64_t padded_elems);
 uint64_t fso_fp_shard_bytes(const fso_fp_rules *r, uint64_t padded_elems, fso_kind k);
+/* Boxes in the rules (at least 1). */
+int fso_fp_boxes(const fso_fp_rules *r);
+/* Whether kind k is sliced across boxes: the optimizer's (master, m, v);
+ * working parameters and gradient accumulators are whole shards on every
+ * box. */
+bool fso_fp_sliced(fso_kind k);
+/* Elements of kind k this box holds of a device's shard: the shard, or
+ * 1/boxes of it for a sliced kind. Blocks are padded to world x boxes x
+ * 2048 elements (model.h fso_model_layout), so a slice is whole pages in
+ * either type. */
+uint64_t fso_fp_kind_elems(const fso_fp_rules *r, uint64_t padded_elems, fso_kind k);
 
 /* Parameters on param_tier are lent to the model where they live, with no
  * gather and no gather window: on the only device (its shard is the whole
@@ -188,6 +203,11 @@ typedef struct fso_fp_uses {
 typedef struct fso_fp_traffic {
     uint64_t nvme_read[FSO_N_KINDS], nvme_write[FSO_N_KINDS];
     uint64_t gather_bytes, reduce_bytes;
+    /* across boxes, what this box sends once per step over its rails: each
+     * device's gradient shard reduce-scattered (fp32) and its working
+     * parameters all-gathered, (boxes-1)/boxes of each, as a ring sends
+     * them; 0 on one box */
+    uint64_t net_bytes;
 } fso_fp_traffic;
 void fso_fp_step_traffic(const fso_fp_rules *r, const fso_fp_layout *l, const fso_fp_uses *u,
                          fso_fp_traffic *t);

@@ -55,7 +55,7 @@ static int setup_layout(fso_zero *z, const fso_config *cfg, fso_fp_buffers *zb, 
         snprintf(err, errlen, "out of host memory");
         return -ENOMEM;
     }
-    fso_model_layout(z->blocks, &cfg->model, z->world);
+    fso_model_layout(z->blocks, &cfg->model, z->world * fso_fp_boxes(&z->rules));
     for (int b = 0; b < z->n_blocks; b++) {
         if (z->blocks[b].padded_elems > z->max_padded)
             z->max_padded = z->blocks[b].padded_elems;
@@ -244,7 +244,7 @@ static int open_devices(fso_zero *z, const fso_zero_need *need, int threads_per_
             return -ENOMEM;
         }
         if ((rc = fso_model_init_opts(&rk->model, &cfg->model, rk->be, cfg->micro_batch,
-                                      cfg->data.seq_len, z->world, &mo)) < 0) {
+                                      cfg->data.seq_len, z->world * fso_fp_boxes(&z->rules), &mo)) < 0) {
             fso_human_bytes(h1, sizeof h1, (double)cap);
             snprintf(err, errlen, "device memory: the activations alone do not fit the %s cap "
                                   "(--device-mem) of device %d (%s); shorten data.seq_len or "

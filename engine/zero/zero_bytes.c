@@ -21,6 +21,7 @@ void fso_zero_fp_rules_on(const fso_config *cfg, const fso_backend_row *on, fso_
 {
     memset(r, 0, sizeof *r);
     r->world = fso_config_world(cfg);
+    r->boxes = fso_config_boxes(cfg);
     r->host_addressable = on->host_addressable;
     for (int k = 0; k < FSO_N_KINDS; k++)
         r->dtype[k] = FSO_DT_F32;
@@ -55,7 +56,7 @@ static int config_layout(const fso_config *cfg, const fso_fp_rules *r, fso_fp_la
         free(cp);
         return -ENOMEM;
     }
-    fso_model_layout(bl, &cfg->model, r->world);
+    fso_model_layout(bl, &cfg->model, r->world * fso_fp_boxes(r));
     for (int b = 0; b < nb; b++)
         cp->padded[b] = bl[b].padded_elems;
     free(bl);
