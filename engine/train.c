@@ -19,13 +19,18 @@
 
 int fso_trainer_init(fso_trainer *tr, const fso_config *cfg)
 {
+    return fso_trainer_init_on(tr, cfg, NULL);
+}
+
+int fso_trainer_init_on(fso_trainer *tr, const fso_config *cfg, const struct fso_rails *rails)
+{
     memset(tr, 0, sizeof *tr);
     tr->cfg = cfg;
     int rc = cfg->init_from[0] ? fso_hf_extras_read(&tr->hf, cfg->init_from, tr->err,
                                                     sizeof tr->err)
                                : 0;
     if (rc == 0)
-        rc = fso_zero_create(&tr->zero, cfg, tr->err, sizeof tr->err);
+        rc = fso_zero_create_on(&tr->zero, cfg, rails, tr->err, sizeof tr->err);
     return rc;
 }
 
@@ -55,7 +60,7 @@ int fso_trainer_finish(fso_trainer *tr, double *waited_ms)
 
 size_t fso_trainer_step_tokens(const fso_config *cfg)
 {
-    return (size_t)fso_config_world(cfg) * cfg->grad_accum * cfg->micro_batch *
+    return (size_t)fso_config_ranks(cfg) * cfg->grad_accum * cfg->micro_batch *
            cfg->data.seq_len;
 }
 

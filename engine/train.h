@@ -33,6 +33,10 @@ typedef struct fso_trainer {
  * fields and files go into tr->hf) and zero the optimizer state. Returns 0
  * or negative errno (tr->err). */
 int fso_trainer_init(fso_trainer *tr, const fso_config *cfg);
+/* The same on box cfg->box of several (boxes.h; zero.h fso_zero_create_on):
+ * rails joins each device to the other boxes; NULL on one box. */
+struct fso_rails;
+int fso_trainer_init_on(fso_trainer *tr, const fso_config *cfg, const struct fso_rails *rails);
 /* The fp32 master as a Hugging Face folder (fso_zero_export_hf) with
  * tr->hf's fields and files; said gets one line on what was carried or
  * cannot be (fso_hf_extras_describe). 0 or negative errno with err. */
@@ -43,12 +47,14 @@ void fso_trainer_free(fso_trainer *tr);
  * that update was exposed. 0 or negative errno (tr->err). */
 int fso_trainer_finish(fso_trainer *tr, double *waited_ms);
 
-/* Tokens one step consumes: world * grad_accum micro-batches of B*T. */
+/* Tokens one step consumes: world * boxes * grad_accum micro-batches of
+ * B*T (every box reads them all and computes its own). */
 size_t fso_trainer_step_tokens(const fso_config *cfg);
 
 /* One optimizer step: inputs and targets (and pos, or NULL) hold
  * fso_trainer_step_tokens() tokens as fso_data_next() gives them,
- * micro-batch a of device r at number a * world + r; its statistics into
+ * micro-batch a of device r of box k at number a * world * boxes + k *
+ * world + r; its statistics into
  * *st (zero.h, fso_zero_step). Returns 0, or negative errno (tr->err):
  * -ERANGE when the loss or the gradient norm is not finite, -ENODATA when
  * no target counts, an I/O error; the update is then not applied. */

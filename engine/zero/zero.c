@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "adamw.h"
+#include "boxes.h"
 #include "cuda/cuda_backend.h"
 #include "hf/hf.h"
 #include "optpool.h"
@@ -440,7 +441,39 @@ static int initial_values(fso_zero *z, fso_hf_folder *hf, char *err, size_t errl
     return rc;
 }
 
+/* Across boxes: the rails each device meets the others on, and the buffer
+ * where its updater gathers parameters the CPU cannot write in place. */
+static int open_rails(fso_zero *z, const fso_rails *rails, char *err, size_t errlen)
+{
+    if (z->boxes <= 1)
+        return 0;
+    bool off_cpu = false; /* some block's parameters where the CPU does not write them */
+    for (int b = 0; b < z->n_blocks; b++)
+        off_cpu = off_cpu ||
+                  !fso_fp_cpu_reaches(&z->rules, zr_block_tier(z, b, FSO_KIND_PARAM));
+    for (int r = 0; r < z->world; r++) {
+        rank_state *rk = &z->ranks[r];
+        rk->rail.grad = rails->grad[r];
+        rk->rail.param = rails->param[r];
+        if (!off_cpu)
+            continue;
+        rk->rail.buf_bytes = fso_fp_round_page(z->elem_bytes[FSO_KIND_PARAM] * z->max_shard);
+        if (!(rk->rail.io.buf = fso_io_alloc_lean(rk->rail.buf_bytes))) {
+            snprintf(err, errlen, "host memory: out of memory for device %d's rail buffer "
+                                  "(%zu bytes)", r, rk->rail.buf_bytes);
+            return -ENOMEM;
+        }
+    }
+    return 0;
+}
+
 int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t errlen)
+{
+    return fso_zero_create_on(out, cfg, NULL, err, errlen);
+}
+
+int fso_zero_create_on(fso_zero **out, const fso_config *cfg, const fso_rails *rails,
+                       char *err, size_t errlen)
 {
     fso_zero *z = calloc(1, sizeof *z);
     fso_fp_buffers zb;
@@ -454,6 +487,24 @@ int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t err
     if (cfg->world > FSO_MAX_DEVICES) {
         snprintf(err, errlen, "%d devices: fsoff drives at most %d devices in one process",
                  cfg->world, FSO_MAX_DEVICES);
+        free(z);
+        return -EINVAL;
+    }
+    z->boxes = fso_config_boxes(cfg);
+    z->box = cfg->box;
+    if (z->boxes > 1 && (!rails || rails->boxes != z->boxes || rails->box != z->box ||
+                         rails->devices != fso_config_world(cfg))) {
+        snprintf(err, errlen, "box %d of %d with %d devices: no rails for them (boxes.h "
+                              "fso_boxes_rails makes them)", z->box, z->boxes,
+                 fso_config_world(cfg));
+        free(z);
+        return -EINVAL;
+    }
+    if (z->boxes > 1 && cfg->optimizer_overlap == FSO_OVERLAP_BACKWARD) {
+        snprintf(err, errlen, "train.optimizer_overlap \"backward\" updates each block as its "
+                              "gradients land, before the boxes have summed them; on %d boxes "
+                              "use \"forward\" (the default), which hides the update behind "
+                              "the next forward instead", z->boxes);
         free(z);
         return -EINVAL;
     }
@@ -497,7 +548,8 @@ int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t err
             (rc = zr_open_store(z, rk, &cfg->offload, rk->io.nvme_end, err, errlen)) < 0)
             goto fail;
     }
-    if ((rc = open_collectives(z, err, errlen)) < 0)
+    if ((rc = open_collectives(z, err, errlen)) < 0 ||
+        (rc = open_rails(z, rails, err, errlen)) < 0)
         goto fail;
     if ((rc = zr_shared_coll_init(z)) < 0) {
         snprintf(err, errlen, "out of host memory");
@@ -557,6 +609,7 @@ void fso_zero_destroy(fso_zero *z)
             rk->be->ops->buf_free(rk->be, rk->compute.grad_send[g]);
         }
         fso_store_destroy(rk->io.store);
+        fso_io_free(rk->rail.io.buf, rk->rail.buf_bytes);
         fso_model_free(&rk->model);
         zr_pinned_free(&rk->acts_host);
         free(rk->locs);

@@ -71,7 +71,15 @@ typedef struct fso_zero_step {
      * backwards of this step (model.h fso_model_act_bytes_per_step each
      * micro-batch) */
     uint64_t act_bytes;
-    int64_t tokens;       /* tokens in this step, all devices: world * grad_accum micro-batches */
+    /* across boxes (boxes.h), what this box sent over its rails: the
+     * gradient shards reduce-scattered in this step and the parameters
+     * all-gathered by the update that ran during it (footprint.h
+     * net_bytes: a steady step's), and device 0's time in its rails'
+     * calls, ms */
+    uint64_t net_bytes;
+    double net_ms;
+    int64_t tokens;       /* tokens in this step, all devices of all boxes: world * boxes *
+                             grad_accum micro-batches */
     uint64_t stale_marks; /* since creation, all devices (fso_zero_stale_marks) */
 } fso_zero_step;
 
@@ -85,6 +93,13 @@ typedef struct fso_zero fso_zero;
  * read block by block into each block's tier), and zero the optimizer state.
  * Returns 0 or negative errno with the message in err. */
 int fso_zero_create(fso_zero **out, const fso_config *cfg, char *err, size_t errlen);
+/* The same on box cfg->box of fso_config_boxes(cfg) boxes (boxes.h): this
+ * box holds its slice of the optimizer's state, and device g meets the
+ * other boxes on rails->grad[g] and rails->param[g] (world = the boxes,
+ * rank = this box). rails may be NULL on one box. */
+struct fso_rails;
+int fso_zero_create_on(fso_zero **out, const fso_config *cfg, const struct fso_rails *rails,
+                       char *err, size_t errlen);
 void fso_zero_destroy(fso_zero *z);
 
 /* One optimizer step, number fso_zero_steps(z) + 1: world * grad_accum

@@ -14,6 +14,8 @@
  *   zero_save.c    streaming the state out (checkpoints) and in (zero_save.h)
  *   zero_bytes.c   a configuration's footprint (public only: zero.h)
  *   zero_lock.c    the six mutexes, their order, its check   (zero_lock.h)
+ *   zero_rail.c    several boxes: the rails' reduce-scatter, norm and
+ *                  all-gather, and the master's slices      (zero_rail.h)
  * Every file of the trainer includes this one, which includes the part
  * headers. Private functions are named zr_*; the trainer's public ones are
  * zero.h's fso_zero_*.
@@ -42,6 +44,7 @@
 #include "zero_arena.h"
 #include "zero_io.h"
 #include "zero_optim.h"
+#include "zero_rail.h"
 #include "zero_save.h"
 #include "zero_shard.h"
 #include "zero_source.h"
@@ -61,6 +64,7 @@ struct rank_state {
     loc *locs;                   /* setup: [block * FSO_N_KINDS + kind]: where each shard
                                     lives */
     bool sync_init;              /* setup: the mutexes of io and opt exist */
+    rank_rail rail;              /* several boxes (zero_rail.h) */
     rank_compute compute;
     rank_io io;
     rank_optim opt;
@@ -90,6 +94,7 @@ struct fso_zero {
     const fso_adamw_kernel *adamw; /* the widest AdamW kernel this CPU runs */
     bool cuda;                   /* devices are CUDA GPUs */
     fso_coll *coll;              /* the compute threads' collectives (SPMD, coll.h) */
+    int box, boxes;              /* this box of the run's (boxes.h); boxes 1: no rails */
     rank_state *ranks;
     struct fso_topo *topo;       /* this machine, when it has more than one NUMA node */
     int64_t step;                /* the caller's thread, between jobs: optimizer steps taken

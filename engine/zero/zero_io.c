@@ -269,7 +269,12 @@ int zr_open_store(fso_zero *z, rank_state *rk, const fso_offload_config *o,
     so.block_bytes = (size_t)o->aio_block_bytes;
     so.queue_depth = o->aio_queue_depth;
     so.direct = true;
-    snprintf(prefix, sizeof prefix, "fsoff-dev%d", rk->rank);
+    /* boxes sharing a folder (two on one machine, a shared filesystem)
+     * each keep files of their own */
+    if (z->boxes > 1)
+        snprintf(prefix, sizeof prefix, "fsoff-box%d-dev%d", z->box, rk->rank);
+    else
+        snprintf(prefix, sizeof prefix, "fsoff-dev%d", rk->rank);
     so.file_prefix = prefix;
     int rc = fso_store_open_uring(&rk->io.store, &so, serr, sizeof serr);
     if (rc < 0) {

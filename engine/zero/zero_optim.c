@@ -175,13 +175,14 @@ static bool device_update(const rank_state *rk, int b)
 static int params_from_master(rank_state *rk, int b)
 {
     const fso_zero *z = rk->z;
-    const size_t S = zr_shard_elems(z, b), ch = rk->opt.chunk_elems;
+    /* this box's slice of the shard: [lo, S) */
+    const size_t lo = zr_opt_lo(z, b), S = lo + zr_opt_elems(z, b), ch = rk->opt.chunk_elems;
     const bool bf16 = z->elem_bytes[FSO_KIND_PARAM] == sizeof(uint16_t);
-    unit u[2] = {{b, 0, S < ch ? S : ch}};
+    unit u[2] = {{b, lo, S - lo < ch ? S - lo : ch}};
     float *master[2];
     int k = 0;
     int rc = unit_fetch(rk, &u[0], FSO_KIND_MASTER, &rk->opt.chunk[0][FSO_KIND_MASTER], &master[0]);
-    for (size_t c0 = 0; rc == 0 && c0 < S; c0 += ch, k ^= 1) {
+    for (size_t c0 = lo; rc == 0 && c0 < S; c0 += ch, k ^= 1) {
         slot *o = rk->opt.chunk[k], *next = rk->opt.chunk[k ^ 1];
         if (c0 + ch < S) {
             /* the other set's last write must be done before it is reused */
@@ -194,12 +195,16 @@ static int params_from_master(rank_state *rk, int b)
         if ((rc = zr_slot_wait(rk, &rk->opt.err, &o[FSO_KIND_MASTER],
                                fso_kind_name(FSO_KIND_MASTER), b)) < 0)
             break;
-        void *param = master[k];
+        void *param = master[k], *rail = zr_rail_param_dest(rk, b, c0);
         if (bf16) {
-            param = zr_xfer_dest(rk, b, FSO_KIND_PARAM, c0, &o[FSO_KIND_PARAM], true);
+            param = rail ? rail
+                         : zr_xfer_dest(rk, b, FSO_KIND_PARAM, c0, &o[FSO_KIND_PARAM], true);
             round_padding(param, master[k], 0, u[k].n);
+        } else if (rail) {
+            memcpy(rail, master[k], sizeof(float) * u[k].n);
         }
-        rc = unit_store(rk, &u[k], FSO_KIND_PARAM, &o[FSO_KIND_PARAM], param);
+        if (!rail) /* else the rail's all-gather stores the whole shard */
+            rc = unit_store(rk, &u[k], FSO_KIND_PARAM, &o[FSO_KIND_PARAM], param);
     }
     for (int set = 0; set < 2 && rc == 0; set++)
         rc = set_wait(rk, rk->opt.chunk[set], b);
@@ -213,7 +218,11 @@ static void launch_block_update(rank_state *rk, const fso_adamw_step *as, int b)
     const fso_zero *z = rk->z;
     fso_backend *be = rk->be;
     const fso_block_layout *bl = &z->blocks[b];
-    const size_t S = zr_shard_elems(z, b), lo = (size_t)rk->rank * S, hi = lo + S;
+    /* this box's slice of the rank's shard, in the block's elements: the
+     * master, m and v hold only it, the gradients and parameters the whole
+     * shard from `shard` on */
+    const size_t S = zr_shard_elems(z, b), shard = (size_t)rk->rank * S;
+    const size_t lo = shard + zr_opt_lo(z, b), hi = lo + zr_opt_elems(z, b);
     float *master = zr_locate(rk, b, FSO_KIND_MASTER)->ptr;
     float *m = zr_locate(rk, b, FSO_KIND_M)->ptr;
     float *v = zr_locate(rk, b, FSO_KIND_V)->ptr;
@@ -228,8 +237,8 @@ static void launch_block_update(rank_state *rk, const fso_adamw_step *as, int b)
         fso_adamw_consts c;
         fso_adamw_consts_init(&c, &st);
         /* padding between tensors stays 0 in the master and so in the parameters */
-        void *out = pl->tier == FSO_TIER_DEVICE ? (char *)pl->ptr + eb * (a - lo) : NULL;
-        be->ops->adamw(be, master + (a - lo), grad + (a - lo), m + (a - lo), v + (a - lo), out,
+        void *out = pl->tier == FSO_TIER_DEVICE ? (char *)pl->ptr + eb * (a - shard) : NULL;
+        be->ops->adamw(be, master + (a - lo), grad + (a - shard), m + (a - lo), v + (a - lo), out,
                        eb == sizeof(uint16_t), e - a, &c);
     }
 }
@@ -248,12 +257,15 @@ static int update_blocks_on_device(rank_state *rk, const fso_adamw_step *as, int
             zr_save_gate(rk, b + 1, as->t);
             launch_block_update(rk, as, b + 1);
         }
-        if (zr_locate(rk, b, FSO_KIND_PARAM)->tier != FSO_TIER_DEVICE) {
-            rk->opt.after = updated; /* the copies down wait for b's kernels only */
-            int rc = params_from_master(rk, b);
-            if (rc < 0)
-                return rc;
-        }
+        const bool off_device = zr_locate(rk, b, FSO_KIND_PARAM)->tier != FSO_TIER_DEVICE;
+        rk->opt.after = updated; /* the copies down wait for b's kernels only */
+        int rc = off_device ? params_from_master(rk, b) : 0;
+        /* across boxes: off the device, the slice went where the rail
+         * gathers; on it, the gather copies it out first */
+        if (rc == 0 && rk->z->boxes > 1)
+            rc = zr_rail_gather_params(rk, b, as->t, off_device);
+        if (rc < 0)
+            return rc;
         rk->opt.ready_mark[b] = updated;
         mark_ready(rk, b, as->t);
         mark_rest(rk, b, b + 1, as->t); /* a save copies out after ready_mark */
@@ -266,12 +278,12 @@ static int update_blocks_on_device(rank_state *rk, const fso_adamw_step *as, int
 static unit next_unit(const fso_zero *z, unit u, size_t ch, int b1)
 {
     u.c0 += u.n;
-    if (u.c0 >= zr_shard_elems(z, u.b)) {
+    if (u.c0 >= zr_opt_lo(z, u.b) + zr_opt_elems(z, u.b)) {
         u.b++;
-        u.c0 = 0;
+        u.c0 = u.b <= b1 ? zr_opt_lo(z, u.b) : 0;
     }
     if (u.b <= b1) {
-        size_t left = zr_shard_elems(z, u.b) - u.c0;
+        size_t left = zr_opt_lo(z, u.b) + zr_opt_elems(z, u.b) - u.c0;
         u.n = left < ch ? left : ch;
     }
     return u;
@@ -293,8 +305,8 @@ static int update_blocks_on_cpu(rank_state *rk, const fso_adamw_step *as, int b0
     unit u[FSO_FP_MAX_CHUNK_SETS];
     float *p[FSO_FP_MAX_CHUNK_SETS][FSO_N_KINDS];
     int64_t issued = 0, done = 0, block_first = 0;
-    unit next = {b0, 0, 0};
-    next.n = zr_shard_elems(z, b0) < ch ? zr_shard_elems(z, b0) : ch;
+    unit next = {b0, zr_opt_lo(z, b0), 0}; /* this box's slice of each shard */
+    next.n = zr_opt_elems(z, b0) < ch ? zr_opt_elems(z, b0) : ch;
     int rc;
 
     int rested = b0; /* blocks below `rested` have landed: a save may read them */
@@ -326,7 +338,8 @@ static int update_blocks_on_cpu(rank_state *rk, const fso_adamw_step *as, int b0
         const int s = (int)(done % K);
         const unit cur = u[s];
         slot *o = ring[s];
-        if (cur.c0 == 0)
+        const bool first = cur.c0 == zr_opt_lo(z, cur.b);
+        if (first)
             block_first = done;
         for (int i = 0; i < 4; i++)
             if ((rc = zr_slot_wait(rk, &rk->opt.err, &o[reads[i]], fso_kind_name(reads[i]),
@@ -336,22 +349,26 @@ static int update_blocks_on_cpu(rank_state *rk, const fso_adamw_step *as, int b0
          * come out of the update, in the shard itself when the CPU
          * addresses it, else in the chunk buffer that carries them there */
         float **q = p[s];
-        void *param = q[FSO_KIND_MASTER];
+        void *param = q[FSO_KIND_MASTER], *rail = zr_rail_param_dest(rk, cur.b, cur.c0);
         uint16_t *param_bf16 = NULL;
         if (z->elem_bytes[FSO_KIND_PARAM] == sizeof(uint16_t))
-            param = param_bf16 = zr_xfer_dest(rk, cur.b, FSO_KIND_PARAM, cur.c0,
-                                              &o[FSO_KIND_PARAM], true);
-        if (cur.c0 == 0) /* a save of the step before may still need the block */
+            param = param_bf16 = rail ? rail
+                                      : zr_xfer_dest(rk, cur.b, FSO_KIND_PARAM, cur.c0,
+                                                     &o[FSO_KIND_PARAM], true);
+        if (first) /* a save of the step before may still need the block */
             zr_save_gate(rk, cur.b, as->t);
         update_unit(rk, &cur, q[FSO_KIND_MASTER], q[FSO_KIND_GRAD], q[FSO_KIND_M],
                     q[FSO_KIND_V], param_bf16, *as);
-        if ((rc = unit_store(rk, &cur, FSO_KIND_PARAM, &o[FSO_KIND_PARAM], param)) < 0 ||
+        if (rail && !param_bf16) /* fp32 parameters: the master's copy */
+            memcpy(rail, q[FSO_KIND_MASTER], sizeof(float) * cur.n);
+        /* across boxes the rail's all-gather stores a rail-gathered shard whole */
+        if ((!rail && (rc = unit_store(rk, &cur, FSO_KIND_PARAM, &o[FSO_KIND_PARAM], param)) < 0) ||
             (rc = unit_store(rk, &cur, FSO_KIND_MASTER, &o[FSO_KIND_MASTER],
                              q[FSO_KIND_MASTER])) < 0 ||
             (rc = unit_store(rk, &cur, FSO_KIND_M, &o[FSO_KIND_M], q[FSO_KIND_M])) < 0 ||
             (rc = unit_store(rk, &cur, FSO_KIND_V, &o[FSO_KIND_V], q[FSO_KIND_V])) < 0)
             return rc;
-        if (cur.c0 + cur.n == zr_shard_elems(z, cur.b)) {
+        if (cur.c0 + cur.n == zr_opt_lo(z, cur.b) + zr_opt_elems(z, cur.b)) {
             /* block done: its parameters must be written before a forward
              * reads them (on a device, the copies in are ordered before any
              * use there, so the host need not wait for them); units read
@@ -362,6 +379,8 @@ static int update_blocks_on_cpu(rank_state *rk, const fso_adamw_step *as, int b0
                     if ((rc = zr_slot_wait(rk, &rk->opt.err, &ring[j % K][FSO_KIND_PARAM],
                                            fso_kind_name(FSO_KIND_PARAM), cur.b)) < 0)
                         return rc;
+            if (z->boxes > 1 && (rc = zr_rail_gather_params(rk, cur.b, as->t, true)) < 0)
+                return rc;
             mark_ready(rk, cur.b, as->t);
         }
         done++;

@@ -75,9 +75,9 @@ static int retier_copy(rank_state *rk, int b, fso_kind k, const loc *to, uint64_
     uint64_t io[FSO_N_KINDS] = {0};
     loc *l = zr_locate(rk, b, k);
     slot *s = &rk->io.grad_trip;
-    size_t S = zr_shard_elems(rk->z, b);
+    const size_t lo = zr_kind_lo(rk->z, b, k), S = zr_kind_elems(rk->z, b, k);
     void *p;
-    int rc = zr_xfer(rk, &rk->compute.err, io, b, k, 0, S, s, false, false, &p);
+    int rc = zr_xfer(rk, &rk->compute.err, io, b, k, lo, S, s, false, false, &p);
     if (rc == 0)
         rc = zr_slot_wait(rk, &rk->compute.err, s, fso_kind_name(k), b);
     if (rc < 0)
@@ -85,7 +85,7 @@ static int retier_copy(rank_state *rk, int b, fso_kind k, const loc *to, uint64_
     loc old = *l;
     *l = *to;
     p = s->buf;
-    rc = zr_xfer(rk, &rk->compute.err, io, b, k, 0, S, s, true, false, &p);
+    rc = zr_xfer(rk, &rk->compute.err, io, b, k, lo, S, s, true, false, &p);
     if (rc == 0)
         rc = zr_slot_wait(rk, &rk->compute.err, s, fso_kind_name(k), b);
     *l = old;

@@ -349,7 +349,8 @@ static int take_stage(saver *sv, stage **out)
     }
 }
 
-/* Elements [c0, c0+n) of device rk's shard (b, k) to offset dst. */
+/* Elements [c0, c0+n) of what device rk holds of shard (b, k) (this box's
+ * slice across boxes) to offset dst. */
 static int save_piece(saver *sv, rank_state *rk, int b, fso_kind k, size_t c0, size_t n,
                       uint64_t dst)
 {
@@ -402,16 +403,19 @@ static int save_block(saver *sv, int b, int64_t step)
 {
     fso_zero *z = sv->z;
     const fso_zero_save_spec *sp = sv->spec;
+    /* this box's part of each device's shard: the whole shard on one box,
+     * its slice across several (the other boxes write theirs) */
     const size_t S = zr_shard_elems(z, b), E = sp->block_elems[b];
+    const size_t slo = zr_opt_lo(z, b), sn = zr_opt_elems(z, b);
     int rc;
-    /* devices whose shard is only padding (lo >= E) have nothing to save */
-    for (int r = 0; r < z->world && (size_t)r * S < E; r++)
+    /* devices whose part is only padding (lo >= E) have nothing to save */
+    for (int r = 0; r < z->world && (size_t)r * S + slo < E; r++)
         if ((rc = wait_landed(sv, &z->ranks[r], b, step)) < 0)
             return rc;
     /* kind by kind, device by device: front to back in the file */
     for (int i = 0; i < FSO_ZERO_SAVED_KINDS; i++)
-        for (int r = 0; r < z->world && (size_t)r * S < E; r++) {
-            const size_t lo = (size_t)r * S, n = E - lo < S ? E - lo : S;
+        for (int r = 0; r < z->world && (size_t)r * S + slo < E; r++) {
+            const size_t lo = (size_t)r * S + slo, n = E - lo < sn ? E - lo : sn;
             const uint64_t base = sp->block_off[(size_t)i * z->n_blocks + b] + sizeof(float) * lo;
             for (size_t c0 = 0, k; c0 < n; c0 += k) {
                 /* up to the next multiple of piece_bytes in the file: every write

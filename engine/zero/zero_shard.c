@@ -19,6 +19,16 @@ size_t zr_shard_elems(const fso_zero *z, int b)
     return fso_fp_shard_elems(&z->rules, z->blocks[b].padded_elems);
 }
 
+size_t zr_kind_elems(const fso_zero *z, int b, fso_kind k)
+{
+    return fso_fp_kind_elems(&z->rules, z->blocks[b].padded_elems, k);
+}
+
+size_t zr_kind_lo(const fso_zero *z, int b, fso_kind k)
+{
+    return fso_fp_sliced(k) ? (size_t)z->box * zr_kind_elems(z, b, k) : 0;
+}
+
 bool zr_lends_in_place(const fso_zero *z, int b)
 {
     return fso_fp_lends_in_place(&z->rules, zr_block_tier(z, b, FSO_KIND_PARAM));
@@ -188,19 +198,18 @@ void *zr_xfer_dest(rank_state *rk, int b, fso_kind k, size_t c0, slot *s, bool i
 {
     loc *l = zr_locate(rk, b, k);
     if (in_place && addressable(rk, l))
-        return (char *)l->ptr + rk->z->elem_bytes[k] * c0;
+        return (char *)l->ptr + rk->z->elem_bytes[k] * (c0 - zr_kind_lo(rk->z, b, k));
     return s->buf;
 }
 
-/* zr_xfer through `buf` (4 KiB aligned) instead of s->buf; s tracks
- * the I/O and the copies either way. */
-static int xfer_via(rank_state *rk, errsink *es, uint64_t *bytes_done, int b, fso_kind k,
+int zr_xfer_via(rank_state *rk, errsink *es, uint64_t *bytes_done, int b, fso_kind k,
                     size_t c0, size_t n, slot *s, void *buf, bool write, bool in_place,
                     void **ptr)
 {
     loc *l = zr_locate(rk, b, k);
     const size_t eb = rk->z->elem_bytes[k];
     size_t bytes = eb * n;
+    c0 -= zr_kind_lo(rk->z, b, k); /* where this box's part of the shard begins */
     void *shard = l->ptr ? (char *)l->ptr + eb * c0 : NULL;
     if (in_place && addressable(rk, l)) {
         if (!write)
@@ -259,30 +268,30 @@ static int xfer_via(rank_state *rk, errsink *es, uint64_t *bytes_done, int b, fs
 int zr_xfer(rank_state *rk, errsink *es, uint64_t *bytes_done, int b, fso_kind k,
             size_t c0, size_t n, slot *s, bool write, bool in_place, void **ptr)
 {
-    return xfer_via(rk, es, bytes_done, b, k, c0, n, s, s->buf, write, in_place, ptr);
+    return zr_xfer_via(rk, es, bytes_done, b, k, c0, n, s, s->buf, write, in_place, ptr);
 }
 
 int zr_shard_read_to(rank_state *rk, errsink *es, uint64_t *bytes_done, int b, fso_kind k,
                      slot *s, void *dst)
 {
     void *p;
-    return xfer_via(rk, es, bytes_done, b, k, 0, zr_shard_elems(rk->z, b), s, dst, false,
-                    false, &p);
+    return zr_xfer_via(rk, es, bytes_done, b, k, zr_kind_lo(rk->z, b, k),
+                    zr_kind_elems(rk->z, b, k), s, dst, false, false, &p);
 }
 
 /* Whole shard (b, k) into s->buf, and back (compute thread). */
 int zr_shard_fetch(rank_state *rk, int b, fso_kind k, slot *s)
 {
     void *p;
-    return zr_xfer(rk, &rk->compute.err, rk->compute.st.nvme_kind_read, b, k, 0,
-                   zr_shard_elems(rk->z, b), s, false, false, &p);
+    return zr_xfer(rk, &rk->compute.err, rk->compute.st.nvme_kind_read, b, k,
+                   zr_kind_lo(rk->z, b, k), zr_kind_elems(rk->z, b, k), s, false, false, &p);
 }
 
 int zr_shard_store(rank_state *rk, int b, fso_kind k, slot *s)
 {
     void *p = s->buf;
-    return zr_xfer(rk, &rk->compute.err, rk->compute.st.nvme_kind_write, b, k, 0,
-                   zr_shard_elems(rk->z, b), s, true, false, &p);
+    return zr_xfer(rk, &rk->compute.err, rk->compute.st.nvme_kind_write, b, k,
+                   zr_kind_lo(rk->z, b, k), zr_kind_elems(rk->z, b, k), s, true, false, &p);
 }
 
 /* n fp32 values into elements of elem_bytes (4: fp32, 2: bf16 rounded to
@@ -311,17 +320,21 @@ static void widen(float *dst, const void *src, size_t elem_bytes, size_t n)
 
 /* Copy kind k of block b's shards on every rank from (dir 0) or to (dir 1)
  * the flat fp32 host buffer, converting to and from the kind's element
- * type. Runs on the caller's thread, synchronously. */
+ * type. Runs on the caller's thread, synchronously. Across boxes a sliced
+ * kind takes this box's slice from the buffer, and gives the whole block
+ * gathered from every box (zr_rail_gather_block). */
 int zr_block_xfer(fso_zero *z, int b, float *flat, fso_kind k, int dir)
 {
-    size_t S = zr_shard_elems(z, b);
+    if (dir == 1 && z->boxes > 1 && fso_fp_sliced(k))
+        return zr_rail_gather_block(z, b, k, flat);
+    const size_t S = zr_shard_elems(z, b), lo = zr_kind_lo(z, b, k), n = zr_kind_elems(z, b, k);
     for (int r = 0; r < z->world; r++) {
         rank_state *rk = &z->ranks[r];
         slot *s = &rk->io.grad_trip;
         int rc;
         rk->compute.err.rc = 0;
         if (dir == 0) {
-            narrow(s->buf, z->elem_bytes[k], flat + (size_t)r * S, S);
+            narrow(s->buf, z->elem_bytes[k], flat + (size_t)r * S + lo, n);
             rc = zr_shard_store(rk, b, k, s);
             if (rc == 0)
                 rc = zr_slot_wait(rk, &rk->compute.err, s, fso_kind_name(k), b);
@@ -330,7 +343,7 @@ int zr_block_xfer(fso_zero *z, int b, float *flat, fso_kind k, int dir)
             if (rc == 0)
                 rc = zr_slot_wait(rk, &rk->compute.err, s, fso_kind_name(k), b);
             if (rc == 0)
-                widen(flat + (size_t)r * S, s->buf, z->elem_bytes[k], S);
+                widen(flat + (size_t)r * S + lo, s->buf, z->elem_bytes[k], n);
         }
         if (rc < 0)
             return rc;

@@ -63,7 +63,8 @@ lent_block *zr_lent(fso_zero *z, int b, fso_tier tier);
 /* Let go of the place l of shard (b, k); an NVMe extent stays the store's. */
 void zr_release_shard(rank_state *rk, int b, fso_kind k, loc *l);
 /* Move elements [c0, c0+n) of shard (b, k) between its tier and host
- * memory, in the kind's element type (elem_bytes[k] each). Reading, *ptr is
+ * memory (c0 counts from the device shard's first element; a sliced kind
+ * holds only [zr_kind_lo, + zr_kind_elems) of them, zero_rail.h), in the kind's element type (elem_bytes[k] each). Reading, *ptr is
  * set to the data: in the shard itself when in_place and the CPU can
  * address it, else s->buf (filled; NVMe: once s's I/O is waited for).
  * Writing, *ptr's data goes into the shard (NVMe: asynchronously on s).
@@ -71,15 +72,22 @@ void zr_release_shard(rank_state *rk, int b, fso_kind k, loc *l);
  * optimizer's counts are shared with the prefetch kick). */
 int zr_xfer(rank_state *rk, errsink *es, uint64_t *bytes_done, int b, fso_kind k,
             size_t c0, size_t n, slot *s, bool write, bool in_place, void **ptr);
+/* zr_xfer through `buf` (4 KiB aligned) instead of s->buf; s tracks
+ * the I/O and the copies either way. */
+int zr_xfer_via(rank_state *rk, errsink *es, uint64_t *bytes_done, int b, fso_kind k,
+                size_t c0, size_t n, slot *s, void *buf, bool write, bool in_place,
+                void **ptr);
 /* Where a writer of elements [c0, ...) of shard (b, k) should put them so
  * that zr_xfer(write) moves them once: the shard itself when in_place
  * and the CPU can address it, else s->buf. */
 void *zr_xfer_dest(rank_state *rk, int b, fso_kind k, size_t c0, slot *s, bool in_place);
-/* Whole shard (b, k) read into dst instead of s->buf (4 KiB aligned, the
+/* What this box holds of shard (b, k) (zr_kind_lo, zr_kind_elems: the
+ * whole shard but for a sliced kind across boxes) read into dst instead of s->buf (4 KiB aligned, the
  * shard's whole pages: zr_shard_bytes); s tracks the I/O. */
 int zr_shard_read_to(rank_state *rk, errsink *es, uint64_t *bytes_done, int b, fso_kind k,
                      slot *s, void *dst);
-/* Whole shard (b, k) into s->buf, and back (the compute thread). */
+/* What this box holds of shard (b, k) into s->buf, and back (the compute
+ * thread). */
 int zr_shard_fetch(rank_state *rk, int b, fso_kind k, slot *s);
 int zr_shard_store(rank_state *rk, int b, fso_kind k, slot *s);
 /* Kind k of block b on every device from (dir 0) or to (dir 1) the flat

@@ -570,7 +570,7 @@ void zr_grads_land(rank_state *rk)
         for (size_t i = 0; i < S; i++)
             acc[i] += add[i];
     }
-    if (gp.last) {
+    if (gp.last && z->boxes == 1) { /* across boxes: the slice's, after the rail (zero_rail.h) */
         rk->compute.grad_sq[b] = 0;
         fso_host_sqnorm(fso_backend_pool(be), &rk->compute.grad_sq[b], s->buf, S);
     }
@@ -636,7 +636,7 @@ static void src_grads_done(void *ctx, int b)
         round_grads(rk, g, (size_t)z->world * S);
     gather_ahead(rk);
     if (z->sc.on) {
-        fused_norm = direct && last && l->tier == FSO_TIER_HOST;
+        fused_norm = direct && last && l->tier == FSO_TIER_HOST && z->boxes == 1;
         if (fused_norm)
             rk->compute.grad_sq[b] = 0;
         sc_reduce(rk, g, S, direct ? l->ptr : mine, direct && rk->compute.micro > 0,
@@ -675,7 +675,7 @@ static void src_grads_done(void *ctx, int b)
         be->ops->copy_h2d(be, l->ptr, mine, sizeof(float) * S);
     /* on the host, the host's sum, as grads_land takes it: the device's bits
      * (kernels/sum_order.h) */
-    if (last && !fused_norm) {
+    if (last && !fused_norm && z->boxes == 1) { /* across boxes: zr_rail_reduce_grads */
         rk->compute.grad_sq[b] = 0;
         if (l->tier == FSO_TIER_HOST)
             fso_host_sqnorm(fso_backend_pool(be), &rk->compute.grad_sq[b], l->ptr, S);

@@ -33,9 +33,15 @@ static fso_adamw_step step_hparams(const fso_zero *z, double clip_coef)
     return as;
 }
 
-/* The optimizer's NVMe bytes since the last step into this step's. */
+/* The optimizer's NVMe bytes since the last step into this step's, and
+ * across boxes what its parameter all-gathers sent and took. */
 static void take_optimizer_bytes(rank_state *rk)
 {
+    rk->compute.st.net_bytes += __atomic_exchange_n(&rk->rail.net_bytes, 0, __ATOMIC_RELAXED);
+    zr_lock(&rk->opt.mu);
+    rk->compute.st.net_ms += rk->rail.param_ms;
+    rk->rail.param_ms = 0;
+    zr_unlock(&rk->opt.mu);
     for (int k = 0; k < FSO_N_KINDS; k++) {
         rk->compute.st.nvme_kind_read[k] +=
             __atomic_exchange_n(&rk->opt.read_kind[k], 0, __ATOMIC_RELAXED);
@@ -51,7 +57,8 @@ static void *rank_step(void *arg)
     const fso_config *cfg = z->cfg;
     const size_t bt = (size_t)cfg->micro_batch * cfg->data.seq_len;
     fso_block_source src = zr_rank_source(rk);
-    const int micro = cfg->grad_accum * z->world;
+    const int ranks = z->world * z->boxes; /* every box's devices */
+    const int micro = cfg->grad_accum * ranks;
     const float loss_scale = fso_model_loss_scale(rk->compute.counted, (int64_t)bt, micro);
 
     memset(&rk->compute.st, 0, sizeof rk->compute.st);
@@ -65,7 +72,7 @@ static void *rank_step(void *arg)
         rk->compute.micro = a;
         rk->clock.cur_block = -1;
         rk->clock.t_mark = fso_now_ms();
-        size_t mb = (size_t)a * z->world + rk->rank;
+        size_t mb = (size_t)a * ranks + (size_t)z->box * z->world + rk->rank;
         fso_model_step(&rk->model, &src, rk->compute.inputs + mb * bt,
                        rk->compute.targets + mb * bt,
                        rk->compute.pos ? rk->compute.pos + mb * bt : NULL, loss_scale,
@@ -84,11 +91,17 @@ static void *rank_step(void *arg)
     int drc = rk->compute.err.rc == 0 ? rk->be->ops->sync(rk->be) : 0;
     if (drc < 0)
         zr_fail(&rk->compute.err, drc, "device %d: %s", rk->rank, rk->be->err);
+    /* across boxes: the gradient shards summed over the rails, each box
+     * keeping its slice and that slice's norm (zero_rail.h) */
+    if (z->boxes > 1)
+        zr_rail_reduce_grads(rk);
     double sq = 0;
     for (int b = 0; b < z->n_blocks && rk->compute.err.rc == 0; b++)
         sq += rk->compute.grad_sq[b];
     double red[3] = {rk->compute.loss_sum, sq, rk->compute.err.rc ? 1.0 : 0.0};
     z->coll->ops->all_reduce_f64(z->coll, rk->rank, red, 3);
+    if (z->boxes > 1 && zr_rail_sum(rk, red, 3) < 0)
+        red[2] = 1; /* the rails failed: nobody updates */
     rk->compute.st.loss = red[0] / (double)rk->compute.counted; /* the mean over them */
     rk->compute.st.grad_norm = sqrt(red[1]);
     if (red[2] != 0) { /* some rank failed: nobody updates */
@@ -306,7 +319,9 @@ int fso_zero_step_run(fso_zero *z, const int32_t *inputs, const int32_t *targets
     const fso_config *cfg = z->cfg;
     const double t0 = fso_now_ms();
     const int64_t step = z->step + 1;
-    const size_t n = (size_t)z->world * cfg->grad_accum * cfg->micro_batch * cfg->data.seq_len;
+    /* every box's micro-batches: each box computes its own and counts them all */
+    const size_t n = (size_t)z->world * z->boxes * cfg->grad_accum * cfg->micro_batch *
+                     cfg->data.seq_len;
     int64_t counted = 0;
     for (size_t i = 0; i < n; i++)
         counted += targets[i] >= 0;
@@ -335,8 +350,9 @@ int fso_zero_step_run(fso_zero *z, const int32_t *inputs, const int32_t *targets
     st->nvme_read_bytes = st->nvme_write_bytes = 0;
     memset(st->nvme_kind_read, 0, sizeof st->nvme_kind_read);
     memset(st->nvme_kind_write, 0, sizeof st->nvme_kind_write);
-    st->gather_bytes = st->reduce_bytes = st->act_bytes = 0;
+    st->gather_bytes = st->reduce_bytes = st->act_bytes = st->net_bytes = 0;
     for (int r = 0; r < z->world; r++) {
+        st->net_bytes += z->ranks[r].compute.st.net_bytes;
         for (int k = 0; k < FSO_N_KINDS; k++) {
             st->nvme_kind_read[k] += z->ranks[r].compute.st.nvme_kind_read[k];
             st->nvme_kind_write[k] += z->ranks[r].compute.st.nvme_kind_write[k];
@@ -351,7 +367,8 @@ int fso_zero_step_run(fso_zero *z, const int32_t *inputs, const int32_t *targets
         st->nvme_write_bytes += st->nvme_kind_write[k];
     }
     st->step = step;
-    st->tokens = (int64_t)z->world * cfg->grad_accum * cfg->micro_batch * cfg->data.seq_len;
+    st->tokens = (int64_t)z->world * z->boxes * cfg->grad_accum * cfg->micro_batch *
+                 cfg->data.seq_len;
     st->stale_marks = fso_zero_stale_marks(z);
     z->step++;
     st->step_ms = fso_now_ms() - t0;
