@@ -1,9 +1,30 @@
-/* boxes.c — placeholder until the MPI transport lands (boxes.h). */
+/* boxes.c — placeholder until the MPI transport lands (boxes.h): one box. */
 #include "boxes.h"
+
+#include <errno.h>
+#include <stdio.h>
 
 void fso_boxes_phase(const char *what, int64_t step, int block)
 {
     (void)what;
     (void)step;
     (void)block;
+}
+int fso_boxes_count(void) { return 1; }
+int fso_boxes_self(void) { return 0; }
+const char *fso_boxes_host(int box) { (void)box; return "localhost"; }
+int fso_boxes_sum(const char *what, double *v, int n, char *err, size_t errlen)
+{
+    (void)what; (void)v; (void)n; (void)err; (void)errlen;
+    return 0;
+}
+int fso_boxes_bcast(const char *what, void *buf, size_t len, char *err, size_t errlen)
+{
+    (void)what; (void)buf; (void)len; (void)err; (void)errlen;
+    return 0;
+}
+int fso_boxes_barrier(const char *what, char *err, size_t errlen)
+{
+    (void)what; (void)err; (void)errlen;
+    return 0;
 }

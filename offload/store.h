@@ -101,6 +101,9 @@ typedef struct fso_store_opts {
     bool keep_files;          /* the files outlive the store (a checkpoint's data): destroy
                                  closes them without removing them, and a fatal signal's
                                  fso_store_unlink_created leaves them */
+    bool existing;            /* with file_name and keep_files: open the file another
+                                 process made (box 0 of several writing one checkpoint,
+                                 engine/boxes.h) instead of creating it */
     const cpu_set_t *iowq_cpus; /* where the kernel's I/O workers for this store run (the
                                  drives' NUMA node); NULL: anywhere. Best effort. */
     bool refuse_direct;       /* test hook: act as if every folder refused O_DIRECT

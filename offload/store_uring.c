@@ -659,7 +659,9 @@ static int uring_open_file(fso_store *s, uring_ctx *c, int i, const fso_store_op
     if (rc < 0)
         return rc;
 
-    int fd = open(c->path[i], O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    const bool existing = o->file_name && o->keep_files && o->existing;
+    int fd = existing ? open(c->path[i], O_RDWR | O_NOFOLLOW | O_CLOEXEC)
+                      : open(c->path[i], O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (fd < 0) {
         int e = errno;
         if (e == EEXIST) /* not ours: the lock keeps fsoff's own away */
@@ -673,7 +675,7 @@ static int uring_open_file(fso_store *s, uring_ctx *c, int i, const fso_store_op
         OPEN_FAIL(-e, "%s: cannot create %s: %s", dir, c->path[i], strerror(e));
     }
     c->fds[i] = fd;
-    c->created[i] = true;
+    c->created[i] = !existing;
     if (!c->keep)
         track(TRACK_FILES, c->path[i]);
 

@@ -21,6 +21,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "boxes.h"
 #include "checkpoint_impl.h"
 #include "config/config_json.h"
 #include "crc32c.h"
@@ -143,9 +144,15 @@ int64_t fso_ckpt_step_of_name(const char *name)
 
 /* ------------------------------------------------------------------ the saver */
 
+typedef struct fso_ckpt_saver fso_ckpt_saver;
+static int fso_ckpt_saver_create_here(fso_ckpt_saver **out, const char *dir, int keep,
+                                      char *err, size_t errlen);
+
 struct fso_ckpt_saver {
     char dir[4096];
     int keep;
+    int box, boxes;           /* several boxes (boxes.h) save into one shared folder: each
+                                 writes its ranges of state.bin, box 0 the rest */
     int lock_fd;
     int64_t last_step;
     fso_fault_spec faults;    /* tests: injected into the next saves' data file */
@@ -162,6 +169,7 @@ struct fso_ckpt_saver {
     fso_ckpt_result res;
     double t0;
     double run_waited_ms;     /* the run's own time spent on this save */
+    fso_zero_save_spec spec;  /* across boxes: what this box's saver wrote, until the commit */
 };
 
 static int fail(fso_ckpt_result *r, int rc, const char *fmt, ...)
@@ -196,8 +204,69 @@ static void remove_temporaries(const char *dir)
     closedir(d);
 }
 
+/* Across boxes: box 0 prepared the folder (rc, its outcome) and every box
+ * learns how that went; a box that cannot see the folder says so. 0 or
+ * negative errno with err. */
+static int boxes_agree_on_folder(int rc, const char *dir, char *err, size_t errlen)
+{
+    double v = rc < 0 ? 1 : 0;
+    char berr[512] = "";
+    int brc = fso_boxes_bcast("the save folder's preparation", &v, sizeof v, berr, sizeof berr);
+    if (brc < 0) {
+        snprintf(err, errlen, "%s", berr);
+        return brc;
+    }
+    if (rc < 0)
+        return rc;
+    struct stat st;
+    if (v != 0) {
+        snprintf(err, errlen, "checkpoint.dir %s: box 0 could not prepare it (its error says "
+                              "why)", dir);
+        return -EIO;
+    }
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
+        snprintf(err, errlen, "checkpoint.dir %s: box %d (host %s) does not see the folder box 0 "
+                              "made; put it on a filesystem every box mounts",
+                 dir, fso_boxes_self(), fso_boxes_host(fso_boxes_self()));
+        return -ENOENT;
+    }
+    return 0;
+}
+
 int fso_ckpt_saver_create(fso_ckpt_saver **out, const char *dir, int keep, char *err,
                           size_t errlen)
+{
+    *out = NULL;
+    const int box = fso_boxes_self(), boxes = fso_boxes_count();
+    if (boxes > 1) { /* box 0 makes the folder and holds its lock for the run */
+        int rc = box == 0 ? fso_ckpt_saver_create_here(out, dir, keep, err, errlen) : 0;
+        if ((rc = boxes_agree_on_folder(rc, dir, err, errlen)) < 0) {
+            fso_ckpt_saver_destroy(*out);
+            *out = NULL;
+            return rc;
+        }
+        if (box != 0 && !(*out = calloc(1, sizeof **out))) {
+            snprintf(err, errlen, "out of memory");
+            return -ENOMEM;
+        }
+        fso_ckpt_saver *sv = *out;
+        if (box != 0) {
+            snprintf(sv->dir, sizeof sv->dir, "%s", dir);
+            sv->keep = keep > 0 ? keep : 1;
+            sv->last_step = -1;
+            sv->lock_fd = -1;
+        }
+        sv->box = box;
+        sv->boxes = boxes;
+        return 0;
+    }
+    return fso_ckpt_saver_create_here(out, dir, keep, err, errlen);
+}
+
+/* The saver of one box, or box 0's of several: the folder, its lock, and
+ * no leftovers of killed saves. */
+static int fso_ckpt_saver_create_here(fso_ckpt_saver **out, const char *dir, int keep,
+                                      char *err, size_t errlen)
 {
     *out = NULL;
     struct stat st;
@@ -395,6 +464,7 @@ static int write_state(fso_ckpt_saver *sv, const char *tmp, fso_zero_save_spec *
     so.ndirs = 1;
     so.file_name = FSO_CKPT_DATA;
     so.keep_files = true;
+    so.existing = sv->boxes > 1; /* box 0 made it before any box began (save_begin) */
     so.capacity_bytes = sv->layout.total_bytes;
     so.block_bytes = FSO_ZERO_SAVE_PIECE_BYTES;
     so.queue_depth = 32;
@@ -587,15 +657,55 @@ static void prune(fso_ckpt_saver *sv, int64_t newest)
     free(f);
 }
 
+static void save_names(const fso_ckpt_saver *sv, char *name, char *tmp, char *final)
+{
+    snprintf(name, 64, "step-%08lld", (long long)sv->res.step);
+    snprintf(tmp, 4200, "%s/.tmp-%s", sv->dir, name);
+    snprintf(final, 4200, "%s/%s", sv->dir, name);
+}
+
+/* The pieces box k of several wrote, beside state.bin until the commit. */
+static void pieces_path(const char *tmp, int box, char *path, size_t len)
+{
+    snprintf(path, len, "%s/.pieces-box%d", tmp, box);
+}
+
+/* Across boxes, on each box's saver thread: its ranges of state.bin (its
+ * slices of the optimizer's state) into the file box 0 made, on the drive,
+ * and the list of their pieces beside it (box 0 keeps its own in memory).
+ * Box 0 commits once every box is done (commit_boxes, on the main thread). */
+static void save_ranges(fso_ckpt_saver *sv)
+{
+    fso_ckpt_result *r = &sv->res;
+    char name[64], tmp[4200], final[4200], path[4400];
+    save_names(sv, name, tmp, final);
+    int rc = write_state(sv, tmp, &sv->spec);
+    fso_zero_save_disarm(sv->z);
+    snprintf(path, sizeof path, "%s/%s", tmp, FSO_CKPT_DATA);
+    if (rc == 0 && (rc = finish_data(path, sv->layout.total_bytes)) < 0)
+        fail(r, rc, "%s: %s", path, strerror(-rc));
+    if (rc == 0 && sv->box != 0) {
+        pieces_path(tmp, sv->box, path, sizeof path);
+        if ((rc = write_file(path, (const char *)sv->spec.pieces,
+                             sizeof *sv->spec.pieces * sv->spec.n_pieces)) < 0)
+            fail(r, rc, "%s: %s", path, strerror(-rc));
+    }
+    r->bytes = sv->spec.bytes;
+    r->cloned_bytes = sv->spec.cloned_bytes;
+}
+
 static void *save_main(void *arg)
 {
     fso_ckpt_saver *sv = arg;
     fso_ckpt_result *r = &sv->res;
+    if (sv->boxes > 1) {
+        save_ranges(sv);
+        __atomic_store_n(&sv->finished, 1, __ATOMIC_RELEASE);
+        return NULL;
+    }
     fso_zero_save_spec spec = {0};
     char name[64], tmp[4200], final[4200];
-    snprintf(name, sizeof name, "step-%08lld", (long long)r->step);
-    snprintf(tmp, sizeof tmp, "%s/.tmp-%s", sv->dir, name);
-    snprintf(final, sizeof final, "%s/%s", sv->dir, name);
+    save_names(sv, name, tmp, final);
     uint64_t bytes = sv->layout.total_bytes;
     int rc = fso_ckpt_remove_folder(tmp);
     if (rc == 0 && mkdir(tmp, 0755) != 0)
@@ -635,6 +745,113 @@ static void *save_main(void *arg)
     return NULL;
 }
 
+/* Across boxes, before any box's saver starts: box 0 makes the
+ * checkpoint's temporary folder and its state.bin at full size, and every
+ * box learns that it did. 0 or negative errno with err. */
+static int boxes_prepare(fso_ckpt_saver *sv, char *err, size_t errlen)
+{
+    char name[64], tmp[4200], final[4200], path[4400];
+    save_names(sv, name, tmp, final);
+    int rc = 0;
+    if (sv->box == 0) {
+        rc = fso_ckpt_remove_folder(tmp);
+        if (rc == 0 && mkdir(tmp, 0755) != 0)
+            rc = -errno;
+        snprintf(path, sizeof path, "%s/%s", tmp, FSO_CKPT_DATA);
+        int fd = rc == 0 ? open(path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644)
+                         : -1;
+        if (rc == 0 && fd < 0)
+            rc = -errno;
+        if (fd >= 0 && ftruncate(fd, (off_t)sv->layout.total_bytes) != 0)
+            rc = -errno;
+        if (fd >= 0)
+            close(fd);
+        if (rc < 0)
+            snprintf(err, errlen, "%s: cannot create the checkpoint's folder and data file: %s",
+                     tmp, strerror(-rc));
+    }
+    return boxes_agree_on_folder(rc, tmp, err, errlen);
+}
+
+/* Across boxes, on the main thread of every box at once, when every box's
+ * ranges are on the drive: box 0 gathers every box's pieces (their files
+ * beside state.bin), writes the manifest and the carried files, publishes
+ * the folder and names it in `latest`; every box learns the outcome into
+ * sv->res. failed: boxes whose own part failed. */
+static void commit_boxes(fso_ckpt_saver *sv, int failed)
+{
+    fso_ckpt_result *r = &sv->res;
+    char name[64], tmp[4200], final[4200], path[4400];
+    save_names(sv, name, tmp, final);
+    int rc = 0;
+    if (sv->box == 0 && failed && r->rc == 0)
+        rc = fail(r, -EIO, "%d of the %d boxes could not write their part (their errors say "
+                  "why)", failed, sv->boxes);
+    fso_zero_save_spec *spec = &sv->spec;
+    for (int k = 1; sv->box == 0 && k < sv->boxes && rc == 0 && r->rc == 0; k++) {
+        size_t len;
+        pieces_path(tmp, k, path, sizeof path);
+        FILE *f = fopen(path, "rb");
+        void *more = NULL;
+        if (f && fseek(f, 0, SEEK_END) == 0 && (len = (size_t)ftell(f)) % sizeof *spec->pieces == 0 &&
+            fseek(f, 0, SEEK_SET) == 0 &&
+            (more = realloc(spec->pieces, sizeof *spec->pieces * spec->n_pieces + len)) &&
+            fread((char *)more + sizeof *spec->pieces * spec->n_pieces, 1, len, f) == len) {
+            spec->pieces = more;
+            spec->n_pieces += len / sizeof *spec->pieces;
+        } else {
+            if (more)
+                spec->pieces = more;
+            rc = fail(r, -EIO, "%s: box %d's pieces cannot be read: %s", path, k,
+                      f ? "short or malformed" : strerror(errno));
+        }
+        if (f)
+            fclose(f);
+        unlink(path);
+    }
+    if (sv->box == 0 && rc == 0 && r->rc == 0) {
+        /* the manifest's chunks tile the file in order */
+        for (size_t i = 1; i < spec->n_pieces; i++)
+            for (size_t j = i; j > 0 && spec->pieces[j - 1].off > spec->pieces[j].off; j--) {
+                fso_zero_save_piece t = spec->pieces[j];
+                spec->pieces[j] = spec->pieces[j - 1];
+                spec->pieces[j - 1] = t;
+            }
+        uint64_t bytes = sv->layout.total_bytes;
+        if ((rc = write_carried(sv, tmp, &bytes)) == 0)
+            rc = write_manifest(sv, tmp, spec, &bytes);
+        if (rc == 0 && (rc = fso_ckpt_fsync_path(tmp, true)) < 0)
+            fail(r, rc, "%s: fsync: %s", tmp, strerror(-rc));
+        if (rc == 0 && (rc = publish(sv, tmp, final)) < 0)
+            fail(r, rc, "renaming %s to %s: %s", tmp, final, strerror(-rc));
+        if (rc == 0 && (rc = write_latest(sv, name)) < 0)
+            fail(r, rc, "%s/%s: %s", sv->dir, FSO_CKPT_LATEST, strerror(-rc));
+        if (rc == 0) {
+            r->bytes = bytes;
+            prune(sv, r->step);
+        }
+    }
+    if (sv->box == 0 && (rc < 0 || r->rc < 0))
+        fso_ckpt_remove_folder(tmp);
+    /* every box: box 0's outcome */
+    double v = r->rc < 0 ? 1 : 0;
+    char berr[512];
+    if (fso_boxes_bcast("the checkpoint's commit", &v, sizeof v, berr, sizeof berr) < 0 &&
+        r->rc == 0)
+        fail(r, -EIO, "%s", berr);
+    else if (v != 0 && r->rc == 0)
+        fail(r, -EIO, "box 0 could not complete the checkpoint (its error says why)");
+    if (r->rc == 0) {
+        snprintf(r->path, sizeof r->path, "%s", final);
+        sv->last_step = r->step;
+    } else {
+        snprintf(r->path, sizeof r->path, "%s", sv->dir);
+    }
+    free(spec->pieces);
+    memset(spec, 0, sizeof *spec);
+    r->seconds = (fso_now_ms() - sv->t0) / 1e3;
+}
+
 int fso_ckpt_save_begin(fso_ckpt_saver *sv, fso_zero *z, const fso_ckpt_meta *meta, char *err,
                         size_t errlen)
 {
@@ -657,6 +874,8 @@ int fso_ckpt_save_begin(fso_ckpt_saver *sv, fso_zero *z, const fso_ckpt_meta *me
         snprintf(err, errlen, "out of memory starting a checkpoint");
         return rc;
     }
+    if (sv->boxes > 1 && (rc = boxes_prepare(sv, err, errlen)) < 0)
+        return rc;
     if ((rc = fso_zero_save_arm(z)) < 0) {
         snprintf(err, errlen, "a save is already streaming");
         return rc;
@@ -677,10 +896,23 @@ int fso_ckpt_save_poll(fso_ckpt_saver *sv, bool wait, fso_ckpt_result *res)
 {
     if (!sv || !sv->running)
         return 0;
-    if (!wait && !__atomic_load_n(&sv->finished, __ATOMIC_ACQUIRE))
-        return 0;
     double t0 = fso_now_ms();
-    pthread_join(sv->tid, NULL);
+    if (sv->boxes > 1) { /* every box polls at the same points: done when all are */
+        double v[2] = {__atomic_load_n(&sv->finished, __ATOMIC_ACQUIRE) ? 1 : 0, 0};
+        char berr[512];
+        if (!wait && fso_boxes_sum("the checkpoint's progress", v, 1, berr, sizeof berr) == 0 &&
+            v[0] < sv->boxes)
+            return 0;
+        pthread_join(sv->tid, NULL);
+        v[1] = sv->res.rc < 0 ? 1 : 0;
+        if (fso_boxes_sum("the checkpoint's outcome", &v[1], 1, berr, sizeof berr) < 0)
+            fail(&sv->res, -EIO, "%s", berr);
+        commit_boxes(sv, (int)v[1]);
+    } else {
+        if (!wait && !__atomic_load_n(&sv->finished, __ATOMIC_ACQUIRE))
+            return 0;
+        pthread_join(sv->tid, NULL);
+    }
     sv->running = false;
     sv->run_waited_ms += fso_now_ms() - t0;
     *res = sv->res;
@@ -696,6 +928,8 @@ void fso_ckpt_saver_destroy(fso_ckpt_saver *sv)
     fso_ckpt_save_poll(sv, true, &r);
     fso_ckpt_layout_free(&sv->layout);
     json_decref(sv->manifest);
-    close(sv->lock_fd);
+    if (sv->lock_fd >= 0)
+        close(sv->lock_fd);
+    free(sv->spec.pieces);
     free(sv);
 }
