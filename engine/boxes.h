@@ -86,8 +86,21 @@ int fso_boxes_barrier(const char *what, char *err, size_t errlen);
  * at step 12, reduce-scatter of block 3"). Any thread; cheap. */
 void fso_boxes_phase(const char *what, int64_t step, int block);
 /* Fail the whole run: abort the rails' communicators, print `why` as one
- * line on stderr, and MPI_Abort with status `code` (every box exits non-zero).
- * Without MPI: exit(code). */
+ * line on stderr (NULL: the error was said already), remove this
+ * process's NVMe store files, and MPI_Abort with status `code` (every box
+ * exits non-zero). Without MPI: exit(code). */
 _Noreturn void fso_boxes_abort(const char *why, int code);
+
+/* Checks at the start of a run across boxes (boxes_check.c), each 0 or
+ * -EINVAL with err naming what differs, the first box that differs from
+ * box 0 and its host, and the fix: the same fsoff build (a digest of the
+ * executable); the same bytes of `what` (text: its first differing line);
+ * the same file at `path` (its size and a digest); a folder that every box
+ * sees as the same (a token box 0 writes there; checkpoint.dir). */
+int fso_boxes_check_build(char *err, size_t errlen);
+int fso_boxes_check_bytes(const char *what, const void *buf, size_t len, char *err,
+                          size_t errlen);
+int fso_boxes_check_file(const char *what, const char *path, char *err, size_t errlen);
+int fso_boxes_check_shared_dir(const char *dir, char *err, size_t errlen);
 
 #endif

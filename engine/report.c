@@ -154,6 +154,9 @@ void fso_report_step(fso_report *r, const fso_zero_step *st)
                                   st->nvme_kind_read[k] / 1e9, st->nvme_kind_write[k] / 1e9);
             n += snprintf(io + n, sizeof io - (size_t)n, " | stall %.1f ms", st->stall_ms);
         }
+        if (st->net_bytes) /* across boxes: what this box sent over its rails */
+            n += snprintf(io + n, sizeof io - (size_t)n, " | net %.3g GB sent, rails %.1f ms",
+                          st->net_bytes / 1e9, st->net_ms);
         if (st->act_bytes) /* the kept activations' trips to the host and back */
             n += snprintf(io + n, sizeof io - (size_t)n, " | acts host %.3g GB d2h+h2d",
                           st->act_bytes / 1e9);
@@ -178,14 +181,16 @@ void fso_report_step(fso_report *r, const fso_zero_step *st)
                 "\"gflops\": %.6g, \"mfu\": %.6g, \"stall_ms\": %.6g, \"compute_ms\": %.6g, "
                 "\"optimizer_ms\": %.6g, \"optimizer_exposed_ms\": %.6g, "
                 "\"nvme_read_bytes\": %llu, \"nvme_write_bytes\": %llu, \"nvme_read_by_kind\": %s, "
-                "\"nvme_write_by_kind\": %s, \"act_bytes\": %llu, \"stale_marks\": %llu}\n",
+                "\"nvme_write_by_kind\": %s, \"act_bytes\": %llu, \"net_bytes\": %llu, "
+                "\"net_ms\": %.6g, \"stale_marks\": %llu}\n",
                 (long long)st->step, st->loss, st->lr, st->grad_norm, st->clip_coef, st->step_ms,
                 (long long)st->tokens, tok_s, gflops,
                 r->peak_flops > 0 ? gflops * 1e9 / r->peak_flops : 0.0, st->stall_ms,
                 st->compute_ms, st->optimizer_ms,
                 st->optimizer_exposed_ms,
                 (unsigned long long)st->nvme_read_bytes, (unsigned long long)st->nvme_write_bytes,
-                kr, kw, (unsigned long long)st->act_bytes, (unsigned long long)st->stale_marks);
+                kr, kw, (unsigned long long)st->act_bytes, (unsigned long long)st->net_bytes,
+                st->net_ms, (unsigned long long)st->stale_marks);
     if (r->metrics)
         fflush(r->metrics); /* a plot can follow the run */
 }

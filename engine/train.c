@@ -8,7 +8,12 @@
 #include <string.h>
 #include <time.h>
 
+#include <jansson.h>
+#include <sys/stat.h>
+
+#include "boxes.h"
 #include "ckpt/checkpoint_run.h"
+#include "config/config_json.h"
 #include "data.h"
 #include "plan.h"
 #include "report.h"
@@ -116,9 +121,12 @@ static void print_banner(FILE *out, const fso_config *cfg, const fso_trainer *tr
                 mc->rope_scaling.type ? fso_rope_type_name(mc->rope_scaling.type) : "");
     warn_pretraining_lr(out, cfg);
     fprintf(out, "fsoff: data %s\n", data->desc);
-    fprintf(out, "fsoff: batch %d x %d tokens x %d accumulation x %d devices = %zu tokens/step, "
-                 "%lld steps, activation checkpointing %s\n",
-            cfg->micro_batch, cfg->data.seq_len, cfg->grad_accum, cfg->world,
+    char boxes[64] = "";
+    if (fso_config_boxes(cfg) > 1)
+        snprintf(boxes, sizeof boxes, " x %d boxes", fso_config_boxes(cfg));
+    fprintf(out, "fsoff: batch %d x %d tokens x %d accumulation x %d devices%s = %zu "
+                 "tokens/step, %lld steps, activation checkpointing %s\n",
+            cfg->micro_batch, cfg->data.seq_len, cfg->grad_accum, cfg->world, boxes,
             fso_trainer_step_tokens(cfg), (long long)cfg->steps,
             !cfg->activation_checkpointing   ? "off"
             : m->acts_tier == FSO_TIER_HOST ? "on, kept inputs on the host"
@@ -148,6 +156,45 @@ static void print_banner(FILE *out, const fso_config *cfg, const fso_trainer *tr
                                                     ? cfg->optim.lr
                                                     : sc->warmup_max_lr));
     fflush(out);
+}
+
+/* ------------------------------------------------------------------ boxes */
+
+/* Across boxes (boxes.h), before anything is planned or allocated: every
+ * box runs the same build on the same resolved configuration and data (a
+ * stale binary or configuration on one node is the commonest cluster
+ * mistake: named, not trained on), then the rails that join each device
+ * to the others. 0 or negative errno after one error line. */
+static int join_boxes(const fso_config *cfg, fso_rails *rails)
+{
+    char err[2048];
+    int rc = fso_boxes_check_build(err, sizeof err);
+    if (rc == 0) {
+        json_t *j = fso_config_to_json(cfg);
+        char *text = j ? json_dumps(j, JSON_SORT_KEYS | JSON_INDENT(1)) : NULL;
+        json_decref(j);
+        if (!text) {
+            snprintf(err, sizeof err, "out of memory");
+            rc = -ENOMEM;
+        } else {
+            rc = fso_boxes_check_bytes("the resolved configuration", text, strlen(text), err,
+                                       sizeof err);
+            free(text);
+        }
+    }
+    const char *const files[2][2] = {{"data.path", cfg->data.path},
+                                     {"data.val_path", cfg->data.val_path}};
+    for (int i = 0; i < 2 && rc == 0; i++) {
+        struct stat st;
+        if (files[i][1][0] && stat(files[i][1], &st) == 0 && S_ISREG(st.st_mode))
+            rc = fso_boxes_check_file(files[i][0], files[i][1], err, sizeof err);
+    }
+    if (rc == 0)
+        rc = fso_boxes_rails(fso_config_world(cfg), cfg->backend == FSO_BACKEND_CUDA, rails,
+                             err, sizeof err);
+    if (rc < 0)
+        fprintf(stderr, "fsoff: error: %s\n", err);
+    return rc;
 }
 
 /* ------------------------------------------------------------------ devices */
@@ -538,6 +585,8 @@ static int run_steps(fso_config *cfg, fso_data *data, fso_val *val, fso_trainer 
         if (rp->plan && s + 1 - s0 == (cfg->steps - s0 < 6 ? -1 : 5))
             replan(rp, cfg, cfg->steps - (s + 1), tr, rep, out);
     }
+    if (rc == 0)
+        rc = fso_ckpt_run_boxes_rc(ck); /* a box died: said already */
 out:
     free(inputs);
     free(targets);
@@ -555,6 +604,7 @@ int fso_train_run(const fso_config *cfg, const fso_run_opts *opts)
     run_devices dev;
     run_plan rp = {0};
     fso_ckpt_run *ck = NULL;
+    fso_rails rails = {.boxes = 1};
     char err[512] = "";
     int rc = -ENOMEM;
 
@@ -582,6 +632,8 @@ int fso_train_run(const fso_config *cfg, const fso_run_opts *opts)
         fprintf(stderr, "fsoff: error: %s\n", val.err);
         goto out;
     }
+    if (fso_config_boxes(cfg) > 1 && (rc = join_boxes(cfg, &rails)) < 0)
+        goto out;
     if ((rc = fso_ckpt_run_start(&ck, run_cfg, opts, out, err, sizeof err)) < 0) {
         fprintf(stderr, "fsoff: error: %s\n", err);
         goto out;
@@ -602,7 +654,7 @@ int fso_train_run(const fso_config *cfg, const fso_run_opts *opts)
         rc = -ENOMEM;
         goto out;
     }
-    if ((rc = fso_trainer_init(&tr, cfg)) < 0) {
+    if ((rc = fso_trainer_init_on(&tr, cfg, &rails)) < 0) {
         fprintf(stderr, "fsoff: error: %s\n", tr.err);
         goto out;
     }
@@ -639,6 +691,7 @@ out:
     free(rp.block_ms);
     fso_ckpt_run_free(ck); /* before the state it may still be saving */
     fso_trainer_free(&tr);
+    fso_boxes_rails_free(&rails);
     fso_data_free(&data);
     fso_val_free(&val);
     free(run_cfg);

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "boxes.h"
 #include "checkpoint.h"
 #include "util.h"
 
@@ -22,6 +23,10 @@ struct fso_ckpt_run {
     int64_t last_begun;       /* the step of the last save started, or the one the run
                                  started from */
     bool stop_said;           /* a signal stopped the run before its last step */
+    int stop_sig;             /* the signal that stopped it: this box's, or across boxes
+                                 another's (then SIGTERM's name: mpirun forwards it) */
+    int boxes_rc;             /* across boxes: the boxes could not agree whether to stop
+                                 (one died or stalled), negative errno; 0 */
 };
 
 static const char *signal_name(int sig)
@@ -78,6 +83,9 @@ int fso_ckpt_run_start(fso_ckpt_run **out, fso_config *cfg, const fso_run_opts *
     if (cfg->checkpoint.dir[0])
         rc = fso_ckpt_saver_create(&r->saver, cfg->checkpoint.dir, cfg->checkpoint.keep, err,
                                    errlen);
+    /* across boxes every box writes into it: one folder that all of them see */
+    if (rc == 0 && r->saver && fso_boxes_count() > 1)
+        rc = fso_boxes_check_shared_dir(cfg->checkpoint.dir, err, errlen);
     if (rc == 0 && r->saver)
         fso_ckpt_saver_pause_halfway(r->saver, opts->pause_save);
     return rc;
@@ -124,9 +132,21 @@ int fso_ckpt_run_resume(fso_ckpt_run *r, fso_trainer *tr, fso_data *data, fso_re
 
 bool fso_ckpt_run_stopping(fso_ckpt_run *r)
 {
-    const int sig = r->opts->stop ? *r->opts->stop : 0;
+    int sig = r->opts->stop ? *r->opts->stop : 0;
+    if (fso_boxes_count() > 1 && !r->stop_said) {
+        /* every box stops after the same step: a signal any box caught */
+        double v = sig ? 1 : 0;
+        char err[512];
+        if ((r->boxes_rc = fso_boxes_sum("the stop flags", &v, 1, err, sizeof err)) < 0) {
+            fprintf(stderr, "fsoff: error: %s\n", err);
+            return true;
+        }
+        if (v > 0 && !sig)
+            sig = SIGTERM;
+    }
     if (!sig)
         return false;
+    r->stop_sig = sig;
     if (!r->stop_said) {
         const int64_t step = fso_zero_steps(r->tr->zero);
         fprintf(r->out, "fsoff: %s: stopping after step %lld of %lld%s; a second one stops at "
@@ -211,7 +231,12 @@ int64_t fso_ckpt_run_first_step(const fso_ckpt_run *r)
 
 const char *fso_ckpt_run_stopped_by(const fso_ckpt_run *r)
 {
-    return r && r->stop_said ? signal_name(*r->opts->stop) : NULL;
+    return r && r->stop_said ? signal_name(r->stop_sig) : NULL;
+}
+
+int fso_ckpt_run_boxes_rc(const fso_ckpt_run *r)
+{
+    return r ? r->boxes_rc : 0;
 }
 
 void fso_ckpt_run_free(fso_ckpt_run *r)

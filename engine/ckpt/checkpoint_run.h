@@ -36,8 +36,14 @@ bool fso_ckpt_run_resuming(const fso_ckpt_run *r);
  * (fso_report_resume). 0 or negative errno with err. */
 int fso_ckpt_run_resume(fso_ckpt_run *r, fso_trainer *tr, fso_data *data, fso_report *rep,
                         char *err, size_t errlen);
-/* Before each step: true when a signal asked the run to stop (said once). */
+/* Before each step: true when a signal asked the run to stop (said once).
+ * Across boxes (boxes.h) every box calls it before every step and they
+ * agree: a signal on any box stops all after the same step; when they
+ * cannot agree (a box died or stalled), true after an error line, and
+ * fso_ckpt_run_boxes_rc says so. */
 bool fso_ckpt_run_stopping(fso_ckpt_run *r);
+/* Negative errno when the boxes could not agree whether to stop; 0. */
+int fso_ckpt_run_boxes_rc(const fso_ckpt_run *r);
 /* After each step: report saves that finished, start one when due. */
 void fso_ckpt_run_after_step(fso_ckpt_run *r, fso_report *rep);
 /* After the last step, with rc the run's status so far (0: every step and

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "boxes.h"
 #include "ckpt/checkpoint_run.h"
 #include "config/config.h"
 #include "cpu_isa.h"
@@ -423,9 +424,23 @@ int fso_cli_main(int argc, char **argv)
         goto out;
     }
 
-    fso_run_opts opts = {.metrics_path = a.metrics_path, .devices = a.devices,
+    /* several boxes (boxes.h): the global batch counts every box's devices;
+     * box 0 speaks for the run (plan, step lines, metrics), the others say
+     * only what goes wrong on them */
+    FILE *quiet = NULL;
+    if (fso_boxes_count() > 1) {
+        if (fso_config_set_boxes(&cfg, fso_boxes_count(), fso_boxes_self()) < 0) {
+            fprintf(stderr, "fsoff: error: %s\n", cfg.err);
+            goto out;
+        }
+        if (fso_boxes_self() != 0 && !(quiet = fopen("/dev/null", "w"))) {
+            fprintf(stderr, "fsoff: error: /dev/null: %s\n", strerror(errno));
+            goto out;
+        }
+    }
+    fso_run_opts opts = {.metrics_path = quiet ? NULL : a.metrics_path, .devices = a.devices,
                          .resume = a.resume, .resume_auto = a.resume_auto, .stop = &stop,
-                         .auto_batch = a.auto_batch};
+                         .auto_batch = a.auto_batch, .out = quiet};
     if (test_pauses(&opts) < 0)
         goto out;
     if (fso_ckpt_resume_check(&cfg, &opts, cfg.err, sizeof cfg.err) < 0) {
@@ -436,8 +451,16 @@ int fso_cli_main(int argc, char **argv)
     rc = fso_train_run(&cfg, &opts);
     status = rc < 0 ? 1 : rc == FSO_RUN_STOPPED ? FSO_EXIT_STOPPED : 0;
     fso_signals_restore();
+    if (quiet)
+        fclose(quiet);
 
 out:
+    /* a box that fails takes the others down with it rather than leave them
+     * waiting for it (its error line said why) */
+    if (status != 0 && status != FSO_EXIT_STOPPED && fso_boxes_count() > 1) {
+        fflush(stdout);
+        fso_boxes_abort(NULL, status);
+    }
     for (int i = 0; i < a.nsets; i++) {
         free(a.sets[i]);
         free(a.written[i]);
