@@ -315,7 +315,9 @@ static int take_option(int c, int argc, char **argv, cli_args *a, fso_config *cf
         usage(stdout);
         return 1;
     case 'V':
-        printf("fsoff %s\n", FSO_VERSION);
+        /* what this build can do, for scripts that ask (tests/boxes_train_test.sh) */
+        printf("fsoff %s (cuda: %s, mpi: %s)\n", FSO_VERSION, FSO_HAVE_CUDA ? "yes" : "no",
+               FSO_HAVE_MPI ? "yes" : "no");
         return 1;
     case ':':
         fprintf(stderr, "fsoff: error: %s needs a value; see fsoff --help\n", argv[optind - 1]);

@@ -105,6 +105,12 @@ int fso_zero_store_working_hf(fso_zero *z, float *hf, char *err, size_t errlen)
 int fso_zero_export_hf(fso_zero *z, const char *outdir, const fso_hf_export_opts *o, char *err,
                        size_t errlen)
 {
+    if (z->boxes > 1) { /* the master's slices are spread over the boxes */
+        snprintf(err, errlen, "a Hugging Face folder of a run on %d boxes comes from its "
+                              "checkpoint, where every box wrote its slices: fsoff export "
+                              "CHECKPOINT OUTDIR", z->boxes);
+        return -ENOTSUP;
+    }
     kind_source s;
     int rc = kind_source_open(z, FSO_KIND_MASTER, &s, err, errlen);
     if (rc < 0)
