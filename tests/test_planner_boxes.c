@@ -355,6 +355,11 @@ static void test_fsoff_plan_boxes(void **state)
     snprintf(args, sizeof args, "%s --net-gbps 50", base);
     assert_int_equal(run_plan(out, sizeof out, err, sizeof err, args), 2);
     assert_non_null(strstr(err, "give --boxes B"));
+    /* one box given with a rate: the one-box plan */
+    snprintf(args, sizeof args, "%s --boxes 1 --net-gbps 50 --json", base);
+    assert_int_equal(run_plan(out, sizeof out, err, sizeof err, args), 0);
+    assert_non_null(strstr(out, "\"boxes\":1"));
+    assert_non_null(strstr(out, "\"net_bytes\":0"));
     assert_int_equal(run_plan(out, sizeof out, err, sizeof err, "--boxes 0"), 2);
     assert_non_null(strstr(err, "--boxes 0: expected a box count"));
     assert_int_equal(run_plan(out, sizeof out, err, sizeof err, "--boxes 2 --net-gbps 0"), 2);

@@ -352,9 +352,11 @@ static int parse_args(int argc, char **argv, fso_config *cfg, plan_args *a)
                         "Gb/s)\n", a->g.boxes);
         return 2;
     }
-    if (a->g.net_gbps > 0 && a->g.boxes < 2) {
-        fprintf(stderr, "fsoff: error: --net-gbps %g: one box sends nothing between boxes; "
-                        "give --boxes B (2 or more) with it, or leave it out\n", a->g.net_gbps);
+    /* --boxes 1 with a rate is one box (a sweep over box counts); a rate
+     * alone is a forgotten --boxes */
+    if (a->g.net_gbps > 0 && !a->g.boxes) {
+        fprintf(stderr, "fsoff: error: --net-gbps %g: the network between boxes, but no "
+                        "--boxes: give --boxes B with it, or leave it out\n", a->g.net_gbps);
         return 2;
     }
     return -1;
