@@ -54,11 +54,23 @@ ROWS = [
      "--nvme-write 10 --adam-gelems 4"),
     ("llama-7b", "Llama-2 7B", "8 × H100 80 GB, 1 TiB host",
      "--auto --gpus 8 --gpu h100 --host-mem 1T --nvme-free 0 --adam-gelems 8"),
+    # several boxes: the machine given is one box; host and NVMe needs are per box
+    ("llama-70b", "Llama-2 70B",
+     "4 boxes × 8 H200, each 2 TiB host, 4 NVMe, AdamW 8 Gelem/s; 400 GB/s per box",
+     "--auto --gpus 8 --gpu h200 --host-mem 2T --nvme-free 12T --nvme-read 24 "
+     "--nvme-write 16 --adam-gelems 8 --boxes 4 --net-gbps 400"),
+    ("llama-70b", "Llama-2 70B",
+     "2 boxes × 1 H200, each 1.5 TiB host, 4 NVMe, AdamW 8 Gelem/s; 50 GB/s per box",
+     "--auto --gpus 1 --gpu h200 --host-mem 1536G --nvme-free 12T --nvme-read 24 "
+     "--nvme-write 16 --adam-gelems 8 --boxes 2 --net-gbps 50"),
+    ("llama-70b", "Llama-2 70B", "the same 2 boxes on 12.5 GB/s (100 Gb/s Ethernet)",
+     "--auto --gpus 1 --gpu h200 --host-mem 1536G --nvme-free 12T --nvme-read 24 "
+     "--nvme-write 16 --adam-gelems 8 --boxes 2 --net-gbps 12.5"),
 ]
 
 BOTTLENECK = {"nvme-read": "NVMe read", "nvme-write": "NVMe write", "h2d": "host to device",
               "d2h": "device to host", "collectives": "collectives", "compute": "compute",
-              "optimizer": "CPU optimizer"}
+              "optimizer": "CPU optimizer", "network": "network between boxes"}
 
 
 def gib(n):

@@ -40,6 +40,9 @@ int fso_plan_ctx_init(fso_plan_ctx *ctx, const fso_config *cfg, const fso_plan_m
     const fso_model_config *mc = &cfg->model;
     const int L = mc->num_hidden_layers, nb = fso_model_n_blocks(mc);
     const int nv = fso_model_max_visits(mc), W = m->devices > 0 ? m->devices : 1;
+    /* the machine's boxes (planner.h): each of W devices; the global batch
+     * is over all of them (fso_config_ranks) */
+    const int B = m->boxes > 1 ? m->boxes : 1;
     memset(ctx, 0, sizeof *ctx);
     if (nb > FSO_PLAN_MAX_BLOCKS) {
         snprintf(err, errlen, "model.num_hidden_layers: the planner takes at most %d layers, got %d",
@@ -57,7 +60,8 @@ int fso_plan_ctx_init(fso_plan_ctx *ctx, const fso_config *cfg, const fso_plan_m
         snprintf(err, errlen, "out of memory");
         return -ENOMEM;
     }
-    fso_model_layout(bl, mc, W);
+    /* padded for every box's devices, as the engine lays them out (model.h) */
+    fso_model_layout(bl, mc, W * B);
     for (int b = 0; b < nb; b++) {
         ctx->block_elems[b] = bl[b].padded_elems;
         for (int t = 0; t < bl[b].n_tensors; t++)
@@ -105,12 +109,14 @@ int fso_plan_ctx_init(fso_plan_ctx *ctx, const fso_config *cfg, const fso_plan_m
     in->machine = *m;
     ctx->probe_gflops = m->device_gflops;
     in->machine.devices = W;
+    in->machine.boxes = B;
     in->model.n_blocks = nb;
     in->model.block_elems = ctx->block_elems;
     in->model.n_visits = n;
     in->model.visits = ctx->visits;
     in->model.grad_accum = cfg->grad_accum;
-    in->model.tokens_per_step = (double)W * cfg->grad_accum * cfg->micro_batch * cfg->data.seq_len;
+    in->model.tokens_per_step =
+        (double)W * B * cfg->grad_accum * cfg->micro_batch * cfg->data.seq_len;
     in->model.flops_per_token = 3.0 * fso_model_flops_per_token(mc, cfg->data.seq_len);
     /* what the engine allocates, on GPUs as on the CPU: with bf16.enabled
      * the activations inside a layer and the kept layer inputs in bf16 */
@@ -150,6 +156,7 @@ int fso_plan_ctx_init(fso_plan_ctx *ctx, const fso_config *cfg, const fso_plan_m
     else /* cfg's CPU backend (cpu, or cpu-async in tests: its row says how it is addressed) */
         fso_zero_fp_rules(cfg, &en->rules);
     en->rules.world = W;
+    en->rules.boxes = B;
     en->per_block_tiers = true;
     /* whole-block copies where the engine makes them: devices the CPU
      * cannot address (the search adds: more than one, streamed blocks) */

@@ -249,7 +249,7 @@ typedef enum {
 
 typedef struct fso_plan_batch {
     int64_t global_batch;      /* sequences per optimizer step, all devices: unchanged */
-    int devices;
+    int devices;               /* the ranks the batch spreads over: every box's devices */
     int user_micro, user_accum; /* the configured split */
     double user_step_ms;       /* its predicted step; < 0: it does not fit */
     bool user_bound;           /* its plan is optimizer-bound (fso_plan_optimizer_bound) */

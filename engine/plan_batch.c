@@ -55,6 +55,13 @@ bool fso_plan_optimizer_hidden(const fso_plan *p)
     return p->step_ms > 0 && optimizer_critical_ms(p) <= FSO_PLAN_HIDDEN_SHARE * p->step_ms;
 }
 
+/* The devices the global batch is spread over: every box's
+ * (config.h fso_config_ranks). */
+static int plan_ranks(const fso_plan_machine *m)
+{
+    return (m->devices > 0 ? m->devices : 1) * (m->boxes > 1 ? m->boxes : 1);
+}
+
 int fso_plan_ctx_for_split(const fso_plan_ctx *base, const fso_config *cfg, int micro,
                            int accum, fso_plan_ctx *out, char *err, size_t errlen)
 {
@@ -223,7 +230,7 @@ static int find_hide(const fso_plan_ctx *base, const fso_config *cfg, const fso_
         const int64_t lo = m == micro ? p->grad_accum : (per + m - 1) / m;
         if ((rc = fso_plan_ctx_for_split(base, cfg, (int)m, (int)lo, &c, err, errlen)) < 0)
             goto out_mem;
-        const int W = c.in.machine.devices > 0 ? c.in.machine.devices : 1;
+        const int W = plan_ranks(&c.in.machine);
         if (b->hide_batch && m * lo * W >= b->hide_batch) {
             fso_plan_ctx_free(&c); /* no larger micro-batch needs fewer sequences */
             break;
@@ -268,7 +275,7 @@ static int find_hide(const fso_plan_ctx *base, const fso_config *cfg, const fso_
             const int64_t mid = lo + (hi - lo) / 2;
             if ((rc = fso_plan_ctx_for_split(base, cfg, (int)mid, 1, &c, err, errlen)) < 0)
                 goto out_mem;
-            const int W = c.in.machine.devices > 0 ? c.in.machine.devices : 1;
+            const int W = plan_ranks(&c.in.machine);
             rc = fso_plan_choose(&c.in, at);
             fso_plan_ctx_free(&c);
             if (rc < 0 && rc != -ENOSPC) {
@@ -295,7 +302,7 @@ out_mem:
 int fso_plan_batch_choose(const fso_plan_ctx *ctx, const fso_config *cfg, fso_plan_batch *b,
                           char *err, size_t errlen)
 {
-    const int W = ctx->in.machine.devices > 0 ? ctx->in.machine.devices : 1;
+    const int W = plan_ranks(&ctx->in.machine);
     const int64_t per = (int64_t)cfg->micro_batch * cfg->grad_accum; /* sequences per device */
     memset(b, 0, sizeof *b);
     b->devices = W;

@@ -18,9 +18,37 @@ static void cell(char *buf, size_t len, uint64_t bytes)
         fso_human_bytes(buf, len, (double)bytes);
 }
 
+/* Several boxes: what crosses between them, and when the network bounds
+ * the step, what moves it. */
+static void print_boxes(FILE *f, const fso_plan *p, int boxes)
+{
+    const double g = (double)fso_fp_elem_bytes(&p->rules, FSO_KIND_GRAD);
+    const double w = (double)fso_fp_elem_bytes(&p->rules, FSO_KIND_PARAM);
+    char all[32], rs[32], ag[32];
+    fso_human_bytes(all, sizeof all, (double)p->net_bytes);
+    fso_human_bytes(rs, sizeof rs, (double)p->net_bytes * g / (g + w));
+    fso_human_bytes(ag, sizeof ag, (double)p->net_bytes * w / (g + w));
+    fprintf(f, "plan: between boxes: %s sent per box and step (%d boxes x %d device%s): the "
+               "gradients reduce-scattered, %s, in the open before the global norm, and the "
+               "updated parameters all-gathered, %s, block by block in the optimizer's path; "
+               "the network busy %.1f ms of the %.1f ms step (%.1f ms of it on the critical "
+               "path)\n",
+            all, boxes, p->machine.devices, p->machine.devices == 1 ? "" : "s", rs, ag,
+            p->net_ms, p->step_ms, p->critical_ms[FSO_STREAM_NET]);
+    if (p->fits && p->bottleneck == FSO_STREAM_NET)
+        fprintf(f, "plan: bound: the network between boxes, not the optimizer (%.0f%% of the "
+                   "critical path): a faster network (--net-gbps), fewer boxes (--boxes), or a "
+                   "larger global batch (more accumulation sends the same bytes for more "
+                   "tokens) moves it\n",
+                p->step_ms > 0 ? 100 * p->critical_ms[FSO_STREAM_NET] / p->step_ms : 0);
+}
+
 void fso_plan_print(FILE *f, const fso_plan *p)
 {
     static const char *const rows[FSO_N_TIERS] = {"device (each)", "host (all)", "nvme (all)"};
+    static const char *const box_rows[FSO_N_TIERS] = {"device (each)", "host (box)",
+                                                      "nvme (box)"};
+    const int boxes = p->machine.boxes > 1 ? p->machine.boxes : 1;
     char desc[512];
     fprintf(f, "plan: %-14s %11s %11s %11s %11s %11s %11s %11s\n", "memory", "parameters",
             "gradients", "optimizer", "activations", "buffers", "need", "capacity");
@@ -37,7 +65,8 @@ void fso_plan_print(FILE *f, const fso_plan *p)
         cell(c[4], 32, p->buffer_bytes[t]);
         cell(c[5], 32, p->need_bytes[t]);
         cell(c[6], 32, p->have_bytes[t]);
-        fprintf(f, "plan:   %-12s %11s %11s %11s %11s %11s %11s %11s%s\n", rows[t], c[0], c[1],
+        fprintf(f, "plan:   %-12s %11s %11s %11s %11s %11s %11s %11s%s\n",
+                boxes > 1 ? box_rows[t] : rows[t], c[0], c[1],
                 c[2], c[3], c[4], c[5], c[6],
                 p->need_bytes[t] > p->have_bytes[t] ? "  SHORT" : "");
     }
@@ -92,12 +121,15 @@ void fso_plan_print(FILE *f, const fso_plan *p)
     fprintf(f, ")\n");
     fprintf(f, "plan: busy per step and device (ms):");
     for (int s = 0; s < FSO_N_STREAMS; s++)
-        fprintf(f, "%s %s %.1f", s ? " |" : "", fso_stream_name(s), p->busy_ms[s]);
+        if (s != FSO_STREAM_NET || boxes > 1) /* one box: no network */
+            fprintf(f, "%s %s %.1f", s ? " |" : "", fso_stream_name(s), p->busy_ms[s]);
     fprintf(f, "; compute waits %.1f ms\n", p->stall_ms);
     if (p->mfu > 0)
         fprintf(f, "plan: MFU %.1f%% (model FLOPs, 3 x the forward's per token, recomputation not "
                    "counted, over %d x %.0f TFLOP/s dense bf16 peak)\n",
-                100 * p->mfu, p->machine.devices, p->machine.peak_gflops / 1e3);
+                100 * p->mfu, p->machine.devices * boxes, p->machine.peak_gflops / 1e3);
+    if (boxes > 1)
+        print_boxes(f, p, boxes);
 }
 
 static json_t *tier_json(const fso_plan *p, int t)
@@ -180,6 +212,11 @@ json_t *fso_plan_json(const fso_plan *p)
         "placement", placement, "prefetch_blocks", p->pl.prefetch, "whole_copy", wc, "tiers",
         tiers, "busy_ms", busy, "critical_ms", crit, "machine", mj, "evaluated", p->evaluated);
     json_object_set_new(j, "why", why);
+    /* several boxes (planner.h): per box and step */
+    json_object_set_new(j, "boxes", json_integer(p->machine.boxes > 1 ? p->machine.boxes : 1));
+    json_object_set_new(j, "net_gbps", json_real(p->machine.net_gbps));
+    json_object_set_new(j, "net_bytes", json_integer((json_int_t)p->net_bytes));
+    json_object_set_new(j, "net_ms", json_real(p->net_ms));
     /* null where no peak is known (CPU devices) */
     json_object_set_new(j, "mfu", p->mfu > 0 ? json_real(p->mfu) : json_null());
     char aw[192];

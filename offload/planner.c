@@ -49,6 +49,8 @@ fso_fp_rules pl_rules_of(const fso_plan_input *in)
 {
     fso_fp_rules r = in->engine.rules;
     r.world = in->machine.devices;
+    /* the machine's boxes slice the optimizer's state (footprint.h) */
+    r.boxes = in->machine.boxes > 1 ? in->machine.boxes : 1;
     return r;
 }
 
@@ -135,7 +137,31 @@ int pl_check_input(const fso_plan_input *in)
             return -EINVAL;
     if (m->act_kept_bytes && (m->act_ring < 1 || m->act_host_inputs < 0))
         return -EINVAL;
+    /* several boxes talk over a network of a known rate */
+    if (mc->boxes < 0 || mc->boxes > FSO_PLAN_MAX_BOXES || (mc->boxes > 1 && !(mc->net_gbps > 0)))
+        return -EINVAL;
     return 0;
+}
+
+/* What one box sends to the others per step (footprint.h net_bytes): it
+ * depends on the blocks alone, not on how often they are used. 0 on one
+ * box, or when out of memory. */
+static uint64_t net_bytes_of(const fso_plan_input *in, const fso_placement *pl)
+{
+    const int nb = in->model.n_blocks;
+    if (in->machine.boxes <= 1)
+        return 0;
+    int *zeros = calloc((size_t)nb, sizeof *zeros);
+    if (!zeros)
+        return 0;
+    const fso_fp_rules r = pl_rules_of(in);
+    const fso_fp_layout l = {.n_blocks = nb, .padded_elems = in->model.block_elems,
+                             .tier = placement_tier, .ctx = pl, .prefetch = pl->prefetch};
+    const fso_fp_uses u = {.param_visits = zeros, .grad_visits = zeros, .grad_accum = 1};
+    fso_fp_traffic t;
+    fso_fp_step_traffic(&r, &l, &u, &t);
+    free(zeros);
+    return t.net_bytes;
 }
 
 int fso_plan_evaluate(const fso_plan_input *in, const fso_placement *pl, fso_plan *out)
@@ -159,7 +185,12 @@ int fso_plan_evaluate(const fso_plan_input *in, const fso_placement *pl, fso_pla
     if ((rc = pl_simulate(in, pl, out, NULL)) < 0)
         return rc;
     out->evaluated = 1;
-    const double peak = in->machine.peak_gflops * 1e9 * (in->machine.devices > 0 ? in->machine.devices : 1);
+    out->net_bytes = net_bytes_of(in, pl);
+    out->net_ms = out->busy_ms[FSO_STREAM_NET];
+    /* tokens_per_step counts every box's devices: so does the peak */
+    const double peak = in->machine.peak_gflops * 1e9 *
+                        (in->machine.devices > 0 ? in->machine.devices : 1) *
+                        (in->machine.boxes > 1 ? in->machine.boxes : 1);
     out->mfu = peak > 0 ? out->tokens_per_s * in->model.flops_per_token / peak : 0;
     return fits ? 0 : -ENOSPC;
 }

@@ -44,6 +44,7 @@
 
 #define FSO_PLAN_MAX_BLOCKS 1024
 #define FSO_PLAN_MAX_PREFETCH 16
+#define FSO_PLAN_MAX_BOXES 1024
 
 typedef enum fso_stream {
     FSO_STREAM_NVME_READ = 0,
@@ -53,6 +54,7 @@ typedef enum fso_stream {
     FSO_STREAM_D2H,
     FSO_STREAM_NVME_WRITE,
     FSO_STREAM_OPTIM,       /* AdamW and host-side gradient accumulation (CPU) */
+    FSO_STREAM_NET,         /* between boxes, over each device's rail (machine.boxes > 1) */
     FSO_N_STREAMS,
 } fso_stream;
 
@@ -81,7 +83,21 @@ typedef struct fso_plan_machine {
     double device_margin;      /* the fraction of device_mem_bytes a plan leaves free
                                   (fragmentation, NCCL, cuBLAS workspaces: train.device_margin,
                                   config.h); 0: none */
+    /* Several boxes (engine/boxes.h): every field above is one box's (its
+     * devices, its host memory and NVMe, its CPU AdamW); each box holds a
+     * whole replica of the working parameters over its devices, and 1/boxes
+     * of the optimizer's state (footprint.h fso_fp_rules.boxes). */
+    int boxes;                 /* 0 or 1: one box */
+    double net_gbps;           /* per box, one direction, GB/s: what leaves a box over all
+                                  its devices' rails together (the rails share it); needed
+                                  when boxes > 1 */
 } fso_plan_machine;
+
+/* The share of a box's line rate the cross-box collectives reach on large
+ * messages: NCCL's measured bus bandwidth for all-gather and
+ * reduce-scatter between boxes runs at about 80-90% of the network's line
+ * rate; the lower end, as a plan should not promise more. */
+#define FSO_PLAN_NET_EFFICIENCY 0.8
 
 /* One use of a block's parameters and/or gradients within a micro-batch. */
 typedef struct fso_plan_visit {
@@ -239,6 +255,13 @@ typedef struct fso_plan {
     double critical_ms[FSO_N_STREAMS]; /* the step's critical path, by stream */
     fso_stream bottleneck;
     double stall_ms;             /* step time in which compute waits */
+    /* Several boxes (machine.boxes > 1): what one box sends to the others
+     * per step over its rails (footprint.h fso_fp_traffic.net_bytes: the
+     * gradients reduce-scattered, the updated parameters all-gathered), and
+     * the network's time for it, busy_ms[FSO_STREAM_NET] per device (the
+     * rails run side by side); both 0 on one box. */
+    uint64_t net_bytes;
+    double net_ms;
     int evaluated;               /* placements the search predicted */
     fso_plan_search search;      /* fso_plan_choose: what it searched and why it found what */
     bool explained;              /* why holds the reasons (fso_plan_choose, when it fits) */

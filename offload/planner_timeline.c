@@ -22,7 +22,7 @@
 #define SIM_STEPS 3         /* the prediction is the last step's length */
 
 static const char *const stream_names[FSO_N_STREAMS] = {
-    "nvme-read", "h2d", "collectives", "compute", "d2h", "nvme-write", "optimizer"};
+    "nvme-read", "h2d", "collectives", "compute", "d2h", "nvme-write", "optimizer", "network"};
 
 const char *fso_stream_name(int stream)
 {
@@ -104,7 +104,8 @@ static int phys(const tl *t, int s)
         return -1;
     if (s == FSO_STREAM_NVME_WRITE)
         return FSO_STREAM_NVME_READ;
-    if (t->shared && s != FSO_STREAM_NVME_READ)
+    /* the network card moves bytes whatever the cores do */
+    if (t->shared && s != FSO_STREAM_NVME_READ && s != FSO_STREAM_NET)
         return FSO_STREAM_COMPUTE;
     return s;
 }
@@ -261,6 +262,27 @@ static double per_rank(double gbps, int W)
     return gbps / (double)W;
 }
 
+/* Boxes the optimizer's state is sliced over (planner.h machine.boxes). */
+static int boxes_of(const fso_plan_input *in)
+{
+    return in->machine.boxes > 1 ? in->machine.boxes : 1;
+}
+
+/* One device's rail: its share of the box's network, at the rate the
+ * collectives reach (FSO_PLAN_NET_EFFICIENCY). */
+static double rail_gbps(const fso_plan_input *in)
+{
+    return per_rank(in->machine.net_gbps * FSO_PLAN_NET_EFFICIENCY, in->machine.devices);
+}
+
+/* A ring over the boxes' rail sends (boxes - 1)/boxes of a device's shard
+ * of block b, at bytes_per_elem (footprint.h net_bytes). */
+static double rail_ms(const fso_plan_input *in, int b, double bytes_per_elem)
+{
+    const int B = boxes_of(in);
+    return ms_for((double)shard_elems(in, b) * bytes_per_elem * (B - 1) / B, rail_gbps(in));
+}
+
 /* The dependency that keeps the device thread's events in program order
  * (CPU devices run copies, collectives and compute on one thread each). */
 static int dev_dep(const sim *s)
@@ -315,7 +337,11 @@ static void lay_acts_after(sim *s, const fso_plan_visit *v, int C)
                                   dev_dep(s)));
 }
 
-/* One block's update: reads, AdamW, writes. */
+/* One block's update: reads, AdamW, writes. On several boxes this box
+ * updates its slice (1/boxes) of every device's shard, reading and writing
+ * that much of the optimizer's state, and the updated working parameters
+ * are all-gathered over the rail before they are written to their tier
+ * (the next use of the block waits for them, as for any update). */
 static void lay_optimizer(sim *s, int b, int trigger)
 {
     const fso_plan_input *in = s->in;
@@ -324,6 +350,8 @@ static void lay_optimizer(sim *s, int b, int trigger)
     const int W = mc->devices;
     tl *t = &s->t;
     const double S = (double)shard_elems(in, b);
+    const int B = boxes_of(in);
+    const double U = S / B; /* the elements this box updates */
     /* the serialized schedule runs the update on the device's own thread */
     const bool own_thread = in->engine.overlap == FSO_OVERLAP_NONE;
     const int th = own_thread ? dev_dep(s) : -1;
@@ -340,8 +368,13 @@ static void lay_optimizer(sim *s, int b, int trigger)
 
     if (on_device) {
         LABEL(t, "adamw (device)", b);
-        int a = ADD(t, FSO_STREAM_COMPUTE, S / (mc->device_adam_gelems * 1e6), trigger);
+        int a = ADD(t, FSO_STREAM_COMPUTE, U / (mc->device_adam_gelems * 1e6), trigger);
         s->c.upd[b] = s->c.gread[b] = s->c.wr[b] = a;
+        if (B > 1) {
+            LABEL(t, "parameters across boxes", b);
+            a = ADD(t, FSO_STREAM_NET, rail_ms(in, b, kind_bytes_per_elem(in, FSO_KIND_PARAM)), a);
+            s->c.upd[b] = s->c.wr[b] = a;
+        }
         if (pl->tier[FSO_KIND_PARAM][b] != FSO_TIER_DEVICE) { /* new working copy to its tier */
             double pb = S * kind_bytes_per_elem(in, FSO_KIND_PARAM);
             LABEL(t, "updated parameters out", b);
@@ -354,19 +387,22 @@ static void lay_optimizer(sim *s, int b, int trigger)
         return;
     }
     double rd_nvme = 0, rd_dev = 0, wr_nvme = 0, wr_dev = 0;
+    double pw_nvme = 0, pw_dev = 0; /* several boxes: the parameters, after their gather */
     for (int k = FSO_KIND_MASTER; k < FSO_N_KINDS; k++) {
-        double bytes = S * kind_bytes_per_elem(in, k);
+        double bytes = U * kind_bytes_per_elem(in, k);
         if (pl->tier[k][b] == FSO_TIER_NVME)
             rd_nvme += bytes;
         else if (pl->tier[k][b] == FSO_TIER_DEVICE && !mc->cpu_devices)
             rd_dev += bytes;
     }
     for (int k = FSO_KIND_PARAM; k < FSO_KIND_GRAD; k++) {
-        double bytes = S * kind_bytes_per_elem(in, k);
+        /* the working parameters are whole shards on every box */
+        double bytes = (k == FSO_KIND_PARAM ? S : U) * kind_bytes_per_elem(in, k);
+        const bool gathered = B > 1 && k == FSO_KIND_PARAM;
         if (pl->tier[k][b] == FSO_TIER_NVME)
-            wr_nvme += bytes;
+            *(gathered ? &pw_nvme : &wr_nvme) += bytes;
         else if (pl->tier[k][b] == FSO_TIER_DEVICE && !mc->cpu_devices)
-            wr_dev += bytes;
+            *(gathered ? &pw_dev : &wr_dev) += bytes;
     }
     int r1 = -1, r2 = -1;
     LABEL(t, "optimizer state in", b);
@@ -376,7 +412,7 @@ static void lay_optimizer(sim *s, int b, int trigger)
     if (rd_dev > 0)
         r2 = ADD(t, FSO_STREAM_D2H, ms_for(rd_dev, mc->d2h_gbps), trigger, prev2);
     LABEL(t, "adamw", b);
-    int a = ADD(t, FSO_STREAM_OPTIM, S / (per_rank(mc->adam_gelems, W) * 1e6), trigger, r1, r2,
+    int a = ADD(t, FSO_STREAM_OPTIM, U / (per_rank(mc->adam_gelems, W) * 1e6), trigger, r1, r2,
                 prev2, lag, th);
     if (own_thread)
         dev_add(s, a);
@@ -388,6 +424,19 @@ static void lay_optimizer(sim *s, int b, int trigger)
     if (wr_dev > 0)
         w2 = ADD(t, FSO_STREAM_H2D, ms_for(wr_dev, mc->h2d_gbps), a);
     int pt = pl->tier[FSO_KIND_PARAM][b];
+    if (B > 1) {
+        LABEL(t, "parameters across boxes", b);
+        const int ag = ADD(t, FSO_STREAM_NET,
+                           rail_ms(in, b, kind_bytes_per_elem(in, FSO_KIND_PARAM)), a);
+        LABEL(t, "updated parameters out", b);
+        const int p1 = pw_nvme > 0 ? add_write(t, pw_nvme, per_rank(mc->nvme_write_gbps, W), ag)
+                                   : -1;
+        const int p2 = pw_dev > 0 ? ADD(t, FSO_STREAM_H2D, ms_for(pw_dev, mc->h2d_gbps), ag) : -1;
+        s->c.upd[b] = pt == FSO_TIER_NVME ? p1 : (pt == FSO_TIER_DEVICE && p2 >= 0) ? p2 : ag;
+        s->c.wr[b] = ADD(t, JOIN, 0, w1, w2, p1, p2, a, ag);
+        s->last_opt = s->c.wr[b];
+        return;
+    }
     s->c.upd[b] = pt == FSO_TIER_NVME ? w1 : (pt == FSO_TIER_DEVICE && w2 >= 0) ? w2 : a;
     s->c.wr[b] = (w1 >= 0 || w2 >= 0) ? ADD(t, JOIN, 0, w1, w2, a) : a;
     s->last_opt = s->c.wr[b];
@@ -467,7 +516,9 @@ static int lay_grads(sim *s, int step, int a, int b, int C, bool last_micro, int
                               dev_dep(s)));
     if (last_micro) {
         s->grad_done[b] = land;
-        if (en->overlap == FSO_OVERLAP_BACKWARD) {
+        /* several boxes: the update needs the gradients reduced across the
+         * boxes first, which lay_norm lays out */
+        if (en->overlap == FSO_OVERLAP_BACKWARD && boxes_of(in) == 1) {
             lay_optimizer(s, b, land);
             s->c.opt_done[b] = true;
         }
@@ -477,7 +528,10 @@ static int lay_grads(sim *s, int step, int a, int b, int C, bool last_micro, int
 
 /* The global norm once every block's gradients are in (an NVMe pass over
  * them where the engine takes one), then the optimizer as the schedule
- * lays it: returns the norm's event. */
+ * lays it: returns the norm's event. On several boxes each device's
+ * gradient shards are first reduce-scattered over its rail, block by
+ * block once the last backward is done, in the open: the exact norm needs
+ * them all (then one all-reduce of a number across the boxes). */
 static int lay_norm(sim *s, int sync_wait, int *prev_norm)
 {
     const fso_plan_engine *en = &s->in->engine;
@@ -502,6 +556,16 @@ static int lay_norm(sim *s, int sync_wait, int *prev_norm)
         } else if (en->norm_pass && mc->cpu_devices) {
             d = dev_add(s, ADD(t, FSO_STREAM_COMPUTE, ms_for(gb, mc->host_copy_gbps), d,
                                dev_dep(s)));
+        }
+        if (boxes_of(s->in) > 1) {
+            LABEL(t, "gradients across boxes", b);
+            d = ADD(t, FSO_STREAM_NET, rail_ms(s->in, b, kind_bytes_per_elem(s->in, FSO_KIND_GRAD)),
+                    d);
+            if (en->overlap == FSO_OVERLAP_BACKWARD) { /* lay_grads left it */
+                lay_optimizer(s, b, d);
+                s->c.opt_done[b] = true;
+            }
+            LABEL(t, "global norm", -1);
         }
         norm = ADD(t, JOIN, 0, norm, d);
     }

@@ -161,6 +161,9 @@ if "$FSOFF" --steps 1 --nvme "$TMP/place" --set train.prefetch_blocks=3 "${ON_NV
 else
     bad "train.prefetch_blocks, set, is obeyed" "$(grep -E 'placement|read ahead' "$TMP/out")" "$(cat "$TMP/err")"
 fi
+# several boxes talk over a network the plan must be told of
+expect_error "plan --boxes without --net-gbps names the flag to give" \
+    "--boxes 2" "give --net-gbps GBPS" -- plan --config "$SRC/configs/llama-7b.json" --boxes 2
 # plan for drives that are not on this machine: the folder need not exist when
 # the drives are described; without the description the error names the flags
 expect_error "plan --nvme of a folder not here names the flags that describe it" \

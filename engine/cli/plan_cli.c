@@ -62,6 +62,11 @@ static void plan_usage(FILE *f)
             "      --nvme-write GBPS NVMe write rate over all folders, GB/s\n"
             "      --h2d GBPS        host-to-device copy rate per device (and device-to-host)\n"
             "      --coll-gbps GBPS  all-gather bus bandwidth among the devices\n"
+            "      --boxes B         plan B boxes, each the machine described (default 1): the\n"
+            "                        global batch spreads over every box's devices, each box\n"
+            "                        keeps 1/B of the optimizer's state and CPU AdamW work\n"
+            "      --net-gbps GBPS   network between boxes, per box and direction, GB/s (all\n"
+            "                        its devices' rails together; needed with --boxes above 1)\n"
             "      --adam-gelems X   CPU AdamW rate of the whole host, 1e9 elements/s\n"
             "      --probe           measure this machine again (refresh the probe cache)\n"
             "      --auto            ignore the config's offload devices: choose every tier\n"
@@ -149,6 +154,8 @@ static void print_alternatives(FILE *f, const fso_plan_input *in)
 /* The machine as the command line describes it; 0: not given. */
 typedef struct given {
     int gpus;
+    int boxes;                /* --boxes; 0: not given (one box) */
+    double net_gbps;          /* --net-gbps */
     const char *gpu;
     uint64_t gpu_mem, host_mem, nvme_free, device_mem;
     double gpu_tflops, nvme_read, nvme_write, h2d, coll, adam;
@@ -193,6 +200,20 @@ static int parse_machine_option(int c, const char *arg, fso_config *cfg, given *
         g->gpus = (int)n;
         return 0;
     }
+    case 'b': {
+        char *end;
+        errno = 0;
+        long n = strtol(arg, &end, 10);
+        if (errno || end == arg || *end || n < 1 || n > FSO_PLAN_MAX_BOXES) {
+            fprintf(stderr, "fsoff: error: --boxes %s: expected a box count from 1 to %d\n", arg,
+                    FSO_PLAN_MAX_BOXES);
+            return -EINVAL;
+        }
+        g->boxes = (int)n;
+        return 0;
+    }
+    case 'n':
+        return parse_pos("--net-gbps", arg, &g->net_gbps);
     case 'G':
         if (!fso_gpu_spec_find(arg)) {
             fprintf(stderr, "fsoff: error: --gpu %s: unknown GPU; choose one of ", arg);
@@ -242,6 +263,7 @@ static int parse_args(int argc, char **argv, fso_config *cfg, plan_args *a)
         {"probe", no_argument, NULL, 'P'},            {"auto", no_argument, NULL, 'A'},
         {"json", no_argument, NULL, 'J'},             {"help", no_argument, NULL, 'h'},
         {"trace", no_argument, NULL, 'T'},           {"auto-batch", no_argument, NULL, 'B'},
+        {"boxes", required_argument, NULL, 'b'},      {"net-gbps", required_argument, NULL, 'n'},
         {NULL, 0, NULL, 0},
     };
     int c;
@@ -323,6 +345,20 @@ static int parse_args(int argc, char **argv, fso_config *cfg, plan_args *a)
     }
     if (!a->g.gpus && (a->g.gpu || a->g.gpu_mem || a->g.gpu_tflops > 0))
         a->g.gpus = 1;
+    if (a->g.boxes > 1 && !(a->g.net_gbps > 0)) {
+        fprintf(stderr, "fsoff: error: --boxes %d: the boxes exchange gradients and parameters "
+                        "every step, so the plan needs the network between them: give "
+                        "--net-gbps GBPS (per box and direction, e.g. --net-gbps 50 for 400 "
+                        "Gb/s)\n", a->g.boxes);
+        return 2;
+    }
+    /* --boxes 1 with a rate is one box (a sweep over box counts); a rate
+     * alone is a forgotten --boxes */
+    if (a->g.net_gbps > 0 && !a->g.boxes) {
+        fprintf(stderr, "fsoff: error: --net-gbps %g: the network between boxes, but no "
+                        "--boxes: give --boxes B with it, or leave it out\n", a->g.net_gbps);
+        return 2;
+    }
     return -1;
 oom:
     fprintf(stderr, "fsoff: error: out of memory\n");
@@ -352,6 +388,8 @@ static void given_capacities(const given *g, const fso_config *cfg, const char *
     m->nvme_free_bytes = g->has_nvme_free ? g->nvme_free
                          : dirs[0]        ? fso_plan_folders_free(dirs)
                                           : 0;
+    m->boxes = g->boxes;
+    m->net_gbps = g->net_gbps;
 }
 
 /* The machine: what the options give, the rest from the GPU table (--gpus)
@@ -413,6 +451,9 @@ static int describe_machine(const plan_args *a, const fso_config *cfg, fso_plan_
                         "--nvme-write (GB/s), or --nvme DIR to measure a folder\n");
         return 2;
     }
+    /* every box the machine described (planner.h) */
+    m->boxes = g->boxes;
+    m->net_gbps = g->net_gbps;
     return -1;
 }
 
@@ -544,9 +585,12 @@ static void print_heading(const plan_report *r)
            mc->num_hidden_layers, mc->hidden_size, mc->intermediate_size,
            mc->num_attention_heads, mc->num_key_value_heads, mc->vocab_size,
            mc->tie_word_embeddings ? ", tied head" : "");
-    printf("plan: batch %d x %d tokens x %d accumulation x %d devices = %.0f tokens/step; "
+    char boxes[48] = "";
+    if (m->boxes > 1)
+        snprintf(boxes, sizeof boxes, " x %d boxes", m->boxes);
+    printf("plan: batch %d x %d tokens x %d accumulation x %d devices%s = %.0f tokens/step; "
            "activation checkpointing %s; optimizer overlap %s\n",
-           cfg->micro_batch, cfg->data.seq_len, cfg->grad_accum, m->devices,
+           cfg->micro_batch, cfg->data.seq_len, cfg->grad_accum, m->devices, boxes,
            r->ctx->in.model.tokens_per_step, cfg->activation_checkpointing ? "on" : "off",
            fso_config_choice_name(fso_config_overlap_choices, r->ctx->in.engine.overlap));
     fso_human_bytes(h1, sizeof h1, (double)m->device_mem_bytes);
@@ -591,6 +635,13 @@ static void print_heading(const plan_report *r)
            g->has_nvme_free ? "" : r->dirs[0] ? " (statvfs)" : "", m->nvme_read_gbps,
            m->nvme_write_gbps, how);
     print_borrowed(r);
+    if (m->boxes > 1)
+        printf("plan: boxes: %d x %d device%s, each box the machine above; network %.1f GB/s per "
+               "box and direction (--net-gbps), shared by its %d rail%s, collectives at %.0f%% of "
+               "it; each box keeps 1/%d of the optimizer's state and AdamW work: the memory and "
+               "times below are one box's\n",
+               m->boxes, m->devices, m->devices == 1 ? "" : "s", m->net_gbps, m->devices,
+               m->devices == 1 ? "" : "s", 100 * FSO_PLAN_NET_EFFICIENCY, m->boxes);
     if (r->missing[0])
         printf("plan: note: NVMe folder %s does not exist here; %s\n", r->missing,
                g->has_nvme_free ? "NVMe as given by --nvme-free, --nvme-read, --nvme-write"
@@ -693,6 +744,11 @@ int fso_plan_main(int argc, char **argv)
     }
     if (a.g.gpus && fso_config_set_world(&cfg, a.g.gpus) < 0) {
         fprintf(stderr, "fsoff: error: --gpus %d: %s\n", a.g.gpus, cfg.err);
+        goto out;
+    }
+    /* the global batch over every box's devices, as the launcher's run has it */
+    if (a.g.boxes > 1 && fso_config_set_boxes(&cfg, a.g.boxes, 0) < 0) {
+        fprintf(stderr, "fsoff: error: --boxes %d: %s\n", a.g.boxes, cfg.err);
         goto out;
     }
     if (a.g.device_mem)
