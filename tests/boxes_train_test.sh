@@ -102,36 +102,76 @@ else
     ok "$name (${nets[1]} bytes a step${want:+, as planned})"
 fi
 
-# ---------------------------------------------------------------- resume across box counts
+# ---------------------------------------------------------------- stop, save, resume
+# A run of 6 steps (its schedule is the 6 steps') held after step 3 by the
+# test hook on every box, SIGTERM while held (to mpirun, which forwards it,
+# waiting odls_base_sigkill_timeout seconds, exported above, before it
+# kills), then released: every box stops after step 3, saves it once and
+# exits 3. The checkpoint then resumes on the other box count.
 args=("${SMALL[@]}" --set train_micro_batch_size_per_gpu=2 --set gradient_accumulation_steps=1
-      --set checkpoint.every_steps=2)
+      --set checkpoint.every_steps=2 --steps 6)
+cat > hold.sh <<EOF
+#!/usr/bin/env bash
+echo \$\$ > "$TMP/pid.\$OMPI_COMM_WORLD_RANK"
+export FSOFF_TEST_STEP_PAUSE=3:$TMP/hold.\$OMPI_COMM_WORLD_RANK
+exec "$FSOFF" "\$@"
+EOF
+chmod +x hold.sh
+stopped_at_3() { # BOXES ARGS...: status of the run stopped after step 3
+    local n=$1 i p; shift
+    rm -f hold.*
+    if [ "$n" = 2 ]; then boxes ./hold.sh "$@" & else OMPI_COMM_WORLD_RANK=0 ./hold.sh "$@" & fi
+    p=$!
+    for ((i = 0; i < 600; i++)); do
+        [ -e hold.0 ] && { [ "$n" = 1 ] || [ -e hold.1 ]; } && break
+        sleep 0.1
+    done
+    kill -TERM $p
+    sleep 1
+    rm -f hold.0 hold.1
+    wait $p
+}
 rm -rf ref b2 b1
-"$FSOFF" --devices cpu:2 "${args[@]}" --steps 6 --save ref >ref.out 2>&1 ||
-    bad "reference run" "$(tail -5 ref.out)"
-name="saved on 2 boxes, resumed on 1 box of 2 devices"
-if boxes "$FSOFF" --devices cpu:1 "${args[@]}" --steps 3 --save b2 >b2.out 2>&1 &&
-   "$FSOFF" --devices cpu:2 "${args[@]}" --steps 6 --save b2 --resume >b2r.out 2>&1; then
+"$FSOFF" --devices cpu:2 "${args[@]}" --save ref >ref.out 2>&1 || bad "reference run" "$(tail -5 ref.out)"
+
+name="SIGTERM to mpirun: both boxes stop after step 3, save it once, exit 3"
+stopped_at_3 2 --devices cpu:1 "${args[@]}" --save b2 --metrics b2.jsonl >b2.out 2>&1
+rc=$?
+if [ $rc -ne 3 ]; then
+    bad "$name" "mpirun's exit status $rc (want 3: every box stopped)" "$(tail -6 b2.out)"
+elif [ "$(tr -d '\n' < b2/latest 2>/dev/null)" != step-00000003 ]; then
+    bad "$name" "latest: $(cat b2/latest 2>/dev/null) (want step-00000003)" "$(tail -6 b2.out)"
+elif [ "$(grep -c '^{"step"' b2.jsonl)" -ne 3 ] || [ "$(grep -c '"checkpoint"' b2.jsonl)" -ne 2 ]; then
+    bad "$name" "metrics: $(grep -c '^{"step"' b2.jsonl) steps, $(grep -c '"checkpoint"' b2.jsonl) saves (want 3, and 2: steps 2 and 3)"
+else
+    ok "$name"
+fi
+name="saved on 2 boxes at step 3, resumed on 1 box of 2 devices: the uninterrupted run's state"
+if "$FSOFF" --devices cpu:2 "${args[@]}" --save b2 --resume >b2r.out 2>&1; then
     cmp -s "$(latest_state ref)" "$(latest_state b2)" && ok "$name" ||
         bad "$name" "state.bin differs from the uninterrupted run's"
 else
-    bad "$name" "a run failed" "$(tail -5 b2.out b2r.out)"
+    bad "$name" "the resume failed" "$(tail -5 b2r.out)"
 fi
-name="saved on 1 box of 2 devices, resumed on 2 boxes"
-if "$FSOFF" --devices cpu:2 "${args[@]}" --steps 3 --save b1 >b1.out 2>&1 &&
-   boxes "$FSOFF" --devices cpu:1 "${args[@]}" --steps 6 --save b1 --resume >b1r.out 2>&1; then
+name="saved on 1 box of 2 devices at step 3, resumed on 2 boxes: the uninterrupted run's state"
+stopped_at_3 1 --devices cpu:2 "${args[@]}" --save b1 >b1.out 2>&1
+rc=$?
+if [ $rc -ne 3 ]; then
+    bad "$name" "the run stopped with status $rc (want 3)" "$(tail -5 b1.out)"
+elif boxes "$FSOFF" --devices cpu:1 "${args[@]}" --save b1 --resume >b1r.out 2>&1; then
     cmp -s "$(latest_state ref)" "$(latest_state b1)" && ok "$name" ||
         bad "$name" "state.bin differs from the uninterrupted run's"
 else
-    bad "$name" "a run failed" "$(tail -5 b1.out b1r.out)"
+    bad "$name" "the resume failed" "$(tail -5 b1r.out)"
 fi
 
 # ---------------------------------------------------------------- a box dies or stalls
-# box 1 holds after step 3 (the test hook), box 0 goes on and waits for it
-# in step 4's rails; then box 1 is killed or stopped
+# box 1 holds after step 5 (the test hook; steps 2 and 4 saved), box 0 goes on
+# and waits for it in step 6's rails; then box 1 is killed or stopped
 cat > box.sh <<EOF
 #!/usr/bin/env bash
 echo \$\$ > "$TMP/pid.\$OMPI_COMM_WORLD_RANK"
-[ "\$OMPI_COMM_WORLD_RANK" = 1 ] && export FSOFF_TEST_STEP_PAUSE=3:$TMP/hold
+[ "\$OMPI_COMM_WORLD_RANK" = 1 ] && export FSOFF_TEST_STEP_PAUSE=5:$TMP/hold
 exec "$FSOFF" "\$@"
 EOF
 chmod +x box.sh
@@ -139,16 +179,16 @@ dead_box() { # NAME SIGNAL
     local name=$1 sig=$2
     rm -rf dead hold pid.* dead.out
     local t0=$SECONDS
-    boxes ./box.sh --devices cpu:1 "${args[@]}" --set comm.timeout_s=5 --steps 12 --save dead \
+    boxes ./box.sh --devices cpu:1 "${args[@]}" --set comm.timeout_s=5 --save dead \
         >dead.out 2>&1 &
     local mp=$! i
     for ((i = 0; i < 600; i++)); do [ -e hold ] && break; sleep 0.1; done
     if [ ! -e hold ]; then
         kill -KILL $mp 2>/dev/null
-        bad "$name" "box 1 never reached step 3" "$(tail -5 dead.out)"
+        bad "$name" "box 1 never reached step 5" "$(tail -5 dead.out)"
         return
     fi
-    sleep 1 # box 0 is in step 4 now, waiting on box 1
+    sleep 1 # box 0 is in step 6 now, waiting on box 1
     kill -"$sig" "$(cat pid.1)"
     local rc=0 waited=0
     while kill -0 $mp 2>/dev/null && [ $waited -lt 60 ]; do sleep 1; waited=$((waited + 1)); done
@@ -163,7 +203,7 @@ dead_box() { # NAME SIGNAL
         bad "$name" "exit status 0" "$(tail -5 dead.out)"
     elif ! grep -q 'box 1' dead.out; then
         bad "$name" "nothing names box 1" "$(tail -8 dead.out)"
-    elif ! "$FSOFF" --devices cpu:2 "${args[@]}" --steps 6 --save dead --resume >deadr.out 2>&1 ||
+    elif ! "$FSOFF" --devices cpu:2 "${args[@]}" --save dead --resume >deadr.out 2>&1 ||
          ! cmp -s "$(latest_state ref)" "$(latest_state dead)"; then
         bad "$name" "the last checkpoint does not resume to the uninterrupted run's state" \
             "$(tail -5 deadr.out)"
@@ -173,36 +213,6 @@ dead_box() { # NAME SIGNAL
 }
 dead_box "box 1 killed mid-step: box 0 fails naming it, the last checkpoint resumes" KILL
 dead_box "box 1 stopped mid-step: box 0 fails naming it within the timeout" STOP
-
-# ---------------------------------------------------------------- SIGTERM
-name="SIGTERM to mpirun: both boxes stop after the same step, save it once, exit 3"
-# both boxes held after step 3 when the signal comes; mpirun forwards it,
-# and waits odls_base_sigkill_timeout seconds (exported above) before killing
-cat > hold.sh <<EOF
-#!/usr/bin/env bash
-export FSOFF_TEST_STEP_PAUSE=3:$TMP/hold.\$OMPI_COMM_WORLD_RANK
-exec "$FSOFF" "\$@"
-EOF
-chmod +x hold.sh
-rm -rf term hold.*
-boxes ./hold.sh --devices cpu:1 "${args[@]}" --steps 12 --save term --metrics term.jsonl \
-    >term.out 2>&1 &
-mp=$!
-for ((i = 0; i < 600; i++)); do [ -e hold.0 ] && [ -e hold.1 ] && break; sleep 0.1; done
-kill -TERM $mp
-sleep 1
-rm -f hold.0 hold.1
-wait $mp
-rc=$?
-if [ $rc -ne 3 ]; then
-    bad "$name" "mpirun's exit status $rc (want 3: every box stopped)" "$(tail -6 term.out)"
-elif [ "$(tr -d '\n' < term/latest 2>/dev/null)" != step-00000003 ]; then
-    bad "$name" "latest: $(cat term/latest 2>/dev/null) (want step-00000003)" "$(tail -6 term.out)"
-elif [ "$(grep -c '^{"step"' term.jsonl)" -ne 3 ] || [ "$(grep -c '"checkpoint"' term.jsonl)" -ne 2 ]; then
-    bad "$name" "metrics: $(grep -c '^{"step"' term.jsonl) steps, $(grep -c '"checkpoint"' term.jsonl) saves (want 3 and 2: steps 2 and 3)"
-else
-    ok "$name"
-fi
 
 # ---------------------------------------------------------------- refusals
 name="boxes with different configurations are refused, naming box 1 and the difference"
