@@ -41,3 +41,4 @@ int fso_boxes_rails(int devices, bool cuda, fso_rails *out, char *err, size_t er
 { (void)devices; (void)cuda; (void)err; (void)errlen; *out = (fso_rails){.boxes = 1}; return 0; }
 void fso_boxes_rails_free(fso_rails *r) { (void)r; }
 _Noreturn void fso_boxes_abort(const char *why, int code) { (void)why; exit(code); }
+double fso_boxes_net_gbps(void) { return 0; }

@@ -69,6 +69,10 @@ double fso_boxes_timeout_s(void);
  * 0, or negative errno with err. */
 int fso_boxes_rails(int devices, bool cuda, fso_rails *out, char *err, size_t errlen);
 void fso_boxes_rails_free(fso_rails *r);
+/* What leaves a box per second over its rails, GB/s, one direction: the
+ * all-gather fso_boxes_rails timed on device 0's rail as it made them (the
+ * planner's net_gbps for the run's own plan); 0 before, or on one box. */
+double fso_boxes_net_gbps(void);
 
 /* Every box holds the same `len` bytes of `what` (a digest of the build,
  * the resolved configuration, the data files): 0, or -EINVAL with err

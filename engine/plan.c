@@ -15,6 +15,7 @@
 #include <time.h>
 
 #include "adamw.h"
+#include "boxes.h"
 #include "cpu_isa.h"
 #include "model.h"
 #include "probe.h"
@@ -699,6 +700,14 @@ int fso_plan_probe(const fso_config *cfg, const char *dirs, bool refresh, fso_pr
     return fso_probe_get(p, &po, refresh, &probed, err, errlen);
 }
 
+/* A run across boxes (boxes.h) plans one box of several, at the rate its
+ * rails measured when they were made. */
+static void machine_boxes(const fso_config *cfg, fso_plan_machine *m)
+{
+    m->boxes = fso_config_boxes(cfg);
+    m->net_gbps = m->boxes > 1 ? fso_boxes_net_gbps() : 0;
+}
+
 void fso_plan_machine_cpu(const fso_config *cfg, const fso_probe *p, uint64_t host_mem_bytes,
                           fso_plan_machine *m)
 {
@@ -725,6 +734,7 @@ void fso_plan_machine_cpu(const fso_config *cfg, const fso_probe *p, uint64_t ho
     m->device_gflops = p->gflops * scale / W;
     m->adam_gelems = p->adam_gelems * scale;
     m->device_adam_gelems = 0;
+    machine_boxes(cfg, m);
 }
 
 void fso_plan_capacities_here(const fso_config *cfg, bool gpu, uint64_t gpu_free_bytes,
@@ -739,6 +749,7 @@ void fso_plan_capacities_here(const fso_config *cfg, bool gpu, uint64_t gpu_free
                           : cfg->device_mem_bytes ? cfg->device_mem_bytes
                                                   : gpu_free_bytes;
     m->nvme_free_bytes = dirs[0] ? fso_plan_folders_free(dirs) : 0;
+    machine_boxes(cfg, m);
 }
 
 int fso_plan_machine_here(const fso_config *cfg, bool refresh, fso_plan_machine *m, char *err,
@@ -940,6 +951,8 @@ static int fits_here(const fso_config *cfg, const fso_plan_pins *pins, bool gpu,
     m.cpu_devices = !gpu;
     m.nvme_read_gbps = m.nvme_write_gbps = m.h2d_gbps = m.d2h_gbps = m.coll_gbps = 1;
     m.host_copy_gbps = m.device_gflops = m.adam_gelems = 1;
+    if (m.boxes > 1) /* sizes only: any rate */
+        m.net_gbps = 1;
     int rc = fso_plan_ctx_init(&ctx, cfg, &m, gpu, err, errlen);
     if (rc < 0)
         return 0; /* the full plan reports it */
