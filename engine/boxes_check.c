@@ -93,7 +93,7 @@ int fso_boxes_check_build(char *err, size_t errlen)
         return 0;
     struct file_digest d = digest_file("/proc/self/exe");
     fso_boxes_hash(FSO_VERSION, sizeof FSO_VERSION, d.h);
-    char mine[96];
+    char mine[96] = "";
     snprintf(mine, sizeof mine, "%s %d %016" PRIx64 "%016" PRIx64, FSO_VERSION, (int)d.err,
              d.h[0], d.h[1]);
     char why[512];
