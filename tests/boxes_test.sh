@@ -48,5 +48,53 @@ else
     bad stale_build_named "$(tail -n 15 "$TMP/other.log")"
 fi
 
+# fsoff bench net: one JSON object from box 0, the three collectives with
+# busbw > 0 at each size and nothing wrong; the table printed once
+if mpi2 "$FSOFF" bench net --sizes 4K,1M --iters 3 --json "$TMP/net.json" >"$TMP/net.out" \
+        2>"$TMP/net.err" &&
+   python3 - "$TMP/net.json" <<'EOF2'
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["bench"] == "net" and r["boxes"] == 2 and len(r["hosts"]) == 2, r
+for op in ("all_reduce", "reduce_scatter", "all_gather"):
+    rows = r["collectives"][op]
+    assert [x["bytes"] for x in rows] == [4096, 1 << 20], (op, rows)
+    for x in rows:
+        assert x["busbw_gbps"] > 0 and x["algbw_gbps"] > 0 and x["wrong"] == 0, (op, x)
+EOF2
+then
+    ok bench_net_json
+else
+    bad bench_net_json "$(cat "$TMP/net.err")" "$(head -c 600 "$TMP/net.json" 2>/dev/null)"
+fi
+if [ "$(grep -c '^# average bus bandwidth' "$TMP/net.out")" = 1 ] &&
+   [ "$(grep -c 'reduce_scatter' "$TMP/net.out")" = 2 ] && grep -q 'OK$' "$TMP/net.out"; then
+    ok bench_net_table_once
+else
+    bad bench_net_table_once "$(cat "$TMP/net.out")"
+fi
+# --json -: the object alone on stdout, from box 0 alone
+if mpi2 "$FSOFF" bench net --sizes 8K --iters 2 --json - >"$TMP/net2.out" 2>"$TMP/net2.err" &&
+   python3 -c 'import json,sys; assert json.load(open(sys.argv[1]))["bench"] == "net"' \
+        "$TMP/net2.out" 2>/dev/null; then
+    ok bench_net_json_stdout
+else
+    bad bench_net_json_stdout "$(head -c 600 "$TMP/net2.out")" "$(cat "$TMP/net2.err")"
+fi
+# --plot: box 0 draws the chart
+if command -v gnuplot >/dev/null; then
+    if mpi2 "$FSOFF" bench net --sizes 4K,64K --iters 2 --plot "$TMP/net.png" >/dev/null \
+            2>"$TMP/net3.err" && [ "$(od -An -tx1 -N4 "$TMP/net.png" | tr -d ' ')" = 89504e47 ]; then
+        ok bench_net_plot
+    else
+        bad bench_net_plot "$(cat "$TMP/net3.err")"
+    fi
+fi
+# one box: how to start it, exit 2 (a usage error, not a crash)
+if fails_saying bench_net_one_box "under mpirun or srun" "mpirun -np 2" -- \
+        env -u OMPI_COMM_WORLD_SIZE "$FSOFF" bench net; then
+    ok bench_net_one_box
+fi
+
 echo "# $pass passed, $fail failed"
 [ "$fail" -eq 0 ]
