@@ -35,6 +35,7 @@ run_case() {
 }
 
 run_case rails_sum_in_box_order sums
+run_case rails_at_once_from_threads threads
 run_case stalled_box_named timeout
 run_case config_text_differs check_bytes
 run_case shared_dir_private_refused shared_dir "$TMP/ckpt"

@@ -4,6 +4,7 @@
  * test. With a case name, run under `mpirun -np 2` by boxes_test.sh:
  *   sums            rails' collectives give box-order sums, bit for bit,
  *                   in place
+ *   threads         four rails at once from four threads each
  *   timeout         box 1 stops itself (SIGSTOP) in a reduce-scatter;
  *                   box 0's call fails within the 3 s timeout naming box 1
  *                   and what its heartbeat last said, then wakes box 1
@@ -16,6 +17,7 @@
  * Every box exits non-zero on a failed check (so mpirun does).
  */
 #include <errno.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -171,6 +173,61 @@ static void test_sums(void)
           "kinds differ: %d %s", rc, err);
 }
 
+/* Rails are used at once from different threads (each device's compute
+ * thread and updater): four threads, each on its own rail, many calls. */
+struct rail_job {
+    fso_coll *c;
+    int me, B, seed, bad;
+};
+
+static void *rail_worker(void *arg)
+{
+    struct rail_job *j = arg;
+    enum { N = 4096, CALLS = 40 };
+    float *send = malloc(sizeof(float) * N * (size_t)j->B), *recv = malloc(sizeof(float) * N);
+    for (int call = 0; call < CALLS && !j->bad; call++) {
+        for (size_t i = 0; i < (size_t)N * (size_t)j->B; i++)
+            send[i] = (float)(j->me * 1000 + j->seed * 10 + call % 7);
+        if (j->c->ops->reduce_scatter(j->c, j->me, send, recv, N) != 0) {
+            j->bad = -1;
+            break;
+        }
+        float want = 0;
+        for (int k = 0; k < j->B; k++)
+            want += (float)(k * 1000 + j->seed * 10 + call % 7);
+        for (int i = 0; i < N; i++)
+            if (recv[i] != want) {
+                j->bad = i + 1;
+                break;
+            }
+    }
+    free(send);
+    free(recv);
+    return NULL;
+}
+
+static void test_threads(void)
+{
+    char err[512];
+    fso_rails r;
+    int rc = fso_boxes_rails(2, false, &r, err, sizeof err);
+    CHECK(rc == 0, "rails: %s", err);
+    if (rc)
+        return;
+    struct rail_job jobs[4];
+    pthread_t th[4];
+    for (int t = 0; t < 4; t++) {
+        jobs[t] = (struct rail_job){.c = t & 1 ? r.param[t / 2] : r.grad[t / 2], .me = r.box,
+                                    .B = r.boxes, .seed = t};
+        pthread_create(&th[t], NULL, rail_worker, &jobs[t]);
+    }
+    for (int t = 0; t < 4; t++) {
+        pthread_join(th[t], NULL);
+        CHECK(jobs[t].bad == 0, "thread %d: %d %s", t, jobs[t].bad, jobs[t].c->err);
+    }
+    fso_boxes_rails_free(&r);
+}
+
 static void test_timeout(void)
 {
     char err[512];
@@ -307,6 +364,8 @@ int main(int argc, char **argv)
     }
     if (strcmp(argv[1], "sums") == 0)
         test_sums();
+    else if (strcmp(argv[1], "threads") == 0)
+        test_threads();
     else if (strcmp(argv[1], "timeout") == 0)
         test_timeout();
     else if (strcmp(argv[1], "check_bytes") == 0)
