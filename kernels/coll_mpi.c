@@ -115,9 +115,11 @@ static void sleep_us(long us)
 }
 
 /* Wait for every posted request, polling until the rail's deadline. A
- * waiting thread sleeps between polls (from a few microseconds up to a
- * millisecond), so that it leaves the cores to compute and to MPI's own
- * progress. On timeout err names the boxes whose messages have not come. */
+ * waiting thread sleeps between polls (from a few microseconds up to
+ * NAP_MAX_US), so that it leaves the cores to compute and to MPI's own
+ * progress and still sees a step's small all-reduce soon after it lands.
+ * On timeout err names the first box whose message has not come. */
+#define NAP_MAX_US 250
 static int wait_all(fso_coll *c, const char *what)
 {
     struct ctx *x = c->ctx;
@@ -147,8 +149,8 @@ static int wait_all(fso_coll *c, const char *what)
             break;
         if (nap == 0)
             nap = 2;
-        else if (nap < 1000)
-            nap *= 2;
+        else if (nap < NAP_MAX_US)
+            nap = nap * 2 < NAP_MAX_US ? nap * 2 : NAP_MAX_US;
         sleep_us(nap);
     }
     /* The first box still owing a message; a box we only send to (its
