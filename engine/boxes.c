@@ -455,6 +455,9 @@ static int gather_bytes(const char *what, const void *buf, size_t len, void *all
     return rc ? main_failed(what, rc, err, errlen) : 0;
 }
 
+/* A gather that keeps box 0's bytes: what is broadcast is small (ids,
+ * tokens, a check's verdict), and the gather's point-to-point messages name
+ * a box that does not come. */
 int fso_boxes_bcast(const char *what, void *buf, size_t len, char *err, size_t errlen)
 {
     if (g.boxes == 1 || len == 0)

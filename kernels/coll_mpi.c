@@ -95,6 +95,7 @@ static int post(fso_coll *c, const char *what, int recv, void *buf, size_t bytes
         int i = req_add(x, box, recv);
         if (i < 0) {
             snprintf(c->err, sizeof c->err, "rail %s: out of host memory", what);
+            x->broken = 1; /* some of this call's messages are posted */
             return i;
         }
         int rc = recv ? MPI_Irecv((char *)buf + off, (int)n, MPI_BYTE, box, tag, x->comm,
@@ -174,9 +175,8 @@ static int wait_all(fso_coll *c, const char *what)
         snprintf(who, sizeof who, "box %d", quiet);
     snprintf(c->err, sizeof c->err, "%s; it has not joined the rail's %s within %.0f s "
              "(comm.timeout_s)", who, what, x->timeout_s);
-    /* The pending requests stay with MPI: the run is failing, and the
-     * rail refuses further calls. */
-    x->nreq = 0;
+    /* The pending requests stay posted (destroy cancels them): the run
+     * is failing, and the rail refuses further calls. */
     x->broken = 1;
     return -ETIMEDOUT;
 }
@@ -196,6 +196,7 @@ static int check_usable(fso_coll *c, int rank, const char *what)
         return -EINVAL;
     }
     c->err[0] = 0;
+    x->nreq = 0;
     return 0;
 }
 
@@ -360,10 +361,23 @@ static int mpi_barrier(fso_coll *c, int rank)
 static void mpi_destroy(fso_coll *c)
 {
     struct ctx *x = c->ctx;
-    /* A rail whose peers stopped answering keeps requests MPI may never
-     * finish: freeing its communicator could wait for them. */
-    if (!x->broken)
+    if (x->broken) {
+        /* A rail whose peer stopped answering keeps requests MPI may never
+         * finish: its receives are cancelled, its sends let go, and its
+         * communicator and scratch are left to the process's end, since a
+         * late box's message may still land in the scratch and freeing the
+         * communicator could wait for it. */
+        for (int i = 0; i < x->nreq; i++) {
+            if (x->reqs[i] == MPI_REQUEST_NULL)
+                continue;
+            if (x->req_recv[i])
+                MPI_Cancel(&x->reqs[i]);
+            MPI_Request_free(&x->reqs[i]);
+        }
+        x->scratch = NULL;
+    } else {
         MPI_Comm_free(&x->comm);
+    }
     free(x->scratch);
     free(x->reqs);
     free(x->req_box);
