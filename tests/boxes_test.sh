@@ -43,6 +43,19 @@ run_case stalled_box_named timeout
 run_case config_text_differs check_bytes
 run_case shared_dir_private_refused shared_dir "$TMP/ckpt"
 run_case same_build_and_file same
+run_case data_file_differs other_file "$TMP/data"
+# box 1 stops the run: mpirun ends every box with a failure, and box 1's line
+# is on stderr, well before box 0's 20 s wait would end
+start=$(date +%s)
+mpi2 "$TEST_BOXES" abort >"$TMP/abort.log" 2>&1
+rc=$?
+took=$(($(date +%s) - start))
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $took -lt 15 ] &&
+   grep -q "box 1: test_boxes stops the run" "$TMP/abort.log"; then
+    ok abort_ends_every_box
+else
+    bad abort_ends_every_box "exit $rc after $took s" "$(tail -n 15 "$TMP/abort.log")"
+fi
 # box 1 runs a copy with one more byte: another build
 cp "$TEST_BOXES" "$TMP/test_boxes_other" && printf x >>"$TMP/test_boxes_other"
 if timeout 60 mpirun -np 1 "$TEST_BOXES" other_build : -np 1 "$TMP/test_boxes_other" other_build \

@@ -14,6 +14,8 @@
  *                   box 1; DIR itself is shared: accepted
  *   same            the build and a file agree
  *   other_build     box 1 runs another binary: refused naming box 1
+ *   other_file DIR  DIR-<box>/tokens.bin differs on box 1: refused naming it
+ *   abort           box 1 calls fso_boxes_abort: the whole run ends, non-zero
  * Every box exits non-zero on a failed check (so mpirun does).
  */
 #include <errno.h>
@@ -333,6 +335,39 @@ static void test_same(void)
           "missing: %d %s", rc, err);
 }
 
+/* The same path names another file on box 1 (here: a folder per box). */
+static void test_other_file(const char *dir)
+{
+    char err[512] = "", path[4096];
+    snprintf(path, sizeof path, "%s-%d", dir, fso_boxes_self());
+    mkdir(path, 0755);
+    snprintf(path, sizeof path, "%s-%d/tokens.bin", dir, fso_boxes_self());
+    FILE *f = fopen(path, "w");
+    CHECK(f != NULL, "%s", path);
+    if (!f)
+        return;
+    fprintf(f, "tokens %s\n", fso_boxes_self() == 1 ? "stale" : "fresh");
+    fclose(f);
+    int rc = fso_boxes_check_file("data.train", path, err, sizeof err);
+    CHECK(rc == -EINVAL && strstr(err, "data.train ") && strstr(err, "box 1 (host ") &&
+              strstr(err, "copy the same file to every box"),
+          "other file: %d %s", rc, err);
+    if (fso_boxes_self() == 0)
+        printf("refused: %s\n", err);
+}
+
+/* box 1 fails the run: every box ends, non-zero, its line on stderr */
+static void test_abort(void)
+{
+    char err[512] = "";
+    if (fso_boxes_self() == 1)
+        fso_boxes_abort("box 1: test_boxes stops the run", 75);
+    /* box 0 waits in a barrier that box 1 never joins: MPI_Abort ends it */
+    fso_boxes_set_timeout(20.0);
+    fso_boxes_barrier("waiting for box 1", err, sizeof err);
+    CHECK(0, "box 0 still running after box 1's abort: %s", err);
+}
+
 /* box 1 runs a copy of this program with one more byte (boxes_test.sh) */
 static void test_other_build(void)
 {
@@ -376,6 +411,10 @@ int main(int argc, char **argv)
         test_same();
     else if (strcmp(argv[1], "other_build") == 0)
         test_other_build();
+    else if (strcmp(argv[1], "other_file") == 0 && argc > 2)
+        test_other_file(argv[2]);
+    else if (strcmp(argv[1], "abort") == 0)
+        test_abort();
     else {
         fprintf(stderr, "test_boxes: unknown case %s\n", argv[1]);
         failures++;
