@@ -33,7 +33,7 @@ int main(int argc, char **argv)
 {
     char err[512] = "";
     if (fso_boxes_init(&argc, &argv, err, sizeof err) != 0) {
-        fprintf(stderr, "fsoff: %s\n", err);
+        fprintf(stderr, "fsoff: error: %s\n", err);
         return 2;
     }
     int rc = dispatch(argc, argv);
