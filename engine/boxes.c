@@ -106,6 +106,8 @@ void fso_boxes_phase(const char *what, int64_t step, int block)
     pthread_mutex_unlock(&g.lock);
 }
 
+#if FSO_HAVE_MPI
+/* What a heartbeat says, for a message: "step 12, reduce-scatter of block 3". */
 static void phase_text(const struct hb_msg *m, char *buf, size_t len)
 {
     char step[32] = "", block[32] = "";
@@ -140,6 +142,7 @@ static void describe(int box, char *buf, size_t len)
         snprintf(buf, len, "box %d (host %s): no heartbeat for %.0f s; last: %s", box,
                  fso_boxes_host(box), age_s, last);
 }
+#endif
 
 /* The launcher's process count, from the environment it sets: Open MPI's
  * mpirun, a PMI launcher (MPICH's hydra, Slurm's pmi2), srun (a job step:
