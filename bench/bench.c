@@ -22,6 +22,7 @@ static const struct {
     {"adam", fso_bench_adam, "fused CPU AdamW elements/s and GB/s against measured memory bandwidth"},
     {"h2d", fso_bench_h2d, "host<->device GB/s on the GPUs, pinned and pageable, each direction and both"},
     {"allgather", fso_bench_allgather, "NCCL all-gather and reduce-scatter bus bandwidth across the GPUs"},
+    {"net", fso_bench_net, "all-reduce, reduce-scatter and all-gather bus bandwidth between boxes, under mpirun"},
     {"tune", fso_bench_tune, "the NVMe store's best request size, queue depth and rings; the aio section"},
     {"pipeline", fso_bench_pipeline, "one configuration's offload data path, compute replaced by the plan's waits, against the store's own rates"},
 };

@@ -31,6 +31,8 @@ int fso_bench_pipeline(int argc, char **argv); /* argv[0] = "pipeline" (bench_pi
 /* GPUs (bench_gpu.c); 77 where there is none or the build has no CUDA. */
 int fso_bench_h2d(int argc, char **argv);       /* argv[0] = "h2d" */
 int fso_bench_allgather(int argc, char **argv); /* argv[0] = "allgather" */
+/* Between boxes (bench_net.c), under mpirun or srun; 2 with one box. */
+int fso_bench_net(int argc, char **argv);       /* argv[0] = "net" */
 
 /* Whether the table goes to stdout: not when --json writes there. */
 static inline bool fso_bench_table(const char *json_path)

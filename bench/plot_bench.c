@@ -14,6 +14,7 @@
  *                AdamW's own access pattern
  *   h2d          GB/s per direction, pinned and pageable, bars
  *   allgather    bus bandwidth against message size, one line per collective
+ *   net          the same for the rails between boxes (all-reduce too)
  *   pipeline     NVMe read and write GB/s of a training step's data path: over
  *                the step with compute, over the data path alone, and the
  *                store alone, bars
@@ -471,31 +472,33 @@ static int plot_h2d(const json_t *rec, fso_plot *p, char *err, size_t errlen)
 
 /* ------------------------------------------------------------ allgather */
 
-static int plot_allgather(const json_t *rec, fso_plot *p, char *err, size_t errlen)
+/* Bus bandwidth against size, a line per collective: "collectives" holds
+ * an array of {bytes, busbw_gbps, algbw_gbps} per op (bench allgather's
+ * two, bench net's three). */
+static int plot_busbw(const json_t *rec, fso_plot *p, const char *kind, const char *const *ops,
+                      const char *const *labels, int nops, char *err, size_t errlen)
 {
-    static const char *const ops[2] = {"all_gather", "reduce_scatter"};
     json_t *c = json_object_get(rec, "collectives");
     if (json_is_string(c)) {
-        snprintf(err, errlen, "this bench allgather result has no measurements (collectives: "
-                 "%s)", json_string_value(c));
+        snprintf(err, errlen, "this bench %s result has no measurements (collectives: %s)",
+                 kind, json_string_value(c));
         return -EINVAL;
     }
     double sizes[MAX_POINTS];
     int nsz = 0;
-    for (int o = 0; o < 2; o++) {
+    for (int o = 0; o < nops; o++) {
         json_t *arr = json_object_get(c, ops[o]), *r;
         size_t i;
         if (!json_is_array(arr) || json_array_size(arr) == 0) {
-            snprintf(err, errlen, "a bench allgather result needs \"collectives\": "
-                     "{\"all_gather\": [{\"bytes\", \"busbw_gbps\"}, ...], \"reduce_scatter\": "
-                     "[...]}");
+            snprintf(err, errlen, "a bench %s result needs \"collectives\": {\"%s\": "
+                     "[{\"bytes\", \"busbw_gbps\"}, ...], ...}", kind, ops[o]);
             return -EINVAL;
         }
         fprintf(p->f, "$%s << EOD\n", ops[o]);
         json_array_foreach(arr, i, r) {
             double b = num(r, "bytes");
             if (!(b > 0)) {
-                snprintf(err, errlen, "bench allgather %s result %zu: needs \"bytes\"", ops[o],
+                snprintf(err, errlen, "bench %s %s result %zu: needs \"bytes\"", kind, ops[o],
                          i + 1);
                 return -EINVAL;
             }
@@ -513,22 +516,46 @@ static int plot_allgather(const json_t *rec, fso_plot *p, char *err, size_t errl
     }
     qsort(sizes, (size_t)nsz, sizeof *sizes, cmp_double);
     fprintf(p->f, "set title ");
-    fso_plot_quote(p->f, "fsoff bench allgather: %d x %s over NCCL, fp32", (int)num(c, "ranks"),
-                   str(rec, "device", "?"));
+    if (strcmp(kind, "net") == 0)
+        fso_plot_quote(p->f, "fsoff bench net: %d boxes over %s", (int)num(rec, "boxes"),
+                       str(rec, "transport", "?"));
+    else
+        fso_plot_quote(p->f, "fsoff bench allgather: %d x %s over NCCL, fp32",
+                       (int)num(c, "ranks"), str(rec, "device", "?"));
     fprintf(p->f, "\nset logscale x 2\nset autoscale xfix\n"
                   "set offsets graph 0.04, graph 0.04, 0, 0\n"
-                  "set xlabel 'size: the larger buffer per rank (bytes)'\n"
+                  "set xlabel '%s'\n"
                   "set ylabel 'bus bandwidth GB/s (1e9 B/s, nccl-tests busbw)'\n"
-                  "set yrange [0:*]\nset key top left\nset xtics (");
+                  "set yrange [0:*]\nset key top left\nset xtics (",
+            strcmp(kind, "net") == 0 ? "size: total bytes per collective"
+                                     : "size: the larger buffer per rank (bytes)");
     for (int j = 0; j < nsz; j++) {
         char l[32];
         fso_plot_size_label(l, sizeof l, sizes[j]);
         fprintf(p->f, "%s'%s' %.0f", j ? ", " : "", l, sizes[j]);
     }
-    fprintf(p->f, ")\nplot $all_gather using 1:2 with linespoints lw 2 pt 7 lc 1 title "
-                  "'all-gather', $reduce_scatter using 1:2 with linespoints lw 2 pt 5 lc 2 "
-                  "title 'reduce-scatter'\n");
+    fprintf(p->f, ")\nplot ");
+    static const int pts[] = {7, 5, 9};
+    for (int o = 0; o < nops; o++)
+        fprintf(p->f, "%s$%s using 1:2 with linespoints lw 2 pt %d lc %d title '%s'",
+                o ? ", " : "", ops[o], pts[o % 3], o + 1, labels[o]);
+    fprintf(p->f, "\n");
     return 0;
+}
+
+static int plot_allgather(const json_t *rec, fso_plot *p, char *err, size_t errlen)
+{
+    static const char *const ops[2] = {"all_gather", "reduce_scatter"};
+    static const char *const labels[2] = {"all-gather", "reduce-scatter"};
+    return plot_busbw(rec, p, "allgather", ops, labels, 2, err, errlen);
+}
+
+static int plot_net(const json_t *rec, fso_plot *p, char *err, size_t errlen)
+{
+    static const char *const ops[3] = {"all_reduce", "reduce_scatter", "all_gather"};
+    static const char *const labels[3] = {"all-reduce (doubles)", "reduce-scatter",
+                                          "all-gather"};
+    return plot_busbw(rec, p, "net", ops, labels, 3, err, errlen);
 }
 
 /* ------------------------------------------------------------ pipeline */
@@ -574,9 +601,10 @@ int fso_plot_bench(const json_t *rec, const char *png, int width, int height, ch
     const char *kind = str(rec, "bench", "");
     bool wide = strcmp(kind, "nvme") == 0 || strcmp(kind, "tune") == 0;
     if (!wide && strcmp(kind, "adam") != 0 && strcmp(kind, "h2d") != 0 &&
-        strcmp(kind, "allgather") != 0 && strcmp(kind, "pipeline") != 0) {
+        strcmp(kind, "allgather") != 0 && strcmp(kind, "pipeline") != 0 &&
+        strcmp(kind, "net") != 0) {
         snprintf(err, errlen, "\"bench\": \"%s\": not a result fsoff can draw (nvme, tune, adam, "
-                 "h2d, allgather, pipeline)", kind);
+                 "h2d, allgather, net, pipeline)", kind);
         return -EINVAL;
     }
     fso_plot p;
@@ -600,6 +628,8 @@ int fso_plot_bench(const json_t *rec, const char *png, int width, int height, ch
         rc = plot_h2d(rec, &p, err, errlen);
     else if (strcmp(kind, "pipeline") == 0)
         rc = plot_pipeline(rec, &p, err, errlen);
+    else if (strcmp(kind, "net") == 0)
+        rc = plot_net(rec, &p, err, errlen);
     else
         rc = plot_allgather(rec, &p, err, errlen);
     if (rc < 0) {

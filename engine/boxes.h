@@ -62,11 +62,12 @@ const char *fso_boxes_host(int box); /* its host name, for messages */
 void fso_boxes_set_timeout(double seconds);
 double fso_boxes_timeout_s(void);
 
-/* Make the rails for `devices` devices (every box the same count, checked):
- * MPI rails for CPU devices (cuda false), NCCL ones for GPUs (ids made by
- * box 0 and broadcast; non-blocking communicators, so that they can be
- * aborted), box and boxes filled. With one box: boxes = 1 and no rails.
- * 0, or negative errno with err. */
+/* Make the rails for `devices` devices (every box the same count and kind
+ * of device, checked, naming the box that differs): MPI rails over host
+ * memory, for GPUs too (cuda: the trainer stages their shards through host
+ * buffers; NCCL rails on device memory are not in fsoff yet), box and boxes
+ * filled, and the rate they send at timed (fso_boxes_net_gbps). With one
+ * box: boxes = 1 and no rails. 0, or negative errno with err. */
 int fso_boxes_rails(int devices, bool cuda, fso_rails *out, char *err, size_t errlen);
 void fso_boxes_rails_free(fso_rails *r);
 /* What leaves a box per second over its rails, GB/s, one direction: the
@@ -95,16 +96,36 @@ void fso_boxes_phase(const char *what, int64_t step, int block);
  * exits non-zero). Without MPI: exit(code). */
 _Noreturn void fso_boxes_abort(const char *why, int code);
 
-/* Checks at the start of a run across boxes (boxes_check.c), each 0 or
- * -EINVAL with err naming what differs, the first box that differs from
- * box 0 and its host, and the fix: the same fsoff build (a digest of the
- * executable); the same bytes of `what` (text: its first differing line);
- * the same file at `path` (its size and a digest); a folder that every box
- * sees as the same (a token box 0 writes there; checkpoint.dir). */
+/* The launcher's process count from an environment (envp, as environ): 1
+ * without a launcher, 0 for PMIx (MPI will say), the count otherwise; a
+ * count above 1 with have_mpi false refuses (-ENOTSUP, err saying how to
+ * build fsoff with MPI), as does a count that is not a number (-EINVAL).
+ * fso_boxes_init's first step, pure so that it can be tested. */
+int fso_boxes_launcher_check(char *const *envp, bool have_mpi, char *err, size_t errlen);
+
+/* 128 bits of buf (two FNV-1a 64 lanes), continued from h (h = {0, 0} to
+ * start): telling builds and files apart, not security. */
+void fso_boxes_hash(const void *buf, size_t len, uint64_t h[2]);
+
+/* Checks that every box runs the same thing (boxes_check.c); each is a wait
+ * across boxes on the main thread, every box calls it, every box gets the
+ * same answer. 0 with one box.
+ *
+ * The same fsoff on every box: a digest of /proc/self/exe and FSO_VERSION;
+ * a box with another build is named. */
 int fso_boxes_check_build(char *err, size_t errlen);
+/* The same bytes of `what` (a resolved configuration's text, a digest):
+ * the first box that differs is named, and when the bytes are text short
+ * enough to exchange (64 KiB), the first line that differs. */
 int fso_boxes_check_bytes(const char *what, const void *buf, size_t len, char *err,
                           size_t errlen);
+/* The same file at `path` (`what` names it: "data.train"): its size and a
+ * hash (the whole file up to 64 MiB; else its first and last 16 MiB, its
+ * size and mtime). A box that cannot read it is named with the reason. */
 int fso_boxes_check_file(const char *what, const char *path, char *err, size_t errlen);
+/* dir is one folder every box sees (checkpoints): box 0 writes a token file
+ * there, every box reads it back, box 0 removes it. A box that does not see
+ * it is named. */
 int fso_boxes_check_shared_dir(const char *dir, char *err, size_t errlen);
 
 #endif

@@ -168,6 +168,7 @@ static void print_banner(FILE *out, const fso_config *cfg, const fso_trainer *tr
 static int join_boxes(const fso_config *cfg, fso_rails *rails)
 {
     char err[2048];
+    fso_boxes_set_timeout(cfg->comm_timeout_s);
     int rc = fso_boxes_check_build(err, sizeof err);
     if (rc == 0) {
         json_t *j = fso_config_to_json(cfg);

@@ -257,6 +257,8 @@ expect_png "plot of a saved bench allgather result" "$TMP/ag.png" 900x540 -- \
     plot "$SRC/tests/fixtures/bench_allgather.json" -o "$TMP/ag.png"
 expect_png "plot --size" "$TMP/ag2.png" 640x400 -- \
     plot "$SRC/tests/fixtures/bench_allgather.json" -o "$TMP/ag2.png" --size 640x400
+expect_png "plot of a saved bench net result" "$TMP/net.png" 900x540 -- \
+    plot "$SRC/tests/fixtures/bench_net.json" -o "$TMP/net.png"
 printf '{"bench": "allgather", "device": "x", "devices": 1, "collectives": "not run: 1 GPU"}\n' \
     >"$TMP/ag1.json"
 expect_fail "plot of an allgather result without measurements" 2 "not run: 1 GPU" -- \

@@ -23,6 +23,7 @@
 #include "config/config.h"
 #include "config/json_locate.h"
 #include "test_util.h"
+#include "boxes.h"
 #include "test_config_util.h"
 
 static void tiny_path(char *buf, size_t size)
@@ -326,6 +327,23 @@ static void test_wrong_types_are_explained(void **state)
     if (load_text(t, &c, "{\"train\": {\"steps\": 40.0}}") != 0)
         fail_msg("%s", c.err);
     assert_int_equal(c.steps, 40);
+}
+
+/* comm.timeout_s: how long a box waits for another (boxes.h). */
+static void test_comm_timeout_default_and_bounds(void **state)
+{
+    tdir *t = *state;
+    fso_config c;
+    if (load_text(t, &c, "{}") != 0)
+        fail_msg("%s", c.err);
+    assert_true(c.comm_timeout_s == FSO_BOXES_TIMEOUT_S);
+    if (load_text(t, &c, "{\"comm\": {\"timeout_s\": 30}}") != 0)
+        fail_msg("%s", c.err);
+    assert_true(c.comm_timeout_s == 30.0);
+    assert_int_equal(load_text(t, &c, "{\"comm\": {\"timeout_s\": 0}}"), -EINVAL);
+    assert_non_null(strstr(c.err, "comm.timeout_s"));
+    assert_int_equal(load_text(t, &c, "{\"comm\": {\"timeout\": 5}}"), -EINVAL);
+    assert_non_null(strstr(c.err, "timeout_s"));
 }
 
 static void test_heads_must_divide_hidden(void **state)
@@ -1083,6 +1101,7 @@ int main(void)
         T(test_unknown_top_level_key_is_located),
         T(test_unknown_nested_key_names_full_path),
         T(test_wrong_types_are_explained),
+        T(test_comm_timeout_default_and_bounds),
         T(test_heads_must_divide_hidden),
         T(test_kv_heads_must_divide_heads),
         T(test_head_dim_rules),

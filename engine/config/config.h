@@ -262,6 +262,7 @@ typedef struct fso_config {
                                      workspaces); -1 when not given: the default
                                      (FSO_DEVICE_MARGIN_GPU on GPUs, 0 on CPU devices) */
     fso_checkpoint_config checkpoint;
+    double comm_timeout_s;        /* comm.timeout_s: the longest wait across boxes (boxes.h) */
     char init_from[4096];         /* model.init_from (--init-from): a Hugging Face folder the
                                      parameters start from, "" for the seed (hf.h) */
 

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "boxes.h"
 #include "config_impl.h"
 
 /* ---------------------------------------------------------------- sections */
@@ -32,6 +33,7 @@ static const key_spec top_keys[] = {
     {"zero_optimization", NULL},
     {"aio", NULL},
     {"checkpoint", NULL},
+    {"comm", NULL},
     {"activation_checkpointing", NULL},
     {"wall_clock_breakdown", "fsoff prints the time of every step anyway"},
     {"zero_allow_untested_optimizer", "fsoff always runs its own AdamW"},
@@ -1131,6 +1133,26 @@ static int apply_checkpoint(walker *w, json_t *root)
     return 0;
 }
 
+/* ---------------------------------------------------------------- comm */
+
+/* Across boxes (boxes.h): how long any wait for another box may last. */
+static const key_spec comm_keys[] = {
+    {"timeout_s", NULL},
+    {NULL, NULL},
+};
+
+static int apply_comm(walker *w, json_t *root)
+{
+    keypath sec = {{"comm"}, 1};
+    json_t *s;
+
+    CFG_TRY(fso_cfg_get_section(w, root, "comm", true, &s));
+    CFG_TRY(fso_cfg_check_keys(w, s, &sec, comm_keys, ""));
+    CFG_TRY(fso_cfg_get_number(w, s, &sec, "timeout_s", RANGE_POSITIVE,
+                               DBL(FSO_BOXES_TIMEOUT_S), &w->out->comm_timeout_s));
+    return 0;
+}
+
 /* Validate doc->merged and fill cfg; on failure cfg keeps its values and
  * cfg->err holds the message. */
 int fso_cfg_apply(fso_config *cfg, const struct fso_config_doc *doc, bool warn)
@@ -1163,6 +1185,8 @@ int fso_cfg_apply(fso_config *cfg, const struct fso_config_doc *doc, bool warn)
         rc = apply_offload(&w, root);
     if (rc == 0)
         rc = apply_checkpoint(&w, root);
+    if (rc == 0)
+        rc = apply_comm(&w, root);
     if (rc == 0)
         *cfg = *c;
     else
