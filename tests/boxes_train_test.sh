@@ -28,8 +28,7 @@ FSOFF=$(realpath "${1:?usage: boxes_train_test.sh path/to/fsoff}")
 command -v mpirun >/dev/null || { echo "mpirun not found (Debian: apt-get install openmpi-bin)"; exit 77; }
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,tcp \
     OMPI_MCA_btl_tcp_if_include=lo OMPI_MCA_oob_tcp_if_include=lo \
-    OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl_vader_single_copy_mechanism=none \
-    OMPI_MCA_odls_base_sigkill_timeout=30
+    OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
 MPIRUN=(mpirun -np 2 --bind-to none)
 if ! "$FSOFF" --version | grep -q 'mpi: yes'; then
     echo "this fsoff was built without MPI (meson setup -Dmpi=enabled with libopenmpi-dev)"
@@ -105,22 +104,26 @@ fi
 # ---------------------------------------------------------------- stop, save, resume
 # A run of 6 steps (its schedule is the 6 steps') held after step 3 by the
 # test hook on every box, SIGTERM while held (to mpirun, which forwards it,
-# waiting odls_base_sigkill_timeout seconds, exported above, before it
-# kills), then released: every box stops after step 3, saves it once and
+# then waits odls_base_sigkill_timeout seconds before it kills), then
+# released: every box stops after step 3, saves it once and
 # exits 3. The checkpoint then resumes on the other box count.
 args=("${SMALL[@]}" --set train_micro_batch_size_per_gpu=2 --set gradient_accumulation_steps=1
       --set checkpoint.every_steps=2 --steps 6)
-cat > hold.sh <<EOF
+cat > holder.sh <<EOF
 #!/usr/bin/env bash
 echo \$\$ > "$TMP/pid.\$OMPI_COMM_WORLD_RANK"
 export FSOFF_TEST_STEP_PAUSE=3:$TMP/hold.\$OMPI_COMM_WORLD_RANK
 exec "$FSOFF" "\$@"
 EOF
-chmod +x hold.sh
+chmod +x holder.sh
 stopped_at_3() { # BOXES ARGS...: status of the run stopped after step 3
     local n=$1 i p; shift
     rm -f hold.*
-    if [ "$n" = 2 ]; then boxes ./hold.sh "$@" & else OMPI_COMM_WORLD_RANK=0 ./hold.sh "$@" & fi
+    if [ "$n" = 2 ]; then
+        OMPI_MCA_odls_base_sigkill_timeout=60 boxes ./holder.sh "$@" &
+    else
+        OMPI_COMM_WORLD_RANK=0 ./holder.sh "$@" &
+    fi
     p=$!
     for ((i = 0; i < 600; i++)); do
         [ -e hold.0 ] && { [ "$n" = 1 ] || [ -e hold.1 ]; } && break
@@ -175,8 +178,8 @@ echo \$\$ > "$TMP/pid.\$OMPI_COMM_WORLD_RANK"
 exec "$FSOFF" "\$@"
 EOF
 chmod +x box.sh
-dead_box() { # NAME SIGNAL
-    local name=$1 sig=$2
+dead_box() { # NAME SIGNAL PATTERN: the output names box 1 so
+    local name=$1 sig=$2 want=$3
     rm -rf dead hold pid.* dead.out
     local t0=$SECONDS
     boxes ./box.sh --devices cpu:1 "${args[@]}" --set comm.timeout_s=5 --save dead \
@@ -201,8 +204,8 @@ dead_box() { # NAME SIGNAL
     kill -KILL "$(cat pid.1)" 2>/dev/null
     if [ $rc -eq 0 ]; then
         bad "$name" "exit status 0" "$(tail -5 dead.out)"
-    elif ! grep -q 'box 1' dead.out; then
-        bad "$name" "nothing names box 1" "$(tail -8 dead.out)"
+    elif ! grep -Eq "$want" dead.out; then
+        bad "$name" "nothing names box 1 ($want)" "$(tail -8 dead.out)"
     elif ! "$FSOFF" --devices cpu:2 "${args[@]}" --save dead --resume >deadr.out 2>&1 ||
          ! cmp -s "$(latest_state ref)" "$(latest_state dead)"; then
         bad "$name" "the last checkpoint does not resume to the uninterrupted run's state" \
@@ -211,8 +214,13 @@ dead_box() { # NAME SIGNAL
         ok "$name (exit $rc after $((SECONDS - t0)) s)"
     fi
 }
-dead_box "box 1 killed mid-step: box 0 fails naming it, the last checkpoint resumes" KILL
-dead_box "box 1 stopped mid-step: box 0 fails naming it within the timeout" STOP
+# a process that dies is mpirun's to see first: it ends the job at once,
+# naming its rank (the box); a box that stalls is fsoff's to name
+dead_box "box 1 killed mid-step: the run ends naming it, the last checkpoint resumes" KILL \
+    'box 1|rank 1'
+dead_box "box 1 stopped mid-step: box 0 fails naming it within the timeout" STOP \
+    'box 1 [(]host [^)]*[)]: no heartbeat'
+
 
 # ---------------------------------------------------------------- refusals
 name="boxes with different configurations are refused, naming box 1 and the difference"
