@@ -111,14 +111,21 @@ args=("${SMALL[@]}" --set train_micro_batch_size_per_gpu=2 --set gradient_accumu
       --set checkpoint.every_steps=2 --steps 6)
 cat > holder.sh <<EOF
 #!/usr/bin/env bash
-echo \$\$ > "$TMP/pid.\$OMPI_COMM_WORLD_RANK"
+# fsoff as a child, so that its exit status is recorded. mpirun signals each
+# box's process group; the wrapper ignores the signals (fsoff sets its own)
+trap '' TERM INT
 export FSOFF_TEST_STEP_PAUSE=3:$TMP/hold.\$OMPI_COMM_WORLD_RANK
-exec "$FSOFF" "\$@"
+"$FSOFF" "\$@" &
+child=\$!
+echo \$child > "$TMP/pid.\$OMPI_COMM_WORLD_RANK"
+while kill -0 \$child 2>/dev/null; do wait \$child; rc=\$?; done
+echo \$rc > "$TMP/rc.\$OMPI_COMM_WORLD_RANK"
+exit \$rc
 EOF
 chmod +x holder.sh
-stopped_at_3() { # BOXES ARGS...: status of the run stopped after step 3
+stopped_at_3() { # BOXES ARGS...: each box's exit status in rc.K
     local n=$1 i p; shift
-    rm -f hold.*
+    rm -f hold.* rc.* pid.*
     if [ "$n" = 2 ]; then
         OMPI_MCA_odls_base_sigkill_timeout=60 boxes ./holder.sh "$@" &
     else
@@ -129,7 +136,7 @@ stopped_at_3() { # BOXES ARGS...: status of the run stopped after step 3
         [ -e hold.0 ] && { [ "$n" = 1 ] || [ -e hold.1 ]; } && break
         sleep 0.1
     done
-    kill -TERM $p
+    if [ "$n" = 2 ]; then kill -TERM $p; else kill -TERM "$(cat pid.0)"; fi
     sleep 1
     rm -f hold.0 hold.1
     wait $p
@@ -139,9 +146,9 @@ rm -rf ref b2 b1
 
 name="SIGTERM to mpirun: both boxes stop after step 3, save it once, exit 3"
 stopped_at_3 2 --devices cpu:1 "${args[@]}" --save b2 --metrics b2.jsonl >b2.out 2>&1
-rc=$?
-if [ $rc -ne 3 ]; then
-    bad "$name" "mpirun's exit status $rc (want 3: every box stopped)" "$(tail -6 b2.out)"
+if [ "$(cat rc.0 2>/dev/null)" != 3 ] || [ "$(cat rc.1 2>/dev/null)" != 3 ]; then
+    bad "$name" "exit statuses: box 0 $(cat rc.0 2>/dev/null), box 1 $(cat rc.1 2>/dev/null) (want 3)" \
+        "$(tail -6 b2.out)"
 elif [ "$(tr -d '\n' < b2/latest 2>/dev/null)" != step-00000003 ]; then
     bad "$name" "latest: $(cat b2/latest 2>/dev/null) (want step-00000003)" "$(tail -6 b2.out)"
 elif [ "$(grep -c '^{"step"' b2.jsonl)" -ne 3 ] || [ "$(grep -c '"checkpoint"' b2.jsonl)" -ne 2 ]; then
@@ -158,9 +165,8 @@ else
 fi
 name="saved on 1 box of 2 devices at step 3, resumed on 2 boxes: the uninterrupted run's state"
 stopped_at_3 1 --devices cpu:2 "${args[@]}" --save b1 >b1.out 2>&1
-rc=$?
-if [ $rc -ne 3 ]; then
-    bad "$name" "the run stopped with status $rc (want 3)" "$(tail -5 b1.out)"
+if [ "$(cat rc.0 2>/dev/null)" != 3 ]; then
+    bad "$name" "the run stopped with status $(cat rc.0 2>/dev/null) (want 3)" "$(tail -5 b1.out)"
 elif boxes "$FSOFF" --devices cpu:1 "${args[@]}" --save b1 --resume >b1r.out 2>&1; then
     cmp -s "$(latest_state ref)" "$(latest_state b1)" && ok "$name" ||
         bad "$name" "state.bin differs from the uninterrupted run's"
