@@ -121,7 +121,7 @@ stopped_at_3() { # BOXES ARGS...: the status of the run stopped after step 3
     # seconds later SIGTERM, and as long again later SIGKILL: released 2 s
     # after the SIGTERM, the boxes have 3 s to save and end
     if [ "$n" = 2 ]; then
-        OMPI_MCA_odls_base_sigkill_timeout=5 boxes ./holder.sh "$@" &
+        OMPI_MCA_odls_base_sigkill_timeout=5 "${MPIRUN[@]}" ./holder.sh "$@" & # $!: mpirun
     else
         OMPI_COMM_WORLD_RANK=0 ./holder.sh "$@" &
     fi
@@ -186,7 +186,7 @@ dead_box() { # NAME SIGNAL PATTERN: the output names box 1 so
     local name=$1 sig=$2 want=$3
     rm -rf dead hold pid.* dead.out
     local t0=$SECONDS
-    boxes ./box.sh --devices cpu:1 "${args[@]}" --set comm.timeout_s=5 --save dead \
+    "${MPIRUN[@]}" ./box.sh --devices cpu:1 "${args[@]}" --set comm.timeout_s=5 --save dead \
         >dead.out 2>&1 &
     local mp=$! i
     for ((i = 0; i < 600; i++)); do [ -e hold ] && break; sleep 0.1; done
