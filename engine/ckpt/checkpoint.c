@@ -657,6 +657,29 @@ static void prune(fso_ckpt_saver *sv, int64_t newest)
     free(f);
 }
 
+/* The temporary folder tmp, its state.bin on the drive, made a checkpoint:
+ * the carried files and the manifest (spec's pieces) beside state.bin, the
+ * folder on the drive, renamed to final and named in `latest`, and the
+ * checkpoints beyond checkpoint.keep pruned. *bytes grows by what was
+ * written. 0, or negative errno with sv->res's err. */
+static int complete(fso_ckpt_saver *sv, const char *tmp, const char *name, const char *final,
+                    const fso_zero_save_spec *spec, uint64_t *bytes)
+{
+    fso_ckpt_result *r = &sv->res;
+    int rc = write_carried(sv, tmp, bytes);
+    if (rc == 0)
+        rc = write_manifest(sv, tmp, spec, bytes);
+    if (rc == 0 && (rc = fso_ckpt_fsync_path(tmp, true)) < 0)
+        fail(r, rc, "%s: fsync: %s", tmp, strerror(-rc));
+    if (rc == 0 && (rc = publish(sv, tmp, final)) < 0)
+        fail(r, rc, "renaming %s to %s: %s", tmp, final, strerror(-rc));
+    if (rc == 0 && (rc = write_latest(sv, name)) < 0)
+        fail(r, rc, "%s/%s: %s", sv->dir, FSO_CKPT_LATEST, strerror(-rc));
+    if (rc == 0)
+        prune(sv, r->step);
+    return rc;
+}
+
 static void save_names(const fso_ckpt_saver *sv, char *name, char *tmp, char *final)
 {
     snprintf(name, 64, "step-%08lld", (long long)sv->res.step);
@@ -720,21 +743,12 @@ static void *save_main(void *arg)
     if (rc == 0 && (rc = finish_data(data, sv->layout.total_bytes)) < 0)
         fail(r, rc, "%s: %s", data, strerror(-rc));
     if (rc == 0)
-        rc = write_carried(sv, tmp, &bytes);
-    if (rc == 0)
-        rc = write_manifest(sv, tmp, &spec, &bytes);
-    if (rc == 0 && (rc = fso_ckpt_fsync_path(tmp, true)) < 0)
-        fail(r, rc, "%s: fsync: %s", tmp, strerror(-rc));
-    if (rc == 0 && (rc = publish(sv, tmp, final)) < 0)
-        fail(r, rc, "renaming %s to %s: %s", tmp, final, strerror(-rc));
-    if (rc == 0 && (rc = write_latest(sv, name)) < 0)
-        fail(r, rc, "%s/%s: %s", sv->dir, FSO_CKPT_LATEST, strerror(-rc));
+        rc = complete(sv, tmp, name, final, &spec, &bytes);
     if (rc == 0) {
         snprintf(r->path, sizeof r->path, "%s", final);
         r->bytes = bytes;
         r->cloned_bytes = spec.cloned_bytes;
         sv->last_step = r->step;
-        prune(sv, r->step);
     } else {
         fso_ckpt_remove_folder(tmp);
         snprintf(r->path, sizeof r->path, "%s", sv->dir);
@@ -818,18 +832,8 @@ static void commit_boxes(fso_ckpt_saver *sv, int failed)
                 spec->pieces[j - 1] = t;
             }
         uint64_t bytes = sv->layout.total_bytes;
-        if ((rc = write_carried(sv, tmp, &bytes)) == 0)
-            rc = write_manifest(sv, tmp, spec, &bytes);
-        if (rc == 0 && (rc = fso_ckpt_fsync_path(tmp, true)) < 0)
-            fail(r, rc, "%s: fsync: %s", tmp, strerror(-rc));
-        if (rc == 0 && (rc = publish(sv, tmp, final)) < 0)
-            fail(r, rc, "renaming %s to %s: %s", tmp, final, strerror(-rc));
-        if (rc == 0 && (rc = write_latest(sv, name)) < 0)
-            fail(r, rc, "%s/%s: %s", sv->dir, FSO_CKPT_LATEST, strerror(-rc));
-        if (rc == 0) {
+        if ((rc = complete(sv, tmp, name, final, spec, &bytes)) == 0)
             r->bytes = bytes;
-            prune(sv, r->step);
-        }
     }
     if (sv->box == 0 && (rc < 0 || r->rc < 0))
         fso_ckpt_remove_folder(tmp);

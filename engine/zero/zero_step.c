@@ -33,15 +33,18 @@ static fso_adamw_step step_hparams(const fso_zero *z, double clip_coef)
     return as;
 }
 
-/* The optimizer's NVMe bytes since the last step into this step's, and
- * across boxes what its parameter all-gathers sent and took. */
-static void take_optimizer_bytes(rank_state *rk)
+/* What the optimizer did since the last step took it, into this step's
+ * figures: its time updating (across boxes AdamW's alone: its rails'
+ * all-gathers are the net time's), its NVMe bytes, and what its rails
+ * sent. */
+static void take_optimizer(rank_state *rk)
 {
-    rk->compute.st.net_bytes += __atomic_exchange_n(&rk->rail.net_bytes, 0, __ATOMIC_RELAXED);
     zr_lock(&rk->opt.mu);
+    rk->compute.st.optimizer_ms = rk->opt.busy_ms - rk->rail.param_ms;
     rk->compute.st.net_ms += rk->rail.param_ms;
-    rk->rail.param_ms = 0;
+    rk->opt.busy_ms = rk->rail.param_ms = 0;
     zr_unlock(&rk->opt.mu);
+    rk->compute.st.net_bytes += __atomic_exchange_n(&rk->rail.net_bytes, 0, __ATOMIC_RELAXED);
     for (int k = 0; k < FSO_N_KINDS; k++) {
         rk->compute.st.nvme_kind_read[k] +=
             __atomic_exchange_n(&rk->opt.read_kind[k], 0, __ATOMIC_RELAXED);
@@ -147,17 +150,11 @@ static void *rank_step(void *arg)
         drain(rk);
         return NULL;
     }
-    zr_lock(&rk->opt.mu);
-    rk->compute.st.optimizer_ms = rk->opt.busy_ms;
-    rk->opt.busy_ms = 0;
-    zr_unlock(&rk->opt.mu);
-    take_optimizer_bytes(rk);
+    take_optimizer(rk);
     if (cfg->optimizer_overlap == FSO_OVERLAP_NONE) {
         if (zr_optim_run(rk, &as) < 0)
             drain(rk);
-        rk->compute.st.optimizer_ms = rk->opt.busy_ms;
-        rk->opt.busy_ms = 0;
-        take_optimizer_bytes(rk);
+        take_optimizer(rk);
     } else if (cfg->optimizer_overlap == FSO_OVERLAP_FORWARD) {
         zr_optim_post_step(rk, &as);
     }
