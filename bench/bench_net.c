@@ -48,6 +48,17 @@ static void usage(FILE *f)
             "  --plot FILE.png  draw bus bandwidth against size, a line per collective\n");
 }
 
+/* One call of collective op (0 all-reduce of d, 1 reduce-scatter of f
+ * into out, 2 all-gather of f) of n elements a box. */
+static int call_op(fso_coll *c, int op, int me, double *d, float *f, float *out, size_t n)
+{
+    if (op == 0)
+        return c->ops->all_reduce_f64(c, me, d, n);
+    if (op == 1)
+        return c->ops->reduce_scatter(c, me, f, out, n);
+    return c->ops->all_gather(c, me, f + (size_t)me * n, f, n, FSO_DT_F32, 0);
+}
+
 /* One collective at one size on this box: seconds per call, and how many
  * elements of a checked call were wrong. */
 static int run_one(fso_coll *c, int op, uint64_t bytes, int iters, double *secs, size_t *wrong,
@@ -88,12 +99,7 @@ static int run_one(fso_coll *c, int op, uint64_t bytes, int iters, double *secs,
         }
         if (it == iters || rc)
             break;
-        if (op == 0)
-            rc = c->ops->all_reduce_f64(c, me, d, n);
-        else if (op == 1)
-            rc = c->ops->reduce_scatter(c, me, f, out, n);
-        else
-            rc = c->ops->all_gather(c, me, f + (size_t)me * n, f, n, FSO_DT_F32, 0);
+        rc = call_op(c, op, me, d, f, out, n);
     }
     double t = (fso_now_ms() - t0) / 1e3 / iters;
     /* one more call, checked */
@@ -103,14 +109,8 @@ static int run_one(fso_coll *c, int op, uint64_t bytes, int iters, double *secs,
         else
             f[i] = (float)(me + 1);
     }
-    if (!rc) {
-        if (op == 0)
-            rc = c->ops->all_reduce_f64(c, me, d, n);
-        else if (op == 1)
-            rc = c->ops->reduce_scatter(c, me, f, out, n);
-        else
-            rc = c->ops->all_gather(c, me, f + (size_t)me * n, f, n, FSO_DT_F32, 0);
-    }
+    if (!rc)
+        rc = call_op(c, op, me, d, f, out, n);
     size_t bad = 0;
     const double sum = (double)B * (B + 1) / 2;
     for (size_t i = 0; i < n && !rc && op == 0; i++)
