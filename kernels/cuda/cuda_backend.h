@@ -205,6 +205,43 @@ int fso_cuda_host_unregister(void *ptr, size_t bytes);
 int fso_coll_create_nccl(fso_coll **out, int world, fso_backend **devices, char *err,
                          size_t errlen);
 
+/* Across boxes (engine/boxes.h): NCCL's unique id, the bytes box 0 makes
+ * (fso_nccl_rail_id) and MPI hands to every box before each makes its end of
+ * the rail with it. */
+#define FSO_NCCL_ID_BYTES 128
+
+/* Called by a rail that waits too long: one line about box `box` (its
+ * host, when it was last heard from and what it was doing), from the
+ * boxes' heartbeat (engine/boxes.c). */
+typedef void (*fso_rail_describe_fn)(int box, char *buf, size_t len);
+
+/* A fresh NCCL unique id (ncclGetUniqueId) into id. 0 or -errno with the
+ * reason in err (-ENODEV: no CUDA module or device). */
+int fso_nccl_rail_id(unsigned char id[FSO_NCCL_ID_BYTES], char *err, size_t errlen);
+
+/* This box's end of a rail (coll.h) over NCCL: one communicator of `boxes`
+ * ranks, this box being rank `box`, on CUDA device `device`, made from the
+ * id every box was given. Every box calls it at about the same time (NCCL
+ * initialises collectively). The communicator is non-blocking
+ * (ncclConfig_t blocking = 0), so that every wait on it is polled and
+ * bounded by timeout_s (0: never), and on a timeout or an error it is
+ * aborted (ncclCommAbort): the call fails with -ETIMEDOUT or the error,
+ * c->err naming the call and, through describe (NULL: none), the other
+ * boxes; later calls fail at once with -ECANCELED.
+ *
+ * Its calls take rank = box, buffers in device `device`'s memory (pointers
+ * of any backend on that device), and are synchronous: each starts when
+ * called (the caller has finished writing send on every stream) and
+ * returns when recv is complete on this box, on the rail's own stream, so
+ * it never queues behind or ahead of the in-box collectives. One thread at
+ * a time per rail. all_reduce_f64's buffer is host memory; sums run in box
+ * order (all_reduce_f64, reduce_scatter_bf16 as fso_coll_create_nccl's),
+ * reduce_scatter in NCCL's order, which for two boxes is the one sum a+b.
+ * busy_ms[box] counts the time inside calls. 0 or -errno with err. */
+int fso_coll_create_nccl_rail(fso_coll **out, int device, int boxes, int box,
+                              const unsigned char id[FSO_NCCL_ID_BYTES], double timeout_s,
+                              fso_rail_describe_fn describe, char *err, size_t errlen);
+
 #endif /* FSO_HAVE_CUDA */
 
 #endif
