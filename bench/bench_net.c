@@ -206,7 +206,7 @@ int fso_bench_net(int argc, char **argv)
     }
     char err[512] = "";
     fso_rails r;
-    if (fso_boxes_rails(1, false, &r, err, sizeof err) != 0) {
+    if (fso_boxes_rails(1, false, FSO_RAILS_AUTO, &r, err, sizeof err) != 0) {
         fprintf(stderr, "fsoff: error: bench net: %s\n", err);
         return 1;
     }

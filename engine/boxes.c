@@ -25,11 +25,15 @@
 #include "boxes.h"
 #include "coll_mpi.h"
 #include "fso_build.h"
+#include "gpu_info.h"
 #include "store.h"
 #include "util.h"
 
 #if FSO_HAVE_MPI
 #include <mpi.h>
+#endif
+#if FSO_HAVE_CUDA
+#include "cuda/cuda_backend.h"
 #endif
 
 #define HOST_LEN 64
@@ -646,7 +650,90 @@ double fso_boxes_net_gbps(void)
     return g.boxes > 1 ? g.net_gbps : 0;
 }
 
-int fso_boxes_rails(int devices, bool cuda, fso_rails *out, char *err, size_t errlen)
+#if FSO_HAVE_CUDA && FSO_HAVE_MPI
+/* Whether one GPU serves two boxes (same host, same PCI bus id): NCCL
+ * refuses two ranks of one communicator on one GPU. *why says which. */
+static int gpu_shared(int devices, bool *shared, char *why, size_t whylen, char *err,
+                      size_t errlen)
+{
+    const int B = g.boxes;
+    char(*mine)[32] = calloc((size_t)devices, 32);
+    char(*all)[32] = calloc((size_t)devices * (size_t)B, 32);
+    int rc = mine && all ? 0 : -ENOMEM;
+    if (rc)
+        snprintf(err, errlen, "out of host memory comparing the boxes' GPUs");
+    for (int d = 0; d < devices && !rc; d++) {
+        fso_gpu_info gi;
+        char gerr[256];
+        if ((rc = fso_gpu_info_query(d, &gi, gerr, sizeof gerr)) < 0)
+            snprintf(err, errlen, "CUDA device %d: %s", d, gerr);
+        else
+            snprintf(mine[d], 32, "%s", gi.pci_bus_id);
+    }
+    if (!rc)
+        rc = gather_bytes("the boxes' GPUs", mine, (size_t)devices * 32, all, err, errlen);
+    *shared = false;
+    for (int a = 0; a < B && !rc && !*shared; a++)
+        for (int b = a + 1; b < B && !*shared; b++)
+            for (int d = 0; d < devices && !*shared; d++)
+                for (int e = 0; e < devices && !*shared; e++)
+                    if (strcmp(fso_boxes_host(a), fso_boxes_host(b)) == 0 &&
+                        strcmp(all[(size_t)a * devices + d], all[(size_t)b * devices + e]) == 0) {
+                        *shared = true;
+                        snprintf(why, whylen, "boxes %d and %d share GPU %s on host %s", a, b,
+                                 all[(size_t)a * devices + d], fso_boxes_host(a));
+                    }
+    free(mine);
+    free(all);
+    return rc;
+}
+
+/* The NCCL rails of every device: box 0 makes two ids per device, MPI
+ * hands them out, and every box makes its ends in the same order. */
+static int nccl_rails(int devices, fso_rails *out, char *err, size_t errlen)
+{
+    const size_t n = (size_t)2 * devices * FSO_NCCL_ID_BYTES;
+    unsigned char *ids = calloc(1, n);
+    if (!ids) {
+        snprintf(err, errlen, "out of host memory for NCCL's ids");
+        return -ENOMEM;
+    }
+    int rc = 0;
+    char why[512] = "";
+    for (int i = 0; i < 2 * devices && g.self == 0 && !rc; i++)
+        rc = fso_nccl_rail_id(ids + (size_t)i * FSO_NCCL_ID_BYTES, why, sizeof why);
+    /* box 0's failure reaches the others as its flag, not as a wait */
+    double failed = rc ? 1 : 0;
+    int src = fso_boxes_sum("NCCL's ids", &failed, 1, err, errlen);
+    if (src)
+        rc = src;
+    else if (failed > 0) {
+        snprintf(err, errlen, "box 0 (host %s) could not make NCCL's ids%s%s; set comm.rails "
+                 "to \"mpi\" to meet over MPI through host memory", fso_boxes_host(0),
+                 why[0] ? ": " : "", why);
+        rc = -EIO;
+    }
+    if (!rc)
+        rc = fso_boxes_bcast("NCCL's ids", ids, n, err, errlen);
+    for (int d = 0; d < devices && !rc; d++) {
+        fso_coll **ends[2] = {&out->grad_dev[d], &out->param_dev[d]};
+        for (int k = 0; k < 2 && !rc; k++) {
+            rc = fso_coll_create_nccl_rail(ends[k], d, g.boxes, g.self,
+                                           ids + (size_t)(2 * d + k) * FSO_NCCL_ID_BYTES,
+                                           g.timeout_s, describe, why, sizeof why);
+            if (rc)
+                snprintf(err, errlen, "CUDA device %d's %s rail over NCCL: %s; set comm.rails "
+                         "to \"mpi\" to meet over MPI through host memory", d,
+                         k ? "parameter" : "gradient", why);
+        }
+    }
+    free(ids);
+    return rc;
+}
+#endif
+
+int fso_boxes_rails(int devices, bool cuda, fso_rails_kind rails, fso_rails *out, char *err,
+                    size_t errlen)
 {
     memset(out, 0, sizeof *out);
     out->box = g.self;
@@ -684,8 +771,9 @@ int fso_boxes_rails(int devices, bool cuda, fso_rails *out, char *err, size_t er
     free(all);
     if (rc)
         return rc;
-    /* GPUs too meet on MPI rails: the trainer stages their shards through
-     * host memory (engine/zero/zero_rail.h) */
+    /* every device meets on MPI rails over host memory; GPUs also on NCCL
+     * rails over their own memory, for the shards that live there
+     * (engine/zero/zero_rail.h) */
 #if FSO_HAVE_MPI
     for (int d = 0; d < devices && !rc; d++) {
         rc = world_rail(&out->grad[d], err, errlen, "gradient", d);
@@ -695,6 +783,33 @@ int fso_boxes_rails(int devices, bool cuda, fso_rails *out, char *err, size_t er
     out->devices = devices;
     if (!rc)
         rc = time_rail(out->param[0], err, errlen);
+    if (!rc && cuda) {
+#if FSO_HAVE_CUDA
+        bool shared = false;
+        char why[256] = "";
+        if (rails != FSO_RAILS_MPI)
+            rc = gpu_shared(devices, &shared, why, sizeof why, err, errlen);
+        if (!rc && shared && rails == FSO_RAILS_NCCL) {
+            snprintf(err, errlen, "comm.rails is \"nccl\", but %s, and NCCL refuses two ranks "
+                     "of one communicator on one GPU: give each box its own GPUs, or set "
+                     "comm.rails to \"auto\" or \"mpi\"", why);
+            rc = -EINVAL;
+        } else if (!rc && (shared || rails == FSO_RAILS_MPI)) {
+            snprintf(out->note, sizeof out->note, "rails: MPI, through host memory (%s)",
+                     shared ? why : "comm.rails \"mpi\"");
+        } else if (!rc) {
+            rc = nccl_rails(devices, out, err, errlen);
+            if (!rc)
+                snprintf(out->note, sizeof out->note,
+                         "rails: NCCL for the shards on the GPUs, MPI for those in host "
+                         "memory or on NVMe");
+        }
+#else
+        snprintf(err, errlen, "this fsoff was built without CUDA, so its boxes cannot train "
+                 "on GPUs");
+        rc = -ENOTSUP;
+#endif
+    }
     if (rc)
         fso_boxes_rails_free(out);
     return rc;
@@ -709,9 +824,11 @@ void fso_boxes_rails_free(fso_rails *r)
     if (!r)
         return;
     for (int d = 0; d < FSO_MAX_DEVICES; d++) {
+        fso_coll_destroy(r->grad_dev[d]);
+        fso_coll_destroy(r->param_dev[d]);
         fso_coll_destroy(r->grad[d]);
         fso_coll_destroy(r->param[d]);
-        r->grad[d] = r->param[d] = NULL;
+        r->grad[d] = r->param[d] = r->grad_dev[d] = r->param_dev[d] = NULL;
     }
     r->devices = 0;
 }

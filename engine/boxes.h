@@ -30,8 +30,13 @@
 #include <stdint.h>
 
 #include "coll.h"
+#include "config/config.h"
 
-/* The rails of this process's devices. */
+/* The rails of this process's devices. Every device has a pair over MPI,
+ * whose buffers are host memory; GPUs also have a pair over NCCL, whose
+ * buffers are device memory: the trainer moves a shard over the NCCL rail
+ * when it lives on the GPU and over the MPI one otherwise (host memory,
+ * NVMe), so nothing crosses PCIe to meet another box. */
 typedef struct fso_rails {
     int box, boxes;                   /* this box, and how many (1: one box, no rails) */
     int devices;                      /* rails made: one pair per device */
@@ -39,6 +44,12 @@ typedef struct fso_rails {
                                          scalars (loss, norm, failures): its compute thread's */
     fso_coll *param[FSO_MAX_DEVICES]; /* device g's rail for its working parameters and the
                                          master's slices (export): its updater's */
+    fso_coll *grad_dev[FSO_MAX_DEVICES];  /* the NCCL pair (coll.h: buffers on device g), the
+                                             same threads' */
+    fso_coll *param_dev[FSO_MAX_DEVICES]; /* NULL: none (CPU devices, comm.rails "mpi", a GPU
+                                             that serves two boxes) */
+    char note[320];                   /* what carries the GPUs' rails and why, for the banner
+                                         ("" on CPU devices) */
     void *impl;                       /* the implementation's (communicators) */
 } fso_rails;
 
@@ -64,11 +75,15 @@ double fso_boxes_timeout_s(void);
 
 /* Make the rails for `devices` devices (every box the same count and kind
  * of device, checked, naming the box that differs): MPI rails over host
- * memory, for GPUs too (cuda: the trainer stages their shards through host
- * buffers; NCCL rails on device memory are not in fsoff yet), box and boxes
- * filled, and the rate they send at timed (fso_boxes_net_gbps). With one
- * box: boxes = 1 and no rails. 0, or negative errno with err. */
-int fso_boxes_rails(int devices, bool cuda, fso_rails *out, char *err, size_t errlen);
+ * memory, and on GPUs (cuda) NCCL rails over device memory as well, unless
+ * rails is FSO_RAILS_MPI or, with FSO_RAILS_AUTO, one GPU serves two boxes
+ * (NCCL refuses two ranks of a communicator on one GPU; FSO_RAILS_NCCL then
+ * refuses, naming the GPU and the boxes). Box 0 makes NCCL's ids, and MPI
+ * hands them to every box. Box and boxes filled, and the rate they send at
+ * timed (fso_boxes_net_gbps). With one box: boxes = 1 and no rails. 0, or
+ * negative errno with err. */
+int fso_boxes_rails(int devices, bool cuda, fso_rails_kind rails, fso_rails *out, char *err,
+                    size_t errlen);
 void fso_boxes_rails_free(fso_rails *r);
 /* What leaves a box per second over its rails, GB/s, one direction: the
  * all-gather fso_boxes_rails timed on device 0's rail as it made them (the
@@ -90,10 +105,12 @@ int fso_boxes_barrier(const char *what, char *err, size_t errlen);
  * out waiting for it says so ("box 1 (host h): no heartbeat for 31 s; last
  * at step 12, reduce-scatter of block 3"). Any thread; cheap. */
 void fso_boxes_phase(const char *what, int64_t step, int block);
-/* Fail the whole run: abort the rails' communicators, print `why` as one
- * line on stderr (NULL: the error was said already), remove this
- * process's NVMe store files, and MPI_Abort with status `code` (every box
- * exits non-zero). Without MPI: exit(code). */
+/* Fail the whole run: print `why` as one line on stderr (NULL: the error
+ * was said already), remove this process's NVMe store files, and MPI_Abort
+ * with status `code` (every box exits non-zero; a process's GPU work ends
+ * with it). A rail's NCCL communicator has aborted itself already when one
+ * of its calls failed or timed out (cuda_backend.h). Without MPI:
+ * exit(code). */
 _Noreturn void fso_boxes_abort(const char *why, int code);
 
 /* The launcher's process count from an environment (envp, as environ): 1

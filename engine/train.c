@@ -165,24 +165,29 @@ static void print_banner(FILE *out, const fso_config *cfg, const fso_trainer *tr
  * stale binary or configuration on one node is the commonest cluster
  * mistake: named, not trained on), then the rails that join each device
  * to the others. 0 or negative errno after one error line. */
+/* The same configuration on every box: its resolved text compared, the
+ * first differing line named. */
+static int agree_config(const fso_config *cfg, const char *what, char *err, size_t errlen)
+{
+    json_t *j = fso_config_to_json(cfg);
+    char *text = j ? json_dumps(j, JSON_SORT_KEYS | JSON_INDENT(1)) : NULL;
+    json_decref(j);
+    if (!text) {
+        snprintf(err, errlen, "out of memory");
+        return -ENOMEM;
+    }
+    int rc = fso_boxes_check_bytes(what, text, strlen(text), err, errlen);
+    free(text);
+    return rc;
+}
+
 static int join_boxes(const fso_config *cfg, fso_rails *rails)
 {
     char err[2048];
     fso_boxes_set_timeout(cfg->comm_timeout_s);
     int rc = fso_boxes_check_build(err, sizeof err);
-    if (rc == 0) {
-        json_t *j = fso_config_to_json(cfg);
-        char *text = j ? json_dumps(j, JSON_SORT_KEYS | JSON_INDENT(1)) : NULL;
-        json_decref(j);
-        if (!text) {
-            snprintf(err, sizeof err, "out of memory");
-            rc = -ENOMEM;
-        } else {
-            rc = fso_boxes_check_bytes("the resolved configuration", text, strlen(text), err,
-                                       sizeof err);
-            free(text);
-        }
-    }
+    if (rc == 0)
+        rc = agree_config(cfg, "the resolved configuration", err, sizeof err);
     const char *const files[2][2] = {{"data.path", cfg->data.path},
                                      {"data.val_path", cfg->data.val_path}};
     for (int i = 0; i < 2 && rc == 0; i++) {
@@ -191,8 +196,23 @@ static int join_boxes(const fso_config *cfg, fso_rails *rails)
             rc = fso_boxes_check_file(files[i][0], files[i][1], err, sizeof err);
     }
     if (rc == 0)
-        rc = fso_boxes_rails(fso_config_world(cfg), cfg->backend == FSO_BACKEND_CUDA, rails,
-                             err, sizeof err);
+        rc = fso_boxes_rails(fso_config_world(cfg), cfg->backend == FSO_BACKEND_CUDA,
+                             cfg->comm_rails, rails, err, sizeof err);
+    if (rc < 0)
+        fprintf(stderr, "fsoff: error: %s\n", err);
+    return rc;
+}
+
+/* After each box planned its run on its own machine: the same placement
+ * and batch split on every box, or the run stops naming the first
+ * difference (each box's rails carry a shard where it lives, so boxes that
+ * place alike stay in step, and their data must split alike). */
+static int agree_plan(const fso_config *run_cfg)
+{
+    char err[2048];
+    int rc = agree_config(run_cfg, "the planned configuration (each box planned on its own "
+                          "machine; give the plan's keys in the configuration, `fsoff plan` "
+                          "prints them, so that every box runs the same)", err, sizeof err);
     if (rc < 0)
         fprintf(stderr, "fsoff: error: %s\n", err);
     return rc;
@@ -648,6 +668,8 @@ int fso_train_run(const fso_config *cfg, const fso_run_opts *opts)
     rep.peak_flops = dev.peak_tflops * 1e12;
     if ((rc = plan_run(cfg, &dev, run_cfg, &rp, out)) < 0)
         goto out;
+    if (fso_config_boxes(cfg) > 1 && (rc = agree_plan(run_cfg)) < 0)
+        goto out;
     cfg = run_cfg;
     if (rp.plan && !(rp.block_ms = calloc((size_t)fso_model_n_blocks(&cfg->model),
                                           sizeof *rp.block_ms))) {
@@ -661,6 +683,8 @@ int fso_train_run(const fso_config *cfg, const fso_run_opts *opts)
     }
     rep.pin_refused = fso_zero_pin_refused(tr.zero) != NULL;
     print_banner(out, cfg, &tr, &data, dev.note);
+    if (rails.note[0])
+        fprintf(out, "%s\n", rails.note);
     if ((rc = fso_ckpt_run_resume(ck, &tr, &data, &rep, err, sizeof err)) < 0) {
         fprintf(stderr, "fsoff: error: %s\n", err);
         goto out;

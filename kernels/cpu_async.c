@@ -135,6 +135,11 @@ static void *device_of(void *p)
     return (void *)((uintptr_t)p | TAG);
 }
 
+void *fso_async_host_view(const void *device_ptr)
+{
+    return host_of(device_ptr);
+}
+
 /* Growing the queues is the only thing that can fail; it aborts, as a
  * test double out of memory has nothing sensible to report to. */
 static void *grow(void *p, size_t *cap, size_t used, size_t elem)

@@ -35,6 +35,11 @@ typedef struct fso_async_counts {
 } fso_async_counts;
 fso_async_counts fso_async_counts_of(fso_backend *be);
 
+/* The host address of a cpu-async device address (host memory passes
+ * through): what a GPU's own transport (NCCL) reaches directly, for tests
+ * that stand in for it. */
+void *fso_async_host_view(const void *device_ptr);
+
 /* The threads collectives (coll.h) among `world` cpu-async devices, bes[r]
  * being rank r's: each call first completes the rank's queued copies, as a
  * gather on a GPU is ordered after them. Destroy them before the devices,

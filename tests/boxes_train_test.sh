@@ -17,8 +17,9 @@
 #    last checkpoint resumes;
 #  - SIGTERM to mpirun stops both boxes after the same step, saved once
 #    (the checkpoint holds both boxes' slices);
-#  - boxes with different configurations, or a save folder each box sees on
-#    its own, are refused at the start naming box 1.
+#  - boxes with different configurations, boxes whose plans differ (each
+#    plans on its own machine), or a save folder each box sees on its own,
+#    are refused at the start naming box 1.
 #
 # Skipped (77) without mpirun or in a build without MPI.
 set -u
@@ -238,6 +239,20 @@ if boxes ./differ.sh --devices cpu:1 "${SMALL[@]}" >differ.out 2>&1; then
     bad "$name" "it trained"
 elif ! grep -q 'box 1' differ.out || ! grep -q 'steps' differ.out; then
     bad "$name" "the message does not name box 1 and the key" "$(grep -i error differ.out | head -3)"
+else
+    ok "$name"
+fi
+name="boxes whose plans differ (box 1 has less device memory) are refused, naming box 1"
+cat > plans.sh <<EOF
+#!/usr/bin/env bash
+extra=(); [ "\$OMPI_COMM_WORLD_RANK" = 1 ] && extra=(--device-mem 1600K)
+exec "$FSOFF" "\$@" "\${extra[@]}"
+EOF
+chmod +x plans.sh
+if boxes ./plans.sh --devices cpu:1 "${SMALL[@]}" --steps 2 >plans.out 2>&1; then
+    bad "$name" "it trained"
+elif ! grep -q 'planned configuration.*box 1.*resident_blocks' plans.out; then
+    bad "$name" "the message does not name box 1 and the planned key" "$(grep -i error plans.out | head -3)"
 else
     ok "$name"
 fi

@@ -85,7 +85,7 @@ static void test_sums(void)
 {
     char err[512];
     fso_rails r;
-    int rc = fso_boxes_rails(2, false, &r, err, sizeof err);
+    int rc = fso_boxes_rails(2, false, FSO_RAILS_AUTO, &r, err, sizeof err);
     CHECK(rc == 0, "rails: %s", err);
     if (rc)
         return;
@@ -166,10 +166,10 @@ static void test_sums(void)
     free(send);
     free(send16);
     /* a box with another device count is named */
-    rc = fso_boxes_rails(me == 1 ? 3 : 2, false, &r, err, sizeof err);
+    rc = fso_boxes_rails(me == 1 ? 3 : 2, false, FSO_RAILS_AUTO, &r, err, sizeof err);
     CHECK(rc == -EINVAL && strstr(err, "box 1 (host ") && strstr(err, "has 3 devices"),
           "devices differ: %d %s", rc, err);
-    rc = fso_boxes_rails(1, me == 1, &r, err, sizeof err);
+    rc = fso_boxes_rails(1, me == 1, FSO_RAILS_AUTO, &r, err, sizeof err);
     CHECK(rc == -EINVAL && strstr(err, "box 1 (host ") && strstr(err, "trains on GPUs") &&
               strstr(err, "box 0 (host "),
           "kinds differ: %d %s", rc, err);
@@ -212,7 +212,7 @@ static void test_threads(void)
 {
     char err[512];
     fso_rails r;
-    int rc = fso_boxes_rails(2, false, &r, err, sizeof err);
+    int rc = fso_boxes_rails(2, false, FSO_RAILS_AUTO, &r, err, sizeof err);
     CHECK(rc == 0, "rails: %s", err);
     if (rc)
         return;
@@ -235,7 +235,7 @@ static void test_timeout(void)
     char err[512];
     fso_boxes_set_timeout(3.0);
     fso_rails r;
-    int rc = fso_boxes_rails(1, false, &r, err, sizeof err);
+    int rc = fso_boxes_rails(1, false, FSO_RAILS_AUTO, &r, err, sizeof err);
     CHECK(rc == 0, "rails: %s", err);
     if (rc)
         return;

@@ -20,6 +20,8 @@
 #include <cmocka.h>
 #include <jansson.h>
 
+#include "config/config_json.h"
+
 #include "config/config.h"
 #include "config/json_locate.h"
 #include "test_util.h"
@@ -344,6 +346,33 @@ static void test_comm_timeout_default_and_bounds(void **state)
     assert_non_null(strstr(c.err, "comm.timeout_s"));
     assert_int_equal(load_text(t, &c, "{\"comm\": {\"timeout\": 5}}"), -EINVAL);
     assert_non_null(strstr(c.err, "timeout_s"));
+}
+
+/* comm.rails: what carries the rails across boxes of GPUs; the resolved
+ * configuration carries both comm keys, so that boxes compare them. */
+static void test_comm_rails(void **state)
+{
+    tdir *t = *state;
+    fso_config c;
+    if (load_text(t, &c, "{}") != 0)
+        fail_msg("%s", c.err);
+    assert_int_equal(c.comm_rails, FSO_RAILS_AUTO);
+    if (load_text(t, &c, "{\"comm\": {\"rails\": \"mpi\", \"timeout_s\": 45}}") != 0)
+        fail_msg("%s", c.err);
+    assert_int_equal(c.comm_rails, FSO_RAILS_MPI);
+    json_t *j = fso_config_to_json(&c);
+    assert_non_null(j);
+    assert_string_equal(json_string_value(json_object_get(json_object_get(j, "comm"), "rails")),
+                        "mpi");
+    assert_true(json_real_value(json_object_get(json_object_get(j, "comm"), "timeout_s")) ==
+                45.0);
+    json_decref(j);
+    if (load_text(t, &c, "{\"comm\": {\"rails\": \"nccl\"}}") != 0)
+        fail_msg("%s", c.err);
+    assert_int_equal(c.comm_rails, FSO_RAILS_NCCL);
+    assert_int_equal(load_text(t, &c, "{\"comm\": {\"rails\": \"gloo\"}}"), -EINVAL);
+    assert_non_null(strstr(c.err, "comm.rails"));
+    assert_non_null(strstr(c.err, "\"mpi\""));
 }
 
 static void test_heads_must_divide_hidden(void **state)
@@ -1102,6 +1131,7 @@ int main(void)
         T(test_unknown_nested_key_names_full_path),
         T(test_wrong_types_are_explained),
         T(test_comm_timeout_default_and_bounds),
+        T(test_comm_rails),
         T(test_heads_must_divide_hidden),
         T(test_kv_heads_must_divide_heads),
         T(test_head_dim_rules),

@@ -33,6 +33,7 @@
 
 #include "boxes.h"
 #include "config/config.h"
+#include "cpu_async.h"
 #include "cuda/cuda_backend.h"
 #include "data.h"
 #include "test_util.h"
@@ -113,15 +114,93 @@ static void *box_main(void *arg)
     return NULL;
 }
 
+/* A GPU box's NCCL rail stood in for over cpu-async devices (coll.h,
+ * cuda_backend.h fso_coll_create_nccl_rail): buffers are device memory,
+ * which the shared-memory collectives reach through its host view, and
+ * every call is done when it returns. */
+static int dr_all_gather(fso_coll *c, int rank, const void *send, void *recv, size_t count,
+                         fso_dtype dt, uint64_t after)
+{
+    (void)after;
+    fso_coll *in = c->ctx;
+    int rc = in->ops->all_gather(in, rank, fso_async_host_view(send), fso_async_host_view(recv),
+                                 count, dt, 0);
+    c->busy_ms[rank] = in->busy_ms[rank];
+    return rc;
+}
+
+static int dr_reduce_scatter(fso_coll *c, int rank, const float *send, float *recv, size_t count)
+{
+    fso_coll *in = c->ctx;
+    int rc = in->ops->reduce_scatter(in, rank, fso_async_host_view(send),
+                                     fso_async_host_view(recv), count);
+    c->busy_ms[rank] = in->busy_ms[rank];
+    return rc;
+}
+
+static int dr_reduce_scatter_bf16(fso_coll *c, int rank, const uint16_t *send, float *recv,
+                                  size_t count)
+{
+    fso_coll *in = c->ctx;
+    int rc = in->ops->reduce_scatter_bf16(in, rank, fso_async_host_view(send),
+                                          fso_async_host_view(recv), count);
+    c->busy_ms[rank] = in->busy_ms[rank];
+    return rc;
+}
+
+static int dr_all_reduce_f64(fso_coll *c, int rank, double *buf, size_t count)
+{
+    fso_coll *in = c->ctx;
+    return in->ops->all_reduce_f64(in, rank, buf, count);
+}
+
+static int dr_barrier(fso_coll *c, int rank)
+{
+    fso_coll *in = c->ctx;
+    return in->ops->barrier(in, rank);
+}
+
+static void dr_destroy(fso_coll *c)
+{
+    fso_coll_destroy(c->ctx);
+    free(c);
+}
+
+static const fso_coll_ops dev_rail_ops = {
+    .name = "device rail (test)",
+    .all_gather = dr_all_gather,
+    .reduce_scatter = dr_reduce_scatter,
+    .reduce_scatter_bf16 = dr_reduce_scatter_bf16,
+    .all_reduce_f64 = dr_all_reduce_f64,
+    .barrier = dr_barrier,
+    .destroy = dr_destroy,
+};
+
+static fso_coll *dev_rail(int boxes)
+{
+    fso_coll *c = calloc(1, sizeof *c), *in = NULL;
+    assert_non_null(c);
+    assert_int_equal(fso_coll_create_threads(&in, boxes), 0);
+    *c = (fso_coll){.ops = &dev_rail_ops, .ctx = in, .world = boxes};
+    return c;
+}
+
 /* cfg on `boxes` boxes of cfg->world devices, each box on its own thread;
- * box k's results into runs[k] (the caller frees each res). */
-static void run_boxes(const fso_config *cfg, int boxes, box_run *runs)
+ * box k's results into runs[k] (the caller frees each res). dev_ms: NULL,
+ * or the rails of the shards on the devices too (the NCCL pair a GPU box
+ * has, boxes.h), and the time box 0 spent in them into *dev_ms. */
+static void run_boxes_on(const fso_config *cfg, int boxes, box_run *runs, double *dev_ms)
 {
     fso_coll *grad[FSO_MAX_DEVICES], *param[FSO_MAX_DEVICES];
+    fso_coll *grad_dev[FSO_MAX_DEVICES] = {0}, *param_dev[FSO_MAX_DEVICES] = {0};
     const int world = fso_config_world(cfg);
     for (int g = 0; g < world; g++) {
         assert_int_equal(fso_coll_create_threads(&grad[g], boxes), 0);
         assert_int_equal(fso_coll_create_threads(&param[g], boxes), 0);
+        if (dev_ms) {
+            grad_dev[g] = dev_rail(boxes);
+            param_dev[g] = dev_rail(boxes);
+        }
     }
     pthread_t tid[MAX_BOXES];
     for (int k = 0; k < boxes; k++) {
@@ -133,18 +212,31 @@ static void run_boxes(const fso_config *cfg, int boxes, box_run *runs)
         for (int g = 0; g < world; g++) {
             b->rails.grad[g] = grad[g];
             b->rails.param[g] = param[g];
+            b->rails.grad_dev[g] = grad_dev[g];
+            b->rails.param_dev[g] = param_dev[g];
         }
         assert_int_equal(pthread_create(&tid[k], NULL, box_main, b), 0);
     }
     for (int k = 0; k < boxes; k++)
         pthread_join(tid[k], NULL);
+    if (dev_ms)
+        *dev_ms = 0;
     for (int g = 0; g < world; g++) {
+        if (dev_ms)
+            *dev_ms += grad_dev[g]->busy_ms[0] + param_dev[g]->busy_ms[0];
         fso_coll_destroy(grad[g]);
         fso_coll_destroy(param[g]);
+        fso_coll_destroy(grad_dev[g]);
+        fso_coll_destroy(param_dev[g]);
     }
     for (int k = 0; k < boxes; k++)
         if (runs[k].res.rc)
             fail_msg("%s", runs[k].res.err);
+}
+
+static void run_boxes(const fso_config *cfg, int boxes, box_run *runs)
+{
+    run_boxes_on(cfg, boxes, runs, NULL);
 }
 
 /* The small job on `world` devices: `seqs` sequences per device and
@@ -156,9 +248,11 @@ static void job(fso_config *cfg, int world, int seqs, int accum)
 }
 
 /* Two boxes of one device against one box of two devices, bit for bit;
- * every box's results the same (each holds a whole replica). */
-static void two_boxes_match_two_devices(fso_tier param, fso_tier optim, bool bf16,
-                                        const char *backend)
+ * every box's results the same (each holds a whole replica). dev_rails:
+ * with rails over device memory too, which carry the shards on the device
+ * (parameters, gradients) where they live. */
+static void two_boxes_match_two_devices_on(fso_tier param, fso_tier optim, bool bf16,
+                                           const char *backend, bool dev_rails)
 {
     fso_config one, two;
     job(&one, 2, 2, 1);
@@ -171,16 +265,26 @@ static void two_boxes_match_two_devices(fso_tier param, fso_tier optim, bool bf1
     run_result base;
     run_ok(&one, NULL, &base);
     box_run runs[2];
-    run_boxes(&two, 2, runs);
-    char what[160];
+    double dev_ms = 0;
+    run_boxes_on(&two, 2, runs, dev_rails ? &dev_ms : NULL);
+    /* the shards on a device that the CPU cannot address took those rails */
+    if (dev_rails && param == FSO_TIER_DEVICE && strcmp(backend, "cpu") != 0 && !(dev_ms > 0))
+        fail_msg("%s: parameters on the device, but the device rails were not used", backend);
+    char what[200];
     for (int k = 0; k < 2; k++) {
-        snprintf(what, sizeof what, "%s, %s parameters on tier %d, optimizer on tier %d: box %d "
-                 "of 2 x 1 device vs 1 x 2 devices", backend, bf16 ? "bf16" : "fp32", param,
-                 optim, k);
+        snprintf(what, sizeof what, "%s, %s parameters on tier %d, optimizer on tier %d%s: box "
+                 "%d of 2 x 1 device vs 1 x 2 devices", backend, bf16 ? "bf16" : "fp32", param,
+                 optim, dev_rails ? ", device rails" : "", k);
         assert_bit_identical(&base, &runs[k].res, 1, what);
         result_free(&runs[k].res);
     }
     result_free(&base);
+}
+
+static void two_boxes_match_two_devices(fso_tier param, fso_tier optim, bool bf16,
+                                        const char *backend)
+{
+    two_boxes_match_two_devices_on(param, optim, bf16, backend, false);
 }
 
 static void test_two_boxes_are_two_devices_bit_for_bit(void **state)
@@ -204,6 +308,21 @@ static void test_two_boxes_under_gpu_rules(void **state)
     two_boxes_match_two_devices(FSO_TIER_DEVICE, FSO_TIER_DEVICE, true, fso_test_gpu_rules());
     two_boxes_match_two_devices(FSO_TIER_DEVICE, FSO_TIER_HOST, false, fso_test_gpu_rules());
     two_boxes_match_two_devices(FSO_TIER_NVME, FSO_TIER_NVME, true, fso_test_gpu_rules());
+}
+
+/* A GPU box's NCCL rails, as rails over device memory: the gradient and
+ * parameter shards on the device meet the other box there (reduced in
+ * place, the norm taken on the device, the updated slice copied up and
+ * gathered in place), those elsewhere through host memory; the same bits. */
+static void test_two_boxes_on_device_rails(void **state)
+{
+    (void)state;
+    const char *gpu = fso_test_gpu_rules();
+    two_boxes_match_two_devices_on(FSO_TIER_DEVICE, FSO_TIER_DEVICE, true, gpu, true);
+    two_boxes_match_two_devices_on(FSO_TIER_DEVICE, FSO_TIER_DEVICE, false, gpu, true);
+    two_boxes_match_two_devices_on(FSO_TIER_DEVICE, FSO_TIER_HOST, true, gpu, true);
+    two_boxes_match_two_devices_on(FSO_TIER_HOST, FSO_TIER_HOST, false, gpu, true);
+    two_boxes_match_two_devices_on(FSO_TIER_DEVICE, FSO_TIER_NVME, true, gpu, true);
 }
 
 static double rel(double a, double b)
@@ -342,6 +461,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_two_boxes_are_two_devices_bit_for_bit),
         cmocka_unit_test(test_two_boxes_under_gpu_rules),
+        cmocka_unit_test(test_two_boxes_on_device_rails),
         cmocka_unit_test(test_two_boxes_of_two_agree_with_four_devices),
         cmocka_unit_test(test_net_bytes_are_the_derivation),
         cmocka_unit_test(test_backward_schedule_is_refused_across_boxes),

@@ -229,6 +229,11 @@ typedef struct fso_checkpoint_config {
     int keep;                     /* checkpoint.keep (--keep): complete checkpoints kept */
 } fso_checkpoint_config;
 
+/* comm.rails: what carries the rails across boxes of GPUs (engine/boxes.h).
+ * auto: NCCL where no GPU serves two boxes, else MPI; CPU devices always
+ * use MPI. */
+typedef enum { FSO_RAILS_AUTO, FSO_RAILS_NCCL, FSO_RAILS_MPI } fso_rails_kind;
+
 typedef struct fso_config {
     fso_model_config model;
     fso_optim_config optim;
@@ -263,6 +268,7 @@ typedef struct fso_config {
                                      (FSO_DEVICE_MARGIN_GPU on GPUs, 0 on CPU devices) */
     fso_checkpoint_config checkpoint;
     double comm_timeout_s;        /* comm.timeout_s: the longest wait across boxes (boxes.h) */
+    fso_rails_kind comm_rails;    /* comm.rails: what the rails across boxes run on (boxes.h) */
     char init_from[4096];         /* model.init_from (--init-from): a Hugging Face folder the
                                      parameters start from, "" for the seed (hf.h) */
 
@@ -394,6 +400,7 @@ extern const fso_config_choice fso_config_grad_dtype_choices[];  /* train.gradie
 extern const fso_config_choice fso_config_acts_choices[];        /* train.activations */
 extern const fso_config_choice fso_config_data_format_choices[]; /* data.format */
 extern const fso_config_choice fso_config_data_docs_choices[];   /* data.documents */
+extern const fso_config_choice fso_config_rails_choices[];       /* comm.rails */
 extern const fso_config_choice fso_config_sched_type_choices[];  /* scheduler.type */
 extern const fso_config_choice fso_config_warmup_type_choices[]; /* scheduler.params.warmup_type */
 /* The string of `value` in table; "?" when it has none. */

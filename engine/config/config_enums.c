@@ -44,6 +44,11 @@ const fso_config_choice fso_config_acts_choices[] = {
     {FSO_TIER_DEVICE, "device"}, {FSO_TIER_HOST, "host"}, {0, NULL},
 };
 
+/* comm.rails */
+const fso_config_choice fso_config_rails_choices[] = {
+    {FSO_RAILS_AUTO, "auto"}, {FSO_RAILS_NCCL, "nccl"}, {FSO_RAILS_MPI, "mpi"}, {0, NULL},
+};
+
 /* data.format */
 const fso_config_choice fso_config_data_format_choices[] = {
     {FSO_DATA_AUTO, "auto"}, {FSO_DATA_TOKENS, "tokens"}, {FSO_DATA_TEXT, "text"},

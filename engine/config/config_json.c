@@ -153,7 +153,7 @@ json_t *fso_config_to_json(const fso_config *c)
     json_t *j = json_pack(
         "{s:o, s:i, s:i, s:f, s:I, s:I, s:{s:b}, s:{s:s, s:{s:f, s:[f,f], s:f, s:f}}, s:o, "
         "s:{s:s, s:s, s:i, s:s, s:I, s:i, s:s}, s:{s:I, s:i, s:b, s:b, s:b, s:i, s:s}, s:{s:i, s:o, s:o}, "
-        "s:{s:I, s:i}, s:{s:s, s:I, s:i}}",
+        "s:{s:I, s:i}, s:{s:s, s:I, s:i}, s:{s:f, s:s}}",
         "model", model, "train_micro_batch_size_per_gpu", c->micro_batch,
         "gradient_accumulation_steps", c->grad_accum, "gradient_clipping", c->grad_clip,
         "steps_per_print", (json_int_t)c->steps_per_print, "seed", (json_int_t)c->seed,
@@ -172,7 +172,8 @@ json_t *fso_config_to_json(const fso_config *c)
         "zero_optimization", "stage", o->stage, "offload_param", op, "offload_optimizer", oo,
         "aio", "block_size", (json_int_t)o->aio_block_bytes, "queue_depth", o->aio_queue_depth,
         "checkpoint", "dir", c->checkpoint.dir, "every_steps", (json_int_t)c->checkpoint.every_steps,
-        "keep", c->checkpoint.keep);
+        "keep", c->checkpoint.keep, "comm", "timeout_s", c->comm_timeout_s, "rails",
+        fso_config_choice_name(fso_config_rails_choices, c->comm_rails));
     return train_placement_json(j, c);
 }
 

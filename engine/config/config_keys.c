@@ -1135,9 +1135,11 @@ static int apply_checkpoint(walker *w, json_t *root)
 
 /* ---------------------------------------------------------------- comm */
 
-/* Across boxes (boxes.h): how long any wait for another box may last. */
+/* Across boxes (boxes.h): how long any wait for another box may last, and
+ * what carries the rails. */
 static const key_spec comm_keys[] = {
     {"timeout_s", NULL},
+    {"rails", NULL},
     {NULL, NULL},
 };
 
@@ -1150,6 +1152,14 @@ static int apply_comm(walker *w, json_t *root)
     CFG_TRY(fso_cfg_check_keys(w, s, &sec, comm_keys, ""));
     CFG_TRY(fso_cfg_get_number(w, s, &sec, "timeout_s", RANGE_POSITIVE,
                                DBL(FSO_BOXES_TIMEOUT_S), &w->out->comm_timeout_s));
+    w->out->comm_rails = FSO_RAILS_AUTO;
+    json_t *v = s ? json_object_get(s, "rails") : NULL;
+    if (v) {
+        keypath p = fso_cfg_kp_child(&sec, "rails");
+        int m = 0;
+        CFG_TRY(fso_cfg_want_choice(w, v, &p, fso_config_rails_choices, false, &m));
+        w->out->comm_rails = (fso_rails_kind)m;
+    }
     return 0;
 }
 

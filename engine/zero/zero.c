@@ -455,6 +455,8 @@ static int open_rails(fso_zero *z, const fso_rails *rails, char *err, size_t err
         rank_state *rk = &z->ranks[r];
         rk->rail.grad = rails->grad[r];
         rk->rail.param = rails->param[r];
+        rk->rail.grad_dev = rails->grad_dev[r];
+        rk->rail.param_dev = rails->param_dev[r];
         if (!off_cpu)
             continue;
         rk->rail.buf_bytes = fso_fp_round_page(z->elem_bytes[FSO_KIND_PARAM] * z->max_shard);

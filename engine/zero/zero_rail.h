@@ -20,6 +20,9 @@
 typedef struct rank_rail {
     fso_coll *grad;              /* setup: the compute thread's rail (NULL: one box) */
     fso_coll *param;             /* setup: the updater's rail */
+    fso_coll *grad_dev, *param_dev; /* setup: the same over device memory (NCCL, GPUs), for
+                                    the shards that live on the device; NULL: none, the
+                                    shards meet through host memory */
     slot io;                     /* the updater: io.buf (setup) a whole parameter shard
                                     (max_shard, the working type), where it gathers a block
                                     whose parameters live where the CPU cannot write them
