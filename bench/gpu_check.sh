@@ -32,13 +32,18 @@
 #                 bytes, stale marks, the banner's state line, per-step loss
 #                 and grad_norm; then "agreement": whether the three agree bit
 #                 for bit and the first step where they differ
+#   boxes         two boxes of one GPU each under mpirun (on GPU 0, so over MPI
+#                 rails: NCCL refuses two ranks on one GPU) against one box with
+#                 two micro-batches a step: the rails line, losses, norms,
+#                 net_bytes, tok/s, and whether they agree ("not run: ..."
+#                 without mpirun or an MPI build)
 #   cannot_test   what this machine cannot show (NCCL across GPUs on one GPU)
 #   elapsed_s
 # Time boxes (seconds, each followed by at most KILL_S of grace): nvidia-smi
 # and the other environment probes 10 each, meson setup 40, ninja 130,
 # fsoff's NVMe probe 15, test_cuda 75, the failed test again 30, bench h2d
-# 20, bench allgather 20, training on device 45, host 50, NVMe 75: 500 and
-# the graces, and BUDGET_S caps the whole run (a box shrinks to what is left).
+# 20, bench allgather 20, training on device 45, host 50, NVMe 75, boxes 40
+# and 50: 590 at most, and the graces, and BUDGET_S caps the whole run (a box shrinks to what is left).
 # A part that fails or runs out of time says so ("not run: ...", "timed out
 # after N s", "killed after N s") and the rest go on. Exit status: 0 the
 # build and the GPU tests passed, 1 they did not (or the driver is too old),
@@ -553,13 +558,13 @@ fi
 if [ "$DRY" = 1 ]; then
     # a 2-layer model, a few steps: the stand-in computes on the CPU
     HID=64 FFN=172 HEADS=4 KV=2 VOCAB=512 BATCH=2 SEQ=64 MODEL_LAYERS=2
-    STEPS_DEVICE=3 STEPS_HOST=3 STEPS_NVME=3
+    STEPS_DEVICE=3 STEPS_HOST=3 STEPS_NVME=3 STEPS_BOXES=3
     MODEL_DESC="Llama, 2 layers, hidden 64 (dry run)"
 else
     # a Llama of 1.01B parameters (MODEL_LAYERS=21): hidden 2048, 16 heads (4
     # kv), MLP 5632, vocab 32000, 8 x 1024 tokens per step and GPU; bf16
     HID=2048 FFN=5632 HEADS=16 KV=4 VOCAB=32000 BATCH=8 SEQ=1024
-    STEPS_DEVICE=8 STEPS_HOST=6 STEPS_NVME=3
+    STEPS_DEVICE=8 STEPS_HOST=6 STEPS_NVME=3 STEPS_BOXES=4
     MODEL_DESC=$(python3 -c 'import sys; l=int(sys.argv[1]); print("Llama %.2fB (hidden 2048, %d layers, 16/4 heads, MLP 5632, vocab 32000, tied), 8 x 1024 tokens per step and GPU" % ((65536000 + l * 45092864) / 1e9, l))' "$MODEL_LAYERS")
 fi
 cat >"$LOG/model.json" <<EOF
@@ -719,6 +724,109 @@ print(json.dumps(res))
 PY
 put training.agreement "$LOG/agreement.json"
 say "   loss and grad_norm across device/host/nvme: $(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["status"])' "$LOG/agreement.json")"
+
+# ---------------------------------------------------------------- 5. boxes
+# Two boxes of one GPU each (B=2 x G=1) under mpirun, both processes on GPU 0
+# of this machine, the state in host memory (the CPU optimizer's half on each
+# box): NCCL refuses two ranks of a communicator on one GPU, so comm.rails
+# "auto" carries the rails over MPI through host memory, and the banner's
+# rails: line says so. Against one box of one GPU with two micro-batches a
+# step (the same global batch, the same sequences): losses and norms, equal
+# bit for bit or within rounding (the norm's sums may group differently).
+boxes_part() {
+    local out=$LOG/boxes t
+    rm -f "$out".*
+    if [ "$build_ok" != 1 ]; then
+        echo '"not run: the build failed"' >"$out.json"
+    elif ! command -v mpirun >/dev/null; then
+        echo '"not run: mpirun not found (Debian: apt-get install openmpi-bin libopenmpi-dev, then build again)"' >"$out.json"
+    elif ! "${FSOFF_RUN[@]}" --version 2>/dev/null | grep -q 'mpi: yes'; then
+        echo '"not run: this fsoff was built without MPI (install libopenmpi-dev, then meson setup --reconfigure)"' >"$out.json"
+    elif [ "$(box 90)" -lt 30 ]; then
+        echo '"not run: out of time"' >"$out.json"
+    else
+        local args=(--devices cuda:1 --config "$LOG/model.json" --steps "$STEPS_BOXES"
+                    --set zero_optimization.offload_param.device=cpu
+                    --set zero_optimization.offload_optimizer.device=cpu)
+        t=$(box 40)
+        say "5. boxes: 1 box x 1 GPU, 2 micro-batches a step: $STEPS_BOXES steps (time box ${t}s)"
+        boxed "$t" "${FSOFF_RUN[@]}" "${args[@]}" --set gradient_accumulation_steps=2 \
+            --metrics "$out.one.jsonl" >"$out.one.out" 2>"$out.one.err"
+        local rc_one=$rc why_one=$why
+        t=$(box 50)
+        say "5. boxes: 2 boxes x 1 GPU under mpirun, one micro-batch a step (time box ${t}s)"
+        # as root on one machine: Open MPI's loopback settings; under
+        # AddressSanitizer (the tests' dry run), no leak report for what Open
+        # MPI keeps until the process ends
+        boxed "$t" env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+            OMPI_MCA_btl=self,tcp OMPI_MCA_btl_tcp_if_include=lo OMPI_MCA_oob_tcp_if_include=lo \
+            OMPI_MCA_rmaps_base_oversubscribe=1 \
+            ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0" \
+            mpirun -np 2 --bind-to none "${FSOFF_RUN[@]}" "${args[@]}" \
+            --set gradient_accumulation_steps=1 --metrics "$out.two.jsonl" \
+            >"$out.two.out" 2>"$out.two.err"
+        python3 - "$out" "$rc_one" "$why_one" "$rc" "$why" <<'PY' >"$out.json"
+import json, sys
+out, rc1, why1, rc2, why2 = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5]
+def steps(f):
+    r = []
+    try:
+        for line in open(f):
+            try:
+                o = json.loads(line)
+            except ValueError:
+                continue
+            if "step" in o and "loss" in o and "event" not in o:
+                r.append(o)
+    except OSError:
+        pass
+    return r
+def lines(f, pred):
+    try:
+        return [l.strip() for l in open(f, errors="replace") if pred(l)]
+    except OSError:
+        return []
+one, two = steps(out + ".one.jsonl"), steps(out + ".two.jsonl")
+res = {"one_box": {"exit": rc1, "steps": len(one)}, "two_boxes": {"exit": rc2, "steps": len(two)}}
+if why1:
+    res["one_box"]["ended"] = why1
+if why2:
+    res["two_boxes"]["ended"] = why2
+rails = lines(out + ".two.out", lambda l: l.startswith("rails:"))
+res["rails"] = rails[0] if rails else None
+for key, run in (("one_box", one), ("two_boxes", two)):
+    timed = run[1:] if len(run) >= 2 else run
+    if timed:
+        res[key]["tok_s"] = sum(s["tok_s"] for s in timed) / len(timed)
+    res[key]["loss"] = [repr(s["loss"]) for s in run]
+    res[key]["grad_norm"] = [repr(s.get("grad_norm")) for s in run]
+    if not run:
+        err = lines(out + (".one.err" if key == "one_box" else ".two.err"), lambda l: "error" in l)
+        res[key]["why"] = err[0] if err else "no step finished"
+if two:
+    res["two_boxes"]["net_bytes"] = [s.get("net_bytes") for s in two]
+    res["two_boxes"]["net_ms"] = [s.get("net_ms") for s in two]
+n = min(len(one), len(two))
+if n:
+    rel = max(max(abs(a["loss"] - b["loss"]) / max(abs(a["loss"]), 1e-12),
+                  abs(a["grad_norm"] - b["grad_norm"]) / max(abs(a["grad_norm"]), 1e-12))
+              for a, b in zip(one[:n], two[:n]))
+    bits = all(repr(a["loss"]) == repr(b["loss"]) and repr(a["grad_norm"]) == repr(b["grad_norm"])
+               for a, b in zip(one[:n], two[:n]))
+    res["steps_compared"] = n
+    res["max_rel_diff"] = rel
+    res["status"] = ("bit for bit" if bits else "within rounding (max relative difference %.2g)" % rel
+                     if rel < 1e-4 else "DIFFER (max relative difference %.2g)" % rel) + \
+        " over %d step%s" % (n, "" if n == 1 else "s")
+else:
+    res["status"] = "not compared: a run has no steps"
+print(json.dumps(res))
+PY
+        say "   boxes: $(python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print(r["status"], "|", r.get("rails"))' "$out.json")"
+    fi
+    put boxes "$out.json"
+}
+boxes_part
 
 # ---------------------------------------------------------------- what this cannot test
 if [ "$NGPU" -lt 2 ]; then

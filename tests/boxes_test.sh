@@ -113,5 +113,26 @@ if fails_saying bench_net_one_box "under mpirun or srun" "mpirun -np 2" -- \
     ok bench_net_one_box
 fi
 
+# `fsoff plan` under mpirun: the launcher's boxes, the network between them
+# measured, the plan printed once (by box 0)
+CFG=$SRC/configs/small.json
+if mpi2 "$FSOFF" plan --config "$CFG" >"$TMP/plan.out" 2>"$TMP/plan.err" &&
+        grep -q '^plan: network between the 2 boxes: .* GB/s per box and direction, measured now' "$TMP/plan.out" &&
+        grep -q '^plan: boxes: 2 x 1 device' "$TMP/plan.out" &&
+        [ "$(grep -c '^plan: predicted' "$TMP/plan.out")" = 1 ]; then
+    ok plan_measures_the_network
+else
+    bad plan_measures_the_network "$(head -c 600 "$TMP/plan.err")" "$(grep -E 'network|boxes|predicted' "$TMP/plan.out" | head -5)"
+fi
+# a --boxes that is not the launcher's: every box says so, exit 2
+mpi2 "$FSOFF" plan --config "$CFG" --boxes 3 --net-gbps 10 >/dev/null 2>"$TMP/plan3.err"
+rc=$?
+if [ $rc -ne 0 ] && [ $rc -lt 128 ] &&
+        [ "$(grep -c 'error: --boxes 3, but the launcher started 2 processes.*leave --boxes out' "$TMP/plan3.err")" = 2 ]; then
+    ok plan_boxes_disagree_with_launcher
+else
+    bad plan_boxes_disagree_with_launcher "exit $rc" "$(head -c 600 "$TMP/plan3.err")"
+fi
+
 echo "# $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

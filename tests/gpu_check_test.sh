@@ -3,7 +3,8 @@
 # (tests/standin), in this build (FSO_BUILDDIR), its report in a temporary
 # $OUT: every part present in order and written, the part made to hang
 # killed and reported as such, each training run pinned where its --set put
-# it, and the three runs' per-step loss and grad_norm equal bit for bit.
+# it, the three runs' per-step loss and grad_norm equal bit for bit, and two
+# boxes under mpirun on the one stand-in GPU meeting over MPI rails.
 # The dry run itself checks nothing; this test reads what it wrote.
 set -u
 # shellcheck source=tests/lib.sh
@@ -43,7 +44,7 @@ PY
 
 check "every part is in the report, in order" \
     'list(r) == ["mode", "environment", "build", "correctness", "copies", "hang", "training",
-                 "cannot_test", "elapsed_s"] and r["mode"] == {"mode": "dry run"}'
+                 "boxes", "cannot_test", "elapsed_s"] and r["mode"] == {"mode": "dry run"}'
 check "the environment says dry run" '"dry run" in r["environment"]["driver_version"]'
 check "the stand-in's targets built" 'r["build"]["status"] == "ok"'
 check "correctness lists test_cuda_standin's tests one by one" \
@@ -60,6 +61,18 @@ for tier in device host nvme; do
 done
 check "device, host and nvme agree bit for bit, loss and grad_norm" \
     't["agreement"]["agree"] is True and t["agreement"]["compared"] == ["device", "host", "nvme"]'
+# two boxes on the one stand-in GPU: over MPI rails (NCCL refuses two ranks
+# on one GPU), agreeing with one box of two micro-batches
+if command -v mpirun >/dev/null && "$BUILD/fsoff" --version | grep -q 'mpi: yes'; then
+    check "two boxes on one GPU: MPI rails, said so, agreeing with one box" \
+        'r["boxes"]["two_boxes"]["exit"] == 0 and r["boxes"]["two_boxes"]["steps"] >= 2 and
+         r["boxes"]["rails"].startswith("rails: MPI") and "share GPU" in r["boxes"]["rails"] and
+         (r["boxes"]["status"].startswith("bit for bit") or
+          r["boxes"]["status"].startswith("within rounding"))'
+else
+    check "without mpirun or MPI, the boxes part says why it did not run" \
+        'r["boxes"].startswith("not run: ")'
+fi
 check "what one device cannot test is said" '"NCCL" in r["cannot_test"] or "dry run" in r["cannot_test"]'
 for f in build.log test.out train_device.jsonl train_nvme.out train_nvme.err hang.out; do
     if [ -e "$TMP/out/gpu_check/$f" ]; then ok "log kept: gpu_check/$f"; else bad "log kept: gpu_check/$f" "missing"; fi

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "boxes.h"
 #include "devices.h"
 #include "plan.h"
 #include "probe.h"
@@ -64,9 +65,11 @@ static void plan_usage(FILE *f)
             "      --coll-gbps GBPS  all-gather bus bandwidth among the devices\n"
             "      --boxes B         plan B boxes, each the machine described (default 1): the\n"
             "                        global batch spreads over every box's devices, each box\n"
-            "                        keeps 1/B of the optimizer's state and CPU AdamW work\n"
+            "                        keeps 1/B of the optimizer's state and CPU AdamW work;\n"
+            "                        under mpirun or srun, the launcher's boxes\n"
             "      --net-gbps GBPS   network between boxes, per box and direction, GB/s (all\n"
-            "                        its devices' rails together; needed with --boxes above 1)\n"
+            "                        its devices' rails together; needed with --boxes above 1,\n"
+            "                        measured when not given under mpirun or srun)\n"
             "      --adam-gelems X   CPU AdamW rate of the whole host, 1e9 elements/s\n"
             "      --probe           measure this machine again (refresh the probe cache)\n"
             "      --auto            ignore the config's offload devices: choose every tier\n"
@@ -345,6 +348,32 @@ static int parse_args(int argc, char **argv, fso_config *cfg, plan_args *a)
     }
     if (!a->g.gpus && (a->g.gpu || a->g.gpu_mem || a->g.gpu_tflops > 0))
         a->g.gpus = 1;
+    /* under mpirun or srun: the launcher's boxes, and the network between
+     * them measured (the rail timing a run makes, boxes.h) unless given */
+    if (fso_boxes_count() > 1) {
+        if (a->g.boxes && a->g.boxes != fso_boxes_count()) {
+            fprintf(stderr, "fsoff: error: --boxes %d, but the launcher started %d processes, "
+                            "one per box: leave --boxes out under mpirun or srun\n",
+                    a->g.boxes, fso_boxes_count());
+            return 2;
+        }
+        a->g.boxes = fso_boxes_count();
+        if (!(a->g.net_gbps > 0)) {
+            fso_rails r;
+            char err[1024];
+            if (fso_boxes_rails(1, false, FSO_RAILS_MPI, &r, err, sizeof err) < 0) {
+                fprintf(stderr, "fsoff: error: measuring the network between the boxes: %s\n",
+                        err);
+                return 1;
+            }
+            fso_boxes_rails_free(&r);
+            a->g.net_gbps = fso_boxes_net_gbps();
+            if (!a->json)
+                printf("plan: network between the %d boxes: %.2f GB/s per box and direction, "
+                       "measured now (an 8 MiB all-gather over MPI; --net-gbps sets it)\n",
+                       a->g.boxes, a->g.net_gbps);
+        }
+    }
     if (a->g.boxes > 1 && !(a->g.net_gbps > 0)) {
         fprintf(stderr, "fsoff: error: --boxes %d: the boxes exchange gradients and parameters "
                         "every step, so the plan needs the network between them: give "
@@ -637,7 +666,7 @@ static void print_heading(const plan_report *r)
     print_borrowed(r);
     if (m->boxes > 1)
         printf("plan: boxes: %d x %d device%s, each box the machine above; network %.1f GB/s per "
-               "box and direction (--net-gbps), shared by its %d rail%s, collectives at %.0f%% of "
+               "box and direction, shared by its %d rail%s, collectives at %.0f%% of "
                "it; each box keeps 1/%d of the optimizer's state and AdamW work: the memory and "
                "times below are one box's\n",
                m->boxes, m->devices, m->devices == 1 ? "" : "s", m->net_gbps, m->devices,
@@ -731,6 +760,11 @@ int fso_plan_main(int argc, char **argv)
     int status;
 
     fso_config_defaults(&cfg);
+    /* across boxes, box 0 prints the plan (every box computes it) */
+    if (fso_boxes_self() != 0 && !freopen("/dev/null", "w", stdout)) {
+        fprintf(stderr, "fsoff: error: /dev/null: %s\n", strerror(errno));
+        return 1;
+    }
     if (!a.sets) {
         fprintf(stderr, "fsoff: error: out of memory\n");
         return 1;
