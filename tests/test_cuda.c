@@ -1838,6 +1838,16 @@ static void *rail_box_main(void *arg)
     RAIL_TRY(rail->ops->reduce_scatter_bf16(rail, j->box, d_rs16, d_scatter16, N));
     RAIL_TRY(rail->ops->all_reduce_f64(rail, j->box, j->f64, 3));
     RAIL_TRY(rail->ops->barrier(rail, j->box));
+    if (rc == 0) { /* a caller's mistake is refused, and the rail goes on */
+        double many[65] = {0};
+        if (rail->ops->all_reduce_f64(rail, j->box, many, 65) != -EINVAL ||
+            !strstr(rail->err, "65 values") ||
+            rail->ops->barrier(rail, (j->box + 1) % j->boxes) != (j->boxes > 1 ? -EINVAL : 0)) {
+            snprintf(j->err, sizeof j->err, "bad arguments: %s", rail->err);
+            rc = -EBADMSG;
+        }
+    }
+    RAIL_TRY(rail->ops->barrier(rail, j->box));
     if (rc == 0) {
         be->ops->copy_d2h(be, j->gather, d_gather, sizeof(float) * N * B);
         be->ops->copy_d2h(be, j->gather16, d_gather16, sizeof(uint16_t) * N * B);

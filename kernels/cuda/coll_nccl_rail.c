@@ -132,8 +132,9 @@ static int rail_wait(fso_coll *c, const char *what, ncclResult_t r, bool idle, d
         }
         double waited = fso_now_ms() - t0;
         if (x->timeout_ms > 0 && waited >= x->timeout_ms)
-            return rail_break(c, what, -ETIMEDOUT, "no progress for %.1f s (timeout_s %g)",
-                              waited / 1000.0, x->timeout_ms / 1000.0);
+            return rail_break(c, what, -ETIMEDOUT, "no progress for %.1f s (the rail's "
+                              "timeout, comm.timeout_s, is %g s)", waited / 1000.0,
+                              x->timeout_ms / 1000.0);
         sleep_poll();
     }
 }
