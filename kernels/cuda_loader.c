@@ -372,4 +372,24 @@ int fso_coll_create_nccl(fso_coll **out, int world, fso_backend **devices, char 
     return api->coll_create_nccl(out, world, devices, err, errlen);
 }
 
+int fso_nccl_rail_id(unsigned char id[FSO_NCCL_ID_BYTES], char *err, size_t errlen)
+{
+    const fso_cuda_module_api *api;
+    if (fso_cuda_module_load(&api, err, errlen) < 0)
+        return -ENODEV;
+    return api->nccl_rail_id(id, err, errlen);
+}
+
+int fso_coll_create_nccl_rail(fso_coll **out, int device, int boxes, int box,
+                              const unsigned char id[FSO_NCCL_ID_BYTES], double timeout_s,
+                              fso_rail_describe_fn describe, char *err, size_t errlen)
+{
+    const fso_cuda_module_api *api;
+    *out = NULL;
+    if (fso_cuda_module_load(&api, err, errlen) < 0)
+        return -ENODEV;
+    return api->coll_create_nccl_rail(out, device, boxes, box, id, timeout_s, describe, err,
+                                      errlen);
+}
+
 #endif /* FSO_HAVE_CUDA */

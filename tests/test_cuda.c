@@ -12,6 +12,8 @@
  * with bf16 guard regions and the tolerances declared with them. Without a
  * CUDA device (or in a build without
  * CUDA) the program prints why and exits 77 (skipped) before CMocka starts.
+ * NCCL rails across boxes (boxes as threads, one device each) give exact
+ * results, and a box that stalls or never joins ends in a bounded error.
  * Last, a few training steps end to end on the GPUs against the CPU
  * backend, at several placements, within declared tolerances, with no mark
  * used after it left the backend's window, and shut down cleanly.
@@ -42,6 +44,7 @@
 #include "rng.h"
 #include "test_util.h"
 #include "train.h"
+#include "util.h"
 #include "zero/zero.h"
 
 /* The peak table is plain C: checked in every build, GPU or not. */
@@ -1714,6 +1717,367 @@ static void test_nccl_matches_the_thread_collectives(void **state)
         fso_backend_destroy_cuda(bes[r]);
 }
 
+/* ---------------------------------------------------------------- NCCL rails */
+
+/* Boxes as threads of this process, box b on CUDA device b (the stand-in
+ * shows two): each makes its end of the rail from the id box 0 made and
+ * handed over, as MPI hands it between boxes (engine/boxes.h). */
+#define RAIL_N 1000                 /* elements per box */
+#define RAIL_BOXES_MAX 2
+/* The stalled call's timeout: the rail's one timeout bounds its init too,
+ * which on GPUs (NCCL's bootstrap and topology) takes a second or more. */
+#define RAIL_STALL_TIMEOUT_S 3.0
+
+struct rail_hand {                  /* box 0's id, handed to the others */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int made;                       /* 1: id is valid; -1: making it failed */
+    unsigned char id[FSO_NCCL_ID_BYTES];
+    int box0_done;                  /* the stall case: box 0 came back from its calls */
+};
+
+struct rail_job {
+    int box, boxes;
+    struct rail_hand *hand;
+    double timeout_s;
+    fso_rail_describe_fn describe;
+    /* inputs, made by the test's thread */
+    float *send;                    /* RAIL_N: all_gather's */
+    float *send_rs;                 /* boxes * RAIL_N: reduce_scatter's */
+    uint16_t *send16;               /* RAIL_N: bf16 all_gather's, in place */
+    uint16_t *send_rs16;            /* boxes * RAIL_N: reduce_scatter_bf16's */
+    double f64[3];
+    /* results */
+    float *gather, *scatter, *scatter16; /* boxes * RAIL_N, RAIL_N, RAIL_N */
+    uint16_t *gather16;             /* boxes * RAIL_N */
+    double busy_ms;
+    int rc;                         /* first failure */
+    double stall_ms;                /* the stall case: how long box 0's all_gather took */
+    int stall_rc, after_rc;         /* its result and the next call's */
+    char err[1024], stall_err[512], after_err[512]; /* err: the call's text and a message */
+};
+
+static float rail_widen(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* Box 0 makes the id and hands it over; the others wait for it. */
+static int rail_get_id(struct rail_job *j, unsigned char id[FSO_NCCL_ID_BYTES])
+{
+    struct rail_hand *h = j->hand;
+    int rc = 0;
+    if (j->box == 0)
+        rc = fso_nccl_rail_id(id, j->err, sizeof j->err);
+    pthread_mutex_lock(&h->mu);
+    if (j->box == 0) {
+        if (rc == 0)
+            memcpy(h->id, id, FSO_NCCL_ID_BYTES);
+        h->made = rc == 0 ? 1 : -1;
+        pthread_cond_broadcast(&h->cv);
+    }
+    while (h->made == 0)
+        pthread_cond_wait(&h->cv, &h->mu);
+    if (h->made < 0 && j->box != 0) {
+        snprintf(j->err, sizeof j->err, "box 0 could not make the rail's id");
+        rc = -EIO;
+    } else if (j->box != 0) {
+        memcpy(id, h->id, FSO_NCCL_ID_BYTES);
+    }
+    pthread_mutex_unlock(&h->mu);
+    return rc;
+}
+
+#define RAIL_TRY(call)                                                                         \
+    do {                                                                                       \
+        if (rc == 0 && (rc = (call)) != 0)                                                     \
+            snprintf(j->err, sizeof j->err, "%s: %s", #call,                                   \
+                     rail && rail->err[0] ? rail->err : be->err);                              \
+    } while (0)
+
+static void *rail_box_main(void *arg)
+{
+    struct rail_job *j = arg;
+    const size_t N = RAIL_N, B = (size_t)j->boxes;
+    unsigned char id[FSO_NCCL_ID_BYTES];
+    fso_backend *be = NULL;
+    fso_coll *rail = NULL;
+    void *d_send = NULL, *d_gather = NULL, *d_rs = NULL, *d_scatter = NULL, *d_gather16 = NULL;
+    void *d_rs16 = NULL, *d_scatter16 = NULL;
+    int rc = fso_backend_create_cuda(&be, j->box, 0, j->err, sizeof j->err);
+    if (rc == 0)
+        rc = rail_get_id(j, id);
+    if (rc == 0 && (rc = fso_coll_create_nccl_rail(&rail, j->box, j->boxes, j->box, id,
+                                                   j->timeout_s, j->describe, j->err,
+                                                   sizeof j->err)) != 0)
+        rail = NULL;
+    RAIL_TRY(be->ops->buf_alloc(be, sizeof(float) * N, &d_send));
+    RAIL_TRY(be->ops->buf_alloc(be, sizeof(float) * N * B, &d_gather));
+    RAIL_TRY(be->ops->buf_alloc(be, sizeof(float) * N * B, &d_rs));
+    RAIL_TRY(be->ops->buf_alloc(be, sizeof(float) * N, &d_scatter));
+    RAIL_TRY(be->ops->buf_alloc(be, sizeof(uint16_t) * N * B, &d_gather16));
+    RAIL_TRY(be->ops->buf_alloc(be, sizeof(uint16_t) * N * B, &d_rs16));
+    RAIL_TRY(be->ops->buf_alloc(be, sizeof(float) * N, &d_scatter16));
+    if (rc == 0) { /* the rail's calls start when called: send is written first */
+        be->ops->copy_h2d(be, d_send, j->send, sizeof(float) * N);
+        be->ops->copy_h2d(be, d_rs, j->send_rs, sizeof(float) * N * B);
+        be->ops->copy_h2d(be, (uint16_t *)d_gather16 + (size_t)j->box * N, j->send16,
+                          sizeof(uint16_t) * N);
+        be->ops->copy_h2d(be, d_rs16, j->send_rs16, sizeof(uint16_t) * N * B);
+    }
+    RAIL_TRY(be->ops->sync(be));
+    RAIL_TRY(rail->ops->all_gather(rail, j->box, d_send, d_gather, N, FSO_DT_F32, 0));
+    RAIL_TRY(rail->ops->all_gather(rail, j->box, (uint16_t *)d_gather16 + (size_t)j->box * N,
+                                   d_gather16, N, FSO_DT_BF16, 0));
+    RAIL_TRY(rail->ops->reduce_scatter(rail, j->box, d_rs, d_scatter, N));
+    /* half first, then all: the second call grows the rows */
+    RAIL_TRY(rail->ops->reduce_scatter_bf16(rail, j->box, d_rs16, d_scatter16, N / 2));
+    RAIL_TRY(rail->ops->reduce_scatter_bf16(rail, j->box, d_rs16, d_scatter16, N));
+    RAIL_TRY(rail->ops->all_reduce_f64(rail, j->box, j->f64, 3));
+    RAIL_TRY(rail->ops->barrier(rail, j->box));
+    if (rc == 0) { /* a caller's mistake is refused, and the rail goes on */
+        double many[65] = {0};
+        if (rail->ops->all_reduce_f64(rail, j->box, many, 65) != -EINVAL ||
+            !strstr(rail->err, "65 values") ||
+            rail->ops->barrier(rail, (j->box + 1) % j->boxes) != (j->boxes > 1 ? -EINVAL : 0)) {
+            snprintf(j->err, sizeof j->err, "bad arguments: %s", rail->err);
+            rc = -EBADMSG;
+        }
+    }
+    RAIL_TRY(rail->ops->barrier(rail, j->box));
+    if (rc == 0) {
+        be->ops->copy_d2h(be, j->gather, d_gather, sizeof(float) * N * B);
+        be->ops->copy_d2h(be, j->gather16, d_gather16, sizeof(uint16_t) * N * B);
+        be->ops->copy_d2h(be, j->scatter, d_scatter, sizeof(float) * N);
+        be->ops->copy_d2h(be, j->scatter16, d_scatter16, sizeof(float) * N);
+    }
+    RAIL_TRY(be->ops->sync(be));
+    if (rail)
+        j->busy_ms = rail->busy_ms[j->box];
+    j->rc = rc;
+    fso_coll_destroy(rail);
+    if (be) {
+        void *bufs[] = {d_send, d_gather, d_rs, d_scatter, d_gather16, d_rs16, d_scatter16};
+        for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
+            be->ops->buf_free(be, bufs[i]);
+        fso_backend_destroy_cuda(be);
+    }
+    return NULL;
+}
+
+static int rail_boxes(void)
+{
+    char err[256];
+    int n = fso_cuda_device_count(err, sizeof err);
+    return n >= RAIL_BOXES_MAX ? RAIL_BOXES_MAX : n;
+}
+
+static void test_nccl_rail_between_boxes_gives_exact_results(void **state)
+{
+    (void)state;
+    const int boxes = rail_boxes();
+    if (boxes == 1)
+        printf("NCCL rail: 1 GPU: the rail runs with one box; across boxes needs 2 or more\n");
+    const size_t N = RAIL_N, B = (size_t)boxes;
+    struct rail_hand hand = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    struct rail_job jobs[RAIL_BOXES_MAX];
+    pthread_t tids[RAIL_BOXES_MAX];
+    for (int b = 0; b < boxes; b++) {
+        struct rail_job *j = &jobs[b];
+        *j = (struct rail_job){.box = b, .boxes = boxes, .hand = &hand, .timeout_s = 60};
+        j->send = hrand(N, 1);
+        j->send_rs = hrand(N * B, 1);
+        j->send16 = hrand16(N, 1);
+        j->send_rs16 = hrand16(N * B, b == 0 ? 0x1p20 : 1.0); /* the sum rounds */
+        j->f64[0] = 0.1 * (b + 1);
+        j->f64[1] = 1e16 + b;
+        j->f64[2] = -3.0 * b;
+        j->gather = hbuf(N * B);
+        j->gather16 = hbuf16(N * B);
+        j->scatter = hbuf(N);
+        j->scatter16 = hbuf(N);
+    }
+    for (int b = 0; b < boxes; b++)
+        assert_int_equal(pthread_create(&tids[b], NULL, rail_box_main, &jobs[b]), 0);
+    for (int b = 0; b < boxes; b++)
+        pthread_join(tids[b], NULL);
+    for (int b = 0; b < boxes; b++) {
+        struct rail_job *j = &jobs[b];
+        if (j->rc != 0)
+            fail_msg("box %d: %s (%s)", b, strerror(-j->rc), j->err);
+        for (int k = 0; k < boxes; k++)
+            for (size_t i = 0; i < N; i++) {
+                if (memcmp(&j->gather[(size_t)k * N + i], &jobs[k].send[i], sizeof(float)))
+                    fail_msg("box %d: all_gather element %zu of box %d: %a, sent %a", b, i, k,
+                             j->gather[(size_t)k * N + i], jobs[k].send[i]);
+                if (j->gather16[(size_t)k * N + i] != jobs[k].send16[i])
+                    fail_msg("box %d: bf16 all_gather in place, element %zu of box %d: %04x, "
+                             "sent %04x", b, i, k, j->gather16[(size_t)k * N + i],
+                             jobs[k].send16[i]);
+            }
+        for (size_t i = 0; i < N; i++) {
+            const size_t at = (size_t)b * N + i;
+            float want = jobs[0].send_rs[at], want16 = rail_widen(jobs[0].send_rs16[at]);
+            for (int k = 1; k < boxes; k++) { /* box order; for two boxes NCCL's one a+b */
+                want += jobs[k].send_rs[at];
+                want16 += rail_widen(jobs[k].send_rs16[at]);
+            }
+            if (memcmp(&j->scatter[i], &want, sizeof want))
+                fail_msg("box %d: reduce_scatter element %zu: %a, want %a", b, i, j->scatter[i],
+                         want);
+            if (memcmp(&j->scatter16[i], &want16, sizeof want16))
+                fail_msg("box %d: reduce_scatter_bf16 element %zu: %a, want %a (box order)", b,
+                         i, j->scatter16[i], want16);
+        }
+        for (int v = 0; v < 3; v++) {
+            double want = 0;
+            for (int k = 0; k < boxes; k++)
+                want += v == 0 ? 0.1 * (k + 1) : v == 1 ? 1e16 + k : -3.0 * k;
+            if (memcmp(&j->f64[v], &want, sizeof want))
+                fail_msg("box %d: all_reduce_f64 value %d: %.17g, want %.17g (box order)", b, v,
+                         j->f64[v], want);
+        }
+        assert_true(j->busy_ms > 0);
+    }
+    for (int b = 0; b < boxes; b++) {
+        struct rail_job *j = &jobs[b];
+        free(j->send);
+        free(j->send_rs);
+        free(j->send16);
+        free(j->send_rs16);
+        free(j->gather);
+        free(j->gather16);
+        free(j->scatter);
+        free(j->scatter16);
+    }
+}
+
+/* What the boxes' heartbeat would say of a box (engine/boxes.c). */
+static void rail_test_describe(int box, char *buf, size_t len)
+{
+    snprintf(buf, len, "box %d on host test-node: last heard 0.2 s ago, in its backward", box);
+}
+
+/* Box 0 calls all_gather, box 1 never does (it waits for box 0 to come
+ * back, then destroys its end). */
+static void *rail_stall_main(void *arg)
+{
+    struct rail_job *j = arg;
+    struct rail_hand *h = j->hand;
+    unsigned char id[FSO_NCCL_ID_BYTES];
+    fso_backend *be = NULL;
+    fso_coll *rail = NULL;
+    void *d_send = NULL, *d_gather = NULL;
+    int rc = fso_backend_create_cuda(&be, j->box, 0, j->err, sizeof j->err);
+    if (rc == 0)
+        rc = rail_get_id(j, id);
+    if (rc == 0 && (rc = fso_coll_create_nccl_rail(&rail, j->box, j->boxes, j->box, id,
+                                                   j->timeout_s, j->describe, j->err,
+                                                   sizeof j->err)) != 0)
+        rail = NULL;
+    RAIL_TRY(be->ops->buf_alloc(be, sizeof(float) * RAIL_N, &d_send));
+    RAIL_TRY(be->ops->buf_alloc(be, sizeof(float) * RAIL_N * 2, &d_gather));
+    if (rc == 0 && j->box == 0) {
+        double t0 = fso_now_ms();
+        j->stall_rc = rail->ops->all_gather(rail, 0, d_send, d_gather, RAIL_N, FSO_DT_F32, 0);
+        j->stall_ms = fso_now_ms() - t0;
+        snprintf(j->stall_err, sizeof j->stall_err, "%s", rail->err);
+        j->after_rc = rail->ops->barrier(rail, 0);
+        snprintf(j->after_err, sizeof j->after_err, "%s", rail->err);
+    }
+    pthread_mutex_lock(&h->mu); /* box 1 stays away until box 0 came back */
+    if (j->box == 0 || rc != 0) {
+        h->box0_done = 1;
+        pthread_cond_broadcast(&h->cv);
+    }
+    while (!h->box0_done)
+        pthread_cond_wait(&h->cv, &h->mu);
+    pthread_mutex_unlock(&h->mu);
+    j->rc = rc;
+    fso_coll_destroy(rail); /* box 1's end of a rail box 0 aborted: must not hang */
+    if (be) {
+        be->ops->buf_free(be, d_send);
+        be->ops->buf_free(be, d_gather);
+        fso_backend_destroy_cuda(be);
+    }
+    return NULL;
+}
+
+static void test_nccl_rail_stall_times_out_names_the_call_and_the_other_box(void **state)
+{
+    (void)state;
+    if (rail_boxes() < 2) {
+        printf("NCCL rail: a stalled box needs 2 GPUs; skipped\n");
+        skip();
+    }
+    struct rail_hand hand = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    struct rail_job jobs[2];
+    pthread_t tids[2];
+    for (int b = 0; b < 2; b++) {
+        jobs[b] = (struct rail_job){.box = b, .boxes = 2, .hand = &hand,
+                                    .timeout_s = RAIL_STALL_TIMEOUT_S,
+                                    .describe = rail_test_describe};
+        assert_int_equal(pthread_create(&tids[b], NULL, rail_stall_main, &jobs[b]), 0);
+    }
+    for (int b = 0; b < 2; b++)
+        pthread_join(tids[b], NULL);
+    for (int b = 0; b < 2; b++)
+        if (jobs[b].rc != 0)
+            fail_msg("box %d: %s (%s)", b, strerror(-jobs[b].rc), jobs[b].err);
+    const struct rail_job *j = &jobs[0];
+    if (j->stall_rc != -ETIMEDOUT)
+        fail_msg("box 0's all_gather that box 1 never joined: %d (%s), want -ETIMEDOUT",
+                 j->stall_rc, j->stall_err);
+    /* about the timeout: polled every millisecond, slower under sanitizers */
+    const double want_ms = RAIL_STALL_TIMEOUT_S * 1000;
+    if (j->stall_ms < want_ms * 0.9 || j->stall_ms > want_ms + 5000)
+        fail_msg("the stalled all_gather returned after %.0f ms; timeout %.0f ms", j->stall_ms,
+                 want_ms);
+    if (!strstr(j->stall_err, "rail all_gather on CUDA device 0 (box 0 of 2)") ||
+        !strstr(j->stall_err, "no progress") ||
+        !strstr(j->stall_err, "box 1 on host test-node: last heard 0.2 s ago"))
+        fail_msg("the stall's message names the call, the box and what box 1 was doing: %s",
+                 j->stall_err);
+    printf("NCCL rail: the stall's message: %s\n", j->stall_err);
+    if (j->after_rc != -ECANCELED || !strstr(j->after_err, "rail barrier") ||
+        !strstr(j->after_err, "aborted before"))
+        fail_msg("the call after the stall: %d (%s), want -ECANCELED saying the rail was "
+                 "aborted", j->after_rc, j->after_err);
+}
+
+static void test_nccl_rail_init_times_out_when_a_box_never_joins(void **state)
+{
+    (void)state;
+    char err[512] = "";
+    unsigned char id[FSO_NCCL_ID_BYTES];
+    assert_int_equal(fso_nccl_rail_id(id, err, sizeof err), 0);
+    fso_coll *rail = (fso_coll *)1;
+    double t0 = fso_now_ms();
+    int rc = fso_coll_create_nccl_rail(&rail, 0, 2, 0, id, 0.5, rail_test_describe, err,
+                                       sizeof err); /* box 1 never makes its end */
+    double ms = fso_now_ms() - t0;
+    if (rc != -ETIMEDOUT)
+        fail_msg("box 0 alone: %d (%s), want -ETIMEDOUT", rc, err);
+    assert_null(rail);
+    if (ms < 450 || ms > 20000) /* NCCL's own bootstrap may take a while to give up */
+        fail_msg("box 0 alone gave up after %.0f ms; timeout 500 ms", ms);
+    if (!strstr(err, "rail init on CUDA device 0 (box 0 of 2)") || !strstr(err, "no progress") ||
+        !strstr(err, "box 1 on host test-node") || !strstr(err, "same id"))
+        fail_msg("the message names the init, the box, what box 1 was doing and the fix: %s",
+                 err);
+    printf("NCCL rail: the init's message: %s\n", err);
+    /* bad arguments say what was wrong before anything is made */
+    assert_int_equal(fso_coll_create_nccl_rail(&rail, 0, 2, 2, id, 0.5, NULL, err, sizeof err),
+                     -EINVAL);
+    assert_non_null(strstr(err, "box 2 of 2"));
+    assert_int_equal(fso_coll_create_nccl_rail(&rail, 0, 2, 0, id, -1, NULL, err, sizeof err),
+                     -EINVAL);
+    assert_non_null(strstr(err, "timeout"));
+}
+
 /* ---------------------------------------------------------------- training end to end */
 
 /* Three steps of the small job (test_util.h) on `world` GPUs against the CPU
@@ -1871,6 +2235,9 @@ static int run_cuda_tests(void)
         cmocka_unit_test(test_gpu_info_describes_device_0),
         cmocka_unit_test(test_pinned_registration_round_trip),
         cmocka_unit_test(test_nccl_matches_the_thread_collectives),
+        cmocka_unit_test(test_nccl_rail_between_boxes_gives_exact_results),
+        cmocka_unit_test(test_nccl_rail_stall_times_out_names_the_call_and_the_other_box),
+        cmocka_unit_test(test_nccl_rail_init_times_out_when_a_box_never_joins),
         cmocka_unit_test(test_training_matches_the_cpu_backend),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -199,6 +199,17 @@ static void test_without_its_module_every_entry_point_says_why(void **state)
     assert_int_equal(fso_coll_create_nccl(&coll, 1, &cpu, err, sizeof err), -ENODEV);
     assert_null(coll);
     assert_names_the_module(err);
+    unsigned char id[FSO_NCCL_ID_BYTES];
+    err[0] = 0;
+    assert_int_equal(fso_nccl_rail_id(id, err, sizeof err), -ENODEV);
+    assert_names_the_module(err);
+    coll = (fso_coll *)1;
+    memset(id, 0, sizeof id);
+    err[0] = 0;
+    assert_int_equal(fso_coll_create_nccl_rail(&coll, 0, 2, 0, id, 1.0, NULL, err, sizeof err),
+                     -ENODEV);
+    assert_null(coll);
+    assert_names_the_module(err);
 
     char page[4096];
     err[0] = 0;

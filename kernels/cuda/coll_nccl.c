@@ -81,9 +81,9 @@ struct nccl_ctx {
 };
 
 
-static int nccl_errno(ncclResult_t r)
+int fso_nccl_errno(int result)
 {
-    switch (r) {
+    switch ((ncclResult_t)result) {
     case ncclSuccess:
         return 0;
     case ncclInvalidArgument:
@@ -101,7 +101,7 @@ static int nccl_fail(struct nccl_ctx *x, int rank, ncclResult_t r, const char *w
 {
     if (r == ncclSuccess)
         return 0;
-    int rc = nccl_errno(r);
+    int rc = fso_nccl_errno(r);
     char last[256] = "";
     pthread_mutex_lock(&x->mu); /* an aborted communicator is freed */
     if (x->comm[rank] && !x->aborted)
@@ -614,7 +614,7 @@ int fso_coll_create_nccl(fso_coll **out, int world, fso_backend **devices, char 
                  ncclGetLastError(NULL));
         memset(x->comm, 0, sizeof x->comm);
         nc_destroy(c);
-        return nccl_errno(nr);
+        return fso_nccl_errno(nr);
     }
     for (int r = 0; r < world; r++) {
         cudaError_t e = cudaSetDevice(devs[r]);

@@ -1,6 +1,7 @@
 /* cuda_impl.h — private to kernels/: the CUDA backend's context, its stream
  * ordering and error recording, and the op launchers of the .cu files.
- * C-compatible: included by cuda_backend.c, coll_nccl.c and the .cu files.
+ * C-compatible: included by cuda_backend.c, coll_nccl.c, coll_nccl_rail.c and
+ * the .cu files.
  */
 #ifndef FSO_CUDA_IMPL_H
 #define FSO_CUDA_IMPL_H
@@ -92,6 +93,10 @@ int fso_cuda_check(fso_backend *be, cudaError_t e, const char *what);
 int fso_cuda_check_blas(fso_backend *be, cublasStatus_t s, const char *what);
 /* A CUDA error as a negative errno. */
 int fso_cuda_errno(cudaError_t e);
+/* An NCCL result (ncclResult_t; an int here, nccl.h being only the
+ * collectives' include) as a negative errno, 0 for ncclSuccess: coll_nccl.c,
+ * coll_nccl_rail.c. */
+int fso_nccl_errno(int result);
 
 /* Make `be`'s device current and order stream s after the work queued on
  * the backend's other streams; returns the stream to queue on. Compute

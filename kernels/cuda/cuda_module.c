@@ -1,7 +1,7 @@
 /* cuda_module.c — the one export of libfso_cuda.so: its table of entry
  * points (contract: cuda_module.h). Built into the module only; the
  * functions it lists are the real ones of cuda_backend.c, cuda_device.c,
- * coll_nccl.c and cuda_copy_rates.c, which keep the public names of
+ * coll_nccl.c, coll_nccl_rail.c and cuda_copy_rates.c, which keep the public names of
  * cuda_backend.h inside the module (its other symbols are local: the
  * version script, cuda_module.map, exports this one alone). */
 #include "cuda_module.h"
@@ -27,6 +27,8 @@ static const fso_cuda_module_api api = {
     .host_register = fso_cuda_host_register,
     .host_unregister = fso_cuda_host_unregister,
     .coll_create_nccl = fso_coll_create_nccl,
+    .nccl_rail_id = fso_nccl_rail_id,
+    .coll_create_nccl_rail = fso_coll_create_nccl_rail,
     .copy_rates = fso_cuda_copy_rates,
 };
 

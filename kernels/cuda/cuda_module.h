@@ -88,6 +88,10 @@ typedef struct fso_cuda_module_api {
     int (*host_unregister)(void *ptr, size_t bytes);
     int (*coll_create_nccl)(fso_coll **out, int world, fso_backend **devices, char *err,
                             size_t errlen);
+    int (*nccl_rail_id)(unsigned char id[FSO_NCCL_ID_BYTES], char *err, size_t errlen);
+    int (*coll_create_nccl_rail)(fso_coll **out, int device, int boxes, int box,
+                                 const unsigned char id[FSO_NCCL_ID_BYTES], double timeout_s,
+                                 fso_rail_describe_fn describe, char *err, size_t errlen);
     /* Host<->device copies of `bytes` for about `seconds` each, pinned and
      * pageable on device 0, pinned on all `ndev` at once. */
     void (*copy_rates)(fso_cuda_copy_report *rep, int ndev, size_t bytes, double seconds);

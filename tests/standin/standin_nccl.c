@@ -1,5 +1,13 @@
 /* standin_nccl.c — the NCCL entry points fsoff's CUDA module calls, on the
- * CPU: ncclCommInitAll makes one clique of n ranks (one device each);
+ * CPU: ncclCommInitAll makes one clique of n ranks (one device each), and
+ * so do the n threads of this process that call ncclCommInitRankConfig (or
+ * ncclCommInitRank) with the same ncclGetUniqueId bytes, each for its rank
+ * on its current device: they meet in the open cliques' list by those
+ * bytes. A non-blocking config (blocking = 0) returns ncclInProgress at
+ * once and ncclCommGetAsyncError reports ncclInProgress until every rank
+ * has joined and for INIT_POLLS looks after that (so a caller's poll loop
+ * runs); ncclCommFinalize on such a communicator likewise for
+ * FINALIZE_POLLS. Its collectives return ncclSuccess directly;
  * ncclAllGather, ncclReduceScatter and ncclAllReduce (ncclSum; fp32, fp64,
  * and bf16 for the gather) queue one item on the rank's stream, and so
  * does each ncclGroupStart..ncclGroupEnd of ncclSend and ncclRecv (any
@@ -28,12 +36,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <nccl.h>
 
 #include "standin_rt.h"
 
 #define COMM_MAGIC 0x4e43434cu
+#define ID_MAGIC "fsoff stand-in NCCL id"
+#define INIT_POLLS 3      /* ncclInProgress looks after a non-blocking init completed */
+#define FINALIZE_POLLS 2  /* and after a non-blocking ncclCommFinalize */
 
 enum coll_op { OP_ALL_GATHER, OP_REDUCE_SCATTER, OP_ALL_REDUCE, OP_SEND_RECV };
 static const char *const op_name[] = {"all_gather", "reduce_scatter", "all_reduce",
@@ -56,9 +68,16 @@ struct coll {
 
 struct clique {
     pthread_mutex_t mu;    /* every field, and the comms' mutable fields */
-    pthread_cond_t cv;     /* an arrival, a departure or the abort */
+    pthread_cond_t cv;     /* an arrival, a departure, a rank joining or the abort */
     int n, live;           /* ranks; communicators not yet freed */
     bool aborted;
+    /* ncclCommInitRankConfig's rendezvous: written with open_mu and mu
+     * both held (in that order), read under either */
+    bool open;             /* in the open list: ranks may still join */
+    int joined;            /* ranks joined; n once complete */
+    struct ncclComm *member[SI_MAX_DEV]; /* joined ranks' communicators */
+    unsigned char id[NCCL_UNIQUE_ID_BYTES];
+    struct clique *next_open; /* open_mu */
     uint64_t arrived[SI_MAX_DEV];  /* per rank: the last collective it arrived at */
     uint64_t left[SI_MAX_DEV];     /* per rank: the last collective it finished reading */
     struct coll cur[SI_MAX_DEV];   /* each rank's arrived collective */
@@ -76,12 +95,19 @@ struct ncclComm {
     struct ncclComm *next_zombie; /* zombie_mu: aborted handles, freed by reset() */
     ncclResult_t async;    /* cl->mu */
     char why[160];         /* cl->mu: the async error's detail */
+    bool blocking;         /* its config's blocking (ncclCommInitAll's: 1) */
+    int busy_polls;        /* cl->mu: ncclInProgress looks left once its work is done */
 };
 
 static __thread char t_why[256]; /* ncclGetLastError's text, per thread */
 
 static pthread_mutex_t zombie_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct ncclComm *zombies;
+/* The cliques ranks may still join by id; taken before a clique's mu when
+ * both are held (the only nesting in the stand-in). */
+static pthread_mutex_t open_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct clique *open_cliques;
+static _Atomic uint64_t ids_made;
 
 /* Keep the text ncclGetLastError gives; returns r. */
 static ncclResult_t fail(ncclResult_t r, const char *fmt, ...)
@@ -109,6 +135,11 @@ static size_t type_size(ncclDataType_t t)
     }
 }
 
+static bool comm_ok(ncclComm_t c)
+{
+    return c && c->magic == COMM_MAGIC;
+}
+
 /* Drop one reference (cl->mu held); true when the clique must be freed. */
 static bool unref_locked(struct ncclComm *c)
 {
@@ -118,6 +149,28 @@ static bool unref_locked(struct ncclComm *c)
     c->magic = 0;
     free(c);
     return --cl->live == 0;
+}
+
+/* Take cl out of the open list (open_mu held). */
+static void unlink_open_locked(struct clique *cl)
+{
+    for (struct clique **p = &open_cliques; *p; p = &(*p)->next_open)
+        if (*p == cl) {
+            *p = cl->next_open;
+            break;
+        }
+    cl->next_open = NULL;
+}
+
+/* Nobody may join cl any more (cl->mu and open_mu held): its ranks are
+ * complete, or one of them was aborted or destroyed first. A clique is
+ * closed before it can be freed, so the open list holds only live ones. */
+static void close_locked(struct clique *cl)
+{
+    if (cl->open) {
+        cl->open = false;
+        unlink_open_locked(cl);
+    }
 }
 
 static void clique_free(struct clique *cl)
@@ -164,19 +217,143 @@ ncclResult_t ncclCommInitAll(ncclComm_t *comms, int ndev, const int *devlist)
     }
     pthread_mutex_init(&cl->mu, NULL);
     pthread_cond_init(&cl->cv, NULL);
-    cl->n = cl->live = ndev;
+    cl->n = cl->live = cl->joined = ndev;
     for (int r = 0; r < ndev; r++) {
         *c[r] = (struct ncclComm){.magic = COMM_MAGIC, .cl = cl, .rank = r,
-                                  .dev = si_device(devs[r]), .refs = 1};
+                                  .dev = si_device(devs[r]), .refs = 1, .blocking = true};
+        cl->member[r] = c[r];
         comms[r] = c[r];
     }
     return ncclSuccess;
 }
 
-static bool comm_ok(ncclComm_t c)
+ncclResult_t ncclGetUniqueId(ncclUniqueId *id)
 {
-    return c && c->magic == COMM_MAGIC;
+    t_why[0] = 0;
+    if (!id)
+        return fail(ncclInvalidArgument, "ncclGetUniqueId: NULL");
+    /* unique within the process, which is where the stand-in's ranks live */
+    memset(id, 0, sizeof *id);
+    const uint64_t k = atomic_fetch_add(&ids_made, 1) + 1;
+    const int pid = (int)getpid();
+    memcpy(id->internal, ID_MAGIC, sizeof ID_MAGIC);
+    memcpy(id->internal + sizeof ID_MAGIC, &k, sizeof k);
+    memcpy(id->internal + sizeof ID_MAGIC + sizeof k, &pid, sizeof pid);
+    return ncclSuccess;
 }
+
+/* The clique of id for nranks, found in the open list or made and put
+ * there (open_mu held); NULL: out of memory. */
+static struct clique *open_clique_locked(const ncclUniqueId *id, int nranks)
+{
+    for (struct clique *cl = open_cliques; cl; cl = cl->next_open)
+        if (memcmp(cl->id, id->internal, sizeof cl->id) == 0)
+            return cl;
+    struct clique *cl = calloc(1, sizeof *cl);
+    if (!cl)
+        return NULL;
+    pthread_mutex_init(&cl->mu, NULL);
+    pthread_cond_init(&cl->cv, NULL);
+    cl->n = nranks;
+    cl->open = true;
+    memcpy(cl->id, id->internal, sizeof cl->id);
+    cl->next_open = open_cliques;
+    open_cliques = cl;
+    return cl;
+}
+
+ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank,
+                                    ncclConfig_t *config)
+{
+    t_why[0] = 0;
+    if (!comm)
+        return fail(ncclInvalidArgument, "ncclCommInitRankConfig: comm is NULL");
+    *comm = NULL;
+    if (nranks < 1 || nranks > SI_MAX_DEV || rank < 0 || rank >= nranks)
+        return fail(ncclInvalidArgument, "ncclCommInitRankConfig: rank %d of %d (1 to %d "
+                    "ranks)", rank, nranks, SI_MAX_DEV);
+    if (memcmp(id.internal, ID_MAGIC, sizeof ID_MAGIC) != 0)
+        return fail(ncclInvalidArgument, "ncclCommInitRankConfig: the id is not one "
+                    "ncclGetUniqueId made");
+    si_dev *dev = si_device(si_current());
+    if (!dev)
+        return fail(ncclInvalidUsage, "ncclCommInitRankConfig: no current CUDA device");
+    /* NCCL_CONFIG_UNDEF_INT (the initializer's) means the default, blocking */
+    const bool blocking = !config || config->blocking != 0;
+    struct ncclComm *c = calloc(1, sizeof *c);
+    if (!c)
+        return fail(ncclSystemError, "ncclCommInitRankConfig: out of host memory");
+    *c = (struct ncclComm){.magic = COMM_MAGIC, .rank = rank, .dev = dev, .refs = 1,
+                           .blocking = blocking, .busy_polls = blocking ? 0 : INIT_POLLS};
+    ncclResult_t r = ncclSuccess;
+    pthread_mutex_lock(&open_mu);
+    struct clique *cl = open_clique_locked(&id, nranks);
+    if (!cl) {
+        r = fail(ncclSystemError, "ncclCommInitRankConfig: out of host memory");
+    } else {
+        pthread_mutex_lock(&cl->mu);
+        if (cl->n != nranks)
+            r = fail(ncclInvalidUsage, "ncclCommInitRankConfig: rank %d says %d ranks, a "
+                     "peer with the same id %d", rank, nranks, cl->n);
+        else if (cl->member[rank])
+            r = fail(ncclInvalidUsage, "ncclCommInitRankConfig: rank %d joined twice", rank);
+        for (int q = 0; q < cl->n && r == ncclSuccess; q++)
+            if (cl->member[q] && cl->member[q]->dev == dev)
+                r = fail(ncclInvalidUsage, "ncclCommInitRankConfig: ranks %d and %d are both "
+                         "CUDA device %d (NCCL: one device per rank)", q, rank, dev->index);
+        if (r == ncclSuccess) {
+            c->cl = cl;
+            cl->member[rank] = c;
+            cl->live++;
+            if (++cl->joined == cl->n)
+                close_locked(cl);
+            pthread_cond_broadcast(&cl->cv);
+        }
+        const bool unused = cl->live == 0;
+        pthread_mutex_unlock(&cl->mu);
+        if (unused) { /* made for a call that failed */
+            close_locked(cl);
+            pthread_cond_destroy(&cl->cv);
+            pthread_mutex_destroy(&cl->mu);
+            free(cl);
+        }
+    }
+    pthread_mutex_unlock(&open_mu);
+    if (r != ncclSuccess) {
+        free(c);
+        return r;
+    }
+    *comm = c;
+    if (!blocking)
+        return ncclInProgress;
+    pthread_mutex_lock(&cl->mu); /* NCCL's blocking init returns once every rank joined */
+    while (cl->joined < cl->n && !cl->aborted)
+        pthread_cond_wait(&cl->cv, &cl->mu);
+    pthread_mutex_unlock(&cl->mu);
+    return ncclSuccess;
+}
+
+ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank)
+{
+    return ncclCommInitRankConfig(comm, nranks, id, rank, NULL);
+}
+
+ncclResult_t ncclCommFinalize(ncclComm_t c)
+{
+    t_why[0] = 0;
+    if (!comm_ok(c))
+        return fail(ncclInvalidArgument, "ncclCommFinalize: not a communicator");
+    pthread_mutex_lock(&c->cl->mu);
+    const bool gone = c->gone;
+    if (!gone && !c->blocking)
+        c->busy_polls = FINALIZE_POLLS;
+    pthread_mutex_unlock(&c->cl->mu);
+    if (gone)
+        return fail(ncclInvalidUsage, "ncclCommFinalize: rank %d's communicator was aborted or "
+                    "destroyed", c->rank);
+    return c->blocking ? ncclSuccess : ncclInProgress;
+}
+
 
 /* Abort the clique (cl->mu held): blocked items return. */
 static void abort_locked(struct clique *cl)
@@ -192,7 +369,10 @@ ncclResult_t ncclCommAbort(ncclComm_t c)
     if (!comm_ok(c))
         return fail(ncclInvalidArgument, "ncclCommAbort: not a communicator");
     struct clique *cl = c->cl;
+    pthread_mutex_lock(&open_mu); /* a rank joining later makes a clique of its own */
     pthread_mutex_lock(&cl->mu);
+    close_locked(cl);
+    pthread_mutex_unlock(&open_mu);
     const bool was_gone = c->gone;
     abort_locked(cl);
     c->gone = c->aborted = true;
@@ -227,7 +407,10 @@ ncclResult_t ncclCommDestroy(ncclComm_t c)
     if (!comm_ok(c))
         return fail(ncclInvalidArgument, "ncclCommDestroy: not a communicator");
     struct clique *cl = c->cl;
+    pthread_mutex_lock(&open_mu); /* a rank joining later makes a clique of its own */
     pthread_mutex_lock(&cl->mu);
+    close_locked(cl);
+    pthread_mutex_unlock(&open_mu);
     bool was_gone = c->gone, last = false;
     if (!was_gone) {
         c->gone = true;
@@ -245,10 +428,17 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t c, ncclResult_t *err)
 {
     if (!comm_ok(c) || !err)
         return fail(ncclInvalidArgument, "ncclCommGetAsyncError: bad argument");
-    pthread_mutex_lock(&c->cl->mu);
+    struct clique *cl = c->cl;
+    pthread_mutex_lock(&cl->mu);
     const bool aborted = c->aborted;
-    *err = c->cl->aborted && c->async == ncclSuccess ? ncclSystemError : c->async;
-    pthread_mutex_unlock(&c->cl->mu);
+    *err = cl->aborted && c->async == ncclSuccess ? ncclSystemError : c->async;
+    if (*err == ncclSuccess && cl->joined < cl->n)
+        *err = ncclInProgress; /* a non-blocking init waiting for its peers */
+    else if (*err == ncclSuccess && c->busy_polls > 0) {
+        c->busy_polls--;
+        *err = ncclInProgress;
+    }
+    pthread_mutex_unlock(&cl->mu);
     if (aborted)
         return fail(ncclInvalidUsage, "ncclCommGetAsyncError: rank %d's communicator was "
                     "aborted (ncclCommAbort frees it)", c->rank);
@@ -465,14 +655,16 @@ static ncclResult_t submit(struct coll *x, cudaStream_t s)
     struct clique *cl = c->cl;
     const char *name = op_name[x->op];
     pthread_mutex_lock(&cl->mu);
-    bool bad = c->gone || cl->aborted;
-    if (!bad)
+    bool bad = c->gone || cl->aborted, early = cl->joined < cl->n;
+    if (!bad && !early)
         c->refs++;
     pthread_mutex_unlock(&cl->mu);
-    if (bad) {
+    if (bad || early) {
         free(x);
-        return fail(ncclInvalidUsage, "%s: the communicator was aborted or destroyed (rank %d)",
-                    name, c->rank);
+        return bad ? fail(ncclInvalidUsage, "%s: the communicator was aborted or destroyed "
+                          "(rank %d)", name, c->rank)
+                   : fail(ncclInvalidUsage, "%s: rank %d's communicator is still initializing "
+                          "(poll ncclCommGetAsyncError until ncclSuccess)", name, c->rank);
     }
     cudaError_t e = si_enqueue(s, name, run_coll, x, fini_coll, SI_ALWAYS_RUN, NULL);
     if (e != cudaSuccess) { /* the device's sticky error, or a bad stream */

@@ -2,10 +2,12 @@
  * standin_mem.c, standin_blas.c, standin_nccl.c): devices, stream items and
  * the classification of addresses they share. The launchers use standin.h.
  *
- * Locks: none nests. A device's mu, the registrations' (standin_mem.c),
- * an event's, a clique's, the fault countdowns', the record's and the
- * aborted communicators' are each taken alone, and nothing is called while
- * one is held that could take another. A worker waiting for an event or a
+ * Locks: one nesting only. A device's mu, the registrations'
+ * (standin_mem.c), an event's, a clique's, the fault countdowns', the
+ * record's and the aborted communicators' are each taken alone, and nothing
+ * is called while one is held that could take another; the exception is
+ * standin_nccl.c's open cliques' list, whose lock is taken before one
+ * clique's mu (a rank joining, an abort, a destroy). A worker waiting for an event or a
  * collective holds only that device's or clique's mu, in pthread_cond_wait.
  */
 #ifndef FSO_STANDIN_RT_H

@@ -1,7 +1,8 @@
 /* test_standin_rt.c — the CUDA runtime stand-in (standin_rt.c and its
  * neighbours) against the runtime, cuBLAS and NCCL API directly: the rules
  * it enforces (device memory the host cannot read, copy classification,
- * stream and event order, sticky faults, collective rendezvous and abort)
+ * stream and event order, sticky faults, communicators met by unique id,
+ * collective rendezvous and abort)
  * and the results it computes. */
 #include <math.h>
 #include <pthread.h>
@@ -763,6 +764,106 @@ static void test_stalled_rank_is_released_by_abort(void **state)
         rank_teardown(&rc[r]);
 }
 
+/* Polls of ncclCommGetAsyncError until it leaves ncclInProgress (at most
+ * 1000): how many said ncclInProgress; *last gets the final state. */
+static int polls_in_progress(ncclComm_t c, ncclResult_t *last)
+{
+    int n = 0;
+    for (; n < 1000; n++) {
+        NK(ncclCommGetAsyncError(c, last));
+        if (*last != ncclInProgress)
+            break;
+    }
+    return n;
+}
+
+struct init_job {
+    int rank;
+    ncclUniqueId id;
+    ncclComm_t comm;
+    ncclResult_t r;
+};
+
+static void *init_rank_main(void *p) /* the blocking init: returns once both joined */
+{
+    struct init_job *j = p;
+    cudaSetDevice(j->rank);
+    j->r = ncclCommInitRank(&j->comm, RANKS, j->id, j->rank);
+    return NULL;
+}
+
+static void *init_pair(void *p)
+{
+    struct init_job *j = p;
+    pthread_t t[RANKS];
+    for (int r = 0; r < RANKS; r++)
+        pthread_create(&t[r], NULL, init_rank_main, &j[r]);
+    for (int r = 0; r < RANKS; r++)
+        pthread_join(t[r], NULL);
+    return NULL;
+}
+
+static void test_ranks_meet_by_unique_id(void **state)
+{
+    ncclUniqueId id, other;
+    NK(ncclGetUniqueId(&id));
+    NK(ncclGetUniqueId(&other));
+    assert_true(memcmp(&id, &other, sizeof id) != 0);
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.blocking = 0;
+    ncclComm_t comm[RANKS] = {0}, bad = NULL;
+    CK(cudaSetDevice(0));
+    assert_int_equal(ncclCommInitRankConfig(&comm[0], RANKS, id, 0, &cfg), ncclInProgress);
+    assert_non_null(comm[0]);
+    ncclResult_t st;
+    NK(ncclCommGetAsyncError(comm[0], &st));
+    assert_int_equal(st, ncclInProgress); /* rank 1 has not joined */
+    struct rank_ctx rc[RANKS];
+    rank_setup(&rc[0], 0, comm[0]);
+    CK(cudaSetDevice(0));
+    assert_int_equal(ncclAllGather(rc[0].send, rc[0].recv, CNT, ncclFloat, comm[0], rc[0].s),
+                     ncclInvalidUsage); /* before the init completed */
+    /* NCCL's rules: one device per rank, each rank once, one rank count */
+    assert_int_equal(ncclCommInitRankConfig(&bad, RANKS, id, 1, &cfg), ncclInvalidUsage);
+    assert_non_null(strstr(ncclGetLastError(NULL), "both CUDA device 0"));
+    CK(cudaSetDevice(1));
+    assert_int_equal(ncclCommInitRankConfig(&bad, RANKS, id, 0, &cfg), ncclInvalidUsage);
+    assert_int_equal(ncclCommInitRankConfig(&bad, RANKS + 1, id, 1, &cfg), ncclInvalidUsage);
+    assert_null(bad);
+    assert_int_equal(ncclCommInitRankConfig(&comm[1], RANKS, id, 1, &cfg), ncclInProgress);
+    /* complete now, reported after a few looks (a caller's poll loop runs) */
+    for (int r = 0; r < RANKS; r++) {
+        int n = polls_in_progress(comm[r], &st);
+        assert_int_equal(st, ncclSuccess);
+        assert_true(n >= 1 && n < 1000);
+    }
+    rank_setup(&rc[1], 1, comm[1]);
+    within_ms(ranks_run, rc, 20000);
+    for (int r = 0; r < RANKS; r++) {
+        assert_int_equal(rc[r].r, ncclSuccess);
+        assert_int_equal(rc[r].e, cudaSuccess);
+    }
+    for (int r = 0; r < RANKS; r++) {
+        rank_teardown(&rc[r]);
+        assert_int_equal(ncclCommFinalize(comm[r]), ncclInProgress);
+        int n = polls_in_progress(comm[r], &st);
+        assert_int_equal(st, ncclSuccess);
+        assert_true(n >= 1 && n < 1000);
+        NK(ncclCommDestroy(comm[r]));
+    }
+    /* the blocking init returns once every rank has joined */
+    struct init_job jobs[RANKS];
+    for (int r = 0; r < RANKS; r++)
+        jobs[r] = (struct init_job){.rank = r, .id = other};
+    within_ms(init_pair, jobs, 5000);
+    for (int r = 0; r < RANKS; r++) {
+        NK(jobs[r].r);
+        NK(ncclCommGetAsyncError(jobs[r].comm, &st));
+        assert_int_equal(st, ncclSuccess);
+        NK(ncclCommDestroy(jobs[r].comm));
+    }
+}
+
 /* ------------------------------------------------------------ cuBLAS */
 
 static float bf(float f) /* round to bf16 and back, nearest even */
@@ -933,6 +1034,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_collective_blocks_until_all_ranks_arrive, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_stalled_rank_is_released_by_abort, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_ranks_meet_by_unique_id, setup, teardown),
         cmocka_unit_test_setup_teardown(test_gemm_matches_naive_loop, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
