@@ -1791,6 +1791,21 @@ static int rail_get_id(struct rail_job *j, unsigned char id[FSO_NCCL_ID_BYTES])
     return rc;
 }
 
+/* Box j->box's backend on its own device and its end of the rail (NULL
+ * when it could not be made). 0 or the first failure, with j->err. */
+static int rail_open(struct rail_job *j, fso_backend **be, fso_coll **rail)
+{
+    unsigned char id[FSO_NCCL_ID_BYTES];
+    int rc = fso_backend_create_cuda(be, j->box, 0, j->err, sizeof j->err);
+    if (rc == 0)
+        rc = rail_get_id(j, id);
+    if (rc == 0 && (rc = fso_coll_create_nccl_rail(rail, j->box, j->boxes, j->box, id,
+                                                   j->timeout_s, j->describe, j->err,
+                                                   sizeof j->err)) != 0)
+        *rail = NULL;
+    return rc;
+}
+
 #define RAIL_TRY(call)                                                                         \
     do {                                                                                       \
         if (rc == 0 && (rc = (call)) != 0)                                                     \
@@ -1802,18 +1817,11 @@ static void *rail_box_main(void *arg)
 {
     struct rail_job *j = arg;
     const size_t N = RAIL_N, B = (size_t)j->boxes;
-    unsigned char id[FSO_NCCL_ID_BYTES];
     fso_backend *be = NULL;
     fso_coll *rail = NULL;
     void *d_send = NULL, *d_gather = NULL, *d_rs = NULL, *d_scatter = NULL, *d_gather16 = NULL;
     void *d_rs16 = NULL, *d_scatter16 = NULL;
-    int rc = fso_backend_create_cuda(&be, j->box, 0, j->err, sizeof j->err);
-    if (rc == 0)
-        rc = rail_get_id(j, id);
-    if (rc == 0 && (rc = fso_coll_create_nccl_rail(&rail, j->box, j->boxes, j->box, id,
-                                                   j->timeout_s, j->describe, j->err,
-                                                   sizeof j->err)) != 0)
-        rail = NULL;
+    int rc = rail_open(j, &be, &rail);
     RAIL_TRY(be->ops->buf_alloc(be, sizeof(float) * N, &d_send));
     RAIL_TRY(be->ops->buf_alloc(be, sizeof(float) * N * B, &d_gather));
     RAIL_TRY(be->ops->buf_alloc(be, sizeof(float) * N * B, &d_rs));
@@ -1967,17 +1975,10 @@ static void *rail_stall_main(void *arg)
 {
     struct rail_job *j = arg;
     struct rail_hand *h = j->hand;
-    unsigned char id[FSO_NCCL_ID_BYTES];
     fso_backend *be = NULL;
     fso_coll *rail = NULL;
     void *d_send = NULL, *d_gather = NULL;
-    int rc = fso_backend_create_cuda(&be, j->box, 0, j->err, sizeof j->err);
-    if (rc == 0)
-        rc = rail_get_id(j, id);
-    if (rc == 0 && (rc = fso_coll_create_nccl_rail(&rail, j->box, j->boxes, j->box, id,
-                                                   j->timeout_s, j->describe, j->err,
-                                                   sizeof j->err)) != 0)
-        rail = NULL;
+    int rc = rail_open(j, &be, &rail);
     RAIL_TRY(be->ops->buf_alloc(be, sizeof(float) * RAIL_N, &d_send));
     RAIL_TRY(be->ops->buf_alloc(be, sizeof(float) * RAIL_N * 2, &d_gather));
     if (rc == 0 && j->box == 0) {
