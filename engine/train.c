@@ -487,7 +487,8 @@ out:
  * (the first excluded) against the plan. When the prediction was off by
  * more than 20% the planner chooses again with corrected rates; a
  * different placement is taken, moving the state between tiers, when the
- * saving repays the move within the steps left. */
+ * saving repays the move within the steps left (on one box: across boxes
+ * each would choose from its own measurements, so the placement stays). */
 static void replan(run_plan *rp, fso_config *cfg, int64_t steps_left, fso_trainer *tr,
                    fso_report *rep, FILE *out)
 {
@@ -516,6 +517,13 @@ static void replan(run_plan *rp, fso_config *cfg, int64_t steps_left, fso_traine
     if (!rp->applied) {
         fprintf(out, "fsoff: plan: the running placement is the configured one, not the "
                      "plan's; it stays\n");
+        goto out;
+    }
+    /* each box measured its own steps, so each would choose on its own; a
+     * box placing a shard elsewhere takes another rail (engine/boxes.h) */
+    if (fso_config_boxes(cfg) > 1) {
+        fprintf(out, "fsoff: plan: across boxes the placement stays (each box measures its own "
+                     "steps); give the corrected plan's keys in the configuration to run it\n");
         goto out;
     }
     if (!mv.pays) {
