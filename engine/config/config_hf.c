@@ -13,7 +13,7 @@
  *   - config.json's keys that change nothing in fsoff (token ids, dtype,
  *     transformers' bookkeeping) are skipped without a word (an export
  *     carries them back: fso_hf_config_writes_key, hf_extras.c); the Llama
- *     features fsoff lacks are refused by config_keys.c as in any model
+ *     features fsoff lacks are refused by config_model.c as in any model
  *     section (attention_bias, mlp_bias, other rope_scaling types, ...);
  *     quantization_config is refused here;
  *   - newer transformers write rope_theta and rope_scaling together as
@@ -260,7 +260,7 @@ int fso_cfg_hf_merge(fso_config *cfg, struct fso_config_doc *doc)
     json_t *model = json_object_get(doc->merged, "model");
     json_t *from = json_is_object(model) ? json_object_get(model, "init_from") : NULL;
     if (!json_is_string(from) || json_string_length(from) == 0)
-        return 0; /* none, or of the wrong type: config_keys.c says so */
+        return 0; /* none, or of the wrong type: config_model.c says so */
     cfg_layer l = {.kind = LAYER_FILE, .write_depth = 2, .text_skip = 1};
     fso_config *scratch = NULL;
     json_t *section = NULL;

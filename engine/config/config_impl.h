@@ -1,7 +1,7 @@
 /* config_impl.h — private to engine/config*.c: the layered document, key
  * paths, and the helpers that turn a bad value into a located message.
  * config.c builds and locates; config_values.c reads a value as its type;
- * config_keys.c knows every key. */
+ * config_keys.c knows every key, config_model.c the "model" section's. */
 #ifndef FSO_CONFIG_IMPL_H
 #define FSO_CONFIG_IMPL_H
 
@@ -131,7 +131,7 @@ int fso_cfg_get_path(walker *w, json_t *obj, const keypath *sec, const char *key
                      size_t cap);
 int fso_cfg_get_section(walker *w, json_t *root, const char *key, bool null_ok, json_t **out);
 
-/* config_keys.c: the "model" section's keys (LlamaConfig's names), and
+/* config_model.c: the "model" section's keys (LlamaConfig's names), and
  * the section applied to root's "model" alone (config_hf.c compares a
  * Hugging Face folder's config.json with the user's section through it). */
 extern const key_spec fso_cfg_model_keys[];
