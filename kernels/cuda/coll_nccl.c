@@ -39,6 +39,7 @@
 #include <nccl.h>
 
 #include "cuda_impl.h"
+#include "nccl_rows.h"
 #include "util.h"
 
 #define MAX_WORLD FSO_MAX_DEVICES
@@ -94,6 +95,19 @@ int fso_nccl_errno(int result)
     default:
         return -EIO;
     }
+}
+
+ncclResult_t fso_nccl_exchange_rows(const uint16_t *send, uint16_t *rows, size_t count, int world,
+                                    ncclComm_t comm, cudaStream_t s)
+{
+    ncclResult_t r = ncclGroupStart();
+    for (int k = 0; k < world && r == ncclSuccess; k++) {
+        r = ncclSend(send + (size_t)k * count, count, ncclBfloat16, k, comm, s);
+        if (r == ncclSuccess)
+            r = ncclRecv(rows + (size_t)k * count, count, ncclBfloat16, k, comm, s);
+    }
+    ncclResult_t r_end = ncclGroupEnd();
+    return r == ncclSuccess ? r_end : r;
 }
 
 /* Record an NCCL failure in the rank's backend (its next sync reports it). */
@@ -221,15 +235,7 @@ static int nc_reduce_scatter_bf16(fso_coll *c, int rank, const uint16_t *send, f
     if (!coll_enter(x, rank, "reduce_scatter_bf16"))
         return rank_status(x, rank);
     uint16_t *rows = x->dev_rows[rank];
-    ncclResult_t r = ncclGroupStart();
-    for (int k = 0; k < W && r == ncclSuccess; k++) {
-        r = ncclSend(send + (size_t)k * count, count, ncclBfloat16, k, x->comm[rank], s);
-        if (r == ncclSuccess)
-            r = ncclRecv(rows + (size_t)k * count, count, ncclBfloat16, k, x->comm[rank], s);
-    }
-    ncclResult_t r_end = ncclGroupEnd();
-    if (r == ncclSuccess)
-        r = r_end;
+    ncclResult_t r = fso_nccl_exchange_rows(send, rows, count, W, x->comm[rank], s);
     if (r == ncclSuccess)
         fso_cuda_sum_bf16_rows(s, recv, rows, W, count);
     coll_leave(x, rank, s);

@@ -28,6 +28,7 @@
 #include <nccl.h>
 
 #include "cuda_impl.h"
+#include "nccl_rows.h"
 #include "util.h"
 
 _Static_assert(FSO_NCCL_ID_BYTES == NCCL_UNIQUE_ID_BYTES,
@@ -231,16 +232,8 @@ static int rail_reduce_scatter_bf16(fso_coll *c, int rank, const uint16_t *send,
         }
     }
     if (rc == 0) {
-        ncclResult_t r = ncclGroupStart();
-        for (int k = 0; k < x->boxes && r == ncclSuccess; k++) {
-            r = ncclSend(send + (size_t)k * count, count, ncclBfloat16, k, x->comm, x->stream);
-            if (r == ncclSuccess)
-                r = ncclRecv(x->dev_rows + (size_t)k * count, count, ncclBfloat16, k, x->comm,
-                             x->stream);
-        }
-        ncclResult_t r_end = ncclGroupEnd();
-        if (r == ncclSuccess)
-            r = r_end;
+        ncclResult_t r =
+            fso_nccl_exchange_rows(send, x->dev_rows, count, x->boxes, x->comm, x->stream);
         rc = rail_wait(c, what, r, false, t0); /* issued: the sum goes after it */
     }
     if (rc == 0) {
