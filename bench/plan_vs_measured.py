@@ -11,7 +11,7 @@ cached probes, and prints the predicted step time, the measured one (the median
 step of a run, first step excluded; the fastest of --repeat runs) and their
 ratio; and the time the device thread waits per step (predicted: idle time of
 the device; measured: stall_ms + optimizer_exposed_ms, waits on parameter reads
-and on the optimizer). Goal: every prediction within 20% of the measurement.
+and on the optimizer). Goal: every prediction within 10% of the measurement.
 
 A second table splits each row by component, predicted against measured,
 so a miss can be traced to what the model got wrong: compute (the plan's
@@ -25,17 +25,23 @@ empty probe cache of its own (XDG_CACHE_HOME in a temporary folder; the
 user's cache is not touched), so the probes and the one-layer timing are
 measured anew, as on a first plan.
 
-Expected misses: on a shared two-core VM a process runs at one of two speeds
-(about 2x apart), as much of the cores as other jobs leave it; the plan's
-one-layer timing leaves out what it measures of that (the run delay) but
-not all, and a training run under load is slower than the plan, so a
-1-device row may miss by 1.7x or more (docs/planning.md). Run it in a quiet
-minute; the header prints the load average. The table marks those misses "expected"; they do not make
-the footer FAILED nor the exit status 1. A miss anywhere else does.
+Noise: on a shared machine other jobs only ever slow a run down, and a
+process can run 10-20% slower than the one before it for a minute. So a row
+measured more than 10% slower than its plan is run again at the end (--retry
+times, a minute later), the fastest counting, and the table marks each rerun
+with a '*'. A plan slower than its run is not retried: the one-layer timing
+it rests on is cached (--fresh-cache: taken once, at the start), and that
+is what the rows test. Run it in a quiet minute; the header prints the load
+average. Any row beyond 10% prints FAILED and exits 1.
+
+--sizes adds bench/step_vs_fio.sh's three models (168M, 787M and 2.28B,
+bf16, two CPU devices, the planner placing their state under the budgets
+given, NVMe at --nvme), one run each of their own steps.
 
     /usr/bin/python3 bench/plan_vs_measured.py [--fsoff build/fsoff] [--nvme DIR]
-                                               [--steps 8] [--repeat 3] [--quick]
-                                               [--only ROW,...] [--json FILE] [--fresh-cache]
+                                               [--steps 8] [--repeat 3] [--retry 2] [--quick]
+                                               [--only ROW,...] [--sizes | --sizes-only]
+                                               [--json FILE] [--fresh-cache]
 
 --nvme defaults to a fresh folder under /var/tmp (a disk; tmpfs has no O_DIRECT,
 and the store falls back to the page cache there). Machines here are shared and
@@ -82,7 +88,26 @@ TIERS = {
 }
 
 
+# --sizes: bench/step_vs_fio.sh's three models, state on NVMe, the planner choosing the
+# placement and depth under the budgets given (docs/benchmarks.md), as a user runs them
+LLAMA = ["model.vocab_size=32000", "model.num_attention_heads=16",
+         "model.num_key_value_heads=4", "bf16.enabled=true", "train_micro_batch_size_per_gpu=1"]
+SIZES = {
+    # name: (model overrides, budgets, steps)
+    "168M": (LLAMA + ["model.hidden_size=1024", "model.intermediate_size=2816",
+                      "model.num_hidden_layers=12"],
+             ["--device-mem", "1G", "--host-mem", "3G"], 4),
+    "787M": (LLAMA + ["model.hidden_size=2048", "model.intermediate_size=5632",
+                      "model.num_hidden_layers=16"],
+             ["--device-mem", "2G", "--host-mem", "8G"], 3),
+    "2.28B": (LLAMA + ["model.hidden_size=2560", "model.intermediate_size=6912",
+                       "model.num_hidden_layers=32", "model.num_attention_heads=20"],
+              ["--device-mem", "2G"], 3),
+}
+
+
 def matrix(quick, only=None):
+    """Rows: (model, placement, devices, prefetch depth or None for the planner's)."""
     rows = []
     for model in (["tiny"] if quick else ["tiny", "wide"]):
         for tier in (only or TIERS):
@@ -91,6 +116,15 @@ def matrix(quick, only=None):
                 for pf in depths:
                     rows.append((model, tier, world, pf))
     return rows
+
+
+def size_args(model, nvme):
+    """A --sizes row's options: two CPU devices, its budgets, NVMe, its model."""
+    sets, budgets, _ = SIZES[model]
+    args = ["--devices", "cpu:2", "--nvme", nvme] + budgets
+    for s in sets:
+        args += ["--set", s]
+    return args
 
 
 def overrides(model, tier, pf, nvme):
@@ -181,6 +215,21 @@ def run(cmd):
     return r.stdout
 
 
+def measure(fsoff, args, steps, repeat):
+    """The fastest of `repeat` training runs of `steps` steps: (its median step in ms, the
+    steps after the first, as --metrics gives them)."""
+    best, meas = None, None
+    for _ in range(max(repeat, 1)):
+        with tempfile.NamedTemporaryFile(suffix=".jsonl") as mf:
+            run([fsoff, "--steps", str(steps), "--metrics", mf.name] + args)
+            lines = [json.loads(l) for l in open(mf.name) if l.strip()]
+        kept = [l for l in lines if "step_ms" in l][1:]
+        med = statistics.median(l["step_ms"] for l in kept)
+        if meas is None or med < meas:
+            best, meas = kept, med
+    return meas, best
+
+
 def print_components(results):
     """The second table: each row's components, predicted/measured ms and the error."""
     names = ["step"] + [c[0] for c in COMPONENTS] + ["waits"]
@@ -216,12 +265,19 @@ def main():
     ap.add_argument("--repeat", type=int, default=3,
                     help="training runs and plans per row; the fastest of each counts (noise only "
                          "slows)")
+    ap.add_argument("--retry", type=int, default=2,
+                    help="runs again, at the end, of a row measured more than 10%% slower than "
+                         "its plan (default 2); the footer counts them")
     ap.add_argument("--quick", action="store_true", help="the tiny model only")
     ap.add_argument("--only", default=None,
                     help="comma-separated placements (rows) to run, e.g. planned-cap,one-tier-cap: "
                          + ", ".join(TIERS))
     ap.add_argument("--json", metavar="FILE",
                     help='also write the results as one JSON object ("-": to stdout instead of the table)')
+    ap.add_argument("--sizes", action="store_true",
+                    help="also the 168M, 787M and 2.28B models of bench/step_vs_fio.sh, state on "
+                         "NVMe (about 40 GB free in --nvme's folder; 10 minutes), one run each")
+    ap.add_argument("--sizes-only", action="store_true", help="those three rows alone")
     ap.add_argument("--fresh-cache", action="store_true",
                     help="an empty probe cache of its own: probes and layer timings measured anew")
     a = ap.parse_args()
@@ -241,24 +297,22 @@ def main():
     try:
         # the probes once, outside the timed runs (cached afterwards)
         run([a.fsoff, "plan", "--json", "--nvme", nvme])
-        for model, tier, world, pf in matrix(a.quick, only):
-            sets = overrides(model, tier, pf, nvme)
-            dev = ["--devices", "cpu:%d" % world]
-            if TIERS[tier][3]:
-                dev += cap_for(a.fsoff, model, world, nvme)
-            best, meas = None, None
-            for _ in range(max(a.repeat, 1)):
-                with tempfile.NamedTemporaryFile(suffix=".jsonl") as mf:
-                    run([a.fsoff, "--steps", str(a.steps), "--metrics", mf.name] + dev + sets)
-                    lines = [json.loads(l) for l in open(mf.name) if l.strip()]
-                steps = [l for l in lines if "step_ms" in l][1:]
-                med = statistics.median(l["step_ms"] for l in steps)
-                if meas is None or med < meas:
-                    best, meas = steps, med
-            steps = best
+        rows = [] if a.sizes_only else matrix(a.quick, only)
+        if a.sizes or a.sizes_only:
+            rows += [(m, "planned", 2, None) for m in SIZES]
+        for model, tier, world, pf in rows:
+            if model in SIZES:
+                dev, sets, nsteps, repeat = size_args(model, nvme), [], SIZES[model][2], 1
+            else:
+                sets = overrides(model, tier, pf, nvme)
+                dev = ["--devices", "cpu:%d" % world]
+                if TIERS[tier][3]:
+                    dev += cap_for(a.fsoff, model, world, nvme)
+                nsteps, repeat = a.steps, a.repeat
+            meas, steps = measure(a.fsoff, dev + sets, nsteps, repeat)
             # the plan times one layer on this machine: the fastest of as many tries
             plan = None
-            for _ in range(max(a.repeat, 1)):
+            for _ in range(max(repeat, 1)):
                 p = json.loads(run([a.fsoff, "plan", "--json"] + dev + sets))
                 if plan is None or p["predicted_step_ms"] < plan["predicted_step_ms"]:
                     plan = p
@@ -266,6 +320,8 @@ def main():
             # the device thread's waits: on parameter reads and on the optimizer
             stall = statistics.median(s.get("stall_ms", 0) + s.get("optimizer_exposed_ms", 0)
                                       for s in steps)
+            if pf is None:
+                pf = plan["prefetch_blocks"]
             results.append({"model": model, "tiers": tier, "devices": world, "prefetch": pf,
                             "predicted_ms": pred, "measured_ms": meas,
                             "ratio": pred / meas if meas > 0 else 0,
@@ -273,7 +329,21 @@ def main():
                             "placement": plan["placement_text"],
                             "device_blocks": device_blocks(plan),
                             "predicted_stall_ms": plan["stall_ms"], "measured_stall_ms": stall,
-                            "components": components(plan, steps)})
+                            "components": components(plan, steps),
+                            "plan": plan, "args": dev + sets, "steps": nsteps, "remeasured": 0})
+        # a run slower than its plan by more than the goal is run again, later (the
+        # machine's other jobs only ever slow a run down); the fastest counts
+        for r in results:
+            for _ in range(a.retry):
+                if r["measured_ms"] * 0.90 <= r["predicted_ms"]:
+                    break
+                meas, steps = measure(a.fsoff, r["args"], r["steps"], 1)
+                r["remeasured"] += 1
+                if meas < r["measured_ms"]:
+                    r["measured_ms"], r["ratio"] = meas, r["predicted_ms"] / meas
+                    r["measured_stall_ms"] = statistics.median(
+                        s.get("stall_ms", 0) + s.get("optimizer_exposed_ms", 0) for s in steps)
+                    r["components"] = components(r["plan"], steps)
     finally:
         if own:
             shutil.rmtree(nvme, ignore_errors=True)
@@ -281,11 +351,12 @@ def main():
             shutil.rmtree(cache, ignore_errors=True)
 
     for r in results:
-        r["within_20pct"] = abs(r["ratio"] - 1) <= 0.20
         r["within_10pct"] = abs(r["ratio"] - 1) <= 0.10
-        r["expected_miss"] = not r["within_20pct"] and r["devices"] == 1
-    ok = all(r["within_20pct"] or r["expected_miss"] for r in results)
-    rec = {"bench": "plan_vs_measured", "rows": results, "within_20pct": ok}
+        r["within_20pct"] = abs(r["ratio"] - 1) <= 0.20
+        del r["plan"], r["args"], r["steps"]
+    ok = all(r["within_10pct"] for r in results)
+    rec = {"bench": "plan_vs_measured", "rows": results, "within_10pct": ok,
+           "load_average": os.getloadavg()[0]}
     if a.json == "-":
         print(json.dumps(rec))
         return 0 if ok else 1
@@ -293,27 +364,27 @@ def main():
         with open(a.json, "w") as f:
             json.dump(rec, f, indent=1)
     print("# planner prediction against measured step time (CPU backend: median step of %d, "
-          "first excluded; fastest of %d runs; load average %.2f)" % (a.steps, a.repeat,
-                                                                      os.getloadavg()[0]))
+          "first excluded; fastest of %d runs, the --sizes rows' of one; load average %.2f)"
+          % (a.steps, a.repeat, os.getloadavg()[0]))
     print("# %-6s %-14s %7s %8s %11s %10s %10s %7s %10s %10s %-11s %8s" %
           ("model", "tiers", "devices", "prefetch", "on devices", "predicted", "measured",
            "ratio", "pred wait", "meas wait", "bottleneck", "within"))
     print("# %-6s %-14s %7s %8s %11s %10s %10s %7s %10s %10s %-11s %8s" %
           ("", "param/optim", "", "blocks", "param/state", "ms", "ms", "", "ms", "ms", "",
-           "20%"))
+           "10%"))
     for r in results:
         print("  %-6s %-14s %7d %8d %11s %10.1f %10.1f %7.2f %10.1f %10.1f %-11s %8s" %
               (r["model"], r["tiers"], r["devices"], r["prefetch"], r["device_blocks"],
                r["predicted_ms"], r["measured_ms"], r["ratio"], r["predicted_stall_ms"],
                r["measured_stall_ms"], r["bottleneck"],
-               "yes" if r["within_20pct"] else "expected" if r["expected_miss"] else "MISS"))
+               ("yes" if r["within_10pct"] else "MISS") +
+               ("*" * r["remeasured"])))
     err = sum(abs(r["ratio"] - 1) for r in results) / max(len(results), 1)
-    hits = sum(1 for r in results if r["within_20pct"])
-    expected = sum(1 for r in results if r["expected_miss"])
-    print("# mean |predicted/measured - 1|: %.1f%%; within 20%%: %d of %d (within 10%%: %d); "
-          "expected misses (1 device: the process's speed is drawn at start): %d" %
-          (100 * err, hits, len(results), sum(1 for r in results if r["within_10pct"]),
-           expected))
+    print("# mean |predicted/measured - 1|: %.1f%%; within 10%%: %d of %d (within 20%%: %d); "
+          "re-measured (*: each run again, measured more than 10%% slower than planned): %d "
+          "rows" % (100 * err, sum(1 for r in results if r["within_10pct"]), len(results),
+                    sum(1 for r in results if r["within_20pct"]),
+                    sum(1 for r in results if r["remeasured"])))
     print_components(results)
     print("# %s" % ("OK" if ok else "FAILED"))
     return 0 if ok else 1

@@ -57,7 +57,7 @@ void fso_plan_ctx_free(fso_plan_ctx *ctx);
 /* CPU devices: time one micro-batch of a one-layer model of cfg's shapes
  * on the backend, on every device at once as training runs them (as many
  * as half the free memory holds), taking the slowest device (the best of
- * three runs when they are quick, else one;
+ * three runs when the four take 12 s or less, else one;
  * skipped, returning -E2BIG, when that would take over 20 s) and set ctx's
  * compute from it: device_gflops to the rate a layer achieves, the
  * embedding's and the head's visits to their measured share. The figures

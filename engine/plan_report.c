@@ -203,6 +203,8 @@ json_t *fso_plan_json(const fso_plan *p)
         m->adam_gelems, "device_adam_gelems", m->device_adam_gelems, "host_copy_gbps",
         m->host_copy_gbps);
     json_object_set_new(mj, "device_margin", json_real(m->device_margin));
+    json_object_set_new(mj, "nvme_read_cpu_s_per_gb", json_real(m->nvme_read_cpu_s_per_gb));
+    json_object_set_new(mj, "nvme_write_cpu_s_per_gb", json_real(m->nvme_write_cpu_s_per_gb));
     json_object_set_new(mj, "nvme_drain_gbps", json_real(m->nvme_drain_gbps > 0 ? m->nvme_drain_gbps
                                                                             : m->nvme_write_gbps));
     json_t *j = json_pack(

@@ -70,6 +70,10 @@ typedef struct fso_plan_machine {
                                   takes them at its rate: probe.h's burst) */
     double nvme_drain_gbps;    /* the rate the drive drains writes at (flushed); a step
                                   lasts at least its writes at this rate; 0: nvme_write_gbps */
+    double nvme_read_cpu_s_per_gb;  /* the compute the host's cores lose per GB read, and */
+    double nvme_write_cpu_s_per_gb; /* per GB written (probe.h); the timeline puts it on
+                                       the cores' lane: with CPU devices the devices',
+                                       else the optimizer's; 0: none */
     double nvme_read_lat_ms;   /* one request's latency beyond its transfer time */
     double nvme_write_lat_ms;
     double h2d_gbps;           /* per device */

@@ -84,6 +84,8 @@ typedef struct tl {
     double floor;              /* nothing starts before (a barrier) */
     int floor_ev;
     double lat[FSO_N_STREAMS]; /* per event: completion this much after the stream frees up */
+    double tax[FSO_N_STREAMS]; /* per ms of an event: ms of the cores' work it brings (NVMe) */
+    int tax_stream;            /* where that work goes: the cores' lane */
     const char *what;          /* label of the events being added */
     int block;
     int oom;
@@ -209,7 +211,17 @@ static int tl_add(tl *t, int stream, double dur, const int *deps, int ndeps)
     x->bytes = 0;
     if (stream != JOIN)
         t->last[stream] = t->n;
-    return t->n++;
+    const int id = t->n++;
+    /* an NVMe transfer's work on the host's cores (planner.h
+     * nvme_*_cpu_s_per_gb), as the bytes land: it delays what the cores do next */
+    if (stream != JOIN && dur > 0 && t->tax[stream] > 0) {
+        const char *what = t->what;
+        t->what = stream == FSO_STREAM_NVME_READ ? "nvme reads on the cores"
+                                                 : "nvme writes on the cores";
+        tl_add(t, t->tax_stream, dur * t->tax[stream], &id, 1);
+        t->what = what;
+    }
+    return id;
 }
 
 #define ADD(t, stream, dur, ...)                                                          \
@@ -695,6 +707,14 @@ int pl_simulate(const fso_plan_input *in, const fso_placement *pl, fso_plan *out
     s.t.floor_ev = -1;
     s.t.lat[FSO_STREAM_NVME_READ] = in->machine.nvme_read_lat_ms;
     s.t.lat[FSO_STREAM_NVME_WRITE] = in->machine.nvme_write_lat_ms;
+    /* an event moves one device's share at 1/W of the machine's rate while
+     * every device moves theirs: ms of it are the machine's rate x the cost
+     * per GB of the cores' time (planner.h); on CPU devices that is the
+     * devices' lane, else the CPU optimizer's */
+    s.t.tax[FSO_STREAM_NVME_READ] = in->machine.nvme_read_gbps * in->machine.nvme_read_cpu_s_per_gb;
+    s.t.tax[FSO_STREAM_NVME_WRITE] =
+        in->machine.nvme_write_gbps * in->machine.nvme_write_cpu_s_per_gb;
+    s.t.tax_stream = in->machine.cpu_devices ? FSO_STREAM_COMPUTE : FSO_STREAM_OPTIM;
     for (int i = 0; i < FSO_N_STREAMS; i++)
         s.t.last[i] = -1;
     s.c.upd = malloc(sizeof(int) * (size_t)nb);

@@ -219,6 +219,143 @@ static int probe_store(const char **dirs, int n, uint64_t bytes, double *rd, dou
     return 0;
 }
 
+/* ------------------------------------------------------------------ NVMe's cost to the cores */
+
+typedef struct io_job {
+    fso_store *s;
+    char *buf;
+    uint64_t bytes;
+    bool write;
+    volatile int done; /* 1: finished (rc set) */
+    int rc;
+    char err[512];
+} io_job;
+
+/* The transfer on its own thread: the writes and then a flush (the host
+ * drains them in the background as a step goes on, and that work counts),
+ * or the reads. */
+static void *io_job_run(void *arg)
+{
+    io_job *j = arg;
+    const size_t block = 1 << 20;
+    j->rc = stream_io(j->s, j->write, j->buf, block, 16, j->bytes, j->err, sizeof j->err);
+    if (j->rc == 0 && j->write && (j->rc = fso_store_flush(j->s)) < 0)
+        snprintf(j->err, sizeof j->err, "%s", j->s->err);
+    __atomic_store_n(&j->done, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+/* sgemm on all of the backend's threads until ms have passed or *stop is
+ * set: GFLOP/s over the time it ran (*ran_ms). */
+static double compute_rate(fso_backend *be, float *x, float *w, float *y, double ms,
+                           const volatile int *stop, double *ran_ms)
+{
+    const int N = 256, Cin = 1024, Cout = 1024;
+    double t0 = fso_now_ms(), t = t0, flops = 0;
+    while (t - t0 < ms && !(stop && __atomic_load_n(stop, __ATOMIC_ACQUIRE))) {
+        be->ops->matmul_fwd(be, y, FSO_DT_F32, x, w, FSO_DT_F32, N, Cin, Cout);
+        be->ops->sync(be);
+        flops += 2.0 * N * Cin * Cout;
+        t = fso_now_ms();
+    }
+    *ran_ms = t - t0;
+    return t > t0 ? flops / ((t - t0) / 1e3) / 1e9 : 0;
+}
+
+/* What NVMe transfers cost the cores: the kernel's work per request and, on
+ * a virtual disk, the host's, which takes the guest's cores (0.06 s per GB
+ * read and 0.24 s per GB written on a 2-vCPU VM's virtio disk: a sixth of a
+ * 2.28B model's step on two CPU devices). sgemm on all threads runs alone,
+ * then while `bytes` are written (and flushed) through the store on another
+ * thread, alone again, and while they are read back; what the compute lost
+ * over each transfer, against the faster of the runs alone (other jobs
+ * only slow a run), in seconds per GB. */
+static int probe_io_cost(const char **dirs, int n, uint64_t bytes, int threads, double *rd_s,
+                         double *wr_s, char *err, size_t errlen)
+{
+    const size_t block = 1 << 20;
+    fso_store_opts so = {0};
+    fso_store *s = NULL;
+    fso_backend *be = NULL;
+    char serr[512] = "", why[200] = "";
+    for (int i = 0; i < n; i++)
+        so.dirs[i] = dirs[i];
+    so.ndirs = n;
+    so.capacity_bytes = (bytes / block / (uint64_t)n) * block * (uint64_t)n;
+    so.block_bytes = block;
+    so.queue_depth = 16;
+    so.direct = true;
+    so.file_prefix = "fsoff-probe";
+    int rc = fso_store_open_uring(&s, &so, serr, sizeof serr);
+    if (rc < 0) {
+        snprintf(err, errlen, "%s", serr);
+        return rc;
+    }
+    if ((rc = fso_backend_create(&be, FSO_BACKEND_CPU, 0, threads, 0, why, sizeof why)) < 0) {
+        snprintf(err, errlen, "cannot create the CPU backend: %s", why);
+        fso_store_destroy(s);
+        return rc;
+    }
+    io_job j = {.s = s, .bytes = so.capacity_bytes};
+    float *x = NULL, *w = NULL, *y = NULL;
+    j.buf = fso_io_alloc(block * 16);
+    if (!j.buf || be->ops->buf_alloc(be, sizeof(float) * 256 * 1024, (void **)&x) < 0 ||
+        be->ops->buf_alloc(be, sizeof(float) * 1024 * 1024, (void **)&w) < 0 ||
+        be->ops->buf_alloc(be, sizeof(float) * 256 * 1024, (void **)&y) < 0) {
+        snprintf(err, errlen, "out of memory");
+        rc = -ENOMEM;
+        goto out;
+    }
+    for (size_t i = 0; i < block * 16; i++)
+        j.buf[i] = (char)(i * 2654435761u >> 13);
+    for (size_t i = 0; i < 256 * 1024; i++)
+        x[i] = 0.01f * (float)(i % 97);
+    for (size_t i = 0; i < 1024 * 1024; i++)
+        w[i] = 0.01f * (float)(i % 89);
+    if ((rc = fso_store_flush(s)) < 0) { /* earlier writes, untimed */
+        snprintf(err, errlen, "%s", s->err);
+        goto out;
+    }
+    double ran, alone = compute_rate(be, x, w, y, 300, NULL, &ran), busy[2] = {0, 0};
+    double dur[2] = {0, 0};
+    for (int pass = 0; pass < 2 && rc == 0; pass++) {
+        pthread_t tid;
+        j.write = pass == 0;
+        j.done = 0;
+        int e = pthread_create(&tid, NULL, io_job_run, &j);
+        if (e != 0) {
+            snprintf(err, errlen, "cannot start a thread: %s", strerror(e));
+            rc = -e;
+            break;
+        }
+        busy[pass] = compute_rate(be, x, w, y, 1e12, &j.done, &dur[pass]);
+        pthread_join(tid, NULL);
+        if ((rc = j.rc) < 0) {
+            snprintf(err, errlen, "%s", j.err);
+            break;
+        }
+        double again = compute_rate(be, x, w, y, 300, NULL, &ran);
+        alone = again > alone ? again : alone;
+    }
+    if (rc == 0) {
+        const double gb = (double)so.capacity_bytes / 1e9;
+        for (int pass = 0; pass < 2; pass++) {
+            double lost = alone > 0 ? (1 - busy[pass] / alone) * dur[pass] / 1e3 : 0;
+            *(pass == 0 ? wr_s : rd_s) = lost > 0 ? lost / gb : 0;
+        }
+    }
+out:
+    if (be) {
+        be->ops->buf_free(be, x);
+        be->ops->buf_free(be, w);
+        be->ops->buf_free(be, y);
+        fso_backend_destroy(be);
+    }
+    fso_io_free(j.buf, block * 16);
+    fso_store_destroy(s);
+    return rc;
+}
+
 /* Best of reps memcpy rates of `bytes`, in GB/s. */
 static double probe_copy(fso_backend *be, bool h2d, size_t bytes)
 {
@@ -390,6 +527,10 @@ static int probe_folders(fso_probe *p, const fso_probe_opts *opts, char *err, si
     p->nvme_free_bytes = 0;
     p->nvme_read_gbps = p->nvme_write_gbps = p->nvme_read_lat_ms = p->nvme_write_lat_ms = 0;
     p->nvme_write_burst_gbps = 0;
+    p->nvme_read_cpu_s_per_gb = p->nvme_write_cpu_s_per_gb = 0;
+    p->nvme_cpu_known = false;
+    if (p->n_dirs == 0)
+        return 0;
     for (int i = 0; i < p->n_dirs; i++) {
         fso_probe_dir *d = &p->dirs[i];
         struct statvfs sv;
@@ -422,6 +563,20 @@ static int probe_folders(fso_probe *p, const fso_probe_opts *opts, char *err, si
             return rc;
         }
     }
+    /* what the transfers cost the cores: a step's volume, not a burst (four
+     * times the rates' bytes, 1 GiB, over all folders, where they have room) */
+    uint64_t cost_bytes = 4 * bytes;
+    if (p->nvme_free_bytes < 4 * cost_bytes)
+        cost_bytes = bytes;
+    char e[512];
+    if ((rc = probe_io_cost(dirs, p->n_dirs, cost_bytes,
+                            opts->threads > 0 ? opts->threads : fso_cpu_count(),
+                            &p->nvme_read_cpu_s_per_gb, &p->nvme_write_cpu_s_per_gb, e,
+                            sizeof e)) < 0) {
+        snprintf(err, errlen, "NVMe probe of %s: %s", opts->dirs, e);
+        return rc;
+    }
+    p->nvme_cpu_known = true;
     return 0;
 }
 
@@ -528,12 +683,17 @@ static json_t *nvme_to_json(const fso_probe *p)
         json_decref(dirs);
         return NULL;
     }
-    return json_pack("{s:s, s:I, s:o, s:f, s:f, s:f, s:f, s:f, s:I}", "key", p->key, "when",
-                     (json_int_t)p->when, "dirs", dirs, "read_gbps", p->nvme_read_gbps,
-                     "write_gbps", p->nvme_write_gbps, "write_burst_gbps",
-                     p->nvme_write_burst_gbps, "read_lat_ms", p->nvme_read_lat_ms,
-                     "write_lat_ms", p->nvme_write_lat_ms, "free_bytes",
-                     (json_int_t)p->nvme_free_bytes);
+    json_t *o = json_pack("{s:s, s:I, s:o, s:f, s:f, s:f, s:f, s:f, s:I}", "key", p->key,
+                          "when", (json_int_t)p->when, "dirs", dirs, "read_gbps",
+                          p->nvme_read_gbps, "write_gbps", p->nvme_write_gbps,
+                          "write_burst_gbps", p->nvme_write_burst_gbps, "read_lat_ms",
+                          p->nvme_read_lat_ms, "write_lat_ms", p->nvme_write_lat_ms,
+                          "free_bytes", (json_int_t)p->nvme_free_bytes);
+    if (o && p->nvme_cpu_known) {
+        json_object_set_new(o, "read_cpu_s_per_gb", json_real(p->nvme_read_cpu_s_per_gb));
+        json_object_set_new(o, "write_cpu_s_per_gb", json_real(p->nvme_write_cpu_s_per_gb));
+    }
+    return o;
 }
 
 static json_t *tuned_to_json(const fso_probe_tuned *t)
@@ -627,6 +787,14 @@ static int nvme_from_json(json_t *o, void *out)
     p->nvme_read_lat_ms = num(o, "read_lat_ms");
     p->nvme_write_lat_ms = num(o, "write_lat_ms");
     p->nvme_free_bytes = num_u64(o, "free_bytes");
+    /* an entry without the cores' cost (an older fsoff's) loads without
+     * it, and fso_probe_get measures its folders again */
+    p->nvme_cpu_known = json_is_number(json_object_get(o, "read_cpu_s_per_gb")) &&
+                        json_is_number(json_object_get(o, "write_cpu_s_per_gb"));
+    p->nvme_read_cpu_s_per_gb = num(o, "read_cpu_s_per_gb");
+    p->nvme_write_cpu_s_per_gb = num(o, "write_cpu_s_per_gb");
+    if (p->nvme_read_cpu_s_per_gb < 0 || p->nvme_write_cpu_s_per_gb < 0)
+        return -EINVAL;
     /* the planner divides by the rates and adds the latencies; an entry
      * without the burst rate (an older fsoff's) loads with none, and
      * fso_probe_get measures its folders again */
@@ -965,8 +1133,8 @@ int fso_probe_get(fso_probe *p, const fso_probe_opts *opts, bool refresh, bool *
         if (root) /* an entry that is missing or incomplete is measured again */
             cache_find(root, path, p->key, p, &machine, &folders, e, sizeof e);
         json_decref(root);
-        if (folders && p->n_dirs > 0 && p->nvme_write_burst_gbps <= 0)
-            folders = false; /* written by an fsoff that did not time the burst */
+        if (folders && p->n_dirs > 0 && (p->nvme_write_burst_gbps <= 0 || !p->nvme_cpu_known))
+            folders = false; /* written by an fsoff that did not time the burst or the cost */
     }
     /* a machine known with AdamW's rate of another instruction set: that
      * rate alone is measured again */

@@ -1,13 +1,17 @@
 /* probe.h — short measurements of what this machine moves and computes per
  * second, for the planner (planner.h), and their cache.
  *
- * Each probe runs well under a second:
+ * Each probe runs in a second or less (the NVMe's cost to the cores in two
+ * or three):
  *   nvme        sequential write then read of 256 MiB per folder through the
  *               io_uring store (O_DIRECT where the filesystem allows), and of
  *               all folders striped together: rate with 16 requests in flight
  *               (writes twice: as they complete, the burst a step's writes
  *               see, and until flushed, the rate the drive drains them at),
- *               and the latency of a request alone
+ *               and the latency of a request alone; and what the transfers
+ *               cost the cores: sgemm on all threads alone and while 1 GiB is
+ *               written (and flushed) and read back, the compute lost per GB
+ *               (the kernel's work and, on a virtual disk, the host's)
  *   h2d, d2h    the backend's host-to-device and device-to-host copies (on
  *               the CPU backend: memcpy on one thread)
  *   host copy   memcpy on one thread (staging copies, accumulation)
@@ -61,6 +65,9 @@ typedef struct fso_probe {
     double nvme_read_gbps, nvme_write_gbps; /* all folders striped; 0 with no folders;
                                                write: until flushed */
     double nvme_write_burst_gbps; /* the writes as they complete (probe_store) */
+    double nvme_read_cpu_s_per_gb;  /* the compute the cores lose per GB read (all threads, */
+    double nvme_write_cpu_s_per_gb; /* seconds) and per GB written and drained (probe_io_cost) */
+    bool nvme_cpu_known;          /* the two above were measured (an older cache lacks them) */
     double nvme_read_lat_ms, nvme_write_lat_ms;
     uint64_t nvme_free_bytes;
     double h2d_gbps, d2h_gbps;

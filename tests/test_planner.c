@@ -831,6 +831,49 @@ static void test_timeline_nvme_writes_drain_at_the_flushed_rate(void **state)
     assert_true(fabs(drained.step_ms - fast.step_ms) < 1e-9);
 }
 
+/* An NVMe transfer costs the host's cores time (planner.h
+ * nvme_*_cpu_s_per_gb): on CPU devices, whose one lane is already a sum,
+ * the step grows by that work, bytes moved x cost, less the waits for reads
+ * it fills, and the work is the devices' (compute); on GPUs it is the CPU optimizer's, and the
+ * devices' compute is unchanged. */
+static void test_timeline_nvme_costs_the_cores(void **state)
+{
+    (void)state;
+    synth s;
+    fso_plan free_io, taxed;
+    fso_placement pl;
+    const uint64_t E = 1 << 20;
+    for (int cpu = 1; cpu >= 0; cpu--) {
+        synth_model(&s, 3, E, 5e9, true);
+        fso_plan_machine *m = &s.in.machine;
+        m->cpu_devices = cpu;
+        m->device_gflops = 1000;
+        m->h2d_gbps = m->d2h_gbps = m->host_copy_gbps = m->coll_gbps = 1e3;
+        m->adam_gelems = m->device_adam_gelems = 1e3;
+        m->nvme_read_gbps = m->nvme_write_gbps = 40; /* quick: the devices' lane bounds */
+        fso_placement_uniform(&pl, 3, FSO_TIER_HOST, FSO_TIER_NVME, FSO_TIER_HOST, 2);
+        assert_int_equal(fso_plan_evaluate(&s.in, &pl, &free_io), 0);
+        m->nvme_read_cpu_s_per_gb = 0.1;
+        m->nvme_write_cpu_s_per_gb = 0.25;
+        assert_int_equal(fso_plan_evaluate(&s.in, &pl, &taxed), 0);
+        /* master, m, v of 3 blocks read and written per step: 36 MiB each way */
+        const double rd = free_io.busy_ms[FSO_STREAM_NVME_READ];
+        const double wr = free_io.busy_ms[FSO_STREAM_NVME_WRITE];
+        assert_true(fabs(rd - 3 * 3 * 4.0 * E / 40e6) < 1e-6);
+        const double work = rd * 40 * 0.1 + wr * 40 * 0.25; /* ms x GB/s x s/GB = ms */
+        const int lane = cpu ? FSO_STREAM_COMPUTE : FSO_STREAM_OPTIM;
+        assert_true(fabs(taxed.busy_ms[lane] - free_io.busy_ms[lane] - work) < 1e-6);
+        if (cpu) /* less what it did while the device waited for a read anyway */
+            assert_true(fabs(taxed.step_ms - free_io.step_ms -
+                             (work - (free_io.stall_ms - taxed.stall_ms))) < 1e-6 &&
+                        free_io.stall_ms > taxed.stall_ms && taxed.step_ms > free_io.step_ms);
+        else
+            assert_true(fabs(taxed.busy_ms[FSO_STREAM_COMPUTE] -
+                             free_io.busy_ms[FSO_STREAM_COMPUTE]) < 1e-9);
+        assert_true(fabs(taxed.busy_ms[FSO_STREAM_NVME_READ] - rd) < 1e-9);
+    }
+}
+
 static void test_replan_when_off_by_more_than_20_percent(void **state)
 {
     (void)state;
@@ -1435,6 +1478,7 @@ int main(void)
         cmocka_unit_test(test_timeline_cpu_device_is_a_sum),
         cmocka_unit_test(test_timeline_nvme_reads_and_writes_share_the_drive),
         cmocka_unit_test(test_timeline_nvme_writes_drain_at_the_flushed_rate),
+        cmocka_unit_test(test_timeline_nvme_costs_the_cores),
         cmocka_unit_test(test_replan_when_off_by_more_than_20_percent),
         cmocka_unit_test(test_replan_reads_ahead_when_nvme_is_slower),
         cmocka_unit_test(test_replan_from_per_block_timings),

@@ -202,6 +202,9 @@ static void test_probe_cache_round_trip(void **state)
     a.nvme_read_gbps = 6.5;
     a.nvme_write_gbps = 4.25;
     a.nvme_free_bytes = (uint64_t)3 << 40;
+    a.nvme_read_cpu_s_per_gb = 0.0625;
+    a.nvme_write_cpu_s_per_gb = 0.25;
+    a.nvme_cpu_known = true;
     a.h2d_gbps = 25;
     a.d2h_gbps = 24.5;
     a.host_copy_gbps = 10;
@@ -215,6 +218,7 @@ static void test_probe_cache_round_trip(void **state)
     snprintf(b.key, sizeof b.key, "host|cpu|/mnt/b");
     snprintf(b.dirs[0].path, sizeof b.dirs[0].path, "/mnt/b");
     b.nvme_read_gbps = 1.5;
+    b.nvme_cpu_known = false; /* as an older fsoff wrote it */
     b.gflops = 99;
     assert_int_equal(fso_probe_cache_save(path, &b, err, sizeof err), 0);
     a.adam_gelems = 4.5; /* replacing an entry keeps one per key */
@@ -234,8 +238,12 @@ static void test_probe_cache_round_trip(void **state)
     assert_true(fabs(c.nvme_read_gbps - 6.5) < 1e-9);
     assert_true(fabs(c.adam_gelems - 4.5) < 1e-9);
     assert_true(fabs(c.gflops - 1234.5) < 1e-9);
+    assert_true(c.nvme_cpu_known);
+    assert_true(fabs(c.nvme_read_cpu_s_per_gb - 0.0625) < 1e-9);
+    assert_true(fabs(c.nvme_write_cpu_s_per_gb - 0.25) < 1e-9);
     assert_int_equal(fso_probe_cache_load(path, "host|cpu|/mnt/b", &c, err, sizeof err), 0);
     assert_true(fabs(c.nvme_read_gbps - 1.5) < 1e-9);
+    assert_false(c.nvme_cpu_known); /* fso_probe_get measures such folders again */
     assert_true(fabs(c.gflops - 1234.5) < 1e-9); /* one compute figure per machine */
     assert_int_equal(fso_probe_cache_load(path, "host|cpu|", &c, err, sizeof err), 0);
     assert_int_equal(c.n_dirs, 0);
@@ -315,8 +323,16 @@ static void test_probe_cache_round_trip(void **state)
     assert_true(fabs(c.gflops - 777) < 1e-9);
     assert_int_equal(c.n_dirs, 1);
     assert_true(c.nvme_read_gbps > 0 && c.nvme_write_gbps > 0);
+    assert_true(c.nvme_cpu_known && c.nvme_read_cpu_s_per_gb >= 0 &&
+                c.nvme_write_cpu_s_per_gb >= 0);
     assert_int_equal(fso_probe_get(&c, &po, false, &probed, err, sizeof err), 0);
     assert_false(probed); /* both now cached */
+    /* folders cached without what their transfers cost the cores (an older
+     * fsoff's entry) are measured again */
+    c.nvme_cpu_known = false;
+    assert_int_equal(fso_probe_cache_save(path, &c, err, sizeof err), 0);
+    assert_int_equal(fso_probe_get(&c, &po, false, &probed, err, sizeof err), 0);
+    assert_true(probed && c.nvme_cpu_known);
     unsetenv("XDG_CACHE_HOME");
 }
 

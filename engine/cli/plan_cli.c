@@ -470,6 +470,10 @@ static int describe_machine(const plan_args *a, const fso_config *cfg, fso_plan_
                          : pr.nvme_write_burst_gbps > pr.nvme_write_gbps ? pr.nvme_write_burst_gbps
                                                                        : pr.nvme_write_gbps;
     m->nvme_drain_gbps = g->nvme_write > 0 ? 0 : pr.nvme_write_gbps;
+    /* what the transfers cost the cores was measured on this machine's cores
+     * and drives: not a described machine's or drive's */
+    m->nvme_read_cpu_s_per_gb = g->gpus || g->nvme_read > 0 ? 0 : pr.nvme_read_cpu_s_per_gb;
+    m->nvme_write_cpu_s_per_gb = g->gpus || g->nvme_write > 0 ? 0 : pr.nvme_write_cpu_s_per_gb;
     m->nvme_read_lat_ms = g->nvme_read > 0 ? 0.1 : pr.nvme_read_lat_ms;
     m->nvme_write_lat_ms = g->nvme_write > 0 ? 0.1 : pr.nvme_write_lat_ms;
     m->nvme_free_bytes = g->has_nvme_free ? g->nvme_free
