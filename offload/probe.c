@@ -137,6 +137,30 @@ static int stream_io(fso_store *s, bool write, char *buf, size_t block, int qd, 
     return 0;
 }
 
+/* The probes' store over dirs, `per_dir` bytes (whole 1 MiB requests) in
+ * each, 16 requests in flight, O_DIRECT where the filesystem allows; its
+ * capacity in *capacity. 0, or negative errno with the store's message. */
+static int probe_store_open(const char **dirs, int n, uint64_t per_dir, fso_store **s,
+                            uint64_t *capacity, char *err, size_t errlen)
+{
+    const size_t block = 1 << 20;
+    fso_store_opts so = {0};
+    char serr[512] = "";
+    for (int i = 0; i < n; i++)
+        so.dirs[i] = dirs[i];
+    so.ndirs = n;
+    so.capacity_bytes = (per_dir / block) * block * (uint64_t)n;
+    so.block_bytes = block;
+    so.queue_depth = 16;
+    so.direct = true;
+    so.file_prefix = "fsoff-probe";
+    *capacity = so.capacity_bytes;
+    int rc = fso_store_open_uring(s, &so, serr, sizeof serr);
+    if (rc < 0)
+        snprintf(err, errlen, "%s", serr);
+    return rc;
+}
+
 /* Write then read `bytes` per folder of `dirs` striped together, 16
  * requests of 1 MiB in flight; then a few requests one at a time for the
  * latency beyond the transfer. The writes are timed twice: as they complete
@@ -154,22 +178,11 @@ static int probe_store(const char **dirs, int n, uint64_t bytes, double *rd, dou
 {
     const size_t block = 1 << 20;
     const int qd = 16;
-    fso_store_opts so = {0};
     fso_store *s = NULL;
-    char serr[512] = "";
-    for (int i = 0; i < n; i++)
-        so.dirs[i] = dirs[i];
-    so.ndirs = n;
-    so.capacity_bytes = (bytes / block) * block * (uint64_t)n;
-    so.block_bytes = block;
-    so.queue_depth = qd;
-    so.direct = true;
-    so.file_prefix = "fsoff-probe";
-    int rc = fso_store_open_uring(&s, &so, serr, sizeof serr);
-    if (rc < 0) {
-        snprintf(err, errlen, "%s", serr);
+    uint64_t cap = 0;
+    int rc = probe_store_open(dirs, n, bytes, &s, &cap, err, errlen);
+    if (rc < 0)
         return rc;
-    }
     char *buf = fso_io_alloc(block * (size_t)qd);
     if (!buf) {
         fso_store_destroy(s);
@@ -187,16 +200,16 @@ static int probe_store(const char **dirs, int n, uint64_t bytes, double *rd, dou
         return rc;
     }
     double t0 = (fso_now_ms() / 1e3);
-    rc = stream_io(s, true, buf, block, qd, so.capacity_bytes, err, errlen);
+    rc = stream_io(s, true, buf, block, qd, cap, err, errlen);
     double tw = (fso_now_ms() / 1e3);
     if (rc == 0 && (rc = fso_store_flush(s)) < 0)
         snprintf(err, errlen, "%s", s->err);
     double t1 = (fso_now_ms() / 1e3);
     if (rc == 0)
-        rc = stream_io(s, false, buf, block, qd, so.capacity_bytes, err, errlen);
+        rc = stream_io(s, false, buf, block, qd, cap, err, errlen);
     double t2 = (fso_now_ms() / 1e3);
-    const uint64_t one = 8 * (uint64_t)block < so.capacity_bytes ? 8 * (uint64_t)block
-                                                                 : so.capacity_bytes;
+    const uint64_t one = 8 * (uint64_t)block < cap ? 8 * (uint64_t)block
+                                                                 : cap;
     if (rc == 0)
         rc = stream_io(s, true, buf, block, 1, one, err, errlen);
     double t3 = (fso_now_ms() / 1e3);
@@ -208,9 +221,9 @@ static int probe_store(const char **dirs, int n, uint64_t bytes, double *rd, dou
     fso_io_free(buf, block * (size_t)qd);
     if (rc < 0)
         return rc;
-    *wr = (double)so.capacity_bytes / (t1 - t0) / 1e9;
-    *burst = (double)so.capacity_bytes / (tw - t0) / 1e9;
-    *rd = (double)so.capacity_bytes / (t2 - t1) / 1e9;
+    *wr = (double)cap / (t1 - t0) / 1e9;
+    *burst = (double)cap / (tw - t0) / 1e9;
+    *rd = (double)cap / (t2 - t1) / 1e9;
     double reqs = (double)(one / block);
     double wl = ((t3 - t2) / reqs - (double)block / (*wr * 1e9)) * 1e3;
     double rl = ((t4 - t3) / reqs - (double)block / (*rd * 1e9)) * 1e3;
@@ -274,29 +287,19 @@ static int probe_io_cost(const char **dirs, int n, uint64_t bytes, int threads, 
                          double *wr_s, char *err, size_t errlen)
 {
     const size_t block = 1 << 20;
-    fso_store_opts so = {0};
     fso_store *s = NULL;
     fso_backend *be = NULL;
-    char serr[512] = "", why[200] = "";
-    for (int i = 0; i < n; i++)
-        so.dirs[i] = dirs[i];
-    so.ndirs = n;
-    so.capacity_bytes = (bytes / block / (uint64_t)n) * block * (uint64_t)n;
-    so.block_bytes = block;
-    so.queue_depth = 16;
-    so.direct = true;
-    so.file_prefix = "fsoff-probe";
-    int rc = fso_store_open_uring(&s, &so, serr, sizeof serr);
-    if (rc < 0) {
-        snprintf(err, errlen, "%s", serr);
+    char why[200] = "";
+    uint64_t cap = 0;
+    int rc = probe_store_open(dirs, n, bytes / (uint64_t)n, &s, &cap, err, errlen);
+    if (rc < 0)
         return rc;
-    }
     if ((rc = fso_backend_create(&be, FSO_BACKEND_CPU, 0, threads, 0, why, sizeof why)) < 0) {
         snprintf(err, errlen, "cannot create the CPU backend: %s", why);
         fso_store_destroy(s);
         return rc;
     }
-    io_job j = {.s = s, .bytes = so.capacity_bytes};
+    io_job j = {.s = s, .bytes = cap};
     float *x = NULL, *w = NULL, *y = NULL;
     j.buf = fso_io_alloc(block * 16);
     if (!j.buf || be->ops->buf_alloc(be, sizeof(float) * 256 * 1024, (void **)&x) < 0 ||
@@ -338,7 +341,7 @@ static int probe_io_cost(const char **dirs, int n, uint64_t bytes, int threads, 
         alone = again > alone ? again : alone;
     }
     if (rc == 0) {
-        const double gb = (double)so.capacity_bytes / 1e9;
+        const double gb = (double)cap / 1e9;
         for (int pass = 0; pass < 2; pass++) {
             double lost = alone > 0 ? (1 - busy[pass] / alone) * dur[pass] / 1e3 : 0;
             *(pass == 0 ? wr_s : rd_s) = lost > 0 ? lost / gb : 0;

@@ -667,6 +667,11 @@ static void print_heading(const plan_report *r)
            g->adam > 0 ? "" : " (this machine's probe)", h3,
            g->has_nvme_free ? "" : r->dirs[0] ? " (statvfs)" : "", m->nvme_read_gbps,
            m->nvme_write_gbps, how);
+    if (m->nvme_read_cpu_s_per_gb > 0 || m->nvme_write_cpu_s_per_gb > 0)
+        printf("plan: NVMe on the cores: %.3f s of compute lost per GB read, %.3f per GB "
+               "written (probed; the plan puts it on the %s)\n",
+               m->nvme_read_cpu_s_per_gb, m->nvme_write_cpu_s_per_gb,
+               m->cpu_devices ? "devices' time" : "CPU optimizer's time");
     print_borrowed(r);
     if (m->boxes > 1)
         printf("plan: boxes: %d x %d device%s, each box the machine above; network %.1f GB/s per "
