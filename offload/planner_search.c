@@ -629,6 +629,10 @@ int fso_plan_replan(const fso_plan_input *in, const fso_plan *cur, const fso_pla
     const bool per_block = visits != NULL;
     if (per_block) {
         x.model.visits = visits;
+        /* on CPU devices the blocks' measured compute holds the cores' NVMe
+         * work already (planner.h nvme_*_cpu_s_per_gb): not added again */
+        if (mc->cpu_devices)
+            mc->nvme_read_cpu_s_per_gb = mc->nvme_write_cpu_s_per_gb = 0;
         if (fabs(meas_all / pred_all - 1) > 0.1)
             NOTE("%scompute took %.0f ms per step over the blocks (assumed %.0f)",
                  wl ? "; " : "", meas_all, pred_all);
