@@ -277,6 +277,16 @@ static void calib_apply(fso_plan_ctx *ctx, const fso_probe_layer *l, double scal
     }
 }
 
+/* After one untimed run (it pays the page faults), the best of up to
+ * CALIB_REPS timed runs, another only while the timed runs stay within
+ * CALIB_BUDGET_MS, judged by the run before. One run is not enough: a single
+ * run of the 168M model of docs/benchmarks.md timed from 2.03 to 2.58 s of
+ * compute in five quiet minutes (the best of three, 2.03 to 2.17, against
+ * 2.02-2.09 s measured in training), and the 2.28B model's head, one run
+ * each, 740 to 1500 ms. */
+enum { CALIB_REPS = 3 };
+#define CALIB_BUDGET_MS 12000.0
+
 /* The devices are timed side by side, as training runs them: they share
  * the machine's memory bandwidth and caches, and one device timed alone
  * computes 10-20% faster than each of two does in training. A thread per
@@ -288,9 +298,14 @@ typedef struct calib_gate {
     int n, arrived;
     unsigned gen;
     bool failed;
-    /* the timed runs' window, as the first device saw it: its length and
-     * the time this process's threads spent runnable but kept off a core
-     * by other jobs (waiting_ms) */
+    /* the timed runs: at most max_reps, and another only while it fits in
+     * budget_ms (the last one's length is the next's); `more`: whether the
+     * devices run again, set by the last to arrive */
+    int max_reps;
+    double budget_ms, t_open, t_last, wait_open;
+    bool more;
+    /* the timed runs' window: its length and the time this process's
+     * threads spent runnable but kept off a core by other jobs */
     double window_ms, waiting_ms;
 } calib_gate;
 
@@ -323,23 +338,45 @@ static double run_delay_ms(void)
     return any ? sum : -1;
 }
 
-/* Wait for the other n - 1 devices; whether all are still set to run. */
-static bool gate_pass(calib_gate *g, bool ok)
+/* The last device to arrive before run `gen` (0: the untimed one): whether
+ * the devices run again, and the timed window when they stop. */
+static void gate_decide(calib_gate *g, unsigned gen)
+{
+    const double now = fso_now_ms();
+    if (gen == 1) { /* the timed runs start */
+        g->t_open = now;
+        g->wait_open = run_delay_ms();
+    }
+    g->more = gen <= 1 || ((int)gen <= g->max_reps && now - g->t_open + (now - g->t_last) <=
+                                                           g->budget_ms);
+    if (!g->more && gen > 1) {
+        const double w = run_delay_ms();
+        g->window_ms = now - g->t_open;
+        g->waiting_ms = g->wait_open >= 0 && w >= g->wait_open ? w - g->wait_open : 0;
+    }
+    g->t_last = now;
+}
+
+/* Wait for the other n - 1 devices: 1 to run again, 0 when the timed runs
+ * are done, -1 when a device failed. */
+static int gate_pass(calib_gate *g, bool ok)
 {
     pthread_mutex_lock(&g->mu);
     g->failed = g->failed || !ok;
     const unsigned gen = g->gen;
     if (++g->arrived >= g->n) {
         g->arrived = 0;
+        if (!g->failed)
+            gate_decide(g, gen);
         g->gen++;
         pthread_cond_broadcast(&g->cv);
     } else {
         while (gen == g->gen)
             pthread_cond_wait(&g->cv, &g->mu);
     }
-    ok = !g->failed;
+    const int go = g->failed ? -1 : g->more ? 1 : 0;
     pthread_mutex_unlock(&g->mu);
-    return ok;
+    return go;
 }
 
 /* Fewer devices than planned came to be (a thread could not start): the
@@ -360,15 +397,15 @@ static void gate_shrink(calib_gate *g, int n)
 typedef struct calib_dev {
     const fso_config *cfg;
     calib_gate *gate;
-    int index, B, per_dev, reps;
+    int index, B, per_dev;
     double ms[5]; /* the best time of each part (calib.ms's order) */
     int rc;
     char err[512];
 } calib_dev;
 
 /* One device: one micro-batch of B sequences through a one-layer model of
- * cfg's shapes, `reps` times after one untimed run, each run started with
- * the other devices'. d->rc 0, or negative errno with the reason in d->err
+ * cfg's shapes, as many times as the gate says (one untimed run, then the
+ * timed ones), each run started with the other devices'. d->rc 0, or negative errno with the reason in d->err
  * (-ECANCELED: another device failed). */
 static void *calib_run(void *arg)
 {
@@ -423,18 +460,12 @@ static void *calib_run(void *arg)
                             .grads = calib_grads, .grads_done = calib_grads_done};
     /* the first run pays the page faults; then the best of the rest (other
      * work on the machine only ever slows a run down) */
-    const bool first = d->index == 0;
-    double t_open = 0, wait_open = -1;
-    for (int rep = 0; rep <= d->reps; rep++) {
-        if (!gate_pass(d->gate, rc == 0)) {
-            if (rc == 0)
-                rc = -ECANCELED;
+    for (int rep = 0;; rep++) {
+        const int go = gate_pass(d->gate, rc == 0);
+        if (go < 0 && rc == 0)
+            rc = -ECANCELED;
+        if (go <= 0)
             break;
-        }
-        if (first && rep == 1) {
-            t_open = fso_now_ms();
-            wait_open = run_delay_ms();
-        }
         memset(c->ms, 0, sizeof c->ms);
         c->layer_visits = 0;
         double loss = 0;
@@ -443,11 +474,6 @@ static void *calib_run(void *arg)
         m.be->ops->sync(m.be);
         for (int i = 0; i < 5 && rep > 0; i++)
             d->ms[i] = rep == 1 || c->ms[i] < d->ms[i] ? c->ms[i] : d->ms[i];
-    }
-    if (first && rc == 0 && wait_open >= 0) {
-        const double w = run_delay_ms();
-        d->gate->window_ms = fso_now_ms() - t_open;
-        d->gate->waiting_ms = w >= wait_open ? w - wait_open : 0;
     }
     if (rc == 0 && d->ms[1] + d->ms[3] <= 0) {
         rc = -EIO;
@@ -474,12 +500,12 @@ static void *calib_run(void *arg)
  * at every block; *share: of the timed window, the share other jobs kept
  * the threads off the cores (0 to 1). 0, or negative errno with the
  * reason in err. */
-static int calib_time(const fso_config *cfg, int W, int B, int per_dev, int reps, double ms[5],
+static int calib_time(const fso_config *cfg, int W, int B, int per_dev, double ms[5],
                       double *share, char *err, size_t errlen)
 {
     if (share)
         *share = 0;
-    calib_gate gate = {.n = W};
+    calib_gate gate = {.n = W, .max_reps = CALIB_REPS, .budget_ms = CALIB_BUDGET_MS};
     calib_dev *d = calloc((size_t)W, sizeof *d);
     pthread_t *tid = calloc((size_t)W, sizeof *tid);
     if (!d || !tid) {
@@ -492,8 +518,7 @@ static int calib_time(const fso_config *cfg, int W, int B, int per_dev, int reps
     pthread_cond_init(&gate.cv, NULL);
     int started = 0, rc = 0;
     for (int r = 0; r < W; r++)
-        d[r] = (calib_dev){.cfg = cfg, .gate = &gate, .index = r, .B = B, .per_dev = per_dev,
-                           .reps = reps};
+        d[r] = (calib_dev){.cfg = cfg, .gate = &gate, .index = r, .B = B, .per_dev = per_dev};
     for (; started < W; started++) {
         int e = pthread_create(&tid[started], NULL, calib_run, &d[started]);
         if (e != 0) {
@@ -544,18 +569,16 @@ int fso_plan_calibrate_cpu(fso_plan_ctx *ctx, const fso_config *cfg, bool refres
             head_flops += ctx->true_flops[k];
     }
     /* the configured micro-batch if it is quick, else one sequence; the
-     * best of three runs when the four take 12 s or less, else one (a single
-     * run of the 168M model of docs/benchmarks.md timed from 2.03 to 2.58 s
-     * of compute in five quiet minutes; the best of three, 2.03 to 2.17,
-     * against 2.02-2.09 s measured in training) */
+     * estimate here is only for the line below: the gate counts the runs */
     int B = cfg->micro_batch;
     double run_ms = 2.5 * (layer_flops + head_flops) / (ctx->probe_gflops * 1e6);
     if (4 * run_ms > 400 && B > 1) {
         run_ms /= B;
         B = 1;
     }
-    const int reps = 4 * run_ms <= 12000 ? 3 : 1;
-    if ((reps + 1) * run_ms > 20000) {
+    int reps = (int)(CALIB_BUDGET_MS / run_ms);
+    reps = reps < 1 ? 1 : reps > CALIB_REPS ? CALIB_REPS : reps;
+    if (2 * run_ms > 20000) {
         snprintf(err, errlen, "the model is too large to time one layer in 20 s");
         return -E2BIG;
     }
@@ -590,7 +613,7 @@ int fso_plan_calibrate_cpu(fso_plan_ctx *ctx, const fso_config *cfg, bool refres
         fprintf(stderr, "fsoff: timing one layer of the model (about %.0f s, once: kept in the "
                         "probe cache)...\n", (reps + 1) * run_ms / 1e3);
     double ms[5], share = 0;
-    int rc = calib_time(cfg, together, B, per_dev, reps, ms, &share, err, errlen);
+    int rc = calib_time(cfg, together, B, per_dev, ms, &share, err, errlen);
     if (rc < 0)
         return rc;
     /* the timing is cached and plans every later run: one taken while
