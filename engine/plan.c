@@ -284,7 +284,7 @@ static void calib_apply(fso_plan_ctx *ctx, const fso_probe_layer *l, double scal
  * compute in five quiet minutes (the best of three, 2.03 to 2.17, against
  * 2.02-2.09 s measured in training), and the 2.28B model's head, one run
  * each, 740 to 1500 ms. */
-enum { CALIB_REPS = 3 };
+#define CALIB_REPS 3
 #define CALIB_BUDGET_MS 12000.0
 
 /* The devices are timed side by side, as training runs them: they share
@@ -298,12 +298,11 @@ typedef struct calib_gate {
     int n, arrived;
     unsigned gen;
     bool failed;
-    /* the timed runs: at most max_reps, and another only while it fits in
-     * budget_ms (the last one's length is the next's); `more`: whether the
-     * devices run again, set by the last to arrive */
-    int max_reps;
-    double budget_ms, t_open, t_last, wait_open;
+    /* set by the last device to arrive: whether the devices run again;
+     * when the timed runs began, when the last run began, and the run
+     * delay (run_delay_ms) at the start of the timed runs */
     bool more;
+    double t_open, t_last, wait_open;
     /* the timed runs' window: its length and the time this process's
      * threads spent runnable but kept off a core by other jobs */
     double window_ms, waiting_ms;
@@ -347,9 +346,10 @@ static void gate_decide(calib_gate *g, unsigned gen)
         g->t_open = now;
         g->wait_open = run_delay_ms();
     }
-    g->more = gen <= 1 || ((int)gen <= g->max_reps && now - g->t_open + (now - g->t_last) <=
-                                                           g->budget_ms);
-    if (!g->more && gen > 1) {
+    /* the next run is taken as long as the last */
+    const double next_end = now - g->t_open + (now - g->t_last);
+    g->more = gen <= 1 || ((int)gen <= CALIB_REPS && next_end <= CALIB_BUDGET_MS);
+    if (!g->more) {
         const double w = run_delay_ms();
         g->window_ms = now - g->t_open;
         g->waiting_ms = g->wait_open >= 0 && w >= g->wait_open ? w - g->wait_open : 0;
@@ -397,16 +397,16 @@ static void gate_shrink(calib_gate *g, int n)
 typedef struct calib_dev {
     const fso_config *cfg;
     calib_gate *gate;
-    int index, B, per_dev;
+    int B, per_dev;
     double ms[5]; /* the best time of each part (calib.ms's order) */
     int rc;
     char err[512];
 } calib_dev;
 
-/* One device: one micro-batch of B sequences through a one-layer model of
- * cfg's shapes, as many times as the gate says (one untimed run, then the
- * timed ones), each run started with the other devices'. d->rc 0, or negative errno with the reason in d->err
- * (-ECANCELED: another device failed). */
+/* One device: B sequences through a one-layer model of cfg's shapes, as
+ * many times as the gate says (an untimed run, then the timed ones), each
+ * started with the other devices'. d->rc 0, or negative errno with the
+ * reason in d->err (-ECANCELED: another device failed). */
 static void *calib_run(void *arg)
 {
     calib_dev *d = arg;
@@ -505,7 +505,7 @@ static int calib_time(const fso_config *cfg, int W, int B, int per_dev, double m
 {
     if (share)
         *share = 0;
-    calib_gate gate = {.n = W, .max_reps = CALIB_REPS, .budget_ms = CALIB_BUDGET_MS};
+    calib_gate gate = {.n = W};
     calib_dev *d = calloc((size_t)W, sizeof *d);
     pthread_t *tid = calloc((size_t)W, sizeof *tid);
     if (!d || !tid) {
@@ -518,7 +518,7 @@ static int calib_time(const fso_config *cfg, int W, int B, int per_dev, double m
     pthread_cond_init(&gate.cv, NULL);
     int started = 0, rc = 0;
     for (int r = 0; r < W; r++)
-        d[r] = (calib_dev){.cfg = cfg, .gate = &gate, .index = r, .B = B, .per_dev = per_dev};
+        d[r] = (calib_dev){.cfg = cfg, .gate = &gate, .B = B, .per_dev = per_dev};
     for (; started < W; started++) {
         int e = pthread_create(&tid[started], NULL, calib_run, &d[started]);
         if (e != 0) {
