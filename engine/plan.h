@@ -56,15 +56,24 @@ void fso_plan_ctx_free(fso_plan_ctx *ctx);
 
 /* CPU devices: time one micro-batch of a one-layer model of cfg's shapes
  * on the backend, on every device at once as training runs them (as many
- * as half the free memory holds), taking the slowest device (the best of
- * three runs when the four take 12 s or less, else one;
- * skipped, returning -E2BIG, when that would take over 20 s) and set ctx's
- * compute from it: device_gflops to the rate a layer achieves, the
- * embedding's and the head's visits to their measured share. The figures
- * are kept in the probe cache per machine and what was timed (probe.h,
- * "layers") and taken from there unless refresh. 0 or negative errno. */
+ * as half the free memory holds), taking the slowest device (after an
+ * untimed run, the best of up to three timed runs, another while they stay
+ * within 12 s; skipped, returning -E2BIG, when a run would take over 10 s)
+ * and set ctx's compute from it: device_gflops to the rate a layer
+ * achieves, the embedding's and the head's visits to their measured share.
+ * The figures are kept in the probe cache per machine and what was timed
+ * (probe.h, "layers"). They are taken from there unless refresh, or the
+ * timing takes under a second, or fso_plan_time_afresh was called, and
+ * this process did not take them: then the layer is timed again. 0 or
+ * negative errno. */
 int fso_plan_calibrate_cpu(fso_plan_ctx *ctx, const fso_config *cfg, bool refresh, char *err,
                            size_t errlen);
+/* From now on this process times each layer once itself, however long
+ * that takes, rather than take another process's timing from the probe
+ * cache: a shared machine's speed drifts from minute to minute, and a run
+ * about to train plans with the speed of its own minute (fsoff train
+ * calls it; fsoff plan reads the cache). */
+void fso_plan_time_afresh(void);
 
 /* What the config pins: a kind whose offload "device" the config file or
  * a --set gave (fso_config_origin_of; offload_optimizer.device pins master,

@@ -69,6 +69,14 @@ void fso_report_resume(fso_report *r, int64_t step, const char *checkpoint)
     free(q);
 }
 
+void fso_report_event(fso_report *r, const char *json)
+{
+    if (r->metrics && json) {
+        fprintf(r->metrics, "%s\n", json);
+        fflush(r->metrics);
+    }
+}
+
 /* A duration for the step line: "42.0 s", "4m05s", "3h07m". */
 static void duration(char *buf, size_t len, double secs)
 {

@@ -57,6 +57,9 @@ int fso_report_init(fso_report *r, FILE *out, const char *metrics_path, bool app
  * "step" (the checkpoint's: the next step line is step + 1), "checkpoint"
  * (its folder), "steps" (train.steps now)}. */
 void fso_report_resume(fso_report *r, int64_t step, const char *checkpoint);
+/* An event the report does not build (train.c's {"event": "plan"}): one
+ * JSON object, written as it is on a line of its own. */
+void fso_report_event(fso_report *r, const char *json);
 void fso_report_step(fso_report *r, const fso_zero_step *st);
 /* A validation pass (val.h): a line under the step lines ("val step N |
  * loss | ppl | tokens in batches | ms") and {"event": "val", "step",

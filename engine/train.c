@@ -638,6 +638,7 @@ int fso_train_run(const fso_config *cfg, const fso_run_opts *opts)
     int rc = -ENOMEM;
 
     describe_devices(cfg, opts, &dev);
+    fso_plan_time_afresh(); /* CPU devices: the plan at this minute's speed */
     fso_config *split = NULL;
     if (split_batch(cfg, opts, &dev, &rp, &split) < 0) {
         fprintf(stderr, "fsoff: error: out of memory\n");
@@ -696,6 +697,13 @@ int fso_train_run(const fso_config *cfg, const fso_run_opts *opts)
     if ((rc = fso_ckpt_run_resume(ck, &tr, &data, &rep, err, sizeof err)) < 0) {
         fprintf(stderr, "fsoff: error: %s\n", err);
         goto out;
+    }
+    if (rp.plan && rep.metrics) { /* the plan the run starts from, as fsoff plan --json */
+        json_t *ev = json_pack("{s:s, s:o}", "event", "plan", "plan", fso_plan_json(rp.plan));
+        char *s = ev ? json_dumps(ev, JSON_REAL_PRECISION(6)) : NULL;
+        fso_report_event(&rep, s);
+        free(s);
+        json_decref(ev);
     }
 
     rc = run_steps(run_cfg, &data, &val, &tr, &rep, &rp, ck, out);

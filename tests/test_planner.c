@@ -1222,9 +1222,10 @@ static void test_plan_for_this_machine_prints_and_applies(void **state)
     fso_config_free(&cfg);
 }
 
-/* The gflops of the cache's only "layers" entry set to v (a doctored
- * figure, to see that the next plan takes it from there). */
-static void set_cached_layer_gflops(const char *path, double v)
+/* The gflops of the cache's only "layers" entry set to v, and its time
+ * to when unless that is 0 (a doctored figure, to see whether the next
+ * plan takes it from there). */
+static void set_cached_layer(const char *path, double v, int64_t when)
 {
     json_error_t je;
     json_t *root = json_load_file(path, 0, &je);
@@ -1232,13 +1233,16 @@ static void set_cached_layer_gflops(const char *path, double v)
     json_t *layers = json_object_get(root, "layers");
     assert_int_equal(json_array_size(layers), 1);
     json_object_set_new(json_array_get(layers, 0), "gflops", json_real(v));
+    if (when)
+        json_object_set_new(json_array_get(layers, 0), "when", json_integer(when));
     assert_int_equal(json_dump_file(root, path, 0), 0);
     json_decref(root);
 }
 
 /* The one-layer timing on CPU devices is kept in the probe cache per
  * machine and shape, and read from there until --probe (refresh); an entry
- * out of range is timed again. */
+ * out of range is timed again, and so is a quick one that another process
+ * took (a slow one is read). */
 static void test_layer_timing_is_cached(void **state)
 {
     (void)state;
@@ -1255,9 +1259,17 @@ static void test_layer_timing_is_cached(void **state)
     assert_int_equal(fso_plan_ctx_init(&ctx, &cfg, &m, false, err, sizeof err), 0);
     assert_int_equal(fso_plan_calibrate_cpu(&ctx, &cfg, false, err, sizeof err), 0);
     assert_true(ctx.in.machine.device_gflops > 0 && ctx.in.machine.device_gflops < 1234.5);
-    set_cached_layer_gflops(path, doctored[0]);
+    set_cached_layer(path, doctored[0], 0);
     assert_int_equal(fso_plan_calibrate_cpu(&ctx, &cfg, false, err, sizeof err), 0);
     assert_float_equal(ctx.in.machine.device_gflops, doctored[0], 1e-9);
+    /* the same figure from before this process began: a quick timing, taken again */
+    set_cached_layer(path, doctored[0], 1000);
+    assert_int_equal(fso_plan_calibrate_cpu(&ctx, &cfg, false, err, sizeof err), 0);
+    assert_true(ctx.in.machine.device_gflops > 0 && ctx.in.machine.device_gflops < 1234.5);
+    /* a rate that makes the timing take over a second: kept, whoever took it */
+    set_cached_layer(path, 1e-3, 1000);
+    assert_int_equal(fso_plan_calibrate_cpu(&ctx, &cfg, false, err, sizeof err), 0);
+    assert_float_equal(ctx.in.machine.device_gflops, 1e-3, 1e-12);
     /* the head's visit at that rate takes the time measured for it */
     for (int k = 0; k < ctx.in.model.n_visits; k++)
         if (ctx.visit_part[k] == FSO_PART_LAYER_FWD)
@@ -1265,7 +1277,7 @@ static void test_layer_timing_is_cached(void **state)
     /* refresh: timed again, and the cache rewritten */
     assert_int_equal(fso_plan_calibrate_cpu(&ctx, &cfg, true, err, sizeof err), 0);
     assert_true(ctx.in.machine.device_gflops < doctored[0]);
-    set_cached_layer_gflops(path, doctored[1]); /* out of range: not taken */
+    set_cached_layer(path, doctored[1], 0); /* out of range: not taken */
     assert_int_equal(fso_plan_calibrate_cpu(&ctx, &cfg, false, err, sizeof err), 0);
     assert_true(ctx.in.machine.device_gflops > 0 && ctx.in.machine.device_gflops < 1234.5);
     /* another shape is timed on its own: a second entry */
