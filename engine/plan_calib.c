@@ -463,7 +463,8 @@ int fso_plan_calibrate_cpu(fso_plan_ctx *ctx, const fso_config *cfg, bool refres
     fso_probe_layer l = {0};
     calib_key(cfg, together, B, per_dev, l.key, sizeof l.key);
     const bool cached = fso_probe_cache_path(path, sizeof path) == 0;
-    /* a timing this process took is taken again; another's, if slow to take */
+    /* the cache's timing if this process took it, or another process did
+     * and it is slow to take (and this process does not take every one) */
     if (!epoch)
         epoch = (int64_t)time(NULL);
     if (cached && !refresh && fso_probe_layer_load(path, l.key, &l, e, sizeof e) == 0 &&
