@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -406,13 +407,14 @@ static int calib_time(const fso_config *cfg, int W, int B, int per_dev, double m
 }
 
 /* When this process began timing layers; whether it takes every timing
- * itself (fso_plan_time_afresh) */
-static int64_t epoch;
-static bool afresh;
+ * itself (fso_plan_time_afresh). Process-wide, and two runs in one process
+ * may plan at once: atomic. */
+static _Atomic int64_t epoch;
+static atomic_bool afresh;
 
 void fso_plan_time_afresh(void)
 {
-    afresh = true;
+    atomic_store(&afresh, true);
 }
 
 int fso_plan_calibrate_cpu(fso_plan_ctx *ctx, const fso_config *cfg, bool refresh, char *err,
@@ -465,10 +467,12 @@ int fso_plan_calibrate_cpu(fso_plan_ctx *ctx, const fso_config *cfg, bool refres
     const bool cached = fso_probe_cache_path(path, sizeof path) == 0;
     /* the cache's timing if this process took it, or another process did
      * and it is slow to take (and this process does not take every one) */
-    if (!epoch)
-        epoch = (int64_t)time(NULL);
+    int64_t since = 0;
+    atomic_compare_exchange_strong(&epoch, &since, (int64_t)time(NULL));
+    since = atomic_load(&epoch);
+    const bool own = atomic_load(&afresh);
     if (cached && !refresh && fso_probe_layer_load(path, l.key, &l, e, sizeof e) == 0 &&
-        (l.when >= epoch || (!afresh && (CALIB_REPS + 1) * calib_run_ms(&l, layer_flops / scale) >=
+        (l.when >= since || (!own && (CALIB_REPS + 1) * calib_run_ms(&l, layer_flops / scale) >=
                                             CALIB_KEEP_MS))) {
         calib_apply(ctx, &l, scale);
         ctx->calibrated = true;
@@ -477,7 +481,7 @@ int fso_plan_calibrate_cpu(fso_plan_ctx *ctx, const fso_config *cfg, bool refres
     if ((reps + 1) * run_ms >= CALIB_KEEP_MS)
         fprintf(stderr, "fsoff: timing one layer of the model (about %.0f s%s)...\n",
                 (reps + 1) * run_ms / 1e3,
-                afresh ? ", at the machine's speed now" : ", once: kept in the probe cache");
+                own ? ", at the machine's speed now" : ", once: kept in the probe cache");
     double ms[5], share = 0;
     int rc = calib_time(cfg, together, B, per_dev, ms, &share, err, errlen);
     if (rc < 0)
