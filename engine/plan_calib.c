@@ -406,11 +406,17 @@ static int calib_time(const fso_config *cfg, int W, int B, int per_dev, double m
     return rc;
 }
 
-/* When this process began timing layers; whether it takes every timing
- * itself (fso_plan_time_afresh). Process-wide, and two runs in one process
- * may plan at once: atomic. */
-static _Atomic int64_t epoch;
+/* When this process began timing layers (set once); whether it takes every
+ * timing itself (fso_plan_time_afresh). Process-wide, and two runs in one
+ * process may plan at once. */
+static int64_t epoch;
+static pthread_once_t epoch_once = PTHREAD_ONCE_INIT;
 static atomic_bool afresh;
+
+static void epoch_set(void)
+{
+    epoch = (int64_t)time(NULL);
+}
 
 void fso_plan_time_afresh(void)
 {
@@ -467,12 +473,10 @@ int fso_plan_calibrate_cpu(fso_plan_ctx *ctx, const fso_config *cfg, bool refres
     const bool cached = fso_probe_cache_path(path, sizeof path) == 0;
     /* the cache's timing if this process took it, or another process did
      * and it is slow to take (and this process does not take every one) */
-    int64_t since = 0;
-    atomic_compare_exchange_strong(&epoch, &since, (int64_t)time(NULL));
-    since = atomic_load(&epoch);
+    pthread_once(&epoch_once, epoch_set);
     const bool own = atomic_load(&afresh);
     if (cached && !refresh && fso_probe_layer_load(path, l.key, &l, e, sizeof e) == 0 &&
-        (l.when >= since || (!own && (CALIB_REPS + 1) * calib_run_ms(&l, layer_flops / scale) >=
+        (l.when >= epoch || (!own && (CALIB_REPS + 1) * calib_run_ms(&l, layer_flops / scale) >=
                                             CALIB_KEEP_MS))) {
         calib_apply(ctx, &l, scale);
         ctx->calibrated = true;
