@@ -315,7 +315,9 @@ void fso_plan_machine_cpu(const fso_config *cfg, const fso_probe *p, uint64_t ho
     m->host_copy_gbps = p->host_copy_gbps;
     m->coll_gbps = p->coll_gbps;
     m->device_gflops = p->gflops * scale / W;
-    m->adam_gelems = p->adam_gelems * scale;
+    /* the probe's rate is all its threads'; the devices' optimizers run
+     * fso_zero_optimizer_threads each */
+    m->adam_gelems = p->adam_gelems * scale * W * fso_zero_optimizer_threads(cfg) / threads;
     m->device_adam_gelems = 0;
     machine_boxes(cfg, m);
 }

@@ -81,7 +81,9 @@ typedef struct fso_plan_machine {
     double coll_gbps;          /* collective bus bandwidth (nccl-tests busbw) */
     double device_gflops;      /* achieved compute per device */
     double peak_gflops;        /* dense bf16 peak per device, for MFU; 0: unknown (CPU devices) */
-    double adam_gelems;        /* CPU AdamW, all host cores, 1e9 elements/s */
+    double adam_gelems;        /* CPU AdamW, 1e9 elements/s: all host cores; on CPU
+                                  devices, all devices' optimizer threads
+                                  (engine/zero/zero.h fso_zero_optimizer_threads) */
     double device_adam_gelems; /* AdamW on a device; 0: the optimizer never runs there */
     double host_copy_gbps;     /* one host thread's memcpy: staging copies, accumulation */
     double device_margin;      /* the fraction of device_mem_bytes a plan leaves free

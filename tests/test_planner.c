@@ -37,6 +37,7 @@
 #include "probe.h"
 #include "test_util.h"
 #include "topology.h"
+#include "zero/zero.h"
 
 #define MIB (1024.0 * 1024.0)
 #define GIB (1024.0 * MIB)
@@ -1053,6 +1054,48 @@ static void test_plan_inputs_follow_the_model(void **state)
     fso_config_free(&cfg);
 }
 
+/* CPU devices whose update overlaps compute run one optimizer thread each
+ * (the update shares their cores), and the plan rates the update at those
+ * threads; serialized, or on GPUs, the device's share of the threads. */
+static void test_update_rated_at_the_optimizers_threads(void **state)
+{
+    (void)state;
+    fso_config cfg;
+    tiny_config(&cfg);
+    cfg.threads = 8;
+    cfg.world = 2;
+    const fso_probe p = {.threads = 8, .adam_gelems = 8, .gflops = 100, .h2d_gbps = 10,
+                         .d2h_gbps = 10, .host_copy_gbps = 10, .coll_gbps = 10};
+    const struct {
+        fso_backend_kind backend;
+        fso_overlap overlap;
+        int threads;
+        double gelems; /* the plan's, all devices' */
+    } cases[] = {
+        {FSO_BACKEND_CPU, FSO_OVERLAP_FORWARD, 1, 2},
+        {FSO_BACKEND_CPU, FSO_OVERLAP_BACKWARD, 1, 2},
+        {FSO_BACKEND_CPU_ASYNC, FSO_OVERLAP_FORWARD, 1, 2},
+        {FSO_BACKEND_CPU, FSO_OVERLAP_NONE, 4, 8},
+        {FSO_BACKEND_CUDA, FSO_OVERLAP_FORWARD, 4, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        cfg.backend = cases[i].backend;
+        cfg.optimizer_overlap = cases[i].overlap;
+        assert_int_equal(fso_zero_optimizer_threads(&cfg), cases[i].threads);
+        if (cases[i].gelems == 0)
+            continue; /* GPUs are planned from their own table */
+        fso_plan_machine m;
+        fso_plan_machine_cpu(&cfg, &p, (uint64_t)8 << 30, &m);
+        assert_true(fabs(m.adam_gelems - cases[i].gelems) < 1e-9);
+    }
+    /* fewer threads than devices: one each */
+    cfg.threads = 1;
+    cfg.backend = FSO_BACKEND_CPU;
+    cfg.optimizer_overlap = FSO_OVERLAP_NONE;
+    assert_int_equal(fso_zero_optimizer_threads(&cfg), 1);
+    fso_config_free(&cfg);
+}
+
 static void test_plan_apply_and_pins_from_config(void **state)
 {
     (void)state;
@@ -1496,6 +1539,7 @@ int main(void)
         cmocka_unit_test(test_replan_from_per_block_timings),
         cmocka_unit_test(test_revision_weighs_the_move_against_the_steps_left),
         cmocka_unit_test(test_plan_inputs_follow_the_model),
+        cmocka_unit_test(test_update_rated_at_the_optimizers_threads),
         cmocka_unit_test(test_plan_apply_and_pins_from_config),
         cmocka_unit_test(test_plan_for_this_machine_prints_and_applies),
         cmocka_unit_test(test_layer_timing_is_cached),

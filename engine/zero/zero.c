@@ -544,7 +544,7 @@ int fso_zero_create_on(fso_zero **out, const fso_config *cfg, const fso_rails *r
     zr_arena_pin(z, true);
     for (int r = 0; r < z->world; r++) {
         rank_state *rk = &z->ranks[r];
-        if ((rc = start_optimizer(rk, per_dev, err, errlen)) < 0)
+        if ((rc = start_optimizer(rk, fso_zero_optimizer_threads(cfg), err, errlen)) < 0)
             goto fail;
         if (bud.per_tier[FSO_TIER_NVME] > 0 &&
             (rc = zr_open_store(z, rk, &cfg->offload, rk->io.nvme_end, err, errlen)) < 0)
@@ -647,6 +647,15 @@ void fso_zero_standin(fso_zero *z, const double *part_ms)
 {
     for (int r = 0; r < z->world; r++)
         z->ranks[r].model.standin_ms = part_ms;
+}
+
+int fso_zero_optimizer_threads(const fso_config *cfg)
+{
+    const int world = fso_config_world(cfg);
+    const int threads = cfg->threads > 0 ? cfg->threads : fso_cpu_count();
+    const bool beside = !fso_backend_row_of(cfg->backend)->gpu &&
+                        cfg->optimizer_overlap != FSO_OVERLAP_NONE;
+    return beside || threads / world < 1 ? 1 : threads / world;
 }
 
 uint64_t fso_zero_cpu_device_mem(const fso_config *cfg, uint64_t host_bytes)

@@ -289,6 +289,18 @@ int fso_zero_check_host(const fso_config *cfg, const fso_zero_need *n, uint64_t 
  * -ENOMEM. */
 int fso_zero_step_traffic(const fso_config *cfg, fso_fp_traffic *t);
 
+/* The threads of each device's optimizer pool (offload/optpool.h): the
+ * device's share of cfg->threads (else of the cores), but one on CPU
+ * devices whose update overlaps compute (train.optimizer_overlap "forward"
+ * or "backward"). There the update runs on the cores the device computes
+ * on, and a pool of several threads beside a pool of several compute
+ * threads holds both up: on two cores, one device, the wider model of
+ * bench/plan_vs_measured.py with its state in the host arena lost 7-13 ms
+ * of compute a step to an update of 3-5 ms of work with two optimizer
+ * threads, and 3-5% of its step against one. The planner rates the
+ * update at these threads (engine/plan.c). */
+int fso_zero_optimizer_threads(const fso_config *cfg);
+
 /* What each CPU virtual device may hold: cfg->device_mem_bytes (--device-mem)
  * when given, else an equal share of half of cfg->host_mem_bytes (--host-mem)
  * or of host_bytes (the host memory available), or 8 GiB when that is
