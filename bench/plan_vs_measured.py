@@ -34,8 +34,11 @@ its start rather than read another minute's timing from the probe cache.
 Of --repeat runs per row, the one with the median ratio counts, so one run
 that straddles a change of speed does not decide. A row beyond 10% either way is run --retry
 times more at the end, and the median of all its runs counts (the table
-marks each rerun with a '*'). Run it in a quiet minute; the header prints the
-load average. Any row beyond 10% prints FAILED and exits 1.
+marks each rerun with a '*'). A run that wrote 1 GB or more to NVMe (the
+--sizes rows, and the probe of a new cache's folder) is followed by --settle
+seconds of nothing: on a virtual disk the host drains its cache behind the
+guest, which runs slower meanwhile. Run it in a quiet minute; the header prints
+the load average. Any row beyond 10% prints FAILED and exits 1.
 
 --sizes adds bench/step_vs_fio.sh's three models (168M, 787M and 2.28B,
 bf16, two CPU devices, the planner placing their state under the budgets
@@ -44,7 +47,7 @@ given, NVMe at --nvme), one run each of their own steps.
     /usr/bin/python3 bench/plan_vs_measured.py [--fsoff build/fsoff] [--nvme DIR]
                                                [--steps 8] [--repeat 3] [--retry 2] [--quick]
                                                [--only ROW,...] [--sizes | --sizes-only]
-                                               [--json FILE] [--fresh-cache]
+                                               [--json FILE] [--fresh-cache] [--settle 60]
 
 --nvme defaults to a fresh folder under /var/tmp (a disk; tmpfs has no O_DIRECT,
 and the store falls back to the page cache there). Machines here are shared and
@@ -60,6 +63,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 MODELS = {
     # name: overrides
@@ -210,22 +214,39 @@ def device_blocks(plan):
     return "%d/%d of %d" % (pl["parameters"]["device"], pl["master"]["device"], n)
 
 
-def run(cmd):
+def run(cmd, err=None):
+    """cmd's stdout; its stderr appended to the list err, if given."""
     r = subprocess.run(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if r.returncode != 0:
         raise RuntimeError("%s: exit %d: %s" % (" ".join(cmd[:3]), r.returncode,
                                                 r.stderr.strip().splitlines()[-1:]))
+    if err is not None:
+        err.append(r.stderr)
     return r.stdout
 
 
-def measure(fsoff, args, steps, repeat):
+def settle(written, seconds):
+    """After a run that wrote `written` bytes to NVMe: wait `seconds` when that is 1 GB or
+    more. On a virtual machine the host drains the disk's cache behind the guest, and the
+    guest's cores run slower meanwhile: after the 2.28B model's runs (160 GB written) the next
+    six runs, of the tiny model, ran 14-41% slower than their own plans, made seconds before
+    their steps, and the same rows half a minute on within 3%."""
+    if written >= 1e9 and seconds > 0:
+        print("# waiting %d s after %.0f GB of NVMe writes" % (seconds, written / 1e9),
+              file=sys.stderr, flush=True)
+        time.sleep(seconds)
+
+
+def measure(fsoff, args, steps, repeat, quiet_s):
     """`repeat` training runs of `steps` steps, each against its own plan: a list of
-    (ratio, median step ms, the steps after the first as --metrics gives them, the plan)."""
+    (ratio, median step ms, the steps after the first as --metrics gives them, the plan).
+    After a run that wrote much to NVMe, waits quiet_s seconds (settle)."""
     out = []
     for _ in range(max(repeat, 1)):
         with tempfile.NamedTemporaryFile(suffix=".jsonl") as mf:
             run([fsoff, "--steps", str(steps), "--metrics", mf.name] + args)
             lines = [json.loads(l) for l in open(mf.name) if l.strip()]
+        settle(sum(l.get("nvme_write_bytes", 0) for l in lines if "step_ms" in l), quiet_s)
         plan = [l["plan"] for l in lines if l.get("event") == "plan"]
         if not plan:
             raise RuntimeError("%s: the run wrote no plan to its metrics" % " ".join(args))
@@ -302,6 +323,9 @@ def main():
                     help="also the 168M, 787M and 2.28B models of bench/step_vs_fio.sh, state on "
                          "NVMe (about 40 GB free in --nvme's folder; 10 minutes), one run each")
     ap.add_argument("--sizes-only", action="store_true", help="those three rows alone")
+    ap.add_argument("--settle", type=int, default=60, metavar="S",
+                    help="seconds to wait after a run that wrote 1 GB or more to NVMe, before "
+                         "the next (default 60; 0: none)")
     ap.add_argument("--fresh-cache", action="store_true",
                     help="an empty probe cache of its own: the probes measured anew")
     a = ap.parse_args()
@@ -319,8 +343,12 @@ def main():
     nvme = a.nvme or tempfile.mkdtemp(prefix="fsoff-plan-bench-", dir="/var/tmp")
     results = []
     try:
-        # the probes once, outside the timed runs (cached afterwards)
-        run([a.fsoff, "plan", "--json", "--nvme", nvme])
+        # the probes once, outside the timed runs (cached afterwards); an NVMe folder's
+        # probe writes over 1 GB
+        said = []
+        run([a.fsoff, "plan", "--json", "--nvme", nvme], said)
+        if "probing" in said[0]:
+            settle(1e9, a.settle)
         rows = [] if a.sizes_only else matrix(a.quick, only)
         if a.sizes or a.sizes_only:
             rows += [(m, "planned", 2, None) for m in SIZES]
@@ -335,7 +363,7 @@ def main():
                 nsteps, repeat = a.steps, a.repeat
             r = {"model": model, "tiers": tier, "devices": world, "prefetch": pf,
                  "args": dev + sets, "steps": nsteps, "remeasured": 0}
-            r["all_runs"] = measure(a.fsoff, r["args"], nsteps, repeat)
+            r["all_runs"] = measure(a.fsoff, r["args"], nsteps, repeat, a.settle)
             row_of(r, r["all_runs"])
             results.append(r)
         # a row beyond the goal either way is run again, later: the median of all its runs
@@ -343,7 +371,7 @@ def main():
             for _ in range(a.retry):
                 if abs(r["ratio"] - 1) <= 0.10:
                     break
-                r["all_runs"] += measure(a.fsoff, r["args"], r["steps"], 1)
+                r["all_runs"] += measure(a.fsoff, r["args"], r["steps"], 1, a.settle)
                 r["remeasured"] += 1
                 row_of(r, r["all_runs"])
     finally:
