@@ -164,7 +164,7 @@ def cap_for(fsoff, model, world, nvme):
         args = []
         for s in sets:
             args += ["--set", s]
-        p = json.loads(run([fsoff, "plan", "--json", "--nvme", nvme] + dev + args))
+        p = json.loads(run([fsoff, "plan", "--json", "--nvme", nvme] + dev + args).stdout)
         need.append(p["tiers"]["device"])
     cap = need[0]["bytes"] + need[1]["parameters"] // 2
     return ["--device-mem", "%dK" % (cap // 1024 + 1)]
@@ -214,15 +214,13 @@ def device_blocks(plan):
     return "%d/%d of %d" % (pl["parameters"]["device"], pl["master"]["device"], n)
 
 
-def run(cmd, err=None):
-    """cmd's stdout; its stderr appended to the list err, if given."""
+def run(cmd):
+    """cmd run to its end (its stdout and stderr kept); an error where it failed."""
     r = subprocess.run(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if r.returncode != 0:
         raise RuntimeError("%s: exit %d: %s" % (" ".join(cmd[:3]), r.returncode,
                                                 r.stderr.strip().splitlines()[-1:]))
-    if err is not None:
-        err.append(r.stderr)
-    return r.stdout
+    return r
 
 
 def settle(written, seconds):
@@ -237,16 +235,16 @@ def settle(written, seconds):
         time.sleep(seconds)
 
 
-def measure(fsoff, args, steps, repeat, quiet_s):
+def measure(fsoff, args, steps, repeat, settle_s):
     """`repeat` training runs of `steps` steps, each against its own plan: a list of
     (ratio, median step ms, the steps after the first as --metrics gives them, the plan).
-    After a run that wrote much to NVMe, waits quiet_s seconds (settle)."""
+    After a run that wrote much to NVMe, waits settle_s seconds (settle)."""
     out = []
     for _ in range(max(repeat, 1)):
         with tempfile.NamedTemporaryFile(suffix=".jsonl") as mf:
             run([fsoff, "--steps", str(steps), "--metrics", mf.name] + args)
             lines = [json.loads(l) for l in open(mf.name) if l.strip()]
-        settle(sum(l.get("nvme_write_bytes", 0) for l in lines if "step_ms" in l), quiet_s)
+        settle(sum(l.get("nvme_write_bytes", 0) for l in lines if "step_ms" in l), settle_s)
         plan = [l["plan"] for l in lines if l.get("event") == "plan"]
         if not plan:
             raise RuntimeError("%s: the run wrote no plan to its metrics" % " ".join(args))
@@ -345,9 +343,7 @@ def main():
     try:
         # the probes once, outside the timed runs (cached afterwards); an NVMe folder's
         # probe writes over 1 GB
-        said = []
-        run([a.fsoff, "plan", "--json", "--nvme", nvme], said)
-        if "probing" in said[0]:
+        if "probing" in run([a.fsoff, "plan", "--json", "--nvme", nvme]).stderr:
             settle(1e9, a.settle)
         rows = [] if a.sizes_only else matrix(a.quick, only)
         if a.sizes or a.sizes_only:

@@ -528,9 +528,7 @@ int fso_zero_create_on(fso_zero **out, const fso_config *cfg, const fso_rails *r
         goto fail;
     }
     shard_budget(z, &bud);
-    const int threads = cfg->threads > 0 ? cfg->threads : fso_cpu_count();
-    const int per_dev = threads / z->world > 0 ? threads / z->world : 1;
-    if ((rc = open_devices(z, &need, per_dev, err, errlen)) < 0)
+    if ((rc = open_devices(z, &need, fso_zero_device_threads(cfg), err, errlen)) < 0)
         goto fail;
     place_near_devices(z);
     if ((rc = open_arena(z, &zb, &bud, err, errlen)) < 0)
@@ -649,13 +647,18 @@ void fso_zero_standin(fso_zero *z, const double *part_ms)
         z->ranks[r].model.standin_ms = part_ms;
 }
 
-int fso_zero_optimizer_threads(const fso_config *cfg)
+int fso_zero_device_threads(const fso_config *cfg)
 {
     const int world = fso_config_world(cfg);
     const int threads = cfg->threads > 0 ? cfg->threads : fso_cpu_count();
+    return threads / world > 0 ? threads / world : 1;
+}
+
+int fso_zero_optimizer_threads(const fso_config *cfg)
+{
     const bool beside = !fso_backend_row_of(cfg->backend)->gpu &&
                         cfg->optimizer_overlap != FSO_OVERLAP_NONE;
-    return beside || threads / world < 1 ? 1 : threads / world;
+    return beside ? 1 : fso_zero_device_threads(cfg);
 }
 
 uint64_t fso_zero_cpu_device_mem(const fso_config *cfg, uint64_t host_bytes)

@@ -289,8 +289,12 @@ int fso_zero_check_host(const fso_config *cfg, const fso_zero_need *n, uint64_t 
  * -ENOMEM. */
 int fso_zero_step_traffic(const fso_config *cfg, fso_fp_traffic *t);
 
+/* Each device's share of cfg->threads (else of the cores), at least one:
+ * the threads its backend computes with. */
+int fso_zero_device_threads(const fso_config *cfg);
+
 /* The threads of each device's optimizer pool (offload/optpool.h): the
- * device's share of cfg->threads (else of the cores), but one on CPU
+ * device's share (fso_zero_device_threads), but one on CPU
  * devices whose update overlaps compute (train.optimizer_overlap "forward"
  * or "backward"). There the update runs on the cores the device computes
  * on, and a pool of several threads beside a pool of several compute
